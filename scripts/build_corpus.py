@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Builds the lede-tiny training corpus with a held-out split per domain.
+
+Domains (all local, nothing downloaded):
+  stories: TinyStories head + validation part (../shared/data/corpus), plus
+           synthetic stories sampled from stories260K if OUT/synthetic_stories.txt exists
+  tales:   Grimms' fairy tales + Alice in Wonderland (Project Gutenberg header/footer stripped)
+  drama:   tinyshakespeare
+  code:    Python 3.11 standard library sources installed by Debian (/usr/lib/python3.11),
+           a deterministic subset of whole files up to --code-bytes
+
+Documents are separated by a line holding only <|doc|>; the trainer starts each document
+with BOS. The last --val-fraction of each domain's documents is held out.
+Writes OUT/<domain>.train.txt, OUT/<domain>.val.txt, OUT/spm_input.txt (training text for the
+tokenizer, one paragraph per line) and OUT/manifest.json (files, sizes, sha256, document counts).
+"""
+import argparse
+import hashlib
+import json
+import os
+import re
+import sys
+
+DOC_SEP = "<|doc|>"
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def strip_gutenberg(text):
+    start = re.search(r"\*\*\* ?START OF (THIS|THE) PROJECT GUTENBERG[^\n]*\n", text)
+    end = re.search(r"\*\*\* ?END OF (THIS|THE) PROJECT GUTENBERG", text)
+    begin = start.end() if start else 0
+    finish = end.start() if end else len(text)
+    return text[begin:finish].strip()
+
+
+def paragraphs_to_docs(text, min_chars):
+    """Groups blank-line-separated paragraphs into documents of at least min_chars."""
+    docs, cur = [], []
+    for para in re.split(r"\n\s*\n", text):
+        para = para.strip()
+        if not para:
+            continue
+        cur.append(para)
+        if sum(len(p) for p in cur) >= min_chars:
+            docs.append("\n\n".join(cur))
+            cur = []
+    if cur:
+        docs.append("\n\n".join(cur))
+    return docs
+
+
+def tinystories_docs(text):
+    # Stories are separated by blank lines like their paragraphs; a story begins with a
+    # capitalised opener in most cases. Treat every paragraph as a document start.
+    return [p.strip() for p in re.split(r"\n\s*\n", text) if len(p.strip()) > 40]
+
+
+def code_files(root, budget):
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in ("test", "tests", "idlelib", "site-packages",
+                                                              "dist-packages", "__pycache__", "lib2to3"))
+        for name in sorted(filenames):
+            if name.endswith(".py"):
+                files.append(os.path.join(dirpath, name))
+    out, total = [], 0
+    for path in files:
+        size = os.path.getsize(path)
+        if size < 2000 or size > 60000:
+            continue
+        out.append(path)
+        total += size
+        if total >= budget:
+            break
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shared", default="../shared")
+    ap.add_argument("--out", default="out/corpus")
+    ap.add_argument("--code-root", default="/usr/lib/python3.11")
+    ap.add_argument("--code-bytes", type=int, default=1_500_000)
+    ap.add_argument("--val-fraction", type=float, default=0.05)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    corpus = os.path.join(args.shared, "data", "corpus")
+    sources, domains = [], {}
+
+    def read(path):
+        sources.append({"file": os.path.abspath(path), "bytes": os.path.getsize(path), "sha256": sha256(path)})
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    stories = []
+    for name in ("tinystories_train_head.txt", "tinystories_val_a.txt"):
+        stories += tinystories_docs(read(os.path.join(corpus, name)))
+    synthetic = os.path.join(args.out, "synthetic_stories.txt")
+    if os.path.exists(synthetic):
+        stories += [d.strip() for d in read(synthetic).split(DOC_SEP) if len(d.strip()) > 40]
+    domains["stories"] = stories
+    tales = []
+    for name in ("grimms_fairy_tales.txt", "alice_in_wonderland.txt"):
+        tales += paragraphs_to_docs(strip_gutenberg(read(os.path.join(corpus, name))), 600)
+    domains["tales"] = tales
+    domains["drama"] = paragraphs_to_docs(read(os.path.join(corpus, "tinyshakespeare.txt")), 600)
+    domains["code"] = [read(p).strip() for p in code_files(args.code_root, args.code_bytes)]
+
+    manifest = {"sources": sources, "domains": {}, "doc_separator": DOC_SEP, "val_fraction": args.val_fraction}
+    spm_lines = []
+    for domain, docs in domains.items():
+        n_val = max(1, int(len(docs) * args.val_fraction))
+        # Interleave the held-out documents deterministically (every k-th) so both splits
+        # cover every source of the domain.
+        k = max(2, len(docs) // n_val)
+        val = [d for i, d in enumerate(docs) if i % k == k - 1][:n_val]
+        val_ids = set(i for i, d in enumerate(docs) if i % k == k - 1 and len(val) > 0)
+        train = [d for i, d in enumerate(docs) if i not in val_ids]
+        for split, items in (("train", train), ("val", val)):
+            path = os.path.join(args.out, f"{domain}.{split}.txt")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(("\n" + DOC_SEP + "\n").join(items))
+            manifest["domains"].setdefault(domain, {})[split] = {
+                "file": os.path.basename(path), "documents": len(items),
+                "bytes": os.path.getsize(path), "sha256": sha256(path)}
+        for d in train:
+            spm_lines += [line for line in d.split("\n") if line.strip()]
+    with open(os.path.join(args.out, "spm_input.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(spm_lines) + "\n")
+    with open(os.path.join(args.out, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=2)
+    for domain, info in manifest["domains"].items():
+        print(f"{domain:8s} train {info['train']['documents']:6d} docs {info['train']['bytes']:9d} B   "
+              f"val {info['val']['documents']:5d} docs {info['val']['bytes']:8d} B")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+#include "services/cli/commands.h"
+
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+
+#include <ATen/Parallel.h>
+#include <c10/core/Device.h>
+
+#include "shared/flags/flags.h"
+#include "shared/model/cost_model.h"
+#include "shared/model/decoding.h"
+#include "shared/model/llama.h"
+#include "shared/model/model_files.h"
+#include "shared/model/tokenizer.h"
+#include "shared/status/status_macros.h"
+
+namespace lede::cli {
+using flags::FlagSet;
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+// Flags shared by the subcommands that load a model.
+struct ModelFlags {
+  std::string model;
+  std::string device = "cpu";
+  std::string dtype = "float32";
+  int64_t threads = 0;
+
+  void AddTo(FlagSet& flags) {
+    flags.Add("model", &model, "Hugging Face checkpoint directory, or llama2.c .bin (or its directory)", true);
+    flags.Add("device", &device, "cpu, cuda or cuda:N");
+    flags.Add("dtype", &dtype, "compute dtype: float32, bfloat16 or float16");
+    flags.Add("threads", &threads, "intra-op CPU threads (0 = libtorch default)");
+  }
+
+  StatusOr<model::ModelOptions> Options() const {
+    model::ModelOptions o;
+    try {
+      o.device = c10::Device(device);
+    } catch (const std::exception&) {
+      return InvalidArgumentError("--device: unknown device '" + device + "'");
+    }
+    if (dtype == "float32") {
+      o.dtype = c10::kFloat;
+    } else if (dtype == "bfloat16") {
+      o.dtype = c10::kBFloat16;
+    } else if (dtype == "float16") {
+      o.dtype = c10::kHalf;
+    } else {
+      return InvalidArgumentError("--dtype: unknown dtype '" + dtype + "'");
+    }
+    if (threads < 0) return InvalidArgumentError("--threads: must be >= 0");
+    if (threads > 0) at::set_num_threads(static_cast<int>(threads));
+    return o;
+  }
+};
+
+int Fail(std::ostream& err, const Status& s, int code) {
+  err << "lede: " << s.message() << "\n";
+  return code;
+}
+
+// Exit code for a load failure: the user's path or file (2) or ours (1).
+int LoadFailureCode(const Status& s) {
+  return s.code() == StatusCode::kInternal ? kExitFailure : kExitUsage;
+}
+
+}  // namespace
+
+int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  ModelFlags mf;
+  std::string prompt, tokenizer_path, mode = "static";
+  int64_t max_new_tokens = 128, exit_layer = 0, draft_len = 4, seed = 0;
+  double temperature = 0.0, top_p = 1.0;
+  FlagSet flags;
+  mf.AddTo(flags);
+  flags.Add("prompt", &prompt, "prompt text", true);
+  flags.Add("tokenizer", &tokenizer_path, "tokenizer file (default: found beside the model)");
+  flags.Add("max-new-tokens", &max_new_tokens, "tokens to generate");
+  flags.Add("mode", &mode, "ar (autoregressive) or static (self-speculative, fixed E and D)");
+  flags.Add("exit-layer", &exit_layer, "draft exit layer E in [1, L] (default: L/4, at least 1)");
+  flags.Add("draft-len", &draft_len, "draft length D");
+  flags.Add("temperature", &temperature, "0 = greedy");
+  flags.Add("top-p", &top_p, "nucleus mass in (0, 1]");
+  flags.Add("seed", &seed, "sampling seed");
+  if (Status s = flags.Parse(args); !s.ok()) {
+    err << "lede generate: " << s.message() << "\nflags:\n" << flags.Usage();
+    return kExitUsage;
+  }
+  if (mode != "ar" && mode != "static") {
+    return Fail(err, InvalidArgumentError("--mode: want ar or static, got '" + mode + "'"), kExitUsage);
+  }
+  auto options = mf.Options();
+  if (!options.ok()) return Fail(err, options.status(), kExitUsage);
+
+  if (tokenizer_path.empty()) {
+    auto found = model::FindTokenizerFile(mf.model);
+    if (!found.ok()) return Fail(err, found.status(), kExitUsage);
+    tokenizer_path = *found;
+  }
+  auto tokenizer = model::LoadTokenizer(tokenizer_path);
+  if (!tokenizer.ok()) return Fail(err, tokenizer.status(), LoadFailureCode(tokenizer.status()));
+  auto loaded = model::LlamaModel::Load(mf.model, *options);
+  if (!loaded.ok()) return Fail(err, loaded.status(), LoadFailureCode(loaded.status()));
+  std::shared_ptr<const model::LlamaModel> llama = std::move(*loaded);
+  const int64_t L = llama->n_layers();
+
+  auto ids = (*tokenizer)->Encode(prompt, /*add_bos=*/true, /*add_eos=*/false);
+  if (!ids.ok()) return Fail(err, InvalidArgumentError("--prompt: " + std::string(ids.status().message())), kExitUsage);
+
+  model::GenerateOptions go;
+  go.max_new_tokens = max_new_tokens;
+  go.sampling.temperature = temperature;
+  go.sampling.top_p = top_p;
+  go.sampling.seed = static_cast<uint64_t>(seed);
+  go.mode = mode == "ar" ? model::SpeculationMode::kAutoregressive : model::SpeculationMode::kStatic;
+  go.exit_layer = exit_layer > 0 ? exit_layer : std::max<int64_t>(1, L / 4);
+  go.draft_len = draft_len;
+
+  model::KvCacheOptions ko;
+  ko.n_slots = 1;
+  ko.max_draft_len = std::max<int64_t>(16, draft_len);
+  auto engine = model::Engine::Create(llama, ko);
+  if (!engine.ok()) return Fail(err, engine.status(), kExitFailure);
+
+  out << (*tokenizer)->Decode(*ids) << std::flush;
+  model::StreamingDetokenizer detok(**tokenizer, ids->back());
+  auto result = (*engine)->Generate(*ids, go, [&](const std::vector<int32_t>& tokens) {
+    for (int32_t t : tokens) out << detok.Push(t);
+    out << std::flush;
+  });
+  if (!result.ok()) {
+    return Fail(err, result.status(),
+                result.status().code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure);
+  }
+  out << detok.Flush() << "\n";
+  const model::GenerationStats& st = result->stats;
+  err << std::fixed << std::setprecision(2) << "[" << (mode == "ar" ? "ar" : "static")
+      << (mode == "ar" ? "" : " E=" + std::to_string(go.exit_layer) + " D=" + std::to_string(go.draft_len))
+      << "] " << st.n_generated << " tokens, " << st.decode_tokens_per_s() << " tokens/s, acceptance rate "
+      << std::setprecision(3) << st.acceptance_rate() << ", " << st.tokens_per_round()
+      << " tokens/round, wall " << std::setprecision(3) << (st.prefill_s + st.decode_s) << " s (prefill "
+      << st.prefill_s << " s)\n";
+  return kExitOk;
+}
+
+int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  ModelFlags mf;
+  std::string out_path;
+  int64_t repeats = 50;
+  FlagSet flags;
+  mf.AddTo(flags);
+  flags.Add("out", &out_path, "write the calibration JSON here (default: stdout)");
+  flags.Add("repeats", &repeats, "timed repetitions per measurement (median)");
+  if (Status s = flags.Parse(args); !s.ok()) {
+    err << "lede calibrate: " << s.message() << "\nflags:\n" << flags.Usage();
+    return kExitUsage;
+  }
+  if (repeats < 1) return Fail(err, InvalidArgumentError("--repeats: must be >= 1"), kExitUsage);
+  auto options = mf.Options();
+  if (!options.ok()) return Fail(err, options.status(), kExitUsage);
+  auto loaded = model::LlamaModel::Load(mf.model, *options);
+  if (!loaded.ok()) return Fail(err, loaded.status(), LoadFailureCode(loaded.status()));
+  auto cal = model::Calibrate(**loaded, static_cast<int>(repeats));
+  if (!cal.ok()) return Fail(err, cal.status(), kExitFailure);
+  const std::string json = model::CalibrationToJson(*cal);
+  if (out_path.empty()) {
+    out << json;
+  } else {
+    std::ofstream f(out_path);
+    if (!(f << json)) return Fail(err, InternalError("cannot write " + out_path), kExitUsage);
+    err << "wrote " << out_path << "\n";
+  }
+  auto measured = model::MakeMeasuredCostModel(*cal);
+  err << std::fixed << std::setprecision(3) << "step " << cal->step_us << " us; verify(k)/step(1):";
+  for (int k : {1, 2, 4, 8, 16}) err << " k=" << k << ":" << cal->block_us[k - 1] / cal->block_us[0];
+  err << " (per block)\n";
+  return kExitOk;
+}
+
+int Main(int argc, char** argv) {
+  const std::string usage =
+      "usage: lede <command> [flags]\n"
+      "commands:\n"
+      "  generate   generate text (autoregressive or static self-speculation)\n"
+      "  calibrate  measure this machine's cost model and write it as JSON\n"
+      "run 'lede <command> --help' for its flags\n";
+  if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help") {
+    std::cout << usage;
+    return argc < 2 ? kExitUsage : kExitOk;
+  }
+  const std::string command = argv[1];
+  std::vector<std::string> args(argv + 2, argv + argc);
+  if (command == "generate") return RunGenerate(args, std::cout, std::cerr);
+  if (command == "calibrate") return RunCalibrate(args, std::cout, std::cerr);
+  std::cerr << "lede: unknown command '" << command << "'\n" << usage;
+  return kExitUsage;
+}
+
+}  // namespace lede::cli

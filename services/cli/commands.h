@@ -1,0 +1,34 @@
+// File: services/cli/commands.h
+//
+// The subcommands of the `lede` command line. Each takes the arguments after
+// the subcommand name, writes its output to `out` / `err`, and returns the
+// process exit code: 0 on success, 2 for bad flags or paths (with a one-line
+// error), 1 for a failure while running.
+#ifndef LEDE_SERVICES_CLI_COMMANDS_H_
+#define LEDE_SERVICES_CLI_COMMANDS_H_
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace lede::cli {
+
+// lede generate --model PATH --prompt TEXT [--max-new-tokens N]
+//   [--mode ar|static] [--exit-layer E] [--draft-len D] [--temperature T]
+//   [--top-p P] [--seed S] [--tokenizer PATH] [--device cpu|cuda[:i]]
+//   [--dtype float32|bfloat16|float16] [--threads N]
+// Streams the prompt and its continuation, then one stats line: tokens/s,
+// acceptance rate, tokens per round, wall time.
+int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
+// lede calibrate --model PATH [--out FILE] [--repeats N] [--threads N]
+// Times one block for 1..16 positions, the LM head and a full step; writes
+// the calibration JSON (cost_model.h) to --out or stdout.
+int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
+// Dispatches argv[1] to a subcommand; prints usage for none or "help".
+int Main(int argc, char** argv);
+
+}  // namespace lede::cli
+
+#endif  // LEDE_SERVICES_CLI_COMMANDS_H_

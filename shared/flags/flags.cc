@@ -1,0 +1,97 @@
+#include "shared/flags/flags.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <sstream>
+
+namespace lede::flags {
+
+void FlagSet::Add(const std::string& name, Target target, const std::string& help,
+                  bool required) {
+  flags_.push_back(Flag{name, target, help, required});
+}
+
+Status FlagSet::Assign(Flag& flag, const std::string& value) {
+  const std::string bad = "--" + flag.name + ": invalid value '" + value + "'";
+  if (auto* s = std::get_if<std::string*>(&flag.target)) {
+    **s = value;
+  } else if (auto* i = std::get_if<int64_t*>(&flag.target)) {
+    char* end = nullptr;
+    errno = 0;
+    long long v = std::strtoll(value.c_str(), &end, 10);
+    if (value.empty() || *end != '\0' || errno != 0) return InvalidArgumentError(bad + " (want an integer)");
+    **i = v;
+  } else if (auto* d = std::get_if<double*>(&flag.target)) {
+    char* end = nullptr;
+    errno = 0;
+    double v = std::strtod(value.c_str(), &end);
+    if (value.empty() || *end != '\0' || errno != 0) return InvalidArgumentError(bad + " (want a number)");
+    **d = v;
+  } else if (auto* b = std::get_if<bool*>(&flag.target)) {
+    if (value == "true" || value == "1") {
+      **b = true;
+    } else if (value == "false" || value == "0") {
+      **b = false;
+    } else {
+      return InvalidArgumentError(bad + " (want true or false)");
+    }
+  }
+  flag.seen = true;
+  return OkStatus();
+}
+
+Status FlagSet::Parse(const std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg.rfind("--", 0) != 0 || arg.size() == 2) {
+      return InvalidArgumentError("unexpected argument '" + arg + "'");
+    }
+    std::string name = arg.substr(2), value;
+    bool has_value = false;
+    if (size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    Flag* flag = nullptr;
+    for (Flag& f : flags_) {
+      if (f.name == name) flag = &f;
+    }
+    if (flag == nullptr) return InvalidArgumentError("unknown flag --" + name);
+    if (!has_value) {
+      if (std::holds_alternative<bool*>(flag->target)) {
+        value = "true";
+      } else if (i + 1 < args.size()) {
+        value = args[++i];
+      } else {
+        return InvalidArgumentError("--" + name + ": missing value");
+      }
+    }
+    Status s = Assign(*flag, value);
+    if (!s.ok()) return s;
+  }
+  for (const Flag& f : flags_) {
+    if (f.required && !f.seen) return InvalidArgumentError("--" + f.name + " is required");
+  }
+  return OkStatus();
+}
+
+std::string FlagSet::Usage() const {
+  std::ostringstream out;
+  for (const Flag& f : flags_) {
+    out << "  --" << f.name << "  " << f.help;
+    if (f.required) {
+      out << " (required)";
+    } else if (auto* s = std::get_if<std::string*>(&f.target)) {
+      if (!(*s)->empty()) out << " (default: " << **s << ")";
+    } else if (auto* i = std::get_if<int64_t*>(&f.target)) {
+      out << " (default: " << **i << ")";
+    } else if (auto* d = std::get_if<double*>(&f.target)) {
+      out << " (default: " << **d << ")";
+    }
+    out << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace lede::flags

@@ -1,0 +1,54 @@
+// File: shared/flags/flags.h
+//
+// FlagSet: "--name value", "--name=value" and boolean "--name" flags for the
+// `lede` command line. A stand-in for absl::flags because the engine-only
+// build (and so its CLI) must compile with libtorch and nlohmann-json alone.
+//
+// Example:
+//   int64_t n = 64; std::string model;
+//   FlagSet flags;
+//   flags.Add("model", &model, "checkpoint directory or .bin", /*required=*/true);
+//   flags.Add("max-new-tokens", &n, "tokens to generate");
+//   if (Status s = flags.Parse(args); !s.ok()) { ...exit 2... }
+#ifndef LEDE_SHARED_FLAGS_FLAGS_H_
+#define LEDE_SHARED_FLAGS_FLAGS_H_
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "shared/status/status.h"
+
+namespace lede::flags {
+
+class FlagSet {
+ public:
+  using Target = std::variant<std::string*, int64_t*, double*, bool*>;
+
+  void Add(const std::string& name, Target target, const std::string& help,
+           bool required = false);
+
+  // Parses `args` (without the program and subcommand names). Errors:
+  // kInvalidArgument naming the flag for an unknown flag, a missing value, a
+  // value of the wrong type, or a missing required flag.
+  Status Parse(const std::vector<std::string>& args);
+
+  // One line per flag: "  --name  help (default: value)".
+  std::string Usage() const;
+
+ private:
+  struct Flag {
+    std::string name;
+    Target target;
+    std::string help;
+    bool required;
+    bool seen = false;
+  };
+  static Status Assign(Flag& flag, const std::string& value);
+  std::vector<Flag> flags_;
+};
+
+}  // namespace lede::flags
+
+#endif  // LEDE_SHARED_FLAGS_FLAGS_H_

@@ -1,0 +1,89 @@
+// File: shared/model/checkpoint.h
+//
+// Loading and writing Llama checkpoints in two layouts (DESIGN.md §5):
+//  - Hugging Face: a directory with config.json and model.safetensors, or
+//    shards listed in model.safetensors.index.json; F32/F16/BF16 tensors.
+//  - llama2.c "version 0" .bin (the models in ../shared/models; layout in
+//    ../shared/models/README.md).
+// Tensors come back under Hugging Face names, in [out, in] orientation:
+//   model.embed_tokens.weight                     [V, d]
+//   model.layers.{i}.input_layernorm.weight       [d]
+//   model.layers.{i}.self_attn.{q,k,v,o}_proj.weight
+//        q [H*hd, d], k/v [Hkv*hd, d], o [d, H*hd]
+//   model.layers.{i}.post_attention_layernorm.weight [d]
+//   model.layers.{i}.mlp.{gate,up}_proj.weight    [hidden, d]  (w1, w3)
+//   model.layers.{i}.mlp.down_proj.weight         [d, hidden]  (w2)
+//   model.norm.weight                             [d]
+//   lm_head.weight                                [V, d] (absent when tied)
+// All tensors are float32 on the CPU. F32 safetensors data is mapped, not
+// copied (the tensors keep the read-only mapping alive); F16/BF16 are
+// converted. Never write into a loaded tensor.
+#ifndef LEDE_SHARED_MODEL_CHECKPOINT_H_
+#define LEDE_SHARED_MODEL_CHECKPOINT_H_
+
+#include <map>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "shared/model/model_config.h"
+#include "shared/status/status.h"
+
+namespace lede::model {
+
+struct Checkpoint {
+  ModelConfig config;
+  std::map<std::string, at::Tensor> tensors;  // HF names, float32, CPU
+  std::string source;                        // path it was read from
+};
+
+// Reads a checkpoint from `path`:
+//  - a directory with config.json: Hugging Face layout;
+//  - a .bin file, or a directory holding exactly one llama2.c model .bin
+//    (tokenizer files tok*.bin are skipped): llama2.c layout.
+// The result is validated: every tensor the config needs is present with the
+// expected shape.
+// Errors (messages name the file and the fault): kNotFound for a missing
+// path; kInvalidArgument for a truncated file, a safetensors header length
+// past the end, bad JSON, an unknown dtype, data offsets out of range or
+// overlapping, a missing tensor (named), or a shape that disagrees with the
+// config.
+StatusOr<Checkpoint> LoadCheckpoint(const std::string& path);
+StatusOr<Checkpoint> LoadHfCheckpoint(const std::string& dir);
+StatusOr<Checkpoint> LoadLlama2cCheckpoint(const std::string& file);
+
+// Parses one .safetensors file into name -> tensor (float32 CPU).
+// Errors as for LoadCheckpoint.
+StatusOr<std::map<std::string, at::Tensor>> ReadSafetensors(
+    const std::string& file);
+
+// Writes tensors (any float dtype is stored as F32 unless `dtype_name` is
+// "F16" or "BF16") as one .safetensors file, atomically (write + rename).
+// Errors: kInvalidArgument for an unsupported dtype_name; kInternal on I/O.
+Status WriteSafetensors(const std::string& file,
+                        const std::map<std::string, at::Tensor>& tensors,
+                        const std::string& dtype_name = "F32");
+
+// Writes config.json + model.safetensors under `dir` (created if needed).
+// The tensors must use the kRotateHalf convention (config.rope_style is
+// written as Hugging Face expects, i.e. rotate-half).
+Status WriteHfCheckpoint(const std::string& dir, const ModelConfig& config,
+                         const std::map<std::string, at::Tensor>& tensors);
+
+// Writes a llama2.c version-0 .bin. Tensors under HF names in the
+// kAdjacentPairs convention (as llama2.c stores wq/wk). Untied heads are
+// written as the llama2.c "negative vocab_size" variant, followed by the
+// classifier after the legacy RoPE tables.
+Status WriteLlama2cCheckpoint(const std::string& file,
+                              const ModelConfig& config,
+                              const std::map<std::string, at::Tensor>& tensors);
+
+// Converts wq/wk rows of a [n_heads*head_dim, d] projection between the two
+// RoPE conventions: to_rotate_half = true maps adjacent-pair rows (2i, 2i+1)
+// to rotate-half rows (i, i + head_dim/2) within each head; false inverts it.
+at::Tensor PermuteRopeRows(const at::Tensor& w, int64_t n_heads,
+                           bool to_rotate_half);
+
+}  // namespace lede::model
+
+#endif  // LEDE_SHARED_MODEL_CHECKPOINT_H_

@@ -1,0 +1,80 @@
+// File: shared/model/cost_model.h
+//
+// Cost models of decoding, in units of one full-depth autoregressive step
+// (DESIGN.md §1 "accelerator cost model"), and the calibration that measures
+// this machine's own costs.
+//
+//  - accelerator: memory-bound hardware (GPUs, large models). A verification
+//    pass costs 1 whatever its number of positions; an autoregressive step
+//    costs 1; drafting one token at exit layer l costs (l + h) / L, where
+//    h = V*d / (weights of one block) is the LM head in layer-equivalents;
+//    a probe of one more candidate layer costs h / L.
+//  - measured: the calibrated wall-clock of this machine: one block for
+//    T = 1..16 positions, the LM head for T positions, a full step.
+//
+// Predicted speed-up = tokens emitted / total cost, against 1 token per unit
+// for autoregressive decoding.
+#ifndef LEDE_SHARED_MODEL_COST_MODEL_H_
+#define LEDE_SHARED_MODEL_COST_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shared/model/decoding.h"
+#include "shared/model/llama.h"
+#include "shared/status/status.h"
+
+namespace lede::model {
+
+class CostModel {
+ public:
+  virtual ~CostModel() = default;
+  virtual std::string name() const = 0;
+  // One draft token at exit layer l in [1, L] (l blocks + exit head).
+  virtual double DraftToken(int64_t exit_layer) const = 0;
+  // Verification of a round of K drafts at exit layer E: layers < E for the
+  // last draft, layers >= E for K+1 positions, head for K+1 positions.
+  virtual double Verify(int64_t exit_layer, int64_t n_drafts) const = 0;
+  // One more candidate-layer probe (exit head on one position).
+  virtual double Probe() const = 0;
+  // An autoregressive step: 1 by definition.
+  double Step() const { return 1.0; }
+
+  // Cost of one step or round of the decoding loop.
+  double RoundCost(const RoundRecord& round) const;
+  // tokens emitted by the rounds / their total cost (1.0 for pure AR).
+  double PredictedSpeedup(const std::vector<RoundRecord>& rounds) const;
+};
+
+// DESIGN.md §1 accelerator model for a config.
+std::unique_ptr<CostModel> MakeAcceleratorCostModel(const ModelConfig& config);
+// h = V*d / (weights of one block): the LM head in layer-equivalents.
+double HeadLayerEquivalents(const ModelConfig& config);
+
+// Wall-clock costs measured on one machine (microseconds, medians).
+struct Calibration {
+  std::string model_fingerprint;  // ModelConfig::ArchitectureFingerprint()
+  std::string device;             // "cpu", "cuda:0"
+  int64_t n_layers = 0;
+  std::vector<double> block_us;   // [16]: one block for T = 1..16 positions
+  std::vector<double> head_us;    // [16]: final norm + LM head for T positions
+  double step_us = 0;             // full autoregressive step incl. embedding and head
+  int64_t threads = 0;            // intra-op threads during calibration
+};
+
+// Times the blocks, head and step of `model` (a scratch KV slot of its own),
+// `repeats` times each (median). Errors: kInternal on a libtorch failure.
+StatusOr<Calibration> Calibrate(const LlamaModel& model, int repeats = 50);
+
+std::string CalibrationToJson(const Calibration& calibration);
+// Errors: kInvalidArgument for bad JSON or missing fields.
+StatusOr<Calibration> CalibrationFromJson(const std::string& text);
+
+// The measured model from a calibration (T above 16 extrapolates linearly).
+std::unique_ptr<CostModel> MakeMeasuredCostModel(const Calibration& calibration);
+
+}  // namespace lede::model
+
+#endif  // LEDE_SHARED_MODEL_COST_MODEL_H_

@@ -1,0 +1,320 @@
+#include "shared/model/llama.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "shared/status/status_macros.h"
+
+namespace lede::model {
+namespace {
+
+std::string LayerName(int64_t i, const char* suffix) {
+  return "model.layers." + std::to_string(i) + "." + suffix;
+}
+
+// Inverse frequencies of RoPE, [head_dim / 2], float64, with the config's
+// scaling (Llama-3.1 "llama3" frequency-dependent scaling, or linear).
+at::Tensor InverseFrequencies(const ModelConfig& c) {
+  const int64_t half = c.head_dim() / 2;
+  auto opts = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor inv = at::pow(c.rope_theta, at::arange(0, half, opts) * (-2.0 / c.head_dim()));
+  const RopeScaling& s = c.rope_scaling;
+  if (s.type == RopeScaling::Type::kLinear) {
+    inv = inv / s.factor;
+  } else if (s.type == RopeScaling::Type::kLlama3) {
+    const double old_ctx = static_cast<double>(s.original_max_position_embeddings);
+    const double low_wavelen = old_ctx / s.low_freq_factor;
+    const double high_wavelen = old_ctx / s.high_freq_factor;
+    auto acc = inv.accessor<double, 1>();
+    for (int64_t i = 0; i < half; ++i) {
+      const double f = acc[i];
+      const double wavelen = 2.0 * M_PI / f;
+      if (wavelen < high_wavelen) continue;
+      if (wavelen > low_wavelen) {
+        acc[i] = f / s.factor;
+      } else {
+        const double smooth = (old_ctx / wavelen - s.low_freq_factor) /
+                              (s.high_freq_factor - s.low_freq_factor);
+        acc[i] = (1.0 - smooth) * f / s.factor + smooth * f;
+      }
+    }
+  }
+  return inv;
+}
+
+}  // namespace
+
+at::Tensor Linear(const at::Tensor& x, const at::Tensor& w) {
+  if (x.numel() == x.size(-1)) {
+    auto sizes = x.sizes().vec();
+    sizes.back() = w.size(0);
+    return at::mv(w, x.reshape({-1})).view(sizes);
+  }
+  return at::matmul(x, w.t());
+}
+
+LlamaModel::LlamaModel(ModelConfig config, ModelOptions options)
+    : config_(std::move(config)), options_(options) {}
+
+void LlamaModel::BuildRopeTables() {
+  at::Tensor inv = InverseFrequencies(config_);
+  at::Tensor pos = at::arange(0, config_.max_seq_len, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor freqs = at::outer(pos, inv);              // [S, hd/2]
+  at::Tensor full = at::cat({freqs, freqs}, -1);       // [S, hd]
+  auto opts = at::TensorOptions().device(options_.device).dtype(options_.dtype);
+  rope_cos_ = at::cos(full).to(opts);
+  rope_sin_ = at::sin(full).to(opts);
+}
+
+StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
+    const Checkpoint& checkpoint, const ModelOptions& options) {
+  const ModelConfig& c = checkpoint.config;
+  LEDE_RETURN_IF_ERROR(c.Validate());
+  const auto& t = checkpoint.tensors;
+  auto get = [&](const std::string& name) -> StatusOr<at::Tensor> {
+    auto it = t.find(name);
+    if (it == t.end()) {
+      return InvalidArgumentError(checkpoint.source + ": missing tensor " + name);
+    }
+    return it->second;
+  };
+  try {
+    std::unique_ptr<LlamaModel> m(new LlamaModel(c, options));
+    m->config_.rope_style = RopeStyle::kRotateHalf;  // after the permutation below
+    auto opts = at::TensorOptions().device(options.device).dtype(options.dtype);
+    const bool adjacent = c.rope_style == RopeStyle::kAdjacentPairs;
+    LEDE_ASSIGN_OR_RETURN(at::Tensor embed, get("model.embed_tokens.weight"));
+    m->embed_ = embed.to(opts);
+    LEDE_ASSIGN_OR_RETURN(at::Tensor norm, get("model.norm.weight"));
+    m->final_norm_ = norm.to(opts);
+    if (c.tie_word_embeddings) {
+      m->lm_head_ = m->embed_;
+    } else {
+      LEDE_ASSIGN_OR_RETURN(at::Tensor head, get("lm_head.weight"));
+      m->lm_head_ = head.to(opts);
+    }
+    for (int64_t i = 0; i < c.n_layers; ++i) {
+      Layer layer;
+      LEDE_ASSIGN_OR_RETURN(at::Tensor wq, get(LayerName(i, "self_attn.q_proj.weight")));
+      LEDE_ASSIGN_OR_RETURN(at::Tensor wk, get(LayerName(i, "self_attn.k_proj.weight")));
+      LEDE_ASSIGN_OR_RETURN(at::Tensor wv, get(LayerName(i, "self_attn.v_proj.weight")));
+      LEDE_ASSIGN_OR_RETURN(at::Tensor wo, get(LayerName(i, "self_attn.o_proj.weight")));
+      LEDE_ASSIGN_OR_RETURN(at::Tensor w1, get(LayerName(i, "mlp.gate_proj.weight")));
+      LEDE_ASSIGN_OR_RETURN(at::Tensor w3, get(LayerName(i, "mlp.up_proj.weight")));
+      LEDE_ASSIGN_OR_RETURN(at::Tensor w2, get(LayerName(i, "mlp.down_proj.weight")));
+      LEDE_ASSIGN_OR_RETURN(at::Tensor an, get(LayerName(i, "input_layernorm.weight")));
+      LEDE_ASSIGN_OR_RETURN(at::Tensor fn, get(LayerName(i, "post_attention_layernorm.weight")));
+      if (adjacent) {
+        wq = PermuteRopeRows(wq, c.n_heads, /*to_rotate_half=*/true);
+        wk = PermuteRopeRows(wk, c.n_kv_heads, /*to_rotate_half=*/true);
+        if (!wq.defined() || !wk.defined()) {
+          return InvalidArgumentError(checkpoint.source + ": layer " + std::to_string(i) +
+                                      " q/k projections cannot be permuted to rotate-half");
+        }
+      }
+      layer.wqkv = at::cat({wq, wk, wv}, 0).to(opts).contiguous();
+      layer.wo = wo.to(opts).contiguous();
+      layer.w13 = at::cat({w1, w3}, 0).to(opts).contiguous();
+      layer.w2 = w2.to(opts).contiguous();
+      layer.attn_norm = an.to(opts);
+      layer.ffn_norm = fn.to(opts);
+      m->layers_.push_back(std::move(layer));
+    }
+    m->BuildRopeTables();
+    return m;
+  } catch (const c10::Error& e) {
+    return InternalError(checkpoint.source + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return InternalError(checkpoint.source + ": " + e.what());
+  }
+}
+
+StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& path,
+                                                       const ModelOptions& options) {
+  LEDE_ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(path));
+  return FromCheckpoint(ckpt, options);
+}
+
+StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::RandomInit(
+    const ModelConfig& config, uint64_t seed, const ModelOptions& options,
+    double init_std) {
+  LEDE_RETURN_IF_ERROR(config.Validate());
+  try {
+    at::Generator gen = at::detail::createCPUGenerator(seed);
+    auto cpu = at::TensorOptions().dtype(at::kFloat);
+    auto normal = [&](std::vector<int64_t> shape, double std) {
+      return at::normal(0.0, std, shape, gen, cpu);
+    };
+    const ModelConfig& c = config;
+    const int64_t hd = c.head_dim();
+    const double out_std = init_std / std::sqrt(2.0 * c.n_layers);
+    Checkpoint ckpt;
+    ckpt.config = c;
+    ckpt.config.rope_style = RopeStyle::kRotateHalf;
+    ckpt.source = "random-init";
+    auto& t = ckpt.tensors;
+    t["model.embed_tokens.weight"] = normal({c.vocab_size, c.dim}, init_std);
+    t["model.norm.weight"] = at::ones({c.dim}, cpu);
+    if (!c.tie_word_embeddings) t["lm_head.weight"] = normal({c.vocab_size, c.dim}, init_std);
+    for (int64_t i = 0; i < c.n_layers; ++i) {
+      t[LayerName(i, "self_attn.q_proj.weight")] = normal({c.n_heads * hd, c.dim}, init_std);
+      t[LayerName(i, "self_attn.k_proj.weight")] = normal({c.n_kv_heads * hd, c.dim}, init_std);
+      t[LayerName(i, "self_attn.v_proj.weight")] = normal({c.n_kv_heads * hd, c.dim}, init_std);
+      t[LayerName(i, "self_attn.o_proj.weight")] = normal({c.dim, c.n_heads * hd}, out_std);
+      t[LayerName(i, "mlp.gate_proj.weight")] = normal({c.hidden_dim, c.dim}, init_std);
+      t[LayerName(i, "mlp.up_proj.weight")] = normal({c.hidden_dim, c.dim}, init_std);
+      t[LayerName(i, "mlp.down_proj.weight")] = normal({c.dim, c.hidden_dim}, out_std);
+      t[LayerName(i, "input_layernorm.weight")] = at::ones({c.dim}, cpu);
+      t[LayerName(i, "post_attention_layernorm.weight")] = at::ones({c.dim}, cpu);
+    }
+    return FromCheckpoint(ckpt, options);
+  } catch (const c10::Error& e) {
+    return InternalError(std::string("RandomInit: ") + e.what_without_backtrace());
+  }
+}
+
+at::Tensor LlamaModel::RmsNorm(const at::Tensor& x, const at::Tensor& weight) const {
+  if (x.scalar_type() == at::kFloat) {
+    return x * at::rsqrt(x.square().mean(-1, /*keepdim=*/true) + config_.rms_norm_eps) * weight;
+  }
+  at::Tensor xf = x.to(at::kFloat);
+  xf = xf * at::rsqrt(xf.square().mean(-1, /*keepdim=*/true) + config_.rms_norm_eps);
+  return xf.to(x.scalar_type()) * weight;
+}
+
+// x [B, T, n, hd] holding positions [start_pos, start_pos + T).
+at::Tensor LlamaModel::ApplyRope(const at::Tensor& x, int64_t start_pos) const {
+  const int64_t T = x.size(1), hd = x.size(3), half = hd / 2;
+  at::Tensor cos = rope_cos_.narrow(0, start_pos, T).view({1, T, 1, hd});
+  at::Tensor sin = rope_sin_.narrow(0, start_pos, T).view({1, T, 1, hd});
+  at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+at::Tensor LlamaModel::Embed(const at::Tensor& tokens) const {
+  return at::embedding(embed_, tokens);
+}
+
+at::Tensor LlamaModel::Block(int64_t layer, const at::Tensor& hidden, int64_t start_pos,
+                             KvCache* cache, int64_t slot) const {
+  const Layer& w = layers_[layer];
+  const int64_t B = hidden.size(0), T = hidden.size(1);
+  const int64_t H = config_.n_heads, Hkv = config_.n_kv_heads, hd = config_.head_dim();
+  const int64_t G = H / Hkv;
+  TORCH_CHECK(start_pos + T <= config_.max_seq_len, "positions past max_seq_len");
+
+  at::Tensor qkv = Linear(RmsNorm(hidden, w.attn_norm), w.wqkv);
+  at::Tensor qk = ApplyRope(qkv.narrow(-1, 0, (H + Hkv) * hd).view({B, T, H + Hkv, hd}), start_pos);
+  at::Tensor q = qk.narrow(2, 0, H);
+  at::Tensor k = qk.narrow(2, H, Hkv);
+  at::Tensor v = qkv.narrow(-1, (H + Hkv) * hd, Hkv * hd).view({B, T, Hkv, hd});
+
+  at::Tensor keys, values;  // [B, Hkv, S, hd]
+  if (cache != nullptr) {
+    TORCH_CHECK(B == 1, "KV-cache forward takes one slot (B == 1)");
+    TORCH_CHECK(start_pos + T <= cache->capacity(), "positions past KV capacity");
+    at::Tensor kc = cache->k(layer).select(0, slot);  // [Hkv, C, hd]
+    at::Tensor vc = cache->v(layer).select(0, slot);
+    kc.narrow(1, start_pos, T).copy_(k.select(0, 0).transpose(0, 1));
+    vc.narrow(1, start_pos, T).copy_(v.select(0, 0).transpose(0, 1));
+    keys = kc.narrow(1, 0, start_pos + T).unsqueeze(0);
+    values = vc.narrow(1, 0, start_pos + T).unsqueeze(0);
+  } else {
+    keys = k.transpose(1, 2);
+    values = v.transpose(1, 2);
+  }
+  const int64_t S = keys.size(2);
+  const int64_t query_offset = cache != nullptr ? start_pos : 0;
+
+  // Queries grouped by their KV head: [B, Hkv, G*T, hd], rows ordered (g, t).
+  at::Tensor qh = (q * (1.0 / std::sqrt(static_cast<double>(hd))))
+                      .view({B, T, Hkv, G, hd})
+                      .permute({0, 2, 3, 1, 4})
+                      .reshape({B, Hkv, G * T, hd});
+  at::Tensor scores = at::matmul(qh, keys.transpose(-1, -2));  // [B, Hkv, G*T, S]
+  if (T > 1) {
+    auto iopts = at::TensorOptions().dtype(at::kLong).device(hidden.device());
+    at::Tensor key_pos = at::arange(S, iopts).unsqueeze(0);                     // [1, S]
+    at::Tensor query_pos = (at::arange(T, iopts) + query_offset).unsqueeze(1);  // [T, 1]
+    at::Tensor mask = at::gt(key_pos, query_pos).repeat({G, 1});                // [G*T, S]
+    scores = scores.masked_fill(mask, -std::numeric_limits<double>::infinity());
+  }
+  at::Tensor probs = scores.scalar_type() == at::kFloat
+                         ? at::softmax(scores, -1)
+                         : at::softmax(scores, -1, at::kFloat).to(scores.scalar_type());
+  at::Tensor attn = at::matmul(probs, values)  // [B, Hkv, G*T, hd]
+                        .view({B, Hkv, G, T, hd})
+                        .permute({0, 3, 1, 2, 4})
+                        .reshape({B, T, H * hd});
+  at::Tensor x = hidden + Linear(attn, w.wo);
+
+  at::Tensor h13 = Linear(RmsNorm(x, w.ffn_norm), w.w13);
+  const int64_t F = config_.hidden_dim;
+  at::Tensor ffn = at::silu(h13.narrow(-1, 0, F)) * h13.narrow(-1, F, F);
+  return x + Linear(ffn, w.w2);
+}
+
+at::Tensor LlamaModel::Forward(at::Tensor hidden, int64_t first, int64_t last,
+                               int64_t start_pos, KvCache* cache, int64_t slot) const {
+  TORCH_CHECK(0 <= first && first <= last && last <= n_layers(), "bad block range");
+  for (int64_t l = first; l < last; ++l) hidden = Block(l, hidden, start_pos, cache, slot);
+  return hidden;
+}
+
+at::Tensor LlamaModel::FinalNorm(const at::Tensor& hidden) const {
+  return RmsNorm(hidden, final_norm_);
+}
+
+at::Tensor LlamaModel::ExitLogits(const at::Tensor& hidden) const {
+  at::Tensor logits = Linear(FinalNorm(hidden), lm_head_);
+  return logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);
+}
+
+std::vector<at::Tensor> LlamaModel::Parameters() const {
+  std::vector<at::Tensor> p = {embed_, final_norm_};
+  if (!config_.tie_word_embeddings) p.push_back(lm_head_);
+  for (const Layer& l : layers_) {
+    for (const at::Tensor* t : {&l.attn_norm, &l.wqkv, &l.wo, &l.ffn_norm, &l.w13, &l.w2}) {
+      p.push_back(*t);
+    }
+  }
+  return p;
+}
+
+std::map<std::string, at::Tensor> LlamaModel::NamedTensors() const {
+  auto cpu = [](const at::Tensor& t) { return t.detach().to(at::kCPU, at::kFloat).contiguous(); };
+  const int64_t hd = config_.head_dim();
+  const int64_t q = config_.n_heads * hd, kv = config_.n_kv_heads * hd, F = config_.hidden_dim;
+  std::map<std::string, at::Tensor> t;
+  t["model.embed_tokens.weight"] = cpu(embed_);
+  t["model.norm.weight"] = cpu(final_norm_);
+  if (!config_.tie_word_embeddings) t["lm_head.weight"] = cpu(lm_head_);
+  for (int64_t i = 0; i < n_layers(); ++i) {
+    const Layer& l = layers_[i];
+    t[LayerName(i, "self_attn.q_proj.weight")] = cpu(l.wqkv.narrow(0, 0, q));
+    t[LayerName(i, "self_attn.k_proj.weight")] = cpu(l.wqkv.narrow(0, q, kv));
+    t[LayerName(i, "self_attn.v_proj.weight")] = cpu(l.wqkv.narrow(0, q + kv, kv));
+    t[LayerName(i, "self_attn.o_proj.weight")] = cpu(l.wo);
+    t[LayerName(i, "mlp.gate_proj.weight")] = cpu(l.w13.narrow(0, 0, F));
+    t[LayerName(i, "mlp.up_proj.weight")] = cpu(l.w13.narrow(0, F, F));
+    t[LayerName(i, "mlp.down_proj.weight")] = cpu(l.w2);
+    t[LayerName(i, "input_layernorm.weight")] = cpu(l.attn_norm);
+    t[LayerName(i, "post_attention_layernorm.weight")] = cpu(l.ffn_norm);
+  }
+  return t;
+}
+
+Status LlamaModel::SaveHf(const std::string& dir) const {
+  try {
+    return WriteHfCheckpoint(dir, config_, NamedTensors());
+  } catch (const c10::Error& e) {
+    return InternalError(std::string("SaveHf: ") + e.what_without_backtrace());
+  }
+}
+
+}  // namespace lede::model

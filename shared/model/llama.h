@@ -1,0 +1,142 @@
+// File: shared/model/llama.h
+//
+// LlamaModel: a Llama-architecture decoder (RMSNorm, RoPE, grouped-query
+// attention, SwiGLU, tied or untied LM head) with early exits: any layer's
+// hidden state can be turned into logits through the model's own final
+// RMSNorm and LM head (LayerSkip's shared exit, arXiv 2404.16710; DESIGN.md
+// §1 "Exit at layer l"). Blocks can be run in ranges [first, last) so that a
+// drafter runs the shallow blocks and a verifier the rest on one KV cache.
+//
+// Shapes (B batch, T new positions, d model dim, V vocab):
+//   tokens  [B, T]  int64
+//   hidden  [B, T, d]  compute dtype (float32 / float16 / bfloat16), model device
+//   logits  [B, T, V]  float32
+// With a KvCache, B must be 1 (one slot per call); without one, each call is
+// a full causal pass over its T positions (training and reference paths).
+//
+// Device and dtype come from ModelOptions; the same code runs on CPU and CUDA.
+// RoPE is computed in the rotate-half convention; checkpoints in the
+// adjacent-pair convention (llama2.c, Meta) have wq/wk rows permuted at load.
+//
+// Thread-safety: const methods are safe to call concurrently on distinct KV
+// slots. Weights are immutable after construction (the trainer mutates them
+// through Parameters() under autograd, single-threaded).
+// Errors: the tensor methods are the hot path and do not return Status; they
+// throw c10::Error on inputs that violate the documented shapes. Callers at
+// the torch boundary (decoding.cc, the trainer) catch once and convert.
+#ifndef LEDE_SHARED_MODEL_LLAMA_H_
+#define LEDE_SHARED_MODEL_LLAMA_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include "shared/model/checkpoint.h"
+#include "shared/model/kv_cache.h"
+#include "shared/model/model_config.h"
+#include "shared/status/status.h"
+
+namespace lede::model {
+
+struct ModelOptions {
+  c10::Device device = c10::kCPU;      // where weights and activations live
+  c10::ScalarType dtype = c10::kFloat; // compute dtype of weights and K/V
+  // Example: ModelOptions{c10::Device("cuda:0"), c10::kBFloat16}
+};
+
+class LlamaModel {
+ public:
+  // Builds the model from loaded tensors (copied to options.device/dtype;
+  // on CPU float32 they may alias the checkpoint's mapping).
+  // Errors: kInvalidArgument if the config is invalid or a tensor is missing
+  // or mis-shaped; kInternal on a libtorch failure.
+  static StatusOr<std::unique_ptr<LlamaModel>> FromCheckpoint(
+      const Checkpoint& checkpoint, const ModelOptions& options);
+
+  // LoadCheckpoint(path) + FromCheckpoint. Errors as both.
+  static StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& path,
+                                                    const ModelOptions& options);
+
+  // Random initialization for training and tests: linear weights
+  // ~ N(0, init_std^2) (output projections scaled by 1/sqrt(2L)), norms 1.
+  // Deterministic for a seed. Errors: kInvalidArgument for a bad config.
+  static StatusOr<std::unique_ptr<LlamaModel>> RandomInit(
+      const ModelConfig& config, uint64_t seed, const ModelOptions& options,
+      double init_std = 0.02);
+
+  const ModelConfig& config() const { return config_; }
+  const ModelOptions& options() const { return options_; }
+  int64_t n_layers() const { return config_.n_layers; }
+
+  // Token embedding: tokens [B, T] int64 -> hidden [B, T, d].
+  at::Tensor Embed(const at::Tensor& tokens) const;
+
+  // Runs block `layer` on hidden [B, T, d] holding positions
+  // [start_pos, start_pos + T).
+  // With cache != nullptr (B == 1): writes this layer's K/V of the new
+  // positions into `slot` at those positions and attends to positions
+  // [0, start_pos + T) of the slot. With cache == nullptr: causal
+  // self-attention over the T positions only (start_pos sets RoPE offsets).
+  at::Tensor Block(int64_t layer, const at::Tensor& hidden, int64_t start_pos,
+                   KvCache* cache, int64_t slot) const;
+
+  // Blocks [first, last) in order; first == last returns hidden unchanged.
+  at::Tensor Forward(at::Tensor hidden, int64_t first, int64_t last,
+                     int64_t start_pos, KvCache* cache, int64_t slot) const;
+
+  // Final RMSNorm + LM head: hidden [B, T, d] -> logits [B, T, V] float32.
+  // Applied to the output of block l-1 this is the exit at layer l.
+  at::Tensor ExitLogits(const at::Tensor& hidden) const;
+
+  // Final RMSNorm only: [B, T, d] -> [B, T, d].
+  at::Tensor FinalNorm(const at::Tensor& hidden) const;
+
+  // The trainable tensors (fused layouts: wqkv [(H+2Hkv)*hd, d],
+  // w13 [2*hidden, d]); the trainer sets requires_grad on them.
+  std::vector<at::Tensor> Parameters() const;
+
+  // Weights under Hugging Face names, rotate-half convention, float32 CPU
+  // (see checkpoint.h for the names and shapes).
+  std::map<std::string, at::Tensor> NamedTensors() const;
+
+  // Writes the model in Hugging Face layout (config.json + model.safetensors).
+  Status SaveHf(const std::string& dir) const;
+
+ private:
+  struct Layer {
+    at::Tensor attn_norm;  // [d]
+    at::Tensor wqkv;       // [(H + 2*Hkv) * hd, d]
+    at::Tensor wo;         // [d, H*hd]
+    at::Tensor ffn_norm;   // [d]
+    at::Tensor w13;        // [2*hidden, d]: gate (w1) rows, then up (w3) rows
+    at::Tensor w2;         // [d, hidden]
+  };
+
+  LlamaModel(ModelConfig config, ModelOptions options);
+  void BuildRopeTables();
+  at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
+  at::Tensor ApplyRope(const at::Tensor& x, int64_t start_pos) const;
+
+  ModelConfig config_;
+  ModelOptions options_;
+  at::Tensor embed_;      // [V, d]
+  at::Tensor final_norm_; // [d]
+  at::Tensor lm_head_;    // [V, d]; same storage as embed_ when tied
+  std::vector<Layer> layers_;
+  at::Tensor rope_cos_;   // [max_seq_len, hd] (halves repeated), compute dtype
+  at::Tensor rope_sin_;   // [max_seq_len, hd]
+};
+
+// y = x W^T for x [..., in], W [out, in]. A single row uses a matrix-vector
+// kernel (about 4x faster than linear() on one row on CPU).
+at::Tensor Linear(const at::Tensor& x, const at::Tensor& w);
+
+}  // namespace lede::model
+
+#endif  // LEDE_SHARED_MODEL_LLAMA_H_

@@ -1,0 +1,31 @@
+#include "shared/model/model_files.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <vector>
+
+namespace lede::model {
+
+StatusOr<std::string> FindTokenizerFile(const std::string& model_path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path dir = fs::is_directory(model_path, ec) ? fs::path(model_path)
+                                                  : fs::path(model_path).parent_path();
+  if (dir.empty()) dir = ".";
+  if (fs::exists(dir / "tokenizer.model", ec)) return (dir / "tokenizer.model").string();
+  std::vector<fs::path> models, bins;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const fs::path& p = entry.path();
+    const std::string name = p.filename().string();
+    if (p.extension() == ".model") models.push_back(p);
+    if (p.extension() == ".bin" && (name.rfind("tok", 0) == 0)) bins.push_back(p);
+  }
+  std::sort(models.begin(), models.end());
+  std::sort(bins.begin(), bins.end());
+  if (!models.empty()) return models.front().string();
+  if (!bins.empty()) return bins.front().string();
+  return NotFoundError("no tokenizer (tokenizer.model, *.model, tok*.bin) in " + dir.string() +
+                       "; pass --tokenizer");
+}
+
+}  // namespace lede::model

@@ -1,0 +1,102 @@
+// Tests of shared/model/kv_cache.h: layout, slot bookkeeping, rollback.
+#include "shared/model/kv_cache.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include "gtest/gtest.h"
+#include "shared/model/llama.h"
+#include "tests/shared/model/model_fixtures.h"
+#include "tests/testing/status_matchers.h"
+
+namespace lede::model {
+namespace {
+
+using ::lede::testing::IsOk;
+using ::lede::testing::StatusIs;
+using testing::TinyConfig;
+
+// K/V per layer are [S, n_kv_heads, C, head_dim] and the scratch [S, D_max + 1, d] (DESIGN.md §4).
+TEST(KvCacheTest, LayoutFollowsDesign) {
+  KvCacheOptions o;
+  o.n_slots = 3;
+  o.capacity = 40;
+  o.max_draft_len = 5;
+  auto cache = KvCache::Create(TinyConfig(), o);
+  ASSERT_THAT(cache, IsOk());
+  EXPECT_EQ(cache->n_layers(), 4);
+  EXPECT_EQ(cache->k(0).sizes(), (std::vector<int64_t>{3, 2, 40, 8}));
+  EXPECT_EQ(cache->v(3).sizes(), (std::vector<int64_t>{3, 2, 40, 8}));
+  EXPECT_EQ(cache->exit_hidden().sizes(), (std::vector<int64_t>{3, 6, 32}));
+  EXPECT_EQ(cache->bytes(), (4 * 2 * 3 * 2 * 40 * 8 + 3 * 6 * 32) * 4);
+}
+
+// Bad sizes are refused, naming the option.
+TEST(KvCacheTest, BadOptionsAreInvalidArgument) {
+  KvCacheOptions o;
+  o.capacity = 1000;  // > max_seq_len 96
+  EXPECT_THAT(KvCache::Create(TinyConfig(), o), StatusIs(StatusCode::kInvalidArgument));
+  o.capacity = 0;
+  o.n_slots = 0;
+  EXPECT_THAT(KvCache::Create(TinyConfig(), o), StatusIs(StatusCode::kInvalidArgument));
+}
+
+// Slots are handed out until none is left, then RESOURCE_EXHAUSTED; freeing makes one reusable.
+TEST(KvCacheTest, AllocateUntilExhaustedThenFree) {
+  KvCacheOptions o;
+  o.n_slots = 2;
+  auto cache = KvCache::Create(TinyConfig(), o);
+  ASSERT_THAT(cache, IsOk());
+  auto a = cache->Allocate();
+  auto b = cache->Allocate();
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT(b, IsOk());
+  EXPECT_NE(*a, *b);
+  EXPECT_THAT(cache->Allocate(), StatusIs(StatusCode::kResourceExhausted));
+  EXPECT_THAT(cache->Free(*a), IsOk());
+  EXPECT_THAT(cache->Free(*a), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(cache->Allocate(), IsOk());
+}
+
+// Commit only moves forward within capacity; Truncate only moves back.
+TEST(KvCacheTest, CommitAndTruncateRanges) {
+  auto cache = KvCache::Create(TinyConfig(), KvCacheOptions{});
+  ASSERT_THAT(cache, IsOk());
+  auto s = cache->Allocate();
+  ASSERT_THAT(s, IsOk());
+  EXPECT_THAT(cache->Commit(*s, 10), IsOk());
+  EXPECT_EQ(cache->length(*s), 10);
+  EXPECT_THAT(cache->Commit(*s, 5), StatusIs(StatusCode::kOutOfRange));
+  EXPECT_THAT(cache->Commit(*s, 97), StatusIs(StatusCode::kOutOfRange));
+  EXPECT_THAT(cache->Truncate(*s, 11), StatusIs(StatusCode::kOutOfRange));
+  EXPECT_THAT(cache->Truncate(*s, 4), IsOk());
+  EXPECT_EQ(cache->length(*s), 4);
+}
+
+// Rejected draft positions are invisible to the next pass: after rolling
+// back and overwriting them, logits equal those of a cache that never saw them.
+TEST(KvCacheTest, RollbackDropsRejectedDraftTokens) {
+  c10::InferenceMode guard;
+  auto m = LlamaModel::RandomInit(TinyConfig(), 9, ModelOptions{}, 0.3);
+  ASSERT_THAT(m, IsOk());
+  const LlamaModel& model = **m;
+  auto ids = [](std::vector<int64_t> v) { return at::tensor(v, at::kLong).view({1, -1}); };
+  auto run = [&](KvCache& cache, std::vector<int64_t> tokens, int64_t pos) {
+    return model.ExitLogits(model.Forward(model.Embed(ids(tokens)), 0, 4, pos, &cache, 0));
+  };
+  auto dirty = KvCache::Create(model.config(), KvCacheOptions{});
+  auto clean = KvCache::Create(model.config(), KvCacheOptions{});
+  ASSERT_THAT(dirty, IsOk());
+  ASSERT_THAT(clean, IsOk());
+  run(*dirty, {1, 2, 3}, 0);
+  ASSERT_THAT(dirty->Commit(0, 3), IsOk());
+  run(*dirty, {40, 41, 42}, 3);  // drafts, then rejected
+  ASSERT_THAT(dirty->Truncate(0, 3), IsOk());
+  at::Tensor after = run(*dirty, {7, 8}, 3);
+  run(*clean, {1, 2, 3}, 0);
+  at::Tensor expected = run(*clean, {7, 8}, 3);
+  EXPECT_LE((after - expected).abs().max().item<float>(), 1e-6);
+}
+
+}  // namespace
+}  // namespace lede::model

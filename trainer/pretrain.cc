@@ -1,0 +1,299 @@
+#include "trainer/pretrain.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+#include <nlohmann/json.hpp>
+#include <torch/types.h>  // clip_grad.h relies on it
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+#include <torch/serialize.h>
+
+#include "shared/model/llama.h"
+#include "shared/model/tokenizer.h"
+#include "shared/status/status_macros.h"
+
+namespace lede::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+constexpr char kDocSeparator[] = "\n<|doc|>\n";
+
+StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return NotFoundError("cannot read " + path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// BOS + ids + EOS for every document of a corpus file, concatenated.
+StatusOr<std::vector<int32_t>> EncodeCorpusFile(const model::Tokenizer& tok, const std::string& path) {
+  LEDE_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  std::vector<int32_t> stream;
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    size_t end = text.find(kDocSeparator, begin);
+    if (end == std::string::npos) end = text.size();
+    if (end > begin) {
+      LEDE_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                            tok.Encode(std::string_view(text).substr(begin, end - begin), true, true));
+      stream.insert(stream.end(), ids.begin(), ids.end());
+    }
+    begin = end + sizeof(kDocSeparator) - 1;
+  }
+  return stream;
+}
+
+struct Domain {
+  std::string name;
+  double weight = 0;
+  std::vector<int32_t> train, val;
+};
+
+double LearningRate(const PretrainOptions& o, int64_t step) {
+  if (step < o.warmup_steps) return o.lr * (step + 1) / o.warmup_steps;
+  const double progress = static_cast<double>(step - o.warmup_steps) /
+                          std::max<int64_t>(1, o.steps - o.warmup_steps);
+  const double min_lr = o.lr * o.min_lr_ratio;
+  return min_lr + (o.lr - min_lr) * 0.5 * (1.0 + std::cos(M_PI * std::min(1.0, progress)));
+}
+
+at::Tensor CrossEntropy(const at::Tensor& logits, const at::Tensor& targets) {
+  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+}
+
+std::string FormatDuration(double seconds) {
+  char buf[32];
+  const int s = static_cast<int>(seconds);
+  std::snprintf(buf, sizeof(buf), "%dh%02dm%02ds", s / 3600, (s / 60) % 60, s % 60);
+  return buf;
+}
+
+// Per-layer held-out perplexity and top-1 agreement with the last layer.
+nlohmann::json EvaluateLayers(const model::LlamaModel& m, const std::vector<int32_t>& stream,
+                              int64_t seq_len, int64_t max_tokens) {
+  c10::InferenceMode guard;
+  const int64_t L = m.n_layers();
+  std::vector<double> nll(L, 0.0), agree(L, 0.0);
+  int64_t n = 0;
+  for (int64_t start = 0; start + seq_len + 1 <= static_cast<int64_t>(stream.size()) && n < max_tokens;
+       start += seq_len) {
+    std::vector<int64_t> ids(stream.begin() + start, stream.begin() + start + seq_len + 1);
+    at::Tensor t = at::tensor(ids, at::kLong).view({1, -1});
+    at::Tensor inp = t.narrow(1, 0, seq_len), tgt = t.narrow(1, 1, seq_len).reshape({-1});
+    at::Tensor h = m.Embed(inp);
+    std::vector<at::Tensor> exits;
+    for (int64_t l = 0; l < L; ++l) {
+      h = m.Block(l, h, 0, nullptr, 0);
+      exits.push_back(m.ExitLogits(h).view({seq_len, -1}));
+    }
+    at::Tensor final_top = exits.back().argmax(-1);
+    for (int64_t l = 0; l < L; ++l) {
+      nll[l] += at::cross_entropy_loss(exits[l], tgt, {}, at::Reduction::Sum).item<double>();
+      agree[l] += at::eq(exits[l].argmax(-1), final_top).sum().item<double>();
+    }
+    n += seq_len;
+  }
+  nlohmann::json j;
+  j["tokens"] = n;
+  for (int64_t l = 0; l < L && n > 0; ++l) {
+    j["perplexity"].push_back(std::exp(nll[l] / n));
+    j["top1_agreement_with_last"].push_back(agree[l] / n);
+  }
+  return j;
+}
+
+}  // namespace
+
+Status Pretrain(const PretrainOptions& o) {
+  try {
+    if (o.threads > 0) at::set_num_threads(o.threads);
+    if (o.batch_size < 1 || o.seq_len < 2 || o.steps < 1 || o.curriculum_period < 1) {
+      return InvalidArgumentError("batch_size, seq_len, steps and curriculum_period must be positive");
+    }
+    LEDE_ASSIGN_OR_RETURN(auto tokenizer, model::LoadTokenizer(o.tokenizer));
+    model::ModelConfig config = o.config;
+    config.vocab_size = tokenizer->vocab_size();
+    config.bos_id = tokenizer->bos_id();
+    config.eos_ids = {tokenizer->eos_id()};
+    LEDE_RETURN_IF_ERROR(config.Validate());
+    if (o.seq_len > config.max_seq_len) return InvalidArgumentError("seq_len exceeds max_seq_len");
+
+    std::vector<Domain> domains;
+    double total_weight = 0;
+    for (const auto& [name, weight] : o.mixture) {
+      Domain d;
+      d.name = name;
+      d.weight = weight;
+      LEDE_ASSIGN_OR_RETURN(d.train, EncodeCorpusFile(*tokenizer, o.data_dir + "/" + name + ".train.txt"));
+      LEDE_ASSIGN_OR_RETURN(d.val, EncodeCorpusFile(*tokenizer, o.data_dir + "/" + name + ".val.txt"));
+      if (static_cast<int64_t>(d.train.size()) <= o.seq_len + 1) {
+        return InvalidArgumentError("domain " + name + " has too few training tokens");
+      }
+      std::fprintf(stderr, "domain %-8s weight %.2f  train %8zu tokens  val %7zu tokens\n", name.c_str(),
+                   weight, d.train.size(), d.val.size());
+      total_weight += weight;
+      domains.push_back(std::move(d));
+    }
+    if (domains.empty() || total_weight <= 0) return InvalidArgumentError("empty mixture");
+
+    const std::string ckpt_dir = o.checkpoint_dir.empty() ? o.out_dir + ".ckpt" : o.checkpoint_dir;
+    fs::create_directories(ckpt_dir);
+    int64_t start_step = 0;
+    double elapsed_before = 0;
+    std::unique_ptr<model::LlamaModel> m;
+    const std::string state_path = ckpt_dir + "/state.json";
+    if (fs::exists(state_path)) {
+      LEDE_ASSIGN_OR_RETURN(std::string state_text, ReadFile(state_path));
+      nlohmann::json state = nlohmann::json::parse(state_text);
+      start_step = state.at("step").get<int64_t>();
+      elapsed_before = state.at("elapsed_s").get<double>();
+      LEDE_ASSIGN_OR_RETURN(m, model::LlamaModel::Load(ckpt_dir + "/model", model::ModelOptions{}));
+      std::fprintf(stderr, "resuming from %s at step %lld\n", ckpt_dir.c_str(), static_cast<long long>(start_step));
+    } else {
+      LEDE_ASSIGN_OR_RETURN(m, model::LlamaModel::RandomInit(config, o.seed, model::ModelOptions{}));
+    }
+    std::vector<at::Tensor> params = m->Parameters();
+    std::vector<at::Tensor> decay, no_decay;
+    int64_t n_params = 0;
+    for (at::Tensor& p : params) {
+      p.requires_grad_(true);
+      (p.dim() >= 2 ? decay : no_decay).push_back(p);
+      n_params += p.numel();
+    }
+    auto opts = torch::optim::AdamWOptions(o.lr).betas({0.9, 0.95}).eps(1e-8);
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
+                                   torch::optim::AdamWOptions(opts).weight_decay(o.weight_decay)));
+    groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
+                                      torch::optim::AdamWOptions(opts).weight_decay(0.0)));
+    torch::optim::AdamW optimizer(groups, opts);
+    if (start_step > 0) torch::load(optimizer, ckpt_dir + "/optimizer.pt");
+
+    const int64_t L = config.n_layers, B = o.batch_size, T = o.seq_len;
+    std::fprintf(stderr, "model: %lld layers, d=%lld, %lld heads (%lld kv), ffn %lld, vocab %lld: %.2fM parameters\n",
+                 static_cast<long long>(L), static_cast<long long>(config.dim), static_cast<long long>(config.n_heads),
+                 static_cast<long long>(config.n_kv_heads), static_cast<long long>(config.hidden_dim),
+                 static_cast<long long>(config.vocab_size), n_params / 1e6);
+
+    auto save_checkpoint = [&](int64_t step, double elapsed) -> Status {
+      LEDE_RETURN_IF_ERROR(m->SaveHf(ckpt_dir + "/model"));
+      torch::save(optimizer, ckpt_dir + "/optimizer.pt.tmp");
+      fs::rename(ckpt_dir + "/optimizer.pt.tmp", ckpt_dir + "/optimizer.pt");
+      nlohmann::json state = {{"step", step}, {"elapsed_s", elapsed}};
+      std::ofstream(state_path + ".tmp") << state.dump(2);
+      fs::rename(state_path + ".tmp", state_path);
+      return OkStatus();
+    };
+
+    auto t0 = Clock::now();
+    double ema_loss = 0, ema_final = 0;
+    for (int64_t step = start_step; step < o.steps; ++step) {
+      std::mt19937_64 rng(o.seed * 1000003ULL + static_cast<uint64_t>(step));
+      std::uniform_real_distribution<double> uniform(0.0, 1.0);
+      // Batch: B windows of T+1 tokens, domain by mixture weight.
+      std::vector<int64_t> batch;
+      batch.reserve(B * (T + 1));
+      for (int64_t b = 0; b < B; ++b) {
+        double u = uniform(rng) * total_weight;
+        const Domain* d = &domains.back();
+        for (const Domain& cand : domains) {
+          if (u < cand.weight) {
+            d = &cand;
+            break;
+          }
+          u -= cand.weight;
+        }
+        std::uniform_int_distribution<int64_t> pick(0, static_cast<int64_t>(d->train.size()) - T - 2);
+        const int64_t s = pick(rng);
+        batch.insert(batch.end(), d->train.begin() + s, d->train.begin() + s + T + 1);
+      }
+      at::Tensor tokens = at::tensor(batch, at::kLong).view({B, T + 1});
+      at::Tensor inp = tokens.narrow(1, 0, T), tgt = tokens.narrow(1, 1, T);
+
+      const double lr = LearningRate(o, step);
+      for (auto& g : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
+      optimizer.zero_grad();
+      at::Tensor h = m->Embed(inp);
+      at::Tensor early = at::zeros({}, at::kFloat);
+      int64_t n_active = 0;
+      for (int64_t l = 0; l < L; ++l) {
+        const double p_drop = L > 1 ? o.layer_dropout_max * l / (L - 1) : 0.0;
+        if (uniform(rng) >= p_drop) h = m->Block(l, h, 0, nullptr, 0);
+        const int64_t exit_layer = l + 1;
+        if (exit_layer < L && (exit_layer + step) % o.curriculum_period == 0 && o.exit_scale > 0) {
+          early = early + CrossEntropy(m->ExitLogits(h), tgt) * (static_cast<double>(exit_layer) / L);
+          ++n_active;
+        }
+      }
+      at::Tensor final_loss = CrossEntropy(m->ExitLogits(h), tgt);
+      at::Tensor loss = n_active > 0 ? final_loss + early * (o.exit_scale / n_active) : final_loss;
+      loss.backward();
+      torch::nn::utils::clip_grad_norm_(params, o.grad_clip);
+      optimizer.step();
+
+      const double lv = loss.item<double>(), fv = final_loss.item<double>();
+      ema_loss = step == start_step ? lv : 0.95 * ema_loss + 0.05 * lv;
+      ema_final = step == start_step ? fv : 0.95 * ema_final + 0.05 * fv;
+      const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+      const int64_t done = step + 1 - start_step;
+      if (done % 5 == 0 || step + 1 == o.steps) {
+        const double tok_s = done * B * T / elapsed;
+        const double eta = elapsed / done * (o.steps - step - 1);
+        const int width = 24, filled = static_cast<int>(width * (step + 1) / o.steps);
+        std::fprintf(stderr, "\r[%s%s] step %lld/%lld loss %.3f (last layer %.3f, ppl %.1f) lr %.2e %.0f tok/s ETA %s   ",
+                     std::string(filled, '#').c_str(), std::string(width - filled, '.').c_str(),
+                     static_cast<long long>(step + 1), static_cast<long long>(o.steps), ema_loss, ema_final,
+                     std::exp(ema_final), lr, tok_s, FormatDuration(eta).c_str());
+        std::fflush(stderr);
+      }
+      if ((step + 1) % o.checkpoint_every == 0 || step + 1 == o.steps) {
+        LEDE_RETURN_IF_ERROR(save_checkpoint(step + 1, elapsed_before + elapsed));
+        std::fprintf(stderr, "\n  checkpoint at step %lld (%s)\n", static_cast<long long>(step + 1),
+                     FormatDuration(elapsed_before + elapsed).c_str());
+      }
+    }
+    const double train_s = elapsed_before + std::chrono::duration<double>(Clock::now() - t0).count();
+
+    // Final model, tokenizer and report.
+    for (at::Tensor& p : params) p.requires_grad_(false);
+    LEDE_RETURN_IF_ERROR(m->SaveHf(o.out_dir));
+    fs::copy_file(o.tokenizer, o.out_dir + "/tokenizer.model", fs::copy_options::overwrite_existing);
+    nlohmann::json report;
+    report["training_seconds"] = train_s;
+    report["steps"] = o.steps;
+    report["tokens_seen"] = o.steps * B * T;
+    report["parameters"] = n_params;
+    report["options"] = {{"batch_size", B}, {"seq_len", T}, {"lr", o.lr}, {"min_lr_ratio", o.min_lr_ratio},
+                         {"warmup_steps", o.warmup_steps}, {"weight_decay", o.weight_decay},
+                         {"grad_clip", o.grad_clip}, {"layer_dropout_max", o.layer_dropout_max},
+                         {"exit_scale", o.exit_scale}, {"curriculum_period", o.curriculum_period},
+                         {"seed", o.seed}, {"threads", at::get_num_threads()}};
+    for (const Domain& d : domains) {
+      report["mixture"][d.name] = d.weight;
+      report["train_tokens"][d.name] = d.train.size();
+      std::fprintf(stderr, "\nevaluating %s ...", d.name.c_str());
+      report["held_out"][d.name] = EvaluateLayers(*m, d.val, T, o.eval_tokens);
+    }
+    std::ofstream(o.out_dir + "/report.json") << report.dump(2) << "\n";
+    std::fprintf(stderr, "\nwrote %s (trained %s)\n", o.out_dir.c_str(), FormatDuration(train_s).c_str());
+    return OkStatus();
+  } catch (const c10::Error& e) {
+    return InternalError(std::string("pretrain: ") + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return InternalError(std::string("pretrain: ") + e.what());
+  }
+}
+
+}  // namespace lede::trainer
