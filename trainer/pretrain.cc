@@ -21,13 +21,14 @@
 #include "shared/model/llama.h"
 #include "shared/model/tokenizer.h"
 #include "shared/status/status_macros.h"
+#include "trainer/corpus.h"
+#include "trainer/exit_eval.h"
 
 namespace lede::trainer {
 namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-constexpr char kDocSeparator[] = "\n<|doc|>\n";
 
 StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -37,22 +38,9 @@ StatusOr<std::string> ReadFile(const std::string& path) {
   return ss.str();
 }
 
-// BOS + ids + EOS for every document of a corpus file, concatenated.
 StatusOr<std::vector<int32_t>> EncodeCorpusFile(const model::Tokenizer& tok, const std::string& path) {
-  LEDE_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  std::vector<int32_t> stream;
-  size_t begin = 0;
-  while (begin <= text.size()) {
-    size_t end = text.find(kDocSeparator, begin);
-    if (end == std::string::npos) end = text.size();
-    if (end > begin) {
-      LEDE_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
-                            tok.Encode(std::string_view(text).substr(begin, end - begin), true, true));
-      stream.insert(stream.end(), ids.begin(), ids.end());
-    }
-    begin = end + sizeof(kDocSeparator) - 1;
-  }
-  return stream;
+  LEDE_ASSIGN_OR_RETURN(std::vector<std::string> docs, ReadDocuments(path));
+  return EncodeDocuments(tok, docs);
 }
 
 struct Domain {
@@ -78,40 +66,6 @@ std::string FormatDuration(double seconds) {
   const int s = static_cast<int>(seconds);
   std::snprintf(buf, sizeof(buf), "%dh%02dm%02ds", s / 3600, (s / 60) % 60, s % 60);
   return buf;
-}
-
-// Per-layer held-out perplexity and top-1 agreement with the last layer.
-nlohmann::json EvaluateLayers(const model::LlamaModel& m, const std::vector<int32_t>& stream,
-                              int64_t seq_len, int64_t max_tokens) {
-  c10::InferenceMode guard;
-  const int64_t L = m.n_layers();
-  std::vector<double> nll(L, 0.0), agree(L, 0.0);
-  int64_t n = 0;
-  for (int64_t start = 0; start + seq_len + 1 <= static_cast<int64_t>(stream.size()) && n < max_tokens;
-       start += seq_len) {
-    std::vector<int64_t> ids(stream.begin() + start, stream.begin() + start + seq_len + 1);
-    at::Tensor t = at::tensor(ids, at::kLong).view({1, -1});
-    at::Tensor inp = t.narrow(1, 0, seq_len), tgt = t.narrow(1, 1, seq_len).reshape({-1});
-    at::Tensor h = m.Embed(inp);
-    std::vector<at::Tensor> exits;
-    for (int64_t l = 0; l < L; ++l) {
-      h = m.Block(l, h, 0, nullptr, 0);
-      exits.push_back(m.ExitLogits(h).view({seq_len, -1}));
-    }
-    at::Tensor final_top = exits.back().argmax(-1);
-    for (int64_t l = 0; l < L; ++l) {
-      nll[l] += at::cross_entropy_loss(exits[l], tgt, {}, at::Reduction::Sum).item<double>();
-      agree[l] += at::eq(exits[l].argmax(-1), final_top).sum().item<double>();
-    }
-    n += seq_len;
-  }
-  nlohmann::json j;
-  j["tokens"] = n;
-  for (int64_t l = 0; l < L && n > 0; ++l) {
-    j["perplexity"].push_back(std::exp(nll[l] / n));
-    j["top1_agreement_with_last"].push_back(agree[l] / n);
-  }
-  return j;
 }
 
 }  // namespace
@@ -233,7 +187,7 @@ Status Pretrain(const PretrainOptions& o) {
         if (uniform(rng) >= p_drop) h = m->Block(l, h, 0, nullptr, 0);
         const int64_t exit_layer = l + 1;
         if (exit_layer < L && (exit_layer + step) % o.curriculum_period == 0 && o.exit_scale > 0) {
-          early = early + CrossEntropy(m->ExitLogits(h), tgt) * (static_cast<double>(exit_layer) / L);
+          early = early + CrossEntropy(m->ExitLogits(h), tgt);
           ++n_active;
         }
       }

@@ -14,10 +14,11 @@
 // from the domains with the given mixture weights.
 //
 // Loss at step s (tokens [B, T], targets shifted by one):
-//   loss = CE_L + exit_scale * sum_{l in A(s)} (l / L) * CE_l / |A(s)|
+//   loss = CE_L + exit_scale * sum_{l in A(s)} CE_l / |A(s)|
 // where CE_l is the next-token cross entropy of the exit at layer l and
 // A(s) = { l in [1, L-1] : (l + s) mod curriculum_period == 0 } rotates the
-// early exits that get a loss. Block l (0-based) is skipped with probability
+// early exits that get a loss. The early exits are weighted equally (LayerSkip
+// scales them up with depth; drafting needs the shallow exits most). Block l (0-based) is skipped with probability
 // p_l = layer_dropout_max * l / (L - 1) for the whole batch (stochastic depth;
 // the skipped block costs nothing).
 //
@@ -41,7 +42,7 @@ struct PretrainOptions {
   std::string out_dir;          // final model (HF layout) + report.json
   std::string checkpoint_dir;   // resumable state; default <out_dir>/../<name>.ckpt
   // Mixture weights per domain (normalized); domains absent from data_dir are an error.
-  std::map<std::string, double> mixture = {{"stories", 0.45}, {"tales", 0.2}, {"drama", 0.1}, {"code", 0.25}};
+  std::map<std::string, double> mixture = {{"stories", 0.5}, {"tales", 0.15}, {"drama", 0.1}, {"code", 0.25}};
   model::ModelConfig config;    // vocab_size is taken from the tokenizer
   int64_t batch_size = 16;      // B sequences per step
   int64_t seq_len = 256;        // T tokens per sequence
