@@ -68,8 +68,9 @@ double MedianMicros(int repeats, const std::function<void()>& fn) {
 }  // namespace
 
 double CostModel::RoundCost(const RoundRecord& r) const {
-  if (r.n_drafted == 0) return Step();
-  return r.n_drafted * DraftToken(r.exit_layer) + Verify(r.exit_layer, r.n_drafted);
+  const double probes = r.n_probes * Probe();
+  if (r.n_drafted == 0) return Step() + probes;
+  return r.n_drafted * DraftToken(r.exit_layer) + Verify(r.exit_layer, r.n_drafted) + probes;
 }
 
 double CostModel::PredictedSpeedup(const std::vector<RoundRecord>& rounds) const {

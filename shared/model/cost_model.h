@@ -42,7 +42,9 @@ class CostModel {
   // An autoregressive step: 1 by definition.
   double Step() const { return 1.0; }
 
-  // Cost of one step or round of the decoding loop.
+  // Cost of one step or round of the decoding loop: K draft tokens at l*,
+  // one verification, and the probes that drafted nothing (exit heads only:
+  // their blocks are shared with the draft or the full-depth step).
   double RoundCost(const RoundRecord& round) const;
   // tokens emitted by the rounds / their total cost (1.0 for pure AR).
   double PredictedSpeedup(const std::vector<RoundRecord>& rounds) const;

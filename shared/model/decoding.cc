@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include "shared/model/exit_signals.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::model {
@@ -79,7 +80,7 @@ StatusOr<at::Tensor> Verifier::Step(int64_t slot, int32_t token) {
 }
 
 StatusOr<at::Tensor> Verifier::Verify(int64_t slot, int64_t exit_layer,
-                                      const std::vector<int32_t>& drafts) {
+                                      const std::vector<int32_t>& drafts, bool last_row_ready) {
   const int64_t K = static_cast<int64_t>(drafts.size());
   const int64_t L = model_.n_layers();
   if (exit_layer < 1 || exit_layer > L) {
@@ -94,10 +95,11 @@ StatusOr<at::Tensor> Verifier::Verify(int64_t slot, int64_t exit_layer,
   if (n + K >= cache_.capacity()) return ResourceExhaustedError("KV slot is full");
   return TorchBoundary("verify", [&]() -> StatusOr<at::Tensor> {
     at::Tensor scratch = cache_.exit_hidden().select(0, slot);  // [D_max+1, d]
-    // The last draft token has not been through the shallow blocks yet.
-    at::Tensor last = model_.Embed(TokenTensor({drafts.back()}, model_.options().device));
-    last = model_.Forward(last, 0, exit_layer, n + K, &cache_, slot);
-    scratch.narrow(0, K, 1).copy_(last.view({1, -1}));
+    if (!last_row_ready) {  // the last draft token has not been through the shallow blocks yet
+      at::Tensor last = model_.Embed(TokenTensor({drafts.back()}, model_.options().device));
+      last = model_.Forward(last, 0, exit_layer, n + K, &cache_, slot);
+      scratch.narrow(0, K, 1).copy_(last.view({1, -1}));
+    }
     at::Tensor h = scratch.narrow(0, 0, K + 1).unsqueeze(0);  // [1, K+1, d]
     h = model_.Forward(h, exit_layer, L, n, &cache_, slot);
     return model_.ExitLogits(h).view({K + 1, -1});
@@ -193,6 +195,25 @@ Status Engine::Validate(const std::vector<int32_t>& prompt, const GenerateOption
                                   " outside [1, " + std::to_string(cache_.max_draft_len()) + "]");
     }
   }
+  if (o.mode == SpeculationMode::kAdaptive) {
+    const DecisionSpec& d = o.decision_spec;
+    if (o.controller == nullptr) return InvalidArgumentError("controller: required in adaptive mode");
+    if (d.candidate_layers.empty()) return InvalidArgumentError("candidate_layers: empty");
+    int32_t prev = 0;
+    for (int32_t l : d.candidate_layers) {
+      if (l <= prev || l > c.n_layers) {
+        return InvalidArgumentError("candidate_layers: must ascend within [1, " +
+                                    std::to_string(c.n_layers) + "], got " + std::to_string(l));
+      }
+      prev = l;
+    }
+    if (d.max_draft_len < 1 || d.max_draft_len > cache_.max_draft_len()) {
+      return InvalidArgumentError("max_draft_len: " + std::to_string(d.max_draft_len) + " outside [1, " +
+                                  std::to_string(cache_.max_draft_len()) + "]");
+    }
+    if (d.top_k < 1 || d.top_k > c.vocab_size) return InvalidArgumentError("top_k: outside [1, V]");
+    if (d.trace_window < 1) return InvalidArgumentError("trace_window: must be >= 1");
+  }
   for (int32_t id : prompt) {
     if (id < 0 || id >= c.vocab_size) {
       return InvalidArgumentError("prompt: token id " + std::to_string(id) + " outside [0, " +
@@ -217,6 +238,7 @@ StatusOr<GenerationResult> Engine::Generate(const std::vector<int32_t>& prompt,
   const ModelConfig& c = model_->config();
   const SamplingOptions& s = o.sampling;
   Sampler sampler(s.seed);
+  ConfidenceTrace trace(std::max(1, o.decision_spec.trace_window));
   GenerationResult result;
   GenerationStats& stats = result.stats;
   stats.n_prompt_tokens = static_cast<int64_t>(prompt.size());
@@ -249,6 +271,121 @@ StatusOr<GenerationResult> Engine::Generate(const std::vector<int32_t>& prompt,
     return s.greedy() ? Argmax(logits) : sampler.Sample(WarpedProbs(logits, s));
   };
 
+  // Draws a draft token from exit logits: argmax, or a sample from the
+  // warped distribution (kept in draft_probs for speculative sampling).
+  std::vector<at::Tensor> draft_probs;
+  auto draft_token = [&](const at::Tensor& exit_logits) {
+    if (s.greedy()) return Argmax(exit_logits);
+    draft_probs.push_back(WarpedProbs(exit_logits, s));
+    return sampler.Sample(draft_probs.back());
+  };
+  // Verifies `drafts` at exit layer e, commits the accepted prefix and emits
+  // it plus the correction / bonus token. Returns the number accepted.
+  auto verify_and_emit = [&](int64_t e, const std::vector<int32_t>& drafts, bool last_row_ready,
+                             RoundRecord& round) -> StatusOr<int64_t> {
+    const int64_t K = static_cast<int64_t>(drafts.size());
+    LEDE_ASSIGN_OR_RETURN(at::Tensor target, verifier_.Verify(slot, e, drafts, last_row_ready));
+    AcceptResult accept;
+    if (s.greedy()) {
+      accept = AcceptGreedy(drafts, target);
+    } else {
+      std::vector<at::Tensor> target_probs;
+      for (int64_t i = 0; i <= K; ++i) target_probs.push_back(WarpedProbs(target[i], s));
+      accept = AcceptSpeculative(drafts, at::stack(draft_probs), at::stack(target_probs), sampler);
+    }
+    draft_probs.clear();
+    LEDE_RETURN_IF_ERROR(verifier_.Accept(slot, accept.n_accepted));
+    round.exit_layer = static_cast<int32_t>(e);
+    round.n_drafted = static_cast<int32_t>(K);
+    round.n_accepted = static_cast<int32_t>(accept.n_accepted);
+    stats.n_drafted += K;
+    stats.n_accepted += accept.n_accepted;
+    for (int64_t i = 0; i < accept.n_accepted; ++i) emit(drafts[i], target[i]);
+    emit(accept.next_token, target[accept.n_accepted]);
+    return accept.n_accepted;
+  };
+  // One controller-driven round (DESIGN.md §2): phase 1 probes the candidate
+  // layers for the first draft token; phase 2 decides after each drafted
+  // token whether to keep drafting. `budget` caps the drafts (tokens left
+  // minus the verifier's own, and KV room).
+  auto adaptive_round = [&](int32_t pending, int64_t budget, RoundRecord& round) -> Status {
+    const DecisionSpec& spec = o.decision_spec;
+    const int64_t L = c.n_layers;
+    const int64_t n = cache_.length(slot);
+    const int64_t d_cap = std::min<int64_t>({budget, spec.max_draft_len, cache_.max_draft_len()});
+    RoundTrace rt;
+    rt.round_index = static_cast<int64_t>(stats.rounds.size());
+    auto state_of = [&](const at::Tensor& exit_logits, Phase phase, int64_t layer, int64_t drafted) {
+      ExitSignals sig = ComputeExitSignals(exit_logits, spec.top_k);
+      ExitState st;
+      st.phase = phase;
+      st.layer = static_cast<int32_t>(layer);
+      st.n_layers = static_cast<int32_t>(L);
+      st.draft_pos = static_cast<int32_t>(drafted);
+      st.max_draft_len = spec.max_draft_len;
+      st.top1_prob = sig.top1_prob;
+      st.top_k_nll = sig.top_k_nll;
+      st.entropy = sig.entropy;
+      st.trace_nll = trace.Mean();
+      trace.Push(sig.top1_nll);
+      return st;
+    };
+    auto finish_trace = [&](int64_t n_accepted) {
+      for (Decision& d : rt.decisions) d.accepted = d.draft_index >= 0 && d.draft_index < n_accepted;
+      rt.exit_layer = round.exit_layer;
+      rt.n_drafted = round.n_drafted;
+      rt.n_accepted = round.n_accepted;
+      if (o.record_traces && !rt.decisions.empty()) result.traces.push_back(std::move(rt));
+    };
+    at::Tensor h = model_->Embed(TokenTensor({pending}, model_->options().device));
+    int64_t done_layers = 0, exit_layer = 0;
+    at::Tensor exit_logits;
+    if (d_cap > 0) {
+      for (int32_t cand : spec.candidate_layers) {
+        if (cand >= L) break;  // the last layer is the full model, not an exit
+        h = model_->Forward(h, done_layers, cand, n, &cache_, slot);
+        done_layers = cand;
+        at::Tensor probe = model_->ExitLogits(h).view({-1});
+        ExitState st = state_of(probe, Phase::kExitLayer, cand, 0);
+        const Action a = o.controller->Decide(st);
+        rt.decisions.push_back(Decision{st, a, a == Action::kExit ? 0 : -1, false});
+        if (a == Action::kExit) {
+          exit_layer = cand;
+          exit_logits = probe;
+          break;
+        }
+        ++round.n_probes;
+      }
+    }
+    if (exit_layer == 0) {  // no exit: a plain full-depth step
+      h = model_->Forward(h, done_layers, L, n, &cache_, slot);
+      LEDE_RETURN_IF_ERROR(cache_.Commit(slot, n + 1));
+      at::Tensor step_logits = model_->ExitLogits(h).view({-1});
+      emit(choose(step_logits), step_logits);
+      finish_trace(0);
+      return OkStatus();
+    }
+    cache_.exit_hidden().select(0, slot).narrow(0, 0, 1).copy_(h.view({1, -1}));
+    std::vector<int32_t> drafts = {draft_token(exit_logits)};
+    bool last_row_ready = false;
+    while (static_cast<int64_t>(drafts.size()) < d_cap) {
+      const int64_t row = static_cast<int64_t>(drafts.size());
+      LEDE_ASSIGN_OR_RETURN(at::Tensor next, drafter_.DraftStep(slot, row, drafts.back(), exit_layer));
+      ExitState st = state_of(next, Phase::kDraftLength, exit_layer, row);
+      const Action a = o.controller->Decide(st);
+      rt.decisions.push_back(Decision{st, a, a == Action::kExit ? static_cast<int32_t>(row) : -1, false});
+      if (a != Action::kExit) {
+        last_row_ready = true;  // row `row` holds d_K's hidden state at l*
+        ++round.n_probes;
+        break;
+      }
+      drafts.push_back(draft_token(next));
+    }
+    LEDE_ASSIGN_OR_RETURN(int64_t n_accepted, verify_and_emit(exit_layer, drafts, last_row_ready, round));
+    finish_trace(n_accepted);
+    return OkStatus();
+  };
+
   auto t0 = Clock::now();
   LEDE_ASSIGN_OR_RETURN(at::Tensor logits, verifier_.Prefill(slot, prompt));
   Status status = TorchBoundary("generate", [&]() -> Status {
@@ -265,42 +402,21 @@ StatusOr<GenerationResult> Engine::Generate(const std::vector<int32_t>& prompt,
                             : 0;
       RoundRecord round;
       const size_t before = result.tokens.size();
-      if (K <= 0) {
+      if (o.mode == SpeculationMode::kAdaptive) {
+        LEDE_RETURN_IF_ERROR(adaptive_round(pending, std::min(remaining - 1, room), round));
+      } else if (K <= 0) {
         LEDE_ASSIGN_OR_RETURN(at::Tensor step_logits, verifier_.Step(slot, pending));
         emit(choose(step_logits), step_logits);
       } else {
-        round.exit_layer = static_cast<int32_t>(o.exit_layer);
         std::vector<int32_t> drafts;
-        std::vector<at::Tensor> draft_probs;
         int32_t token = pending;
         for (int64_t i = 0; i < K; ++i) {
-          LEDE_ASSIGN_OR_RETURN(at::Tensor exit_logits,
-                                drafter_.DraftStep(slot, i, token, o.exit_layer));
-          if (s.greedy()) {
-            token = Argmax(exit_logits);
-          } else {
-            draft_probs.push_back(WarpedProbs(exit_logits, s));
-            token = sampler.Sample(draft_probs.back());
-          }
+          LEDE_ASSIGN_OR_RETURN(at::Tensor exit_logits, drafter_.DraftStep(slot, i, token, o.exit_layer));
+          token = draft_token(exit_logits);
           drafts.push_back(token);
         }
-        LEDE_ASSIGN_OR_RETURN(at::Tensor target, verifier_.Verify(slot, o.exit_layer, drafts));
-        AcceptResult accept;
-        if (s.greedy()) {
-          accept = AcceptGreedy(drafts, target);
-        } else {
-          std::vector<at::Tensor> target_probs;
-          for (int64_t i = 0; i <= K; ++i) target_probs.push_back(WarpedProbs(target[i], s));
-          accept = AcceptSpeculative(drafts, at::stack(draft_probs), at::stack(target_probs),
-                                     sampler);
-        }
-        LEDE_RETURN_IF_ERROR(verifier_.Accept(slot, accept.n_accepted));
-        round.n_drafted = static_cast<int32_t>(K);
-        round.n_accepted = static_cast<int32_t>(accept.n_accepted);
-        stats.n_drafted += K;
-        stats.n_accepted += accept.n_accepted;
-        for (int64_t i = 0; i < accept.n_accepted; ++i) emit(drafts[i], target[i]);
-        emit(accept.next_token, target[accept.n_accepted]);
+        LEDE_ASSIGN_OR_RETURN(int64_t n_accepted, verify_and_emit(o.exit_layer, drafts, false, round));
+        (void)n_accepted;
       }
       round.n_emitted = static_cast<int32_t>(result.tokens.size() - before);
       stats.rounds.push_back(round);

@@ -31,6 +31,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "shared/model/exit_controller.h"
 #include "shared/model/kv_cache.h"
 #include "shared/model/llama.h"
 #include "shared/model/sampling.h"
@@ -56,10 +57,13 @@ class Verifier {
 
   // Verification of K = drafts.size() >= 1 draft tokens at exit layer E in
   // [1, L] (protocol step 2). Returns logits [K+1, V] float32; commits nothing.
+  // last_row_ready: the drafter already ran d_K through layers [0, E) into
+  // scratch row K (an adaptive round that probed one more draft step and
+  // stopped), so the verifier skips it.
   // Errors: kInvalidArgument for E outside [1, L] or K > max_draft_len;
   // kResourceExhausted if n + K >= capacity; kInternal.
   StatusOr<at::Tensor> Verify(int64_t slot, int64_t exit_layer,
-                              const std::vector<int32_t>& drafts);
+                              const std::vector<int32_t>& drafts, bool last_row_ready = false);
 
   // Commits the pending token and the first n_accepted drafts (step 3).
   Status Accept(int64_t slot, int64_t n_accepted);
@@ -86,7 +90,10 @@ class Drafter {
   KvCache& cache_;
 };
 
-enum class SpeculationMode { kAutoregressive, kStatic };
+// kAutoregressive: full-depth steps. kStatic: fixed exit layer E and draft
+// length D. kAdaptive: an ExitController decides the exit layer (phase 1)
+// and when to stop drafting (phase 2) token by token (exit_controller.h).
+enum class SpeculationMode { kAutoregressive, kStatic, kAdaptive };
 
 struct GenerateOptions {
   int64_t max_new_tokens = 128;  // tokens to generate, >= 1
@@ -96,6 +103,12 @@ struct GenerateOptions {
   int64_t draft_len = 0;   // D in [1, max_draft_len] for kStatic
   bool stop_at_eos = true; // stop at any of the config's eos ids (not emitted)
   bool record_margins = false;  // fill GenerationResult::margins (tests, benchmarks)
+  // kAdaptive only: the controller (borrowed; one per request) and where it
+  // is consulted. candidate_layers must be ascending in [1, L];
+  // max_draft_len in [1, KV max_draft_len].
+  ExitController* controller = nullptr;
+  DecisionSpec decision_spec;
+  bool record_traces = false;  // fill GenerationResult::traces (experience)
   // Example: {.max_new_tokens = 64, .mode = SpeculationMode::kStatic,
   //           .exit_layer = 3, .draft_len = 4}
 };
@@ -107,6 +120,9 @@ struct RoundRecord {
   int32_t n_drafted = 0;   // K
   int32_t n_accepted = 0;  // accepted drafts, in [0, K]
   int32_t n_emitted = 0;   // tokens emitted (n_accepted + 1 unless a stop cut it)
+  // Exit-head evaluations that drafted nothing: phase-1 probes below l* (or
+  // all of them when no exit was taken) and a phase-2 "stop" probe.
+  int32_t n_probes = 0;
 };
 
 struct GenerationStats {
@@ -134,6 +150,8 @@ struct GenerationResult {
   // With record_margins: for each token, top1 - top2 of the full model's
   // logits that decided it (numerical near-tie when <= 1e-4).
   std::vector<double> margins;
+  // With record_traces (kAdaptive): the decisions of every round.
+  std::vector<RoundTrace> traces;
 };
 
 // Called with the tokens each step or round emits, in order.

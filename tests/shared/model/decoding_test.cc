@@ -3,6 +3,8 @@
 #include "shared/model/decoding.h"
 
 #include <cmath>
+#include <random>
+#include <set>
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -258,6 +260,144 @@ TEST(EngineTest, CallbackStreamsEveryToken) {
   ASSERT_THAT(r, IsOk());
   EXPECT_EQ(streamed, r->tokens);
   EXPECT_FALSE(r->stats.rounds.empty());
+}
+
+}  // namespace
+}  // namespace lede::model
+
+namespace lede::model {
+namespace {
+
+// Scripted controllers for the adaptive loop (the real ones live in policy/).
+class FixedController : public ExitController {
+ public:
+  FixedController(int32_t e, int32_t d) : e_(e), d_(d) {}
+  std::string name() const override { return "fixed"; }
+  Action Decide(const ExitState& s) override {
+    if (s.phase == Phase::kExitLayer) return s.layer >= e_ ? Action::kExit : Action::kContinue;
+    return s.draft_pos < d_ ? Action::kExit : Action::kContinue;
+  }
+
+ private:
+  int32_t e_, d_;
+};
+
+class RandomController : public ExitController {
+ public:
+  explicit RandomController(uint64_t seed) : rng_(seed) {}
+  std::string name() const override { return "random"; }
+  Action Decide(const ExitState&) override {
+    return std::uniform_int_distribution<int>(0, 1)(rng_) ? Action::kExit : Action::kContinue;
+  }
+
+ private:
+  std::mt19937_64 rng_;
+};
+
+GenerateOptions Adaptive(ExitController* controller, std::vector<int32_t> candidates, int64_t n) {
+  GenerateOptions o;
+  o.mode = SpeculationMode::kAdaptive;
+  o.controller = controller;
+  o.decision_spec.candidate_layers = std::move(candidates);
+  o.decision_spec.max_draft_len = 8;
+  o.max_new_tokens = n;
+  o.record_margins = true;
+  o.record_traces = true;
+  return o;
+}
+
+// A controller that always exits at E and drafts D tokens reproduces static (E, D) exactly.
+TEST(AdaptiveEngineTest, FixedControllerMatchesStaticMode) {
+  std::shared_ptr<const LlamaModel> m = LoadOrDie(lede::testing::Stories260KDir());
+  auto engine = MakeEngine(m);
+  FixedController fixed(3, 4);
+  GenerationResult adaptive = MustGenerate(*engine, kStoriesPrompt, Adaptive(&fixed, {1, 2, 3, 4}, 60));
+  GenerationResult stat = MustGenerate(*engine, kStoriesPrompt, Static(3, 4, 60));
+  EXPECT_EQ(adaptive.tokens, stat.tokens);
+  EXPECT_EQ(adaptive.stats.n_drafted, stat.stats.n_drafted);
+  EXPECT_EQ(adaptive.stats.n_accepted, stat.stats.n_accepted);
+}
+
+// Random exits and random stops never change the greedy output (lossless, DESIGN.md §1).
+TEST(AdaptiveEngineTest, RandomControllerIsLossless) {
+  std::shared_ptr<const LlamaModel> m = LoadOrDie(lede::testing::Stories260KDir());
+  auto engine = MakeEngine(m);
+  GenerateOptions ar;
+  ar.max_new_tokens = 80;
+  ar.record_margins = true;
+  GenerationResult reference = MustGenerate(*engine, kStoriesPrompt, ar);
+  for (uint64_t seed : {1, 2, 3}) {
+    RandomController random(seed);
+    GenerationResult r = MustGenerate(*engine, kStoriesPrompt, Adaptive(&random, {1, 2, 3, 4}, 80));
+    size_t i = 0;
+    while (i < r.tokens.size() && r.tokens[i] == reference.tokens[i]) ++i;
+    if (i < reference.tokens.size()) {
+      EXPECT_LE(std::min(reference.margins[i], r.margins[i]), kNearTie) << "seed " << seed << " token " << i;
+    }
+    EXPECT_GT(r.stats.n_drafted, 0);
+  }
+}
+
+// A controller that never exits turns every round into a full-depth step
+// that probed every candidate layer.
+TEST(AdaptiveEngineTest, NeverExitingIsAutoregressive) {
+  std::shared_ptr<const LlamaModel> m = LoadOrDie(lede::testing::Stories260KDir());
+  auto engine = MakeEngine(m);
+  FixedController never(99, 0);
+  GenerationResult r = MustGenerate(*engine, kStoriesPrompt, Adaptive(&never, {1, 3}, 30));
+  GenerateOptions ar;
+  ar.max_new_tokens = 30;
+  EXPECT_EQ(r.tokens, MustGenerate(*engine, kStoriesPrompt, ar).tokens);
+  EXPECT_EQ(r.stats.n_drafted, 0);
+  ASSERT_EQ(r.stats.rounds.size(), 29u);
+  for (size_t i = 0; i < r.stats.rounds.size(); ++i) {
+    EXPECT_EQ(r.stats.rounds[i].n_drafted, 0);
+    // The request's last token leaves no room for a draft: no decision, no probe.
+    EXPECT_EQ(r.stats.rounds[i].n_probes, i + 1 < r.stats.rounds.size() ? 2 : 0) << "round " << i;
+  }
+}
+
+// Traces record every decision; the drafting decisions' verdicts agree with the round's acceptance.
+TEST(AdaptiveEngineTest, TracesRecordDecisionsAndVerdicts) {
+  std::shared_ptr<const LlamaModel> m = LoadOrDie(lede::testing::Stories260KDir());
+  auto engine = MakeEngine(m);
+  RandomController random(7);
+  GenerationResult r = MustGenerate(*engine, kStoriesPrompt, Adaptive(&random, {1, 2, 3, 4}, 60));
+  // Every round but the request's last (no room to draft: no decision) has a trace.
+  ASSERT_EQ(r.traces.size() + 1, r.stats.rounds.size());
+  int64_t drafted = 0;
+  for (const RoundTrace& t : r.traces) {
+    ASSERT_FALSE(t.decisions.empty());
+    int32_t drafting = 0, accepted = 0;
+    for (const Decision& d : t.decisions) {
+      EXPECT_EQ(d.state.n_layers, 5);
+      EXPECT_GE(d.state.top1_prob, 0.0f);
+      EXPECT_LE(d.state.top1_prob, 1.0f);
+      EXPECT_GE(d.state.entropy, 0.0f);
+      if (d.draft_index >= 0) {
+        ++drafting;
+        accepted += d.accepted ? 1 : 0;
+      }
+    }
+    EXPECT_EQ(drafting, t.n_drafted);
+    EXPECT_EQ(accepted, t.n_accepted);
+    drafted += t.n_drafted;
+  }
+  EXPECT_EQ(drafted, r.stats.n_drafted);
+}
+
+// Adaptive requests without a controller or with bad candidate layers are refused.
+TEST(AdaptiveEngineTest, BadDecisionSpecIsInvalidArgument) {
+  std::shared_ptr<const LlamaModel> m = LoadOrDie(lede::testing::Stories260KDir());
+  auto engine = MakeEngine(m);
+  FixedController fixed(1, 1);
+  EXPECT_THAT(engine->Generate(kStoriesPrompt, Adaptive(nullptr, {1}, 4)), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(engine->Generate(kStoriesPrompt, Adaptive(&fixed, {}, 4)), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(engine->Generate(kStoriesPrompt, Adaptive(&fixed, {2, 1}, 4)), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(engine->Generate(kStoriesPrompt, Adaptive(&fixed, {1, 9}, 4)), StatusIs(StatusCode::kInvalidArgument));
+  GenerateOptions too_long = Adaptive(&fixed, {1}, 4);
+  too_long.decision_spec.max_draft_len = 99;
+  EXPECT_THAT(engine->Generate(kStoriesPrompt, too_long), StatusIs(StatusCode::kInvalidArgument));
 }
 
 }  // namespace

@@ -1,0 +1,46 @@
+// File: shared/model/exit_signals.h
+//
+// The confidence signals of an exit distribution that LEDE's state is built
+// from (DESIGN.md §2): with p = softmax(logits) computed by ONE log-softmax
+// over the vocabulary,
+//   top1_prob = max_v p(v)
+//   top_k_nll = C_k = -(1/k) sum_{v in top-k} log p(v)
+//   entropy   = H   = -sum_v p(v) log p(v)            (nats)
+//   top1_nll  = -log max_v p(v)                       (feeds C_trace)
+#ifndef LEDE_SHARED_MODEL_EXIT_SIGNALS_H_
+#define LEDE_SHARED_MODEL_EXIT_SIGNALS_H_
+
+#include <cstdint>
+#include <deque>
+
+#include <ATen/core/Tensor.h>
+
+namespace lede::model {
+
+struct ExitSignals {
+  float top1_prob = 0;
+  float top_k_nll = 0;
+  float entropy = 0;
+  float top1_nll = 0;
+};
+
+// logits [V] float32 (any device). top_k in [1, V].
+ExitSignals ComputeExitSignals(const at::Tensor& logits, int64_t top_k);
+
+// C_trace: the mean top1_nll of the last `window` probes of a request.
+class ConfidenceTrace {
+ public:
+  explicit ConfidenceTrace(int64_t window) : window_(window) {}
+  // Mean over the window (0 before the first probe).
+  float Mean() const { return values_.empty() ? 0.0f : static_cast<float>(sum_ / values_.size()); }
+  void Push(float top1_nll);
+
+ private:
+  int64_t window_;
+  std::deque<float> values_;
+  double sum_ = 0;
+};
+
+}  // namespace lede::model
+
+#endif  // LEDE_SHARED_MODEL_EXIT_SIGNALS_H_
