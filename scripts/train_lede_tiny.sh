@@ -31,3 +31,5 @@ build/trainer/lede-pretrain --data "$WORK/corpus" --tokenizer "$WORK/tokenizer/t
   --batch-size 16 --seq-len 256 --lr 2e-3 --warmup-steps 100 --layer-dropout 0.1 \
   --exit-scale 1.0 --curriculum-period 3 --checkpoint-every 100 --seed 1
 cp "$WORK/corpus/manifest.json" "$OUT/data_manifest.json"
+# 5. Held-out prompt sets for the benchmarks (story openings, code heads).
+python3 scripts/make_prompt_sets.py "$WORK/corpus" "$OUT/prompts" 48

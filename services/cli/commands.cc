@@ -1,6 +1,15 @@
 #include "services/cli/commands.h"
 
+#if LEDE_WITH_BENCH
+#include <filesystem>
+
+#include "bench/lede_bench.h"
+#include "policy/dqn/artifact.h"
+#include "policy/dqn/dqn_exit_controller.h"
+#endif
+
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -40,6 +49,10 @@ struct ModelFlags {
   }
 
   StatusOr<model::ModelOptions> Options() const {
+    std::error_code ec;
+    if (!std::filesystem::exists(model, ec)) {
+      return NotFoundError("--model: no such file or directory: " + model);
+    }
     model::ModelOptions o;
     try {
       o.device = c10::Device(device);
@@ -71,11 +84,35 @@ int LoadFailureCode(const Status& s) {
   return s.code() == StatusCode::kInternal ? kExitFailure : kExitUsage;
 }
 
+#if LEDE_WITH_BENCH
+// The policy to serve from `policy_dir` (models/<m>/policy): the one whose
+// reward cost model fits the hardware. On CUDA (memory-bound decoding) the
+// newest version trained with the accelerator cost model; elsewhere the
+// SERVING pointer (set by scripts/train_policies.sh to the policy trained
+// with this machine's measured cost model).
+StatusOr<policy::dqn::Artifact> ChoosePolicy(const std::string& policy_dir, const c10::Device& device,
+                                             const std::string& fingerprint) {
+  if (device.is_cuda()) {
+    std::vector<std::string> versions;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(policy_dir, ec)) {
+      if (entry.is_directory()) versions.push_back(entry.path().filename().string());
+    }
+    std::sort(versions.rbegin(), versions.rend());
+    for (const std::string& v : versions) {
+      auto a = policy::dqn::LoadArtifact(policy::dqn::VersionDir(policy_dir, v), fingerprint);
+      if (a.ok() && a->metadata.reward_cost_model == "accelerator") return a;
+    }
+  }
+  return policy::dqn::LoadServingArtifact(policy_dir, fingerprint);
+}
+#endif
+
 }  // namespace
 
 int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   ModelFlags mf;
-  std::string prompt, tokenizer_path, mode = "static";
+  std::string prompt, tokenizer_path, policy_dir, mode = "static";
   int64_t max_new_tokens = 128, exit_layer = 0, draft_len = 4, seed = 0;
   double temperature = 0.0, top_p = 1.0;
   FlagSet flags;
@@ -83,7 +120,9 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   flags.Add("prompt", &prompt, "prompt text", true);
   flags.Add("tokenizer", &tokenizer_path, "tokenizer file (default: found beside the model)");
   flags.Add("max-new-tokens", &max_new_tokens, "tokens to generate");
-  flags.Add("mode", &mode, "ar (autoregressive) or static (self-speculative, fixed E and D)");
+  flags.Add("mode", &mode,
+            "ar (autoregressive), static (self-speculative, fixed E and D) or lede (learned exit policy)");
+  flags.Add("policy", &policy_dir, "lede mode: policy directory (default: MODEL/policy)");
   flags.Add("exit-layer", &exit_layer, "draft exit layer E in [1, L] (default: L/4, at least 1)");
   flags.Add("draft-len", &draft_len, "draft length D");
   flags.Add("temperature", &temperature, "0 = greedy");
@@ -93,9 +132,14 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
     err << "lede generate: " << s.message() << "\nflags:\n" << flags.Usage();
     return kExitUsage;
   }
-  if (mode != "ar" && mode != "static") {
-    return Fail(err, InvalidArgumentError("--mode: want ar or static, got '" + mode + "'"), kExitUsage);
+  if (mode != "ar" && mode != "static" && mode != "lede") {
+    return Fail(err, InvalidArgumentError("--mode: want ar, static or lede, got '" + mode + "'"), kExitUsage);
   }
+#if !LEDE_WITH_BENCH
+  if (mode == "lede") {
+    return Fail(err, UnimplementedError("--mode lede: this engine-only build has no policy support"), kExitUsage);
+  }
+#endif
   auto options = mf.Options();
   if (!options.ok()) return Fail(err, options.status(), kExitUsage);
 
@@ -123,6 +167,22 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   go.exit_layer = exit_layer > 0 ? exit_layer : std::max<int64_t>(1, L / 4);
   go.draft_len = draft_len;
 
+  std::unique_ptr<model::ExitController> controller;
+#if LEDE_WITH_BENCH
+  if (mode == "lede") {
+    if (policy_dir.empty()) {
+      std::filesystem::path p(mf.model);
+      policy_dir = ((std::filesystem::is_directory(p) ? p : p.parent_path()) / "policy").string();
+    }
+    auto artifact = ChoosePolicy(policy_dir, options->device, llama->config().ArchitectureFingerprint());
+    if (!artifact.ok()) return Fail(err, artifact.status(), kExitUsage);
+    go.mode = model::SpeculationMode::kAdaptive;
+    go.decision_spec = artifact->metadata.decision;
+    controller = std::make_unique<policy::dqn::DqnExitController>(
+        std::make_shared<const policy::dqn::QNetwork>(artifact->network), artifact->metadata.version);
+    go.controller = controller.get();
+  }
+#endif
   model::KvCacheOptions ko;
   ko.n_slots = 1;
   ko.max_draft_len = std::max<int64_t>(16, draft_len);
@@ -141,12 +201,18 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   }
   out << detok.Flush() << "\n";
   const model::GenerationStats& st = result->stats;
-  err << std::fixed << std::setprecision(2) << "[" << (mode == "ar" ? "ar" : "static")
-      << (mode == "ar" ? "" : " E=" + std::to_string(go.exit_layer) + " D=" + std::to_string(go.draft_len))
-      << "] " << st.n_generated << " tokens, " << st.decode_tokens_per_s() << " tokens/s, acceptance rate "
+  std::string label = mode;
+  if (mode == "static") label += " E=" + std::to_string(go.exit_layer) + " D=" + std::to_string(go.draft_len);
+  if (controller) label += " " + controller->name();
+  double exits = 0, drafted_rounds = 0;
+  for (const auto& r : st.rounds) {
+    if (r.n_drafted > 0) exits += r.exit_layer, drafted_rounds += 1;
+  }
+  err << std::fixed << std::setprecision(2) << "[" << label << "] " << st.n_generated << " tokens, " << st.decode_tokens_per_s() << " tokens/s, acceptance rate "
       << std::setprecision(3) << st.acceptance_rate() << ", " << st.tokens_per_round()
-      << " tokens/round, wall " << std::setprecision(3) << (st.prefill_s + st.decode_s) << " s (prefill "
-      << st.prefill_s << " s)\n";
+      << " tokens/round, mean exit layer " << std::setprecision(2)
+      << (drafted_rounds > 0 ? exits / drafted_rounds : 0.0) << ", wall " << std::setprecision(3)
+      << (st.prefill_s + st.decode_s) << " s (prefill " << st.prefill_s << " s)\n";
   return kExitOk;
 }
 
@@ -190,6 +256,10 @@ int Main(int argc, char** argv) {
       "commands:\n"
       "  generate   generate text (autoregressive or static self-speculation)\n"
       "  calibrate  measure this machine's cost model and write it as JSON\n"
+#if LEDE_WITH_BENCH
+      "  bench      LEDE against autoregressive, static and threshold baselines\n"
+      "  collect    run exploration policies and write experience shards\n"
+#endif
       "run 'lede <command> --help' for its flags\n";
   if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help") {
     std::cout << usage;
@@ -199,6 +269,10 @@ int Main(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "generate") return RunGenerate(args, std::cout, std::cerr);
   if (command == "calibrate") return RunCalibrate(args, std::cout, std::cerr);
+#if LEDE_WITH_BENCH
+  if (command == "bench") return bench::RunBench(args, std::cout, std::cerr);
+  if (command == "collect") return bench::RunCollect(args, std::cout, std::cerr);
+#endif
   std::cerr << "lede: unknown command '" << command << "'\n" << usage;
   return kExitUsage;
 }

@@ -1,0 +1,490 @@
+#include "policy/dqn/artifact.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <utility>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
+
+#include "shared/model/checkpoint.h"
+#include "shared/status/status_macros.h"
+
+namespace lede::policy::dqn {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+// --- SHA-256 (FIPS 180-4) ----------------------------------------------------
+
+constexpr std::array<uint32_t, 64> kSha256K = {
+    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+
+inline uint32_t Rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+
+void Sha256Block(const uint8_t* p, uint32_t h[8]) {
+  uint32_t w[64];
+  for (int i = 0; i < 16; ++i) {
+    w[i] = (static_cast<uint32_t>(p[4 * i]) << 24) | (static_cast<uint32_t>(p[4 * i + 1]) << 16) |
+           (static_cast<uint32_t>(p[4 * i + 2]) << 8) | static_cast<uint32_t>(p[4 * i + 3]);
+  }
+  for (int i = 16; i < 64; ++i) {
+    const uint32_t s0 = Rotr(w[i - 15], 7) ^ Rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
+    const uint32_t s1 = Rotr(w[i - 2], 17) ^ Rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
+    w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+  }
+  uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
+  for (int i = 0; i < 64; ++i) {
+    const uint32_t s1 = Rotr(e, 6) ^ Rotr(e, 11) ^ Rotr(e, 25);
+    const uint32_t ch = (e & f) ^ (~e & g);
+    const uint32_t t1 = hh + s1 + ch + kSha256K[i] + w[i];
+    const uint32_t s0 = Rotr(a, 2) ^ Rotr(a, 13) ^ Rotr(a, 22);
+    const uint32_t maj = (a & b) ^ (a & c) ^ (b & c);
+    const uint32_t t2 = s0 + maj;
+    hh = g;
+    g = f;
+    f = e;
+    e = d + t1;
+    d = c;
+    c = b;
+    b = a;
+    a = t1 + t2;
+  }
+  h[0] += a;
+  h[1] += b;
+  h[2] += c;
+  h[3] += d;
+  h[4] += e;
+  h[5] += f;
+  h[6] += g;
+  h[7] += hh;
+}
+
+// --- files --------------------------------------------------------------------
+
+StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return NotFoundError(path + ": no such file");
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return NotFoundError(path + ": cannot open");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) return InternalError(path + ": read error");
+  return ss.str();
+}
+
+// Writes `text` to `path` atomically: a unique temporary file in the same
+// directory, fsync, rename.
+Status WriteFileAtomically(const std::string& path, const std::string& text) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return InternalError(tmp + ": cannot create: " + std::strerror(errno));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string err = std::strerror(errno);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return InternalError(tmp + ": write failed: " + err);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    return InternalError(tmp + ": fsync/close failed: " + std::strerror(errno));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string err = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    return InternalError(path + ": rename failed: " + err);
+  }
+  return OkStatus();
+}
+
+// --- metadata <-> JSON -----------------------------------------------------------
+
+Json MetricsToJson(const std::map<std::string, double>& m) {
+  Json j = Json::object();
+  for (const auto& [k, v] : m) {
+    if (std::isfinite(v)) {
+      j[k] = v;
+    } else {
+      j[k] = nullptr;  // JSON has no NaN / Inf
+    }
+  }
+  return j;
+}
+
+std::map<std::string, double> MetricsFromJson(const Json& j) {
+  std::map<std::string, double> m;
+  for (const auto& [k, v] : j.items()) {
+    m[k] = v.is_null() ? std::numeric_limits<double>::quiet_NaN() : v.get<double>();
+  }
+  return m;
+}
+
+Json ToJson(const PolicyMetadata& m, int32_t hidden, const std::string& sha256) {
+  const TrainingDataInfo& d = m.training_data;
+  Json j;
+  j["format"] = kArtifactFormat;
+  j["version"] = m.version;
+  j["model_fingerprint"] = m.model_fingerprint;
+  j["features"] = {{"names", ExitFeatureNames()}, {"dim", model::kExitFeatureDim}};
+  j["network"] = {{"type", "mlp"},
+                  {"hidden", hidden},
+                  {"activation", "relu"},
+                  {"actions", {"continue", "exit"}}};
+  j["candidate_layers"] = m.decision.candidate_layers;
+  j["max_draft_len"] = m.decision.max_draft_len;
+  j["top_k"] = m.decision.top_k;
+  j["trace_window"] = m.decision.trace_window;
+  j["reward"] = {{"cost_model", m.reward_cost_model}};
+  j["gamma"] = m.gamma;
+  j["n_step"] = m.n_step;
+  j["seed"] = m.seed;
+  j["training_options"] = MetricsToJson(m.training_options);
+  j["training_data"] = {{"first_shard", d.first_shard},
+                        {"last_shard", d.last_shard},
+                        {"n_shards", d.n_shards},
+                        {"n_bad_shards", d.n_bad_shards},
+                        {"n_transitions", d.n_transitions},
+                        {"n_episodes", d.n_episodes},
+                        {"n_requests", d.n_requests},
+                        {"n_train_transitions", d.n_train_transitions},
+                        {"n_heldout_transitions", d.n_heldout_transitions},
+                        {"n_train_episodes", d.n_train_episodes},
+                        {"n_heldout_episodes", d.n_heldout_episodes},
+                        {"behaviour_versions", d.behaviour_versions}};
+  j["offline_metrics"] = MetricsToJson(m.offline_metrics);
+  j["weights"] = {{"file", kWeightsFile}, {"dtype", "F32"}};
+  j["weights_sha256"] = sha256;
+  return j;
+}
+
+// Parses policy.json. Throws nlohmann::json exceptions on a missing or
+// mistyped field; the caller maps them to kInvalidArgument.
+struct ParsedMetadata {
+  PolicyMetadata metadata;
+  int32_t hidden = 0;
+  std::string sha256;
+};
+
+StatusOr<ParsedMetadata> FromJson(const Json& j, const std::string& where) {
+  ParsedMetadata p;
+  PolicyMetadata& m = p.metadata;
+  const std::string format = j.at("format").get<std::string>();
+  if (format != kArtifactFormat) {
+    return InvalidArgumentError(where + ": format \"" + format + "\", expected \"" + kArtifactFormat + "\"");
+  }
+  const Json& features = j.at("features");
+  const int64_t dim = features.at("dim").get<int64_t>();
+  if (dim != model::kExitFeatureDim) {
+    return InvalidArgumentError(where + ": wrong feature dim " + std::to_string(dim) + ", this build computes " +
+                                std::to_string(model::kExitFeatureDim));
+  }
+  if (features.at("names").get<std::vector<std::string>>() != ExitFeatureNames()) {
+    return InvalidArgumentError(where + ": feature names differ from model::ExitFeatures' (" +
+                                features.at("names").dump() + ")");
+  }
+  m.version = j.at("version").get<std::string>();
+  m.model_fingerprint = j.at("model_fingerprint").get<std::string>();
+  p.hidden = j.at("network").at("hidden").get<int32_t>();
+  m.decision.candidate_layers = j.at("candidate_layers").get<std::vector<int32_t>>();
+  m.decision.max_draft_len = j.at("max_draft_len").get<int32_t>();
+  m.decision.top_k = j.at("top_k").get<int32_t>();
+  m.decision.trace_window = j.at("trace_window").get<int32_t>();
+  m.reward_cost_model = j.at("reward").at("cost_model").get<std::string>();
+  m.gamma = j.at("gamma").get<double>();
+  m.n_step = j.at("n_step").get<int32_t>();
+  m.seed = j.at("seed").get<uint64_t>();
+  if (j.contains("training_options")) m.training_options = MetricsFromJson(j.at("training_options"));
+  if (j.contains("training_data")) {
+    const Json& d = j.at("training_data");
+    TrainingDataInfo& t = m.training_data;
+    t.first_shard = d.value("first_shard", "");
+    t.last_shard = d.value("last_shard", "");
+    t.n_shards = d.value("n_shards", int64_t{0});
+    t.n_bad_shards = d.value("n_bad_shards", int64_t{0});
+    t.n_transitions = d.value("n_transitions", int64_t{0});
+    t.n_episodes = d.value("n_episodes", int64_t{0});
+    t.n_requests = d.value("n_requests", int64_t{0});
+    t.n_train_transitions = d.value("n_train_transitions", int64_t{0});
+    t.n_heldout_transitions = d.value("n_heldout_transitions", int64_t{0});
+    t.n_train_episodes = d.value("n_train_episodes", int64_t{0});
+    t.n_heldout_episodes = d.value("n_heldout_episodes", int64_t{0});
+    t.behaviour_versions = d.value("behaviour_versions", std::vector<std::string>{});
+  }
+  if (j.contains("offline_metrics")) m.offline_metrics = MetricsFromJson(j.at("offline_metrics"));
+  p.sha256 = j.at("weights_sha256").get<std::string>();
+  return p;
+}
+
+Status ValidateDecisionSpec(const model::DecisionSpec& d, const std::string& where) {
+  for (size_t i = 0; i < d.candidate_layers.size(); ++i) {
+    if (d.candidate_layers[i] < 1 || (i > 0 && d.candidate_layers[i] <= d.candidate_layers[i - 1])) {
+      return InvalidArgumentError(where + ": candidate_layers must be ascending and >= 1");
+    }
+  }
+  if (d.max_draft_len < 1 || d.top_k < 1 || d.trace_window < 1) {
+    return InvalidArgumentError(where + ": max_draft_len, top_k and trace_window must be >= 1");
+  }
+  return OkStatus();
+}
+
+// --- weights <-> tensors -----------------------------------------------------------
+
+struct TensorSpec {
+  const char* name;
+  std::vector<float> QNetworkWeights::*field;
+  int64_t rows;  // -1: H
+  int64_t cols;  // -1: H; 0: a vector
+};
+
+std::vector<TensorSpec> TensorSpecs() {
+  return {{"fc1.weight", &QNetworkWeights::fc1_weight, -1, model::kExitFeatureDim},
+          {"fc1.bias", &QNetworkWeights::fc1_bias, -1, 0},
+          {"fc2.weight", &QNetworkWeights::fc2_weight, -1, -1},
+          {"fc2.bias", &QNetworkWeights::fc2_bias, -1, 0},
+          {"fc3.weight", &QNetworkWeights::fc3_weight, kNumActions, -1},
+          {"fc3.bias", &QNetworkWeights::fc3_bias, kNumActions, 0}};
+}
+
+std::vector<int64_t> Shape(const TensorSpec& s, int64_t h) {
+  const int64_t rows = s.rows < 0 ? h : s.rows;
+  if (s.cols == 0) return {rows};
+  return {rows, s.cols < 0 ? h : s.cols};
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string t = "[";
+  for (size_t i = 0; i < shape.size(); ++i) t += (i ? ", " : "") + std::to_string(shape[i]);
+  return t + "]";
+}
+
+Status SaveArtifactImpl(const std::string& dir, const Artifact& artifact, bool overwrite) {
+  const PolicyMetadata& m = artifact.metadata;
+  LEDE_RETURN_IF_ERROR(ValidateVersionName(m.version));
+  LEDE_RETURN_IF_ERROR(ValidateDecisionSpec(m.decision, dir));
+  const fs::path root(dir);
+  const std::string json_path = (root / kMetadataFile).string();
+  std::error_code ec;
+  if (!overwrite && fs::exists(json_path, ec)) {
+    return AlreadyExistsError(json_path + " exists; policy versions are immutable");
+  }
+  fs::create_directories(root, ec);
+  if (ec) return InternalError(dir + ": cannot create directory: " + ec.message());
+
+  const QNetworkWeights& w = artifact.network.weights();
+  std::map<std::string, at::Tensor> tensors;
+  for (const TensorSpec& s : TensorSpecs()) {
+    const std::vector<float>& v = w.*(s.field);
+    at::Tensor t = at::empty(Shape(s, w.hidden), at::kFloat);
+    std::memcpy(t.data_ptr<float>(), v.data(), v.size() * sizeof(float));
+    tensors.emplace(s.name, std::move(t));
+  }
+  const std::string weights_path = (root / kWeightsFile).string();
+  LEDE_RETURN_IF_ERROR(model::WriteSafetensors(weights_path, tensors, "F32"));
+  LEDE_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(weights_path));
+  const Json j = ToJson(m, w.hidden, Sha256Hex(bytes));
+  // policy.json last: its presence marks a complete artifact.
+  return WriteFileAtomically(json_path, j.dump(2) + "\n");
+}
+
+StatusOr<Artifact> LoadArtifactImpl(const std::string& dir, const std::string& expected_fingerprint) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return NotFoundError(dir + ": no such policy directory");
+  const fs::path root(dir);
+  const std::string json_path = (root / kMetadataFile).string();
+  const std::string weights_path = (root / kWeightsFile).string();
+
+  LEDE_ASSIGN_OR_RETURN(std::string json_text, ReadWholeFile(json_path));
+  ParsedMetadata parsed;
+  try {
+    const Json j = Json::parse(json_text);
+    LEDE_ASSIGN_OR_RETURN(parsed, FromJson(j, json_path));
+  } catch (const Json::exception& e) {
+    return InvalidArgumentError(json_path + ": bad policy metadata: " + e.what());
+  }
+  PolicyMetadata& m = parsed.metadata;
+  LEDE_RETURN_IF_ERROR(ValidateDecisionSpec(m.decision, json_path));
+  if (!expected_fingerprint.empty() && m.model_fingerprint != expected_fingerprint) {
+    return InvalidArgumentError(json_path + ": model fingerprint mismatch: policy trained for \"" +
+                                m.model_fingerprint + "\", serving model is \"" + expected_fingerprint + "\"");
+  }
+
+  LEDE_ASSIGN_OR_RETURN(std::string weights_bytes, ReadWholeFile(weights_path));
+  const std::string sha = Sha256Hex(weights_bytes);
+  if (sha != parsed.sha256) {
+    return InvalidArgumentError(weights_path + ": checksum mismatch: sha256 " + sha + ", policy.json says " +
+                                parsed.sha256);
+  }
+  LEDE_ASSIGN_OR_RETURN(auto tensors, model::ReadSafetensors(weights_path));
+  const int64_t h = parsed.hidden;
+  if (h < 1 || h > kMaxHidden) {
+    return InvalidArgumentError(json_path + ": network.hidden " + std::to_string(h) + " outside [1, " +
+                                std::to_string(kMaxHidden) + "]");
+  }
+  QNetworkWeights w;
+  w.hidden = static_cast<int32_t>(h);
+  for (const TensorSpec& s : TensorSpecs()) {
+    auto it = tensors.find(s.name);
+    if (it == tensors.end()) return InvalidArgumentError(weights_path + ": missing tensor " + s.name);
+    const std::vector<int64_t> expected = Shape(s, h);
+    const at::Tensor t = it->second.contiguous();
+    if (t.sizes().vec() != expected) {
+      return InvalidArgumentError(weights_path + ": tensor " + s.name + " has shape " +
+                                  ShapeText(t.sizes().vec()) + ", expected " + ShapeText(expected) +
+                                  " (hidden " + std::to_string(h) + ")");
+    }
+    const float* p = t.data_ptr<float>();
+    (w.*(s.field)).assign(p, p + t.numel());
+  }
+  if (tensors.size() != TensorSpecs().size()) {
+    for (const auto& [name, t] : tensors) {
+      bool known = false;
+      for (const TensorSpec& s : TensorSpecs()) known = known || name == s.name;
+      if (!known) return InvalidArgumentError(weights_path + ": unexpected tensor " + name);
+    }
+  }
+  StatusOr<QNetwork> net = QNetwork::Create(std::move(w));
+  if (!net.ok()) return InvalidArgumentError(weights_path + ": " + std::string(net.status().message()));
+  m.weights_sha256 = sha;
+  return Artifact{std::move(m), std::move(*net)};
+}
+
+std::string Trim(const std::string& s) {
+  const char* ws = " \t\r\n";
+  const size_t b = s.find_first_not_of(ws);
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(ws) - b + 1);
+}
+
+}  // namespace
+
+const std::vector<std::string>& ExitFeatureNames() {
+  static const std::vector<std::string> names = {
+      "is_draft_phase", "layer_frac",   "draft_pos_frac", "top1_prob",
+      "top_k_nll_div4", "entropy_div4", "trace_nll_div4", "bias"};
+  static_assert(model::kExitFeatureDim == 8, "update ExitFeatureNames with ExitFeatures");
+  return names;
+}
+
+std::string Sha256Hex(std::string_view bytes) {
+  uint32_t h[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+  const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
+  const size_t n = bytes.size();
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) Sha256Block(p + i, h);
+  uint8_t tail[128] = {};
+  const size_t rest = n - i;
+  std::memcpy(tail, p + i, rest);
+  tail[rest] = 0x80;
+  const size_t tail_len = rest + 9 <= 64 ? 64 : 128;
+  const uint64_t bits = static_cast<uint64_t>(n) * 8;
+  for (int k = 0; k < 8; ++k) tail[tail_len - 1 - k] = static_cast<uint8_t>(bits >> (8 * k));
+  Sha256Block(tail, h);
+  if (tail_len == 128) Sha256Block(tail + 64, h);
+  static const char kHex[] = "0123456789abcdef";
+  std::string out(64, '0');
+  for (int k = 0; k < 8; ++k) {
+    for (int b = 0; b < 8; ++b) out[8 * k + b] = kHex[(h[k] >> (28 - 4 * b)) & 0xf];
+  }
+  return out;
+}
+
+Status SaveArtifact(const std::string& dir, const Artifact& artifact, bool overwrite) {
+  try {
+    return SaveArtifactImpl(dir, artifact, overwrite);
+  } catch (const c10::Error& e) {
+    return InternalError(dir + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return InternalError(dir + ": " + e.what());
+  }
+}
+
+StatusOr<Artifact> LoadArtifact(const std::string& dir, const std::string& expected_fingerprint) {
+  try {
+    return LoadArtifactImpl(dir, expected_fingerprint);
+  } catch (const c10::Error& e) {
+    return InternalError(dir + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return InternalError(dir + ": " + e.what());
+  }
+}
+
+Status ValidateVersionName(const std::string& version) {
+  if (version.empty() || version.size() > 128) {
+    return InvalidArgumentError("policy version \"" + version + "\" must have 1-128 characters");
+  }
+  if (version == "." || version == ".." || version == kServingFile) {
+    return InvalidArgumentError("policy version \"" + version + "\" is reserved");
+  }
+  for (char c : version) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                    c == '_' || c == '-';
+    if (!ok) return InvalidArgumentError("policy version \"" + version + "\" may only hold [A-Za-z0-9._-]");
+  }
+  return OkStatus();
+}
+
+std::string VersionDir(const std::string& model_dir, const std::string& version) {
+  return (fs::path(model_dir) / version).string();
+}
+
+Status PublishServingVersion(const std::string& model_dir, const std::string& version,
+                             const std::string& expected_fingerprint) {
+  LEDE_RETURN_IF_ERROR(ValidateVersionName(version));
+  LEDE_ASSIGN_OR_RETURN(Artifact artifact, LoadArtifact(VersionDir(model_dir, version), expected_fingerprint));
+  if (artifact.metadata.version != version) {
+    return InvalidArgumentError(VersionDir(model_dir, version) + ": policy.json names version \"" +
+                                artifact.metadata.version + "\"");
+  }
+  return WriteFileAtomically((fs::path(model_dir) / kServingFile).string(), version + "\n");
+}
+
+StatusOr<std::string> ResolveServingVersion(const std::string& model_dir) {
+  const std::string path = (fs::path(model_dir) / kServingFile).string();
+  LEDE_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path));
+  std::string version = Trim(text);
+  if (Status s = ValidateVersionName(version); !s.ok()) {
+    return InvalidArgumentError(path + ": " + std::string(s.message()));
+  }
+  return version;
+}
+
+StatusOr<Artifact> LoadServingArtifact(const std::string& model_dir, const std::string& expected_fingerprint) {
+  LEDE_ASSIGN_OR_RETURN(std::string version, ResolveServingVersion(model_dir));
+  LEDE_ASSIGN_OR_RETURN(Artifact artifact, LoadArtifact(VersionDir(model_dir, version), expected_fingerprint));
+  if (artifact.metadata.version != version) {
+    return InvalidArgumentError(VersionDir(model_dir, version) + ": policy.json names version \"" +
+                                artifact.metadata.version + "\", SERVING names \"" + version + "\"");
+  }
+  return artifact;
+}
+
+}  // namespace lede::policy::dqn

@@ -1,0 +1,57 @@
+#include "policy/transition.h"
+
+#include <algorithm>
+
+namespace lede::policy {
+
+RewardSpec RewardSpec::Paper(int32_t n_layers) {
+  RewardSpec r;
+  r.cost_model = "accelerator";
+  for (int32_t l = 0; l <= n_layers; ++l) {
+    r.depth_term.push_back(static_cast<double>(n_layers - l) / n_layers);
+  }
+  return r;
+}
+
+RewardSpec RewardSpec::FromCosts(const std::string& name, const std::vector<double>& draft_cost,
+                                 double verify_cost, double tokens_per_verify) {
+  RewardSpec r;
+  r.cost_model = name;
+  const double verify_share = verify_cost / std::max(1.0, tokens_per_verify);
+  for (double c : draft_cost) r.depth_term.push_back(1.0 - c - verify_share);
+  return r;
+}
+
+std::vector<Transition> ToTransitions(const model::RoundTrace& round, const RewardSpec& rewards,
+                                      const std::string& request_id, const std::string& policy_version,
+                                      const std::string& model_fingerprint) {
+  std::vector<Transition> out;
+  const size_t n = round.decisions.size();
+  for (size_t i = 0; i < n; ++i) {
+    const model::Decision& d = round.decisions[i];
+    Transition t;
+    model::ExitFeatures(d.state, t.state.data());
+    t.action = d.action;
+    if (d.draft_index >= 0) {
+      t.reward = static_cast<float>(d.accepted ? rewards.Accepted(d.state.layer) : rewards.Rejected(d.state.layer));
+    } else {
+      t.reward = static_cast<float>(rewards.continue_reward);
+    }
+    t.done = i + 1 == n;
+    if (!t.done) model::ExitFeatures(round.decisions[i + 1].state, t.next_state.data());
+    t.phase = d.state.phase;
+    t.layer = d.state.layer;
+    t.n_layers = d.state.n_layers;
+    t.draft_pos = d.state.draft_pos;
+    t.request_id = request_id;
+    t.round_index = round.round_index;
+    t.decision_index = static_cast<int32_t>(i);
+    t.policy_version = policy_version;
+    t.model_fingerprint = model_fingerprint;
+    t.reward_cost_model = rewards.cost_model;
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+}  // namespace lede::policy

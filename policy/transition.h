@@ -1,0 +1,76 @@
+// File: policy/transition.h
+//
+// Rewards and transitions of LEDE's decision process (DESIGN.md §2):
+//   a draft token that the verifier accepts:  accept_reward + depth_term(l*)
+//   a draft token that it rejects:            reject_reward + depth_term(l*)
+//   "continue" (phase 1: go deeper; phase 2: stop and verify): continue_reward
+// where the depth term is the share of a full-depth step that drafting at l*
+// saves. The paper's (default) term is (L - l*) / L, which assumes that
+// verification is nearly free (memory-bound GPUs). A cost-aware variant takes
+// it from a cost model: 1 - cost(draft one token at l*) - cost(verify) / D_ref,
+// so that on hardware where speculation does not pay every exit is penalized
+// and the learned policy falls back to full-depth steps.
+// Torch-free and proto-free.
+#ifndef LEDE_POLICY_TRANSITION_H_
+#define LEDE_POLICY_TRANSITION_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shared/model/exit_controller.h"
+
+namespace lede::policy {
+
+struct RewardSpec {
+  std::string cost_model = "accelerator";  // name recorded with each transition
+  double accept_reward = 1.0;
+  double reject_reward = -2.0;
+  double continue_reward = -0.01;
+  // depth_term[l] for l in [0, L]: saving of drafting at exit layer l.
+  std::vector<double> depth_term;
+
+  // The paper's rewards: depth_term[l] = (L - l) / L.
+  static RewardSpec Paper(int32_t n_layers);
+  // Cost-aware rewards from per-layer draft costs and one verification cost,
+  // in units of a full-depth step: depth_term[l] = 1 - draft_cost[l] -
+  // verify_cost / tokens_per_verify (the verification share one accepted
+  // token carries when a round emits tokens_per_verify tokens).
+  static RewardSpec FromCosts(const std::string& name, const std::vector<double>& draft_cost,
+                              double verify_cost, double tokens_per_verify);
+
+  double Accepted(int32_t layer) const { return accept_reward + depth_term.at(layer); }
+  double Rejected(int32_t layer) const { return reject_reward + depth_term.at(layer); }
+};
+
+// One (s, a, r, s', done) tuple with its bookkeeping (proto: lede.v1.Transition).
+struct Transition {
+  std::array<float, model::kExitFeatureDim> state{};
+  model::Action action = model::Action::kContinue;
+  float reward = 0;
+  std::array<float, model::kExitFeatureDim> next_state{};  // zeros when done
+  bool done = false;
+  model::Phase phase = model::Phase::kExitLayer;
+  int32_t layer = 0;
+  int32_t n_layers = 0;
+  int32_t draft_pos = 0;
+  std::string request_id;
+  int64_t round_index = 0;
+  int32_t decision_index = 0;
+  std::string policy_version;
+  std::string model_fingerprint;
+  std::string reward_cost_model;
+};
+
+// Rewards one round's decisions (the round is the episode; its last decision
+// is terminal). An action that drafted a token gets Accepted/Rejected(l*) by
+// the verifier's verdict on that token; every other action gets
+// continue_reward.
+std::vector<Transition> ToTransitions(const model::RoundTrace& round, const RewardSpec& rewards,
+                                      const std::string& request_id, const std::string& policy_version,
+                                      const std::string& model_fingerprint);
+
+}  // namespace lede::policy
+
+#endif  // LEDE_POLICY_TRANSITION_H_

@@ -1,0 +1,538 @@
+// File: tests/trainer/experience_test.cc
+//
+// Tests for trainer/experience.h: shard round trips, complete-or-invisible
+// writing, corrupt shards (each reported and skipped, never fatal), the
+// policy::Transition <-> lede.v1.Transition conversions, and the Python
+// reader (scripts/read_experience.py) on a shard the C++ writer wrote.
+//
+// Files go under a fresh mkdtemp directory. ctest runs the tests with the
+// repository root as working directory (the Python test needs it).
+#include "trainer/experience.h"
+
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/lede/v1/experience.pb.h"
+#include "tests/testing/status_matchers.h"
+
+namespace lede::experience {
+namespace {
+
+namespace fs = std::filesystem;
+using ::lede::testing::IsOk;
+using ::lede::testing::StatusIs;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+// A transition whose every field depends on `i`, so that mix-ups show.
+policy::Transition MakeTransition(int i) {
+  policy::Transition t;
+  for (int k = 0; k < model::kExitFeatureDim; ++k) {
+    t.state[k] = 0.25f * i + 0.01f * k;
+    t.next_state[k] = -0.5f * i - 0.02f * k;
+  }
+  t.action = i % 3 == 0 ? model::Action::kExit : model::Action::kContinue;
+  t.reward = i % 5 == 0 ? -2.0f + 0.125f * i : 0.5f * i;
+  t.done = i % 4 == 3;
+  if (t.done) t.next_state = {};
+  t.phase = i % 2 == 0 ? model::Phase::kExitLayer : model::Phase::kDraftLength;
+  t.layer = 1 + i % 7;
+  t.n_layers = 8 + i % 3;
+  t.draft_pos = i % 6;
+  t.request_id = "req-" + std::to_string(i / 10);
+  t.round_index = 1000000000000LL + i / 4;
+  t.decision_index = i % 4;
+  t.policy_version = "v" + std::to_string(i % 2);
+  t.model_fingerprint = "fp-" + std::to_string(i % 3);
+  t.reward_cost_model = i % 2 == 0 ? "accelerator" : "measured";
+  return t;
+}
+
+std::vector<policy::Transition> MakeTransitions(int first, int n) {
+  std::vector<policy::Transition> out;
+  for (int i = first; i < first + n; ++i) out.push_back(MakeTransition(i));
+  return out;
+}
+
+void ExpectSameTransition(const policy::Transition& a, const policy::Transition& b) {
+  EXPECT_EQ(a.state, b.state);
+  EXPECT_EQ(a.action, b.action);
+  EXPECT_EQ(a.reward, b.reward);
+  EXPECT_EQ(a.next_state, b.next_state);
+  EXPECT_EQ(a.done, b.done);
+  EXPECT_EQ(a.phase, b.phase);
+  EXPECT_EQ(a.layer, b.layer);
+  EXPECT_EQ(a.n_layers, b.n_layers);
+  EXPECT_EQ(a.draft_pos, b.draft_pos);
+  EXPECT_EQ(a.request_id, b.request_id);
+  EXPECT_EQ(a.round_index, b.round_index);
+  EXPECT_EQ(a.decision_index, b.decision_index);
+  EXPECT_EQ(a.policy_version, b.policy_version);
+  EXPECT_EQ(a.model_fingerprint, b.model_fingerprint);
+  EXPECT_EQ(a.reward_cost_model, b.reward_cost_model);
+}
+
+void ExpectSameTransitions(const std::vector<policy::Transition>& a,
+                           const std::vector<policy::Transition>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    SCOPED_TRACE("transition " + std::to_string(i));
+    ExpectSameTransition(a[i], b[i]);
+  }
+}
+
+std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void WriteBytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string Uint32Le(uint32_t v) {
+  std::string s(4, '\0');
+  for (int i = 0; i < 4; ++i) s[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  return s;
+}
+
+// zlib's CRC-32, computed bitwise here so that the test does not share the
+// implementation's code path.
+uint32_t TestCrc32(const std::string& bytes) {
+  uint32_t c = 0xffffffffu;
+  for (unsigned char byte : bytes) {
+    c ^= byte;
+    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1u)));
+  }
+  return c ^ 0xffffffffu;
+}
+
+// `payload` framed as a shard record: length, CRC-32, payload.
+std::string Frame(const std::string& payload) {
+  return Uint32Le(static_cast<uint32_t>(payload.size())) + Uint32Le(TestCrc32(payload)) + payload;
+}
+
+// Byte offset of record `index` in a shard of whole records.
+size_t RecordOffset(const std::string& shard, int index) {
+  size_t offset = kShardMagicSize;
+  for (int i = 0; i < index; ++i) {
+    const auto* b = reinterpret_cast<const unsigned char*>(shard.data() + offset);
+    const uint32_t length = b[0] | (b[1] << 8) | (b[2] << 16) | (static_cast<uint32_t>(b[3]) << 24);
+    offset += 8 + length;
+  }
+  return offset;
+}
+
+class ShardTestBase : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "lede_experience_test_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+
+  // Writes `transitions` to the shard `name` and finishes it.
+  void WriteShard(const std::string& name, const std::vector<policy::Transition>& transitions) {
+    StatusOr<std::unique_ptr<ShardWriter>> writer = ShardWriter::Create(Path(name));
+    ASSERT_THAT(writer, IsOk());
+    for (const policy::Transition& t : transitions) ASSERT_THAT((*writer)->Append(t), IsOk());
+    ASSERT_THAT((*writer)->Finish(), IsOk());
+  }
+
+  std::vector<std::string> DirEntries() const {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir_)) names.push_back(e.path().filename());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  std::string dir_;
+};
+
+using ShardWriterTest = ShardTestBase;
+using ReadShardsTest = ShardTestBase;
+
+// Many transitions survive a write and a read with every field intact, and
+// records()/bytes() describe the file that was written.
+TEST_F(ShardWriterTest, RoundTripsManyTransitionsWithAllFields) {
+  const std::vector<policy::Transition> in = MakeTransitions(0, 5000);
+  StatusOr<std::unique_ptr<ShardWriter>> writer = ShardWriter::Create(Path("a.lexp"));
+  ASSERT_THAT(writer, IsOk());
+  for (const policy::Transition& t : in) ASSERT_THAT((*writer)->Append(t), IsOk());
+  ASSERT_THAT((*writer)->Finish(), IsOk());
+  EXPECT_EQ((*writer)->records(), 5000);
+  EXPECT_EQ((*writer)->bytes(), static_cast<int64_t>(fs::file_size(Path("a.lexp"))));
+
+  StatusOr<ReadResult> read = ReadShards(dir_);
+  ASSERT_THAT(read, IsOk());
+  ASSERT_EQ(read->shards.size(), 1u);
+  EXPECT_EQ(read->shards[0].path, Path("a.lexp"));
+  EXPECT_EQ(read->shards[0].records, 5000);
+  EXPECT_THAT(read->shards[0].error, IsEmpty());
+  ExpectSameTransitions(read->transitions, in);
+}
+
+// Shards are read in name order and their records concatenated in that order.
+TEST_F(ReadShardsTest, ReadsShardsInNameOrder) {
+  WriteShard("b.lexp", MakeTransitions(10, 3));
+  WriteShard("a.lexp", MakeTransitions(0, 2));
+  WriteShard("c.lexp", MakeTransitions(20, 4));
+
+  StatusOr<ReadResult> read = ReadShards(dir_);
+  ASSERT_THAT(read, IsOk());
+  ASSERT_EQ(read->shards.size(), 3u);
+  EXPECT_EQ(read->shards[0].path, Path("a.lexp"));
+  EXPECT_EQ(read->shards[1].path, Path("b.lexp"));
+  EXPECT_EQ(read->shards[2].path, Path("c.lexp"));
+  std::vector<policy::Transition> expected = MakeTransitions(0, 2);
+  for (const auto& t : MakeTransitions(10, 3)) expected.push_back(t);
+  for (const auto& t : MakeTransitions(20, 4)) expected.push_back(t);
+  ExpectSameTransitions(read->transitions, expected);
+}
+
+// A writer that is destroyed without Finish() leaves no file at all, and
+// while it writes, readers see no shard.
+TEST_F(ShardWriterTest, UnfinishedWriterLeavesNoVisibleShard) {
+  {
+    StatusOr<std::unique_ptr<ShardWriter>> writer = ShardWriter::Create(Path("a.lexp"));
+    ASSERT_THAT(writer, IsOk());
+    // Enough records to pass the writer's 1 MiB buffer, so data hits the disk.
+    for (const auto& t : MakeTransitions(0, 20000)) ASSERT_THAT((*writer)->Append(t), IsOk());
+    EXPECT_FALSE(fs::exists(Path("a.lexp")));
+    StatusOr<ReadResult> during = ReadShards(dir_);
+    ASSERT_THAT(during, IsOk());
+    EXPECT_THAT(during->shards, IsEmpty());
+    EXPECT_THAT(during->transitions, IsEmpty());
+  }
+  EXPECT_THAT(DirEntries(), IsEmpty());
+}
+
+// After Finish() only the shard itself remains: the temporary file is gone.
+TEST_F(ShardWriterTest, FinishLeavesOnlyTheShard) {
+  WriteShard("a.lexp", MakeTransitions(0, 3));
+  EXPECT_EQ(DirEntries(), std::vector<std::string>{"a.lexp"});
+}
+
+// A shard with no records is valid and empty.
+TEST_F(ShardWriterTest, EmptyShardIsValid) {
+  WriteShard("a.lexp", {});
+  EXPECT_EQ(ReadBytes(Path("a.lexp")), std::string(kShardMagic, kShardMagicSize));
+  StatusOr<ReadResult> read = ReadShards(dir_);
+  ASSERT_THAT(read, IsOk());
+  ASSERT_EQ(read->shards.size(), 1u);
+  EXPECT_EQ(read->shards[0].records, 0);
+  EXPECT_THAT(read->shards[0].error, IsEmpty());
+}
+
+// Append() and Finish() after Finish() are precondition failures.
+TEST_F(ShardWriterTest, UseAfterFinishIsFailedPrecondition) {
+  StatusOr<std::unique_ptr<ShardWriter>> writer = ShardWriter::Create(Path("a.lexp"));
+  ASSERT_THAT(writer, IsOk());
+  ASSERT_THAT((*writer)->Finish(), IsOk());
+  EXPECT_THAT((*writer)->Append(MakeTransition(0)), StatusIs(StatusCode::kFailedPrecondition));
+  EXPECT_THAT((*writer)->Finish(), StatusIs(StatusCode::kFailedPrecondition));
+}
+
+// A writer cannot be created in a directory that does not exist.
+TEST_F(ShardWriterTest, MissingDirectoryIsInternal) {
+  EXPECT_THAT(ShardWriter::Create(Path("no/such/dir/a.lexp")), StatusIs(StatusCode::kInternal));
+}
+
+// A shard cut in the middle of a record keeps the records before the cut and
+// is reported, while the shards around it are read whole.
+TEST_F(ReadShardsTest, TruncatedShardIsReportedAndOthersAreRead) {
+  WriteShard("a.lexp", MakeTransitions(0, 3));
+  WriteShard("b.lexp", MakeTransitions(10, 5));
+  WriteShard("c.lexp", MakeTransitions(20, 2));
+  const std::string b = ReadBytes(Path("b.lexp"));
+  WriteBytes(Path("b.lexp"), b.substr(0, RecordOffset(b, 3) + 11));
+
+  StatusOr<ReadResult> read = ReadShards(dir_);
+  ASSERT_THAT(read, IsOk());
+  ASSERT_EQ(read->shards.size(), 3u);
+  EXPECT_THAT(read->shards[0].error, IsEmpty());
+  EXPECT_EQ(read->shards[1].records, 3);
+  EXPECT_THAT(read->shards[1].error, HasSubstr("truncated"));
+  EXPECT_THAT(read->shards[2].error, IsEmpty());
+  std::vector<policy::Transition> expected = MakeTransitions(0, 3);
+  for (const auto& t : MakeTransitions(10, 3)) expected.push_back(t);
+  for (const auto& t : MakeTransitions(20, 2)) expected.push_back(t);
+  ExpectSameTransitions(read->transitions, expected);
+}
+
+// A shard cut inside a record header is reported as truncated too.
+TEST_F(ReadShardsTest, TruncatedRecordHeaderIsReported) {
+  WriteShard("a.lexp", MakeTransitions(0, 2));
+  const std::string a = ReadBytes(Path("a.lexp"));
+  WriteBytes(Path("a.lexp"), a.substr(0, RecordOffset(a, 1) + 5));
+
+  StatusOr<ReadResult> read = ReadShards(dir_);
+  ASSERT_THAT(read, IsOk());
+  ASSERT_EQ(read->shards.size(), 1u);
+  EXPECT_EQ(read->shards[0].records, 1);
+  EXPECT_THAT(read->shards[0].error, HasSubstr("truncated"));
+}
+
+// One flipped payload byte fails the checksum: that record and the rest of
+// its shard are skipped, the other shards are read.
+TEST_F(ReadShardsTest, FlippedByteFailsChecksum) {
+  WriteShard("a.lexp", MakeTransitions(0, 4));
+  WriteShard("b.lexp", MakeTransitions(10, 2));
+  std::string a = ReadBytes(Path("a.lexp"));
+  a[RecordOffset(a, 2) + 8 + 5] ^= 0x10;
+  WriteBytes(Path("a.lexp"), a);
+
+  StatusOr<ReadResult> read = ReadShards(dir_);
+  ASSERT_THAT(read, IsOk());
+  ASSERT_EQ(read->shards.size(), 2u);
+  EXPECT_EQ(read->shards[0].records, 2);
+  EXPECT_THAT(read->shards[0].error, HasSubstr("checksum"));
+  EXPECT_EQ(read->shards[1].records, 2);
+  EXPECT_THAT(read->shards[1].error, IsEmpty());
+  std::vector<policy::Transition> expected = MakeTransitions(0, 2);
+  for (const auto& t : MakeTransitions(10, 2)) expected.push_back(t);
+  ExpectSameTransitions(read->transitions, expected);
+}
+
+// A file without the shard magic yields no records and is reported.
+TEST_F(ReadShardsTest, WrongMagicSkipsTheWholeShard) {
+  WriteShard("a.lexp", MakeTransitions(0, 2));
+  WriteShard("b.lexp", MakeTransitions(10, 2));
+  std::string a = ReadBytes(Path("a.lexp"));
+  a[3] = 'X';
+  WriteBytes(Path("a.lexp"), a);
+  WriteBytes(Path("c.lexp"), "LED");  // shorter than the magic
+
+  StatusOr<ReadResult> read = ReadShards(dir_);
+  ASSERT_THAT(read, IsOk());
+  ASSERT_EQ(read->shards.size(), 3u);
+  EXPECT_EQ(read->shards[0].records, 0);
+  EXPECT_THAT(read->shards[0].error, HasSubstr("magic"));
+  EXPECT_THAT(read->shards[1].error, IsEmpty());
+  EXPECT_EQ(read->shards[2].records, 0);
+  EXPECT_THAT(read->shards[2].error, HasSubstr("magic"));
+  ExpectSameTransitions(read->transitions, MakeTransitions(10, 2));
+}
+
+// A record with a valid frame and checksum but a payload that is not a
+// lede.v1.Transition is reported as unparsable.
+TEST_F(ReadShardsTest, GarbageRecordIsReported) {
+  WriteShard("a.lexp", MakeTransitions(0, 1));
+  WriteShard("b.lexp", MakeTransitions(10, 1));
+  WriteBytes(Path("a.lexp"), ReadBytes(Path("a.lexp")) + Frame("\xff\xff\xff\xff\xff\xff\xff"));
+
+  StatusOr<ReadResult> read = ReadShards(dir_);
+  ASSERT_THAT(read, IsOk());
+  ASSERT_EQ(read->shards.size(), 2u);
+  EXPECT_EQ(read->shards[0].records, 1);
+  EXPECT_THAT(read->shards[0].error, HasSubstr("unparsable"));
+  EXPECT_THAT(read->shards[1].error, IsEmpty());
+  std::vector<policy::Transition> expected = MakeTransitions(0, 1);
+  expected.push_back(MakeTransition(10));
+  ExpectSameTransitions(read->transitions, expected);
+}
+
+// Random bytes after the magic give an absurd record length, which is
+// refused as corruption rather than allocated.
+TEST_F(ReadShardsTest, AbsurdRecordLengthIsCorruption) {
+  WriteBytes(Path("a.lexp"), std::string(kShardMagic, kShardMagicSize) +
+                                 Uint32Le(0xfffffff0u) + Uint32Le(0) + "junk");
+  WriteShard("b.lexp", MakeTransitions(10, 1));
+
+  StatusOr<ReadResult> read = ReadShards(dir_);
+  ASSERT_THAT(read, IsOk());
+  ASSERT_EQ(read->shards.size(), 2u);
+  EXPECT_EQ(read->shards[0].records, 0);
+  EXPECT_THAT(read->shards[0].error, HasSubstr("length"));
+  EXPECT_THAT(read->shards[1].error, IsEmpty());
+  ExpectSameTransitions(read->transitions, MakeTransitions(10, 1));
+}
+
+// A record that parses but holds the wrong number of features is reported;
+// the records before it are kept, those after it skipped.
+TEST_F(ReadShardsTest, RecordWithWrongFeatureCountIsReported) {
+  lede::v1::Transition bad;
+  ToProto(MakeTransition(2), &bad);
+  bad.add_state(1.0f);
+  lede::v1::Transition good;
+  ToProto(MakeTransition(3), &good);
+  WriteShard("a.lexp", MakeTransitions(0, 2));
+  WriteBytes(Path("a.lexp"), ReadBytes(Path("a.lexp")) + Frame(bad.SerializeAsString()) +
+                                 Frame(good.SerializeAsString()));
+
+  StatusOr<ReadResult> read = ReadShards(dir_);
+  ASSERT_THAT(read, IsOk());
+  ASSERT_EQ(read->shards.size(), 1u);
+  EXPECT_EQ(read->shards[0].records, 2);
+  EXPECT_THAT(read->shards[0].error, HasSubstr("invalid"));
+  ExpectSameTransitions(read->transitions, MakeTransitions(0, 2));
+}
+
+// Only "*.lexp" regular files are read: temporary shards, other files and
+// directories named like shards are ignored.
+TEST_F(ReadShardsTest, ReadsOnlyLexpFiles) {
+  WriteShard("a.lexp", MakeTransitions(0, 2));
+  WriteBytes(Path("b.lexp.tmp-123"), "partial");
+  WriteBytes(Path("notes.txt"), "hello");
+  WriteBytes(Path("c.lexp.bak"), ReadBytes(Path("a.lexp")));
+  fs::create_directory(Path("d.lexp"));
+
+  StatusOr<ReadResult> read = ReadShards(dir_);
+  ASSERT_THAT(read, IsOk());
+  ASSERT_EQ(read->shards.size(), 1u);
+  EXPECT_EQ(read->shards[0].path, Path("a.lexp"));
+  ExpectSameTransitions(read->transitions, MakeTransitions(0, 2));
+}
+
+// A directory that does not exist is kNotFound; a file is kInvalidArgument.
+TEST_F(ReadShardsTest, MissingDirIsNotFound) {
+  EXPECT_THAT(ReadShards(Path("missing")), StatusIs(StatusCode::kNotFound));
+  WriteShard("a.lexp", {});
+  EXPECT_THAT(ReadShards(Path("a.lexp")), StatusIs(StatusCode::kInvalidArgument));
+}
+
+// ToProto writes every field, and no next_state for a terminal transition.
+TEST(ShardRecordTest, ToProtoWritesEveryField) {
+  policy::Transition t = MakeTransition(7);  // done, phase 2, continue
+  lede::v1::Transition r;
+  ToProto(t, &r);
+  ASSERT_EQ(r.state_size(), model::kExitFeatureDim);
+  EXPECT_EQ(r.state(3), t.state[3]);
+  EXPECT_EQ(r.action(), lede::v1::EXIT_ACTION_CONTINUE);
+  EXPECT_EQ(r.reward(), t.reward);
+  EXPECT_TRUE(r.done());
+  EXPECT_EQ(r.next_state_size(), 0);
+  EXPECT_EQ(r.phase(), lede::v1::PHASE_DRAFT_LENGTH);
+  EXPECT_EQ(r.layer(), t.layer);
+  EXPECT_EQ(r.n_layers(), t.n_layers);
+  EXPECT_EQ(r.draft_pos(), t.draft_pos);
+  EXPECT_EQ(r.request_id(), t.request_id);
+  EXPECT_EQ(r.round_index(), t.round_index);
+  EXPECT_EQ(r.decision_index(), t.decision_index);
+  EXPECT_EQ(r.policy_version(), t.policy_version);
+  EXPECT_EQ(r.model_fingerprint(), t.model_fingerprint);
+  EXPECT_EQ(r.reward_cost_model(), t.reward_cost_model);
+
+  t = MakeTransition(6);  // not done, phase 1, exit
+  ToProto(t, &r);
+  EXPECT_FALSE(r.done());
+  EXPECT_EQ(r.next_state_size(), model::kExitFeatureDim);
+  EXPECT_EQ(r.action(), lede::v1::EXIT_ACTION_EXIT);
+  EXPECT_EQ(r.phase(), lede::v1::PHASE_EXIT_LAYER);
+}
+
+// FromProto inverts ToProto.
+TEST(ShardRecordTest, FromProtoInvertsToProto) {
+  for (int i = 0; i < 12; ++i) {
+    lede::v1::Transition r;
+    ToProto(MakeTransition(i), &r);
+    StatusOr<policy::Transition> t = FromProto(r);
+    ASSERT_THAT(t, IsOk());
+    ExpectSameTransition(*t, MakeTransition(i));
+  }
+}
+
+// FromProto refuses records that a policy::Transition cannot hold.
+TEST(ShardRecordTest, FromProtoRejectsMalformedRecords) {
+  lede::v1::Transition good;
+  ToProto(MakeTransition(2), &good);
+
+  lede::v1::Transition r = good;
+  r.add_state(0.0f);
+  EXPECT_THAT(FromProto(r), StatusIs(StatusCode::kInvalidArgument));
+  r = good;
+  r.clear_state();
+  EXPECT_THAT(FromProto(r), StatusIs(StatusCode::kInvalidArgument));
+  r = good;
+  r.mutable_next_state()->RemoveLast();
+  EXPECT_THAT(FromProto(r), StatusIs(StatusCode::kInvalidArgument));
+  r = good;
+  r.set_phase(lede::v1::PHASE_UNSPECIFIED);
+  EXPECT_THAT(FromProto(r), StatusIs(StatusCode::kInvalidArgument));
+  r = good;
+  r.set_action(static_cast<lede::v1::ExitAction>(7));
+  EXPECT_THAT(FromProto(r), StatusIs(StatusCode::kInvalidArgument));
+}
+
+// ---------------------------------------------------------------------------
+// scripts/read_experience.py
+
+// Runs `command` with /bin/sh; returns its exit status (-1 if it did not exit).
+int RunShell(const std::string& command) {
+  const int status = std::system(command.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// A python3 that has the protobuf module: "python3" on PATH, else Debian's
+// /usr/bin/python3 (python3-protobuf); empty if neither has it.
+std::string PythonWithProtobuf() {
+  for (const char* python : {"python3", "/usr/bin/python3"}) {
+    if (RunShell(std::string(python) + " -c 'import google.protobuf' >/dev/null 2>&1") == 0) {
+      return python;
+    }
+  }
+  return "";
+}
+
+using PythonShardReaderTest = ShardTestBase;
+
+// The Python reader reads a shard the C++ writer wrote, field for field, and
+// exits 1 on a bad shard.
+TEST_F(PythonShardReaderTest, ReadsShardWrittenByCpp) {
+  const std::string python = PythonWithProtobuf();
+  if (python.empty()) GTEST_SKIP() << "no python3 with the protobuf module";
+  if (RunShell("protoc --version >/dev/null 2>&1") != 0) GTEST_SKIP() << "protoc not installed";
+  ASSERT_TRUE(fs::exists("scripts/read_experience.py"))
+      << "run from the repository root (ctest does)";
+
+  WriteShard("a.lexp", MakeTransitions(0, 40));
+  const std::string script = python + " scripts/read_experience.py ";
+  const std::string json_out = Path("out.jsonl");
+  ASSERT_EQ(RunShell(script + Path("a.lexp") + " --json > " + json_out), 0);
+  std::ifstream in(json_out);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 40u);
+  // Record 7: done, phase 2, continue, request "req-0", round 1000000000001.
+  EXPECT_THAT(lines[7], HasSubstr("\"request_id\": \"req-0\""));
+  EXPECT_THAT(lines[7], HasSubstr("\"done\": true"));
+  EXPECT_THAT(lines[7], HasSubstr("\"phase\": \"PHASE_DRAFT_LENGTH\""));
+  EXPECT_THAT(lines[7], HasSubstr("\"action\": \"EXIT_ACTION_CONTINUE\""));
+  EXPECT_THAT(lines[7], HasSubstr("\"round_index\": \"1000000000001\""));
+  EXPECT_THAT(lines[7], HasSubstr("\"next_state\": []"));
+  EXPECT_THAT(lines[7], HasSubstr("\"reward_cost_model\": \"measured\""));
+  EXPECT_THAT(lines[33], HasSubstr("\"request_id\": \"req-3\""));
+  EXPECT_THAT(lines[33], HasSubstr("\"layer\": 6"));
+
+  const std::string summary = Path("summary.txt");
+  ASSERT_EQ(RunShell(script + dir_ + " > " + summary), 0);
+  EXPECT_THAT(ReadBytes(summary), HasSubstr("a.lexp: 40 records"));
+  EXPECT_THAT(ReadBytes(summary), HasSubstr("total: 40 records in 1 shards (0 bad)"));
+
+  std::string a = ReadBytes(Path("a.lexp"));
+  a[RecordOffset(a, 5) + 8 + 2] ^= 0x01;
+  WriteBytes(Path("b.lexp"), a);
+  EXPECT_EQ(RunShell(script + dir_ + " > " + summary + " 2>/dev/null"), 1);
+  EXPECT_THAT(ReadBytes(summary), HasSubstr("b.lexp: 5 records (BAD"));
+}
+
+}  // namespace
+}  // namespace lede::experience

@@ -1,0 +1,340 @@
+#include "trainer/experience.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <system_error>
+#include <utility>
+
+#include "proto/lede/v1/experience.pb.h"
+
+namespace lede::experience {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr size_t kRecordHeaderSize = 8;            // length + crc32
+constexpr size_t kWriteBufferBytes = 1u << 20;     // flush threshold of ShardWriter
+
+Status ErrnoError(const std::string& what, const std::string& path) {
+  return InternalError(what + " " + path + ": " + std::strerror(errno));
+}
+
+void PutUint32Le(uint32_t v, char* out) {
+  out[0] = static_cast<char>(v & 0xff);
+  out[1] = static_cast<char>((v >> 8) & 0xff);
+  out[2] = static_cast<char>((v >> 16) & 0xff);
+  out[3] = static_cast<char>((v >> 24) & 0xff);
+}
+
+uint32_t GetUint32Le(const char* in) {
+  const auto* b = reinterpret_cast<const unsigned char*>(in);
+  return static_cast<uint32_t>(b[0]) | (static_cast<uint32_t>(b[1]) << 8) |
+         (static_cast<uint32_t>(b[2]) << 16) | (static_cast<uint32_t>(b[3]) << 24);
+}
+
+// zlib's CRC-32 (the same as Python's zlib.crc32).
+uint32_t Crc32(const char* data, size_t n) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  crc = crc32(crc, reinterpret_cast<const Bytef*>(data), static_cast<uInt>(n));
+  return static_cast<uint32_t>(crc);
+}
+
+// Writes all of [data, data + n) to fd, retrying short writes and EINTR.
+Status WriteAll(int fd, const char* data, size_t n, const std::string& path) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, data, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("cannot write", path);
+    }
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+  return OkStatus();
+}
+
+// fsync of the directory holding `path`, so that a rename survives a crash.
+// Best effort: some file systems refuse to open or sync directories.
+void SyncParentDir(const std::string& path) {
+  fs::path dir = fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)::fsync(fd);
+  ::close(fd);
+}
+
+// Reads one shard, appending its good records to `out`.
+ShardReport ReadShard(const std::string& path, std::vector<policy::Transition>* out) {
+  ShardReport report;
+  report.path = path;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    report.error = "cannot open: " + std::string(std::strerror(errno));
+    return report;
+  }
+  char magic[kShardMagicSize];
+  in.read(magic, kShardMagicSize);
+  if (static_cast<size_t>(in.gcount()) != kShardMagicSize ||
+      std::memcmp(magic, kShardMagic, kShardMagicSize) != 0) {
+    report.error = "bad file magic (not an experience shard)";
+    return report;
+  }
+  uint64_t offset = kShardMagicSize;
+  std::string payload;
+  lede::v1::Transition record;
+  for (int64_t index = 0;; ++index) {
+    const std::string where =
+        "record " + std::to_string(index) + " at offset " + std::to_string(offset) + ": ";
+    char header[kRecordHeaderSize];
+    in.read(header, kRecordHeaderSize);
+    const auto got = static_cast<size_t>(in.gcount());
+    if (got == 0 && in.eof()) break;  // clean end of shard
+    if (got != kRecordHeaderSize) {
+      report.error = where + "truncated record header";
+      break;
+    }
+    const uint32_t length = GetUint32Le(header);
+    const uint32_t crc = GetUint32Le(header + 4);
+    if (length > kMaxRecordBytes) {
+      report.error = where + "record length " + std::to_string(length) + " exceeds " +
+                     std::to_string(kMaxRecordBytes) + " (corrupt)";
+      break;
+    }
+    payload.resize(length);
+    in.read(payload.data(), length);
+    if (static_cast<size_t>(in.gcount()) != length) {
+      report.error = where + "truncated payload (" + std::to_string(in.gcount()) + " of " +
+                     std::to_string(length) + " bytes)";
+      break;
+    }
+    if (Crc32(payload.data(), payload.size()) != crc) {
+      report.error = where + "checksum mismatch";
+      break;
+    }
+    if (!record.ParseFromString(payload)) {
+      report.error = where + "unparsable lede.v1.Transition";
+      break;
+    }
+    StatusOr<policy::Transition> t = FromProto(record);
+    if (!t.ok()) {
+      report.error = where + "invalid lede.v1.Transition: " + std::string(t.status().message());
+      break;
+    }
+    out->push_back(*std::move(t));
+    ++report.records;
+    offset += kRecordHeaderSize + length;
+  }
+  return report;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// ShardWriter
+
+struct ShardWriter::Impl {
+  std::string path;
+  std::string tmp_path;
+  int fd = -1;
+  std::string buffer;  // framed records not yet written to fd
+  int64_t records = 0;
+  int64_t bytes = 0;
+  bool finished = false;  // Finish() was called (successfully or not)
+  Status error;           // sticky I/O error
+
+  Status Flush() {
+    if (buffer.empty()) return OkStatus();
+    Status s = WriteAll(fd, buffer.data(), buffer.size(), tmp_path);
+    buffer.clear();
+    return s;
+  }
+  void Discard() {
+    if (fd >= 0) {
+      ::close(fd);
+      fd = -1;
+      ::unlink(tmp_path.c_str());
+    }
+  }
+};
+
+StatusOr<std::unique_ptr<ShardWriter>> ShardWriter::Create(const std::string& path) {
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  impl->tmp_path = path + ".tmp-" + std::to_string(::getpid());
+  impl->fd = ::open(impl->tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (impl->fd < 0) return ErrnoError("cannot create", impl->tmp_path);
+  impl->buffer.assign(kShardMagic, kShardMagicSize);
+  impl->bytes = kShardMagicSize;
+  std::unique_ptr<ShardWriter> writer(new ShardWriter());
+  writer->impl_ = std::move(impl);
+  return writer;
+}
+
+ShardWriter::~ShardWriter() {
+  if (impl_ != nullptr) impl_->Discard();
+}
+
+Status ShardWriter::Append(const policy::Transition& transition) {
+  Impl& w = *impl_;
+  if (w.finished) return FailedPreconditionError("Append() after Finish() on " + w.path);
+  if (!w.error.ok()) return w.error;
+  lede::v1::Transition record;
+  ToProto(transition, &record);
+  const size_t length = record.ByteSizeLong();
+  if (length > kMaxRecordBytes) {
+    return InvalidArgumentError("experience record of " + std::to_string(length) +
+                                " bytes exceeds kMaxRecordBytes");
+  }
+  const size_t start = w.buffer.size();
+  w.buffer.resize(start + kRecordHeaderSize + length);
+  char* header = w.buffer.data() + start;
+  char* payload = header + kRecordHeaderSize;
+  if (!record.SerializeToArray(payload, static_cast<int>(length))) {
+    w.buffer.resize(start);
+    return InternalError("cannot serialize lede.v1.Transition");
+  }
+  PutUint32Le(static_cast<uint32_t>(length), header);
+  PutUint32Le(Crc32(payload, length), header + 4);
+  ++w.records;
+  w.bytes += static_cast<int64_t>(kRecordHeaderSize + length);
+  if (w.buffer.size() >= kWriteBufferBytes) {
+    w.error = w.Flush();
+    return w.error;
+  }
+  return OkStatus();
+}
+
+int64_t ShardWriter::records() const { return impl_->records; }
+
+int64_t ShardWriter::bytes() const { return impl_->bytes; }
+
+Status ShardWriter::Finish() {
+  Impl& w = *impl_;
+  if (w.finished) return FailedPreconditionError("Finish() called twice on " + w.path);
+  w.finished = true;
+  Status s = w.error;
+  if (s.ok()) s = w.Flush();
+  if (s.ok() && ::fsync(w.fd) != 0) s = ErrnoError("cannot fsync", w.tmp_path);
+  if (!s.ok()) {
+    w.Discard();
+    return s;
+  }
+  const int fd = w.fd;
+  w.fd = -1;
+  if (::close(fd) != 0) {
+    s = ErrnoError("cannot close", w.tmp_path);
+  } else if (::rename(w.tmp_path.c_str(), w.path.c_str()) != 0) {
+    s = ErrnoError("cannot rename " + w.tmp_path + " to", w.path);
+  }
+  if (!s.ok()) {
+    ::unlink(w.tmp_path.c_str());
+    return s;
+  }
+  SyncParentDir(w.path);
+  return OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Reading
+
+StatusOr<ReadResult> ReadShards(const std::string& dir) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  if (ec && st.type() != fs::file_type::not_found) {
+    return InternalError("cannot stat " + dir + ": " + ec.message());
+  }
+  if (!fs::exists(st)) return NotFoundError("experience directory not found: " + dir);
+  if (!fs::is_directory(st)) return InvalidArgumentError("not a directory: " + dir);
+
+  std::vector<std::string> paths;
+  fs::directory_iterator it(dir, ec);
+  if (ec) return InternalError("cannot list " + dir + ": " + ec.message());
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    const fs::path& p = it->path();
+    std::error_code type_ec;
+    if (p.extension() == kShardSuffix && it->is_regular_file(type_ec)) {
+      paths.push_back(p.string());
+    }
+  }
+  if (ec) return InternalError("cannot list " + dir + ": " + ec.message());
+  std::sort(paths.begin(), paths.end());
+
+  ReadResult result;
+  for (const std::string& path : paths) {
+    result.shards.push_back(ReadShard(path, &result.transitions));
+  }
+  return result;
+}
+
+// ---------------------------------------------------------------------------
+// Conversions
+
+void ToProto(const policy::Transition& t, lede::v1::Transition* out) {
+  out->Clear();
+  out->mutable_state()->Add(t.state.begin(), t.state.end());
+  out->set_action(t.action == model::Action::kExit ? lede::v1::EXIT_ACTION_EXIT
+                                                   : lede::v1::EXIT_ACTION_CONTINUE);
+  out->set_reward(t.reward);
+  if (!t.done) out->mutable_next_state()->Add(t.next_state.begin(), t.next_state.end());
+  out->set_done(t.done);
+  out->set_phase(t.phase == model::Phase::kDraftLength ? lede::v1::PHASE_DRAFT_LENGTH
+                                                       : lede::v1::PHASE_EXIT_LAYER);
+  out->set_layer(t.layer);
+  out->set_n_layers(t.n_layers);
+  out->set_draft_pos(t.draft_pos);
+  out->set_request_id(t.request_id);
+  out->set_round_index(t.round_index);
+  out->set_decision_index(t.decision_index);
+  out->set_policy_version(t.policy_version);
+  out->set_model_fingerprint(t.model_fingerprint);
+  out->set_reward_cost_model(t.reward_cost_model);
+}
+
+StatusOr<policy::Transition> FromProto(const lede::v1::Transition& r) {
+  policy::Transition t;
+  if (r.state_size() != model::kExitFeatureDim) {
+    return InvalidArgumentError("state has " + std::to_string(r.state_size()) +
+                                " features, expected " + std::to_string(model::kExitFeatureDim));
+  }
+  std::copy(r.state().begin(), r.state().end(), t.state.begin());
+  if (r.next_state_size() != 0 && r.next_state_size() != model::kExitFeatureDim) {
+    return InvalidArgumentError("next_state has " + std::to_string(r.next_state_size()) +
+                                " features, expected 0 or " +
+                                std::to_string(model::kExitFeatureDim));
+  }
+  std::copy(r.next_state().begin(), r.next_state().end(), t.next_state.begin());
+  switch (r.action()) {
+    case lede::v1::EXIT_ACTION_CONTINUE: t.action = model::Action::kContinue; break;
+    case lede::v1::EXIT_ACTION_EXIT: t.action = model::Action::kExit; break;
+    default: return InvalidArgumentError("unknown action " + std::to_string(r.action()));
+  }
+  switch (r.phase()) {
+    case lede::v1::PHASE_EXIT_LAYER: t.phase = model::Phase::kExitLayer; break;
+    case lede::v1::PHASE_DRAFT_LENGTH: t.phase = model::Phase::kDraftLength; break;
+    default: return InvalidArgumentError("unknown phase " + std::to_string(r.phase()));
+  }
+  t.reward = r.reward();
+  t.done = r.done();
+  t.layer = r.layer();
+  t.n_layers = r.n_layers();
+  t.draft_pos = r.draft_pos();
+  t.request_id = r.request_id();
+  t.round_index = r.round_index();
+  t.decision_index = r.decision_index();
+  t.policy_version = r.policy_version();
+  t.model_fingerprint = r.model_fingerprint();
+  t.reward_cost_model = r.reward_cost_model();
+  return t;
+}
+
+}  // namespace lede::experience
