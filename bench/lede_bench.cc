@@ -286,15 +286,15 @@ StatusOr<Common> Setup(const CommonFlags& cf) {
   return c;
 }
 
-// depth_term of the cost-aware reward from a cost model (policy/transition.h):
-// a typical round drafts 3 tokens and emits 4.
+// The cost-aware reward from the measured cost model (policy/transition.h):
+// a typical round drafts 3 tokens and emits 4; a continue costs one probe.
 policy::RewardSpec RewardsFor(const std::string& cost_model, const Common& c) {
   const int32_t L = static_cast<int32_t>(c.model->n_layers());
   if (cost_model == "accelerator") return policy::RewardSpec::Paper(L);
   std::vector<double> draft_cost;
   for (int32_t l = 0; l <= L; ++l) draft_cost.push_back(l == 0 ? 0.0 : c.measured->DraftToken(l));
-  policy::RewardSpec r = policy::RewardSpec::FromCosts("measured", draft_cost, c.measured->Verify(L / 4 + 1, 3), 4.0);
-  return r;
+  return policy::RewardSpec::FromCosts("measured", draft_cost, c.measured->Verify(L / 4 + 1, 3), 4.0,
+                                       c.measured->Probe());
 }
 
 void PrintProgress(std::ostream& err, const std::string& what, size_t done, size_t total) {
@@ -381,7 +381,11 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
                             {"exact_match_rate", t.prompts ? static_cast<double>(t.exact) / t.prompts : 0.0}};
       rows.push_back(row);
     };
-    if (has("ar")) add_row("ar", "", *ar_eval);
+    if (has("ar")) {
+      Totals reference = *ar_eval;
+      reference.exact = reference.prompts;  // the reference itself
+      add_row("ar", "", reference);
+    }
 
     // Static and threshold: grid search on the tuning split per cost model.
     auto tune = [&](const std::string& method, size_t n_configs,

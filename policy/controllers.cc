@@ -12,6 +12,7 @@ std::string StaticExitController::name() const {
 }
 
 Action StaticExitController::Decide(const model::ExitState& s) {
+  if (s.phase == Phase::kRoundStart) return Action::kExit;  // always speculates
   if (s.phase == Phase::kExitLayer) return s.layer >= exit_layer_ ? Action::kExit : Action::kContinue;
   return s.draft_pos < draft_len_ ? Action::kExit : Action::kContinue;
 }
@@ -23,6 +24,7 @@ std::string ThresholdExitController::name() const {
 }
 
 Action ThresholdExitController::Decide(const model::ExitState& s) {
+  if (s.phase == Phase::kRoundStart) return Action::kExit;  // always speculates
   const float threshold = s.phase == Phase::kExitLayer ? exit_threshold_ : draft_threshold_;
   return s.top1_prob >= threshold ? Action::kExit : Action::kContinue;
 }

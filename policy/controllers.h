@@ -18,6 +18,8 @@
 
 namespace lede::policy {
 
+// The baselines always speculate (kExit at round start).
+//
 // Static LayerSkip (Elhoushi et al., arXiv 2404.16710): exit at layer E,
 // draft D tokens. Phase 1 exits at the first candidate layer >= E (use
 // candidate_layers = {E} for exactly E); phase 2 keeps drafting while fewer

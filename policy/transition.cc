@@ -14,9 +14,10 @@ RewardSpec RewardSpec::Paper(int32_t n_layers) {
 }
 
 RewardSpec RewardSpec::FromCosts(const std::string& name, const std::vector<double>& draft_cost,
-                                 double verify_cost, double tokens_per_verify) {
+                                 double verify_cost, double tokens_per_verify, double probe_cost) {
   RewardSpec r;
   r.cost_model = name;
+  r.continue_reward = -probe_cost;
   const double verify_share = verify_cost / std::max(1.0, tokens_per_verify);
   for (double c : draft_cost) r.depth_term.push_back(1.0 - c - verify_share);
   return r;
@@ -32,7 +33,9 @@ std::vector<Transition> ToTransitions(const model::RoundTrace& round, const Rewa
     Transition t;
     model::ExitFeatures(d.state, t.state.data());
     t.action = d.action;
-    if (d.draft_index >= 0) {
+    if (d.state.phase == model::Phase::kRoundStart) {
+      t.reward = 0.0f;  // a gate: its value is what follows (or a plain step)
+    } else if (d.draft_index >= 0) {
       t.reward = static_cast<float>(d.accepted ? rewards.Accepted(d.state.layer) : rewards.Rejected(d.state.layer));
     } else {
       t.reward = static_cast<float>(rewards.continue_reward);

@@ -4,12 +4,15 @@
 //   a draft token that the verifier accepts:  accept_reward + depth_term(l*)
 //   a draft token that it rejects:            reject_reward + depth_term(l*)
 //   "continue" (phase 1: go deeper; phase 2: stop and verify): continue_reward
+//   either action at round start (speculate or not): 0, a gate whose value is
+//   what follows
 // where the depth term is the share of a full-depth step that drafting at l*
 // saves. The paper's (default) term is (L - l*) / L, which assumes that
 // verification is nearly free (memory-bound GPUs). A cost-aware variant takes
 // it from a cost model: 1 - cost(draft one token at l*) - cost(verify) / D_ref,
-// so that on hardware where speculation does not pay every exit is penalized
-// and the learned policy falls back to full-depth steps.
+// and charges "continue" the cost of the probe it leads to, so that on
+// hardware where speculation does not pay the learned policy falls back to
+// full-depth steps (declining at round start, before any probe).
 // Torch-free and proto-free.
 #ifndef LEDE_POLICY_TRANSITION_H_
 #define LEDE_POLICY_TRANSITION_H_
@@ -36,9 +39,10 @@ struct RewardSpec {
   // Cost-aware rewards from per-layer draft costs and one verification cost,
   // in units of a full-depth step: depth_term[l] = 1 - draft_cost[l] -
   // verify_cost / tokens_per_verify (the verification share one accepted
-  // token carries when a round emits tokens_per_verify tokens).
+  // token carries when a round emits tokens_per_verify tokens), and
+  // continue_reward = -probe_cost.
   static RewardSpec FromCosts(const std::string& name, const std::vector<double>& draft_cost,
-                              double verify_cost, double tokens_per_verify);
+                              double verify_cost, double tokens_per_verify, double probe_cost);
 
   double Accepted(int32_t layer) const { return accept_reward + depth_term.at(layer); }
   double Rejected(int32_t layer) const { return reject_reward + depth_term.at(layer); }

@@ -287,8 +287,11 @@ void ToProto(const policy::Transition& t, lede::v1::Transition* out) {
   out->set_reward(t.reward);
   if (!t.done) out->mutable_next_state()->Add(t.next_state.begin(), t.next_state.end());
   out->set_done(t.done);
-  out->set_phase(t.phase == model::Phase::kDraftLength ? lede::v1::PHASE_DRAFT_LENGTH
-                                                       : lede::v1::PHASE_EXIT_LAYER);
+  switch (t.phase) {
+    case model::Phase::kExitLayer: out->set_phase(lede::v1::PHASE_EXIT_LAYER); break;
+    case model::Phase::kDraftLength: out->set_phase(lede::v1::PHASE_DRAFT_LENGTH); break;
+    case model::Phase::kRoundStart: out->set_phase(lede::v1::PHASE_ROUND_START); break;
+  }
   out->set_layer(t.layer);
   out->set_n_layers(t.n_layers);
   out->set_draft_pos(t.draft_pos);
@@ -321,6 +324,7 @@ StatusOr<policy::Transition> FromProto(const lede::v1::Transition& r) {
   switch (r.phase()) {
     case lede::v1::PHASE_EXIT_LAYER: t.phase = model::Phase::kExitLayer; break;
     case lede::v1::PHASE_DRAFT_LENGTH: t.phase = model::Phase::kDraftLength; break;
+    case lede::v1::PHASE_ROUND_START: t.phase = model::Phase::kRoundStart; break;
     default: return InvalidArgumentError("unknown phase " + std::to_string(r.phase()));
   }
   t.reward = r.reward();

@@ -256,6 +256,7 @@ StatusOr<GenerationResult> Engine::Generate(const std::vector<int32_t>& prompt,
     }
     result.tokens.push_back(token);
     emitted_now.push_back(token);
+    if (o.mode == SpeculationMode::kAdaptive) trace.Push(Top1Nll(decision_logits));
     if (o.record_margins) result.margins.push_back(Top2Margin(decision_logits));
     if (static_cast<int64_t>(result.tokens.size()) >= o.max_new_tokens) {
       result.finish = FinishReason::kLength;
@@ -327,7 +328,6 @@ StatusOr<GenerationResult> Engine::Generate(const std::vector<int32_t>& prompt,
       st.top_k_nll = sig.top_k_nll;
       st.entropy = sig.entropy;
       st.trace_nll = trace.Mean();
-      trace.Push(sig.top1_nll);
       return st;
     };
     auto finish_trace = [&](int64_t n_accepted) {
@@ -340,7 +340,18 @@ StatusOr<GenerationResult> Engine::Generate(const std::vector<int32_t>& prompt,
     at::Tensor h = model_->Embed(TokenTensor({pending}, model_->options().device));
     int64_t done_layers = 0, exit_layer = 0;
     at::Tensor exit_logits;
-    if (d_cap > 0) {
+    bool speculate = d_cap > 0;
+    if (speculate) {  // round start: speculate at all? (no probe paid yet)
+      ExitState st;
+      st.phase = Phase::kRoundStart;
+      st.n_layers = static_cast<int32_t>(L);
+      st.max_draft_len = spec.max_draft_len;
+      st.trace_nll = trace.Mean();
+      const Action a = o.controller->Decide(st);
+      rt.decisions.push_back(Decision{st, a, -1, false});
+      speculate = a == Action::kExit;
+    }
+    if (speculate) {
       for (int32_t cand : spec.candidate_layers) {
         if (cand >= L) break;  // the last layer is the full model, not an exit
         h = model_->Forward(h, done_layers, cand, n, &cache_, slot);

@@ -6,6 +6,12 @@
 // ExitController; implementations (static, threshold, DQN, exploration)
 // live in policy/ and never see a tensor.
 //
+// Round start: before any probe the controller is asked once with
+// phase kRoundStart, layer 0 and only C_trace (no probe has been paid for):
+// kExit means "speculate this round" (go on to phase 1), kContinue means "a
+// plain full-depth step, no probes". This lets a policy stop speculating
+// where it does not pay without paying for probes it will not use (a
+// candidate-layer probe costs an LM-head evaluation).
 // Phase 1 (exit layer): for the first draft token of a speculation round the
 // drafter runs the blocks up to each candidate layer l in turn, probes the
 // exit distribution p_l = softmax(head(norm(h_l))), and asks Decide():
@@ -26,20 +32,23 @@
 
 namespace lede::model {
 
-enum class Phase : int32_t { kExitLayer = 1, kDraftLength = 2 };
+enum class Phase : int32_t { kExitLayer = 1, kDraftLength = 2, kRoundStart = 3 };
 enum class Action : int32_t { kContinue = 0, kExit = 1 };
 
 // The state at one decision point (DESIGN.md §2 "State at candidate layer l").
 struct ExitState {
   Phase phase = Phase::kExitLayer;
-  int32_t layer = 0;       // l: candidate layer (phase 1) or l* (phase 2), in [1, L)
+  int32_t layer = 0;       // l: candidate layer (phase 1) or l* (phase 2), in [1, L); 0 at round start
   int32_t n_layers = 0;    // L
   int32_t draft_pos = 0;   // tokens drafted so far in this round (0 in phase 1)
   int32_t max_draft_len = 0;  // D_max of the round
+  // Probe signals of the exit distribution p_l (0 at round start).
   float top1_prob = 0;     // max_v p_l(v)
   float top_k_nll = 0;     // C_k^l: mean -log p_l of the top-k tokens
   float entropy = 0;       // H^l = -sum_v p_l(v) log p_l(v), nats
-  float trace_nll = 0;     // C_trace: mean -log p of the emitted top-1 over the last W steps
+  // C_trace: mean -log p_L(top-1) of the full model's distributions that
+  // decided the last W emitted tokens (a running confidence of the sequence).
+  float trace_nll = 0;
 };
 
 // Number of features of ExitState::Features().
@@ -48,6 +57,7 @@ inline constexpr int kExitFeatureDim = 8;
 // The network's input, each roughly in [0, 1] or O(1):
 //   [phase == 2, l / L, draft_pos / max_draft_len, top1_prob, top_k_nll / 4,
 //    entropy / 4, trace_nll / 4, 1 (bias feature)]
+// (round start is the only state with l / L == 0)
 inline void ExitFeatures(const ExitState& s, float out[kExitFeatureDim]) {
   out[0] = s.phase == Phase::kDraftLength ? 1.0f : 0.0f;
   out[1] = s.n_layers > 0 ? static_cast<float>(s.layer) / s.n_layers : 0.0f;

@@ -18,6 +18,11 @@ ExitSignals ComputeExitSignals(const at::Tensor& logits, int64_t top_k) {
   return out;
 }
 
+float Top1Nll(const at::Tensor& logits) {
+  at::Tensor l = logits.reshape({-1}).to(at::kFloat);
+  return (at::logsumexp(l, 0) - l.max()).item<float>();
+}
+
 void ConfidenceTrace::Push(float top1_nll) {
   values_.push_back(top1_nll);
   sum_ += top1_nll;

@@ -6,7 +6,7 @@
 //   top1_prob = max_v p(v)
 //   top_k_nll = C_k = -(1/k) sum_{v in top-k} log p(v)
 //   entropy   = H   = -sum_v p(v) log p(v)            (nats)
-//   top1_nll  = -log max_v p(v)                       (feeds C_trace)
+//   top1_nll  = -log max_v p(v)
 #ifndef LEDE_SHARED_MODEL_EXIT_SIGNALS_H_
 #define LEDE_SHARED_MODEL_EXIT_SIGNALS_H_
 
@@ -27,7 +27,12 @@ struct ExitSignals {
 // logits [V] float32 (any device). top_k in [1, V].
 ExitSignals ComputeExitSignals(const at::Tensor& logits, int64_t top_k);
 
-// C_trace: the mean top1_nll of the last `window` probes of a request.
+// Top1Nll(logits) = logsumexp(logits) - max(logits) = -log max_v p(v),
+// without a full log-softmax. logits [V] float32.
+float Top1Nll(const at::Tensor& logits);
+
+// C_trace: the mean of the last `window` values pushed (the full model's
+// top-1 NLL of each emitted token's distribution).
 class ConfidenceTrace {
  public:
   explicit ConfidenceTrace(int64_t window) : window_(window) {}

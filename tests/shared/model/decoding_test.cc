@@ -274,6 +274,7 @@ class FixedController : public ExitController {
   FixedController(int32_t e, int32_t d) : e_(e), d_(d) {}
   std::string name() const override { return "fixed"; }
   Action Decide(const ExitState& s) override {
+    if (s.phase == Phase::kRoundStart) return Action::kExit;
     if (s.phase == Phase::kExitLayer) return s.layer >= e_ ? Action::kExit : Action::kContinue;
     return s.draft_pos < d_ ? Action::kExit : Action::kContinue;
   }
@@ -338,12 +339,12 @@ TEST(AdaptiveEngineTest, RandomControllerIsLossless) {
   }
 }
 
-// A controller that never exits turns every round into a full-depth step
-// that probed every candidate layer.
+// A controller that speculates but never exits turns every round into a
+// full-depth step that probed every candidate layer.
 TEST(AdaptiveEngineTest, NeverExitingIsAutoregressive) {
   std::shared_ptr<const LlamaModel> m = LoadOrDie(lede::testing::Stories260KDir());
   auto engine = MakeEngine(m);
-  FixedController never(99, 0);
+  FixedController never(99, 1);
   GenerationResult r = MustGenerate(*engine, kStoriesPrompt, Adaptive(&never, {1, 3}, 30));
   GenerateOptions ar;
   ar.max_new_tokens = 30;
@@ -384,6 +385,27 @@ TEST(AdaptiveEngineTest, TracesRecordDecisionsAndVerdicts) {
     drafted += t.n_drafted;
   }
   EXPECT_EQ(drafted, r.stats.n_drafted);
+}
+
+// Declining at round start makes a plain full-depth step without any probe.
+TEST(AdaptiveEngineTest, DecliningAtRoundStartSkipsProbes) {
+  class Decline : public ExitController {
+   public:
+    std::string name() const override { return "decline"; }
+    Action Decide(const ExitState& s) override {
+      EXPECT_EQ(s.phase, Phase::kRoundStart);  // never asked again after declining
+      EXPECT_EQ(s.layer, 0);
+      return Action::kContinue;
+    }
+  } decline;
+  std::shared_ptr<const LlamaModel> m = LoadOrDie(lede::testing::Stories260KDir());
+  auto engine = MakeEngine(m);
+  GenerationResult r = MustGenerate(*engine, kStoriesPrompt, Adaptive(&decline, {1, 2, 3}, 20));
+  GenerateOptions ar;
+  ar.max_new_tokens = 20;
+  EXPECT_EQ(r.tokens, MustGenerate(*engine, kStoriesPrompt, ar).tokens);
+  for (const RoundRecord& round : r.stats.rounds) EXPECT_EQ(round.n_probes, 0);
+  EXPECT_EQ(r.traces.size(), 18u);  // one gate decision per round but the last
 }
 
 // Adaptive requests without a controller or with bad candidate layers are refused.
