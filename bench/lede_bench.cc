@@ -39,26 +39,7 @@ using model::ExitState;
 using model::GenerateOptions;
 using model::Phase;
 
-std::vector<std::string> Split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, sep);) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
-StatusOr<std::vector<int32_t>> ParseInts(const std::string& s, const std::string& flag) {
-  std::vector<int32_t> out;
-  for (const std::string& item : Split(s, ',')) {
-    try {
-      out.push_back(std::stoi(item));
-    } catch (const std::exception&) {
-      return InvalidArgumentError("--" + flag + ": not an integer list: " + s);
-    }
-  }
-  return out;
-}
+using flags::SplitList;
 
 struct PromptSet {
   std::string name;
@@ -267,18 +248,15 @@ StatusOr<Common> Setup(const CommonFlags& cf) {
   LEDE_ASSIGN_OR_RETURN(c.engine, model::Engine::Create(c.model, ko));
   model::Calibration cal;
   if (!cf.calibration.empty()) {
-    std::ifstream in(cf.calibration);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    LEDE_ASSIGN_OR_RETURN(cal, model::CalibrationFromJson(ss.str()));
+    LEDE_ASSIGN_OR_RETURN(cal, model::ReadCalibrationFile(cf.calibration));
   } else {
     LEDE_ASSIGN_OR_RETURN(cal, model::Calibrate(*c.model, 30));
   }
   c.accelerator = model::MakeAcceleratorCostModel(c.model->config());
   c.measured = model::MakeMeasuredCostModel(cal);
-  LEDE_ASSIGN_OR_RETURN(c.spec.candidate_layers, ParseInts(cf.candidates, "candidate-layers"));
+  LEDE_ASSIGN_OR_RETURN(c.spec.candidate_layers, flags::ParseIntList("candidate-layers", cf.candidates));
   c.spec.max_draft_len = static_cast<int32_t>(cf.max_draft);
-  for (const std::string& path : Split(cf.prompts, ',')) {
+  for (const std::string& path : SplitList(cf.prompts)) {
     LEDE_ASSIGN_OR_RETURN(PromptSet set, LoadPromptSet(path, *c.tokenizer, cf.per_set, cf.prompt_tokens,
                                                        cf.max_prompt_tokens));
     c.sets.push_back(std::move(set));
@@ -323,10 +301,10 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
     return common.status().code() == StatusCode::kInternal ? 1 : 2;
   }
   Common& c = *common;
-  std::vector<std::string> methods = Split(methods_flag, ',');
+  std::vector<std::string> methods = SplitList(methods_flag);
   auto has = [&](const std::string& m) { return std::find(methods.begin(), methods.end(), m) != methods.end(); };
   std::vector<policy::dqn::Artifact> artifacts;
-  for (const std::string& dir : Split(policies, ',')) {
+  for (const std::string& dir : SplitList(policies)) {
     auto a = policy::dqn::LoadArtifact(dir, c.model->config().ArchitectureFingerprint());
     if (!a.ok()) {
       err << "lede bench: --policy " << dir << ": " << a.status().message() << "\n";

@@ -23,15 +23,6 @@
 
 namespace {
 
-std::vector<std::string> Split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, sep);) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
 int Fail(const lede::Status& s, int code) {
   std::fprintf(stderr, "lede-eval-exits: %s\n", std::string(s.message()).c_str());
   return code;
@@ -71,10 +62,7 @@ int main(int argc, char** argv) {
 
   model::Calibration cal;
   if (!calibration_path.empty()) {
-    std::ifstream in(calibration_path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    auto parsed = model::CalibrationFromJson(ss.str());
+    auto parsed = model::ReadCalibrationFile(calibration_path);
     if (!parsed.ok()) return Fail(parsed.status(), 2);
     cal = *parsed;
   } else {
@@ -85,19 +73,24 @@ int main(int argc, char** argv) {
   auto accelerator = model::MakeAcceleratorCostModel(m->config());
   auto measured = model::MakeMeasuredCostModel(cal);
 
-  std::vector<int64_t> exit_layers, draft_lens;
-  for (const auto& s : Split(exits_flag, ',')) exit_layers.push_back(std::stoll(s));
+  auto exits_parsed = flags::ParseIntList("exit-layers", exits_flag);
+  auto draft_parsed = flags::ParseIntList("draft-lens", draft_lens_flag);
+  if (!exits_parsed.ok()) return Fail(exits_parsed.status(), 2);
+  if (!draft_parsed.ok() || draft_parsed->empty()) {
+    return Fail(draft_parsed.ok() ? InvalidArgumentError("--draft-lens: empty") : draft_parsed.status(), 2);
+  }
+  std::vector<int64_t> exit_layers(exits_parsed->begin(), exits_parsed->end());
+  std::vector<int64_t> draft_lens(draft_parsed->begin(), draft_parsed->end());
   if (exit_layers.empty()) {
     for (int64_t e = 1; e <= std::max<int64_t>(1, L / 2); ++e) exit_layers.push_back(e);
   }
-  for (const auto& s : Split(draft_lens_flag, ',')) draft_lens.push_back(std::stoll(s));
 
   nlohmann::json report;
   report["model"] = model_path;
   report["n_layers"] = L;
   report["head_layer_equivalents"] = model::HeadLayerEquivalents(m->config());
   report["calibration"] = nlohmann::json::parse(model::CalibrationToJson(cal));
-  for (const std::string& file : Split(data, ',')) {
+  for (const std::string& file : flags::SplitList(data)) {
     const std::string domain = std::filesystem::path(file).stem().stem().string();
     auto docs = trainer::ReadDocuments(file);
     if (!docs.ok()) return Fail(docs.status(), 2);

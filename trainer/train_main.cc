@@ -29,21 +29,6 @@ namespace {
 using lede::Status;
 using lede::StatusOr;
 
-StatusOr<std::vector<int32_t>> ParseLayers(const std::string& text) {
-  std::vector<int32_t> layers;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    char* end = nullptr;
-    const long v = std::strtol(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v < 1 || v > 1 << 20) {
-      return lede::InvalidArgumentError("--candidate-layers: bad layer '" + item + "'");
-    }
-    layers.push_back(static_cast<int32_t>(v));
-  }
-  return layers;
-}
-
 std::string DefaultVersion() {
   const std::time_t now = std::time(nullptr);
   std::tm tm{};
@@ -174,7 +159,7 @@ int main(int argc, char** argv) {
   meta.reward_cost_model = *cost_models.begin();
 
   if (!layers_text.empty()) {
-    StatusOr<std::vector<int32_t>> layers = ParseLayers(layers_text);
+    StatusOr<std::vector<int32_t>> layers = lede::flags::ParseIntList("candidate-layers", layers_text);
     if (!layers.ok()) {
       std::fprintf(stderr, "lede-train: %s\n", std::string(layers.status().message()).c_str());
       return 2;

@@ -1,6 +1,8 @@
 #include "shared/flags/flags.h"
 
 #include <cerrno>
+#include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <sstream>
 
@@ -92,6 +94,29 @@ std::string FlagSet::Usage() const {
     out << "\n";
   }
   return out.str();
+}
+
+std::vector<std::string> SplitList(const std::string& text) {
+  std::vector<std::string> items;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (!item.empty()) items.push_back(item);
+  }
+  return items;
+}
+
+StatusOr<std::vector<int32_t>> ParseIntList(const std::string& flag, const std::string& text) {
+  std::vector<int32_t> values;
+  for (const std::string& item : SplitList(text)) {
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (*end != '\0' || errno != 0 || v < INT32_MIN || v > INT32_MAX) {
+      return InvalidArgumentError("--" + flag + ": '" + item + "' is not an integer");
+    }
+    values.push_back(static_cast<int32_t>(v));
+  }
+  return values;
 }
 
 }  // namespace lede::flags

@@ -49,6 +49,13 @@ class FlagSet {
   std::vector<Flag> flags_;
 };
 
+// The items of a comma-separated list flag ("a,b,,c" -> a, b, c).
+std::vector<std::string> SplitList(const std::string& text);
+
+// A comma-separated list of integers. Errors: kInvalidArgument naming
+// `flag` and the bad item.
+StatusOr<std::vector<int32_t>> ParseIntList(const std::string& flag, const std::string& text);
+
 }  // namespace lede::flags
 
 #endif  // LEDE_SHARED_FLAGS_FLAGS_H_

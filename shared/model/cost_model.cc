@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <functional>
+#include <sstream>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -171,6 +173,14 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text) {
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgumentError(std::string("calibration JSON: ") + e.what());
   }
+}
+
+StatusOr<Calibration> ReadCalibrationFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return NotFoundError("cannot read calibration " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return CalibrationFromJson(ss.str());
 }
 
 }  // namespace lede::model

@@ -74,6 +74,9 @@ std::string CalibrationToJson(const Calibration& calibration);
 // Errors: kInvalidArgument for bad JSON or missing fields.
 StatusOr<Calibration> CalibrationFromJson(const std::string& text);
 
+// CalibrationFromJson of a file. Errors: kNotFound if unreadable; as above.
+StatusOr<Calibration> ReadCalibrationFile(const std::string& path);
+
 // The measured model from a calibration (T above 16 extrapolates linearly).
 std::unique_ptr<CostModel> MakeMeasuredCostModel(const Calibration& calibration);
 
