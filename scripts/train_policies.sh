@@ -15,11 +15,11 @@ LEDE=build/services/cli/lede
 PROMPTS="$MODEL/prompts/story.jsonl,$MODEL/prompts/code.jsonl"
 CANDIDATES=${LEDE_CANDIDATES:-2,3,4,6}
 mkdir -p "$MODEL/policy" out/experience
-"$LEDE" calibrate --model "$MODEL" --threads "$THREADS" --out "$MODEL/policy/calibration-cpu.json"
+[[ -f "$MODEL/calibration-cpu.json" ]] || "$LEDE" calibrate --model "$MODEL" --threads "$THREADS" --out "$MODEL/calibration-cpu.json"
 for cost in accelerator measured; do
   rm -rf "out/experience/$cost"
   "$LEDE" collect --model "$MODEL" --prompts "$PROMPTS" --out "out/experience/$cost" --cost-model "$cost" \
-    --calibration "$MODEL/policy/calibration-cpu.json" --candidate-layers "$CANDIDATES" --seeds 8 \
+    --calibration "$MODEL/calibration-cpu.json" --candidate-layers "$CANDIDATES" --seeds 8 \
     --epsilon 0.2 --threads "$THREADS"
   rm -rf "$MODEL/policy/$cost-v1"
   build/trainer/lede-train --experience "out/experience/$cost" --out "$MODEL/policy/$cost-v1" \

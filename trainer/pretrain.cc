@@ -113,7 +113,9 @@ Status Pretrain(const PretrainOptions& o) {
       nlohmann::json state = nlohmann::json::parse(state_text);
       start_step = state.at("step").get<int64_t>();
       elapsed_before = state.at("elapsed_s").get<double>();
-      LEDE_ASSIGN_OR_RETURN(m, model::LlamaModel::Load(ckpt_dir + "/model", model::ModelOptions{}));
+      model::ModelOptions writable;
+      writable.writable_weights = true;  // the optimizer updates them in place
+      LEDE_ASSIGN_OR_RETURN(m, model::LlamaModel::Load(ckpt_dir + "/model", writable));
       std::fprintf(stderr, "resuming from %s at step %lld\n", ckpt_dir.c_str(), static_cast<long long>(start_step));
     } else {
       LEDE_ASSIGN_OR_RETURN(m, model::LlamaModel::RandomInit(config, o.seed, model::ModelOptions{}));
@@ -223,7 +225,9 @@ Status Pretrain(const PretrainOptions& o) {
     // Final model, tokenizer and report.
     for (at::Tensor& p : params) p.requires_grad_(false);
     LEDE_RETURN_IF_ERROR(m->SaveHf(o.out_dir));
-    fs::copy_file(o.tokenizer, o.out_dir + "/tokenizer.model", fs::copy_options::overwrite_existing);
+    // tokenizer.model (SentencePiece) or tokenizer.bin (llama2.c), as given.
+    fs::copy_file(o.tokenizer, o.out_dir + "/tokenizer" + fs::path(o.tokenizer).extension().string(),
+                  fs::copy_options::overwrite_existing);
     nlohmann::json report;
     report["training_seconds"] = train_s;
     report["steps"] = o.steps;

@@ -87,16 +87,17 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
     std::unique_ptr<LlamaModel> m(new LlamaModel(c, options));
     m->config_.rope_style = RopeStyle::kRotateHalf;  // after the permutation below
     auto opts = at::TensorOptions().device(options.device).dtype(options.dtype);
+    const bool copy = options.writable_weights;
     const bool adjacent = c.rope_style == RopeStyle::kAdjacentPairs;
     LEDE_ASSIGN_OR_RETURN(at::Tensor embed, get("model.embed_tokens.weight"));
-    m->embed_ = embed.to(opts);
+    m->embed_ = embed.to(opts, /*non_blocking=*/false, copy);
     LEDE_ASSIGN_OR_RETURN(at::Tensor norm, get("model.norm.weight"));
-    m->final_norm_ = norm.to(opts);
+    m->final_norm_ = norm.to(opts, /*non_blocking=*/false, copy);
     if (c.tie_word_embeddings) {
       m->lm_head_ = m->embed_;
     } else {
       LEDE_ASSIGN_OR_RETURN(at::Tensor head, get("lm_head.weight"));
-      m->lm_head_ = head.to(opts);
+      m->lm_head_ = head.to(opts, /*non_blocking=*/false, copy);
     }
     for (int64_t i = 0; i < c.n_layers; ++i) {
       Layer layer;
@@ -118,11 +119,11 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
         }
       }
       layer.wqkv = at::cat({wq, wk, wv}, 0).to(opts).contiguous();
-      layer.wo = wo.to(opts).contiguous();
+      layer.wo = wo.to(opts, /*non_blocking=*/false, copy).contiguous();
       layer.w13 = at::cat({w1, w3}, 0).to(opts).contiguous();
-      layer.w2 = w2.to(opts).contiguous();
-      layer.attn_norm = an.to(opts);
-      layer.ffn_norm = fn.to(opts);
+      layer.w2 = w2.to(opts, /*non_blocking=*/false, copy).contiguous();
+      layer.attn_norm = an.to(opts, /*non_blocking=*/false, copy);
+      layer.ffn_norm = fn.to(opts, /*non_blocking=*/false, copy);
       m->layers_.push_back(std::move(layer));
     }
     m->BuildRopeTables();

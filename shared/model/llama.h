@@ -47,6 +47,10 @@ namespace lede::model {
 struct ModelOptions {
   c10::Device device = c10::kCPU;      // where weights and activations live
   c10::ScalarType dtype = c10::kFloat; // compute dtype of weights and K/V
+  // Copy every weight into memory the model owns. Off, float32 CPU weights
+  // may alias the checkpoint's read-only file mapping (zero copy); training
+  // updates weights in place and must turn this on.
+  bool writable_weights = false;
   // Example: ModelOptions{c10::Device("cuda:0"), c10::kBFloat16}
 };
 

@@ -2,8 +2,6 @@
 // determinism, reports and artifact export.
 #include "trainer/dqn.h"
 
-#include <stdlib.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -20,6 +18,7 @@
 #include "policy/dqn/artifact.h"
 #include "policy/dqn/dqn_exit_controller.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace lede::trainer {
 namespace {
@@ -282,9 +281,9 @@ TEST(DqnTest, RejectsBadOptionsAndData) {
 
 // The exported artifact loads back with the training settings and metrics, and decides as trained.
 TEST(DqnTest, MakeArtifactRecordsTrainingAndLoadsBack) {
-  char tmpl[] = "/tmp/dqn_test_XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = std::string(tmpl) + "/v1";
+  lede::testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string dir = (tmp.path() / "v1").string();
   DqnOptions o = FastOptions();
   o.epochs = 2;
   auto r = TrainDqn(SyntheticMdp(500, 5), o);
@@ -305,7 +304,6 @@ TEST(DqnTest, MakeArtifactRecordsTrainingAndLoadsBack) {
   EXPECT_EQ(b->metadata.training_data.n_transitions, 500);
   EXPECT_DOUBLE_EQ(b->metadata.offline_metrics.at("td_loss"), r->epochs.back().td_loss);
   EXPECT_TRUE(SameBytes(b->network.weights().fc2_weight, r->network.weights().fc2_weight));
-  std::filesystem::remove_all(tmpl);
 }
 
 }  // namespace

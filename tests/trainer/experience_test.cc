@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "proto/lede/v1/experience.pb.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace lede::experience {
 namespace {
@@ -138,13 +139,8 @@ size_t RecordOffset(const std::string& shard, int index) {
 class ShardTestBase : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "lede_experience_test_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
+    ASSERT_FALSE(tmp_.path().empty());
+    dir_ = tmp_.path().string();
   }
 
   std::string Path(const std::string& name) const { return dir_ + "/" + name; }
@@ -164,6 +160,7 @@ class ShardTestBase : public ::testing::Test {
     return names;
   }
 
+  lede::testing::TempDir tmp_;
   std::string dir_;
 };
 

@@ -1,7 +1,5 @@
 // Tests of policy/dqn: QNetwork (against a libtorch reference),
 // DqnExitController, policy artifacts and the SERVING pointer.
-#include <stdlib.h>
-
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -28,6 +26,7 @@
 #include "policy/dqn/q_network.h"
 #include "shared/model/checkpoint.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace lede::policy::dqn {
 namespace {
@@ -75,11 +74,9 @@ void WriteFile(const std::string& path, const std::string& text) {
 class ArtifactTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/policy_dqn_test_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    root_ = tmpl;
+    ASSERT_FALSE(tmp_.path().empty());
+    root_ = tmp_.path().string();
   }
-  void TearDown() override { fs::remove_all(root_); }
 
   static Artifact MakeArtifact(const std::string& version, uint64_t seed = 1) {
     PolicyMetadata m;
@@ -128,6 +125,7 @@ class ArtifactTest : public ::testing::Test {
             {"fc3.weight", ToTensor(w.fc3_weight, {2, h})},   {"fc3.bias", ToTensor(w.fc3_bias, {2})}};
   }
 
+  lede::testing::TempDir tmp_;
   std::string root_;
 };
 

@@ -4,13 +4,11 @@
 // llama2.c models in ../shared/models, HF and llama2.c round trips, and
 // malformed files (each must give a Status, never a crash).
 //
-// The real models are found under $LEDE_SHARED_DIR, else ../shared relative
-// to the working directory (ctest runs from the repository root).
+// The real models are found under lede::testing::SharedDir()
+// (tests/testing/shared_dir.h).
 #include "shared/model/checkpoint.h"
 
 #include <ATen/ATen.h>
-#include <stdlib.h>
-
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -24,7 +22,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "shared/model/model_config.h"
+#include "tests/testing/shared_dir.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace lede::model {
 namespace {
@@ -32,46 +32,26 @@ namespace {
 namespace fs = std::filesystem;
 using ::lede::testing::IsOk;
 using ::lede::testing::StatusIs;
+using ::lede::testing::TempDir;
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using TensorMap = std::map<std::string, at::Tensor>;
 
-std::string SharedDir() {
-  const char* env = std::getenv("LEDE_SHARED_DIR");
-  return (env != nullptr && *env != '\0') ? env : "../shared";
-}
 std::string Stories260K() {
-  return SharedDir() + "/models/stories260K/stories260K.bin";
+  return lede::testing::Stories260KDir() + "/stories260K.bin";
 }
 std::string BabyLlama() {
-  return SharedDir() + "/models/babyllama-tok105/model5000.bin";
+  return lede::testing::BabyLlamaDir() + "/model5000.bin";
 }
 
-// A fresh mkdtemp directory, removed with its contents on destruction.
-class ScopedTempDir {
- public:
-  ScopedTempDir() {
-    std::string tmpl =
-        (fs::temp_directory_path() / "lede_checkpoint_test_XXXXXX").string();
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    const char* dir = ::mkdtemp(buf.data());
-    EXPECT_NE(dir, nullptr);
-    path_ = dir != nullptr ? dir : "/nonexistent";
-  }
-  ~ScopedTempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string Path(const std::string& name) const {
-    return (fs::path(path_) / name).string();
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+// The path of `name` inside the temporary directory `dir`; under /nonexistent
+// if mkdtemp failed (already a test failure), so that nothing is written to
+// the working directory.
+std::string PathIn(const TempDir& dir, const std::string& name) {
+  const fs::path root = dir.path().empty() ? "/nonexistent" : dir.path();
+  return (root / name).string();
+}
 
 std::string ReadBytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -300,8 +280,8 @@ TEST(CheckpointTest, LoadedTensorsOutliveTheCheckpoint) {
 // The file mapping is released once the last tensor using it is gone
 // (checked through /proc/self/maps, so Linux only).
 TEST(CheckpointTest, MappingIsReleasedWithTheLastTensor) {
-  ScopedTempDir tmp;
-  const std::string file = tmp.Path("mapped.safetensors");
+  TempDir tmp;
+  const std::string file = PathIn(tmp, "mapped.safetensors");
   ASSERT_THAT(WriteSafetensors(file, {{"w", at::ones({1024})}}), IsOk());
   auto mapped = [&] {
     return ReadBytes("/proc/self/maps").find(file) != std::string::npos;
@@ -319,7 +299,7 @@ TEST(CheckpointTest, MappingIsReleasedWithTheLastTensor) {
 
 // A real model converted to HF (wq/wk to rotate-half) and back is unchanged.
 TEST(CheckpointTest, RealModelSurvivesHfConversion) {
-  ScopedTempDir tmp;
+  TempDir tmp;
   auto ckpt = LoadLlama2cCheckpoint(Stories260K());
   ASSERT_THAT(ckpt, IsOk());
   const ModelConfig& c = ckpt->config;
@@ -331,8 +311,8 @@ TEST(CheckpointTest, RealModelSurvivesHfConversion) {
     hf[p + "k_proj.weight"] =
         PermuteRopeRows(hf[p + "k_proj.weight"], c.n_kv_heads, true);
   }
-  ASSERT_THAT(WriteHfCheckpoint(tmp.Path("hf"), c, hf), IsOk());
-  auto back = LoadCheckpoint(tmp.Path("hf"));
+  ASSERT_THAT(WriteHfCheckpoint(PathIn(tmp, "hf"), c, hf), IsOk());
+  auto back = LoadCheckpoint(PathIn(tmp, "hf"));
   ASSERT_THAT(back, IsOk());
   EXPECT_EQ(back->config.rope_style, RopeStyle::kRotateHalf);
   ExpectSameTensors(back->tensors, hf);
@@ -349,45 +329,46 @@ TEST(CheckpointTest, RealModelSurvivesHfConversion) {
 // untied), with the same config.
 TEST(CheckpointTest, HfRoundTripPreservesTensorsAndConfig) {
   for (bool tied : {true, false}) {
-    ScopedTempDir tmp;
+    TempDir tmp;
     ModelConfig config = TinyConfig(tied);
     config.rope_theta = 500000.0;
     config.eos_ids = {2, 7};
     const TensorMap tensors = RandomTensors(config, 1);
-    ASSERT_THAT(WriteHfCheckpoint(tmp.Path("ckpt"), config, tensors), IsOk());
-    EXPECT_TRUE(fs::exists(tmp.Path("ckpt/config.json")));
-    auto loaded = LoadHfCheckpoint(tmp.Path("ckpt"));
+    ASSERT_THAT(WriteHfCheckpoint(PathIn(tmp, "ckpt"), config, tensors),
+                IsOk());
+    EXPECT_TRUE(fs::exists(PathIn(tmp, "ckpt/config.json")));
+    auto loaded = LoadHfCheckpoint(PathIn(tmp, "ckpt"));
     ASSERT_THAT(loaded, IsOk());
     ExpectSameConfig(loaded->config, config);
     EXPECT_EQ(loaded->config.rope_style, RopeStyle::kRotateHalf);
     ExpectSameTensors(loaded->tensors, tensors);
     EXPECT_EQ(loaded->tensors.count("lm_head.weight"), tied ? 0u : 1u);
-    EXPECT_EQ(loaded->source, tmp.Path("ckpt"));
+    EXPECT_EQ(loaded->source, PathIn(tmp, "ckpt"));
   }
 }
 
 // A tied checkpoint that also stores lm_head.weight loads without it.
 TEST(CheckpointTest, TiedCheckpointDropsStoredLmHead) {
-  ScopedTempDir tmp;
+  TempDir tmp;
   const ModelConfig config = TinyConfig(/*tied=*/true);
   TensorMap tensors = RandomTensors(config, 2);
   tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"];
-  WriteHfDir(tmp.Path("ckpt"), ToHfConfigJson(config), tensors);
-  auto loaded = LoadCheckpoint(tmp.Path("ckpt"));
+  WriteHfDir(PathIn(tmp, "ckpt"), ToHfConfigJson(config), tensors);
+  auto loaded = LoadCheckpoint(PathIn(tmp, "ckpt"));
   ASSERT_THAT(loaded, IsOk());
   EXPECT_EQ(loaded->tensors.count("lm_head.weight"), 0u);
 }
 
 // F16 safetensors load as float32 equal to the F16-rounded values.
 TEST(CheckpointTest, F16SafetensorsConvertToFloat32) {
-  ScopedTempDir tmp;
+  TempDir tmp;
   at::manual_seed(3);
   const TensorMap tensors = {{"a", at::randn({5, 7})}, {"b", at::randn({3})}};
-  ASSERT_THAT(WriteSafetensors(tmp.Path("h.safetensors"), tensors, "F16"),
+  ASSERT_THAT(WriteSafetensors(PathIn(tmp, "h.safetensors"), tensors, "F16"),
               IsOk());
-  const std::string bytes = ReadBytes(tmp.Path("h.safetensors"));
+  const std::string bytes = ReadBytes(PathIn(tmp, "h.safetensors"));
   EXPECT_THAT(bytes, HasSubstr("\"F16\""));
-  auto loaded = ReadSafetensors(tmp.Path("h.safetensors"));
+  auto loaded = ReadSafetensors(PathIn(tmp, "h.safetensors"));
   ASSERT_THAT(loaded, IsOk());
   for (const auto& [name, t] : tensors) {
     const at::Tensor& got = loaded->at(name);
@@ -396,10 +377,10 @@ TEST(CheckpointTest, F16SafetensorsConvertToFloat32) {
   }
   // Exactly representable values survive unchanged: 1.5 is 0x3E00 in F16.
   WriteRawSafetensors(
-      tmp.Path("x.safetensors"),
+      PathIn(tmp, "x.safetensors"),
       R"({"x":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}})",
       std::string("\x00\x3e\x00\xc0", 4));
-  auto x = ReadSafetensors(tmp.Path("x.safetensors"));
+  auto x = ReadSafetensors(PathIn(tmp, "x.safetensors"));
   ASSERT_THAT(x, IsOk());
   EXPECT_EQ(x->at("x")[0].item<float>(), 1.5f);
   EXPECT_EQ(x->at("x")[1].item<float>(), -2.0f);
@@ -407,21 +388,21 @@ TEST(CheckpointTest, F16SafetensorsConvertToFloat32) {
 
 // BF16 safetensors load as float32 equal to the BF16-rounded values.
 TEST(CheckpointTest, Bf16SafetensorsConvertToFloat32) {
-  ScopedTempDir tmp;
+  TempDir tmp;
   at::manual_seed(4);
   const TensorMap tensors = {{"w", at::randn({4, 6})}};
-  ASSERT_THAT(WriteSafetensors(tmp.Path("b.safetensors"), tensors, "BF16"),
+  ASSERT_THAT(WriteSafetensors(PathIn(tmp, "b.safetensors"), tensors, "BF16"),
               IsOk());
-  auto loaded = ReadSafetensors(tmp.Path("b.safetensors"));
+  auto loaded = ReadSafetensors(PathIn(tmp, "b.safetensors"));
   ASSERT_THAT(loaded, IsOk());
   EXPECT_TRUE(at::equal(loaded->at("w"),
                         tensors.at("w").to(at::kBFloat16).to(at::kFloat)));
   // 1.0 is 0x3F80 and -3.0 is 0xC040 in BF16; odd data offset (unaligned).
   WriteRawSafetensors(
-      tmp.Path("x.safetensors"),
+      PathIn(tmp, "x.safetensors"),
       R"({"x":{"dtype":"BF16","shape":[2],"data_offsets":[1,5]}})",
       std::string("\x00\x80\x3f\x40\xc0", 5));
-  auto x = ReadSafetensors(tmp.Path("x.safetensors"));
+  auto x = ReadSafetensors(PathIn(tmp, "x.safetensors"));
   ASSERT_THAT(x, IsOk());
   EXPECT_EQ(x->at("x")[0].item<float>(), 1.0f);
   EXPECT_EQ(x->at("x")[1].item<float>(), -3.0f);
@@ -430,13 +411,13 @@ TEST(CheckpointTest, Bf16SafetensorsConvertToFloat32) {
 // F32 tensors are views of one mapping of the file (zero copy): their data
 // pointers are as far apart as their data_offsets.
 TEST(CheckpointTest, F32TensorsAreMappedNotCopied) {
-  ScopedTempDir tmp;
+  TempDir tmp;
   WriteRawSafetensors(
-      tmp.Path("m.safetensors"),
+      PathIn(tmp, "m.safetensors"),
       R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
       R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
       Floats({1, 2, 3, 4}));
-  auto loaded = ReadSafetensors(tmp.Path("m.safetensors"));
+  auto loaded = ReadSafetensors(PathIn(tmp, "m.safetensors"));
   ASSERT_THAT(loaded, IsOk());
   const auto* a = static_cast<const char*>(loaded->at("a").data_ptr());
   const auto* b = static_cast<const char*>(loaded->at("b").data_ptr());
@@ -446,11 +427,12 @@ TEST(CheckpointTest, F32TensorsAreMappedNotCopied) {
 
 // The header length of a written file is a multiple of 8 (space padded).
 TEST(CheckpointTest, WriteSafetensorsPadsHeaderToEightBytes) {
-  ScopedTempDir tmp;
+  TempDir tmp;
   for (int n = 1; n <= 8; ++n) {
     const TensorMap tensors = {{std::string(n, 'x'), at::ones({1})}};
-    ASSERT_THAT(WriteSafetensors(tmp.Path("p.safetensors"), tensors), IsOk());
-    const std::string bytes = ReadBytes(tmp.Path("p.safetensors"));
+    ASSERT_THAT(WriteSafetensors(PathIn(tmp, "p.safetensors"), tensors),
+                IsOk());
+    const std::string bytes = ReadBytes(PathIn(tmp, "p.safetensors"));
     ASSERT_GE(bytes.size(), 8u);
     uint64_t len = 0;
     for (int i = 7; i >= 0; --i)
@@ -471,7 +453,7 @@ TEST(CheckpointTest, WriteSafetensorsPadsHeaderToEightBytes) {
 
 // A sharded checkpoint loads through model.safetensors.index.json.
 TEST(CheckpointTest, ShardedCheckpointLoadsThroughIndex) {
-  ScopedTempDir tmp;
+  TempDir tmp;
   const ModelConfig config = TinyConfig(/*tied=*/false);
   const TensorMap tensors = RandomTensors(config, 5);
   TensorMap shard1, shard2;
@@ -485,7 +467,7 @@ TEST(CheckpointTest, ShardedCheckpointLoadsThroughIndex) {
                          : "model-00002-of-00002.safetensors") +
                   "\"";
   }
-  const std::string dir = tmp.Path("sharded");
+  const std::string dir = PathIn(tmp, "sharded");
   fs::create_directories(dir);
   WriteBytes(dir + "/config.json", ToHfConfigJson(config));
   ASSERT_THAT(
@@ -506,10 +488,10 @@ TEST(CheckpointTest, ShardedCheckpointLoadsThroughIndex) {
 // untied heads are stored with a negative vocab_size.
 TEST(CheckpointTest, Llama2cRoundTripTiedAndUntied) {
   for (bool tied : {true, false}) {
-    ScopedTempDir tmp;
+    TempDir tmp;
     const ModelConfig config = TinyConfig(tied);
     const TensorMap tensors = RandomTensors(config, 6);
-    const std::string file = tmp.Path("model.bin");
+    const std::string file = PathIn(tmp, "model.bin");
     ASSERT_THAT(WriteLlama2cCheckpoint(file, config, tensors), IsOk());
     const std::string bytes = ReadBytes(file);
     int32_t header[7];
@@ -529,14 +511,14 @@ TEST(CheckpointTest, Llama2cRoundTripTiedAndUntied) {
 // Rewriting a real model as llama2.c reproduces the original file bytes,
 // except the legacy freq_cis tables, which are written as zeros.
 TEST(CheckpointTest, Llama2cRewriteOfRealModelMatchesFile) {
-  ScopedTempDir tmp;
+  TempDir tmp;
   auto ckpt = LoadLlama2cCheckpoint(Stories260K());
   ASSERT_THAT(ckpt, IsOk());
   ASSERT_THAT(
-      WriteLlama2cCheckpoint(tmp.Path("s.bin"), ckpt->config, ckpt->tensors),
+      WriteLlama2cCheckpoint(PathIn(tmp, "s.bin"), ckpt->config, ckpt->tensors),
       IsOk());
   const std::string original = ReadBytes(Stories260K());
-  const std::string rewritten = ReadBytes(tmp.Path("s.bin"));
+  const std::string rewritten = ReadBytes(PathIn(tmp, "s.bin"));
   ASSERT_EQ(rewritten.size(), original.size());
   const size_t freq_bytes = 2 * 512 * 4 * sizeof(float);
   const size_t body = original.size() - freq_bytes;
@@ -579,9 +561,9 @@ TEST(CheckpointTest, PermuteRopeRowsMovesRowsAsDocumented) {
 
 // A truncated llama2.c .bin names the file and expected vs actual sizes.
 TEST(CheckpointTest, TruncatedBinIsInvalidArgument) {
-  ScopedTempDir tmp;
+  TempDir tmp;
   const std::string bytes = ReadBytes(Stories260K());
-  const std::string file = tmp.Path("cut.bin");
+  const std::string file = PathIn(tmp, "cut.bin");
   WriteBytes(file, bytes.substr(0, bytes.size() - 100));
   auto r = LoadCheckpoint(file);
   EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
@@ -596,7 +578,7 @@ TEST(CheckpointTest, TruncatedBinIsInvalidArgument) {
 
 // Absurd or inconsistent llama2.c header values are rejected.
 TEST(CheckpointTest, AbsurdLlama2cHeaderIsInvalidArgument) {
-  ScopedTempDir tmp;
+  TempDir tmp;
   const std::vector<std::vector<int32_t>> headers = {
       {-64, 172, 5, 8, 4, 512, 512},                // negative dim
       {64, 172, 5, 8, 4, 0, 512},                   // zero vocab
@@ -608,8 +590,8 @@ TEST(CheckpointTest, AbsurdLlama2cHeaderIsInvalidArgument) {
   for (const auto& h : headers) {
     std::string bytes(reinterpret_cast<const char*>(h.data()), 28);
     bytes += std::string(4096, '\0');
-    WriteBytes(tmp.Path("bad.bin"), bytes);
-    EXPECT_THAT(LoadLlama2cCheckpoint(tmp.Path("bad.bin")),
+    WriteBytes(PathIn(tmp, "bad.bin"), bytes);
+    EXPECT_THAT(LoadLlama2cCheckpoint(PathIn(tmp, "bad.bin")),
                 StatusIs(StatusCode::kInvalidArgument))
         << h[0] << " " << h[3] << " " << h[4] << " " << h[5];
   }
@@ -617,34 +599,35 @@ TEST(CheckpointTest, AbsurdLlama2cHeaderIsInvalidArgument) {
 
 // A safetensors file shorter than its 8-byte length field is rejected.
 TEST(CheckpointTest, SafetensorsShorterThanEightBytesIsInvalidArgument) {
-  ScopedTempDir tmp;
+  TempDir tmp;
   for (const std::string& bytes : {std::string(), std::string("\x10\0\0", 3)}) {
-    WriteBytes(tmp.Path("s.safetensors"), bytes);
-    EXPECT_THAT(ReadSafetensors(tmp.Path("s.safetensors")),
+    WriteBytes(PathIn(tmp, "s.safetensors"), bytes);
+    EXPECT_THAT(ReadSafetensors(PathIn(tmp, "s.safetensors")),
                 StatusIs(StatusCode::kInvalidArgument));
   }
 }
 
 // A safetensors file cut inside its data region is rejected.
 TEST(CheckpointTest, TruncatedSafetensorsIsInvalidArgument) {
-  ScopedTempDir tmp;
+  TempDir tmp;
   ASSERT_THAT(
-      WriteSafetensors(tmp.Path("s.safetensors"), {{"w", at::ones({16, 16})}}),
+      WriteSafetensors(PathIn(tmp, "s.safetensors"),
+                       {{"w", at::ones({16, 16})}}),
       IsOk());
-  const std::string bytes = ReadBytes(tmp.Path("s.safetensors"));
-  WriteBytes(tmp.Path("s.safetensors"), bytes.substr(0, bytes.size() - 10));
-  EXPECT_THAT(ReadSafetensors(tmp.Path("s.safetensors")),
+  const std::string bytes = ReadBytes(PathIn(tmp, "s.safetensors"));
+  WriteBytes(PathIn(tmp, "s.safetensors"), bytes.substr(0, bytes.size() - 10));
+  EXPECT_THAT(ReadSafetensors(PathIn(tmp, "s.safetensors")),
               StatusIs(StatusCode::kInvalidArgument));
 }
 
 // A header length past the end of the file is rejected.
 TEST(CheckpointTest, HeaderLengthPastEndIsInvalidArgument) {
-  ScopedTempDir tmp;
+  TempDir tmp;
   const std::string header =
       R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
   for (uint64_t len : {uint64_t{4096}, ~uint64_t{0}}) {
-    WriteRawSafetensors(tmp.Path("s.safetensors"), header, Floats({1}), len);
-    auto r = ReadSafetensors(tmp.Path("s.safetensors"));
+    WriteRawSafetensors(PathIn(tmp, "s.safetensors"), header, Floats({1}), len);
+    auto r = ReadSafetensors(PathIn(tmp, "s.safetensors"));
     EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
     EXPECT_THAT(std::string(r.status().message()), HasSubstr("header length"));
   }
@@ -652,11 +635,11 @@ TEST(CheckpointTest, HeaderLengthPastEndIsInvalidArgument) {
 
 // A header that is not JSON (or not an object) is rejected.
 TEST(CheckpointTest, BadJsonHeaderIsInvalidArgument) {
-  ScopedTempDir tmp;
+  TempDir tmp;
   for (const std::string header :
        {R"({"w":{"dtype":"F32","shape":[1],)", "[1, 2]", "\xff\xfe garbage"}) {
-    WriteRawSafetensors(tmp.Path("s.safetensors"), header, Floats({1}));
-    EXPECT_THAT(ReadSafetensors(tmp.Path("s.safetensors")),
+    WriteRawSafetensors(PathIn(tmp, "s.safetensors"), header, Floats({1}));
+    EXPECT_THAT(ReadSafetensors(PathIn(tmp, "s.safetensors")),
                 StatusIs(StatusCode::kInvalidArgument))
         << header;
   }
@@ -664,56 +647,56 @@ TEST(CheckpointTest, BadJsonHeaderIsInvalidArgument) {
 
 // An unknown dtype is rejected and named.
 TEST(CheckpointTest, UnknownDtypeIsInvalidArgument) {
-  ScopedTempDir tmp;
+  TempDir tmp;
   WriteRawSafetensors(
-      tmp.Path("s.safetensors"),
+      PathIn(tmp, "s.safetensors"),
       R"({"w":{"dtype":"Q7X","shape":[1],"data_offsets":[0,4]}})", Floats({1}));
-  auto r = ReadSafetensors(tmp.Path("s.safetensors"));
+  auto r = ReadSafetensors(PathIn(tmp, "s.safetensors"));
   EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("Q7X"));
 }
 
 // Data offsets past the data region are rejected.
 TEST(CheckpointTest, OffsetsOutOfRangeIsInvalidArgument) {
-  ScopedTempDir tmp;
+  TempDir tmp;
   WriteRawSafetensors(
-      tmp.Path("s.safetensors"),
+      PathIn(tmp, "s.safetensors"),
       R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
       Floats({1, 2}));
-  EXPECT_THAT(ReadSafetensors(tmp.Path("s.safetensors")),
+  EXPECT_THAT(ReadSafetensors(PathIn(tmp, "s.safetensors")),
               StatusIs(StatusCode::kInvalidArgument));
   WriteRawSafetensors(  // begin > end
-      tmp.Path("s.safetensors"),
+      PathIn(tmp, "s.safetensors"),
       R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}})",
       Floats({1, 2}));
-  EXPECT_THAT(ReadSafetensors(tmp.Path("s.safetensors")),
+  EXPECT_THAT(ReadSafetensors(PathIn(tmp, "s.safetensors")),
               StatusIs(StatusCode::kInvalidArgument));
 }
 
 // Two tensors whose byte ranges overlap are rejected.
 TEST(CheckpointTest, OverlappingOffsetsIsInvalidArgument) {
-  ScopedTempDir tmp;
+  TempDir tmp;
   WriteRawSafetensors(
-      tmp.Path("s.safetensors"),
+      PathIn(tmp, "s.safetensors"),
       R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
       R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
       Floats({1, 2, 3}));
-  auto r = ReadSafetensors(tmp.Path("s.safetensors"));
+  auto r = ReadSafetensors(PathIn(tmp, "s.safetensors"));
   EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("overlap"));
 }
 
 // A shape whose byte size disagrees with data_offsets is rejected.
 TEST(CheckpointTest, ShapeByteLengthMismatchIsInvalidArgument) {
-  ScopedTempDir tmp;
+  TempDir tmp;
   for (
       const char* header :
       {R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
        R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,8]}})",
        R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,8]}})",
        R"({"w":{"dtype":"F32","data_offsets":[0,8]}})"}) {
-    WriteRawSafetensors(tmp.Path("s.safetensors"), header, Floats({1, 2}));
-    EXPECT_THAT(ReadSafetensors(tmp.Path("s.safetensors")),
+    WriteRawSafetensors(PathIn(tmp, "s.safetensors"), header, Floats({1, 2}));
+    EXPECT_THAT(ReadSafetensors(PathIn(tmp, "s.safetensors")),
                 StatusIs(StatusCode::kInvalidArgument))
         << header;
   }
@@ -721,12 +704,12 @@ TEST(CheckpointTest, ShapeByteLengthMismatchIsInvalidArgument) {
 
 // A tensor the config needs but the checkpoint lacks is named.
 TEST(CheckpointTest, MissingTensorIsNamed) {
-  ScopedTempDir tmp;
+  TempDir tmp;
   const ModelConfig config = TinyConfig(/*tied=*/true);
   TensorMap tensors = RandomTensors(config, 8);
   tensors.erase("model.layers.1.mlp.up_proj.weight");
-  WriteHfDir(tmp.Path("ckpt"), ToHfConfigJson(config), tensors);
-  auto r = LoadCheckpoint(tmp.Path("ckpt"));
+  WriteHfDir(PathIn(tmp, "ckpt"), ToHfConfigJson(config), tensors);
+  auto r = LoadCheckpoint(PathIn(tmp, "ckpt"));
   EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(std::string(r.status().message()),
               HasSubstr("model.layers.1.mlp.up_proj.weight"));
@@ -734,27 +717,27 @@ TEST(CheckpointTest, MissingTensorIsNamed) {
 
 // An untied config without lm_head.weight is rejected, naming lm_head.
 TEST(CheckpointTest, UntiedWithoutLmHeadIsInvalidArgument) {
-  ScopedTempDir tmp;
+  TempDir tmp;
   const ModelConfig config = TinyConfig(/*tied=*/false);
   TensorMap tensors = RandomTensors(config, 9);
   tensors.erase("lm_head.weight");
-  WriteHfDir(tmp.Path("ckpt"), ToHfConfigJson(config), tensors);
-  auto r = LoadHfCheckpoint(tmp.Path("ckpt"));
+  WriteHfDir(PathIn(tmp, "ckpt"), ToHfConfigJson(config), tensors);
+  auto r = LoadHfCheckpoint(PathIn(tmp, "ckpt"));
   EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("lm_head.weight"));
   // The writers refuse the same incomplete set.
-  EXPECT_THAT(WriteHfCheckpoint(tmp.Path("w"), config, tensors),
+  EXPECT_THAT(WriteHfCheckpoint(PathIn(tmp, "w"), config, tensors),
               StatusIs(StatusCode::kInvalidArgument));
-  EXPECT_THAT(WriteLlama2cCheckpoint(tmp.Path("w.bin"), config, tensors),
+  EXPECT_THAT(WriteLlama2cCheckpoint(PathIn(tmp, "w.bin"), config, tensors),
               StatusIs(StatusCode::kInvalidArgument));
 }
 
 // A tensor listed in the shard index but absent from its shard is named.
 TEST(CheckpointTest, ShardIndexListingMissingTensorIsNamed) {
-  ScopedTempDir tmp;
+  TempDir tmp;
   const ModelConfig config = TinyConfig(/*tied=*/true);
   TensorMap tensors = RandomTensors(config, 10);
-  const std::string dir = tmp.Path("sharded");
+  const std::string dir = PathIn(tmp, "sharded");
   fs::create_directories(dir);
   WriteBytes(dir + "/config.json", ToHfConfigJson(config));
   std::string weight_map = "\"model.ghost.weight\":\"a.safetensors\"";
@@ -773,12 +756,12 @@ TEST(CheckpointTest, ShardIndexListingMissingTensorIsNamed) {
 // A tensor shape that disagrees with config.json names the tensor and both
 // shapes.
 TEST(CheckpointTest, ShapeDisagreeingWithConfigIsInvalidArgument) {
-  ScopedTempDir tmp;
+  TempDir tmp;
   ModelConfig config = TinyConfig(/*tied=*/true);
   const TensorMap tensors = RandomTensors(config, 11);
   config.hidden_dim = 20;  // the file's FFN matrices are [24, 16]
-  WriteHfDir(tmp.Path("ckpt"), ToHfConfigJson(config), tensors);
-  auto r = LoadCheckpoint(tmp.Path("ckpt"));
+  WriteHfDir(PathIn(tmp, "ckpt"), ToHfConfigJson(config), tensors);
+  auto r = LoadCheckpoint(PathIn(tmp, "ckpt"));
   EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(std::string(r.status().message()),
               AllOf(HasSubstr("model.layers.0.mlp.gate_proj.weight"),
@@ -788,7 +771,7 @@ TEST(CheckpointTest, ShapeDisagreeingWithConfigIsInvalidArgument) {
 // config.json with bad JSON, a missing field or a mistyped field is rejected,
 // naming the file and the field.
 TEST(CheckpointTest, BadConfigJsonIsInvalidArgument) {
-  ScopedTempDir tmp;
+  TempDir tmp;
   const ModelConfig config = TinyConfig(/*tied=*/true);
   const TensorMap tensors = RandomTensors(config, 12);
   const std::string good = ToHfConfigJson(config);
@@ -808,8 +791,8 @@ TEST(CheckpointTest, BadConfigJsonIsInvalidArgument) {
       {"[]", "config.json"},
   };
   for (const Case& c : cases) {
-    WriteHfDir(tmp.Path("ckpt"), c.json, tensors);
-    auto r = LoadCheckpoint(tmp.Path("ckpt"));
+    WriteHfDir(PathIn(tmp, "ckpt"), c.json, tensors);
+    auto r = LoadCheckpoint(PathIn(tmp, "ckpt"));
     EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument)) << c.json;
     EXPECT_THAT(std::string(r.status().message()),
                 AllOf(HasSubstr("config.json"), HasSubstr(c.named)));
@@ -818,8 +801,8 @@ TEST(CheckpointTest, BadConfigJsonIsInvalidArgument) {
 
 // Missing paths are kNotFound for every loader.
 TEST(CheckpointTest, MissingPathIsNotFound) {
-  ScopedTempDir tmp;
-  const std::string missing = tmp.Path("nope");
+  TempDir tmp;
+  const std::string missing = PathIn(tmp, "nope");
   EXPECT_THAT(LoadCheckpoint(missing), StatusIs(StatusCode::kNotFound));
   EXPECT_THAT(LoadCheckpoint(missing + ".bin"),
               StatusIs(StatusCode::kNotFound));
@@ -829,46 +812,47 @@ TEST(CheckpointTest, MissingPathIsNotFound) {
   EXPECT_THAT(ReadSafetensors(missing + ".safetensors"),
               StatusIs(StatusCode::kNotFound));
   // config.json present but no weights.
-  fs::create_directories(tmp.Path("empty"));
-  WriteBytes(tmp.Path("empty/config.json"), ToHfConfigJson(TinyConfig(true)));
-  EXPECT_THAT(LoadCheckpoint(tmp.Path("empty")),
+  fs::create_directories(PathIn(tmp, "empty"));
+  WriteBytes(PathIn(tmp, "empty/config.json"),
+             ToHfConfigJson(TinyConfig(true)));
+  EXPECT_THAT(LoadCheckpoint(PathIn(tmp, "empty")),
               StatusIs(StatusCode::kNotFound));
 }
 
 // Directory dispatch: only tokenizer .bin files -> kNotFound; two model .bin
 // files -> kInvalidArgument; an unknown file type -> kInvalidArgument.
 TEST(CheckpointTest, LoadCheckpointDispatchRejectsAmbiguousPaths) {
-  ScopedTempDir tmp;
-  fs::create_directories(tmp.Path("toks"));
-  WriteBytes(tmp.Path("toks/tok512.bin"), "xxxx");
-  EXPECT_THAT(LoadCheckpoint(tmp.Path("toks")),
+  TempDir tmp;
+  fs::create_directories(PathIn(tmp, "toks"));
+  WriteBytes(PathIn(tmp, "toks/tok512.bin"), "xxxx");
+  EXPECT_THAT(LoadCheckpoint(PathIn(tmp, "toks")),
               StatusIs(StatusCode::kNotFound));
-  fs::create_directories(tmp.Path("two"));
-  WriteBytes(tmp.Path("two/a.bin"), "xxxx");
-  WriteBytes(tmp.Path("two/b.bin"), "xxxx");
-  EXPECT_THAT(LoadCheckpoint(tmp.Path("two")),
+  fs::create_directories(PathIn(tmp, "two"));
+  WriteBytes(PathIn(tmp, "two/a.bin"), "xxxx");
+  WriteBytes(PathIn(tmp, "two/b.bin"), "xxxx");
+  EXPECT_THAT(LoadCheckpoint(PathIn(tmp, "two")),
               StatusIs(StatusCode::kInvalidArgument));
-  WriteBytes(tmp.Path("weights.txt"), "xxxx");
-  EXPECT_THAT(LoadCheckpoint(tmp.Path("weights.txt")),
+  WriteBytes(PathIn(tmp, "weights.txt"), "xxxx");
+  EXPECT_THAT(LoadCheckpoint(PathIn(tmp, "weights.txt")),
               StatusIs(StatusCode::kInvalidArgument));
 }
 
 // Writers reject unsupported dtypes and configs llama2.c cannot express.
 TEST(CheckpointTest, WritersRejectUnsupportedRequests) {
-  ScopedTempDir tmp;
-  EXPECT_THAT(WriteSafetensors(tmp.Path("a.safetensors"),
+  TempDir tmp;
+  EXPECT_THAT(WriteSafetensors(PathIn(tmp, "a.safetensors"),
                                {{"w", at::ones({2})}}, "F64X"),
               StatusIs(StatusCode::kInvalidArgument));
-  EXPECT_THAT(WriteSafetensors(tmp.Path("a.safetensors"),
+  EXPECT_THAT(WriteSafetensors(PathIn(tmp, "a.safetensors"),
                                {{"w", at::ones({2}, at::kLong)}}),
               StatusIs(StatusCode::kInvalidArgument));
   ModelConfig config = TinyConfig(/*tied=*/true);
   config.rope_theta = 500000.0;
-  EXPECT_THAT(WriteLlama2cCheckpoint(tmp.Path("m.bin"), config,
+  EXPECT_THAT(WriteLlama2cCheckpoint(PathIn(tmp, "m.bin"), config,
                                      RandomTensors(config, 13)),
               StatusIs(StatusCode::kInvalidArgument));
-  EXPECT_FALSE(fs::exists(tmp.Path("a.safetensors")));
-  EXPECT_FALSE(fs::exists(tmp.Path("m.bin")));
+  EXPECT_FALSE(fs::exists(PathIn(tmp, "a.safetensors")));
+  EXPECT_FALSE(fs::exists(PathIn(tmp, "m.bin")));
 }
 
 // --- config.json

@@ -14,6 +14,7 @@
 #include "shared/model/checkpoint.h"
 #include "tests/shared/model/model_fixtures.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace lede::model {
 namespace {
@@ -22,7 +23,6 @@ using ::lede::testing::IsOk;
 using ::lede::testing::StatusIs;
 using testing::kStoriesPrompt;
 using testing::LoadOrDie;
-using testing::MakeTempDir;
 
 constexpr double kNearTie = 1e-4;  // DESIGN.md §1: top-2 logits within 1e-4 in fp32
 
@@ -103,7 +103,9 @@ TEST(EngineTest, StaticSpeculationIsLosslessOnBabyLlama) {
 
 // Lossless on a tiny random checkpoint written in Hugging Face layout.
 TEST(EngineTest, StaticSpeculationIsLosslessOnRandomHfCheckpoint) {
-  std::shared_ptr<const LlamaModel> m = testing::WriteAndLoadTinyHf(MakeTempDir() + "/tiny");
+  lede::testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  std::shared_ptr<const LlamaModel> m = testing::WriteAndLoadTinyHf((tmp.path() / "tiny").string());
   ASSERT_NE(m, nullptr);
   ExpectLossless(m, {1, 7, 3, 9}, 40);
 }

@@ -10,6 +10,7 @@
 #include "shared/model/checkpoint.h"
 #include "tests/shared/model/model_fixtures.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace lede::model {
 namespace {
@@ -21,7 +22,6 @@ using testing::kBabyPrompt;
 using testing::kStoriesGreedy;
 using testing::kStoriesPrompt;
 using testing::LoadOrDie;
-using testing::MakeTempDir;
 using testing::TinyConfig;
 
 at::Tensor Ids(const std::vector<int32_t>& ids) {
@@ -134,7 +134,9 @@ TEST(LlamaModelTest, HfAndLlama2cLayoutsGiveIdenticalLogits) {
   for (bool tied : {true, false}) {
     auto m = LlamaModel::RandomInit(TinyConfig(tied), 11, ModelOptions{}, 0.3);
     ASSERT_THAT(m, IsOk());
-    const std::string dir = MakeTempDir();
+    lede::testing::TempDir tmp;
+    ASSERT_FALSE(tmp.path().empty());
+    const std::string dir = tmp.path().string();
     ASSERT_THAT((*m)->SaveHf(dir + "/hf"), IsOk());
     std::map<std::string, at::Tensor> t = (*m)->NamedTensors();
     const ModelConfig& c = (*m)->config();
@@ -176,6 +178,20 @@ TEST(LlamaModelTest, Llama3RopeScalingRuns) {
   EXPECT_TRUE(at::isfinite(a).all().item<bool>());
   EXPECT_LE((a[0] - b[0]).abs().max().item<float>(), 1e-5);  // position 0: no rotation
   EXPECT_GT((a - b).abs().max().item<float>(), 1e-4);        // far positions differ
+}
+
+// With writable_weights the model owns its weights: updating them in place
+// leaves the checkpoint's (memory-mapped, read-only) tensors untouched.
+TEST(LlamaModelTest, WritableWeightsDoNotAliasTheCheckpoint) {
+  auto ckpt = LoadCheckpoint(lede::testing::Stories260KDir());
+  ASSERT_THAT(ckpt, IsOk());
+  ModelOptions writable;
+  writable.writable_weights = true;
+  auto m = LlamaModel::FromCheckpoint(*ckpt, writable);
+  ASSERT_THAT(m, IsOk());
+  const at::Tensor before = ckpt->tensors.at("model.norm.weight").clone();
+  for (at::Tensor& p : (*m)->Parameters()) p.add_(1.0f);
+  EXPECT_TRUE(at::equal(ckpt->tensors.at("model.norm.weight"), before));
 }
 
 // A config that violates the architecture's constraints is refused, naming the field.

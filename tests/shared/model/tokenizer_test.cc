@@ -5,11 +5,8 @@
 // tokenizers in ../shared/models (see its README.md for the golden values).
 #include "shared/model/tokenizer.h"
 
-#include <stdlib.h>
-
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -25,14 +22,22 @@
 #if LEDE_HAVE_SENTENCEPIECE
 #include "shared/model/sentencepiece_tokenizer.h"
 #endif
+#include "tests/shared/model/golden_values.h"
+#include "tests/testing/shared_dir.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace lede::model {
 namespace {
 
 namespace fs = std::filesystem;
+using ::lede::model::testing::kBabyGreedy;
+using ::lede::model::testing::kBabyPrompt;
+using ::lede::model::testing::kStoriesGreedy;
+using ::lede::model::testing::kStoriesPrompt;
 using ::lede::testing::IsOk;
 using ::lede::testing::StatusIs;
+using ::lede::testing::TempDir;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
@@ -43,75 +48,26 @@ constexpr char kTok512[] = "stories260K/tok512.bin";
 constexpr char kTok105[] = "babyllama-tok105/tok105.model";
 constexpr char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
 
-// stories260K golden values (../shared/models/README.md).
-const std::vector<int32_t> kStoriesPromptIds = {1, 403, 407, 261, 378};
-const std::vector<int32_t> kStoriesGeneratedIds = {
-    432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338,
-    401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282,
-    295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352};
-
-// babyllama-tok105 golden values (../shared/models/README.md).
-const std::vector<int32_t> kBabyPromptIds = {1, 3, 34, 9, 22, 4, 3,  18, 20,
-                                             7, 9, 3,  5, 3,  6, 10, 16, 4};
-const std::vector<int32_t> kBabyGeneratedIds = {25, 3, 6,  8, 4, 13, 4,  3,
-                                                17, 5, 12, 3, 5, 3,  14, 10,
-                                                6,  6, 14, 4, 3, 21, 10};
-
-// The path of `relative` inside the shared models folder, or "" if not
-// found. Tries ../shared/models from the working directory (ctest runs in
-// the repository root) and its parents, then $LEDE_SHARED_DIR/models and
-// $LEDE_SHARED_DIR.
+// The path of `relative` inside lede::testing::SharedDir()/models, or "" if
+// there is no such file.
 std::string ModelPath(const std::string& relative) {
-  std::vector<fs::path> roots;
+  const fs::path path =
+      fs::path(lede::testing::SharedDir()) / "models" / relative;
   std::error_code ec;
-  fs::path dir = fs::current_path(ec);
-  for (int up = 0; up < 4 && !dir.empty(); ++up, dir = dir.parent_path()) {
-    roots.push_back(dir / ".." / "shared" / "models");
-    roots.push_back(dir / "shared" / "models");
-  }
-  if (const char* env = std::getenv("LEDE_SHARED_DIR"); env && *env) {
-    roots.push_back(fs::path(env) / "models");
-    roots.push_back(fs::path(env));
-  }
-  for (const fs::path& root : roots) {
-    if (fs::is_regular_file(root / relative, ec)) {
-      return (root / relative).lexically_normal().string();
-    }
-  }
-  return "";
+  return fs::is_regular_file(path, ec) ? path.lexically_normal().string() : "";
 }
 
 std::unique_ptr<Tokenizer> MustLoad(const std::string& relative) {
   const std::string path = ModelPath(relative);
   EXPECT_FALSE(path.empty())
-      << relative << " not found under ../shared/models or $LEDE_SHARED_DIR";
+      << relative << " not found under " << lede::testing::SharedDir()
+      << "/models";
   if (path.empty()) return nullptr;
   auto tokenizer = LoadTokenizer(path);
   EXPECT_THAT(tokenizer, IsOk());
   if (!tokenizer.ok()) return nullptr;
   return std::move(tokenizer).value();
 }
-
-// A fresh mkdtemp directory, removed with its contents on destruction.
-class TempDir {
- public:
-  TempDir() {
-    std::string templ =
-        (fs::temp_directory_path() / "lede_tokenizer_test_XXXXXX").string();
-    if (mkdtemp(templ.data()) != nullptr) path_ = templ;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -163,7 +119,7 @@ TEST(Llama2cTokenizerTest, EncodesPromptToGoldenIds) {
   auto ids = tok->Encode("Once upon a time", /*add_bos=*/true,
                          /*add_eos=*/false);
   ASSERT_THAT(ids, IsOk());
-  EXPECT_THAT(*ids, ElementsAreArray(kStoriesPromptIds));
+  EXPECT_THAT(*ids, ElementsAreArray(kStoriesPrompt));
   auto bare = tok->Encode("Once upon a time", false, false);
   ASSERT_THAT(bare, IsOk());
   EXPECT_THAT(*bare, ElementsAre(403, 407, 261, 378));
@@ -177,11 +133,11 @@ TEST(Llama2cTokenizerTest, DecodesGoldenGenerationToReferenceText) {
   auto tok = MustLoad(kTok512);
   ASSERT_NE(tok, nullptr);
   const std::string text =
-      tok->Decode(Concat(kStoriesPromptIds, kStoriesGeneratedIds));
+      tok->Decode(Concat(kStoriesPrompt, kStoriesGreedy));
   EXPECT_EQ(text,
             "Once upon a time, there was a little girl named Lily. She loved "
             "to play outside in the park. One day, she saw a big, r");
-  EXPECT_THAT(Stream(*tok, kStoriesPromptIds.back(), kStoriesGeneratedIds),
+  EXPECT_THAT(Stream(*tok, kStoriesPrompt.back(), kStoriesGreedy),
               StartsWith(", there was a little girl named Lily."));
 }
 
@@ -401,7 +357,7 @@ TEST(StreamingDetokenizerTest, StreamEqualsDecode) {
   ASSERT_NE(tok, nullptr);
   auto ids = tok->Encode("naïve café ☃ 日本, and then 𝄞.", true, false);
   ASSERT_THAT(ids, IsOk());
-  const std::vector<int32_t> all = Concat(*ids, kStoriesGeneratedIds);
+  const std::vector<int32_t> all = Concat(*ids, kStoriesGreedy);
   EXPECT_EQ(Stream(*tok, tok->bos_id(), all), tok->Decode(all));
 
   std::mt19937 rng(0);
@@ -516,7 +472,7 @@ TEST(SentencePieceTokenizerTest, EncodesPromptToGoldenIds) {
   EXPECT_EQ(tok->eos_id(), 2);
   auto ids = tok->Encode("Once upon a time", true, false);
   ASSERT_THAT(ids, IsOk());
-  EXPECT_THAT(*ids, ElementsAreArray(kBabyPromptIds));
+  EXPECT_THAT(*ids, ElementsAreArray(kBabyPrompt));
   auto framed = tok->Encode("Once", false, true);
   ASSERT_THAT(framed, IsOk());
   EXPECT_EQ(framed->back(), 2);
@@ -527,9 +483,9 @@ TEST(SentencePieceTokenizerTest, EncodesPromptToGoldenIds) {
 TEST(SentencePieceTokenizerTest, DecodesGoldenGenerationToReferenceText) {
   auto tok = MustLoad(kTok105);
   ASSERT_NE(tok, nullptr);
-  EXPECT_EQ(tok->Decode(Concat(kBabyPromptIds, kBabyGeneratedIds)),
+  EXPECT_EQ(tok->Decode(Concat(kBabyPrompt, kBabyGreedy)),
             "Once upon a time, there was a little gi");
-  EXPECT_EQ(Stream(*tok, kBabyPromptIds.back(), kBabyGeneratedIds),
+  EXPECT_EQ(Stream(*tok, kBabyPrompt.back(), kBabyGreedy),
             ", there was a little gi");
 }
 

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Writes models/lede-tiny/README.md (the model card) from the JSON the tools wrote:
+report.json (lede-pretrain), eval_exits.json (lede-eval-exits), bench.json (lede bench),
+data_manifest.json (scripts/build_corpus.py) and policy/*/policy.json (lede-train).
+usage: make_model_card.py MODEL_DIR
+"""
+import glob
+import json
+import os
+import sys
+
+
+def load(path):
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def main():
+    d = sys.argv[1]
+    rep, ev, bench, man = (load(os.path.join(d, n)) for n in
+                           ("report.json", "eval_exits.json", "bench.json", "data_manifest.json"))
+    cfg = load(os.path.join(d, "config.json"))
+    L = cfg["num_hidden_layers"]
+    out = []
+    w = out.append
+    w("# lede-tiny: a LayerSkip-style demo model for LEDE\n")
+    w("A small Llama-architecture model trained by this project's own trainer (`lede-pretrain`) with the "
+      "LayerSkip recipe (layer dropout rising with depth, early-exit loss through the shared final norm + LM "
+      "head with a rotational curriculum), so that its early layers agree with its last layer often enough for "
+      "self-speculative decoding. It is what `scripts/demo` serves. It is tiny and trained for about an hour on "
+      "2 CPU cores: it writes simple TinyStories-style English and Python-looking code, nothing more.\n")
+    w("## Architecture\n")
+    w(f"| layers L | d | heads (kv) | FFN | vocab | context | parameters |\n|---|---|---|---|---|---|---|\n"
+      f"| {L} | {cfg['hidden_size']} | {cfg['num_attention_heads']} ({cfg['num_key_value_heads']}) | "
+      f"{cfg['intermediate_size']} | {cfg['vocab_size']} (SentencePiece BPE, byte fallback) | "
+      f"{cfg['max_position_embeddings']} | {rep['parameters'] / 1e6:.2f}M |\n")
+    w("Files: `config.json`, `model.safetensors` (F32), `tokenizer.model` (Hugging Face layout).\n")
+    w("## Data\n")
+    w("Built by `scripts/build_corpus.py` from `../shared/data/corpus` (TinyStories head and validation part, "
+      "Grimms' fairy tales and Alice in Wonderland with the Project Gutenberg header/footer stripped, "
+      "tinyshakespeare), the Python 3.11 standard library sources Debian installs (a deterministic subset), and "
+      "synthetic stories sampled from `../shared/models/stories260K` with this engine "
+      "(`scripts/sample_synthetic_stories.sh`, temperature 0.7). Every 20th document of each domain is held out. "
+      "`data_manifest.json` lists every source file with its size and sha256.\n")
+    w("| domain | mixture weight | train docs | train tokens | held-out docs |\n|---|---|---|---|---|")
+    for dom, info in man["domains"].items():
+        w(f"| {dom} | {rep['mixture'].get(dom, 0):.2f} | {info['train']['documents']} | "
+          f"{rep['train_tokens'].get(dom, 0)} | {info['val']['documents']} |")
+    w("")
+    o = rep["options"]
+    w("## Recipe\n")
+    w(f"AdamW (betas 0.9/0.95, weight decay {o['weight_decay']} on matrices), peak lr {o['lr']}, "
+      f"{o['warmup_steps']} warm-up steps then cosine to {o['min_lr_ratio']}x, gradient clipping at "
+      f"{o['grad_clip']}; batch {o['batch_size']} x {o['seq_len']} tokens; {rep['steps']} steps "
+      f"({rep['tokens_seen'] / 1e6:.1f}M tokens seen); layer dropout 0 at the first layer rising linearly to "
+      f"{o['layer_dropout_max']} at the last; early-exit loss weight {o['exit_scale']} on the layers l with "
+      f"(l + step) mod {o['curriculum_period']} = 0 (rotational curriculum); seed {o['seed']}; "
+      f"{o['threads']} thread(s). Training took {rep['training_seconds'] / 3600:.2f} h on this 2-core machine "
+      f"(while other work shared it).\n")
+    w("Reproduce: `scripts/build && scripts/train_lede_tiny.sh 1200 1` (resumable; rerun after an "
+      "interruption).\n")
+    w("## Early exits on held-out text\n")
+    w("Per layer: perplexity of the exit at that layer, and top-1 agreement with the last layer "
+      "(`lede-eval-exits`, held-out documents).\n")
+    doms = list(rep["held_out"].keys())
+    w("| layer | " + " | ".join(f"{x} ppl | {x} agree" for x in doms) + " |")
+    w("|---|" + "---|---|" * len(doms))
+    for l in range(L):
+        cells = []
+        for x in doms:
+            h = rep["held_out"][x]
+            cells += [f"{h['perplexity'][l]:.1f}", f"{h['top1_agreement_with_last'][l]:.3f}"]
+        w(f"| {l + 1} | " + " | ".join(cells) + " |")
+    w("")
+    if ev:
+        w("## Static self-speculation (E x D) on held-out prompts\n")
+        cal = ev["calibration"]
+        w(f"Greedy, prompts cut from held-out documents. Cost models (DESIGN.md §1): *accelerator* (verification "
+          f"costs one step; the LM head is h = {ev['head_layer_equivalents']:.2f} layer-equivalents) and "
+          f"*measured* (this CPU: full step {cal['step_us']:.0f} us; one block {cal['block_us'][0]:.0f} us for 1 "
+          f"position, {cal['block_us'][3]:.0f} us for 4, {cal['block_us'][15]:.0f} us for 16).\n")
+        for dom, r in ev["domains"].items():
+            g = r["static_grid"]
+            w(f"### {dom} ({g['prompts']} prompts x {g['new_tokens']} tokens; AR {g['ar']['tokens_per_s']:.0f} "
+              f"tokens/s)\n")
+            w("| E | D | acceptance | tokens/round | tokens/s | measured | predicted accel. | predicted measured |")
+            w("|---|---|---|---|---|---|---|---|")
+            for row in g["static"]:
+                w(f"| {row['exit_layer']} | {row['draft_len']} | {row['acceptance_rate']:.3f} | "
+                  f"{row['tokens_per_round']:.2f} | {row['tokens_per_s']:.0f} | {row['measured_speedup']:.2f}x | "
+                  f"{row['predicted_speedup_accelerator']:.2f}x | {row['predicted_speedup_measured']:.2f}x |")
+            b = g["best_accelerator"]
+            w(f"\nBest under the accelerator model: E={b['exit_layer']}, D={b['draft_len']}: "
+              f"{b['predicted_speedup_accelerator']:.2f}x predicted, {b['measured_speedup']:.2f}x measured "
+              f"wall-clock on this CPU.\n")
+    if bench:
+        w("## LEDE against its baselines (`lede bench`, evaluation split)\n")
+        w("Static and threshold settings were tuned on the tuning split per cost model; LEDE's policies were "
+          "trained only on experience collected on the tuning split.\n")
+        for name, s in bench["sets"].items():
+            w(f"### {name} ({s['eval_prompts']} prompts; AR {s['ar_tokens_per_s']:.0f} tokens/s)\n")
+            w("| method | config | tokens/s | measured | pred. accel. | pred. measured | acceptance | "
+              "tokens/round | mean exit | mean D | exact match |")
+            w("|---|---|---|---|---|---|---|---|---|---|---|")
+            for r in s["rows"]:
+                w(f"| {r['method']} | {r['config']} | {r['tokens_per_s']:.0f} | {r['measured_speedup']:.2f}x | "
+                  f"{r['predicted_speedup_accelerator']:.2f}x | {r['predicted_speedup_measured']:.2f}x | "
+                  f"{r['acceptance_rate']:.3f} | {r['tokens_per_round']:.2f} | {r['mean_exit_layer']:.2f} | "
+                  f"{r['mean_draft_len']:.2f} | {r['exact_match_rate']:.2f} |")
+            o = s["hindsight_oracle"]
+            w(f"| hindsight oracle | | | | {o['accelerator']:.2f}x | {o['measured']:.2f}x | | | | | |\n")
+    pols = sorted(glob.glob(os.path.join(d, "policy", "*", "policy.json")))
+    if pols:
+        w("## Shipped policies (`policy/`)\n")
+        w("| version | reward cost model | candidate layers | D_max | transitions | held-out TD loss |")
+        w("|---|---|---|---|---|---|")
+        for p in pols:
+            m = load(p)
+            w(f"| {m['version']} | {m['reward']['cost_model']} | {m['candidate_layers']} | {m['max_draft_len']} | "
+              f"{m['training_data']['n_transitions']} | {m['offline_metrics'].get('heldout_td_loss')} |")
+        serving = open(os.path.join(d, "policy", "SERVING")).read().strip() if os.path.exists(
+            os.path.join(d, "policy", "SERVING")) else "?"
+        w(f"\n`policy/SERVING` = `{serving}` (the policy whose cost model fits this CPU); on CUDA `lede generate "
+          f"--mode lede` picks the accelerator-cost policy.\n")
+    w("## Licence\n")
+    w("Trained on CDLA-Sharing-1.0 (TinyStories), public-domain (Project Gutenberg, Shakespeare), PSF-licensed "
+      "(Python standard library) and MIT (stories260K samples) data; see ../shared/data/SOURCES.md.\n")
+    with open(os.path.join(d, "README.md"), "w") as f:
+        f.write("\n".join(out) + "\n")
+    print("wrote", os.path.join(d, "README.md"))
+
+
+if __name__ == "__main__":
+    main()
