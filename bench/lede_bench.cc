@@ -264,15 +264,22 @@ StatusOr<Common> Setup(const CommonFlags& cf) {
   return c;
 }
 
-// The cost-aware reward from the measured cost model (policy/transition.h):
-// a typical round drafts 3 tokens and emits 4; a continue costs one probe.
-policy::RewardSpec RewardsFor(const std::string& cost_model, const Common& c) {
+// The rewards of policy/transition.h under a cost model: "paper" (DESIGN.md
+// §2; with the measured model its depth term assumes a typical round of 3
+// drafts and 4 tokens) or "throughput" (tokens minus cost).
+policy::RewardSpec RewardsFor(const std::string& reward, const model::CostModel& cm, const Common& c) {
   const int32_t L = static_cast<int32_t>(c.model->n_layers());
-  if (cost_model == "accelerator") return policy::RewardSpec::Paper(L);
   std::vector<double> draft_cost;
-  for (int32_t l = 0; l <= L; ++l) draft_cost.push_back(l == 0 ? 0.0 : c.measured->DraftToken(l));
-  return policy::RewardSpec::FromCosts("measured", draft_cost, c.measured->Verify(L / 4 + 1, 3), 4.0,
-                                       c.measured->Probe());
+  for (int32_t l = 0; l <= L; ++l) draft_cost.push_back(l == 0 ? 0.0 : cm.DraftToken(l));
+  if (reward == "throughput") {
+    std::vector<std::vector<double>> verify(L + 1);
+    for (int32_t e = 0; e <= L; ++e) {
+      for (int32_t k = 0; k <= c.spec.max_draft_len; ++k) verify[e].push_back(e == 0 ? 0.0 : cm.Verify(e, k));
+    }
+    return policy::RewardSpec::Throughput(cm.name(), draft_cost, verify, cm.Probe());
+  }
+  if (cm.name() == "accelerator") return policy::RewardSpec::Paper(L);
+  return policy::RewardSpec::FromCosts(cm.name(), draft_cost, cm.Verify(L / 4 + 1, 3), 4.0, cm.Probe());
 }
 
 void PrintProgress(std::ostream& err, const std::string& what, size_t done, size_t total) {
@@ -447,7 +454,7 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
           err << "lede bench: " << t.status().message() << "\n";
           return 1;
         }
-        const std::string label = "lede (" + a.metadata.reward_cost_model + ")";
+        const std::string label = "lede " + a.metadata.version;
         add_row(label, version, *t);
         // Ablations: no dynamic exit (l* fixed at the policy's most used exit
         // layer) and no adaptive length (D fixed at its mean draft length).
@@ -515,13 +522,14 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
 
 int RunCollect(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   CommonFlags cf;
-  std::string out_dir, cost_model = "accelerator", version = "explore";
+  std::string out_dir, cost_model = "accelerator", reward = "paper", version = "explore";
   double epsilon = 0.2;
   int64_t seeds = 4;
   flags::FlagSet f;
   cf.AddTo(f);
   f.Add("out", &out_dir, "experience shard directory", true);
   f.Add("cost-model", &cost_model, "reward cost model: accelerator or measured");
+  f.Add("reward", &reward, "paper (DESIGN.md §2) or throughput (tokens minus cost)");
   f.Add("epsilon", &epsilon, "probability of a random action");
   f.Add("seeds", &seeds, "runs per tuning prompt (each with another behaviour policy and seed)");
   f.Add("version", &version, "behaviour policy version recorded in the transitions");
@@ -533,13 +541,18 @@ int RunCollect(const std::vector<std::string>& args, std::ostream& out, std::ost
     err << "lede collect: --cost-model: want accelerator or measured\n";
     return 2;
   }
+  if (reward != "paper" && reward != "throughput") {
+    err << "lede collect: --reward: want paper or throughput\n";
+    return 2;
+  }
   auto common = Setup(cf);
   if (!common.ok()) {
     err << "lede collect: " << common.status().message() << "\n";
     return 2;
   }
   Common& c = *common;
-  const policy::RewardSpec rewards = RewardsFor(cost_model, c);
+  const policy::RewardSpec rewards =
+      RewardsFor(reward, cost_model == "accelerator" ? *c.accelerator : *c.measured, c);
   std::filesystem::create_directories(out_dir);
   // Behaviour policies: thresholds from eager to cautious, with exploration.
   const std::vector<std::pair<float, float>> behaviours = {{0.5f, 0.5f}, {0.8f, 0.7f}, {0.3f, 0.3f}, {0.9f, 0.9f}};
@@ -587,7 +600,8 @@ int RunCollect(const std::vector<std::string>& args, std::ostream& out, std::ost
     }
     err << "\n";
   }
-  out << "wrote " << total << " transitions (" << cost_model << " rewards) to " << out_dir << "\n";
+  out << "wrote " << total << " transitions (" << reward << " rewards, " << cost_model << " costs) to " << out_dir
+      << "\n";
   return 0;
 }
 

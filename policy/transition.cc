@@ -23,6 +23,22 @@ RewardSpec RewardSpec::FromCosts(const std::string& name, const std::vector<doub
   return r;
 }
 
+RewardSpec RewardSpec::Throughput(const std::string& name, const std::vector<double>& draft_cost,
+                                  const std::vector<std::vector<double>>& verify_cost, double probe_cost) {
+  RewardSpec r;
+  r.cost_model = name;
+  r.accept_reward = 1.0;
+  r.reject_reward = 0.0;
+  r.continue_reward = -probe_cost;
+  for (double c : draft_cost) r.depth_term.push_back(-c);
+  for (const auto& row : verify_cost) {
+    std::vector<double> end;
+    for (double v : row) end.push_back(1.0 - v);
+    r.round_end.push_back(std::move(end));
+  }
+  return r;
+}
+
 std::vector<Transition> ToTransitions(const model::RoundTrace& round, const RewardSpec& rewards,
                                       const std::string& request_id, const std::string& policy_version,
                                       const std::string& model_fingerprint) {
@@ -41,6 +57,7 @@ std::vector<Transition> ToTransitions(const model::RoundTrace& round, const Rewa
       t.reward = static_cast<float>(rewards.continue_reward);
     }
     t.done = i + 1 == n;
+    if (t.done) t.reward += static_cast<float>(rewards.RoundEnd(round.exit_layer, round.n_drafted));
     if (!t.done) model::ExitFeatures(round.decisions[i + 1].state, t.next_state.data());
     t.phase = d.state.phase;
     t.layer = d.state.layer;

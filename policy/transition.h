@@ -13,10 +13,22 @@
 // and charges "continue" the cost of the probe it leads to, so that on
 // hardware where speculation does not pay the learned policy falls back to
 // full-depth steps (declining at round start, before any probe).
+//
+// A third form, Throughput, rewards exactly "tokens emitted minus cost spent"
+// (in full-depth steps) under a cost model, so that the return of a round is
+// its tokens minus its cost and a policy that maximizes it maximizes
+// throughput against the autoregressive rate of one token per step:
+//   drafted token: [accepted] - draft_cost[l*]     continue: -probe_cost
+//   round end (added to its last decision): 1 - verify_cost[E][K]
+//   (the verifier's own token, minus the verification pass)
+//   round start and a plain full-depth step: 0 (1 token for 1 step).
+// The paper's reward, by contrast, gives +1 + (L - l*)/L per accepted token
+// however many rounds it takes, so it learns to draft long.
 // Torch-free and proto-free.
 #ifndef LEDE_POLICY_TRANSITION_H_
 #define LEDE_POLICY_TRANSITION_H_
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -33,6 +45,9 @@ struct RewardSpec {
   double continue_reward = -0.01;
   // depth_term[l] for l in [0, L]: saving of drafting at exit layer l.
   std::vector<double> depth_term;
+  // round_end[E][K]: added to a round's last decision when it drafted K >= 1
+  // tokens at E (empty: 0).
+  std::vector<std::vector<double>> round_end;
 
   // The paper's rewards: depth_term[l] = (L - l) / L.
   static RewardSpec Paper(int32_t n_layers);
@@ -44,6 +59,17 @@ struct RewardSpec {
   static RewardSpec FromCosts(const std::string& name, const std::vector<double>& draft_cost,
                               double verify_cost, double tokens_per_verify, double probe_cost);
 
+  // Throughput rewards (see above) from per-layer draft costs
+  // draft_cost[l], l in [0, L], verification costs verify_cost[E][K] for K in
+  // [0, D_max], and the cost of one probe; all in full-depth steps.
+  static RewardSpec Throughput(const std::string& name, const std::vector<double>& draft_cost,
+                               const std::vector<std::vector<double>>& verify_cost, double probe_cost);
+
+  double RoundEnd(int32_t exit_layer, int32_t n_drafted) const {
+    if (round_end.empty() || n_drafted <= 0) return 0.0;
+    const auto& row = round_end.at(exit_layer);
+    return row.at(std::min<size_t>(n_drafted, row.size() - 1));
+  }
   double Accepted(int32_t layer) const { return accept_reward + depth_term.at(layer); }
   double Rejected(int32_t layer) const { return reject_reward + depth_term.at(layer); }
 };

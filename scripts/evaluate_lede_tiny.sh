@@ -15,6 +15,6 @@ build/trainer/lede-eval-exits --model "$MODEL" --calibration "$MODEL/calibration
 LEDE_CANDIDATES="$CANDIDATES" scripts/train_policies.sh "$THREADS"
 build/services/cli/lede bench --model "$MODEL" --calibration "$MODEL/calibration-cpu.json" \
   --prompts "$MODEL/prompts/story.jsonl,$MODEL/prompts/code.jsonl" --candidate-layers "$CANDIDATES" \
-  --policy "$MODEL/policy/accelerator-v1,$MODEL/policy/measured-v1" --prompts-per-set 48 --new-tokens 64 \
+  --policy "$MODEL/policy/paper-v1,$MODEL/policy/accelerator-v1,$MODEL/policy/measured-v1" --prompts-per-set 48 --new-tokens 64 \
   --threads "$THREADS" --json "$MODEL/bench.json" | tee out/bench.txt
 python3 scripts/make_model_card.py "$MODEL"

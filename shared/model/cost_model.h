@@ -60,7 +60,7 @@ struct Calibration {
   std::string model_fingerprint;  // ModelConfig::ArchitectureFingerprint()
   std::string device;             // "cpu", "cuda:0"
   int64_t n_layers = 0;
-  std::vector<double> block_us;   // [16]: one block for T = 1..16 positions
+  std::vector<double> block_us;   // [16]: one block for T = 1..16 positions (all L blocks / L)
   std::vector<double> head_us;    // [16]: final norm + LM head for T positions
   double step_us = 0;             // full autoregressive step incl. embedding and head
   int64_t threads = 0;            // intra-op threads during calibration

@@ -97,5 +97,31 @@ TEST(TransitionTest, CostAwareRewards) {
   EXPECT_DOUBLE_EQ(r.continue_reward, -0.1);
 }
 
+// Throughput rewards sum, over a round, to its tokens minus its cost.
+TEST(TransitionTest, ThroughputRewardsSumToTokensMinusCost) {
+  // L = 12: draft cost (l + 1) / 12, verification 1 whatever K, probe 1/12.
+  std::vector<double> draft_cost;
+  for (int l = 0; l <= 12; ++l) draft_cost.push_back((l + 1) / 12.0);
+  std::vector<std::vector<double>> verify(13, std::vector<double>(9, 1.0));
+  RewardSpec r = RewardSpec::Throughput("accelerator", draft_cost, verify, 1.0 / 12);
+  model::RoundTrace round;
+  round.exit_layer = 3;
+  round.n_drafted = 2;
+  round.n_accepted = 1;
+  round.decisions = {
+      Decision{State(Phase::kRoundStart, 0, 0, 0), Action::kExit, -1, false},
+      Decision{State(Phase::kExitLayer, 2, 0, 0.3f), Action::kContinue, -1, false},
+      Decision{State(Phase::kExitLayer, 3, 0, 0.9f), Action::kExit, 0, true},
+      Decision{State(Phase::kDraftLength, 3, 1, 0.8f), Action::kExit, 1, false},
+      Decision{State(Phase::kDraftLength, 3, 2, 0.2f), Action::kContinue, -1, false},
+  };
+  double sum = 0;
+  for (const Transition& t : ToTransitions(round, r, "q", "v", "f")) sum += t.reward;
+  // Tokens: 1 accepted + 1 from the verifier = 2. Cost: 2 probes (layer 2,
+  // and the stop) + 2 drafts at layer 3 + 1 verification.
+  const double cost = 2.0 / 12 + 2 * (4.0 / 12) + 1.0;
+  EXPECT_NEAR(sum, 2.0 - cost, 1e-6);
+}
+
 }  // namespace
 }  // namespace lede::policy
