@@ -56,10 +56,11 @@ void BenchModel(const std::string& path, int64_t n_tokens) {
     std::fprintf(stderr, "calibration failed: %s\n", cal.status().ToString().c_str());
     return;
   }
-  std::printf("full step %.1f us; per positions k: block us / head us / block(k)/block(1)\n", cal->step_us);
-  for (int k : {1, 2, 4, 8, 12, 16}) {
-    std::printf("  k=%-2d  block %7.1f us  head %7.1f us  verify(k)/step(1) %.2f\n", k, cal->block_us[k - 1],
-                cal->head_us[k - 1], cal->block_us[k - 1] / cal->block_us[0]);
+  std::printf("full step %.1f us (1 position); verify(k) = L blocks + head on k positions:\n", cal->step_us);
+  std::printf("  k  block us  head us  verify(k)/step(1)\n");
+  for (int k = 1; k <= 16; ++k) {
+    const double verify = L * cal->block_us[k - 1] + cal->head_us[k - 1];
+    std::printf("%3d  %8.1f  %7.1f  %6.2f\n", k, cal->block_us[k - 1], cal->head_us[k - 1], verify / cal->step_us);
   }
   auto accel = MakeAcceleratorCostModel(c);
   auto measured = MakeMeasuredCostModel(*cal);

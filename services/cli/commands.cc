@@ -246,7 +246,7 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
   auto measured = model::MakeMeasuredCostModel(*cal);
   err << std::fixed << std::setprecision(3) << "step " << cal->step_us << " us; verify(k)/step(1):";
   for (int k : {1, 2, 4, 8, 16}) err << " k=" << k << ":" << cal->block_us[k - 1] / cal->block_us[0];
-  err << " (per block)\n";
+  err << " (per block, all L blocks / L)\n";
   return kExitOk;
 }
 
