@@ -61,6 +61,9 @@ def main():
       f"(while other work shared it).\n")
     w("Reproduce: `scripts/build && scripts/train_lede_tiny.sh 1200 1` (resumable; rerun after an "
       "interruption).\n")
+    notes = os.path.join(d, "training_notes.md")
+    if os.path.exists(notes):
+        w(open(notes).read().strip() + "\n")
     w("## Early exits on held-out text\n")
     w("Per layer: perplexity of the exit at that layer, and top-1 agreement with the last layer "
       "(`lede-eval-exits`, held-out documents).\n")
