@@ -298,8 +298,12 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   f.Add("methods", &methods_flag, "comma-separated: ar, static, threshold, lede");
   f.Add("policy", &policies, "LEDE policy artifact directories, comma-separated");
   f.Add("json", &json_path, "write all results as JSON here");
+  if (flags::WantsHelp(args)) {
+    out << "usage: lede bench --model DIR --prompts FILE[,FILE...] [flags]\nflags:\n" << f.Usage();
+    return 0;
+  }
   if (Status s = f.Parse(args); !s.ok()) {
-    err << "lede bench: " << s.message() << "\nflags:\n" << f.Usage();
+    err << "lede bench: " << s.message() << " (see lede bench --help)\n";
     return 2;
   }
   auto common = Setup(cf);
@@ -533,8 +537,12 @@ int RunCollect(const std::vector<std::string>& args, std::ostream& out, std::ost
   f.Add("epsilon", &epsilon, "probability of a random action");
   f.Add("seeds", &seeds, "runs per tuning prompt (each with another behaviour policy and seed)");
   f.Add("version", &version, "behaviour policy version recorded in the transitions");
+  if (flags::WantsHelp(args)) {
+    out << "usage: lede collect --model DIR --prompts FILE[,FILE...] --out DIR [flags]\nflags:\n" << f.Usage();
+    return 0;
+  }
   if (Status s = f.Parse(args); !s.ok()) {
-    err << "lede collect: " << s.message() << "\nflags:\n" << f.Usage();
+    err << "lede collect: " << s.message() << " (see lede collect --help)\n";
     return 2;
   }
   if (cost_model != "accelerator" && cost_model != "measured") {

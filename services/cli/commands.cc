@@ -92,6 +92,10 @@ int LoadFailureCode(const Status& s) {
 // with this machine's measured cost model).
 StatusOr<policy::dqn::Artifact> ChoosePolicy(const std::string& policy_dir, const c10::Device& device,
                                              const std::string& fingerprint) {
+  // A version directory (as lede-train writes it) is used as it is.
+  if (std::filesystem::exists(std::filesystem::path(policy_dir) / policy::dqn::kMetadataFile)) {
+    return policy::dqn::LoadArtifact(policy_dir, fingerprint);
+  }
   if (device.is_cuda()) {
     std::vector<std::string> versions;
     std::error_code ec;
@@ -122,14 +126,19 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   flags.Add("max-new-tokens", &max_new_tokens, "tokens to generate");
   flags.Add("mode", &mode,
             "ar (autoregressive), static (self-speculative, fixed E and D) or lede (learned exit policy)");
-  flags.Add("policy", &policy_dir, "lede mode: policy directory (default: MODEL/policy)");
+  flags.Add("policy", &policy_dir,
+            "lede mode: a policy version directory, or a policy root with a SERVING pointer (default: MODEL/policy)");
   flags.Add("exit-layer", &exit_layer, "draft exit layer E in [1, L] (default: L/4, at least 1)");
   flags.Add("draft-len", &draft_len, "draft length D");
   flags.Add("temperature", &temperature, "0 = greedy");
   flags.Add("top-p", &top_p, "nucleus mass in (0, 1]");
   flags.Add("seed", &seed, "sampling seed");
+  if (flags::WantsHelp(args)) {
+    out << "usage: lede generate --model PATH --prompt TEXT [flags]\nflags:\n" << flags.Usage();
+    return kExitOk;
+  }
   if (Status s = flags.Parse(args); !s.ok()) {
-    err << "lede generate: " << s.message() << "\nflags:\n" << flags.Usage();
+    err << "lede generate: " << s.message() << " (see lede generate --help)\n";
     return kExitUsage;
   }
   if (mode != "ar" && mode != "static" && mode != "lede") {
@@ -189,9 +198,16 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   auto engine = model::Engine::Create(llama, ko);
   if (!engine.ok()) return Fail(err, engine.status(), kExitFailure);
 
-  out << (*tokenizer)->Decode(*ids) << std::flush;
+  // The prompt is echoed with the first generated tokens, so that a request
+  // the engine refuses prints nothing but its error.
+  bool echoed = false;
+  auto echo_prompt = [&] {
+    if (!echoed) out << (*tokenizer)->Decode(*ids);
+    echoed = true;
+  };
   model::StreamingDetokenizer detok(**tokenizer, ids->back());
   auto result = (*engine)->Generate(*ids, go, [&](const std::vector<int32_t>& tokens) {
+    echo_prompt();
     for (int32_t t : tokens) out << detok.Push(t);
     out << std::flush;
   });
@@ -199,6 +215,7 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
     return Fail(err, result.status(),
                 result.status().code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure);
   }
+  echo_prompt();
   out << detok.Flush() << "\n";
   const model::GenerationStats& st = result->stats;
   std::string label = mode;
@@ -224,8 +241,12 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
   mf.AddTo(flags);
   flags.Add("out", &out_path, "write the calibration JSON here (default: stdout)");
   flags.Add("repeats", &repeats, "timed repetitions per measurement (median)");
+  if (flags::WantsHelp(args)) {
+    out << "usage: lede calibrate --model PATH [flags]\nflags:\n" << flags.Usage();
+    return kExitOk;
+  }
   if (Status s = flags.Parse(args); !s.ok()) {
-    err << "lede calibrate: " << s.message() << "\nflags:\n" << flags.Usage();
+    err << "lede calibrate: " << s.message() << " (see lede calibrate --help)\n";
     return kExitUsage;
   }
   if (repeats < 1) return Fail(err, InvalidArgumentError("--repeats: must be >= 1"), kExitUsage);
@@ -254,7 +275,7 @@ int Main(int argc, char** argv) {
   const std::string usage =
       "usage: lede <command> [flags]\n"
       "commands:\n"
-      "  generate   generate text (autoregressive or static self-speculation)\n"
+      "  generate   generate text (autoregressive, static self-speculation, or LEDE's learned exits)\n"
       "  calibrate  measure this machine's cost model and write it as JSON\n"
 #if LEDE_WITH_BENCH
       "  bench      LEDE against autoregressive, static and threshold baselines\n"

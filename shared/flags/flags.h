@@ -49,6 +49,9 @@ class FlagSet {
   std::vector<Flag> flags_;
 };
 
+// True if `args` asks for help (--help or -h).
+bool WantsHelp(const std::vector<std::string>& args);
+
 // The items of a comma-separated list flag ("a,b,,c" -> a, b, c).
 std::vector<std::string> SplitList(const std::string& text);
 

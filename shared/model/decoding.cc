@@ -147,7 +147,7 @@ double GenerationStats::tokens_per_round() const {
 }
 
 double GenerationStats::decode_tokens_per_s() const {
-  return decode_s > 0 ? (n_generated - 1) / decode_s : 0.0;
+  return decode_s > 0 && n_generated > 1 ? (n_generated - 1) / decode_s : 0.0;
 }
 
 Engine::Engine(std::shared_ptr<const LlamaModel> model, KvCache cache)
@@ -243,6 +243,7 @@ StatusOr<GenerationResult> Engine::Generate(const std::vector<int32_t>& prompt,
   GenerationStats& stats = result.stats;
   stats.n_prompt_tokens = static_cast<int64_t>(prompt.size());
   bool done = false;
+  bool stopped_on_eos = false;  // the EOS the model generated counts as its step's output
   std::vector<int32_t> emitted_now;
 
   // Appends one token unless a stop condition holds; returns false once done.
@@ -252,6 +253,7 @@ StatusOr<GenerationResult> Engine::Generate(const std::vector<int32_t>& prompt,
         std::find(c.eos_ids.begin(), c.eos_ids.end(), token) != c.eos_ids.end()) {
       result.finish = FinishReason::kEos;
       done = true;
+      stopped_on_eos = true;
       return false;
     }
     result.tokens.push_back(token);
@@ -429,7 +431,7 @@ StatusOr<GenerationResult> Engine::Generate(const std::vector<int32_t>& prompt,
         LEDE_ASSIGN_OR_RETURN(int64_t n_accepted, verify_and_emit(o.exit_layer, drafts, false, round));
         (void)n_accepted;
       }
-      round.n_emitted = static_cast<int32_t>(result.tokens.size() - before);
+      round.n_emitted = static_cast<int32_t>(result.tokens.size() - before) + (stopped_on_eos ? 1 : 0);
       stats.rounds.push_back(round);
       flush();
     }

@@ -119,7 +119,7 @@ struct RoundRecord {
   int32_t exit_layer = 0;  // E, 0 for an autoregressive step
   int32_t n_drafted = 0;   // K
   int32_t n_accepted = 0;  // accepted drafts, in [0, K]
-  int32_t n_emitted = 0;   // tokens emitted (n_accepted + 1 unless a stop cut it)
+  int32_t n_emitted = 0;   // tokens emitted (n_accepted + 1 unless a stop cut it; a generated EOS counts)
   // Exit-head evaluations that drafted nothing: phase-1 probes below l* (or
   // all of them when no exit was taken) and a phase-2 "stop" probe.
   int32_t n_probes = 0;

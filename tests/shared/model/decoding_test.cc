@@ -143,6 +143,11 @@ TEST(EngineTest, EosInsideARoundStopsExactly) {
   for (GenerateOptions o : {ar, Static(5, 8, 20), Static(2, 4, 20)}) {
     GenerationResult r = MustGenerate(*engine2, kStoriesPrompt, o);
     EXPECT_EQ(r.finish, FinishReason::kEos);
+    EXPECT_GE(r.stats.decode_tokens_per_s(), 0.0);
+    // The step that generated the EOS counts it: autoregressive decoding is one token per round.
+    if (o.mode == SpeculationMode::kAutoregressive) {
+      EXPECT_DOUBLE_EQ(r.stats.tokens_per_round(), 1.0);
+    }
     EXPECT_EQ(r.tokens, std::vector<int32_t>(full.tokens.begin(), full.tokens.begin() + first));
   }
 }
