@@ -28,6 +28,7 @@
 #include "shared/model/tokenizer.h"
 #include "shared/status/status_macros.h"
 #include "trainer/corpus.h"
+#include "trainer/exit_eval.h"
 #include "trainer/experience.h"
 
 namespace lede::bench {
@@ -87,66 +88,9 @@ StatusOr<PromptSet> LoadPromptSet(const std::string& path, const model::Tokenize
   return set;
 }
 
-// Aggregates of one method over a prompt split.
-struct Totals {
-  int64_t tokens = 0;  // decode tokens (the prefill's first token excluded)
-  double decode_s = 0;
-  int64_t drafted = 0, accepted = 0, exact = 0, prompts = 0;
-  std::vector<model::RoundRecord> rounds;
-  std::vector<std::vector<int32_t>> outputs;
-  std::map<int32_t, int64_t> exit_counts;  // exit layer -> rounds with drafts
-
-  double tokens_per_s() const { return tokens / std::max(1e-9, decode_s); }
-  double acceptance() const { return drafted > 0 ? static_cast<double>(accepted) / drafted : 0.0; }
-  double tokens_per_round() const {
-    int64_t emitted = 0;
-    for (const auto& r : rounds) emitted += r.n_emitted;
-    return rounds.empty() ? 0.0 : static_cast<double>(emitted) / rounds.size();
-  }
-  double mean_exit() const {
-    double s = 0, n = 0;
-    for (const auto& r : rounds) {
-      if (r.n_drafted > 0) s += r.exit_layer, n += 1;
-    }
-    return n > 0 ? s / n : 0.0;
-  }
-  double mean_draft() const {
-    double s = 0, n = 0;
-    for (const auto& r : rounds) {
-      if (r.n_drafted > 0) s += r.n_drafted, n += 1;
-    }
-    return n > 0 ? s / n : 0.0;
-  }
-};
-
-using ControllerFactory = std::function<std::unique_ptr<ExitController>(int64_t prompt_index)>;
-
-StatusOr<Totals> RunPrompts(model::Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                            const GenerateOptions& base, const ControllerFactory& make_controller,
-                            const std::vector<std::vector<int32_t>>* reference) {
-  Totals t;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    GenerateOptions o = base;
-    std::unique_ptr<ExitController> controller;
-    if (make_controller) {
-      controller = make_controller(static_cast<int64_t>(i));
-      o.controller = controller.get();
-    }
-    LEDE_ASSIGN_OR_RETURN(model::GenerationResult r, engine.Generate(prompts[i], o));
-    t.tokens += r.stats.n_generated - 1;
-    t.decode_s += r.stats.decode_s;
-    t.drafted += r.stats.n_drafted;
-    t.accepted += r.stats.n_accepted;
-    for (const auto& round : r.stats.rounds) {
-      if (round.n_drafted > 0) ++t.exit_counts[round.exit_layer];
-    }
-    t.rounds.insert(t.rounds.end(), r.stats.rounds.begin(), r.stats.rounds.end());
-    if (reference != nullptr) t.exact += r.tokens == (*reference)[i] ? 1 : 0;
-    t.outputs.push_back(std::move(r.tokens));
-    ++t.prompts;
-  }
-  return t;
-}
+using trainer::ControllerFactory;
+using trainer::RunPrompts;
+using Totals = trainer::PromptTotals;
 
 // Hindsight oracle (DESIGN.md §1): minimal cost of emitting the greedy
 // trajectory when every round may pick its exit layer among the candidates

@@ -11,6 +11,33 @@
 
 namespace lede::trainer {
 
+StatusOr<PromptTotals> RunPrompts(model::Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
+                                  const model::GenerateOptions& base, const ControllerFactory& make_controller,
+                                  const std::vector<std::vector<int32_t>>* reference) {
+  PromptTotals t;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    model::GenerateOptions o = base;
+    std::unique_ptr<model::ExitController> controller;
+    if (make_controller) {
+      controller = make_controller(static_cast<int64_t>(i));
+      o.controller = controller.get();
+    }
+    LEDE_ASSIGN_OR_RETURN(model::GenerationResult r, engine.Generate(prompts[i], o));
+    t.tokens += r.stats.n_generated - 1;
+    t.decode_s += r.stats.decode_s;
+    t.drafted += r.stats.n_drafted;
+    t.accepted += r.stats.n_accepted;
+    for (const auto& round : r.stats.rounds) {
+      if (round.n_drafted > 0) ++t.exit_counts[round.exit_layer];
+    }
+    t.rounds.insert(t.rounds.end(), r.stats.rounds.begin(), r.stats.rounds.end());
+    if (reference != nullptr) t.exact += r.tokens == (*reference)[i] ? 1 : 0;
+    t.outputs.push_back(std::move(r.tokens));
+    ++t.prompts;
+  }
+  return t;
+}
+
 nlohmann::json EvaluateLayers(const model::LlamaModel& m, const std::vector<int32_t>& stream,
                               int64_t seq_len, int64_t max_tokens) {
   c10::InferenceMode guard;
@@ -54,32 +81,12 @@ StatusOr<nlohmann::json> EvaluateStaticGrid(std::shared_ptr<const model::LlamaMo
   ko.max_draft_len = std::max<int64_t>(16, *std::max_element(draft_lens.begin(), draft_lens.end()));
   LEDE_ASSIGN_OR_RETURN(auto engine, model::Engine::Create(model, ko));
 
-  struct Totals {
-    int64_t drafted = 0, accepted = 0, tokens = 0, exact = 0;
-    double decode_s = 0;
-    std::vector<model::RoundRecord> rounds;
-  };
-  auto run = [&](const model::GenerateOptions& o, std::vector<std::vector<int32_t>>* outputs,
-                 const std::vector<std::vector<int32_t>>* reference) -> StatusOr<Totals> {
-    Totals t;
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      LEDE_ASSIGN_OR_RETURN(model::GenerationResult r, engine->Generate(prompts[i], o));
-      t.drafted += r.stats.n_drafted;
-      t.accepted += r.stats.n_accepted;
-      t.tokens += r.stats.n_generated - 1;  // the first token comes from the prefill
-      t.decode_s += r.stats.decode_s;
-      t.rounds.insert(t.rounds.end(), r.stats.rounds.begin(), r.stats.rounds.end());
-      if (reference != nullptr) t.exact += r.tokens == (*reference)[i] ? 1 : 0;
-      if (outputs != nullptr) outputs->push_back(r.tokens);
-    }
-    return t;
-  };
-
   model::GenerateOptions ar;
   ar.max_new_tokens = new_tokens;
   std::vector<std::vector<int32_t>> reference;
-  LEDE_ASSIGN_OR_RETURN(Totals ar_totals, run(ar, &reference, nullptr));
-  const double ar_tps = ar_totals.tokens / std::max(1e-9, ar_totals.decode_s);
+  LEDE_ASSIGN_OR_RETURN(PromptTotals ar_totals, RunPrompts(*engine, prompts, ar, nullptr, nullptr));
+  reference = ar_totals.outputs;
+  const double ar_tps = ar_totals.tokens_per_s();
   nlohmann::json out;
   out["prompts"] = prompts.size();
   out["new_tokens"] = new_tokens;
@@ -91,15 +98,13 @@ StatusOr<nlohmann::json> EvaluateStaticGrid(std::shared_ptr<const model::LlamaMo
       o.mode = model::SpeculationMode::kStatic;
       o.exit_layer = e;
       o.draft_len = d;
-      LEDE_ASSIGN_OR_RETURN(Totals t, run(o, nullptr, &reference));
-      const double tps = t.tokens / std::max(1e-9, t.decode_s);
-      int64_t emitted = 0;
-      for (const auto& r : t.rounds) emitted += r.n_emitted;
+      LEDE_ASSIGN_OR_RETURN(PromptTotals t, RunPrompts(*engine, prompts, o, nullptr, &reference));
+      const double tps = t.tokens_per_s();
       nlohmann::json row = {
           {"exit_layer", e},
           {"draft_len", d},
-          {"acceptance_rate", t.drafted > 0 ? static_cast<double>(t.accepted) / t.drafted : 0.0},
-          {"tokens_per_round", t.rounds.empty() ? 0.0 : static_cast<double>(emitted) / t.rounds.size()},
+          {"acceptance_rate", t.acceptance()},
+          {"tokens_per_round", t.tokens_per_round()},
           {"tokens_per_s", tps},
           {"measured_speedup", tps / ar_tps},
           {"predicted_speedup_accelerator", accelerator.PredictedSpeedup(t.rounds)},
