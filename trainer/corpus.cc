@@ -1,19 +1,14 @@
 #include "trainer/corpus.h"
 
-#include <fstream>
-#include <sstream>
 
+#include "shared/file/file.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::trainer {
 
 StatusOr<std::vector<std::string>> ReadDocuments(const std::string& path) {
   static const std::string kSeparator = "\n<|doc|>\n";
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return NotFoundError("cannot read corpus file " + path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const std::string text = ss.str();
+  LEDE_ASSIGN_OR_RETURN(const std::string text, file::ReadFile(path));
   std::vector<std::string> docs;
   size_t begin = 0;
   while (begin < text.size()) {

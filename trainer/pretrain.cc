@@ -20,6 +20,7 @@
 
 #include "shared/model/llama.h"
 #include "shared/model/tokenizer.h"
+#include "shared/file/file.h"
 #include "shared/status/status_macros.h"
 #include "trainer/corpus.h"
 #include "trainer/exit_eval.h"
@@ -29,14 +30,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-
-StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return NotFoundError("cannot read " + path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 StatusOr<std::vector<int32_t>> EncodeCorpusFile(const model::Tokenizer& tok, const std::string& path) {
   LEDE_ASSIGN_OR_RETURN(std::vector<std::string> docs, ReadDocuments(path));
@@ -109,7 +102,7 @@ Status Pretrain(const PretrainOptions& o) {
     std::unique_ptr<model::LlamaModel> m;
     const std::string state_path = ckpt_dir + "/state.json";
     if (fs::exists(state_path)) {
-      LEDE_ASSIGN_OR_RETURN(std::string state_text, ReadFile(state_path));
+      LEDE_ASSIGN_OR_RETURN(std::string state_text, file::ReadFile(state_path));
       nlohmann::json state = nlohmann::json::parse(state_text);
       start_step = state.at("step").get<int64_t>();
       elapsed_before = state.at("elapsed_s").get<double>();
@@ -148,9 +141,7 @@ Status Pretrain(const PretrainOptions& o) {
       torch::save(optimizer, ckpt_dir + "/optimizer.pt.tmp");
       fs::rename(ckpt_dir + "/optimizer.pt.tmp", ckpt_dir + "/optimizer.pt");
       nlohmann::json state = {{"step", step}, {"elapsed_s", elapsed}};
-      std::ofstream(state_path + ".tmp") << state.dump(2);
-      fs::rename(state_path + ".tmp", state_path);
-      return OkStatus();
+      return file::WriteFileAtomically(state_path, state.dump(2));
     };
 
     auto t0 = Clock::now();

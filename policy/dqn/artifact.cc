@@ -2,19 +2,14 @@
 
 #include <openssl/evp.h>
 
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <array>
-#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <utility>
 
 #include <ATen/core/Tensor.h>
@@ -22,6 +17,7 @@
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
+#include "shared/file/file.h"
 #include "shared/model/checkpoint.h"
 #include "shared/status/status_macros.h"
 
@@ -33,50 +29,6 @@ using Json = nlohmann::json;
 
 
 
-
-// --- files --------------------------------------------------------------------
-
-StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) return NotFoundError(path + ": no such file");
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return NotFoundError(path + ": cannot open");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) return InternalError(path + ": read error");
-  return ss.str();
-}
-
-// Writes `text` to `path` atomically: a unique temporary file in the same
-// directory, fsync, rename.
-Status WriteFileAtomically(const std::string& path, const std::string& text) {
-  static std::atomic<uint64_t> counter{0};
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return InternalError(tmp + ": cannot create: " + std::strerror(errno));
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string err = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return InternalError(tmp + ": write failed: " + err);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    return InternalError(tmp + ": fsync/close failed: " + std::strerror(errno));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string err = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    return InternalError(path + ": rename failed: " + err);
-  }
-  return OkStatus();
-}
 
 // --- metadata <-> JSON -----------------------------------------------------------
 
@@ -261,10 +213,10 @@ Status SaveArtifactImpl(const std::string& dir, const Artifact& artifact, bool o
   }
   const std::string weights_path = (root / kWeightsFile).string();
   LEDE_RETURN_IF_ERROR(model::WriteSafetensors(weights_path, tensors, "F32"));
-  LEDE_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(weights_path));
+  LEDE_ASSIGN_OR_RETURN(std::string bytes, file::ReadFile(weights_path));
   const Json j = ToJson(m, w.hidden, Sha256Hex(bytes));
   // policy.json last: its presence marks a complete artifact.
-  return WriteFileAtomically(json_path, j.dump(2) + "\n");
+  return file::WriteFileAtomically(json_path, j.dump(2) + "\n");
 }
 
 StatusOr<Artifact> LoadArtifactImpl(const std::string& dir, const std::string& expected_fingerprint) {
@@ -274,7 +226,7 @@ StatusOr<Artifact> LoadArtifactImpl(const std::string& dir, const std::string& e
   const std::string json_path = (root / kMetadataFile).string();
   const std::string weights_path = (root / kWeightsFile).string();
 
-  LEDE_ASSIGN_OR_RETURN(std::string json_text, ReadWholeFile(json_path));
+  LEDE_ASSIGN_OR_RETURN(std::string json_text, file::ReadFile(json_path));
   ParsedMetadata parsed;
   try {
     const Json j = Json::parse(json_text);
@@ -289,7 +241,7 @@ StatusOr<Artifact> LoadArtifactImpl(const std::string& dir, const std::string& e
                                 m.model_fingerprint + "\", serving model is \"" + expected_fingerprint + "\"");
   }
 
-  LEDE_ASSIGN_OR_RETURN(std::string weights_bytes, ReadWholeFile(weights_path));
+  LEDE_ASSIGN_OR_RETURN(std::string weights_bytes, file::ReadFile(weights_path));
   const std::string sha = Sha256Hex(weights_bytes);
   if (sha != parsed.sha256) {
     return InvalidArgumentError(weights_path + ": checksum mismatch: sha256 " + sha + ", policy.json says " +
@@ -406,12 +358,12 @@ Status PublishServingVersion(const std::string& model_dir, const std::string& ve
     return InvalidArgumentError(VersionDir(model_dir, version) + ": policy.json names version \"" +
                                 artifact.metadata.version + "\"");
   }
-  return WriteFileAtomically((fs::path(model_dir) / kServingFile).string(), version + "\n");
+  return file::WriteFileAtomically((fs::path(model_dir) / kServingFile).string(), version + "\n");
 }
 
 StatusOr<std::string> ResolveServingVersion(const std::string& model_dir) {
   const std::string path = (fs::path(model_dir) / kServingFile).string();
-  LEDE_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(path));
+  LEDE_ASSIGN_OR_RETURN(std::string text, file::ReadFile(path));
   std::string version = Trim(text);
   if (Status s = ValidateVersionName(version); !s.ok()) {
     return InvalidArgumentError(path + ": " + std::string(s.message()));

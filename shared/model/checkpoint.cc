@@ -44,6 +44,7 @@
 #include <utility>
 #include <vector>
 
+#include "shared/file/file.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::model {
@@ -182,16 +183,6 @@ void StoreLe64(uint64_t v, uint8_t* p) {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
 }
 
-StatusOr<std::string> ReadTextFile(const std::string& path) {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) return NotFoundError(path + ": no such file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return InternalError(path + ": cannot open for reading");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return InternalError(path + ": read failed");
-  return ss.str();
-}
 
 // ---------------------------------------------------------------------------
 // Writing: a temporary file in the destination's directory, renamed over the
@@ -585,7 +576,7 @@ bool IsPlainRelativePath(const std::string& name) {
 Status LoadShards(const std::string& dir, const std::string& index_path,
                   TensorMap* tensors,
                   std::map<std::string, std::string>* origin) {
-  LEDE_ASSIGN_OR_RETURN(std::string text, ReadTextFile(index_path));
+  LEDE_ASSIGN_OR_RETURN(std::string text, file::ReadFile(index_path));
   Json index = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (index.is_discarded()) {
     return InvalidArgumentError(index_path + ": invalid JSON");
@@ -631,7 +622,7 @@ StatusOr<Checkpoint> LoadHfCheckpointImpl(const std::string& dir) {
   if (!fs::exists(config_path, ec)) {
     return NotFoundError(dir + ": no config.json");
   }
-  LEDE_ASSIGN_OR_RETURN(std::string config_text, ReadTextFile(config_path));
+  LEDE_ASSIGN_OR_RETURN(std::string config_text, file::ReadFile(config_path));
   Checkpoint ckpt;
   LEDE_ASSIGN_OR_RETURN(ckpt.config, ParseHfConfig(config_text, config_path));
   ckpt.source = dir;

@@ -2,15 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <functional>
-#include <sstream>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 #include <nlohmann/json.hpp>
 
+#include "shared/file/file.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::model {
@@ -180,11 +179,8 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text) {
 }
 
 StatusOr<Calibration> ReadCalibrationFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return NotFoundError("cannot read calibration " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return CalibrationFromJson(ss.str());
+  LEDE_ASSIGN_OR_RETURN(std::string text, file::ReadFile(path));
+  return CalibrationFromJson(text);
 }
 
 }  // namespace lede::model
