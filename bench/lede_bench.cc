@@ -24,8 +24,8 @@
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
-#include "shared/model/model_files.h"
-#include "shared/model/tokenizer.h"
+#include "shared/tokenizer/model_files.h"
+#include "shared/tokenizer/tokenizer.h"
 #include "shared/status/status_macros.h"
 #include "trainer/corpus.h"
 #include "trainer/exit_eval.h"
@@ -49,7 +49,7 @@ struct PromptSet {
 
 // Loads prompts: JSONL fields prompt / turns[0] / text / input, or corpus
 // documents. Prompts are cut to max_prompt_tokens (first tokens).
-StatusOr<PromptSet> LoadPromptSet(const std::string& path, const model::Tokenizer& tok, int64_t per_set,
+StatusOr<PromptSet> LoadPromptSet(const std::string& path, const tokenizer::Tokenizer& tok, int64_t per_set,
                                   int64_t prompt_tokens, int64_t max_prompt_tokens) {
   PromptSet set;
   set.name = std::filesystem::path(path).stem().stem().string();
@@ -155,7 +155,7 @@ class AblatedController : public ExitController {
 
 struct Common {
   std::shared_ptr<const model::LlamaModel> model;
-  std::unique_ptr<model::Tokenizer> tokenizer;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer;
   std::unique_ptr<model::Engine> engine;
   std::unique_ptr<model::CostModel> accelerator, measured;
   std::vector<PromptSet> sets;
@@ -183,8 +183,8 @@ struct CommonFlags {
 StatusOr<Common> Setup(const CommonFlags& cf) {
   if (cf.threads > 0) at::set_num_threads(static_cast<int>(cf.threads));
   Common c;
-  LEDE_ASSIGN_OR_RETURN(std::string tok_path, model::FindTokenizerFile(cf.model));
-  LEDE_ASSIGN_OR_RETURN(c.tokenizer, model::LoadTokenizer(tok_path));
+  LEDE_ASSIGN_OR_RETURN(std::string tok_path, tokenizer::FindTokenizerFile(cf.model));
+  LEDE_ASSIGN_OR_RETURN(c.tokenizer, tokenizer::LoadTokenizer(tok_path));
   LEDE_ASSIGN_OR_RETURN(auto loaded, model::LlamaModel::Load(cf.model, model::ModelOptions{}));
   c.model = std::move(loaded);
   model::KvCacheOptions ko;

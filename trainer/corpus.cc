@@ -20,7 +20,7 @@ StatusOr<std::vector<std::string>> ReadDocuments(const std::string& path) {
   return docs;
 }
 
-StatusOr<std::vector<int32_t>> EncodeDocuments(const model::Tokenizer& tokenizer,
+StatusOr<std::vector<int32_t>> EncodeDocuments(const tokenizer::Tokenizer& tokenizer,
                                                const std::vector<std::string>& documents) {
   std::vector<int32_t> stream;
   for (const std::string& doc : documents) {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "shared/model/tokenizer.h"
+#include "shared/tokenizer/tokenizer.h"
 #include "shared/status/status.h"
 
 namespace lede::trainer {
@@ -19,7 +19,7 @@ StatusOr<std::vector<std::string>> ReadDocuments(const std::string& path);
 
 // BOS + ids + EOS of every document, concatenated into one token stream.
 // Errors: those of Tokenizer::Encode (invalid UTF-8).
-StatusOr<std::vector<int32_t>> EncodeDocuments(const model::Tokenizer& tokenizer,
+StatusOr<std::vector<int32_t>> EncodeDocuments(const tokenizer::Tokenizer& tokenizer,
                                                const std::vector<std::string>& documents);
 
 }  // namespace lede::trainer

@@ -16,8 +16,8 @@
 #include "shared/flags/flags.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/llama.h"
-#include "shared/model/model_files.h"
-#include "shared/model/tokenizer.h"
+#include "shared/tokenizer/model_files.h"
+#include "shared/tokenizer/tokenizer.h"
 #include "trainer/corpus.h"
 #include "trainer/exit_eval.h"
 
@@ -51,9 +51,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (threads > 0) at::set_num_threads(static_cast<int>(threads));
-  auto tok_path = model::FindTokenizerFile(model_path);
+  auto tok_path = tokenizer::FindTokenizerFile(model_path);
   if (!tok_path.ok()) return Fail(tok_path.status(), 2);
-  auto tokenizer = model::LoadTokenizer(*tok_path);
+  auto tokenizer = tokenizer::LoadTokenizer(*tok_path);
   if (!tokenizer.ok()) return Fail(tokenizer.status(), 2);
   auto loaded = model::LlamaModel::Load(model_path, model::ModelOptions{});
   if (!loaded.ok()) return Fail(loaded.status(), 2);

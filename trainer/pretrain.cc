@@ -19,7 +19,7 @@
 #include <torch/serialize.h>
 
 #include "shared/model/llama.h"
-#include "shared/model/tokenizer.h"
+#include "shared/tokenizer/tokenizer.h"
 #include "shared/file/file.h"
 #include "shared/status/status_macros.h"
 #include "trainer/corpus.h"
@@ -31,7 +31,7 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-StatusOr<std::vector<int32_t>> EncodeCorpusFile(const model::Tokenizer& tok, const std::string& path) {
+StatusOr<std::vector<int32_t>> EncodeCorpusFile(const tokenizer::Tokenizer& tok, const std::string& path) {
   LEDE_ASSIGN_OR_RETURN(std::vector<std::string> docs, ReadDocuments(path));
   return EncodeDocuments(tok, docs);
 }
@@ -69,7 +69,7 @@ Status Pretrain(const PretrainOptions& o) {
     if (o.batch_size < 1 || o.seq_len < 2 || o.steps < 1 || o.curriculum_period < 1) {
       return InvalidArgumentError("batch_size, seq_len, steps and curriculum_period must be positive");
     }
-    LEDE_ASSIGN_OR_RETURN(auto tokenizer, model::LoadTokenizer(o.tokenizer));
+    LEDE_ASSIGN_OR_RETURN(auto tokenizer, tokenizer::LoadTokenizer(o.tokenizer));
     model::ModelConfig config = o.config;
     config.vocab_size = tokenizer->vocab_size();
     config.bos_id = tokenizer->bos_id();

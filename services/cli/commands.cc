@@ -22,8 +22,8 @@
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
-#include "shared/model/model_files.h"
-#include "shared/model/tokenizer.h"
+#include "shared/tokenizer/model_files.h"
+#include "shared/tokenizer/tokenizer.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::cli {
@@ -153,11 +153,11 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   if (!options.ok()) return Fail(err, options.status(), kExitUsage);
 
   if (tokenizer_path.empty()) {
-    auto found = model::FindTokenizerFile(mf.model);
+    auto found = tokenizer::FindTokenizerFile(mf.model);
     if (!found.ok()) return Fail(err, found.status(), kExitUsage);
     tokenizer_path = *found;
   }
-  auto tokenizer = model::LoadTokenizer(tokenizer_path);
+  auto tokenizer = tokenizer::LoadTokenizer(tokenizer_path);
   if (!tokenizer.ok()) return Fail(err, tokenizer.status(), LoadFailureCode(tokenizer.status()));
   auto loaded = model::LlamaModel::Load(mf.model, *options);
   if (!loaded.ok()) return Fail(err, loaded.status(), LoadFailureCode(loaded.status()));
@@ -205,7 +205,7 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
     if (!echoed) out << (*tokenizer)->Decode(*ids);
     echoed = true;
   };
-  model::StreamingDetokenizer detok(**tokenizer, ids->back());
+  tokenizer::StreamingDetokenizer detok(**tokenizer, ids->back());
   auto result = (*engine)->Generate(*ids, go, [&](const std::vector<int32_t>& tokens) {
     echo_prompt();
     for (int32_t t : tokens) out << detok.Push(t);

@@ -6,12 +6,14 @@
 #include "gtest/gtest.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
-#include "shared/model/model_files.h"
-#include "shared/model/tokenizer.h"
+#include "shared/tokenizer/model_files.h"
+#include "shared/tokenizer/tokenizer.h"
 #include "tests/testing/status_matchers.h"
 
 namespace lede::model {
 namespace {
+using ::lede::tokenizer::FindTokenizerFile;
+using ::lede::tokenizer::LoadTokenizer;
 
 using ::lede::testing::IsOk;
 

@@ -1,4 +1,4 @@
-// File: shared/model/tokenizer.h
+// File: shared/tokenizer/tokenizer.h
 //
 // Tokenizer: one interface over SentencePiece .model files (libsentencepiece)
 // and llama2.c tokenizer .bin files (score-ordered BPE with byte fallback, see
@@ -6,8 +6,8 @@
 //
 // Thread-safety: a loaded Tokenizer is immutable; all methods are const and
 // safe to call from many threads.
-#ifndef LEDE_SHARED_MODEL_TOKENIZER_H_
-#define LEDE_SHARED_MODEL_TOKENIZER_H_
+#ifndef LEDE_SHARED_TOKENIZER_TOKENIZER_H_
+#define LEDE_SHARED_TOKENIZER_TOKENIZER_H_
 
 #include <cstdint>
 #include <memory>
@@ -17,7 +17,7 @@
 
 #include "shared/status/status.h"
 
-namespace lede::model {
+namespace lede::tokenizer {
 
 class Tokenizer {
  public:
@@ -92,6 +92,6 @@ bool IsValidUtf8(std::string_view text);
 // Replaces every invalid UTF-8 sequence in `bytes` by U+FFFD.
 std::string SanitizeUtf8(std::string_view bytes);
 
-}  // namespace lede::model
+}  // namespace lede::tokenizer
 
-#endif  // LEDE_SHARED_MODEL_TOKENIZER_H_
+#endif  // LEDE_SHARED_TOKENIZER_TOKENIZER_H_

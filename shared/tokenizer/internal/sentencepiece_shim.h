@@ -1,4 +1,4 @@
-// File: shared/model/internal/sentencepiece_shim.h
+// File: shared/tokenizer/internal/sentencepiece_shim.h
 //
 // Why this exists: Debian's libsentencepiece embeds its own copy of
 // protobuf-lite and exports its symbols. Linked into a process that also
@@ -8,8 +8,8 @@
 // into LEDE binaries: a small shim module (sentencepiece_shim.cc) links it and
 // exposes a C API, and SentencePieceLibrary dlopen()s that module with
 // RTLD_LOCAL | RTLD_DEEPBIND, which keeps both protobuf copies apart.
-#ifndef LEDE_SHARED_MODEL_INTERNAL_SENTENCEPIECE_SHIM_H_
-#define LEDE_SHARED_MODEL_INTERNAL_SENTENCEPIECE_SHIM_H_
+#ifndef LEDE_SHARED_TOKENIZER_INTERNAL_SENTENCEPIECE_SHIM_H_
+#define LEDE_SHARED_TOKENIZER_INTERNAL_SENTENCEPIECE_SHIM_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -36,7 +36,7 @@ int64_t lede_spm_encode(void* processor, const char* text, size_t text_len, int3
                         size_t out_len);
 }
 
-namespace lede::model::internal {
+namespace lede::tokenizer::internal {
 
 // One loaded SentencePiece processor behind the shim.
 // Thread-safety: Encode is const and safe concurrently (libsentencepiece's
@@ -71,6 +71,6 @@ class SentencePieceLibrary {
   std::vector<Piece> pieces_;
 };
 
-}  // namespace lede::model::internal
+}  // namespace lede::tokenizer::internal
 
-#endif  // LEDE_SHARED_MODEL_INTERNAL_SENTENCEPIECE_SHIM_H_
+#endif  // LEDE_SHARED_TOKENIZER_INTERNAL_SENTENCEPIECE_SHIM_H_

@@ -1,10 +1,10 @@
-#include "shared/model/model_files.h"
+#include "shared/tokenizer/model_files.h"
 
 #include <algorithm>
 #include <filesystem>
 #include <vector>
 
-namespace lede::model {
+namespace lede::tokenizer {
 
 StatusOr<std::string> FindTokenizerFile(const std::string& model_path) {
   namespace fs = std::filesystem;
@@ -28,4 +28,4 @@ StatusOr<std::string> FindTokenizerFile(const std::string& model_path) {
                        "; pass --tokenizer");
 }
 
-}  // namespace lede::model
+}  // namespace lede::tokenizer

@@ -1,7 +1,7 @@
 // File: shared/model/llama2c_tokenizer.cc
 //
 // llama2.c tokenizer: file reader, encode() and decode() as in run.c.
-#include "shared/model/llama2c_tokenizer.h"
+#include "shared/tokenizer/llama2c_tokenizer.h"
 
 #include <algorithm>
 #include <cstring>
@@ -13,7 +13,7 @@
 
 #include "shared/status/status_macros.h"
 
-namespace lede::model {
+namespace lede::tokenizer {
 namespace {
 
 // Little-endian readers at byte offset `pos` of an in-memory file.
@@ -271,4 +271,4 @@ std::string Llama2cTokenizer::TokenBytes(int32_t prev_id, int32_t id) const {
   return bytes;
 }
 
-}  // namespace lede::model
+}  // namespace lede::tokenizer

@@ -1,9 +1,9 @@
 // File: tests/shared/model/tokenizer_test.cc
 //
-// Tests of shared/model/tokenizer.h, llama2c_tokenizer.h and (when built
+// Tests of shared/tokenizer/tokenizer.h, llama2c_tokenizer.h and (when built
 // with libsentencepiece) sentencepiece_tokenizer.h, against the real test
 // tokenizers in ../shared/models (see its README.md for the golden values).
-#include "shared/model/tokenizer.h"
+#include "shared/tokenizer/tokenizer.h"
 
 #include <cstdint>
 #include <cstdio>
@@ -18,16 +18,16 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "shared/model/llama2c_tokenizer.h"
+#include "shared/tokenizer/llama2c_tokenizer.h"
 #if LEDE_HAVE_SENTENCEPIECE
-#include "shared/model/sentencepiece_tokenizer.h"
+#include "shared/tokenizer/sentencepiece_tokenizer.h"
 #endif
 #include "tests/shared/model/golden_values.h"
 #include "tests/testing/shared_dir.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
-namespace lede::model {
+namespace lede::tokenizer {
 namespace {
 
 namespace fs = std::filesystem;
@@ -567,4 +567,4 @@ TEST(SentencePieceTokenizerTest, LoadRejectsCorruptModel) {
 #endif  // LEDE_HAVE_SENTENCEPIECE
 
 }  // namespace
-}  // namespace lede::model
+}  // namespace lede::tokenizer

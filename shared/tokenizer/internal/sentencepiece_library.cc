@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "shared/model/internal/sentencepiece_shim.h"
+#include "shared/tokenizer/internal/sentencepiece_shim.h"
 
-namespace lede::model::internal {
+namespace lede::tokenizer::internal {
 namespace {
 
 // Where the shim may be: $LEDE_SPM_SHIM, beside the running executable (and
@@ -90,4 +90,4 @@ StatusOr<std::vector<int32_t>> SentencePieceLibrary::Encode(const std::string& t
   return ids;
 }
 
-}  // namespace lede::model::internal
+}  // namespace lede::tokenizer::internal

@@ -1,10 +1,10 @@
-// File: shared/model/llama2c_tokenizer.h
+// File: shared/tokenizer/llama2c_tokenizer.h
 //
 // Llama2cTokenizer: the tokenizer of Karpathy's llama2.c (run.c's encode() /
 // decode()), read from its tokenizer .bin file, e.g. stories260K's tok512.bin
 // (layout in ../shared/models/README.md). Torch-free.
-#ifndef LEDE_SHARED_MODEL_LLAMA2C_TOKENIZER_H_
-#define LEDE_SHARED_MODEL_LLAMA2C_TOKENIZER_H_
+#ifndef LEDE_SHARED_TOKENIZER_LLAMA2C_TOKENIZER_H_
+#define LEDE_SHARED_TOKENIZER_LLAMA2C_TOKENIZER_H_
 
 #include <cstdint>
 #include <memory>
@@ -13,10 +13,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "shared/model/tokenizer.h"
+#include "shared/tokenizer/tokenizer.h"
 #include "shared/status/status.h"
 
-namespace lede::model {
+namespace lede::tokenizer {
 
 // A score-ordered BPE tokenizer with byte fallback, bit-compatible with
 // llama2.c's run.c.
@@ -110,6 +110,6 @@ class Llama2cTokenizer : public Tokenizer {
   int32_t space_id_ = -1;         // the dummy-prefix piece " ", or -1
 };
 
-}  // namespace lede::model
+}  // namespace lede::tokenizer
 
-#endif  // LEDE_SHARED_MODEL_LLAMA2C_TOKENIZER_H_
+#endif  // LEDE_SHARED_TOKENIZER_LLAMA2C_TOKENIZER_H_

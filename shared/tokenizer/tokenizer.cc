@@ -11,18 +11,18 @@
 // left-to-right and CompleteUtf8Prefix() cuts only where a sequence starts,
 // sanitizing a stream piece by piece gives the same text as sanitizing it
 // whole; StreamingDetokenizer relies on this.
-#include "shared/model/tokenizer.h"
+#include "shared/tokenizer/tokenizer.h"
 
 #include <filesystem>
 #include <system_error>
 #include <utility>
 
-#include "shared/model/llama2c_tokenizer.h"
+#include "shared/tokenizer/llama2c_tokenizer.h"
 #if LEDE_HAVE_SENTENCEPIECE
-#include "shared/model/sentencepiece_tokenizer.h"
+#include "shared/tokenizer/sentencepiece_tokenizer.h"
 #endif
 
-namespace lede::model {
+namespace lede::tokenizer {
 namespace {
 
 constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";  // U+FFFD
@@ -168,4 +168,4 @@ std::string SanitizeUtf8(std::string_view bytes) {
   return out;
 }
 
-}  // namespace lede::model
+}  // namespace lede::tokenizer

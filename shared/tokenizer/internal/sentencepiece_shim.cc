@@ -1,5 +1,5 @@
 // The shim module: the only code that links libsentencepiece (see the header).
-#include "shared/model/internal/sentencepiece_shim.h"
+#include "shared/tokenizer/internal/sentencepiece_shim.h"
 
 #include <algorithm>
 #include <cstring>

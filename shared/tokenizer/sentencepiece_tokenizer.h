@@ -1,4 +1,4 @@
-// File: shared/model/sentencepiece_tokenizer.h
+// File: shared/tokenizer/sentencepiece_tokenizer.h
 //
 // SentencePieceTokenizer: Tokenizer over a SentencePiece .model file (e.g.
 // babyllama's tok105.model, a Llama / Llama 2 tokenizer.model, lede-tiny's
@@ -19,8 +19,8 @@
 //
 // Thread-safety: immutable after Load; all methods are const and safe to
 // call concurrently.
-#ifndef LEDE_SHARED_MODEL_SENTENCEPIECE_TOKENIZER_H_
-#define LEDE_SHARED_MODEL_SENTENCEPIECE_TOKENIZER_H_
+#ifndef LEDE_SHARED_TOKENIZER_SENTENCEPIECE_TOKENIZER_H_
+#define LEDE_SHARED_TOKENIZER_SENTENCEPIECE_TOKENIZER_H_
 
 #include <cstdint>
 #include <memory>
@@ -28,10 +28,10 @@
 #include <string_view>
 #include <vector>
 
-#include "shared/model/tokenizer.h"
+#include "shared/tokenizer/tokenizer.h"
 #include "shared/status/status.h"
 
-namespace lede::model {
+namespace lede::tokenizer {
 namespace internal {
 class SentencePieceLibrary;
 }  // namespace internal
@@ -63,6 +63,6 @@ class SentencePieceTokenizer : public Tokenizer {
   int32_t eos_id_ = 2;
 };
 
-}  // namespace lede::model
+}  // namespace lede::tokenizer
 
-#endif  // LEDE_SHARED_MODEL_SENTENCEPIECE_TOKENIZER_H_
+#endif  // LEDE_SHARED_TOKENIZER_SENTENCEPIECE_TOKENIZER_H_

@@ -1,11 +1,11 @@
-#include "shared/model/sentencepiece_tokenizer.h"
+#include "shared/tokenizer/sentencepiece_tokenizer.h"
 
 #include <filesystem>
 
-#include "shared/model/internal/sentencepiece_shim.h"
+#include "shared/tokenizer/internal/sentencepiece_shim.h"
 #include "shared/status/status_macros.h"
 
-namespace lede::model {
+namespace lede::tokenizer {
 namespace {
 
 // "<0xAB>" -> 0xAB, else -1.
@@ -78,4 +78,4 @@ std::string SentencePieceTokenizer::TokenBytes(int32_t prev_id, int32_t id) cons
   return bytes;
 }
 
-}  // namespace lede::model
+}  // namespace lede::tokenizer
