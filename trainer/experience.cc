@@ -10,11 +10,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <system_error>
 #include <utility>
 
 #include "proto/lede/v1/experience.pb.h"
+#include "shared/status/status_macros.h"
 
 namespace lede::experience {
 namespace {
@@ -73,36 +75,79 @@ void SyncParentDir(const std::string& path) {
   ::close(fd);
 }
 
-// Reads one shard, appending its good records to `out`.
+// Reads one shard file, appending its good records to `out`.
 ShardReport ReadShard(const std::string& path, std::vector<policy::Transition>* out) {
-  ShardReport report;
-  report.path = path;
   std::ifstream in(path, std::ios::binary);
   if (!in) {
+    ShardReport report;
+    report.path = path;
     report.error = "cannot open: " + std::string(std::strerror(errno));
     return report;
   }
-  char magic[kShardMagicSize];
-  in.read(magic, kShardMagicSize);
-  if (static_cast<size_t>(in.gcount()) != kShardMagicSize ||
-      std::memcmp(magic, kShardMagic, kShardMagicSize) != 0) {
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) {
+    ShardReport report;
+    report.path = path;
+    report.error = "read error";
+    return report;
+  }
+  return DecodeShard(bytes, path, out);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Encoding and decoding of one shard
+
+ShardEncoder::ShardEncoder() : buffer_(kShardMagic, kShardMagicSize), bytes_(kShardMagicSize) {}
+
+Status ShardEncoder::Append(const lede::v1::Transition& record) {
+  const size_t length = record.ByteSizeLong();
+  if (length > kMaxRecordBytes) {
+    return InvalidArgumentError("experience record of " + std::to_string(length) +
+                                " bytes exceeds kMaxRecordBytes");
+  }
+  const size_t start = buffer_.size();
+  buffer_.resize(start + kRecordHeaderSize + length);
+  char* header = buffer_.data() + start;
+  char* payload = header + kRecordHeaderSize;
+  if (!record.SerializeToArray(payload, static_cast<int>(length))) {
+    buffer_.resize(start);
+    return InternalError("cannot serialize lede.v1.Transition");
+  }
+  PutUint32Le(static_cast<uint32_t>(length), header);
+  PutUint32Le(Crc32(payload, length), header + 4);
+  ++records_;
+  bytes_ += static_cast<int64_t>(kRecordHeaderSize + length);
+  return OkStatus();
+}
+
+std::string ShardEncoder::TakeBytes() {
+  std::string out;
+  out.swap(buffer_);
+  return out;
+}
+
+ShardReport DecodeShard(std::string_view bytes, const std::string& name,
+                        std::vector<policy::Transition>* out) {
+  ShardReport report;
+  report.path = name;
+  if (bytes.size() < kShardMagicSize || std::memcmp(bytes.data(), kShardMagic, kShardMagicSize) != 0) {
     report.error = "bad file magic (not an experience shard)";
     return report;
   }
   uint64_t offset = kShardMagicSize;
-  std::string payload;
   lede::v1::Transition record;
   for (int64_t index = 0;; ++index) {
     const std::string where =
         "record " + std::to_string(index) + " at offset " + std::to_string(offset) + ": ";
-    char header[kRecordHeaderSize];
-    in.read(header, kRecordHeaderSize);
-    const auto got = static_cast<size_t>(in.gcount());
-    if (got == 0 && in.eof()) break;  // clean end of shard
-    if (got != kRecordHeaderSize) {
+    const uint64_t left = bytes.size() - offset;
+    if (left == 0) break;  // clean end of shard
+    if (left < kRecordHeaderSize) {
       report.error = where + "truncated record header";
       break;
     }
+    const char* header = bytes.data() + offset;
     const uint32_t length = GetUint32Le(header);
     const uint32_t crc = GetUint32Le(header + 4);
     if (length > kMaxRecordBytes) {
@@ -110,18 +155,18 @@ ShardReport ReadShard(const std::string& path, std::vector<policy::Transition>* 
                      std::to_string(kMaxRecordBytes) + " (corrupt)";
       break;
     }
-    payload.resize(length);
-    in.read(payload.data(), length);
-    if (static_cast<size_t>(in.gcount()) != length) {
-      report.error = where + "truncated payload (" + std::to_string(in.gcount()) + " of " +
+    const uint64_t available = left - kRecordHeaderSize;
+    if (available < length) {
+      report.error = where + "truncated payload (" + std::to_string(available) + " of " +
                      std::to_string(length) + " bytes)";
       break;
     }
-    if (Crc32(payload.data(), payload.size()) != crc) {
+    const char* payload = header + kRecordHeaderSize;
+    if (Crc32(payload, length) != crc) {
       report.error = where + "checksum mismatch";
       break;
     }
-    if (!record.ParseFromString(payload)) {
+    if (!record.ParseFromArray(payload, static_cast<int>(length))) {
       report.error = where + "unparsable lede.v1.Transition";
       break;
     }
@@ -137,8 +182,6 @@ ShardReport ReadShard(const std::string& path, std::vector<policy::Transition>* 
   return report;
 }
 
-}  // namespace
-
 // ---------------------------------------------------------------------------
 // ShardWriter
 
@@ -146,17 +189,14 @@ struct ShardWriter::Impl {
   std::string path;
   std::string tmp_path;
   int fd = -1;
-  std::string buffer;  // framed records not yet written to fd
-  int64_t records = 0;
-  int64_t bytes = 0;
+  ShardEncoder encoder;  // framed records not yet written to fd
   bool finished = false;  // Finish() was called (successfully or not)
   Status error;           // sticky I/O error
 
   Status Flush() {
-    if (buffer.empty()) return OkStatus();
-    Status s = WriteAll(fd, buffer.data(), buffer.size(), tmp_path);
-    buffer.clear();
-    return s;
+    if (encoder.pending_bytes() == 0) return OkStatus();
+    const std::string bytes = encoder.TakeBytes();
+    return WriteAll(fd, bytes.data(), bytes.size(), tmp_path);
   }
   void Discard() {
     if (fd >= 0) {
@@ -173,8 +213,6 @@ StatusOr<std::unique_ptr<ShardWriter>> ShardWriter::Create(const std::string& pa
   impl->tmp_path = path + ".tmp-" + std::to_string(::getpid());
   impl->fd = ::open(impl->tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (impl->fd < 0) return ErrnoError("cannot create", impl->tmp_path);
-  impl->buffer.assign(kShardMagic, kShardMagicSize);
-  impl->bytes = kShardMagicSize;
   std::unique_ptr<ShardWriter> writer(new ShardWriter());
   writer->impl_ = std::move(impl);
   return writer;
@@ -190,33 +228,17 @@ Status ShardWriter::Append(const policy::Transition& transition) {
   if (!w.error.ok()) return w.error;
   lede::v1::Transition record;
   ToProto(transition, &record);
-  const size_t length = record.ByteSizeLong();
-  if (length > kMaxRecordBytes) {
-    return InvalidArgumentError("experience record of " + std::to_string(length) +
-                                " bytes exceeds kMaxRecordBytes");
-  }
-  const size_t start = w.buffer.size();
-  w.buffer.resize(start + kRecordHeaderSize + length);
-  char* header = w.buffer.data() + start;
-  char* payload = header + kRecordHeaderSize;
-  if (!record.SerializeToArray(payload, static_cast<int>(length))) {
-    w.buffer.resize(start);
-    return InternalError("cannot serialize lede.v1.Transition");
-  }
-  PutUint32Le(static_cast<uint32_t>(length), header);
-  PutUint32Le(Crc32(payload, length), header + 4);
-  ++w.records;
-  w.bytes += static_cast<int64_t>(kRecordHeaderSize + length);
-  if (w.buffer.size() >= kWriteBufferBytes) {
+  LEDE_RETURN_IF_ERROR(w.encoder.Append(record));
+  if (w.encoder.pending_bytes() >= kWriteBufferBytes) {
     w.error = w.Flush();
     return w.error;
   }
   return OkStatus();
 }
 
-int64_t ShardWriter::records() const { return impl_->records; }
+int64_t ShardWriter::records() const { return impl_->encoder.records(); }
 
-int64_t ShardWriter::bytes() const { return impl_->bytes; }
+int64_t ShardWriter::bytes() const { return impl_->encoder.bytes(); }
 
 Status ShardWriter::Finish() {
   Impl& w = *impl_;
@@ -272,6 +294,29 @@ StatusOr<ReadResult> ReadShards(const std::string& dir) {
   ReadResult result;
   for (const std::string& path : paths) {
     result.shards.push_back(ReadShard(path, &result.transitions));
+  }
+  return result;
+}
+
+StatusOr<ReadResult> ReadShardsFromStore(storage::ObjectStore& store, std::string_view prefix) {
+  std::string folder(prefix);
+  if (!folder.empty() && folder.back() != '/') folder += '/';
+  LEDE_ASSIGN_OR_RETURN(std::vector<storage::ObjectInfo> objects, store.List(folder));
+  const std::string_view suffix = kShardSuffix;
+  ReadResult result;
+  for (const storage::ObjectInfo& o : objects) {
+    if (o.key.size() < suffix.size() || o.key.compare(o.key.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      continue;
+    }
+    StatusOr<std::string> bytes = store.Get(o.key);
+    if (!bytes.ok()) {
+      ShardReport report;
+      report.path = o.key;
+      report.error = "cannot read: " + bytes.status().ToString();
+      result.shards.push_back(std::move(report));
+      continue;
+    }
+    result.shards.push_back(DecodeShard(*bytes, o.key, &result.transitions));
   }
   return result;
 }

@@ -18,10 +18,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "policy/transition.h"
 #include "shared/status/status.h"
+#include "shared/storage/object_store.h"
 
 namespace lede::v1 {
 class Transition;  // proto/lede/v1/experience.pb.h
@@ -38,6 +40,41 @@ inline constexpr char kShardSuffix[] = ".lexp";
 // larger length field is treated as corruption by readers and refused by
 // writers.
 inline constexpr uint32_t kMaxRecordBytes = 16u << 20;
+
+// Encodes a shard in memory: the one implementation of the shard format's
+// writing side, used by ShardWriter (files) and ExperienceLogger
+// (experience_logger.h, object stores). A new encoder holds the file magic;
+// each Append() adds one framed record. TakeBytes() hands over the bytes
+// encoded since the last call, so a writer can stream a long shard out in
+// pieces; the concatenation of every TakeBytes() is the whole shard.
+// Thread-safety: not thread-safe.
+//
+// Example:
+//   ShardEncoder enc;
+//   for (const auto& r : records) LEDE_RETURN_IF_ERROR(enc.Append(r));
+//   LEDE_RETURN_IF_ERROR(store.Put("exp/a.lexp", enc.TakeBytes()));
+class ShardEncoder {
+ public:
+  ShardEncoder();
+  // Appends one framed record. Errors: kInvalidArgument if the record
+  // exceeds kMaxRecordBytes; kInternal if protobuf cannot serialize it. On
+  // error nothing is appended.
+  Status Append(const lede::v1::Transition& record);
+  // Records appended so far.
+  int64_t records() const { return records_; }
+  // Bytes of the shard so far (magic + framed records), taken or not.
+  int64_t bytes() const { return bytes_; }
+  // Bytes encoded but not yet taken.
+  size_t pending_bytes() const { return buffer_.size(); }
+  // Returns the bytes encoded since the last call (the first call includes
+  // the magic) and forgets them.
+  std::string TakeBytes();
+
+ private:
+  std::string buffer_;
+  int64_t records_ = 0;
+  int64_t bytes_ = 0;
+};
 
 // Writes one shard. Records are buffered in a temporary file
 // "<path>.tmp-<pid>"; Finish() flushes, fsyncs and renames it to `path`.
@@ -73,7 +110,7 @@ class ShardWriter {
 };
 
 struct ShardReport {
-  std::string path;
+  std::string path;  // the file's path, or the object key for a store
   int64_t records = 0;
   std::string error;  // empty when the whole shard was read
 };
@@ -96,6 +133,24 @@ struct ReadResult {
 // directory; kInternal if it cannot be listed.
 // Thread-safety: safe to call concurrently; reads only.
 StatusOr<ReadResult> ReadShards(const std::string& dir);
+
+// Like ReadShards() for an object store (storage/object_store.h): reads
+// every object under `prefix` (a folder: a '/' is added unless it is empty
+// or ends with one; recursive, so the logger's "<prefix>/<date>/" folders
+// are included) whose key ends in kShardSuffix, in key order. Bad shards are
+// reported and skipped as by ReadShards(), and so is an object that cannot
+// be fetched (its error names the cause); ShardReport::path is the object
+// key. Shards are visible only once complete (ObjectStore::Put is atomic).
+// Errors: those of ObjectStore::List() (kInvalidArgument for a bad prefix,
+// kUnavailable, kPermissionDenied, ...).
+// Thread-safety: as safe as `store`; reads only.
+StatusOr<ReadResult> ReadShardsFromStore(storage::ObjectStore& store, std::string_view prefix);
+
+// Decodes the shard `bytes` (a whole shard), appending its good records to
+// `out`; the report's path is `name`. The checks and error texts are those
+// of ReadShards().
+ShardReport DecodeShard(std::string_view bytes, const std::string& name,
+                        std::vector<policy::Transition>* out);
 
 // Converts the plain transition to its wire record, every field:
 // next_state is left empty when `transition.done`, and the proto-only fields

@@ -1,12 +1,16 @@
 // lede-train: offline DQN training of the exit policy from experience shards
-// (DESIGN.md §2, §5). Reads every complete shard in --experience (bad or
-// truncated shards are reported and skipped), trains (trainer/dqn.h), prints
+// (DESIGN.md §2, §5). Reads every complete shard in --experience, a plain
+// directory (its *.lexp files, not recursive) or an object store URL
+// (file:///abs/dir or s3://bucket/prefix?..., every *.lexp under it,
+// recursively, as ExperienceLogger writes them); bad or truncated shards are
+// reported and skipped. Then it trains (trainer/dqn.h), prints
 // one line per epoch and writes the policy artifact to --out
 // (policy/dqn/artifact.h). Publishing it (the SERVING pointer) is a separate
 // step, taken only when its held-out metrics beat the serving version.
 //
 // Example:
 //   lede-train --experience out/experience --out policies/stories15M/v2 --version v2 --seed 1
+//   lede-train --experience s3://lede/experience/stories15M?region=eu-west-1 --out ...
 //
 // Exit status: 0 on success, 1 on a failure, 2 on bad flags.
 #include <cinttypes>
@@ -14,6 +18,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
@@ -21,6 +26,7 @@
 
 #include "policy/dqn/artifact.h"
 #include "shared/flags/flags.h"
+#include "shared/storage/object_store.h"
 #include "trainer/dqn.h"
 #include "trainer/experience.h"
 
@@ -61,7 +67,8 @@ int main(int argc, char** argv) {
   bool overwrite = false;
 
   lede::flags::FlagSet f;
-  f.Add("experience", &experience_dir, "directory of experience shards (*.lexp)", true);
+  f.Add("experience", &experience_dir,
+        "experience shards (*.lexp): a directory, or a store URL (file:///abs/dir, s3://bucket/prefix?...)", true);
   f.Add("out", &out_dir, "artifact directory to write (policies/<model>/<version>)", true);
   f.Add("version", &version, "policy version recorded in policy.json (default: UTC timestamp)");
   f.Add("seed", &seed, "training seed (split, minibatches, initial weights)");
@@ -116,7 +123,14 @@ int main(int argc, char** argv) {
   }
 
   // Experience: bad shards are reported and skipped, never fatal.
-  StatusOr<lede::experience::ReadResult> read = lede::experience::ReadShards(experience_dir);
+  StatusOr<lede::experience::ReadResult> read = lede::InternalError("experience not read");
+  if (experience_dir.find("://") != std::string::npos) {
+    StatusOr<std::unique_ptr<lede::storage::ObjectStore>> store = lede::storage::OpenObjectStore(experience_dir);
+    if (!store.ok()) return Fail(store.status().ToString());
+    read = lede::experience::ReadShardsFromStore(**store, "");
+  } else {
+    read = lede::experience::ReadShards(experience_dir);
+  }
   if (!read.ok()) return Fail(read.status().ToString());
   lede::policy::dqn::PolicyMetadata meta;
   meta.version = version;

@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 
 namespace lede::flags {
@@ -124,6 +125,50 @@ StatusOr<std::vector<int32_t>> ParseIntList(const std::string& flag, const std::
     values.push_back(static_cast<int32_t>(v));
   }
   return values;
+}
+
+StatusOr<std::vector<std::string>> ExpandConfigFile(const std::vector<std::string>& args) {
+  std::vector<std::string> rest, from_file;
+  std::string path;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--config") {
+      if (i + 1 >= args.size()) return InvalidArgumentError("--config: missing value");
+      path = args[++i];
+    } else if (args[i].rfind("--config=", 0) == 0) {
+      path = args[i].substr(9);
+    } else {
+      rest.push_back(args[i]);
+    }
+  }
+  if (path.empty()) return rest;
+  std::ifstream in(path);
+  if (!in) return NotFoundError("--config: cannot read " + path);
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (size_t hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    auto trim = [](std::string t) {
+      const char* ws = " \t\r";
+      t.erase(0, t.find_first_not_of(ws));
+      t.erase(t.find_last_not_of(ws) + 1);
+      return t;
+    };
+    line = trim(line);
+    if (line.empty()) continue;
+    size_t sep = line.find_first_of("=:");
+    std::string name = trim(line.substr(0, sep));
+    if (name.rfind("--", 0) == 0) name = name.substr(2);
+    if (name.empty() || name.find(' ') != std::string::npos) {
+      return InvalidArgumentError("--config: " + path + ":" + std::to_string(n) +
+                                  ": expected 'name = value'");
+    }
+    if (sep == std::string::npos) {
+      from_file.push_back("--" + name);
+    } else {
+      from_file.push_back("--" + name + "=" + trim(line.substr(sep + 1)));
+    }
+  }
+  from_file.insert(from_file.end(), rest.begin(), rest.end());
+  return from_file;
 }
 
 }  // namespace lede::flags

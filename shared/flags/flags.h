@@ -49,6 +49,14 @@ class FlagSet {
   std::vector<Flag> flags_;
 };
 
+// A process's flags from a config file plus the command line: when `args`
+// holds "--config FILE" (or --config=FILE), FILE's lines come first and the
+// rest of `args` after them, so the command line wins. FILE holds one flag
+// per line, "name = value" (or "name: value", or a bare "name" for a true
+// boolean); '#' starts a comment; blank lines are skipped.
+// Errors: kNotFound / kInvalidArgument naming the file and line.
+StatusOr<std::vector<std::string>> ExpandConfigFile(const std::vector<std::string>& args);
+
 // True if `args` asks for help (--help or -h).
 bool WantsHelp(const std::vector<std::string>& args);
 

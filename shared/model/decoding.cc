@@ -87,9 +87,12 @@ StatusOr<at::Tensor> Verifier::Verify(int64_t slot, int64_t exit_layer,
     return InvalidArgumentError("exit_layer " + std::to_string(exit_layer) + " outside [1, " +
                                 std::to_string(L) + "]");
   }
-  if (K < 1 || K > cache_.max_draft_len()) {
-    return InvalidArgumentError("draft length " + std::to_string(K) + " outside [1, " +
+  if (K > cache_.max_draft_len()) {
+    return InvalidArgumentError("draft length " + std::to_string(K) + " outside [0, " +
                                 std::to_string(cache_.max_draft_len()) + "]");
+  }
+  if (K == 0 && !last_row_ready) {
+    return InvalidArgumentError("draft length 0 needs the pending token's hidden state in the scratch");
   }
   const int64_t n = cache_.length(slot);
   if (n + K >= cache_.capacity()) return ResourceExhaustedError("KV slot is full");
@@ -133,28 +136,290 @@ StatusOr<at::Tensor> Drafter::DraftStep(int64_t slot, int64_t row, int32_t token
   });
 }
 
+// ---------------------------------------------------------- rounds
+
+namespace {
+
+using speculation::Draft;
+using speculation::DraftRequest;
+using speculation::Prefilled;
+using speculation::SessionOptions;
+using speculation::Verdict;
+
+// Appends the per-token records a session asked for.
+void RecordToken(const at::Tensor& logits, const SessionOptions& o, Verdict& v) {
+  if (o.record_nll) v.nll.push_back(Top1Nll(logits));
+  if (o.record_margins) v.margins.push_back(Top2Margin(logits));
+}
+
+int32_t Choose(const at::Tensor& logits, const SamplingOptions& s, Sampler& sampler) {
+  return s.greedy() ? Argmax(logits) : sampler.Sample(WarpedProbs(logits, s));
+}
+
+}  // namespace
+
+Status ValidateDraftConfig(const DraftConfig& d, const ModelConfig& c, const KvCache& cache) {
+  if (d.mode == SpeculationMode::kStatic) {
+    if (d.exit_layer < 1 || d.exit_layer > c.n_layers) {
+      return InvalidArgumentError("exit_layer: " + std::to_string(d.exit_layer) + " outside [1, " +
+                                  std::to_string(c.n_layers) + "]");
+    }
+    if (d.draft_len < 1 || d.draft_len > cache.max_draft_len()) {
+      return InvalidArgumentError("draft_len: " + std::to_string(d.draft_len) + " outside [1, " +
+                                  std::to_string(cache.max_draft_len()) + "]");
+    }
+  }
+  if (d.mode == SpeculationMode::kAdaptive) {
+    const DecisionSpec& s = d.decision_spec;
+    if (d.controller == nullptr) return InvalidArgumentError("controller: required in adaptive mode");
+    if (s.candidate_layers.empty()) return InvalidArgumentError("candidate_layers: empty");
+    int32_t prev = 0;
+    for (int32_t l : s.candidate_layers) {
+      if (l <= prev || l > c.n_layers) {
+        return InvalidArgumentError("candidate_layers: must ascend within [1, " +
+                                    std::to_string(c.n_layers) + "], got " + std::to_string(l));
+      }
+      prev = l;
+    }
+    if (s.max_draft_len < 1 || s.max_draft_len > cache.max_draft_len()) {
+      return InvalidArgumentError("max_draft_len: " + std::to_string(s.max_draft_len) +
+                                  " outside [1, " + std::to_string(cache.max_draft_len()) + "]");
+    }
+    if (s.top_k < 1 || s.top_k > c.vocab_size) return InvalidArgumentError("top_k: outside [1, V]");
+    if (s.trace_window < 1) return InvalidArgumentError("trace_window: must be >= 1");
+  }
+  return OkStatus();
+}
+
+StatusOr<Prefilled> PrefillSession(Verifier& verifier, int64_t slot,
+                                   const std::vector<int32_t>& prompt, const SessionOptions& o) {
+  c10::InferenceMode inference_mode;
+  LEDE_ASSIGN_OR_RETURN(at::Tensor logits, verifier.Prefill(slot, prompt));
+  return TorchBoundary("prefill", [&]() -> StatusOr<Prefilled> {
+    const int64_t n = static_cast<int64_t>(prompt.size());
+    Sampler sampler(speculation::RoundSeed(o.sampling.seed, n, speculation::kVerifyStream));
+    Prefilled p;
+    p.session = slot;
+    p.token = Choose(logits, o.sampling, sampler);
+    if (o.record_nll) p.nll = Top1Nll(logits);
+    if (o.record_margins) p.margin = Top2Margin(logits);
+    return p;
+  });
+}
+
+StatusOr<DraftOutput> DraftRound(const LlamaModel& model, KvCache& cache, Drafter& drafter,
+                                 int64_t slot, const DraftConfig& config,
+                                 const SamplingOptions& s, const DraftRequest& request) {
+  const int64_t n = cache.length(slot);
+  if (request.position != n) {
+    return FailedPreconditionError("position: round at " + std::to_string(request.position) +
+                                   " but the KV slot holds " + std::to_string(n) + " tokens");
+  }
+  if (request.budget < 1) return InvalidArgumentError("budget: must be >= 1");
+  const int64_t L = model.n_layers();
+  c10::InferenceMode inference_mode;
+  Sampler sampler(speculation::RoundSeed(s.seed, n, speculation::kDraftStream));
+  DraftOutput out;
+  Draft& d = out.draft;
+  d.policy_version = config.policy_version;
+  std::vector<at::Tensor> probs;
+  // Draws a draft token from exit logits: argmax, or a sample from the
+  // warped distribution (kept for speculative sampling).
+  auto draft_token = [&](const at::Tensor& exit_logits) {
+    if (s.greedy()) return Argmax(exit_logits);
+    probs.push_back(WarpedProbs(exit_logits, s));
+    return sampler.Sample(probs.back());
+  };
+  auto finish = [&]() {
+    if (!probs.empty()) out.probs = at::stack(probs).to(at::kCPU).contiguous();
+    return std::move(out);
+  };
+
+  if (config.mode == SpeculationMode::kStatic) {
+    const int64_t K = std::min<int64_t>({config.draft_len, request.budget, cache.capacity() - n - 1});
+    d.exit_layer = static_cast<int32_t>(config.exit_layer);
+    int32_t token = request.pending_token;
+    for (int64_t i = 0; i < K; ++i) {
+      LEDE_ASSIGN_OR_RETURN(at::Tensor exit_logits, drafter.DraftStep(slot, i, token, config.exit_layer));
+      LEDE_RETURN_IF_ERROR(TorchBoundary("draft", [&]() -> Status {
+        token = draft_token(exit_logits);
+        return OkStatus();
+      }));
+      d.tokens.push_back(token);
+    }
+    if (d.tokens.empty()) d.exit_layer = 0;
+    return finish();
+  }
+  if (config.mode != SpeculationMode::kAdaptive) return finish();  // autoregressive: no drafts
+
+  // One controller-driven round (DESIGN.md §2): a round-start gate, phase 1
+  // probes the candidate layers for the first draft token, phase 2 decides
+  // after each drafted token whether to keep drafting.
+  const DecisionSpec& spec = config.decision_spec;
+  ExitController& controller = *config.controller;
+  const int64_t d_cap = std::min<int64_t>({request.budget, spec.max_draft_len, cache.max_draft_len(),
+                                           cache.capacity() - n - 1});
+  model::RoundTrace& rt = d.trace;
+  rt.round_index = request.round_index;
+  auto decide = [&](const ExitState& st, int32_t draft_index_if_exit) {
+    const Action a = controller.Decide(st);
+    if (request.record_trace) {
+      rt.decisions.push_back(Decision{st, a, a == Action::kExit ? draft_index_if_exit : -1, false});
+    }
+    return a;
+  };
+  auto state_of = [&](const at::Tensor& exit_logits, Phase phase, int64_t layer, int64_t drafted) {
+    ExitSignals sig = ComputeExitSignals(exit_logits, spec.top_k);
+    ExitState st;
+    st.phase = phase;
+    st.layer = static_cast<int32_t>(layer);
+    st.n_layers = static_cast<int32_t>(L);
+    st.draft_pos = static_cast<int32_t>(drafted);
+    st.max_draft_len = spec.max_draft_len;
+    st.top1_prob = sig.top1_prob;
+    st.top_k_nll = sig.top_k_nll;
+    st.entropy = sig.entropy;
+    st.trace_nll = static_cast<float>(request.trace_nll);
+    return st;
+  };
+  if (d_cap <= 0) return finish();
+  {  // round start: speculate at all? (no probe paid yet)
+    ExitState st;
+    st.phase = Phase::kRoundStart;
+    st.n_layers = static_cast<int32_t>(L);
+    st.max_draft_len = spec.max_draft_len;
+    st.trace_nll = static_cast<float>(request.trace_nll);
+    if (decide(st, -1) != Action::kExit) return finish();
+  }
+  Status status = TorchBoundary("draft", [&]() -> Status {
+    at::Tensor scratch = cache.exit_hidden().select(0, slot);  // [D_max+1, d]
+    at::Tensor h = model.Embed(TokenTensor({request.pending_token}, model.options().device));
+    int64_t done_layers = 0;
+    at::Tensor exit_logits;
+    for (int32_t cand : spec.candidate_layers) {
+      if (cand >= L) break;  // the last layer is the full model, not an exit
+      h = model.Forward(h, done_layers, cand, n, &cache, slot);
+      done_layers = cand;
+      at::Tensor probe = model.ExitLogits(h).view({-1});
+      if (decide(state_of(probe, Phase::kExitLayer, cand, 0), 0) == Action::kExit) {
+        d.exit_layer = cand;
+        exit_logits = probe;
+        break;
+      }
+      ++d.n_probes;
+    }
+    scratch.narrow(0, 0, 1).copy_(h.view({1, -1}));
+    if (d.exit_layer == 0) {  // no exit: the verifier resumes the full-depth step here
+      d.ready_layer = static_cast<int32_t>(done_layers);
+      return OkStatus();
+    }
+    d.tokens.push_back(draft_token(exit_logits));
+    while (static_cast<int64_t>(d.tokens.size()) < d_cap) {
+      const int64_t row = static_cast<int64_t>(d.tokens.size());
+      LEDE_ASSIGN_OR_RETURN(at::Tensor next, drafter.DraftStep(slot, row, d.tokens.back(), d.exit_layer));
+      if (decide(state_of(next, Phase::kDraftLength, d.exit_layer, row), static_cast<int32_t>(row)) !=
+          Action::kExit) {
+        d.ready_layer = d.exit_layer;  // row `row` holds d_K's hidden state at l*
+        ++d.n_probes;
+        break;
+      }
+      d.tokens.push_back(draft_token(next));
+    }
+    return OkStatus();
+  });
+  LEDE_RETURN_IF_ERROR(status);
+  return finish();
+}
+
+StatusOr<Verdict> VerifyRound(Verifier& verifier, KvCache& cache, int64_t slot,
+                              int32_t pending_token, const Draft& d, const at::Tensor& draft_probs,
+                              const SessionOptions& o) {
+  const SamplingOptions& s = o.sampling;
+  const int64_t K = static_cast<int64_t>(d.tokens.size());
+  const int64_t n = cache.length(slot);
+  c10::InferenceMode inference_mode;
+  Sampler sampler(speculation::RoundSeed(s.seed, n, speculation::kVerifyStream));
+  Verdict v;
+  if (K == 0 && d.ready_layer == 0) {  // a plain autoregressive step
+    LEDE_ASSIGN_OR_RETURN(at::Tensor logits, verifier.Step(slot, pending_token));
+    return TorchBoundary("step", [&]() -> StatusOr<Verdict> {
+      v.tokens.push_back(Choose(logits, s, sampler));
+      RecordToken(logits, o, v);
+      return std::move(v);
+    });
+  }
+  const int64_t e = K == 0 ? d.ready_layer : d.exit_layer;
+  if (K > 0 && d.ready_layer != 0 && d.ready_layer != d.exit_layer) {
+    return InvalidArgumentError("ready_layer: must be 0 or the exit layer when drafting");
+  }
+  if (!s.greedy() && K > 0 &&
+      (!draft_probs.defined() || draft_probs.dim() != 2 || draft_probs.size(0) != K)) {
+    return InvalidArgumentError("draft_probs: sampling needs [K, V] draft distributions");
+  }
+  LEDE_ASSIGN_OR_RETURN(at::Tensor target, verifier.Verify(slot, e, d.tokens, d.ready_layer != 0));
+  return TorchBoundary("verify", [&]() -> StatusOr<Verdict> {
+    AcceptResult accept;
+    if (K == 0) {
+      accept.n_accepted = 0;
+      accept.next_token = Choose(target[0], s, sampler);
+    } else if (s.greedy()) {
+      accept = AcceptGreedy(d.tokens, target);
+    } else {
+      std::vector<at::Tensor> target_probs;
+      for (int64_t i = 0; i <= K; ++i) target_probs.push_back(WarpedProbs(target[i], s));
+      accept = AcceptSpeculative(d.tokens, draft_probs, at::stack(target_probs), sampler);
+    }
+    LEDE_RETURN_IF_ERROR(verifier.Accept(slot, accept.n_accepted));
+    v.n_accepted = static_cast<int32_t>(accept.n_accepted);
+    for (int64_t i = 0; i < accept.n_accepted; ++i) {
+      v.tokens.push_back(d.tokens[i]);
+      RecordToken(target[i], o, v);
+    }
+    v.tokens.push_back(accept.next_token);
+    RecordToken(target[accept.n_accepted], o, v);
+    return std::move(v);
+  });
+}
+
+// ---------------------------------------------------------- InProcessBackend
+
+InProcessBackend::InProcessBackend(const LlamaModel& model, KvCache& cache, const DraftConfig& config)
+    : model_(model), cache_(cache), config_(config), verifier_(model, cache), drafter_(model, cache) {
+  limits_.n_layers = static_cast<int32_t>(model.n_layers());
+  limits_.vocab_size = static_cast<int32_t>(model.config().vocab_size);
+  limits_.capacity = cache.capacity();
+  limits_.eos_ids = model.config().eos_ids;
+}
+
+StatusOr<Prefilled> InProcessBackend::Open(const std::vector<int32_t>& prompt,
+                                           const SessionOptions& options) {
+  LEDE_ASSIGN_OR_RETURN(int64_t slot, cache_.Allocate());
+  options_ = options;
+  StatusOr<Prefilled> p = PrefillSession(verifier_, slot, prompt, options);
+  if (!p.ok()) (void)cache_.Free(slot);
+  return p;
+}
+
+StatusOr<Draft> InProcessBackend::DraftRound(int64_t session, const DraftRequest& request) {
+  LEDE_ASSIGN_OR_RETURN(DraftOutput out, model::DraftRound(model_, cache_, drafter_, session, config_,
+                                                           options_.sampling, request));
+  draft_probs_ = out.probs;
+  return std::move(out.draft);
+}
+
+StatusOr<Verdict> InProcessBackend::VerifyRound(int64_t session, int32_t pending_token,
+                                                const Draft& draft) {
+  at::Tensor probs = std::move(draft_probs_);
+  draft_probs_ = at::Tensor();
+  return model::VerifyRound(verifier_, cache_, session, pending_token, draft, probs, options_);
+}
+
+void InProcessBackend::Close(int64_t session) { (void)cache_.Free(session); }
+
 // ------------------------------------------------------------------ Engine
 
-double GenerationStats::acceptance_rate() const {
-  return n_drafted > 0 ? static_cast<double>(n_accepted) / n_drafted : 0.0;
-}
-
-double GenerationStats::tokens_per_round() const {
-  if (rounds.empty()) return 0.0;
-  int64_t emitted = 0;
-  for (const RoundRecord& r : rounds) emitted += r.n_emitted;
-  return static_cast<double>(emitted) / rounds.size();
-}
-
-double GenerationStats::decode_tokens_per_s() const {
-  return decode_s > 0 && n_generated > 1 ? (n_generated - 1) / decode_s : 0.0;
-}
-
 Engine::Engine(std::shared_ptr<const LlamaModel> model, KvCache cache)
-    : model_(std::move(model)),
-      cache_(std::move(cache)),
-      verifier_(*model_, cache_),
-      drafter_(*model_, cache_) {}
+    : model_(std::move(model)), cache_(std::move(cache)) {}
 
 StatusOr<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const LlamaModel> model,
                                                  const KvCacheOptions& cache_options) {
@@ -165,282 +430,36 @@ StatusOr<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const LlamaMode
   return std::unique_ptr<Engine>(new Engine(std::move(model), std::move(cache)));
 }
 
-Status Engine::Validate(const std::vector<int32_t>& prompt, const GenerateOptions& o) const {
-  const ModelConfig& c = model_->config();
-  if (prompt.empty()) return InvalidArgumentError("prompt: is empty");
-  if (o.max_new_tokens < 1) {
-    return InvalidArgumentError("max_new_tokens: must be >= 1, got " +
-                                std::to_string(o.max_new_tokens));
-  }
-  const int64_t P = static_cast<int64_t>(prompt.size());
-  if (P + o.max_new_tokens > cache_.capacity()) {
-    return InvalidArgumentError("prompt: " + std::to_string(P) + " tokens + max_new_tokens " +
-                                std::to_string(o.max_new_tokens) +
-                                " exceed the context window of " +
-                                std::to_string(cache_.capacity()) + " tokens");
-  }
-  if (!(o.sampling.temperature >= 0.0)) {
-    return InvalidArgumentError("temperature: must be >= 0");
-  }
-  if (!(o.sampling.top_p > 0.0 && o.sampling.top_p <= 1.0)) {
-    return InvalidArgumentError("top_p: must be in (0, 1]");
-  }
-  if (o.mode == SpeculationMode::kStatic) {
-    if (o.exit_layer < 1 || o.exit_layer > c.n_layers) {
-      return InvalidArgumentError("exit_layer: " + std::to_string(o.exit_layer) +
-                                  " outside [1, " + std::to_string(c.n_layers) + "]");
-    }
-    if (o.draft_len < 1 || o.draft_len > cache_.max_draft_len()) {
-      return InvalidArgumentError("draft_len: " + std::to_string(o.draft_len) +
-                                  " outside [1, " + std::to_string(cache_.max_draft_len()) + "]");
-    }
-  }
-  if (o.mode == SpeculationMode::kAdaptive) {
-    const DecisionSpec& d = o.decision_spec;
-    if (o.controller == nullptr) return InvalidArgumentError("controller: required in adaptive mode");
-    if (d.candidate_layers.empty()) return InvalidArgumentError("candidate_layers: empty");
-    int32_t prev = 0;
-    for (int32_t l : d.candidate_layers) {
-      if (l <= prev || l > c.n_layers) {
-        return InvalidArgumentError("candidate_layers: must ascend within [1, " +
-                                    std::to_string(c.n_layers) + "], got " + std::to_string(l));
-      }
-      prev = l;
-    }
-    if (d.max_draft_len < 1 || d.max_draft_len > cache_.max_draft_len()) {
-      return InvalidArgumentError("max_draft_len: " + std::to_string(d.max_draft_len) + " outside [1, " +
-                                  std::to_string(cache_.max_draft_len()) + "]");
-    }
-    if (d.top_k < 1 || d.top_k > c.vocab_size) return InvalidArgumentError("top_k: outside [1, V]");
-    if (d.trace_window < 1) return InvalidArgumentError("trace_window: must be >= 1");
-  }
-  for (int32_t id : prompt) {
-    if (id < 0 || id >= c.vocab_size) {
-      return InvalidArgumentError("prompt: token id " + std::to_string(id) + " outside [0, " +
-                                  std::to_string(c.vocab_size) + ")");
-    }
-  }
-  return OkStatus();
-}
-
 StatusOr<GenerationResult> Engine::Generate(const std::vector<int32_t>& prompt,
                                             const GenerateOptions& o,
                                             const TokenCallback& on_tokens) {
-  LEDE_RETURN_IF_ERROR(Validate(prompt, o));
-  c10::InferenceMode inference_mode;
-  LEDE_ASSIGN_OR_RETURN(int64_t slot, cache_.Allocate());
-  struct SlotGuard {
-    KvCache& cache;
-    int64_t slot;
-    ~SlotGuard() { (void)cache.Free(slot); }
-  } guard{cache_, slot};
-
-  const ModelConfig& c = model_->config();
-  const SamplingOptions& s = o.sampling;
-  Sampler sampler(s.seed);
-  ConfidenceTrace trace(std::max(1, o.decision_spec.trace_window));
-  GenerationResult result;
-  GenerationStats& stats = result.stats;
-  stats.n_prompt_tokens = static_cast<int64_t>(prompt.size());
-  bool done = false;
-  bool stopped_on_eos = false;  // the EOS the model generated counts as its step's output
-  std::vector<int32_t> emitted_now;
-
-  // Appends one token unless a stop condition holds; returns false once done.
-  auto emit = [&](int32_t token, const at::Tensor& decision_logits) {
-    if (done) return false;
-    if (o.stop_at_eos &&
-        std::find(c.eos_ids.begin(), c.eos_ids.end(), token) != c.eos_ids.end()) {
-      result.finish = FinishReason::kEos;
-      done = true;
-      stopped_on_eos = true;
-      return false;
-    }
-    result.tokens.push_back(token);
-    emitted_now.push_back(token);
-    if (o.mode == SpeculationMode::kAdaptive) trace.Push(Top1Nll(decision_logits));
-    if (o.record_margins) result.margins.push_back(Top2Margin(decision_logits));
-    if (static_cast<int64_t>(result.tokens.size()) >= o.max_new_tokens) {
-      result.finish = FinishReason::kLength;
-      done = true;
-    }
-    return true;
-  };
-  auto flush = [&]() {
-    if (on_tokens && !emitted_now.empty()) on_tokens(emitted_now);
-    emitted_now.clear();
-  };
-  auto choose = [&](const at::Tensor& logits) {
-    return s.greedy() ? Argmax(logits) : sampler.Sample(WarpedProbs(logits, s));
-  };
-
-  // Draws a draft token from exit logits: argmax, or a sample from the
-  // warped distribution (kept in draft_probs for speculative sampling).
-  std::vector<at::Tensor> draft_probs;
-  auto draft_token = [&](const at::Tensor& exit_logits) {
-    if (s.greedy()) return Argmax(exit_logits);
-    draft_probs.push_back(WarpedProbs(exit_logits, s));
-    return sampler.Sample(draft_probs.back());
-  };
-  // Verifies `drafts` at exit layer e, commits the accepted prefix and emits
-  // it plus the correction / bonus token. Returns the number accepted.
-  auto verify_and_emit = [&](int64_t e, const std::vector<int32_t>& drafts, bool last_row_ready,
-                             RoundRecord& round) -> StatusOr<int64_t> {
-    const int64_t K = static_cast<int64_t>(drafts.size());
-    LEDE_ASSIGN_OR_RETURN(at::Tensor target, verifier_.Verify(slot, e, drafts, last_row_ready));
-    AcceptResult accept;
-    if (s.greedy()) {
-      accept = AcceptGreedy(drafts, target);
-    } else {
-      std::vector<at::Tensor> target_probs;
-      for (int64_t i = 0; i <= K; ++i) target_probs.push_back(WarpedProbs(target[i], s));
-      accept = AcceptSpeculative(drafts, at::stack(draft_probs), at::stack(target_probs), sampler);
-    }
-    draft_probs.clear();
-    LEDE_RETURN_IF_ERROR(verifier_.Accept(slot, accept.n_accepted));
-    round.exit_layer = static_cast<int32_t>(e);
-    round.n_drafted = static_cast<int32_t>(K);
-    round.n_accepted = static_cast<int32_t>(accept.n_accepted);
-    stats.n_drafted += K;
-    stats.n_accepted += accept.n_accepted;
-    for (int64_t i = 0; i < accept.n_accepted; ++i) emit(drafts[i], target[i]);
-    emit(accept.next_token, target[accept.n_accepted]);
-    return accept.n_accepted;
-  };
-  // One controller-driven round (DESIGN.md §2): phase 1 probes the candidate
-  // layers for the first draft token; phase 2 decides after each drafted
-  // token whether to keep drafting. `budget` caps the drafts (tokens left
-  // minus the verifier's own, and KV room).
-  auto adaptive_round = [&](int32_t pending, int64_t budget, RoundRecord& round) -> Status {
-    const DecisionSpec& spec = o.decision_spec;
-    const int64_t L = c.n_layers;
-    const int64_t n = cache_.length(slot);
-    const int64_t d_cap = std::min<int64_t>({budget, spec.max_draft_len, cache_.max_draft_len()});
-    RoundTrace rt;
-    rt.round_index = static_cast<int64_t>(stats.rounds.size());
-    auto state_of = [&](const at::Tensor& exit_logits, Phase phase, int64_t layer, int64_t drafted) {
-      ExitSignals sig = ComputeExitSignals(exit_logits, spec.top_k);
-      ExitState st;
-      st.phase = phase;
-      st.layer = static_cast<int32_t>(layer);
-      st.n_layers = static_cast<int32_t>(L);
-      st.draft_pos = static_cast<int32_t>(drafted);
-      st.max_draft_len = spec.max_draft_len;
-      st.top1_prob = sig.top1_prob;
-      st.top_k_nll = sig.top_k_nll;
-      st.entropy = sig.entropy;
-      st.trace_nll = trace.Mean();
-      return st;
+  DraftConfig config;
+  config.mode = o.mode;
+  config.exit_layer = o.exit_layer;
+  config.draft_len = o.draft_len;
+  config.controller = o.controller;
+  config.decision_spec = o.decision_spec;
+  if (o.controller != nullptr) config.policy_version = o.controller->name();
+  if (o.mode != SpeculationMode::kAutoregressive) {
+    LEDE_RETURN_IF_ERROR(ValidateDraftConfig(config, model_->config(), cache_));
+  }
+  InProcessBackend backend(*model_, cache_, config);
+  speculation::LoopOptions loop;
+  loop.max_new_tokens = o.max_new_tokens;
+  loop.mode = o.mode;
+  loop.session.sampling = o.sampling;
+  loop.session.record_margins = o.record_margins;
+  loop.stop_at_eos = o.stop_at_eos;
+  loop.record_traces = o.record_traces;
+  loop.trace_window = o.decision_spec.trace_window;
+  speculation::TokenSink sink;
+  if (on_tokens) {
+    sink = [&](const std::vector<int32_t>& tokens) {
+      on_tokens(tokens);
+      return true;
     };
-    auto finish_trace = [&](int64_t n_accepted) {
-      for (Decision& d : rt.decisions) d.accepted = d.draft_index >= 0 && d.draft_index < n_accepted;
-      rt.exit_layer = round.exit_layer;
-      rt.n_drafted = round.n_drafted;
-      rt.n_accepted = round.n_accepted;
-      if (o.record_traces && !rt.decisions.empty()) result.traces.push_back(std::move(rt));
-    };
-    at::Tensor h = model_->Embed(TokenTensor({pending}, model_->options().device));
-    int64_t done_layers = 0, exit_layer = 0;
-    at::Tensor exit_logits;
-    bool speculate = d_cap > 0;
-    if (speculate) {  // round start: speculate at all? (no probe paid yet)
-      ExitState st;
-      st.phase = Phase::kRoundStart;
-      st.n_layers = static_cast<int32_t>(L);
-      st.max_draft_len = spec.max_draft_len;
-      st.trace_nll = trace.Mean();
-      const Action a = o.controller->Decide(st);
-      rt.decisions.push_back(Decision{st, a, -1, false});
-      speculate = a == Action::kExit;
-    }
-    if (speculate) {
-      for (int32_t cand : spec.candidate_layers) {
-        if (cand >= L) break;  // the last layer is the full model, not an exit
-        h = model_->Forward(h, done_layers, cand, n, &cache_, slot);
-        done_layers = cand;
-        at::Tensor probe = model_->ExitLogits(h).view({-1});
-        ExitState st = state_of(probe, Phase::kExitLayer, cand, 0);
-        const Action a = o.controller->Decide(st);
-        rt.decisions.push_back(Decision{st, a, a == Action::kExit ? 0 : -1, false});
-        if (a == Action::kExit) {
-          exit_layer = cand;
-          exit_logits = probe;
-          break;
-        }
-        ++round.n_probes;
-      }
-    }
-    if (exit_layer == 0) {  // no exit: a plain full-depth step
-      h = model_->Forward(h, done_layers, L, n, &cache_, slot);
-      LEDE_RETURN_IF_ERROR(cache_.Commit(slot, n + 1));
-      at::Tensor step_logits = model_->ExitLogits(h).view({-1});
-      emit(choose(step_logits), step_logits);
-      finish_trace(0);
-      return OkStatus();
-    }
-    cache_.exit_hidden().select(0, slot).narrow(0, 0, 1).copy_(h.view({1, -1}));
-    std::vector<int32_t> drafts = {draft_token(exit_logits)};
-    bool last_row_ready = false;
-    while (static_cast<int64_t>(drafts.size()) < d_cap) {
-      const int64_t row = static_cast<int64_t>(drafts.size());
-      LEDE_ASSIGN_OR_RETURN(at::Tensor next, drafter_.DraftStep(slot, row, drafts.back(), exit_layer));
-      ExitState st = state_of(next, Phase::kDraftLength, exit_layer, row);
-      const Action a = o.controller->Decide(st);
-      rt.decisions.push_back(Decision{st, a, a == Action::kExit ? static_cast<int32_t>(row) : -1, false});
-      if (a != Action::kExit) {
-        last_row_ready = true;  // row `row` holds d_K's hidden state at l*
-        ++round.n_probes;
-        break;
-      }
-      drafts.push_back(draft_token(next));
-    }
-    LEDE_ASSIGN_OR_RETURN(int64_t n_accepted, verify_and_emit(exit_layer, drafts, last_row_ready, round));
-    finish_trace(n_accepted);
-    return OkStatus();
-  };
-
-  auto t0 = Clock::now();
-  LEDE_ASSIGN_OR_RETURN(at::Tensor logits, verifier_.Prefill(slot, prompt));
-  Status status = TorchBoundary("generate", [&]() -> Status {
-    emit(choose(logits), logits);
-    flush();
-    stats.prefill_s = SecondsSince(t0);
-    auto t1 = Clock::now();
-    while (!done) {
-      const int32_t pending = result.tokens.back();
-      const int64_t remaining = o.max_new_tokens - static_cast<int64_t>(result.tokens.size());
-      const int64_t room = cache_.capacity() - cache_.length(slot) - 1;
-      const int64_t K = o.mode == SpeculationMode::kStatic
-                            ? std::min({o.draft_len, remaining - 1, room})
-                            : 0;
-      RoundRecord round;
-      const size_t before = result.tokens.size();
-      if (o.mode == SpeculationMode::kAdaptive) {
-        LEDE_RETURN_IF_ERROR(adaptive_round(pending, std::min(remaining - 1, room), round));
-      } else if (K <= 0) {
-        LEDE_ASSIGN_OR_RETURN(at::Tensor step_logits, verifier_.Step(slot, pending));
-        emit(choose(step_logits), step_logits);
-      } else {
-        std::vector<int32_t> drafts;
-        int32_t token = pending;
-        for (int64_t i = 0; i < K; ++i) {
-          LEDE_ASSIGN_OR_RETURN(at::Tensor exit_logits, drafter_.DraftStep(slot, i, token, o.exit_layer));
-          token = draft_token(exit_logits);
-          drafts.push_back(token);
-        }
-        LEDE_ASSIGN_OR_RETURN(int64_t n_accepted, verify_and_emit(o.exit_layer, drafts, false, round));
-        (void)n_accepted;
-      }
-      round.n_emitted = static_cast<int32_t>(result.tokens.size() - before) + (stopped_on_eos ? 1 : 0);
-      stats.rounds.push_back(round);
-      flush();
-    }
-    stats.decode_s = SecondsSince(t1);
-    return OkStatus();
-  });
-  LEDE_RETURN_IF_ERROR(status);
-  stats.n_generated = static_cast<int64_t>(result.tokens.size());
-  return result;
+  }
+  return speculation::RunGeneration(backend, prompt, loop, sink);
 }
 
 }  // namespace lede::model

@@ -35,6 +35,7 @@
 #include "shared/model/kv_cache.h"
 #include "shared/model/llama.h"
 #include "shared/model/sampling.h"
+#include "shared/speculation/generation.h"
 #include "shared/status/status.h"
 
 namespace lede::model {
@@ -55,13 +56,16 @@ class Verifier {
   // Errors: kResourceExhausted if the slot is full; kInternal.
   StatusOr<at::Tensor> Step(int64_t slot, int32_t token);
 
-  // Verification of K = drafts.size() >= 1 draft tokens at exit layer E in
+  // Verification of K = drafts.size() draft tokens at exit layer E in
   // [1, L] (protocol step 2). Returns logits [K+1, V] float32; commits nothing.
-  // last_row_ready: the drafter already ran d_K through layers [0, E) into
-  // scratch row K (an adaptive round that probed one more draft step and
-  // stopped), so the verifier skips it.
-  // Errors: kInvalidArgument for E outside [1, L] or K > max_draft_len;
-  // kResourceExhausted if n + K >= capacity; kInternal.
+  // last_row_ready: the drafter already ran row K (d_K, or the pending token
+  // when K == 0) through layers [0, E) into scratch row K (an adaptive round
+  // that probed one more draft step and stopped, or that probed every
+  // candidate layer and took no exit), so the verifier skips it.
+  // K == 0 requires last_row_ready: a full-depth step resumed at layer E.
+  // Errors: kInvalidArgument for E outside [1, L], K > max_draft_len, or
+  // K == 0 without last_row_ready; kResourceExhausted if n + K >= capacity;
+  // kInternal.
   StatusOr<at::Tensor> Verify(int64_t slot, int64_t exit_layer,
                               const std::vector<int32_t>& drafts, bool last_row_ready = false);
 
@@ -90,10 +94,13 @@ class Drafter {
   KvCache& cache_;
 };
 
-// kAutoregressive: full-depth steps. kStatic: fixed exit layer E and draft
-// length D. kAdaptive: an ExitController decides the exit layer (phase 1)
-// and when to stop drafting (phase 2) token by token (exit_controller.h).
-enum class SpeculationMode { kAutoregressive, kStatic, kAdaptive };
+// The loop types live in the torch-free shared/speculation (the coordinator
+// runs the same loop over gRPC); these aliases keep the engine's names.
+using speculation::FinishReason;
+using speculation::GenerationResult;
+using speculation::GenerationStats;
+using speculation::RoundRecord;
+using speculation::SpeculationMode;
 
 struct GenerateOptions {
   int64_t max_new_tokens = 128;  // tokens to generate, >= 1
@@ -113,49 +120,87 @@ struct GenerateOptions {
   //           .exit_layer = 3, .draft_len = 4}
 };
 
-// One decoding step of the loop: an autoregressive step (n_drafted == 0) or
-// a speculation round.
-struct RoundRecord {
-  int32_t exit_layer = 0;  // E, 0 for an autoregressive step
-  int32_t n_drafted = 0;   // K
-  int32_t n_accepted = 0;  // accepted drafts, in [0, K]
-  int32_t n_emitted = 0;   // tokens emitted (n_accepted + 1 unless a stop cut it; a generated EOS counts)
-  // Exit-head evaluations that drafted nothing: phase-1 probes below l* (or
-  // all of them when no exit was taken) and a phase-2 "stop" probe.
-  int32_t n_probes = 0;
-};
-
-struct GenerationStats {
-  int64_t n_prompt_tokens = 0;
-  int64_t n_generated = 0;  // tokens emitted (the first comes from the prefill)
-  int64_t n_drafted = 0;
-  int64_t n_accepted = 0;
-  double prefill_s = 0;     // seconds, prefill incl. first token
-  double decode_s = 0;      // seconds, everything after the first token
-  std::vector<RoundRecord> rounds;
-  // acceptance_rate = n_accepted / n_drafted (0 when nothing was drafted)
-  double acceptance_rate() const;
-  // tokens_per_round = tokens emitted by the rounds / number of rounds
-  double tokens_per_round() const;
-  // decode tokens per second, excluding the prefill
-  double decode_tokens_per_s() const;
-};
-
-enum class FinishReason { kLength, kEos };
-
-struct GenerationResult {
-  std::vector<int32_t> tokens;  // generated ids (EOS not included)
-  FinishReason finish = FinishReason::kLength;
-  GenerationStats stats;
-  // With record_margins: for each token, top1 - top2 of the full model's
-  // logits that decided it (numerical near-tie when <= 1e-4).
-  std::vector<double> margins;
-  // With record_traces (kAdaptive): the decisions of every round.
-  std::vector<RoundTrace> traces;
-};
-
 // Called with the tokens each step or round emits, in order.
 using TokenCallback = std::function<void(const std::vector<int32_t>&)>;
+
+// How a drafter drafts for one request: the mode and its parameters.
+struct DraftConfig {
+  SpeculationMode mode = SpeculationMode::kStatic;
+  int64_t exit_layer = 0;  // kStatic: E in [1, L]
+  int64_t draft_len = 0;   // kStatic: D in [1, max_draft_len]
+  ExitController* controller = nullptr;  // kAdaptive (borrowed)
+  DecisionSpec decision_spec;            // kAdaptive
+  std::string policy_version;            // recorded in each Draft
+};
+
+// Checks a DraftConfig against the model and pool: kInvalidArgument naming
+// the field (exit_layer, draft_len, controller, candidate_layers,
+// max_draft_len, top_k, trace_window).
+Status ValidateDraftConfig(const DraftConfig& config, const ModelConfig& model, const KvCache& cache);
+
+// A drafted round and, when sampling, the draft distributions q_i
+// [K, V] float32 on the CPU (undefined when greedy).
+struct DraftOutput {
+  speculation::Draft draft;
+  at::Tensor probs;
+};
+
+// The first token of a session and the rounds after it on one model and one
+// KV pool, as the drafter and verifier processes (and InProcessBackend) run
+// them. Sampling draws from RoundSeed(seed, position, stream)
+// (shared/speculation/generation.h), so the split and the in-process paths
+// agree token for token.
+//
+// PrefillSession: Verifier::Prefill, then picks the first token.
+StatusOr<speculation::Prefilled> PrefillSession(Verifier& verifier, int64_t slot,
+                                                const std::vector<int32_t>& prompt,
+                                                const speculation::SessionOptions& options);
+// DraftRound: one round of drafting for the pending token at position
+// request.position (must equal the slot's committed length): static (E, D)
+// or controller-driven (round-start gate, phase 1 probes, phase 2), writing
+// K/V below l* at the draft positions and hidden states into the scratch.
+// Errors: kFailedPrecondition if request.position != the committed length;
+// kInvalidArgument (config, budget < 1); kResourceExhausted; kInternal.
+StatusOr<DraftOutput> DraftRound(const LlamaModel& model, KvCache& cache, Drafter& drafter,
+                                 int64_t slot, const DraftConfig& config,
+                                 const speculation::SamplingParams& sampling,
+                                 const speculation::DraftRequest& request);
+// VerifyRound: verifies `draft` (greedy acceptance, or speculative sampling
+// with draft_probs [K, V]), commits the kept positions and returns the
+// verdict. K == 0: a full-depth step of pending_token (resuming at
+// draft.ready_layer when > 0). Errors: kInvalidArgument (draft shape, ids,
+// probs size); kResourceExhausted; kInternal.
+StatusOr<speculation::Verdict> VerifyRound(Verifier& verifier, KvCache& cache, int64_t slot,
+                                           int32_t pending_token, const speculation::Draft& draft,
+                                           const at::Tensor& draft_probs,
+                                           const speculation::SessionOptions& options);
+
+// The drafter and verifier in one address space, on one model and one pool:
+// the backend of Engine::Generate and of co-located deployments. Sessions
+// are KV slots. Thread-safety: not thread-safe.
+class InProcessBackend : public speculation::SpeculationBackend {
+ public:
+  // Borrows all three; they must outlive the backend.
+  InProcessBackend(const LlamaModel& model, KvCache& cache, const DraftConfig& config);
+  const speculation::ModelLimits& limits() const override { return limits_; }
+  StatusOr<speculation::Prefilled> Open(const std::vector<int32_t>& prompt,
+                                        const speculation::SessionOptions& options) override;
+  StatusOr<speculation::Draft> DraftRound(int64_t session,
+                                          const speculation::DraftRequest& request) override;
+  StatusOr<speculation::Verdict> VerifyRound(int64_t session, int32_t pending_token,
+                                             const speculation::Draft& draft) override;
+  void Close(int64_t session) override;
+
+ private:
+  const LlamaModel& model_;
+  KvCache& cache_;
+  DraftConfig config_;
+  Verifier verifier_;
+  Drafter drafter_;
+  speculation::ModelLimits limits_;
+  speculation::SessionOptions options_;
+  at::Tensor draft_probs_;  // of the round in flight
+};
 
 // The in-process engine: one model, one KV pool.
 class Engine {
@@ -180,12 +225,9 @@ class Engine {
 
  private:
   Engine(std::shared_ptr<const LlamaModel> model, KvCache cache);
-  Status Validate(const std::vector<int32_t>& prompt, const GenerateOptions& o) const;
 
   std::shared_ptr<const LlamaModel> model_;
   KvCache cache_;
-  Verifier verifier_;
-  Drafter drafter_;
 };
 
 }  // namespace lede::model

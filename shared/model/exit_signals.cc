@@ -23,13 +23,4 @@ float Top1Nll(const at::Tensor& logits) {
   return (at::logsumexp(l, 0) - l.max()).item<float>();
 }
 
-void ConfidenceTrace::Push(float top1_nll) {
-  values_.push_back(top1_nll);
-  sum_ += top1_nll;
-  while (static_cast<int64_t>(values_.size()) > window_) {
-    sum_ -= values_.front();
-    values_.pop_front();
-  }
-}
-
 }  // namespace lede::model

@@ -11,7 +11,6 @@
 #define LEDE_SHARED_MODEL_EXIT_SIGNALS_H_
 
 #include <cstdint>
-#include <deque>
 
 #include <ATen/core/Tensor.h>
 
@@ -30,21 +29,6 @@ ExitSignals ComputeExitSignals(const at::Tensor& logits, int64_t top_k);
 // Top1Nll(logits) = logsumexp(logits) - max(logits) = -log max_v p(v),
 // without a full log-softmax. logits [V] float32.
 float Top1Nll(const at::Tensor& logits);
-
-// C_trace: the mean of the last `window` values pushed (the full model's
-// top-1 NLL of each emitted token's distribution).
-class ConfidenceTrace {
- public:
-  explicit ConfidenceTrace(int64_t window) : window_(window) {}
-  // Mean over the window (0 before the first probe).
-  float Mean() const { return values_.empty() ? 0.0f : static_cast<float>(sum_ / values_.size()); }
-  void Push(float top1_nll);
-
- private:
-  int64_t window_;
-  std::deque<float> values_;
-  double sum_ = 0;
-};
 
 }  // namespace lede::model
 

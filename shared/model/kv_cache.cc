@@ -1,10 +1,81 @@
 #include "shared/model/kv_cache.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
 #include <string>
 
 #include <ATen/ATen.h>
 
 namespace lede::model {
+namespace {
+
+constexpr char kMagic[8] = {'L', 'E', 'D', 'E', 'K', 'V', '0', '1'};
+constexpr uint32_t kLayoutVersion = 1;
+constexpr int64_t kAlign = 64;
+
+// The segment's first bytes (DESIGN.md §4). Plain data, same layout in
+// every process of one build.
+struct PoolHeader {
+  char magic[8];
+  uint32_t layout_version;
+  int32_t dtype;  // c10::ScalarType
+  char fingerprint[64];
+  int64_t n_layers, n_kv_heads, head_dim, dim;
+  int64_t n_slots, capacity, max_draft_len;
+  uint64_t epoch;
+  int64_t total_bytes;
+};
+
+int64_t AlignUp(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Byte offsets of everything in a pool.
+struct Layout {
+  int64_t lengths, in_use, k0, layer_bytes, exit_hidden, total;
+};
+
+Layout ComputeLayout(const ModelConfig& c, int64_t S, int64_t C, int64_t D, c10::ScalarType dtype) {
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
+  Layout l;
+  l.lengths = AlignUp(sizeof(PoolHeader));
+  l.in_use = l.lengths + S * 8;
+  l.k0 = AlignUp(l.in_use + S * 8);
+  l.layer_bytes = AlignUp(S * c.n_kv_heads * C * c.head_dim() * elem);
+  l.exit_hidden = l.k0 + 2 * c.n_layers * l.layer_bytes;
+  l.total = AlignUp(l.exit_hidden + S * (D + 1) * c.dim * elem);
+  return l;
+}
+
+std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+}  // namespace
+
+struct KvCache::Storage {
+  void* base = nullptr;
+  size_t bytes = 0;
+  bool mapped = false;
+  std::string unlink_name;  // the creator removes the name at the end...
+  uint64_t epoch = 0;       // ...if it still names this pool, not a newer one
+  std::vector<int64_t> private_state;  // lengths + in_use of a private pool
+  ~Storage() {
+    if (mapped && base != nullptr) munmap(base, bytes);
+    if (!unlink_name.empty() && NamedEpoch(unlink_name) == epoch) shm_unlink(unlink_name.c_str());
+  }
+  // The epoch of the pool a name refers to now (0 if none).
+  static uint64_t NamedEpoch(const std::string& name) {
+    int fd = shm_open(name.c_str(), O_RDONLY, 0);
+    if (fd < 0) return 0;
+    PoolHeader h{};
+    const bool ok = pread(fd, &h, sizeof(h), 0) == static_cast<ssize_t>(sizeof(h));
+    close(fd);
+    return ok ? h.epoch : 0;
+  }
+};
 
 StatusOr<KvCache> KvCache::Create(const ModelConfig& config,
                                   const KvCacheOptions& options) {
@@ -21,25 +92,151 @@ StatusOr<KvCache> KvCache::Create(const ModelConfig& config,
   if (o.max_draft_len <= 0) {
     return InvalidArgumentError("KvCacheOptions.max_draft_len must be > 0");
   }
-  try {
-    auto opts = at::TensorOptions().device(o.device).dtype(o.dtype);
-    for (int64_t l = 0; l < config.n_layers; ++l) {
-      cache.k_.push_back(at::zeros({o.n_slots, config.n_kv_heads, o.capacity, config.head_dim()}, opts));
-      cache.v_.push_back(at::zeros({o.n_slots, config.n_kv_heads, o.capacity, config.head_dim()}, opts));
+  std::random_device rd;
+  cache.epoch_ = ((static_cast<uint64_t>(rd()) << 32) ^ rd()) | 1;
+  cache.storage_ = std::make_shared<Storage>();
+  if (o.shared_memory_name.empty()) {
+    try {
+      auto opts = at::TensorOptions().device(o.device).dtype(o.dtype);
+      for (int64_t l = 0; l < config.n_layers; ++l) {
+        cache.k_.push_back(at::zeros({o.n_slots, config.n_kv_heads, o.capacity, config.head_dim()}, opts));
+        cache.v_.push_back(at::zeros({o.n_slots, config.n_kv_heads, o.capacity, config.head_dim()}, opts));
+      }
+      cache.exit_hidden_ = at::zeros({o.n_slots, o.max_draft_len + 1, config.dim}, opts);
+    } catch (const std::exception& e) {
+      return ResourceExhaustedError(std::string("KV cache allocation failed: ") + e.what());
     }
-    cache.exit_hidden_ = at::zeros({o.n_slots, o.max_draft_len + 1, config.dim}, opts);
-  } catch (const std::exception& e) {
-    return ResourceExhaustedError(std::string("KV cache allocation failed: ") + e.what());
+    cache.storage_->private_state.assign(2 * o.n_slots, 0);
+    cache.length_ = cache.storage_->private_state.data();
+    cache.in_use_ = cache.length_ + o.n_slots;
+    return cache;
   }
-  cache.length_.assign(o.n_slots, 0);
-  cache.in_use_.assign(o.n_slots, false);
+
+  if (o.device != c10::kCPU) {
+    return InvalidArgumentError("KvCacheOptions.shared_memory_name: shared pools are CPU-only");
+  }
+  const Layout layout = ComputeLayout(config, o.n_slots, o.capacity, o.max_draft_len, o.dtype);
+  const std::string& name = o.shared_memory_name;
+  shm_unlink(name.c_str());  // a stale pool of a previous run
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return ResourceExhaustedError(Errno("shm_open " + name));
+  if (ftruncate(fd, layout.total) != 0) {
+    close(fd);
+    shm_unlink(name.c_str());
+    return ResourceExhaustedError(Errno("ftruncate " + name));
+  }
+  void* base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    return ResourceExhaustedError(Errno("mmap " + name));
+  }
+  cache.storage_->base = base;
+  cache.storage_->bytes = layout.total;
+  cache.storage_->mapped = true;
+  cache.storage_->unlink_name = name;
+  cache.storage_->epoch = cache.epoch_;
+  auto* h = static_cast<PoolHeader*>(base);
+  std::memset(h, 0, sizeof(PoolHeader));
+  std::memcpy(h->magic, kMagic, sizeof(kMagic));
+  h->layout_version = kLayoutVersion;
+  h->dtype = static_cast<int32_t>(o.dtype);
+  std::strncpy(h->fingerprint, config.ArchitectureFingerprint().c_str(), sizeof(h->fingerprint) - 1);
+  h->n_layers = config.n_layers;
+  h->n_kv_heads = config.n_kv_heads;
+  h->head_dim = config.head_dim();
+  h->dim = config.dim;
+  h->n_slots = o.n_slots;
+  h->capacity = o.capacity;
+  h->max_draft_len = o.max_draft_len;
+  h->epoch = cache.epoch_;
+  h->total_bytes = layout.total;
+  // ftruncate zero-fills: K/V, lengths and in-use flags start at 0.
+  cache.length_ = reinterpret_cast<int64_t*>(static_cast<char*>(base) + layout.lengths);
+  cache.in_use_ = reinterpret_cast<int64_t*>(static_cast<char*>(base) + layout.in_use);
+  auto opts = at::TensorOptions().dtype(o.dtype);
+  char* p = static_cast<char*>(base);
+  for (int64_t l = 0; l < config.n_layers; ++l) {
+    const std::vector<int64_t> shape = {o.n_slots, config.n_kv_heads, o.capacity, config.head_dim()};
+    cache.k_.push_back(at::from_blob(p + layout.k0 + (2 * l) * layout.layer_bytes, shape, opts));
+    cache.v_.push_back(at::from_blob(p + layout.k0 + (2 * l + 1) * layout.layer_bytes, shape, opts));
+  }
+  cache.exit_hidden_ = at::from_blob(p + layout.exit_hidden, {o.n_slots, o.max_draft_len + 1, config.dim}, opts);
   return cache;
+}
+
+StatusOr<KvCache> KvCache::Attach(const ModelConfig& config, const KvCacheOptions& options) {
+  const std::string& name = options.shared_memory_name;
+  if (name.empty()) return InvalidArgumentError("KvCacheOptions.shared_memory_name: required to attach");
+  int fd = shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) return NotFoundError(Errno("KV pool " + name));
+  struct stat st;
+  if (fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(sizeof(PoolHeader))) {
+    close(fd);
+    return FailedPreconditionError("KV pool " + name + ": segment smaller than its header");
+  }
+  void* base = mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) return ResourceExhaustedError(Errno("mmap " + name));
+  auto storage = std::make_shared<Storage>();
+  storage->base = base;
+  storage->bytes = st.st_size;
+  storage->mapped = true;
+  const auto* h = static_cast<const PoolHeader*>(base);
+  auto mismatch = [&](const std::string& field, const std::string& got, const std::string& want) {
+    return FailedPreconditionError("KV pool " + name + ": " + field + " is " + got + ", expected " + want);
+  };
+  if (std::memcmp(h->magic, kMagic, sizeof(kMagic)) != 0) return mismatch("magic", "unknown", "LEDEKV01");
+  if (h->layout_version != kLayoutVersion) {
+    return mismatch("layout version", std::to_string(h->layout_version), std::to_string(kLayoutVersion));
+  }
+  const std::string fp(h->fingerprint, strnlen(h->fingerprint, sizeof(h->fingerprint)));
+  if (fp != config.ArchitectureFingerprint().substr(0, sizeof(h->fingerprint) - 1)) {
+    return mismatch("model fingerprint", fp, config.ArchitectureFingerprint());
+  }
+  if (h->n_layers != config.n_layers || h->n_kv_heads != config.n_kv_heads ||
+      h->head_dim != config.head_dim() || h->dim != config.dim) {
+    return mismatch("dims", "different", "those of the model");
+  }
+  if (h->dtype != static_cast<int32_t>(options.dtype)) {
+    return mismatch("dtype", std::to_string(h->dtype), std::to_string(static_cast<int>(options.dtype)));
+  }
+  const Layout layout = ComputeLayout(config, h->n_slots, h->capacity, h->max_draft_len, options.dtype);
+  if (layout.total != h->total_bytes || layout.total > st.st_size) {
+    return mismatch("size", std::to_string(st.st_size), std::to_string(layout.total));
+  }
+  KvCache cache;
+  cache.options_ = options;
+  cache.options_.device = c10::kCPU;
+  cache.options_.n_slots = h->n_slots;
+  cache.options_.capacity = h->capacity;
+  cache.options_.max_draft_len = h->max_draft_len;
+  cache.epoch_ = h->epoch;
+  cache.storage_ = storage;
+  char* p = static_cast<char*>(base);
+  cache.length_ = reinterpret_cast<int64_t*>(p + layout.lengths);
+  cache.in_use_ = reinterpret_cast<int64_t*>(p + layout.in_use);
+  auto opts = at::TensorOptions().dtype(options.dtype);
+  const int64_t S = h->n_slots, C = h->capacity, D = h->max_draft_len;
+  for (int64_t l = 0; l < config.n_layers; ++l) {
+    const std::vector<int64_t> shape = {S, config.n_kv_heads, C, config.head_dim()};
+    cache.k_.push_back(at::from_blob(p + layout.k0 + (2 * l) * layout.layer_bytes, shape, opts));
+    cache.v_.push_back(at::from_blob(p + layout.k0 + (2 * l + 1) * layout.layer_bytes, shape, opts));
+  }
+  cache.exit_hidden_ = at::from_blob(p + layout.exit_hidden, {S, D + 1, config.dim}, opts);
+  return cache;
+}
+
+int64_t KvCache::n_in_use() const {
+  int64_t n = 0;
+  for (int64_t s = 0; s < n_slots(); ++s) n += in_use_[s] != 0;
+  return n;
 }
 
 StatusOr<int64_t> KvCache::Allocate() {
   for (int64_t s = 0; s < n_slots(); ++s) {
     if (!in_use_[s]) {
-      in_use_[s] = true;
+      in_use_[s] = 1;
       length_[s] = 0;
       return s;
     }
@@ -51,7 +248,7 @@ Status KvCache::Free(int64_t slot) {
   if (slot < 0 || slot >= n_slots() || !in_use_[slot]) {
     return InvalidArgumentError("KV slot " + std::to_string(slot) + " is not allocated");
   }
-  in_use_[slot] = false;
+  in_use_[slot] = 0;
   length_[slot] = 0;
   return OkStatus();
 }

@@ -12,8 +12,15 @@
 // LlamaModel::Forward writes K/V at explicit positions (drafts land beyond
 // the committed length and are adopted by Commit() or discarded by leaving
 // the length where it is, so rejection is a truncation, never a copy).
-// The layout is fixed so that the pool can later live in a shared-memory
-// segment (CPU) or a CUDA IPC allocation without changing callers.
+// On the CPU the pool can live in a named POSIX shared-memory segment that
+// the verifier process creates (Create with shared_memory_name) and the
+// drafter process maps (Attach), DESIGN.md §4. The segment starts with a
+// header (magic "LEDEKV01", layout version, model fingerprint, dims, dtype,
+// epoch) that Attach validates, then the per-slot committed lengths and
+// in-use flags, then K, V of every layer and the scratch, 64-byte aligned.
+// The epoch is a random number drawn at creation: a restarted verifier
+// makes a new pool with a new epoch, and requests that name the old one are
+// refused instead of reading a stranger's K/V.
 //
 // Thread-safety: not thread-safe. Distinct slots may be used from distinct
 // threads only if the caller serializes Allocate()/Free().
@@ -21,6 +28,8 @@
 #define LEDE_SHARED_MODEL_KV_CACHE_H_
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -38,6 +47,10 @@ struct KvCacheOptions {
   int64_t max_draft_len = 16; // D_max: rows of the exit-hidden scratch - 1
   c10::Device device = c10::kCPU;
   c10::ScalarType dtype = c10::kFloat;
+  // CPU only: "" keeps the pool in private memory; a POSIX shared-memory
+  // name ("/lede-kv-main") puts it in that segment so another process can
+  // Attach() it.
+  std::string shared_memory_name;
   // Example: KvCacheOptions{.n_slots = 4, .capacity = 2048}
 };
 
@@ -46,8 +59,26 @@ class KvCache {
   // Allocates the pool (zero-filled).
   // Errors: kInvalidArgument for non-positive sizes or a capacity above the
   // model's max_seq_len; kResourceExhausted if allocation fails.
+  // With shared_memory_name, creates the segment (replacing a stale one of
+  // that name) and removes the name when the last copy of this KvCache is
+  // destroyed; the memory lives on while an attached process maps it.
+  // Errors: kInvalidArgument for non-positive sizes, a capacity above the
+  // model's max_seq_len, or a shared pool on a non-CPU device;
+  // kResourceExhausted if allocation (or shm_open/ftruncate/mmap) fails.
   static StatusOr<KvCache> Create(const ModelConfig& config,
                                   const KvCacheOptions& options);
+  // Maps the pool another process created under options.shared_memory_name
+  // (n_slots, capacity and max_draft_len are read from its header).
+  // Errors: kNotFound if no such segment exists; kFailedPrecondition naming
+  // the field if its magic, layout version, model fingerprint, dims or dtype
+  // differ from `config` / options.dtype.
+  static StatusOr<KvCache> Attach(const ModelConfig& config, const KvCacheOptions& options);
+
+  // The pool's epoch (random at creation; 0 never occurs).
+  uint64_t epoch() const { return epoch_; }
+  const std::string& shared_memory_name() const { return options_.shared_memory_name; }
+  // Slots in use.
+  int64_t n_in_use() const;
 
   int64_t n_layers() const { return static_cast<int64_t>(k_.size()); }
   int64_t n_slots() const { return options_.n_slots; }
@@ -79,11 +110,15 @@ class KvCache {
   int64_t bytes() const;
 
  private:
+  struct Storage;  // private memory or a mapped segment; shared by copies
+
   KvCacheOptions options_;
+  std::shared_ptr<Storage> storage_;
   std::vector<at::Tensor> k_, v_;
   at::Tensor exit_hidden_;
-  std::vector<int64_t> length_;
-  std::vector<bool> in_use_;
+  int64_t* length_ = nullptr;  // [S], in the storage (shared across processes)
+  int64_t* in_use_ = nullptr;  // [S], 0 or 1
+  uint64_t epoch_ = 0;
 };
 
 }  // namespace lede::model

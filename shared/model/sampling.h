@@ -18,14 +18,13 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "shared/speculation/generation.h"
+
 namespace lede::model {
 
-struct SamplingOptions {
-  double temperature = 0.0;  // 0 = greedy (argmax); > 0 divides the logits
-  double top_p = 1.0;        // nucleus mass in (0, 1]; 1 keeps the whole vocabulary
-  uint64_t seed = 0;         // RNG seed: same seed, same tokens
-  bool greedy() const { return temperature <= 0.0; }
-};
+// temperature, top_p and seed of a request (shared/speculation/generation.h:
+// 0 temperature = greedy; top_p in (0, 1]).
+using SamplingOptions = speculation::SamplingParams;
 
 // The distribution a request samples from: softmax(logits / temperature),
 // restricted to the smallest set of most likely tokens whose mass reaches

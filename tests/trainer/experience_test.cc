@@ -3,17 +3,27 @@
 // Tests for trainer/experience.h: shard round trips, complete-or-invisible
 // writing, corrupt shards (each reported and skipped, never fatal), the
 // policy::Transition <-> lede.v1.Transition conversions, and the Python
-// reader (scripts/read_experience.py) on a shard the C++ writer wrote.
+// reader (scripts/read_experience.py) on a shard the C++ writer wrote; and
+// for trainer/experience_logger.h: shards Put() to object stores (local,
+// fake, and a real S3 server, s3rver, skipped when absent), rotation,
+// dropping, retries, and a writer killed mid-write.
 //
 // Files go under a fresh mkdtemp directory. ctest runs the tests with the
 // repository root as working directory (the Python test needs it).
 #include "trainer/experience.h"
 
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <regex>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -23,9 +33,16 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "proto/lede/v1/experience.pb.h"
+#include "shared/status/status_macros.h"
+#include "shared/storage/local_store.h"
+#include "shared/storage/object_store.h"
+#include "tests/testing/s3rver.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "trainer/experience_logger.h"
 
 namespace lede::experience {
 namespace {
@@ -529,6 +546,400 @@ TEST_F(PythonShardReaderTest, ReadsShardWrittenByCpp) {
   WriteBytes(Path("b.lexp"), a);
   EXPECT_EQ(RunShell(script + dir_ + " > " + summary + " 2>/dev/null"), 1);
   EXPECT_THAT(ReadBytes(summary), HasSubstr("b.lexp: 5 records (BAD"));
+}
+
+
+// ---------------------------------------------------------------------------
+// ReadShardsFromStore and ExperienceLogger
+
+lede::v1::Transition MakeRecord(int i) {
+  lede::v1::Transition r;
+  ToProto(MakeTransition(i), &r);
+  return r;
+}
+
+// Waits (up to 20 s) until `done()`; returns whether it became true.
+bool WaitUntil(const std::function<bool()>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return done();
+}
+
+// An in-memory ObjectStore whose Put() can be made to block (until
+// Release()) or to fail.
+class FakeStore : public storage::ObjectStore {
+ public:
+  Status Put(std::string_view key, std::string_view bytes) override {
+    LEDE_RETURN_IF_ERROR(storage::ValidateKey(key));
+    {
+      absl::MutexLock lock(&mu_);
+      ++puts_started_;
+      if (block_) {
+        mu_.Await(absl::Condition(+[](bool* b) { return !*b; }, &block_));
+      }
+      if (fail_puts_ > 0) {
+        --fail_puts_;
+        return UnavailableError("fake store is down");
+      }
+      objects_[std::string(key)] = std::string(bytes);
+    }
+    return OkStatus();
+  }
+  StatusOr<std::string> Get(std::string_view key) override {
+    absl::MutexLock lock(&mu_);
+    auto it = objects_.find(std::string(key));
+    if (it == objects_.end()) return NotFoundError(std::string(key));
+    return it->second;
+  }
+  StatusOr<std::vector<storage::ObjectInfo>> List(std::string_view prefix) override {
+    LEDE_RETURN_IF_ERROR(storage::ValidatePrefix(prefix));
+    absl::MutexLock lock(&mu_);
+    std::vector<storage::ObjectInfo> out;
+    for (const auto& [key, bytes] : objects_) {
+      if (key.compare(0, prefix.size(), prefix) == 0) {
+        out.push_back({key, static_cast<int64_t>(bytes.size())});
+      }
+    }
+    return out;
+  }
+  Status Delete(std::string_view key) override {
+    absl::MutexLock lock(&mu_);
+    objects_.erase(std::string(key));
+    return OkStatus();
+  }
+  std::string url() const override { return "fake://"; }
+
+  void Block() { absl::MutexLock lock(&mu_); block_ = true; }
+  void Release() { absl::MutexLock lock(&mu_); block_ = false; }
+  void FailNextPuts(int n) { absl::MutexLock lock(&mu_); fail_puts_ = n; }
+  int puts_started() { absl::MutexLock lock(&mu_); return puts_started_; }
+  std::vector<std::string> keys() {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::string> out;
+    for (const auto& [key, bytes] : objects_) out.push_back(key);
+    return out;
+  }
+  void PutRaw(const std::string& key, const std::string& bytes) {
+    absl::MutexLock lock(&mu_);
+    objects_[key] = bytes;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, std::string> objects_ ABSL_GUARDED_BY(mu_);
+  bool block_ ABSL_GUARDED_BY(mu_) = false;
+  int fail_puts_ ABSL_GUARDED_BY(mu_) = 0;
+  int puts_started_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+ExperienceLoggerOptions SmallOptions() {
+  ExperienceLoggerOptions o;
+  o.prefix = "experience";
+  o.writer_id = "w1";
+  o.initial_backoff = absl::Milliseconds(1);
+  return o;
+}
+
+// Reads everything under `prefix` and checks that no shard is bad.
+std::vector<policy::Transition> ReadAllClean(storage::ObjectStore& store, const std::string& prefix,
+                                             size_t* n_shards = nullptr) {
+  StatusOr<ReadResult> read = ReadShardsFromStore(store, prefix);
+  EXPECT_THAT(read, IsOk());
+  if (!read.ok()) return {};
+  for (const ShardReport& r : read->shards) EXPECT_THAT(r.error, IsEmpty()) << r.path;
+  if (n_shards != nullptr) *n_shards = read->shards.size();
+  return read->transitions;
+}
+
+// The logger's shards land under <prefix>/<UTC date>/<writer>-<seq>.lexp in a
+// local store, and read back in order with every field; counters add up.
+TEST(ExperienceLoggerTest, WritesShardsReadableFromStore) {
+  lede::testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  StatusOr<std::unique_ptr<storage::ObjectStore>> opened =
+      storage::OpenObjectStore("file://" + tmp.path().string());
+  ASSERT_THAT(opened, IsOk());
+  std::shared_ptr<storage::ObjectStore> store = std::move(opened).value();
+  StatusOr<std::unique_ptr<ExperienceLogger>> logger = ExperienceLogger::Create(store, SmallOptions());
+  ASSERT_THAT(logger, IsOk());
+  for (int i = 0; i < 100; ++i) EXPECT_TRUE((*logger)->Log(MakeRecord(i)));
+  ASSERT_THAT((*logger)->Flush(), IsOk());
+  for (int i = 100; i < 150; ++i) EXPECT_TRUE((*logger)->Log(MakeRecord(i)));
+  ASSERT_THAT((*logger)->Close(), IsOk());
+
+  StatusOr<std::vector<storage::ObjectInfo>> objects = store->List("");
+  ASSERT_THAT(objects, IsOk());
+  ASSERT_EQ(objects->size(), 2u);
+  const std::regex key_re(R"(experience/\d{4}-\d{2}-\d{2}/w1-0000000[01]\.lexp)");
+  for (const auto& o : *objects) EXPECT_TRUE(std::regex_match(o.key, key_re)) << o.key;
+  ExpectSameTransitions(ReadAllClean(*store, "experience"), MakeTransitions(0, 150));
+  // The plain-directory reader reads one date folder of the same shards.
+  const std::string date_dir = (tmp.path() / fs::path((*objects)[0].key).parent_path()).string();
+  StatusOr<ReadResult> dir_read = ReadShards(date_dir);
+  ASSERT_THAT(dir_read, IsOk());
+  EXPECT_EQ(dir_read->transitions.size(), 150u);
+
+  const ExperienceLoggerCounters c = (*logger)->counters();
+  EXPECT_EQ(c.records_logged, 150);
+  EXPECT_EQ(c.records_written, 150);
+  EXPECT_EQ(c.shards_written, 2);
+  EXPECT_EQ(c.records_dropped, 0);
+  EXPECT_EQ(c.put_failures, 0);
+}
+
+// A shard is Put() once it reaches max_shard_bytes: many small shards, none
+// much larger than the limit, all records present in order.
+TEST(ExperienceLoggerTest, RotatesBySize) {
+  auto store = std::make_shared<FakeStore>();
+  ExperienceLoggerOptions o = SmallOptions();
+  o.max_shard_bytes = 2000;
+  StatusOr<std::unique_ptr<ExperienceLogger>> logger = ExperienceLogger::Create(store, o);
+  ASSERT_THAT(logger, IsOk());
+  for (int i = 0; i < 200; ++i) ASSERT_TRUE((*logger)->Log(MakeRecord(i)));
+  ASSERT_THAT((*logger)->Close(), IsOk());
+
+  const int64_t record_bytes = 8 + static_cast<int64_t>(MakeRecord(0).ByteSizeLong());
+  StatusOr<std::vector<storage::ObjectInfo>> objects = store->List("experience/");
+  ASSERT_THAT(objects, IsOk());
+  EXPECT_GT(objects->size(), 5u);
+  for (const auto& obj : *objects) EXPECT_LT(obj.size_bytes, 2000 + 2 * record_bytes) << obj.key;
+  size_t n_shards = 0;
+  ExpectSameTransitions(ReadAllClean(*store, "experience", &n_shards), MakeTransitions(0, 200));
+  EXPECT_EQ(static_cast<int64_t>(n_shards), (*logger)->counters().shards_written);
+}
+
+// A shard whose first record is max_shard_age old is Put() without any
+// Flush(), so a quiet logger still publishes.
+TEST(ExperienceLoggerTest, RotatesByAge) {
+  auto store = std::make_shared<FakeStore>();
+  ExperienceLoggerOptions o = SmallOptions();
+  o.max_shard_age = absl::Milliseconds(20);
+  StatusOr<std::unique_ptr<ExperienceLogger>> logger = ExperienceLogger::Create(store, o);
+  ASSERT_THAT(logger, IsOk());
+  ExperienceLogger& l = **logger;
+  ASSERT_TRUE(l.Log(MakeRecord(0)));
+  EXPECT_TRUE(WaitUntil([&] { return l.counters().shards_written == 1; }));
+  ASSERT_TRUE(l.Log(MakeRecord(1)));
+  ASSERT_TRUE(l.Log(MakeRecord(2)));
+  EXPECT_TRUE(WaitUntil([&] { return l.counters().shards_written == 2; }));
+  EXPECT_EQ(l.counters().records_written, 3);
+  EXPECT_EQ(store->keys().size(), 2u);
+}
+
+// When the store stalls, Log() keeps returning at once: the queue fills to
+// its capacity and further records are dropped and counted.
+TEST(ExperienceLoggerTest, DropsAndCountsWhenQueueIsFull) {
+  auto store = std::make_shared<FakeStore>();
+  store->Block();
+  ExperienceLoggerOptions o = SmallOptions();
+  o.queue_capacity_records = 4;
+  o.max_shard_bytes = 1;  // every record is a shard
+  StatusOr<std::unique_ptr<ExperienceLogger>> logger = ExperienceLogger::Create(store, o);
+  ASSERT_THAT(logger, IsOk());
+  ExperienceLogger& l = **logger;
+  ASSERT_TRUE(l.Log(MakeRecord(0)));
+  ASSERT_TRUE(WaitUntil([&] { return store->puts_started() == 1; }));  // writer stuck in Put
+  int accepted = 0;
+  for (int i = 1; i <= 10; ++i) accepted += l.Log(MakeRecord(i)) ? 1 : 0;
+  EXPECT_EQ(accepted, 4);
+  EXPECT_EQ(l.counters().records_dropped, 6);
+  store->Release();
+  ASSERT_THAT(l.Close(), IsOk());
+  const ExperienceLoggerCounters c = l.counters();
+  EXPECT_EQ(c.records_logged, 5);
+  EXPECT_EQ(c.records_written, 5);
+  EXPECT_EQ(c.shards_written, 5);
+  EXPECT_EQ(c.records_dropped, 6);
+  ExpectSameTransitions(ReadAllClean(*store, "experience"), MakeTransitions(0, 5));
+}
+
+// A failing Put() is retried with backoff; after max_put_attempts the shard
+// is given up and counted, Flush() reports it, and the logger carries on.
+TEST(ExperienceLoggerTest, RetriesFailedPutsThenCountsAndDrops) {
+  auto store = std::make_shared<FakeStore>();
+  ExperienceLoggerOptions o = SmallOptions();
+  o.max_put_attempts = 3;
+  StatusOr<std::unique_ptr<ExperienceLogger>> logger = ExperienceLogger::Create(store, o);
+  ASSERT_THAT(logger, IsOk());
+  ExperienceLogger& l = **logger;
+
+  store->FailNextPuts(2);  // two failures, then success: retried, not lost
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(l.Log(MakeRecord(i)));
+  ASSERT_THAT(l.Flush(), IsOk());
+  EXPECT_EQ(l.counters().put_retries, 2);
+  EXPECT_EQ(l.counters().records_written, 3);
+
+  store->FailNextPuts(3);  // every attempt fails: given up
+  for (int i = 3; i < 7; ++i) ASSERT_TRUE(l.Log(MakeRecord(i)));
+  EXPECT_THAT(l.Flush(), StatusIs(StatusCode::kUnavailable));
+  ExperienceLoggerCounters c = l.counters();
+  EXPECT_EQ(c.put_failures, 1);
+  EXPECT_EQ(c.put_retries, 4);
+  EXPECT_EQ(c.records_lost, 4);
+
+  for (int i = 7; i < 9; ++i) ASSERT_TRUE(l.Log(MakeRecord(i)));
+  ASSERT_THAT(l.Close(), IsOk());
+  c = l.counters();
+  EXPECT_EQ(c.records_written, 5);
+  EXPECT_EQ(c.shards_written, 2);
+  EXPECT_EQ(c.records_logged, c.records_written + c.records_lost + c.records_rejected);
+  std::vector<policy::Transition> expected = MakeTransitions(0, 3);
+  for (const auto& t : MakeTransitions(7, 2)) expected.push_back(t);
+  ExpectSameTransitions(ReadAllClean(*store, "experience"), expected);
+}
+
+// Close() writes what is buffered, reports the final counters through the
+// hook, and refuses later records; destruction closes too.
+TEST(ExperienceLoggerTest, CloseFlushesAndReportsCounters) {
+  auto store = std::make_shared<FakeStore>();
+  ExperienceLoggerOptions o = SmallOptions();
+  absl::Mutex mu;
+  ExperienceLoggerCounters last;
+  int calls = 0;
+  o.on_counters = [&](const ExperienceLoggerCounters& c) {
+    absl::MutexLock lock(&mu);
+    last = c;
+    ++calls;
+  };
+  StatusOr<std::unique_ptr<ExperienceLogger>> logger = ExperienceLogger::Create(store, o);
+  ASSERT_THAT(logger, IsOk());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE((*logger)->Log(MakeRecord(i)));
+  EXPECT_THAT(store->keys(), IsEmpty());  // big shard, long age: still buffered
+  ASSERT_THAT((*logger)->Close(), IsOk());
+  EXPECT_THAT((*logger)->Close(), IsOk());
+  EXPECT_FALSE((*logger)->Log(MakeRecord(5)));
+  EXPECT_THAT((*logger)->Flush(), StatusIs(StatusCode::kFailedPrecondition));
+  ExpectSameTransitions(ReadAllClean(*store, "experience"), MakeTransitions(0, 5));
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_GE(calls, 1);
+    EXPECT_EQ(last.records_written, 5);
+    EXPECT_EQ(last.shards_written, 1);
+  }
+  EXPECT_EQ((*logger)->counters().records_dropped, 1);
+
+  {  // destruction without Close()
+    StatusOr<std::unique_ptr<ExperienceLogger>> other = ExperienceLogger::Create(store, [] {
+      ExperienceLoggerOptions p = SmallOptions();
+      p.writer_id = "w2";
+      return p;
+    }());
+    ASSERT_THAT(other, IsOk());
+    ASSERT_TRUE((*other)->Log(MakeRecord(9)));
+  }
+  EXPECT_EQ(store->keys().size(), 2u);
+}
+
+// Options that cannot work are refused.
+TEST(ExperienceLoggerTest, RejectsBadOptions) {
+  auto store = std::make_shared<FakeStore>();
+  EXPECT_THAT(ExperienceLogger::Create(nullptr, SmallOptions()), StatusIs(StatusCode::kInvalidArgument));
+  ExperienceLoggerOptions o = SmallOptions();
+  o.prefix = "../up";
+  EXPECT_THAT(ExperienceLogger::Create(store, o), StatusIs(StatusCode::kInvalidArgument));
+  o = SmallOptions();
+  o.writer_id = "a/b";
+  EXPECT_THAT(ExperienceLogger::Create(store, o), StatusIs(StatusCode::kInvalidArgument));
+  o = SmallOptions();
+  o.queue_capacity_records = 0;
+  EXPECT_THAT(ExperienceLogger::Create(store, o), StatusIs(StatusCode::kInvalidArgument));
+  o = SmallOptions();
+  o.writer_id = "";
+  StatusOr<std::unique_ptr<ExperienceLogger>> defaulted = ExperienceLogger::Create(store, o);
+  ASSERT_THAT(defaulted, IsOk());
+  EXPECT_THAT((*defaulted)->writer_id(), ::testing::MatchesRegex(".+-[0-9]+-[0-9]{8}T[0-9]{6}Z"));
+}
+
+// ReadShardsFromStore reads only *.lexp under the prefix folder, reports a
+// corrupt shard and keeps going.
+TEST(ReadShardsFromStoreTest, ReportsBadShardsAndSkipsOtherObjects) {
+  FakeStore store;
+  ShardEncoder a, b;
+  for (int i = 0; i < 3; ++i) ASSERT_THAT(a.Append(MakeRecord(i)), IsOk());
+  for (int i = 10; i < 12; ++i) ASSERT_THAT(b.Append(MakeRecord(i)), IsOk());
+  std::string bad = b.TakeBytes();
+  store.PutRaw("exp/d/a.lexp", a.TakeBytes());
+  store.PutRaw("exp/d/b.lexp", bad.substr(0, bad.size() - 3));
+  store.PutRaw("exp/d/notes.txt", "x");
+  store.PutRaw("expert/c.lexp", "not mine");
+  StatusOr<ReadResult> read = ReadShardsFromStore(store, "exp");
+  ASSERT_THAT(read, IsOk());
+  ASSERT_EQ(read->shards.size(), 2u);
+  EXPECT_EQ(read->shards[0].path, "exp/d/a.lexp");
+  EXPECT_THAT(read->shards[0].error, IsEmpty());
+  EXPECT_EQ(read->shards[1].records, 1);
+  EXPECT_THAT(read->shards[1].error, HasSubstr("truncated"));
+  std::vector<policy::Transition> expected = MakeTransitions(0, 3);
+  expected.push_back(MakeTransition(10));
+  ExpectSameTransitions(read->transitions, expected);
+  EXPECT_THAT(ReadShardsFromStore(store, "/abs"), StatusIs(StatusCode::kInvalidArgument));
+}
+
+// A process that logs continuously to a local store and is SIGKILLed
+// mid-write leaves only whole shards: every visible shard reads back with
+// no error (temporary files are invisible to List()).
+TEST(ExperienceLoggerTest, KilledWriterLeavesOnlyCompleteShards) {
+  lede::testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string root = tmp.path().string();
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {  // child: log forever
+    StatusOr<std::unique_ptr<storage::LocalStore>> store = storage::LocalStore::Open(root);
+    if (!store.ok()) ::_exit(3);
+    ExperienceLoggerOptions o = SmallOptions();
+    o.max_shard_bytes = 64 << 10;
+    StatusOr<std::unique_ptr<ExperienceLogger>> logger =
+        ExperienceLogger::Create(std::shared_ptr<storage::ObjectStore>(std::move(store).value()), o);
+    if (!logger.ok()) ::_exit(4);
+    for (int i = 0;; ++i) {
+      if (!(*logger)->Log(MakeRecord(i % 1000))) std::this_thread::yield();
+    }
+  }
+  StatusOr<std::unique_ptr<storage::ObjectStore>> store = storage::OpenObjectStore(root);
+  ASSERT_THAT(store, IsOk());
+  const bool enough = WaitUntil([&] {
+    StatusOr<std::vector<storage::ObjectInfo>> objects = (*store)->List("experience/");
+    return objects.ok() && objects->size() >= 8;
+  });
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "child exited with " << WEXITSTATUS(status);
+  ASSERT_TRUE(enough) << "the child wrote fewer than 8 shards in 20 s";
+
+  size_t n_shards = 0;
+  const std::vector<policy::Transition> read = ReadAllClean(**store, "experience", &n_shards);
+  EXPECT_GE(n_shards, 8u);
+  EXPECT_GT(read.size(), 8u * 100);
+}
+
+// The logger's shards round-trip through a real S3 server (s3rver) and read
+// back with ReadShardsFromStore.
+TEST(ExperienceLoggerTest, RoundTripThroughS3) {
+  lede::testing::S3rver s3;
+  if (!s3.available()) GTEST_SKIP() << s3.skip_reason();
+  ASSERT_THAT(s3.Start("lede-test"), IsOk());
+  ::setenv("AWS_ACCESS_KEY_ID", "S3RVER", 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", "S3RVER", 1);
+  StatusOr<std::unique_ptr<storage::ObjectStore>> opened = storage::OpenObjectStore(
+      "s3://lede-test/run1?endpoint=" + s3.endpoint() + "&region=us-east-1&max_keys=2");
+  ::unsetenv("AWS_ACCESS_KEY_ID");
+  ::unsetenv("AWS_SECRET_ACCESS_KEY");
+  ASSERT_THAT(opened, IsOk());
+  std::shared_ptr<storage::ObjectStore> store = std::move(opened).value();
+  ExperienceLoggerOptions o = SmallOptions();
+  o.max_shard_bytes = 3000;
+  StatusOr<std::unique_ptr<ExperienceLogger>> logger = ExperienceLogger::Create(store, o);
+  ASSERT_THAT(logger, IsOk());
+  for (int i = 0; i < 60; ++i) ASSERT_TRUE((*logger)->Log(MakeRecord(i)));
+  ASSERT_THAT((*logger)->Close(), IsOk());
+  EXPECT_GE((*logger)->counters().shards_written, 3);
+  EXPECT_EQ((*logger)->counters().put_failures, 0);
+  ExpectSameTransitions(ReadAllClean(*store, "experience"), MakeTransitions(0, 60));
 }
 
 }  // namespace

@@ -1,6 +1,10 @@
 // Tests of shared/model/kv_cache.h: layout, slot bookkeeping, rollback.
 #include "shared/model/kv_cache.h"
 
+#include <unistd.h>
+
+#include <string>
+
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
@@ -96,6 +100,60 @@ TEST(KvCacheTest, RollbackDropsRejectedDraftTokens) {
   run(*clean, {1, 2, 3}, 0);
   at::Tensor expected = run(*clean, {7, 8}, 3);
   EXPECT_LE((after - expected).abs().max().item<float>(), 1e-6);
+}
+
+// A pool in a named segment is the same memory in every process that maps
+// it: K/V, scratch and committed lengths written through one view are read
+// through the other (DESIGN.md §4 "Shared KV cache").
+TEST(KvCacheTest, SharedPoolIsVisibleThroughAttach) {
+  KvCacheOptions o;
+  o.n_slots = 2;
+  o.capacity = 16;
+  o.max_draft_len = 3;
+  o.shared_memory_name = "/lede-kv-test-" + std::to_string(::getpid());
+  auto owner = KvCache::Create(TinyConfig(), o);
+  ASSERT_THAT(owner, IsOk());
+  KvCacheOptions attach;
+  attach.shared_memory_name = o.shared_memory_name;
+  auto view = KvCache::Attach(TinyConfig(), attach);
+  ASSERT_THAT(view, IsOk());
+  EXPECT_EQ(view->epoch(), owner->epoch());
+  EXPECT_EQ(view->n_slots(), 2);
+  EXPECT_EQ(view->capacity(), 16);
+  EXPECT_EQ(view->k(1).sizes(), owner->k(1).sizes());
+  auto slot = owner->Allocate();
+  ASSERT_THAT(slot, IsOk());
+  ASSERT_THAT(owner->Commit(*slot, 5), IsOk());
+  owner->k(2).select(0, *slot).fill_(1.5f);
+  view->exit_hidden().select(0, *slot).fill_(-2.0f);
+  EXPECT_EQ(view->length(*slot), 5);
+  EXPECT_EQ(view->n_in_use(), 1);
+  EXPECT_TRUE(at::equal(view->k(2), owner->k(2)));
+  EXPECT_FLOAT_EQ(owner->exit_hidden()[*slot][0][0].item<float>(), -2.0f);
+}
+
+// Attaching refuses a segment that does not exist or was made for another
+// model, naming the mismatch; a recreated pool has a new epoch.
+TEST(KvCacheTest, AttachRefusesMissingOrMismatchedPools) {
+  KvCacheOptions o;
+  o.n_slots = 1;
+  o.capacity = 8;
+  o.shared_memory_name = "/lede-kv-test-mismatch-" + std::to_string(::getpid());
+  EXPECT_THAT(KvCache::Attach(TinyConfig(), o), StatusIs(StatusCode::kNotFound));
+  auto owner = KvCache::Create(TinyConfig(), o);
+  ASSERT_THAT(owner, IsOk());
+  ModelConfig other = TinyConfig();
+  other.n_layers += 1;
+  EXPECT_THAT(KvCache::Attach(other, o), StatusIs(StatusCode::kFailedPrecondition));
+  const uint64_t first_epoch = owner->epoch();
+  auto again = KvCache::Create(TinyConfig(), o);  // a restarted verifier
+  ASSERT_THAT(again, IsOk());
+  auto view = KvCache::Attach(TinyConfig(), o);
+  ASSERT_THAT(view, IsOk());
+  EXPECT_NE(view->epoch(), first_epoch);
+  EXPECT_EQ(view->epoch(), again->epoch());
+  owner = again;  // the first pool goes away without removing the new one's name
+  EXPECT_THAT(KvCache::Attach(TinyConfig(), o), IsOk());
 }
 
 }  // namespace

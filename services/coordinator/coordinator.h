@@ -1,0 +1,84 @@
+// File: services/coordinator/coordinator.h
+//
+// The coordinator (DESIGN.md §3): the public lede.v1.Generation API. It
+// validates a request, tokenizes it, opens a session on the verifier (a KV
+// slot), runs the speculation loop of shared/speculation/generation.h over
+// gRPC (Drafter.Draft then Verifier.Verify per round; the drafter runs the
+// exit policy in-process), streams text deltas, rewards each round's exit
+// decisions (policy/transition.h) and logs them to the object store
+// (trainer/experience_logger.h), and counts everything in Prometheus
+// metrics (DESIGN.md §6). It holds no tensors and never links libtorch.
+//
+// Errors end the stream with a gRPC status: INVALID_ARGUMENT naming the
+// field; RESOURCE_EXHAUSTED when every KV slot is busy; UNAVAILABLE when the
+// drafter or verifier is down or restarted mid-request (or, with
+// autoregressive_fallback, a drafter outage degrades to full-depth steps);
+// CANCELLED / DEADLINE_EXCEEDED from the client. The KV slot is closed on
+// every path. Thread-safety: Generate runs concurrently on gRPC's thread
+// pool; per-request state is local.
+#ifndef LEDE_SERVICES_COORDINATOR_COORDINATOR_H_
+#define LEDE_SERVICES_COORDINATOR_COORDINATOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "proto/lede/v1/generation.grpc.pb.h"
+#include "shared/status/status.h"
+
+namespace lede::telemetry {
+class Registry;
+}
+
+namespace lede::coordinator {
+
+struct CoordinatorOptions {
+  std::string verifier_target = "127.0.0.1:50052";  // lede.v1.Verifier
+  std::string drafter_target = "127.0.0.1:50054";   // lede.v1.Drafter (same as verifier when co-located)
+  std::string tokenizer_path;      // tokenizer.model / tokenizer.bin of the served model (required)
+  int64_t max_new_tokens_limit = 1024;  // requests above are INVALID_ARGUMENT
+  // Deadline of each call to a model process when the client set none, s.
+  double rpc_timeout_s = 30;
+  // Serve full-depth steps through the verifier when the drafter is down
+  // (instead of failing the request with UNAVAILABLE).
+  bool autoregressive_fallback = false;
+  // Experience: an object store URL (file:///dir, a directory, or
+  // s3://bucket/prefix?endpoint=...); "" logs nothing.
+  std::string experience_url;
+  std::string experience_prefix = "experience";
+  double experience_shard_age_s = 30;     // publish a shard at least this often
+  int64_t experience_queue_records = 1 << 16;
+  // Rewards of logged transitions: "throughput" (tokens minus cost under the
+  // verifier's cost model) or "paper" (DESIGN.md §2).
+  std::string reward = "throughput";
+};
+
+class RemoteBackend;
+
+// Implements lede.v1.Generation. Create() checks the options and opens the
+// experience store; the model processes are contacted lazily, so the
+// coordinator may start first.
+class GenerationService final : public lede::v1::Generation::Service {
+ public:
+  // Errors: kInvalidArgument naming the option (tokenizer_path, reward,
+  // experience_url, max_new_tokens_limit); kNotFound for a missing tokenizer.
+  static StatusOr<std::unique_ptr<GenerationService>> Create(const CoordinatorOptions& options,
+                                                             telemetry::Registry* registry);
+  ~GenerationService() override;
+
+  grpc::Status Generate(grpc::ServerContext* context, const lede::v1::GenerateRequest* request,
+                        grpc::ServerWriter<lede::v1::GenerateResponse>* writer) override;
+
+  // Writes buffered experience (at shutdown). Returns the logger's status.
+  Status FlushExperience();
+
+ private:
+  GenerationService();
+  struct Impl;
+  friend class RemoteBackend;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace lede::coordinator
+
+#endif  // LEDE_SERVICES_COORDINATOR_COORDINATOR_H_

@@ -1,0 +1,83 @@
+// lede-coordinator: the public lede.v1.Generation API
+// (services/coordinator/coordinator.h). Never links libtorch.
+#include <chrono>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "services/coordinator/coordinator.h"
+#include "shared/flags/flags.h"
+#include "shared/rpc/server.h"
+#include "shared/telemetry/metrics.h"
+#include "shared/tokenizer/model_files.h"
+
+namespace {
+
+int Run(const std::vector<std::string>& raw_args) {
+  lede::coordinator::CoordinatorOptions o;
+  std::string model, listen = "127.0.0.1:50051", metrics = "127.0.0.1:9401";
+  int64_t limit = o.max_new_tokens_limit;
+  double grace_s = 10;
+  lede::flags::FlagSet flags;
+  flags.Add("model", &model, "served model directory (its tokenizer is used)", true);
+  flags.Add("tokenizer", &o.tokenizer_path, "tokenizer file (default: found beside --model)");
+  flags.Add("verifier", &o.verifier_target, "verifier address host:port");
+  flags.Add("drafter", &o.drafter_target, "drafter address host:port (= --verifier when co-located)");
+  flags.Add("listen", &listen, "gRPC address of the public API");
+  flags.Add("metrics", &metrics, "HTTP address of /metrics");
+  flags.Add("max-new-tokens-limit", &limit, "largest max_new_tokens a request may ask for");
+  flags.Add("rpc-timeout-s", &o.rpc_timeout_s, "deadline of each call to a model process");
+  flags.Add("autoregressive-fallback", &o.autoregressive_fallback,
+            "serve full-depth steps when the drafter is down instead of failing");
+  flags.Add("experience", &o.experience_url,
+            "object store for experience: a directory, file:///dir or s3://bucket/prefix?endpoint=...");
+  flags.Add("experience-prefix", &o.experience_prefix, "key prefix of experience shards in the store");
+  flags.Add("experience-shard-age-s", &o.experience_shard_age_s, "publish a shard at least this often");
+  flags.Add("reward", &o.reward, "rewards of logged transitions: throughput | paper");
+  flags.Add("shutdown-grace-s", &grace_s, "how long in-flight requests may finish after SIGTERM");
+  if (lede::flags::WantsHelp(raw_args)) {
+    std::cout << "usage: lede-coordinator --model DIR [--config FILE] [flags]\n" << flags.Usage();
+    return 0;
+  }
+  auto args = lede::flags::ExpandConfigFile(raw_args);
+  lede::Status parsed = args.ok() ? flags.Parse(*args) : args.status();
+  if (!parsed.ok()) {
+    std::cerr << "lede-coordinator: " << parsed.message() << "\n";
+    return 2;
+  }
+  o.max_new_tokens_limit = limit;
+  if (o.tokenizer_path.empty()) {
+    auto found = lede::tokenizer::FindTokenizerFile(model);
+    if (!found.ok()) {
+      std::cerr << "lede-coordinator: --model: " << found.status().message() << "\n";
+      return 2;
+    }
+    o.tokenizer_path = *found;
+  }
+  lede::rpc::BlockTerminationSignals();
+  lede::telemetry::Registry registry;
+  auto service = lede::coordinator::GenerationService::Create(o, &registry);
+  if (!service.ok()) {
+    std::cerr << "lede-coordinator: " << service.status().message() << "\n";
+    return 2;
+  }
+  lede::rpc::ServerRunner runner("coordinator");
+  runner.AddService(service->get());
+  lede::rpc::ServerOptions so;
+  so.listen_address = listen;
+  so.metrics_address = metrics;
+  so.shutdown_grace = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
+  if (lede::Status s = runner.Start(so, &registry); !s.ok()) {
+    lede::rpc::LogEvent("error", "start_failed", {{"error", s.ToString()}});
+    return 1;
+  }
+  runner.WaitForTermination();
+  runner.Shutdown();  // in-flight requests finish (or are cancelled after the grace period)
+  lede::Status flushed = (*service)->FlushExperience();
+  lede::rpc::LogEvent(flushed.ok() ? "info" : "warn", "experience_flushed", {{"status", flushed.ToString()}});
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return Run(std::vector<std::string>(argv + 1, argv + argc)); }

@@ -1,0 +1,98 @@
+// lede-model: the model service process (services/model/model_service.h).
+//   --role verifier   creates the KV pool (--kv-pool NAME) and serves Verifier
+//   --role drafter    maps that pool and serves Drafter
+//   --role both       co-located: one process, a private pool, both services
+#include <chrono>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "services/model/model_service.h"
+#include "shared/flags/flags.h"
+#include "shared/rpc/server.h"
+#include "shared/telemetry/metrics.h"
+
+namespace {
+
+int Run(const std::vector<std::string>& raw_args) {
+  using lede::model_service::ModelServiceOptions;
+  ModelServiceOptions o;
+  std::string role = "both", listen, metrics;
+  int64_t n_slots = o.n_slots, capacity = o.capacity, max_draft_len = o.max_draft_len, threads = o.threads;
+  double attach_timeout_s = 60, idle_timeout_s = o.session_idle_timeout_s, grace_s = 10;
+  lede::flags::FlagSet flags;
+  flags.Add("role", &role, "verifier | drafter | both (co-located)");
+  flags.Add("model", &o.model_path, "model directory (Hugging Face layout) or llama2.c .bin", true);
+  flags.Add("kv-pool", &o.kv_pool_name, "shared-memory name of the KV pool (split deployments), e.g. /lede-kv");
+  flags.Add("slots", &n_slots, "KV slots (concurrent sessions)");
+  flags.Add("capacity", &capacity, "tokens per KV slot (0 = the model's context window)");
+  flags.Add("max-draft-len", &max_draft_len, "largest draft length the pool's scratch holds");
+  flags.Add("calibration", &o.calibration_path, "cost-model calibration JSON (lede calibrate); default: accelerator model");
+  flags.Add("policy", &o.policy_target, "drafter: policy service address to follow (host:port)");
+  flags.Add("policy-dir", &o.policy_dir, "drafter: policy root or version directory (when no --policy)");
+  flags.Add("remote-decisions", &o.remote_decisions, "drafter: one Policy.Decide call per decision (evaluation)");
+  flags.Add("listen", &listen, "gRPC address (default 127.0.0.1:50052 verifier/both, :50054 drafter)");
+  flags.Add("metrics", &metrics, "HTTP address of /metrics (default 127.0.0.1:9402 / :9404)");
+  flags.Add("threads", &threads, "libtorch intra-op threads");
+  flags.Add("attach-timeout-s", &attach_timeout_s, "drafter: how long to wait for the verifier's pool");
+  flags.Add("session-idle-timeout-s", &idle_timeout_s, "reclaim sessions idle this long when the pool is full");
+  flags.Add("shutdown-grace-s", &grace_s, "how long in-flight calls may finish after SIGTERM");
+  if (lede::flags::WantsHelp(raw_args)) {
+    std::cout << "usage: lede-model --model DIR [--role verifier|drafter|both] [--config FILE] [flags]\n"
+              << flags.Usage();
+    return 0;
+  }
+  auto args = lede::flags::ExpandConfigFile(raw_args);
+  lede::Status parsed = args.ok() ? flags.Parse(*args) : args.status();
+  if (parsed.ok() && role != "verifier" && role != "drafter" && role != "both") {
+    parsed = lede::InvalidArgumentError("--role: must be verifier, drafter or both, got '" + role + "'");
+  }
+  if (!parsed.ok()) {
+    std::cerr << "lede-model: " << parsed.message() << "\n";
+    return 2;
+  }
+  o.n_slots = n_slots;
+  o.capacity = capacity;
+  o.max_draft_len = max_draft_len;
+  o.threads = static_cast<int>(threads);
+  o.session_idle_timeout_s = idle_timeout_s;
+  const bool drafter_only = role == "drafter";
+  if (listen.empty()) listen = drafter_only ? "127.0.0.1:50054" : "127.0.0.1:50052";
+  if (metrics.empty()) metrics = drafter_only ? "127.0.0.1:9404" : "127.0.0.1:9402";
+
+  lede::rpc::BlockTerminationSignals();
+  lede::rpc::SetLogProcessName(role == "both" ? "model" : role);
+  lede::telemetry::Registry registry;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(attach_timeout_s);
+  auto host = lede::model_service::LoadModelHost(o, !drafter_only, &registry);
+  while (drafter_only && !host.ok() && host.status().code() == lede::StatusCode::kNotFound &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the verifier has not made the pool yet
+    host = lede::model_service::LoadModelHost(o, false, &registry);
+  }
+  if (!host.ok()) {
+    lede::rpc::LogEvent("error", "load_failed", {{"error", host.status().ToString()}});
+    return 1;
+  }
+  lede::model_service::VerifierService verifier(*host);
+  lede::model_service::DrafterService drafter(*host);
+  lede::rpc::ServerRunner runner(role == "both" ? "model" : role);
+  if (role != "drafter") runner.AddService(&verifier);
+  if (role != "verifier") runner.AddService(&drafter);
+  lede::rpc::ServerOptions so;
+  so.listen_address = listen;
+  so.metrics_address = metrics;
+  so.shutdown_grace = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
+  if (lede::Status s = runner.Start(so, &registry); !s.ok()) {
+    lede::rpc::LogEvent("error", "start_failed", {{"error", s.ToString()}});
+    return 1;
+  }
+  runner.WaitForTermination();
+  runner.Shutdown();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return Run(std::vector<std::string>(argv + 1, argv + argc)); }

@@ -1,0 +1,522 @@
+#include "services/model/model_service.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+
+#include "policy/controllers.h"
+#include "policy/dqn/artifact.h"
+#include "policy/dqn/dqn_exit_controller.h"
+#include "services/drafter/policy_follower.h"
+#include "shared/model/cost_model.h"
+#include "shared/model/decoding.h"
+#include "shared/model/kv_cache.h"
+#include "shared/model/llama.h"
+#include "shared/rpc/grpc_status.h"
+#include "shared/rpc/server.h"
+#include "shared/speculation/generation.h"
+#include "shared/status/status_macros.h"
+#include "shared/telemetry/lede_metrics.h"
+#include "shared/telemetry/metrics.h"
+
+namespace lede::model_service {
+
+using rpc::ToGrpcStatus;
+using Clock = std::chrono::steady_clock;
+
+// The loaded model, the KV pool and (drafter) the policy.
+class ModelHost {
+ public:
+  ModelServiceOptions options;
+  std::shared_ptr<const model::LlamaModel> model;
+  std::string fingerprint;
+  std::unique_ptr<telemetry::SpecDecodeMetrics> metrics;  // null without a registry
+
+  // The pool; a drafter re-attaches when the verifier made a new one.
+  std::mutex pool_mu;
+  std::shared_ptr<model::KvCache> cache;  // guarded by pool_mu (the pointer)
+
+  // Costs of the served cost model, in full-depth steps.
+  std::string cost_model = "accelerator";
+  std::vector<double> draft_cost, verify_cost;
+  double probe_cost = 0;
+
+  // LEDE policy: followed from the policy service, or loaded from a directory.
+  std::unique_ptr<drafter::PolicyFollower> follower;
+  std::shared_ptr<const policy::dqn::Artifact> local_policy;
+  std::shared_ptr<lede::v1::Policy::Stub> policy_stub;  // remote decisions
+
+  std::shared_ptr<const policy::dqn::Artifact> policy() const {
+    return follower ? follower->current() : local_policy;
+  }
+
+  std::shared_ptr<model::KvCache> Pool() {
+    std::lock_guard<std::mutex> lock(pool_mu);
+    return cache;
+  }
+
+  // The pool of `epoch`: the current one, or (drafter) a re-attached one.
+  // Errors: kFailedPrecondition when the epoch is not the pool's (the
+  // verifier restarted; the session is gone).
+  StatusOr<std::shared_ptr<model::KvCache>> PoolOfEpoch(uint64_t epoch) {
+    std::lock_guard<std::mutex> lock(pool_mu);
+    if (cache && cache->epoch() == epoch) return cache;
+    if (!options.kv_pool_name.empty() && !owns_pool) {
+      model::KvCacheOptions o;
+      o.shared_memory_name = options.kv_pool_name;
+      o.dtype = model->options().dtype;
+      auto attached = model::KvCache::Attach(model->config(), o);
+      if (attached.ok()) {
+        cache = std::make_shared<model::KvCache>(std::move(*attached));
+        rpc::LogEvent("info", "kv_pool_attached", {{"epoch", std::to_string(cache->epoch())}});
+        if (cache->epoch() == epoch) return cache;
+      }
+    }
+    return FailedPreconditionError("pool_epoch: session of KV pool epoch " + std::to_string(epoch) +
+                                   " is gone (the pool is at " +
+                                   std::to_string(cache ? cache->epoch() : 0) + ")");
+  }
+
+  void FillInfo(lede::v1::ModelInfo* info) {
+    const model::ModelConfig& c = model->config();
+    std::shared_ptr<model::KvCache> pool = Pool();
+    info->set_n_layers(static_cast<int32_t>(c.n_layers));
+    info->set_vocab_size(static_cast<int32_t>(c.vocab_size));
+    info->set_capacity(pool ? pool->capacity() : 0);
+    info->set_n_slots(pool ? static_cast<int32_t>(pool->n_slots()) : 0);
+    info->set_max_draft_length(pool ? static_cast<int32_t>(pool->max_draft_len()) : 0);
+    for (int32_t id : c.eos_ids) info->add_eos_ids(id);
+    info->set_bos_id(c.bos_id);
+    info->set_model_fingerprint(fingerprint);
+    info->set_kv_pool_name(options.kv_pool_name);
+    info->set_pool_epoch(pool ? pool->epoch() : 0);
+    info->set_cost_model(cost_model);
+    for (double x : draft_cost) info->add_draft_cost(x);
+    for (double x : verify_cost) info->add_verify_cost(x);
+    info->set_probe_cost(probe_cost);
+    if (auto p = policy()) info->set_policy_version(p->metadata.version);
+  }
+
+  bool owns_pool = false;
+};
+
+namespace {
+
+// Slot bookkeeping of the verifier: per-session options and last use.
+struct SessionState {
+  speculation::SessionOptions options;
+  Clock::time_point last_used;
+  std::string request_id;
+};
+
+speculation::SamplingParams SamplingFromProto(const lede::v1::SamplingParams& p) {
+  speculation::SamplingParams s;
+  s.temperature = p.temperature();
+  s.top_p = p.top_p() == 0.0f ? 1.0 : p.top_p();
+  s.seed = p.seed();
+  return s;
+}
+
+Status ValidateSampling(const speculation::SamplingParams& s) {
+  if (!(s.temperature >= 0.0) || !std::isfinite(s.temperature)) {
+    return InvalidArgumentError("sampling.temperature: must be a finite number >= 0");
+  }
+  if (!(s.top_p > 0.0 && s.top_p <= 1.0)) return InvalidArgumentError("sampling.top_p: must be in (0, 1]");
+  return OkStatus();
+}
+
+// [K, V] float32 little-endian bytes <-> tensor.
+std::string ProbsToBytes(const at::Tensor& probs) {
+  if (!probs.defined() || probs.numel() == 0) return {};
+  at::Tensor p = probs.to(at::kFloat).contiguous();
+  return std::string(static_cast<const char*>(p.data_ptr()), p.numel() * sizeof(float));
+}
+
+StatusOr<at::Tensor> ProbsFromBytes(const std::string& bytes, int64_t K, int64_t V) {
+  if (bytes.empty()) return at::Tensor();
+  if (static_cast<int64_t>(bytes.size()) != K * V * static_cast<int64_t>(sizeof(float))) {
+    return InvalidArgumentError("draft_probs: " + std::to_string(bytes.size()) + " bytes, expected K x V x 4 = " +
+                                std::to_string(K * V * 4));
+  }
+  at::Tensor t = at::empty({K, V}, at::kFloat);
+  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
+Status CheckTokens(const google::protobuf::RepeatedField<int32_t>& ids, int64_t V, const char* field) {
+  for (int i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= V) {
+      return InvalidArgumentError(std::string(field) + "[" + std::to_string(i) + "]: token id " +
+                                  std::to_string(ids[i]) + " outside [0, " + std::to_string(V) + ")");
+    }
+  }
+  return OkStatus();
+}
+
+// Runs `fn` with libtorch exceptions turned into kInternal.
+template <typename Fn>
+Status Guarded(const char* what, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    return InternalError(std::string(what) + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& options, bool create_pool,
+                                                   telemetry::Registry* registry) {
+  auto host = std::make_shared<ModelHost>();
+  host->options = options;
+  if (options.threads > 0) at::set_num_threads(options.threads);
+  model::ModelOptions mo;
+  LEDE_ASSIGN_OR_RETURN(std::unique_ptr<model::LlamaModel> loaded,
+                        model::LlamaModel::Load(options.model_path, mo));
+  host->model = std::shared_ptr<const model::LlamaModel>(std::move(loaded));
+  const model::ModelConfig& c = host->model->config();
+  host->fingerprint = c.ArchitectureFingerprint();
+  if (registry != nullptr) host->metrics = std::make_unique<telemetry::SpecDecodeMetrics>(*registry);
+
+  model::KvCacheOptions ko;
+  ko.n_slots = options.n_slots;
+  ko.capacity = options.capacity;
+  ko.max_draft_len = options.max_draft_len;
+  ko.shared_memory_name = options.kv_pool_name;
+  ko.dtype = host->model->options().dtype;
+  if (create_pool) {
+    LEDE_ASSIGN_OR_RETURN(model::KvCache cache, model::KvCache::Create(c, ko));
+    host->cache = std::make_shared<model::KvCache>(std::move(cache));
+    host->owns_pool = true;
+  } else {
+    if (options.kv_pool_name.empty()) {
+      return InvalidArgumentError("kv_pool: a drafter without a verifier in its process needs the pool's name");
+    }
+    LEDE_ASSIGN_OR_RETURN(model::KvCache cache, model::KvCache::Attach(c, ko));
+    host->cache = std::make_shared<model::KvCache>(std::move(cache));
+  }
+  if (host->metrics) host->metrics->kv_slots_capacity.Set(static_cast<double>(host->cache->n_slots()));
+
+  // Cost model of the rewards (ModelInfo).
+  std::unique_ptr<model::CostModel> cm;
+  if (!options.calibration_path.empty()) {
+    LEDE_ASSIGN_OR_RETURN(model::Calibration cal, model::ReadCalibrationFile(options.calibration_path));
+    cm = model::MakeMeasuredCostModel(cal);
+  } else {
+    cm = model::MakeAcceleratorCostModel(c);
+  }
+  host->cost_model = cm->name();
+  const int64_t L = c.n_layers, D = host->cache->max_draft_len();
+  for (int64_t l = 0; l <= L; ++l) host->draft_cost.push_back(l == 0 ? 0.0 : cm->DraftToken(l));
+  for (int64_t e = 0; e <= L; ++e) {
+    for (int64_t k = 0; k <= D; ++k) host->verify_cost.push_back(e == 0 ? 0.0 : cm->Verify(e, k));
+  }
+  host->probe_cost = cm->Probe();
+
+  if (!options.policy_target.empty()) {
+    drafter::PolicyFollowerOptions po;
+    po.target = options.policy_target;
+    po.model_fingerprint = host->fingerprint;
+    po.n_layers = static_cast<int32_t>(L);
+    po.metrics = host->metrics.get();
+    host->follower = std::make_unique<drafter::PolicyFollower>(po);
+    Status first = host->follower->FetchOnce();
+    if (!first.ok()) rpc::LogEvent("warn", "policy_fetch_failed", {{"error", first.ToString()}});
+    host->follower->Start();
+    if (options.remote_decisions) {
+      host->policy_stub = lede::v1::Policy::NewStub(drafter::MakePolicyChannel(options.policy_target));
+    }
+  } else if (!options.policy_dir.empty()) {
+    const std::filesystem::path dir(options.policy_dir);
+    auto artifact = std::filesystem::exists(dir / policy::dqn::kMetadataFile)
+                        ? policy::dqn::LoadArtifact(options.policy_dir, host->fingerprint)
+                        : policy::dqn::LoadServingArtifact(options.policy_dir, host->fingerprint);
+    if (!artifact.ok()) return artifact.status();
+    host->local_policy = std::make_shared<const policy::dqn::Artifact>(std::move(*artifact));
+    if (host->metrics) {
+      host->metrics->SetPolicyVersion(host->local_policy->metadata.version,
+                                      telemetry::PolicyVersionNumber(host->local_policy->metadata.version));
+    }
+  }
+  return host;
+}
+
+// ---------------------------------------------------------------- Verifier
+
+struct VerifierService::Impl {
+  std::shared_ptr<ModelHost> host;
+  std::mutex mu;                              // slot allocation and sessions_
+  std::map<int64_t, SessionState> sessions;   // by slot
+
+  // Frees sessions idle past the timeout (their coordinator is gone).
+  void ReclaimIdle(model::KvCache& cache) {
+    const auto now = Clock::now();
+    for (auto it = sessions.begin(); it != sessions.end();) {
+      const double idle = std::chrono::duration<double>(now - it->second.last_used).count();
+      if (idle > host->options.session_idle_timeout_s) {
+        rpc::LogEvent("warn", "session_reclaimed", {{"slot", std::to_string(it->first)},
+                                                    {"request_id", it->second.request_id}});
+        (void)cache.Free(it->first);
+        it = sessions.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+};
+
+VerifierService::VerifierService(std::shared_ptr<ModelHost> host) : impl_(std::make_unique<Impl>()) {
+  impl_->host = std::move(host);
+}
+VerifierService::~VerifierService() = default;
+
+grpc::Status VerifierService::Describe(grpc::ServerContext*, const lede::v1::DescribeRequest*,
+                                       lede::v1::ModelInfo* info) {
+  impl_->host->FillInfo(info);
+  return grpc::Status::OK;
+}
+
+grpc::Status VerifierService::OpenSession(grpc::ServerContext*, const lede::v1::OpenSessionRequest* req,
+                                          lede::v1::OpenSessionResponse* resp) {
+  ModelHost& host = *impl_->host;
+  std::shared_ptr<model::KvCache> cache = host.Pool();
+  const int64_t V = host.model->config().vocab_size;
+  if (req->prompt_token_ids().empty()) {
+    return ToGrpcStatus(InvalidArgumentError("prompt_token_ids: empty"));
+  }
+  if (Status s = CheckTokens(req->prompt_token_ids(), V, "prompt_token_ids"); !s.ok()) return ToGrpcStatus(s);
+  if (req->prompt_token_ids_size() >= cache->capacity()) {
+    return ToGrpcStatus(InvalidArgumentError("prompt_token_ids: " + std::to_string(req->prompt_token_ids_size()) +
+                                             " tokens do not fit the context window of " +
+                                             std::to_string(cache->capacity())));
+  }
+  speculation::SessionOptions so;
+  so.sampling = SamplingFromProto(req->sampling());
+  if (Status s = ValidateSampling(so.sampling); !s.ok()) return ToGrpcStatus(s);
+  so.record_nll = req->record_nll();
+  int64_t slot = -1;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    StatusOr<int64_t> allocated = cache->Allocate();
+    if (!allocated.ok()) {
+      impl_->ReclaimIdle(*cache);
+      allocated = cache->Allocate();
+    }
+    if (!allocated.ok()) return ToGrpcStatus(allocated.status());
+    slot = *allocated;
+    impl_->sessions[slot] = SessionState{so, Clock::now(), req->request_id()};
+    if (host.metrics) host.metrics->kv_slots_in_use.Set(static_cast<double>(cache->n_in_use()));
+  }
+  const std::vector<int32_t> prompt(req->prompt_token_ids().begin(), req->prompt_token_ids().end());
+  model::Verifier verifier(*host.model, *cache);
+  StatusOr<speculation::Prefilled> first = model::PrefillSession(verifier, slot, prompt, so);
+  if (!first.ok()) {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    (void)cache->Free(slot);
+    impl_->sessions.erase(slot);
+    return ToGrpcStatus(first.status());
+  }
+  resp->set_slot(slot);
+  resp->set_pool_epoch(cache->epoch());
+  resp->set_first_token(first->token);
+  resp->set_first_nll(first->nll);
+  return grpc::Status::OK;
+}
+
+grpc::Status VerifierService::Verify(grpc::ServerContext*, const lede::v1::VerifyRequest* req,
+                                     lede::v1::VerifyResponse* resp) {
+  ModelHost& host = *impl_->host;
+  auto pool = host.PoolOfEpoch(req->pool_epoch());
+  if (!pool.ok()) return ToGrpcStatus(pool.status());
+  model::KvCache& cache = **pool;
+  speculation::SessionOptions so;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    auto it = impl_->sessions.find(req->slot());
+    if (it == impl_->sessions.end()) {
+      return ToGrpcStatus(FailedPreconditionError("slot: " + std::to_string(req->slot()) + " has no open session"));
+    }
+    it->second.last_used = Clock::now();
+    so = it->second.options;
+  }
+  const int64_t V = host.model->config().vocab_size;
+  if (req->position() != cache.length(req->slot())) {
+    return ToGrpcStatus(FailedPreconditionError("position: " + std::to_string(req->position()) +
+                                                " but the slot holds " + std::to_string(cache.length(req->slot()))));
+  }
+  if (req->pending_token() < 0 || req->pending_token() >= V) {
+    return ToGrpcStatus(InvalidArgumentError("pending_token: outside [0, V)"));
+  }
+  if (Status s = CheckTokens(req->draft_tokens(), V, "draft_tokens"); !s.ok()) return ToGrpcStatus(s);
+  speculation::Draft draft;
+  draft.exit_layer = req->exit_layer();
+  draft.tokens.assign(req->draft_tokens().begin(), req->draft_tokens().end());
+  draft.ready_layer = req->ready_layer();
+  const int64_t K = static_cast<int64_t>(draft.tokens.size());
+  const int64_t L = host.model->n_layers();
+  if (K > 0 && (draft.exit_layer < 1 || draft.exit_layer > L)) {
+    return ToGrpcStatus(InvalidArgumentError("exit_layer: " + std::to_string(draft.exit_layer) + " outside [1, " +
+                                             std::to_string(L) + "]"));
+  }
+  if (draft.ready_layer < 0 || draft.ready_layer > L) {
+    return ToGrpcStatus(InvalidArgumentError("ready_layer: outside [0, L]"));
+  }
+  auto probs = ProbsFromBytes(req->draft_probs(), K, V);
+  if (!probs.ok()) return ToGrpcStatus(probs.status());
+  model::Verifier verifier(*host.model, cache);
+  StatusOr<speculation::Verdict> verdict =
+      model::VerifyRound(verifier, cache, req->slot(), req->pending_token(), draft, *probs, so);
+  if (!verdict.ok()) return ToGrpcStatus(verdict.status());
+  resp->set_n_accepted(verdict->n_accepted);
+  for (int32_t t : verdict->tokens) resp->add_tokens(t);
+  for (double x : verdict->nll) resp->add_nll(x);
+  return grpc::Status::OK;
+}
+
+grpc::Status VerifierService::CloseSession(grpc::ServerContext*, const lede::v1::CloseSessionRequest* req,
+                                           lede::v1::CloseSessionResponse*) {
+  ModelHost& host = *impl_->host;
+  std::shared_ptr<model::KvCache> cache = host.Pool();
+  if (cache->epoch() != req->pool_epoch()) return grpc::Status::OK;  // the pool (and session) is gone
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->sessions.erase(req->slot()) > 0) (void)cache->Free(req->slot());
+  if (host.metrics) host.metrics->kv_slots_in_use.Set(static_cast<double>(cache->n_in_use()));
+  return grpc::Status::OK;
+}
+
+// ----------------------------------------------------------------- Drafter
+
+struct DrafterService::Impl {
+  std::shared_ptr<ModelHost> host;
+};
+
+DrafterService::DrafterService(std::shared_ptr<ModelHost> host) : impl_(std::make_unique<Impl>()) {
+  impl_->host = std::move(host);
+}
+DrafterService::~DrafterService() = default;
+
+grpc::Status DrafterService::Describe(grpc::ServerContext*, const lede::v1::DescribeRequest*,
+                                      lede::v1::ModelInfo* info) {
+  impl_->host->FillInfo(info);
+  return grpc::Status::OK;
+}
+
+grpc::Status DrafterService::Draft(grpc::ServerContext*, const lede::v1::DraftRequest* req,
+                                   lede::v1::DraftResponse* resp) {
+  ModelHost& host = *impl_->host;
+  auto pool = host.PoolOfEpoch(req->pool_epoch());
+  if (!pool.ok()) return ToGrpcStatus(pool.status());
+  model::KvCache& cache = **pool;
+  const model::ModelConfig& c = host.model->config();
+  if (req->slot() < 0 || req->slot() >= cache.n_slots()) {
+    return ToGrpcStatus(InvalidArgumentError("slot: outside [0, " + std::to_string(cache.n_slots()) + ")"));
+  }
+  if (req->pending_token() < 0 || req->pending_token() >= c.vocab_size) {
+    return ToGrpcStatus(InvalidArgumentError("pending_token: outside [0, V)"));
+  }
+  speculation::SamplingParams sampling = SamplingFromProto(req->sampling());
+  if (Status s = ValidateSampling(sampling); !s.ok()) return ToGrpcStatus(s);
+  const lede::v1::SpeculationParams& sp = req->speculation();
+
+  model::DraftConfig config;
+  std::unique_ptr<model::ExitController> controller, explorer;
+  std::shared_ptr<const policy::dqn::Artifact> artifact;
+  switch (req->method()) {
+    case lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE:
+      return grpc::Status::OK;  // nothing to draft
+    case lede::v1::SPECULATION_METHOD_STATIC:
+      config.mode = model::SpeculationMode::kStatic;
+      config.exit_layer = sp.exit_layer();
+      config.draft_len = sp.draft_length();
+      break;
+    case lede::v1::SPECULATION_METHOD_THRESHOLD: {
+      if (!(sp.threshold() > 0.0f && sp.threshold() <= 1.0f)) {
+        return ToGrpcStatus(InvalidArgumentError("speculation.threshold: must be in (0, 1]"));
+      }
+      config.mode = model::SpeculationMode::kAdaptive;
+      controller = std::make_unique<policy::ThresholdExitController>(sp.threshold(), sp.threshold());
+      for (int32_t l = 1; l < c.n_layers; ++l) config.decision_spec.candidate_layers.push_back(l);
+      config.decision_spec.max_draft_len = static_cast<int32_t>(std::min<int64_t>(8, cache.max_draft_len()));
+      config.policy_version = controller->name();
+      break;
+    }
+    case lede::v1::SPECULATION_METHOD_UNSPECIFIED:
+    case lede::v1::SPECULATION_METHOD_LEDE: {
+      artifact = host.policy();
+      if (artifact == nullptr) {
+        return ToGrpcStatus(UnavailableError("method: LEDE needs a policy and none is loaded yet"));
+      }
+      if (!(sp.epsilon() >= 0.0f && sp.epsilon() <= 1.0f)) {
+        return ToGrpcStatus(InvalidArgumentError("speculation.epsilon: must be in [0, 1]"));
+      }
+      config.mode = model::SpeculationMode::kAdaptive;
+      config.decision_spec = artifact->metadata.decision;
+      config.decision_spec.max_draft_len = static_cast<int32_t>(
+          std::min<int64_t>(config.decision_spec.max_draft_len, cache.max_draft_len()));
+      if (host.options.remote_decisions && host.policy_stub) {
+        controller = std::make_unique<drafter::RemoteDecisionController>(host.policy_stub);
+      } else {
+        controller = std::make_unique<policy::dqn::DqnExitController>(
+            std::shared_ptr<const policy::dqn::QNetwork>(artifact, &artifact->network),
+            artifact->metadata.version);
+      }
+      config.policy_version = artifact->metadata.version;
+      if (sp.epsilon() > 0.0f) {
+        explorer = std::make_unique<policy::EpsilonGreedyController>(
+            *controller, sp.epsilon(), speculation::RoundSeed(sampling.seed, req->position(), 3));
+      }
+      break;
+    }
+    default:
+      return ToGrpcStatus(InvalidArgumentError("method: unknown speculation method " +
+                                               std::to_string(static_cast<int>(req->method()))));
+  }
+  config.controller = explorer ? explorer.get() : controller.get();
+  if (Status s = model::ValidateDraftConfig(config, c, cache); !s.ok()) {
+    return ToGrpcStatus(InvalidArgumentError("speculation." + std::string(s.message())));
+  }
+  speculation::DraftRequest dr;
+  dr.pending_token = req->pending_token();
+  dr.position = req->position();
+  dr.budget = req->budget();
+  dr.trace_nll = req->trace_nll();
+  dr.round_index = req->round_index();
+  dr.record_trace = req->record_trace();
+  model::Drafter drafter(*host.model, cache);
+  StatusOr<model::DraftOutput> out = model::DraftRound(*host.model, cache, drafter, req->slot(), config, sampling, dr);
+  if (!out.ok()) return ToGrpcStatus(out.status());
+  const speculation::Draft& d = out->draft;
+  resp->set_exit_layer(d.exit_layer);
+  for (int32_t t : d.tokens) resp->add_draft_tokens(t);
+  resp->set_draft_probs(ProbsToBytes(out->probs));
+  resp->set_ready_layer(d.ready_layer);
+  resp->set_n_probes(d.n_probes);
+  resp->set_policy_version(d.policy_version);
+  for (const model::Decision& dec : d.trace.decisions) {
+    lede::v1::DecisionRecord* r = resp->add_decisions();
+    r->set_phase(static_cast<lede::v1::Phase>(dec.state.phase));
+    r->set_layer(dec.state.layer);
+    r->set_n_layers(dec.state.n_layers);
+    r->set_draft_pos(dec.state.draft_pos);
+    r->set_max_draft_len(dec.state.max_draft_len);
+    r->set_top1_prob(dec.state.top1_prob);
+    r->set_top_k_nll(dec.state.top_k_nll);
+    r->set_entropy(dec.state.entropy);
+    r->set_trace_nll(dec.state.trace_nll);
+    r->set_action(dec.action == model::Action::kExit ? lede::v1::EXIT_ACTION_EXIT : lede::v1::EXIT_ACTION_CONTINUE);
+    r->set_draft_index(dec.draft_index);
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace lede::model_service

@@ -1,0 +1,104 @@
+// File: services/model/model_service.h
+//
+// The model service (DESIGN.md §3-§4): gRPC handlers of lede.v1.Verifier
+// (all blocks: prefill, verification, autoregressive steps; owns the KV
+// pool and its sessions) and lede.v1.Drafter (shallow blocks + exit head +
+// the exit controller in-process), over one shared model::KvCache.
+//
+// Deployments:
+//   split:       a verifier process creates the pool in a named shared-memory
+//                segment, a drafter process Attach()es it (--role verifier /
+//                --role drafter with the same --kv-pool name);
+//   co-located:  one process serves both on a private pool (--role both).
+// Both run the same handlers; the coordinator cannot tell them apart.
+//
+// Sessions are KV slots; a request names its slot and the pool epoch. The
+// coordinator serializes the rounds of one session (DESIGN.md §4), so slots
+// need no locks; slot allocation is under a mutex. Handlers run on gRPC's
+// sync thread pool and compute with libtorch on that thread.
+// Torch-free header.
+#ifndef LEDE_SERVICES_MODEL_MODEL_SERVICE_H_
+#define LEDE_SERVICES_MODEL_MODEL_SERVICE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "proto/lede/v1/model.grpc.pb.h"
+#include "shared/status/status.h"
+
+namespace lede::telemetry {
+class Registry;
+}
+
+namespace lede::model_service {
+
+struct ModelServiceOptions {
+  std::string model_path;        // HF directory or llama2.c .bin
+  int64_t n_slots = 4;           // KV slots = concurrent sessions
+  int64_t capacity = 0;          // tokens per slot; 0 = the model's max_seq_len
+  int64_t max_draft_len = 16;    // D_max of the pool's scratch
+  // POSIX shared-memory name of the KV pool ("" = private memory; needed
+  // for a split deployment).
+  std::string kv_pool_name;
+  // Cost model of the rewards (ModelInfo costs): a calibration JSON
+  // (`lede calibrate`) = the measured model, or "" = the accelerator model.
+  std::string calibration_path;
+  // Drafter: where the LEDE policy comes from. policy_target = a policy
+  // service address (followed through WatchPolicy); else policy_dir = a
+  // policy root with a SERVING pointer or a version directory.
+  std::string policy_target;
+  std::string policy_dir;
+  // Drafter: ask the policy service once per decision instead of running
+  // the DQN in-process (evaluation of remote decisions; slow by design).
+  bool remote_decisions = false;
+  // A session idle for this long may be reclaimed when the pool is full
+  // (its coordinator died); seconds.
+  double session_idle_timeout_s = 300;
+  int threads = 1;               // libtorch intra-op threads
+};
+
+class ModelHost;  // the loaded model and the pool
+
+// Loads the model and creates (verifier, both) or attaches (drafter) the pool.
+// Errors: those of the checkpoint loader, KvCache::Create/Attach (kNotFound
+// when a drafter finds no pool yet), and of the policy when one is given.
+StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& options,
+                                                   bool create_pool,
+                                                   telemetry::Registry* registry);
+
+class VerifierService final : public lede::v1::Verifier::Service {
+ public:
+  explicit VerifierService(std::shared_ptr<ModelHost> host);
+  ~VerifierService() override;
+  grpc::Status Describe(grpc::ServerContext*, const lede::v1::DescribeRequest*,
+                        lede::v1::ModelInfo*) override;
+  grpc::Status OpenSession(grpc::ServerContext*, const lede::v1::OpenSessionRequest*,
+                           lede::v1::OpenSessionResponse*) override;
+  grpc::Status Verify(grpc::ServerContext*, const lede::v1::VerifyRequest*,
+                      lede::v1::VerifyResponse*) override;
+  grpc::Status CloseSession(grpc::ServerContext*, const lede::v1::CloseSessionRequest*,
+                            lede::v1::CloseSessionResponse*) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+class DrafterService final : public lede::v1::Drafter::Service {
+ public:
+  explicit DrafterService(std::shared_ptr<ModelHost> host);
+  ~DrafterService() override;
+  grpc::Status Describe(grpc::ServerContext*, const lede::v1::DescribeRequest*,
+                        lede::v1::ModelInfo*) override;
+  grpc::Status Draft(grpc::ServerContext*, const lede::v1::DraftRequest*,
+                     lede::v1::DraftResponse*) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace lede::model_service
+
+#endif  // LEDE_SERVICES_MODEL_MODEL_SERVICE_H_

@@ -1,0 +1,147 @@
+#include "shared/rpc/server.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <ctime>
+#include <mutex>
+#include <string>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/server_builder.h>
+
+#include "shared/status/status_macros.h"
+#include "shared/telemetry/metrics.h"
+#include "shared/telemetry/metrics_server.h"
+
+namespace lede::rpc {
+namespace {
+
+std::mutex& LogMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+std::string& ProcessName() {
+  static std::string name = "lede";
+  return name;
+}
+
+std::string Quote(std::string_view v) {
+  bool plain = !v.empty();
+  for (char c : v) {
+    if (c == ' ' || c == '"' || c == '=' || c == '\n' || c == '\t') plain = false;
+  }
+  if (plain) return std::string(v);
+  std::string out = "\"";
+  for (char c : v) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
+
+sigset_t TerminationSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  return set;
+}
+
+}  // namespace
+
+void BlockTerminationSignals() {
+  sigset_t set = TerminationSignals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+void SetLogProcessName(std::string name) {
+  std::lock_guard<std::mutex> lock(LogMutex());
+  ProcessName() = std::move(name);
+}
+
+void LogEvent(std::string_view level, std::string_view event,
+              std::initializer_list<std::pair<std::string_view, std::string>> fields) {
+  char ts[40];
+  timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  tm utc;
+  gmtime_r(&now.tv_sec, &utc);
+  size_t n = strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &utc);
+  snprintf(ts + n, sizeof(ts) - n, ".%03ldZ", now.tv_nsec / 1000000);
+  std::lock_guard<std::mutex> lock(LogMutex());
+  std::string line = "ts=" + std::string(ts) + " level=" + std::string(level) +
+                     " proc=" + ProcessName() + " event=" + Quote(event);
+  for (const auto& [key, value] : fields) line += " " + std::string(key) + "=" + Quote(value);
+  line += "\n";
+  fwrite(line.data(), 1, line.size(), stderr);
+  fflush(stderr);
+}
+
+ServerRunner::ServerRunner(std::string process_name) : process_name_(std::move(process_name)) {
+  SetLogProcessName(process_name_);
+}
+
+ServerRunner::~ServerRunner() { Shutdown(); }
+
+void ServerRunner::AddService(grpc::Service* service) { services_.push_back(service); }
+
+int ServerRunner::metrics_port() const { return metrics_ ? metrics_->port() : 0; }
+
+Status ServerRunner::Start(const ServerOptions& options, const telemetry::Registry* registry) {
+  options_ = options;
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port_);
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  for (grpc::Service* s : services_) builder.RegisterService(s);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port_ == 0) {
+    server_.reset();
+    return UnavailableError("listen_address: cannot serve gRPC on " + options.listen_address);
+  }
+  if (registry != nullptr && !options.metrics_address.empty()) {
+    auto metrics = telemetry::MetricsServer::Start(*registry, options.metrics_address);
+    if (!metrics.ok()) {
+      server_->Shutdown();
+      server_.reset();
+      return metrics.status();
+    }
+    metrics_ = std::move(*metrics);
+  }
+  server_->GetHealthCheckService()->SetServingStatus(true);
+  LogEvent("info", "started", {{"grpc_port", std::to_string(port_)},
+                               {"metrics_port", std::to_string(metrics_port())}});
+  return OkStatus();
+}
+
+void ServerRunner::WaitForTermination() {
+  sigset_t set = TerminationSignals();
+  int sig = 0;
+  sigwait(&set, &sig);
+  LogEvent("info", "terminating", {{"signal", sig == SIGINT ? "SIGINT" : "SIGTERM"}});
+}
+
+void ServerRunner::RequestTermination() { kill(getpid(), SIGTERM); }
+
+void ServerRunner::Shutdown() {
+  if (shut_down_ || server_ == nullptr) return;
+  shut_down_ = true;
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  server_->Shutdown(std::chrono::system_clock::now() + options_.shutdown_grace);
+  server_->Wait();
+  metrics_.reset();
+  LogEvent("info", "stopped");
+}
+
+}  // namespace lede::rpc

@@ -1,0 +1,104 @@
+// File: shared/rpc/server.h
+//
+// What every LEDE process does around its gRPC services (DESIGN.md §3):
+// a grpc::Server with the standard health checking service
+// (grpc.health.v1.Health, SERVING once started, NOT_SERVING while shutting
+// down) and server reflection (grpc.reflection.v1alpha), /metrics and
+// /healthz over HTTP (shared/telemetry), a clean shutdown on SIGTERM or
+// SIGINT (stop accepting, let in-flight calls finish until a grace deadline,
+// then cancel them), and logfmt log lines on stderr.
+//
+// Usage in a main():
+//   BlockTerminationSignals();            // first, before any thread starts
+//   ServerRunner runner("verifier");
+//   runner.AddService(&service);
+//   LEDE_RETURN_IF_ERROR(runner.Start(options, &registry));
+//   runner.WaitForTermination();           // returns after SIGTERM/SIGINT
+//   runner.Shutdown();
+#ifndef LEDE_SHARED_RPC_SERVER_H_
+#define LEDE_SHARED_RPC_SERVER_H_
+
+#include <chrono>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <grpcpp/server.h>
+
+#include "shared/status/status.h"
+
+namespace grpc {
+class Service;
+}
+
+namespace lede::telemetry {
+class Registry;
+class MetricsServer;
+}  // namespace lede::telemetry
+
+namespace lede::rpc {
+
+struct ServerOptions {
+  // gRPC listen address; port 0 picks a free port (read it back with port()).
+  std::string listen_address = "127.0.0.1:0";
+  // HTTP address of /metrics; "" = no metrics server.
+  std::string metrics_address = "127.0.0.1:0";
+  // How long in-flight calls may run after a termination signal.
+  std::chrono::milliseconds shutdown_grace{10000};
+  // Largest message, bytes (draft distributions of sampled rounds are K x V floats).
+  int max_message_bytes = 64 << 20;
+};
+
+// Blocks SIGTERM and SIGINT in the calling thread and every thread it
+// starts later, so that WaitForTermination() receives them. Call first in
+// main().
+void BlockTerminationSignals();
+
+class ServerRunner {
+ public:
+  explicit ServerRunner(std::string process_name);
+  ~ServerRunner();
+
+  // Registers a service (borrowed; must outlive the runner). Before Start().
+  void AddService(grpc::Service* service);
+  // Builds and starts the server (and the metrics server when
+  // metrics_address is set and `registry` is not null).
+  // Errors: kUnavailable naming the address when it cannot be bound.
+  Status Start(const ServerOptions& options, const telemetry::Registry* registry);
+  int port() const { return port_; }
+  int metrics_port() const;
+  grpc::Server* server() { return server_.get(); }
+
+  // Blocks until SIGTERM or SIGINT arrives (or RequestTermination()).
+  void WaitForTermination();
+  // Wakes WaitForTermination() (tests, fatal errors).
+  static void RequestTermination();
+  // Marks the process NOT_SERVING, stops accepting calls, waits up to the
+  // grace period for in-flight calls, then cancels the rest. Idempotent.
+  void Shutdown();
+
+ private:
+  std::string process_name_;
+  std::vector<grpc::Service*> services_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<telemetry::MetricsServer> metrics_;
+  ServerOptions options_;
+  int port_ = 0;
+  bool shut_down_ = false;
+};
+
+// One logfmt line on stderr: `ts=<RFC 3339 UTC> level=<level> proc=<process>
+// event=<event> key=value ...`, values quoted when they contain spaces,
+// quotes or '='. Thread-safe (one write per line).
+void LogEvent(std::string_view level, std::string_view event,
+              std::initializer_list<std::pair<std::string_view, std::string>> fields = {});
+// The process name LogEvent writes (set by ServerRunner; "lede" by default).
+void SetLogProcessName(std::string name);
+
+}  // namespace lede::rpc
+
+#endif  // LEDE_SHARED_RPC_SERVER_H_

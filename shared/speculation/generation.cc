@@ -1,0 +1,221 @@
+#include "shared/speculation/generation.h"
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <numeric>
+#include <string>
+#include <utility>
+
+#include "shared/status/status_macros.h"
+
+namespace lede::speculation {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// C_trace: mean of the last W values pushed.
+class TraceWindow {
+ public:
+  explicit TraceWindow(int32_t window) : window_(std::max(1, window)) {}
+  void Push(double v) {
+    values_.push_back(v);
+    sum_ += v;
+    if (static_cast<int32_t>(values_.size()) > window_) {
+      sum_ -= values_.front();
+      values_.pop_front();
+    }
+  }
+  double Mean() const { return values_.empty() ? 0.0 : sum_ / values_.size(); }
+
+ private:
+  int32_t window_;
+  std::deque<double> values_;
+  double sum_ = 0;
+};
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+uint64_t RoundSeed(uint64_t seed, int64_t position, uint64_t stream) {
+  return SplitMix64(SplitMix64(SplitMix64(seed) ^ static_cast<uint64_t>(position)) ^ stream);
+}
+
+double GenerationStats::acceptance_rate() const {
+  return n_drafted > 0 ? static_cast<double>(n_accepted) / n_drafted : 0.0;
+}
+
+double GenerationStats::tokens_per_round() const {
+  if (rounds.empty()) return 0.0;
+  int64_t emitted = 0;
+  for (const RoundRecord& r : rounds) emitted += r.n_emitted;
+  return static_cast<double>(emitted) / rounds.size();
+}
+
+double GenerationStats::decode_tokens_per_s() const {
+  return decode_s > 0 && n_generated > 1 ? (n_generated - 1) / decode_s : 0.0;
+}
+
+double GenerationStats::mean_exit_layer() const {
+  int64_t n = 0, sum = 0;
+  for (const RoundRecord& r : rounds) {
+    if (r.n_drafted > 0) ++n, sum += r.exit_layer;
+  }
+  return n > 0 ? static_cast<double>(sum) / n : 0.0;
+}
+
+double GenerationStats::mean_draft_len() const {
+  int64_t n = 0, sum = 0;
+  for (const RoundRecord& r : rounds) {
+    if (r.n_drafted > 0) ++n, sum += r.n_drafted;
+  }
+  return n > 0 ? static_cast<double>(sum) / n : 0.0;
+}
+
+StatusOr<GenerationResult> RunGeneration(SpeculationBackend& backend,
+                                         const std::vector<int32_t>& prompt,
+                                         const LoopOptions& o, const TokenSink& on_tokens) {
+  const ModelLimits& limits = backend.limits();
+  if (prompt.empty()) return InvalidArgumentError("prompt: is empty");
+  if (o.max_new_tokens < 1) {
+    return InvalidArgumentError("max_new_tokens: must be >= 1, got " +
+                                std::to_string(o.max_new_tokens));
+  }
+  const int64_t P = static_cast<int64_t>(prompt.size());
+  if (P + o.max_new_tokens > limits.capacity) {
+    return InvalidArgumentError("prompt: " + std::to_string(P) + " tokens + max_new_tokens " +
+                                std::to_string(o.max_new_tokens) +
+                                " exceed the context window of " +
+                                std::to_string(limits.capacity) + " tokens");
+  }
+  const SamplingParams& s = o.session.sampling;
+  if (!(s.temperature >= 0.0)) return InvalidArgumentError("temperature: must be >= 0");
+  if (!(s.top_p > 0.0 && s.top_p <= 1.0)) return InvalidArgumentError("top_p: must be in (0, 1]");
+  for (int32_t id : prompt) {
+    if (id < 0 || id >= limits.vocab_size) {
+      return InvalidArgumentError("prompt: token id " + std::to_string(id) + " outside [0, " +
+                                  std::to_string(limits.vocab_size) + ")");
+    }
+  }
+
+  SessionOptions session_options = o.session;
+  session_options.record_nll = session_options.record_nll || o.mode == SpeculationMode::kAdaptive;
+  auto t0 = Clock::now();
+  LEDE_ASSIGN_OR_RETURN(Prefilled first, backend.Open(prompt, session_options));
+  struct SessionGuard {
+    SpeculationBackend& backend;
+    int64_t session;
+    ~SessionGuard() { backend.Close(session); }
+  } guard{backend, first.session};
+
+  GenerationResult result;
+  GenerationStats& stats = result.stats;
+  stats.n_prompt_tokens = P;
+  TraceWindow trace(o.trace_window);
+  bool done = false;
+  bool stopped_on_eos = false;  // the EOS the model generated counts as its round's output
+  std::vector<int32_t> emitted_now;
+
+  // Appends one token unless a stop condition holds; returns false once done.
+  auto emit = [&](int32_t token, double nll, double margin) {
+    if (done) return false;
+    if (o.stop_at_eos &&
+        std::find(limits.eos_ids.begin(), limits.eos_ids.end(), token) != limits.eos_ids.end()) {
+      result.finish = FinishReason::kEos;
+      done = true;
+      stopped_on_eos = true;
+      return false;
+    }
+    result.tokens.push_back(token);
+    emitted_now.push_back(token);
+    if (session_options.record_nll) trace.Push(nll);
+    if (session_options.record_margins) result.margins.push_back(margin);
+    if (static_cast<int64_t>(result.tokens.size()) >= o.max_new_tokens) {
+      result.finish = FinishReason::kLength;
+      done = true;
+    }
+    return true;
+  };
+  auto flush = [&]() {
+    if (on_tokens && !emitted_now.empty() && !on_tokens(emitted_now) && !done) {
+      result.finish = FinishReason::kStop;
+      done = true;
+    }
+    emitted_now.clear();
+  };
+
+  emit(first.token, first.nll, first.margin);
+  flush();
+  stats.prefill_s = SecondsSince(t0);
+  auto t1 = Clock::now();
+  while (!done) {
+    auto round_t0 = Clock::now();
+    const int32_t pending = result.tokens.back();
+    const int64_t position = P + static_cast<int64_t>(result.tokens.size()) - 1;  // committed length
+    const int64_t remaining = o.max_new_tokens - static_cast<int64_t>(result.tokens.size());
+    const int64_t room = limits.capacity - position - 1;
+    const int64_t budget = std::min(remaining - 1, room);
+    Draft draft;
+    if (o.mode != SpeculationMode::kAutoregressive && budget > 0) {
+      DraftRequest request;
+      request.pending_token = pending;
+      request.position = position;
+      request.budget = budget;
+      request.trace_nll = trace.Mean();
+      request.round_index = static_cast<int64_t>(stats.rounds.size());
+      request.record_trace = o.record_traces;
+      LEDE_ASSIGN_OR_RETURN(draft, backend.DraftRound(first.session, request));
+    }
+    LEDE_ASSIGN_OR_RETURN(Verdict verdict, backend.VerifyRound(first.session, pending, draft));
+    const int32_t K = static_cast<int32_t>(draft.tokens.size());
+    if (verdict.n_accepted < 0 || verdict.n_accepted > K ||
+        verdict.tokens.size() != static_cast<size_t>(verdict.n_accepted) + 1) {
+      return InternalError("verifier returned " + std::to_string(verdict.tokens.size()) +
+                           " tokens with n_accepted " + std::to_string(verdict.n_accepted) +
+                           " for " + std::to_string(K) + " drafts");
+    }
+    RoundRecord round;
+    round.exit_layer = K > 0 ? draft.exit_layer : 0;
+    round.n_drafted = K;
+    round.n_accepted = verdict.n_accepted;
+    round.n_probes = draft.n_probes;
+    stats.n_drafted += K;
+    stats.n_accepted += verdict.n_accepted;
+    const size_t before = result.tokens.size();
+    for (size_t i = 0; i < verdict.tokens.size(); ++i) {
+      emit(verdict.tokens[i], i < verdict.nll.size() ? verdict.nll[i] : 0.0,
+           i < verdict.margins.size() ? verdict.margins[i] : 0.0);
+    }
+    round.n_emitted = static_cast<int32_t>(result.tokens.size() - before) + (stopped_on_eos ? 1 : 0);
+    if (o.record_traces && !draft.trace.decisions.empty()) {
+      model::RoundTrace rt = std::move(draft.trace);
+      for (model::Decision& d : rt.decisions) {
+        d.accepted = d.draft_index >= 0 && d.draft_index < verdict.n_accepted;
+      }
+      rt.round_index = static_cast<int64_t>(stats.rounds.size());
+      rt.exit_layer = round.exit_layer;
+      rt.n_drafted = K;
+      rt.n_accepted = verdict.n_accepted;
+      result.traces.push_back(std::move(rt));
+    }
+    if (!draft.policy_version.empty()) result.policy_version = draft.policy_version;
+    round.latency_s = SecondsSince(round_t0);
+    stats.rounds.push_back(round);
+    flush();
+  }
+  stats.decode_s = SecondsSince(t1);
+  stats.n_generated = static_cast<int64_t>(result.tokens.size());
+  return result;
+}
+
+}  // namespace lede::speculation

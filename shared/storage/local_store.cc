@@ -1,0 +1,150 @@
+#include "shared/storage/local_store.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "shared/file/file.h"
+#include "shared/status/status_macros.h"
+
+namespace lede::storage {
+namespace {
+
+namespace fs = std::filesystem;
+
+Status ErrnoError(const std::string& what, const std::string& path, int err) {
+  return InternalError(what + " " + path + ": " + std::strerror(err));
+}
+
+// fsync of a directory so that a rename in it survives a crash. Best effort:
+// some file systems refuse to open or sync directories.
+void SyncDir(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)::fsync(fd);
+  ::close(fd);
+}
+
+Status WriteAll(int fd, std::string_view bytes, const std::string& path) {
+  const char* p = bytes.data();
+  size_t n = bytes.size();
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("cannot write", path, errno);
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<LocalStore>> LocalStore::Open(const std::string& root) {
+  std::error_code ec;
+  fs::path abs = fs::absolute(root, ec);
+  if (ec) return InternalError("cannot resolve object store directory " + root + ": " + ec.message());
+  abs = abs.lexically_normal();
+  std::string s = abs.string();
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  fs::create_directories(s, ec);
+  if (ec) return InternalError("cannot create object store directory " + s + ": " + ec.message());
+  if (!fs::is_directory(s, ec)) return InternalError("object store path is not a directory: " + s);
+  return std::unique_ptr<LocalStore>(new LocalStore(std::move(s)));
+}
+
+Status LocalStore::Put(std::string_view key, std::string_view bytes) {
+  LEDE_RETURN_IF_ERROR(ValidateKey(key));
+  static std::atomic<uint64_t> counter{0};
+  const fs::path path = fs::path(root_) / std::string(key);
+  const fs::path dir = path.parent_path();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return InternalError("cannot create directory " + dir.string() + ": " + ec.message());
+  // Hidden name in the same folder: invisible to List(), same file system
+  // as the target so that rename() is atomic.
+  const std::string tmp = (dir / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()) +
+                                  "-" + std::to_string(counter++)))
+                              .string();
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError("cannot create", tmp, errno);
+  Status s = WriteAll(fd, bytes, tmp);
+  if (s.ok() && ::fsync(fd) != 0) s = ErrnoError("cannot fsync", tmp, errno);
+  if (::close(fd) != 0 && s.ok()) s = ErrnoError("cannot close", tmp, errno);
+  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    s = ErrnoError("cannot rename " + tmp + " to", path.string(), errno);
+  }
+  if (!s.ok()) {
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  SyncDir(dir);
+  return OkStatus();
+}
+
+StatusOr<std::string> LocalStore::Get(std::string_view key) {
+  LEDE_RETURN_IF_ERROR(ValidateKey(key));
+  const std::string path = (fs::path(root_) / std::string(key)).string();
+  StatusOr<std::string> bytes = file::ReadFile(path);
+  if (!bytes.ok() && bytes.status().code() == StatusCode::kNotFound) {
+    return NotFoundError("no object \"" + std::string(key) + "\" in " + url());
+  }
+  return bytes;
+}
+
+StatusOr<std::vector<ObjectInfo>> LocalStore::List(std::string_view prefix) {
+  LEDE_RETURN_IF_ERROR(ValidatePrefix(prefix));
+  // Walk only the deepest folder the prefix names in full.
+  const size_t slash = prefix.rfind('/');
+  const std::string start_rel = slash == std::string_view::npos ? "" : std::string(prefix.substr(0, slash));
+  const fs::path start = start_rel.empty() ? fs::path(root_) : fs::path(root_) / start_rel;
+  std::vector<ObjectInfo> out;
+  std::error_code ec;
+  if (!fs::is_directory(start, ec)) return out;
+  fs::recursive_directory_iterator it(start, fs::directory_options::skip_permission_denied, ec);
+  if (ec) return InternalError("cannot list " + start.string() + ": " + ec.message());
+  const size_t root_len = root_.size() + 1;  // root + '/'
+  for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (ec) break;
+    const fs::path& p = it->path();
+    const std::string name = p.filename().string();
+    std::error_code type_ec;
+    if (!name.empty() && name.front() == '.') {  // temporary files, hidden folders
+      if (it->is_directory(type_ec)) it.disable_recursion_pending();
+      continue;
+    }
+    if (!it->is_regular_file(type_ec)) continue;
+    const std::string full = p.string();
+    if (full.size() <= root_len) continue;
+    std::string key = full.substr(root_len);
+    if (key.compare(0, prefix.size(), prefix) != 0) continue;
+    std::error_code size_ec;
+    const uintmax_t size = it->file_size(size_ec);
+    if (size_ec) continue;  // removed while listing
+    out.push_back(ObjectInfo{std::move(key), static_cast<int64_t>(size)});
+  }
+  if (ec) return InternalError("cannot list " + start.string() + ": " + ec.message());
+  std::sort(out.begin(), out.end(),
+            [](const ObjectInfo& a, const ObjectInfo& b) { return a.key < b.key; });
+  return out;
+}
+
+Status LocalStore::Delete(std::string_view key) {
+  LEDE_RETURN_IF_ERROR(ValidateKey(key));
+  const std::string path = (fs::path(root_) / std::string(key)).string();
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoError("cannot delete", path, errno);
+  return OkStatus();
+}
+
+std::string LocalStore::url() const { return "file://" + root_; }
+
+}  // namespace lede::storage

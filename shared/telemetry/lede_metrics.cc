@@ -1,0 +1,178 @@
+#include "shared/telemetry/lede_metrics.h"
+
+#include <algorithm>
+
+namespace lede::telemetry {
+
+std::vector<double> TokenCountBuckets() { return LinearBuckets(0, 1, 17); }
+std::vector<double> ExitLayerBuckets() { return LinearBuckets(1, 1, 32); }
+std::vector<double> RoundLatencyBuckets() { return ExponentialBuckets(0.00025, 2, 16); }
+std::vector<double> RequestLatencyBuckets() {
+  return {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300};
+}
+std::vector<double> InterTokenLatencyBuckets() {
+  return {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1,
+          0.15,   0.2,   0.3,    0.5,   0.75, 1,     2.5,  5};
+}
+
+const char* GrpcCodeName(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk: return "OK";
+    case StatusCode::kCancelled: return "CANCELLED";
+    case StatusCode::kUnknown: return "UNKNOWN";
+    case StatusCode::kInvalidArgument: return "INVALID_ARGUMENT";
+    case StatusCode::kDeadlineExceeded: return "DEADLINE_EXCEEDED";
+    case StatusCode::kNotFound: return "NOT_FOUND";
+    case StatusCode::kAlreadyExists: return "ALREADY_EXISTS";
+    case StatusCode::kPermissionDenied: return "PERMISSION_DENIED";
+    case StatusCode::kResourceExhausted: return "RESOURCE_EXHAUSTED";
+    case StatusCode::kFailedPrecondition: return "FAILED_PRECONDITION";
+    case StatusCode::kAborted: return "ABORTED";
+    case StatusCode::kOutOfRange: return "OUT_OF_RANGE";
+    case StatusCode::kUnimplemented: return "UNIMPLEMENTED";
+    case StatusCode::kInternal: return "INTERNAL";
+    case StatusCode::kUnavailable: return "UNAVAILABLE";
+    case StatusCode::kDataLoss: return "DATA_LOSS";
+    case StatusCode::kUnauthenticated: return "UNAUTHENTICATED";
+    default: return "UNKNOWN";
+  }
+}
+
+double PolicyVersionNumber(std::string_view version) {
+  double n = 0;
+  int digits = 0;
+  for (char c : version) {
+    if (c < '0' || c > '9') continue;
+    if (++digits > 15) break;
+    n = n * 10 + (c - '0');
+  }
+  return n;
+}
+
+namespace {
+
+Counter& UnlabelledCounter(Registry& r, const char* name, const char* help) {
+  return r.AddCounter(name, help).Add({});
+}
+Gauge& UnlabelledGauge(Registry& r, const char* name, const char* help) {
+  return r.AddGauge(name, help).Add({});
+}
+Histogram& UnlabelledHistogram(Registry& r, const char* name, const char* help,
+                               const std::vector<double>& bounds) {
+  return r.AddHistogram(name, help, {}, bounds).Add({});
+}
+
+}  // namespace
+
+SpecDecodeMetrics::SpecDecodeMetrics(Registry& r)
+    : num_drafts(UnlabelledCounter(
+          r, "lede_spec_decode_num_drafts_total",
+          "Speculation rounds (draft then verify); autoregressive steps are not counted.")),
+      num_draft_tokens(UnlabelledCounter(r, "lede_spec_decode_num_draft_tokens_total",
+                                         "Tokens proposed by the drafter (tokens).")),
+      num_accepted_tokens(UnlabelledCounter(
+          r, "lede_spec_decode_num_accepted_tokens_total",
+          "Draft tokens accepted by the verifier (tokens). Acceptance rate = "
+          "rate(accepted) / rate(draft tokens).")),
+      num_emitted_tokens(UnlabelledCounter(
+          r, "lede_spec_decode_num_emitted_tokens_total",
+          "Tokens emitted by decode rounds: accepted drafts plus one verifier token per "
+          "round, and one per autoregressive step (tokens).")),
+      acceptance_length(UnlabelledHistogram(
+          r, "lede_spec_decode_acceptance_length",
+          "Accepted draft tokens per speculation round (tokens; tokens emitted per round "
+          "is this plus one).",
+          TokenCountBuckets())),
+      exit_layer(UnlabelledHistogram(
+          r, "lede_spec_decode_exit_layer",
+          "Exit layer used for drafting, per speculation round (layer index, 1-based count "
+          "of decoder layers run).",
+          ExitLayerBuckets())),
+      draft_length(UnlabelledHistogram(r, "lede_spec_decode_draft_length",
+                                       "Tokens drafted per speculation round (tokens).",
+                                       TokenCountBuckets())),
+      round_latency(UnlabelledHistogram(
+          r, "lede_round_latency_seconds",
+          "Wall time of one decode round, drafting plus verification, or one "
+          "autoregressive step (seconds).",
+          RoundLatencyBuckets())),
+      requests(r.AddCounter("lede_requests_total",
+                            "Finished requests by RPC method and gRPC status code name.",
+                            {"method", "status"})),
+      generated_tokens(UnlabelledCounter(r, "lede_generated_tokens_total",
+                                         "Tokens returned to clients (tokens).")),
+      prompt_tokens(UnlabelledCounter(r, "lede_prompt_tokens_total",
+                                      "Prompt tokens of accepted requests (tokens).")),
+      time_to_first_token(UnlabelledHistogram(
+          r, "lede_time_to_first_token_seconds",
+          "Time from request arrival to its first generated token (seconds).",
+          RequestLatencyBuckets())),
+      inter_token_latency(UnlabelledHistogram(
+          r, "lede_inter_token_latency_seconds",
+          "Time between consecutive generated tokens of one request (seconds).",
+          InterTokenLatencyBuckets())),
+      request_latency(UnlabelledHistogram(
+          r, "lede_request_latency_seconds",
+          "Time from request arrival to its last token or error (seconds).",
+          RequestLatencyBuckets())),
+      policy_version(r.AddGauge("lede_policy_version",
+                                "Serving exit-policy version: 1 for the current version, "
+                                "0 for versions served earlier by this process (info gauge).",
+                                {"version"})),
+      policy_version_number(UnlabelledGauge(
+          r, "lede_policy_version_number",
+          "Serving exit-policy version as a number (digits of the version name; 0 = none "
+          "loaded).")),
+      policy_reloads(r.AddCounter("lede_policy_reloads_total",
+                                  "Policy reload attempts by outcome (ok, rejected).",
+                                  {"outcome"})),
+      kv_slots_in_use(UnlabelledGauge(r, "lede_kv_slots_in_use",
+                                      "KV-cache sequence slots holding a live sequence (slots).")),
+      kv_slots_capacity(UnlabelledGauge(r, "lede_kv_slots_capacity",
+                                     "KV-cache sequence slots configured (slots).")),
+      experience_records_written(UnlabelledCounter(
+          r, "lede_experience_records_written_total",
+          "Experience (transition) records written to shards (records).")),
+      experience_records_dropped(UnlabelledCounter(
+          r, "lede_experience_records_dropped_total",
+          "Experience records dropped: queue full or write error (records).")),
+      experience_shards_written(UnlabelledCounter(
+          r, "lede_experience_shards_written_total",
+          "Experience shards completed and made visible (shards).")) {}
+
+void SpecDecodeMetrics::RecordRound(int exit_layer_index, int n_drafted, int n_accepted,
+                                    double latency_s) {
+  n_drafted = std::max(n_drafted, 0);
+  n_accepted = std::clamp(n_accepted, 0, n_drafted);
+  if (n_drafted > 0) {
+    num_drafts.Increment();
+    num_draft_tokens.Increment(n_drafted);
+    num_accepted_tokens.Increment(n_accepted);
+    acceptance_length.Observe(n_accepted);
+    draft_length.Observe(n_drafted);
+    exit_layer.Observe(exit_layer_index);
+  }
+  num_emitted_tokens.Increment(n_accepted + 1);
+  if (latency_s >= 0) round_latency.Observe(latency_s);
+}
+
+void SpecDecodeMetrics::RecordRequest(std::string_view method, StatusCode code,
+                                      double latency_s) {
+  requests.Add({{"method", std::string(method)}, {"status", GrpcCodeName(code)}}).Increment();
+  if (latency_s >= 0) request_latency.Observe(latency_s);
+}
+
+void SpecDecodeMetrics::SetPolicyVersion(const std::string& version, double version_number) {
+  Gauge& next = policy_version.Add({{"version", version}});
+  absl::MutexLock lock(&version_mu_);
+  if (current_version_ != nullptr && current_version_ != &next) current_version_->Set(0);
+  next.Set(1);
+  current_version_ = &next;
+  policy_version_number.Set(version_number);
+}
+
+void SpecDecodeMetrics::RecordPolicyReload(bool accepted) {
+  policy_reloads.Add({{"outcome", accepted ? "ok" : "rejected"}}).Increment();
+}
+
+}  // namespace lede::telemetry

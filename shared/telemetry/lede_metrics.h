@@ -1,0 +1,148 @@
+// File: shared/telemetry/lede_metrics.h
+//
+// The project's metric names (DESIGN.md §6), defined once. Names follow
+// vLLM / SGLang / TensorRT-LLM's speculative-decoding metrics, prefixed
+// lede_; units are in the name (seconds, tokens) and in the help text.
+//
+// Every process builds one SpecDecodeMetrics on its Registry and serves it
+// with MetricsServer. All metrics are registered by every process (simplest;
+// a few idle series cost nothing): unlabelled metrics appear at 0 from the
+// start, labelled ones once a label set is used. Construct it twice on the
+// same Registry and both objects share the same metrics (registration is
+// idempotent).
+//
+// Dashboards (rate windows to taste):
+//   acceptance rate  sum(rate(lede_spec_decode_num_accepted_tokens_total[1m]))
+//                  / sum(rate(lede_spec_decode_num_draft_tokens_total[1m]))
+//   tokens / round   sum(rate(lede_spec_decode_num_emitted_tokens_total[1m]))
+//                  / sum(rate(lede_spec_decode_num_drafts_total[1m]))
+//                    (spec rounds only if no autoregressive steps are mixed in)
+//   serving policy   lede_policy_version == 1   (see below)
+//
+// Info-gauge pattern for lede_policy_version{version}: the series for the
+// current version is 1 and every earlier version seen by this process is 0
+// (series are never deleted, so references stay valid); `max by (version)
+// (lede_policy_version) == 1` names the version each process serves, and
+// joins onto other series with `* on(instance) group_left(version)`.
+// lede_policy_version_number carries the same version as a number so a
+// panel can plot it and `changes()` can count reloads.
+//
+// Thread-safety: every member may be used from any thread; the counters and
+// histograms are lock-free (metrics.h). SetPolicyVersion() takes a mutex.
+// Ownership: the Registry must outlive this struct; the references point into
+// it.
+//
+// Example:
+//   lede::telemetry::Registry registry;
+//   lede::telemetry::SpecDecodeMetrics metrics(registry);
+//   metrics.RecordRound(/*exit_layer=*/4, /*n_drafted=*/5, /*n_accepted=*/3,
+//                       /*latency_s=*/0.012);
+//   metrics.RecordRequest("Generate", lede::StatusCode::kOk, /*latency_s=*/0.8);
+//   metrics.SetPolicyVersion("v3", lede::telemetry::PolicyVersionNumber("v3"));
+#ifndef LEDE_SHARED_TELEMETRY_LEDE_METRICS_H_
+#define LEDE_SHARED_TELEMETRY_LEDE_METRICS_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "shared/status/status.h"
+#include "shared/telemetry/metrics.h"
+
+namespace lede::telemetry {
+
+// Bucket sets, shared so that dashboards and tests agree.
+std::vector<double> TokenCountBuckets();     // 0, 1, ..., 16 (tokens per round)
+std::vector<double> ExitLayerBuckets();      // 1, 2, ..., 32 (layer index)
+std::vector<double> RoundLatencyBuckets();   // 0.25 ms .. ~8 s, seconds
+std::vector<double> RequestLatencyBuckets(); // 5 ms .. 300 s, seconds (TTFT, request)
+std::vector<double> InterTokenLatencyBuckets();  // 0.5 ms .. 5 s, seconds
+
+// The gRPC name of a status code ("OK", "INVALID_ARGUMENT", ...), the
+// `status` label of lede_requests_total.
+const char* GrpcCodeName(StatusCode code);
+
+// A number for lede_policy_version_number from a version name (artifact.h:
+// "v3", "20250101-1200"): its decimal digits read as one integer (3,
+// 202501011200), at most the first 15 digits so it is exact as a double;
+// 0 if there are none.
+double PolicyVersionNumber(std::string_view version);
+
+struct SpecDecodeMetrics {
+  explicit SpecDecodeMetrics(Registry& registry);
+  SpecDecodeMetrics(const SpecDecodeMetrics&) = delete;
+  SpecDecodeMetrics& operator=(const SpecDecodeMetrics&) = delete;
+
+  // One decode round. A speculation round (n_drafted > 0) drafted n_drafted
+  // tokens at `exit_layer` and kept n_accepted of them, then the verifier
+  // added one more: num_drafts += 1, num_draft_tokens += n_drafted,
+  // num_accepted_tokens += n_accepted, num_emitted_tokens += n_accepted + 1,
+  // and one observation each of acceptance_length (n_accepted), draft_length
+  // (n_drafted) and exit_layer. An autoregressive step (n_drafted == 0)
+  // only adds 1 to num_emitted_tokens (exit_layer is ignored). Both observe
+  // round_latency (latency_s, seconds).
+  // Out-of-range arguments are clamped (n_drafted to >= 0, n_accepted to
+  // [0, n_drafted]) rather than aborting the server; the counters stay
+  // consistent: accepted <= draft tokens, emitted = accepted + rounds.
+  // Does not touch lede_generated_tokens_total: a round may emit tokens past
+  // EOS or max_tokens that the request then drops; count those separately.
+  void RecordRound(int exit_layer, int n_drafted, int n_accepted, double latency_s);
+
+  // A finished request: lede_requests_total{method, status=GrpcCodeName(code)}
+  // += 1 and one request_latency observation (latency_s, seconds; skipped if
+  // negative). `method` is the RPC method name, e.g. "Generate". Takes the
+  // family mutex (a map lookup); fine once per request.
+  void RecordRequest(std::string_view method, StatusCode code, double latency_s);
+
+  // Makes `version` the serving policy: lede_policy_version{version} = 1, the
+  // previously current version's series = 0, lede_policy_version_number =
+  // `version_number`.
+  void SetPolicyVersion(const std::string& version, double version_number);
+
+  // lede_policy_reloads_total{outcome="ok"|"rejected"} += 1.
+  void RecordPolicyReload(bool accepted);
+
+  // --- speculative decoding (counters in tokens or rounds) ---
+  Counter& num_drafts;            // lede_spec_decode_num_drafts_total
+  Counter& num_draft_tokens;      // lede_spec_decode_num_draft_tokens_total
+  Counter& num_accepted_tokens;   // lede_spec_decode_num_accepted_tokens_total
+  Counter& num_emitted_tokens;    // lede_spec_decode_num_emitted_tokens_total
+  Histogram& acceptance_length;   // lede_spec_decode_acceptance_length (accepted drafts/round)
+  Histogram& exit_layer;          // lede_spec_decode_exit_layer
+  Histogram& draft_length;        // lede_spec_decode_draft_length
+  Histogram& round_latency;       // lede_round_latency_seconds
+
+  // --- requests ---
+  Family<Counter>& requests;      // lede_requests_total{method,status}
+  Counter& generated_tokens;      // lede_generated_tokens_total
+  Counter& prompt_tokens;         // lede_prompt_tokens_total
+  Histogram& time_to_first_token; // lede_time_to_first_token_seconds
+  Histogram& inter_token_latency; // lede_inter_token_latency_seconds
+  Histogram& request_latency;     // lede_request_latency_seconds
+
+  // --- policy ---
+  Family<Gauge>& policy_version;  // lede_policy_version{version} (info gauge)
+  Gauge& policy_version_number;   // lede_policy_version_number
+  Family<Counter>& policy_reloads;  // lede_policy_reloads_total{outcome}
+
+  // --- KV cache (slots = sequence slots) ---
+  Gauge& kv_slots_in_use;         // lede_kv_slots_in_use
+  // Capacity is lede_kv_slots_capacity, not lede_kv_slots_total: "_total"
+  // is reserved for counters (promtool check metrics rejects it on a gauge).
+  Gauge& kv_slots_capacity;       // lede_kv_slots_capacity
+
+  // --- experience logging ---
+  Counter& experience_records_written;  // lede_experience_records_written_total
+  Counter& experience_records_dropped;  // lede_experience_records_dropped_total
+  Counter& experience_shards_written;   // lede_experience_shards_written_total
+
+ private:
+  absl::Mutex version_mu_;
+  Gauge* current_version_ ABSL_GUARDED_BY(version_mu_) = nullptr;
+};
+
+}  // namespace lede::telemetry
+
+#endif  // LEDE_SHARED_TELEMETRY_LEDE_METRICS_H_

@@ -1,0 +1,230 @@
+#include "trainer/experience_logger.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <utility>
+
+#include "absl/time/clock.h"
+#include "proto/lede/v1/experience.pb.h"
+#include "trainer/experience.h"
+
+namespace lede::experience {
+namespace {
+
+bool KeySafeName(const std::string& s) {
+  if (s.empty() || s.front() == '.') return false;
+  for (char c : s) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+                    c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+std::string DefaultWriterId() {
+  char host[256] = {0};
+  if (::gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') std::snprintf(host, sizeof(host), "host");
+  std::string id = host;
+  for (char& c : id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+                    c == '-';
+    if (!ok) c = '_';
+  }
+  id += "-" + std::to_string(::getpid()) + "-" +
+        absl::FormatTime("%Y%m%dT%H%M%SZ", absl::Now(), absl::UTCTimeZone());
+  return id;
+}
+
+}  // namespace
+
+// The shard being filled by the writer thread.
+class ExperienceLogger::ShardBuilder {
+ public:
+  bool empty() const { return encoder_ == nullptr || encoder_->records() == 0; }
+  ShardEncoder& encoder() {
+    if (encoder_ == nullptr) encoder_ = std::make_unique<ShardEncoder>();
+    return *encoder_;
+  }
+  absl::Time first_record = absl::InfinitePast();
+  void Reset() {
+    encoder_.reset();
+    first_record = absl::InfinitePast();
+  }
+
+ private:
+  std::unique_ptr<ShardEncoder> encoder_;
+};
+
+StatusOr<std::unique_ptr<ExperienceLogger>> ExperienceLogger::Create(
+    std::shared_ptr<storage::ObjectStore> store, ExperienceLoggerOptions o) {
+  if (store == nullptr) return InvalidArgumentError("ExperienceLogger needs a store");
+  if (Status s = storage::ValidateKey(o.prefix); !s.ok()) {
+    return InvalidArgumentError("bad experience prefix: " + std::string(s.message()));
+  }
+  if (o.writer_id.empty()) o.writer_id = DefaultWriterId();
+  if (!KeySafeName(o.writer_id)) {
+    return InvalidArgumentError("bad experience writer id \"" + o.writer_id +
+                                "\" (use [A-Za-z0-9._-], not starting with '.')");
+  }
+  if (o.queue_capacity_records <= 0 || o.max_shard_bytes <= 0 || o.max_put_attempts <= 0 ||
+      o.max_shard_age <= absl::ZeroDuration() || o.initial_backoff < absl::ZeroDuration()) {
+    return InvalidArgumentError(
+        "ExperienceLoggerOptions: queue_capacity_records, max_shard_bytes, max_put_attempts and "
+        "max_shard_age must be positive, initial_backoff non-negative");
+  }
+  std::unique_ptr<ExperienceLogger> logger(new ExperienceLogger(std::move(store), std::move(o)));
+  logger->writer_ = std::thread([l = logger.get()] { l->Run(); });
+  return logger;
+}
+
+ExperienceLogger::ExperienceLogger(std::shared_ptr<storage::ObjectStore> store, ExperienceLoggerOptions options)
+    : store_(std::move(store)), options_(std::move(options)) {}
+
+ExperienceLogger::~ExperienceLogger() { (void)Close(); }
+
+template <typename T>
+bool ExperienceLogger::Enqueue(T&& record) {
+  absl::MutexLock lock(&mu_);
+  if (closing_ || static_cast<int64_t>(queue_.size()) >= options_.queue_capacity_records) {
+    counts_.records_dropped.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  queue_.push_back(std::forward<T>(record));
+  counts_.records_logged.fetch_add(1, std::memory_order_relaxed);
+  if (queue_.size() == 1) work_cv_.Signal();
+  return true;
+}
+
+bool ExperienceLogger::Log(const lede::v1::Transition& record) { return Enqueue(record); }
+bool ExperienceLogger::Log(lede::v1::Transition&& record) { return Enqueue(std::move(record)); }
+
+Status ExperienceLogger::Flush() {
+  absl::MutexLock lock(&mu_);
+  if (closing_) return FailedPreconditionError("ExperienceLogger::Flush() after Close()");
+  const int64_t gen = ++flush_requested_gen_;
+  work_cv_.Signal();
+  while (flushed_gen_ < gen) done_cv_.Wait(&mu_);
+  return flush_status_;
+}
+
+Status ExperienceLogger::Close() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (closing_) {
+      while (!closed_) done_cv_.Wait(&mu_);
+      return OkStatus();
+    }
+    closing_ = true;
+    ++flush_requested_gen_;
+    work_cv_.Signal();
+  }
+  if (writer_.joinable()) writer_.join();
+  Status status;
+  {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+    status = flush_status_;
+    done_cv_.SignalAll();
+  }
+  Report();
+  return status;
+}
+
+ExperienceLoggerCounters ExperienceLogger::counters() const {
+  ExperienceLoggerCounters c;
+  c.records_logged = counts_.records_logged.load(std::memory_order_relaxed);
+  c.records_dropped = counts_.records_dropped.load(std::memory_order_relaxed);
+  c.records_rejected = counts_.records_rejected.load(std::memory_order_relaxed);
+  c.records_written = counts_.records_written.load(std::memory_order_relaxed);
+  c.records_lost = counts_.records_lost.load(std::memory_order_relaxed);
+  c.shards_written = counts_.shards_written.load(std::memory_order_relaxed);
+  c.put_failures = counts_.put_failures.load(std::memory_order_relaxed);
+  c.put_retries = counts_.put_retries.load(std::memory_order_relaxed);
+  return c;
+}
+
+void ExperienceLogger::Report() {
+  if (options_.on_counters) options_.on_counters(counters());
+}
+
+void ExperienceLogger::PutShard(ShardBuilder& shard) {
+  if (shard.empty()) return;
+  ShardEncoder& encoder = shard.encoder();
+  const int64_t n_records = encoder.records();
+  char seq[32];
+  std::snprintf(seq, sizeof(seq), "%08lld", static_cast<long long>(seq_++));
+  const std::string key = options_.prefix + "/" +
+                          absl::FormatTime("%Y-%m-%d", shard.first_record, absl::UTCTimeZone()) + "/" +
+                          options_.writer_id + "-" + seq + kShardSuffix;
+  const std::string bytes = encoder.TakeBytes();
+  shard.Reset();
+  absl::Duration backoff = options_.initial_backoff;
+  for (int attempt = 1;; ++attempt) {
+    const Status s = store_->Put(key, bytes);
+    if (s.ok()) {
+      counts_.records_written.fetch_add(n_records, std::memory_order_relaxed);
+      counts_.shards_written.fetch_add(1, std::memory_order_relaxed);
+      break;
+    }
+    if (attempt < options_.max_put_attempts) {
+      counts_.put_retries.fetch_add(1, std::memory_order_relaxed);
+      absl::SleepFor(backoff);
+      backoff *= 2;
+      continue;
+    }
+    counts_.put_failures.fetch_add(1, std::memory_order_relaxed);
+    counts_.records_lost.fetch_add(n_records, std::memory_order_relaxed);
+    absl::MutexLock lock(&mu_);
+    pending_error_ = Status(s.code(), "experience shard " + key + " given up after " +
+                                          std::to_string(attempt) + " attempts: " + std::string(s.message()));
+    break;
+  }
+  Report();
+}
+
+void ExperienceLogger::Run() {
+  ShardBuilder shard;
+  std::deque<lede::v1::Transition> batch;
+  int64_t flushed = 0;
+  while (true) {
+    int64_t gen = 0;
+    bool closing = false;
+    {
+      absl::MutexLock lock(&mu_);
+      const auto ready = [&] { return !queue_.empty() || flush_requested_gen_ > flushed || closing_; };
+      while (!ready()) {
+        if (shard.empty()) {
+          work_cv_.Wait(&mu_);
+        } else if (work_cv_.WaitWithDeadline(&mu_, shard.first_record + options_.max_shard_age)) {
+          break;  // the shard is old enough to publish
+        }
+      }
+      batch.swap(queue_);
+      gen = flush_requested_gen_;
+      closing = closing_;
+    }
+    for (lede::v1::Transition& record : batch) {
+      if (shard.empty()) shard.first_record = absl::Now();
+      if (!shard.encoder().Append(record).ok()) {
+        counts_.records_rejected.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      if (shard.encoder().bytes() >= options_.max_shard_bytes) PutShard(shard);
+    }
+    batch.clear();
+    if (!shard.empty() && absl::Now() - shard.first_record >= options_.max_shard_age) PutShard(shard);
+    if (gen > flushed || closing) {
+      PutShard(shard);
+      flushed = gen;
+      absl::MutexLock lock(&mu_);
+      flushed_gen_ = gen;
+      flush_status_ = pending_error_;
+      pending_error_ = OkStatus();
+      done_cv_.SignalAll();
+    }
+    if (closing) break;
+  }
+}
+
+}  // namespace lede::experience

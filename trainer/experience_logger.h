@@ -1,0 +1,160 @@
+// File: trainer/experience_logger.h
+//
+// ExperienceLogger: the serving side of experience logging (DESIGN.md §3:
+// coordinator --experience shards--> object store <--reads-- trainer; §5).
+// Callers Log() lede.v1.Transition records from the request path; a
+// background thread batches them into shards (the format of experience.h,
+// encoded by ShardEncoder) and Put()s each shard to an ObjectStore under
+//   <prefix>/<UTC date YYYY-MM-DD>/<writer_id>-<seq, 8 digits>.lexp
+// (date of the shard's first record; seq counts from 00000000 per logger).
+// A shard is invisible until complete because ObjectStore::Put() is atomic,
+// so a crash loses at most the buffered records and never leaves a partial
+// shard. The trainer reads them back with ReadShardsFromStore().
+//
+// Ownership: the logger shares ownership of the store. Only the writer
+// thread encodes and Put()s; Log() only enqueues.
+#ifndef LEDE_TRAINER_EXPERIENCE_LOGGER_H_
+#define LEDE_TRAINER_EXPERIENCE_LOGGER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/lede/v1/experience.pb.h"  // the queue holds records by value
+#include "shared/status/status.h"
+#include "shared/storage/object_store.h"
+
+namespace lede::experience {
+
+// Counters of one logger since it was created, for /metrics (DESIGN.md §6).
+// Invariant once Close() returns:
+//   records_logged = records_written + records_lost + records_rejected
+// (records_dropped were never logged).
+struct ExperienceLoggerCounters {
+  int64_t records_logged = 0;    // accepted by Log() into the queue
+  int64_t records_dropped = 0;   // refused by Log(): queue full or logger closed
+  int64_t records_rejected = 0;  // logged but not encodable (over kMaxRecordBytes)
+  int64_t records_written = 0;   // in shards that were Put() successfully
+  int64_t records_lost = 0;      // in shards given up after every Put() attempt failed
+  int64_t shards_written = 0;    // shards Put() successfully
+  int64_t put_failures = 0;      // shards given up after max_put_attempts failures
+  int64_t put_retries = 0;       // failed Put() attempts that were retried
+};
+
+// Example:
+//   ExperienceLoggerOptions o;
+//   o.prefix = "experience/stories15M";
+//   o.max_shard_bytes = 64 << 20;
+//   o.max_shard_age = absl::Seconds(60);
+//   o.on_counters = [&](const ExperienceLoggerCounters& c) { metrics.Mirror(c); };
+struct ExperienceLoggerOptions {
+  // Key prefix (folder) in the store, a valid key; shards go under
+  // "<prefix>/<date>/".
+  std::string prefix = "experience";
+  // Names this writer's shards; must be unique among concurrent writers and
+  // across restarts (seq restarts at 0). Default ("" ) is
+  // "<hostname>-<pid>-<start time, UTC, YYYYMMDDTHHMMSSZ>". Key-safe
+  // characters only ([A-Za-z0-9._-], not starting with '.').
+  std::string writer_id;
+  // Records the queue holds before Log() starts dropping; bounds memory
+  // (a record is ~100-200 bytes) and decouples serving from the store.
+  int64_t queue_capacity_records = 1 << 16;
+  // A shard is Put() once its encoded size reaches this many bytes; bigger
+  // shards mean fewer objects, smaller ones less data at risk in a crash.
+  int64_t max_shard_bytes = 16 << 20;
+  // ... or once its first record is this old (wall clock), so that a quiet
+  // logger still publishes what it has within about this long.
+  absl::Duration max_shard_age = absl::Seconds(60);
+  // Put() attempts per shard before it is given up (counted, records lost).
+  int max_put_attempts = 4;
+  // Sleep after the first failed attempt; doubles after each further one.
+  absl::Duration initial_backoff = absl::Milliseconds(100);
+  // Called on the writer thread with a snapshot after every shard attempt
+  // (written or given up) and from Close(). Must be quick and must not call
+  // Flush() or Close() (deadlock); counters() is fine.
+  std::function<void(const ExperienceLoggerCounters&)> on_counters;
+};
+
+// Thread-safety: Log(), counters(), Flush() and Close() may be called from
+// any thread concurrently.
+class ExperienceLogger {
+ public:
+  // Starts the writer thread. Errors: kInvalidArgument if `store` is null,
+  // prefix or writer_id is not key-safe, or a size, capacity, attempt count
+  // or duration is not positive.
+  static StatusOr<std::unique_ptr<ExperienceLogger>> Create(std::shared_ptr<storage::ObjectStore> store,
+                                                            ExperienceLoggerOptions options);
+  // Close()s (writes what is buffered).
+  ~ExperienceLogger();
+  ExperienceLogger(const ExperienceLogger&) = delete;
+  ExperienceLogger& operator=(const ExperienceLogger&) = delete;
+
+  // Enqueues one record (copied) and returns true; never blocks on I/O
+  // (holds a mutex for the push only). Returns false, counting the record in
+  // records_dropped, when the queue holds queue_capacity_records or the
+  // logger is closed.
+  bool Log(const lede::v1::Transition& record);
+  bool Log(lede::v1::Transition&& record);
+
+  // Blocks until every record logged before the call is in a shard that was
+  // Put() or given up, starting a new shard afterwards. Returns OK, or the
+  // last Put() error of a shard given up since the previous Flush() (the
+  // records are counted in records_lost), or kFailedPrecondition after
+  // Close().
+  Status Flush();
+
+  // Writes what is queued and buffered (as Flush()), stops the writer thread
+  // and refuses later records. Idempotent; the second call returns OK.
+  Status Close();
+
+  // A snapshot of the counters (each field is read atomically; the set is
+  // not one consistent cut while the writer runs).
+  ExperienceLoggerCounters counters() const;
+
+  // The key prefix and writer id in use (writer_id resolved).
+  const std::string& prefix() const { return options_.prefix; }
+  const std::string& writer_id() const { return options_.writer_id; }
+
+ private:
+  struct Atomics {
+    std::atomic<int64_t> records_logged{0}, records_dropped{0}, records_rejected{0}, records_written{0},
+        records_lost{0}, shards_written{0}, put_failures{0}, put_retries{0};
+  };
+  class ShardBuilder;
+
+  ExperienceLogger(std::shared_ptr<storage::ObjectStore> store, ExperienceLoggerOptions options);
+  template <typename T>
+  bool Enqueue(T&& record);
+  void Run();
+  // Puts the current shard, if it has records, with retries.
+  void PutShard(ShardBuilder& shard);
+  void Report();
+
+  const std::shared_ptr<storage::ObjectStore> store_;
+  ExperienceLoggerOptions options_;
+  Atomics counts_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar work_cv_;  // writer waits: records, a flush, or closing
+  absl::CondVar done_cv_;  // Flush() waits: flushed_gen_
+  std::deque<lede::v1::Transition> queue_ ABSL_GUARDED_BY(mu_);
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t flush_requested_gen_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t flushed_gen_ ABSL_GUARDED_BY(mu_) = 0;
+  Status flush_status_ ABSL_GUARDED_BY(mu_);    // result of the last completed flush
+  Status pending_error_ ABSL_GUARDED_BY(mu_);   // last give-up since the last flush
+  int64_t seq_ = 0;                             // writer thread only
+  std::thread writer_;
+};
+
+}  // namespace lede::experience
+
+#endif  // LEDE_TRAINER_EXPERIENCE_LOGGER_H_
