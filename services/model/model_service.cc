@@ -17,7 +17,7 @@
 #include "policy/controllers.h"
 #include "policy/dqn/artifact.h"
 #include "policy/dqn/dqn_exit_controller.h"
-#include "services/drafter/policy_follower.h"
+#include "services/model/policy_follower.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/model/kv_cache.h"
@@ -52,7 +52,7 @@ class ModelHost {
   double probe_cost = 0;
 
   // LEDE policy: followed from the policy service, or loaded from a directory.
-  std::unique_ptr<drafter::PolicyFollower> follower;
+  std::unique_ptr<PolicyFollower> follower;
   std::shared_ptr<const policy::dqn::Artifact> local_policy;
   std::shared_ptr<lede::v1::Policy::Stub> policy_stub;  // remote decisions
 
@@ -224,17 +224,17 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
   host->probe_cost = cm->Probe();
 
   if (!options.policy_target.empty()) {
-    drafter::PolicyFollowerOptions po;
+    PolicyFollowerOptions po;
     po.target = options.policy_target;
     po.model_fingerprint = host->fingerprint;
     po.n_layers = static_cast<int32_t>(L);
     po.metrics = host->metrics.get();
-    host->follower = std::make_unique<drafter::PolicyFollower>(po);
+    host->follower = std::make_unique<PolicyFollower>(po);
     Status first = host->follower->FetchOnce();
     if (!first.ok()) rpc::LogEvent("warn", "policy_fetch_failed", {{"error", first.ToString()}});
     host->follower->Start();
     if (options.remote_decisions) {
-      host->policy_stub = lede::v1::Policy::NewStub(drafter::MakePolicyChannel(options.policy_target));
+      host->policy_stub = lede::v1::Policy::NewStub(MakePolicyChannel(options.policy_target));
     }
   } else if (!options.policy_dir.empty()) {
     const std::filesystem::path dir(options.policy_dir);
@@ -464,7 +464,7 @@ grpc::Status DrafterService::Draft(grpc::ServerContext*, const lede::v1::DraftRe
       config.decision_spec.max_draft_len = static_cast<int32_t>(
           std::min<int64_t>(config.decision_spec.max_draft_len, cache.max_draft_len()));
       if (host.options.remote_decisions && host.policy_stub) {
-        controller = std::make_unique<drafter::RemoteDecisionController>(host.policy_stub);
+        controller = std::make_unique<RemoteDecisionController>(host.policy_stub);
       } else {
         controller = std::make_unique<policy::dqn::DqnExitController>(
             std::shared_ptr<const policy::dqn::QNetwork>(artifact, &artifact->network),

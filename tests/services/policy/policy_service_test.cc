@@ -1,5 +1,5 @@
 // Tests of services/policy (ServingPolicy, the lede.v1.Policy service, the
-// lede-policy flags) and of its client in services/drafter/policy_follower.h
+// lede-policy flags) and of its client in services/model/policy_follower.h
 // (PolicyFollower, RemoteDecisionController), over an in-process gRPC server
 // on 127.0.0.1:0 and a copy of the shipped policy root models/lede-tiny/policy
 // (paper-v1, accelerator-v1, measured-v1). Run from the repository root
@@ -24,7 +24,7 @@
 #include "gtest/gtest.h"
 #include "policy/dqn/artifact.h"
 #include "policy/dqn/dqn_exit_controller.h"
-#include "services/drafter/policy_follower.h"
+#include "services/model/policy_follower.h"
 #include "services/policy/policy_server.h"
 #include "services/policy/policy_service.h"
 #include "services/policy/serving_policy.h"
@@ -129,7 +129,7 @@ class PolicyServiceTest : public ::testing::Test {
     options.shutdown_grace = std::chrono::milliseconds(2000);
     ASSERT_THAT(runner_->Start(options, nullptr), IsOk());
     target_ = "127.0.0.1:" + std::to_string(runner_->port());
-    stub_ = lede::v1::Policy::NewStub(drafter::MakePolicyChannel(target_));
+    stub_ = lede::v1::Policy::NewStub(model_service::MakePolicyChannel(target_));
   }
 
   void StopServer() {
@@ -273,11 +273,11 @@ TEST_F(PolicyServiceTest, HotReloadReachesWatchersAndFollowers) {
   ASSERT_TRUE(watch->Read(&seen));
   EXPECT_EQ(seen.version(), "paper-v1");
 
-  drafter::PolicyFollowerOptions follower_options;
+  model_service::PolicyFollowerOptions follower_options;
   follower_options.target = target_;
   follower_options.model_fingerprint = fingerprint_;
   follower_options.n_layers = 12;
-  drafter::PolicyFollower follower(follower_options);
+  model_service::PolicyFollower follower(follower_options);
   follower.Start();
   ASSERT_TRUE(follower.WaitForVersion("paper-v1", kWait));
   std::shared_ptr<const policy::dqn::Artifact> old_artifact = follower.current();
@@ -420,12 +420,12 @@ TEST_F(PolicyServiceTest, WatchEndsOnShutdown) {
 // The follower keeps its policy while the service is down, reconnects, and
 // then follows a version published during the outage.
 TEST_F(PolicyServiceTest, FollowerSurvivesServiceRestart) {
-  drafter::PolicyFollowerOptions options;
+  model_service::PolicyFollowerOptions options;
   options.target = target_;
   options.model_fingerprint = fingerprint_;
   options.initial_backoff = absl::Milliseconds(20);
   options.max_backoff = absl::Milliseconds(200);
-  drafter::PolicyFollower follower(options);
+  model_service::PolicyFollower follower(options);
   follower.Start();
   ASSERT_TRUE(follower.WaitForVersion("paper-v1", kWait));
 
@@ -446,10 +446,10 @@ TEST_F(PolicyServiceTest, FollowerSurvivesServiceRestart) {
 
 // A follower for another model refuses the artifact and keeps nothing.
 TEST_F(PolicyServiceTest, FollowerRefusesArtifactForAnotherModel) {
-  drafter::PolicyFollowerOptions options;
+  model_service::PolicyFollowerOptions options;
   options.target = target_;
   options.model_fingerprint = "0123456789abcdef";
-  drafter::PolicyFollower follower(options);
+  model_service::PolicyFollower follower(options);
   EXPECT_THAT(follower.FetchOnce(), StatusIs(StatusCode::kInvalidArgument));
   EXPECT_EQ(follower.current(), nullptr);
   EXPECT_EQ(follower.version(), "");
@@ -457,7 +457,7 @@ TEST_F(PolicyServiceTest, FollowerRefusesArtifactForAnotherModel) {
 
   options.model_fingerprint = fingerprint_;
   options.n_layers = 4;  // paper-v1 probes layers 4 and 6
-  drafter::PolicyFollower shallow(options);
+  model_service::PolicyFollower shallow(options);
   EXPECT_THAT(shallow.FetchOnce(), StatusIs(StatusCode::kInvalidArgument));
   EXPECT_EQ(shallow.current(), nullptr);
 }
@@ -470,10 +470,10 @@ TEST_F(PolicyServiceTest, RemoteDecisionMatchesLocalAndFallsBack) {
   policy::dqn::DqnExitController local(
       std::make_shared<const policy::dqn::QNetwork>(artifact->network), "paper-v1");
   std::shared_ptr<lede::v1::Policy::StubInterface> stub =
-      lede::v1::Policy::NewStub(drafter::MakePolicyChannel(target_));
-  drafter::RemoteDecisionOptions options;
+      lede::v1::Policy::NewStub(model_service::MakePolicyChannel(target_));
+  model_service::RemoteDecisionOptions options;
   options.timeout = absl::Seconds(5);
-  drafter::RemoteDecisionController remote(stub, options);
+  model_service::RemoteDecisionController remote(stub, options);
   EXPECT_EQ(remote.name(), "remote");
 
   for (int i = 0; i < 8; ++i) {
@@ -495,9 +495,9 @@ TEST_F(PolicyServiceTest, RemoteDecisionMatchesLocalAndFallsBack) {
   EXPECT_EQ(remote.n_failures(), 0);
 
   StopServer();
-  drafter::RemoteDecisionOptions fast = options;
+  model_service::RemoteDecisionOptions fast = options;
   fast.timeout = absl::Milliseconds(500);
-  drafter::RemoteDecisionController orphan(stub, fast);
+  model_service::RemoteDecisionController orphan(stub, fast);
   model::ExitState s;
   s.top1_prob = 0.99f;
   EXPECT_EQ(orphan.Decide(s), model::Action::kContinue);

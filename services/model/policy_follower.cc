@@ -1,4 +1,4 @@
-#include "services/drafter/policy_follower.h"
+#include "services/model/policy_follower.h"
 
 #include <stdlib.h>
 
@@ -21,7 +21,7 @@
 #include "shared/telemetry/lede_metrics.h"
 #include "shared/telemetry/metrics.h"
 
-namespace lede::drafter {
+namespace lede::model_service {
 namespace {
 
 constexpr int kMaxArtifactBytes = 64 << 20;
@@ -292,4 +292,4 @@ model::Action RemoteDecisionController::Decide(const model::ExitState& state) {
                                                            : model::Action::kContinue;
 }
 
-}  // namespace lede::drafter
+}  // namespace lede::model_service

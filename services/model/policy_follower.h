@@ -1,4 +1,4 @@
-// File: services/drafter/policy_follower.h
+// File: services/model/policy_follower.h
 //
 // The drafter's side of the policy service (DESIGN.md §3: the drafter runs
 // the policy embedded in-process, "fetches the current policy from the
@@ -31,8 +31,8 @@
 //   if (!follower.WaitForPolicy(absl::Seconds(10))) { ...no policy yet... }
 //   std::shared_ptr<const policy::dqn::Artifact> a = follower.current();
 //   // one DqnExitController per request over a->network
-#ifndef LEDE_SERVICES_DRAFTER_POLICY_FOLLOWER_H_
-#define LEDE_SERVICES_DRAFTER_POLICY_FOLLOWER_H_
+#ifndef LEDE_SERVICES_MODEL_POLICY_FOLLOWER_H_
+#define LEDE_SERVICES_MODEL_POLICY_FOLLOWER_H_
 
 #include <array>
 #include <atomic>
@@ -59,7 +59,7 @@ class Counter;
 struct SpecDecodeMetrics;
 }  // namespace lede::telemetry
 
-namespace lede::drafter {
+namespace lede::model_service {
 
 // A channel to the policy service at `target` ("host:port"), insecure, with
 // a receive limit large enough for any artifact (64 MiB; an H = 512 network
@@ -216,6 +216,6 @@ class RemoteDecisionController : public model::ExitController {
   Status last_status_;
 };
 
-}  // namespace lede::drafter
+}  // namespace lede::model_service
 
-#endif  // LEDE_SERVICES_DRAFTER_POLICY_FOLLOWER_H_
+#endif  // LEDE_SERVICES_MODEL_POLICY_FOLLOWER_H_
