@@ -117,11 +117,12 @@ StatusOr<policy::dqn::Artifact> ChoosePolicy(const std::string& policy_dir, cons
 int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   ModelFlags mf;
   std::string prompt, tokenizer_path, policy_dir, mode = "static";
-  int64_t max_new_tokens = 128, exit_layer = 0, draft_len = 4, seed = 0;
+  int64_t max_new_tokens = 128, exit_layer = 0, draft_len = 4, seed = 0, repeat = 1;
   double temperature = 0.0, top_p = 1.0;
   FlagSet flags;
   mf.AddTo(flags);
   flags.Add("prompt", &prompt, "prompt text", true);
+  flags.Add("repeat", &repeat, "generate this many times, one stats line each (benchmarks: later runs are warm)");
   flags.Add("tokenizer", &tokenizer_path, "tokenizer file (default: found beside the model)");
   flags.Add("max-new-tokens", &max_new_tokens, "tokens to generate");
   flags.Add("mode", &mode,
@@ -141,6 +142,7 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
     err << "lede generate: " << s.message() << " (see lede generate --help)\n";
     return kExitUsage;
   }
+  if (repeat < 1) return Fail(err, InvalidArgumentError("--repeat: must be >= 1"), kExitUsage);
   if (mode != "ar" && mode != "static" && mode != "lede") {
     return Fail(err, InvalidArgumentError("--mode: want ar, static or lede, got '" + mode + "'"), kExitUsage);
   }
@@ -205,31 +207,34 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
     if (!echoed) out << (*tokenizer)->Decode(*ids);
     echoed = true;
   };
-  tokenizer::StreamingDetokenizer detok(**tokenizer, ids->back());
-  auto result = (*engine)->Generate(*ids, go, [&](const std::vector<int32_t>& tokens) {
-    echo_prompt();
-    for (int32_t t : tokens) out << detok.Push(t);
-    out << std::flush;
-  });
-  if (!result.ok()) {
-    return Fail(err, result.status(),
-                result.status().code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure);
+  for (int64_t run = 0; run < repeat; ++run) {
+    // Repeats (benchmarks: later runs are warm) print their stats lines only.
+    const bool print_text = run == 0;
+    tokenizer::StreamingDetokenizer detok(**tokenizer, ids->back());
+    auto result = (*engine)->Generate(*ids, go, [&](const std::vector<int32_t>& tokens) {
+      if (!print_text) return;
+      echo_prompt();
+      for (int32_t t : tokens) out << detok.Push(t);
+      out << std::flush;
+    });
+    if (!result.ok()) {
+      return Fail(err, result.status(),
+                  result.status().code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure);
+    }
+    if (print_text) {
+      echo_prompt();
+      out << detok.Flush() << "\n";
+    }
+    const model::GenerationStats& st = result->stats;
+    std::string label = mode;
+    if (mode == "static") label += " E=" + std::to_string(go.exit_layer) + " D=" + std::to_string(go.draft_len);
+    if (controller) label += " " + controller->name();
+    err << std::fixed << std::setprecision(2) << "[" << label << "] " << st.n_generated << " tokens, "
+        << st.decode_tokens_per_s() << " tokens/s, acceptance rate " << std::setprecision(3)
+        << st.acceptance_rate() << ", " << st.tokens_per_round() << " tokens/round, mean exit layer "
+        << std::setprecision(2) << st.mean_exit_layer() << ", wall " << std::setprecision(3)
+        << (st.prefill_s + st.decode_s) << " s (prefill " << st.prefill_s << " s)\n";
   }
-  echo_prompt();
-  out << detok.Flush() << "\n";
-  const model::GenerationStats& st = result->stats;
-  std::string label = mode;
-  if (mode == "static") label += " E=" + std::to_string(go.exit_layer) + " D=" + std::to_string(go.draft_len);
-  if (controller) label += " " + controller->name();
-  double exits = 0, drafted_rounds = 0;
-  for (const auto& r : st.rounds) {
-    if (r.n_drafted > 0) exits += r.exit_layer, drafted_rounds += 1;
-  }
-  err << std::fixed << std::setprecision(2) << "[" << label << "] " << st.n_generated << " tokens, " << st.decode_tokens_per_s() << " tokens/s, acceptance rate "
-      << std::setprecision(3) << st.acceptance_rate() << ", " << st.tokens_per_round()
-      << " tokens/round, mean exit layer " << std::setprecision(2)
-      << (drafted_rounds > 0 ? exits / drafted_rounds : 0.0) << ", wall " << std::setprecision(3)
-      << (st.prefill_s + st.decode_s) << " s (prefill " << st.prefill_s << " s)\n";
   return kExitOk;
 }
 

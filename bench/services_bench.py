@@ -1,0 +1,194 @@
+#!/usr/bin/python3
+"""Tokens/s through the services vs the in-process engine (issue 5 benchmark).
+
+Runs the same prompts (greedy, fixed length) four ways and prints decode
+tokens/s side by side:
+  in-process   `lede generate` (drafter and verifier in one address space, no RPC)
+  split        coordinator + verifier + drafter processes on a shared-memory KV pool
+  co-located   coordinator + one `lede-model --role both` process
+  remote       split, with the drafter asking the policy service once per decision
+for the LEDE policy and for autoregressive decoding. Decode tokens/s excludes
+the prefill (time to first token), as in the engine's stats; the services'
+figure is the coordinator's own measurement over its RPCs; "client" is the
+wall clock seen by the Python client per request, prefill and stream included.
+Nothing here asserts: it prints numbers (and writes JSON with --json).
+
+usage: bench/services_bench.py [--build build] [--prompts N] [--new-tokens T] [--json FILE]
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import lede_client  # noqa: E402  (stub generation)
+
+MODEL = os.path.join(ROOT, "models", "lede-tiny")
+
+
+def start(args, log_path):
+    log = open(log_path, "w")
+    p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if p.poll() is not None:
+            raise RuntimeError("%s exited:\n%s" % (args[0], open(log_path).read()[-2000:]))
+        m = re.search(r"event=started grpc_port=(\d+) metrics_port=(\d+)", open(log_path).read())
+        if m:
+            return p, int(m.group(1))
+        time.sleep(0.1)
+    p.kill()
+    raise RuntimeError("%s did not start:\n%s" % (args[0], open(log_path).read()[-2000:]))
+
+
+def stop(procs):
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def deploy(kind, build, tmp):
+    """Starts a deployment; returns (processes, coordinator port)."""
+    model_bin = os.path.join(build, "services", "model", "lede-model")
+    coord_bin = os.path.join(build, "services", "coordinator", "lede-coordinator")
+    policy_bin = os.path.join(build, "services", "policy", "lede-policy")
+    common = ["--model", MODEL, "--metrics", "127.0.0.1:0", "--listen", "127.0.0.1:0"]
+    procs = []
+    pool = "/lede-kv-bench-%d-%s" % (os.getpid(), kind)
+    policy_dir = ["--policy-dir", os.path.join(MODEL, "policy")]
+    if kind == "remote":
+        p, policy_port = start([policy_bin, "--policy-root", os.path.join(MODEL, "policy"),
+                                "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"],
+                               os.path.join(tmp, "policy.log"))
+        procs.append(p)
+        policy_dir = ["--policy", "127.0.0.1:%d" % policy_port, "--remote-decisions"]
+    if kind == "co-located":
+        p, vport = start([model_bin, "--role", "both"] + common + policy_dir, os.path.join(tmp, kind + "-model.log"))
+        procs.append(p)
+        dport = vport
+    else:
+        p, vport = start([model_bin, "--role", "verifier", "--kv-pool", pool] + common,
+                         os.path.join(tmp, kind + "-verifier.log"))
+        procs.append(p)
+        p, dport = start([model_bin, "--role", "drafter", "--kv-pool", pool] + common + policy_dir,
+                         os.path.join(tmp, kind + "-drafter.log"))
+        procs.append(p)
+    p, cport = start([coord_bin, "--model", MODEL, "--verifier", "127.0.0.1:%d" % vport,
+                      "--drafter", "127.0.0.1:%d" % dport, "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"],
+                     os.path.join(tmp, kind + "-coordinator.log"))
+    procs.append(p)
+    return procs, cport
+
+
+def run_services(port, prompts, method, new_tokens, pb, pb_grpc):
+    import grpc
+    totals = {"tokens": 0, "decode_s": 0.0, "client_s": 0.0, "accepted": 0, "drafted": 0, "outputs": []}
+    with grpc.insecure_channel("127.0.0.1:%d" % port) as channel:
+        stub = pb_grpc.GenerationStub(channel)
+        for prompt in prompts:
+            req = pb.GenerateRequest(prompt=prompt, max_new_tokens=new_tokens,
+                                     method=getattr(pb, "SPECULATION_METHOD_" + method.upper()))
+            for r in stub.Generate(req, timeout=120):  # a warm-up pass, as in-process
+                pass
+            t0 = time.perf_counter()
+            ids, summary = [], None
+            for r in stub.Generate(req, timeout=120):
+                if r.HasField("delta"):
+                    ids.extend(r.delta.token_ids)
+                else:
+                    summary = r.summary
+            totals["client_s"] += time.perf_counter() - t0
+            n = summary.generated_tokens
+            if n > 1 and summary.decode_tokens_per_second > 0:
+                totals["tokens"] += n - 1
+                totals["decode_s"] += (n - 1) / summary.decode_tokens_per_second
+            totals["accepted"] += summary.accepted_tokens
+            totals["drafted"] += summary.drafted_tokens
+            totals["outputs"].append(ids)
+    return totals
+
+
+def run_in_process(build, prompts, method, new_tokens):
+    lede = os.path.join(build, "services", "cli", "lede")
+    mode = {"lede": "lede", "autoregressive": "ar"}[method]
+    totals = {"tokens": 0, "decode_s": 0.0, "client_s": 0.0}
+    for prompt in prompts:
+        out = subprocess.run([lede, "generate", "--model", MODEL, "--prompt", prompt, "--mode", mode,
+                              "--max-new-tokens", str(new_tokens), "--threads", "1", "--repeat", "2"],
+                             capture_output=True, text=True, cwd=ROOT, check=True)
+        # the second (warm) run, as the services' measured pass below
+        last = re.findall(r"\] (\d+) tokens, ([\d.]+) tokens/s.*wall ([\d.]+) s", out.stderr)[-1]
+        n, tps, wall = int(last[0]), float(last[1]), float(last[2])
+        if n > 1 and tps > 0:
+            totals["tokens"] += n - 1
+            totals["decode_s"] += (n - 1) / tps
+        totals["client_s"] += wall
+    return totals
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.environ.get("LEDE_BUILD_DIR", os.path.join(ROOT, "build")))
+    ap.add_argument("--prompts", type=int, default=12, help="story prompts (and as many code prompts)")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--json", help="write the results here")
+    a = ap.parse_args()
+    pb, pb_grpc = lede_client.load_stubs()
+    prompts = []
+    for name in ("story.jsonl", "code.jsonl"):
+        with open(os.path.join(MODEL, "prompts", name)) as f:
+            prompts += [json.loads(line)["prompt"] for line in f][-a.prompts:]  # the evaluation half
+    results = {}
+    methods = ["lede", "autoregressive"]
+    for m in methods:
+        results[("in-process", m)] = run_in_process(a.build, prompts, m, a.new_tokens)
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in ("split", "co-located", "remote"):
+            procs, port = deploy(kind, a.build, tmp)
+            try:
+                for m in methods:
+                    if kind == "remote" and m != "lede":
+                        continue
+                    results[(kind, m)] = run_services(port, prompts, m, a.new_tokens, pb, pb_grpc)
+            finally:
+                stop(procs)
+    same = all(results[("split", m)]["outputs"] == results[("co-located", m)]["outputs"] for m in methods)
+    same_remote = results[("remote", "lede")]["outputs"] == results[("split", "lede")]["outputs"]
+
+    print("lede-tiny, %d prompts x %d new tokens, greedy, 1 thread per process" % (len(prompts), a.new_tokens))
+    print("%-12s %-15s %12s %10s %14s %10s" % ("deployment", "method", "decode tok/s", "vs in-proc",
+                                                  "client tok/s", "accept"))
+    rows = []
+    for (kind, m), t in results.items():
+        tps = t["tokens"] / t["decode_s"] if t["decode_s"] else 0.0
+        ref = results[("in-process", m)]
+        ref_tps = ref["tokens"] / ref["decode_s"] if ref["decode_s"] else 0.0
+        client = (t["tokens"] + len(prompts)) / t["client_s"] if t["client_s"] else 0.0
+        acc = t.get("accepted", 0) / t["drafted"] if t.get("drafted") else float("nan")
+        print("%-12s %-15s %12.1f %9.1f%% %14.1f %10.3f" % (kind, m, tps, 100 * tps / ref_tps if ref_tps else 0,
+                                                           client, acc))
+        rows.append({"deployment": kind, "method": m, "decode_tokens_per_s": tps,
+                     "ratio_to_in_process": tps / ref_tps if ref_tps else None, "client_tokens_per_s": client,
+                     "acceptance_rate": None if acc != acc else acc})
+    print("split and co-located emit the same tokens: %s; remote decisions emit the same tokens: %s"
+          % (same, same_remote))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"rows": rows, "same_tokens_split_colocated": same, "same_tokens_remote": same_remote,
+                       "prompts": len(prompts), "new_tokens": a.new_tokens}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
