@@ -61,6 +61,8 @@ def main():
         speculation=pb.SpeculationParams(exit_layer=a.exit_layer, draft_length=a.draft_length,
                                          threshold=a.threshold, epsilon=a.epsilon))
     text, ids, summary = [], [], None
+    if not a.json:
+        sys.stdout.write(a.prompt)  # the generation continues it
     with grpc.insecure_channel(a.target) as channel:
         stub = pb_grpc.GenerationStub(channel)
         try:
