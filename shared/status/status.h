@@ -34,6 +34,7 @@ using absl::OutOfRangeError;
 using absl::ResourceExhaustedError;
 using absl::UnavailableError;
 using absl::UnimplementedError;
+using absl::StatusCodeToString;  // "OK", "INVALID_ARGUMENT", ... (the gRPC names)
 }  // namespace lede
 
 #else  // engine-only stand-in

@@ -62,7 +62,7 @@ std::vector<double> InterTokenLatencyBuckets();  // 0.5 ms .. 5 s, seconds
 
 // The gRPC name of a status code ("OK", "INVALID_ARGUMENT", ...), the
 // `status` label of lede_requests_total.
-const char* GrpcCodeName(StatusCode code);
+std::string GrpcCodeName(StatusCode code);
 
 // A number for lede_policy_version_number from a version name (artifact.h:
 // "v3", "20250101-1200"): its decimal digits read as one integer (3,

@@ -327,7 +327,7 @@ TEST(TelemetrySpecDecodeMetricsTest, RequestsAndPolicyVersion) {
   EXPECT_EQ(m.request_latency.Collect().count, 3u);
   EXPECT_EQ(PolicyVersionNumber("20250101-1200"), 202501011200.0);
   EXPECT_EQ(PolicyVersionNumber("latest"), 0);
-  EXPECT_STREQ(GrpcCodeName(StatusCode::kResourceExhausted), "RESOURCE_EXHAUSTED");
+  EXPECT_EQ(GrpcCodeName(StatusCode::kResourceExhausted), "RESOURCE_EXHAUSTED");
 }
 
 // promtool's linter accepts what the server serves for every project metric.
