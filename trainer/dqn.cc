@@ -268,25 +268,33 @@ class ThreadCountGuard {
   int previous_;
 };
 
+// The transitions that can be trained on: finite state, next_state and
+// reward, and each decision (request_id, round_index, decision_index) once
+// (the first).
+std::vector<Transition> Usable(const std::vector<Transition>& all, int64_t* dropped, int64_t* duplicates) {
+  std::vector<Transition> ts;
+  ts.reserve(all.size());
+  std::set<std::tuple<std::string, int64_t, int32_t>> seen;  // (request_id, round_index, decision_index)
+  for (const Transition& t : all) {
+    if (!Finite(t.state) || !Finite(t.next_state) || !std::isfinite(t.reward)) {
+      ++*dropped;
+    } else if (!seen.emplace(t.request_id, t.round_index, t.decision_index).second) {
+      ++*duplicates;  // the same decision logged twice (e.g. a re-uploaded shard)
+    } else {
+      ts.push_back(t);
+    }
+  }
+  return ts;
+}
+
 StatusOr<DqnResult> TrainDqnImpl(const std::vector<Transition>& all, const DqnOptions& o,
                                  const DqnEpochCallback& on_epoch) {
   const auto start = Clock::now();
   LEDE_RETURN_IF_ERROR(ValidateDqnOptions(o));
 
   // Drop transitions that would poison the regression.
-  std::vector<Transition> ts;
-  ts.reserve(all.size());
   int64_t dropped = 0, duplicates = 0;
-  std::set<std::tuple<std::string, int64_t, int32_t>> seen;  // (request_id, round_index, decision_index)
-  for (const Transition& t : all) {
-    if (!Finite(t.state) || !Finite(t.next_state) || !std::isfinite(t.reward)) {
-      ++dropped;
-    } else if (!seen.emplace(t.request_id, t.round_index, t.decision_index).second) {
-      ++duplicates;  // the same decision logged twice (e.g. a re-uploaded shard)
-    } else {
-      ts.push_back(t);
-    }
-  }
+  std::vector<Transition> ts = Usable(all, &dropped, &duplicates);
   if (ts.empty()) {
     return InvalidArgumentError("TrainDqn: no usable transitions (" + std::to_string(all.size()) + " given, " +
                                 std::to_string(dropped) + " non-finite)");
@@ -333,7 +341,7 @@ StatusOr<DqnResult> TrainDqnImpl(const std::vector<Transition>& all, const DqnOp
   const DataSet train = MakeDataSet(ts, targets, train_rows);
   const DataSet held = MakeDataSet(ts, targets, held_rows);
 
-  const QNetwork init = QNetwork::Random(o.hidden, o.seed);
+  const QNetwork init = o.initial_network != nullptr ? *o.initial_network : QNetwork::Random(o.hidden, o.seed);
   TorchNet online = MakeTorchNet(init.weights(), /*requires_grad=*/true);
   TorchNet target = MakeTorchNet(init.weights(), /*requires_grad=*/false);
   torch::optim::Adam adam(online.params(), torch::optim::AdamOptions(o.lr));
@@ -427,6 +435,10 @@ Status ValidateDqnOptions(const DqnOptions& o) {
   if (!(o.polyak_tau > 0 && o.polyak_tau <= 1)) return bad("polyak_tau must be in (0, 1]");
   if (!(o.heldout_fraction >= 0 && o.heldout_fraction < 1)) return bad("heldout_fraction must be in [0, 1)");
   if (o.num_threads < 1) return bad("num_threads must be >= 1");
+  if (o.initial_network != nullptr && o.initial_network->hidden() != o.hidden) {
+    return bad("initial_network has hidden width " + std::to_string(o.initial_network->hidden()) +
+               ", hidden is " + std::to_string(o.hidden));
+  }
   return OkStatus();
 }
 
@@ -504,6 +516,40 @@ std::map<std::string, double> DqnResult::OfflineMetrics() const {
   return m;
 }
 
+StatusOr<OfflinePolicyMetrics> EvaluateOffline(const QNetwork& network, const std::vector<Transition>& transitions,
+                                               const DqnOptions& options) {
+  DqnOptions o = options;
+  o.initial_network = nullptr;
+  LEDE_RETURN_IF_ERROR(ValidateDqnOptions(o));
+  try {
+    int64_t dropped = 0, duplicates = 0;
+    const std::vector<Transition> ts = Usable(transitions, &dropped, &duplicates);
+    if (ts.empty()) return InvalidArgumentError("EvaluateOffline: no usable transitions");
+    ThreadCountGuard threads(o.num_threads);
+    const DataSet d = MakeDataSet(ts, ComputeNStepTargets(ts, o.gamma, o.n_step), AllRows(ts.size()));
+    const TorchNet net = MakeTorchNet(network.weights(), /*requires_grad=*/false);
+    const SetMetrics m = Evaluate(net, net, d, ts, o.huber_delta);
+    OfflinePolicyMetrics out;
+    out.n_transitions = static_cast<int64_t>(ts.size());
+    out.n_episodes = static_cast<int64_t>(GroupEpisodes(ts, AllRows(ts.size())).size());
+    out.td_loss = m.td_loss;
+    out.mean_max_q = m.mean_max_q;
+    out.action_agreement = m.agreement;
+    out.exit_fraction_phase1 = m.exit1;
+    out.exit_fraction_phase2 = m.exit2;
+    out.behaviour_reward = m.behaviour_reward;
+    out.matched_reward = m.matched_reward;
+    out.behaviour_return = m.behaviour_return;
+    out.matched_return = m.matched_return;
+    out.matched_episodes = m.matched_episodes;
+    return out;
+  } catch (const c10::Error& e) {
+    return InternalError(std::string("EvaluateOffline: ") + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return InternalError(std::string("EvaluateOffline: ") + e.what());
+  }
+}
+
 StatusOr<DqnResult> TrainDqn(const std::vector<Transition>& transitions, const DqnOptions& options,
                              const DqnEpochCallback& on_epoch) {
   try {
@@ -529,7 +575,8 @@ policy::dqn::Artifact MakeArtifact(const DqnResult& result, const DqnOptions& o,
                         {"target_update_polyak", o.target_update == TargetUpdate::kPolyak ? 1.0 : 0.0},
                         {"target_update_every", static_cast<double>(o.target_update_every)},
                         {"polyak_tau", o.polyak_tau},
-                        {"heldout_fraction", o.heldout_fraction}};
+                        {"heldout_fraction", o.heldout_fraction},
+                        {"warm_start", o.initial_network != nullptr ? 1.0 : 0.0}};
   policy::dqn::TrainingDataInfo& d = m.training_data;
   d.n_transitions = result.n_transitions;
   d.n_episodes = result.n_episodes;

@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -94,6 +95,12 @@ struct DqnOptions {
   // [128, 64] matmul gains nothing from threads) and a fixed count fixes the
   // summation order, hence the bytes of the weights.
   int32_t num_threads = 1;
+  // Warm start: when set, training starts from these weights (online and
+  // target network) instead of QNetwork::Random(hidden, seed), so a
+  // retraining run fine-tunes the serving policy (trainer/retrain.h) rather
+  // than forgetting it; its hidden width must equal `hidden`. Null: a fresh
+  // network. Shared and never modified.
+  std::shared_ptr<const policy::dqn::QNetwork> initial_network;
   // Example:
   //   DqnOptions o;  o.epochs = 40;  o.seed = 7;
   //   LEDE_ASSIGN_OR_RETURN(DqnResult r, TrainDqn(transitions, o));
@@ -103,7 +110,7 @@ struct DqnOptions {
 // (hidden in [1, kMaxHidden], gamma in [0, 1], n_step >= 1, epochs >= 0,
 // batch_size >= 1, lr > 0, huber_delta > 0, max_grad_norm > 0,
 // target_update_every >= 1, polyak_tau in (0, 1], heldout_fraction in [0, 1),
-// num_threads >= 1).
+// num_threads >= 1, initial_network's hidden width == hidden).
 Status ValidateDqnOptions(const DqnOptions& options);
 
 // One transition's n-step target, without the bootstrap value:
@@ -173,6 +180,37 @@ struct DqnResult {
   // "heldout_matched_return", ...) for policy.json's offline_metrics.
   std::map<std::string, double> OfflineMetrics() const;
 };
+
+// Offline metrics of one fixed network's greedy policy on a set of logged
+// transitions (e.g. held-out experience), with the network as its own target
+// network for the TD loss: how well its values explain the logged rewards,
+// how often it agrees with the behaviour actions, and the rejection-sampling
+// reward estimate (mean return of the episodes on which it agrees with every
+// logged action). Used to compare a retrained candidate with the serving
+// policy on the same data (trainer/retrain.h). Rates in [0, 1], rewards in
+// reward units; NaN where a set is empty.
+struct OfflinePolicyMetrics {
+  int64_t n_transitions = 0;  // usable (finite, not duplicated)
+  int64_t n_episodes = 0;
+  double td_loss = 0;            // Huber, n-step targets bootstrapped from the network itself
+  double mean_max_q = 0;         // mean max_a Q(s, a), reward units
+  double action_agreement = 0;   // greedy == logged action
+  double exit_fraction_phase1 = 0;
+  double exit_fraction_phase2 = 0;
+  double behaviour_reward = 0;   // mean logged reward per decision
+  double matched_reward = 0;     // ... over the decisions where greedy == logged
+  double behaviour_return = 0;   // mean undiscounted return per episode
+  double matched_return = 0;     // ... over the episodes the greedy policy reproduces
+  int64_t matched_episodes = 0;
+};
+
+// Errors: those of ValidateDqnOptions (gamma, n_step, huber_delta and
+// num_threads are used; initial_network is ignored); kInvalidArgument if no
+// usable transition is given; kInternal if libtorch fails.
+// Thread-safety: as TrainDqn (sets libtorch's intra-op thread count).
+StatusOr<OfflinePolicyMetrics> EvaluateOffline(const policy::dqn::QNetwork& network,
+                                               const std::vector<policy::Transition>& transitions,
+                                               const DqnOptions& options);
 
 // Trains a Q-network on `transitions` (the whole replay buffer) and calls
 // `on_epoch` after each epoch. Transitions with a non-finite state,

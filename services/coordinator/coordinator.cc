@@ -169,8 +169,14 @@ class RemoteBackend : public speculation::SpeculationBackend {
     req.set_record_nll(options.record_nll);
     req.set_request_id(request_id_);
     lede::v1::OpenSessionResponse resp;
-    auto ctx = impl_.CallContext(server_);
-    grpc::Status s = impl_.verifier->OpenSession(ctx.get(), req, &resp);
+    // Not the client's context: a client deadline or cancel that lands while
+    // the verifier prefills would lose the response, and with it the slot
+    // number needed to close the session (the slot leaked until the idle
+    // reclaim). The next call carries the client's deadline; Close() frees it.
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(static_cast<int64_t>(impl_.options.rpc_timeout_s * 1000)));
+    grpc::Status s = impl_.verifier->OpenSession(&ctx, req, &resp);
     if (!s.ok()) return FromModelCall(s, "verifier OpenSession");
     slot_ = resp.slot();
     epoch_ = resp.pool_epoch();

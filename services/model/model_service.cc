@@ -472,6 +472,7 @@ grpc::Status DrafterService::Draft(grpc::ServerContext*, const lede::v1::DraftRe
       }
       config.policy_version = artifact->metadata.version;
       if (sp.epsilon() > 0.0f) {
+        config.policy_version += "+eps=" + std::to_string(sp.epsilon()).substr(0, 5);  // "+eps=0.200": behaviour policy
         explorer = std::make_unique<policy::EpsilonGreedyController>(
             *controller, sp.epsilon(), speculation::RoundSeed(sampling.seed, req->position(), 3));
       }

@@ -1,0 +1,483 @@
+// Tests of trainer/retrain.h: new-shard detection and the state checkpoint,
+// the warm start, publish-only-if-better (both ways, forced with the
+// margin), off-policy bookkeeping and report.json. A temporary local object
+// store holds a few synthetic shards; the serving policy is a small random
+// Q-network (offline evaluation only, so each test runs in well under 1 s),
+// except ReplayEvaluation, which replays two prompts through models/lede-tiny.
+#include "trainer/retrain.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "policy/dqn/artifact.h"
+#include "policy/transition.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+#include "trainer/experience.h"
+
+namespace lede::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+using ::lede::testing::IsOk;
+using ::lede::testing::StatusIs;
+using nlohmann::json;
+using policy::Transition;
+constexpr int kIn = model::kExitFeatureDim;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr char kFingerprint[] = "fp-test";
+constexpr char kCostModel[] = "measured";
+
+std::string ReadText(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// One speculation round: phase-1 probes at layers 2 and 4 (continue, then
+// exit, or continue = no draft when drafts == 0), then `drafts` phase-2
+// decisions; the last decision is terminal. Features are
+// random; rewards are those of a throughput-like reward.
+std::vector<Transition> Round(const std::string& request, int64_t round, int drafts, const std::string& version,
+                              std::mt19937_64& rng, const std::string& fingerprint = kFingerprint,
+                              const std::string& cost_model = kCostModel) {
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  auto features = [&] {
+    std::array<float, kIn> f{};
+    for (int i = 0; i < kIn - 1; ++i) f[i] = u(rng);
+    f[kIn - 1] = 1.0f;
+    return f;
+  };
+  std::vector<Transition> out;
+  const int n = 2 + drafts;
+  std::array<float, kIn> s = features();
+  for (int i = 0; i < n; ++i) {
+    Transition t;
+    t.state = s;
+    t.phase = i < 2 ? model::Phase::kExitLayer : model::Phase::kDraftLength;
+    t.layer = i < 2 ? 2 + 2 * i : 4;
+    t.n_layers = 8;
+    t.draft_pos = i < 2 ? 0 : i - 1;
+    // Probe at 2, then exit at 4 (or decline: drafts == 0), then draft
+    // until the last decision stops to verify.
+    t.action = i == 0 || i == n - 1 ? model::Action::kContinue : model::Action::kExit;
+    t.reward = i == 0 ? -0.02f : (u(rng) < 0.7f ? 0.6f : -0.4f);
+    t.done = i == n - 1;
+    if (!t.done) {
+      s = features();
+      t.next_state = s;
+    }
+    t.request_id = request;
+    t.round_index = round;
+    t.decision_index = i;
+    t.policy_version = version;
+    t.model_fingerprint = fingerprint;
+    t.reward_cost_model = cost_model;
+    out.push_back(t);
+  }
+  return out;
+}
+
+class RetrainTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(tmp_.path().empty());
+    store_ = tmp_.path() / "store";
+    root_ = tmp_.path() / "policy";
+    fs::create_directories(store_);
+    // The serving policy v1: a random network over a fixed decision spec.
+    policy::dqn::PolicyMetadata meta;
+    meta.version = "v1";
+    meta.model_fingerprint = kFingerprint;
+    meta.reward_cost_model = kCostModel;
+    meta.decision.candidate_layers = {2, 4, 6};
+    meta.decision.max_draft_len = 6;
+    const policy::dqn::Artifact a{meta, policy::dqn::QNetwork::Random(16, 3)};
+    ASSERT_THAT(policy::dqn::SaveArtifact(policy::dqn::VersionDir(root_.string(), "v1"), a), IsOk());
+    ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "v1"), IsOk());
+  }
+
+  // Writes a shard of `requests` requests x 3 rounds under key
+  // exp/2025-01-01/<name>.lexp; returns the key.
+  std::string WriteShard(const std::string& name, int requests, const std::string& version = "v1",
+                         const std::string& fingerprint = kFingerprint, const std::string& cost = kCostModel) {
+    const std::string key = "exp/2025-01-01/" + name + ".lexp";
+    const fs::path path = store_ / key;
+    fs::create_directories(path.parent_path());
+    auto w = experience::ShardWriter::Create(path.string());
+    EXPECT_THAT(w.status(), IsOk());
+    std::mt19937_64 rng(std::hash<std::string>()(name));
+    for (int r = 0; r < requests; ++r) {
+      for (int k = 0; k < 3; ++k) {
+        for (const Transition& t : Round(name + "-req" + std::to_string(r), k, (r + k) % 4, version, rng,
+                                         fingerprint, cost)) {
+          EXPECT_THAT((*w)->Append(t), IsOk());
+        }
+      }
+    }
+    EXPECT_THAT((*w)->Finish(), IsOk());
+    return key;
+  }
+
+  RetrainOptions Options(double margin) {
+    RetrainOptions o;
+    o.experience_url = store_.string();
+    o.experience_prefix = "exp";
+    o.policy_root = root_.string();
+    o.publish_margin = margin;
+    o.version_prefix = "rt";
+    o.dqn.hidden = 16;
+    o.dqn.epochs = 2;
+    o.dqn.batch_size = 32;
+    return o;
+  }
+
+  StatusOr<RetrainOutcome> RunOnce(const RetrainOptions& o) {
+    auto r = Retrainer::Create(o);
+    if (!r.ok()) return r.status();
+    return (*r)->RunOnce();
+  }
+
+  std::string Serving() { return policy::dqn::ResolveServingVersion(root_.string()).value_or(""); }
+
+  ::lede::testing::TempDir tmp_;
+  fs::path store_, root_;
+};
+
+// Shards already in the state checkpoint are skipped; only new ones start a
+// run, and the replay window still includes the old ones.
+TEST_F(RetrainTest, TrainsOnlyWhenNewShardsAppearAndRecordsThem) {
+  const std::string a = WriteShard("w-00000001", 12);
+  const std::string b = WriteShard("w-00000002", 12);
+  auto first = RunOnce(Options(-kInf));
+  ASSERT_THAT(first.status(), IsOk());
+  EXPECT_EQ(first->decision, RetrainDecision::kPublished);
+  EXPECT_EQ(first->n_new_shards, 2);
+
+  auto state = ReadRetrainState((root_ / kRetrainStateFile).string());
+  ASSERT_THAT(state.status(), IsOk());
+  EXPECT_THAT(state->processed_shards, ::testing::ElementsAre(a, b));
+  EXPECT_EQ(state->last_version, "rt-1");
+  EXPECT_EQ(state->last_decision, "published");
+  EXPECT_EQ(state->runs, 1);
+  EXPECT_EQ(state->published, 1);
+
+  auto again = RunOnce(Options(-kInf));
+  ASSERT_THAT(again.status(), IsOk());
+  EXPECT_EQ(again->decision, RetrainDecision::kNoNewData);
+  EXPECT_EQ(again->n_new_shards, 0);
+  EXPECT_EQ(Serving(), "rt-1");
+
+  const std::string c = WriteShard("w-00000003", 12);
+  auto third = RunOnce(Options(-kInf));
+  ASSERT_THAT(third.status(), IsOk());
+  EXPECT_EQ(third->decision, RetrainDecision::kPublished);
+  EXPECT_EQ(third->n_new_shards, 1);
+  EXPECT_EQ(third->candidate_version, "rt-2");
+  EXPECT_EQ(third->serving_version, "rt-1");
+  EXPECT_EQ(third->report["data"]["window"]["n_shards"], 3);
+  EXPECT_EQ(third->report["data"]["first_new_shard"], c);
+  state = ReadRetrainState((root_ / kRetrainStateFile).string());
+  ASSERT_THAT(state.status(), IsOk());
+  EXPECT_EQ(state->processed_shards.size(), 3u);
+  EXPECT_EQ(state->runs, 2);
+}
+
+// The replay window keeps the most recent shards: with window_shards = 1
+// only the newest shard is read.
+TEST_F(RetrainTest, ReplayWindowKeepsTheMostRecentShards) {
+  WriteShard("w-00000001", 12);
+  const std::string b = WriteShard("w-00000002", 12);
+  RetrainOptions o = Options(-kInf);
+  o.window_shards = 1;
+  auto r = RunOnce(o);
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_EQ(r->report["data"]["window"]["n_shards"], 1);
+  EXPECT_EQ(r->report["data"]["window"]["first_shard"], b);
+}
+
+// The checkpoint can live elsewhere (--state), and a run with too few new
+// transitions leaves the shards new.
+TEST_F(RetrainTest, StatePathAndMinimumNewTransitions) {
+  WriteShard("w-00000001", 2);
+  RetrainOptions o = Options(-kInf);
+  o.state_path = (tmp_.path() / "elsewhere" / "state.json").string();
+  o.min_new_transitions = 100000;
+  auto r = RunOnce(o);
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_EQ(r->decision, RetrainDecision::kNoNewData);
+  EXPECT_EQ(r->n_new_shards, 1);
+  EXPECT_FALSE(fs::exists(o.state_path));
+  o.min_new_transitions = 1;
+  r = RunOnce(o);
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_EQ(r->decision, RetrainDecision::kPublished);
+  EXPECT_TRUE(fs::exists(o.state_path));
+  EXPECT_FALSE(fs::exists(root_ / kRetrainStateFile));
+}
+
+// The candidate keeps the serving artifact's decision spec, model and
+// reward cost model, and starts from its weights (0 epochs: identical).
+TEST_F(RetrainTest, WarmStartKeepsTheDecisionSpecAndWeights) {
+  WriteShard("w-00000001", 12);
+  RetrainOptions o = Options(-kInf);
+  o.dqn.epochs = 0;
+  auto r = RunOnce(o);
+  ASSERT_THAT(r.status(), IsOk());
+  auto serving = policy::dqn::LoadArtifact(policy::dqn::VersionDir(root_.string(), "v1"));
+  auto cand = policy::dqn::LoadArtifact(r->artifact_dir);
+  ASSERT_THAT(serving.status(), IsOk());
+  ASSERT_THAT(cand.status(), IsOk());
+  EXPECT_EQ(cand->metadata.decision.candidate_layers, serving->metadata.decision.candidate_layers);
+  EXPECT_EQ(cand->metadata.decision.max_draft_len, serving->metadata.decision.max_draft_len);
+  EXPECT_EQ(cand->metadata.model_fingerprint, kFingerprint);
+  EXPECT_EQ(cand->metadata.reward_cost_model, kCostModel);
+  EXPECT_EQ(cand->network.hidden(), 16);
+  EXPECT_EQ(cand->metadata.training_options.at("warm_start"), 1.0);
+  EXPECT_EQ(cand->network.weights().fc2_weight, serving->network.weights().fc2_weight);
+  EXPECT_EQ(cand->metadata.weights_sha256, serving->metadata.weights_sha256);
+
+  // With training, the weights move but the spec stays.
+  WriteShard("w-00000002", 12);
+  o.dqn.epochs = 2;
+  r = RunOnce(o);
+  ASSERT_THAT(r.status(), IsOk());
+  cand = policy::dqn::LoadArtifact(r->artifact_dir);
+  ASSERT_THAT(cand.status(), IsOk());
+  EXPECT_NE(cand->network.weights().fc2_weight, serving->network.weights().fc2_weight);
+  EXPECT_EQ(cand->metadata.decision.candidate_layers, serving->metadata.decision.candidate_layers);
+}
+
+// An infinite margin never publishes: the candidate and its report go to
+// candidates/, SERVING is kept, and the shards still count as processed.
+TEST_F(RetrainTest, RejectedCandidateKeepsServing) {
+  WriteShard("w-00000001", 12);
+  auto r = RunOnce(Options(kInf));
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_EQ(r->decision, RetrainDecision::kRejected);
+  EXPECT_EQ(Serving(), "v1");
+  EXPECT_EQ(r->artifact_dir, (root_ / kCandidatesDir / "rt-1").string());
+  EXPECT_THAT(policy::dqn::LoadArtifact(r->artifact_dir).status(), IsOk());
+  EXPECT_FALSE(fs::exists(root_ / "rt-1"));
+  const json report = json::parse(ReadText(r->report_path));
+  EXPECT_EQ(report["decision"], "rejected");
+  EXPECT_EQ(report["publish_margin"], "inf");
+  auto state = ReadRetrainState((root_ / kRetrainStateFile).string());
+  ASSERT_THAT(state.status(), IsOk());
+  EXPECT_EQ(state->last_decision, "rejected");
+  EXPECT_EQ(state->published, 0);
+  EXPECT_EQ(state->processed_shards.size(), 1u);
+
+  // The next candidate gets the next number, and a forced one is published.
+  WriteShard("w-00000002", 12);
+  r = RunOnce(Options(-kInf));
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_EQ(r->decision, RetrainDecision::kPublished);
+  EXPECT_EQ(r->candidate_version, "rt-2");
+  EXPECT_EQ(Serving(), "rt-2");
+  EXPECT_THAT(policy::dqn::LoadServingArtifact(root_.string()).status(), IsOk());
+}
+
+// The decision follows the metric: a finite margin publishes exactly when
+// the improvement exceeds it.
+TEST_F(RetrainTest, FiniteMarginComparesTheMetric) {
+  WriteShard("w-00000001", 12);
+  auto dry = RunOnce(Options(kInf));  // the improvement of this data's candidate
+  ASSERT_THAT(dry.status(), IsOk());
+  const double improvement = dry->report["improvement"].get<double>();
+  ASSERT_TRUE(std::isfinite(improvement));
+  // Same data, same seed: the same candidate. Forget the shard and retry
+  // with margins just below and above the improvement.
+  fs::remove(root_ / kRetrainStateFile);
+  auto above = RunOnce(Options(improvement + 1e-6));
+  ASSERT_THAT(above.status(), IsOk());
+  EXPECT_EQ(above->decision, RetrainDecision::kRejected);
+  fs::remove(root_ / kRetrainStateFile);
+  auto below = RunOnce(Options(improvement - 1e-6));
+  ASSERT_THAT(below.status(), IsOk());
+  EXPECT_EQ(below->decision, RetrainDecision::kPublished);
+  EXPECT_EQ(below->report["decision_metric"], "heldout_matched_return");
+}
+
+// report.json holds both policies' numbers, the data range, per-behaviour-
+// version counts (exploration flagged), filtered records, the decision and
+// its reason; records of another model or cost model are not trained on.
+TEST_F(RetrainTest, ReportDescribesDataPoliciesAndDecision) {
+  const std::string a = WriteShard("w-00000001", 12, "v1");
+  WriteShard("w-00000002", 12, "v1+eps=0.200");
+  WriteShard("w-00000003", 2, "v0");
+  WriteShard("w-00000004", 2, "v1", "other-model");
+  const std::string d = WriteShard("w-00000005", 2, "v1", kFingerprint, "accelerator");
+  auto r = RunOnce(Options(-kInf));
+  ASSERT_THAT(r.status(), IsOk());
+  ASSERT_TRUE(fs::exists(r->report_path));
+  EXPECT_EQ(fs::path(r->report_path).parent_path(), fs::path(r->artifact_dir));
+  const json report = json::parse(ReadText(r->report_path));
+  EXPECT_EQ(report, r->report);
+  EXPECT_EQ(report["format"], "lede-retrain-report-v1");
+  EXPECT_EQ(report["decision"], "published");
+  EXPECT_EQ(report["serving_version"], "v1");
+  EXPECT_EQ(report["candidate_version"], "rt-1");
+  EXPECT_FALSE(report["reason"].get<std::string>().empty());
+  EXPECT_EQ(report["publish_margin"], "-inf");
+
+  const json& data = report["data"];
+  EXPECT_EQ(data["n_new_shards"], 5);
+  EXPECT_EQ(data["first_new_shard"], a);
+  EXPECT_EQ(data["last_new_shard"], d);
+  EXPECT_GT(data["filtered_other_model"].get<int64_t>(), 0);
+  EXPECT_GT(data["filtered_other_cost_model"].get<int64_t>(), 0);
+  const json& bv = data["behaviour_versions"];
+  ASSERT_EQ(bv.size(), 3u);
+  EXPECT_EQ(bv["v1"]["exploration"], false);
+  EXPECT_EQ(bv["v1"]["serving"], true);
+  EXPECT_EQ(bv["v1+eps=0.200"]["exploration"], true);
+  EXPECT_EQ(bv["v1+eps=0.200"]["requests"], 12);
+  EXPECT_EQ(bv["v0"]["requests"], 2);
+  EXPECT_EQ(data["exploration_transitions"], bv["v1+eps=0.200"]["transitions"]);
+  EXPECT_EQ(data["n_transitions"].get<int64_t>(),
+            data["split"]["train_transitions"].get<int64_t>() + data["split"]["heldout_transitions"].get<int64_t>());
+  EXPECT_GT(data["split"]["heldout_requests"].get<int64_t>(), 0);
+  EXPECT_FALSE(report["off_policy"].get<std::string>().empty());
+
+  for (const char* who : {"serving", "candidate"}) {
+    const json& m = report["offline"][who];
+    EXPECT_EQ(m["n_transitions"], data["split"]["heldout_transitions"]) << who;
+    EXPECT_TRUE(m["td_loss"].is_number()) << who;
+    EXPECT_TRUE(m["action_agreement"].is_number()) << who;
+    EXPECT_TRUE(m.contains("matched_return")) << who;
+  }
+  EXPECT_TRUE(report["replay"].is_null());  // no model: offline evaluation only
+
+  // The artifact's metadata carries the data range and held-out metrics.
+  auto cand = policy::dqn::LoadArtifact(r->artifact_dir);
+  ASSERT_THAT(cand.status(), IsOk());
+  EXPECT_EQ(cand->metadata.training_data.first_shard, a);
+  EXPECT_EQ(cand->metadata.training_data.n_shards, 5);
+  EXPECT_THAT(cand->metadata.training_data.behaviour_versions,
+              ::testing::ElementsAre("v0", "v1", "v1+eps=0.200"));
+  EXPECT_TRUE(std::isfinite(cand->metadata.offline_metrics.at("heldout_td_loss")));
+}
+
+// Without a SERVING version there is nothing to warm-start from or to beat.
+TEST_F(RetrainTest, NeedsAServingVersion) {
+  WriteShard("w-00000001", 4);
+  fs::remove(root_ / "SERVING");
+  EXPECT_THAT(RunOnce(Options(-kInf)).status(), StatusIs(StatusCode::kFailedPrecondition));
+  EXPECT_FALSE(fs::exists(root_ / kRetrainStateFile));
+}
+
+// Options are checked before anything is read.
+TEST_F(RetrainTest, CreateRejectsBadOptions) {
+  RetrainOptions o = Options(0.01);
+  o.policy_root = "";
+  EXPECT_THAT(Retrainer::Create(o).status(), StatusIs(StatusCode::kInvalidArgument));
+  o = Options(0.01);
+  o.heldout_fraction = 0;
+  EXPECT_THAT(Retrainer::Create(o).status(), StatusIs(StatusCode::kInvalidArgument));
+  o = Options(0.01);
+  o.version_prefix = "bad/prefix";
+  EXPECT_THAT(Retrainer::Create(o).status(), StatusIs(StatusCode::kInvalidArgument));
+  o = Options(0.01);
+  o.model_dir = "models/lede-tiny";  // without eval_prompts
+  EXPECT_THAT(Retrainer::Create(o).status(), StatusIs(StatusCode::kInvalidArgument));
+  o = Options(0.01);
+  o.dqn.lr = 0;
+  EXPECT_THAT(Retrainer::Create(o).status(), StatusIs(StatusCode::kInvalidArgument));
+}
+
+// The checkpoint round-trips, a missing one is empty, a foreign one refused.
+TEST_F(RetrainTest, StateRoundTrips) {
+  const std::string path = (tmp_.path() / "s" / "state.json").string();
+  auto empty = ReadRetrainState(path);
+  ASSERT_THAT(empty.status(), IsOk());
+  EXPECT_TRUE(empty->processed_shards.empty());
+  RetrainState s;
+  s.processed_shards = {"a/b.lexp", "c.lexp"};
+  s.last_version = "rt-3";
+  s.last_decision = "rejected";
+  s.runs = 4;
+  s.published = 2;
+  ASSERT_THAT(WriteRetrainState(path, s), IsOk());
+  auto back = ReadRetrainState(path);
+  ASSERT_THAT(back.status(), IsOk());
+  EXPECT_EQ(back->processed_shards, s.processed_shards);
+  EXPECT_EQ(back->last_version, "rt-3");
+  EXPECT_EQ(back->runs, 4);
+  EXPECT_EQ(back->published, 2);
+  std::ofstream(path) << R"({"format": "something-else"})";
+  EXPECT_THAT(ReadRetrainState(path).status(), StatusIs(StatusCode::kInvalidArgument));
+}
+
+// With a model, both policies are replayed on held-out prompts and the
+// decision uses the predicted speed-up under the reward's cost model.
+// models/lede-tiny: 2 prompts x 16 tokens (about a second).
+TEST(RetrainReplayTest, ReplayEvaluationComparesPredictedSpeedup) {
+  const fs::path model = "models/lede-tiny";
+  if (!fs::exists(model / "policy" / "measured-v1" / "policy.json")) GTEST_SKIP() << "no models/lede-tiny";
+  ::lede::testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const fs::path root = tmp.path() / "policy";
+  fs::create_directories(root);
+  fs::copy(model / "policy" / "measured-v1", root / "measured-v1", fs::copy_options::recursive);
+  ASSERT_THAT(policy::dqn::PublishServingVersion(root.string(), "measured-v1"), IsOk());
+  auto serving = policy::dqn::LoadServingArtifact(root.string());
+  ASSERT_THAT(serving.status(), IsOk());
+  // Synthetic experience for this model and cost model.
+  const fs::path shard = tmp.path() / "store" / "exp" / "a.lexp";
+  fs::create_directories(shard.parent_path());
+  auto w = experience::ShardWriter::Create(shard.string());
+  ASSERT_THAT(w.status(), IsOk());
+  std::mt19937_64 rng(5);
+  for (int r = 0; r < 10; ++r) {
+    for (const Transition& t : Round("req" + std::to_string(r), 0, 2, "measured-v1+eps=0.200", rng,
+                                     serving->metadata.model_fingerprint, "measured")) {
+      ASSERT_THAT((*w)->Append(t), IsOk());
+    }
+  }
+  ASSERT_THAT((*w)->Finish(), IsOk());
+
+  RetrainOptions o;
+  o.experience_url = (tmp.path() / "store").string();
+  o.policy_root = root.string();
+  o.model_dir = model.string();
+  o.eval_prompts = (model / "prompts" / "story.jsonl").string();
+  o.eval_prompt_skip = 40;
+  o.eval_prompt_count = 2;
+  o.eval_new_tokens = 16;
+  o.publish_margin = kInf;
+  o.dqn.epochs = 1;
+  auto retrainer = Retrainer::Create(o);
+  ASSERT_THAT(retrainer.status(), IsOk());
+  auto r = (*retrainer)->RunOnce();
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_EQ(r->decision, RetrainDecision::kRejected);
+  EXPECT_EQ(r->candidate_version.rfind("r", 0), 0u);  // r<UTC timestamp>
+  const json& replay = r->report["replay"];
+  EXPECT_EQ(r->report["decision_metric"], "replay_predicted_speedup");
+  EXPECT_EQ(replay["prompts"], 2);
+  EXPECT_EQ(replay["cost_model"], "measured");
+  for (const char* who : {"serving", "candidate"}) {
+    EXPECT_GT(replay[who]["predicted_speedup"].get<double>(), 0.0) << who;
+    EXPECT_EQ(replay[who]["predicted_speedup"], replay[who]["predicted_speedup_measured"]) << who;
+    EXPECT_GE(replay[who]["acceptance_rate"].get<double>(), 0.0) << who;
+    EXPECT_GT(replay[who]["tokens_per_s"].get<double>(), 0.0) << who;
+    EXPECT_GT(replay[who]["tokens_per_round"].get<double>(), 0.0) << who;
+  }
+  EXPECT_EQ(r->report["serving_metric"], replay["serving"]["predicted_speedup"]);
+  EXPECT_EQ(r->report["candidate_metric"], replay["candidate"]["predicted_speedup"]);
+}
+
+}  // namespace
+}  // namespace lede::trainer

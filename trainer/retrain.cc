@@ -1,0 +1,650 @@
+#include "trainer/retrain.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <utility>
+
+#include "policy/dqn/artifact.h"
+#include "policy/dqn/dqn_exit_controller.h"
+#include "shared/file/file.h"
+#include "shared/model/cost_model.h"
+#include "shared/model/decoding.h"
+#include "shared/model/llama.h"
+#include "shared/status/status_macros.h"
+#include "shared/storage/object_store.h"
+#include "shared/tokenizer/model_files.h"
+#include "shared/tokenizer/tokenizer.h"
+#include "trainer/exit_eval.h"
+#include "trainer/experience.h"
+
+namespace lede::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using policy::Transition;
+
+constexpr char kStateFormat[] = "lede-retrain-state-v1";
+constexpr char kReportFormat[] = "lede-retrain-report-v1";
+constexpr char kExploreMarker[] = "+eps=";
+
+std::string UtcNow(const char* format) {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[48];
+  std::strftime(buf, sizeof(buf), format, &tm);
+  return buf;
+}
+
+// FNV-1a, 64 bits: a split that is the same on every machine and run.
+uint64_t Fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+bool HeldOut(const std::string& unit, double fraction) {
+  return static_cast<double>(Fnv1a(unit) % 1000000) < fraction * 1000000.0;
+}
+
+bool IsExploration(const std::string& version) { return version.find(kExploreMarker) != std::string::npos; }
+
+// The folder form of a key prefix ("" stays "", "a" becomes "a/").
+std::string FolderPrefix(const std::string& prefix) {
+  if (prefix.empty() || prefix.back() == '/') return prefix;
+  return prefix + "/";
+}
+
+json OfflineJson(const OfflinePolicyMetrics& m) {
+  return json{{"n_transitions", m.n_transitions},
+              {"n_episodes", m.n_episodes},
+              {"td_loss", m.td_loss},
+              {"mean_max_q", m.mean_max_q},
+              {"action_agreement", m.action_agreement},
+              {"exit_fraction_phase1", m.exit_fraction_phase1},
+              {"exit_fraction_phase2", m.exit_fraction_phase2},
+              {"behaviour_reward", m.behaviour_reward},
+              {"matched_reward", m.matched_reward},
+              {"behaviour_return", m.behaviour_return},
+              {"matched_return", m.matched_return},
+              {"matched_episodes", m.matched_episodes}};
+}
+
+double Number(const json& j, const char* key) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : std::nan("");
+}
+
+// Held-out prompts of a .jsonl file ("prompt", "text" or "input" fields).
+StatusOr<std::vector<std::vector<int32_t>>> LoadPrompts(const std::string& path, const tokenizer::Tokenizer& tok,
+                                                        int64_t skip, int64_t count) {
+  std::ifstream in(path);
+  if (!in) return NotFoundError("cannot read prompt file " + path);
+  std::vector<std::vector<int32_t>> prompts;
+  std::string line;
+  int64_t index = 0;
+  while (std::getline(in, line) && static_cast<int64_t>(prompts.size()) < count) {
+    if (line.empty()) continue;
+    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) return InvalidArgumentError(path + ": a line is not a JSON object");
+    if (index++ < skip) continue;
+    std::string text;
+    for (const char* key : {"prompt", "text", "input"}) {
+      if (j.contains(key) && j[key].is_string()) {
+        text = j[key].get<std::string>();
+        break;
+      }
+    }
+    if (text.empty()) continue;
+    LEDE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.Encode(text, true, false));
+    prompts.push_back(std::move(ids));
+  }
+  if (prompts.empty()) {
+    return InvalidArgumentError(path + ": no prompt from line " + std::to_string(skip) + " on");
+  }
+  return prompts;
+}
+
+// Restores libtorch's intra-op thread count on scope exit.
+class ThreadCountGuard {
+ public:
+  explicit ThreadCountGuard(int n) : previous_(at::get_num_threads()) {
+    if (n > 0) at::set_num_threads(n);
+  }
+  ~ThreadCountGuard() { at::set_num_threads(previous_); }
+
+ private:
+  int previous_;
+};
+
+}  // namespace
+
+const char* RetrainDecisionName(RetrainDecision decision) {
+  switch (decision) {
+    case RetrainDecision::kNoNewData:
+      return "no_new_data";
+    case RetrainDecision::kPublished:
+      return "published";
+    case RetrainDecision::kRejected:
+      return "rejected";
+  }
+  return "unknown";
+}
+
+StatusOr<RetrainState> ReadRetrainState(const std::string& path) {
+  RetrainState state;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return state;
+  StatusOr<std::string> text = file::ReadFile(path);
+  if (!text.ok()) return InternalError("retrain state " + path + ": " + std::string(text.status().message()));
+  const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return InvalidArgumentError("retrain state " + path + ": not a JSON object");
+  if (j.value("format", std::string()) != kStateFormat) {
+    return InvalidArgumentError("retrain state " + path + ": format is not " + std::string(kStateFormat));
+  }
+  try {
+    for (const json& k : j.value("processed_shards", json::array())) state.processed_shards.insert(k.get<std::string>());
+    state.last_version = j.value("last_version", std::string());
+    state.last_decision = j.value("last_decision", std::string());
+    state.last_run_utc = j.value("last_run_utc", std::string());
+    state.runs = j.value("runs", int64_t{0});
+    state.published = j.value("published", int64_t{0});
+  } catch (const json::exception& e) {
+    return InvalidArgumentError("retrain state " + path + ": " + e.what());
+  }
+  return state;
+}
+
+Status WriteRetrainState(const std::string& path, const RetrainState& state) {
+  json j = {{"format", kStateFormat},
+            {"processed_shards", state.processed_shards},
+            {"last_version", state.last_version},
+            {"last_decision", state.last_decision},
+            {"last_run_utc", state.last_run_utc},
+            {"runs", state.runs},
+            {"published", state.published}};
+  const fs::path parent = fs::path(path).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) fs::create_directories(parent, ec);
+  return file::WriteFileAtomically(path, j.dump(2) + "\n");
+}
+
+// --- the replay evaluation's engine ---------------------------------------------
+
+struct Retrainer::Impl {
+  std::unique_ptr<storage::ObjectStore> store;
+  // Replay (lazily loaded on the first run that needs it).
+  std::shared_ptr<const model::LlamaModel> model;
+  std::unique_ptr<model::Engine> engine;
+  std::vector<std::vector<int32_t>> prompts;
+  std::map<std::string, std::unique_ptr<model::CostModel>> cost_models;  // by name
+
+  Status LoadReplay(const RetrainOptions& o, const model::DecisionSpec& spec) {
+    if (engine != nullptr) return OkStatus();
+    LEDE_ASSIGN_OR_RETURN(std::string tok_path, tokenizer::FindTokenizerFile(o.model_dir));
+    LEDE_ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok, tokenizer::LoadTokenizer(tok_path));
+    LEDE_ASSIGN_OR_RETURN(prompts, LoadPrompts(o.eval_prompts, *tok, o.eval_prompt_skip, o.eval_prompt_count));
+    LEDE_ASSIGN_OR_RETURN(auto loaded, model::LlamaModel::Load(o.model_dir, model::ModelOptions{}));
+    std::shared_ptr<const model::LlamaModel> m = std::move(loaded);
+    model::KvCacheOptions ko;
+    ko.max_draft_len = std::max<int64_t>(16, spec.max_draft_len);
+    LEDE_ASSIGN_OR_RETURN(engine, model::Engine::Create(m, ko));
+    model = m;
+    {  // Warm-up, so the first measured tokens/s is not a cold start.
+      model::GenerateOptions warm;
+      warm.max_new_tokens = 8;
+      LEDE_RETURN_IF_ERROR(engine->Generate(prompts.front(), warm).status());
+    }
+    cost_models["accelerator"] = model::MakeAcceleratorCostModel(model->config());
+    std::string calibration = o.calibration;
+    if (calibration.empty() && fs::exists(fs::path(o.model_dir) / "calibration-cpu.json")) {
+      calibration = (fs::path(o.model_dir) / "calibration-cpu.json").string();
+    }
+    if (!calibration.empty()) {
+      LEDE_ASSIGN_OR_RETURN(model::Calibration cal, model::ReadCalibrationFile(calibration));
+      cost_models["measured"] = model::MakeMeasuredCostModel(cal);
+    }
+    return OkStatus();
+  }
+
+  // Greedy generation of every held-out prompt with `controller` (null:
+  // autoregressive), summarized.
+  StatusOr<json> Replay(const RetrainOptions& o, const std::shared_ptr<const policy::dqn::QNetwork>& network,
+                        const policy::dqn::PolicyMetadata* meta) {
+    model::GenerateOptions g;
+    g.max_new_tokens = o.eval_new_tokens;
+    ControllerFactory factory;
+    if (network != nullptr) {
+      g.mode = model::SpeculationMode::kAdaptive;
+      g.decision_spec = meta->decision;
+      const std::string version = meta->version;
+      factory = [network, version](int64_t) -> std::unique_ptr<model::ExitController> {
+        return std::make_unique<policy::dqn::DqnExitController>(network, version);
+      };
+    }
+    ThreadCountGuard threads(o.eval_threads);
+    LEDE_ASSIGN_OR_RETURN(PromptTotals t, RunPrompts(*engine, prompts, g, factory, nullptr));
+    json j = {{"tokens", t.tokens},
+              {"rounds", static_cast<int64_t>(t.rounds.size())},
+              {"drafted", t.drafted},
+              {"accepted", t.accepted},
+              {"acceptance_rate", t.acceptance()},
+              {"tokens_per_round", t.tokens_per_round()},
+              {"mean_exit_layer", t.mean_exit()},
+              {"mean_draft_length", t.mean_draft()},
+              {"tokens_per_s", t.tokens_per_s()}};
+    for (const auto& [name, cm] : cost_models) {
+      j["predicted_speedup_" + name] = network != nullptr ? cm->PredictedSpeedup(t.rounds) : 1.0;
+    }
+    return j;
+  }
+};
+
+Retrainer::Retrainer(RetrainOptions options) : options_(std::move(options)), impl_(std::make_unique<Impl>()) {}
+Retrainer::~Retrainer() = default;
+
+StatusOr<std::unique_ptr<Retrainer>> Retrainer::Create(RetrainOptions options) {
+  auto bad = [](const std::string& what) { return InvalidArgumentError("RetrainOptions." + what); };
+  if (options.experience_url.empty()) return bad("experience_url: empty");
+  if (options.policy_root.empty()) return bad("policy_root: empty");
+  if (!(options.heldout_fraction > 0 && options.heldout_fraction < 1)) return bad("heldout_fraction must be in (0, 1)");
+  if (options.window_shards < 1) return bad("window_shards must be >= 1");
+  if (options.window_transitions < 1) return bad("window_transitions must be >= 1");
+  if (options.min_new_transitions < 1) return bad("min_new_transitions must be >= 1");
+  if (std::isnan(options.publish_margin)) return bad("publish_margin: NaN");
+  if (!options.model_dir.empty()) {
+    if (options.eval_prompts.empty()) return bad("eval_prompts: needed with model_dir");
+    if (options.eval_prompt_count < 1 || options.eval_prompt_skip < 0 || options.eval_new_tokens < 1) {
+      return bad("eval_prompt_count and eval_new_tokens must be >= 1, eval_prompt_skip >= 0");
+    }
+  }
+  if (!options.version_prefix.empty()) {
+    LEDE_RETURN_IF_ERROR(policy::dqn::ValidateVersionName(options.version_prefix + "-1"));
+  }
+  if (!options.experience_prefix.empty()) {
+    LEDE_RETURN_IF_ERROR(storage::ValidatePrefix(FolderPrefix(options.experience_prefix)));
+  }
+  DqnOptions dqn = options.dqn;
+  dqn.initial_network = nullptr;
+  LEDE_RETURN_IF_ERROR(ValidateDqnOptions(dqn));
+  std::unique_ptr<Retrainer> r(new Retrainer(std::move(options)));
+  LEDE_ASSIGN_OR_RETURN(r->impl_->store, storage::OpenObjectStore(r->options_.experience_url));
+  return r;
+}
+
+std::string Retrainer::state_path() const {
+  if (!options_.state_path.empty()) return options_.state_path;
+  return (fs::path(options_.policy_root) / kRetrainStateFile).string();
+}
+
+StatusOr<RetrainOutcome> Retrainer::RunOnce() {
+  const RetrainOptions& o = options_;
+  auto log = [&o](const std::string& line) {
+    if (o.log) o.log(line);
+  };
+  RetrainOutcome out;
+
+  // The serving policy: the warm start, the baseline, and what the data must match.
+  StatusOr<policy::dqn::Artifact> serving = policy::dqn::LoadServingArtifact(o.policy_root);
+  if (!serving.ok()) {
+    return FailedPreconditionError("policy root " + o.policy_root + " has no loadable SERVING version: " +
+                                   serving.status().ToString());
+  }
+  const policy::dqn::PolicyMetadata& smeta = serving->metadata;
+  out.serving_version = smeta.version;
+  LEDE_ASSIGN_OR_RETURN(RetrainState state, ReadRetrainState(state_path()));
+
+  // 1. New shards.
+  const std::string prefix = FolderPrefix(o.experience_prefix);
+  LEDE_ASSIGN_OR_RETURN(std::vector<storage::ObjectInfo> listed, impl_->store->List(prefix));
+  std::vector<std::string> keys;  // sorted by key (List's order)
+  for (const storage::ObjectInfo& info : listed) {
+    const std::string& k = info.key;
+    if (k.size() >= std::strlen(experience::kShardSuffix) &&
+        k.compare(k.size() - std::strlen(experience::kShardSuffix), std::string::npos, experience::kShardSuffix) ==
+            0) {
+      keys.push_back(k);
+    }
+  }
+  std::vector<std::string> new_keys, old_keys;
+  for (const std::string& k : keys) (state.processed_shards.count(k) ? old_keys : new_keys).push_back(k);
+  out.n_new_shards = static_cast<int64_t>(new_keys.size());
+  if (new_keys.empty()) {
+    out.reason = "no new shards under '" + prefix + "' (" + std::to_string(keys.size()) + " already processed)";
+    log(out.reason);
+    return out;
+  }
+
+  // 2. The replay window, most recent first: new shards, then old ones.
+  std::vector<std::string> order(new_keys.rbegin(), new_keys.rend());
+  order.insert(order.end(), old_keys.rbegin(), old_keys.rend());
+  if (static_cast<int64_t>(order.size()) > o.window_shards) order.resize(static_cast<size_t>(o.window_shards));
+  const std::set<std::string> new_set(new_keys.begin(), new_keys.end());
+
+  // 3. Read and filter (model, reward cost model); count behaviour versions.
+  std::vector<Transition> window;
+  int64_t n_read = 0, n_bad_shards = 0, other_model = 0, other_cost = 0, n_new = 0;
+  std::vector<std::string> used_keys;
+  json bad_shards = json::array();
+  for (const std::string& key : order) {
+    if (static_cast<int64_t>(window.size()) >= o.window_transitions) break;
+    std::vector<Transition> ts;
+    StatusOr<std::string> bytes = impl_->store->Get(key);
+    if (!bytes.ok()) {
+      ++n_bad_shards;
+      bad_shards.push_back({{"key", key}, {"error", bytes.status().ToString()}});
+      continue;
+    }
+    const experience::ShardReport report = experience::DecodeShard(*bytes, key, &ts);
+    if (!report.error.empty()) {
+      ++n_bad_shards;
+      bad_shards.push_back({{"key", key}, {"records", report.records}, {"error", report.error}});
+    }
+    used_keys.push_back(key);
+    n_read += static_cast<int64_t>(ts.size());
+    const bool is_new = new_set.count(key) > 0;
+    for (Transition& t : ts) {
+      if (t.model_fingerprint != smeta.model_fingerprint) {
+        ++other_model;
+      } else if (t.reward_cost_model != smeta.reward_cost_model) {
+        ++other_cost;
+      } else {
+        n_new += is_new ? 1 : 0;
+        window.push_back(std::move(t));
+        if (static_cast<int64_t>(window.size()) >= o.window_transitions) break;
+      }
+    }
+  }
+  out.n_new_transitions = n_new;
+  if (n_new < o.min_new_transitions) {
+    out.reason = std::to_string(new_keys.size()) + " new shards hold " + std::to_string(n_new) +
+                 " usable transitions (model " + smeta.model_fingerprint + ", cost model " +
+                 smeta.reward_cost_model + "), fewer than " + std::to_string(o.min_new_transitions) +
+                 "; waiting for more";
+    log(out.reason);
+    out.decision = RetrainDecision::kNoNewData;
+    return out;
+  }
+  log("read " + std::to_string(used_keys.size()) + " shards (" + std::to_string(new_keys.size()) + " new): " +
+      std::to_string(n_read) + " transitions, " + std::to_string(window.size()) + " usable (" +
+      std::to_string(n_new) + " new; filtered " + std::to_string(other_model) + " of other models, " +
+      std::to_string(other_cost) + " under other cost models)");
+
+  json behaviour = json::object();
+  {
+    std::map<std::string, std::set<std::string>> requests;
+    std::map<std::string, int64_t> counts;
+    for (const Transition& t : window) {
+      ++counts[t.policy_version];
+      requests[t.policy_version].insert(t.request_id);
+    }
+    for (const auto& [v, n] : counts) {
+      behaviour[v] = {{"transitions", n},
+                      {"requests", static_cast<int64_t>(requests[v].size())},
+                      {"exploration", IsExploration(v)},
+                      {"serving", v == smeta.version}};
+    }
+  }
+  int64_t n_explore = 0;
+  for (const Transition& t : window) n_explore += IsExploration(t.policy_version) ? 1 : 0;
+
+  // 4. Split by request (by episode when that leaves a side empty).
+  std::vector<Transition> train, held;
+  auto split = [&](bool by_request) {
+    train.clear();
+    held.clear();
+    for (const Transition& t : window) {
+      const std::string unit = by_request ? t.request_id : t.request_id + "/" + std::to_string(t.round_index);
+      (HeldOut(unit, o.heldout_fraction) ? held : train).push_back(t);
+    }
+  };
+  split(true);
+  std::string split_unit = "request";
+  if (train.empty() || held.empty()) {
+    split(false);
+    split_unit = "episode";
+  }
+  if (train.empty() || held.empty()) {
+    return FailedPreconditionError("too little experience to hold some out: " + std::to_string(window.size()) +
+                                   " transitions");
+  }
+  std::set<std::string> train_requests, held_requests;
+  for (const Transition& t : train) train_requests.insert(t.request_id);
+  for (const Transition& t : held) held_requests.insert(t.request_id);
+
+  // 5. Warm start and fine-tune.
+  DqnOptions dqn = o.dqn;
+  dqn.hidden = serving->network.hidden();
+  dqn.initial_network = std::make_shared<const policy::dqn::QNetwork>(serving->network);
+  json epochs = json::array();
+  LEDE_ASSIGN_OR_RETURN(DqnResult trained, TrainDqn(train, dqn, [&](const DqnEpochReport& r) {
+                          epochs.push_back({{"epoch", r.epoch}, {"td_loss", r.td_loss},
+                                            {"action_agreement", r.action_agreement},
+                                            {"elapsed_s", r.elapsed_s}});
+                        }));
+  log("fine-tuned " + smeta.version + " on " + std::to_string(trained.n_train_transitions) + " transitions (" +
+      std::to_string(dqn.epochs) + " epochs, lr " + std::to_string(dqn.lr) + ")");
+
+  // 6a. Offline, on the held-out transitions.
+  LEDE_ASSIGN_OR_RETURN(OfflinePolicyMetrics off_serving, EvaluateOffline(serving->network, held, dqn));
+  LEDE_ASSIGN_OR_RETURN(OfflinePolicyMetrics off_candidate, EvaluateOffline(trained.network, held, dqn));
+
+  // The candidate's name.
+  std::string version;
+  {
+    std::error_code ec;
+    auto taken = [&](const std::string& v) {
+      return fs::exists(fs::path(o.policy_root) / v, ec) ||
+             fs::exists(fs::path(o.policy_root) / kCandidatesDir / v, ec);
+    };
+    if (o.version_prefix.empty()) {
+      const std::string base = "r" + UtcNow("%Y%m%d-%H%M%S");
+      version = base;
+      for (int k = 2; taken(version); ++k) version = base + "-" + std::to_string(k);
+    } else {
+      int64_t n = 0;
+      for (const fs::path& dir : {fs::path(o.policy_root), fs::path(o.policy_root) / kCandidatesDir}) {
+        for (const auto& entry : fs::directory_iterator(dir, ec)) {
+          const std::string name = entry.path().filename().string();
+          const std::string head = o.version_prefix + "-";
+          if (name.compare(0, head.size(), head) != 0) continue;
+          const std::string tail = name.substr(head.size());
+          if (!tail.empty() && tail.size() < 18 && std::all_of(tail.begin(), tail.end(), ::isdigit)) {
+            n = std::max<int64_t>(n, std::stoll(tail));
+          }
+        }
+      }
+      version = o.version_prefix + "-" + std::to_string(n + 1);
+    }
+  }
+
+  policy::dqn::PolicyMetadata meta;
+  meta.version = version;
+  meta.model_fingerprint = smeta.model_fingerprint;
+  meta.decision = smeta.decision;
+  meta.reward_cost_model = smeta.reward_cost_model;
+  std::vector<std::string> window_sorted = used_keys;
+  std::sort(window_sorted.begin(), window_sorted.end());
+  meta.training_data.first_shard = window_sorted.front();
+  meta.training_data.last_shard = window_sorted.back();
+  meta.training_data.n_shards = static_cast<int64_t>(window_sorted.size());
+  meta.training_data.n_bad_shards = n_bad_shards;
+  policy::dqn::Artifact candidate = MakeArtifact(trained, dqn, meta);
+  candidate.metadata.training_data.n_heldout_transitions = off_candidate.n_transitions;
+  candidate.metadata.training_data.n_heldout_episodes = off_candidate.n_episodes;
+  std::map<std::string, double>& om = candidate.metadata.offline_metrics;
+  om["heldout_td_loss"] = off_candidate.td_loss;
+  om["heldout_action_agreement"] = off_candidate.action_agreement;
+  om["heldout_exit_fraction_phase1"] = off_candidate.exit_fraction_phase1;
+  om["heldout_exit_fraction_phase2"] = off_candidate.exit_fraction_phase2;
+  om["heldout_behaviour_reward"] = off_candidate.behaviour_reward;
+  om["heldout_matched_reward"] = off_candidate.matched_reward;
+  om["heldout_behaviour_return"] = off_candidate.behaviour_return;
+  om["heldout_matched_return"] = off_candidate.matched_return;
+  om["heldout_matched_episodes"] = static_cast<double>(off_candidate.matched_episodes);
+
+  // 6b. Replay held-out prompts through the in-process engine.
+  json replay;
+  std::string metric_name = "heldout_matched_return";
+  double cand_metric = off_candidate.matched_return, serv_metric = off_serving.matched_return;
+  if (!o.model_dir.empty()) {
+    LEDE_RETURN_IF_ERROR(impl_->LoadReplay(o, smeta.decision));
+    if (impl_->cost_models.count(smeta.reward_cost_model) == 0) {
+      return FailedPreconditionError("replay: no '" + smeta.reward_cost_model +
+                                     "' cost model (the reward's); give its calibration");
+    }
+    if (impl_->model->config().ArchitectureFingerprint() != smeta.model_fingerprint) {
+      return FailedPreconditionError("replay: model " + o.model_dir + " is not the policy's model " +
+                                     smeta.model_fingerprint);
+    }
+    auto cand_net = std::make_shared<const policy::dqn::QNetwork>(candidate.network);
+    LEDE_ASSIGN_OR_RETURN(json ar, impl_->Replay(o, nullptr, nullptr));
+    LEDE_ASSIGN_OR_RETURN(json rs, impl_->Replay(o, dqn.initial_network, &smeta));
+    LEDE_ASSIGN_OR_RETURN(json rc, impl_->Replay(o, cand_net, &candidate.metadata));
+    const double ar_tps = Number(ar, "tokens_per_s");
+    for (json* j : {&rs, &rc}) {
+      (*j)["predicted_speedup"] = (*j)["predicted_speedup_" + smeta.reward_cost_model];
+      (*j)["measured_speedup"] = Number(*j, "tokens_per_s") / std::max(1e-9, ar_tps);
+    }
+    replay = {{"prompts", static_cast<int64_t>(impl_->prompts.size())},
+              {"prompt_file", o.eval_prompts},
+              {"prompt_skip", o.eval_prompt_skip},
+              {"new_tokens", o.eval_new_tokens},
+              {"cost_model", smeta.reward_cost_model},
+              {"autoregressive", {{"tokens_per_s", ar_tps}}},
+              {"serving", rs},
+              {"candidate", rc}};
+    metric_name = "replay_predicted_speedup";
+    cand_metric = Number(rc, "predicted_speedup");
+    serv_metric = Number(rs, "predicted_speedup");
+    om["replay_predicted_speedup"] = cand_metric;
+    om["replay_acceptance_rate"] = Number(rc, "acceptance_rate");
+    om["replay_tokens_per_round"] = Number(rc, "tokens_per_round");
+    om["replay_tokens_per_s"] = Number(rc, "tokens_per_s");
+    log("replay (" + std::to_string(impl_->prompts.size()) + " prompts x " + std::to_string(o.eval_new_tokens) +
+        " tokens): predicted speed-up serving " + std::to_string(serv_metric) + " candidate " +
+        std::to_string(cand_metric));
+  }
+
+  // 7. Decide.
+  const double improvement = cand_metric - serv_metric;
+  const bool finite = std::isfinite(cand_metric);
+  // A metric that cannot be computed (offline: no held-out episode the
+  // policy reproduces) is beaten only by a forced rollout (margin -inf),
+  // which publishes whatever the numbers.
+  const bool forced = std::isinf(o.publish_margin) && o.publish_margin < 0;
+  const bool publish = forced || (finite && std::isfinite(serv_metric) && improvement > o.publish_margin);
+  char reason[256];
+  std::snprintf(reason, sizeof(reason), "%s: candidate %.4f vs serving %.4f (%+.4f), margin %g -> %s",
+                metric_name.c_str(), cand_metric, serv_metric, improvement, o.publish_margin,
+                publish ? "publish" : "keep serving");
+  out.reason = reason;
+  out.decision = publish ? RetrainDecision::kPublished : RetrainDecision::kRejected;
+  out.candidate_version = version;
+  out.artifact_dir = publish ? policy::dqn::VersionDir(o.policy_root, version)
+                             : (fs::path(o.policy_root) / kCandidatesDir / version).string();
+  out.report_path = (fs::path(out.artifact_dir) / kRetrainReportFile).string();
+
+  const std::string new_first = new_keys.front(), new_last = new_keys.back();
+  out.report = {
+      {"format", kReportFormat},
+      {"created_utc", UtcNow("%Y-%m-%dT%H:%M:%SZ")},
+      {"decision", RetrainDecisionName(out.decision)},
+      {"reason", out.reason},
+      {"serving_version", smeta.version},
+      {"candidate_version", version},
+      {"artifact_dir", out.artifact_dir},
+      {"decision_metric", metric_name},
+      {"publish_margin", std::isfinite(o.publish_margin) ? json(o.publish_margin)
+                                                         : json(o.publish_margin > 0 ? "inf" : "-inf")},
+      {"candidate_metric", cand_metric},
+      {"serving_metric", serv_metric},
+      {"improvement", improvement},
+      {"data",
+       {{"experience_url", impl_->store->url()},
+        {"prefix", prefix},
+        {"n_shards_listed", static_cast<int64_t>(keys.size())},
+        {"n_new_shards", static_cast<int64_t>(new_keys.size())},
+        {"first_new_shard", new_first},
+        {"last_new_shard", new_last},
+        {"window", {{"n_shards", static_cast<int64_t>(used_keys.size())},
+                    {"first_shard", window_sorted.front()},
+                    {"last_shard", window_sorted.back()},
+                    {"max_shards", o.window_shards},
+                    {"max_transitions", o.window_transitions}}},
+        {"bad_shards", bad_shards},
+        {"n_transitions_read", n_read},
+        {"filtered_other_model", other_model},
+        {"filtered_other_cost_model", other_cost},
+        {"n_transitions", static_cast<int64_t>(window.size())},
+        {"n_new_transitions", n_new},
+        {"model_fingerprint", smeta.model_fingerprint},
+        {"reward_cost_model", smeta.reward_cost_model},
+        {"split", {{"unit", split_unit},
+                   {"heldout_fraction", o.heldout_fraction},
+                   {"train_transitions", static_cast<int64_t>(train.size())},
+                   {"train_requests", static_cast<int64_t>(train_requests.size())},
+                   {"heldout_transitions", static_cast<int64_t>(held.size())},
+                   {"heldout_requests", static_cast<int64_t>(held_requests.size())}}},
+        {"behaviour_versions", behaviour},
+        {"exploration_transitions", n_explore},
+        {"greedy_transitions", static_cast<int64_t>(window.size()) - n_explore}}},
+      {"off_policy",
+       "Q-learning targets use max_a Q_target(s', a), so transitions of any behaviour policy (the serving "
+       "version's greedy and epsilon-exploration records, older versions) are valid samples and all are "
+       "kept; records of other models or reward cost models are filtered; n-step returns (n = " +
+           std::to_string(dqn.n_step) +
+           ") follow the behaviour actions uncorrected; recency is bounded by the replay window"},
+      {"training",
+       {{"warm_start", smeta.version},
+        {"epochs", dqn.epochs},
+        {"lr", dqn.lr},
+        {"batch_size", dqn.batch_size},
+        {"gamma", dqn.gamma},
+        {"n_step", dqn.n_step},
+        {"seed", dqn.seed},
+        {"n_train_transitions", trained.n_train_transitions},
+        {"n_dropped", trained.n_dropped},
+        {"n_duplicates", trained.n_duplicates},
+        {"per_epoch", epochs}}},
+      {"offline", {{"serving", OfflineJson(off_serving)}, {"candidate", OfflineJson(off_candidate)}}},
+      {"replay", replay}};
+
+  // Save (and publish) the candidate with its report.
+  LEDE_RETURN_IF_ERROR(policy::dqn::SaveArtifact(out.artifact_dir, candidate));
+  LEDE_RETURN_IF_ERROR(file::WriteFileAtomically(out.report_path, out.report.dump(2) + "\n"));
+  if (publish) {
+    LEDE_RETURN_IF_ERROR(policy::dqn::PublishServingVersion(o.policy_root, version, smeta.model_fingerprint));
+  }
+  log(std::string(publish ? "published " : "rejected ") + version + ": " + out.reason);
+
+  // 8. The state checkpoint: every new shard has been trained on now; keys
+  // no longer in the store are forgotten.
+  RetrainState next;
+  const std::set<std::string> listed_set(keys.begin(), keys.end());
+  for (const std::string& k : state.processed_shards) {
+    if (listed_set.count(k)) next.processed_shards.insert(k);
+  }
+  next.processed_shards.insert(new_keys.begin(), new_keys.end());
+  next.last_version = version;
+  next.last_decision = RetrainDecisionName(out.decision);
+  next.last_run_utc = UtcNow("%Y-%m-%dT%H:%M:%SZ");
+  next.runs = state.runs + 1;
+  next.published = state.published + (publish ? 1 : 0);
+  LEDE_RETURN_IF_ERROR(WriteRetrainState(state_path(), next));
+  return out;
+}
+
+}  // namespace lede::trainer
