@@ -1,18 +1,23 @@
 #include "services/coordinator/coordinator.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/server_context.h>
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/server_callback.h>
 
 #include "absl/time/time.h"
 #include "policy/transition.h"
@@ -66,7 +71,13 @@ lede::v1::FinishReason FinishToProto(speculation::FinishReason f) {
 
 }  // namespace
 
+class ResponseWriter;
+
 struct GenerationService::Impl {
+  // One request, start to end (validation, the loop, the summary, metrics,
+  // experience); runs on the request's worker thread.
+  Status Run(grpc::CallbackServerContext* context, const GenerateRequest* request, ResponseWriter* writer);
+
   CoordinatorOptions options;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
   std::unique_ptr<lede::v1::Verifier::Stub> verifier;
@@ -84,9 +95,9 @@ struct GenerationService::Impl {
 
   // A client context for a call made on behalf of `server`: its deadline
   // (capped at rpc_timeout_s) and its cancellation.
-  std::unique_ptr<grpc::ClientContext> CallContext(grpc::ServerContext* server) const {
+  std::unique_ptr<grpc::ClientContext> CallContext(grpc::CallbackServerContext* server) const {
     std::unique_ptr<grpc::ClientContext> ctx =
-        server ? grpc::ClientContext::FromServerContext(*server) : std::make_unique<grpc::ClientContext>();
+        server ? grpc::ClientContext::FromCallbackServerContext(*server) : std::make_unique<grpc::ClientContext>();
     auto cap = std::chrono::system_clock::now() +
                std::chrono::milliseconds(static_cast<int64_t>(options.rpc_timeout_s * 1000));
     if (!server || server->deadline() > cap) ctx->set_deadline(cap);
@@ -94,7 +105,7 @@ struct GenerationService::Impl {
   }
 
   // The verifier's ModelInfo, fetched once (and again after a failure).
-  StatusOr<lede::v1::ModelInfo> Info(grpc::ServerContext* server, bool refresh = false) {
+  StatusOr<lede::v1::ModelInfo> Info(grpc::CallbackServerContext* server, bool refresh = false) {
     {
       std::lock_guard<std::mutex> lock(info_mu);
       if (have_info && !refresh) return info;
@@ -146,7 +157,7 @@ struct GenerationService::Impl {
 // rounds drafted by the drafter.
 class RemoteBackend : public speculation::SpeculationBackend {
  public:
-  RemoteBackend(GenerationService::Impl& impl, grpc::ServerContext* server, const lede::v1::ModelInfo& info,
+  RemoteBackend(GenerationService::Impl& impl, grpc::CallbackServerContext* server, const lede::v1::ModelInfo& info,
                 const GenerateRequest& request, const std::string& request_id, bool record_trace)
       : impl_(impl), server_(server), request_(request), request_id_(request_id), record_trace_(record_trace) {
     limits_.n_layers = info.n_layers();
@@ -284,7 +295,7 @@ class RemoteBackend : public speculation::SpeculationBackend {
 
  private:
   GenerationService::Impl& impl_;
-  grpc::ServerContext* server_;
+  grpc::CallbackServerContext* server_;
   const GenerateRequest& request_;
   std::string request_id_;
   bool record_trace_;
@@ -355,9 +366,18 @@ Status GenerationService::FlushExperience() {
   return impl_->logger ? impl_->logger->Flush() : OkStatus();
 }
 
-grpc::Status GenerationService::Generate(grpc::ServerContext* context, const GenerateRequest* request,
-                                         grpc::ServerWriter<GenerateResponse>* writer) {
-  Impl& impl = *impl_;
+// Where a request's responses go: the reactor (blocking the worker, never
+// the reactor, while the client is slow).
+class ResponseWriter {
+ public:
+  virtual ~ResponseWriter() = default;
+  // False once the client is gone.
+  virtual bool Write(const GenerateResponse& response) = 0;
+};
+
+Status GenerationService::Impl::Run(grpc::CallbackServerContext* context, const GenerateRequest* request,
+                                    ResponseWriter* writer) {
+  Impl& impl = *this;
   const auto t0 = Clock::now();
   const SpeculationMethod method = request->method();
   auto finish = [&](const Status& status) {
@@ -370,7 +390,7 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context, const Gen
                                                {"code", telemetry::GrpcCodeName(status.code())},
                                                {"error", std::string(status.message())}});
     }
-    return rpc::ToGrpcStatus(status);
+    return status;
   };
 
   // --- validation that needs no model process
@@ -543,6 +563,123 @@ grpc::Status GenerationService::Generate(grpc::ServerContext* context, const Gen
                  {"tokens_per_s", std::to_string(st.decode_tokens_per_s())},
                  {"fallback", backend.fell_back() ? "true" : "false"}});
   return finish(OkStatus());
+}
+
+// The server side of one Generate call (gRPC callback API): a worker thread
+// runs Impl::Run and hands responses to the reactor through a small queue;
+// the reactor writes one at a time. The worker finishes the call once the
+// queue is drained; OnDone() waits for the worker to be out before the
+// reactor is deleted.
+class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>, public ResponseWriter {
+ public:
+  GenerateReactor(GenerationService::Impl& impl, grpc::CallbackServerContext* context, GenerateRequest request)
+      : impl_(impl), context_(context), request_(std::move(request)) {
+    std::thread([this] { Work(); }).detach();
+  }
+
+  bool Write(const GenerateResponse& response) override {
+    grpc::ByteBuffer buffer;
+    bool own = false;
+    if (!grpc::SerializationTraits<GenerateResponse>::Serialize(response, &buffer, &own).ok()) return false;
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return queue_.size() < kMaxQueued || failed_; });
+    if (failed_) return false;
+    queue_.push_back(std::move(buffer));
+    if (!writing_) StartNextLocked();
+    return true;
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    queue_.pop_front();
+    if (!ok) {
+      failed_ = true;
+      queue_.clear();
+    } else if (!queue_.empty()) {
+      StartNextLocked();
+    }
+    cv_.notify_all();
+  }
+
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_ = true;
+    cv_.notify_all();
+  }
+
+  void OnDone() override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return worker_done_; });
+    }
+    delete this;
+  }
+
+ private:
+  static constexpr size_t kMaxQueued = 8;
+
+  void StartNextLocked() {
+    writing_ = true;
+    StartWrite(&queue_.front());
+  }
+
+  void Work() {
+    Status status = impl_.Run(context_, &request_, this);
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return (!writing_ && queue_.empty()) || failed_; });
+    }
+    Finish(rpc::ToGrpcStatus(status));
+    std::lock_guard<std::mutex> lock(mu_);
+    worker_done_ = true;
+    cv_.notify_all();
+  }
+
+  GenerationService::Impl& impl_;
+  grpc::CallbackServerContext* context_;
+  GenerateRequest request_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<grpc::ByteBuffer> queue_;  // front = the write in flight (when writing_)
+  bool writing_ = false;
+  bool failed_ = false;       // client gone or write failed
+  bool worker_done_ = false;
+};
+
+// Finishes a call at once with an error (no worker needed).
+class RejectReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  explicit RejectReactor(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::Generate(grpc::CallbackServerContext* context,
+                                                                       const grpc::ByteBuffer* raw) {
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (raw->Dump(&slices).ok()) {
+    for (const grpc::Slice& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  auto reject = [&](const Status& status) {
+    if (impl_->metrics) impl_->metrics->RecordRequest("unknown", status.code(), 0.0);
+    rpc::LogEvent("info", "request_failed", {{"code", telemetry::GrpcCodeName(status.code())},
+                                             {"error", std::string(status.message())}});
+    return new RejectReactor(rpc::ToGrpcStatus(status));
+  };
+  // Text fields first, as bytes: invalid UTF-8 names its field.
+  lede::v1::GenerateRequestText text;
+  if (!text.ParseFromString(bytes)) return reject(InvalidArgumentError("request: not a GenerateRequest"));
+  if (!tokenizer::IsValidUtf8(text.request_id())) return reject(InvalidArgumentError("request_id: invalid UTF-8"));
+  if (!tokenizer::IsValidUtf8(text.prompt())) return reject(InvalidArgumentError("prompt: invalid UTF-8"));
+  for (int i = 0; i < text.stop_size(); ++i) {
+    if (!tokenizer::IsValidUtf8(text.stop(i))) {
+      return reject(InvalidArgumentError("stop[" + std::to_string(i) + "]: invalid UTF-8"));
+    }
+  }
+  GenerateRequest request;
+  if (!request.ParseFromString(bytes)) return reject(InvalidArgumentError("request: not a GenerateRequest"));
+  return new GenerateReactor(*impl_, context, std::move(request));
 }
 
 }  // namespace lede::coordinator

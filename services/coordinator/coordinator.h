@@ -14,8 +14,8 @@
 // drafter or verifier is down or restarted mid-request (or, with
 // autoregressive_fallback, a drafter outage degrades to full-depth steps);
 // CANCELLED / DEADLINE_EXCEEDED from the client. The KV slot is closed on
-// every path. Thread-safety: Generate runs concurrently on gRPC's thread
-// pool; per-request state is local.
+// every path. Thread-safety: requests run concurrently, one worker thread
+// each; per-request state is local.
 #ifndef LEDE_SERVICES_COORDINATOR_COORDINATOR_H_
 #define LEDE_SERVICES_COORDINATOR_COORDINATOR_H_
 
@@ -54,11 +54,13 @@ struct CoordinatorOptions {
 };
 
 class RemoteBackend;
+class GenerateReactor;
 
 // Implements lede.v1.Generation. Create() checks the options and opens the
 // experience store; the model processes are contacted lazily, so the
 // coordinator may start first.
-class GenerationService final : public lede::v1::Generation::Service {
+class GenerationService final
+    : public lede::v1::Generation::WithRawCallbackMethod_Generate<lede::v1::Generation::Service> {
  public:
   // Errors: kInvalidArgument naming the option (tokenizer_path, reward,
   // experience_url, max_new_tokens_limit); kNotFound for a missing tokenizer.
@@ -66,8 +68,12 @@ class GenerationService final : public lede::v1::Generation::Service {
                                                              telemetry::Registry* registry);
   ~GenerationService() override;
 
-  grpc::Status Generate(grpc::ServerContext* context, const lede::v1::GenerateRequest* request,
-                        grpc::ServerWriter<lede::v1::GenerateResponse>* writer) override;
+  // The callback API with the raw request (GenerateRequestText first, so
+  // that invalid UTF-8 is INVALID_ARGUMENT naming the field); the
+  // generation runs on a worker thread, never on the reactor, and streams
+  // through the reactor with at most a few responses buffered.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
+                                                        const grpc::ByteBuffer* request) override;
 
   // Writes buffered experience (at shutdown). Returns the logger's status.
   Status FlushExperience();
@@ -76,6 +82,7 @@ class GenerationService final : public lede::v1::Generation::Service {
   GenerationService();
   struct Impl;
   friend class RemoteBackend;
+  friend class GenerateReactor;
   std::unique_ptr<Impl> impl_;
 };
 
