@@ -32,6 +32,19 @@ import lede_client  # noqa: E402  (stub generation)
 MODEL = os.path.join(ROOT, "models", "lede-tiny")
 
 
+def started_ports(log_path):
+    m = re.search(r"event=started grpc_port=(\d+) metrics_port=(\d+)", open(log_path).read())
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def decide_calls(metrics_port):
+    """Policy.Decide calls the policy service has answered (its lede_requests_total)."""
+    import urllib.request
+    text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics_port, timeout=5).read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("lede_requests_total{") and 'method="Decide"' in line)
+
+
 def start(args, log_path):
     log = open(log_path, "w")
     p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -39,9 +52,9 @@ def start(args, log_path):
     while time.time() < deadline:
         if p.poll() is not None:
             raise RuntimeError("%s exited:\n%s" % (args[0], open(log_path).read()[-2000:]))
-        m = re.search(r"event=started grpc_port=(\d+) metrics_port=(\d+)", open(log_path).read())
-        if m:
-            return p, int(m.group(1))
+        ports = started_ports(log_path)
+        if ports:
+            return p, ports[0]
         time.sleep(0.1)
     p.kill()
     raise RuntimeError("%s did not start:\n%s" % (args[0], open(log_path).read()[-2000:]))
@@ -160,7 +173,12 @@ def main():
                 for m in methods:
                     if kind == "remote" and m != "lede":
                         continue
+                    before = decide_calls(started_ports(os.path.join(tmp, "policy.log"))[1]) if kind == "remote" else 0
                     results[(kind, m)] = run_services(port, prompts, m, a.new_tokens, pb, pb_grpc)
+                    if kind == "remote":
+                        # the measured pass only (run_services also makes a warm-up pass per prompt)
+                        calls = decide_calls(started_ports(os.path.join(tmp, "policy.log"))[1]) - before
+                        results[(kind, m)]["decide_calls"] = calls / 2
             finally:
                 stop(procs)
     same = all(results[("split", m)]["outputs"] == results[("co-located", m)]["outputs"] for m in methods)
@@ -183,10 +201,17 @@ def main():
                      "acceptance_rate": None if acc != acc else acc})
     print("split and co-located emit the same tokens: %s; remote decisions emit the same tokens: %s"
           % (same, same_remote))
+    remote, split = results[("remote", "lede")], results[("split", "lede")]
+    per_decision_ms = None
+    if remote.get("decide_calls"):
+        per_decision_ms = 1e3 * (remote["decode_s"] - split["decode_s"]) / remote["decide_calls"]
+        print("remote decisions: %d Decide calls in the measured pass, %.3f ms each over the in-process DQN"
+              % (remote["decide_calls"], per_decision_ms))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"rows": rows, "same_tokens_split_colocated": same, "same_tokens_remote": same_remote,
-                       "prompts": len(prompts), "new_tokens": a.new_tokens}, f, indent=1)
+                       "prompts": len(prompts), "new_tokens": a.new_tokens,
+                       "remote_decision_overhead_ms": per_decision_ms}, f, indent=1)
     return 0
 
 
