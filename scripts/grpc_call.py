@@ -12,7 +12,7 @@ examples:
   scripts/grpc_call.py 127.0.0.1:50051 describe lede.v1.DecideRequest
   scripts/grpc_call.py 127.0.0.1:50051 call lede.v1.Generation/Generate \\
       '{"prompt": "Once upon a time", "max_new_tokens": 32}'
-  scripts/grpc_call.py --timeout 5 --max-messages 1 127.0.0.1:50052 \\
+  scripts/grpc_call.py --timeout 5 --max-messages 1 127.0.0.1:50053 \\
       call lede.v1.Policy/WatchPolicy '{}'
 
 Each response is printed as one JSON line (proto field names). gRPC errors

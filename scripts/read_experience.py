@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Reads LEDE experience shards (trainer/experience.h, DESIGN.md §5).
 
 A shard is the 8-byte magic b"LEDEXP1\\n" followed by records, each framed as
@@ -111,10 +111,15 @@ def read_shard(path, pb2):
 
 
 def shard_paths(path):
-    """A file as given, or the *.lexp files of a directory in name order."""
+    """A file as given, or the *.lexp files under a directory (recursively: a
+    store keeps them under <prefix>/<date>/), in path order; temp files
+    (names starting with '.') are skipped."""
     if os.path.isdir(path):
-        return [os.path.join(path, name) for name in sorted(os.listdir(path))
-                if name.endswith(SUFFIX) and os.path.isfile(os.path.join(path, name))]
+        found = []
+        for root, dirs, files in os.walk(path):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            found += [os.path.join(root, f) for f in files if f.endswith(SUFFIX) and not f.startswith(".")]
+        return sorted(found)
     return [path]
 
 

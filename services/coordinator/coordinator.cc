@@ -548,11 +548,12 @@ Status GenerationService::Impl::Run(grpc::CallbackServerContext* context, const 
     telemetry::SpecDecodeMetrics& m = *impl.metrics;
     for (const speculation::RoundRecord& round : st.rounds) {
       m.RecordRound(round.exit_layer, round.n_drafted, round.n_accepted, round.latency_s);
+      // A round emits its tokens together: each gets the round's time per token.
+      for (int32_t i = 0; i < round.n_emitted; ++i) m.inter_token_latency.Observe(round.latency_s / round.n_emitted);
     }
     m.prompt_tokens.Increment(static_cast<double>(st.n_prompt_tokens));
     m.generated_tokens.Increment(static_cast<double>(st.n_generated));
     m.time_to_first_token.Observe(st.prefill_s);
-    if (st.n_generated > 1) m.inter_token_latency.Observe(st.decode_s / (st.n_generated - 1));
   }
   impl.LogExperience(*result, request_id);
   rpc::LogEvent("info", "request_done",

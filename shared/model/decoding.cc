@@ -1,7 +1,6 @@
 #include "shared/model/decoding.h"
 
 #include <algorithm>
-#include <chrono>
 #include <string>
 #include <utility>
 
@@ -13,12 +12,6 @@
 
 namespace lede::model {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double SecondsSince(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 // Runs `fn` at the torch boundary: libtorch exceptions become kInternal.
 template <typename Fn>

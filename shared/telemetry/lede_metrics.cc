@@ -88,7 +88,7 @@ SpecDecodeMetrics::SpecDecodeMetrics(Registry& r)
           RequestLatencyBuckets())),
       inter_token_latency(UnlabelledHistogram(
           r, "lede_inter_token_latency_seconds",
-          "Time between consecutive generated tokens of one request (seconds).",
+          "Time per generated token after the first, per round: a round emits its tokens together, each observed at the round's latency / tokens (seconds).",
           InterTokenLatencyBuckets())),
       request_latency(UnlabelledHistogram(
           r, "lede_request_latency_seconds",
