@@ -1,6 +1,7 @@
 #include "services/coordinator/coordinator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <chrono>
@@ -82,6 +83,8 @@ struct GenerationService::Impl {
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
   std::unique_ptr<lede::v1::Verifier::Stub> verifier;
   std::unique_ptr<lede::v1::Drafter::Stub> drafter;
+  // Drafter and verifier share a process: one DraftAndVerify call per round.
+  std::atomic<bool> fused_rounds{false};
   std::unique_ptr<telemetry::SpecDecodeMetrics> metrics;
   std::unique_ptr<experience::ExperienceLogger> logger;
   telemetry::Counter* experience_written = nullptr;
@@ -216,8 +219,23 @@ class RemoteBackend : public speculation::SpeculationBackend {
     *req.mutable_sampling() = sampling_;
     req.set_request_id(request_id_);
     lede::v1::DraftResponse resp;
-    auto ctx = impl_.CallContext(server_);
-    grpc::Status s = impl_.drafter->Draft(ctx.get(), req, &resp);
+    grpc::Status s;
+    if (impl_.fused_rounds.load()) {  // co-located: draft and verify in one call
+      lede::v1::DraftAndVerifyResponse both;
+      auto ctx = impl_.CallContext(server_);
+      s = impl_.drafter->DraftAndVerify(ctx.get(), req, &both);
+      if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+        impl_.fused_rounds = false;  // the verifier is in another process after all
+      } else if (s.ok()) {
+        resp = std::move(*both.mutable_draft());
+        verdict_ = std::move(*both.mutable_verify());
+        have_verdict_ = true;
+      }
+    }
+    if (!impl_.fused_rounds.load()) {
+      auto ctx = impl_.CallContext(server_);
+      s = impl_.drafter->Draft(ctx.get(), req, &resp);
+    }
     if (!s.ok()) {
       if (s.error_code() == grpc::StatusCode::UNAVAILABLE && impl_.options.autoregressive_fallback) {
         fallback_ = true;
@@ -253,6 +271,12 @@ class RemoteBackend : public speculation::SpeculationBackend {
 
   StatusOr<speculation::Verdict> VerifyRound(int64_t, int32_t pending_token,
                                              const speculation::Draft& d) override {
+    lede::v1::VerifyResponse resp;
+    if (have_verdict_) {  // verified in the same call as the draft
+      have_verdict_ = false;
+      resp = std::move(verdict_);
+      return ToVerdict(resp);
+    }
     lede::v1::VerifyRequest req;
     req.set_slot(slot_);
     req.set_pool_epoch(epoch_);
@@ -263,10 +287,13 @@ class RemoteBackend : public speculation::SpeculationBackend {
     req.set_draft_probs(std::move(probs_bytes_));
     probs_bytes_.clear();
     req.set_ready_layer(d.ready_layer);
-    lede::v1::VerifyResponse resp;
     auto ctx = impl_.CallContext(server_);
     grpc::Status s = impl_.verifier->Verify(ctx.get(), req, &resp);
     if (!s.ok()) return FromModelCall(s, "verifier Verify");
+    return ToVerdict(resp);
+  }
+
+  speculation::Verdict ToVerdict(const lede::v1::VerifyResponse& resp) {
     speculation::Verdict v;
     v.n_accepted = resp.n_accepted();
     v.tokens.assign(resp.tokens().begin(), resp.tokens().end());
@@ -302,6 +329,8 @@ class RemoteBackend : public speculation::SpeculationBackend {
   speculation::ModelLimits limits_;
   lede::v1::SamplingParams sampling_;
   std::string probs_bytes_;
+  lede::v1::VerifyResponse verdict_;  // of a DraftAndVerify call, until VerifyRound takes it
+  bool have_verdict_ = false;
   int64_t slot_ = 0;
   uint64_t epoch_ = 0;
   int64_t position_ = 0;  // committed length of the slot
@@ -333,6 +362,7 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
                                                          grpc::InsecureChannelCredentials(), args);
   impl.verifier = lede::v1::Verifier::NewStub(verifier_channel);
   impl.drafter = lede::v1::Drafter::NewStub(drafter_channel);
+  impl.fused_rounds = options.drafter_target == options.verifier_target;
   if (registry != nullptr) impl.metrics = std::make_unique<telemetry::SpecDecodeMetrics>(*registry);
   if (!options.experience_url.empty()) {
     auto store = storage::OpenObjectStore(options.experience_url);

@@ -34,7 +34,9 @@ namespace lede::coordinator {
 
 struct CoordinatorOptions {
   std::string verifier_target = "127.0.0.1:50052";  // lede.v1.Verifier
-  std::string drafter_target = "127.0.0.1:50054";   // lede.v1.Drafter (same as verifier when co-located)
+  // lede.v1.Drafter. The same address as the verifier means co-located: each
+  // round is then one Drafter.DraftAndVerify call instead of Draft + Verify.
+  std::string drafter_target = "127.0.0.1:50054";
   std::string tokenizer_path;      // tokenizer.model / tokenizer.bin of the served model (required)
   int64_t max_new_tokens_limit = 1024;  // requests above are INVALID_ARGUMENT
   // Deadline of each call to a model process when the client set none, s.

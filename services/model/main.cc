@@ -76,7 +76,7 @@ int Run(const std::vector<std::string>& raw_args) {
     return 1;
   }
   lede::model_service::VerifierService verifier(*host);
-  lede::model_service::DrafterService drafter(*host);
+  lede::model_service::DrafterService drafter(*host, role == "both" ? &verifier : nullptr);
   lede::rpc::ServerRunner runner(role == "both" ? "model" : role);
   if (role != "drafter") runner.AddService(&verifier);
   if (role != "verifier") runner.AddService(&drafter);

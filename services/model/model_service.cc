@@ -398,10 +398,34 @@ grpc::Status VerifierService::CloseSession(grpc::ServerContext*, const lede::v1:
 
 struct DrafterService::Impl {
   std::shared_ptr<ModelHost> host;
+  VerifierService* verifier = nullptr;  // co-located, or null
 };
 
-DrafterService::DrafterService(std::shared_ptr<ModelHost> host) : impl_(std::make_unique<Impl>()) {
+DrafterService::DrafterService(std::shared_ptr<ModelHost> host, VerifierService* colocated_verifier)
+    : impl_(std::make_unique<Impl>()) {
   impl_->host = std::move(host);
+  impl_->verifier = colocated_verifier;
+}
+
+grpc::Status DrafterService::DraftAndVerify(grpc::ServerContext* context, const lede::v1::DraftRequest* req,
+                                            lede::v1::DraftAndVerifyResponse* resp) {
+  if (impl_->verifier == nullptr) {
+    return ToGrpcStatus(UnimplementedError("DraftAndVerify: the verifier runs in another process"));
+  }
+  lede::v1::DraftResponse* d = resp->mutable_draft();
+  grpc::Status drafted = Draft(context, req, d);
+  if (!drafted.ok()) return drafted;
+  lede::v1::VerifyRequest v;
+  v.set_slot(req->slot());
+  v.set_pool_epoch(req->pool_epoch());
+  v.set_pending_token(req->pending_token());
+  v.set_position(req->position());
+  v.set_exit_layer(d->exit_layer());
+  *v.mutable_draft_tokens() = d->draft_tokens();
+  v.set_draft_probs(d->draft_probs());
+  v.set_ready_layer(d->ready_layer());
+  d->clear_draft_probs();  // the coordinator has no use for them now
+  return impl_->verifier->Verify(context, &v, resp->mutable_verify());
 }
 DrafterService::~DrafterService() = default;
 

@@ -87,12 +87,18 @@ class VerifierService final : public lede::v1::Verifier::Service {
 
 class DrafterService final : public lede::v1::Drafter::Service {
  public:
-  explicit DrafterService(std::shared_ptr<ModelHost> host);
+  // `colocated_verifier` (borrowed, may be null): the verifier of the same
+  // process, which DraftAndVerify calls directly.
+  explicit DrafterService(std::shared_ptr<ModelHost> host, VerifierService* colocated_verifier = nullptr);
   ~DrafterService() override;
   grpc::Status Describe(grpc::ServerContext*, const lede::v1::DescribeRequest*,
                         lede::v1::ModelInfo*) override;
   grpc::Status Draft(grpc::ServerContext*, const lede::v1::DraftRequest*,
                      lede::v1::DraftResponse*) override;
+  // Draft, then the co-located verifier's Verify of the draft (one hop per
+  // round). UNIMPLEMENTED without a co-located verifier.
+  grpc::Status DraftAndVerify(grpc::ServerContext*, const lede::v1::DraftRequest*,
+                              lede::v1::DraftAndVerifyResponse*) override;
 
  private:
   struct Impl;
