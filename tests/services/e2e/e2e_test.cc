@@ -756,6 +756,34 @@ TEST_F(E2eTest, CoordinatorDoesNotLinkLibtorch) {
   EXPECT_THAT(maps, ::testing::Not(HasSubstr("libc10")));
 }
 
+// Sends LEDE requests through an extra coordinator that logs experience to
+// `store_url`, stops it with SIGTERM (it must exit 0, having flushed), and
+// checks that the store holds whole shards under "experience", every
+// transition tagged with the serving policy version.
+void LogExperienceAndCheck(LedeCluster& cluster, const std::string& store_url,
+                           const std::vector<std::string>& prompts) {
+  auto coordinator = cluster.StartExtraCoordinator(false, store_url);
+  ASSERT_THAT(coordinator, IsOk());
+  auto stub = LedeCluster::NewStub((*coordinator)->grpc_target());
+  for (const std::string& p : prompts) {
+    CallResult r = Generate(*stub, MakeRequest(p, Lede()));
+    ASSERT_TRUE(r.ok()) << r.Describe();
+  }
+  (*coordinator)->Signal(SIGTERM);
+  std::optional<int> code = (*coordinator)->Wait(30s);
+  ASSERT_TRUE(code.has_value()) << "the coordinator did not exit after SIGTERM";
+  EXPECT_EQ(*code, 0) << ChildProcess::Tail((*coordinator)->Log());
+
+  auto store = storage::OpenObjectStore(store_url);
+  ASSERT_THAT(store, IsOk());
+  auto read = experience::ReadShardsFromStore(**store, "experience");
+  ASSERT_THAT(read, IsOk());
+  EXPECT_GT(read->transitions.size(), 0u);
+  EXPECT_FALSE(read->shards.empty());
+  for (const experience::ShardReport& s : read->shards) EXPECT_EQ(s.error, "") << s.path;
+  for (const policy::Transition& t : read->transitions) ASSERT_EQ(t.policy_version, "measured-v1");
+}
+
 // Experience: LEDE requests through a coordinator logging to a directory
 // store; after SIGTERM it exits 0 and its shards read back whole, every
 // transition tagged with the serving policy version; lede-train trains a
@@ -765,28 +793,8 @@ TEST_F(E2eTest, ExperienceShardsReadBackAndTrain) {
   ASSERT_FALSE(tmp.path().empty());
   const std::string dir = (tmp.path() / "store").string();
   std::filesystem::create_directories(dir);
-  auto coordinator = split_->StartExtraCoordinator(false, dir);
-  ASSERT_THAT(coordinator, IsOk());
-  auto stub = LedeCluster::NewStub((*coordinator)->grpc_target());
-  for (const std::string& p : Prompts()) {
-    CallResult r = Generate(*stub, MakeRequest(p, Lede()));
-    ASSERT_TRUE(r.ok()) << r.Describe();
-  }
-  (*coordinator)->Signal(SIGTERM);
-  std::optional<int> code = (*coordinator)->Wait(30s);
-  ASSERT_TRUE(code.has_value()) << "the coordinator did not exit after SIGTERM";
-  EXPECT_EQ(*code, 0) << ChildProcess::Tail((*coordinator)->Log());
-
-  auto store = storage::OpenObjectStore(dir);
-  ASSERT_THAT(store, IsOk());
-  auto read = experience::ReadShardsFromStore(**store, "experience");
-  ASSERT_THAT(read, IsOk());
-  EXPECT_GT(read->transitions.size(), 0u);
-  EXPECT_FALSE(read->shards.empty());
-  for (const experience::ShardReport& s : read->shards) EXPECT_EQ(s.error, "") << s.path;
-  for (const policy::Transition& t : read->transitions) {
-    ASSERT_EQ(t.policy_version, "measured-v1");
-  }
+  LogExperienceAndCheck(*split_, dir, Prompts());
+  if (HasFatalFailure()) return;
 
   // lede-train on the logged store writes a policy artifact.
   const std::string out = (tmp.path() / "policies" / "v-test").string();
@@ -811,26 +819,7 @@ TEST_F(E2eTest, ExperienceShardsReadBackFromS3) {
   ::setenv("AWS_SECRET_ACCESS_KEY", "S3RVER", 1);
   ::unsetenv("AWS_SESSION_TOKEN");
   const std::string url = "s3://lede-e2e/run?endpoint=" + s3.endpoint() + "&region=us-east-1";
-  auto coordinator = split_->StartExtraCoordinator(false, url);
-  ASSERT_THAT(coordinator, IsOk());
-  auto stub = LedeCluster::NewStub((*coordinator)->grpc_target());
-  for (const std::string& p : Prompts()) {
-    CallResult r = Generate(*stub, MakeRequest(p, Lede()));
-    ASSERT_TRUE(r.ok()) << r.Describe();
-  }
-  (*coordinator)->Signal(SIGTERM);
-  std::optional<int> code = (*coordinator)->Wait(30s);
-  ASSERT_TRUE(code.has_value()) << "the coordinator did not exit after SIGTERM";
-  EXPECT_EQ(*code, 0) << ChildProcess::Tail((*coordinator)->Log());
-
-  auto store = storage::OpenObjectStore(url);
-  ASSERT_THAT(store, IsOk());
-  auto read = experience::ReadShardsFromStore(**store, "experience");
-  ASSERT_THAT(read, IsOk());
-  EXPECT_GT(read->transitions.size(), 0u);
-  EXPECT_FALSE(read->shards.empty());
-  for (const experience::ShardReport& s : read->shards) EXPECT_EQ(s.error, "") << s.path;
-  for (const policy::Transition& t : read->transitions) ASSERT_EQ(t.policy_version, "measured-v1");
+  LogExperienceAndCheck(*split_, url, Prompts());
 }
 
 // ------------------------------------------------------------ one KV slot
