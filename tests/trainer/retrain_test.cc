@@ -21,6 +21,8 @@
 #include "gtest/gtest.h"
 #include "policy/dqn/artifact.h"
 #include "policy/transition.h"
+#include "shared/storage/object_store.h"
+#include "tests/testing/s3rver.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "trainer/experience.h"
@@ -192,6 +194,36 @@ TEST_F(RetrainTest, TrainsOnlyWhenNewShardsAppearAndRecordsThem) {
   ASSERT_THAT(state.status(), IsOk());
   EXPECT_EQ(state->processed_shards.size(), 3u);
   EXPECT_EQ(state->runs, 2);
+}
+
+// The same run against an S3 store (npm's s3rver on loopback): new shards
+// are found by listing the bucket, trained on, and recorded as processed.
+TEST_F(RetrainTest, ReadsNewShardsFromAnS3Store) {
+  lede::testing::S3rver s3;
+  if (!s3.available()) GTEST_SKIP() << s3.skip_reason();
+  ASSERT_THAT(s3.Start("lede-retrain"), IsOk());
+  ::setenv("AWS_ACCESS_KEY_ID", "S3RVER", 1);  // s3rver's built-in credentials
+  ::setenv("AWS_SECRET_ACCESS_KEY", "S3RVER", 1);
+  const std::string url = "s3://lede-retrain/run?endpoint=" + s3.endpoint() + "&region=us-east-1";
+  auto bucket = storage::OpenObjectStore(url);
+  ASSERT_THAT(bucket.status(), IsOk());
+  for (const std::string& name : {"w-00000001", "w-00000002"}) {
+    const std::string key = WriteShard(name, 12);
+    std::ifstream in(store_ / key, std::ios::binary);
+    std::stringstream bytes;
+    bytes << in.rdbuf();
+    ASSERT_THAT((*bucket)->Put(key, bytes.str()), IsOk());
+  }
+  RetrainOptions o = Options(-kInf);
+  o.experience_url = url;
+  auto first = RunOnce(o);
+  ASSERT_THAT(first.status(), IsOk());
+  EXPECT_EQ(first->decision, RetrainDecision::kPublished);
+  EXPECT_EQ(first->n_new_shards, 2);
+  EXPECT_EQ(Serving(), "rt-1");
+  auto again = RunOnce(o);
+  ASSERT_THAT(again.status(), IsOk());
+  EXPECT_EQ(again->decision, RetrainDecision::kNoNewData);
 }
 
 // The replay window keeps the most recent shards: with window_shards = 1
