@@ -824,12 +824,14 @@ TEST_F(E2eTest, ExperienceShardsReadBackFromS3) {
 
 // ------------------------------------------------------------ one KV slot
 
-// A cluster with --slots 1: admission and freeing of the only KV slot.
-class E2eSingleSlotTest : public ::testing::Test {
+// One split cluster with kSlots KV slots and no experience, shared by the
+// tests of a suite.
+template <int kSlots>
+class OneClusterTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     ClusterOptions o = BaseOptions();
-    o.slots = 1;
+    o.slots = kSlots;
     o.experience_url = "none";
     cluster_ = new LedeCluster(o);
     if (Status s = cluster_->Start(); !s.ok()) *setup_error_ = s.ToString();
@@ -842,6 +844,15 @@ class E2eSingleSlotTest : public ::testing::Test {
     ASSERT_TRUE(setup_error_->empty()) << *setup_error_;
     stub_ = cluster_->NewStub();
   }
+
+  static inline LedeCluster* cluster_ = nullptr;
+  static inline std::string* setup_error_ = new std::string();
+  std::unique_ptr<lede::v1::Generation::Stub> stub_;
+};
+
+// A cluster with --slots 1: admission and freeing of the only KV slot.
+class E2eSingleSlotTest : public OneClusterTest<1> {
+ protected:
 
   // A channel with a tiny HTTP/2 receive window and no BDP probing: a
   // stream this client does not read stalls the server's writes after a
@@ -878,10 +889,6 @@ class E2eSingleSlotTest : public ::testing::Test {
     return "\ncoordinator log:\n" + ChildProcess::Tail(cluster_->coordinator()->Log(), 1500) +
            "\nverifier log:\n" + ChildProcess::Tail(cluster_->verifier()->Log(), 1500);
   }
-
-  static inline LedeCluster* cluster_ = nullptr;
-  static inline std::string* setup_error_ = new std::string();
-  std::unique_ptr<lede::v1::Generation::Stub> stub_;
 };
 
 // While one request streams, a second gets RESOURCE_EXHAUSTED; once the
@@ -962,27 +969,7 @@ TEST_F(E2eSingleSlotTest, DeadlineDuringPrefillFreesTheSlot) {
 
 // Kills and restarts model processes (the tests run in order and leave the
 // cluster serving).
-class E2eFaultTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    ClusterOptions o = BaseOptions();
-    o.slots = 2;
-    o.experience_url = "none";
-    cluster_ = new LedeCluster(o);
-    if (Status s = cluster_->Start(); !s.ok()) *setup_error_ = s.ToString();
-  }
-  static void TearDownTestSuite() {
-    delete cluster_;
-    cluster_ = nullptr;
-  }
-  void SetUp() override {
-    ASSERT_TRUE(setup_error_->empty()) << *setup_error_;
-    stub_ = cluster_->NewStub();
-  }
-  static inline LedeCluster* cluster_ = nullptr;
-  static inline std::string* setup_error_ = new std::string();
-  std::unique_ptr<lede::v1::Generation::Stub> stub_;
-};
+class E2eFaultTest : public OneClusterTest<2> {};
 
 // With the drafter SIGKILLed a LEDE request fails fast with UNAVAILABLE; a
 // coordinator with --autoregressive-fallback serves it with the
