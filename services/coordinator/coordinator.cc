@@ -94,7 +94,7 @@ struct GenerationService::Impl {
   bool have_info = false;
   lede::v1::ModelInfo info;       // guarded by info_mu
   policy::RewardSpec rewards;     // guarded by info_mu
-  std::mt19937_64 id_rng{std::random_device{}()};
+  std::mt19937_64 id_rng{std::random_device{}()};  // request ids; guarded by info_mu
 
   // A client context for a call made on behalf of `server`: its deadline
   // (capped at rpc_timeout_s) and its cancellation.
@@ -107,11 +107,12 @@ struct GenerationService::Impl {
     return ctx;
   }
 
-  // The verifier's ModelInfo, fetched once (and again after a failure).
-  StatusOr<lede::v1::ModelInfo> Info(grpc::CallbackServerContext* server, bool refresh = false) {
+  // The verifier's ModelInfo: fetched on the first request that finds the
+  // verifier up, then kept (a restarted verifier serves the same model).
+  StatusOr<lede::v1::ModelInfo> Info(grpc::CallbackServerContext* server) {
     {
       std::lock_guard<std::mutex> lock(info_mu);
-      if (have_info && !refresh) return info;
+      if (have_info) return info;
     }
     auto ctx = CallContext(server);
     lede::v1::ModelInfo fresh;
@@ -168,7 +169,6 @@ class RemoteBackend : public speculation::SpeculationBackend {
     limits_.capacity = info.capacity();
     limits_.eos_ids.assign(info.eos_ids().begin(), info.eos_ids().end());
   }
-  ~RemoteBackend() override { Close(0); }
 
   const speculation::ModelLimits& limits() const override { return limits_; }
 

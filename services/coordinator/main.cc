@@ -67,12 +67,8 @@ int Run(const std::vector<std::string>& raw_args) {
   so.listen_address = listen;
   so.metrics_address = metrics;
   so.shutdown_grace = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
-  if (lede::Status s = runner.Start(so, &registry); !s.ok()) {
-    lede::rpc::LogEvent("error", "start_failed", {{"error", s.ToString()}});
-    return 1;
-  }
-  runner.WaitForTermination();
-  runner.Shutdown();  // in-flight requests finish (or are cancelled after the grace period)
+  // In-flight requests finish (or are cancelled after the grace period).
+  if (!runner.Serve(so, &registry).ok()) return 1;
   lede::Status flushed = (*service)->FlushExperience();
   lede::rpc::LogEvent(flushed.ok() ? "info" : "warn", "experience_flushed", {{"status", flushed.ToString()}});
   return 0;

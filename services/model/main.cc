@@ -84,13 +84,7 @@ int Run(const std::vector<std::string>& raw_args) {
   so.listen_address = listen;
   so.metrics_address = metrics;
   so.shutdown_grace = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
-  if (lede::Status s = runner.Start(so, &registry); !s.ok()) {
-    lede::rpc::LogEvent("error", "start_failed", {{"error", s.ToString()}});
-    return 1;
-  }
-  runner.WaitForTermination();
-  runner.Shutdown();
-  return 0;
+  return runner.Serve(so, &registry).ok() ? 0 : 1;
 }
 
 }  // namespace

@@ -163,16 +163,6 @@ Status CheckTokens(const google::protobuf::RepeatedField<int32_t>& ids, int64_t 
   return OkStatus();
 }
 
-// Runs `fn` with libtorch exceptions turned into kInternal.
-template <typename Fn>
-Status Guarded(const char* what, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const std::exception& e) {
-    return InternalError(std::string(what) + ": " + e.what());
-  }
-}
-
 }  // namespace
 
 StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& options, bool create_pool,

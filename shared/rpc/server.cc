@@ -125,6 +125,18 @@ Status ServerRunner::Start(const ServerOptions& options, const telemetry::Regist
   return OkStatus();
 }
 
+Status ServerRunner::Serve(const ServerOptions& options, const telemetry::Registry* registry,
+                           const std::function<void()>& before_shutdown) {
+  if (Status s = Start(options, registry); !s.ok()) {
+    LogEvent("error", "start_failed", {{"error", s.ToString()}});
+    return s;
+  }
+  WaitForTermination();
+  if (before_shutdown) before_shutdown();
+  Shutdown();
+  return OkStatus();
+}
+
 void ServerRunner::WaitForTermination() {
   sigset_t set = TerminationSignals();
   int sig = 0;

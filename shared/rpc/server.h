@@ -12,9 +12,9 @@
 //   BlockTerminationSignals();            // first, before any thread starts
 //   ServerRunner runner("verifier");
 //   runner.AddService(&service);
-//   LEDE_RETURN_IF_ERROR(runner.Start(options, &registry));
-//   runner.WaitForTermination();           // returns after SIGTERM/SIGINT
-//   runner.Shutdown();
+//   LEDE_RETURN_IF_ERROR(runner.Serve(options, &registry));  // returns after SIGTERM/SIGINT
+// (Serve = Start, WaitForTermination, Shutdown; call them one by one to do
+// more in between.)
 #ifndef LEDE_SHARED_RPC_SERVER_H_
 #define LEDE_SHARED_RPC_SERVER_H_
 
@@ -69,6 +69,11 @@ class ServerRunner {
   // metrics_address is set and `registry` is not null).
   // Errors: kUnavailable naming the address when it cannot be bound.
   Status Start(const ServerOptions& options, const telemetry::Registry* registry);
+  // Start(), then WaitForTermination(), then `before_shutdown` (e.g. ending
+  // long-lived streams), then Shutdown(). Errors: those of Start() (logged
+  // as event=start_failed; nothing is left running).
+  Status Serve(const ServerOptions& options, const telemetry::Registry* registry,
+               const std::function<void()>& before_shutdown = nullptr);
   int port() const { return port_; }
   int metrics_port() const;
   grpc::Server* server() { return server_.get(); }
