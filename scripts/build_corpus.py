@@ -10,7 +10,9 @@ Domains (all local, nothing downloaded):
            a deterministic subset of whole files up to --code-bytes
 
 Documents are separated by a line holding only <|doc|>; the trainer starts each document
-with BOS. The last --val-fraction of each domain's documents is held out.
+with BOS. Every k-th document of each domain (--val-fraction of them) is held out.
+--extra-train-stories FILE adds synthetic stories to the stories training split only, so a
+continued-pretraining corpus keeps the held-out split of the corpus it extends.
 Writes OUT/<domain>.train.txt, OUT/<domain>.val.txt, OUT/spm_input.txt (training text for the
 tokenizer, one paragraph per line) and OUT/manifest.json (files, sizes, sha256, document counts).
 """
@@ -89,6 +91,10 @@ def main():
     ap.add_argument("--code-root", default="/usr/lib/python3.11")
     ap.add_argument("--code-bytes", type=int, default=1_500_000)
     ap.add_argument("--val-fraction", type=float, default=0.05)
+    ap.add_argument("--synthetic", default=None,
+                    help="synthetic stories (<|doc|>-separated); default OUT/synthetic_stories.txt if present")
+    ap.add_argument("--extra-train-stories", default=None,
+                    help="more synthetic stories for the stories training split only (held-out unchanged)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     corpus = os.path.join(args.shared, "data", "corpus")
@@ -102,7 +108,7 @@ def main():
     stories = []
     for name in ("tinystories_train_head.txt", "tinystories_val_a.txt"):
         stories += tinystories_docs(read(os.path.join(corpus, name)))
-    synthetic = os.path.join(args.out, "synthetic_stories.txt")
+    synthetic = args.synthetic or os.path.join(args.out, "synthetic_stories.txt")
     if os.path.exists(synthetic):
         stories += [d.strip() for d in read(synthetic).split(DOC_SEP) if len(d.strip()) > 40]
     domains["stories"] = stories
@@ -123,6 +129,8 @@ def main():
         val = [d for i, d in enumerate(docs) if i % k == k - 1][:n_val]
         val_ids = set(i for i, d in enumerate(docs) if i % k == k - 1 and len(val) > 0)
         train = [d for i, d in enumerate(docs) if i not in val_ids]
+        if domain == "stories" and args.extra_train_stories:
+            train += [d.strip() for d in read(args.extra_train_stories).split(DOC_SEP) if len(d.strip()) > 40]
         for split, items in (("train", train), ("val", val)):
             path = os.path.join(args.out, f"{domain}.{split}.txt")
             with open(path, "w", encoding="utf-8") as f:

@@ -9,6 +9,8 @@
 #include <random>
 #include <sstream>
 
+#include <absl/strings/numbers.h>
+#include <absl/strings/str_split.h>
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
@@ -63,14 +65,45 @@ std::string FormatDuration(double seconds) {
 
 }  // namespace
 
+StatusOr<std::map<std::string, double>> ParseMixture(const std::string& text) {
+  std::map<std::string, double> mixture;
+  double total = 0;
+  for (absl::string_view entry : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(entry, absl::MaxSplits('=', 1));
+    double weight = 0;
+    if (kv.first.empty() || !absl::SimpleAtod(kv.second, &weight) || !(weight >= 0) || std::isinf(weight)) {
+      return InvalidArgumentError("mixture: want name=weight with weight >= 0, got '" + std::string(entry) + "'");
+    }
+    if (!mixture.emplace(kv.first, weight).second) {
+      return InvalidArgumentError("mixture: domain '" + kv.first + "' given twice");
+    }
+    total += weight;
+  }
+  if (total <= 0) return InvalidArgumentError("mixture: no domain has a positive weight in '" + text + "'");
+  return mixture;
+}
+
 Status Pretrain(const PretrainOptions& o) {
   try {
     if (o.threads > 0) at::set_num_threads(o.threads);
     if (o.batch_size < 1 || o.seq_len < 2 || o.steps < 1 || o.curriculum_period < 1) {
       return InvalidArgumentError("batch_size, seq_len, steps and curriculum_period must be positive");
     }
+    if (o.exit_distill < 0 || o.exit_distill > 1) return InvalidArgumentError("exit_distill must be in [0, 1]");
+    if (o.exit_always < 0) return InvalidArgumentError("exit_always must be >= 0");
     LEDE_ASSIGN_OR_RETURN(auto tokenizer, tokenizer::LoadTokenizer(o.tokenizer));
-    model::ModelConfig config = o.config;
+    model::ModelOptions writable;
+    writable.writable_weights = true;  // the optimizer updates them in place
+    std::unique_ptr<model::LlamaModel> init;
+    if (!o.init_from.empty()) {
+      LEDE_ASSIGN_OR_RETURN(init, model::LlamaModel::Load(o.init_from, writable));
+      if (init->config().vocab_size != tokenizer->vocab_size()) {
+        return InvalidArgumentError("init_from: " + o.init_from + " has vocab_size " +
+                                    std::to_string(init->config().vocab_size) + ", the tokenizer " +
+                                    std::to_string(tokenizer->vocab_size()));
+      }
+    }
+    model::ModelConfig config = init ? init->config() : o.config;
     config.vocab_size = tokenizer->vocab_size();
     config.bos_id = tokenizer->bos_id();
     config.eos_ids = {tokenizer->eos_id()};
@@ -106,10 +139,11 @@ Status Pretrain(const PretrainOptions& o) {
       nlohmann::json state = nlohmann::json::parse(state_text);
       start_step = state.at("step").get<int64_t>();
       elapsed_before = state.at("elapsed_s").get<double>();
-      model::ModelOptions writable;
-      writable.writable_weights = true;  // the optimizer updates them in place
       LEDE_ASSIGN_OR_RETURN(m, model::LlamaModel::Load(ckpt_dir + "/model", writable));
       std::fprintf(stderr, "resuming from %s at step %lld\n", ckpt_dir.c_str(), static_cast<long long>(start_step));
+    } else if (init) {
+      m = std::move(init);
+      std::fprintf(stderr, "starting from the weights of %s\n", o.init_from.c_str());
     } else {
       LEDE_ASSIGN_OR_RETURN(m, model::LlamaModel::RandomInit(config, o.seed, model::ModelOptions{}));
     }
@@ -173,18 +207,28 @@ Status Pretrain(const PretrainOptions& o) {
       for (auto& g : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
       optimizer.zero_grad();
       at::Tensor h = m->Embed(inp);
-      at::Tensor early = at::zeros({}, at::kFloat);
-      int64_t n_active = 0;
+      std::vector<at::Tensor> exit_hidden;  // outputs of the blocks whose exits get a loss
       for (int64_t l = 0; l < L; ++l) {
         const double p_drop = L > 1 ? o.layer_dropout_max * l / (L - 1) : 0.0;
         if (uniform(rng) >= p_drop) h = m->Block(l, h, 0, nullptr, 0);
         const int64_t exit_layer = l + 1;
-        if (exit_layer < L && (exit_layer + step) % o.curriculum_period == 0 && o.exit_scale > 0) {
-          early = early + CrossEntropy(m->ExitLogits(h), tgt);
-          ++n_active;
+        const bool active = (exit_layer + step) % o.curriculum_period == 0 || exit_layer <= o.exit_always;
+        if (exit_layer < L && active && o.exit_scale > 0) exit_hidden.push_back(h);
+      }
+      at::Tensor final_logits = m->ExitLogits(h);
+      at::Tensor final_loss = CrossEntropy(final_logits, tgt);
+      at::Tensor teacher;  // p_L, detached: [B, T, V]
+      if (o.exit_distill > 0 && !exit_hidden.empty()) teacher = at::softmax(final_logits.detach(), -1);
+      at::Tensor early = at::zeros({}, at::kFloat);
+      for (const at::Tensor& eh : exit_hidden) {
+        at::Tensor logits = m->ExitLogits(eh);
+        if (o.exit_distill < 1) early = early + (1 - o.exit_distill) * CrossEntropy(logits, tgt);
+        if (teacher.defined()) {
+          at::Tensor sce = -(teacher * at::log_softmax(logits, -1)).sum(-1).mean();
+          early = early + o.exit_distill * sce;
         }
       }
-      at::Tensor final_loss = CrossEntropy(m->ExitLogits(h), tgt);
+      const int64_t n_active = static_cast<int64_t>(exit_hidden.size());
       at::Tensor loss = n_active > 0 ? final_loss + early * (o.exit_scale / n_active) : final_loss;
       loss.backward();
       torch::nn::utils::clip_grad_norm_(params, o.grad_clip);
@@ -228,6 +272,8 @@ Status Pretrain(const PretrainOptions& o) {
                          {"warmup_steps", o.warmup_steps}, {"weight_decay", o.weight_decay},
                          {"grad_clip", o.grad_clip}, {"layer_dropout_max", o.layer_dropout_max},
                          {"exit_scale", o.exit_scale}, {"curriculum_period", o.curriculum_period},
+                         {"exit_always", o.exit_always}, {"exit_distill", o.exit_distill},
+                         {"init_from", o.init_from},
                          {"seed", o.seed}, {"threads", at::get_num_threads()}};
     for (const Domain& d : domains) {
       report["mixture"][d.name] = d.weight;

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   o.config.n_kv_heads = 2;
   o.config.max_seq_len = 512;
   int64_t threads = 0, seed = 1;
+  std::string mixture;
   lede::flags::FlagSet f;
   f.Add("data", &o.data_dir, "corpus directory from scripts/build_corpus.py", true);
   f.Add("tokenizer", &o.tokenizer, "SentencePiece tokenizer.model", true);
@@ -36,6 +37,10 @@ int main(int argc, char** argv) {
   f.Add("layer-dropout", &o.layer_dropout_max, "layer dropout rate at the last layer");
   f.Add("exit-scale", &o.exit_scale, "weight of the early-exit losses");
   f.Add("curriculum-period", &o.curriculum_period, "rotational early-exit curriculum period");
+  f.Add("exit-always", &o.exit_always, "early exits 1..N get the loss at every step");
+  f.Add("exit-distill", &o.exit_distill, "weight in [0, 1] of self-distillation (last layer) in the early-exit loss");
+  f.Add("init-from", &o.init_from, "start from this model's weights (continued pretraining; default: random init)");
+  f.Add("mixture", &mixture, "domain mixture weights, e.g. stories=0.5,tales=0.15,drama=0.1,code=0.25");
   f.Add("checkpoint-every", &o.checkpoint_every, "steps between checkpoints");
   f.Add("seed", &seed, "random seed");
   f.Add("threads", &threads, "intra-op threads (0 = default)");
@@ -43,6 +48,14 @@ int main(int argc, char** argv) {
   if (!s.ok()) {
     std::fprintf(stderr, "lede-pretrain: %s\nflags:\n%s", std::string(s.message()).c_str(), f.Usage().c_str());
     return 2;
+  }
+  if (!mixture.empty()) {
+    lede::StatusOr<std::map<std::string, double>> parsed = lede::trainer::ParseMixture(mixture);
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "lede-pretrain: --mixture: %s\n", std::string(parsed.status().message()).c_str());
+      return 2;
+    }
+    o.mixture = *parsed;
   }
   o.seed = static_cast<uint64_t>(seed);
   o.threads = static_cast<int>(threads);

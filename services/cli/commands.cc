@@ -117,12 +117,16 @@ StatusOr<policy::dqn::Artifact> ChoosePolicy(const std::string& policy_dir, cons
 int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   ModelFlags mf;
   std::string prompt, tokenizer_path, policy_dir, mode = "static";
-  int64_t max_new_tokens = 128, exit_layer = 0, draft_len = 4, seed = 0, repeat = 1;
+  int64_t max_new_tokens = 128, exit_layer = 0, draft_len = 4, seed = 0, repeat = 1, samples = 1;
   double temperature = 0.0, top_p = 1.0;
+  std::string separator;
   FlagSet flags;
   mf.AddTo(flags);
   flags.Add("prompt", &prompt, "prompt text", true);
   flags.Add("repeat", &repeat, "generate this many times, one stats line each (benchmarks: later runs are warm)");
+  flags.Add("samples", &samples,
+            "sample this many texts from the prompt in one process, with seeds seed, seed+1, ... (corpora)");
+  flags.Add("separator", &separator, "a line printed after each text (with --samples)");
   flags.Add("tokenizer", &tokenizer_path, "tokenizer file (default: found beside the model)");
   flags.Add("max-new-tokens", &max_new_tokens, "tokens to generate");
   flags.Add("mode", &mode,
@@ -143,6 +147,10 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
     return kExitUsage;
   }
   if (repeat < 1) return Fail(err, InvalidArgumentError("--repeat: must be >= 1"), kExitUsage);
+  if (samples < 1) return Fail(err, InvalidArgumentError("--samples: must be >= 1"), kExitUsage);
+  if (samples > 1 && repeat > 1) {
+    return Fail(err, InvalidArgumentError("--samples: cannot be combined with --repeat"), kExitUsage);
+  }
   if (mode != "ar" && mode != "static" && mode != "lede") {
     return Fail(err, InvalidArgumentError("--mode: want ar, static or lede, got '" + mode + "'"), kExitUsage);
   }
@@ -207,9 +215,12 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
     if (!echoed) out << (*tokenizer)->Decode(*ids);
     echoed = true;
   };
-  for (int64_t run = 0; run < repeat; ++run) {
-    // Repeats (benchmarks: later runs are warm) print their stats lines only.
-    const bool print_text = run == 0;
+  for (int64_t run = 0; run < std::max(repeat, samples); ++run) {
+    // Repeats (benchmarks: later runs are warm) print their stats lines only;
+    // samples print each text, with their own seeds.
+    const bool print_text = run == 0 || samples > 1;
+    echoed = false;
+    go.sampling.seed = static_cast<uint64_t>(seed + (samples > 1 ? run : 0));
     tokenizer::StreamingDetokenizer detok(**tokenizer, ids->back());
     auto result = (*engine)->Generate(*ids, go, [&](const std::vector<int32_t>& tokens) {
       if (!print_text) return;
@@ -224,6 +235,7 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
     if (print_text) {
       echo_prompt();
       out << detok.Flush() << "\n";
+      if (!separator.empty()) out << separator << "\n";
     }
     const model::GenerationStats& st = result->stats;
     std::string label = mode;
