@@ -93,8 +93,9 @@ def main():
     ap.add_argument("--val-fraction", type=float, default=0.05)
     ap.add_argument("--synthetic", default=None,
                     help="synthetic stories (<|doc|>-separated); default OUT/synthetic_stories.txt if present")
-    ap.add_argument("--extra-train-stories", default=None,
-                    help="more synthetic stories for the stories training split only (held-out unchanged)")
+    ap.add_argument("--extra-train-stories", action="append", default=[],
+                    help="more synthetic stories for the stories training split only (held-out unchanged); "
+                         "repeatable")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     corpus = os.path.join(args.shared, "data", "corpus")
@@ -129,8 +130,8 @@ def main():
         val = [d for i, d in enumerate(docs) if i % k == k - 1][:n_val]
         val_ids = set(i for i, d in enumerate(docs) if i % k == k - 1 and len(val) > 0)
         train = [d for i, d in enumerate(docs) if i not in val_ids]
-        if domain == "stories" and args.extra_train_stories:
-            train += [d.strip() for d in read(args.extra_train_stories).split(DOC_SEP) if len(d.strip()) > 40]
+        for extra in args.extra_train_stories if domain == "stories" else []:
+            train += [d.strip() for d in read(extra).split(DOC_SEP) if len(d.strip()) > 40]
         for split, items in (("train", train), ("val", val)):
             path = os.path.join(args.out, f"{domain}.{split}.txt")
             with open(path, "w", encoding="utf-8") as f:
