@@ -25,12 +25,15 @@ def main():
     L = cfg["num_hidden_layers"]
     out = []
     w = out.append
+    rep1 = load(os.path.join(d, "report_stage1.json"))  # stage 1, when the model was trained in two
+    stages = [r for r in (rep1, rep) if r]
+    hours = sum(r["training_seconds"] for r in stages) / 3600
     w("# lede-tiny: a LayerSkip-style demo model for LEDE\n")
     w("A small Llama-architecture model trained by this project's own trainer (`lede-pretrain`) with the "
       "LayerSkip recipe (layer dropout rising with depth, early-exit loss through the shared final norm + LM "
-      "head with a rotational curriculum), so that its early layers agree with its last layer often enough for "
-      "self-speculative decoding. It is what `scripts/demo` serves. It is tiny and trained for about an hour on "
-      "2 CPU cores: it writes simple TinyStories-style English and Python-looking code, nothing more.\n")
+      "head), so that its early layers agree with its last layer often enough for self-speculative decoding. "
+      f"It is what `scripts/demo` serves. It is tiny and trained for {hours:.1f} h on 2 CPU cores: it writes "
+      "simple TinyStories-style English and Python-looking code, nothing more.\n")
     w("## Architecture\n")
     w(f"| layers L | d | heads (kv) | FFN | vocab | context | parameters |\n|---|---|---|---|---|---|---|\n"
       f"| {L} | {cfg['hidden_size']} | {cfg['num_attention_heads']} ({cfg['num_key_value_heads']}) | "
@@ -42,28 +45,51 @@ def main():
       "Grimms' fairy tales and Alice in Wonderland with the Project Gutenberg header/footer stripped, "
       "tinyshakespeare), the Python 3.11 standard library sources Debian installs (a deterministic subset), and "
       "synthetic stories sampled from `../shared/models/stories260K` with this engine "
-      "(`scripts/sample_synthetic_stories.sh`, temperature 0.7). Every 20th document of each domain is held out. "
-      "`data_manifest.json` lists every source file with its size and sha256.\n")
-    w("| domain | mixture weight | train docs | train tokens | held-out docs |\n|---|---|---|---|---|")
+      "(`scripts/sample_synthetic_stories.sh`, temperature 0.7, top-p 0.95). Every 20th document of each domain "
+      "is held out; the synthetic stories added for stage 2 went into the training split only, so both stages "
+      "share one held-out split. `data_manifest.json` lists every source file with its size and sha256.\n")
+    head = "| domain | " + " | ".join(f"stage {i + 1} weight | stage {i + 1} train tokens" if len(stages) > 1
+                                      else "mixture weight | train tokens" for i in range(len(stages)))
+    w(head + " | train docs | held-out docs |")
+    w("|---|" + "---|---|" * len(stages) + "---|---|")
     for dom, info in man["domains"].items():
-        w(f"| {dom} | {rep['mixture'].get(dom, 0):.2f} | {info['train']['documents']} | "
-          f"{rep['train_tokens'].get(dom, 0)} | {info['val']['documents']} |")
+        cells = []
+        for r in stages:
+            cells += [f"{r['mixture'].get(dom, 0):.2f}", f"{r['train_tokens'].get(dom, 0)}"]
+        w(f"| {dom} | " + " | ".join(cells) + f" | {info['train']['documents']} | {info['val']['documents']} |")
     w("")
-    o = rep["options"]
     w("## Recipe\n")
-    w(f"AdamW (betas 0.9/0.95, weight decay {o['weight_decay']} on matrices), peak lr {o['lr']}, "
-      f"{o['warmup_steps']} warm-up steps then cosine to {o['min_lr_ratio']}x, gradient clipping at "
-      f"{o['grad_clip']}; batch {o['batch_size']} x {o['seq_len']} tokens; {rep['steps']} steps "
-      f"({rep['tokens_seen'] / 1e6:.1f}M tokens seen); layer dropout 0 at the first layer rising linearly to "
-      f"{o['layer_dropout_max']} at the last; early-exit loss weight {o['exit_scale']} on the layers l with "
-      f"(l + step) mod {o['curriculum_period']} = 0 (rotational curriculum); seed {o['seed']}; "
-      f"{o['threads']} thread(s). Training took {rep['training_seconds'] / 3600:.2f} h on this 2-core machine "
-      f"(while other work shared it).\n")
-    w("Reproduce: `scripts/build && scripts/train_lede_tiny.sh 1200 1` (resumable; rerun after an "
-      "interruption).\n")
+    for i, r in enumerate(stages):
+        o = r["options"]
+        always = o.get("exit_always", 0)
+        exits = (f"on the layers l with (l + step) mod {o['curriculum_period']} = 0 (rotational curriculum)"
+                 + (f" and on layers 1-{always} at every step" if always else ""))
+        distill = o.get("exit_distill", 0)
+        if distill:
+            exits += f", {distill:.2f} of it self-distillation toward the last layer"
+        start = (f"Continued from stage 1's weights with a fresh AdamW state and schedule: "
+                 if o.get("init_from") else "From a random initialization: ")
+        label = f"**Stage {i + 1}.** " if len(stages) > 1 else ""
+        w(f"{label}{start}AdamW (betas 0.9/0.95, weight decay {o['weight_decay']} on matrices), peak lr "
+          f"{o['lr']}, {o['warmup_steps']} warm-up steps then cosine to {o['min_lr_ratio']}x, gradient clipping "
+          f"at {o['grad_clip']}; batch {o['batch_size']} x {o['seq_len']} tokens; {r['steps']} steps "
+          f"({r['tokens_seen'] / 1e6:.1f}M tokens seen); layer dropout 0 at the first layer rising linearly to "
+          f"{o['layer_dropout_max']} at the last; early-exit loss weight {o['exit_scale']} {exits}; seed "
+          f"{o['seed']}; {o['threads']} thread(s); {r['training_seconds'] / 3600:.2f} h on this 2-core "
+          f"machine.\n")
+    w("Reproduce: `scripts/build && scripts/train_lede_tiny.sh 1200 1 2100` (both stages; resumable: rerun "
+      "after an interruption).\n")
     notes = os.path.join(d, "training_notes.md")
     if os.path.exists(notes):
         w(open(notes).read().strip() + "\n")
+    if rep1:
+        w("## What stage 2 changed (held-out stories)\n")
+        w("| layer | stage 1 ppl | stage 1 agree | final ppl | final agree |\n|---|---|---|---|---|")
+        a, b = rep1["held_out"]["stories"], rep["held_out"]["stories"]
+        for l in range(L):
+            w(f"| {l + 1} | {a['perplexity'][l]:.1f} | {a['top1_agreement_with_last'][l]:.3f} | "
+              f"{b['perplexity'][l]:.1f} | {b['top1_agreement_with_last'][l]:.3f} |")
+        w("")
     w("## Early exits on held-out text\n")
     w("Per layer: perplexity of the exit at that layer, and top-1 agreement with the last layer "
       "(`lede-eval-exits`, held-out documents).\n")
