@@ -14,7 +14,8 @@ with BOS. Every k-th document of each domain (--val-fraction of them) is held ou
 --extra-train-stories FILE adds synthetic stories to the stories training split only, so a
 continued-pretraining corpus keeps the held-out split of the corpus it extends.
 Writes OUT/<domain>.train.txt, OUT/<domain>.val.txt, OUT/spm_input.txt (training text for the
-tokenizer, one paragraph per line) and OUT/manifest.json (files, sizes, sha256, document counts).
+tokenizer, one paragraph per line), OUT/manifest.json (files, sizes, sha256, document counts) and
+OUT/heldout/stories-{tinystories,synthetic}.val.txt (the held-out stories by source).
 """
 import argparse
 import hashlib
@@ -109,6 +110,7 @@ def main():
     stories = []
     for name in ("tinystories_train_head.txt", "tinystories_val_a.txt"):
         stories += tinystories_docs(read(os.path.join(corpus, name)))
+    n_real_stories = len(stories)  # the synthetic ones follow
     synthetic = args.synthetic or os.path.join(args.out, "synthetic_stories.txt")
     if os.path.exists(synthetic):
         stories += [d.strip() for d in read(synthetic).split(DOC_SEP) if len(d.strip()) > 40]
@@ -139,6 +141,13 @@ def main():
             manifest["domains"].setdefault(domain, {})[split] = {
                 "file": os.path.basename(path), "documents": len(items),
                 "bytes": os.path.getsize(path), "sha256": sha256(path)}
+        if domain == "stories":
+            os.makedirs(os.path.join(args.out, "heldout"), exist_ok=True)
+            val_index = [i for i in range(len(docs)) if i % k == k - 1][:n_val]  # the documents of `val`
+            n_real_val = sum(1 for i in val_index if i < n_real_stories)
+            for source, items in (("tinystories", val[:n_real_val]), ("synthetic", val[n_real_val:])):
+                with open(os.path.join(args.out, "heldout", f"stories-{source}.val.txt"), "w", encoding="utf-8") as f:
+                    f.write(("\n" + DOC_SEP + "\n").join(items))
         for d in train:
             spm_lines += [line for line in d.split("\n") if line.strip()]
     with open(os.path.join(args.out, "spm_input.txt"), "w", encoding="utf-8") as f:

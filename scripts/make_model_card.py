@@ -90,6 +90,20 @@ def main():
             w(f"| {l + 1} | {a['perplexity'][l]:.1f} | {a['top1_agreement_with_last'][l]:.3f} | "
               f"{b['perplexity'][l]:.1f} | {b['top1_agreement_with_last'][l]:.3f} |")
         w("")
+    src = load(os.path.join(d, "eval_sources.json"))  # scripts/eval_by_source.sh
+    if src and "stage 1" in src:
+        w("### Held-out stories by source (`scripts/eval_by_source.sh`)\n")
+        w("Stage 2 trains mostly on stories sampled from a 260K-parameter model, whose text is simpler than real "
+          "TinyStories. This is what that costs on real held-out stories: perplexity of the last layer, and "
+          "top-1 agreement of layers 2 and 4 with it.\n")
+        w("| source | tokens | stage 1 ppl | final ppl | stage 1 agree@2 | final agree@2 | stage 1 agree@4 | "
+          "final agree@4 |\n|---|---|---|---|---|---|---|---|")
+        for dom in src["final"]:
+            a, b = src["stage 1"][dom], src["final"][dom]
+            w(f"| {dom} | {b['tokens']} | {a['perplexity'][-1]:.2f} | {b['perplexity'][-1]:.2f} | "
+              f"{a['top1_agreement_with_last'][1]:.3f} | {b['top1_agreement_with_last'][1]:.3f} | "
+              f"{a['top1_agreement_with_last'][3]:.3f} | {b['top1_agreement_with_last'][3]:.3f} |")
+        w("")
     w("## Early exits on held-out text\n")
     w("Per layer: perplexity of the exit at that layer, and top-1 agreement with the last layer "
       "(`lede-eval-exits`, held-out documents).\n")

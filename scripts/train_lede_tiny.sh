@@ -56,5 +56,6 @@ build/trainer/lede-pretrain --data "$WORK/corpus-stage2" --tokenizer "$WORK/toke
   --mixture stories=0.8,code=0.12,tales=0.04,drama=0.04 --exit-scale 2.0 --exit-always 4 \
   --curriculum-period 3 --checkpoint-every 100 --seed 2
 cp "$WORK/corpus-stage2/manifest.json" "$OUT/data_manifest.json"
+cp "$STAGE1/report.json" "$OUT/report_stage1.json"
 # 7. Held-out prompt sets for the benchmarks (story openings, code heads).
 python3 scripts/make_prompt_sets.py "$WORK/corpus" "$OUT/prompts" 48
