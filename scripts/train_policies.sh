@@ -16,6 +16,7 @@ MODEL=${LEDE_MODEL:-models/lede-tiny}
 LEDE=build/services/cli/lede
 PROMPTS="$MODEL/prompts/story.jsonl,$MODEL/prompts/code.jsonl"
 CANDIDATES=${LEDE_CANDIDATES:-2,3,4,6}
+MAX_DRAFT_LEN=${LEDE_MAX_DRAFT_LEN:-8}
 mkdir -p "$MODEL/policy" out/experience
 [[ -f "$MODEL/calibration-cpu.json" ]] ||
   "$LEDE" calibrate --model "$MODEL" --threads "$THREADS" --out "$MODEL/calibration-cpu.json"
@@ -24,7 +25,7 @@ train() {  # name reward cost_model
   rm -rf "out/experience/$name" "$MODEL/policy/$name-v1"
   "$LEDE" collect --model "$MODEL" --prompts "$PROMPTS" --out "out/experience/$name" --reward "$reward" \
     --cost-model "$cost" --calibration "$MODEL/calibration-cpu.json" --candidate-layers "$CANDIDATES" \
-    --seeds 8 --epsilon 0.2 --prompts-per-set 48 --threads "$THREADS" --version "explore-$name"
+    --max-draft-len "$MAX_DRAFT_LEN" --seeds 8 --epsilon 0.2 --prompts-per-set 48 --threads "$THREADS" --version "explore-$name"
   build/trainer/lede-train --experience "out/experience/$name" --out "$MODEL/policy/$name-v1" \
     --version "$name-v1" --seed 1 2>&1 | tee "out/experience/train-$name.log"
   cp "out/experience/train-$name.log" "$MODEL/policy/$name-v1/training_report.txt"
