@@ -77,7 +77,7 @@ def main():
           f"{o['layer_dropout_max']} at the last; early-exit loss weight {o['exit_scale']} {exits}; seed "
           f"{o['seed']}; {o['threads']} thread(s); {r['training_seconds'] / 3600:.2f} h on this 2-core "
           f"machine.\n")
-    w("Reproduce: `scripts/build && scripts/train_lede_tiny.sh 1200 1 2100` (both stages; resumable: rerun "
+    w("Reproduce: `scripts/build && scripts/train_lede_tiny.sh 1200 1 2100 2` (both stages; resumable: rerun "
       "after an interruption).\n")
     notes = os.path.join(d, "training_notes.md")
     if os.path.exists(notes):
@@ -105,8 +105,10 @@ def main():
               f"{a['top1_agreement_with_last'][3]:.3f} | {b['top1_agreement_with_last'][3]:.3f} |")
         w("")
     w("## Early exits on held-out text\n")
-    w("Per layer: perplexity of the exit at that layer, and top-1 agreement with the last layer "
-      "(`lede-eval-exits`, held-out documents).\n")
+    w("Per layer: perplexity of the exit at that layer, and top-1 agreement with the last layer, on the "
+      "held-out documents of each domain as `lede-pretrain` evaluated them at the end of training "
+      "(`report.json`, up to 16384 tokens per domain; `eval_exits.json` holds `lede-eval-exits`' own "
+      "per-layer table on up to 32768 held-out tokens of stories and code).\n")
     doms = list(rep["held_out"].keys())
     w("| layer | " + " | ".join(f"{x} ppl | {x} agree" for x in doms) + " |")
     w("|---|" + "---|---|" * len(doms))

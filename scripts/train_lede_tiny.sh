@@ -6,14 +6,15 @@
 #   stage 2: continued pretraining of stage 1 on a story-heavy mixture with
 #            9000 more synthetic stories (training split only, so the held-out
 #            split is stage 1's), shallow exits trained at every step -> models/lede-tiny
-# usage: scripts/train_lede_tiny.sh [STEPS1] [THREADS] [STEPS2]
-#        (lede-tiny: 1200 steps, then 2100; see the model card for the threads used)
+# usage: scripts/train_lede_tiny.sh [STEPS1] [THREADS1] [STEPS2] [THREADS2]
+#        (lede-tiny: 1200 steps on 1 thread, then 2100 steps on 2 threads)
 # Needs a build (scripts/build) and ../shared beside the checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS1=${1:-1200}
-THREADS=${2:-1}
+THREADS1=${2:-1}
 STEPS2=${3:-2100}
+THREADS2=${4:-2}
 OUT=${LEDE_TINY_OUT:-models/lede-tiny}
 WORK=out
 STAGE1=$WORK/lede-tiny-stage1
@@ -36,7 +37,7 @@ if [[ ! -f "$WORK/tokenizer/tokenizer.model" ]]; then
 fi
 # 4. Stage 1: 12 layers, d=192, GQA 6/2 heads, LayerSkip recipe.
 build/trainer/lede-pretrain --data "$WORK/corpus" --tokenizer "$WORK/tokenizer/tokenizer.model" \
-  --out "$STAGE1" --checkpoint-dir "$WORK/lede-tiny.ckpt" --steps "$STEPS1" --threads "$THREADS" \
+  --out "$STAGE1" --checkpoint-dir "$WORK/lede-tiny.ckpt" --steps "$STEPS1" --threads "$THREADS1" \
   --layers 12 --dim 192 --hidden-dim 512 --heads 6 --kv-heads 2 --max-seq-len 512 \
   --batch-size 16 --seq-len 256 --lr 2e-3 --warmup-steps 100 --layer-dropout 0.1 \
   --exit-scale 1.0 --curriculum-period 3 --checkpoint-every 100 --seed 1
@@ -52,7 +53,7 @@ python3 scripts/build_corpus.py --out "$WORK/corpus-stage2" --synthetic "$WORK/c
 # 6. Stage 2: continued pretraining, story-heavy, exits 1-4 trained at every step.
 build/trainer/lede-pretrain --data "$WORK/corpus-stage2" --tokenizer "$WORK/tokenizer/tokenizer.model" \
   --init-from "$STAGE1" --out "$OUT" --checkpoint-dir "$WORK/lede-tiny-stage2.ckpt" --steps "$STEPS2" \
-  --threads "$THREADS" --batch-size 16 --seq-len 256 --lr 1e-3 --warmup-steps 50 --layer-dropout 0.1 \
+  --threads "$THREADS2" --batch-size 16 --seq-len 256 --lr 1e-3 --warmup-steps 50 --layer-dropout 0.1 \
   --mixture stories=0.8,code=0.12,tales=0.04,drama=0.04 --exit-scale 2.0 --exit-always 4 \
   --curriculum-period 3 --checkpoint-every 100 --seed 2
 cp "$WORK/corpus-stage2/manifest.json" "$OUT/data_manifest.json"

@@ -27,7 +27,7 @@ train() {  # name reward cost_model
     --cost-model "$cost" --calibration "$MODEL/calibration-cpu.json" --candidate-layers "$CANDIDATES" \
     --max-draft-len "$MAX_DRAFT_LEN" --seeds 8 --epsilon 0.2 --prompts-per-set 48 --threads "$THREADS" --version "explore-$name"
   build/trainer/lede-train --experience "out/experience/$name" --out "$MODEL/policy/$name-v1" \
-    --version "$name-v1" --seed 1 2>&1 | tee "out/experience/train-$name.log"
+    --max-draft-len "$MAX_DRAFT_LEN" --version "$name-v1" --seed 1 2>&1 | tee "out/experience/train-$name.log"
   cp "out/experience/train-$name.log" "$MODEL/policy/$name-v1/training_report.txt"
 }
 train paper paper accelerator

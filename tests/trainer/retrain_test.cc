@@ -207,7 +207,7 @@ TEST_F(RetrainTest, ReadsNewShardsFromAnS3Store) {
   const std::string url = "s3://lede-retrain/run?endpoint=" + s3.endpoint() + "&region=us-east-1";
   auto bucket = storage::OpenObjectStore(url);
   ASSERT_THAT(bucket.status(), IsOk());
-  for (const std::string& name : {"w-00000001", "w-00000002"}) {
+  for (const char* name : {"w-00000001", "w-00000002"}) {
     const std::string key = WriteShard(name, 12);
     std::ifstream in(store_ / key, std::ios::binary);
     std::stringstream bytes;
