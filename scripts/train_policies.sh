@@ -16,7 +16,7 @@ MODEL=${LEDE_MODEL:-models/lede-tiny}
 LEDE=build/services/cli/lede
 PROMPTS="$MODEL/prompts/story.jsonl,$MODEL/prompts/code.jsonl"
 CANDIDATES=${LEDE_CANDIDATES:-2,3,4,6}
-MAX_DRAFT_LEN=${LEDE_MAX_DRAFT_LEN:-8}
+MAX_DRAFT_LEN=${LEDE_MAX_DRAFT_LEN:-4}  # D_max: with 8 the policies learned drafts of ~7.5 and trailed static
 mkdir -p "$MODEL/policy" out/experience
 [[ -f "$MODEL/calibration-cpu.json" ]] ||
   "$LEDE" calibrate --model "$MODEL" --threads "$THREADS" --out "$MODEL/calibration-cpu.json"
