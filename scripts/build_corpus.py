@@ -129,7 +129,8 @@ def main():
         # Interleave the held-out documents deterministically (every k-th) so both splits
         # cover every source of the domain.
         k = max(2, len(docs) // n_val)
-        val = [d for i, d in enumerate(docs) if i % k == k - 1][:n_val]
+        val_index = [i for i in range(len(docs)) if i % k == k - 1][:n_val]
+        val = [docs[i] for i in val_index]
         val_ids = set(i for i, d in enumerate(docs) if i % k == k - 1 and len(val) > 0)
         train = [d for i, d in enumerate(docs) if i not in val_ids]
         for extra in args.extra_train_stories if domain == "stories" else []:
@@ -143,7 +144,6 @@ def main():
                 "bytes": os.path.getsize(path), "sha256": sha256(path)}
         if domain == "stories":
             os.makedirs(os.path.join(args.out, "heldout"), exist_ok=True)
-            val_index = [i for i in range(len(docs)) if i % k == k - 1][:n_val]  # the documents of `val`
             n_real_val = sum(1 for i in val_index if i < n_real_stories)
             for source, items in (("tinystories", val[:n_real_val]), ("synthetic", val[n_real_val:])):
                 with open(os.path.join(args.out, "heldout", f"stories-{source}.val.txt"), "w", encoding="utf-8") as f:

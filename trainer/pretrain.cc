@@ -92,18 +92,24 @@ Status Pretrain(const PretrainOptions& o) {
     if (o.exit_distill < 0 || o.exit_distill > 1) return InvalidArgumentError("exit_distill must be in [0, 1]");
     if (o.exit_always < 0) return InvalidArgumentError("exit_always must be >= 0");
     LEDE_ASSIGN_OR_RETURN(auto tokenizer, tokenizer::LoadTokenizer(o.tokenizer));
+    // The start model: the checkpoint when resuming, else init_from's weights
+    // (continued pretraining), else (below) a random init of o.config.
+    const std::string ckpt_dir = o.checkpoint_dir.empty() ? o.out_dir + ".ckpt" : o.checkpoint_dir;
+    const std::string state_path = ckpt_dir + "/state.json";
+    const bool resuming = fs::exists(state_path);
     model::ModelOptions writable;
     writable.writable_weights = true;  // the optimizer updates them in place
-    std::unique_ptr<model::LlamaModel> init;
-    if (!o.init_from.empty()) {
-      LEDE_ASSIGN_OR_RETURN(init, model::LlamaModel::Load(o.init_from, writable));
-      if (init->config().vocab_size != tokenizer->vocab_size()) {
-        return InvalidArgumentError("init_from: " + o.init_from + " has vocab_size " +
-                                    std::to_string(init->config().vocab_size) + ", the tokenizer " +
+    std::unique_ptr<model::LlamaModel> m;
+    const std::string start_dir = resuming ? ckpt_dir + "/model" : o.init_from;
+    if (!start_dir.empty()) {
+      LEDE_ASSIGN_OR_RETURN(m, model::LlamaModel::Load(start_dir, writable));
+      if (m->config().vocab_size != tokenizer->vocab_size()) {
+        return InvalidArgumentError((resuming ? "checkpoint: " : "init_from: ") + start_dir + " has vocab_size " +
+                                    std::to_string(m->config().vocab_size) + ", the tokenizer " +
                                     std::to_string(tokenizer->vocab_size()));
       }
     }
-    model::ModelConfig config = init ? init->config() : o.config;
+    model::ModelConfig config = m ? m->config() : o.config;
     config.vocab_size = tokenizer->vocab_size();
     config.bos_id = tokenizer->bos_id();
     config.eos_ids = {tokenizer->eos_id()};
@@ -128,21 +134,16 @@ Status Pretrain(const PretrainOptions& o) {
     }
     if (domains.empty() || total_weight <= 0) return InvalidArgumentError("empty mixture");
 
-    const std::string ckpt_dir = o.checkpoint_dir.empty() ? o.out_dir + ".ckpt" : o.checkpoint_dir;
     fs::create_directories(ckpt_dir);
     int64_t start_step = 0;
     double elapsed_before = 0;
-    std::unique_ptr<model::LlamaModel> m;
-    const std::string state_path = ckpt_dir + "/state.json";
-    if (fs::exists(state_path)) {
+    if (resuming) {
       LEDE_ASSIGN_OR_RETURN(std::string state_text, file::ReadFile(state_path));
       nlohmann::json state = nlohmann::json::parse(state_text);
       start_step = state.at("step").get<int64_t>();
       elapsed_before = state.at("elapsed_s").get<double>();
-      LEDE_ASSIGN_OR_RETURN(m, model::LlamaModel::Load(ckpt_dir + "/model", writable));
       std::fprintf(stderr, "resuming from %s at step %lld\n", ckpt_dir.c_str(), static_cast<long long>(start_step));
-    } else if (init) {
-      m = std::move(init);
+    } else if (m) {
       std::fprintf(stderr, "starting from the weights of %s\n", o.init_from.c_str());
     } else {
       LEDE_ASSIGN_OR_RETURN(m, model::LlamaModel::RandomInit(config, o.seed, model::ModelOptions{}));
