@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -16,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "policy/acceptance_model.h"
 #include "policy/controllers.h"
 #include "policy/dqn/artifact.h"
 #include "policy/dqn/dqn_exit_controller.h"
@@ -29,6 +31,7 @@
 #include "shared/status/status_macros.h"
 #include "trainer/corpus.h"
 #include "trainer/exit_eval.h"
+#include "trainer/counterfactual.h"
 #include "trainer/experience.h"
 
 namespace lede::bench {
@@ -42,95 +45,12 @@ using model::Phase;
 
 using flags::SplitList;
 
-struct PromptSet {
-  std::string name;
-  std::vector<std::vector<int32_t>> tuning, eval;
-};
-
-// Loads prompts: JSONL fields prompt / turns[0] / text / input, or corpus
-// documents. Prompts are cut to max_prompt_tokens (first tokens).
-StatusOr<PromptSet> LoadPromptSet(const std::string& path, const tokenizer::Tokenizer& tok, int64_t per_set,
-                                  int64_t prompt_tokens, int64_t max_prompt_tokens) {
-  PromptSet set;
-  set.name = std::filesystem::path(path).stem().stem().string();
-  std::vector<std::vector<int32_t>> all;
-  if (std::filesystem::path(path).extension() == ".jsonl") {
-    std::ifstream in(path);
-    if (!in) return NotFoundError("cannot read prompt file " + path);
-    std::string line;
-    while (std::getline(in, line) && static_cast<int64_t>(all.size()) < per_set) {
-      if (line.empty()) continue;
-      nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-      if (j.is_discarded()) return InvalidArgumentError(path + ": a line is not JSON");
-      std::string text;
-      if (j.contains("prompt") && j["prompt"].is_string()) text = j["prompt"];
-      else if (j.contains("turns") && j["turns"].is_array() && !j["turns"].empty()) text = j["turns"][0];
-      else if (j.contains("text") && j["text"].is_string()) text = j["text"];
-      else if (j.contains("input") && j["input"].is_string()) text = j["input"];
-      if (text.empty()) continue;
-      LEDE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.Encode(text, true, false));
-      if (static_cast<int64_t>(ids.size()) > max_prompt_tokens) ids.resize(max_prompt_tokens);
-      all.push_back(std::move(ids));
-    }
-  } else {
-    LEDE_ASSIGN_OR_RETURN(std::vector<std::string> docs, trainer::ReadDocuments(path));
-    for (const std::string& doc : docs) {
-      if (static_cast<int64_t>(all.size()) >= per_set) break;
-      auto ids = tok.Encode(doc, true, false);
-      if (!ids.ok() || static_cast<int64_t>(ids->size()) < prompt_tokens + 8) continue;
-      all.emplace_back(ids->begin(), ids->begin() + prompt_tokens);
-    }
-  }
-  if (all.size() < 2) return InvalidArgumentError(path + ": fewer than 2 usable prompts");
-  const size_t half = all.size() / 2;
-  set.tuning.assign(all.begin(), all.begin() + half);
-  set.eval.assign(all.begin() + half, all.end());
-  return set;
-}
+using trainer::LoadPromptSet;
+using trainer::PromptSet;
 
 using trainer::ControllerFactory;
 using trainer::RunPrompts;
 using Totals = trainer::PromptTotals;
-
-// Hindsight oracle (DESIGN.md §1): minimal cost of emitting the greedy
-// trajectory when every round may pick its exit layer among the candidates
-// and its draft length in [1, D_max] knowing the outcome in advance.
-// Exit tokens come from one uncached pass over prompt + output; a draft at
-// layer l is accepted while the exit's argmax equals the trajectory.
-// Returns (tokens, cost) so that callers can pool prompts.
-std::pair<double, double> OracleCost(const model::LlamaModel& m, const std::vector<int32_t>& prompt,
-                                     const std::vector<int32_t>& output, const std::vector<int32_t>& candidates,
-                                     int32_t max_draft, const model::CostModel& cost) {
-  c10::InferenceMode guard;
-  const int64_t P = static_cast<int64_t>(prompt.size()), N = static_cast<int64_t>(output.size());
-  if (N < 2) return {0.0, 0.0};
-  std::vector<int64_t> ids(prompt.begin(), prompt.end());
-  ids.insert(ids.end(), output.begin(), output.end());
-  at::Tensor h = m.Embed(at::tensor(ids, at::kLong).view({1, -1}));
-  std::map<int32_t, std::vector<int64_t>> exit_tok;  // layer -> argmax per position
-  int64_t done = 0;
-  for (int32_t l : candidates) {
-    h = m.Forward(h, done, l, 0, nullptr, 0);
-    done = l;
-    at::Tensor top = m.ExitLogits(h).argmax(-1).view({-1}).contiguous();
-    exit_tok[l] = std::vector<int64_t>(top.data_ptr<int64_t>(), top.data_ptr<int64_t>() + top.numel());
-  }
-  // f[t]: cost of emitting output[t..N) when output[t-1] is pending.
-  std::vector<double> f(N + 1, 0.0);
-  for (int64_t t = N - 1; t >= 1; --t) {
-    double best = cost.Step() + f[t + 1];
-    for (int32_t l : candidates) {
-      const auto& et = exit_tok[l];
-      int64_t run = 0;  // consecutive accepted drafts from t
-      while (t + run < N && run < max_draft && et[P + t - 1 + run] == output[t + run]) ++run;
-      for (int64_t d = 1; d <= run && t + d + 1 <= N; ++d) {
-        best = std::min(best, d * cost.DraftToken(l) + cost.Verify(l, d) + f[t + d + 1]);
-      }
-    }
-    f[t] = best;
-  }
-  return {static_cast<double>(N - 1), f[1]};
-}
 
 // Phase-1 or phase-2 override around another controller (the ablations).
 class AblatedController : public ExitController {
@@ -164,7 +84,7 @@ struct Common {
 
 struct CommonFlags {
   std::string model, prompts, calibration, candidates = "2,3,4,6";
-  int64_t max_draft = 8, per_set = 24, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 64,
+  int64_t max_draft = 4, per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 64,
           threads = 0;
   void AddTo(flags::FlagSet& f) {
     f.Add("model", &model, "model directory (Hugging Face layout + tokenizer)", true);
@@ -194,7 +114,12 @@ StatusOr<Common> Setup(const CommonFlags& cf) {
   if (!cf.calibration.empty()) {
     LEDE_ASSIGN_OR_RETURN(cal, model::ReadCalibrationFile(cf.calibration));
   } else {
-    LEDE_ASSIGN_OR_RETURN(cal, model::Calibrate(*c.model, 30));
+    auto network = std::make_shared<policy::dqn::QNetwork>(policy::dqn::QNetwork::Random(policy::dqn::kDefaultHidden, 1));
+    LEDE_ASSIGN_OR_RETURN(cal, model::Calibrate(*c.model, 30, [network] {
+      float features[model::kExitFeatureDim] = {0.5f};
+      float q[policy::dqn::kNumActions];
+      network->Forward(features, q);
+    }));
   }
   c.accelerator = model::MakeAcceleratorCostModel(c.model->config());
   c.measured = model::MakeMeasuredCostModel(cal);
@@ -232,14 +157,82 @@ void PrintProgress(std::ostream& err, const std::string& what, size_t done, size
       << " " << what << "            " << std::flush;
 }
 
+// Hindsight oracle (DESIGN.md §1): the least cost of emitting the greedy
+// trajectory when every round picks its exit layer (any of 1..L-1) and
+// draft length (1..D_max) knowing the outcome in advance, by dynamic
+// programming over the shadow trace. Returns (tokens, cost) for pooling.
+std::pair<double, double> OracleCost(const trainer::ShadowTrace& t, int32_t max_draft, const model::CostModel& cost) {
+  const int64_t N = static_cast<int64_t>(t.target.size());
+  if (N < 2) return {0.0, 0.0};
+  // f[i]: cost of emitting target[i..N) when target[i-1] is pending.
+  std::vector<double> f(N + 1, 0.0);
+  for (int64_t i = N - 1; i >= 1; --i) {
+    double best = cost.Step() + f[i + 1];
+    for (int32_t l = 1; l < t.n_layers; ++l) {
+      int64_t run = 0;  // consecutive accepted drafts from i
+      while (i + run < N && run < max_draft && t.Accepts(l, i + run)) ++run;
+      for (int64_t d = 1; d <= run && i + d + 1 <= N; ++d) {
+        best = std::min(best, d * cost.DraftToken(l) + cost.Verify(l, d) + f[i + d + 1]);
+      }
+    }
+    f[i] = best;
+  }
+  return {static_cast<double>(N - 1), f[1]};
+}
+
+// The costs rule-based controllers weigh (policy::RoundCosts) under a cost model.
+std::shared_ptr<const policy::RoundCosts> RoundCostsOf(const model::CostModel& cm, int32_t L, int32_t max_draft) {
+  auto c = std::make_shared<policy::RoundCosts>();
+  c->marginal.assign(L + 1, std::vector<double>(max_draft + 1, 0.0));
+  c->round.assign(L + 1, std::vector<double>(max_draft + 1, 0.0));
+  for (int32_t l = 1; l < L; ++l) {
+    for (int32_t i = 1; i <= max_draft; ++i) {
+      c->marginal[l][i] = cm.DraftToken(l) + cm.Verify(l, i) - (i == 1 ? cm.Step() : cm.Verify(l, i - 1));
+      c->round[l][i] = i * cm.DraftToken(l) + cm.Verify(l, i) + (i + 1) * cm.Decision();
+    }
+  }
+  return c;
+}
+
+// Per-layer acceptance samples of shadow traces (every position, every exit
+// layer 1..L-1), with C_trace over the trace's own emitted tokens.
+// shift 0: the label is the acceptance of the token the probe drafts; shift
+// 1: of the next token (the probe's features predict the following draft).
+std::vector<std::vector<policy::AcceptanceSample>> AcceptanceSamples(const std::vector<trainer::ShadowTrace>& traces,
+                                                                     int32_t trace_window, int64_t shift) {
+  std::vector<std::vector<policy::AcceptanceSample>> by_layer;
+  for (const trainer::ShadowTrace& t : traces) {
+    if (by_layer.empty()) by_layer.resize(t.n_layers + 1);
+    double sum = 0;
+    std::deque<double> window;
+    for (size_t i = 0; i < t.target.size(); ++i) {
+      const double trace_nll = window.empty() ? 0.0 : sum / window.size();
+      const int64_t label = static_cast<int64_t>(i) + shift;
+      if (i > 0 && label < static_cast<int64_t>(t.target.size())) {  // position 0 is the prefill's token
+        for (int32_t l = 1; l < t.n_layers; ++l) {
+          const model::ExitSignals& s = t.At(l, static_cast<int64_t>(i));
+          by_layer[l].push_back({policy::AcceptanceFeaturesOf(s.top1_prob, s.margin, s.entropy,
+                                                              static_cast<float>(trace_nll)),
+                                 t.Accepts(l, label)});
+        }
+      }
+      const double v = t.At(t.n_layers, static_cast<int64_t>(i)).top1_nll;
+      window.push_back(v);
+      sum += v;
+      if (static_cast<int32_t>(window.size()) > trace_window) sum -= window.front(), window.pop_front();
+    }
+  }
+  return by_layer;
+}
+
 }  // namespace
 
 int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   CommonFlags cf;
-  std::string methods_flag = "ar,static,threshold,lede", policies, json_path;
+  std::string methods_flag = "ar,static,threshold,calibrated,del,adaedl,lede", policies, json_path;
   flags::FlagSet f;
   cf.AddTo(f);
-  f.Add("methods", &methods_flag, "comma-separated: ar, static, threshold, lede");
+  f.Add("methods", &methods_flag, "comma-separated: ar, static, threshold, calibrated, del, adaedl, lede");
   f.Add("policy", &policies, "LEDE policy artifact directories, comma-separated");
   f.Add("json", &json_path, "write all results as JSON here");
   if (flags::WantsHelp(args)) {
@@ -271,31 +264,42 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
     err << "lede bench: method lede needs --policy\n";
     return 2;
   }
+  const int32_t L = static_cast<int32_t>(c.model->n_layers());
+  const int32_t D = c.spec.max_draft_len;
+  // Static and the oracle range over longer drafts than the policies' D_max,
+  // so that neither baseline nor ceiling is held back by it.
+  const int32_t static_max_draft = std::max<int32_t>(D, 8);
+  std::vector<int32_t> all_layers;
+  for (int32_t l = 1; l < L; ++l) all_layers.push_back(l);
 
   GenerateOptions ar;
   ar.max_new_tokens = cf.new_tokens;
-  const std::vector<int32_t>& cands = c.spec.candidate_layers;
-  const std::vector<int64_t> draft_grid = {1, 2, 3, 4, 6, 8};
-  const std::vector<std::pair<float, float>> threshold_grid = [] {
-    std::vector<std::pair<float, float>> g;
-    for (float lambda : {0.3f, 0.5f, 0.7f, 0.8f, 0.9f, 0.95f}) {
-      for (float tau : {0.3f, 0.5f, 0.7f, 0.9f}) g.emplace_back(lambda, tau);
-    }
-    return g;
-  }();
   const std::vector<const model::CostModel*> cost_models = {c.accelerator.get(), c.measured.get()};
   nlohmann::json report;
   report["model"] = cf.model;
-  report["candidate_layers"] = cands;
-  report["max_draft_len"] = cf.max_draft;
+  report["candidate_layers"] = c.spec.candidate_layers;
+  report["max_draft_len"] = D;
   report["new_tokens"] = cf.new_tokens;
 
   for (const PromptSet& set : c.sets) {
     err << "== " << set.name << ": " << set.tuning.size() << " tuning / " << set.eval.size() << " evaluation prompts\n";
-    auto ar_tune = RunPrompts(*c.engine, set.tuning, ar, nullptr, nullptr);
+    // Shadow traces of the greedy trajectories: the tuning split tunes every
+    // baseline by exact replay; the evaluation split gives the ceilings.
+    std::vector<trainer::ShadowTrace> tune_traces, eval_traces;
+    for (auto [prompts, traces] : {std::pair{&set.tuning, &tune_traces}, std::pair{&set.eval, &eval_traces}}) {
+      for (size_t i = 0; i < prompts->size(); ++i) {
+        auto t = trainer::TraceGreedyRequest(*c.engine, (*prompts)[i], cf.new_tokens, c.spec.top_k,
+                                             set.name + ":" + std::to_string(i));
+        if (!t.ok()) {
+          err << "lede bench: " << t.status().message() << "\n";
+          return 1;
+        }
+        traces->push_back(std::move(*t));
+      }
+    }
     auto ar_eval = RunPrompts(*c.engine, set.eval, ar, nullptr, nullptr);
-    if (!ar_tune.ok() || !ar_eval.ok()) {
-      err << "lede bench: " << (ar_tune.ok() ? ar_eval.status() : ar_tune.status()).message() << "\n";
+    if (!ar_eval.ok()) {
+      err << "lede bench: " << ar_eval.status().message() << "\n";
       return 1;
     }
     const double ar_tps = ar_eval->tokens_per_s();
@@ -320,71 +324,167 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
       add_row("ar", "", reference);
     }
 
-    // Static and threshold: grid search on the tuning split per cost model.
-    auto tune = [&](const std::string& method, size_t n_configs,
-                    const std::function<GenerateOptions(size_t)>& options_of,
-                    const std::function<ControllerFactory(size_t)>& factory_of,
-                    const std::function<std::string(size_t)>& label_of) -> Status {
-      std::vector<Totals> tuned;
-      for (size_t i = 0; i < n_configs; ++i) {
-        PrintProgress(err, method + " grid on tuning split", i, n_configs);
-        LEDE_ASSIGN_OR_RETURN(Totals t, RunPrompts(*c.engine, set.tuning, options_of(i), factory_of(i), nullptr));
-        tuned.push_back(std::move(t));
-      }
-      PrintProgress(err, method + " grid on tuning split", n_configs, n_configs);
-      err << "\n";
+    // A baseline family: configs tuned by replay on the tuning split per cost
+    // model (the simulated speed-up of all tuning requests pooled), the best
+    // run through the engine on the evaluation split.
+    struct Config {
+      std::string label;
+      GenerateOptions options;       // mode, static E/D, decision spec
+      trainer::ControllerMaker make; // adaptive only
+    };
+    auto tune = [&](const std::string& method,
+                    const std::function<std::vector<Config>(const model::CostModel&)>& configs_for) -> Status {
       for (const model::CostModel* cm : cost_models) {
+        std::vector<Config> configs = configs_for(*cm);
         size_t best = 0;
-        for (size_t i = 1; i < n_configs; ++i) {
-          if (cm->PredictedSpeedup(tuned[i].rounds) > cm->PredictedSpeedup(tuned[best].rounds)) best = i;
+        double best_speedup = -1;
+        for (size_t i = 0; i < configs.size(); ++i) {
+          std::vector<model::RoundRecord> rounds;
+          for (size_t p = 0; p < tune_traces.size(); ++p) {
+            trainer::SimulatedMethod m;
+            m.mode = configs[i].options.mode;
+            m.exit_layer = static_cast<int32_t>(configs[i].options.exit_layer);
+            m.draft_len = static_cast<int32_t>(configs[i].options.draft_len);
+            m.spec = configs[i].options.decision_spec;
+            std::unique_ptr<ExitController> ctl;
+            if (configs[i].make) ctl = configs[i].make(static_cast<int64_t>(p)), m.controller = ctl.get();
+            LEDE_ASSIGN_OR_RETURN(model::GenerationResult r, trainer::Simulate(tune_traces[p], m));
+            rounds.insert(rounds.end(), r.stats.rounds.begin(), r.stats.rounds.end());
+          }
+          const double s = cm->PredictedSpeedup(rounds);
+          if (s > best_speedup) best_speedup = s, best = i;
         }
-        LEDE_ASSIGN_OR_RETURN(Totals t, RunPrompts(*c.engine, set.eval, options_of(best), factory_of(best),
-                                                   &ar_eval->outputs));
-        add_row(method + " (best " + cm->name() + ")", label_of(best), t);
+        const Config& b = configs[best];
+        ControllerFactory factory;
+        if (b.make) factory = [make = b.make](int64_t i) { return make(i); };
+        LEDE_ASSIGN_OR_RETURN(Totals t, RunPrompts(*c.engine, set.eval, b.options, factory, &ar_eval->outputs));
+        add_row(method + " (best " + cm->name() + ")", b.label, t);
+        PrintProgress(err, method + " tuned (" + std::to_string(configs.size()) + " configs)", 1, 1);
+        err << "\n";
       }
       return OkStatus();
     };
-    if (has("static")) {
-      std::vector<std::pair<int64_t, int64_t>> grid;
-      for (int32_t e : cands) {
-        for (int64_t d : draft_grid) grid.emplace_back(e, d);
-      }
-      Status s = tune("static", grid.size(),
-                      [&](size_t i) {
-                        GenerateOptions o = ar;
-                        o.mode = model::SpeculationMode::kStatic;
-                        o.exit_layer = grid[i].first;
-                        o.draft_len = grid[i].second;
-                        return o;
-                      },
-                      [](size_t) { return ControllerFactory(); },
-                      [&](size_t i) {
-                        return "E=" + std::to_string(grid[i].first) + " D=" + std::to_string(grid[i].second);
-                      });
-      if (!s.ok()) {
-        err << "lede bench: " << s.message() << "\n";
-        return 1;
-      }
-    }
     GenerateOptions adaptive = ar;
     adaptive.mode = model::SpeculationMode::kAdaptive;
     adaptive.decision_spec = c.spec;
+    auto spec_with = [&](std::vector<int32_t> layers) {
+      GenerateOptions o = adaptive;
+      o.decision_spec.candidate_layers = std::move(layers);
+      return o;
+    };
+    std::vector<std::pair<std::string, std::function<std::vector<Config>(const model::CostModel&)>>> families;
+    if (has("static")) {
+      families.emplace_back("static", [&](const model::CostModel&) {
+        std::vector<Config> v;
+        for (int32_t e = 1; e < L; ++e) {
+          for (int32_t d = 1; d <= static_max_draft; ++d) {
+            GenerateOptions o = ar;
+            o.mode = model::SpeculationMode::kStatic;
+            o.exit_layer = e;
+            o.draft_len = d;
+            o.decision_spec.max_draft_len = static_max_draft;
+            v.push_back({"E=" + std::to_string(e) + " D=" + std::to_string(d), o, nullptr});
+          }
+        }
+        return v;
+      });
+    }
     if (has("threshold")) {
-      Status s = tune("threshold", threshold_grid.size(), [&](size_t) { return adaptive; },
-                      [&](size_t i) -> ControllerFactory {
-                        auto [lambda, tau] = threshold_grid[i];
-                        return [lambda, tau](int64_t) {
-                          return std::make_unique<policy::ThresholdExitController>(lambda, tau);
-                        };
-                      },
-                      [&](size_t i) {
-                        char buf[48];
-                        std::snprintf(buf, sizeof(buf), "lambda=%.2f tau=%.2f", threshold_grid[i].first,
-                                      threshold_grid[i].second);
-                        return std::string(buf);
-                      });
-      if (!s.ok()) {
-        err << "lede bench: " << s.message() << "\n";
+      families.emplace_back("threshold", [&](const model::CostModel&) {
+        std::vector<Config> v;
+        for (float lambda : {0.3f, 0.5f, 0.7f, 0.8f, 0.9f, 0.95f}) {
+          for (float tau : {0.3f, 0.4f, 0.5f, 0.6f, 0.7f, 0.8f, 0.9f}) {
+            char buf[48];
+            std::snprintf(buf, sizeof(buf), "lambda=%.2f tau=%.2f", lambda, tau);
+            v.push_back({buf, adaptive, [lambda, tau](int64_t) {
+                           return std::make_unique<policy::ThresholdExitController>(lambda, tau);
+                         }});
+          }
+        }
+        return v;
+      });
+    }
+    // Calibrated acceptance: of the token a probe drafts (lookahead: the
+    // decision sees the next token's probe), and of the next token from the
+    // one just drafted (no lookahead: stopping costs no probe).
+    struct Calibration {
+      std::shared_ptr<const policy::AcceptanceModel> current, next;
+    };
+    auto calibrate = [&](const std::vector<trainer::ShadowTrace>& traces) -> StatusOr<Calibration> {
+      Calibration cal;
+      LEDE_ASSIGN_OR_RETURN(auto current, policy::AcceptanceModel::Fit(AcceptanceSamples(traces, c.spec.trace_window, 0)));
+      LEDE_ASSIGN_OR_RETURN(auto next, policy::AcceptanceModel::Fit(AcceptanceSamples(traces, c.spec.trace_window, 1)));
+      cal.current = std::make_shared<const policy::AcceptanceModel>(std::move(current));
+      cal.next = std::make_shared<const policy::AcceptanceModel>(std::move(next));
+      return cal;
+    };
+    Calibration calibration;
+    if (has("calibrated") || has("del")) {
+      auto fitted = calibrate(tune_traces);
+      if (!fitted.ok()) {
+        err << "lede bench: " << fitted.status().message() << "\n";
+        return 1;
+      }
+      calibration = *fitted;
+    }
+    auto calibrated_configs = [&](const Calibration& cal, const model::CostModel& cm) {
+      std::vector<Config> v;
+      auto costs = RoundCostsOf(cm, L, D);
+      for (bool lookahead : {true, false}) {
+        for (int32_t e = 1; e < L; ++e) {
+          for (double rho : {0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.4, 2.8}) {
+            char buf[64];
+            std::snprintf(buf, sizeof(buf), "E=%d rho=%.1f%s", e, rho, lookahead ? " lookahead" : "");
+            GenerateOptions o = spec_with({e});
+            o.decision_spec.lookahead_probe = lookahead;
+            v.push_back({buf, o, [cal, e, rho, costs, lookahead](int64_t) {
+                           return std::make_unique<policy::CalibratedStopController>(cal.current, e, rho, costs,
+                                                                                     lookahead, cal.next);
+                         }});
+          }
+        }
+      }
+      return v;
+    };
+    if (has("calibrated")) {
+      families.emplace_back("calibrated", [&](const model::CostModel& cm) { return calibrated_configs(calibration, cm); });
+    }
+    if (has("del")) {
+      families.emplace_back("del", [&](const model::CostModel& cm) {
+        std::vector<Config> v;
+        auto costs = RoundCostsOf(cm, L, D);
+        std::vector<double> rates(L + 1, 0.0);
+        for (int32_t l = 1; l < L; ++l) rates[l] = calibration.current->BaseRate(l);
+        for (float tau : {0.0f, 0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f}) {
+          char buf[32];
+          std::snprintf(buf, sizeof(buf), "tau=%.1f", tau);
+          v.push_back({buf, spec_with(all_layers), [rates, all_layers, D, tau, costs](int64_t) {
+                         return std::make_unique<policy::DelController>(rates, all_layers, D, tau, costs);
+                       }});
+        }
+        return v;
+      });
+    }
+    if (has("adaedl")) {
+      families.emplace_back("adaedl", [&](const model::CostModel&) {
+        std::vector<Config> v;
+        for (int32_t e = 1; e < L; ++e) {
+          for (float gamma : {0.1f, 0.25f, 0.5f}) {
+            for (float lambda : {0.2f, 0.35f, 0.5f, 0.65f}) {
+              char buf[48];
+              std::snprintf(buf, sizeof(buf), "E=%d gamma=%.2f lambda=%.2f", e, gamma, lambda);
+              v.push_back({buf, spec_with({e}), [e, gamma, lambda](int64_t) {
+                             return std::make_unique<policy::AdaEdlController>(e, gamma, lambda);
+                           }});
+            }
+          }
+        }
+        return v;
+      });
+    }
+    for (const auto& [name, configs_for] : families) {
+      if (Status s = tune(name, configs_for); !s.ok()) {
+        err << "lede bench: " << name << ": " << s.message() << "\n";
         return 1;
       }
     }
@@ -403,7 +503,7 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
           return 1;
         }
         const std::string label = "lede " + a.metadata.version;
-        add_row(label, version, *t);
+        add_row(label, version + " (" + a.metadata.reward_cost_model + ")", *t);
         // Ablations: no dynamic exit (l* fixed at the policy's most used exit
         // layer) and no adaptive length (D fixed at its mean draft length).
         int32_t top_exit = 0;
@@ -426,27 +526,41 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
         }
       }
     }
-    // Hindsight oracle per cost model on the evaluation split.
-    nlohmann::json oracle;
+    // Ceilings on the evaluation split per cost model: the calibrated one
+    // (the calibrated stopping rule with acceptance probabilities fitted on
+    // the evaluation traces themselves and its exit layer and rho chosen
+    // there: a policy that knows each token's calibrated acceptance
+    // probability, but not the outcome) and the hindsight oracle.
+    nlohmann::json oracle, calibrated_ceiling;
+    auto in_sample = calibrate(eval_traces);
     for (const model::CostModel* cm : cost_models) {
       double tokens = 0, cost = 0;
-      for (size_t i = 0; i < set.eval.size(); ++i) {
-        auto [n, k] = OracleCost(*c.model, set.eval[i], ar_eval->outputs[i], cands, c.spec.max_draft_len, *cm);
+      for (const trainer::ShadowTrace& t : eval_traces) {
+        auto [n, k] = OracleCost(t, static_max_draft, *cm);
         tokens += n;
         cost += k;
       }
       oracle[cm->name()] = cost > 0 ? tokens / cost : 1.0;
+      double best = 0;
+      if (in_sample.ok()) {
+        for (const Config& cfg : calibrated_configs(*in_sample, *cm)) {
+          auto s = trainer::SimulatedSpeedup(eval_traces, cfg.options.decision_spec, cfg.make, *cm);
+          if (s.ok()) best = std::max(best, *s);
+        }
+      }
+      calibrated_ceiling[cm->name()] = best;
     }
 
     // Table.
     char line[512];
     out << "\n== " << set.name << " (evaluation split: " << set.eval.size() << " prompts x " << cf.new_tokens
-        << " tokens; AR " << static_cast<int64_t>(ar_tps) << " tokens/s)\n";
-    std::snprintf(line, sizeof(line), "%-34s %-20s %7s %8s %10s %11s %7s %7s %6s %6s %6s\n", "method", "config",
+        << " tokens; AR " << static_cast<int64_t>(ar_tps) << " tokens/s; baselines tuned by replay on the "
+        << set.tuning.size() << " tuning prompts)\n";
+    std::snprintf(line, sizeof(line), "%-34s %-26s %7s %8s %10s %11s %7s %7s %6s %6s %6s\n", "method", "config",
                   "tok/s", "measured", "pred.accel", "pred.measrd", "accept", "tok/rnd", "mean E", "mean D", "exact");
     out << line;
     for (const auto& r : rows) {
-      std::snprintf(line, sizeof(line), "%-34s %-20s %7.0f %7.2fx %9.2fx %10.2fx %7.3f %7.2f %6.2f %6.2f %6.2f\n",
+      std::snprintf(line, sizeof(line), "%-34s %-26s %7.0f %7.2fx %9.2fx %10.2fx %7.3f %7.2f %6.2f %6.2f %6.2f\n",
                     r["method"].get<std::string>().c_str(), r["config"].get<std::string>().c_str(),
                     r["tokens_per_s"].get<double>(), r["measured_speedup"].get<double>(),
                     r["predicted_speedup_accelerator"].get<double>(), r["predicted_speedup_measured"].get<double>(),
@@ -455,11 +569,19 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
                     r["exact_match_rate"].get<double>());
       out << line;
     }
-    std::snprintf(line, sizeof(line), "%-34s %-20s %7s %8s %9.2fx %10.2fx\n", "hindsight oracle", "", "-", "-",
-                  oracle["accelerator"].get<double>(), oracle["measured"].get<double>());
+    std::snprintf(line, sizeof(line), "%-34s %-26s %7s %8s %9.2fx %10.2fx\n", "ceiling: calibrated (in-sample)", "",
+                  "-", "-", calibrated_ceiling["accelerator"].get<double>(),
+                  calibrated_ceiling["measured"].get<double>());
+    out << line;
+    std::snprintf(line, sizeof(line), "%-34s %-26s %7s %8s %9.2fx %10.2fx\n", "ceiling: hindsight oracle", "", "-",
+                  "-", oracle["accelerator"].get<double>(), oracle["measured"].get<double>());
     out << line << std::flush;
-    report["sets"][set.name] = {{"rows", rows}, {"hindsight_oracle", oracle}, {"ar_tokens_per_s", ar_tps},
-                                {"tuning_prompts", set.tuning.size()}, {"eval_prompts", set.eval.size()}};
+    report["sets"][set.name] = {{"rows", rows},
+                                {"hindsight_oracle", oracle},
+                                {"calibrated_ceiling", calibrated_ceiling},
+                                {"ar_tokens_per_s", ar_tps},
+                                {"tuning_prompts", set.tuning.size()},
+                                {"eval_prompts", set.eval.size()}};
   }
   if (!json_path.empty()) {
     std::ofstream(json_path) << report.dump(2) << "\n";

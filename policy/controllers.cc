@@ -1,5 +1,7 @@
 #include "policy/controllers.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 namespace lede::policy {
@@ -43,6 +45,91 @@ Action EpsilonGreedyController::Decide(const model::ExitState& s) {
     return std::uniform_int_distribution<int>(0, 1)(rng_) == 1 ? Action::kExit : Action::kContinue;
   }
   return greedy;
+}
+
+// ------------------------------------------------------ calibrated stop
+
+std::string CalibratedStopController::name() const {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "calibrated:E=%d,rho=%.3g%s", exit_layer_, rho_, lookahead_ ? ",lookahead" : "");
+  return buf;
+}
+
+double CalibratedStopController::Marginal(int32_t layer, int32_t i) const {
+  const auto& row = costs_->marginal.at(static_cast<size_t>(layer));
+  return row.at(static_cast<size_t>(std::clamp<int32_t>(i, 1, static_cast<int32_t>(row.size()) - 1)));
+}
+
+Action CalibratedStopController::Decide(const model::ExitState& s) {
+  if (s.phase == Phase::kRoundStart) return Action::kExit;
+  if (s.phase == Phase::kExitLayer) {
+    if (s.layer < exit_layer_) return Action::kContinue;
+    s_ = 1.0;
+    if (!lookahead_) return Action::kExit;  // the first draft's acceptance is not known before its probe
+    const double p = model_->Predict(s);
+    if (p < rho_ * Marginal(s.layer, 1)) return Action::kContinue;
+    s_ = p;
+    return Action::kExit;
+  }
+  double p = 0;
+  if (lookahead_) {
+    p = model_->Predict(s);  // the token this decision would draft
+  } else {
+    s_ *= model_->Predict(s);  // the token just drafted
+    p = next_->Predict(s);     // the one a "keep drafting" would draft
+  }
+  const double next = s_ * p;
+  if (next < rho_ * Marginal(s.layer, s.draft_pos + 1)) return Action::kContinue;
+  if (lookahead_) s_ = next;
+  return Action::kExit;
+}
+
+// ---------------------------------------------------------------- DEL
+
+std::string DelController::name() const {
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), "del:tau=%.3g", tau_);
+  return buf;
+}
+
+Action DelController::Decide(const model::ExitState& s) {
+  if (s.phase == Phase::kRoundStart) {
+    // The request's own acceptance, relative to what the layer it used last
+    // gets on average, shifts every layer's rate.
+    const double shift = last_layer_ > 0 ? s.accept_ema - rates_.at(last_layer_) : 0.0;
+    double best = 1.0;  // a plain step: 1 token per unit cost
+    layer_ = 0;
+    for (int32_t l : layers_) {
+      if (l <= 0 || l >= static_cast<int32_t>(costs_->round.size())) continue;
+      const double a = std::clamp(rates_.at(l) + shift, 0.01, 0.99);
+      double a_pow = a;
+      for (int32_t d = 1; d <= max_draft_len_ && d < static_cast<int32_t>(costs_->round[l].size()); ++d) {
+        a_pow *= a;  // a^{d+1}
+        const double tpl = ((1.0 - a_pow) / (1.0 - a)) / costs_->round[l][d];
+        if (tpl > best) best = tpl, layer_ = l, length_ = d;
+      }
+    }
+    if (layer_ == 0) return Action::kContinue;
+    last_layer_ = layer_;
+    return Action::kExit;
+  }
+  if (s.phase == Phase::kExitLayer) return s.layer >= layer_ ? Action::kExit : Action::kContinue;
+  return s.draft_pos < length_ && s.top1_prob >= tau_ ? Action::kExit : Action::kContinue;
+}
+
+// -------------------------------------------------------------- AdaEDL
+
+std::string AdaEdlController::name() const {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "adaedl:E=%d,gamma=%.3g,lambda=%.3g", exit_layer_, gamma_, lambda_);
+  return buf;
+}
+
+Action AdaEdlController::Decide(const model::ExitState& s) {
+  if (s.phase == Phase::kRoundStart) return Action::kExit;
+  if (s.phase == Phase::kExitLayer && s.layer < exit_layer_) return Action::kContinue;
+  const float bound = 1.0f - std::sqrt(std::max(0.0f, gamma_ * s.entropy));
+  return bound >= lambda_ ? Action::kExit : Action::kContinue;
 }
 
 }  // namespace lede::policy

@@ -13,7 +13,9 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <vector>
 
+#include "policy/acceptance_model.h"
 #include "shared/model/exit_controller.h"
 
 namespace lede::policy {
@@ -66,6 +68,97 @@ class EpsilonGreedyController : public model::ExitController {
   model::ExitController& behaviour_;
   double epsilon_;
   std::mt19937_64 rng_;
+};
+
+// The costs a rule-based controller weighs, in units of one full-depth step
+// (from a cost model, shared/model/cost_model.h; the bench fills them).
+struct RoundCosts {
+  // marginal[l][i], i in [1, D_max]: the extra cost of drafting the i-th
+  // token of a round at exit layer l once its probe is paid:
+  // DraftToken(l) + Verify(l, i) - Verify(l, i - 1) for i > 1, and
+  // DraftToken(l) + Verify(l, 1) - Step() for i = 1 (against a plain step).
+  std::vector<std::vector<double>> marginal;
+  // round[l][d]: the cost of a whole round of d drafts at l (d * DraftToken
+  // + Verify + decisions), d in [1, D_max]; round[0] unused.
+  std::vector<std::vector<double>> round;
+};
+
+// Calibrated stopping rule (SpecDec++, arXiv 2405.19715; DISCO, arXiv
+// 2405.04304; the one-step rule of adaptive-speculation.md §c): exit at
+// layer E (phase 1 probes only E), then draft the i-th token iff
+// s_i = prod_{j <= i} p_j >= rho * marginal[E][i], with p_j the calibrated
+// acceptance probability of draft j (AcceptanceModel) and rho the target
+// throughput (tokens per unit cost, tuned). Optimal for a monotone stopping
+// problem when p is calibrated.
+class CalibratedStopController : public model::ExitController {
+ public:
+  // `current` predicts the acceptance of the token a probe drafts. With
+  // lookahead (DecisionSpec::lookahead_probe) a decision sees the probe of
+  // the token it would draft and uses `current` alone. Without it, a
+  // decision sees the token just drafted: s takes that token's own
+  // `current` estimate, and `next` (required then) predicts the following
+  // token's acceptance from the same probe; phase 1 exits at E unchecked,
+  // as static does.
+  CalibratedStopController(std::shared_ptr<const AcceptanceModel> current, int32_t exit_layer, double rho,
+                           std::shared_ptr<const RoundCosts> costs, bool lookahead = true,
+                           std::shared_ptr<const AcceptanceModel> next = nullptr)
+      : model_(std::move(current)), next_(std::move(next)), exit_layer_(exit_layer), rho_(rho),
+        costs_(std::move(costs)), lookahead_(lookahead || next_ == nullptr) {}
+  std::string name() const override;
+  model::Action Decide(const model::ExitState& s) override;
+  int32_t FirstProbeLayer(const model::ExitState&) override { return exit_layer_; }
+
+ private:
+  double Marginal(int32_t layer, int32_t i) const;
+  std::shared_ptr<const AcceptanceModel> model_, next_;
+  int32_t exit_layer_;
+  double rho_;
+  std::shared_ptr<const RoundCosts> costs_;
+  bool lookahead_;
+  double s_ = 1.0;  // product of the round's calibrated acceptance so far
+};
+
+// DEL-style exit layer and length (Zarch et al., arXiv 2504.05598): at each
+// round start the per-layer acceptance rate alpha_l is estimated (the
+// layer's rate on tuning data, shifted by how the request's own acceptance
+// EMA differs from that rate at the layer it used last), and the round uses
+// the (l, d) that maximizes expected tokens per cost,
+//   TPL(l, d) = [(1 - alpha_l^{d+1}) / (1 - alpha_l)] / round[l][d],
+// or a plain step when no (l, d) beats 1 token per step. Phase 1 probes only
+// l; phase 2 drafts up to d tokens and stops early when top-1 < tau.
+class DelController : public model::ExitController {
+ public:
+  DelController(std::vector<double> layer_rates, std::vector<int32_t> layers, int32_t max_draft_len, float tau,
+                std::shared_ptr<const RoundCosts> costs)
+      : rates_(std::move(layer_rates)), layers_(std::move(layers)), max_draft_len_(max_draft_len), tau_(tau),
+        costs_(std::move(costs)) {}
+  std::string name() const override;
+  model::Action Decide(const model::ExitState& s) override;
+  int32_t FirstProbeLayer(const model::ExitState&) override { return layer_; }
+
+ private:
+  std::vector<double> rates_;   // [L + 1] acceptance rate per exit layer
+  std::vector<int32_t> layers_;
+  int32_t max_draft_len_;
+  float tau_;
+  std::shared_ptr<const RoundCosts> costs_;
+  int32_t layer_ = 0, length_ = 0, last_layer_ = 0;
+};
+
+// AdaEDL (arXiv 2410.18351): an entropy-based lower bound on acceptance,
+// 1 - sqrt(gamma * H); exit at E and keep drafting while the bound of the
+// next token is >= lambda. No training.
+class AdaEdlController : public model::ExitController {
+ public:
+  AdaEdlController(int32_t exit_layer, float gamma, float lambda)
+      : exit_layer_(exit_layer), gamma_(gamma), lambda_(lambda) {}
+  std::string name() const override;
+  model::Action Decide(const model::ExitState& s) override;
+  int32_t FirstProbeLayer(const model::ExitState&) override { return exit_layer_; }
+
+ private:
+  int32_t exit_layer_;
+  float gamma_, lambda_;
 };
 
 }  // namespace lede::policy

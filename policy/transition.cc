@@ -24,16 +24,20 @@ RewardSpec RewardSpec::FromCosts(const std::string& name, const std::vector<doub
 }
 
 RewardSpec RewardSpec::Throughput(const std::string& name, const std::vector<double>& draft_cost,
-                                  const std::vector<std::vector<double>>& verify_cost, double probe_cost) {
+                                  const std::vector<std::vector<double>>& verify_cost, double probe_cost,
+                                  double decision_cost, double rho) {
   RewardSpec r;
   r.cost_model = name;
+  r.rho = rho;
   r.accept_reward = 1.0;
   r.reject_reward = 0.0;
-  r.continue_reward = -probe_cost;
-  for (double c : draft_cost) r.depth_term.push_back(-c);
+  r.continue_reward = -rho * probe_cost;
+  r.decision_reward = -rho * decision_cost;
+  r.step_end = 1.0 - rho;  // one token for one full-depth step
+  for (double c : draft_cost) r.depth_term.push_back(-rho * c);
   for (const auto& row : verify_cost) {
     std::vector<double> end;
-    for (double v : row) end.push_back(1.0 - v);
+    for (double v : row) end.push_back(1.0 - rho * v);
     r.round_end.push_back(std::move(end));
   }
   return r;
@@ -56,6 +60,7 @@ std::vector<Transition> ToTransitions(const model::RoundTrace& round, const Rewa
     } else {
       t.reward = static_cast<float>(rewards.continue_reward);
     }
+    t.reward += static_cast<float>(rewards.decision_reward);
     t.done = i + 1 == n;
     if (t.done) t.reward += static_cast<float>(rewards.RoundEnd(round.exit_layer, round.n_drafted));
     if (!t.done) model::ExitFeatures(round.decisions[i + 1].state, t.next_state.data());

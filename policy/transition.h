@@ -48,6 +48,13 @@ struct RewardSpec {
   // round_end[E][K]: added to a round's last decision when it drafted K >= 1
   // tokens at E (empty: 0).
   std::vector<std::vector<double>> round_end;
+  // Added to the last decision of a round that drafted nothing (a plain
+  // full-depth step: 1 token for 1 step); 0 for the paper's rewards.
+  double step_end = 0.0;
+  // Added to every decision (the price of the decision machinery itself).
+  double decision_reward = 0.0;
+  // rho of the Dinkelbach form (throughput rewards), 0 for the other forms.
+  double rho = 0.0;
 
   // The paper's rewards: depth_term[l] = (L - l) / L.
   static RewardSpec Paper(int32_t n_layers);
@@ -59,14 +66,22 @@ struct RewardSpec {
   static RewardSpec FromCosts(const std::string& name, const std::vector<double>& draft_cost,
                               double verify_cost, double tokens_per_verify, double probe_cost);
 
-  // Throughput rewards (see above) from per-layer draft costs
-  // draft_cost[l], l in [0, L], verification costs verify_cost[E][K] for K in
-  // [0, D_max], and the cost of one probe; all in full-depth steps.
+  // Throughput rewards from per-layer draft costs draft_cost[l], l in
+  // [0, L], verification costs verify_cost[E][K] for K in [0, D_max], the
+  // cost of one probe and of one decision; all in full-depth steps. The
+  // return of a round is its tokens minus rho times its cost: the Dinkelbach
+  // form of maximizing tokens per unit cost (Dinkelbach 1967; at rho = the
+  // optimal throughput the two objectives have the same optimum, so the
+  // trainer sets rho to the throughput of the policy being improved and
+  // iterates, adaptive-speculation.md §c). rho = 1 is the throughput reward
+  // of before (tokens minus cost against one token per step).
   static RewardSpec Throughput(const std::string& name, const std::vector<double>& draft_cost,
-                               const std::vector<std::vector<double>>& verify_cost, double probe_cost);
+                               const std::vector<std::vector<double>>& verify_cost, double probe_cost,
+                               double decision_cost = 0.0, double rho = 1.0);
 
   double RoundEnd(int32_t exit_layer, int32_t n_drafted) const {
-    if (round_end.empty() || n_drafted <= 0) return 0.0;
+    if (n_drafted <= 0) return step_end;
+    if (round_end.empty()) return 0.0;
     const auto& row = round_end.at(exit_layer);
     return row.at(std::min<size_t>(n_drafted, row.size() - 1));
   }

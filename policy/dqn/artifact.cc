@@ -58,7 +58,7 @@ Json ToJson(const PolicyMetadata& m, int32_t hidden, const std::string& sha256) 
   j["format"] = kArtifactFormat;
   j["version"] = m.version;
   j["model_fingerprint"] = m.model_fingerprint;
-  j["features"] = {{"names", ExitFeatureNames()}, {"dim", model::kExitFeatureDim}};
+  j["features"] = {{"spec", model::kExitFeatureSpec}, {"names", ExitFeatureNames()}, {"dim", model::kExitFeatureDim}};
   j["network"] = {{"type", "mlp"},
                   {"hidden", hidden},
                   {"activation", "relu"},
@@ -67,6 +67,8 @@ Json ToJson(const PolicyMetadata& m, int32_t hidden, const std::string& sha256) 
   j["max_draft_len"] = m.decision.max_draft_len;
   j["top_k"] = m.decision.top_k;
   j["trace_window"] = m.decision.trace_window;
+  j["probe_candidates"] = m.decision.probe_candidates;
+  j["lookahead_probe"] = m.decision.lookahead_probe;
   j["reward"] = {{"cost_model", m.reward_cost_model}};
   j["gamma"] = m.gamma;
   j["n_step"] = m.n_step;
@@ -106,6 +108,12 @@ StatusOr<ParsedMetadata> FromJson(const Json& j, const std::string& where) {
     return InvalidArgumentError(where + ": format \"" + format + "\", expected \"" + kArtifactFormat + "\"");
   }
   const Json& features = j.at("features");
+  // Artifacts before the spec was versioned were all lede-features-v1 (8 features).
+  const std::string spec = features.contains("spec") ? features.at("spec").get<std::string>() : "lede-features-v1";
+  if (spec != model::kExitFeatureSpec) {
+    return InvalidArgumentError(where + ": feature spec \"" + spec + "\", but this build computes \"" +
+                                model::kExitFeatureSpec + "\" (retrain the policy on experience of this spec)");
+  }
   const int64_t dim = features.at("dim").get<int64_t>();
   if (dim != model::kExitFeatureDim) {
     return InvalidArgumentError(where + ": wrong feature dim " + std::to_string(dim) + ", this build computes " +
@@ -122,6 +130,8 @@ StatusOr<ParsedMetadata> FromJson(const Json& j, const std::string& where) {
   m.decision.max_draft_len = j.at("max_draft_len").get<int32_t>();
   m.decision.top_k = j.at("top_k").get<int32_t>();
   m.decision.trace_window = j.at("trace_window").get<int32_t>();
+  m.decision.probe_candidates = j.value("probe_candidates", true);
+  m.decision.lookahead_probe = j.value("lookahead_probe", true);
   m.reward_cost_model = j.at("reward").at("cost_model").get<std::string>();
   m.gamma = j.at("gamma").get<double>();
   m.n_step = j.at("n_step").get<int32_t>();
@@ -293,8 +303,9 @@ std::string Trim(const std::string& s) {
 const std::vector<std::string>& ExitFeatureNames() {
   static const std::vector<std::string> names = {
       "is_draft_phase", "layer_frac",   "draft_pos_frac", "top1_prob",
-      "top_k_nll_div4", "entropy_div4", "trace_nll_div4", "bias"};
-  static_assert(model::kExitFeatureDim == 8, "update ExitFeatureNames with ExitFeatures");
+      "top_k_nll_div4", "entropy_div4", "trace_nll_div4", "margin_div8",
+      "draft_conf",     "accept_ema",   "bias"};
+  static_assert(model::kExitFeatureDim == 11, "update ExitFeatureNames with ExitFeatures");
   return names;
 }
 

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -271,7 +272,19 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
   if (!options.ok()) return Fail(err, options.status(), kExitUsage);
   auto loaded = model::LlamaModel::Load(mf.model, *options);
   if (!loaded.ok()) return Fail(err, loaded.status(), LoadFailureCode(loaded.status()));
-  auto cal = model::Calibrate(**loaded, static_cast<int>(repeats));
+  std::function<void()> decide;  // a DQN decision where the policy stack is built in
+#if LEDE_WITH_BENCH
+  auto network = std::make_shared<policy::dqn::QNetwork>(
+      policy::dqn::QNetwork::Random(policy::dqn::kDefaultHidden, 1));
+  decide = [network] {
+    float features[model::kExitFeatureDim] = {0.5f};
+    float q[policy::dqn::kNumActions];
+    network->Forward(features, q);
+    volatile float sink = q[0];
+    (void)sink;
+  };
+#endif
+  auto cal = model::Calibrate(**loaded, static_cast<int>(repeats), decide);
   if (!cal.ok()) return Fail(err, cal.status(), kExitFailure);
   const std::string json = model::CalibrationToJson(*cal);
   if (out_path.empty()) {
@@ -284,7 +297,7 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
   auto measured = model::MakeMeasuredCostModel(*cal);
   err << std::fixed << std::setprecision(3) << "step " << cal->step_us << " us; verify(k)/step(1):";
   for (int k : {1, 2, 4, 8, 16}) err << " k=" << k << ":" << cal->block_us[k - 1] / cal->block_us[0];
-  err << " (per block, all L blocks / L)\n";
+  err << " (per block, all L blocks / L); decision " << cal->decision_us << " us\n";
   return kExitOk;
 }
 

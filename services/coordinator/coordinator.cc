@@ -212,6 +212,7 @@ class RemoteBackend : public speculation::SpeculationBackend {
     req.set_position(r.position);
     req.set_budget(r.budget);
     req.set_trace_nll(r.trace_nll);
+    req.set_accept_ema(r.accept_ema);
     req.set_round_index(r.round_index);
     req.set_record_trace(record_trace_ && r.record_trace);
     req.set_method(request_.method());
@@ -249,6 +250,7 @@ class RemoteBackend : public speculation::SpeculationBackend {
     probs_bytes_ = resp.draft_probs();
     d.ready_layer = resp.ready_layer();
     d.n_probes = resp.n_probes();
+    d.n_decisions = resp.n_decisions();
     d.policy_version = resp.policy_version();
     d.trace.round_index = r.round_index;
     for (const lede::v1::DecisionRecord& rec : resp.decisions()) {
@@ -262,6 +264,9 @@ class RemoteBackend : public speculation::SpeculationBackend {
       dec.state.top_k_nll = rec.top_k_nll();
       dec.state.entropy = rec.entropy();
       dec.state.trace_nll = rec.trace_nll();
+      dec.state.margin = rec.margin();
+      dec.state.draft_conf = rec.draft_conf();
+      dec.state.accept_ema = rec.accept_ema();
       dec.action = rec.action() == lede::v1::EXIT_ACTION_EXIT ? model::Action::kExit : model::Action::kContinue;
       dec.draft_index = rec.draft_index();
       d.trace.decisions.push_back(dec);

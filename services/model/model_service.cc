@@ -505,6 +505,7 @@ grpc::Status DrafterService::Draft(grpc::ServerContext*, const lede::v1::DraftRe
   dr.position = req->position();
   dr.budget = req->budget();
   dr.trace_nll = req->trace_nll();
+  if (req->has_accept_ema()) dr.accept_ema = req->accept_ema();
   dr.round_index = req->round_index();
   dr.record_trace = req->record_trace();
   model::Drafter drafter(*host.model, cache);
@@ -516,6 +517,7 @@ grpc::Status DrafterService::Draft(grpc::ServerContext*, const lede::v1::DraftRe
   resp->set_draft_probs(ProbsToBytes(out->probs));
   resp->set_ready_layer(d.ready_layer);
   resp->set_n_probes(d.n_probes);
+  resp->set_n_decisions(d.n_decisions);
   resp->set_policy_version(d.policy_version);
   for (const model::Decision& dec : d.trace.decisions) {
     lede::v1::DecisionRecord* r = resp->add_decisions();
@@ -528,6 +530,9 @@ grpc::Status DrafterService::Draft(grpc::ServerContext*, const lede::v1::DraftRe
     r->set_top_k_nll(dec.state.top_k_nll);
     r->set_entropy(dec.state.entropy);
     r->set_trace_nll(dec.state.trace_nll);
+    r->set_margin(dec.state.margin);
+    r->set_draft_conf(dec.state.draft_conf);
+    r->set_accept_ema(dec.state.accept_ema);
     r->set_action(dec.action == model::Action::kExit ? lede::v1::EXIT_ACTION_EXIT : lede::v1::EXIT_ACTION_CONTINUE);
     r->set_draft_index(dec.draft_index);
   }

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shared/file/file.h"
+#include "shared/model/exit_signals.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::model {
@@ -41,6 +42,7 @@ class MeasuredCostModel : public CostModel {
     return (e * Block(1) + (c_.n_layers - e) * Block(k + 1) + Head(k + 1)) / c_.step_us;
   }
   double Probe() const override { return Head(1) / c_.step_us; }
+  double Decision() const override { return c_.decision_us / c_.step_us; }
 
  private:
   static double At(const std::vector<double>& v, int64_t t) {
@@ -69,7 +71,7 @@ double MedianMicros(int repeats, const std::function<void()>& fn) {
 }  // namespace
 
 double CostModel::RoundCost(const RoundRecord& r) const {
-  const double probes = r.n_probes * Probe();
+  const double probes = r.n_probes * Probe() + r.n_decisions * Decision();
   if (r.n_drafted == 0) return Step() + probes;
   return r.n_drafted * DraftToken(r.exit_layer) + Verify(r.exit_layer, r.n_drafted) + probes;
 }
@@ -99,7 +101,7 @@ std::unique_ptr<CostModel> MakeMeasuredCostModel(const Calibration& calibration)
   return std::make_unique<MeasuredCostModel>(calibration);
 }
 
-StatusOr<Calibration> Calibrate(const LlamaModel& model, int repeats) {
+StatusOr<Calibration> Calibrate(const LlamaModel& model, int repeats, const std::function<void()>& decide) {
   try {
     c10::InferenceMode guard;
     const ModelConfig& c = model.config();
@@ -139,6 +141,12 @@ StatusOr<Calibration> Calibrate(const LlamaModel& model, int repeats) {
       at::Tensor h = model.Forward(model.Embed(token), 0, c.n_layers, start, &cache, 0);
       model.ExitLogits(h).argmax().item<int64_t>();
     });
+    at::Tensor logits = model.ExitLogits(at::randn({1, 1, c.dim}, opts)).view({-1});
+    volatile float sink = 0;
+    cal.decision_us = MedianMicros(repeats, [&] {
+      sink = sink + ComputeExitSignals(logits, 4).entropy;
+      if (decide) decide();
+    });
     return cal;
   } catch (const c10::Error& e) {
     return InternalError(std::string("calibrate: ") + e.what_without_backtrace());
@@ -154,6 +162,7 @@ std::string CalibrationToJson(const Calibration& c) {
   j["block_us"] = c.block_us;
   j["head_us"] = c.head_us;
   j["step_us"] = c.step_us;
+  j["decision_us"] = c.decision_us;
   j["units"] = "microseconds; block_us[i] and head_us[i] are for i+1 positions";
   return j.dump(2) + "\n";
 }
@@ -169,6 +178,7 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text) {
     c.block_us = j.at("block_us").get<std::vector<double>>();
     c.head_us = j.at("head_us").get<std::vector<double>>();
     c.step_us = j.at("step_us").get<double>();
+    c.decision_us = j.value("decision_us", 0.0);
     if (c.block_us.empty() || c.head_us.empty() || c.step_us <= 0 || c.n_layers <= 0) {
       return InvalidArgumentError("calibration: empty tables or non-positive step_us/n_layers");
     }

@@ -18,6 +18,7 @@
 #define LEDE_SHARED_MODEL_COST_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,12 +40,17 @@ class CostModel {
   virtual double Verify(int64_t exit_layer, int64_t n_drafts) const = 0;
   // One more candidate-layer probe (exit head on one position).
   virtual double Probe() const = 0;
+  // One decision of an exit controller: the probe signals over the exit
+  // logits (exit_signals.h) and the controller's own work (a Q-network
+  // forward). 0 under the accelerator model; measured by Calibrate.
+  virtual double Decision() const { return 0.0; }
   // An autoregressive step: 1 by definition.
   double Step() const { return 1.0; }
 
   // Cost of one step or round of the decoding loop: K draft tokens at l*,
-  // one verification, and the probes that drafted nothing (exit heads only:
-  // their blocks are shared with the draft or the full-depth step).
+  // one verification, the probes that drafted nothing (exit heads only:
+  // their blocks are shared with the draft or the full-depth step), and the
+  // controller's decisions.
   double RoundCost(const RoundRecord& round) const;
   // tokens emitted by the rounds / their total cost (1.0 for pure AR).
   double PredictedSpeedup(const std::vector<RoundRecord>& rounds) const;
@@ -63,12 +69,19 @@ struct Calibration {
   std::vector<double> block_us;   // [16]: one block for T = 1..16 positions (all L blocks / L)
   std::vector<double> head_us;    // [16]: final norm + LM head for T positions
   double step_us = 0;             // full autoregressive step incl. embedding and head
+  // One decision: ProbeSignals over V exit logits plus the controller's
+  // decide function given to Calibrate (0 in files from before it was measured).
+  double decision_us = 0;
   int64_t threads = 0;            // intra-op threads during calibration
 };
 
 // Times the blocks, head and step of `model` (a scratch KV slot of its own),
-// `repeats` times each (median). Errors: kInternal on a libtorch failure.
-StatusOr<Calibration> Calibrate(const LlamaModel& model, int repeats = 50);
+// and a decision (the probe signals of one exit distribution, then
+// `decide()` when given: the controller's own work, e.g. a Q-network
+// forward), `repeats` times each (median).
+// Errors: kInternal on a libtorch failure.
+StatusOr<Calibration> Calibrate(const LlamaModel& model, int repeats = 50,
+                                const std::function<void()>& decide = nullptr);
 
 std::string CalibrationToJson(const Calibration& calibration);
 // Errors: kInvalidArgument for bad JSON or missing fields.

@@ -1,6 +1,7 @@
 #include "shared/model/decoding.h"
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -8,6 +9,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "shared/model/exit_signals.h"
+#include "shared/speculation/adaptive_round.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::model {
@@ -245,80 +247,56 @@ StatusOr<DraftOutput> DraftRound(const LlamaModel& model, KvCache& cache, Drafte
   }
   if (config.mode != SpeculationMode::kAdaptive) return finish();  // autoregressive: no drafts
 
-  // One controller-driven round (DESIGN.md §2): a round-start gate, phase 1
-  // probes the candidate layers for the first draft token, phase 2 decides
-  // after each drafted token whether to keep drafting.
+  // One controller-driven round (DESIGN.md §2): the decisions are
+  // speculation::RunAdaptiveRound's; the probes run the model here.
   const DecisionSpec& spec = config.decision_spec;
-  ExitController& controller = *config.controller;
   const int64_t d_cap = std::min<int64_t>({request.budget, spec.max_draft_len, cache.max_draft_len(),
                                            cache.capacity() - n - 1});
-  model::RoundTrace& rt = d.trace;
-  rt.round_index = request.round_index;
-  auto decide = [&](const ExitState& st, int32_t draft_index_if_exit) {
-    const Action a = controller.Decide(st);
-    if (request.record_trace) {
-      rt.decisions.push_back(Decision{st, a, a == Action::kExit ? draft_index_if_exit : -1, false});
+  class EngineProbes : public speculation::DraftProbes {
+   public:
+    EngineProbes(const LlamaModel& model, KvCache& cache, Drafter& drafter, int64_t slot, int64_t n,
+                 const DecisionSpec& spec, const DraftRequest& request,
+                 const std::function<int32_t(const at::Tensor&)>& draft_token)
+        : model_(model), cache_(cache), drafter_(drafter), slot_(slot), n_(n), spec_(spec),
+          draft_token_(draft_token) {
+      h_ = model.Embed(TokenTensor({request.pending_token}, model.options().device));
     }
-    return a;
+    StatusOr<ExitSignals> ProbeLayer(int32_t layer) override {
+      return TorchBoundary("draft", [&]() -> StatusOr<ExitSignals> {
+        h_ = model_.Forward(h_, done_layers_, layer, n_, &cache_, slot_);
+        done_layers_ = layer;
+        // Row 0 of the scratch holds the pending token's hidden state at the
+        // deepest probed layer (the verifier resumes there or at l*).
+        cache_.exit_hidden().select(0, slot_).narrow(0, 0, 1).copy_(h_.view({1, -1}));
+        last_ = model_.ExitLogits(h_).view({-1});
+        return ComputeExitSignals(last_, spec_.top_k);
+      });
+    }
+    StatusOr<ExitSignals> ProbeDraft(int32_t row, int32_t token) override {
+      LEDE_ASSIGN_OR_RETURN(last_, drafter_.DraftStep(slot_, row, token, done_layers_));
+      return TorchBoundary("draft", [&]() -> StatusOr<ExitSignals> {
+        return ComputeExitSignals(last_, spec_.top_k);
+      });
+    }
+    StatusOr<int32_t> DraftFromProbe() override {
+      return TorchBoundary("draft", [&]() -> StatusOr<int32_t> { return draft_token_(last_); });
+    }
+
+   private:
+    const LlamaModel& model_;
+    KvCache& cache_;
+    Drafter& drafter_;
+    int64_t slot_, n_;
+    const DecisionSpec& spec_;
+    const std::function<int32_t(const at::Tensor&)>& draft_token_;
+    at::Tensor h_, last_;
+    int32_t done_layers_ = 0;
   };
-  auto state_of = [&](const at::Tensor& exit_logits, Phase phase, int64_t layer, int64_t drafted) {
-    ExitSignals sig = ComputeExitSignals(exit_logits, spec.top_k);
-    ExitState st;
-    st.phase = phase;
-    st.layer = static_cast<int32_t>(layer);
-    st.n_layers = static_cast<int32_t>(L);
-    st.draft_pos = static_cast<int32_t>(drafted);
-    st.max_draft_len = spec.max_draft_len;
-    st.top1_prob = sig.top1_prob;
-    st.top_k_nll = sig.top_k_nll;
-    st.entropy = sig.entropy;
-    st.trace_nll = static_cast<float>(request.trace_nll);
-    return st;
-  };
-  if (d_cap <= 0) return finish();
-  {  // round start: speculate at all? (no probe paid yet)
-    ExitState st;
-    st.phase = Phase::kRoundStart;
-    st.n_layers = static_cast<int32_t>(L);
-    st.max_draft_len = spec.max_draft_len;
-    st.trace_nll = static_cast<float>(request.trace_nll);
-    if (decide(st, -1) != Action::kExit) return finish();
-  }
+  const std::function<int32_t(const at::Tensor&)> draft_fn = draft_token;
   Status status = TorchBoundary("draft", [&]() -> Status {
-    at::Tensor scratch = cache.exit_hidden().select(0, slot);  // [D_max+1, d]
-    at::Tensor h = model.Embed(TokenTensor({request.pending_token}, model.options().device));
-    int64_t done_layers = 0;
-    at::Tensor exit_logits;
-    for (int32_t cand : spec.candidate_layers) {
-      if (cand >= L) break;  // the last layer is the full model, not an exit
-      h = model.Forward(h, done_layers, cand, n, &cache, slot);
-      done_layers = cand;
-      at::Tensor probe = model.ExitLogits(h).view({-1});
-      if (decide(state_of(probe, Phase::kExitLayer, cand, 0), 0) == Action::kExit) {
-        d.exit_layer = cand;
-        exit_logits = probe;
-        break;
-      }
-      ++d.n_probes;
-    }
-    scratch.narrow(0, 0, 1).copy_(h.view({1, -1}));
-    if (d.exit_layer == 0) {  // no exit: the verifier resumes the full-depth step here
-      d.ready_layer = static_cast<int32_t>(done_layers);
-      return OkStatus();
-    }
-    d.tokens.push_back(draft_token(exit_logits));
-    while (static_cast<int64_t>(d.tokens.size()) < d_cap) {
-      const int64_t row = static_cast<int64_t>(d.tokens.size());
-      LEDE_ASSIGN_OR_RETURN(at::Tensor next, drafter.DraftStep(slot, row, d.tokens.back(), d.exit_layer));
-      if (decide(state_of(next, Phase::kDraftLength, d.exit_layer, row), static_cast<int32_t>(row)) !=
-          Action::kExit) {
-        d.ready_layer = d.exit_layer;  // row `row` holds d_K's hidden state at l*
-        ++d.n_probes;
-        break;
-      }
-      d.tokens.push_back(draft_token(next));
-    }
-    return OkStatus();
+    EngineProbes probes(model, cache, drafter, slot, n, spec, request, draft_fn);
+    return speculation::RunAdaptiveRound(*config.controller, spec, static_cast<int32_t>(L), request, d_cap, probes,
+                                         d);
   });
   LEDE_RETURN_IF_ERROR(status);
   return finish();

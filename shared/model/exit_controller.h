@@ -35,6 +35,18 @@ namespace lede::model {
 enum class Phase : int32_t { kExitLayer = 1, kDraftLength = 2, kRoundStart = 3 };
 enum class Action : int32_t { kContinue = 0, kExit = 1 };
 
+// The confidence signals of one exit distribution p = softmax(logits)
+// (computed by ProbeSignals, exit_signals.h; defined here, torch-free, so
+// that simulators and controllers share them).
+struct ExitSignals {
+  float top1_prob = 0;  // max_v p(v)
+  float top_k_nll = 0;  // C_k = -(1/k) sum_{v in top-k} log p(v)
+  float entropy = 0;    // H = -sum_v p(v) log p(v), nats
+  float top1_nll = 0;   // -log max_v p(v)
+  float margin = 0;     // log p(top-1) - log p(top-2), nats
+  int32_t top1 = 0;     // argmax_v p(v) (lowest id on ties)
+};
+
 // The state at one decision point (DESIGN.md §2 "State at candidate layer l").
 struct ExitState {
   Phase phase = Phase::kExitLayer;
@@ -49,14 +61,43 @@ struct ExitState {
   // C_trace: mean -log p_L(top-1) of the full model's distributions that
   // decided the last W emitted tokens (a running confidence of the sequence).
   float trace_nll = 0;
+  // log p_l(top-1) - log p_l(top-2) of the probe, nats (0 at round start).
+  float margin = 0;
+  // Product of top1_prob of the tokens drafted so far in this round (1 before
+  // the first draft): the round's own estimate of "every draft so far is
+  // accepted" (s_i of the one-step stopping rule, adaptive-speculation.md §c).
+  float draft_conf = 1;
+  // The request's recent acceptance: an exponential moving average of
+  // accepted / drafted over its speculation rounds (AcceptanceEma below).
+  float accept_ema = kAcceptEmaPrior;
+
+  static constexpr float kAcceptEmaPrior = 0.5f;
 };
 
-// Number of features of ExitState::Features().
-inline constexpr int kExitFeatureDim = 8;
+// The request's acceptance EMA after a round that drafted n_drafted >= 1
+// tokens and had n_accepted of them accepted (rounds without drafts leave
+// it). A round's rate counts the drafts up to and including the first
+// rejected one, n_accepted / min(n_drafted, n_accepted + 1): the drafts
+// after a rejection never reach the verdict, so the rate does not depend on
+// how long a policy kept drafting after it (and a replay of logged traffic,
+// trainer/counterfactual.h, reproduces it exactly).
+inline constexpr float kAcceptEmaWeight = 0.3f;  // weight of the newest round
+inline float UpdateAcceptEma(float ema, int32_t n_drafted, int32_t n_accepted) {
+  if (n_drafted <= 0) return ema;
+  const int32_t judged = n_drafted < n_accepted + 1 ? n_drafted : n_accepted + 1;
+  return (1.0f - kAcceptEmaWeight) * ema +
+         kAcceptEmaWeight * static_cast<float>(n_accepted) / static_cast<float>(judged);
+}
+
+// Number of features of ExitFeatures(), and the name of this feature spec
+// (policy artifacts record it; an artifact of another spec is refused).
+inline constexpr int kExitFeatureDim = 11;
+inline constexpr char kExitFeatureSpec[] = "lede-features-v2";
 
 // The network's input, each roughly in [0, 1] or O(1):
 //   [phase == 2, l / L, draft_pos / max_draft_len, top1_prob, top_k_nll / 4,
-//    entropy / 4, trace_nll / 4, 1 (bias feature)]
+//    entropy / 4, trace_nll / 4, min(margin, 16) / 8, draft_conf, accept_ema,
+//    1 (bias feature)]
 // (round start is the only state with l / L == 0)
 inline void ExitFeatures(const ExitState& s, float out[kExitFeatureDim]) {
   out[0] = s.phase == Phase::kDraftLength ? 1.0f : 0.0f;
@@ -66,15 +107,62 @@ inline void ExitFeatures(const ExitState& s, float out[kExitFeatureDim]) {
   out[4] = s.top_k_nll / 4.0f;
   out[5] = s.entropy / 4.0f;
   out[6] = s.trace_nll / 4.0f;
-  out[7] = 1.0f;
+  out[7] = (s.margin < 16.0f ? s.margin : 16.0f) / 8.0f;
+  out[8] = s.draft_conf;
+  out[9] = s.accept_ema;
+  out[10] = 1.0f;
+}
+
+// The state of a probe decision (phase 1 or 2) from its exit signals; the
+// request-level features (trace_nll, draft_conf, accept_ema) are the
+// caller's to set. `Signals` is any type with top1_prob, top_k_nll, entropy
+// and margin (model::ExitSignals).
+template <typename Signals>
+ExitState ProbeState(const Signals& sig, Phase phase, int32_t layer, int32_t n_layers, int32_t draft_pos,
+                     int32_t max_draft_len) {
+  ExitState st;
+  st.phase = phase;
+  st.layer = layer;
+  st.n_layers = n_layers;
+  st.draft_pos = draft_pos;
+  st.max_draft_len = max_draft_len;
+  st.top1_prob = sig.top1_prob;
+  st.top_k_nll = sig.top_k_nll;
+  st.entropy = sig.entropy;
+  st.margin = sig.margin;
+  return st;
+}
+
+// The round-start state (no probe yet); trace_nll and accept_ema are the
+// caller's to set.
+inline ExitState RoundStartState(int32_t n_layers, int32_t max_draft_len) {
+  ExitState st;
+  st.phase = Phase::kRoundStart;
+  st.n_layers = n_layers;
+  st.max_draft_len = max_draft_len;
+  return st;
 }
 
 // Where the policy is consulted and what it may choose.
+// The two probe flags trade what a decision sees against what it costs
+// (an LM-head evaluation per probe, h / L of a step under the accelerator
+// model; four layer-equivalents for a 128k vocabulary):
+//  - probe_candidates: phase 1 probes the exit distribution at each
+//    candidate layer it visits (a "continue" wastes that head). false: the
+//    exit layer is chosen from the request's history (C_trace, acceptance
+//    EMA; the probe signals of the state are 0) and only l* pays a head,
+//    the one its first draft needs anyway.
+//  - lookahead_probe: phase 2 decides on the next token's own exit
+//    distribution (stopping wastes that head). false: it decides from the
+//    signals of the token just drafted, before paying for the next probe,
+//    so stopping costs nothing.
 struct DecisionSpec {
-  std::vector<int32_t> candidate_layers;  // ascending, each in [1, L); phase-1 probe points
+  std::vector<int32_t> candidate_layers;  // ascending, each in [1, L); phase-1 decision points
   int32_t max_draft_len = 8;   // D_max: phase 2 stops here without a decision
   int32_t top_k = 4;           // k of C_k^l
   int32_t trace_window = 8;    // W of C_trace, in emitted tokens
+  bool probe_candidates = true;
+  bool lookahead_probe = true;
 };
 
 // Chooses exits. Called from the drafting loop, once per decision.
@@ -86,6 +174,13 @@ class ExitController {
   virtual std::string name() const = 0;
   // The action at `state`.
   virtual Action Decide(const ExitState& state) = 0;
+  // Called once per round after the round-start gate said kExit: phase 1
+  // starts at the first candidate layer >= the returned layer; the
+  // candidates below it are passed without a probe (their blocks still
+  // run). For controllers that choose the exit layer from the request's
+  // history instead of from probes, so they pay for no probe they do not
+  // use. The default, 0, probes every candidate.
+  virtual int32_t FirstProbeLayer(const ExitState& round_start) { return 0; }
 };
 
 // One decision and what came of it, recorded by the engine for experience.

@@ -122,6 +122,7 @@ StatusOr<GenerationResult> RunGeneration(SpeculationBackend& backend,
   GenerationStats& stats = result.stats;
   stats.n_prompt_tokens = P;
   TraceWindow trace(o.trace_window);
+  float accept_ema = model::ExitState::kAcceptEmaPrior;
   bool done = false;
   bool stopped_on_eos = false;  // the EOS the model generated counts as its round's output
   std::vector<int32_t> emitted_now;
@@ -172,6 +173,7 @@ StatusOr<GenerationResult> RunGeneration(SpeculationBackend& backend,
       request.position = position;
       request.budget = budget;
       request.trace_nll = trace.Mean();
+      request.accept_ema = accept_ema;
       request.round_index = static_cast<int64_t>(stats.rounds.size());
       request.record_trace = o.record_traces;
       LEDE_ASSIGN_OR_RETURN(draft, backend.DraftRound(first.session, request));
@@ -189,6 +191,8 @@ StatusOr<GenerationResult> RunGeneration(SpeculationBackend& backend,
     round.n_drafted = K;
     round.n_accepted = verdict.n_accepted;
     round.n_probes = draft.n_probes;
+    round.n_decisions = draft.n_decisions;
+    accept_ema = model::UpdateAcceptEma(accept_ema, K, verdict.n_accepted);
     stats.n_drafted += K;
     stats.n_accepted += verdict.n_accepted;
     const size_t before = result.tokens.size();

@@ -80,6 +80,8 @@ struct DraftRequest {
   int64_t position = 0;       // its position n = the session's committed length
   int64_t budget = 0;         // at most this many drafts (tokens left - 1, KV room); >= 1
   double trace_nll = 0;       // C_trace: mean top-1 NLL of the last W emitted tokens
+  // The request's acceptance EMA over its earlier rounds (model::UpdateAcceptEma).
+  double accept_ema = model::ExitState::kAcceptEmaPrior;
   int64_t round_index = 0;    // within the request
   bool record_trace = false;  // fill Draft::trace (experience)
 };
@@ -99,6 +101,7 @@ struct Draft {
   std::vector<float> probs;
   int32_t ready_layer = 0;
   int32_t n_probes = 0;              // exit-head evaluations that drafted nothing
+  int32_t n_decisions = 0;           // exit-controller decisions of the round
   model::RoundTrace trace;           // decisions (adaptive, with record_trace)
   std::string policy_version;        // the controller's version ("" for static)
 };
@@ -145,6 +148,7 @@ struct RoundRecord {
   int32_t n_accepted = 0;  // accepted drafts, in [0, K]
   int32_t n_emitted = 0;   // tokens emitted (n_accepted + 1 unless a stop cut it; a generated EOS counts)
   int32_t n_probes = 0;    // exit-head evaluations that drafted nothing
+  int32_t n_decisions = 0; // exit-controller decisions (each with its probe signals)
   double latency_s = 0;    // wall time of the round, seconds
 };
 

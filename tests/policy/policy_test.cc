@@ -1,8 +1,12 @@
 // Tests of policy/: the baseline controllers, exploration, and the rewards of
 // DESIGN.md §2.
 #include <cmath>
+#include <memory>
+#include <random>
+#include <vector>
 
 #include "gtest/gtest.h"
+#include "policy/acceptance_model.h"
 #include "policy/controllers.h"
 #include "policy/transition.h"
 
@@ -123,5 +127,139 @@ TEST(TransitionTest, ThroughputRewardsSumToTokensMinusCost) {
   EXPECT_NEAR(sum, 2.0 - cost, 1e-6);
 }
 
+// ----------------------------------------------------- acceptance model
+
+namespace rule_based {
+
+using model::Action;
+using model::ExitState;
+using model::Phase;
+
+// Samples whose acceptance follows a known logistic law in top-1 probability.
+std::vector<AcceptanceSample> LogisticSamples(double a, double b, uint64_t seed, int n) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  std::vector<AcceptanceSample> out;
+  for (int i = 0; i < n; ++i) {
+    const float top1 = static_cast<float>(u(rng));
+    const double p = 1.0 / (1.0 + std::exp(-(a * top1 + b)));
+    out.push_back({AcceptanceFeaturesOf(top1, 1.0f, 1.0f, 1.0f), u(rng) < p});
+  }
+  return out;
+}
+
+TEST(AcceptanceModelTest, RecoversALogisticLawPerLayer) {
+  std::vector<std::vector<AcceptanceSample>> by_layer(4);
+  by_layer[1] = LogisticSamples(6.0, -4.0, 1, 20000);  // shallow: accepted only when confident
+  by_layer[2] = LogisticSamples(3.0, 0.0, 2, 20000);
+  auto m = AcceptanceModel::Fit(by_layer);
+  ASSERT_TRUE(m.ok());
+  for (float top1 : {0.1f, 0.5f, 0.9f}) {
+    const auto x = AcceptanceFeaturesOf(top1, 1.0f, 1.0f, 1.0f);
+    EXPECT_NEAR(m->Predict(1, x), 1.0 / (1.0 + std::exp(-(6.0 * top1 - 4.0))), 0.03) << top1;
+    EXPECT_NEAR(m->Predict(2, x), 1.0 / (1.0 + std::exp(-(3.0 * top1))), 0.03) << top1;
+  }
+  // A layer without samples predicts the pooled base rate.
+  const double pooled = m->Predict(3, AcceptanceFeaturesOf(0.5f, 1.0f, 1.0f, 1.0f));
+  EXPECT_GT(pooled, 0.3);
+  EXPECT_LT(pooled, 0.7);
+  EXPECT_FALSE(AcceptanceModel::Fit(std::vector<std::vector<AcceptanceSample>>(3)).ok());
+}
+
+std::shared_ptr<const RoundCosts> FlatCosts(double marginal, double round_per_draft) {
+  auto c = std::make_shared<RoundCosts>();
+  c->marginal.assign(13, std::vector<double>(9, marginal));
+  c->round.assign(13, std::vector<double>(9, 0.0));
+  for (int l = 1; l < 12; ++l) {
+    for (int d = 1; d <= 8; ++d) c->round[l][d] = 1.0 + d * round_per_draft * l;
+  }
+  return c;
+}
+
+ExitState Probe(Phase phase, int32_t layer, int32_t draft_pos, float top1) {
+  ExitState s;
+  s.phase = phase;
+  s.layer = layer;
+  s.n_layers = 12;
+  s.draft_pos = draft_pos;
+  s.max_draft_len = 8;
+  s.top1_prob = top1;
+  s.margin = 1.0f;
+  s.entropy = 1.0f;
+  s.trace_nll = 1.0f;
+  return s;
+}
+
+// The one-step rule: keep drafting while the product of calibrated
+// acceptance probabilities pays rho times the marginal cost.
+TEST(CalibratedStopControllerTest, DraftsWhileTheRoundsProductPays) {
+  std::vector<std::vector<AcceptanceSample>> by_layer(13);
+  by_layer[2] = LogisticSamples(8.0, -4.0, 3, 20000);
+  auto m = std::make_shared<const AcceptanceModel>(*AcceptanceModel::Fit(by_layer));
+  CalibratedStopController c(m, 2, /*rho=*/1.5, FlatCosts(0.25, 0.0));  // threshold on s: 0.375
+  EXPECT_EQ(c.FirstProbeLayer(Probe(Phase::kRoundStart, 0, 0, 0)), 2);
+  EXPECT_EQ(c.Decide(Probe(Phase::kRoundStart, 0, 0, 0)), Action::kExit);
+  EXPECT_EQ(c.Decide(Probe(Phase::kExitLayer, 2, 0, 0.95f)), Action::kExit);       // p ~ 0.97
+  EXPECT_EQ(c.Decide(Probe(Phase::kDraftLength, 2, 1, 0.95f)), Action::kExit);     // s ~ 0.94
+  EXPECT_EQ(c.Decide(Probe(Phase::kDraftLength, 2, 2, 0.6f)), Action::kExit);      // s ~ 0.94 * 0.69 = 0.65
+  EXPECT_EQ(c.Decide(Probe(Phase::kDraftLength, 2, 3, 0.6f)), Action::kExit);      // s ~ 0.45
+  EXPECT_EQ(c.Decide(Probe(Phase::kDraftLength, 2, 4, 0.6f)), Action::kContinue);  // s ~ 0.31 < 0.375
+  // A new round starts from s = 1: an unconfident first draft is not worth it.
+  EXPECT_EQ(c.Decide(Probe(Phase::kExitLayer, 2, 0, 0.3f)), Action::kContinue);    // p ~ 0.13
+}
+
+// DEL: the (l, d) with the most expected tokens per cost, or a plain step.
+TEST(DelControllerTest, PicksTheBestLayerAndLengthOrDeclines) {
+  std::vector<double> rates(13, 0.0);
+  rates[2] = 0.5;
+  rates[6] = 0.95;
+  auto costs = FlatCosts(0.0, 0.1);  // round[l][d] = 1 + 0.1 * d * l
+  DelController c(rates, {2, 6}, 8, 0.0f, costs);
+  ExitState start = Probe(Phase::kRoundStart, 0, 0, 0);
+  start.accept_ema = 0.5f;
+  EXPECT_EQ(c.Decide(start), Action::kExit);
+  // At l = 6, alpha 0.95: TPL(6, d) = (1 - 0.95^(d+1)) / 0.05 / (1 + 0.6 d), best at d = 4 (1.331;
+  // d = 3: 1.325, d = 5: 1.325), against TPL(2, d) <= 1.25 at alpha 0.5.
+  EXPECT_EQ(c.FirstProbeLayer(start), 6);
+  EXPECT_EQ(c.Decide(Probe(Phase::kExitLayer, 6, 0, 0.1f)), Action::kExit);
+  EXPECT_EQ(c.Decide(Probe(Phase::kDraftLength, 6, 3, 0.1f)), Action::kExit);
+  EXPECT_EQ(c.Decide(Probe(Phase::kDraftLength, 6, 4, 0.9f)), Action::kContinue);
+  // The request accepts far less than layer 6 does on average: every layer's
+  // estimate drops and no round beats a plain step.
+  start.accept_ema = 0.05f;
+  EXPECT_EQ(c.Decide(start), Action::kContinue);
+}
+
+TEST(AdaEdlControllerTest, StopsWhenTheEntropyBoundFalls) {
+  AdaEdlController c(3, 0.5f, 0.5f);  // bound = 1 - sqrt(0.5 H) >= 0.5  <=>  H <= 0.5
+  EXPECT_EQ(c.FirstProbeLayer(Probe(Phase::kRoundStart, 0, 0, 0)), 3);
+  ExitState s = Probe(Phase::kExitLayer, 3, 0, 0.5f);
+  s.entropy = 0.4f;
+  EXPECT_EQ(c.Decide(s), Action::kExit);
+  s.phase = Phase::kDraftLength;
+  s.entropy = 0.6f;
+  EXPECT_EQ(c.Decide(s), Action::kContinue);
+  s.phase = Phase::kExitLayer;
+  s.layer = 2;
+  EXPECT_EQ(c.Decide(s), Action::kContinue);  // below E
+}
+
+// The Dinkelbach throughput reward: tokens - rho * cost of each part.
+TEST(RewardSpecTest, ThroughputChargesRhoTimesEveryCost) {
+  const std::vector<double> draft_cost = {0, 0.2, 0.3};
+  const std::vector<std::vector<double>> verify = {{0, 0, 0}, {1, 1.1, 1.2}, {1, 1.1, 1.2}};
+  const RewardSpec r = RewardSpec::Throughput("m", draft_cost, verify, 0.05, 0.01, 2.0);
+  EXPECT_DOUBLE_EQ(r.rho, 2.0);
+  EXPECT_DOUBLE_EQ(r.Accepted(1), 1.0 - 2.0 * 0.2);
+  EXPECT_DOUBLE_EQ(r.Rejected(2), -2.0 * 0.3);
+  EXPECT_DOUBLE_EQ(r.continue_reward, -2.0 * 0.05);
+  EXPECT_DOUBLE_EQ(r.decision_reward, -2.0 * 0.01);
+  EXPECT_DOUBLE_EQ(r.RoundEnd(1, 2), 1.0 - 2.0 * 1.2);
+  EXPECT_DOUBLE_EQ(r.RoundEnd(0, 0), 1.0 - 2.0);  // a plain step: one token for one step
+}
+
+}  // namespace rule_based
+
 }  // namespace
 }  // namespace lede::policy
+

@@ -1,0 +1,99 @@
+#include "shared/speculation/adaptive_round.h"
+
+#include "shared/status/status_macros.h"
+
+namespace lede::speculation {
+
+using model::Action;
+using model::Decision;
+using model::ExitSignals;
+using model::ExitState;
+using model::Phase;
+
+Status RunAdaptiveRound(model::ExitController& controller, const model::DecisionSpec& spec, int32_t n_layers,
+                        const DraftRequest& request, int64_t d_cap, DraftProbes& probes, Draft& d) {
+  d.trace.round_index = request.round_index;
+  float draft_conf = 1.0f;  // product of the drafted tokens' top-1 probabilities
+  auto decide = [&](const ExitState& st, int32_t draft_index_if_exit) {
+    const Action a = controller.Decide(st);
+    ++d.n_decisions;
+    if (request.record_trace) {
+      d.trace.decisions.push_back(Decision{st, a, a == Action::kExit ? draft_index_if_exit : -1, false});
+    }
+    return a;
+  };
+  auto with_request = [&](ExitState st) {
+    st.trace_nll = static_cast<float>(request.trace_nll);
+    st.accept_ema = static_cast<float>(request.accept_ema);
+    st.draft_conf = draft_conf;
+    return st;
+  };
+  if (d_cap <= 0) return OkStatus();
+  // Round start: speculate at all? (no probe paid yet)
+  const ExitState start = with_request(model::RoundStartState(n_layers, spec.max_draft_len));
+  if (decide(start, -1) != Action::kExit) return OkStatus();
+  const int32_t first_probe = controller.FirstProbeLayer(start);
+  int32_t done_layers = 0;
+  model::ExitSignals last;  // the probe the next draft is taken from
+  for (int32_t cand : spec.candidate_layers) {
+    if (cand >= n_layers) break;
+    if (cand < first_probe) continue;
+    if (!spec.probe_candidates) {  // decided from the history; the head only at l*
+      const ExitState st = with_request(
+          model::ProbeState(model::ExitSignals{}, Phase::kExitLayer, cand, n_layers, 0, spec.max_draft_len));
+      if (decide(st, 0) != Action::kExit) continue;
+      LEDE_ASSIGN_OR_RETURN(last, probes.ProbeLayer(cand));
+      done_layers = cand;
+      d.exit_layer = cand;
+      draft_conf = last.top1_prob;
+      break;
+    }
+    LEDE_ASSIGN_OR_RETURN(ExitSignals sig, probes.ProbeLayer(cand));
+    done_layers = cand;
+    const ExitState st = with_request(
+        model::ProbeState(sig, Phase::kExitLayer, cand, n_layers, 0, spec.max_draft_len));
+    if (decide(st, 0) == Action::kExit) {
+      d.exit_layer = cand;
+      draft_conf = st.top1_prob;
+      last = sig;
+      break;
+    }
+    ++d.n_probes;
+  }
+  if (d.exit_layer == 0) {  // no exit: the verifier resumes the full-depth step here
+    d.ready_layer = done_layers;
+    return OkStatus();
+  }
+  LEDE_ASSIGN_OR_RETURN(int32_t first, probes.DraftFromProbe());
+  d.tokens.push_back(first);
+  while (static_cast<int64_t>(d.tokens.size()) < d_cap) {
+    const int32_t row = static_cast<int32_t>(d.tokens.size());
+    if (!spec.lookahead_probe) {
+      // Decide on the token just drafted (its signals are in `last` and in
+      // draft_conf); only a "keep drafting" pays the next probe.
+      const ExitState st = with_request(
+          model::ProbeState(last, Phase::kDraftLength, d.exit_layer, n_layers, row, spec.max_draft_len));
+      if (decide(st, row) != Action::kExit) break;  // the verifier runs row `row` itself
+      LEDE_ASSIGN_OR_RETURN(last, probes.ProbeDraft(row, d.tokens.back()));
+      draft_conf *= last.top1_prob;
+      LEDE_ASSIGN_OR_RETURN(int32_t next, probes.DraftFromProbe());
+      d.tokens.push_back(next);
+      continue;
+    }
+    LEDE_ASSIGN_OR_RETURN(ExitSignals sig, probes.ProbeDraft(row, d.tokens.back()));
+    const ExitState st = with_request(
+        model::ProbeState(sig, Phase::kDraftLength, d.exit_layer, n_layers, row, spec.max_draft_len));
+    if (decide(st, row) != Action::kExit) {
+      d.ready_layer = d.exit_layer;  // row `row` holds d_K's hidden state at l*
+      ++d.n_probes;
+      break;
+    }
+    draft_conf *= st.top1_prob;
+    last = sig;
+    LEDE_ASSIGN_OR_RETURN(int32_t next, probes.DraftFromProbe());
+    d.tokens.push_back(next);
+  }
+  return OkStatus();
+}
+
+}  // namespace lede::speculation

@@ -1,0 +1,261 @@
+// Shadow traces and the counterfactual replay (trainer/counterfactual.h):
+// a replayed greedy request makes the engine's rounds and decisions, and the
+// Dinkelbach rewards of a round sum to tokens - rho * cost.
+#include "trainer/counterfactual.h"
+
+#include <cstdio>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "policy/controllers.h"
+#include "shared/model/cost_model.h"
+#include "shared/model/decoding.h"
+#include "shared/tokenizer/model_files.h"
+#include "shared/tokenizer/tokenizer.h"
+#include "tests/testing/status_matchers.h"
+
+namespace lede::trainer {
+namespace {
+
+constexpr char kModelDir[] = "models/lede-tiny";
+constexpr int64_t kNewTokens = 48;
+
+class CounterfactualTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto loaded = model::LlamaModel::Load(kModelDir, model::ModelOptions{});
+    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+    model_ = std::move(*loaded).release();
+    model::KvCacheOptions ko;
+    ko.max_draft_len = 8;
+    auto engine = model::Engine::Create(std::shared_ptr<const model::LlamaModel>(model_, [](auto*) {}), ko);
+    ASSERT_TRUE(engine.ok());
+    engine_ = engine->release();
+    auto path = tokenizer::FindTokenizerFile(kModelDir);
+    ASSERT_TRUE(path.ok());
+    auto tok = tokenizer::LoadTokenizer(*path);
+    ASSERT_TRUE(tok.ok());
+    for (const char* text : {"Once upon a time, there was a little girl named Lily.",
+                             "Tom and his dog went to the park. They saw",
+                             "def parse(line):\n    \"\"\"Split a line into fields.\"\"\"\n"}) {
+      auto ids = (*tok)->Encode(text, true, false);
+      ASSERT_TRUE(ids.ok());
+      prompts_->push_back(*ids);
+    }
+  }
+  static void TearDownTestSuite() {
+    delete engine_;
+    delete model_;
+  }
+
+  static std::vector<ShadowTrace> Traces() {
+    std::vector<ShadowTrace> traces;
+    for (size_t i = 0; i < prompts_->size(); ++i) {
+      auto t = TraceGreedyRequest(*engine_, (*prompts_)[i], kNewTokens, 4, "p" + std::to_string(i));
+      EXPECT_TRUE(t.ok()) << t.status().message();
+      traces.push_back(std::move(*t));
+    }
+    return traces;
+  }
+
+  static void ExpectSameRounds(const std::vector<model::RoundRecord>& a, const std::vector<model::RoundRecord>& b) {
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].exit_layer, b[i].exit_layer) << "round " << i;
+      EXPECT_EQ(a[i].n_drafted, b[i].n_drafted) << "round " << i;
+      EXPECT_EQ(a[i].n_accepted, b[i].n_accepted) << "round " << i;
+      EXPECT_EQ(a[i].n_emitted, b[i].n_emitted) << "round " << i;
+      EXPECT_EQ(a[i].n_probes, b[i].n_probes) << "round " << i;
+      EXPECT_EQ(a[i].n_decisions, b[i].n_decisions) << "round " << i;
+    }
+  }
+
+  static model::LlamaModel* model_;
+  static model::Engine* engine_;
+  static std::vector<std::vector<int32_t>>* prompts_;
+};
+
+model::LlamaModel* CounterfactualTest::model_ = nullptr;
+model::Engine* CounterfactualTest::engine_ = nullptr;
+std::vector<std::vector<int32_t>>* CounterfactualTest::prompts_ = new std::vector<std::vector<int32_t>>();
+
+TEST_F(CounterfactualTest, ShadowTraceOfTheLastLayerIsTheGreedyTrajectory) {
+  for (const ShadowTrace& t : Traces()) {
+    ASSERT_EQ(t.probes.size(), static_cast<size_t>(model_->n_layers()));
+    ASSERT_FALSE(t.target.empty());
+    for (size_t i = 0; i < t.target.size(); ++i) {
+      EXPECT_TRUE(t.Accepts(t.n_layers, static_cast<int64_t>(i))) << t.id << " position " << i;
+    }
+    // Shallow exits disagree somewhere (otherwise the test proves nothing).
+    int64_t disagreements = 0;
+    for (size_t i = 0; i < t.target.size(); ++i) disagreements += t.Accepts(1, static_cast<int64_t>(i)) ? 0 : 1;
+    EXPECT_GT(disagreements, 0) << t.id;
+  }
+}
+
+TEST_F(CounterfactualTest, StaticReplayMakesTheEnginesRounds) {
+  const std::vector<ShadowTrace> traces = Traces();
+  for (size_t i = 0; i < traces.size(); ++i) {
+    for (auto [e, d] : std::vector<std::pair<int32_t, int32_t>>{{1, 4}, {2, 3}, {5, 2}}) {
+      model::GenerateOptions o;
+      o.max_new_tokens = kNewTokens;
+      o.mode = model::SpeculationMode::kStatic;
+      o.exit_layer = e;
+      o.draft_len = d;
+      auto real = engine_->Generate((*prompts_)[i], o);
+      ASSERT_TRUE(real.ok());
+      SimulatedMethod m;
+      m.mode = speculation::SpeculationMode::kStatic;
+      m.exit_layer = e;
+      m.draft_len = d;
+      m.spec.max_draft_len = 8;
+      auto sim = Simulate(traces[i], m);
+      ASSERT_TRUE(sim.ok()) << sim.status().message();
+      EXPECT_EQ(sim->tokens, real->tokens);
+      ExpectSameRounds(sim->stats.rounds, real->stats.rounds);
+    }
+  }
+}
+
+// Up to and including a round's first rejected draft the replay makes the
+// engine's decisions on the engine's signals; after it (the documented
+// approximation) only the decisions to keep drafting, never the outcome, may
+// differ: acceptances, emitted tokens and the rounds' boundaries agree.
+TEST_F(CounterfactualTest, AdaptiveReplayMakesTheEnginesDecisions) {
+  const std::vector<ShadowTrace> traces = Traces();
+  model::DecisionSpec spec;
+  spec.candidate_layers = {1, 2, 3, 4, 6};
+  spec.max_draft_len = 6;
+  int64_t compared = 0, after_rejection_rounds = 0;
+  for (size_t i = 0; i < traces.size(); ++i) {
+    for (auto [lambda, tau] : std::vector<std::pair<float, float>>{{0.5f, 0.5f}, {0.8f, 0.3f}}) {
+      policy::ThresholdExitController a(lambda, tau), b(lambda, tau);
+      model::GenerateOptions o;
+      o.max_new_tokens = kNewTokens;
+      o.mode = model::SpeculationMode::kAdaptive;
+      o.controller = &a;
+      o.decision_spec = spec;
+      o.record_traces = true;
+      auto real = engine_->Generate((*prompts_)[i], o);
+      ASSERT_TRUE(real.ok());
+      SimulatedMethod m;
+      m.mode = speculation::SpeculationMode::kAdaptive;
+      m.controller = &b;
+      m.spec = spec;
+      auto sim = Simulate(traces[i], m, /*record_traces=*/true);
+      ASSERT_TRUE(sim.ok()) << sim.status().message();
+      EXPECT_EQ(sim->tokens, real->tokens);
+      const auto& sr = sim->stats.rounds;
+      const auto& rr = real->stats.rounds;
+      ASSERT_EQ(sr.size(), rr.size());
+      for (size_t r = 0; r < sr.size(); ++r) {
+        EXPECT_EQ(sr[r].exit_layer, rr[r].exit_layer) << "round " << r;
+        EXPECT_EQ(sr[r].n_accepted, rr[r].n_accepted) << "round " << r;
+        EXPECT_EQ(sr[r].n_emitted, rr[r].n_emitted) << "round " << r;
+        const bool rejected = rr[r].n_drafted > rr[r].n_accepted;
+        if (!rejected) {
+          EXPECT_EQ(sr[r].n_drafted, rr[r].n_drafted) << "round " << r;
+          EXPECT_EQ(sr[r].n_decisions, rr[r].n_decisions) << "round " << r;
+        } else {
+          EXPECT_GT(sr[r].n_drafted, sr[r].n_accepted) << "round " << r;
+          after_rejection_rounds += sr[r].n_drafted != rr[r].n_drafted ? 1 : 0;
+        }
+      }
+      ASSERT_EQ(sim->traces.size(), real->traces.size());
+      for (size_t r = 0; r < sim->traces.size(); ++r) {
+        const auto& sd = sim->traces[r].decisions;
+        const auto& rd = real->traces[r].decisions;
+        // Decisions before the first rejected draft, and that draft's own.
+        size_t exact = 0;
+        while (exact < rd.size() && exact < sd.size()) {
+          const bool rejected_draft = rd[exact].draft_index >= 0 && !rd[exact].accepted;
+          ++exact;
+          if (rejected_draft) break;
+        }
+        for (size_t k = 0; k < exact; ++k) {
+          ++compared;
+          EXPECT_EQ(sd[k].action, rd[k].action) << "round " << r << " decision " << k;
+          EXPECT_EQ(sd[k].accepted, rd[k].accepted);
+          EXPECT_NEAR(sd[k].state.top1_prob, rd[k].state.top1_prob, 1e-4);
+          EXPECT_NEAR(sd[k].state.entropy, rd[k].state.entropy, 1e-3);
+          EXPECT_NEAR(sd[k].state.margin, rd[k].state.margin, 1e-3);
+          EXPECT_NEAR(sd[k].state.trace_nll, rd[k].state.trace_nll, 1e-3);
+          EXPECT_NEAR(sd[k].state.draft_conf, rd[k].state.draft_conf, 1e-4);
+          EXPECT_FLOAT_EQ(sd[k].state.accept_ema, rd[k].state.accept_ema);
+        }
+      }
+    }
+  }
+  EXPECT_GT(compared, 100);
+  std::printf("compared %lld decisions; %lld rounds drafted a different number after a rejection\n",
+              static_cast<long long>(compared), static_cast<long long>(after_rejection_rounds));
+}
+
+TEST_F(CounterfactualTest, DinkelbachReturnIsTokensMinusRhoTimesCost) {
+  const std::vector<ShadowTrace> traces = Traces();
+  auto cost = model::MakeAcceleratorCostModel(model_->config());
+  model::DecisionSpec spec;
+  spec.candidate_layers = {2, 4};
+  spec.max_draft_len = 4;
+  for (double rho : {1.0, 1.6}) {
+    const policy::RewardSpec rewards = DinkelbachRewards(*cost, static_cast<int32_t>(model_->n_layers()), 4, rho);
+    policy::ThresholdExitController behaviour(0.6f, 0.6f);
+    policy::EpsilonGreedyController explore(behaviour, 0.3, 7);
+    SimulatedMethod m;
+    m.mode = speculation::SpeculationMode::kAdaptive;
+    m.controller = &explore;
+    m.spec = spec;
+    auto sim = Simulate(traces[0], m, true);
+    ASSERT_TRUE(sim.ok());
+    // Every round with a token budget left for drafting has its decisions
+    // (the last round of a request may have none: a plain step).
+    ASSERT_GE(sim->traces.size() + 1, sim->stats.rounds.size());
+    bool declined = false;
+    for (size_t r = 0; r < sim->traces.size(); ++r) {
+      double ret = 0;
+      for (const policy::Transition& t : policy::ToTransitions(sim->traces[r], rewards, "x", "b", "f")) ret += t.reward;
+      const model::RoundRecord& rec = sim->stats.rounds.at(sim->traces[r].round_index);
+      declined = declined || rec.n_decisions == 1;
+      EXPECT_NEAR(ret, rec.n_emitted - rho * cost->RoundCost(rec), 1e-4) << "round " << r << " rho " << rho;
+    }
+    EXPECT_TRUE(declined) << "exploration should decline at round start at least once";
+  }
+}
+
+TEST_F(CounterfactualTest, CounterfactualTransitionsCoverEveryBehaviour) {
+  const std::vector<ShadowTrace> traces = Traces();
+  auto cost = model::MakeAcceleratorCostModel(model_->config());
+  model::DecisionSpec spec;
+  spec.candidate_layers = {2, 4};
+  spec.max_draft_len = 4;
+  std::vector<ControllerMaker> behaviours = {
+      [](int64_t) { return std::make_unique<policy::ThresholdExitController>(0.5f, 0.5f); },
+      [](int64_t) { return std::make_unique<policy::StaticExitController>(4, 2); }};
+  auto ts = CounterfactualTransitions(traces, spec, behaviours, DinkelbachRewards(*cost, 12, 4, 1.5), "fp");
+  ASSERT_TRUE(ts.ok());
+  std::set<std::string> versions, requests;
+  for (const policy::Transition& t : *ts) versions.insert(t.policy_version), requests.insert(t.request_id);
+  EXPECT_EQ(versions.size(), 2u);
+  EXPECT_EQ(requests.size(), 2 * traces.size());
+  EXPECT_EQ(ts->front().reward_cost_model, "accelerator");
+}
+
+TEST_F(CounterfactualTest, BadMethodsAreRefused) {
+  const std::vector<ShadowTrace> traces = Traces();
+  SimulatedMethod m;
+  m.mode = speculation::SpeculationMode::kStatic;
+  m.exit_layer = 13;
+  m.draft_len = 2;
+  EXPECT_EQ(Simulate(traces[0], m).status().code(), StatusCode::kInvalidArgument);
+  m.mode = speculation::SpeculationMode::kAdaptive;
+  m.spec.candidate_layers = {2};
+  EXPECT_EQ(Simulate(traces[0], m).status().code(), StatusCode::kInvalidArgument);  // no controller
+  EXPECT_EQ(ComputeShadowTrace(*model_, {}, {5}, false, 8, 4).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ComputeShadowTrace(*model_, {1}, {99999}, false, 8, 4).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace lede::trainer

@@ -1,0 +1,326 @@
+#include "trainer/counterfactual.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include "shared/model/exit_signals.h"
+#include "shared/speculation/adaptive_round.h"
+#include "shared/status/status_macros.h"
+
+namespace lede::trainer {
+
+using speculation::Draft;
+using speculation::DraftRequest;
+using speculation::Prefilled;
+using speculation::SessionOptions;
+using speculation::SpeculationMode;
+using speculation::Verdict;
+
+const model::ExitSignals& ShadowTrace::At(int32_t layer, int64_t t) const {
+  const auto& row = probes.at(static_cast<size_t>(layer - 1));
+  return row[static_cast<size_t>(std::clamp<int64_t>(t, 0, static_cast<int64_t>(row.size()) - 1))];
+}
+
+StatusOr<ShadowTrace> ComputeShadowTrace(const model::LlamaModel& model, const std::vector<int32_t>& prompt,
+                                         const std::vector<int32_t>& output, bool ended_on_eos,
+                                         int64_t max_new_tokens, int32_t top_k, std::string id) {
+  const model::ModelConfig& c = model.config();
+  if (prompt.empty()) return InvalidArgumentError("prompt: is empty");
+  if (output.empty() && !ended_on_eos) return InvalidArgumentError("output: is empty");
+  const int64_t P = static_cast<int64_t>(prompt.size()), N = static_cast<int64_t>(output.size());
+  if (P + N > c.max_seq_len) {
+    return InvalidArgumentError("prompt + output: " + std::to_string(P + N) + " tokens, more than max_seq_len " +
+                                std::to_string(c.max_seq_len));
+  }
+  std::vector<int64_t> ids(prompt.begin(), prompt.end());
+  ids.insert(ids.end(), output.begin(), output.end());
+  for (int64_t v : ids) {
+    if (v < 0 || v >= c.vocab_size) {
+      return InvalidArgumentError("token id " + std::to_string(v) + " outside [0, " + std::to_string(c.vocab_size) +
+                                  ")");
+    }
+  }
+  ShadowTrace trace;
+  trace.id = std::move(id);
+  trace.n_layers = static_cast<int32_t>(c.n_layers);
+  trace.top_k = top_k;
+  trace.max_new_tokens = max_new_tokens;
+  trace.prompt = prompt;
+  trace.target = output;
+  trace.eos_ids = c.eos_ids;
+  if (ended_on_eos) trace.target.push_back(c.eos_ids.empty() ? 0 : c.eos_ids.front());
+  const int64_t T = static_cast<int64_t>(trace.target.size());
+  try {
+    c10::InferenceMode guard;
+    at::Tensor h = model.Embed(at::tensor(ids, at::kLong).view({1, -1}).to(model.options().device));
+    for (int64_t l = 1; l <= c.n_layers; ++l) {
+      h = model.Forward(h, l - 1, l, 0, nullptr, 0);
+      at::Tensor logits =
+          model.ExitLogits(h.narrow(1, P - 1, T)).view({T, -1}).to(at::kCPU, at::kFloat).contiguous();
+      const float* base = logits.data_ptr<float>();
+      const int64_t V = logits.size(1);
+      std::vector<model::ExitSignals> row(static_cast<size_t>(T));
+      for (int64_t t = 0; t < T; ++t) row[t] = model::ProbeSignals(base + t * V, V, top_k);
+      trace.probes.push_back(std::move(row));
+    }
+  } catch (const c10::Error& e) {
+    return InternalError(std::string("shadow trace: ") + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return InternalError(std::string("shadow trace: ") + e.what());
+  }
+  return trace;
+}
+
+StatusOr<ShadowTrace> TraceGreedyRequest(model::Engine& engine, const std::vector<int32_t>& prompt,
+                                         int64_t max_new_tokens, int32_t top_k, std::string id) {
+  model::GenerateOptions o;
+  o.max_new_tokens = max_new_tokens;
+  LEDE_ASSIGN_OR_RETURN(model::GenerationResult r, engine.Generate(prompt, o));
+  return ComputeShadowTrace(engine.model(), prompt, r.tokens, r.finish == model::FinishReason::kEos,
+                            max_new_tokens, top_k, std::move(id));
+}
+
+namespace {
+
+// The speculation backend of a simulated greedy request (see the header).
+class ShadowBackend : public speculation::SpeculationBackend {
+ public:
+  ShadowBackend(const ShadowTrace& trace, const SimulatedMethod& method) : trace_(trace), method_(method) {
+    limits_.n_layers = trace.n_layers;
+    limits_.vocab_size = std::numeric_limits<int32_t>::max();
+    // The KV room never binds in a replay (it did not in the logged request).
+    limits_.capacity = static_cast<int64_t>(trace.prompt.size()) + trace.max_new_tokens + 64;
+    limits_.eos_ids = trace.eos_ids;
+  }
+  const speculation::ModelLimits& limits() const override { return limits_; }
+
+  StatusOr<Prefilled> Open(const std::vector<int32_t>&, const SessionOptions& options) override {
+    options_ = options;
+    if (trace_.target.empty()) return InvalidArgumentError("trace: empty target");
+    Prefilled p;
+    p.token = trace_.target[0];
+    p.nll = Full(0).top1_nll;
+    p.margin = Full(0).margin;
+    next_ = 1;
+    return p;
+  }
+
+  StatusOr<Draft> DraftRound(int64_t, const DraftRequest& request) override {
+    Draft d;
+    const int64_t i = next_;  // the round drafts for target[i], target[i + 1], ...
+    if (method_.mode == SpeculationMode::kStatic) {
+      const int64_t K = std::min<int64_t>(method_.draft_len, request.budget);
+      for (int64_t j = 0; j < K; ++j) d.tokens.push_back(trace_.At(method_.exit_layer, i + j).top1);
+      d.exit_layer = K > 0 ? method_.exit_layer : 0;
+      return d;
+    }
+    if (method_.mode != SpeculationMode::kAdaptive) return d;
+    class Probes : public speculation::DraftProbes {
+     public:
+      Probes(const ShadowTrace& t, int64_t i) : t_(t), i_(i) {}
+      StatusOr<model::ExitSignals> ProbeLayer(int32_t layer) override {
+        layer_ = layer;
+        last_ = t_.At(layer, i_);
+        return last_;
+      }
+      StatusOr<model::ExitSignals> ProbeDraft(int32_t row, int32_t) override {
+        last_ = t_.At(layer_, i_ + row);  // the committed path's signals (see the header)
+        return last_;
+      }
+      StatusOr<int32_t> DraftFromProbe() override { return last_.top1; }
+
+     private:
+      const ShadowTrace& t_;
+      int64_t i_;
+      int32_t layer_ = 0;
+      model::ExitSignals last_;
+    } probes(trace_, i);
+    const int64_t d_cap = std::min<int64_t>(request.budget, method_.spec.max_draft_len);
+    LEDE_RETURN_IF_ERROR(speculation::RunAdaptiveRound(*method_.controller, method_.spec, trace_.n_layers, request,
+                                                       d_cap, probes, d));
+    return d;
+  }
+
+  StatusOr<Verdict> VerifyRound(int64_t, int32_t, const Draft& d) override {
+    const int64_t i = next_, T = static_cast<int64_t>(trace_.target.size());
+    int64_t a = 0;
+    while (a < static_cast<int64_t>(d.tokens.size()) && i + a < T && d.tokens[a] == trace_.target[i + a]) ++a;
+    if (i >= T) {
+      return InternalError("shadow replay ran past the logged trajectory of " + trace_.id + " (" +
+                           std::to_string(T) + " tokens)");
+    }
+    Verdict v;
+    v.n_accepted = static_cast<int32_t>(a);
+    for (int64_t j = 0; j <= a; ++j) {
+      // A round that drafts the request's final EOS has its bonus token past
+      // the trajectory; the loop stops at the EOS before emitting it.
+      v.tokens.push_back(i + j < T ? trace_.target[i + j] : trace_.target.back());
+      if (options_.record_nll) v.nll.push_back(Full(i + j).top1_nll);
+      if (options_.record_margins) v.margins.push_back(Full(i + j).margin);
+    }
+    next_ = i + a + 1;
+    return v;
+  }
+
+  void Close(int64_t) override {}
+
+  // Starts the replay at target[next] (target[next - 1] pending), for
+  // single rounds.
+  void Seek(int64_t next) { next_ = next; }
+
+ private:
+  const model::ExitSignals& Full(int64_t t) const { return trace_.At(trace_.n_layers, t); }
+
+  const ShadowTrace& trace_;
+  const SimulatedMethod& method_;
+  speculation::ModelLimits limits_;
+  SessionOptions options_;
+  int64_t next_ = 1;
+};
+
+}  // namespace
+
+StatusOr<speculation::GenerationResult> Simulate(const ShadowTrace& trace, const SimulatedMethod& method,
+                                                 bool record_traces) {
+  const int32_t L = trace.n_layers;
+  if (method.mode == SpeculationMode::kStatic &&
+      (method.exit_layer < 1 || method.exit_layer > L || method.draft_len < 1)) {
+    return InvalidArgumentError("static method: exit_layer " + std::to_string(method.exit_layer) +
+                                " outside [1, " + std::to_string(L) + "] or draft_len < 1");
+  }
+  if (method.mode == SpeculationMode::kAdaptive) {
+    if (method.controller == nullptr) return InvalidArgumentError("controller: required in adaptive mode");
+    for (int32_t l : method.spec.candidate_layers) {
+      if (l < 1 || l > L) return InvalidArgumentError("candidate_layers: " + std::to_string(l) + " outside [1, L]");
+    }
+    if (method.spec.max_draft_len < 1) return InvalidArgumentError("max_draft_len: must be >= 1");
+  }
+  ShadowBackend backend(trace, method);
+  speculation::LoopOptions loop;
+  loop.max_new_tokens = trace.max_new_tokens;
+  loop.mode = method.mode;
+  loop.record_traces = record_traces;
+  loop.trace_window = method.spec.trace_window;
+  return speculation::RunGeneration(backend, trace.prompt, loop, nullptr);
+}
+
+std::vector<RoundContext> RoundContexts(const ShadowTrace& trace, const speculation::GenerationResult& result) {
+  std::vector<RoundContext> out;
+  int64_t next = 1;
+  size_t k = 0;  // index into result.traces
+  for (size_t r = 0; r < result.stats.rounds.size(); ++r) {
+    const speculation::RoundRecord& rec = result.stats.rounds[r];
+    if (k < result.traces.size() && result.traces[k].round_index == static_cast<int64_t>(r)) {
+      const model::RoundTrace& rt = result.traces[k++];
+      RoundContext c;
+      c.next = next;
+      c.round_index = static_cast<int64_t>(r);
+      if (!rt.decisions.empty()) {
+        c.trace_nll = rt.decisions.front().state.trace_nll;
+        c.accept_ema = rt.decisions.front().state.accept_ema;
+      }
+      c.budget = trace.max_new_tokens - next - 1;
+      out.push_back(c);
+    }
+    next += rec.n_accepted + 1;
+  }
+  return out;
+}
+
+StatusOr<SimulatedRound> SimulateRound(const ShadowTrace& trace, const model::DecisionSpec& spec,
+                                       model::ExitController& controller, const RoundContext& c) {
+  SimulatedMethod m;
+  m.mode = SpeculationMode::kAdaptive;
+  m.controller = &controller;
+  m.spec = spec;
+  ShadowBackend backend(trace, m);
+  SessionOptions options;
+  LEDE_RETURN_IF_ERROR(backend.Open(trace.prompt, options).status());
+  backend.Seek(c.next);
+  DraftRequest request;
+  request.pending_token = trace.target.at(static_cast<size_t>(c.next - 1));
+  request.position = static_cast<int64_t>(trace.prompt.size()) + c.next - 1;
+  request.budget = c.budget;
+  request.trace_nll = c.trace_nll;
+  request.accept_ema = c.accept_ema;
+  request.round_index = c.round_index;
+  request.record_trace = true;
+  LEDE_ASSIGN_OR_RETURN(Draft draft, backend.DraftRound(0, request));
+  LEDE_ASSIGN_OR_RETURN(Verdict verdict, backend.VerifyRound(0, request.pending_token, draft));
+  SimulatedRound out;
+  out.trace = std::move(draft.trace);
+  for (model::Decision& d : out.trace.decisions) d.accepted = d.draft_index >= 0 && d.draft_index < verdict.n_accepted;
+  const int32_t K = static_cast<int32_t>(draft.tokens.size());
+  out.trace.round_index = c.round_index;
+  out.trace.exit_layer = K > 0 ? draft.exit_layer : 0;
+  out.trace.n_drafted = K;
+  out.trace.n_accepted = verdict.n_accepted;
+  out.record.exit_layer = out.trace.exit_layer;
+  out.record.n_drafted = K;
+  out.record.n_accepted = verdict.n_accepted;
+  out.record.n_emitted = verdict.n_accepted + 1;
+  out.record.n_probes = draft.n_probes;
+  out.record.n_decisions = draft.n_decisions;
+  return out;
+}
+
+double SpeedupOf(const model::CostModel& cost, const std::vector<speculation::RoundRecord>& rounds) {
+  return cost.PredictedSpeedup(rounds);
+}
+
+StatusOr<double> SimulatedSpeedup(const std::vector<ShadowTrace>& traces, const model::DecisionSpec& spec,
+                                  const ControllerMaker& make, const model::CostModel& cost) {
+  std::vector<speculation::RoundRecord> rounds;
+  for (size_t i = 0; i < traces.size(); ++i) {
+    std::unique_ptr<model::ExitController> controller = make(static_cast<int64_t>(i));
+    SimulatedMethod m;
+    m.mode = SpeculationMode::kAdaptive;
+    m.controller = controller.get();
+    m.spec = spec;
+    LEDE_ASSIGN_OR_RETURN(speculation::GenerationResult r, Simulate(traces[i], m));
+    rounds.insert(rounds.end(), r.stats.rounds.begin(), r.stats.rounds.end());
+  }
+  return cost.PredictedSpeedup(rounds);
+}
+
+StatusOr<std::vector<policy::Transition>> CounterfactualTransitions(
+    const std::vector<ShadowTrace>& traces, const model::DecisionSpec& spec,
+    const std::vector<ControllerMaker>& behaviours, const policy::RewardSpec& rewards,
+    const std::string& model_fingerprint) {
+  std::vector<policy::Transition> out;
+  for (size_t b = 0; b < behaviours.size(); ++b) {
+    for (size_t i = 0; i < traces.size(); ++i) {
+      std::unique_ptr<model::ExitController> controller = behaviours[b](static_cast<int64_t>(i));
+      SimulatedMethod m;
+      m.mode = SpeculationMode::kAdaptive;
+      m.controller = controller.get();
+      m.spec = spec;
+      LEDE_ASSIGN_OR_RETURN(speculation::GenerationResult r, Simulate(traces[i], m, /*record_traces=*/true));
+      const std::string request_id = traces[i].id + "#" + std::to_string(b);
+      const std::string version = controller->name();
+      for (const model::RoundTrace& rt : r.traces) {
+        std::vector<policy::Transition> ts = policy::ToTransitions(rt, rewards, request_id, version,
+                                                                   model_fingerprint);
+        out.insert(out.end(), std::make_move_iterator(ts.begin()), std::make_move_iterator(ts.end()));
+      }
+    }
+  }
+  return out;
+}
+
+policy::RewardSpec DinkelbachRewards(const model::CostModel& cost, int32_t n_layers, int32_t max_draft_len,
+                                     double rho) {
+  std::vector<double> draft_cost;
+  for (int32_t l = 0; l <= n_layers; ++l) draft_cost.push_back(l == 0 ? 0.0 : cost.DraftToken(l));
+  std::vector<std::vector<double>> verify(n_layers + 1);
+  for (int32_t e = 0; e <= n_layers; ++e) {
+    for (int32_t k = 0; k <= max_draft_len; ++k) verify[e].push_back(e == 0 ? 0.0 : cost.Verify(e, k));
+  }
+  return policy::RewardSpec::Throughput(cost.name(), draft_cost, verify, cost.Probe(), cost.Decision(), rho);
+}
+
+}  // namespace lede::trainer

@@ -1,0 +1,257 @@
+// lede-train-counterfactual: trains LEDE's exit policy on counterfactual
+// experience (trainer/counterfactual.h, trainer/dinkelbach.h).
+//
+// Greedy requests are generated for the tuning split of each prompt set
+// (and, optionally, extra prompts such as training-corpus documents), their
+// shadow traces computed in one pass each, and the DQN trained by Dinkelbach
+// iteration on replays of them; a quarter of the requests (whole requests)
+// selects the iterate. Writes a policy artifact (policy/dqn/artifact.h) and
+// a report.json beside it.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <ATen/Parallel.h>
+#include <nlohmann/json.hpp>
+
+#include "policy/dqn/artifact.h"
+#include "shared/flags/flags.h"
+#include "shared/model/cost_model.h"
+#include "shared/model/decoding.h"
+#include "shared/tokenizer/model_files.h"
+#include "shared/status/status_macros.h"
+#include "trainer/corpus.h"
+#include "trainer/counterfactual.h"
+#include "trainer/dinkelbach.h"
+#include "trainer/dqn.h"
+
+namespace {
+
+using lede::Status;
+using lede::StatusOr;
+
+struct Flags {
+  std::string model, prompts, extra_prompts, exclude_prompts, reward = "throughput", cost_model = "accelerator", calibration, candidates = "1,2,3,4,5,6", out,
+              version, report;
+  int64_t per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 128, extra_count = 0,
+          max_draft = 4, iterations = 6, epochs = 16, seed = 1, threads = 1, hidden = 64, batch_size = 256;
+  double selection_fraction = 0.25, epsilon = 0.2, lr = 1e-3;
+  bool overwrite = false, probe_candidates = false, lookahead_probe = false, rollout = true;
+};
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "lede-train-counterfactual: %s\n", std::string(s.message()).c_str());
+  return s.code() == lede::StatusCode::kInternal ? 1 : 2;
+}
+
+int Run(const Flags& fl) {
+  at::set_num_threads(static_cast<int>(fl.threads));
+  auto tok_path = lede::tokenizer::FindTokenizerFile(fl.model);
+  if (!tok_path.ok()) return Fail(tok_path.status());
+  auto tok = lede::tokenizer::LoadTokenizer(*tok_path);
+  if (!tok.ok()) return Fail(tok.status());
+  auto loaded = lede::model::LlamaModel::Load(fl.model, lede::model::ModelOptions{});
+  if (!loaded.ok()) return Fail(loaded.status());
+  std::shared_ptr<const lede::model::LlamaModel> model = std::move(*loaded);
+  lede::model::KvCacheOptions ko;
+  ko.max_draft_len = std::max<int64_t>(8, fl.max_draft);
+  auto engine = lede::model::Engine::Create(model, ko);
+  if (!engine.ok()) return Fail(engine.status());
+
+  std::unique_ptr<lede::model::CostModel> cost;
+  if (fl.cost_model == "accelerator") {
+    cost = lede::model::MakeAcceleratorCostModel(model->config());
+  } else if (fl.cost_model == "measured") {
+    const std::string path = fl.calibration.empty() ? fl.model + "/calibration-cpu.json" : fl.calibration;
+    auto cal = lede::model::ReadCalibrationFile(path);
+    if (!cal.ok()) return Fail(cal.status());
+    cost = lede::model::MakeMeasuredCostModel(*cal);
+  } else {
+    return Fail(lede::InvalidArgumentError("--cost-model: want accelerator or measured"));
+  }
+  lede::trainer::DinkelbachOptions o;
+  if (fl.reward != "throughput" && fl.reward != "paper") {
+    return Fail(lede::InvalidArgumentError("--reward: want throughput or paper"));
+  }
+  o.paper_rewards = fl.reward == "paper";
+  auto layers = lede::flags::ParseIntList("candidate-layers", fl.candidates);
+  if (!layers.ok()) return Fail(layers.status());
+  o.spec.candidate_layers = *layers;
+  o.spec.max_draft_len = static_cast<int32_t>(fl.max_draft);
+  o.spec.probe_candidates = fl.probe_candidates;
+  o.rollout_targets = fl.rollout;
+  o.spec.lookahead_probe = fl.lookahead_probe;
+  o.max_iterations = static_cast<int32_t>(fl.iterations);
+  o.behaviour_epsilon = fl.epsilon;
+  o.seed = static_cast<uint64_t>(fl.seed);
+  o.model_fingerprint = model->config().ArchitectureFingerprint();
+  o.dqn.epochs = fl.epochs;
+  o.dqn.seed = static_cast<uint64_t>(fl.seed);
+  o.dqn.hidden = static_cast<int32_t>(fl.hidden);
+  o.dqn.batch_size = fl.batch_size;
+  o.dqn.lr = fl.lr;
+  o.dqn.num_threads = static_cast<int32_t>(fl.threads);
+  o.dqn.heldout_fraction = 0.0;  // selection runs on whole held-out requests instead
+
+  // Requests: tuning splits of the prompt sets, then the extra prompts.
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> ids;
+  for (const std::string& path : lede::flags::SplitList(fl.prompts)) {
+    auto set = lede::trainer::LoadPromptSet(path, **tok, fl.per_set, fl.prompt_tokens, fl.max_prompt_tokens);
+    if (!set.ok()) return Fail(set.status());
+    for (size_t i = 0; i < set->tuning.size(); ++i) {
+      prompts.push_back(set->tuning[i]);
+      ids.push_back(set->name + ":" + std::to_string(i));
+    }
+  }
+  // Extra prompts that begin like any prompt of --exclude-prompts (the
+  // evaluation sets, both splits) are dropped: corpus files hold the
+  // documents the evaluation prompts were cut from.
+  constexpr size_t kPrefix = 16;
+  std::set<std::vector<int32_t>> excluded;
+  for (const std::string& path : lede::flags::SplitList(fl.exclude_prompts)) {
+    auto set = lede::trainer::LoadPromptSet(path, **tok, 1 << 20, fl.prompt_tokens, fl.max_prompt_tokens);
+    if (!set.ok()) return Fail(set.status());
+    for (const auto* half : {&set->tuning, &set->eval}) {
+      for (const auto& p : *half) excluded.emplace(p.begin(), p.begin() + std::min(kPrefix, p.size()));
+    }
+  }
+  int64_t n_excluded = 0;
+  for (const std::string& path : lede::flags::SplitList(fl.extra_prompts)) {
+    // All of an extra file's prompts train (they must not be evaluation data).
+    auto set = lede::trainer::LoadPromptSet(path, **tok, 2 * fl.extra_count, fl.prompt_tokens, fl.max_prompt_tokens);
+    if (!set.ok()) return Fail(set.status());
+    for (const auto* half : {&set->tuning, &set->eval}) {
+      for (const auto& p : *half) {
+        if (excluded.count(std::vector<int32_t>(p.begin(), p.begin() + std::min(kPrefix, p.size())))) {
+          ++n_excluded;
+          continue;
+        }
+        prompts.push_back(p);
+        ids.push_back(set->name + ":x" + std::to_string(ids.size()));
+      }
+    }
+  }
+  if (n_excluded > 0) std::fprintf(stderr, "%lld extra prompts dropped (they begin like an excluded prompt)\n",
+                                   static_cast<long long>(n_excluded));
+  if (prompts.size() < 4) return Fail(lede::InvalidArgumentError("--prompts: fewer than 4 training requests"));
+  std::vector<lede::trainer::ShadowTrace> train, selection;
+  const size_t every = std::max<size_t>(2, static_cast<size_t>(std::lround(1.0 / std::max(0.05, fl.selection_fraction))));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto t = lede::trainer::TraceGreedyRequest(**engine, prompts[i], fl.new_tokens, o.spec.top_k, ids[i]);
+    if (!t.ok()) return Fail(t.status());
+    (i % every == every - 1 ? selection : train).push_back(std::move(*t));
+    std::fprintf(stderr, "\rshadow traces %zu/%zu", i + 1, prompts.size());
+  }
+  std::fprintf(stderr, "\n%zu training requests, %zu selection requests, cost model %s\n", train.size(),
+               selection.size(), cost->name().c_str());
+  auto sel_static = lede::trainer::BestStatic(selection, 8, *cost);
+  if (!sel_static.ok()) return Fail(sel_static.status());
+  std::fprintf(stderr, "best static on the selection requests (for reference): E=%d D=%d %.4fx\n",
+               sel_static->exit_layer, sel_static->draft_len, sel_static->speedup);
+  auto result = lede::trainer::TrainDinkelbach(
+      train, selection, *cost, o, [](const lede::trainer::DinkelbachIteration& it) {
+        std::fprintf(stderr,
+                     "iteration %d: rho %.4f, %lld transitions -> train %.4fx, selection %.4fx (%.0f s)\n",
+                     it.iteration, it.rho, static_cast<long long>(it.transitions), it.train_speedup,
+                     it.selection_speedup, it.seconds);
+      });
+  if (!result.ok()) return Fail(result.status());
+
+  lede::policy::dqn::PolicyMetadata meta;
+  meta.version = fl.version;
+  meta.model_fingerprint = o.model_fingerprint;
+  meta.decision = o.spec;
+  meta.reward_cost_model = o.paper_rewards ? "accelerator" : cost->name();
+  const lede::trainer::DinkelbachIteration& sel = result->iterations[result->selected_iteration - 1];
+  meta.training_options["rho"] = sel.rho;
+  meta.training_options["dinkelbach_iterations"] = static_cast<double>(result->iterations.size());
+  meta.training_options["selected_iteration"] = result->selected_iteration;
+  meta.training_options["new_tokens"] = static_cast<double>(fl.new_tokens);
+  meta.training_options["behaviour_epsilon"] = fl.epsilon;
+  meta.training_options["rollout_targets"] = fl.rollout ? 1.0 : 0.0;
+  meta.training_data.n_requests = static_cast<int64_t>(train.size() + selection.size());
+  lede::policy::dqn::Artifact artifact = lede::trainer::MakeArtifact(result->dqn, o.dqn, meta);
+  artifact.metadata.offline_metrics["selection_speedup"] = sel.selection_speedup;
+  artifact.metadata.offline_metrics["train_speedup"] = sel.train_speedup;
+  artifact.metadata.offline_metrics["best_static_train_speedup"] = result->best_static_train_speedup;
+  if (Status s = lede::policy::dqn::SaveArtifact(fl.out, artifact, fl.overwrite); !s.ok()) return Fail(s);
+
+  nlohmann::json report;
+  report["cost_model"] = cost->name();
+  report["best_static_train"] = {{"config", result->best_static}, {"speedup", result->best_static_train_speedup}};
+  report["selected_iteration"] = result->selected_iteration;
+  report["best_static_selection"] = {{"config", "E=" + std::to_string(sel_static->exit_layer) + " D=" +
+                                                    std::to_string(sel_static->draft_len)},
+                                     {"speedup", sel_static->speedup}};
+  for (const auto& it : result->iterations) {
+    report["iterations"].push_back({{"iteration", it.iteration},
+                                    {"rho", it.rho},
+                                    {"transitions", it.transitions},
+                                    {"train_speedup", it.train_speedup},
+                                    {"selection_speedup", it.selection_speedup},
+                                    {"seconds", it.seconds}});
+  }
+  report["requests"] = {{"train", train.size()}, {"selection", selection.size()}};
+  std::ofstream(fl.out + "/training_report.json") << report.dump(2) << "\n";
+  std::printf("wrote %s (selected iteration %d: rho %.4f, selection %.4fx; best static on training %s %.4fx)\n",
+              fl.out.c_str(), result->selected_iteration, sel.rho, sel.selection_speedup, result->best_static.c_str(),
+              result->best_static_train_speedup);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags fl;
+  lede::flags::FlagSet f;
+  f.Add("model", &fl.model, "model directory (Hugging Face layout + tokenizer)", true);
+  f.Add("prompts", &fl.prompts, "prompt sets (.jsonl or corpus); their tuning split (first half) trains", true);
+  f.Add("prompts-per-set", &fl.per_set, "prompts read per set (as lede bench: half tuning, half evaluation)");
+  f.Add("extra-prompts", &fl.extra_prompts, "more training prompts (all of them train; never evaluation data)");
+  f.Add("extra-count", &fl.extra_count, "prompts taken from each --extra-prompts file");
+  f.Add("exclude-prompts", &fl.exclude_prompts, "prompt sets whose prompts (all of them) no extra prompt may begin like");
+  f.Add("prompt-tokens", &fl.prompt_tokens, "tokens of a corpus document used as its prompt");
+  f.Add("max-prompt-tokens", &fl.max_prompt_tokens, "longer prompts are cut");
+  f.Add("new-tokens", &fl.new_tokens, "tokens generated per training request");
+  f.Add("reward", &fl.reward, "throughput (tokens - rho * cost, Dinkelbach) or paper (DESIGN.md §2)");
+  f.Add("cost-model", &fl.cost_model, "accelerator or measured (rewards and selection)");
+  f.Add("calibration", &fl.calibration, "measured cost model JSON (default MODEL/calibration-cpu.json)");
+  f.Add("candidate-layers", &fl.candidates, "phase-1 candidate exit layers");
+  f.Add("max-draft-len", &fl.max_draft, "D_max");
+  f.Add("probe-candidates", &fl.probe_candidates,
+        "phase 1 probes each candidate layer (false: exit layer from the history, a head only at l*)");
+  f.Add("lookahead-probe", &fl.lookahead_probe,
+        "phase 2 decides on the next token's probe (false: on the token just drafted; stopping is free)");
+  f.Add("iterations", &fl.iterations, "Dinkelbach iterations at most");
+  f.Add("rollout", &fl.rollout, "Q targets from exact rollouts of the current policy (false: n-step TD)");
+  f.Add("epochs", &fl.epochs, "DQN epochs per iteration");
+  f.Add("hidden", &fl.hidden, "hidden width of the Q-network");
+  f.Add("batch-size", &fl.batch_size, "DQN minibatch");
+  f.Add("lr", &fl.lr, "Adam learning rate");
+  f.Add("epsilon", &fl.epsilon, "ε of the exploring behaviours in the replays");
+  f.Add("selection-fraction", &fl.selection_fraction, "share of requests that select the iterate");
+  f.Add("seed", &fl.seed, "seed");
+  f.Add("threads", &fl.threads, "libtorch threads");
+  f.Add("out", &fl.out, "artifact directory to write", true);
+  f.Add("version", &fl.version, "policy version", true);
+  f.Add("overwrite", &fl.overwrite, "replace an existing artifact");
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (lede::flags::WantsHelp(args)) {
+    std::printf("usage: lede-train-counterfactual --model DIR --prompts F[,F] --out DIR --version V [flags]\nflags:\n%s",
+                f.Usage().c_str());
+    return 0;
+  }
+  if (Status s = f.Parse(args); !s.ok()) {
+    std::fprintf(stderr, "lede-train-counterfactual: %s (see --help)\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  return Run(fl);
+}

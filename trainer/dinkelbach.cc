@@ -1,0 +1,257 @@
+#include "trainer/dinkelbach.h"
+
+#include <chrono>
+#include <cmath>
+#include <utility>
+
+#include "policy/controllers.h"
+#include "policy/dqn/dqn_exit_controller.h"
+#include "shared/status/status_macros.h"
+
+namespace lede::trainer {
+
+StatusOr<StaticChoice> BestStatic(const std::vector<ShadowTrace>& traces, int32_t max_draft_len,
+                                  const model::CostModel& cost) {
+  if (traces.empty()) return InvalidArgumentError("traces: empty");
+  StaticChoice best;
+  const int32_t L = traces.front().n_layers;
+  for (int32_t e = 1; e < L; ++e) {
+    for (int32_t d = 1; d <= max_draft_len; ++d) {
+      std::vector<speculation::RoundRecord> rounds;
+      for (const ShadowTrace& t : traces) {
+        SimulatedMethod m;
+        m.mode = speculation::SpeculationMode::kStatic;
+        m.exit_layer = e;
+        m.draft_len = d;
+        LEDE_ASSIGN_OR_RETURN(speculation::GenerationResult r, Simulate(t, m));
+        rounds.insert(rounds.end(), r.stats.rounds.begin(), r.stats.rounds.end());
+      }
+      const double s = cost.PredictedSpeedup(rounds);
+      if (s > best.speedup) best = StaticChoice{e, d, s};
+    }
+  }
+  return best;
+}
+
+namespace {
+
+using policy::EpsilonGreedyController;
+using policy::StaticExitController;
+using policy::ThresholdExitController;
+
+// An ε-greedy wrapper that owns its behaviour controller.
+class OwningExplorer : public model::ExitController {
+ public:
+  OwningExplorer(std::unique_ptr<model::ExitController> inner, double epsilon, uint64_t seed)
+      : inner_(std::move(inner)), explore_(*inner_, epsilon, seed) {}
+  std::string name() const override { return explore_.name(); }
+  model::Action Decide(const model::ExitState& s) override { return explore_.Decide(s); }
+
+ private:
+  std::unique_ptr<model::ExitController> inner_;
+  EpsilonGreedyController explore_;
+};
+
+// The exploring behaviours of one iteration (see the header).
+std::vector<ControllerMaker> Behaviours(const DinkelbachOptions& o, int32_t n_layers,
+                                        std::shared_ptr<const policy::dqn::QNetwork> current, int32_t iteration) {
+  std::vector<ControllerMaker> out;
+  const double eps = o.behaviour_epsilon;
+  const uint64_t base = o.seed * 1000003ULL + static_cast<uint64_t>(iteration) * 7919ULL;
+  auto explorer = [eps, base](std::function<std::unique_ptr<model::ExitController>()> inner, uint64_t salt) {
+    return [inner, eps, base, salt](int64_t i) -> std::unique_ptr<model::ExitController> {
+      return std::make_unique<OwningExplorer>(inner(), eps, base + salt * 104729ULL + static_cast<uint64_t>(i));
+    };
+  };
+  uint64_t salt = 1;
+  for (float lambda : {0.3f, 0.5f, 0.7f, 0.9f}) {
+    for (float tau : {0.3f, 0.5f, 0.7f, 0.9f}) {
+      out.push_back(explorer([lambda, tau] { return std::make_unique<ThresholdExitController>(lambda, tau); },
+                             salt++));
+    }
+  }
+  for (int32_t e : o.spec.candidate_layers) {
+    if (e >= n_layers) continue;
+    for (int32_t d : {1, 2, 3, o.spec.max_draft_len}) {
+      out.push_back(explorer([e, d] { return std::make_unique<StaticExitController>(e, d); }, salt++));
+    }
+  }
+  // Uniform random actions (ε = 1) around any behaviour.
+  out.push_back([base](int64_t i) -> std::unique_ptr<model::ExitController> {
+    return std::make_unique<OwningExplorer>(std::make_unique<ThresholdExitController>(0.5f, 0.5f), 1.0,
+                                            base + 99991ULL + static_cast<uint64_t>(i));
+  });
+  if (current) {
+    for (double e : {0.05, 0.1, 0.2}) {
+      out.push_back([current, e, base, salt](int64_t i) -> std::unique_ptr<model::ExitController> {
+        return std::make_unique<OwningExplorer>(std::make_unique<policy::dqn::DqnExitController>(current, "current"),
+                                                e, base + salt * 15485863ULL + static_cast<uint64_t>(i));
+      });
+      ++salt;
+    }
+  }
+  return out;
+}
+
+// Replays a scripted prefix of a round's actions, then one forced action,
+// then the policy's own (a rollout of Q^pi(s_k, a)).
+class ForcedController : public model::ExitController {
+ public:
+  ForcedController(std::vector<model::Action> prefix, model::ExitController& policy)
+      : prefix_(std::move(prefix)), policy_(policy) {}
+  std::string name() const override { return "forced:" + policy_.name(); }
+  model::Action Decide(const model::ExitState& s) override {
+    const model::Action own = policy_.Decide(s);  // keeps the policy's own state advancing
+    return index_ < prefix_.size() ? prefix_[index_++] : own;
+  }
+  int32_t FirstProbeLayer(const model::ExitState& s) override { return policy_.FirstProbeLayer(s); }
+
+ private:
+  std::vector<model::Action> prefix_;
+  model::ExitController& policy_;
+  size_t index_ = 0;
+};
+
+// Q^pi targets of every decision of every round that `sources` visit on
+// `traces` (see DinkelbachOptions::rollout_targets), as terminal
+// transitions: reward = the return of the rest of the round.
+StatusOr<std::vector<policy::Transition>> RolloutTransitions(const std::vector<ShadowTrace>& traces,
+                                                             const model::DecisionSpec& spec,
+                                                             const ControllerMaker& policy,
+                                                             const std::vector<ControllerMaker>& sources,
+                                                             const policy::RewardSpec& rewards,
+                                                             const std::string& fingerprint) {
+  std::vector<policy::Transition> out;
+  for (size_t i = 0; i < traces.size(); ++i) {
+    const ShadowTrace& trace = traces[i];
+    for (size_t src = 0; src < sources.size(); ++src) {
+      std::unique_ptr<model::ExitController> behaviour = sources[src](static_cast<int64_t>(i));
+      SimulatedMethod m;
+      m.mode = speculation::SpeculationMode::kAdaptive;
+      m.controller = behaviour.get();
+      m.spec = spec;
+      LEDE_ASSIGN_OR_RETURN(speculation::GenerationResult sim, Simulate(trace, m, /*record_traces=*/true));
+      const std::vector<RoundContext> contexts = RoundContexts(trace, sim);
+      const std::string request_id = trace.id + "#" + std::to_string(src);
+      for (size_t r = 0; r < sim.traces.size() && r < contexts.size(); ++r) {
+        const auto& decisions = sim.traces[r].decisions;
+        std::vector<model::Action> prefix;
+        for (size_t k = 0; k < decisions.size(); ++k) {
+          for (model::Action a : {model::Action::kContinue, model::Action::kExit}) {
+            std::vector<model::Action> forced = prefix;
+            forced.push_back(a);
+            std::unique_ptr<model::ExitController> pi = policy(static_cast<int64_t>(i));
+            ForcedController ctl(std::move(forced), *pi);
+            LEDE_ASSIGN_OR_RETURN(SimulatedRound round, SimulateRound(trace, spec, ctl, contexts[r]));
+            if (round.trace.decisions.size() <= k) continue;  // the round ended before k (cannot happen)
+            std::vector<policy::Transition> ts =
+                policy::ToTransitions(round.trace, rewards, request_id, behaviour->name(), fingerprint);
+            double ret = 0;
+            for (size_t j = k; j < ts.size(); ++j) ret += ts[j].reward;
+            policy::Transition t = ts[k];
+            t.reward = static_cast<float>(ret);
+            t.done = true;
+            t.next_state = {};
+            t.round_index = contexts[r].round_index;
+            t.decision_index = static_cast<int32_t>(2 * k + (a == model::Action::kExit ? 1 : 0));
+            out.push_back(std::move(t));
+          }
+          prefix.push_back(decisions[k].action);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train_traces,
+                                           const std::vector<ShadowTrace>& selection_traces,
+                                           const model::CostModel& cost, const DinkelbachOptions& o,
+                                           const DinkelbachCallback& on_iteration) {
+  if (train_traces.empty()) return InvalidArgumentError("train traces: empty");
+  if (selection_traces.empty()) return InvalidArgumentError("selection traces: empty");
+  if (o.max_iterations < 1) return InvalidArgumentError("max_iterations: must be >= 1");
+  if (!(o.behaviour_epsilon >= 0 && o.behaviour_epsilon <= 1)) {
+    return InvalidArgumentError("behaviour_epsilon: outside [0, 1]");
+  }
+  LEDE_RETURN_IF_ERROR(ValidateDqnOptions(o.dqn));
+  const int32_t L = train_traces.front().n_layers;
+  LEDE_ASSIGN_OR_RETURN(StaticChoice st, BestStatic(train_traces, o.spec.max_draft_len, cost));
+  double rho = o.initial_rho > 0 ? o.initial_rho : st.speedup;
+
+  std::shared_ptr<const policy::dqn::QNetwork> current;
+  std::unique_ptr<DqnResult> best;
+  std::vector<DinkelbachIteration> iterations;
+  double best_selection = -1;
+  int32_t selected = 0;
+  for (int32_t it = 1; it <= o.max_iterations; ++it) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const policy::RewardSpec rewards =
+        o.paper_rewards ? policy::RewardSpec::Paper(L) : DinkelbachRewards(cost, L, o.spec.max_draft_len, rho);
+    std::vector<policy::Transition> transitions;
+    if (o.rollout_targets) {
+      // pi: the last iterate's greedy policy, or the best static setting.
+      ControllerMaker pi = [current, st](int64_t) -> std::unique_ptr<model::ExitController> {
+        if (current) return std::make_unique<policy::dqn::DqnExitController>(current, "pi");
+        return std::make_unique<StaticExitController>(st.exit_layer, st.draft_len);
+      };
+      const double eps = o.behaviour_epsilon;
+      const uint64_t base = o.seed * 7777ULL + static_cast<uint64_t>(it) * 131ULL;
+      std::vector<ControllerMaker> sources = {pi};
+      for (double e : {0.5 * eps, eps}) {
+        sources.push_back([pi, e, base](int64_t i) -> std::unique_ptr<model::ExitController> {
+          return std::make_unique<OwningExplorer>(pi(i), e, base + static_cast<uint64_t>(i) * 31ULL +
+                                                                 static_cast<uint64_t>(e * 1000));
+        });
+      }
+      for (auto [lambda, tau] : std::vector<std::pair<float, float>>{{0.3f, 0.3f}, {0.7f, 0.6f}, {0.9f, 0.9f}}) {
+        sources.push_back([lambda, tau, eps, base](int64_t i) -> std::unique_ptr<model::ExitController> {
+          return std::make_unique<OwningExplorer>(std::make_unique<ThresholdExitController>(lambda, tau), eps,
+                                                  base + 17ULL + static_cast<uint64_t>(i) * 37ULL);
+        });
+      }
+      LEDE_ASSIGN_OR_RETURN(transitions,
+                            RolloutTransitions(train_traces, o.spec, pi, sources, rewards, o.model_fingerprint));
+    } else {
+      LEDE_ASSIGN_OR_RETURN(transitions, CounterfactualTransitions(train_traces, o.spec, Behaviours(o, L, current, it),
+                                                                   rewards, o.model_fingerprint));
+    }
+    DqnOptions dqn = o.dqn;
+    dqn.initial_network = current;
+    LEDE_ASSIGN_OR_RETURN(DqnResult r, TrainDqn(transitions, dqn));
+    auto network = std::make_shared<const policy::dqn::QNetwork>(r.network);
+    auto greedy = [network](int64_t) -> std::unique_ptr<model::ExitController> {
+      return std::make_unique<policy::dqn::DqnExitController>(network, "candidate");
+    };
+    DinkelbachIteration rep;
+    rep.iteration = it;
+    rep.rho = rho;
+    rep.transitions = static_cast<int64_t>(transitions.size());
+    LEDE_ASSIGN_OR_RETURN(rep.train_speedup, SimulatedSpeedup(train_traces, o.spec, greedy, cost));
+    LEDE_ASSIGN_OR_RETURN(rep.selection_speedup, SimulatedSpeedup(selection_traces, o.spec, greedy, cost));
+    rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    iterations.push_back(rep);
+    if (on_iteration) on_iteration(rep);
+    if (rep.selection_speedup > best_selection) {
+      best_selection = rep.selection_speedup;
+      selected = it;
+      best = std::make_unique<DqnResult>(std::move(r));
+    }
+    current = network;
+    // rho settles before the policy does in the first iterations of policy
+    // iteration (it starts from static), so at least three run.
+    const bool converged = it >= 3 && std::abs(rep.train_speedup - rho) < o.rho_tolerance;
+    rho = rep.train_speedup;
+    if (converged) break;
+  }
+  DinkelbachResult out(std::move(*best));
+  out.iterations = std::move(iterations);
+  out.selected_iteration = selected;
+  out.best_static_train_speedup = st.speedup;
+  out.best_static = "E=" + std::to_string(st.exit_layer) + " D=" + std::to_string(st.draft_len);
+  return out;
+}
+
+}  // namespace lede::trainer

@@ -1,0 +1,110 @@
+// File: trainer/dinkelbach.h
+//
+// Training LEDE's exit policy on counterfactual experience with the exact
+// throughput objective (issue "LEDE must beat what it replaces"; DESIGN.md
+// §2 "Beyond the paper").
+//
+// The serving objective is tokens per unit of cost. Its Dinkelbach form
+// (Dinkelbach 1967): with rho* the optimal throughput, the optimal policy
+// maximizes E[tokens - rho* cost] per speculation round. So training
+// alternates:
+//   1. rewards tokens - rho * cost (policy::RewardSpec::Throughput, probes
+//      and decisions charged at the cost model's price);
+//   2. counterfactual transitions: every training trace replayed under a
+//      set of behaviour controllers (ε-greedy thresholds and static
+//      settings, uniform random, and ε-greedy around the current policy)
+//      by trainer/counterfactual.h: exploration for free, no ε in
+//      production;
+//   3. the DQN of trainer/dqn.h (per-round episodes, n-step TD, target
+//      network) trained on them, warm-started from the last iteration;
+//   4. rho <- the new greedy policy's simulated throughput on the training
+//      traces;
+// until rho moves less than rho_tolerance or max_iterations is reached.
+// The iterate with the best simulated throughput on the selection traces
+// (held out from the training traces) is returned.
+//
+// Thread-safety: as TrainDqn (sets libtorch's intra-op thread count).
+#ifndef LEDE_TRAINER_DINKELBACH_H_
+#define LEDE_TRAINER_DINKELBACH_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "policy/dqn/q_network.h"
+#include "shared/model/cost_model.h"
+#include "shared/model/exit_controller.h"
+#include "shared/status/status.h"
+#include "trainer/counterfactual.h"
+#include "trainer/dqn.h"
+
+namespace lede::trainer {
+
+struct DinkelbachOptions {
+  model::DecisionSpec spec;        // candidate layers, D_max, top_k, trace_window
+  DqnOptions dqn;                  // per-iteration DQN training (initial_network is set here)
+  int32_t max_iterations = 4;      // Dinkelbach iterations (>= 1)
+  double rho_tolerance = 0.005;    // stop when |rho_new - rho| < this (tokens per unit cost)
+  // rho of the first iteration; <= 0: the best static (E, D) of the training
+  // traces under the cost model (a feasible throughput, so a lower bound).
+  double initial_rho = 0.0;
+  double behaviour_epsilon = 0.2;  // ε of the exploring behaviours
+  uint64_t seed = 1;
+  std::string model_fingerprint;   // recorded in the transitions
+  // The seed paper's rewards (DESIGN.md §2) instead of tokens - rho * cost:
+  // every iteration trains on them (rho is then only reported).
+  bool paper_rewards = false;
+  // Targets of the Q-network. false: n-step TD with the target network
+  // (TrainDqn) on the behaviours' transitions. true (default): exact
+  // returns of the current greedy policy. Greedy replay is deterministic,
+  // so Q^pi(s, a) of every decision of a round is computed by replaying the
+  // rest of that round with a forced, then pi's actions (a rollout: n-step
+  // targets with n = the rest of the episode, no bootstrap); the network
+  // regresses on them (TrainDqn on terminal transitions) and the next pi is
+  // its greedy policy: approximate policy iteration, starting from the best
+  // static setting. States come from pi and from ε-greedy variants of it
+  // and of the threshold behaviours.
+  bool rollout_targets = true;
+};
+
+struct DinkelbachIteration {
+  int32_t iteration = 0;           // 1-based
+  double rho = 0;                  // of this iteration's rewards
+  int64_t transitions = 0;         // counterfactual transitions trained on
+  double train_speedup = 0;        // the new policy, simulated on the training traces (-> next rho)
+  double selection_speedup = 0;    // ... on the selection traces
+  double seconds = 0;              // wall-clock of the iteration
+};
+
+struct DinkelbachResult {
+  explicit DinkelbachResult(DqnResult best) : dqn(std::move(best)) {}
+  DqnResult dqn;                   // the selected iterate's training result (network + reports)
+  std::vector<DinkelbachIteration> iterations;
+  int32_t selected_iteration = 0;
+  double best_static_train_speedup = 0;  // the initial rho when initial_rho <= 0
+  std::string best_static;               // "E=.. D=.." of it
+};
+
+// The best static (E, D) over every exit layer 1..L-1 and draft length
+// 1..D_max on `traces` under `cost` (simulated, pooled tokens / cost).
+struct StaticChoice {
+  int32_t exit_layer = 0, draft_len = 0;
+  double speedup = 0;
+};
+StatusOr<StaticChoice> BestStatic(const std::vector<ShadowTrace>& traces, int32_t max_draft_len,
+                                  const model::CostModel& cost);
+
+// Errors: kInvalidArgument for empty trace sets or options out of range
+// (max_iterations < 1, behaviour_epsilon outside [0, 1], those of
+// ValidateDqnOptions); errors of the replay and of TrainDqn.
+using DinkelbachCallback = std::function<void(const DinkelbachIteration&)>;
+StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train_traces,
+                                           const std::vector<ShadowTrace>& selection_traces,
+                                           const model::CostModel& cost, const DinkelbachOptions& options,
+                                           const DinkelbachCallback& on_iteration = nullptr);
+
+}  // namespace lede::trainer
+
+#endif  // LEDE_TRAINER_DINKELBACH_H_
