@@ -8,10 +8,11 @@
 // renderer can replace it without touching the HTTP front end.
 //
 // The plain format (documented in README "Serving"): one block per message,
-// "<Role>: <content>\n" with Role = System, User, Assistant (or the role
-// name with its first letter upper-cased for any other role), blocks in
-// order, then "Assistant:" when the last message is not the assistant's
-// (the generation prompt). Example:
+// "<Role>: <content>\n" with Role = System (for system and developer),
+// User, Assistant, or the role name with its first letter upper-cased for
+// any other role (Tool), blocks in order, then "Assistant:" when the last
+// message is not the assistant's (the generation prompt); a last assistant
+// message is continued instead (no trailing newline). Example:
 //   [{system, "Be brief."}, {user, "Hi"}]  →  "System: Be brief.\nUser: Hi\nAssistant:"
 // The tokenizer then adds BOS as for any prompt.
 //

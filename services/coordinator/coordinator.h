@@ -8,6 +8,8 @@
 // decisions (policy/transition.h) and logs them to the object store
 // (trainer/experience_logger.h), and counts everything in Prometheus
 // metrics (DESIGN.md §6). It holds no tensors and never links libtorch.
+// The OpenAI-compatible HTTP API (openai_server.h) runs its requests through
+// GenerateInProcess(): the same validation and loop.
 //
 // Errors end the stream with a gRPC status: INVALID_ARGUMENT naming the
 // field; RESOURCE_EXHAUSTED when every KV slot is busy; UNAVAILABLE when the

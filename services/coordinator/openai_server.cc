@@ -1,5 +1,11 @@
 #include "services/coordinator/openai_server.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <ctime>
@@ -43,6 +49,60 @@ struct SseStream {
   static constexpr size_t kMaxQueued = 16;
 };
 
+// "ADDRESS" and port of a socket address (IPv4 or IPv6).
+bool AddressOf(const sockaddr_storage& a, std::string* ip, int* port) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (a.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&a);
+    if (inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf)) == nullptr) return false;
+    *port = ntohs(in->sin_port);
+  } else if (a.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&a);
+    if (inet_ntop(AF_INET6, &in6->sin6_addr, buf, sizeof(buf)) == nullptr) return false;
+    *port = ntohs(in6->sin6_port);
+  } else {
+    return false;
+  }
+  *ip = buf;
+  return true;
+}
+
+// The descriptor of the connection `req` arrived on, or -1. cpp-httplib 0.11
+// does not hand it to handlers, so it is found among the process's open
+// sockets by its two endpoints (req.remote_addr:remote_port and
+// req.local_port); the connection stays open while the handler runs, so
+// the number cannot be reused meanwhile.
+int ConnectionFd(const httplib::Request& req) {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = -1;
+  while (dirent* e = ::readdir(dir)) {
+    const int fd = std::atoi(e->d_name);
+    if (fd <= 2) continue;
+    sockaddr_storage peer{}, local{};
+    socklen_t pl = sizeof(peer), ll = sizeof(local);
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
+    std::string pip, lip;
+    int pport = 0, lport = 0;
+    if (!AddressOf(peer, &pip, &pport) || !AddressOf(local, &lip, &lport)) continue;
+    if (pport == req.remote_port && lport == req.local_port && pip == req.remote_addr) {
+      found = fd;
+      break;
+    }
+  }
+  ::closedir(dir);
+  return found;
+}
+
+// True once the client closed its side (or the connection broke): a client
+// gone mid-request, since HTTP clients do not half-close while waiting.
+bool PeerClosed(int fd) {
+  if (fd < 0) return false;
+  pollfd p{fd, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
 }  // namespace
 
 struct OpenAiServer::Impl {
@@ -71,7 +131,9 @@ struct OpenAiServer::Impl {
   }
 
   void HandleGenerate(openai::Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
-  void StartStream(openai::Request request, const openai::ResponseMeta& meta, httplib::Response& res);
+  // `fd`: the connection's descriptor (-1 if unknown), polled for a hang-up
+  // until the first token; writes notice it afterwards.
+  void StartStream(openai::Request request, const openai::ResponseMeta& meta, int fd, httplib::Response& res);
 };
 
 void OpenAiServer::Impl::HandleGenerate(openai::Endpoint endpoint, const httplib::Request& req,
@@ -92,8 +154,11 @@ void OpenAiServer::Impl::HandleGenerate(openai::Endpoint endpoint, const httplib
   meta.id = (endpoint == openai::Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-") + std::string(id);
   meta.created = static_cast<int64_t>(std::time(nullptr));
   meta.model = options.model_id;
-  if (r.stream) return StartStream(std::move(r), meta, res);
+  const int fd = ConnectionFd(req);
+  if (r.stream) return StartStream(std::move(r), meta, fd, res);
 
+  // Nothing is written before the end, so a client that hangs up is noticed
+  // by polling its socket at every delta.
   std::string text;
   lede::v1::GenerationSummary summary;
   Status s = service->GenerateInProcess(
@@ -101,16 +166,17 @@ void OpenAiServer::Impl::HandleGenerate(openai::Endpoint endpoint, const httplib
       [&](const lede::v1::GenerateResponse& g) {
         if (g.has_delta()) text += g.delta().text();
         if (g.has_summary()) summary = g.summary();
-        return true;
+        return !PeerClosed(fd);
       },
       r.fill_max_tokens);
+  if (s.code() == StatusCode::kCancelled) return;  // the client is gone
   if (!s.ok()) return SendError(res, openai::ToApiError(s, &r));
   res.status = 200;
   res.set_content(openai::Dump(openai::CompleteResponse(r, meta, text, summary)), kJson);
 }
 
-void OpenAiServer::Impl::StartStream(openai::Request request, const openai::ResponseMeta& meta,
-                                httplib::Response& res) {
+void OpenAiServer::Impl::StartStream(openai::Request request, const openai::ResponseMeta& meta, int fd,
+                                     httplib::Response& res) {
   auto stream = std::make_shared<SseStream>();
   auto shared_request = std::make_shared<openai::Request>(std::move(request));
   {
@@ -118,7 +184,7 @@ void OpenAiServer::Impl::StartStream(openai::Request request, const openai::Resp
     ++generation_threads;
     streams.insert(stream);
   }
-  std::thread([this, stream, shared_request, meta] {
+  std::thread([this, stream, shared_request, meta, fd] {
     const openai::Request& r = *shared_request;
     bool first = true;
     Status s = service->GenerateInProcess(
@@ -138,6 +204,9 @@ void OpenAiServer::Impl::StartStream(openai::Request request, const openai::Resp
             if (r.include_usage) out.push_back(openai::SseEvent(openai::UsageChunk(r, meta, g.summary())));
           }
           std::unique_lock<std::mutex> lock(stream->mu);
+          // Before the first event the connection's worker is still in the
+          // handler (fd open): a hang-up during the prefill is seen here.
+          if (!stream->started && PeerClosed(fd)) stream->gone = true;
           stream->cv.wait(lock, [&] { return stream->events.size() < SseStream::kMaxQueued || stream->gone; });
           if (stream->gone) return false;
           for (std::string& e : out) stream->events.push_back(std::move(e));
@@ -163,6 +232,7 @@ void OpenAiServer::Impl::StartStream(openai::Request request, const openai::Resp
     std::unique_lock<std::mutex> lock(stream->mu);
     stream->cv.wait(lock, [&] { return stream->started || stream->done; });
     if (!stream->started) {
+      if (stream->gone) return;  // the client hung up before the first token
       return SendError(res, openai::ToApiError(stream->status, shared_request.get()));
     }
   }

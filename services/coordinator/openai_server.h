@@ -21,11 +21,14 @@
 // the first token is there); a failure after it ends the stream with
 // `data: {"error": {...}}` and no [DONE].
 //
-// Cancellation: a streaming client that disconnects makes the next write
-// fail; the generation stops after the round in flight and its KV slot is
-// closed (status CANCELLED, lede_request_success_total{finished_reason=
-// "abort"}). A non-streaming request runs to completion (at most
-// max_tokens), since nothing is written until the end.
+// Cancellation: a client that disconnects cancels its generation, which
+// stops after the round in flight and closes its KV slot (status CANCELLED,
+// lede_request_success_total{finished_reason="abort"}), as a gRPC cancel
+// does. A stream notices at its next write; before the first token, and for
+// a non-streaming request that writes nothing until the end, the
+// connection's socket is polled for a hang-up (POLLRDHUP) at every delta.
+// cpp-httplib 0.11 does not give handlers the socket, so it is found by its
+// endpoints among the process's descriptors (Linux /proc/self/fd).
 //
 // Threads: a listener thread and `threads` workers (one per open
 // connection); each streaming request also runs its generation on a thread

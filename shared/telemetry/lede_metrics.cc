@@ -33,13 +33,8 @@ std::vector<double> RequestLatencyBuckets() {
           30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 }
 std::vector<double> DecisionLatencyBuckets() {
-  std::vector<double> b;
-  for (double decade = 1e-6; decade < 1.5; decade *= 10) {
-    for (double m : {1.0, 2.5, 5.0}) {
-      if (decade * m <= 1.0 + 1e-12) b.push_back(decade * m);
-    }
-  }
-  return b;
+  return {1e-6,   2.5e-6, 5e-6,   1e-5,  2.5e-5, 5e-5,  1e-4, 2.5e-4, 5e-4, 1e-3,
+          2.5e-3, 5e-3,   1e-2,   2.5e-2, 5e-2,  0.1,   0.25, 0.5,    1.0};
 }
 
 std::string GrpcCodeName(StatusCode code) { return StatusCodeToString(code); }

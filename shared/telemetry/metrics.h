@@ -52,8 +52,9 @@ using prometheus::Registry;
 // The Prometheus text exposition format 0.0.4 of everything in `registry`
 // (prometheus::TextSerializer over Registry::Collect()): families in
 // registration order, "# HELP" / "# TYPE", cumulative histogram buckets
-// ending in le="+Inf", then _sum and _count.
-// Safe to call concurrently with updates.
+// ending in le="+Inf", with _count and _sum. A family without children (a
+// labelled metric no label set was used for yet) is omitted. Safe to call
+// concurrently with updates.
 std::string SerializeText(const Registry& registry);
 
 // The Content-Type of SerializeText()'s output.

@@ -366,9 +366,12 @@ TEST_F(OpenAiE2eTest, ModelsNotFoundHealthAndMetrics) {
   HttpResult health = Curl("GET", "/health");
   EXPECT_EQ(health.status, 200);
   EXPECT_EQ(health.Json()["status"], "ok");
+  ASSERT_EQ(Curl("POST", "/v1/completions", R"({"prompt": "a", "max_tokens": 2})").status, 200);
   HttpResult metrics = Curl("GET", "/metrics");
   EXPECT_EQ(metrics.status, 200);
+  EXPECT_THAT(metrics.headers, HasSubstr("text/plain; version=0.0.4"));
   EXPECT_THAT(metrics.body, HasSubstr("# TYPE lede_request_success_total counter"));
+  EXPECT_THAT(metrics.body, HasSubstr("lede_request_success_total{finished_reason=\"length\"}"));
 }
 
 // Every KV slot busy is 429 rate_limit_error (RESOURCE_EXHAUSTED over gRPC).
@@ -398,40 +401,65 @@ TEST_F(OpenAiE2eTest, FullSlotsAre429) {
   EXPECT_EQ(Curl("POST", "/v1/completions", R"({"prompt": "a", "max_tokens": 4})").status, 200);
 }
 
-// A client that hangs up mid-stream cancels the generation: the request
-// ends as an abort, the KV slot is freed, and the next request runs.
-TEST_F(OpenAiE2eTest, DisconnectMidStreamCancelsAndFreesTheSlot) {
+// Runs disconnect_client.py (Python's http.client) with `n_events` (0 = a
+// non-streamed request) and checks that the request ended as an abort, its
+// KV slot is free, and the next request runs.
+void ExpectDisconnectCancels(int http_port, LedeCluster* cluster, int n_events, int limit) {
   const std::string prompt = "Once upon a time";
-  // The full greedy generation runs to the limit (no early EOS), so only a
-  // cancel can end it as an abort.
-  GrpcResult full = Grpc(Greedy(prompt, kLimit, lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE));
-  ASSERT_TRUE(full.status.ok());
-  ASSERT_EQ(full.summary.finish_reason(), lede::v1::FINISH_REASON_LENGTH);
-  const int mport = cluster_->coordinator()->metrics_port();
+  const int mport = cluster->coordinator()->metrics_port();
   const std::string abort_series = "lede_request_success_total{finished_reason=\"abort\"}";
-  const double aborts_before = std::max(0.0, Sample(HttpGet(mport, "/metrics").body, abort_series));
+  const std::string cancelled_series = "lede_requests_total{method=\"autoregressive\",status=\"CANCELLED\"}";
+  auto sample = [](const std::string& metrics, const std::string& series) {
+    const size_t at = metrics.find("\n" + series + " ");
+    return at == std::string::npos ? 0.0 : std::atof(metrics.c_str() + at + series.size() + 2);
+  };
+  const std::string before = HttpGet(mport, "/metrics").body;
+  const double aborts_before = sample(before, abort_series);
+  const double cancelled_before = sample(before, cancelled_series);
 
   auto [rc, out] = RunShell("python3 " + SourceDir() + "/tests/services/openai/disconnect_client.py " +
-                            std::to_string(port_) + " '" + prompt + "' " + std::to_string(kLimit) + " 3 2>&1");
+                            std::to_string(http_port) + " '" + prompt + "' " + std::to_string(limit) + " " +
+                            std::to_string(n_events) + " 2>&1");
   ASSERT_EQ(rc, 0) << out;
   json got = json::parse(out, nullptr, false);
   ASSERT_FALSE(got.is_discarded()) << out;
-  EXPECT_EQ(got["status"], 200);
-  EXPECT_EQ(got["events"].size(), 3u);
-
-  double aborts = aborts_before;
-  double in_use = -1;
+  if (n_events > 0) {
+    EXPECT_EQ(got["status"], 200);
+    EXPECT_EQ(got["events"].size(), static_cast<size_t>(n_events));
+  }
+  double aborts = aborts_before, cancelled = cancelled_before, in_use = -1;
   const auto deadline = std::chrono::steady_clock::now() + 30s;
   while (std::chrono::steady_clock::now() < deadline) {
-    aborts = Sample(HttpGet(mport, "/metrics").body, abort_series);
-    in_use = Sample(HttpGet(cluster_->verifier()->metrics_port(), "/metrics").body, "lede_kv_slots_in_use");
+    const std::string now = HttpGet(mport, "/metrics").body;
+    aborts = sample(now, abort_series);
+    cancelled = sample(now, cancelled_series);
+    const std::string verifier = HttpGet(cluster->verifier()->metrics_port(), "/metrics").body;
+    in_use = verifier.find("\nlede_kv_slots_in_use ") == std::string::npos ? -1 : sample(verifier, "lede_kv_slots_in_use");
     if (aborts >= aborts_before + 1 && in_use == 0) break;
     std::this_thread::sleep_for(50ms);
   }
   EXPECT_EQ(aborts, aborts_before + 1);
+  EXPECT_EQ(cancelled, cancelled_before + 1);
   EXPECT_EQ(in_use, 0);
-  const std::string coord = HttpGet(mport, "/metrics").body;
-  EXPECT_THAT(coord, HasSubstr("lede_requests_total{method=\"autoregressive\",status=\"CANCELLED\"} 1"));
+}
+
+// A client that hangs up mid-stream cancels the generation: the request
+// ends as an abort, the KV slot is freed, and the next request runs. The
+// same for a non-streamed request hung up while it generates.
+TEST_F(OpenAiE2eTest, DisconnectCancelsAndFreesTheSlot) {
+  // The full greedy generation runs to the limit (no early EOS), so only a
+  // cancel can end it as an abort.
+  GrpcResult full = Grpc(Greedy("Once upon a time", kLimit, lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE));
+  ASSERT_TRUE(full.status.ok());
+  ASSERT_EQ(full.summary.finish_reason(), lede::v1::FINISH_REASON_LENGTH);
+  {
+    SCOPED_TRACE("streamed");
+    ExpectDisconnectCancels(port_, cluster_, /*n_events=*/3, kLimit);
+  }
+  {
+    SCOPED_TRACE("not streamed");
+    ExpectDisconnectCancels(port_, cluster_, /*n_events=*/0, kLimit);
+  }
   EXPECT_EQ(Curl("POST", "/v1/completions", R"({"prompt": "a", "max_tokens": 4})").status, 200);
 }
 
