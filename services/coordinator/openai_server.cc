@@ -118,6 +118,7 @@ struct OpenAiServer::Impl {
   std::mutex mu;
   std::condition_variable cv;
   int generation_threads = 0;                    // guarded by mu
+  bool stopping = false;                         // guarded by mu: new streams start cancelled
   std::set<std::shared_ptr<SseStream>> streams;     // guarded by mu
   std::mt19937_64 rng{std::random_device{}()};   // guarded by mu
 
@@ -183,6 +184,7 @@ void OpenAiServer::Impl::StartStream(openai::Request request, const openai::Resp
     std::lock_guard<std::mutex> lock(mu);
     ++generation_threads;
     streams.insert(stream);
+    if (stopping) stream->gone = true;  // not yet shared: no lock needed
   }
   std::thread([this, stream, shared_request, meta, fd] {
     const openai::Request& r = *shared_request;
@@ -281,6 +283,7 @@ OpenAiServer::~OpenAiServer() {
   Impl& impl = *impl_;
   {
     std::lock_guard<std::mutex> lock(impl.mu);
+    impl.stopping = true;
     for (const std::shared_ptr<SseStream>& s : impl.streams) {
       std::lock_guard<std::mutex> slock(s->mu);
       s->gone = true;

@@ -3,12 +3,14 @@
 // the response / SSE chunk shapes OpenAI clients parse.
 #include "services/coordinator/openai_api.h"
 
+#include <fstream>
 #include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/coordinator/chat_prompt.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace lede::coordinator::openai {
 namespace {
@@ -94,6 +96,24 @@ TEST(ChatPromptTest, PlainFormat) {
   ASSERT_THAT(cont, IsOk());
   EXPECT_EQ(*cont, "User: Hi\nAssistant: Once");
   EXPECT_THAT(RenderPlainChatPrompt({}), StatusIs(StatusCode::kInvalidArgument));
+}
+
+// A checkpoint's chat template is found in tokenizer_config.json or
+// chat_template.jinja; a config without one, or no directory, has none.
+TEST(ChatPromptTest, FindsCheckpointChatTemplates) {
+  lede::testing::TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string d = dir.path().string();
+  EXPECT_FALSE(HasChatTemplate(d));
+  std::ofstream(dir.path() / "tokenizer_config.json") << R"({"bos_token": "<s>"})";
+  EXPECT_FALSE(HasChatTemplate(d));
+  std::ofstream(dir.path() / "tokenizer_config.json") << R"({"chat_template": "{{ messages }}"})";
+  EXPECT_TRUE(HasChatTemplate(d));
+  std::filesystem::remove(dir.path() / "tokenizer_config.json");
+  std::ofstream(dir.path() / "chat_template.jinja") << "{{ messages }}";
+  EXPECT_TRUE(HasChatTemplate(d));
+  EXPECT_FALSE(HasChatTemplate(d + "/missing"));
+  EXPECT_FALSE(HasChatTemplate(std::string(LEDE_SOURCE_DIR) + "/models/lede-tiny"));
 }
 
 // Errors found by the HTTP layer name the request's parameter.
