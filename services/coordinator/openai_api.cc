@@ -317,21 +317,31 @@ ApiError ToApiError(const Status& status, const Request* request) {
     case StatusCode::kInvalidArgument: {
       e.http_status = 400;
       e.type = "invalid_request_error";
-      std::string field = FieldOf(std::string(status.message()));
-      const std::string root = field.substr(0, field.find_first_of("[."));
+      const std::string field = FieldOf(e.message);
+      const size_t cut = field.find_first_of("[.");
+      const std::string root = field.substr(0, cut);
+      const std::string rest = cut == std::string::npos ? "" : field.substr(cut);  // "[2]", ".role"
       const bool chat = request != nullptr && request->endpoint == Endpoint::kChatCompletions;
+      std::string http_root = root;  // the request's name for the field
       if (root == "max_new_tokens") {
-        field = request != nullptr ? request->max_tokens_param : "max_tokens";
+        http_root = request != nullptr ? request->max_tokens_param : "max_tokens";
       } else if (root == "prompt" || root == "prompt_token_ids") {
-        field = chat ? "messages" : "prompt";
-      } else if (root == "stop") {
-        field = "stop";
+        http_root = chat ? "messages" : "prompt";
       } else if (root == "method") {
-        field = "speculation.method";
-      } else if (root == "request_id" || root == "body") {
-        field = "";
+        http_root = "speculation.method";
       }
-      e.param = field;
+      if (root == "request_id" || root == "body" || field.empty()) {
+        e.param = "";
+      } else if (root == "stop" || http_root != root) {
+        e.param = http_root;  // stop[1] → stop; prompt_token_ids[2] → prompt
+      } else {
+        e.param = field;
+      }
+      // The message names the field as the client spelled it.
+      if (!field.empty() && http_root != root) {
+        const std::string shown = (chat && http_root == "messages") ? http_root : http_root + rest;
+        e.message = shown + e.message.substr(field.size());
+      }
       break;
     }
     case StatusCode::kNotFound:

@@ -180,6 +180,16 @@ TEST(OpenAiErrorTest, CoordinatorErrorsMapToParamsAndStatuses) {
   EXPECT_EQ(param("speculation.exit_layer: 0 outside [1, 12]", *completion), "speculation.exit_layer");
   EXPECT_EQ(param("speculation.epsilon: must be in [0, 1]", *completion), "speculation.epsilon");
 
+  // Messages spell the field as the request did.
+  EXPECT_EQ(ToApiError(InvalidArgumentError("max_new_tokens: must be in [1, 256], got 0"), &*chat).message,
+            "max_completion_tokens: must be in [1, 256], got 0");
+  EXPECT_EQ(ToApiError(InvalidArgumentError("prompt_token_ids[2]: 70000 outside [0, 4096)"), &*completion).message,
+            "prompt[2]: 70000 outside [0, 4096)");
+  EXPECT_EQ(ToApiError(InvalidArgumentError("method: unknown speculation method 9"), &*completion).message,
+            "speculation.method: unknown speculation method 9");
+  EXPECT_EQ(ToApiError(InvalidArgumentError("stop[1]: empty or invalid UTF-8"), &*completion).message,
+            "stop[1]: empty or invalid UTF-8");
+
   ApiError bad = ToApiError(InvalidArgumentError("top_p: must be in (0, 1]"), &*completion);
   EXPECT_EQ(bad.http_status, 400);
   EXPECT_EQ(bad.ToJson(), json::parse(R"({"error": {"message": "top_p: must be in (0, 1]",

@@ -417,7 +417,7 @@ void ExpectDisconnectCancels(int http_port, LedeCluster* cluster, int n_events, 
   const double aborts_before = sample(before, abort_series);
   const double cancelled_before = sample(before, cancelled_series);
 
-  auto [rc, out] = RunShell("python3 " + SourceDir() + "/tests/services/openai/disconnect_client.py " +
+  auto [rc, out] = RunShell("/usr/bin/python3 " + SourceDir() + "/tests/services/openai/disconnect_client.py " +
                             std::to_string(http_port) + " '" + prompt + "' " + std::to_string(limit) + " " +
                             std::to_string(n_events) + " 2>&1");
   ASSERT_EQ(rc, 0) << out;
