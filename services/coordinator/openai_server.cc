@@ -313,6 +313,7 @@ StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(GenerationService* s
   const int threads = impl->options.threads;
   http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   http.set_payload_max_length(impl->options.max_body_bytes);
+  http.set_keep_alive_max_count(100);  // SDKs keep a connection pool; idle ones close after 5 s
   http.set_read_timeout(30);
   http.set_write_timeout(30);
 

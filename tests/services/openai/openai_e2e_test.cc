@@ -170,7 +170,7 @@ TEST_F(OpenAiE2eTest, NodeOpenAiClientMatchesGrpc) {
   const std::string prompt = "Once upon a time";
   const std::string user = "Tell me a story about a cat.";
   constexpr int kTokens = 40;
-  auto [rc, out] = RunShell("LEDE_OPENAI_NODE_MODULES='" + modules + "' node " + SourceDir() +
+  auto [rc, out] = RunShell("LEDE_OPENAI_NODE_MODULES='" + modules + "' /usr/bin/node " + SourceDir() +
                             "/tests/services/openai/openai_client.cjs '" + Url("/v1") + "' " + kModelId + " '" +
                             prompt + "' '" + user + "' " + std::to_string(kTokens) + " 2>&1");
   ASSERT_EQ(rc, 0) << out;
