@@ -1,6 +1,7 @@
 #include "services/coordinator/coordinator.h"
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -41,15 +42,6 @@ using Clock = std::chrono::steady_clock;
 using lede::v1::GenerateRequest;
 using lede::v1::GenerateResponse;
 using lede::v1::SpeculationMethod;
-
-const char* MethodName(SpeculationMethod m) {
-  switch (m) {
-    case lede::v1::SPECULATION_METHOD_STATIC: return "static";
-    case lede::v1::SPECULATION_METHOD_THRESHOLD: return "threshold";
-    case lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE: return "autoregressive";
-    default: return "lede";
-  }
-}
 
 // A status from a model process, as the client should see it: a session
 // whose pool is gone (the verifier restarted) is UNAVAILABLE, like a
@@ -344,6 +336,25 @@ class RemoteBackend : public speculation::SpeculationBackend {
   bool fallback_ = false;
 };
 
+std::string SpeculationMethodName(SpeculationMethod method) {
+  if (method == lede::v1::SPECULATION_METHOD_UNSPECIFIED || !lede::v1::SpeculationMethod_IsValid(method)) {
+    return "lede";  // what the loop runs for UNSPECIFIED; invalid ones fail validation
+  }
+  constexpr char kPrefix[] = "SPECULATION_METHOD_";
+  std::string name = lede::v1::SpeculationMethod_Name(method).substr(sizeof(kPrefix) - 1);
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
+bool ParseSpeculationMethodName(const std::string& name, SpeculationMethod* method) {
+  std::string upper = "SPECULATION_METHOD_";
+  for (char c : name) upper += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  SpeculationMethod m;
+  if (name.empty() || name == "unspecified" || !lede::v1::SpeculationMethod_Parse(upper, &m)) return false;
+  *method = m;
+  return true;
+}
+
 GenerationService::GenerationService() : impl_(std::make_unique<Impl>()) {}
 GenerationService::~GenerationService() { (void)FlushExperience(); }
 
@@ -423,7 +434,7 @@ Status GenerationService::Impl::Run(grpc::CallbackServerContext* context, const 
   const SpeculationMethod method = request->method();
   auto finish = [&](const Status& status) {
     if (impl.metrics) {
-      impl.metrics->RecordRequest(MethodName(method), status.code(),
+      impl.metrics->RecordRequest(SpeculationMethodName(method), status.code(),
                                   std::chrono::duration<double>(Clock::now() - t0).count());
     }
     if (!status.ok()) {
@@ -632,7 +643,7 @@ Status GenerationService::Impl::Run(grpc::CallbackServerContext* context, const 
   impl.LogExperience(*result, request_id);
   rpc::LogEvent("info", "request_done",
                 {{"request_id", request_id},
-                 {"method", MethodName(method)},
+                 {"method", SpeculationMethodName(method)},
                  {"tokens", std::to_string(st.n_generated)},
                  {"acceptance_rate", std::to_string(st.acceptance_rate())},
                  {"tokens_per_s", std::to_string(st.decode_tokens_per_s())},

@@ -59,6 +59,17 @@ struct CoordinatorOptions {
   std::string reward = "throughput";
 };
 
+// The lower-case name of a speculation method: "lede" (also for
+// UNSPECIFIED and for values outside the enum, which validation rejects),
+// "static", "threshold", "autoregressive" (the generated enum name without
+// its prefix). The `method` label of lede_requests_total and the HTTP API's
+// speculation.method.
+std::string SpeculationMethodName(lede::v1::SpeculationMethod method);
+
+// The method named `name` as SpeculationMethodName() spells it ("lede",
+// "static", "threshold", "autoregressive"; any case); false for anything else.
+bool ParseSpeculationMethodName(const std::string& name, lede::v1::SpeculationMethod* method);
+
 class RemoteBackend;
 class GenerateReactor;
 

@@ -1,5 +1,7 @@
 #include "services/coordinator/openai_api.h"
 
+#include "services/coordinator/coordinator.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
@@ -103,18 +105,12 @@ Status ParseSpeculation(const json& s, lede::v1::GenerateRequest* g) {
   if (auto it = s.find("method"); it != s.end() && !it->is_null()) {
     if (!it->is_string()) return Bad("speculation.method", "must be a string");
     const std::string m = it->get<std::string>();
-    if (m == "lede") {
-      g->set_method(lede::v1::SPECULATION_METHOD_LEDE);
-    } else if (m == "static") {
-      g->set_method(lede::v1::SPECULATION_METHOD_STATIC);
-    } else if (m == "threshold") {
-      g->set_method(lede::v1::SPECULATION_METHOD_THRESHOLD);
-    } else if (m == "autoregressive") {
-      g->set_method(lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE);
-    } else {
+    lede::v1::SpeculationMethod method;
+    if (!ParseSpeculationMethodName(m, &method)) {
       return Bad("speculation.method",
                  "unknown method '" + m + "' (lede, static, threshold or autoregressive)");
     }
+    g->set_method(method);
   }
   lede::v1::SpeculationParams* sp = g->mutable_speculation();
   for (const char* key : {"exit_layer", "draft_length"}) {
@@ -414,10 +410,8 @@ json Timings(const lede::v1::GenerationSummary& s) {
 }
 
 json LedeStats(const lede::v1::GenerationSummary& s, const Request& r) {
-  static const char* kMethods[] = {"lede", "lede", "static", "threshold", "autoregressive"};
-  const int m = r.generate.method();
   return {{"request_id", s.request_id()},
-          {"method", m >= 0 && m <= 4 ? kMethods[m] : "lede"},
+          {"method", SpeculationMethodName(r.generate.method())},
           {"rounds", s.rounds()},
           {"drafted_tokens", s.drafted_tokens()},
           {"accepted_tokens", s.accepted_tokens()},

@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/coordinator/chat_prompt.h"
+#include "services/coordinator/coordinator.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -85,6 +86,22 @@ TEST(OpenAiParseTest, ChatMessagesAndTokenLimits) {
   ASSERT_THAT(open, IsOk());
   EXPECT_TRUE(open->fill_max_tokens);
   EXPECT_EQ(open->generate.max_new_tokens(), 0);
+}
+
+// Method names round-trip through the generated enum names.
+TEST(OpenAiParseTest, SpeculationMethodNames) {
+  for (auto m : {lede::v1::SPECULATION_METHOD_LEDE, lede::v1::SPECULATION_METHOD_STATIC,
+                 lede::v1::SPECULATION_METHOD_THRESHOLD, lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE}) {
+    lede::v1::SpeculationMethod parsed = lede::v1::SPECULATION_METHOD_UNSPECIFIED;
+    EXPECT_TRUE(ParseSpeculationMethodName(SpeculationMethodName(m), &parsed)) << m;
+    EXPECT_EQ(parsed, m);
+  }
+  EXPECT_EQ(SpeculationMethodName(lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE), "autoregressive");
+  EXPECT_EQ(SpeculationMethodName(lede::v1::SPECULATION_METHOD_UNSPECIFIED), "lede");
+  lede::v1::SpeculationMethod m;
+  EXPECT_FALSE(ParseSpeculationMethodName("unspecified", &m));
+  EXPECT_FALSE(ParseSpeculationMethodName("", &m));
+  EXPECT_FALSE(ParseSpeculationMethodName("STATIC ", &m));
 }
 
 // The plain chat format, golden.
