@@ -1,6 +1,7 @@
 #include "services/coordinator/coordinator.h"
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -42,15 +43,6 @@ using lede::v1::GenerateRequest;
 using lede::v1::GenerateResponse;
 using lede::v1::SpeculationMethod;
 
-const char* MethodName(SpeculationMethod m) {
-  switch (m) {
-    case lede::v1::SPECULATION_METHOD_STATIC: return "static";
-    case lede::v1::SPECULATION_METHOD_THRESHOLD: return "threshold";
-    case lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE: return "autoregressive";
-    default: return "lede";
-  }
-}
-
 // A status from a model process, as the client should see it: a session
 // whose pool is gone (the verifier restarted) is UNAVAILABLE, like a
 // process that is down; the rest keeps its code.
@@ -77,10 +69,16 @@ class ResponseWriter;
 struct GenerationService::Impl {
   // One request, start to end (validation, the loop, the summary, metrics,
   // experience); runs on the request's worker thread.
-  Status Run(grpc::CallbackServerContext* context, const GenerateRequest* request, ResponseWriter* writer);
+  // `context` is null for in-process calls (the HTTP front end): no client
+  // deadline, cancellation through the writer. `fill_max_tokens`: a
+  // max_new_tokens of 0 means "up to the context window" (min of the limit
+  // and capacity minus the prompt) instead of INVALID_ARGUMENT.
+  Status Run(grpc::CallbackServerContext* context, const GenerateRequest* request, ResponseWriter* writer,
+             bool fill_max_tokens = false);
 
   CoordinatorOptions options;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
+  std::shared_ptr<grpc::Channel> verifier_channel, drafter_channel;
   std::unique_ptr<lede::v1::Verifier::Stub> verifier;
   std::unique_ptr<lede::v1::Drafter::Stub> drafter;
   // Drafter and verifier share a process: one DraftAndVerify call per round.
@@ -343,11 +341,30 @@ class RemoteBackend : public speculation::SpeculationBackend {
   bool fallback_ = false;
 };
 
+std::string SpeculationMethodName(SpeculationMethod method) {
+  if (method == lede::v1::SPECULATION_METHOD_UNSPECIFIED || !lede::v1::SpeculationMethod_IsValid(method)) {
+    return "lede";  // what the loop runs for UNSPECIFIED; invalid ones fail validation
+  }
+  constexpr char kPrefix[] = "SPECULATION_METHOD_";
+  std::string name = lede::v1::SpeculationMethod_Name(method).substr(sizeof(kPrefix) - 1);
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
+bool ParseSpeculationMethodName(const std::string& name, SpeculationMethod* method) {
+  std::string upper = "SPECULATION_METHOD_";
+  for (char c : name) upper += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  SpeculationMethod m;
+  if (name.empty() || name == "unspecified" || !lede::v1::SpeculationMethod_Parse(upper, &m)) return false;
+  *method = m;
+  return true;
+}
+
 GenerationService::GenerationService() : impl_(std::make_unique<Impl>()) {}
 GenerationService::~GenerationService() { (void)FlushExperience(); }
 
 StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const CoordinatorOptions& options,
-                                                                       telemetry::Registry* registry) {
+                                                                       prometheus::Registry* registry) {
   if (options.tokenizer_path.empty()) return InvalidArgumentError("tokenizer_path: required");
   if (options.reward != "throughput" && options.reward != "paper") {
     return InvalidArgumentError("reward: must be throughput or paper, got '" + options.reward + "'");
@@ -365,6 +382,8 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
                              ? verifier_channel
                              : grpc::CreateCustomChannel(options.drafter_target,
                                                          grpc::InsecureChannelCredentials(), args);
+  impl.verifier_channel = verifier_channel;
+  impl.drafter_channel = drafter_channel;
   impl.verifier = lede::v1::Verifier::NewStub(verifier_channel);
   impl.drafter = lede::v1::Drafter::NewStub(drafter_channel);
   impl.fused_rounds = options.drafter_target == options.verifier_target;
@@ -408,16 +427,19 @@ class ResponseWriter {
   virtual ~ResponseWriter() = default;
   // False once the client is gone.
   virtual bool Write(const GenerateResponse& response) = 0;
+  // What a failed Write() means for the request's status: a gRPC stream
+  // that broke is UNAVAILABLE; an HTTP client that hung up cancelled it.
+  virtual Status WriteFailedStatus() const { return UnavailableError("client stream closed"); }
 };
 
 Status GenerationService::Impl::Run(grpc::CallbackServerContext* context, const GenerateRequest* request,
-                                    ResponseWriter* writer) {
+                                    ResponseWriter* writer, bool fill_max_tokens) {
   Impl& impl = *this;
   const auto t0 = Clock::now();
   const SpeculationMethod method = request->method();
   auto finish = [&](const Status& status) {
     if (impl.metrics) {
-      impl.metrics->RecordRequest(MethodName(method), status.code(),
+      impl.metrics->RecordRequest(SpeculationMethodName(method), status.code(),
                                   std::chrono::duration<double>(Clock::now() - t0).count());
     }
     if (!status.ok()) {
@@ -438,7 +460,9 @@ Status GenerationService::Impl::Run(grpc::CallbackServerContext* context, const 
     return finish(InvalidArgumentError("prompt: empty"));
   }
   if (!tokenizer::IsValidUtf8(request->prompt())) return finish(InvalidArgumentError("prompt: invalid UTF-8"));
-  if (request->max_new_tokens() <= 0 || request->max_new_tokens() > impl.options.max_new_tokens_limit) {
+  const bool auto_max_tokens = fill_max_tokens && request->max_new_tokens() == 0;
+  if (!auto_max_tokens &&
+      (request->max_new_tokens() <= 0 || request->max_new_tokens() > impl.options.max_new_tokens_limit)) {
     return finish(InvalidArgumentError("max_new_tokens: must be in [1, " +
                                        std::to_string(impl.options.max_new_tokens_limit) + "], got " +
                                        std::to_string(request->max_new_tokens())));
@@ -468,6 +492,25 @@ Status GenerationService::Impl::Run(grpc::CallbackServerContext* context, const 
   }
 
   // --- the model
+  // Admitted: waiting for the model (ModelInfo, then a KV slot and the
+  // prefill); running from the first token on.
+  struct Occupancy {
+    telemetry::SpecDecodeMetrics* m;
+    bool running = false;
+    explicit Occupancy(telemetry::SpecDecodeMetrics* metrics) : m(metrics) {
+      if (m) m->num_requests_waiting.Increment();
+    }
+    void Run() {
+      if (m && !running) {
+        m->num_requests_waiting.Decrement();
+        m->num_requests_running.Increment();
+      }
+      running = true;
+    }
+    ~Occupancy() {
+      if (m) (running ? m->num_requests_running : m->num_requests_waiting).Decrement();
+    }
+  } occupancy(impl.metrics.get());
   StatusOr<lede::v1::ModelInfo> info = impl.Info(context);
   if (!info.ok()) return finish(info.status());
   if (method == lede::v1::SPECULATION_METHOD_STATIC) {
@@ -506,6 +549,11 @@ Status GenerationService::Impl::Run(grpc::CallbackServerContext* context, const 
   // --- the loop
   speculation::LoopOptions loop;
   loop.max_new_tokens = request->max_new_tokens();
+  if (auto_max_tokens) {
+    loop.max_new_tokens = std::max<int64_t>(
+        1, std::min<int64_t>(impl.options.max_new_tokens_limit,
+                             info->capacity() - static_cast<int64_t>(prompt.size())));
+  }
   loop.mode = method == lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE ? speculation::SpeculationMode::kAutoregressive
               : method == lede::v1::SPECULATION_METHOD_STATIC      ? speculation::SpeculationMode::kStatic
                                                                    : speculation::SpeculationMode::kAdaptive;
@@ -529,7 +577,8 @@ Status GenerationService::Impl::Run(grpc::CallbackServerContext* context, const 
     return !write_failed;
   };
   auto sink = [&](const std::vector<int32_t>& tokens) {
-    if (context->IsCancelled()) return false;
+    occupancy.Run();
+    if (context != nullptr && context->IsCancelled()) return false;
     for (int32_t id : tokens) held += detok.Push(id);
     for (const std::string& stop : request->stop()) {
       if (size_t at = held.find(stop); at != std::string::npos) {
@@ -552,8 +601,13 @@ Status GenerationService::Impl::Run(grpc::CallbackServerContext* context, const 
   };
   StatusOr<speculation::GenerationResult> result = speculation::RunGeneration(backend, prompt, loop, sink);
   if (!result.ok()) return finish(result.status());
-  if (context->IsCancelled()) return finish(Status(StatusCode::kCancelled, "client cancelled the request"));
-  if (write_failed) return finish(UnavailableError("client stream closed"));
+  if ((context != nullptr && context->IsCancelled()) || write_failed) {
+    if (impl.metrics) impl.metrics->RecordSuccess("abort");
+    if (context != nullptr && context->IsCancelled()) {
+      return finish(Status(StatusCode::kCancelled, "client cancelled the request"));
+    }
+    return finish(writer->WriteFailedStatus());
+  }
   if (!stopped) {
     held += detok.Flush();
     if (!held.empty()) send(held, {});
@@ -587,13 +641,14 @@ Status GenerationService::Impl::Run(grpc::CallbackServerContext* context, const 
       for (int32_t i = 0; i < round.n_emitted; ++i) m.inter_token_latency.Observe(round.latency_s / round.n_emitted);
     }
     m.prompt_tokens.Increment(static_cast<double>(st.n_prompt_tokens));
-    m.generated_tokens.Increment(static_cast<double>(st.n_generated));
+    m.RecordSuccess(s->finish_reason() == lede::v1::FINISH_REASON_LENGTH ? "length" : "stop");
+    m.generation_tokens.Increment(static_cast<double>(st.n_generated));
     m.time_to_first_token.Observe(st.prefill_s);
   }
   impl.LogExperience(*result, request_id);
   rpc::LogEvent("info", "request_done",
                 {{"request_id", request_id},
-                 {"method", MethodName(method)},
+                 {"method", SpeculationMethodName(method)},
                  {"tokens", std::to_string(st.n_generated)},
                  {"acceptance_rate", std::to_string(st.acceptance_rate())},
                  {"tokens_per_s", std::to_string(st.decode_tokens_per_s())},
@@ -682,6 +737,42 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   bool failed_ = false;       // client gone or write failed
   bool worker_done_ = false;
 };
+
+namespace {
+
+// The HTTP front end's writer: a callback; a false return is a client that
+// hung up, which cancels the request.
+class CallbackWriter final : public ResponseWriter {
+ public:
+  explicit CallbackWriter(const std::function<bool(const GenerateResponse&)>& fn) : fn_(fn) {}
+  bool Write(const GenerateResponse& response) override { return fn_(response); }
+  Status WriteFailedStatus() const override {
+    return Status(StatusCode::kCancelled, "client disconnected");
+  }
+
+ private:
+  const std::function<bool(const GenerateResponse&)>& fn_;
+};
+
+}  // namespace
+
+Status GenerationService::GenerateInProcess(const GenerateRequest& request,
+                                            const std::function<bool(const GenerateResponse&)>& on_response,
+                                            bool fill_max_tokens) {
+  CallbackWriter writer(on_response);
+  return impl_->Run(nullptr, &request, &writer, fill_max_tokens);
+}
+
+Status GenerationService::CheckModelServices(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::system_clock::now() + timeout;
+  if (!impl_->verifier_channel->WaitForConnected(deadline)) {
+    return UnavailableError("verifier " + impl_->options.verifier_target + " is not reachable");
+  }
+  if (!impl_->drafter_channel->WaitForConnected(deadline)) {
+    return UnavailableError("drafter " + impl_->options.drafter_target + " is not reachable");
+  }
+  return OkStatus();
+}
 
 // Finishes a call at once with an error (no worker needed).
 class RejectReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {

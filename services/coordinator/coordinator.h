@@ -8,6 +8,8 @@
 // decisions (policy/transition.h) and logs them to the object store
 // (trainer/experience_logger.h), and counts everything in Prometheus
 // metrics (DESIGN.md §6). It holds no tensors and never links libtorch.
+// The OpenAI-compatible HTTP API (openai_server.h) runs its requests through
+// GenerateInProcess(): the same validation and loop.
 //
 // Errors end the stream with a gRPC status: INVALID_ARGUMENT naming the
 // field; RESOURCE_EXHAUSTED when every KV slot is busy; UNAVAILABLE when the
@@ -19,14 +21,16 @@
 #ifndef LEDE_SERVICES_COORDINATOR_COORDINATOR_H_
 #define LEDE_SERVICES_COORDINATOR_COORDINATOR_H_
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "proto/lede/v1/generation.grpc.pb.h"
 #include "shared/status/status.h"
 
-namespace lede::telemetry {
+namespace prometheus {
 class Registry;
 }
 
@@ -55,6 +59,17 @@ struct CoordinatorOptions {
   std::string reward = "throughput";
 };
 
+// The lower-case name of a speculation method: "lede" (also for
+// UNSPECIFIED and for values outside the enum, which validation rejects),
+// "static", "threshold", "autoregressive" (the generated enum name without
+// its prefix). The `method` label of lede_requests_total and the HTTP API's
+// speculation.method.
+std::string SpeculationMethodName(lede::v1::SpeculationMethod method);
+
+// The method named `name` as SpeculationMethodName() spells it ("lede",
+// "static", "threshold", "autoregressive"; any case); false for anything else.
+bool ParseSpeculationMethodName(const std::string& name, lede::v1::SpeculationMethod* method);
+
 class RemoteBackend;
 class GenerateReactor;
 
@@ -67,7 +82,7 @@ class GenerationService final
   // Errors: kInvalidArgument naming the option (tokenizer_path, reward,
   // experience_url, max_new_tokens_limit); kNotFound for a missing tokenizer.
   static StatusOr<std::unique_ptr<GenerationService>> Create(const CoordinatorOptions& options,
-                                                             telemetry::Registry* registry);
+                                                             prometheus::Registry* registry);
   ~GenerationService() override;
 
   // The callback API with the raw request (GenerateRequestText first, so
@@ -76,6 +91,26 @@ class GenerationService final
   // through the reactor with at most a few responses buffered.
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
                                                         const grpc::ByteBuffer* request) override;
+
+  // Runs one request on the calling thread through the same validation,
+  // speculation loop, metrics and experience logging as Generate() (one
+  // validation, two front ends: the OpenAI HTTP API calls this).
+  // `on_response` receives the TokenDelta responses as they are accepted and
+  // then exactly one GenerationSummary; returning false means the client is
+  // gone: the loop stops after the current round, the KV slot is closed and
+  // the result is kCancelled. With `fill_max_tokens`, max_new_tokens == 0
+  // means "up to the context window" (capped at max_new_tokens_limit).
+  // Errors: those of Generate() (kInvalidArgument naming the GenerateRequest
+  // field, e.g. "max_new_tokens: ...", "speculation.exit_layer: ...";
+  // kResourceExhausted; kUnavailable), all before the first response unless
+  // a model process fails mid-request. Thread-safe; blocks for the request.
+  Status GenerateInProcess(const lede::v1::GenerateRequest& request,
+                           const std::function<bool(const lede::v1::GenerateResponse&)>& on_response,
+                           bool fill_max_tokens = false);
+
+  // OK when the verifier and the drafter accept connections within
+  // `timeout`; kUnavailable naming the one that does not.
+  Status CheckModelServices(std::chrono::milliseconds timeout);
 
   // Writes buffered experience (at shutdown). Returns the logger's status.
   Status FlushExperience();

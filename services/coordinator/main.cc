@@ -1,11 +1,14 @@
 // lede-coordinator: the public lede.v1.Generation API
 // (services/coordinator/coordinator.h). Never links libtorch.
 #include <chrono>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "services/coordinator/chat_prompt.h"
 #include "services/coordinator/coordinator.h"
+#include "services/coordinator/openai_server.h"
 #include "shared/flags/flags.h"
 #include "shared/rpc/server.h"
 #include "shared/telemetry/metrics.h"
@@ -18,6 +21,10 @@ int Run(const std::vector<std::string>& raw_args) {
   std::string model, listen = "127.0.0.1:50051", metrics = "127.0.0.1:9401";
   int64_t limit = o.max_new_tokens_limit;
   double grace_s = 10;
+  lede::coordinator::OpenAiServerOptions http;
+  http.listen_address = "127.0.0.1:8000";
+  http.model_id.clear();
+  int64_t http_threads = http.threads;
   lede::flags::FlagSet flags;
   flags.Add("model", &model, "served model directory (its tokenizer is used)", true);
   flags.Add("tokenizer", &o.tokenizer_path, "tokenizer file (default: found beside --model)");
@@ -25,6 +32,10 @@ int Run(const std::vector<std::string>& raw_args) {
   flags.Add("drafter", &o.drafter_target, "drafter address host:port (= --verifier when co-located)");
   flags.Add("listen", &listen, "gRPC address of the public API");
   flags.Add("metrics", &metrics, "HTTP address of /metrics");
+  flags.Add("http", &http.listen_address, "HTTP address of the OpenAI-compatible API; empty = none");
+  flags.Add("served-model-name", &http.model_id,
+            "model id of the OpenAI API (default: the --model directory's name)");
+  flags.Add("http-threads", &http_threads, "HTTP worker threads (most concurrent HTTP requests)");
   flags.Add("max-new-tokens-limit", &limit, "largest max_new_tokens a request may ask for");
   flags.Add("rpc-timeout-s", &o.rpc_timeout_s, "deadline of each call to a model process");
   flags.Add("autoregressive-fallback", &o.autoregressive_fallback,
@@ -61,6 +72,29 @@ int Run(const std::vector<std::string>& raw_args) {
     std::cerr << "lede-coordinator: " << service.status().message() << "\n";
     return 2;
   }
+  std::unique_ptr<lede::coordinator::OpenAiServer> openai;
+  if (!http.listen_address.empty()) {
+    if (http.model_id.empty()) {
+      std::filesystem::path p = std::filesystem::path(model).lexically_normal();
+      if (p.filename().empty()) p = p.parent_path();
+      http.model_id = p.filename().string();
+      if (http.model_id.empty()) http.model_id = "lede";
+    }
+    http.threads = static_cast<int>(http_threads);
+    if (lede::coordinator::HasChatTemplate(model)) {
+      lede::rpc::LogEvent("warn", "chat_template_not_rendered",
+                          {{"model", model}, {"using", "plain chat format (README Serving)"}});
+    }
+    auto started = lede::coordinator::OpenAiServer::Start(service->get(), &registry, http,
+                                                          lede::coordinator::RenderPlainChatPrompt);
+    if (!started.ok()) {
+      std::cerr << "lede-coordinator: --http: " << started.status().message() << "\n";
+      return 1;
+    }
+    openai = std::move(*started);
+    lede::rpc::LogEvent("info", "openai_api_listening",
+                        {{"port", std::to_string(openai->port())}, {"model", http.model_id}});
+  }
   lede::rpc::ServerRunner runner("coordinator");
   runner.AddService(service->get());
   lede::rpc::ServerOptions so;
@@ -69,6 +103,7 @@ int Run(const std::vector<std::string>& raw_args) {
   so.shutdown_grace = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
   // In-flight requests finish (or are cancelled after the grace period).
   if (!runner.Serve(so, &registry).ok()) return 1;
+  openai.reset();  // cancels HTTP streams still running after the grace period
   lede::Status flushed = (*service)->FlushExperience();
   lede::rpc::LogEvent(flushed.ok() ? "info" : "warn", "experience_flushed", {{"status", flushed.ToString()}});
   return 0;

@@ -34,6 +34,30 @@ namespace lede::model_service {
 using rpc::ToGrpcStatus;
 using Clock = std::chrono::steady_clock;
 
+namespace {
+
+// Observes the wall time of every decision of the wrapped controller in
+// lede_policy_decision_latency_seconds (in-process DQN, threshold rule, or a
+// remote Decide call). Borrows both; one per Draft call.
+class TimedExitController final : public model::ExitController {
+ public:
+  TimedExitController(model::ExitController& inner, telemetry::Histogram& latency)
+      : inner_(inner), latency_(latency) {}
+  std::string name() const override { return inner_.name(); }
+  model::Action Decide(const model::ExitState& state) override {
+    const auto t0 = Clock::now();
+    model::Action a = inner_.Decide(state);
+    latency_.Observe(std::chrono::duration<double>(Clock::now() - t0).count());
+    return a;
+  }
+
+ private:
+  model::ExitController& inner_;
+  telemetry::Histogram& latency_;
+};
+
+}  // namespace
+
 // The loaded model, the KV pool and (drafter) the policy.
 class ModelHost {
  public:
@@ -166,7 +190,7 @@ Status CheckTokens(const google::protobuf::RepeatedField<int32_t>& ids, int64_t 
 }  // namespace
 
 StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& options, bool create_pool,
-                                                   telemetry::Registry* registry) {
+                                                   prometheus::Registry* registry) {
   auto host = std::make_shared<ModelHost>();
   host->options = options;
   if (options.threads > 0) at::set_num_threads(options.threads);
@@ -497,6 +521,11 @@ grpc::Status DrafterService::Draft(grpc::ServerContext*, const lede::v1::DraftRe
                                                std::to_string(static_cast<int>(req->method()))));
   }
   config.controller = explorer ? explorer.get() : controller.get();
+  std::unique_ptr<TimedExitController> timed;
+  if (config.controller != nullptr && host.metrics) {
+    timed = std::make_unique<TimedExitController>(*config.controller, host.metrics->policy_decision_latency);
+    config.controller = timed.get();
+  }
   if (Status s = model::ValidateDraftConfig(config, c, cache); !s.ok()) {
     return ToGrpcStatus(InvalidArgumentError("speculation." + std::string(s.message())));
   }

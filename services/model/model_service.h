@@ -27,7 +27,7 @@
 #include "proto/lede/v1/model.grpc.pb.h"
 #include "shared/status/status.h"
 
-namespace lede::telemetry {
+namespace prometheus {
 class Registry;
 }
 
@@ -65,7 +65,7 @@ class ModelHost;  // the loaded model and the pool
 // when a drafter finds no pool yet), and of the policy when one is given.
 StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& options,
                                                    bool create_pool,
-                                                   telemetry::Registry* registry);
+                                                   prometheus::Registry* registry);
 
 class VerifierService final : public lede::v1::Verifier::Service {
  public:

@@ -54,8 +54,11 @@ class Channel;
 class ClientContext;
 }  // namespace grpc
 
-namespace lede::telemetry {
+namespace prometheus {
 class Counter;
+}  // namespace prometheus
+
+namespace lede::telemetry {
 struct SpecDecodeMetrics;
 }  // namespace lede::telemetry
 
@@ -170,7 +173,7 @@ struct RemoteDecisionOptions {
   // falls back, see below) unless the service serves this version.
   std::string version;
   // Optional (borrowed): incremented on every failed call.
-  telemetry::Counter* failures = nullptr;
+  prometheus::Counter* failures = nullptr;
   // Example: timeout = absl::Milliseconds(20), version = "measured-v1".
 };
 

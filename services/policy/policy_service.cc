@@ -23,7 +23,7 @@ grpc::Status PolicyService::Decide(grpc::ServerContext* context,
                                    const lede::v1::DecideRequest* request,
                                    lede::v1::DecideResponse* response) {
   auto finish = [&](const Status& status) {
-    // No latency observation: lede_request_latency_seconds is the Generate
+    // No latency observation: lede_e2e_request_latency_seconds is the Generate
     // request's histogram.
     if (metrics_ != nullptr) metrics_->RecordRequest("Decide", status.code(), -1);
     return rpc::ToGrpcStatus(status);

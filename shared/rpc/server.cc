@@ -96,7 +96,7 @@ void ServerRunner::AddService(grpc::Service* service) { services_.push_back(serv
 
 int ServerRunner::metrics_port() const { return metrics_ ? metrics_->port() : 0; }
 
-Status ServerRunner::Start(const ServerOptions& options, const telemetry::Registry* registry) {
+Status ServerRunner::Start(const ServerOptions& options, const prometheus::Registry* registry) {
   options_ = options;
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -125,7 +125,7 @@ Status ServerRunner::Start(const ServerOptions& options, const telemetry::Regist
   return OkStatus();
 }
 
-Status ServerRunner::Serve(const ServerOptions& options, const telemetry::Registry* registry,
+Status ServerRunner::Serve(const ServerOptions& options, const prometheus::Registry* registry,
                            const std::function<void()>& before_shutdown) {
   if (Status s = Start(options, registry); !s.ok()) {
     LogEvent("error", "start_failed", {{"error", s.ToString()}});

@@ -35,8 +35,11 @@ namespace grpc {
 class Service;
 }
 
-namespace lede::telemetry {
+namespace prometheus {
 class Registry;
+}
+
+namespace lede::telemetry {
 class MetricsServer;
 }  // namespace lede::telemetry
 
@@ -68,11 +71,11 @@ class ServerRunner {
   // Builds and starts the server (and the metrics server when
   // metrics_address is set and `registry` is not null).
   // Errors: kUnavailable naming the address when it cannot be bound.
-  Status Start(const ServerOptions& options, const telemetry::Registry* registry);
+  Status Start(const ServerOptions& options, const prometheus::Registry* registry);
   // Start(), then WaitForTermination(), then `before_shutdown` (e.g. ending
   // long-lived streams), then Shutdown(). Errors: those of Start() (logged
   // as event=start_failed; nothing is left running).
-  Status Serve(const ServerOptions& options, const telemetry::Registry* registry,
+  Status Serve(const ServerOptions& options, const prometheus::Registry* registry,
                const std::function<void()>& before_shutdown = nullptr);
   int port() const { return port_; }
   int metrics_port() const;

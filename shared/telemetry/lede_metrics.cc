@@ -1,18 +1,40 @@
 #include "shared/telemetry/lede_metrics.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace lede::telemetry {
 
-std::vector<double> TokenCountBuckets() { return LinearBuckets(0, 1, 17); }
-std::vector<double> ExitLayerBuckets() { return LinearBuckets(1, 1, 32); }
-std::vector<double> RoundLatencyBuckets() { return ExponentialBuckets(0.00025, 2, 16); }
-std::vector<double> RequestLatencyBuckets() {
-  return {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300};
+std::vector<double> TokenCountBuckets() {
+  std::vector<double> b;
+  for (int i = 0; i <= 16; ++i) b.push_back(i);
+  return b;
+}
+std::vector<double> ExitLayerBuckets() {
+  std::vector<double> b;
+  for (int i = 1; i <= 32; ++i) b.push_back(i);
+  return b;
+}
+std::vector<double> RoundLatencyBuckets() {
+  std::vector<double> b;
+  for (int i = 0; i < 16; ++i) b.push_back(0.00025 * std::ldexp(1.0, i));
+  return b;
+}
+std::vector<double> TimeToFirstTokenBuckets() {
+  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+          1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
 }
 std::vector<double> InterTokenLatencyBuckets() {
-  return {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1,
-          0.15,   0.2,   0.3,    0.5,   0.75, 1,     2.5,  5};
+  return {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+          0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+}
+std::vector<double> RequestLatencyBuckets() {
+  return {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+          30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+}
+std::vector<double> DecisionLatencyBuckets() {
+  return {1e-6,   2.5e-6, 5e-6,   1e-5,  2.5e-5, 5e-5,  1e-4, 2.5e-4, 5e-4, 1e-3,
+          2.5e-3, 5e-3,   1e-2,   2.5e-2, 5e-2,  0.1,   0.25, 0.5,    1.0};
 }
 
 std::string GrpcCodeName(StatusCode code) { return StatusCodeToString(code); }
@@ -30,15 +52,21 @@ double PolicyVersionNumber(std::string_view version) {
 
 namespace {
 
+Family<Counter>& CounterFamily(Registry& r, const char* name, const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r);
+}
 Counter& UnlabelledCounter(Registry& r, const char* name, const char* help) {
-  return r.AddCounter(name, help).Add({});
+  return CounterFamily(r, name, help).Add({});
+}
+Family<Gauge>& GaugeFamily(Registry& r, const char* name, const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(r);
 }
 Gauge& UnlabelledGauge(Registry& r, const char* name, const char* help) {
-  return r.AddGauge(name, help).Add({});
+  return GaugeFamily(r, name, help).Add({});
 }
 Histogram& UnlabelledHistogram(Registry& r, const char* name, const char* help,
                                const std::vector<double>& bounds) {
-  return r.AddHistogram(name, help, {}, bounds).Add({});
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, bounds);
 }
 
 }  // namespace
@@ -53,6 +81,9 @@ SpecDecodeMetrics::SpecDecodeMetrics(Registry& r)
           r, "lede_spec_decode_num_accepted_tokens_total",
           "Draft tokens accepted by the verifier (tokens). Acceptance rate = "
           "rate(accepted) / rate(draft tokens).")),
+      accepted_per_pos(CounterFamily(
+          r, "lede_spec_decode_num_accepted_tokens_per_pos_total",
+          "Accepted draft tokens by position in the draft (0-based; tokens).")),
       num_emitted_tokens(UnlabelledCounter(
           r, "lede_spec_decode_num_emitted_tokens_total",
           "Tokens emitted by decode rounds: accepted drafts plus one verifier token per "
@@ -75,40 +106,51 @@ SpecDecodeMetrics::SpecDecodeMetrics(Registry& r)
           "Wall time of one decode round, drafting plus verification, or one "
           "autoregressive step (seconds).",
           RoundLatencyBuckets())),
-      requests(r.AddCounter("lede_requests_total",
-                            "Finished requests by RPC method and gRPC status code name.",
-                            {"method", "status"})),
-      generated_tokens(UnlabelledCounter(r, "lede_generated_tokens_total",
-                                         "Tokens returned to clients (tokens).")),
+      requests(CounterFamily(r, "lede_requests_total",
+                             "Finished requests by decoding method or RPC and gRPC status code name.")),
+      request_success(CounterFamily(
+          r, "lede_request_success_total",
+          "Requests that completed, by finished_reason (stop, length, abort).")),
+      generation_tokens(UnlabelledCounter(r, "lede_generation_tokens_total",
+                                          "Tokens returned to clients (tokens).")),
       prompt_tokens(UnlabelledCounter(r, "lede_prompt_tokens_total",
                                       "Prompt tokens of accepted requests (tokens).")),
       time_to_first_token(UnlabelledHistogram(
           r, "lede_time_to_first_token_seconds",
           "Time from request arrival to its first generated token (seconds).",
-          RequestLatencyBuckets())),
+          TimeToFirstTokenBuckets())),
       inter_token_latency(UnlabelledHistogram(
           r, "lede_inter_token_latency_seconds",
-          "Time per generated token after the first, per round: a round emits its tokens together, each observed at the round's latency / tokens (seconds).",
+          "Time per generated token after the first, per round: a round emits its tokens "
+          "together, each observed at the round's latency / tokens (seconds).",
           InterTokenLatencyBuckets())),
-      request_latency(UnlabelledHistogram(
-          r, "lede_request_latency_seconds",
+      e2e_request_latency(UnlabelledHistogram(
+          r, "lede_e2e_request_latency_seconds",
           "Time from request arrival to its last token or error (seconds).",
           RequestLatencyBuckets())),
-      policy_version(r.AddGauge("lede_policy_version",
-                                "Serving exit-policy version: 1 for the current version, "
-                                "0 for versions served earlier by this process (info gauge).",
-                                {"version"})),
+      num_requests_running(UnlabelledGauge(
+          r, "lede_num_requests_running",
+          "Requests in the decode loop, holding a KV slot (requests).")),
+      num_requests_waiting(UnlabelledGauge(
+          r, "lede_num_requests_waiting",
+          "Requests admitted and waiting for a KV slot and prefill (requests).")),
+      policy_decision_latency(UnlabelledHistogram(
+          r, "lede_policy_decision_latency_seconds",
+          "Time of one exit-policy decision in the drafter (seconds).",
+          DecisionLatencyBuckets())),
+      policy_version(GaugeFamily(r, "lede_policy_version",
+                                 "Serving exit-policy version: 1 for the current version, "
+                                 "0 for versions served earlier by this process (info gauge).")),
       policy_version_number(UnlabelledGauge(
           r, "lede_policy_version_number",
           "Serving exit-policy version as a number (digits of the version name; 0 = none "
           "loaded).")),
-      policy_reloads(r.AddCounter("lede_policy_reloads_total",
-                                  "Policy reload attempts by outcome (ok, rejected).",
-                                  {"outcome"})),
+      policy_reloads(CounterFamily(r, "lede_policy_reloads_total",
+                                   "Policy reload attempts by outcome (ok, rejected).")),
       kv_slots_in_use(UnlabelledGauge(r, "lede_kv_slots_in_use",
                                       "KV-cache sequence slots holding a live sequence (slots).")),
       kv_slots_capacity(UnlabelledGauge(r, "lede_kv_slots_capacity",
-                                     "KV-cache sequence slots configured (slots).")),
+                                        "KV-cache sequence slots configured (slots).")),
       experience_records_written(UnlabelledCounter(
           r, "lede_experience_records_written_total",
           "Experience (transition) records written to shards (records).")),
@@ -117,7 +159,16 @@ SpecDecodeMetrics::SpecDecodeMetrics(Registry& r)
           "Experience records dropped: queue full or write error (records).")),
       experience_shards_written(UnlabelledCounter(
           r, "lede_experience_shards_written_total",
-          "Experience shards completed and made visible (shards).")) {}
+          "Experience shards completed and made visible (shards).")),
+      per_pos_(kMaxAcceptedPositions, nullptr) {}
+
+Counter& SpecDecodeMetrics::AcceptedAtPosition(int position) {
+  position = std::clamp(position, 0, kMaxAcceptedPositions - 1);
+  absl::MutexLock lock(&pos_mu_);
+  Counter*& c = per_pos_[position];
+  if (c == nullptr) c = &accepted_per_pos.Add({{"position", std::to_string(position)}});
+  return *c;
+}
 
 void SpecDecodeMetrics::RecordRound(int exit_layer_index, int n_drafted, int n_accepted,
                                     double latency_s) {
@@ -127,6 +178,7 @@ void SpecDecodeMetrics::RecordRound(int exit_layer_index, int n_drafted, int n_a
     num_drafts.Increment();
     num_draft_tokens.Increment(n_drafted);
     num_accepted_tokens.Increment(n_accepted);
+    for (int i = 0; i < n_accepted; ++i) AcceptedAtPosition(i).Increment();
     acceptance_length.Observe(n_accepted);
     draft_length.Observe(n_drafted);
     exit_layer.Observe(exit_layer_index);
@@ -138,7 +190,11 @@ void SpecDecodeMetrics::RecordRound(int exit_layer_index, int n_drafted, int n_a
 void SpecDecodeMetrics::RecordRequest(std::string_view method, StatusCode code,
                                       double latency_s) {
   requests.Add({{"method", std::string(method)}, {"status", GrpcCodeName(code)}}).Increment();
-  if (latency_s >= 0) request_latency.Observe(latency_s);
+  if (latency_s >= 0) e2e_request_latency.Observe(latency_s);
+}
+
+void SpecDecodeMetrics::RecordSuccess(std::string_view finished_reason) {
+  request_success.Add({{"finished_reason", std::string(finished_reason)}}).Increment();
 }
 
 void SpecDecodeMetrics::SetPolicyVersion(const std::string& version, double version_number) {

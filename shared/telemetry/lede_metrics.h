@@ -1,36 +1,55 @@
 // File: shared/telemetry/lede_metrics.h
 //
-// The project's metric names (DESIGN.md §6), defined once. Names follow
-// vLLM / SGLang / TensorRT-LLM's speculative-decoding metrics, prefixed
-// lede_; units are in the name (seconds, tokens) and in the help text.
+// The project's metric names (DESIGN.md §6), defined once, on prometheus-cpp
+// (metrics.h). Names and bucket boundaries follow vLLM's (vllm/v1/metrics/
+// loggers.py, vllm/v1/spec_decode/metrics.py; see
+// ../shared/research/serving-conventions.md §2) under the lede_ prefix, so a
+// vLLM dashboard ports by renaming `vllm:` to `lede_`; LEDE's own metrics
+// (exit layer, draft length, policy) sit beside them. Units are in the name
+// (seconds, tokens) and in the help text.
+//
+//   vLLM-compatible                                   LEDE's own
+//   lede_spec_decode_num_drafts_total                 lede_spec_decode_num_emitted_tokens_total
+//   lede_spec_decode_num_draft_tokens_total           lede_spec_decode_acceptance_length
+//   lede_spec_decode_num_accepted_tokens_total        lede_spec_decode_exit_layer
+//   lede_spec_decode_num_accepted_tokens_per_pos_total{position}
+//                                                     lede_spec_decode_draft_length
+//   lede_time_to_first_token_seconds                  lede_round_latency_seconds
+//   lede_inter_token_latency_seconds                  lede_requests_total{method,status}
+//   lede_e2e_request_latency_seconds                  lede_policy_decision_latency_seconds
+//   lede_request_success_total{finished_reason}       lede_policy_version{version}
+//   lede_prompt_tokens_total                          lede_policy_version_number
+//   lede_generation_tokens_total                      lede_policy_reloads_total{outcome}
+//   lede_num_requests_running                         lede_kv_slots_in_use, _capacity
+//   lede_num_requests_waiting                         lede_experience_{records_written,
+//                                                       records_dropped,shards_written}_total
 //
 // Every process builds one SpecDecodeMetrics on its Registry and serves it
 // with MetricsServer. All metrics are registered by every process (simplest;
 // a few idle series cost nothing): unlabelled metrics appear at 0 from the
-// start, labelled ones once a label set is used. Construct it twice on the
-// same Registry and both objects share the same metrics (registration is
-// idempotent).
+// start, labelled ones once a label set is used. Constructing it twice on the
+// same Registry shares the metrics (prometheus-cpp merges a re-registration
+// with the same name, type and labels).
 //
-// Dashboards (rate windows to taste):
+// Dashboards (rate windows to taste; vLLM computes the same in PromQL):
 //   acceptance rate  sum(rate(lede_spec_decode_num_accepted_tokens_total[1m]))
 //                  / sum(rate(lede_spec_decode_num_draft_tokens_total[1m]))
-//   tokens / round   sum(rate(lede_spec_decode_num_emitted_tokens_total[1m]))
-//                  / sum(rate(lede_spec_decode_num_drafts_total[1m]))
-//                    (spec rounds only if no autoregressive steps are mixed in)
+//   mean acceptance length (tokens per speculation round)
+//                    1 + sum(rate(lede_spec_decode_num_accepted_tokens_total[1m]))
+//                      / sum(rate(lede_spec_decode_num_drafts_total[1m]))
 //   serving policy   lede_policy_version == 1   (see below)
 //
 // Info-gauge pattern for lede_policy_version{version}: the series for the
 // current version is 1 and every earlier version seen by this process is 0
 // (series are never deleted, so references stay valid); `max by (version)
-// (lede_policy_version) == 1` names the version each process serves, and
-// joins onto other series with `* on(instance) group_left(version)`.
+// (lede_policy_version) == 1` names the version each process serves.
 // lede_policy_version_number carries the same version as a number so a
 // panel can plot it and `changes()` can count reloads.
 //
-// Thread-safety: every member may be used from any thread; the counters and
-// histograms are lock-free (metrics.h). SetPolicyVersion() takes a mutex.
-// Ownership: the Registry must outlive this struct; the references point into
-// it.
+// Thread-safety: every member may be used from any thread (prometheus-cpp's
+// metrics are atomic). SetPolicyVersion() and the per-position counters take
+// a mutex. Ownership: the Registry must outlive this struct; the references
+// point into it.
 //
 // Example:
 //   lede::telemetry::Registry registry;
@@ -38,6 +57,7 @@
 //   metrics.RecordRound(/*exit_layer=*/4, /*n_drafted=*/5, /*n_accepted=*/3,
 //                       /*latency_s=*/0.012);
 //   metrics.RecordRequest("Generate", lede::StatusCode::kOk, /*latency_s=*/0.8);
+//   metrics.RecordSuccess("length");
 //   metrics.SetPolicyVersion("v3", lede::telemetry::PolicyVersionNumber("v3"));
 #ifndef LEDE_SHARED_TELEMETRY_LEDE_METRICS_H_
 #define LEDE_SHARED_TELEMETRY_LEDE_METRICS_H_
@@ -54,11 +74,22 @@
 namespace lede::telemetry {
 
 // Bucket sets, shared so that dashboards and tests agree.
-std::vector<double> TokenCountBuckets();     // 0, 1, ..., 16 (tokens per round)
-std::vector<double> ExitLayerBuckets();      // 1, 2, ..., 32 (layer index)
-std::vector<double> RoundLatencyBuckets();   // 0.25 ms .. ~8 s, seconds
-std::vector<double> RequestLatencyBuckets(); // 5 ms .. 300 s, seconds (TTFT, request)
-std::vector<double> InterTokenLatencyBuckets();  // 0.5 ms .. 5 s, seconds
+std::vector<double> TokenCountBuckets();         // 0, 1, ..., 16 (tokens per round)
+std::vector<double> ExitLayerBuckets();          // 1, 2, ..., 32 (layer index)
+std::vector<double> RoundLatencyBuckets();       // 0.25 ms .. ~8 s, seconds
+// vLLM's boundaries (seconds): TTFT 0.001 .. 2560 (22 bounds), inter-token
+// latency 0.01 .. 80 (19 bounds), end-to-end request latency 0.3 .. 7680
+// (21 bounds).
+std::vector<double> TimeToFirstTokenBuckets();
+std::vector<double> InterTokenLatencyBuckets();
+std::vector<double> RequestLatencyBuckets();
+// One exit decision: 1 us .. 1 s in a 1-2.5-5 series (in-process DQN ~0.4 us,
+// a remote Decide ~0.7 ms), seconds.
+std::vector<double> DecisionLatencyBuckets();
+
+// Speculative positions with their own lede_spec_decode_num_accepted_tokens_per_pos_total
+// series; accepted tokens at deeper positions are counted at the last one.
+inline constexpr int kMaxAcceptedPositions = 16;
 
 // The gRPC name of a status code ("OK", "INVALID_ARGUMENT", ...), the
 // `status` label of lede_requests_total.
@@ -78,23 +109,29 @@ struct SpecDecodeMetrics {
   // One decode round. A speculation round (n_drafted > 0) drafted n_drafted
   // tokens at `exit_layer` and kept n_accepted of them, then the verifier
   // added one more: num_drafts += 1, num_draft_tokens += n_drafted,
-  // num_accepted_tokens += n_accepted, num_emitted_tokens += n_accepted + 1,
-  // and one observation each of acceptance_length (n_accepted), draft_length
+  // num_accepted_tokens += n_accepted, accepted_per_pos{position=i} += 1 for
+  // i in [0, n_accepted), num_emitted_tokens += n_accepted + 1, and one
+  // observation each of acceptance_length (n_accepted), draft_length
   // (n_drafted) and exit_layer. An autoregressive step (n_drafted == 0)
   // only adds 1 to num_emitted_tokens (exit_layer is ignored). Both observe
-  // round_latency (latency_s, seconds).
+  // round_latency (latency_s, seconds; skipped if negative or NaN).
   // Out-of-range arguments are clamped (n_drafted to >= 0, n_accepted to
   // [0, n_drafted]) rather than aborting the server; the counters stay
   // consistent: accepted <= draft tokens, emitted = accepted + rounds.
-  // Does not touch lede_generated_tokens_total: a round may emit tokens past
+  // Does not touch lede_generation_tokens_total: a round may emit tokens past
   // EOS or max_tokens that the request then drops; count those separately.
   void RecordRound(int exit_layer, int n_drafted, int n_accepted, double latency_s);
 
   // A finished request: lede_requests_total{method, status=GrpcCodeName(code)}
-  // += 1 and one request_latency observation (latency_s, seconds; skipped if
-  // negative). `method` is the RPC method name, e.g. "Generate". Takes the
-  // family mutex (a map lookup); fine once per request.
+  // += 1 and one e2e_request_latency observation (latency_s, seconds; skipped
+  // if negative). `method` is the decoding method or RPC name, e.g. "lede",
+  // "Decide". Takes the family mutex (a map lookup); fine once per request.
   void RecordRequest(std::string_view method, StatusCode code, double latency_s);
+
+  // A request that completed: lede_request_success_total{finished_reason}
+  // += 1, with vLLM's reasons "stop" (EOS or a stop string), "length"
+  // (max tokens or the context), "abort" (cancelled by the client).
+  void RecordSuccess(std::string_view finished_reason);
 
   // Makes `version` the serving policy: lede_policy_version{version} = 1, the
   // previously current version's series = 0, lede_policy_version_number =
@@ -104,10 +141,15 @@ struct SpecDecodeMetrics {
   // lede_policy_reloads_total{outcome="ok"|"rejected"} += 1.
   void RecordPolicyReload(bool accepted);
 
+  // The counter of accepted tokens at draft position `position` (0-based;
+  // clamped to [0, kMaxAcceptedPositions - 1]); created on first use.
+  Counter& AcceptedAtPosition(int position);
+
   // --- speculative decoding (counters in tokens or rounds) ---
   Counter& num_drafts;            // lede_spec_decode_num_drafts_total
   Counter& num_draft_tokens;      // lede_spec_decode_num_draft_tokens_total
   Counter& num_accepted_tokens;   // lede_spec_decode_num_accepted_tokens_total
+  Family<Counter>& accepted_per_pos;  // lede_spec_decode_num_accepted_tokens_per_pos_total{position}
   Counter& num_emitted_tokens;    // lede_spec_decode_num_emitted_tokens_total
   Histogram& acceptance_length;   // lede_spec_decode_acceptance_length (accepted drafts/round)
   Histogram& exit_layer;          // lede_spec_decode_exit_layer
@@ -115,14 +157,18 @@ struct SpecDecodeMetrics {
   Histogram& round_latency;       // lede_round_latency_seconds
 
   // --- requests ---
-  Family<Counter>& requests;      // lede_requests_total{method,status}
-  Counter& generated_tokens;      // lede_generated_tokens_total
-  Counter& prompt_tokens;         // lede_prompt_tokens_total
-  Histogram& time_to_first_token; // lede_time_to_first_token_seconds
-  Histogram& inter_token_latency; // lede_inter_token_latency_seconds
-  Histogram& request_latency;     // lede_request_latency_seconds
+  Family<Counter>& requests;         // lede_requests_total{method,status}
+  Family<Counter>& request_success;  // lede_request_success_total{finished_reason}
+  Counter& generation_tokens;        // lede_generation_tokens_total
+  Counter& prompt_tokens;            // lede_prompt_tokens_total
+  Histogram& time_to_first_token;    // lede_time_to_first_token_seconds
+  Histogram& inter_token_latency;    // lede_inter_token_latency_seconds
+  Histogram& e2e_request_latency;    // lede_e2e_request_latency_seconds
+  Gauge& num_requests_running;       // lede_num_requests_running (holding a KV slot)
+  Gauge& num_requests_waiting;       // lede_num_requests_waiting (admitted, no slot yet)
 
   // --- policy ---
+  Histogram& policy_decision_latency;  // lede_policy_decision_latency_seconds
   Family<Gauge>& policy_version;  // lede_policy_version{version} (info gauge)
   Gauge& policy_version_number;   // lede_policy_version_number
   Family<Counter>& policy_reloads;  // lede_policy_reloads_total{outcome}
@@ -141,6 +187,8 @@ struct SpecDecodeMetrics {
  private:
   absl::Mutex version_mu_;
   Gauge* current_version_ ABSL_GUARDED_BY(version_mu_) = nullptr;
+  absl::Mutex pos_mu_;
+  std::vector<Counter*> per_pos_ ABSL_GUARDED_BY(pos_mu_);  // [kMaxAcceptedPositions], lazily filled
 };
 
 }  // namespace lede::telemetry

@@ -1,26 +1,23 @@
 // File: shared/telemetry/metrics_server.h
 //
 // MetricsServer: an HTTP endpoint for Prometheus (DESIGN.md §6, "/metrics on
-// every process"), served by civetweb from Debian's libcivetweb (1.15).
+// every process"), served by cpp-httplib from Debian's libcpp-httplib (0.11).
 //
 //   GET|HEAD /metrics  200, Content-Type "text/plain; version=0.0.4;
-//                      charset=utf-8", body Registry::Serialize()
+//                      charset=utf-8", body SerializeText(registry)
 //   GET|HEAD /healthz  200, "ok\n" (the server's threads are alive)
 //   other methods      405;  other paths  404
 //
-// Why civetweb's C API and not CivetServer (libcivetweb-cpp): CivetServer's
-// constructor reports a failed start by throwing CivetException, and we throw
-// nothing outside the torch glue (STYLE.md §2.6); mg_start2() returns the
-// error text, which we turn into a Status, and mg_get_server_ports() reads
-// back the port. One library fewer on the link line, too.
+// Threads: cpp-httplib runs one listener thread and a pool of kServerThreads
+// workers, all std::thread with the default stack size. (The civetweb server
+// this replaced started its threads with a compiled-in ~100 KiB stack, too
+// small for the static TLS of a process that loads libtorch; that needed a
+// pthread_attr_setstacksize interposer, which is gone with civetweb.)
 //
-// Port 0: civetweb 1.15 binds "127.0.0.1:0" and mg_get_server_ports()
-// reports the port the kernel chose (checked against Debian's 1.15), so
-// tests bind port 0 and read port(); there is no probe-then-bind race.
-//
-// Threads: civetweb runs a listener thread and kServerThreads workers;
-// keep-alive is off, so a slow client holds a worker for one request only.
-// Note that civetweb's start sets SIGPIPE to SIG_IGN for the process.
+// Port 0 binds any free port and port() reports it, so tests bind port 0;
+// there is no probe-then-bind race. The listening socket sets SO_REUSEADDR
+// only: cpp-httplib's default also sets SO_REUSEPORT, which would let a
+// second process share a port that is in use instead of failing.
 //
 // Thread-safety: port() and listen_address() may be called from any thread.
 // Ownership: the Registry is borrowed and must outlive the server.
@@ -29,27 +26,42 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "shared/status/status.h"
 #include "shared/telemetry/metrics.h"
 
-struct mg_context;
+namespace httplib {
+class Server;
+}
 
 namespace lede::telemetry {
+
+// Splits "HOST:PORT": HOST an IPv4 literal or a host name without ':' or
+// ',', PORT 1-5 digits in [0, 65535]. Errors: kInvalidArgument naming the
+// address.
+StatusOr<std::pair<std::string, int>> ParseListenAddress(const std::string& listen_address);
+
+// Binds `server` (not yet listening) to `listen_address` ("HOST:PORT", 0 =
+// any free port) with SO_REUSEADDR only, and returns the bound port; call
+// server->listen_after_bind() next (on a thread of its own).
+// Errors: kInvalidArgument for a malformed address; kUnavailable if it
+// cannot be bound (port in use, address not local, host unknown), naming
+// the address. Also sets SIGPIPE to SIG_IGN for the process (a client that
+// hangs up mid-response must not kill the server).
+StatusOr<int> BindHttpServer(httplib::Server* server, const std::string& listen_address);
+
+// Waits (up to 5 s) until `server`'s listen_after_bind(), started on another
+// thread, is accepting, so that a stop() right after cannot be lost.
+void WaitUntilListening(httplib::Server& server);
 
 class MetricsServer {
  public:
   // Starts serving `registry` on `listen_address`, "HOST:PORT": HOST an IPv4
   // literal or a host name ("127.0.0.1", "0.0.0.0", "localhost"), PORT in
   // [0, 65535] with 0 meaning "any free port" (read it back with port()).
-  // IPv6 is not supported (Debian's civetweb is built without it).
   //
-  // Errors: kInvalidArgument if `listen_address` is not HOST:PORT with a
-  //         PORT in range (names the address);
-  //         kUnavailable if civetweb cannot listen there: port in use,
-  //         address not local, host does not resolve (names the address and
-  //         civetweb's reason).
-  // On error nothing is left running.
+  // Errors: those of BindHttpServer(). On error nothing is left running.
   //
   // Example:
   //   LEDE_ASSIGN_OR_RETURN(auto server,
@@ -58,10 +70,8 @@ class MetricsServer {
   static StatusOr<std::unique_ptr<MetricsServer>> Start(const Registry& registry,
                                                         std::string listen_address);
 
-  // Stops accepting, waits for in-flight requests and joins civetweb's
-  // threads (mg_stop), so the Registry may be destroyed right after. Takes
-  // milliseconds: it connects to its own port to wake civetweb's listener,
-  // which otherwise notices the stop only after its 2 s poll() timeout.
+  // Stops accepting, waits for in-flight requests and joins the server's
+  // threads, so the Registry may be destroyed right after.
   ~MetricsServer();
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;
@@ -71,7 +81,7 @@ class MetricsServer {
   // The address as given to Start().
   const std::string& listen_address() const { return listen_address_; }
 
-  // Worker threads civetweb starts (a scrape is cheap; a few suffice).
+  // Worker threads (a scrape is cheap; a few suffice).
   static constexpr int kServerThreads = 4;
 
  private:
@@ -79,7 +89,8 @@ class MetricsServer {
 
   const Registry& registry_;
   const std::string listen_address_;
-  mg_context* ctx_ = nullptr;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread listener_;
   int port_ = 0;
 };
 

@@ -150,7 +150,7 @@ def test_grafana():
                 fail(f"{where}: a target without expr")
             check_expr_metrics(t["expr"], where, metrics, records)
             used |= set(re.findall(r"lede_[a-z0-9_]+|lede:[a-z0-9_:]+", t["expr"]))
-    for must in ("lede_generated_tokens_total", "lede_spec_decode_exit_layer_bucket",
+    for must in ("lede_generation_tokens_total", "lede_spec_decode_exit_layer_bucket",
                  "lede_spec_decode_draft_length_bucket", "lede_round_latency_seconds_bucket",
                  "lede_time_to_first_token_seconds_bucket", "lede_inter_token_latency_seconds_bucket",
                  "lede_requests_total", "lede_policy_version", "lede_kv_slots_in_use",

@@ -404,6 +404,7 @@ class LedeCluster {
     std::vector<std::string> args = {options_.binaries.coordinator, "--model", options_.model_dir,
                                      "--verifier", verifier_target(), "--drafter", drafter_target(),
                                      "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0",
+                                     "--http", "127.0.0.1:0",
                                      "--rpc-timeout-s", "20", "--shutdown-grace-s", "2"};
     if (!url.empty() && url != "none") {
       std::ostringstream age;

@@ -1,0 +1,378 @@
+#include "services/coordinator/openai_server.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <ctime>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include <httplib.h>
+
+#include "services/coordinator/openai_api.h"
+#include "shared/rpc/server.h"
+#include "shared/telemetry/metrics.h"
+#include "shared/telemetry/metrics_server.h"
+
+namespace lede::coordinator {
+namespace {
+
+using nlohmann::json;
+using openai::ApiError;
+
+constexpr char kJson[] = "application/json";
+
+void SendError(httplib::Response& res, const ApiError& e) {
+  res.status = e.http_status;
+  res.set_content(openai::Dump(e.ToJson()), kJson);
+}
+
+// One streaming request: the generation thread produces SSE events, the
+// connection's worker writes them. Guarded by mu.
+struct SseStream {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::string> events;
+  bool started = false;  // the first token (or the summary) is queued
+  bool done = false;     // the generation returned `status`
+  bool gone = false;     // the client hung up, or the server is stopping
+  Status status;
+  static constexpr size_t kMaxQueued = 16;
+};
+
+// "ADDRESS" and port of a socket address (IPv4 or IPv6).
+bool AddressOf(const sockaddr_storage& a, std::string* ip, int* port) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (a.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&a);
+    if (inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf)) == nullptr) return false;
+    *port = ntohs(in->sin_port);
+  } else if (a.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&a);
+    if (inet_ntop(AF_INET6, &in6->sin6_addr, buf, sizeof(buf)) == nullptr) return false;
+    *port = ntohs(in6->sin6_port);
+  } else {
+    return false;
+  }
+  *ip = buf;
+  return true;
+}
+
+// The descriptor of the connection `req` arrived on, or -1. cpp-httplib 0.11
+// does not hand it to handlers, so it is found among the process's open
+// sockets by its two endpoints (req.remote_addr:remote_port and
+// req.local_port); the connection stays open while the handler runs, so
+// the number cannot be reused meanwhile.
+int ConnectionFd(const httplib::Request& req) {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = -1;
+  while (dirent* e = ::readdir(dir)) {
+    const int fd = std::atoi(e->d_name);
+    if (fd <= 2) continue;
+    sockaddr_storage peer{}, local{};
+    socklen_t pl = sizeof(peer), ll = sizeof(local);
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0) continue;
+    std::string pip, lip;
+    int pport = 0, lport = 0;
+    if (!AddressOf(peer, &pip, &pport) || !AddressOf(local, &lip, &lport)) continue;
+    if (pport == req.remote_port && lport == req.local_port && pip == req.remote_addr) {
+      found = fd;
+      break;
+    }
+  }
+  ::closedir(dir);
+  return found;
+}
+
+// True once the client closed its side (or the connection broke): a client
+// gone mid-request, since HTTP clients do not half-close while waiting.
+bool PeerClosed(int fd) {
+  if (fd < 0) return false;
+  pollfd p{fd, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+}  // namespace
+
+struct OpenAiServer::Impl {
+  GenerationService* service = nullptr;
+  const prometheus::Registry* registry = nullptr;
+  OpenAiServerOptions options;
+  ChatPromptRenderer render_chat;
+  httplib::Server http;
+  std::thread listener;
+  int port = 0;
+  int64_t created = static_cast<int64_t>(std::time(nullptr));
+
+  std::mutex mu;
+  std::condition_variable cv;
+  int generation_threads = 0;                    // guarded by mu
+  bool stopping = false;                         // guarded by mu: new streams start cancelled
+  std::set<std::shared_ptr<SseStream>> streams;     // guarded by mu
+  std::mt19937_64 rng{std::random_device{}()};   // guarded by mu
+
+  uint64_t Random() {
+    std::lock_guard<std::mutex> lock(mu);
+    return rng();
+  }
+
+  json ModelJson() const {
+    return {{"id", options.model_id}, {"object", "model"}, {"created", created}, {"owned_by", "lede"}};
+  }
+
+  void HandleGenerate(openai::Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
+  // `fd`: the connection's descriptor (-1 if unknown), polled for a hang-up
+  // until the first token; writes notice it afterwards.
+  void StartStream(openai::Request request, const openai::ResponseMeta& meta, int fd, httplib::Response& res);
+};
+
+void OpenAiServer::Impl::HandleGenerate(openai::Endpoint endpoint, const httplib::Request& req,
+                                        httplib::Response& res) {
+  StatusOr<openai::Request> parsed = openai::ParseRequest(endpoint, req.body, render_chat, Random());
+  if (!parsed.ok()) return SendError(res, openai::ToApiError(parsed.status(), nullptr));
+  openai::Request& r = *parsed;
+  if (!r.ignored_fields.empty()) {
+    std::string fields;
+    for (const std::string& f : r.ignored_fields) fields += (fields.empty() ? "" : ",") + f;
+    rpc::LogEvent("info", "openai_ignored_fields", {{"path", req.path}, {"fields", fields}});
+  }
+  if (!r.model.empty() && r.model != options.model_id) return SendError(res, openai::ModelNotFound(r.model));
+  char id[32];
+  snprintf(id, sizeof(id), "%016llx", static_cast<unsigned long long>(Random()));
+  r.generate.set_request_id(std::string("req-") + id);
+  openai::ResponseMeta meta;
+  meta.id = (endpoint == openai::Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-") + std::string(id);
+  meta.created = static_cast<int64_t>(std::time(nullptr));
+  meta.model = options.model_id;
+  const int fd = ConnectionFd(req);
+  if (r.stream) return StartStream(std::move(r), meta, fd, res);
+
+  // Nothing is written before the end, so a client that hangs up is noticed
+  // by polling its socket at every delta.
+  std::string text;
+  lede::v1::GenerationSummary summary;
+  Status s = service->GenerateInProcess(
+      r.generate,
+      [&](const lede::v1::GenerateResponse& g) {
+        if (g.has_delta()) text += g.delta().text();
+        if (g.has_summary()) summary = g.summary();
+        return !PeerClosed(fd);
+      },
+      r.fill_max_tokens);
+  if (s.code() == StatusCode::kCancelled) return;  // the client is gone
+  if (!s.ok()) return SendError(res, openai::ToApiError(s, &r));
+  res.status = 200;
+  res.set_content(openai::Dump(openai::CompleteResponse(r, meta, text, summary)), kJson);
+}
+
+void OpenAiServer::Impl::StartStream(openai::Request request, const openai::ResponseMeta& meta, int fd,
+                                     httplib::Response& res) {
+  auto stream = std::make_shared<SseStream>();
+  auto shared_request = std::make_shared<openai::Request>(std::move(request));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ++generation_threads;
+    streams.insert(stream);
+    if (stopping) stream->gone = true;  // not yet shared: no lock needed
+  }
+  std::thread([this, stream, shared_request, meta, fd] {
+    const openai::Request& r = *shared_request;
+    bool first = true;
+    Status s = service->GenerateInProcess(
+        r.generate,
+        [&](const lede::v1::GenerateResponse& g) {
+          std::vector<std::string> out;
+          if (first) {
+            json head = openai::FirstChunk(r, meta);
+            if (!head.is_null()) out.push_back(openai::SseEvent(head));
+            first = false;
+          }
+          if (g.has_delta() && !g.delta().text().empty()) {
+            out.push_back(openai::SseEvent(openai::TextChunk(r, meta, g.delta().text())));
+          }
+          if (g.has_summary()) {
+            out.push_back(openai::SseEvent(openai::FinalChunk(r, meta, g.summary())));
+            if (r.include_usage) out.push_back(openai::SseEvent(openai::UsageChunk(r, meta, g.summary())));
+          }
+          std::unique_lock<std::mutex> lock(stream->mu);
+          // Before the first event the connection's worker is still in the
+          // handler (fd open): a hang-up during the prefill is seen here.
+          if (!stream->started && PeerClosed(fd)) stream->gone = true;
+          stream->cv.wait(lock, [&] { return stream->events.size() < SseStream::kMaxQueued || stream->gone; });
+          if (stream->gone) return false;
+          for (std::string& e : out) stream->events.push_back(std::move(e));
+          stream->started = true;
+          stream->cv.notify_all();
+          return true;
+        },
+        r.fill_max_tokens);
+    {
+      std::lock_guard<std::mutex> lock(stream->mu);
+      stream->done = true;
+      stream->status = s;
+      stream->cv.notify_all();
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    streams.erase(stream);
+    --generation_threads;
+    cv.notify_all();
+  }).detach();
+
+  // Headers wait for the first token: an error before it is a plain HTTP error.
+  {
+    std::unique_lock<std::mutex> lock(stream->mu);
+    stream->cv.wait(lock, [&] { return stream->started || stream->done; });
+    if (!stream->started) {
+      if (stream->gone) return;  // the client hung up before the first token
+      return SendError(res, openai::ToApiError(stream->status, shared_request.get()));
+    }
+  }
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [stream, shared_request](size_t /*offset*/, httplib::DataSink& sink) {
+        std::unique_lock<std::mutex> lock(stream->mu);
+        stream->cv.wait(lock, [&] { return !stream->events.empty() || stream->done || stream->gone; });
+        while (!stream->events.empty()) {
+          std::string e = std::move(stream->events.front());
+          stream->events.pop_front();
+          stream->cv.notify_all();
+          lock.unlock();
+          const bool ok = sink.write(e.data(), e.size());
+          lock.lock();
+          if (!ok) {
+            stream->gone = true;  // the client hung up: cancel the generation
+            stream->cv.notify_all();
+            return false;
+          }
+        }
+        if (stream->done) {
+          const std::string tail =
+              stream->status.ok() ? std::string(openai::kSseDone)
+                                  : openai::SseEvent(openai::ToApiError(stream->status, shared_request.get()).ToJson());
+          lock.unlock();
+          sink.write(tail.data(), tail.size());
+          sink.done();
+          return true;
+        }
+        return !stream->gone;
+      },
+      [stream](bool success) {
+        std::lock_guard<std::mutex> lock(stream->mu);
+        if (!success) stream->gone = true;
+        stream->cv.notify_all();
+      });
+}
+
+OpenAiServer::OpenAiServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+OpenAiServer::~OpenAiServer() {
+  Impl& impl = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(impl.mu);
+    impl.stopping = true;
+    for (const std::shared_ptr<SseStream>& s : impl.streams) {
+      std::lock_guard<std::mutex> slock(s->mu);
+      s->gone = true;
+      s->cv.notify_all();
+    }
+  }
+  impl.http.stop();
+  if (impl.listener.joinable()) impl.listener.join();
+  std::unique_lock<std::mutex> lock(impl.mu);
+  impl.cv.wait(lock, [&] { return impl.generation_threads == 0; });
+}
+
+int OpenAiServer::port() const { return impl_->port; }
+
+StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(GenerationService* service,
+                                                             const prometheus::Registry* registry,
+                                                             OpenAiServerOptions options,
+                                                             ChatPromptRenderer render_chat) {
+  if (options.threads < 1) return InvalidArgumentError("http threads: must be >= 1");
+  auto impl = std::make_unique<Impl>();
+  impl->service = service;
+  impl->registry = registry;
+  impl->options = std::move(options);
+  impl->render_chat = render_chat ? std::move(render_chat) : ChatPromptRenderer(RenderPlainChatPrompt);
+  Impl* p = impl.get();
+  httplib::Server& http = impl->http;
+  const int threads = impl->options.threads;
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  http.set_payload_max_length(impl->options.max_body_bytes);
+  http.set_keep_alive_max_count(100);  // SDKs keep a connection pool; idle ones close after 5 s
+  http.set_read_timeout(30);
+  http.set_write_timeout(30);
+
+  http.Post("/v1/completions", [p](const httplib::Request& req, httplib::Response& res) {
+    p->HandleGenerate(openai::Endpoint::kCompletions, req, res);
+  });
+  http.Post("/v1/chat/completions", [p](const httplib::Request& req, httplib::Response& res) {
+    p->HandleGenerate(openai::Endpoint::kChatCompletions, req, res);
+  });
+  http.Get("/v1/models", [p](const httplib::Request&, httplib::Response& res) {
+    res.set_content(openai::Dump(json{{"object", "list"}, {"data", json::array({p->ModelJson()})}}), kJson);
+  });
+  http.Get(R"(/v1/models/(.+))", [p](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    if (id != p->options.model_id) return SendError(res, openai::ModelNotFound(id));
+    res.set_content(openai::Dump(p->ModelJson()), kJson);
+  });
+  http.Get("/health", [p](const httplib::Request&, httplib::Response& res) {
+    Status s = p->service->CheckModelServices(p->options.health_timeout);
+    if (!s.ok()) return SendError(res, openai::ToApiError(s, nullptr));
+    res.set_content(R"({"status":"ok"})", kJson);
+  });
+  http.Get("/metrics", [p](const httplib::Request& req, httplib::Response& res) {
+    if (p->registry == nullptr) return SendError(res, openai::RouteNotFound(req.method, req.path));
+    res.set_content(telemetry::SerializeText(*p->registry), telemetry::kTextContentType);
+  });
+  // Every error response without a body of ours (no route, 413, ...) gets the envelope.
+  http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
+                                                                  httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    ApiError e = openai::RouteNotFound(req.method, req.path);
+    if (res.status != 404) {
+      e.http_status = res.status;
+      e.type = res.status < 500 ? "invalid_request_error" : "server_error";
+      e.message = "HTTP " + std::to_string(res.status) + " for " + req.method + " " + req.path;
+    }
+    SendError(res, e);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    ApiError e;
+    e.message = "internal error";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& ex) {
+      e.message = std::string("internal error: ") + ex.what();
+    } catch (...) {
+    }
+    SendError(res, e);
+  });
+
+  StatusOr<int> port = telemetry::BindHttpServer(&http, impl->options.listen_address);
+  if (!port.ok()) {
+    return Status(port.status().code(), "OpenAI HTTP API: " + std::string(port.status().message()));
+  }
+  impl->port = *port;
+  impl->listener = std::thread([p] { p->http.listen_after_bind(); });
+  telemetry::WaitUntilListening(http);
+  return std::unique_ptr<OpenAiServer>(new OpenAiServer(std::move(impl)));
+}
+
+}  // namespace lede::coordinator

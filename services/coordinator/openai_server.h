@@ -1,0 +1,98 @@
+// File: services/coordinator/openai_server.h
+//
+// The OpenAI-compatible HTTP API of the coordinator (cpp-httplib, Debian's
+// libcpp-httplib 0.11; README "Serving" says why not civetweb):
+//
+//   POST /v1/completions        text_completion, streaming (SSE) or not
+//   POST /v1/chat/completions   chat.completion(.chunk), streaming or not
+//   GET  /v1/models             {"object": "list", "data": [the served model]}
+//   GET  /v1/models/{id}        the model, or 404
+//   GET  /health                200 {"status": "ok"} when the verifier and the
+//                               drafter are reachable, 503 otherwise
+//   GET  /metrics               the coordinator's Prometheus metrics
+//   anything else               404 in the error envelope
+//
+// Requests are translated by openai_api.h and run by
+// GenerationService::GenerateInProcess(): the gRPC API's validation, loop,
+// metrics and experience logging, once. Errors use OpenAI's envelope with
+// the status ToApiError() gives: 400 naming `param`, 404, 429 (every KV slot
+// busy), 503 (a model service down), 500. An error before the first token
+// is an HTTP error response even when streaming (headers are sent only once
+// the first token is there); a failure after it ends the stream with
+// `data: {"error": {...}}` and no [DONE].
+//
+// Cancellation: a client that disconnects cancels its generation, which
+// stops after the round in flight and closes its KV slot (status CANCELLED,
+// lede_request_success_total{finished_reason="abort"}), as a gRPC cancel
+// does. A stream notices at its next write; before the first token, and for
+// a non-streaming request that writes nothing until the end, the
+// connection's socket is polled for a hang-up (POLLRDHUP) at every delta.
+// cpp-httplib 0.11 does not give handlers the socket, so it is found by its
+// endpoints among the process's descriptors (Linux /proc/self/fd).
+//
+// Threads: a listener thread and `threads` workers (one per open
+// connection); each streaming request also runs its generation on a thread
+// of its own that hands SSE events to the connection's worker through a
+// small bounded queue. Thread-safety: Start/port/the destructor from one
+// thread. Ownership: the GenerationService and the Registry are borrowed and
+// must outlive the server.
+#ifndef LEDE_SERVICES_COORDINATOR_OPENAI_SERVER_H_
+#define LEDE_SERVICES_COORDINATOR_OPENAI_SERVER_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "services/coordinator/chat_prompt.h"
+#include "services/coordinator/coordinator.h"
+#include "shared/status/status.h"
+
+namespace prometheus {
+class Registry;
+}
+
+namespace lede::coordinator {
+
+struct OpenAiServerOptions {
+  // "HOST:PORT"; port 0 picks a free port (read it back with port()).
+  std::string listen_address = "127.0.0.1:8000";
+  // The served model's name in /v1/models and in responses; requests naming
+  // another model are 404 (an absent `model` means this one).
+  std::string model_id = "lede";
+  // Connection worker threads: the most concurrent requests over HTTP.
+  int threads = 32;
+  // How long /health waits for the model services to accept a connection.
+  std::chrono::milliseconds health_timeout{1000};
+  // Largest request body, bytes (413 above).
+  size_t max_body_bytes = 8 << 20;
+};
+
+class OpenAiServer {
+ public:
+  // Starts serving. `render_chat` turns chat messages into the prompt
+  // (RenderPlainChatPrompt until a chat-template renderer exists).
+  // `registry` may be null (then /metrics is 404).
+  // Errors: kInvalidArgument for a malformed address or threads < 1;
+  // kUnavailable if the address cannot be bound (names it).
+  static StatusOr<std::unique_ptr<OpenAiServer>> Start(GenerationService* service,
+                                                       const prometheus::Registry* registry,
+                                                       OpenAiServerOptions options,
+                                                       ChatPromptRenderer render_chat);
+  // Stops accepting, cancels the streams in flight (as a disconnect would),
+  // and joins every thread.
+  ~OpenAiServer();
+  OpenAiServer(const OpenAiServer&) = delete;
+  OpenAiServer& operator=(const OpenAiServer&) = delete;
+
+  int port() const;
+
+  struct Impl;
+
+ private:
+  explicit OpenAiServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace lede::coordinator
+
+#endif  // LEDE_SERVICES_COORDINATOR_OPENAI_SERVER_H_

@@ -1,0 +1,142 @@
+// Tests of services/coordinator/openai_server.h in-process, with model
+// services that are down (nothing listens on their ports): routing, the
+// error envelope for errors before and without a model, /health's 503, and
+// /metrics. The deployment with real clients is openai_e2e_test.cc.
+#include "services/coordinator/openai_server.h"
+
+#include <memory>
+#include <string>
+
+#include <httplib.h>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "shared/telemetry/metrics.h"
+#include "shared/tokenizer/model_files.h"
+#include "tests/shared/telemetry/telemetry_test_util.h"
+#include "tests/testing/status_matchers.h"
+
+namespace lede::coordinator {
+namespace {
+
+using ::lede::testing::IsOk;
+using ::lede::testing::StatusIs;
+using ::testing::HasSubstr;
+using nlohmann::json;
+
+class OpenAiServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto tokenizer = tokenizer::FindTokenizerFile(std::string(LEDE_SOURCE_DIR) + "/models/lede-tiny");
+    ASSERT_THAT(tokenizer, IsOk());
+    CoordinatorOptions o;
+    o.tokenizer_path = *tokenizer;
+    const int dead = telemetry::test_util::FreePort();  // nothing listens there
+    o.verifier_target = o.drafter_target = "127.0.0.1:" + std::to_string(dead);
+    o.rpc_timeout_s = 2;
+    o.max_new_tokens_limit = 64;
+    auto service = GenerationService::Create(o, &registry_);
+    ASSERT_THAT(service, IsOk());
+    service_ = std::move(*service);
+    OpenAiServerOptions so;
+    so.listen_address = "127.0.0.1:0";
+    so.model_id = "m";
+    so.threads = 4;
+    so.health_timeout = std::chrono::milliseconds(200);
+    auto server = OpenAiServer::Start(service_.get(), &registry_, so, RenderPlainChatPrompt);
+    ASSERT_THAT(server, IsOk());
+    server_ = std::move(*server);
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", server_->port());
+    client_->set_read_timeout(10);
+  }
+
+  // {status, parsed body}.
+  std::pair<int, json> Post(const std::string& path, const std::string& body) {
+    auto r = client_->Post(path.c_str(), body, "application/json");
+    if (!r) return {0, nullptr};
+    return {r->status, json::parse(r->body, nullptr, false)};
+  }
+  std::pair<int, json> Get(const std::string& path) {
+    auto r = client_->Get(path.c_str());
+    if (!r) return {0, nullptr};
+    return {r->status, json::parse(r->body, nullptr, false)};
+  }
+
+  telemetry::Registry registry_;
+  std::unique_ptr<GenerationService> service_;
+  std::unique_ptr<OpenAiServer> server_;
+  std::unique_ptr<httplib::Client> client_;
+};
+
+// /v1/models and /v1/models/{id} list the served model; others are 404.
+TEST_F(OpenAiServerTest, ListsTheServedModel) {
+  auto [status, body] = Get("/v1/models");
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(body["object"], "list");
+  ASSERT_EQ(body["data"].size(), 1u);
+  EXPECT_EQ(body["data"][0]["id"], "m");
+  EXPECT_EQ(body["data"][0]["owned_by"], "lede");
+  EXPECT_EQ(Get("/v1/models/m").first, 200);
+  auto [missing, err] = Get("/v1/models/other");
+  EXPECT_EQ(missing, 404);
+  EXPECT_EQ(err["error"]["code"], "model_not_found");
+}
+
+// Validation that needs no model answers 400 even with the model services
+// down; a request that needs them is 503, streamed or not (no 200 first).
+TEST_F(OpenAiServerTest, ErrorsBeforeTheModelAreHttpErrors) {
+  auto [bad, e1] = Post("/v1/completions", R"({"prompt": "a", "max_tokens": 0})");
+  EXPECT_EQ(bad, 400);
+  EXPECT_EQ(e1["error"]["param"], "max_tokens");
+  auto [bad_chat, e2] = Post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "a"}], "temperature": -2})");
+  EXPECT_EQ(bad_chat, 400);
+  EXPECT_EQ(e2["error"]["param"], "temperature");
+  auto [down, e3] = Post("/v1/completions", R"({"prompt": "a", "max_tokens": 4})");
+  EXPECT_EQ(down, 503);
+  EXPECT_EQ(e3["error"]["type"], "unavailable_error");
+  auto [down_stream, e4] = Post("/v1/chat/completions",
+                                R"({"messages": [{"role": "user", "content": "a"}], "stream": true})");
+  EXPECT_EQ(down_stream, 503);
+  EXPECT_EQ(e4["error"]["type"], "unavailable_error");
+  auto [wrong_model, e5] = Post("/v1/completions", R"({"model": "gpt-4", "prompt": "a"})");
+  EXPECT_EQ(wrong_model, 404);
+  EXPECT_EQ(e5["error"]["param"], "model");
+  auto [not_json, e6] = Post("/v1/completions", "{");
+  EXPECT_EQ(not_json, 400);
+  EXPECT_TRUE(e6["error"]["param"].is_null());
+}
+
+// Unknown routes and methods are 404 in the envelope; /health is 503 while
+// the model services are down; /metrics counts the failed requests.
+TEST_F(OpenAiServerTest, RoutesHealthAndMetrics) {
+  auto [route, e1] = Get("/v1/engines");
+  EXPECT_EQ(route, 404);
+  EXPECT_EQ(e1["error"]["type"], "not_found_error");
+  auto [method, e2] = Get("/v1/completions");
+  EXPECT_EQ(method, 404);
+  EXPECT_EQ(e2["error"]["type"], "not_found_error");
+  auto [health, e3] = Get("/health");
+  EXPECT_EQ(health, 503);
+  EXPECT_THAT(e3["error"]["message"].get<std::string>(), HasSubstr("verifier"));
+  Post("/v1/completions", R"({"prompt": "a", "max_tokens": 4})");
+  auto metrics = client_->Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->status, 200);
+  EXPECT_THAT(metrics->body, HasSubstr("lede_requests_total{method=\"lede\",status=\"UNAVAILABLE\"} 1"));
+}
+
+// A taken port fails to start, naming the address.
+TEST_F(OpenAiServerTest, PortInUseIsUnavailable) {
+  OpenAiServerOptions so;
+  so.listen_address = "127.0.0.1:" + std::to_string(server_->port());
+  auto second = OpenAiServer::Start(service_.get(), &registry_, so, RenderPlainChatPrompt);
+  EXPECT_THAT(second, StatusIs(StatusCode::kUnavailable));
+  if (!second.ok()) EXPECT_THAT(std::string(second.status().message()), HasSubstr(so.listen_address));
+  so.listen_address = "nonsense";
+  EXPECT_THAT(OpenAiServer::Start(service_.get(), &registry_, so, RenderPlainChatPrompt),
+              StatusIs(StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace lede::coordinator
