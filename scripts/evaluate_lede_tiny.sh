@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${LEDE_MODEL:-models/lede-tiny}
-CANDIDATES=${LEDE_CANDIDATES:-2,3,4,6}
+CANDIDATES=${LEDE_CANDIDATES:-1,2,3,4,5,6}
 LEDE=build/services/cli/lede
 mkdir -p out
 "$LEDE" calibrate --model "$MODEL" --threads 1 --out "$MODEL/calibration-cpu.json"
@@ -19,7 +19,7 @@ wait
 bench() {  # set
   "$LEDE" bench --model "$MODEL" --calibration "$MODEL/calibration-cpu.json" \
     --prompts "$MODEL/prompts/$1.jsonl" --candidate-layers "$CANDIDATES" \
-    --policy "$MODEL/policy/paper-v1,$MODEL/policy/accelerator-v1,$MODEL/policy/measured-v1" \
+    --policy "$MODEL/policy/paper-v2,$MODEL/policy/accelerator-v2,$MODEL/policy/measured-v2,$MODEL/policy/story-accelerator-v2,$MODEL/policy/story-measured-v2" \
     --prompts-per-set 48 --new-tokens 64 --threads 1 --json "out/bench-$1.json" > "out/bench-$1.txt" 2> "out/bench-$1.err"
 }
 bench story &

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Trains LEDE's exit policies for models/lede-tiny on counterfactual
 # experience (lede-train-counterfactual: greedy requests of the tuning split
-# of each prompt set, their shadow tokens, Dinkelbach iteration of the DQN):
+# of each prompt set and of extra training prompts that no evaluation prompt
+# was cut near, their shadow tokens, Dinkelbach iteration of the DQN with
+# rollout targets):
 #   accelerator-v2  tokens - rho * cost under the accelerator cost model
 #   measured-v2     tokens - rho * cost under this machine's measured cost model
 #   paper-v2        the rewards of DESIGN.md §2 (accelerator depth term)
@@ -20,14 +22,20 @@ LEDE=build/services/cli/lede
 TRAIN=build/trainer/lede-train-counterfactual
 CANDIDATES=${LEDE_CANDIDATES:-1,2,3,4,5,6}
 MAX_DRAFT_LEN=${LEDE_MAX_DRAFT_LEN:-4}
-NEW_TOKENS=${LEDE_TRAIN_NEW_TOKENS:-160}
+NEW_TOKENS=${LEDE_TRAIN_NEW_TOKENS:-128}
+EXTRA=${LEDE_EXTRA_PROMPTS:-80}  # extra training prompts per domain (scripts/make_policy_training_prompts.py)
 mkdir -p "$MODEL/policy" out/policies
 [[ -f "$MODEL/calibration-cpu.json" ]] ||
   "$LEDE" calibrate --model "$MODEL" --threads "$THREADS" --out "$MODEL/calibration-cpu.json"
+python3 scripts/make_policy_training_prompts.py out/policy-prompts $((2 * EXTRA))
 train() {  # name reward cost_model prompt-sets
-  local name=$1 reward=$2 cost=$3 sets=$4 prompts=""
-  for s in ${sets//,/ }; do prompts+="${prompts:+,}$MODEL/prompts/$s.jsonl"; done
+  local name=$1 reward=$2 cost=$3 sets=$4 prompts="" extra=""
+  for s in ${sets//,/ }; do
+    prompts+="${prompts:+,}$MODEL/prompts/$s.jsonl"
+    extra+="${extra:+,}out/policy-prompts/train-$s.jsonl"
+  done
   "$TRAIN" --model "$MODEL" --prompts "$prompts" --prompts-per-set 48 --new-tokens "$NEW_TOKENS" \
+    --extra-prompts "$extra" --extra-count "$EXTRA" --exclude-prompts "$prompts" --iterations 5 --epochs 8 \
     --reward "$reward" --cost-model "$cost" --calibration "$MODEL/calibration-cpu.json" \
     --candidate-layers "$CANDIDATES" --max-draft-len "$MAX_DRAFT_LEN" --threads "$THREADS" --seed 1 \
     --out "$MODEL/policy/$name" --version "$name" --overwrite 2>&1 | tee "out/policies/train-$name.log"

@@ -137,6 +137,7 @@ StatusOr<std::vector<policy::Transition>> RolloutTransitions(const std::vector<S
         const auto& decisions = sim.traces[r].decisions;
         std::vector<model::Action> prefix;
         for (size_t k = 0; k < decisions.size(); ++k) {
+          const size_t first = out.size();
           for (model::Action a : {model::Action::kContinue, model::Action::kExit}) {
             std::vector<model::Action> forced = prefix;
             forced.push_back(a);
@@ -155,6 +156,15 @@ StatusOr<std::vector<policy::Transition>> RolloutTransitions(const std::vector<S
             t.round_index = contexts[r].round_index;
             t.decision_index = static_cast<int32_t>(2 * k + (a == model::Action::kExit ? 1 : 0));
             out.push_back(std::move(t));
+          }
+          // Both actions' returns share the state's future: centering them on
+          // their mean removes the state's value from the regression targets
+          // (the greedy policy depends only on their difference, which the
+          // network then fits without the variance of the state value).
+          if (out.size() == first + 2) {
+            const float mean = 0.5f * (out[first].reward + out[first + 1].reward);
+            out[first].reward -= mean;
+            out[first + 1].reward -= mean;
           }
           prefix.push_back(decisions[k].action);
         }

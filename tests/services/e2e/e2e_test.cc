@@ -781,7 +781,7 @@ void LogExperienceAndCheck(LedeCluster& cluster, const std::string& store_url,
   EXPECT_GT(read->transitions.size(), 0u);
   EXPECT_FALSE(read->shards.empty());
   for (const experience::ShardReport& s : read->shards) EXPECT_EQ(s.error, "") << s.path;
-  for (const policy::Transition& t : read->transitions) ASSERT_EQ(t.policy_version, "measured-v1");
+  for (const policy::Transition& t : read->transitions) ASSERT_EQ(t.policy_version, "measured-v2");
 }
 
 // Experience: LEDE requests through a coordinator logging to a directory
