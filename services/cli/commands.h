@@ -28,6 +28,18 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
 // the calibration JSON (cost_model.h) to --out or stdout.
 int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 
+// lede tokenize (--model DIR | --tokenizer FILE) [--chat [--system TEXT]
+//   [--chat-template FILE] [--no-generation-prompt] [--show-prompt]]
+//   [--bos auto|true|false] [--decode] TEXT
+// Prints TEXT's token ids as a JSON list ([128000, 9906, 1917]). --bos auto
+// adds BOS when the tokenizer's files ask for it (tokenizer.json's
+// post-processor, add_bos_token). --chat renders TEXT as a user message
+// (after --system) with the checkpoint's chat template (tokenizer_config.json
+// beside the tokenizer, or --chat-template) and tokenizes the result with no
+// extra BOS, as transformers' apply_chat_template(tokenize=True) does.
+// --decode: TEXT is a JSON list of ids; prints their text.
+int RunTokenize(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
 // Dispatches argv[1] to a subcommand; prints usage for none or "help".
 int Main(int argc, char** argv);
 
