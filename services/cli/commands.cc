@@ -9,6 +9,7 @@
 #endif
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -175,9 +176,12 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   }
   auto tokenizer = tokenizer::LoadTokenizer(tokenizer_path);
   if (!tokenizer.ok()) return Fail(err, tokenizer.status(), LoadFailureCode(tokenizer.status()));
+  const auto load_start = std::chrono::steady_clock::now();
   auto loaded = model::LlamaModel::Load(mf.model, *options);
   if (!loaded.ok()) return Fail(err, loaded.status(), LoadFailureCode(loaded.status()));
   std::shared_ptr<const model::LlamaModel> llama = std::move(*loaded);
+  err << std::fixed << std::setprecision(2) << "[load] " << mf.model << " in "
+      << std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count() << " s\n";
   const int64_t L = llama->n_layers();
 
   auto ids = (*tokenizer)->Encode(prompt, /*add_bos=*/true, /*add_eos=*/false);
