@@ -37,8 +37,8 @@ run() {  # name, extra generate flags...
   local rss wall stats
   rss=$(awk -F': ' '/Maximum resident set size/ {printf "%.2f", $2 / 1048576}' "$tmp/$name.err")
   wall=$(awk -F': ' '/Elapsed \(wall clock\)/ {print $2}' "$tmp/$name.err")
-  stats=$(grep '^\[' "$tmp/$name.err" | tail -1)
-  echo "$name: peak RSS ${rss} GiB, process wall $wall"
+  stats=$(grep '^\[' "$tmp/$name.err" | grep -v '^\[load\]' | tail -1)
+  echo "$name: peak RSS ${rss} GiB, process wall $wall, $(grep '^\[load\]' "$tmp/$name.err" | sed 's/.* in /load (mmap + bf16 -> f32) /')"
   echo "  $stats"
 }
 echo "== generate"
@@ -56,9 +56,15 @@ for s in static static12; do
 done
 echo "text: $(head -c 300 "$tmp/ar.out")"
 
-echo "== load alone (mmap + bf16 -> f32 conversion): calibrate --repeats 3"
+echo "== calibrate --repeats 3"
 /usr/bin/time -v "$lede" calibrate --model "$dir" --repeats 3 --threads "$threads" --out "$tmp/calibration.json" \
   2>"$tmp/cal.err"
 grep -E '^step|^wrote' "$tmp/cal.err" || true
 awk -F': ' '/Maximum resident set size/ {printf "calibrate: peak RSS %.2f GiB\n", $2 / 1048576}
             /Elapsed \(wall clock\)/ {print "calibrate: process wall " $2}' "$tmp/cal.err"
+/usr/bin/python3 - "$tmp/calibration.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+print("LM head, measured: %.2f layer-equivalents at T=1 (head_us[0] / block_us[0]); "
+      "weights ratio V*d/block = 4.32" % (c["head_us"][0] / c["block_us"][0]))
+PY

@@ -119,6 +119,43 @@ StatusOr<policy::dqn::Artifact> ChoosePolicy(const std::string& policy_dir, cons
 }
 #endif
 
+// The chat template for `tokenizer_path`: --chat-template FILE, else the
+// chat_template of tokenizer_config.json beside the tokenizer.
+StatusOr<tokenizer::ChatTemplate> LoadChatTemplate(const std::string& tokenizer_path,
+                                                   const std::string& template_path,
+                                                   const tokenizer::HfTokenizerConfig& config) {
+  if (!template_path.empty()) {
+    LEDE_ASSIGN_OR_RETURN(std::string text, file::ReadFile(template_path));
+    return tokenizer::ChatTemplate::Parse(text, template_path);
+  }
+  if (config.chat_template.empty()) {
+    return NotFoundError("no chat_template in " +
+                         (config.source.empty() ? "a tokenizer_config.json beside " + tokenizer_path : config.source) +
+                         "; pass --chat-template FILE");
+  }
+  return tokenizer::ChatTemplate::Parse(config.chat_template, config.source + " chat_template");
+}
+
+
+// The chat prompt for one user turn (after an optional system turn),
+// rendered with the checkpoint's template.
+StatusOr<std::string> RenderChatPrompt(const std::string& tokenizer_path, const std::string& template_path,
+                                       const std::string& system, const std::string& user,
+                                       bool add_generation_prompt) {
+  const std::string dir = std::filesystem::path(tokenizer_path).parent_path().string();
+  LEDE_ASSIGN_OR_RETURN(tokenizer::HfTokenizerConfig config,
+                        tokenizer::ReadHfTokenizerConfig(dir.empty() ? "." : dir));
+  LEDE_ASSIGN_OR_RETURN(tokenizer::ChatTemplate tmpl, LoadChatTemplate(tokenizer_path, template_path, config));
+  std::vector<tokenizer::ChatMessage> messages;
+  if (!system.empty()) messages.push_back({"system", system});
+  messages.push_back({"user", user});
+  tokenizer::ChatTemplateOptions o;
+  o.add_generation_prompt = add_generation_prompt;
+  o.bos_token = config.bos_token.value_or("");
+  o.eos_token = config.eos_token.value_or("");
+  return tmpl.Render(messages, o);
+}
+
 }  // namespace
 
 int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
@@ -135,6 +172,11 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
             "sample this many texts from the prompt in one process, with seeds seed, seed+1, ... (corpora)");
   flags.Add("separator", &separator, "a line printed after each text (with --samples)");
   flags.Add("tokenizer", &tokenizer_path, "tokenizer file (default: found beside the model)");
+  bool chat = false;
+  std::string system, chat_template;
+  flags.Add("chat", &chat, "the prompt is a user message: render the checkpoint's chat template around it");
+  flags.Add("system", &system, "--chat: a system message before the user message");
+  flags.Add("chat-template", &chat_template, "--chat: Jinja template file (default: tokenizer_config.json's)");
   flags.Add("max-new-tokens", &max_new_tokens, "tokens to generate");
   flags.Add("mode", &mode,
             "ar (autoregressive), static (self-speculative, fixed E and D) or lede (learned exit policy)");
@@ -184,7 +226,14 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
       << std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count() << " s\n";
   const int64_t L = llama->n_layers();
 
-  auto ids = (*tokenizer)->Encode(prompt, /*add_bos=*/true, /*add_eos=*/false);
+  std::string prompt_text = prompt;
+  if (chat) {
+    auto rendered = RenderChatPrompt(tokenizer_path, chat_template, system, prompt, true);
+    if (!rendered.ok()) return Fail(err, rendered.status(), kExitUsage);
+    prompt_text = *rendered;
+  }
+  // A chat template writes BOS itself.
+  auto ids = (*tokenizer)->Encode(prompt_text, /*add_bos=*/!chat, /*add_eos=*/false);
   if (!ids.ok()) return Fail(err, InvalidArgumentError("--prompt: " + std::string(ids.status().message())), kExitUsage);
 
   model::GenerateOptions go;
@@ -215,6 +264,10 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   model::KvCacheOptions ko;
   ko.n_slots = 1;
   ko.max_draft_len = std::max<int64_t>(16, draft_len);
+  // Only the positions this run can use: a 128k-context model's full window
+  // would be 8 GiB of KV cache for Llama-3.2-1B.
+  ko.capacity = std::min<int64_t>(llama->config().max_seq_len,
+                                  static_cast<int64_t>(ids->size()) + max_new_tokens + ko.max_draft_len + 2);
   auto engine = model::Engine::Create(llama, ko);
   if (!engine.ok()) return Fail(err, engine.status(), kExitFailure);
 
@@ -259,27 +312,6 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   }
   return kExitOk;
 }
-
-namespace {
-
-// The chat template for `tokenizer_path`: --chat-template FILE, else the
-// chat_template of tokenizer_config.json beside the tokenizer.
-StatusOr<tokenizer::ChatTemplate> LoadChatTemplate(const std::string& tokenizer_path,
-                                                   const std::string& template_path,
-                                                   const tokenizer::HfTokenizerConfig& config) {
-  if (!template_path.empty()) {
-    LEDE_ASSIGN_OR_RETURN(std::string text, file::ReadFile(template_path));
-    return tokenizer::ChatTemplate::Parse(text, template_path);
-  }
-  if (config.chat_template.empty()) {
-    return NotFoundError("no chat_template in " +
-                         (config.source.empty() ? "a tokenizer_config.json beside " + tokenizer_path : config.source) +
-                         "; pass --chat-template FILE");
-  }
-  return tokenizer::ChatTemplate::Parse(config.chat_template, config.source + " chat_template");
-}
-
-}  // namespace
 
 int RunTokenize(const std::vector<std::string>& raw_args, std::ostream& out, std::ostream& err) {
   std::string model, tokenizer_path, template_path, system, text;
@@ -360,19 +392,7 @@ int RunTokenize(const std::vector<std::string>& raw_args, std::ostream& out, std
   bool add_bos = bos == "auto" ? (*tok)->DefaultAddBos() : bos == "true";
   std::string input = text;
   if (chat) {
-    const std::string dir = std::filesystem::path(*path).parent_path().string();
-    auto config = tokenizer::ReadHfTokenizerConfig(dir.empty() ? "." : dir);
-    if (!config.ok()) return Fail(err, config.status(), kExitUsage);
-    auto tmpl = LoadChatTemplate(*path, template_path, *config);
-    if (!tmpl.ok()) return Fail(err, tmpl.status(), kExitUsage);
-    std::vector<tokenizer::ChatMessage> messages;
-    if (!system.empty()) messages.push_back({"system", system});
-    messages.push_back({"user", text});
-    tokenizer::ChatTemplateOptions o;
-    o.add_generation_prompt = !no_generation_prompt;
-    o.bos_token = config->bos_token.value_or("");
-    o.eos_token = config->eos_token.value_or("");
-    auto rendered = tmpl->Render(messages, o);
+    auto rendered = RenderChatPrompt(*path, template_path, system, text, !no_generation_prompt);
     if (!rendered.ok()) return Fail(err, rendered.status(), kExitUsage);
     if (show_prompt) err << *rendered << "\n";
     input = *rendered;

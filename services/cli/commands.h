@@ -16,11 +16,15 @@ namespace lede::cli {
 // lede generate --model PATH --prompt TEXT [--max-new-tokens N]
 //   [--mode ar|static] [--exit-layer E] [--draft-len D] [--temperature T]
 //   [--top-p P] [--seed S] [--samples N] [--separator LINE] [--tokenizer PATH] [--device cpu|cuda[:i]]
+//   [--chat [--system TEXT] [--chat-template FILE]]
 //   [--dtype float32|bfloat16|float16] [--threads N]
 // Streams the prompt and its continuation, then one stats line: tokens/s,
 // acceptance rate, tokens per round, wall time. With --samples N (corpora):
 // N texts from one loaded model, seeds S, S+1, ..., each as a single run with
 // its seed would print it, each followed by the --separator line if given.
+// --chat: the prompt is a user message, rendered with the checkpoint's chat
+// template (tokenizer_config.json beside the tokenizer, or --chat-template);
+// generation stops at any eos id of generation_config.json / config.json.
 int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 
 // lede calibrate --model PATH [--out FILE] [--repeats N] [--threads N]

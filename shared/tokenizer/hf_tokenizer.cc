@@ -114,6 +114,15 @@ std::optional<uint8_t> ByteFallbackValue(std::string_view piece) {
   return static_cast<uint8_t>(v);
 }
 
+// A member by reference (Json::value() would copy a 128k-entry vocabulary),
+// or a shared null.
+const Json& Member(const Json& j, const char* key) {
+  static const Json* const kNull = new Json();
+  if (!j.is_object()) return *kNull;
+  auto it = j.find(key);
+  return it == j.end() ? *kNull : *it;
+}
+
 std::string TypeOf(const Json& j) {
   if (j.is_object() && j.contains("type") && j["type"].is_string()) return j["type"].get<std::string>();
   return "";
@@ -171,6 +180,7 @@ struct HfTokenizer::Impl {
   bool byte_level_add_prefix_space = false;
 
   std::vector<AddedToken> added;  // longest first
+  std::vector<std::vector<size_t>> added_by_first_byte;  // [256]: indices into `added`, longest first
   std::vector<std::string> token_bytes;  // id -> decoded bytes
   std::vector<bool> contributes_nothing;  // id -> special added token
   bool strip_space_after_special = false;  // SentencePiece-style decoders
@@ -587,7 +597,7 @@ StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(const std::string& 
   auto t = std::make_unique<Impl>();
   t->source = source;
   try {
-    const Json& model = root.value("model", Json());
+    const Json& model = Member(root, "model");
     if (!model.is_object()) return InvalidArgumentError(source + ": field \"model\" is missing");
     const std::string model_type = model.contains("type") ? TypeOf(model) : "BPE";
     if (model_type != "BPE") return Unsupported(source, "model", model_type);
@@ -620,7 +630,7 @@ StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(const std::string& 
     std::unordered_map<uint32_t, uint8_t> inverse;
     for (uint32_t b = 0; b < 256; ++b) inverse[byte_map[b]] = static_cast<uint8_t>(b);
 
-    const Json& vocab = model.value("vocab", Json());
+    const Json& vocab = Member(model, "vocab");
     if (!vocab.is_object() || vocab.empty()) {
       return InvalidArgumentError(source + ": field \"model.vocab\" is missing or empty");
     }
@@ -638,8 +648,11 @@ StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(const std::string& 
       model_strings.emplace_back(id, it.key());
       max_id = std::max(max_id, id);
     }
-    const Json& added = root.value("added_tokens", Json::array());
-    for (const Json& a : added) {
+    const Json& added = Member(root, "added_tokens");
+    if (!added.is_null() && !added.is_array()) {
+      return InvalidArgumentError(source + ": field \"added_tokens\" must be a list");
+    }
+    for (const Json& a : added.is_array() ? added : Json::array()) {
       if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
           !a["content"].is_string()) {
         return InvalidArgumentError(source + ": an added_tokens entry lacks \"id\" or \"content\"");
@@ -658,6 +671,10 @@ StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(const std::string& 
     std::stable_sort(t->added.begin(), t->added.end(),
                      [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
     t->vocab_size = max_id + 1;
+    t->added_by_first_byte.assign(256, {});
+    for (size_t k = 0; k < t->added.size(); ++k) {
+      t->added_by_first_byte[static_cast<unsigned char>(t->added[k].content[0])].push_back(k);
+    }
 
     t->byte_ids.assign(256, -1);
     if (t->byte_level) {
@@ -670,7 +687,7 @@ StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(const std::string& 
       }
     }
 
-    const Json& unk = model.value("unk_token", Json());
+    const Json& unk = Member(model, "unk_token");
     if (unk.is_string()) {
       const std::string u = unk.get<std::string>();
       auto it = vocab.find(u);
@@ -678,7 +695,7 @@ StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(const std::string& 
       t->unk_id = static_cast<int32_t>(it.value().get<int64_t>());
     }
 
-    const Json& merges = model.value("merges", Json());
+    const Json& merges = Member(model, "merges");
     if (!merges.is_array()) return InvalidArgumentError(source + ": field \"model.merges\" is missing");
     int32_t rank = 0;
     t->merges.reserve(merges.size());
@@ -787,7 +804,8 @@ StatusOr<std::vector<int32_t>> HfTokenizer::Encode(std::string_view text, bool a
   auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
   while (pos < text.size()) {
     const AddedToken* hit = nullptr;
-    for (const AddedToken& a : t.added) {
+    for (const size_t k : t.added_by_first_byte[static_cast<unsigned char>(text[pos])]) {
+      const AddedToken& a = t.added[k];
       if (text.compare(pos, a.content.size(), a.content) == 0) {
         hit = &a;
         break;

