@@ -32,7 +32,8 @@ echo "== tokenize (Llama-3 tokenizer.json, chat template)"
 run() {  # name, extra generate flags...
   local name=$1
   shift
-  /usr/bin/time -v "$lede" generate --model "$dir" --prompt "$prompt" --max-new-tokens "$new_tokens" \
+  /usr/bin/time -v "$lede" generate --model "$dir" --chat --system "Be brief." --prompt "$prompt" \
+    --max-new-tokens "$new_tokens" \
     --threads "$threads" "$@" >"$tmp/$name.out" 2>"$tmp/$name.err"
   local rss wall stats
   rss=$(awk -F': ' '/Maximum resident set size/ {printf "%.2f", $2 / 1048576}' "$tmp/$name.err")

@@ -16,6 +16,7 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include <ATen/Parallel.h>
 #include <c10/core/Device.h>
@@ -30,8 +31,6 @@
 #include "shared/tokenizer/tokenizer.h"
 #include "shared/status/status_macros.h"
 #include "shared/file/file.h"
-
-#include <nlohmann/json.hpp>
 
 namespace lede::cli {
 using flags::FlagSet;
@@ -135,7 +134,6 @@ StatusOr<tokenizer::ChatTemplate> LoadChatTemplate(const std::string& tokenizer_
   }
   return tokenizer::ChatTemplate::Parse(config.chat_template, config.source + " chat_template");
 }
-
 
 // The chat prompt for one user turn (after an optional system turn),
 // rendered with the checkpoint's template.
