@@ -21,10 +21,12 @@
 #include "shared/tokenizer/chat_template.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
