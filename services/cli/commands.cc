@@ -8,6 +8,8 @@
 #include "policy/dqn/dqn_exit_controller.h"
 #endif
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +17,7 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include <ATen/Parallel.h>
 #include <c10/core/Device.h>
@@ -23,9 +26,12 @@
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
+#include "shared/tokenizer/chat_template.h"
+#include "shared/tokenizer/hf_config.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "shared/status/status_macros.h"
+#include "shared/file/file.h"
 
 namespace lede::cli {
 using flags::FlagSet;
@@ -113,6 +119,42 @@ StatusOr<policy::dqn::Artifact> ChoosePolicy(const std::string& policy_dir, cons
 }
 #endif
 
+// The chat template for `tokenizer_path`: --chat-template FILE, else the
+// chat_template of tokenizer_config.json beside the tokenizer.
+StatusOr<tokenizer::ChatTemplate> LoadChatTemplate(const std::string& tokenizer_path,
+                                                   const std::string& template_path,
+                                                   const tokenizer::HfTokenizerConfig& config) {
+  if (!template_path.empty()) {
+    LEDE_ASSIGN_OR_RETURN(std::string text, file::ReadFile(template_path));
+    return tokenizer::ChatTemplate::Parse(text, template_path);
+  }
+  if (config.chat_template.empty()) {
+    return NotFoundError("no chat_template in " +
+                         (config.source.empty() ? "a tokenizer_config.json beside " + tokenizer_path : config.source) +
+                         "; pass --chat-template FILE");
+  }
+  return tokenizer::ChatTemplate::Parse(config.chat_template, config.source + " chat_template");
+}
+
+// The chat prompt for one user turn (after an optional system turn),
+// rendered with the checkpoint's template.
+StatusOr<std::string> RenderChatPrompt(const std::string& tokenizer_path, const std::string& template_path,
+                                       const std::string& system, const std::string& user,
+                                       bool add_generation_prompt) {
+  const std::string dir = std::filesystem::path(tokenizer_path).parent_path().string();
+  LEDE_ASSIGN_OR_RETURN(tokenizer::HfTokenizerConfig config,
+                        tokenizer::ReadHfTokenizerConfig(dir.empty() ? "." : dir));
+  LEDE_ASSIGN_OR_RETURN(tokenizer::ChatTemplate tmpl, LoadChatTemplate(tokenizer_path, template_path, config));
+  std::vector<tokenizer::ChatMessage> messages;
+  if (!system.empty()) messages.push_back({"system", system});
+  messages.push_back({"user", user});
+  tokenizer::ChatTemplateOptions o;
+  o.add_generation_prompt = add_generation_prompt;
+  o.bos_token = config.bos_token.value_or("");
+  o.eos_token = config.eos_token.value_or("");
+  return tmpl.Render(messages, o);
+}
+
 }  // namespace
 
 int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
@@ -129,6 +171,11 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
             "sample this many texts from the prompt in one process, with seeds seed, seed+1, ... (corpora)");
   flags.Add("separator", &separator, "a line printed after each text (with --samples)");
   flags.Add("tokenizer", &tokenizer_path, "tokenizer file (default: found beside the model)");
+  bool chat = false;
+  std::string system, chat_template;
+  flags.Add("chat", &chat, "the prompt is a user message: render the checkpoint's chat template around it");
+  flags.Add("system", &system, "--chat: a system message before the user message");
+  flags.Add("chat-template", &chat_template, "--chat: Jinja template file (default: tokenizer_config.json's)");
   flags.Add("max-new-tokens", &max_new_tokens, "tokens to generate");
   flags.Add("mode", &mode,
             "ar (autoregressive), static (self-speculative, fixed E and D) or lede (learned exit policy)");
@@ -163,19 +210,29 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   auto options = mf.Options();
   if (!options.ok()) return Fail(err, options.status(), kExitUsage);
 
-  if (tokenizer_path.empty()) {
-    auto found = tokenizer::FindTokenizerFile(mf.model);
+  {
+    auto found = tokenizer::ResolveTokenizerFile(mf.model, tokenizer_path);
     if (!found.ok()) return Fail(err, found.status(), kExitUsage);
     tokenizer_path = *found;
   }
   auto tokenizer = tokenizer::LoadTokenizer(tokenizer_path);
   if (!tokenizer.ok()) return Fail(err, tokenizer.status(), LoadFailureCode(tokenizer.status()));
+  const auto load_start = std::chrono::steady_clock::now();
   auto loaded = model::LlamaModel::Load(mf.model, *options);
   if (!loaded.ok()) return Fail(err, loaded.status(), LoadFailureCode(loaded.status()));
   std::shared_ptr<const model::LlamaModel> llama = std::move(*loaded);
+  err << std::fixed << std::setprecision(2) << "[load] " << mf.model << " in "
+      << std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count() << " s\n";
   const int64_t L = llama->n_layers();
 
-  auto ids = (*tokenizer)->Encode(prompt, /*add_bos=*/true, /*add_eos=*/false);
+  std::string prompt_text = prompt;
+  if (chat) {
+    auto rendered = RenderChatPrompt(tokenizer_path, chat_template, system, prompt, true);
+    if (!rendered.ok()) return Fail(err, rendered.status(), kExitUsage);
+    prompt_text = *rendered;
+  }
+  // A chat template writes BOS itself.
+  auto ids = (*tokenizer)->Encode(prompt_text, /*add_bos=*/!chat, /*add_eos=*/false);
   if (!ids.ok()) return Fail(err, InvalidArgumentError("--prompt: " + std::string(ids.status().message())), kExitUsage);
 
   model::GenerateOptions go;
@@ -206,6 +263,10 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   model::KvCacheOptions ko;
   ko.n_slots = 1;
   ko.max_draft_len = std::max<int64_t>(16, draft_len);
+  // Only the positions this run can use: a 128k-context model's full window
+  // would be 8 GiB of KV cache for Llama-3.2-1B.
+  ko.capacity = std::min<int64_t>(llama->config().max_seq_len,
+                                  static_cast<int64_t>(ids->size()) + max_new_tokens + ko.max_draft_len + 2);
   auto engine = model::Engine::Create(llama, ko);
   if (!engine.ok()) return Fail(err, engine.status(), kExitFailure);
 
@@ -248,6 +309,97 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
         << std::setprecision(2) << st.mean_exit_layer() << ", wall " << std::setprecision(3)
         << (st.prefill_s + st.decode_s) << " s (prefill " << st.prefill_s << " s)\n";
   }
+  return kExitOk;
+}
+
+int RunTokenize(const std::vector<std::string>& raw_args, std::ostream& out, std::ostream& err) {
+  std::string model, tokenizer_path, template_path, system, text;
+  bool chat = false, decode = false, show_prompt = false, no_generation_prompt = false;
+  std::string bos = "auto";
+  FlagSet flags;
+  flags.Add("model", &model, "checkpoint directory (its tokenizer is used)");
+  flags.Add("tokenizer", &tokenizer_path, "tokenizer file (tokenizer.json, .model, .bin); overrides --model");
+  flags.Add("text", &text, "the text (or give it as the last argument)");
+  flags.Add("chat", &chat, "TEXT is a user message: render the chat template, then tokenize (no extra BOS)");
+  flags.Add("system", &system, "--chat: a system message before the user message");
+  flags.Add("chat-template", &template_path, "--chat: Jinja template file (default: tokenizer_config.json's)");
+  flags.Add("no-generation-prompt", &no_generation_prompt, "--chat: leave out the assistant header");
+  flags.Add("show-prompt", &show_prompt, "--chat: print the rendered prompt to stderr");
+  flags.Add("bos", &bos, "auto (what the tokenizer's files ask for), true or false");
+  flags.Add("decode", &decode, "TEXT is a JSON list of ids: print their text");
+  if (flags::WantsHelp(raw_args)) {
+    out << "usage: lede tokenize (--model DIR | --tokenizer FILE) [--chat] [--decode] TEXT\n"
+           "prints the ids as a JSON list (or, with --decode, the text)\nflags:\n"
+        << flags.Usage();
+    return kExitOk;
+  }
+  // A trailing argument that is not a flag's value is TEXT.
+  static const std::vector<std::string> kValueFlags = {"--model", "--tokenizer", "--text", "--system",
+                                                        "--chat-template", "--bos"};
+  std::vector<std::string> args;
+  std::string positional;
+  int n_positional = 0;
+  for (size_t i = 0; i < raw_args.size(); ++i) {
+    const std::string& a = raw_args[i];
+    if (a.rfind("--", 0) == 0) {
+      args.push_back(a);
+      if (std::find(kValueFlags.begin(), kValueFlags.end(), a) != kValueFlags.end() && i + 1 < raw_args.size()) {
+        args.push_back(raw_args[++i]);
+      }
+    } else {
+      positional = a;
+      ++n_positional;
+    }
+  }
+  if (Status s = flags.Parse(args); !s.ok()) {
+    err << "lede tokenize: " << s.message() << " (see lede tokenize --help)\n";
+    return kExitUsage;
+  }
+  if (n_positional > 1 || (n_positional == 1 && !text.empty())) {
+    return Fail(err, InvalidArgumentError("give TEXT once (as --text or as the last argument)"), kExitUsage);
+  }
+  if (n_positional == 1) text = positional;
+  if (model.empty() && tokenizer_path.empty()) {
+    return Fail(err, InvalidArgumentError("--model or --tokenizer is required"), kExitUsage);
+  }
+  if (bos != "auto" && bos != "true" && bos != "false") {
+    return Fail(err, InvalidArgumentError("--bos: want auto, true or false, got '" + bos + "'"), kExitUsage);
+  }
+  auto path = tokenizer::ResolveTokenizerFile(model, tokenizer_path);
+  if (!path.ok()) return Fail(err, path.status(), kExitUsage);
+  auto tok = tokenizer::LoadTokenizer(*path);
+  if (!tok.ok()) return Fail(err, tok.status(), LoadFailureCode(tok.status()));
+
+  if (decode) {
+    std::vector<int32_t> ids;
+    try {
+      ids = nlohmann::json::parse(text).get<std::vector<int32_t>>();
+    } catch (const std::exception&) {
+      return Fail(err, InvalidArgumentError("--decode: TEXT must be a JSON list of token ids"), kExitUsage);
+    }
+    for (int32_t id : ids) {
+      if (id < 0 || id >= (*tok)->vocab_size()) {
+        return Fail(err, InvalidArgumentError("--decode: id " + std::to_string(id) + " is outside [0, " +
+                                              std::to_string((*tok)->vocab_size()) + ")"),
+                    kExitUsage);
+      }
+    }
+    out << (*tok)->Decode(ids) << "\n";
+    return kExitOk;
+  }
+
+  bool add_bos = bos == "auto" ? (*tok)->DefaultAddBos() : bos == "true";
+  std::string input = text;
+  if (chat) {
+    auto rendered = RenderChatPrompt(*path, template_path, system, text, !no_generation_prompt);
+    if (!rendered.ok()) return Fail(err, rendered.status(), kExitUsage);
+    if (show_prompt) err << *rendered << "\n";
+    input = *rendered;
+    if (bos == "auto") add_bos = false;  // the template writes bos_token itself
+  }
+  auto ids = (*tok)->Encode(input, add_bos, false);
+  if (!ids.ok()) return Fail(err, InvalidArgumentError("TEXT: " + std::string(ids.status().message())), kExitUsage);
+  out << nlohmann::json(*ids).dump() << "\n";
   return kExitOk;
 }
 
@@ -307,6 +459,7 @@ int Main(int argc, char** argv) {
       "commands:\n"
       "  generate   generate text (autoregressive, static self-speculation, or LEDE's learned exits)\n"
       "  calibrate  measure this machine's cost model and write it as JSON\n"
+      "  tokenize   print the token ids of a text (or a chat turn) as a JSON list, or decode ids\n"
 #if LEDE_WITH_BENCH
       "  bench      LEDE against autoregressive, static and threshold baselines\n"
       "  collect    run exploration policies and write experience shards\n"
@@ -320,6 +473,7 @@ int Main(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "generate") return RunGenerate(args, std::cout, std::cerr);
   if (command == "calibrate") return RunCalibrate(args, std::cout, std::cerr);
+  if (command == "tokenize") return RunTokenize(args, std::cout, std::cerr);
 #if LEDE_WITH_BENCH
   if (command == "bench") return bench::RunBench(args, std::cout, std::cerr);
   if (command == "collect") return bench::RunCollect(args, std::cout, std::cerr);

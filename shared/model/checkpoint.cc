@@ -46,6 +46,7 @@
 
 #include "shared/file/file.h"
 #include "shared/status/status_macros.h"
+#include "shared/tokenizer/hf_config.h"
 
 namespace lede::model {
 namespace {
@@ -626,6 +627,16 @@ StatusOr<Checkpoint> LoadHfCheckpointImpl(const std::string& dir) {
   Checkpoint ckpt;
   LEDE_ASSIGN_OR_RETURN(ckpt.config, ParseHfConfig(config_text, config_path));
   ckpt.source = dir;
+  // generation_config.json's bos/eos ids win over config.json's (Llama-3.1
+  // stops on several eos ids that only generation_config.json lists).
+  const std::string generation_path = (fs::path(dir) / "generation_config.json").string();
+  if (fs::exists(generation_path, ec)) {
+    LEDE_ASSIGN_OR_RETURN(std::string generation_text, file::ReadFile(generation_path));
+    LEDE_ASSIGN_OR_RETURN(tokenizer::GenerationIds ids,
+                          tokenizer::ParseGenerationIds(generation_text, generation_path));
+    if (ids.bos_id) ckpt.config.bos_id = *ids.bos_id;
+    if (!ids.eos_ids.empty()) ckpt.config.eos_ids = ids.eos_ids;
+  }
 
   std::map<std::string, std::string> origin;
   const std::string single = (fs::path(dir) / "model.safetensors").string();

@@ -42,9 +42,12 @@ struct Checkpoint {
 //  - a .bin file, or a directory holding exactly one llama2.c model .bin
 //    (tokenizer files tok*.bin are skipped): llama2.c layout.
 // The result is validated: every tensor the config needs is present with the
-// expected shape.
+// expected shape. In the Hugging Face layout, generation_config.json's
+// bos_token_id / eos_token_id (an integer or a list) replace config.json's
+// when the file exists (tokenizer/hf_config.h).
 // Errors (messages name the file and the fault): kNotFound for a missing
-// path; kInvalidArgument for a truncated file, a safetensors header length
+// path; kInvalidArgument for a truncated file, a bad generation_config.json
+// id, a safetensors header length
 // past the end, bad JSON, an unknown dtype, data offsets out of range or
 // overlapping, a missing tensor (named), or a shape that disagrees with the
 // config.

@@ -12,6 +12,7 @@ StatusOr<std::string> FindTokenizerFile(const std::string& model_path) {
   fs::path dir = fs::is_directory(model_path, ec) ? fs::path(model_path)
                                                   : fs::path(model_path).parent_path();
   if (dir.empty()) dir = ".";
+  if (fs::exists(dir / "tokenizer.json", ec)) return (dir / "tokenizer.json").string();
   if (fs::exists(dir / "tokenizer.model", ec)) return (dir / "tokenizer.model").string();
   std::vector<fs::path> models, bins;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
@@ -24,8 +25,17 @@ StatusOr<std::string> FindTokenizerFile(const std::string& model_path) {
   std::sort(bins.begin(), bins.end());
   if (!models.empty()) return models.front().string();
   if (!bins.empty()) return bins.front().string();
-  return NotFoundError("no tokenizer (tokenizer.model, *.model, tok*.bin) in " + dir.string() +
+  return NotFoundError("no tokenizer (tokenizer.json, tokenizer.model, *.model, tok*.bin) in " + dir.string() +
                        "; pass --tokenizer");
+}
+
+StatusOr<std::string> ResolveTokenizerFile(const std::string& model_path, const std::string& override_path) {
+  if (override_path.empty()) return FindTokenizerFile(model_path);
+  std::error_code ec;
+  if (!std::filesystem::exists(override_path, ec)) {
+    return NotFoundError("--tokenizer: no such file: " + override_path);
+  }
+  return override_path;
 }
 
 }  // namespace lede::tokenizer

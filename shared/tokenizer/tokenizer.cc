@@ -17,6 +17,7 @@
 #include <system_error>
 #include <utility>
 
+#include "shared/tokenizer/hf_tokenizer.h"
 #include "shared/tokenizer/llama2c_tokenizer.h"
 #if LEDE_HAVE_SENTENCEPIECE
 #include "shared/tokenizer/sentencepiece_tokenizer.h"
@@ -89,6 +90,11 @@ StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path) {
   if (!std::filesystem::exists(std::filesystem::status(path, ec))) {
     return NotFoundError("tokenizer file '" + path + "' not found");
   }
+  if (HasExtension(path, ".json")) {
+    auto tokenizer = HfTokenizer::Load(path);
+    if (!tokenizer.ok()) return tokenizer.status();
+    return std::unique_ptr<Tokenizer>(std::move(tokenizer).value());
+  }
   if (HasExtension(path, ".bin")) {
     auto tokenizer = Llama2cTokenizer::Load(path);
     if (!tokenizer.ok()) return tokenizer.status();
@@ -107,8 +113,8 @@ StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path) {
   }
   return InvalidArgumentError(
       "tokenizer file '" + path +
-      "': unknown extension (expected .model for SentencePiece or .bin for "
-      "llama2.c)");
+      "': unknown extension (expected .json for a Hugging Face tokenizer.json, "
+      ".model for SentencePiece or .bin for llama2.c)");
 }
 
 StreamingDetokenizer::StreamingDetokenizer(const Tokenizer& tokenizer,

@@ -1,7 +1,8 @@
 // File: shared/tokenizer/tokenizer.h
 //
-// Tokenizer: one interface over SentencePiece .model files (libsentencepiece)
-// and llama2.c tokenizer .bin files (score-ordered BPE with byte fallback, see
+// Tokenizer: one interface over Hugging Face tokenizer.json files
+// (hf_tokenizer.h), SentencePiece .model files (libsentencepiece) and
+// llama2.c tokenizer .bin files (score-ordered BPE with byte fallback, see
 // ../shared/models/README.md). Torch-free.
 //
 // Thread-safety: a loaded Tokenizer is immutable; all methods are const and
@@ -27,6 +28,11 @@ class Tokenizer {
   virtual int32_t bos_id() const = 0;
   virtual int32_t eos_id() const = 0;
 
+  // Whether the tokenizer's own files ask for BOS when encoding a prompt
+  // (a tokenizer.json post-processor, add_bos_token); true for SentencePiece
+  // and llama2.c, which always expect it.
+  virtual bool DefaultAddBos() const { return true; }
+
   // Encodes UTF-8 text into token ids, optionally framed by BOS / EOS.
   // Errors: kInvalidArgument if `text` is not valid UTF-8.
   virtual StatusOr<std::vector<int32_t>> Encode(std::string_view text,
@@ -43,14 +49,18 @@ class Tokenizer {
   // Decodes a whole sequence: the concatenation of TokenBytes() with each
   // token's predecessor (the first token's predecessor is BOS). Bytes that
   // do not form valid UTF-8 are replaced by U+FFFD.
-  std::string Decode(const std::vector<int32_t>& ids) const;
+  // Virtual so that a tokenizer whose decoder rules span the sequence
+  // (tokenizer.json's Strip) can apply them exactly.
+  virtual std::string Decode(const std::vector<int32_t>& ids) const;
 };
 
-// Loads a tokenizer by file type: *.model is SentencePiece, *.bin is a
-// llama2.c tokenizer.
+// Loads a tokenizer by file type: *.json is a Hugging Face tokenizer.json
+// (HfTokenizer, with tokenizer_config.json beside it), *.model is
+// SentencePiece, *.bin is a llama2.c tokenizer.
 // Errors: kNotFound if the file is missing; kInvalidArgument (naming the
 // file) if it is truncated or malformed; kUnimplemented for a SentencePiece
-// model in a build without libsentencepiece.
+// model in a build without libsentencepiece, or (naming the file and the
+// type) a tokenizer.json model or pre-tokenizer type that is not supported.
 StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path);
 
 // Turns a stream of token ids into UTF-8 text for streaming, never emitting

@@ -3,12 +3,16 @@
 // a single run with that seed, and refuses bad sample flags.
 #include "services/cli/commands.h"
 
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/testing/shared_dir.h"
+#include "tests/testing/temp_dir.h"
 
 namespace lede::cli {
 namespace {
@@ -55,6 +59,114 @@ TEST(GenerateTest, RejectsBadSampleCounts) {
     EXPECT_EQ(RunGenerate(args, out, err), 2);
     EXPECT_NE(err.str().find("--samples"), std::string::npos) << err.str();
     EXPECT_EQ(out.str(), "");
+  }
+}
+
+// A tiny byte-level tokenizer.json (one token per byte, ids = byte values,
+// no merges; <|bos|> = 256 added by the post-processor, <|eot|> = 257) with
+// a tokenizer_config.json holding a chat template: the CLI's plumbing
+// without the cost of a 128k vocabulary (the real files are checked in
+// tests/shared/tokenizer).
+std::string WriteTinyTokenizer(const std::filesystem::path& dir) {
+  nlohmann::json vocab = nlohmann::json::object();
+  uint32_t next = 256;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    const uint32_t cp = printable ? b : next++;
+    std::string key;
+    if (cp < 0x80) {
+      key.push_back(static_cast<char>(cp));
+    } else {
+      key.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      key.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+    vocab[key] = b;
+  }
+  nlohmann::json tok = {
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single", nlohmann::json::array({{{"SpecialToken", {{"id", "<|bos|>"}, {"type_id", 0}}}},
+                                          {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})}}},
+      {"added_tokens", nlohmann::json::array({{{"id", 256}, {"content", "<|bos|>"}, {"special", true}},
+                                              {{"id", 257}, {"content", "<|eot|>"}, {"special", true}}})}};
+  std::ofstream(dir / "tokenizer.json") << tok.dump();
+  nlohmann::json config = {
+      {"bos_token", "<|bos|>"},
+      {"eos_token", "<|eot|>"},
+      {"chat_template",
+       "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}<|eot|>{% endfor %}"
+       "{% if add_generation_prompt %}<a>{% endif %}"}};
+  std::ofstream(dir / "tokenizer_config.json") << config.dump();
+  return (dir / "tokenizer.json").string();
+}
+
+std::string Ids(const std::string& bytes, std::vector<int> prefix = {}, std::vector<int> suffix = {}) {
+  std::string out = "[";
+  auto add = [&](int id) { out += (out.size() > 1 ? "," : "") + std::to_string(id); };
+  for (int id : prefix) add(id);
+  for (unsigned char c : bytes) add(c);
+  for (int id : suffix) add(id);
+  return out + "]\n";
+}
+
+// `lede tokenize` prints ids as a JSON list, with BOS when the
+// post-processor asks for it (--bos auto) and as --bos says otherwise.
+TEST(TokenizeTest, PrintsIdsAsJsonList) {
+  ::lede::testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string path = WriteTinyTokenizer(tmp.path());
+  std::ostringstream out, err;
+  ASSERT_EQ(RunTokenize({"--tokenizer", path, "Hi <|eot|>"}, out, err), 0) << err.str();
+  EXPECT_EQ(out.str(), Ids("Hi ", {256}, {257}));
+  std::ostringstream out2, err2;
+  ASSERT_EQ(RunTokenize({"--model", tmp.path().string(), "--bos", "false", "--text", "Hi"}, out2, err2), 0)
+      << err2.str();
+  EXPECT_EQ(out2.str(), Ids("Hi"));
+}
+
+// --chat renders the chat template beside the tokenizer and tokenizes it
+// without another BOS; --decode turns ids back into text (special tokens
+// give nothing).
+TEST(TokenizeTest, ChatAndDecode) {
+  ::lede::testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string path = WriteTinyTokenizer(tmp.path());
+  std::ostringstream out, err;
+  ASSERT_EQ(RunTokenize({"--tokenizer", path, "--chat", "--system", "S", " Hi "}, out, err), 0) << err.str();
+  EXPECT_EQ(out.str(), "[256," + Ids("<system>S").substr(1, Ids("<system>S").size() - 3) + ",257," +
+                           Ids("<user>Hi").substr(1, Ids("<user>Hi").size() - 3) + ",257," +
+                           Ids("<a>").substr(1));
+  std::ofstream(tmp.path() / "other.jinja") << "[{{ messages[-1].content }}]";
+  std::ostringstream out2, err2;
+  ASSERT_EQ(RunTokenize({"--tokenizer", path, "--chat", "--chat-template", (tmp.path() / "other.jinja").string(), "x"},
+                        out2, err2),
+            0)
+      << err2.str();
+  EXPECT_EQ(out2.str(), Ids("[x]"));
+  std::ostringstream dout, derr;
+  ASSERT_EQ(RunTokenize({"--tokenizer", path, "--decode", "[256,72,105,257]"}, dout, derr), 0) << derr.str();
+  EXPECT_EQ(dout.str(), "Hi\n");
+}
+
+// Missing or bad inputs exit with 2 and a one-line error.
+TEST(TokenizeTest, RejectsBadInput) {
+  ::lede::testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string path = WriteTinyTokenizer(tmp.path());
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"Hello"}, std::vector<std::string>{"--tokenizer", "/nonexistent.json", "x"},
+        std::vector<std::string>{"--tokenizer", path, "--decode", "[1, 999999]"},
+        std::vector<std::string>{"--tokenizer", path, "--decode", "not json"},
+        std::vector<std::string>{"--tokenizer", path, "--bos", "maybe", "x"},
+        std::vector<std::string>{"--tokenizer", path, "\xff"},
+        std::vector<std::string>{"--tokenizer", path, "a", "b"}}) {
+    std::ostringstream out, err;
+    EXPECT_EQ(RunTokenize(args, out, err), 2) << args.back();
+    EXPECT_EQ(out.str(), "");
+    EXPECT_NE(err.str(), "");
   }
 }
 

@@ -359,6 +359,21 @@ TEST(CheckpointTest, TiedCheckpointDropsStoredLmHead) {
   EXPECT_EQ(loaded->tensors.count("lm_head.weight"), 0u);
 }
 
+// generation_config.json's eos list (Llama-3.1: 128001, 128008, 128009)
+// replaces config.json's single eos id; a bad id is kInvalidArgument.
+TEST(CheckpointTest, GenerationConfigEosListWins) {
+  TempDir tmp;
+  const ModelConfig config = TinyConfig(/*tied=*/true);
+  WriteHfDir(PathIn(tmp, "ckpt"), ToHfConfigJson(config), RandomTensors(config, 3));
+  std::ofstream(PathIn(tmp, "ckpt") + "/generation_config.json") << R"({"bos_token_id": 0, "eos_token_id": [2, 5, 7]})";
+  auto loaded = LoadCheckpoint(PathIn(tmp, "ckpt"));
+  ASSERT_THAT(loaded, IsOk());
+  EXPECT_EQ(loaded->config.bos_id, 0);
+  EXPECT_EQ(loaded->config.eos_ids, (std::vector<int32_t>{2, 5, 7}));
+  std::ofstream(PathIn(tmp, "ckpt") + "/generation_config.json") << R"({"eos_token_id": "x"})";
+  EXPECT_THAT(LoadCheckpoint(PathIn(tmp, "ckpt")), StatusIs(StatusCode::kInvalidArgument));
+}
+
 // F16 safetensors load as float32 equal to the F16-rounded values.
 TEST(CheckpointTest, F16SafetensorsConvertToFloat32) {
   TempDir tmp;
