@@ -19,7 +19,7 @@ wait
 bench() {  # set
   "$LEDE" bench --model "$MODEL" --calibration "$MODEL/calibration-cpu.json" \
     --prompts "$MODEL/prompts/$1.jsonl" --candidate-layers "$CANDIDATES" \
-    --policy "$MODEL/policy/paper-v2,$MODEL/policy/accelerator-v2,$MODEL/policy/measured-v2,$MODEL/policy/story-accelerator-v2,$MODEL/policy/story-measured-v2" \
+    --policy "$MODEL/policy/accelerator-v2,$MODEL/policy/measured-v2,$MODEL/policy/story-accelerator-v2,$MODEL/policy/story-measured-v2" \
     --prompts-per-set 48 --new-tokens 64 --threads 1 --json "out/bench-$1.json" > "out/bench-$1.txt" 2> "out/bench-$1.err"
 }
 bench story &

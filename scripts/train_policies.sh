@@ -6,7 +6,6 @@
 # rollout targets):
 #   accelerator-v2  tokens - rho * cost under the accelerator cost model
 #   measured-v2     tokens - rho * cost under this machine's measured cost model
-#   paper-v2        the rewards of DESIGN.md §2 (accelerator depth term)
 #   story-accelerator-v2, story-measured-v2: trained on story requests only
 #                   (the generalization check: run on code)
 # Calibrates first unless MODEL/calibration-cpu.json exists, and points
@@ -23,7 +22,7 @@ TRAIN=build/trainer/lede-train-counterfactual
 CANDIDATES=${LEDE_CANDIDATES:-1,2,3,4,5,6}
 MAX_DRAFT_LEN=${LEDE_MAX_DRAFT_LEN:-4}
 NEW_TOKENS=${LEDE_TRAIN_NEW_TOKENS:-128}
-EXTRA=${LEDE_EXTRA_PROMPTS:-80}  # extra training prompts per domain (scripts/make_policy_training_prompts.py)
+EXTRA=${LEDE_EXTRA_PROMPTS:-40}  # extra training prompts per domain (scripts/make_policy_training_prompts.py)
 mkdir -p "$MODEL/policy" out/policies
 [[ -f "$MODEL/calibration-cpu.json" ]] ||
   "$LEDE" calibrate --model "$MODEL" --threads "$THREADS" --out "$MODEL/calibration-cpu.json"
@@ -35,15 +34,14 @@ train() {  # name reward cost_model prompt-sets
     extra+="${extra:+,}out/policy-prompts/train-$s.jsonl"
   done
   "$TRAIN" --model "$MODEL" --prompts "$prompts" --prompts-per-set 48 --new-tokens "$NEW_TOKENS" \
-    --extra-prompts "$extra" --extra-count "$EXTRA" --exclude-prompts "$prompts" --iterations 5 --epochs 8 \
+    --extra-prompts "$extra" --extra-count "$EXTRA" --exclude-prompts "$prompts" --iterations 4 --epochs 6 \
     --reward "$reward" --cost-model "$cost" --calibration "$MODEL/calibration-cpu.json" \
     --candidate-layers "$CANDIDATES" --max-draft-len "$MAX_DRAFT_LEN" --threads "$THREADS" --seed 1 \
     --out "$MODEL/policy/$name" --version "$name" --overwrite 2>&1 | tee "out/policies/train-$name.log"
   cp "out/policies/train-$name.log" "$MODEL/policy/$name/training_report.txt"
 }
-train measured-v2 throughput measured story,code
 train accelerator-v2 throughput accelerator story,code
-train paper-v2 paper accelerator story,code
+train measured-v2 throughput measured story,code
 train story-measured-v2 throughput measured story
 train story-accelerator-v2 throughput accelerator story
 printf 'measured-v2\n' > "$MODEL/policy/SERVING.tmp" && mv "$MODEL/policy/SERVING.tmp" "$MODEL/policy/SERVING"
