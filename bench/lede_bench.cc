@@ -84,6 +84,7 @@ struct Common {
 
 struct CommonFlags {
   std::string model, prompts, calibration, candidates = "2,3,4,6";
+  int64_t repeats = 3;  // interleaved evaluation passes
   int64_t max_draft = 4, per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 64,
           threads = 0;
   void AddTo(flags::FlagSet& f) {
@@ -97,6 +98,7 @@ struct CommonFlags {
     f.Add("max-prompt-tokens", &max_prompt_tokens, "longer prompts are cut");
     f.Add("new-tokens", &new_tokens, "tokens generated per prompt");
     f.Add("threads", &threads, "intra-op threads (0 = default)");
+    f.Add("repeats", &repeats, "interleaved evaluation passes (wall-clock is summed over them)");
   }
 };
 
@@ -302,28 +304,17 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
       err << "lede bench: " << ar_eval.status().message() << "\n";
       return 1;
     }
-    const double ar_tps = ar_eval->tokens_per_s();
-    nlohmann::json rows = nlohmann::json::array();
-    auto add_row = [&](const std::string& method, const std::string& config, const Totals& t) {
-      nlohmann::json row = {{"method", method},
-                            {"config", config},
-                            {"tokens_per_s", t.tokens_per_s()},
-                            {"measured_speedup", t.tokens_per_s() / ar_tps},
-                            {"predicted_speedup_accelerator", c.accelerator->PredictedSpeedup(t.rounds)},
-                            {"predicted_speedup_measured", c.measured->PredictedSpeedup(t.rounds)},
-                            {"acceptance_rate", t.acceptance()},
-                            {"tokens_per_round", t.tokens_per_round()},
-                            {"mean_exit_layer", t.mean_exit()},
-                            {"mean_draft_len", t.mean_draft()},
-                            {"exact_match_rate", t.prompts ? static_cast<double>(t.exact) / t.prompts : 0.0}};
-      rows.push_back(row);
+    // Every method of the table is a job; the jobs run interleaved on the
+    // evaluation split (prompt by prompt, every job in a rotating order,
+    // `repeats` times), so that the machine's drift over the run affects
+    // every method alike and the wall-clock ratios survive it.
+    struct Job {
+      std::string method, config;
+      GenerateOptions options;
+      ControllerFactory factory;
     };
-    if (has("ar")) {
-      Totals reference = *ar_eval;
-      reference.exact = reference.prompts;  // the reference itself
-      add_row("ar", "", reference);
-    }
-
+    std::vector<Job> jobs;
+    if (has("ar")) jobs.push_back({"ar", "", ar, nullptr});
     // A baseline family: configs tuned by replay on the tuning split per cost
     // model (the simulated speed-up of all tuning requests pooled), the best
     // run through the engine on the evaluation split.
@@ -357,8 +348,7 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
         const Config& b = configs[best];
         ControllerFactory factory;
         if (b.make) factory = [make = b.make](int64_t i) { return make(i); };
-        LEDE_ASSIGN_OR_RETURN(Totals t, RunPrompts(*c.engine, set.eval, b.options, factory, &ar_eval->outputs));
-        add_row(method + " (best " + cm->name() + ")", b.label, t);
+        jobs.push_back({method + " (best " + cm->name() + ")", b.label, b.options, factory});
         PrintProgress(err, method + " tuned (" + std::to_string(configs.size()) + " configs)", 1, 1);
         err << "\n";
       }
@@ -497,21 +487,34 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
         auto dqn = [network, version](int64_t) -> std::unique_ptr<ExitController> {
           return std::make_unique<policy::dqn::DqnExitController>(network, version);
         };
-        auto t = RunPrompts(*c.engine, set.eval, o, dqn, &ar_eval->outputs);
-        if (!t.ok()) {
-          err << "lede bench: " << t.status().message() << "\n";
-          return 1;
-        }
         const std::string label = "lede " + a.metadata.version;
-        add_row(label, version + " (" + a.metadata.reward_cost_model + ")", *t);
+        jobs.push_back({label, version + " (" + a.metadata.reward_cost_model + ")", o, dqn});
         // Ablations: no dynamic exit (l* fixed at the policy's most used exit
-        // layer) and no adaptive length (D fixed at its mean draft length).
+        // layer) and no adaptive length (D fixed at its mean draft length),
+        // both read off an exact replay of the policy on the evaluation split.
+        std::map<int32_t, int64_t> exit_counts;
+        double drafted = 0, drafting_rounds = 0;
+        for (size_t p = 0; p < eval_traces.size(); ++p) {
+          std::unique_ptr<ExitController> ctl = dqn(static_cast<int64_t>(p));
+          trainer::SimulatedMethod m;
+          m.mode = model::SpeculationMode::kAdaptive;
+          m.controller = ctl.get();
+          m.spec = o.decision_spec;
+          auto r = trainer::Simulate(eval_traces[p], m);
+          if (!r.ok()) {
+            err << "lede bench: " << r.status().message() << "\n";
+            return 1;
+          }
+          for (const auto& round : r->stats.rounds) {
+            if (round.n_drafted > 0) ++exit_counts[round.exit_layer], drafted += round.n_drafted, ++drafting_rounds;
+          }
+        }
         int32_t top_exit = 0;
         int64_t top_count = -1;
-        for (auto [l, n] : t->exit_counts) {
+        for (auto [l, n] : exit_counts) {
           if (n > top_count) top_exit = l, top_count = n;
         }
-        const int32_t mean_d = std::max(1, static_cast<int32_t>(std::lround(t->mean_draft())));
+        const int32_t mean_d = std::max(1, static_cast<int32_t>(std::lround(drafted / std::max(1.0, drafting_rounds))));
         if (top_exit > 0) {
           auto fixed_exit = [dqn, top_exit](int64_t i) -> std::unique_ptr<ExitController> {
             return std::make_unique<AblatedController>(dqn(i), top_exit, 0);
@@ -519,12 +522,62 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
           auto fixed_len = [dqn, mean_d](int64_t i) -> std::unique_ptr<ExitController> {
             return std::make_unique<AblatedController>(dqn(i), 0, mean_d);
           };
-          auto te = RunPrompts(*c.engine, set.eval, o, fixed_exit, &ar_eval->outputs);
-          auto tl = RunPrompts(*c.engine, set.eval, o, fixed_len, &ar_eval->outputs);
-          if (te.ok()) add_row(label + " fixed exit", "l*=" + std::to_string(top_exit), *te);
-          if (tl.ok()) add_row(label + " fixed length", "D=" + std::to_string(mean_d), *tl);
+          jobs.push_back({label + " fixed exit", "l*=" + std::to_string(top_exit), o, fixed_exit});
+          jobs.push_back({label + " fixed length", "D=" + std::to_string(mean_d), o, fixed_len});
         }
       }
+    }
+    // The interleaved evaluation runs.
+    std::vector<Totals> totals(jobs.size());
+    for (int64_t rep = 0; rep < cf.repeats; ++rep) {
+      for (size_t p = 0; p < set.eval.size(); ++p) {
+        PrintProgress(err, "evaluation, pass " + std::to_string(rep + 1), p, set.eval.size());
+        for (size_t k = 0; k < jobs.size(); ++k) {
+          const size_t j = (k + p + static_cast<size_t>(rep)) % jobs.size();  // rotating order
+          GenerateOptions o = jobs[j].options;
+          std::unique_ptr<ExitController> ctl;
+          if (jobs[j].factory) ctl = jobs[j].factory(static_cast<int64_t>(p)), o.controller = ctl.get();
+          auto r = c.engine->Generate(set.eval[p], o);
+          if (!r.ok()) {
+            err << "lede bench: " << jobs[j].method << ": " << r.status().message() << "\n";
+            return 1;
+          }
+          Totals& t = totals[j];
+          t.tokens += r->stats.n_generated - 1;
+          t.decode_s += r->stats.decode_s;
+          if (rep == 0) {  // greedy: every pass makes the same rounds
+            t.drafted += r->stats.n_drafted;
+            t.accepted += r->stats.n_accepted;
+            for (const auto& round : r->stats.rounds) {
+              if (round.n_drafted > 0) ++t.exit_counts[round.exit_layer];
+            }
+            t.rounds.insert(t.rounds.end(), r->stats.rounds.begin(), r->stats.rounds.end());
+            t.exact += r->tokens == ar_eval->outputs[p] ? 1 : 0;
+            ++t.prompts;
+          }
+        }
+      }
+    }
+    err << "\n";
+    double ar_tps = 0;
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      if (jobs[j].method == "ar") ar_tps = totals[j].tokens_per_s();
+    }
+    if (ar_tps <= 0) ar_tps = ar_eval->tokens_per_s();
+    nlohmann::json rows = nlohmann::json::array();
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      const Totals& t = totals[j];
+      rows.push_back({{"method", jobs[j].method},
+                      {"config", jobs[j].config},
+                      {"tokens_per_s", t.tokens_per_s()},
+                      {"measured_speedup", t.tokens_per_s() / ar_tps},
+                      {"predicted_speedup_accelerator", c.accelerator->PredictedSpeedup(t.rounds)},
+                      {"predicted_speedup_measured", c.measured->PredictedSpeedup(t.rounds)},
+                      {"acceptance_rate", t.acceptance()},
+                      {"tokens_per_round", t.tokens_per_round()},
+                      {"mean_exit_layer", t.mean_exit()},
+                      {"mean_draft_len", t.mean_draft()},
+                      {"exact_match_rate", t.prompts ? static_cast<double>(t.exact) / t.prompts : 0.0}});
     }
     // Ceilings on the evaluation split per cost model: the calibrated one
     // (the calibrated stopping rule with acceptance probabilities fitted on
@@ -554,7 +607,8 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
     // Table.
     char line[512];
     out << "\n== " << set.name << " (evaluation split: " << set.eval.size() << " prompts x " << cf.new_tokens
-        << " tokens; AR " << static_cast<int64_t>(ar_tps) << " tokens/s; baselines tuned by replay on the "
+        << " tokens, " << cf.repeats << " interleaved passes; AR " << static_cast<int64_t>(ar_tps)
+        << " tokens/s; baselines tuned by replay on the "
         << set.tuning.size() << " tuning prompts)\n";
     std::snprintf(line, sizeof(line), "%-34s %-26s %7s %8s %10s %11s %7s %7s %6s %6s %6s\n", "method", "config",
                   "tok/s", "measured", "pred.accel", "pred.measrd", "accept", "tok/rnd", "mean E", "mean D", "exact");
@@ -580,6 +634,7 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
                                 {"hindsight_oracle", oracle},
                                 {"calibrated_ceiling", calibrated_ceiling},
                                 {"ar_tokens_per_s", ar_tps},
+                                {"interleaved_passes", cf.repeats},
                                 {"tuning_prompts", set.tuning.size()},
                                 {"eval_prompts", set.eval.size()}};
   }

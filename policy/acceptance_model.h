@@ -42,7 +42,7 @@ class AcceptanceModel {
   // may be empty; an empty layer predicts the overall base rate).
   // Errors: kInvalidArgument if no layer has samples.
   static StatusOr<AcceptanceModel> Fit(const std::vector<std::vector<AcceptanceSample>>& samples_by_layer,
-                                       double l2 = 1e-3, int iterations = 25);
+                                       double l2 = 1e-4, int iterations = 25);
 
   // P(accept) in (0, 1) at `layer` for features x.
   double Predict(int32_t layer, const AcceptanceFeatures& x) const;

@@ -303,7 +303,7 @@ TEST_F(PolicyServiceTest, HotReloadReachesWatchersAndFollowers) {
   EXPECT_EQ(Reloads("rejected"), 0);
   EXPECT_EQ(VersionGauge("story-accelerator-v2"), 1);
   EXPECT_EQ(VersionGauge("accelerator-v2"), 0);
-  EXPECT_EQ(metrics_.policy_version_number.Value(), 1);
+  EXPECT_EQ(metrics_.policy_version_number.Value(), 2);  // story-accelerator-v2
 
   watch_context.TryCancel();
   follower.Stop();
