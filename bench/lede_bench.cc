@@ -237,6 +237,9 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   f.Add("methods", &methods_flag, "comma-separated: ar, static, threshold, calibrated, del, adaedl, lede");
   f.Add("policy", &policies, "LEDE policy artifact directories, comma-separated");
   f.Add("json", &json_path, "write all results as JSON here");
+  std::string fixed_static;
+  f.Add("static-configs", &fixed_static,
+        "extra static rows E:D[,E:D...], not tuned (e.g. the settings tuned on another prompt set)");
   if (flags::WantsHelp(args)) {
     out << "usage: lede bench --model DIR --prompts FILE[,FILE...] [flags]\nflags:\n" << f.Usage();
     return 0;
@@ -477,6 +480,21 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
         err << "lede bench: " << name << ": " << s.message() << "\n";
         return 1;
       }
+    }
+    for (const std::string& item : SplitList(fixed_static)) {
+      const size_t colon = item.find(':');
+      int32_t e = 0, d = 0;
+      if (colon == std::string::npos || std::sscanf(item.c_str(), "%d:%d", &e, &d) != 2 || e < 1 || e >= L || d < 1 ||
+          d > static_max_draft) {
+        err << "lede bench: --static-configs: \"" << item << "\" is not E:D with E in [1, " << L - 1
+            << "] and D in [1, " << static_max_draft << "]\n";
+        return 2;
+      }
+      GenerateOptions o = ar;
+      o.mode = model::SpeculationMode::kStatic;
+      o.exit_layer = e;
+      o.draft_len = d;
+      jobs.push_back({"static (given)", "E=" + std::to_string(e) + " D=" + std::to_string(d), o, nullptr});
     }
     if (has("lede")) {
       for (const policy::dqn::Artifact& a : artifacts) {
