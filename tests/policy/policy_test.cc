@@ -176,14 +176,9 @@ std::shared_ptr<const RoundCosts> FlatCosts(double marginal, double round_per_dr
   return c;
 }
 
+// State() with the other probe signals the acceptance model reads.
 ExitState Probe(Phase phase, int32_t layer, int32_t draft_pos, float top1) {
-  ExitState s;
-  s.phase = phase;
-  s.layer = layer;
-  s.n_layers = 12;
-  s.draft_pos = draft_pos;
-  s.max_draft_len = 8;
-  s.top1_prob = top1;
+  ExitState s = State(phase, layer, draft_pos, top1);
   s.margin = 1.0f;
   s.entropy = 1.0f;
   s.trace_nll = 1.0f;
