@@ -268,10 +268,6 @@ StatusOr<SimulatedRound> SimulateRound(const ShadowTrace& trace, const model::De
   return out;
 }
 
-double SpeedupOf(const model::CostModel& cost, const std::vector<speculation::RoundRecord>& rounds) {
-  return cost.PredictedSpeedup(rounds);
-}
-
 StatusOr<double> SimulatedSpeedup(const std::vector<ShadowTrace>& traces, const model::DecisionSpec& spec,
                                   const ControllerMaker& make, const model::CostModel& cost) {
   std::vector<speculation::RoundRecord> rounds;

@@ -125,10 +125,6 @@ struct SimulatedRound {
 StatusOr<SimulatedRound> SimulateRound(const ShadowTrace& trace, const model::DecisionSpec& spec,
                                        model::ExitController& controller, const RoundContext& context);
 
-// tokens / cost of a set of simulated rounds (cost model units): the
-// predicted speed-up over autoregressive decoding.
-double SpeedupOf(const model::CostModel& cost, const std::vector<speculation::RoundRecord>& rounds);
-
 // Makes a controller for one request (simulations run many).
 using ControllerMaker = std::function<std::unique_ptr<model::ExitController>(int64_t request_index)>;
 

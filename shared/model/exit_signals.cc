@@ -57,12 +57,6 @@ ExitSignals ComputeExitSignals(const at::Tensor& logits, int64_t top_k) {
   return ProbeSignals(l.data_ptr<float>(), l.numel(), top_k);
 }
 
-float Top1Nll(const at::Tensor& logits) {
-  at::Tensor l = logits.reshape({-1});
-  if (!l.device().is_cpu() || l.scalar_type() != at::kFloat || !l.is_contiguous()) {
-    l = l.to(at::kCPU, at::kFloat).contiguous();
-  }
-  return ProbeSignals(l.data_ptr<float>(), l.numel(), 1).top1_nll;
-}
+float Top1Nll(const at::Tensor& logits) { return ComputeExitSignals(logits, 1).top1_nll; }
 
 }  // namespace lede::model
