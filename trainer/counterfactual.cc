@@ -9,6 +9,7 @@
 
 #include "shared/model/exit_signals.h"
 #include "shared/speculation/adaptive_round.h"
+#include "shared/model/torch_boundary.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::trainer {
@@ -54,7 +55,7 @@ StatusOr<ShadowTrace> ComputeShadowTrace(const model::LlamaModel& model, const s
   trace.eos_ids = c.eos_ids;
   if (ended_on_eos) trace.target.push_back(c.eos_ids.empty() ? 0 : c.eos_ids.front());
   const int64_t T = static_cast<int64_t>(trace.target.size());
-  try {
+  LEDE_RETURN_IF_ERROR(model::TorchBoundary("shadow trace", [&]() -> Status {
     c10::InferenceMode guard;
     at::Tensor h = model.Embed(at::tensor(ids, at::kLong).view({1, -1}).to(model.options().device));
     for (int64_t l = 1; l <= c.n_layers; ++l) {
@@ -67,11 +68,8 @@ StatusOr<ShadowTrace> ComputeShadowTrace(const model::LlamaModel& model, const s
       for (int64_t t = 0; t < T; ++t) row[t] = model::ProbeSignals(base + t * V, V, top_k);
       trace.probes.push_back(std::move(row));
     }
-  } catch (const c10::Error& e) {
-    return InternalError(std::string("shadow trace: ") + e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return InternalError(std::string("shadow trace: ") + e.what());
-  }
+    return OkStatus();
+  }));
   return trace;
 }
 

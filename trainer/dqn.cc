@@ -25,6 +25,7 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adam.h>
 
+#include "shared/model/torch_boundary.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::trainer {
@@ -521,7 +522,7 @@ StatusOr<OfflinePolicyMetrics> EvaluateOffline(const QNetwork& network, const st
   DqnOptions o = options;
   o.initial_network = nullptr;
   LEDE_RETURN_IF_ERROR(ValidateDqnOptions(o));
-  try {
+  return model::TorchBoundary("EvaluateOffline", [&]() -> StatusOr<OfflinePolicyMetrics> {
     int64_t dropped = 0, duplicates = 0;
     const std::vector<Transition> ts = Usable(transitions, &dropped, &duplicates);
     if (ts.empty()) return InvalidArgumentError("EvaluateOffline: no usable transitions");
@@ -543,22 +544,14 @@ StatusOr<OfflinePolicyMetrics> EvaluateOffline(const QNetwork& network, const st
     out.matched_return = m.matched_return;
     out.matched_episodes = m.matched_episodes;
     return out;
-  } catch (const c10::Error& e) {
-    return InternalError(std::string("EvaluateOffline: ") + e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return InternalError(std::string("EvaluateOffline: ") + e.what());
-  }
+  });
 }
 
 StatusOr<DqnResult> TrainDqn(const std::vector<Transition>& transitions, const DqnOptions& options,
                              const DqnEpochCallback& on_epoch) {
-  try {
+  return model::TorchBoundary("TrainDqn", [&]() -> StatusOr<DqnResult> {
     return TrainDqnImpl(transitions, options, on_epoch);
-  } catch (const c10::Error& e) {
-    return InternalError(std::string("TrainDqn: ") + e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return InternalError(std::string("TrainDqn: ") + e.what());
-  }
+  });
 }
 
 policy::dqn::Artifact MakeArtifact(const DqnResult& result, const DqnOptions& o,

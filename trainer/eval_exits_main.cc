@@ -96,7 +96,9 @@ int main(int argc, char** argv) {
     if (!docs.ok()) return Fail(docs.status(), 2);
     auto stream = trainer::EncodeDocuments(**tokenizer, *docs);
     if (!stream.ok()) return Fail(stream.status(), 2);
-    nlohmann::json layers = trainer::EvaluateLayers(*m, *stream, 256, eval_tokens);
+    auto evaluated = trainer::EvaluateLayers(*m, *stream, 256, eval_tokens);
+    if (!evaluated.ok()) return Fail(evaluated.status(), 1);
+    const nlohmann::json& layers = *evaluated;
     std::printf("\n== %s: %lld held-out tokens\nlayer  perplexity  top1-agreement-with-L\n", domain.c_str(),
                 static_cast<long long>(layers["tokens"].get<int64_t>()));
     for (int64_t l = 0; l < L; ++l) {

@@ -7,6 +7,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "shared/model/decoding.h"
+#include "shared/model/torch_boundary.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::trainer {
@@ -38,37 +39,39 @@ StatusOr<PromptTotals> RunPrompts(model::Engine& engine, const std::vector<std::
   return t;
 }
 
-nlohmann::json EvaluateLayers(const model::LlamaModel& m, const std::vector<int32_t>& stream,
-                              int64_t seq_len, int64_t max_tokens) {
-  c10::InferenceMode guard;
-  const int64_t L = m.n_layers();
-  std::vector<double> nll(L, 0.0), agree(L, 0.0);
-  int64_t n = 0;
-  for (int64_t start = 0; start + seq_len + 1 <= static_cast<int64_t>(stream.size()) && n < max_tokens;
-       start += seq_len) {
-    std::vector<int64_t> ids(stream.begin() + start, stream.begin() + start + seq_len + 1);
-    at::Tensor t = at::tensor(ids, at::kLong).view({1, -1});
-    at::Tensor inp = t.narrow(1, 0, seq_len), tgt = t.narrow(1, 1, seq_len).reshape({-1});
-    at::Tensor h = m.Embed(inp);
-    std::vector<at::Tensor> exits;
-    for (int64_t l = 0; l < L; ++l) {
-      h = m.Block(l, h, 0, nullptr, 0);
-      exits.push_back(m.ExitLogits(h).view({seq_len, -1}));
+StatusOr<nlohmann::json> EvaluateLayers(const model::LlamaModel& m, const std::vector<int32_t>& stream,
+                                        int64_t seq_len, int64_t max_tokens) {
+  return model::TorchBoundary("EvaluateLayers", [&]() -> StatusOr<nlohmann::json> {
+    c10::InferenceMode guard;
+    const int64_t L = m.n_layers();
+    std::vector<double> nll(L, 0.0), agree(L, 0.0);
+    int64_t n = 0;
+    for (int64_t start = 0; start + seq_len + 1 <= static_cast<int64_t>(stream.size()) && n < max_tokens;
+         start += seq_len) {
+      std::vector<int64_t> ids(stream.begin() + start, stream.begin() + start + seq_len + 1);
+      at::Tensor t = at::tensor(ids, at::kLong).view({1, -1});
+      at::Tensor inp = t.narrow(1, 0, seq_len), tgt = t.narrow(1, 1, seq_len).reshape({-1});
+      at::Tensor h = m.Embed(inp);
+      std::vector<at::Tensor> exits;
+      for (int64_t l = 0; l < L; ++l) {
+        h = m.Block(l, h, 0, nullptr, 0);
+        exits.push_back(m.ExitLogits(h).view({seq_len, -1}));
+      }
+      at::Tensor final_top = exits.back().argmax(-1);
+      for (int64_t l = 0; l < L; ++l) {
+        nll[l] += at::cross_entropy_loss(exits[l], tgt, {}, at::Reduction::Sum).item<double>();
+        agree[l] += at::eq(exits[l].argmax(-1), final_top).sum().item<double>();
+      }
+      n += seq_len;
     }
-    at::Tensor final_top = exits.back().argmax(-1);
-    for (int64_t l = 0; l < L; ++l) {
-      nll[l] += at::cross_entropy_loss(exits[l], tgt, {}, at::Reduction::Sum).item<double>();
-      agree[l] += at::eq(exits[l].argmax(-1), final_top).sum().item<double>();
+    nlohmann::json j;
+    j["tokens"] = n;
+    for (int64_t l = 0; l < L && n > 0; ++l) {
+      j["perplexity"].push_back(std::exp(nll[l] / n));
+      j["top1_agreement_with_last"].push_back(agree[l] / n);
     }
-    n += seq_len;
-  }
-  nlohmann::json j;
-  j["tokens"] = n;
-  for (int64_t l = 0; l < L && n > 0; ++l) {
-    j["perplexity"].push_back(std::exp(nll[l] / n));
-    j["top1_agreement_with_last"].push_back(agree[l] / n);
-  }
-  return j;
+    return j;
+  });
 }
 
 StatusOr<nlohmann::json> EvaluateStaticGrid(std::shared_ptr<const model::LlamaModel> model,

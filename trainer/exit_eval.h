@@ -75,8 +75,9 @@ StatusOr<PromptTotals> RunPrompts(model::Engine& engine, const std::vector<std::
 // Per-layer perplexity and top-1 agreement with the last layer over up to
 // max_tokens tokens of `stream`, in windows of seq_len (no KV cache).
 // Returns {"tokens", "perplexity": [L], "top1_agreement_with_last": [L]}.
-nlohmann::json EvaluateLayers(const model::LlamaModel& model, const std::vector<int32_t>& stream,
-                              int64_t seq_len, int64_t max_tokens);
+// Errors: kInternal / kResourceExhausted from libtorch (the torch boundary).
+StatusOr<nlohmann::json> EvaluateLayers(const model::LlamaModel& model,
+                                        const std::vector<int32_t>& stream, int64_t seq_len, int64_t max_tokens);
 
 // Runs autoregressive decoding and every (E, D) of the grid on `prompts`
 // (greedy, new_tokens each). Returns {"ar": {...}, "static": [{E, D,

@@ -23,6 +23,7 @@
 #include "shared/model/llama.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "shared/file/file.h"
+#include "shared/model/torch_boundary.h"
 #include "shared/status/status_macros.h"
 #include "trainer/corpus.h"
 #include "trainer/exit_eval.h"
@@ -84,7 +85,7 @@ StatusOr<std::map<std::string, double>> ParseMixture(const std::string& text) {
 }
 
 Status Pretrain(const PretrainOptions& o) {
-  try {
+  return model::TorchBoundary("pretrain", [&]() -> Status {
     if (o.threads > 0) at::set_num_threads(o.threads);
     if (o.batch_size < 1 || o.seq_len < 2 || o.steps < 1 || o.curriculum_period < 1) {
       return InvalidArgumentError("batch_size, seq_len, steps and curriculum_period must be positive");
@@ -173,8 +174,9 @@ Status Pretrain(const PretrainOptions& o) {
 
     auto save_checkpoint = [&](int64_t step, double elapsed) -> Status {
       LEDE_RETURN_IF_ERROR(m->SaveHf(ckpt_dir + "/model"));
-      torch::save(optimizer, ckpt_dir + "/optimizer.pt.tmp");
-      fs::rename(ckpt_dir + "/optimizer.pt.tmp", ckpt_dir + "/optimizer.pt");
+      std::ostringstream optimizer_bytes;
+      torch::save(optimizer, optimizer_bytes);
+      LEDE_RETURN_IF_ERROR(file::WriteFileAtomically(ckpt_dir + "/optimizer.pt", optimizer_bytes.str()));
       nlohmann::json state = {{"step", step}, {"elapsed_s", elapsed}};
       return file::WriteFileAtomically(state_path, state.dump(2));
     };
@@ -280,16 +282,12 @@ Status Pretrain(const PretrainOptions& o) {
       report["mixture"][d.name] = d.weight;
       report["train_tokens"][d.name] = d.train.size();
       std::fprintf(stderr, "\nevaluating %s ...", d.name.c_str());
-      report["held_out"][d.name] = EvaluateLayers(*m, d.val, T, o.eval_tokens);
+      LEDE_ASSIGN_OR_RETURN(report["held_out"][d.name], EvaluateLayers(*m, d.val, T, o.eval_tokens));
     }
     std::ofstream(o.out_dir + "/report.json") << report.dump(2) << "\n";
     std::fprintf(stderr, "\nwrote %s (trained %s)\n", o.out_dir.c_str(), FormatDuration(train_s).c_str());
     return OkStatus();
-  } catch (const c10::Error& e) {
-    return InternalError(std::string("pretrain: ") + e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return InternalError(std::string("pretrain: ") + e.what());
-  }
+  });
 }
 
 }  // namespace lede::trainer

@@ -11,6 +11,7 @@
 
 #include "shared/file/file.h"
 #include "shared/model/exit_signals.h"
+#include "shared/model/torch_boundary.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::model {
@@ -102,7 +103,7 @@ std::unique_ptr<CostModel> MakeMeasuredCostModel(const Calibration& calibration)
 }
 
 StatusOr<Calibration> Calibrate(const LlamaModel& model, int repeats, const std::function<void()>& decide) {
-  try {
+  return TorchBoundary("calibrate", [&]() -> StatusOr<Calibration> {
     c10::InferenceMode guard;
     const ModelConfig& c = model.config();
     KvCacheOptions ko;
@@ -148,9 +149,7 @@ StatusOr<Calibration> Calibrate(const LlamaModel& model, int repeats, const std:
       if (decide) decide();
     });
     return cal;
-  } catch (const c10::Error& e) {
-    return InternalError(std::string("calibrate: ") + e.what_without_backtrace());
-  }
+  });
 }
 
 std::string CalibrationToJson(const Calibration& c) {

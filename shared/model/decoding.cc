@@ -9,23 +9,12 @@
 #include <c10/core/InferenceMode.h>
 
 #include "shared/model/exit_signals.h"
+#include "shared/model/torch_boundary.h"
 #include "shared/speculation/adaptive_round.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::model {
 namespace {
-
-// Runs `fn` at the torch boundary: libtorch exceptions become kInternal.
-template <typename Fn>
-auto TorchBoundary(const char* what, Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const c10::Error& e) {
-    return InternalError(std::string(what) + ": " + e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return InternalError(std::string(what) + ": " + e.what());
-  }
-}
 
 at::Tensor TokenTensor(const std::vector<int32_t>& ids, const c10::Device& device) {
   std::vector<int64_t> wide(ids.begin(), ids.end());

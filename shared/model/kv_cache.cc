@@ -12,6 +12,8 @@
 
 #include <ATen/ATen.h>
 
+#include "shared/model/torch_boundary.h"
+
 namespace lede::model {
 namespace {
 
@@ -96,16 +98,17 @@ StatusOr<KvCache> KvCache::Create(const ModelConfig& config,
   cache.epoch_ = ((static_cast<uint64_t>(rd()) << 32) ^ rd()) | 1;
   cache.storage_ = std::make_shared<Storage>();
   if (o.shared_memory_name.empty()) {
-    try {
+    // Everything here is an allocation, so any failure is kResourceExhausted.
+    Status alloc = TorchBoundary("KV cache allocation failed", [&]() -> Status {
       auto opts = at::TensorOptions().device(o.device).dtype(o.dtype);
       for (int64_t l = 0; l < config.n_layers; ++l) {
         cache.k_.push_back(at::zeros({o.n_slots, config.n_kv_heads, o.capacity, config.head_dim()}, opts));
         cache.v_.push_back(at::zeros({o.n_slots, config.n_kv_heads, o.capacity, config.head_dim()}, opts));
       }
       cache.exit_hidden_ = at::zeros({o.n_slots, o.max_draft_len + 1, config.dim}, opts);
-    } catch (const std::exception& e) {
-      return ResourceExhaustedError(std::string("KV cache allocation failed: ") + e.what());
-    }
+      return OkStatus();
+    });
+    if (!alloc.ok()) return ResourceExhaustedError(alloc.message());
     cache.storage_->private_state.assign(2 * o.n_slots, 0);
     cache.length_ = cache.storage_->private_state.data();
     cache.in_use_ = cache.length_ + o.n_slots;

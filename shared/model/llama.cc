@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "shared/model/torch_boundary.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::model {
@@ -83,7 +84,7 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
     }
     return it->second;
   };
-  try {
+  return TorchBoundary(checkpoint.source, [&]() -> StatusOr<std::unique_ptr<LlamaModel>> {
     std::unique_ptr<LlamaModel> m(new LlamaModel(c, options));
     m->config_.rope_style = RopeStyle::kRotateHalf;  // after the permutation below
     auto opts = at::TensorOptions().device(options.device).dtype(options.dtype);
@@ -128,11 +129,7 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
     }
     m->BuildRopeTables();
     return m;
-  } catch (const c10::Error& e) {
-    return InternalError(checkpoint.source + ": " + e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return InternalError(checkpoint.source + ": " + e.what());
-  }
+  });
 }
 
 StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& path,
@@ -145,7 +142,7 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::RandomInit(
     const ModelConfig& config, uint64_t seed, const ModelOptions& options,
     double init_std) {
   LEDE_RETURN_IF_ERROR(config.Validate());
-  try {
+  return TorchBoundary("RandomInit", [&]() -> StatusOr<std::unique_ptr<LlamaModel>> {
     at::Generator gen = at::detail::createCPUGenerator(seed);
     auto cpu = at::TensorOptions().dtype(at::kFloat);
     auto normal = [&](std::vector<int64_t> shape, double std) {
@@ -174,9 +171,7 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::RandomInit(
       t[LayerName(i, "post_attention_layernorm.weight")] = at::ones({c.dim}, cpu);
     }
     return FromCheckpoint(ckpt, options);
-  } catch (const c10::Error& e) {
-    return InternalError(std::string("RandomInit: ") + e.what_without_backtrace());
-  }
+  });
 }
 
 at::Tensor LlamaModel::RmsNorm(const at::Tensor& x, const at::Tensor& weight) const {
@@ -311,11 +306,9 @@ std::map<std::string, at::Tensor> LlamaModel::NamedTensors() const {
 }
 
 Status LlamaModel::SaveHf(const std::string& dir) const {
-  try {
+  return TorchBoundary("SaveHf", [&]() -> Status {
     return WriteHfCheckpoint(dir, config_, NamedTensors());
-  } catch (const c10::Error& e) {
-    return InternalError(std::string("SaveHf: ") + e.what_without_backtrace());
-  }
+  });
 }
 
 }  // namespace lede::model
