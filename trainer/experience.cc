@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "proto/lede/v1/experience.pb.h"
+#include "shared/file/file.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::experience {
@@ -25,10 +26,6 @@ namespace fs = std::filesystem;
 
 constexpr size_t kRecordHeaderSize = 8;            // length + crc32
 constexpr size_t kWriteBufferBytes = 1u << 20;     // flush threshold of ShardWriter
-
-Status ErrnoError(const std::string& what, const std::string& path) {
-  return InternalError(what + " " + path + ": " + std::strerror(errno));
-}
 
 void PutUint32Le(uint32_t v, char* out) {
   out[0] = static_cast<char>(v & 0xff);
@@ -48,31 +45,6 @@ uint32_t Crc32(const char* data, size_t n) {
   uLong crc = crc32(0L, Z_NULL, 0);
   crc = crc32(crc, reinterpret_cast<const Bytef*>(data), static_cast<uInt>(n));
   return static_cast<uint32_t>(crc);
-}
-
-// Writes all of [data, data + n) to fd, retrying short writes and EINTR.
-Status WriteAll(int fd, const char* data, size_t n, const std::string& path) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, data, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError("cannot write", path);
-    }
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
-  return OkStatus();
-}
-
-// fsync of the directory holding `path`, so that a rename survives a crash.
-// Best effort: some file systems refuse to open or sync directories.
-void SyncParentDir(const std::string& path) {
-  fs::path dir = fs::path(path).parent_path();
-  if (dir.empty()) dir = ".";
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  (void)::fsync(fd);
-  ::close(fd);
 }
 
 // Reads one shard file, appending its good records to `out`.
@@ -187,32 +159,22 @@ ShardReport DecodeShard(std::string_view bytes, const std::string& name,
 
 struct ShardWriter::Impl {
   std::string path;
-  std::string tmp_path;
-  int fd = -1;
-  ShardEncoder encoder;  // framed records not yet written to fd
+  std::unique_ptr<file::AtomicFileWriter> out;  // null once finished
+  ShardEncoder encoder;  // framed records not yet written to `out`
   bool finished = false;  // Finish() was called (successfully or not)
   Status error;           // sticky I/O error
 
   Status Flush() {
     if (encoder.pending_bytes() == 0) return OkStatus();
-    const std::string bytes = encoder.TakeBytes();
-    return WriteAll(fd, bytes.data(), bytes.size(), tmp_path);
+    return out->Append(encoder.TakeBytes());
   }
-  void Discard() {
-    if (fd >= 0) {
-      ::close(fd);
-      fd = -1;
-      ::unlink(tmp_path.c_str());
-    }
-  }
+  void Discard() { out.reset(); }  // removes the temporary file
 };
 
 StatusOr<std::unique_ptr<ShardWriter>> ShardWriter::Create(const std::string& path) {
   auto impl = std::make_unique<Impl>();
   impl->path = path;
-  impl->tmp_path = path + ".tmp-" + std::to_string(::getpid());
-  impl->fd = ::open(impl->tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (impl->fd < 0) return ErrnoError("cannot create", impl->tmp_path);
+  LEDE_ASSIGN_OR_RETURN(impl->out, file::AtomicFileWriter::Create(path));
   std::unique_ptr<ShardWriter> writer(new ShardWriter());
   writer->impl_ = std::move(impl);
   return writer;
@@ -246,24 +208,9 @@ Status ShardWriter::Finish() {
   w.finished = true;
   Status s = w.error;
   if (s.ok()) s = w.Flush();
-  if (s.ok() && ::fsync(w.fd) != 0) s = ErrnoError("cannot fsync", w.tmp_path);
-  if (!s.ok()) {
-    w.Discard();
-    return s;
-  }
-  const int fd = w.fd;
-  w.fd = -1;
-  if (::close(fd) != 0) {
-    s = ErrnoError("cannot close", w.tmp_path);
-  } else if (::rename(w.tmp_path.c_str(), w.path.c_str()) != 0) {
-    s = ErrnoError("cannot rename " + w.tmp_path + " to", w.path);
-  }
-  if (!s.ok()) {
-    ::unlink(w.tmp_path.c_str());
-    return s;
-  }
-  SyncParentDir(w.path);
-  return OkStatus();
+  if (s.ok()) s = w.out->Commit();
+  w.Discard();
+  return s;
 }
 
 // ---------------------------------------------------------------------------

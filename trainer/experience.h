@@ -76,8 +76,9 @@ class ShardEncoder {
   int64_t bytes_ = 0;
 };
 
-// Writes one shard. Records are buffered in a temporary file
-// "<path>.tmp-<pid>"; Finish() flushes, fsyncs and renames it to `path`.
+// Writes one shard. Records are buffered in a hidden temporary file beside
+// `path` (file::AtomicFileWriter); Finish() flushes, fsyncs and renames it to
+// `path`, then fsyncs the directory.
 // Destroying an unfinished writer deletes the temporary file.
 // Thread-safety: not thread-safe.
 class ShardWriter {

@@ -1,6 +1,5 @@
 #include "policy/dqn/artifact.h"
 
-#include <openssl/evp.h>
 
 #include <sys/stat.h>
 
@@ -18,7 +17,9 @@
 #include <nlohmann/json.hpp>
 
 #include "shared/file/file.h"
+#include "shared/file/sha256.h"
 #include "shared/model/checkpoint.h"
+#include "shared/model/torch_boundary.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::policy::dqn {
@@ -224,7 +225,7 @@ Status SaveArtifactImpl(const std::string& dir, const Artifact& artifact, bool o
   const std::string weights_path = (root / kWeightsFile).string();
   LEDE_RETURN_IF_ERROR(model::WriteSafetensors(weights_path, tensors, "F32"));
   LEDE_ASSIGN_OR_RETURN(std::string bytes, file::ReadFile(weights_path));
-  const Json j = ToJson(m, w.hidden, Sha256Hex(bytes));
+  const Json j = ToJson(m, w.hidden, file::Sha256Hex(bytes));
   // policy.json last: its presence marks a complete artifact.
   return file::WriteFileAtomically(json_path, j.dump(2) + "\n");
 }
@@ -252,7 +253,7 @@ StatusOr<Artifact> LoadArtifactImpl(const std::string& dir, const std::string& e
   }
 
   LEDE_ASSIGN_OR_RETURN(std::string weights_bytes, file::ReadFile(weights_path));
-  const std::string sha = Sha256Hex(weights_bytes);
+  const std::string sha = file::Sha256Hex(weights_bytes);
   if (sha != parsed.sha256) {
     return InvalidArgumentError(weights_path + ": checksum mismatch: sha256 " + sha + ", policy.json says " +
                                 parsed.sha256);
@@ -309,37 +310,16 @@ const std::vector<std::string>& ExitFeatureNames() {
   return names;
 }
 
-std::string Sha256Hex(std::string_view bytes) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(bytes.data(), bytes.size(), digest, &len, EVP_sha256(), nullptr);
-  static const char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned int i = 0; i < len; ++i) {
-    out += kHex[digest[i] >> 4];
-    out += kHex[digest[i] & 15];
-  }
-  return out;
-}
-
 Status SaveArtifact(const std::string& dir, const Artifact& artifact, bool overwrite) {
-  try {
+  return model::TorchBoundary(dir, [&]() -> Status {
     return SaveArtifactImpl(dir, artifact, overwrite);
-  } catch (const c10::Error& e) {
-    return InternalError(dir + ": " + e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return InternalError(dir + ": " + e.what());
-  }
+  });
 }
 
 StatusOr<Artifact> LoadArtifact(const std::string& dir, const std::string& expected_fingerprint) {
-  try {
+  return model::TorchBoundary(dir, [&]() -> StatusOr<Artifact> {
     return LoadArtifactImpl(dir, expected_fingerprint);
-  } catch (const c10::Error& e) {
-    return InternalError(dir + ": " + e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return InternalError(dir + ": " + e.what());
-  }
+  });
 }
 
 Status ValidateVersionName(const std::string& version) {

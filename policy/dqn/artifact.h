@@ -148,8 +148,6 @@ StatusOr<std::string> ResolveServingVersion(const std::string& model_dir);
 StatusOr<Artifact> LoadServingArtifact(const std::string& model_dir,
                                        const std::string& expected_fingerprint = "");
 
-// SHA-256 of `bytes` as 64 lowercase hex digits (OpenSSL libcrypto).
-std::string Sha256Hex(std::string_view bytes);
 
 }  // namespace lede::policy::dqn
 

@@ -15,6 +15,7 @@
 #include <grpcpp/support/channel_arguments.h>
 
 #include "shared/file/file.h"
+#include "shared/file/sha256.h"
 #include "shared/rpc/grpc_status.h"
 #include "shared/rpc/server.h"
 #include "shared/status/status_macros.h"
@@ -150,7 +151,7 @@ Status PolicyFollower::FetchOnce() {
 
 Status PolicyFollower::Install(const lede::v1::PolicyArtifact& response) {
   if (temp_dir_.empty()) return InternalError("policy follower: no temporary directory");
-  if (policy::dqn::Sha256Hex(response.weights_safetensors()) != response.sha256()) {
+  if (file::Sha256Hex(response.weights_safetensors()) != response.sha256()) {
     return InvalidArgumentError("GetPolicy: sha256 does not match the weights received");
   }
   // A fixed subdirectory name: the wire's version string never becomes a path.

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "shared/file/file.h"
+#include "shared/file/sha256.h"
 #include "shared/rpc/server.h"
 #include "shared/status/status_macros.h"
 #include "shared/telemetry/lede_metrics.h"
@@ -44,7 +45,7 @@ StatusOr<std::shared_ptr<const LoadedPolicy>> LoadPolicyVersion(const ServingPol
   LEDE_ASSIGN_OR_RETURN(policy::dqn::Artifact artifact,
                         policy::dqn::LoadArtifact(dir, options.model_fingerprint));
   LEDE_RETURN_IF_ERROR(CheckAgainstModel(options, version, artifact));
-  std::string sha256 = policy::dqn::Sha256Hex(weights);
+  std::string sha256 = file::Sha256Hex(weights);
   if (sha256 != artifact.metadata.weights_sha256) {
     return InvalidArgumentError(dir + ": " + policy::dqn::kWeightsFile +
                                 " changed while it was being loaded (checksum mismatch)");

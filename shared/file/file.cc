@@ -1,18 +1,30 @@
 #include "shared/file/file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 namespace lede::file {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+Status SystemError(const std::string& what, const std::string& path, int err) {
+  return InternalError(path + ": " + what + ": " + std::strerror(err));
+}
+
+}  // namespace
 
 StatusOr<std::string> ReadFile(const std::string& path) {
   std::error_code ec;
@@ -25,33 +37,85 @@ StatusOr<std::string> ReadFile(const std::string& path) {
   return ss.str();
 }
 
-Status WriteFileAtomically(const std::string& path, const std::string& text) {
+void SyncDirectory(const std::string& dir) {
+  const std::string d = dir.empty() ? "." : dir;
+  const int fd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)::fsync(fd);
+  ::close(fd);
+}
+
+StatusOr<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::Create(const std::string& path) {
   static std::atomic<uint64_t> counter{0};
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return InternalError(tmp + ": cannot create: " + std::strerror(errno));
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string err = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return InternalError(tmp + ": write failed: " + err);
+  const fs::path p(path);
+  const std::string name = p.filename().string();
+  if (name.empty()) return InvalidArgumentError(path + ": not a file name");
+  const std::string temp = (p.parent_path() / ("." + name + ".tmp-" + std::to_string(::getpid()) + "-" +
+                                               std::to_string(counter++)))
+                               .string();
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return SystemError("cannot create", temp, errno);
+  return std::unique_ptr<AtomicFileWriter>(new AtomicFileWriter(path, temp, fd));
+}
+
+AtomicFileWriter::AtomicFileWriter(std::string path, std::string temp_path, int fd)
+    : path_(std::move(path)), temp_path_(std::move(temp_path)), fd_(fd) {}
+
+AtomicFileWriter::~AtomicFileWriter() { Discard(); }
+
+void AtomicFileWriter::Discard() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+    ::unlink(temp_path_.c_str());
+  }
+}
+
+Status AtomicFileWriter::Append(std::string_view bytes) {
+  if (done_ || fd_ < 0) return FailedPreconditionError(path_ + ": Append() after Commit()");
+  const char* p = bytes.data();
+  size_t n = bytes.size();
+  while (n > 0) {
+    const ssize_t w = ::write(fd_, p, std::min<size_t>(n, size_t{1} << 30));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return SystemError("write failed", temp_path_, errno);
     }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    return InternalError(tmp + ": fsync/close failed: " + std::strerror(errno));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string err = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    return InternalError(path + ": rename failed: " + err);
+    p += w;
+    n -= static_cast<size_t>(w);
   }
   return OkStatus();
+}
+
+Status AtomicFileWriter::Commit() {
+  if (done_ || fd_ < 0) return FailedPreconditionError(path_ + ": Commit() called twice");
+  done_ = true;
+  if (::fsync(fd_) != 0) {
+    const int err = errno;
+    Discard();
+    return SystemError("fsync failed", temp_path_, err);
+  }
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(temp_path_.c_str());
+    return SystemError("close failed", temp_path_, err);
+  }
+  if (::rename(temp_path_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(temp_path_.c_str());
+    return SystemError("rename from " + temp_path_ + " failed", path_, err);
+  }
+  SyncDirectory(fs::path(path_).parent_path().string());
+  return OkStatus();
+}
+
+Status WriteFileAtomically(const std::string& path, std::string_view bytes) {
+  StatusOr<std::unique_ptr<AtomicFileWriter>> out = AtomicFileWriter::Create(path);
+  if (!out.ok()) return out.status();
+  if (Status s = (*out)->Append(bytes); !s.ok()) return s;
+  return (*out)->Commit();
 }
 
 }  // namespace lede::file

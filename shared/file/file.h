@@ -1,11 +1,27 @@
 // File: shared/file/file.h
 //
-// Whole-file reads and durable atomic writes, shared by the checkpoint and
-// policy-artifact code and the tools. Torch-free.
+// Whole-file reads and the project's one durable atomic write, shared by the
+// checkpoint writers, the policy artifacts, the local object store, the
+// experience shards and the tools. Torch-free, Abseil-free (the engine-only
+// build uses it too).
+//
+// Atomic write protocol (AtomicFileWriter, WriteFileAtomically):
+//   1. create a unique hidden temporary file in the destination's directory,
+//      "<dir>/.<name>.tmp-<pid>-<n>" (same file system, so rename() is
+//      atomic; hidden, so directory listings skip it);
+//   2. write the bytes;
+//   3. fsync the file, close it;
+//   4. rename it over the destination;
+//   5. fsync the directory, so the rename survives a crash (best effort:
+//      some file systems refuse to open or sync a directory).
+// Readers see either the old content or the new, never a partial file.
 #ifndef LEDE_SHARED_FILE_FILE_H_
 #define LEDE_SHARED_FILE_FILE_H_
 
+#include <cstddef>
+#include <memory>
 #include <string>
+#include <string_view>
 
 #include "shared/status/status.h"
 
@@ -15,11 +31,64 @@ namespace lede::file {
 // cannot be opened; kInternal on a read error.
 StatusOr<std::string> ReadFile(const std::string& path);
 
-// Writes `text` to `path` atomically and durably: a unique temporary file in
-// the same directory, fsync, rename over `path`. On failure `path` is left
-// as it was and the temporary file is removed. Errors: kInternal naming the
-// file and the system error.
-Status WriteFileAtomically(const std::string& path, const std::string& text);
+// A file written in pieces and published atomically by Commit() (steps 1-5
+// above). Until Commit() succeeds the destination is unchanged; a writer
+// destroyed without a successful Commit() removes its temporary file.
+//
+// Example:
+//   LEDE_ASSIGN_OR_RETURN(auto out, file::AtomicFileWriter::Create(path));
+//   LEDE_RETURN_IF_ERROR(out->Append(header));
+//   LEDE_RETURN_IF_ERROR(out->Append(body));
+//   LEDE_RETURN_IF_ERROR(out->Commit());
+//
+// Thread-safety: not thread-safe; one writer per thread. Distinct writers to
+// the same destination do not collide (unique temporary names); the last
+// Commit() wins.
+class AtomicFileWriter {
+ public:
+  // Creates the temporary file beside `path`. The destination's directory
+  // must exist. Errors: kInternal naming the temporary file and the system
+  // error (e.g. the directory is missing or not writable); kInvalidArgument
+  // if `path` has no file name.
+  static StatusOr<std::unique_ptr<AtomicFileWriter>> Create(const std::string& path);
+
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+  ~AtomicFileWriter();
+
+  // Appends `bytes`. Errors: kInternal naming the temporary file and the
+  // system error; kFailedPrecondition after Commit() or a failed Commit().
+  Status Append(std::string_view bytes);
+  Status Append(const void* data, size_t n) {
+    return Append(std::string_view(static_cast<const char*>(data), n));
+  }
+
+  // fsync, close, rename over the destination, fsync the directory. Call at
+  // most once. On failure the temporary file is removed and the destination
+  // is unchanged. Errors: kInternal naming the file and the system error;
+  // kFailedPrecondition if called twice.
+  Status Commit();
+
+  const std::string& path() const { return path_; }
+  const std::string& temp_path() const { return temp_path_; }
+
+ private:
+  AtomicFileWriter(std::string path, std::string temp_path, int fd);
+  void Discard();
+
+  std::string path_;
+  std::string temp_path_;
+  int fd_;
+  bool done_ = false;  // Commit() was called (successfully or not)
+};
+
+// Writes `bytes` to `path` with AtomicFileWriter in one go. On failure `path`
+// is left as it was and no temporary file remains. Errors: kInternal naming
+// the file and the system error.
+Status WriteFileAtomically(const std::string& path, std::string_view bytes);
+
+// fsync of directory `dir` (best effort, see step 5); "" means ".".
+void SyncDirectory(const std::string& dir);
 
 }  // namespace lede::file
 

@@ -15,7 +15,7 @@
 // Host byte order is assumed little-endian (x86-64, aarch64), as in the files.
 //
 // Every Status-returning function catches libtorch / std exceptions once, at
-// its top (CatchAll), and returns kInternal (kResourceExhausted for
+// its top (TorchBoundary), and returns kInternal (kResourceExhausted for
 // std::bad_alloc); nothing throws out of this file.
 #include "shared/model/checkpoint.h"
 
@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "shared/file/file.h"
+#include "shared/model/torch_boundary.h"
 #include "shared/status/status_macros.h"
 #include "shared/tokenizer/hf_config.h"
 
@@ -57,22 +58,6 @@ using TensorMap = std::map<std::string, at::Tensor>;
 
 constexpr uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;  // as upstream
 constexpr int64_t kLlama2cHeaderBytes = 7 * sizeof(int32_t);
-
-// Runs `fn` and converts any exception into a Status (the torch boundary).
-template <typename Fn>
-auto CatchAll(const std::string& where, Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const c10::Error& e) {
-    return InternalError(where + ": " + e.what_without_backtrace());
-  } catch (const std::bad_alloc&) {
-    return ResourceExhaustedError(where + ": out of memory");
-  } catch (const std::exception& e) {
-    return InternalError(where + ": " + e.what());
-  } catch (...) {
-    return InternalError(where + ": unknown exception");
-  }
-}
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -186,87 +171,23 @@ void StoreLe64(uint64_t v, uint8_t* p) {
 
 
 // ---------------------------------------------------------------------------
-// Writing: a temporary file in the destination's directory, renamed over the
-// destination on Commit(); removed if never committed.
-class AtomicFile {
- public:
-  static StatusOr<std::unique_ptr<AtomicFile>> Create(const std::string& path) {
-    std::string tmpl = path + ".tmp.XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    const int fd = ::mkstemp(buf.data());
-    if (fd < 0) {
-      const int err = errno;
-      return InternalError(
-          path + ": cannot create temporary file: " + ErrnoString(err));
-    }
-    ::fchmod(fd, 0644);
-    return std::unique_ptr<AtomicFile>(
-        new AtomicFile(path, std::string(buf.data()), fd));
-  }
+// Writing: shared/file's atomic write (a temporary file beside the
+// destination, fsync, rename over it, fsync of the directory).
+using AtomicFile = file::AtomicFileWriter;
 
-  AtomicFile(const AtomicFile&) = delete;
-  AtomicFile& operator=(const AtomicFile&) = delete;
-  ~AtomicFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(tmp_.c_str());
+Status WriteZeros(AtomicFile& out, size_t n) {
+  static const std::vector<uint8_t> zeros(1 << 16, 0);
+  while (n > 0) {
+    const size_t k = std::min(n, zeros.size());
+    LEDE_RETURN_IF_ERROR(out.Append(zeros.data(), k));
+    n -= k;
   }
-
-  Status Write(const void* data, size_t n) {
-    const auto* p = static_cast<const uint8_t*>(data);
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, p, std::min<size_t>(n, 1u << 30));
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        return InternalError(path_ + ": write failed: " + ErrnoString(errno));
-      }
-      p += w;
-      n -= static_cast<size_t>(w);
-    }
-    return OkStatus();
-  }
-
-  Status WriteZeros(size_t n) {
-    static const std::vector<uint8_t> zeros(1 << 16, 0);
-    while (n > 0) {
-      const size_t k = std::min(n, zeros.size());
-      LEDE_RETURN_IF_ERROR(Write(zeros.data(), k));
-      n -= k;
-    }
-    return OkStatus();
-  }
-
-  Status Commit() {
-    if (::fsync(fd_) != 0) {
-      return InternalError(path_ + ": fsync failed: " + ErrnoString(errno));
-    }
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    if (rc != 0) {
-      return InternalError(path_ + ": close failed: " + ErrnoString(errno));
-    }
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
-      return InternalError(path_ + ": rename failed: " + ErrnoString(errno));
-    }
-    committed_ = true;
-    return OkStatus();
-  }
-
- private:
-  AtomicFile(std::string path, std::string tmp, int fd)
-      : path_(std::move(path)), tmp_(std::move(tmp)), fd_(fd) {}
-  std::string path_;
-  std::string tmp_;
-  int fd_;
-  bool committed_ = false;
-};
+  return OkStatus();
+}
 
 Status WriteTextFileAtomically(const std::string& path,
                                const std::string& text) {
-  LEDE_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFile> out,
-                        AtomicFile::Create(path));
-  LEDE_RETURN_IF_ERROR(out->Write(text.data(), text.size()));
-  return out->Commit();
+  return file::WriteFileAtomically(path, text);
 }
 
 // A contiguous CPU tensor of `dtype` (t itself when it already is one).
@@ -275,7 +196,7 @@ at::Tensor AsContiguous(const at::Tensor& t, at::ScalarType dtype) {
 }
 
 Status WriteTensorData(AtomicFile& out, const at::Tensor& t) {
-  return out.Write(t.data_ptr(),
+  return out.Append(t.data_ptr(),
                    static_cast<size_t>(t.numel()) * t.element_size());
 }
 
@@ -553,8 +474,8 @@ Status WriteSafetensorsImpl(const std::string& file, const TensorMap& tensors,
 
   LEDE_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFile> out,
                         AtomicFile::Create(file));
-  LEDE_RETURN_IF_ERROR(out->Write(len, sizeof(len)));
-  LEDE_RETURN_IF_ERROR(out->Write(text.data(), text.size()));
+  LEDE_RETURN_IF_ERROR(out->Append(len, sizeof(len)));
+  LEDE_RETURN_IF_ERROR(out->Append(text.data(), text.size()));
   for (const at::Tensor& t : data)
     LEDE_RETURN_IF_ERROR(WriteTensorData(*out, t));
   return out->Commit();
@@ -831,7 +752,7 @@ Status WriteLlama2cCheckpointImpl(const std::string& file,
 
   LEDE_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFile> out,
                         AtomicFile::Create(file));
-  LEDE_RETURN_IF_ERROR(out->Write(header, sizeof(header)));
+  LEDE_RETURN_IF_ERROR(out->Append(header, sizeof(header)));
   auto write = [&](const std::string& name) -> Status {
     return WriteTensorData(*out, AsContiguous(tensors.at(name), at::kFloat));
   };
@@ -852,7 +773,7 @@ Status WriteLlama2cCheckpointImpl(const std::string& file,
   }
   LEDE_RETURN_IF_ERROR(write("model.norm.weight"));
   // Legacy freq_cis_real and freq_cis_imag, [seq_len, head_dim/2] each.
-  LEDE_RETURN_IF_ERROR(out->WriteZeros(static_cast<size_t>(
+  LEDE_RETURN_IF_ERROR(WriteZeros(*out, static_cast<size_t>(
       2 * config.max_seq_len * (config.head_dim() / 2) * sizeof(float))));
   if (!config.tie_word_embeddings)
     LEDE_RETURN_IF_ERROR(write("lm_head.weight"));
@@ -911,39 +832,39 @@ StatusOr<Checkpoint> LoadCheckpointImpl(const std::string& path) {
 }  // namespace
 
 StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
-  return CatchAll(path, [&] { return LoadCheckpointImpl(path); });
+  return TorchBoundary(path, [&] { return LoadCheckpointImpl(path); });
 }
 
 StatusOr<Checkpoint> LoadHfCheckpoint(const std::string& dir) {
-  return CatchAll(dir, [&] { return LoadHfCheckpointImpl(dir); });
+  return TorchBoundary(dir, [&] { return LoadHfCheckpointImpl(dir); });
 }
 
 StatusOr<Checkpoint> LoadLlama2cCheckpoint(const std::string& file) {
-  return CatchAll(file, [&] { return LoadLlama2cCheckpointImpl(file); });
+  return TorchBoundary(file, [&] { return LoadLlama2cCheckpointImpl(file); });
 }
 
 StatusOr<std::map<std::string, at::Tensor>> ReadSafetensors(
     const std::string& file) {
-  return CatchAll(file, [&] { return ReadSafetensorsImpl(file); });
+  return TorchBoundary(file, [&] { return ReadSafetensorsImpl(file); });
 }
 
 Status WriteSafetensors(const std::string& file,
                         const std::map<std::string, at::Tensor>& tensors,
                         const std::string& dtype_name) {
-  return CatchAll(
+  return TorchBoundary(
       file, [&] { return WriteSafetensorsImpl(file, tensors, dtype_name); });
 }
 
 Status WriteHfCheckpoint(const std::string& dir, const ModelConfig& config,
                          const std::map<std::string, at::Tensor>& tensors) {
-  return CatchAll(dir,
+  return TorchBoundary(dir,
                   [&] { return WriteHfCheckpointImpl(dir, config, tensors); });
 }
 
 Status WriteLlama2cCheckpoint(
     const std::string& file, const ModelConfig& config,
     const std::map<std::string, at::Tensor>& tensors) {
-  return CatchAll(
+  return TorchBoundary(
       file, [&] { return WriteLlama2cCheckpointImpl(file, config, tensors); });
 }
 

@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -21,30 +20,6 @@ namespace fs = std::filesystem;
 
 Status ErrnoError(const std::string& what, const std::string& path, int err) {
   return InternalError(what + " " + path + ": " + std::strerror(err));
-}
-
-// fsync of a directory so that a rename in it survives a crash. Best effort:
-// some file systems refuse to open or sync directories.
-void SyncDir(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  (void)::fsync(fd);
-  ::close(fd);
-}
-
-Status WriteAll(int fd, std::string_view bytes, const std::string& path) {
-  const char* p = bytes.data();
-  size_t n = bytes.size();
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return ErrnoError("cannot write", path, errno);
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return OkStatus();
 }
 
 }  // namespace
@@ -64,31 +39,14 @@ StatusOr<std::unique_ptr<LocalStore>> LocalStore::Open(const std::string& root) 
 
 Status LocalStore::Put(std::string_view key, std::string_view bytes) {
   LEDE_RETURN_IF_ERROR(ValidateKey(key));
-  static std::atomic<uint64_t> counter{0};
   const fs::path path = fs::path(root_) / std::string(key);
   const fs::path dir = path.parent_path();
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return InternalError("cannot create directory " + dir.string() + ": " + ec.message());
-  // Hidden name in the same folder: invisible to List(), same file system
-  // as the target so that rename() is atomic.
-  const std::string tmp = (dir / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()) +
-                                  "-" + std::to_string(counter++)))
-                              .string();
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError("cannot create", tmp, errno);
-  Status s = WriteAll(fd, bytes, tmp);
-  if (s.ok() && ::fsync(fd) != 0) s = ErrnoError("cannot fsync", tmp, errno);
-  if (::close(fd) != 0 && s.ok()) s = ErrnoError("cannot close", tmp, errno);
-  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    s = ErrnoError("cannot rename " + tmp + " to", path.string(), errno);
-  }
-  if (!s.ok()) {
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  SyncDir(dir);
-  return OkStatus();
+  // file::WriteFileAtomically's temporary file is hidden (invisible to
+  // List()) and in the same folder; it fsyncs the file and the folder.
+  return file::WriteFileAtomically(path.string(), bytes);
 }
 
 StatusOr<std::string> LocalStore::Get(std::string_view key) {

@@ -1,7 +1,6 @@
 #include "shared/storage/s3_store.h"
 
 #include <curl/curl.h>
-#include <openssl/sha.h>
 #include <tinyxml2.h>
 
 #include <algorithm>
@@ -10,24 +9,13 @@
 #include <mutex>
 #include <utility>
 
+#include "shared/file/sha256.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::storage {
 namespace {
 
 constexpr char kHex[] = "0123456789ABCDEF";
-
-std::string Sha256Hex(std::string_view bytes) {
-  unsigned char digest[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), digest);
-  static constexpr char kLowerHex[] = "0123456789abcdef";
-  std::string out(2 * SHA256_DIGEST_LENGTH, '0');
-  for (int i = 0; i < SHA256_DIGEST_LENGTH; ++i) {
-    out[2 * i] = kLowerHex[digest[i] >> 4];
-    out[2 * i + 1] = kLowerHex[digest[i] & 0xf];
-  }
-  return out;
-}
 
 void GlobalInitCurl() {
   static std::once_flag once;
@@ -125,7 +113,7 @@ StatusOr<HttpResponse> Request(const S3Options& o, const char* method, const std
   CURL* curl = curl_easy_init();
   if (curl == nullptr) return InternalError("curl_easy_init failed");
   struct curl_slist* headers = nullptr;
-  headers = curl_slist_append(headers, ("x-amz-content-sha256: " + Sha256Hex(body)).c_str());
+  headers = curl_slist_append(headers, ("x-amz-content-sha256: " + file::Sha256Hex(body)).c_str());
   if (!o.session_token.empty()) {
     headers = curl_slist_append(headers, ("x-amz-security-token: " + o.session_token).c_str());
   }
@@ -133,8 +121,8 @@ StatusOr<HttpResponse> Request(const S3Options& o, const char* method, const std
   HttpResponse response;
   curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
   curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(o.connect_timeout_ms));
-  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(o.request_timeout_ms));
+  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(absl::ToInt64Milliseconds(o.connect_timeout)));
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, static_cast<long>(absl::ToInt64Milliseconds(o.request_timeout)));
   curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, &AppendToString);
   curl_easy_setopt(curl, CURLOPT_WRITEDATA, &response.body);
   const std::string method_s = method;

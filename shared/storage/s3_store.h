@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "shared/status/status.h"
 #include "shared/storage/object_store.h"
 
@@ -50,8 +51,8 @@ struct S3Options {
   // ListObjectsV2 page size (max-keys), 1..1000; smaller pages cost more
   // requests (tests use 2 to exercise pagination).
   int max_keys = 1000;
-  int64_t connect_timeout_ms = 5000;   // TCP/TLS connect limit, milliseconds
-  int64_t request_timeout_ms = 60000;  // whole-request limit, milliseconds
+  absl::Duration connect_timeout = absl::Seconds(5);   // TCP/TLS connect limit
+  absl::Duration request_timeout = absl::Seconds(60);  // whole-request limit
 };
 
 // HTTP status mapping: 404 → kNotFound; 401/403 → kPermissionDenied; 400 →

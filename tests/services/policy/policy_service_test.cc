@@ -28,6 +28,7 @@
 #include "services/policy/policy_server.h"
 #include "services/policy/policy_service.h"
 #include "services/policy/serving_policy.h"
+#include "shared/file/sha256.h"
 #include "shared/model/exit_controller.h"
 #include "shared/model/model_config.h"
 #include "shared/rpc/server.h"
@@ -126,7 +127,7 @@ class PolicyServiceTest : public ::testing::Test {
     options.listen_address = "127.0.0.1:" + std::to_string(port);
     // No /metrics server: the metrics are read from the Registry directly.
     options.metrics_address = "";
-    options.shutdown_grace = std::chrono::milliseconds(2000);
+    options.shutdown_grace = absl::Seconds(2);
     ASSERT_THAT(runner_->Start(options, nullptr), IsOk());
     target_ = "127.0.0.1:" + std::to_string(runner_->port());
     stub_ = lede::v1::Policy::NewStub(model_service::MakePolicyChannel(target_));
@@ -249,7 +250,7 @@ TEST_F(PolicyServiceTest, GetPolicyServesTheStoredFiles) {
   EXPECT_EQ(artifact.metadata_json(), ReadAll(root_ / "accelerator-v2" / policy::dqn::kMetadataFile));
   EXPECT_EQ(artifact.weights_safetensors(), ReadAll(root_ / "accelerator-v2" / policy::dqn::kWeightsFile));
   const std::string recorded = Json::parse(artifact.metadata_json()).at("weights_sha256");
-  EXPECT_EQ(policy::dqn::Sha256Hex(artifact.weights_safetensors()), recorded);
+  EXPECT_EQ(file::Sha256Hex(artifact.weights_safetensors()), recorded);
   EXPECT_EQ(artifact.sha256(), recorded);
 
   ASSERT_TRUE(GetPolicy("story-accelerator-v2", &artifact).ok());
