@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -21,11 +22,13 @@
 #include "policy/controllers.h"
 #include "policy/dqn/artifact.h"
 #include "policy/dqn/dqn_exit_controller.h"
+#include "policy/dqn/method_factory.h"
 #include "policy/transition.h"
 #include "shared/flags/flags.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
+#include "shared/speculation/method.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "shared/status/status_macros.h"
@@ -498,13 +501,21 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
     }
     if (has("lede")) {
       for (const policy::dqn::Artifact& a : artifacts) {
-        auto network = std::make_shared<const policy::dqn::QNetwork>(a.network);
+        policy::dqn::MethodContext context;
+        context.n_layers = L;
+        context.max_draft_len = std::numeric_limits<int32_t>::max();  // the artifact's own D_max
+        context.artifact = std::make_shared<const policy::dqn::Artifact>(a);
+        speculation::MethodSpec spec;
+        spec.method = speculation::SpeculationMethod::kLede;
+        StatusOr<policy::dqn::MethodPlan> plan = policy::dqn::PlanMethod(spec, context);
+        if (!plan.ok()) {
+          err << "lede bench: " << plan.status().message() << "\n";
+          return 1;
+        }
         GenerateOptions o = adaptive;
-        o.decision_spec = a.metadata.decision;
+        o.decision_spec = plan->decision_spec;
         const std::string version = a.metadata.version;
-        auto dqn = [network, version](int64_t) -> std::unique_ptr<ExitController> {
-          return std::make_unique<policy::dqn::DqnExitController>(network, version);
-        };
+        auto dqn = [plan = *plan](int64_t) { return plan.MakeController(); };
         const std::string label = "lede " + a.metadata.version;
         jobs.push_back({label, version + " (" + a.metadata.reward_cost_model + ")", o, dqn});
         // Ablations: no dynamic exit (l* fixed at the policy's most used exit

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -14,10 +15,12 @@
 
 #include "policy/dqn/artifact.h"
 #include "policy/dqn/dqn_exit_controller.h"
+#include "policy/dqn/method_factory.h"
 #include "shared/file/file.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
+#include "shared/speculation/method.h"
 #include "shared/status/status_macros.h"
 #include "shared/storage/object_store.h"
 #include "shared/tokenizer/model_files.h"
@@ -227,12 +230,16 @@ struct Retrainer::Impl {
     g.max_new_tokens = o.eval_new_tokens;
     ControllerFactory factory;
     if (network != nullptr) {
-      g.mode = model::SpeculationMode::kAdaptive;
-      g.decision_spec = meta->decision;
-      const std::string version = meta->version;
-      factory = [network, version](int64_t) -> std::unique_ptr<model::ExitController> {
-        return std::make_unique<policy::dqn::DqnExitController>(network, version);
-      };
+      policy::dqn::MethodContext context;
+      context.n_layers = static_cast<int32_t>(model->n_layers());
+      context.max_draft_len = std::numeric_limits<int32_t>::max();  // the artifact's own D_max
+      context.artifact = std::make_shared<const policy::dqn::Artifact>(policy::dqn::Artifact{*meta, *network});
+      speculation::MethodSpec spec;
+      spec.method = speculation::SpeculationMethod::kLede;
+      LEDE_ASSIGN_OR_RETURN(policy::dqn::MethodPlan plan, policy::dqn::PlanMethod(spec, context));
+      g.mode = plan.mode;
+      g.decision_spec = plan.decision_spec;
+      factory = [plan](int64_t) { return plan.MakeController(); };
     }
     ThreadCountGuard threads(o.eval_threads);
     LEDE_ASSIGN_OR_RETURN(PromptTotals t, RunPrompts(*engine, prompts, g, factory, nullptr));

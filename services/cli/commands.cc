@@ -6,6 +6,7 @@
 #include "bench/lede_bench.h"
 #include "policy/dqn/artifact.h"
 #include "policy/dqn/dqn_exit_controller.h"
+#include "policy/dqn/method_factory.h"
 #endif
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <functional>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -26,6 +28,7 @@
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
+#include "shared/speculation/method.h"
 #include "shared/tokenizer/chat_template.h"
 #include "shared/tokenizer/hf_config.h"
 #include "shared/tokenizer/model_files.h"
@@ -199,11 +202,13 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   if (samples > 1 && repeat > 1) {
     return Fail(err, InvalidArgumentError("--samples: cannot be combined with --repeat"), kExitUsage);
   }
-  if (mode != "ar" && mode != "static" && mode != "lede") {
+  StatusOr<speculation::SpeculationMethod> method = speculation::ParseSpeculationMethod(mode);
+  if (!method.ok() || *method == speculation::SpeculationMethod::kThreshold) {
     return Fail(err, InvalidArgumentError("--mode: want ar, static or lede, got '" + mode + "'"), kExitUsage);
   }
+  const bool lede_mode = *method == speculation::SpeculationMethod::kLede;
 #if !LEDE_WITH_BENCH
-  if (mode == "lede") {
+  if (lede_mode) {
     return Fail(err, UnimplementedError("--mode lede: this engine-only build has no policy support"), kExitUsage);
   }
 #endif
@@ -240,23 +245,30 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   go.sampling.temperature = temperature;
   go.sampling.top_p = top_p;
   go.sampling.seed = static_cast<uint64_t>(seed);
-  go.mode = mode == "ar" ? model::SpeculationMode::kAutoregressive : model::SpeculationMode::kStatic;
+  go.mode = speculation::LoopMode(*method);
   go.exit_layer = exit_layer > 0 ? exit_layer : std::max<int64_t>(1, L / 4);
   go.draft_len = draft_len;
 
   std::unique_ptr<model::ExitController> controller;
 #if LEDE_WITH_BENCH
-  if (mode == "lede") {
+  if (lede_mode) {
     if (policy_dir.empty()) {
       std::filesystem::path p(mf.model);
       policy_dir = ((std::filesystem::is_directory(p) ? p : p.parent_path()) / "policy").string();
     }
     auto artifact = ChoosePolicy(policy_dir, options->device, llama->config().ArchitectureFingerprint());
     if (!artifact.ok()) return Fail(err, artifact.status(), kExitUsage);
-    go.mode = model::SpeculationMode::kAdaptive;
-    go.decision_spec = artifact->metadata.decision;
-    controller = std::make_unique<policy::dqn::DqnExitController>(
-        std::make_shared<const policy::dqn::QNetwork>(artifact->network), artifact->metadata.version);
+    policy::dqn::MethodContext context;
+    context.n_layers = static_cast<int32_t>(L);
+    context.max_draft_len = std::numeric_limits<int32_t>::max();  // the pool is sized from the spec below
+    context.artifact = std::make_shared<const policy::dqn::Artifact>(*std::move(artifact));
+    speculation::MethodSpec spec;
+    spec.method = *method;
+    auto plan = policy::dqn::PlanMethod(spec, context);
+    if (!plan.ok()) return Fail(err, plan.status(), kExitUsage);
+    go.mode = plan->mode;
+    go.decision_spec = plan->decision_spec;
+    controller = plan->MakeController();
     go.controller = controller.get();
   }
 #endif
@@ -301,7 +313,7 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
     }
     const model::GenerationStats& st = result->stats;
     std::string label = mode;
-    if (mode == "static") label += " E=" + std::to_string(go.exit_layer) + " D=" + std::to_string(go.draft_len);
+    if (*method == speculation::SpeculationMethod::kStatic) label += " E=" + std::to_string(go.exit_layer) + " D=" + std::to_string(go.draft_len);
     if (controller) label += " " + controller->name();
     err << std::fixed << std::setprecision(2) << "[" << label << "] " << st.n_generated << " tokens, "
         << st.decode_tokens_per_s() << " tokens/s, acceptance rate " << std::setprecision(3)
