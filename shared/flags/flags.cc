@@ -7,6 +7,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <CLI/CLI.hpp>
+
 namespace lede::flags {
 
 void FlagSet::Add(const std::string& name, Target target, const std::string& help,
@@ -14,67 +16,45 @@ void FlagSet::Add(const std::string& name, Target target, const std::string& hel
   flags_.push_back(Flag{name, target, help, required});
 }
 
-Status FlagSet::Assign(Flag& flag, const std::string& value) {
-  const std::string bad = "--" + flag.name + ": invalid value '" + value + "'";
-  if (auto* s = std::get_if<std::string*>(&flag.target)) {
-    **s = value;
-  } else if (auto* i = std::get_if<int64_t*>(&flag.target)) {
-    char* end = nullptr;
-    errno = 0;
-    long long v = std::strtoll(value.c_str(), &end, 10);
-    if (value.empty() || *end != '\0' || errno != 0) return InvalidArgumentError(bad + " (want an integer)");
-    **i = v;
-  } else if (auto* d = std::get_if<double*>(&flag.target)) {
-    char* end = nullptr;
-    errno = 0;
-    double v = std::strtod(value.c_str(), &end);
-    if (value.empty() || *end != '\0' || errno != 0) return InvalidArgumentError(bad + " (want a number)");
-    **d = v;
-  } else if (auto* b = std::get_if<bool*>(&flag.target)) {
-    if (value == "true" || value == "1") {
-      **b = true;
-    } else if (value == "false" || value == "0") {
-      **b = false;
-    } else {
-      return InvalidArgumentError(bad + " (want true or false)");
-    }
-  }
-  flag.seen = true;
-  return OkStatus();
-}
+namespace {
+
+// The first line of a CLI11 message (they are one line today; be sure).
+std::string FirstLine(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+}  // namespace
 
 Status FlagSet::Parse(const std::vector<std::string>& args) {
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg.rfind("--", 0) != 0 || arg.size() == 2) {
-      return InvalidArgumentError("unexpected argument '" + arg + "'");
-    }
-    std::string name = arg.substr(2), value;
-    bool has_value = false;
-    if (size_t eq = name.find('='); eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-      has_value = true;
-    }
-    Flag* flag = nullptr;
-    for (Flag& f : flags_) {
-      if (f.name == name) flag = &f;
-    }
-    if (flag == nullptr) return InvalidArgumentError("unknown flag --" + name);
-    if (!has_value) {
-      if (std::holds_alternative<bool*>(flag->target)) {
-        value = "true";
-      } else if (i + 1 < args.size()) {
-        value = args[++i];
-      } else {
-        return InvalidArgumentError("--" + name + ": missing value");
-      }
-    }
-    Status s = Assign(*flag, value);
-    if (!s.ok()) return s;
-  }
+  CLI::App app;
+  app.set_help_flag();            // --help is the caller's (WantsHelp, Usage)
+  app.allow_extras();             // reported below, in our words
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   for (const Flag& f : flags_) {
-    if (f.required && !f.seen) return InvalidArgumentError("--" + f.name + " is required");
+    const std::string name = "--" + f.name;
+    CLI::Option* opt = nullptr;
+    if (auto* s = std::get_if<std::string*>(&f.target)) {
+      opt = app.add_option(name, **s, f.help);
+    } else if (auto* i = std::get_if<int64_t*>(&f.target)) {
+      opt = app.add_option(name, **i, f.help);
+    } else if (auto* d = std::get_if<double*>(&f.target)) {
+      opt = app.add_option(name, **d, f.help);
+    } else if (auto* b = std::get_if<bool*>(&f.target)) {
+      opt = app.add_flag(name, **b, f.help);
+    }
+    if (f.required) opt->required();
+  }
+  try {
+    std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last-first
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    return InvalidArgumentError(FirstLine(e.what()));
+  }
+  const std::vector<std::string> extras = app.remaining();
+  if (!extras.empty()) {
+    const std::string& arg = extras.front();
+    if (arg.rfind("--", 0) == 0 && arg.size() > 2) {
+      return InvalidArgumentError("unknown flag " + arg.substr(0, arg.find('=')));
+    }
+    return InvalidArgumentError("unexpected argument '" + arg + "'");
   }
   return OkStatus();
 }

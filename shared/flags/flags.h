@@ -1,8 +1,12 @@
 // File: shared/flags/flags.h
 //
-// FlagSet: "--name value", "--name=value" and boolean "--name" flags for the
-// `lede` command line. A stand-in for absl::flags because the engine-only
-// build (and so its CLI) must compile with libtorch and nlohmann-json alone.
+// FlagSet: "--name value", "--name=value" and boolean "--name" (or
+// "--name=true|false") flags for every LEDE binary, parsed by CLI11 (Debian
+// libcli11-dev, header-only, so the engine-only build can use it too; CLI11
+// stays out of this header). The wrapper keeps the mains short and the
+// behaviour users see the same: the last occurrence of a flag wins (so the
+// command line overrides --config), --help is the caller's (WantsHelp,
+// Usage), and every error is one line naming the flag.
 //
 // Example:
 //   int64_t n = 64; std::string model;
@@ -29,9 +33,12 @@ class FlagSet {
   void Add(const std::string& name, Target target, const std::string& help,
            bool required = false);
 
-  // Parses `args` (without the program and subcommand names). Errors:
-  // kInvalidArgument naming the flag for an unknown flag, a missing value, a
-  // value of the wrong type, or a missing required flag.
+  // Parses `args` (without the program and subcommand names) into the
+  // targets. Errors: kInvalidArgument with a one-line message naming the flag
+  // for an unknown flag ("unknown flag --name"), a missing value, a value of
+  // the wrong type, a missing required flag ("--name is required"), or a
+  // positional argument ("unexpected argument 'x'"). Targets of flags parsed
+  // before the error may have been assigned.
   Status Parse(const std::vector<std::string>& args);
 
   // One line per flag: "  --name  help (default: value)".
@@ -43,9 +50,7 @@ class FlagSet {
     Target target;
     std::string help;
     bool required;
-    bool seen = false;
   };
-  static Status Assign(Flag& flag, const std::string& value);
   std::vector<Flag> flags_;
 };
 
