@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -27,6 +28,7 @@
 #include "shared/rpc/grpc_status.h"
 #include "shared/rpc/server.h"
 #include "shared/speculation/generation.h"
+#include "shared/speculation/method.h"
 #include "shared/status/status_macros.h"
 #include "shared/storage/object_store.h"
 #include "shared/telemetry/lede_metrics.h"
@@ -95,12 +97,11 @@ struct GenerationService::Impl {
   std::mt19937_64 id_rng{std::random_device{}()};  // request ids; guarded by info_mu
 
   // A client context for a call made on behalf of `server`: its deadline
-  // (capped at rpc_timeout_s) and its cancellation.
+  // (capped at rpc_timeout) and its cancellation.
   std::unique_ptr<grpc::ClientContext> CallContext(grpc::CallbackServerContext* server) const {
     std::unique_ptr<grpc::ClientContext> ctx =
         server ? grpc::ClientContext::FromCallbackServerContext(*server) : std::make_unique<grpc::ClientContext>();
-    auto cap = std::chrono::system_clock::now() +
-               std::chrono::milliseconds(static_cast<int64_t>(options.rpc_timeout_s * 1000));
+    auto cap = absl::ToChronoTime(absl::Now() + options.rpc_timeout);
     if (!server || server->deadline() > cap) ctx->set_deadline(cap);
     return ctx;
   }
@@ -186,8 +187,7 @@ class RemoteBackend : public speculation::SpeculationBackend {
     // number needed to close the session (the slot leaked until the idle
     // reclaim). The next call carries the client's deadline; Close() frees it.
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::milliseconds(static_cast<int64_t>(impl_.options.rpc_timeout_s * 1000)));
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + impl_.options.rpc_timeout));
     grpc::Status s = impl_.verifier->OpenSession(&ctx, req, &resp);
     if (!s.ok()) return FromModelCall(s, "verifier OpenSession");
     slot_ = resp.slot();
@@ -341,22 +341,51 @@ class RemoteBackend : public speculation::SpeculationBackend {
   bool fallback_ = false;
 };
 
-std::string SpeculationMethodName(SpeculationMethod method) {
-  if (method == lede::v1::SPECULATION_METHOD_UNSPECIFIED || !lede::v1::SpeculationMethod_IsValid(method)) {
-    return "lede";  // what the loop runs for UNSPECIFIED; invalid ones fail validation
+// The wire enum <-> the one method vocabulary (shared/speculation/method.h),
+// at this service boundary only. UNSPECIFIED is LEDE.
+namespace {
+
+std::optional<speculation::SpeculationMethod> FromProto(SpeculationMethod method) {
+  switch (method) {
+    case lede::v1::SPECULATION_METHOD_UNSPECIFIED:
+    case lede::v1::SPECULATION_METHOD_LEDE:
+      return speculation::SpeculationMethod::kLede;
+    case lede::v1::SPECULATION_METHOD_STATIC:
+      return speculation::SpeculationMethod::kStatic;
+    case lede::v1::SPECULATION_METHOD_THRESHOLD:
+      return speculation::SpeculationMethod::kThreshold;
+    case lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE:
+      return speculation::SpeculationMethod::kAutoregressive;
+    default:
+      return std::nullopt;
   }
-  constexpr char kPrefix[] = "SPECULATION_METHOD_";
-  std::string name = lede::v1::SpeculationMethod_Name(method).substr(sizeof(kPrefix) - 1);
-  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return name;
+}
+
+SpeculationMethod ToProto(speculation::SpeculationMethod method) {
+  switch (method) {
+    case speculation::SpeculationMethod::kAutoregressive:
+      return lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE;
+    case speculation::SpeculationMethod::kStatic:
+      return lede::v1::SPECULATION_METHOD_STATIC;
+    case speculation::SpeculationMethod::kThreshold:
+      return lede::v1::SPECULATION_METHOD_THRESHOLD;
+    case speculation::SpeculationMethod::kLede:
+      return lede::v1::SPECULATION_METHOD_LEDE;
+  }
+  return lede::v1::SPECULATION_METHOD_LEDE;
+}
+
+}  // namespace
+
+std::string SpeculationMethodName(SpeculationMethod method) {
+  // Invalid values fail validation; they are named as what UNSPECIFIED runs.
+  return speculation::SpeculationMethodName(FromProto(method).value_or(speculation::SpeculationMethod::kLede));
 }
 
 bool ParseSpeculationMethodName(const std::string& name, SpeculationMethod* method) {
-  std::string upper = "SPECULATION_METHOD_";
-  for (char c : name) upper += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  SpeculationMethod m;
-  if (name.empty() || name == "unspecified" || !lede::v1::SpeculationMethod_Parse(upper, &m)) return false;
-  *method = m;
+  StatusOr<speculation::SpeculationMethod> parsed = speculation::ParseSpeculationMethod(name);
+  if (!parsed.ok()) return false;
+  *method = ToProto(*parsed);
   return true;
 }
 
@@ -394,7 +423,7 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
     experience::ExperienceLoggerOptions lo;
     lo.prefix = options.experience_prefix;
     lo.queue_capacity_records = options.experience_queue_records;
-    lo.max_shard_age = absl::Milliseconds(static_cast<int64_t>(options.experience_shard_age_s * 1000));
+    lo.max_shard_age = options.experience_shard_age;
     telemetry::SpecDecodeMetrics* m = impl.metrics.get();
     if (m != nullptr) {
       auto last = std::make_shared<experience::ExperienceLoggerCounters>();
@@ -554,9 +583,7 @@ Status GenerationService::Impl::Run(grpc::CallbackServerContext* context, const 
         1, std::min<int64_t>(impl.options.max_new_tokens_limit,
                              info->capacity() - static_cast<int64_t>(prompt.size())));
   }
-  loop.mode = method == lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE ? speculation::SpeculationMode::kAutoregressive
-              : method == lede::v1::SPECULATION_METHOD_STATIC      ? speculation::SpeculationMode::kStatic
-                                                                   : speculation::SpeculationMode::kAdaptive;
+  loop.mode = speculation::LoopMode(FromProto(method).value_or(speculation::SpeculationMethod::kLede));
   loop.session.sampling.temperature = request->temperature();
   loop.session.sampling.top_p = top_p;
   loop.session.sampling.seed = request->seed();
@@ -763,8 +790,8 @@ Status GenerationService::GenerateInProcess(const GenerateRequest& request,
   return impl_->Run(nullptr, &request, &writer, fill_max_tokens);
 }
 
-Status GenerationService::CheckModelServices(std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::system_clock::now() + timeout;
+Status GenerationService::CheckModelServices(absl::Duration timeout) {
+  const auto deadline = absl::ToChronoTime(absl::Now() + timeout);
   if (!impl_->verifier_channel->WaitForConnected(deadline)) {
     return UnavailableError("verifier " + impl_->options.verifier_target + " is not reachable");
   }

@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/time/time.h"
 #include "proto/lede/v1/generation.grpc.pb.h"
 #include "shared/status/status.h"
 
@@ -43,8 +44,8 @@ struct CoordinatorOptions {
   std::string drafter_target = "127.0.0.1:50054";
   std::string tokenizer_path;      // tokenizer.model / tokenizer.bin of the served model (required)
   int64_t max_new_tokens_limit = 1024;  // requests above are INVALID_ARGUMENT
-  // Deadline of each call to a model process when the client set none, s.
-  double rpc_timeout_s = 30;
+  // Deadline of each call to a model process when the client set none.
+  absl::Duration rpc_timeout = absl::Seconds(30);
   // Serve full-depth steps through the verifier when the drafter is down
   // (instead of failing the request with UNAVAILABLE).
   bool autoregressive_fallback = false;
@@ -52,7 +53,7 @@ struct CoordinatorOptions {
   // s3://bucket/prefix?endpoint=...); "" logs nothing.
   std::string experience_url;
   std::string experience_prefix = "experience";
-  double experience_shard_age_s = 30;     // publish a shard at least this often
+  absl::Duration experience_shard_age = absl::Seconds(30);  // publish a shard at least this often
   int64_t experience_queue_records = 1 << 16;
   // Rewards of logged transitions: "throughput" (tokens minus cost under the
   // verifier's cost model) or "paper" (DESIGN.md §2).
@@ -67,7 +68,8 @@ struct CoordinatorOptions {
 std::string SpeculationMethodName(lede::v1::SpeculationMethod method);
 
 // The method named `name` as SpeculationMethodName() spells it ("lede",
-// "static", "threshold", "autoregressive"; any case); false for anything else.
+// "static", "threshold", "autoregressive", or the CLI's "ar"; any case;
+// speculation::ParseSpeculationMethod); false for anything else.
 bool ParseSpeculationMethodName(const std::string& name, lede::v1::SpeculationMethod* method);
 
 class RemoteBackend;
@@ -110,7 +112,7 @@ class GenerationService final
 
   // OK when the verifier and the drafter accept connections within
   // `timeout`; kUnavailable naming the one that does not.
-  Status CheckModelServices(std::chrono::milliseconds timeout);
+  Status CheckModelServices(absl::Duration timeout);
 
   // Writes buffered experience (at shutdown). Returns the logger's status.
   Status FlushExperience();

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "services/coordinator/chat_prompt.h"
 #include "services/coordinator/coordinator.h"
 #include "services/coordinator/openai_server.h"
@@ -37,13 +38,15 @@ int Run(const std::vector<std::string>& raw_args) {
             "model id of the OpenAI API (default: the --model directory's name)");
   flags.Add("http-threads", &http_threads, "HTTP worker threads (most concurrent HTTP requests)");
   flags.Add("max-new-tokens-limit", &limit, "largest max_new_tokens a request may ask for");
-  flags.Add("rpc-timeout-s", &o.rpc_timeout_s, "deadline of each call to a model process");
+  double rpc_timeout_s = absl::ToDoubleSeconds(o.rpc_timeout);
+  double shard_age_s = absl::ToDoubleSeconds(o.experience_shard_age);
+  flags.Add("rpc-timeout-s", &rpc_timeout_s, "deadline of each call to a model process");
   flags.Add("autoregressive-fallback", &o.autoregressive_fallback,
             "serve full-depth steps when the drafter is down instead of failing");
   flags.Add("experience", &o.experience_url,
             "object store for experience: a directory, file:///dir or s3://bucket/prefix?endpoint=...");
   flags.Add("experience-prefix", &o.experience_prefix, "key prefix of experience shards in the store");
-  flags.Add("experience-shard-age-s", &o.experience_shard_age_s, "publish a shard at least this often");
+  flags.Add("experience-shard-age-s", &shard_age_s, "publish a shard at least this often");
   flags.Add("reward", &o.reward, "rewards of logged transitions: throughput | paper");
   flags.Add("shutdown-grace-s", &grace_s, "how long in-flight requests may finish after SIGTERM");
   if (lede::flags::WantsHelp(raw_args)) {
@@ -57,6 +60,8 @@ int Run(const std::vector<std::string>& raw_args) {
     return 2;
   }
   o.max_new_tokens_limit = limit;
+  o.rpc_timeout = absl::Seconds(rpc_timeout_s);
+  o.experience_shard_age = absl::Seconds(shard_age_s);
   if (o.tokenizer_path.empty()) {
     auto found = lede::tokenizer::FindTokenizerFile(model);
     if (!found.ok()) {
@@ -100,7 +105,7 @@ int Run(const std::vector<std::string>& raw_args) {
   lede::rpc::ServerOptions so;
   so.listen_address = listen;
   so.metrics_address = metrics;
-  so.shutdown_grace = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
+  so.shutdown_grace = absl::Seconds(grace_s);
   // In-flight requests finish (or are cancelled after the grace period).
   if (!runner.Serve(so, &registry).ok()) return 1;
   openai.reset();  // cancels HTTP streams still running after the grace period

@@ -43,6 +43,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/time/time.h"
 #include "services/coordinator/chat_prompt.h"
 #include "services/coordinator/coordinator.h"
 #include "shared/status/status.h"
@@ -62,7 +63,7 @@ struct OpenAiServerOptions {
   // Connection worker threads: the most concurrent requests over HTTP.
   int threads = 32;
   // How long /health waits for the model services to accept a connection.
-  std::chrono::milliseconds health_timeout{1000};
+  absl::Duration health_timeout = absl::Seconds(1);
   // Largest request body, bytes (413 above).
   size_t max_body_bytes = 8 << 20;
 };

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "services/model/model_service.h"
 #include "shared/flags/flags.h"
 #include "shared/rpc/server.h"
@@ -20,7 +21,7 @@ int Run(const std::vector<std::string>& raw_args) {
   ModelServiceOptions o;
   std::string role = "both", listen, metrics;
   int64_t n_slots = o.n_slots, capacity = o.capacity, max_draft_len = o.max_draft_len, threads = o.threads;
-  double attach_timeout_s = 60, idle_timeout_s = o.session_idle_timeout_s, grace_s = 10;
+  double attach_timeout_s = 60, idle_timeout_s = absl::ToDoubleSeconds(o.session_idle_timeout), grace_s = 10;
   lede::flags::FlagSet flags;
   flags.Add("role", &role, "verifier | drafter | both (co-located)");
   flags.Add("model", &o.model_path, "model directory (Hugging Face layout) or llama2.c .bin", true);
@@ -56,7 +57,7 @@ int Run(const std::vector<std::string>& raw_args) {
   o.capacity = capacity;
   o.max_draft_len = max_draft_len;
   o.threads = static_cast<int>(threads);
-  o.session_idle_timeout_s = idle_timeout_s;
+  o.session_idle_timeout = absl::Seconds(idle_timeout_s);
   const bool drafter_only = role == "drafter";
   if (listen.empty()) listen = drafter_only ? "127.0.0.1:50054" : "127.0.0.1:50052";
   if (metrics.empty()) metrics = drafter_only ? "127.0.0.1:9404" : "127.0.0.1:9402";
@@ -83,7 +84,7 @@ int Run(const std::vector<std::string>& raw_args) {
   lede::rpc::ServerOptions so;
   so.listen_address = listen;
   so.metrics_address = metrics;
-  so.shutdown_grace = std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
+  so.shutdown_grace = absl::Seconds(grace_s);
   return runner.Serve(so, &registry).ok() ? 0 : 1;
 }
 

@@ -14,17 +14,21 @@
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
+#include "absl/time/time.h"
 #include "policy/controllers.h"
 #include "policy/dqn/artifact.h"
 #include "policy/dqn/dqn_exit_controller.h"
+#include "policy/dqn/method_factory.h"
 #include "services/model/policy_follower.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/model/kv_cache.h"
 #include "shared/model/llama.h"
+#include "shared/model/torch_boundary.h"
 #include "shared/rpc/grpc_status.h"
 #include "shared/rpc/server.h"
 #include "shared/speculation/generation.h"
+#include "shared/speculation/method.h"
 #include "shared/status/status_macros.h"
 #include "shared/telemetry/lede_metrics.h"
 #include "shared/telemetry/metrics.h"
@@ -159,11 +163,13 @@ Status ValidateSampling(const speculation::SamplingParams& s) {
   return OkStatus();
 }
 
-// [K, V] float32 little-endian bytes <-> tensor.
-std::string ProbsToBytes(const at::Tensor& probs) {
-  if (!probs.defined() || probs.numel() == 0) return {};
-  at::Tensor p = probs.to(at::kFloat).contiguous();
-  return std::string(static_cast<const char*>(p.data_ptr()), p.numel() * sizeof(float));
+// [K, V] float32 little-endian bytes <-> tensor (both at the torch boundary).
+StatusOr<std::string> ProbsToBytes(const at::Tensor& probs) {
+  if (!probs.defined() || probs.numel() == 0) return std::string();
+  return model::TorchBoundary("draft_probs", [&]() -> StatusOr<std::string> {
+    at::Tensor p = probs.to(at::kFloat).contiguous();
+    return std::string(static_cast<const char*>(p.data_ptr()), p.numel() * sizeof(float));
+  });
 }
 
 StatusOr<at::Tensor> ProbsFromBytes(const std::string& bytes, int64_t K, int64_t V) {
@@ -172,9 +178,11 @@ StatusOr<at::Tensor> ProbsFromBytes(const std::string& bytes, int64_t K, int64_t
     return InvalidArgumentError("draft_probs: " + std::to_string(bytes.size()) + " bytes, expected K x V x 4 = " +
                                 std::to_string(K * V * 4));
   }
-  at::Tensor t = at::empty({K, V}, at::kFloat);
-  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-  return t;
+  return model::TorchBoundary("draft_probs", [&]() -> StatusOr<at::Tensor> {
+    at::Tensor t = at::empty({K, V}, at::kFloat);
+    std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+    return t;
+  });
 }
 
 Status CheckTokens(const google::protobuf::RepeatedField<int32_t>& ids, int64_t V, const char* field) {
@@ -185,6 +193,36 @@ Status CheckTokens(const google::protobuf::RepeatedField<int32_t>& ids, int64_t 
     }
   }
   return OkStatus();
+}
+
+// The service boundary's conversion of the wire method (UNSPECIFIED = LEDE)
+// and its parameters to the one method vocabulary. Errors: kInvalidArgument
+// for a value outside the enum.
+StatusOr<speculation::MethodSpec> MethodSpecFromProto(lede::v1::SpeculationMethod method,
+                                                      const lede::v1::SpeculationParams& params) {
+  speculation::MethodSpec spec;
+  switch (method) {
+    case lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE:
+      spec.method = speculation::SpeculationMethod::kAutoregressive;
+      break;
+    case lede::v1::SPECULATION_METHOD_STATIC:
+      spec.method = speculation::SpeculationMethod::kStatic;
+      break;
+    case lede::v1::SPECULATION_METHOD_THRESHOLD:
+      spec.method = speculation::SpeculationMethod::kThreshold;
+      break;
+    case lede::v1::SPECULATION_METHOD_UNSPECIFIED:
+    case lede::v1::SPECULATION_METHOD_LEDE:
+      spec.method = speculation::SpeculationMethod::kLede;
+      break;
+    default:
+      return InvalidArgumentError("method: unknown speculation method " + std::to_string(static_cast<int>(method)));
+  }
+  spec.exit_layer = params.exit_layer();
+  spec.draft_len = params.draft_length();
+  spec.threshold = params.threshold();
+  spec.epsilon = params.epsilon();
+  return spec;
 }
 
 }  // namespace
@@ -276,8 +314,7 @@ struct VerifierService::Impl {
   void ReclaimIdle(model::KvCache& cache) {
     const auto now = Clock::now();
     for (auto it = sessions.begin(); it != sessions.end();) {
-      const double idle = std::chrono::duration<double>(now - it->second.last_used).count();
-      if (idle > host->options.session_idle_timeout_s) {
+      if (absl::FromChrono(now - it->second.last_used) > host->options.session_idle_timeout) {
         rpc::LogEvent("warn", "session_reclaimed", {{"slot", std::to_string(it->first)},
                                                     {"request_id", it->second.request_id}});
         (void)cache.Free(it->first);
@@ -466,59 +503,36 @@ grpc::Status DrafterService::Draft(grpc::ServerContext*, const lede::v1::DraftRe
   if (Status s = ValidateSampling(sampling); !s.ok()) return ToGrpcStatus(s);
   const lede::v1::SpeculationParams& sp = req->speculation();
 
+  if (req->method() == lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE) return grpc::Status::OK;  // nothing to draft
+  StatusOr<speculation::MethodSpec> spec = MethodSpecFromProto(req->method(), sp);
+  if (!spec.ok()) return ToGrpcStatus(spec.status());
+  policy::dqn::MethodContext context;
+  context.n_layers = static_cast<int32_t>(c.n_layers);
+  context.max_draft_len = static_cast<int32_t>(cache.max_draft_len());
+  if (spec->method == speculation::SpeculationMethod::kLede) {
+    context.artifact = host.policy();
+    if (context.artifact == nullptr) {
+      return ToGrpcStatus(UnavailableError("method: LEDE needs a policy and none is loaded yet"));
+    }
+  }
+  StatusOr<policy::dqn::MethodPlan> plan = policy::dqn::PlanMethod(*spec, context);
+  if (!plan.ok()) return ToGrpcStatus(plan.status());
   model::DraftConfig config;
+  config.mode = plan->mode;
+  config.exit_layer = plan->exit_layer;
+  config.draft_len = plan->draft_len;
+  config.decision_spec = plan->decision_spec;
+  config.policy_version = plan->policy_version;
   std::unique_ptr<model::ExitController> controller, explorer;
-  std::shared_ptr<const policy::dqn::Artifact> artifact;
-  switch (req->method()) {
-    case lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE:
-      return grpc::Status::OK;  // nothing to draft
-    case lede::v1::SPECULATION_METHOD_STATIC:
-      config.mode = model::SpeculationMode::kStatic;
-      config.exit_layer = sp.exit_layer();
-      config.draft_len = sp.draft_length();
-      break;
-    case lede::v1::SPECULATION_METHOD_THRESHOLD: {
-      if (!(sp.threshold() > 0.0f && sp.threshold() <= 1.0f)) {
-        return ToGrpcStatus(InvalidArgumentError("speculation.threshold: must be in (0, 1]"));
-      }
-      config.mode = model::SpeculationMode::kAdaptive;
-      controller = std::make_unique<policy::ThresholdExitController>(sp.threshold(), sp.threshold());
-      for (int32_t l = 1; l < c.n_layers; ++l) config.decision_spec.candidate_layers.push_back(l);
-      config.decision_spec.max_draft_len = static_cast<int32_t>(std::min<int64_t>(8, cache.max_draft_len()));
-      config.policy_version = controller->name();
-      break;
-    }
-    case lede::v1::SPECULATION_METHOD_UNSPECIFIED:
-    case lede::v1::SPECULATION_METHOD_LEDE: {
-      artifact = host.policy();
-      if (artifact == nullptr) {
-        return ToGrpcStatus(UnavailableError("method: LEDE needs a policy and none is loaded yet"));
-      }
-      if (!(sp.epsilon() >= 0.0f && sp.epsilon() <= 1.0f)) {
-        return ToGrpcStatus(InvalidArgumentError("speculation.epsilon: must be in [0, 1]"));
-      }
-      config.mode = model::SpeculationMode::kAdaptive;
-      config.decision_spec = artifact->metadata.decision;
-      config.decision_spec.max_draft_len = static_cast<int32_t>(
-          std::min<int64_t>(config.decision_spec.max_draft_len, cache.max_draft_len()));
-      if (host.options.remote_decisions && host.policy_stub) {
-        controller = std::make_unique<RemoteDecisionController>(host.policy_stub);
-      } else {
-        controller = std::make_unique<policy::dqn::DqnExitController>(
-            std::shared_ptr<const policy::dqn::QNetwork>(artifact, &artifact->network),
-            artifact->metadata.version);
-      }
-      config.policy_version = artifact->metadata.version;
-      if (sp.epsilon() > 0.0f) {
-        config.policy_version += "+eps=" + std::to_string(sp.epsilon()).substr(0, 5);  // "+eps=0.200": behaviour policy
-        explorer = std::make_unique<policy::EpsilonGreedyController>(
-            *controller, sp.epsilon(), speculation::RoundSeed(sampling.seed, req->position(), 3));
-      }
-      break;
-    }
-    default:
-      return ToGrpcStatus(InvalidArgumentError("method: unknown speculation method " +
-                                               std::to_string(static_cast<int>(req->method()))));
+  if (spec->method == speculation::SpeculationMethod::kLede && host.options.remote_decisions && host.policy_stub) {
+    controller = std::make_unique<RemoteDecisionController>(host.policy_stub);
+  } else {
+    controller = plan->MakeController();
+  }
+  if (spec->method == speculation::SpeculationMethod::kLede && spec->epsilon > 0.0f) {
+    config.policy_version += "+eps=" + std::to_string(spec->epsilon).substr(0, 5);  // "+eps=0.200": behaviour policy
+    explorer = std::make_unique<policy::EpsilonGreedyController>(
+        *controller, spec->epsilon, speculation::RoundSeed(sampling.seed, req->position(), 3));
   }
   config.controller = explorer ? explorer.get() : controller.get();
   std::unique_ptr<TimedExitController> timed;
@@ -543,7 +557,9 @@ grpc::Status DrafterService::Draft(grpc::ServerContext*, const lede::v1::DraftRe
   const speculation::Draft& d = out->draft;
   resp->set_exit_layer(d.exit_layer);
   for (int32_t t : d.tokens) resp->add_draft_tokens(t);
-  resp->set_draft_probs(ProbsToBytes(out->probs));
+  StatusOr<std::string> probs = ProbsToBytes(out->probs);
+  if (!probs.ok()) return ToGrpcStatus(probs.status());
+  resp->set_draft_probs(*std::move(probs));
   resp->set_ready_layer(d.ready_layer);
   resp->set_n_probes(d.n_probes);
   resp->set_n_decisions(d.n_decisions);

@@ -24,6 +24,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/time/time.h"
 #include "proto/lede/v1/model.grpc.pb.h"
 #include "shared/status/status.h"
 
@@ -53,8 +54,8 @@ struct ModelServiceOptions {
   // the DQN in-process (evaluation of remote decisions; slow by design).
   bool remote_decisions = false;
   // A session idle for this long may be reclaimed when the pool is full
-  // (its coordinator died); seconds.
-  double session_idle_timeout_s = 300;
+  // (its coordinator died).
+  absl::Duration session_idle_timeout = absl::Seconds(300);
   int threads = 1;               // libtorch intra-op threads
 };
 

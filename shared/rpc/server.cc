@@ -150,7 +150,7 @@ void ServerRunner::Shutdown() {
   if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
   server_->GetHealthCheckService()->SetServingStatus(false);
-  server_->Shutdown(std::chrono::system_clock::now() + options_.shutdown_grace);
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + options_.shutdown_grace));
   server_->Wait();
   metrics_.reset();
   LogEvent("info", "stopped");

@@ -19,6 +19,8 @@
 #define LEDE_SHARED_RPC_SERVER_H_
 
 #include <chrono>
+
+#include "absl/time/time.h"
 #include <functional>
 #include <initializer_list>
 #include <memory>
@@ -51,7 +53,7 @@ struct ServerOptions {
   // HTTP address of /metrics; "" = no metrics server.
   std::string metrics_address = "127.0.0.1:0";
   // How long in-flight calls may run after a termination signal.
-  std::chrono::milliseconds shutdown_grace{10000};
+  absl::Duration shutdown_grace = absl::Seconds(10);
   // Largest message, bytes (draft distributions of sampled rounds are K x V floats).
   int max_message_bytes = 64 << 20;
 };

@@ -34,7 +34,7 @@ class OpenAiServerTest : public ::testing::Test {
     o.tokenizer_path = *tokenizer;
     const int dead = telemetry::test_util::FreePort();  // nothing listens there
     o.verifier_target = o.drafter_target = "127.0.0.1:" + std::to_string(dead);
-    o.rpc_timeout_s = 2;
+    o.rpc_timeout = absl::Seconds(2);
     o.max_new_tokens_limit = 64;
     auto service = GenerationService::Create(o, &registry_);
     ASSERT_THAT(service, IsOk());
@@ -43,7 +43,7 @@ class OpenAiServerTest : public ::testing::Test {
     so.listen_address = "127.0.0.1:0";
     so.model_id = "m";
     so.threads = 4;
-    so.health_timeout = std::chrono::milliseconds(200);
+    so.health_timeout = absl::Milliseconds(200);
     auto server = OpenAiServer::Start(service_.get(), &registry_, so, RenderPlainChatPrompt);
     ASSERT_THAT(server, IsOk());
     server_ = std::move(*server);
