@@ -30,17 +30,15 @@ Status FlagSet::Parse(const std::vector<std::string>& args) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   for (const Flag& f : flags_) {
     const std::string name = "--" + f.name;
-    CLI::Option* opt = nullptr;
     if (auto* s = std::get_if<std::string*>(&f.target)) {
-      opt = app.add_option(name, **s, f.help);
+      app.add_option(name, **s, f.help);
     } else if (auto* i = std::get_if<int64_t*>(&f.target)) {
-      opt = app.add_option(name, **i, f.help);
+      app.add_option(name, **i, f.help);
     } else if (auto* d = std::get_if<double*>(&f.target)) {
-      opt = app.add_option(name, **d, f.help);
+      app.add_option(name, **d, f.help);
     } else if (auto* b = std::get_if<bool*>(&f.target)) {
-      opt = app.add_flag(name, **b, f.help);
+      app.add_flag(name, **b, f.help);
     }
-    if (f.required) opt->required();
   }
   try {
     std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last-first
@@ -55,6 +53,11 @@ Status FlagSet::Parse(const std::vector<std::string>& args) {
       return InvalidArgumentError("unknown flag " + arg.substr(0, arg.find('=')));
     }
     return InvalidArgumentError("unexpected argument '" + arg + "'");
+  }
+  // Required flags are checked here, after unknown ones, so a typo is
+  // reported as such rather than as the flag it failed to set.
+  for (const Flag& f : flags_) {
+    if (f.required && app.count("--" + f.name) == 0) return InvalidArgumentError("--" + f.name + " is required");
   }
   return OkStatus();
 }

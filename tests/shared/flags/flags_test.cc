@@ -107,6 +107,10 @@ TEST(FlagSetTest, MissingRequiredFlagIsNamed) {
   EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(std::string(s.message()), HasSubstr("--model is required"));
   EXPECT_THAT(f.Parse({"--model=x"}), IsOk());
+  // A typo is reported as the unknown flag, not as the required one it missed.
+  FlagSet g;
+  g.Add("model", &model, "checkpoint", /*required=*/true);
+  EXPECT_THAT(std::string(g.Parse({"--modle=x"}).message()), HasSubstr("unknown flag --modle"));
 }
 
 // Usage lists every flag with its help and current default.
