@@ -172,7 +172,14 @@ void ExpectConsistentSummary(const CallResult& r, const std::string& what) {
   const GenerationSummary& s = *r.summary;
   EXPECT_EQ(s.generated_tokens(), static_cast<int64_t>(r.ids.size())) << what;
   EXPECT_LE(s.accepted_tokens(), s.drafted_tokens()) << what;
-  EXPECT_GE(s.accepted_tokens(), 0) << what;
+  if (s.drafted_tokens() > 0) {
+    EXPECT_DOUBLE_EQ(s.acceptance_rate(),
+                     static_cast<double>(s.accepted_tokens()) / s.drafted_tokens())
+        << what;
+  } else {
+    EXPECT_EQ(s.accepted_tokens(), 0) << what;
+    EXPECT_EQ(s.acceptance_rate(), 0.0) << what;
+  }
   EXPECT_GT(s.prompt_tokens(), 0) << what;
   EXPECT_NE(s.finish_reason(), lede::v1::FINISH_REASON_UNSPECIFIED) << what;
   if (s.finish_reason() == lede::v1::FINISH_REASON_LENGTH) {
