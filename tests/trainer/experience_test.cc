@@ -39,6 +39,7 @@
 #include "shared/status/status_macros.h"
 #include "shared/storage/local_store.h"
 #include "shared/storage/object_store.h"
+#include "tests/testing/child_process.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/s3rver.h"
 #include "tests/testing/status_matchers.h"
@@ -899,30 +900,29 @@ TEST(ExperienceLoggerTest, KilledWriterLeavesOnlyCompleteShards) {
   lede::testing::TempDir tmp;
   ASSERT_FALSE(tmp.path().empty());
   const std::string root = tmp.path().string();
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {  // child: log forever
-    StatusOr<std::unique_ptr<storage::LocalStore>> store = storage::LocalStore::Open(root);
-    if (!store.ok()) ::_exit(3);
-    ExperienceLoggerOptions o = SmallOptions();
-    o.max_shard_bytes = 64 << 10;
-    StatusOr<std::unique_ptr<ExperienceLogger>> logger =
-        ExperienceLogger::Create(std::shared_ptr<storage::ObjectStore>(std::move(store).value()), o);
-    if (!logger.ok()) ::_exit(4);
-    for (int i = 0;; ++i) {
-      if (!(*logger)->Log(MakeRecord(i % 1000))) std::this_thread::yield();
-    }
-  }
+  auto child = lede::testing::ChildProcess::Fork(
+      [&root]() -> int {  // log forever
+        StatusOr<std::unique_ptr<storage::LocalStore>> store = storage::LocalStore::Open(root);
+        if (!store.ok()) return 3;
+        ExperienceLoggerOptions o = SmallOptions();
+        o.max_shard_bytes = 64 << 10;
+        StatusOr<std::unique_ptr<ExperienceLogger>> logger =
+            ExperienceLogger::Create(std::shared_ptr<storage::ObjectStore>(std::move(store).value()), o);
+        if (!logger.ok()) return 4;
+        for (int i = 0;; ++i) {
+          if (!(*logger)->Log(MakeRecord(i % 1000))) std::this_thread::yield();
+        }
+      },
+      (tmp.path() / "writer.log").string());
+  ASSERT_THAT(child, IsOk());
   StatusOr<std::unique_ptr<storage::ObjectStore>> store = storage::OpenObjectStore(root);
   ASSERT_THAT(store, IsOk());
   const bool enough = WaitUntil([&] {
     StatusOr<std::vector<storage::ObjectInfo>> objects = (*store)->List("experience/");
     return objects.ok() && objects->size() >= 8;
   });
-  ::kill(pid, SIGKILL);
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFSIGNALED(status)) << "child exited with " << WEXITSTATUS(status);
+  EXPECT_EQ((*child)->Kill(), 128 + SIGKILL) << "the child exited by itself; its log:\n"
+                                             << (*child)->Log();
   ASSERT_TRUE(enough) << "the child wrote fewer than 8 shards in 20 s";
 
   size_t n_shards = 0;
