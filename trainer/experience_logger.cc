@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <utility>
 
-#include "absl/time/clock.h"
 #include "proto/lede/v1/experience.pb.h"
 #include "trainer/experience.h"
 
@@ -22,7 +21,7 @@ bool KeySafeName(const std::string& s) {
   return true;
 }
 
-std::string DefaultWriterId() {
+std::string DefaultWriterId(Clock& clock) {
   char host[256] = {0};
   if (::gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') std::snprintf(host, sizeof(host), "host");
   std::string id = host;
@@ -32,7 +31,7 @@ std::string DefaultWriterId() {
     if (!ok) c = '_';
   }
   id += "-" + std::to_string(::getpid()) + "-" +
-        absl::FormatTime("%Y%m%dT%H%M%SZ", absl::Now(), absl::UTCTimeZone());
+        absl::FormatTime("%Y%m%dT%H%M%SZ", clock.Now(), absl::UTCTimeZone());
   return id;
 }
 
@@ -62,7 +61,8 @@ StatusOr<std::unique_ptr<ExperienceLogger>> ExperienceLogger::Create(
   if (Status s = storage::ValidateKey(o.prefix); !s.ok()) {
     return InvalidArgumentError("bad experience prefix: " + std::string(s.message()));
   }
-  if (o.writer_id.empty()) o.writer_id = DefaultWriterId();
+  if (o.clock == nullptr) o.clock = Clock::Real();
+  if (o.writer_id.empty()) o.writer_id = DefaultWriterId(*o.clock);
   if (!KeySafeName(o.writer_id)) {
     return InvalidArgumentError("bad experience writer id \"" + o.writer_id +
                                 "\" (use [A-Za-z0-9._-], not starting with '.')");
@@ -92,8 +92,7 @@ bool ExperienceLogger::Enqueue(T&& record) {
   }
   queue_.push_back(std::forward<T>(record));
   counts_.records_logged.fetch_add(1, std::memory_order_relaxed);
-  if (queue_.size() == 1) work_cv_.Signal();
-  return true;
+  return true;  // the writer's condition is re-evaluated when mu_ is released
 }
 
 bool ExperienceLogger::Log(const lede::v1::Transition& record) { return Enqueue(record); }
@@ -103,7 +102,6 @@ Status ExperienceLogger::Flush() {
   absl::MutexLock lock(&mu_);
   if (closing_) return FailedPreconditionError("ExperienceLogger::Flush() after Close()");
   const int64_t gen = ++flush_requested_gen_;
-  work_cv_.Signal();
   while (flushed_gen_ < gen) done_cv_.Wait(&mu_);
   return flush_status_;
 }
@@ -117,7 +115,6 @@ Status ExperienceLogger::Close() {
     }
     closing_ = true;
     ++flush_requested_gen_;
-    work_cv_.Signal();
   }
   if (writer_.joinable()) writer_.join();
   Status status;
@@ -169,7 +166,7 @@ void ExperienceLogger::PutShard(ShardBuilder& shard) {
     }
     if (attempt < options_.max_put_attempts) {
       counts_.put_retries.fetch_add(1, std::memory_order_relaxed);
-      absl::SleepFor(backoff);
+      options_.clock->SleepFor(backoff);
       backoff *= 2;
       continue;
     }
@@ -192,20 +189,22 @@ void ExperienceLogger::Run() {
     bool closing = false;
     {
       absl::MutexLock lock(&mu_);
-      const auto ready = [&] { return !queue_.empty() || flush_requested_gen_ > flushed || closing_; };
-      while (!ready()) {
-        if (shard.empty()) {
-          work_cv_.Wait(&mu_);
-        } else if (work_cv_.WaitWithDeadline(&mu_, shard.first_record + options_.max_shard_age)) {
-          break;  // the shard is old enough to publish
-        }
+      const auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !queue_.empty() || flush_requested_gen_ > flushed || closing_;
+      };
+      if (shard.empty()) {
+        mu_.Await(absl::Condition(&ready));
+      } else {
+        // Returns false once the shard is old enough to publish.
+        options_.clock->AwaitWithDeadline(&mu_, absl::Condition(&ready),
+                                          shard.first_record + options_.max_shard_age);
       }
       batch.swap(queue_);
       gen = flush_requested_gen_;
       closing = closing_;
     }
     for (lede::v1::Transition& record : batch) {
-      if (shard.empty()) shard.first_record = absl::Now();
+      if (shard.empty()) shard.first_record = options_.clock->Now();
       if (!shard.encoder().Append(record).ok()) {
         counts_.records_rejected.fetch_add(1, std::memory_order_relaxed);
         continue;
@@ -213,7 +212,9 @@ void ExperienceLogger::Run() {
       if (shard.encoder().bytes() >= options_.max_shard_bytes) PutShard(shard);
     }
     batch.clear();
-    if (!shard.empty() && absl::Now() - shard.first_record >= options_.max_shard_age) PutShard(shard);
+    if (!shard.empty() && options_.clock->Now() - shard.first_record >= options_.max_shard_age) {
+      PutShard(shard);
+    }
     if (gen > flushed || closing) {
       PutShard(shard);
       flushed = gen;

@@ -28,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/lede/v1/experience.pb.h"  // the queue holds records by value
+#include "shared/clock/clock.h"
 #include "shared/status/status.h"
 #include "shared/storage/object_store.h"
 
@@ -69,7 +70,7 @@ struct ExperienceLoggerOptions {
   // A shard is Put() once its encoded size reaches this many bytes; bigger
   // shards mean fewer objects, smaller ones less data at risk in a crash.
   int64_t max_shard_bytes = 16 << 20;
-  // ... or once its first record is this old (wall clock), so that a quiet
+  // ... or once its first record is this old (on `clock`), so that a quiet
   // logger still publishes what it has within about this long.
   absl::Duration max_shard_age = absl::Seconds(60);
   // Put() attempts per shard before it is given up (counted, records lost).
@@ -80,6 +81,10 @@ struct ExperienceLoggerOptions {
   // (written or given up) and from Close(). Must be quick and must not call
   // Flush() or Close() (deadlock); counters() is fine.
   std::function<void(const ExperienceLoggerCounters&)> on_counters;
+  // Time source of the shard age, the retry backoff, the shard's date and
+  // the default writer id (borrowed; must outlive the logger). nullptr =
+  // Clock::Real(); tests pass a FakeClock.
+  Clock* clock = nullptr;
 };
 
 // Thread-safety: Log(), counters(), Flush() and Close() may be called from
@@ -142,8 +147,9 @@ class ExperienceLogger {
   Atomics counts_;
 
   mutable absl::Mutex mu_;
-  absl::CondVar work_cv_;  // writer waits: records, a flush, or closing
-  absl::CondVar done_cv_;  // Flush() waits: flushed_gen_
+  // The writer waits on mu_ (absl::Condition) for records, a flush or
+  // closing; Flush() and Close() wait on done_cv_ for flushed_gen_.
+  absl::CondVar done_cv_;
   std::deque<lede::v1::Transition> queue_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

@@ -66,6 +66,7 @@ std::shared_ptr<grpc::Channel> MakePolicyChannel(const std::string& target) {
 
 PolicyFollower::PolicyFollower(PolicyFollowerOptions options)
     : options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
       channel_(MakeFollowerChannel(options_)),
       stub_(lede::v1::Policy::NewStub(channel_)),
       temp_dir_(MakeTempDir()) {
@@ -205,7 +206,7 @@ Status PolicyFollower::Install(const lede::v1::PolicyArtifact& response) {
 
 bool PolicyFollower::SleepUnlessStopped(absl::Duration d) {
   absl::MutexLock lock(&mu_);
-  return !mu_.AwaitWithTimeout(absl::Condition(&stopping_), d);
+  return !clock_->AwaitWithTimeout(&mu_, absl::Condition(&stopping_), d);
 }
 
 void PolicyFollower::FollowLoop() {

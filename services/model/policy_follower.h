@@ -46,6 +46,7 @@
 #include "absl/time/time.h"
 #include "policy/dqn/artifact.h"
 #include "proto/lede/v1/policy.grpc.pb.h"
+#include "shared/clock/clock.h"
 #include "shared/model/exit_controller.h"
 #include "shared/status/status.h"
 
@@ -83,6 +84,11 @@ struct PolicyFollowerOptions {
   // max_backoff, back to initial after a stream delivered a message.
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(5);
+  // Time source of the reconnect backoff (borrowed; must outlive the
+  // follower). nullptr = Clock::Real(); tests pass a FakeClock. RPC
+  // deadlines (rpc_timeout) and WaitForPolicy/WaitForVersion stay on the
+  // real clock.
+  Clock* clock = nullptr;
   // Optional (borrowed, must outlive the follower): SetPolicyVersion and
   // RecordPolicyReload on every accepted / refused version.
   telemetry::SpecDecodeMetrics* metrics = nullptr;
@@ -145,6 +151,7 @@ class PolicyFollower {
   bool SleepUnlessStopped(absl::Duration d) ABSL_LOCKS_EXCLUDED(mu_);
 
   const PolicyFollowerOptions options_;
+  Clock* const clock_;  // options_.clock or Clock::Real()
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<lede::v1::Policy::Stub> stub_;
   std::string temp_dir_;  // private; "" if it could not be made (FetchOnce then fails)

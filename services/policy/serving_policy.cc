@@ -56,7 +56,9 @@ StatusOr<std::shared_ptr<const LoadedPolicy>> LoadPolicyVersion(const ServingPol
 }
 
 ServingPolicy::ServingPolicy(ServingPolicyOptions options, telemetry::SpecDecodeMetrics* metrics)
-    : options_(std::move(options)), metrics_(metrics) {}
+    : options_(std::move(options)),
+      metrics_(metrics),
+      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()) {}
 
 ServingPolicy::~ServingPolicy() { StopPolling(); }
 
@@ -160,7 +162,9 @@ void ServingPolicy::PollLoop() {
   while (true) {
     Reload().IgnoreError();  // counted and logged inside
     absl::MutexLock lock(&mu_);
-    if (mu_.AwaitWithTimeout(absl::Condition(&stop_polling_), options_.reload_interval)) return;
+    if (clock_->AwaitWithTimeout(&mu_, absl::Condition(&stop_polling_), options_.reload_interval)) {
+      return;
+    }
   }
 }
 

@@ -49,6 +49,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "policy/dqn/artifact.h"
+#include "shared/clock/clock.h"
 #include "shared/status/status.h"
 
 namespace lede::telemetry {
@@ -78,6 +79,11 @@ struct ServingPolicyOptions {
   int32_t n_layers = 0;
   // Period of the background poll of SERVING (StartPolling).
   absl::Duration reload_interval = absl::Seconds(1);
+  // Time source of the poll period (borrowed; must outlive the
+  // ServingPolicy). nullptr = Clock::Real(); tests pass a FakeClock.
+  // WaitForChange()'s timeout stays on the real clock (it bounds how long a
+  // WatchPolicy handler goes without checking for cancellation).
+  Clock* clock = nullptr;
   // Example: policy_root = "/srv/policies/llama3-8b", model_fingerprint =
   // "07e04f79d11d13b5", n_layers = 32, reload_interval = absl::Milliseconds(500).
 };
@@ -148,6 +154,7 @@ class ServingPolicy {
 
   const ServingPolicyOptions options_;
   telemetry::SpecDecodeMetrics* const metrics_;
+  Clock* const clock_;  // options_.clock or Clock::Real()
 
   absl::Mutex reload_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // serializes Reload()
   std::string last_rejection_ ABSL_GUARDED_BY(reload_mu_);  // "version: reason"

@@ -3,8 +3,9 @@
 // A real S3 server on loopback for tests: npm's s3rver (installed by
 // scripts/install_s3rver.sh, called from scripts/bootstrap), started on
 // 127.0.0.1 with port 0 (the chosen port is read back from its banner), a
-// fresh data directory and one configured bucket, and killed (SIGKILL, and
-// PR_SET_PDEATHSIG should the test process die first) on every path. It
+// fresh data directory and one configured bucket, and killed (a
+// ChildProcess: SIGKILL, and PR_SET_PDEATHSIG should the test process die
+// first) on every path. It
 // runs with NODE_OPTIONS=--openssl-legacy-provider (needs Node >= 17).
 //
 //   lede::testing::S3rver s3;
@@ -19,22 +20,17 @@
 #ifndef LEDE_TESTS_TESTING_S3RVER_H_
 #define LEDE_TESTS_TESTING_S3RVER_H_
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <stdlib.h>
-#include <sys/prctl.h>
-#include <sys/types.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "shared/status/status.h"
+#include "tests/testing/child_process.h"
 #include "tests/testing/temp_dir.h"
 
 namespace lede::testing {
@@ -65,78 +61,30 @@ class S3rver {
   // kUnavailable if it does not come up (it is killed).
   Status Start(const std::string& bucket) {
     if (!available()) return FailedPreconditionError(skip_reason());
-    if (data_dir_.path().empty()) return InternalError("no temporary directory");
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) return InternalError("pipe failed");
-    const std::string dir = data_dir_.path().string();
-    std::vector<std::string> args = {path_, "--directory", dir, "--address", "127.0.0.1",
-                                     "--port", "0", "--silent", "--configure-bucket", bucket};
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
+    if (dir_.path().empty()) return InternalError("no temporary directory");
+    const std::string data = (dir_.path() / "data").string();
+    std::filesystem::create_directories(data);
     // s3rver makes ListObjectsV2 continuation tokens with DES, which the
     // OpenSSL 3 of Node >= 17 only offers through its legacy provider.
-    std::vector<std::string> env_strings;
     std::string node_options = "NODE_OPTIONS=--openssl-legacy-provider";
-    for (char** e = environ; *e != nullptr; ++e) {
-      if (std::string(*e).rfind("NODE_OPTIONS=", 0) == 0) {
-        node_options += " " + std::string(*e + 13);
-      } else {
-        env_strings.push_back(*e);
-      }
+    if (const char* e = std::getenv("NODE_OPTIONS"); e != nullptr && *e != '\0') {
+      node_options += " " + std::string(e);
     }
-    env_strings.push_back(node_options);
-    std::vector<char*> envp;
-    for (std::string& e : env_strings) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    const pid_t parent = ::getpid();
-    pid_ = ::fork();
-    if (pid_ < 0) return InternalError("fork failed");
-    if (pid_ == 0) {  // child: async-signal-safe calls only
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(127);
-      ::dup2(fds[1], 1);
-      const int devnull = ::open("/dev/null", O_WRONLY);
-      if (devnull >= 0) ::dup2(devnull, 2);
-      ::execve(argv[0], argv.data(), envp.data());
-      ::_exit(127);
-    }
-    ::close(fds[1]);
-    out_fd_ = fds[0];
-    std::string banner;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    const std::string needle = "listening on 127.0.0.1:";
-    while (std::chrono::steady_clock::now() < deadline) {
-      pollfd p{out_fd_, POLLIN, 0};
-      if (::poll(&p, 1, 200) <= 0) continue;
-      char buf[256];
-      const ssize_t n = ::read(out_fd_, buf, sizeof(buf));
-      if (n <= 0) break;  // exited
-      banner.append(buf, static_cast<size_t>(n));
-      const size_t at = banner.find(needle);
-      const size_t eol = at == std::string::npos ? at : banner.find('\n', at);
-      if (eol != std::string::npos) {
-        port_ = std::atoi(banner.c_str() + at + needle.size());
-        if (port_ > 0) return OkStatus();
-        break;
-      }
-    }
-    Stop();
-    return UnavailableError("s3rver did not start; its output: " + banner);
+    auto p = ChildProcess::Start({path_, "--directory", data, "--address", "127.0.0.1", "--port", "0",
+                                  "--silent", "--configure-bucket", bucket},
+                                 (dir_.path() / "s3rver.log").string(), {node_options});
+    if (!p.ok()) return p.status();
+    auto m = (*p)->WaitForLog(R"(listening on 127\.0\.0\.1:(\d+)\D)", std::chrono::seconds(30));
+    if (!m.ok()) return UnavailableError("s3rver did not start: " + std::string(m.status().message()));
+    port_ = std::atoi((*m)[1].c_str());
+    process_ = std::move(*p);
+    return OkStatus();
   }
 
   // Kills the server (idempotent).
   void Stop() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      int status = 0;
-      ::waitpid(pid_, &status, 0);
-      pid_ = -1;
-    }
-    if (out_fd_ >= 0) {
-      ::close(out_fd_);
-      out_fd_ = -1;
-    }
+    if (process_ != nullptr) process_->Kill();
+    process_.reset();
   }
 
   int port() const { return port_; }
@@ -145,9 +93,8 @@ class S3rver {
 
  private:
   std::string path_;
-  TempDir data_dir_;
-  pid_t pid_ = -1;
-  int out_fd_ = -1;
+  TempDir dir_;  // data/ (s3rver's --directory) and s3rver.log
+  std::unique_ptr<ChildProcess> process_;
   int port_ = 0;
 };
 

@@ -39,9 +39,12 @@
 #include "shared/status/status_macros.h"
 #include "shared/storage/local_store.h"
 #include "shared/storage/object_store.h"
+#include "tests/testing/child_process.h"
+#include "tests/testing/fake_clock.h"
 #include "tests/testing/s3rver.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
 #include "trainer/experience_logger.h"
 
 namespace lede::experience {
@@ -50,6 +53,8 @@ namespace {
 namespace fs = std::filesystem;
 using ::lede::testing::IsOk;
 using ::lede::testing::StatusIs;
+using ::lede::testing::WaitUntil;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
@@ -558,16 +563,6 @@ lede::v1::Transition MakeRecord(int i) {
   return r;
 }
 
-// Waits (up to 20 s) until `done()`; returns whether it became true.
-bool WaitUntil(const std::function<bool()>& done) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  return done();
-}
-
 // An in-memory ObjectStore whose Put() can be made to block (until
 // Release()) or to fail.
 class FakeStore : public storage::ObjectStore {
@@ -711,22 +706,42 @@ TEST(ExperienceLoggerTest, RotatesBySize) {
   EXPECT_EQ(static_cast<int64_t>(n_shards), (*logger)->counters().shards_written);
 }
 
-// A shard whose first record is max_shard_age old is Put() without any
-// Flush(), so a quiet logger still publishes.
+// A shard is Put() once its first record is max_shard_age old on the
+// logger's clock, not before, and is dated by that record's time.
 TEST(ExperienceLoggerTest, RotatesByAge) {
   auto store = std::make_shared<FakeStore>();
+  lede::testing::FakeClock clock;  // 2026-01-02 03:04:05 UTC
   ExperienceLoggerOptions o = SmallOptions();
-  o.max_shard_age = absl::Milliseconds(20);
+  o.max_shard_age = absl::Seconds(60);
+  o.clock = &clock;
   StatusOr<std::unique_ptr<ExperienceLogger>> logger = ExperienceLogger::Create(store, o);
   ASSERT_THAT(logger, IsOk());
   ExperienceLogger& l = **logger;
   ASSERT_TRUE(l.Log(MakeRecord(0)));
-  EXPECT_TRUE(WaitUntil([&] { return l.counters().shards_written == 1; }));
+  // The writer holds a one-record shard and waits for its age on the clock.
+  ASSERT_TRUE(WaitUntil([&] { return clock.n_waiting() == 1; }));
+  const int64_t short_wakeups = clock.n_short_wakeups();
+  clock.Advance(absl::Seconds(59));
+  // One second short: the writer sees the new time and goes on waiting.
+  ASSERT_TRUE(WaitUntil([&] { return clock.n_short_wakeups() > short_wakeups; }));
+  EXPECT_EQ(l.counters().shards_written, 0);
+  EXPECT_THAT(store->keys(), IsEmpty());
+  clock.Advance(absl::Seconds(1));
+  ASSERT_TRUE(WaitUntil([&] { return l.counters().shards_written == 1; }));
+  EXPECT_THAT(store->keys(), ElementsAre("experience/2026-01-02/w1-00000000.lexp"));
+
+  // The next shard's age counts from its own first record: a day later.
+  clock.Advance(absl::Hours(24));
   ASSERT_TRUE(l.Log(MakeRecord(1)));
   ASSERT_TRUE(l.Log(MakeRecord(2)));
-  EXPECT_TRUE(WaitUntil([&] { return l.counters().shards_written == 2; }));
+  ASSERT_TRUE(WaitUntil([&] { return clock.n_waiting() == 1; }));
+  clock.Advance(absl::Seconds(60));
+  ASSERT_TRUE(WaitUntil([&] { return l.counters().shards_written == 2; }));
   EXPECT_EQ(l.counters().records_written, 3);
-  EXPECT_EQ(store->keys().size(), 2u);
+  EXPECT_THAT(store->keys(), ElementsAre("experience/2026-01-02/w1-00000000.lexp",
+                                         "experience/2026-01-03/w1-00000001.lexp"));
+  ASSERT_THAT(l.Close(), IsOk());
+  ExpectSameTransitions(ReadAllClean(*store, "experience"), MakeTransitions(0, 3));
 }
 
 // When the store stalls, Log() keeps returning at once: the queue fills to
@@ -885,30 +900,29 @@ TEST(ExperienceLoggerTest, KilledWriterLeavesOnlyCompleteShards) {
   lede::testing::TempDir tmp;
   ASSERT_FALSE(tmp.path().empty());
   const std::string root = tmp.path().string();
-  const pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {  // child: log forever
-    StatusOr<std::unique_ptr<storage::LocalStore>> store = storage::LocalStore::Open(root);
-    if (!store.ok()) ::_exit(3);
-    ExperienceLoggerOptions o = SmallOptions();
-    o.max_shard_bytes = 64 << 10;
-    StatusOr<std::unique_ptr<ExperienceLogger>> logger =
-        ExperienceLogger::Create(std::shared_ptr<storage::ObjectStore>(std::move(store).value()), o);
-    if (!logger.ok()) ::_exit(4);
-    for (int i = 0;; ++i) {
-      if (!(*logger)->Log(MakeRecord(i % 1000))) std::this_thread::yield();
-    }
-  }
+  auto child = lede::testing::ChildProcess::Fork(
+      [&root]() -> int {  // log forever
+        StatusOr<std::unique_ptr<storage::LocalStore>> store = storage::LocalStore::Open(root);
+        if (!store.ok()) return 3;
+        ExperienceLoggerOptions o = SmallOptions();
+        o.max_shard_bytes = 64 << 10;
+        StatusOr<std::unique_ptr<ExperienceLogger>> logger =
+            ExperienceLogger::Create(std::shared_ptr<storage::ObjectStore>(std::move(store).value()), o);
+        if (!logger.ok()) return 4;
+        for (int i = 0;; ++i) {
+          if (!(*logger)->Log(MakeRecord(i % 1000))) std::this_thread::yield();
+        }
+      },
+      (tmp.path() / "writer.log").string());
+  ASSERT_THAT(child, IsOk());
   StatusOr<std::unique_ptr<storage::ObjectStore>> store = storage::OpenObjectStore(root);
   ASSERT_THAT(store, IsOk());
   const bool enough = WaitUntil([&] {
     StatusOr<std::vector<storage::ObjectInfo>> objects = (*store)->List("experience/");
     return objects.ok() && objects->size() >= 8;
   });
-  ::kill(pid, SIGKILL);
-  int status = 0;
-  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFSIGNALED(status)) << "child exited with " << WEXITSTATUS(status);
+  EXPECT_EQ((*child)->Kill(), 128 + SIGKILL) << "the child exited by itself; its log:\n"
+                                             << (*child)->Log();
   ASSERT_TRUE(enough) << "the child wrote fewer than 8 shards in 20 s";
 
   size_t n_shards = 0;

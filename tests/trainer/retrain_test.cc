@@ -505,7 +505,12 @@ TEST(RetrainReplayTest, ReplayEvaluationComparesPredictedSpeedup) {
   for (const char* who : {"serving", "candidate"}) {
     EXPECT_GT(replay[who]["predicted_speedup"].get<double>(), 0.0) << who;
     EXPECT_EQ(replay[who]["predicted_speedup"], replay[who]["predicted_speedup_measured"]) << who;
-    EXPECT_GE(replay[who]["acceptance_rate"].get<double>(), 0.0) << who;
+    const int64_t drafted = replay[who]["drafted"].get<int64_t>();
+    const int64_t accepted = replay[who]["accepted"].get<int64_t>();
+    EXPECT_LE(accepted, drafted) << who;
+    EXPECT_DOUBLE_EQ(replay[who]["acceptance_rate"].get<double>(),
+                     drafted > 0 ? static_cast<double>(accepted) / drafted : 0.0)
+        << who;
     EXPECT_GT(replay[who]["tokens_per_s"].get<double>(), 0.0) << who;
     EXPECT_GT(replay[who]["tokens_per_round"].get<double>(), 0.0) << who;
   }

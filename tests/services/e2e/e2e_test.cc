@@ -47,6 +47,7 @@
 #include "tests/testing/s3rver.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
 #include "trainer/experience.h"
 
 namespace lede {
@@ -158,13 +159,14 @@ CallResult Generate(lede::v1::Generation::Stub& stub, const GenerateRequest& req
 // `bound` passes; returns the last result.
 CallResult GenerateUntilOk(lede::v1::Generation::Stub& stub, const GenerateRequest& request,
                            std::chrono::seconds bound = 45s) {
-  const auto deadline = std::chrono::steady_clock::now() + bound;
   CallResult r;
-  while (true) {
-    r = Generate(stub, request, 20s);
-    if (r.ok() || std::chrono::steady_clock::now() >= deadline) return r;
-    std::this_thread::sleep_for(200ms);
-  }
+  lede::testing::WaitUntil(
+      [&] {
+        r = Generate(stub, request, 20s);
+        return r.ok();
+      },
+      bound, 200ms);
+  return r;
 }
 
 void ExpectConsistentSummary(const CallResult& r, const std::string& what) {
@@ -172,7 +174,14 @@ void ExpectConsistentSummary(const CallResult& r, const std::string& what) {
   const GenerationSummary& s = *r.summary;
   EXPECT_EQ(s.generated_tokens(), static_cast<int64_t>(r.ids.size())) << what;
   EXPECT_LE(s.accepted_tokens(), s.drafted_tokens()) << what;
-  EXPECT_GE(s.accepted_tokens(), 0) << what;
+  if (s.drafted_tokens() > 0) {
+    EXPECT_DOUBLE_EQ(s.acceptance_rate(),
+                     static_cast<double>(s.accepted_tokens()) / s.drafted_tokens())
+        << what;
+  } else {
+    EXPECT_EQ(s.accepted_tokens(), 0) << what;
+    EXPECT_EQ(s.acceptance_rate(), 0.0) << what;
+  }
   EXPECT_GT(s.prompt_tokens(), 0) << what;
   EXPECT_NE(s.finish_reason(), lede::v1::FINISH_REASON_UNSPECIFIED) << what;
   if (s.finish_reason() == lede::v1::FINISH_REASON_LENGTH) {
@@ -667,20 +676,21 @@ TEST_F(E2eTest, PrometheusComputesAcceptanceRatio) {
                                          " / sum(lede_spec_decode_num_draft_tokens_total)");
   double got = std::nan("");
   std::string last_body;
-  const auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (std::chrono::steady_clock::now() < deadline && (*prometheus)->Running()) {
-    telemetry::test_util::HttpResponse resp = HttpGet(prom_port, query);
-    if (resp.status == 200) {
-      last_body = resp.body;
-      auto json = nlohmann::json::parse(resp.body, nullptr, /*allow_exceptions=*/false);
-      if (!json.is_discarded() && json.value("status", "") == "success" &&
-          json["data"]["result"].is_array() && !json["data"]["result"].empty()) {
+  lede::testing::WaitUntil(
+      [&] {
+        if (!(*prometheus)->Running()) return true;  // gone: fail below with its log
+        telemetry::test_util::HttpResponse resp = HttpGet(prom_port, query);
+        if (resp.status != 200) return false;
+        last_body = resp.body;
+        auto json = nlohmann::json::parse(resp.body, nullptr, /*allow_exceptions=*/false);
+        if (json.is_discarded() || json.value("status", "") != "success" ||
+            !json["data"]["result"].is_array() || json["data"]["result"].empty()) {
+          return false;
+        }
         got = std::stod(json["data"]["result"][0]["value"][1].get<std::string>());
-        if (std::abs(got - expected) <= 1e-6) break;
-      }
-    }
-    std::this_thread::sleep_for(250ms);
-  }
+        return std::abs(got - expected) <= 1e-6;
+      },
+      30s, 250ms);
   EXPECT_NEAR(got, expected, 1e-6) << "last response: " << last_body << "\nprometheus log:\n"
                                    << ChildProcess::Tail((*prometheus)->Log());
   EXPECT_GT(got, 0);
@@ -875,13 +885,13 @@ class E2eSingleSlotTest : public OneClusterTest<1> {
 
   // Waits until the verifier reports no slot in use (bounded).
   static double WaitForFreeSlots(std::chrono::seconds bound = 20s) {
-    const auto deadline = std::chrono::steady_clock::now() + bound;
     double in_use = std::nan("");
-    while (std::chrono::steady_clock::now() < deadline) {
-      in_use = SumMetric(MetricsText(cluster_->verifier()->metrics_port()), "lede_kv_slots_in_use");
-      if (in_use == 0) break;
-      std::this_thread::sleep_for(50ms);
-    }
+    lede::testing::WaitUntil(
+        [&] {
+          in_use = SumMetric(MetricsText(cluster_->verifier()->metrics_port()), "lede_kv_slots_in_use");
+          return in_use == 0;
+        },
+        bound, 50ms);
     return in_use;
   }
 

@@ -30,6 +30,7 @@
 #include "tests/shared/telemetry/telemetry_test_util.h"
 #include "tests/testing/process.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
 
 namespace lede {
 namespace {
@@ -428,16 +429,18 @@ void ExpectDisconnectCancels(int http_port, LedeCluster* cluster, int n_events, 
     EXPECT_EQ(got["events"].size(), static_cast<size_t>(n_events));
   }
   double aborts = aborts_before, cancelled = cancelled_before, in_use = -1;
-  const auto deadline = std::chrono::steady_clock::now() + 30s;
-  while (std::chrono::steady_clock::now() < deadline) {
-    const std::string now = HttpGet(mport, "/metrics").body;
-    aborts = sample(now, abort_series);
-    cancelled = sample(now, cancelled_series);
-    const std::string verifier = HttpGet(cluster->verifier()->metrics_port(), "/metrics").body;
-    in_use = verifier.find("\nlede_kv_slots_in_use ") == std::string::npos ? -1 : sample(verifier, "lede_kv_slots_in_use");
-    if (aborts >= aborts_before + 1 && in_use == 0) break;
-    std::this_thread::sleep_for(50ms);
-  }
+  lede::testing::WaitUntil(
+      [&] {
+        const std::string now = HttpGet(mport, "/metrics").body;
+        aborts = sample(now, abort_series);
+        cancelled = sample(now, cancelled_series);
+        const std::string verifier = HttpGet(cluster->verifier()->metrics_port(), "/metrics").body;
+        in_use = verifier.find("\nlede_kv_slots_in_use ") == std::string::npos
+                     ? -1
+                     : sample(verifier, "lede_kv_slots_in_use");
+        return aborts >= aborts_before + 1 && in_use == 0;
+      },
+      30s, 50ms);
   EXPECT_EQ(aborts, aborts_before + 1);
   EXPECT_EQ(cancelled, cancelled_before + 1);
   EXPECT_EQ(in_use, 0);

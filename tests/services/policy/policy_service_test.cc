@@ -4,6 +4,7 @@
 // on 127.0.0.1:0 and a copy of the shipped policy root models/lede-tiny/policy
 // (accelerator-v2, story-accelerator-v2, measured-v2). Run from the repository root
 // (ctest's working directory).
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <iterator>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -34,8 +36,10 @@
 #include "shared/rpc/server.h"
 #include "shared/telemetry/lede_metrics.h"
 #include "shared/telemetry/metrics.h"
+#include "tests/testing/fake_clock.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
 
 namespace lede::policy_service {
 namespace {
@@ -43,6 +47,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::lede::testing::IsOk;
 using ::lede::testing::StatusIs;
+using ::lede::testing::WaitUntil;
 using ::testing::HasSubstr;
 using Json = nlohmann::json;
 
@@ -108,7 +113,8 @@ class PolicyServiceTest : public ::testing::Test {
     options.policy_root = root_.string();
     options.model_fingerprint = fingerprint_;
     options.n_layers = 12;
-    options.reload_interval = absl::Milliseconds(10);
+    options.reload_interval = absl::Seconds(1);  // on clock_: tests advance it
+    options.clock = &clock_;
     serving_ = std::make_unique<ServingPolicy>(options, &metrics_);
     ASSERT_THAT(serving_->Reload(), IsOk());
     service_ = std::make_unique<PolicyService>(serving_.get(), &metrics_);
@@ -169,6 +175,8 @@ class PolicyServiceTest : public ::testing::Test {
     return metrics_.policy_version.Add({{"version", version}}).Value();
   }
 
+  // The serving policy's poll clock; outlives serving_.
+  lede::testing::FakeClock clock_;
   lede::testing::TempDir tmp_;
   fs::path root_;
   std::string fingerprint_;
@@ -286,8 +294,12 @@ TEST_F(PolicyServiceTest, HotReloadReachesWatchersAndFollowers) {
   EXPECT_EQ(old_artifact->metadata.version, "accelerator-v2");
 
   serving_->StartPolling();
+  // The first poll (at once) finds nothing new; the next one comes a
+  // reload_interval later on the clock.
+  ASSERT_TRUE(WaitUntil([&] { return clock_.n_waiting() == 1; }));
   ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "story-accelerator-v2", fingerprint_),
               IsOk());
+  clock_.Advance(serving_->options().reload_interval);
   ASSERT_TRUE(watch->Read(&seen));
   EXPECT_EQ(seen.version(), "story-accelerator-v2");
   EXPECT_EQ(seen.sha256(), serving_->Current()->sha256);
@@ -330,9 +342,15 @@ TEST_F(PolicyServiceTest, CorruptedArtifactIsRefused) {
   EXPECT_EQ(Reloads("rejected"), 1);
   EXPECT_EQ(VersionGauge("accelerator-v2"), 1);
 
-  // The same through the poll thread: still refused, still counted once.
+  // The same through the poll thread: still refused, still counted once,
+  // after three polls (one at once, two more a reload_interval apart).
   serving_->StartPolling();
-  absl::SleepFor(absl::Milliseconds(50));
+  for (int64_t poll = 1; poll <= 3; ++poll) {
+    if (poll > 1) clock_.Advance(serving_->options().reload_interval);
+    // The poll thread has reloaded and waits for the next period.
+    ASSERT_TRUE(WaitUntil([&] { return clock_.n_waits() == poll && clock_.n_waiting() == 1; }))
+        << "poll " << poll;
+  }
   EXPECT_EQ(serving_->Current()->version, "accelerator-v2");
   EXPECT_EQ(Reloads("rejected"), 1);
 
@@ -367,22 +385,29 @@ TEST_F(PolicyServiceTest, VersionsForAnotherModelAreRefused) {
 // Decide calls running on another thread during many swaps all succeed, and
 // each answers with one of the published versions.
 TEST_F(PolicyServiceTest, DecideNeverFailsDuringSwaps) {
+  const std::vector<std::string> versions = {"story-accelerator-v2", "measured-v2",
+                                              "accelerator-v2"};
   std::atomic<bool> done{false};
-  std::atomic<int> n_ok{0}, n_failed{0};
+  std::atomic<int> n_ok{0}, n_failed{0}, n_unpublished{0};
   const lede::v1::DecideRequest request = MakeRequest(SomeFeatures());
+  std::mutex seen_mu;
+  std::string first_unpublished;  // the first reply version outside `versions`
   std::thread client([&] {
     while (!done.load() || n_ok.load() == 0) {
       lede::v1::DecideResponse response;
       grpc::ClientContext context;
       grpc::Status s = stub_->Decide(&context, request, &response);
-      if (s.ok() && response.actions_size() == request.states_size()) {
-        n_ok.fetch_add(1);
-      } else {
+      if (!s.ok() || response.actions_size() != request.states_size()) {
         n_failed.fetch_add(1);
+        continue;
+      }
+      n_ok.fetch_add(1);
+      if (std::find(versions.begin(), versions.end(), response.version()) == versions.end()) {
+        std::lock_guard<std::mutex> lock(seen_mu);
+        if (n_unpublished.fetch_add(1) == 0) first_unpublished = response.version();
       }
     }
   });
-  const char* versions[] = {"story-accelerator-v2", "measured-v2", "accelerator-v2"};
   for (int i = 0; i < 30; ++i) {
     ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), versions[i % 3], fingerprint_),
                 IsOk());
@@ -393,6 +418,7 @@ TEST_F(PolicyServiceTest, DecideNeverFailsDuringSwaps) {
   client.join();
   EXPECT_GT(n_ok.load(), 0);
   EXPECT_EQ(n_failed.load(), 0);
+  EXPECT_EQ(n_unpublished.load(), 0) << "e.g. version \"" << first_unpublished << "\"";
   EXPECT_EQ(Reloads("ok"), 31);
 }
 
@@ -426,6 +452,8 @@ TEST_F(PolicyServiceTest, FollowerSurvivesServiceRestart) {
   options.model_fingerprint = fingerprint_;
   options.initial_backoff = absl::Milliseconds(20);
   options.max_backoff = absl::Milliseconds(200);
+  lede::testing::FakeClock backoff_clock;  // the follower's reconnect backoff
+  options.clock = &backoff_clock;
   model_service::PolicyFollower follower(options);
   follower.Start();
   ASSERT_TRUE(follower.WaitForVersion("accelerator-v2", kWait));
@@ -434,13 +462,20 @@ TEST_F(PolicyServiceTest, FollowerSurvivesServiceRestart) {
   StopServer();
   ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "measured-v2", fingerprint_), IsOk());
   ASSERT_THAT(serving_->Reload(), IsOk());
-  absl::SleepFor(absl::Milliseconds(100));
-  EXPECT_EQ(follower.version(), "accelerator-v2");  // the last good policy meanwhile
+  // The stream is gone and the follower sleeps its backoff on the clock: it
+  // keeps the last good policy meanwhile.
+  ASSERT_TRUE(WaitUntil([&] { return backoff_clock.n_waiting() == 1; }));
+  EXPECT_EQ(follower.version(), "accelerator-v2");
   ASSERT_NE(follower.current(), nullptr);
 
   service_ = std::make_unique<PolicyService>(serving_.get(), &metrics_);
   StartServer(port);
-  ASSERT_TRUE(follower.WaitForVersion("measured-v2", kWait));
+  // Each backoff ends when the clock passes it; a reconnect that fails
+  // (gRPC's own channel backoff) sleeps again.
+  ASSERT_TRUE(WaitUntil([&] {
+    if (backoff_clock.n_waiting() == 1) backoff_clock.Advance(options.max_backoff);
+    return follower.version() == "measured-v2";
+  }));
   EXPECT_GE(follower.n_connects(), 2);
   follower.Stop();
 }

@@ -41,11 +41,14 @@
 #include "tests/testing/process.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
 #include "trainer/experience.h"
 #include "trainer/retrain.h"
 
 namespace lede {
 namespace {
+
+using ::lede::testing::WaitUntil;
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
@@ -112,16 +115,6 @@ double Series(const std::string& text, const std::string& series) {
     if (line.compare(0, series.size() + 1, series + " ") == 0) return std::stod(line.substr(series.size() + 1));
   }
   return 0;
-}
-
-template <typename Pred>
-bool WaitFor(Pred pred, std::chrono::seconds bound) {
-  const auto deadline = std::chrono::steady_clock::now() + bound;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(100ms);
-  }
-  return pred();
 }
 
 // Request ids with at least one transition in the store.
@@ -220,17 +213,17 @@ TEST(RetrainE2eTest, PublishesFollowsAndRefusesCorruptVersions) {
     if (explore) explore_ids.insert(id);
   }
   // The coordinator writes its shards within the shard age.
-  ASSERT_TRUE(WaitFor(
+  ASSERT_TRUE(WaitUntil(
       [&] {
         const std::set<std::string> logged = LoggedRequests(cluster.experience_dir());
         return std::includes(logged.begin(), logged.end(), explore_ids.begin(), explore_ids.end());
       },
-      30s))
+      30s, 100ms))
       << "experience of the exploration requests never reached " << cluster.experience_dir();
 
   // 2. Retrain once (forced), with requests in flight.
   BackgroundTraffic traffic(cluster.coordinator_target(), prompts);
-  ASSERT_TRUE(WaitFor([&] { return traffic.ok() > 0 || !traffic.failures().empty(); }, 30s));
+  ASSERT_TRUE(WaitUntil([&] { return traffic.ok() > 0 || !traffic.failures().empty(); }, 30s, 100ms));
   trainer::RetrainOptions ro;
   ro.experience_url = cluster.experience_dir();
   ro.policy_root = root.string();
@@ -255,20 +248,20 @@ TEST(RetrainE2eTest, PublishesFollowsAndRefusesCorruptVersions) {
   EXPECT_GT(outcome->report["data"]["behaviour_versions"][v0 + "+eps=0.200"]["transitions"].get<int64_t>(), 0);
 
   // 3. The policy service and the drafter follow; later summaries carry v1.
-  EXPECT_TRUE(WaitFor(
-      [&] { return Series(Metrics(policy_metrics), "lede_policy_version{version=\"" + v1 + "\"}") == 1; }, 30s))
+  EXPECT_TRUE(WaitUntil(
+      [&] { return Series(Metrics(policy_metrics), "lede_policy_version{version=\"" + v1 + "\"}") == 1; }, 30s, 100ms))
       << Metrics(policy_metrics);
   std::string seen;
-  EXPECT_TRUE(WaitFor(
+  EXPECT_TRUE(WaitUntil(
       [&] {
         CallResult r = Generate(*stub, Request(prompts[0], "after-swap", 0, 0, 8));
         seen = r.status.ok() && r.has_summary ? r.summary.policy_version() : "error: " + r.status.error_message();
         return seen == v1;
       },
-      30s))
+      30s, 100ms))
       << "last summary policy_version: " << seen;
   // Let the background traffic run on the new version too, then stop it.
-  ASSERT_TRUE(WaitFor([&] { return traffic.versions().count(v1) > 0 || !traffic.failures().empty(); }, 30s));
+  ASSERT_TRUE(WaitUntil([&] { return traffic.versions().count(v1) > 0 || !traffic.failures().empty(); }, 30s, 100ms));
   traffic.Stop();
   EXPECT_THAT(traffic.failures(), ::testing::IsEmpty());
   EXPECT_GT(traffic.ok(), 0);
@@ -305,7 +298,7 @@ TEST(RetrainE2eTest, PublishesFollowsAndRefusesCorruptVersions) {
     std::ofstream(root / "SERVING.tmp-test") << bad << "\n";
     fs::rename(root / "SERVING.tmp-test", root / "SERVING");
   }
-  EXPECT_TRUE(WaitFor([&] { return Series(Metrics(policy_metrics), rejected_series) > rejected_before; }, 30s))
+  EXPECT_TRUE(WaitUntil([&] { return Series(Metrics(policy_metrics), rejected_series) > rejected_before; }, 30s, 100ms))
       << Metrics(policy_metrics);
   EXPECT_EQ(Series(Metrics(policy_metrics), "lede_policy_version{version=\"" + v1 + "\"}"), 1);
   for (int i = 0; i < 3; ++i) {

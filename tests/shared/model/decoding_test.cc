@@ -143,7 +143,6 @@ TEST(EngineTest, EosInsideARoundStopsExactly) {
   for (GenerateOptions o : {ar, Static(5, 8, 20), Static(2, 4, 20)}) {
     GenerationResult r = MustGenerate(*engine2, kStoriesPrompt, o);
     EXPECT_EQ(r.finish, FinishReason::kEos);
-    EXPECT_GE(r.stats.decode_tokens_per_s(), 0.0);
     // The step that generated the EOS counts it: autoregressive decoding is one token per round.
     if (o.mode == SpeculationMode::kAutoregressive) {
       EXPECT_DOUBLE_EQ(r.stats.tokens_per_round(), 1.0);

@@ -16,14 +16,17 @@
 #include "shared/telemetry/metrics.h"
 #include "shared/telemetry/metrics_server.h"
 #include "tests/shared/telemetry/telemetry_test_util.h"
+#include "tests/testing/child_process.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
 
 namespace lede::telemetry {
 namespace {
 
 using ::lede::testing::IsOk;
-using test_util::ChildProcess;
+using ::lede::testing::ChildProcess;
+using ::lede::testing::WaitUntil;
 using test_util::FileExecutable;
 using test_util::FreePort;
 using test_util::HttpGet;
@@ -57,12 +60,12 @@ TEST(TelemetryIntegrationTest, PrometheusComputesAcceptanceRate) {
          "      - targets: ['127.0.0.1:"
       << (*server)->port() << "']\n";
   const std::string log = (tmp.path() / "prometheus.log").string();
-  ChildProcess prometheus(
+  auto prometheus = ChildProcess::Start(
       {kPrometheus, "--config.file=" + (tmp.path() / "prometheus.yml").string(),
        "--storage.tsdb.path=" + (tmp.path() / "data").string(),
        "--web.listen-address=127.0.0.1:" + std::to_string(prom_port)},
       log);
-  ASSERT_TRUE(prometheus.started());
+  ASSERT_THAT(prometheus, IsOk());
 
   // Drafting traffic: 4 drafted, 3 accepted per round.
   std::atomic<bool> stop{false};
@@ -79,20 +82,21 @@ TEST(TelemetryIntegrationTest, PrometheusComputesAcceptanceRate) {
                 " / sum(rate(lede_spec_decode_num_draft_tokens_total[5s]))");
   double ratio = std::nan("");
   std::string last_body;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (std::chrono::steady_clock::now() < deadline && prometheus.running()) {
-    HttpResponse resp = HttpGet(prom_port, query);
-    if (resp.status == 200) {
-      last_body = resp.body;
-      auto json = nlohmann::json::parse(resp.body, nullptr, /*allow_exceptions=*/false);
-      if (!json.is_discarded() && json.value("status", "") == "success" &&
-          json["data"]["result"].is_array() && !json["data"]["result"].empty()) {
+  WaitUntil(
+      [&] {
+        if (!(*prometheus)->Running()) return true;  // gone: fail below with its log
+        HttpResponse resp = HttpGet(prom_port, query);
+        if (resp.status != 200) return false;
+        last_body = resp.body;
+        auto json = nlohmann::json::parse(resp.body, nullptr, /*allow_exceptions=*/false);
+        if (json.is_discarded() || json.value("status", "") != "success" ||
+            !json["data"]["result"].is_array() || json["data"]["result"].empty()) {
+          return false;
+        }
         ratio = std::stod(json["data"]["result"][0]["value"][1].get<std::string>());
-        if (std::abs(ratio - 0.75) < 0.05) break;
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(250));
-  }
+        return std::abs(ratio - 0.75) < 0.05;
+      },
+      std::chrono::seconds(30), std::chrono::milliseconds(250));
   stop = true;
   traffic.join();
   EXPECT_NEAR(ratio, 0.75, 0.05) << "last response: " << last_body

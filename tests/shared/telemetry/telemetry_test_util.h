@@ -1,8 +1,8 @@
 // File: tests/shared/telemetry/telemetry_test_util.h
 //
 // Test helpers for the telemetry tests: a plain-socket HTTP client, URL
-// encoding, a free loopback port for child processes, a shell runner and a
-// child process that is always killed and reaped.
+// encoding, a free loopback port for child processes and a shell runner
+// (child processes: tests/testing/child_process.h).
 #ifndef LEDE_TESTS_SHARED_TELEMETRY_TELEMETRY_TEST_UTIL_H_
 #define LEDE_TESTS_SHARED_TELEMETRY_TELEMETRY_TEST_UTIL_H_
 
@@ -10,7 +10,6 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -28,7 +27,6 @@
 #include <utility>
 #include <vector>
 
-extern char** environ;
 
 namespace lede::telemetry::test_util {
 
@@ -125,50 +123,6 @@ inline std::pair<int, std::string> RunShell(const std::string& command) {
   const int status = ::pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
-
-// A child process killed (SIGTERM, then SIGKILL after 5 s) and reaped when
-// this object goes out of scope, so every test path cleans up.
-class ChildProcess {
- public:
-  ChildProcess(const std::vector<std::string>& argv, const std::string& log_path) {
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-    if (posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&actions);
-  }
-  ~ChildProcess() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);
-    for (int i = 0; i < 100; ++i) {
-      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-  }
-  ChildProcess(const ChildProcess&) = delete;
-  ChildProcess& operator=(const ChildProcess&) = delete;
-
-  bool started() const { return pid_ > 0; }
-  // True while the child has not exited.
-  bool running() {
-    if (pid_ <= 0) return false;
-    if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
-      pid_ = -1;
-      return false;
-    }
-    return true;
-  }
-
- private:
-  pid_t pid_ = -1;
-};
 
 inline std::string ReadAll(const std::filesystem::path& p) {
   std::ifstream in(p);

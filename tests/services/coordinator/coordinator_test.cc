@@ -1,0 +1,328 @@
+// Unit tests of the coordinator (services/coordinator/coordinator.h) run
+// in-process: GenerationService::GenerateInProcess against a scripted
+// verifier (a lede.v1.Verifier service on 127.0.0.1:0 in this process that
+// answers autoregressive steps from a token script), so request
+// validation, prompt resolution and stop-string filtering are checked
+// without starting any model process.
+#include "services/coordinator/coordinator.h"
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <grpcpp/server_context.h>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/lede/v1/model.grpc.pb.h"
+#include "shared/rpc/server.h"
+#include "shared/telemetry/metrics.h"
+#include "shared/tokenizer/model_files.h"
+#include "shared/tokenizer/tokenizer.h"
+#include "tests/shared/telemetry/telemetry_test_util.h"
+#include "tests/testing/status_matchers.h"
+
+namespace lede::coordinator {
+namespace {
+
+using ::lede::testing::IsOk;
+using ::lede::testing::StatusIs;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr int32_t kEos = 2;
+
+// A verifier whose OpenSession answers script[0] and each Verify (an
+// autoregressive step: no drafts) the next script token; records the
+// prompt it was given and the sessions closed.
+class ScriptedVerifier final : public lede::v1::Verifier::Service {
+ public:
+  explicit ScriptedVerifier(int32_t vocab_size) : vocab_size_(vocab_size) {}
+
+  grpc::Status Describe(grpc::ServerContext*, const lede::v1::DescribeRequest*,
+                        lede::v1::ModelInfo* info) override {
+    info->set_n_layers(4);
+    info->set_vocab_size(vocab_size_);
+    info->set_capacity(256);
+    info->set_n_slots(1);
+    info->set_max_draft_length(4);
+    info->add_eos_ids(kEos);
+    info->set_bos_id(1);
+    return grpc::Status::OK;
+  }
+  grpc::Status OpenSession(grpc::ServerContext*, const lede::v1::OpenSessionRequest* request,
+                           lede::v1::OpenSessionResponse* response) override {
+    opens_.fetch_add(1);
+    std::lock_guard<std::mutex> lock(mu_);
+    prompt_.assign(request->prompt_token_ids().begin(), request->prompt_token_ids().end());
+    next_ = 0;
+    response->set_slot(0);
+    response->set_first_token(Next());
+    return grpc::Status::OK;
+  }
+  grpc::Status Verify(grpc::ServerContext*, const lede::v1::VerifyRequest* request,
+                      lede::v1::VerifyResponse* response) override {
+    if (request->draft_tokens_size() != 0) {
+      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "scripted: steps only");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    response->add_tokens(Next());
+    return grpc::Status::OK;
+  }
+  grpc::Status CloseSession(grpc::ServerContext*, const lede::v1::CloseSessionRequest*,
+                            lede::v1::CloseSessionResponse*) override {
+    closes_.fetch_add(1);
+    return grpc::Status::OK;
+  }
+
+  void set_script(std::vector<int32_t> script) {
+    std::lock_guard<std::mutex> lock(mu_);
+    script_ = std::move(script);
+  }
+  std::vector<int32_t> prompt() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return prompt_;
+  }
+  int n_opens() const { return opens_.load(); }
+  int n_closes() const { return closes_.load(); }
+
+ private:
+  int32_t Next() {  // EOS once the script is out
+    return next_ < script_.size() ? script_[next_++] : kEos;
+  }
+
+  const int32_t vocab_size_;
+  std::mutex mu_;
+  std::vector<int32_t> script_;
+  size_t next_ = 0;
+  std::vector<int32_t> prompt_;
+  std::atomic<int> opens_{0};
+  std::atomic<int> closes_{0};
+};
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto path = tokenizer::FindTokenizerFile(std::string(LEDE_SOURCE_DIR) + "/models/lede-tiny");
+    ASSERT_THAT(path, IsOk());
+    tokenizer_path_ = *path;
+    auto tok = tokenizer::LoadTokenizer(tokenizer_path_);
+    ASSERT_THAT(tok, IsOk());
+    tokenizer_ = std::move(*tok);
+    verifier_ = std::make_unique<ScriptedVerifier>(tokenizer_->vocab_size());
+    runner_ = std::make_unique<rpc::ServerRunner>("coordinator-test");
+    runner_->AddService(verifier_.get());
+    rpc::ServerOptions so;
+    so.metrics_address = "";
+    so.shutdown_grace = std::chrono::milliseconds(100);
+    ASSERT_THAT(runner_->Start(so, nullptr), IsOk());
+
+    CoordinatorOptions o;
+    o.tokenizer_path = tokenizer_path_;
+    o.verifier_target = "127.0.0.1:" + std::to_string(runner_->port());
+    // No drafter: autoregressive requests never call it.
+    o.drafter_target = "127.0.0.1:" + std::to_string(telemetry::test_util::FreePort());
+    o.rpc_timeout_s = 5;
+    o.max_new_tokens_limit = 64;
+    auto service = GenerationService::Create(o, &registry_);
+    ASSERT_THAT(service, IsOk());
+    service_ = std::move(*service);
+  }
+  void TearDown() override {
+    service_.reset();
+    if (runner_) runner_->Shutdown();
+  }
+
+  static lede::v1::GenerateRequest Request(const std::string& prompt, int32_t max_new_tokens) {
+    lede::v1::GenerateRequest r;
+    r.set_prompt(prompt);
+    r.set_max_new_tokens(max_new_tokens);
+    r.set_method(lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE);
+    return r;
+  }
+
+  // Runs `request`; the text and ids of every delta, and the summary.
+  struct Outcome {
+    Status status;
+    std::string text;
+    std::vector<int32_t> ids;
+    int n_summaries = 0;
+    lede::v1::GenerationSummary summary;
+  };
+  Outcome Run(const lede::v1::GenerateRequest& request) {
+    Outcome out;
+    out.status = service_->GenerateInProcess(request, [&out](const lede::v1::GenerateResponse& r) {
+      if (r.has_delta()) {
+        out.text += r.delta().text();
+        out.ids.insert(out.ids.end(), r.delta().token_ids().begin(), r.delta().token_ids().end());
+      } else if (r.has_summary()) {
+        ++out.n_summaries;
+        out.summary = r.summary();
+      }
+      return true;
+    });
+    return out;
+  }
+
+  // The ids of `text` without BOS (SentencePiece adds the word-start space
+  // itself): what the scripted verifier will emit.
+  std::vector<int32_t> Ids(const std::string& text) {
+    auto ids = tokenizer_->Encode(text, /*add_bos=*/false, /*add_eos=*/false);
+    EXPECT_THAT(ids, IsOk());
+    return ids.ok() ? *ids : std::vector<int32_t>{};
+  }
+
+  std::string tokenizer_path_;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  std::unique_ptr<ScriptedVerifier> verifier_;
+  std::unique_ptr<rpc::ServerRunner> runner_;
+  telemetry::Registry registry_;
+  std::unique_ptr<GenerationService> service_;
+};
+
+// A text prompt is tokenized with BOS; prompt_token_ids are used as given.
+TEST_F(CoordinatorTest, ResolvesTextAndTokenPrompts) {
+  verifier_->set_script(Ids("once"));
+  Outcome text = Run(Request("Lily went", 4));
+  ASSERT_THAT(text.status, IsOk());
+  auto expected = tokenizer_->Encode("Lily went", /*add_bos=*/true, /*add_eos=*/false);
+  ASSERT_THAT(expected, IsOk());
+  EXPECT_EQ(verifier_->prompt(), *expected);
+  EXPECT_EQ(text.summary.prompt_tokens(), static_cast<int64_t>(expected->size()));
+
+  lede::v1::GenerateRequest ids = Request("", 4);
+  for (int32_t id : {1, 5, 6, 7}) ids.add_prompt_token_ids(id);
+  ASSERT_THAT(Run(ids).status, IsOk());
+  EXPECT_EQ(verifier_->prompt(), std::vector<int32_t>({1, 5, 6, 7}));
+}
+
+// The generation streams the script's text, ends at EOS (not emitted) and
+// closes the session; the summary accounts for every token.
+TEST_F(CoordinatorTest, StreamsUntilEos) {
+  const std::vector<int32_t> story = Ids("there was a cat");
+  verifier_->set_script(story);
+  Outcome out = Run(Request("Once upon a time,", 32));
+  ASSERT_THAT(out.status, IsOk());
+  EXPECT_EQ(out.text, " there was a cat");
+  EXPECT_THAT(out.ids, ElementsAreArray(story));
+  EXPECT_EQ(out.n_summaries, 1);
+  EXPECT_EQ(out.summary.finish_reason(), lede::v1::FINISH_REASON_EOS);
+  EXPECT_EQ(out.summary.generated_tokens(), static_cast<int64_t>(story.size()));
+  EXPECT_EQ(out.summary.drafted_tokens(), 0);
+  EXPECT_EQ(verifier_->n_closes(), 1);
+}
+
+// A stop string ends the generation with FINISH_REASON_STOP, and neither it
+// nor anything after it reaches the client, even when it spans tokens.
+TEST_F(CoordinatorTest, StopStringIsCutFromTheOutput) {
+  verifier_->set_script(Ids("there was a big cat and a dog"));
+  lede::v1::GenerateRequest r = Request("Once upon a time,", 32);
+  r.add_stop("big cat");
+  r.add_stop("zebra");
+  Outcome out = Run(r);
+  ASSERT_THAT(out.status, IsOk());
+  EXPECT_EQ(out.text, " there was a ");
+  EXPECT_EQ(out.summary.finish_reason(), lede::v1::FINISH_REASON_STOP);
+  EXPECT_EQ(verifier_->n_closes(), 1);
+}
+
+// Text held back as a possible stop-string start is released when it turns
+// out not to be one, and at the end of the generation.
+TEST_F(CoordinatorTest, HeldBackTextIsReleased) {
+  verifier_->set_script(Ids("a big dog ran"));
+  lede::v1::GenerateRequest r = Request("Once upon a time,", 32);
+  r.add_stop("big cat");
+  Outcome out = Run(r);
+  ASSERT_THAT(out.status, IsOk());
+  EXPECT_EQ(out.text, " a big dog ran");
+  EXPECT_EQ(out.summary.finish_reason(), lede::v1::FINISH_REASON_EOS);
+}
+
+// Invalid requests are INVALID_ARGUMENT naming the GenerateRequest field,
+// and no response is sent.
+TEST_F(CoordinatorTest, InvalidRequestsNameTheField) {
+  struct Case {
+    std::string field;
+    lede::v1::GenerateRequest request;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"max_new_tokens", Request("hi", 0)});
+  cases.push_back({"max_new_tokens", Request("hi", 65)});  // over the limit
+  lede::v1::GenerateRequest both = Request("hi", 4);
+  both.add_prompt_token_ids(1);
+  cases.push_back({"prompt", both});
+  cases.push_back({"prompt", Request("", 4)});
+  lede::v1::GenerateRequest bad_id = Request("", 4);
+  bad_id.add_prompt_token_ids(1);
+  bad_id.add_prompt_token_ids(tokenizer_->vocab_size());
+  cases.push_back({"prompt_token_ids[1]", bad_id});
+  lede::v1::GenerateRequest hot = Request("hi", 4);
+  hot.set_temperature(-1);
+  cases.push_back({"temperature", hot});
+  lede::v1::GenerateRequest stop = Request("hi", 4);
+  stop.add_stop("");
+  cases.push_back({"stop[0]", stop});
+  lede::v1::GenerateRequest layer = Request("hi", 4);
+  layer.set_method(lede::v1::SPECULATION_METHOD_STATIC);
+  layer.mutable_speculation()->set_exit_layer(9);
+  layer.mutable_speculation()->set_draft_length(2);
+  cases.push_back({"speculation.exit_layer", layer});
+  lede::v1::GenerateRequest length = Request("hi", 4);
+  length.set_method(lede::v1::SPECULATION_METHOD_STATIC);
+  length.mutable_speculation()->set_exit_layer(2);
+  length.mutable_speculation()->set_draft_length(5);
+  cases.push_back({"speculation.draft_length", length});
+  lede::v1::GenerateRequest threshold = Request("hi", 4);
+  threshold.set_method(lede::v1::SPECULATION_METHOD_THRESHOLD);
+  threshold.mutable_speculation()->set_threshold(1.5f);
+  cases.push_back({"speculation.threshold", threshold});
+  for (const Case& c : cases) {
+    Outcome out = Run(c.request);
+    EXPECT_THAT(out.status, StatusIs(StatusCode::kInvalidArgument)) << c.field;
+    EXPECT_THAT(std::string(out.status.message()), StartsWith(c.field + ":")) << out.status;
+    EXPECT_EQ(out.n_summaries, 0) << c.field;
+    EXPECT_TRUE(out.text.empty()) << c.field;
+  }
+  EXPECT_EQ(verifier_->n_opens(), 0);  // nothing reached a session
+}
+
+// Create() refuses options it cannot serve, naming the option.
+TEST(CoordinatorOptionsTest, CreateNamesTheBadOption) {
+  telemetry::Registry registry;
+  CoordinatorOptions o;
+  EXPECT_THAT(GenerationService::Create(o, &registry).status(), StatusIs(StatusCode::kInvalidArgument));
+  o.tokenizer_path = "/nonexistent/tokenizer.model";
+  EXPECT_THAT(GenerationService::Create(o, &registry).status(), StatusIs(StatusCode::kNotFound));
+  auto path = tokenizer::FindTokenizerFile(std::string(LEDE_SOURCE_DIR) + "/models/lede-tiny");
+  ASSERT_THAT(path, IsOk());
+  o.tokenizer_path = *path;
+  o.reward = "speed";
+  auto bad_reward = GenerationService::Create(o, &registry);
+  EXPECT_THAT(bad_reward.status(), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(bad_reward.status().message()), HasSubstr("reward"));
+  o.reward = "throughput";
+  o.max_new_tokens_limit = 0;
+  EXPECT_THAT(GenerationService::Create(o, &registry).status(), StatusIs(StatusCode::kInvalidArgument));
+}
+
+// Method names round-trip, in any case; unknown names are refused.
+TEST(CoordinatorOptionsTest, SpeculationMethodNamesRoundTrip) {
+  for (lede::v1::SpeculationMethod m :
+       {lede::v1::SPECULATION_METHOD_LEDE, lede::v1::SPECULATION_METHOD_STATIC,
+        lede::v1::SPECULATION_METHOD_THRESHOLD, lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE}) {
+    lede::v1::SpeculationMethod parsed = lede::v1::SPECULATION_METHOD_UNSPECIFIED;
+    ASSERT_TRUE(ParseSpeculationMethodName(SpeculationMethodName(m), &parsed));
+    EXPECT_EQ(parsed, m);
+  }
+  EXPECT_EQ(SpeculationMethodName(lede::v1::SPECULATION_METHOD_UNSPECIFIED), "lede");
+  lede::v1::SpeculationMethod parsed;
+  EXPECT_TRUE(ParseSpeculationMethodName("Static", &parsed));
+  EXPECT_EQ(parsed, lede::v1::SPECULATION_METHOD_STATIC);
+  EXPECT_FALSE(ParseSpeculationMethodName("fast", &parsed));
+}
+
+}  // namespace
+}  // namespace lede::coordinator
