@@ -72,9 +72,6 @@ std::string SpeculationMethodName(lede::v1::SpeculationMethod method);
 // speculation::ParseSpeculationMethod); false for anything else.
 bool ParseSpeculationMethodName(const std::string& name, lede::v1::SpeculationMethod* method);
 
-class RemoteBackend;
-class GenerateReactor;
-
 // Implements lede.v1.Generation. Create() checks the options and opens the
 // experience store; the model processes are contacted lazily, so the
 // coordinator may start first.
@@ -120,8 +117,6 @@ class GenerationService final
  private:
   GenerationService();
   struct Impl;
-  friend class RemoteBackend;
-  friend class GenerateReactor;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,6 +1,7 @@
 #include "services/coordinator/openai_api.h"
 
 #include "services/coordinator/coordinator.h"
+#include "shared/status/status_macros.h"
 
 #include <algorithm>
 #include <cctype>
@@ -173,35 +174,11 @@ void NullUsage(const Request& r, json* chunk) {
   if (r.include_usage) (*chunk)["usage"] = nullptr;
 }
 
-}  // namespace
-
-StatusOr<Request> ParseRequest(Endpoint endpoint, const std::string& body,
-                               const ChatPromptRenderer& render_chat, uint64_t random_seed) {
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return InvalidArgumentError("body: not valid JSON (UTF-8)");
-  if (!j.is_object()) return InvalidArgumentError("body: must be a JSON object");
-  Request r;
-  r.endpoint = endpoint;
-  const bool chat = endpoint == Endpoint::kChatCompletions;
-  lede::v1::GenerateRequest& g = r.generate;
-  g.set_temperature(1.0f);  // OpenAI's defaults
-  g.set_top_p(1.0f);
-  g.set_seed(random_seed);
-  g.set_method(lede::v1::SPECULATION_METHOD_LEDE);
-
-  static const std::set<std::string> kCommon = {
-      "model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options",
-      "n", "user", "speculation", "logprobs", "best_of", "echo", "top_logprobs"};
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& k = it.key();
-    const bool known = kCommon.count(k) > 0 || (chat ? (k == "messages" || k == "max_completion_tokens")
-                                                     : k == "prompt");
-    if (!known) r.ignored_fields.push_back(k);
-  }
-
+// "model", and "messages" rendered by the chat template (chat) or "prompt" (completions).
+Status ParseInput(const json& j, bool chat, const ChatPromptRenderer& render_chat, Request* req) {
   if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
     if (!it->is_string()) return Bad("model", "must be a string");
-    r.model = it->get<std::string>();
+    req->model = it->get<std::string>();
   }
   if (chat) {
     auto it = j.find("messages");
@@ -210,14 +187,19 @@ StatusOr<Request> ParseRequest(Endpoint endpoint, const std::string& body,
     if (!messages.ok()) return messages.status();
     StatusOr<std::string> prompt = render_chat(*messages);
     if (!prompt.ok()) return prompt.status();
-    g.set_prompt(*prompt);
+    req->generate.set_prompt(*prompt);
   } else {
     auto it = j.find("prompt");
     if (it == j.end() || it->is_null()) return Bad("prompt", "required");
-    if (Status s = ParsePrompt(*it, &g); !s.ok()) return s;
+    return ParsePrompt(*it, &req->generate);
   }
 
-  // Token limit: max_completion_tokens (chat) wins over max_tokens.
+  return OkStatus();
+}
+
+// The token limit: max_completion_tokens (chat) wins over max_tokens; none means up to the context window (chat) or kDefaultCompletionMaxTokens.
+Status ParseTokenLimit(const json& j, bool chat, Request* req) {
+  lede::v1::GenerateRequest& g = req->generate;
   bool have_limit = false;
   for (const char* key : {"max_completion_tokens", "max_tokens"}) {
     if (!chat && std::string(key) == "max_completion_tokens") continue;
@@ -226,17 +208,23 @@ StatusOr<Request> ParseRequest(Endpoint endpoint, const std::string& body,
     StatusOr<int32_t> v = Int32Field(*it, key);
     if (!v.ok()) return v.status();
     g.set_max_new_tokens(*v);
-    r.max_tokens_param = key;
+    req->max_tokens_param = key;
     have_limit = true;
     break;
   }
   if (!have_limit) {
     if (chat) {
-      r.fill_max_tokens = true;  // up to the context window
+      req->fill_max_tokens = true;  // up to the context window
     } else {
       g.set_max_new_tokens(kDefaultCompletionMaxTokens);
     }
   }
+  return OkStatus();
+}
+
+// "temperature", "top_p", "seed", "stop".
+Status ParseSampling(const json& j, lede::v1::GenerateRequest* request) {
+  lede::v1::GenerateRequest& g = *request;
   if (auto it = j.find("temperature"); it != j.end() && !it->is_null()) {
     StatusOr<float> v = FloatField(*it, "temperature");
     if (!v.ok()) return v.status();
@@ -265,19 +253,29 @@ StatusOr<Request> ParseRequest(Endpoint endpoint, const std::string& body,
       return Bad("stop", "must be a string or a list of strings");
     }
   }
+  return OkStatus();
+}
+
+// "stream" and "stream_options".
+Status ParseStreaming(const json& j, Request* req) {
   if (auto it = j.find("stream"); it != j.end()) {
     StatusOr<bool> v = BoolField(*it, "stream");
     if (!v.ok()) return v.status();
-    r.stream = *v;
+    req->stream = *v;
   }
   if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
     if (!it->is_object()) return Bad("stream_options", "must be an object");
     if (auto u = it->find("include_usage"); u != it->end()) {
       StatusOr<bool> v = BoolField(*u, "stream_options.include_usage");
       if (!v.ok()) return v.status();
-      r.include_usage = *v;
+      req->include_usage = *v;
     }
   }
+  return OkStatus();
+}
+
+// Fields accepted only at their no-op values: n, best_of (1), echo, logprobs, top_logprobs (off).
+Status RejectUnsupported(const json& j) {
   for (const char* key : {"n", "best_of"}) {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) continue;
@@ -291,6 +289,40 @@ StatusOr<Request> ParseRequest(Endpoint endpoint, const std::string& body,
     if (it == j.end() || it->is_null() || *it == false || *it == 0) continue;
     return Bad(key, "not supported");
   }
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<Request> ParseRequest(Endpoint endpoint, const std::string& body,
+                               const ChatPromptRenderer& render_chat, uint64_t random_seed) {
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return InvalidArgumentError("body: not valid JSON (UTF-8)");
+  if (!j.is_object()) return InvalidArgumentError("body: must be a JSON object");
+  Request r;
+  r.endpoint = endpoint;
+  const bool chat = endpoint == Endpoint::kChatCompletions;
+  lede::v1::GenerateRequest& g = r.generate;
+  g.set_temperature(1.0f);  // OpenAI's defaults
+  g.set_top_p(1.0f);
+  g.set_seed(random_seed);
+  g.set_method(lede::v1::SPECULATION_METHOD_LEDE);
+
+  static const std::set<std::string> kCommon = {
+      "model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options",
+      "n", "user", "speculation", "logprobs", "best_of", "echo", "top_logprobs"};
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    const bool known = kCommon.count(k) > 0 || (chat ? (k == "messages" || k == "max_completion_tokens")
+                                                     : k == "prompt");
+    if (!known) r.ignored_fields.push_back(k);
+  }
+
+  LEDE_RETURN_IF_ERROR(ParseInput(j, chat, render_chat, &r));
+  LEDE_RETURN_IF_ERROR(ParseTokenLimit(j, chat, &r));
+  LEDE_RETURN_IF_ERROR(ParseSampling(j, &g));
+  LEDE_RETURN_IF_ERROR(ParseStreaming(j, &r));
+  LEDE_RETURN_IF_ERROR(RejectUnsupported(j));
   if (auto it = j.find("speculation"); it != j.end()) {
     if (Status s = ParseSpeculation(*it, &g); !s.ok()) return s;
   }

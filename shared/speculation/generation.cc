@@ -82,20 +82,18 @@ double GenerationStats::mean_draft_len() const {
   return n > 0 ? static_cast<double>(sum) / n : 0.0;
 }
 
-StatusOr<GenerationResult> RunGeneration(SpeculationBackend& backend,
-                                         const std::vector<int32_t>& prompt,
-                                         const LoopOptions& o, const TokenSink& on_tokens) {
-  const ModelLimits& limits = backend.limits();
+namespace {
+
+// Checks the loop's inputs against the model; INVALID_ARGUMENT naming the field.
+Status ValidateInputs(const ModelLimits& limits, const std::vector<int32_t>& prompt, const LoopOptions& o) {
   if (prompt.empty()) return InvalidArgumentError("prompt: is empty");
   if (o.max_new_tokens < 1) {
-    return InvalidArgumentError("max_new_tokens: must be >= 1, got " +
-                                std::to_string(o.max_new_tokens));
+    return InvalidArgumentError("max_new_tokens: must be >= 1, got " + std::to_string(o.max_new_tokens));
   }
   const int64_t P = static_cast<int64_t>(prompt.size());
   if (P + o.max_new_tokens > limits.capacity) {
     return InvalidArgumentError("prompt: " + std::to_string(P) + " tokens + max_new_tokens " +
-                                std::to_string(o.max_new_tokens) +
-                                " exceed the context window of " +
+                                std::to_string(o.max_new_tokens) + " exceed the context window of " +
                                 std::to_string(limits.capacity) + " tokens");
   }
   const SamplingParams& s = o.session.sampling;
@@ -107,84 +105,87 @@ StatusOr<GenerationResult> RunGeneration(SpeculationBackend& backend,
                                   std::to_string(limits.vocab_size) + ")");
     }
   }
+  return OkStatus();
+}
 
-  SessionOptions session_options = o.session;
-  session_options.record_nll = session_options.record_nll || o.mode == SpeculationMode::kAdaptive;
-  auto t0 = Clock::now();
-  LEDE_ASSIGN_OR_RETURN(Prefilled first, backend.Open(prompt, session_options));
-  struct SessionGuard {
-    SpeculationBackend& backend;
-    int64_t session;
-    ~SessionGuard() { backend.Close(session); }
-  } guard{backend, first.session};
+// One request's loop after the prefill: the output so far, the stop
+// conditions, and the per-request signals the drafter sees (C_trace, the
+// acceptance EMA).
+class Loop {
+ public:
+  Loop(SpeculationBackend& backend, int64_t session, const LoopOptions& o, const SessionOptions& session_options,
+       const TokenSink& on_tokens, int64_t prompt_len)
+      : backend_(backend),
+        limits_(backend.limits()),
+        session_(session),
+        o_(o),
+        session_options_(session_options),
+        on_tokens_(on_tokens),
+        prompt_len_(prompt_len),
+        trace_(o.trace_window) {
+    result_.stats.n_prompt_tokens = prompt_len;
+  }
 
-  GenerationResult result;
-  GenerationStats& stats = result.stats;
-  stats.n_prompt_tokens = P;
-  TraceWindow trace(o.trace_window);
-  float accept_ema = model::ExitState::kAcceptEmaPrior;
-  bool done = false;
-  bool stopped_on_eos = false;  // the EOS the model generated counts as its round's output
-  std::vector<int32_t> emitted_now;
+  bool done() const { return done_; }
+  GenerationResult& result() { return result_; }
 
   // Appends one token unless a stop condition holds; returns false once done.
-  auto emit = [&](int32_t token, double nll, double margin) {
-    if (done) return false;
-    if (o.stop_at_eos &&
-        std::find(limits.eos_ids.begin(), limits.eos_ids.end(), token) != limits.eos_ids.end()) {
-      result.finish = FinishReason::kEos;
-      done = true;
-      stopped_on_eos = true;
+  bool Emit(int32_t token, double nll, double margin) {
+    if (done_) return false;
+    if (o_.stop_at_eos && std::find(limits_.eos_ids.begin(), limits_.eos_ids.end(), token) != limits_.eos_ids.end()) {
+      result_.finish = FinishReason::kEos;
+      done_ = true;
+      stopped_on_eos_ = true;
       return false;
     }
-    result.tokens.push_back(token);
-    emitted_now.push_back(token);
-    if (session_options.record_nll) trace.Push(nll);
-    if (session_options.record_margins) result.margins.push_back(margin);
-    if (static_cast<int64_t>(result.tokens.size()) >= o.max_new_tokens) {
-      result.finish = FinishReason::kLength;
-      done = true;
+    result_.tokens.push_back(token);
+    emitted_now_.push_back(token);
+    if (session_options_.record_nll) trace_.Push(nll);
+    if (session_options_.record_margins) result_.margins.push_back(margin);
+    if (static_cast<int64_t>(result_.tokens.size()) >= o_.max_new_tokens) {
+      result_.finish = FinishReason::kLength;
+      done_ = true;
     }
     return true;
-  };
-  auto flush = [&]() {
-    if (on_tokens && !emitted_now.empty() && !on_tokens(emitted_now) && !done) {
-      result.finish = FinishReason::kStop;
-      done = true;
-    }
-    emitted_now.clear();
-  };
+  }
 
-  emit(first.token, first.nll, first.margin);
-  flush();
-  stats.prefill_s = SecondsSince(t0);
-  auto t1 = Clock::now();
-  while (!done) {
-    auto round_t0 = Clock::now();
-    const int32_t pending = result.tokens.back();
-    const int64_t position = P + static_cast<int64_t>(result.tokens.size()) - 1;  // committed length
-    const int64_t remaining = o.max_new_tokens - static_cast<int64_t>(result.tokens.size());
-    const int64_t room = limits.capacity - position - 1;
+  // Hands the tokens emitted since the last call to the sink; a sink that
+  // returns false stops the request (kStop).
+  void Flush() {
+    if (on_tokens_ && !emitted_now_.empty() && !on_tokens_(emitted_now_) && !done_) {
+      result_.finish = FinishReason::kStop;
+      done_ = true;
+    }
+    emitted_now_.clear();
+  }
+
+  // One speculation round: draft (unless autoregressive or no budget is
+  // left), verify, emit the verified tokens, record the round.
+  Status Round() {
+    const auto round_t0 = Clock::now();
+    const int32_t pending = result_.tokens.back();
+    const int64_t position = prompt_len_ + static_cast<int64_t>(result_.tokens.size()) - 1;  // committed length
+    const int64_t remaining = o_.max_new_tokens - static_cast<int64_t>(result_.tokens.size());
+    const int64_t room = limits_.capacity - position - 1;
     const int64_t budget = std::min(remaining - 1, room);
     Draft draft;
-    if (o.mode != SpeculationMode::kAutoregressive && budget > 0) {
+    if (o_.mode != SpeculationMode::kAutoregressive && budget > 0) {
       DraftRequest request;
       request.pending_token = pending;
       request.position = position;
       request.budget = budget;
-      request.trace_nll = trace.Mean();
-      request.accept_ema = accept_ema;
-      request.round_index = static_cast<int64_t>(stats.rounds.size());
-      request.record_trace = o.record_traces;
-      LEDE_ASSIGN_OR_RETURN(draft, backend.DraftRound(first.session, request));
+      request.trace_nll = trace_.Mean();
+      request.accept_ema = accept_ema_;
+      request.round_index = static_cast<int64_t>(result_.stats.rounds.size());
+      request.record_trace = o_.record_traces;
+      LEDE_ASSIGN_OR_RETURN(draft, backend_.DraftRound(session_, request));
     }
-    LEDE_ASSIGN_OR_RETURN(Verdict verdict, backend.VerifyRound(first.session, pending, draft));
+    LEDE_ASSIGN_OR_RETURN(Verdict verdict, backend_.VerifyRound(session_, pending, draft));
     const int32_t K = static_cast<int32_t>(draft.tokens.size());
     if (verdict.n_accepted < 0 || verdict.n_accepted > K ||
         verdict.tokens.size() != static_cast<size_t>(verdict.n_accepted) + 1) {
-      return InternalError("verifier returned " + std::to_string(verdict.tokens.size()) +
-                           " tokens with n_accepted " + std::to_string(verdict.n_accepted) +
-                           " for " + std::to_string(K) + " drafts");
+      return InternalError("verifier returned " + std::to_string(verdict.tokens.size()) + " tokens with n_accepted " +
+                           std::to_string(verdict.n_accepted) + " for " + std::to_string(K) + " drafts");
     }
     RoundRecord round;
     round.exit_layer = K > 0 ? draft.exit_layer : 0;
@@ -192,34 +193,74 @@ StatusOr<GenerationResult> RunGeneration(SpeculationBackend& backend,
     round.n_accepted = verdict.n_accepted;
     round.n_probes = draft.n_probes;
     round.n_decisions = draft.n_decisions;
-    accept_ema = model::UpdateAcceptEma(accept_ema, K, verdict.n_accepted);
-    stats.n_drafted += K;
-    stats.n_accepted += verdict.n_accepted;
-    const size_t before = result.tokens.size();
+    accept_ema_ = model::UpdateAcceptEma(accept_ema_, K, verdict.n_accepted);
+    result_.stats.n_drafted += K;
+    result_.stats.n_accepted += verdict.n_accepted;
+    const size_t before = result_.tokens.size();
     for (size_t i = 0; i < verdict.tokens.size(); ++i) {
-      emit(verdict.tokens[i], i < verdict.nll.size() ? verdict.nll[i] : 0.0,
+      Emit(verdict.tokens[i], i < verdict.nll.size() ? verdict.nll[i] : 0.0,
            i < verdict.margins.size() ? verdict.margins[i] : 0.0);
     }
-    round.n_emitted = static_cast<int32_t>(result.tokens.size() - before) + (stopped_on_eos ? 1 : 0);
-    if (o.record_traces && !draft.trace.decisions.empty()) {
-      model::RoundTrace rt = std::move(draft.trace);
-      for (model::Decision& d : rt.decisions) {
-        d.accepted = d.draft_index >= 0 && d.draft_index < verdict.n_accepted;
-      }
-      rt.round_index = static_cast<int64_t>(stats.rounds.size());
-      rt.exit_layer = round.exit_layer;
-      rt.n_drafted = K;
-      rt.n_accepted = verdict.n_accepted;
-      result.traces.push_back(std::move(rt));
-    }
-    if (!draft.policy_version.empty()) result.policy_version = draft.policy_version;
+    round.n_emitted = static_cast<int32_t>(result_.tokens.size() - before) + (stopped_on_eos_ ? 1 : 0);
+    if (o_.record_traces && !draft.trace.decisions.empty()) RecordTrace(std::move(draft.trace), round);
+    if (!draft.policy_version.empty()) result_.policy_version = draft.policy_version;
     round.latency_s = SecondsSince(round_t0);
-    stats.rounds.push_back(round);
-    flush();
+    result_.stats.rounds.push_back(round);
+    Flush();
+    return OkStatus();
   }
+
+ private:
+  // The round's decisions, each marked accepted when its draft was.
+  void RecordTrace(model::RoundTrace rt, const RoundRecord& round) {
+    for (model::Decision& d : rt.decisions) d.accepted = d.draft_index >= 0 && d.draft_index < round.n_accepted;
+    rt.round_index = static_cast<int64_t>(result_.stats.rounds.size());
+    rt.exit_layer = round.exit_layer;
+    rt.n_drafted = round.n_drafted;
+    rt.n_accepted = round.n_accepted;
+    result_.traces.push_back(std::move(rt));
+  }
+
+  SpeculationBackend& backend_;
+  const ModelLimits& limits_;
+  const int64_t session_;
+  const LoopOptions& o_;
+  const SessionOptions& session_options_;
+  const TokenSink& on_tokens_;
+  const int64_t prompt_len_;
+  GenerationResult result_;
+  TraceWindow trace_;
+  float accept_ema_ = model::ExitState::kAcceptEmaPrior;
+  bool done_ = false;
+  bool stopped_on_eos_ = false;  // the EOS the model generated counts as its round's output
+  std::vector<int32_t> emitted_now_;
+};
+
+}  // namespace
+
+StatusOr<GenerationResult> RunGeneration(SpeculationBackend& backend, const std::vector<int32_t>& prompt,
+                                         const LoopOptions& o, const TokenSink& on_tokens) {
+  LEDE_RETURN_IF_ERROR(ValidateInputs(backend.limits(), prompt, o));
+  SessionOptions session_options = o.session;
+  session_options.record_nll = session_options.record_nll || o.mode == SpeculationMode::kAdaptive;
+  const auto t0 = Clock::now();
+  LEDE_ASSIGN_OR_RETURN(Prefilled first, backend.Open(prompt, session_options));
+  struct SessionGuard {
+    SpeculationBackend& backend;
+    int64_t session;
+    ~SessionGuard() { backend.Close(session); }
+  } guard{backend, first.session};
+
+  Loop loop(backend, first.session, o, session_options, on_tokens, static_cast<int64_t>(prompt.size()));
+  loop.Emit(first.token, first.nll, first.margin);
+  loop.Flush();
+  GenerationStats& stats = loop.result().stats;
+  stats.prefill_s = SecondsSince(t0);
+  const auto t1 = Clock::now();
+  while (!loop.done()) LEDE_RETURN_IF_ERROR(loop.Round());
   stats.decode_s = SecondsSince(t1);
-  stats.n_generated = static_cast<int64_t>(result.tokens.size());
-  return result;
+  stats.n_generated = static_cast<int64_t>(loop.result().tokens.size());
+  return std::move(loop.result());
 }
 
 }  // namespace lede::speculation

@@ -28,6 +28,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 #include <utility>
@@ -1325,6 +1326,17 @@ class TemplateParser {
 
 enum class Flow { kNormal, kBreak, kContinue };
 
+// A filter's arguments: positional `args`, or `kwargs` by name (kwargs win).
+struct FilterArgs {
+  const std::vector<Value>& args;
+  const std::map<std::string, Value>& kwargs;
+  const Value* Get(const std::string& key, size_t pos) const {
+    auto it = kwargs.find(key);
+    if (it != kwargs.end()) return &it->second;
+    return pos < args.size() ? &args[pos] : nullptr;
+  }
+};
+
 class Renderer {
  public:
   Renderer(const TemplateProgram& program, std::time_t now) : program_(program), now_(now) {
@@ -1723,86 +1735,24 @@ class Renderer {
     return Value::MakeList(std::move(out));
   }
 
-  StatusOr<Value> ApplyFilter(const std::string& name, const Value& v, const std::vector<Value>& args,
-                              const std::map<std::string, Value>& kwargs, int line) {
-    auto kw = [&](const std::string& key, size_t pos) -> const Value* {
-      auto it = kwargs.find(key);
-      if (it != kwargs.end()) return &it->second;
-      return pos < args.size() ? &args[pos] : nullptr;
-    };
-    if (name == "safe") return v;
+  // String filters: trim, string, upper, lower, capitalize, title, replace; nullopt when `name` is not one of them.
+  std::optional<StatusOr<Value>> StringFilter(const std::string& name, const Value& v, const FilterArgs& fa,
+                                                    int line) {
     if (name == "trim") {
-      if (v.type != Value::Type::kString) return Value::Str(PyStrip(PyStr(v), true, true, kw("chars", 0)));
-      return Value::Str(PyStrip(v.s, true, true, kw("chars", 0)));
+      if (v.type != Value::Type::kString) return Value::Str(PyStrip(PyStr(v), true, true, fa.Get("chars", 0)));
+      return Value::Str(PyStrip(v.s, true, true, fa.Get("chars", 0)));
     }
-    if (name == "tojson") {
-      int indent = -1;
-      if (const Value* i = kw("indent", 0); i != nullptr && i->type == Value::Type::kInt) indent = static_cast<int>(i->i);
-      const Value* sort = kw("sort_keys", 3);
-      std::string out;
-      Status s = ToJson(v, indent, sort != nullptr && Truthy(*sort), 0, &out);
-      if (!s.ok()) return Error(line, std::string(s.message()));
-      return Value::Str(out);
-    }
-    if (name == "length" || name == "count") {
-      switch (v.type) {
-        case Value::Type::kString: return Value::Int(static_cast<int64_t>(CodePointCount(v.s)));
-        case Value::Type::kList: return Value::Int(static_cast<int64_t>(v.list->size()));
-        case Value::Type::kDict: return Value::Int(static_cast<int64_t>(v.dict->items.size()));
-        case Value::Type::kUndefined: return Value::Int(0);
-        default: return Error(line, std::string("object of type '") + TypeName(v) + "' has no len()");
-      }
-    }
+
     if (name == "string") return Value::Str(PyStr(v));
-    if (name == "list") {
-      LEDE_ASSIGN_OR_RETURN(List items, Iterate(v, line));
-      return Value::MakeList(std::move(items));
-    }
-    if (name == "first" || name == "last") {
-      LEDE_ASSIGN_OR_RETURN(List items, Iterate(v, line));
-      if (items.empty()) return Value::Undefined(name);
-      return name == "first" ? items.front() : items.back();
-    }
-    if (name == "reverse") {
-      if (v.type == Value::Type::kString) {
-        LEDE_ASSIGN_OR_RETURN(List chars, Iterate(v, line));
-        std::string out;
-        for (auto it = chars.rbegin(); it != chars.rend(); ++it) out += it->s;
-        return Value::Str(out);
-      }
-      LEDE_ASSIGN_OR_RETURN(List items, Iterate(v, line));
-      std::reverse(items.begin(), items.end());
-      return Value::MakeList(std::move(items));
-    }
-    if (name == "unique") {
-      LEDE_ASSIGN_OR_RETURN(List items, Iterate(v, line));
-      List out;
-      for (const Value& item : items) {
-        if (std::none_of(out.begin(), out.end(), [&](const Value& o) { return Equal(o, item); })) out.push_back(item);
-      }
-      return Value::MakeList(std::move(out));
-    }
-    if (name == "join") {
-      LEDE_ASSIGN_OR_RETURN(List items, Iterate(v, line));
-      const Value* sep = kw("d", 0);
-      const Value* attribute = kw("attribute", 1);
-      std::string out;
-      for (size_t k = 0; k < items.size(); ++k) {
-        if (k > 0 && sep != nullptr) out += PyStr(*sep);
-        Value item = items[k];
-        if (attribute != nullptr) {
-          LEDE_ASSIGN_OR_RETURN(item, GetItem(item, *attribute, line));
-        }
-        out += PyStr(item);
-      }
-      return Value::Str(out);
-    }
+
     if (name == "upper" || name == "lower") return Value::Str(AsciiCase(PyStr(v), name == "upper"));
+
     if (name == "capitalize") {
       std::string s = AsciiCase(PyStr(v), false);
       if (!s.empty()) s[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(s[0])));
       return Value::Str(s);
     }
+
     if (name == "title") {
       std::string s = PyStr(v);
       bool start = true;
@@ -1814,23 +1764,10 @@ class Renderer {
       }
       return Value::Str(s);
     }
-    if (name == "default" || name == "d") {
-      const Value* def = kw("default_value", 0);
-      const Value* boolean = kw("boolean", 1);
-      const bool use_default = v.is_undefined() || (boolean != nullptr && Truthy(*boolean) && !Truthy(v));
-      if (use_default) return def != nullptr ? *def : Value::Str("");
-      return v;
-    }
-    if (name == "items") {
-      if (v.is_undefined()) return Value::MakeList();
-      if (v.type != Value::Type::kDict) return Error(line, "items needs a mapping");
-      List out;
-      for (const auto& [key, val] : v.dict->items) out.push_back(Value::MakeList({Value::Str(key), val}));
-      return Value::MakeList(std::move(out));
-    }
+
     if (name == "replace") {
-      const Value* from = kw("old", 0);
-      const Value* to = kw("new", 1);
+      const Value* from = fa.Get("old", 0);
+      const Value* to = fa.Get("new", 1);
       if (from == nullptr || to == nullptr) return Error(line, "replace needs two arguments");
       std::string s = PyStr(v);
       const std::string f = PyStr(*from), t = PyStr(*to);
@@ -1845,6 +1782,83 @@ class Renderer {
       out.append(s, pos, std::string::npos);
       return Value::Str(out);
     }
+    return std::nullopt;
+  }
+
+  // Sequence filters: length/count, list, first, last, reverse, unique, join, items; nullopt when `name` is not one of them.
+  std::optional<StatusOr<Value>> SequenceFilter(const std::string& name, const Value& v, const FilterArgs& fa,
+                                                    int line) {
+    if (name == "length" || name == "count") {
+      switch (v.type) {
+        case Value::Type::kString: return Value::Int(static_cast<int64_t>(CodePointCount(v.s)));
+        case Value::Type::kList: return Value::Int(static_cast<int64_t>(v.list->size()));
+        case Value::Type::kDict: return Value::Int(static_cast<int64_t>(v.dict->items.size()));
+        case Value::Type::kUndefined: return Value::Int(0);
+        default: return Error(line, std::string("object of type '") + TypeName(v) + "' has no len()");
+      }
+    }
+
+    if (name == "list") {
+      LEDE_ASSIGN_OR_RETURN(List items, Iterate(v, line));
+      return Value::MakeList(std::move(items));
+    }
+
+    if (name == "first" || name == "last") {
+      LEDE_ASSIGN_OR_RETURN(List items, Iterate(v, line));
+      if (items.empty()) return Value::Undefined(name);
+      return name == "first" ? items.front() : items.back();
+    }
+
+    if (name == "reverse") {
+      if (v.type == Value::Type::kString) {
+        LEDE_ASSIGN_OR_RETURN(List chars, Iterate(v, line));
+        std::string out;
+        for (auto it = chars.rbegin(); it != chars.rend(); ++it) out += it->s;
+        return Value::Str(out);
+      }
+      LEDE_ASSIGN_OR_RETURN(List items, Iterate(v, line));
+      std::reverse(items.begin(), items.end());
+      return Value::MakeList(std::move(items));
+    }
+
+    if (name == "unique") {
+      LEDE_ASSIGN_OR_RETURN(List items, Iterate(v, line));
+      List out;
+      for (const Value& item : items) {
+        if (std::none_of(out.begin(), out.end(), [&](const Value& o) { return Equal(o, item); })) out.push_back(item);
+      }
+      return Value::MakeList(std::move(out));
+    }
+
+    if (name == "join") {
+      LEDE_ASSIGN_OR_RETURN(List items, Iterate(v, line));
+      const Value* sep = fa.Get("d", 0);
+      const Value* attribute = fa.Get("attribute", 1);
+      std::string out;
+      for (size_t k = 0; k < items.size(); ++k) {
+        if (k > 0 && sep != nullptr) out += PyStr(*sep);
+        Value item = items[k];
+        if (attribute != nullptr) {
+          LEDE_ASSIGN_OR_RETURN(item, GetItem(item, *attribute, line));
+        }
+        out += PyStr(item);
+      }
+      return Value::Str(out);
+    }
+
+    if (name == "items") {
+      if (v.is_undefined()) return Value::MakeList();
+      if (v.type != Value::Type::kDict) return Error(line, "items needs a mapping");
+      List out;
+      for (const auto& [key, val] : v.dict->items) out.push_back(Value::MakeList({Value::Str(key), val}));
+      return Value::MakeList(std::move(out));
+    }
+    return std::nullopt;
+  }
+
+  // Number filters: int, float, abs; nullopt when `name` is not one of them.
+  std::optional<StatusOr<Value>> NumberFilter(const std::string& name, const Value& v, const FilterArgs& fa,
+                                                    int line) {
     if (name == "int") {
       if (v.type == Value::Type::kInt) return v;
       if (v.type == Value::Type::kFloat) return Value::Int(static_cast<int64_t>(v.f));
@@ -1854,9 +1868,10 @@ class Renderer {
         const long long x = std::strtoll(v.s.c_str(), &end, 10);
         if (end != v.s.c_str() && *end == '\0') return Value::Int(x);
       }
-      const Value* def = kw("default", 0);
+      const Value* def = fa.Get("default", 0);
       return def != nullptr ? *def : Value::Int(0);
     }
+
     if (name == "float") {
       if (v.is_number()) return Value::Float(v.AsDouble());
       if (v.type == Value::Type::kString) {
@@ -1864,14 +1879,43 @@ class Renderer {
         const double x = std::strtod(v.s.c_str(), &end);
         if (end != v.s.c_str() && *end == '\0') return Value::Float(x);
       }
-      const Value* def = kw("default", 0);
+      const Value* def = fa.Get("default", 0);
       return def != nullptr ? *def : Value::Float(0);
     }
+
     if (name == "abs") {
       if (v.type == Value::Type::kInt) return Value::Int(std::llabs(v.i));
       if (v.type == Value::Type::kFloat) return Value::Float(std::fabs(v.f));
       return Error(line, "bad operand type for abs()");
     }
+    return std::nullopt;
+  }
+
+  StatusOr<Value> ApplyFilter(const std::string& name, const Value& v, const std::vector<Value>& args,
+                              const std::map<std::string, Value>& kwargs, int line) {
+    const FilterArgs fa{args, kwargs};
+    if (name == "safe") return v;
+
+    if (name == "tojson") {
+      int indent = -1;
+      if (const Value* i = fa.Get("indent", 0); i != nullptr && i->type == Value::Type::kInt) indent = static_cast<int>(i->i);
+      const Value* sort = fa.Get("sort_keys", 3);
+      std::string out;
+      Status s = ToJson(v, indent, sort != nullptr && Truthy(*sort), 0, &out);
+      if (!s.ok()) return Error(line, std::string(s.message()));
+      return Value::Str(out);
+    }
+
+    if (name == "default" || name == "d") {
+      const Value* def = fa.Get("default_value", 0);
+      const Value* boolean = fa.Get("boolean", 1);
+      const bool use_default = v.is_undefined() || (boolean != nullptr && Truthy(*boolean) && !Truthy(v));
+      if (use_default) return def != nullptr ? *def : Value::Str("");
+      return v;
+    }
+    if (auto r = StringFilter(name, v, fa, line)) return *std::move(r);
+    if (auto r = SequenceFilter(name, v, fa, line)) return *std::move(r);
+    if (auto r = NumberFilter(name, v, fa, line)) return *std::move(r);
     if (name == "selectattr" || name == "rejectattr" || name == "map") return AttrFilter(name, v, args, kwargs, line);
     return UnimplementedError(program_.name + ": line " + std::to_string(line) + ": unsupported filter '" + name + "'");
   }

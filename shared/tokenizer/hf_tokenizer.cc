@@ -429,6 +429,204 @@ Status ParsePostProcessor(const Json& j, HfTokenizer::Impl* t, std::optional<std
   return Unsupported(t->source, "post_processor", type.empty() ? j.dump() : type);
 }
 
+// --- FromJson, field by field (each reads one part of tokenizer.json) ------
+
+using ByteInverse = std::unordered_map<uint32_t, uint8_t>;     // GPT-2 code point -> byte
+using ModelStrings = std::vector<std::pair<int32_t, std::string>>;  // id -> vocab key as in the file
+
+ByteInverse InverseByteMap() {
+  const std::vector<uint32_t> byte_map = ByteToCodePoint();
+  ByteInverse inverse;
+  for (uint32_t b = 0; b < 256; ++b) inverse[byte_map[b]] = static_cast<uint8_t>(b);
+  return inverse;
+}
+
+// "model": a BPE model without dropout, subword prefix or word suffix.
+Status ParseBpeOptions(const Json& model, HfTokenizer::Impl* t) {
+  const std::string& source = t->source;
+  if (!model.is_object()) return InvalidArgumentError(source + ": field \"model\" is missing");
+  const std::string model_type = model.contains("type") ? TypeOf(model) : "BPE";
+  if (model_type != "BPE") return Unsupported(source, "model", model_type);
+  if (!model.value("dropout", Json()).is_null()) {
+    return UnimplementedError(source + ": BPE dropout is not supported");
+  }
+  for (const char* field : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    const Json& v = model.value(field, Json());
+    if (!v.is_null() && !(v.is_string() && v.get<std::string>().empty())) {
+      return UnimplementedError(source + ": BPE " + field + " is not supported");
+    }
+  }
+  t->ignore_merges = model.value("ignore_merges", false);
+  t->byte_fallback = model.value("byte_fallback", false);
+  t->fuse_unk = model.value("fuse_unk", false);
+  return OkStatus();
+}
+
+// "model.vocab": token string -> id (byte strings for byte-level models).
+Status ParseVocab(const Json& model, const ByteInverse& inverse, HfTokenizer::Impl* t, ModelStrings* model_strings,
+                  int32_t* max_id) {
+  const Json& vocab = Member(model, "vocab");
+  if (!vocab.is_object() || vocab.empty()) {
+    return InvalidArgumentError(t->source + ": field \"model.vocab\" is missing or empty");
+  }
+  model_strings->reserve(vocab.size());
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
+        it.value().get<int64_t>() > (1 << 30)) {
+      return InvalidArgumentError(t->source + ": vocab entry \"" + it.key() + "\" has no valid id");
+    }
+    const auto id = static_cast<int32_t>(it.value().get<int64_t>());
+    std::string key = t->byte_level ? ByteLevelToBytes(it.key(), inverse) : it.key();
+    t->vocab.emplace(std::move(key), id);
+    model_strings->emplace_back(id, it.key());
+    *max_id = std::max(*max_id, id);
+  }
+  return OkStatus();
+}
+
+// "added_tokens": matched before the pre-tokenizer, longest first.
+Status ParseAddedTokens(const Json& root, HfTokenizer::Impl* t, int32_t* max_id) {
+  const std::string& source = t->source;
+  const Json& added = Member(root, "added_tokens");
+  if (!added.is_null() && !added.is_array()) {
+    return InvalidArgumentError(source + ": field \"added_tokens\" must be a list");
+  }
+  for (const Json& a : added.is_array() ? added : Json::array()) {
+    if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
+        !a["content"].is_string()) {
+      return InvalidArgumentError(source + ": an added_tokens entry lacks \"id\" or \"content\"");
+    }
+    AddedToken tok;
+    tok.id = static_cast<int32_t>(a["id"].get<int64_t>());
+    if (tok.id < 0 || tok.id > (1 << 30)) return InvalidArgumentError(source + ": added token with a bad id");
+    tok.content = a["content"].get<std::string>();
+    tok.lstrip = a.value("lstrip", false);
+    tok.rstrip = a.value("rstrip", false);
+    tok.special = a.value("special", false);
+    if (tok.content.empty()) return InvalidArgumentError(source + ": added token " + std::to_string(tok.id) + " is empty");
+    *max_id = std::max(*max_id, tok.id);
+    t->added.push_back(std::move(tok));
+  }
+  std::stable_sort(t->added.begin(), t->added.end(),
+                   [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
+  return OkStatus();
+}
+
+// Added tokens by first byte, and the id of each byte (byte-level or byte fallback).
+void BuildLookupTables(const ModelStrings& model_strings, HfTokenizer::Impl* t) {
+  t->added_by_first_byte.assign(256, {});
+  for (size_t k = 0; k < t->added.size(); ++k) {
+    t->added_by_first_byte[static_cast<unsigned char>(t->added[k].content[0])].push_back(k);
+  }
+  t->byte_ids.assign(256, -1);
+  if (t->byte_level) {
+    for (uint32_t b = 0; b < 256; ++b) {
+      if (auto id = t->Lookup(std::string(1, static_cast<char>(b)))) t->byte_ids[b] = *id;
+    }
+  } else {
+    for (const auto& [id, s] : model_strings) {
+      if (auto v = ByteFallbackValue(s)) t->byte_ids[*v] = id;
+    }
+  }
+}
+
+// "model.unk_token": must name a vocab entry when present.
+Status ParseUnkToken(const Json& model, HfTokenizer::Impl* t) {
+  const Json& unk = Member(model, "unk_token");
+  if (!unk.is_string()) return OkStatus();
+  const Json& vocab = Member(model, "vocab");
+  const std::string u = unk.get<std::string>();
+  auto it = vocab.find(u);
+  if (it == vocab.end()) return InvalidArgumentError(t->source + ": unk_token \"" + u + "\" is not in the vocab");
+  t->unk_id = static_cast<int32_t>(it.value().get<int64_t>());
+  return OkStatus();
+}
+
+// "model.merges": "A B" strings or [A, B] pairs, rank = position in the list.
+Status ParseMerges(const Json& model, HfTokenizer::Impl* t) {
+  const std::string& source = t->source;
+  const Json& vocab = Member(model, "vocab");
+  const Json& merges = Member(model, "merges");
+  if (!merges.is_array()) return InvalidArgumentError(source + ": field \"model.merges\" is missing");
+  int32_t rank = 0;
+  t->merges.reserve(merges.size());
+  for (const Json& m : merges) {
+    std::string a, b;
+    if (m.is_string()) {
+      const std::string s = m.get<std::string>();
+      const size_t sp = s.find(' ', 1);
+      if (sp == std::string::npos) return InvalidArgumentError(source + ": merge \"" + s + "\" is not \"A B\"");
+      a = s.substr(0, sp);
+      b = s.substr(sp + 1);
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      a = m[0].get<std::string>();
+      b = m[1].get<std::string>();
+    } else {
+      return InvalidArgumentError(source + ": merge " + std::to_string(rank) + " is neither \"A B\" nor [A, B]");
+    }
+    const std::string merged_key = a + b;
+    auto ia = vocab.find(a), ib = vocab.find(b), im = vocab.find(merged_key);
+    if (ia == vocab.end() || ib == vocab.end() || im == vocab.end()) {
+      return InvalidArgumentError(source + ": merge " + std::to_string(rank) + " (\"" + a + "\", \"" + b +
+                                  "\") names a token not in the vocab");
+    }
+    const uint64_t key = (static_cast<uint64_t>(ia.value().get<uint32_t>()) << 32) | ib.value().get<uint32_t>();
+    t->merges.emplace(key, std::make_pair(rank, static_cast<int32_t>(im.value().get<int64_t>())));
+    ++rank;
+  }
+  return OkStatus();
+}
+
+// The bytes each id decodes to; special added tokens decode to nothing when asked.
+void BuildDecodingTables(const ModelStrings& model_strings, const ByteInverse& inverse, HfTokenizer::Impl* t) {
+  t->token_bytes.assign(t->vocab_size, std::string());
+  t->contributes_nothing.assign(t->vocab_size, false);
+  for (const auto& [id, s] : model_strings) {
+    if (t->byte_level) {
+      t->token_bytes[id] = ByteLevelToBytes(s, inverse);
+    } else if (auto v = ByteFallbackValue(s); v && t->byte_fallback) {
+      t->token_bytes[id] = std::string(1, static_cast<char>(*v));
+    } else {
+      std::string bytes = s;
+      ReplaceAll(&bytes, kMetaspace, " ");
+      t->token_bytes[id] = std::move(bytes);
+    }
+  }
+  for (const AddedToken& a : t->added) {
+    t->token_bytes[a.id] = a.content;
+    t->contributes_nothing[a.id] = a.special;
+  }
+}
+
+// BOS/EOS: tokenizer_config.json names them, else the post-processor's template.
+Status ResolveSpecialTokens(const Json& vocab, const HfTokenizerConfig& config,
+                            const std::optional<std::string>& post_bos, const std::optional<std::string>& post_eos,
+                            HfTokenizer::Impl* t) {
+  auto find_added = [&](const std::string& name) -> std::optional<int32_t> {
+    for (const AddedToken& a : t->added) {
+      if (a.content == name) return a.id;
+    }
+    auto it = vocab.find(name);
+    if (it != vocab.end()) return static_cast<int32_t>(it.value().get<int64_t>());
+    return std::nullopt;
+  };
+  const std::optional<std::string> bos_name = config.bos_token ? config.bos_token : post_bos;
+  const std::optional<std::string> eos_name = config.eos_token ? config.eos_token : post_eos;
+  if (bos_name) {
+    auto id = find_added(*bos_name);
+    if (!id) return InvalidArgumentError(t->source + ": BOS token \"" + *bos_name + "\" is not in the vocabulary");
+    t->bos = *id;
+  }
+  if (eos_name) {
+    auto id = find_added(*eos_name);
+    if (!id) return InvalidArgumentError(t->source + ": EOS token \"" + *eos_name + "\" is not in the vocabulary");
+    t->eos = *id;
+  }
+  if (config.add_bos_token) t->default_add_bos = *config.add_bos_token && t->bos >= 0;
+  if (config.add_eos_token) t->default_add_eos = *config.add_eos_token && t->eos >= 0;
+  return OkStatus();
+}
+
 }  // namespace
 
 Status HfTokenizer::Impl::ApplyPreTokenizer(const std::string& segment, bool first_segment,
@@ -598,22 +796,7 @@ StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(const std::string& 
   t->source = source;
   try {
     const Json& model = Member(root, "model");
-    if (!model.is_object()) return InvalidArgumentError(source + ": field \"model\" is missing");
-    const std::string model_type = model.contains("type") ? TypeOf(model) : "BPE";
-    if (model_type != "BPE") return Unsupported(source, "model", model_type);
-    if (!model.value("dropout", Json()).is_null()) {
-      return UnimplementedError(source + ": BPE dropout is not supported");
-    }
-    for (const char* field : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-      const Json& v = model.value(field, Json());
-      if (!v.is_null() && !(v.is_string() && v.get<std::string>().empty())) {
-        return UnimplementedError(source + ": BPE " + field + " is not supported");
-      }
-    }
-    t->ignore_merges = model.value("ignore_merges", false);
-    t->byte_fallback = model.value("byte_fallback", false);
-    t->fuse_unk = model.value("fuse_unk", false);
-
+    LEDE_RETURN_IF_ERROR(ParseBpeOptions(model, t.get()));
     LEDE_RETURN_IF_ERROR(ParseNormalizer(root.value("normalizer", Json()), t.get()));
     LEDE_RETURN_IF_ERROR(ParsePreTokenizer(root.value("pre_tokenizer", Json()), t.get()));
     LEDE_RETURN_IF_ERROR(ParseDecoder(root.value("decoder", Json()), t.get()));
@@ -626,145 +809,17 @@ StatusOr<std::unique_ptr<HfTokenizer>> HfTokenizer::FromJson(const std::string& 
     t->byte_level = dump_pre.find("\"ByteLevel\"") != std::string::npos ||
                     dump_dec.find("\"ByteLevel\"") != std::string::npos;
 
-    const std::vector<uint32_t> byte_map = ByteToCodePoint();
-    std::unordered_map<uint32_t, uint8_t> inverse;
-    for (uint32_t b = 0; b < 256; ++b) inverse[byte_map[b]] = static_cast<uint8_t>(b);
-
-    const Json& vocab = Member(model, "vocab");
-    if (!vocab.is_object() || vocab.empty()) {
-      return InvalidArgumentError(source + ": field \"model.vocab\" is missing or empty");
-    }
+    const ByteInverse inverse = InverseByteMap();
     int32_t max_id = -1;
-    std::vector<std::pair<int32_t, std::string>> model_strings;  // id -> model-space string as in the file
-    model_strings.reserve(vocab.size());
-    for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-      if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
-          it.value().get<int64_t>() > (1 << 30)) {
-        return InvalidArgumentError(source + ": vocab entry \"" + it.key() + "\" has no valid id");
-      }
-      const auto id = static_cast<int32_t>(it.value().get<int64_t>());
-      std::string key = t->byte_level ? ByteLevelToBytes(it.key(), inverse) : it.key();
-      t->vocab.emplace(std::move(key), id);
-      model_strings.emplace_back(id, it.key());
-      max_id = std::max(max_id, id);
-    }
-    const Json& added = Member(root, "added_tokens");
-    if (!added.is_null() && !added.is_array()) {
-      return InvalidArgumentError(source + ": field \"added_tokens\" must be a list");
-    }
-    for (const Json& a : added.is_array() ? added : Json::array()) {
-      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
-          !a["content"].is_string()) {
-        return InvalidArgumentError(source + ": an added_tokens entry lacks \"id\" or \"content\"");
-      }
-      AddedToken tok;
-      tok.id = static_cast<int32_t>(a["id"].get<int64_t>());
-      if (tok.id < 0 || tok.id > (1 << 30)) return InvalidArgumentError(source + ": added token with a bad id");
-      tok.content = a["content"].get<std::string>();
-      tok.lstrip = a.value("lstrip", false);
-      tok.rstrip = a.value("rstrip", false);
-      tok.special = a.value("special", false);
-      if (tok.content.empty()) return InvalidArgumentError(source + ": added token " + std::to_string(tok.id) + " is empty");
-      max_id = std::max(max_id, tok.id);
-      t->added.push_back(std::move(tok));
-    }
-    std::stable_sort(t->added.begin(), t->added.end(),
-                     [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
+    ModelStrings model_strings;
+    LEDE_RETURN_IF_ERROR(ParseVocab(model, inverse, t.get(), &model_strings, &max_id));
+    LEDE_RETURN_IF_ERROR(ParseAddedTokens(root, t.get(), &max_id));
     t->vocab_size = max_id + 1;
-    t->added_by_first_byte.assign(256, {});
-    for (size_t k = 0; k < t->added.size(); ++k) {
-      t->added_by_first_byte[static_cast<unsigned char>(t->added[k].content[0])].push_back(k);
-    }
-
-    t->byte_ids.assign(256, -1);
-    if (t->byte_level) {
-      for (uint32_t b = 0; b < 256; ++b) {
-        if (auto id = t->Lookup(std::string(1, static_cast<char>(b)))) t->byte_ids[b] = *id;
-      }
-    } else {
-      for (const auto& [id, s] : model_strings) {
-        if (auto v = ByteFallbackValue(s)) t->byte_ids[*v] = id;
-      }
-    }
-
-    const Json& unk = Member(model, "unk_token");
-    if (unk.is_string()) {
-      const std::string u = unk.get<std::string>();
-      auto it = vocab.find(u);
-      if (it == vocab.end()) return InvalidArgumentError(source + ": unk_token \"" + u + "\" is not in the vocab");
-      t->unk_id = static_cast<int32_t>(it.value().get<int64_t>());
-    }
-
-    const Json& merges = Member(model, "merges");
-    if (!merges.is_array()) return InvalidArgumentError(source + ": field \"model.merges\" is missing");
-    int32_t rank = 0;
-    t->merges.reserve(merges.size());
-    for (const Json& m : merges) {
-      std::string a, b;
-      if (m.is_string()) {
-        const std::string s = m.get<std::string>();
-        const size_t sp = s.find(' ', 1);
-        if (sp == std::string::npos) return InvalidArgumentError(source + ": merge \"" + s + "\" is not \"A B\"");
-        a = s.substr(0, sp);
-        b = s.substr(sp + 1);
-      } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-        a = m[0].get<std::string>();
-        b = m[1].get<std::string>();
-      } else {
-        return InvalidArgumentError(source + ": merge " + std::to_string(rank) + " is neither \"A B\" nor [A, B]");
-      }
-      const std::string merged_key = a + b;
-      auto ia = vocab.find(a), ib = vocab.find(b), im = vocab.find(merged_key);
-      if (ia == vocab.end() || ib == vocab.end() || im == vocab.end()) {
-        return InvalidArgumentError(source + ": merge " + std::to_string(rank) + " (\"" + a + "\", \"" + b +
-                                    "\") names a token not in the vocab");
-      }
-      const uint64_t key = (static_cast<uint64_t>(ia.value().get<uint32_t>()) << 32) | ib.value().get<uint32_t>();
-      t->merges.emplace(key, std::make_pair(rank, static_cast<int32_t>(im.value().get<int64_t>())));
-      ++rank;
-    }
-
-    // Decoding tables.
-    t->token_bytes.assign(t->vocab_size, std::string());
-    t->contributes_nothing.assign(t->vocab_size, false);
-    for (const auto& [id, s] : model_strings) {
-      if (t->byte_level) {
-        t->token_bytes[id] = ByteLevelToBytes(s, inverse);
-      } else if (auto v = ByteFallbackValue(s); v && t->byte_fallback) {
-        t->token_bytes[id] = std::string(1, static_cast<char>(*v));
-      } else {
-        std::string bytes = s;
-        ReplaceAll(&bytes, kMetaspace, " ");
-        t->token_bytes[id] = std::move(bytes);
-      }
-    }
-    for (const AddedToken& a : t->added) {
-      t->token_bytes[a.id] = a.content;
-      t->contributes_nothing[a.id] = a.special;
-    }
-
-    auto find_added = [&](const std::string& name) -> std::optional<int32_t> {
-      for (const AddedToken& a : t->added) {
-        if (a.content == name) return a.id;
-      }
-      auto it = vocab.find(name);
-      if (it != vocab.end()) return static_cast<int32_t>(it.value().get<int64_t>());
-      return std::nullopt;
-    };
-    const std::optional<std::string> bos_name = config.bos_token ? config.bos_token : post_bos;
-    const std::optional<std::string> eos_name = config.eos_token ? config.eos_token : post_eos;
-    if (bos_name) {
-      auto id = find_added(*bos_name);
-      if (!id) return InvalidArgumentError(source + ": BOS token \"" + *bos_name + "\" is not in the vocabulary");
-      t->bos = *id;
-    }
-    if (eos_name) {
-      auto id = find_added(*eos_name);
-      if (!id) return InvalidArgumentError(source + ": EOS token \"" + *eos_name + "\" is not in the vocabulary");
-      t->eos = *id;
-    }
-    if (config.add_bos_token) t->default_add_bos = *config.add_bos_token && t->bos >= 0;
-    if (config.add_eos_token) t->default_add_eos = *config.add_eos_token && t->eos >= 0;
+    BuildLookupTables(model_strings, t.get());
+    LEDE_RETURN_IF_ERROR(ParseUnkToken(model, t.get()));
+    LEDE_RETURN_IF_ERROR(ParseMerges(model, t.get()));
+    BuildDecodingTables(model_strings, inverse, t.get());
+    LEDE_RETURN_IF_ERROR(ResolveSpecialTokens(Member(model, "vocab"), config, post_bos, post_eos, t.get()));
   } catch (const Json::exception& e) {
     return InvalidArgumentError(source + ": malformed tokenizer.json: " + e.what());
   }
@@ -782,10 +837,7 @@ std::optional<int32_t> HfTokenizer::TokenId(std::string_view content) const {
     if (a.content == content) return a.id;
   }
   if (impl_->byte_level) {
-    const std::vector<uint32_t> byte_map = ByteToCodePoint();
-    std::unordered_map<uint32_t, uint8_t> inverse;
-    for (uint32_t b = 0; b < 256; ++b) inverse[byte_map[b]] = static_cast<uint8_t>(b);
-    return impl_->Lookup(ByteLevelToBytes(content, inverse));
+    return impl_->Lookup(ByteLevelToBytes(content, InverseByteMap()));
   }
   return impl_->Lookup(content);
 }

@@ -1,0 +1,190 @@
+#include "services/coordinator/remote_backend.h"
+
+#include <chrono>
+#include <utility>
+
+#include "shared/rpc/grpc_status.h"
+#include "shared/rpc/server.h"
+
+namespace lede::coordinator {
+
+std::unique_ptr<grpc::ClientContext> ModelCallContext(grpc::CallbackServerContext* server, absl::Duration rpc_timeout) {
+  std::unique_ptr<grpc::ClientContext> ctx =
+      server ? grpc::ClientContext::FromCallbackServerContext(*server) : std::make_unique<grpc::ClientContext>();
+  auto cap = absl::ToChronoTime(absl::Now() + rpc_timeout);
+  if (!server || server->deadline() > cap) ctx->set_deadline(cap);
+  return ctx;
+}
+
+Status FromModelCall(const grpc::Status& s, const std::string& what) {
+  Status status = rpc::FromGrpcStatus(s, what);
+  if (status.code() == StatusCode::kFailedPrecondition) {
+    return UnavailableError(std::string(status.message()) + " (the model service restarted; retry)");
+  }
+  return status;
+}
+
+RemoteBackend::RemoteBackend(const ModelClients& clients, grpc::CallbackServerContext* server, const lede::v1::ModelInfo& info,
+              const lede::v1::GenerateRequest& request, const std::string& request_id, bool record_trace)
+    : clients_(clients), server_(server), request_(request), request_id_(request_id), record_trace_(record_trace) {
+  limits_.n_layers = info.n_layers();
+  limits_.vocab_size = info.vocab_size();
+  limits_.capacity = info.capacity();
+  limits_.eos_ids.assign(info.eos_ids().begin(), info.eos_ids().end());
+}
+
+StatusOr<speculation::Prefilled> RemoteBackend::Open(const std::vector<int32_t>& prompt,
+                                      const speculation::SessionOptions& options) {
+  sampling_.set_temperature(static_cast<float>(options.sampling.temperature));
+  sampling_.set_top_p(static_cast<float>(options.sampling.top_p));
+  sampling_.set_seed(options.sampling.seed);
+  lede::v1::OpenSessionRequest req;
+  for (int32_t id : prompt) req.add_prompt_token_ids(id);
+  *req.mutable_sampling() = sampling_;
+  req.set_record_nll(options.record_nll);
+  req.set_request_id(request_id_);
+  lede::v1::OpenSessionResponse resp;
+  // Not the client's context: a client deadline or cancel that lands while
+  // the verifier prefills would lose the response, and with it the slot
+  // number needed to close the session (the slot leaked until the idle
+  // reclaim). The next call carries the client's deadline; Close() frees it.
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + clients_.rpc_timeout));
+  grpc::Status s = clients_.verifier->OpenSession(&ctx, req, &resp);
+  if (!s.ok()) return FromModelCall(s, "verifier OpenSession");
+  slot_ = resp.slot();
+  epoch_ = resp.pool_epoch();
+  open_ = true;
+  speculation::Prefilled p;
+  p.session = slot_;
+  p.token = resp.first_token();
+  p.nll = resp.first_nll();
+  return p;
+}
+
+StatusOr<speculation::Draft> RemoteBackend::DraftRound(int64_t, const speculation::DraftRequest& r) {
+  speculation::Draft d;
+  if (fallback_) return d;  // the drafter is down: a full-depth step
+  lede::v1::DraftRequest req;
+  req.set_slot(slot_);
+  req.set_pool_epoch(epoch_);
+  req.set_pending_token(r.pending_token);
+  req.set_position(r.position);
+  req.set_budget(r.budget);
+  req.set_trace_nll(r.trace_nll);
+  req.set_accept_ema(r.accept_ema);
+  req.set_round_index(r.round_index);
+  req.set_record_trace(record_trace_ && r.record_trace);
+  req.set_method(request_.method());
+  *req.mutable_speculation() = request_.speculation();
+  *req.mutable_sampling() = sampling_;
+  req.set_request_id(request_id_);
+  lede::v1::DraftResponse resp;
+  grpc::Status s;
+  if (clients_.fused_rounds->load()) {  // co-located: draft and verify in one call
+    lede::v1::DraftAndVerifyResponse both;
+    auto ctx = ModelCallContext(server_, clients_.rpc_timeout);
+    s = clients_.drafter->DraftAndVerify(ctx.get(), req, &both);
+    if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+      *clients_.fused_rounds = false;  // the verifier is in another process after all
+    } else if (s.ok()) {
+      resp = std::move(*both.mutable_draft());
+      verdict_ = std::move(*both.mutable_verify());
+      have_verdict_ = true;
+    }
+  }
+  if (!clients_.fused_rounds->load()) {
+    auto ctx = ModelCallContext(server_, clients_.rpc_timeout);
+    s = clients_.drafter->Draft(ctx.get(), req, &resp);
+  }
+  if (!s.ok()) {
+    if (s.error_code() == grpc::StatusCode::UNAVAILABLE && clients_.autoregressive_fallback) {
+      fallback_ = true;
+      rpc::LogEvent("warn", "drafter_unavailable_fallback", {{"request_id", request_id_}});
+      return d;
+    }
+    return FromModelCall(s, "drafter Draft");
+  }
+  return FromDraftResponse(resp, r.round_index);
+}
+
+StatusOr<speculation::Verdict> RemoteBackend::VerifyRound(int64_t, int32_t pending_token,
+                                           const speculation::Draft& d) {
+  lede::v1::VerifyResponse resp;
+  if (have_verdict_) {  // verified in the same call as the draft
+    have_verdict_ = false;
+    resp = std::move(verdict_);
+    return ToVerdict(resp);
+  }
+  lede::v1::VerifyRequest req;
+  req.set_slot(slot_);
+  req.set_pool_epoch(epoch_);
+  req.set_pending_token(pending_token);
+  req.set_position(position_);
+  req.set_exit_layer(d.exit_layer);
+  for (int32_t t : d.tokens) req.add_draft_tokens(t);
+  req.set_draft_probs(std::move(probs_bytes_));
+  probs_bytes_.clear();
+  req.set_ready_layer(d.ready_layer);
+  auto ctx = ModelCallContext(server_, clients_.rpc_timeout);
+  grpc::Status s = clients_.verifier->Verify(ctx.get(), req, &resp);
+  if (!s.ok()) return FromModelCall(s, "verifier Verify");
+  return ToVerdict(resp);
+}
+
+speculation::Draft RemoteBackend::FromDraftResponse(const lede::v1::DraftResponse& resp, int32_t round_index) {
+  speculation::Draft d;
+  d.exit_layer = resp.exit_layer();
+  d.tokens.assign(resp.draft_tokens().begin(), resp.draft_tokens().end());
+  probs_bytes_ = resp.draft_probs();
+  d.ready_layer = resp.ready_layer();
+  d.n_probes = resp.n_probes();
+  d.n_decisions = resp.n_decisions();
+  d.policy_version = resp.policy_version();
+  d.trace.round_index = round_index;
+  for (const lede::v1::DecisionRecord& rec : resp.decisions()) {
+    model::Decision dec;
+    dec.state.phase = static_cast<model::Phase>(rec.phase());
+    dec.state.layer = rec.layer();
+    dec.state.n_layers = rec.n_layers();
+    dec.state.draft_pos = rec.draft_pos();
+    dec.state.max_draft_len = rec.max_draft_len();
+    dec.state.top1_prob = rec.top1_prob();
+    dec.state.top_k_nll = rec.top_k_nll();
+    dec.state.entropy = rec.entropy();
+    dec.state.trace_nll = rec.trace_nll();
+    dec.state.margin = rec.margin();
+    dec.state.draft_conf = rec.draft_conf();
+    dec.state.accept_ema = rec.accept_ema();
+    dec.action = rec.action() == lede::v1::EXIT_ACTION_EXIT ? model::Action::kExit : model::Action::kContinue;
+    dec.draft_index = rec.draft_index();
+    d.trace.decisions.push_back(dec);
+  }
+  return d;
+}
+
+speculation::Verdict RemoteBackend::ToVerdict(const lede::v1::VerifyResponse& resp) {
+  speculation::Verdict v;
+  v.n_accepted = resp.n_accepted();
+  v.tokens.assign(resp.tokens().begin(), resp.tokens().end());
+  v.nll.assign(resp.nll().begin(), resp.nll().end());
+  position_ += static_cast<int64_t>(v.tokens.size());
+  return v;
+}
+
+void RemoteBackend::Close(int64_t) {
+  if (!open_) return;
+  open_ = false;
+  lede::v1::CloseSessionRequest req;
+  req.set_slot(slot_);
+  req.set_pool_epoch(epoch_);
+  lede::v1::CloseSessionResponse resp;
+  grpc::ClientContext ctx;  // not the client's: a cancelled request still frees its slot
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::Status s = clients_.verifier->CloseSession(&ctx, req, &resp);
+  if (!s.ok()) {
+    rpc::LogEvent("warn", "close_session_failed", {{"request_id", request_id_}, {"error", s.error_message()}});
+  }
+}
+
+}  // namespace lede::coordinator

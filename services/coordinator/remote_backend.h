@@ -1,0 +1,99 @@
+// File: services/coordinator/remote_backend.h
+//
+// The speculation loop's backend over gRPC (shared/speculation/generation.h,
+// SpeculationBackend): one session (a KV slot) on the verifier, each round
+// drafted by the drafter (Drafter.Draft, then Verifier.Verify), or one
+// Drafter.DraftAndVerify call when both run in one process (DESIGN.md §3).
+// The drafter's decision records come back as the round's RoundTrace.
+//
+// Errors: a model call's gRPC status as a Status (FromModelCall); with
+// autoregressive_fallback a drafter that is UNAVAILABLE degrades the rest of
+// the request to full-depth steps. Not thread-safe: one backend per request,
+// used by the request's worker thread.
+#ifndef LEDE_SERVICES_COORDINATOR_REMOTE_BACKEND_H_
+#define LEDE_SERVICES_COORDINATOR_REMOTE_BACKEND_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/client_context.h>
+#include <grpcpp/support/server_callback.h>
+
+#include "absl/time/time.h"
+#include "proto/lede/v1/generation.pb.h"
+#include "proto/lede/v1/model.grpc.pb.h"
+#include "shared/speculation/generation.h"
+#include "shared/status/status.h"
+
+namespace lede::coordinator {
+
+// The model processes a coordinator talks to; the stubs and the flag are
+// owned by the service and outlive every backend.
+struct ModelClients {
+  lede::v1::Verifier::Stub* verifier = nullptr;
+  lede::v1::Drafter::Stub* drafter = nullptr;
+  // Drafter and verifier share a process: one DraftAndVerify call per round.
+  // Cleared (for every request) when the drafter answers UNIMPLEMENTED.
+  std::atomic<bool>* fused_rounds = nullptr;
+  absl::Duration rpc_timeout = absl::Seconds(30);  // deadline of a call when the client set none
+  bool autoregressive_fallback = false;
+};
+
+// A client context for a call made on behalf of `server` (null: an
+// in-process request): the client's deadline capped at `rpc_timeout` from
+// now, and the client's cancellation.
+std::unique_ptr<grpc::ClientContext> ModelCallContext(grpc::CallbackServerContext* server, absl::Duration rpc_timeout);
+
+// A status from a model process, as the client should see it: a session
+// whose pool is gone (FAILED_PRECONDITION: the verifier restarted) is
+// UNAVAILABLE, like a process that is down; the rest keeps its code.
+Status FromModelCall(const grpc::Status& s, const std::string& what);
+
+class RemoteBackend : public speculation::SpeculationBackend {
+ public:
+  // `request` and `request_id` must outlive the backend. `record_trace`:
+  // ask the drafter for its decision records (for experience).
+  RemoteBackend(const ModelClients& clients, grpc::CallbackServerContext* server, const lede::v1::ModelInfo& info,
+                const lede::v1::GenerateRequest& request, const std::string& request_id, bool record_trace);
+
+  const speculation::ModelLimits& limits() const override { return limits_; }
+  StatusOr<speculation::Prefilled> Open(const std::vector<int32_t>& prompt,
+                                        const speculation::SessionOptions& options) override;
+  StatusOr<speculation::Draft> DraftRound(int64_t session, const speculation::DraftRequest& r) override;
+  StatusOr<speculation::Verdict> VerifyRound(int64_t session, int32_t pending_token,
+                                             const speculation::Draft& d) override;
+  // Frees the slot with a context of its own: a cancelled request still frees it.
+  void Close(int64_t session) override;
+
+  // The committed length of the slot after the prefill (the prompt length).
+  void set_position(int64_t n) { position_ = n; }
+  // True once the drafter was down and the request fell back to full-depth steps.
+  bool fell_back() const { return fallback_; }
+
+ private:
+  speculation::Verdict ToVerdict(const lede::v1::VerifyResponse& resp);
+  speculation::Draft FromDraftResponse(const lede::v1::DraftResponse& resp, int32_t round_index);
+
+  ModelClients clients_;
+  grpc::CallbackServerContext* server_;
+  const lede::v1::GenerateRequest& request_;
+  std::string request_id_;
+  bool record_trace_;
+  speculation::ModelLimits limits_;
+  lede::v1::SamplingParams sampling_;
+  std::string probs_bytes_;
+  lede::v1::VerifyResponse verdict_;  // of a DraftAndVerify call, until VerifyRound takes it
+  bool have_verdict_ = false;
+  int64_t slot_ = 0;
+  uint64_t epoch_ = 0;
+  int64_t position_ = 0;  // committed length of the slot
+  bool open_ = false;
+  bool fallback_ = false;
+};
+
+}  // namespace lede::coordinator
+
+#endif  // LEDE_SERVICES_COORDINATOR_REMOTE_BACKEND_H_
