@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "shared/model/exit_controller.h"
+#include "shared/speculation/exit_controller.h"
 
 namespace lede::policy {
 

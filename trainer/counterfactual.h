@@ -37,7 +37,7 @@
 #include "policy/transition.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
-#include "shared/model/exit_controller.h"
+#include "shared/speculation/exit_controller.h"
 #include "shared/model/llama.h"
 #include "shared/speculation/generation.h"
 #include "shared/status/status.h"

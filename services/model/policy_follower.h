@@ -46,7 +46,7 @@
 #include "absl/time/time.h"
 #include "policy/dqn/artifact.h"
 #include "proto/lede/v1/policy.grpc.pb.h"
-#include "shared/model/exit_controller.h"
+#include "shared/speculation/exit_controller.h"
 #include "shared/status/status.h"
 
 namespace grpc {
