@@ -21,7 +21,7 @@
 #include "policy/controllers.h"
 #include "policy/dqn/artifact.h"
 #include "policy/dqn/dqn_exit_controller.h"
-#include "policy/transition.h"
+#include "shared/experience/transition.h"
 #include "shared/flags/flags.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
@@ -32,7 +32,7 @@
 #include "trainer/corpus.h"
 #include "trainer/exit_eval.h"
 #include "trainer/counterfactual.h"
-#include "trainer/experience.h"
+#include "shared/experience/experience.h"
 
 namespace lede::bench {
 namespace {
@@ -135,7 +135,7 @@ StatusOr<Common> Setup(const CommonFlags& cf) {
   return c;
 }
 
-// The rewards of policy/transition.h under a cost model: "paper" (DESIGN.md
+// The rewards of shared/experience/transition.h under a cost model: "paper" (DESIGN.md
 // §2; with the measured model its depth term assumes a typical round of 3
 // drafts and 4 tokens) or "throughput" (tokens minus cost).
 policy::RewardSpec RewardsFor(const std::string& reward, const model::CostModel& cm, const Common& c) {

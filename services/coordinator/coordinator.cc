@@ -22,7 +22,7 @@
 #include <grpcpp/support/server_callback.h>
 
 #include "absl/time/time.h"
-#include "policy/transition.h"
+#include "shared/experience/transition.h"
 #include "proto/lede/v1/model.grpc.pb.h"
 #include "shared/rpc/grpc_status.h"
 #include "shared/rpc/server.h"
@@ -32,8 +32,8 @@
 #include "shared/telemetry/lede_metrics.h"
 #include "shared/telemetry/metrics.h"
 #include "shared/tokenizer/tokenizer.h"
-#include "trainer/experience.h"
-#include "trainer/experience_logger.h"
+#include "shared/experience/experience.h"
+#include "shared/experience/experience_logger.h"
 
 namespace lede::coordinator {
 namespace {

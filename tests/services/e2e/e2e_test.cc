@@ -47,7 +47,7 @@
 #include "tests/testing/s3rver.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
-#include "trainer/experience.h"
+#include "shared/experience/experience.h"
 
 namespace lede {
 namespace {

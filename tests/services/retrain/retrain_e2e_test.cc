@@ -41,7 +41,7 @@
 #include "tests/testing/process.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
-#include "trainer/experience.h"
+#include "shared/experience/experience.h"
 #include "trainer/retrain.h"
 
 namespace lede {

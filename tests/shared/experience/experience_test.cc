@@ -10,7 +10,7 @@
 //
 // Files go under a fresh mkdtemp directory. ctest runs the tests with the
 // repository root as working directory (the Python test needs it).
-#include "trainer/experience.h"
+#include "shared/experience/experience.h"
 
 #include <signal.h>
 #include <stdlib.h>
@@ -42,7 +42,7 @@
 #include "tests/testing/s3rver.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
-#include "trainer/experience_logger.h"
+#include "shared/experience/experience_logger.h"
 
 namespace lede::experience {
 namespace {

@@ -21,7 +21,7 @@
 #include <string_view>
 #include <vector>
 
-#include "policy/transition.h"
+#include "shared/experience/transition.h"
 #include "shared/status/status.h"
 #include "shared/storage/object_store.h"
 
