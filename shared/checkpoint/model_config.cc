@@ -2,7 +2,7 @@
 //
 // ModelConfig validation, fingerprinting and the Hugging Face config.json
 // reader/writer. Torch-free; JSON via nlohmann-json (header-only).
-#include "shared/model/model_config.h"
+#include "shared/checkpoint/model_config.h"
 
 #include <cinttypes>
 #include <cmath>

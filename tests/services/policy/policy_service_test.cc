@@ -29,7 +29,7 @@
 #include "services/policy/policy_service.h"
 #include "services/policy/serving_policy.h"
 #include "shared/speculation/exit_controller.h"
-#include "shared/model/model_config.h"
+#include "shared/checkpoint/model_config.h"
 #include "shared/rpc/server.h"
 #include "shared/telemetry/lede_metrics.h"
 #include "shared/telemetry/metrics.h"
