@@ -23,7 +23,7 @@
 #include "policy/dqn/artifact.h"
 #include "policy/dqn/dqn_exit_controller.h"
 #include "policy/dqn/method_factory.h"
-#include "policy/transition.h"
+#include "shared/experience/transition.h"
 #include "shared/flags/flags.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
@@ -35,7 +35,7 @@
 #include "trainer/corpus.h"
 #include "trainer/exit_eval.h"
 #include "trainer/counterfactual.h"
-#include "trainer/experience.h"
+#include "shared/experience/experience.h"
 
 namespace lede::bench {
 namespace {
@@ -138,7 +138,7 @@ StatusOr<Common> Setup(const CommonFlags& cf) {
   return c;
 }
 
-// The rewards of policy/transition.h under a cost model: "paper" (DESIGN.md
+// The rewards of shared/experience/transition.h under a cost model: "paper" (DESIGN.md
 // §2; with the measured model its depth term assumes a typical round of 3
 // drafts and 4 tokens) or "throughput" (tokens minus cost).
 policy::RewardSpec RewardsFor(const std::string& reward, const model::CostModel& cm, const Common& c) {
@@ -244,16 +244,16 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   f.Add("static-configs", &fixed_static,
         "extra static rows E:D[,E:D...], not tuned (e.g. the settings tuned on another prompt set)");
   if (flags::WantsHelp(args)) {
-    out << "usage: lede bench --model DIR --prompts FILE[,FILE...] [flags]\nflags:\n" << f.Usage();
+    out << "usage: lede-bench bench --model DIR --prompts FILE[,FILE...] [flags]\nflags:\n" << f.Usage();
     return 0;
   }
   if (Status s = f.Parse(args); !s.ok()) {
-    err << "lede bench: " << s.message() << " (see lede bench --help)\n";
+    err << "lede-bench bench: " << s.message() << " (see lede-bench bench --help)\n";
     return 2;
   }
   auto common = Setup(cf);
   if (!common.ok()) {
-    err << "lede bench: " << common.status().message() << "\n";
+    err << "lede-bench bench: " << common.status().message() << "\n";
     return common.status().code() == StatusCode::kInternal ? 1 : 2;
   }
   Common& c = *common;
@@ -263,13 +263,13 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   for (const std::string& dir : SplitList(policies)) {
     auto a = policy::dqn::LoadArtifact(dir, c.model->config().ArchitectureFingerprint());
     if (!a.ok()) {
-      err << "lede bench: --policy " << dir << ": " << a.status().message() << "\n";
+      err << "lede-bench bench: --policy " << dir << ": " << a.status().message() << "\n";
       return 2;
     }
     artifacts.push_back(std::move(*a));
   }
   if (has("lede") && artifacts.empty()) {
-    err << "lede bench: method lede needs --policy\n";
+    err << "lede-bench bench: method lede needs --policy\n";
     return 2;
   }
   const int32_t L = static_cast<int32_t>(c.model->n_layers());
@@ -299,7 +299,7 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
         auto t = trainer::TraceGreedyRequest(*c.engine, (*prompts)[i], cf.new_tokens, c.spec.top_k,
                                              set.name + ":" + std::to_string(i));
         if (!t.ok()) {
-          err << "lede bench: " << t.status().message() << "\n";
+          err << "lede-bench bench: " << t.status().message() << "\n";
           return 1;
         }
         traces->push_back(std::move(*t));
@@ -307,7 +307,7 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
     }
     auto ar_eval = RunPrompts(*c.engine, set.eval, ar, nullptr, nullptr);
     if (!ar_eval.ok()) {
-      err << "lede bench: " << ar_eval.status().message() << "\n";
+      err << "lede-bench bench: " << ar_eval.status().message() << "\n";
       return 1;
     }
     // Every method of the table is a job; the jobs run interleaved on the
@@ -418,7 +418,7 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
     if (has("calibrated") || has("del")) {
       auto fitted = calibrate(tune_traces);
       if (!fitted.ok()) {
-        err << "lede bench: " << fitted.status().message() << "\n";
+        err << "lede-bench bench: " << fitted.status().message() << "\n";
         return 1;
       }
       calibration = *fitted;
@@ -480,7 +480,7 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
     }
     for (const auto& [name, configs_for] : families) {
       if (Status s = tune(name, configs_for); !s.ok()) {
-        err << "lede bench: " << name << ": " << s.message() << "\n";
+        err << "lede-bench bench: " << name << ": " << s.message() << "\n";
         return 1;
       }
     }
@@ -489,7 +489,7 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
       int32_t e = 0, d = 0;
       if (colon == std::string::npos || std::sscanf(item.c_str(), "%d:%d", &e, &d) != 2 || e < 1 || e >= L || d < 1 ||
           d > static_max_draft) {
-        err << "lede bench: --static-configs: \"" << item << "\" is not E:D with E in [1, " << L - 1
+        err << "lede-bench bench: --static-configs: \"" << item << "\" is not E:D with E in [1, " << L - 1
             << "] and D in [1, " << static_max_draft << "]\n";
         return 2;
       }
@@ -531,7 +531,7 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
           m.spec = o.decision_spec;
           auto r = trainer::Simulate(eval_traces[p], m);
           if (!r.ok()) {
-            err << "lede bench: " << r.status().message() << "\n";
+            err << "lede-bench bench: " << r.status().message() << "\n";
             return 1;
           }
           for (const auto& round : r->stats.rounds) {
@@ -568,7 +568,7 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
           if (jobs[j].factory) ctl = jobs[j].factory(static_cast<int64_t>(p)), o.controller = ctl.get();
           auto r = c.engine->Generate(set.eval[p], o);
           if (!r.ok()) {
-            err << "lede bench: " << jobs[j].method << ": " << r.status().message() << "\n";
+            err << "lede-bench bench: " << jobs[j].method << ": " << r.status().message() << "\n";
             return 1;
           }
           Totals& t = totals[j];
@@ -688,24 +688,24 @@ int RunCollect(const std::vector<std::string>& args, std::ostream& out, std::ost
   f.Add("seeds", &seeds, "runs per tuning prompt (each with another behaviour policy and seed)");
   f.Add("version", &version, "behaviour policy version recorded in the transitions");
   if (flags::WantsHelp(args)) {
-    out << "usage: lede collect --model DIR --prompts FILE[,FILE...] --out DIR [flags]\nflags:\n" << f.Usage();
+    out << "usage: lede-bench collect --model DIR --prompts FILE[,FILE...] --out DIR [flags]\nflags:\n" << f.Usage();
     return 0;
   }
   if (Status s = f.Parse(args); !s.ok()) {
-    err << "lede collect: " << s.message() << " (see lede collect --help)\n";
+    err << "lede-bench collect: " << s.message() << " (see lede-bench collect --help)\n";
     return 2;
   }
   if (cost_model != "accelerator" && cost_model != "measured") {
-    err << "lede collect: --cost-model: want accelerator or measured\n";
+    err << "lede-bench collect: --cost-model: want accelerator or measured\n";
     return 2;
   }
   if (reward != "paper" && reward != "throughput") {
-    err << "lede collect: --reward: want paper or throughput\n";
+    err << "lede-bench collect: --reward: want paper or throughput\n";
     return 2;
   }
   auto common = Setup(cf);
   if (!common.ok()) {
-    err << "lede collect: " << common.status().message() << "\n";
+    err << "lede-bench collect: " << common.status().message() << "\n";
     return 2;
   }
   Common& c = *common;
@@ -721,7 +721,7 @@ int RunCollect(const std::vector<std::string>& args, std::ostream& out, std::ost
       const std::string shard = out_dir + "/" + set.name + "-" + cost_model + "-" + std::to_string(seed) + ".lexp";
       auto writer = experience::ShardWriter::Create(shard);
       if (!writer.ok()) {
-        err << "lede collect: " << writer.status().message() << "\n";
+        err << "lede-bench collect: " << writer.status().message() << "\n";
         return 1;
       }
       auto [lambda, tau] = behaviours[seed % behaviours.size()];
@@ -736,14 +736,14 @@ int RunCollect(const std::vector<std::string>& args, std::ostream& out, std::ost
         o.record_traces = true;
         auto r = c.engine->Generate(set.tuning[i], o);
         if (!r.ok()) {
-          err << "lede collect: " << r.status().message() << "\n";
+          err << "lede-bench collect: " << r.status().message() << "\n";
           return 1;
         }
         const std::string request_id = set.name + ":" + std::to_string(i) + ":" + std::to_string(seed);
         for (const model::RoundTrace& trace : r->traces) {
           for (const policy::Transition& t : policy::ToTransitions(trace, rewards, request_id, version, fingerprint)) {
             if (Status s = (*writer)->Append(t); !s.ok()) {
-              err << "lede collect: " << s.message() << "\n";
+              err << "lede-bench collect: " << s.message() << "\n";
               return 1;
             }
           }
@@ -752,7 +752,7 @@ int RunCollect(const std::vector<std::string>& args, std::ostream& out, std::ost
       }
       total += (*writer)->records();
       if (Status s = (*writer)->Finish(); !s.ok()) {
-        err << "lede collect: " << s.message() << "\n";
+        err << "lede-bench collect: " << s.message() << "\n";
         return 1;
       }
     }

@@ -1,6 +1,6 @@
 // File: bench/lede_bench.h
 //
-// `lede bench` and `lede collect`: the evaluation of LEDE against its
+// `lede-bench bench` and `lede-bench collect`: the evaluation of LEDE against its
 // baselines, and the experience collection its policies are trained on.
 //
 // Prompt sets: JSON lines with a "prompt", "turns" (first turn), "text" or
@@ -27,13 +27,13 @@
 
 namespace lede::bench {
 
-// lede bench --model DIR --prompts FILE[,FILE...] [--methods ar,static,threshold,lede]
+// lede-bench bench --model DIR --prompts FILE[,FILE...] [--methods ar,static,threshold,lede]
 //   [--policy DIR[,DIR...]] [--candidate-layers 2,3,4,6] [--max-draft-len 8]
 //   [--new-tokens N] [--prompts-per-set N] [--json OUT] [--threads N]
 // Returns the process exit code (2 for bad flags or paths).
 int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 
-// lede collect --model DIR --prompts FILE[,...] --out DIR [--cost-model accelerator|measured]
+// lede-bench collect --model DIR --prompts FILE[,...] --out DIR [--cost-model accelerator|measured]
 //   [--epsilon E] [--seeds N] ...: runs the tuning split with exploration
 // around threshold behaviour policies and writes experience shards.
 int RunCollect(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);

@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "shared/model/exit_controller.h"
+#include "shared/speculation/exit_controller.h"
 #include "shared/status/status.h"
 
 namespace lede::policy {

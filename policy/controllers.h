@@ -2,7 +2,7 @@
 //
 // Exit controllers that need no learning (DESIGN.md §2 baselines) and the
 // exploration wrapper used to collect experience. All implement
-// model::ExitController (shared/model/exit_controller.h) and are torch-free.
+// model::ExitController (shared/speculation/exit_controller.h) and are torch-free.
 //
 // Thread-safety: one instance per request (EpsilonGreedyController holds an
 // RNG); Decide() is not reentrant.
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "policy/acceptance_model.h"
-#include "shared/model/exit_controller.h"
+#include "shared/speculation/exit_controller.h"
 
 namespace lede::policy {
 

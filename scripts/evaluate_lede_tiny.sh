@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 MODEL=${LEDE_MODEL:-models/lede-tiny}
 CANDIDATES=${LEDE_CANDIDATES:-1,2,3,4,5,6}
 LEDE=build/services/cli/lede
+LEDE_BENCH=build/bench/lede-bench
 mkdir -p out
 "$LEDE" calibrate --model "$MODEL" --threads 1 --out "$MODEL/calibration-cpu.json"
 build/trainer/lede-eval-exits --model "$MODEL" --calibration "$MODEL/calibration-cpu.json" \
@@ -17,7 +18,7 @@ build/trainer/lede-eval-exits --model "$MODEL" --calibration "$MODEL/calibration
 LEDE_CANDIDATES="$CANDIDATES" scripts/train_policies.sh 1 > out/train_policies.txt 2>&1
 wait
 bench() {  # set
-  "$LEDE" bench --model "$MODEL" --calibration "$MODEL/calibration-cpu.json" \
+  "$LEDE_BENCH" bench --model "$MODEL" --calibration "$MODEL/calibration-cpu.json" \
     --prompts "$MODEL/prompts/$1.jsonl" --candidate-layers "$CANDIDATES" \
     --policy "$MODEL/policy/accelerator-v2,$MODEL/policy/measured-v2,$MODEL/policy/story-accelerator-v2,$MODEL/policy/story-measured-v2" \
     --prompts-per-set 48 --new-tokens 64 --threads 1 --json "out/bench-$1.json" > "out/bench-$1.txt" 2> "out/bench-$1.err"

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes models/lede-tiny/README.md (the model card) from the JSON the tools wrote:
-report.json (lede-pretrain), eval_exits.json (lede-eval-exits), bench.json (lede bench),
+report.json (lede-pretrain), eval_exits.json (lede-eval-exits), bench.json (lede-bench bench),
 data_manifest.json (scripts/build_corpus.py) and policy/*/policy.json (lede-train).
 usage: make_model_card.py MODEL_DIR
 """
@@ -141,7 +141,7 @@ def main():
               f"{b['predicted_speedup_accelerator']:.2f}x predicted, {b['measured_speedup']:.2f}x measured "
               f"wall-clock on this CPU.\n")
     if bench:
-        w("## LEDE against its baselines (`lede bench`, evaluation split)\n")
+        w("## LEDE against its baselines (`lede-bench bench`, evaluation split)\n")
         w("Each prompt file is split in halves: every baseline (static over every exit layer 1..L-1 and draft "
           "length 1..8; thresholds; the calibrated stopping rule; DEL-style; AdaEDL) was tuned by exact replay on "
           "the tuning half, per cost model, and LEDE's policies were trained only on requests of the tuning half "

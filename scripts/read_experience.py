@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Reads LEDE experience shards (trainer/experience.h, DESIGN.md §5).
+"""Reads LEDE experience shards (shared/experience/experience.h, DESIGN.md §5).
 
 A shard is the 8-byte magic b"LEDEXP1\\n" followed by records, each framed as
   uint32 LE payload length | uint32 LE zlib CRC-32 of the payload | payload
@@ -38,7 +38,7 @@ import zlib
 MAGIC = b"LEDEXP1\n"
 SUFFIX = ".lexp"
 HEADER = struct.Struct("<II")  # payload length, CRC-32 of the payload
-MAX_RECORD_BYTES = 16 << 20  # kMaxRecordBytes in trainer/experience.h
+MAX_RECORD_BYTES = 16 << 20  # kMaxRecordBytes in shared/experience/experience.h
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROTO = os.path.join("proto", "lede", "v1", "experience.proto")

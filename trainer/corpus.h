@@ -22,7 +22,7 @@ StatusOr<std::vector<std::string>> ReadDocuments(const std::string& path);
 StatusOr<std::vector<int32_t>> EncodeDocuments(const tokenizer::Tokenizer& tokenizer,
                                                const std::vector<std::string>& documents);
 
-// A prompt set of `lede bench` and the trainers: the first half of its
+// A prompt set of `lede-bench bench` and the trainers: the first half of its
 // prompts is the tuning split (baselines are tuned and policies trained
 // there only), the second half the evaluation split (every reported number).
 struct PromptSet {

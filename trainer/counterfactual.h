@@ -34,10 +34,10 @@
 #include <string>
 #include <vector>
 
-#include "policy/transition.h"
+#include "shared/experience/transition.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
-#include "shared/model/exit_controller.h"
+#include "shared/speculation/exit_controller.h"
 #include "shared/model/llama.h"
 #include "shared/speculation/generation.h"
 #include "shared/status/status.h"
@@ -142,7 +142,7 @@ StatusOr<std::vector<policy::Transition>> CounterfactualTransitions(
     const std::vector<ControllerMaker>& behaviours, const policy::RewardSpec& rewards,
     const std::string& model_fingerprint);
 
-// The Dinkelbach throughput rewards of policy/transition.h under a cost
+// The Dinkelbach throughput rewards of shared/experience/transition.h under a cost
 // model for `spec` (L layers): tokens - rho * cost, probes and decisions
 // charged at the cost model's price.
 policy::RewardSpec DinkelbachRewards(const model::CostModel& cost, int32_t n_layers, int32_t max_draft_len,

@@ -214,7 +214,7 @@ int main(int argc, char** argv) {
   lede::flags::FlagSet f;
   f.Add("model", &fl.model, "model directory (Hugging Face layout + tokenizer)", true);
   f.Add("prompts", &fl.prompts, "prompt sets (.jsonl or corpus); their tuning split (first half) trains", true);
-  f.Add("prompts-per-set", &fl.per_set, "prompts read per set (as lede bench: half tuning, half evaluation)");
+  f.Add("prompts-per-set", &fl.per_set, "prompts read per set (as lede-bench bench: half tuning, half evaluation)");
   f.Add("extra-prompts", &fl.extra_prompts, "more training prompts (all of them train; never evaluation data)");
   f.Add("extra-count", &fl.extra_count, "prompts taken from each --extra-prompts file");
   f.Add("exclude-prompts", &fl.exclude_prompts, "prompt sets whose prompts (all of them) no extra prompt may begin like");

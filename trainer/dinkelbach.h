@@ -35,7 +35,7 @@
 
 #include "policy/dqn/q_network.h"
 #include "shared/model/cost_model.h"
-#include "shared/model/exit_controller.h"
+#include "shared/speculation/exit_controller.h"
 #include "shared/status/status.h"
 #include "trainer/counterfactual.h"
 #include "trainer/dqn.h"

@@ -53,7 +53,7 @@
 
 #include "policy/dqn/artifact.h"
 #include "policy/dqn/q_network.h"
-#include "policy/transition.h"
+#include "shared/experience/transition.h"
 #include "shared/status/status.h"
 
 namespace lede::trainer {

@@ -22,7 +22,7 @@
 
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
-#include "shared/model/exit_controller.h"
+#include "shared/speculation/exit_controller.h"
 #include "shared/model/llama.h"
 #include "shared/status/status.h"
 

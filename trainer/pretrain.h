@@ -42,7 +42,7 @@
 #include <string>
 #include <vector>
 
-#include "shared/model/model_config.h"
+#include "shared/checkpoint/model_config.h"
 #include "shared/status/status.h"
 
 namespace lede::trainer {

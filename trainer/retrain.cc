@@ -26,7 +26,7 @@
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "trainer/exit_eval.h"
-#include "trainer/experience.h"
+#include "shared/experience/experience.h"
 
 namespace lede::trainer {
 namespace {

@@ -46,7 +46,7 @@
 #include "shared/flags/flags.h"
 #include "shared/storage/object_store.h"
 #include "trainer/dqn.h"
-#include "trainer/experience.h"
+#include "shared/experience/experience.h"
 #include "trainer/retrain.h"
 
 namespace {

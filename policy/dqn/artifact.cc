@@ -9,17 +9,14 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <new>
 #include <utility>
 
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
+#include "shared/checkpoint/safetensors.h"
 #include "shared/file/file.h"
 #include "shared/file/sha256.h"
-#include "shared/model/checkpoint.h"
-#include "shared/model/torch_boundary.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::policy::dqn {
@@ -215,15 +212,14 @@ Status SaveArtifactImpl(const std::string& dir, const Artifact& artifact, bool o
   if (ec) return InternalError(dir + ": cannot create directory: " + ec.message());
 
   const QNetworkWeights& w = artifact.network.weights();
-  std::map<std::string, at::Tensor> tensors;
+  std::map<std::string, checkpoint::TensorBytes> tensors;
   for (const TensorSpec& s : TensorSpecs()) {
     const std::vector<float>& v = w.*(s.field);
-    at::Tensor t = at::empty(Shape(s, w.hidden), at::kFloat);
-    std::memcpy(t.data_ptr<float>(), v.data(), v.size() * sizeof(float));
-    tensors.emplace(s.name, std::move(t));
+    tensors.emplace(s.name, checkpoint::TensorBytes{checkpoint::Dtype::kF32, Shape(s, w.hidden), v.data(),
+                                                    v.size() * sizeof(float)});
   }
   const std::string weights_path = (root / kWeightsFile).string();
-  LEDE_RETURN_IF_ERROR(model::WriteSafetensors(weights_path, tensors, "F32"));
+  LEDE_RETURN_IF_ERROR(checkpoint::WriteSafetensors(weights_path, tensors));
   LEDE_ASSIGN_OR_RETURN(std::string bytes, file::ReadFile(weights_path));
   const Json j = ToJson(m, w.hidden, file::Sha256Hex(bytes));
   // policy.json last: its presence marks a complete artifact.
@@ -258,7 +254,9 @@ StatusOr<Artifact> LoadArtifactImpl(const std::string& dir, const std::string& e
     return InvalidArgumentError(weights_path + ": checksum mismatch: sha256 " + sha + ", policy.json says " +
                                 parsed.sha256);
   }
-  LEDE_ASSIGN_OR_RETURN(auto tensors, model::ReadSafetensors(weights_path));
+  LEDE_ASSIGN_OR_RETURN(std::shared_ptr<const checkpoint::SafetensorsFile> weights,
+                        checkpoint::SafetensorsFile::Open(weights_path));
+  const std::map<std::string, checkpoint::TensorView>& tensors = weights->tensors();
   const int64_t h = parsed.hidden;
   if (h < 1 || h > kMaxHidden) {
     return InvalidArgumentError(json_path + ": network.hidden " + std::to_string(h) + " outside [1, " +
@@ -270,14 +268,12 @@ StatusOr<Artifact> LoadArtifactImpl(const std::string& dir, const std::string& e
     auto it = tensors.find(s.name);
     if (it == tensors.end()) return InvalidArgumentError(weights_path + ": missing tensor " + s.name);
     const std::vector<int64_t> expected = Shape(s, h);
-    const at::Tensor t = it->second.contiguous();
-    if (t.sizes().vec() != expected) {
-      return InvalidArgumentError(weights_path + ": tensor " + s.name + " has shape " +
-                                  ShapeText(t.sizes().vec()) + ", expected " + ShapeText(expected) +
-                                  " (hidden " + std::to_string(h) + ")");
+    const checkpoint::TensorView& t = it->second;
+    if (t.shape != expected) {
+      return InvalidArgumentError(weights_path + ": tensor " + s.name + " has shape " + ShapeText(t.shape) +
+                                  ", expected " + ShapeText(expected) + " (hidden " + std::to_string(h) + ")");
     }
-    const float* p = t.data_ptr<float>();
-    (w.*(s.field)).assign(p, p + t.numel());
+    LEDE_ASSIGN_OR_RETURN(w.*(s.field), checkpoint::ToFloat32(t));
   }
   if (tensors.size() != TensorSpecs().size()) {
     for (const auto& [name, t] : tensors) {
@@ -311,15 +307,23 @@ const std::vector<std::string>& ExitFeatureNames() {
 }
 
 Status SaveArtifact(const std::string& dir, const Artifact& artifact, bool overwrite) {
-  return model::TorchBoundary(dir, [&]() -> Status {
+  try {
     return SaveArtifactImpl(dir, artifact, overwrite);
-  });
+  } catch (const std::bad_alloc&) {
+    return ResourceExhaustedError(dir + ": out of memory");
+  } catch (const std::exception& e) {  // nlohmann::json
+    return InternalError(dir + ": " + e.what());
+  }
 }
 
 StatusOr<Artifact> LoadArtifact(const std::string& dir, const std::string& expected_fingerprint) {
-  return model::TorchBoundary(dir, [&]() -> StatusOr<Artifact> {
+  try {
     return LoadArtifactImpl(dir, expected_fingerprint);
-  });
+  } catch (const std::bad_alloc&) {
+    return ResourceExhaustedError(dir + ": out of memory");
+  } catch (const std::exception& e) {  // nlohmann::json
+    return InternalError(dir + ": " + e.what());
+  }
 }
 
 Status ValidateVersionName(const std::string& version) {

@@ -40,7 +40,7 @@
 #include <vector>
 
 #include "policy/dqn/q_network.h"
-#include "shared/model/exit_controller.h"
+#include "shared/speculation/exit_controller.h"
 #include "shared/status/status.h"
 
 namespace lede::policy::dqn {

@@ -25,7 +25,7 @@
 #include <string>
 
 #include "policy/dqn/q_network.h"
-#include "shared/model/exit_controller.h"
+#include "shared/speculation/exit_controller.h"
 
 namespace lede::policy::dqn {
 

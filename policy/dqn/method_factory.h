@@ -26,7 +26,7 @@
 #include <string>
 
 #include "policy/dqn/artifact.h"
-#include "shared/model/exit_controller.h"
+#include "shared/speculation/exit_controller.h"
 #include "shared/speculation/generation.h"
 #include "shared/speculation/method.h"
 #include "shared/status/status.h"

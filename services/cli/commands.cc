@@ -1,9 +1,8 @@
 #include "services/cli/commands.h"
 
-#if LEDE_WITH_BENCH
+#if LEDE_HAVE_POLICY
 #include <filesystem>
 
-#include "bench/lede_bench.h"
 #include "policy/dqn/artifact.h"
 #include "policy/dqn/dqn_exit_controller.h"
 #include "policy/dqn/method_factory.h"
@@ -94,7 +93,7 @@ int LoadFailureCode(const Status& s) {
   return s.code() == StatusCode::kInternal ? kExitFailure : kExitUsage;
 }
 
-#if LEDE_WITH_BENCH
+#if LEDE_HAVE_POLICY
 // The policy to serve from `policy_dir` (models/<m>/policy): the one whose
 // reward cost model fits the hardware. On CUDA (memory-bound decoding) the
 // newest version trained with the accelerator cost model; elsewhere the
@@ -207,7 +206,7 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
     return Fail(err, InvalidArgumentError("--mode: want ar, static or lede, got '" + mode + "'"), kExitUsage);
   }
   const bool lede_mode = *method == speculation::SpeculationMethod::kLede;
-#if !LEDE_WITH_BENCH
+#if !LEDE_HAVE_POLICY
   if (lede_mode) {
     return Fail(err, UnimplementedError("--mode lede: this engine-only build has no policy support"), kExitUsage);
   }
@@ -250,7 +249,7 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   go.draft_len = draft_len;
 
   std::unique_ptr<model::ExitController> controller;
-#if LEDE_WITH_BENCH
+#if LEDE_HAVE_POLICY
   if (lede_mode) {
     if (policy_dir.empty()) {
       std::filesystem::path p(mf.model);
@@ -437,7 +436,7 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
   auto loaded = model::LlamaModel::Load(mf.model, *options);
   if (!loaded.ok()) return Fail(err, loaded.status(), LoadFailureCode(loaded.status()));
   std::function<void()> decide;  // a DQN decision where the policy stack is built in
-#if LEDE_WITH_BENCH
+#if LEDE_HAVE_POLICY
   auto network = std::make_shared<policy::dqn::QNetwork>(
       policy::dqn::QNetwork::Random(policy::dqn::kDefaultHidden, 1));
   decide = [network] {
@@ -472,10 +471,6 @@ int Main(int argc, char** argv) {
       "  generate   generate text (autoregressive, static self-speculation, or LEDE's learned exits)\n"
       "  calibrate  measure this machine's cost model and write it as JSON\n"
       "  tokenize   print the token ids of a text (or a chat turn) as a JSON list, or decode ids\n"
-#if LEDE_WITH_BENCH
-      "  bench      LEDE against autoregressive, static and threshold baselines\n"
-      "  collect    run exploration policies and write experience shards\n"
-#endif
       "run 'lede <command> --help' for its flags\n";
   if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help") {
     std::cout << usage;
@@ -486,10 +481,10 @@ int Main(int argc, char** argv) {
   if (command == "generate") return RunGenerate(args, std::cout, std::cerr);
   if (command == "calibrate") return RunCalibrate(args, std::cout, std::cerr);
   if (command == "tokenize") return RunTokenize(args, std::cout, std::cerr);
-#if LEDE_WITH_BENCH
-  if (command == "bench") return bench::RunBench(args, std::cout, std::cerr);
-  if (command == "collect") return bench::RunCollect(args, std::cout, std::cerr);
-#endif
+  if (command == "bench" || command == "collect") {
+    std::cerr << "lede: '" << command << "' is now 'lede-bench " << command << "' (build/bench/lede-bench)\n";
+    return kExitUsage;
+  }
   std::cerr << "lede: unknown command '" << command << "'\n" << usage;
   return kExitUsage;
 }

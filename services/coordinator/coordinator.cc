@@ -23,11 +23,11 @@
 #include <grpcpp/support/server_callback.h>
 
 #include "absl/time/time.h"
-#include "policy/transition.h"
 #include "services/coordinator/remote_backend.h"
 #include "services/coordinator/request_validation.h"
 #include "services/coordinator/response_writer.h"
 #include "services/coordinator/stop_filter.h"
+#include "shared/experience/transition.h"
 #include "proto/lede/v1/model.grpc.pb.h"
 #include "shared/rpc/grpc_status.h"
 #include "shared/rpc/server.h"
@@ -38,8 +38,8 @@
 #include "shared/telemetry/lede_metrics.h"
 #include "shared/telemetry/metrics.h"
 #include "shared/tokenizer/tokenizer.h"
-#include "trainer/experience.h"
-#include "trainer/experience_logger.h"
+#include "shared/experience/experience.h"
+#include "shared/experience/experience_logger.h"
 
 namespace lede::coordinator {
 namespace {

@@ -5,8 +5,8 @@
 // slot), runs the speculation loop of shared/speculation/generation.h over
 // gRPC (Drafter.Draft then Verifier.Verify per round; the drafter runs the
 // exit policy in-process), streams text deltas, rewards each round's exit
-// decisions (policy/transition.h) and logs them to the object store
-// (trainer/experience_logger.h), and counts everything in Prometheus
+// decisions (shared/experience/transition.h) and logs them to the object store
+// (shared/experience/experience_logger.h), and counts everything in Prometheus
 // metrics (DESIGN.md §6). It holds no tensors and never links libtorch.
 // The OpenAI-compatible HTTP API (openai_server.h) runs its requests through
 // GenerateInProcess(): the same validation and loop.

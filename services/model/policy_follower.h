@@ -47,7 +47,7 @@
 #include "policy/dqn/artifact.h"
 #include "proto/lede/v1/policy.grpc.pb.h"
 #include "shared/clock/clock.h"
-#include "shared/model/exit_controller.h"
+#include "shared/speculation/exit_controller.h"
 #include "shared/status/status.h"
 
 namespace grpc {

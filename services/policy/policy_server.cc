@@ -8,7 +8,7 @@
 #include "services/policy/policy_service.h"
 #include "shared/file/file.h"
 #include "shared/flags/flags.h"
-#include "shared/model/model_config.h"
+#include "shared/checkpoint/model_config.h"
 #include "shared/rpc/server.h"
 #include "shared/status/status_macros.h"
 #include "shared/telemetry/lede_metrics.h"

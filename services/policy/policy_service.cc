@@ -4,7 +4,7 @@
 #include <string>
 
 #include "policy/dqn/dqn_exit_controller.h"
-#include "shared/model/exit_controller.h"
+#include "shared/speculation/exit_controller.h"
 #include "shared/rpc/grpc_status.h"
 #include "shared/telemetry/lede_metrics.h"
 

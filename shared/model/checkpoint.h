@@ -26,7 +26,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "shared/model/model_config.h"
+#include "shared/checkpoint/model_config.h"
 #include "shared/status/status.h"
 
 namespace lede::model {

@@ -31,7 +31,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "shared/model/exit_controller.h"
+#include "shared/speculation/exit_controller.h"
 #include "shared/model/kv_cache.h"
 #include "shared/model/llama.h"
 #include "shared/model/sampling.h"

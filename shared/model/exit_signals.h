@@ -20,7 +20,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "shared/model/exit_controller.h"  // ExitSignals
+#include "shared/speculation/exit_controller.h"  // ExitSignals
 
 namespace lede::model {
 

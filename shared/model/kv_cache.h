@@ -36,7 +36,7 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
-#include "shared/model/model_config.h"
+#include "shared/checkpoint/model_config.h"
 #include "shared/status/status.h"
 
 namespace lede::model {

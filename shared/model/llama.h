@@ -39,7 +39,7 @@
 
 #include "shared/model/checkpoint.h"
 #include "shared/model/kv_cache.h"
-#include "shared/model/model_config.h"
+#include "shared/checkpoint/model_config.h"
 #include "shared/status/status.h"
 
 namespace lede::model {

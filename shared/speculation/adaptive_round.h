@@ -15,7 +15,7 @@
 
 #include <cstdint>
 
-#include "shared/model/exit_controller.h"
+#include "shared/speculation/exit_controller.h"
 #include "shared/speculation/generation.h"
 #include "shared/status/status.h"
 

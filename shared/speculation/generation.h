@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "shared/model/exit_controller.h"
+#include "shared/speculation/exit_controller.h"
 #include "shared/status/status.h"
 
 namespace lede::speculation {

@@ -1,4 +1,4 @@
-// File: shared/model/llama2c_tokenizer.cc
+// File: shared/tokenizer/llama2c_tokenizer.cc
 //
 // llama2.c tokenizer: file reader, encode() and decode() as in run.c.
 #include "shared/tokenizer/llama2c_tokenizer.h"

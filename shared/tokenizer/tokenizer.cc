@@ -1,4 +1,4 @@
-// File: shared/model/tokenizer.cc
+// File: shared/tokenizer/tokenizer.cc
 //
 // Tokenizer::Decode, LoadTokenizer, StreamingDetokenizer and the UTF-8
 // helpers.

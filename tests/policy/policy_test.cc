@@ -8,7 +8,7 @@
 #include "gtest/gtest.h"
 #include "policy/acceptance_model.h"
 #include "policy/controllers.h"
-#include "policy/transition.h"
+#include "shared/experience/transition.h"
 
 namespace lede::policy {
 namespace {

@@ -20,12 +20,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "policy/dqn/artifact.h"
-#include "policy/transition.h"
+#include "shared/experience/transition.h"
 #include "shared/storage/object_store.h"
 #include "tests/testing/s3rver.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
-#include "trainer/experience.h"
+#include "shared/experience/experience.h"
 
 namespace lede::trainer {
 namespace {

@@ -170,5 +170,20 @@ TEST(TokenizeTest, RejectsBadInput) {
   }
 }
 
+// `lede bench` and `lede collect` moved to `lede-bench`: they exit with 2
+// and one stderr line naming the new command.
+TEST(MainTest, BenchAndCollectNameTheirNewCommand) {
+  for (std::string command : {"bench", "collect"}) {
+    std::string argv0 = "lede";
+    std::vector<char*> argv = {argv0.data(), command.data()};
+    ::testing::internal::CaptureStderr();
+    const int code = Main(static_cast<int>(argv.size()), argv.data());
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(code, 2) << command;
+    EXPECT_NE(err.find("lede-bench " + command), std::string::npos) << err;
+    EXPECT_EQ(err.find('\n'), err.size() - 1) << err;
+  }
+}
+
 }  // namespace
 }  // namespace lede::cli

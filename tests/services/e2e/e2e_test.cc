@@ -48,7 +48,7 @@
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
-#include "trainer/experience.h"
+#include "shared/experience/experience.h"
 
 namespace lede {
 namespace {
@@ -751,19 +751,29 @@ TEST_F(E2eTest, HealthCheckAndReflectionOnEveryProcess) {
   }
 }
 
-// The coordinator never links libtorch: not in its dynamic section, not
-// mapped in the running process.
-TEST_F(E2eTest, CoordinatorDoesNotLinkLibtorch) {
-  auto [code, out] = RunShell(std::string("readelf -d ") + LEDE_COORDINATOR_BIN + " 2>&1");
+// `binary` does not link libtorch: not in its dynamic section, not mapped in
+// its running process `pid`.
+void ExpectNoLibtorch(const std::string& binary, int pid) {
+  auto [code, out] = RunShell("readelf -d " + binary + " 2>&1");
   ASSERT_EQ(code, 0) << out;
   EXPECT_THAT(out, HasSubstr("NEEDED"));
-  EXPECT_THAT(out, ::testing::Not(HasSubstr("libtorch")));
-  EXPECT_THAT(out, ::testing::Not(HasSubstr("libc10")));
-  const std::string maps =
-      telemetry::test_util::ReadAll("/proc/" + std::to_string(split_->coordinator()->pid()) + "/maps");
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("libtorch"))) << binary;
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("libc10"))) << binary;
+  const std::string maps = telemetry::test_util::ReadAll("/proc/" + std::to_string(pid) + "/maps");
   ASSERT_FALSE(maps.empty());
-  EXPECT_THAT(maps, ::testing::Not(HasSubstr("libtorch")));
-  EXPECT_THAT(maps, ::testing::Not(HasSubstr("libc10")));
+  EXPECT_THAT(maps, ::testing::Not(HasSubstr("libtorch"))) << binary;
+  EXPECT_THAT(maps, ::testing::Not(HasSubstr("libc10"))) << binary;
+}
+
+// The coordinator never links libtorch.
+TEST_F(E2eTest, CoordinatorDoesNotLinkLibtorch) {
+  ExpectNoLibtorch(LEDE_COORDINATOR_BIN, split_->coordinator()->pid());
+}
+
+// The policy service never links libtorch (its artifacts and the model
+// config are read by the torch-free shared/checkpoint).
+TEST_F(E2eTest, PolicyServiceDoesNotLinkLibtorch) {
+  ExpectNoLibtorch(LEDE_POLICY_BIN, split_->policy()->pid());
 }
 
 // Sends LEDE requests through an extra coordinator that logs experience to

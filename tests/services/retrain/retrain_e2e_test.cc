@@ -42,7 +42,7 @@
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
-#include "trainer/experience.h"
+#include "shared/experience/experience.h"
 #include "trainer/retrain.h"
 
 namespace lede {

@@ -21,7 +21,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "shared/model/model_config.h"
+#include "shared/checkpoint/model_config.h"
 #include "tests/testing/shared_dir.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"

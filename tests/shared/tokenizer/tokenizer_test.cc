@@ -1,4 +1,4 @@
-// File: tests/shared/model/tokenizer_test.cc
+// File: tests/shared/tokenizer/tokenizer_test.cc
 //
 // Tests of shared/tokenizer/tokenizer.h, llama2c_tokenizer.h and (when built
 // with libsentencepiece) sentencepiece_tokenizer.h, against the real test

@@ -1,4 +1,4 @@
-#include "policy/transition.h"
+#include "shared/experience/transition.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-// File: trainer/experience_logger.h
+// File: shared/experience/experience_logger.h
 //
 // ExperienceLogger: the serving side of experience logging (DESIGN.md §3:
 // coordinator --experience shards--> object store <--reads-- trainer; §5).
@@ -13,8 +13,8 @@
 //
 // Ownership: the logger shares ownership of the store. Only the writer
 // thread encodes and Put()s; Log() only enqueues.
-#ifndef LEDE_TRAINER_EXPERIENCE_LOGGER_H_
-#define LEDE_TRAINER_EXPERIENCE_LOGGER_H_
+#ifndef LEDE_SHARED_EXPERIENCE_EXPERIENCE_LOGGER_H_
+#define LEDE_SHARED_EXPERIENCE_EXPERIENCE_LOGGER_H_
 
 #include <atomic>
 #include <cstdint>
@@ -163,4 +163,4 @@ class ExperienceLogger {
 
 }  // namespace lede::experience
 
-#endif  // LEDE_TRAINER_EXPERIENCE_LOGGER_H_
+#endif  // LEDE_SHARED_EXPERIENCE_EXPERIENCE_LOGGER_H_

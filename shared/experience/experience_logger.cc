@@ -1,4 +1,4 @@
-#include "trainer/experience_logger.h"
+#include "shared/experience/experience_logger.h"
 
 #include <unistd.h>
 
@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "proto/lede/v1/experience.pb.h"
-#include "trainer/experience.h"
+#include "shared/experience/experience.h"
 
 namespace lede::experience {
 namespace {

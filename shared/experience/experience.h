@@ -1,4 +1,4 @@
-// File: trainer/experience.h
+// File: shared/experience/experience.h
 //
 // Experience shards (DESIGN.md §5): append-only files of lede.v1.Transition
 // records, each framed as
@@ -11,8 +11,8 @@
 //
 // This library (lede::experience) converts between the wire record and the
 // plain policy::Transition so that the DQN code never sees protobuf.
-#ifndef LEDE_TRAINER_EXPERIENCE_H_
-#define LEDE_TRAINER_EXPERIENCE_H_
+#ifndef LEDE_SHARED_EXPERIENCE_EXPERIENCE_H_
+#define LEDE_SHARED_EXPERIENCE_EXPERIENCE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -21,7 +21,7 @@
 #include <string_view>
 #include <vector>
 
-#include "policy/transition.h"
+#include "shared/experience/transition.h"
 #include "shared/status/status.h"
 #include "shared/storage/object_store.h"
 
@@ -166,4 +166,4 @@ StatusOr<policy::Transition> FromProto(const lede::v1::Transition& record);
 
 }  // namespace lede::experience
 
-#endif  // LEDE_TRAINER_EXPERIENCE_H_
+#endif  // LEDE_SHARED_EXPERIENCE_EXPERIENCE_H_

@@ -1,9 +1,9 @@
-// File: shared/model/model_config.h
+// File: shared/checkpoint/model_config.h
 //
 // ModelConfig: the hyper-parameters of a Llama-architecture decoder, read from
 // a Hugging Face config.json or a llama2.c checkpoint header. Torch-free.
-#ifndef LEDE_SHARED_MODEL_MODEL_CONFIG_H_
-#define LEDE_SHARED_MODEL_MODEL_CONFIG_H_
+#ifndef LEDE_SHARED_CHECKPOINT_MODEL_CONFIG_H_
+#define LEDE_SHARED_CHECKPOINT_MODEL_CONFIG_H_
 
 #include <cstdint>
 #include <string>
@@ -71,4 +71,4 @@ std::string ToHfConfigJson(const ModelConfig& config);
 
 }  // namespace lede::model
 
-#endif  // LEDE_SHARED_MODEL_MODEL_CONFIG_H_
+#endif  // LEDE_SHARED_CHECKPOINT_MODEL_CONFIG_H_

@@ -1,4 +1,4 @@
-#include "trainer/experience.h"
+#include "shared/experience/experience.h"
 
 #include <errno.h>
 #include <fcntl.h>

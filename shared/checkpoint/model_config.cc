@@ -1,8 +1,8 @@
-// File: shared/model/model_config.cc
+// File: shared/checkpoint/model_config.cc
 //
 // ModelConfig validation, fingerprinting and the Hugging Face config.json
 // reader/writer. Torch-free; JSON via nlohmann-json (header-only).
-#include "shared/model/model_config.h"
+#include "shared/checkpoint/model_config.h"
 
 #include <cinttypes>
 #include <cmath>

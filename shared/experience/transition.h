@@ -1,4 +1,4 @@
-// File: policy/transition.h
+// File: shared/experience/transition.h
 //
 // Rewards and transitions of LEDE's decision process (DESIGN.md §2):
 //   a draft token that the verifier accepts:  accept_reward + depth_term(l*)
@@ -25,8 +25,8 @@
 // The paper's reward, by contrast, gives +1 + (L - l*)/L per accepted token
 // however many rounds it takes, so it learns to draft long.
 // Torch-free and proto-free.
-#ifndef LEDE_POLICY_TRANSITION_H_
-#define LEDE_POLICY_TRANSITION_H_
+#ifndef LEDE_SHARED_EXPERIENCE_TRANSITION_H_
+#define LEDE_SHARED_EXPERIENCE_TRANSITION_H_
 
 #include <algorithm>
 #include <array>
@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "shared/model/exit_controller.h"
+#include "shared/speculation/exit_controller.h"
 
 namespace lede::policy {
 
@@ -118,4 +118,4 @@ std::vector<Transition> ToTransitions(const model::RoundTrace& round, const Rewa
 
 }  // namespace lede::policy
 
-#endif  // LEDE_POLICY_TRANSITION_H_
+#endif  // LEDE_SHARED_EXPERIENCE_TRANSITION_H_

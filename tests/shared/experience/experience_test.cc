@@ -1,16 +1,16 @@
-// File: tests/trainer/experience_test.cc
+// File: tests/shared/experience/experience_test.cc
 //
-// Tests for trainer/experience.h: shard round trips, complete-or-invisible
+// Tests for shared/experience/experience.h: shard round trips, complete-or-invisible
 // writing, corrupt shards (each reported and skipped, never fatal), the
 // policy::Transition <-> lede.v1.Transition conversions, and the Python
 // reader (scripts/read_experience.py) on a shard the C++ writer wrote; and
-// for trainer/experience_logger.h: shards Put() to object stores (local,
+// for shared/experience/experience_logger.h: shards Put() to object stores (local,
 // fake, and a real S3 server, s3rver, skipped when absent), rotation,
 // dropping, retries, and a writer killed mid-write.
 //
 // Files go under a fresh mkdtemp directory. ctest runs the tests with the
 // repository root as working directory (the Python test needs it).
-#include "trainer/experience.h"
+#include "shared/experience/experience.h"
 
 #include <signal.h>
 #include <stdlib.h>
@@ -45,7 +45,7 @@
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
-#include "trainer/experience_logger.h"
+#include "shared/experience/experience_logger.h"
 
 namespace lede::experience {
 namespace {

@@ -1,4 +1,4 @@
-// File: shared/model/exit_controller.h
+// File: shared/speculation/exit_controller.h
 //
 // The decision process of LEDE (DESIGN.md §2; the seed paper's dual-control
 // MDP), as the drafting loop sees it. Torch-free: the engine computes the
@@ -23,8 +23,8 @@
 // drafting" (the next token is drafted from it), kContinue means "stop and
 // verify now". The round also stops at max_draft_len or when the request's
 // remaining token budget is reached, without a decision.
-#ifndef LEDE_SHARED_MODEL_EXIT_CONTROLLER_H_
-#define LEDE_SHARED_MODEL_EXIT_CONTROLLER_H_
+#ifndef LEDE_SHARED_SPECULATION_EXIT_CONTROLLER_H_
+#define LEDE_SHARED_SPECULATION_EXIT_CONTROLLER_H_
 
 #include <cstdint>
 #include <string>
@@ -206,4 +206,4 @@ struct RoundTrace {
 
 }  // namespace lede::model
 
-#endif  // LEDE_SHARED_MODEL_EXIT_CONTROLLER_H_
+#endif  // LEDE_SHARED_SPECULATION_EXIT_CONTROLLER_H_

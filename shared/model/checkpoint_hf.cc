@@ -1,0 +1,161 @@
+// File: shared/model/checkpoint_hf.cc
+//
+// Hugging Face checkpoint directories (LoadHfCheckpoint, WriteHfCheckpoint
+// in checkpoint.h): config.json (shared/checkpoint/model_config.h),
+// generation_config.json's token ids, and model.safetensors or the shards of
+// model.safetensors.index.json.
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "shared/checkpoint/mapped_file.h"
+#include "shared/file/file.h"
+#include "shared/model/checkpoint.h"
+#include "shared/model/internal/checkpoint_internal.h"
+#include "shared/status/status_macros.h"
+#include "shared/tokenizer/hf_config.h"
+
+namespace lede::model {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+using internal::TensorMap;
+
+Status WriteTextFileAtomically(const std::string& path,
+                               const std::string& text) {
+  LEDE_ASSIGN_OR_RETURN(std::unique_ptr<checkpoint::AtomicFile> out,
+                        checkpoint::AtomicFile::Create(path));
+  LEDE_RETURN_IF_ERROR(out->Append(text.data(), text.size()));
+  return out->Commit();
+}
+
+// Rejects shard names that would leave the checkpoint directory.
+bool IsPlainRelativePath(const std::string& name) {
+  if (name.empty()) return false;
+  const fs::path p(name);
+  if (p.is_absolute()) return false;
+  for (const fs::path& part : p) {
+    if (part == "..") return false;
+  }
+  return true;
+}
+
+Status LoadShards(const std::string& dir, const std::string& index_path,
+                  TensorMap* tensors,
+                  std::map<std::string, std::string>* origin) {
+  LEDE_ASSIGN_OR_RETURN(std::string text, file::ReadFile(index_path));
+  Json index = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (index.is_discarded()) {
+    return InvalidArgumentError(index_path + ": invalid JSON");
+  }
+  if (!index.is_object() || !index.contains("weight_map") ||
+      !index["weight_map"].is_object()) {
+    return InvalidArgumentError(index_path +
+                                ": missing or non-object field \"weight_map\"");
+  }
+  std::map<std::string, std::vector<std::string>> names_by_shard;
+  for (const auto& item : index["weight_map"].items()) {
+    if (!item.value().is_string() ||
+        !IsPlainRelativePath(item.value().get<std::string>())) {
+      return InvalidArgumentError(index_path + ": weight_map entry for " +
+                                  item.key() + " is not a relative file name");
+    }
+    names_by_shard[item.value().get<std::string>()].push_back(item.key());
+  }
+  for (const auto& [shard, names] : names_by_shard) {
+    const std::string shard_path = (fs::path(dir) / shard).string();
+    LEDE_ASSIGN_OR_RETURN(TensorMap shard_tensors, ReadSafetensors(shard_path));
+    for (const std::string& name : names) {
+      auto it = shard_tensors.find(name);
+      if (it == shard_tensors.end()) {
+        return InvalidArgumentError(
+            index_path + ": tensor " + name +
+            " is listed in weight_map but missing from " + shard_path);
+      }
+      (*tensors)[name] = it->second;
+      (*origin)[name] = shard_path;
+    }
+  }
+  return OkStatus();
+}
+
+StatusOr<Checkpoint> LoadHfCheckpointImpl(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return NotFoundError(dir + ": no such directory");
+  if (!fs::is_directory(dir, ec)) {
+    return InvalidArgumentError(dir + ": not a directory");
+  }
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  if (!fs::exists(config_path, ec)) {
+    return NotFoundError(dir + ": no config.json");
+  }
+  LEDE_ASSIGN_OR_RETURN(std::string config_text, file::ReadFile(config_path));
+  Checkpoint ckpt;
+  LEDE_ASSIGN_OR_RETURN(ckpt.config, ParseHfConfig(config_text, config_path));
+  ckpt.source = dir;
+  // generation_config.json's bos/eos ids win over config.json's (Llama-3.1
+  // stops on several eos ids that only generation_config.json lists).
+  const std::string generation_path = (fs::path(dir) / "generation_config.json").string();
+  if (fs::exists(generation_path, ec)) {
+    LEDE_ASSIGN_OR_RETURN(std::string generation_text, file::ReadFile(generation_path));
+    LEDE_ASSIGN_OR_RETURN(tokenizer::GenerationIds ids,
+                          tokenizer::ParseGenerationIds(generation_text, generation_path));
+    if (ids.bos_id) ckpt.config.bos_id = *ids.bos_id;
+    if (!ids.eos_ids.empty()) ckpt.config.eos_ids = ids.eos_ids;
+  }
+
+  std::map<std::string, std::string> origin;
+  const std::string single = (fs::path(dir) / "model.safetensors").string();
+  const std::string index =
+      (fs::path(dir) / "model.safetensors.index.json").string();
+  if (fs::exists(single, ec)) {
+    LEDE_ASSIGN_OR_RETURN(ckpt.tensors, ReadSafetensors(single));
+    for (const auto& item : ckpt.tensors) origin[item.first] = single;
+  } else if (fs::exists(index, ec)) {
+    LEDE_RETURN_IF_ERROR(LoadShards(dir, index, &ckpt.tensors, &origin));
+  } else {
+    return NotFoundError(
+        dir + ": no model.safetensors or model.safetensors.index.json");
+  }
+  // Tied: the model reuses the embedding; a stored copy is dropped so that
+  // "absent when tied" holds (checkpoint.h).
+  if (ckpt.config.tie_word_embeddings) ckpt.tensors.erase("lm_head.weight");
+  LEDE_RETURN_IF_ERROR(internal::CheckTensors(ckpt.config, ckpt.tensors, dir, &origin));
+  return ckpt;
+}
+
+Status WriteHfCheckpointImpl(const std::string& dir, const ModelConfig& config,
+                             const TensorMap& tensors) {
+  LEDE_RETURN_IF_ERROR(config.Validate());
+  LEDE_RETURN_IF_ERROR(internal::CheckTensors(config, tensors, dir, nullptr));
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec)
+    return InternalError(dir + ": cannot create directory: " + ec.message());
+  TensorMap to_write = tensors;
+  if (config.tie_word_embeddings) to_write.erase("lm_head.weight");
+  LEDE_RETURN_IF_ERROR(WriteSafetensors(
+      (fs::path(dir) / "model.safetensors").string(), to_write, "F32"));
+  // config.json last: its presence marks a complete checkpoint directory.
+  return WriteTextFileAtomically((fs::path(dir) / "config.json").string(),
+                                 ToHfConfigJson(config));
+}
+
+}  // namespace
+
+StatusOr<Checkpoint> LoadHfCheckpoint(const std::string& dir) {
+  return TorchBoundary(dir, [&] { return LoadHfCheckpointImpl(dir); });
+}
+
+Status WriteHfCheckpoint(const std::string& dir, const ModelConfig& config,
+                         const std::map<std::string, at::Tensor>& tensors) {
+  return TorchBoundary(dir,
+                  [&] { return WriteHfCheckpointImpl(dir, config, tensors); });
+}
+
+}  // namespace lede::model
