@@ -84,37 +84,18 @@ class ChildProcess {
     cenv.push_back(nullptr);
     const std::string exec_failed = "ChildProcess: exec failed: " + args[0] + "\n";
 
-    const int log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (log_fd < 0) return InternalError("cannot open log file " + log_path);
-    const pid_t parent = ::getpid();
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-      ::close(log_fd);
-      return InternalError("fork failed");
-    }
-    if (pid == 0) {  // child
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(127);  // the parent died before prctl
+    return ForkInto(log_path, std::filesystem::path(args[0]).filename().string(), [&] {
       // Unblock every signal: the parent may block SIGTERM in some thread.
       sigset_t none;
       sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
-      ::setpgid(0, 0);  // its own group: a terminal's ^C reaches the test only
       const int devnull = ::open("/dev/null", O_RDONLY);
       if (devnull >= 0) ::dup2(devnull, 0);
-      ::dup2(log_fd, 1);
-      ::dup2(log_fd, 2);
       ::execve(cargv[0], cargv.data(), cenv.data());
       ssize_t ignored = ::write(2, exec_failed.data(), exec_failed.size());
       (void)ignored;
       ::_exit(127);
-    }
-    ::close(log_fd);
-    std::unique_ptr<ChildProcess> p(new ChildProcess());
-    p->pid_ = pid;
-    p->log_path_ = log_path;
-    p->name_ = std::filesystem::path(args[0]).filename().string();
-    return p;
+    });
   }
 
   // Forks a child that runs `body` (test code, not a new program) and exits
@@ -125,28 +106,7 @@ class ChildProcess {
   // opened or fork fails.
   static StatusOr<std::unique_ptr<ChildProcess>> Fork(const std::function<int()>& body,
                                                       const std::string& log_path) {
-    const int log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (log_fd < 0) return InternalError("cannot open log file " + log_path);
-    const pid_t parent = ::getpid();
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-      ::close(log_fd);
-      return InternalError("fork failed");
-    }
-    if (pid == 0) {  // child
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(127);
-      ::setpgid(0, 0);
-      ::dup2(log_fd, 1);
-      ::dup2(log_fd, 2);
-      ::_exit(body());
-    }
-    ::close(log_fd);
-    std::unique_ptr<ChildProcess> p(new ChildProcess());
-    p->pid_ = pid;
-    p->log_path_ = log_path;
-    p->name_ = "forked child";
-    return p;
+    return ForkInto(log_path, "forked child", [&] { ::_exit(body()); });
   }
 
   ~ChildProcess() { Stop(std::chrono::seconds(5)); }
@@ -258,6 +218,36 @@ class ChildProcess {
   }
 
  private:
+  // Forks; the child dies with the parent (PR_SET_PDEATHSIG), leads its own
+  // process group (a terminal's ^C reaches the test only), writes stdout and
+  // stderr to `log_path` and runs `in_child`, which must not return.
+  static StatusOr<std::unique_ptr<ChildProcess>> ForkInto(const std::string& log_path, const std::string& name,
+                                                          const std::function<void()>& in_child) {
+    const int log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (log_fd < 0) return InternalError("cannot open log file " + log_path);
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      ::close(log_fd);
+      return InternalError("fork failed");
+    }
+    if (pid == 0) {  // child
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);  // the parent died before prctl
+      ::setpgid(0, 0);
+      ::dup2(log_fd, 1);
+      ::dup2(log_fd, 2);
+      in_child();
+      ::_exit(127);
+    }
+    ::close(log_fd);
+    std::unique_ptr<ChildProcess> p(new ChildProcess());
+    p->pid_ = pid;
+    p->log_path_ = log_path;
+    p->name_ = name;
+    return p;
+  }
+
   ChildProcess() = default;
   void Reaped(int status) {
     exited_ = true;
