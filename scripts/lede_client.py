@@ -7,7 +7,8 @@ protobuf-compiler-grpc) into build/python on first use.
 
 usage: scripts/lede_client.py [--target 127.0.0.1:50051] [--method lede|static|threshold|autoregressive]
                               [--max-new-tokens 64] [--temperature 0] [--seed 0]
-                              [--exit-layer 3 --draft-length 3] [--threshold 0.6] [--json] PROMPT
+                              [--exit-layer 3 --draft-length 3] [--threshold 0.6] [--json]
+                              [--tls-ca ca.pem] [--api-key KEY (or $LEDE_API_KEY)] PROMPT
 """
 import argparse
 import json
@@ -50,6 +51,9 @@ def main():
     p.add_argument("--request-id", default="")
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--json", action="store_true", help="print one JSON object (text, token ids, summary)")
+    p.add_argument("--tls-ca", default="", help="CA (PEM) of the coordinator's --tls-cert: connect with TLS")
+    p.add_argument("--api-key", default=os.environ.get("LEDE_API_KEY", ""),
+                   help="API key sent as 'authorization: Bearer KEY' (default $LEDE_API_KEY)")
     a = p.parse_args()
 
     import grpc
@@ -63,10 +67,16 @@ def main():
     text, ids, summary = [], [], None
     if not a.json:
         sys.stdout.write(a.prompt)  # the generation continues it
-    with grpc.insecure_channel(a.target) as channel:
+    if a.tls_ca:
+        with open(a.tls_ca, "rb") as f:
+            channel = grpc.secure_channel(a.target, grpc.ssl_channel_credentials(root_certificates=f.read()))
+    else:
+        channel = grpc.insecure_channel(a.target)
+    metadata = [("authorization", "Bearer " + a.api_key)] if a.api_key else None
+    with channel:
         stub = pb_grpc.GenerationStub(channel)
         try:
-            for resp in stub.Generate(req, timeout=a.timeout):
+            for resp in stub.Generate(req, timeout=a.timeout, metadata=metadata):
                 if resp.HasField("delta"):
                     text.append(resp.delta.text)
                     ids.extend(resp.delta.token_ids)

@@ -12,6 +12,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -30,6 +31,7 @@
 #include "shared/experience/transition.h"
 #include "proto/lede/v1/model.grpc.pb.h"
 #include "shared/rpc/grpc_status.h"
+#include "shared/rpc/security.h"
 #include "shared/rpc/server.h"
 #include "shared/speculation/generation.h"
 #include "shared/speculation/method.h"
@@ -148,6 +150,11 @@ struct GenerationService::Impl {
   RequestRunner runner = [this](grpc::CallbackServerContext* context, const GenerateRequest* request,
                                 ResponseWriter* writer) { return Run(context, request, writer); };
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
+  int64_t max_token_bytes = 0;  // tokenizer->MaxTokenBytes()
+  rpc::ApiKeys api_keys;
+  // lede_prompt_tokenized_bytes_total: prompt text bytes given to the
+  // tokenizer (work that the size checks bound); null without a registry.
+  telemetry::Counter* tokenized_bytes = nullptr;
   std::shared_ptr<grpc::Channel> verifier_channel, drafter_channel;
   std::unique_ptr<lede::v1::Verifier::Stub> verifier;
   std::unique_ptr<lede::v1::Drafter::Stub> drafter;
@@ -286,20 +293,40 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
   Impl& impl = *service->impl_;
   impl.options = options;
   LEDE_ASSIGN_OR_RETURN(impl.tokenizer, tokenizer::LoadTokenizer(options.tokenizer_path));
+  impl.max_token_bytes = impl.tokenizer->MaxTokenBytes();
+  for (const std::string& key : options.api_keys) {
+    if (key.empty()) return InvalidArgumentError("api_keys: an empty key");
+  }
+  impl.api_keys = rpc::ApiKeys(options.api_keys);
+  rpc::ChannelTlsOptions tls;
+  tls.ca_path = options.model_tls_ca;
+  tls.cert_path = options.model_tls_cert;
+  tls.key_path = options.model_tls_key;
+  auto credentials = rpc::MakeChannelCredentials(tls);
+  if (!credentials.ok()) {
+    return Status(credentials.status().code(), "model_tls: " + std::string(credentials.status().message()));
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
-  auto verifier_channel = grpc::CreateCustomChannel(options.verifier_target, grpc::InsecureChannelCredentials(), args);
+  if (!options.model_tls_server_name.empty()) args.SetSslTargetNameOverride(options.model_tls_server_name);
+  auto verifier_channel = grpc::CreateCustomChannel(options.verifier_target, *credentials, args);
   auto drafter_channel = options.drafter_target == options.verifier_target
                              ? verifier_channel
-                             : grpc::CreateCustomChannel(options.drafter_target,
-                                                         grpc::InsecureChannelCredentials(), args);
+                             : grpc::CreateCustomChannel(options.drafter_target, *credentials, args);
   impl.verifier_channel = verifier_channel;
   impl.drafter_channel = drafter_channel;
   impl.verifier = lede::v1::Verifier::NewStub(verifier_channel);
   impl.drafter = lede::v1::Drafter::NewStub(drafter_channel);
   impl.fused_rounds = options.drafter_target == options.verifier_target;
-  if (registry != nullptr) impl.metrics = std::make_unique<telemetry::SpecDecodeMetrics>(*registry);
+  if (registry != nullptr) {
+    impl.metrics = std::make_unique<telemetry::SpecDecodeMetrics>(*registry);
+    impl.tokenized_bytes = &prometheus::BuildCounter()
+                                .Name("lede_prompt_tokenized_bytes_total")
+                                .Help("Prompt text bytes given to the tokenizer (after the size checks)")
+                                .Register(*registry)
+                                .Add({});
+  }
   if (!options.experience_url.empty()) {
     auto store = storage::OpenObjectStore(options.experience_url);
     if (!store.ok()) return InvalidArgumentError("experience_url: " + std::string(store.status().message()));
@@ -328,6 +355,8 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
   return service;
 }
 
+int64_t GenerationService::max_token_bytes() const { return impl_->max_token_bytes; }
+
 Status GenerationService::FlushExperience() {
   return impl_->logger ? impl_->logger->Flush() : OkStatus();
 }
@@ -355,6 +384,10 @@ Status GenerationService::Impl::RunRequest(grpc::CallbackServerContext* context,
   Occupancy occupancy(metrics.get());
   LEDE_ASSIGN_OR_RETURN(const lede::v1::ModelInfo info, Info(context));
   LEDE_RETURN_IF_ERROR(ValidateForModel(request, info));
+  // Before tokenization: what cannot fit is rejected in O(1) (issue 17).
+  if (info.capacity() > 0) {
+    LEDE_RETURN_IF_ERROR(ValidateRequestSize(request, RequestBounds{info.capacity(), max_token_bytes}));
+  }
   LEDE_ASSIGN_OR_RETURN(const std::vector<int32_t> prompt, ResolvePrompt(request));
   const std::string request_id = RequestId(request);
   const speculation::LoopOptions loop = LoopFor(request, checked, info, static_cast<int64_t>(prompt.size()));
@@ -414,6 +447,7 @@ StatusOr<std::vector<int32_t>> GenerationService::Impl::ResolvePrompt(const Gene
   if (request.prompt_token_ids_size() > 0) {
     return std::vector<int32_t>(request.prompt_token_ids().begin(), request.prompt_token_ids().end());
   }
+  if (tokenized_bytes != nullptr) tokenized_bytes->Increment(static_cast<double>(request.prompt().size()));
   auto encoded = tokenizer->Encode(request.prompt(), /*add_bos=*/true, /*add_eos=*/false);
   if (!encoded.ok()) return InvalidArgumentError("prompt: " + std::string(encoded.status().message()));
   return std::move(*encoded);
@@ -466,17 +500,29 @@ Status GenerationService::CheckModelServices(absl::Duration timeout) {
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::Generate(grpc::CallbackServerContext* context,
                                                                        const grpc::ByteBuffer* raw) {
-  std::vector<grpc::Slice> slices;
-  std::string bytes;
-  if (raw->Dump(&slices).ok()) {
-    for (const grpc::Slice& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  }
   auto reject = [&](const Status& status) {
     if (impl_->metrics) impl_->metrics->RecordRequest("unknown", status.code(), 0.0);
     rpc::LogEvent("info", "request_failed", {{"code", telemetry::GrpcCodeName(status.code())},
                                              {"error", std::string(status.message())}});
     return new RejectReactor(rpc::ToGrpcStatus(status));
   };
+  // The API key first, before the request is even copied (never logged).
+  if (!impl_->api_keys.empty()) {
+    const auto& metadata = context->client_metadata();
+    const auto it = metadata.find("authorization");
+    const std::string_view presented =
+        it == metadata.end() ? std::string_view() : std::string_view(it->second.data(), it->second.size());
+    if (!impl_->api_keys.Allows(presented)) {
+      return reject(Status(StatusCode::kUnauthenticated,
+                           it == metadata.end() ? "authorization: missing (want \"Bearer <API key>\" metadata)"
+                                                : "authorization: not a valid API key"));
+    }
+  }
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (raw->Dump(&slices).ok()) {
+    for (const grpc::Slice& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
   // Text fields first, as bytes: invalid UTF-8 names its field.
   lede::v1::GenerateRequestText text;
   if (!text.ParseFromString(bytes)) return reject(InvalidArgumentError("request: not a GenerateRequest"));

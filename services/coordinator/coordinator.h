@@ -11,8 +11,10 @@
 // The OpenAI-compatible HTTP API (openai_server.h) runs its requests through
 // GenerateInProcess(): the same validation and loop.
 //
-// Errors end the stream with a gRPC status: INVALID_ARGUMENT naming the
-// field; RESOURCE_EXHAUSTED when every KV slot is busy; UNAVAILABLE when the
+// Errors end the stream with a gRPC status: UNAUTHENTICATED without a
+// configured API key; INVALID_ARGUMENT naming the field (a prompt, token-id
+// list or stop strings too large for the context window are rejected
+// before tokenization: request_validation.h ValidateRequestSize); RESOURCE_EXHAUSTED when every KV slot is busy; UNAVAILABLE when the
 // drafter or verifier is down or restarted mid-request (or, with
 // autoregressive_fallback, a drafter outage degrades to full-depth steps);
 // CANCELLED / DEADLINE_EXCEEDED from the client. The KV slot is closed on
@@ -26,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "proto/lede/v1/generation.grpc.pb.h"
@@ -58,6 +61,22 @@ struct CoordinatorOptions {
   // Rewards of logged transitions: "throughput" (tokens minus cost under the
   // verifier's cost model) or "paper" (DESIGN.md §2).
   std::string reward = "throughput";
+  // API keys of the public gRPC API (issue 17): a call must carry
+  // `authorization: Bearer <key>` metadata with one of them, else it ends
+  // UNAUTHENTICATED before its request is parsed. Empty = no authentication.
+  // Compared in constant time (shared/rpc/security.h); never logged.
+  std::vector<std::string> api_keys;
+  // TLS of the channels to the verifier and the drafter (PEM files; all
+  // empty = plaintext): the CA their certificates chain to, and this
+  // coordinator's client certificate and key for model services that
+  // verify clients (--tls-client-ca there).
+  std::string model_tls_ca;
+  std::string model_tls_cert;
+  std::string model_tls_key;
+  // The name the model services' certificates must carry when it differs
+  // from the target's host (gRPC 1.51 matches DNS names, not IP SANs: with
+  // a target of 127.0.0.1, give the certificate's DNS name here).
+  std::string model_tls_server_name;
 };
 
 // The lower-case name of a speculation method: "lede" (also for
@@ -79,7 +98,8 @@ class GenerationService final
     : public lede::v1::Generation::WithRawCallbackMethod_Generate<lede::v1::Generation::Service> {
  public:
   // Errors: kInvalidArgument naming the option (tokenizer_path, reward,
-  // experience_url, max_new_tokens_limit); kNotFound for a missing tokenizer.
+  // experience_url, max_new_tokens_limit, api_keys, model_tls_*); kNotFound
+  // for a missing tokenizer or TLS file.
   static StatusOr<std::unique_ptr<GenerationService>> Create(const CoordinatorOptions& options,
                                                              prometheus::Registry* registry);
   ~GenerationService() override;
@@ -110,6 +130,11 @@ class GenerationService final
   // OK when the verifier and the drafter accept connections within
   // `timeout`; kUnavailable naming the one that does not.
   Status CheckModelServices(absl::Duration timeout);
+
+  // The most text bytes one token of the served tokenizer covers
+  // (Tokenizer::MaxTokenBytes(), computed once at Create()): with the
+  // context window it sizes the request limits (request_validation.h).
+  int64_t max_token_bytes() const;
 
   // Writes buffered experience (at shutdown). Returns the logger's status.
   Status FlushExperience();

@@ -1,6 +1,8 @@
 // lede-coordinator: the public lede.v1.Generation API
 // (services/coordinator/coordinator.h). Never links libtorch.
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -10,6 +12,7 @@
 #include "services/coordinator/chat_prompt.h"
 #include "services/coordinator/coordinator.h"
 #include "services/coordinator/openai_server.h"
+#include "services/coordinator/request_validation.h"
 #include "shared/flags/flags.h"
 #include "shared/rpc/server.h"
 #include "shared/telemetry/metrics.h"
@@ -49,6 +52,21 @@ int Run(const std::vector<std::string>& raw_args) {
   flags.Add("experience-shard-age-s", &shard_age_s, "publish a shard at least this often");
   flags.Add("reward", &o.reward, "rewards of logged transitions: throughput | paper");
   flags.Add("shutdown-grace-s", &grace_s, "how long in-flight requests may finish after SIGTERM");
+  // Issue 17: bounded input and the security of the public API (README "TLS and API keys").
+  int64_t context_tokens = 0, max_request_bytes = 0, max_body_bytes = 0;
+  flags.Add("max-context-tokens", &context_tokens,
+            "context window that sizes the request limits (0 = the model's config)");
+  flags.Add("max-request-bytes", &max_request_bytes, "largest gRPC request message (0 = sized to the context)");
+  flags.Add("http-max-body-bytes", &max_body_bytes, "largest HTTP request body (0 = sized to the context)");
+  lede::rpc::ServerTlsOptions tls;
+  lede::rpc::AddServerTlsFlags(&flags, &tls);
+  std::string api_key_file;
+  flags.Add("api-key-file", &api_key_file, "API keys of the public APIs, one per line (also $LEDE_API_KEYS)");
+  flags.Add("model-tls-ca", &o.model_tls_ca, "CA (PEM) of the model services' certificates; empty = plaintext");
+  flags.Add("model-tls-cert", &o.model_tls_cert, "client certificate (PEM) for the model services");
+  flags.Add("model-tls-key", &o.model_tls_key, "private key (PEM) of --model-tls-cert");
+  flags.Add("model-tls-server-name", &o.model_tls_server_name,
+            "DNS name in the model services' certificates (default: the target's host)");
   if (lede::flags::WantsHelp(raw_args)) {
     std::cout << "usage: lede-coordinator --model DIR [--config FILE] [flags]\n" << flags.Usage();
     return 0;
@@ -70,13 +88,41 @@ int Run(const std::vector<std::string>& raw_args) {
     }
     o.tokenizer_path = *found;
   }
+  const char* env_keys = std::getenv("LEDE_API_KEYS");
+  auto keys = lede::rpc::ApiKeys::Load(api_key_file, env_keys == nullptr ? "" : env_keys);
+  if (!keys.ok()) {
+    std::cerr << "lede-coordinator: " << keys.status().message() << "\n";
+    return 2;
+  }
+  if (context_tokens <= 0) {
+    auto window = lede::coordinator::ReadContextWindow(model);
+    if (!window.ok()) {
+      std::cerr << "lede-coordinator: --max-context-tokens: " << window.status().message() << "\n";
+      return 2;
+    }
+    context_tokens = *window;
+  }
   lede::rpc::BlockTerminationSignals();
   lede::telemetry::Registry registry;
+  o.api_keys = keys->keys();
   auto service = lede::coordinator::GenerationService::Create(o, &registry);
   if (!service.ok()) {
     std::cerr << "lede-coordinator: " << service.status().message() << "\n";
     return 2;
   }
+  const lede::coordinator::RequestBounds bounds{context_tokens, (*service)->max_token_bytes()};
+  if (max_request_bytes <= 0) max_request_bytes = lede::coordinator::MaxRequestMessageBytes(bounds);
+  if (max_body_bytes <= 0) max_body_bytes = lede::coordinator::MaxHttpBodyBytes(bounds);
+  http.max_body_bytes = static_cast<size_t>(max_body_bytes);
+  http.api_keys = o.api_keys;
+  http.tls_cert_path = tls.cert_path;
+  http.tls_key_path = tls.key_path;
+  lede::rpc::LogEvent("info", "request_limits",
+                      {{"context_tokens", std::to_string(context_tokens)},
+                       {"max_token_bytes", std::to_string(bounds.max_token_bytes)},
+                       {"max_request_bytes", std::to_string(max_request_bytes)},
+                       {"http_max_body_bytes", std::to_string(max_body_bytes)},
+                       {"api_keys", std::to_string(o.api_keys.size())}});
   std::unique_ptr<lede::coordinator::OpenAiServer> openai;
   if (!http.listen_address.empty()) {
     if (http.model_id.empty()) {
@@ -106,6 +152,8 @@ int Run(const std::vector<std::string>& raw_args) {
   so.listen_address = listen;
   so.metrics_address = metrics;
   so.shutdown_grace = absl::Seconds(grace_s);
+  so.max_receive_message_bytes = static_cast<int>(std::min<int64_t>(max_request_bytes, INT32_MAX));
+  so.tls = tls;
   // In-flight requests finish (or are cancelled after the grace period).
   if (!runner.Serve(so, &registry).ok()) return 1;
   openai.reset();  // cancels HTTP streams still running after the grace period

@@ -19,6 +19,7 @@
 #include <httplib.h>
 
 #include "services/coordinator/openai_api.h"
+#include "shared/rpc/security.h"
 #include "shared/rpc/server.h"
 #include "shared/telemetry/metrics.h"
 #include "shared/telemetry/metrics_server.h"
@@ -110,7 +111,8 @@ struct OpenAiServer::Impl {
   const prometheus::Registry* registry = nullptr;
   OpenAiServerOptions options;
   ChatPromptRenderer render_chat;
-  httplib::Server http;
+  std::unique_ptr<httplib::Server> http;  // an httplib::SSLServer with TLS
+  rpc::ApiKeys api_keys;
   std::thread listener;
   int port = 0;
   int64_t created = static_cast<int64_t>(std::time(nullptr));
@@ -290,7 +292,7 @@ OpenAiServer::~OpenAiServer() {
       s->cv.notify_all();
     }
   }
-  impl.http.stop();
+  impl.http->stop();
   if (impl.listener.joinable()) impl.listener.join();
   std::unique_lock<std::mutex> lock(impl.mu);
   impl.cv.wait(lock, [&] { return impl.generation_threads == 0; });
@@ -308,8 +310,26 @@ StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(GenerationService* s
   impl->registry = registry;
   impl->options = std::move(options);
   impl->render_chat = render_chat ? std::move(render_chat) : ChatPromptRenderer(RenderPlainChatPrompt);
+  if (impl->options.tls_cert_path.empty() != impl->options.tls_key_path.empty()) {
+    return InvalidArgumentError("http tls: give both tls-cert and tls-key");
+  }
+  for (const std::string& key : impl->options.api_keys) {
+    if (key.empty()) return InvalidArgumentError("api_keys: an empty key");
+  }
+  impl->api_keys = rpc::ApiKeys(impl->options.api_keys);
+  if (impl->options.tls_cert_path.empty()) {
+    impl->http = std::make_unique<httplib::Server>();
+  } else {
+    auto ssl = std::make_unique<httplib::SSLServer>(impl->options.tls_cert_path.c_str(),
+                                                    impl->options.tls_key_path.c_str());
+    if (!ssl->is_valid()) {
+      return InvalidArgumentError("tls-cert, tls-key: cannot load " + impl->options.tls_cert_path + " and " +
+                                  impl->options.tls_key_path + " as a PEM certificate and its key");
+    }
+    impl->http = std::move(ssl);
+  }
   Impl* p = impl.get();
-  httplib::Server& http = impl->http;
+  httplib::Server& http = *impl->http;
   const int threads = impl->options.threads;
   http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
   http.set_payload_max_length(impl->options.max_body_bytes);
@@ -317,6 +337,21 @@ StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(GenerationService* s
   http.set_read_timeout(30);
   http.set_write_timeout(30);
 
+  // API keys guard /v1/* before the body is read; /health and /metrics stay
+  // open (probes and Prometheus carry no key). The key is never logged.
+  http.set_pre_routing_handler([p](const httplib::Request& req, httplib::Response& res) {
+    if (p->api_keys.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    if (p->api_keys.Allows(req.get_header_value("Authorization"))) return httplib::Server::HandlerResponse::Unhandled;
+    ApiError e;
+    e.http_status = 401;
+    e.type = "invalid_request_error";
+    e.code = "invalid_api_key";
+    e.message = req.has_header("Authorization")
+                    ? "Incorrect API key provided (Authorization: Bearer <key>)"
+                    : "You didn't provide an API key: send it in an Authorization header (Bearer <key>)";
+    SendError(res, e);
+    return httplib::Server::HandlerResponse::Handled;
+  });
   http.Post("/v1/completions", [p](const httplib::Request& req, httplib::Response& res) {
     p->HandleGenerate(openai::Endpoint::kCompletions, req, res);
   });
@@ -341,11 +376,18 @@ StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(GenerationService* s
     res.set_content(telemetry::SerializeText(*p->registry), telemetry::kTextContentType);
   });
   // Every error response without a body of ours (no route, 413, ...) gets the envelope.
-  http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
-                                                                  httplib::Response& res) {
+  http.set_error_handler(httplib::Server::HandlerWithResponse([p](const httplib::Request& req,
+                                                                   httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     ApiError e = openai::RouteNotFound(req.method, req.path);
-    if (res.status != 404) {
+    if (res.status == 413) {
+      // Before JSON parsing: the body was skipped, never buffered (issue 17).
+      e.http_status = 413;
+      e.type = "invalid_request_error";
+      e.code = "request_too_large";
+      e.message = "request body larger than " + std::to_string(p->options.max_body_bytes) +
+                  " bytes: the prompt cannot fit the model's context window";
+    } else if (res.status != 404) {
       e.http_status = res.status;
       e.type = res.status < 500 ? "invalid_request_error" : "server_error";
       e.message = "HTTP " + std::to_string(res.status) + " for " + req.method + " " + req.path;
@@ -370,7 +412,7 @@ StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(GenerationService* s
     return Status(port.status().code(), "OpenAI HTTP API: " + std::string(port.status().message()));
   }
   impl->port = *port;
-  impl->listener = std::thread([p] { p->http.listen_after_bind(); });
+  impl->listener = std::thread([p] { p->http->listen_after_bind(); });
   telemetry::WaitUntilListening(http);
   return std::unique_ptr<OpenAiServer>(new OpenAiServer(std::move(impl)));
 }

@@ -12,6 +12,9 @@
 //   GET  /metrics               the coordinator's Prometheus metrics
 //   anything else               404 in the error envelope
 //
+// With api_keys, /v1/* answers 401 without a valid `Authorization: Bearer`
+// key; a body over max_body_bytes is 413 (both in the error envelope).
+//
 // Requests are translated by openai_api.h and run by
 // GenerationService::GenerateInProcess(): the gRPC API's validation, loop,
 // metrics and experience logging, once. Errors use OpenAI's envelope with
@@ -42,6 +45,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "services/coordinator/chat_prompt.h"
@@ -64,8 +68,19 @@ struct OpenAiServerOptions {
   int threads = 32;
   // How long /health waits for the model services to accept a connection.
   absl::Duration health_timeout = absl::Seconds(1);
-  // Largest request body, bytes (413 above).
+  // Largest request body, bytes: 413 (code request_too_large) above it,
+  // before the body is buffered or parsed. main.cc sizes it to the context
+  // window (request_validation.h MaxHttpBodyBytes).
   size_t max_body_bytes = 8 << 20;
+  // TLS (cpp-httplib's SSLServer): PEM certificate chain and private key;
+  // both empty = plain HTTP.
+  std::string tls_cert_path;
+  std::string tls_key_path;
+  // API keys: every /v1/* request needs `Authorization: Bearer <key>` with
+  // one of them, else 401 (code invalid_api_key) before its body is read;
+  // /health and /metrics stay open. Empty = no authentication. Constant-time
+  // comparison (shared/rpc/security.h); never logged.
+  std::vector<std::string> api_keys;
 };
 
 class OpenAiServer {
@@ -73,7 +88,8 @@ class OpenAiServer {
   // Starts serving. `render_chat` turns chat messages into the prompt
   // (RenderPlainChatPrompt until a chat-template renderer exists).
   // `registry` may be null (then /metrics is 404).
-  // Errors: kInvalidArgument for a malformed address or threads < 1;
+  // Errors: kInvalidArgument for a malformed address, threads < 1, an empty
+  // API key, or TLS files that are not a PEM certificate and key;
   // kUnavailable if the address cannot be bound (names it).
   static StatusOr<std::unique_ptr<OpenAiServer>> Start(GenerationService* service,
                                                        const prometheus::Registry* registry,

@@ -1,8 +1,14 @@
 #include "services/coordinator/request_validation.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
+#include <vector>
 
+#include "nlohmann/json.hpp"
 #include "shared/tokenizer/tokenizer.h"
 
 namespace lede::coordinator {
@@ -68,6 +74,86 @@ Status ValidateForModel(const lede::v1::GenerateRequest& request, const lede::v1
     }
   }
   return OkStatus();
+}
+
+Status ValidateRequestSize(const lede::v1::GenerateRequest& request, const RequestBounds& bounds) {
+  const int64_t max_bytes = bounds.max_prompt_bytes();
+  const std::string window = "the context window of " + std::to_string(bounds.capacity_tokens) + " tokens";
+  const int64_t prompt_bytes = static_cast<int64_t>(request.prompt().size());
+  if (prompt_bytes > max_bytes) {
+    return InvalidArgumentError("prompt: " + std::to_string(prompt_bytes) + " bytes cannot fit " + window +
+                                " (at most " + std::to_string(max_bytes) + " bytes)");
+  }
+  if (request.prompt_token_ids_size() > bounds.capacity_tokens) {
+    return InvalidArgumentError("prompt_token_ids: " + std::to_string(request.prompt_token_ids_size()) +
+                                " tokens cannot fit " + window);
+  }
+  if (request.stop_size() > kMaxStopStrings) {
+    return InvalidArgumentError("stop: " + std::to_string(request.stop_size()) + " strings, at most " +
+                                std::to_string(kMaxStopStrings));
+  }
+  int64_t stop_bytes = 0;
+  for (const std::string& stop : request.stop()) stop_bytes += static_cast<int64_t>(stop.size());
+  if (stop_bytes > max_bytes) {
+    return InvalidArgumentError("stop: " + std::to_string(stop_bytes) + " bytes in all cannot match within " +
+                                window + " (at most " + std::to_string(max_bytes) + " bytes)");
+  }
+  return OkStatus();
+}
+
+namespace {
+constexpr int64_t kOtherFieldsBytes = 64 << 10;
+}  // namespace
+
+int64_t MaxRequestMessageBytes(const RequestBounds& bounds) {
+  const int64_t prompt = std::max(bounds.max_prompt_bytes(), 10 * bounds.capacity_tokens);
+  return prompt + bounds.max_prompt_bytes() + kOtherFieldsBytes;
+}
+
+int64_t MaxHttpBodyBytes(const RequestBounds& bounds) {
+  const int64_t prompt = std::max(6 * bounds.max_prompt_bytes(), 12 * bounds.capacity_tokens);
+  return prompt + 6 * bounds.max_prompt_bytes() + kOtherFieldsBytes;
+}
+
+namespace {
+
+StatusOr<int64_t> ReadLlama2cSeqLen(const std::filesystem::path& bin) {
+  std::ifstream in(bin, std::ios::binary);
+  int32_t header[7] = {};
+  if (!in.read(reinterpret_cast<char*>(header), sizeof(header))) {
+    return InvalidArgumentError(bin.string() + ": shorter than a llama2.c header");
+  }
+  if (header[6] <= 0) return InvalidArgumentError(bin.string() + ": seq_len " + std::to_string(header[6]));
+  return static_cast<int64_t>(header[6]);
+}
+
+}  // namespace
+
+StatusOr<int64_t> ReadContextWindow(const std::string& model_path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path path(model_path);
+  if (fs::is_regular_file(path, ec) && path.extension() == ".bin") return ReadLlama2cSeqLen(path);
+  const fs::path config = path / "config.json";
+  if (fs::is_regular_file(config, ec)) {
+    std::ifstream in(config);
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) return InvalidArgumentError(config.string() + ": not a JSON object");
+    const auto it = j.find("max_position_embeddings");
+    if (it == j.end() || !it->is_number_integer() || it->get<int64_t>() <= 0) {
+      return InvalidArgumentError(config.string() + ": max_position_embeddings: not a positive integer");
+    }
+    return it->get<int64_t>();
+  }
+  if (fs::is_directory(path, ec)) {
+    std::vector<fs::path> bins;
+    for (const fs::directory_entry& e : fs::directory_iterator(path, ec)) {
+      const std::string name = e.path().filename().string();
+      if (e.path().extension() == ".bin" && name.rfind("tok", 0) != 0) bins.push_back(e.path());
+    }
+    if (bins.size() == 1) return ReadLlama2cSeqLen(bins[0]);
+  }
+  return NotFoundError(model_path + ": no config.json or llama2.c .bin to read the context window from");
 }
 
 }  // namespace lede::coordinator

@@ -8,6 +8,7 @@
 #define LEDE_SERVICES_COORDINATOR_REQUEST_VALIDATION_H_
 
 #include <cstdint>
+#include <string>
 
 #include "proto/lede/v1/generation.pb.h"
 #include "proto/lede/v1/model.pb.h"
@@ -34,6 +35,54 @@ StatusOr<CheckedRequest> ValidateRequest(const lede::v1::GenerateRequest& reques
 // [1, n_layers] and draft_length in [1, max_draft_length]; every
 // prompt_token_ids entry in [0, vocab_size).
 Status ValidateForModel(const lede::v1::GenerateRequest& request, const lede::v1::ModelInfo& info);
+
+// What bounds the work and memory of one request (issue 17, failure 1):
+// nothing the coordinator buffers, parses or tokenizes for a request is
+// larger than a few multiples of capacity_tokens x max_token_bytes.
+struct RequestBounds {
+  // KV capacity per session, tokens (ModelInfo.capacity: the context window
+  // a prompt and its generation share).
+  int64_t capacity_tokens = 0;
+  // The most text bytes one token covers (Tokenizer::MaxTokenBytes()).
+  int64_t max_token_bytes = 0;
+  // The longest prompt text that can fit, bytes: a longer one cannot encode
+  // to capacity_tokens tokens or fewer.
+  int64_t max_prompt_bytes() const { return capacity_tokens * max_token_bytes; }
+};
+
+// At most this many stop strings per request (OpenAI allows 4).
+inline constexpr int kMaxStopStrings = 16;
+
+// The size checks, before any tokenization: prompt.size() <=
+// bounds.max_prompt_bytes(); prompt_token_ids_size() <= capacity_tokens;
+// stop_size() <= kMaxStopStrings and the stop strings' bytes together <=
+// max_prompt_bytes() (a longer one could never match the generated text).
+// Errors: kInvalidArgument naming the field ("prompt: 20971520 bytes cannot
+// fit the context window of 256 tokens (at most 8192 bytes)",
+// "prompt_token_ids: ...", "stop: ..."). Pure; thread-safe; O(stop_size()).
+Status ValidateRequestSize(const lede::v1::GenerateRequest& request, const RequestBounds& bounds);
+
+// The largest serialized GenerateRequest a valid request can need, bytes:
+// the prompt (or prompt_token_ids at 10 bytes per varint, whichever is
+// larger), the stop strings, and 64 KiB for the other fields. The public
+// gRPC server's receive-message limit (services/coordinator/main.cc): a
+// larger message is RESOURCE_EXHAUSTED from gRPC before it is buffered.
+int64_t MaxRequestMessageBytes(const RequestBounds& bounds);
+
+// The largest OpenAI HTTP request body a valid request can need, bytes: the
+// text of MaxRequestMessageBytes() with JSON's worst-case escaping (6 bytes
+// per byte, "\u0000"), token-id arrays at 12 bytes per id, and 64 KiB. The
+// HTTP API's body limit (413 above, before JSON parsing).
+int64_t MaxHttpBodyBytes(const RequestBounds& bounds);
+
+// The context window of the model at `model_path`, tokens: config.json's
+// max_position_embeddings for a Hugging Face directory, the header's seq_len
+// for a llama2.c .bin (or a directory holding one model .bin). Reads at most
+// the config file or 28 header bytes. Used to size the limits at startup,
+// before the verifier can be asked (it may start later).
+// Errors: kNotFound when neither file exists; kInvalidArgument naming the
+// file when it is malformed or the value is not a positive integer.
+StatusOr<int64_t> ReadContextWindow(const std::string& model_path);
 
 }  // namespace lede::coordinator
 

@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "services/model/model_service.h"
 #include "shared/flags/flags.h"
+#include "shared/rpc/security.h"
 #include "shared/rpc/server.h"
 #include "shared/telemetry/metrics.h"
 
@@ -39,6 +40,13 @@ int Run(const std::vector<std::string>& raw_args) {
   flags.Add("attach-timeout-s", &attach_timeout_s, "drafter: how long to wait for the verifier's pool");
   flags.Add("session-idle-timeout-s", &idle_timeout_s, "reclaim sessions idle this long when the pool is full");
   flags.Add("shutdown-grace-s", &grace_s, "how long in-flight calls may finish after SIGTERM");
+  lede::rpc::ServerTlsOptions tls;
+  lede::rpc::AddServerTlsFlags(&flags, &tls);
+  flags.Add("policy-tls-ca", &o.policy_tls_ca, "drafter: CA (PEM) of the policy service's certificate");
+  flags.Add("policy-tls-cert", &o.policy_tls_cert, "drafter: client certificate (PEM) for the policy service");
+  flags.Add("policy-tls-key", &o.policy_tls_key, "drafter: private key (PEM) of --policy-tls-cert");
+  flags.Add("policy-tls-server-name", &o.policy_tls_server_name,
+            "drafter: DNS name in the policy service's certificate (default: the target's host)");
   if (lede::flags::WantsHelp(raw_args)) {
     std::cout << "usage: lede-model --model DIR [--role verifier|drafter|both] [--config FILE] [flags]\n"
               << flags.Usage();
@@ -85,6 +93,7 @@ int Run(const std::vector<std::string>& raw_args) {
   so.listen_address = listen;
   so.metrics_address = metrics;
   so.shutdown_grace = absl::Seconds(grace_s);
+  so.tls = tls;
   return runner.Serve(so, &registry).ok() ? 0 : 1;
 }
 

@@ -26,6 +26,7 @@
 #include "shared/model/llama.h"
 #include "shared/model/torch_boundary.h"
 #include "shared/rpc/grpc_status.h"
+#include "shared/rpc/security.h"
 #include "shared/rpc/server.h"
 #include "shared/speculation/generation.h"
 #include "shared/speculation/method.h"
@@ -278,6 +279,16 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
   if (!options.policy_target.empty()) {
     PolicyFollowerOptions po;
     po.target = options.policy_target;
+    rpc::ChannelTlsOptions tls;
+    tls.ca_path = options.policy_tls_ca;
+    tls.cert_path = options.policy_tls_cert;
+    tls.key_path = options.policy_tls_key;
+    auto credentials = rpc::MakeChannelCredentials(tls);
+    if (!credentials.ok()) {
+      return Status(credentials.status().code(), "policy_tls: " + std::string(credentials.status().message()));
+    }
+    po.credentials = *credentials;
+    po.tls_server_name = options.policy_tls_server_name;
     po.model_fingerprint = host->fingerprint;
     po.n_layers = static_cast<int32_t>(L);
     po.metrics = host->metrics.get();
@@ -286,7 +297,7 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
     if (!first.ok()) rpc::LogEvent("warn", "policy_fetch_failed", {{"error", first.ToString()}});
     host->follower->Start();
     if (options.remote_decisions) {
-      host->policy_stub = lede::v1::Policy::NewStub(MakePolicyChannel(options.policy_target));
+      host->policy_stub = lede::v1::Policy::NewStub(MakePolicyChannel(options.policy_target, po.credentials, po.tls_server_name));
     }
   } else if (!options.policy_dir.empty()) {
     const std::filesystem::path dir(options.policy_dir);

@@ -50,6 +50,14 @@ struct ModelServiceOptions {
   // policy root with a SERVING pointer or a version directory.
   std::string policy_target;
   std::string policy_dir;
+  // TLS of the channel to policy_target (PEM files; all empty = plaintext):
+  // the CA of the policy service's certificate, this drafter's client
+  // certificate and key (for a policy service with --tls-client-ca), and
+  // the certificate's DNS name when it is not the target's host.
+  std::string policy_tls_ca;
+  std::string policy_tls_cert;
+  std::string policy_tls_key;
+  std::string policy_tls_server_name;
   // Drafter: ask the policy service once per decision instead of running
   // the DQN in-process (evaluation of remote decisions; slow by design).
   bool remote_decisions = false;

@@ -41,6 +41,8 @@
 #include <string>
 #include <thread>
 
+#include <grpcpp/security/credentials.h>
+
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -68,11 +70,20 @@ namespace lede::model_service {
 // A channel to the policy service at `target` ("host:port"), insecure, with
 // a receive limit large enough for any artifact (64 MiB; an H = 512 network
 // is ~1 MiB). Never fails: connection errors surface on the first call.
-std::shared_ptr<grpc::Channel> MakePolicyChannel(const std::string& target);
+// `credentials` null = plaintext; `tls_server_name` (when set) is the name
+// the policy service's certificate must carry (gRPC's target name override).
+std::shared_ptr<grpc::Channel> MakePolicyChannel(const std::string& target,
+                                                 std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr,
+                                                 const std::string& tls_server_name = "");
 
 struct PolicyFollowerOptions {
   // The policy service, "host:port".
   std::string target = "127.0.0.1:50053";
+  // TLS of the channel (shared/rpc/security.h MakeChannelCredentials); null
+  // = plaintext. `tls_server_name`: the certificate's DNS name when it is
+  // not the target's host.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  std::string tls_server_name;
   // ModelConfig::ArchitectureFingerprint() of this drafter's model; "" accepts
   // any (then a policy trained for another model would be used: set it).
   std::string model_fingerprint;

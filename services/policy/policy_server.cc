@@ -9,6 +9,7 @@
 #include "shared/file/file.h"
 #include "shared/flags/flags.h"
 #include "shared/checkpoint/model_config.h"
+#include "shared/rpc/security.h"
 #include "shared/rpc/server.h"
 #include "shared/status/status_macros.h"
 #include "shared/telemetry/lede_metrics.h"
@@ -24,9 +25,11 @@ struct FlagValues {
   std::string listen = "127.0.0.1:50053";
   std::string metrics = "127.0.0.1:9403";
   int64_t reload_interval_ms = 1000;
+  rpc::ServerTlsOptions tls;
 };
 
 void Register(flags::FlagSet& set, FlagValues& v) {
+  rpc::AddServerTlsFlags(&set, &v.tls);
   set.Add("policy-root", &v.policy_root, "directory holding SERVING and one folder per version",
           /*required=*/true);
   set.Add("model-fingerprint", &v.model_fingerprint,
@@ -66,6 +69,9 @@ StatusOr<PolicyServerOptions> ParsePolicyServerFlags(const std::vector<std::stri
   options.serving.reload_interval = absl::Milliseconds(v.reload_interval_ms);
   options.listen_address = v.listen;
   options.metrics_address = v.metrics;
+  options.tls_cert_path = v.tls.cert_path;
+  options.tls_key_path = v.tls.key_path;
+  options.tls_client_ca_path = v.tls.client_ca_path;
   if (!v.model_config.empty()) {
     StatusOr<std::string> text = file::ReadFile(v.model_config);
     if (!text.ok()) {
@@ -108,6 +114,9 @@ int RunPolicyServer(const PolicyServerOptions& options) {
   rpc::ServerOptions server_options;
   server_options.listen_address = options.listen_address;
   server_options.metrics_address = options.metrics_address;
+  server_options.tls.cert_path = options.tls_cert_path;
+  server_options.tls.key_path = options.tls_key_path;
+  server_options.tls.client_ca_path = options.tls_client_ca_path;
   if (Status s = runner.Start(server_options, &registry); !s.ok()) {
     std::cerr << "lede-policy: " << s.message() << "\n";
     serving.StopPolling();

@@ -15,6 +15,8 @@
 //   --listen ADDR              gRPC address (default 127.0.0.1:50053)
 //   --metrics ADDR             /metrics address (default 127.0.0.1:9403; "" = off)
 //   --reload-interval-ms N     SERVING poll period, ms (default 1000)
+//   --tls-cert, --tls-key FILE TLS of the gRPC port (PEM); default plaintext
+//   --tls-client-ca FILE       require client certificates signed by this CA
 //
 // Example:
 //   lede-policy --policy-root models/lede-tiny/policy
@@ -34,6 +36,11 @@ struct PolicyServerOptions {
   ServingPolicyOptions serving;                 // policy root, fingerprint, L, poll period
   std::string listen_address = "127.0.0.1:50053";  // gRPC; port 0 picks one
   std::string metrics_address = "127.0.0.1:9403";  // HTTP /metrics; "" = none
+  // TLS of the gRPC port (PEM files; empty = plaintext) and, with a client
+  // CA, mutual TLS (shared/rpc/security.h ServerTlsOptions).
+  std::string tls_cert_path;
+  std::string tls_key_path;
+  std::string tls_client_ca_path;
 };
 
 // Exit codes of RunPolicyServer() and main().

@@ -100,9 +100,11 @@ Status ServerRunner::Start(const ServerOptions& options, const prometheus::Regis
   options_ = options;
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  LEDE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, MakeServerCredentials(options.tls));
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(), &port_);
-  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.AddListeningPort(options.listen_address, credentials, &port_);
+  builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes > 0 ? options.max_receive_message_bytes
+                                                                         : options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   for (grpc::Service* s : services_) builder.RegisterService(s);
   server_ = builder.BuildAndStart();
@@ -120,6 +122,9 @@ Status ServerRunner::Start(const ServerOptions& options, const prometheus::Regis
     metrics_ = std::move(*metrics);
   }
   server_->GetHealthCheckService()->SetServingStatus(true);
+  if (options.tls.enabled()) {
+    LogEvent("info", "tls", {{"client_certificates", options.tls.client_ca_path.empty() ? "no" : "required"}});
+  }
   LogEvent("info", "started", {{"grpc_port", std::to_string(port_)},
                                {"metrics_port", std::to_string(metrics_port())}});
   return OkStatus();

@@ -31,6 +31,7 @@
 
 #include <grpcpp/server.h>
 
+#include "shared/rpc/security.h"
 #include "shared/status/status.h"
 
 namespace grpc {
@@ -56,6 +57,14 @@ struct ServerOptions {
   absl::Duration shutdown_grace = absl::Seconds(10);
   // Largest message, bytes (draft distributions of sampled rounds are K x V floats).
   int max_message_bytes = 64 << 20;
+  // Largest message received, bytes; 0 = max_message_bytes. The
+  // coordinator's public API sizes it to the context window (issue 17):
+  // a larger message fails with RESOURCE_EXHAUSTED before it is buffered.
+  int max_receive_message_bytes = 0;
+  // TLS (and mutual TLS) of the gRPC port; plaintext when empty. /metrics and
+  // /healthz stay plain HTTP. Errors of MakeServerCredentials() come back
+  // from Start().
+  ServerTlsOptions tls;
 };
 
 // Blocks SIGTERM and SIGINT in the calling thread and every thread it
@@ -72,7 +81,9 @@ class ServerRunner {
   void AddService(grpc::Service* service);
   // Builds and starts the server (and the metrics server when
   // metrics_address is set and `registry` is not null).
-  // Errors: kUnavailable naming the address when it cannot be bound.
+  // Errors: kUnavailable naming the address when it cannot be bound (or the
+  // TLS files are not a valid PEM certificate and key); those of
+  // MakeServerCredentials() for options.tls.
   Status Start(const ServerOptions& options, const prometheus::Registry* registry);
   // Start(), then WaitForTermination(), then `before_shutdown` (e.g. ending
   // long-lived streams), then Shutdown(). Errors: those of Start() (logged

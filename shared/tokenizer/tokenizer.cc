@@ -13,6 +13,7 @@
 // whole; StreamingDetokenizer relies on this.
 #include "shared/tokenizer/tokenizer.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <system_error>
 #include <utility>
@@ -74,6 +75,15 @@ bool HasExtension(const std::string& path, std::string_view ext) {
 }
 
 }  // namespace
+
+int64_t Tokenizer::MaxTokenBytes() const {
+  int64_t longest = kMinTokenTextBytes;
+  const int32_t prev = eos_id() >= 0 && eos_id() != bos_id() ? eos_id() : -1;
+  for (int32_t id = 0; id < vocab_size(); ++id) {
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(TokenBytes(prev, id).size()));
+  }
+  return longest;
+}
 
 std::string Tokenizer::Decode(const std::vector<int32_t>& ids) const {
   std::string bytes;

@@ -52,6 +52,22 @@ class Tokenizer {
   // Virtual so that a tokenizer whose decoder rules span the sequence
   // (tokenizer.json's Strip) can apply them exactly.
   virtual std::string Decode(const std::vector<int32_t>& ids) const;
+
+  // The most bytes of text one token covers, bytes: the longest piece of the
+  // vocabulary as TokenBytes() gives it (after a non-BOS predecessor, so a
+  // leading space counts), and at least kMinTokenTextBytes (a UTF-8
+  // character that has no piece becomes one unknown token or byte-fallback
+  // tokens; special tokens written in the text, like "<|eot_id|>", are
+  // matched as one token though they contribute nothing to TokenBytes()).
+  // A text longer than capacity x MaxTokenBytes() cannot encode to at most
+  // `capacity` tokens (unless a normalizer deletes input, which none of the
+  // supported tokenizers does beyond collapsing whitespace runs), which is
+  // what lets the coordinator reject it before tokenizing (issue 17).
+  // Cost: one TokenBytes() per vocabulary entry, O(vocab_size()); callers
+  // compute it once.
+  int64_t MaxTokenBytes() const;
+
+  static constexpr int64_t kMinTokenTextBytes = 32;
 };
 
 // Loads a tokenizer by file type: *.json is a Hugging Face tokenizer.json

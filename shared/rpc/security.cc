@@ -1,0 +1,138 @@
+#include "shared/rpc/security.h"
+
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "shared/flags/flags.h"
+#include "shared/status/status_macros.h"
+
+namespace lede::rpc {
+namespace {
+
+std::string_view Trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  return s;
+}
+
+bool PlainKey(std::string_view key) {
+  for (unsigned char c : key) {
+    if (c <= 0x20 || c == 0x7f) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void AddServerTlsFlags(flags::FlagSet* flags, ServerTlsOptions* tls) {
+  flags->Add("tls-cert", &tls->cert_path, "TLS certificate chain (PEM) of the gRPC server; empty = plaintext");
+  flags->Add("tls-key", &tls->key_path, "private key (PEM) of --tls-cert");
+  flags->Add("tls-client-ca", &tls->client_ca_path,
+             "CA bundle (PEM): require client certificates signed by it (mutual TLS)");
+}
+
+StatusOr<std::string> ReadPemFile(const std::string& path, std::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFoundError(std::string(what) + ": cannot read " + path);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const ServerTlsOptions& tls) {
+  if (!tls.enabled()) return grpc::InsecureServerCredentials();
+  if (tls.cert_path.empty() || tls.key_path.empty()) {
+    return InvalidArgumentError("tls-cert, tls-key: give both (tls-client-ca needs them too)");
+  }
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  LEDE_ASSIGN_OR_RETURN(pair.cert_chain, ReadPemFile(tls.cert_path, "tls-cert"));
+  LEDE_ASSIGN_OR_RETURN(pair.private_key, ReadPemFile(tls.key_path, "tls-key"));
+  grpc::SslServerCredentialsOptions options(
+      tls.client_ca_path.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                                 : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  if (!tls.client_ca_path.empty()) {
+    LEDE_ASSIGN_OR_RETURN(options.pem_root_certs, ReadPemFile(tls.client_ca_path, "tls-client-ca"));
+  }
+  options.pem_key_cert_pairs.push_back(std::move(pair));
+  return grpc::SslServerCredentials(options);
+}
+
+StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(const ChannelTlsOptions& tls) {
+  if (!tls.enabled()) return grpc::InsecureChannelCredentials();
+  if (tls.cert_path.empty() != tls.key_path.empty()) {
+    return InvalidArgumentError("client certificate and key: give both or neither");
+  }
+  grpc::SslCredentialsOptions options;
+  if (!tls.ca_path.empty()) {
+    LEDE_ASSIGN_OR_RETURN(options.pem_root_certs, ReadPemFile(tls.ca_path, "CA bundle"));
+  }
+  if (!tls.cert_path.empty()) {
+    LEDE_ASSIGN_OR_RETURN(options.pem_cert_chain, ReadPemFile(tls.cert_path, "client certificate"));
+    LEDE_ASSIGN_OR_RETURN(options.pem_private_key, ReadPemFile(tls.key_path, "client key"));
+  }
+  return grpc::SslCredentials(options);
+}
+
+StatusOr<ApiKeys> ApiKeys::Load(const std::string& file_path, const std::string& env_value) {
+  std::vector<std::string> keys;
+  if (!file_path.empty()) {
+    std::ifstream in(file_path);
+    if (!in) return NotFoundError("api-key-file: cannot read " + file_path);
+    std::string line;
+    int line_no = 0;
+    while (std::getline(in, line)) {
+      ++line_no;
+      const std::string_view key = Trim(line);
+      if (key.empty() || key.front() == '#') continue;
+      if (!PlainKey(key)) {
+        return InvalidArgumentError("api-key-file: line " + std::to_string(line_no) +
+                                    " holds whitespace or control characters inside the key");
+      }
+      keys.emplace_back(key);
+    }
+    if (keys.empty()) return InvalidArgumentError("api-key-file: " + file_path + " holds no key");
+  }
+  std::string_view rest = env_value;
+  int index = 0;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string_view key = Trim(rest.substr(0, comma));
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    if (key.empty()) continue;
+    if (!PlainKey(key)) {
+      return InvalidArgumentError("LEDE_API_KEYS: key " + std::to_string(index) +
+                                  " holds whitespace or control characters");
+    }
+    keys.emplace_back(key);
+    ++index;
+  }
+  return ApiKeys(std::move(keys));
+}
+
+bool ConstantTimeEquals(std::string_view a, std::string_view b) {
+  // Every byte of `a` is visited whatever `b` holds; a length mismatch is
+  // folded into the same accumulator instead of returning early.
+  volatile unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const unsigned char other = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff = diff | (static_cast<unsigned char>(a[i]) ^ other);
+  }
+  return diff == 0;
+}
+
+bool ApiKeys::Allows(std::string_view authorization) const {
+  if (keys_.empty()) return true;
+  constexpr std::string_view kScheme = "bearer ";
+  if (authorization.size() <= kScheme.size()) return false;
+  for (size_t i = 0; i < kScheme.size(); ++i) {
+    const char c = authorization[i];
+    if ((c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c) != kScheme[i]) return false;
+  }
+  const std::string_view presented = authorization.substr(kScheme.size());
+  bool match = false;
+  for (const std::string& key : keys_) match |= ConstantTimeEquals(key, presented);
+  return match;
+}
+
+}  // namespace lede::rpc

@@ -1,0 +1,112 @@
+// File: shared/rpc/security.h
+//
+// Transport security and API keys of LEDE's servers (issue 17, failure 8;
+// README "TLS and API keys"):
+//  - TLS for a gRPC server from PEM files (server certificate chain and
+//    private key), optionally requiring and verifying client certificates
+//    against a CA bundle (mutual TLS, for the internal model and policy
+//    services); the matching channel credentials for their clients;
+//  - API keys: a set of secrets loaded from a file (one key per line) and/or
+//    an environment variable (comma-separated), checked against an
+//    `Authorization: Bearer <key>` header or the gRPC `authorization`
+//    metadata in constant time. Keys are never logged or put in errors.
+//
+// Thread-safety: the functions are pure (they read files); an ApiKeys is
+// immutable after Load() and safe to share between threads.
+#ifndef LEDE_SHARED_RPC_SECURITY_H_
+#define LEDE_SHARED_RPC_SECURITY_H_
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/security/server_credentials.h>
+
+#include "shared/status/status.h"
+
+namespace lede::flags {
+class FlagSet;
+}  // namespace lede::flags
+
+namespace lede::rpc {
+
+// The PEM files of a TLS server. All empty = plaintext.
+struct ServerTlsOptions {
+  std::string cert_path;       // certificate chain, PEM (--tls-cert)
+  std::string key_path;        // its private key, PEM (--tls-key)
+  // CA bundle, PEM (--tls-client-ca): when set, clients must present a
+  // certificate signed by it (mutual TLS); the handshake fails otherwise.
+  std::string client_ca_path;
+  bool enabled() const { return !cert_path.empty() || !key_path.empty() || !client_ca_path.empty(); }
+};
+
+// Adds --tls-cert, --tls-key and --tls-client-ca to a server's flags.
+void AddServerTlsFlags(flags::FlagSet* flags, ServerTlsOptions* tls);
+
+// grpc::InsecureServerCredentials() when nothing is set, else
+// grpc::SslServerCredentials over the files' contents.
+// Errors: kInvalidArgument naming the flag when only one of cert/key is set
+// or client_ca_path is set without them; kNotFound naming the flag and path
+// of a file that cannot be read. (A file that is not PEM fails later, when
+// the server starts: ServerRunner::Start's kUnavailable.)
+StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const ServerTlsOptions& tls);
+
+// The PEM files of a TLS client (the coordinator's channels to the model
+// services). All empty = plaintext.
+struct ChannelTlsOptions {
+  std::string ca_path;    // CA bundle the server's certificate must chain to (empty: system roots)
+  std::string cert_path;  // client certificate chain, for servers that verify clients
+  std::string key_path;   // its private key
+  // TLS when any of the three is set.
+  bool enabled() const { return !ca_path.empty() || !cert_path.empty() || !key_path.empty(); }
+};
+
+// grpc::InsecureChannelCredentials() when nothing is set, else
+// grpc::SslCredentials over the files' contents.
+// Errors: kInvalidArgument when only one of cert/key is set; kNotFound
+// naming the path of a file that cannot be read.
+StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(const ChannelTlsOptions& tls);
+
+// The whole content of `path`. Errors: kNotFound naming `what` and the path.
+StatusOr<std::string> ReadPemFile(const std::string& path, std::string_view what);
+
+// The API keys a server accepts. Empty = no authentication (every request
+// is accepted).
+class ApiKeys {
+ public:
+  ApiKeys() = default;
+  // Keys from `file_path` (one per line; blank lines and lines starting with
+  // '#' are skipped; surrounding spaces and a '\r' are trimmed) and from
+  // `env_value` (comma-separated, e.g. getenv("LEDE_API_KEYS")); either may
+  // be empty. Errors: kNotFound naming the file when it cannot be read;
+  // kInvalidArgument naming the source (never the key) for a key with
+  // whitespace or control characters inside, or when a file is given but
+  // holds no key.
+  static StatusOr<ApiKeys> Load(const std::string& file_path, const std::string& env_value);
+  // For tests and embedders: exactly these keys.
+  explicit ApiKeys(std::vector<std::string> keys) : keys_(std::move(keys)) {}
+
+  bool empty() const { return keys_.empty(); }
+  size_t size() const { return keys_.size(); }
+  // The keys themselves (to hand to another front end; never log them).
+  const std::vector<std::string>& keys() const { return keys_; }
+
+  // True when no key is configured, or `authorization` is "Bearer <key>"
+  // (scheme case-insensitive, one space) for one of the keys. The
+  // comparison takes the same time whichever byte differs and visits every
+  // key (no early exit), so response timing does not reveal a key's prefix.
+  bool Allows(std::string_view authorization) const;
+
+ private:
+  std::vector<std::string> keys_;
+};
+
+// Compares two byte strings in time that depends only on their lengths
+// (never on where they differ). True when equal.
+bool ConstantTimeEquals(std::string_view a, std::string_view b);
+
+}  // namespace lede::rpc
+
+#endif  // LEDE_SHARED_RPC_SECURITY_H_
