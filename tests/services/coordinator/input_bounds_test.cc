@@ -202,15 +202,14 @@ TEST_F(InputBoundsTest, HugePromptIsInvalidArgumentBeforeTokenization) {
   const int opens_before = verifier_->n_opens();
   test_util::ResetPeakRss();
   const int64_t base = test_util::ReadRssBytes("VmHWM");
-  const auto t0 = std::chrono::steady_clock::now();
   {
     const grpc::Status s = Generate(Request(std::string(kHugePromptBytes, 'a')));
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_THAT(s.error_message(), StartsWith("prompt: "));
     EXPECT_THAT(s.error_message(), HasSubstr("context window of 256 tokens"));
   }
-  // The old path took 17.6 s; a wide margin, not a speed test.
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(8));
+  // The work done, not the time: nothing was tokenized (the old path
+  // tokenized all 20 MiB, 17.6 s and 5 GB) and no session was opened.
   const int64_t growth = test_util::ReadRssBytes("VmHWM") - base;
   // The server holds the message a few times over (buffer, copy, two parses).
   EXPECT_LT(growth, kMaxPeakGrowthBytes + (int64_t{5} * kHugePromptBytes)) << growth;
