@@ -24,6 +24,7 @@
 
 #include "absl/time/time.h"
 #include "services/coordinator/remote_backend.h"
+#include "services/coordinator/session_lease.h"
 #include "services/coordinator/request_validation.h"
 #include "services/coordinator/response_writer.h"
 #include "services/coordinator/stop_filter.h"
@@ -151,6 +152,7 @@ struct GenerationService::Impl {
   std::shared_ptr<grpc::Channel> verifier_channel, drafter_channel;
   std::unique_ptr<lede::v1::Verifier::Stub> verifier;
   std::unique_ptr<lede::v1::Drafter::Stub> drafter;
+  std::unique_ptr<SessionLease> lease;  // this instance's sessions on the verifier
   // Drafter and verifier share a process: one DraftAndVerify call per round.
   std::atomic<bool> fused_rounds{false};
   std::unique_ptr<telemetry::SpecDecodeMetrics> metrics;
@@ -171,6 +173,7 @@ struct GenerationService::Impl {
     c.fused_rounds = &fused_rounds;
     c.rpc_timeout = options.rpc_timeout;
     c.autoregressive_fallback = options.autoregressive_fallback;
+    c.owner_instance = lease ? lease->instance_id() : "";
     return c;
   }
 
@@ -299,6 +302,12 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
   impl.verifier = lede::v1::Verifier::NewStub(verifier_channel);
   impl.drafter = lede::v1::Drafter::NewStub(drafter_channel);
   impl.fused_rounds = options.drafter_target == options.verifier_target;
+  SessionLeaseOptions lo;
+  lo.owner_name = options.instance_name;
+  lo.ttl = options.lease_ttl;
+  lo.renew_interval = options.lease_renew_interval;
+  impl.lease = std::make_unique<SessionLease>(impl.verifier.get(), lo);
+  impl.lease->Start();  // frees a predecessor's sessions before the first request
   if (registry != nullptr) impl.metrics = std::make_unique<telemetry::SpecDecodeMetrics>(*registry);
   if (!options.experience_url.empty()) {
     auto store = storage::OpenObjectStore(options.experience_url);

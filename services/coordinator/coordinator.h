@@ -58,6 +58,12 @@ struct CoordinatorOptions {
   // Rewards of logged transitions: "throughput" (tokens minus cost under the
   // verifier's cost model) or "paper" (DESIGN.md §2).
   std::string reward = "throughput";
+  // Session ownership on the verifier (session_lease.h): a stable name of
+  // this coordinator across restarts ("" = none; a restart's predecessor is
+  // then freed when its lease lapses), the lease TTL and renewal period.
+  std::string instance_name;
+  absl::Duration lease_ttl = absl::Seconds(5);
+  absl::Duration lease_renew_interval = absl::Seconds(1);
 };
 
 // The lower-case name of a speculation method: "lede" (also for

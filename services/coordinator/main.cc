@@ -10,6 +10,7 @@
 #include "services/coordinator/chat_prompt.h"
 #include "services/coordinator/coordinator.h"
 #include "services/coordinator/openai_server.h"
+#include "services/coordinator/session_lease.h"
 #include "shared/flags/flags.h"
 #include "shared/rpc/server.h"
 #include "shared/telemetry/metrics.h"
@@ -49,6 +50,12 @@ int Run(const std::vector<std::string>& raw_args) {
   flags.Add("experience-shard-age-s", &shard_age_s, "publish a shard at least this often");
   flags.Add("reward", &o.reward, "rewards of logged transitions: throughput | paper");
   flags.Add("shutdown-grace-s", &grace_s, "how long in-flight requests may finish after SIGTERM");
+  std::string instance_name = "auto";
+  double lease_ttl_s = absl::ToDoubleSeconds(o.lease_ttl);
+  flags.Add("instance-name", &instance_name,
+            "stable name across restarts: a restart frees its predecessor's KV sessions at once "
+            "(auto = host name + --listen when its port is fixed; empty = none)");
+  flags.Add("session-lease-ttl-s", &lease_ttl_s, "the verifier frees this coordinator's sessions this long after it dies");
   if (lede::flags::WantsHelp(raw_args)) {
     std::cout << "usage: lede-coordinator --model DIR [--config FILE] [flags]\n" << flags.Usage();
     return 0;
@@ -62,6 +69,8 @@ int Run(const std::vector<std::string>& raw_args) {
   o.max_new_tokens_limit = limit;
   o.rpc_timeout = absl::Seconds(rpc_timeout_s);
   o.experience_shard_age = absl::Seconds(shard_age_s);
+  o.lease_ttl = absl::Seconds(lease_ttl_s);
+  o.instance_name = instance_name == "auto" ? lede::coordinator::DefaultInstanceName(listen) : instance_name;
   if (o.tokenizer_path.empty()) {
     auto found = lede::tokenizer::FindTokenizerFile(model);
     if (!found.ok()) {
