@@ -153,6 +153,11 @@ struct GenerationService::Impl {
   std::unique_ptr<lede::v1::Verifier::Stub> verifier;
   std::unique_ptr<lede::v1::Drafter::Stub> drafter;
   std::unique_ptr<SessionLease> lease;  // this instance's sessions on the verifier
+  // Requests running (both front ends) and the drain at shutdown.
+  std::mutex drain_mu;
+  std::condition_variable drained;
+  int64_t in_flight = 0;   // guarded by drain_mu
+  bool draining = false;   // guarded by drain_mu
   // Drafter and verifier share a process: one DraftAndVerify call per round.
   std::atomic<bool> fused_rounds{false};
   std::unique_ptr<telemetry::SpecDecodeMetrics> metrics;
@@ -344,7 +349,20 @@ Status GenerationService::FlushExperience() {
 Status GenerationService::Impl::Run(grpc::CallbackServerContext* context, const GenerateRequest* request,
                                     ResponseWriter* writer, bool fill_max_tokens) {
   const auto t0 = Clock::now();
-  const Status status = RunRequest(context, *request, writer, fill_max_tokens);
+  bool admitted = false;
+  {
+    std::lock_guard<std::mutex> lock(drain_mu);
+    if (!draining) {
+      ++in_flight;
+      admitted = true;
+    }
+  }
+  const Status status = admitted ? RunRequest(context, *request, writer, fill_max_tokens)
+                                 : UnavailableError("the coordinator is shutting down; retry on another replica");
+  if (admitted) {
+    std::lock_guard<std::mutex> lock(drain_mu);
+    if (--in_flight == 0) drained.notify_all();
+  }
   if (metrics) {
     metrics->RecordRequest(SpeculationMethodName(request->method()), status.code(),
                            std::chrono::duration<double>(Clock::now() - t0).count());
@@ -460,6 +478,21 @@ Status GenerationService::GenerateInProcess(const GenerateRequest& request,
                                             bool fill_max_tokens) {
   CallbackWriter writer(on_response);
   return impl_->Run(nullptr, &request, &writer, fill_max_tokens);
+}
+
+bool GenerationService::Drain(absl::Duration grace) {
+  std::unique_lock<std::mutex> lock(impl_->drain_mu);
+  impl_->draining = true;
+  rpc::LogEvent("info", "draining", {{"in_flight", std::to_string(impl_->in_flight)},
+                                     {"grace_s", std::to_string(absl::ToDoubleSeconds(grace))}});
+  const bool done = impl_->drained.wait_for(lock, absl::ToChronoMilliseconds(grace), [&] { return impl_->in_flight == 0; });
+  rpc::LogEvent(done ? "info" : "warn", "drained", {{"in_flight", std::to_string(impl_->in_flight)}});
+  return done;
+}
+
+bool GenerationService::draining() const {
+  std::lock_guard<std::mutex> lock(impl_->drain_mu);
+  return impl_->draining;
 }
 
 Status GenerationService::CheckModelServices(absl::Duration timeout) {

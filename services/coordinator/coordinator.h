@@ -117,6 +117,15 @@ class GenerationService final
   // `timeout`; kUnavailable naming the one that does not.
   Status CheckModelServices(absl::Duration timeout);
 
+  // Graceful stop (issue 17, failure 3): from now on new requests (both
+  // front ends) are UNAVAILABLE, and the call blocks until the requests in
+  // flight finish or `grace` passes. Returns true when none is left. Call
+  // before stopping the servers; the model services must stay up meanwhile.
+  // Thread-safe.
+  bool Drain(absl::Duration grace);
+  // Whether Drain() was called (readiness reports not ready then).
+  bool draining() const;
+
   // Writes buffered experience (at shutdown). Returns the logger's status.
   Status FlushExperience();
 

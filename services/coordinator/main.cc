@@ -116,7 +116,10 @@ int Run(const std::vector<std::string>& raw_args) {
   so.metrics_address = metrics;
   so.shutdown_grace = absl::Seconds(grace_s);
   // In-flight requests finish (or are cancelled after the grace period).
-  if (!runner.Serve(so, &registry).ok()) return 1;
+  // On SIGTERM: drain both APIs (new requests UNAVAILABLE) before the
+  // servers stop; scripts/run and the Kubernetes preStop hook stop the model
+  // services only after this process exits.
+  if (!runner.Serve(so, &registry, [&] { (*service)->Drain(so.shutdown_grace); }).ok()) return 1;
   openai.reset();  // cancels HTTP streams still running after the grace period
   lede::Status flushed = (*service)->FlushExperience();
   lede::rpc::LogEvent(flushed.ok() ? "info" : "warn", "experience_flushed", {{"status", flushed.ToString()}});
