@@ -297,6 +297,13 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
+  // Reconnect within about a second of a model process coming back (issue
+  // 17, failure 4: gRPC's default backoff grows to 120 s; requests failed
+  // for ~19 s after a restart). Loopback or in-cluster peers: retrying a
+  // refused connection every second costs nothing.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto verifier_channel = grpc::CreateCustomChannel(options.verifier_target, grpc::InsecureChannelCredentials(), args);
   auto drafter_channel = options.drafter_target == options.verifier_target
                              ? verifier_channel
@@ -493,6 +500,11 @@ bool GenerationService::Drain(absl::Duration grace) {
 bool GenerationService::draining() const {
   std::lock_guard<std::mutex> lock(impl_->drain_mu);
   return impl_->draining;
+}
+
+Status GenerationService::Readiness(absl::Duration timeout) {
+  if (draining()) return UnavailableError("draining: the coordinator is shutting down");
+  return CheckModelServices(timeout);
 }
 
 Status GenerationService::CheckModelServices(absl::Duration timeout) {

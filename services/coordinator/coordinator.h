@@ -125,6 +125,9 @@ class GenerationService final
   bool Drain(absl::Duration grace);
   // Whether Drain() was called (readiness reports not ready then).
   bool draining() const;
+  // Readiness of the coordinator (/readyz, gRPC health ""): kUnavailable
+  // while draining, else CheckModelServices(timeout). Thread-safe.
+  Status Readiness(absl::Duration timeout);
 
   // Writes buffered experience (at shutdown). Returns the logger's status.
   Status FlushExperience();

@@ -115,6 +115,8 @@ int Run(const std::vector<std::string>& raw_args) {
   so.listen_address = listen;
   so.metrics_address = metrics;
   so.shutdown_grace = absl::Seconds(grace_s);
+  // Ready = serving: not draining, and the verifier and drafter answer.
+  so.readiness = [&service] { return (*service)->Readiness(absl::Milliseconds(300)); };
   // In-flight requests finish (or are cancelled after the grace period).
   // On SIGTERM: drain both APIs (new requests UNAVAILABLE) before the
   // servers stop; scripts/run and the Kubernetes preStop hook stop the model
