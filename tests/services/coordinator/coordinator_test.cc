@@ -117,7 +117,7 @@ class CoordinatorTest : public ::testing::Test {
     runner_->AddService(verifier_.get());
     rpc::ServerOptions so;
     so.metrics_address = "";
-    so.shutdown_grace = std::chrono::milliseconds(100);
+    so.shutdown_grace = absl::Milliseconds(100);
     ASSERT_THAT(runner_->Start(so, nullptr), IsOk());
 
     CoordinatorOptions o;
@@ -125,7 +125,7 @@ class CoordinatorTest : public ::testing::Test {
     o.verifier_target = "127.0.0.1:" + std::to_string(runner_->port());
     // No drafter: autoregressive requests never call it.
     o.drafter_target = "127.0.0.1:" + std::to_string(telemetry::test_util::FreePort());
-    o.rpc_timeout_s = 5;
+    o.rpc_timeout = absl::Seconds(5);
     o.max_new_tokens_limit = 64;
     auto service = GenerationService::Create(o, &registry_);
     ASSERT_THAT(service, IsOk());

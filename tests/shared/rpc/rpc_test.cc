@@ -49,7 +49,7 @@ TEST(ServerRunnerTest, ServeStopsCleanlyOnSigterm) {
         ServerRunner runner("rpc-test-child");
         ServerOptions options;
         options.metrics_address = "";
-        options.shutdown_grace = std::chrono::milliseconds(100);
+        options.shutdown_grace = absl::Milliseconds(100);
         return runner.Serve(options, nullptr).ok() ? 0 : 1;
       },
       (tmp.path() / "child.log").string());
@@ -114,7 +114,7 @@ TEST(ServerRunnerTest, ServesHealthOnTheChosenPort) {
   ServerRunner runner("rpc-test");
   ServerOptions options;
   options.metrics_address = "";
-  options.shutdown_grace = std::chrono::milliseconds(100);
+  options.shutdown_grace = absl::Milliseconds(100);
   ASSERT_THAT(runner.Start(options, nullptr), IsOk());
   ASSERT_GT(runner.port(), 0);
   EXPECT_EQ(runner.metrics_port(), 0);  // no metrics server was asked for
