@@ -31,8 +31,8 @@ import tempfile
 # earlier layer (and itself). Defined here once; README.md "Layout" follows it.
 LAYERS = [
     ["shared/status", "proto"],
-    ["shared/clock", "shared/file", "shared/flags", "shared/telemetry", "shared/speculation", "shared/checkpoint"],
-    ["shared/rpc", "shared/storage", "shared/tokenizer"],
+    ["shared/clock", "shared/file", "shared/flags", "shared/telemetry", "shared/speculation"],
+    ["shared/checkpoint", "shared/rpc", "shared/storage", "shared/tokenizer"],
     ["shared/experience", "shared/model"],
     ["policy"],
     ["policy/dqn"],
