@@ -25,6 +25,7 @@
 
 #include "absl/time/time.h"
 #include "services/coordinator/remote_backend.h"
+#include "services/coordinator/session_lease.h"
 #include "services/coordinator/request_validation.h"
 #include "services/coordinator/response_writer.h"
 #include "services/coordinator/stop_filter.h"
@@ -158,6 +159,12 @@ struct GenerationService::Impl {
   std::shared_ptr<grpc::Channel> verifier_channel, drafter_channel;
   std::unique_ptr<lede::v1::Verifier::Stub> verifier;
   std::unique_ptr<lede::v1::Drafter::Stub> drafter;
+  std::unique_ptr<SessionLease> lease;  // this instance's sessions on the verifier
+  // Requests running (both front ends) and the drain at shutdown.
+  std::mutex drain_mu;
+  std::condition_variable drained;
+  int64_t in_flight = 0;   // guarded by drain_mu
+  bool draining = false;   // guarded by drain_mu
   // Drafter and verifier share a process: one DraftAndVerify call per round.
   std::atomic<bool> fused_rounds{false};
   std::unique_ptr<telemetry::SpecDecodeMetrics> metrics;
@@ -178,6 +185,7 @@ struct GenerationService::Impl {
     c.fused_rounds = &fused_rounds;
     c.rpc_timeout = options.rpc_timeout;
     c.autoregressive_fallback = options.autoregressive_fallback;
+    c.owner_instance = lease ? lease->instance_id() : "";
     return c;
   }
 
@@ -310,6 +318,13 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
   if (!options.model_tls_server_name.empty()) args.SetSslTargetNameOverride(options.model_tls_server_name);
+  // Reconnect within about a second of a model process coming back (issue
+  // 17, failure 4: gRPC's default backoff grows to 120 s; requests failed
+  // for ~19 s after a restart). Loopback or in-cluster peers: retrying a
+  // refused connection every second costs nothing.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto verifier_channel = grpc::CreateCustomChannel(options.verifier_target, *credentials, args);
   auto drafter_channel = options.drafter_target == options.verifier_target
                              ? verifier_channel
@@ -319,6 +334,12 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
   impl.verifier = lede::v1::Verifier::NewStub(verifier_channel);
   impl.drafter = lede::v1::Drafter::NewStub(drafter_channel);
   impl.fused_rounds = options.drafter_target == options.verifier_target;
+  SessionLeaseOptions lo;
+  lo.owner_name = options.instance_name;
+  lo.ttl = options.lease_ttl;
+  lo.renew_interval = options.lease_renew_interval;
+  impl.lease = std::make_unique<SessionLease>(impl.verifier.get(), lo);
+  impl.lease->Start();  // frees a predecessor's sessions before the first request
   if (registry != nullptr) {
     impl.metrics = std::make_unique<telemetry::SpecDecodeMetrics>(*registry);
     impl.tokenized_bytes = &prometheus::BuildCounter()
@@ -364,7 +385,20 @@ Status GenerationService::FlushExperience() {
 Status GenerationService::Impl::Run(grpc::CallbackServerContext* context, const GenerateRequest* request,
                                     ResponseWriter* writer, bool fill_max_tokens) {
   const auto t0 = Clock::now();
-  const Status status = RunRequest(context, *request, writer, fill_max_tokens);
+  bool admitted = false;
+  {
+    std::lock_guard<std::mutex> lock(drain_mu);
+    if (!draining) {
+      ++in_flight;
+      admitted = true;
+    }
+  }
+  const Status status = admitted ? RunRequest(context, *request, writer, fill_max_tokens)
+                                 : UnavailableError("the coordinator is shutting down; retry on another replica");
+  if (admitted) {
+    std::lock_guard<std::mutex> lock(drain_mu);
+    if (--in_flight == 0) drained.notify_all();
+  }
   if (metrics) {
     metrics->RecordRequest(SpeculationMethodName(request->method()), status.code(),
                            std::chrono::duration<double>(Clock::now() - t0).count());
@@ -485,6 +519,26 @@ Status GenerationService::GenerateInProcess(const GenerateRequest& request,
                                             bool fill_max_tokens) {
   CallbackWriter writer(on_response);
   return impl_->Run(nullptr, &request, &writer, fill_max_tokens);
+}
+
+bool GenerationService::Drain(absl::Duration grace) {
+  std::unique_lock<std::mutex> lock(impl_->drain_mu);
+  impl_->draining = true;
+  rpc::LogEvent("info", "draining", {{"in_flight", std::to_string(impl_->in_flight)},
+                                     {"grace_s", std::to_string(absl::ToDoubleSeconds(grace))}});
+  const bool done = impl_->drained.wait_for(lock, absl::ToChronoMilliseconds(grace), [&] { return impl_->in_flight == 0; });
+  rpc::LogEvent(done ? "info" : "warn", "drained", {{"in_flight", std::to_string(impl_->in_flight)}});
+  return done;
+}
+
+bool GenerationService::draining() const {
+  std::lock_guard<std::mutex> lock(impl_->drain_mu);
+  return impl_->draining;
+}
+
+Status GenerationService::Readiness(absl::Duration timeout) {
+  if (draining()) return UnavailableError("draining: the coordinator is shutting down");
+  return CheckModelServices(timeout);
 }
 
 Status GenerationService::CheckModelServices(absl::Duration timeout) {

@@ -77,6 +77,12 @@ struct CoordinatorOptions {
   // from the target's host (gRPC 1.51 matches DNS names, not IP SANs: with
   // a target of 127.0.0.1, give the certificate's DNS name here).
   std::string model_tls_server_name;
+  // Session ownership on the verifier (session_lease.h): a stable name of
+  // this coordinator across restarts ("" = none; a restart's predecessor is
+  // then freed when its lease lapses), the lease TTL and renewal period.
+  std::string instance_name;
+  absl::Duration lease_ttl = absl::Seconds(5);
+  absl::Duration lease_renew_interval = absl::Seconds(1);
 };
 
 // The lower-case name of a speculation method: "lede" (also for
@@ -135,6 +141,17 @@ class GenerationService final
   // (Tokenizer::MaxTokenBytes(), computed once at Create()): with the
   // context window it sizes the request limits (request_validation.h).
   int64_t max_token_bytes() const;
+  // Graceful stop (issue 17, failure 3): from now on new requests (both
+  // front ends) are UNAVAILABLE, and the call blocks until the requests in
+  // flight finish or `grace` passes. Returns true when none is left. Call
+  // before stopping the servers; the model services must stay up meanwhile.
+  // Thread-safe.
+  bool Drain(absl::Duration grace);
+  // Whether Drain() was called (readiness reports not ready then).
+  bool draining() const;
+  // Readiness of the coordinator (/readyz, gRPC health ""): kUnavailable
+  // while draining, else CheckModelServices(timeout). Thread-safe.
+  Status Readiness(absl::Duration timeout);
 
   // Writes buffered experience (at shutdown). Returns the logger's status.
   Status FlushExperience();

@@ -13,6 +13,7 @@
 #include "services/coordinator/coordinator.h"
 #include "services/coordinator/openai_server.h"
 #include "services/coordinator/request_validation.h"
+#include "services/coordinator/session_lease.h"
 #include "shared/flags/flags.h"
 #include "shared/rpc/server.h"
 #include "shared/telemetry/metrics.h"
@@ -67,6 +68,12 @@ int Run(const std::vector<std::string>& raw_args) {
   flags.Add("model-tls-key", &o.model_tls_key, "private key (PEM) of --model-tls-cert");
   flags.Add("model-tls-server-name", &o.model_tls_server_name,
             "DNS name in the model services' certificates (default: the target's host)");
+  std::string instance_name = "auto";
+  double lease_ttl_s = absl::ToDoubleSeconds(o.lease_ttl);
+  flags.Add("instance-name", &instance_name,
+            "stable name across restarts: a restart frees its predecessor's KV sessions at once "
+            "(auto = host name + --listen when its port is fixed; empty = none)");
+  flags.Add("session-lease-ttl-s", &lease_ttl_s, "the verifier frees this coordinator's sessions this long after it dies");
   if (lede::flags::WantsHelp(raw_args)) {
     std::cout << "usage: lede-coordinator --model DIR [--config FILE] [flags]\n" << flags.Usage();
     return 0;
@@ -80,6 +87,8 @@ int Run(const std::vector<std::string>& raw_args) {
   o.max_new_tokens_limit = limit;
   o.rpc_timeout = absl::Seconds(rpc_timeout_s);
   o.experience_shard_age = absl::Seconds(shard_age_s);
+  o.lease_ttl = absl::Seconds(lease_ttl_s);
+  o.instance_name = instance_name == "auto" ? lede::coordinator::DefaultInstanceName(listen) : instance_name;
   if (o.tokenizer_path.empty()) {
     auto found = lede::tokenizer::FindTokenizerFile(model);
     if (!found.ok()) {
@@ -154,8 +163,13 @@ int Run(const std::vector<std::string>& raw_args) {
   so.shutdown_grace = absl::Seconds(grace_s);
   so.max_receive_message_bytes = static_cast<int>(std::min<int64_t>(max_request_bytes, INT32_MAX));
   so.tls = tls;
+  // Ready = serving: not draining, and the verifier and drafter answer.
+  so.readiness = [&service] { return (*service)->Readiness(absl::Milliseconds(300)); };
   // In-flight requests finish (or are cancelled after the grace period).
-  if (!runner.Serve(so, &registry).ok()) return 1;
+  // On SIGTERM: drain both APIs (new requests UNAVAILABLE) before the
+  // servers stop; scripts/run and the Kubernetes preStop hook stop the model
+  // services only after this process exits.
+  if (!runner.Serve(so, &registry, [&] { (*service)->Drain(so.shutdown_grace); }).ok()) return 1;
   openai.reset();  // cancels HTTP streams still running after the grace period
   lede::Status flushed = (*service)->FlushExperience();
   lede::rpc::LogEvent(flushed.ok() ? "info" : "warn", "experience_flushed", {{"status", flushed.ToString()}});

@@ -43,6 +43,7 @@ StatusOr<speculation::Prefilled> RemoteBackend::Open(const std::vector<int32_t>&
   *req.mutable_sampling() = sampling_;
   req.set_record_nll(options.record_nll);
   req.set_request_id(request_id_);
+  req.set_owner_instance(clients_.owner_instance);
   lede::v1::OpenSessionResponse resp;
   // Not the client's context: a client deadline or cancel that lands while
   // the verifier prefills would lose the response, and with it the slot

@@ -40,6 +40,9 @@ struct ModelClients {
   std::atomic<bool>* fused_rounds = nullptr;
   absl::Duration rpc_timeout = absl::Seconds(30);  // deadline of a call when the client set none
   bool autoregressive_fallback = false;
+  // The coordinator instance that owns the sessions it opens
+  // (SessionLease::instance_id(); "" = none).
+  std::string owner_instance;
 };
 
 // A client context for a call made on behalf of `server` (null: an

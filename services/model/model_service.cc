@@ -6,7 +6,9 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -14,12 +16,14 @@
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "policy/controllers.h"
 #include "policy/dqn/artifact.h"
 #include "policy/dqn/dqn_exit_controller.h"
 #include "policy/dqn/method_factory.h"
 #include "services/model/policy_follower.h"
+#include "services/model/session_leases.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/model/kv_cache.h"
@@ -146,6 +150,9 @@ struct SessionState {
   speculation::SessionOptions options;
   Clock::time_point last_used;
   std::string request_id;
+  std::string owner;   // coordinator instance ("" = none: idle reclaim only)
+  int busy = 0;        // calls computing on the slot now (prefill, verify)
+  bool doomed = false; // the owner's lease is gone: freed when no call is busy
 };
 
 speculation::SamplingParams SamplingFromProto(const lede::v1::SamplingParams& p) {
@@ -317,15 +324,35 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
 // ---------------------------------------------------------------- Verifier
 
 struct VerifierService::Impl {
+  explicit Impl(std::shared_ptr<ModelHost> h)
+      : host(std::move(h)), leases([&] {
+          SessionLeaseOptions o;
+          o.clock = host->options.clock;
+          o.default_ttl = host->options.lease_default_ttl;
+          return o;
+        }()) {}
+
   std::shared_ptr<ModelHost> host;
+  SessionLeases leases;
   std::mutex mu;                              // slot allocation and sessions_
   std::map<int64_t, SessionState> sessions;   // by slot
 
-  // Frees sessions idle past the timeout (their coordinator is gone).
+  // The reaper: SweepLapsedLeases() every lease_sweep_interval (on the clock).
+  absl::Mutex reaper_mu;
+  bool stopping ABSL_GUARDED_BY(reaper_mu) = false;
+  std::thread reaper;
+
+  void SetInUseMetric(model::KvCache& cache) {
+    if (host->metrics) host->metrics->kv_slots_in_use.Set(static_cast<double>(cache.n_in_use()));
+  }
+
+  // Frees sessions idle past the timeout (their coordinator is gone). Only
+  // sessions without an owner: owned ones follow their owner's lease.
   void ReclaimIdle(model::KvCache& cache) {
     const auto now = Clock::now();
     for (auto it = sessions.begin(); it != sessions.end();) {
-      if (absl::FromChrono(now - it->second.last_used) > host->options.session_idle_timeout) {
+      if (it->second.owner.empty() && it->second.busy == 0 &&
+          absl::FromChrono(now - it->second.last_used) > host->options.session_idle_timeout) {
         rpc::LogEvent("warn", "session_reclaimed", {{"slot", std::to_string(it->first)},
                                                     {"request_id", it->second.request_id}});
         (void)cache.Free(it->first);
@@ -335,12 +362,98 @@ struct VerifierService::Impl {
       }
     }
   }
+
+  // Frees every session of `owners` (a busy one when its call ends).
+  // Returns how many were freed or doomed.
+  int FreeOwners(const std::vector<std::string>& owners, const char* reason) {
+    if (owners.empty()) return 0;
+    const std::set<std::string> set(owners.begin(), owners.end());
+    std::shared_ptr<model::KvCache> cache = host->Pool();
+    int n = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto it = sessions.begin(); it != sessions.end();) {
+        if (set.count(it->second.owner) == 0) {
+          ++it;
+          continue;
+        }
+        ++n;
+        if (it->second.busy > 0) {
+          it->second.doomed = true;
+          ++it;
+        } else {
+          (void)cache->Free(it->first);
+          it = sessions.erase(it);
+        }
+      }
+      SetInUseMetric(*cache);
+    }
+    for (const std::string& owner : owners) {
+      rpc::LogEvent("warn", "owner_sessions_freed", {{"owner_instance", owner}, {"reason", reason}});
+    }
+    if (n > 0) rpc::LogEvent("warn", "sessions_freed", {{"n_sessions", std::to_string(n)}, {"reason", reason}});
+    return n;
+  }
+
+  // Ends a busy call on `slot`: frees the session when its owner's lease
+  // went while the call computed. Returns false when it did.
+  bool EndCall(model::KvCache& cache, int64_t slot) {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = sessions.find(slot);
+    if (it == sessions.end()) return false;
+    if (--it->second.busy == 0 && it->second.doomed) {
+      (void)cache.Free(slot);
+      sessions.erase(it);
+      SetInUseMetric(cache);
+      return false;
+    }
+    return true;
+  }
+
+  void ReaperLoop() {
+    lede::Clock& clock = leases.clock();
+    absl::MutexLock lock(&reaper_mu);
+    while (!stopping) {
+      clock.AwaitWithTimeout(&reaper_mu, absl::Condition(&stopping), host->options.lease_sweep_interval);
+      if (stopping) break;
+      reaper_mu.Unlock();
+      FreeOwners(leases.TakeExpired(), "lease_lapsed");
+      reaper_mu.Lock();
+    }
+  }
 };
 
-VerifierService::VerifierService(std::shared_ptr<ModelHost> host) : impl_(std::make_unique<Impl>()) {
-  impl_->host = std::move(host);
+VerifierService::VerifierService(std::shared_ptr<ModelHost> host)
+    : impl_(std::make_unique<Impl>(std::move(host))) {
+  impl_->reaper = std::thread([this] { impl_->ReaperLoop(); });
 }
-VerifierService::~VerifierService() = default;
+
+VerifierService::~VerifierService() {
+  {
+    absl::MutexLock lock(&impl_->reaper_mu);
+    impl_->stopping = true;
+  }
+  impl_->reaper.join();
+}
+
+int VerifierService::SweepLapsedLeases() { return impl_->FreeOwners(impl_->leases.TakeExpired(), "lease_lapsed"); }
+
+grpc::Status VerifierService::RenewLease(grpc::ServerContext*, const lede::v1::RenewLeaseRequest* req,
+                                         lede::v1::RenewLeaseResponse* resp) {
+  if (req->ttl_ms() < 0) return ToGrpcStatus(InvalidArgumentError("ttl_ms: must be >= 0"));
+  auto renewed = impl_->leases.Renew(req->instance_id(), req->owner_name(), absl::Milliseconds(req->ttl_ms()));
+  if (!renewed.ok()) return ToGrpcStatus(renewed.status());
+  if (!renewed->replaced.empty()) {
+    resp->set_n_replaced_sessions(impl_->FreeOwners(renewed->replaced, "replaced_by_new_instance"));
+  }
+  resp->set_ttl_ms(absl::ToInt64Milliseconds(renewed->ttl));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  int32_t n = 0;
+  for (const auto& [slot, session] : impl_->sessions) n += session.owner == req->instance_id() ? 1 : 0;
+  resp->set_n_sessions(n);
+  return grpc::Status::OK;
+}
+
 
 grpc::Status VerifierService::Describe(grpc::ServerContext*, const lede::v1::DescribeRequest*,
                                        lede::v1::ModelInfo* info) {
@@ -366,6 +479,10 @@ grpc::Status VerifierService::OpenSession(grpc::ServerContext*, const lede::v1::
   so.sampling = SamplingFromProto(req->sampling());
   if (Status s = ValidateSampling(so.sampling); !s.ok()) return ToGrpcStatus(s);
   so.record_nll = req->record_nll();
+  if (!req->owner_instance().empty()) {
+    impl_->FreeOwners(impl_->leases.TakeExpired(), "lease_lapsed");
+    if (Status s = impl_->leases.Admit(req->owner_instance()); !s.ok()) return ToGrpcStatus(s);
+  }
   int64_t slot = -1;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
@@ -376,16 +493,23 @@ grpc::Status VerifierService::OpenSession(grpc::ServerContext*, const lede::v1::
     }
     if (!allocated.ok()) return ToGrpcStatus(allocated.status());
     slot = *allocated;
-    impl_->sessions[slot] = SessionState{so, Clock::now(), req->request_id()};
-    if (host.metrics) host.metrics->kv_slots_in_use.Set(static_cast<double>(cache->n_in_use()));
+    SessionState& session = impl_->sessions[slot];
+    session = SessionState{so, Clock::now(), req->request_id(), req->owner_instance()};
+    session.busy = 1;  // the prefill below
+    impl_->SetInUseMetric(*cache);
   }
   const std::vector<int32_t> prompt(req->prompt_token_ids().begin(), req->prompt_token_ids().end());
   model::Verifier verifier(*host.model, *cache);
   StatusOr<speculation::Prefilled> first = model::PrefillSession(verifier, slot, prompt, so);
+  if (!impl_->EndCall(*cache, slot)) {
+    return ToGrpcStatus(FailedPreconditionError("owner_instance: the lease of " + req->owner_instance() +
+                                                " lapsed during the prefill; the session is gone"));
+  }
   if (!first.ok()) {
     std::lock_guard<std::mutex> lock(impl_->mu);
     (void)cache->Free(slot);
     impl_->sessions.erase(slot);
+    impl_->SetInUseMetric(*cache);
     return ToGrpcStatus(first.status());
   }
   resp->set_slot(slot);
@@ -405,12 +529,20 @@ grpc::Status VerifierService::Verify(grpc::ServerContext*, const lede::v1::Verif
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     auto it = impl_->sessions.find(req->slot());
-    if (it == impl_->sessions.end()) {
+    if (it == impl_->sessions.end() || it->second.doomed) {
       return ToGrpcStatus(FailedPreconditionError("slot: " + std::to_string(req->slot()) + " has no open session"));
     }
     it->second.last_used = Clock::now();
+    ++it->second.busy;
     so = it->second.options;
   }
+  // Ends the call on every path; a session doomed meanwhile is freed then.
+  struct CallGuard {
+    Impl* impl;
+    model::KvCache& cache;
+    int64_t slot;
+    ~CallGuard() { impl->EndCall(cache, slot); }
+  } guard{impl_.get(), cache, req->slot()};
   const int64_t V = host.model->config().vocab_size;
   if (req->position() != cache.length(req->slot())) {
     return ToGrpcStatus(FailedPreconditionError("position: " + std::to_string(req->position()) +

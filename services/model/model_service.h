@@ -26,6 +26,7 @@
 
 #include "absl/time/time.h"
 #include "proto/lede/v1/model.grpc.pb.h"
+#include "shared/clock/clock.h"
 #include "shared/status/status.h"
 
 namespace prometheus {
@@ -61,10 +62,18 @@ struct ModelServiceOptions {
   // Drafter: ask the policy service once per decision instead of running
   // the DQN in-process (evaluation of remote decisions; slow by design).
   bool remote_decisions = false;
-  // A session idle for this long may be reclaimed when the pool is full
-  // (its coordinator died).
+  // A session without an owner instance (an older coordinator that holds
+  // no lease) idle this long may be reclaimed when the pool is full (its
+  // coordinator died). Owned sessions are freed when the owner's lease
+  // lapses or is replaced (session_leases.h).
   absl::Duration session_idle_timeout = absl::Seconds(300);
   int threads = 1;               // libtorch intra-op threads
+  // Verifier: coordinator leases (lede.v1.Verifier/RenewLease). The reaper
+  // frees a lapsed instance's sessions within `lease_sweep_interval` of the
+  // lapse; `clock` (borrowed; nullptr = Clock::Real()) times both.
+  lede::Clock* clock = nullptr;
+  absl::Duration lease_default_ttl = absl::Seconds(5);
+  absl::Duration lease_sweep_interval = absl::Milliseconds(250);
 };
 
 class ModelHost;  // the loaded model and the pool
@@ -88,6 +97,17 @@ class VerifierService final : public lede::v1::Verifier::Service {
                       lede::v1::VerifyResponse*) override;
   grpc::Status CloseSession(grpc::ServerContext*, const lede::v1::CloseSessionRequest*,
                             lede::v1::CloseSessionResponse*) override;
+  // Creates or extends a coordinator instance's lease; frees at once the
+  // sessions of the instances it replaces (same owner_name). Errors:
+  // INVALID_ARGUMENT without instance_id; FAILED_PRECONDITION for an
+  // instance that was itself replaced.
+  grpc::Status RenewLease(grpc::ServerContext*, const lede::v1::RenewLeaseRequest*,
+                          lede::v1::RenewLeaseResponse*) override;
+
+  // Frees the sessions of instances whose lease lapsed (the reaper thread
+  // calls it every lease_sweep_interval; tests with a FakeClock may call it
+  // directly). Returns how many sessions it freed.
+  int SweepLapsedLeases();
 
  private:
   struct Impl;

@@ -113,7 +113,7 @@ Status ServerRunner::Start(const ServerOptions& options, const prometheus::Regis
     return UnavailableError("listen_address: cannot serve gRPC on " + options.listen_address);
   }
   if (registry != nullptr && !options.metrics_address.empty()) {
-    auto metrics = telemetry::MetricsServer::Start(*registry, options.metrics_address);
+    auto metrics = telemetry::MetricsServer::Start(*registry, options.metrics_address, options.readiness);
     if (!metrics.ok()) {
       server_->Shutdown();
       server_.reset();
@@ -124,6 +124,11 @@ Status ServerRunner::Start(const ServerOptions& options, const prometheus::Regis
   server_->GetHealthCheckService()->SetServingStatus(true);
   if (options.tls.enabled()) {
     LogEvent("info", "tls", {{"client_certificates", options.tls.client_ca_path.empty() ? "no" : "required"}});
+  }
+  server_->GetHealthCheckService()->SetServingStatus("live", true);
+  if (options.readiness) {
+    server_->GetHealthCheckService()->SetServingStatus("", options.readiness().ok());
+    readiness_thread_ = std::thread([this] { PollReadiness(); });
   }
   LogEvent("info", "started", {{"grpc_port", std::to_string(port_)},
                                {"metrics_port", std::to_string(metrics_port())}});
@@ -151,10 +156,32 @@ void ServerRunner::WaitForTermination() {
 
 void ServerRunner::RequestTermination() { kill(getpid(), SIGTERM); }
 
+void ServerRunner::PollReadiness() {
+  bool last = true;
+  absl::MutexLock lock(&readiness_mu_);
+  while (!readiness_mu_.AwaitWithTimeout(absl::Condition(&readiness_stop_), options_.readiness_interval)) {
+    readiness_mu_.Unlock();
+    const Status s = options_.readiness();
+    readiness_mu_.Lock();
+    if (readiness_stop_) break;  // Shutdown() owns the status now
+    server_->GetHealthCheckService()->SetServingStatus("", s.ok());
+    if (s.ok() != last) {
+      LogEvent(s.ok() ? "info" : "warn", s.ok() ? "ready" : "not_ready", {{"reason", std::string(s.message())}});
+      last = s.ok();
+    }
+  }
+}
+
 void ServerRunner::Shutdown() {
   if (shut_down_ || server_ == nullptr) return;
   shut_down_ = true;
+  {
+    absl::MutexLock lock(&readiness_mu_);
+    readiness_stop_ = true;
+  }
+  if (readiness_thread_.joinable()) readiness_thread_.join();
   server_->GetHealthCheckService()->SetServingStatus(false);
+  server_->GetHealthCheckService()->SetServingStatus("live", true);
   server_->Shutdown(absl::ToChronoTime(absl::Now() + options_.shutdown_grace));
   server_->Wait();
   metrics_.reset();

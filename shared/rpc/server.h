@@ -2,8 +2,9 @@
 //
 // What every LEDE process does around its gRPC services (DESIGN.md §3):
 // a grpc::Server with the standard health checking service
-// (grpc.health.v1.Health, SERVING once started, NOT_SERVING while shutting
-// down) and server reflection (grpc.reflection.v1alpha), /metrics and
+// (grpc.health.v1.Health: service "" = readiness, SERVING while the
+// ServerOptions::readiness check passes and NOT_SERVING otherwise and while
+// shutting down; service "live" = liveness, SERVING while the process runs) and server reflection (grpc.reflection.v1alpha), /metrics and
 // /healthz over HTTP (shared/telemetry), a clean shutdown on SIGTERM or
 // SIGINT (stop accepting, let in-flight calls finish until a grace deadline,
 // then cancel them), and logfmt log lines on stderr.
@@ -29,8 +30,11 @@
 #include <utility>
 #include <vector>
 
+#include <thread>
+
 #include <grpcpp/server.h>
 
+#include "absl/synchronization/mutex.h"
 #include "shared/rpc/security.h"
 #include "shared/status/status.h"
 
@@ -65,6 +69,12 @@ struct ServerOptions {
   // /healthz stay plain HTTP. Errors of MakeServerCredentials() come back
   // from Start().
   ServerTlsOptions tls;
+  // Readiness (can this process serve now?): empty = ready once started.
+  // Evaluated every `readiness_interval` for the gRPC health status "" and
+  // on every HTTP GET /readyz; must be thread-safe and bounded in time.
+  // Liveness (/healthz, gRPC health "live") never calls it.
+  std::function<Status()> readiness;
+  absl::Duration readiness_interval = absl::Milliseconds(500);
 };
 
 // Blocks SIGTERM and SIGINT in the calling thread and every thread it
@@ -110,6 +120,11 @@ class ServerRunner {
   ServerOptions options_;
   int port_ = 0;
   bool shut_down_ = false;
+  // The readiness poller (gRPC health "").
+  void PollReadiness();
+  std::thread readiness_thread_;
+  absl::Mutex readiness_mu_;
+  bool readiness_stop_ ABSL_GUARDED_BY(readiness_mu_) = false;
 };
 
 // One logfmt line on stderr: `ts=<RFC 3339 UTC> level=<level> proc=<process>

@@ -79,8 +79,10 @@ MetricsServer::~MetricsServer() {
 }
 
 StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const Registry& registry,
-                                                              std::string listen_address) {
+                                                              std::string listen_address,
+                                                              std::function<Status()> readiness) {
   std::unique_ptr<MetricsServer> server(new MetricsServer(registry, std::move(listen_address)));
+  server->readiness_ = std::move(readiness);
   httplib::Server& http = *server->http_;
   http.new_task_queue = [] { return new httplib::ThreadPool(kServerThreads); };
   http.set_keep_alive_max_count(1);  // a slow client holds a worker for one request only
@@ -88,7 +90,7 @@ StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const Registry& re
   http.set_write_timeout(10);
   const Registry* reg = &server->registry_;
   http.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
-    const bool known = req.path == "/metrics" || req.path == "/healthz";
+    const bool known = req.path == "/metrics" || req.path == "/healthz" || req.path == "/readyz";
     if (known && req.method != "GET" && req.method != "HEAD") {
       res.status = 405;
       res.set_content("only GET and HEAD\n", "text/plain; charset=utf-8");
@@ -106,6 +108,13 @@ StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const Registry& re
   });
   http.Get("/healthz", [](const httplib::Request& req, httplib::Response& res) {
     SendText(req, res, "text/plain; charset=utf-8", "ok\n");
+  });
+  const std::function<Status()>* ready = &server->readiness_;
+  http.Get("/readyz", [ready](const httplib::Request& req, httplib::Response& res) {
+    const Status s = *ready ? (*ready)() : OkStatus();
+    SendText(req, res, "text/plain; charset=utf-8",
+             s.ok() ? std::string("ready\n") : "not ready: " + std::string(s.message()) + "\n");
+    if (!s.ok()) res.status = 503;
   });
   StatusOr<int> port = BindHttpServer(&http, server->listen_address_);
   if (!port.ok()) {

@@ -5,7 +5,11 @@
 //
 //   GET|HEAD /metrics  200, Content-Type "text/plain; version=0.0.4;
 //                      charset=utf-8", body SerializeText(registry)
-//   GET|HEAD /healthz  200, "ok\n" (the server's threads are alive)
+//   GET|HEAD /healthz  200, "ok\n": liveness (the process runs; its server
+//                      threads answer). Never depends on other processes.
+//   GET|HEAD /readyz   readiness: 200 "ready\n" when the process can serve
+//                      (the `readiness` check passes, or there is none),
+//                      503 "not ready: <reason>\n" otherwise
 //   other methods      405;  other paths  404
 //
 // Threads: cpp-httplib runs one listener thread and a pool of kServerThreads
@@ -24,6 +28,7 @@
 #ifndef LEDE_SHARED_TELEMETRY_METRICS_SERVER_H_
 #define LEDE_SHARED_TELEMETRY_METRICS_SERVER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -67,8 +72,12 @@ class MetricsServer {
   //   LEDE_ASSIGN_OR_RETURN(auto server,
   //                         MetricsServer::Start(registry, "127.0.0.1:0"));
   //   std::cout << "metrics on :" << server->port() << "\n";
+  // `readiness` (may be empty = always ready) answers /readyz; it runs on a
+  // server worker per request, so it must be thread-safe and quick (bounded
+  // by its own timeout).
   static StatusOr<std::unique_ptr<MetricsServer>> Start(const Registry& registry,
-                                                        std::string listen_address);
+                                                        std::string listen_address,
+                                                        std::function<Status()> readiness = nullptr);
 
   // Stops accepting, waits for in-flight requests and joins the server's
   // threads, so the Registry may be destroyed right after.
@@ -88,6 +97,7 @@ class MetricsServer {
   MetricsServer(const Registry& registry, std::string listen_address);
 
   const Registry& registry_;
+  std::function<Status()> readiness_;
   const std::string listen_address_;
   std::unique_ptr<httplib::Server> http_;
   std::thread listener_;

@@ -264,9 +264,10 @@ def test_k8s_structure():
             if cfg:
                 used_keys.add(cfg[0])
         for c in spec["containers"]:
-            for probe in ("readinessProbe", "livenessProbe"):
-                if d_kind(where) == "Deployment" and c.get(probe, {}).get("httpGet", {}).get("path") != "/healthz":
-                    fail(f"{where} container {c['name']}: {probe} is not an HTTP GET of /healthz")
+            # Liveness = the process runs (/healthz); readiness = it can serve (/readyz).
+            for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+                if d_kind(where) == "Deployment" and c.get(probe, {}).get("httpGet", {}).get("path") != path:
+                    fail(f"{where} container {c['name']}: {probe} is not an HTTP GET of {path}")
     for cm, data in cms.items():
         for key in data:
             if key.endswith(".conf") and key not in used_keys:
@@ -281,6 +282,31 @@ def test_k8s_structure():
     for c in spec["containers"]:
         if not any(m["mountPath"] == "/dev/shm" and m["name"] in shm for m in c.get("volumeMounts", [])):
             fail(f"lede-model container {c['name']}: no in-memory emptyDir at /dev/shm")
+    # Ordered stop: the coordinator's pod drains within its grace period, and
+    # the model pods serve on (preStop) until the coordinator's drain is over.
+    def deployment(name):
+        (d,) = [d for _, d in objs if d["kind"] == "Deployment" and d["metadata"]["name"] == name]
+        return d["spec"]["template"]["spec"]
+    def pre_stop_s(c):
+        cmd = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+        return int(cmd[1]) if len(cmd) == 2 and cmd[0].endswith("sleep") else 0
+    def conf_grace(key):
+        for data in cms.values():
+            m = re.search(r"shutdown-grace-s\s*=\s*(\d+)", data.get(key, ""))
+            if m:
+                return int(m.group(1))
+        fail(f"no shutdown-grace-s in {key}")
+    coord = deployment("lede-coordinator")
+    (cc,) = coord["containers"]
+    drain = pre_stop_s(cc) + conf_grace("coordinator.conf")
+    if coord.get("terminationGracePeriodSeconds", 30) < drain + 5:
+        fail(f"lede-coordinator: terminationGracePeriodSeconds below preStop + shutdown-grace-s + 5 ({drain + 5})")
+    for c in spec["containers"]:  # lede-model
+        if pre_stop_s(c) < drain:
+            fail(f"lede-model container {c['name']}: preStop sleep {pre_stop_s(c)} s ends before the "
+                 f"coordinator's drain ({drain} s)")
+        if spec.get("terminationGracePeriodSeconds", 30) < pre_stop_s(c) + conf_grace(c["name"] + ".conf"):
+            fail(f"lede-model: terminationGracePeriodSeconds below preStop + shutdown-grace-s of {c['name']}")
     # Services select an existing pod template and name ports its containers have.
     for where, svc in objs:
         if svc["kind"] != "Service":

@@ -1,0 +1,220 @@
+#!/usr/bin/python3
+"""scripts/run as a user drives it (issue 17): input checks, an ordered stop
+that lets in-flight streams finish, a supervisor that restarts a killed
+process, and health that tells live from ready.
+
+usage: run_script_test.py CASE BUILD_DIR
+  CASE: input_checks (no process started) | stop_drains | supervisor_health
+Exit status 0 = pass, 1 = fail.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RUN = os.path.join(ROOT, "scripts", "run")
+
+
+def fail(msg):
+    raise AssertionError(msg)
+
+
+def run(args, env=None, timeout=120):
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run(["bash", RUN, *args], capture_output=True, text=True, timeout=timeout, env=e, cwd=ROOT)
+
+
+def test_input_checks(build):
+    # Failure 5: --ports-base 20000 was accepted and listened on wrapped ports.
+    cases = [
+        (["--ports-base", "20000"], {}, r"--ports-base 20000 .*above 65535"),
+        (["--ports-base", "15482"], {}, r"above 65535"),
+        (["--ports-base", "-5"], {}, r"--ports-base"),
+        (["--ports-base", "x1"], {}, r"--ports-base takes a number"),
+        (["--model"], {}, r"--model needs a value"),
+        (["--model", "/nonexistent/model"], {}, r"--model /nonexistent/model: no model"),
+        (["--state-dir", "/proc/lede-test"], {}, r"--state-dir"),
+        ([], {"LEDE_SLOTS": "0"}, r"LEDE_SLOTS must be an integer"),
+        ([], {"LEDE_SLOTS": "many"}, r"LEDE_SLOTS must be an integer"),
+        ([], {"LEDE_START_TIMEOUT_S": "soon"}, r"LEDE_START_TIMEOUT_S"),
+        ([], {"LEDE_CALIBRATION": "/nonexistent.json"}, r"LEDE_CALIBRATION"),
+        ([], {"LEDE_DRAIN_S": "-1"}, r"LEDE_DRAIN_S"),
+    ]
+    with tempfile.TemporaryDirectory() as state:
+        for args, env, want in cases:
+            if "--state-dir" not in args:
+                args = [*args, "--state-dir", state]
+            r = run(args, {"LEDE_BUILD_DIR": build, **env}, timeout=30)
+            lines = [l for l in r.stderr.splitlines() if l.strip()]
+            if r.returncode != 2 or len(lines) != 1 or not re.search(want, lines[0]):
+                fail(f"scripts/run {args} {env}: want exit 2 and one line matching {want!r}, "
+                     f"got {r.returncode}: {r.stderr!r}")
+            if os.path.exists(os.path.join(state, "pids")):
+                fail(f"scripts/run {args} {env}: started something (pidfile left)")
+    # The largest valid --ports-base passes the checks (and fails later, on the model).
+    r = run(["--ports-base", "15481", "--model", "/nonexistent/model"], {"LEDE_BUILD_DIR": build}, timeout=30)
+    if "above 65535" in r.stderr or r.returncode != 2 or "no model" not in r.stderr:
+        fail(f"--ports-base 15481 should pass the port check: {r.returncode} {r.stderr!r}")
+
+
+class Cluster:
+    """scripts/run --detach on free-ish ports under a temporary state dir."""
+
+    def __init__(self, build, env=None):
+        self.state = tempfile.mkdtemp(prefix="lede-run-test-")
+        # Spread ports by pid so that concurrent test runs do not collide.
+        self.off = 2000 + (os.getpid() % 600) * 20
+        self.env = {"LEDE_BUILD_DIR": build, "LEDE_START_TIMEOUT_S": "60", **(env or {})}
+        self.http = 8000 + self.off
+        self.m_coord = 9401 + self.off
+        self.m_verif = 9402 + self.off
+
+    def start(self):
+        r = run(["--detach", "--ports-base", str(self.off), "--state-dir", self.state], self.env, timeout=180)
+        if r.returncode != 0:
+            fail(f"scripts/run --detach: {r.returncode}\n{r.stdout}\n{r.stderr}")
+
+    def stop(self):
+        return run(["--stop", "--state-dir", self.state], self.env, timeout=120)
+
+    def pids(self):
+        out = {}
+        with open(os.path.join(self.state, "pids")) as f:
+            for line in f:
+                name, value = line.split()
+                out[name] = value
+        return out
+
+    def log(self, name):
+        try:
+            with open(os.path.join(self.state, "logs", name + ".log")) as f:
+                return f.read()[-3000:]
+        except OSError as e:
+            return str(e)
+
+
+def get(port, path, timeout=5):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError as e:
+        return 0, str(e)
+
+
+def complete(port, max_tokens=8, stream=False, seed=0, timeout=60):
+    body = {"prompt": "Once upon a time", "max_tokens": max_tokens, "temperature": 1.0, "seed": seed,
+            "stream": stream}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError as e:
+        return 0, str(e)
+
+
+def wait_for(pred, bound_s, what):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < bound_s:
+        if pred():
+            return time.monotonic() - t0
+        time.sleep(0.1)
+    fail(f"{what}: not within {bound_s} s")
+
+
+def test_stop_drains(build):
+    # Failure 3: --stop signalled everything at once; the drafter died before
+    # the coordinator drained and every in-flight stream failed.
+    c = Cluster(build, {"LEDE_DRAIN_S": "20"})
+    c.start()
+    try:
+        results = [None] * 4
+        def one(i):
+            results[i] = complete(c.http, max_tokens=400, stream=True, seed=i + 1)
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.4)  # the streams are running
+        r = c.stop()
+        for t in threads:
+            t.join(60)
+        if r.returncode != 0:
+            fail(f"--stop: {r.returncode} {r.stderr}")
+        for i, (status, body) in enumerate(results):
+            if status != 200 or "data: [DONE]" not in body or '"error"' in body:
+                fail(f"stream {i} did not complete during the stop: {status} {body[-300:]}\n"
+                     f"coordinator log:\n{c.log('coordinator')}")
+        if "event=drained" not in c.log("coordinator"):
+            fail("the coordinator did not drain:\n" + c.log("coordinator"))
+        if os.path.exists(os.path.join(c.state, "pids")):
+            fail("pidfile left after --stop")
+    finally:
+        c.stop()
+
+
+def test_supervisor_health(build):
+    # Failure 4: health was green with the verifier dead, nothing restarted it
+    # in --detach mode, and requests failed for ~19 s after a restart.
+    c = Cluster(build, {"LEDE_MAX_RESTARTS": "2"})
+    c.start()
+    try:
+        if get(c.m_coord, "/readyz")[0] != 200:
+            fail("coordinator not ready after start")
+        if complete(c.http)[0] != 200:
+            fail("a request failed before any fault")
+        # Stop the supervisor from restarting for a moment: SIGSTOP it.
+        sup = int(c.pids()["supervisor"])
+        os.kill(sup, signal.SIGSTOP)
+        verifier = int(c.pids()["verifier"])
+        os.kill(verifier, signal.SIGKILL)
+        wait_for(lambda: get(c.m_coord, "/readyz")[0] == 503, 10, "coordinator /readyz 503 with the verifier dead")
+        if get(c.m_coord, "/healthz")[0] != 200:
+            fail("coordinator liveness /healthz failed with the verifier dead")
+        os.kill(sup, signal.SIGCONT)  # the supervisor restarts it
+        took = wait_for(lambda: complete(c.http, timeout=10)[0] == 200, 60,
+                        "a request succeeds after the supervisor restarted the verifier")
+        if get(c.m_coord, "/readyz")[0] != 200:
+            fail("coordinator not ready again after the restart")
+        new = int(c.pids()["verifier"])
+        if new == verifier:
+            fail("pidfile still names the killed verifier")
+        sup_log = c.log("supervisor")
+        if not re.search(r"verifier \(pid %d\) exited; restarted as pid %d" % (verifier, new), sup_log):
+            fail("no restart log line:\n" + sup_log)
+        print(f"served again {took:.1f} s after the supervisor resumed")
+    finally:
+        c.stop()
+
+
+CASES = {"input_checks": test_input_checks, "stop_drains": test_stop_drains,
+         "supervisor_health": test_supervisor_health}
+
+
+def main(argv):
+    if len(argv) != 3 or argv[1] not in CASES:
+        print(__doc__, file=sys.stderr)
+        return 2
+    try:
+        CASES[argv[1]](os.path.abspath(argv[2]))
+    except AssertionError as e:
+        print(f"FAIL {argv[1]}: {e}")
+        return 1
+    print(f"PASS {argv[1]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
