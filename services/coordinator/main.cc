@@ -47,6 +47,11 @@ int Run(const std::vector<std::string>& raw_args) {
             "object store for experience: a directory, file:///dir or s3://bucket/prefix?endpoint=...");
   flags.Add("experience-prefix", &o.experience_prefix, "key prefix of experience shards in the store");
   flags.Add("experience-shard-age-s", &shard_age_s, "publish a shard at least this often");
+  double max_age_h = 0;
+  flags.Add("experience-max-bytes", &o.experience_max_bytes,
+            "retention: delete the oldest experience shards beyond this many bytes (0 = keep all)");
+  flags.Add("experience-max-age-h", &max_age_h,
+            "retention: delete experience shards older than this many hours (0 = keep all)");
   flags.Add("reward", &o.reward, "rewards of logged transitions: throughput | paper");
   flags.Add("shutdown-grace-s", &grace_s, "how long in-flight requests may finish after SIGTERM");
   if (lede::flags::WantsHelp(raw_args)) {
@@ -62,6 +67,11 @@ int Run(const std::vector<std::string>& raw_args) {
   o.max_new_tokens_limit = limit;
   o.rpc_timeout = absl::Seconds(rpc_timeout_s);
   o.experience_shard_age = absl::Seconds(shard_age_s);
+  if (o.experience_max_bytes < 0 || !(max_age_h >= 0)) {
+    std::cerr << "lede-coordinator: --experience-max-bytes and --experience-max-age-h must not be negative\n";
+    return 2;
+  }
+  o.experience_max_age = absl::Hours(max_age_h);
   if (o.tokenizer_path.empty()) {
     auto found = lede::tokenizer::FindTokenizerFile(model);
     if (!found.ok()) {
