@@ -230,6 +230,443 @@ std::vector<std::vector<policy::AcceptanceSample>> AcceptanceSamples(const std::
   return by_layer;
 }
 
+// Calibrated acceptance: of the token a probe drafts (lookahead: the
+// decision sees the next token's probe), and of the next token from the one
+// just drafted (no lookahead: stopping costs no probe).
+struct Calibration {
+  std::shared_ptr<const policy::AcceptanceModel> current, next;
+};
+
+StatusOr<Calibration> Calibrate(const std::vector<trainer::ShadowTrace>& traces, int32_t trace_window) {
+  Calibration cal;
+  LEDE_ASSIGN_OR_RETURN(auto current, policy::AcceptanceModel::Fit(AcceptanceSamples(traces, trace_window, 0)));
+  LEDE_ASSIGN_OR_RETURN(auto next, policy::AcceptanceModel::Fit(AcceptanceSamples(traces, trace_window, 1)));
+  cal.current = std::make_shared<const policy::AcceptanceModel>(std::move(current));
+  cal.next = std::make_shared<const policy::AcceptanceModel>(std::move(next));
+  return cal;
+}
+
+// The benchmark of one prompt set: every method of the table is a job,
+// baselines tuned by exact replay on the tuning split (per cost model), LEDE
+// policies with their ablations, all run interleaved on the evaluation
+// split; then the ceilings and the table. Errors: kInvalidArgument for bad
+// flags (--static-configs), otherwise the failing step's status.
+class SetBench {
+ public:
+  SetBench(Common& c, const CommonFlags& cf, const PromptSet& set, std::vector<std::string> methods,
+           std::ostream& out, std::ostream& err)
+      : c_(c), cf_(cf), set_(set), methods_(std::move(methods)), out_(out), err_(err) {
+    L_ = static_cast<int32_t>(c.model->n_layers());
+    D_ = c.spec.max_draft_len;
+    // Static and the oracle range over longer drafts than the policies'
+    // D_max, so that neither baseline nor ceiling is held back by it.
+    static_max_draft_ = std::max<int32_t>(D_, 8);
+    for (int32_t l = 1; l < L_; ++l) all_layers_.push_back(l);
+    ar_.max_new_tokens = cf.new_tokens;
+    adaptive_ = ar_;
+    adaptive_.mode = model::SpeculationMode::kAdaptive;
+    adaptive_.decision_spec = c.spec;
+    cost_models_ = {c.accelerator.get(), c.measured.get()};
+  }
+
+  StatusOr<nlohmann::json> Run(const std::vector<policy::dqn::Artifact>& artifacts, const std::string& fixed_static) {
+    err_ << "== " << set_.name << ": " << set_.tuning.size() << " tuning / " << set_.eval.size()
+         << " evaluation prompts\n";
+    LEDE_RETURN_IF_ERROR(TraceBothSplits());
+    LEDE_ASSIGN_OR_RETURN(ar_eval_, RunPrompts(*c_.engine, set_.eval, ar_, nullptr, nullptr));
+    if (Has("ar")) jobs_.push_back({"ar", "", ar_, nullptr});
+    if (Has("calibrated") || Has("del")) {
+      LEDE_ASSIGN_OR_RETURN(calibration_, Calibrate(tune_traces_, c_.spec.trace_window));
+    }
+    for (const auto& [name, configs_for] : Families()) {
+      if (Status s = Tune(name, configs_for); !s.ok()) return Status(s.code(), name + ": " + std::string(s.message()));
+    }
+    LEDE_RETURN_IF_ERROR(AddGivenStatic(fixed_static));
+    if (Has("lede")) {
+      for (const policy::dqn::Artifact& a : artifacts) LEDE_RETURN_IF_ERROR(AddLede(a));
+    }
+    LEDE_ASSIGN_OR_RETURN(std::vector<Totals> totals, Evaluate());
+    return Report(totals);
+  }
+
+ private:
+  // A job of the table: a method, its configuration, how to run it.
+  struct Job {
+    std::string method, config;
+    GenerateOptions options;
+    ControllerFactory factory;
+  };
+  // One configuration of a baseline family.
+  struct Config {
+    std::string label;
+    GenerateOptions options;        // mode, static E/D, decision spec
+    trainer::ControllerMaker make;  // adaptive only
+  };
+  using ConfigsFor = std::function<std::vector<Config>(const model::CostModel&)>;
+
+  bool Has(const std::string& m) const { return std::find(methods_.begin(), methods_.end(), m) != methods_.end(); }
+
+  // Shadow traces of the greedy trajectories: the tuning split tunes every
+  // baseline by exact replay; the evaluation split gives the ceilings.
+  Status TraceBothSplits() {
+    for (auto [prompts, traces] : {std::pair{&set_.tuning, &tune_traces_}, std::pair{&set_.eval, &eval_traces_}}) {
+      for (size_t i = 0; i < prompts->size(); ++i) {
+        LEDE_ASSIGN_OR_RETURN(trainer::ShadowTrace t,
+                              trainer::TraceGreedyRequest(*c_.engine, (*prompts)[i], cf_.new_tokens, c_.spec.top_k,
+                                                          set_.name + ":" + std::to_string(i)));
+        traces->push_back(std::move(t));
+      }
+    }
+    return OkStatus();
+  }
+
+  GenerateOptions SpecWith(std::vector<int32_t> layers) const {
+    GenerateOptions o = adaptive_;
+    o.decision_spec.candidate_layers = std::move(layers);
+    return o;
+  }
+
+  // A baseline family: configs tuned by replay on the tuning split per cost
+  // model (the simulated speed-up of all tuning requests pooled), the best
+  // one becomes a job.
+  Status Tune(const std::string& method, const ConfigsFor& configs_for) {
+    for (const model::CostModel* cm : cost_models_) {
+      std::vector<Config> configs = configs_for(*cm);
+      size_t best = 0;
+      double best_speedup = -1;
+      for (size_t i = 0; i < configs.size(); ++i) {
+        std::vector<model::RoundRecord> rounds;
+        for (size_t p = 0; p < tune_traces_.size(); ++p) {
+          trainer::SimulatedMethod m;
+          m.mode = configs[i].options.mode;
+          m.exit_layer = static_cast<int32_t>(configs[i].options.exit_layer);
+          m.draft_len = static_cast<int32_t>(configs[i].options.draft_len);
+          m.spec = configs[i].options.decision_spec;
+          std::unique_ptr<ExitController> ctl;
+          if (configs[i].make) ctl = configs[i].make(static_cast<int64_t>(p)), m.controller = ctl.get();
+          LEDE_ASSIGN_OR_RETURN(model::GenerationResult r, trainer::Simulate(tune_traces_[p], m));
+          rounds.insert(rounds.end(), r.stats.rounds.begin(), r.stats.rounds.end());
+        }
+        const double s = cm->PredictedSpeedup(rounds);
+        if (s > best_speedup) best_speedup = s, best = i;
+      }
+      const Config& b = configs[best];
+      ControllerFactory factory;
+      if (b.make) factory = [make = b.make](int64_t i) { return make(i); };
+      jobs_.push_back({method + " (best " + cm->name() + ")", b.label, b.options, factory});
+      PrintProgress(err_, method + " tuned (" + std::to_string(configs.size()) + " configs)", 1, 1);
+      err_ << "\n";
+    }
+    return OkStatus();
+  }
+
+  // Static: every exit layer 1..L-1 and draft length 1..static_max_draft.
+  std::vector<Config> StaticConfigs() const {
+    std::vector<Config> v;
+    for (int32_t e = 1; e < L_; ++e) {
+      for (int32_t d = 1; d <= static_max_draft_; ++d) {
+        GenerateOptions o = ar_;
+        o.mode = model::SpeculationMode::kStatic;
+        o.exit_layer = e;
+        o.draft_len = d;
+        o.decision_spec.max_draft_len = static_max_draft_;
+        v.push_back({"E=" + std::to_string(e) + " D=" + std::to_string(d), o, nullptr});
+      }
+    }
+    return v;
+  }
+
+  std::vector<Config> ThresholdConfigs() const {
+    std::vector<Config> v;
+    for (float lambda : {0.3f, 0.5f, 0.7f, 0.8f, 0.9f, 0.95f}) {
+      for (float tau : {0.3f, 0.4f, 0.5f, 0.6f, 0.7f, 0.8f, 0.9f}) {
+        char buf[48];
+        std::snprintf(buf, sizeof(buf), "lambda=%.2f tau=%.2f", lambda, tau);
+        v.push_back({buf, adaptive_, [lambda, tau](int64_t) {
+                       return std::make_unique<policy::ThresholdExitController>(lambda, tau);
+                     }});
+      }
+    }
+    return v;
+  }
+
+  std::vector<Config> CalibratedConfigs(const Calibration& cal, const model::CostModel& cm) const {
+    std::vector<Config> v;
+    auto costs = RoundCostsOf(cm, L_, D_);
+    for (bool lookahead : {true, false}) {
+      for (int32_t e = 1; e < L_; ++e) {
+        for (double rho : {0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.4, 2.8}) {
+          char buf[64];
+          std::snprintf(buf, sizeof(buf), "E=%d rho=%.1f%s", e, rho, lookahead ? " lookahead" : "");
+          GenerateOptions o = SpecWith({e});
+          o.decision_spec.lookahead_probe = lookahead;
+          v.push_back({buf, o, [cal, e, rho, costs, lookahead](int64_t) {
+                         return std::make_unique<policy::CalibratedStopController>(cal.current, e, rho, costs,
+                                                                                   lookahead, cal.next);
+                       }});
+        }
+      }
+    }
+    return v;
+  }
+
+  std::vector<Config> DelConfigs(const model::CostModel& cm) const {
+    std::vector<Config> v;
+    auto costs = RoundCostsOf(cm, L_, D_);
+    std::vector<double> rates(L_ + 1, 0.0);
+    for (int32_t l = 1; l < L_; ++l) rates[l] = calibration_.current->BaseRate(l);
+    const std::vector<int32_t> all_layers = all_layers_;
+    const int32_t D = D_;
+    for (float tau : {0.0f, 0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f}) {
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), "tau=%.1f", tau);
+      v.push_back({buf, SpecWith(all_layers_), [rates, all_layers, D, tau, costs](int64_t) {
+                     return std::make_unique<policy::DelController>(rates, all_layers, D, tau, costs);
+                   }});
+    }
+    return v;
+  }
+
+  std::vector<Config> AdaEdlConfigs() const {
+    std::vector<Config> v;
+    for (int32_t e = 1; e < L_; ++e) {
+      for (float gamma : {0.1f, 0.25f, 0.5f}) {
+        for (float lambda : {0.2f, 0.35f, 0.5f, 0.65f}) {
+          char buf[48];
+          std::snprintf(buf, sizeof(buf), "E=%d gamma=%.2f lambda=%.2f", e, gamma, lambda);
+          v.push_back({buf, SpecWith({e}), [e, gamma, lambda](int64_t) {
+                         return std::make_unique<policy::AdaEdlController>(e, gamma, lambda);
+                       }});
+        }
+      }
+    }
+    return v;
+  }
+
+  // The baseline families the --methods flag asks for, in table order.
+  std::vector<std::pair<std::string, ConfigsFor>> Families() const {
+    std::vector<std::pair<std::string, ConfigsFor>> families;
+    if (Has("static")) families.emplace_back("static", [this](const model::CostModel&) { return StaticConfigs(); });
+    if (Has("threshold")) {
+      families.emplace_back("threshold", [this](const model::CostModel&) { return ThresholdConfigs(); });
+    }
+    if (Has("calibrated")) {
+      families.emplace_back("calibrated",
+                            [this](const model::CostModel& cm) { return CalibratedConfigs(calibration_, cm); });
+    }
+    if (Has("del")) families.emplace_back("del", [this](const model::CostModel& cm) { return DelConfigs(cm); });
+    if (Has("adaedl")) families.emplace_back("adaedl", [this](const model::CostModel&) { return AdaEdlConfigs(); });
+    return families;
+  }
+
+  // --static-configs: untuned static rows E:D.
+  Status AddGivenStatic(const std::string& fixed_static) {
+    for (const std::string& item : SplitList(fixed_static)) {
+      const size_t colon = item.find(':');
+      int32_t e = 0, d = 0;
+      if (colon == std::string::npos || std::sscanf(item.c_str(), "%d:%d", &e, &d) != 2 || e < 1 || e >= L_ ||
+          d < 1 || d > static_max_draft_) {
+        return InvalidArgumentError("--static-configs: \"" + item + "\" is not E:D with E in [1, " +
+                                    std::to_string(L_ - 1) + "] and D in [1, " + std::to_string(static_max_draft_) +
+                                    "]");
+      }
+      GenerateOptions o = ar_;
+      o.mode = model::SpeculationMode::kStatic;
+      o.exit_layer = e;
+      o.draft_len = d;
+      jobs_.push_back({"static (given)", "E=" + std::to_string(e) + " D=" + std::to_string(d), o, nullptr});
+    }
+    return OkStatus();
+  }
+
+  // A LEDE policy and its ablations: no dynamic exit (l* fixed at the
+  // policy's most used exit layer) and no adaptive length (D fixed at its
+  // mean draft length), both read off an exact replay of the policy on the
+  // evaluation split.
+  Status AddLede(const policy::dqn::Artifact& a) {
+    policy::dqn::MethodContext context;
+    context.n_layers = L_;
+    context.max_draft_len = std::numeric_limits<int32_t>::max();  // the artifact's own D_max
+    context.artifact = std::make_shared<const policy::dqn::Artifact>(a);
+    speculation::MethodSpec spec;
+    spec.method = speculation::SpeculationMethod::kLede;
+    LEDE_ASSIGN_OR_RETURN(policy::dqn::MethodPlan plan, policy::dqn::PlanMethod(spec, context));
+    GenerateOptions o = adaptive_;
+    o.decision_spec = plan.decision_spec;
+    auto dqn = [plan](int64_t) { return plan.MakeController(); };
+    const std::string label = "lede " + a.metadata.version;
+    jobs_.push_back({label, a.metadata.version + " (" + a.metadata.reward_cost_model + ")", o, dqn});
+    std::map<int32_t, int64_t> exit_counts;
+    double drafted = 0, drafting_rounds = 0;
+    for (size_t p = 0; p < eval_traces_.size(); ++p) {
+      std::unique_ptr<ExitController> ctl = dqn(static_cast<int64_t>(p));
+      trainer::SimulatedMethod m;
+      m.mode = model::SpeculationMode::kAdaptive;
+      m.controller = ctl.get();
+      m.spec = o.decision_spec;
+      LEDE_ASSIGN_OR_RETURN(model::GenerationResult r, trainer::Simulate(eval_traces_[p], m));
+      for (const auto& round : r.stats.rounds) {
+        if (round.n_drafted > 0) ++exit_counts[round.exit_layer], drafted += round.n_drafted, ++drafting_rounds;
+      }
+    }
+    int32_t top_exit = 0;
+    int64_t top_count = -1;
+    for (auto [l, n] : exit_counts) {
+      if (n > top_count) top_exit = l, top_count = n;
+    }
+    const int32_t mean_d = std::max(1, static_cast<int32_t>(std::lround(drafted / std::max(1.0, drafting_rounds))));
+    if (top_exit > 0) {
+      auto fixed_exit = [dqn, top_exit](int64_t i) -> std::unique_ptr<ExitController> {
+        return std::make_unique<AblatedController>(dqn(i), top_exit, 0);
+      };
+      auto fixed_len = [dqn, mean_d](int64_t i) -> std::unique_ptr<ExitController> {
+        return std::make_unique<AblatedController>(dqn(i), 0, mean_d);
+      };
+      jobs_.push_back({label + " fixed exit", "l*=" + std::to_string(top_exit), o, fixed_exit});
+      jobs_.push_back({label + " fixed length", "D=" + std::to_string(mean_d), o, fixed_len});
+    }
+    return OkStatus();
+  }
+
+  // The interleaved evaluation runs: prompt by prompt, every job in a
+  // rotating order, `repeats` times, so that the machine's drift over the
+  // run affects every method alike and the wall-clock ratios survive it.
+  StatusOr<std::vector<Totals>> Evaluate() {
+    std::vector<Totals> totals(jobs_.size());
+    for (int64_t rep = 0; rep < cf_.repeats; ++rep) {
+      for (size_t p = 0; p < set_.eval.size(); ++p) {
+        PrintProgress(err_, "evaluation, pass " + std::to_string(rep + 1), p, set_.eval.size());
+        for (size_t k = 0; k < jobs_.size(); ++k) {
+          const size_t j = (k + p + static_cast<size_t>(rep)) % jobs_.size();  // rotating order
+          GenerateOptions o = jobs_[j].options;
+          std::unique_ptr<ExitController> ctl;
+          if (jobs_[j].factory) ctl = jobs_[j].factory(static_cast<int64_t>(p)), o.controller = ctl.get();
+          auto r = c_.engine->Generate(set_.eval[p], o);
+          if (!r.ok()) return Status(r.status().code(), jobs_[j].method + ": " + std::string(r.status().message()));
+          Totals& t = totals[j];
+          t.tokens += r->stats.n_generated - 1;
+          t.decode_s += r->stats.decode_s;
+          if (rep == 0) {  // greedy: every pass makes the same rounds
+            t.drafted += r->stats.n_drafted;
+            t.accepted += r->stats.n_accepted;
+            for (const auto& round : r->stats.rounds) {
+              if (round.n_drafted > 0) ++t.exit_counts[round.exit_layer];
+            }
+            t.rounds.insert(t.rounds.end(), r->stats.rounds.begin(), r->stats.rounds.end());
+            t.exact += r->tokens == ar_eval_.outputs[p] ? 1 : 0;
+            ++t.prompts;
+          }
+        }
+      }
+    }
+    err_ << "\n";
+    return totals;
+  }
+
+  // Ceilings on the evaluation split per cost model: the calibrated one (the
+  // calibrated stopping rule with acceptance probabilities fitted on the
+  // evaluation traces themselves and its exit layer and rho chosen there: a
+  // policy that knows each token's calibrated acceptance probability, but
+  // not the outcome) and the hindsight oracle.
+  void Ceilings(nlohmann::json* oracle, nlohmann::json* calibrated_ceiling) const {
+    auto in_sample = Calibrate(eval_traces_, c_.spec.trace_window);
+    for (const model::CostModel* cm : cost_models_) {
+      double tokens = 0, cost = 0;
+      for (const trainer::ShadowTrace& t : eval_traces_) {
+        auto [n, k] = OracleCost(t, static_max_draft_, *cm);
+        tokens += n;
+        cost += k;
+      }
+      (*oracle)[cm->name()] = cost > 0 ? tokens / cost : 1.0;
+      double best = 0;
+      if (in_sample.ok()) {
+        for (const Config& cfg : CalibratedConfigs(*in_sample, *cm)) {
+          auto s = trainer::SimulatedSpeedup(eval_traces_, cfg.options.decision_spec, cfg.make, *cm);
+          if (s.ok()) best = std::max(best, *s);
+        }
+      }
+      (*calibrated_ceiling)[cm->name()] = best;
+    }
+  }
+
+  // The rows, the ceilings, the printed table and the set's JSON report.
+  nlohmann::json Report(const std::vector<Totals>& totals) const {
+    double ar_tps = 0;
+    for (size_t j = 0; j < jobs_.size(); ++j) {
+      if (jobs_[j].method == "ar") ar_tps = totals[j].tokens_per_s();
+    }
+    if (ar_tps <= 0) ar_tps = ar_eval_.tokens_per_s();
+    nlohmann::json rows = nlohmann::json::array();
+    for (size_t j = 0; j < jobs_.size(); ++j) {
+      const Totals& t = totals[j];
+      rows.push_back({{"method", jobs_[j].method},
+                      {"config", jobs_[j].config},
+                      {"tokens_per_s", t.tokens_per_s()},
+                      {"measured_speedup", t.tokens_per_s() / ar_tps},
+                      {"predicted_speedup_accelerator", c_.accelerator->PredictedSpeedup(t.rounds)},
+                      {"predicted_speedup_measured", c_.measured->PredictedSpeedup(t.rounds)},
+                      {"acceptance_rate", t.acceptance()},
+                      {"tokens_per_round", t.tokens_per_round()},
+                      {"mean_exit_layer", t.mean_exit()},
+                      {"mean_draft_len", t.mean_draft()},
+                      {"exact_match_rate", t.prompts ? static_cast<double>(t.exact) / t.prompts : 0.0}});
+    }
+    nlohmann::json oracle, calibrated_ceiling;
+    Ceilings(&oracle, &calibrated_ceiling);
+    PrintTable(rows, oracle, calibrated_ceiling, ar_tps);
+    return {{"rows", rows},
+            {"hindsight_oracle", oracle},
+            {"calibrated_ceiling", calibrated_ceiling},
+            {"ar_tokens_per_s", ar_tps},
+            {"interleaved_passes", cf_.repeats},
+            {"tuning_prompts", set_.tuning.size()},
+            {"eval_prompts", set_.eval.size()}};
+  }
+
+  void PrintTable(const nlohmann::json& rows, const nlohmann::json& oracle, const nlohmann::json& calibrated_ceiling,
+                  double ar_tps) const {
+    char line[512];
+    out_ << "\n== " << set_.name << " (evaluation split: " << set_.eval.size() << " prompts x " << cf_.new_tokens
+         << " tokens, " << cf_.repeats << " interleaved passes; AR " << static_cast<int64_t>(ar_tps)
+         << " tokens/s; baselines tuned by replay on the " << set_.tuning.size() << " tuning prompts)\n";
+    std::snprintf(line, sizeof(line), "%-34s %-26s %7s %8s %10s %11s %7s %7s %6s %6s %6s\n", "method", "config",
+                  "tok/s", "measured", "pred.accel", "pred.measrd", "accept", "tok/rnd", "mean E", "mean D", "exact");
+    out_ << line;
+    for (const auto& r : rows) {
+      std::snprintf(line, sizeof(line), "%-34s %-26s %7.0f %7.2fx %9.2fx %10.2fx %7.3f %7.2f %6.2f %6.2f %6.2f\n",
+                    r["method"].get<std::string>().c_str(), r["config"].get<std::string>().c_str(),
+                    r["tokens_per_s"].get<double>(), r["measured_speedup"].get<double>(),
+                    r["predicted_speedup_accelerator"].get<double>(), r["predicted_speedup_measured"].get<double>(),
+                    r["acceptance_rate"].get<double>(), r["tokens_per_round"].get<double>(),
+                    r["mean_exit_layer"].get<double>(), r["mean_draft_len"].get<double>(),
+                    r["exact_match_rate"].get<double>());
+      out_ << line;
+    }
+    std::snprintf(line, sizeof(line), "%-34s %-26s %7s %8s %9.2fx %10.2fx\n", "ceiling: calibrated (in-sample)", "",
+                  "-", "-", calibrated_ceiling["accelerator"].get<double>(),
+                  calibrated_ceiling["measured"].get<double>());
+    out_ << line;
+    std::snprintf(line, sizeof(line), "%-34s %-26s %7s %8s %9.2fx %10.2fx\n", "ceiling: hindsight oracle", "", "-",
+                  "-", oracle["accelerator"].get<double>(), oracle["measured"].get<double>());
+    out_ << line << std::flush;
+  }
+
+  Common& c_;
+  const CommonFlags& cf_;
+  const PromptSet& set_;
+  const std::vector<std::string> methods_;
+  std::ostream& out_;
+  std::ostream& err_;
+  int32_t L_ = 0, D_ = 0, static_max_draft_ = 0;
+  std::vector<int32_t> all_layers_;
+  GenerateOptions ar_, adaptive_;
+  std::vector<const model::CostModel*> cost_models_;
+  std::vector<trainer::ShadowTrace> tune_traces_, eval_traces_;
+  Totals ar_eval_;  // autoregressive on the evaluation split (outputs: the reference)
+  Calibration calibration_;
+  std::vector<Job> jobs_;
+};
+
 }  // namespace
 
 int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
@@ -257,8 +694,7 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
     return common.status().code() == StatusCode::kInternal ? 1 : 2;
   }
   Common& c = *common;
-  std::vector<std::string> methods = SplitList(methods_flag);
-  auto has = [&](const std::string& m) { return std::find(methods.begin(), methods.end(), m) != methods.end(); };
+  const std::vector<std::string> methods = SplitList(methods_flag);
   std::vector<policy::dqn::Artifact> artifacts;
   for (const std::string& dir : SplitList(policies)) {
     auto a = policy::dqn::LoadArtifact(dir, c.model->config().ArchitectureFingerprint());
@@ -268,404 +704,23 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
     }
     artifacts.push_back(std::move(*a));
   }
-  if (has("lede") && artifacts.empty()) {
+  if (std::find(methods.begin(), methods.end(), "lede") != methods.end() && artifacts.empty()) {
     err << "lede-bench bench: method lede needs --policy\n";
     return 2;
   }
-  const int32_t L = static_cast<int32_t>(c.model->n_layers());
-  const int32_t D = c.spec.max_draft_len;
-  // Static and the oracle range over longer drafts than the policies' D_max,
-  // so that neither baseline nor ceiling is held back by it.
-  const int32_t static_max_draft = std::max<int32_t>(D, 8);
-  std::vector<int32_t> all_layers;
-  for (int32_t l = 1; l < L; ++l) all_layers.push_back(l);
-
-  GenerateOptions ar;
-  ar.max_new_tokens = cf.new_tokens;
-  const std::vector<const model::CostModel*> cost_models = {c.accelerator.get(), c.measured.get()};
   nlohmann::json report;
   report["model"] = cf.model;
   report["candidate_layers"] = c.spec.candidate_layers;
-  report["max_draft_len"] = D;
+  report["max_draft_len"] = c.spec.max_draft_len;
   report["new_tokens"] = cf.new_tokens;
-
   for (const PromptSet& set : c.sets) {
-    err << "== " << set.name << ": " << set.tuning.size() << " tuning / " << set.eval.size() << " evaluation prompts\n";
-    // Shadow traces of the greedy trajectories: the tuning split tunes every
-    // baseline by exact replay; the evaluation split gives the ceilings.
-    std::vector<trainer::ShadowTrace> tune_traces, eval_traces;
-    for (auto [prompts, traces] : {std::pair{&set.tuning, &tune_traces}, std::pair{&set.eval, &eval_traces}}) {
-      for (size_t i = 0; i < prompts->size(); ++i) {
-        auto t = trainer::TraceGreedyRequest(*c.engine, (*prompts)[i], cf.new_tokens, c.spec.top_k,
-                                             set.name + ":" + std::to_string(i));
-        if (!t.ok()) {
-          err << "lede-bench bench: " << t.status().message() << "\n";
-          return 1;
-        }
-        traces->push_back(std::move(*t));
-      }
+    SetBench bench(c, cf, set, methods, out, err);
+    StatusOr<nlohmann::json> set_report = bench.Run(artifacts, fixed_static);
+    if (!set_report.ok()) {
+      err << "lede-bench bench: " << set_report.status().message() << "\n";
+      return set_report.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
     }
-    auto ar_eval = RunPrompts(*c.engine, set.eval, ar, nullptr, nullptr);
-    if (!ar_eval.ok()) {
-      err << "lede-bench bench: " << ar_eval.status().message() << "\n";
-      return 1;
-    }
-    // Every method of the table is a job; the jobs run interleaved on the
-    // evaluation split (prompt by prompt, every job in a rotating order,
-    // `repeats` times), so that the machine's drift over the run affects
-    // every method alike and the wall-clock ratios survive it.
-    struct Job {
-      std::string method, config;
-      GenerateOptions options;
-      ControllerFactory factory;
-    };
-    std::vector<Job> jobs;
-    if (has("ar")) jobs.push_back({"ar", "", ar, nullptr});
-    // A baseline family: configs tuned by replay on the tuning split per cost
-    // model (the simulated speed-up of all tuning requests pooled), the best
-    // run through the engine on the evaluation split.
-    struct Config {
-      std::string label;
-      GenerateOptions options;       // mode, static E/D, decision spec
-      trainer::ControllerMaker make; // adaptive only
-    };
-    auto tune = [&](const std::string& method,
-                    const std::function<std::vector<Config>(const model::CostModel&)>& configs_for) -> Status {
-      for (const model::CostModel* cm : cost_models) {
-        std::vector<Config> configs = configs_for(*cm);
-        size_t best = 0;
-        double best_speedup = -1;
-        for (size_t i = 0; i < configs.size(); ++i) {
-          std::vector<model::RoundRecord> rounds;
-          for (size_t p = 0; p < tune_traces.size(); ++p) {
-            trainer::SimulatedMethod m;
-            m.mode = configs[i].options.mode;
-            m.exit_layer = static_cast<int32_t>(configs[i].options.exit_layer);
-            m.draft_len = static_cast<int32_t>(configs[i].options.draft_len);
-            m.spec = configs[i].options.decision_spec;
-            std::unique_ptr<ExitController> ctl;
-            if (configs[i].make) ctl = configs[i].make(static_cast<int64_t>(p)), m.controller = ctl.get();
-            LEDE_ASSIGN_OR_RETURN(model::GenerationResult r, trainer::Simulate(tune_traces[p], m));
-            rounds.insert(rounds.end(), r.stats.rounds.begin(), r.stats.rounds.end());
-          }
-          const double s = cm->PredictedSpeedup(rounds);
-          if (s > best_speedup) best_speedup = s, best = i;
-        }
-        const Config& b = configs[best];
-        ControllerFactory factory;
-        if (b.make) factory = [make = b.make](int64_t i) { return make(i); };
-        jobs.push_back({method + " (best " + cm->name() + ")", b.label, b.options, factory});
-        PrintProgress(err, method + " tuned (" + std::to_string(configs.size()) + " configs)", 1, 1);
-        err << "\n";
-      }
-      return OkStatus();
-    };
-    GenerateOptions adaptive = ar;
-    adaptive.mode = model::SpeculationMode::kAdaptive;
-    adaptive.decision_spec = c.spec;
-    auto spec_with = [&](std::vector<int32_t> layers) {
-      GenerateOptions o = adaptive;
-      o.decision_spec.candidate_layers = std::move(layers);
-      return o;
-    };
-    std::vector<std::pair<std::string, std::function<std::vector<Config>(const model::CostModel&)>>> families;
-    if (has("static")) {
-      families.emplace_back("static", [&](const model::CostModel&) {
-        std::vector<Config> v;
-        for (int32_t e = 1; e < L; ++e) {
-          for (int32_t d = 1; d <= static_max_draft; ++d) {
-            GenerateOptions o = ar;
-            o.mode = model::SpeculationMode::kStatic;
-            o.exit_layer = e;
-            o.draft_len = d;
-            o.decision_spec.max_draft_len = static_max_draft;
-            v.push_back({"E=" + std::to_string(e) + " D=" + std::to_string(d), o, nullptr});
-          }
-        }
-        return v;
-      });
-    }
-    if (has("threshold")) {
-      families.emplace_back("threshold", [&](const model::CostModel&) {
-        std::vector<Config> v;
-        for (float lambda : {0.3f, 0.5f, 0.7f, 0.8f, 0.9f, 0.95f}) {
-          for (float tau : {0.3f, 0.4f, 0.5f, 0.6f, 0.7f, 0.8f, 0.9f}) {
-            char buf[48];
-            std::snprintf(buf, sizeof(buf), "lambda=%.2f tau=%.2f", lambda, tau);
-            v.push_back({buf, adaptive, [lambda, tau](int64_t) {
-                           return std::make_unique<policy::ThresholdExitController>(lambda, tau);
-                         }});
-          }
-        }
-        return v;
-      });
-    }
-    // Calibrated acceptance: of the token a probe drafts (lookahead: the
-    // decision sees the next token's probe), and of the next token from the
-    // one just drafted (no lookahead: stopping costs no probe).
-    struct Calibration {
-      std::shared_ptr<const policy::AcceptanceModel> current, next;
-    };
-    auto calibrate = [&](const std::vector<trainer::ShadowTrace>& traces) -> StatusOr<Calibration> {
-      Calibration cal;
-      LEDE_ASSIGN_OR_RETURN(auto current, policy::AcceptanceModel::Fit(AcceptanceSamples(traces, c.spec.trace_window, 0)));
-      LEDE_ASSIGN_OR_RETURN(auto next, policy::AcceptanceModel::Fit(AcceptanceSamples(traces, c.spec.trace_window, 1)));
-      cal.current = std::make_shared<const policy::AcceptanceModel>(std::move(current));
-      cal.next = std::make_shared<const policy::AcceptanceModel>(std::move(next));
-      return cal;
-    };
-    Calibration calibration;
-    if (has("calibrated") || has("del")) {
-      auto fitted = calibrate(tune_traces);
-      if (!fitted.ok()) {
-        err << "lede-bench bench: " << fitted.status().message() << "\n";
-        return 1;
-      }
-      calibration = *fitted;
-    }
-    auto calibrated_configs = [&](const Calibration& cal, const model::CostModel& cm) {
-      std::vector<Config> v;
-      auto costs = RoundCostsOf(cm, L, D);
-      for (bool lookahead : {true, false}) {
-        for (int32_t e = 1; e < L; ++e) {
-          for (double rho : {0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.4, 2.8}) {
-            char buf[64];
-            std::snprintf(buf, sizeof(buf), "E=%d rho=%.1f%s", e, rho, lookahead ? " lookahead" : "");
-            GenerateOptions o = spec_with({e});
-            o.decision_spec.lookahead_probe = lookahead;
-            v.push_back({buf, o, [cal, e, rho, costs, lookahead](int64_t) {
-                           return std::make_unique<policy::CalibratedStopController>(cal.current, e, rho, costs,
-                                                                                     lookahead, cal.next);
-                         }});
-          }
-        }
-      }
-      return v;
-    };
-    if (has("calibrated")) {
-      families.emplace_back("calibrated", [&](const model::CostModel& cm) { return calibrated_configs(calibration, cm); });
-    }
-    if (has("del")) {
-      families.emplace_back("del", [&](const model::CostModel& cm) {
-        std::vector<Config> v;
-        auto costs = RoundCostsOf(cm, L, D);
-        std::vector<double> rates(L + 1, 0.0);
-        for (int32_t l = 1; l < L; ++l) rates[l] = calibration.current->BaseRate(l);
-        for (float tau : {0.0f, 0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f}) {
-          char buf[32];
-          std::snprintf(buf, sizeof(buf), "tau=%.1f", tau);
-          v.push_back({buf, spec_with(all_layers), [rates, all_layers, D, tau, costs](int64_t) {
-                         return std::make_unique<policy::DelController>(rates, all_layers, D, tau, costs);
-                       }});
-        }
-        return v;
-      });
-    }
-    if (has("adaedl")) {
-      families.emplace_back("adaedl", [&](const model::CostModel&) {
-        std::vector<Config> v;
-        for (int32_t e = 1; e < L; ++e) {
-          for (float gamma : {0.1f, 0.25f, 0.5f}) {
-            for (float lambda : {0.2f, 0.35f, 0.5f, 0.65f}) {
-              char buf[48];
-              std::snprintf(buf, sizeof(buf), "E=%d gamma=%.2f lambda=%.2f", e, gamma, lambda);
-              v.push_back({buf, spec_with({e}), [e, gamma, lambda](int64_t) {
-                             return std::make_unique<policy::AdaEdlController>(e, gamma, lambda);
-                           }});
-            }
-          }
-        }
-        return v;
-      });
-    }
-    for (const auto& [name, configs_for] : families) {
-      if (Status s = tune(name, configs_for); !s.ok()) {
-        err << "lede-bench bench: " << name << ": " << s.message() << "\n";
-        return 1;
-      }
-    }
-    for (const std::string& item : SplitList(fixed_static)) {
-      const size_t colon = item.find(':');
-      int32_t e = 0, d = 0;
-      if (colon == std::string::npos || std::sscanf(item.c_str(), "%d:%d", &e, &d) != 2 || e < 1 || e >= L || d < 1 ||
-          d > static_max_draft) {
-        err << "lede-bench bench: --static-configs: \"" << item << "\" is not E:D with E in [1, " << L - 1
-            << "] and D in [1, " << static_max_draft << "]\n";
-        return 2;
-      }
-      GenerateOptions o = ar;
-      o.mode = model::SpeculationMode::kStatic;
-      o.exit_layer = e;
-      o.draft_len = d;
-      jobs.push_back({"static (given)", "E=" + std::to_string(e) + " D=" + std::to_string(d), o, nullptr});
-    }
-    if (has("lede")) {
-      for (const policy::dqn::Artifact& a : artifacts) {
-        policy::dqn::MethodContext context;
-        context.n_layers = L;
-        context.max_draft_len = std::numeric_limits<int32_t>::max();  // the artifact's own D_max
-        context.artifact = std::make_shared<const policy::dqn::Artifact>(a);
-        speculation::MethodSpec spec;
-        spec.method = speculation::SpeculationMethod::kLede;
-        StatusOr<policy::dqn::MethodPlan> plan = policy::dqn::PlanMethod(spec, context);
-        if (!plan.ok()) {
-          err << "lede bench: " << plan.status().message() << "\n";
-          return 1;
-        }
-        GenerateOptions o = adaptive;
-        o.decision_spec = plan->decision_spec;
-        const std::string version = a.metadata.version;
-        auto dqn = [plan = *plan](int64_t) { return plan.MakeController(); };
-        const std::string label = "lede " + a.metadata.version;
-        jobs.push_back({label, version + " (" + a.metadata.reward_cost_model + ")", o, dqn});
-        // Ablations: no dynamic exit (l* fixed at the policy's most used exit
-        // layer) and no adaptive length (D fixed at its mean draft length),
-        // both read off an exact replay of the policy on the evaluation split.
-        std::map<int32_t, int64_t> exit_counts;
-        double drafted = 0, drafting_rounds = 0;
-        for (size_t p = 0; p < eval_traces.size(); ++p) {
-          std::unique_ptr<ExitController> ctl = dqn(static_cast<int64_t>(p));
-          trainer::SimulatedMethod m;
-          m.mode = model::SpeculationMode::kAdaptive;
-          m.controller = ctl.get();
-          m.spec = o.decision_spec;
-          auto r = trainer::Simulate(eval_traces[p], m);
-          if (!r.ok()) {
-            err << "lede-bench bench: " << r.status().message() << "\n";
-            return 1;
-          }
-          for (const auto& round : r->stats.rounds) {
-            if (round.n_drafted > 0) ++exit_counts[round.exit_layer], drafted += round.n_drafted, ++drafting_rounds;
-          }
-        }
-        int32_t top_exit = 0;
-        int64_t top_count = -1;
-        for (auto [l, n] : exit_counts) {
-          if (n > top_count) top_exit = l, top_count = n;
-        }
-        const int32_t mean_d = std::max(1, static_cast<int32_t>(std::lround(drafted / std::max(1.0, drafting_rounds))));
-        if (top_exit > 0) {
-          auto fixed_exit = [dqn, top_exit](int64_t i) -> std::unique_ptr<ExitController> {
-            return std::make_unique<AblatedController>(dqn(i), top_exit, 0);
-          };
-          auto fixed_len = [dqn, mean_d](int64_t i) -> std::unique_ptr<ExitController> {
-            return std::make_unique<AblatedController>(dqn(i), 0, mean_d);
-          };
-          jobs.push_back({label + " fixed exit", "l*=" + std::to_string(top_exit), o, fixed_exit});
-          jobs.push_back({label + " fixed length", "D=" + std::to_string(mean_d), o, fixed_len});
-        }
-      }
-    }
-    // The interleaved evaluation runs.
-    std::vector<Totals> totals(jobs.size());
-    for (int64_t rep = 0; rep < cf.repeats; ++rep) {
-      for (size_t p = 0; p < set.eval.size(); ++p) {
-        PrintProgress(err, "evaluation, pass " + std::to_string(rep + 1), p, set.eval.size());
-        for (size_t k = 0; k < jobs.size(); ++k) {
-          const size_t j = (k + p + static_cast<size_t>(rep)) % jobs.size();  // rotating order
-          GenerateOptions o = jobs[j].options;
-          std::unique_ptr<ExitController> ctl;
-          if (jobs[j].factory) ctl = jobs[j].factory(static_cast<int64_t>(p)), o.controller = ctl.get();
-          auto r = c.engine->Generate(set.eval[p], o);
-          if (!r.ok()) {
-            err << "lede-bench bench: " << jobs[j].method << ": " << r.status().message() << "\n";
-            return 1;
-          }
-          Totals& t = totals[j];
-          t.tokens += r->stats.n_generated - 1;
-          t.decode_s += r->stats.decode_s;
-          if (rep == 0) {  // greedy: every pass makes the same rounds
-            t.drafted += r->stats.n_drafted;
-            t.accepted += r->stats.n_accepted;
-            for (const auto& round : r->stats.rounds) {
-              if (round.n_drafted > 0) ++t.exit_counts[round.exit_layer];
-            }
-            t.rounds.insert(t.rounds.end(), r->stats.rounds.begin(), r->stats.rounds.end());
-            t.exact += r->tokens == ar_eval->outputs[p] ? 1 : 0;
-            ++t.prompts;
-          }
-        }
-      }
-    }
-    err << "\n";
-    double ar_tps = 0;
-    for (size_t j = 0; j < jobs.size(); ++j) {
-      if (jobs[j].method == "ar") ar_tps = totals[j].tokens_per_s();
-    }
-    if (ar_tps <= 0) ar_tps = ar_eval->tokens_per_s();
-    nlohmann::json rows = nlohmann::json::array();
-    for (size_t j = 0; j < jobs.size(); ++j) {
-      const Totals& t = totals[j];
-      rows.push_back({{"method", jobs[j].method},
-                      {"config", jobs[j].config},
-                      {"tokens_per_s", t.tokens_per_s()},
-                      {"measured_speedup", t.tokens_per_s() / ar_tps},
-                      {"predicted_speedup_accelerator", c.accelerator->PredictedSpeedup(t.rounds)},
-                      {"predicted_speedup_measured", c.measured->PredictedSpeedup(t.rounds)},
-                      {"acceptance_rate", t.acceptance()},
-                      {"tokens_per_round", t.tokens_per_round()},
-                      {"mean_exit_layer", t.mean_exit()},
-                      {"mean_draft_len", t.mean_draft()},
-                      {"exact_match_rate", t.prompts ? static_cast<double>(t.exact) / t.prompts : 0.0}});
-    }
-    // Ceilings on the evaluation split per cost model: the calibrated one
-    // (the calibrated stopping rule with acceptance probabilities fitted on
-    // the evaluation traces themselves and its exit layer and rho chosen
-    // there: a policy that knows each token's calibrated acceptance
-    // probability, but not the outcome) and the hindsight oracle.
-    nlohmann::json oracle, calibrated_ceiling;
-    auto in_sample = calibrate(eval_traces);
-    for (const model::CostModel* cm : cost_models) {
-      double tokens = 0, cost = 0;
-      for (const trainer::ShadowTrace& t : eval_traces) {
-        auto [n, k] = OracleCost(t, static_max_draft, *cm);
-        tokens += n;
-        cost += k;
-      }
-      oracle[cm->name()] = cost > 0 ? tokens / cost : 1.0;
-      double best = 0;
-      if (in_sample.ok()) {
-        for (const Config& cfg : calibrated_configs(*in_sample, *cm)) {
-          auto s = trainer::SimulatedSpeedup(eval_traces, cfg.options.decision_spec, cfg.make, *cm);
-          if (s.ok()) best = std::max(best, *s);
-        }
-      }
-      calibrated_ceiling[cm->name()] = best;
-    }
-
-    // Table.
-    char line[512];
-    out << "\n== " << set.name << " (evaluation split: " << set.eval.size() << " prompts x " << cf.new_tokens
-        << " tokens, " << cf.repeats << " interleaved passes; AR " << static_cast<int64_t>(ar_tps)
-        << " tokens/s; baselines tuned by replay on the "
-        << set.tuning.size() << " tuning prompts)\n";
-    std::snprintf(line, sizeof(line), "%-34s %-26s %7s %8s %10s %11s %7s %7s %6s %6s %6s\n", "method", "config",
-                  "tok/s", "measured", "pred.accel", "pred.measrd", "accept", "tok/rnd", "mean E", "mean D", "exact");
-    out << line;
-    for (const auto& r : rows) {
-      std::snprintf(line, sizeof(line), "%-34s %-26s %7.0f %7.2fx %9.2fx %10.2fx %7.3f %7.2f %6.2f %6.2f %6.2f\n",
-                    r["method"].get<std::string>().c_str(), r["config"].get<std::string>().c_str(),
-                    r["tokens_per_s"].get<double>(), r["measured_speedup"].get<double>(),
-                    r["predicted_speedup_accelerator"].get<double>(), r["predicted_speedup_measured"].get<double>(),
-                    r["acceptance_rate"].get<double>(), r["tokens_per_round"].get<double>(),
-                    r["mean_exit_layer"].get<double>(), r["mean_draft_len"].get<double>(),
-                    r["exact_match_rate"].get<double>());
-      out << line;
-    }
-    std::snprintf(line, sizeof(line), "%-34s %-26s %7s %8s %9.2fx %10.2fx\n", "ceiling: calibrated (in-sample)", "",
-                  "-", "-", calibrated_ceiling["accelerator"].get<double>(),
-                  calibrated_ceiling["measured"].get<double>());
-    out << line;
-    std::snprintf(line, sizeof(line), "%-34s %-26s %7s %8s %9.2fx %10.2fx\n", "ceiling: hindsight oracle", "", "-",
-                  "-", oracle["accelerator"].get<double>(), oracle["measured"].get<double>());
-    out << line << std::flush;
-    report["sets"][set.name] = {{"rows", rows},
-                                {"hindsight_oracle", oracle},
-                                {"calibrated_ceiling", calibrated_ceiling},
-                                {"ar_tokens_per_s", ar_tps},
-                                {"interleaved_passes", cf.repeats},
-                                {"tuning_prompts", set.tuning.size()},
-                                {"eval_prompts", set.eval.size()}};
+    report["sets"][set.name] = *set_report;
   }
   if (!json_path.empty()) {
     std::ofstream(json_path) << report.dump(2) << "\n";

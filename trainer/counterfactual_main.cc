@@ -51,6 +51,86 @@ int Fail(const Status& s) {
   return s.code() == lede::StatusCode::kInternal ? 1 : 2;
 }
 
+// The reward's cost model: the accelerator model, or the measured one
+// (--calibration, default <model>/calibration-cpu.json).
+StatusOr<std::unique_ptr<lede::model::CostModel>> MakeCostModel(const Flags& fl, const lede::model::LlamaModel& model) {
+  if (fl.cost_model == "accelerator") return lede::model::MakeAcceleratorCostModel(model.config());
+  if (fl.cost_model == "measured") {
+    const std::string path = fl.calibration.empty() ? fl.model + "/calibration-cpu.json" : fl.calibration;
+    auto cal = lede::model::ReadCalibrationFile(path);
+    if (!cal.ok()) return cal.status();
+    return lede::model::MakeMeasuredCostModel(*cal);
+  }
+  return lede::InvalidArgumentError("--cost-model: want accelerator or measured");
+}
+
+// The training requests: the tuning splits of --prompts, then --extra-prompts
+// (both halves) minus those that begin like a prompt of --exclude-prompts.
+Status CollectPrompts(const Flags& fl, const lede::tokenizer::Tokenizer& tok, std::vector<std::vector<int32_t>>* prompts,
+                      std::vector<std::string>* ids) {
+  for (const std::string& path : lede::flags::SplitList(fl.prompts)) {
+    auto set = lede::trainer::LoadPromptSet(path, tok, fl.per_set, fl.prompt_tokens, fl.max_prompt_tokens);
+    if (!set.ok()) return set.status();
+    for (size_t i = 0; i < set->tuning.size(); ++i) {
+      prompts->push_back(set->tuning[i]);
+      ids->push_back(set->name + ":" + std::to_string(i));
+    }
+  }
+  // Extra prompts that begin like any prompt of --exclude-prompts (the
+  // evaluation sets, both splits) are dropped: corpus files hold the
+  // documents the evaluation prompts were cut from.
+  constexpr size_t kPrefix = 16;
+  std::set<std::vector<int32_t>> excluded;
+  for (const std::string& path : lede::flags::SplitList(fl.exclude_prompts)) {
+    auto set = lede::trainer::LoadPromptSet(path, tok, 1 << 20, fl.prompt_tokens, fl.max_prompt_tokens);
+    if (!set.ok()) return set.status();
+    for (const auto* half : {&set->tuning, &set->eval}) {
+      for (const auto& p : *half) excluded.emplace(p.begin(), p.begin() + std::min(kPrefix, p.size()));
+    }
+  }
+  int64_t n_excluded = 0;
+  for (const std::string& path : lede::flags::SplitList(fl.extra_prompts)) {
+    // All of an extra file's prompts train (they must not be evaluation data).
+    auto set = lede::trainer::LoadPromptSet(path, tok, 2 * fl.extra_count, fl.prompt_tokens, fl.max_prompt_tokens);
+    if (!set.ok()) return set.status();
+    for (const auto* half : {&set->tuning, &set->eval}) {
+      for (const auto& p : *half) {
+        if (excluded.count(std::vector<int32_t>(p.begin(), p.begin() + std::min(kPrefix, p.size())))) {
+          ++n_excluded;
+          continue;
+        }
+        prompts->push_back(p);
+        ids->push_back(set->name + ":x" + std::to_string(ids->size()));
+      }
+    }
+  }
+  if (n_excluded > 0) std::fprintf(stderr, "%lld extra prompts dropped (they begin like an excluded prompt)\n",
+                                   static_cast<long long>(n_excluded));
+  return lede::OkStatus();
+}
+
+// training_report.json: the Dinkelbach iterations and the static references.
+nlohmann::json TrainingReport(const lede::model::CostModel& cost, const lede::trainer::DinkelbachResult& result,
+                              const lede::trainer::StaticChoice& sel_static, size_t n_train, size_t n_selection) {
+  nlohmann::json report;
+  report["cost_model"] = cost.name();
+  report["best_static_train"] = {{"config", result.best_static}, {"speedup", result.best_static_train_speedup}};
+  report["selected_iteration"] = result.selected_iteration;
+  report["best_static_selection"] = {{"config", "E=" + std::to_string(sel_static.exit_layer) + " D=" +
+                                                    std::to_string(sel_static.draft_len)},
+                                     {"speedup", sel_static.speedup}};
+  for (const auto& it : result.iterations) {
+    report["iterations"].push_back({{"iteration", it.iteration},
+                                    {"rho", it.rho},
+                                    {"transitions", it.transitions},
+                                    {"train_speedup", it.train_speedup},
+                                    {"selection_speedup", it.selection_speedup},
+                                    {"seconds", it.seconds}});
+  }
+  report["requests"] = {{"train", n_train}, {"selection", n_selection}};
+  return report;
+}
+
 int Run(const Flags& fl) {
   at::set_num_threads(static_cast<int>(fl.threads));
   auto tok_path = lede::tokenizer::FindTokenizerFile(fl.model);
@@ -65,17 +145,9 @@ int Run(const Flags& fl) {
   auto engine = lede::model::Engine::Create(model, ko);
   if (!engine.ok()) return Fail(engine.status());
 
-  std::unique_ptr<lede::model::CostModel> cost;
-  if (fl.cost_model == "accelerator") {
-    cost = lede::model::MakeAcceleratorCostModel(model->config());
-  } else if (fl.cost_model == "measured") {
-    const std::string path = fl.calibration.empty() ? fl.model + "/calibration-cpu.json" : fl.calibration;
-    auto cal = lede::model::ReadCalibrationFile(path);
-    if (!cal.ok()) return Fail(cal.status());
-    cost = lede::model::MakeMeasuredCostModel(*cal);
-  } else {
-    return Fail(lede::InvalidArgumentError("--cost-model: want accelerator or measured"));
-  }
+  auto cost_or = MakeCostModel(fl, *model);
+  if (!cost_or.ok()) return Fail(cost_or.status());
+  std::unique_ptr<lede::model::CostModel> cost = std::move(*cost_or);
   lede::trainer::DinkelbachOptions o;
   if (fl.reward != "throughput" && fl.reward != "paper") {
     return Fail(lede::InvalidArgumentError("--reward: want throughput or paper"));
@@ -103,44 +175,7 @@ int Run(const Flags& fl) {
   // Requests: tuning splits of the prompt sets, then the extra prompts.
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> ids;
-  for (const std::string& path : lede::flags::SplitList(fl.prompts)) {
-    auto set = lede::trainer::LoadPromptSet(path, **tok, fl.per_set, fl.prompt_tokens, fl.max_prompt_tokens);
-    if (!set.ok()) return Fail(set.status());
-    for (size_t i = 0; i < set->tuning.size(); ++i) {
-      prompts.push_back(set->tuning[i]);
-      ids.push_back(set->name + ":" + std::to_string(i));
-    }
-  }
-  // Extra prompts that begin like any prompt of --exclude-prompts (the
-  // evaluation sets, both splits) are dropped: corpus files hold the
-  // documents the evaluation prompts were cut from.
-  constexpr size_t kPrefix = 16;
-  std::set<std::vector<int32_t>> excluded;
-  for (const std::string& path : lede::flags::SplitList(fl.exclude_prompts)) {
-    auto set = lede::trainer::LoadPromptSet(path, **tok, 1 << 20, fl.prompt_tokens, fl.max_prompt_tokens);
-    if (!set.ok()) return Fail(set.status());
-    for (const auto* half : {&set->tuning, &set->eval}) {
-      for (const auto& p : *half) excluded.emplace(p.begin(), p.begin() + std::min(kPrefix, p.size()));
-    }
-  }
-  int64_t n_excluded = 0;
-  for (const std::string& path : lede::flags::SplitList(fl.extra_prompts)) {
-    // All of an extra file's prompts train (they must not be evaluation data).
-    auto set = lede::trainer::LoadPromptSet(path, **tok, 2 * fl.extra_count, fl.prompt_tokens, fl.max_prompt_tokens);
-    if (!set.ok()) return Fail(set.status());
-    for (const auto* half : {&set->tuning, &set->eval}) {
-      for (const auto& p : *half) {
-        if (excluded.count(std::vector<int32_t>(p.begin(), p.begin() + std::min(kPrefix, p.size())))) {
-          ++n_excluded;
-          continue;
-        }
-        prompts.push_back(p);
-        ids.push_back(set->name + ":x" + std::to_string(ids.size()));
-      }
-    }
-  }
-  if (n_excluded > 0) std::fprintf(stderr, "%lld extra prompts dropped (they begin like an excluded prompt)\n",
-                                   static_cast<long long>(n_excluded));
+  if (Status st = CollectPrompts(fl, **tok, &prompts, &ids); !st.ok()) return Fail(st);
   if (prompts.size() < 4) return Fail(lede::InvalidArgumentError("--prompts: fewer than 4 training requests"));
   std::vector<lede::trainer::ShadowTrace> train, selection;
   const size_t every = std::max<size_t>(2, static_cast<size_t>(std::lround(1.0 / std::max(0.05, fl.selection_fraction))));
@@ -184,22 +219,7 @@ int Run(const Flags& fl) {
   artifact.metadata.offline_metrics["best_static_train_speedup"] = result->best_static_train_speedup;
   if (Status s = lede::policy::dqn::SaveArtifact(fl.out, artifact, fl.overwrite); !s.ok()) return Fail(s);
 
-  nlohmann::json report;
-  report["cost_model"] = cost->name();
-  report["best_static_train"] = {{"config", result->best_static}, {"speedup", result->best_static_train_speedup}};
-  report["selected_iteration"] = result->selected_iteration;
-  report["best_static_selection"] = {{"config", "E=" + std::to_string(sel_static->exit_layer) + " D=" +
-                                                    std::to_string(sel_static->draft_len)},
-                                     {"speedup", sel_static->speedup}};
-  for (const auto& it : result->iterations) {
-    report["iterations"].push_back({{"iteration", it.iteration},
-                                    {"rho", it.rho},
-                                    {"transitions", it.transitions},
-                                    {"train_speedup", it.train_speedup},
-                                    {"selection_speedup", it.selection_speedup},
-                                    {"seconds", it.seconds}});
-  }
-  report["requests"] = {{"train", train.size()}, {"selection", selection.size()}};
+  const nlohmann::json report = TrainingReport(*cost, *result, *sel_static, train.size(), selection.size());
   std::ofstream(fl.out + "/training_report.json") << report.dump(2) << "\n";
   std::printf("wrote %s (selected iteration %d: rho %.4f, selection %.4fx; best static on training %s %.4fx)\n",
               fl.out.c_str(), result->selected_iteration, sel.rho, sel.selection_speedup, result->best_static.c_str(),

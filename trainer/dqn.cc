@@ -288,6 +288,72 @@ std::vector<Transition> Usable(const std::vector<Transition>& all, int64_t* drop
   return ts;
 }
 
+// The held-out split: whole requests (with >= 10 requests) or whole
+// episodes, `fraction` of them (at least one when there are two or more,
+// never all), drawn with `rng`.
+struct HeldOutSplit {
+  std::vector<size_t> train_rows, held_rows;
+  int64_t n_train_episodes = 0, n_heldout_episodes = 0, n_requests = 0;
+  std::vector<std::string> behaviour_versions;  // sorted
+};
+
+HeldOutSplit SplitHeldOut(const std::vector<Transition>& ts, const Episodes& episodes, double fraction,
+                          std::mt19937_64& rng) {
+  std::set<std::string> request_set;
+  std::set<std::string> versions;
+  for (const Transition& t : ts) {
+    request_set.insert(t.request_id);
+    versions.insert(t.policy_version);
+  }
+  const bool by_request = request_set.size() >= 10;
+  std::vector<std::string> units_req(request_set.begin(), request_set.end());
+  std::vector<EpisodeKey> units_ep;
+  for (const auto& [key, e] : episodes) units_ep.push_back(key);
+  const size_t n_units = by_request ? units_req.size() : units_ep.size();
+  size_t n_hold = static_cast<size_t>(std::floor(fraction * n_units + 0.5));
+  if (fraction > 0 && n_units >= 2) n_hold = std::max<size_t>(n_hold, 1);
+  if (n_hold >= n_units) n_hold = n_units - 1;  // keep something to train on
+
+  std::set<std::string> held_req;
+  std::set<EpisodeKey> held_ep;
+  if (by_request) {
+    Shuffle(units_req, rng);
+    held_req.insert(units_req.begin(), units_req.begin() + n_hold);
+  } else {
+    Shuffle(units_ep, rng);
+    held_ep.insert(units_ep.begin(), units_ep.begin() + n_hold);
+  }
+  HeldOutSplit split;
+  for (const auto& [key, e] : episodes) {
+    const bool held = by_request ? held_req.count(key.first) > 0 : held_ep.count(key) > 0;
+    std::vector<size_t>& dst = held ? split.held_rows : split.train_rows;
+    dst.insert(dst.end(), e.begin(), e.end());
+    ++(held ? split.n_heldout_episodes : split.n_train_episodes);
+  }
+  split.n_requests = static_cast<int64_t>(request_set.size());
+  split.behaviour_versions.assign(versions.begin(), versions.end());
+  return split;
+}
+
+// An epoch's report from the metrics on the training and held-out sets.
+DqnEpochReport EpochReport(const SetMetrics& tr, const SetMetrics& ho) {
+  DqnEpochReport r;
+  r.mean_max_q = tr.mean_max_q;
+  r.exit_fraction_phase1 = tr.exit1;
+  r.exit_fraction_phase2 = tr.exit2;
+  r.action_agreement = tr.agreement;
+  r.heldout_td_loss = ho.td_loss;
+  r.heldout_action_agreement = ho.agreement;
+  r.heldout_exit_fraction_phase1 = ho.exit1;
+  r.heldout_exit_fraction_phase2 = ho.exit2;
+  r.heldout_behaviour_reward = ho.behaviour_reward;
+  r.heldout_matched_reward = ho.matched_reward;
+  r.heldout_behaviour_return = ho.behaviour_return;
+  r.heldout_matched_return = ho.matched_return;
+  r.heldout_matched_episodes = ho.matched_episodes;
+  return r;
+}
+
 StatusOr<DqnResult> TrainDqnImpl(const std::vector<Transition>& all, const DqnOptions& o,
                                  const DqnEpochCallback& on_epoch) {
   const auto start = Clock::now();
@@ -303,39 +369,10 @@ StatusOr<DqnResult> TrainDqnImpl(const std::vector<Transition>& all, const DqnOp
 
   // Held-out split by request (>= 10 requests) or by episode.
   const Episodes episodes = GroupEpisodes(ts, AllRows(ts.size()));
-  std::set<std::string> request_set;
-  std::set<std::string> versions;
-  for (const Transition& t : ts) {
-    request_set.insert(t.request_id);
-    versions.insert(t.policy_version);
-  }
-  const bool by_request = request_set.size() >= 10;
-  std::vector<std::string> units_req(request_set.begin(), request_set.end());
-  std::vector<EpisodeKey> units_ep;
-  for (const auto& [key, e] : episodes) units_ep.push_back(key);
-  const size_t n_units = by_request ? units_req.size() : units_ep.size();
-  size_t n_hold = static_cast<size_t>(std::floor(o.heldout_fraction * n_units + 0.5));
-  if (o.heldout_fraction > 0 && n_units >= 2) n_hold = std::max<size_t>(n_hold, 1);
-  if (n_hold >= n_units) n_hold = n_units - 1;  // keep something to train on
-
   std::mt19937_64 rng(o.seed);
-  std::set<std::string> held_req;
-  std::set<EpisodeKey> held_ep;
-  if (by_request) {
-    Shuffle(units_req, rng);
-    held_req.insert(units_req.begin(), units_req.begin() + n_hold);
-  } else {
-    Shuffle(units_ep, rng);
-    held_ep.insert(units_ep.begin(), units_ep.begin() + n_hold);
-  }
-  std::vector<size_t> train_rows, held_rows;
-  int64_t n_train_ep = 0, n_held_ep = 0;
-  for (const auto& [key, e] : episodes) {
-    const bool held = by_request ? held_req.count(key.first) > 0 : held_ep.count(key) > 0;
-    std::vector<size_t>& dst = held ? held_rows : train_rows;
-    dst.insert(dst.end(), e.begin(), e.end());
-    ++(held ? n_held_ep : n_train_ep);
-  }
+  const HeldOutSplit split = SplitHeldOut(ts, episodes, o.heldout_fraction, rng);
+  const std::vector<size_t>& train_rows = split.train_rows;
+  const std::vector<size_t>& held_rows = split.held_rows;
 
   const std::vector<NStepTarget> targets = ComputeNStepTargets(ts, o.gamma, o.n_step);
   ThreadCountGuard threads(o.num_threads);
@@ -378,23 +415,10 @@ StatusOr<DqnResult> TrainDqnImpl(const std::vector<Transition>& all, const DqnOp
     }
     const SetMetrics tr = Evaluate(online, target, train, ts, o.huber_delta);
     const SetMetrics ho = Evaluate(online, target, held, ts, o.huber_delta);
-    DqnEpochReport r;
+    DqnEpochReport r = EpochReport(tr, ho);
     r.epoch = epoch;
     r.steps = steps;
     r.td_loss = n_train ? loss_sum / n_train : kNaN;
-    r.mean_max_q = tr.mean_max_q;
-    r.exit_fraction_phase1 = tr.exit1;
-    r.exit_fraction_phase2 = tr.exit2;
-    r.action_agreement = tr.agreement;
-    r.heldout_td_loss = ho.td_loss;
-    r.heldout_action_agreement = ho.agreement;
-    r.heldout_exit_fraction_phase1 = ho.exit1;
-    r.heldout_exit_fraction_phase2 = ho.exit2;
-    r.heldout_behaviour_reward = ho.behaviour_reward;
-    r.heldout_matched_reward = ho.matched_reward;
-    r.heldout_behaviour_return = ho.behaviour_return;
-    r.heldout_matched_return = ho.matched_return;
-    r.heldout_matched_episodes = ho.matched_episodes;
     r.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
     result.epochs.push_back(r);
     if (on_epoch) on_epoch(r);
@@ -409,12 +433,12 @@ StatusOr<DqnResult> TrainDqnImpl(const std::vector<Transition>& all, const DqnOp
   result.n_dropped = dropped;
   result.n_duplicates = duplicates;
   result.n_episodes = static_cast<int64_t>(episodes.size());
-  result.n_requests = static_cast<int64_t>(request_set.size());
+  result.n_requests = split.n_requests;
   result.n_train_transitions = n_train;
   result.n_heldout_transitions = static_cast<int64_t>(held.rows.size());
-  result.n_train_episodes = n_train_ep;
-  result.n_heldout_episodes = n_held_ep;
-  result.behaviour_versions.assign(versions.begin(), versions.end());
+  result.n_train_episodes = split.n_train_episodes;
+  result.n_heldout_episodes = split.n_heldout_episodes;
+  result.behaviour_versions = split.behaviour_versions;
   return result;
 }
 

@@ -186,6 +186,35 @@ Status WriteRetrainState(const std::string& path, const RetrainState& state) {
 
 // --- the replay evaluation's engine ---------------------------------------------
 
+namespace {
+
+// What one RunOnce() gathers, step by step (the numbered steps below).
+struct RetrainRun {
+  // 1. shards under the prefix (List's order), split by the state checkpoint
+  std::string prefix;
+  std::vector<std::string> keys, new_keys, old_keys;
+  // 3. the replay window and what reading it found
+  std::vector<Transition> window;
+  std::vector<std::string> used_keys, window_sorted;
+  int64_t n_read = 0, n_bad_shards = 0, other_model = 0, other_cost = 0, n_new = 0;
+  json bad_shards = json::array();
+  // 4. the held-out split
+  std::vector<Transition> train, held;
+  std::string split_unit = "request";
+  // 5-6. training and evaluation
+  DqnOptions dqn;
+  json epochs = json::array();
+  DqnResult trained;
+  OfflinePolicyMetrics off_serving, off_candidate;
+  json replay;
+  // 7. the decision
+  std::string metric_name = "heldout_matched_return";
+  double cand_metric = 0, serv_metric = 0;
+  bool publish = false;
+};
+
+}  // namespace
+
 struct Retrainer::Impl {
   std::unique_ptr<storage::ObjectStore> store;
   // Replay (lazily loaded on the first run that needs it).
@@ -193,6 +222,12 @@ struct Retrainer::Impl {
   std::unique_ptr<model::Engine> engine;
   std::vector<std::vector<int32_t>> prompts;
   std::map<std::string, std::unique_ptr<model::CostModel>> cost_models;  // by name
+
+  // 6b of RunOnce(): replays held-out prompts through the in-process engine
+  // (autoregressive, the serving policy, the candidate); the decision metric
+  // becomes the predicted speed-up under the reward's cost model.
+  Status ReplayCandidate(const RetrainOptions& o, const policy::dqn::PolicyMetadata& smeta,
+                         policy::dqn::Artifact* candidate, RetrainRun* run);
 
   Status LoadReplay(const RetrainOptions& o, const model::DecisionSpec& spec) {
     if (engine != nullptr) return OkStatus();
@@ -296,6 +331,301 @@ std::string Retrainer::state_path() const {
   return (fs::path(options_.policy_root) / kRetrainStateFile).string();
 }
 
+namespace {
+
+// 1. The experience shards under `prefix`, new (not in `state`) and old.
+Status ListShards(storage::ObjectStore& store, const RetrainState& state, RetrainRun* run) {
+  LEDE_ASSIGN_OR_RETURN(std::vector<storage::ObjectInfo> listed, store.List(run->prefix));
+  const size_t suffix = std::strlen(experience::kShardSuffix);
+  for (const storage::ObjectInfo& info : listed) {
+    const std::string& k = info.key;
+    if (k.size() >= suffix && k.compare(k.size() - suffix, std::string::npos, experience::kShardSuffix) == 0) {
+      run->keys.push_back(k);
+    }
+  }
+  for (const std::string& k : run->keys) {
+    (state.processed_shards.count(k) ? run->old_keys : run->new_keys).push_back(k);
+  }
+  return OkStatus();
+}
+
+// 2-3. The replay window, most recent first (new shards, then old ones), read
+// and filtered to the serving policy's model and reward cost model.
+void ReadWindow(storage::ObjectStore& store, const RetrainOptions& o, const policy::dqn::PolicyMetadata& smeta,
+                RetrainRun* run) {
+  std::vector<std::string> order(run->new_keys.rbegin(), run->new_keys.rend());
+  order.insert(order.end(), run->old_keys.rbegin(), run->old_keys.rend());
+  if (static_cast<int64_t>(order.size()) > o.window_shards) order.resize(static_cast<size_t>(o.window_shards));
+  const std::set<std::string> new_set(run->new_keys.begin(), run->new_keys.end());
+  for (const std::string& key : order) {
+    if (static_cast<int64_t>(run->window.size()) >= o.window_transitions) break;
+    std::vector<Transition> ts;
+    StatusOr<std::string> bytes = store.Get(key);
+    if (!bytes.ok()) {
+      ++run->n_bad_shards;
+      run->bad_shards.push_back({{"key", key}, {"error", bytes.status().ToString()}});
+      continue;
+    }
+    const experience::ShardReport report = experience::DecodeShard(*bytes, key, &ts);
+    if (!report.error.empty()) {
+      ++run->n_bad_shards;
+      run->bad_shards.push_back({{"key", key}, {"records", report.records}, {"error", report.error}});
+    }
+    run->used_keys.push_back(key);
+    run->n_read += static_cast<int64_t>(ts.size());
+    const bool is_new = new_set.count(key) > 0;
+    for (Transition& t : ts) {
+      if (t.model_fingerprint != smeta.model_fingerprint) {
+        ++run->other_model;
+      } else if (t.reward_cost_model != smeta.reward_cost_model) {
+        ++run->other_cost;
+      } else {
+        run->n_new += is_new ? 1 : 0;
+        run->window.push_back(std::move(t));
+        if (static_cast<int64_t>(run->window.size()) >= o.window_transitions) break;
+      }
+    }
+  }
+  run->window_sorted = run->used_keys;
+  std::sort(run->window_sorted.begin(), run->window_sorted.end());
+}
+
+// Per behaviour policy version: transitions, requests, whether it explored.
+json BehaviourVersions(const std::vector<Transition>& window, const std::string& serving_version) {
+  json behaviour = json::object();
+  std::map<std::string, std::set<std::string>> requests;
+  std::map<std::string, int64_t> counts;
+  for (const Transition& t : window) {
+    ++counts[t.policy_version];
+    requests[t.policy_version].insert(t.request_id);
+  }
+  for (const auto& [v, n] : counts) {
+    behaviour[v] = {{"transitions", n},
+                    {"requests", static_cast<int64_t>(requests[v].size())},
+                    {"exploration", IsExploration(v)},
+                    {"serving", v == serving_version}};
+  }
+  return behaviour;
+}
+
+// 4. Split by request (by episode when that leaves a side empty).
+Status SplitHeldOut(double fraction, RetrainRun* run) {
+  auto split = [&](bool by_request) {
+    run->train.clear();
+    run->held.clear();
+    for (const Transition& t : run->window) {
+      const std::string unit = by_request ? t.request_id : t.request_id + "/" + std::to_string(t.round_index);
+      (HeldOut(unit, fraction) ? run->held : run->train).push_back(t);
+    }
+  };
+  split(true);
+  if (run->train.empty() || run->held.empty()) {
+    split(false);
+    run->split_unit = "episode";
+  }
+  if (run->train.empty() || run->held.empty()) {
+    return FailedPreconditionError("too little experience to hold some out: " + std::to_string(run->window.size()) +
+                                   " transitions");
+  }
+  return OkStatus();
+}
+
+// The candidate's name: "<prefix>-<n+1>" after the highest one in the policy
+// root or its candidates, or "r<UTC time>" (made unique) without a prefix.
+std::string CandidateVersion(const RetrainOptions& o) {
+  std::error_code ec;
+  auto taken = [&](const std::string& v) {
+    return fs::exists(fs::path(o.policy_root) / v, ec) || fs::exists(fs::path(o.policy_root) / kCandidatesDir / v, ec);
+  };
+  if (o.version_prefix.empty()) {
+    const std::string base = "r" + UtcNow("%Y%m%d-%H%M%S");
+    std::string version = base;
+    for (int k = 2; taken(version); ++k) version = base + "-" + std::to_string(k);
+    return version;
+  }
+  int64_t n = 0;
+  const std::string head = o.version_prefix + "-";
+  for (const fs::path& dir : {fs::path(o.policy_root), fs::path(o.policy_root) / kCandidatesDir}) {
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.compare(0, head.size(), head) != 0) continue;
+      const std::string tail = name.substr(head.size());
+      if (!tail.empty() && tail.size() < 18 && std::all_of(tail.begin(), tail.end(), ::isdigit)) {
+        n = std::max<int64_t>(n, std::stoll(tail));
+      }
+    }
+  }
+  return o.version_prefix + "-" + std::to_string(n + 1);
+}
+
+// The candidate artifact: the fine-tuned network, the serving policy's
+// model, decision spec and cost model, its data and offline metrics.
+policy::dqn::Artifact MakeCandidate(const RetrainRun& run, const policy::dqn::PolicyMetadata& smeta,
+                                    const std::string& version) {
+  policy::dqn::PolicyMetadata meta;
+  meta.version = version;
+  meta.model_fingerprint = smeta.model_fingerprint;
+  meta.decision = smeta.decision;
+  meta.reward_cost_model = smeta.reward_cost_model;
+  meta.training_data.first_shard = run.window_sorted.front();
+  meta.training_data.last_shard = run.window_sorted.back();
+  meta.training_data.n_shards = static_cast<int64_t>(run.window_sorted.size());
+  meta.training_data.n_bad_shards = run.n_bad_shards;
+  policy::dqn::Artifact candidate = MakeArtifact(run.trained, run.dqn, meta);
+  const OfflinePolicyMetrics& off = run.off_candidate;
+  candidate.metadata.training_data.n_heldout_transitions = off.n_transitions;
+  candidate.metadata.training_data.n_heldout_episodes = off.n_episodes;
+  std::map<std::string, double>& om = candidate.metadata.offline_metrics;
+  om["heldout_td_loss"] = off.td_loss;
+  om["heldout_action_agreement"] = off.action_agreement;
+  om["heldout_exit_fraction_phase1"] = off.exit_fraction_phase1;
+  om["heldout_exit_fraction_phase2"] = off.exit_fraction_phase2;
+  om["heldout_behaviour_reward"] = off.behaviour_reward;
+  om["heldout_matched_reward"] = off.matched_reward;
+  om["heldout_behaviour_return"] = off.behaviour_return;
+  om["heldout_matched_return"] = off.matched_return;
+  om["heldout_matched_episodes"] = static_cast<double>(off.matched_episodes);
+  return candidate;
+}
+
+// The retrain report (retrain_report.json, kReportFormat) of a decided run.
+json RetrainReport(const RetrainRun& run, const RetrainOptions& o, const RetrainOutcome& out,
+                   const policy::dqn::PolicyMetadata& smeta, const std::string& store_url) {
+  std::set<std::string> train_requests, held_requests;
+  for (const Transition& t : run.train) train_requests.insert(t.request_id);
+  for (const Transition& t : run.held) held_requests.insert(t.request_id);
+  int64_t n_explore = 0;
+  for (const Transition& t : run.window) n_explore += IsExploration(t.policy_version) ? 1 : 0;
+  const DqnOptions& dqn = run.dqn;
+  const json data = {
+      {"experience_url", store_url},
+      {"prefix", run.prefix},
+      {"n_shards_listed", static_cast<int64_t>(run.keys.size())},
+      {"n_new_shards", static_cast<int64_t>(run.new_keys.size())},
+      {"first_new_shard", run.new_keys.front()},
+      {"last_new_shard", run.new_keys.back()},
+      {"window", {{"n_shards", static_cast<int64_t>(run.used_keys.size())},
+                  {"first_shard", run.window_sorted.front()},
+                  {"last_shard", run.window_sorted.back()},
+                  {"max_shards", o.window_shards},
+                  {"max_transitions", o.window_transitions}}},
+      {"bad_shards", run.bad_shards},
+      {"n_transitions_read", run.n_read},
+      {"filtered_other_model", run.other_model},
+      {"filtered_other_cost_model", run.other_cost},
+      {"n_transitions", static_cast<int64_t>(run.window.size())},
+      {"n_new_transitions", run.n_new},
+      {"model_fingerprint", smeta.model_fingerprint},
+      {"reward_cost_model", smeta.reward_cost_model},
+      {"split", {{"unit", run.split_unit},
+                 {"heldout_fraction", o.heldout_fraction},
+                 {"train_transitions", static_cast<int64_t>(run.train.size())},
+                 {"train_requests", static_cast<int64_t>(train_requests.size())},
+                 {"heldout_transitions", static_cast<int64_t>(run.held.size())},
+                 {"heldout_requests", static_cast<int64_t>(held_requests.size())}}},
+      {"behaviour_versions", BehaviourVersions(run.window, smeta.version)},
+      {"exploration_transitions", n_explore},
+      {"greedy_transitions", static_cast<int64_t>(run.window.size()) - n_explore}};
+  const json training = {{"warm_start", smeta.version},
+                         {"epochs", dqn.epochs},
+                         {"lr", dqn.lr},
+                         {"batch_size", dqn.batch_size},
+                         {"gamma", dqn.gamma},
+                         {"n_step", dqn.n_step},
+                         {"seed", dqn.seed},
+                         {"n_train_transitions", run.trained.n_train_transitions},
+                         {"n_dropped", run.trained.n_dropped},
+                         {"n_duplicates", run.trained.n_duplicates},
+                         {"per_epoch", run.epochs}};
+  return {{"format", kReportFormat},
+          {"created_utc", UtcNow("%Y-%m-%dT%H:%M:%SZ")},
+          {"decision", RetrainDecisionName(out.decision)},
+          {"reason", out.reason},
+          {"serving_version", smeta.version},
+          {"candidate_version", out.candidate_version},
+          {"artifact_dir", out.artifact_dir},
+          {"decision_metric", run.metric_name},
+          {"publish_margin", std::isfinite(o.publish_margin) ? json(o.publish_margin)
+                                                             : json(o.publish_margin > 0 ? "inf" : "-inf")},
+          {"candidate_metric", run.cand_metric},
+          {"serving_metric", run.serv_metric},
+          {"improvement", run.cand_metric - run.serv_metric},
+          {"data", data},
+          {"off_policy",
+           "Q-learning targets use max_a Q_target(s', a), so transitions of any behaviour policy (the serving "
+           "version's greedy and epsilon-exploration records, older versions) are valid samples and all are "
+           "kept; records of other models or reward cost models are filtered; n-step returns (n = " +
+               std::to_string(dqn.n_step) +
+               ") follow the behaviour actions uncorrected; recency is bounded by the replay window"},
+          {"training", training},
+          {"offline", {{"serving", OfflineJson(run.off_serving)}, {"candidate", OfflineJson(run.off_candidate)}}},
+          {"replay", run.replay}};
+}
+
+// 8. The state checkpoint: every new shard has been trained on now; keys no
+// longer in the store are forgotten.
+RetrainState NextState(const RetrainState& state, const RetrainRun& run, const RetrainOutcome& out) {
+  RetrainState next;
+  const std::set<std::string> listed_set(run.keys.begin(), run.keys.end());
+  for (const std::string& k : state.processed_shards) {
+    if (listed_set.count(k)) next.processed_shards.insert(k);
+  }
+  next.processed_shards.insert(run.new_keys.begin(), run.new_keys.end());
+  next.last_version = out.candidate_version;
+  next.last_decision = RetrainDecisionName(out.decision);
+  next.last_run_utc = UtcNow("%Y-%m-%dT%H:%M:%SZ");
+  next.runs = state.runs + 1;
+  next.published = state.published + (run.publish ? 1 : 0);
+  return next;
+}
+
+}  // namespace
+
+Status Retrainer::Impl::ReplayCandidate(const RetrainOptions& o, const policy::dqn::PolicyMetadata& smeta,
+                                        policy::dqn::Artifact* candidate, RetrainRun* run_ptr) {
+  RetrainRun& run = *run_ptr;
+  LEDE_RETURN_IF_ERROR(LoadReplay(o, smeta.decision));
+  if (cost_models.count(smeta.reward_cost_model) == 0) {
+    return FailedPreconditionError("replay: no '" + smeta.reward_cost_model +
+                                   "' cost model (the reward's); give its calibration");
+  }
+  if (model->config().ArchitectureFingerprint() != smeta.model_fingerprint) {
+    return FailedPreconditionError("replay: model " + o.model_dir + " is not the policy's model " +
+                                   smeta.model_fingerprint);
+  }
+  auto cand_net = std::make_shared<const policy::dqn::QNetwork>(candidate->network);
+  LEDE_ASSIGN_OR_RETURN(json ar, Replay(o, nullptr, nullptr));
+  LEDE_ASSIGN_OR_RETURN(json rs, Replay(o, run.dqn.initial_network, &smeta));
+  LEDE_ASSIGN_OR_RETURN(json rc, Replay(o, cand_net, &candidate->metadata));
+  const double ar_tps = Number(ar, "tokens_per_s");
+  for (json* j : {&rs, &rc}) {
+    (*j)["predicted_speedup"] = (*j)["predicted_speedup_" + smeta.reward_cost_model];
+    (*j)["measured_speedup"] = Number(*j, "tokens_per_s") / std::max(1e-9, ar_tps);
+  }
+  run.replay = {{"prompts", static_cast<int64_t>(prompts.size())},
+                {"prompt_file", o.eval_prompts},
+                {"prompt_skip", o.eval_prompt_skip},
+                {"new_tokens", o.eval_new_tokens},
+                {"cost_model", smeta.reward_cost_model},
+                {"autoregressive", {{"tokens_per_s", ar_tps}}},
+                {"serving", rs},
+                {"candidate", rc}};
+  run.metric_name = "replay_predicted_speedup";
+  run.cand_metric = Number(rc, "predicted_speedup");
+  run.serv_metric = Number(rs, "predicted_speedup");
+  std::map<std::string, double>& om = candidate->metadata.offline_metrics;
+  om["replay_predicted_speedup"] = run.cand_metric;
+  om["replay_acceptance_rate"] = Number(rc, "acceptance_rate");
+  om["replay_tokens_per_round"] = Number(rc, "tokens_per_round");
+  om["replay_tokens_per_s"] = Number(rc, "tokens_per_s");
+  if (o.log) {
+    o.log("replay (" + std::to_string(prompts.size()) + " prompts x " + std::to_string(o.eval_new_tokens) +
+          " tokens): predicted speed-up serving " + std::to_string(run.serv_metric) + " candidate " +
+          std::to_string(run.cand_metric));
+  }
+  return OkStatus();
+}
+
 StatusOr<RetrainOutcome> Retrainer::RunOnce() {
   const RetrainOptions& o = options_;
   auto log = [&o](const std::string& line) {
@@ -314,69 +644,22 @@ StatusOr<RetrainOutcome> Retrainer::RunOnce() {
   LEDE_ASSIGN_OR_RETURN(RetrainState state, ReadRetrainState(state_path()));
 
   // 1. New shards.
-  const std::string prefix = FolderPrefix(o.experience_prefix);
-  LEDE_ASSIGN_OR_RETURN(std::vector<storage::ObjectInfo> listed, impl_->store->List(prefix));
-  std::vector<std::string> keys;  // sorted by key (List's order)
-  for (const storage::ObjectInfo& info : listed) {
-    const std::string& k = info.key;
-    if (k.size() >= std::strlen(experience::kShardSuffix) &&
-        k.compare(k.size() - std::strlen(experience::kShardSuffix), std::string::npos, experience::kShardSuffix) ==
-            0) {
-      keys.push_back(k);
-    }
-  }
-  std::vector<std::string> new_keys, old_keys;
-  for (const std::string& k : keys) (state.processed_shards.count(k) ? old_keys : new_keys).push_back(k);
-  out.n_new_shards = static_cast<int64_t>(new_keys.size());
-  if (new_keys.empty()) {
-    out.reason = "no new shards under '" + prefix + "' (" + std::to_string(keys.size()) + " already processed)";
+  RetrainRun run;
+  run.prefix = FolderPrefix(o.experience_prefix);
+  LEDE_RETURN_IF_ERROR(ListShards(*impl_->store, state, &run));
+  out.n_new_shards = static_cast<int64_t>(run.new_keys.size());
+  if (run.new_keys.empty()) {
+    out.reason = "no new shards under '" + run.prefix + "' (" + std::to_string(run.keys.size()) +
+                 " already processed)";
     log(out.reason);
     return out;
   }
 
-  // 2. The replay window, most recent first: new shards, then old ones.
-  std::vector<std::string> order(new_keys.rbegin(), new_keys.rend());
-  order.insert(order.end(), old_keys.rbegin(), old_keys.rend());
-  if (static_cast<int64_t>(order.size()) > o.window_shards) order.resize(static_cast<size_t>(o.window_shards));
-  const std::set<std::string> new_set(new_keys.begin(), new_keys.end());
-
-  // 3. Read and filter (model, reward cost model); count behaviour versions.
-  std::vector<Transition> window;
-  int64_t n_read = 0, n_bad_shards = 0, other_model = 0, other_cost = 0, n_new = 0;
-  std::vector<std::string> used_keys;
-  json bad_shards = json::array();
-  for (const std::string& key : order) {
-    if (static_cast<int64_t>(window.size()) >= o.window_transitions) break;
-    std::vector<Transition> ts;
-    StatusOr<std::string> bytes = impl_->store->Get(key);
-    if (!bytes.ok()) {
-      ++n_bad_shards;
-      bad_shards.push_back({{"key", key}, {"error", bytes.status().ToString()}});
-      continue;
-    }
-    const experience::ShardReport report = experience::DecodeShard(*bytes, key, &ts);
-    if (!report.error.empty()) {
-      ++n_bad_shards;
-      bad_shards.push_back({{"key", key}, {"records", report.records}, {"error", report.error}});
-    }
-    used_keys.push_back(key);
-    n_read += static_cast<int64_t>(ts.size());
-    const bool is_new = new_set.count(key) > 0;
-    for (Transition& t : ts) {
-      if (t.model_fingerprint != smeta.model_fingerprint) {
-        ++other_model;
-      } else if (t.reward_cost_model != smeta.reward_cost_model) {
-        ++other_cost;
-      } else {
-        n_new += is_new ? 1 : 0;
-        window.push_back(std::move(t));
-        if (static_cast<int64_t>(window.size()) >= o.window_transitions) break;
-      }
-    }
-  }
-  out.n_new_transitions = n_new;
-  if (n_new < o.min_new_transitions) {
-    out.reason = std::to_string(new_keys.size()) + " new shards hold " + std::to_string(n_new) +
+  // 2-3. The replay window: read and filter (model, reward cost model).
+  ReadWindow(*impl_->store, o, smeta, &run);
+  out.n_new_transitions = run.n_new;
+  if (run.n_new < o.min_new_transitions) {
+    out.reason = std::to_string(run.new_keys.size()) + " new shards hold " + std::to_string(run.n_new) +
                  " usable transitions (model " + smeta.model_fingerprint + ", cost model " +
                  smeta.reward_cost_model + "), fewer than " + std::to_string(o.min_new_transitions) +
                  "; waiting for more";
@@ -384,273 +667,64 @@ StatusOr<RetrainOutcome> Retrainer::RunOnce() {
     out.decision = RetrainDecision::kNoNewData;
     return out;
   }
-  log("read " + std::to_string(used_keys.size()) + " shards (" + std::to_string(new_keys.size()) + " new): " +
-      std::to_string(n_read) + " transitions, " + std::to_string(window.size()) + " usable (" +
-      std::to_string(n_new) + " new; filtered " + std::to_string(other_model) + " of other models, " +
-      std::to_string(other_cost) + " under other cost models)");
-
-  json behaviour = json::object();
-  {
-    std::map<std::string, std::set<std::string>> requests;
-    std::map<std::string, int64_t> counts;
-    for (const Transition& t : window) {
-      ++counts[t.policy_version];
-      requests[t.policy_version].insert(t.request_id);
-    }
-    for (const auto& [v, n] : counts) {
-      behaviour[v] = {{"transitions", n},
-                      {"requests", static_cast<int64_t>(requests[v].size())},
-                      {"exploration", IsExploration(v)},
-                      {"serving", v == smeta.version}};
-    }
-  }
-  int64_t n_explore = 0;
-  for (const Transition& t : window) n_explore += IsExploration(t.policy_version) ? 1 : 0;
+  log("read " + std::to_string(run.used_keys.size()) + " shards (" + std::to_string(run.new_keys.size()) +
+      " new): " + std::to_string(run.n_read) + " transitions, " + std::to_string(run.window.size()) + " usable (" +
+      std::to_string(run.n_new) + " new; filtered " + std::to_string(run.other_model) + " of other models, " +
+      std::to_string(run.other_cost) + " under other cost models)");
 
   // 4. Split by request (by episode when that leaves a side empty).
-  std::vector<Transition> train, held;
-  auto split = [&](bool by_request) {
-    train.clear();
-    held.clear();
-    for (const Transition& t : window) {
-      const std::string unit = by_request ? t.request_id : t.request_id + "/" + std::to_string(t.round_index);
-      (HeldOut(unit, o.heldout_fraction) ? held : train).push_back(t);
-    }
-  };
-  split(true);
-  std::string split_unit = "request";
-  if (train.empty() || held.empty()) {
-    split(false);
-    split_unit = "episode";
-  }
-  if (train.empty() || held.empty()) {
-    return FailedPreconditionError("too little experience to hold some out: " + std::to_string(window.size()) +
-                                   " transitions");
-  }
-  std::set<std::string> train_requests, held_requests;
-  for (const Transition& t : train) train_requests.insert(t.request_id);
-  for (const Transition& t : held) held_requests.insert(t.request_id);
+  LEDE_RETURN_IF_ERROR(SplitHeldOut(o.heldout_fraction, &run));
 
   // 5. Warm start and fine-tune.
-  DqnOptions dqn = o.dqn;
-  dqn.hidden = serving->network.hidden();
-  dqn.initial_network = std::make_shared<const policy::dqn::QNetwork>(serving->network);
-  json epochs = json::array();
-  LEDE_ASSIGN_OR_RETURN(DqnResult trained, TrainDqn(train, dqn, [&](const DqnEpochReport& r) {
-                          epochs.push_back({{"epoch", r.epoch}, {"td_loss", r.td_loss},
-                                            {"action_agreement", r.action_agreement},
-                                            {"elapsed_s", r.elapsed_s}});
+  run.dqn = o.dqn;
+  run.dqn.hidden = serving->network.hidden();
+  run.dqn.initial_network = std::make_shared<const policy::dqn::QNetwork>(serving->network);
+  LEDE_ASSIGN_OR_RETURN(run.trained, TrainDqn(run.train, run.dqn, [&](const DqnEpochReport& r) {
+                          run.epochs.push_back({{"epoch", r.epoch}, {"td_loss", r.td_loss},
+                                                {"action_agreement", r.action_agreement},
+                                                {"elapsed_s", r.elapsed_s}});
                         }));
-  log("fine-tuned " + smeta.version + " on " + std::to_string(trained.n_train_transitions) + " transitions (" +
-      std::to_string(dqn.epochs) + " epochs, lr " + std::to_string(dqn.lr) + ")");
+  log("fine-tuned " + smeta.version + " on " + std::to_string(run.trained.n_train_transitions) + " transitions (" +
+      std::to_string(run.dqn.epochs) + " epochs, lr " + std::to_string(run.dqn.lr) + ")");
 
-  // 6a. Offline, on the held-out transitions.
-  LEDE_ASSIGN_OR_RETURN(OfflinePolicyMetrics off_serving, EvaluateOffline(serving->network, held, dqn));
-  LEDE_ASSIGN_OR_RETURN(OfflinePolicyMetrics off_candidate, EvaluateOffline(trained.network, held, dqn));
+  // 6a. Offline, on the held-out transitions; 6b. replay through the engine.
+  LEDE_ASSIGN_OR_RETURN(run.off_serving, EvaluateOffline(serving->network, run.held, run.dqn));
+  LEDE_ASSIGN_OR_RETURN(run.off_candidate, EvaluateOffline(run.trained.network, run.held, run.dqn));
+  const std::string version = CandidateVersion(o);
+  policy::dqn::Artifact candidate = MakeCandidate(run, smeta, version);
+  run.cand_metric = run.off_candidate.matched_return;
+  run.serv_metric = run.off_serving.matched_return;
+  if (!o.model_dir.empty()) LEDE_RETURN_IF_ERROR(impl_->ReplayCandidate(o, smeta, &candidate, &run));
 
-  // The candidate's name.
-  std::string version;
-  {
-    std::error_code ec;
-    auto taken = [&](const std::string& v) {
-      return fs::exists(fs::path(o.policy_root) / v, ec) ||
-             fs::exists(fs::path(o.policy_root) / kCandidatesDir / v, ec);
-    };
-    if (o.version_prefix.empty()) {
-      const std::string base = "r" + UtcNow("%Y%m%d-%H%M%S");
-      version = base;
-      for (int k = 2; taken(version); ++k) version = base + "-" + std::to_string(k);
-    } else {
-      int64_t n = 0;
-      for (const fs::path& dir : {fs::path(o.policy_root), fs::path(o.policy_root) / kCandidatesDir}) {
-        for (const auto& entry : fs::directory_iterator(dir, ec)) {
-          const std::string name = entry.path().filename().string();
-          const std::string head = o.version_prefix + "-";
-          if (name.compare(0, head.size(), head) != 0) continue;
-          const std::string tail = name.substr(head.size());
-          if (!tail.empty() && tail.size() < 18 && std::all_of(tail.begin(), tail.end(), ::isdigit)) {
-            n = std::max<int64_t>(n, std::stoll(tail));
-          }
-        }
-      }
-      version = o.version_prefix + "-" + std::to_string(n + 1);
-    }
-  }
-
-  policy::dqn::PolicyMetadata meta;
-  meta.version = version;
-  meta.model_fingerprint = smeta.model_fingerprint;
-  meta.decision = smeta.decision;
-  meta.reward_cost_model = smeta.reward_cost_model;
-  std::vector<std::string> window_sorted = used_keys;
-  std::sort(window_sorted.begin(), window_sorted.end());
-  meta.training_data.first_shard = window_sorted.front();
-  meta.training_data.last_shard = window_sorted.back();
-  meta.training_data.n_shards = static_cast<int64_t>(window_sorted.size());
-  meta.training_data.n_bad_shards = n_bad_shards;
-  policy::dqn::Artifact candidate = MakeArtifact(trained, dqn, meta);
-  candidate.metadata.training_data.n_heldout_transitions = off_candidate.n_transitions;
-  candidate.metadata.training_data.n_heldout_episodes = off_candidate.n_episodes;
-  std::map<std::string, double>& om = candidate.metadata.offline_metrics;
-  om["heldout_td_loss"] = off_candidate.td_loss;
-  om["heldout_action_agreement"] = off_candidate.action_agreement;
-  om["heldout_exit_fraction_phase1"] = off_candidate.exit_fraction_phase1;
-  om["heldout_exit_fraction_phase2"] = off_candidate.exit_fraction_phase2;
-  om["heldout_behaviour_reward"] = off_candidate.behaviour_reward;
-  om["heldout_matched_reward"] = off_candidate.matched_reward;
-  om["heldout_behaviour_return"] = off_candidate.behaviour_return;
-  om["heldout_matched_return"] = off_candidate.matched_return;
-  om["heldout_matched_episodes"] = static_cast<double>(off_candidate.matched_episodes);
-
-  // 6b. Replay held-out prompts through the in-process engine.
-  json replay;
-  std::string metric_name = "heldout_matched_return";
-  double cand_metric = off_candidate.matched_return, serv_metric = off_serving.matched_return;
-  if (!o.model_dir.empty()) {
-    LEDE_RETURN_IF_ERROR(impl_->LoadReplay(o, smeta.decision));
-    if (impl_->cost_models.count(smeta.reward_cost_model) == 0) {
-      return FailedPreconditionError("replay: no '" + smeta.reward_cost_model +
-                                     "' cost model (the reward's); give its calibration");
-    }
-    if (impl_->model->config().ArchitectureFingerprint() != smeta.model_fingerprint) {
-      return FailedPreconditionError("replay: model " + o.model_dir + " is not the policy's model " +
-                                     smeta.model_fingerprint);
-    }
-    auto cand_net = std::make_shared<const policy::dqn::QNetwork>(candidate.network);
-    LEDE_ASSIGN_OR_RETURN(json ar, impl_->Replay(o, nullptr, nullptr));
-    LEDE_ASSIGN_OR_RETURN(json rs, impl_->Replay(o, dqn.initial_network, &smeta));
-    LEDE_ASSIGN_OR_RETURN(json rc, impl_->Replay(o, cand_net, &candidate.metadata));
-    const double ar_tps = Number(ar, "tokens_per_s");
-    for (json* j : {&rs, &rc}) {
-      (*j)["predicted_speedup"] = (*j)["predicted_speedup_" + smeta.reward_cost_model];
-      (*j)["measured_speedup"] = Number(*j, "tokens_per_s") / std::max(1e-9, ar_tps);
-    }
-    replay = {{"prompts", static_cast<int64_t>(impl_->prompts.size())},
-              {"prompt_file", o.eval_prompts},
-              {"prompt_skip", o.eval_prompt_skip},
-              {"new_tokens", o.eval_new_tokens},
-              {"cost_model", smeta.reward_cost_model},
-              {"autoregressive", {{"tokens_per_s", ar_tps}}},
-              {"serving", rs},
-              {"candidate", rc}};
-    metric_name = "replay_predicted_speedup";
-    cand_metric = Number(rc, "predicted_speedup");
-    serv_metric = Number(rs, "predicted_speedup");
-    om["replay_predicted_speedup"] = cand_metric;
-    om["replay_acceptance_rate"] = Number(rc, "acceptance_rate");
-    om["replay_tokens_per_round"] = Number(rc, "tokens_per_round");
-    om["replay_tokens_per_s"] = Number(rc, "tokens_per_s");
-    log("replay (" + std::to_string(impl_->prompts.size()) + " prompts x " + std::to_string(o.eval_new_tokens) +
-        " tokens): predicted speed-up serving " + std::to_string(serv_metric) + " candidate " +
-        std::to_string(cand_metric));
-  }
-
-  // 7. Decide.
-  const double improvement = cand_metric - serv_metric;
-  const bool finite = std::isfinite(cand_metric);
-  // A metric that cannot be computed (offline: no held-out episode the
-  // policy reproduces) is beaten only by a forced rollout (margin -inf),
+  // 7. Decide. A metric that cannot be computed (offline: no held-out episode
+  // the policy reproduces) is beaten only by a forced rollout (margin -inf),
   // which publishes whatever the numbers.
+  const double improvement = run.cand_metric - run.serv_metric;
   const bool forced = std::isinf(o.publish_margin) && o.publish_margin < 0;
-  const bool publish = forced || (finite && std::isfinite(serv_metric) && improvement > o.publish_margin);
+  run.publish = forced || (std::isfinite(run.cand_metric) && std::isfinite(run.serv_metric) &&
+                           improvement > o.publish_margin);
   char reason[256];
   std::snprintf(reason, sizeof(reason), "%s: candidate %.4f vs serving %.4f (%+.4f), margin %g -> %s",
-                metric_name.c_str(), cand_metric, serv_metric, improvement, o.publish_margin,
-                publish ? "publish" : "keep serving");
+                run.metric_name.c_str(), run.cand_metric, run.serv_metric, improvement, o.publish_margin,
+                run.publish ? "publish" : "keep serving");
   out.reason = reason;
-  out.decision = publish ? RetrainDecision::kPublished : RetrainDecision::kRejected;
+  out.decision = run.publish ? RetrainDecision::kPublished : RetrainDecision::kRejected;
   out.candidate_version = version;
-  out.artifact_dir = publish ? policy::dqn::VersionDir(o.policy_root, version)
-                             : (fs::path(o.policy_root) / kCandidatesDir / version).string();
+  out.artifact_dir = run.publish ? policy::dqn::VersionDir(o.policy_root, version)
+                                 : (fs::path(o.policy_root) / kCandidatesDir / version).string();
   out.report_path = (fs::path(out.artifact_dir) / kRetrainReportFile).string();
-
-  const std::string new_first = new_keys.front(), new_last = new_keys.back();
-  out.report = {
-      {"format", kReportFormat},
-      {"created_utc", UtcNow("%Y-%m-%dT%H:%M:%SZ")},
-      {"decision", RetrainDecisionName(out.decision)},
-      {"reason", out.reason},
-      {"serving_version", smeta.version},
-      {"candidate_version", version},
-      {"artifact_dir", out.artifact_dir},
-      {"decision_metric", metric_name},
-      {"publish_margin", std::isfinite(o.publish_margin) ? json(o.publish_margin)
-                                                         : json(o.publish_margin > 0 ? "inf" : "-inf")},
-      {"candidate_metric", cand_metric},
-      {"serving_metric", serv_metric},
-      {"improvement", improvement},
-      {"data",
-       {{"experience_url", impl_->store->url()},
-        {"prefix", prefix},
-        {"n_shards_listed", static_cast<int64_t>(keys.size())},
-        {"n_new_shards", static_cast<int64_t>(new_keys.size())},
-        {"first_new_shard", new_first},
-        {"last_new_shard", new_last},
-        {"window", {{"n_shards", static_cast<int64_t>(used_keys.size())},
-                    {"first_shard", window_sorted.front()},
-                    {"last_shard", window_sorted.back()},
-                    {"max_shards", o.window_shards},
-                    {"max_transitions", o.window_transitions}}},
-        {"bad_shards", bad_shards},
-        {"n_transitions_read", n_read},
-        {"filtered_other_model", other_model},
-        {"filtered_other_cost_model", other_cost},
-        {"n_transitions", static_cast<int64_t>(window.size())},
-        {"n_new_transitions", n_new},
-        {"model_fingerprint", smeta.model_fingerprint},
-        {"reward_cost_model", smeta.reward_cost_model},
-        {"split", {{"unit", split_unit},
-                   {"heldout_fraction", o.heldout_fraction},
-                   {"train_transitions", static_cast<int64_t>(train.size())},
-                   {"train_requests", static_cast<int64_t>(train_requests.size())},
-                   {"heldout_transitions", static_cast<int64_t>(held.size())},
-                   {"heldout_requests", static_cast<int64_t>(held_requests.size())}}},
-        {"behaviour_versions", behaviour},
-        {"exploration_transitions", n_explore},
-        {"greedy_transitions", static_cast<int64_t>(window.size()) - n_explore}}},
-      {"off_policy",
-       "Q-learning targets use max_a Q_target(s', a), so transitions of any behaviour policy (the serving "
-       "version's greedy and epsilon-exploration records, older versions) are valid samples and all are "
-       "kept; records of other models or reward cost models are filtered; n-step returns (n = " +
-           std::to_string(dqn.n_step) +
-           ") follow the behaviour actions uncorrected; recency is bounded by the replay window"},
-      {"training",
-       {{"warm_start", smeta.version},
-        {"epochs", dqn.epochs},
-        {"lr", dqn.lr},
-        {"batch_size", dqn.batch_size},
-        {"gamma", dqn.gamma},
-        {"n_step", dqn.n_step},
-        {"seed", dqn.seed},
-        {"n_train_transitions", trained.n_train_transitions},
-        {"n_dropped", trained.n_dropped},
-        {"n_duplicates", trained.n_duplicates},
-        {"per_epoch", epochs}}},
-      {"offline", {{"serving", OfflineJson(off_serving)}, {"candidate", OfflineJson(off_candidate)}}},
-      {"replay", replay}};
+  out.report = RetrainReport(run, o, out, smeta, impl_->store->url());
 
   // Save (and publish) the candidate with its report.
   LEDE_RETURN_IF_ERROR(policy::dqn::SaveArtifact(out.artifact_dir, candidate));
   LEDE_RETURN_IF_ERROR(file::WriteFileAtomically(out.report_path, out.report.dump(2) + "\n"));
-  if (publish) {
+  if (run.publish) {
     LEDE_RETURN_IF_ERROR(policy::dqn::PublishServingVersion(o.policy_root, version, smeta.model_fingerprint));
   }
-  log(std::string(publish ? "published " : "rejected ") + version + ": " + out.reason);
+  log(std::string(run.publish ? "published " : "rejected ") + version + ": " + out.reason);
 
-  // 8. The state checkpoint: every new shard has been trained on now; keys
-  // no longer in the store are forgotten.
-  RetrainState next;
-  const std::set<std::string> listed_set(keys.begin(), keys.end());
-  for (const std::string& k : state.processed_shards) {
-    if (listed_set.count(k)) next.processed_shards.insert(k);
-  }
-  next.processed_shards.insert(new_keys.begin(), new_keys.end());
-  next.last_version = version;
-  next.last_decision = RetrainDecisionName(out.decision);
-  next.last_run_utc = UtcNow("%Y-%m-%dT%H:%M:%SZ");
-  next.runs = state.runs + 1;
-  next.published = state.published + (publish ? 1 : 0);
-  LEDE_RETURN_IF_ERROR(WriteRetrainState(state_path(), next));
+  // 8. The state checkpoint.
+  LEDE_RETURN_IF_ERROR(WriteRetrainState(state_path(), NextState(state, run, out)));
   return out;
 }
 

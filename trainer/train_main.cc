@@ -115,9 +115,8 @@ int RunRetraining(lede::trainer::RetrainOptions options, bool watch, double inte
   }
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// Every flag of lede-train, with its default.
+struct TrainFlags {
   lede::trainer::DqnOptions o;
   std::string experience_dir, out_dir, version = DefaultVersion(), layers_text, fingerprint, cost_model;
   std::string target_update = "hard";
@@ -132,23 +131,26 @@ int main(int argc, char** argv) {
   int64_t retrain_epochs = ro.dqn.epochs, eval_skip = ro.eval_prompt_skip, eval_count = ro.eval_prompt_count;
   int64_t eval_tokens = ro.eval_new_tokens, eval_threads = 0;
 
-  lede::flags::FlagSet f;
-  f.Add("experience", &experience_dir,
-        "experience shards (*.lexp): a directory, or a store URL (file:///abs/dir, s3://bucket/prefix?...)", true);
-  f.Add("out", &out_dir, "artifact directory to write (policies/<model>/<version>); plain mode");
-  f.Add("once", &once, "retrain once: new shards -> warm-started candidate -> publish if better");
-  f.Add("watch", &watch, "retrain every --interval-s seconds until SIGTERM");
-  f.Add("interval-s", &interval_s, "--watch: seconds between runs");
+  lede::trainer::TargetUpdate TargetUpdateMode() const {
+    return target_update == "polyak" ? lede::trainer::TargetUpdate::kPolyak : lede::trainer::TargetUpdate::kHard;
+  }
+};
+
+void AddRetrainFlags(lede::flags::FlagSet& f, TrainFlags* t) {
+  lede::trainer::RetrainOptions& ro = t->ro;
+  f.Add("once", &t->once, "retrain once: new shards -> warm-started candidate -> publish if better");
+  f.Add("watch", &t->watch, "retrain every --interval-s seconds until SIGTERM");
+  f.Add("interval-s", &t->interval_s, "--watch: seconds between runs");
   f.Add("policy-root", &ro.policy_root, "--once/--watch: policy root (versions + SERVING)");
   f.Add("state", &ro.state_path, "--once/--watch: state checkpoint (default <policy-root>/retrain_state.json)");
   f.Add("experience-prefix", &ro.experience_prefix, "--once/--watch: key prefix of the shards in the store");
   f.Add("model", &ro.model_dir, "--once/--watch: model directory for the replay evaluation (empty: offline only)");
   f.Add("calibration", &ro.calibration, "--once/--watch: measured cost model JSON (default <model>/calibration-cpu.json)");
   f.Add("eval-prompts", &ro.eval_prompts, "--once/--watch: held-out prompts (.jsonl) replayed with each policy");
-  f.Add("eval-prompt-skip", &eval_skip, "--once/--watch: prompts skipped at the start of --eval-prompts");
-  f.Add("eval-prompt-count", &eval_count, "--once/--watch: prompts replayed");
-  f.Add("eval-new-tokens", &eval_tokens, "--once/--watch: tokens generated per replayed prompt");
-  f.Add("eval-threads", &eval_threads, "--once/--watch: libtorch threads for the replay (0 = default)");
+  f.Add("eval-prompt-skip", &t->eval_skip, "--once/--watch: prompts skipped at the start of --eval-prompts");
+  f.Add("eval-prompt-count", &t->eval_count, "--once/--watch: prompts replayed");
+  f.Add("eval-new-tokens", &t->eval_tokens, "--once/--watch: tokens generated per replayed prompt");
+  f.Add("eval-threads", &t->eval_threads, "--once/--watch: libtorch threads for the replay (0 = default)");
   f.Add("publish-margin", &ro.publish_margin,
         "--once/--watch: publish iff candidate - serving predicted speed-up > this (-inf forces, inf never)");
   f.Add("window-shards", &ro.window_shards, "--once/--watch: replay window, most recent shards");
@@ -156,201 +158,219 @@ int main(int argc, char** argv) {
   f.Add("min-new-transitions", &ro.min_new_transitions, "--once/--watch: train only with this many new ones");
   f.Add("heldout-requests", &ro.heldout_fraction, "--once/--watch: share of requests held out");
   f.Add("version-prefix", &ro.version_prefix, "--once/--watch: versions <prefix>-<n> (default r<UTC timestamp>)");
-  f.Add("retrain-epochs", &retrain_epochs, "--once/--watch: fine-tuning epochs");
-  f.Add("version", &version, "policy version recorded in policy.json (default: UTC timestamp)");
-  f.Add("seed", &seed, "training seed (split, minibatches, initial weights)");
-  f.Add("epochs", &epochs, "passes over the training transitions");
+  f.Add("retrain-epochs", &t->retrain_epochs, "--once/--watch: fine-tuning epochs");
+}
+
+void AddTrainingFlags(lede::flags::FlagSet& f, TrainFlags* t) {
+  lede::trainer::DqnOptions& o = t->o;
+  f.Add("version", &t->version, "policy version recorded in policy.json (default: UTC timestamp)");
+  f.Add("seed", &t->seed, "training seed (split, minibatches, initial weights)");
+  f.Add("epochs", &t->epochs, "passes over the training transitions");
   f.Add("gamma", &o.gamma, "discount of the TD targets");
-  f.Add("n-step", &n_step, "n of the n-step TD targets");
-  f.Add("hidden", &hidden, "hidden width H of the Q-network");
-  f.Add("batch-size", &batch_size, "transitions per minibatch");
-  f.Add("lr", &lr, "Adam learning rate (nan: 1e-3, or 3e-4 with --once/--watch)");
+  f.Add("n-step", &t->n_step, "n of the n-step TD targets");
+  f.Add("hidden", &t->hidden, "hidden width H of the Q-network");
+  f.Add("batch-size", &t->batch_size, "transitions per minibatch");
+  f.Add("lr", &t->lr, "Adam learning rate (nan: 1e-3, or 3e-4 with --once/--watch)");
   f.Add("huber-delta", &o.huber_delta, "Huber loss threshold (reward units)");
   f.Add("max-grad-norm", &o.max_grad_norm, "global gradient-norm clip");
-  f.Add("target-update", &target_update, "target network update: hard or polyak");
-  f.Add("target-update-every", &target_every, "optimizer steps between hard target copies");
+  f.Add("target-update", &t->target_update, "target network update: hard or polyak");
+  f.Add("target-update-every", &t->target_every, "optimizer steps between hard target copies");
   f.Add("polyak-tau", &o.polyak_tau, "Polyak rate per step (--target-update polyak)");
   f.Add("heldout-fraction", &o.heldout_fraction, "share of episodes/requests held out");
-  f.Add("threads", &threads, "libtorch intra-op threads");
-  f.Add("candidate-layers", &layers_text, "comma-separated candidate exit layers (default: those in the data)");
-  f.Add("max-draft-len", &max_draft_len, "D_max the experience was logged with");
-  f.Add("top-k", &top_k, "k of C_k^l the experience was logged with");
-  f.Add("trace-window", &trace_window, "W of C_trace the experience was logged with");
-  f.Add("model-fingerprint", &fingerprint, "train only on this model's transitions (default: the data's only one)");
-  f.Add("reward-cost-model", &cost_model, "train only on transitions rewarded under this cost model");
-  f.Add("overwrite", &overwrite, "replace an existing artifact in --out");
-  if (lede::flags::WantsHelp(std::vector<std::string>(argv + 1, argv + argc))) {
-    std::printf("usage: lede-train --experience DIR|URL --out DIR [flags]\n"
-                "       lede-train --once|--watch --experience URL --policy-root DIR [--model DIR --eval-prompts F]"
-                " [flags]\nflags:\n%s",
-                f.Usage().c_str());
-    return 0;
-  }
-  if (Status s = f.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
-    std::fprintf(stderr, "lede-train: %s\nflags:\n%s", std::string(s.message()).c_str(), f.Usage().c_str());
-    return 2;
-  }
-  if (target_update != "hard" && target_update != "polyak") {
-    std::fprintf(stderr, "lede-train: --target-update must be hard or polyak\n");
-    return 2;
-  }
-  if (once && watch) {
-    std::fprintf(stderr, "lede-train: --once and --watch exclude each other\n");
-    return 2;
-  }
-  if (once || watch) {
-    if (ro.policy_root.empty()) {
-      std::fprintf(stderr, "lede-train: --once/--watch need --policy-root\n");
-      return 2;
-    }
-    if (!out_dir.empty()) {
-      std::fprintf(stderr, "lede-train: --out is for plain training; --once/--watch publish under --policy-root\n");
-      return 2;
-    }
-    if (!(interval_s > 0)) {
-      std::fprintf(stderr, "lede-train: --interval-s must be > 0\n");
-      return 2;
-    }
-    ro.experience_url = experience_dir;
-    ro.eval_prompt_skip = eval_skip;
-    ro.eval_prompt_count = eval_count;
-    ro.eval_new_tokens = eval_tokens;
-    ro.eval_threads = static_cast<int32_t>(eval_threads);
-    lede::trainer::DqnOptions& d = ro.dqn;
-    d.seed = static_cast<uint64_t>(seed);
-    d.epochs = retrain_epochs;
-    d.n_step = static_cast<int32_t>(n_step);
-    d.gamma = o.gamma;
-    d.batch_size = batch_size;
-    if (!std::isnan(lr)) d.lr = lr;
-    d.huber_delta = o.huber_delta;
-    d.max_grad_norm = o.max_grad_norm;
-    d.target_update = target_update == "polyak" ? lede::trainer::TargetUpdate::kPolyak
-                                                : lede::trainer::TargetUpdate::kHard;
-    d.target_update_every = target_every;
-    d.polyak_tau = o.polyak_tau;
-    d.num_threads = static_cast<int32_t>(threads);
-    return RunRetraining(ro, watch, interval_s);
-  }
-  if (out_dir.empty()) {
-    std::fprintf(stderr, "lede-train: missing --out (or --once/--watch)\nflags:\n%s", f.Usage().c_str());
-    return 2;
-  }
-  if (!std::isnan(lr)) o.lr = lr;
-  o.seed = static_cast<uint64_t>(seed);
-  o.epochs = epochs;
-  o.n_step = static_cast<int32_t>(n_step);
-  o.hidden = static_cast<int32_t>(hidden);
-  o.batch_size = batch_size;
-  o.target_update = target_update == "polyak" ? lede::trainer::TargetUpdate::kPolyak
-                                              : lede::trainer::TargetUpdate::kHard;
-  o.target_update_every = target_every;
-  o.num_threads = static_cast<int32_t>(threads);
-  if (Status s = lede::trainer::ValidateDqnOptions(o); !s.ok()) {
-    std::fprintf(stderr, "lede-train: %s\n", std::string(s.message()).c_str());
-    return 2;
-  }
-  if (Status s = lede::policy::dqn::ValidateVersionName(version); !s.ok()) {
-    std::fprintf(stderr, "lede-train: --version: %s\n", std::string(s.message()).c_str());
-    return 2;
-  }
+  f.Add("threads", &t->threads, "libtorch intra-op threads");
+  f.Add("candidate-layers", &t->layers_text, "comma-separated candidate exit layers (default: those in the data)");
+  f.Add("max-draft-len", &t->max_draft_len, "D_max the experience was logged with");
+  f.Add("top-k", &t->top_k, "k of C_k^l the experience was logged with");
+  f.Add("trace-window", &t->trace_window, "W of C_trace the experience was logged with");
+  f.Add("model-fingerprint", &t->fingerprint, "train only on this model's transitions (default: the data's only one)");
+  f.Add("reward-cost-model", &t->cost_model, "train only on transitions rewarded under this cost model");
+  f.Add("overwrite", &t->overwrite, "replace an existing artifact in --out");
+}
 
-  if (!overwrite && std::filesystem::exists(std::filesystem::path(out_dir) / lede::policy::dqn::kMetadataFile)) {
-    return Fail(out_dir + " already holds a policy (versions are immutable); pass --overwrite to replace it");
-  }
+// One-line error, exit status 2 (bad flags).
+int Usage(const std::string& message) {
+  std::fprintf(stderr, "lede-train: %s\n", message.c_str());
+  return 2;
+}
 
-  // Experience: bad shards are reported and skipped, never fatal.
+// --once / --watch: the retrain options from the flags, then the loop.
+int RunRetrainMode(TrainFlags& t) {
+  lede::trainer::RetrainOptions& ro = t.ro;
+  if (ro.policy_root.empty()) return Usage("--once/--watch need --policy-root");
+  if (!t.out_dir.empty()) return Usage("--out is for plain training; --once/--watch publish under --policy-root");
+  if (!(t.interval_s > 0)) return Usage("--interval-s must be > 0");
+  ro.experience_url = t.experience_dir;
+  ro.eval_prompt_skip = t.eval_skip;
+  ro.eval_prompt_count = t.eval_count;
+  ro.eval_new_tokens = t.eval_tokens;
+  ro.eval_threads = static_cast<int32_t>(t.eval_threads);
+  lede::trainer::DqnOptions& d = ro.dqn;
+  d.seed = static_cast<uint64_t>(t.seed);
+  d.epochs = t.retrain_epochs;
+  d.n_step = static_cast<int32_t>(t.n_step);
+  d.gamma = t.o.gamma;
+  d.batch_size = t.batch_size;
+  if (!std::isnan(t.lr)) d.lr = t.lr;
+  d.huber_delta = t.o.huber_delta;
+  d.max_grad_norm = t.o.max_grad_norm;
+  d.target_update = t.TargetUpdateMode();
+  d.target_update_every = t.target_every;
+  d.polyak_tau = t.o.polyak_tau;
+  d.num_threads = static_cast<int32_t>(t.threads);
+  return RunRetraining(ro, t.watch, t.interval_s);
+}
+
+// Every complete shard under `experience` (a directory or a store URL); bad
+// shards are reported and skipped, never fatal. Fills meta's training data.
+StatusOr<lede::experience::ReadResult> ReadExperience(const std::string& experience,
+                                                      lede::policy::dqn::PolicyMetadata* meta) {
   StatusOr<lede::experience::ReadResult> read = lede::InternalError("experience not read");
-  if (experience_dir.find("://") != std::string::npos) {
-    StatusOr<std::unique_ptr<lede::storage::ObjectStore>> store = lede::storage::OpenObjectStore(experience_dir);
-    if (!store.ok()) return Fail(store.status().ToString());
+  if (experience.find("://") != std::string::npos) {
+    StatusOr<std::unique_ptr<lede::storage::ObjectStore>> store = lede::storage::OpenObjectStore(experience);
+    if (!store.ok()) return store.status();
     read = lede::experience::ReadShardsFromStore(**store, "");
   } else {
-    read = lede::experience::ReadShards(experience_dir);
+    read = lede::experience::ReadShards(experience);
   }
-  if (!read.ok()) return Fail(read.status().ToString());
-  lede::policy::dqn::PolicyMetadata meta;
-  meta.version = version;
+  if (!read.ok()) return read.status();
   for (const lede::experience::ShardReport& r : read->shards) {
     const std::string name = std::filesystem::path(r.path).filename().string();
-    if (meta.training_data.first_shard.empty()) meta.training_data.first_shard = name;
-    meta.training_data.last_shard = name;
-    ++meta.training_data.n_shards;
+    if (meta->training_data.first_shard.empty()) meta->training_data.first_shard = name;
+    meta->training_data.last_shard = name;
+    ++meta->training_data.n_shards;
     if (!r.error.empty()) {
-      ++meta.training_data.n_bad_shards;
+      ++meta->training_data.n_bad_shards;
       std::fflush(stdout);
       std::fprintf(stderr, "lede-train: skipped part of %s after %" PRId64 " records: %s\n", r.path.c_str(),
                    r.records, r.error.c_str());
     }
   }
   std::printf("read %zu transitions from %" PRId64 " shards (%" PRId64 " with errors)\n",
-              read->transitions.size(), meta.training_data.n_shards, meta.training_data.n_bad_shards);
+              read->transitions.size(), meta->training_data.n_shards, meta->training_data.n_bad_shards);
+  return read;
+}
 
-  // One model and one reward definition per policy: transitions of other
-  // models have other features' meaning, and rewards under other cost models
-  // are not comparable.
+// One model and one reward definition per policy: transitions of other
+// models have other features' meaning, and rewards under other cost models
+// are not comparable. Fills meta's fingerprint and cost model.
+StatusOr<std::vector<lede::policy::Transition>> SelectTransitions(const TrainFlags& t,
+                                                                  std::vector<lede::policy::Transition> all,
+                                                                  lede::policy::dqn::PolicyMetadata* meta) {
   std::set<std::string> fingerprints, cost_models;
   std::vector<lede::policy::Transition> transitions;
-  for (lede::policy::Transition& t : read->transitions) {
-    if (!fingerprint.empty() && t.model_fingerprint != fingerprint) continue;
-    if (!cost_model.empty() && t.reward_cost_model != cost_model) continue;
-    fingerprints.insert(t.model_fingerprint);
-    cost_models.insert(t.reward_cost_model);
-    transitions.push_back(std::move(t));
+  for (lede::policy::Transition& tr : all) {
+    if (!t.fingerprint.empty() && tr.model_fingerprint != t.fingerprint) continue;
+    if (!t.cost_model.empty() && tr.reward_cost_model != t.cost_model) continue;
+    fingerprints.insert(tr.model_fingerprint);
+    cost_models.insert(tr.reward_cost_model);
+    transitions.push_back(std::move(tr));
   }
-  if (transitions.empty()) return Fail("no transitions to train on in " + experience_dir);
+  if (transitions.empty()) return lede::FailedPreconditionError("no transitions to train on in " + t.experience_dir);
   if (fingerprints.size() > 1) {
-    return Fail("transitions of several models (" + JoinSet(fingerprints) + "); choose one with --model-fingerprint");
+    return lede::FailedPreconditionError("transitions of several models (" + JoinSet(fingerprints) +
+                                         "); choose one with --model-fingerprint");
   }
   if (cost_models.size() > 1) {
-    return Fail("transitions rewarded under several cost models (" + JoinSet(cost_models) +
-                "); choose one with --reward-cost-model");
+    return lede::FailedPreconditionError("transitions rewarded under several cost models (" +
+                                         JoinSet(cost_models) + "); choose one with --reward-cost-model");
   }
-  meta.model_fingerprint = *fingerprints.begin();
-  meta.reward_cost_model = *cost_models.begin();
+  meta->model_fingerprint = *fingerprints.begin();
+  meta->reward_cost_model = *cost_models.begin();
+  return transitions;
+}
 
-  if (!layers_text.empty()) {
-    StatusOr<std::vector<int32_t>> layers = lede::flags::ParseIntList("candidate-layers", layers_text);
-    if (!layers.ok()) {
-      std::fprintf(stderr, "lede-train: %s\n", std::string(layers.status().message()).c_str());
-      return 2;
-    }
+void PrintEpoch(const lede::trainer::DqnEpochReport& r) {
+  std::printf("epoch %3" PRId64 " steps %6" PRId64
+              " td_loss %.4f mean_max_q %.3f exit_p1 %.3f exit_p2 %.3f agree %.3f |"
+              " heldout td_loss %.4f agree %.3f reward behaviour %.4f matched %.4f"
+              " return behaviour %.3f matched %.3f (%" PRId64 " eps) | %.1fs\n",
+              r.epoch, r.steps, r.td_loss, r.mean_max_q, r.exit_fraction_phase1, r.exit_fraction_phase2,
+              r.action_agreement, r.heldout_td_loss, r.heldout_action_agreement, r.heldout_behaviour_reward,
+              r.heldout_matched_reward, r.heldout_behaviour_return, r.heldout_matched_return,
+              r.heldout_matched_episodes, r.elapsed_s);
+  std::fflush(stdout);
+}
+
+// Plain mode: every shard -> one policy artifact in --out.
+int RunPlainTraining(TrainFlags& t) {
+  if (t.out_dir.empty()) return Usage("missing --out (or --once/--watch)");
+  lede::trainer::DqnOptions& o = t.o;
+  if (!std::isnan(t.lr)) o.lr = t.lr;
+  o.seed = static_cast<uint64_t>(t.seed);
+  o.epochs = t.epochs;
+  o.n_step = static_cast<int32_t>(t.n_step);
+  o.hidden = static_cast<int32_t>(t.hidden);
+  o.batch_size = t.batch_size;
+  o.target_update = t.TargetUpdateMode();
+  o.target_update_every = t.target_every;
+  o.num_threads = static_cast<int32_t>(t.threads);
+  if (Status s = lede::trainer::ValidateDqnOptions(o); !s.ok()) return Usage(std::string(s.message()));
+  if (Status s = lede::policy::dqn::ValidateVersionName(t.version); !s.ok()) {
+    return Usage("--version: " + std::string(s.message()));
+  }
+  if (!t.overwrite && std::filesystem::exists(std::filesystem::path(t.out_dir) / lede::policy::dqn::kMetadataFile)) {
+    return Fail(t.out_dir + " already holds a policy (versions are immutable); pass --overwrite to replace it");
+  }
+  lede::policy::dqn::PolicyMetadata meta;
+  meta.version = t.version;
+  StatusOr<lede::experience::ReadResult> read = ReadExperience(t.experience_dir, &meta);
+  if (!read.ok()) return Fail(read.status().ToString());
+  StatusOr<std::vector<lede::policy::Transition>> transitions =
+      SelectTransitions(t, std::move(read->transitions), &meta);
+  if (!transitions.ok()) return Fail(std::string(transitions.status().message()));
+
+  if (!t.layers_text.empty()) {
+    StatusOr<std::vector<int32_t>> layers = lede::flags::ParseIntList("candidate-layers", t.layers_text);
+    if (!layers.ok()) return Usage(std::string(layers.status().message()));
     meta.decision.candidate_layers = *layers;
   } else {
     std::set<int32_t> layers;
-    for (const lede::policy::Transition& t : transitions) {
-      if (t.phase == lede::model::Phase::kExitLayer && t.layer > 0) layers.insert(t.layer);
+    for (const lede::policy::Transition& tr : *transitions) {
+      if (tr.phase == lede::model::Phase::kExitLayer && tr.layer > 0) layers.insert(tr.layer);
     }
     meta.decision.candidate_layers.assign(layers.begin(), layers.end());
   }
-  meta.decision.max_draft_len = static_cast<int32_t>(max_draft_len);
-  meta.decision.top_k = static_cast<int32_t>(top_k);
-  meta.decision.trace_window = static_cast<int32_t>(trace_window);
+  meta.decision.max_draft_len = static_cast<int32_t>(t.max_draft_len);
+  meta.decision.top_k = static_cast<int32_t>(t.top_k);
+  meta.decision.trace_window = static_cast<int32_t>(t.trace_window);
 
-  auto print_epoch = [](const lede::trainer::DqnEpochReport& r) {
-    std::printf("epoch %3" PRId64 " steps %6" PRId64
-                " td_loss %.4f mean_max_q %.3f exit_p1 %.3f exit_p2 %.3f agree %.3f |"
-                " heldout td_loss %.4f agree %.3f reward behaviour %.4f matched %.4f"
-                " return behaviour %.3f matched %.3f (%" PRId64 " eps) | %.1fs\n",
-                r.epoch, r.steps, r.td_loss, r.mean_max_q, r.exit_fraction_phase1, r.exit_fraction_phase2,
-                r.action_agreement, r.heldout_td_loss, r.heldout_action_agreement, r.heldout_behaviour_reward,
-                r.heldout_matched_reward, r.heldout_behaviour_return, r.heldout_matched_return,
-                r.heldout_matched_episodes, r.elapsed_s);
-    std::fflush(stdout);
-  };
-  StatusOr<lede::trainer::DqnResult> result = lede::trainer::TrainDqn(transitions, o, print_epoch);
+  StatusOr<lede::trainer::DqnResult> result = lede::trainer::TrainDqn(*transitions, o, PrintEpoch);
   if (!result.ok()) return Fail(result.status().ToString());
   std::printf("trained on %" PRId64 " transitions (%" PRId64 " episodes, %" PRId64 " requests; held out %" PRId64
               " episodes, %" PRId64 " transitions; dropped %" PRId64 " non-finite, %" PRId64 " duplicates)\n",
               result->n_train_transitions, result->n_train_episodes, result->n_requests,
               result->n_heldout_episodes, result->n_heldout_transitions, result->n_dropped,
               result->n_duplicates);
-
   const lede::policy::dqn::Artifact artifact = lede::trainer::MakeArtifact(*result, o, meta);
-  if (Status s = lede::policy::dqn::SaveArtifact(out_dir, artifact, overwrite); !s.ok()) {
-    return Fail(s.ToString());
-  }
-  std::printf("wrote policy %s for model %s to %s\n", version.c_str(), meta.model_fingerprint.c_str(),
-              out_dir.c_str());
+  if (Status s = lede::policy::dqn::SaveArtifact(t.out_dir, artifact, t.overwrite); !s.ok()) return Fail(s.ToString());
+  std::printf("wrote policy %s for model %s to %s\n", t.version.c_str(), meta.model_fingerprint.c_str(),
+              t.out_dir.c_str());
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  TrainFlags t;
+  lede::flags::FlagSet f;
+  f.Add("experience", &t.experience_dir,
+        "experience shards (*.lexp): a directory, or a store URL (file:///abs/dir, s3://bucket/prefix?...)", true);
+  f.Add("out", &t.out_dir, "artifact directory to write (policies/<model>/<version>); plain mode");
+  AddRetrainFlags(f, &t);
+  AddTrainingFlags(f, &t);
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (lede::flags::WantsHelp(args)) {
+    std::printf("usage: lede-train --experience DIR|URL --out DIR [flags]\n"
+                "       lede-train --once|--watch --experience URL --policy-root DIR [--model DIR --eval-prompts F]"
+                " [flags]\nflags:\n%s",
+                f.Usage().c_str());
+    return 0;
+  }
+  if (Status s = f.Parse(args); !s.ok()) {
+    std::fprintf(stderr, "lede-train: %s\nflags:\n%s", std::string(s.message()).c_str(), f.Usage().c_str());
+    return 2;
+  }
+  if (t.target_update != "hard" && t.target_update != "polyak") return Usage("--target-update must be hard or polyak");
+  if (t.once && t.watch) return Usage("--once and --watch exclude each other");
+  return t.once || t.watch ? RunRetrainMode(t) : RunPlainTraining(t);
 }

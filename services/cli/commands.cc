@@ -159,35 +159,79 @@ StatusOr<std::string> RenderChatPrompt(const std::string& tokenizer_path, const 
 
 }  // namespace
 
-int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+// The flags of `lede generate`, with their defaults.
+struct GenerateFlags {
   ModelFlags mf;
   std::string prompt, tokenizer_path, policy_dir, mode = "static";
   int64_t max_new_tokens = 128, exit_layer = 0, draft_len = 4, seed = 0, repeat = 1, samples = 1;
   double temperature = 0.0, top_p = 1.0;
-  std::string separator;
-  FlagSet flags;
-  mf.AddTo(flags);
-  flags.Add("prompt", &prompt, "prompt text", true);
-  flags.Add("repeat", &repeat, "generate this many times, one stats line each (benchmarks: later runs are warm)");
-  flags.Add("samples", &samples,
-            "sample this many texts from the prompt in one process, with seeds seed, seed+1, ... (corpora)");
-  flags.Add("separator", &separator, "a line printed after each text (with --samples)");
-  flags.Add("tokenizer", &tokenizer_path, "tokenizer file (default: found beside the model)");
+  std::string separator, system, chat_template;
   bool chat = false;
-  std::string system, chat_template;
-  flags.Add("chat", &chat, "the prompt is a user message: render the checkpoint's chat template around it");
-  flags.Add("system", &system, "--chat: a system message before the user message");
-  flags.Add("chat-template", &chat_template, "--chat: Jinja template file (default: tokenizer_config.json's)");
-  flags.Add("max-new-tokens", &max_new_tokens, "tokens to generate");
-  flags.Add("mode", &mode,
-            "ar (autoregressive), static (self-speculative, fixed E and D) or lede (learned exit policy)");
-  flags.Add("policy", &policy_dir,
-            "lede mode: a policy version directory, or a policy root with a SERVING pointer (default: MODEL/policy)");
-  flags.Add("exit-layer", &exit_layer, "draft exit layer E in [1, L] (default: L/4, at least 1)");
-  flags.Add("draft-len", &draft_len, "draft length D");
-  flags.Add("temperature", &temperature, "0 = greedy");
-  flags.Add("top-p", &top_p, "nucleus mass in (0, 1]");
-  flags.Add("seed", &seed, "sampling seed");
+
+  void AddTo(FlagSet& f) {
+    mf.AddTo(f);
+    f.Add("prompt", &prompt, "prompt text", true);
+    f.Add("repeat", &repeat, "generate this many times, one stats line each (benchmarks: later runs are warm)");
+    f.Add("samples", &samples,
+              "sample this many texts from the prompt in one process, with seeds seed, seed+1, ... (corpora)");
+    f.Add("separator", &separator, "a line printed after each text (with --samples)");
+    f.Add("tokenizer", &tokenizer_path, "tokenizer file (default: found beside the model)");
+    f.Add("chat", &chat, "the prompt is a user message: render the checkpoint's chat template around it");
+    f.Add("system", &system, "--chat: a system message before the user message");
+    f.Add("chat-template", &chat_template, "--chat: Jinja template file (default: tokenizer_config.json's)");
+    f.Add("max-new-tokens", &max_new_tokens, "tokens to generate");
+    f.Add("mode", &mode,
+              "ar (autoregressive), static (self-speculative, fixed E and D) or lede (learned exit policy)");
+    f.Add("policy", &policy_dir,
+              "lede mode: a policy version directory, or a policy root with a SERVING pointer (default: MODEL/policy)");
+    f.Add("exit-layer", &exit_layer, "draft exit layer E in [1, L] (default: L/4, at least 1)");
+    f.Add("draft-len", &draft_len, "draft length D");
+    f.Add("temperature", &temperature, "0 = greedy");
+    f.Add("top-p", &top_p, "nucleus mass in (0, 1]");
+    f.Add("seed", &seed, "sampling seed");
+  }
+};
+
+#if LEDE_HAVE_POLICY
+// --mode lede: the policy version (`policy_dir`, default MODEL/policy) built
+// by the method factory; sets the loop mode and decision spec of `go`.
+StatusOr<std::unique_ptr<model::ExitController>> LedeController(const std::string& model_path, std::string policy_dir,
+                                                                const c10::Device& device,
+                                                                const model::LlamaModel& llama,
+                                                                model::GenerateOptions* go) {
+  if (policy_dir.empty()) {
+    std::filesystem::path p(model_path);
+    policy_dir = ((std::filesystem::is_directory(p) ? p : p.parent_path()) / "policy").string();
+  }
+  LEDE_ASSIGN_OR_RETURN(policy::dqn::Artifact artifact,
+                        ChoosePolicy(policy_dir, device, llama.config().ArchitectureFingerprint()));
+  policy::dqn::MethodContext context;
+  context.n_layers = static_cast<int32_t>(llama.n_layers());
+  context.max_draft_len = std::numeric_limits<int32_t>::max();  // the pool is sized from the spec below
+  context.artifact = std::make_shared<const policy::dqn::Artifact>(std::move(artifact));
+  speculation::MethodSpec spec;
+  spec.method = speculation::SpeculationMethod::kLede;
+  LEDE_ASSIGN_OR_RETURN(policy::dqn::MethodPlan plan, policy::dqn::PlanMethod(spec, context));
+  go->mode = plan.mode;
+  go->decision_spec = plan.decision_spec;
+  return plan.MakeController();
+}
+#endif
+
+// One stats line per generation (stderr): tokens, tokens/s, acceptance
+// rate, tokens per round, mean exit layer, wall and prefill time.
+void PrintGenerationStats(std::ostream& err, const std::string& label, const model::GenerationStats& st) {
+  err << std::fixed << std::setprecision(2) << "[" << label << "] " << st.n_generated << " tokens, "
+      << st.decode_tokens_per_s() << " tokens/s, acceptance rate " << std::setprecision(3)
+      << st.acceptance_rate() << ", " << st.tokens_per_round() << " tokens/round, mean exit layer "
+      << std::setprecision(2) << st.mean_exit_layer() << ", wall " << std::setprecision(3)
+      << (st.prefill_s + st.decode_s) << " s (prefill " << st.prefill_s << " s)\n";
+}
+
+int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  GenerateFlags g;
+  FlagSet flags;
+  g.AddTo(flags);
   if (flags::WantsHelp(args)) {
     out << "usage: lede generate --model PATH --prompt TEXT [flags]\nflags:\n" << flags.Usage();
     return kExitOk;
@@ -196,14 +240,14 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
     err << "lede generate: " << s.message() << " (see lede generate --help)\n";
     return kExitUsage;
   }
-  if (repeat < 1) return Fail(err, InvalidArgumentError("--repeat: must be >= 1"), kExitUsage);
-  if (samples < 1) return Fail(err, InvalidArgumentError("--samples: must be >= 1"), kExitUsage);
-  if (samples > 1 && repeat > 1) {
+  if (g.repeat < 1) return Fail(err, InvalidArgumentError("--repeat: must be >= 1"), kExitUsage);
+  if (g.samples < 1) return Fail(err, InvalidArgumentError("--samples: must be >= 1"), kExitUsage);
+  if (g.samples > 1 && g.repeat > 1) {
     return Fail(err, InvalidArgumentError("--samples: cannot be combined with --repeat"), kExitUsage);
   }
-  StatusOr<speculation::SpeculationMethod> method = speculation::ParseSpeculationMethod(mode);
+  StatusOr<speculation::SpeculationMethod> method = speculation::ParseSpeculationMethod(g.mode);
   if (!method.ok() || *method == speculation::SpeculationMethod::kThreshold) {
-    return Fail(err, InvalidArgumentError("--mode: want ar, static or lede, got '" + mode + "'"), kExitUsage);
+    return Fail(err, InvalidArgumentError("--mode: want ar, static or lede, got '" + g.mode + "'"), kExitUsage);
   }
   const bool lede_mode = *method == speculation::SpeculationMethod::kLede;
 #if !LEDE_HAVE_POLICY
@@ -211,73 +255,57 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
     return Fail(err, UnimplementedError("--mode lede: this engine-only build has no policy support"), kExitUsage);
   }
 #endif
-  auto options = mf.Options();
+  auto options = g.mf.Options();
   if (!options.ok()) return Fail(err, options.status(), kExitUsage);
 
-  {
-    auto found = tokenizer::ResolveTokenizerFile(mf.model, tokenizer_path);
-    if (!found.ok()) return Fail(err, found.status(), kExitUsage);
-    tokenizer_path = *found;
-  }
-  auto tokenizer = tokenizer::LoadTokenizer(tokenizer_path);
+  auto found = tokenizer::ResolveTokenizerFile(g.mf.model, g.tokenizer_path);
+  if (!found.ok()) return Fail(err, found.status(), kExitUsage);
+  g.tokenizer_path = *found;
+  auto tokenizer = tokenizer::LoadTokenizer(g.tokenizer_path);
   if (!tokenizer.ok()) return Fail(err, tokenizer.status(), LoadFailureCode(tokenizer.status()));
   const auto load_start = std::chrono::steady_clock::now();
-  auto loaded = model::LlamaModel::Load(mf.model, *options);
+  auto loaded = model::LlamaModel::Load(g.mf.model, *options);
   if (!loaded.ok()) return Fail(err, loaded.status(), LoadFailureCode(loaded.status()));
   std::shared_ptr<const model::LlamaModel> llama = std::move(*loaded);
-  err << std::fixed << std::setprecision(2) << "[load] " << mf.model << " in "
+  err << std::fixed << std::setprecision(2) << "[load] " << g.mf.model << " in "
       << std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count() << " s\n";
   const int64_t L = llama->n_layers();
 
-  std::string prompt_text = prompt;
-  if (chat) {
-    auto rendered = RenderChatPrompt(tokenizer_path, chat_template, system, prompt, true);
+  std::string prompt_text = g.prompt;
+  if (g.chat) {
+    auto rendered = RenderChatPrompt(g.tokenizer_path, g.chat_template, g.system, g.prompt, true);
     if (!rendered.ok()) return Fail(err, rendered.status(), kExitUsage);
     prompt_text = *rendered;
   }
   // A chat template writes BOS itself.
-  auto ids = (*tokenizer)->Encode(prompt_text, /*add_bos=*/!chat, /*add_eos=*/false);
+  auto ids = (*tokenizer)->Encode(prompt_text, /*add_bos=*/!g.chat, /*add_eos=*/false);
   if (!ids.ok()) return Fail(err, InvalidArgumentError("--prompt: " + std::string(ids.status().message())), kExitUsage);
 
   model::GenerateOptions go;
-  go.max_new_tokens = max_new_tokens;
-  go.sampling.temperature = temperature;
-  go.sampling.top_p = top_p;
-  go.sampling.seed = static_cast<uint64_t>(seed);
+  go.max_new_tokens = g.max_new_tokens;
+  go.sampling.temperature = g.temperature;
+  go.sampling.top_p = g.top_p;
+  go.sampling.seed = static_cast<uint64_t>(g.seed);
   go.mode = speculation::LoopMode(*method);
-  go.exit_layer = exit_layer > 0 ? exit_layer : std::max<int64_t>(1, L / 4);
-  go.draft_len = draft_len;
+  go.exit_layer = g.exit_layer > 0 ? g.exit_layer : std::max<int64_t>(1, L / 4);
+  go.draft_len = g.draft_len;
 
   std::unique_ptr<model::ExitController> controller;
 #if LEDE_HAVE_POLICY
   if (lede_mode) {
-    if (policy_dir.empty()) {
-      std::filesystem::path p(mf.model);
-      policy_dir = ((std::filesystem::is_directory(p) ? p : p.parent_path()) / "policy").string();
-    }
-    auto artifact = ChoosePolicy(policy_dir, options->device, llama->config().ArchitectureFingerprint());
-    if (!artifact.ok()) return Fail(err, artifact.status(), kExitUsage);
-    policy::dqn::MethodContext context;
-    context.n_layers = static_cast<int32_t>(L);
-    context.max_draft_len = std::numeric_limits<int32_t>::max();  // the pool is sized from the spec below
-    context.artifact = std::make_shared<const policy::dqn::Artifact>(*std::move(artifact));
-    speculation::MethodSpec spec;
-    spec.method = *method;
-    auto plan = policy::dqn::PlanMethod(spec, context);
-    if (!plan.ok()) return Fail(err, plan.status(), kExitUsage);
-    go.mode = plan->mode;
-    go.decision_spec = plan->decision_spec;
-    controller = plan->MakeController();
+    auto made = LedeController(g.mf.model, g.policy_dir, options->device, *llama, &go);
+    if (!made.ok()) return Fail(err, made.status(), kExitUsage);
+    controller = std::move(*made);
     go.controller = controller.get();
   }
 #endif
   model::KvCacheOptions ko;
   ko.n_slots = 1;
-  ko.max_draft_len = std::max<int64_t>(16, draft_len);
+  ko.max_draft_len = std::max<int64_t>(16, g.draft_len);
   // Only the positions this run can use: a 128k-context model's full window
   // would be 8 GiB of KV cache for Llama-3.2-1B.
   ko.capacity = std::min<int64_t>(llama->config().max_seq_len,
-                                  static_cast<int64_t>(ids->size()) + max_new_tokens + ko.max_draft_len + 2);
+                                  static_cast<int64_t>(ids->size()) + g.max_new_tokens + ko.max_draft_len + 2);
   auto engine = model::Engine::Create(llama, ko);
   if (!engine.ok()) return Fail(err, engine.status(), kExitFailure);
 
@@ -288,12 +316,12 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
     if (!echoed) out << (*tokenizer)->Decode(*ids);
     echoed = true;
   };
-  for (int64_t run = 0; run < std::max(repeat, samples); ++run) {
+  for (int64_t run = 0; run < std::max(g.repeat, g.samples); ++run) {
     // Repeats (benchmarks: later runs are warm) print their stats lines only;
     // samples print each text, with their own seeds.
-    const bool print_text = run == 0 || samples > 1;
+    const bool print_text = run == 0 || g.samples > 1;
     echoed = false;
-    go.sampling.seed = static_cast<uint64_t>(seed + (samples > 1 ? run : 0));
+    go.sampling.seed = static_cast<uint64_t>(g.seed + (g.samples > 1 ? run : 0));
     tokenizer::StreamingDetokenizer detok(**tokenizer, ids->back());
     auto result = (*engine)->Generate(*ids, go, [&](const std::vector<int32_t>& tokens) {
       if (!print_text) return;
@@ -308,17 +336,14 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
     if (print_text) {
       echo_prompt();
       out << detok.Flush() << "\n";
-      if (!separator.empty()) out << separator << "\n";
+      if (!g.separator.empty()) out << g.separator << "\n";
     }
-    const model::GenerationStats& st = result->stats;
-    std::string label = mode;
-    if (*method == speculation::SpeculationMethod::kStatic) label += " E=" + std::to_string(go.exit_layer) + " D=" + std::to_string(go.draft_len);
+    std::string label = g.mode;
+    if (*method == speculation::SpeculationMethod::kStatic) {
+      label += " E=" + std::to_string(go.exit_layer) + " D=" + std::to_string(go.draft_len);
+    }
     if (controller) label += " " + controller->name();
-    err << std::fixed << std::setprecision(2) << "[" << label << "] " << st.n_generated << " tokens, "
-        << st.decode_tokens_per_s() << " tokens/s, acceptance rate " << std::setprecision(3)
-        << st.acceptance_rate() << ", " << st.tokens_per_round() << " tokens/round, mean exit layer "
-        << std::setprecision(2) << st.mean_exit_layer() << ", wall " << std::setprecision(3)
-        << (st.prefill_s + st.decode_s) << " s (prefill " << st.prefill_s << " s)\n";
+    PrintGenerationStats(err, label, result->stats);
   }
   return kExitOk;
 }

@@ -193,7 +193,7 @@ TEST(RetrainE2eTest, PublishesFollowsAndRefusesCorruptVersions) {
   o.policy_root = root.string();
   o.colocated = true;
   o.policy_service = true;
-  o.experience_shard_age = absl::Milliseconds(200);
+  o.experience_shard_age_s = 0.2;
   testing::LedeCluster cluster(o);
   ASSERT_THAT(cluster.Start(), IsOk());
   auto stub = cluster.NewStub();
