@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "policy/dqn/artifact.h"
@@ -204,7 +205,7 @@ struct RetrainRun {
   // 5-6. training and evaluation
   DqnOptions dqn;
   json epochs = json::array();
-  DqnResult trained;
+  std::optional<DqnResult> trained;  // DqnResult has no empty state
   OfflinePolicyMetrics off_serving, off_candidate;
   json replay;
   // 7. the decision
@@ -471,7 +472,7 @@ policy::dqn::Artifact MakeCandidate(const RetrainRun& run, const policy::dqn::Po
   meta.training_data.last_shard = run.window_sorted.back();
   meta.training_data.n_shards = static_cast<int64_t>(run.window_sorted.size());
   meta.training_data.n_bad_shards = run.n_bad_shards;
-  policy::dqn::Artifact candidate = MakeArtifact(run.trained, run.dqn, meta);
+  policy::dqn::Artifact candidate = MakeArtifact(*run.trained, run.dqn, meta);
   const OfflinePolicyMetrics& off = run.off_candidate;
   candidate.metadata.training_data.n_heldout_transitions = off.n_transitions;
   candidate.metadata.training_data.n_heldout_episodes = off.n_episodes;
@@ -533,9 +534,9 @@ json RetrainReport(const RetrainRun& run, const RetrainOptions& o, const Retrain
                          {"gamma", dqn.gamma},
                          {"n_step", dqn.n_step},
                          {"seed", dqn.seed},
-                         {"n_train_transitions", run.trained.n_train_transitions},
-                         {"n_dropped", run.trained.n_dropped},
-                         {"n_duplicates", run.trained.n_duplicates},
+                         {"n_train_transitions", run.trained->n_train_transitions},
+                         {"n_dropped", run.trained->n_dropped},
+                         {"n_duplicates", run.trained->n_duplicates},
                          {"per_epoch", run.epochs}};
   return {{"format", kReportFormat},
           {"created_utc", UtcNow("%Y-%m-%dT%H:%M:%SZ")},
@@ -684,12 +685,12 @@ StatusOr<RetrainOutcome> Retrainer::RunOnce() {
                                                 {"action_agreement", r.action_agreement},
                                                 {"elapsed_s", r.elapsed_s}});
                         }));
-  log("fine-tuned " + smeta.version + " on " + std::to_string(run.trained.n_train_transitions) + " transitions (" +
+  log("fine-tuned " + smeta.version + " on " + std::to_string(run.trained->n_train_transitions) + " transitions (" +
       std::to_string(run.dqn.epochs) + " epochs, lr " + std::to_string(run.dqn.lr) + ")");
 
   // 6a. Offline, on the held-out transitions; 6b. replay through the engine.
   LEDE_ASSIGN_OR_RETURN(run.off_serving, EvaluateOffline(serving->network, run.held, run.dqn));
-  LEDE_ASSIGN_OR_RETURN(run.off_candidate, EvaluateOffline(run.trained.network, run.held, run.dqn));
+  LEDE_ASSIGN_OR_RETURN(run.off_candidate, EvaluateOffline(run.trained->network, run.held, run.dqn));
   const std::string version = CandidateVersion(o);
   policy::dqn::Artifact candidate = MakeCandidate(run, smeta, version);
   run.cand_metric = run.off_candidate.matched_return;
