@@ -355,6 +355,11 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
     lo.prefix = options.experience_prefix;
     lo.queue_capacity_records = options.experience_queue_records;
     lo.max_shard_age = options.experience_shard_age;
+    lo.retention.max_total_bytes = options.experience_max_bytes;
+    lo.retention.max_age = options.experience_max_age;
+    if (options.experience_max_bytes > 0) {
+      lo.max_shard_bytes = std::min<int64_t>(lo.max_shard_bytes, options.experience_max_bytes);
+    }
     telemetry::SpecDecodeMetrics* m = impl.metrics.get();
     if (m != nullptr) {
       auto last = std::make_shared<experience::ExperienceLoggerCounters>();
@@ -365,6 +370,10 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
         m->experience_records_dropped.Increment(
             static_cast<double>((c.records_dropped + c.records_lost) - (last->records_dropped + last->records_lost)));
         m->experience_shards_written.Increment(static_cast<double>(c.shards_written - last->shards_written));
+        m->experience_shards_deleted.Increment(static_cast<double>(c.shards_deleted - last->shards_deleted));
+        m->experience_bytes_deleted.Increment(static_cast<double>(c.bytes_deleted - last->bytes_deleted));
+        m->experience_stale_temp_files_removed.Increment(
+            static_cast<double>(c.stale_temp_files_removed - last->stale_temp_files_removed));
         *last = c;
       };
     }
@@ -372,6 +381,13 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
         std::shared_ptr<storage::ObjectStore>(std::move(*store)), std::move(lo));
     if (!logger.ok()) return logger.status();
     impl.logger = std::move(*logger);
+    const experience::ExperienceLoggerCounters c = impl.logger->counters();
+    if (c.stale_temp_files_removed > 0) {
+      rpc::LogEvent("info", "experience_stale_temp_files_removed",
+                    {{"files", std::to_string(c.stale_temp_files_removed)},
+                     {"bytes", std::to_string(c.stale_temp_bytes_removed)},
+                     {"store", options.experience_url}});
+    }
   }
   return service;
 }

@@ -51,6 +51,11 @@ int Run(const std::vector<std::string>& raw_args) {
             "object store for experience: a directory, file:///dir or s3://bucket/prefix?endpoint=...");
   flags.Add("experience-prefix", &o.experience_prefix, "key prefix of experience shards in the store");
   flags.Add("experience-shard-age-s", &shard_age_s, "publish a shard at least this often");
+  double max_age_h = 0;
+  flags.Add("experience-max-bytes", &o.experience_max_bytes,
+            "retention: delete the oldest experience shards beyond this many bytes (0 = keep all)");
+  flags.Add("experience-max-age-h", &max_age_h,
+            "retention: delete experience shards older than this many hours (0 = keep all)");
   flags.Add("reward", &o.reward, "rewards of logged transitions: throughput | paper");
   flags.Add("shutdown-grace-s", &grace_s, "how long in-flight requests may finish after SIGTERM");
   // Issue 17: bounded input and the security of the public API (README "TLS and API keys").
@@ -89,6 +94,11 @@ int Run(const std::vector<std::string>& raw_args) {
   o.experience_shard_age = absl::Seconds(shard_age_s);
   o.lease_ttl = absl::Seconds(lease_ttl_s);
   o.instance_name = instance_name == "auto" ? lede::coordinator::DefaultInstanceName(listen) : instance_name;
+  if (o.experience_max_bytes < 0 || !(max_age_h >= 0)) {
+    std::cerr << "lede-coordinator: --experience-max-bytes and --experience-max-age-h must not be negative\n";
+    return 2;
+  }
+  o.experience_max_age = absl::Hours(max_age_h);
   if (o.tokenizer_path.empty()) {
     auto found = lede::tokenizer::FindTokenizerFile(model);
     if (!found.ok()) {

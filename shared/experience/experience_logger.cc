@@ -68,12 +68,29 @@ StatusOr<std::unique_ptr<ExperienceLogger>> ExperienceLogger::Create(
                                 "\" (use [A-Za-z0-9._-], not starting with '.')");
   }
   if (o.queue_capacity_records <= 0 || o.max_shard_bytes <= 0 || o.max_put_attempts <= 0 ||
-      o.max_shard_age <= absl::ZeroDuration() || o.initial_backoff < absl::ZeroDuration()) {
+      o.max_shard_age <= absl::ZeroDuration() || o.initial_backoff < absl::ZeroDuration() ||
+      o.retention_interval <= absl::ZeroDuration()) {
     return InvalidArgumentError(
-        "ExperienceLoggerOptions: queue_capacity_records, max_shard_bytes, max_put_attempts and "
-        "max_shard_age must be positive, initial_backoff non-negative");
+        "ExperienceLoggerOptions: queue_capacity_records, max_shard_bytes, max_put_attempts, "
+        "max_shard_age and retention_interval must be positive, initial_backoff non-negative");
   }
+  if (o.retention.max_total_bytes < 0 || o.retention.max_age < absl::ZeroDuration()) {
+    return InvalidArgumentError("ExperienceLoggerOptions.retention: max_total_bytes and max_age must not be negative");
+  }
+  if (o.retention.max_total_bytes > 0 && o.retention.max_total_bytes < o.max_shard_bytes) {
+    return InvalidArgumentError("ExperienceLoggerOptions.retention.max_total_bytes (" +
+                                std::to_string(o.retention.max_total_bytes) +
+                                ") must be 0 or at least max_shard_bytes (" + std::to_string(o.max_shard_bytes) +
+                                "): retention would delete the shard just written");
+  }
+  // Temporaries of writers killed mid-Put() (issue 17, failure 6); best
+  // effort: a store that cannot list them keeps them.
+  const StatusOr<storage::StaleTemporaries> stale = store->RemoveStaleTemporaries(o.prefix + "/");
   std::unique_ptr<ExperienceLogger> logger(new ExperienceLogger(std::move(store), std::move(o)));
+  if (stale.ok()) {
+    logger->counts_.stale_temp_files_removed.store(stale->files, std::memory_order_relaxed);
+    logger->counts_.stale_temp_bytes_removed.store(stale->bytes, std::memory_order_relaxed);
+  }
   logger->writer_ = std::thread([l = logger.get()] { l->Run(); });
   return logger;
 }
@@ -138,11 +155,29 @@ ExperienceLoggerCounters ExperienceLogger::counters() const {
   c.shards_written = counts_.shards_written.load(std::memory_order_relaxed);
   c.put_failures = counts_.put_failures.load(std::memory_order_relaxed);
   c.put_retries = counts_.put_retries.load(std::memory_order_relaxed);
+  c.stale_temp_files_removed = counts_.stale_temp_files_removed.load(std::memory_order_relaxed);
+  c.stale_temp_bytes_removed = counts_.stale_temp_bytes_removed.load(std::memory_order_relaxed);
+  c.shards_deleted = counts_.shards_deleted.load(std::memory_order_relaxed);
+  c.bytes_deleted = counts_.bytes_deleted.load(std::memory_order_relaxed);
+  c.retention_failures = counts_.retention_failures.load(std::memory_order_relaxed);
   return c;
 }
 
 void ExperienceLogger::Report() {
   if (options_.on_counters) options_.on_counters(counters());
+}
+
+void ExperienceLogger::ApplyRetentionNow() {
+  if (!options_.retention.enabled()) return;
+  const absl::Time now = options_.clock->Now();
+  last_retention_ = now;
+  const StatusOr<RetentionResult> r = ApplyRetention(*store_, options_.prefix + "/", options_.retention, now);
+  if (r.ok()) {
+    counts_.shards_deleted.fetch_add(r->shards_deleted, std::memory_order_relaxed);
+    counts_.bytes_deleted.fetch_add(r->bytes_deleted, std::memory_order_relaxed);
+  } else {
+    counts_.retention_failures.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 void ExperienceLogger::PutShard(ShardBuilder& shard) {
@@ -162,6 +197,10 @@ void ExperienceLogger::PutShard(ShardBuilder& shard) {
     if (s.ok()) {
       counts_.records_written.fetch_add(n_records, std::memory_order_relaxed);
       counts_.shards_written.fetch_add(1, std::memory_order_relaxed);
+      if (options_.retention.enabled() &&
+          options_.clock->Now() - last_retention_ >= options_.retention_interval) {
+        ApplyRetentionNow();
+      }
       break;
     }
     if (attempt < options_.max_put_attempts) {
@@ -184,6 +223,8 @@ void ExperienceLogger::Run() {
   ShardBuilder shard;
   std::deque<lede::v1::Transition> batch;
   int64_t flushed = 0;
+  ApplyRetentionNow();
+  Report();  // the start-up sweep and first retention pass reach /metrics now
   while (true) {
     int64_t gen = 0;
     bool closing = false;

@@ -11,6 +11,14 @@
 // so a crash loses at most the buffered records and never leaves a partial
 // shard. The trainer reads them back with ReadShardsFromStore().
 //
+// Disk hygiene (issue 17): Create() first removes the temporary files that
+// writers killed in the middle of a Put() left under <prefix>/
+// (ObjectStore::RemoveStaleTemporaries(); counted in
+// stale_temp_files_removed). With options.retention enabled the writer
+// thread applies it (retention.h: oldest shards under <prefix>/ deleted
+// first, whoever wrote them) when it starts and after a shard is Put() once
+// retention_interval has passed since the last time (on `clock`).
+//
 // Ownership: the logger shares ownership of the store. Only the writer
 // thread encodes and Put()s; Log() only enqueues.
 #ifndef LEDE_SHARED_EXPERIENCE_EXPERIENCE_LOGGER_H_
@@ -29,6 +37,7 @@
 #include "absl/time/time.h"
 #include "proto/lede/v1/experience.pb.h"  // the queue holds records by value
 #include "shared/clock/clock.h"
+#include "shared/experience/retention.h"
 #include "shared/status/status.h"
 #include "shared/storage/object_store.h"
 
@@ -47,6 +56,11 @@ struct ExperienceLoggerCounters {
   int64_t shards_written = 0;    // shards Put() successfully
   int64_t put_failures = 0;      // shards given up after max_put_attempts failures
   int64_t put_retries = 0;       // failed Put() attempts that were retried
+  int64_t stale_temp_files_removed = 0;  // temporaries of dead writers removed by Create()
+  int64_t stale_temp_bytes_removed = 0;  // their size, in bytes
+  int64_t shards_deleted = 0;            // shards deleted by retention
+  int64_t bytes_deleted = 0;             // their size, in bytes
+  int64_t retention_failures = 0;        // retention passes that failed (List/Delete error)
 };
 
 // Example:
@@ -77,8 +91,14 @@ struct ExperienceLoggerOptions {
   int max_put_attempts = 4;
   // Sleep after the first failed attempt; doubles after each further one.
   absl::Duration initial_backoff = absl::Milliseconds(100);
+  // Bounds on the shards under <prefix>/ (retention.h); off by default.
+  // max_total_bytes, when set, must be at least max_shard_bytes.
+  RetentionPolicy retention;
+  // Least time between two retention passes (on `clock`); a pass lists the
+  // whole prefix, so not after every shard.
+  absl::Duration retention_interval = absl::Minutes(1);
   // Called on the writer thread with a snapshot after every shard attempt
-  // (written or given up) and from Close(). Must be quick and must not call
+  // (written or given up) and retention pass, and from Close(). Must be quick and must not call
   // Flush() or Close() (deadlock); counters() is fine.
   std::function<void(const ExperienceLoggerCounters&)> on_counters;
   // Time source of the shard age, the retry backoff, the shard's date and
@@ -91,9 +111,12 @@ struct ExperienceLoggerOptions {
 // any thread concurrently.
 class ExperienceLogger {
  public:
-  // Starts the writer thread. Errors: kInvalidArgument if `store` is null,
-  // prefix or writer_id is not key-safe, or a size, capacity, attempt count
-  // or duration is not positive.
+  // Removes stale temporary files under <prefix>/ (see the file comment;
+  // a failure there is not an error, the files stay), then starts the
+  // writer thread. Errors: kInvalidArgument if `store` is null, prefix or
+  // writer_id is not key-safe, a size, capacity, attempt count or duration
+  // is not positive, or a retention bound is negative or max_total_bytes
+  // is below max_shard_bytes.
   static StatusOr<std::unique_ptr<ExperienceLogger>> Create(std::shared_ptr<storage::ObjectStore> store,
                                                             ExperienceLoggerOptions options);
   // Close()s (writes what is buffered).
@@ -130,7 +153,8 @@ class ExperienceLogger {
  private:
   struct Atomics {
     std::atomic<int64_t> records_logged{0}, records_dropped{0}, records_rejected{0}, records_written{0},
-        records_lost{0}, shards_written{0}, put_failures{0}, put_retries{0};
+        records_lost{0}, shards_written{0}, put_failures{0}, put_retries{0}, stale_temp_files_removed{0},
+        stale_temp_bytes_removed{0}, shards_deleted{0}, bytes_deleted{0}, retention_failures{0};
   };
   class ShardBuilder;
 
@@ -141,6 +165,8 @@ class ExperienceLogger {
   // Puts the current shard, if it has records, with retries.
   void PutShard(ShardBuilder& shard);
   void Report();
+  // Applies options_.retention (writer thread only).
+  void ApplyRetentionNow();
 
   const std::shared_ptr<storage::ObjectStore> store_;
   ExperienceLoggerOptions options_;
@@ -158,6 +184,7 @@ class ExperienceLogger {
   Status flush_status_ ABSL_GUARDED_BY(mu_);    // result of the last completed flush
   Status pending_error_ ABSL_GUARDED_BY(mu_);   // last give-up since the last flush
   int64_t seq_ = 0;                             // writer thread only
+  absl::Time last_retention_ = absl::InfinitePast();  // writer thread only
   std::thread writer_;
 };
 

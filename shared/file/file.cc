@@ -1,6 +1,7 @@
 #include "shared/file/file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,7 +25,63 @@ Status SystemError(const std::string& what, const std::string& path, int err) {
   return InternalError(path + ": " + what + ": " + std::strerror(err));
 }
 
+// Captured at load time, before main().
+const std::time_t g_process_start = std::time(nullptr);
+
+bool AllDigits(std::string_view s) {
+  if (s.empty() || s.size() > 18) return false;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+  }
+  return true;
+}
+
+// Whether `pid` names a live process other than this one.
+bool OtherProcessAlive(int64_t pid) {
+  if (pid <= 0 || pid > INT32_MAX) return false;
+  if (pid == static_cast<int64_t>(::getpid())) return false;
+  if (::kill(static_cast<pid_t>(pid), 0) == 0) return true;
+  return errno != ESRCH;  // EPERM: alive, owned by someone else
+}
+
 }  // namespace
+
+int64_t TempFileWriterPid(std::string_view filename) {
+  if (filename.size() < 2 || filename.front() != '.') return -1;
+  const size_t tmp = filename.rfind(".tmp-");
+  if (tmp == std::string_view::npos || tmp < 2) return -1;  // needs a non-empty <name>
+  const std::string_view rest = filename.substr(tmp + 5);
+  const size_t dash = rest.find('-');
+  if (dash == std::string_view::npos) return -1;
+  const std::string_view pid = rest.substr(0, dash);
+  if (!AllDigits(pid) || !AllDigits(rest.substr(dash + 1))) return -1;
+  return std::stoll(std::string(pid));
+}
+
+std::time_t ProcessStartTime() { return g_process_start; }
+
+StaleTempFiles RemoveStaleTempFiles(const std::string& dir, std::time_t older_than) {
+  StaleTempFiles removed;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return removed;
+  fs::recursive_directory_iterator it(dir, fs::directory_options::skip_permission_denied, ec);
+  if (ec) return removed;
+  for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (ec) break;
+    const std::string name = it->path().filename().string();
+    const int64_t pid = TempFileWriterPid(name);
+    if (pid < 0) continue;
+    const std::string path = it->path().string();
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (st.st_mtime >= older_than || OtherProcessAlive(pid)) continue;
+    if (::unlink(path.c_str()) == 0) {
+      ++removed.files;
+      removed.bytes += static_cast<int64_t>(st.st_size);
+    }
+  }
+  return removed;
+}
 
 StatusOr<std::string> ReadFile(const std::string& path) {
   std::error_code ec;

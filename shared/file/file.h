@@ -15,10 +15,17 @@
 //   5. fsync the directory, so the rename survives a crash (best effort:
 //      some file systems refuse to open or sync a directory).
 // Readers see either the old content or the new, never a partial file.
+//
+// A writer killed between steps 1 and 4 (kill -9, power loss) leaves its
+// temporary file behind; RemoveStaleTempFiles() removes those of writers
+// that are gone, and the writers' owners call it at start (LocalStore via
+// ObjectStore::RemoveStaleTemporaries(), so the experience logger's).
 #ifndef LEDE_SHARED_FILE_FILE_H_
 #define LEDE_SHARED_FILE_FILE_H_
 
 #include <cstddef>
+#include <cstdint>
+#include <ctime>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -86,6 +93,39 @@ class AtomicFileWriter {
 // is left as it was and no temporary file remains. Errors: kInternal naming
 // the file and the system error.
 Status WriteFileAtomically(const std::string& path, std::string_view bytes);
+
+// The pid of the writer that made temporary file `filename` (a bare name,
+// no directory), if it has the form ".<name>.tmp-<pid>-<n>" with a non-empty
+// <name> and decimal <pid> and <n>; else -1. Example:
+// ".a-00000001.lexp.tmp-4242-7" -> 4242; "a.lexp" -> -1.
+int64_t TempFileWriterPid(std::string_view filename);
+
+// The time this process started (captured when the program loads), in
+// seconds since the Unix epoch: no temporary file modified before it can
+// belong to a writer of this process.
+std::time_t ProcessStartTime();
+
+// What RemoveStaleTempFiles() removed.
+struct StaleTempFiles {
+  int64_t files = 0;  // temporary files removed
+  int64_t bytes = 0;  // their total size, in bytes
+};
+
+// Removes, under directory `dir` and all its sub-folders, every temporary
+// file of AtomicFileWriter (TempFileWriterPid() >= 0) that is stale: last
+// modified before `older_than` (seconds since the Unix epoch; callers pass
+// ProcessStartTime(), "older than this writer's own lifetime") AND whose
+// writer pid is not a live process other than this one (kill(pid, 0) fails
+// with ESRCH, or pid is this process's own, which then is a previous process
+// that had the same pid, as pid 1 in a container after a restart). A live
+// writer's in-progress file is therefore never touched: its pid is alive or
+// it is newer than `older_than`. Assumes the writers share this host's pid
+// namespace (a directory shared across hosts keeps files whose pid happens
+// to be alive here; they are removed by a later start once it is not).
+// Best effort: a missing `dir` gives {0, 0}; files that vanish meanwhile or
+// cannot be removed are skipped; never fails.
+// Thread-safety: safe to call from many threads and processes at once.
+StaleTempFiles RemoveStaleTempFiles(const std::string& dir, std::time_t older_than);
 
 // fsync of directory `dir` (best effort, see step 5); "" means ".".
 void SyncDirectory(const std::string& dir);

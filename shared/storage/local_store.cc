@@ -1,6 +1,7 @@
 #include "shared/storage/local_store.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -85,10 +86,13 @@ StatusOr<std::vector<ObjectInfo>> LocalStore::List(std::string_view prefix) {
     if (full.size() <= root_len) continue;
     std::string key = full.substr(root_len);
     if (key.compare(0, prefix.size(), prefix) != 0) continue;
-    std::error_code size_ec;
-    const uintmax_t size = it->file_size(size_ec);
-    if (size_ec) continue;  // removed while listing
-    out.push_back(ObjectInfo{std::move(key), static_cast<int64_t>(size)});
+    struct stat st;
+    if (::stat(full.c_str(), &st) != 0) continue;  // removed while listing
+    ObjectInfo info;
+    info.key = std::move(key);
+    info.size_bytes = static_cast<int64_t>(st.st_size);
+    info.modified = absl::TimeFromTimespec(st.st_mtim);
+    out.push_back(std::move(info));
   }
   if (ec) return InternalError("cannot list " + start.string() + ": " + ec.message());
   std::sort(out.begin(), out.end(),
@@ -101,6 +105,15 @@ Status LocalStore::Delete(std::string_view key) {
   const std::string path = (fs::path(root_) / std::string(key)).string();
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoError("cannot delete", path, errno);
   return OkStatus();
+}
+
+StatusOr<StaleTemporaries> LocalStore::RemoveStaleTemporaries(std::string_view prefix) {
+  LEDE_RETURN_IF_ERROR(ValidatePrefix(prefix));
+  const size_t slash = prefix.rfind('/');
+  const std::string rel = slash == std::string_view::npos ? "" : std::string(prefix.substr(0, slash));
+  const std::string dir = rel.empty() ? root_ : (fs::path(root_) / rel).string();
+  const file::StaleTempFiles removed = file::RemoveStaleTempFiles(dir, file::ProcessStartTime());
+  return StaleTemporaries{removed.files, removed.bytes};
 }
 
 std::string LocalStore::url() const { return "file://" + root_; }

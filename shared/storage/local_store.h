@@ -20,8 +20,9 @@ namespace lede::storage {
 // folder, fsyncs it, renames it over <name> and fsyncs the folder, so a
 // crash at any point leaves either the old object or the new one; List()
 // never reports names that start with '.' (temporary files of a writer that
-// died stay invisible; they are not cleaned up). Empty folders left by
-// Delete() are kept.
+// died stay invisible; RemoveStaleTemporaries() removes them, and the
+// experience logger calls it at start). List() reports each file's mtime as
+// ObjectInfo::modified. Empty folders left by Delete() are kept.
 // Thread-safety: thread-safe; concurrent Put()s of one key leave one of the
 // values whole. Several processes may share one root.
 class LocalStore : public ObjectStore {
@@ -35,6 +36,10 @@ class LocalStore : public ObjectStore {
   StatusOr<std::string> Get(std::string_view key) override;
   StatusOr<std::vector<ObjectInfo>> List(std::string_view prefix) override;
   Status Delete(std::string_view key) override;
+  // Removes the temporary files under <root>/<prefix's folder> whose writer
+  // is gone and that are older than this process
+  // (file::RemoveStaleTempFiles(dir, file::ProcessStartTime())).
+  StatusOr<StaleTemporaries> RemoveStaleTemporaries(std::string_view prefix) override;
   // "file://" + the absolute root.
   std::string url() const override;
 

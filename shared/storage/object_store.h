@@ -28,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "shared/status/status.h"
 
 namespace lede::storage {
@@ -36,7 +37,23 @@ namespace lede::storage {
 struct ObjectInfo {
   std::string key;         // relative to the store's root (or URL prefix)
   int64_t size_bytes = 0;  // object size, in bytes
+  // When the object was last written (local: the file's mtime; S3: the
+  // listing's LastModified); InfinitePast() if the backend did not say.
+  absl::Time modified = absl::InfinitePast();
 };
+
+// What ObjectStore::RemoveStaleTemporaries() removed.
+struct StaleTemporaries {
+  int64_t files = 0;  // leftover temporary files removed
+  int64_t bytes = 0;  // their total size, in bytes
+};
+
+// OK if `key` is a valid object key (file comment), else kInvalidArgument
+// naming the key and the rule it breaks.
+Status ValidateKey(std::string_view key);
+
+// Like ValidateKey() for a List() prefix: "" and a trailing '/' are allowed.
+Status ValidatePrefix(std::string_view prefix);
 
 // A flat namespace of immutable-once-written objects addressed by key.
 //
@@ -75,17 +92,23 @@ class ObjectStore {
   // in S3), so Delete() is idempotent.
   virtual Status Delete(std::string_view key) = 0;
 
+  // Removes what writers that died in the middle of a Put() left behind
+  // under `prefix` (a List() prefix, naming a folder or ""): for the local
+  // backend the hidden temporary files of writers no longer alive and older
+  // than this process (file::RemoveStaleTempFiles()); an S3 PUT leaves
+  // nothing, so the default does nothing. A writer calls it when it starts
+  // (ExperienceLogger::Create()). Never touches a live writer's file or any
+  // visible object. Best effort: files that cannot be removed are skipped.
+  // Errors: kInvalidArgument for an invalid prefix.
+  virtual StatusOr<StaleTemporaries> RemoveStaleTemporaries(std::string_view prefix) {
+    if (Status s = ValidatePrefix(prefix); !s.ok()) return s;
+    return StaleTemporaries{};
+  }
+
   // The store's normalized URL ("file:///abs/dir", "s3://bucket/prefix?..."),
   // without credentials; OpenObjectStore(url()) opens the same store.
   virtual std::string url() const = 0;
 };
-
-// OK if `key` is a valid object key (file comment), else kInvalidArgument
-// naming the key and the rule it breaks.
-Status ValidateKey(std::string_view key);
-
-// Like ValidateKey() for a List() prefix: "" and a trailing '/' are allowed.
-Status ValidatePrefix(std::string_view prefix);
 
 // Opens the store at `url`:
 //   "file:///abs/dir" or a plain path "dir", "/abs/dir" → a local directory,

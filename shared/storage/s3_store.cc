@@ -241,6 +241,11 @@ StatusOr<std::vector<ObjectInfo>> S3Store::List(std::string_view prefix) {
       ObjectInfo info;
       info.key = key.substr(strip);
       info.size_bytes = std::atoll(ChildText(c, "Size").c_str());
+      absl::Time modified;
+      std::string parse_error;
+      if (absl::ParseTime(absl::RFC3339_full, ChildText(c, "LastModified"), &modified, &parse_error)) {
+        info.modified = modified;
+      }
       out.push_back(std::move(info));
     }
     const bool truncated = ChildText(result, "IsTruncated") == "true";

@@ -160,6 +160,15 @@ SpecDecodeMetrics::SpecDecodeMetrics(Registry& r)
       experience_shards_written(UnlabelledCounter(
           r, "lede_experience_shards_written_total",
           "Experience shards completed and made visible (shards).")),
+      experience_shards_deleted(UnlabelledCounter(
+          r, "lede_experience_shards_deleted_total",
+          "Experience shards deleted by the retention policy (shards).")),
+      experience_bytes_deleted(UnlabelledCounter(
+          r, "lede_experience_bytes_deleted_total",
+          "Bytes of experience shards deleted by the retention policy (bytes).")),
+      experience_stale_temp_files_removed(UnlabelledCounter(
+          r, "lede_experience_stale_temp_files_removed_total",
+          "Temporary shard files of writers that died mid-write, removed at start (files).")),
       per_pos_(kMaxAcceptedPositions, nullptr) {}
 
 Counter& SpecDecodeMetrics::AcceptedAtPosition(int position) {

@@ -183,6 +183,9 @@ struct SpecDecodeMetrics {
   Counter& experience_records_written;  // lede_experience_records_written_total
   Counter& experience_records_dropped;  // lede_experience_records_dropped_total
   Counter& experience_shards_written;   // lede_experience_shards_written_total
+  Counter& experience_shards_deleted;   // lede_experience_shards_deleted_total (retention)
+  Counter& experience_bytes_deleted;    // lede_experience_bytes_deleted_total (retention)
+  Counter& experience_stale_temp_files_removed;  // lede_experience_stale_temp_files_removed_total
 
  private:
   absl::Mutex version_mu_;

@@ -179,6 +179,15 @@ const std::string& Llama2cTokenizer::piece(int32_t id) const {
   return pieces_[static_cast<size_t>(id)];
 }
 
+int32_t Llama2cTokenizer::ByteToken(unsigned char byte) const {
+  // A vocabulary of fewer than 259 pieces lacks some byte-fallback tokens;
+  // their bytes become <unk> instead of an id past the vocabulary (found by
+  // tests/fuzz/llama2c_tokenizer: a 3-piece file made Encode() read past
+  // pieces_).
+  const int32_t id = static_cast<int32_t>(byte) + kByteFallbackOffset;
+  return id < vocab_size() ? id : kUnkId;
+}
+
 int32_t Llama2cTokenizer::Lookup(const std::string& piece) const {
   const auto it = piece_to_id_.find(piece);
   return it == piece_to_id_.end() ? -1 : it->second;
@@ -196,7 +205,7 @@ StatusOr<std::vector<int32_t>> Llama2cTokenizer::Encode(std::string_view text,
   if (!text.empty()) {
     // run.c pushes str_lookup(" ") unconditionally; a vocabulary without a
     // " " piece would give -1 there, so fall back to the byte token instead.
-    tokens.push_back(space_id_ >= 0 ? space_id_ : ' ' + kByteFallbackOffset);
+    tokens.push_back(space_id_ >= 0 ? space_id_ : ByteToken(' '));
   }
   for (size_t pos = 0; pos < text.size();) {
     const size_t len = Utf8CharLength(static_cast<unsigned char>(text[pos]));
@@ -205,8 +214,7 @@ StatusOr<std::vector<int32_t>> Llama2cTokenizer::Encode(std::string_view text,
       tokens.push_back(id);
     } else {
       for (size_t i = 0; i < len; ++i) {
-        tokens.push_back(static_cast<unsigned char>(text[pos + i]) +
-                         kByteFallbackOffset);
+        tokens.push_back(ByteToken(static_cast<unsigned char>(text[pos + i])));
       }
     }
     pos += len;

@@ -30,7 +30,8 @@ namespace lede::tokenizer {
 //   2. if `text` is non-empty, the dummy-prefix piece " " (byte fallback
 //      <0x20> if the vocabulary has no " " piece);
 //   3. each UTF-8 character as a whole piece if the vocabulary has it, else
-//      one byte-fallback id (byte + 3) per byte;
+//      one byte-fallback id (byte + 3) per byte, or <unk> (id 0) for a byte
+//      whose fallback id is past a small vocabulary (< 259 pieces);
 //   4. repeatedly merge the adjacent pair whose concatenated piece is in the
 //      vocabulary with the highest score (the leftmost pair on ties; as in
 //      run.c, only scores above -1e10 count);
@@ -100,6 +101,9 @@ class Llama2cTokenizer : public Tokenizer {
   // The id of the piece with exactly these bytes, or -1. When the file
   // repeats a piece, the lowest id wins.
   int32_t Lookup(const std::string& piece) const;
+  // The byte-fallback id of `byte` (byte + 3), or kUnkId when the vocabulary
+  // is too small to hold it.
+  int32_t ByteToken(unsigned char byte) const;
 
   std::vector<std::string> pieces_;  // id -> bytes
   std::vector<float> scores_;        // id -> merge score

@@ -46,6 +46,10 @@
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
 #include "shared/experience/experience_logger.h"
+#include "shared/experience/retention.h"
+#include "shared/file/file.h"
+#include <fcntl.h>
+#include <sys/stat.h>
 
 namespace lede::experience {
 namespace {
@@ -954,6 +958,204 @@ TEST(ExperienceLoggerTest, RoundTripThroughS3) {
   EXPECT_GE((*logger)->counters().shards_written, 3);
   EXPECT_EQ((*logger)->counters().put_failures, 0);
   ExpectSameTransitions(ReadAllClean(*store, "experience"), MakeTransitions(0, 60));
+}
+
+// ---------------------------------------------------------------------------
+// Disk hygiene (issue 17): stale temporaries at start, retention.
+
+// Sets the modification time of `path` to `t`.
+void SetModified(const fs::path& path, absl::Time t) {
+  const timespec ts = absl::ToTimespec(t);
+  const timespec times[2] = {ts, ts};
+  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0) << path;
+}
+
+void WriteFileOfSize(const fs::path& path, size_t n) {
+  fs::create_directories(path.parent_path());
+  std::ofstream(path, std::ios::binary) << std::string(n, 'x');
+}
+
+// A pid no process has: a child that exited and was reaped.
+pid_t DeadPid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return pid;
+}
+
+std::shared_ptr<storage::ObjectStore> OpenLocal(const fs::path& dir) {
+  StatusOr<std::unique_ptr<storage::ObjectStore>> opened = storage::OpenObjectStore("file://" + dir.string());
+  EXPECT_THAT(opened, IsOk());
+  if (!opened.ok()) return nullptr;
+  return std::shared_ptr<storage::ObjectStore>(std::move(opened).value());
+}
+
+// Issue 17, failure 6: kill -9 during a shard write left a 2 MiB temporary
+// file that no restart removed. A (re)started logger removes the temporary
+// files of dead writers under its prefix, counts them, and leaves a live
+// writer's in-progress file, other prefixes and finished shards alone.
+TEST(ExperienceLoggerTest, StartRemovesStaleTemporaryShardsOfDeadWriters) {
+  lede::testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  std::shared_ptr<storage::ObjectStore> store = OpenLocal(tmp.path());
+  ASSERT_NE(store, nullptr);
+  const fs::path day = tmp.path() / "experience" / "2026-01-02";
+  // What a coordinator killed mid-Put() leaves: .<shard>.tmp-<pid>-<n>, last
+  // written before this process started.
+  const fs::path stale = day / (".host-1-20260102T030405Z-00000007.lexp.tmp-" + std::to_string(DeadPid()) + "-0");
+  WriteFileOfSize(stale, 2 << 20);
+  SetModified(stale, absl::Now() - absl::Hours(1));
+  const fs::path other_prefix = tmp.path() / "policies" / (".p.json.tmp-" + std::to_string(DeadPid()) + "-0");
+  WriteFileOfSize(other_prefix, 3);
+  SetModified(other_prefix, absl::Now() - absl::Hours(1));
+  ASSERT_THAT(store->Put("experience/2026-01-02/old-00000000.lexp", "shard"), IsOk());
+  // A live writer (this process) with a shard in progress.
+  auto live = file::AtomicFileWriter::Create((day / "live-00000000.lexp").string());
+  ASSERT_THAT(live, IsOk());
+  ASSERT_THAT((*live)->Append("half a shard"), IsOk());
+
+  StatusOr<std::unique_ptr<ExperienceLogger>> logger = ExperienceLogger::Create(store, SmallOptions());
+  ASSERT_THAT(logger, IsOk());
+  const ExperienceLoggerCounters c = (*logger)->counters();
+  EXPECT_EQ(c.stale_temp_files_removed, 1);
+  EXPECT_EQ(c.stale_temp_bytes_removed, 2 << 20);
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists((*live)->temp_path()));
+  EXPECT_TRUE(fs::exists(other_prefix));
+  EXPECT_EQ(*store->Get("experience/2026-01-02/old-00000000.lexp"), "shard");
+  ASSERT_THAT((*live)->Commit(), IsOk());
+  ASSERT_THAT((*logger)->Close(), IsOk());
+}
+
+// Shards older than max_age go; then the oldest until the rest fit in
+// max_total_bytes; objects that are not shards are never counted or
+// touched; a disabled policy deletes nothing.
+TEST(RetentionTest, DeletesOldestShardsFirstByAgeThenSize) {
+  lede::testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  std::shared_ptr<storage::ObjectStore> store = OpenLocal(tmp.path());
+  ASSERT_NE(store, nullptr);
+  const absl::Time now = absl::FromUnixSeconds(1800000000);
+  const fs::path root = tmp.path() / "exp";
+  // Key order differs from age order on purpose.
+  const std::vector<std::pair<std::string, int>> shards = {
+      {"d1/a-00000009.lexp", 10}, {"d1/b-00000000.lexp", 6}, {"d2/a-00000001.lexp", 4},
+      {"d2/c-00000000.lexp", 2},  {"d3/a-00000002.lexp", 1}};  // name, age in days
+  for (const auto& [name, days] : shards) {
+    WriteFileOfSize(root / name, 1000);
+    SetModified(root / name, now - absl::Hours(24 * days));
+  }
+  WriteFileOfSize(root / "notes.txt", 5000);
+  SetModified(root / "notes.txt", now - absl::Hours(24 * 30));
+
+  RetentionPolicy off;
+  StatusOr<RetentionResult> r = ApplyRetention(*store, "exp/", off, now);
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(r->shards_deleted, 0);
+
+  RetentionPolicy age;
+  age.max_age = absl::Hours(24 * 7);
+  r = ApplyRetention(*store, "exp/", age, now);
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(r->shards_deleted, 1);
+  EXPECT_EQ(r->bytes_deleted, 1000);
+  EXPECT_EQ(r->shards_kept, 4);
+  EXPECT_EQ(r->bytes_kept, 4000);
+  EXPECT_FALSE(fs::exists(root / "d1/a-00000009.lexp"));
+
+  RetentionPolicy size;
+  size.max_total_bytes = 2500;
+  r = ApplyRetention(*store, "exp/", size, now);
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(r->shards_deleted, 2);  // the 6- and 4-day-old ones
+  EXPECT_EQ(r->bytes_kept, 2000);
+  EXPECT_FALSE(fs::exists(root / "d1/b-00000000.lexp"));
+  EXPECT_FALSE(fs::exists(root / "d2/a-00000001.lexp"));
+  EXPECT_TRUE(fs::exists(root / "d2/c-00000000.lexp"));
+  EXPECT_TRUE(fs::exists(root / "d3/a-00000002.lexp"));
+  EXPECT_TRUE(fs::exists(root / "notes.txt"));
+
+  RetentionPolicy bad;
+  bad.max_total_bytes = -1;
+  EXPECT_THAT(ApplyRetention(*store, "exp/", bad, now), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(ApplyRetention(*store, "../", size, now), StatusIs(StatusCode::kInvalidArgument));
+}
+
+// Issue 17, failure 7: experience grew without bound. The logger applies
+// its retention policy when it starts and then after a shard is published
+// once retention_interval has passed on its clock (a FakeClock here: time
+// decides, not sleeps), deleting shards of any writer under its prefix.
+TEST(ExperienceLoggerTest, AppliesRetentionWhenStartingAndPeriodically) {
+  lede::testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  std::shared_ptr<storage::ObjectStore> store = OpenLocal(tmp.path());
+  ASSERT_NE(store, nullptr);
+  const absl::Time start = absl::Now();  // file times are real; the clock starts at them
+  lede::testing::FakeClock clock(start);
+  const fs::path day = tmp.path() / "experience" / "2026-01-01";
+  WriteFileOfSize(day / "old-00000000.lexp", 100);
+  SetModified(day / "old-00000000.lexp", start - absl::Hours(24 * 10));
+  WriteFileOfSize(day / "old-00000001.lexp", 100);
+  SetModified(day / "old-00000001.lexp", start - absl::Hours(24 * 5));
+
+  ExperienceLoggerOptions o = SmallOptions();
+  o.clock = &clock;
+  o.retention.max_age = absl::Hours(24 * 7);
+  o.retention_interval = absl::Hours(1);
+  std::atomic<int64_t> reported_deleted{0};
+  o.on_counters = [&](const ExperienceLoggerCounters& c) { reported_deleted = c.shards_deleted; };
+  StatusOr<std::unique_ptr<ExperienceLogger>> logger = ExperienceLogger::Create(store, o);
+  ASSERT_THAT(logger, IsOk());
+  ExperienceLogger& l = **logger;
+  // The start-up pass removes the 10-day-old shard.
+  ASSERT_TRUE(l.Log(MakeRecord(0)));
+  ASSERT_THAT(l.Flush(), IsOk());
+  EXPECT_EQ(l.counters().shards_deleted, 1);
+  EXPECT_EQ(l.counters().bytes_deleted, 100);
+  EXPECT_FALSE(fs::exists(day / "old-00000000.lexp"));
+  EXPECT_TRUE(fs::exists(day / "old-00000001.lexp"));
+
+  // Three days on, the 5-day-old shard is 8 days old: the pass after the
+  // next publish deletes it; the logger's own new shards stay.
+  clock.Advance(absl::Hours(24 * 3));
+  ASSERT_TRUE(l.Log(MakeRecord(1)));
+  ASSERT_THAT(l.Flush(), IsOk());
+  EXPECT_EQ(l.counters().shards_deleted, 2);
+  EXPECT_FALSE(fs::exists(day / "old-00000001.lexp"));
+
+  // Within retention_interval of the last pass, no pass runs ...
+  WriteFileOfSize(day / "late-00000000.lexp", 100);
+  SetModified(day / "late-00000000.lexp", clock.Now() - absl::Hours(24 * 8));
+  clock.Advance(absl::Minutes(10));
+  ASSERT_TRUE(l.Log(MakeRecord(2)));
+  ASSERT_THAT(l.Flush(), IsOk());
+  EXPECT_EQ(l.counters().shards_deleted, 2);
+  EXPECT_TRUE(fs::exists(day / "late-00000000.lexp"));
+  // ... and once it has passed, the next publish runs one.
+  clock.Advance(absl::Hours(1));
+  ASSERT_TRUE(l.Log(MakeRecord(3)));
+  ASSERT_THAT(l.Flush(), IsOk());
+  EXPECT_EQ(l.counters().shards_deleted, 3);
+  EXPECT_FALSE(fs::exists(day / "late-00000000.lexp"));
+  EXPECT_EQ(reported_deleted.load(), 3);
+  ASSERT_THAT(l.Close(), IsOk());
+  EXPECT_EQ(l.counters().shards_written, 4);
+  ExpectSameTransitions(ReadAllClean(*store, "experience"), MakeTransitions(0, 4));
+}
+
+// Bad retention options are invalid arguments at Create().
+TEST(ExperienceLoggerTest, RejectsBadRetentionOptions) {
+  auto store = std::make_shared<FakeStore>();
+  ExperienceLoggerOptions o = SmallOptions();
+  o.retention.max_age = absl::Seconds(-1);
+  EXPECT_THAT(ExperienceLogger::Create(store, o), StatusIs(StatusCode::kInvalidArgument));
+  o = SmallOptions();
+  o.retention.max_total_bytes = o.max_shard_bytes - 1;
+  EXPECT_THAT(ExperienceLogger::Create(store, o), StatusIs(StatusCode::kInvalidArgument));
+  o = SmallOptions();
+  o.retention_interval = absl::ZeroDuration();
+  EXPECT_THAT(ExperienceLogger::Create(store, o), StatusIs(StatusCode::kInvalidArgument));
 }
 
 }  // namespace

@@ -4,7 +4,12 @@
 // backend (round trips, List prefix/sort, hidden temporary files, NotFound)
 // and the S3 backend against a real S3 server on loopback (s3rver; skipped
 // with the reason when it is not installed).
+#include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -14,6 +19,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "shared/file/file.h"
 #include "shared/storage/local_store.h"
 #include "shared/storage/object_store.h"
 #include "shared/storage/s3_store.h"
@@ -243,6 +249,122 @@ TEST_F(LocalStoreTest, PutLeavesNoTemporaryFiles) {
   EXPECT_THAT(names, ElementsAre("x"));
 }
 
+// A pid that no process has: a child that already exited and was reaped.
+pid_t DeadPid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return pid;
+}
+
+// Sets the modification time of `path` to `seconds_ago` before now.
+void Age(const std::string& path, int seconds_ago) {
+  struct timespec times[2];
+  ::clock_gettime(CLOCK_REALTIME, &times[0]);
+  times[0].tv_sec -= seconds_ago;
+  times[1] = times[0];
+  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0) << path;
+}
+
+void WriteBytes(const std::string& path, size_t n) {
+  std::ofstream(path, std::ios::binary) << std::string(n, 't');
+}
+
+// The writer of a temporary file is read from its name; other names are not
+// temporaries.
+TEST(TempFileWriterPidTest, ParsesAtomicWriterNames) {
+  EXPECT_EQ(file::TempFileWriterPid(".w-00000001.lexp.tmp-4242-7"), 4242);
+  EXPECT_EQ(file::TempFileWriterPid(".a.tmp-1-0"), 1);
+  for (const char* not_temp : {"w-00000001.lexp", ".tmp-1-2", ".a.tmp-", ".a.tmp-12", ".a.tmp-x-1", ".a.tmp-1-",
+                               ".a.tmp-1-2x", "a.tmp-1-2", "", ".", ".a.tmp-99999999999999999999-1"}) {
+    EXPECT_EQ(file::TempFileWriterPid(not_temp), -1) << not_temp;
+  }
+}
+
+// Issue 17, failure 6: a writer killed by SIGKILL in the middle of a Put()
+// leaves its temporary file (2 MiB here); RemoveStaleTemporaries() at the
+// next start removes it, while the in-progress file of a live writer (this
+// process, or another live process even with an old mtime), visible
+// objects and other hidden files stay.
+TEST_F(LocalStoreTest, RemovesStaleTemporariesOfDeadWritersOnly) {
+  const fs::path dir = fs::path(root_) / "experience" / "2026-01-02";
+  fs::create_directories(dir);
+  // A killed writer: a child starts an atomic write of a shard, appends
+  // 2 MiB and is killed before Commit().
+  const std::string shard = (dir / "w-00000003.lexp").string();
+  const pid_t child = ::fork();
+  if (child == 0) {
+    auto out = file::AtomicFileWriter::Create(shard);
+    if (!out.ok() || !(*out)->Append(std::string(2 << 20, 's')).ok()) ::_exit(1);
+    ::raise(SIGKILL);
+    ::_exit(2);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  std::vector<fs::path> left;
+  for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path());
+  ASSERT_EQ(left.size(), 1u) << "the killed writer left no temporary file";
+  const std::string killed = left[0].string();
+  EXPECT_EQ(file::TempFileWriterPid(left[0].filename().string()), child);
+  EXPECT_EQ(fs::file_size(killed), size_t{2} << 20);
+  // The kill happened before this (restarted) process started.
+  Age(killed, 3600);
+  // Another dead writer's file deeper down, also old.
+  fs::create_directories(dir / "sub");
+  const std::string dead = (dir / "sub" / (".x.lexp.tmp-" + std::to_string(DeadPid()) + "-0")).string();
+  WriteBytes(dead, 10);
+  Age(dead, 3600);
+  // A live writer of this process, in progress now.
+  auto live = file::AtomicFileWriter::Create((dir / "w-00000004.lexp").string());
+  ASSERT_THAT(live, IsOk());
+  ASSERT_THAT((*live)->Append("in progress"), IsOk());
+  // A live writer of another process (our parent) that has been at it for
+  // an hour: its pid is alive, so it stays.
+  const std::string other_live = (dir / (".y.lexp.tmp-" + std::to_string(::getppid()) + "-0")).string();
+  WriteBytes(other_live, 5);
+  Age(other_live, 3600);
+  // A dead writer's file newer than this process: not provably stale yet.
+  const std::string young = (dir / (".z.lexp.tmp-" + std::to_string(DeadPid()) + "-0")).string();
+  WriteBytes(young, 5);
+  // Visible objects and other hidden files are never touched.
+  ASSERT_THAT(store_->Put("experience/2026-01-02/w-00000001.lexp", "done"), IsOk());
+  const std::string hidden = (dir / ".keep").string();
+  WriteBytes(hidden, 1);
+  Age(hidden, 3600);
+
+  StatusOr<StaleTemporaries> removed = store_->RemoveStaleTemporaries("experience/");
+  ASSERT_THAT(removed, IsOk());
+  EXPECT_EQ(removed->files, 2);
+  EXPECT_EQ(removed->bytes, (int64_t{2} << 20) + 10);
+  EXPECT_FALSE(fs::exists(killed));
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists((*live)->temp_path()));
+  EXPECT_TRUE(fs::exists(other_live));
+  EXPECT_TRUE(fs::exists(young));
+  EXPECT_TRUE(fs::exists(hidden));
+  EXPECT_EQ(*store_->Get("experience/2026-01-02/w-00000001.lexp"), "done");
+  ASSERT_THAT((*live)->Commit(), IsOk());
+  EXPECT_EQ(*store_->Get("experience/2026-01-02/w-00000004.lexp"), "in progress");
+  // A second pass finds nothing; a prefix outside the folder sees nothing.
+  EXPECT_EQ(store_->RemoveStaleTemporaries("experience/")->files, 0);
+  EXPECT_EQ(store_->RemoveStaleTemporaries("nothing/")->files, 0);
+  EXPECT_THAT(store_->RemoveStaleTemporaries("../x/"), StatusIs(StatusCode::kInvalidArgument));
+}
+
+// List() reports each object's modification time.
+TEST_F(LocalStoreTest, ListReportsModificationTimes) {
+  ASSERT_THAT(store_->Put("a", "1"), IsOk());
+  Age(root_ + "/a", 7200);
+  StatusOr<std::vector<ObjectInfo>> listed = store_->List("");
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_EQ(listed->size(), 1u);
+  const absl::Duration age = absl::Now() - (*listed)[0].modified;
+  EXPECT_GE(age, absl::Seconds(7100));
+  EXPECT_LE(age, absl::Seconds(7300 + 3600));
+}
+
 // ---------------------------------------------------------------------------
 // S3 against s3rver
 
@@ -286,6 +408,7 @@ TEST_F(S3StoreTest, RoundTripListPaginationDeleteAndNotFound) {
   EXPECT_THAT(Keys(*listed), ElementsAre("exp/2024-05-01/w-00000001.lexp", "exp/2024-05-01/w-00000002.lexp",
                                          "exp/2024-05-02/w-00000003.lexp", "exp/odd name+plus=eq&amp%.lexp"));
   EXPECT_EQ((*listed)[1].size_bytes, 9);
+  EXPECT_NE((*listed)[1].modified, absl::InfinitePast()) << "LastModified not parsed";
   EXPECT_EQ(store.List("")->size(), 5u);
   EXPECT_THAT(Keys(*store.List("exp/2024-05-01/w-00000002")), ElementsAre("exp/2024-05-01/w-00000002.lexp"));
   EXPECT_THAT(*store.List("nothing/"), IsEmpty());

@@ -169,6 +169,37 @@ TEST(Llama2cTokenizerTest, RoundTripsAsciiText) {
 }
 
 // Non-ASCII text round-trips: known characters as pieces, the rest through
+// Regression (tests/fuzz/llama2c_tokenizer, issue 17): a tokenizer file of
+// fewer than 259 tokens has no byte-fallback id for most bytes; Encode()
+// emitted byte + 3 anyway and then read past the vocabulary (an ASan
+// heap-buffer-overflow). Such bytes are now <unk>, and every id is in range.
+TEST(Llama2cTokenizerTest, SmallVocabularyEncodesMissingBytesAsUnk) {
+  TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  // The fuzzer's input: max_token_length 2570, 3 tokens (scores and lengths
+  // zero but for one 0xff-scored empty piece).
+  const unsigned char crash[] = {0x0a, 0x0a, 0x00, 0x00, 0x8b, 0x8b, 0x8b, 0x8b, 0x00, 0x00, 0x00, 0x00,
+                                 0xff, 0x0a, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
+                                 0x00, 0x00, 0x00, 0x00};
+  const std::string path = (tmp.path() / "tiny.bin").string();
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(crash), sizeof(crash));
+  auto tok = Llama2cTokenizer::Load(path);
+  ASSERT_THAT(tok, IsOk());
+  ASSERT_EQ((*tok)->vocab_size(), 3);
+  auto ids = (*tok)->Encode("Once upon a time", true, true);
+  ASSERT_THAT(ids, IsOk());
+  for (int32_t id : *ids) EXPECT_TRUE(id >= 0 && id < 3) << id;
+  (void)(*tok)->Decode(*ids);
+
+  // A clean 5-piece vocabulary: " " and "a" are pieces, "b" (fallback id
+  // 101) is not and has no byte token, so it is <unk>.
+  auto small = Llama2cTokenizer::FromVocab({"<unk>", "<s>", "</s>", " ", "a"}, {0, 0, 0, 0, 0}, 1);
+  ASSERT_THAT(small, IsOk());
+  auto small_ids = (*small)->Encode("ab", true, false);
+  ASSERT_THAT(small_ids, IsOk());
+  EXPECT_THAT(*small_ids, ElementsAre(1, 3, 4, 0));
+}
+
 // byte-fallback ids (byte + 3).
 TEST(Llama2cTokenizerTest, RoundTripsNonAsciiTextViaByteFallback) {
   auto tok = MustLoad(kTok512);
