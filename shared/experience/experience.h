@@ -129,7 +129,7 @@ struct ReadResult {
 // its error names the record, its byte offset and the defect. A record that
 // parses but fails FromProto() counts as unparsable. A length field over
 // kMaxRecordBytes counts as corruption. Other files (temporary shards
-// "*.lexp.tmp-<pid>", subdirectories) are ignored.
+// (".<shard>.tmp-<pid>-<n>", see shared/file), subdirectories) are ignored.
 // Errors: kNotFound if `dir` does not exist; kInvalidArgument if it is not a
 // directory; kInternal if it cannot be listed.
 // Thread-safety: safe to call concurrently; reads only.
