@@ -173,7 +173,7 @@ struct GenerateFlags {
     f.Add("prompt", &prompt, "prompt text", true);
     f.Add("repeat", &repeat, "generate this many times, one stats line each (benchmarks: later runs are warm)");
     f.Add("samples", &samples,
-              "sample this many texts from the prompt in one process, with seeds seed, seed+1, ... (corpora)");
+          "sample this many texts from the prompt in one process, with seeds seed, seed+1, ... (corpora)");
     f.Add("separator", &separator, "a line printed after each text (with --samples)");
     f.Add("tokenizer", &tokenizer_path, "tokenizer file (default: found beside the model)");
     f.Add("chat", &chat, "the prompt is a user message: render the checkpoint's chat template around it");
@@ -181,9 +181,9 @@ struct GenerateFlags {
     f.Add("chat-template", &chat_template, "--chat: Jinja template file (default: tokenizer_config.json's)");
     f.Add("max-new-tokens", &max_new_tokens, "tokens to generate");
     f.Add("mode", &mode,
-              "ar (autoregressive), static (self-speculative, fixed E and D) or lede (learned exit policy)");
+          "ar (autoregressive), static (self-speculative, fixed E and D) or lede (learned exit policy)");
     f.Add("policy", &policy_dir,
-              "lede mode: a policy version directory, or a policy root with a SERVING pointer (default: MODEL/policy)");
+          "lede mode: a policy version directory, or a policy root with a SERVING pointer (default: MODEL/policy)");
     f.Add("exit-layer", &exit_layer, "draft exit layer E in [1, L] (default: L/4, at least 1)");
     f.Add("draft-len", &draft_len, "draft length D");
     f.Add("temperature", &temperature, "0 = greedy");
