@@ -184,6 +184,7 @@ struct GenerationService::Impl {
     c.drafter = drafter.get();
     c.fused_rounds = &fused_rounds;
     c.rpc_timeout = options.rpc_timeout;
+    c.max_queue_wait = options.max_queue_wait;
     c.autoregressive_fallback = options.autoregressive_fallback;
     c.owner_instance = lease ? lease->instance_id() : "";
     return c;

@@ -14,7 +14,10 @@
 // Errors end the stream with a gRPC status: UNAUTHENTICATED without a
 // configured API key; INVALID_ARGUMENT naming the field (a prompt, token-id
 // list or stop strings too large for the context window are rejected
-// before tokenization: request_validation.h ValidateRequestSize); RESOURCE_EXHAUSTED when every KV slot is busy; UNAVAILABLE when the
+// before tokenization: request_validation.h ValidateRequestSize);
+// RESOURCE_EXHAUSTED when every KV slot is busy and the verifier's queue of
+// waiting sessions is full (a request that finds the slots busy waits in
+// that queue, up to max_queue_wait); UNAVAILABLE when the
 // drafter or verifier is down or restarted mid-request (or, with
 // autoregressive_fallback, a drafter outage degrades to full-depth steps);
 // CANCELLED / DEADLINE_EXCEEDED from the client. The KV slot is closed on
@@ -49,6 +52,9 @@ struct CoordinatorOptions {
   int64_t max_new_tokens_limit = 1024;  // requests above are INVALID_ARGUMENT
   // Deadline of each call to a model process when the client set none.
   absl::Duration rpc_timeout = absl::Seconds(30);
+  // How long a request may wait in the verifier's queue for a free KV slot
+  // when the client set no earlier deadline (DEADLINE_EXCEEDED after it).
+  absl::Duration max_queue_wait = absl::Seconds(300);
   // Serve full-depth steps through the verifier when the drafter is down
   // (instead of failing the request with UNAVAILABLE).
   bool autoregressive_fallback = false;

@@ -45,6 +45,9 @@ int Run(const std::vector<std::string>& raw_args) {
   double rpc_timeout_s = absl::ToDoubleSeconds(o.rpc_timeout);
   double shard_age_s = absl::ToDoubleSeconds(o.experience_shard_age);
   flags.Add("rpc-timeout-s", &rpc_timeout_s, "deadline of each call to a model process");
+  double queue_wait_s = absl::ToDoubleSeconds(o.max_queue_wait);
+  flags.Add("max-queue-wait-s", &queue_wait_s,
+            "how long a request may wait for a free KV slot when its client set no deadline");
   flags.Add("autoregressive-fallback", &o.autoregressive_fallback,
             "serve full-depth steps when the drafter is down instead of failing");
   flags.Add("experience", &o.experience_url,
@@ -91,6 +94,7 @@ int Run(const std::vector<std::string>& raw_args) {
   }
   o.max_new_tokens_limit = limit;
   o.rpc_timeout = absl::Seconds(rpc_timeout_s);
+  o.max_queue_wait = absl::Seconds(queue_wait_s);
   o.experience_shard_age = absl::Seconds(shard_age_s);
   o.lease_ttl = absl::Seconds(lease_ttl_s);
   o.instance_name = instance_name == "auto" ? lede::coordinator::DefaultInstanceName(listen) : instance_name;

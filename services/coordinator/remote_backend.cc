@@ -45,13 +45,16 @@ StatusOr<speculation::Prefilled> RemoteBackend::Open(const std::vector<int32_t>&
   req.set_request_id(request_id_);
   req.set_owner_instance(clients_.owner_instance);
   lede::v1::OpenSessionResponse resp;
-  // Not the client's context: a client deadline or cancel that lands while
-  // the verifier prefills would lose the response, and with it the slot
-  // number needed to close the session (the slot leaked until the idle
-  // reclaim). The next call carries the client's deadline; Close() frees it.
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + clients_.rpc_timeout));
-  grpc::Status s = clients_.verifier->OpenSession(&ctx, req, &resp);
+  // The client's deadline and cancellation, so that a request waiting in the
+  // verifier's queue for a KV slot leaves it when its client does; capped at
+  // the queue wait plus one call's timeout. A verifier that allocated the
+  // slot before the answer was lost frees it itself when it sees the call
+  // cancelled, and CloseOrphan() closes it by request id otherwise.
+  std::unique_ptr<grpc::ClientContext> ctx = ModelCallContext(server_, clients_.max_queue_wait + clients_.rpc_timeout);
+  grpc::Status s = clients_.verifier->OpenSession(ctx.get(), req, &resp);
+  if (s.error_code() == grpc::StatusCode::CANCELLED || s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    CloseOrphan();
+  }
   if (!s.ok()) return FromModelCall(s, "verifier OpenSession");
   slot_ = resp.slot();
   epoch_ = resp.pool_epoch();
@@ -179,6 +182,18 @@ void RemoteBackend::Close(int64_t) {
   lede::v1::CloseSessionRequest req;
   req.set_slot(slot_);
   req.set_pool_epoch(epoch_);
+  SendClose(req);
+}
+
+void RemoteBackend::CloseOrphan() {
+  lede::v1::CloseSessionRequest req;
+  req.set_slot(-1);
+  req.set_request_id(request_id_);
+  req.set_owner_instance(clients_.owner_instance);
+  SendClose(req);
+}
+
+void RemoteBackend::SendClose(const lede::v1::CloseSessionRequest& req) {
   lede::v1::CloseSessionResponse resp;
   grpc::ClientContext ctx;  // not the client's: a cancelled request still frees its slot
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));

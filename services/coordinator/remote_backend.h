@@ -39,6 +39,9 @@ struct ModelClients {
   // Cleared (for every request) when the drafter answers UNIMPLEMENTED.
   std::atomic<bool>* fused_rounds = nullptr;
   absl::Duration rpc_timeout = absl::Seconds(30);  // deadline of a call when the client set none
+  // How long OpenSession may wait in the verifier's queue for a KV slot
+  // (on top of rpc_timeout) when the client set no earlier deadline.
+  absl::Duration max_queue_wait = absl::Seconds(300);
   bool autoregressive_fallback = false;
   // The coordinator instance that owns the sessions it opens
   // (SessionLease::instance_id(); "" = none).
@@ -78,6 +81,10 @@ class RemoteBackend : public speculation::SpeculationBackend {
 
  private:
   speculation::Verdict ToVerdict(const lede::v1::VerifyResponse& resp);
+  // Closes the session an OpenSession that failed without an answer may
+  // have left on the verifier (by request id and owner instance).
+  void CloseOrphan();
+  void SendClose(const lede::v1::CloseSessionRequest& req);
   speculation::Draft FromDraftResponse(const lede::v1::DraftResponse& resp, int32_t round_index);
 
   ModelClients clients_;

@@ -28,6 +28,8 @@ int Run(const std::vector<std::string>& raw_args) {
   flags.Add("model", &o.model_path, "model directory (Hugging Face layout) or llama2.c .bin", true);
   flags.Add("kv-pool", &o.kv_pool_name, "shared-memory name of the KV pool (split deployments), e.g. /lede-kv");
   flags.Add("slots", &n_slots, "KV slots (concurrent sessions)");
+  flags.Add("max-waiting", &o.max_waiting,
+            "verifier: sessions that may wait for a free KV slot before OpenSession is refused (0 = no queue)");
   flags.Add("capacity", &capacity, "tokens per KV slot (0 = the model's context window)");
   flags.Add("max-draft-len", &max_draft_len, "largest draft length the pool's scratch holds");
   flags.Add("calibration", &o.calibration_path, "cost-model calibration JSON (lede calibrate); default: accelerator model");
@@ -56,6 +58,9 @@ int Run(const std::vector<std::string>& raw_args) {
   lede::Status parsed = args.ok() ? flags.Parse(*args) : args.status();
   if (parsed.ok() && role != "verifier" && role != "drafter" && role != "both") {
     parsed = lede::InvalidArgumentError("--role: must be verifier, drafter or both, got '" + role + "'");
+  }
+  if (parsed.ok() && o.max_waiting < 0) {
+    parsed = lede::InvalidArgumentError("--max-waiting: must be >= 0, got " + std::to_string(o.max_waiting));
   }
   if (!parsed.ok()) {
     std::cerr << "lede-model: " << parsed.message() << "\n";

@@ -22,6 +22,7 @@
 #include "policy/dqn/artifact.h"
 #include "policy/dqn/dqn_exit_controller.h"
 #include "policy/dqn/method_factory.h"
+#include "services/model/admission_queue.h"
 #include "services/model/policy_follower.h"
 #include "services/model/session_leases.h"
 #include "shared/model/cost_model.h"
@@ -334,16 +335,24 @@ struct VerifierService::Impl {
 
   std::shared_ptr<ModelHost> host;
   SessionLeases leases;
-  std::mutex mu;                              // slot allocation and sessions_
+  std::mutex mu;                              // slot allocation, sessions and the queue
   std::map<int64_t, SessionState> sessions;   // by slot
+  AdmissionQueue queue{[&] {                  // sessions waiting for a slot (guarded by mu)
+    AdmissionOptions o;
+    o.max_waiting = host->options.max_waiting;
+    return o;
+  }()};
 
   // The reaper: SweepLapsedLeases() every lease_sweep_interval (on the clock).
   absl::Mutex reaper_mu;
   bool stopping ABSL_GUARDED_BY(reaper_mu) = false;
   std::thread reaper;
 
-  void SetInUseMetric(model::KvCache& cache) {
+  // After every allocation or free (mu held): the gauges, and the queue's
+  // waiters get their chance at a freed slot.
+  void SlotsChanged(model::KvCache& cache) {
     if (host->metrics) host->metrics->kv_slots_in_use.Set(static_cast<double>(cache.n_in_use()));
+    queue.SlotFreed();
   }
 
   // Frees sessions idle past the timeout (their coordinator is gone). Only
@@ -386,7 +395,7 @@ struct VerifierService::Impl {
           it = sessions.erase(it);
         }
       }
-      SetInUseMetric(*cache);
+      SlotsChanged(*cache);
     }
     for (const std::string& owner : owners) {
       rpc::LogEvent("warn", "owner_sessions_freed", {{"owner_instance", owner}, {"reason", reason}});
@@ -404,7 +413,7 @@ struct VerifierService::Impl {
     if (--it->second.busy == 0 && it->second.doomed) {
       (void)cache.Free(slot);
       sessions.erase(it);
-      SetInUseMetric(cache);
+      SlotsChanged(cache);
       return false;
     }
     return true;
@@ -461,7 +470,7 @@ grpc::Status VerifierService::Describe(grpc::ServerContext*, const lede::v1::Des
   return grpc::Status::OK;
 }
 
-grpc::Status VerifierService::OpenSession(grpc::ServerContext*, const lede::v1::OpenSessionRequest* req,
+grpc::Status VerifierService::OpenSession(grpc::ServerContext* context, const lede::v1::OpenSessionRequest* req,
                                           lede::v1::OpenSessionResponse* resp) {
   ModelHost& host = *impl_->host;
   std::shared_ptr<model::KvCache> cache = host.Pool();
@@ -485,31 +494,44 @@ grpc::Status VerifierService::OpenSession(grpc::ServerContext*, const lede::v1::
   }
   int64_t slot = -1;
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    StatusOr<int64_t> allocated = cache->Allocate();
-    if (!allocated.ok()) {
-      impl_->ReclaimIdle(*cache);
-      allocated = cache->Allocate();
-    }
-    if (!allocated.ok()) return ToGrpcStatus(allocated.status());
-    slot = *allocated;
+    // A full pool queues the request (FIFO) until a slot frees, its deadline
+    // passes or its caller cancels; only a full queue refuses it.
+    std::unique_lock<std::mutex> lock(impl_->mu);
+    auto try_admit = [&] {
+      StatusOr<int64_t> allocated = cache->Allocate();
+      if (!allocated.ok()) {
+        impl_->ReclaimIdle(*cache);
+        allocated = cache->Allocate();
+      }
+      if (allocated.ok()) slot = *allocated;
+      return allocated.ok();
+    };
+    absl::Duration queued;
+    Status admitted = impl_->queue.Admit(lock, try_admit, absl::FromChrono(context->deadline()),
+                                         [context] { return context->IsCancelled(); }, &queued);
+    if (host.metrics) host.metrics->request_queue_time.Observe(absl::ToDoubleSeconds(queued));
+    if (!admitted.ok()) return ToGrpcStatus(admitted);
     SessionState& session = impl_->sessions[slot];
     session = SessionState{so, Clock::now(), req->request_id(), req->owner_instance()};
     session.busy = 1;  // the prefill below
-    impl_->SetInUseMetric(*cache);
+    impl_->SlotsChanged(*cache);
   }
   const std::vector<int32_t> prompt(req->prompt_token_ids().begin(), req->prompt_token_ids().end());
   model::Verifier verifier(*host.model, *cache);
   StatusOr<speculation::Prefilled> first = model::PrefillSession(verifier, slot, prompt, so);
   if (!impl_->EndCall(*cache, slot)) {
-    return ToGrpcStatus(FailedPreconditionError("owner_instance: the lease of " + req->owner_instance() +
-                                                " lapsed during the prefill; the session is gone"));
+    return ToGrpcStatus(FailedPreconditionError("owner_instance: the session of " + req->owner_instance() +
+                                                " was freed during the prefill (its lease lapsed, or its caller"
+                                                " closed it)"));
   }
-  if (!first.ok()) {
+  // A caller that is gone (cancelled, or past its deadline) never learns the
+  // slot: free it now rather than leave it to the lease or the idle reclaim.
+  if (!first.ok() || context->IsCancelled()) {
     std::lock_guard<std::mutex> lock(impl_->mu);
     (void)cache->Free(slot);
     impl_->sessions.erase(slot);
-    impl_->SetInUseMetric(*cache);
+    impl_->SlotsChanged(*cache);
+    if (first.ok()) return grpc::Status(grpc::StatusCode::CANCELLED, "the caller left during the prefill");
     return ToGrpcStatus(first.status());
   }
   resp->set_slot(slot);
@@ -581,10 +603,26 @@ grpc::Status VerifierService::CloseSession(grpc::ServerContext*, const lede::v1:
                                            lede::v1::CloseSessionResponse*) {
   ModelHost& host = *impl_->host;
   std::shared_ptr<model::KvCache> cache = host.Pool();
-  if (cache->epoch() != req->pool_epoch()) return grpc::Status::OK;  // the pool (and session) is gone
   std::lock_guard<std::mutex> lock(impl_->mu);
+  if (req->slot() < 0) {
+    if (req->request_id().empty()) return ToGrpcStatus(InvalidArgumentError("request_id: required when slot < 0"));
+    for (auto it = impl_->sessions.begin(); it != impl_->sessions.end(); ++it) {
+      const SessionState& session = it->second;
+      if (session.request_id != req->request_id() || session.owner != req->owner_instance()) continue;
+      if (session.busy > 0) {
+        it->second.doomed = true;  // still prefilling: freed when that call ends
+      } else {
+        (void)cache->Free(it->first);
+        impl_->sessions.erase(it);
+        impl_->SlotsChanged(*cache);
+      }
+      break;
+    }
+    return grpc::Status::OK;
+  }
+  if (cache->epoch() != req->pool_epoch()) return grpc::Status::OK;  // the pool (and session) is gone
   if (impl_->sessions.erase(req->slot()) > 0) (void)cache->Free(req->slot());
-  if (host.metrics) host.metrics->kv_slots_in_use.Set(static_cast<double>(cache->n_in_use()));
+  impl_->SlotsChanged(*cache);
   return grpc::Status::OK;
 }
 

@@ -38,6 +38,9 @@ namespace lede::model_service {
 struct ModelServiceOptions {
   std::string model_path;        // HF directory or llama2.c .bin
   int64_t n_slots = 4;           // KV slots = concurrent sessions
+  // Sessions that may wait for a free slot (FIFO) before OpenSession is
+  // refused with RESOURCE_EXHAUSTED (admission_queue.h); 0 = no queue.
+  int64_t max_waiting = 256;
   int64_t capacity = 0;          // tokens per slot; 0 = the model's max_seq_len
   int64_t max_draft_len = 16;    // D_max of the pool's scratch
   // POSIX shared-memory name of the KV pool ("" = private memory; needed

@@ -134,6 +134,10 @@ SpecDecodeMetrics::SpecDecodeMetrics(Registry& r)
       num_requests_waiting(UnlabelledGauge(
           r, "lede_num_requests_waiting",
           "Requests admitted and waiting for a KV slot and prefill (requests).")),
+      request_queue_time(UnlabelledHistogram(
+          r, "lede_request_queue_time_seconds",
+          "Time a session waited in the verifier's queue for a free KV slot (seconds).",
+          RequestLatencyBuckets())),
       policy_decision_latency(UnlabelledHistogram(
           r, "lede_policy_decision_latency_seconds",
           "Time of one exit-policy decision in the drafter (seconds).",

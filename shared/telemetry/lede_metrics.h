@@ -22,7 +22,7 @@
 //   lede_generation_tokens_total                      lede_policy_reloads_total{outcome}
 //   lede_num_requests_running                         lede_kv_slots_in_use, _capacity
 //   lede_num_requests_waiting                         lede_experience_{records_written,
-//                                                       records_dropped,shards_written}_total
+//   lede_request_queue_time_seconds                     records_dropped,shards_written}_total
 //
 // Every process builds one SpecDecodeMetrics on its Registry and serves it
 // with MetricsServer. All metrics are registered by every process (simplest;
@@ -166,6 +166,10 @@ struct SpecDecodeMetrics {
   Histogram& e2e_request_latency;    // lede_e2e_request_latency_seconds
   Gauge& num_requests_running;       // lede_num_requests_running (holding a KV slot)
   Gauge& num_requests_waiting;       // lede_num_requests_waiting (admitted, no slot yet)
+  // lede_request_queue_time_seconds: the verifier's FIFO wait for a KV slot
+  // (vLLM's vllm:request_queue_time_seconds). The coordinators' two gauges
+  // above count their own requests, the queued ones among the waiting.
+  Histogram& request_queue_time;
 
   // --- policy ---
   Histogram& policy_decision_latency;  // lede_policy_decision_latency_seconds

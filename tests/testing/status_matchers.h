@@ -33,6 +33,16 @@ MATCHER_P(StatusIs, code, "has status code " + ::testing::PrintToString(static_c
   return s.code() == code;
 }
 
+// StatusIs(code, message_matcher): the code, and the message matches, e.g.
+// StatusIs(StatusCode::kInvalidArgument, HasSubstr("max_new_tokens")).
+MATCHER_P2(StatusIs, code, message_matcher,
+           "has status code " + ::testing::PrintToString(static_cast<int>(code)) + " and a matching message") {
+  const Status& s = internal::GetStatus(arg);
+  *result_listener << "status is " << s.ToString();
+  return s.code() == code &&
+         ::testing::Matcher<std::string>(message_matcher).Matches(std::string(s.message()));
+}
+
 }  // namespace lede::testing
 
 #endif  // LEDE_TESTS_TESTING_STATUS_MATCHERS_H_

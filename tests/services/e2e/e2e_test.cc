@@ -911,9 +911,17 @@ class E2eSingleSlotTest : public OneClusterTest<1> {
   }
 };
 
-// While one request streams, a second gets RESOURCE_EXHAUSTED; once the
-// first is done, a new request succeeds.
-TEST_F(E2eSingleSlotTest, BusySlotIsResourceExhaustedUntilReleased) {
+// While one request streams on the only slot, a second waits in the
+// verifier's queue (it is not refused) and completes once the first is
+// done, with the tokens of its solo run.
+TEST_F(E2eSingleSlotTest, BusySlotQueuesTheNextRequestUntilReleased) {
+  const GenerateRequest queued_request = MakeRequest("Once upon a time", Lede(), 8);
+  CallResult solo = Generate(*stub_, queued_request, 30s);
+  ASSERT_TRUE(solo.ok()) << solo.Describe();
+  const int coordinator_metrics = cluster_->coordinator()->metrics_port();
+  const double queued_before = SumMetric(MetricsText(cluster_->verifier()->metrics_port()),
+                                         "lede_request_queue_time_seconds_count");
+
   auto slow = SlowReaderStub();
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + 60s);
@@ -922,19 +930,84 @@ TEST_F(E2eSingleSlotTest, BusySlotIsResourceExhaustedUntilReleased) {
   ASSERT_TRUE(first->Read(&resp));
   ASSERT_TRUE(resp.has_delta());
 
-  CallResult second = Generate(*stub_, MakeRequest("Once upon a time", Lede(), 8), 30s);
-  EXPECT_EQ(second.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << second.Describe();
+  CallResult second;
+  std::thread waiter([&] { second = Generate(*stub_, queued_request, 60s); });
+  // The second is admitted and waits for the slot (not refused).
+  EXPECT_TRUE(lede::testing::WaitUntil(
+      [&] { return SumMetric(MetricsText(coordinator_metrics), "lede_num_requests_waiting") == 1; }, 20s, 20ms))
+      << Logs();
 
-  // Read the first to its end.
+  // Read the first to its end; the queued one runs then.
   bool summary = false;
   while (first->Read(&resp)) summary = summary || resp.has_summary();
   grpc::Status st = first->Finish();
   EXPECT_TRUE(st.ok()) << st.error_message();
   EXPECT_TRUE(summary);
-
+  waiter.join();
+  ASSERT_TRUE(second.ok()) << second.Describe() << Logs();
+  EXPECT_EQ(second.ids, solo.ids);
+  EXPECT_GT(SumMetric(MetricsText(cluster_->verifier()->metrics_port()), "lede_request_queue_time_seconds_count"),
+            queued_before);
   EXPECT_EQ(WaitForFreeSlots(), 0) << Logs();
-  CallResult third = Generate(*stub_, MakeRequest("Once upon a time", Lede(), 8), 30s);
-  EXPECT_TRUE(third.ok()) << third.Describe();
+}
+
+// A queued request whose deadline passes while it waits ends with
+// DEADLINE_EXCEEDED, leaves the queue and takes no slot with it.
+TEST_F(E2eSingleSlotTest, QueuedRequestDeadlineHolds) {
+  auto slow = SlowReaderStub();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 60s);
+  auto first = slow->Generate(&ctx, LongRequest());
+  GenerateResponse resp;
+  ASSERT_TRUE(first->Read(&resp));
+
+  CallResult queued = Generate(*stub_, MakeRequest("Once upon a time", Lede(), 8), 300ms);
+  EXPECT_EQ(queued.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << queued.Describe();
+
+  while (first->Read(&resp)) {
+  }
+  EXPECT_TRUE(first->Finish().ok());
+  EXPECT_EQ(WaitForFreeSlots(), 0) << "the expired request left a slot or a queue entry behind" << Logs();
+  CallResult next = Generate(*stub_, MakeRequest("Once upon a time", Lede(), 8), 30s);
+  EXPECT_TRUE(next.ok()) << next.Describe();
+}
+
+// A caller that lost OpenSession's answer closes the session by its
+// request id (CloseSession with slot < 0); without a request id that is
+// INVALID_ARGUMENT naming the field.
+TEST_F(E2eSingleSlotTest, SessionClosesByRequestId) {
+  auto verifier = lede::v1::Verifier::NewStub(
+      grpc::CreateChannel(cluster_->verifier_target(), grpc::InsecureChannelCredentials()));
+  lede::v1::OpenSessionRequest open;
+  open.add_prompt_token_ids(1);
+  open.set_request_id("orphan-1");
+  lede::v1::OpenSessionResponse opened;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(verifier->OpenSession(&ctx, open, &opened).ok());
+  }
+  ASSERT_EQ(SumMetric(MetricsText(cluster_->verifier()->metrics_port()), "lede_kv_slots_in_use"), 1);
+  lede::v1::CloseSessionRequest close;
+  close.set_slot(-1);
+  lede::v1::CloseSessionResponse closed;
+  {
+    grpc::ClientContext ctx;
+    grpc::Status s = verifier->CloseSession(&ctx, close, &closed);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("request_id"));
+  }
+  close.set_request_id("another-request");
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(verifier->CloseSession(&ctx, close, &closed).ok());  // not this one: nothing freed
+  }
+  EXPECT_EQ(SumMetric(MetricsText(cluster_->verifier()->metrics_port()), "lede_kv_slots_in_use"), 1);
+  close.set_request_id("orphan-1");
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(verifier->CloseSession(&ctx, close, &closed).ok());
+  }
+  EXPECT_EQ(WaitForFreeSlots(), 0) << Logs();
 }
 
 // A client cancel after the first delta frees the slot.
@@ -983,6 +1056,45 @@ TEST_F(E2eSingleSlotTest, DeadlineDuringPrefillFreesTheSlot) {
   }
   CallResult next = GenerateUntilOk(*stub_, MakeRequest("Once upon a time", Lede(), 8), 20s);
   EXPECT_TRUE(next.ok()) << next.Describe();
+}
+
+// ------------------------------------------------------------- admission
+
+// More concurrent requests than KV slots: the ones that find the pool full
+// wait in the verifier's queue; all complete, none is refused, and each
+// gives the tokens of its solo run (methods mixed in one load).
+class E2eQueueTest : public OneClusterTest<16> {};
+
+TEST_F(E2eQueueTest, MoreRequestsThanSlotsAllCompleteWithSoloTokens) {
+  constexpr int kRequests = 24;
+  std::vector<std::string> prompts = ReadPrompts(ModelDir() + "/prompts/story.jsonl", 4);
+  for (const std::string& c : ReadPrompts(ModelDir() + "/prompts/code.jsonl", 2)) prompts.push_back(c);
+  const std::vector<Method> methods = {Lede(), Static33(), Autoregressive()};
+  std::vector<GenerateRequest> requests;
+  for (int i = 0; i < kRequests; ++i) {
+    requests.push_back(MakeRequest(prompts[i % prompts.size()], methods[i % methods.size()], 12));
+  }
+  std::vector<CallResult> solo(kRequests);
+  for (int i = 0; i < kRequests; ++i) {
+    solo[i] = Generate(*stub_, requests[i], 60s);
+    ASSERT_TRUE(solo[i].ok()) << solo[i].Describe();
+  }
+  std::vector<CallResult> loaded(kRequests);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kRequests; ++i) {
+    clients.emplace_back([&, i] {
+      auto stub = cluster_->NewStub();
+      loaded[i] = Generate(*stub, requests[i], 120s);
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_TRUE(loaded[i].ok()) << "request " << i << ": " << loaded[i].Describe();
+    EXPECT_EQ(loaded[i].ids, solo[i].ids) << "request " << i << " (" << methods[i % methods.size()].name << ")";
+  }
+  EXPECT_TRUE(lede::testing::WaitUntil(
+      [&] { return SumMetric(MetricsText(cluster_->verifier()->metrics_port()), "lede_kv_slots_in_use") == 0; },
+      20s, 50ms));
 }
 
 // ------------------------------------------------------------------ faults

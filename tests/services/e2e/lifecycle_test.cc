@@ -117,6 +117,7 @@ class CoordinatorCrashTest : public ::testing::Test {
     o.model_dir = ModelDir();
     o.slots = kSlots;
     o.experience_url = "none";
+    o.model_args = {"--max-waiting", "0"};  // a full pool refuses (no queue)
     o.coordinator_args = {"--instance-name", "lifecycle-test-coordinator", "--max-new-tokens-limit", "256"};
     cluster_ = new LedeCluster(o);
     if (Status s = cluster_->Start(); !s.ok()) *setup_error_ = s.ToString();

@@ -70,6 +70,7 @@ class OpenAiE2eTest : public ::testing::Test {
     o.model_dir = SourceDir() + "/models/lede-tiny";
     o.slots = 2;
     o.experience_url = "none";
+    o.model_args = {"--max-waiting", "0"};  // a full pool refuses (no queue)
     o.coordinator_args = {"--max-new-tokens-limit", std::to_string(kLimit), "--served-model-name", kModelId};
     cluster_ = new LedeCluster(o);
     Status s = cluster_->Start();
