@@ -71,12 +71,12 @@ def stop(procs):
             p.kill()
 
 
-def deploy(kind, build, tmp):
-    """Starts a deployment; returns (processes, coordinator port)."""
+def deploy(kind, build, tmp, model_args=()):
+    """Starts a deployment (model_args: extra lede-model flags); returns (processes, coordinator port)."""
     model_bin = os.path.join(build, "services", "model", "lede-model")
     coord_bin = os.path.join(build, "services", "coordinator", "lede-coordinator")
     policy_bin = os.path.join(build, "services", "policy", "lede-policy")
-    common = ["--model", MODEL, "--metrics", "127.0.0.1:0", "--listen", "127.0.0.1:0"]
+    common = ["--model", MODEL, "--metrics", "127.0.0.1:0", "--listen", "127.0.0.1:0"] + list(model_args)
     procs = []
     pool = "/lede-kv-bench-%d-%s" % (os.getpid(), kind)
     policy_dir = ["--policy-dir", os.path.join(MODEL, "policy")]

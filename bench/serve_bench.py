@@ -1,0 +1,262 @@
+#!/usr/bin/python3
+"""Serving benchmark over the public gRPC API, in the convention of `vllm bench serve`.
+
+For each deployment (split: coordinator + verifier + drafter processes on a
+shared-memory KV pool; co-located: coordinator + one `lede-model --role both`),
+each method (LEDE, static, autoregressive) and each client concurrency N, N
+client threads send requests back to back (a closed loop, as `--max-concurrency`
+in vLLM's benchmark) until --num-prompts requests are done, and it prints:
+  request throughput (req/s), output tokens/s (all generated tokens / wall),
+  TTFT (send -> first token), TPOT ((end - first token) / (tokens - 1)),
+  ITL (gaps between streamed chunks; a speculation round streams its tokens
+  together, so ITL is per chunk, as vLLM's is per SSE event), mean / p50 / p99,
+  the acceptance rate, mean exit layer and draft length (from the summaries),
+  and the RSS and open file descriptors of every process after the warm-up and
+  at the end (a leak shows as growth at a flat load; --soak-s runs one level
+  that long and samples them every --sample-s).
+Prompts: --prompt-file (repeatable; JSON lines with "prompt" or "turns"),
+default the shipped model's story prompts and ../shared/data/prompts/humaneval.jsonl.
+The model services run with --slots (default 16) and the verifier's queue holds
+the rest, so concurrency above the slot count measures queueing too.
+Today every session runs its own forward passes (no batching across sessions,
+issue 12): the numbers are the one-sequence-per-pass baseline.
+Nothing here asserts: it prints numbers (and writes JSON with --json).
+
+usage: bench/serve_bench.py [--concurrency 1,4,16,64] [--num-prompts 32] [--new-tokens 64]
+                            [--methods lede,static,autoregressive] [--deployments split,co-located]
+                            [--slots 16] [--static-config 2,3] [--soak-s 0] [--json FILE]
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import lede_client  # noqa: E402  (stub generation)
+import services_bench  # noqa: E402  (process launch)
+
+
+def load_prompts(files):
+    """The prompts of every file, interleaved (one of each file in turn)."""
+    per_file = []
+    for path in files:
+        with open(path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        per_file.append([t[:2000] for t in (r.get("prompt") or (r.get("turns") or [None])[0] for r in rows) if t])
+    prompts = [p for group in zip(*per_file) for p in group] if per_file else []
+    if not prompts:
+        raise SystemExit("no prompts in " + ", ".join(files))
+    return prompts
+
+
+def percentile(xs, q):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q / 100.0
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def proc_usage(pids):
+    """{pid: (rss MiB, open fds)} from /proc."""
+    out = {}
+    for pid in pids:
+        try:
+            with open("/proc/%d/status" % pid) as f:
+                rss = next(int(l.split()[1]) for l in f if l.startswith("VmRSS:")) / 1024.0
+            out[pid] = (rss, len(os.listdir("/proc/%d/fd" % pid)))
+        except (OSError, StopIteration):
+            out[pid] = (float("nan"), -1)
+    return out
+
+
+class Request:
+    def __init__(self):
+        self.ok = False
+        self.code = None
+        self.ttft = None
+        self.end = None
+        self.chunk_times = []
+        self.n_tokens = 0
+        self.summary = None
+
+
+def one_request(stub, pb, prompt, method, new_tokens, static_config):
+    req = pb.GenerateRequest(prompt=prompt, max_new_tokens=new_tokens,
+                             method=getattr(pb, "SPECULATION_METHOD_" + method.upper()))
+    if method == "static":
+        req.speculation.exit_layer, req.speculation.draft_length = static_config
+    r = Request()
+    t0 = time.perf_counter()
+    try:
+        for resp in stub.Generate(req, timeout=600):
+            now = time.perf_counter() - t0
+            if resp.HasField("delta"):
+                if r.ttft is None:
+                    r.ttft = now
+                r.chunk_times.append(now)
+                r.n_tokens += len(resp.delta.token_ids)
+            else:
+                r.summary = resp.summary
+        r.ok = True
+    except Exception as e:  # grpc.RpcError
+        r.code = getattr(e, "code", lambda: None)()
+    r.end = time.perf_counter() - t0
+    return r
+
+
+def run_level(port, pb, pb_grpc, prompts, method, concurrency, num_requests, new_tokens, static_config,
+              soak_s=0.0, sample=None):
+    import grpc
+    results, lock = [], threading.Lock()
+    next_index = [0]
+    stop_at = time.perf_counter() + soak_s if soak_s else None
+
+    def client():
+        with grpc.insecure_channel("127.0.0.1:%d" % port) as channel:
+            stub = pb_grpc.GenerationStub(channel)
+            while True:
+                with lock:
+                    i = next_index[0]
+                    if (stop_at is None and i >= num_requests) or (stop_at and time.perf_counter() > stop_at):
+                        return
+                    next_index[0] += 1
+                r = one_request(stub, pb, prompts[i % len(prompts)], method, new_tokens, static_config)
+                with lock:
+                    results.append(r)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    while sample and any(t.is_alive() for t in threads):
+        time.sleep(sample[0])
+        sample[1]()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    ok = [r for r in results if r.ok]
+    ttft = [r.ttft for r in ok if r.ttft is not None]
+    tpot = [(r.end - r.ttft) / (r.n_tokens - 1) for r in ok if r.ttft is not None and r.n_tokens > 1]
+    itl = [b - a for r in ok for a, b in zip(r.chunk_times, r.chunk_times[1:])]
+    drafted = sum(r.summary.drafted_tokens for r in ok if r.summary)
+    accepted = sum(r.summary.accepted_tokens for r in ok if r.summary)
+    rounds = [r.summary for r in ok if r.summary and r.summary.drafted_tokens > 0]
+    weights = sum(s.rounds for s in rounds) or 1
+    tokens = sum(r.n_tokens for r in ok)
+
+    def stats(xs):
+        return {"mean_ms": 1e3 * statistics.fmean(xs) if xs else float("nan"),
+                "p50_ms": 1e3 * percentile(xs, 50), "p99_ms": 1e3 * percentile(xs, 99)}
+
+    return {
+        "method": method, "concurrency": concurrency, "requests": len(results), "completed": len(ok),
+        "failed": {str(c): sum(1 for r in results if not r.ok and r.code == c)
+                   for c in set(r.code for r in results if not r.ok)},
+        "wall_s": wall, "request_throughput": len(ok) / wall, "output_tokens_per_s": tokens / wall,
+        "ttft": stats(ttft), "tpot": stats(tpot), "itl": stats(itl),
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "mean_exit_layer": sum(s.mean_exit_layer * s.rounds for s in rounds) / weights if rounds else None,
+        "mean_draft_length": sum(s.mean_draft_length * s.rounds for s in rounds) / weights if rounds else None,
+    }
+
+
+def fmt(x, spec="%.1f"):
+    return "-" if x is None or x != x else spec % x
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default=os.environ.get("LEDE_BUILD_DIR", os.path.join(ROOT, "build")))
+    ap.add_argument("--concurrency", default="1,4,16,64")
+    ap.add_argument("--num-prompts", type=int, default=32, help="requests per (method, concurrency) level")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--methods", default="lede,static,autoregressive")
+    ap.add_argument("--deployments", default="split,co-located")
+    ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--static-config", default="2,3", help="exit layer, draft length of the static method")
+    ap.add_argument("--prompt-file", action="append")
+    ap.add_argument("--soak-s", type=float, default=0, help="instead: one level (first method, largest N) this long")
+    ap.add_argument("--sample-s", type=float, default=30)
+    ap.add_argument("--json", help="write the results here")
+    a = ap.parse_args()
+    files = a.prompt_file or [os.path.join(services_bench.MODEL, "prompts", "story.jsonl"),
+                              os.path.join(ROOT, "..", "shared", "data", "prompts", "humaneval.jsonl")]
+    prompts = load_prompts([f for f in files if os.path.exists(f)])
+    levels = [int(x) for x in a.concurrency.split(",")]
+    methods = a.methods.split(",")
+    static_config = tuple(int(x) for x in a.static_config.split(","))
+    pb, pb_grpc = lede_client.load_stubs()
+    rows, usage = [], {}
+    print("lede-tiny, %d prompts, %d new tokens, greedy, --slots %d, 1 thread per process; static E=%d D=%d"
+          % (len(prompts), a.new_tokens, a.slots, static_config[0], static_config[1]))
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in a.deployments.split(","):
+            procs, port = services_bench.deploy(kind, a.build, tmp, ["--slots", str(a.slots)])
+            pids = [p.pid for p in procs]
+            try:
+                # Warm-up: one request per method, then the baseline of memory and descriptors.
+                for m in methods:
+                    run_level(port, pb, pb_grpc, prompts, m, 1, 1, a.new_tokens, static_config)
+                usage[(kind, "warm")] = proc_usage(pids)
+                if a.soak_s:
+                    samples = []
+
+                    def sample():
+                        samples.append((time.time(), proc_usage(pids)))
+                        print("  soak t=%.0fs " % (samples[-1][0] - samples[0][0]) + "  ".join(
+                            "pid %d rss %.1f MiB fds %d" % (pid, u[0], u[1]) for pid, u in samples[-1][1].items()))
+                    row = run_level(port, pb, pb_grpc, prompts, methods[0], max(levels), 0, a.new_tokens,
+                                    static_config, soak_s=a.soak_s, sample=(a.sample_s, sample))
+                    row["deployment"] = kind
+                    row["soak_samples"] = [{"t": t, "usage": {str(k): v for k, v in u.items()}} for t, u in samples]
+                    rows.append(row)
+                else:
+                    for m in methods:
+                        for n in levels:
+                            row = run_level(port, pb, pb_grpc, prompts, m, n, a.num_prompts, a.new_tokens,
+                                            static_config)
+                            row["deployment"] = kind
+                            rows.append(row)
+                            print("  %-10s %-14s N=%-3d %6.2f req/s %7.1f tok/s TTFT %s ms TPOT %s ms"
+                                  % (kind, m, n, row["request_throughput"], row["output_tokens_per_s"],
+                                     fmt(row["ttft"]["mean_ms"]), fmt(row["tpot"]["mean_ms"])), flush=True)
+                usage[(kind, "end")] = proc_usage(pids)
+            finally:
+                services_bench.stop(procs)
+    print()
+    print("%-10s %-14s %4s %5s %7s %8s | %8s %8s %8s | %7s %7s | %7s %7s %7s | %6s %5s %5s"
+          % ("deploy", "method", "N", "done", "req/s", "tok/s", "TTFT ms", "p50", "p99", "TPOT ms", "p99",
+             "ITL ms", "p50", "p99", "accept", "exit", "draft"))
+    for r in rows:
+        print("%-10s %-14s %4d %5d %7.2f %8.1f | %8s %8s %8s | %7s %7s | %7s %7s %7s | %6s %5s %5s"
+              % (r["deployment"], r["method"], r["concurrency"], r["completed"], r["request_throughput"],
+                 r["output_tokens_per_s"], fmt(r["ttft"]["mean_ms"]), fmt(r["ttft"]["p50_ms"]),
+                 fmt(r["ttft"]["p99_ms"]), fmt(r["tpot"]["mean_ms"], "%.2f"), fmt(r["tpot"]["p99_ms"], "%.2f"),
+                 fmt(r["itl"]["mean_ms"], "%.2f"), fmt(r["itl"]["p50_ms"], "%.2f"), fmt(r["itl"]["p99_ms"], "%.2f"),
+                 fmt(r["acceptance_rate"], "%.3f"), fmt(r["mean_exit_layer"], "%.2f"),
+                 fmt(r["mean_draft_length"], "%.2f")))
+        if r["failed"]:
+            print("    failed: %s" % r["failed"])
+    print()
+    for (kind, when), u in usage.items():
+        print("%-10s %-5s " % (kind, when) + "  ".join("pid %d: %.1f MiB, %d fds" % (p, x[0], x[1])
+                                                      for p, x in u.items()))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"rows": rows, "prompts": len(prompts), "new_tokens": a.new_tokens, "slots": a.slots,
+                       "static_config": static_config,
+                       "usage": {"%s/%s" % k: {str(p): x for p, x in u.items()} for k, u in usage.items()}},
+                      f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
