@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "policy/dqn/artifact.h"
+#include "policy/dqn/artifact_store.h"
 #include "policy/dqn/dqn_exit_controller.h"
 #include "policy/dqn/method_factory.h"
 #include "shared/file/file.h"
@@ -218,6 +219,7 @@ struct RetrainRun {
 
 struct Retrainer::Impl {
   std::unique_ptr<storage::ObjectStore> store;
+  std::unique_ptr<storage::ObjectStore> policy_store;  // null: policy_root alone
   // Replay (lazily loaded on the first run that needs it).
   std::shared_ptr<const model::LlamaModel> model;
   std::unique_ptr<model::Engine> engine;
@@ -324,7 +326,53 @@ StatusOr<std::unique_ptr<Retrainer>> Retrainer::Create(RetrainOptions options) {
   LEDE_RETURN_IF_ERROR(ValidateDqnOptions(dqn));
   std::unique_ptr<Retrainer> r(new Retrainer(std::move(options)));
   LEDE_ASSIGN_OR_RETURN(r->impl_->store, storage::OpenObjectStore(r->options_.experience_url));
+  if (!r->options_.policy_store_url.empty()) {
+    StatusOr<std::unique_ptr<storage::ObjectStore>> ps = storage::OpenObjectStore(r->options_.policy_store_url);
+    if (!ps.ok()) return InvalidArgumentError("RetrainOptions.policy_store_url: " + std::string(ps.status().message()));
+    r->impl_->policy_store = std::move(*ps);
+  }
   return r;
+}
+
+Status Retrainer::PullFromPolicyStore() {
+  storage::ObjectStore* ps = impl_->policy_store.get();
+  if (ps == nullptr) return OkStatus();
+  const RetrainOptions& o = options_;
+  std::error_code ec;
+  fs::create_directories(o.policy_root, ec);
+  StatusOr<std::string> mirrored = policy::dqn::MirrorServingVersion(*ps, o.policy_root);
+  if (mirrored.status().code() == StatusCode::kNotFound && !ps->Get(policy::dqn::kServingFile).ok()) {
+    // A new store: seed it with the local serving version.
+    StatusOr<std::string> local = policy::dqn::ResolveServingVersion(o.policy_root);
+    if (!local.ok()) {
+      return FailedPreconditionError("policy store " + ps->url() + " has no SERVING and policy root " +
+                                     o.policy_root + " none to seed it with: " + local.status().ToString());
+    }
+    LEDE_RETURN_IF_ERROR(policy::dqn::UploadVersion(*ps, o.policy_root, *local, /*set_serving=*/true));
+    if (o.log) o.log("seeded policy store " + ps->url() + " with " + *local);
+  } else if (!mirrored.ok()) {
+    return mirrored.status();
+  }
+  StatusOr<std::string> state = ps->Get(kRetrainStateFile);
+  if (state.ok()) return file::WriteFileAtomically(state_path(), *state);
+  return state.status().code() == StatusCode::kNotFound ? OkStatus() : state.status();
+}
+
+Status Retrainer::PushToPolicyStore(const RetrainOutcome& out) {
+  storage::ObjectStore* ps = impl_->policy_store.get();
+  if (ps == nullptr) return OkStatus();
+  if (out.decision == RetrainDecision::kPublished) {
+    LEDE_RETURN_IF_ERROR(policy::dqn::UploadVersion(*ps, options_.policy_root, out.candidate_version,
+                                                    /*set_serving=*/true));
+  }
+  return OkStatus();
+}
+
+Status Retrainer::PushStateToPolicyStore() {
+  storage::ObjectStore* ps = impl_->policy_store.get();
+  if (ps == nullptr) return OkStatus();
+  LEDE_ASSIGN_OR_RETURN(std::string bytes, file::ReadFile(state_path()));
+  return ps->Put(kRetrainStateFile, bytes);
 }
 
 std::string Retrainer::state_path() const {
@@ -634,6 +682,7 @@ StatusOr<RetrainOutcome> Retrainer::RunOnce() {
   };
   RetrainOutcome out;
 
+  LEDE_RETURN_IF_ERROR(PullFromPolicyStore());
   // The serving policy: the warm start, the baseline, and what the data must match.
   StatusOr<policy::dqn::Artifact> serving = policy::dqn::LoadServingArtifact(o.policy_root);
   if (!serving.ok()) {
@@ -722,10 +771,13 @@ StatusOr<RetrainOutcome> Retrainer::RunOnce() {
   if (run.publish) {
     LEDE_RETURN_IF_ERROR(policy::dqn::PublishServingVersion(o.policy_root, version, smeta.model_fingerprint));
   }
+  // Uploaded before the state moves on: a failed upload retrains these shards next time.
+  LEDE_RETURN_IF_ERROR(PushToPolicyStore(out));
   log(std::string(run.publish ? "published " : "rejected ") + version + ": " + out.reason);
 
   // 8. The state checkpoint.
   LEDE_RETURN_IF_ERROR(WriteRetrainState(state_path(), NextState(state, run, out)));
+  LEDE_RETURN_IF_ERROR(PushStateToPolicyStore());
   return out;
 }
 

@@ -99,6 +99,15 @@ struct RetrainOptions {
   // local directory: the serving version is the warm start and the
   // baseline, and new versions are published here.
   std::string policy_root;
+  // Where policies are published for the policy services ("" = policy_root
+  // alone, a shared file system): an object store URL (s3://bucket/prefix,
+  // file:///dir). Each run first mirrors the store's SERVING version into
+  // policy_root (seeding an empty store with policy_root's SERVING version)
+  // and the store's copy of the state checkpoint; a published version is
+  // uploaded with SERVING last (policy/dqn/artifact_store.h), then the state.
+  // policy_root can then be scratch space (a Kubernetes emptyDir).
+  // Rejected candidates stay in policy_root/candidates only.
+  std::string policy_store_url;
   // The state checkpoint; "" = <policy_root>/retrain_state.json.
   std::string state_path;
   // Replay evaluation (step 6b): the model directory ("" = offline
@@ -211,7 +220,10 @@ class Retrainer {
   // policy root has no loadable SERVING version; the store's errors
   // (kUnavailable, ...) when listing; those of TrainDqn, of the replay
   // (model or prompt loading: kNotFound / kInvalidArgument; the engine) and
-  // of SaveArtifact / PublishServingVersion / WriteRetrainState (kInternal).
+  // of SaveArtifact / PublishServingVersion / WriteRetrainState (kInternal);
+  // with a policy store, those of the mirror and the upload
+  // (policy/dqn/artifact_store.h; kFailedPrecondition when neither the store
+  // nor policy_root has a SERVING version).
   // Bad shards are reported and skipped, never fatal.
   StatusOr<RetrainOutcome> RunOnce();
 
@@ -221,6 +233,11 @@ class Retrainer {
 
  private:
   explicit Retrainer(RetrainOptions options);
+  // The policy store's half of RunOnce (no-ops without one): mirror its
+  // SERVING version and state in, upload a published version, the state.
+  Status PullFromPolicyStore();
+  Status PushToPolicyStore(const RetrainOutcome& out);
+  Status PushStateToPolicyStore();
   struct Impl;
   RetrainOptions options_;
   std::unique_ptr<Impl> impl_;

@@ -142,6 +142,9 @@ void AddRetrainFlags(lede::flags::FlagSet& f, TrainFlags* t) {
   f.Add("watch", &t->watch, "retrain every --interval-s seconds until SIGTERM");
   f.Add("interval-s", &t->interval_s, "--watch: seconds between runs");
   f.Add("policy-root", &ro.policy_root, "--once/--watch: policy root (versions + SERVING)");
+  f.Add("policy-store", &ro.policy_store_url,
+        "--once/--watch: object store the policy services follow (s3://bucket/prefix, file:///dir); "
+        "--policy-root is then local scratch");
   f.Add("state", &ro.state_path, "--once/--watch: state checkpoint (default <policy-root>/retrain_state.json)");
   f.Add("experience-prefix", &ro.experience_prefix, "--once/--watch: key prefix of the shards in the store");
   f.Add("model", &ro.model_dir, "--once/--watch: model directory for the replay evaluation (empty: offline only)");

@@ -12,6 +12,7 @@
 #include "shared/rpc/security.h"
 #include "shared/rpc/server.h"
 #include "shared/status/status_macros.h"
+#include "shared/storage/object_store.h"
 #include "shared/telemetry/lede_metrics.h"
 #include "shared/telemetry/metrics.h"
 
@@ -20,6 +21,7 @@ namespace {
 
 struct FlagValues {
   std::string policy_root;
+  std::string policy_store;
   std::string model_fingerprint;
   std::string model_config;
   std::string listen = "127.0.0.1:50053";
@@ -32,6 +34,9 @@ void Register(flags::FlagSet& set, FlagValues& v) {
   rpc::AddServerTlsFlags(&set, &v.tls);
   set.Add("policy-root", &v.policy_root, "directory holding SERVING and one folder per version",
           /*required=*/true);
+  set.Add("policy-store", &v.policy_store,
+          "object store to follow (s3://bucket/prefix?endpoint=..., file:///dir): its SERVING version is "
+          "downloaded into --policy-root, then served; empty = --policy-root alone");
   set.Add("model-fingerprint", &v.model_fingerprint,
           "expected model fingerprint (ModelConfig::ArchitectureFingerprint); empty = any");
   set.Add("model-config", &v.model_config,
@@ -65,6 +70,14 @@ StatusOr<PolicyServerOptions> ParsePolicyServerFlags(const std::vector<std::stri
   }
   PolicyServerOptions options;
   options.serving.policy_root = v.policy_root;
+  if (!v.policy_store.empty()) {
+    StatusOr<std::unique_ptr<storage::ObjectStore>> store = storage::OpenObjectStore(v.policy_store);
+    if (!store.ok()) return InvalidArgumentError("--policy-store: " + std::string(store.status().message()));
+    options.serving.store = std::move(*store);
+    std::error_code ec;
+    std::filesystem::create_directories(v.policy_root, ec);  // the local mirror
+    if (ec) return InvalidArgumentError("--policy-root: cannot create the mirror " + v.policy_root + ": " + ec.message());
+  }
   options.serving.model_fingerprint = v.model_fingerprint;
   options.serving.reload_interval = absl::Milliseconds(v.reload_interval_ms);
   options.listen_address = v.listen;

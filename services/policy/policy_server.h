@@ -9,6 +9,9 @@
 // Flags (also from --config FILE, one "name = value" per line; the command
 // line wins):
 //   --policy-root DIR          required; holds SERVING and the versions
+//   --policy-store URL         follow this object store's SERVING (s3://..., file:///...):
+//                              each poll mirrors its serving version into
+//                              --policy-root (policy/dqn/artifact_store.h)
 //   --model-fingerprint STR    expected ModelConfig::ArchitectureFingerprint()
 //   --model-config FILE        the model's config.json: gives the fingerprint
 //                              and L (candidate layers must lie in [1, L))

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "policy/dqn/artifact_store.h"
 #include "shared/file/file.h"
 #include "shared/file/sha256.h"
 #include "shared/rpc/server.h"
@@ -64,6 +65,14 @@ ServingPolicy::~ServingPolicy() { StopPolling(); }
 
 Status ServingPolicy::Reload() {
   absl::MutexLock reload_lock(&reload_mu_);
+  if (options_.store != nullptr) {
+    StatusOr<std::string> mirrored =
+        policy::dqn::MirrorServingVersion(*options_.store, options_.policy_root, options_.model_fingerprint);
+    if (!mirrored.ok()) {
+      RecordRejection("", mirrored.status());
+      return mirrored.status();
+    }
+  }
   StatusOr<std::string> version = policy::dqn::ResolveServingVersion(options_.policy_root);
   if (!version.ok()) {
     RecordRejection("", version.status());

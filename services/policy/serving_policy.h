@@ -12,7 +12,7 @@
 // the old version keeps it alive until it finishes; a swap never fails or
 // tears a request.
 //
-// Reload() reads SERVING; when it names a version other than the serving
+// Reload() reads SERVING (with a store: after mirroring the store's); when it names a version other than the serving
 // one, it loads and validates that version (LoadArtifact with the expected
 // model fingerprint; candidate layers within [1, L) when L is known; the
 // metadata's version equals the directory name) and swaps it in. A version
@@ -55,6 +55,9 @@
 namespace lede::telemetry {
 struct SpecDecodeMetrics;
 }
+namespace lede::storage {
+class ObjectStore;
+}
 
 namespace lede::policy_service {
 
@@ -71,6 +74,12 @@ struct LoadedPolicy {
 struct ServingPolicyOptions {
   // Directory holding SERVING and one subdirectory per version. Required.
   std::string policy_root;
+  // When set, the store the policies are published to: every Reload() first
+  // mirrors the store's SERVING version into policy_root (downloaded,
+  // validated, then SERVING; policy/dqn/artifact_store.h), so a trainer on
+  // another machine publishes without a shared file system. A store that
+  // cannot be read leaves the serving version as it is.
+  std::shared_ptr<storage::ObjectStore> store;
   // ModelConfig::ArchitectureFingerprint() of the drafting model; "" accepts
   // any model (only the other checks apply).
   std::string model_fingerprint;

@@ -77,6 +77,7 @@ struct ClusterOptions {
   bool autoregressive_fallback = false;
   std::vector<std::string> model_args;        // extra lede-model flags (every model process)
   std::vector<std::string> coordinator_args;  // extra lede-coordinator flags
+  std::vector<std::string> policy_args;       // extra lede-policy flags
   std::chrono::milliseconds start_timeout{60000};
 };
 
@@ -128,6 +129,7 @@ class LedeCluster {
                                      "--model-config", options_.model_dir + "/config.json",
                                      "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0",
                                      "--reload-interval-ms", "200"};
+    args.insert(args.end(), options_.policy_args.begin(), options_.policy_args.end());
     return Launch(&policy_, args, "policy");
   }
   Status StartVerifier() {

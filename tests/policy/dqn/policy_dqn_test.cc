@@ -22,10 +22,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "policy/dqn/artifact.h"
+#include "policy/dqn/artifact_store.h"
 #include "policy/dqn/dqn_exit_controller.h"
 #include "policy/dqn/q_network.h"
 #include "shared/file/sha256.h"
 #include "shared/model/checkpoint.h"
+#include "shared/storage/object_store.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -395,6 +397,103 @@ TEST_F(ArtifactTest, ServingPointerPublishAndResolve) {
 
   WriteFile(model_dir + "/SERVING", "../../etc\n");
   EXPECT_THAT(ResolveServingVersion(model_dir), StatusIs(StatusCode::kInvalidArgument));
+}
+
+// ------------------------------------------------- through an object store
+
+// A publisher's policy root, a store (a local directory behind the same
+// ObjectStore interface as S3) and a reader's mirror.
+class ArtifactStoreTest : public ArtifactTest {
+ protected:
+  void SetUp() override {
+    ArtifactTest::SetUp();
+    auto store = storage::OpenObjectStore(Dir("store"));
+    ASSERT_THAT(store, IsOk());
+    store_ = std::move(*store);
+    fs::create_directories(Dir("mirror"));
+  }
+  std::string Publisher(const std::string& version) const { return VersionDir(Dir("publisher"), version); }
+  // Hidden leftovers (download directories) in the mirror.
+  int HiddenEntries() const {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator(Dir("mirror"))) n += e.path().filename().string()[0] == '.';
+    return n;
+  }
+  std::unique_ptr<storage::ObjectStore> store_;
+};
+
+TEST_F(ArtifactStoreTest, PublishedVersionIsMirroredAndServed) {
+  ASSERT_THAT(SaveArtifact(Publisher("v1"), MakeArtifact("v1")), IsOk());
+  WriteFile(Publisher("v1") + "/report.json", "{}");
+  ASSERT_THAT(UploadVersion(*store_, Dir("publisher"), "v1", /*set_serving=*/true), IsOk());
+  StatusOr<std::string> v = MirrorServingVersion(*store_, Dir("mirror"));
+  ASSERT_THAT(v, IsOk());
+  EXPECT_EQ(*v, "v1");
+  StatusOr<Artifact> served = LoadServingArtifact(Dir("mirror"));
+  ASSERT_THAT(served, IsOk());
+  EXPECT_EQ(served->metadata.version, "v1");
+  EXPECT_TRUE(fs::exists(VersionDir(Dir("mirror"), "v1") + "/report.json"));
+  // A second mirror pass with nothing new changes nothing and succeeds.
+  EXPECT_THAT(MirrorServingVersion(*store_, Dir("mirror")), IsOk());
+
+  // The next version replaces it.
+  ASSERT_THAT(SaveArtifact(Publisher("v2"), MakeArtifact("v2", 2)), IsOk());
+  ASSERT_THAT(UploadVersion(*store_, Dir("publisher"), "v2", /*set_serving=*/true), IsOk());
+  ASSERT_THAT(MirrorServingVersion(*store_, Dir("mirror")), IsOk());
+  EXPECT_EQ(*ResolveServingVersion(Dir("mirror")), "v2");
+  EXPECT_EQ(HiddenEntries(), 0);
+}
+
+// SERVING moves only when asked, after the files.
+TEST_F(ArtifactStoreTest, UploadWithoutServingLeavesThePointer) {
+  ASSERT_THAT(SaveArtifact(Publisher("v1"), MakeArtifact("v1")), IsOk());
+  ASSERT_THAT(UploadVersion(*store_, Dir("publisher"), "v1", /*set_serving=*/false), IsOk());
+  EXPECT_THAT(store_->Get(kServingFile), StatusIs(StatusCode::kNotFound));
+  EXPECT_THAT(MirrorServingVersion(*store_, Dir("mirror")), StatusIs(StatusCode::kNotFound));
+}
+
+// A version whose policy.json has not arrived (an upload in progress, or
+// a SERVING written out of order) is not served; the mirror keeps serving
+// what it had and keeps no partial download.
+TEST_F(ArtifactStoreTest, UnfinishedUploadIsNotServed) {
+  ASSERT_THAT(SaveArtifact(Publisher("v1"), MakeArtifact("v1")), IsOk());
+  ASSERT_THAT(UploadVersion(*store_, Dir("publisher"), "v1", true), IsOk());
+  ASSERT_THAT(MirrorServingVersion(*store_, Dir("mirror")), IsOk());
+  ASSERT_THAT(SaveArtifact(Publisher("v2"), MakeArtifact("v2", 2)), IsOk());
+  ASSERT_THAT(store_->Put("v2/" + std::string(kWeightsFile), ReadFile(Publisher("v2") + "/" + kWeightsFile)), IsOk());
+  ASSERT_THAT(store_->Put(kServingFile, "v2\n"), IsOk());
+  EXPECT_THAT(MirrorServingVersion(*store_, Dir("mirror")), StatusIs(StatusCode::kNotFound));
+  EXPECT_EQ(*ResolveServingVersion(Dir("mirror")), "v1");
+  EXPECT_FALSE(fs::exists(VersionDir(Dir("mirror"), "v2")));
+  EXPECT_EQ(HiddenEntries(), 0);
+}
+
+// Weights that do not match policy.json's checksum (a version re-uploaded
+// over itself, or a corrupt object) fail validation and are not mirrored.
+TEST_F(ArtifactStoreTest, TornVersionIsRefused) {
+  ASSERT_THAT(SaveArtifact(Publisher("v1"), MakeArtifact("v1")), IsOk());
+  ASSERT_THAT(UploadVersion(*store_, Dir("publisher"), "v1", true), IsOk());
+  ASSERT_THAT(MirrorServingVersion(*store_, Dir("mirror")), IsOk());
+  ASSERT_THAT(SaveArtifact(Publisher("v2"), MakeArtifact("v2", 2)), IsOk());
+  ASSERT_THAT(store_->Put("v2/" + std::string(kWeightsFile), ReadFile(Publisher("v1") + "/" + kWeightsFile)), IsOk());
+  ASSERT_THAT(store_->Put("v2/" + std::string(kMetadataFile), ReadFile(Publisher("v2") + "/" + kMetadataFile)), IsOk());
+  ASSERT_THAT(store_->Put(kServingFile, "v2\n"), IsOk());
+  EXPECT_THAT(MirrorServingVersion(*store_, Dir("mirror")), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_EQ(*ResolveServingVersion(Dir("mirror")), "v1");
+  EXPECT_FALSE(fs::exists(VersionDir(Dir("mirror"), "v2")));
+  EXPECT_EQ(HiddenEntries(), 0);
+}
+
+// Nothing is uploaded for a local version that does not load, and a SERVING
+// that names no valid version is refused.
+TEST_F(ArtifactStoreTest, BadVersionsAreRefused) {
+  EXPECT_THAT(UploadVersion(*store_, Dir("publisher"), "v9", true), StatusIs(StatusCode::kNotFound));
+  EXPECT_THAT(UploadVersion(*store_, Dir("publisher"), "../x", true), StatusIs(StatusCode::kInvalidArgument));
+  StatusOr<std::vector<storage::ObjectInfo>> objects = store_->List("");
+  ASSERT_THAT(objects, IsOk());
+  EXPECT_TRUE(objects->empty());
+  ASSERT_THAT(store_->Put(kServingFile, "../etc\n"), IsOk());
+  EXPECT_THAT(MirrorServingVersion(*store_, Dir("mirror")), StatusIs(StatusCode::kInvalidArgument));
 }
 
 }  // namespace

@@ -35,10 +35,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "policy/dqn/artifact.h"
+#include "policy/dqn/artifact_store.h"
 #include "proto/lede/v1/generation.grpc.pb.h"
 #include "shared/storage/object_store.h"
 #include "tests/shared/telemetry/telemetry_test_util.h"
 #include "tests/testing/process.h"
+#include "tests/testing/s3rver.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
@@ -308,6 +310,118 @@ TEST(RetrainE2eTest, PublishesFollowsAndRefusesCorruptVersions) {
     EXPECT_EQ(r.summary.policy_version(), v1);
   }
   EXPECT_THAT(cluster.policy()->Log(), ::testing::HasSubstr("policy_rejected"));
+}
+
+// Policies through an S3 store (s3rver), no shared file system: the policy
+// service follows the store's SERVING into a mirror of its own, and the
+// trainer works in scratch space that starts empty (it mirrors the serving
+// version and its state from the store, and uploads what it publishes).
+// The new version reaches the drafter without a restart and without a
+// failed request.
+TEST(RetrainE2eTest, PublishesThroughAnObjectStore) {
+  lede::testing::S3rver s3;
+  if (!s3.available()) GTEST_SKIP() << s3.skip_reason();
+  ASSERT_THAT(s3.Start("lede-policies"), IsOk());
+  ::setenv("AWS_ACCESS_KEY_ID", "S3RVER", 1);  // s3rver's built-in credentials, inherited by lede-policy
+  ::setenv("AWS_SECRET_ACCESS_KEY", "S3RVER", 1);
+  ::unsetenv("AWS_SESSION_TOKEN");
+  const std::string store_url = "s3://lede-policies/lede-tiny?endpoint=" + s3.endpoint() + "&region=us-east-1";
+  ::lede::testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const fs::path mirror = tmp.path() / "policy-service-mirror";
+  const fs::path scratch = tmp.path() / "trainer-scratch";
+
+  // Deploying: the shipped serving version goes into the store.
+  auto serving0 = policy::dqn::ResolveServingVersion(kModel + "/policy");
+  ASSERT_THAT(serving0.status(), IsOk());
+  const std::string v0 = *serving0;
+  {
+    auto store = storage::OpenObjectStore(store_url);
+    ASSERT_THAT(store.status(), IsOk());
+    ASSERT_THAT(policy::dqn::UploadVersion(**store, kModel + "/policy", v0, /*set_serving=*/true), IsOk());
+  }
+
+  testing::ClusterOptions o;
+  o.binaries = testing::LedeBinaries{LEDE_MODEL_BIN, LEDE_COORDINATOR_BIN, LEDE_POLICY_BIN};
+  o.model_dir = kModel;
+  o.policy_root = mirror.string();
+  o.policy_args = {"--policy-store", store_url};
+  o.colocated = true;
+  o.policy_service = true;
+  o.experience_shard_age_s = 0.2;
+  testing::LedeCluster cluster(o);
+  ASSERT_THAT(cluster.Start(), IsOk());
+  auto stub = cluster.NewStub();
+  const int policy_metrics = cluster.policy()->metrics_port();
+  EXPECT_TRUE(WaitUntil(
+      [&] { return Series(Metrics(policy_metrics), "lede_policy_version{version=\"" + v0 + "\"}") == 1; }, 30s,
+      100ms))
+      << Metrics(policy_metrics);
+
+  const std::vector<std::string> prompts = ReadPrompts(kModel + "/prompts/story.jsonl", 24, 4);
+  std::set<std::string> ids;
+  for (int i = 0; i < 4; ++i) {
+    const std::string id = "explore-" + std::to_string(i);
+    CallResult r = Generate(*stub, Request(prompts[i], id, 0.2f, i));
+    ASSERT_TRUE(r.status.ok()) << id << ": " << r.status.error_message();
+    ids.insert(id);
+  }
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        const std::set<std::string> logged = LoggedRequests(cluster.experience_dir());
+        return std::includes(logged.begin(), logged.end(), ids.begin(), ids.end());
+      },
+      30s, 100ms));
+
+  BackgroundTraffic traffic(cluster.coordinator_target(), prompts);
+  ASSERT_TRUE(WaitUntil([&] { return traffic.ok() > 0 || !traffic.failures().empty(); }, 30s, 100ms));
+  trainer::RetrainOptions ro;
+  ro.experience_url = cluster.experience_dir();
+  ro.policy_root = scratch.string();  // empty: everything comes from the store
+  ro.policy_store_url = store_url;
+  ro.publish_margin = -std::numeric_limits<double>::infinity();
+  ro.version_prefix = "s3";
+  ro.dqn.epochs = 1;
+  auto retrainer = trainer::Retrainer::Create(ro);
+  ASSERT_THAT(retrainer.status(), IsOk());
+  auto outcome = (*retrainer)->RunOnce();
+  ASSERT_THAT(outcome.status(), IsOk());
+  ASSERT_EQ(outcome->decision, trainer::RetrainDecision::kPublished) << outcome->reason;
+  EXPECT_EQ(outcome->serving_version, v0);
+  const std::string v1 = outcome->candidate_version;
+
+  // The store serves v1 and holds the state; the policy service and the drafter follow.
+  {
+    auto store = storage::OpenObjectStore(store_url);
+    ASSERT_THAT(store.status(), IsOk());
+    auto pointer = (*store)->Get(policy::dqn::kServingFile);
+    ASSERT_THAT(pointer.status(), IsOk());
+    EXPECT_EQ(*pointer, v1 + "\n");
+    EXPECT_THAT((*store)->Get(trainer::kRetrainStateFile).status(), IsOk());
+  }
+  EXPECT_TRUE(WaitUntil(
+      [&] { return Series(Metrics(policy_metrics), "lede_policy_version{version=\"" + v1 + "\"}") == 1; }, 30s,
+      100ms))
+      << Metrics(policy_metrics) << cluster.policy()->Log();
+  EXPECT_TRUE(fs::exists(mirror / v1 / policy::dqn::kMetadataFile));
+  ASSERT_TRUE(WaitUntil([&] { return traffic.versions().count(v1) > 0 || !traffic.failures().empty(); }, 30s, 100ms));
+  traffic.Stop();
+  EXPECT_THAT(traffic.failures(), ::testing::IsEmpty());
+
+  // A second run from fresh scratch space starts from v1 and from the
+  // store's state: the shards the first run used are not new again.
+  const int64_t first_shards = outcome->n_new_shards;
+  ASSERT_GT(first_shards, 0);
+  fs::remove_all(scratch);
+  ro.publish_margin = std::numeric_limits<double>::infinity();  // a dry run
+  auto again = trainer::Retrainer::Create(ro);
+  ASSERT_THAT(again.status(), IsOk());
+  auto second = (*again)->RunOnce();
+  ASSERT_THAT(second.status(), IsOk());
+  EXPECT_EQ(second->serving_version, v1);
+  auto state = trainer::ReadRetrainState((*again)->state_path());
+  ASSERT_THAT(state.status(), IsOk());
+  EXPECT_GE(static_cast<int64_t>(state->processed_shards.size()), first_shards);
 }
 
 }  // namespace
