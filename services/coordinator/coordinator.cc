@@ -156,17 +156,13 @@ struct GenerationService::Impl {
   // lede_prompt_tokenized_bytes_total: prompt text bytes given to the
   // tokenizer (work that the size checks bound); null without a registry.
   telemetry::Counter* tokenized_bytes = nullptr;
-  std::shared_ptr<grpc::Channel> verifier_channel, drafter_channel;
-  std::unique_ptr<lede::v1::Verifier::Stub> verifier;
-  std::unique_ptr<lede::v1::Drafter::Stub> drafter;
-  std::unique_ptr<SessionLease> lease;  // this instance's sessions on the verifier
+  // The model replicas, with this instance's lease on each verifier.
+  std::unique_ptr<ReplicaSet> replicas;
   // Requests running (both front ends) and the drain at shutdown.
   std::mutex drain_mu;
   std::condition_variable drained;
   int64_t in_flight = 0;   // guarded by drain_mu
   bool draining = false;   // guarded by drain_mu
-  // Drafter and verifier share a process: one DraftAndVerify call per round.
-  std::atomic<bool> fused_rounds{false};
   std::unique_ptr<telemetry::SpecDecodeMetrics> metrics;
   std::unique_ptr<experience::ExperienceLogger> logger;
   telemetry::Counter* experience_written = nullptr;
@@ -178,29 +174,33 @@ struct GenerationService::Impl {
   policy::RewardSpec rewards;     // guarded by info_mu
   std::mt19937_64 id_rng{std::random_device{}()};  // request ids; guarded by info_mu
 
+  // The timeouts and the fallback of every model call (the stubs are the
+  // chosen replica's: ReplicaBackend).
   ModelClients Clients() {
     ModelClients c;
-    c.verifier = verifier.get();
-    c.drafter = drafter.get();
-    c.fused_rounds = &fused_rounds;
     c.rpc_timeout = options.rpc_timeout;
     c.max_queue_wait = options.max_queue_wait;
     c.autoregressive_fallback = options.autoregressive_fallback;
-    c.owner_instance = lease ? lease->instance_id() : "";
     return c;
   }
 
-  // The verifier's ModelInfo: fetched on the first request that finds the
-  // verifier up, then kept (a restarted verifier serves the same model).
+  // The served model's ModelInfo: fetched from the first replica that
+  // answers on the first request, then kept (every replica and a restarted
+  // verifier serve the same model).
   StatusOr<lede::v1::ModelInfo> Info(grpc::CallbackServerContext* server) {
     {
       std::lock_guard<std::mutex> lock(info_mu);
       if (have_info) return info;
     }
-    auto ctx = ModelCallContext(server, options.rpc_timeout);
     lede::v1::ModelInfo fresh;
-    grpc::Status s = verifier->Describe(ctx.get(), lede::v1::DescribeRequest(), &fresh);
-    if (!s.ok()) return FromModelCall(s, "verifier Describe");
+    Status described = UnavailableError("verifier Describe: no model replica is known yet");
+    for (const std::shared_ptr<Replica>& replica : replicas->Candidates()) {
+      auto ctx = ModelCallContext(server, options.rpc_timeout);
+      grpc::Status s = replica->verifier()->Describe(ctx.get(), lede::v1::DescribeRequest(), &fresh);
+      described = s.ok() ? OkStatus() : FromModelCall(s, "verifier " + replica->name() + " Describe");
+      if (described.ok() || described.code() != StatusCode::kUnavailable) break;
+    }
+    if (!described.ok()) return described;
     std::lock_guard<std::mutex> lock(info_mu);
     info = fresh;
     have_info = true;
@@ -326,21 +326,22 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  auto verifier_channel = grpc::CreateCustomChannel(options.verifier_target, *credentials, args);
-  auto drafter_channel = options.drafter_target == options.verifier_target
-                             ? verifier_channel
-                             : grpc::CreateCustomChannel(options.drafter_target, *credentials, args);
-  impl.verifier_channel = verifier_channel;
-  impl.drafter_channel = drafter_channel;
-  impl.verifier = lede::v1::Verifier::NewStub(verifier_channel);
-  impl.drafter = lede::v1::Drafter::NewStub(drafter_channel);
-  impl.fused_rounds = options.drafter_target == options.verifier_target;
-  SessionLeaseOptions lo;
-  lo.owner_name = options.instance_name;
-  lo.ttl = options.lease_ttl;
-  lo.renew_interval = options.lease_renew_interval;
-  impl.lease = std::make_unique<SessionLease>(impl.verifier.get(), lo);
-  impl.lease->Start();  // frees a predecessor's sessions before the first request
+  ReplicaSetOptions ro;
+  ro.targets = options.replicas;
+  ro.dns_name = options.replica_dns;
+  ro.verifier_port = options.replica_verifier_port;
+  ro.drafter_port = options.replica_drafter_port;
+  ro.refresh_interval = options.replica_refresh_interval;
+  if (ro.targets.empty() && ro.dns_name.empty()) {
+    ro.targets.push_back(ReplicaTarget{options.verifier_target, options.drafter_target});
+  }
+  ro.credentials = *credentials;
+  ro.channel_args = args;
+  ro.lease.owner_name = options.instance_name;
+  ro.lease.ttl = options.lease_ttl;
+  ro.lease.renew_interval = options.lease_renew_interval;
+  // The leases' first renewals free a predecessor's sessions before the first request.
+  LEDE_ASSIGN_OR_RETURN(impl.replicas, ReplicaSet::Create(std::move(ro)));
   if (registry != nullptr) {
     impl.metrics = std::make_unique<telemetry::SpecDecodeMetrics>(*registry);
     impl.tokenized_bytes = &prometheus::BuildCounter()
@@ -442,7 +443,7 @@ Status GenerationService::Impl::RunRequest(grpc::CallbackServerContext* context,
   LEDE_ASSIGN_OR_RETURN(const std::vector<int32_t> prompt, ResolvePrompt(request));
   const std::string request_id = RequestId(request);
   const speculation::LoopOptions loop = LoopFor(request, checked, info, static_cast<int64_t>(prompt.size()));
-  RemoteBackend backend(Clients(), context, info, request, request_id, loop.record_traces);
+  ReplicaBackend backend(*replicas, Clients(), context, info, request, request_id, loop.record_traces);
   backend.set_position(static_cast<int64_t>(prompt.size()));
 
   // Text deltas: detokenized, held back while they could start a stop string.
@@ -559,14 +560,16 @@ Status GenerationService::Readiness(absl::Duration timeout) {
 }
 
 Status GenerationService::CheckModelServices(absl::Duration timeout) {
+  // Ready while any replica's verifier and drafter both connect.
   const auto deadline = absl::ToChronoTime(absl::Now() + timeout);
-  if (!impl_->verifier_channel->WaitForConnected(deadline)) {
-    return UnavailableError("verifier " + impl_->options.verifier_target + " is not reachable");
+  std::string down;
+  for (const std::shared_ptr<Replica>& replica : impl_->replicas->All()) {
+    if (replica->Connected(deadline)) return OkStatus();
+    down += (down.empty() ? "" : ", ") + replica->target().verifier +
+            (replica->target().drafter == replica->target().verifier ? "" : "+" + replica->target().drafter);
   }
-  if (!impl_->drafter_channel->WaitForConnected(deadline)) {
-    return UnavailableError("drafter " + impl_->options.drafter_target + " is not reachable");
-  }
-  return OkStatus();
+  return UnavailableError(down.empty() ? "no model replica is known yet"
+                                       : "no model replica is reachable (verifier+drafter: " + down + ")");
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerationService::Generate(grpc::CallbackServerContext* context,

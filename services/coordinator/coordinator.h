@@ -35,6 +35,7 @@
 
 #include "absl/time/time.h"
 #include "proto/lede/v1/generation.grpc.pb.h"
+#include "services/coordinator/replica_set.h"
 #include "shared/status/status.h"
 
 namespace prometheus {
@@ -48,6 +49,15 @@ struct CoordinatorOptions {
   // lede.v1.Drafter. The same address as the verifier means co-located: each
   // round is then one Drafter.DraftAndVerify call instead of Draft + Verify.
   std::string drafter_target = "127.0.0.1:50054";
+  // Several model replicas (replica_set.h): a static list and/or a DNS name
+  // whose addresses are replicas (verifier on replica_verifier_port, drafter
+  // on replica_drafter_port, 0 = co-located), re-resolved every
+  // replica_refresh_interval. Both empty = the one replica above.
+  std::vector<ReplicaTarget> replicas;
+  std::string replica_dns;
+  int replica_verifier_port = 50052;
+  int replica_drafter_port = 50054;
+  absl::Duration replica_refresh_interval = absl::Seconds(10);
   std::string tokenizer_path;      // tokenizer.model / tokenizer.bin of the served model (required)
   int64_t max_new_tokens_limit = 1024;  // requests above are INVALID_ARGUMENT
   // Deadline of each call to a model process when the client set none.

@@ -35,6 +35,17 @@ int Run(const std::vector<std::string>& raw_args) {
   flags.Add("tokenizer", &o.tokenizer_path, "tokenizer file (default: found beside --model)");
   flags.Add("verifier", &o.verifier_target, "verifier address host:port");
   flags.Add("drafter", &o.drafter_target, "drafter address host:port (= --verifier when co-located)");
+  std::string replicas;
+  double replica_refresh_s = absl::ToDoubleSeconds(o.replica_refresh_interval);
+  int64_t replica_verifier_port = o.replica_verifier_port, replica_drafter_port = o.replica_drafter_port;
+  flags.Add("replicas", &replicas,
+            "several model replicas instead of --verifier/--drafter: VERIFIER[+DRAFTER],... (host:port each; "
+            "one address = co-located)");
+  flags.Add("replica-dns", &o.replica_dns,
+            "DNS name whose addresses are model replicas (a Kubernetes headless Service), re-resolved periodically");
+  flags.Add("replica-verifier-port", &replica_verifier_port, "--replica-dns: the verifiers' port");
+  flags.Add("replica-drafter-port", &replica_drafter_port, "--replica-dns: the drafters' port (0 = co-located)");
+  flags.Add("replica-refresh-s", &replica_refresh_s, "--replica-dns: seconds between resolutions");
   flags.Add("listen", &listen, "gRPC address of the public API");
   flags.Add("metrics", &metrics, "HTTP address of /metrics");
   flags.Add("http", &http.listen_address, "HTTP address of the OpenAI-compatible API; empty = none");
@@ -92,6 +103,23 @@ int Run(const std::vector<std::string>& raw_args) {
     std::cerr << "lede-coordinator: " << parsed.message() << "\n";
     return 2;
   }
+  if (!replicas.empty()) {
+    auto targets = lede::coordinator::ParseReplicaTargets(replicas);
+    if (!targets.ok()) {
+      std::cerr << "lede-coordinator: --" << targets.status().message() << "\n";
+      return 2;
+    }
+    o.replicas = *targets;
+  }
+  if (!(replica_refresh_s > 0) || replica_verifier_port < 1 || replica_verifier_port > 65535 ||
+      replica_drafter_port < 0 || replica_drafter_port > 65535) {
+    std::cerr << "lede-coordinator: --replica-refresh-s must be > 0, --replica-verifier-port in 1..65535, "
+                 "--replica-drafter-port in 0..65535\n";
+    return 2;
+  }
+  o.replica_refresh_interval = absl::Seconds(replica_refresh_s);
+  o.replica_verifier_port = static_cast<int>(replica_verifier_port);
+  o.replica_drafter_port = static_cast<int>(replica_drafter_port);
   o.max_new_tokens_limit = limit;
   o.rpc_timeout = absl::Seconds(rpc_timeout_s);
   o.max_queue_wait = absl::Seconds(queue_wait_s);

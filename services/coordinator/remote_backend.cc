@@ -203,4 +203,69 @@ void RemoteBackend::SendClose(const lede::v1::CloseSessionRequest& req) {
   }
 }
 
+// ----------------------------------------------------------- ReplicaBackend
+
+ReplicaBackend::ReplicaBackend(ReplicaSet& replicas, const ModelClients& base, grpc::CallbackServerContext* server,
+                               const lede::v1::ModelInfo& info, const lede::v1::GenerateRequest& request,
+                               const std::string& request_id, bool record_trace)
+    : replicas_(replicas),
+      base_(base),
+      server_(server),
+      info_(info),
+      request_(request),
+      request_id_(request_id),
+      record_trace_(record_trace) {
+  limits_.n_layers = info.n_layers();
+  limits_.vocab_size = info.vocab_size();
+  limits_.capacity = info.capacity();
+  limits_.eos_ids.assign(info.eos_ids().begin(), info.eos_ids().end());
+}
+
+StatusOr<speculation::Prefilled> ReplicaBackend::Open(const std::vector<int32_t>& prompt,
+                                                      const speculation::SessionOptions& options) {
+  Status last = UnavailableError("no model replica is known yet (DNS has resolved none)");
+  for (const std::shared_ptr<Replica>& replica : replicas_.Candidates()) {
+    ModelClients clients = base_;
+    clients.verifier = replica->verifier();
+    clients.drafter = replica->drafter();
+    clients.fused_rounds = replica->fused_rounds();
+    clients.owner_instance = replica->owner_instance();
+    auto backend = std::make_unique<RemoteBackend>(clients, server_, info_, request_, request_id_, record_trace_);
+    backend->set_position(position_);
+    StatusOr<speculation::Prefilled> opened = backend->Open(prompt, options);
+    if (opened.ok()) {
+      replica->SessionOpened();
+      replica_ = replica;
+      backend_ = std::move(backend);
+      return opened;
+    }
+    if (opened.status().code() != StatusCode::kUnavailable &&
+        opened.status().code() != StatusCode::kResourceExhausted) {
+      return opened.status();
+    }
+    replicas_.MarkFailed(*replica);
+    rpc::LogEvent("warn", "replica_refused_session", {{"replica", replica->name()},
+                                                      {"request_id", request_id_},
+                                                      {"error", std::string(opened.status().message())}});
+    last = opened.status();
+  }
+  return last;
+}
+
+StatusOr<speculation::Draft> ReplicaBackend::DraftRound(int64_t session, const speculation::DraftRequest& r) {
+  return backend_->DraftRound(session, r);
+}
+
+StatusOr<speculation::Verdict> ReplicaBackend::VerifyRound(int64_t session, int32_t pending_token,
+                                                           const speculation::Draft& d) {
+  return backend_->VerifyRound(session, pending_token, d);
+}
+
+void ReplicaBackend::Close(int64_t session) {
+  if (backend_ == nullptr || closed_) return;
+  closed_ = true;
+  backend_->Close(session);
+  replica_->SessionClosed();
+}
+
 }  // namespace lede::coordinator

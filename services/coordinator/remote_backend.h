@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "proto/lede/v1/generation.pb.h"
 #include "proto/lede/v1/model.grpc.pb.h"
+#include "services/coordinator/replica_set.h"
 #include "shared/speculation/generation.h"
 #include "shared/status/status.h"
 
@@ -102,6 +103,51 @@ class RemoteBackend : public speculation::SpeculationBackend {
   int64_t position_ = 0;  // committed length of the slot
   bool open_ = false;
   bool fallback_ = false;
+};
+
+// The speculation loop's backend over several model replicas
+// (replica_set.h): Open() places the session on the best candidate and, when
+// that replica is down or draining (UNAVAILABLE) or its queue is full
+// (RESOURCE_EXHAUSTED), marks it and opens on the next; every later call
+// goes to the chosen replica's RemoteBackend, so a session never moves. A
+// replica that dies mid-session ends it with UNAVAILABLE (RemoteBackend).
+// Errors of Open(): the last replica's error when every one refused (or
+// UNAVAILABLE when the set is empty); other errors at once. Not
+// thread-safe: one backend per request, like RemoteBackend.
+class ReplicaBackend : public speculation::SpeculationBackend {
+ public:
+  // `replicas`, `request` and `request_id` must outlive the backend;
+  // `base` carries the timeouts and the fallback (its stubs are ignored).
+  ReplicaBackend(ReplicaSet& replicas, const ModelClients& base, grpc::CallbackServerContext* server,
+                 const lede::v1::ModelInfo& info, const lede::v1::GenerateRequest& request,
+                 const std::string& request_id, bool record_trace);
+
+  const speculation::ModelLimits& limits() const override { return limits_; }
+  StatusOr<speculation::Prefilled> Open(const std::vector<int32_t>& prompt,
+                                        const speculation::SessionOptions& options) override;
+  StatusOr<speculation::Draft> DraftRound(int64_t session, const speculation::DraftRequest& r) override;
+  StatusOr<speculation::Verdict> VerifyRound(int64_t session, int32_t pending_token,
+                                             const speculation::Draft& d) override;
+  void Close(int64_t session) override;
+
+  void set_position(int64_t n) { position_ = n; }
+  bool fell_back() const { return backend_ != nullptr && backend_->fell_back(); }
+  // The replica the session runs on ("" before Open succeeded).
+  std::string replica_name() const { return replica_ ? replica_->name() : ""; }
+
+ private:
+  ReplicaSet& replicas_;
+  ModelClients base_;
+  grpc::CallbackServerContext* server_;
+  const lede::v1::ModelInfo& info_;
+  const lede::v1::GenerateRequest& request_;
+  const std::string& request_id_;
+  bool record_trace_;
+  speculation::ModelLimits limits_;
+  int64_t position_ = 0;
+  std::shared_ptr<Replica> replica_;
+  std::unique_ptr<RemoteBackend> backend_;
+  bool closed_ = false;
 };
 
 }  // namespace lede::coordinator

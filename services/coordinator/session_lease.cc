@@ -85,6 +85,7 @@ bool SessionLease::RenewOnce() {
                   {{"instance_id", instance_id_}, {"replaced_sessions", std::to_string(resp.n_replaced_sessions())}});
   }
   last_ok_ = true;
+  if (options_.on_renewed) options_.on_renewed(resp);
   return true;
 }
 

@@ -19,6 +19,7 @@
 #ifndef LEDE_SERVICES_COORDINATOR_SESSION_LEASE_H_
 #define LEDE_SERVICES_COORDINATOR_SESSION_LEASE_H_
 
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -42,6 +43,10 @@ struct SessionLeaseOptions {
   // Deadline of one renewal call.
   absl::Duration call_timeout = absl::Seconds(1);
   Clock* clock = nullptr;  // nullptr = Clock::Real() (the renewal period)
+  // Called after every successful renewal with the verifier's answer (its
+  // load report: slots, free slots, waiting sessions, this instance's
+  // sessions), on the renewal thread (and on Start's caller for the first).
+  std::function<void(const lede::v1::RenewLeaseResponse&)> on_renewed;
   // Example: SessionLeaseOptions o; o.owner_name = "pod-7/0.0.0.0:50051";
 };
 

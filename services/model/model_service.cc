@@ -456,10 +456,14 @@ grpc::Status VerifierService::RenewLease(grpc::ServerContext*, const lede::v1::R
     resp->set_n_replaced_sessions(impl_->FreeOwners(renewed->replaced, "replaced_by_new_instance"));
   }
   resp->set_ttl_ms(absl::ToInt64Milliseconds(renewed->ttl));
+  std::shared_ptr<model::KvCache> cache = impl_->host->Pool();
   std::lock_guard<std::mutex> lock(impl_->mu);
   int32_t n = 0;
   for (const auto& [slot, session] : impl_->sessions) n += session.owner == req->instance_id() ? 1 : 0;
   resp->set_n_sessions(n);
+  resp->set_n_slots(static_cast<int32_t>(cache->n_slots()));
+  resp->set_n_free_slots(static_cast<int32_t>(cache->n_slots() - cache->n_in_use()));
+  resp->set_n_waiting(static_cast<int32_t>(impl_->queue.n_waiting()));
   return grpc::Status::OK;
 }
 

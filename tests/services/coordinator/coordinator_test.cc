@@ -184,6 +184,31 @@ class CoordinatorTest : public ::testing::Test {
 };
 
 // A text prompt is tokenized with BOS; prompt_token_ids are used as given.
+// Over several replicas, a replica that is down is skipped: every request
+// opens on the live one, whichever the placement tried first (equal
+// replicas take turns at the front).
+TEST_F(CoordinatorTest, DeadReplicaIsSkipped) {
+  CoordinatorOptions o;
+  o.tokenizer_path = tokenizer_path_;
+  const std::string dead = "127.0.0.1:" + std::to_string(telemetry::test_util::FreePort());
+  const std::string live = "127.0.0.1:" + std::to_string(runner_->port());
+  o.replicas = {ReplicaTarget{dead, dead}, ReplicaTarget{live, dead}};
+  o.rpc_timeout = absl::Seconds(5);
+  o.max_new_tokens_limit = 64;
+  telemetry::Registry registry;
+  auto service = GenerationService::Create(o, &registry);
+  ASSERT_THAT(service, IsOk());
+  service_ = std::move(*service);
+  verifier_->set_script(Ids(" a cat"));
+  for (int i = 0; i < 4; ++i) {
+    Outcome out = Run(Request("x", 8));
+    ASSERT_THAT(out.status, IsOk()) << i;
+    EXPECT_EQ(out.ids, Ids(" a cat"));
+  }
+  EXPECT_EQ(verifier_->n_opens(), 4);
+  EXPECT_EQ(verifier_->n_closes(), 4);
+}
+
 TEST_F(CoordinatorTest, ResolvesTextAndTokenPrompts) {
   verifier_->set_script(Ids("once"));
   Outcome text = Run(Request("Lily went", 4));
