@@ -22,9 +22,14 @@ Today every session runs its own forward passes (no batching across sessions,
 issue 12): the numbers are the one-sequence-per-pass baseline.
 Nothing here asserts: it prints numbers (and writes JSON with --json).
 
+With --replicas 1,2,3 it instead deploys that many co-located replicas behind
+one coordinator (--replicas) and prints aggregate and per-replica tokens/s at
+one concurrency (on this machine the replicas share its cores).
+
 usage: bench/serve_bench.py [--concurrency 1,4,16,64] [--num-prompts 32] [--new-tokens 64]
                             [--methods lede,static,autoregressive] [--deployments split,co-located]
-                            [--slots 16] [--static-config 2,3] [--soak-s 0] [--json FILE]
+                            [--slots 16] [--static-config 2,3] [--soak-s 0] [--replicas 1,2,3]
+                            [--json FILE]
 """
 import argparse
 import json
@@ -168,6 +173,25 @@ def run_level(port, pb, pb_grpc, prompts, method, concurrency, num_requests, new
     }
 
 
+def deploy_replicas(n, build, tmp, model_args):
+    """n co-located model processes behind one coordinator (--replicas)."""
+    model_bin = os.path.join(build, "services", "model", "lede-model")
+    coord_bin = os.path.join(build, "services", "coordinator", "lede-coordinator")
+    procs, targets = [], []
+    for i in range(n):
+        p, port = services_bench.start(
+            [model_bin, "--role", "both", "--model", services_bench.MODEL, "--listen", "127.0.0.1:0",
+             "--metrics", "127.0.0.1:0", "--policy-dir", os.path.join(services_bench.MODEL, "policy")]
+            + list(model_args), os.path.join(tmp, "replica-%d-%d.log" % (n, i)))
+        procs.append(p)
+        targets.append("127.0.0.1:%d" % port)
+    p, cport = services_bench.start(
+        [coord_bin, "--model", services_bench.MODEL, "--replicas", ",".join(targets), "--listen", "127.0.0.1:0",
+         "--metrics", "127.0.0.1:0"], os.path.join(tmp, "coordinator-replicas-%d.log" % n))
+    procs.append(p)
+    return procs, cport
+
+
 def fmt(x, spec="%.1f"):
     return "-" if x is None or x != x else spec % x
 
@@ -185,6 +209,8 @@ def main():
     ap.add_argument("--prompt-file", action="append")
     ap.add_argument("--soak-s", type=float, default=0, help="instead: one level (first method, largest N) this long")
     ap.add_argument("--sample-s", type=float, default=30)
+    ap.add_argument("--replicas", help="instead: co-located replicas behind one coordinator, e.g. 1,2,3 "
+                                        "(first method, largest concurrency)")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
     files = a.prompt_file or [os.path.join(services_bench.MODEL, "prompts", "story.jsonl"),
@@ -197,6 +223,8 @@ def main():
     rows, usage = [], {}
     print("lede-tiny, %d prompts, %d new tokens, greedy, --slots %d, 1 thread per process; static E=%d D=%d"
           % (len(prompts), a.new_tokens, a.slots, static_config[0], static_config[1]))
+    if a.replicas:
+        return run_replicas(a, pb, pb_grpc, prompts, methods[0], max(levels), static_config)
     with tempfile.TemporaryDirectory() as tmp:
         for kind in a.deployments.split(","):
             procs, port = services_bench.deploy(kind, a.build, tmp, ["--slots", str(a.slots)])
@@ -255,6 +283,39 @@ def main():
                        "static_config": static_config,
                        "usage": {"%s/%s" % k: {str(p): x for p, x in u.items()} for k, u in usage.items()}},
                       f, indent=1)
+    return 0
+
+
+def run_replicas(a, pb, pb_grpc, prompts, method, concurrency, static_config):
+    """Aggregate tokens/s over 1, 2, 3... replicas at one client concurrency."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in [int(x) for x in a.replicas.split(",")]:
+            procs, port = deploy_replicas(n, a.build, tmp, ["--slots", str(a.slots)])
+            try:
+                run_level(port, pb, pb_grpc, prompts, method, 1, n, a.new_tokens, static_config)  # warm-up
+                row = run_level(port, pb, pb_grpc, prompts, method, concurrency, a.num_prompts, a.new_tokens,
+                                static_config)
+                row["replicas"] = n
+                rows.append(row)
+            finally:
+                services_bench.stop(procs)
+    base = rows[0]["output_tokens_per_s"] / rows[0]["replicas"] if rows else 0
+    print("%s, N=%d clients, %d requests per layout; replicas share this machine's %d cores"
+          % (method, concurrency, a.num_prompts, os.cpu_count()))
+    print("%8s %8s %9s %12s %15s %9s %9s" % ("replicas", "req/s", "tok/s", "tok/s/rep", "vs 1 replica/rep",
+                                              "TTFT ms", "TPOT ms"))
+    for r in rows:
+        per = r["output_tokens_per_s"] / r["replicas"]
+        print("%8d %8.2f %9.1f %12.1f %14.2fx %9s %9s" % (r["replicas"], r["request_throughput"],
+                                                       r["output_tokens_per_s"], per, per / base if base else 0,
+                                                       fmt(r["ttft"]["mean_ms"]), fmt(r["tpot"]["mean_ms"], "%.2f")))
+        if r["failed"]:
+            print("    failed: %s" % r["failed"])
+    print("the coordinator's cost of choosing a replica per request: build/bench/lede_replica_bench")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"replica_rows": rows}, f, indent=1)
     return 0
 
 
