@@ -24,6 +24,7 @@
 #include <grpcpp/support/server_callback.h>
 
 #include "absl/time/time.h"
+#include "services/coordinator/method_names.h"
 #include "services/coordinator/remote_backend.h"
 #include "services/coordinator/session_lease.h"
 #include "services/coordinator/request_validation.h"
@@ -240,54 +241,6 @@ struct GenerationService::Impl {
   }
 };
 
-// The wire enum <-> the one method vocabulary (shared/speculation/method.h),
-// at this service boundary only. UNSPECIFIED is LEDE.
-namespace {
-
-std::optional<speculation::SpeculationMethod> FromProto(SpeculationMethod method) {
-  switch (method) {
-    case lede::v1::SPECULATION_METHOD_UNSPECIFIED:
-    case lede::v1::SPECULATION_METHOD_LEDE:
-      return speculation::SpeculationMethod::kLede;
-    case lede::v1::SPECULATION_METHOD_STATIC:
-      return speculation::SpeculationMethod::kStatic;
-    case lede::v1::SPECULATION_METHOD_THRESHOLD:
-      return speculation::SpeculationMethod::kThreshold;
-    case lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE:
-      return speculation::SpeculationMethod::kAutoregressive;
-    default:
-      return std::nullopt;
-  }
-}
-
-SpeculationMethod ToProto(speculation::SpeculationMethod method) {
-  switch (method) {
-    case speculation::SpeculationMethod::kAutoregressive:
-      return lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE;
-    case speculation::SpeculationMethod::kStatic:
-      return lede::v1::SPECULATION_METHOD_STATIC;
-    case speculation::SpeculationMethod::kThreshold:
-      return lede::v1::SPECULATION_METHOD_THRESHOLD;
-    case speculation::SpeculationMethod::kLede:
-      return lede::v1::SPECULATION_METHOD_LEDE;
-  }
-  return lede::v1::SPECULATION_METHOD_LEDE;
-}
-
-}  // namespace
-
-std::string SpeculationMethodName(SpeculationMethod method) {
-  // Invalid values fail validation; they are named as what UNSPECIFIED runs.
-  return speculation::SpeculationMethodName(FromProto(method).value_or(speculation::SpeculationMethod::kLede));
-}
-
-bool ParseSpeculationMethodName(const std::string& name, SpeculationMethod* method) {
-  StatusOr<speculation::SpeculationMethod> parsed = speculation::ParseSpeculationMethod(name);
-  if (!parsed.ok()) return false;
-  *method = ToProto(*parsed);
-  return true;
-}
-
 GenerationService::GenerationService() : impl_(std::make_unique<Impl>()) {}
 GenerationService::~GenerationService() { (void)FlushExperience(); }
 
@@ -307,18 +260,12 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
     if (key.empty()) return InvalidArgumentError("api_keys: an empty key");
   }
   impl.api_keys = rpc::ApiKeys(options.api_keys);
-  rpc::ChannelTlsOptions tls;
-  tls.ca_path = options.model_tls_ca;
-  tls.cert_path = options.model_tls_cert;
-  tls.key_path = options.model_tls_key;
-  auto credentials = rpc::MakeChannelCredentials(tls);
-  if (!credentials.ok()) {
-    return Status(credentials.status().code(), "model_tls: " + std::string(credentials.status().message()));
-  }
+  LEDE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                        rpc::MakeChannelCredentials(options.model_tls, "model_tls"));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
-  if (!options.model_tls_server_name.empty()) args.SetSslTargetNameOverride(options.model_tls_server_name);
+  rpc::ApplyServerName(options.model_tls, &args);
   // Reconnect within about a second of a model process coming back (issue
   // 17, failure 4: gRPC's default backoff grows to 120 s; requests failed
   // for ~19 s after a restart). Loopback or in-cluster peers: retrying a
@@ -335,7 +282,7 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
   if (ro.targets.empty() && ro.dns_name.empty()) {
     ro.targets.push_back(ReplicaTarget{options.verifier_target, options.drafter_target});
   }
-  ro.credentials = *credentials;
+  ro.credentials = credentials;
   ro.channel_args = args;
   ro.lease.owner_name = options.instance_name;
   ro.lease.ttl = options.lease_ttl;
@@ -524,7 +471,7 @@ speculation::LoopOptions GenerationService::Impl::LoopFor(const GenerateRequest&
         std::max<int64_t>(1, std::min<int64_t>(options.max_new_tokens_limit, info.capacity() - prompt_len));
   }
   const SpeculationMethod method = request.method();
-  loop.mode = speculation::LoopMode(FromProto(method).value_or(speculation::SpeculationMethod::kLede));
+  loop.mode = speculation::LoopMode(MethodFromProto(method).value_or(speculation::SpeculationMethod::kLede));
   loop.session.sampling.temperature = request.temperature();
   loop.session.sampling.top_p = checked.top_p;
   loop.session.sampling.seed = request.seed();

@@ -35,6 +35,8 @@
 
 #include "absl/time/time.h"
 #include "proto/lede/v1/generation.grpc.pb.h"
+#include "services/coordinator/method_names.h"  // SpeculationMethodName(), ParseSpeculationMethodName()
+#include "shared/rpc/security.h"
 #include "services/coordinator/replica_set.h"
 #include "shared/status/status.h"
 
@@ -88,16 +90,11 @@ struct CoordinatorOptions {
   // Compared in constant time (shared/rpc/security.h); never logged.
   std::vector<std::string> api_keys;
   // TLS of the channels to the verifier and the drafter (PEM files; all
-  // empty = plaintext): the CA their certificates chain to, and this
-  // coordinator's client certificate and key for model services that
-  // verify clients (--tls-client-ca there).
-  std::string model_tls_ca;
-  std::string model_tls_cert;
-  std::string model_tls_key;
-  // The name the model services' certificates must carry when it differs
-  // from the target's host (gRPC 1.51 matches DNS names, not IP SANs: with
-  // a target of 127.0.0.1, give the certificate's DNS name here).
-  std::string model_tls_server_name;
+  // empty = plaintext; --model-tls-*): the CA their certificates chain to,
+  // this coordinator's client certificate and key for model services that
+  // verify clients (--tls-client-ca there), and the certificates' DNS name
+  // when it differs from the target's host.
+  rpc::ChannelTlsOptions model_tls;
   // Session ownership on the verifier (session_lease.h): a stable name of
   // this coordinator across restarts ("" = none; a restart's predecessor is
   // then freed when its lease lapses), the lease TTL and renewal period.
@@ -106,18 +103,6 @@ struct CoordinatorOptions {
   absl::Duration lease_renew_interval = absl::Seconds(1);
 };
 
-// The lower-case name of a speculation method: "lede" (also for
-// UNSPECIFIED and for values outside the enum, which validation rejects),
-// "static", "threshold", "autoregressive" (the generated enum name without
-// its prefix). The `method` label of lede_requests_total and the HTTP API's
-// speculation.method.
-std::string SpeculationMethodName(lede::v1::SpeculationMethod method);
-
-// The method named `name` as SpeculationMethodName() spells it ("lede",
-// "static", "threshold", "autoregressive", or the CLI's "ar"; any case;
-// speculation::ParseSpeculationMethod); false for anything else.
-bool ParseSpeculationMethodName(const std::string& name, lede::v1::SpeculationMethod* method);
-
 // Implements lede.v1.Generation. Create() checks the options and opens the
 // experience store; the model processes are contacted lazily, so the
 // coordinator may start first.
@@ -125,7 +110,7 @@ class GenerationService final
     : public lede::v1::Generation::WithRawCallbackMethod_Generate<lede::v1::Generation::Service> {
  public:
   // Errors: kInvalidArgument naming the option (tokenizer_path, reward,
-  // experience_url, max_new_tokens_limit, api_keys, model_tls_*); kNotFound
+  // experience_url, max_new_tokens_limit, api_keys, model_tls); kNotFound
   // for a missing tokenizer or TLS file.
   static StatusOr<std::unique_ptr<GenerationService>> Create(const CoordinatorOptions& options,
                                                              prometheus::Registry* registry);

@@ -79,14 +79,10 @@ int Run(const std::vector<std::string>& raw_args) {
   flags.Add("max-request-bytes", &max_request_bytes, "largest gRPC request message (0 = sized to the context)");
   flags.Add("http-max-body-bytes", &max_body_bytes, "largest HTTP request body (0 = sized to the context)");
   lede::rpc::ServerTlsOptions tls;
-  lede::rpc::AddServerTlsFlags(&flags, &tls);
+  lede::rpc::AddServerTlsFlags(&flags, &tls, "the public gRPC API and the OpenAI HTTP API (HTTPS)");
   std::string api_key_file;
   flags.Add("api-key-file", &api_key_file, "API keys of the public APIs, one per line (also $LEDE_API_KEYS)");
-  flags.Add("model-tls-ca", &o.model_tls_ca, "CA (PEM) of the model services' certificates; empty = plaintext");
-  flags.Add("model-tls-cert", &o.model_tls_cert, "client certificate (PEM) for the model services");
-  flags.Add("model-tls-key", &o.model_tls_key, "private key (PEM) of --model-tls-cert");
-  flags.Add("model-tls-server-name", &o.model_tls_server_name,
-            "DNS name in the model services' certificates (default: the target's host)");
+  lede::rpc::AddChannelTlsFlags(&flags, "model-tls", "the model services", &o.model_tls);
   std::string instance_name = "auto";
   double lease_ttl_s = absl::ToDoubleSeconds(o.lease_ttl);
   flags.Add("instance-name", &instance_name,

@@ -1,6 +1,6 @@
 #include "services/coordinator/openai_api.h"
 
-#include "services/coordinator/coordinator.h"
+#include "services/coordinator/method_names.h"
 #include "shared/status/status_macros.h"
 
 #include <algorithm>

@@ -44,11 +44,7 @@ int Run(const std::vector<std::string>& raw_args) {
   flags.Add("shutdown-grace-s", &grace_s, "how long in-flight calls may finish after SIGTERM");
   lede::rpc::ServerTlsOptions tls;
   lede::rpc::AddServerTlsFlags(&flags, &tls);
-  flags.Add("policy-tls-ca", &o.policy_tls_ca, "drafter: CA (PEM) of the policy service's certificate");
-  flags.Add("policy-tls-cert", &o.policy_tls_cert, "drafter: client certificate (PEM) for the policy service");
-  flags.Add("policy-tls-key", &o.policy_tls_key, "drafter: private key (PEM) of --policy-tls-cert");
-  flags.Add("policy-tls-server-name", &o.policy_tls_server_name,
-            "drafter: DNS name in the policy service's certificate (default: the target's host)");
+  lede::rpc::AddChannelTlsFlags(&flags, "policy-tls", "the policy service", &o.policy_tls);
   if (lede::flags::WantsHelp(raw_args)) {
     std::cout << "usage: lede-model --model DIR [--role verifier|drafter|both] [--config FILE] [flags]\n"
               << flags.Usage();
@@ -99,6 +95,9 @@ int Run(const std::vector<std::string>& raw_args) {
   so.metrics_address = metrics;
   so.shutdown_grace = absl::Seconds(grace_s);
   so.tls = tls;
+  // Ready = the pool is there (drafter: the verifier's current pool) and,
+  // following a policy service, a policy is held.
+  so.readiness = [host = *host] { return lede::model_service::Readiness(*host); };
   return runner.Serve(so, &registry).ok() ? 0 : 1;
 }
 

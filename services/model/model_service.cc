@@ -287,16 +287,8 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
   if (!options.policy_target.empty()) {
     PolicyFollowerOptions po;
     po.target = options.policy_target;
-    rpc::ChannelTlsOptions tls;
-    tls.ca_path = options.policy_tls_ca;
-    tls.cert_path = options.policy_tls_cert;
-    tls.key_path = options.policy_tls_key;
-    auto credentials = rpc::MakeChannelCredentials(tls);
-    if (!credentials.ok()) {
-      return Status(credentials.status().code(), "policy_tls: " + std::string(credentials.status().message()));
-    }
-    po.credentials = *credentials;
-    po.tls_server_name = options.policy_tls_server_name;
+    LEDE_ASSIGN_OR_RETURN(po.credentials, rpc::MakeChannelCredentials(options.policy_tls, "policy_tls"));
+    po.tls_server_name = options.policy_tls.enabled() ? options.policy_tls.server_name : "";
     po.model_fingerprint = host->fingerprint;
     po.n_layers = static_cast<int32_t>(L);
     po.metrics = host->metrics.get();
@@ -320,6 +312,32 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
     }
   }
   return host;
+}
+
+Status Readiness(ModelHost& host) {
+  if (!host.model) return UnavailableError("model: not loaded");
+  const bool drafter = !host.owns_pool && !host.options.kv_pool_name.empty();
+  if (drafter) {
+    std::lock_guard<std::mutex> lock(host.pool_mu);
+    model::KvCacheOptions o;
+    o.shared_memory_name = host.options.kv_pool_name;
+    o.dtype = host.model->options().dtype;
+    auto current = model::KvCache::Attach(host.model->config(), o);
+    if (!current.ok()) {
+      return UnavailableError("kv_pool: " + std::string(current.status().message()) +
+                              " (the verifier has not created it yet)");
+    }
+    if (!host.cache || host.cache->epoch() != current->epoch()) {
+      host.cache = std::make_shared<model::KvCache>(std::move(*current));
+      rpc::LogEvent("info", "kv_pool_attached", {{"epoch", std::to_string(host.cache->epoch())}});
+    }
+  } else if (!host.Pool()) {
+    return UnavailableError("kv_pool: not created");
+  }
+  if (host.follower && host.follower->current() == nullptr) {
+    return UnavailableError("policy: no policy fetched yet from the policy service " + host.options.policy_target);
+  }
+  return OkStatus();
 }
 
 // ---------------------------------------------------------------- Verifier

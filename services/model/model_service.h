@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "proto/lede/v1/model.grpc.pb.h"
 #include "shared/clock/clock.h"
+#include "shared/rpc/security.h"
 #include "shared/status/status.h"
 
 namespace prometheus {
@@ -54,14 +55,12 @@ struct ModelServiceOptions {
   // policy root with a SERVING pointer or a version directory.
   std::string policy_target;
   std::string policy_dir;
-  // TLS of the channel to policy_target (PEM files; all empty = plaintext):
-  // the CA of the policy service's certificate, this drafter's client
-  // certificate and key (for a policy service with --tls-client-ca), and
-  // the certificate's DNS name when it is not the target's host.
-  std::string policy_tls_ca;
-  std::string policy_tls_cert;
-  std::string policy_tls_key;
-  std::string policy_tls_server_name;
+  // TLS of the channel to policy_target (PEM files; all empty = plaintext;
+  // --policy-tls-*): the CA of the policy service's certificate, this
+  // drafter's client certificate and key (for a policy service with
+  // --tls-client-ca), and the certificate's DNS name when it is not the
+  // target's host.
+  rpc::ChannelTlsOptions policy_tls;
   // Drafter: ask the policy service once per decision instead of running
   // the DQN in-process (evaluation of remote decisions; slow by design).
   bool remote_decisions = false;
@@ -87,6 +86,22 @@ class ModelHost;  // the loaded model and the pool
 StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& options,
                                                    bool create_pool,
                                                    prometheus::Registry* registry);
+
+// Readiness of a model process: can it serve now? (ServerOptions::readiness
+// of shared/rpc/server.h: gRPC health service "" and GET /readyz; liveness,
+// "live" and /healthz, never calls it.)
+//   verifier, both: the model is loaded and the KV pool created.
+//   drafter: the KV pool it maps is the verifier's current one. When the
+//     verifier made a new pool (it restarted) the drafter re-attaches here,
+//     before the first request of the new epoch asks; while no valid pool of
+//     that name exists (the verifier is (re)creating it) it is not ready.
+//     With a policy service (policy_target) it is ready once it holds a
+//     policy: it runs the policy in-process, so a policy service that goes
+//     down later does not stop it serving (the follower reconnects).
+// Errors: kUnavailable naming what is missing (`kv_pool`, `policy`).
+// Thread-safety: thread-safe; bounded (an shm_open + mmap of the pool's
+// header at most).
+Status Readiness(ModelHost& host);
 
 class VerifierService final : public lede::v1::Verifier::Service {
  public:

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -26,7 +27,7 @@ Status SystemError(const std::string& what, const std::string& path, int err) {
 }
 
 // Captured at load time, before main().
-const std::time_t g_process_start = std::time(nullptr);
+const std::chrono::system_clock::time_point g_process_start = std::chrono::system_clock::now();
 
 bool AllDigits(std::string_view s) {
   if (s.empty() || s.size() > 18) return false;
@@ -58,9 +59,9 @@ int64_t TempFileWriterPid(std::string_view filename) {
   return std::stoll(std::string(pid));
 }
 
-std::time_t ProcessStartTime() { return g_process_start; }
+std::chrono::system_clock::time_point ProcessStartTime() { return g_process_start; }
 
-StaleTempFiles RemoveStaleTempFiles(const std::string& dir, std::time_t older_than) {
+StaleTempFiles RemoveStaleTempFiles(const std::string& dir, std::chrono::system_clock::time_point older_than) {
   StaleTempFiles removed;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return removed;
@@ -74,7 +75,10 @@ StaleTempFiles RemoveStaleTempFiles(const std::string& dir, std::time_t older_th
     const std::string path = it->path().string();
     struct stat st;
     if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
-    if (st.st_mtime >= older_than || OtherProcessAlive(pid)) continue;
+    const auto modified = std::chrono::system_clock::time_point(std::chrono::duration_cast<
+        std::chrono::system_clock::duration>(std::chrono::seconds(st.st_mtim.tv_sec) +
+                                             std::chrono::nanoseconds(st.st_mtim.tv_nsec)));
+    if (modified >= older_than || OtherProcessAlive(pid)) continue;
     if (::unlink(path.c_str()) == 0) {
       ++removed.files;
       removed.bytes += static_cast<int64_t>(st.st_size);

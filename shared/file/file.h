@@ -23,6 +23,7 @@
 #ifndef LEDE_SHARED_FILE_FILE_H_
 #define LEDE_SHARED_FILE_FILE_H_
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <ctime>
@@ -100,10 +101,10 @@ Status WriteFileAtomically(const std::string& path, std::string_view bytes);
 // ".a-00000001.lexp.tmp-4242-7" -> 4242; "a.lexp" -> -1.
 int64_t TempFileWriterPid(std::string_view filename);
 
-// The time this process started (captured when the program loads), in
-// seconds since the Unix epoch: no temporary file modified before it can
-// belong to a writer of this process.
-std::time_t ProcessStartTime();
+// The time this process started (captured when the program loads), on the
+// system clock at its full (nanosecond) resolution: no temporary file
+// modified before it can belong to a writer of this process.
+std::chrono::system_clock::time_point ProcessStartTime();
 
 // What RemoveStaleTempFiles() removed.
 struct StaleTempFiles {
@@ -113,7 +114,9 @@ struct StaleTempFiles {
 
 // Removes, under directory `dir` and all its sub-folders, every temporary
 // file of AtomicFileWriter (TempFileWriterPid() >= 0) that is stale: last
-// modified before `older_than` (seconds since the Unix epoch; callers pass
+// modified before `older_than` (compared at the file system's timestamp
+// resolution, not in whole seconds: a writer killed and restarted within
+// one second left a file older than its successor; callers pass
 // ProcessStartTime(), "older than this writer's own lifetime") AND whose
 // writer pid is not a live process other than this one (kill(pid, 0) fails
 // with ESRCH, or pid is this process's own, which then is a previous process
@@ -125,7 +128,7 @@ struct StaleTempFiles {
 // Best effort: a missing `dir` gives {0, 0}; files that vanish meanwhile or
 // cannot be removed are skipped; never fails.
 // Thread-safety: safe to call from many threads and processes at once.
-StaleTempFiles RemoveStaleTempFiles(const std::string& dir, std::time_t older_than);
+StaleTempFiles RemoveStaleTempFiles(const std::string& dir, std::chrono::system_clock::time_point older_than);
 
 // fsync of directory `dir` (best effort, see step 5); "" means ".".
 void SyncDirectory(const std::string& dir);

@@ -25,8 +25,9 @@ bool PlainKey(std::string_view key) {
 
 }  // namespace
 
-void AddServerTlsFlags(flags::FlagSet* flags, ServerTlsOptions* tls) {
-  flags->Add("tls-cert", &tls->cert_path, "TLS certificate chain (PEM) of the gRPC server; empty = plaintext");
+void AddServerTlsFlags(flags::FlagSet* flags, ServerTlsOptions* tls, std::string_view served) {
+  flags->Add("tls-cert", &tls->cert_path,
+             "TLS certificate chain (PEM) of " + std::string(served) + "; empty = plaintext");
   flags->Add("tls-key", &tls->key_path, "private key (PEM) of --tls-cert");
   flags->Add("tls-client-ca", &tls->client_ca_path,
              "CA bundle (PEM): require client certificates signed by it (mutual TLS)");
@@ -58,20 +59,40 @@ StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const S
   return grpc::SslServerCredentials(options);
 }
 
-StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(const ChannelTlsOptions& tls) {
+void AddChannelTlsFlags(flags::FlagSet* flags, std::string_view prefix, std::string_view peer,
+                        ChannelTlsOptions* tls) {
+  const std::string p(prefix), of(peer);
+  flags->Add(p + "-ca", &tls->ca_path, "CA bundle (PEM) of the certificates of " + of + "; empty = plaintext");
+  flags->Add(p + "-cert", &tls->cert_path, "client certificate (PEM) for " + of);
+  flags->Add(p + "-key", &tls->key_path, "private key (PEM) of --" + p + "-cert");
+  flags->Add(p + "-server-name", &tls->server_name,
+             "DNS name in the certificates of " + of + " (default: the target's host)");
+}
+
+StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(const ChannelTlsOptions& tls,
+                                                                         std::string_view field) {
   if (!tls.enabled()) return grpc::InsecureChannelCredentials();
+  const std::string prefix = field.empty() ? "" : std::string(field) + ": ";
   if (tls.cert_path.empty() != tls.key_path.empty()) {
-    return InvalidArgumentError("client certificate and key: give both or neither");
+    return InvalidArgumentError(prefix + "client certificate and key: give both or neither");
   }
   grpc::SslCredentialsOptions options;
-  if (!tls.ca_path.empty()) {
-    LEDE_ASSIGN_OR_RETURN(options.pem_root_certs, ReadPemFile(tls.ca_path, "CA bundle"));
-  }
+  auto read = [&](const std::string& path, const char* what, std::string* out) -> Status {
+    auto pem = ReadPemFile(path, prefix + what);
+    if (!pem.ok()) return pem.status();
+    *out = std::move(*pem);
+    return OkStatus();
+  };
+  if (!tls.ca_path.empty()) LEDE_RETURN_IF_ERROR(read(tls.ca_path, "CA bundle", &options.pem_root_certs));
   if (!tls.cert_path.empty()) {
-    LEDE_ASSIGN_OR_RETURN(options.pem_cert_chain, ReadPemFile(tls.cert_path, "client certificate"));
-    LEDE_ASSIGN_OR_RETURN(options.pem_private_key, ReadPemFile(tls.key_path, "client key"));
+    LEDE_RETURN_IF_ERROR(read(tls.cert_path, "client certificate", &options.pem_cert_chain));
+    LEDE_RETURN_IF_ERROR(read(tls.key_path, "client key", &options.pem_private_key));
   }
   return grpc::SslCredentials(options);
+}
+
+void ApplyServerName(const ChannelTlsOptions& tls, grpc::ChannelArguments* args) {
+  if (tls.enabled() && !tls.server_name.empty()) args->SetSslTargetNameOverride(tls.server_name);
 }
 
 StatusOr<ApiKeys> ApiKeys::Load(const std::string& file_path, const std::string& env_value) {

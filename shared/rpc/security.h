@@ -22,6 +22,7 @@
 #include <vector>
 
 #include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
 #include <grpcpp/security/server_credentials.h>
 
 #include "shared/status/status.h"
@@ -43,7 +44,9 @@ struct ServerTlsOptions {
 };
 
 // Adds --tls-cert, --tls-key and --tls-client-ca to a server's flags.
-void AddServerTlsFlags(flags::FlagSet* flags, ServerTlsOptions* tls);
+// `served` names what the certificate secures in the help text (e.g. "the
+// gRPC API and the OpenAI HTTP API (HTTPS)").
+void AddServerTlsFlags(flags::FlagSet* flags, ServerTlsOptions* tls, std::string_view served = "the gRPC server");
 
 // grpc::InsecureServerCredentials() when nothing is set, else
 // grpc::SslServerCredentials over the files' contents.
@@ -54,20 +57,43 @@ void AddServerTlsFlags(flags::FlagSet* flags, ServerTlsOptions* tls);
 StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(const ServerTlsOptions& tls);
 
 // The PEM files of a TLS client (the coordinator's channels to the model
-// services). All empty = plaintext.
+// services, the drafter's to the policy service). All empty = plaintext.
+//
+// Example (the coordinator's --model-tls-* flags):
+//   ChannelTlsOptions tls{"ca.pem", "client.pem", "client.key", "model.lede.svc"};
+//   LEDE_ASSIGN_OR_RETURN(auto creds, MakeChannelCredentials(tls, "model_tls"));
+//   grpc::ChannelArguments args;
+//   ApplyServerName(tls, &args);
+//   auto channel = grpc::CreateCustomChannel(target, creds, args);
 struct ChannelTlsOptions {
   std::string ca_path;    // CA bundle the server's certificate must chain to (empty: system roots)
   std::string cert_path;  // client certificate chain, for servers that verify clients
   std::string key_path;   // its private key
-  // TLS when any of the three is set.
+  // The DNS name the server's certificate must carry when it is not the
+  // target's host (gRPC 1.51 matches DNS names, not IP SANs: with a target
+  // of 127.0.0.1, give the certificate's name here). "" = the target's host.
+  std::string server_name;
+  // TLS when any of the three files is set.
   bool enabled() const { return !ca_path.empty() || !cert_path.empty() || !key_path.empty(); }
 };
 
+// Adds --<prefix>-ca, --<prefix>-cert, --<prefix>-key and
+// --<prefix>-server-name (e.g. prefix "model-tls") for a client's channel
+// to `peer` (help text, e.g. "the model services").
+void AddChannelTlsFlags(flags::FlagSet* flags, std::string_view prefix, std::string_view peer,
+                        ChannelTlsOptions* tls);
+
 // grpc::InsecureChannelCredentials() when nothing is set, else
-// grpc::SslCredentials over the files' contents.
+// grpc::SslCredentials over the files' contents. `field` (e.g. "model_tls")
+// starts every error message, so it names the option.
 // Errors: kInvalidArgument when only one of cert/key is set; kNotFound
 // naming the path of a file that cannot be read.
-StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(const ChannelTlsOptions& tls);
+StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(const ChannelTlsOptions& tls,
+                                                                         std::string_view field = "");
+
+// Sets gRPC's target name override to tls.server_name when TLS is on and a
+// name is given; otherwise leaves `args` unchanged.
+void ApplyServerName(const ChannelTlsOptions& tls, grpc::ChannelArguments* args);
 
 // The whole content of `path`. Errors: kNotFound naming `what` and the path.
 StatusOr<std::string> ReadPemFile(const std::string& path, std::string_view what);

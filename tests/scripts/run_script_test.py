@@ -4,7 +4,7 @@ that lets in-flight streams finish, a supervisor that restarts a killed
 process, and health that tells live from ready.
 
 usage: run_script_test.py CASE BUILD_DIR
-  CASE: input_checks (no process started) | stop_drains | supervisor_health
+  CASE: input_checks (no process started) | stop_drains | supervisor_health | security
 Exit status 0 = pass, 1 = fail.
 """
 import json
@@ -48,6 +48,12 @@ def test_input_checks(build):
         ([], {"LEDE_START_TIMEOUT_S": "soon"}, r"LEDE_START_TIMEOUT_S"),
         ([], {"LEDE_CALIBRATION": "/nonexistent.json"}, r"LEDE_CALIBRATION"),
         ([], {"LEDE_DRAIN_S": "-1"}, r"LEDE_DRAIN_S"),
+        ([], {"LEDE_TLS_CERT": "/nonexistent.pem"}, r"LEDE_TLS_CERT and LEDE_TLS_KEY: give both"),
+        ([], {"LEDE_TLS_CERT": "/nonexistent.pem", "LEDE_TLS_KEY": "/nonexistent.key"},
+         r"LEDE_TLS_CERT /nonexistent.pem: no such"),
+        ([], {"LEDE_API_KEY_FILE": "/nonexistent-keys.txt"}, r"LEDE_API_KEY_FILE /nonexistent-keys.txt"),
+        ([], {"LEDE_EXPERIENCE_MAX_BYTES": "10G"}, r"LEDE_EXPERIENCE_MAX_BYTES must be a whole number"),
+        ([], {"LEDE_EXPERIENCE_MAX_AGE_H": "-1"}, r"LEDE_EXPERIENCE_MAX_AGE_H must be a number"),
     ]
     with tempfile.TemporaryDirectory() as state:
         for args, env, want in cases:
@@ -199,8 +205,58 @@ def test_supervisor_health(build):
         c.stop()
 
 
+def test_security(build):
+    # LEDE_TLS_CERT/KEY, LEDE_API_KEY_FILE and the retention variables reach
+    # the coordinator: HTTPS with the key is served, without it 401.
+    import ssl
+    with tempfile.TemporaryDirectory() as d:
+        cert, key, keys = os.path.join(d, "server.pem"), os.path.join(d, "server.key"), os.path.join(d, "keys.txt")
+        r = subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                            "-nodes", "-days", "1", "-keyout", key, "-out", cert, "-subj", "/CN=localhost",
+                            "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"], capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"SKIP security: openssl: {r.stderr}")
+            return
+        with open(keys, "w") as f:
+            f.write("# test key\nsk-run-script-test\n")
+        c = Cluster(build, {"LEDE_TLS_CERT": cert, "LEDE_TLS_KEY": key, "LEDE_API_KEY_FILE": keys,
+                            "LEDE_EXPERIENCE_MAX_BYTES": "1048576", "LEDE_EXPERIENCE_MAX_AGE_H": "24"})
+        c.start()
+        try:
+            ctx = ssl.create_default_context(cafile=cert)
+            body = json.dumps({"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0}).encode()
+
+            def call(auth):
+                headers = {"Content-Type": "application/json"}
+                if auth:
+                    headers["Authorization"] = "Bearer " + auth
+                req = urllib.request.Request(f"https://localhost:{c.http}/v1/completions", data=body,
+                                             headers=headers)
+                try:
+                    with urllib.request.urlopen(req, timeout=60, context=ctx) as resp:
+                        return resp.status
+                except urllib.error.HTTPError as e:
+                    return e.code
+            if call("sk-run-script-test") != 200:
+                fail("HTTPS request with the API key failed:\n" + c.log("coordinator"))
+            if call(None) != 401:
+                fail("HTTPS request without an API key was not 401")
+            if call("sk-wrong") != 401:
+                fail("HTTPS request with a wrong API key was not 401")
+            log = c.log("coordinator")
+            if not re.search(r"api_keys=1\b", log):
+                fail("coordinator did not load the key file:\n" + log)
+            with open(f"/proc/{c.pids()['coordinator']}/cmdline", "rb") as f:
+                cmdline = f.read().split(b"\0")
+            for flag, value in ((b"--experience-max-bytes", b"1048576"), (b"--experience-max-age-h", b"24")):
+                if flag not in cmdline or cmdline[cmdline.index(flag) + 1] != value:
+                    fail(f"coordinator command line lacks {flag.decode()} {value.decode()}: {cmdline}")
+        finally:
+            c.stop()
+
+
 CASES = {"input_checks": test_input_checks, "stop_drains": test_stop_drains,
-         "supervisor_health": test_supervisor_health}
+         "supervisor_health": test_supervisor_health, "security": test_security}
 
 
 def main(argv):

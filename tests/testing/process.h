@@ -78,6 +78,12 @@ struct ClusterOptions {
   std::vector<std::string> model_args;        // extra lede-model flags (every model process)
   std::vector<std::string> coordinator_args;  // extra lede-coordinator flags
   std::vector<std::string> policy_args;       // extra lede-policy flags
+  // A restarted coordinator listens on its predecessor's port (clients keep
+  // their target, as behind a fixed address). Off by default: a fresh
+  // channel to a reused port may first get the dead connection of another
+  // channel's shared subchannel (UNAVAILABLE "Socket closed"), so tests that
+  // expect one call to succeed right after a restart use a new port.
+  bool coordinator_keeps_port = false;
   std::chrono::milliseconds start_timeout{60000};
 };
 
@@ -121,13 +127,15 @@ class LedeCluster {
   }
 
   // (Re)starts one process; the old one, if any, is stopped first (SIGTERM,
-  // or reaped if it was killed). A restarted verifier or drafter listens on
-  // its predecessor's port (the coordinator's targets stay valid) and the
-  // verifier recreates the pool under the same name (a new epoch).
+  // or reaped if it was killed). A restarted policy service, verifier or
+  // drafter listens on its predecessor's gRPC port (the drafter's policy
+  // target and the coordinator's model targets stay valid), a coordinator
+  // too with ClusterOptions::coordinator_keeps_port; the verifier recreates
+  // the pool under the same name (a new epoch).
   Status StartPolicy() {
     std::vector<std::string> args = {options_.binaries.policy, "--policy-root", options_.policy_root,
                                      "--model-config", options_.model_dir + "/config.json",
-                                     "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0",
+                                     "--listen", ListenAddress(policy_.get()), "--metrics", "127.0.0.1:0",
                                      "--reload-interval-ms", "200"};
     args.insert(args.end(), options_.policy_args.begin(), options_.policy_args.end());
     return Launch(&policy_, args, "policy");
@@ -144,7 +152,9 @@ class LedeCluster {
     return Launch(&drafter_, args, "drafter");
   }
   Status StartCoordinator() {
-    std::vector<std::string> args = CoordinatorArgs(options_.autoregressive_fallback);
+    std::vector<std::string> args =
+        CoordinatorArgs(options_.autoregressive_fallback, {},
+                        options_.coordinator_keeps_port ? ListenAddress(coordinator_.get()) : "127.0.0.1:0");
     return Launch(&coordinator_, args, "coordinator");
   }
 
@@ -207,11 +217,12 @@ class LedeCluster {
     return args;
   }
 
-  std::vector<std::string> CoordinatorArgs(bool fallback, std::optional<std::string> experience = {}) const {
+  std::vector<std::string> CoordinatorArgs(bool fallback, std::optional<std::string> experience = {},
+                                           const std::string& listen = "127.0.0.1:0") const {
     const std::string url = experience.has_value() ? *experience : options_.experience_url;
     std::vector<std::string> args = {options_.binaries.coordinator, "--model", options_.model_dir,
                                      "--verifier", verifier_target(), "--drafter", drafter_target(),
-                                     "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0",
+                                     "--listen", listen, "--metrics", "127.0.0.1:0",
                                      "--http", "127.0.0.1:0",
                                      "--rpc-timeout-s", "20", "--shutdown-grace-s", "2"};
     if (!url.empty() && url != "none") {

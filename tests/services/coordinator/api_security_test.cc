@@ -156,20 +156,20 @@ TEST_F(ApiSecurityTest, GrpcTlsHandshakeNeedsTheCa) {
 TEST_F(ApiSecurityTest, ModelServiceVerifiesTheCoordinatorsCertificate) {
   StartModel({certs_->server_cert, certs_->server_key, certs_->ca});
   CoordinatorOptions with_cert;
-  with_cert.model_tls_ca = certs_->ca;
-  with_cert.model_tls_cert = certs_->client_cert;
-  with_cert.model_tls_key = certs_->client_key;
+  with_cert.model_tls.ca_path = certs_->ca;
+  with_cert.model_tls.cert_path = certs_->client_cert;
+  with_cert.model_tls.key_path = certs_->client_key;
   // gRPC 1.51 checks the server's DNS names only (not IP SANs): the
   // channel's target is 127.0.0.1, so the certificate's name is given.
-  with_cert.model_tls_server_name = "localhost";
+  with_cert.model_tls.server_name = "localhost";
   GenerationService* trusted = MakeService(with_cert);
   ASSERT_NE(trusted, nullptr);
   EXPECT_THAT(GenerateInProcess(trusted), IsOk());
   EXPECT_EQ(verifier_->n_opens(), 1);
 
   CoordinatorOptions without_cert;
-  without_cert.model_tls_ca = certs_->ca;
-  without_cert.model_tls_server_name = "localhost";
+  without_cert.model_tls.ca_path = certs_->ca;
+  without_cert.model_tls.server_name = "localhost";
   GenerationService* anonymous = MakeService(without_cert);
   ASSERT_NE(anonymous, nullptr);
   EXPECT_EQ(GenerateInProcess(anonymous).code(), StatusCode::kUnavailable);

@@ -5,6 +5,7 @@
 // validation, prompt resolution and stop-string filtering are checked
 // without starting any model process.
 #include "services/coordinator/coordinator.h"
+#include "services/coordinator/remote_backend.h"
 
 #include <atomic>
 #include <memory>
@@ -334,6 +335,27 @@ TEST(CoordinatorOptionsTest, CreateNamesTheBadOption) {
 }
 
 // Method names round-trip, in any case; unknown names are refused.
+// What a client sees when a model process died or restarted (the chaos
+// test's contract: OK or UNAVAILABLE): a session whose pool epoch or slot
+// is gone (FAILED_PRECONDITION from the verifier or drafter) is UNAVAILABLE
+// like a process that is down, naming the call; a bad request keeps its code.
+TEST(FromModelCallTest, LostSessionsAreUnavailableOthersKeepTheirCode) {
+  const Status gone = FromModelCall(
+      grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "pool_epoch: session of KV pool epoch 7 is gone"),
+      "verifier Verify");
+  EXPECT_THAT(gone, StatusIs(StatusCode::kUnavailable));
+  EXPECT_THAT(std::string(gone.message()), HasSubstr("verifier Verify"));
+  EXPECT_THAT(FromModelCall(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "slot: 3 has no open session"),
+                            "verifier Verify"),
+              StatusIs(StatusCode::kUnavailable));
+  EXPECT_THAT(FromModelCall(grpc::Status(grpc::StatusCode::UNAVAILABLE, "Connection refused"), "drafter Draft"),
+              StatusIs(StatusCode::kUnavailable));
+  EXPECT_THAT(FromModelCall(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "prompt: too long"), "OpenSession"),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(FromModelCall(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "every slot busy"), "OpenSession"),
+              StatusIs(StatusCode::kResourceExhausted));
+}
+
 TEST(CoordinatorOptionsTest, SpeculationMethodNamesRoundTrip) {
   for (lede::v1::SpeculationMethod m :
        {lede::v1::SPECULATION_METHOD_LEDE, lede::v1::SPECULATION_METHOD_STATIC,

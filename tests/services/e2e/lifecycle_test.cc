@@ -150,7 +150,8 @@ class CoordinatorCrashTest : public ::testing::Test {
       // and certainly not by the 300 s idle timeout.
       EXPECT_TRUE(lede::testing::WaitUntil([] { return InUse() == 0; }, 30s, 20ms)) << InUse() << Logs();
       auto stub = cluster_->NewStub();
-      EXPECT_TRUE(Generate(*stub, ShortRequest()).ok()) << Logs();
+      const grpc::Status served = Generate(*stub, ShortRequest());
+      EXPECT_TRUE(served.ok()) << served.error_code() << " " << served.error_message() << Logs();
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       EXPECT_LT(s, 30.0);
       EXPECT_THAT(cluster_->verifier()->WaitForLog("reason=replaced_by_new_instance", 1s), IsOk()) << Logs();

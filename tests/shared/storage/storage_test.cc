@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -271,6 +272,16 @@ void WriteBytes(const std::string& path, size_t n) {
   std::ofstream(path, std::ios::binary) << std::string(n, 't');
 }
 
+// Sets the modification time of `path` to `t` (nanosecond precision).
+void SetModified(const std::string& path, std::chrono::system_clock::time_point t) {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+  struct timespec times[2];
+  times[0].tv_sec = static_cast<time_t>(ns / 1000000000);
+  times[0].tv_nsec = static_cast<long>(ns % 1000000000);
+  times[1] = times[0];
+  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0) << path;
+}
+
 // The writer of a temporary file is read from its name; other names are not
 // temporaries.
 TEST(TempFileWriterPidTest, ParsesAtomicWriterNames) {
@@ -280,6 +291,28 @@ TEST(TempFileWriterPidTest, ParsesAtomicWriterNames) {
                                ".a.tmp-1-2x", "a.tmp-1-2", "", ".", ".a.tmp-99999999999999999999-1"}) {
     EXPECT_EQ(file::TempFileWriterPid(not_temp), -1) << not_temp;
   }
+}
+
+// A writer killed moments before this process started (a supervisor's
+// kill -9 and restart within one second; the chaos test found it) left a
+// file modified in the same second as this process's start: it is still
+// older than this process, so it is removed. (Whole seconds kept it until
+// some later restart.) A dead writer's file modified after the start stays.
+TEST_F(LocalStoreTest, RemovesTemporaryOfWriterKilledJustBeforeThisStart) {
+  const fs::path dir = fs::path(root_) / "experience" / "2026-01-03";
+  fs::create_directories(dir);
+  const std::string just_before = (dir / (".a.lexp.tmp-" + std::to_string(DeadPid()) + "-0")).string();
+  WriteBytes(just_before, 7);
+  SetModified(just_before, file::ProcessStartTime() - std::chrono::milliseconds(1));
+  const std::string just_after = (dir / (".b.lexp.tmp-" + std::to_string(DeadPid()) + "-0")).string();
+  WriteBytes(just_after, 5);
+  SetModified(just_after, file::ProcessStartTime() + std::chrono::milliseconds(1));
+
+  StatusOr<StaleTemporaries> removed = store_->RemoveStaleTemporaries("experience/");
+  ASSERT_THAT(removed, IsOk());
+  EXPECT_EQ(removed->files, 1);
+  EXPECT_FALSE(fs::exists(just_before));
+  EXPECT_TRUE(fs::exists(just_after));
 }
 
 // Issue 17, failure 6: a writer killed by SIGKILL in the middle of a Put()
