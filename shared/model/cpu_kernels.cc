@@ -52,7 +52,12 @@ bool UseAvx2() {
 float Dot(const float* a, const float* b, int64_t n) { return LEDE_DISPATCH(Dot(a, b, n)); }
 
 void MatVec(const float* w, int64_t out, int64_t in, const float* x, float* y, bool accumulate) {
-  LEDE_DISPATCH(MatVec(w, out, in, x, y, accumulate));
+  LEDE_DISPATCH(MatMulRows(x, 1, in, w, out, y, accumulate));
+}
+
+void MatMulRows(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
+                bool accumulate) {
+  LEDE_DISPATCH(MatMulRows(x, n, in, w, out, y, accumulate));
 }
 
 void MatVecBlas(const float* w, int64_t out, int64_t in, const float* x, float* y, bool accumulate) {
@@ -62,10 +67,15 @@ void MatVecBlas(const float* w, int64_t out, int64_t in, const float* x, float* 
 
 void MatMulNT(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
               bool accumulate) {
-  if (n == 1) {
-    MatVec(w, out, in, x, y, accumulate);
+  if (n <= kMaxRowsWithoutBlas) {
+    MatMulRows(x, n, in, w, out, y, accumulate);
     return;
   }
+  MatMulBlas(x, n, in, w, out, y, accumulate);
+}
+
+void MatMulBlas(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
+                bool accumulate) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(out),
               static_cast<int>(in), 1.0f, x, static_cast<int>(in), w, static_cast<int>(in),
               accumulate ? 1.0f : 0.0f, y, static_cast<int>(out));

@@ -33,10 +33,25 @@ void MatVec(const float* w, int64_t out, int64_t in, const float* x, float* y, b
 // The same product through cblas_sgemv (for comparison in bench/).
 void MatVecBlas(const float* w, int64_t out, int64_t in, const float* x, float* y, bool accumulate);
 
+// Y[n, out] (+)= X[n, in] W[out, in]^T for few rows: every block of 4 rows
+// of W is read once and applied to all n rows of X from L1. MatVec is n = 1.
+void MatMulRows(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
+                bool accumulate);
+
+// The same product through cblas_sgemm (for comparison in bench/).
+void MatMulBlas(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
+                bool accumulate);
+
+// Rows up to which MatMulNT uses MatMulRows rather than cblas_sgemm: a
+// decode step, a draft step and a verification of up to D_max + 1 = 17
+// positions. OpenBLAS sgemm repacks W on every call, which costs more than
+// the product itself at these n (lede_engine_bench, verify rows).
+inline constexpr int64_t kMaxRowsWithoutBlas = 12;
+
 // Y[n, out] (+)= X[n, in] W[out, in]^T, X and Y row-major with row strides
-// in and out. n == 1 uses MatVec (faster than OpenBLAS sgemv for the small
-// matrices of the models here: measured by lede_engine_bench), n > 1
-// cblas_sgemm (beta 1 when accumulating).
+// in and out: MatMulRows for n <= kMaxRowsWithoutBlas (the vectorized loop
+// is also faster than OpenBLAS sgemv on the small matrices of the models
+// here: lede_engine_bench), cblas_sgemm beyond (beta 1 when accumulating).
 void MatMulNT(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
               bool accumulate);
 

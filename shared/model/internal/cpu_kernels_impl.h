@@ -31,38 +31,48 @@ float Dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-void MatVec(const float* w, int64_t out, int64_t in, const float* x, float* y, bool accumulate) {
+// Y[n, out] (+)= X[n, in] W[out, in]^T for small n: each block of 4 rows
+// of W is read from memory once and applied to every row of X while it
+// sits in L1 (the weights are the traffic; X is small).
+void MatMulRows(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
+                bool accumulate) {
   int64_t o = 0;
   for (; o + 4 <= out; o += 4) {
     const float* w0 = w + o * in;
     const float* w1 = w0 + in;
     const float* w2 = w1 + in;
     const float* w3 = w2 + in;
-    F8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
-    int64_t i = 0;
-    for (; i + 8 <= in; i += 8) {
-      const F8 xv = Load8(x + i);
-      a0 += Load8(w0 + i) * xv;
-      a1 += Load8(w1 + i) * xv;
-      a2 += Load8(w2 + i) * xv;
-      a3 += Load8(w3 + i) * xv;
-    }
-    float s0 = Sum8(a0), s1 = Sum8(a1), s2 = Sum8(a2), s3 = Sum8(a3);
-    for (; i < in; ++i) {
-      s0 += w0[i] * x[i];
-      s1 += w1[i] * x[i];
-      s2 += w2[i] * x[i];
-      s3 += w3[i] * x[i];
-    }
-    if (accumulate) {
-      y[o] += s0, y[o + 1] += s1, y[o + 2] += s2, y[o + 3] += s3;
-    } else {
-      y[o] = s0, y[o + 1] = s1, y[o + 2] = s2, y[o + 3] = s3;
+    for (int64_t r = 0; r < n; ++r) {
+      const float* xr = x + r * in;
+      float* yr = y + r * out;
+      F8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+      int64_t i = 0;
+      for (; i + 8 <= in; i += 8) {
+        const F8 xv = Load8(xr + i);
+        a0 += Load8(w0 + i) * xv;
+        a1 += Load8(w1 + i) * xv;
+        a2 += Load8(w2 + i) * xv;
+        a3 += Load8(w3 + i) * xv;
+      }
+      float s0 = Sum8(a0), s1 = Sum8(a1), s2 = Sum8(a2), s3 = Sum8(a3);
+      for (; i < in; ++i) {
+        s0 += w0[i] * xr[i];
+        s1 += w1[i] * xr[i];
+        s2 += w2[i] * xr[i];
+        s3 += w3[i] * xr[i];
+      }
+      if (accumulate) {
+        yr[o] += s0, yr[o + 1] += s1, yr[o + 2] += s2, yr[o + 3] += s3;
+      } else {
+        yr[o] = s0, yr[o + 1] = s1, yr[o + 2] = s2, yr[o + 3] = s3;
+      }
     }
   }
   for (; o < out; ++o) {
-    const float s = Dot(w + o * in, x, in);
-    y[o] = accumulate ? y[o] + s : s;
+    for (int64_t r = 0; r < n; ++r) {
+      const float s = Dot(w + o * in, x + r * in, in);
+      y[r * out + o] = accumulate ? y[r * out + o] + s : s;
+    }
   }
 }
 

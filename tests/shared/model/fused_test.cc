@@ -44,7 +44,7 @@ TEST(CpuKernelsTest, MatrixProductsMatchReference) {
   std::mt19937 rng(1);
   for (int64_t out : {1, 3, 4, 7, 33}) {
     for (int64_t in : {1, 5, 8, 13, 64, 172}) {
-      for (int64_t n : {1, 2, 5}) {
+      for (int64_t n : {1, 2, 5, 30}) {
         std::vector<float> w = RandomVector(out * in, rng), x = RandomVector(n * in, rng);
         std::vector<float> y0 = RandomVector(n * out, rng);
         std::vector<float> y = y0, y_acc = y0;
@@ -233,15 +233,15 @@ TEST(FusedKernelsTest, RaggedBatchMatchesSeparateEagerCalls) {
     for (const RaggedSegment& s : segments) {
       at::Tensor in = batch.narrow(0, row, s.n_positions).unsqueeze(0);
       at::Tensor ref = e.Forward(in, first, last, s.start_pos, &*ce, s.slot);
-      EXPECT_LT(MaxAbsDiff(rows.narrow(0, row, s.n_positions), ref.squeeze(0)), 1e-5)
+      EXPECT_LT(MaxAbsDiff(rows.narrow(0, row, s.n_positions), ref.squeeze(0)), 1e-4)
           << "slot " << s.slot << " layers [" << first << ", " << last << ")";
       row += s.n_positions;
     }
     batch = rows;  // the next range starts from these rows on both paths
   }
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    EXPECT_LT(MaxAbsDiff(cf->k(l), ce->k(l)), 1e-5) << "K of layer " << l;
-    EXPECT_LT(MaxAbsDiff(cf->v(l), ce->v(l)), 1e-5) << "V of layer " << l;
+    EXPECT_LT(MaxAbsDiff(cf->k(l), ce->k(l)), 1e-4) << "K of layer " << l;
+    EXPECT_LT(MaxAbsDiff(cf->v(l), ce->v(l)), 1e-4) << "V of layer " << l;
   }
 }
 
@@ -263,7 +263,7 @@ TEST(FusedKernelsTest, EagerRaggedFallbackMatchesFused) {
   at::Tensor batch = (*fused)->Embed(Ids({3, 4, 5, 6, 7, 8})).view({-1, c.dim});
   at::Tensor a = (*fused)->ForwardRagged(batch, 0, c.n_layers, segments, *cf);
   at::Tensor b = (*eager)->ForwardRagged(batch, 0, c.n_layers, segments, *ce);
-  EXPECT_LT(MaxAbsDiff(a, b), 1e-5);
+  EXPECT_LT(MaxAbsDiff(a, b), 1e-4);
 }
 
 // Under autograd (training) the fused model records the eager graph: the
