@@ -1,24 +1,37 @@
 // Engine benchmark: prints numbers, asserts nothing.
 //
-// For each model: time per block (1..16 positions) and per LM-head call,
-// verify(k)/step(1), autoregressive tokens/s, and for a grid of static
-// self-speculation settings (exit layer E, draft length D): tokens/s,
-// measured wall-clock speed-up over autoregressive, the speed-up predicted by
-// the accelerator and measured cost models (cost_model.h), acceptance rate,
-// tokens per round, and greedy divergences from autoregressive decoding
-// (allowed only at numerical near-ties, DESIGN.md §1).
+// 1. The roofline of this CPU, measured here: the read bandwidth of a loop
+//    over a buffer larger than the last-level cache (DRAM) and over one that
+//    fits in it (the small models' weights do), and the GFLOP/s of a BLAS
+//    sgemm (OpenBLAS) on the benchmark's threads.
+// 2. For each model and each --kernels implementation (eager: libtorch
+//    operators; fused: cpu_kernels.h), A/B in one process, interleaved,
+//    --repeats runs each, medians: autoregressive and static
+//    self-speculation tokens/s, the fused/eager ratio, and the effective
+//    GB/s (weight bytes read per second) and GFLOP/s (2 x weights x rows
+//    per second; attention not counted) of each run, from its rounds.
+// 3. With --detail, the per-block timing table and the static grid (every
+//    exit layer, D in {1, 2, 4, 8}) with the cost models' predictions, on
+//    the default kernels.
 //
-// usage: lede_engine_bench [--tokens N] [--threads N] [MODEL_PATH...]
-// (default models: ../shared/models/stories260K and babyllama-tok105)
+// usage: lede_engine_bench [--models A,B] [--tokens N] [--threads N]
+//                          [--repeats N] [--kernels eager,fused] [--detail]
+// (default models: ../shared/models/stories260K, babyllama-tok105 and
+// models/lede-tiny; threads 1, as the numbers.)
 #include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "shared/flags/flags.h"
 #include "shared/model/cost_model.h"
+#include "shared/model/cpu_kernels.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
 
@@ -26,37 +39,189 @@ namespace {
 
 using namespace lede::model;
 
-struct Prompt {
-  const char* name;
-  std::vector<int32_t> ids;
-};
-
-int Divergences(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    if (a[i] != b[i]) return 1;
-  }
-  return 0;
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-void BenchModel(const std::string& path, int64_t n_tokens) {
-  auto loaded = LlamaModel::Load(path, ModelOptions{});
-  if (!loaded.ok()) {
-    std::fprintf(stderr, "skip %s: %s\n", path.c_str(), loaded.status().ToString().c_str());
-    return;
+template <typename F>
+double Seconds(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// GB/s of summing a buffer of `bytes` (read only), median of `reps` passes.
+double ReadBandwidthGbs(int64_t bytes, int reps) {
+  const int64_t n = bytes / 4;
+  std::vector<float> a(n, 1.0f), ones(8192, 1.0f);
+  volatile float sink = 0;
+  std::vector<double> t;
+  for (int r = 0; r < reps + 1; ++r) {
+    const double s = Seconds([&] {
+      float acc = 0;
+      for (int64_t i = 0; i < n; i += 8192) acc += cpu::Dot(a.data() + i, ones.data(), std::min<int64_t>(8192, n - i));
+      sink = sink + acc;
+    });
+    if (r > 0) t.push_back(s);  // the first pass faults the pages in
   }
-  std::shared_ptr<const LlamaModel> model = std::move(*loaded);
+  return bytes / Median(t) / 1e9;
+}
+
+double SgemmGflops(int64_t n, int reps) {
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  std::vector<double> t;
+  for (int r = 0; r < reps + 1; ++r) {
+    const double s = Seconds([&] { cpu::MatMulNT(a.data(), n, n, b.data(), n, c.data(), false); });
+    if (r > 0) t.push_back(s);
+  }
+  return 2.0 * n * n * n / Median(t) / 1e9;
+}
+
+// Weight counts of one block and of the LM head (final norm ignored).
+struct Weights {
+  double block, head;
+};
+
+Weights CountWeights(const ModelConfig& c) {
+  const double hd = static_cast<double>(c.head_dim());
+  const double qkv = (c.n_heads + 2.0 * c.n_kv_heads) * hd * c.dim;
+  const double block = qkv + c.n_heads * hd * c.dim + 3.0 * c.hidden_dim * c.dim + 2.0 * c.dim;
+  return {block, static_cast<double>(c.vocab_size) * c.dim};
+}
+
+// Weights read and multiply-adds of a generation's decode phase, from its
+// rounds: a draft step reads l* blocks and the head for one row; the
+// verification reads the deep blocks and the head once for K + 1 rows (and
+// the shallow blocks once more for the last draft); an AR step all L.
+struct Traffic {
+  double bytes = 0, flops = 0;
+};
+
+Traffic DecodeTraffic(const GenerationResult& r, const ModelConfig& c) {
+  const Weights w = CountWeights(c);
+  const double L = static_cast<double>(c.n_layers);
+  Traffic t;
+  for (const RoundRecord& round : r.stats.rounds) {
+    const double e = round.exit_layer, k = round.n_drafted;
+    if (k == 0) {
+      t.bytes += 4 * (L * w.block + w.head);
+      t.flops += 2 * (L * w.block + w.head);
+      continue;
+    }
+    const double draft = e * w.block + w.head;
+    t.bytes += 4 * (k * draft + e * w.block + (L - e) * w.block + w.head);
+    t.flops += 2 * (k * draft + e * w.block + (k + 1) * ((L - e) * w.block + w.head));
+  }
+  return t;
+}
+
+struct Run {
+  double tps = 0, gbs = 0, gflops = 0, accept = 0;
+  std::vector<int32_t> tokens;
+};
+
+Run Measure(Engine& engine, const std::vector<int32_t>& prompt, const GenerateOptions& o) {
+  Run run;
+  auto r = engine.Generate(prompt, o);
+  if (!r.ok()) {
+    std::fprintf(stderr, "generate failed: %s\n", r.status().ToString().c_str());
+    return run;
+  }
+  const double s = r->stats.decode_s;
+  const Traffic t = DecodeTraffic(*r, engine.model().config());
+  run.tps = r->stats.decode_tokens_per_s();
+  run.gbs = s > 0 ? t.bytes / s / 1e9 : 0;
+  run.gflops = s > 0 ? t.flops / s / 1e9 : 0;
+  run.accept = r->stats.acceptance_rate();
+  run.tokens = r->tokens;
+  return run;
+}
+
+struct Method {
+  std::string name;
+  GenerateOptions options;
+};
+
+void DetailTables(const std::shared_ptr<const LlamaModel>& model, int64_t n_tokens);
+
+void BenchModel(const std::string& path, const std::vector<Kernels>& kernels, int64_t n_tokens,
+                int repeats, bool detail) {
+  std::vector<std::shared_ptr<const LlamaModel>> models;
+  for (Kernels k : kernels) {
+    ModelOptions mo;
+    mo.kernels = k;
+    auto loaded = LlamaModel::Load(path, mo);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "skip %s: %s\n", path.c_str(), loaded.status().ToString().c_str());
+      return;
+    }
+    models.push_back(std::move(*loaded));
+  }
+  const ModelConfig& c = models[0]->config();
+  const int64_t L = c.n_layers;
+  const Weights w = CountWeights(c);
+  std::printf("\n== %s  (d=%lld, L=%lld, V=%lld, %.2fM weights read per token = %.1f MB, threads=%d)\n",
+              path.c_str(), static_cast<long long>(c.dim), static_cast<long long>(L),
+              static_cast<long long>(c.vocab_size), (L * w.block + w.head) / 1e6,
+              4 * (L * w.block + w.head) / 1e6, at::get_num_threads());
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (const auto& m : models) {
+    KvCacheOptions ko;
+    ko.max_draft_len = 16;
+    auto e = Engine::Create(m, ko);
+    if (!e.ok()) return;
+    engines.push_back(std::move(*e));
+  }
+  std::vector<int32_t> prompt = {static_cast<int32_t>(c.bos_id)};
+  GenerateOptions ar;
+  ar.max_new_tokens = n_tokens;
+  ar.stop_at_eos = false;
+  std::vector<Method> methods = {{"ar", ar}};
+  for (auto [e, d] : {std::pair<int64_t, int64_t>{std::max<int64_t>(1, L / 4), 4},
+                      {std::max<int64_t>(1, L / 2), 2}}) {
+    GenerateOptions o = ar;
+    o.mode = SpeculationMode::kStatic;
+    o.exit_layer = e;
+    o.draft_len = d;
+    methods.push_back({"static E=" + std::to_string(e) + ",D=" + std::to_string(d), o});
+  }
+  std::printf("%-16s %-6s %9s %7s %8s %8s %7s %6s\n", "method", "kernel", "tok/s", "vs eag", "GB/s",
+              "GFLOP/s", "accept", "same");
+  for (const Method& m : methods) {
+    // Interleaved A/B: rep r runs every implementation once, in turn.
+    std::vector<std::vector<Run>> runs(models.size());
+    for (int r = 0; r < repeats; ++r) {
+      for (size_t k = 0; k < models.size(); ++k) runs[k].push_back(Measure(*engines[k], prompt, m.options));
+    }
+    double eager_tps = 0;
+    for (size_t k = 0; k < models.size(); ++k) {
+      std::vector<double> tps, gbs, gflops;
+      for (const Run& run : runs[k]) {
+        tps.push_back(run.tps), gbs.push_back(run.gbs), gflops.push_back(run.gflops);
+      }
+      const double t = Median(tps);
+      if (kernels[k] == Kernels::kEager) eager_tps = t;
+      char ratio[16] = "-";
+      if (eager_tps > 0) std::snprintf(ratio, sizeof(ratio), "%.2fx", t / eager_tps);
+      const bool same = runs[k].back().tokens == runs[0].back().tokens;
+      std::printf("%-16s %-6s %9.0f %7s %8.2f %8.2f %7.3f %6s\n", m.name.c_str(), KernelsName(kernels[k]), t,
+                  ratio, Median(gbs), Median(gflops), runs[k].back().accept, same ? "yes" : "NO");
+    }
+  }
+  if (detail) DetailTables(models.back(), n_tokens);
+}
+
+void DetailTables(const std::shared_ptr<const LlamaModel>& model, int64_t n_tokens) {
   const ModelConfig& c = model->config();
   const int64_t L = c.n_layers;
-  std::printf("\n== %s  (d=%lld, L=%lld, V=%lld, h=%.3f layer-equivalents, threads=%d)\n", path.c_str(),
-              static_cast<long long>(c.dim), static_cast<long long>(L), static_cast<long long>(c.vocab_size),
-              HeadLayerEquivalents(c), at::get_num_threads());
-
   auto cal = Calibrate(*model, 100);
   if (!cal.ok()) {
     std::fprintf(stderr, "calibration failed: %s\n", cal.status().ToString().c_str());
     return;
   }
-  std::printf("full step %.1f us (1 position); verify(k) = L blocks + head on k positions:\n", cal->step_us);
+  std::printf("[%s kernels] full step %.1f us (1 position); verify(k) = L blocks + head on k positions:\n",
+              KernelsName(model->options().kernels), cal->step_us);
   std::printf("  k  block us  head us  verify(k)/step(1)\n");
   for (int k = 1; k <= 16; ++k) {
     const double verify = L * cal->block_us[k - 1] + cal->head_us[k - 1];
@@ -64,7 +229,6 @@ void BenchModel(const std::string& path, int64_t n_tokens) {
   }
   auto accel = MakeAcceleratorCostModel(c);
   auto measured = MakeMeasuredCostModel(*cal);
-
   KvCacheOptions ko;
   ko.max_draft_len = 16;
   auto engine = Engine::Create(model, ko);
@@ -73,10 +237,9 @@ void BenchModel(const std::string& path, int64_t n_tokens) {
   GenerateOptions ar;
   ar.max_new_tokens = n_tokens;
   ar.stop_at_eos = false;
-  // Best of 3 for the baseline so it is never flattered.
   double ar_tps = 0;
   std::vector<int32_t> ar_tokens;
-  for (int rep = 0; rep < 3; ++rep) {
+  for (int rep = 0; rep < 3; ++rep) {  // best of 3 for the baseline so it is never flattered
     auto r = (*engine)->Generate(prompt, ar);
     if (!r.ok()) return;
     ar_tps = std::max(ar_tps, r->stats.decode_tokens_per_s());
@@ -101,35 +264,107 @@ void BenchModel(const std::string& path, int64_t n_tokens) {
           best = *r;
         }
       }
+      int diverged = 0;
+      for (size_t i = 0; i < std::min(best.tokens.size(), ar_tokens.size()); ++i) {
+        if (best.tokens[i] != ar_tokens[i]) {
+          diverged = 1;
+          break;
+        }
+      }
       char name[64];
       std::snprintf(name, sizeof(name), "E=%lld,D=%lld", static_cast<long long>(e), static_cast<long long>(d));
       std::printf("%-10s %9.0f %8.2fx %9.2fx %10.2fx %7.3f %8.2f %6d\n", name, tps, tps / ar_tps,
                   accel->PredictedSpeedup(best.stats.rounds), measured->PredictedSpeedup(best.stats.rounds),
-                  best.stats.acceptance_rate(), best.stats.tokens_per_round(), Divergences(best.tokens, ar_tokens));
+                  best.stats.acceptance_rate(), best.stats.tokens_per_round(), diverged);
     }
+  }
+}
+
+// Matrix-vector products of the models' shapes: the vectorized loop against
+// OpenBLAS sgemv (the choice MatMulNT makes for one row), ns per call.
+void GemvTable() {
+  std::printf("\nmatrix-vector [out x in], one row: ns per call (loop vs cblas_sgemv)\n");
+  std::printf("%12s %10s %10s\n", "shape", "loop", "sgemv");
+  for (auto [out, in] : {std::pair<int64_t, int64_t>{128, 64}, {344, 64}, {64, 172}, {512, 64},
+                         {320, 192}, {1024, 192}, {192, 512}, {2048, 192}}) {
+    std::vector<float> w(out * in, 0.01f), x(in, 1.0f), y(out);
+    const int iters = static_cast<int>(std::max<int64_t>(200, 20000000 / (out * in)));
+    auto time = [&](auto&& f) {
+      std::vector<double> t;
+      for (int r = 0; r < 5; ++r) t.push_back(Seconds([&] { for (int i = 0; i < iters; ++i) f(); }) / iters);
+      return Median(t) * 1e9;
+    };
+    const double loop = time([&] { cpu::MatVec(w.data(), out, in, x.data(), y.data(), false); });
+    const double blas = time([&] { cpu::MatVecBlas(w.data(), out, in, x.data(), y.data(), false); });
+    char shape[48];
+    std::snprintf(shape, sizeof(shape), "%lldx%lld", static_cast<long long>(out), static_cast<long long>(in));
+    std::printf("%12s %10.0f %10.0f\n", shape, loop, blas);
+  }
+  // Few rows (drafts, verification): MatMulRows against cblas_sgemm, which
+  // repacks W on every call.
+  std::printf("n rows x [1024 x 192]: ns per call (MatMulRows vs cblas_sgemm)\n");
+  std::printf("%12s %10s %10s\n", "n", "rows", "sgemm");
+  const int64_t out = 1024, in = 192;
+  std::vector<float> w(out * in, 0.01f), x(64 * in, 1.0f), y(64 * out);
+  for (int64_t n : {2, 5, 9, 17, 24, 32, 64}) {
+    auto time = [&](auto&& f) {
+      std::vector<double> t;
+      for (int r = 0; r < 5; ++r) t.push_back(Seconds([&] { for (int i = 0; i < 200; ++i) f(); }) / 200);
+      return Median(t) * 1e9;
+    };
+    const double rows = time([&] { cpu::MatMulRows(x.data(), n, in, w.data(), out, y.data(), false); });
+    const double blas = time([&] { cpu::MatMulBlas(x.data(), n, in, w.data(), out, y.data(), false); });
+    std::printf("%12lld %10.0f %10.0f\n", static_cast<long long>(n), rows, blas);
   }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t n_tokens = 200;
-  std::vector<std::string> models;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--tokens" && i + 1 < argc) {
-      n_tokens = std::atoll(argv[++i]);
-    } else if (a == "--threads" && i + 1 < argc) {
-      at::set_num_threads(std::atoi(argv[++i]));
-    } else {
-      models.push_back(a);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  int64_t n_tokens = 200, threads = 1, repeats = 5;
+  bool detail = false;
+  std::string models_flag =
+      "../shared/models/stories260K,../shared/models/babyllama-tok105/model5000.bin,models/lede-tiny";
+  std::string kernels_flag = "eager,fused";
+  lede::flags::FlagSet flags;
+  flags.Add("models", &models_flag, "comma-separated model paths (checkpoint directory or llama2.c .bin)");
+  flags.Add("tokens", &n_tokens, "new tokens per generation (greedy, prompt = BOS)");
+  flags.Add("threads", &threads, "intra-op threads of libtorch and OpenBLAS (0 = libtorch default)");
+  flags.Add("repeats", &repeats, "interleaved runs per implementation; medians are printed");
+  flags.Add("kernels", &kernels_flag, "comma-separated implementations to compare: eager, fused");
+  flags.Add("detail", &detail, "also print the per-block timing table and the static grid");
+  if (lede::flags::WantsHelp(args)) {
+    std::printf("usage: lede_engine_bench [flags]\n%s", flags.Usage().c_str());
+    return 0;
+  }
+  if (auto s = flags.Parse(args); !s.ok()) {
+    std::fprintf(stderr, "lede_engine_bench: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  std::vector<Kernels> kernels;
+  for (const std::string& k : lede::flags::SplitList(kernels_flag)) {
+    auto parsed = ParseKernels(k);
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "lede_engine_bench: --%s\n", std::string(parsed.status().message()).c_str());
+      return 2;
     }
+    kernels.push_back(*parsed);
   }
-  if (models.empty()) {
-    models = {"../shared/models/stories260K", "../shared/models/babyllama-tok105/model5000.bin"};
+  if (kernels.empty() || repeats < 1 || n_tokens < 1 || threads < 0) {
+    std::fprintf(stderr, "lede_engine_bench: need --kernels, --repeats >= 1, --tokens >= 1, --threads >= 0\n");
+    return 2;
   }
-  std::printf("LEDE engine benchmark: greedy, prompt = BOS, %lld new tokens; measured = wall-clock vs AR\n",
-              static_cast<long long>(n_tokens));
-  for (const std::string& m : models) BenchModel(m, n_tokens);
+  if (threads > 0) at::set_num_threads(static_cast<int>(threads));
+  c10::InferenceMode inference_mode;
+  std::printf("LEDE engine benchmark: greedy, prompt = BOS, %lld new tokens, threads=%d, medians of %lld interleaved runs\n",
+              static_cast<long long>(n_tokens), at::get_num_threads(), static_cast<long long>(repeats));
+  std::printf("roofline: read bandwidth %.1f GB/s (256 MiB, DRAM), %.1f GB/s (16 MiB, last-level cache); "
+              "sgemm 512^3 %.1f GFLOP/s\n",
+              ReadBandwidthGbs(256ll << 20, 5), ReadBandwidthGbs(16ll << 20, 20), SgemmGflops(512, 10));
+  GemvTable();
+  for (const std::string& m : lede::flags::SplitList(models_flag)) {
+    BenchModel(m, kernels, n_tokens, static_cast<int>(repeats), detail);
+  }
   return 0;
 }

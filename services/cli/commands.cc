@@ -49,12 +49,14 @@ struct ModelFlags {
   std::string device = "cpu";
   std::string dtype = "float32";
   int64_t threads = 0;
+  std::string kernels = "fused";
 
   void AddTo(FlagSet& flags) {
     flags.Add("model", &model, "Hugging Face checkpoint directory, or llama2.c .bin (or its directory)", true);
     flags.Add("device", &device, "cpu, cuda or cuda:N");
     flags.Add("dtype", &dtype, "compute dtype: float32, bfloat16 or float16");
     flags.Add("threads", &threads, "intra-op CPU threads (0 = libtorch default)");
+    flags.Add("kernels", &kernels, "decode-path kernels: fused (CPU float32) or eager (libtorch reference)");
   }
 
   StatusOr<model::ModelOptions> Options() const {
@@ -77,6 +79,9 @@ struct ModelFlags {
     } else {
       return InvalidArgumentError("--dtype: unknown dtype '" + dtype + "'");
     }
+    auto parsed_kernels = model::ParseKernels(kernels);
+    if (!parsed_kernels.ok()) return InvalidArgumentError("--" + std::string(parsed_kernels.status().message()));
+    o.kernels = *parsed_kernels;
     if (threads < 0) return InvalidArgumentError("--threads: must be >= 0");
     if (threads > 0) at::set_num_threads(static_cast<int>(threads));
     return o;

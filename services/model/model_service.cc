@@ -242,6 +242,7 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
   host->options = options;
   if (options.threads > 0) at::set_num_threads(options.threads);
   model::ModelOptions mo;
+  LEDE_ASSIGN_OR_RETURN(mo.kernels, model::ParseKernels(options.kernels));
   LEDE_ASSIGN_OR_RETURN(std::unique_ptr<model::LlamaModel> loaded,
                         model::LlamaModel::Load(options.model_path, mo));
   host->model = std::shared_ptr<const model::LlamaModel>(std::move(loaded));

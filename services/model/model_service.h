@@ -70,6 +70,10 @@ struct ModelServiceOptions {
   // lapses or is replaced (session_leases.h).
   absl::Duration session_idle_timeout = absl::Seconds(300);
   int threads = 1;               // libtorch intra-op threads
+  // Decode-path kernels: "fused" (cpu_kernels, CPU float32) or "eager"
+  // (libtorch reference); LoadModelHost refuses anything else with
+  // kInvalidArgument. A string so this header stays torch-free.
+  std::string kernels = "fused";
   // Verifier: coordinator leases (lede.v1.Verifier/RenewLease). The reaper
   // frees a lapsed instance's sessions within `lease_sweep_interval` of the
   // lapse; `clock` (borrowed; nullptr = Clock::Real()) times both.

@@ -1,13 +1,18 @@
 #include "shared/model/llama.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/grad_mode.h>
 
+#include "shared/model/cpu_kernels.h"
 #include "shared/model/torch_boundary.h"
 #include "shared/status/status_macros.h"
 
@@ -48,7 +53,34 @@ at::Tensor InverseFrequencies(const ModelConfig& c) {
   return inv;
 }
 
+// Scratch of the fused path, one per thread (const methods run concurrently
+// on distinct slots from distinct threads). Each buffer grows to the largest
+// shape seen and is then reused: no allocation per step after warm-up.
+struct FusedScratch {
+  std::vector<float> xn, qkv, attn, h13, ffn, scores;
+};
+
+FusedScratch& Scratch() {
+  thread_local FusedScratch scratch;
+  return scratch;
+}
+
+float* Grow(std::vector<float>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+  return v.data();
+}
+
 }  // namespace
+
+StatusOr<Kernels> ParseKernels(const std::string& name) {
+  if (name == "eager") return Kernels::kEager;
+  if (name == "fused") return Kernels::kFused;
+  return InvalidArgumentError("kernels: unknown kernels '" + name + "' (eager or fused)");
+}
+
+const char* KernelsName(Kernels kernels) {
+  return kernels == Kernels::kEager ? "eager" : "fused";
+}
 
 at::Tensor Linear(const at::Tensor& x, const at::Tensor& w) {
   if (x.numel() == x.size(-1)) {
@@ -60,7 +92,10 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& w) {
 }
 
 LlamaModel::LlamaModel(ModelConfig config, ModelOptions options)
-    : config_(std::move(config)), options_(options) {}
+    : config_(std::move(config)), options_(options) {
+  fused_ = options_.kernels == Kernels::kFused && options_.device.is_cpu() &&
+           options_.dtype == c10::kFloat;
+}
 
 void LlamaModel::BuildRopeTables() {
   at::Tensor inv = InverseFrequencies(config_);
@@ -127,6 +162,10 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
       layer.ffn_norm = fn.to(opts, /*non_blocking=*/false, copy);
       m->layers_.push_back(std::move(layer));
     }
+    // The fused path reads rows of these directly (no-ops when contiguous).
+    m->embed_ = m->embed_.contiguous();
+    m->lm_head_ = c.tie_word_embeddings ? m->embed_ : m->lm_head_.contiguous();
+    m->final_norm_ = m->final_norm_.contiguous();
     m->BuildRopeTables();
     return m;
   });
@@ -196,8 +235,102 @@ at::Tensor LlamaModel::Embed(const at::Tensor& tokens) const {
   return at::embedding(embed_, tokens);
 }
 
+bool LlamaModel::UseFused(const at::Tensor& hidden, const KvCache* cache) const {
+  if (!fused_ || cache == nullptr) return false;
+  if (!hidden.device().is_cpu() || hidden.scalar_type() != at::kFloat) return false;
+  if (cache->n_layers() != n_layers() || !cache->k(0).device().is_cpu() ||
+      cache->k(0).scalar_type() != at::kFloat) {
+    return false;
+  }
+  if (at::GradMode::is_enabled() &&
+      (hidden.requires_grad() || lm_head_.requires_grad() || layers_[0].wqkv.requires_grad())) {
+    return false;  // training: autograd records the eager operators
+  }
+  return true;
+}
+
+// The fused block over a ragged batch (llama.h). Per layer: RMSNorm, one
+// QKV product over all N rows, RoPE and the K/V write per row, attention per
+// segment and query head over the slot's cached rows, the O product added to
+// the residual, RMSNorm, one gate/up product, SwiGLU, the down product added
+// to the residual. Same operation order as EagerBlock.
+void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const RaggedSegment* segs,
+                              int64_t n_segs, KvCache& cache) const {
+  const int64_t d = config_.dim, H = config_.n_heads, Hkv = config_.n_kv_heads;
+  const int64_t hd = config_.head_dim(), G = H / Hkv, F = config_.hidden_dim;
+  const int64_t QKV = (H + 2 * Hkv) * hd, C = cache.capacity();
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const float q_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  int64_t N = 0, max_keys = 0;
+  for (int64_t s = 0; s < n_segs; ++s) {
+    const RaggedSegment& g = segs[s];
+    TORCH_CHECK(g.n_positions >= 1, "ragged segment without positions");
+    TORCH_CHECK(g.slot >= 0 && g.slot < cache.n_slots(), "ragged segment slot out of range");
+    TORCH_CHECK(g.start_pos >= 0 && g.start_pos + g.n_positions <= C, "positions past KV capacity");
+    TORCH_CHECK(g.start_pos + g.n_positions <= config_.max_seq_len, "positions past max_seq_len");
+    for (int64_t o = 0; o < s; ++o) TORCH_CHECK(segs[o].slot != g.slot, "ragged segments share a slot");
+    N += g.n_positions;
+    max_keys = std::max(max_keys, g.start_pos + g.n_positions);
+  }
+  FusedScratch& ws = Scratch();
+  float* xn = Grow(ws.xn, N * d);
+  float* qkv = Grow(ws.qkv, N * QKV);
+  float* attn = Grow(ws.attn, N * H * hd);
+  float* h13 = Grow(ws.h13, N * 2 * F);
+  float* ffn = Grow(ws.ffn, N * F);
+  float* scores = Grow(ws.scores, max_keys);
+  const float* cos_table = rope_cos_.data_ptr<float>();
+  const float* sin_table = rope_sin_.data_ptr<float>();
+  for (int64_t l = first; l < last; ++l) {
+    const Layer& w = layers_[l];
+    float* kc = cache.k(l).data_ptr<float>();  // [S, Hkv, C, hd]
+    float* vc = cache.v(l).data_ptr<float>();
+    cpu::RmsNorm(x, w.attn_norm.data_ptr<float>(), N, d, eps, xn);
+    cpu::MatMulNT(xn, N, d, w.wqkv.data_ptr<float>(), QKV, qkv, /*accumulate=*/false);
+    // RoPE on q and k, then this position's K/V into the slot.
+    int64_t row = 0;
+    for (int64_t s = 0; s < n_segs; ++s) {
+      for (int64_t t = 0; t < segs[s].n_positions; ++t, ++row) {
+        const int64_t pos = segs[s].start_pos + t;
+        float* r = qkv + row * QKV;
+        cpu::RopeRotateHalf(r, H + Hkv, hd, cos_table + pos * hd, sin_table + pos * hd);
+        for (int64_t j = 0; j < H * hd; ++j) r[j] *= q_scale;
+        for (int64_t kvh = 0; kvh < Hkv; ++kvh) {
+          const int64_t at = ((segs[s].slot * Hkv + kvh) * C + pos) * hd;
+          std::memcpy(kc + at, r + (H + kvh) * hd, hd * sizeof(float));
+          std::memcpy(vc + at, r + (H + Hkv + kvh) * hd, hd * sizeof(float));
+        }
+      }
+    }
+    // Attention: row t of a segment sees its slot's positions [0, start + t].
+    row = 0;
+    for (int64_t s = 0; s < n_segs; ++s) {
+      for (int64_t t = 0; t < segs[s].n_positions; ++t, ++row) {
+        const int64_t n_keys = segs[s].start_pos + t + 1;
+        const float* r = qkv + row * QKV;
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t base = (segs[s].slot * Hkv + h / G) * C * hd;
+          cpu::AttendOne(r + h * hd, kc + base, vc + base, n_keys, hd, scores,
+                         attn + row * H * hd + h * hd);
+        }
+      }
+    }
+    cpu::MatMulNT(attn, N, H * hd, w.wo.data_ptr<float>(), d, x, /*accumulate=*/true);
+    cpu::RmsNorm(x, w.ffn_norm.data_ptr<float>(), N, d, eps, xn);
+    cpu::MatMulNT(xn, N, d, w.w13.data_ptr<float>(), 2 * F, h13, /*accumulate=*/false);
+    cpu::SiluMul(h13, N, F, ffn);
+    cpu::MatMulNT(ffn, N, F, w.w2.data_ptr<float>(), d, x, /*accumulate=*/true);
+  }
+}
+
 at::Tensor LlamaModel::Block(int64_t layer, const at::Tensor& hidden, int64_t start_pos,
                              KvCache* cache, int64_t slot) const {
+  TORCH_CHECK(0 <= layer && layer < n_layers(), "bad layer");
+  return Forward(hidden, layer, layer + 1, start_pos, cache, slot);
+}
+
+at::Tensor LlamaModel::EagerBlock(int64_t layer, const at::Tensor& hidden, int64_t start_pos,
+                                  KvCache* cache, int64_t slot) const {
   const Layer& w = layers_[layer];
   const int64_t B = hidden.size(0), T = hidden.size(1);
   const int64_t H = config_.n_heads, Hkv = config_.n_kv_heads, hd = config_.head_dim();
@@ -258,8 +391,45 @@ at::Tensor LlamaModel::Block(int64_t layer, const at::Tensor& hidden, int64_t st
 at::Tensor LlamaModel::Forward(at::Tensor hidden, int64_t first, int64_t last,
                                int64_t start_pos, KvCache* cache, int64_t slot) const {
   TORCH_CHECK(0 <= first && first <= last && last <= n_layers(), "bad block range");
-  for (int64_t l = first; l < last; ++l) hidden = Block(l, hidden, start_pos, cache, slot);
+  if (first < last && UseFused(hidden, cache)) {
+    TORCH_CHECK(hidden.dim() == 3 && hidden.size(0) == 1 && hidden.size(2) == config_.dim,
+                "KV-cache forward takes one slot: hidden [1, T, d]");
+    at::Tensor out = hidden.clone(at::MemoryFormat::Contiguous);
+    const RaggedSegment seg{slot, start_pos, hidden.size(1)};
+    FusedForward(out.data_ptr<float>(), first, last, &seg, 1, *cache);
+    return out;
+  }
+  for (int64_t l = first; l < last; ++l) hidden = EagerBlock(l, hidden, start_pos, cache, slot);
   return hidden;
+}
+
+at::Tensor LlamaModel::ForwardRagged(const at::Tensor& hidden, int64_t first, int64_t last,
+                                     const std::vector<RaggedSegment>& segments,
+                                     KvCache& cache) const {
+  TORCH_CHECK(0 <= first && first <= last && last <= n_layers(), "bad block range");
+  TORCH_CHECK(!segments.empty(), "ragged batch without segments");
+  TORCH_CHECK(hidden.size(-1) == config_.dim && hidden.numel() % config_.dim == 0, "hidden [N, d]");
+  int64_t n_rows = 0;
+  for (const RaggedSegment& s : segments) n_rows += s.n_positions;
+  TORCH_CHECK(hidden.numel() / config_.dim == n_rows, "segment rows do not add up to hidden's rows");
+  if (first == last) return hidden;
+  if (UseFused(hidden, &cache)) {
+    at::Tensor out = hidden.clone(at::MemoryFormat::Contiguous);
+    FusedForward(out.data_ptr<float>(), first, last, segments.data(),
+                 static_cast<int64_t>(segments.size()), cache);
+    return out;
+  }
+  // The reference: each segment through the eager blocks on its own.
+  at::Tensor rows = hidden.reshape({n_rows, config_.dim});
+  std::vector<at::Tensor> outs;
+  int64_t row = 0;
+  for (const RaggedSegment& s : segments) {
+    at::Tensor h = rows.narrow(0, row, s.n_positions).unsqueeze(0);
+    for (int64_t l = first; l < last; ++l) h = EagerBlock(l, h, s.start_pos, &cache, s.slot);
+    outs.push_back(h.squeeze(0));
+    row += s.n_positions;
+  }
+  return at::cat(outs, 0).view(hidden.sizes());
 }
 
 at::Tensor LlamaModel::FinalNorm(const at::Tensor& hidden) const {
@@ -267,6 +437,22 @@ at::Tensor LlamaModel::FinalNorm(const at::Tensor& hidden) const {
 }
 
 at::Tensor LlamaModel::ExitLogits(const at::Tensor& hidden) const {
+  if (fused_ && hidden.device().is_cpu() && hidden.scalar_type() == at::kFloat &&
+      !(at::GradMode::is_enabled() && (hidden.requires_grad() || lm_head_.requires_grad()))) {
+    const int64_t d = config_.dim, V = config_.vocab_size;
+    TORCH_CHECK(hidden.size(-1) == d, "hidden [..., d]");
+    at::Tensor h = hidden.contiguous();
+    const int64_t n = h.numel() / d;
+    auto sizes = hidden.sizes().vec();
+    sizes.back() = V;
+    at::Tensor logits = at::empty(sizes, at::TensorOptions().dtype(at::kFloat));
+    float* xn = Grow(Scratch().xn, n * d);
+    cpu::RmsNorm(h.data_ptr<float>(), final_norm_.data_ptr<float>(), n, d,
+                 static_cast<float>(config_.rms_norm_eps), xn);
+    cpu::MatMulNT(xn, n, d, lm_head_.data_ptr<float>(), V, logits.data_ptr<float>(),
+                  /*accumulate=*/false);
+    return logits;
+  }
   at::Tensor logits = Linear(FinalNorm(hidden), lm_head_);
   return logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);
 }

@@ -15,6 +15,14 @@
 // a full causal pass over its T positions (training and reference paths).
 //
 // Device and dtype come from ModelOptions; the same code runs on CPU and CUDA.
+// Kernels (issue 15): on the CPU in float32, with a KvCache and outside
+// autograd, Block/Forward/ExitLogits run the fused path (cpu_kernels.h: one
+// RMSNorm, QKV GEMM, RoPE + KV write, attention over the pool, O GEMM with
+// the residual, RMSNorm, gate/up GEMM, SwiGLU, down GEMM with the residual
+// per block, on raw buffers, no allocation but the returned tensor) unless
+// ModelOptions::kernels is kEager; everything else (CUDA, half precision,
+// the cache-free training pass, autograd) runs the eager libtorch path,
+// which stays the reference. The two agree to 1e-4 in the logits (tests).
 // RoPE is computed in the rotate-half convention; checkpoints in the
 // adjacent-pair convention (llama2.c, Meta) have wq/wk rows permuted at load.
 //
@@ -44,6 +52,26 @@
 
 namespace lede::model {
 
+// Which implementation runs the decode path (see the file comment).
+enum class Kernels {
+  kEager,  // libtorch operators (about 30 per block); the reference
+  kFused,  // cpu_kernels.h on CPU float32; falls back to kEager elsewhere
+};
+
+// "eager" / "fused" <-> Kernels (the --kernels flag of the CLI, the model
+// service and the benchmarks). Errors: kInvalidArgument naming the value.
+StatusOr<Kernels> ParseKernels(const std::string& name);
+const char* KernelsName(Kernels kernels);
+
+// One sequence of a ragged batch (LlamaModel::ForwardRagged): n_positions
+// rows of the stacked activation hold positions
+// [start_pos, start_pos + n_positions) of KV slot `slot`.
+struct RaggedSegment {
+  int64_t slot = 0;
+  int64_t start_pos = 0;    // position of the segment's first row, in tokens
+  int64_t n_positions = 0;  // rows of the segment, >= 1
+};
+
 struct ModelOptions {
   c10::Device device = c10::kCPU;      // where weights and activations live
   c10::ScalarType dtype = c10::kFloat; // compute dtype of weights and K/V
@@ -51,6 +79,9 @@ struct ModelOptions {
   // may alias the checkpoint's read-only file mapping (zero copy); training
   // updates weights in place and must turn this on.
   bool writable_weights = false;
+  // The decode-path implementation; the fused kernels are several times
+  // faster on small models and engage only where they exist (CPU float32).
+  Kernels kernels = Kernels::kFused;
   // Example: ModelOptions{c10::Device("cuda:0"), c10::kBFloat16}
 };
 
@@ -77,6 +108,9 @@ class LlamaModel {
   const ModelConfig& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
   int64_t n_layers() const { return config_.n_layers; }
+  // True when the fused CPU kernels serve cached decoding (kernels ==
+  // kFused, CPU, float32).
+  bool fused() const { return fused_; }
 
   // Token embedding: tokens [B, T] int64 -> hidden [B, T, d].
   at::Tensor Embed(const at::Tensor& tokens) const;
@@ -94,8 +128,35 @@ class LlamaModel {
   at::Tensor Forward(at::Tensor hidden, int64_t first, int64_t last,
                      int64_t start_pos, KvCache* cache, int64_t slot) const;
 
+  // A ragged batch through blocks [first, last): several sequences' rows
+  // stacked into one activation, so that the QKV, O and FFN products run
+  // once over all rows of all sequences (sgemm for N_total > 1, the
+  // vectorized matrix-vector loop for 1) while attention runs per segment
+  // over its own slot's K/V with its own causal mask. The single-slot
+  // Forward(..., cache, slot) is the one-segment case. Continuous batching
+  // builds on this.
+  //
+  //   hidden    [N_total, d]  (or [1, N_total, d]) compute dtype, model device;
+  //             rows in segment order, N_total = sum of n_positions
+  //   segments  distinct slots; each writes its rows' K/V at positions
+  //             [start_pos, start_pos + n_positions) of its slot and attends
+  //             to [0, start_pos + t] for its row t
+  //   returns   [N_total, d] (same leading shape as hidden)
+  //
+  // Fused path when fused() (and no autograd); otherwise each segment runs
+  // through the eager blocks on its own (same result, the reference).
+  // Throws c10::Error for a bad range, overlapping slots, positions past the
+  // capacity or rows that do not add up (hot path; callers convert).
+  // Thread-safety: as Forward (concurrent calls on disjoint slots are safe;
+  // the fused scratch is thread-local).
+  at::Tensor ForwardRagged(const at::Tensor& hidden, int64_t first, int64_t last,
+                           const std::vector<RaggedSegment>& segments, KvCache& cache) const;
+
   // Final RMSNorm + LM head: hidden [B, T, d] -> logits [B, T, V] float32.
   // Applied to the output of block l-1 this is the exit at layer l.
+  // Fused path (when fused() and no autograd): one RMSNorm and one matrix-
+  // vector (or sgemm) pass into a new contiguous CPU float32 tensor, which
+  // ComputeExitSignals / ProbeSignals read in place (the exit probe).
   at::Tensor ExitLogits(const at::Tensor& hidden) const;
 
   // Final RMSNorm only: [B, T, d] -> [B, T, d].
@@ -123,6 +184,14 @@ class LlamaModel {
   };
 
   LlamaModel(ModelConfig config, ModelOptions options);
+  at::Tensor EagerBlock(int64_t layer, const at::Tensor& hidden, int64_t start_pos,
+                        KvCache* cache, int64_t slot) const;
+  // Whether a call may take the fused path: fused_, a float32 CPU hidden
+  // state, a float32 CPU pool, and no gradient to record.
+  bool UseFused(const at::Tensor& hidden, const KvCache* cache) const;
+  // Blocks [first, last) in place on x [N, d] (rows of `segments`).
+  void FusedForward(float* x, int64_t first, int64_t last, const RaggedSegment* segments,
+                    int64_t n_segments, KvCache& cache) const;
   void BuildRopeTables();
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
   at::Tensor ApplyRope(const at::Tensor& x, int64_t start_pos) const;
@@ -135,6 +204,7 @@ class LlamaModel {
   std::vector<Layer> layers_;
   at::Tensor rope_cos_;   // [max_seq_len, hd] (halves repeated), compute dtype
   at::Tensor rope_sin_;   // [max_seq_len, hd]
+  bool fused_ = false;    // options_.kernels == kFused on CPU float32
 };
 
 // y = x W^T for x [..., in], W [out, in]. A single row uses a matrix-vector

@@ -94,6 +94,22 @@ TEST(EngineTest, StaticSpeculationIsLosslessOnStories260K) {
   ExpectLossless(m, kStoriesPrompt, 48);
 }
 
+// The same on the eager reference kernels (issue 15: every lossless test
+// passes on both paths; the tests above run the default, fused).
+TEST(EngineTest, StaticSpeculationIsLosslessOnStories260KEager) {
+  std::shared_ptr<const LlamaModel> m = LoadOrDie(lede::testing::Stories260KDir(), Kernels::kEager);
+  ASSERT_NE(m, nullptr);
+  ASSERT_FALSE(m->fused());
+  ExpectLossless(m, kStoriesPrompt, 48);
+}
+
+TEST(EngineTest, StaticSpeculationIsLosslessOnBabyLlamaEager) {
+  std::shared_ptr<const LlamaModel> m =
+      LoadOrDie(lede::testing::BabyLlamaDir() + "/model5000.bin", Kernels::kEager);
+  ASSERT_NE(m, nullptr);
+  ExpectLossless(m, testing::kBabyPrompt, 48);
+}
+
 // Lossless on babyllama (vocabulary 105).
 TEST(EngineTest, StaticSpeculationIsLosslessOnBabyLlama) {
   std::shared_ptr<const LlamaModel> m = LoadOrDie(lede::testing::BabyLlamaDir() + "/model5000.bin");

@@ -36,9 +36,12 @@ TEST(LedeTinyTest, LoadsWithTokenizer) {
 }
 
 // Static self-speculation on lede-tiny gives the autoregressive greedy output
-// (a divergence only at a numerical near-tie), at E = 1, L/4 and L/2.
-TEST(LedeTinyTest, StaticSpeculationIsLossless) {
-  auto loaded = LlamaModel::Load(kModelDir, ModelOptions{});
+// (a divergence only at a numerical near-tie), at E = 1, L/4 and L/2, with
+// the given decode-path kernels.
+void ExpectStaticSpeculationLossless(Kernels kernels) {
+  ModelOptions options;
+  options.kernels = kernels;
+  auto loaded = LlamaModel::Load(kModelDir, options);
   ASSERT_THAT(loaded, IsOk());
   std::shared_ptr<const LlamaModel> m = std::move(*loaded);
   auto tok = LoadTokenizer(*FindTokenizerFile(kModelDir));
@@ -71,6 +74,10 @@ TEST(LedeTinyTest, StaticSpeculationIsLossless) {
     }
   }
 }
+
+// Lossless on the fused kernels (the default) and on the eager reference.
+TEST(LedeTinyTest, StaticSpeculationIsLossless) { ExpectStaticSpeculationLossless(Kernels::kFused); }
+TEST(LedeTinyTest, StaticSpeculationIsLosslessEager) { ExpectStaticSpeculationLossless(Kernels::kEager); }
 
 }  // namespace
 }  // namespace lede::model

@@ -41,8 +41,11 @@ inline std::unique_ptr<LlamaModel> WriteAndLoadTinyHf(const std::string& dir, bo
   return std::move(*loaded);
 }
 
-inline std::unique_ptr<LlamaModel> LoadOrDie(const std::string& path) {
-  auto m = LlamaModel::Load(path, ModelOptions{});
+inline std::unique_ptr<LlamaModel> LoadOrDie(const std::string& path,
+                                             Kernels kernels = Kernels::kFused) {
+  ModelOptions options;
+  options.kernels = kernels;
+  auto m = LlamaModel::Load(path, options);
   EXPECT_TRUE(m.ok()) << m.status();
   return m.ok() ? std::move(*m) : nullptr;
 }

@@ -1,0 +1,83 @@
+// File: shared/model/cpu_kernels.h
+//
+// The fused CPU kernels of the decode path (issue 15): plain float32 loops
+// the compiler vectorizes, plus CBLAS (OpenBLAS at run time: Debian's
+// libblas.so.3 alternative) for matrix-matrix products. Torch-free: every
+// argument is a raw row-major float32 buffer owned by the caller; nothing
+// here allocates. LlamaModel's fused block (llama.h, Kernels::kFused) is
+// built from these; they are public so that tests and bench/ can check and
+// time them one by one.
+//
+// Vectorization: the hot loops use GCC/Clang vector extensions (8 floats)
+// and are compiled twice on x86-64 (function multiversioning: an AVX2+FMA
+// clone picked at load time by the CPU, and the portable x86-64 baseline),
+// so the default build needs no -march and runs on any x86-64.
+//
+// Threading: every function is pure (reads its inputs, writes its outputs)
+// and safe to call concurrently on distinct outputs. MatVec runs on the
+// calling thread only; MatMulNT with n > 1 calls cblas_sgemm, which uses
+// OpenBLAS's threads (the OpenMP build follows omp_set_num_threads, i.e.
+// at::set_num_threads of the calling thread), the same as the eager path.
+#ifndef LEDE_SHARED_MODEL_CPU_KERNELS_H_
+#define LEDE_SHARED_MODEL_CPU_KERNELS_H_
+
+#include <cstdint>
+
+namespace lede::model::cpu {
+
+// y[out] (+)= W[out, in] x[in] (W row-major, rows contiguous). With
+// accumulate the product is added to y (a fused residual add), otherwise y
+// is overwritten. Vectorized loop, 4 rows at a time. y must not alias x/W.
+void MatVec(const float* w, int64_t out, int64_t in, const float* x, float* y, bool accumulate);
+
+// The same product through cblas_sgemv (for comparison in bench/).
+void MatVecBlas(const float* w, int64_t out, int64_t in, const float* x, float* y, bool accumulate);
+
+// Y[n, out] (+)= X[n, in] W[out, in]^T for few rows: every block of 4 rows
+// of W is read once and applied to all n rows of X from L1. MatVec is n = 1.
+void MatMulRows(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
+                bool accumulate);
+
+// The same product through cblas_sgemm (for comparison in bench/).
+void MatMulBlas(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
+                bool accumulate);
+
+// Rows up to which MatMulNT uses MatMulRows rather than cblas_sgemm: a
+// decode step, a draft step and a verification of up to D_max + 1 = 17
+// positions. OpenBLAS sgemm repacks W on every call, which costs more than
+// the product itself at these n (lede_engine_bench, verify rows).
+inline constexpr int64_t kMaxRowsWithoutBlas = 12;
+
+// Y[n, out] (+)= X[n, in] W[out, in]^T, X and Y row-major with row strides
+// in and out: MatMulRows for n <= kMaxRowsWithoutBlas (the vectorized loop
+// is also faster than OpenBLAS sgemv on the small matrices of the models
+// here: lede_engine_bench), cblas_sgemm beyond (beta 1 when accumulating).
+void MatMulNT(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
+              bool accumulate);
+
+// RMSNorm of n rows of d: y = x * rsqrt(mean(x^2) + eps) * weight[d].
+// y may equal x.
+void RmsNorm(const float* x, const float* weight, int64_t n, int64_t d, float eps, float* y);
+
+// RoPE in the rotate-half convention on one position's heads, in place:
+// x [n_heads, hd] (heads contiguous); cos, sin [hd] (the halves repeated,
+// as LlamaModel's tables). x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin.
+void RopeRotateHalf(float* x, int64_t n_heads, int64_t hd, const float* cos, const float* sin);
+
+// SwiGLU on n rows: out[i, f] = silu(h13[i, f]) * h13[i, F + f], h13 [n, 2F]
+// (gate columns, then up columns), out [n, F].
+void SiluMul(const float* h13, int64_t n, int64_t F, float* out);
+
+// Attention of one query row over n_keys cached positions of one KV head:
+//   q [hd] (already scaled by 1/sqrt(hd)), keys / values [n_keys, hd]
+//   (rows contiguous, as a KV-pool slot's head), out [hd] overwritten,
+//   scores [n_keys] scratch. Softmax in float32 with the max subtracted.
+void AttendOne(const float* q, const float* keys, const float* values, int64_t n_keys, int64_t hd,
+               float* scores, float* out);
+
+// sum_i a[i] b[i] (vectorized; for tests and the roofline loop).
+float Dot(const float* a, const float* b, int64_t n);
+
+}  // namespace lede::model::cpu
+
+#endif  // LEDE_SHARED_MODEL_CPU_KERNELS_H_

@@ -1,0 +1,109 @@
+// File: shared/model/internal/cpu_kernels_impl.h
+//
+// The bodies of the vectorized kernels of cpu_kernels.h, included by
+// cpu_kernels.cc once per instruction-set target inside its own namespace
+// (LEDE_KERNEL_NS): the portable baseline, and on x86-64 with GCC an
+// AVX2+FMA copy (#pragma GCC target). No include guard on purpose.
+// Requires <cmath>, <cstdint>, <cstring> and `F8` (8 x float vector type).
+
+namespace LEDE_KERNEL_NS {
+
+inline F8 Load8(const float* p) {
+  F8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline float Sum8(const F8& v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+float Dot(const float* a, const float* b, int64_t n) {
+  F8 acc0 = {}, acc1 = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 += Load8(a + i) * Load8(b + i);
+    acc1 += Load8(a + i + 8) * Load8(b + i + 8);
+  }
+  for (; i + 8 <= n; i += 8) acc0 += Load8(a + i) * Load8(b + i);
+  float s = Sum8(acc0 + acc1);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Y[n, out] (+)= X[n, in] W[out, in]^T for small n: each block of 4 rows
+// of W is read from memory once and applied to every row of X while it
+// sits in L1 (the weights are the traffic; X is small).
+void MatMulRows(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
+                bool accumulate) {
+  int64_t o = 0;
+  for (; o + 4 <= out; o += 4) {
+    const float* w0 = w + o * in;
+    const float* w1 = w0 + in;
+    const float* w2 = w1 + in;
+    const float* w3 = w2 + in;
+    for (int64_t r = 0; r < n; ++r) {
+      const float* xr = x + r * in;
+      float* yr = y + r * out;
+      F8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+      int64_t i = 0;
+      for (; i + 8 <= in; i += 8) {
+        const F8 xv = Load8(xr + i);
+        a0 += Load8(w0 + i) * xv;
+        a1 += Load8(w1 + i) * xv;
+        a2 += Load8(w2 + i) * xv;
+        a3 += Load8(w3 + i) * xv;
+      }
+      float s0 = Sum8(a0), s1 = Sum8(a1), s2 = Sum8(a2), s3 = Sum8(a3);
+      for (; i < in; ++i) {
+        s0 += w0[i] * xr[i];
+        s1 += w1[i] * xr[i];
+        s2 += w2[i] * xr[i];
+        s3 += w3[i] * xr[i];
+      }
+      if (accumulate) {
+        yr[o] += s0, yr[o + 1] += s1, yr[o + 2] += s2, yr[o + 3] += s3;
+      } else {
+        yr[o] = s0, yr[o + 1] = s1, yr[o + 2] = s2, yr[o + 3] = s3;
+      }
+    }
+  }
+  for (; o < out; ++o) {
+    for (int64_t r = 0; r < n; ++r) {
+      const float s = Dot(w + o * in, x + r * in, in);
+      y[r * out + o] = accumulate ? y[r * out + o] + s : s;
+    }
+  }
+}
+
+void RmsNorm(const float* x, const float* weight, int64_t n, int64_t d, float eps, float* y) {
+  for (int64_t r = 0; r < n; ++r) {
+    const float* xr = x + r * d;
+    float* yr = y + r * d;
+    const float scale = 1.0f / std::sqrt(Dot(xr, xr, d) / static_cast<float>(d) + eps);
+    for (int64_t i = 0; i < d; ++i) yr[i] = xr[i] * scale * weight[i];
+  }
+}
+
+void AttendOne(const float* q, const float* keys, const float* values, int64_t n_keys, int64_t hd,
+               float* scores, float* out) {
+  float m = -INFINITY;
+  for (int64_t j = 0; j < n_keys; ++j) {
+    scores[j] = Dot(q, keys + j * hd, hd);
+    m = scores[j] > m ? scores[j] : m;
+  }
+  float z = 0.0f;
+  for (int64_t j = 0; j < n_keys; ++j) {
+    scores[j] = std::exp(scores[j] - m);
+    z += scores[j];
+  }
+  const float inv = 1.0f / z;
+  for (int64_t i = 0; i < hd; ++i) out[i] = 0.0f;
+  for (int64_t j = 0; j < n_keys; ++j) {
+    const float p = scores[j] * inv;
+    const float* v = values + j * hd;
+    for (int64_t i = 0; i < hd; ++i) out[i] += p * v[i];
+  }
+}
+
+}  // namespace LEDE_KERNEL_NS
