@@ -65,20 +65,12 @@ struct ModelFlags {
       return NotFoundError("--model: no such file or directory: " + model);
     }
     model::ModelOptions o;
-    try {
-      o.device = c10::Device(device);
-    } catch (const std::exception&) {
-      return InvalidArgumentError("--device: unknown device '" + device + "'");
-    }
-    if (dtype == "float32") {
-      o.dtype = c10::kFloat;
-    } else if (dtype == "bfloat16") {
-      o.dtype = c10::kBFloat16;
-    } else if (dtype == "float16") {
-      o.dtype = c10::kHalf;
-    } else {
-      return InvalidArgumentError("--dtype: unknown dtype '" + dtype + "'");
-    }
+    auto parsed_device = model::ParseDevice(device);
+    if (!parsed_device.ok()) return InvalidArgumentError("--" + std::string(parsed_device.status().message()));
+    o.device = *parsed_device;
+    auto parsed_dtype = model::ParseDtype(dtype);
+    if (!parsed_dtype.ok()) return InvalidArgumentError("--" + std::string(parsed_dtype.status().message()));
+    o.dtype = *parsed_dtype;
     auto parsed_kernels = model::ParseKernels(kernels);
     if (!parsed_kernels.ok()) return InvalidArgumentError("--" + std::string(parsed_kernels.status().message()));
     o.kernels = *parsed_kernels;

@@ -39,6 +39,8 @@ int Run(const std::vector<std::string>& raw_args) {
   flags.Add("listen", &listen, "gRPC address (default 127.0.0.1:50052 verifier/both, :50054 drafter)");
   flags.Add("metrics", &metrics, "HTTP address of /metrics (default 127.0.0.1:9402 / :9404)");
   flags.Add("threads", &threads, "libtorch intra-op threads");
+  flags.Add("device", &o.device, "cpu, cuda or cuda:N (a CUDA build of libtorch; no --kv-pool there yet)");
+  flags.Add("dtype", &o.dtype, "compute dtype: float32, bfloat16 or float16");
   flags.Add("kernels", &o.kernels, "decode-path kernels: fused (CPU float32) or eager (libtorch reference)");
   flags.Add("attach-timeout-s", &attach_timeout_s, "drafter: how long to wait for the verifier's pool");
   flags.Add("session-idle-timeout-s", &idle_timeout_s, "reclaim sessions idle this long when the pool is full");

@@ -243,6 +243,12 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
   if (options.threads > 0) at::set_num_threads(options.threads);
   model::ModelOptions mo;
   LEDE_ASSIGN_OR_RETURN(mo.kernels, model::ParseKernels(options.kernels));
+  LEDE_ASSIGN_OR_RETURN(mo.device, model::ParseDevice(options.device));
+  LEDE_ASSIGN_OR_RETURN(mo.dtype, model::ParseDtype(options.dtype));
+  if (!mo.device.is_cpu() && !options.kv_pool_name.empty()) {
+    return InvalidArgumentError("kv_pool: a shared KV pool (split drafter and verifier) is CPU-only so far; "
+                                "on " + options.device + " run --role both without --kv-pool");
+  }
   LEDE_ASSIGN_OR_RETURN(std::unique_ptr<model::LlamaModel> loaded,
                         model::LlamaModel::Load(options.model_path, mo));
   host->model = std::shared_ptr<const model::LlamaModel>(std::move(loaded));
@@ -256,6 +262,7 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
   ko.max_draft_len = options.max_draft_len;
   ko.shared_memory_name = options.kv_pool_name;
   ko.dtype = host->model->options().dtype;
+  ko.device = host->model->options().device;
   if (create_pool) {
     LEDE_ASSIGN_OR_RETURN(model::KvCache cache, model::KvCache::Create(c, ko));
     host->cache = std::make_shared<model::KvCache>(std::move(cache));

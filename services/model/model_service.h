@@ -69,6 +69,11 @@ struct ModelServiceOptions {
   // coordinator died). Owned sessions are freed when the owner's lease
   // lapses or is replaced (session_leases.h).
   absl::Duration session_idle_timeout = absl::Seconds(300);
+  // Where the model runs and its compute dtype (model::ParseDevice /
+  // ParseDtype): "cpu" or "cuda[:N]"; "float32", "bfloat16", "float16". A
+  // shared KV pool (kv_pool_name) needs the CPU for now.
+  std::string device = "cpu";
+  std::string dtype = "float32";
   int threads = 1;               // libtorch intra-op threads
   // Decode-path kernels: "fused" (cpu_kernels, CPU float32) or "eager"
   // (libtorch reference); LoadModelHost refuses anything else with

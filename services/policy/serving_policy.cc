@@ -65,12 +65,18 @@ ServingPolicy::~ServingPolicy() { StopPolling(); }
 
 Status ServingPolicy::Reload() {
   absl::MutexLock reload_lock(&reload_mu_);
+  // With a store: mirror its SERVING version first. When that fails (store
+  // unreachable, empty, or an unfinished upload) the serving version stays;
+  // before any version is served, the local root's own SERVING (a copy
+  // seeded at deployment) is served meanwhile.
+  bool mirror_failed = false;
   if (options_.store != nullptr) {
     StatusOr<std::string> mirrored =
         policy::dqn::MirrorServingVersion(*options_.store, options_.policy_root, options_.model_fingerprint);
     if (!mirrored.ok()) {
       RecordRejection("", mirrored.status());
-      return mirrored.status();
+      if (Current() != nullptr) return mirrored.status();
+      mirror_failed = true;
     }
   }
   StatusOr<std::string> version = policy::dqn::ResolveServingVersion(options_.policy_root);
@@ -80,7 +86,7 @@ Status ServingPolicy::Reload() {
   }
   std::shared_ptr<const LoadedPolicy> old = Current();
   if (old != nullptr && old->version == *version) {
-    last_rejection_.clear();
+    if (!mirror_failed) last_rejection_.clear();
     return OkStatus();
   }
   StatusOr<std::shared_ptr<const LoadedPolicy>> loaded = LoadPolicyVersion(options_, *version);
@@ -92,7 +98,7 @@ Status ServingPolicy::Reload() {
     absl::MutexLock lock(&mu_);
     current_ = *loaded;
   }
-  last_rejection_.clear();
+  if (!mirror_failed) last_rejection_.clear();
   if (metrics_ != nullptr) {
     metrics_->RecordPolicyReload(true);
     metrics_->SetPolicyVersion(*version, telemetry::PolicyVersionNumber(*version));

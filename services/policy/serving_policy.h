@@ -78,7 +78,9 @@ struct ServingPolicyOptions {
   // mirrors the store's SERVING version into policy_root (downloaded,
   // validated, then SERVING; policy/dqn/artifact_store.h), so a trainer on
   // another machine publishes without a shared file system. A store that
-  // cannot be read leaves the serving version as it is.
+  // cannot be read (or holds no version yet) leaves the serving version as
+  // it is; before any version is served, policy_root's own SERVING (a copy
+  // seeded at deployment) is served meanwhile.
   std::shared_ptr<storage::ObjectStore> store;
   // ModelConfig::ArchitectureFingerprint() of the drafting model; "" accepts
   // any model (only the other checks apply).

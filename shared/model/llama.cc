@@ -82,6 +82,21 @@ const char* KernelsName(Kernels kernels) {
   return kernels == Kernels::kEager ? "eager" : "fused";
 }
 
+StatusOr<c10::Device> ParseDevice(const std::string& name) {
+  try {
+    return c10::Device(name);
+  } catch (const std::exception&) {
+    return InvalidArgumentError("device: unknown device '" + name + "' (cpu, cuda or cuda:N)");
+  }
+}
+
+StatusOr<c10::ScalarType> ParseDtype(const std::string& name) {
+  if (name == "float32") return c10::kFloat;
+  if (name == "bfloat16") return c10::kBFloat16;
+  if (name == "float16") return c10::kHalf;
+  return InvalidArgumentError("dtype: unknown dtype '" + name + "' (float32, bfloat16 or float16)");
+}
+
 at::Tensor Linear(const at::Tensor& x, const at::Tensor& w) {
   if (x.numel() == x.size(-1)) {
     auto sizes = x.sizes().vec();

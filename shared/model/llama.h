@@ -63,6 +63,14 @@ enum class Kernels {
 StatusOr<Kernels> ParseKernels(const std::string& name);
 const char* KernelsName(Kernels kernels);
 
+// "cpu", "cuda", "cuda:N" -> a device, and "float32" / "bfloat16" /
+// "float16" -> a compute dtype (the --device and --dtype flags of the CLI
+// and the model service). A CUDA device on a CPU-only libtorch parses; the
+// model load then fails with kInternal naming the missing CUDA support.
+// Errors: kInvalidArgument naming the value.
+StatusOr<c10::Device> ParseDevice(const std::string& name);
+StatusOr<c10::ScalarType> ParseDtype(const std::string& name);
+
 // One sequence of a ragged batch (LlamaModel::ForwardRagged): n_positions
 // rows of the stacked activation hold positions
 // [start_pos, start_pos + n_positions) of KV slot `slot`.

@@ -165,7 +165,7 @@ def test_grafana():
 def k8s_objects():
     objs = []
     for name in sorted(os.listdir(K8S_DIR)):
-        if not name.endswith((".yaml", ".yml")):
+        if not name.endswith((".yaml", ".yml")) or name == "kustomization.yaml":
             continue
         for doc in load_yaml_docs(os.path.join(K8S_DIR, name)):
             where = f"{name} {doc.get('kind')} {doc.get('metadata', {}).get('name')}"
@@ -228,18 +228,19 @@ def config_file_of(container, template, cms):
 def test_k8s_structure():
     objs = k8s_objects()
     kinds = {d["kind"] for _, d in objs}
-    for k in ("ConfigMap", "Deployment", "Service", "CronJob", "PersistentVolumeClaim"):
+    for k in ("ConfigMap", "StatefulSet", "Deployment", "Service", "CronJob", "PodDisruptionBudget",
+              "HorizontalPodAutoscaler"):
         if k not in kinds:
             fail(f"no {k} in {K8S_DIR}")
     names = {(d["kind"], d["metadata"]["name"]) for _, d in objs}
-    for want in (("Deployment", "lede-model"), ("Deployment", "lede-coordinator"),
+    for want in (("StatefulSet", "lede-model"), ("Deployment", "lede-coordinator"),
                  ("Deployment", "lede-policy"), ("CronJob", "lede-trainer")):
         if want not in names:
             fail(f"no {want[0]} {want[1]}")
     cms = configmaps(objs)
     pvcs = {d["metadata"]["name"] for _, d in objs if d["kind"] == "PersistentVolumeClaim"}
     for where, d in objs:
-        if d["kind"] == "Deployment":
+        if d["kind"] in ("Deployment", "StatefulSet"):
             sel = d["spec"]["selector"]["matchLabels"]
             labels = d["spec"]["template"]["metadata"]["labels"]
             if any(labels.get(k) != v for k, v in sel.items()):
@@ -266,14 +267,15 @@ def test_k8s_structure():
         for c in spec["containers"]:
             # Liveness = the process runs (/healthz); readiness = it can serve (/readyz).
             for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
-                if d_kind(where) == "Deployment" and c.get(probe, {}).get("httpGet", {}).get("path") != path:
+                if d_kind(where) in ("Deployment", "StatefulSet") and \
+                        c.get(probe, {}).get("httpGet", {}).get("path") != path:
                     fail(f"{where} container {c['name']}: {probe} is not an HTTP GET of {path}")
     for cm, data in cms.items():
         for key in data:
             if key.endswith(".conf") and key not in used_keys:
                 fail(f"ConfigMap {cm}: {key} is used by no container")
     # The verifier and drafter share /dev/shm through one in-memory emptyDir.
-    (model,) = [d for _, d in objs if d["kind"] == "Deployment" and d["metadata"]["name"] == "lede-model"]
+    (model,) = [d for _, d in objs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "lede-model"]
     spec = model["spec"]["template"]["spec"]
     shm = {v["name"] for v in spec["volumes"] if v.get("emptyDir", {}).get("medium") == "Memory"}
     names = sorted(c["name"] for c in spec["containers"])
@@ -285,7 +287,7 @@ def test_k8s_structure():
     # Ordered stop: the coordinator's pod drains within its grace period, and
     # the model pods serve on (preStop) until the coordinator's drain is over.
     def deployment(name):
-        (d,) = [d for _, d in objs if d["kind"] == "Deployment" and d["metadata"]["name"] == name]
+        (d,) = [d for _, d in objs if d["kind"] in ("Deployment", "StatefulSet") and d["metadata"]["name"] == name]
         return d["spec"]["template"]["spec"]
     def pre_stop_s(c):
         cmd = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
@@ -329,6 +331,90 @@ def test_k8s_structure():
                     fail(f"{where}: targetPort {tp} is not a container port of the selected pods")
             if int(ann["prometheus.io/port"]) not in by_number:
                 fail(f"{where}: prometheus.io/port {ann['prometheus.io/port']} is not a container port")
+
+
+    check_k8s_replicas(objs, templates, cms)
+
+
+def check_k8s_replicas(objs, templates, cms):
+    """Several model replicas behind the coordinators, policies through the
+    object store: the model StatefulSet's serviceName is a headless Service
+    whose ports are the verifier's and drafter's, coordinator.conf discovers
+    the replicas through it on those ports, no volume is shared between the
+    trainer and the policy service (both follow the policy store), and every
+    PodDisruptionBudget and HorizontalPodAutoscaler points at a workload."""
+    (model,) = [d for _, d in objs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "lede-model"]
+    headless = [d for _, d in objs if d["kind"] == "Service" and d["metadata"]["name"] == model["spec"]["serviceName"]]
+    if len(headless) != 1 or headless[0]["spec"].get("clusterIP") != "None":
+        fail(f"lede-model: serviceName {model['spec']['serviceName']} is not a headless Service (clusterIP: None)")
+    ports = {p["port"] for p in headless[0]["spec"]["ports"]}
+    conf = cms.get("lede-config", {}).get("coordinator.conf", "")
+    def conf_value(key):
+        m = re.search(r"^\s*" + re.escape(key) + r"\s*=\s*(\S+)", conf, re.M)
+        return m.group(1) if m else None
+    if conf_value("replica-dns") != headless[0]["metadata"]["name"]:
+        fail(f"coordinator.conf: replica-dns is {conf_value('replica-dns')}, not the headless Service "
+             f"{headless[0]['metadata']['name']}")
+    for key in ("replica-verifier-port", "replica-drafter-port"):
+        if conf_value(key) is None or int(conf_value(key)) not in ports:
+            fail(f"coordinator.conf: {key} {conf_value(key)} is not a port of Service {headless[0]['metadata']['name']}")
+    for key in ("verifier", "drafter"):
+        if conf_value(key) is not None:
+            fail(f"coordinator.conf: {key} = ... names one replica; the replicas come from replica-dns")
+    def claims(name):
+        for where, t in templates:
+            if where.split()[2] == name:
+                return {v["persistentVolumeClaim"]["claimName"] for v in t["spec"].get("volumes", [])
+                        if "persistentVolumeClaim" in v}
+        fail(f"no pod template {name}")
+    shared = claims("lede-trainer") & claims("lede-policy")
+    if shared:
+        fail(f"lede-trainer and lede-policy share volumes {sorted(shared)}: policies go through the object store")
+    policy_store = re.search(r"^\s*policy-store\s*=\s*(\S+)", cms["lede-config"].get("policy.conf", ""), re.M)
+    (trainer,) = [t for where, t in templates if where.split()[2] == "lede-trainer"]
+    targs = trainer["spec"]["containers"][0]["args"]
+    if policy_store is None or "--policy-store" not in targs or \
+            targs[targs.index("--policy-store") + 1] != policy_store.group(1):
+        fail("lede-trainer publishes to another --policy-store than policy.conf's policy-store")
+    workloads = {(d["kind"], d["metadata"]["name"]): d for _, d in objs
+                 if d["kind"] in ("Deployment", "StatefulSet")}
+    for where, d in objs:
+        if d["kind"] == "PodDisruptionBudget":
+            sel = d["spec"]["selector"]["matchLabels"]
+            if not any(all(t["metadata"]["labels"].get(k) == v for k, v in sel.items()) for _, t in templates):
+                fail(f"{where}: selector {sel} matches no pod template")
+        if d["kind"] == "HorizontalPodAutoscaler":
+            ref = d["spec"]["scaleTargetRef"]
+            if (ref["kind"], ref["name"]) not in workloads:
+                fail(f"{where}: scaleTargetRef {ref['kind']} {ref['name']} does not exist")
+    check_k8s_gpu_overlay(objs)
+
+
+def check_k8s_gpu_overlay(objs):
+    """deploy/k8s-gpu patches workloads and containers that exist, lists its
+    files, and gives the model replicas a GPU."""
+    gpu_dir = "deploy/k8s-gpu"
+    (kust,) = load_yaml_docs(os.path.join(gpu_dir, "kustomization.yaml"))
+    if kust.get("resources") != ["../k8s"]:
+        fail(f"{gpu_dir}/kustomization.yaml: resources {kust.get('resources')}, want ['../k8s']")
+    workloads = {(d["kind"], d["metadata"]["name"]): d for _, d in objs}
+    gpu = False
+    for patch in kust.get("patches", []):
+        (doc,) = load_yaml_docs(os.path.join(gpu_dir, patch["path"]))
+        target = workloads.get((doc["kind"], doc["metadata"]["name"]))
+        if target is None:
+            fail(f"{gpu_dir}/{patch['path']}: patches {doc['kind']} {doc['metadata']['name']}, which does not exist")
+        names = {c["name"] for c in target["spec"]["template"]["spec"]["containers"]}
+        for c in doc["spec"]["template"]["spec"].get("containers", []):
+            if c["name"] not in names:
+                fail(f"{gpu_dir}/{patch['path']}: container {c['name']} is not in {doc['metadata']['name']}")
+            gpu |= "nvidia.com/gpu" in c.get("resources", {}).get("limits", {})
+    if not gpu:
+        fail(f"{gpu_dir}: no container gets an nvidia.com/gpu limit")
+    for gen in kust.get("configMapGenerator", []):
+        for f in gen.get("files", []):
+            if not os.path.exists(os.path.join(gpu_dir, f)):
+                fail(f"{gpu_dir}/kustomization.yaml: {f} does not exist")
 
 
 def d_kind(where):

@@ -25,6 +25,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "policy/dqn/artifact.h"
+#include "policy/dqn/artifact_store.h"
 #include "policy/dqn/dqn_exit_controller.h"
 #include "services/model/policy_follower.h"
 #include "services/policy/policy_server.h"
@@ -34,6 +35,7 @@
 #include "shared/speculation/exit_controller.h"
 #include "shared/checkpoint/model_config.h"
 #include "shared/rpc/server.h"
+#include "shared/storage/object_store.h"
 #include "shared/telemetry/lede_metrics.h"
 #include "shared/telemetry/metrics.h"
 #include "tests/testing/fake_clock.h"
@@ -542,6 +544,39 @@ TEST_F(PolicyServiceTest, RemoteDecisionMatchesLocalAndFallsBack) {
 }
 
 // The lede-policy flags: --config, --model-config, required and unknown flags.
+// With a policy store: before the store holds any version the mirror's own
+// seeded SERVING is served (the empty store counted as a rejection); a
+// version published to the store is then mirrored and served, and a store
+// that goes bad later leaves it serving.
+TEST_F(PolicyServiceTest, FollowsAPolicyStoreAndServesTheSeededCopyUntilThen) {
+  auto opened = storage::OpenObjectStore((tmp_.path() / "store").string());
+  ASSERT_THAT(opened, IsOk());
+  std::shared_ptr<storage::ObjectStore> store = std::move(*opened);
+  ServingPolicyOptions options;
+  options.policy_root = root_.string();  // seeded: SERVING = accelerator-v2
+  options.model_fingerprint = fingerprint_;
+  options.n_layers = 12;
+  options.store = store;
+  telemetry::Registry registry;
+  telemetry::SpecDecodeMetrics metrics{registry};
+  ServingPolicy serving(options, &metrics);
+  EXPECT_THAT(serving.Reload(), IsOk());
+  ASSERT_NE(serving.Current(), nullptr);
+  EXPECT_EQ(serving.Current()->version, "accelerator-v2");
+  EXPECT_EQ(metrics.policy_reloads.Add({{"outcome", "rejected"}}).Value(), 1);  // the empty store
+
+  CopyVersion("accelerator-v2", "store-v3");
+  ASSERT_THAT(policy::dqn::UploadVersion(*store, root_.string(), "store-v3", /*set_serving=*/true), IsOk());
+  fs::remove_all(root_ / "store-v3");  // only the store has it now
+  EXPECT_THAT(serving.Reload(), IsOk());
+  EXPECT_EQ(serving.Current()->version, "store-v3");
+  EXPECT_TRUE(fs::exists(root_ / "store-v3" / policy::dqn::kMetadataFile));  // mirrored
+
+  ASSERT_THAT(store->Put(policy::dqn::kServingFile, "missing-v9\n"), IsOk());
+  EXPECT_THAT(serving.Reload(), StatusIs(StatusCode::kNotFound));
+  EXPECT_EQ(serving.Current()->version, "store-v3");
+}
+
 TEST(PolicyServerFlagsTest, ParsesAndValidatesFlags) {
   auto options = ParsePolicyServerFlags({"--policy-root", "/p", "--reload-interval-ms=250"});
   ASSERT_THAT(options, IsOk());
