@@ -6,8 +6,9 @@
 //  2. one replica is SIGKILLed: its in-flight sessions end UNAVAILABLE, the
 //     rest go on, and new sessions go to the other two;
 //  3. it is restarted on its port and takes sessions again;
-//  4. a new policy version is published through S3 and every replica's
-//     drafter follows it, with no failed request meanwhile.
+//  4. the trainer retrains on the coordinators' experience and publishes
+//     a new version through S3; every replica's drafter follows it, with no
+//     failed request meanwhile.
 // Every completed request's tokens equal those of the single-replica
 // deployment (LEDE is lossless, whichever replica and policy version), every
 // failure is UNAVAILABLE, and afterwards no KV slot is held anywhere.
@@ -16,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -40,6 +42,7 @@
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
+#include "trainer/retrain.h"
 
 namespace lede {
 namespace {
@@ -199,9 +202,11 @@ TEST(ReplicasTest, TwoCoordinatorsThreeReplicasSurviveAKilledReplicaAndFollowAPo
   ASSERT_THAT(c.StartVerifier(), IsOk());
   std::vector<LedeCluster*> replicas = {&a, &b, &c};
   const std::string list = a.verifier_target() + "," + b.verifier_target() + "," + c.verifier_target();
-  auto x = a.StartExtraCoordinator(false, "none", {"--replicas", list});
+  // Both coordinators log experience to one store, which the trainer reads.
+  const std::string experience = (tmp.path() / "experience").string();
+  auto x = a.StartExtraCoordinator(false, experience, {"--replicas", list});
   ASSERT_THAT(x.status(), IsOk());
-  auto y = a.StartExtraCoordinator(false, "none", {"--replicas", list});
+  auto y = a.StartExtraCoordinator(false, experience, {"--replicas", list});
   ASSERT_THAT(y.status(), IsOk());
   auto logs = [&] {
     return "\ncoordinator x:\n" + ChildProcess::Tail((*x)->Log(), 1500) + "\nreplica b:\n" +
@@ -240,22 +245,30 @@ TEST(ReplicasTest, TwoCoordinatorsThreeReplicasSurviveAKilledReplicaAndFollowAPo
   ASSERT_THAT(b.StartVerifier(), IsOk());
   EXPECT_TRUE(WaitUntil([&] { return sessions(&b) > 0; }, 60s, 100ms)) << "replica b never rejoined" << logs();
 
-  // 4. A new policy version through S3 reaches every replica's drafter,
-  //    with no request failing meanwhile.
+  // 4. The trainer retrains on the coordinators' experience (in scratch
+  //    space, no shared volume) and publishes through S3 (forced); every
+  //    replica's drafter follows, with no request failing meanwhile.
   const size_t failed_before_publish = load.n_failed();
-  {
-    auto artifact = policy::dqn::LoadServingArtifact(kModel + "/policy");
-    ASSERT_THAT(artifact.status(), IsOk());
-    artifact->metadata.version = "sim-2";
-    const std::string root = (tmp.path() / "publisher").string();
-    ASSERT_THAT(policy::dqn::SaveArtifact(policy::dqn::VersionDir(root, "sim-2"), *artifact), IsOk());
-    ASSERT_THAT(policy::dqn::UploadVersion(**store, root, "sim-2", /*set_serving=*/true), IsOk());
-  }
+  trainer::RetrainOptions ro;
+  ro.experience_url = experience;
+  ro.policy_root = (tmp.path() / "trainer-scratch").string();
+  ro.policy_store_url = store_url;
+  ro.publish_margin = -std::numeric_limits<double>::infinity();
+  ro.version_prefix = "sim";
+  ro.dqn.epochs = 1;
+  auto retrainer = trainer::Retrainer::Create(ro);
+  ASSERT_THAT(retrainer.status(), IsOk());
+  auto outcome = (*retrainer)->RunOnce();
+  ASSERT_THAT(outcome.status(), IsOk());
+  ASSERT_EQ(outcome->decision, trainer::RetrainDecision::kPublished) << outcome->reason;
+  const std::string published = outcome->candidate_version;
   for (LedeCluster* r : replicas) {
     EXPECT_TRUE(WaitUntil(
-        [&] { return Metric(r->verifier()->metrics_port(), "lede_policy_version{version=\"sim-2\"}") == 1; }, 60s,
-        100ms))
-        << "a replica's drafter did not follow the published version" << logs();
+        [&] {
+          return Metric(r->verifier()->metrics_port(), "lede_policy_version{version=\"" + published + "\"}") == 1;
+        },
+        60s, 100ms))
+        << "a replica's drafter did not follow " << published << logs();
   }
   const size_t ok_at_publish = load.n_ok();
   EXPECT_TRUE(WaitUntil([&] { return load.n_ok() >= ok_at_publish + 6; }, 60s, 100ms));
