@@ -7,6 +7,19 @@
 #include "shared/rpc/server.h"
 
 namespace lede::coordinator {
+namespace {
+
+// What the speculation loop needs to know of the served model.
+speculation::ModelLimits LimitsOf(const lede::v1::ModelInfo& info) {
+  speculation::ModelLimits limits;
+  limits.n_layers = info.n_layers();
+  limits.vocab_size = info.vocab_size();
+  limits.capacity = info.capacity();
+  limits.eos_ids.assign(info.eos_ids().begin(), info.eos_ids().end());
+  return limits;
+}
+
+}  // namespace
 
 std::unique_ptr<grpc::ClientContext> ModelCallContext(grpc::CallbackServerContext* server, absl::Duration rpc_timeout) {
   std::unique_ptr<grpc::ClientContext> ctx =
@@ -26,12 +39,12 @@ Status FromModelCall(const grpc::Status& s, const std::string& what) {
 
 RemoteBackend::RemoteBackend(const ModelClients& clients, grpc::CallbackServerContext* server, const lede::v1::ModelInfo& info,
               const lede::v1::GenerateRequest& request, const std::string& request_id, bool record_trace)
-    : clients_(clients), server_(server), request_(request), request_id_(request_id), record_trace_(record_trace) {
-  limits_.n_layers = info.n_layers();
-  limits_.vocab_size = info.vocab_size();
-  limits_.capacity = info.capacity();
-  limits_.eos_ids.assign(info.eos_ids().begin(), info.eos_ids().end());
-}
+    : clients_(clients),
+      server_(server),
+      request_(request),
+      request_id_(request_id),
+      record_trace_(record_trace),
+      limits_(LimitsOf(info)) {}
 
 StatusOr<speculation::Prefilled> RemoteBackend::Open(const std::vector<int32_t>& prompt,
                                       const speculation::SessionOptions& options) {
@@ -214,12 +227,8 @@ ReplicaBackend::ReplicaBackend(ReplicaSet& replicas, const ModelClients& base, g
       info_(info),
       request_(request),
       request_id_(request_id),
-      record_trace_(record_trace) {
-  limits_.n_layers = info.n_layers();
-  limits_.vocab_size = info.vocab_size();
-  limits_.capacity = info.capacity();
-  limits_.eos_ids.assign(info.eos_ids().begin(), info.eos_ids().end());
-}
+      record_trace_(record_trace),
+      limits_(LimitsOf(info)) {}
 
 StatusOr<speculation::Prefilled> ReplicaBackend::Open(const std::vector<int32_t>& prompt,
                                                       const speculation::SessionOptions& options) {

@@ -37,6 +37,7 @@
 #include "shared/storage/object_store.h"
 #include "tests/shared/telemetry/telemetry_test_util.h"
 #include "tests/testing/process.h"
+#include "tests/testing/slot_holders.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/wait.h"
 
@@ -47,6 +48,7 @@ using ::lede::testing::ChildProcess;
 using ::lede::testing::ClusterOptions;
 using ::lede::testing::IsOk;
 using ::lede::testing::LedeCluster;
+using ::lede::testing::SlotHolders;
 using ::lede::v1::GenerateRequest;
 using ::lede::v1::GenerateResponse;
 using namespace std::chrono_literals;
@@ -127,55 +129,9 @@ Outcome Generate(lede::v1::Generation::Stub& stub, size_t prompt_index, std::chr
 }
 
 double SlotsInUse(int metrics_port) {
-  telemetry::test_util::HttpResponse r = telemetry::test_util::HttpGet(metrics_port, "/metrics");
-  if (r.status != 200) return std::nan("");
-  std::istringstream in(r.body);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("lede_kv_slots_in_use ", 0) == 0) return std::strtod(line.c_str() + line.rfind(' ') + 1, nullptr);
-  }
-  return std::nan("");
+  return telemetry::test_util::MetricValue(metrics_port, "lede_kv_slots_in_use");
 }
 
-// Streams that each hold a KV slot: a tiny HTTP/2 window and no reading
-// after the first delta stall the coordinator's writes, so each request
-// keeps its slot however fast the model is.
-struct SlotHolders {
-  struct Holder {
-    std::unique_ptr<lede::v1::Generation::Stub> stub;
-    grpc::ClientContext ctx;
-    std::unique_ptr<grpc::ClientReader<GenerateResponse>> reader;
-  };
-  std::vector<std::unique_ptr<Holder>> holders;
-
-  // Opens `n` streams to `target`; true when each has its first delta.
-  bool Open(const std::string& target, int n) {
-    for (int i = 0; i < n; ++i) {
-      auto h = std::make_unique<Holder>();
-      grpc::ChannelArguments args;
-      args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-      args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 256);
-      args.SetInt("lede.chaos.holder", i);
-      h->stub = lede::v1::Generation::NewStub(
-          grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
-      h->ctx.set_deadline(std::chrono::system_clock::now() + 60s);
-      GenerateRequest r;
-      r.set_prompt("Once upon a time, there was a little dog named");
-      r.set_max_new_tokens(256);
-      r.set_method(lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE);
-      r.set_temperature(1.0f);
-      r.set_seed(7);
-      h->reader = h->stub->Generate(&h->ctx, r);
-      GenerateResponse resp;
-      if (!h->reader->Read(&resp) || !resp.has_delta()) return false;
-      holders.push_back(std::move(h));
-    }
-    return true;
-  }
-  ~SlotHolders() {
-    for (auto& h : holders) h->ctx.TryCancel();
-  }
-};
 
 // Client threads that send greedy requests back to back until Stop(), each
 // recording its outcomes under the current phase.

@@ -17,6 +17,7 @@
 #include "proto/lede/v1/generation.grpc.pb.h"
 #include "tests/shared/telemetry/telemetry_test_util.h"
 #include "tests/testing/process.h"
+#include "tests/testing/slot_holders.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/wait.h"
 
@@ -27,6 +28,7 @@ using ::lede::testing::ChildProcess;
 using ::lede::testing::ClusterOptions;
 using ::lede::testing::IsOk;
 using ::lede::testing::LedeCluster;
+using ::lede::testing::SlotHolders;
 using ::lede::v1::GenerateRequest;
 using ::lede::v1::GenerateResponse;
 using namespace std::chrono_literals;
@@ -34,26 +36,7 @@ using namespace std::chrono_literals;
 std::string ModelDir() { return std::string(LEDE_SOURCE_DIR) + "/models/lede-tiny"; }
 
 double SlotsInUse(int metrics_port) {
-  telemetry::test_util::HttpResponse r = telemetry::test_util::HttpGet(metrics_port, "/metrics");
-  if (r.status != 200) return std::nan("");
-  std::istringstream in(r.body);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("lede_kv_slots_in_use ", 0) == 0) return std::strtod(line.c_str() + line.rfind(' ') + 1, nullptr);
-  }
-  return std::nan("");
-}
-
-// A long sampled request (unlikely to end at EOS soon).
-GenerateRequest LongRequest() {
-  GenerateRequest r;
-  r.set_prompt("Once upon a time, there was a little dog named");
-  r.set_max_new_tokens(256);
-  r.set_method(lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE);
-  r.set_temperature(1.0f);
-  r.set_top_p(1.0f);
-  r.set_seed(7);
-  return r;
+  return telemetry::test_util::MetricValue(metrics_port, "lede_kv_slots_in_use");
 }
 
 GenerateRequest ShortRequest() {
@@ -73,39 +56,6 @@ grpc::Status Generate(lede::v1::Generation::Stub& stub, const GenerateRequest& r
   return reader->Finish();
 }
 
-// Streams that each hold a KV slot: a tiny HTTP/2 window and no reading
-// after the first delta stall the coordinator's writes, so the request keeps
-// its slot however fast the model is.
-struct SlotHolders {
-  struct Holder {
-    std::unique_ptr<lede::v1::Generation::Stub> stub;
-    grpc::ClientContext ctx;
-    std::unique_ptr<grpc::ClientReader<GenerateResponse>> reader;
-  };
-  std::vector<std::unique_ptr<Holder>> holders;
-
-  // Opens `n` streams to `target`; true when each has its first delta.
-  bool Open(const std::string& target, int n) {
-    for (int i = 0; i < n; ++i) {
-      auto h = std::make_unique<Holder>();
-      grpc::ChannelArguments args;
-      args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-      args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 256);
-      args.SetInt("lede.lifecycle.unique", i);  // a connection each
-      h->stub = lede::v1::Generation::NewStub(
-          grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
-      h->ctx.set_deadline(std::chrono::system_clock::now() + 60s);
-      h->reader = h->stub->Generate(&h->ctx, LongRequest());
-      GenerateResponse resp;
-      if (!h->reader->Read(&resp) || !resp.has_delta()) return false;
-      holders.push_back(std::move(h));
-    }
-    return true;
-  }
-  ~SlotHolders() {
-    for (auto& h : holders) h->ctx.TryCancel();
-  }
-};
 
 // A split cluster with kSlots slots whose coordinator has a stable name.
 template <int kSlots>

@@ -58,18 +58,11 @@ using namespace std::chrono_literals;
 
 const std::string kModel = std::string(LEDE_SOURCE_DIR) + "/models/lede-tiny";
 
-// The value of `series` (a metric name with its labels, as exposed) at
-// `port`, 0 when absent, NaN when the process does not answer.
-double Metric(int port, const std::string& series) {
-  telemetry::test_util::HttpResponse r = telemetry::test_util::HttpGet(port, "/metrics");
-  if (r.status != 200) return std::nan("");
-  std::istringstream in(r.body);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(series + " ", 0) == 0) return std::strtod(line.c_str() + series.size() + 1, nullptr);
-  }
-  return 0;
+// A series' value at `port`, 0 when not exposed yet (NaN when down).
+double MetricOrZero(int port, const std::string& series) {
+  return telemetry::test_util::MetricValue(port, series, /*absent=*/0);
 }
+
 
 std::vector<std::string> Prompts(size_t n) {
   std::vector<std::string> out;
@@ -214,7 +207,7 @@ TEST(ReplicasTest, TwoCoordinatorsThreeReplicasSurviveAKilledReplicaAndFollowAPo
   };
   // Sessions each replica has admitted (its queue-time histogram counts every admission).
   auto sessions = [&](LedeCluster* r) {
-    return Metric(r->verifier()->metrics_port(), "lede_request_queue_time_seconds_count");
+    return MetricOrZero(r->verifier()->metrics_port(), "lede_request_queue_time_seconds_count");
   };
 
   const std::vector<std::string> prompts = Prompts(6);
@@ -265,7 +258,7 @@ TEST(ReplicasTest, TwoCoordinatorsThreeReplicasSurviveAKilledReplicaAndFollowAPo
   for (LedeCluster* r : replicas) {
     EXPECT_TRUE(WaitUntil(
         [&] {
-          return Metric(r->verifier()->metrics_port(), "lede_policy_version{version=\"" + published + "\"}") == 1;
+          return MetricOrZero(r->verifier()->metrics_port(), "lede_policy_version{version=\"" + published + "\"}") == 1;
         },
         60s, 100ms))
         << "a replica's drafter did not follow " << published << logs();
@@ -289,7 +282,7 @@ TEST(ReplicasTest, TwoCoordinatorsThreeReplicasSurviveAKilledReplicaAndFollowAPo
   std::cout << "[ replicas ] " << n_ok << " requests completed, " << n_unavailable
             << " ended UNAVAILABLE (in flight on the killed replica)\n";
   for (LedeCluster* r : replicas) {
-    EXPECT_TRUE(WaitUntil([&] { return Metric(r->verifier()->metrics_port(), "lede_kv_slots_in_use") == 0; }, 20s,
+    EXPECT_TRUE(WaitUntil([&] { return telemetry::test_util::MetricValue(r->verifier()->metrics_port(), "lede_kv_slots_in_use") == 0; }, 20s,
                           50ms))
         << "a KV slot is still held on " << r->verifier_target();
   }

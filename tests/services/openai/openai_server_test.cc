@@ -132,7 +132,9 @@ TEST_F(OpenAiServerTest, PortInUseIsUnavailable) {
   so.listen_address = "127.0.0.1:" + std::to_string(server_->port());
   auto second = OpenAiServer::Start(service_.get(), &registry_, so, RenderPlainChatPrompt);
   EXPECT_THAT(second, StatusIs(StatusCode::kUnavailable));
-  if (!second.ok()) EXPECT_THAT(std::string(second.status().message()), HasSubstr(so.listen_address));
+  if (!second.ok()) {
+    EXPECT_THAT(std::string(second.status().message()), HasSubstr(so.listen_address));
+  }
   so.listen_address = "nonsense";
   EXPECT_THAT(OpenAiServer::Start(service_.get(), &registry_, so, RenderPlainChatPrompt),
               StatusIs(StatusCode::kInvalidArgument));

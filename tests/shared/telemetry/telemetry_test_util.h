@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -74,6 +75,21 @@ inline HttpResponse HttpRequest(int port, const std::string& method, const std::
 
 inline HttpResponse HttpGet(int port, const std::string& target) {
   return HttpRequest(port, "GET", target);
+}
+
+// The value of `series` (a metric name with its labels exactly as exposed,
+// e.g. lede_kv_slots_in_use or lede_policy_version{version="v2"}) on the
+// /metrics page at `port`: `absent` when the page has no such line, NaN when
+// the process does not answer.
+inline double MetricValue(int port, const std::string& series, double absent = std::nan("")) {
+  HttpResponse r = HttpGet(port, "/metrics");
+  if (r.status != 200) return std::nan("");
+  std::istringstream in(r.body);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(series + " ", 0) == 0) return std::strtod(line.c_str() + series.size() + 1, nullptr);
+  }
+  return absent;
 }
 
 inline std::string UrlEncode(const std::string& s) {
