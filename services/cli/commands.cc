@@ -118,40 +118,25 @@ StatusOr<policy::dqn::Artifact> ChoosePolicy(const std::string& policy_dir, cons
 }
 #endif
 
-// The chat template for `tokenizer_path`: --chat-template FILE, else the
-// chat_template of tokenizer_config.json beside the tokenizer.
-StatusOr<tokenizer::ChatTemplate> LoadChatTemplate(const std::string& tokenizer_path,
-                                                   const std::string& template_path,
-                                                   const tokenizer::HfTokenizerConfig& config) {
-  if (!template_path.empty()) {
-    LEDE_ASSIGN_OR_RETURN(std::string text, file::ReadFile(template_path));
-    return tokenizer::ChatTemplate::Parse(text, template_path);
-  }
-  if (config.chat_template.empty()) {
-    return NotFoundError("no chat_template in " +
-                         (config.source.empty() ? "a tokenizer_config.json beside " + tokenizer_path : config.source) +
-                         "; pass --chat-template FILE");
-  }
-  return tokenizer::ChatTemplate::Parse(config.chat_template, config.source + " chat_template");
-}
-
 // The chat prompt for one user turn (after an optional system turn),
 // rendered with the checkpoint's template.
 StatusOr<std::string> RenderChatPrompt(const std::string& tokenizer_path, const std::string& template_path,
                                        const std::string& system, const std::string& user,
                                        bool add_generation_prompt) {
   const std::string dir = std::filesystem::path(tokenizer_path).parent_path().string();
-  LEDE_ASSIGN_OR_RETURN(tokenizer::HfTokenizerConfig config,
-                        tokenizer::ReadHfTokenizerConfig(dir.empty() ? "." : dir));
-  LEDE_ASSIGN_OR_RETURN(tokenizer::ChatTemplate tmpl, LoadChatTemplate(tokenizer_path, template_path, config));
+  StatusOr<tokenizer::ModelChatTemplate> tmpl = tokenizer::LoadModelChatTemplate(dir, template_path);
+  if (tmpl.status().code() == StatusCode::kNotFound && template_path.empty()) {
+    return NotFoundError(std::string(tmpl.status().message()) + "; pass --chat-template FILE");
+  }
+  LEDE_RETURN_IF_ERROR(tmpl.status());
   std::vector<tokenizer::ChatMessage> messages;
   if (!system.empty()) messages.push_back({"system", system});
   messages.push_back({"user", user});
   tokenizer::ChatTemplateOptions o;
   o.add_generation_prompt = add_generation_prompt;
-  o.bos_token = config.bos_token.value_or("");
-  o.eos_token = config.eos_token.value_or("");
-  return tmpl.Render(messages, o);
+  o.bos_token = tmpl->bos_token;
+  o.eos_token = tmpl->eos_token;
+  return tmpl->chat_template.Render(messages, o);
 }
 
 }  // namespace

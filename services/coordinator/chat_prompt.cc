@@ -3,6 +3,7 @@
 #include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "nlohmann/json.hpp"
@@ -39,6 +40,38 @@ bool HasChatTemplate(const std::string& model_dir) {
   ss << in.rdbuf();
   nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
   return j.is_object() && j.contains("chat_template") && !j["chat_template"].is_null();
+}
+
+ChatPromptRenderer TemplateChatRenderer(tokenizer::ModelChatTemplate chat_template) {
+  auto t = std::make_shared<const tokenizer::ModelChatTemplate>(std::move(chat_template));
+  return [t](const std::vector<ChatMessage>& messages) -> StatusOr<std::string> {
+    if (messages.empty()) return InvalidArgumentError("messages: empty");
+    std::vector<tokenizer::ChatMessage> turns;
+    turns.reserve(messages.size());
+    for (const ChatMessage& m : messages) turns.push_back({m.role, m.content});
+    tokenizer::ChatTemplateOptions o;
+    o.add_generation_prompt = messages.back().role != "assistant";
+    o.bos_token = t->bos_token;
+    o.eos_token = t->eos_token;
+    StatusOr<std::string> text = t->chat_template.Render(turns, o);
+    if (!text.ok()) return InvalidArgumentError("messages: " + std::string(text.status().message()));
+    if (!t->bos_token.empty() && text->rfind(t->bos_token, 0) == 0) text->erase(0, t->bos_token.size());
+    return text;
+  };
+}
+
+ChatPromptRenderer ChatRendererFor(const std::string& model_dir, std::string* which) {
+  if (!HasChatTemplate(model_dir)) {
+    if (which != nullptr) *which = "plain (the checkpoint has no chat template)";
+    return RenderPlainChatPrompt;
+  }
+  StatusOr<tokenizer::ModelChatTemplate> t = tokenizer::LoadModelChatTemplate(model_dir);
+  if (!t.ok()) {
+    if (which != nullptr) *which = "plain (the chat template does not load: " + t.status().ToString() + ")";
+    return RenderPlainChatPrompt;
+  }
+  if (which != nullptr) *which = "chat_template " + t->source;
+  return TemplateChatRenderer(std::move(*t));
 }
 
 }  // namespace lede::coordinator

@@ -179,12 +179,11 @@ int Run(const std::vector<std::string>& raw_args) {
       if (http.model_id.empty()) http.model_id = "lede";
     }
     http.threads = static_cast<int>(http_threads);
-    if (lede::coordinator::HasChatTemplate(model)) {
-      lede::rpc::LogEvent("warn", "chat_template_not_rendered",
-                          {{"model", model}, {"using", "plain chat format (README Serving)"}});
-    }
-    auto started = lede::coordinator::OpenAiServer::Start(service->get(), &registry, http,
-                                                          lede::coordinator::RenderPlainChatPrompt);
+    std::string chat_format;
+    lede::coordinator::ChatPromptRenderer render_chat = lede::coordinator::ChatRendererFor(model, &chat_format);
+    lede::rpc::LogEvent(chat_format.rfind("plain (the chat template", 0) == 0 ? "warn" : "info", "chat_format",
+                        {{"model", model}, {"using", chat_format}});
+    auto started = lede::coordinator::OpenAiServer::Start(service->get(), &registry, http, std::move(render_chat));
     if (!started.ok()) {
       std::cerr << "lede-coordinator: --http: " << started.status().message() << "\n";
       return 1;

@@ -86,7 +86,8 @@ struct OpenAiServerOptions {
 class OpenAiServer {
  public:
   // Starts serving. `render_chat` turns chat messages into the prompt
-  // (RenderPlainChatPrompt until a chat-template renderer exists).
+  // (ChatRendererFor(model): the checkpoint's chat template, else the plain
+  // format).
   // `registry` may be null (then /metrics is 404).
   // Errors: kInvalidArgument for a malformed address, threads < 1, an empty
   // API key, or TLS files that are not a PEM certificate and key;

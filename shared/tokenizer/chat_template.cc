@@ -27,13 +27,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 #include <utility>
 
+#include "shared/file/file.h"
 #include "shared/status/status_macros.h"
+#include "shared/tokenizer/hf_config.h"
 #include "shared/tokenizer/tokenizer.h"
 
 namespace lede::tokenizer {
@@ -2201,6 +2204,27 @@ StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messa
   vars["bos_token"] = options.bos_token;
   vars["eos_token"] = options.eos_token;
   return RenderJson(vars.dump(), options.now);
+}
+
+StatusOr<ModelChatTemplate> LoadModelChatTemplate(const std::string& model_dir, const std::string& template_path) {
+  LEDE_ASSIGN_OR_RETURN(HfTokenizerConfig config, ReadHfTokenizerConfig(model_dir.empty() ? "." : model_dir));
+  std::string source = template_path, text;
+  if (source.empty()) {
+    const std::string jinja = (std::filesystem::path(model_dir) / "chat_template.jinja").string();
+    std::error_code ec;
+    if (std::filesystem::exists(jinja, ec)) source = jinja;
+  }
+  if (!source.empty()) {
+    LEDE_ASSIGN_OR_RETURN(text, file::ReadFile(source));
+  } else if (!config.chat_template.empty()) {
+    text = config.chat_template;
+    source = config.source + " chat_template";
+  } else {
+    return NotFoundError("no chat template in " + model_dir +
+                         " (neither chat_template.jinja nor a chat_template in tokenizer_config.json)");
+  }
+  LEDE_ASSIGN_OR_RETURN(ChatTemplate parsed, ChatTemplate::Parse(text, source));
+  return ModelChatTemplate{std::move(parsed), config.bos_token.value_or(""), config.eos_token.value_or(""), source};
 }
 
 }  // namespace lede::tokenizer

@@ -92,6 +92,23 @@ class ChatTemplate {
   std::shared_ptr<const internal::TemplateProgram> program_;
 };
 
+// A checkpoint's chat template and the special tokens it is rendered with.
+struct ModelChatTemplate {
+  ChatTemplate chat_template;
+  std::string bos_token;  // tokenizer_config.json's bos_token ("" if none)
+  std::string eos_token;
+  std::string source;     // the file the template came from
+};
+
+// The chat template of the checkpoint in `model_dir`: `template_path` when
+// given, else model_dir/chat_template.jinja, else tokenizer_config.json's
+// chat_template; bos/eos tokens from tokenizer_config.json.
+// Errors: kNotFound naming the files looked at when there is none; those of
+// ReadHfTokenizerConfig, of reading the file, and of ChatTemplate::Parse
+// (kUnimplemented for a construct outside the subset).
+StatusOr<ModelChatTemplate> LoadModelChatTemplate(const std::string& model_dir,
+                                                  const std::string& template_path = "");
+
 }  // namespace lede::tokenizer
 
 #endif  // LEDE_SHARED_TOKENIZER_CHAT_TEMPLATE_H_

@@ -18,6 +18,7 @@ namespace {
 
 using ::lede::testing::IsOk;
 using ::lede::testing::StatusIs;
+using ::testing::HasSubstr;
 using nlohmann::json;
 
 StatusOr<Request> Parse(Endpoint e, const json& body, uint64_t seed = 99) {
@@ -113,6 +114,46 @@ TEST(ChatPromptTest, PlainFormat) {
   ASSERT_THAT(cont, IsOk());
   EXPECT_EQ(*cont, "User: Hi\nAssistant: Once");
   EXPECT_THAT(RenderPlainChatPrompt({}), StatusIs(StatusCode::kInvalidArgument));
+}
+
+// A checkpoint with a chat template is rendered with it (bos_token cut,
+// since the tokenizer adds BOS; the assistant header unless the last turn is
+// the assistant's); without one, or with a template that does not parse,
+// the plain format is used and the reason given.
+TEST(ChatPromptTest, CheckpointTemplateRendersTheChat) {
+  lede::testing::TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string d = dir.path().string();
+  std::string which;
+  auto plain = ChatRendererFor(d, &which);
+  EXPECT_THAT(which, HasSubstr("plain"));
+  auto p = plain({{"user", "Hi"}});
+  ASSERT_THAT(p, IsOk());
+  EXPECT_EQ(*p, "User: Hi\nAssistant:");
+
+  std::ofstream(dir.path() / "tokenizer_config.json") << R"({"bos_token": "<s>", "eos_token": "</s>",
+    "chat_template": "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{{ eos_token }}{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"})";
+  auto render = ChatRendererFor(d, &which);
+  EXPECT_THAT(which, HasSubstr("chat_template"));
+  auto chat = render({{"system", "Be brief."}, {"user", "Hi"}});
+  ASSERT_THAT(chat, IsOk());
+  EXPECT_EQ(*chat, "[system]Be brief.</s>[user]Hi</s>[assistant]");
+  auto cont = render({{"user", "Hi"}, {"assistant", "Once"}});
+  ASSERT_THAT(cont, IsOk());
+  EXPECT_EQ(*cont, "[user]Hi</s>[assistant]Once</s>");
+  EXPECT_THAT(render({}), StatusIs(StatusCode::kInvalidArgument));
+
+  // A template that raises is INVALID_ARGUMENT naming messages.
+  std::ofstream(dir.path() / "chat_template.jinja") << "{{ raise_exception('roles must alternate') }}";
+  auto raising = ChatRendererFor(d, &which);
+  EXPECT_THAT(raising({{"user", "Hi"}}), StatusIs(StatusCode::kInvalidArgument));
+  // One outside the subset falls back to the plain format, with the reason.
+  std::ofstream(dir.path() / "chat_template.jinja") << "{% macro m() %}x{% endmacro %}{{ m() }}";
+  auto fallback = ChatRendererFor(d, &which);
+  EXPECT_THAT(which, HasSubstr("does not load"));
+  auto f = fallback({{"user", "Hi"}});
+  ASSERT_THAT(f, IsOk());
+  EXPECT_EQ(*f, "User: Hi\nAssistant:");
 }
 
 // A checkpoint's chat template is found in tokenizer_config.json or
