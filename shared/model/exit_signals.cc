@@ -26,7 +26,7 @@ ExitSignals ProbeSignals(const float* x, int64_t V, int64_t top_k) {
     }
     top[i] = xv;
   }
-  const float m = top[0];
+  const float m = best;  // == top[0], the maximum
   // Pass 2: sum exp(x - m) and sum exp(x - m) * (x - m), for the log-sum-exp
   // and the entropy H = lse - E_p[x - m] (both relative to the max).
   double z = 0.0, zx = 0.0;
