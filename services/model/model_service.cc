@@ -539,8 +539,8 @@ grpc::Status VerifierService::OpenSession(grpc::ServerContext* context, const le
     absl::Duration queued;
     Status admitted = impl_->queue.Admit(lock, try_admit, absl::FromChrono(context->deadline()),
                                          [context] { return context->IsCancelled(); }, &queued);
-    if (host.metrics) host.metrics->request_queue_time.Observe(absl::ToDoubleSeconds(queued));
     if (!admitted.ok()) return ToGrpcStatus(admitted);
+    if (host.metrics) host.metrics->request_queue_time.Observe(absl::ToDoubleSeconds(queued));
     SessionState& session = impl_->sessions[slot];
     session = SessionState{so, Clock::now(), req->request_id(), req->owner_instance()};
     session.busy = 1;  // the prefill below

@@ -136,7 +136,7 @@ SpecDecodeMetrics::SpecDecodeMetrics(Registry& r)
           "Requests admitted and waiting for a KV slot and prefill (requests).")),
       request_queue_time(UnlabelledHistogram(
           r, "lede_request_queue_time_seconds",
-          "Time a session waited in the verifier's queue for a free KV slot (seconds).",
+          "Time an admitted session waited in the verifier's queue for a free KV slot (seconds; 0 when one was free).",
           RequestLatencyBuckets())),
       policy_decision_latency(UnlabelledHistogram(
           r, "lede_policy_decision_latency_seconds",
