@@ -359,9 +359,13 @@ Status PublishServingVersion(const std::string& model_dir, const std::string& ve
 StatusOr<std::string> ResolveServingVersion(const std::string& model_dir) {
   const std::string path = (fs::path(model_dir) / kServingFile).string();
   LEDE_ASSIGN_OR_RETURN(std::string text, file::ReadFile(path));
+  return ParseServingPointer(text, path);
+}
+
+StatusOr<std::string> ParseServingPointer(const std::string& text, const std::string& where) {
   std::string version = Trim(text);
   if (Status s = ValidateVersionName(version); !s.ok()) {
-    return InvalidArgumentError(path + ": " + std::string(s.message()));
+    return InvalidArgumentError(where + ": " + std::string(s.message()));
   }
   return version;
 }

@@ -142,6 +142,11 @@ Status PublishServingVersion(const std::string& model_dir, const std::string& ve
 // content is not a valid version name.
 StatusOr<std::string> ResolveServingVersion(const std::string& model_dir);
 
+// The version a SERVING pointer's bytes name (surrounding whitespace
+// trimmed), wherever they were read (a file, an object store); `where`
+// prefixes the error. Errors: kInvalidArgument for an invalid version name.
+StatusOr<std::string> ParseServingPointer(const std::string& text, const std::string& where);
+
 // ResolveServingVersion + LoadArtifact of that version, whose metadata must
 // name the same version. Errors: those of both; kInvalidArgument on a
 // version mismatch.

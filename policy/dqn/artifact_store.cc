@@ -14,12 +14,6 @@ namespace lede::policy::dqn {
 namespace fs = std::filesystem;
 namespace {
 
-std::string Trim(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
-}
-
 // Loads `dir` and checks that its metadata names `version`.
 Status CheckVersionDir(const std::string& dir, const std::string& version, const std::string& fingerprint) {
   LEDE_ASSIGN_OR_RETURN(Artifact artifact, LoadArtifact(dir, fingerprint));
@@ -56,10 +50,7 @@ Status UploadVersion(storage::ObjectStore& store, const std::string& local_root,
 StatusOr<std::string> MirrorServingVersion(storage::ObjectStore& store, const std::string& mirror_root,
                                            const std::string& expected_fingerprint) {
   LEDE_ASSIGN_OR_RETURN(std::string pointer, store.Get(kServingFile));
-  const std::string version = Trim(pointer);
-  if (Status s = ValidateVersionName(version); !s.ok()) {
-    return InvalidArgumentError(store.url() + " SERVING: " + std::string(s.message()));
-  }
+  LEDE_ASSIGN_OR_RETURN(const std::string version, ParseServingPointer(pointer, store.url() + " SERVING"));
   const std::string dir = VersionDir(mirror_root, version);
   std::error_code ec;
   if (!fs::exists(fs::path(dir) / kMetadataFile, ec)) {

@@ -46,14 +46,11 @@ ChatPromptRenderer TemplateChatRenderer(tokenizer::ModelChatTemplate chat_templa
   auto t = std::make_shared<const tokenizer::ModelChatTemplate>(std::move(chat_template));
   return [t](const std::vector<ChatMessage>& messages) -> StatusOr<std::string> {
     if (messages.empty()) return InvalidArgumentError("messages: empty");
-    std::vector<tokenizer::ChatMessage> turns;
-    turns.reserve(messages.size());
-    for (const ChatMessage& m : messages) turns.push_back({m.role, m.content});
     tokenizer::ChatTemplateOptions o;
     o.add_generation_prompt = messages.back().role != "assistant";
     o.bos_token = t->bos_token;
     o.eos_token = t->eos_token;
-    StatusOr<std::string> text = t->chat_template.Render(turns, o);
+    StatusOr<std::string> text = t->chat_template.Render(messages, o);
     if (!text.ok()) return InvalidArgumentError("messages: " + std::string(text.status().message()));
     if (!t->bos_token.empty() && text->rfind(t->bos_token, 0) == 0) text->erase(0, t->bos_token.size());
     return text;

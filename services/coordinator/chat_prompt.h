@@ -31,10 +31,9 @@
 
 namespace lede::coordinator {
 
-struct ChatMessage {
-  std::string role;     // "system", "user", "assistant", "developer", "tool", ...
-  std::string content;  // UTF-8 text (content parts already joined)
-};
+// One turn: role ("system", "user", "assistant", "developer", "tool", ...)
+// and UTF-8 content (content parts already joined), as the template renders it.
+using ChatMessage = tokenizer::ChatMessage;
 
 // Renders a conversation as the prompt to complete. Errors: kInvalidArgument
 // naming the offending field ("messages[2].role: ...").

@@ -210,7 +210,7 @@ std::vector<std::shared_ptr<Replica>> ReplicaSet::Candidates() {
   for (size_t i = 0; i < n; ++i) {
     const bool failed = now - failed_at_[i] < options_.failure_backoff;
     keys.emplace_back(failed, -replicas_[i]->EstimatedFreeSlots(), replicas_[i]->sessions(),
-                      (i + n - rotation % (n == 0 ? 1 : n)) % (n == 0 ? 1 : n));
+                      (i + n - rotation % n) % n);  // n >= 1 inside the loop
   }
   std::vector<size_t> order(n);
   for (size_t i = 0; i < n; ++i) order[i] = i;
