@@ -175,6 +175,7 @@ speculation::Draft RemoteBackend::FromDraftResponse(const lede::v1::DraftRespons
     dec.state.accept_ema = rec.accept_ema();
     dec.action = rec.action() == lede::v1::EXIT_ACTION_EXIT ? model::Action::kExit : model::Action::kContinue;
     dec.draft_index = rec.draft_index();
+    dec.wasted_probe = rec.wasted_probe();
     d.trace.decisions.push_back(dec);
   }
   return d;

@@ -791,6 +791,7 @@ grpc::Status DrafterService::Draft(grpc::ServerContext*, const lede::v1::DraftRe
     r->set_accept_ema(dec.state.accept_ema);
     r->set_action(dec.action == model::Action::kExit ? lede::v1::EXIT_ACTION_EXIT : lede::v1::EXIT_ACTION_CONTINUE);
     r->set_draft_index(dec.draft_index);
+    r->set_wasted_probe(dec.wasted_probe);
   }
   return grpc::Status::OK;
 }

@@ -17,7 +17,8 @@ RewardSpec RewardSpec::FromCosts(const std::string& name, const std::vector<doub
                                  double verify_cost, double tokens_per_verify, double probe_cost) {
   RewardSpec r;
   r.cost_model = name;
-  r.continue_reward = -probe_cost;
+  r.continue_reward = 0.0;
+  r.probe_reward = -probe_cost;
   const double verify_share = verify_cost / std::max(1.0, tokens_per_verify);
   for (double c : draft_cost) r.depth_term.push_back(1.0 - c - verify_share);
   return r;
@@ -31,7 +32,8 @@ RewardSpec RewardSpec::Throughput(const std::string& name, const std::vector<dou
   r.rho = rho;
   r.accept_reward = 1.0;
   r.reject_reward = 0.0;
-  r.continue_reward = -rho * probe_cost;
+  r.continue_reward = 0.0;
+  r.probe_reward = -rho * probe_cost;
   r.decision_reward = -rho * decision_cost;
   r.step_end = 1.0 - rho;  // one token for one full-depth step
   for (double c : draft_cost) r.depth_term.push_back(-rho * c);
@@ -60,6 +62,7 @@ std::vector<Transition> ToTransitions(const model::RoundTrace& round, const Rewa
     } else {
       t.reward = static_cast<float>(rewards.continue_reward);
     }
+    if (d.wasted_probe) t.reward += static_cast<float>(rewards.probe_reward);
     t.reward += static_cast<float>(rewards.decision_reward);
     t.done = i + 1 == n;
     if (t.done) t.reward += static_cast<float>(rewards.RoundEnd(round.exit_layer, round.n_drafted));

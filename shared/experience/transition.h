@@ -4,13 +4,15 @@
 //   a draft token that the verifier accepts:  accept_reward + depth_term(l*)
 //   a draft token that it rejects:            reject_reward + depth_term(l*)
 //   "continue" (phase 1: go deeper; phase 2: stop and verify): continue_reward
+//   a decision that wasted an exit-head probe (Decision::wasted_probe):
+//   probe_reward on top
 //   either action at round start (speculate or not): 0, a gate whose value is
 //   what follows
 // where the depth term is the share of a full-depth step that drafting at l*
 // saves. The paper's (default) term is (L - l*) / L, which assumes that
 // verification is nearly free (memory-bound GPUs). A cost-aware variant takes
 // it from a cost model: 1 - cost(draft one token at l*) - cost(verify) / D_ref,
-// and charges "continue" the cost of the probe it leads to, so that on
+// and charges each wasted probe its cost, so that on
 // hardware where speculation does not pay the learned policy falls back to
 // full-depth steps (declining at round start, before any probe).
 //
@@ -18,7 +20,7 @@
 // (in full-depth steps) under a cost model, so that the return of a round is
 // its tokens minus its cost and a policy that maximizes it maximizes
 // throughput against the autoregressive rate of one token per step:
-//   drafted token: [accepted] - draft_cost[l*]     continue: -probe_cost
+//   drafted token: [accepted] - draft_cost[l*]     wasted probe: -probe_cost
 //   round end (added to its last decision): 1 - verify_cost[E][K]
 //   (the verifier's own token, minus the verification pass)
 //   round start and a plain full-depth step: 0 (1 token for 1 step).
@@ -43,6 +45,11 @@ struct RewardSpec {
   double accept_reward = 1.0;
   double reject_reward = -2.0;
   double continue_reward = -0.01;
+  // Added to a decision that wasted an exit-head probe (the probe's price;
+  // 0 for the paper's rewards, which charge continue_reward instead). Only
+  // Decision::wasted_probe is charged: with probe_candidates or
+  // lookahead_probe off, "continue" probes nothing and costs nothing.
+  double probe_reward = 0.0;
   // depth_term[l] for l in [0, L]: saving of drafting at exit layer l.
   std::vector<double> depth_term;
   // round_end[E][K]: added to a round's last decision when it drafted K >= 1
@@ -61,8 +68,8 @@ struct RewardSpec {
   // Cost-aware rewards from per-layer draft costs and one verification cost,
   // in units of a full-depth step: depth_term[l] = 1 - draft_cost[l] -
   // verify_cost / tokens_per_verify (the verification share one accepted
-  // token carries when a round emits tokens_per_verify tokens), and
-  // continue_reward = -probe_cost.
+  // token carries when a round emits tokens_per_verify tokens),
+  // continue_reward = 0 and probe_reward = -probe_cost.
   static RewardSpec FromCosts(const std::string& name, const std::vector<double>& draft_cost,
                               double verify_cost, double tokens_per_verify, double probe_cost);
 
@@ -111,7 +118,7 @@ struct Transition {
 // Rewards one round's decisions (the round is the episode; its last decision
 // is terminal). An action that drafted a token gets Accepted/Rejected(l*) by
 // the verifier's verdict on that token; every other action gets
-// continue_reward.
+// continue_reward; a decision that wasted a probe adds probe_reward.
 std::vector<Transition> ToTransitions(const model::RoundTrace& round, const RewardSpec& rewards,
                                       const std::string& request_id, const std::string& policy_version,
                                       const std::string& model_fingerprint);

@@ -22,6 +22,12 @@ Status RunAdaptiveRound(model::ExitController& controller, const model::Decision
     }
     return a;
   };
+  // A probe that drafted nothing: counted in the record and marked on the
+  // decision that wasted it (rewards charge it there).
+  auto waste_probe = [&]() {
+    ++d.n_probes;
+    if (request.record_trace) d.trace.decisions.back().wasted_probe = true;
+  };
   auto with_request = [&](ExitState st) {
     st.trace_nll = static_cast<float>(request.trace_nll);
     st.accept_ema = static_cast<float>(request.accept_ema);
@@ -58,7 +64,7 @@ Status RunAdaptiveRound(model::ExitController& controller, const model::Decision
       last = sig;
       break;
     }
-    ++d.n_probes;
+    waste_probe();
   }
   if (d.exit_layer == 0) {  // no exit: the verifier resumes the full-depth step here
     d.ready_layer = done_layers;
@@ -85,7 +91,7 @@ Status RunAdaptiveRound(model::ExitController& controller, const model::Decision
         model::ProbeState(sig, Phase::kDraftLength, d.exit_layer, n_layers, row, spec.max_draft_len));
     if (decide(st, row) != Action::kExit) {
       d.ready_layer = d.exit_layer;  // row `row` holds d_K's hidden state at l*
-      ++d.n_probes;
+      waste_probe();
       break;
     }
     draft_conf *= st.top1_prob;

@@ -192,6 +192,12 @@ struct Decision {
   // accepted it. -1 for an action that drafted nothing.
   int32_t draft_index = -1;
   bool accepted = false;
+  // Whether this decision wasted an exit-head probe (one that drafted
+  // nothing: a phase-1 kContinue with probe_candidates, a phase-2 stop with
+  // lookahead_probe); RoundRecord::n_probes counts exactly these. Decisions
+  // that probe nothing (phase 1 from the history, phase 2 on the token just
+  // drafted) cost no probe, and rewards must not charge one.
+  bool wasted_probe = false;
 };
 
 // The decisions of one speculation round, in order; the round is the

@@ -98,7 +98,8 @@ TEST(TransitionTest, CostAwareRewards) {
   RewardSpec r = RewardSpec::FromCosts("measured", {0.0, 0.4, 0.6}, 2.0, 4.0, 0.1);
   EXPECT_DOUBLE_EQ(r.Accepted(1), 1.0 + (1.0 - 0.4 - 0.5));
   EXPECT_DOUBLE_EQ(r.Rejected(2), -2.0 + (1.0 - 0.6 - 0.5));
-  EXPECT_DOUBLE_EQ(r.continue_reward, -0.1);
+  EXPECT_DOUBLE_EQ(r.continue_reward, 0.0);
+  EXPECT_DOUBLE_EQ(r.probe_reward, -0.1);
 }
 
 // Throughput rewards sum, over a round, to its tokens minus its cost.
@@ -114,10 +115,10 @@ TEST(TransitionTest, ThroughputRewardsSumToTokensMinusCost) {
   round.n_accepted = 1;
   round.decisions = {
       Decision{State(Phase::kRoundStart, 0, 0, 0), Action::kExit, -1, false},
-      Decision{State(Phase::kExitLayer, 2, 0, 0.3f), Action::kContinue, -1, false},
+      Decision{State(Phase::kExitLayer, 2, 0, 0.3f), Action::kContinue, -1, false, /*wasted_probe=*/true},
       Decision{State(Phase::kExitLayer, 3, 0, 0.9f), Action::kExit, 0, true},
       Decision{State(Phase::kDraftLength, 3, 1, 0.8f), Action::kExit, 1, false},
-      Decision{State(Phase::kDraftLength, 3, 2, 0.2f), Action::kContinue, -1, false},
+      Decision{State(Phase::kDraftLength, 3, 2, 0.2f), Action::kContinue, -1, false, /*wasted_probe=*/true},
   };
   double sum = 0;
   for (const Transition& t : ToTransitions(round, r, "q", "v", "f")) sum += t.reward;
@@ -125,6 +126,12 @@ TEST(TransitionTest, ThroughputRewardsSumToTokensMinusCost) {
   // and the stop) + 2 drafts at layer 3 + 1 verification.
   const double cost = 2.0 / 12 + 2 * (4.0 / 12) + 1.0;
   EXPECT_NEAR(sum, 2.0 - cost, 1e-6);
+  // The same decisions taken without probes (phase 1 from the history,
+  // phase 2 on the token just drafted) cost only the drafts and the pass.
+  for (Decision& d : round.decisions) d.wasted_probe = false;
+  sum = 0;
+  for (const Transition& t : ToTransitions(round, r, "q", "v", "f")) sum += t.reward;
+  EXPECT_NEAR(sum, 2.0 - (2 * (4.0 / 12) + 1.0), 1e-6);
 }
 
 // ----------------------------------------------------- acceptance model
@@ -247,7 +254,8 @@ TEST(RewardSpecTest, ThroughputChargesRhoTimesEveryCost) {
   EXPECT_DOUBLE_EQ(r.rho, 2.0);
   EXPECT_DOUBLE_EQ(r.Accepted(1), 1.0 - 2.0 * 0.2);
   EXPECT_DOUBLE_EQ(r.Rejected(2), -2.0 * 0.3);
-  EXPECT_DOUBLE_EQ(r.continue_reward, -2.0 * 0.05);
+  EXPECT_DOUBLE_EQ(r.continue_reward, 0.0);
+  EXPECT_DOUBLE_EQ(r.probe_reward, -2.0 * 0.05);
   EXPECT_DOUBLE_EQ(r.decision_reward, -2.0 * 0.01);
   EXPECT_DOUBLE_EQ(r.RoundEnd(1, 2), 1.0 - 2.0 * 1.2);
   EXPECT_DOUBLE_EQ(r.RoundEnd(0, 0), 1.0 - 2.0);  // a plain step: one token for one step

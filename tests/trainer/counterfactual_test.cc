@@ -197,9 +197,18 @@ TEST_F(CounterfactualTest, AdaptiveReplayMakesTheEnginesDecisions) {
 TEST_F(CounterfactualTest, DinkelbachReturnIsTokensMinusRhoTimesCost) {
   const std::vector<ShadowTrace> traces = Traces();
   auto cost = model::MakeAcceleratorCostModel(model_->config());
+  // Every combination of the probe flags: a decision that probes nothing
+  // (phase 1 from history, phase 2 on the token just drafted) must not be
+  // charged a probe, one that wastes a probe must be.
+  for (const bool probe_candidates : {true, false}) {
+  for (const bool lookahead_probe : {true, false}) {
   model::DecisionSpec spec;
   spec.candidate_layers = {2, 4};
   spec.max_draft_len = 4;
+  spec.probe_candidates = probe_candidates;
+  spec.lookahead_probe = lookahead_probe;
+  SCOPED_TRACE("probe_candidates " + std::to_string(probe_candidates) + " lookahead_probe " +
+               std::to_string(lookahead_probe));
   for (double rho : {1.0, 1.6}) {
     const policy::RewardSpec rewards = DinkelbachRewards(*cost, static_cast<int32_t>(model_->n_layers()), 4, rho);
     policy::ThresholdExitController behaviour(0.6f, 0.6f);
@@ -222,6 +231,8 @@ TEST_F(CounterfactualTest, DinkelbachReturnIsTokensMinusRhoTimesCost) {
       EXPECT_NEAR(ret, rec.n_emitted - rho * cost->RoundCost(rec), 1e-4) << "round " << r << " rho " << rho;
     }
     EXPECT_TRUE(declined) << "exploration should decline at round start at least once";
+  }
+  }
   }
 }
 
