@@ -81,6 +81,10 @@ void MatMulBlas(const float* x, int64_t n, int64_t in, const float* w, int64_t o
               accumulate ? 1.0f : 0.0f, y, static_cast<int>(out));
 }
 
+void ExpSums(const float* x, int64_t n, float shift, double* sum_exp, double* sum_exp_d) {
+  LEDE_DISPATCH(ExpSums(x, n, shift, sum_exp, sum_exp_d));
+}
+
 void RmsNorm(const float* x, const float* weight, int64_t n, int64_t d, float eps, float* y) {
   LEDE_DISPATCH(RmsNorm(x, weight, n, d, eps, y));
 }

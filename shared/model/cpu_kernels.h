@@ -55,6 +55,14 @@ inline constexpr int64_t kMaxRowsWithoutBlas = 12;
 void MatMulNT(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
               bool accumulate);
 
+// The softmax sums of the exit probe (exit_signals.h ProbeSignals): with
+// d_v = x[v] - shift (shift >= max_v x[v]), *sum_exp = sum_v exp(d_v) and
+// *sum_exp_d = sum_v exp(d_v) * d_v. exp is a degree-6 polynomial on the
+// range-reduced argument (relative error below 2e-7 for d_v in [-87, 0];
+// smaller d_v count as exp(-87)), summed in 16 float lanes, so both sums
+// carry about 1e-6 relative error for n up to 2^17.
+void ExpSums(const float* x, int64_t n, float shift, double* sum_exp, double* sum_exp_d);
+
 // RMSNorm of n rows of d: y = x * rsqrt(mean(x^2) + eps) * weight[d].
 // y may equal x.
 void RmsNorm(const float* x, const float* weight, int64_t n, int64_t d, float eps, float* y);

@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include "shared/model/cpu_kernels.h"
+
 namespace lede::model {
 
 ExitSignals ProbeSignals(const float* x, int64_t V, int64_t top_k) {
@@ -30,12 +32,7 @@ ExitSignals ProbeSignals(const float* x, int64_t V, int64_t top_k) {
   // Pass 2: sum exp(x - m) and sum exp(x - m) * (x - m), for the log-sum-exp
   // and the entropy H = lse - E_p[x - m] (both relative to the max).
   double z = 0.0, zx = 0.0;
-  for (int64_t v = 0; v < V; ++v) {
-    const float d = x[v] - m;
-    const float e = std::exp(d);
-    z += e;
-    zx += static_cast<double>(e) * d;
-  }
+  cpu::ExpSums(x, V, m, &z, &zx);
   const double lse = std::log(z);  // log sum exp(x - m)
   ExitSignals s;
   s.top1 = arg;

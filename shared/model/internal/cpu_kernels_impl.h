@@ -76,6 +76,50 @@ void MatMulRows(const float* x, int64_t n, int64_t in, const float* w, int64_t o
   }
 }
 
+// exp(d) for d in [-87, 0] (clamped below): d = k ln2 + r, |r| <= ln2 / 2,
+// exp(r) by its Taylor-fitted polynomial, 2^k built in the exponent bits.
+inline F8 Exp8(F8 d) {
+  typedef int32_t I8 __attribute__((vector_size(32)));
+  const F8 lo = F8{} - 87.0f;
+  d = d < lo ? lo : d;
+  const F8 magic = F8{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const F8 k = (d * 1.44269504088896341f + magic) - magic;
+  const F8 r = (d - k * 0.693359375f) + k * 2.12194440e-4f;
+  F8 p = F8{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const I8 bits = (__builtin_convertvector(k, I8) + 127) << 23;
+  F8 scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+void ExpSums(const float* x, int64_t n, float shift, double* sum_exp, double* sum_exp_d) {
+  F8 z0 = {}, z1 = {}, zx0 = {}, zx1 = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const F8 d0 = Load8(x + i) - shift, d1 = Load8(x + i + 8) - shift;
+    const F8 e0 = Exp8(d0), e1 = Exp8(d1);
+    z0 += e0;
+    z1 += e1;
+    zx0 += e0 * d0;
+    zx1 += e1 * d1;
+  }
+  double z = Sum8(z0 + z1), zx = Sum8(zx0 + zx1);
+  for (; i < n; ++i) {
+    const float d = x[i] - shift;
+    const float e = std::exp(d);
+    z += e;
+    zx += static_cast<double>(e) * d;
+  }
+  *sum_exp = z;
+  *sum_exp_d = zx;
+}
+
 void RmsNorm(const float* x, const float* weight, int64_t n, int64_t d, float eps, float* y) {
   for (int64_t r = 0; r < n; ++r) {
     const float* xr = x + r * d;

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include "gtest/gtest.h"
+#include "shared/model/cpu_kernels.h"
 
 namespace lede::model {
 namespace {
@@ -45,6 +46,32 @@ void ExpectMatches(const std::vector<float>& x, int64_t k) {
   const ExitSignals t = ComputeExitSignals(at::tensor(x), k);
   EXPECT_EQ(t.top1, s.top1);
   EXPECT_FLOAT_EQ(t.entropy, s.entropy);
+}
+
+// The vectorized softmax sums against a double-precision loop, over the
+// whole clamped range, every tail length and a shift above the maximum.
+TEST(ExpSumsTest, MatchesDoublePrecision) {
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<float> u(-100.0f, 0.0f);
+  for (int64_t n : {1, 7, 15, 16, 17, 2048, 2051, 32000}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& v : x) v = u(rng);
+    x[0] = 0.0f;
+    for (float shift : {0.0f, 2.5f}) {
+      double z = 0, zx = 0;
+      for (float v : x) {
+        const double d = static_cast<double>(v) - shift;
+        const double e = d < -87.0 ? 0.0 : std::exp(d);
+        z += e;
+        zx += e * d;
+      }
+      double got_z = 0, got_zx = 0;
+      cpu::ExpSums(x.data(), n, shift, &got_z, &got_zx);
+      SCOPED_TRACE(testing::Message() << "n=" << n << " shift=" << shift);
+      EXPECT_NEAR(got_z, z, 2e-6 * z);
+      EXPECT_NEAR(got_zx, zx, 2e-6 * std::abs(zx) + 1e-30);
+    }
+  }
 }
 
 TEST(ProbeSignalsTest, MatchesLogSoftmaxOnRandomLogits) {
