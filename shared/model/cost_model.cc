@@ -57,16 +57,27 @@ class MeasuredCostModel : public CostModel {
   Calibration c_;
 };
 
-double MedianMicros(int repeats, const std::function<void()>& fn) {
-  std::vector<double> us;
-  fn();  // warm-up
+// Times several measurements interleaved: each repetition runs every one of
+// them once, in order, so that a change of load on the machine (other
+// processes, frequency) during calibration shifts all of them alike instead
+// of distorting their ratios, which is what the cost model uses. Returns
+// each measurement's median in microseconds.
+std::vector<double> InterleavedMedianMicros(int repeats, const std::vector<std::function<void()>>& fns) {
+  std::vector<std::vector<double>> us(fns.size());
+  for (const auto& fn : fns) fn();  // warm-up
   for (int i = 0; i < repeats; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    fn();
-    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    for (size_t j = 0; j < fns.size(); ++j) {
+      auto t0 = std::chrono::steady_clock::now();
+      fns[j]();
+      us[j].push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    }
   }
-  std::nth_element(us.begin(), us.begin() + us.size() / 2, us.end());
-  return us[us.size() / 2];
+  std::vector<double> out;
+  for (auto& v : us) {
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    out.push_back(v[v.size() / 2]);
+  }
+  return out;
 }
 
 }  // namespace
@@ -126,28 +137,37 @@ StatusOr<Calibration> Calibrate(const LlamaModel& model, int repeats, const std:
     // each block's weights come from where they live during decoding (a
     // single block timed in a loop would keep its weights in L2 and look
     // cheaper than it is).
-    for (int64_t t = 1; t <= kMaxCalibratedPositions; ++t) {
-      at::Tensor h = at::randn({1, t, c.dim}, opts);
-      cal.block_us.push_back(MedianMicros(repeats, [&] {
+    std::vector<at::Tensor> hidden;
+    for (int64_t t = 1; t <= kMaxCalibratedPositions; ++t) hidden.push_back(at::randn({1, t, c.dim}, opts));
+    at::Tensor token = at::full({1, 1}, c.bos_id, at::TensorOptions().dtype(at::kLong).device(ko.device));
+    at::Tensor logits = model.ExitLogits(at::randn({1, 1, c.dim}, opts)).view({-1});
+    volatile float sink = 0;
+    std::vector<std::function<void()>> fns;
+    for (const at::Tensor& h : hidden) {
+      fns.push_back([&, h] {
         model.Forward(h, 0, c.n_layers, start, &cache, 0);
         sync();
-      }) / c.n_layers);
-      cal.head_us.push_back(MedianMicros(repeats, [&] {
+      });
+      fns.push_back([&, h] {
         model.ExitLogits(h);
         sync();
-      }));
+      });
     }
-    at::Tensor token = at::full({1, 1}, c.bos_id, at::TensorOptions().dtype(at::kLong).device(ko.device));
-    cal.step_us = MedianMicros(repeats, [&] {
+    fns.push_back([&] {
       at::Tensor h = model.Forward(model.Embed(token), 0, c.n_layers, start, &cache, 0);
       model.ExitLogits(h).argmax().item<int64_t>();
     });
-    at::Tensor logits = model.ExitLogits(at::randn({1, 1, c.dim}, opts)).view({-1});
-    volatile float sink = 0;
-    cal.decision_us = MedianMicros(repeats, [&] {
+    fns.push_back([&] {
       sink = sink + ComputeExitSignals(logits, 4).entropy;
       if (decide) decide();
     });
+    const std::vector<double> us = InterleavedMedianMicros(repeats, fns);
+    for (int64_t t = 0; t < kMaxCalibratedPositions; ++t) {
+      cal.block_us.push_back(us[2 * t] / c.n_layers);
+      cal.head_us.push_back(us[2 * t + 1]);
+    }
+    cal.step_us = us[2 * kMaxCalibratedPositions];
+    cal.decision_us = us[2 * kMaxCalibratedPositions + 1];
     return cal;
   });
 }

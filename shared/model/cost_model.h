@@ -78,7 +78,9 @@ struct Calibration {
 // Times the blocks, head and step of `model` (a scratch KV slot of its own),
 // and a decision (the probe signals of one exit distribution, then
 // `decide()` when given: the controller's own work, e.g. a Q-network
-// forward), `repeats` times each (median).
+// forward), `repeats` times each (median), interleaved: every repetition
+// times each measurement once, so that load changing during calibration
+// shifts all of them alike rather than their ratios.
 // Errors: kInternal on a libtorch failure.
 StatusOr<Calibration> Calibrate(const LlamaModel& model, int repeats = 50,
                                 const std::function<void()>& decide = nullptr);
