@@ -125,6 +125,7 @@ nlohmann::json TrainingReport(const lede::model::CostModel& cost, const lede::tr
                                     {"transitions", it.transitions},
                                     {"train_speedup", it.train_speedup},
                                     {"selection_speedup", it.selection_speedup},
+                                    {"adopted", it.adopted},
                                     {"seconds", it.seconds}});
   }
   report["requests"] = {{"train", n_train}, {"selection", n_selection}};
@@ -194,9 +195,9 @@ int Run(const Flags& fl) {
   auto result = lede::trainer::TrainDinkelbach(
       train, selection, *cost, o, [](const lede::trainer::DinkelbachIteration& it) {
         std::fprintf(stderr,
-                     "iteration %d: rho %.4f, %lld transitions -> train %.4fx, selection %.4fx (%.0f s)\n",
+                     "iteration %d: rho %.4f, %lld transitions -> train %.4fx, selection %.4fx, %s (%.0f s)\n",
                      it.iteration, it.rho, static_cast<long long>(it.transitions), it.train_speedup,
-                     it.selection_speedup, it.seconds);
+                     it.selection_speedup, it.adopted ? "adopted" : "rejected (pi and rho kept)", it.seconds);
       });
   if (!result.ok()) return Fail(result.status());
 

@@ -190,11 +190,15 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
   const int32_t L = train_traces.front().n_layers;
   LEDE_ASSIGN_OR_RETURN(StaticChoice st, BestStatic(train_traces, o.spec.max_draft_len, cost));
   double rho = o.initial_rho > 0 ? o.initial_rho : st.speedup;
+  // The current policy's throughput on the training traces (pi starts as
+  // the best static setting).
+  double current_train = st.speedup;
 
   std::shared_ptr<const policy::dqn::QNetwork> current;
   std::unique_ptr<DqnResult> best;
   std::vector<DinkelbachIteration> iterations;
   double best_selection = -1;
+  bool best_adopted = false;
   int32_t selected = 0;
   for (int32_t it = 1; it <= o.max_iterations; ++it) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -242,14 +246,21 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
     LEDE_ASSIGN_OR_RETURN(rep.train_speedup, SimulatedSpeedup(train_traces, o.spec, greedy, cost));
     LEDE_ASSIGN_OR_RETURN(rep.selection_speedup, SimulatedSpeedup(selection_traces, o.spec, greedy, cost));
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rep.adopted = rep.train_speedup > current_train;
     iterations.push_back(rep);
     if (on_iteration) on_iteration(rep);
-    if (rep.selection_speedup > best_selection) {
+    // Adopted iterates compete on the selection traces; a rejected one only
+    // while nothing was adopted (so that a result always exists).
+    const bool better = rep.selection_speedup > best_selection;
+    if (rep.adopted ? (!best_adopted || better) : (!best_adopted && better)) {
       best_selection = rep.selection_speedup;
       selected = it;
       best = std::make_unique<DqnResult>(std::move(r));
+      best_adopted = rep.adopted;
     }
+    if (!rep.adopted) continue;  // pi and rho stay; the next iteration explores with new seeds
     current = network;
+    current_train = rep.train_speedup;
     // rho settles before the policy does in the first iterations of policy
     // iteration (it starts from static), so at least three run.
     const bool converged = it >= 3 && std::abs(rep.train_speedup - rho) < o.rho_tolerance;

@@ -17,11 +17,19 @@
 //      production;
 //   3. the DQN of trainer/dqn.h (per-round episodes, n-step TD, target
 //      network) trained on them, warm-started from the last iteration;
-//   4. rho <- the new greedy policy's simulated throughput on the training
+//   4. the new greedy policy is adopted only if its simulated throughput on
+//      the training traces beats the current policy's (exact replay, so the
+//      check is exact): a fitted Q-network's greedy policy can be worse than
+//      the policy whose returns it fitted, and one bad iterate used as the
+//      next rollout policy and rho makes the iteration oscillate (measured:
+//      1.53x -> 1.13x -> 1.56x -> 1.30x ...). A rejected iterate leaves pi
+//      and rho as they were; the next iteration explores with new seeds;
+//   5. rho <- the adopted policy's simulated throughput on the training
 //      traces;
-// until rho moves less than rho_tolerance or max_iterations is reached.
-// The iterate with the best simulated throughput on the selection traces
-// (held out from the training traces) is returned.
+// until an adopted rho moves less than rho_tolerance or max_iterations is
+// reached. Of the adopted iterates, the one with the best simulated
+// throughput on the selection traces (held out from the training traces)
+// is returned; if none was adopted, the best on the selection traces.
 //
 // Thread-safety: as TrainDqn (sets libtorch's intra-op thread count).
 #ifndef LEDE_TRAINER_DINKELBACH_H_
@@ -75,6 +83,7 @@ struct DinkelbachIteration {
   int64_t transitions = 0;         // counterfactual transitions trained on
   double train_speedup = 0;        // the new policy, simulated on the training traces (-> next rho)
   double selection_speedup = 0;    // ... on the selection traces
+  bool adopted = false;            // beat the current policy on the training traces (step 4)
   double seconds = 0;              // wall-clock of the iteration
 };
 

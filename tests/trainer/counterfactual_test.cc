@@ -2,6 +2,7 @@
 // a replayed greedy request makes the engine's rounds and decisions, and the
 // Dinkelbach rewards of a round sum to tokens - rho * cost.
 #include "trainer/counterfactual.h"
+#include "trainer/dinkelbach.h"
 
 #include <cstdio>
 #include <memory>
@@ -233,6 +234,45 @@ TEST_F(CounterfactualTest, DinkelbachReturnIsTokensMinusRhoTimesCost) {
     EXPECT_TRUE(declined) << "exploration should decline at round start at least once";
   }
   }
+  }
+}
+
+// Policy iteration adopts an iterate only when it beats the current policy
+// on the training traces (exact replay), so the adopted sequence improves
+// strictly on the best static setting, rho follows the adopted policies
+// only, and the returned iterate is an adopted one when any was.
+TEST_F(CounterfactualTest, DinkelbachAdoptsOnlyImprovingIterates) {
+  const std::vector<ShadowTrace> traces = Traces();
+  const std::vector<ShadowTrace> train(traces.begin(), traces.begin() + 2), selection(traces.begin() + 2, traces.end());
+  auto cost = model::MakeAcceleratorCostModel(model_->config());
+  DinkelbachOptions o;
+  o.spec.candidate_layers = {1, 2, 3};
+  o.spec.max_draft_len = 4;
+  o.spec.probe_candidates = false;
+  o.spec.lookahead_probe = false;
+  o.max_iterations = 4;
+  o.rho_tolerance = 0;  // run every iteration
+  o.dqn.epochs = 2;
+  o.dqn.hidden = 16;
+  o.dqn.heldout_fraction = 0;
+  auto result = TrainDinkelbach(train, selection, *cost, o);
+  ASSERT_TRUE(result.ok()) << result.status().message();
+  ASSERT_EQ(result->iterations.size(), 4u);
+  double current = result->best_static_train_speedup;
+  bool any_adopted = false;
+  for (const DinkelbachIteration& it : result->iterations) {
+    SCOPED_TRACE("iteration " + std::to_string(it.iteration));
+    EXPECT_EQ(it.adopted, it.train_speedup > current);
+    // rho of an iteration is the last adopted policy's throughput (the
+    // best static one before any).
+    EXPECT_DOUBLE_EQ(it.rho, current);
+    if (it.adopted) current = it.train_speedup;
+    any_adopted = any_adopted || it.adopted;
+  }
+  const DinkelbachIteration& sel = result->iterations.at(result->selected_iteration - 1);
+  if (any_adopted) EXPECT_TRUE(sel.adopted);
+  for (const DinkelbachIteration& it : result->iterations) {
+    if (it.adopted == sel.adopted) EXPECT_LE(it.selection_speedup, sel.selection_speedup);
   }
 }
 
