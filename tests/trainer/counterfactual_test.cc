@@ -197,7 +197,19 @@ TEST_F(CounterfactualTest, AdaptiveReplayMakesTheEnginesDecisions) {
 
 TEST_F(CounterfactualTest, DinkelbachReturnIsTokensMinusRhoTimesCost) {
   const std::vector<ShadowTrace> traces = Traces();
-  auto cost = model::MakeAcceleratorCostModel(model_->config());
+  // Both cost models: the measured one also prices decisions and a
+  // verification that grows with K.
+  model::Calibration cal;
+  cal.n_layers = model_->n_layers();
+  for (int t = 1; t <= 16; ++t) {
+    cal.block_us.push_back(150.0 + 30.0 * t);
+    cal.head_us.push_back(50.0 + 20.0 * t);
+  }
+  cal.step_us = 2000.0;
+  cal.decision_us = 15.0;
+  for (const bool measured : {false, true}) {
+  auto cost = measured ? model::MakeMeasuredCostModel(cal) : model::MakeAcceleratorCostModel(model_->config());
+  SCOPED_TRACE(cost->name());
   // Every combination of the probe flags: a decision that probes nothing
   // (phase 1 from history, phase 2 on the token just drafted) must not be
   // charged a probe, one that wastes a probe must be.
@@ -232,6 +244,7 @@ TEST_F(CounterfactualTest, DinkelbachReturnIsTokensMinusRhoTimesCost) {
       EXPECT_NEAR(ret, rec.n_emitted - rho * cost->RoundCost(rec), 1e-4) << "round " << r << " rho " << rho;
     }
     EXPECT_TRUE(declined) << "exploration should decline at round start at least once";
+  }
   }
   }
   }
