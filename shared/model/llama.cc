@@ -70,6 +70,34 @@ float* Grow(std::vector<float>& v, int64_t n) {
   return v.data();
 }
 
+// Y (+)= X W^T over the rows of a ragged batch, every row computed exactly as
+// in a one-segment call of its own: runs of segments of at most
+// kMaxRowsWithoutBlas rows go through MatMulRows together (a row's result
+// does not depend on the other rows there), a longer segment through sgemm
+// on its own rows (as cpu::MatMulNT does for that segment alone). So a
+// sequence's results in a batch are bitwise those of its solo pass, and the
+// weights are still read once for all the short segments.
+void RaggedMatMul(const float* x, const RaggedSegment* segs, int64_t n_segs, int64_t in,
+                  const float* w, int64_t out, float* y, bool accumulate) {
+  int64_t row = 0, run_begin = 0, run_rows = 0;
+  auto flush = [&] {
+    if (run_rows > 0) cpu::MatMulRows(x + run_begin * in, run_rows, in, w, out, y + run_begin * out, accumulate);
+    run_rows = 0;
+  };
+  for (int64_t s = 0; s < n_segs; ++s) {
+    const int64_t n = segs[s].n_positions;
+    if (n <= cpu::kMaxRowsWithoutBlas) {
+      if (run_rows == 0) run_begin = row;
+      run_rows += n;
+    } else {
+      flush();
+      cpu::MatMulBlas(x + row * in, n, in, w, out, y + row * out, accumulate);
+    }
+    row += n;
+  }
+  flush();
+}
+
 }  // namespace
 
 StatusOr<Kernels> ParseKernels(const std::string& name) {
@@ -301,7 +329,7 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
     float* kc = cache.k(l).data_ptr<float>();  // [S, Hkv, C, hd]
     float* vc = cache.v(l).data_ptr<float>();
     cpu::RmsNorm(x, w.attn_norm.data_ptr<float>(), N, d, eps, xn);
-    cpu::MatMulNT(xn, N, d, w.wqkv.data_ptr<float>(), QKV, qkv, /*accumulate=*/false);
+    RaggedMatMul(xn, segs, n_segs, d, w.wqkv.data_ptr<float>(), QKV, qkv, /*accumulate=*/false);
     // RoPE on q and k, then this position's K/V into the slot.
     int64_t row = 0;
     for (int64_t s = 0; s < n_segs; ++s) {
@@ -330,11 +358,11 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
         }
       }
     }
-    cpu::MatMulNT(attn, N, H * hd, w.wo.data_ptr<float>(), d, x, /*accumulate=*/true);
+    RaggedMatMul(attn, segs, n_segs, H * hd, w.wo.data_ptr<float>(), d, x, /*accumulate=*/true);
     cpu::RmsNorm(x, w.ffn_norm.data_ptr<float>(), N, d, eps, xn);
-    cpu::MatMulNT(xn, N, d, w.w13.data_ptr<float>(), 2 * F, h13, /*accumulate=*/false);
+    RaggedMatMul(xn, segs, n_segs, d, w.w13.data_ptr<float>(), 2 * F, h13, /*accumulate=*/false);
     cpu::SiluMul(h13, N, F, ffn);
-    cpu::MatMulNT(ffn, N, F, w.w2.data_ptr<float>(), d, x, /*accumulate=*/true);
+    RaggedMatMul(ffn, segs, n_segs, F, w.w2.data_ptr<float>(), d, x, /*accumulate=*/true);
   }
 }
 
@@ -470,6 +498,38 @@ at::Tensor LlamaModel::ExitLogits(const at::Tensor& hidden) const {
   }
   at::Tensor logits = Linear(FinalNorm(hidden), lm_head_);
   return logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);
+}
+
+at::Tensor LlamaModel::ExitLogitsRagged(const at::Tensor& hidden,
+                                        const std::vector<int64_t>& row_counts) const {
+  const int64_t d = config_.dim, V = config_.vocab_size;
+  TORCH_CHECK(hidden.dim() == 2 && hidden.size(1) == d, "hidden [M, d]");
+  std::vector<RaggedSegment> segs;
+  int64_t M = 0;
+  for (int64_t n : row_counts) {
+    TORCH_CHECK(n >= 1, "ragged exit group without rows");
+    segs.push_back(RaggedSegment{0, 0, n});
+    M += n;
+  }
+  TORCH_CHECK(M == hidden.size(0), "row counts do not add up to hidden's rows");
+  if (fused_ && hidden.device().is_cpu() && hidden.scalar_type() == at::kFloat &&
+      !(at::GradMode::is_enabled() && (hidden.requires_grad() || lm_head_.requires_grad()))) {
+    at::Tensor h = hidden.contiguous();
+    at::Tensor logits = at::empty({M, V}, at::TensorOptions().dtype(at::kFloat));
+    float* xn = Grow(Scratch().xn, M * d);
+    cpu::RmsNorm(h.data_ptr<float>(), final_norm_.data_ptr<float>(), M, d,
+                 static_cast<float>(config_.rms_norm_eps), xn);
+    RaggedMatMul(xn, segs.data(), static_cast<int64_t>(segs.size()), d, lm_head_.data_ptr<float>(), V,
+                 logits.data_ptr<float>(), /*accumulate=*/false);
+    return logits;
+  }
+  std::vector<at::Tensor> parts;
+  int64_t row = 0;
+  for (int64_t n : row_counts) {
+    parts.push_back(ExitLogits(hidden.narrow(0, row, n)));
+    row += n;
+  }
+  return at::cat(parts, 0);
 }
 
 std::vector<at::Tensor> LlamaModel::Parameters() const {
