@@ -396,6 +396,7 @@ struct VerifierService::Impl {
     static thread_local bool threads_set = false;
     if (!threads_set) {
       at::set_num_threads(std::max(1, host->options.batch_threads));
+      model::SetFusedThreads(host->options.batch_threads);
       threads_set = true;
     }
     std::map<model::KvCache*, std::vector<BatchJob*>> by_pool;
@@ -408,7 +409,9 @@ struct VerifierService::Impl {
       try {
         results = model::RunBatch(*host->model, *cache, items);
       } catch (const std::exception& e) {  // RunBatch converts libtorch's; this is bad_alloc and the like
-        results.assign(group.size(), model::BatchResult{InternalError(std::string("batch: ") + e.what())});
+        model::BatchResult failed;
+        failed.status = InternalError(std::string("batch: ") + e.what());
+        results.assign(group.size(), failed);
       }
       for (size_t k = 0; k < group.size(); ++k) group[k]->result = std::move(results[k]);
     }

@@ -10,6 +10,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 
 #include "shared/model/cpu_kernels.h"
@@ -58,7 +59,15 @@ at::Tensor InverseFrequencies(const ModelConfig& c) {
 // shape seen and is then reused: no allocation per step after warm-up.
 struct FusedScratch {
   std::vector<float> xn, qkv, attn, h13, ffn, scores;
+  std::vector<int64_t> row_slot, row_pos;  // per row of a ragged call: its slot and position
 };
+
+// SetFusedThreads() of this thread.
+thread_local int fused_threads = 1;
+
+// Products smaller than this (rows x out x in multiply-adds) stay on the
+// calling thread: the fork/join would cost more than it saves.
+constexpr int64_t kMinParallelWork = int64_t{1} << 15;
 
 FusedScratch& Scratch() {
   thread_local FusedScratch scratch;
@@ -77,11 +86,33 @@ float* Grow(std::vector<float>& v, int64_t n) {
 // on its own rows (as cpu::MatMulNT does for that segment alone). So a
 // sequence's results in a batch are bitwise those of its solo pass, and the
 // weights are still read once for all the short segments.
+//
+// MatMulRows over n rows, its output columns split across the
+// SetFusedThreads() threads at multiples of 4 rows of W (each element as the
+// one-thread call computes it; cpu::MatMulRowsStrided): each thread reads
+// its share of W once for all rows.
+void RowsProduct(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
+                 bool accumulate) {
+  const int64_t T = fused_threads;
+  if (T <= 1 || n * out * in < kMinParallelWork || out < 8 * T) {
+    cpu::MatMulRows(x, n, in, w, out, y, accumulate);
+    return;
+  }
+  const int64_t blocks = out / 4;
+  at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t o0 = blocks * t / T * 4;
+      const int64_t o1 = t + 1 == T ? out : blocks * (t + 1) / T * 4;
+      if (o1 > o0) cpu::MatMulRowsStrided(x, n, in, w + o0 * in, o1 - o0, y + o0, out, accumulate);
+    }
+  });
+}
+
 void RaggedMatMul(const float* x, const RaggedSegment* segs, int64_t n_segs, int64_t in,
                   const float* w, int64_t out, float* y, bool accumulate) {
   int64_t row = 0, run_begin = 0, run_rows = 0;
   auto flush = [&] {
-    if (run_rows > 0) cpu::MatMulRows(x + run_begin * in, run_rows, in, w, out, y + run_begin * out, accumulate);
+    if (run_rows > 0) RowsProduct(x + run_begin * in, run_rows, in, w, out, y + run_begin * out, accumulate);
     run_rows = 0;
   };
   for (int64_t s = 0; s < n_segs; ++s) {
@@ -99,6 +130,8 @@ void RaggedMatMul(const float* x, const RaggedSegment* segs, int64_t n_segs, int
 }
 
 }  // namespace
+
+void SetFusedThreads(int n_threads) { fused_threads = std::max(1, n_threads); }
 
 StatusOr<Kernels> ParseKernels(const std::string& name) {
   if (name == "eager") return Kernels::kEager;
@@ -321,7 +354,20 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
   float* attn = Grow(ws.attn, N * H * hd);
   float* h13 = Grow(ws.h13, N * 2 * F);
   float* ffn = Grow(ws.ffn, N * F);
-  float* scores = Grow(ws.scores, max_keys);
+  const int64_t n_threads = N > 1 ? fused_threads : 1;
+  float* scores = Grow(ws.scores, max_keys * n_threads);  // one score row per thread
+  if (static_cast<int64_t>(ws.row_slot.size()) < N) {
+    ws.row_slot.resize(N);
+    ws.row_pos.resize(N);
+  }
+  for (int64_t s = 0, row = 0; s < n_segs; ++s) {
+    for (int64_t t = 0; t < segs[s].n_positions; ++t, ++row) {
+      ws.row_slot[row] = segs[s].slot;
+      ws.row_pos[row] = segs[s].start_pos + t;
+    }
+  }
+  const int64_t* row_slot = ws.row_slot.data();
+  const int64_t* row_pos = ws.row_pos.data();
   const float* cos_table = rope_cos_.data_ptr<float>();
   const float* sin_table = rope_sin_.data_ptr<float>();
   for (int64_t l = first; l < last; ++l) {
@@ -345,18 +391,23 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
         }
       }
     }
-    // Attention: row t of a segment sees its slot's positions [0, start + t].
-    row = 0;
-    for (int64_t s = 0; s < n_segs; ++s) {
-      for (int64_t t = 0; t < segs[s].n_positions; ++t, ++row) {
-        const int64_t n_keys = segs[s].start_pos + t + 1;
-        const float* r = qkv + row * QKV;
+    // Attention: row t of a segment sees its slot's positions [0, start + t]
+    // (rows split across the SetFusedThreads() threads; each row alone).
+    auto attend = [&](int64_t r0, int64_t r1) {
+      float* sc = scores + (n_threads > 1 ? at::get_thread_num() : 0) * max_keys;
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t n_keys = row_pos[r] + 1;
+        const float* q = qkv + r * QKV;
         for (int64_t h = 0; h < H; ++h) {
-          const int64_t base = (segs[s].slot * Hkv + h / G) * C * hd;
-          cpu::AttendOne(r + h * hd, kc + base, vc + base, n_keys, hd, scores,
-                         attn + row * H * hd + h * hd);
+          const int64_t base = (row_slot[r] * Hkv + h / G) * C * hd;
+          cpu::AttendOne(q + h * hd, kc + base, vc + base, n_keys, hd, sc, attn + r * H * hd + h * hd);
         }
       }
+    };
+    if (n_threads > 1) {
+      at::parallel_for(0, N, 1, attend);
+    } else {
+      attend(0, N);
     }
     RaggedMatMul(attn, segs, n_segs, H * hd, w.wo.data_ptr<float>(), d, x, /*accumulate=*/true);
     cpu::RmsNorm(x, w.ffn_norm.data_ptr<float>(), N, d, eps, xn);

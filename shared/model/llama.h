@@ -71,6 +71,18 @@ const char* KernelsName(Kernels kernels);
 StatusOr<c10::Device> ParseDevice(const std::string& name);
 StatusOr<c10::ScalarType> ParseDtype(const std::string& name);
 
+// Threads of the fused kernels in calls from the calling thread (a
+// thread-local setting; default 1, at most at::get_num_threads() of that
+// thread are used): the matrix products split their output columns across
+// them (whole blocks of 4 weight rows, so every element of the row kernel is
+// computed as on one thread) and attention its rows; the sgemm of a segment
+// longer than cpu::kMaxRowsWithoutBlas follows OpenBLAS's threading (the
+// calling thread's at::set_num_threads), whose rounding may differ by thread
+// count (float32 rounding, within the 1e-4 of the tests).
+// The verifier's batch scheduler sets it on its thread (--batch-threads);
+// handler threads keep 1. n_threads < 1 is taken as 1.
+void SetFusedThreads(int n_threads);
+
 // One sequence of a ragged batch (LlamaModel::ForwardRagged): n_positions
 // rows of the stacked activation hold positions
 // [start_pos, start_pos + n_positions) of KV slot `slot`.

@@ -12,10 +12,12 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
 #include "gtest/gtest.h"
 #include "shared/model/batch.h"
+#include "shared/model/cpu_kernels.h"
 #include "shared/model/decoding.h"
 #include "shared/model/kv_cache.h"
 #include "shared/model/llama.h"
@@ -398,6 +400,79 @@ TEST(BatchTest, SeededSamplingMatchesSolo) {
   auto r = LlamaModel::RandomInit(RandomGqaConfig(), 5, ModelOptions{}, 0.3);
   ASSERT_THAT(r, IsOk());
   RunRoundProperty(**r, 0.9, 23);
+}
+
+// The row kernel computes every row as it computes that row alone (bitwise),
+// for any number of rows and any column split at multiples of 4: what makes
+// a session's batched results its solo ones.
+TEST(BatchTest, RowKernelRowsDoNotDependOnTheOtherRows) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t out : {4, 7, 33}) {
+    for (int64_t in : {5, 8, 19, 64}) {
+      for (int64_t n : {1, 2, 3, 5, 12}) {
+        std::vector<float> w(out * in), x(n * in), y(n * out), y1(out), yc(n * out);
+        for (float& v : w) v = normal(rng);
+        for (float& v : x) v = normal(rng);
+        cpu::MatMulRows(x.data(), n, in, w.data(), out, y.data(), false);
+        const int64_t split = (out / 2) / 4 * 4;  // two column parts at a multiple of 4
+        cpu::MatMulRowsStrided(x.data(), n, in, w.data(), split, yc.data(), out, false);
+        cpu::MatMulRowsStrided(x.data(), n, in, w.data() + split * in, out - split, yc.data() + split, out, false);
+        for (int64_t r = 0; r < n; ++r) {
+          cpu::MatMulRows(x.data() + r * in, 1, in, w.data(), out, y1.data(), false);
+          for (int64_t o = 0; o < out; ++o) {
+            EXPECT_EQ(y[r * out + o], y1[o]) << out << "x" << in << " n=" << n << " row " << r;
+            EXPECT_EQ(yc[r * out + o], y1[o]) << out << "x" << in << " n=" << n << " row " << r << " split";
+          }
+        }
+      }
+    }
+  }
+}
+
+// Two kernel threads (SetFusedThreads: row-kernel products split by output
+// columns, attention by rows) give bitwise the logits of one thread for
+// segments of the row kernel (<= 12 rows); a longer prefill chunk goes
+// through OpenBLAS sgemm, whose own threading changes the rounding, within
+// the 1e-4 tolerance.
+TEST(BatchTest, KernelThreadsDoNotChangeResults) {
+  std::unique_ptr<LlamaModel> m = testing::LoadOrDie(kLedeTinyDir);
+  ASSERT_NE(m, nullptr);
+  c10::InferenceMode guard;
+  auto run = [&](int threads) {
+    const int before = at::get_num_threads();
+    at::set_num_threads(threads);
+    SetFusedThreads(threads);
+    Pools pools = MakePools(*m, 4, 4);
+    std::vector<VerifierWork> work(3);
+    for (int s = 0; s < 3; ++s) {
+      work[s].kind = VerifierWork::Kind::kPrefillChunk;
+      work[s].slot = s;
+      const int len = s == 2 ? 23 : 5 + 7 * s;  // 5 and 12 rows: row kernel; 23: sgemm
+      for (int t = 0; t < len; ++t) work[s].tokens.push_back(1 + (t * 31 + s) % 2000);
+      work[s].want_logits = true;
+    }
+    std::vector<at::Tensor> out;
+    for (auto& r : RunVerifierBatch(*m, *pools.batch, work)) out.push_back(r.ok() ? *r : at::Tensor());
+    for (int s = 0; s < 3; ++s) {
+      work[s].kind = VerifierWork::Kind::kStep;
+      work[s].tokens = {7 + s};
+    }
+    for (auto& r : RunVerifierBatch(*m, *pools.batch, work)) out.push_back(r.ok() ? *r : at::Tensor());
+    SetFusedThreads(1);
+    at::set_num_threads(before);
+    return out;
+  };
+  std::vector<at::Tensor> one = run(1), two = run(2);
+  ASSERT_EQ(one.size(), two.size());
+  for (size_t i = 0; i < one.size(); ++i) {
+    ASSERT_TRUE(one[i].defined() && two[i].defined()) << i;
+    if (i % 3 != 2) {
+      EXPECT_TRUE(at::equal(one[i], two[i])) << i;
+    } else {  // slot 2's prefill went through sgemm
+      ExpectLogitsNear(one[i], two[i], "sgemm chunk");
+    }
+  }
 }
 
 // A bad item fails on its own with its Verifier method's code; the others run.
