@@ -209,6 +209,7 @@ def main():
     ap.add_argument("--slots", type=int, default=16)
     ap.add_argument("--max-batch", default="16", help="verifier --max-batch values, e.g. 1,16 (one run each)")
     ap.add_argument("--batch-threads", type=int, default=1, help="verifier --batch-threads")
+    ap.add_argument("--batch-workers", type=int, default=2, help="verifier --batch-workers")
     ap.add_argument("--static-config", default="2,3", help="exit layer, draft length of the static method")
     ap.add_argument("--prompt-file", action="append")
     ap.add_argument("--soak-s", type=float, default=0, help="instead: one level (first method, largest N) this long")
@@ -233,7 +234,8 @@ def main():
         for kind, max_batch in [(k, int(b)) for k in a.deployments.split(",") for b in a.max_batch.split(",")]:
             procs, port = services_bench.deploy(kind, a.build, tmp, ["--slots", str(a.slots), "--max-batch",
                                                                      str(max_batch), "--batch-threads",
-                                                                     str(a.batch_threads)])
+                                                                     str(a.batch_threads), "--batch-workers",
+                                                                     str(a.batch_workers)])
             pids = [p.pid for p in procs]
             try:
                 # Warm-up: one request per method, then the baseline of memory and descriptors.

@@ -390,8 +390,8 @@ struct VerifierService::Impl {
   };
   std::unique_ptr<BatchScheduler> scheduler;
 
-  // The scheduler's run function: model::RunBatch per pool (one pool in
-  // practice: the verifier's own).
+  // The scheduler's run function (on a handler thread): model::RunBatch per
+  // pool (one pool in practice: the verifier's own).
   void RunJobs(const std::vector<void*>& jobs) {
     static thread_local bool threads_set = false;
     if (!threads_set) {
@@ -425,7 +425,8 @@ struct VerifierService::Impl {
   }
 
   // The prefill of a new session in chunks of --prefill-chunk positions,
-  // one batched step each; stops at a chunk boundary when the caller left.
+  // one batched step each; stops at a chunk boundary when the caller left or
+  // the session was doomed (closed, or its owner's lease lapsed).
   StatusOr<speculation::Prefilled> PrefillBatched(model::KvCache& cache, int64_t slot,
                                                   const std::vector<int32_t>& prompt,
                                                   const speculation::SessionOptions& so,
@@ -435,6 +436,13 @@ struct VerifierService::Impl {
     for (int64_t start = 0; start < P; start += chunk) {
       if (start > 0 && context != nullptr && context->IsCancelled()) {
         return Status(StatusCode::kCancelled, "the caller left during the prefill");
+      }
+      if (start > 0) {  // closed or its owner's lease lapsed: EndCall frees it
+        std::lock_guard<std::mutex> lock(mu);
+        auto it = sessions.find(slot);
+        if (it == sessions.end() || it->second.doomed) {
+          return FailedPreconditionError("slot: the session was freed during the prefill");
+        }
       }
       BatchJob job;
       job.cache = &cache;
@@ -544,6 +552,7 @@ VerifierService::VerifierService(std::shared_ptr<ModelHost> host)
   if (impl_->host->options.max_batch > 1 && impl_->host->owns_pool) {  // a verifier (or both), not a drafter
     BatchSchedulerOptions o;
     o.max_batch = impl_->host->options.max_batch;
+    o.n_workers = impl_->host->options.batch_workers;
     if (impl_->host->metrics) {
       o.batch_size = &impl_->host->metrics->iteration_batch_size;
       o.batch_rows = &impl_->host->metrics->iteration_tokens;

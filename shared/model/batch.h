@@ -29,8 +29,8 @@
 // session's rounds; DESIGN.md §4). Distinct items must name distinct slots.
 //
 // Thread-safety: RunVerifierBatch / RunBatch are safe to call concurrently on
-// disjoint slots (as LlamaModel's const methods); the service runs them on
-// one scheduler thread.
+// disjoint slots (as LlamaModel's const methods); the service runs up to
+// --batch-workers of them at once on disjoint sessions.
 #ifndef LEDE_SHARED_MODEL_BATCH_H_
 #define LEDE_SHARED_MODEL_BATCH_H_
 

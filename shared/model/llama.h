@@ -79,8 +79,8 @@ StatusOr<c10::ScalarType> ParseDtype(const std::string& name);
 // longer than cpu::kMaxRowsWithoutBlas follows OpenBLAS's threading (the
 // calling thread's at::set_num_threads), whose rounding may differ by thread
 // count (float32 rounding, within the 1e-4 of the tests).
-// The verifier's batch scheduler sets it on its thread (--batch-threads);
-// handler threads keep 1. n_threads < 1 is taken as 1.
+// The verifier sets it on the threads that run batched steps
+// (--batch-threads, default 1). n_threads < 1 is taken as 1.
 void SetFusedThreads(int n_threads);
 
 // One sequence of a ragged batch (LlamaModel::ForwardRagged): n_positions
