@@ -18,8 +18,9 @@ Prompts: --prompt-file (repeatable; JSON lines with "prompt" or "turns"),
 default the shipped model's story prompts and ../shared/data/prompts/humaneval.jsonl.
 The model services run with --slots (default 16) and the verifier's queue holds
 the rest, so concurrency above the slot count measures queueing too.
-Today every session runs its own forward passes (no batching across sessions,
-issue 12): the numbers are the one-sequence-per-pass baseline.
+--max-batch 1,16 runs each deployment once per value: the verifier batches up
+to that many sessions' prefill chunks and verifications per step (continuous
+batching, issue 12; 1 = one sequence per pass on each handler thread).
 Nothing here asserts: it prints numbers (and writes JSON with --json).
 
 With --replicas 1,2,3 it instead deploys that many co-located replicas behind
@@ -28,7 +29,8 @@ one concurrency (on this machine the replicas share its cores).
 
 usage: bench/serve_bench.py [--concurrency 1,4,16,64] [--num-prompts 32] [--new-tokens 64]
                             [--methods lede,static,autoregressive] [--deployments split,co-located]
-                            [--slots 16] [--static-config 2,3] [--soak-s 0] [--replicas 1,2,3]
+                            [--slots 16] [--max-batch 16] [--static-config 2,3] [--soak-s 0]
+                            [--replicas 1,2,3]
                             [--json FILE]
 """
 import argparse
@@ -205,6 +207,9 @@ def main():
     ap.add_argument("--methods", default="lede,static,autoregressive")
     ap.add_argument("--deployments", default="split,co-located")
     ap.add_argument("--slots", type=int, default=16)
+    ap.add_argument("--max-batch", default="16", help="verifier --max-batch values, e.g. 1,16 (one run each)")
+    ap.add_argument("--batch-threads", type=int, default=1, help="verifier --batch-threads")
+    ap.add_argument("--batch-workers", type=int, default=2, help="verifier --batch-workers")
     ap.add_argument("--static-config", default="2,3", help="exit layer, draft length of the static method")
     ap.add_argument("--prompt-file", action="append")
     ap.add_argument("--soak-s", type=float, default=0, help="instead: one level (first method, largest N) this long")
@@ -226,14 +231,17 @@ def main():
     if a.replicas:
         return run_replicas(a, pb, pb_grpc, prompts, methods[0], max(levels), static_config)
     with tempfile.TemporaryDirectory() as tmp:
-        for kind in a.deployments.split(","):
-            procs, port = services_bench.deploy(kind, a.build, tmp, ["--slots", str(a.slots)])
+        for kind, max_batch in [(k, int(b)) for k in a.deployments.split(",") for b in a.max_batch.split(",")]:
+            procs, port = services_bench.deploy(kind, a.build, tmp, ["--slots", str(a.slots), "--max-batch",
+                                                                     str(max_batch), "--batch-threads",
+                                                                     str(a.batch_threads), "--batch-workers",
+                                                                     str(a.batch_workers)])
             pids = [p.pid for p in procs]
             try:
                 # Warm-up: one request per method, then the baseline of memory and descriptors.
                 for m in methods:
                     run_level(port, pb, pb_grpc, prompts, m, 1, 1, a.new_tokens, static_config)
-                usage[(kind, "warm")] = proc_usage(pids)
+                usage[(kind + " B=%d" % max_batch, "warm")] = proc_usage(pids)
                 if a.soak_s:
                     samples = []
 
@@ -244,6 +252,7 @@ def main():
                     row = run_level(port, pb, pb_grpc, prompts, methods[0], max(levels), 0, a.new_tokens,
                                     static_config, soak_s=a.soak_s, sample=(a.sample_s, sample))
                     row["deployment"] = kind
+                    row["max_batch"] = max_batch
                     row["soak_samples"] = [{"t": t, "usage": {str(k): v for k, v in u.items()}} for t, u in samples]
                     rows.append(row)
                 else:
@@ -252,20 +261,21 @@ def main():
                             row = run_level(port, pb, pb_grpc, prompts, m, n, a.num_prompts, a.new_tokens,
                                             static_config)
                             row["deployment"] = kind
+                            row["max_batch"] = max_batch
                             rows.append(row)
-                            print("  %-10s %-14s N=%-3d %6.2f req/s %7.1f tok/s TTFT %s ms TPOT %s ms"
-                                  % (kind, m, n, row["request_throughput"], row["output_tokens_per_s"],
+                            print("  %-10s B=%-3d %-14s N=%-3d %6.2f req/s %7.1f tok/s TTFT %s ms TPOT %s ms"
+                                  % (kind, max_batch, m, n, row["request_throughput"], row["output_tokens_per_s"],
                                      fmt(row["ttft"]["mean_ms"]), fmt(row["tpot"]["mean_ms"])), flush=True)
-                usage[(kind, "end")] = proc_usage(pids)
+                usage[(kind + " B=%d" % max_batch, "end")] = proc_usage(pids)
             finally:
                 services_bench.stop(procs)
     print()
-    print("%-10s %-14s %4s %5s %7s %8s | %8s %8s %8s | %7s %7s | %7s %7s %7s | %6s %5s %5s"
-          % ("deploy", "method", "N", "done", "req/s", "tok/s", "TTFT ms", "p50", "p99", "TPOT ms", "p99",
+    print("%-10s %5s %-14s %4s %5s %7s %8s | %8s %8s %8s | %7s %7s | %7s %7s %7s | %6s %5s %5s"
+          % ("deploy", "batch", "method", "N", "done", "req/s", "tok/s", "TTFT ms", "p50", "p99", "TPOT ms", "p99",
              "ITL ms", "p50", "p99", "accept", "exit", "draft"))
     for r in rows:
-        print("%-10s %-14s %4d %5d %7.2f %8.1f | %8s %8s %8s | %7s %7s | %7s %7s %7s | %6s %5s %5s"
-              % (r["deployment"], r["method"], r["concurrency"], r["completed"], r["request_throughput"],
+        print("%-10s %5d %-14s %4d %5d %7.2f %8.1f | %8s %8s %8s | %7s %7s | %7s %7s %7s | %6s %5s %5s"
+              % (r["deployment"], r["max_batch"], r["method"], r["concurrency"], r["completed"], r["request_throughput"],
                  r["output_tokens_per_s"], fmt(r["ttft"]["mean_ms"]), fmt(r["ttft"]["p50_ms"]),
                  fmt(r["ttft"]["p99_ms"]), fmt(r["tpot"]["mean_ms"], "%.2f"), fmt(r["tpot"]["p99_ms"], "%.2f"),
                  fmt(r["itl"]["mean_ms"], "%.2f"), fmt(r["itl"]["p50_ms"], "%.2f"), fmt(r["itl"]["p99_ms"], "%.2f"),
@@ -280,6 +290,7 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"rows": rows, "prompts": len(prompts), "new_tokens": a.new_tokens, "slots": a.slots,
+                       "max_batch": a.max_batch,
                        "static_config": static_config,
                        "usage": {"%s/%s" % k: {str(p): x for p, x in u.items()} for k, u in usage.items()}},
                       f, indent=1)

@@ -30,6 +30,14 @@ int Run(const std::vector<std::string>& raw_args) {
   flags.Add("slots", &n_slots, "KV slots (concurrent sessions)");
   flags.Add("max-waiting", &o.max_waiting,
             "verifier: sessions that may wait for a free KV slot before OpenSession is refused (0 = no queue)");
+  flags.Add("max-batch", &o.max_batch,
+            "verifier: sessions per batched step (continuous batching); 1 = one sequence per pass on each "
+            "handler thread");
+  flags.Add("prefill-chunk", &o.prefill_chunk, "verifier: prompt positions per batched prefill step");
+  int64_t batch_threads = o.batch_threads;
+  flags.Add("batch-threads", &batch_threads, "verifier: intra-op threads of the batched step");
+  int64_t batch_workers = o.batch_workers;
+  flags.Add("batch-workers", &batch_workers, "verifier: batched steps that may run at once (each on a handler thread)");
   flags.Add("capacity", &capacity, "tokens per KV slot (0 = the model's context window)");
   flags.Add("max-draft-len", &max_draft_len, "largest draft length the pool's scratch holds");
   flags.Add("calibration", &o.calibration_path, "cost-model calibration JSON (lede calibrate); default: accelerator model");
@@ -61,6 +69,18 @@ int Run(const std::vector<std::string>& raw_args) {
   if (parsed.ok() && o.max_waiting < 0) {
     parsed = lede::InvalidArgumentError("--max-waiting: must be >= 0, got " + std::to_string(o.max_waiting));
   }
+  if (parsed.ok() && o.max_batch < 1) {
+    parsed = lede::InvalidArgumentError("--max-batch: must be >= 1, got " + std::to_string(o.max_batch));
+  }
+  if (parsed.ok() && o.prefill_chunk < 1) {
+    parsed = lede::InvalidArgumentError("--prefill-chunk: must be >= 1, got " + std::to_string(o.prefill_chunk));
+  }
+  if (parsed.ok() && (batch_threads < 1 || batch_threads > 256)) {
+    parsed = lede::InvalidArgumentError("--batch-threads: must be in [1, 256], got " + std::to_string(batch_threads));
+  }
+  if (parsed.ok() && (batch_workers < 1 || batch_workers > 64)) {
+    parsed = lede::InvalidArgumentError("--batch-workers: must be in [1, 64], got " + std::to_string(batch_workers));
+  }
   if (!parsed.ok()) {
     std::cerr << "lede-model: " << parsed.message() << "\n";
     return 2;
@@ -69,6 +89,8 @@ int Run(const std::vector<std::string>& raw_args) {
   o.capacity = capacity;
   o.max_draft_len = max_draft_len;
   o.threads = static_cast<int>(threads);
+  o.batch_threads = static_cast<int>(batch_threads);
+  o.batch_workers = static_cast<int>(batch_workers);
   o.session_idle_timeout = absl::Seconds(idle_timeout_s);
   const bool drafter_only = role == "drafter";
   if (listen.empty()) listen = drafter_only ? "127.0.0.1:50054" : "127.0.0.1:50052";

@@ -23,8 +23,10 @@
 #include "policy/dqn/dqn_exit_controller.h"
 #include "policy/dqn/method_factory.h"
 #include "services/model/admission_queue.h"
+#include "services/model/batch_scheduler.h"
 #include "services/model/policy_follower.h"
 #include "services/model/session_leases.h"
+#include "shared/model/batch.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/model/kv_cache.h"
@@ -350,6 +352,17 @@ Status Readiness(ModelHost& host) {
 
 // ---------------------------------------------------------------- Verifier
 
+namespace {
+
+// --max-batch 1: every call is a step of one session.
+void ObserveSoloStep(ModelHost& host, int64_t n_rows) {
+  if (!host.metrics) return;
+  host.metrics->iteration_batch_size.Observe(1);
+  host.metrics->iteration_tokens.Observe(static_cast<double>(n_rows));
+}
+
+}  // namespace
+
 struct VerifierService::Impl {
   explicit Impl(std::shared_ptr<ModelHost> h)
       : host(std::move(h)), leases([&] {
@@ -368,6 +381,82 @@ struct VerifierService::Impl {
     o.max_waiting = host->options.max_waiting;
     return o;
   }()};
+
+  // One session's work for the batch scheduler (null at --max-batch 1).
+  struct BatchJob {
+    model::KvCache* cache = nullptr;
+    model::BatchItem item;
+    model::BatchResult result;
+  };
+  std::unique_ptr<BatchScheduler> scheduler;
+
+  // The scheduler's run function (on a handler thread): model::RunBatch per
+  // pool (one pool in practice: the verifier's own).
+  void RunJobs(const std::vector<void*>& jobs) {
+    static thread_local bool threads_set = false;
+    if (!threads_set) {
+      at::set_num_threads(std::max(1, host->options.batch_threads));
+      model::SetFusedThreads(host->options.batch_threads);
+      threads_set = true;
+    }
+    std::map<model::KvCache*, std::vector<BatchJob*>> by_pool;
+    for (void* j : jobs) by_pool[static_cast<BatchJob*>(j)->cache].push_back(static_cast<BatchJob*>(j));
+    for (auto& [cache, group] : by_pool) {
+      std::vector<model::BatchItem> items;
+      items.reserve(group.size());
+      for (BatchJob* j : group) items.push_back(j->item);
+      std::vector<model::BatchResult> results;
+      try {
+        results = model::RunBatch(*host->model, *cache, items);
+      } catch (const std::exception& e) {  // RunBatch converts libtorch's; this is bad_alloc and the like
+        model::BatchResult failed;
+        failed.status = InternalError(std::string("batch: ") + e.what());
+        results.assign(group.size(), failed);
+      }
+      for (size_t k = 0; k < group.size(); ++k) group[k]->result = std::move(results[k]);
+    }
+  }
+
+  // Runs `job` in the next batched step. Errors: kUnavailable when the
+  // service is stopping.
+  Status RunInBatch(BatchJob& job, int64_t n_rows) {
+    if (!scheduler->Submit(&job, n_rows)) return UnavailableError("verifier: shutting down");
+    return job.result.status;
+  }
+
+  // The prefill of a new session in chunks of --prefill-chunk positions,
+  // one batched step each; stops at a chunk boundary when the caller left or
+  // the session was doomed (closed, or its owner's lease lapsed).
+  StatusOr<speculation::Prefilled> PrefillBatched(model::KvCache& cache, int64_t slot,
+                                                  const std::vector<int32_t>& prompt,
+                                                  const speculation::SessionOptions& so,
+                                                  grpc::ServerContext* context) {
+    const int64_t P = static_cast<int64_t>(prompt.size());
+    const int64_t chunk = std::max<int64_t>(1, host->options.prefill_chunk);
+    for (int64_t start = 0; start < P; start += chunk) {
+      if (start > 0 && context != nullptr && context->IsCancelled()) {
+        return Status(StatusCode::kCancelled, "the caller left during the prefill");
+      }
+      if (start > 0) {  // closed or its owner's lease lapsed: EndCall frees it
+        std::lock_guard<std::mutex> lock(mu);
+        auto it = sessions.find(slot);
+        if (it == sessions.end() || it->second.doomed) {
+          return FailedPreconditionError("slot: the session was freed during the prefill");
+        }
+      }
+      BatchJob job;
+      job.cache = &cache;
+      job.item.kind = model::BatchItem::Kind::kPrefill;
+      job.item.slot = slot;
+      job.item.options = so;
+      job.item.prompt = &prompt;
+      job.item.chunk_start = start;
+      job.item.chunk_len = std::min(chunk, P - start);
+      LEDE_RETURN_IF_ERROR(RunInBatch(job, job.item.chunk_len));
+      if (job.result.prefilled) return job.result.first;
+    }
+    return InternalError("prefill: the last chunk picked no first token");
+  }
 
   // The reaper: SweepLapsedLeases() every lease_sweep_interval (on the clock).
   absl::Mutex reaper_mu;
@@ -460,6 +549,17 @@ struct VerifierService::Impl {
 
 VerifierService::VerifierService(std::shared_ptr<ModelHost> host)
     : impl_(std::make_unique<Impl>(std::move(host))) {
+  if (impl_->host->options.max_batch > 1 && impl_->host->owns_pool) {  // a verifier (or both), not a drafter
+    BatchSchedulerOptions o;
+    o.max_batch = impl_->host->options.max_batch;
+    o.n_workers = impl_->host->options.batch_workers;
+    if (impl_->host->metrics) {
+      o.batch_size = &impl_->host->metrics->iteration_batch_size;
+      o.batch_rows = &impl_->host->metrics->iteration_tokens;
+    }
+    impl_->scheduler = std::make_unique<BatchScheduler>(
+        o, [impl = impl_.get()](const std::vector<void*>& jobs) { impl->RunJobs(jobs); });
+  }
   impl_->reaper = std::thread([this] { impl_->ReaperLoop(); });
 }
 
@@ -547,8 +647,14 @@ grpc::Status VerifierService::OpenSession(grpc::ServerContext* context, const le
     impl_->SlotsChanged(*cache);
   }
   const std::vector<int32_t> prompt(req->prompt_token_ids().begin(), req->prompt_token_ids().end());
-  model::Verifier verifier(*host.model, *cache);
-  StatusOr<speculation::Prefilled> first = model::PrefillSession(verifier, slot, prompt, so);
+  StatusOr<speculation::Prefilled> first = InternalError("prefill did not run");
+  if (impl_->scheduler) {
+    first = impl_->PrefillBatched(*cache, slot, prompt, so, context);
+  } else {
+    model::Verifier verifier(*host.model, *cache);
+    first = model::PrefillSession(verifier, slot, prompt, so);
+    ObserveSoloStep(host, static_cast<int64_t>(prompt.size()));
+  }
   if (!impl_->EndCall(*cache, slot)) {
     return ToGrpcStatus(FailedPreconditionError("owner_instance: the session of " + req->owner_instance() +
                                                 " was freed during the prefill (its lease lapsed, or its caller"
@@ -619,9 +725,25 @@ grpc::Status VerifierService::Verify(grpc::ServerContext*, const lede::v1::Verif
   }
   auto probs = ProbsFromBytes(req->draft_probs(), K, V);
   if (!probs.ok()) return ToGrpcStatus(probs.status());
-  model::Verifier verifier(*host.model, cache);
-  StatusOr<speculation::Verdict> verdict =
-      model::VerifyRound(verifier, cache, req->slot(), req->pending_token(), draft, *probs, so);
+  StatusOr<speculation::Verdict> verdict = InternalError("verification did not run");
+  if (impl_->scheduler) {
+    Impl::BatchJob job;
+    job.cache = &cache;
+    job.item.kind = model::BatchItem::Kind::kRound;
+    job.item.slot = req->slot();
+    job.item.options = so;
+    job.item.pending_token = req->pending_token();
+    job.item.draft = std::move(draft);
+    job.item.draft_probs = *probs;
+    const bool ready = job.item.draft.ready_layer != 0;
+    Status ran = impl_->RunInBatch(job, K + (ready || K == 0 ? 1 : 2));
+    verdict = ran.ok() ? StatusOr<speculation::Verdict>(std::move(job.result.verdict))
+                       : StatusOr<speculation::Verdict>(ran);
+  } else {
+    model::Verifier verifier(*host.model, cache);
+    verdict = model::VerifyRound(verifier, cache, req->slot(), req->pending_token(), draft, *probs, so);
+    ObserveSoloStep(host, K + 1);
+  }
   if (!verdict.ok()) return ToGrpcStatus(verdict.status());
   resp->set_n_accepted(verdict->n_accepted);
   for (int32_t t : verdict->tokens) resp->add_tokens(t);

@@ -15,7 +15,13 @@
 // Sessions are KV slots; a request names its slot and the pool epoch. The
 // coordinator serializes the rounds of one session (DESIGN.md §4), so slots
 // need no locks; slot allocation is under a mutex. Handlers run on gRPC's
-// sync thread pool and compute with libtorch on that thread.
+// sync thread pool. With --max-batch 1 they compute with libtorch on that
+// thread; above 1 the verifier's handlers (and DraftAndVerify's verification
+// in the co-located mode) submit their work to the batch scheduler
+// (batch_scheduler.h): up to --batch-workers batches run at once, each on
+// one of the waiting handler threads, over every session ready then, while
+// drafting stays on the handler threads, so the drafting of some sessions
+// overlaps the batched verification of others.
 // Torch-free header.
 #ifndef LEDE_SERVICES_MODEL_MODEL_SERVICE_H_
 #define LEDE_SERVICES_MODEL_MODEL_SERVICE_H_
@@ -75,6 +81,26 @@ struct ModelServiceOptions {
   std::string device = "cpu";
   std::string dtype = "float32";
   int threads = 1;               // libtorch intra-op threads
+  // Verifier: continuous batching (--max-batch; batch_scheduler.h). Above 1,
+  // handler threads submit their prefill chunks and round verifications to
+  // the batch scheduler, which runs up to max_batch sessions' work per step
+  // in one pass over the weights (model::RunBatch); 1 runs each call on its
+  // own handler thread, one sequence per pass (the behaviour before
+  // batching).
+  int64_t max_batch = 16;
+  // Prompt positions per prefill step when batching (--prefill-chunk): a
+  // long prompt shares the steps with running sessions instead of stalling
+  // them for its whole length. >= 1.
+  int64_t prefill_chunk = 64;
+  // Intra-op threads of a batched step (the fused kernels split its
+  // products' columns and its attention rows across them; --batch-threads).
+  // >= 1; 1 by default: on 2 cores the OpenMP team's spin-waits cost the
+  // drafter and the coordinator more than the step gains.
+  int batch_threads = 1;
+  // Batches that may run at once (--batch-workers), each on a handler
+  // thread; 2 lets both cores work on verification, as two handler threads
+  // do at --max-batch 1. >= 1.
+  int batch_workers = 2;
   // Decode-path kernels: "fused" (cpu_kernels, CPU float32) or "eager"
   // (libtorch reference); LoadModelHost refuses anything else with
   // kInvalidArgument. A string so this header stays torch-free.

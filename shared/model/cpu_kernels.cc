@@ -52,12 +52,17 @@ bool UseAvx2() {
 float Dot(const float* a, const float* b, int64_t n) { return LEDE_DISPATCH(Dot(a, b, n)); }
 
 void MatVec(const float* w, int64_t out, int64_t in, const float* x, float* y, bool accumulate) {
-  LEDE_DISPATCH(MatMulRows(x, 1, in, w, out, y, accumulate));
+  LEDE_DISPATCH(MatMulRows(x, 1, in, w, out, y, accumulate, out));
 }
 
 void MatMulRows(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
                 bool accumulate) {
-  LEDE_DISPATCH(MatMulRows(x, n, in, w, out, y, accumulate));
+  LEDE_DISPATCH(MatMulRows(x, n, in, w, out, y, accumulate, out));
+}
+
+void MatMulRowsStrided(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
+                       int64_t ldy, bool accumulate) {
+  LEDE_DISPATCH(MatMulRows(x, n, in, w, out, y, accumulate, ldy));
 }
 
 void MatVecBlas(const float* w, int64_t out, int64_t in, const float* x, float* y, bool accumulate) {

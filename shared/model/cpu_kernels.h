@@ -38,6 +38,14 @@ void MatVecBlas(const float* w, int64_t out, int64_t in, const float* x, float* 
 void MatMulRows(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
                 bool accumulate);
 
+// MatMulRows into an output with row stride ldy >= out: Y[r, 0..out) at
+// y + r * ldy. Each output element is computed as MatMulRows computes it as
+// long as a call covers whole blocks of 4 rows of W (a split of W's rows at
+// multiples of 4, the last part taking the tail): the threaded batched step
+// splits a product's output columns across threads this way.
+void MatMulRowsStrided(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
+                       int64_t ldy, bool accumulate);
+
 // The same product through cblas_sgemm (for comparison in bench/).
 void MatMulBlas(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
                 bool accumulate);

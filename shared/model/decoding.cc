@@ -9,6 +9,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "shared/model/exit_signals.h"
+#include "shared/model/internal/rounds.h"
 #include "shared/model/torch_boundary.h"
 #include "shared/speculation/adaptive_round.h"
 #include "shared/status/status_macros.h"
@@ -179,9 +180,15 @@ StatusOr<Prefilled> PrefillSession(Verifier& verifier, int64_t slot,
                                    const std::vector<int32_t>& prompt, const SessionOptions& o) {
   c10::InferenceMode inference_mode;
   LEDE_ASSIGN_OR_RETURN(at::Tensor logits, verifier.Prefill(slot, prompt));
+  return internal::FirstToken(logits, slot, static_cast<int64_t>(prompt.size()), o);
+}
+
+namespace internal {
+
+StatusOr<Prefilled> FirstToken(const at::Tensor& logits, int64_t slot, int64_t n_prompt,
+                               const SessionOptions& o) {
   return TorchBoundary("prefill", [&]() -> StatusOr<Prefilled> {
-    const int64_t n = static_cast<int64_t>(prompt.size());
-    Sampler sampler(speculation::RoundSeed(o.sampling.seed, n, speculation::kVerifyStream));
+    Sampler sampler(speculation::RoundSeed(o.sampling.seed, n_prompt, speculation::kVerifyStream));
     Prefilled p;
     p.session = slot;
     p.token = Choose(logits, o.sampling, sampler);
@@ -190,6 +197,59 @@ StatusOr<Prefilled> PrefillSession(Verifier& verifier, int64_t slot,
     return p;
   });
 }
+
+Status CheckRound(const Draft& d, const at::Tensor& draft_probs, const SessionOptions& o) {
+  const int64_t K = static_cast<int64_t>(d.tokens.size());
+  if (K > 0 && d.ready_layer != 0 && d.ready_layer != d.exit_layer) {
+    return InvalidArgumentError("ready_layer: must be 0 or the exit layer when drafting");
+  }
+  if (!o.sampling.greedy() && K > 0 &&
+      (!draft_probs.defined() || draft_probs.dim() != 2 || draft_probs.size(0) != K)) {
+    return InvalidArgumentError("draft_probs: sampling needs [K, V] draft distributions");
+  }
+  return OkStatus();
+}
+
+StatusOr<Verdict> FinishRound(KvCache& cache, int64_t slot, int64_t n, const Draft& d,
+                              const at::Tensor& draft_probs, const SessionOptions& o,
+                              const at::Tensor& logits) {
+  const SamplingOptions& s = o.sampling;
+  const int64_t K = static_cast<int64_t>(d.tokens.size());
+  Sampler sampler(speculation::RoundSeed(s.seed, n, speculation::kVerifyStream));
+  Verdict v;
+  if (K == 0 && d.ready_layer == 0) {  // a plain autoregressive step, committed by Step
+    return TorchBoundary("step", [&]() -> StatusOr<Verdict> {
+      v.tokens.push_back(Choose(logits, s, sampler));
+      RecordToken(logits, o, v);
+      return std::move(v);
+    });
+  }
+  const at::Tensor& target = logits;
+  return TorchBoundary("verify", [&]() -> StatusOr<Verdict> {
+    AcceptResult accept;
+    if (K == 0) {
+      accept.n_accepted = 0;
+      accept.next_token = Choose(target[0], s, sampler);
+    } else if (s.greedy()) {
+      accept = AcceptGreedy(d.tokens, target);
+    } else {
+      std::vector<at::Tensor> target_probs;
+      for (int64_t i = 0; i <= K; ++i) target_probs.push_back(WarpedProbs(target[i], s));
+      accept = AcceptSpeculative(d.tokens, draft_probs, at::stack(target_probs), sampler);
+    }
+    LEDE_RETURN_IF_ERROR(cache.Commit(slot, cache.length(slot) + accept.n_accepted + 1));
+    v.n_accepted = static_cast<int32_t>(accept.n_accepted);
+    for (int64_t i = 0; i < accept.n_accepted; ++i) {
+      v.tokens.push_back(d.tokens[i]);
+      RecordToken(target[i], o, v);
+    }
+    v.tokens.push_back(accept.next_token);
+    RecordToken(target[accept.n_accepted], o, v);
+    return std::move(v);
+  });
+}
+
+}  // namespace internal
 
 StatusOr<DraftOutput> DraftRound(const LlamaModel& model, KvCache& cache, Drafter& drafter,
                                  int64_t slot, const DraftConfig& config,
@@ -294,51 +354,17 @@ StatusOr<DraftOutput> DraftRound(const LlamaModel& model, KvCache& cache, Drafte
 StatusOr<Verdict> VerifyRound(Verifier& verifier, KvCache& cache, int64_t slot,
                               int32_t pending_token, const Draft& d, const at::Tensor& draft_probs,
                               const SessionOptions& o) {
-  const SamplingOptions& s = o.sampling;
   const int64_t K = static_cast<int64_t>(d.tokens.size());
   const int64_t n = cache.length(slot);
   c10::InferenceMode inference_mode;
-  Sampler sampler(speculation::RoundSeed(s.seed, n, speculation::kVerifyStream));
-  Verdict v;
   if (K == 0 && d.ready_layer == 0) {  // a plain autoregressive step
     LEDE_ASSIGN_OR_RETURN(at::Tensor logits, verifier.Step(slot, pending_token));
-    return TorchBoundary("step", [&]() -> StatusOr<Verdict> {
-      v.tokens.push_back(Choose(logits, s, sampler));
-      RecordToken(logits, o, v);
-      return std::move(v);
-    });
+    return internal::FinishRound(cache, slot, n, d, draft_probs, o, logits);
   }
   const int64_t e = K == 0 ? d.ready_layer : d.exit_layer;
-  if (K > 0 && d.ready_layer != 0 && d.ready_layer != d.exit_layer) {
-    return InvalidArgumentError("ready_layer: must be 0 or the exit layer when drafting");
-  }
-  if (!s.greedy() && K > 0 &&
-      (!draft_probs.defined() || draft_probs.dim() != 2 || draft_probs.size(0) != K)) {
-    return InvalidArgumentError("draft_probs: sampling needs [K, V] draft distributions");
-  }
+  LEDE_RETURN_IF_ERROR(internal::CheckRound(d, draft_probs, o));
   LEDE_ASSIGN_OR_RETURN(at::Tensor target, verifier.Verify(slot, e, d.tokens, d.ready_layer != 0));
-  return TorchBoundary("verify", [&]() -> StatusOr<Verdict> {
-    AcceptResult accept;
-    if (K == 0) {
-      accept.n_accepted = 0;
-      accept.next_token = Choose(target[0], s, sampler);
-    } else if (s.greedy()) {
-      accept = AcceptGreedy(d.tokens, target);
-    } else {
-      std::vector<at::Tensor> target_probs;
-      for (int64_t i = 0; i <= K; ++i) target_probs.push_back(WarpedProbs(target[i], s));
-      accept = AcceptSpeculative(d.tokens, draft_probs, at::stack(target_probs), sampler);
-    }
-    LEDE_RETURN_IF_ERROR(verifier.Accept(slot, accept.n_accepted));
-    v.n_accepted = static_cast<int32_t>(accept.n_accepted);
-    for (int64_t i = 0; i < accept.n_accepted; ++i) {
-      v.tokens.push_back(d.tokens[i]);
-      RecordToken(target[i], o, v);
-    }
-    v.tokens.push_back(accept.next_token);
-    RecordToken(target[accept.n_accepted], o, v);
-    return std::move(v);
-  });
+  return internal::FinishRound(cache, slot, n, d, draft_probs, o, target);
 }
 
 // ---------------------------------------------------------- InProcessBackend

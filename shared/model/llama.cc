@@ -10,6 +10,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 
 #include "shared/model/cpu_kernels.h"
@@ -58,7 +59,15 @@ at::Tensor InverseFrequencies(const ModelConfig& c) {
 // shape seen and is then reused: no allocation per step after warm-up.
 struct FusedScratch {
   std::vector<float> xn, qkv, attn, h13, ffn, scores;
+  std::vector<int64_t> row_slot, row_pos;  // per row of a ragged call: its slot and position
 };
+
+// SetFusedThreads() of this thread.
+thread_local int fused_threads = 1;
+
+// Products smaller than this (rows x out x in multiply-adds) stay on the
+// calling thread: the fork/join would cost more than it saves.
+constexpr int64_t kMinParallelWork = int64_t{1} << 15;
 
 FusedScratch& Scratch() {
   thread_local FusedScratch scratch;
@@ -70,7 +79,59 @@ float* Grow(std::vector<float>& v, int64_t n) {
   return v.data();
 }
 
+// Y (+)= X W^T over the rows of a ragged batch, every row computed exactly as
+// in a one-segment call of its own: runs of segments of at most
+// kMaxRowsWithoutBlas rows go through MatMulRows together (a row's result
+// does not depend on the other rows there), a longer segment through sgemm
+// on its own rows (as cpu::MatMulNT does for that segment alone). So a
+// sequence's results in a batch are bitwise those of its solo pass, and the
+// weights are still read once for all the short segments.
+//
+// MatMulRows over n rows, its output columns split across the
+// SetFusedThreads() threads at multiples of 4 rows of W (each element as the
+// one-thread call computes it; cpu::MatMulRowsStrided): each thread reads
+// its share of W once for all rows.
+void RowsProduct(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
+                 bool accumulate) {
+  const int64_t T = fused_threads;
+  if (T <= 1 || n * out * in < kMinParallelWork || out < 8 * T) {
+    cpu::MatMulRows(x, n, in, w, out, y, accumulate);
+    return;
+  }
+  const int64_t blocks = out / 4;
+  at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t o0 = blocks * t / T * 4;
+      const int64_t o1 = t + 1 == T ? out : blocks * (t + 1) / T * 4;
+      if (o1 > o0) cpu::MatMulRowsStrided(x, n, in, w + o0 * in, o1 - o0, y + o0, out, accumulate);
+    }
+  });
+}
+
+void RaggedMatMul(const float* x, const RaggedSegment* segs, int64_t n_segs, int64_t in,
+                  const float* w, int64_t out, float* y, bool accumulate) {
+  int64_t row = 0, run_begin = 0, run_rows = 0;
+  auto flush = [&] {
+    if (run_rows > 0) RowsProduct(x + run_begin * in, run_rows, in, w, out, y + run_begin * out, accumulate);
+    run_rows = 0;
+  };
+  for (int64_t s = 0; s < n_segs; ++s) {
+    const int64_t n = segs[s].n_positions;
+    if (n <= cpu::kMaxRowsWithoutBlas) {
+      if (run_rows == 0) run_begin = row;
+      run_rows += n;
+    } else {
+      flush();
+      cpu::MatMulBlas(x + row * in, n, in, w, out, y + row * out, accumulate);
+    }
+    row += n;
+  }
+  flush();
+}
+
 }  // namespace
+
+void SetFusedThreads(int n_threads) { fused_threads = std::max(1, n_threads); }
 
 StatusOr<Kernels> ParseKernels(const std::string& name) {
   if (name == "eager") return Kernels::kEager;
@@ -293,7 +354,20 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
   float* attn = Grow(ws.attn, N * H * hd);
   float* h13 = Grow(ws.h13, N * 2 * F);
   float* ffn = Grow(ws.ffn, N * F);
-  float* scores = Grow(ws.scores, max_keys);
+  const int64_t n_threads = N > 1 ? fused_threads : 1;
+  float* scores = Grow(ws.scores, max_keys * n_threads);  // one score row per thread
+  if (static_cast<int64_t>(ws.row_slot.size()) < N) {
+    ws.row_slot.resize(N);
+    ws.row_pos.resize(N);
+  }
+  for (int64_t s = 0, row = 0; s < n_segs; ++s) {
+    for (int64_t t = 0; t < segs[s].n_positions; ++t, ++row) {
+      ws.row_slot[row] = segs[s].slot;
+      ws.row_pos[row] = segs[s].start_pos + t;
+    }
+  }
+  const int64_t* row_slot = ws.row_slot.data();
+  const int64_t* row_pos = ws.row_pos.data();
   const float* cos_table = rope_cos_.data_ptr<float>();
   const float* sin_table = rope_sin_.data_ptr<float>();
   for (int64_t l = first; l < last; ++l) {
@@ -301,7 +375,7 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
     float* kc = cache.k(l).data_ptr<float>();  // [S, Hkv, C, hd]
     float* vc = cache.v(l).data_ptr<float>();
     cpu::RmsNorm(x, w.attn_norm.data_ptr<float>(), N, d, eps, xn);
-    cpu::MatMulNT(xn, N, d, w.wqkv.data_ptr<float>(), QKV, qkv, /*accumulate=*/false);
+    RaggedMatMul(xn, segs, n_segs, d, w.wqkv.data_ptr<float>(), QKV, qkv, /*accumulate=*/false);
     // RoPE on q and k, then this position's K/V into the slot.
     int64_t row = 0;
     for (int64_t s = 0; s < n_segs; ++s) {
@@ -317,24 +391,29 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
         }
       }
     }
-    // Attention: row t of a segment sees its slot's positions [0, start + t].
-    row = 0;
-    for (int64_t s = 0; s < n_segs; ++s) {
-      for (int64_t t = 0; t < segs[s].n_positions; ++t, ++row) {
-        const int64_t n_keys = segs[s].start_pos + t + 1;
-        const float* r = qkv + row * QKV;
+    // Attention: row t of a segment sees its slot's positions [0, start + t]
+    // (rows split across the SetFusedThreads() threads; each row alone).
+    auto attend = [&](int64_t r0, int64_t r1) {
+      float* sc = scores + (n_threads > 1 ? at::get_thread_num() : 0) * max_keys;
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t n_keys = row_pos[r] + 1;
+        const float* q = qkv + r * QKV;
         for (int64_t h = 0; h < H; ++h) {
-          const int64_t base = (segs[s].slot * Hkv + h / G) * C * hd;
-          cpu::AttendOne(r + h * hd, kc + base, vc + base, n_keys, hd, scores,
-                         attn + row * H * hd + h * hd);
+          const int64_t base = (row_slot[r] * Hkv + h / G) * C * hd;
+          cpu::AttendOne(q + h * hd, kc + base, vc + base, n_keys, hd, sc, attn + r * H * hd + h * hd);
         }
       }
+    };
+    if (n_threads > 1) {
+      at::parallel_for(0, N, 1, attend);
+    } else {
+      attend(0, N);
     }
-    cpu::MatMulNT(attn, N, H * hd, w.wo.data_ptr<float>(), d, x, /*accumulate=*/true);
+    RaggedMatMul(attn, segs, n_segs, H * hd, w.wo.data_ptr<float>(), d, x, /*accumulate=*/true);
     cpu::RmsNorm(x, w.ffn_norm.data_ptr<float>(), N, d, eps, xn);
-    cpu::MatMulNT(xn, N, d, w.w13.data_ptr<float>(), 2 * F, h13, /*accumulate=*/false);
+    RaggedMatMul(xn, segs, n_segs, d, w.w13.data_ptr<float>(), 2 * F, h13, /*accumulate=*/false);
     cpu::SiluMul(h13, N, F, ffn);
-    cpu::MatMulNT(ffn, N, F, w.w2.data_ptr<float>(), d, x, /*accumulate=*/true);
+    RaggedMatMul(ffn, segs, n_segs, F, w.w2.data_ptr<float>(), d, x, /*accumulate=*/true);
   }
 }
 
@@ -470,6 +549,38 @@ at::Tensor LlamaModel::ExitLogits(const at::Tensor& hidden) const {
   }
   at::Tensor logits = Linear(FinalNorm(hidden), lm_head_);
   return logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);
+}
+
+at::Tensor LlamaModel::ExitLogitsRagged(const at::Tensor& hidden,
+                                        const std::vector<int64_t>& row_counts) const {
+  const int64_t d = config_.dim, V = config_.vocab_size;
+  TORCH_CHECK(hidden.dim() == 2 && hidden.size(1) == d, "hidden [M, d]");
+  std::vector<RaggedSegment> segs;
+  int64_t M = 0;
+  for (int64_t n : row_counts) {
+    TORCH_CHECK(n >= 1, "ragged exit group without rows");
+    segs.push_back(RaggedSegment{0, 0, n});
+    M += n;
+  }
+  TORCH_CHECK(M == hidden.size(0), "row counts do not add up to hidden's rows");
+  if (fused_ && hidden.device().is_cpu() && hidden.scalar_type() == at::kFloat &&
+      !(at::GradMode::is_enabled() && (hidden.requires_grad() || lm_head_.requires_grad()))) {
+    at::Tensor h = hidden.contiguous();
+    at::Tensor logits = at::empty({M, V}, at::TensorOptions().dtype(at::kFloat));
+    float* xn = Grow(Scratch().xn, M * d);
+    cpu::RmsNorm(h.data_ptr<float>(), final_norm_.data_ptr<float>(), M, d,
+                 static_cast<float>(config_.rms_norm_eps), xn);
+    RaggedMatMul(xn, segs.data(), static_cast<int64_t>(segs.size()), d, lm_head_.data_ptr<float>(), V,
+                 logits.data_ptr<float>(), /*accumulate=*/false);
+    return logits;
+  }
+  std::vector<at::Tensor> parts;
+  int64_t row = 0;
+  for (int64_t n : row_counts) {
+    parts.push_back(ExitLogits(hidden.narrow(0, row, n)));
+    row += n;
+  }
+  return at::cat(parts, 0);
 }
 
 std::vector<at::Tensor> LlamaModel::Parameters() const {

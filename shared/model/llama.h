@@ -71,6 +71,18 @@ const char* KernelsName(Kernels kernels);
 StatusOr<c10::Device> ParseDevice(const std::string& name);
 StatusOr<c10::ScalarType> ParseDtype(const std::string& name);
 
+// Threads of the fused kernels in calls from the calling thread (a
+// thread-local setting; default 1, at most at::get_num_threads() of that
+// thread are used): the matrix products split their output columns across
+// them (whole blocks of 4 weight rows, so every element of the row kernel is
+// computed as on one thread) and attention its rows; the sgemm of a segment
+// longer than cpu::kMaxRowsWithoutBlas follows OpenBLAS's threading (the
+// calling thread's at::set_num_threads), whose rounding may differ by thread
+// count (float32 rounding, within the 1e-4 of the tests).
+// The verifier sets it on the threads that run batched steps
+// (--batch-threads, default 1). n_threads < 1 is taken as 1.
+void SetFusedThreads(int n_threads);
+
 // One sequence of a ragged batch (LlamaModel::ForwardRagged): n_positions
 // rows of the stacked activation hold positions
 // [start_pos, start_pos + n_positions) of KV slot `slot`.
@@ -152,7 +164,11 @@ class LlamaModel {
   //   returns   [N_total, d] (same leading shape as hidden)
   //
   // Fused path when fused() (and no autograd); otherwise each segment runs
-  // through the eager blocks on its own (same result, the reference).
+  // through the eager blocks on its own (same result, the reference). On the
+  // fused path every segment's rows are bitwise those of a one-segment call
+  // of its own: the products run short segments (<= cpu::kMaxRowsWithoutBlas
+  // rows) together through the row kernel and a longer one through sgemm on
+  // its own rows, the choice a solo call of that segment makes.
   // Throws c10::Error for a bad range, overlapping slots, positions past the
   // capacity or rows that do not add up (hot path; callers convert).
   // Thread-safety: as Forward (concurrent calls on disjoint slots are safe;
@@ -166,6 +182,15 @@ class LlamaModel {
   // vector (or sgemm) pass into a new contiguous CPU float32 tensor, which
   // ComputeExitSignals / ProbeSignals read in place (the exit probe).
   at::Tensor ExitLogits(const at::Tensor& hidden) const;
+
+  // ExitLogits over the rows of several sequences at once (the LM-head pass
+  // of a batched step): hidden [M, d] holds groups of row_counts[i] >= 1
+  // consecutive rows (sum = M); returns logits [M, V] float32 on the CPU
+  // path, each group's rows bitwise equal to ExitLogits of that group alone
+  // (the fused path reads the head once for all groups of at most
+  // cpu::kMaxRowsWithoutBlas rows). Throws c10::Error when the counts do not
+  // add up. Thread-safety: as ExitLogits.
+  at::Tensor ExitLogitsRagged(const at::Tensor& hidden, const std::vector<int64_t>& row_counts) const;
 
   // Final RMSNorm only: [B, T, d] -> [B, T, d].
   at::Tensor FinalNorm(const at::Tensor& hidden) const;

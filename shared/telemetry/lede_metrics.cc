@@ -32,6 +32,17 @@ std::vector<double> RequestLatencyBuckets() {
   return {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
           30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 }
+// Sessions per batched verifier step: every size up to 16, then powers of 2.
+std::vector<double> BatchSizeBuckets() {
+  std::vector<double> b;
+  for (int i = 1; i <= 16; ++i) b.push_back(i);
+  for (int i = 32; i <= 512; i *= 2) b.push_back(i);
+  return b;
+}
+// Rows per step: vLLM's vllm:iteration_tokens_total buckets.
+std::vector<double> IterationTokenBuckets() {
+  return {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
+}
 std::vector<double> DecisionLatencyBuckets() {
   return {1e-6,   2.5e-6, 5e-6,   1e-5,  2.5e-5, 5e-5,  1e-4, 2.5e-4, 5e-4, 1e-3,
           2.5e-3, 5e-3,   1e-2,   2.5e-2, 5e-2,  0.1,   0.25, 0.5,    1.0};
@@ -138,6 +149,16 @@ SpecDecodeMetrics::SpecDecodeMetrics(Registry& r)
           r, "lede_request_queue_time_seconds",
           "Time an admitted session waited in the verifier's queue for a free KV slot (seconds; 0 when one was free).",
           RequestLatencyBuckets())),
+      iteration_batch_size(UnlabelledHistogram(
+          r, "lede_iteration_batch_size",
+          "Sessions in one batched verifier step: prefill chunks, verification rounds and autoregressive "
+          "steps run in one pass over the weights (sessions; 1 per call with --max-batch 1).",
+          BatchSizeBuckets())),
+      iteration_tokens(UnlabelledHistogram(
+          r, "lede_iteration_tokens",
+          "Positions (rows) in one batched verifier step, all sessions together (tokens; vLLM's "
+          "vllm:iteration_tokens_total).",
+          IterationTokenBuckets())),
       policy_decision_latency(UnlabelledHistogram(
           r, "lede_policy_decision_latency_seconds",
           "Time of one exit-policy decision in the drafter (seconds).",

@@ -23,6 +23,7 @@
 //   lede_num_requests_running                         lede_kv_slots_in_use, _capacity
 //   lede_num_requests_waiting                         lede_experience_{records_written,
 //   lede_request_queue_time_seconds                     records_dropped,shards_written}_total
+//   lede_iteration_tokens (vllm:iteration_tokens_total) lede_iteration_batch_size
 //
 // Every process builds one SpecDecodeMetrics on its Registry and serves it
 // with MetricsServer. All metrics are registered by every process (simplest;
@@ -170,6 +171,11 @@ struct SpecDecodeMetrics {
   // (vLLM's vllm:request_queue_time_seconds). The coordinators' two gauges
   // above count their own requests, the queued ones among the waiting.
   Histogram& request_queue_time;
+  // The verifier's batched steps (continuous batching, --max-batch): sessions
+  // and rows per step. Without a scheduler (--max-batch 1) every call is a
+  // step of one session.
+  Histogram& iteration_batch_size;  // lede_iteration_batch_size (sessions)
+  Histogram& iteration_tokens;      // lede_iteration_tokens (rows; vLLM's iteration_tokens_total)
 
   // --- policy ---
   Histogram& policy_decision_latency;  // lede_policy_decision_latency_seconds

@@ -46,6 +46,8 @@ def test_input_checks(build):
         ([], {"LEDE_SLOTS": "0"}, r"LEDE_SLOTS must be an integer"),
         ([], {"LEDE_SLOTS": "many"}, r"LEDE_SLOTS must be an integer"),
         ([], {"LEDE_MAX_WAITING": "-3"}, r"LEDE_MAX_WAITING must be an integer"),
+        ([], {"LEDE_MAX_BATCH": "0"}, r"LEDE_MAX_BATCH must be an integer"),
+        ([], {"LEDE_MAX_BATCH": "eight"}, r"LEDE_MAX_BATCH must be an integer"),
         ([], {"LEDE_START_TIMEOUT_S": "soon"}, r"LEDE_START_TIMEOUT_S"),
         ([], {"LEDE_CALIBRATION": "/nonexistent.json"}, r"LEDE_CALIBRATION"),
         ([], {"LEDE_DRAIN_S": "-1"}, r"LEDE_DRAIN_S"),

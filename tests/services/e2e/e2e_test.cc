@@ -1097,6 +1097,85 @@ TEST_F(E2eQueueTest, MoreRequestsThanSlotsAllCompleteWithSoloTokens) {
       20s, 50ms));
 }
 
+// ------------------------------------------------------------- batching
+
+// A split cluster with continuous batching at --max-batch 8 (8 KV slots) and
+// the in-process engine as the solo reference.
+class E2eBatchTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto ref = Reference::Load();
+    if (!ref.ok()) {
+      *setup_error_ = ref.status().ToString();
+      return;
+    }
+    reference_ = ref->release();
+    ClusterOptions o = BaseOptions();
+    o.slots = 8;
+    o.experience_url = "none";
+    o.model_args = {"--max-batch", "8", "--prefill-chunk", "16"};
+    cluster_ = new LedeCluster(o);
+    if (Status s = cluster_->Start(); !s.ok()) *setup_error_ = s.ToString();
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+    delete reference_;
+    reference_ = nullptr;
+  }
+  void SetUp() override { ASSERT_TRUE(setup_error_->empty()) << *setup_error_; }
+
+  static inline LedeCluster* cluster_ = nullptr;
+  static inline Reference* reference_ = nullptr;
+  static inline std::string* setup_error_ = new std::string();
+};
+
+// Concurrent requests of every method (greedy and seeded sampling, prompts
+// of different lengths, long ones prefilled in chunks beside running
+// sessions) batched at --max-batch 8 each stream exactly the tokens of their
+// solo run on the in-process engine; the verifier counted its batched steps.
+TEST_F(E2eBatchTest, ConcurrentRequestsMatchTheirSoloRuns) {
+  std::vector<std::string> prompts = ReadPrompts(ModelDir() + "/prompts/story.jsonl", 4);
+  for (const std::string& c : ReadPrompts(ModelDir() + "/prompts/code.jsonl", 2)) prompts.push_back(c);
+  const std::vector<Method> methods = {Lede(), Static33(), Threshold05(), Autoregressive()};
+  const std::vector<Sampling> samplings = {Sampling{}, Sampling{0.8f, 0.95f, 7}};
+  constexpr int kRequests = 16;
+  std::vector<GenerateRequest> requests;
+  std::vector<std::vector<int32_t>> expected;
+  for (int i = 0; i < kRequests; ++i) {
+    const Method& m = methods[i % methods.size()];
+    const Sampling& s = samplings[(i / methods.size()) % samplings.size()];
+    const std::string& prompt = prompts[i % prompts.size()];
+    auto solo = reference_->Generate(prompt, m, 40, s);
+    ASSERT_THAT(solo, IsOk()) << m.name;
+    expected.push_back(solo->tokens);
+    requests.push_back(MakeRequest(prompt, m, 40, s));
+  }
+  const double steps_before =
+      SumMetric(MetricsText(cluster_->verifier()->metrics_port()), "lede_iteration_batch_size_count");
+  std::vector<CallResult> got(kRequests);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kRequests; ++i) {
+    clients.emplace_back([&, i] {
+      auto stub = cluster_->NewStub();
+      got[i] = Generate(*stub, requests[i], 120s);
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  for (int i = 0; i < kRequests; ++i) {
+    ASSERT_TRUE(got[i].ok()) << "request " << i << ": " << got[i].Describe();
+    EXPECT_EQ(got[i].ids, expected[i]) << "request " << i << " (" << methods[i % methods.size()].name << ")";
+  }
+  const std::string text = MetricsText(cluster_->verifier()->metrics_port());
+  const double steps = SumMetric(text, "lede_iteration_batch_size_count") - steps_before;
+  EXPECT_GT(steps, 0);
+  // Every step holds at least one session: the sum of sizes is at least the count.
+  EXPECT_GE(SumMetric(text, "lede_iteration_batch_size_sum"), SumMetric(text, "lede_iteration_batch_size_count"));
+  EXPECT_TRUE(lede::testing::WaitUntil(
+      [&] { return SumMetric(MetricsText(cluster_->verifier()->metrics_port()), "lede_kv_slots_in_use") == 0; },
+      20s, 50ms));
+}
+
 // ------------------------------------------------------------------ faults
 
 // Kills and restarts model processes (the tests run in order and leave the

@@ -1,0 +1,61 @@
+#include "services/model/batch_scheduler.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "shared/telemetry/metrics.h"
+
+namespace lede::model_service {
+
+BatchScheduler::BatchScheduler(BatchSchedulerOptions options, RunFn run)
+    : options_(std::move(options)), run_(std::move(run)) {}
+
+BatchScheduler::~BatchScheduler() {
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
+  auto idle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return n_running_ == 0 && ready_.empty(); };
+  mu_.Await(absl::Condition(&idle));
+}
+
+int64_t BatchScheduler::n_ready() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(ready_.size());
+}
+
+bool BatchScheduler::Submit(void* job, int64_t n_rows) {
+  Entry entry{job, n_rows, false};
+  const int64_t max_batch = std::max<int64_t>(1, options_.max_batch);
+  const int n_runners = std::max(1, options_.n_workers);
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return false;
+  ready_.push_back(&entry);
+  // Done, or a runner's place is free and this job is the oldest waiting:
+  // this thread runs the next batch (the oldest jobs, its own first). Only
+  // the oldest submitter wakes for a free place, not every waiter.
+  auto wake = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return entry.done || (n_running_ < n_runners && ready_.front() == &entry);
+  };
+  while (true) {
+    mu_.Await(absl::Condition(&wake));
+    if (entry.done) return true;
+    std::vector<Entry*> batch;
+    std::vector<void*> jobs;
+    int64_t rows = 0;
+    while (!ready_.empty() && static_cast<int64_t>(batch.size()) < max_batch) {
+      batch.push_back(ready_.front());
+      jobs.push_back(ready_.front()->job);
+      rows += ready_.front()->n_rows;
+      ready_.pop_front();
+    }
+    ++n_running_;
+    mu_.Unlock();
+    if (options_.batch_size) options_.batch_size->Observe(static_cast<double>(batch.size()));
+    if (options_.batch_rows) options_.batch_rows->Observe(static_cast<double>(rows));
+    run_(jobs);
+    mu_.Lock();
+    --n_running_;
+    for (Entry* e : batch) e->done = true;  // their submitters wake when mu_ is released
+  }
+}
+
+}  // namespace lede::model_service

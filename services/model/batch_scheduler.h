@@ -1,0 +1,104 @@
+// File: services/model/batch_scheduler.h
+//
+// BatchScheduler: the verifier's iteration-level scheduler (continuous
+// batching, issue 12; vLLM's Scheduler.running, TGI's batching loop). Handler
+// threads Submit() one job each (a session's prefill chunk or round
+// verification) and block until it ran. Up to n_workers batches run at a
+// time, each on one of the submitting threads (flat combining: no scheduler
+// thread, no hand-off): the oldest waiting submitter, when a runner's place
+// is free, takes every waiting job, up to max_batch in arrival order, and
+// hands them to the run function as one batch (the model service runs
+// model::RunBatch: one pass over the weights for all of them), then marks
+// them done; jobs submitted while batches run form the next ones. Sessions
+// join and leave the batch at round boundaries. The scheduler never waits to
+// fill a batch (no batching window): at low load a job runs at once, alone,
+// on its own handler thread, as without a scheduler.
+//
+// Jobs are opaque here (torch-free): the run function knows their type.
+// The scheduler does not look at deadlines or cancellation: a job, once
+// submitted, runs in a coming batch (a step is bounded: one forward over at
+// most max_batch sessions' rows), and the handler checks its caller between
+// jobs (a chunked prefill stops at the next chunk boundary).
+//
+// Metrics (when given): lede_iteration_batch_size (jobs per batch) and
+// lede_iteration_tokens (rows per batch, as the job sizes the submitters
+// declare) per batch.
+//
+// Thread-safety: Submit() is thread-safe and blocks the caller until its job
+// ran (the caller may run other callers' jobs meanwhile); the run function is
+// called on submitting threads, up to n_workers calls at once on disjoint
+// jobs, and must not throw. The destructor waits for the batches in flight;
+// Submit() after it began returns false without running the job.
+#ifndef LEDE_SERVICES_MODEL_BATCH_SCHEDULER_H_
+#define LEDE_SERVICES_MODEL_BATCH_SCHEDULER_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+namespace prometheus {
+class Histogram;
+}
+
+namespace lede::model_service {
+
+struct BatchSchedulerOptions {
+  // Jobs per batch, >= 1 (--max-batch). The service runs jobs on the
+  // handler threads without a scheduler at 1 (today's one-sequence passes).
+  int64_t max_batch = 8;
+  // Batches that may run at once (--batch-workers): with 2 a second batch
+  // runs while the first computes, so both cores of this machine work (as
+  // two handler threads do at --max-batch 1) without the spin-waits of an
+  // OpenMP team; sessions split between the two.
+  int n_workers = 1;
+  // Observed once per batch when not null (borrowed; outlive the scheduler).
+  prometheus::Histogram* batch_size = nullptr;  // lede_iteration_batch_size
+  prometheus::Histogram* batch_rows = nullptr;  // lede_iteration_tokens
+  // Example: BatchSchedulerOptions{.max_batch = 16}
+};
+
+class BatchScheduler {
+ public:
+  // Runs one batch: `jobs` (1 to max_batch, in arrival order) are the
+  // pointers given to Submit(); it must finish every job (write its result
+  // into it) before returning, and must not throw. Called on a submitting
+  // thread.
+  using RunFn = std::function<void(const std::vector<void*>& jobs)>;
+
+  BatchScheduler(BatchSchedulerOptions options, RunFn run);
+  ~BatchScheduler();
+  BatchScheduler(const BatchScheduler&) = delete;
+  BatchScheduler& operator=(const BatchScheduler&) = delete;
+
+  // Queues `job` (borrowed until this returns) of `n_rows` rows (for the
+  // rows metric) and blocks until a batch with it ran, running batches on
+  // this thread when a runner's place is free. Returns false, without
+  // running it, when the scheduler is stopping.
+  bool Submit(void* job, int64_t n_rows);
+
+  int64_t max_batch() const { return options_.max_batch; }
+  // Jobs submitted and not yet taken into a batch (thread-safe).
+  int64_t n_ready() const;
+
+ private:
+  struct Entry {
+    void* job;
+    int64_t n_rows;
+    bool done;
+  };
+
+  const BatchSchedulerOptions options_;
+  const RunFn run_;
+  mutable absl::Mutex mu_;
+  std::deque<Entry*> ready_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int n_running_ ABSL_GUARDED_BY(mu_) = 0;  // batches running now
+};
+
+}  // namespace lede::model_service
+
+#endif  // LEDE_SERVICES_MODEL_BATCH_SCHEDULER_H_
