@@ -283,9 +283,13 @@ TEST_F(CounterfactualTest, DinkelbachAdoptsOnlyImprovingIterates) {
     any_adopted = any_adopted || it.adopted;
   }
   const DinkelbachIteration& sel = result->iterations.at(result->selected_iteration - 1);
-  if (any_adopted) EXPECT_TRUE(sel.adopted);
+  if (any_adopted) {
+    EXPECT_TRUE(sel.adopted);
+  }
   for (const DinkelbachIteration& it : result->iterations) {
-    if (it.adopted == sel.adopted) EXPECT_LE(it.selection_speedup, sel.selection_speedup);
+    if (it.adopted == sel.adopted) {
+      EXPECT_LE(it.selection_speedup, sel.selection_speedup);
+    }
   }
 }
 
