@@ -20,8 +20,8 @@ wait
 bench() {  # set
   "$LEDE_BENCH" bench --model "$MODEL" --calibration "$MODEL/calibration-cpu.json" \
     --prompts "$MODEL/prompts/$1.jsonl" --candidate-layers "$CANDIDATES" \
-    --policy "$MODEL/policy/accelerator-v2,$MODEL/policy/measured-v2,$MODEL/policy/story-accelerator-v2,$MODEL/policy/story-measured-v2" \
-    --prompts-per-set 48 --new-tokens 64 --threads 1 --json "out/bench-$1.json" > "out/bench-$1.txt" 2> "out/bench-$1.err"
+    --policy "$MODEL/policy/accelerator-v3,$MODEL/policy/measured-v3,$MODEL/policy/story-accelerator-v3,$MODEL/policy/story-measured-v3" \
+    --max-draft-len 6 --prompts-per-set 48 --new-tokens 64 --threads 1 --json "out/bench-$1.json" > "out/bench-$1.txt" 2> "out/bench-$1.err"
 }
 bench story &
 bench code &

@@ -801,7 +801,9 @@ void LogExperienceAndCheck(LedeCluster& cluster, const std::string& store_url,
   EXPECT_GT(read->transitions.size(), 0u);
   EXPECT_FALSE(read->shards.empty());
   for (const experience::ShardReport& s : read->shards) EXPECT_EQ(s.error, "") << s.path;
-  for (const policy::Transition& t : read->transitions) ASSERT_EQ(t.policy_version, "measured-v2");
+  auto serving = policy::dqn::ResolveServingVersion(ModelDir() + "/policy");
+  ASSERT_THAT(serving, IsOk());
+  for (const policy::Transition& t : read->transitions) ASSERT_EQ(t.policy_version, *serving);
 }
 
 // Experience: LEDE requests through a coordinator logging to a directory
