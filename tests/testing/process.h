@@ -45,6 +45,7 @@
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
+#include <nlohmann/json.hpp>
 
 #include "proto/lede/v1/generation.grpc.pb.h"
 #include "shared/status/status.h"
@@ -53,6 +54,23 @@
 #include "tests/testing/temp_dir.h"
 
 namespace lede::testing {
+
+// The reward cost model of the policy `policy_root`/SERVING names
+// ("accelerator", "measured"), or "" if there is none. Launchers give the
+// verifier this machine's calibration only for a measured-cost policy, so
+// that logged experience is priced as the serving policy's rewards are
+// (the retrainer keeps only experience of the serving policy's cost
+// model); scripts/run applies the same rule.
+inline std::string ServingRewardCostModel(const std::string& policy_root) {
+  std::ifstream serving(policy_root + "/SERVING");
+  std::string version;
+  if (!(serving >> version)) return "";
+  std::ifstream meta(policy_root + "/" + version + "/policy.json");
+  if (!meta) return "";
+  nlohmann::json j = nlohmann::json::parse(meta, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("reward") || !j["reward"].contains("cost_model")) return "";
+  return j["reward"]["cost_model"].is_string() ? j["reward"]["cost_model"].get<std::string>() : "";
+}
 
 // Where the executables are (tests pass $<TARGET_FILE:...> paths).
 struct LedeBinaries {
@@ -65,7 +83,9 @@ struct ClusterOptions {
   LedeBinaries binaries;
   std::string model_dir;    // e.g. <source>/models/lede-tiny
   std::string policy_root;  // default: <model_dir>/policy
-  std::string calibration;  // default: <model_dir>/calibration-cpu.json if it exists
+  // default: <model_dir>/calibration-cpu.json if it exists and the serving
+  // policy was trained with the measured cost model (ServingRewardCostModel)
+  std::string calibration;
   int slots = 4;
   int max_draft_len = 16;
   bool colocated = false;       // one `lede-model --role both` serves drafter and verifier
@@ -93,7 +113,7 @@ class LedeCluster {
  public:
   explicit LedeCluster(ClusterOptions options) : options_(std::move(options)) {
     if (options_.policy_root.empty()) options_.policy_root = options_.model_dir + "/policy";
-    if (options_.calibration.empty() &&
+    if (options_.calibration.empty() && ServingRewardCostModel(options_.policy_root) == "measured" &&
         std::filesystem::exists(options_.model_dir + "/calibration-cpu.json")) {
       options_.calibration = options_.model_dir + "/calibration-cpu.json";
     }

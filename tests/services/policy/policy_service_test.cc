@@ -318,7 +318,7 @@ TEST_F(PolicyServiceTest, HotReloadReachesWatchersAndFollowers) {
   EXPECT_EQ(Reloads("rejected"), 0);
   EXPECT_EQ(VersionGauge("story-accelerator-v3"), 1);
   EXPECT_EQ(VersionGauge("accelerator-v3"), 0);
-  EXPECT_EQ(metrics_.policy_version_number.Value(), 2);  // story-accelerator-v3
+  EXPECT_EQ(metrics_.policy_version_number.Value(), 3);  // story-accelerator-v3
 
   watch_context.TryCancel();
   follower.Stop();
