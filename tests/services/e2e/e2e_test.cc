@@ -169,6 +169,22 @@ CallResult GenerateUntilOk(lede::v1::Generation::Stub& stub, const GenerateReque
   return r;
 }
 
+// Sends every request at once, one client thread and stub each, and returns
+// the results in request order.
+std::vector<CallResult> GenerateConcurrently(LedeCluster& cluster, const std::vector<GenerateRequest>& requests,
+                                             std::chrono::seconds deadline = 120s) {
+  std::vector<CallResult> results(requests.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    clients.emplace_back([&, i] {
+      auto stub = cluster.NewStub();
+      results[i] = Generate(*stub, requests[i], deadline);
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  return results;
+}
+
 void ExpectConsistentSummary(const CallResult& r, const std::string& what) {
   ASSERT_TRUE(r.summary.has_value()) << what << ": no summary";
   const GenerationSummary& s = *r.summary;
@@ -1081,15 +1097,7 @@ TEST_F(E2eQueueTest, MoreRequestsThanSlotsAllCompleteWithSoloTokens) {
     solo[i] = Generate(*stub_, requests[i], 60s);
     ASSERT_TRUE(solo[i].ok()) << solo[i].Describe();
   }
-  std::vector<CallResult> loaded(kRequests);
-  std::vector<std::thread> clients;
-  for (int i = 0; i < kRequests; ++i) {
-    clients.emplace_back([&, i] {
-      auto stub = cluster_->NewStub();
-      loaded[i] = Generate(*stub, requests[i], 120s);
-    });
-  }
-  for (std::thread& t : clients) t.join();
+  const std::vector<CallResult> loaded = GenerateConcurrently(*cluster_, requests);
   for (int i = 0; i < kRequests; ++i) {
     ASSERT_TRUE(loaded[i].ok()) << "request " << i << ": " << loaded[i].Describe();
     EXPECT_EQ(loaded[i].ids, solo[i].ids) << "request " << i << " (" << methods[i % methods.size()].name << ")";
@@ -1155,15 +1163,7 @@ TEST_F(E2eBatchTest, ConcurrentRequestsMatchTheirSoloRuns) {
   }
   const double steps_before =
       SumMetric(MetricsText(cluster_->verifier()->metrics_port()), "lede_iteration_batch_size_count");
-  std::vector<CallResult> got(kRequests);
-  std::vector<std::thread> clients;
-  for (int i = 0; i < kRequests; ++i) {
-    clients.emplace_back([&, i] {
-      auto stub = cluster_->NewStub();
-      got[i] = Generate(*stub, requests[i], 120s);
-    });
-  }
-  for (std::thread& t : clients) t.join();
+  const std::vector<CallResult> got = GenerateConcurrently(*cluster_, requests);
   for (int i = 0; i < kRequests; ++i) {
     ASSERT_TRUE(got[i].ok()) << "request " << i << ": " << got[i].Describe();
     EXPECT_EQ(got[i].ids, expected[i]) << "request " << i << " (" << methods[i % methods.size()].name << ")";
