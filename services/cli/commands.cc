@@ -93,9 +93,9 @@ int LoadFailureCode(const Status& s) {
 #if LEDE_HAVE_POLICY
 // The policy to serve from `policy_dir` (models/<m>/policy): the one whose
 // reward cost model fits the hardware. On CUDA (memory-bound decoding) the
-// newest version trained with the accelerator cost model; elsewhere the
-// SERVING pointer (set by scripts/train_policies.sh to the policy trained
-// with this machine's measured cost model).
+// SERVING policy if it was trained with the accelerator cost model, else the
+// last version by name that was; elsewhere the SERVING pointer (set by
+// scripts/train_policies.sh to the policy measured fastest on this CPU).
 StatusOr<policy::dqn::Artifact> ChoosePolicy(const std::string& policy_dir, const c10::Device& device,
                                              const std::string& fingerprint) {
   // A version directory (as lede-train writes it) is used as it is.
@@ -103,6 +103,8 @@ StatusOr<policy::dqn::Artifact> ChoosePolicy(const std::string& policy_dir, cons
     return policy::dqn::LoadArtifact(policy_dir, fingerprint);
   }
   if (device.is_cuda()) {
+    auto serving = policy::dqn::LoadServingArtifact(policy_dir, fingerprint);
+    if (serving.ok() && serving->metadata.reward_cost_model == "accelerator") return serving;
     std::vector<std::string> versions;
     std::error_code ec;
     for (const auto& entry : std::filesystem::directory_iterator(policy_dir, ec)) {
