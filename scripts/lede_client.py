@@ -51,6 +51,7 @@ def main():
     p.add_argument("--request-id", default="")
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--json", action="store_true", help="print one JSON object (text, token ids, summary)")
+    p.add_argument("--ids-out", default="", help="also write the generated token ids here (one line, space-separated)")
     p.add_argument("--tls-ca", default="", help="CA (PEM) of the coordinator's --tls-cert: connect with TLS")
     p.add_argument("--api-key", default=os.environ.get("LEDE_API_KEY", ""),
                    help="API key sent as 'authorization: Bearer KEY' (default $LEDE_API_KEY)")
@@ -90,6 +91,9 @@ def main():
             return 1
     from google.protobuf import json_format
     s = json_format.MessageToDict(summary, preserving_proto_field_name=True) if summary else {}
+    if a.ids_out:
+        with open(a.ids_out, "w") as f:
+            f.write(" ".join(str(i) for i in ids) + "\n")
     if a.json:
         print(json.dumps({"text": "".join(text), "token_ids": ids, "summary": s}))
     else:
