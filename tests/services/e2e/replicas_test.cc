@@ -17,7 +17,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
-#include <limits>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -42,6 +41,7 @@
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
+#include "tests/testing/retrain_once.h"
 #include "trainer/retrain.h"
 
 namespace lede {
@@ -246,14 +246,10 @@ TEST(ReplicasTest, TwoCoordinatorsThreeReplicasSurviveAKilledReplicaAndFollowAPo
   ro.experience_url = experience;
   ro.policy_root = (tmp.path() / "trainer-scratch").string();
   ro.policy_store_url = store_url;
-  ro.publish_margin = -std::numeric_limits<double>::infinity();
   ro.version_prefix = "sim";
   ro.dqn.epochs = 1;
-  auto retrainer = trainer::Retrainer::Create(ro);
-  ASSERT_THAT(retrainer.status(), IsOk());
-  auto outcome = (*retrainer)->RunOnce();
+  auto outcome = lede::testing::RetrainAndPublish(ro);
   ASSERT_THAT(outcome.status(), IsOk());
-  ASSERT_EQ(outcome->decision, trainer::RetrainDecision::kPublished) << outcome->reason;
   const std::string published = outcome->candidate_version;
   for (LedeCluster* r : replicas) {
     EXPECT_TRUE(WaitUntil(

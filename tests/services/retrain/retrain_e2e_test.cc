@@ -40,6 +40,7 @@
 #include "shared/storage/object_store.h"
 #include "tests/shared/telemetry/telemetry_test_util.h"
 #include "tests/testing/process.h"
+#include "tests/testing/retrain_once.h"
 #include "tests/testing/s3rver.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -235,14 +236,10 @@ TEST(RetrainE2eTest, PublishesFollowsAndRefusesCorruptVersions) {
   ro.eval_prompt_count = 2;
   ro.eval_new_tokens = 16;
   ro.eval_threads = 1;
-  ro.publish_margin = -std::numeric_limits<double>::infinity();
   ro.version_prefix = "e2e";
   ro.dqn.epochs = 2;
-  auto retrainer = trainer::Retrainer::Create(ro);
-  ASSERT_THAT(retrainer.status(), IsOk());
-  auto outcome = (*retrainer)->RunOnce();
+  auto outcome = lede::testing::RetrainAndPublish(ro);
   ASSERT_THAT(outcome.status(), IsOk());
-  ASSERT_EQ(outcome->decision, trainer::RetrainDecision::kPublished) << outcome->reason;
   const std::string v1 = outcome->candidate_version;
   EXPECT_EQ(v1, "e2e-1");
   EXPECT_EQ(outcome->serving_version, v0);
@@ -379,14 +376,10 @@ TEST(RetrainE2eTest, PublishesThroughAnObjectStore) {
   ro.experience_url = cluster.experience_dir();
   ro.policy_root = scratch.string();  // empty: everything comes from the store
   ro.policy_store_url = store_url;
-  ro.publish_margin = -std::numeric_limits<double>::infinity();
   ro.version_prefix = "s3";
   ro.dqn.epochs = 1;
-  auto retrainer = trainer::Retrainer::Create(ro);
-  ASSERT_THAT(retrainer.status(), IsOk());
-  auto outcome = (*retrainer)->RunOnce();
+  auto outcome = lede::testing::RetrainAndPublish(ro);
   ASSERT_THAT(outcome.status(), IsOk());
-  ASSERT_EQ(outcome->decision, trainer::RetrainDecision::kPublished) << outcome->reason;
   EXPECT_EQ(outcome->serving_version, v0);
   const std::string v1 = outcome->candidate_version;
 
