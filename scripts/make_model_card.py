@@ -125,7 +125,11 @@ def main():
         w(f"Greedy, prompts cut from held-out documents. Cost models (DESIGN.md §1): *accelerator* (verification "
           f"costs one step; the LM head is h = {ev['head_layer_equivalents']:.2f} layer-equivalents) and "
           f"*measured* (this CPU: full step {cal['step_us']:.0f} us; one block {cal['block_us'][0]:.0f} us for 1 "
-          f"position, {cal['block_us'][3]:.0f} us for 4, {cal['block_us'][15]:.0f} us for 16).\n")
+          f"position, {cal['block_us'][3]:.0f} us for 4, {cal['block_us'][15]:.0f} us for 16"
+          + (f"; rounds priced from real rounds timed in the decoding loop, in autoregressive rounds of "
+             f"{cal['ar_step_us']:.0f} us: K drafts at E=2 and their verification take "
+             + ", ".join(f"{x / cal['ar_step_us']:.2f}" for x in cal['round_us'][1][:6]) + " for K = 1..6"
+             if cal.get('round_us') else "") + ").\n")
         for dom, r in ev["domains"].items():
             g = r["static_grid"]
             w(f"### {dom} ({g['prompts']} prompts x {g['new_tokens']} tokens; AR {g['ar']['tokens_per_s']:.0f} "

@@ -58,7 +58,7 @@ done
 echo "text: $(head -c 300 "$tmp/ar.out")"
 
 echo "== calibrate --repeats 3"
-/usr/bin/time -v "$lede" calibrate --model "$dir" --repeats 3 --threads "$threads" --out "$tmp/calibration.json" \
+/usr/bin/time -v "$lede" calibrate --model "$dir" --repeats 3 --round-passes 0 --threads "$threads" --out "$tmp/calibration.json" \
   2>"$tmp/cal.err"
 grep -E '^step|^wrote' "$tmp/cal.err" || true
 awk -F': ' '/Maximum resident set size/ {printf "calibrate: peak RSS %.2f GiB\n", $2 / 1048576}

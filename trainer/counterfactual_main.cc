@@ -42,7 +42,7 @@ struct Flags {
               version, report;
   int64_t per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 128, extra_count = 0,
           max_draft = 4, iterations = 6, epochs = 16, seed = 1, threads = 1, hidden = 64, batch_size = 256;
-  double selection_fraction = 0.25, epsilon = 0.2, lr = 1e-3;
+  double selection_fraction = 0.25, epsilon = 0.2, lr = 1e-3, conservative_margin = 0.0;
   bool overwrite = false, probe_candidates = false, lookahead_probe = false, rollout = true;
 };
 
@@ -163,6 +163,7 @@ int Run(const Flags& fl) {
   o.spec.lookahead_probe = fl.lookahead_probe;
   o.max_iterations = static_cast<int32_t>(fl.iterations);
   o.behaviour_epsilon = fl.epsilon;
+  o.conservative_margin = fl.conservative_margin;
   o.seed = static_cast<uint64_t>(fl.seed);
   o.model_fingerprint = model->config().ArchitectureFingerprint();
   o.dqn.epochs = fl.epochs;
@@ -213,6 +214,7 @@ int Run(const Flags& fl) {
   meta.training_options["new_tokens"] = static_cast<double>(fl.new_tokens);
   meta.training_options["behaviour_epsilon"] = fl.epsilon;
   meta.training_options["rollout_targets"] = fl.rollout ? 1.0 : 0.0;
+  meta.training_options["conservative_margin"] = fl.conservative_margin;
   meta.training_data.n_requests = static_cast<int64_t>(train.size() + selection.size());
   lede::policy::dqn::Artifact artifact = lede::trainer::MakeArtifact(result->dqn, o.dqn, meta);
   artifact.metadata.offline_metrics["selection_speedup"] = sel.selection_speedup;
@@ -258,6 +260,8 @@ int main(int argc, char** argv) {
   f.Add("batch-size", &fl.batch_size, "DQN minibatch");
   f.Add("lr", &fl.lr, "Adam learning rate");
   f.Add("epsilon", &fl.epsilon, "ε of the exploring behaviours in the replays");
+  f.Add("conservative-margin", &fl.conservative_margin,
+        "rollout targets prefer the current policy's action by this many tokens per round (0: plain greedy)");
   f.Add("selection-fraction", &fl.selection_fraction, "share of requests that select the iterate");
   f.Add("seed", &fl.seed, "seed");
   f.Add("threads", &fl.threads, "libtorch threads");

@@ -102,15 +102,21 @@ class ForcedController : public model::ExitController {
   std::string name() const override { return "forced:" + policy_.name(); }
   model::Action Decide(const model::ExitState& s) override {
     const model::Action own = policy_.Decide(s);  // keeps the policy's own state advancing
+    own_.push_back(own);
     return index_ < prefix_.size() ? prefix_[index_++] : own;
   }
+  // The policy's own choice at each decision so far.
+  const std::vector<model::Action>& own() const { return own_; }
   int32_t FirstProbeLayer(const model::ExitState& s) override { return policy_.FirstProbeLayer(s); }
 
  private:
   std::vector<model::Action> prefix_;
   model::ExitController& policy_;
   size_t index_ = 0;
+  std::vector<model::Action> own_;
 };
+
+}  // namespace
 
 // Q^pi targets of every decision of every round that `sources` visit on
 // `traces` (see DinkelbachOptions::rollout_targets), as terminal
@@ -120,7 +126,8 @@ StatusOr<std::vector<policy::Transition>> RolloutTransitions(const std::vector<S
                                                              const ControllerMaker& policy,
                                                              const std::vector<ControllerMaker>& sources,
                                                              const policy::RewardSpec& rewards,
-                                                             const std::string& fingerprint) {
+                                                             const std::string& fingerprint,
+                                                             double conservative_margin) {
   std::vector<policy::Transition> out;
   for (size_t i = 0; i < traces.size(); ++i) {
     const ShadowTrace& trace = traces[i];
@@ -138,6 +145,7 @@ StatusOr<std::vector<policy::Transition>> RolloutTransitions(const std::vector<S
         std::vector<model::Action> prefix;
         for (size_t k = 0; k < decisions.size(); ++k) {
           const size_t first = out.size();
+          model::Action pi_action = model::Action::kContinue;  // pi's own choice at decision k
           for (model::Action a : {model::Action::kContinue, model::Action::kExit}) {
             std::vector<model::Action> forced = prefix;
             forced.push_back(a);
@@ -145,6 +153,7 @@ StatusOr<std::vector<policy::Transition>> RolloutTransitions(const std::vector<S
             ForcedController ctl(std::move(forced), *pi);
             LEDE_ASSIGN_OR_RETURN(SimulatedRound round, SimulateRound(trace, spec, ctl, contexts[r]));
             if (round.trace.decisions.size() <= k) continue;  // the round ended before k (cannot happen)
+            if (ctl.own().size() > k) pi_action = ctl.own()[k];
             std::vector<policy::Transition> ts =
                 policy::ToTransitions(round.trace, rewards, request_id, behaviour->name(), fingerprint);
             double ret = 0;
@@ -165,6 +174,9 @@ StatusOr<std::vector<policy::Transition>> RolloutTransitions(const std::vector<S
             const float mean = 0.5f * (out[first].reward + out[first + 1].reward);
             out[first].reward -= mean;
             out[first + 1].reward -= mean;
+            // Conservative improvement: pi's own action is preferred by the margin.
+            const float half = static_cast<float>(0.5 * conservative_margin);
+            for (size_t j = first; j < first + 2; ++j) out[j].reward += out[j].action == pi_action ? half : -half;
           }
           prefix.push_back(decisions[k].action);
         }
@@ -173,8 +185,6 @@ StatusOr<std::vector<policy::Transition>> RolloutTransitions(const std::vector<S
   }
   return out;
 }
-
-}  // namespace
 
 StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train_traces,
                                            const std::vector<ShadowTrace>& selection_traces,
@@ -185,6 +195,9 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
   if (o.max_iterations < 1) return InvalidArgumentError("max_iterations: must be >= 1");
   if (!(o.behaviour_epsilon >= 0 && o.behaviour_epsilon <= 1)) {
     return InvalidArgumentError("behaviour_epsilon: outside [0, 1]");
+  }
+  if (!(o.conservative_margin >= 0 && o.conservative_margin < 1e3)) {
+    return InvalidArgumentError("conservative_margin: must be >= 0");
   }
   LEDE_RETURN_IF_ERROR(ValidateDqnOptions(o.dqn));
   const int32_t L = train_traces.front().n_layers;
@@ -227,7 +240,8 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
         });
       }
       LEDE_ASSIGN_OR_RETURN(transitions,
-                            RolloutTransitions(train_traces, o.spec, pi, sources, rewards, o.model_fingerprint));
+                            RolloutTransitions(train_traces, o.spec, pi, sources, rewards, o.model_fingerprint,
+                                                       o.conservative_margin));
     } else {
       LEDE_ASSIGN_OR_RETURN(transitions, CounterfactualTransitions(train_traces, o.spec, Behaviours(o, L, current, it),
                                                                    rewards, o.model_fingerprint));

@@ -75,6 +75,15 @@ struct DinkelbachOptions {
   // static setting. States come from pi and from ε-greedy variants of it
   // and of the threshold behaviours.
   bool rollout_targets = true;
+  // Conservative policy improvement (with rollout targets): the regression
+  // target of the action the current policy pi takes at a state is raised
+  // by this margin (tokens per round) over the other action's, so that the
+  // next greedy policy leaves pi only where the fitted advantage exceeds
+  // it. A fitted Q-network's greedy policy flips decisions on small, noisy
+  // advantages and on states pi never visits; measured on story + code
+  // requests under the measured cost model, margin 0 gave iterates 3-13%
+  // below static on the training traces. 0: plain greedy improvement.
+  double conservative_margin = 0.0;
 };
 
 struct DinkelbachIteration {
@@ -104,6 +113,23 @@ struct StaticChoice {
 };
 StatusOr<StaticChoice> BestStatic(const std::vector<ShadowTrace>& traces, int32_t max_draft_len,
                                   const model::CostModel& cost);
+
+// The rollout targets of DinkelbachOptions::rollout_targets: for every
+// decision of every round that `sources` visit on `traces`, both actions,
+// each as a terminal transition whose reward is the return of the rest of
+// the round with that action forced and `policy` (pi) after it. The two
+// returns of a decision are centered on their mean, then pi's own action is
+// raised by conservative_margin / 2 and the other lowered by as much
+// (DinkelbachOptions::conservative_margin). Transitions come in pairs
+// (continue, exit) per decision, in trace, source, round, decision order.
+// Errors: those of the replay.
+StatusOr<std::vector<policy::Transition>> RolloutTransitions(const std::vector<ShadowTrace>& traces,
+                                                             const model::DecisionSpec& spec,
+                                                             const ControllerMaker& policy,
+                                                             const std::vector<ControllerMaker>& sources,
+                                                             const policy::RewardSpec& rewards,
+                                                             const std::string& fingerprint,
+                                                             double conservative_margin = 0.0);
 
 // Errors: kInvalidArgument for empty trace sets or options out of range
 // (max_iterations < 1, behaviour_epsilon outside [0, 1], those of

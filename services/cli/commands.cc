@@ -426,11 +426,15 @@ int RunTokenize(const std::vector<std::string>& raw_args, std::ostream& out, std
 int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   ModelFlags mf;
   std::string out_path;
-  int64_t repeats = 50;
+  int64_t repeats = 50, round_passes = 5, round_max_draft_len = 8;
   FlagSet flags;
   mf.AddTo(flags);
   flags.Add("out", &out_path, "write the calibration JSON here (default: stdout)");
   flags.Add("repeats", &repeats, "timed repetitions per measurement (median)");
+  flags.Add("round-passes", &round_passes,
+            "interleaved passes timing real speculation rounds at every exit layer and draft length "
+            "(0: kernel tables only; a large model on CPU wants 1 or 0)");
+  flags.Add("round-max-draft-len", &round_max_draft_len, "draft lengths 1..N of the timed rounds");
   if (flags::WantsHelp(args)) {
     out << "usage: lede calibrate --model PATH [flags]\nflags:\n" << flags.Usage();
     return kExitOk;
@@ -440,6 +444,10 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
     return kExitUsage;
   }
   if (repeats < 1) return Fail(err, InvalidArgumentError("--repeats: must be >= 1"), kExitUsage);
+  if (round_passes < 0) return Fail(err, InvalidArgumentError("--round-passes: must be >= 0"), kExitUsage);
+  if (round_max_draft_len < 1 || round_max_draft_len > 16) {
+    return Fail(err, InvalidArgumentError("--round-max-draft-len: must be in [1, 16]"), kExitUsage);
+  }
   auto options = mf.Options();
   if (!options.ok()) return Fail(err, options.status(), kExitUsage);
   auto loaded = model::LlamaModel::Load(mf.model, *options);
@@ -456,7 +464,8 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
     (void)sink;
   };
 #endif
-  auto cal = model::Calibrate(**loaded, static_cast<int>(repeats), decide);
+  auto cal = model::Calibrate(**loaded, static_cast<int>(repeats), decide, static_cast<int>(round_passes),
+                              round_max_draft_len);
   if (!cal.ok()) return Fail(err, cal.status(), kExitFailure);
   const std::string json = model::CalibrationToJson(*cal);
   if (out_path.empty()) {
@@ -470,6 +479,16 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
   err << std::fixed << std::setprecision(3) << "step " << cal->step_us << " us; verify(k)/step(1):";
   for (int k : {1, 2, 4, 8, 16}) err << " k=" << k << ":" << cal->block_us[k - 1] / cal->block_us[0];
   err << " (per block, all L blocks / L); decision " << cal->decision_us << " us\n";
+  if (!cal->round_us.empty()) {
+    // The fitted line of each exit layer's rounds (the measured cost model's prices).
+    err << "rounds timed in context, in autoregressive steps of " << cal->ar_step_us
+        << " us: per exit layer E, verification + K x draft:";
+    for (size_t e = 1; e <= cal->round_us.size(); ++e) {
+      err << " E=" << e << ":" << measured->Verify(static_cast<int64_t>(e), 1) << "+K*"
+          << measured->DraftToken(static_cast<int64_t>(e));
+    }
+    err << "\n";
+  }
   return kExitOk;
 }
 

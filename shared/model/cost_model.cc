@@ -34,16 +34,36 @@ class AcceleratorCostModel : public CostModel {
 
 class MeasuredCostModel : public CostModel {
  public:
-  explicit MeasuredCostModel(Calibration c) : c_(std::move(c)) {}
+  explicit MeasuredCostModel(Calibration c) : c_(std::move(c)) {
+    unit_us_ = c_.round_us.empty() || c_.ar_step_us <= 0 ? c_.step_us : c_.ar_step_us;
+    for (const std::vector<double>& row : c_.round_us) {
+      // Least-squares line through the round times over K = 1..n.
+      const double n = static_cast<double>(row.size());
+      double sk = 0, sy = 0, skk = 0, sky = 0;
+      for (size_t i = 0; i < row.size(); ++i) {
+        const double k = static_cast<double>(i + 1);
+        sk += k;
+        sy += row[i];
+        skk += k * k;
+        sky += k * row[i];
+      }
+      const double den = n * skk - sk * sk;
+      const double slope = den > 0 ? std::max(0.0, (n * sky - sk * sy) / den) : 0.0;
+      draft_us_.push_back(slope);
+      verify_us_.push_back(std::max(0.0, (sy - slope * sk) / n));
+    }
+  }
   std::string name() const override { return "measured"; }
   double DraftToken(int64_t l) const override {
-    return (l * Block(1) + Head(1)) / c_.step_us;
+    if (InTable(l)) return draft_us_[l - 1] / unit_us_;
+    return (l * Block(1) + Head(1)) / unit_us_;
   }
   double Verify(int64_t e, int64_t k) const override {
-    return (e * Block(1) + (c_.n_layers - e) * Block(k + 1) + Head(k + 1)) / c_.step_us;
+    if (InTable(e) && k >= 1) return verify_us_[e - 1] / unit_us_;
+    return (e * Block(1) + (c_.n_layers - e) * Block(k + 1) + Head(k + 1)) / unit_us_;
   }
-  double Probe() const override { return Head(1) / c_.step_us; }
-  double Decision() const override { return c_.decision_us / c_.step_us; }
+  double Probe() const override { return Head(1) / unit_us_; }
+  double Decision() const override { return c_.decision_us / unit_us_; }
 
  private:
   static double At(const std::vector<double>& v, int64_t t) {
@@ -52,9 +72,15 @@ class MeasuredCostModel : public CostModel {
     const double slope = n >= 2 ? v[n - 1] - v[n - 2] : 0.0;  // linear beyond the table
     return v[n - 1] + slope * (t - n);
   }
+  bool InTable(int64_t l) const {
+    return l >= 1 && l <= static_cast<int64_t>(c_.round_us.size()) && !c_.round_us[l - 1].empty();
+  }
   double Block(int64_t t) const { return At(c_.block_us, t); }
   double Head(int64_t t) const { return At(c_.head_us, t); }
   Calibration c_;
+  double unit_us_ = 1;
+  // The line round_us[E-1][K-1] ~ verify_us_[E-1] + K * draft_us_[E-1].
+  std::vector<double> draft_us_, verify_us_;
 };
 
 // Times several measurements interleaved: each repetition runs every one of
@@ -113,7 +139,10 @@ std::unique_ptr<CostModel> MakeMeasuredCostModel(const Calibration& calibration)
   return std::make_unique<MeasuredCostModel>(calibration);
 }
 
-StatusOr<Calibration> Calibrate(const LlamaModel& model, int repeats, const std::function<void()>& decide) {
+namespace {
+
+// The kernel tables of Calibrate (blocks, head, step, decision).
+StatusOr<Calibration> CalibrateKernels(const LlamaModel& model, int repeats, const std::function<void()>& decide) {
   return TorchBoundary("calibrate", [&]() -> StatusOr<Calibration> {
     c10::InferenceMode guard;
     const ModelConfig& c = model.config();
@@ -172,6 +201,91 @@ StatusOr<Calibration> Calibrate(const LlamaModel& model, int repeats, const std:
   });
 }
 
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// The round table of Calibrate (see the header): interleaved passes over
+// every (E, K), each timed against the autoregressive steps just before it.
+Status CalibrateRounds(const LlamaModel& model, int passes, int64_t max_k, Calibration* cal) {
+  const ModelConfig& c = model.config();
+  const int64_t L = c.n_layers;
+  if (L < 2 || max_k < 1) return OkStatus();
+  KvCacheOptions ko;
+  ko.n_slots = 1;
+  ko.capacity = std::min<int64_t>(c.max_seq_len, 256);
+  ko.max_draft_len = max_k;
+  ko.device = model.options().device;
+  ko.dtype = model.options().dtype;
+  // The engine shares the caller's model for this call only.
+  std::shared_ptr<const LlamaModel> shared(&model, [](const LlamaModel*) {});
+  LEDE_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(shared, ko));
+  // A fixed prompt of ordinary tokens (the content does not change the cost
+  // of a round, only how many tokens it emits).
+  std::vector<int32_t> prompt = {static_cast<int32_t>(c.bos_id)};
+  for (int64_t i = 0; i < 24; ++i) prompt.push_back(static_cast<int32_t>((7 + 131 * i) % c.vocab_size));
+  const int64_t rounds_per_config = 6;
+  // The speed of this machine drifts by 10% and more within seconds (shared
+  // cores, frequency): each configuration is timed right after a short
+  // autoregressive generation and recorded as a ratio to its steps, and the
+  // table is those ratios' medians times the median step.
+  std::vector<std::vector<std::vector<double>>> ratios(L - 1, std::vector<std::vector<double>>(max_k));
+  std::vector<double> ar_all;
+  GenerateOptions ar;
+  ar.stop_at_eos = false;
+  ar.max_new_tokens = 5;
+  auto ar_step = [&]() -> StatusOr<double> {
+    LEDE_ASSIGN_OR_RETURN(GenerationResult r, engine->Generate(prompt, ar));
+    std::vector<double> us;
+    for (const RoundRecord& rr : r.stats.rounds) us.push_back(rr.latency_s * 1e6);
+    ar_all.insert(ar_all.end(), us.begin(), us.end());
+    const double m = Median(us);
+    if (!(m > 0)) return InternalError("calibrate: no autoregressive round was timed");
+    return m;
+  };
+  for (int pass = 0; pass < passes; ++pass) {
+    for (int64_t e = 1; e < L; ++e) {
+      for (int64_t k = 1; k <= max_k; ++k) {
+        LEDE_ASSIGN_OR_RETURN(const double step, ar_step());
+        GenerateOptions o;
+        o.stop_at_eos = false;
+        o.mode = speculation::SpeculationMode::kStatic;
+        o.exit_layer = static_cast<int32_t>(e);
+        o.draft_len = static_cast<int32_t>(k);
+        // At least rounds_per_config rounds, most of them of exactly K drafts.
+        o.max_new_tokens = std::min<int64_t>(rounds_per_config * (k + 1),
+                                             ko.capacity - 1 - static_cast<int64_t>(prompt.size()) - k);
+        LEDE_ASSIGN_OR_RETURN(GenerationResult r, engine->Generate(prompt, o));
+        std::vector<double> us;
+        for (const RoundRecord& rr : r.stats.rounds) {
+          if (rr.exit_layer == e && rr.n_drafted == k) us.push_back(rr.latency_s * 1e6);
+        }
+        if (!us.empty()) ratios[e - 1][k - 1].push_back(Median(us) / step);
+      }
+    }
+  }
+  cal->ar_step_us = Median(ar_all);
+  cal->round_us.assign(L - 1, std::vector<double>(max_k, 0.0));
+  for (int64_t e = 1; e < L; ++e) {
+    for (int64_t k = 1; k <= max_k; ++k) {
+      if (ratios[e - 1][k - 1].empty()) return InternalError("calibrate: no round of K drafts was timed");
+      cal->round_us[e - 1][k - 1] = Median(ratios[e - 1][k - 1]) * cal->ar_step_us;
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<Calibration> Calibrate(const LlamaModel& model, int repeats, const std::function<void()>& decide,
+                                int round_passes, int64_t round_max_draft_len) {
+  LEDE_ASSIGN_OR_RETURN(Calibration cal, CalibrateKernels(model, repeats, decide));
+  if (round_passes > 0) LEDE_RETURN_IF_ERROR(CalibrateRounds(model, round_passes, round_max_draft_len, &cal));
+  return cal;
+}
+
 std::string CalibrationToJson(const Calibration& c) {
   nlohmann::json j;
   j["model_fingerprint"] = c.model_fingerprint;
@@ -182,7 +296,12 @@ std::string CalibrationToJson(const Calibration& c) {
   j["head_us"] = c.head_us;
   j["step_us"] = c.step_us;
   j["decision_us"] = c.decision_us;
-  j["units"] = "microseconds; block_us[i] and head_us[i] are for i+1 positions";
+  if (!c.round_us.empty()) {
+    j["round_us"] = c.round_us;
+    j["ar_step_us"] = c.ar_step_us;
+  }
+  j["units"] = "microseconds; block_us[i] and head_us[i] are for i+1 positions; round_us[E-1][K-1] is a round "
+               "of K drafts at exit layer E, ar_step_us an autoregressive round, both timed in the decoding loop";
   return j.dump(2) + "\n";
 }
 
@@ -200,6 +319,19 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text) {
     c.decision_us = j.value("decision_us", 0.0);
     if (c.block_us.empty() || c.head_us.empty() || c.step_us <= 0 || c.n_layers <= 0) {
       return InvalidArgumentError("calibration: empty tables or non-positive step_us/n_layers");
+    }
+    if (j.contains("round_us")) {
+      c.round_us = j.at("round_us").get<std::vector<std::vector<double>>>();
+      c.ar_step_us = j.at("ar_step_us").get<double>();
+      if (static_cast<int64_t>(c.round_us.size()) != c.n_layers - 1 || c.ar_step_us <= 0) {
+        return InvalidArgumentError("calibration: round_us must have n_layers - 1 rows and ar_step_us be positive");
+      }
+      for (const auto& row : c.round_us) {
+        if (row.empty() || row.size() != c.round_us[0].size() ||
+            std::any_of(row.begin(), row.end(), [](double v) { return !(v > 0); })) {
+          return InvalidArgumentError("calibration: round_us rows must be equally long and positive");
+        }
+      }
     }
     return c;
   } catch (const nlohmann::json::exception& e) {

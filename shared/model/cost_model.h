@@ -9,8 +9,12 @@
 //    costs 1; drafting one token at exit layer l costs (l + h) / L, where
 //    h = V*d / (weights of one block) is the LM head in layer-equivalents;
 //    a probe of one more candidate layer costs h / L.
-//  - measured: the calibrated wall-clock of this machine: one block for
-//    T = 1..16 positions, the LM head for T positions, a full step.
+//  - measured: the calibrated wall-clock of this machine. Speculation
+//    rounds are priced from real rounds timed in context (Calibration::
+//    round_us: K drafts at exit layer E and their verification, as the
+//    decoding loop runs them); the per-block and head tables (one block for
+//    T = 1..16 positions, the LM head for T positions) price probes and,
+//    for files without a round table, everything.
 //
 // Predicted speed-up = tokens emitted / total cost, against 1 token per unit
 // for autoregressive decoding.
@@ -62,6 +66,14 @@ std::unique_ptr<CostModel> MakeAcceleratorCostModel(const ModelConfig& config);
 double HeadLayerEquivalents(const ModelConfig& config);
 
 // Wall-clock costs measured on one machine (microseconds, medians).
+//
+// Why rounds are timed in context: a block timed in isolation (all L blocks
+// / L) reads its weights from where a full step leaves them, but the draft
+// steps of a round at a shallow exit layer E re-read only E blocks and the
+// head, which stay in the faster caches. Measured on lede-tiny (1 thread):
+// 8 drafts at E = 4 and their verification took 0.58x of what the block
+// tables predict, 1 draft at E = 11 1.05x; a cost model that charges every
+// draft at the cold price teaches policies to draft too little.
 struct Calibration {
   std::string model_fingerprint;  // ModelConfig::ArchitectureFingerprint()
   std::string device;             // "cpu", "cuda:0"
@@ -69,6 +81,16 @@ struct Calibration {
   std::vector<double> block_us;   // [16]: one block for T = 1..16 positions (all L blocks / L)
   std::vector<double> head_us;    // [16]: final norm + LM head for T positions
   double step_us = 0;             // full autoregressive step incl. embedding and head
+  // round_us[E-1][K-1], E in [1, L), K in [1, round_us[0].size()]: median
+  // wall time of a static speculation round of the engine's decoding loop
+  // (Engine::Generate, RoundRecord::latency_s) that drafted K tokens at
+  // exit layer E, verification and acceptance included. Empty in files
+  // from before rounds were timed (the cost model then uses the tables
+  // above).
+  std::vector<std::vector<double>> round_us;
+  // Median wall time of an autoregressive round of the same loop (the unit
+  // of the cost model when round_us is present; 0 otherwise).
+  double ar_step_us = 0;
   // One decision: ProbeSignals over V exit logits plus the controller's
   // decide function given to Calibrate (0 in files from before it was measured).
   double decision_us = 0;
@@ -81,9 +103,19 @@ struct Calibration {
 // forward), `repeats` times each (median), interleaved: every repetition
 // times each measurement once, so that load changing during calibration
 // shifts all of them alike rather than their ratios.
-// Errors: kInternal on a libtorch failure.
+// Then, when round_passes > 0, the round table: greedy static generations
+// (an engine of its own on `model`, one KV slot, a fixed prompt) at every
+// exit layer E in [1, L) and draft length K in [1, round_max_draft_len],
+// `round_passes` interleaved passes. Each one is timed right after a short
+// autoregressive generation, as a ratio to its steps (this machine's speed
+// drifts by 10% within seconds); an entry is the median ratio over the
+// passes times the median autoregressive step (ar_step_us).
+// Costs about round_passes x (L - 1) x round_max_draft_len short
+// generations (lede-tiny, 5 passes: about a minute on one thread).
+// Errors: kInternal on a libtorch failure; those of Engine::Generate.
 StatusOr<Calibration> Calibrate(const LlamaModel& model, int repeats = 50,
-                                const std::function<void()>& decide = nullptr);
+                                const std::function<void()>& decide = nullptr, int round_passes = 5,
+                                int64_t round_max_draft_len = 8);
 
 std::string CalibrationToJson(const Calibration& calibration);
 // Errors: kInvalidArgument for bad JSON or missing fields.
@@ -93,6 +125,12 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text);
 StatusOr<Calibration> ReadCalibrationFile(const std::string& path);
 
 // The measured model from a calibration (T above 16 extrapolates linearly).
+// With a round table (all in units of ar_step_us): the least-squares line
+// round_us[E-1][K-1] ~ v_E + K * d_E over the table's K (one line per exit
+// layer smooths the timing noise of single entries) gives DraftToken(E) =
+// d_E and Verify(E, K) = v_E for every K >= 1, so that RoundCost of a round
+// of K drafts at E is the fitted time of such rounds. Exit layers outside
+// the table, K = 0 and probes use the block and head tables.
 std::unique_ptr<CostModel> MakeMeasuredCostModel(const Calibration& calibration);
 
 }  // namespace lede::model

@@ -207,9 +207,18 @@ TEST_F(CounterfactualTest, DinkelbachReturnIsTokensMinusRhoTimesCost) {
   }
   cal.step_us = 2000.0;
   cal.decision_us = 15.0;
-  for (const bool measured : {false, true}) {
-  auto cost = measured ? model::MakeMeasuredCostModel(cal) : model::MakeAcceleratorCostModel(model_->config());
-  SCOPED_TRACE(cost->name());
+  // ... and the measured one from a round table timed in context (one line
+  // per exit layer, a verification that no longer grows with K).
+  model::Calibration rounds = cal;
+  rounds.ar_step_us = 1800.0;
+  for (int64_t e = 1; e < cal.n_layers; ++e) {
+    rounds.round_us.emplace_back();
+    for (int k = 1; k <= 6; ++k) rounds.round_us.back().push_back(1900.0 + 40.0 * e + (150.0 + 35.0 * e) * k + 20.0 * (k % 2));
+  }
+  for (const int which : {0, 1, 2}) {
+  auto cost = which == 0 ? model::MakeAcceleratorCostModel(model_->config())
+                         : model::MakeMeasuredCostModel(which == 1 ? cal : rounds);
+  SCOPED_TRACE(cost->name() + (which == 2 ? " (round table)" : ""));
   // Every combination of the probe flags: a decision that probes nothing
   // (phase 1 from history, phase 2 on the token just drafted) must not be
   // charged a probe, one that wastes a probe must be.
@@ -291,6 +300,54 @@ TEST_F(CounterfactualTest, DinkelbachAdoptsOnlyImprovingIterates) {
       EXPECT_LE(it.selection_speedup, sel.selection_speedup);
     }
   }
+}
+
+// Rollout targets: per decision one transition per action, centered on
+// their mean; a conservative margin raises pi's own action by half of it
+// and lowers the other by as much, on the very same states.
+TEST_F(CounterfactualTest, RolloutTargetsAreCenteredAndPreferPiByTheMargin) {
+  const std::vector<ShadowTrace> traces = Traces();
+  auto cost = model::MakeAcceleratorCostModel(model_->config());
+  model::DecisionSpec spec;
+  spec.candidate_layers = {1, 2, 3};
+  spec.max_draft_len = 6;
+  spec.probe_candidates = false;
+  spec.lookahead_probe = false;
+  ControllerMaker pi = [](int64_t) { return std::make_unique<policy::StaticExitController>(2, 2); };
+  std::vector<ControllerMaker> sources = {
+      pi, [](int64_t) { return std::make_unique<policy::ThresholdExitController>(0.5f, 0.5f); }};
+  const policy::RewardSpec rewards = DinkelbachRewards(*cost, static_cast<int32_t>(model_->n_layers()), 6, 1.5);
+  auto plain = RolloutTransitions(traces, spec, pi, sources, rewards, "fp", 0.0);
+  auto margin = RolloutTransitions(traces, spec, pi, sources, rewards, "fp", 0.4);
+  ASSERT_TRUE(plain.ok() && margin.ok());
+  ASSERT_EQ(plain->size(), margin->size());
+  ASSERT_GT(plain->size(), 100u);
+  ASSERT_EQ(plain->size() % 2, 0u);
+  int64_t pi_exits = 0, pi_continues = 0;
+  for (size_t i = 0; i < plain->size(); i += 2) {
+    const policy::Transition &c = (*plain)[i], &e = (*plain)[i + 1];
+    ASSERT_EQ(c.action, model::Action::kContinue);
+    ASSERT_EQ(e.action, model::Action::kExit);
+    ASSERT_EQ(c.state, e.state);
+    ASSERT_TRUE(c.done && e.done);
+    EXPECT_NEAR(c.reward + e.reward, 0.0f, 1e-5f);
+    // pi's own action at this state (static: a function of phase, layer and draft position).
+    model::ExitState st;
+    st.phase = c.phase;
+    st.layer = c.layer;
+    st.n_layers = c.n_layers;
+    st.draft_pos = c.draft_pos;
+    st.max_draft_len = spec.max_draft_len;
+    const model::Action own = policy::StaticExitController(2, 2).Decide(st);
+    (own == model::Action::kExit ? pi_exits : pi_continues)++;
+    for (size_t j : {i, i + 1}) {
+      const policy::Transition &p = (*plain)[j], &m = (*margin)[j];
+      ASSERT_EQ(p.state, m.state);
+      EXPECT_NEAR(m.reward - p.reward, p.action == own ? 0.2f : -0.2f, 1e-5f);
+    }
+  }
+  EXPECT_GT(pi_exits, 0);
+  EXPECT_GT(pi_continues, 0);
 }
 
 TEST_F(CounterfactualTest, CounterfactualTransitionsCoverEveryBehaviour) {

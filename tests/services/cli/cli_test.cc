@@ -62,6 +62,36 @@ TEST(GenerateTest, RejectsBadSampleCounts) {
   }
 }
 
+// `lede calibrate` writes the kernel tables and the round table the
+// measured cost model prices rounds from, and refuses bad round flags.
+TEST(CalibrateTest, WritesARoundTableAndRefusesBadRoundFlags) {
+  ::lede::testing::TempDir dir;
+  const std::string path = (dir.path() / "calibration.json").string();
+  const std::string model = ::lede::testing::SharedDir() + "/models/stories260K";
+  std::ostringstream out, err;
+  ASSERT_EQ(RunCalibrate({"--model", model, "--threads", "1", "--repeats", "2", "--round-passes", "1",
+                          "--round-max-draft-len", "2", "--out", path},
+                         out, err),
+            0)
+      << err.str();
+  std::ifstream f(path);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  const int64_t L = j.at("n_layers").get<int64_t>();
+  ASSERT_EQ(j.at("round_us").size(), static_cast<size_t>(L - 1));
+  EXPECT_EQ(j.at("round_us")[0].size(), 2u);
+  EXPECT_GT(j.at("ar_step_us").get<double>(), 0.0);
+  EXPECT_NE(err.str().find("rounds timed in context"), std::string::npos) << err.str();
+  for (const std::vector<std::string>& bad : {std::vector<std::string>{"--round-passes", "-1"},
+                                              std::vector<std::string>{"--round-max-draft-len", "0"},
+                                              std::vector<std::string>{"--round-max-draft-len", "17"}}) {
+    std::vector<std::string> args = {"--model", model};
+    args.insert(args.end(), bad.begin(), bad.end());
+    std::ostringstream o, e;
+    EXPECT_EQ(RunCalibrate(args, o, e), 2);
+    EXPECT_NE(e.str().find(bad[0]), std::string::npos) << e.str();
+  }
+}
+
 // A tiny byte-level tokenizer.json (one token per byte, ids = byte values,
 // no merges; <|bos|> = 256 added by the post-processor, <|eot|> = 257) with
 // a tokenizer_config.json holding a chat template: the CLI's plumbing

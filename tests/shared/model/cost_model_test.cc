@@ -1,0 +1,132 @@
+// Tests of shared/model/cost_model.h: the measured cost model from the
+// in-context round table and from the older block tables, the calibration
+// file format, and the round calibration's shape.
+#include "shared/model/cost_model.h"
+
+#include <memory>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/shared/model/model_fixtures.h"
+#include "tests/testing/status_matchers.h"
+
+namespace lede::model {
+namespace {
+
+using ::lede::testing::IsOk;
+using ::lede::testing::StatusIs;
+using ::testing::HasSubstr;
+
+// Block and head tables: block(T) = 100 + 10 T, head(T) = 50 + 5 T us.
+Calibration TableCalibration(int64_t n_layers) {
+  Calibration c;
+  c.model_fingerprint = "f";
+  c.device = "cpu";
+  c.n_layers = n_layers;
+  for (int t = 1; t <= 16; ++t) {
+    c.block_us.push_back(100.0 + 10.0 * t);
+    c.head_us.push_back(50.0 + 5.0 * t);
+  }
+  c.step_us = 1500.0;
+  c.decision_us = 12.0;
+  return c;
+}
+
+RoundRecord Round(int32_t exit_layer, int32_t n_drafted) {
+  RoundRecord r;
+  r.exit_layer = exit_layer;
+  r.n_drafted = n_drafted;
+  return r;
+}
+
+TEST(MeasuredCostModelTest, BlockTablesPriceDraftsAndVerification) {
+  const Calibration c = TableCalibration(4);
+  auto m = MakeMeasuredCostModel(c);
+  EXPECT_DOUBLE_EQ(m->DraftToken(2), (2 * 110.0 + 55.0) / 1500.0);
+  // Layers < E for the last draft, layers >= E for K + 1 positions, head for K + 1.
+  EXPECT_DOUBLE_EQ(m->Verify(1, 3), (110.0 + 3 * 140.0 + 70.0) / 1500.0);
+  EXPECT_DOUBLE_EQ(m->Probe(), 55.0 / 1500.0);
+  EXPECT_DOUBLE_EQ(m->Decision(), 12.0 / 1500.0);
+  EXPECT_DOUBLE_EQ(m->RoundCost(Round(0, 0)), 1.0);
+}
+
+TEST(MeasuredCostModelTest, RoundTableIsPricedByOneLinePerExitLayer) {
+  Calibration c = TableCalibration(3);
+  c.ar_step_us = 1000.0;
+  // E = 1: exactly 1200 + 300 K. E = 2: {1000, 3000, 2000}, whose
+  // least-squares line over K = 1..3 is 1000 + 500 K.
+  c.round_us = {{1500.0, 1800.0, 2100.0}, {1000.0, 3000.0, 2000.0}};
+  auto m = MakeMeasuredCostModel(c);
+  EXPECT_DOUBLE_EQ(m->DraftToken(1), 0.3);
+  EXPECT_DOUBLE_EQ(m->DraftToken(2), 0.5);
+  for (int32_t k : {1, 2, 3, 6}) {  // beyond the table too
+    SCOPED_TRACE(k);
+    EXPECT_NEAR(m->Verify(1, k), 1.2, 1e-12);
+    EXPECT_NEAR(m->Verify(2, k), 1.0, 1e-12);
+    EXPECT_NEAR(m->RoundCost(Round(1, k)), 1.2 + 0.3 * k, 1e-12);
+  }
+  // Units are the autoregressive round of the same loop, not the kernel step.
+  EXPECT_DOUBLE_EQ(m->RoundCost(Round(0, 0)), 1.0);
+  EXPECT_DOUBLE_EQ(m->Probe(), 55.0 / 1000.0);
+  EXPECT_DOUBLE_EQ(m->Decision(), 12.0 / 1000.0);
+  // Exit layers outside the table fall back to the block tables.
+  EXPECT_DOUBLE_EQ(m->DraftToken(3), (3 * 110.0 + 55.0) / 1000.0);
+  // A speed-up of rounds is tokens over their fitted cost.
+  RoundRecord r = Round(1, 2);
+  r.n_emitted = 3;
+  EXPECT_NEAR(m->PredictedSpeedup({r, r}), 6.0 / (2 * 1.8), 1e-12);
+}
+
+TEST(CalibrationJsonTest, RoundTripKeepsTheRoundTable) {
+  Calibration c = TableCalibration(3);
+  c.ar_step_us = 990.0;
+  c.round_us = {{1.0e3, 2.0e3}, {1.5e3, 2.5e3}};
+  auto back = CalibrationFromJson(CalibrationToJson(c));
+  ASSERT_THAT(back, IsOk());
+  EXPECT_EQ(back->round_us, c.round_us);
+  EXPECT_DOUBLE_EQ(back->ar_step_us, 990.0);
+  EXPECT_EQ(back->block_us, c.block_us);
+  // A file without a round table (written before rounds were timed) loads.
+  Calibration old = TableCalibration(3);
+  auto legacy = CalibrationFromJson(CalibrationToJson(old));
+  ASSERT_THAT(legacy, IsOk());
+  EXPECT_TRUE(legacy->round_us.empty());
+}
+
+TEST(CalibrationJsonTest, MalformedRoundTableIsRefusedNamingIt) {
+  Calibration c = TableCalibration(3);
+  c.ar_step_us = 1000.0;
+  c.round_us = {{1.0e3, 2.0e3}};  // n_layers - 1 = 2 rows wanted
+  EXPECT_THAT(CalibrationFromJson(CalibrationToJson(c)),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("round_us")));
+  c.round_us = {{1.0e3, 2.0e3}, {1.0e3, -1.0}};
+  EXPECT_THAT(CalibrationFromJson(CalibrationToJson(c)),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("round_us")));
+  c.round_us = {{1.0e3, 2.0e3}, {1.0e3}};
+  EXPECT_THAT(CalibrationFromJson(CalibrationToJson(c)),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("round_us")));
+}
+
+// The values are timings (not asserted); the table's shape and units are.
+TEST(CalibrateTest, TimesARoundOfEveryExitLayerAndDraftLength) {
+  auto model = LlamaModel::RandomInit(testing::TinyConfig(), /*seed=*/3, ModelOptions{}, 0.3);
+  ASSERT_THAT(model, IsOk());
+  auto cal = Calibrate(**model, /*repeats=*/2, nullptr, /*round_passes=*/1, /*round_max_draft_len=*/3);
+  ASSERT_THAT(cal, IsOk());
+  ASSERT_EQ(cal->round_us.size(), 3u);  // E = 1..L-1, L = 4
+  for (const auto& row : cal->round_us) {
+    ASSERT_EQ(row.size(), 3u);
+    for (double us : row) EXPECT_GT(us, 0.0);
+  }
+  EXPECT_GT(cal->ar_step_us, 0.0);
+  // It loads back as a valid calibration.
+  EXPECT_THAT(CalibrationFromJson(CalibrationToJson(*cal)), IsOk());
+  // Without round passes, only the kernel tables.
+  auto kernels_only = Calibrate(**model, 2, nullptr, /*round_passes=*/0);
+  ASSERT_THAT(kernels_only, IsOk());
+  EXPECT_TRUE(kernels_only->round_us.empty());
+}
+
+}  // namespace
+}  // namespace lede::model
