@@ -72,6 +72,15 @@ inline std::string ServingRewardCostModel(const std::string& policy_root) {
   return j["reward"]["cost_model"].is_string() ? j["reward"]["cost_model"].get<std::string>() : "";
 }
 
+// The calibration a verifier serving `policy_dir`'s SERVING version is
+// given: <model_dir>/calibration-cpu.json for a measured-cost policy (if the
+// file exists), "" otherwise. Tests whose cluster follows a policy store (an
+// empty mirror at start) pass the policies the store will serve.
+inline std::string ServingCalibration(const std::string& model_dir, const std::string& policy_dir) {
+  const std::string path = model_dir + "/calibration-cpu.json";
+  return ServingRewardCostModel(policy_dir) == "measured" && std::filesystem::exists(path) ? path : "";
+}
+
 // Where the executables are (tests pass $<TARGET_FILE:...> paths).
 struct LedeBinaries {
   std::string model;        // lede-model
@@ -113,10 +122,7 @@ class LedeCluster {
  public:
   explicit LedeCluster(ClusterOptions options) : options_(std::move(options)) {
     if (options_.policy_root.empty()) options_.policy_root = options_.model_dir + "/policy";
-    if (options_.calibration.empty() && ServingRewardCostModel(options_.policy_root) == "measured" &&
-        std::filesystem::exists(options_.model_dir + "/calibration-cpu.json")) {
-      options_.calibration = options_.model_dir + "/calibration-cpu.json";
-    }
+    if (options_.calibration.empty()) options_.calibration = ServingCalibration(options_.model_dir, options_.policy_root);
     static std::atomic<int> counter{0};
     pool_name_ = "/lede-e2e-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
     if (options_.experience_url.empty() && !dir_.path().empty()) {

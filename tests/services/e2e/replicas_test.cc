@@ -181,6 +181,7 @@ TEST(ReplicasTest, TwoCoordinatorsThreeReplicasSurviveAKilledReplicaAndFollowAPo
   base.colocated = true;
   base.slots = 2;
   base.experience_url = "none";
+  base.calibration = testing::ServingCalibration(kModel, kModel + "/policy");  // the store serves serving0
   ClusterOptions oa = base;
   oa.policy_service = true;
   oa.policy_root = (tmp.path() / "policy-mirror").string();

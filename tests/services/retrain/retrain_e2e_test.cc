@@ -188,7 +188,7 @@ TEST(RetrainE2eTest, PublishesFollowsAndRefusesCorruptVersions) {
   fs::copy(kModel + "/policy", root, fs::copy_options::recursive);
   auto serving0 = policy::dqn::ResolveServingVersion(root.string());
   ASSERT_THAT(serving0.status(), IsOk());
-  const std::string v0 = *serving0;  // measured-v3
+  const std::string v0 = *serving0;  // measured-v4
 
   testing::ClusterOptions o;
   o.binaries = testing::LedeBinaries{LEDE_MODEL_BIN, LEDE_COORDINATOR_BIN, LEDE_POLICY_BIN};
@@ -342,6 +342,7 @@ TEST(RetrainE2eTest, PublishesThroughAnObjectStore) {
   o.binaries = testing::LedeBinaries{LEDE_MODEL_BIN, LEDE_COORDINATOR_BIN, LEDE_POLICY_BIN};
   o.model_dir = kModel;
   o.policy_root = mirror.string();
+  o.calibration = testing::ServingCalibration(kModel, kModel + "/policy");  // the store serves v0
   o.policy_args = {"--policy-store", store_url};
   o.colocated = true;
   o.policy_service = true;
