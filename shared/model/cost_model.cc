@@ -222,14 +222,19 @@ Status CalibrateRounds(const LlamaModel& model, int passes, int64_t max_k, Calib
   // The engine shares the caller's model for this call only.
   std::shared_ptr<const LlamaModel> shared(&model, [](const LlamaModel*) {});
   LEDE_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(shared, ko));
-  // A fixed prompt of 97 tokens, or half the context (the content does not change the cost of a
-  // round, only how many tokens it emits; the length does: attention over
-  // the context is a larger share of a many-position verification than of
-  // a step, and with a 25-token prompt the rounds were priced ~10% below
-  // what they cost on the benchmark's 32-192-token prompts).
+  // A fixed prompt of 97 tokens, or half the context. Its content does not
+  // change the cost of a round, only how many tokens it emits; its length
+  // does (attention over the context is a larger share of a many-position
+  // verification than of a step): with a 25-token prompt the rounds were
+  // priced 12% below what they cost on the benchmark's 32-192-token prompts.
   std::vector<int32_t> prompt = {static_cast<int32_t>(c.bos_id)};
-  const int64_t n_prompt = std::min<int64_t>(96, ko.capacity / 2 - 1);  // half the context at most
+  const int64_t n_prompt = std::min<int64_t>(96, ko.capacity / 2 - 1);
   for (int64_t i = 0; i < n_prompt; ++i) prompt.push_back(static_cast<int32_t>((7 + 131 * i) % c.vocab_size));
+  // A small context leaves room for shorter drafts only (at least three
+  // rounds of K + 1 tokens after the prompt); none: no round table.
+  const int64_t room = ko.capacity - 1 - static_cast<int64_t>(prompt.size());
+  max_k = std::min(max_k, room / 3 - 1);
+  if (max_k < 1) return OkStatus();
   const int64_t rounds_per_config = 6;
   // The speed of this machine drifts by 10% and more within seconds (shared
   // cores, frequency): each configuration is timed right after a short

@@ -105,7 +105,9 @@ struct Calibration {
 // shifts all of them alike rather than their ratios.
 // Then, when round_passes > 0, the round table: greedy static generations
 // (an engine of its own on `model`, one KV slot, a fixed prompt) at every
-// exit layer E in [1, L) and draft length K in [1, round_max_draft_len],
+// exit layer E in [1, L) and draft length K in [1, round_max_draft_len]
+// (fewer when the context is short: three rounds of K + 1 tokens must fit
+// after the prompt),
 // `round_passes` interleaved passes. Each one is timed right after a short
 // autoregressive generation, as a ratio to its steps (this machine's speed
 // drifts by 10% within seconds); an entry is the median ratio over the

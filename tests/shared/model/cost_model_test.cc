@@ -122,6 +122,12 @@ TEST(CalibrateTest, TimesARoundOfEveryExitLayerAndDraftLength) {
   EXPECT_GT(cal->ar_step_us, 0.0);
   // It loads back as a valid calibration.
   EXPECT_THAT(CalibrationFromJson(CalibrationToJson(*cal)), IsOk());
+  // A draft length the context cannot hold three rounds of is left out
+  // (context 96, prompt 48: K <= 14).
+  auto capped = Calibrate(**model, 2, nullptr, /*round_passes=*/1, /*round_max_draft_len=*/16);
+  ASSERT_THAT(capped, IsOk());
+  ASSERT_EQ(capped->round_us.size(), 3u);
+  EXPECT_EQ(capped->round_us[0].size(), 14u);
   // Without round passes, only the kernel tables.
   auto kernels_only = Calibrate(**model, 2, nullptr, /*round_passes=*/0);
   ASSERT_THAT(kernels_only, IsOk());
