@@ -184,8 +184,8 @@ def main():
               f"{m['training_data']['n_transitions']} | {sel if sel is None else f'{sel:.3f}x'} |")
         serving = open(os.path.join(d, "policy", "SERVING")).read().strip() if os.path.exists(
             os.path.join(d, "policy", "SERVING")) else "?"
-        w(f"\n`policy/SERVING` = `{serving}` (set by scripts/train_policies.sh to the LEDE policy with the "
-          f"highest measured wall-clock speed-up on both evaluation sets above); on CUDA `lede generate "
+        w(f"\n`policy/SERVING` = `{serving}` (set by scripts/train_policies.sh to the LEDE policy "
+          f"measured fastest in wall-clock on this CPU overall; the tables above have each set); on CUDA `lede generate "
           f"--mode lede` picks an accelerator-cost policy.\n")
     w("## Licence\n")
     w("Trained on CDLA-Sharing-1.0 (TinyStories), public-domain (Project Gutenberg, Shakespeare), PSF-licensed "
