@@ -197,7 +197,7 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
     return InvalidArgumentError("behaviour_epsilon: outside [0, 1]");
   }
   if (!(o.conservative_margin >= 0 && o.conservative_margin < 1e3)) {
-    return InvalidArgumentError("conservative_margin: must be >= 0");
+    return InvalidArgumentError("conservative_margin: must be in [0, 1000) tokens per round");
   }
   LEDE_RETURN_IF_ERROR(ValidateDqnOptions(o.dqn));
   const int32_t L = train_traces.front().n_layers;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -83,6 +85,13 @@ class MeasuredCostModel : public CostModel {
   std::vector<double> draft_us_, verify_us_;
 };
 
+// The median of `v` (the upper one for an even count); 0 when empty.
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
 // Times several measurements interleaved: each repetition runs every one of
 // them once, in order, so that a change of load on the machine (other
 // processes, frequency) during calibration shifts all of them alike instead
@@ -99,10 +108,7 @@ std::vector<double> InterleavedMedianMicros(int repeats, const std::vector<std::
     }
   }
   std::vector<double> out;
-  for (auto& v : us) {
-    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-    out.push_back(v[v.size() / 2]);
-  }
+  for (auto& v : us) out.push_back(Median(std::move(v)));
   return out;
 }
 
@@ -199,12 +205,6 @@ StatusOr<Calibration> CalibrateKernels(const LlamaModel& model, int repeats, con
     cal.decision_us = us[2 * kMaxCalibratedPositions + 1];
     return cal;
   });
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
 }
 
 // The round table of Calibrate (see the header): interleaved passes over
