@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <chrono>
 #include <cstdio>
@@ -38,11 +39,14 @@ struct HttpResponse {
 };
 
 // One HTTP/1.0 request to 127.0.0.1:port over a plain socket; reads to EOF.
+// A response cut short (a read timeout or reset before EOF, or a body
+// shorter than its Content-Length) is no response (status 0), never a
+// truncated body a caller could parse as a smaller number.
 inline HttpResponse HttpRequest(int port, const std::string& method, const std::string& target) {
   HttpResponse r;
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return r;
-  timeval tv{5, 0};
+  timeval tv{30, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   sockaddr_in addr{};
@@ -63,13 +67,28 @@ inline HttpResponse HttpRequest(int port, const std::string& method, const std::
   std::string raw;
   char buf[4096];
   ssize_t n;
-  while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) raw.append(buf, n);
+  while (true) {
+    n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    raw.append(buf, n);
+  }
   ::close(fd);
+  if (n < 0) return r;  // timed out or reset before EOF
   const size_t split = raw.find("\r\n\r\n");
   if (split == std::string::npos || raw.compare(0, 5, "HTTP/") != 0) return r;
-  r.headers = raw.substr(0, split);
-  r.body = raw.substr(split + 4);
-  r.status = std::atoi(r.headers.c_str() + r.headers.find(' ') + 1);
+  std::string headers = raw.substr(0, split);
+  std::string body = raw.substr(split + 4);
+  std::string lower = headers;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const size_t cl = lower.find("\r\ncontent-length:");
+  if (cl != std::string::npos &&
+      body.size() != std::strtoull(lower.c_str() + cl + 17, nullptr, 10) && method != "HEAD") {
+    return r;
+  }
+  r.status = std::atoi(headers.c_str() + headers.find(' ') + 1);
+  r.headers = std::move(headers);
+  r.body = std::move(body);
   return r;
 }
 
