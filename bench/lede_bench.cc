@@ -203,7 +203,8 @@ std::shared_ptr<const policy::RoundCosts> RoundCostsOf(const model::CostModel& c
 }
 
 // Per-layer acceptance samples of shadow traces (every position, every exit
-// layer 1..L-1), with C_trace over the trace's own emitted tokens.
+// layer 1..L-1), with C_trace over the trace's own emitted tokens and the
+// context n-gram signals over prompt + the tokens before the position.
 // shift 0: the label is the acceptance of the token the probe drafts; shift
 // 1: of the next token (the probe's features predict the following draft).
 std::vector<std::vector<policy::AcceptanceSample>> AcceptanceSamples(const std::vector<trainer::ShadowTrace>& traces,
@@ -213,17 +214,23 @@ std::vector<std::vector<policy::AcceptanceSample>> AcceptanceSamples(const std::
     if (by_layer.empty()) by_layer.resize(t.n_layers + 1);
     double sum = 0;
     std::deque<double> window;
+    std::vector<int32_t> context = t.prompt;  // prompt + target[0, i)
     for (size_t i = 0; i < t.target.size(); ++i) {
+      const int64_t n = std::min<int64_t>(static_cast<int64_t>(context.size()), model::kNgramWindow);
+      const int32_t* ctx = context.data() + context.size() - n;
       const double trace_nll = window.empty() ? 0.0 : sum / window.size();
       const int64_t label = static_cast<int64_t>(i) + shift;
       if (i > 0 && label < static_cast<int64_t>(t.target.size())) {  // position 0 is the prefill's token
         for (int32_t l = 1; l < t.n_layers; ++l) {
           const model::ExitSignals& s = t.At(l, static_cast<int64_t>(i));
+          const model::NgramSignals ng = model::ContextNgram(ctx, n, s.top1);
           by_layer[l].push_back({policy::AcceptanceFeaturesOf(s.top1_prob, s.margin, s.entropy,
-                                                              static_cast<float>(trace_nll)),
+                                                              static_cast<float>(trace_nll), ng.lookup_match,
+                                                              ng.trigram_seen),
                                  t.Accepts(l, label)});
         }
       }
+      context.push_back(t.target[i]);
       const double v = t.At(t.n_layers, static_cast<int64_t>(i)).top1_nll;
       window.push_back(v);
       sum += v;

@@ -43,8 +43,9 @@ bool Solve(std::array<std::array<double, kD>, kD> a, AcceptanceFeatures b, Accep
 
 }  // namespace
 
-AcceptanceFeatures AcceptanceFeaturesOf(float top1_prob, float margin, float entropy, float trace_nll) {
-  return {top1_prob, std::min(margin, 16.0f) / 8.0, entropy / 4.0, trace_nll / 4.0, 1.0};
+AcceptanceFeatures AcceptanceFeaturesOf(float top1_prob, float margin, float entropy, float trace_nll,
+                                        float lookup_match, float trigram_seen) {
+  return {top1_prob, std::min(margin, 16.0f) / 8.0, entropy / 4.0, trace_nll / 4.0, lookup_match, trigram_seen, 1.0};
 }
 
 StatusOr<AcceptanceModel> AcceptanceModel::Fit(const std::vector<std::vector<AcceptanceSample>>& by_layer,

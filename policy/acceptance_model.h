@@ -2,7 +2,10 @@
 //
 // A per-layer calibrated model of P(the exit token at layer l is accepted)
 // from a probe's signals: logistic regression on
-//   x = [top1_prob, min(margin, 16) / 8, entropy / 4, trace_nll / 4, 1]
+//   x = [top1_prob, min(margin, 16) / 8, entropy / 4, trace_nll / 4,
+//        lookup_match, trigram_seen, 1]
+// (the context n-gram signals of exit_controller.h ContextNgram: the same
+// signals the DQN policy sees, so that the rule is not held back by fewer)
 // fitted by Newton's method (IRLS) with a small L2 penalty, one weight
 // vector per exit layer (shallow exits are overconfident, so one threshold
 // shared across layers is miscalibrated: SpecBound, adaptive-speculation.md
@@ -22,13 +25,15 @@
 
 namespace lede::policy {
 
-inline constexpr int kAcceptanceFeatureDim = 5;
+inline constexpr int kAcceptanceFeatureDim = 7;
 using AcceptanceFeatures = std::array<double, kAcceptanceFeatureDim>;
 
-// x of a probe's signals and the request's C_trace.
-AcceptanceFeatures AcceptanceFeaturesOf(float top1_prob, float margin, float entropy, float trace_nll);
+// x of a probe's signals, the request's C_trace and the probe token's
+// context n-gram signals (0 or 1 each).
+AcceptanceFeatures AcceptanceFeaturesOf(float top1_prob, float margin, float entropy, float trace_nll,
+                                        float lookup_match, float trigram_seen);
 inline AcceptanceFeatures AcceptanceFeaturesOf(const model::ExitState& s) {
-  return AcceptanceFeaturesOf(s.top1_prob, s.margin, s.entropy, s.trace_nll);
+  return AcceptanceFeaturesOf(s.top1_prob, s.margin, s.entropy, s.trace_nll, s.lookup_match, s.trigram_seen);
 }
 
 struct AcceptanceSample {

@@ -23,7 +23,7 @@ wait
 bench() {  # set
   "$LEDE_BENCH" bench --model "$MODEL" --calibration "$MODEL/calibration-cpu.json" \
     --prompts "$MODEL/prompts/$1.jsonl" --candidate-layers "$CANDIDATES" \
-    --policy "$MODEL/policy/accelerator-v4,$MODEL/policy/measured-v4,$MODEL/policy/story-accelerator-v4,$MODEL/policy/story-measured-v4" \
+    --policy "$MODEL/policy/accelerator-v5,$MODEL/policy/measured-v5,$MODEL/policy/story-accelerator-v5,$MODEL/policy/story-measured-v5" \
     --max-draft-len 6 --prompts-per-set 48 --new-tokens 64 --threads 1 --json "out/bench-$1.json" > "out/bench-$1.txt" 2> "out/bench-$1.err"
 }
 bench story

@@ -4,13 +4,13 @@
 # of each prompt set and of extra training prompts that no evaluation prompt
 # was cut near, their shadow tokens, Dinkelbach iteration of the DQN with
 # rollout targets and a conservative margin of 0.2 tokens per round):
-#   accelerator-v4  tokens - rho * cost under the accelerator cost model
-#   measured-v4     tokens - rho * cost under this machine's measured cost model
+#   accelerator-v5  tokens - rho * cost under the accelerator cost model
+#   measured-v5     tokens - rho * cost under this machine's measured cost model
 #                   (calibration-cpu.json: rounds timed in the decoding loop)
-#   story-accelerator-v4, story-measured-v4: trained on story requests only
+#   story-accelerator-v5, story-measured-v5: trained on story requests only
 #                   (the generalization check: run on code)
 # Calibrates first unless MODEL/calibration-cpu.json exists, and points
-# SERVING at measured-v4 (measured fastest in wall-clock on this CPU by
+# SERVING at measured-v5 (measured fastest in wall-clock on this CPU by
 # lede-bench; `lede generate --mode lede` picks an accelerator policy on CUDA). Only the first half of each prompt file
 # (--prompts-per-set 48: 24 tuning prompts) is ever seen in training.
 # usage: scripts/train_policies.sh [THREADS]
@@ -43,10 +43,10 @@ train() {  # name reward cost_model prompt-sets
     --out "$MODEL/policy/$name" --version "$name" --overwrite 2>&1 | tee "out/policies/train-$name.log"
   cp "out/policies/train-$name.log" "$MODEL/policy/$name/training_report.txt"
 }
-train accelerator-v4 throughput accelerator story,code
-train measured-v4 throughput measured story,code
-train story-measured-v4 throughput measured story
-train story-accelerator-v4 throughput accelerator story
+train accelerator-v5 throughput accelerator story,code
+train measured-v5 throughput measured story,code
+train story-measured-v5 throughput measured story
+train story-accelerator-v5 throughput accelerator story
 # SERVING: the policy the last lede-bench run (scripts/evaluate_lede_tiny.sh) measured fastest in
-# wall-clock on both sets on this CPU (measured-v4 beat accelerator-v4 there: README).
-printf 'measured-v4\n' > "$MODEL/policy/SERVING.tmp" && mv "$MODEL/policy/SERVING.tmp" "$MODEL/policy/SERVING"
+# wall-clock on both sets on this CPU (measured-v5 beat accelerator-v5 there: README).
+printf 'measured-v5\n' > "$MODEL/policy/SERVING.tmp" && mv "$MODEL/policy/SERVING.tmp" "$MODEL/policy/SERVING"

@@ -301,8 +301,9 @@ const std::vector<std::string>& ExitFeatureNames() {
   static const std::vector<std::string> names = {
       "is_draft_phase", "layer_frac",   "draft_pos_frac", "top1_prob",
       "top_k_nll_div4", "entropy_div4", "trace_nll_div4", "margin_div8",
-      "draft_conf",     "accept_ema",   "bias"};
-  static_assert(model::kExitFeatureDim == 11, "update ExitFeatureNames with ExitFeatures");
+      "draft_conf",     "accept_ema",   "lookup_match",   "trigram_seen",
+      "bias"};
+  static_assert(model::kExitFeatureDim == 13, "update ExitFeatureNames with ExitFeatures");
   return names;
 }
 

@@ -90,6 +90,7 @@ StatusOr<speculation::Draft> RemoteBackend::DraftRound(int64_t, const speculatio
   req.set_budget(r.budget);
   req.set_trace_nll(r.trace_nll);
   req.set_accept_ema(r.accept_ema);
+  req.mutable_context()->Add(r.context.begin(), r.context.end());
   req.set_round_index(r.round_index);
   req.set_record_trace(record_trace_ && r.record_trace);
   req.set_method(request_.method());
@@ -173,6 +174,8 @@ speculation::Draft RemoteBackend::FromDraftResponse(const lede::v1::DraftRespons
     dec.state.margin = rec.margin();
     dec.state.draft_conf = rec.draft_conf();
     dec.state.accept_ema = rec.accept_ema();
+    dec.state.lookup_match = rec.lookup_match();
+    dec.state.trigram_seen = rec.trigram_seen();
     dec.action = rec.action() == lede::v1::EXIT_ACTION_EXIT ? model::Action::kExit : model::Action::kContinue;
     dec.draft_index = rec.draft_index();
     dec.wasted_probe = rec.wasted_probe();

@@ -832,6 +832,10 @@ grpc::Status DrafterService::Draft(grpc::ServerContext*, const lede::v1::DraftRe
   if (req->pending_token() < 0 || req->pending_token() >= c.vocab_size) {
     return ToGrpcStatus(InvalidArgumentError("pending_token: outside [0, V)"));
   }
+  if (req->context_size() > model::kNgramWindow) {
+    return ToGrpcStatus(InvalidArgumentError("context: " + std::to_string(req->context_size()) +
+                                             " tokens, more than " + std::to_string(model::kNgramWindow)));
+  }
   speculation::SamplingParams sampling = SamplingFromProto(req->sampling());
   if (Status s = ValidateSampling(sampling); !s.ok()) return ToGrpcStatus(s);
   const lede::v1::SpeculationParams& sp = req->speculation();
@@ -882,6 +886,7 @@ grpc::Status DrafterService::Draft(grpc::ServerContext*, const lede::v1::DraftRe
   dr.budget = req->budget();
   dr.trace_nll = req->trace_nll();
   if (req->has_accept_ema()) dr.accept_ema = req->accept_ema();
+  dr.context.assign(req->context().begin(), req->context().end());
   dr.round_index = req->round_index();
   dr.record_trace = req->record_trace();
   model::Drafter drafter(*host.model, cache);
@@ -911,6 +916,8 @@ grpc::Status DrafterService::Draft(grpc::ServerContext*, const lede::v1::DraftRe
     r->set_margin(dec.state.margin);
     r->set_draft_conf(dec.state.draft_conf);
     r->set_accept_ema(dec.state.accept_ema);
+    r->set_lookup_match(dec.state.lookup_match);
+    r->set_trigram_seen(dec.state.trigram_seen);
     r->set_action(dec.action == model::Action::kExit ? lede::v1::EXIT_ACTION_EXIT : lede::v1::EXIT_ACTION_CONTINUE);
     r->set_draft_index(dec.draft_index);
     r->set_wasted_probe(dec.wasted_probe);

@@ -34,6 +34,22 @@ Status RunAdaptiveRound(model::ExitController& controller, const model::Decision
     st.draft_conf = draft_conf;
     return st;
   };
+  // The context the next draft follows: the committed tokens, then this
+  // round's drafts so far.
+  std::vector<int32_t> context = request.context;
+  // The state of a probe `sig` whose top-1 would follow `context`.
+  auto probe_state = [&](const ExitSignals& sig, Phase phase, int32_t layer, int32_t row) {
+    ExitState st = with_request(model::ProbeState(sig, phase, layer, n_layers, row, spec.max_draft_len));
+    const model::NgramSignals ng =
+        model::ContextNgram(context.data(), static_cast<int64_t>(context.size()), sig.top1);
+    st.lookup_match = ng.lookup_match;
+    st.trigram_seen = ng.trigram_seen;
+    return st;
+  };
+  auto drafted = [&](int32_t token) {
+    d.tokens.push_back(token);
+    if (!context.empty()) context.push_back(token);
+  };
   if (d_cap <= 0) return OkStatus();
   // Round start: speculate at all? (no probe paid yet)
   const ExitState start = with_request(model::RoundStartState(n_layers, spec.max_draft_len));
@@ -56,8 +72,7 @@ Status RunAdaptiveRound(model::ExitController& controller, const model::Decision
     }
     LEDE_ASSIGN_OR_RETURN(ExitSignals sig, probes.ProbeLayer(cand));
     done_layers = cand;
-    const ExitState st = with_request(
-        model::ProbeState(sig, Phase::kExitLayer, cand, n_layers, 0, spec.max_draft_len));
+    const ExitState st = probe_state(sig, Phase::kExitLayer, cand, 0);
     if (decide(st, 0) == Action::kExit) {
       d.exit_layer = cand;
       draft_conf = st.top1_prob;
@@ -70,25 +85,30 @@ Status RunAdaptiveRound(model::ExitController& controller, const model::Decision
     d.ready_layer = done_layers;
     return OkStatus();
   }
+  // The context n-gram signals of `last` (before its token joins the context).
+  model::NgramSignals last_ngram =
+      model::ContextNgram(context.data(), static_cast<int64_t>(context.size()), last.top1);
   LEDE_ASSIGN_OR_RETURN(int32_t first, probes.DraftFromProbe());
-  d.tokens.push_back(first);
+  drafted(first);
   while (static_cast<int64_t>(d.tokens.size()) < d_cap) {
     const int32_t row = static_cast<int32_t>(d.tokens.size());
     if (!spec.lookahead_probe) {
       // Decide on the token just drafted (its signals are in `last` and in
       // draft_conf); only a "keep drafting" pays the next probe.
-      const ExitState st = with_request(
+      ExitState st = with_request(
           model::ProbeState(last, Phase::kDraftLength, d.exit_layer, n_layers, row, spec.max_draft_len));
+      st.lookup_match = last_ngram.lookup_match;
+      st.trigram_seen = last_ngram.trigram_seen;
       if (decide(st, row) != Action::kExit) break;  // the verifier runs row `row` itself
       LEDE_ASSIGN_OR_RETURN(last, probes.ProbeDraft(row, d.tokens.back()));
       draft_conf *= last.top1_prob;
+      last_ngram = model::ContextNgram(context.data(), static_cast<int64_t>(context.size()), last.top1);
       LEDE_ASSIGN_OR_RETURN(int32_t next, probes.DraftFromProbe());
-      d.tokens.push_back(next);
+      drafted(next);
       continue;
     }
     LEDE_ASSIGN_OR_RETURN(ExitSignals sig, probes.ProbeDraft(row, d.tokens.back()));
-    const ExitState st = with_request(
-        model::ProbeState(sig, Phase::kDraftLength, d.exit_layer, n_layers, row, spec.max_draft_len));
+    const ExitState st = probe_state(sig, Phase::kDraftLength, d.exit_layer, row);
     if (decide(st, row) != Action::kExit) {
       d.ready_layer = d.exit_layer;  // row `row` holds d_K's hidden state at l*
       waste_probe();
@@ -97,7 +117,7 @@ Status RunAdaptiveRound(model::ExitController& controller, const model::Decision
     draft_conf *= st.top1_prob;
     last = sig;
     LEDE_ASSIGN_OR_RETURN(int32_t next, probes.DraftFromProbe());
-    d.tokens.push_back(next);
+    drafted(next);
   }
   return OkStatus();
 }

@@ -70,9 +70,50 @@ struct ExitState {
   // The request's recent acceptance: an exponential moving average of
   // accepted / drafted over its speculation rounds (AcceptanceEma below).
   float accept_ema = kAcceptEmaPrior;
+  // Context n-gram signals of the probe's top-1 token c (ContextNgram
+  // below; 0 at round start and for states without a probe): 1 when c is
+  // the prompt-lookup continuation of the context (the token that followed
+  // the most recent earlier occurrence of the last context token), and 1
+  // when the trigram (x[-2], x[-1], c) already occurred in the context.
+  float lookup_match = 0;
+  float trigram_seen = 0;
 
   static constexpr float kAcceptEmaPrior = 0.5f;
 };
+
+// The committed tokens a round's context n-gram signals look back over
+// (the last kNgramWindow of prompt + emitted, ending with the pending token).
+inline constexpr int64_t kNgramWindow = 512;
+
+// The context n-gram signals of a candidate token `c` following ctx[0..n)
+// (prompt-lookup decoding, Saxena 2023; the n-gram matches of REST, He et
+// al. 2023, as acceptance signals rather than as drafts): whether c is the
+// token that followed the most recent earlier occurrence of ctx[n-1], and
+// whether the trigram (ctx[n-2], ctx[n-1], c) occurs in ctx. Both are 0 for
+// n < 2. O(n) time, no allocation; torch-free so that the engine, the
+// services and the trainer's replays compute the same values.
+struct NgramSignals {
+  float lookup_match = 0;
+  float trigram_seen = 0;
+};
+inline NgramSignals ContextNgram(const int32_t* ctx, int64_t n, int32_t c) {
+  NgramSignals out;
+  if (n < 2) return out;
+  const int32_t last = ctx[n - 1], before = ctx[n - 2];
+  bool looked_up = false;
+  for (int64_t j = n - 1; j >= 1; --j) {  // ctx[j] follows an occurrence of `last`
+    if (ctx[j - 1] != last) continue;
+    if (!looked_up) {
+      out.lookup_match = ctx[j] == c ? 1.0f : 0.0f;
+      looked_up = true;
+    }
+    if (ctx[j] == c && j >= 2 && ctx[j - 2] == before) {
+      out.trigram_seen = 1.0f;
+      break;
+    }
+  }
+  return out;
+}
 
 // The request's acceptance EMA after a round that drafted n_drafted >= 1
 // tokens and had n_accepted of them accepted (rounds without drafts leave
@@ -91,13 +132,13 @@ inline float UpdateAcceptEma(float ema, int32_t n_drafted, int32_t n_accepted) {
 
 // Number of features of ExitFeatures(), and the name of this feature spec
 // (policy artifacts record it; an artifact of another spec is refused).
-inline constexpr int kExitFeatureDim = 11;
-inline constexpr char kExitFeatureSpec[] = "lede-features-v2";
+inline constexpr int kExitFeatureDim = 13;
+inline constexpr char kExitFeatureSpec[] = "lede-features-v3";
 
 // The network's input, each roughly in [0, 1] or O(1):
 //   [phase == 2, l / L, draft_pos / max_draft_len, top1_prob, top_k_nll / 4,
 //    entropy / 4, trace_nll / 4, min(margin, 16) / 8, draft_conf, accept_ema,
-//    1 (bias feature)]
+//    lookup_match, trigram_seen, 1 (bias feature)]
 // (round start is the only state with l / L == 0)
 inline void ExitFeatures(const ExitState& s, float out[kExitFeatureDim]) {
   out[0] = s.phase == Phase::kDraftLength ? 1.0f : 0.0f;
@@ -110,7 +151,9 @@ inline void ExitFeatures(const ExitState& s, float out[kExitFeatureDim]) {
   out[7] = (s.margin < 16.0f ? s.margin : 16.0f) / 8.0f;
   out[8] = s.draft_conf;
   out[9] = s.accept_ema;
-  out[10] = 1.0f;
+  out[10] = s.lookup_match;
+  out[11] = s.trigram_seen;
+  out[12] = 1.0f;
 }
 
 // The state of a probe decision (phase 1 or 2) from its exit signals; the

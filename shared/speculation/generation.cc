@@ -114,16 +114,19 @@ Status ValidateInputs(const ModelLimits& limits, const std::vector<int32_t>& pro
 class Loop {
  public:
   Loop(SpeculationBackend& backend, int64_t session, const LoopOptions& o, const SessionOptions& session_options,
-       const TokenSink& on_tokens, int64_t prompt_len)
+       const TokenSink& on_tokens, const std::vector<int32_t>& prompt)
       : backend_(backend),
         limits_(backend.limits()),
         session_(session),
         o_(o),
         session_options_(session_options),
         on_tokens_(on_tokens),
-        prompt_len_(prompt_len),
+        prompt_len_(static_cast<int64_t>(prompt.size())),
         trace_(o.trace_window) {
-    result_.stats.n_prompt_tokens = prompt_len;
+    result_.stats.n_prompt_tokens = prompt_len_;
+    if (o.mode == SpeculationMode::kAdaptive) {
+      context_.assign(prompt.end() - std::min<int64_t>(prompt_len_, model::kNgramWindow), prompt.end());
+    }
   }
 
   bool done() const { return done_; }
@@ -140,6 +143,13 @@ class Loop {
     }
     result_.tokens.push_back(token);
     emitted_now_.push_back(token);
+    if (o_.mode == SpeculationMode::kAdaptive) {
+      context_.push_back(token);
+      // Keep at most twice the window, trimming in O(window) amortized.
+      if (static_cast<int64_t>(context_.size()) >= 2 * model::kNgramWindow) {
+        context_.erase(context_.begin(), context_.end() - model::kNgramWindow);
+      }
+    }
     if (session_options_.record_nll) trace_.Push(nll);
     if (session_options_.record_margins) result_.margins.push_back(margin);
     if (static_cast<int64_t>(result_.tokens.size()) >= o_.max_new_tokens) {
@@ -178,6 +188,10 @@ class Loop {
       request.accept_ema = accept_ema_;
       request.round_index = static_cast<int64_t>(result_.stats.rounds.size());
       request.record_trace = o_.record_traces;
+      if (!context_.empty()) {
+        const int64_t n = std::min<int64_t>(static_cast<int64_t>(context_.size()), model::kNgramWindow);
+        request.context.assign(context_.end() - n, context_.end());
+      }
       LEDE_ASSIGN_OR_RETURN(draft, backend_.DraftRound(session_, request));
     }
     LEDE_ASSIGN_OR_RETURN(Verdict verdict, backend_.VerifyRound(session_, pending, draft));
@@ -234,6 +248,9 @@ class Loop {
   bool done_ = false;
   bool stopped_on_eos_ = false;  // the EOS the model generated counts as its round's output
   std::vector<int32_t> emitted_now_;
+  // Adaptive mode: the committed tokens (prompt + emitted), the last
+  // kNgramWindow to 2 * kNgramWindow of them (DraftRequest::context).
+  std::vector<int32_t> context_;
 };
 
 }  // namespace
@@ -251,7 +268,7 @@ StatusOr<GenerationResult> RunGeneration(SpeculationBackend& backend, const std:
     ~SessionGuard() { backend.Close(session); }
   } guard{backend, first.session};
 
-  Loop loop(backend, first.session, o, session_options, on_tokens, static_cast<int64_t>(prompt.size()));
+  Loop loop(backend, first.session, o, session_options, on_tokens, prompt);
   loop.Emit(first.token, first.nll, first.margin);
   loop.Flush();
   GenerationStats& stats = loop.result().stats;

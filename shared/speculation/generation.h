@@ -84,6 +84,10 @@ struct DraftRequest {
   double accept_ema = model::ExitState::kAcceptEmaPrior;
   int64_t round_index = 0;    // within the request
   bool record_trace = false;  // fill Draft::trace (experience)
+  // The last model::kNgramWindow committed tokens (prompt + emitted), ending
+  // with pending_token: what the context n-gram signals of the round's
+  // probes look back over (model::ContextNgram). Empty: those signals are 0.
+  std::vector<int32_t> context;
 };
 
 // A drafted round (DESIGN.md §1): K = tokens.size() >= 0 draft tokens at exit

@@ -150,7 +150,7 @@ std::vector<AcceptanceSample> LogisticSamples(double a, double b, uint64_t seed,
   for (int i = 0; i < n; ++i) {
     const float top1 = static_cast<float>(u(rng));
     const double p = 1.0 / (1.0 + std::exp(-(a * top1 + b)));
-    out.push_back({AcceptanceFeaturesOf(top1, 1.0f, 1.0f, 1.0f), u(rng) < p});
+    out.push_back({AcceptanceFeaturesOf(top1, 1.0f, 1.0f, 1.0f, 0.0f, 0.0f), u(rng) < p});
   }
   return out;
 }
@@ -162,12 +162,12 @@ TEST(AcceptanceModelTest, RecoversALogisticLawPerLayer) {
   auto m = AcceptanceModel::Fit(by_layer);
   ASSERT_TRUE(m.ok());
   for (float top1 : {0.1f, 0.5f, 0.9f}) {
-    const auto x = AcceptanceFeaturesOf(top1, 1.0f, 1.0f, 1.0f);
+    const auto x = AcceptanceFeaturesOf(top1, 1.0f, 1.0f, 1.0f, 0.0f, 0.0f);
     EXPECT_NEAR(m->Predict(1, x), 1.0 / (1.0 + std::exp(-(6.0 * top1 - 4.0))), 0.03) << top1;
     EXPECT_NEAR(m->Predict(2, x), 1.0 / (1.0 + std::exp(-(3.0 * top1))), 0.03) << top1;
   }
   // A layer without samples predicts the pooled base rate.
-  const double pooled = m->Predict(3, AcceptanceFeaturesOf(0.5f, 1.0f, 1.0f, 1.0f));
+  const double pooled = m->Predict(3, AcceptanceFeaturesOf(0.5f, 1.0f, 1.0f, 1.0f, 0.0f, 0.0f));
   EXPECT_GT(pooled, 0.3);
   EXPECT_LT(pooled, 0.7);
   EXPECT_FALSE(AcceptanceModel::Fit(std::vector<std::vector<AcceptanceSample>>(3)).ok());

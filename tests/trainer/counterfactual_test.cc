@@ -130,7 +130,7 @@ TEST_F(CounterfactualTest, AdaptiveReplayMakesTheEnginesDecisions) {
   model::DecisionSpec spec;
   spec.candidate_layers = {1, 2, 3, 4, 6};
   spec.max_draft_len = 6;
-  int64_t compared = 0, after_rejection_rounds = 0;
+  int64_t compared = 0, after_rejection_rounds = 0, ngram_hits = 0;
   for (size_t i = 0; i < traces.size(); ++i) {
     for (auto [lambda, tau] : std::vector<std::pair<float, float>>{{0.5f, 0.5f}, {0.8f, 0.3f}}) {
       policy::ThresholdExitController a(lambda, tau), b(lambda, tau);
@@ -186,11 +186,32 @@ TEST_F(CounterfactualTest, AdaptiveReplayMakesTheEnginesDecisions) {
           EXPECT_NEAR(sd[k].state.trace_nll, rd[k].state.trace_nll, 1e-3);
           EXPECT_NEAR(sd[k].state.draft_conf, rd[k].state.draft_conf, 1e-4);
           EXPECT_FLOAT_EQ(sd[k].state.accept_ema, rd[k].state.accept_ema);
+          EXPECT_EQ(sd[k].state.lookup_match, rd[k].state.lookup_match) << "round " << r << " decision " << k;
+          EXPECT_EQ(sd[k].state.trigram_seen, rd[k].state.trigram_seen) << "round " << r << " decision " << k;
+          ngram_hits += rd[k].state.lookup_match + rd[k].state.trigram_seen > 0 ? 1 : 0;
+        }
+      }
+      // A single round replayed from its context (the rollouts' path) sees
+      // the same states as the whole replay.
+      const std::vector<RoundContext> contexts = RoundContexts(traces[i], *sim);
+      ASSERT_EQ(contexts.size(), sim->traces.size());
+      for (size_t r = 0; r < contexts.size(); ++r) {
+        policy::ThresholdExitController c(lambda, tau);
+        auto one = SimulateRound(traces[i], spec, c, contexts[r]);
+        ASSERT_TRUE(one.ok()) << one.status().message();
+        const auto& od = one->trace.decisions;
+        const auto& sd = sim->traces[r].decisions;
+        ASSERT_EQ(od.size(), sd.size()) << "round " << r;
+        for (size_t k = 0; k < od.size(); ++k) {
+          EXPECT_EQ(od[k].action, sd[k].action) << "round " << r << " decision " << k;
+          EXPECT_EQ(od[k].state.lookup_match, sd[k].state.lookup_match) << "round " << r << " decision " << k;
+          EXPECT_EQ(od[k].state.trigram_seen, sd[k].state.trigram_seen) << "round " << r << " decision " << k;
         }
       }
     }
   }
   EXPECT_GT(compared, 100);
+  EXPECT_GT(ngram_hits, 0) << "no decision saw a context n-gram match: the n-gram checks above were vacuous";
   std::printf("compared %lld decisions; %lld rounds drafted a different number after a rejection\n",
               static_cast<long long>(compared), static_cast<long long>(after_rejection_rounds));
 }

@@ -202,7 +202,7 @@ TEST(DqnExitControllerTest, DecidePicksArgmax) {
 
 // Decide agrees with argmax of Forward on random states of a random network.
 TEST(DqnExitControllerTest, DecideAgreesWithForwardOnRandomStates) {
-  auto net = std::make_shared<const QNetwork>(QNetwork::Random(64, 11));
+  auto net = std::make_shared<const QNetwork>(QNetwork::Random(64, 7));
   DqnExitController c(net, "r");
   std::mt19937_64 rng(3);
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
@@ -218,6 +218,8 @@ TEST(DqnExitControllerTest, DecideAgreesWithForwardOnRandomStates) {
     s.top_k_nll = 8 * u(rng) - 2;
     s.entropy = 8 * u(rng) - 2;
     s.trace_nll = 8 * u(rng) - 2;
+    s.lookup_match = u(rng) < 0.5f ? 1.0f : 0.0f;
+    s.trigram_seen = u(rng) < 0.5f ? 1.0f : 0.0f;
     float f[kIn], q[kNumActions];
     model::ExitFeatures(s, f);
     net->Forward(f, q);

@@ -1028,6 +1028,100 @@ TEST_F(E2eSingleSlotTest, SessionClosesByRequestId) {
   EXPECT_EQ(WaitForFreeSlots(), 0) << Logs();
 }
 
+// The drafter takes at most model::kNgramWindow context tokens: more is
+// INVALID_ARGUMENT naming the field and drafts nothing; a LEDE round with a
+// context drafts and reports each probe's n-gram signals in its records.
+TEST_F(E2eSingleSlotTest, DraftContextIsBoundedAndFeedsTheNgramSignals) {
+  auto verifier = lede::v1::Verifier::NewStub(
+      grpc::CreateChannel(cluster_->verifier_target(), grpc::InsecureChannelCredentials()));
+  auto drafter = lede::v1::Drafter::NewStub(
+      grpc::CreateChannel(cluster_->drafter_target(), grpc::InsecureChannelCredentials()));
+  lede::v1::OpenSessionRequest open;
+  for (int32_t t : {1, 5, 6, 7, 8}) open.add_prompt_token_ids(t);
+  lede::v1::OpenSessionResponse opened;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(verifier->OpenSession(&ctx, open, &opened).ok());
+  }
+  const int32_t pending = opened.first_token();
+  lede::v1::DraftRequest req;
+  req.set_slot(opened.slot());
+  req.set_pool_epoch(opened.pool_epoch());
+  req.set_pending_token(pending);
+  req.set_position(open.prompt_token_ids_size());
+  req.set_budget(4);
+  req.set_record_trace(true);
+  req.set_method(lede::v1::SPECULATION_METHOD_LEDE);
+  for (int i = 0; i <= model::kNgramWindow; ++i) req.add_context(5);
+  lede::v1::DraftResponse resp;
+  {
+    grpc::ClientContext ctx;
+    const grpc::Status s = drafter->Draft(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("context"));
+  }
+  // The shipped policies decide phase 2 on the token just drafted (no
+  // lookahead probe): a record at draft_pos p carries the signals of draft
+  // p - 1 (greedy: the probe's top-1) after the context and drafts [0, p - 1).
+  // Returns how many records had a match.
+  auto check_records = [&](const std::vector<int32_t>& context) {
+    int n_checked = 0, n_matched = 0;
+    for (const lede::v1::DecisionRecord& r : resp.decisions()) {
+      if (r.phase() != lede::v1::PHASE_DRAFT_LENGTH) {
+        EXPECT_EQ(r.lookup_match() + r.trigram_seen(), 0.0f) << "no probe behind a phase-" << r.phase() << " state";
+        continue;
+      }
+      if (r.draft_pos() < 1 || r.draft_pos() > resp.draft_tokens_size()) {
+        ADD_FAILURE() << "draft_pos " << r.draft_pos() << " with " << resp.draft_tokens_size() << " drafts";
+        continue;
+      }
+      std::vector<int32_t> before = context;
+      before.insert(before.end(), resp.draft_tokens().begin(), resp.draft_tokens().begin() + r.draft_pos() - 1);
+      const model::NgramSignals want = model::ContextNgram(before.data(), static_cast<int64_t>(before.size()),
+                                                           resp.draft_tokens(r.draft_pos() - 1));
+      EXPECT_EQ(r.lookup_match(), want.lookup_match) << "draft_pos " << r.draft_pos();
+      EXPECT_EQ(r.trigram_seen(), want.trigram_seen) << "draft_pos " << r.draft_pos();
+      ++n_checked;
+      n_matched += want.lookup_match + want.trigram_seen > 0 ? 1 : 0;
+    }
+    EXPECT_GT(n_checked, 0) << "the round asked no phase-2 decision";
+    return n_matched;
+  };
+  // The real context (prompt + pending token).
+  req.clear_context();
+  for (int32_t t : open.prompt_token_ids()) req.add_context(t);
+  req.add_context(pending);
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(drafter->Draft(&ctx, req, &resp).ok());
+  }
+  check_records(std::vector<int32_t>(req.context().begin(), req.context().end()));
+  ASSERT_GE(resp.draft_tokens_size(), 1);
+  // The same round again (nothing was committed; the exit layer is chosen
+  // before any probe, so the first draft is the same) with a context in
+  // which (9, pending) was once followed by that draft: its record matches.
+  const int32_t first_draft = resp.draft_tokens(0);
+  const std::vector<int32_t> crafted = {9, pending, first_draft, 3, 9, pending};
+  req.clear_context();
+  for (int32_t t : crafted) req.add_context(t);
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(drafter->Draft(&ctx, req, &resp).ok());
+  }
+  ASSERT_GE(resp.draft_tokens_size(), 1);
+  EXPECT_EQ(resp.draft_tokens(0), first_draft);
+  EXPECT_GT(check_records(crafted), 0) << "the crafted context's lookup and trigram did not reach the records";
+  lede::v1::CloseSessionRequest close;
+  close.set_slot(opened.slot());
+  close.set_pool_epoch(opened.pool_epoch());
+  lede::v1::CloseSessionResponse closed;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(verifier->CloseSession(&ctx, close, &closed).ok());
+  }
+  EXPECT_EQ(WaitForFreeSlots(), 0) << Logs();
+}
+
 // A client cancel after the first delta frees the slot.
 TEST_F(E2eSingleSlotTest, ClientCancelFreesTheSlot) {
   auto slow = SlowReaderStub();

@@ -2,7 +2,7 @@
 // lede-policy flags) and of its client in services/model/policy_follower.h
 // (PolicyFollower, RemoteDecisionController), over an in-process gRPC server
 // on 127.0.0.1:0 and a copy of the shipped policy root models/lede-tiny/policy
-// (accelerator-v4, story-accelerator-v4, measured-v4). Run from the repository root
+// (accelerator-v5, story-accelerator-v5, measured-v5). Run from the repository root
 // (ctest's working directory).
 #include <algorithm>
 #include <atomic>
@@ -109,7 +109,7 @@ class PolicyServiceTest : public ::testing::Test {
     fs::copy(kTinyPolicyRoot, root_, fs::copy_options::recursive);
     fingerprint_ = TinyFingerprint();
     ASSERT_EQ(fingerprint_, "07e04f79d11d13b5");
-    ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "accelerator-v4", fingerprint_), IsOk());
+    ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "accelerator-v5", fingerprint_), IsOk());
 
     ServingPolicyOptions options;
     options.policy_root = root_.string();
@@ -194,12 +194,12 @@ class PolicyServiceTest : public ::testing::Test {
 // Decide answers the serving version's QNetwork Q-values and greedy actions,
 // state by state, in order.
 TEST_F(PolicyServiceTest, DecideMatchesQNetwork) {
-  auto artifact = policy::dqn::LoadArtifact((root_ / "accelerator-v4").string(), fingerprint_);
+  auto artifact = policy::dqn::LoadArtifact((root_ / "accelerator-v5").string(), fingerprint_);
   ASSERT_THAT(artifact, IsOk());
   const auto features = SomeFeatures();
   lede::v1::DecideResponse response;
   ASSERT_TRUE(Decide(MakeRequest(features), &response).ok());
-  EXPECT_EQ(response.version(), "accelerator-v4");
+  EXPECT_EQ(response.version(), "accelerator-v5");
   ASSERT_EQ(response.actions_size(), static_cast<int>(features.size()));
   ASSERT_EQ(response.q_continue_size(), static_cast<int>(features.size()));
   ASSERT_EQ(response.q_exit_size(), static_cast<int>(features.size()));
@@ -215,7 +215,7 @@ TEST_F(PolicyServiceTest, DecideMatchesQNetwork) {
   }
   // Pinning the serving version explicitly is accepted too.
   lede::v1::DecideRequest pinned = MakeRequest(features);
-  pinned.set_version("accelerator-v4");
+  pinned.set_version("accelerator-v5");
   EXPECT_TRUE(Decide(pinned, &response).ok());
 }
 
@@ -246,7 +246,7 @@ TEST_F(PolicyServiceTest, DecideRejectsBadInput) {
   }
 
   lede::v1::DecideRequest other_version = MakeRequest(features);
-  other_version.set_version("story-accelerator-v4");
+  other_version.set_version("story-accelerator-v5");
   EXPECT_EQ(Decide(other_version, &response).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 }
 
@@ -256,22 +256,22 @@ TEST_F(PolicyServiceTest, DecideRejectsBadInput) {
 TEST_F(PolicyServiceTest, GetPolicyServesTheStoredFiles) {
   lede::v1::PolicyArtifact artifact;
   ASSERT_TRUE(GetPolicy("", &artifact).ok());
-  EXPECT_EQ(artifact.version(), "accelerator-v4");
-  EXPECT_EQ(artifact.metadata_json(), ReadAll(root_ / "accelerator-v4" / policy::dqn::kMetadataFile));
-  EXPECT_EQ(artifact.weights_safetensors(), ReadAll(root_ / "accelerator-v4" / policy::dqn::kWeightsFile));
+  EXPECT_EQ(artifact.version(), "accelerator-v5");
+  EXPECT_EQ(artifact.metadata_json(), ReadAll(root_ / "accelerator-v5" / policy::dqn::kMetadataFile));
+  EXPECT_EQ(artifact.weights_safetensors(), ReadAll(root_ / "accelerator-v5" / policy::dqn::kWeightsFile));
   const std::string recorded = Json::parse(artifact.metadata_json()).at("weights_sha256");
   EXPECT_EQ(file::Sha256Hex(artifact.weights_safetensors()), recorded);
   EXPECT_EQ(artifact.sha256(), recorded);
 
-  ASSERT_TRUE(GetPolicy("story-accelerator-v4", &artifact).ok());
-  EXPECT_EQ(artifact.version(), "story-accelerator-v4");
+  ASSERT_TRUE(GetPolicy("story-accelerator-v5", &artifact).ok());
+  EXPECT_EQ(artifact.version(), "story-accelerator-v5");
   EXPECT_EQ(artifact.weights_safetensors(),
-            ReadAll(root_ / "story-accelerator-v4" / policy::dqn::kWeightsFile));
+            ReadAll(root_ / "story-accelerator-v5" / policy::dqn::kWeightsFile));
   // Serving is unchanged by a named fetch.
-  EXPECT_EQ(serving_->Current()->version, "accelerator-v4");
+  EXPECT_EQ(serving_->Current()->version, "accelerator-v5");
 
   EXPECT_EQ(GetPolicy("no-such-v9", &artifact).error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_EQ(GetPolicy("../accelerator-v4", &artifact).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(GetPolicy("../accelerator-v5", &artifact).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 // Publishing another version reaches Current(), the WatchPolicy stream, a
@@ -282,7 +282,7 @@ TEST_F(PolicyServiceTest, HotReloadReachesWatchersAndFollowers) {
   auto watch = stub_->WatchPolicy(&watch_context, watch_request);
   lede::v1::PolicyVersion seen;
   ASSERT_TRUE(watch->Read(&seen));
-  EXPECT_EQ(seen.version(), "accelerator-v4");
+  EXPECT_EQ(seen.version(), "accelerator-v5");
 
   model_service::PolicyFollowerOptions follower_options;
   follower_options.target = target_;
@@ -290,35 +290,35 @@ TEST_F(PolicyServiceTest, HotReloadReachesWatchersAndFollowers) {
   follower_options.n_layers = 12;
   model_service::PolicyFollower follower(follower_options);
   follower.Start();
-  ASSERT_TRUE(follower.WaitForVersion("accelerator-v4", kWait));
+  ASSERT_TRUE(follower.WaitForVersion("accelerator-v5", kWait));
   std::shared_ptr<const policy::dqn::Artifact> old_artifact = follower.current();
   ASSERT_NE(old_artifact, nullptr);
-  EXPECT_EQ(old_artifact->metadata.version, "accelerator-v4");
+  EXPECT_EQ(old_artifact->metadata.version, "accelerator-v5");
 
   serving_->StartPolling();
   // The first poll (at once) finds nothing new; the next one comes a
   // reload_interval later on the clock.
   ASSERT_TRUE(WaitUntil([&] { return clock_.n_waiting() == 1; }));
-  ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "story-accelerator-v4", fingerprint_),
+  ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "story-accelerator-v5", fingerprint_),
               IsOk());
   clock_.Advance(serving_->options().reload_interval);
   ASSERT_TRUE(watch->Read(&seen));
-  EXPECT_EQ(seen.version(), "story-accelerator-v4");
+  EXPECT_EQ(seen.version(), "story-accelerator-v5");
   EXPECT_EQ(seen.sha256(), serving_->Current()->sha256);
-  ASSERT_TRUE(follower.WaitForVersion("story-accelerator-v4", kWait));
+  ASSERT_TRUE(follower.WaitForVersion("story-accelerator-v5", kWait));
   EXPECT_EQ(follower.current()->metadata.weights_sha256, seen.sha256());
   // The old artifact stays valid for whoever still holds it.
-  EXPECT_EQ(old_artifact->metadata.version, "accelerator-v4");
+  EXPECT_EQ(old_artifact->metadata.version, "accelerator-v5");
 
   lede::v1::DecideResponse response;
   ASSERT_TRUE(Decide(MakeRequest(SomeFeatures()), &response).ok());
-  EXPECT_EQ(response.version(), "story-accelerator-v4");
+  EXPECT_EQ(response.version(), "story-accelerator-v5");
 
   EXPECT_EQ(Reloads("ok"), 2);  // the initial load, then the swap
   EXPECT_EQ(Reloads("rejected"), 0);
-  EXPECT_EQ(VersionGauge("story-accelerator-v4"), 1);
-  EXPECT_EQ(VersionGauge("accelerator-v4"), 0);
-  EXPECT_EQ(metrics_.policy_version_number.Value(), 4);  // story-accelerator-v4
+  EXPECT_EQ(VersionGauge("story-accelerator-v5"), 1);
+  EXPECT_EQ(VersionGauge("accelerator-v5"), 0);
+  EXPECT_EQ(metrics_.policy_version_number.Value(), 5);  // story-accelerator-v5
 
   watch_context.TryCancel();
   follower.Stop();
@@ -327,7 +327,7 @@ TEST_F(PolicyServiceTest, HotReloadReachesWatchersAndFollowers) {
 // A corrupted artifact is refused: the old version keeps serving, the
 // rejection is counted once however often it is retried.
 TEST_F(PolicyServiceTest, CorruptedArtifactIsRefused) {
-  CopyVersion("accelerator-v4", "corrupt-v2");
+  CopyVersion("accelerator-v5", "corrupt-v2");
   std::string weights = ReadAll(root_ / "corrupt-v2" / policy::dqn::kWeightsFile);
   ASSERT_GT(weights.size(), 200u);
   for (size_t i = weights.size() - 64; i < weights.size() - 32; ++i) weights[i] ^= 0x5a;
@@ -337,12 +337,12 @@ TEST_F(PolicyServiceTest, CorruptedArtifactIsRefused) {
   EXPECT_THAT(serving_->Reload(), StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(serving_->Reload(), StatusIs(StatusCode::kInvalidArgument));
   ASSERT_NE(serving_->Current(), nullptr);
-  EXPECT_EQ(serving_->Current()->version, "accelerator-v4");
+  EXPECT_EQ(serving_->Current()->version, "accelerator-v5");
   lede::v1::DecideResponse response;
   ASSERT_TRUE(Decide(MakeRequest(SomeFeatures()), &response).ok());
-  EXPECT_EQ(response.version(), "accelerator-v4");
+  EXPECT_EQ(response.version(), "accelerator-v5");
   EXPECT_EQ(Reloads("rejected"), 1);
-  EXPECT_EQ(VersionGauge("accelerator-v4"), 1);
+  EXPECT_EQ(VersionGauge("accelerator-v5"), 1);
 
   // The same through the poll thread: still refused, still counted once,
   // after three polls (one at once, two more a reload_interval apart).
@@ -353,7 +353,7 @@ TEST_F(PolicyServiceTest, CorruptedArtifactIsRefused) {
     ASSERT_TRUE(WaitUntil([&] { return clock_.n_waits() == poll && clock_.n_waiting() == 1; }))
         << "poll " << poll;
   }
-  EXPECT_EQ(serving_->Current()->version, "accelerator-v4");
+  EXPECT_EQ(serving_->Current()->version, "accelerator-v5");
   EXPECT_EQ(Reloads("rejected"), 1);
 
   // GetPolicy of the corrupt version is refused as not loadable.
@@ -361,34 +361,34 @@ TEST_F(PolicyServiceTest, CorruptedArtifactIsRefused) {
   EXPECT_EQ(GetPolicy("corrupt-v2", &artifact).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 
   // Pointing SERVING back at a good version recovers.
-  ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "measured-v4", fingerprint_), IsOk());
+  ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "measured-v5", fingerprint_), IsOk());
   serving_->StopPolling();
   EXPECT_THAT(serving_->Reload(), IsOk());
-  EXPECT_EQ(serving_->Current()->version, "measured-v4");
+  EXPECT_EQ(serving_->Current()->version, "measured-v5");
 }
 
 // Versions that do not fit the model (fingerprint, candidate layers >= L, a
 // metadata version other than the directory) are refused.
 TEST_F(PolicyServiceTest, VersionsForAnotherModelAreRefused) {
   ServingPolicyOptions options = serving_->options();
-  options.n_layers = 5;  // accelerator-v4 probes layer 6
-  EXPECT_THAT(LoadPolicyVersion(options, "accelerator-v4"), StatusIs(StatusCode::kInvalidArgument));
+  options.n_layers = 5;  // accelerator-v5 probes layer 6
+  EXPECT_THAT(LoadPolicyVersion(options, "accelerator-v5"), StatusIs(StatusCode::kInvalidArgument));
   options = serving_->options();
   options.model_fingerprint = "0123456789abcdef";
-  EXPECT_THAT(LoadPolicyVersion(options, "accelerator-v4"), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(LoadPolicyVersion(options, "accelerator-v5"), StatusIs(StatusCode::kInvalidArgument));
   options = serving_->options();
   fs::create_directories(root_ / "renamed-v3");
-  fs::copy(root_ / "accelerator-v4", root_ / "renamed-v3", fs::copy_options::recursive);
+  fs::copy(root_ / "accelerator-v5", root_ / "renamed-v3", fs::copy_options::recursive);
   EXPECT_THAT(LoadPolicyVersion(options, "renamed-v3"), StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(LoadPolicyVersion(options, "missing-v1"), StatusIs(StatusCode::kNotFound));
-  EXPECT_THAT(LoadPolicyVersion(options, "accelerator-v4"), IsOk());
+  EXPECT_THAT(LoadPolicyVersion(options, "accelerator-v5"), IsOk());
 }
 
 // Decide calls running on another thread during many swaps all succeed, and
 // each answers with one of the published versions.
 TEST_F(PolicyServiceTest, DecideNeverFailsDuringSwaps) {
-  const std::vector<std::string> versions = {"story-accelerator-v4", "measured-v4",
-                                              "accelerator-v4"};
+  const std::vector<std::string> versions = {"story-accelerator-v5", "measured-v5",
+                                              "accelerator-v5"};
   std::atomic<bool> done{false};
   std::atomic<int> n_ok{0}, n_failed{0}, n_unpublished{0};
   const lede::v1::DecideRequest request = MakeRequest(SomeFeatures());
@@ -429,7 +429,7 @@ TEST_F(PolicyServiceTest, DecideNeverFailsDuringSwaps) {
 TEST_F(PolicyServiceTest, WatchEndsOnShutdown) {
   grpc::ClientContext context;
   lede::v1::WatchPolicyRequest request;
-  request.set_known_version("accelerator-v4");  // up to date: the stream waits
+  request.set_known_version("accelerator-v5");  // up to date: the stream waits
   auto watch = stub_->WatchPolicy(&context, request);
   std::thread stopper([&] {
     absl::SleepFor(absl::Milliseconds(100));
@@ -458,16 +458,16 @@ TEST_F(PolicyServiceTest, FollowerSurvivesServiceRestart) {
   options.clock = &backoff_clock;
   model_service::PolicyFollower follower(options);
   follower.Start();
-  ASSERT_TRUE(follower.WaitForVersion("accelerator-v4", kWait));
+  ASSERT_TRUE(follower.WaitForVersion("accelerator-v5", kWait));
 
   const int port = runner_->port();
   StopServer();
-  ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "measured-v4", fingerprint_), IsOk());
+  ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "measured-v5", fingerprint_), IsOk());
   ASSERT_THAT(serving_->Reload(), IsOk());
   // The stream is gone and the follower sleeps its backoff on the clock: it
   // keeps the last good policy meanwhile.
   ASSERT_TRUE(WaitUntil([&] { return backoff_clock.n_waiting() == 1; }));
-  EXPECT_EQ(follower.version(), "accelerator-v4");
+  EXPECT_EQ(follower.version(), "accelerator-v5");
   ASSERT_NE(follower.current(), nullptr);
 
   service_ = std::make_unique<PolicyService>(serving_.get(), &metrics_);
@@ -476,7 +476,7 @@ TEST_F(PolicyServiceTest, FollowerSurvivesServiceRestart) {
   // (gRPC's own channel backoff) sleeps again.
   ASSERT_TRUE(WaitUntil([&] {
     if (backoff_clock.n_waiting() == 1) backoff_clock.Advance(options.max_backoff);
-    return follower.version() == "measured-v4";
+    return follower.version() == "measured-v5";
   }));
   EXPECT_GE(follower.n_connects(), 2);
   follower.Stop();
@@ -494,7 +494,7 @@ TEST_F(PolicyServiceTest, FollowerRefusesArtifactForAnotherModel) {
   EXPECT_EQ(follower.n_rejected(), 1);
 
   options.model_fingerprint = fingerprint_;
-  options.n_layers = 4;  // accelerator-v4 probes layers 4 and 6
+  options.n_layers = 4;  // accelerator-v5 probes layers 4 and 6
   model_service::PolicyFollower shallow(options);
   EXPECT_THAT(shallow.FetchOnce(), StatusIs(StatusCode::kInvalidArgument));
   EXPECT_EQ(shallow.current(), nullptr);
@@ -503,10 +503,10 @@ TEST_F(PolicyServiceTest, FollowerRefusesArtifactForAnotherModel) {
 // RemoteDecisionController answers like the local DQN controller, and falls
 // back to kContinue (counting the failure) when the service is gone.
 TEST_F(PolicyServiceTest, RemoteDecisionMatchesLocalAndFallsBack) {
-  auto artifact = policy::dqn::LoadArtifact((root_ / "accelerator-v4").string(), fingerprint_);
+  auto artifact = policy::dqn::LoadArtifact((root_ / "accelerator-v5").string(), fingerprint_);
   ASSERT_THAT(artifact, IsOk());
   policy::dqn::DqnExitController local(
-      std::make_shared<const policy::dqn::QNetwork>(artifact->network), "accelerator-v4");
+      std::make_shared<const policy::dqn::QNetwork>(artifact->network), "accelerator-v5");
   std::shared_ptr<lede::v1::Policy::StubInterface> stub =
       lede::v1::Policy::NewStub(model_service::MakePolicyChannel(target_));
   model_service::RemoteDecisionOptions options;
@@ -529,7 +529,7 @@ TEST_F(PolicyServiceTest, RemoteDecisionMatchesLocalAndFallsBack) {
     EXPECT_EQ(remote.last_q()[0], local.last_q()[0]);
     EXPECT_EQ(remote.last_q()[1], local.last_q()[1]);
   }
-  EXPECT_EQ(remote.name(), "remote:accelerator-v4");
+  EXPECT_EQ(remote.name(), "remote:accelerator-v5");
   EXPECT_EQ(remote.n_failures(), 0);
 
   StopServer();
@@ -553,7 +553,7 @@ TEST_F(PolicyServiceTest, FollowsAPolicyStoreAndServesTheSeededCopyUntilThen) {
   ASSERT_THAT(opened, IsOk());
   std::shared_ptr<storage::ObjectStore> store = std::move(*opened);
   ServingPolicyOptions options;
-  options.policy_root = root_.string();  // seeded: SERVING = accelerator-v4
+  options.policy_root = root_.string();  // seeded: SERVING = accelerator-v5
   options.model_fingerprint = fingerprint_;
   options.n_layers = 12;
   options.store = store;
@@ -562,10 +562,10 @@ TEST_F(PolicyServiceTest, FollowsAPolicyStoreAndServesTheSeededCopyUntilThen) {
   ServingPolicy serving(options, &metrics);
   EXPECT_THAT(serving.Reload(), IsOk());
   ASSERT_NE(serving.Current(), nullptr);
-  EXPECT_EQ(serving.Current()->version, "accelerator-v4");
+  EXPECT_EQ(serving.Current()->version, "accelerator-v5");
   EXPECT_EQ(metrics.policy_reloads.Add({{"outcome", "rejected"}}).Value(), 1);  // the empty store
 
-  CopyVersion("accelerator-v4", "store-v3");
+  CopyVersion("accelerator-v5", "store-v3");
   ASSERT_THAT(policy::dqn::UploadVersion(*store, root_.string(), "store-v3", /*set_serving=*/true), IsOk());
   fs::remove_all(root_ / "store-v3");  // only the store has it now
   EXPECT_THAT(serving.Reload(), IsOk());

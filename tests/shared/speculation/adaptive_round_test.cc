@@ -227,5 +227,90 @@ TEST(AdaptiveRoundTest, ProbeErrorsPassThrough) {
               StatusIs(StatusCode::kInternal));
 }
 
+
+// ContextNgram: lookup_match follows the most recent earlier occurrence of
+// the last token only; trigram_seen looks at every occurrence.
+TEST(ContextNgramTest, LookupFollowsTheMostRecentOccurrenceAndTrigramsAnyOccurrence) {
+  const std::vector<int32_t> ctx = {6, 7, 1, 4, 7, 2, 6, 7};
+  const int64_t n = static_cast<int64_t>(ctx.size());
+  model::NgramSignals s = model::ContextNgram(ctx.data(), n, 2);  // after the last earlier 7 came 2
+  EXPECT_FLOAT_EQ(s.lookup_match, 1.0f);
+  EXPECT_FLOAT_EQ(s.trigram_seen, 0.0f);  // (6, 7, 2) never occurred
+  s = model::ContextNgram(ctx.data(), n, 1);
+  EXPECT_FLOAT_EQ(s.lookup_match, 0.0f);
+  EXPECT_FLOAT_EQ(s.trigram_seen, 1.0f);  // (6, 7, 1) at the start
+  s = model::ContextNgram(ctx.data(), n, 9);
+  EXPECT_FLOAT_EQ(s.lookup_match, 0.0f);
+  EXPECT_FLOAT_EQ(s.trigram_seen, 0.0f);
+  // Nothing to look back over.
+  s = model::ContextNgram(ctx.data(), 1, 7);
+  EXPECT_FLOAT_EQ(s.lookup_match, 0.0f);
+  EXPECT_FLOAT_EQ(s.trigram_seen, 0.0f);
+  s = model::ContextNgram(nullptr, 0, 7);
+  EXPECT_FLOAT_EQ(s.lookup_match + s.trigram_seen, 0.0f);
+}
+
+// Probes whose top-1 is the token they draft: script[0] at the exit layer,
+// script[row] for draft row `row`.
+class TokenProbes : public DraftProbes {
+ public:
+  explicit TokenProbes(std::vector<int32_t> script) : script_(std::move(script)) {}
+  StatusOr<model::ExitSignals> ProbeLayer(int32_t) override { return Signals(0); }
+  StatusOr<model::ExitSignals> ProbeDraft(int32_t row, int32_t) override { return Signals(row); }
+  StatusOr<int32_t> DraftFromProbe() override { return last_; }
+
+ private:
+  model::ExitSignals Signals(int32_t i) {
+    model::ExitSignals s;
+    s.top1_prob = 0.8f;
+    s.top1 = last_ = script_.at(static_cast<size_t>(i));
+    return s;
+  }
+  std::vector<int32_t> script_;
+  int32_t last_ = 0;
+};
+
+// Each probe's state carries the n-gram signals of its top-1 token against
+// the committed context followed by the round's drafts so far, with or
+// without the lookahead probe (then a decision sees the token just drafted).
+TEST(AdaptiveRoundTest, ProbeStatesCarryTheContextNgramSignalsOfTheirToken) {
+  for (const bool lookahead : {true, false}) {
+    SCOPED_TRACE(lookahead ? "lookahead" : "on the token just drafted");
+    model::DecisionSpec spec = Spec({2});
+    spec.lookahead_probe = lookahead;
+    // start: exit; layer 2: exit (drafts 1); then keep drafting 4 and 9.
+    ScriptedController c({Action::kExit, Action::kExit, Action::kExit, Action::kExit, Action::kContinue});
+    TokenProbes p({1, 4, 9, 3});
+    DraftRequest r = Request();
+    r.context = {6, 7, 1, 4, 7, 2, 6, 7};
+    Draft d;
+    ASSERT_THAT(RunAdaptiveRound(c, spec, kLayers, r, 3, p, d), IsOk());
+    ASSERT_THAT(d.tokens, ElementsAre(1, 4, 9));
+    EXPECT_FLOAT_EQ(c.states[0].lookup_match + c.states[0].trigram_seen, 0.0f);  // round start: no probe
+    // Token 1 after ..., 6, 7: the trigram (6, 7, 1) occurred; the lookup says 2.
+    EXPECT_FLOAT_EQ(c.states[1].lookup_match, 0.0f);
+    EXPECT_FLOAT_EQ(c.states[1].trigram_seen, 1.0f);
+    // Token 4 after ..., 7, 1 (the draft): both match (7, 1, 4 at the start).
+    const model::ExitState& second = c.states[lookahead ? 2 : 3];
+    EXPECT_FLOAT_EQ(second.lookup_match, 1.0f);
+    EXPECT_FLOAT_EQ(second.trigram_seen, 1.0f);
+    if (lookahead) {
+      // Token 9 after ..., 1, 4: the lookup says 7; no (1, 4, 9).
+      EXPECT_FLOAT_EQ(c.states[3].lookup_match, 0.0f);
+      EXPECT_FLOAT_EQ(c.states[3].trigram_seen, 0.0f);
+    } else {
+      // The first phase-2 decision is on token 1 (just drafted).
+      EXPECT_FLOAT_EQ(c.states[2].trigram_seen, 1.0f);
+      EXPECT_FLOAT_EQ(c.states[2].lookup_match, 0.0f);
+    }
+  }
+  // Without a context the signals are 0.
+  ScriptedController c({Action::kExit, Action::kExit, Action::kContinue});
+  TokenProbes p({1, 4});
+  Draft d;
+  ASSERT_THAT(RunAdaptiveRound(c, Spec({2}), kLayers, Request(), 3, p, d), IsOk());
+  for (const model::ExitState& st : c.states) EXPECT_FLOAT_EQ(st.lookup_match + st.trigram_seen, 0.0f);
+}
+
 }  // namespace
 }  // namespace lede::speculation
