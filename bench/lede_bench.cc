@@ -33,8 +33,9 @@
 #include "shared/tokenizer/tokenizer.h"
 #include "shared/status/status_macros.h"
 #include "trainer/corpus.h"
-#include "trainer/exit_eval.h"
+#include "trainer/calibrated_rule.h"
 #include "trainer/counterfactual.h"
+#include "trainer/exit_eval.h"
 #include "shared/experience/experience.h"
 
 namespace lede::bench {
@@ -188,72 +189,10 @@ std::pair<double, double> OracleCost(const trainer::ShadowTrace& t, int32_t max_
   return {static_cast<double>(N - 1), f[1]};
 }
 
-// The costs rule-based controllers weigh (policy::RoundCosts) under a cost model.
-std::shared_ptr<const policy::RoundCosts> RoundCostsOf(const model::CostModel& cm, int32_t L, int32_t max_draft) {
-  auto c = std::make_shared<policy::RoundCosts>();
-  c->marginal.assign(L + 1, std::vector<double>(max_draft + 1, 0.0));
-  c->round.assign(L + 1, std::vector<double>(max_draft + 1, 0.0));
-  for (int32_t l = 1; l < L; ++l) {
-    for (int32_t i = 1; i <= max_draft; ++i) {
-      c->marginal[l][i] = cm.DraftToken(l) + cm.Verify(l, i) - (i == 1 ? cm.Step() : cm.Verify(l, i - 1));
-      c->round[l][i] = i * cm.DraftToken(l) + cm.Verify(l, i) + (i + 1) * cm.Decision();
-    }
-  }
-  return c;
-}
-
-// Per-layer acceptance samples of shadow traces (every position, every exit
-// layer 1..L-1), with C_trace over the trace's own emitted tokens and the
-// context n-gram signals over prompt + the tokens before the position.
-// shift 0: the label is the acceptance of the token the probe drafts; shift
-// 1: of the next token (the probe's features predict the following draft).
-std::vector<std::vector<policy::AcceptanceSample>> AcceptanceSamples(const std::vector<trainer::ShadowTrace>& traces,
-                                                                     int32_t trace_window, int64_t shift) {
-  std::vector<std::vector<policy::AcceptanceSample>> by_layer;
-  for (const trainer::ShadowTrace& t : traces) {
-    if (by_layer.empty()) by_layer.resize(t.n_layers + 1);
-    double sum = 0;
-    std::deque<double> window;
-    std::vector<int32_t> context = t.prompt;  // prompt + target[0, i)
-    for (size_t i = 0; i < t.target.size(); ++i) {
-      const int64_t n = std::min<int64_t>(static_cast<int64_t>(context.size()), model::kNgramWindow);
-      const int32_t* ctx = context.data() + context.size() - n;
-      const double trace_nll = window.empty() ? 0.0 : sum / window.size();
-      const int64_t label = static_cast<int64_t>(i) + shift;
-      if (i > 0 && label < static_cast<int64_t>(t.target.size())) {  // position 0 is the prefill's token
-        for (int32_t l = 1; l < t.n_layers; ++l) {
-          const model::ExitSignals& s = t.At(l, static_cast<int64_t>(i));
-          const model::NgramSignals ng = model::ContextNgram(ctx, n, s.top1);
-          by_layer[l].push_back({policy::AcceptanceFeaturesOf(s.top1_prob, s.margin, s.entropy,
-                                                              static_cast<float>(trace_nll), ng.lookup_match,
-                                                              ng.trigram_seen),
-                                 t.Accepts(l, label)});
-        }
-      }
-      context.push_back(t.target[i]);
-      const double v = t.At(t.n_layers, static_cast<int64_t>(i)).top1_nll;
-      window.push_back(v);
-      sum += v;
-      if (static_cast<int32_t>(window.size()) > trace_window) sum -= window.front(), window.pop_front();
-    }
-  }
-  return by_layer;
-}
-
-// Calibrated acceptance: of the token a probe drafts (lookahead: the
-// decision sees the next token's probe), and of the next token from the one
-// just drafted (no lookahead: stopping costs no probe).
-struct Calibration {
-  std::shared_ptr<const policy::AcceptanceModel> current, next;
-};
-
+using trainer::RoundCostsOf;
+using Calibration = trainer::AcceptanceModels;
 StatusOr<Calibration> Calibrate(const std::vector<trainer::ShadowTrace>& traces, int32_t trace_window) {
-  Calibration cal;
-  LEDE_ASSIGN_OR_RETURN(auto current, policy::AcceptanceModel::Fit(AcceptanceSamples(traces, trace_window, 0)));
-  LEDE_ASSIGN_OR_RETURN(auto next, policy::AcceptanceModel::Fit(AcceptanceSamples(traces, trace_window, 1)));
-  cal.current = std::make_shared<const policy::AcceptanceModel>(std::move(current));
-  cal.next = std::make_shared<const policy::AcceptanceModel>(std::move(next));
-  return cal;
+  return trainer::FitAcceptanceModels(traces, trace_window);
 }
 
 // The benchmark of one prompt set: every method of the table is a job,
@@ -405,7 +344,7 @@ class SetBench {
     auto costs = RoundCostsOf(cm, L_, D_);
     for (bool lookahead : {true, false}) {
       for (int32_t e = 1; e < L_; ++e) {
-        for (double rho : {0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.4, 2.8}) {
+        for (double rho : trainer::kCalibratedRhos) {
           char buf[64];
           std::snprintf(buf, sizeof(buf), "E=%d rho=%.1f%s", e, rho, lookahead ? " lookahead" : "");
           GenerateOptions o = SpecWith({e});

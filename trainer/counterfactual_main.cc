@@ -43,6 +43,7 @@ struct Flags {
   int64_t per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 128, extra_count = 0,
           max_draft = 4, iterations = 6, epochs = 16, seed = 1, threads = 1, hidden = 64, batch_size = 256;
   double selection_fraction = 0.25, epsilon = 0.2, lr = 1e-3, conservative_margin = 0.0;
+  std::string initial_policy = "static";
   bool overwrite = false, probe_candidates = false, lookahead_probe = false, rollout = true;
 };
 
@@ -115,6 +116,7 @@ nlohmann::json TrainingReport(const lede::model::CostModel& cost, const lede::tr
   nlohmann::json report;
   report["cost_model"] = cost.name();
   report["best_static_train"] = {{"config", result.best_static}, {"speedup", result.best_static_train_speedup}};
+  report["initial_policy_train"] = {{"config", result.initial_policy}, {"speedup", result.initial_train_speedup}};
   report["selected_iteration"] = result.selected_iteration;
   report["best_static_selection"] = {{"config", "E=" + std::to_string(sel_static.exit_layer) + " D=" +
                                                     std::to_string(sel_static.draft_len)},
@@ -154,6 +156,10 @@ int Run(const Flags& fl) {
     return Fail(lede::InvalidArgumentError("--reward: want throughput or paper"));
   }
   o.paper_rewards = fl.reward == "paper";
+  if (fl.initial_policy != "static" && fl.initial_policy != "calibrated") {
+    return Fail(lede::InvalidArgumentError("--initial-policy: want static or calibrated, got \"" +
+                                           fl.initial_policy + "\""));
+  }
   auto layers = lede::flags::ParseIntList("candidate-layers", fl.candidates);
   if (!layers.ok()) return Fail(layers.status());
   o.spec.candidate_layers = *layers;
@@ -164,6 +170,7 @@ int Run(const Flags& fl) {
   o.max_iterations = static_cast<int32_t>(fl.iterations);
   o.behaviour_epsilon = fl.epsilon;
   o.conservative_margin = fl.conservative_margin;
+  o.initial_policy = fl.initial_policy;
   o.seed = static_cast<uint64_t>(fl.seed);
   o.model_fingerprint = model->config().ArchitectureFingerprint();
   o.dqn.epochs = fl.epochs;
@@ -215,6 +222,7 @@ int Run(const Flags& fl) {
   meta.training_options["behaviour_epsilon"] = fl.epsilon;
   meta.training_options["rollout_targets"] = fl.rollout ? 1.0 : 0.0;
   meta.training_options["conservative_margin"] = fl.conservative_margin;
+  meta.training_options["initial_policy_calibrated"] = fl.initial_policy == "calibrated" ? 1.0 : 0.0;
   meta.training_data.n_requests = static_cast<int64_t>(train.size() + selection.size());
   lede::policy::dqn::Artifact artifact = lede::trainer::MakeArtifact(result->dqn, o.dqn, meta);
   artifact.metadata.offline_metrics["selection_speedup"] = sel.selection_speedup;
@@ -224,9 +232,10 @@ int Run(const Flags& fl) {
 
   const nlohmann::json report = TrainingReport(*cost, *result, *sel_static, train.size(), selection.size());
   std::ofstream(fl.out + "/training_report.json") << report.dump(2) << "\n";
-  std::printf("wrote %s (selected iteration %d: rho %.4f, selection %.4fx; best static on training %s %.4fx)\n",
+  std::printf("wrote %s (selected iteration %d: rho %.4f, selection %.4fx; best static on training %s %.4fx; "
+              "pi_0 %s %.4fx)\n",
               fl.out.c_str(), result->selected_iteration, sel.rho, sel.selection_speedup, result->best_static.c_str(),
-              result->best_static_train_speedup);
+              result->best_static_train_speedup, result->initial_policy.c_str(), result->initial_train_speedup);
   return 0;
 }
 
@@ -262,6 +271,9 @@ int main(int argc, char** argv) {
   f.Add("epsilon", &fl.epsilon, "ε of the exploring behaviours in the replays");
   f.Add("conservative-margin", &fl.conservative_margin,
         "rollout targets prefer the current policy's action by this many tokens per round (0: plain greedy)");
+  f.Add("initial-policy", &fl.initial_policy,
+        "pi_0 of the policy iteration: static (best static setting) or calibrated (the calibrated stopping rule "
+        "tuned on the training requests; an iterate is adopted only if it beats it)");
   f.Add("selection-fraction", &fl.selection_fraction, "share of requests that select the iterate");
   f.Add("seed", &fl.seed, "seed");
   f.Add("threads", &fl.threads, "libtorch threads");

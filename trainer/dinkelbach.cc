@@ -1,5 +1,7 @@
 #include "trainer/dinkelbach.h"
 
+#include "trainer/calibrated_rule.h"
+
 #include <chrono>
 #include <cmath>
 #include <utility>
@@ -7,6 +9,7 @@
 #include "policy/controllers.h"
 #include "policy/dqn/dqn_exit_controller.h"
 #include "shared/status/status_macros.h"
+#include "trainer/calibrated_rule.h"
 
 namespace lede::trainer {
 
@@ -201,11 +204,25 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
   }
   LEDE_RETURN_IF_ERROR(ValidateDqnOptions(o.dqn));
   const int32_t L = train_traces.front().n_layers;
+  if (o.initial_policy != "static" && o.initial_policy != "calibrated") {
+    return InvalidArgumentError("initial_policy: \"" + o.initial_policy + "\" is not static or calibrated");
+  }
+  if (o.initial_policy == "calibrated" && !o.rollout_targets) {
+    return InvalidArgumentError("initial_policy: calibrated needs rollout targets");
+  }
   LEDE_ASSIGN_OR_RETURN(StaticChoice st, BestStatic(train_traces, o.spec.max_draft_len, cost));
-  double rho = o.initial_rho > 0 ? o.initial_rho : st.speedup;
-  // The current policy's throughput on the training traces (pi starts as
-  // the best static setting).
+  // pi_0 and its throughput on the training traces.
+  std::shared_ptr<const CalibratedRule> rule;
   double current_train = st.speedup;
+  std::string initial = "static E=" + std::to_string(st.exit_layer) + " D=" + std::to_string(st.draft_len);
+  if (o.initial_policy == "calibrated") {
+    LEDE_ASSIGN_OR_RETURN(CalibratedRule tuned, TuneCalibratedRule(train_traces, o.spec, cost));
+    rule = std::make_shared<const CalibratedRule>(std::move(tuned));
+    current_train = rule->speedup;
+    initial = rule->Describe();
+  }
+  const double initial_train = current_train;
+  double rho = o.initial_rho > 0 ? o.initial_rho : current_train;
 
   std::shared_ptr<const policy::dqn::QNetwork> current;
   std::unique_ptr<DqnResult> best;
@@ -219,9 +236,11 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
         o.paper_rewards ? policy::RewardSpec::Paper(L) : DinkelbachRewards(cost, L, o.spec.max_draft_len, rho);
     std::vector<policy::Transition> transitions;
     if (o.rollout_targets) {
-      // pi: the last iterate's greedy policy, or the best static setting.
-      ControllerMaker pi = [current, st](int64_t) -> std::unique_ptr<model::ExitController> {
+      // pi: the last iterate's greedy policy, or pi_0.
+      const model::DecisionSpec spec = o.spec;
+      ControllerMaker pi = [current, st, rule, spec](int64_t) -> std::unique_ptr<model::ExitController> {
         if (current) return std::make_unique<policy::dqn::DqnExitController>(current, "pi");
+        if (rule) return rule->Make(spec);
         return std::make_unique<StaticExitController>(st.exit_layer, st.draft_len);
       };
       const double eps = o.behaviour_epsilon;
@@ -286,6 +305,8 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
   out.selected_iteration = selected;
   out.best_static_train_speedup = st.speedup;
   out.best_static = "E=" + std::to_string(st.exit_layer) + " D=" + std::to_string(st.draft_len);
+  out.initial_policy = initial;
+  out.initial_train_speedup = initial_train;
   return out;
 }
 

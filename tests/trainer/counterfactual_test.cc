@@ -17,9 +17,13 @@
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "tests/testing/status_matchers.h"
+#include "trainer/calibrated_rule.h"
 
 namespace lede::trainer {
 namespace {
+
+using ::lede::testing::IsOk;
+using ::lede::testing::StatusIs;
 
 constexpr char kModelDir[] = "models/lede-tiny";
 constexpr int64_t kNewTokens = 48;
@@ -321,6 +325,57 @@ TEST_F(CounterfactualTest, DinkelbachAdoptsOnlyImprovingIterates) {
       EXPECT_LE(it.selection_speedup, sel.selection_speedup);
     }
   }
+}
+
+// The calibrated rule tuned by replay is the best of its grid, and
+// reproduces its own speed-up; policy iteration started from it (pi_0 =
+// the rule) reports it, starts rho there and adopts only iterates that beat
+// it on the training traces.
+TEST_F(CounterfactualTest, CalibratedStartBeginsAtTheTunedRuleAndAdoptsOnlyWhatBeatsIt) {
+  const std::vector<ShadowTrace> traces = Traces();
+  const std::vector<ShadowTrace> train(traces.begin(), traces.begin() + 2), selection(traces.begin() + 2, traces.end());
+  auto cost = model::MakeAcceleratorCostModel(model_->config());
+  DinkelbachOptions o;
+  o.spec.candidate_layers = {1, 2, 3};
+  o.spec.max_draft_len = 4;
+  o.spec.probe_candidates = false;
+  o.spec.lookahead_probe = false;
+  auto rule = TuneCalibratedRule(train, o.spec, *cost);
+  ASSERT_THAT(rule, IsOk());
+  ASSERT_GE(rule->exit_layer, 1);
+  ASSERT_LE(rule->exit_layer, 3);
+  auto again = SimulatedSpeedup(train, o.spec, [&](int64_t) { return rule->Make(o.spec); }, *cost);
+  ASSERT_THAT(again, IsOk());
+  EXPECT_DOUBLE_EQ(*again, rule->speedup);
+  for (int32_t e : o.spec.candidate_layers) {
+    for (double rho : kCalibratedRhos) {
+      CalibratedRule other = *rule;
+      other.exit_layer = e;
+      other.rho = rho;
+      auto s = SimulatedSpeedup(train, o.spec, [&](int64_t) { return other.Make(o.spec); }, *cost);
+      ASSERT_THAT(s, IsOk());
+      EXPECT_LE(*s, rule->speedup) << other.Describe();
+    }
+  }
+  o.initial_policy = "calibrated";
+  o.max_iterations = 2;
+  o.rho_tolerance = 0;
+  o.dqn.epochs = 2;
+  o.dqn.hidden = 16;
+  o.dqn.heldout_fraction = 0;
+  auto result = TrainDinkelbach(train, selection, *cost, o);
+  ASSERT_THAT(result, IsOk());
+  EXPECT_EQ(result->initial_policy, rule->Describe());
+  EXPECT_DOUBLE_EQ(result->initial_train_speedup, rule->speedup);
+  ASSERT_FALSE(result->iterations.empty());
+  EXPECT_DOUBLE_EQ(result->iterations[0].rho, rule->speedup);
+  double current = rule->speedup;
+  for (const DinkelbachIteration& it : result->iterations) {
+    EXPECT_EQ(it.adopted, it.train_speedup > current) << "iteration " << it.iteration;
+    if (it.adopted) current = it.train_speedup;
+  }
+  o.initial_policy = "best";
+  EXPECT_THAT(TrainDinkelbach(train, selection, *cost, o), StatusIs(StatusCode::kInvalidArgument));
 }
 
 // Rollout targets: per decision one transition per action, centered on

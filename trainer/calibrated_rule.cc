@@ -1,0 +1,103 @@
+#include "trainer/calibrated_rule.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <deque>
+
+#include "shared/status/status_macros.h"
+
+namespace lede::trainer {
+
+std::vector<std::vector<policy::AcceptanceSample>> AcceptanceSamples(const std::vector<ShadowTrace>& traces,
+                                                                     int32_t trace_window, int64_t shift) {
+  std::vector<std::vector<policy::AcceptanceSample>> by_layer;
+  for (const ShadowTrace& t : traces) {
+    if (by_layer.empty()) by_layer.resize(t.n_layers + 1);
+    double sum = 0;
+    std::deque<double> window;
+    std::vector<int32_t> context = t.prompt;  // prompt + target[0, i)
+    for (size_t i = 0; i < t.target.size(); ++i) {
+      const int64_t n = std::min<int64_t>(static_cast<int64_t>(context.size()), model::kNgramWindow);
+      const int32_t* ctx = context.data() + context.size() - n;
+      const double trace_nll = window.empty() ? 0.0 : sum / window.size();
+      const int64_t label = static_cast<int64_t>(i) + shift;
+      if (i > 0 && label < static_cast<int64_t>(t.target.size())) {  // position 0 is the prefill's token
+        for (int32_t l = 1; l < t.n_layers; ++l) {
+          const model::ExitSignals& s = t.At(l, static_cast<int64_t>(i));
+          const model::NgramSignals ng = model::ContextNgram(ctx, n, s.top1);
+          by_layer[l].push_back({policy::AcceptanceFeaturesOf(s.top1_prob, s.margin, s.entropy,
+                                                              static_cast<float>(trace_nll), ng.lookup_match,
+                                                              ng.trigram_seen),
+                                 t.Accepts(l, label)});
+        }
+      }
+      context.push_back(t.target[i]);
+      const double v = t.At(t.n_layers, static_cast<int64_t>(i)).top1_nll;
+      window.push_back(v);
+      sum += v;
+      if (static_cast<int32_t>(window.size()) > trace_window) sum -= window.front(), window.pop_front();
+    }
+  }
+  return by_layer;
+}
+
+StatusOr<AcceptanceModels> FitAcceptanceModels(const std::vector<ShadowTrace>& traces, int32_t trace_window) {
+  AcceptanceModels m;
+  LEDE_ASSIGN_OR_RETURN(auto current, policy::AcceptanceModel::Fit(AcceptanceSamples(traces, trace_window, 0)));
+  LEDE_ASSIGN_OR_RETURN(auto next, policy::AcceptanceModel::Fit(AcceptanceSamples(traces, trace_window, 1)));
+  m.current = std::make_shared<const policy::AcceptanceModel>(std::move(current));
+  m.next = std::make_shared<const policy::AcceptanceModel>(std::move(next));
+  return m;
+}
+
+std::shared_ptr<const policy::RoundCosts> RoundCostsOf(const model::CostModel& cm, int32_t L, int32_t max_draft) {
+  auto c = std::make_shared<policy::RoundCosts>();
+  c->marginal.assign(L + 1, std::vector<double>(max_draft + 1, 0.0));
+  c->round.assign(L + 1, std::vector<double>(max_draft + 1, 0.0));
+  for (int32_t l = 1; l < L; ++l) {
+    for (int32_t i = 1; i <= max_draft; ++i) {
+      c->marginal[l][i] = cm.DraftToken(l) + cm.Verify(l, i) - (i == 1 ? cm.Step() : cm.Verify(l, i - 1));
+      c->round[l][i] = i * cm.DraftToken(l) + cm.Verify(l, i) + (i + 1) * cm.Decision();
+    }
+  }
+  return c;
+}
+
+std::string CalibratedRule::Describe() const {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "calibrated E=%d rho=%.1f", exit_layer, rho);
+  return buf;
+}
+
+std::unique_ptr<model::ExitController> CalibratedRule::Make(const model::DecisionSpec& spec) const {
+  return std::make_unique<policy::CalibratedStopController>(acceptance.current, exit_layer, rho, costs,
+                                                            spec.lookahead_probe, acceptance.next);
+}
+
+StatusOr<CalibratedRule> TuneCalibratedRule(const std::vector<ShadowTrace>& traces, const model::DecisionSpec& spec,
+                                            const model::CostModel& cost) {
+  if (traces.empty()) return InvalidArgumentError("calibrated rule: no traces");
+  const int32_t L = traces.front().n_layers;
+  CalibratedRule best;
+  LEDE_ASSIGN_OR_RETURN(best.acceptance, FitAcceptanceModels(traces, spec.trace_window));
+  best.costs = RoundCostsOf(cost, L, spec.max_draft_len);
+  CalibratedRule candidate = best;
+  for (int32_t e : spec.candidate_layers) {
+    if (e < 1 || e >= L) continue;
+    for (double rho : kCalibratedRhos) {
+      candidate.exit_layer = e;
+      candidate.rho = rho;
+      ControllerMaker make = [&candidate, &spec](int64_t) { return candidate.Make(spec); };
+      LEDE_ASSIGN_OR_RETURN(double s, SimulatedSpeedup(traces, spec, make, cost));
+      if (s > best.speedup) {
+        best.exit_layer = e;
+        best.rho = rho;
+        best.speedup = s;
+      }
+    }
+  }
+  if (best.exit_layer == 0) return InvalidArgumentError("calibrated rule: no candidate layer in [1, L)");
+  return best;
+}
+
+}  // namespace lede::trainer
