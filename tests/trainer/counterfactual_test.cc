@@ -284,6 +284,21 @@ TEST_F(CounterfactualTest, DinkelbachReturnIsTokensMinusRhoTimesCost) {
   }
 }
 
+// The policy-iteration tests' decision spec (3 candidate layers, D_max 4,
+// no probes) and a small DQN; every iteration runs (no rho tolerance).
+DinkelbachOptions SmallDinkelbachOptions() {
+  DinkelbachOptions o;
+  o.spec.candidate_layers = {1, 2, 3};
+  o.spec.max_draft_len = 4;
+  o.spec.probe_candidates = false;
+  o.spec.lookahead_probe = false;
+  o.rho_tolerance = 0;
+  o.dqn.epochs = 2;
+  o.dqn.hidden = 16;
+  o.dqn.heldout_fraction = 0;
+  return o;
+}
+
 // Policy iteration adopts an iterate only when it beats the current policy
 // on the training traces (exact replay), so the adopted sequence improves
 // strictly on the best static setting, rho follows the adopted policies
@@ -292,16 +307,8 @@ TEST_F(CounterfactualTest, DinkelbachAdoptsOnlyImprovingIterates) {
   const std::vector<ShadowTrace> traces = Traces();
   const std::vector<ShadowTrace> train(traces.begin(), traces.begin() + 2), selection(traces.begin() + 2, traces.end());
   auto cost = model::MakeAcceleratorCostModel(model_->config());
-  DinkelbachOptions o;
-  o.spec.candidate_layers = {1, 2, 3};
-  o.spec.max_draft_len = 4;
-  o.spec.probe_candidates = false;
-  o.spec.lookahead_probe = false;
+  DinkelbachOptions o = SmallDinkelbachOptions();
   o.max_iterations = 4;
-  o.rho_tolerance = 0;  // run every iteration
-  o.dqn.epochs = 2;
-  o.dqn.hidden = 16;
-  o.dqn.heldout_fraction = 0;
   auto result = TrainDinkelbach(train, selection, *cost, o);
   ASSERT_TRUE(result.ok()) << result.status().message();
   ASSERT_EQ(result->iterations.size(), 4u);
@@ -335,11 +342,7 @@ TEST_F(CounterfactualTest, CalibratedStartBeginsAtTheTunedRuleAndAdoptsOnlyWhatB
   const std::vector<ShadowTrace> traces = Traces();
   const std::vector<ShadowTrace> train(traces.begin(), traces.begin() + 2), selection(traces.begin() + 2, traces.end());
   auto cost = model::MakeAcceleratorCostModel(model_->config());
-  DinkelbachOptions o;
-  o.spec.candidate_layers = {1, 2, 3};
-  o.spec.max_draft_len = 4;
-  o.spec.probe_candidates = false;
-  o.spec.lookahead_probe = false;
+  DinkelbachOptions o = SmallDinkelbachOptions();
   auto rule = TuneCalibratedRule(train, o.spec, *cost);
   ASSERT_THAT(rule, IsOk());
   ASSERT_GE(rule->exit_layer, 1);
@@ -359,10 +362,6 @@ TEST_F(CounterfactualTest, CalibratedStartBeginsAtTheTunedRuleAndAdoptsOnlyWhatB
   }
   o.initial_policy = "calibrated";
   o.max_iterations = 2;
-  o.rho_tolerance = 0;
-  o.dqn.epochs = 2;
-  o.dqn.hidden = 16;
-  o.dqn.heldout_fraction = 0;
   auto result = TrainDinkelbach(train, selection, *cost, o);
   ASSERT_THAT(result, IsOk());
   EXPECT_EQ(result->initial_policy, rule->Describe());
