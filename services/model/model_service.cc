@@ -425,24 +425,29 @@ struct VerifierService::Impl {
   }
 
   // The prefill of a new session in chunks of --prefill-chunk positions,
-  // one batched step each; stops at a chunk boundary when the caller left or
-  // the session was doomed (closed, or its owner's lease lapsed).
+  // one batched step each, so that it does not stall the running sessions
+  // for its whole length; while it is the only open session the rest of the
+  // prompt goes in one step (nobody to stall; one pass instead of several).
+  // Stops at a chunk boundary when the caller left or the session was doomed
+  // (closed, or its owner's lease lapsed).
   StatusOr<speculation::Prefilled> PrefillBatched(model::KvCache& cache, int64_t slot,
                                                   const std::vector<int32_t>& prompt,
                                                   const speculation::SessionOptions& so,
                                                   grpc::ServerContext* context) {
     const int64_t P = static_cast<int64_t>(prompt.size());
     const int64_t chunk = std::max<int64_t>(1, host->options.prefill_chunk);
-    for (int64_t start = 0; start < P; start += chunk) {
+    for (int64_t start = 0; start < P;) {
       if (start > 0 && context != nullptr && context->IsCancelled()) {
         return Status(StatusCode::kCancelled, "the caller left during the prefill");
       }
-      if (start > 0) {  // closed or its owner's lease lapsed: EndCall frees it
+      int64_t len = std::min(chunk, P - start);
+      {
         std::lock_guard<std::mutex> lock(mu);
         auto it = sessions.find(slot);
-        if (it == sessions.end() || it->second.doomed) {
+        if (start > 0 && (it == sessions.end() || it->second.doomed)) {  // closed or its lease lapsed: EndCall frees it
           return FailedPreconditionError("slot: the session was freed during the prefill");
         }
+        if (sessions.size() <= 1) len = P - start;  // alone
       }
       BatchJob job;
       job.cache = &cache;
@@ -451,7 +456,8 @@ struct VerifierService::Impl {
       job.item.options = so;
       job.item.prompt = &prompt;
       job.item.chunk_start = start;
-      job.item.chunk_len = std::min(chunk, P - start);
+      job.item.chunk_len = len;
+      start += len;
       LEDE_RETURN_IF_ERROR(RunInBatch(job, job.item.chunk_len));
       if (job.result.prefilled) return job.result.first;
     }

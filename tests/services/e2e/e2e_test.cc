@@ -1272,6 +1272,30 @@ TEST_F(E2eBatchTest, ConcurrentRequestsMatchTheirSoloRuns) {
       20s, 50ms));
 }
 
+// A request alone on the verifier is prefilled in one step, not in
+// --prefill-chunk (16) pieces: exactly one step of more than 16 rows, and
+// its output is its solo run's.
+TEST_F(E2eBatchTest, APromptAloneIsPrefilledInOneStep) {
+  const std::string prompt = ReadPrompts(ModelDir() + "/prompts/code.jsonl", 1)[0];
+  ASSERT_GT(reference_->Encode(prompt).size(), 32u) << "the test needs a prompt of several chunks";
+  ASSERT_TRUE(lede::testing::WaitUntil(
+      [&] { return SumMetric(MetricsText(cluster_->verifier()->metrics_port()), "lede_kv_slots_in_use") == 0; },
+      20s, 50ms));
+  auto wide_steps = [&] {  // steps of more than 16 rows
+    const int port = cluster_->verifier()->metrics_port();
+    return telemetry::test_util::MetricValue(port, "lede_iteration_tokens_count") -
+           telemetry::test_util::MetricValue(port, "lede_iteration_tokens_bucket{le=\"16\"}");
+  };
+  const double before = wide_steps();
+  ASSERT_FALSE(std::isnan(before));
+  auto solo = reference_->Generate(prompt, Autoregressive(), 8, Sampling{});
+  ASSERT_THAT(solo, IsOk());
+  const std::vector<CallResult> got = GenerateConcurrently(*cluster_, {MakeRequest(prompt, Autoregressive(), 8)});
+  ASSERT_TRUE(got[0].ok()) << got[0].Describe();
+  EXPECT_EQ(got[0].ids, solo->tokens);
+  EXPECT_EQ(wide_steps() - before, 1.0);
+}
+
 // ------------------------------------------------------------------ faults
 
 // Kills and restarts model processes (the tests run in order and leave the
