@@ -189,11 +189,9 @@ std::pair<double, double> OracleCost(const trainer::ShadowTrace& t, int32_t max_
   return {static_cast<double>(N - 1), f[1]};
 }
 
+using trainer::AcceptanceModels;
+using trainer::FitAcceptanceModels;
 using trainer::RoundCostsOf;
-using Calibration = trainer::AcceptanceModels;
-StatusOr<Calibration> Calibrate(const std::vector<trainer::ShadowTrace>& traces, int32_t trace_window) {
-  return trainer::FitAcceptanceModels(traces, trace_window);
-}
 
 // The benchmark of one prompt set: every method of the table is a job,
 // baselines tuned by exact replay on the tuning split (per cost model), LEDE
@@ -225,7 +223,7 @@ class SetBench {
     LEDE_ASSIGN_OR_RETURN(ar_eval_, RunPrompts(*c_.engine, set_.eval, ar_, nullptr, nullptr));
     if (Has("ar")) jobs_.push_back({"ar", "", ar_, nullptr});
     if (Has("calibrated") || Has("del")) {
-      LEDE_ASSIGN_OR_RETURN(calibration_, Calibrate(tune_traces_, c_.spec.trace_window));
+      LEDE_ASSIGN_OR_RETURN(calibration_, FitAcceptanceModels(tune_traces_, c_.spec.trace_window));
     }
     for (const auto& [name, configs_for] : Families()) {
       if (Status s = Tune(name, configs_for); !s.ok()) return Status(s.code(), name + ": " + std::string(s.message()));
@@ -339,7 +337,7 @@ class SetBench {
     return v;
   }
 
-  std::vector<Config> CalibratedConfigs(const Calibration& cal, const model::CostModel& cm) const {
+  std::vector<Config> CalibratedConfigs(const AcceptanceModels& cal, const model::CostModel& cm) const {
     std::vector<Config> v;
     auto costs = RoundCostsOf(cm, L_, D_);
     for (bool lookahead : {true, false}) {
@@ -518,7 +516,7 @@ class SetBench {
   // policy that knows each token's calibrated acceptance probability, but
   // not the outcome) and the hindsight oracle.
   void Ceilings(nlohmann::json* oracle, nlohmann::json* calibrated_ceiling) const {
-    auto in_sample = Calibrate(eval_traces_, c_.spec.trace_window);
+    auto in_sample = FitAcceptanceModels(eval_traces_, c_.spec.trace_window);
     for (const model::CostModel* cm : cost_models_) {
       double tokens = 0, cost = 0;
       for (const trainer::ShadowTrace& t : eval_traces_) {
@@ -612,7 +610,7 @@ class SetBench {
   std::vector<const model::CostModel*> cost_models_;
   std::vector<trainer::ShadowTrace> tune_traces_, eval_traces_;
   Totals ar_eval_;  // autoregressive on the evaluation split (outputs: the reference)
-  Calibration calibration_;
+  AcceptanceModels calibration_;
   std::vector<Job> jobs_;
 };
 

@@ -247,12 +247,13 @@ StatusOr<SimulatedRound> SimulateRound(const ShadowTrace& trace, const model::De
   request.accept_ema = c.accept_ema;
   request.round_index = c.round_index;
   request.record_trace = true;
-  // The committed tokens as the generation loop passes them (prompt +
-  // target[0, next), the last kNgramWindow).
-  std::vector<int32_t> committed = trace.prompt;
-  committed.insert(committed.end(), trace.target.begin(), trace.target.begin() + c.next);
-  const int64_t n = std::min<int64_t>(static_cast<int64_t>(committed.size()), model::kNgramWindow);
-  request.context.assign(committed.end() - n, committed.end());
+  // The committed tokens as the generation loop passes them: the last
+  // kNgramWindow of prompt + target[0, next).
+  const int64_t P = static_cast<int64_t>(trace.prompt.size());
+  const int64_t skip = std::max<int64_t>(0, P + c.next - model::kNgramWindow);
+  request.context.assign(trace.prompt.begin() + std::min(skip, P), trace.prompt.end());
+  request.context.insert(request.context.end(), trace.target.begin() + std::max<int64_t>(0, skip - P),
+                         trace.target.begin() + c.next);
   LEDE_ASSIGN_OR_RETURN(Draft draft, backend.DraftRound(0, request));
   LEDE_ASSIGN_OR_RETURN(Verdict verdict, backend.VerifyRound(0, request.pending_token, draft));
   SimulatedRound out;

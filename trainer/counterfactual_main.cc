@@ -156,10 +156,6 @@ int Run(const Flags& fl) {
     return Fail(lede::InvalidArgumentError("--reward: want throughput or paper"));
   }
   o.paper_rewards = fl.reward == "paper";
-  if (fl.initial_policy != "static" && fl.initial_policy != "calibrated") {
-    return Fail(lede::InvalidArgumentError("--initial-policy: want static or calibrated, got \"" +
-                                           fl.initial_policy + "\""));
-  }
   auto layers = lede::flags::ParseIntList("candidate-layers", fl.candidates);
   if (!layers.ok()) return Fail(layers.status());
   o.spec.candidate_layers = *layers;
@@ -180,6 +176,7 @@ int Run(const Flags& fl) {
   o.dqn.lr = fl.lr;
   o.dqn.num_threads = static_cast<int32_t>(fl.threads);
   o.dqn.heldout_fraction = 0.0;  // selection runs on whole held-out requests instead
+  if (Status st = lede::trainer::ValidateDinkelbachOptions(o); !st.ok()) return Fail(st);  // before any trace
 
   // Requests: tuning splits of the prompt sets, then the extra prompts.
   std::vector<std::vector<int32_t>> prompts;

@@ -1,7 +1,5 @@
 #include "trainer/dinkelbach.h"
 
-#include "trainer/calibrated_rule.h"
-
 #include <chrono>
 #include <cmath>
 #include <utility>
@@ -189,12 +187,7 @@ StatusOr<std::vector<policy::Transition>> RolloutTransitions(const std::vector<S
   return out;
 }
 
-StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train_traces,
-                                           const std::vector<ShadowTrace>& selection_traces,
-                                           const model::CostModel& cost, const DinkelbachOptions& o,
-                                           const DinkelbachCallback& on_iteration) {
-  if (train_traces.empty()) return InvalidArgumentError("train traces: empty");
-  if (selection_traces.empty()) return InvalidArgumentError("selection traces: empty");
+Status ValidateDinkelbachOptions(const DinkelbachOptions& o) {
   if (o.max_iterations < 1) return InvalidArgumentError("max_iterations: must be >= 1");
   if (!(o.behaviour_epsilon >= 0 && o.behaviour_epsilon <= 1)) {
     return InvalidArgumentError("behaviour_epsilon: outside [0, 1]");
@@ -202,14 +195,23 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
   if (!(o.conservative_margin >= 0 && o.conservative_margin < 1e3)) {
     return InvalidArgumentError("conservative_margin: must be in [0, 1000) tokens per round");
   }
-  LEDE_RETURN_IF_ERROR(ValidateDqnOptions(o.dqn));
-  const int32_t L = train_traces.front().n_layers;
   if (o.initial_policy != "static" && o.initial_policy != "calibrated") {
     return InvalidArgumentError("initial_policy: \"" + o.initial_policy + "\" is not static or calibrated");
   }
   if (o.initial_policy == "calibrated" && !o.rollout_targets) {
     return InvalidArgumentError("initial_policy: calibrated needs rollout targets");
   }
+  return ValidateDqnOptions(o.dqn);
+}
+
+StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train_traces,
+                                           const std::vector<ShadowTrace>& selection_traces,
+                                           const model::CostModel& cost, const DinkelbachOptions& o,
+                                           const DinkelbachCallback& on_iteration) {
+  if (train_traces.empty()) return InvalidArgumentError("train traces: empty");
+  if (selection_traces.empty()) return InvalidArgumentError("selection traces: empty");
+  LEDE_RETURN_IF_ERROR(ValidateDinkelbachOptions(o));
+  const int32_t L = train_traces.front().n_layers;
   LEDE_ASSIGN_OR_RETURN(StaticChoice st, BestStatic(train_traces, o.spec.max_draft_len, cost));
   // pi_0 and its throughput on the training traces.
   std::shared_ptr<const CalibratedRule> rule;

@@ -148,9 +148,14 @@ StatusOr<std::vector<policy::Transition>> RolloutTransitions(const std::vector<S
                                                              const std::string& fingerprint,
                                                              double conservative_margin = 0.0);
 
+// kInvalidArgument naming the field of `o` that is out of range (the DQN's
+// options included); what TrainDinkelbach checks before it starts, for
+// callers that want to fail before computing traces.
+Status ValidateDinkelbachOptions(const DinkelbachOptions& o);
+
 // Errors: kInvalidArgument for empty trace sets or options out of range
-// (max_iterations < 1, behaviour_epsilon outside [0, 1], those of
-// ValidateDqnOptions); errors of the replay and of TrainDqn.
+// (ValidateDinkelbachOptions); errors of the replay, of the calibrated
+// rule's tuning and of TrainDqn.
 using DinkelbachCallback = std::function<void(const DinkelbachIteration&)>;
 StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train_traces,
                                            const std::vector<ShadowTrace>& selection_traces,
