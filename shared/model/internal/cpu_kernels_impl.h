@@ -125,6 +125,80 @@ void MatMulRows(const float* x, int64_t n, int64_t in, const float* w, int64_t o
   }
 }
 
+// MatMulRows over W in the PackRows layout (cpu_kernels.h; in % 8 == 0):
+// each block of 4 rows is one sequential stream, row k's columns [i, i + 8)
+// at b + 4 i + 8 k. Rows of X three at a time (12 accumulators: enough
+// independent chains to keep both FMA ports busy), then two, then one. Each
+// output element sums the same products in the same order as MatMulRows's
+// one-row loop (lane-wise over i, then Sum8), so the result is bitwise the
+// row-major one and does not depend on n.
+void MatMulRowsPacked(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
+                      bool accumulate, int64_t ldy) {
+  auto store = [&](float* yr, int64_t o, const F8* a) {
+    for (int k = 0; k < 4; ++k) yr[o + k] = accumulate ? yr[o + k] + Sum8(a[k]) : Sum8(a[k]);
+  };
+  int64_t o = 0;
+  for (; o + 4 <= out; o += 4) {
+    const float* b = w + o * in;
+    int64_t r = 0;
+    for (; r + 3 <= n; r += 3) {
+      const float* x0 = x + r * in;
+      const float* x1 = x0 + in;
+      const float* x2 = x1 + in;
+      F8 a[4] = {}, c[4] = {}, e[4] = {};
+      for (int64_t i = 0; i < in; i += 8) {
+        const float* chunk = b + 4 * i;
+        const F8 u0 = Load8(x0 + i), u1 = Load8(x1 + i), u2 = Load8(x2 + i);
+        // One W chunk in a register at a time: 12 + 3 + 1 = 16 registers.
+        for (int k = 0; k < 4; ++k) {
+          const F8 v = Load8(chunk + 8 * k);
+          a[k] += v * u0;
+          c[k] += v * u1;
+          e[k] += v * u2;
+        }
+      }
+      store(y + r * ldy, o, a);
+      store(y + (r + 1) * ldy, o, c);
+      store(y + (r + 2) * ldy, o, e);
+    }
+    for (; r + 2 <= n; r += 2) {
+      const float* x0 = x + r * in;
+      const float* x1 = x0 + in;
+      F8 a[4] = {}, c[4] = {};
+      for (int64_t i = 0; i < in; i += 8) {
+        const float* chunk = b + 4 * i;
+        const F8 u0 = Load8(x0 + i), u1 = Load8(x1 + i);
+        for (int k = 0; k < 4; ++k) {
+          const F8 v = Load8(chunk + 8 * k);
+          a[k] += v * u0;
+          c[k] += v * u1;
+        }
+      }
+      store(y + r * ldy, o, a);
+      store(y + (r + 1) * ldy, o, c);
+    }
+    for (; r < n; ++r) {
+      const float* xr = x + r * in;
+      F8 a[4] = {};
+      for (int64_t i = 0; i < in; i += 8) {
+        const float* chunk = b + 4 * i;
+        const F8 xv = Load8(xr + i);
+        a[0] += Load8(chunk) * xv;
+        a[1] += Load8(chunk + 8) * xv;
+        a[2] += Load8(chunk + 16) * xv;
+        a[3] += Load8(chunk + 24) * xv;
+      }
+      store(y + r * ldy, o, a);
+    }
+  }
+  for (; o < out; ++o) {  // the out % 4 tail rows, row-major
+    for (int64_t r = 0; r < n; ++r) {
+      const float s = Dot(w + o * in, x + r * in, in);
+      y[r * ldy + o] = accumulate ? y[r * ldy + o] + s : s;
+    }
+  }
+}
+
 // exp(d) for d in [-87, 0] (clamped below): d = k ln2 + r, |r| <= ln2 / 2,
 // exp(r) by its Taylor-fitted polynomial, 2^k built in the exponent bits.
 inline F8 Exp8(F8 d) {

@@ -68,6 +68,38 @@ TEST(CpuKernelsTest, MatrixProductsMatchReference) {
   }
 }
 
+// The packed layout gives bitwise the row-major result, for every row count
+// of the few-row kernel, with and without a tail of rows (out % 4), with
+// accumulation, and over a split of the output rows at a multiple of 4
+// (as the threaded product splits it).
+TEST(CpuKernelsTest, PackedProductIsBitwiseTheRowMajorOne) {
+  std::mt19937 rng(4);
+  EXPECT_FALSE(cpu::Packable(172));
+  for (int64_t out : {4, 7, 33, 320}) {
+    for (int64_t in : {8, 64, 192}) {
+      ASSERT_TRUE(cpu::Packable(in));
+      std::vector<float> w = RandomVector(out * in, rng), packed(out * in);
+      cpu::PackRows(w.data(), out, in, packed.data());
+      // With one chunk of 8 per row the interleaving is the identity.
+      if (in > 8) EXPECT_NE(packed, w) << "the layout is interleaved, not a copy";
+      for (int64_t n = 1; n <= cpu::kMaxRowsWithoutBlas; ++n) {
+        for (bool accumulate : {false, true}) {
+          std::vector<float> x = RandomVector(n * in, rng), y0 = RandomVector(n * out, rng);
+          std::vector<float> rows = y0, pk = y0, split = y0;
+          cpu::MatMulRows(x.data(), n, in, w.data(), out, rows.data(), accumulate);
+          cpu::MatMulRowsPacked(x.data(), n, in, packed.data(), out, pk.data(), out, accumulate);
+          const int64_t o0 = out / 8 * 4;  // a multiple of 4; the second part takes the tail
+          cpu::MatMulRowsPacked(x.data(), n, in, packed.data(), o0, split.data(), out, accumulate);
+          cpu::MatMulRowsPacked(x.data(), n, in, packed.data() + o0 * in, out - o0, split.data() + o0,
+                                out, accumulate);
+          ASSERT_EQ(pk, rows) << out << "x" << in << " n=" << n << " accumulate=" << accumulate;
+          ASSERT_EQ(split, rows) << out << "x" << in << " n=" << n << " split at " << o0;
+        }
+      }
+    }
+  }
+}
+
 // One attention row equals softmax(q K^T) V computed naively.
 TEST(CpuKernelsTest, AttendOneMatchesReference) {
   std::mt19937 rng(2);
@@ -279,6 +311,41 @@ TEST(FusedKernelsTest, AutogradUsesEagerPath) {
   (*m)->ExitLogits(h).sum().backward();
   ASSERT_TRUE(params[4].grad().defined());
   EXPECT_GT(params[4].grad().abs().sum().item<float>(), 0.0f);
+}
+
+// The fused path reads weights packed at load; an in-place update of a
+// weight (an optimizer step) makes the packed copy stale, and the fused
+// path then follows the updated tensor: fused and eager agree after it.
+TEST(FusedKernelsTest, InPlaceWeightUpdateIsSeenByTheFusedPath) {
+  ModelOptions fo, eo;
+  eo.kernels = Kernels::kEager;
+  auto f = LlamaModel::RandomInit(testing::TinyConfig(), 5, fo, 0.3);
+  auto e = LlamaModel::RandomInit(testing::TinyConfig(), 5, eo, 0.3);
+  ASSERT_THAT(f, IsOk());
+  ASSERT_THAT(e, IsOk());
+  ASSERT_TRUE((*f)->fused());
+  KvCacheOptions ko;
+  auto cf = KvCache::Create((*f)->config(), ko);
+  auto ce = KvCache::Create((*e)->config(), ko);
+  ASSERT_THAT(cf, IsOk());
+  ASSERT_THAT(ce, IsOk());
+  auto logits = [&](const LlamaModel& m, KvCache& c) {
+    c10::InferenceMode guard;
+    return m.ExitLogits(m.Forward(m.Embed(Ids({1, 2})), 0, m.n_layers(), 0, &c, 0));
+  };
+  const at::Tensor before = logits(**f, *cf);
+  EXPECT_LT(MaxAbsDiff(before, logits(**e, *ce)), kLogitTolerance);
+  std::vector<at::Tensor> pf = (*f)->Parameters(), pe = (*e)->Parameters();
+  ASSERT_EQ(pf.size(), pe.size());
+  for (size_t i = 0; i < pf.size(); ++i) {
+    if (pf[i].dim() < 2) continue;
+    at::NoGradGuard no_grad;
+    pf[i].mul_(1.5);  // every matrix, the LM head included
+    pe[i].mul_(1.5);
+  }
+  const at::Tensor after = logits(**f, *cf);
+  EXPECT_GT(MaxAbsDiff(before, after), 1e-2) << "the update changes the logits";
+  EXPECT_LT(MaxAbsDiff(after, logits(**e, *ce)), kLogitTolerance);
 }
 
 // Greedy decoding through the Engine (prefill, steps, static speculation)
