@@ -410,7 +410,7 @@ TEST(BatchTest, RowKernelRowsDoNotDependOnTheOtherRows) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (int64_t out : {4, 7, 33}) {
     for (int64_t in : {5, 8, 19, 64}) {
-      for (int64_t n : {1, 2, 3, 5, 12}) {
+      for (int64_t n : {1, 2, 3, 4, 5, 7, 12}) {  // every mix of the kernel's 3-, 2- and 1-row groups
         std::vector<float> w(out * in), x(n * in), y(n * out), y1(out), yc(n * out);
         for (float& v : w) v = normal(rng);
         for (float& v : x) v = normal(rng);
