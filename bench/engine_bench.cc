@@ -283,8 +283,9 @@ void DetailTables(const std::shared_ptr<const LlamaModel>& model, int64_t n_toke
 // Matrix-vector products of the models' shapes: the vectorized loop against
 // OpenBLAS sgemv (the choice MatMulNT makes for one row), ns per call.
 void GemvTable() {
-  std::printf("\nmatrix-vector [out x in], one row: ns per call (loop vs cblas_sgemv)\n");
-  std::printf("%12s %10s %10s\n", "shape", "loop", "sgemv");
+  std::printf("\nmatrix-vector [out x in], one row: ns per call (loop over row-major W, over W in\n"
+              "the packed layout (cpu::PackRows; - where in %% 8 != 0), cblas_sgemv)\n");
+  std::printf("%12s %10s %10s %10s\n", "shape", "loop", "packed", "sgemv");
   for (auto [out, in] : {std::pair<int64_t, int64_t>{128, 64}, {344, 64}, {64, 172}, {512, 64},
                          {320, 192}, {1024, 192}, {192, 512}, {2048, 192}}) {
     std::vector<float> w(out * in, 0.01f), x(in, 1.0f), y(out);
@@ -296,16 +297,25 @@ void GemvTable() {
     };
     const double loop = time([&] { cpu::MatVec(w.data(), out, in, x.data(), y.data(), false); });
     const double blas = time([&] { cpu::MatVecBlas(w.data(), out, in, x.data(), y.data(), false); });
-    char shape[48];
+    char shape[48], packed[16] = "-";
+    if (cpu::Packable(in)) {
+      std::vector<float> p(out * in);
+      cpu::PackRows(w.data(), out, in, p.data());
+      std::snprintf(packed, sizeof(packed), "%.0f", time([&] {
+        cpu::MatMulRowsPacked(x.data(), 1, in, p.data(), out, y.data(), out, false);
+      }));
+    }
     std::snprintf(shape, sizeof(shape), "%lldx%lld", static_cast<long long>(out), static_cast<long long>(in));
-    std::printf("%12s %10.0f %10.0f\n", shape, loop, blas);
+    std::printf("%12s %10.0f %10s %10.0f\n", shape, loop, packed, blas);
   }
   // Few rows (drafts, verification): MatMulRows against cblas_sgemm, which
   // repacks W on every call.
-  std::printf("n rows x [1024 x 192]: ns per call (MatMulRows vs cblas_sgemm)\n");
-  std::printf("%12s %10s %10s\n", "n", "rows", "sgemm");
+  std::printf("n rows x [1024 x 192]: ns per call (MatMulRows over row-major W, over packed W,\n"
+              "cblas_sgemm)\n");
+  std::printf("%12s %10s %10s %10s\n", "n", "rows", "packed", "sgemm");
   const int64_t out = 1024, in = 192;
-  std::vector<float> w(out * in, 0.01f), x(64 * in, 1.0f), y(64 * out);
+  std::vector<float> w(out * in, 0.01f), x(64 * in, 1.0f), y(64 * out), p(out * in);
+  cpu::PackRows(w.data(), out, in, p.data());
   for (int64_t n : {2, 5, 9, 17, 24, 32, 64}) {
     auto time = [&](auto&& f) {
       std::vector<double> t;
@@ -313,8 +323,10 @@ void GemvTable() {
       return Median(t) * 1e9;
     };
     const double rows = time([&] { cpu::MatMulRows(x.data(), n, in, w.data(), out, y.data(), false); });
+    const double packed =
+        time([&] { cpu::MatMulRowsPacked(x.data(), n, in, p.data(), out, y.data(), out, false); });
     const double blas = time([&] { cpu::MatMulBlas(x.data(), n, in, w.data(), out, y.data(), false); });
-    std::printf("%12lld %10.0f %10.0f\n", static_cast<long long>(n), rows, blas);
+    std::printf("%12lld %10.0f %10.0f %10.0f\n", static_cast<long long>(n), rows, packed, blas);
   }
 }
 

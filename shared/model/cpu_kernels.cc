@@ -65,6 +65,24 @@ void MatMulRowsStrided(const float* x, int64_t n, int64_t in, const float* w, in
   LEDE_DISPATCH(MatMulRows(x, n, in, w, out, y, accumulate, ldy));
 }
 
+void PackRows(const float* w, int64_t out, int64_t in, float* packed) {
+  const int64_t blocks = out / 4;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* rows = w + b * 4 * in;
+    float* dst = packed + b * 4 * in;
+    for (int64_t i = 0; i < in; i += 8) {
+      for (int64_t k = 0; k < 4; ++k, dst += 8) std::memcpy(dst, rows + k * in + i, 8 * sizeof(float));
+    }
+  }
+  const int64_t tail = blocks * 4 * in;
+  std::memcpy(packed + tail, w + tail, static_cast<size_t>((out - blocks * 4) * in) * sizeof(float));
+}
+
+void MatMulRowsPacked(const float* x, int64_t n, int64_t in, const float* packed, int64_t out,
+                      float* y, int64_t ldy, bool accumulate) {
+  LEDE_DISPATCH(MatMulRowsPacked(x, n, in, packed, out, y, accumulate, ldy));
+}
+
 void MatVecBlas(const float* w, int64_t out, int64_t in, const float* x, float* y, bool accumulate) {
   cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(out), static_cast<int>(in), 1.0f, w,
               static_cast<int>(in), x, 1, accumulate ? 1.0f : 0.0f, y, 1);

@@ -46,6 +46,31 @@ void MatMulRows(const float* x, int64_t n, int64_t in, const float* w, int64_t o
 void MatMulRowsStrided(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
                        int64_t ldy, bool accumulate);
 
+// The packed layout of W [out, in] for the few-row kernels, built once at
+// load (issue 15, "weights packed once at load"): each block of 4 rows keeps
+// its place (block b at offset 4 b in, as row-major), its columns interleaved
+// in chunks of 8 by row, [w0[0:8] w1[0:8] w2[0:8] w3[0:8] w0[8:16] ...]; the
+// out % 4 tail rows stay row-major. One block is one sequential stream, which
+// the hardware prefetcher follows, where four row-major streams of a few
+// cache lines each (768 bytes at d = 192) keep it from ramping up. Measured
+// on this machine (EPYC, 32 MB L3), one row through all of lede-tiny's
+// matrices: 41-53 GB/s packed against 9-24 GB/s row-major; row-major with
+// software prefetch 4 blocks ahead matched packing in that loop but left the
+// whole model's autoregressive step 1.5-1.8x slower than packing (A/B,
+// lede_engine_bench), so the weights are packed. Requires in % 8 == 0
+// (Packable). A split at a multiple of 4 rows is the packed layout of those
+// rows, as MatMulRowsStrided needs.
+inline bool Packable(int64_t in) { return in % 8 == 0; }
+
+// Writes W [out, in] (row-major) into packed [out * in] in that layout.
+// Requires Packable(in); packed must not alias w.
+void PackRows(const float* w, int64_t out, int64_t in, float* packed);
+
+// MatMulRowsStrided over a packed W: bitwise the same result as over the
+// row-major W it was packed from (the same products in the same order).
+void MatMulRowsPacked(const float* x, int64_t n, int64_t in, const float* packed, int64_t out,
+                      float* y, int64_t ldy, bool accumulate);
+
 // The same product through cblas_sgemm (for comparison in bench/).
 void MatMulBlas(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
                 bool accumulate);

@@ -91,11 +91,21 @@ float* Grow(std::vector<float>& v, int64_t n) {
 // SetFusedThreads() threads at multiples of 4 rows of W (each element as the
 // one-thread call computes it; cpu::MatMulRowsStrided): each thread reads
 // its share of W once for all rows.
-void RowsProduct(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
-                 bool accumulate) {
+//
+// packed: W in the cpu::PackRows layout (the same split points hold), or
+// nullptr to read the row-major w.
+void RowsProduct(const float* x, int64_t n, int64_t in, const float* w, const float* packed,
+                 int64_t out, float* y, bool accumulate) {
+  auto product = [&](int64_t o0, int64_t o1) {
+    if (packed != nullptr) {
+      cpu::MatMulRowsPacked(x, n, in, packed + o0 * in, o1 - o0, y + o0, out, accumulate);
+    } else {
+      cpu::MatMulRowsStrided(x, n, in, w + o0 * in, o1 - o0, y + o0, out, accumulate);
+    }
+  };
   const int64_t T = fused_threads;
   if (T <= 1 || n * out * in < kMinParallelWork || out < 8 * T) {
-    cpu::MatMulRows(x, n, in, w, out, y, accumulate);
+    product(0, out);
     return;
   }
   const int64_t blocks = out / 4;
@@ -103,16 +113,19 @@ void RowsProduct(const float* x, int64_t n, int64_t in, const float* w, int64_t 
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t o0 = blocks * t / T * 4;
       const int64_t o1 = t + 1 == T ? out : blocks * (t + 1) / T * 4;
-      if (o1 > o0) cpu::MatMulRowsStrided(x, n, in, w + o0 * in, o1 - o0, y + o0, out, accumulate);
+      if (o1 > o0) product(o0, o1);
     }
   });
 }
 
+// packed as RowsProduct's (sgemm always reads the row-major w).
 void RaggedMatMul(const float* x, const RaggedSegment* segs, int64_t n_segs, int64_t in,
-                  const float* w, int64_t out, float* y, bool accumulate) {
+                  const float* w, const float* packed, int64_t out, float* y, bool accumulate) {
   int64_t row = 0, run_begin = 0, run_rows = 0;
   auto flush = [&] {
-    if (run_rows > 0) RowsProduct(x + run_begin * in, run_rows, in, w, out, y + run_begin * out, accumulate);
+    if (run_rows > 0) {
+      RowsProduct(x + run_begin * in, run_rows, in, w, packed, out, y + run_begin * out, accumulate);
+    }
     run_rows = 0;
   };
   for (int64_t s = 0; s < n_segs; ++s) {
@@ -171,6 +184,33 @@ LlamaModel::LlamaModel(ModelConfig config, ModelOptions options)
     : config_(std::move(config)), options_(options) {
   fused_ = options_.kernels == Kernels::kFused && options_.device.is_cpu() &&
            options_.dtype == c10::kFloat;
+}
+
+namespace {
+// at::Tensor::_version(), or 0 for an inference tensor (made under
+// c10::InferenceMode), which has no version counter and cannot be trained.
+int64_t WeightVersion(const at::Tensor& w) { return w.is_inference() ? 0 : w._version(); }
+}  // namespace
+
+const float* LlamaModel::PackedOrNull(const at::Tensor& w, const PackedWeight& p) {
+  return !p.data.empty() && WeightVersion(w) == p.version ? p.data.data() : nullptr;
+}
+
+void LlamaModel::PackWeights() {
+  auto pack = [](const at::Tensor& w, PackedWeight* p) {
+    const int64_t out = w.size(0), in = w.size(1);
+    if (!w.is_contiguous() || w.scalar_type() != at::kFloat || !cpu::Packable(in)) return;
+    p->data.resize(static_cast<size_t>(out * in));
+    cpu::PackRows(w.data_ptr<float>(), out, in, p->data.data());
+    p->version = WeightVersion(w);
+  };
+  for (Layer& l : layers_) {
+    pack(l.wqkv, &l.wqkv_packed);
+    pack(l.wo, &l.wo_packed);
+    pack(l.w13, &l.w13_packed);
+    pack(l.w2, &l.w2_packed);
+  }
+  pack(lm_head_, &lm_head_packed_);
 }
 
 void LlamaModel::BuildRopeTables() {
@@ -243,6 +283,7 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
     m->lm_head_ = c.tie_word_embeddings ? m->embed_ : m->lm_head_.contiguous();
     m->final_norm_ = m->final_norm_.contiguous();
     m->BuildRopeTables();
+    if (m->fused_) m->PackWeights();
     return m;
   });
 }
@@ -375,7 +416,8 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
     float* kc = cache.k(l).data_ptr<float>();  // [S, Hkv, C, hd]
     float* vc = cache.v(l).data_ptr<float>();
     cpu::RmsNorm(x, w.attn_norm.data_ptr<float>(), N, d, eps, xn);
-    RaggedMatMul(xn, segs, n_segs, d, w.wqkv.data_ptr<float>(), QKV, qkv, /*accumulate=*/false);
+    RaggedMatMul(xn, segs, n_segs, d, w.wqkv.data_ptr<float>(), PackedOrNull(w.wqkv, w.wqkv_packed),
+                 QKV, qkv, /*accumulate=*/false);
     // RoPE on q and k, then this position's K/V into the slot.
     int64_t row = 0;
     for (int64_t s = 0; s < n_segs; ++s) {
@@ -409,11 +451,14 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
     } else {
       attend(0, N);
     }
-    RaggedMatMul(attn, segs, n_segs, H * hd, w.wo.data_ptr<float>(), d, x, /*accumulate=*/true);
+    RaggedMatMul(attn, segs, n_segs, H * hd, w.wo.data_ptr<float>(), PackedOrNull(w.wo, w.wo_packed),
+                 d, x, /*accumulate=*/true);
     cpu::RmsNorm(x, w.ffn_norm.data_ptr<float>(), N, d, eps, xn);
-    RaggedMatMul(xn, segs, n_segs, d, w.w13.data_ptr<float>(), 2 * F, h13, /*accumulate=*/false);
+    RaggedMatMul(xn, segs, n_segs, d, w.w13.data_ptr<float>(), PackedOrNull(w.w13, w.w13_packed),
+                 2 * F, h13, /*accumulate=*/false);
     cpu::SiluMul(h13, N, F, ffn);
-    RaggedMatMul(ffn, segs, n_segs, F, w.w2.data_ptr<float>(), d, x, /*accumulate=*/true);
+    RaggedMatMul(ffn, segs, n_segs, F, w.w2.data_ptr<float>(), PackedOrNull(w.w2, w.w2_packed),
+                 d, x, /*accumulate=*/true);
   }
 }
 
@@ -543,8 +588,9 @@ at::Tensor LlamaModel::ExitLogits(const at::Tensor& hidden) const {
     float* xn = Grow(Scratch().xn, n * d);
     cpu::RmsNorm(h.data_ptr<float>(), final_norm_.data_ptr<float>(), n, d,
                  static_cast<float>(config_.rms_norm_eps), xn);
-    cpu::MatMulNT(xn, n, d, lm_head_.data_ptr<float>(), V, logits.data_ptr<float>(),
-                  /*accumulate=*/false);
+    const RaggedSegment all{0, 0, n};  // the rows as one segment: sgemm beyond 12, as MatMulNT
+    RaggedMatMul(xn, &all, 1, d, lm_head_.data_ptr<float>(), PackedOrNull(lm_head_, lm_head_packed_),
+                 V, logits.data_ptr<float>(), /*accumulate=*/false);
     return logits;
   }
   at::Tensor logits = Linear(FinalNorm(hidden), lm_head_);
@@ -570,8 +616,9 @@ at::Tensor LlamaModel::ExitLogitsRagged(const at::Tensor& hidden,
     float* xn = Grow(Scratch().xn, M * d);
     cpu::RmsNorm(h.data_ptr<float>(), final_norm_.data_ptr<float>(), M, d,
                  static_cast<float>(config_.rms_norm_eps), xn);
-    RaggedMatMul(xn, segs.data(), static_cast<int64_t>(segs.size()), d, lm_head_.data_ptr<float>(), V,
-                 logits.data_ptr<float>(), /*accumulate=*/false);
+    RaggedMatMul(xn, segs.data(), static_cast<int64_t>(segs.size()), d, lm_head_.data_ptr<float>(),
+                 PackedOrNull(lm_head_, lm_head_packed_), V, logits.data_ptr<float>(),
+                 /*accumulate=*/false);
     return logits;
   }
   std::vector<at::Tensor> parts;

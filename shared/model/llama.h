@@ -207,6 +207,19 @@ class LlamaModel {
   Status SaveHf(const std::string& dir) const;
 
  private:
+  // A weight matrix in the cpu::PackRows layout, read by the fused path's
+  // few-row products, with the version of the tensor it was packed from
+  // (at::Tensor::_version()): an in-place update of the tensor (an optimizer
+  // step) makes it stale, and the fused path then reads the tensor itself.
+  // Weights loaded under c10::InferenceMode are inference tensors, which
+  // have no version counter: an in-place update of those (possible only
+  // inside InferenceMode; they cannot be trained) is not seen.
+  // Empty when the fused path is off or the matrix is not cpu::Packable.
+  // Costs one more copy of the matrices in memory on the fused path.
+  struct PackedWeight {
+    std::vector<float> data;
+    int64_t version = -1;
+  };
   struct Layer {
     at::Tensor attn_norm;  // [d]
     at::Tensor wqkv;       // [(H + 2*Hkv) * hd, d]
@@ -214,6 +227,7 @@ class LlamaModel {
     at::Tensor ffn_norm;   // [d]
     at::Tensor w13;        // [2*hidden, d]: gate (w1) rows, then up (w3) rows
     at::Tensor w2;         // [d, hidden]
+    PackedWeight wqkv_packed, wo_packed, w13_packed, w2_packed;
   };
 
   LlamaModel(ModelConfig config, ModelOptions options);
@@ -226,6 +240,10 @@ class LlamaModel {
   void FusedForward(float* x, int64_t first, int64_t last, const RaggedSegment* segments,
                     int64_t n_segments, KvCache& cache) const;
   void BuildRopeTables();
+  // Packs the matrices the fused path reads (at load, when fused_).
+  void PackWeights();
+  // p's data when it was packed from w as w is now, else nullptr.
+  static const float* PackedOrNull(const at::Tensor& w, const PackedWeight& p);
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
   at::Tensor ApplyRope(const at::Tensor& x, int64_t start_pos) const;
 
@@ -234,6 +252,7 @@ class LlamaModel {
   at::Tensor embed_;      // [V, d]
   at::Tensor final_norm_; // [d]
   at::Tensor lm_head_;    // [V, d]; same storage as embed_ when tied
+  PackedWeight lm_head_packed_;
   std::vector<Layer> layers_;
   at::Tensor rope_cos_;   // [max_seq_len, hd] (halves repeated), compute dtype
   at::Tensor rope_sin_;   // [max_seq_len, hd]

@@ -31,84 +31,167 @@ float Dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-// Blocks of 4 rows of W that MatMulRows prefetches ahead of the one it
-// reads. Four row streams of a few cache lines each (768 bytes for
-// lede-tiny's d = 192) are too short for the hardware prefetcher to ramp
-// up; prefetching the block 4 ahead, two cache lines per 8 columns so that
-// a block's lines are all requested while the current one is read, tripled
-// the read bandwidth from L3 on lede-tiny's weights (14-24 -> 47-54 GB/s,
-// measured on this machine's EPYC; 1 and 2 blocks ahead: 35-38 and 44-49).
-constexpr int64_t kPrefetchBlocks = 4;
-
-// R rows of X (x, row stride in) times the block of 4 rows of W at b (row
-// stride in), into rows of y (stride ldy) at columns [o, o + 4). Each
-// element is summed lane-wise over the chunks of 8 columns in order, then
-// Sum8, then the scalar tail in order: the same for every R, so a row's
-// result does not depend on the rows computed beside it. pf, when not
-// null, is where the prefetch stream of this block starts (pf_end: past the
-// end of W, not prefetched).
-template <int R>
-inline void RowsTimesBlock(const float* x, int64_t in, const float* b, const char* pf,
-                           const char* pf_end, float* y, int64_t ldy, int64_t o, bool accumulate) {
-  F8 acc[R][4] = {};
-  int64_t i = 0;
-  for (; i + 8 <= in; i += 8) {
-    if (pf != nullptr) {
-      // 4 in floats per block over in / 8 chunks: 16 bytes per column.
-      const char* p = pf + i * 16;
-      if (p < pf_end) __builtin_prefetch(p, 0, 3);
-      if (p + 64 < pf_end) __builtin_prefetch(p + 64, 0, 3);
+// Y[n, out] (+)= X[n, in] W[out, in]^T for small n: each block of 4 rows
+// of W is read from memory once and applied to every row of X while it
+// sits in L1 (the weights are the traffic; X is small).
+void MatMulRows(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
+                bool accumulate, int64_t ldy) {
+  int64_t o = 0;
+  for (; o + 4 <= out; o += 4) {
+    const float* w0 = w + o * in;
+    const float* w1 = w0 + in;
+    const float* w2 = w1 + in;
+    const float* w3 = w2 + in;
+    int64_t r = 0;
+    // Two rows of X at a time (8 accumulators in registers): each element
+    // sums the same products in the same order as the one-row loop below,
+    // so results do not depend on n (bitwise). Only without a scalar tail
+    // (in % 8 == 0, every model dimension here): the compiler vectorizes the
+    // tails of the two loops differently, which changes the rounding.
+    const int64_t paired = in % 8 == 0 ? n : 0;
+    for (; r + 2 <= paired; r += 2) {
+      const float* xr = x + r * in;
+      const float* xs = xr + in;
+      float* yr = y + r * ldy;
+      float* ys = yr + ldy;
+      F8 a0 = {}, a1 = {}, a2 = {}, a3 = {}, b0 = {}, b1 = {}, b2 = {}, b3 = {};
+      int64_t i = 0;
+      for (; i + 8 <= in; i += 8) {
+        const F8 xv = Load8(xr + i), xu = Load8(xs + i);
+        const F8 v0 = Load8(w0 + i), v1 = Load8(w1 + i), v2 = Load8(w2 + i), v3 = Load8(w3 + i);
+        a0 += v0 * xv;
+        a1 += v1 * xv;
+        a2 += v2 * xv;
+        a3 += v3 * xv;
+        b0 += v0 * xu;
+        b1 += v1 * xu;
+        b2 += v2 * xu;
+        b3 += v3 * xu;
+      }
+      float s0 = Sum8(a0), s1 = Sum8(a1), s2 = Sum8(a2), s3 = Sum8(a3);
+      float t0 = Sum8(b0), t1 = Sum8(b1), t2 = Sum8(b2), t3 = Sum8(b3);
+      // The tails one row at a time, in the one-row loop's shape.
+      for (int64_t j = i; j < in; ++j) {
+        s0 += w0[j] * xr[j];
+        s1 += w1[j] * xr[j];
+        s2 += w2[j] * xr[j];
+        s3 += w3[j] * xr[j];
+      }
+      for (int64_t j = i; j < in; ++j) {
+        t0 += w0[j] * xs[j];
+        t1 += w1[j] * xs[j];
+        t2 += w2[j] * xs[j];
+        t3 += w3[j] * xs[j];
+      }
+      if (accumulate) {
+        yr[o] += s0, yr[o + 1] += s1, yr[o + 2] += s2, yr[o + 3] += s3;
+        ys[o] += t0, ys[o + 1] += t1, ys[o + 2] += t2, ys[o + 3] += t3;
+      } else {
+        yr[o] = s0, yr[o + 1] = s1, yr[o + 2] = s2, yr[o + 3] = s3;
+        ys[o] = t0, ys[o + 1] = t1, ys[o + 2] = t2, ys[o + 3] = t3;
+      }
     }
-    F8 u[R];
-    for (int q = 0; q < R; ++q) u[q] = Load8(x + q * in + i);
-    for (int k = 0; k < 4; ++k) {  // one W chunk in a register at a time
-      const F8 v = Load8(b + k * in + i);
-      for (int q = 0; q < R; ++q) acc[q][k] += v * u[q];
+    for (; r < n; ++r) {
+      const float* xr = x + r * in;
+      float* yr = y + r * ldy;
+      F8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+      int64_t i = 0;
+      for (; i + 8 <= in; i += 8) {
+        const F8 xv = Load8(xr + i);
+        a0 += Load8(w0 + i) * xv;
+        a1 += Load8(w1 + i) * xv;
+        a2 += Load8(w2 + i) * xv;
+        a3 += Load8(w3 + i) * xv;
+      }
+      float s0 = Sum8(a0), s1 = Sum8(a1), s2 = Sum8(a2), s3 = Sum8(a3);
+      for (; i < in; ++i) {
+        s0 += w0[i] * xr[i];
+        s1 += w1[i] * xr[i];
+        s2 += w2[i] * xr[i];
+        s3 += w3[i] * xr[i];
+      }
+      if (accumulate) {
+        yr[o] += s0, yr[o + 1] += s1, yr[o + 2] += s2, yr[o + 3] += s3;
+      } else {
+        yr[o] = s0, yr[o + 1] = s1, yr[o + 2] = s2, yr[o + 3] = s3;
+      }
     }
   }
-  for (int q = 0; q < R; ++q) {
-    const float* xq = x + q * in;
-    float* yq = y + q * ldy + o;
-    for (int k = 0; k < 4; ++k) {
-      const float* wk = b + k * in;
-      float s = Sum8(acc[q][k]);
-      for (int64_t j = i; j < in; ++j) s += wk[j] * xq[j];
-      yq[k] = accumulate ? yq[k] + s : s;
+  for (; o < out; ++o) {
+    for (int64_t r = 0; r < n; ++r) {
+      const float s = Dot(w + o * in, x + r * in, in);
+      y[r * ldy + o] = accumulate ? y[r * ldy + o] + s : s;
     }
   }
 }
 
-// Y[n, out] (+)= X[n, in] W[out, in]^T for small n: each block of 4 rows
-// of W is read from memory once (prefetched kPrefetchBlocks ahead) and
-// applied to every row of X while it sits in L1 (the weights are the
-// traffic; X is small): rows of X three at a time (12 accumulators, enough
-// independent chains for both FMA ports), then two, then one. Results do
-// not depend on n (bitwise; RowsTimesBlock). Groups of rows only without a
-// scalar tail (in % 8 == 0, every model dimension here): the compiler may
-// contract the tails of differently shaped loops differently, which would
-// change the rounding.
-void MatMulRows(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
-                bool accumulate, int64_t ldy) {
-  const char* w_end = reinterpret_cast<const char*>(w + out * in);
-  const bool grouped = in % 8 == 0;
+// MatMulRows over W in the PackRows layout (cpu_kernels.h; in % 8 == 0):
+// each block of 4 rows is one sequential stream, row k's columns [i, i + 8)
+// at b + 4 i + 8 k. Rows of X three at a time (12 accumulators: enough
+// independent chains to keep both FMA ports busy), then two, then one. Each
+// output element sums the same products in the same order as MatMulRows's
+// one-row loop (lane-wise over i, then Sum8), so the result is bitwise the
+// row-major one and does not depend on n.
+void MatMulRowsPacked(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
+                      bool accumulate, int64_t ldy) {
+  auto store = [&](float* yr, int64_t o, const F8* a) {
+    for (int k = 0; k < 4; ++k) yr[o + k] = accumulate ? yr[o + k] + Sum8(a[k]) : Sum8(a[k]);
+  };
   int64_t o = 0;
   for (; o + 4 <= out; o += 4) {
     const float* b = w + o * in;
-    const char* pf = reinterpret_cast<const char*>(b + kPrefetchBlocks * 4 * in);
     int64_t r = 0;
-    // The first group of rows streams the block in and prefetches; the
-    // others find it in L1.
-    for (; grouped && r + 3 <= n; r += 3, pf = nullptr) {
-      RowsTimesBlock<3>(x + r * in, in, b, pf, w_end, y + r * ldy, ldy, o, accumulate);
+    for (; r + 3 <= n; r += 3) {
+      const float* x0 = x + r * in;
+      const float* x1 = x0 + in;
+      const float* x2 = x1 + in;
+      F8 a[4] = {}, c[4] = {}, e[4] = {};
+      for (int64_t i = 0; i < in; i += 8) {
+        const float* chunk = b + 4 * i;
+        const F8 u0 = Load8(x0 + i), u1 = Load8(x1 + i), u2 = Load8(x2 + i);
+        // One W chunk in a register at a time: 12 + 3 + 1 = 16 registers.
+        for (int k = 0; k < 4; ++k) {
+          const F8 v = Load8(chunk + 8 * k);
+          a[k] += v * u0;
+          c[k] += v * u1;
+          e[k] += v * u2;
+        }
+      }
+      store(y + r * ldy, o, a);
+      store(y + (r + 1) * ldy, o, c);
+      store(y + (r + 2) * ldy, o, e);
     }
-    for (; grouped && r + 2 <= n; r += 2, pf = nullptr) {
-      RowsTimesBlock<2>(x + r * in, in, b, pf, w_end, y + r * ldy, ldy, o, accumulate);
+    for (; r + 2 <= n; r += 2) {
+      const float* x0 = x + r * in;
+      const float* x1 = x0 + in;
+      F8 a[4] = {}, c[4] = {};
+      for (int64_t i = 0; i < in; i += 8) {
+        const float* chunk = b + 4 * i;
+        const F8 u0 = Load8(x0 + i), u1 = Load8(x1 + i);
+        for (int k = 0; k < 4; ++k) {
+          const F8 v = Load8(chunk + 8 * k);
+          a[k] += v * u0;
+          c[k] += v * u1;
+        }
+      }
+      store(y + r * ldy, o, a);
+      store(y + (r + 1) * ldy, o, c);
     }
-    for (; r < n; ++r, pf = nullptr) {
-      RowsTimesBlock<1>(x + r * in, in, b, pf, w_end, y + r * ldy, ldy, o, accumulate);
+    for (; r < n; ++r) {
+      const float* xr = x + r * in;
+      F8 a[4] = {};
+      for (int64_t i = 0; i < in; i += 8) {
+        const float* chunk = b + 4 * i;
+        const F8 xv = Load8(xr + i);
+        a[0] += Load8(chunk) * xv;
+        a[1] += Load8(chunk + 8) * xv;
+        a[2] += Load8(chunk + 16) * xv;
+        a[3] += Load8(chunk + 24) * xv;
+      }
+      store(y + r * ldy, o, a);
     }
   }
-  for (; o < out; ++o) {  // the out % 4 tail rows of W
+  for (; o < out; ++o) {  // the out % 4 tail rows, row-major
     for (int64_t r = 0; r < n; ++r) {
       const float s = Dot(w + o * in, x + r * in, in);
       y[r * ldy + o] = accumulate ? y[r * ldy + o] + s : s;

@@ -68,6 +68,40 @@ TEST(CpuKernelsTest, MatrixProductsMatchReference) {
   }
 }
 
+// The packed layout gives bitwise the row-major result, for every row count
+// of the few-row kernel, with and without a tail of rows (out % 4), with
+// accumulation, and over a split of the output rows at a multiple of 4
+// (as the threaded product splits it).
+TEST(CpuKernelsTest, PackedProductIsBitwiseTheRowMajorOne) {
+  std::mt19937 rng(4);
+  EXPECT_FALSE(cpu::Packable(172));
+  for (int64_t out : {4, 7, 33, 320}) {
+    for (int64_t in : {8, 64, 192}) {
+      ASSERT_TRUE(cpu::Packable(in));
+      std::vector<float> w = RandomVector(out * in, rng), packed(out * in);
+      cpu::PackRows(w.data(), out, in, packed.data());
+      // With one chunk of 8 per row the interleaving is the identity.
+      if (in > 8) {
+        EXPECT_NE(packed, w) << "the layout is interleaved, not a copy";
+      }
+      for (int64_t n = 1; n <= cpu::kMaxRowsWithoutBlas; ++n) {
+        for (bool accumulate : {false, true}) {
+          std::vector<float> x = RandomVector(n * in, rng), y0 = RandomVector(n * out, rng);
+          std::vector<float> rows = y0, pk = y0, split = y0;
+          cpu::MatMulRows(x.data(), n, in, w.data(), out, rows.data(), accumulate);
+          cpu::MatMulRowsPacked(x.data(), n, in, packed.data(), out, pk.data(), out, accumulate);
+          const int64_t o0 = out / 8 * 4;  // a multiple of 4; the second part takes the tail
+          cpu::MatMulRowsPacked(x.data(), n, in, packed.data(), o0, split.data(), out, accumulate);
+          cpu::MatMulRowsPacked(x.data(), n, in, packed.data() + o0 * in, out - o0, split.data() + o0,
+                                out, accumulate);
+          ASSERT_EQ(pk, rows) << out << "x" << in << " n=" << n << " accumulate=" << accumulate;
+          ASSERT_EQ(split, rows) << out << "x" << in << " n=" << n << " split at " << o0;
+        }
+      }
+    }
+  }
+}
+
 // One attention row equals softmax(q K^T) V computed naively.
 TEST(CpuKernelsTest, AttendOneMatchesReference) {
   std::mt19937 rng(2);
@@ -281,9 +315,9 @@ TEST(FusedKernelsTest, AutogradUsesEagerPath) {
   EXPECT_GT(params[4].grad().abs().sum().item<float>(), 0.0f);
 }
 
-// The fused path reads the weight tensors themselves (no copy made at load
-// that could go stale): after an in-place update of every matrix (an
-// optimizer step), fused and eager still agree.
+// The fused path reads weights packed at load; an in-place update of a
+// weight (an optimizer step) makes the packed copy stale, and the fused
+// path then follows the updated tensor: fused and eager agree after it.
 TEST(FusedKernelsTest, InPlaceWeightUpdateIsSeenByTheFusedPath) {
   ModelOptions fo, eo;
   eo.kernels = Kernels::kEager;
