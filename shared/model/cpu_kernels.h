@@ -112,7 +112,11 @@ void SiluMul(const float* h13, int64_t n, int64_t F, float* out);
 // Attention of one query row over n_keys cached positions of one KV head:
 //   q [hd] (already scaled by 1/sqrt(hd)), keys / values [n_keys, hd]
 //   (rows contiguous, as a KV-pool slot's head), out [hd] overwritten,
-//   scores [n_keys] scratch. Softmax in float32 with the max subtracted.
+//   scores [n_keys] scratch. Softmax in float32 with the max subtracted,
+//   exp eight keys at a time by ExpSums' polynomial (relative error below
+//   2e-7), and for hd = 32, 64, 128 the output row kept in registers (each
+//   value row read once). Attention was a quarter of lede-tiny's decode step
+//   at a 150-token context with one scalar exp and a stored output per key.
 void AttendOne(const float* q, const float* keys, const float* values, int64_t n_keys, int64_t hd,
                float* scores, float* out);
 

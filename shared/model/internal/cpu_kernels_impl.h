@@ -252,6 +252,21 @@ void RmsNorm(const float* x, const float* weight, int64_t n, int64_t d, float ep
   }
 }
 
+// softmax(q K^T) V with the output row in registers: kChunks = hd / 8
+// vectors, so each value row is read once and nothing is stored per key.
+template <int kChunks>
+void WeightedValues(const float* scores, const float* values, int64_t n_keys, float inv, float* out) {
+  constexpr int64_t hd = kChunks * 8;
+  F8 acc[kChunks] = {};
+  for (int64_t j = 0; j < n_keys; ++j) {
+    const F8 p = F8{} + scores[j] * inv;
+    const float* v = values + j * hd;
+#pragma GCC unroll 16
+    for (int c = 0; c < kChunks; ++c) acc[c] += p * Load8(v + 8 * c);
+  }
+  std::memcpy(out, acc, sizeof(acc));
+}
+
 void AttendOne(const float* q, const float* keys, const float* values, int64_t n_keys, int64_t hd,
                float* scores, float* out) {
   float m = -INFINITY;
@@ -259,16 +274,30 @@ void AttendOne(const float* q, const float* keys, const float* values, int64_t n
     scores[j] = Dot(q, keys + j * hd, hd);
     m = scores[j] > m ? scores[j] : m;
   }
-  float z = 0.0f;
-  for (int64_t j = 0; j < n_keys; ++j) {
+  // exp(s - m) (<= 0) eight keys at a time (Exp8), the sum in lanes.
+  F8 z8 = {};
+  int64_t j = 0;
+  for (; j + 8 <= n_keys; j += 8) {
+    const F8 e = Exp8(Load8(scores + j) - m);
+    std::memcpy(scores + j, &e, sizeof(e));
+    z8 += e;
+  }
+  float z = Sum8(z8);
+  for (; j < n_keys; ++j) {
     scores[j] = std::exp(scores[j] - m);
     z += scores[j];
   }
   const float inv = 1.0f / z;
+  switch (hd) {  // the head dimensions of Llama-family models
+    case 32: return WeightedValues<4>(scores, values, n_keys, inv, out);
+    case 64: return WeightedValues<8>(scores, values, n_keys, inv, out);
+    case 128: return WeightedValues<16>(scores, values, n_keys, inv, out);
+    default: break;
+  }
   for (int64_t i = 0; i < hd; ++i) out[i] = 0.0f;
-  for (int64_t j = 0; j < n_keys; ++j) {
-    const float p = scores[j] * inv;
-    const float* v = values + j * hd;
+  for (int64_t k = 0; k < n_keys; ++k) {
+    const float p = scores[k] * inv;
+    const float* v = values + k * hd;
     for (int64_t i = 0; i < hd; ++i) out[i] += p * v[i];
   }
 }

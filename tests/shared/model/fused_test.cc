@@ -102,25 +102,35 @@ TEST(CpuKernelsTest, PackedProductIsBitwiseTheRowMajorOne) {
   }
 }
 
-// One attention row equals softmax(q K^T) V computed naively.
+// One attention row equals softmax(q K^T) V computed naively in double, for
+// the head dimensions with a register path (32, 64, 128) and others, key
+// counts with and without a tail of 8, and queries large enough that most
+// keys' weights underflow (scores far below the max).
 TEST(CpuKernelsTest, AttendOneMatchesReference) {
   std::mt19937 rng(2);
-  const int64_t hd = 12, S = 9;
-  std::vector<float> q = RandomVector(hd, rng), k = RandomVector(S * hd, rng), v = RandomVector(S * hd, rng);
-  std::vector<float> scores(S), out(hd);
-  cpu::AttendOne(q.data(), k.data(), v.data(), S, hd, scores.data(), out.data());
-  std::vector<double> p(S);
-  double m = -1e30, z = 0;
-  for (int64_t j = 0; j < S; ++j) {
-    p[j] = 0;
-    for (int64_t i = 0; i < hd; ++i) p[j] += double(q[i]) * k[j * hd + i];
-    m = std::max(m, p[j]);
-  }
-  for (double& x : p) z += (x = std::exp(x - m));
-  for (int64_t i = 0; i < hd; ++i) {
-    double ref = 0;
-    for (int64_t j = 0; j < S; ++j) ref += p[j] / z * v[j * hd + i];
-    EXPECT_NEAR(out[i], ref, 1e-5);
+  for (int64_t hd : {12, 32, 64, 128}) {
+    for (int64_t S : {1, 7, 9, 16, 300}) {
+      for (float scale : {1.0f, 30.0f}) {
+        std::vector<float> q = RandomVector(hd, rng), k = RandomVector(S * hd, rng);
+        std::vector<float> v = RandomVector(S * hd, rng);
+        for (float& x : q) x *= scale;
+        std::vector<float> scores(S), out(hd);
+        cpu::AttendOne(q.data(), k.data(), v.data(), S, hd, scores.data(), out.data());
+        std::vector<double> p(S);
+        double m = -1e30, z = 0;
+        for (int64_t j = 0; j < S; ++j) {
+          p[j] = 0;
+          for (int64_t i = 0; i < hd; ++i) p[j] += double(q[i]) * k[j * hd + i];
+          m = std::max(m, p[j]);
+        }
+        for (double& x : p) z += (x = std::exp(x - m));
+        for (int64_t i = 0; i < hd; ++i) {
+          double ref = 0;
+          for (int64_t j = 0; j < S; ++j) ref += p[j] / z * v[j * hd + i];
+          ASSERT_NEAR(out[i], ref, 2e-5 * (1.0 + scale)) << "hd=" << hd << " S=" << S << " scale=" << scale;
+        }
+      }
+    }
   }
 }
 
