@@ -230,12 +230,20 @@ Status CalibrateRounds(const LlamaModel& model, int passes, int64_t max_k, Calib
   std::vector<int32_t> prompt = {static_cast<int32_t>(c.bos_id)};
   const int64_t n_prompt = std::min<int64_t>(96, ko.capacity / 2 - 1);
   for (int64_t i = 0; i < n_prompt; ++i) prompt.push_back(static_cast<int32_t>((7 + 131 * i) % c.vocab_size));
-  // A small context leaves room for shorter drafts only (at least three
-  // rounds of K + 1 tokens after the prompt); none: no round table.
-  const int64_t room = ko.capacity - 1 - static_cast<int64_t>(prompt.size());
-  max_k = std::min(max_k, room / 3 - 1);
-  if (max_k < 1) return OkStatus();
   const int64_t rounds_per_config = 6;
+  // The first rounds after a prefill are slower than the rest (measured on
+  // lede-tiny: autoregressive steps of 795, 765, 675, 648 us after a
+  // 97-token prefill against about 500 us warm, and the first static round
+  // 1.2-1.4x the later ones): the rounds generations are made of are the
+  // warm ones, so the first kWarmupRounds of every timed generation are
+  // left out, for the autoregressive reference and the rounds alike.
+  constexpr int64_t kWarmupRounds = 4;
+  // A small context leaves room for shorter drafts only (at least three
+  // rounds of K + 1 tokens after the prompt and the warm-up rounds); none:
+  // no round table.
+  const int64_t room = ko.capacity - 1 - static_cast<int64_t>(prompt.size());
+  max_k = std::min(max_k, room / (kWarmupRounds + 3) - 1);
+  if (max_k < 1) return OkStatus();
   // The speed of this machine drifts by 10% and more within seconds (shared
   // cores, frequency): each configuration is timed right after a short
   // autoregressive generation and recorded as a ratio to its steps, and the
@@ -244,11 +252,13 @@ Status CalibrateRounds(const LlamaModel& model, int passes, int64_t max_k, Calib
   std::vector<double> ar_all;
   GenerateOptions ar;
   ar.stop_at_eos = false;
-  ar.max_new_tokens = 5;
+  ar.max_new_tokens = kWarmupRounds + 6;
   auto ar_step = [&]() -> StatusOr<double> {
     LEDE_ASSIGN_OR_RETURN(GenerationResult r, engine->Generate(prompt, ar));
     std::vector<double> us;
-    for (const RoundRecord& rr : r.stats.rounds) us.push_back(rr.latency_s * 1e6);
+    for (size_t i = kWarmupRounds; i < r.stats.rounds.size(); ++i) {
+      us.push_back(r.stats.rounds[i].latency_s * 1e6);
+    }
     ar_all.insert(ar_all.end(), us.begin(), us.end());
     const double m = Median(us);
     if (!(m > 0)) return InternalError("calibrate: no autoregressive round was timed");
@@ -263,12 +273,14 @@ Status CalibrateRounds(const LlamaModel& model, int passes, int64_t max_k, Calib
         o.mode = speculation::SpeculationMode::kStatic;
         o.exit_layer = static_cast<int32_t>(e);
         o.draft_len = static_cast<int32_t>(k);
-        // At least rounds_per_config rounds, most of them of exactly K drafts.
-        o.max_new_tokens = std::min<int64_t>(rounds_per_config * (k + 1),
+        // At least rounds_per_config rounds after the warm-up ones, most of
+        // them of exactly K drafts.
+        o.max_new_tokens = std::min<int64_t>((kWarmupRounds + rounds_per_config) * (k + 1),
                                              ko.capacity - 1 - static_cast<int64_t>(prompt.size()) - k);
         LEDE_ASSIGN_OR_RETURN(GenerationResult r, engine->Generate(prompt, o));
         std::vector<double> us;
-        for (const RoundRecord& rr : r.stats.rounds) {
+        for (size_t i = kWarmupRounds; i < r.stats.rounds.size(); ++i) {
+          const RoundRecord& rr = r.stats.rounds[i];
           if (rr.exit_layer == e && rr.n_drafted == k) us.push_back(rr.latency_s * 1e6);
         }
         if (!us.empty()) ratios[e - 1][k - 1].push_back(Median(us) / step);
