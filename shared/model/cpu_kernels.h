@@ -82,7 +82,9 @@ void MatMulBlas(const float* x, int64_t n, int64_t in, const float* w, int64_t o
 inline constexpr int64_t kMaxRowsWithoutBlas = 12;
 
 // Y[n, out] (+)= X[n, in] W[out, in]^T, X and Y row-major with row strides
-// in and out: MatMulRows for n <= kMaxRowsWithoutBlas (the vectorized loop
+// in and out, W row-major (the fused model's packed matrices go through
+// MatMulRowsPacked for every n instead: llama.cc RaggedMatMul): MatMulRows
+// for n <= kMaxRowsWithoutBlas (the vectorized loop
 // is also faster than OpenBLAS sgemv on the small matrices of the models
 // here: lede_engine_bench), cblas_sgemm beyond (beta 1 when accumulating).
 void MatMulNT(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
