@@ -19,8 +19,9 @@
 // segment's rows as a solo call does), so greedy ids and seeded samples are
 // the same batched or solo. A prefill that is chunked (positions in several
 // steps) equals the unchunked prefill within float32 rounding (1e-4 in the
-// logits; the product kernels depend on the row count), as DESIGN.md §1
-// allows.
+// logits), as DESIGN.md §1 allows (with packed weights, cpu::Packable, the
+// products no longer depend on the row count; the 1e-4 bound is what the
+// tests hold).
 //
 // KV protocol: as decoding.h's Verifier methods, item by item (a prefill
 // chunk and a step commit their positions; a verification commits nothing,

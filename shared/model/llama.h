@@ -76,9 +76,10 @@ StatusOr<c10::ScalarType> ParseDtype(const std::string& name);
 // thread are used): the matrix products split their output columns across
 // them (whole blocks of 4 weight rows, so every element of the row kernel is
 // computed as on one thread) and attention its rows; the sgemm of a segment
-// longer than cpu::kMaxRowsWithoutBlas follows OpenBLAS's threading (the
-// calling thread's at::set_num_threads), whose rounding may differ by thread
-// count (float32 rounding, within the 1e-4 of the tests).
+// longer than cpu::kMaxRowsWithoutBlas over a matrix that is not packed
+// (cpu::Packable) follows OpenBLAS's threading (the calling thread's
+// at::set_num_threads), whose rounding may differ by thread count (float32
+// rounding, within the 1e-4 of the tests).
 // The verifier sets it on the threads that run batched steps
 // (--batch-threads, default 1). n_threads < 1 is taken as 1.
 void SetFusedThreads(int n_threads);
@@ -150,8 +151,8 @@ class LlamaModel {
 
   // A ragged batch through blocks [first, last): several sequences' rows
   // stacked into one activation, so that the QKV, O and FFN products run
-  // once over all rows of all sequences (sgemm for N_total > 1, the
-  // vectorized matrix-vector loop for 1) while attention runs per segment
+  // once over all rows of all sequences (on the fused path the packed
+  // few-row kernel, cpu::MatMulRowsPacked) while attention runs per segment
   // over its own slot's K/V with its own causal mask. The single-slot
   // Forward(..., cache, slot) is the one-segment case. Continuous batching
   // builds on this.
@@ -166,9 +167,10 @@ class LlamaModel {
   // Fused path when fused() (and no autograd); otherwise each segment runs
   // through the eager blocks on its own (same result, the reference). On the
   // fused path every segment's rows are bitwise those of a one-segment call
-  // of its own: the products run short segments (<= cpu::kMaxRowsWithoutBlas
-  // rows) together through the row kernel and a longer one through sgemm on
-  // its own rows, the choice a solo call of that segment makes.
+  // of its own: the packed kernel computes each row alone (and, for a matrix
+  // that is not packed, short segments of <= cpu::kMaxRowsWithoutBlas rows go
+  // together through the row kernel and a longer one through sgemm on its
+  // own rows, the choice a solo call of that segment makes).
   // Throws c10::Error for a bad range, overlapping slots, positions past the
   // capacity or rows that do not add up (hot path; callers convert).
   // Thread-safety: as Forward (concurrent calls on disjoint slots are safe;
@@ -178,8 +180,8 @@ class LlamaModel {
 
   // Final RMSNorm + LM head: hidden [B, T, d] -> logits [B, T, V] float32.
   // Applied to the output of block l-1 this is the exit at layer l.
-  // Fused path (when fused() and no autograd): one RMSNorm and one matrix-
-  // vector (or sgemm) pass into a new contiguous CPU float32 tensor, which
+  // Fused path (when fused() and no autograd): one RMSNorm and one pass of
+  // the packed head into a new contiguous CPU float32 tensor, which
   // ComputeExitSignals / ProbeSignals read in place (the exit probe).
   at::Tensor ExitLogits(const at::Tensor& hidden) const;
 
@@ -187,8 +189,8 @@ class LlamaModel {
   // of a batched step): hidden [M, d] holds groups of row_counts[i] >= 1
   // consecutive rows (sum = M); returns logits [M, V] float32 on the CPU
   // path, each group's rows bitwise equal to ExitLogits of that group alone
-  // (the fused path reads the head once for all groups of at most
-  // cpu::kMaxRowsWithoutBlas rows). Throws c10::Error when the counts do not
+  // (the fused path reads the packed head once for all groups). Throws
+  // c10::Error when the counts do not
   // add up. Thread-safety: as ExitLogits.
   at::Tensor ExitLogitsRagged(const at::Tensor& hidden, const std::vector<int64_t>& row_counts) const;
 
