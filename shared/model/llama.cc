@@ -85,9 +85,10 @@ float* Grow(std::vector<float>& v, int64_t n) {
 // other rows: a sequence's results in a batch are bitwise those of its solo
 // pass, prefill included, and the fused path never reads the row-major
 // copy. (With sgemm for prefill, the row-major copy was read into the
-// caches and the packed one evicted: the first decode steps after a prefill
-// took 1.1 ms instead of 0.55 ms on lede-tiny, and this CPU's sgemm reached
-// no more than the packed kernel on prompts of 25-150 tokens.) Without a
+// caches and the packed one evicted: on lede-tiny the decode steps right
+// after a 97-token prefill took 950-1070 us, 670 us with the packed
+// prefill, against about 550 us warm; and this CPU's sgemm reached no more
+// than the packed kernel on prompts of 25-150 tokens.) Without a
 // packed W: runs of segments of at most kMaxRowsWithoutBlas rows go through
 // MatMulRows together, a longer segment through sgemm on its own rows (as
 // cpu::MatMulNT does for that segment alone). Either way the weights are
