@@ -252,7 +252,7 @@ Status CalibrateRounds(const LlamaModel& model, int passes, int64_t max_k, Calib
   std::vector<double> ar_all;
   GenerateOptions ar;
   ar.stop_at_eos = false;
-  ar.max_new_tokens = kWarmupRounds + 6;
+  ar.max_new_tokens = kWarmupRounds + rounds_per_config;
   auto ar_step = [&]() -> StatusOr<double> {
     LEDE_ASSIGN_OR_RETURN(GenerationResult r, engine->Generate(prompt, ar));
     std::vector<double> us;

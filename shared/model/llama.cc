@@ -603,7 +603,7 @@ at::Tensor LlamaModel::ExitLogits(const at::Tensor& hidden) const {
     float* xn = Grow(Scratch().xn, n * d);
     cpu::RmsNorm(h.data_ptr<float>(), final_norm_.data_ptr<float>(), n, d,
                  static_cast<float>(config_.rms_norm_eps), xn);
-    const RaggedSegment all{0, 0, n};  // the rows as one segment: sgemm beyond 12, as MatMulNT
+    const RaggedSegment all{0, 0, n};  // the rows as one segment (RaggedMatMul's choice of kernel)
     RaggedMatMul(xn, &all, 1, d, lm_head_.data_ptr<float>(), PackedOrNull(lm_head_, lm_head_packed_),
                  V, logits.data_ptr<float>(), /*accumulate=*/false);
     return logits;
