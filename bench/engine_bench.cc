@@ -13,9 +13,14 @@
 // 3. With --detail, the per-block timing table and the static grid (every
 //    exit layer, D in {1, 2, 4, 8}) with the cost models' predictions, on
 //    the default kernels.
+// 4. With --after-prefill, on the default kernels: the latency of each of
+//    the first autoregressive steps after a prefill of P tokens (P = 24 and
+//    96), median over 15 generations, against the warm steps of the same
+//    generations (the cost model times rounds in generations like these).
 //
 // usage: lede_engine_bench [--models A,B] [--tokens N] [--threads N]
 //                          [--repeats N] [--kernels eager,fused] [--detail]
+//                          [--after-prefill]
 // (default models: ../shared/models/stories260K, babyllama-tok105 and
 // models/lede-tiny; threads 1, as the numbers.)
 #include <ATen/Parallel.h>
@@ -145,8 +150,10 @@ struct Method {
 
 void DetailTables(const std::shared_ptr<const LlamaModel>& model, int64_t n_tokens);
 
+void AfterPrefillTable(const std::shared_ptr<const LlamaModel>& model);
+
 void BenchModel(const std::string& path, const std::vector<Kernels>& kernels, int64_t n_tokens,
-                int repeats, bool detail) {
+                int repeats, bool detail, bool after_prefill) {
   std::vector<std::shared_ptr<const LlamaModel>> models;
   for (Kernels k : kernels) {
     ModelOptions mo;
@@ -210,6 +217,7 @@ void BenchModel(const std::string& path, const std::vector<Kernels>& kernels, in
     }
   }
   if (detail) DetailTables(models.back(), n_tokens);
+  if (after_prefill) AfterPrefillTable(models.back());
 }
 
 void DetailTables(const std::shared_ptr<const LlamaModel>& model, int64_t n_tokens) {
@@ -280,6 +288,41 @@ void DetailTables(const std::shared_ptr<const LlamaModel>& model, int64_t n_toke
   }
 }
 
+// Per-step latency of the first steps after a prefill (section 4 above).
+void AfterPrefillTable(const std::shared_ptr<const LlamaModel>& model) {
+  const ModelConfig& c = model->config();
+  KvCacheOptions ko;
+  ko.max_draft_len = 8;
+  auto engine = Engine::Create(model, ko);
+  if (!engine.ok()) return;
+  constexpr int kSteps = 24, kGenerations = 15;
+  std::printf("[%s kernels] autoregressive step i after a prefill of P tokens, us (median of %d generations)\n",
+              KernelsName(model->options().kernels), kGenerations);
+  std::printf("%5s", "P");
+  for (int i = 1; i <= 8; ++i) std::printf(" %6d", i);
+  std::printf(" %9s\n", "warm 9-24");
+  for (int64_t p : {1, 24, 96}) {
+    std::vector<int32_t> prompt = {static_cast<int32_t>(c.bos_id)};
+    for (int64_t i = 1; i < p; ++i) prompt.push_back(static_cast<int32_t>((7 + 131 * i) % c.vocab_size));
+    GenerateOptions ar;
+    ar.max_new_tokens = kSteps;
+    ar.stop_at_eos = false;
+    std::vector<std::vector<double>> us(kSteps);
+    for (int g = 0; g < kGenerations; ++g) {
+      auto r = (*engine)->Generate(prompt, ar);
+      if (!r.ok()) return;
+      for (size_t i = 0; i < r->stats.rounds.size() && i < us.size(); ++i) {
+        us[i].push_back(r->stats.rounds[i].latency_s * 1e6);
+      }
+    }
+    std::printf("%5lld", static_cast<long long>(p));
+    for (int i = 0; i < 8; ++i) std::printf(" %6.0f", Median(us[i]));
+    std::vector<double> warm;
+    for (int i = 8; i < kSteps; ++i) warm.insert(warm.end(), us[i].begin(), us[i].end());
+    std::printf(" %9.0f\n", Median(warm));
+  }
+}
+
 // Matrix-vector products of the models' shapes: the vectorized loop against
 // OpenBLAS sgemv (the choice MatMulNT makes for one row), ns per call.
 void GemvTable() {
@@ -335,7 +378,7 @@ void GemvTable() {
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   int64_t n_tokens = 200, threads = 1, repeats = 5;
-  bool detail = false;
+  bool detail = false, after_prefill = false;
   std::string models_flag =
       "../shared/models/stories260K,../shared/models/babyllama-tok105/model5000.bin,models/lede-tiny";
   std::string kernels_flag = "eager,fused";
@@ -346,6 +389,7 @@ int main(int argc, char** argv) {
   flags.Add("repeats", &repeats, "interleaved runs per implementation; medians are printed");
   flags.Add("kernels", &kernels_flag, "comma-separated implementations to compare: eager, fused");
   flags.Add("detail", &detail, "also print the per-block timing table and the static grid");
+  flags.Add("after-prefill", &after_prefill, "also print the latency of the first steps after a prefill");
   if (lede::flags::WantsHelp(args)) {
     std::printf("usage: lede_engine_bench [flags]\n%s", flags.Usage().c_str());
     return 0;
@@ -376,7 +420,7 @@ int main(int argc, char** argv) {
               ReadBandwidthGbs(256ll << 20, 5), ReadBandwidthGbs(16ll << 20, 20), SgemmGflops(512, 10));
   GemvTable();
   for (const std::string& m : lede::flags::SplitList(models_flag)) {
-    BenchModel(m, kernels, n_tokens, static_cast<int>(repeats), detail);
+    BenchModel(m, kernels, n_tokens, static_cast<int>(repeats), detail, after_prefill);
   }
   return 0;
 }

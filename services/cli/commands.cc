@@ -18,6 +18,7 @@
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include <ATen/Parallel.h>
@@ -423,10 +424,36 @@ int RunTokenize(const std::vector<std::string>& raw_args, std::ostream& out, std
   return kExitOk;
 }
 
+// The "prompt" of every JSON line of the comma-separated `files`, encoded
+// with BOS (the prompt files of lede-bench and the policy trainers).
+// Errors: kNotFound for an unreadable file; kInvalidArgument naming the file
+// and line for a line that is not JSON or has no string "prompt".
+StatusOr<std::vector<std::vector<int32_t>>> ReadPromptIds(const std::string& files,
+                                                          const tokenizer::Tokenizer& tok) {
+  std::vector<std::vector<int32_t>> prompts;
+  for (const std::string& path : flags::SplitList(files)) {
+    LEDE_ASSIGN_OR_RETURN(std::string text, file::ReadFile(path));
+    std::istringstream lines(text);
+    std::string line;
+    for (int n = 1; std::getline(lines, line); ++n) {
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      const std::string where = "--prompts: " + path + " line " + std::to_string(n);
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string()) {
+        return InvalidArgumentError(where + ": want a JSON object with a string \"prompt\"");
+      }
+      auto ids = tok.Encode(j["prompt"].get<std::string>(), /*add_bos=*/true, /*add_eos=*/false);
+      if (!ids.ok()) return InvalidArgumentError(where + ": " + std::string(ids.status().message()));
+      prompts.push_back(std::move(*ids));
+    }
+  }
+  return prompts;
+}
+
 int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   ModelFlags mf;
-  std::string out_path;
-  int64_t repeats = 50, round_passes = 5, round_max_draft_len = 8;
+  std::string out_path, prompts_flag;
+  int64_t repeats = 50, round_passes = 5, round_max_draft_len = 8, new_tokens = 64;
   FlagSet flags;
   mf.AddTo(flags);
   flags.Add("out", &out_path, "write the calibration JSON here (default: stdout)");
@@ -435,6 +462,10 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
             "interleaved passes timing real speculation rounds at every exit layer and draft length "
             "(0: kernel tables only; a large model on CPU wants 1 or 0)");
   flags.Add("round-max-draft-len", &round_max_draft_len, "draft lengths 1..N of the timed rounds");
+  flags.Add("prompts", &prompts_flag,
+            "time the rounds in whole generations of these prompts (JSON lines with \"prompt\", comma-separated "
+            "files; the workload's training prompts, never evaluation ones; default: one synthetic prompt)");
+  flags.Add("new-tokens", &new_tokens, "--prompts: tokens generated per timed generation");
   if (flags::WantsHelp(args)) {
     out << "usage: lede calibrate --model PATH [flags]\nflags:\n" << flags.Usage();
     return kExitOk;
@@ -447,6 +478,18 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
   if (round_passes < 0) return Fail(err, InvalidArgumentError("--round-passes: must be >= 0"), kExitUsage);
   if (round_max_draft_len < 1 || round_max_draft_len > 16) {
     return Fail(err, InvalidArgumentError("--round-max-draft-len: must be in [1, 16]"), kExitUsage);
+  }
+  if (new_tokens < 2) return Fail(err, InvalidArgumentError("--new-tokens: must be >= 2"), kExitUsage);
+  std::vector<std::vector<int32_t>> prompts;
+  if (!prompts_flag.empty()) {
+    auto path = tokenizer::ResolveTokenizerFile(mf.model, "");
+    if (!path.ok()) return Fail(err, path.status(), kExitUsage);
+    auto tok = tokenizer::LoadTokenizer(*path);
+    if (!tok.ok()) return Fail(err, tok.status(), LoadFailureCode(tok.status()));
+    auto read = ReadPromptIds(prompts_flag, **tok);
+    if (!read.ok()) return Fail(err, read.status(), kExitUsage);
+    if (read->empty()) return Fail(err, InvalidArgumentError("--prompts: no prompt in " + prompts_flag), kExitUsage);
+    prompts = std::move(*read);
   }
   auto options = mf.Options();
   if (!options.ok()) return Fail(err, options.status(), kExitUsage);
@@ -465,8 +508,10 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
   };
 #endif
   auto cal = model::Calibrate(**loaded, static_cast<int>(repeats), decide, static_cast<int>(round_passes),
-                              round_max_draft_len);
-  if (!cal.ok()) return Fail(err, cal.status(), kExitFailure);
+                              round_max_draft_len, prompts, new_tokens);
+  if (!cal.ok()) {
+    return Fail(err, cal.status(), cal.status().code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure);
+  }
   const std::string json = model::CalibrationToJson(*cal);
   if (out_path.empty()) {
     out << json;
@@ -480,12 +525,18 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
   for (int k : {1, 2, 4, 8, 16}) err << " k=" << k << ":" << cal->block_us[k - 1] / cal->block_us[0];
   err << " (per block, all L blocks / L); decision " << cal->decision_us << " us\n";
   if (!cal->round_us.empty()) {
-    // The fitted line of each exit layer's rounds (the measured cost model's prices).
+    // The measured cost model's price of a round of K drafts at each exit layer.
     err << "rounds timed in context, in autoregressive steps of " << cal->ar_step_us
-        << " us: per exit layer E, verification + K x draft:";
+        << " us: per exit layer E, K = 1..";
+    err << cal->round_us[0].size() << ":";
     for (size_t e = 1; e <= cal->round_us.size(); ++e) {
-      err << " E=" << e << ":" << measured->Verify(static_cast<int64_t>(e), 1) << "+K*"
-          << measured->DraftToken(static_cast<int64_t>(e));
+      err << " E=" << e << ":";
+      for (size_t k = 1; k <= cal->round_us[0].size(); ++k) {
+        model::RoundRecord r;
+        r.exit_layer = static_cast<int32_t>(e);
+        r.n_drafted = static_cast<int32_t>(k);
+        err << (k > 1 ? "/" : "") << measured->RoundCost(r);
+      }
     }
     err << "\n";
   }

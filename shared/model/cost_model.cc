@@ -34,12 +34,31 @@ class AcceleratorCostModel : public CostModel {
   double L_, h_;
 };
 
+// The non-decreasing sequence nearest to `y` in least squares (pool
+// adjacent violators): a round of more drafts never costs less.
+std::vector<double> Isotonic(const std::vector<double>& y) {
+  std::vector<double> mean, weight;
+  for (double v : y) {
+    mean.push_back(v), weight.push_back(1.0);
+    while (mean.size() >= 2 && mean[mean.size() - 2] > mean.back()) {
+      const double w = weight[weight.size() - 2] + weight.back();
+      const double m = (mean[mean.size() - 2] * weight[weight.size() - 2] + mean.back() * weight.back()) / w;
+      mean.pop_back(), weight.pop_back();
+      mean.back() = m, weight.back() = w;
+    }
+  }
+  std::vector<double> out;
+  for (size_t i = 0; i < mean.size(); ++i) out.insert(out.end(), static_cast<size_t>(weight[i]), mean[i]);
+  return out;
+}
+
 class MeasuredCostModel : public CostModel {
  public:
   explicit MeasuredCostModel(Calibration c) : c_(std::move(c)) {
     unit_us_ = c_.round_us.empty() || c_.ar_step_us <= 0 ? c_.step_us : c_.ar_step_us;
     for (const std::vector<double>& row : c_.round_us) {
-      // Least-squares line through the round times over K = 1..n.
+      // Least-squares slope of the round times over K = 1..n: the price of a
+      // draft, and of each draft beyond the table.
       const double n = static_cast<double>(row.size());
       double sk = 0, sy = 0, skk = 0, sky = 0;
       for (size_t i = 0; i < row.size(); ++i) {
@@ -52,7 +71,7 @@ class MeasuredCostModel : public CostModel {
       const double den = n * skk - sk * sk;
       const double slope = den > 0 ? std::max(0.0, (n * sky - sk * sy) / den) : 0.0;
       draft_us_.push_back(slope);
-      verify_us_.push_back(std::max(0.0, (sy - slope * sk) / n));
+      rounds_us_.push_back(Isotonic(row));
     }
   }
   std::string name() const override { return "measured"; }
@@ -60,8 +79,15 @@ class MeasuredCostModel : public CostModel {
     if (InTable(l)) return draft_us_[l - 1] / unit_us_;
     return (l * Block(1) + Head(1)) / unit_us_;
   }
+  // Within the table, K drafts and their verification cost the round's own
+  // entry (made monotone): Verify = entry - K * DraftToken. Beyond it, the
+  // last entry plus DraftToken per further draft.
   double Verify(int64_t e, int64_t k) const override {
-    if (InTable(e) && k >= 1) return verify_us_[e - 1] / unit_us_;
+    if (InTable(e) && k >= 1) {
+      const std::vector<double>& row = rounds_us_[e - 1];
+      const int64_t at = std::min<int64_t>(k, static_cast<int64_t>(row.size()));
+      return std::max(0.0, row[at - 1] - at * draft_us_[e - 1]) / unit_us_;
+    }
     return (e * Block(1) + (c_.n_layers - e) * Block(k + 1) + Head(k + 1)) / unit_us_;
   }
   double Probe() const override { return Head(1) / unit_us_; }
@@ -81,8 +107,10 @@ class MeasuredCostModel : public CostModel {
   double Head(int64_t t) const { return At(c_.head_us, t); }
   Calibration c_;
   double unit_us_ = 1;
-  // The line round_us[E-1][K-1] ~ verify_us_[E-1] + K * draft_us_[E-1].
-  std::vector<double> draft_us_, verify_us_;
+  // Per exit layer: the slope of round_us over K, and the row made
+  // non-decreasing in K.
+  std::vector<double> draft_us_;
+  std::vector<std::vector<double>> rounds_us_;
 };
 
 // The median of `v` (the upper one for an even count); 0 when empty.
@@ -209,10 +237,16 @@ StatusOr<Calibration> CalibrateKernels(const LlamaModel& model, int repeats, con
 
 // The round table of Calibrate (see the header): interleaved passes over
 // every (E, K), each timed against the autoregressive steps just before it.
-Status CalibrateRounds(const LlamaModel& model, int passes, int64_t max_k, Calibration* cal) {
+Status CalibrateRoundsOnPrompts(const LlamaModel& model, int passes, int64_t max_k,
+                                const std::vector<std::vector<int32_t>>& prompts, int64_t new_tokens,
+                                Calibration* cal);
+
+Status CalibrateRounds(const LlamaModel& model, int passes, int64_t max_k,
+                       const std::vector<std::vector<int32_t>>& prompts, int64_t new_tokens, Calibration* cal) {
   const ModelConfig& c = model.config();
   const int64_t L = c.n_layers;
   if (L < 2 || max_k < 1) return OkStatus();
+  if (!prompts.empty()) return CalibrateRoundsOnPrompts(model, passes, max_k, prompts, new_tokens, cal);
   KvCacheOptions ko;
   ko.n_slots = 1;
   ko.capacity = std::min<int64_t>(c.max_seq_len, 256);
@@ -298,12 +332,94 @@ Status CalibrateRounds(const LlamaModel& model, int passes, int64_t max_k, Calib
   return OkStatus();
 }
 
+double Mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0.0 : s / static_cast<double>(v.size());
+}
+
+// The round table from whole generations of the workload's own prompts (see
+// the header): each (E, K) of a pass on the next prompt, against an
+// autoregressive generation of the same length on the same prompt, every
+// round counted (those right after the prefill too).
+Status CalibrateRoundsOnPrompts(const LlamaModel& model, int passes, int64_t max_k,
+                                const std::vector<std::vector<int32_t>>& prompts, int64_t new_tokens,
+                                Calibration* cal) {
+  const ModelConfig& c = model.config();
+  const int64_t L = c.n_layers;
+  if (new_tokens < 2) return InvalidArgumentError("calibrate: round_new_tokens must be >= 2");
+  KvCacheOptions ko;
+  ko.n_slots = 1;
+  ko.capacity = c.max_seq_len;
+  ko.max_draft_len = max_k;
+  ko.device = model.options().device;
+  ko.dtype = model.options().dtype;
+  // Prompts that leave no room for the generation and one round of drafts
+  // are not used; none usable is an error naming the flag's field.
+  std::vector<std::vector<int32_t>> usable;
+  for (const auto& p : prompts) {
+    const bool ids_ok = std::all_of(p.begin(), p.end(), [&](int32_t id) { return id >= 0 && id < c.vocab_size; });
+    if (!p.empty() && ids_ok && static_cast<int64_t>(p.size()) + new_tokens + max_k + 1 < ko.capacity) {
+      usable.push_back(p);
+    }
+  }
+  if (usable.empty()) {
+    return InvalidArgumentError("calibrate: no round_prompts prompt fits the context window of " +
+                                std::to_string(ko.capacity) + " with " + std::to_string(new_tokens) +
+                                " new tokens (or every one has a token id outside the vocabulary)");
+  }
+  std::shared_ptr<const LlamaModel> shared(&model, [](const LlamaModel*) {});
+  LEDE_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(shared, ko));
+  std::vector<std::vector<std::vector<double>>> ratios(L - 1, std::vector<std::vector<double>>(max_k));
+  std::vector<double> ar_all;
+  size_t next = 0;
+  for (int pass = 0; pass < passes; ++pass) {
+    for (int64_t e = 1; e < L; ++e) {
+      for (int64_t k = 1; k <= max_k; ++k) {
+        const std::vector<int32_t>& prompt = usable[next++ % usable.size()];
+        GenerateOptions ar;
+        ar.stop_at_eos = false;
+        ar.max_new_tokens = new_tokens;
+        LEDE_ASSIGN_OR_RETURN(GenerationResult a, engine->Generate(prompt, ar));
+        std::vector<double> ar_us;
+        for (const RoundRecord& rr : a.stats.rounds) ar_us.push_back(rr.latency_s * 1e6);
+        const double step = Mean(ar_us);
+        if (!(step > 0)) return InternalError("calibrate: no autoregressive round was timed");
+        ar_all.insert(ar_all.end(), ar_us.begin(), ar_us.end());
+        GenerateOptions o = ar;
+        o.mode = speculation::SpeculationMode::kStatic;
+        o.exit_layer = static_cast<int32_t>(e);
+        o.draft_len = static_cast<int32_t>(k);
+        LEDE_ASSIGN_OR_RETURN(GenerationResult r, engine->Generate(prompt, o));
+        std::vector<double> us;
+        for (const RoundRecord& rr : r.stats.rounds) {
+          if (rr.exit_layer == e && rr.n_drafted == k) us.push_back(rr.latency_s * 1e6);
+        }
+        if (!us.empty()) ratios[e - 1][k - 1].push_back(Mean(us) / step);
+      }
+    }
+  }
+  cal->ar_step_us = Mean(ar_all);
+  cal->round_us.assign(L - 1, std::vector<double>(max_k, 0.0));
+  for (int64_t e = 1; e < L; ++e) {
+    for (int64_t k = 1; k <= max_k; ++k) {
+      if (ratios[e - 1][k - 1].empty()) return InternalError("calibrate: no round of K drafts was timed");
+      cal->round_us[e - 1][k - 1] = Median(ratios[e - 1][k - 1]) * cal->ar_step_us;
+    }
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 StatusOr<Calibration> Calibrate(const LlamaModel& model, int repeats, const std::function<void()>& decide,
-                                int round_passes, int64_t round_max_draft_len) {
+                                int round_passes, int64_t round_max_draft_len,
+                                const std::vector<std::vector<int32_t>>& round_prompts, int64_t round_new_tokens) {
   LEDE_ASSIGN_OR_RETURN(Calibration cal, CalibrateKernels(model, repeats, decide));
-  if (round_passes > 0) LEDE_RETURN_IF_ERROR(CalibrateRounds(model, round_passes, round_max_draft_len, &cal));
+  if (round_passes > 0) {
+    LEDE_RETURN_IF_ERROR(
+        CalibrateRounds(model, round_passes, round_max_draft_len, round_prompts, round_new_tokens, &cal));
+  }
   return cal;
 }
 

@@ -104,20 +104,35 @@ struct Calibration {
 // times each measurement once, so that load changing during calibration
 // shifts all of them alike rather than their ratios.
 // Then, when round_passes > 0, the round table: greedy static generations
-// (an engine of its own on `model`, one KV slot, a fixed prompt) at every
-// exit layer E in [1, L) and draft length K in [1, round_max_draft_len]
-// (fewer when the context is short: three rounds of K + 1 tokens must fit
-// after the prompt),
-// `round_passes` interleaved passes. Each one is timed right after a short
-// autoregressive generation, as a ratio to its steps (this machine's speed
-// drifts by 10% within seconds); an entry is the median ratio over the
-// passes times the median autoregressive step (ar_step_us).
-// Costs about round_passes x (L - 1) x round_max_draft_len short
-// generations (lede-tiny, 5 passes: about a minute on one thread).
-// Errors: kInternal on a libtorch failure; those of Engine::Generate.
+// (an engine of its own on `model`, one KV slot) at every exit layer E in
+// [1, L) and draft length K in [1, round_max_draft_len], `round_passes`
+// interleaved passes, each timed against an autoregressive generation just
+// before it, as a ratio to its steps (this machine's speed drifts by 10%
+// within seconds); an entry is the median ratio over the passes times the
+// autoregressive step (ar_step_us). Two ways to choose what is timed:
+//  - round_prompts empty: a fixed synthetic prompt of 97 tokens (or half
+//    the context); short generations whose first 4 rounds are left out,
+//    medians (fewer K when the context is short: three rounds of K + 1
+//    tokens must fit after the prompt and those 4).
+//  - round_prompts given (the workload's own prompts, token ids with BOS;
+//    never evaluation prompts): each (E, K) of a pass runs on the next
+//    prompt, round_new_tokens tokens, against an autoregressive generation
+//    of the same prompt and length; every round counts, means. Round costs
+//    depend on the context length and on how recently a prefill ran (the
+//    first steps after a 96-token prefill of lede-tiny take up to 1.6x a
+//    warm one: lede_engine_bench --after-prefill), so a table timed this
+//    way prices generations as the workload has them. Prompts that do not
+//    fit max_seq_len with the generation are skipped; none left is
+//    kInvalidArgument naming round_prompts.
+// Costs about round_passes x (L - 1) x round_max_draft_len x 2 generations
+// (lede-tiny, 15 passes, K <= 6, 64 tokens: about a minute on one thread).
+// Errors: kInternal on a libtorch failure; kInvalidArgument as above and
+// for round_new_tokens < 2; those of Engine::Generate.
 StatusOr<Calibration> Calibrate(const LlamaModel& model, int repeats = 50,
                                 const std::function<void()>& decide = nullptr, int round_passes = 5,
-                                int64_t round_max_draft_len = 8);
+                                int64_t round_max_draft_len = 8,
+                                const std::vector<std::vector<int32_t>>& round_prompts = {},
+                                int64_t round_new_tokens = 64);
 
 std::string CalibrationToJson(const Calibration& calibration);
 // Errors: kInvalidArgument for bad JSON or missing fields.
@@ -127,12 +142,15 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text);
 StatusOr<Calibration> ReadCalibrationFile(const std::string& path);
 
 // The measured model from a calibration (T above 16 extrapolates linearly).
-// With a round table (all in units of ar_step_us): the least-squares line
-// round_us[E-1][K-1] ~ v_E + K * d_E over the table's K (one line per exit
-// layer smooths the timing noise of single entries) gives DraftToken(E) =
-// d_E and Verify(E, K) = v_E for every K >= 1, so that RoundCost of a round
-// of K drafts at E is the fitted time of such rounds. Exit layers outside
-// the table, K = 0 and probes use the block and head tables.
+// With a round table (all in units of ar_step_us), per exit layer E: the
+// row round_us[E-1][.] made non-decreasing in K (least squares, pool
+// adjacent violators: a round of more drafts never costs less) is the cost
+// of a round of K drafts, RoundCost = K * DraftToken(E) + Verify(E, K) with
+// DraftToken(E) = d_E, the least-squares slope of the row over K, and
+// Verify(E, K) = row[K-1] - K * d_E; beyond the table each further draft
+// costs d_E. (A line through the row was the price before; on lede-tiny it
+// put a round of one draft at E = 2 9% under its own timed entry.) Exit
+// layers outside the table, K = 0 and probes use the block and head tables.
 std::unique_ptr<CostModel> MakeMeasuredCostModel(const Calibration& calibration);
 
 }  // namespace lede::model

@@ -51,20 +51,28 @@ TEST(MeasuredCostModelTest, BlockTablesPriceDraftsAndVerification) {
   EXPECT_DOUBLE_EQ(m->RoundCost(Round(0, 0)), 1.0);
 }
 
-TEST(MeasuredCostModelTest, RoundTableIsPricedByOneLinePerExitLayer) {
+TEST(MeasuredCostModelTest, RoundTableIsPricedByItsMonotoneEntries) {
   Calibration c = TableCalibration(3);
   c.ar_step_us = 1000.0;
-  // E = 1: exactly 1200 + 300 K. E = 2: {1000, 3000, 2000}, whose
-  // least-squares line over K = 1..3 is 1000 + 500 K.
+  // E = 1: exactly 1200 + 300 K. E = 2: {1000, 3000, 2000}: not monotone,
+  // made {1000, 2500, 2500} (the violating pair pooled); its least-squares
+  // slope over K = 1..3 is 500.
   c.round_us = {{1500.0, 1800.0, 2100.0}, {1000.0, 3000.0, 2000.0}};
   auto m = MakeMeasuredCostModel(c);
   EXPECT_DOUBLE_EQ(m->DraftToken(1), 0.3);
   EXPECT_DOUBLE_EQ(m->DraftToken(2), 0.5);
-  for (int32_t k : {1, 2, 3, 6}) {  // beyond the table too
+  for (int32_t k : {1, 2, 3, 6}) {  // beyond the table too: 0.3 per further draft
     SCOPED_TRACE(k);
     EXPECT_NEAR(m->Verify(1, k), 1.2, 1e-12);
-    EXPECT_NEAR(m->Verify(2, k), 1.0, 1e-12);
     EXPECT_NEAR(m->RoundCost(Round(1, k)), 1.2 + 0.3 * k, 1e-12);
+  }
+  EXPECT_NEAR(m->RoundCost(Round(2, 1)), 1.0, 1e-12);
+  EXPECT_NEAR(m->RoundCost(Round(2, 2)), 2.5, 1e-12);
+  EXPECT_NEAR(m->RoundCost(Round(2, 3)), 2.5, 1e-12);
+  EXPECT_NEAR(m->RoundCost(Round(2, 5)), 2.5 + 2 * 0.5, 1e-12);
+  // A round of one more draft never costs less.
+  for (int32_t e : {1, 2}) {
+    for (int32_t k = 1; k < 8; ++k) EXPECT_LE(m->RoundCost(Round(e, k)), m->RoundCost(Round(e, k + 1)) + 1e-12);
   }
   // Units are the autoregressive round of the same loop, not the kernel step.
   EXPECT_DOUBLE_EQ(m->RoundCost(Round(0, 0)), 1.0);
@@ -72,7 +80,7 @@ TEST(MeasuredCostModelTest, RoundTableIsPricedByOneLinePerExitLayer) {
   EXPECT_DOUBLE_EQ(m->Decision(), 12.0 / 1000.0);
   // Exit layers outside the table fall back to the block tables.
   EXPECT_DOUBLE_EQ(m->DraftToken(3), (3 * 110.0 + 55.0) / 1000.0);
-  // A speed-up of rounds is tokens over their fitted cost.
+  // A speed-up of rounds is tokens over their cost.
   RoundRecord r = Round(1, 2);
   r.n_emitted = 3;
   EXPECT_NEAR(m->PredictedSpeedup({r, r}), 6.0 / (2 * 1.8), 1e-12);
@@ -129,6 +137,23 @@ TEST(CalibrateTest, TimesARoundOfEveryExitLayerAndDraftLength) {
   ASSERT_THAT(capped, IsOk());
   ASSERT_EQ(capped->round_us.size(), 3u);
   EXPECT_EQ(capped->round_us[0].size(), 5u);
+  // On the workload's prompts: whole generations, every (E, K) timed.
+  std::vector<std::vector<int32_t>> prompts = {{1, 5, 9, 13}, {1, 7, 7, 2, 30, 31, 8, 4, 4}};
+  auto on_prompts = Calibrate(**model, 2, nullptr, /*round_passes=*/2, /*round_max_draft_len=*/4, prompts,
+                              /*round_new_tokens=*/24);
+  ASSERT_THAT(on_prompts, IsOk());
+  ASSERT_EQ(on_prompts->round_us.size(), 3u);
+  for (const auto& row : on_prompts->round_us) {
+    ASSERT_EQ(row.size(), 4u);
+    for (double us : row) EXPECT_GT(us, 0.0);
+  }
+  EXPECT_GT(on_prompts->ar_step_us, 0.0);
+  // Prompts that cannot hold the generation are refused, naming the field.
+  std::vector<std::vector<int32_t>> too_long = {std::vector<int32_t>(95, 1)};
+  EXPECT_THAT(Calibrate(**model, 2, nullptr, 1, 4, too_long, 24),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("round_prompts")));
+  EXPECT_THAT(Calibrate(**model, 2, nullptr, 1, 4, prompts, 1),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("round_new_tokens")));
   // Without round passes, only the kernel tables.
   auto kernels_only = Calibrate(**model, 2, nullptr, /*round_passes=*/0);
   ASSERT_THAT(kernels_only, IsOk());
