@@ -148,13 +148,13 @@ StatusOr<Common> Setup(const CommonFlags& cf) {
 policy::RewardSpec RewardsFor(const std::string& reward, const model::CostModel& cm, const Common& c) {
   const int32_t L = static_cast<int32_t>(c.model->n_layers());
   std::vector<double> draft_cost;
-  for (int32_t l = 0; l <= L; ++l) draft_cost.push_back(l == 0 ? 0.0 : cm.DraftToken(l));
+  for (int32_t l = 0; l <= L; ++l) draft_cost.push_back(l == 0 ? 0.0 : cm.ControlledDraftToken(l));
   if (reward == "throughput") {
     std::vector<std::vector<double>> verify(L + 1);
     for (int32_t e = 0; e <= L; ++e) {
       for (int32_t k = 0; k <= c.spec.max_draft_len; ++k) verify[e].push_back(e == 0 ? 0.0 : cm.Verify(e, k));
     }
-    return policy::RewardSpec::Throughput(cm.name(), draft_cost, verify, cm.Probe());
+    return policy::RewardSpec::Throughput(cm.name(), draft_cost, verify, cm.ControlledProbe(), cm.Decision());
   }
   if (cm.name() == "accelerator") return policy::RewardSpec::Paper(L);
   return policy::RewardSpec::FromCosts(cm.name(), draft_cost, cm.Verify(L / 4 + 1, 3), 4.0, cm.Probe());

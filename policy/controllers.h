@@ -75,10 +75,11 @@ class EpsilonGreedyController : public model::ExitController {
 struct RoundCosts {
   // marginal[l][i], i in [1, D_max]: the extra cost of drafting the i-th
   // token of a round at exit layer l once its probe is paid:
-  // DraftToken(l) + Verify(l, i) - Verify(l, i - 1) for i > 1, and
-  // DraftToken(l) + Verify(l, 1) - Step() for i = 1 (against a plain step).
+  // ControlledDraftToken(l) + Verify(l, i) - Verify(l, i - 1) for i > 1,
+  // and ControlledDraftToken(l) + Verify(l, 1) - Step() for i = 1 (against
+  // a plain step); ControlledDraftToken includes the draft's signals.
   std::vector<std::vector<double>> marginal;
-  // round[l][d]: the cost of a whole round of d drafts at l (d * DraftToken
+  // round[l][d]: the cost of a whole round of d drafts at l (d * ControlledDraftToken
   // + Verify + decisions), d in [1, D_max]; round[0] unused.
   std::vector<std::vector<double>> round;
 };

@@ -5,11 +5,12 @@
 # was cut near, their shadow tokens, Dinkelbach iteration of the DQN with
 # rollout targets and a conservative margin of 0.2 tokens per round):
 #   accelerator-v5  tokens - rho * cost under the accelerator cost model
-#   measured-v6     tokens - rho * cost under this machine's measured cost model
-#                   (calibration-cpu.json: rounds timed in the decoding loop on
-#                   the fused path with packed weights; v5 was priced on the
-#                   slower row-major kernels)
-#   story-accelerator-v5, story-measured-v6: trained on story requests only
+#   measured-v7     tokens - rho * cost under this machine's measured cost model
+#                   (calibration-cpu.json: rounds timed in whole generations of
+#                   the training prompts on the fused path, priced by their own
+#                   entries; v6 was priced by a line through rounds timed on one
+#                   synthetic prompt)
+#   story-accelerator-v5, story-measured-v7: trained on story requests only
 #                   (the generalization check: run on code)
 # Calibrates first unless MODEL/calibration-cpu.json exists, and points
 # SERVING at accelerator-v5 (measured fastest in wall-clock on this CPU by
@@ -28,9 +29,11 @@ NEW_TOKENS=${LEDE_TRAIN_NEW_TOKENS:-128}
 EXTRA=${LEDE_EXTRA_PROMPTS:-40}  # extra training prompts per domain (scripts/make_policy_training_prompts.py)
 MARGIN=${LEDE_CONSERVATIVE_MARGIN:-0.2}  # tokens per round (trainer/dinkelbach.h conservative_margin)
 mkdir -p "$MODEL/policy" out/policies
-[[ -f "$MODEL/calibration-cpu.json" ]] ||
-  "$LEDE" calibrate --model "$MODEL" --threads "$THREADS" --round-passes 15 --out "$MODEL/calibration-cpu.json"
 python3 scripts/make_policy_training_prompts.py out/policy-prompts $((2 * EXTRA))
+[[ -f "$MODEL/calibration-cpu.json" ]] ||
+  "$LEDE" calibrate --model "$MODEL" --threads "$THREADS" --round-passes 15 --round-max-draft-len "$MAX_DRAFT_LEN" \
+    --prompts out/policy-prompts/train-story.jsonl,out/policy-prompts/train-code.jsonl --new-tokens 64 \
+    --out "$MODEL/calibration-cpu.json"
 train() {  # name reward cost_model prompt-sets
   local name=$1 reward=$2 cost=$3 sets=$4 prompts="" extra=""
   for s in ${sets//,/ }; do
@@ -46,8 +49,8 @@ train() {  # name reward cost_model prompt-sets
   cp "out/policies/train-$name.log" "$MODEL/policy/$name/training_report.txt"
 }
 train accelerator-v5 throughput accelerator story,code
-train measured-v6 throughput measured story,code
-train story-measured-v6 throughput measured story
+train measured-v7 throughput measured story,code
+train story-measured-v7 throughput measured story
 train story-accelerator-v5 throughput accelerator story
 # SERVING: the policy the last lede-bench run (scripts/evaluate_lede_tiny.sh) measured fastest in
 # wall-clock on both sets on this CPU (accelerator-v5 on the packed fused kernels: README).

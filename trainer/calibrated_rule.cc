@@ -56,8 +56,8 @@ std::shared_ptr<const policy::RoundCosts> RoundCostsOf(const model::CostModel& c
   c->round.assign(L + 1, std::vector<double>(max_draft + 1, 0.0));
   for (int32_t l = 1; l < L; ++l) {
     for (int32_t i = 1; i <= max_draft; ++i) {
-      c->marginal[l][i] = cm.DraftToken(l) + cm.Verify(l, i) - (i == 1 ? cm.Step() : cm.Verify(l, i - 1));
-      c->round[l][i] = i * cm.DraftToken(l) + cm.Verify(l, i) + (i + 1) * cm.Decision();
+      c->marginal[l][i] = cm.ControlledDraftToken(l) + cm.Verify(l, i) - (i == 1 ? cm.Step() : cm.Verify(l, i - 1));
+      c->round[l][i] = i * cm.ControlledDraftToken(l) + cm.Verify(l, i) + (i + 1) * cm.Decision();
     }
   }
   return c;

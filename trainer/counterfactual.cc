@@ -316,12 +316,13 @@ StatusOr<std::vector<policy::Transition>> CounterfactualTransitions(
 policy::RewardSpec DinkelbachRewards(const model::CostModel& cost, int32_t n_layers, int32_t max_draft_len,
                                      double rho) {
   std::vector<double> draft_cost;
-  for (int32_t l = 0; l <= n_layers; ++l) draft_cost.push_back(l == 0 ? 0.0 : cost.DraftToken(l));
+  for (int32_t l = 0; l <= n_layers; ++l) draft_cost.push_back(l == 0 ? 0.0 : cost.ControlledDraftToken(l));
   std::vector<std::vector<double>> verify(n_layers + 1);
   for (int32_t e = 0; e <= n_layers; ++e) {
     for (int32_t k = 0; k <= max_draft_len; ++k) verify[e].push_back(e == 0 ? 0.0 : cost.Verify(e, k));
   }
-  return policy::RewardSpec::Throughput(cost.name(), draft_cost, verify, cost.Probe(), cost.Decision(), rho);
+  return policy::RewardSpec::Throughput(cost.name(), draft_cost, verify, cost.ControlledProbe(), cost.Decision(),
+                                        rho);
 }
 
 }  // namespace lede::trainer

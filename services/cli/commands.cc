@@ -523,7 +523,8 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
   auto measured = model::MakeMeasuredCostModel(*cal);
   err << std::fixed << std::setprecision(3) << "step " << cal->step_us << " us; verify(k)/step(1):";
   for (int k : {1, 2, 4, 8, 16}) err << " k=" << k << ":" << cal->block_us[k - 1] / cal->block_us[0];
-  err << " (per block, all L blocks / L); decision " << cal->decision_us << " us\n";
+  err << " (per block, all L blocks / L); decision " << cal->decision_us << " us, probe signals " << cal->signals_us
+      << " us\n";
   if (!cal->round_us.empty()) {
     // The measured cost model's price of a round of K drafts at each exit layer.
     err << "rounds timed in context, in autoregressive steps of " << cal->ar_step_us

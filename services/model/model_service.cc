@@ -288,11 +288,11 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
   }
   host->cost_model = cm->name();
   const int64_t L = c.n_layers, D = host->cache->max_draft_len();
-  for (int64_t l = 0; l <= L; ++l) host->draft_cost.push_back(l == 0 ? 0.0 : cm->DraftToken(l));
+  for (int64_t l = 0; l <= L; ++l) host->draft_cost.push_back(l == 0 ? 0.0 : cm->ControlledDraftToken(l));
   for (int64_t e = 0; e <= L; ++e) {
     for (int64_t k = 0; k <= D; ++k) host->verify_cost.push_back(e == 0 ? 0.0 : cm->Verify(e, k));
   }
-  host->probe_cost = cm->Probe();
+  host->probe_cost = cm->ControlledProbe();
 
   if (!options.policy_target.empty()) {
     PolicyFollowerOptions po;

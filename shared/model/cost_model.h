@@ -44,17 +44,26 @@ class CostModel {
   virtual double Verify(int64_t exit_layer, int64_t n_drafts) const = 0;
   // One more candidate-layer probe (exit head on one position).
   virtual double Probe() const = 0;
-  // One decision of an exit controller: the probe signals over the exit
-  // logits (exit_signals.h) and the controller's own work (a Q-network
-  // forward). 0 under the accelerator model; measured by Calibrate.
+  // One decision of an exit controller: the controller's own work (a
+  // Q-network forward). 0 under the accelerator model; measured by Calibrate.
   virtual double Decision() const { return 0.0; }
+  // The probe signals over one exit distribution (exit_signals.h), which a
+  // controller-driven round computes for every probe and every draft. 0
+  // under the accelerator model; measured by Calibrate.
+  virtual double Signals() const { return 0.0; }
   // An autoregressive step: 1 by definition.
   double Step() const { return 1.0; }
+  // What a controller-driven round pays per draft at l (the draft and its
+  // signals) and per wasted probe (the head and its signals): the prices of
+  // rewards and of rule-based controllers, which only such rounds earn.
+  double ControlledDraftToken(int64_t exit_layer) const { return DraftToken(exit_layer) + Signals(); }
+  double ControlledProbe() const { return Probe() + Signals(); }
 
   // Cost of one step or round of the decoding loop: K draft tokens at l*,
   // one verification, the probes that drafted nothing (exit heads only:
-  // their blocks are shared with the draft or the full-depth step), and the
-  // controller's decisions.
+  // their blocks are shared with the draft or the full-depth step), the
+  // controller's decisions and, in a round with any decision, the signals
+  // of its K drafts and of its wasted probes.
   double RoundCost(const RoundRecord& round) const;
   // tokens emitted by the rounds / their total cost (1.0 for pure AR).
   double PredictedSpeedup(const std::vector<RoundRecord>& rounds) const;
@@ -91,9 +100,13 @@ struct Calibration {
   // Median wall time of an autoregressive round of the same loop (the unit
   // of the cost model when round_us is present; 0 otherwise).
   double ar_step_us = 0;
-  // One decision: ProbeSignals over V exit logits plus the controller's
-  // decide function given to Calibrate (0 in files from before it was measured).
+  // The controller's decide function given to Calibrate, timed after a
+  // full step (0 without one). Files from before signals_us was measured
+  // hold both here.
   double decision_us = 0;
+  // ProbeSignals over V exit logits (ComputeExitSignals, top-4), timed
+  // after a full step (0 in files from before it was measured).
+  double signals_us = 0;
   int64_t threads = 0;            // intra-op threads during calibration
 };
 

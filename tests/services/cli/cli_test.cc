@@ -92,6 +92,34 @@ TEST(CalibrateTest, WritesARoundTableAndRefusesBadRoundFlags) {
   }
 }
 
+// --prompts: the rounds are timed in whole generations of the file's
+// prompts; a line that is not a prompt is refused naming the file and line.
+TEST(CalibrateTest, TimesRoundsOnAPromptFileAndRefusesABadLine) {
+  ::lede::testing::TempDir dir;
+  const std::string model = ::lede::testing::SharedDir() + "/models/stories260K";
+  const std::string prompts = (dir.path() / "prompts.jsonl").string();
+  std::ofstream(prompts) << "{\"prompt\": \"Once upon a time\"}\n\n{\"prompt\": \"Lily had a red ball\"}\n";
+  const std::string path = (dir.path() / "calibration.json").string();
+  std::ostringstream out, err;
+  ASSERT_EQ(RunCalibrate({"--model", model, "--threads", "1", "--repeats", "2", "--round-passes", "1",
+                          "--round-max-draft-len", "3", "--prompts", prompts, "--new-tokens", "16", "--out", path},
+                         out, err),
+            0)
+      << err.str();
+  std::ifstream f(path);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  ASSERT_EQ(j.at("round_us").size(), static_cast<size_t>(j.at("n_layers").get<int64_t>() - 1));
+  EXPECT_EQ(j.at("round_us")[0].size(), 3u);
+  const std::string bad = (dir.path() / "bad.jsonl").string();
+  std::ofstream(bad) << "{\"prompt\": \"fine\"}\n{\"text\": 3}\n";
+  std::ostringstream o, e;
+  EXPECT_EQ(RunCalibrate({"--model", model, "--prompts", bad}, o, e), 2);
+  EXPECT_NE(e.str().find("bad.jsonl line 2"), std::string::npos) << e.str();
+  std::ostringstream o2, e2;
+  EXPECT_EQ(RunCalibrate({"--model", model, "--prompts", prompts, "--new-tokens", "1"}, o2, e2), 2);
+  EXPECT_NE(e2.str().find("--new-tokens"), std::string::npos) << e2.str();
+}
+
 // A tiny byte-level tokenizer.json (one token per byte, ids = byte values,
 // no merges; <|bos|> = 256 added by the post-processor, <|eot|> = 257) with
 // a tokenizer_config.json holding a chat template: the CLI's plumbing
