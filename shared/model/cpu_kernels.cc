@@ -2,9 +2,12 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace lede::model::cpu {
 namespace {
@@ -19,6 +22,7 @@ typedef float F8 __attribute__((vector_size(32)));
 #undef LEDE_KERNEL_NS
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
 #define LEDE_HAVE_AVX2_KERNELS 1
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
@@ -30,11 +34,109 @@ typedef float F8 __attribute__((vector_size(32)));
 #define LEDE_HAVE_AVX2_KERNELS 0
 #endif
 
+#if LEDE_HAVE_AVX2_KERNELS
+// The packed few-row product with 512-bit registers (AVX-512F/VL/DQ): one
+// load covers the 8-column chunks of two W rows of a block, multiplied by
+// the X chunk broadcast to both halves, so that each register lane does the
+// same fused multiply-adds in the same order as a lane of the AVX2 copy
+// (and of MatMulRows), and each half is summed as Sum8 sums: the results
+// are bitwise the AVX2 ones. 32 registers hold 12 rows of X per pass over W
+// (24 accumulators), where the AVX2 copy holds 3.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512dq,avx2,fma")
+namespace avx512 {
+
+// X's 8 columns in both halves. (GCC 12 warns that the broadcast's own
+// undefined upper half "may be used uninitialized"; it is not used.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+inline __m512 Broadcast8(const float* p) { return _mm512_broadcast_f32x8(_mm256_loadu_ps(p)); }
+#pragma GCC diagnostic pop
+
+inline float HalfSum8(const float* v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+// Rows [0, R) of X against the W block at `b` (4 rows, packed), into
+// columns o..o+3 of Y.
+template <int R>
+inline void PackedBlockRows(const float* x, int64_t in, const float* b, float* y, int64_t ldy, int64_t o,
+                            bool accumulate) {
+  __m512 lo[R], hi[R];  // W rows 0-1 and 2-3 of the block
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) lo[r] = _mm512_setzero_ps(), hi[r] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < in; i += 8) {
+    const float* chunk = b + 4 * i;
+    const __m512 w01 = _mm512_loadu_ps(chunk), w23 = _mm512_loadu_ps(chunk + 16);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512 xv = Broadcast8(x + r * in + i);
+      lo[r] = _mm512_fmadd_ps(w01, xv, lo[r]);
+      hi[r] = _mm512_fmadd_ps(w23, xv, hi[r]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    alignas(64) float v[32];
+    _mm512_store_ps(v, lo[r]);
+    _mm512_store_ps(v + 16, hi[r]);
+    float* yr = y + r * ldy + o;
+    for (int k = 0; k < 4; ++k) yr[k] = accumulate ? yr[k] + HalfSum8(v + 8 * k) : HalfSum8(v + 8 * k);
+  }
+}
+
+template <int R>
+void PackedRows(const float* x, int64_t in, const float* w, int64_t blocks, float* y, int64_t ldy,
+                bool accumulate) {
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    PackedBlockRows<R>(x, in, w + blk * 4 * in, y, ldy, blk * 4, accumulate);
+  }
+}
+
+void MatMulRowsPacked(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
+                      bool accumulate, int64_t ldy) {
+  constexpr int kRows = 12;
+  using Fn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, bool);
+  static constexpr Fn kByRows[kRows + 1] = {nullptr,        PackedRows<1>, PackedRows<2>,  PackedRows<3>,
+                                            PackedRows<4>,  PackedRows<5>, PackedRows<6>,  PackedRows<7>,
+                                            PackedRows<8>,  PackedRows<9>, PackedRows<10>, PackedRows<11>,
+                                            PackedRows<12>};
+  const int64_t blocks = out / 4;
+  for (int64_t r = 0; r < n; r += kRows) {
+    const int64_t rows = std::min<int64_t>(kRows, n - r);
+    kByRows[rows](x + r * in, in, w, blocks, y + r * ldy, ldy, accumulate);
+  }
+  // The out % 4 tail rows are row-major (PackRows): as the AVX2 copy.
+  if (blocks * 4 < out) {
+    avx2::MatMulRows(x, n, in, w + blocks * 4 * in, out - blocks * 4, y + blocks * 4, accumulate, ldy);
+  }
+}
+
+}  // namespace avx512
+#pragma GCC pop_options
+#endif
+
 namespace {
 
 bool UseAvx2() {
 #if LEDE_HAVE_AVX2_KERNELS
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+#else
+  return false;
+#endif
+}
+
+// The 512-bit packed product (above): where the CPU has AVX-512F/VL/DQ,
+// unless LEDE_CPU_KERNELS=avx2 (A/B measurements).
+bool UseAvx512() {
+#if LEDE_HAVE_AVX2_KERNELS
+  static const bool yes = [] {
+    const char* force = std::getenv("LEDE_CPU_KERNELS");
+    if (force != nullptr && std::string(force) == "avx2") return false;
+    return UseAvx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq");
+  }();
   return yes;
 #else
   return false;
@@ -80,6 +182,12 @@ void PackRows(const float* w, int64_t out, int64_t in, float* packed) {
 
 void MatMulRowsPacked(const float* x, int64_t n, int64_t in, const float* packed, int64_t out,
                       float* y, int64_t ldy, bool accumulate) {
+#if LEDE_HAVE_AVX2_KERNELS
+  if (UseAvx512()) {
+    avx512::MatMulRowsPacked(x, n, in, packed, out, y, accumulate, ldy);
+    return;
+  }
+#endif
   LEDE_DISPATCH(MatMulRowsPacked(x, n, in, packed, out, y, accumulate, ldy));
 }
 

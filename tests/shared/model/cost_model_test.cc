@@ -86,13 +86,37 @@ TEST(MeasuredCostModelTest, RoundTableIsPricedByItsMonotoneEntries) {
   EXPECT_NEAR(m->PredictedSpeedup({r, r}), 6.0 / (2 * 1.8), 1e-12);
 }
 
+// A round with a controller's decisions pays the signals of each draft and
+// of each wasted probe; a static round (no decision) pays none.
+TEST(MeasuredCostModelTest, ControlledRoundsPayTheSignalsOfTheirDraftsAndProbes) {
+  Calibration c = TableCalibration(4);
+  c.signals_us = 30.0;
+  auto m = MakeMeasuredCostModel(c);
+  EXPECT_DOUBLE_EQ(m->Signals(), 30.0 / 1500.0);
+  EXPECT_DOUBLE_EQ(m->ControlledDraftToken(2), m->DraftToken(2) + 30.0 / 1500.0);
+  EXPECT_DOUBLE_EQ(m->ControlledProbe(), m->Probe() + 30.0 / 1500.0);
+  const RoundRecord fixed = Round(2, 3);
+  RoundRecord controlled = fixed;
+  controlled.n_decisions = 5;
+  controlled.n_probes = 1;
+  EXPECT_NEAR(m->RoundCost(controlled) - m->RoundCost(fixed),
+              5 * m->Decision() + 1 * m->ControlledProbe() + 3 * m->Signals(), 1e-12);
+  // The accelerator model prices neither.
+  auto accel = MakeAcceleratorCostModel(testing::TinyConfig());
+  EXPECT_EQ(accel->Signals(), 0.0);
+  EXPECT_EQ(accel->Decision(), 0.0);
+}
+
 TEST(CalibrationJsonTest, RoundTripKeepsTheRoundTable) {
   Calibration c = TableCalibration(3);
   c.ar_step_us = 990.0;
   c.round_us = {{1.0e3, 2.0e3}, {1.5e3, 2.5e3}};
+  c.signals_us = 7.5;
   auto back = CalibrationFromJson(CalibrationToJson(c));
   ASSERT_THAT(back, IsOk());
   EXPECT_EQ(back->round_us, c.round_us);
+  EXPECT_DOUBLE_EQ(back->signals_us, 7.5);
+  EXPECT_DOUBLE_EQ(back->decision_us, 12.0);
   EXPECT_DOUBLE_EQ(back->ar_step_us, 990.0);
   EXPECT_EQ(back->block_us, c.block_us);
   // A file without a round table (written before rounds were timed) loads.
@@ -128,6 +152,8 @@ TEST(CalibrateTest, TimesARoundOfEveryExitLayerAndDraftLength) {
     for (double us : row) EXPECT_GT(us, 0.0);
   }
   EXPECT_GT(cal->ar_step_us, 0.0);
+  EXPECT_GT(cal->signals_us, 0.0);
+  EXPECT_EQ(cal->decision_us, 0.0);  // no decide function given
   // It loads back as a valid calibration.
   EXPECT_THAT(CalibrationFromJson(CalibrationToJson(*cal)), IsOk());
   // A draft length the context cannot hold the 4 warm-up rounds and three

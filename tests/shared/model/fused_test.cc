@@ -84,7 +84,13 @@ TEST(CpuKernelsTest, PackedProductIsBitwiseTheRowMajorOne) {
       if (in > 8) {
         EXPECT_NE(packed, w) << "the layout is interleaved, not a copy";
       }
-      for (int64_t n = 1; n <= cpu::kMaxRowsWithoutBlas; ++n) {
+      // Every row count of one pass (up to 12 rows per pass with 512-bit
+      // registers, 3 with AVX2) and several passes with a tail (48: the
+      // prefill's row tile).
+      std::vector<int64_t> counts;
+      for (int64_t n = 1; n <= cpu::kMaxRowsWithoutBlas; ++n) counts.push_back(n);
+      for (int64_t n : {13, 25, 48}) counts.push_back(n);
+      for (int64_t n : counts) {
         for (bool accumulate : {false, true}) {
           std::vector<float> x = RandomVector(n * in, rng), y0 = RandomVector(n * out, rng);
           std::vector<float> rows = y0, pk = y0, split = y0;
