@@ -14,7 +14,12 @@ CANDIDATES=${LEDE_CANDIDATES:-1,2,3,4,5,6}
 LEDE=build/services/cli/lede
 LEDE_BENCH=build/bench/lede-bench
 mkdir -p out
-"$LEDE" calibrate --model "$MODEL" --threads 1 --round-passes 15 --out "$MODEL/calibration-cpu.json"
+# Rounds are timed in whole generations of the policies' training prompts
+# (never evaluation ones), as the workload runs them.
+python3 scripts/make_policy_training_prompts.py out/policy-prompts 80
+"$LEDE" calibrate --model "$MODEL" --threads 1 --round-passes 15 --round-max-draft-len 6 \
+  --prompts out/policy-prompts/train-story.jsonl,out/policy-prompts/train-code.jsonl --new-tokens 64 \
+  --out "$MODEL/calibration-cpu.json"
 build/trainer/lede-eval-exits --model "$MODEL" --calibration "$MODEL/calibration-cpu.json" \
   --data out/corpus/stories.val.txt,out/corpus/code.val.txt --exit-layers 1,2,3,4,6 --draft-lens 1,2,3,4,6 \
   --prompts 24 --new-tokens 64 --threads 1 --out "$MODEL/eval_exits.json" > out/eval_exits.txt 2>&1 &
@@ -23,7 +28,7 @@ wait
 bench() {  # set
   "$LEDE_BENCH" bench --model "$MODEL" --calibration "$MODEL/calibration-cpu.json" \
     --prompts "$MODEL/prompts/$1.jsonl" --candidate-layers "$CANDIDATES" \
-    --policy "$MODEL/policy/accelerator-v5,$MODEL/policy/measured-v6,$MODEL/policy/story-accelerator-v5,$MODEL/policy/story-measured-v6" \
+    --policy "$MODEL/policy/accelerator-v5,$MODEL/policy/measured-v7,$MODEL/policy/story-accelerator-v5,$MODEL/policy/story-measured-v7" \
     --max-draft-len 6 --prompts-per-set 48 --new-tokens 64 --threads 1 --json "out/bench-$1.json" > "out/bench-$1.txt" 2> "out/bench-$1.err"
 }
 bench story

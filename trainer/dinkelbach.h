@@ -122,14 +122,16 @@ struct DinkelbachResult {
   double initial_train_speedup = 0;      // pi_0 on the training traces (the initial rho when initial_rho <= 0)
 };
 
-// The best static (E, D) over every exit layer 1..L-1 and draft length
-// 1..D_max on `traces` under `cost` (simulated, pooled tokens / cost).
+// The best static (E, D) over every exit layer 1..L-1 (or only those of
+// `exit_layers` when it is not empty) and draft length 1..D_max on `traces`
+// under `cost` (simulated, pooled tokens / cost).
 struct StaticChoice {
   int32_t exit_layer = 0, draft_len = 0;
   double speedup = 0;
 };
 StatusOr<StaticChoice> BestStatic(const std::vector<ShadowTrace>& traces, int32_t max_draft_len,
-                                  const model::CostModel& cost);
+                                  const model::CostModel& cost,
+                                  const std::vector<int32_t>& exit_layers = {});
 
 // The rollout targets of DinkelbachOptions::rollout_targets: for every
 // decision of every round that `sources` visit on `traces`, both actions,

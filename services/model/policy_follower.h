@@ -192,7 +192,7 @@ struct RemoteDecisionOptions {
   std::string version;
   // Optional (borrowed): incremented on every failed call.
   prometheus::Counter* failures = nullptr;
-  // Example: timeout = absl::Milliseconds(20), version = "measured-v6".
+  // Example: timeout = absl::Milliseconds(20), version = "measured-v7".
 };
 
 // An ExitController that asks the policy service for every decision

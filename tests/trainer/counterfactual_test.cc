@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "policy/controllers.h"
 #include "shared/model/cost_model.h"
@@ -24,6 +25,7 @@ namespace {
 
 using ::lede::testing::IsOk;
 using ::lede::testing::StatusIs;
+using ::testing::HasSubstr;
 
 constexpr char kModelDir[] = "models/lede-tiny";
 constexpr int64_t kNewTokens = 48;
@@ -312,7 +314,7 @@ TEST_F(CounterfactualTest, DinkelbachAdoptsOnlyImprovingIterates) {
   auto result = TrainDinkelbach(train, selection, *cost, o);
   ASSERT_TRUE(result.ok()) << result.status().message();
   ASSERT_EQ(result->iterations.size(), 4u);
-  double current = result->best_static_train_speedup;
+  double current = result->initial_train_speedup;
   bool any_adopted = false;
   for (const DinkelbachIteration& it : result->iterations) {
     SCOPED_TRACE("iteration " + std::to_string(it.iteration));
@@ -332,6 +334,35 @@ TEST_F(CounterfactualTest, DinkelbachAdoptsOnlyImprovingIterates) {
       EXPECT_LE(it.selection_speedup, sel.selection_speedup);
     }
   }
+}
+
+// pi_0 is the best static setting the policy can express (an exit layer
+// among the candidates); the best over every exit layer is still reported.
+TEST_F(CounterfactualTest, DinkelbachStartsFromTheBestStaticAtACandidateLayer) {
+  const std::vector<ShadowTrace> traces = Traces();
+  const std::vector<ShadowTrace> train(traces.begin(), traces.begin() + 2), selection(traces.begin() + 2, traces.end());
+  auto cost = model::MakeAcceleratorCostModel(model_->config());
+  DinkelbachOptions o = SmallDinkelbachOptions();
+  auto all = BestStatic(train, o.spec.max_draft_len, *cost);
+  ASSERT_THAT(all, IsOk());
+  // A single candidate other than the overall best's exit layer.
+  const int32_t other = all->exit_layer == 1 ? 2 : 1;
+  o.spec.candidate_layers = {other};
+  auto only = BestStatic(train, o.spec.max_draft_len, *cost, {other});
+  ASSERT_THAT(only, IsOk());
+  EXPECT_EQ(only->exit_layer, other);
+  EXPECT_LE(only->speedup, all->speedup);
+  o.max_iterations = 1;
+  auto result = TrainDinkelbach(train, selection, *cost, o);
+  ASSERT_THAT(result, IsOk());
+  EXPECT_EQ(result->initial_policy,
+            "static E=" + std::to_string(other) + " D=" + std::to_string(only->draft_len));
+  EXPECT_DOUBLE_EQ(result->initial_train_speedup, only->speedup);
+  EXPECT_DOUBLE_EQ(result->iterations.at(0).rho, only->speedup);
+  EXPECT_DOUBLE_EQ(result->best_static_train_speedup, all->speedup);
+  o.spec.candidate_layers = {12};  // L = 12: no exit layer below L among them
+  EXPECT_THAT(TrainDinkelbach(train, selection, *cost, o),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("candidate_layers")));
 }
 
 // The calibrated rule tuned by replay is the best of its grid, and

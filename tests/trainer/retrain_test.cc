@@ -459,13 +459,13 @@ TEST_F(RetrainTest, StateRoundTrips) {
 // models/lede-tiny: 2 prompts x 16 tokens (about a second).
 TEST(RetrainReplayTest, ReplayEvaluationComparesPredictedSpeedup) {
   const fs::path model = "models/lede-tiny";
-  if (!fs::exists(model / "policy" / "measured-v6" / "policy.json")) GTEST_SKIP() << "no models/lede-tiny";
+  if (!fs::exists(model / "policy" / "measured-v7" / "policy.json")) GTEST_SKIP() << "no models/lede-tiny";
   ::lede::testing::TempDir tmp;
   ASSERT_FALSE(tmp.path().empty());
   const fs::path root = tmp.path() / "policy";
   fs::create_directories(root);
-  fs::copy(model / "policy" / "measured-v6", root / "measured-v6", fs::copy_options::recursive);
-  ASSERT_THAT(policy::dqn::PublishServingVersion(root.string(), "measured-v6"), IsOk());
+  fs::copy(model / "policy" / "measured-v7", root / "measured-v7", fs::copy_options::recursive);
+  ASSERT_THAT(policy::dqn::PublishServingVersion(root.string(), "measured-v7"), IsOk());
   auto serving = policy::dqn::LoadServingArtifact(root.string());
   ASSERT_THAT(serving.status(), IsOk());
   // Synthetic experience for this model and cost model.
@@ -475,7 +475,7 @@ TEST(RetrainReplayTest, ReplayEvaluationComparesPredictedSpeedup) {
   ASSERT_THAT(w.status(), IsOk());
   std::mt19937_64 rng(5);
   for (int r = 0; r < 10; ++r) {
-    for (const Transition& t : Round("req" + std::to_string(r), 0, 2, "measured-v6+eps=0.200", rng,
+    for (const Transition& t : Round("req" + std::to_string(r), 0, 2, "measured-v7+eps=0.200", rng,
                                      serving->metadata.model_fingerprint, "measured")) {
       ASSERT_THAT((*w)->Append(t), IsOk());
     }

@@ -2,7 +2,7 @@
 // lede-policy flags) and of its client in services/model/policy_follower.h
 // (PolicyFollower, RemoteDecisionController), over an in-process gRPC server
 // on 127.0.0.1:0 and a copy of the shipped policy root models/lede-tiny/policy
-// (accelerator-v5, story-accelerator-v5, measured-v6). Run from the repository root
+// (accelerator-v5, story-accelerator-v5, measured-v7). Run from the repository root
 // (ctest's working directory).
 #include <algorithm>
 #include <atomic>
@@ -361,10 +361,10 @@ TEST_F(PolicyServiceTest, CorruptedArtifactIsRefused) {
   EXPECT_EQ(GetPolicy("corrupt-v2", &artifact).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 
   // Pointing SERVING back at a good version recovers.
-  ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "measured-v6", fingerprint_), IsOk());
+  ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "measured-v7", fingerprint_), IsOk());
   serving_->StopPolling();
   EXPECT_THAT(serving_->Reload(), IsOk());
-  EXPECT_EQ(serving_->Current()->version, "measured-v6");
+  EXPECT_EQ(serving_->Current()->version, "measured-v7");
 }
 
 // Versions that do not fit the model (fingerprint, candidate layers >= L, a
@@ -387,7 +387,7 @@ TEST_F(PolicyServiceTest, VersionsForAnotherModelAreRefused) {
 // Decide calls running on another thread during many swaps all succeed, and
 // each answers with one of the published versions.
 TEST_F(PolicyServiceTest, DecideNeverFailsDuringSwaps) {
-  const std::vector<std::string> versions = {"story-accelerator-v5", "measured-v6",
+  const std::vector<std::string> versions = {"story-accelerator-v5", "measured-v7",
                                               "accelerator-v5"};
   std::atomic<bool> done{false};
   std::atomic<int> n_ok{0}, n_failed{0}, n_unpublished{0};
@@ -462,7 +462,7 @@ TEST_F(PolicyServiceTest, FollowerSurvivesServiceRestart) {
 
   const int port = runner_->port();
   StopServer();
-  ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "measured-v6", fingerprint_), IsOk());
+  ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "measured-v7", fingerprint_), IsOk());
   ASSERT_THAT(serving_->Reload(), IsOk());
   // The stream is gone and the follower sleeps its backoff on the clock: it
   // keeps the last good policy meanwhile.
@@ -476,7 +476,7 @@ TEST_F(PolicyServiceTest, FollowerSurvivesServiceRestart) {
   // (gRPC's own channel backoff) sleeps again.
   ASSERT_TRUE(WaitUntil([&] {
     if (backoff_clock.n_waiting() == 1) backoff_clock.Advance(options.max_backoff);
-    return follower.version() == "measured-v6";
+    return follower.version() == "measured-v7";
   }));
   EXPECT_GE(follower.n_connects(), 2);
   follower.Stop();
