@@ -255,6 +255,21 @@ Status CalibrateRoundsOnPrompts(const LlamaModel& model, int passes, int64_t max
                                 const std::vector<std::vector<int32_t>>& prompts, int64_t new_tokens,
                                 Calibration* cal);
 
+// round_us[E-1][K-1] = the median of ratios[E-1][K-1] (round time over the
+// autoregressive step of the same pass) times ar_step_us.
+Status FillRoundTable(const std::vector<std::vector<std::vector<double>>>& ratios, double ar_step_us,
+                      Calibration* cal) {
+  cal->ar_step_us = ar_step_us;
+  cal->round_us.assign(ratios.size(), std::vector<double>());
+  for (size_t e = 0; e < ratios.size(); ++e) {
+    for (const std::vector<double>& r : ratios[e]) {
+      if (r.empty()) return InternalError("calibrate: no round of K drafts was timed");
+      cal->round_us[e].push_back(Median(r) * ar_step_us);
+    }
+  }
+  return OkStatus();
+}
+
 Status CalibrateRounds(const LlamaModel& model, int passes, int64_t max_k,
                        const std::vector<std::vector<int32_t>>& prompts, int64_t new_tokens, Calibration* cal) {
   const ModelConfig& c = model.config();
@@ -335,15 +350,7 @@ Status CalibrateRounds(const LlamaModel& model, int passes, int64_t max_k,
       }
     }
   }
-  cal->ar_step_us = Median(ar_all);
-  cal->round_us.assign(L - 1, std::vector<double>(max_k, 0.0));
-  for (int64_t e = 1; e < L; ++e) {
-    for (int64_t k = 1; k <= max_k; ++k) {
-      if (ratios[e - 1][k - 1].empty()) return InternalError("calibrate: no round of K drafts was timed");
-      cal->round_us[e - 1][k - 1] = Median(ratios[e - 1][k - 1]) * cal->ar_step_us;
-    }
-  }
-  return OkStatus();
+  return FillRoundTable(ratios, Median(ar_all), cal);
 }
 
 double Mean(const std::vector<double>& v) {
@@ -413,15 +420,7 @@ Status CalibrateRoundsOnPrompts(const LlamaModel& model, int passes, int64_t max
       }
     }
   }
-  cal->ar_step_us = Mean(ar_all);
-  cal->round_us.assign(L - 1, std::vector<double>(max_k, 0.0));
-  for (int64_t e = 1; e < L; ++e) {
-    for (int64_t k = 1; k <= max_k; ++k) {
-      if (ratios[e - 1][k - 1].empty()) return InternalError("calibrate: no round of K drafts was timed");
-      cal->round_us[e - 1][k - 1] = Median(ratios[e - 1][k - 1]) * cal->ar_step_us;
-    }
-  }
-  return OkStatus();
+  return FillRoundTable(ratios, Mean(ar_all), cal);
 }
 
 }  // namespace
