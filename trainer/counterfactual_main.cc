@@ -200,9 +200,12 @@ int Run(const Flags& fl) {
   auto result = lede::trainer::TrainDinkelbach(
       train, selection, *cost, o, [](const lede::trainer::DinkelbachIteration& it) {
         std::fprintf(stderr,
-                     "iteration %d: rho %.4f, %lld transitions -> train %.4fx, selection %.4fx, %s (%.0f s)\n",
+                     "iteration %d: rho %.4f, %lld transitions -> train %.4fx, selection %.4fx, %s (%.0f s); "
+                     "agrees with pi on %.1f%% / %.1f%% / %.1f%% of its round-start / exit-layer / draft-length "
+                     "decisions\n",
                      it.iteration, it.rho, static_cast<long long>(it.transitions), it.train_speedup,
-                     it.selection_speedup, it.adopted ? "adopted" : "rejected (pi and rho kept)", it.seconds);
+                     it.selection_speedup, it.adopted ? "adopted" : "rejected (pi and rho kept)", it.seconds,
+                     100 * it.agreement[0], 100 * it.agreement[1], 100 * it.agreement[2]);
       });
   if (!result.ok()) return Fail(result.status());
 

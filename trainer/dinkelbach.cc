@@ -1,6 +1,7 @@
 #include "trainer/dinkelbach.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <utility>
@@ -53,6 +54,31 @@ class OwningExplorer : public model::ExitController {
  private:
   std::unique_ptr<model::ExitController> inner_;
   EpsilonGreedyController explore_;
+};
+
+// Follows pi and counts, per kind of decision (round start, phase 1, phase
+// 2), how often `candidate` would have taken pi's action on pi's states.
+class AgreementProbe : public model::ExitController {
+ public:
+  AgreementProbe(std::unique_ptr<model::ExitController> pi, std::unique_ptr<model::ExitController> candidate,
+                 std::array<int64_t, 3>* decisions, std::array<int64_t, 3>* agreed)
+      : pi_(std::move(pi)), candidate_(std::move(candidate)), decisions_(decisions), agreed_(agreed) {}
+  std::string name() const override { return pi_->name(); }
+  model::Action Decide(const model::ExitState& s) override {
+    const model::Action a = pi_->Decide(s);
+    const int kind = s.layer == 0 ? 0 : s.phase == model::Phase::kExitLayer ? 1 : 2;
+    ++(*decisions_)[kind];
+    if (candidate_->Decide(s) == a) ++(*agreed_)[kind];
+    return a;
+  }
+  int32_t FirstProbeLayer(const model::ExitState& round_start) override {
+    return pi_->FirstProbeLayer(round_start);
+  }
+
+ private:
+  std::unique_ptr<model::ExitController> pi_, candidate_;
+  std::array<int64_t, 3>* decisions_;
+  std::array<int64_t, 3>* agreed_;
 };
 
 // The exploring behaviours of one iteration (see the header).
@@ -289,6 +315,25 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
       return std::make_unique<policy::dqn::DqnExitController>(network, "candidate");
     };
     DinkelbachIteration rep;
+    {  // agreement of the new greedy policy with pi on pi's own decisions
+      std::array<int64_t, 3> decisions{}, agreed{};
+      const model::DecisionSpec spec = o.spec;
+      auto probe = [&, spec](int64_t i) -> std::unique_ptr<model::ExitController> {
+        std::unique_ptr<model::ExitController> pi;
+        if (current) {
+          pi = std::make_unique<policy::dqn::DqnExitController>(current, "pi");
+        } else if (rule) {
+          pi = rule->Make(spec);
+        } else {
+          pi = std::make_unique<StaticExitController>(st.exit_layer, st.draft_len);
+        }
+        return std::make_unique<AgreementProbe>(std::move(pi), greedy(i), &decisions, &agreed);
+      };
+      LEDE_RETURN_IF_ERROR(SimulatedSpeedup(train_traces, o.spec, probe, cost).status());
+      for (int k = 0; k < 3; ++k) {
+        rep.agreement[k] = decisions[k] > 0 ? static_cast<double>(agreed[k]) / decisions[k] : 1.0;
+      }
+    }
     rep.iteration = it;
     rep.rho = rho;
     rep.transitions = static_cast<int64_t>(transitions.size());

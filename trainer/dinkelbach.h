@@ -35,6 +35,7 @@
 #ifndef LEDE_TRAINER_DINKELBACH_H_
 #define LEDE_TRAINER_DINKELBACH_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -108,6 +109,12 @@ struct DinkelbachIteration {
   double train_speedup = 0;        // the new policy, simulated on the training traces (-> next rho)
   double selection_speedup = 0;    // ... on the selection traces
   bool adopted = false;            // beat the current policy on the training traces (step 4)
+  // How often the new greedy policy takes the current policy's action on
+  // the current policy's own decisions (training traces), per kind: round
+  // start, phase 1 (exit layer), phase 2 (draft length). A diagnostic of
+  // the fit: with rollout targets and a margin, an iterate that leaves pi
+  // does so where it fitted an advantage.
+  std::array<double, 3> agreement{};
   double seconds = 0;              // wall-clock of the iteration
 };
 

@@ -4,6 +4,7 @@
 #include "trainer/counterfactual.h"
 #include "trainer/dinkelbach.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <set>
@@ -322,6 +323,16 @@ TEST_F(CounterfactualTest, DinkelbachAdoptsOnlyImprovingIterates) {
     // rho of an iteration is the last adopted policy's throughput (the
     // best static one before any).
     EXPECT_DOUBLE_EQ(it.rho, current);
+    // Agreement with pi on pi's decisions: a policy that takes pi's action
+    // at every one of them replays pi's rounds exactly, so a different
+    // throughput means it left pi somewhere.
+    for (double a : it.agreement) {
+      EXPECT_GE(a, 0.0);
+      EXPECT_LE(a, 1.0);
+    }
+    if (it.train_speedup != current) {
+      EXPECT_LT(std::min({it.agreement[0], it.agreement[1], it.agreement[2]}), 1.0);
+    }
     if (it.adopted) current = it.train_speedup;
     any_adopted = any_adopted || it.adopted;
   }
