@@ -510,7 +510,11 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
   auto cal = model::Calibrate(**loaded, static_cast<int>(repeats), decide, static_cast<int>(round_passes),
                               round_max_draft_len, prompts, new_tokens);
   if (!cal.ok()) {
-    return Fail(err, cal.status(), cal.status().code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure);
+    if (cal.status().code() == StatusCode::kInvalidArgument) {  // the prompts or --new-tokens do not fit
+      return Fail(err, InvalidArgumentError("--prompts / --new-tokens: " + std::string(cal.status().message())),
+                  kExitUsage);
+    }
+    return Fail(err, cal.status(), kExitFailure);
   }
   const std::string json = model::CalibrationToJson(*cal);
   if (out_path.empty()) {

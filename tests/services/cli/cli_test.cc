@@ -118,6 +118,14 @@ TEST(CalibrateTest, TimesRoundsOnAPromptFileAndRefusesABadLine) {
   std::ostringstream o2, e2;
   EXPECT_EQ(RunCalibrate({"--model", model, "--prompts", prompts, "--new-tokens", "1"}, o2, e2), 2);
   EXPECT_NE(e2.str().find("--new-tokens"), std::string::npos) << e2.str();
+  // No prompt leaves room for the generation: a usage error naming the flags.
+  std::ostringstream o3, e3;
+  EXPECT_EQ(RunCalibrate({"--model", model, "--threads", "1", "--repeats", "2", "--round-passes", "1", "--prompts",
+                          prompts, "--new-tokens", "100000"},
+                         o3, e3),
+            2);
+  EXPECT_NE(e3.str().find("--prompts"), std::string::npos) << e3.str();
+  EXPECT_NE(e3.str().find("context window"), std::string::npos) << e3.str();
 }
 
 // A tiny byte-level tokenizer.json (one token per byte, ids = byte values,
