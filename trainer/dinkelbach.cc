@@ -276,15 +276,15 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
     const auto t0 = std::chrono::steady_clock::now();
     const policy::RewardSpec rewards =
         o.paper_rewards ? policy::RewardSpec::Paper(L) : DinkelbachRewards(cost, L, o.spec.max_draft_len, rho);
+    // pi: the last adopted iterate's greedy policy, or pi_0.
+    const model::DecisionSpec spec = o.spec;
+    const ControllerMaker pi = [current, st, rule, spec](int64_t) -> std::unique_ptr<model::ExitController> {
+      if (current) return std::make_unique<policy::dqn::DqnExitController>(current, "pi");
+      if (rule) return rule->Make(spec);
+      return std::make_unique<StaticExitController>(st.exit_layer, st.draft_len);
+    };
     std::vector<policy::Transition> transitions;
     if (o.rollout_targets) {
-      // pi: the last iterate's greedy policy, or pi_0.
-      const model::DecisionSpec spec = o.spec;
-      ControllerMaker pi = [current, st, rule, spec](int64_t) -> std::unique_ptr<model::ExitController> {
-        if (current) return std::make_unique<policy::dqn::DqnExitController>(current, "pi");
-        if (rule) return rule->Make(spec);
-        return std::make_unique<StaticExitController>(st.exit_layer, st.draft_len);
-      };
       const double eps = o.behaviour_epsilon;
       const uint64_t base = o.seed * 7777ULL + static_cast<uint64_t>(it) * 131ULL;
       std::vector<ControllerMaker> sources = {pi};
@@ -317,17 +317,8 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
     DinkelbachIteration rep;
     {  // agreement of the new greedy policy with pi on pi's own decisions
       std::array<int64_t, 3> decisions{}, agreed{};
-      const model::DecisionSpec spec = o.spec;
-      auto probe = [&, spec](int64_t i) -> std::unique_ptr<model::ExitController> {
-        std::unique_ptr<model::ExitController> pi;
-        if (current) {
-          pi = std::make_unique<policy::dqn::DqnExitController>(current, "pi");
-        } else if (rule) {
-          pi = rule->Make(spec);
-        } else {
-          pi = std::make_unique<StaticExitController>(st.exit_layer, st.draft_len);
-        }
-        return std::make_unique<AgreementProbe>(std::move(pi), greedy(i), &decisions, &agreed);
+      auto probe = [&](int64_t i) -> std::unique_ptr<model::ExitController> {
+        return std::make_unique<AgreementProbe>(pi(i), greedy(i), &decisions, &agreed);
       };
       LEDE_RETURN_IF_ERROR(SimulatedSpeedup(train_traces, o.spec, probe, cost).status());
       for (int k = 0; k < 3; ++k) {

@@ -207,7 +207,6 @@ StatusOr<Calibration> CalibrateKernels(const LlamaModel& model, int repeats, con
     std::vector<at::Tensor> hidden;
     for (int64_t t = 1; t <= kMaxCalibratedPositions; ++t) hidden.push_back(at::randn({1, t, c.dim}, opts));
     at::Tensor token = at::full({1, 1}, c.bos_id, at::TensorOptions().dtype(at::kLong).device(ko.device));
-    at::Tensor logits = model.ExitLogits(at::randn({1, 1, c.dim}, opts)).view({-1});
     volatile float sink = 0;
     std::vector<std::function<void()>> fns;
     for (const at::Tensor& h : hidden) {
@@ -226,7 +225,7 @@ StatusOr<Calibration> CalibrateKernels(const LlamaModel& model, int repeats, con
     // the caches. (On lede-tiny, signals over logits left from before
     // the step measured 7-8 us here, over the step's own logits 6 us here
     // and 2-4 us in a loop of steps and probes.)
-    at::Tensor step_logits = logits;
+    at::Tensor step_logits;  // set by every step before the signals read it
     auto step = [&] {
       at::Tensor h = model.Forward(model.Embed(token), 0, c.n_layers, start, &cache, 0);
       step_logits = model.ExitLogits(h).view({-1});

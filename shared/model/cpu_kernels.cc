@@ -39,7 +39,7 @@ typedef float F8 __attribute__((vector_size(32)));
 // load covers the 8-column chunks of two W rows of a block, multiplied by
 // the X chunk broadcast to both halves, so that each register lane does the
 // same fused multiply-adds in the same order as a lane of the AVX2 copy
-// (and of MatMulRows), and each half is summed as Sum8 sums: the results
+// (and of MatMulRows), and each half is summed by its Sum8: the results
 // are bitwise the AVX2 ones. 32 registers hold 12 rows of X per pass over W
 // (24 accumulators), where the AVX2 copy holds 3.
 #pragma GCC push_options
@@ -52,10 +52,6 @@ namespace avx512 {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 inline __m512 Broadcast8(const float* p) { return _mm512_broadcast_f32x8(_mm256_loadu_ps(p)); }
 #pragma GCC diagnostic pop
-
-inline float HalfSum8(const float* v) {
-  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
-}
 
 // Rows [0, R) of X against the W block at `b` (4 rows, packed), into
 // columns o..o+3 of Y.
@@ -81,7 +77,10 @@ inline void PackedBlockRows(const float* x, int64_t in, const float* b, float* y
     _mm512_store_ps(v, lo[r]);
     _mm512_store_ps(v + 16, hi[r]);
     float* yr = y + r * ldy + o;
-    for (int k = 0; k < 4; ++k) yr[k] = accumulate ? yr[k] + HalfSum8(v + 8 * k) : HalfSum8(v + 8 * k);
+    for (int k = 0; k < 4; ++k) {  // each half summed by the AVX2 copy's own Sum8
+      const float sum = avx2::Sum8(avx2::Load8(v + 8 * k));
+      yr[k] = accumulate ? yr[k] + sum : sum;
+    }
   }
 }
 
