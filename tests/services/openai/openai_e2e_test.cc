@@ -439,7 +439,10 @@ void ExpectDisconnectCancels(int http_port, LedeCluster* cluster, int n_events, 
         in_use = verifier.find("\nlede_kv_slots_in_use ") == std::string::npos
                      ? -1
                      : sample(verifier, "lede_kv_slots_in_use");
-        return aborts >= aborts_before + 1 && in_use == 0;
+        // All three series are awaited: the coordinator records the abort
+        // and the CANCELLED request separately, and a scrape between the
+        // two saw one without the other.
+        return aborts >= aborts_before + 1 && cancelled >= cancelled_before + 1 && in_use == 0;
       },
       30s, 50ms);
   EXPECT_EQ(aborts, aborts_before + 1);
