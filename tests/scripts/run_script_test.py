@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -75,21 +76,52 @@ def test_input_checks(build):
         fail(f"--ports-base 15481 should pass the port check: {r.returncode} {r.stderr!r}")
 
 
+# Every port scripts/run listens on, before --ports-base (scripts/run's defaults).
+CLUSTER_PORTS = (8000, 9090, 9401, 9402, 9403, 9404, 50051, 50052, 50053, 50054)
+
+
+def port_free(port):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
 class Cluster:
     """scripts/run --detach on free-ish ports under a temporary state dir."""
 
     def __init__(self, build, env=None):
         self.state = tempfile.mkdtemp(prefix="lede-run-test-")
-        # Spread ports by pid so that concurrent test runs do not collide.
-        self.off = 2000 + (os.getpid() % 600) * 20
         self.env = {"LEDE_BUILD_DIR": build, "LEDE_START_TIMEOUT_S": "60", **(env or {})}
+        # Spread ports by pid so that concurrent test runs do not collide.
+        self._use(2000 + (os.getpid() % 600) * 20)
+
+    def _use(self, off):
+        # The first offset from `off` on (steps of 20) whose ports are all free
+        # now: the gRPC ports (50051 + off ...) lie in the kernel's ephemeral
+        # range, where another test's outgoing connection can hold one.
+        for _ in range(600):
+            if all(port_free(p + off) for p in CLUSTER_PORTS):
+                break
+            off = 2000 + (off - 2000 + 20) % 12000
+        self.off = off
         self.http = 8000 + self.off
         self.m_coord = 9401 + self.off
         self.m_verif = 9402 + self.off
 
     def start(self):
-        r = run(["--detach", "--ports-base", str(self.off), "--state-dir", self.state], self.env, timeout=180)
-        if r.returncode != 0:
+        for attempt in range(2):
+            r = run(["--detach", "--ports-base", str(self.off), "--state-dir", self.state], self.env, timeout=180)
+            if r.returncode == 0:
+                return
+            # Taken between the check and the bind (logged by the process that
+            # lost it): once more on other ports; any other failure fails.
+            if attempt == 0 and "Address already in use" in r.stdout + r.stderr:
+                self.stop()
+                self._use(self.off + 20)
+                continue
             fail(f"scripts/run --detach: {r.returncode}\n{r.stdout}\n{r.stderr}")
 
     def stop(self):
