@@ -10,7 +10,9 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,6 +25,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -126,23 +129,47 @@ inline std::string UrlEncode(const std::string& s) {
   return out;
 }
 
-// A free TCP port on 127.0.0.1 for a *child process* that cannot bind port 0
-// and report back. Another process could take it before the child binds it;
-// acceptable in a test (the test then fails loudly, it does not hang).
+// A TCP port on 127.0.0.1 for a *child process* that cannot bind port 0 and
+// report back (Prometheus, a gRPC target that must stay dead). Two ways a port
+// handed out here was lost before the child bound it (both seen in CI, where
+// ctest runs tests in parallel):
+//  - the kernel's ephemeral range: any outgoing connection of another test can
+//    take such a port as its source port. Ports here come from kFirst..kLast,
+//    below the ephemeral range (32768.. on Linux) and above the ports
+//    tests/scripts/run_script_test.py gives scripts/run clusters (..23404);
+//  - another test process picking the same port: each port is reserved by an
+//    exclusive flock on /tmp/lede-test-ports/<port>.lock that this process
+//    holds until it exits (the descriptor is kept open on purpose).
+// Returns 0 when no port in the range is free. Thread-safe.
 inline int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  constexpr int kFirst = 24000, kLast = 32000;
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  static int next = kFirst + static_cast<int>(::getpid() * 37 % (kLast - kFirst));
+  const std::string dir = "/tmp/lede-test-ports";
+  ::mkdir(dir.c_str(), 0777);
+  ::chmod(dir.c_str(), 01777);
+  for (int tries = 0; tries < kLast - kFirst; ++tries) {
+    const int port = next;
+    next = next + 1 >= kLast ? kFirst : next + 1;
+    const std::string lock_path = dir + "/" + std::to_string(port) + ".lock";
+    const int lock_fd = ::open(lock_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0666);
+    if (lock_fd < 0) continue;
+    if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {  // another test holds it
+      ::close(lock_fd);
+      continue;
+    }
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    const bool bound = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
     if (fd >= 0) ::close(fd);
-    return 0;
+    if (bound) return port;  // lock_fd stays open: the reservation lasts the process
+    ::close(lock_fd);        // in use by something outside the tests
   }
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
+  return 0;
 }
 
 inline bool FileExecutable(const char* path) { return ::access(path, X_OK) == 0; }
