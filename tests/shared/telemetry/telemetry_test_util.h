@@ -153,9 +153,10 @@ inline int FreePort() {
     const int port = next;
     next = next + 1 >= kLast ? kFirst : next + 1;
     const std::string lock_path = dir + "/" + std::to_string(port) + ".lock";
+    // No usable lock directory (another user's /tmp/lede-test-ports): the
+    // range alone still keeps outgoing connections off the port.
     const int lock_fd = ::open(lock_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0666);
-    if (lock_fd < 0) continue;
-    if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {  // another test holds it
+    if (lock_fd >= 0 && ::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {  // another test holds it
       ::close(lock_fd);
       continue;
     }
@@ -167,7 +168,7 @@ inline int FreePort() {
     const bool bound = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
     if (fd >= 0) ::close(fd);
     if (bound) return port;  // lock_fd stays open: the reservation lasts the process
-    ::close(lock_fd);        // in use by something outside the tests
+    if (lock_fd >= 0) ::close(lock_fd);  // in use by something outside the tests
   }
   return 0;
 }
