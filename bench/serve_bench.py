@@ -84,6 +84,34 @@ def proc_usage(pids):
     return out
 
 
+def proc_role(pid):
+    """A short name for a service process: its --role, or the binary's name."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            argv = f.read().decode().split("\0")
+    except OSError:
+        return str(pid)
+    if "--role" in argv:
+        return argv[argv.index("--role") + 1]
+    return os.path.basename(argv[0]).replace("lede-", "")
+
+
+def cpu_seconds(pids):
+    """{role: user + system CPU seconds so far} of the service processes and of this client."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for pid in pids:
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[proc_role(pid)] = (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            out[proc_role(pid)] = float("nan")
+    t = os.times()
+    out["client"] = t.user + t.system
+    return out
+
+
 class Request:
     def __init__(self):
         self.ok = False
@@ -120,7 +148,7 @@ def one_request(stub, pb, prompt, method, new_tokens, static_config):
 
 
 def run_level(port, pb, pb_grpc, prompts, method, concurrency, num_requests, new_tokens, static_config,
-              soak_s=0.0, sample=None):
+              soak_s=0.0, sample=None, pids=()):
     import grpc
     results, lock = [], threading.Lock()
     next_index = [0]
@@ -139,6 +167,7 @@ def run_level(port, pb, pb_grpc, prompts, method, concurrency, num_requests, new
                 with lock:
                     results.append(r)
 
+    cpu0 = cpu_seconds(pids)
     t0 = time.perf_counter()
     threads = [threading.Thread(target=client) for _ in range(concurrency)]
     for t in threads:
@@ -149,6 +178,7 @@ def run_level(port, pb, pb_grpc, prompts, method, concurrency, num_requests, new
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    cpu1 = cpu_seconds(pids)
     ok = [r for r in results if r.ok]
     ttft = [r.ttft for r in ok if r.ttft is not None]
     tpot = [(r.end - r.ttft) / (r.n_tokens - 1) for r in ok if r.ttft is not None and r.n_tokens > 1]
@@ -172,6 +202,9 @@ def run_level(port, pb, pb_grpc, prompts, method, concurrency, num_requests, new
         "acceptance_rate": accepted / drafted if drafted else None,
         "mean_exit_layer": sum(s.mean_exit_layer * s.rounds for s in rounds) / weights if rounds else None,
         "mean_draft_length": sum(s.mean_draft_length * s.rounds for s in rounds) / weights if rounds else None,
+        # CPU seconds each process spent on this level, per output token (us) and in all (cores busy).
+        "cpu_us_per_token": {k: 1e6 * (cpu1[k] - cpu0[k]) / max(1, tokens) for k in cpu1},
+        "cores_busy": sum(cpu1[k] - cpu0[k] for k in cpu1) / wall,
     }
 
 
@@ -259,13 +292,16 @@ def main():
                     for m in methods:
                         for n in levels:
                             row = run_level(port, pb, pb_grpc, prompts, m, n, a.num_prompts, a.new_tokens,
-                                            static_config)
+                                            static_config, pids=pids)
                             row["deployment"] = kind
                             row["max_batch"] = max_batch
                             rows.append(row)
                             print("  %-10s B=%-3d %-14s N=%-3d %6.2f req/s %7.1f tok/s TTFT %s ms TPOT %s ms"
                                   % (kind, max_batch, m, n, row["request_throughput"], row["output_tokens_per_s"],
                                      fmt(row["ttft"]["mean_ms"]), fmt(row["tpot"]["mean_ms"])), flush=True)
+                            print("    CPU us/token: " + "  ".join("%s %.0f" % kv for kv in
+                                                                   row["cpu_us_per_token"].items())
+                                  + "  (cores busy %.2f)" % row["cores_busy"], flush=True)
                 usage[(kind + " B=%d" % max_batch, "end")] = proc_usage(pids)
             finally:
                 services_bench.stop(procs)

@@ -22,8 +22,18 @@ int64_t BatchScheduler::n_ready() const {
   return static_cast<int64_t>(ready_.size());
 }
 
+void BatchScheduler::set_n_sessions(int64_t n) {
+  absl::MutexLock lock(&mu_);
+  n_sessions_ = std::max<int64_t>(0, n);
+}
+
+int64_t BatchScheduler::FillTargetLocked() const {
+  const int64_t max_batch = std::max<int64_t>(1, options_.max_batch);
+  return std::max<int64_t>(1, std::min(max_batch, n_sessions_ - n_taken_));
+}
+
 bool BatchScheduler::Submit(void* job, int64_t n_rows) {
-  Entry entry{job, n_rows, false};
+  Entry entry{job, n_rows, false, absl::Now()};
   const int64_t max_batch = std::max<int64_t>(1, options_.max_batch);
   const int n_runners = std::max(1, options_.n_workers);
   absl::MutexLock lock(&mu_);
@@ -31,13 +41,24 @@ bool BatchScheduler::Submit(void* job, int64_t n_rows) {
   ready_.push_back(&entry);
   // Done, or a runner's place is free and this job is the oldest waiting:
   // this thread runs the next batch (the oldest jobs, its own first). Only
-  // the oldest submitter wakes for a free place, not every waiter.
+  // the oldest submitter wakes for a free place, not every waiter. A job
+  // that another runner took is no longer in ready_ and waits for done
+  // (front() of an empty deque is undefined: it once returned this entry's
+  // stale slot and the thread ran empty batches in a loop).
   auto wake = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return entry.done || (n_running_ < n_runners && ready_.front() == &entry);
+    return entry.done || (n_running_ < n_runners && !ready_.empty() && ready_.front() == &entry);
+  };
+  // The oldest, with a free place, waits for the batch to fill: only this
+  // thread starts batches meanwhile, so its place and its job stay its own.
+  auto filled = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return stopping_ || static_cast<int64_t>(ready_.size()) >= FillTargetLocked();
   };
   while (true) {
     mu_.Await(absl::Condition(&wake));
     if (entry.done) return true;
+    if (options_.max_wait > absl::ZeroDuration()) {
+      mu_.AwaitWithDeadline(absl::Condition(&filled), entry.arrival + options_.max_wait);
+    }
     std::vector<Entry*> batch;
     std::vector<void*> jobs;
     int64_t rows = 0;
@@ -48,12 +69,14 @@ bool BatchScheduler::Submit(void* job, int64_t n_rows) {
       ready_.pop_front();
     }
     ++n_running_;
+    n_taken_ += static_cast<int64_t>(batch.size());
     mu_.Unlock();
     if (options_.batch_size) options_.batch_size->Observe(static_cast<double>(batch.size()));
     if (options_.batch_rows) options_.batch_rows->Observe(static_cast<double>(rows));
     run_(jobs);
     mu_.Lock();
     --n_running_;
+    n_taken_ -= static_cast<int64_t>(batch.size());
     for (Entry* e : batch) e->done = true;  // their submitters wake when mu_ is released
   }
 }

@@ -2,6 +2,7 @@
 //   --role verifier   creates the KV pool (--kv-pool NAME) and serves Verifier
 //   --role drafter    maps that pool and serves Drafter
 //   --role both       co-located: one process, a private pool, both services
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <string>
@@ -38,6 +39,9 @@ int Run(const std::vector<std::string>& raw_args) {
   flags.Add("batch-threads", &batch_threads, "verifier: intra-op threads of the batched step");
   int64_t batch_workers = o.batch_workers;
   flags.Add("batch-workers", &batch_workers, "verifier: batched steps that may run at once (each on a handler thread)");
+  int64_t batch_wait_us = absl::ToInt64Microseconds(o.batch_wait);
+  flags.Add("batch-wait-us", &batch_wait_us,
+            "verifier: longest a batched step waits for open sessions still between rounds (0 = never waits)");
   flags.Add("capacity", &capacity, "tokens per KV slot (0 = the model's context window)");
   flags.Add("max-draft-len", &max_draft_len, "largest draft length the pool's scratch holds");
   flags.Add("calibration", &o.calibration_path, "cost-model calibration JSON (lede calibrate); default: accelerator model");
@@ -81,6 +85,10 @@ int Run(const std::vector<std::string>& raw_args) {
   if (parsed.ok() && (batch_workers < 1 || batch_workers > 64)) {
     parsed = lede::InvalidArgumentError("--batch-workers: must be in [1, 64], got " + std::to_string(batch_workers));
   }
+  if (parsed.ok() && (batch_wait_us < 0 || batch_wait_us > 1000000)) {
+    parsed = lede::InvalidArgumentError("--batch-wait-us: must be in [0, 1000000], got " +
+                                        std::to_string(batch_wait_us));
+  }
   if (!parsed.ok()) {
     std::cerr << "lede-model: " << parsed.message() << "\n";
     return 2;
@@ -91,6 +99,7 @@ int Run(const std::vector<std::string>& raw_args) {
   o.threads = static_cast<int>(threads);
   o.batch_threads = static_cast<int>(batch_threads);
   o.batch_workers = static_cast<int>(batch_workers);
+  o.batch_wait = absl::Microseconds(batch_wait_us);
   o.session_idle_timeout = absl::Seconds(idle_timeout_s);
   const bool drafter_only = role == "drafter";
   if (listen.empty()) listen = drafter_only ? "127.0.0.1:50054" : "127.0.0.1:50052";
@@ -120,6 +129,9 @@ int Run(const std::vector<std::string>& raw_args) {
   so.metrics_address = metrics;
   so.shutdown_grace = absl::Seconds(grace_s);
   so.tls = tls;
+  // One handler thread per session's call (a verification blocks while its
+  // batch forms), plus a few for leases, Describe and CloseSession.
+  so.max_handler_threads = static_cast<int>(std::min<int64_t>(n_slots + 4, 1024));
   // Ready = the pool is there (drafter: the verifier's current pool) and,
   // following a policy service, a policy is held.
   so.readiness = [host = *host] { return lede::model_service::Readiness(*host); };

@@ -473,7 +473,14 @@ struct VerifierService::Impl {
   // waiters get their chance at a freed slot.
   void SlotsChanged(model::KvCache& cache) {
     if (host->metrics) host->metrics->kv_slots_in_use.Set(static_cast<double>(cache.n_in_use()));
+    SessionsChanged();
     queue.SlotFreed();
+  }
+
+  // After sessions changed (mu held): the scheduler fills batches up to the
+  // open sessions (lock order: mu, then the scheduler's).
+  void SessionsChanged() {
+    if (scheduler) scheduler->set_n_sessions(static_cast<int64_t>(sessions.size()));
   }
 
   // Frees sessions idle past the timeout (their coordinator is gone). Only
@@ -491,6 +498,7 @@ struct VerifierService::Impl {
         ++it;
       }
     }
+    SessionsChanged();
   }
 
   // Frees every session of `owners` (a busy one when its call ends).
@@ -559,6 +567,7 @@ VerifierService::VerifierService(std::shared_ptr<ModelHost> host)
     BatchSchedulerOptions o;
     o.max_batch = impl_->host->options.max_batch;
     o.n_workers = impl_->host->options.batch_workers;
+    o.max_wait = impl_->host->options.batch_wait;
     if (impl_->host->metrics) {
       o.batch_size = &impl_->host->metrics->iteration_batch_size;
       o.batch_rows = &impl_->host->metrics->iteration_tokens;

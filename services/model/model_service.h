@@ -101,6 +101,10 @@ struct ModelServiceOptions {
   // thread; 2 lets both cores work on verification, as two handler threads
   // do at --max-batch 1. >= 1.
   int batch_workers = 2;
+  // Longest a batched step waits for open sessions still between rounds
+  // before it starts without them (--batch-wait-us; BatchScheduler's
+  // max_wait). One open session never waits. Zero: start at once.
+  absl::Duration batch_wait = absl::Microseconds(2000);
   // Decode-path kernels: "fused" (cpu_kernels, CPU float32) or "eager"
   // (libtorch reference); LoadModelHost refuses anything else with
   // kInvalidArgument. A string so this header stays torch-free.

@@ -75,6 +75,15 @@ struct ServerOptions {
   // Liveness (/healthz, gRPC health "live") never calls it.
   std::function<Status()> readiness;
   absl::Duration readiness_interval = absl::Milliseconds(500);
+  // Idle threads the synchronous services keep for their calls (gRPC's
+  // SyncServerOption MAX_POLLERS, whose default is 2); 0 = gRPC's default.
+  // A thread that ends a call while more are idle exits, and the next call
+  // beyond them starts a new one: with calls that block (a verification
+  // waiting for its batch), gRPC's default started and ended a thread per
+  // call at 16 streams (about 100 us of the verifier's CPU per token).
+  // Set it to the calls expected at once (the KV slots, for a model
+  // process).
+  int max_handler_threads = 0;
 };
 
 // Blocks SIGTERM and SIGINT in the calling thread and every thread it

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -80,36 +81,107 @@ TEST(BatchSchedulerTest, BatchesHoldAtMostMaxBatchJobsInArrivalOrder) {
   EXPECT_THAT(order, ElementsAre(0, 1, 2, 3, 4, 5));
 }
 
+// Filling: with three open sessions the first job waits (max_wait an hour,
+// far beyond the test) until all three are there, and they run as one
+// batch; then, one session closing while two wait starts their batch at
+// once (set_n_sessions re-checks the fill).
+TEST(BatchSchedulerTest, ABatchWaitsForTheOpenSessionsStillToCome) {
+  absl::Mutex mu;
+  std::vector<std::vector<int>> batches;
+  BatchSchedulerOptions o;
+  o.max_batch = 16;
+  o.n_workers = 2;
+  o.max_wait = absl::Hours(1);
+  BatchScheduler scheduler(o, [&](const std::vector<void*>& jobs) {
+    std::vector<int> ids;
+    for (void* j : jobs) {
+      ++static_cast<Job*>(j)->ran;
+      ids.push_back(static_cast<Job*>(j)->id);
+    }
+    absl::MutexLock lock(&mu);
+    batches.push_back(ids);
+  });
+  scheduler.set_n_sessions(3);
+  std::vector<Job> jobs(5);
+  for (int i = 0; i < 5; ++i) jobs[i].id = i;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] { EXPECT_TRUE(scheduler.Submit(&jobs[i], 1)); });
+    // One after the other, each queued before the next comes.
+    ASSERT_TRUE(lede::testing::WaitUntil(
+        [&] {
+          absl::MutexLock lock(&mu);
+          return scheduler.n_ready() == i + 1 || !batches.empty();
+        },
+        std::chrono::seconds(10), std::chrono::milliseconds(1)));
+  }
+  for (std::thread& t : threads) t.join();
+  threads.clear();
+  {
+    absl::MutexLock lock(&mu);
+    ASSERT_EQ(batches.size(), 1u);
+    EXPECT_THAT(batches[0], ElementsAre(0, 1, 2));
+  }
+  // Two of three sessions submit; they wait for the third until it closes.
+  for (int i = 3; i < 5; ++i) threads.emplace_back([&, i] { EXPECT_TRUE(scheduler.Submit(&jobs[i], 1)); });
+  ASSERT_TRUE(lede::testing::WaitUntil([&] { return scheduler.n_ready() == 2; }, std::chrono::seconds(10),
+                                       std::chrono::milliseconds(1)));
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_EQ(batches.size(), 1u);  // still waiting
+  }
+  scheduler.set_n_sessions(2);
+  for (std::thread& t : threads) t.join();
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(batches.size(), 2u);
+  EXPECT_THAT(batches[1], ::testing::UnorderedElementsAre(3, 4));
+  for (const Job& j : jobs) EXPECT_EQ(j.ran, 1) << j.id;
+}
+
 // Many submitters at once, one or two scheduler threads: every job runs
-// exactly once and no batch is larger than max_batch.
-class BatchSchedulerWorkersTest : public ::testing::TestWithParam<int> {};
+// exactly once, no batch is larger than max_batch, and no batch is empty (a
+// submitter whose job another runner took waits for it; it once read the
+// front of an empty queue, found its own stale entry there and ran empty
+// batches in a loop).
+// Parameters: (n_workers, max_batch); max_batch 16 >= the 16 submitters
+// empties the queue with every batch, as the service does at its default.
+class BatchSchedulerWorkersTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 TEST_P(BatchSchedulerWorkersTest, EveryJobRunsOnceUnderConcurrentSubmits) {
   std::atomic<int> largest{0};
+  std::atomic<int> empty_batches{0};
   BatchSchedulerOptions o;
-  o.max_batch = 4;
-  o.n_workers = GetParam();
+  const auto [n_workers, max_batch] = GetParam();
+  o.max_batch = max_batch;
+  o.n_workers = n_workers;
   BatchScheduler scheduler(o, [&](const std::vector<void*>& jobs) {
     int seen = largest.load();
     while (static_cast<int>(jobs.size()) > seen && !largest.compare_exchange_weak(seen, jobs.size())) {
     }
+    if (jobs.empty()) ++empty_batches;
     for (void* j : jobs) ++static_cast<Job*>(j)->ran;  // jobs of concurrent batches are disjoint
+    // A batch takes a while (as a forward pass does), so that batches overlap
+    // and submitters find their jobs taken by another runner.
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
   });
-  std::vector<Job> jobs(64);
+  constexpr int kThreads = 16, kRounds = 1000;
+  std::vector<Job> jobs(kThreads);
   std::vector<std::thread> threads;
-  for (int i = 0; i < 64; ++i) {
+  for (int i = 0; i < kThreads; ++i) {
     threads.emplace_back([&, i] {
       jobs[i].id = i;
-      for (int round = 0; round < 10; ++round) EXPECT_TRUE(scheduler.Submit(&jobs[i], 2));
+      for (int round = 0; round < kRounds; ++round) EXPECT_TRUE(scheduler.Submit(&jobs[i], 2));
     });
   }
   for (std::thread& t : threads) t.join();
-  for (const Job& j : jobs) EXPECT_EQ(j.ran, 10);
-  EXPECT_LE(largest.load(), 4);
+  for (const Job& j : jobs) EXPECT_EQ(j.ran, kRounds);
+  EXPECT_LE(largest.load(), max_batch);
   EXPECT_GE(largest.load(), 1);
+  EXPECT_EQ(empty_batches.load(), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Workers, BatchSchedulerWorkersTest, ::testing::Values(1, 2));
+INSTANTIATE_TEST_SUITE_P(Workers, BatchSchedulerWorkersTest,
+                         ::testing::Combine(::testing::Values(1, 2), ::testing::Values(4, 16)));
 
 }  // namespace
 }  // namespace lede::model_service
