@@ -27,9 +27,12 @@ void BatchScheduler::set_n_sessions(int64_t n) {
   n_sessions_ = std::max<int64_t>(0, n);
 }
 
-int64_t BatchScheduler::FillTargetLocked() const {
+int64_t BatchScheduler::ShareLocked() const {
   const int64_t max_batch = std::max<int64_t>(1, options_.max_batch);
-  return std::max<int64_t>(1, std::min(max_batch, n_sessions_ - n_taken_));
+  if (n_sessions_ <= 0) return max_batch;  // sessions unknown: as many as wait
+  const int64_t free_places = std::max(1, std::max(1, options_.n_workers) - n_running_);
+  const int64_t to_come = std::max(n_sessions_ - n_taken_, static_cast<int64_t>(ready_.size()));
+  return std::max<int64_t>(1, std::min(max_batch, (to_come + free_places - 1) / free_places));
 }
 
 bool BatchScheduler::Submit(void* job, int64_t n_rows) {
@@ -51,7 +54,7 @@ bool BatchScheduler::Submit(void* job, int64_t n_rows) {
   // The oldest, with a free place, waits for the batch to fill: only this
   // thread starts batches meanwhile, so its place and its job stay its own.
   auto filled = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return stopping_ || static_cast<int64_t>(ready_.size()) >= FillTargetLocked();
+    return stopping_ || n_sessions_ <= 0 || static_cast<int64_t>(ready_.size()) >= ShareLocked();
   };
   while (true) {
     mu_.Await(absl::Condition(&wake));
@@ -59,10 +62,11 @@ bool BatchScheduler::Submit(void* job, int64_t n_rows) {
     if (options_.max_wait > absl::ZeroDuration()) {
       mu_.AwaitWithDeadline(absl::Condition(&filled), entry.arrival + options_.max_wait);
     }
+    const int64_t take = std::min(max_batch, ShareLocked());
     std::vector<Entry*> batch;
     std::vector<void*> jobs;
     int64_t rows = 0;
-    while (!ready_.empty() && static_cast<int64_t>(batch.size()) < max_batch) {
+    while (!ready_.empty() && static_cast<int64_t>(batch.size()) < take) {
       batch.push_back(ready_.front());
       jobs.push_back(ready_.front()->job);
       rows += ready_.front()->n_rows;

@@ -6,23 +6,26 @@
 // verification) and block until it ran. Up to n_workers batches run at a
 // time, each on one of the submitting threads (flat combining: no scheduler
 // thread, no hand-off): the oldest waiting submitter, when a runner's place
-// is free, takes every waiting job, up to max_batch in arrival order, and
-// hands them to the run function as one batch (the model service runs
+// is free, takes the waiting jobs in arrival order, up to its share (below)
+// and max_batch, and hands them to the run function as one batch (the model service runs
 // model::RunBatch: one pass over the weights for all of them), then marks
 // them done; jobs submitted while batches run form the next ones. Sessions
 // join and leave the batch at round boundaries.
 //
-// Filling a batch: the submitter that may start the next batch waits, up to
-// max_wait after its job arrived, until every session that can still come
-// is there: min(max_batch, n_sessions - jobs in running batches) jobs, with
-// n_sessions the open sessions the service declares (set_n_sessions). A
-// session between two of its rounds (its coordinator streaming, its
-// drafter drafting) is a job that will arrive; starting without it splits
-// the sessions into batches of one or two, each a pass over the weights
-// (measured: 16 AR streams ran 75% of their steps alone, at the cost of a
-// solo step each). At one open session, or max_wait 0, a job runs at once,
-// as without a scheduler (Triton's dynamic batcher has the same two knobs:
-// preferred size and max queue delay).
+// Filling a batch: the open sessions (set_n_sessions) are shared out among
+// the runner places. The submitter that may start the next batch takes a
+// share of ceil(sessions still to come / free places) jobs, sessions still
+// to come being the open ones not in a running batch, and waits, up to
+// max_wait after its job arrived, until that many are there. A session
+// between two of its rounds (its coordinator streaming, its drafter
+// drafting) is a job that will come; starting without it split 16 AR
+// streams into batches of one or two (75% of the steps ran alone, each at
+// the price of a solo step), and one batch of every session would leave
+// the second runner, and a core, idle. With one runner the share is every
+// session (vLLM's one batch per step); at one open session, sessions
+// unknown, or max_wait 0, a job runs at once, as without a scheduler
+// (Triton's dynamic batcher has the same two knobs: preferred batch size
+// and max queue delay).
 //
 // Jobs are opaque here (torch-free): the run function knows their type.
 // The scheduler does not look at deadlines or cancellation: a job, once
@@ -110,8 +113,8 @@ class BatchScheduler {
     absl::Time arrival;
   };
 
-  // Jobs the next batch waits for (mu_ held): see the file comment.
-  int64_t FillTargetLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The next batch's share of the sessions (mu_ held): see the file comment.
+  int64_t ShareLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const BatchSchedulerOptions options_;
   const RunFn run_;

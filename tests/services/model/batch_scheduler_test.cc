@@ -81,16 +81,16 @@ TEST(BatchSchedulerTest, BatchesHoldAtMostMaxBatchJobsInArrivalOrder) {
   EXPECT_THAT(order, ElementsAre(0, 1, 2, 3, 4, 5));
 }
 
-// Filling: with three open sessions the first job waits (max_wait an hour,
-// far beyond the test) until all three are there, and they run as one
-// batch; then, one session closing while two wait starts their batch at
-// once (set_n_sessions re-checks the fill).
+// Filling, one runner: with three open sessions the first job waits
+// (max_wait an hour, far beyond the test) until all three are there, and
+// they run as one batch; then, one session closing while two wait starts
+// their batch at once (set_n_sessions re-checks the fill).
 TEST(BatchSchedulerTest, ABatchWaitsForTheOpenSessionsStillToCome) {
   absl::Mutex mu;
   std::vector<std::vector<int>> batches;
   BatchSchedulerOptions o;
   o.max_batch = 16;
-  o.n_workers = 2;
+  o.n_workers = 1;
   o.max_wait = absl::Hours(1);
   BatchScheduler scheduler(o, [&](const std::vector<void*>& jobs) {
     std::vector<int> ids;
@@ -136,6 +136,60 @@ TEST(BatchSchedulerTest, ABatchWaitsForTheOpenSessionsStillToCome) {
   ASSERT_EQ(batches.size(), 2u);
   EXPECT_THAT(batches[1], ::testing::UnorderedElementsAre(3, 4));
   for (const Job& j : jobs) EXPECT_EQ(j.ran, 1) << j.id;
+}
+
+// Two runners share the open sessions: with four, each batch waits for its
+// half, and the second half runs while the first is still running (both
+// cores compute; a batch of all four would leave one idle).
+TEST(BatchSchedulerTest, TwoRunnersSplitTheOpenSessionsBetweenThem) {
+  absl::Mutex mu;
+  absl::Notification release;
+  std::vector<std::vector<int>> batches;
+  BatchSchedulerOptions o;
+  o.max_batch = 16;
+  o.n_workers = 2;
+  o.max_wait = absl::Hours(1);
+  BatchScheduler scheduler(o, [&](const std::vector<void*>& jobs) {
+    std::vector<int> ids;
+    for (void* j : jobs) {
+      ++static_cast<Job*>(j)->ran;
+      ids.push_back(static_cast<Job*>(j)->id);
+    }
+    bool first;
+    {
+      absl::MutexLock lock(&mu);
+      first = batches.empty();
+      batches.push_back(ids);
+    }
+    if (first) release.WaitForNotification();  // the first batch runs until the second began
+  });
+  scheduler.set_n_sessions(4);
+  std::vector<Job> jobs(4);
+  for (int i = 0; i < 4; ++i) jobs[i].id = i;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] { EXPECT_TRUE(scheduler.Submit(&jobs[i], 1)); });
+    ASSERT_TRUE(lede::testing::WaitUntil(
+        [&] {
+          absl::MutexLock lock(&mu);
+          size_t queued = 0;
+          for (const auto& b : batches) queued += b.size();
+          return queued + static_cast<size_t>(scheduler.n_ready()) == static_cast<size_t>(i + 1);
+        },
+        std::chrono::seconds(10), std::chrono::milliseconds(1)));
+  }
+  ASSERT_TRUE(lede::testing::WaitUntil(
+      [&] {
+        absl::MutexLock lock(&mu);
+        return batches.size() == 2;
+      },
+      std::chrono::seconds(10), std::chrono::milliseconds(1)));
+  release.Notify();
+  for (std::thread& t : threads) t.join();
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(batches.size(), 2u);
+  EXPECT_THAT(batches[0], ElementsAre(0, 1));
+  EXPECT_THAT(batches[1], ElementsAre(2, 3));
 }
 
 // Many submitters at once, one or two scheduler threads: every job runs
