@@ -104,7 +104,7 @@ struct ModelServiceOptions {
   // Longest a batched step waits for open sessions still between rounds
   // before it starts without them (--batch-wait-us; BatchScheduler's
   // max_wait). One open session never waits. Zero: start at once.
-  absl::Duration batch_wait = absl::Microseconds(2000);
+  absl::Duration batch_wait = absl::Microseconds(500);
   // Decode-path kernels: "fused" (cpu_kernels, CPU float32) or "eager"
   // (libtorch reference); LoadModelHost refuses anything else with
   // kInvalidArgument. A string so this header stays torch-free.
