@@ -1,10 +1,12 @@
 #include "shared/rpc/server.h"
 
+#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <mutex>
 #include <string>
@@ -57,6 +59,24 @@ sigset_t TerminationSignals() {
   return set;
 }
 
+// glibc's malloc raises its mmap threshold each time a large block is freed
+// (up to 32 MiB) and gives each of up to 8 x cores threads its own arena, so
+// a long-running server that allocates tensors of varying sizes from many
+// handler threads keeps its freed blocks in the arenas: the verifier's RSS
+// rose 418 -> 483 MiB over a 10-minute 64-stream soak without levelling
+// off. A fixed threshold (blocks of 1 MiB and more are mapped and unmapped,
+// never cached) and 4 arenas: 418 -> 428 MiB over 4 minutes, levelling
+// (+6, +2, +2.5 MiB a minute). 128 KiB kept it flat (395-399 MiB) but cost
+// 20-25% of autoregressive throughput at 16 streams (a page fault per 4 KiB
+// of every logits tensor). The MALLOC_MMAP_THRESHOLD_ and MALLOC_ARENA_MAX
+// environment variables, when set, win.
+void LimitAllocatorGrowth() {
+#ifdef __GLIBC__
+  if (getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  if (getenv("MALLOC_ARENA_MAX") == nullptr) mallopt(M_ARENA_MAX, 4);
+#endif
+}
+
 }  // namespace
 
 void BlockTerminationSignals() {
@@ -94,6 +114,7 @@ ServerRunner::ServerRunner(std::string process_name) : process_name_(std::move(p
   // (2-3% of the coordinator's CPU per round in a profile). A process that
   // serves turns it off; unit tests without a server keep it.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  LimitAllocatorGrowth();
 }
 
 ServerRunner::~ServerRunner() { Shutdown(); }
