@@ -27,6 +27,28 @@ struct Job {
   int ran = 0;  // times the run function saw it
 };
 
+// The batches a run function saw, as job ids (thread-safe).
+struct BatchLog {
+  absl::Mutex mu;
+  std::vector<std::vector<int>> batches ABSL_GUARDED_BY(mu);
+
+  // Counts each job's run and records the batch; true for the first batch.
+  bool Record(const std::vector<void*>& jobs) {
+    std::vector<int> ids;
+    for (void* j : jobs) {
+      ++static_cast<Job*>(j)->ran;
+      ids.push_back(static_cast<Job*>(j)->id);
+    }
+    absl::MutexLock lock(&mu);
+    batches.push_back(ids);
+    return batches.size() == 1;
+  }
+  size_t size() {
+    absl::MutexLock lock(&mu);
+    return batches.size();
+  }
+};
+
 // While the first batch (one job) is held, five more jobs queue; with
 // max_batch 3 they run as [1, 2, 3] then [4, 5], in arrival order, and
 // each submitter returns once its own job ran.
@@ -86,21 +108,12 @@ TEST(BatchSchedulerTest, BatchesHoldAtMostMaxBatchJobsInArrivalOrder) {
 // they run as one batch; then, one session closing while two wait starts
 // their batch at once (set_n_sessions re-checks the fill).
 TEST(BatchSchedulerTest, ABatchWaitsForTheOpenSessionsStillToCome) {
-  absl::Mutex mu;
-  std::vector<std::vector<int>> batches;
+  BatchLog log;
   BatchSchedulerOptions o;
   o.max_batch = 16;
   o.n_workers = 1;
   o.max_wait = absl::Hours(1);
-  BatchScheduler scheduler(o, [&](const std::vector<void*>& jobs) {
-    std::vector<int> ids;
-    for (void* j : jobs) {
-      ++static_cast<Job*>(j)->ran;
-      ids.push_back(static_cast<Job*>(j)->id);
-    }
-    absl::MutexLock lock(&mu);
-    batches.push_back(ids);
-  });
+  BatchScheduler scheduler(o, [&](const std::vector<void*>& jobs) { log.Record(jobs); });
   scheduler.set_n_sessions(3);
   std::vector<Job> jobs(5);
   for (int i = 0; i < 5; ++i) jobs[i].id = i;
@@ -108,33 +121,26 @@ TEST(BatchSchedulerTest, ABatchWaitsForTheOpenSessionsStillToCome) {
   for (int i = 0; i < 3; ++i) {
     threads.emplace_back([&, i] { EXPECT_TRUE(scheduler.Submit(&jobs[i], 1)); });
     // One after the other, each queued before the next comes.
-    ASSERT_TRUE(lede::testing::WaitUntil(
-        [&] {
-          absl::MutexLock lock(&mu);
-          return scheduler.n_ready() == i + 1 || !batches.empty();
-        },
-        std::chrono::seconds(10), std::chrono::milliseconds(1)));
+    ASSERT_TRUE(lede::testing::WaitUntil([&] { return scheduler.n_ready() == i + 1 || log.size() > 0; },
+                                         std::chrono::seconds(10), std::chrono::milliseconds(1)));
   }
   for (std::thread& t : threads) t.join();
   threads.clear();
   {
-    absl::MutexLock lock(&mu);
-    ASSERT_EQ(batches.size(), 1u);
-    EXPECT_THAT(batches[0], ElementsAre(0, 1, 2));
+    absl::MutexLock lock(&log.mu);
+    ASSERT_EQ(log.batches.size(), 1u);
+    EXPECT_THAT(log.batches[0], ElementsAre(0, 1, 2));
   }
   // Two of three sessions submit; they wait for the third until it closes.
   for (int i = 3; i < 5; ++i) threads.emplace_back([&, i] { EXPECT_TRUE(scheduler.Submit(&jobs[i], 1)); });
   ASSERT_TRUE(lede::testing::WaitUntil([&] { return scheduler.n_ready() == 2; }, std::chrono::seconds(10),
                                        std::chrono::milliseconds(1)));
-  {
-    absl::MutexLock lock(&mu);
-    EXPECT_EQ(batches.size(), 1u);  // still waiting
-  }
+  EXPECT_EQ(log.size(), 1u);  // still waiting
   scheduler.set_n_sessions(2);
   for (std::thread& t : threads) t.join();
-  absl::MutexLock lock(&mu);
-  ASSERT_EQ(batches.size(), 2u);
-  EXPECT_THAT(batches[1], ::testing::UnorderedElementsAre(3, 4));
+  absl::MutexLock lock(&log.mu);
+  ASSERT_EQ(log.batches.size(), 2u);
+  EXPECT_THAT(log.batches[1], ::testing::UnorderedElementsAre(3, 4));
   for (const Job& j : jobs) EXPECT_EQ(j.ran, 1) << j.id;
 }
 
@@ -142,26 +148,14 @@ TEST(BatchSchedulerTest, ABatchWaitsForTheOpenSessionsStillToCome) {
 // half, and the second half runs while the first is still running (both
 // cores compute; a batch of all four would leave one idle).
 TEST(BatchSchedulerTest, TwoRunnersSplitTheOpenSessionsBetweenThem) {
-  absl::Mutex mu;
+  BatchLog log;
   absl::Notification release;
-  std::vector<std::vector<int>> batches;
   BatchSchedulerOptions o;
   o.max_batch = 16;
   o.n_workers = 2;
   o.max_wait = absl::Hours(1);
   BatchScheduler scheduler(o, [&](const std::vector<void*>& jobs) {
-    std::vector<int> ids;
-    for (void* j : jobs) {
-      ++static_cast<Job*>(j)->ran;
-      ids.push_back(static_cast<Job*>(j)->id);
-    }
-    bool first;
-    {
-      absl::MutexLock lock(&mu);
-      first = batches.empty();
-      batches.push_back(ids);
-    }
-    if (first) release.WaitForNotification();  // the first batch runs until the second began
+    if (log.Record(jobs)) release.WaitForNotification();  // the first batch runs until the second began
   });
   scheduler.set_n_sessions(4);
   std::vector<Job> jobs(4);
@@ -171,25 +165,21 @@ TEST(BatchSchedulerTest, TwoRunnersSplitTheOpenSessionsBetweenThem) {
     threads.emplace_back([&, i] { EXPECT_TRUE(scheduler.Submit(&jobs[i], 1)); });
     ASSERT_TRUE(lede::testing::WaitUntil(
         [&] {
-          absl::MutexLock lock(&mu);
+          absl::MutexLock lock(&log.mu);
           size_t queued = 0;
-          for (const auto& b : batches) queued += b.size();
+          for (const auto& b : log.batches) queued += b.size();
           return queued + static_cast<size_t>(scheduler.n_ready()) == static_cast<size_t>(i + 1);
         },
         std::chrono::seconds(10), std::chrono::milliseconds(1)));
   }
-  ASSERT_TRUE(lede::testing::WaitUntil(
-      [&] {
-        absl::MutexLock lock(&mu);
-        return batches.size() == 2;
-      },
-      std::chrono::seconds(10), std::chrono::milliseconds(1)));
+  ASSERT_TRUE(lede::testing::WaitUntil([&] { return log.size() == 2; }, std::chrono::seconds(10),
+                                       std::chrono::milliseconds(1)));
   release.Notify();
   for (std::thread& t : threads) t.join();
-  absl::MutexLock lock(&mu);
-  ASSERT_EQ(batches.size(), 2u);
-  EXPECT_THAT(batches[0], ElementsAre(0, 1));
-  EXPECT_THAT(batches[1], ElementsAre(2, 3));
+  absl::MutexLock lock(&log.mu);
+  ASSERT_EQ(log.batches.size(), 2u);
+  EXPECT_THAT(log.batches[0], ElementsAre(0, 1));
+  EXPECT_THAT(log.batches[1], ElementsAre(2, 3));
 }
 
 // Many submitters at once, one or two scheduler threads: every job runs
