@@ -54,33 +54,19 @@ struct BatchLog {
 // each submitter returns once its own job ran.
 TEST(BatchSchedulerTest, BatchesHoldAtMostMaxBatchJobsInArrivalOrder) {
   absl::Notification release;
-  absl::Mutex mu;
-  std::vector<std::vector<int>> batches;
+  BatchLog log;
   BatchSchedulerOptions o;
   o.max_batch = 3;
   o.n_workers = 1;
   BatchScheduler scheduler(o, [&](const std::vector<void*>& jobs) {
-    std::vector<int> ids;
-    for (void* j : jobs) {
-      ++static_cast<Job*>(j)->ran;
-      ids.push_back(static_cast<Job*>(j)->id);
-    }
-    {
-      absl::MutexLock lock(&mu);
-      batches.push_back(ids);
-    }
-    if (ids == std::vector<int>{0}) release.WaitForNotification();
+    if (log.Record(jobs)) release.WaitForNotification();  // batch [0] is held
   });
   std::vector<Job> jobs(6);
   for (int i = 0; i < 6; ++i) jobs[i].id = i;
   std::vector<std::thread> threads;
   threads.emplace_back([&] { EXPECT_TRUE(scheduler.Submit(&jobs[0], 1)); });
-  ASSERT_TRUE(lede::testing::WaitUntil(
-      [&] {
-        absl::MutexLock lock(&mu);
-        return batches.size() == 1;
-      },
-      std::chrono::seconds(10), std::chrono::milliseconds(1)));
+  ASSERT_TRUE(lede::testing::WaitUntil([&] { return log.size() == 1; }, std::chrono::seconds(10),
+                                       std::chrono::milliseconds(1)));
   // Jobs 1..5 queue one after the other while batch [0] is held.
   for (int i = 1; i < 6; ++i) {
     threads.emplace_back([&, i] {
@@ -93,13 +79,13 @@ TEST(BatchSchedulerTest, BatchesHoldAtMostMaxBatchJobsInArrivalOrder) {
   release.Notify();
   for (std::thread& t : threads) t.join();
   for (const Job& j : jobs) EXPECT_EQ(j.ran, 1) << j.id;
-  absl::MutexLock lock(&mu);
-  ASSERT_GE(batches.size(), 3u);
-  EXPECT_THAT(batches[0], ElementsAre(0));
-  for (const std::vector<int>& b : batches) EXPECT_LE(b.size(), 3u);
+  absl::MutexLock lock(&log.mu);
+  ASSERT_GE(log.batches.size(), 3u);
+  EXPECT_THAT(log.batches[0], ElementsAre(0));
+  for (const std::vector<int>& b : log.batches) EXPECT_LE(b.size(), 3u);
   // Flattened, the jobs ran in arrival order.
   std::vector<int> order;
-  for (const std::vector<int>& b : batches) order.insert(order.end(), b.begin(), b.end());
+  for (const std::vector<int>& b : log.batches) order.insert(order.end(), b.begin(), b.end());
   EXPECT_THAT(order, ElementsAre(0, 1, 2, 3, 4, 5));
 }
 
