@@ -37,7 +37,6 @@ int64_t BatchScheduler::ShareLocked() const {
 
 bool BatchScheduler::Submit(void* job, int64_t n_rows) {
   Entry entry{job, n_rows, false, absl::Now()};
-  const int64_t max_batch = std::max<int64_t>(1, options_.max_batch);
   const int n_runners = std::max(1, options_.n_workers);
   absl::MutexLock lock(&mu_);
   if (stopping_) return false;
@@ -62,7 +61,7 @@ bool BatchScheduler::Submit(void* job, int64_t n_rows) {
     if (options_.max_wait > absl::ZeroDuration()) {
       mu_.AwaitWithDeadline(absl::Condition(&filled), entry.arrival + options_.max_wait);
     }
-    const int64_t take = std::min(max_batch, ShareLocked());
+    const int64_t take = ShareLocked();  // <= max_batch
     std::vector<Entry*> batch;
     std::vector<void*> jobs;
     int64_t rows = 0;

@@ -65,8 +65,9 @@ sigset_t TerminationSignals() {
 // handler threads keeps its freed blocks in the arenas: the verifier's RSS
 // rose 418 -> 483 MiB over a 10-minute 64-stream soak without levelling
 // off. A fixed threshold (blocks of 1 MiB and more are mapped and unmapped,
-// never cached) and 4 arenas: 418 -> 428 MiB over 4 minutes, levelling
-// (+6, +2, +2.5 MiB a minute). 128 KiB kept it flat (395-399 MiB) but cost
+// never cached) and 4 arenas halve the growth: 421 -> 447 MiB between
+// minutes 1 and 9 of the same soak, about 3 MiB a minute, still not flat.
+// 128 KiB kept it flat over 4 minutes (395-399 MiB) but cost
 // 20-25% of autoregressive throughput at 16 streams (a page fault per 4 KiB
 // of every logits tensor). The MALLOC_MMAP_THRESHOLD_ and MALLOC_ARENA_MAX
 // environment variables, when set, win.
