@@ -14,6 +14,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "shared/model/cpu_kernels.h"
+#include "shared/model/internal/step_graphs.h"
 #include "shared/model/torch_boundary.h"
 #include "shared/status/status_macros.h"
 
@@ -171,6 +172,17 @@ const char* KernelsName(Kernels kernels) {
   return kernels == Kernels::kEager ? "eager" : "fused";
 }
 
+StatusOr<GraphMode> ParseGraphMode(const std::string& name) {
+  if (name == "auto") return GraphMode::kAuto;
+  if (name == "on") return GraphMode::kOn;
+  if (name == "off") return GraphMode::kOff;
+  return InvalidArgumentError("graphs: unknown mode '" + name + "' (auto, on or off)");
+}
+
+const char* GraphModeName(GraphMode mode) {
+  return mode == GraphMode::kAuto ? "auto" : mode == GraphMode::kOn ? "on" : "off";
+}
+
 StatusOr<c10::Device> ParseDevice(const std::string& name) {
   try {
     return c10::Device(name);
@@ -199,7 +211,12 @@ LlamaModel::LlamaModel(ModelConfig config, ModelOptions options)
     : config_(std::move(config)), options_(options) {
   fused_ = options_.kernels == Kernels::kFused && options_.device.is_cpu() &&
            options_.dtype == c10::kFloat;
+  const bool graphs = options_.graphs == GraphMode::kOn ||
+                      (options_.graphs == GraphMode::kAuto && options_.device.is_cuda());
+  if (graphs) graphs_ = std::make_shared<internal::StepGraphs>(*this);
 }
+
+int64_t LlamaModel::n_graphs() const { return graphs_ != nullptr ? graphs_->size() : 0; }
 
 namespace {
 // at::Tensor::_version(), or 0 for an inference tensor (made under
@@ -545,6 +562,10 @@ at::Tensor LlamaModel::EagerBlock(int64_t layer, const at::Tensor& hidden, int64
 at::Tensor LlamaModel::Forward(at::Tensor hidden, int64_t first, int64_t last,
                                int64_t start_pos, KvCache* cache, int64_t slot) const {
   TORCH_CHECK(0 <= first && first <= last && last <= n_layers(), "bad block range");
+  if (first < last && graphs_ != nullptr && cache != nullptr && hidden.dim() == 3 && hidden.size(0) == 1 &&
+      hidden.size(1) <= kMaxGraphPositions && !(at::GradMode::is_enabled() && hidden.requires_grad())) {
+    return graphs_->Run(hidden, first, last, start_pos, *cache, slot);
+  }
   if (first < last && UseFused(hidden, cache)) {
     TORCH_CHECK(hidden.dim() == 3 && hidden.size(0) == 1 && hidden.size(2) == config_.dim,
                 "KV-cache forward takes one slot: hidden [1, T, d]");
@@ -555,6 +576,76 @@ at::Tensor LlamaModel::Forward(at::Tensor hidden, int64_t first, int64_t last,
   }
   for (int64_t l = first; l < last; ++l) hidden = EagerBlock(l, hidden, start_pos, cache, slot);
   return hidden;
+}
+
+// EagerBlock with every position, slot and length on the device (llama.h
+// StaticForward): RoPE gathers its rows of the tables, the K/V write is an
+// index_copy_ at computed rows of the flattened pool, and attention reads
+// the slot's first `context` positions under a mask built from positions.
+at::Tensor LlamaModel::StaticBlock(int64_t layer, const at::Tensor& hidden, const at::Tensor& positions,
+                                   const at::Tensor& slot, int64_t context, KvCache& cache) const {
+  const Layer& w = layers_[layer];
+  const int64_t T = hidden.size(1);
+  const int64_t H = config_.n_heads, Hkv = config_.n_kv_heads, hd = config_.head_dim();
+  const int64_t G = H / Hkv, C = cache.capacity(), S = cache.n_slots();
+
+  at::Tensor qkv = Linear(RmsNorm(hidden, w.attn_norm), w.wqkv);
+  at::Tensor qk_in = qkv.narrow(-1, 0, (H + Hkv) * hd).view({1, T, H + Hkv, hd});
+  at::Tensor cos = rope_cos_.index_select(0, positions).view({1, T, 1, hd});
+  at::Tensor sin = rope_sin_.index_select(0, positions).view({1, T, 1, hd});
+  const int64_t half = hd / 2;
+  at::Tensor rotated = at::cat({-qk_in.narrow(-1, half, half), qk_in.narrow(-1, 0, half)}, -1);
+  at::Tensor qk = qk_in * cos + rotated * sin;
+  at::Tensor q = qk.narrow(2, 0, H);
+  at::Tensor k = qk.narrow(2, H, Hkv);
+  at::Tensor v = qkv.narrow(-1, (H + Hkv) * hd, Hkv * hd).view({1, T, Hkv, hd});
+
+  // Rows of the pool viewed as [S * Hkv * C, hd]: (slot * Hkv + h) * C + pos.
+  auto iopts = positions.options();
+  at::Tensor heads = at::arange(Hkv, iopts).unsqueeze(1);                           // [Hkv, 1]
+  at::Tensor rows = ((slot * Hkv + heads) * C + positions.unsqueeze(0)).reshape({-1});  // [Hkv * T]
+  at::Tensor kc = cache.k(layer), vc = cache.v(layer);
+  TORCH_CHECK(kc.is_contiguous() && vc.is_contiguous(), "graph step: the KV pool must be contiguous");
+  kc.view({S * Hkv * C, hd}).index_copy_(0, rows, k.select(0, 0).transpose(0, 1).reshape({Hkv * T, hd}));
+  vc.view({S * Hkv * C, hd}).index_copy_(0, rows, v.select(0, 0).transpose(0, 1).reshape({Hkv * T, hd}));
+  at::Tensor keys = kc.narrow(2, 0, context).index_select(0, slot);    // [1, Hkv, context, hd]
+  at::Tensor values = vc.narrow(2, 0, context).index_select(0, slot);
+
+  at::Tensor qh = (q * (1.0 / std::sqrt(static_cast<double>(hd))))
+                      .view({1, T, Hkv, G, hd})
+                      .permute({0, 2, 3, 1, 4})
+                      .reshape({1, Hkv, G * T, hd});
+  at::Tensor scores = at::matmul(qh, keys.transpose(-1, -2));  // [1, Hkv, G*T, context]
+  at::Tensor key_pos = at::arange(context, iopts).unsqueeze(0);  // [1, context]
+  at::Tensor mask = at::gt(key_pos, positions.unsqueeze(1)).repeat({G, 1});  // [G*T, context]
+  scores = scores.masked_fill(mask, -std::numeric_limits<double>::infinity());
+  at::Tensor probs = scores.scalar_type() == at::kFloat
+                         ? at::softmax(scores, -1)
+                         : at::softmax(scores, -1, at::kFloat).to(scores.scalar_type());
+  at::Tensor attn = at::matmul(probs, values)
+                        .view({1, Hkv, G, T, hd})
+                        .permute({0, 3, 1, 2, 4})
+                        .reshape({1, T, H * hd});
+  at::Tensor x = hidden + Linear(attn, w.wo);
+
+  at::Tensor h13 = Linear(RmsNorm(x, w.ffn_norm), w.w13);
+  const int64_t F = config_.hidden_dim;
+  at::Tensor ffn = at::silu(h13.narrow(-1, 0, F)) * h13.narrow(-1, F, F);
+  return x + Linear(ffn, w.w2);
+}
+
+at::Tensor LlamaModel::StaticForward(const at::Tensor& hidden, int64_t first, int64_t last,
+                                     const at::Tensor& start_pos, const at::Tensor& slot, int64_t context,
+                                     KvCache& cache) const {
+  TORCH_CHECK(0 <= first && first <= last && last <= n_layers(), "bad block range");
+  TORCH_CHECK(hidden.dim() == 3 && hidden.size(0) == 1 && hidden.size(2) == config_.dim,
+              "static step: hidden [1, T, d]");
+  TORCH_CHECK(0 < context && context <= cache.capacity(), "static step: context past KV capacity");
+  TORCH_CHECK(hidden.size(1) <= context, "static step: more rows than context");
+  at::Tensor positions = start_pos + at::arange(hidden.size(1), start_pos.options());  // [T]
+  at::Tensor h = hidden;
+  for (int64_t l = first; l < last; ++l) h = StaticBlock(l, h, positions, slot, context, cache);
+  return first == last ? hidden.clone() : h;
 }
 
 at::Tensor LlamaModel::ForwardRagged(const at::Tensor& hidden, int64_t first, int64_t last,

@@ -52,11 +52,35 @@
 
 namespace lede::model {
 
+namespace internal {
+class StepGraphs;
+}  // namespace internal
+
 // Which implementation runs the decode path (see the file comment).
 enum class Kernels {
   kEager,  // libtorch operators (about 30 per block); the reference
   kFused,  // cpu_kernels.h on CPU float32; falls back to kEager elsewhere
 };
+
+// Whether single-slot cached decode steps run as captured graphs (issue 15).
+// kOn: every Forward with a KvCache of at most kMaxGraphPositions rows (the
+// AR step, a draft step, a verification of D_max + 1 positions) runs the
+// static-shape path (LlamaModel::StaticForward) from one set of static
+// buffers per (first, last, rows, context bucket): on a CUDA build of
+// libtorch the first call of a bucket captures it as a CUDA graph
+// (at::cuda::CUDAGraph) and later calls replay it, so a step is one graph
+// launch instead of ~30 kernel launches per block; on the CPU (and on
+// builds without CUDA) the same static-shape operators run eagerly, which is
+// how the tests here check the path the GPU replays. kAuto: kOn on CUDA,
+// kOff elsewhere (the CPU's fused path is faster). Prefill chunks longer
+// than kMaxGraphPositions and ragged batches stay eager.
+enum class GraphMode { kAuto, kOn, kOff };
+constexpr int64_t kMaxGraphPositions = 17;  // D_max + 1 for D_max = 16 (KvCacheOptions default)
+
+// "auto" / "on" / "off" <-> GraphMode (the --graphs flag). Errors:
+// kInvalidArgument naming the value.
+StatusOr<GraphMode> ParseGraphMode(const std::string& name);
+const char* GraphModeName(GraphMode mode);
 
 // "eager" / "fused" <-> Kernels (the --kernels flag of the CLI, the model
 // service and the benchmarks). Errors: kInvalidArgument naming the value.
@@ -103,6 +127,8 @@ struct ModelOptions {
   // The decode-path implementation; the fused kernels are several times
   // faster on small models and engage only where they exist (CPU float32).
   Kernels kernels = Kernels::kFused;
+  // Captured decode graphs (see GraphMode).
+  GraphMode graphs = GraphMode::kAuto;
   // Example: ModelOptions{c10::Device("cuda:0"), c10::kBFloat16}
 };
 
@@ -178,6 +204,33 @@ class LlamaModel {
   at::Tensor ForwardRagged(const at::Tensor& hidden, int64_t first, int64_t last,
                            const std::vector<RaggedSegment>& segments, KvCache& cache) const;
 
+  // The static-shape (graph-safe) form of Forward with a KvCache for one
+  // slot: no operator reads a position, a slot or a length on the host, so
+  // a CUDA graph captured from it replays correctly for any start_pos and
+  // slot written into its input buffers.
+  //   hidden     [1, T, d] compute dtype, model device
+  //   start_pos  [1] int64 on the model device: position of row 0
+  //   slot       [1] int64 on the model device
+  //   context    host constant: attention reads positions [0, context) of
+  //              the slot and masks those after each row's own position;
+  //              requires start_pos + T <= context <= cache.capacity()
+  //              (not checkable inside a graph: the caller, StepGraphs,
+  //              picks context from the host positions it knows)
+  // Writes the rows' K/V with index_copy_ into the pool (which must be
+  // contiguous, as KvCache makes it). Same result as the eager Forward to
+  // float rounding (tests: logits within 1e-4, greedy ids identical).
+  // Runs the eager libtorch operators on every device (never the fused path).
+  at::Tensor StaticForward(const at::Tensor& hidden, int64_t first, int64_t last,
+                           const at::Tensor& start_pos, const at::Tensor& slot, int64_t context,
+                           KvCache& cache) const;
+
+  // Graphs recorded so far (one per (first, last, rows, context) bucket);
+  // 0 when graphs are off.
+  int64_t n_graphs() const;
+  // Whether cached single-slot steps go through the graphs (GraphMode
+  // resolved for this model's device).
+  bool graphs() const { return graphs_ != nullptr; }
+
   // Final RMSNorm + LM head: hidden [B, T, d] -> logits [B, T, V] float32.
   // Applied to the output of block l-1 this is the exit at layer l.
   // Fused path (when fused() and no autograd): one RMSNorm and one pass of
@@ -233,6 +286,8 @@ class LlamaModel {
   };
 
   LlamaModel(ModelConfig config, ModelOptions options);
+  at::Tensor StaticBlock(int64_t layer, const at::Tensor& hidden, const at::Tensor& positions,
+                         const at::Tensor& slot, int64_t context, KvCache& cache) const;
   at::Tensor EagerBlock(int64_t layer, const at::Tensor& hidden, int64_t start_pos,
                         KvCache* cache, int64_t slot) const;
   // Whether a call may take the fused path: fused_, a float32 CPU hidden
@@ -259,6 +314,10 @@ class LlamaModel {
   at::Tensor rope_cos_;   // [max_seq_len, hd] (halves repeated), compute dtype
   at::Tensor rope_sin_;   // [max_seq_len, hd]
   bool fused_ = false;    // options_.kernels == kFused on CPU float32
+  // The recorded decode graphs (shared/model/internal/step_graphs.h); null
+  // when graphs are off. A shared_ptr, so that the implicit destructor
+  // needs no complete type here.
+  std::shared_ptr<internal::StepGraphs> graphs_;
 };
 
 // y = x W^T for x [..., in], W [out, in]. A single row uses a matrix-vector

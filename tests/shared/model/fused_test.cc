@@ -17,6 +17,7 @@
 #include "shared/model/cpu_kernels.h"
 #include "shared/model/decoding.h"
 #include "shared/model/kv_cache.h"
+#include "shared/model/internal/step_graphs.h"
 #include "shared/model/llama.h"
 #include "tests/shared/model/model_fixtures.h"
 #include "tests/testing/status_matchers.h"
@@ -154,15 +155,16 @@ float MaxAbsDiff(const at::Tensor& a, const at::Tensor& b) {
   return (a - b).abs().max().item<float>();
 }
 
-// Runs the same decoding on a fused and an eager model (same weights):
+// Runs the same decoding on a model `m` (fused, or with graphs) and an eager
+// model (same weights):
 // prefill of `prompt`, `n_steps` greedy one-position steps (both fed the
 // eager model's argmax), then verification-shaped passes of 2..9 positions
 // and an exit probe at a shallow layer. Every logit within 1e-4 and every
 // argmax identical.
-void ExpectFusedMatchesEager(const LlamaModel& fused, const LlamaModel& eager,
-                             const std::vector<int64_t>& prompt, int64_t n_steps) {
-  ASSERT_TRUE(fused.fused());
+void ExpectMatchesEager(const LlamaModel& fused, const LlamaModel& eager, const std::vector<int64_t>& prompt,
+                        int64_t n_steps) {
   ASSERT_FALSE(eager.fused());
+  ASSERT_FALSE(eager.graphs());
   c10::InferenceMode guard;
   KvCacheOptions ko;
   ko.capacity = std::min<int64_t>(fused.config().max_seq_len, 256);
@@ -211,7 +213,8 @@ void ExpectFusedMatchesEagerOnFile(const std::string& path, const std::vector<in
   std::unique_ptr<LlamaModel> eager = LoadOrDie(path, Kernels::kEager);
   ASSERT_NE(fused, nullptr);
   ASSERT_NE(eager, nullptr);
-  ExpectFusedMatchesEager(*fused, *eager, prompt, n_steps);
+  ASSERT_TRUE(fused->fused());
+  ExpectMatchesEager(*fused, *eager, prompt, n_steps);
 }
 
 // stories260K (llama2.c, GQA 8/4, head_dim 8): 64 greedy steps.
@@ -243,7 +246,8 @@ TEST(FusedKernelsTest, MatchesEagerOnRandomGqa) {
   auto eager = LlamaModel::RandomInit(c, 11, eo, 0.3);
   ASSERT_THAT(fused, IsOk());
   ASSERT_THAT(eager, IsOk());
-  ExpectFusedMatchesEager(**fused, **eager, {1, 7, 3, 9, 20, 11}, 64);
+  ASSERT_TRUE((*fused)->fused());
+  ExpectMatchesEager(**fused, **eager, {1, 7, 3, 9, 20, 11}, 64);
 }
 
 // A ragged batch (three slots, segments of 1, 5 and 3 positions at
@@ -392,6 +396,151 @@ TEST(FusedKernelsTest, EngineGreedyIdsIdenticalOnLedeTiny) {
     EXPECT_EQ(a->tokens, b->tokens);
     EXPECT_EQ(a->stats.n_accepted, b->stats.n_accepted);
   }
+}
+
+// --- the graph-safe decode step (llama.h GraphMode, StaticForward) -------
+// On this CPU the recorded steps run eagerly from their static buffers: the
+// data flow a CUDA graph replays (positions, slot and lengths read from the
+// buffers, never from the host) is what these tests check.
+
+std::unique_ptr<LlamaModel> LoadWithGraphs(const std::string& path) {
+  ModelOptions o;
+  o.graphs = GraphMode::kOn;
+  auto m = LlamaModel::Load(path, o);
+  EXPECT_THAT(m, IsOk());
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+TEST(StepGraphsTest, ParseGraphModeAndDefaults) {
+  EXPECT_EQ(*ParseGraphMode("auto"), GraphMode::kAuto);
+  EXPECT_EQ(*ParseGraphMode("on"), GraphMode::kOn);
+  EXPECT_EQ(*ParseGraphMode("off"), GraphMode::kOff);
+  EXPECT_THAT(ParseGraphMode("yes"), StatusIs(StatusCode::kInvalidArgument, ::testing::HasSubstr("graphs")));
+  EXPECT_STREQ(GraphModeName(GraphMode::kOn), "on");
+  // auto is off on the CPU: the fused path serves it.
+  std::unique_ptr<LlamaModel> cpu = LoadOrDie(kLedeTinyDir);
+  ASSERT_NE(cpu, nullptr);
+  EXPECT_FALSE(cpu->graphs());
+  EXPECT_EQ(cpu->n_graphs(), 0);
+}
+
+TEST(StepGraphsTest, ContextBucketsArePowersOfTwoWithinCapacity) {
+  using internal::StepGraphs;
+  EXPECT_EQ(StepGraphs::ContextBucket(1, 512), 64);
+  EXPECT_EQ(StepGraphs::ContextBucket(64, 512), 64);
+  EXPECT_EQ(StepGraphs::ContextBucket(65, 512), 128);
+  EXPECT_EQ(StepGraphs::ContextBucket(300, 512), 512);
+  EXPECT_EQ(StepGraphs::ContextBucket(300, 320), 320);  // capped at the pool
+  EXPECT_EQ(StepGraphs::ContextBucket(10, 32), 32);
+}
+
+// Prefill, 64 steps, verification shapes and exit probes through the graph
+// path equal the eager ones; the steps reuse their buckets.
+TEST(StepGraphsTest, MatchesEagerOnLedeTiny) {
+  std::unique_ptr<LlamaModel> g = LoadWithGraphs(kLedeTinyDir);
+  std::unique_ptr<LlamaModel> eager = LoadOrDie(kLedeTinyDir, Kernels::kEager);
+  ASSERT_NE(g, nullptr);
+  ASSERT_NE(eager, nullptr);
+  ASSERT_TRUE(g->graphs());
+  ExpectMatchesEager(*g, *eager, {1, 400, 31, 52, 7, 90}, 64);
+  // The prefill (6 rows, context 64), the steps at positions 6..69 (contexts
+  // 64 and 128) and 8 verification widths x 3 exits at position 70 (context
+  // 128): 1 + 2 + 24 buckets, however many calls.
+  EXPECT_EQ(g->n_graphs(), 27);
+}
+
+TEST(StepGraphsTest, MatchesEagerOnStories260KAndRandomGqa) {
+  std::unique_ptr<LlamaModel> g = LoadWithGraphs(lede::testing::Stories260KDir());
+  std::unique_ptr<LlamaModel> eager = LoadOrDie(lede::testing::Stories260KDir(), Kernels::kEager);
+  ASSERT_NE(g, nullptr);
+  ASSERT_NE(eager, nullptr);
+  ExpectMatchesEager(*g, *eager, {1, 403, 407, 261, 378}, 64);
+  EXPECT_GT(g->n_graphs(), 0);
+
+  ModelConfig c = testing::TinyConfig();
+  c.dim = 48;
+  c.hidden_dim = 100;
+  c.n_heads = 6;
+  c.n_kv_heads = 2;
+  ModelOptions go, eo;
+  go.graphs = GraphMode::kOn;
+  eo.kernels = Kernels::kEager;
+  auto gm = LlamaModel::RandomInit(c, 11, go, 0.3);
+  auto em = LlamaModel::RandomInit(c, 11, eo, 0.3);
+  ASSERT_THAT(gm, IsOk());
+  ASSERT_THAT(em, IsOk());
+  ExpectMatchesEager(**gm, **em, {1, 7, 3, 9, 20, 11}, 64);
+  EXPECT_GT((*gm)->n_graphs(), 0);
+}
+
+// Two sequences in slots 1 and 0, stepped in turn: a bucket recorded for
+// one slot serves the other (the slot comes from the buffer), and each
+// step writes only its own slot's K/V.
+TEST(StepGraphsTest, OneBucketServesEverySlot) {
+  std::unique_ptr<LlamaModel> g = LoadWithGraphs(kLedeTinyDir);
+  std::unique_ptr<LlamaModel> eager = LoadOrDie(kLedeTinyDir, Kernels::kEager);
+  ASSERT_NE(g, nullptr);
+  ASSERT_NE(eager, nullptr);
+  c10::InferenceMode guard;
+  KvCacheOptions ko;
+  ko.n_slots = 2;
+  ko.capacity = 128;
+  auto cg = KvCache::Create(g->config(), ko);
+  auto ce = KvCache::Create(eager->config(), ko);
+  ASSERT_THAT(cg, IsOk());
+  ASSERT_THAT(ce, IsOk());
+  const int64_t L = g->n_layers();
+  auto run = [&](const LlamaModel& m, KvCache& c, int64_t id, int64_t pos, int64_t slot) {
+    return m.ExitLogits(m.Forward(m.Embed(Ids({id})), 0, L, pos, &c, slot));
+  };
+  std::vector<int64_t> next = {400, 31};  // slot 0 and slot 1 start apart
+  for (int64_t pos = 0; pos < 20; ++pos) {
+    for (int64_t slot : {1, 0}) {
+      at::Tensor lg = run(*g, *cg, next[slot], pos, slot), le = run(*eager, *ce, next[slot], pos, slot);
+      ASSERT_LT(MaxAbsDiff(lg, le), kLogitTolerance) << "slot " << slot << " pos " << pos;
+      next[slot] = le[0][-1].argmax().item<int64_t>();
+    }
+  }
+  EXPECT_EQ(g->n_graphs(), 1);  // one bucket (T 1, context 64) for both slots
+  for (int64_t l = 0; l < L; ++l) {
+    EXPECT_LT(MaxAbsDiff(cg->k(l), ce->k(l)), 1e-4) << "K of layer " << l;
+    EXPECT_LT(MaxAbsDiff(cg->v(l), ce->v(l)), 1e-4) << "V of layer " << l;
+  }
+  // Nothing was written past position 20 of either slot.
+  EXPECT_EQ(cg->k(0).narrow(2, 20, 108).abs().max().item<float>(), 0.0f);
+}
+
+// The Engine's greedy autoregressive and static self-speculative decoding
+// through the graph path emit the eager ids (lossless speculation on the
+// path a GPU replays).
+TEST(StepGraphsTest, EngineGreedyIdsIdenticalOnLedeTiny) {
+  std::shared_ptr<const LlamaModel> g = LoadWithGraphs(kLedeTinyDir);
+  std::shared_ptr<const LlamaModel> eager = LoadOrDie(kLedeTinyDir, Kernels::kEager);
+  ASSERT_NE(g, nullptr);
+  ASSERT_NE(eager, nullptr);
+  auto eg = Engine::Create(g, KvCacheOptions{});
+  auto ee = Engine::Create(eager, KvCacheOptions{});
+  ASSERT_THAT(eg, IsOk());
+  ASSERT_THAT(ee, IsOk());
+  const std::vector<int32_t> prompt = {1, 400, 31, 52};
+  for (SpeculationMode mode : {SpeculationMode::kAutoregressive, SpeculationMode::kStatic}) {
+    GenerateOptions o;
+    o.max_new_tokens = 64;
+    o.stop_at_eos = false;
+    o.mode = mode;
+    o.exit_layer = 3;
+    o.draft_len = 4;
+    auto a = (*eg)->Generate(prompt, o);
+    auto b = (*ee)->Generate(prompt, o);
+    ASSERT_THAT(a, IsOk());
+    ASSERT_THAT(b, IsOk());
+    EXPECT_EQ(a->tokens, b->tokens);
+    EXPECT_EQ(a->stats.n_accepted, b->stats.n_accepted);
+    if (mode == SpeculationMode::kStatic) {
+      EXPECT_GT(b->stats.n_accepted, 0) << "the comparison covers accepted drafts";
+    }
+  }
+  EXPECT_GT(g->n_graphs(), 3) << "the steps went through the graph path";
 }
 
 }  // namespace
