@@ -51,6 +51,7 @@ struct ModelFlags {
   std::string dtype = "float32";
   int64_t threads = 0;
   std::string kernels = "fused";
+  std::string graphs = "auto";
 
   void AddTo(FlagSet& flags) {
     flags.Add("model", &model, "Hugging Face checkpoint directory, or llama2.c .bin (or its directory)", true);
@@ -58,6 +59,7 @@ struct ModelFlags {
     flags.Add("dtype", &dtype, "compute dtype: float32, bfloat16 or float16");
     flags.Add("threads", &threads, "intra-op CPU threads (0 = libtorch default)");
     flags.Add("kernels", &kernels, "decode-path kernels: fused (CPU float32) or eager (libtorch reference)");
+    flags.Add("graphs", &graphs, "decode steps as captured CUDA graphs: auto (on for CUDA), on or off");
   }
 
   StatusOr<model::ModelOptions> Options() const {
@@ -75,6 +77,9 @@ struct ModelFlags {
     auto parsed_kernels = model::ParseKernels(kernels);
     if (!parsed_kernels.ok()) return InvalidArgumentError("--" + std::string(parsed_kernels.status().message()));
     o.kernels = *parsed_kernels;
+    auto parsed_graphs = model::ParseGraphMode(graphs);
+    if (!parsed_graphs.ok()) return InvalidArgumentError("--" + std::string(parsed_graphs.status().message()));
+    o.graphs = *parsed_graphs;
     if (threads < 0) return InvalidArgumentError("--threads: must be >= 0");
     if (threads > 0) at::set_num_threads(static_cast<int>(threads));
     return o;

@@ -109,6 +109,10 @@ struct ModelServiceOptions {
   // (libtorch reference); LoadModelHost refuses anything else with
   // kInvalidArgument. A string so this header stays torch-free.
   std::string kernels = "fused";
+  // Captured decode graphs (--graphs): "auto" (on for CUDA), "on" or "off"
+  // (llama.h GraphMode); LoadModelHost refuses anything else with
+  // kInvalidArgument naming the value.
+  std::string graphs = "auto";
   // Verifier: coordinator leases (lede.v1.Verifier/RenewLease). The reaper
   // frees a lapsed instance's sessions within `lease_sweep_interval` of the
   // lapse; `clock` (borrowed; nullptr = Clock::Real()) times both.

@@ -62,6 +62,29 @@ TEST(GenerateTest, RejectsBadSampleCounts) {
   }
 }
 
+// `lede generate --graphs on` (the graph-safe decode step, run eagerly on
+// the CPU) prints the text the default path prints, for greedy
+// autoregressive and static decoding; a bad mode is refused naming --graphs.
+TEST(GenerateTest, GraphsOnGivesTheSameTextAndBadModesAreRefused) {
+  for (const char* mode : {"ar", "static"}) {
+    std::vector<std::string> args = {"--model", ::lede::testing::SharedDir() + "/models/stories260K", "--prompt",
+                                     "Once upon a time", "--mode", mode, "--max-new-tokens", "32", "--threads", "1",
+                                     "--exit-layer", "3", "--draft-len", "3"};
+    std::ostringstream off, off_err, on, on_err;
+    ASSERT_EQ(RunGenerate(args, off, off_err), 0) << off_err.str();
+    args.insert(args.end(), {"--graphs", "on"});
+    ASSERT_EQ(RunGenerate(args, on, on_err), 0) << on_err.str();
+    EXPECT_EQ(on.str(), off.str()) << mode;
+    EXPECT_GT(on.str().size(), std::string("Once upon a time").size()) << "it generated text";
+  }
+  std::vector<std::string> bad = GenerateArgs(1);
+  bad.insert(bad.end(), {"--graphs", "sometimes"});
+  std::ostringstream out, err;
+  EXPECT_EQ(RunGenerate(bad, out, err), 2);
+  EXPECT_NE(err.str().find("--graphs"), std::string::npos) << err.str();
+  EXPECT_EQ(out.str(), "");
+}
+
 // `lede calibrate` writes the kernel tables and the round table the
 // measured cost model prices rounds from, and refuses bad round flags.
 TEST(CalibrateTest, WritesARoundTableAndRefusesBadRoundFlags) {
