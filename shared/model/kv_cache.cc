@@ -14,11 +14,15 @@
 
 #include "shared/model/torch_boundary.h"
 
+#if LEDE_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 namespace lede::model {
 namespace {
 
 constexpr char kMagic[8] = {'L', 'E', 'D', 'E', 'K', 'V', '0', '1'};
-constexpr uint32_t kLayoutVersion = 1;
+constexpr uint32_t kLayoutVersion = 2;  // 2: device_index and the CUDA IPC handle
 constexpr int64_t kAlign = 64;
 
 // The segment's first bytes (DESIGN.md §4). Plain data, same layout in
@@ -32,6 +36,13 @@ struct PoolHeader {
   int64_t n_slots, capacity, max_draft_len;
   uint64_t epoch;
   int64_t total_bytes;
+  // -1: K/V and the scratch follow in this segment (a CPU pool). >= 0: they
+  // live in one allocation on CUDA device device_index, exported by the
+  // creator as ipc_handle (a cudaIpcMemHandle_t, 64 bytes); the segment then
+  // ends at the K/V offset, and the epoch header, lengths and in-use flags
+  // stay in host shared memory (DESIGN.md §4).
+  int32_t device_index;
+  char ipc_handle[64];
 };
 
 int64_t AlignUp(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
@@ -61,10 +72,21 @@ struct KvCache::Storage {
   void* base = nullptr;
   size_t bytes = 0;
   bool mapped = false;
+  void* device_base = nullptr;  // K/V of a CUDA pool: cudaMalloc'd (creator) or IPC-opened
+  bool device_owner = false;
   std::string unlink_name;  // the creator removes the name at the end...
   uint64_t epoch = 0;       // ...if it still names this pool, not a newer one
   std::vector<int64_t> private_state;  // lengths + in_use of a private pool
   ~Storage() {
+#if LEDE_WITH_CUDA
+    if (device_base != nullptr) {
+      if (device_owner) {
+        cudaFree(device_base);
+      } else {
+        cudaIpcCloseMemHandle(device_base);
+      }
+    }
+#endif
     if (mapped && base != nullptr) munmap(base, bytes);
     if (!unlink_name.empty() && NamedEpoch(unlink_name) == epoch) shm_unlink(unlink_name.c_str());
   }
@@ -115,27 +137,39 @@ StatusOr<KvCache> KvCache::Create(const ModelConfig& config,
     return cache;
   }
 
-  if (o.device != c10::kCPU) {
-    return InvalidArgumentError("KvCacheOptions.shared_memory_name: shared pools are CPU-only");
+#if LEDE_WITH_CUDA
+  const bool on_cuda = o.device.is_cuda();
+  if (!o.device.is_cpu() && !on_cuda) {
+    return InvalidArgumentError("KvCacheOptions.shared_memory_name: shared pools live on the CPU or CUDA");
   }
+#else
+  const bool on_cuda = false;
+  if (!o.device.is_cpu()) {
+    return InvalidArgumentError(
+        "KvCacheOptions.shared_memory_name: a shared pool on " + o.device.str() +
+        " needs a CUDA build of libtorch (CUDA IPC); this build shares CPU pools only");
+  }
+#endif
   const Layout layout = ComputeLayout(config, o.n_slots, o.capacity, o.max_draft_len, o.dtype);
+  // A CUDA pool's host segment ends where K/V would start.
+  const int64_t host_bytes = on_cuda ? layout.k0 : layout.total;
   const std::string& name = o.shared_memory_name;
   shm_unlink(name.c_str());  // a stale pool of a previous run
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) return ResourceExhaustedError(Errno("shm_open " + name));
-  if (ftruncate(fd, layout.total) != 0) {
+  if (ftruncate(fd, host_bytes) != 0) {
     close(fd);
     shm_unlink(name.c_str());
     return ResourceExhaustedError(Errno("ftruncate " + name));
   }
-  void* base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* base = mmap(nullptr, host_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (base == MAP_FAILED) {
     shm_unlink(name.c_str());
     return ResourceExhaustedError(Errno("mmap " + name));
   }
   cache.storage_->base = base;
-  cache.storage_->bytes = layout.total;
+  cache.storage_->bytes = host_bytes;
   cache.storage_->mapped = true;
   cache.storage_->unlink_name = name;
   cache.storage_->epoch = cache.epoch_;
@@ -154,17 +188,46 @@ StatusOr<KvCache> KvCache::Create(const ModelConfig& config,
   h->max_draft_len = o.max_draft_len;
   h->epoch = cache.epoch_;
   h->total_bytes = layout.total;
+  h->device_index = -1;
   // ftruncate zero-fills: K/V, lengths and in-use flags start at 0.
   cache.length_ = reinterpret_cast<int64_t*>(static_cast<char*>(base) + layout.lengths);
   cache.in_use_ = reinterpret_cast<int64_t*>(static_cast<char*>(base) + layout.in_use);
-  auto opts = at::TensorOptions().dtype(o.dtype);
-  char* p = static_cast<char*>(base);
+  auto opts = at::TensorOptions().dtype(o.dtype).device(o.device);
+  // kv: where K/V and the scratch start, in the segment or (CUDA) in one
+  // device allocation laid out as the segment is from k0 on.
+  char* kv = static_cast<char*>(base) + layout.k0;
+#if LEDE_WITH_CUDA
+  if (on_cuda) {
+    const int device = o.device.has_index() ? o.device.index() : 0;
+    void* dev = nullptr;
+    if (cudaSetDevice(device) != cudaSuccess || cudaMalloc(&dev, layout.total - layout.k0) != cudaSuccess) {
+      shm_unlink(name.c_str());
+      return ResourceExhaustedError("KV pool " + name + ": cudaMalloc of " +
+                                    std::to_string(layout.total - layout.k0) + " bytes on cuda:" +
+                                    std::to_string(device) + " failed");
+    }
+    cache.storage_->device_base = dev;
+    cache.storage_->device_owner = true;
+    cudaIpcMemHandle_t handle;
+    static_assert(sizeof(handle) <= sizeof(h->ipc_handle), "cudaIpcMemHandle_t fits the header");
+    if (cudaMemset(dev, 0, layout.total - layout.k0) != cudaSuccess ||
+        cudaIpcGetMemHandle(&handle, dev) != cudaSuccess) {
+      shm_unlink(name.c_str());
+      return ResourceExhaustedError("KV pool " + name + ": cudaIpcGetMemHandle failed on cuda:" +
+                                    std::to_string(device));
+    }
+    std::memcpy(h->ipc_handle, &handle, sizeof(handle));
+    h->device_index = device;
+    kv = static_cast<char*>(dev);
+  }
+#endif
   for (int64_t l = 0; l < config.n_layers; ++l) {
     const std::vector<int64_t> shape = {o.n_slots, config.n_kv_heads, o.capacity, config.head_dim()};
-    cache.k_.push_back(at::from_blob(p + layout.k0 + (2 * l) * layout.layer_bytes, shape, opts));
-    cache.v_.push_back(at::from_blob(p + layout.k0 + (2 * l + 1) * layout.layer_bytes, shape, opts));
+    cache.k_.push_back(at::from_blob(kv + (2 * l) * layout.layer_bytes, shape, opts));
+    cache.v_.push_back(at::from_blob(kv + (2 * l + 1) * layout.layer_bytes, shape, opts));
   }
-  cache.exit_hidden_ = at::from_blob(p + layout.exit_hidden, {o.n_slots, o.max_draft_len + 1, config.dim}, opts);
+  cache.exit_hidden_ =
+      at::from_blob(kv + (layout.exit_hidden - layout.k0), {o.n_slots, o.max_draft_len + 1, config.dim}, opts);
   return cache;
 }
 
@@ -205,12 +268,19 @@ StatusOr<KvCache> KvCache::Attach(const ModelConfig& config, const KvCacheOption
     return mismatch("dtype", std::to_string(h->dtype), std::to_string(static_cast<int>(options.dtype)));
   }
   const Layout layout = ComputeLayout(config, h->n_slots, h->capacity, h->max_draft_len, options.dtype);
-  if (layout.total != h->total_bytes || layout.total > st.st_size) {
-    return mismatch("size", std::to_string(st.st_size), std::to_string(layout.total));
+  const bool on_cuda = h->device_index >= 0;
+  const int64_t host_bytes = on_cuda ? layout.k0 : layout.total;
+  if (layout.total != h->total_bytes || host_bytes > st.st_size) {
+    return mismatch("size", std::to_string(st.st_size), std::to_string(host_bytes));
+  }
+  const std::string pool_device = on_cuda ? "cuda:" + std::to_string(h->device_index) : "cpu";
+  if (on_cuda != options.device.is_cuda()) {
+    return mismatch("device", pool_device, options.device.str());
   }
   KvCache cache;
   cache.options_ = options;
-  cache.options_.device = c10::kCPU;
+  cache.options_.device = on_cuda ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(h->device_index))
+                                  : c10::Device(c10::kCPU);
   cache.options_.n_slots = h->n_slots;
   cache.options_.capacity = h->capacity;
   cache.options_.max_draft_len = h->max_draft_len;
@@ -219,14 +289,32 @@ StatusOr<KvCache> KvCache::Attach(const ModelConfig& config, const KvCacheOption
   char* p = static_cast<char*>(base);
   cache.length_ = reinterpret_cast<int64_t*>(p + layout.lengths);
   cache.in_use_ = reinterpret_cast<int64_t*>(p + layout.in_use);
-  auto opts = at::TensorOptions().dtype(options.dtype);
+  auto opts = at::TensorOptions().dtype(options.dtype).device(cache.options_.device);
+  char* kv = p + layout.k0;
+  if (on_cuda) {
+#if LEDE_WITH_CUDA
+    cudaIpcMemHandle_t handle;
+    std::memcpy(&handle, h->ipc_handle, sizeof(handle));
+    void* dev = nullptr;
+    if (cudaSetDevice(h->device_index) != cudaSuccess ||
+        cudaIpcOpenMemHandle(&dev, handle, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) {
+      return FailedPreconditionError("KV pool " + name + ": cudaIpcOpenMemHandle failed on " + pool_device +
+                                     " (the verifier's device must be visible to this process)");
+    }
+    storage->device_base = dev;
+    kv = static_cast<char*>(dev);
+#else
+    return FailedPreconditionError("KV pool " + name + " lives on " + pool_device +
+                                   "; attaching it needs a CUDA build of libtorch (CUDA IPC)");
+#endif
+  }
   const int64_t S = h->n_slots, C = h->capacity, D = h->max_draft_len;
   for (int64_t l = 0; l < config.n_layers; ++l) {
     const std::vector<int64_t> shape = {S, config.n_kv_heads, C, config.head_dim()};
-    cache.k_.push_back(at::from_blob(p + layout.k0 + (2 * l) * layout.layer_bytes, shape, opts));
-    cache.v_.push_back(at::from_blob(p + layout.k0 + (2 * l + 1) * layout.layer_bytes, shape, opts));
+    cache.k_.push_back(at::from_blob(kv + (2 * l) * layout.layer_bytes, shape, opts));
+    cache.v_.push_back(at::from_blob(kv + (2 * l + 1) * layout.layer_bytes, shape, opts));
   }
-  cache.exit_hidden_ = at::from_blob(p + layout.exit_hidden, {S, D + 1, config.dim}, opts);
+  cache.exit_hidden_ = at::from_blob(kv + (layout.exit_hidden - layout.k0), {S, D + 1, config.dim}, opts);
   return cache;
 }
 

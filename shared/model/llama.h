@@ -23,6 +23,10 @@
 // ModelOptions::kernels is kEager; everything else (CUDA, half precision,
 // the cache-free training pass, autograd) runs the eager libtorch path,
 // which stays the reference. The two agree to 1e-4 in the logits (tests).
+// Graphs (GraphMode, on by default on CUDA): single-slot cached steps of at
+// most kMaxGraphPositions rows run StaticForward from recorded buffers,
+// captured as CUDA graphs on a CUDA build (internal/step_graphs.h); that
+// path takes precedence over both kernels.
 // RoPE is computed in the rotate-half convention; checkpoints in the
 // adjacent-pair convention (llama2.c, Meta) have wq/wk rows permuted at load.
 //

@@ -4,7 +4,7 @@
 
 #include <ATen/ATen.h>
 
-#if LEDE_WITH_CUDA_GRAPHS
+#if LEDE_WITH_CUDA
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -22,7 +22,7 @@ struct StepGraphs::Graph {
   int64_t first = 0, last = 0, context = 0;
   // Copies a call's inputs into the buffers.
   void Load(const at::Tensor& h, int64_t pos, int64_t s);
-#if LEDE_WITH_CUDA_GRAPHS
+#if LEDE_WITH_CUDA
   std::unique_ptr<at::cuda::CUDAGraph> graph;
 #endif
 };
@@ -62,13 +62,13 @@ StepGraphs::Graph& StepGraphs::Record(const Key& key, const at::Tensor& hidden, 
   // and writes K/V at these positions of this slot (the values the replay
   // writes again), never at another session's.
   g->Load(hidden, start_pos, slot);
-#if LEDE_WITH_CUDA_GRAPHS
+#if LEDE_WITH_CUDA
   if (hidden.is_cuda()) {
     g->graph = std::make_unique<at::cuda::CUDAGraph>();
-    at::cuda::getCurrentCUDAStream().synchronize();
-    at::cuda::CUDAStream side = at::cuda::getStreamFromPool();
+    c10::cuda::getCurrentCUDAStream().synchronize();
+    c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
     {
-      at::cuda::CUDAStreamGuard guard(side);
+      c10::cuda::CUDAStreamGuard guard(side);
       model_.StaticForward(g->hidden, first, last, g->start_pos, g->slot, context, cache);
       side.synchronize();
       g->graph->capture_begin();  // a private memory pool per graph
@@ -98,7 +98,7 @@ at::Tensor StepGraphs::Run(const at::Tensor& hidden, int64_t first, int64_t last
     g = it->second.get();
     g->Load(hidden, start_pos, slot);
   }
-#if LEDE_WITH_CUDA_GRAPHS
+#if LEDE_WITH_CUDA
   if (g->graph != nullptr) {
     g->graph->replay();
     return g->out.clone();  // the buffer is the next replay's output

@@ -10,7 +10,7 @@
 // [1, T, d], start_pos [1], slot [1] int64, and the output) in which a call
 // is copied, run, and copied out.
 //
-// On a CUDA build of libtorch (LEDE_WITH_CUDA_GRAPHS) the first call of a
+// On a CUDA build of libtorch (LEDE_WITH_CUDA) the first call of a
 // bucket runs the step once on a side stream (warm-up: libraries pick their
 // kernels; its K/V writes are the same the replay makes), captures
 // LlamaModel::StaticForward into an at::cuda::CUDAGraph with its own memory

@@ -156,5 +156,26 @@ TEST(KvCacheTest, AttachRefusesMissingOrMismatchedPools) {
   EXPECT_THAT(KvCache::Attach(TinyConfig(), o), IsOk());
 }
 
+// A CPU pool is not attached as a CUDA one (the header names the pool's
+// device), and on a libtorch without CUDA a shared pool on a GPU is refused
+// with a message that says what it needs, instead of a crash.
+TEST(KvCacheTest, SharedPoolsNameTheirDevice) {
+  KvCacheOptions o;
+  o.n_slots = 1;
+  o.capacity = 8;
+  o.shared_memory_name = "/lede-kv-test-device-" + std::to_string(::getpid());
+  auto owner = KvCache::Create(TinyConfig(), o);
+  ASSERT_THAT(owner, IsOk());
+  KvCacheOptions on_gpu = o;
+  on_gpu.device = c10::Device(c10::kCUDA, 0);
+  EXPECT_THAT(KvCache::Attach(TinyConfig(), on_gpu),
+              StatusIs(StatusCode::kFailedPrecondition, ::testing::HasSubstr("device is cpu, expected cuda:0")));
+  if (!at::hasCUDA()) {
+    on_gpu.shared_memory_name += "-gpu";
+    EXPECT_THAT(KvCache::Create(TinyConfig(), on_gpu),
+                StatusIs(StatusCode::kInvalidArgument, ::testing::HasSubstr("needs a CUDA build")));
+  }
+}
+
 }  // namespace
 }  // namespace lede::model
