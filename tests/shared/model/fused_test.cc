@@ -234,16 +234,20 @@ TEST(FusedKernelsTest, MatchesEagerOnLedeTiny) {
 }
 
 // A random GQA checkpoint (n_kv_heads < n_heads, odd sizes) through RandomInit.
-TEST(FusedKernelsTest, MatchesEagerOnRandomGqa) {
+StatusOr<std::unique_ptr<LlamaModel>> RandomGqa(const ModelOptions& options) {
   ModelConfig c = testing::TinyConfig();
   c.dim = 48;
   c.hidden_dim = 100;
   c.n_heads = 6;
   c.n_kv_heads = 2;
+  return LlamaModel::RandomInit(c, 11, options, 0.3);
+}
+
+TEST(FusedKernelsTest, MatchesEagerOnRandomGqa) {
   ModelOptions fo, eo;
   eo.kernels = Kernels::kEager;
-  auto fused = LlamaModel::RandomInit(c, 11, fo, 0.3);
-  auto eager = LlamaModel::RandomInit(c, 11, eo, 0.3);
+  auto fused = RandomGqa(fo);
+  auto eager = RandomGqa(eo);
   ASSERT_THAT(fused, IsOk());
   ASSERT_THAT(eager, IsOk());
   ASSERT_TRUE((*fused)->fused());
@@ -465,16 +469,11 @@ TEST(StepGraphsTest, MatchesEagerOnStories260KAndRandomGqa) {
   ExpectMatchesEager(*g, *eager, {1, 403, 407, 261, 378}, 64);
   EXPECT_GT(g->n_graphs(), 0);
 
-  ModelConfig c = testing::TinyConfig();
-  c.dim = 48;
-  c.hidden_dim = 100;
-  c.n_heads = 6;
-  c.n_kv_heads = 2;
   ModelOptions go, eo;
   go.graphs = GraphMode::kOn;
   eo.kernels = Kernels::kEager;
-  auto gm = LlamaModel::RandomInit(c, 11, go, 0.3);
-  auto em = LlamaModel::RandomInit(c, 11, eo, 0.3);
+  auto gm = RandomGqa(go);
+  auto em = RandomGqa(eo);
   ASSERT_THAT(gm, IsOk());
   ASSERT_THAT(em, IsOk());
   ExpectMatchesEager(**gm, **em, {1, 7, 3, 9, 20, 11}, 64);
