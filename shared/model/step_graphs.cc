@@ -88,7 +88,7 @@ at::Tensor StepGraphs::Run(const at::Tensor& hidden, int64_t first, int64_t last
   TORCH_CHECK(0 <= start_pos && start_pos + T <= cache.capacity(), "graph step: positions past KV capacity");
   TORCH_CHECK(0 <= slot && slot < cache.n_slots(), "graph step: bad slot");
   const int64_t context = ContextBucket(start_pos + T, cache.capacity());
-  const Key key{first, last, T, context, cache.k(0).data_ptr()};
+  const Key key{first, last, T, context, cache.k(0).data_ptr(), cache.n_slots(), cache.capacity()};
   std::lock_guard<std::mutex> lock(mu_);
   auto it = graphs_.find(key);
   Graph* g = nullptr;

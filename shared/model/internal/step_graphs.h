@@ -62,7 +62,9 @@ class StepGraphs {
 
  private:
   struct Graph;
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, const void*>;  // first, last, T, context, pool
+  // first, last, T, context, and the pool: its K address, slots and
+  // capacity (a graph bakes the pool's address and shape into its kernels).
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, const void*, int64_t, int64_t>;
 
   // Makes the bucket's buffers, loads the call into them and, on CUDA,
   // warms up and captures the step. Called with mu_ held.
