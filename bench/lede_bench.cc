@@ -34,6 +34,7 @@
 #include "shared/status/status_macros.h"
 #include "trainer/corpus.h"
 #include "trainer/calibrated_rule.h"
+#include "trainer/ceilings.h"
 #include "trainer/counterfactual.h"
 #include "trainer/exit_eval.h"
 #include "shared/experience/experience.h"
@@ -164,29 +165,6 @@ void PrintProgress(std::ostream& err, const std::string& what, size_t done, size
   const int width = 20, filled = total ? static_cast<int>(width * done / total) : width;
   err << "\r[" << std::string(filled, '#') << std::string(width - filled, '.') << "] " << done << "/" << total
       << " " << what << "            " << std::flush;
-}
-
-// Hindsight oracle (DESIGN.md §1): the least cost of emitting the greedy
-// trajectory when every round picks its exit layer (any of 1..L-1) and
-// draft length (1..D_max) knowing the outcome in advance, by dynamic
-// programming over the shadow trace. Returns (tokens, cost) for pooling.
-std::pair<double, double> OracleCost(const trainer::ShadowTrace& t, int32_t max_draft, const model::CostModel& cost) {
-  const int64_t N = static_cast<int64_t>(t.target.size());
-  if (N < 2) return {0.0, 0.0};
-  // f[i]: cost of emitting target[i..N) when target[i-1] is pending.
-  std::vector<double> f(N + 1, 0.0);
-  for (int64_t i = N - 1; i >= 1; --i) {
-    double best = cost.Step() + f[i + 1];
-    for (int32_t l = 1; l < t.n_layers; ++l) {
-      int64_t run = 0;  // consecutive accepted drafts from i
-      while (i + run < N && run < max_draft && t.Accepts(l, i + run)) ++run;
-      for (int64_t d = 1; d <= run && i + d + 1 <= N; ++d) {
-        best = std::min(best, d * cost.DraftToken(l) + cost.Verify(l, d) + f[i + d + 1]);
-      }
-    }
-    f[i] = best;
-  }
-  return {static_cast<double>(N - 1), f[1]};
 }
 
 using trainer::AcceptanceModels;
@@ -510,21 +488,45 @@ class SetBench {
     return totals;
   }
 
-  // Ceilings on the evaluation split per cost model: the calibrated one (the
-  // calibrated stopping rule with acceptance probabilities fitted on the
-  // evaluation traces themselves and its exit layer and rho chosen there: a
-  // policy that knows each token's calibrated acceptance probability, but
-  // not the outcome) and the hindsight oracle.
-  void Ceilings(nlohmann::json* oracle, nlohmann::json* calibrated_ceiling) const {
+  // Ceilings on the evaluation split per cost model (trainer/ceilings.h):
+  //  - calibrated: the calibrated stopping rule with acceptance
+  //    probabilities fitted on the evaluation traces themselves and its exit
+  //    layer and rho chosen there;
+  //  - belief (in-sample / tuning fit): the Bayes-optimal policy that is told
+  //    the calibrated P(accept) of every layer at every position for free,
+  //    future ones included, but not the outcomes, with the acceptance model
+  //    fitted on the evaluation traces (in-sample) or on the tuning traces
+  //    (what a policy could know when it runs): the most any policy can buy
+  //    with these probe signals;
+  //  - the hindsight oracle.
+  nlohmann::json Ceilings() const {
+    nlohmann::json out;
     auto in_sample = FitAcceptanceModels(eval_traces_, c_.spec.trace_window);
+    auto tuning = FitAcceptanceModels(tune_traces_, c_.spec.trace_window);
+    std::vector<trainer::AcceptanceTable> in_tables, tuning_tables;
+    for (const trainer::ShadowTrace& t : eval_traces_) {
+      if (in_sample.ok()) in_tables.push_back(CalibratedAcceptanceTable(t, *in_sample->current, c_.spec.trace_window));
+      if (tuning.ok()) tuning_tables.push_back(CalibratedAcceptanceTable(t, *tuning->current, c_.spec.trace_window));
+    }
     for (const model::CostModel* cm : cost_models_) {
-      double tokens = 0, cost = 0;
-      for (const trainer::ShadowTrace& t : eval_traces_) {
-        auto [n, k] = OracleCost(t, static_max_draft_, *cm);
-        tokens += n;
-        cost += k;
+      trainer::TraceCost oracle, belief_in, belief_tuning;
+      for (size_t i = 0; i < eval_traces_.size(); ++i) {
+        const trainer::ShadowTrace& t = eval_traces_[i];
+        const trainer::TraceCost o = trainer::HindsightOracleCost(t, static_max_draft_, *cm);
+        oracle.tokens += o.tokens, oracle.cost += o.cost;
+        if (i < in_tables.size()) {
+          const trainer::TraceCost b = trainer::BeliefOptimalCost(t, in_tables[i], static_max_draft_, *cm);
+          belief_in.tokens += b.tokens, belief_in.cost += b.cost;
+        }
+        if (i < tuning_tables.size()) {
+          const trainer::TraceCost b = trainer::BeliefOptimalCost(t, tuning_tables[i], static_max_draft_, *cm);
+          belief_tuning.tokens += b.tokens, belief_tuning.cost += b.cost;
+        }
       }
-      (*oracle)[cm->name()] = cost > 0 ? tokens / cost : 1.0;
+      auto speedup = [](const trainer::TraceCost& c) { return c.cost > 0 ? c.tokens / c.cost : 1.0; };
+      out["hindsight_oracle"][cm->name()] = speedup(oracle);
+      out["belief_in_sample"][cm->name()] = speedup(belief_in);
+      out["belief_tuning_fit"][cm->name()] = speedup(belief_tuning);
       double best = 0;
       if (in_sample.ok()) {
         for (const Config& cfg : CalibratedConfigs(*in_sample, *cm)) {
@@ -532,8 +534,9 @@ class SetBench {
           if (s.ok()) best = std::max(best, *s);
         }
       }
-      (*calibrated_ceiling)[cm->name()] = best;
+      out["calibrated"][cm->name()] = best;
     }
+    return out;
   }
 
   // The rows, the ceilings, the printed table and the set's JSON report.
@@ -558,20 +561,20 @@ class SetBench {
                       {"mean_draft_len", t.mean_draft()},
                       {"exact_match_rate", t.prompts ? static_cast<double>(t.exact) / t.prompts : 0.0}});
     }
-    nlohmann::json oracle, calibrated_ceiling;
-    Ceilings(&oracle, &calibrated_ceiling);
-    PrintTable(rows, oracle, calibrated_ceiling, ar_tps);
+    const nlohmann::json ceilings = Ceilings();
+    PrintTable(rows, ceilings, ar_tps);
     return {{"rows", rows},
-            {"hindsight_oracle", oracle},
-            {"calibrated_ceiling", calibrated_ceiling},
+            {"hindsight_oracle", ceilings["hindsight_oracle"]},
+            {"calibrated_ceiling", ceilings["calibrated"]},
+            {"belief_ceiling_in_sample", ceilings["belief_in_sample"]},
+            {"belief_ceiling_tuning_fit", ceilings["belief_tuning_fit"]},
             {"ar_tokens_per_s", ar_tps},
             {"interleaved_passes", cf_.repeats},
             {"tuning_prompts", set_.tuning.size()},
             {"eval_prompts", set_.eval.size()}};
   }
 
-  void PrintTable(const nlohmann::json& rows, const nlohmann::json& oracle, const nlohmann::json& calibrated_ceiling,
-                  double ar_tps) const {
+  void PrintTable(const nlohmann::json& rows, const nlohmann::json& ceilings, double ar_tps) const {
     char line[512];
     out_ << "\n== " << set_.name << " (evaluation split: " << set_.eval.size() << " prompts x " << cf_.new_tokens
          << " tokens, " << cf_.repeats << " interleaved passes; AR " << static_cast<int64_t>(ar_tps)
@@ -589,13 +592,15 @@ class SetBench {
                     r["exact_match_rate"].get<double>());
       out_ << line;
     }
-    std::snprintf(line, sizeof(line), "%-34s %-26s %7s %8s %9.2fx %10.2fx\n", "ceiling: calibrated (in-sample)", "",
-                  "-", "-", calibrated_ceiling["accelerator"].get<double>(),
-                  calibrated_ceiling["measured"].get<double>());
-    out_ << line;
-    std::snprintf(line, sizeof(line), "%-34s %-26s %7s %8s %9.2fx %10.2fx\n", "ceiling: hindsight oracle", "", "-",
-                  "-", oracle["accelerator"].get<double>(), oracle["measured"].get<double>());
-    out_ << line << std::flush;
+    for (const auto& [key, label] : {std::pair{"calibrated", "ceiling: calibrated (in-sample)"},
+                                     std::pair{"belief_tuning_fit", "ceiling: belief (tuning fit)"},
+                                     std::pair{"belief_in_sample", "ceiling: belief (in-sample)"},
+                                     std::pair{"hindsight_oracle", "ceiling: hindsight oracle"}}) {
+      std::snprintf(line, sizeof(line), "%-34s %-26s %7s %8s %9.2fx %10.2fx\n", label, "", "-", "-",
+                    ceilings[key]["accelerator"].get<double>(), ceilings[key]["measured"].get<double>());
+      out_ << line;
+    }
+    out_ << std::flush;
   }
 
   Common& c_;

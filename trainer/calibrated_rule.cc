@@ -8,34 +8,44 @@
 
 namespace lede::trainer {
 
+std::vector<std::vector<policy::AcceptanceFeatures>> TraceAcceptanceFeatures(const ShadowTrace& t,
+                                                                             int32_t trace_window) {
+  const size_t N = t.target.size();
+  std::vector<std::vector<policy::AcceptanceFeatures>> x(t.n_layers + 1);
+  for (int32_t l = 1; l < t.n_layers; ++l) x[l].resize(N);
+  double sum = 0;
+  std::deque<double> window;
+  std::vector<int32_t> context = t.prompt;  // prompt + target[0, i)
+  for (size_t i = 0; i < N; ++i) {
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(context.size()), model::kNgramWindow);
+    const int32_t* ctx = context.data() + context.size() - n;
+    const double trace_nll = window.empty() ? 0.0 : sum / window.size();
+    if (i > 0) {  // position 0 is the prefill's token
+      for (int32_t l = 1; l < t.n_layers; ++l) {
+        const model::ExitSignals& s = t.At(l, static_cast<int64_t>(i));
+        const model::NgramSignals ng = model::ContextNgram(ctx, n, s.top1);
+        x[l][i] = policy::AcceptanceFeaturesOf(s.top1_prob, s.margin, s.entropy, static_cast<float>(trace_nll),
+                                               ng.lookup_match, ng.trigram_seen);
+      }
+    }
+    context.push_back(t.target[i]);
+    const double v = t.At(t.n_layers, static_cast<int64_t>(i)).top1_nll;
+    window.push_back(v);
+    sum += v;
+    if (static_cast<int32_t>(window.size()) > trace_window) sum -= window.front(), window.pop_front();
+  }
+  return x;
+}
+
 std::vector<std::vector<policy::AcceptanceSample>> AcceptanceSamples(const std::vector<ShadowTrace>& traces,
                                                                      int32_t trace_window, int64_t shift) {
   std::vector<std::vector<policy::AcceptanceSample>> by_layer;
   for (const ShadowTrace& t : traces) {
     if (by_layer.empty()) by_layer.resize(t.n_layers + 1);
-    double sum = 0;
-    std::deque<double> window;
-    std::vector<int32_t> context = t.prompt;  // prompt + target[0, i)
-    for (size_t i = 0; i < t.target.size(); ++i) {
-      const int64_t n = std::min<int64_t>(static_cast<int64_t>(context.size()), model::kNgramWindow);
-      const int32_t* ctx = context.data() + context.size() - n;
-      const double trace_nll = window.empty() ? 0.0 : sum / window.size();
-      const int64_t label = static_cast<int64_t>(i) + shift;
-      if (i > 0 && label < static_cast<int64_t>(t.target.size())) {  // position 0 is the prefill's token
-        for (int32_t l = 1; l < t.n_layers; ++l) {
-          const model::ExitSignals& s = t.At(l, static_cast<int64_t>(i));
-          const model::NgramSignals ng = model::ContextNgram(ctx, n, s.top1);
-          by_layer[l].push_back({policy::AcceptanceFeaturesOf(s.top1_prob, s.margin, s.entropy,
-                                                              static_cast<float>(trace_nll), ng.lookup_match,
-                                                              ng.trigram_seen),
-                                 t.Accepts(l, label)});
-        }
-      }
-      context.push_back(t.target[i]);
-      const double v = t.At(t.n_layers, static_cast<int64_t>(i)).top1_nll;
-      window.push_back(v);
-      sum += v;
-      if (static_cast<int32_t>(window.size()) > trace_window) sum -= window.front(), window.pop_front();
+    const auto x = TraceAcceptanceFeatures(t, trace_window);
+    const int64_t N = static_cast<int64_t>(t.target.size());
+    for (int64_t i = 1; i + shift < N; ++i) {
+      for (int32_t l = 1; l < t.n_layers; ++l) by_layer[l].push_back({x[l][i], t.Accepts(l, i + shift)});
     }
   }
   return by_layer;

@@ -25,11 +25,18 @@
 
 namespace lede::trainer {
 
-// Per-layer acceptance samples of shadow traces: every position after the
-// prefill's token at every exit layer 1..L-1, with C_trace over the trace's
-// own emitted tokens (window `trace_window`) and the context n-gram signals
-// over prompt + the tokens before the position (model::ContextNgram, last
-// model::kNgramWindow). shift 0: the label is the acceptance of the token the
+// The acceptance model's inputs for every exit layer and position of one
+// shadow trace: x[l][t] (l in [1, L), t in [1, N); row 0, row L and column 0
+// unused) are the signals of the probe at layer l that drafts target[t],
+// with C_trace over the trace's own emitted tokens before t (window
+// `trace_window`) and the context n-gram signals of its top-1 token over
+// prompt + target[0, t) (model::ContextNgram, last model::kNgramWindow).
+std::vector<std::vector<policy::AcceptanceFeatures>> TraceAcceptanceFeatures(const ShadowTrace& trace,
+                                                                             int32_t trace_window);
+
+// Per-layer acceptance samples of shadow traces: the features of
+// TraceAcceptanceFeatures at every position after the prefill's token and
+// every exit layer 1..L-1. shift 0: the label is the acceptance of the token the
 // probe drafts; shift 1: of the next token (the probe's features predict the
 // following draft). Index [l], l in [0, L] (0 and L empty).
 std::vector<std::vector<policy::AcceptanceSample>> AcceptanceSamples(const std::vector<ShadowTrace>& traces,
