@@ -162,9 +162,12 @@ def main():
                   f"{r['predicted_speedup_accelerator']:.2f}x | {r['predicted_speedup_measured']:.2f}x | "
                   f"{r['acceptance_rate']:.3f} | {r['tokens_per_round']:.2f} | {r['mean_exit_layer']:.2f} | "
                   f"{r['mean_draft_len']:.2f} | {r['exact_match_rate']:.2f} |")
-            c = s.get("calibrated_ceiling")
-            if c:
-                w(f"| ceiling: calibrated (in-sample) | | | | {c['accelerator']:.2f}x | {c['measured']:.2f}x | | | | | |")
+            for key, label in (("calibrated_ceiling", "calibrated (in-sample)"),
+                               ("belief_ceiling_tuning_fit", "belief (tuning fit)"),
+                               ("belief_ceiling_in_sample", "belief (in-sample)")):
+                c = s.get(key)
+                if c:
+                    w(f"| ceiling: {label} | | | | {c['accelerator']:.2f}x | {c['measured']:.2f}x | | | | | |")
             o = s["hindsight_oracle"]
             w(f"| ceiling: hindsight oracle | | | | {o['accelerator']:.2f}x | {o['measured']:.2f}x | | | | | |\n")
     pols = sorted(glob.glob(os.path.join(d, "policy", "*", "policy.json")))
