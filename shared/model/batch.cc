@@ -74,6 +74,55 @@ Status CheckWork(const VerifierWork& w, const LlamaModel& model, const KvCache& 
   return InternalError("unknown work kind");
 }
 
+// Runs `legs` through their blocks: the layers in spans over which the set
+// of active legs is constant, one LlamaModel::ForwardRagged per span over
+// the rows of every leg active there (each layer's weights read once). A
+// to_scratch leg leaves its last row's hidden state in the slot's scratch
+// row (start_pos - committed length) when it ends; a from_scratch leg reads
+// its rows from scratch rows 0.. when it starts. On return each leg's h is
+// its rows after its last block.
+void RunLegs(const LlamaModel& model, KvCache& cache, std::vector<Leg>& legs) {
+  const int64_t L = model.n_layers();
+  // Spans of layers over which the set of active legs is constant.
+  std::set<int64_t> bounds = {0, L};
+  for (const Leg& g : legs) {
+    bounds.insert(g.first);
+    bounds.insert(g.last);
+  }
+  auto at_boundary = [&](int64_t b) {
+    for (Leg& g : legs) {  // legs that end here hand their row to the scratch
+      if (g.to_scratch && g.last == b) {
+        cache.exit_hidden().select(0, g.slot).narrow(0, g.start_pos - cache.length(g.slot), 1).copy_(g.h);
+      }
+    }
+    for (Leg& g : legs) {  // legs that start here read it
+      if (g.from_scratch && g.first == b) g.h = cache.exit_hidden().select(0, g.slot).narrow(0, 0, g.rows);
+    }
+  };
+  const std::vector<int64_t> b(bounds.begin(), bounds.end());
+  for (size_t j = 0; j + 1 < b.size(); ++j) {
+    at_boundary(b[j]);
+    std::vector<at::Tensor> xs;
+    std::vector<RaggedSegment> segs;
+    std::vector<Leg*> active;
+    for (Leg& g : legs) {
+      if (g.first <= b[j] && b[j] < g.last) {
+        xs.push_back(g.h);
+        segs.push_back(RaggedSegment{g.slot, g.start_pos, g.rows});
+        active.push_back(&g);
+      }
+    }
+    if (active.empty()) continue;
+    at::Tensor y = model.ForwardRagged(xs.size() == 1 ? xs[0] : at::cat(xs, 0), b[j], b[j + 1], segs, cache);
+    int64_t row = 0;
+    for (Leg* g : active) {
+      g->h = y.narrow(0, row, g->rows);
+      row += g->rows;
+    }
+  }
+  at_boundary(L);
+}
+
 at::Tensor EmbedRows(const LlamaModel& model, const std::vector<int32_t>& ids) {
   std::vector<int64_t> wide(ids.begin(), ids.end());
   at::Tensor t = at::tensor(wide, at::TensorOptions().dtype(at::kLong)).view({1, -1}).to(model.options().device);
@@ -133,44 +182,7 @@ std::vector<StatusOr<at::Tensor>> RunVerifierBatch(const LlamaModel& model, KvCa
         }
       }
     }
-    // Spans of layers over which the set of active legs is constant.
-    std::set<int64_t> bounds = {0, L};
-    for (const Leg& g : legs) {
-      bounds.insert(g.first);
-      bounds.insert(g.last);
-    }
-    auto at_boundary = [&](int64_t b) {
-      for (Leg& g : legs) {  // legs that end here hand their row to the scratch
-        if (g.to_scratch && g.last == b) {
-          cache.exit_hidden().select(0, g.slot).narrow(0, g.start_pos - cache.length(g.slot), 1).copy_(g.h);
-        }
-      }
-      for (Leg& g : legs) {  // legs that start here read it
-        if (g.from_scratch && g.first == b) g.h = cache.exit_hidden().select(0, g.slot).narrow(0, 0, g.rows);
-      }
-    };
-    const std::vector<int64_t> b(bounds.begin(), bounds.end());
-    for (size_t j = 0; j + 1 < b.size(); ++j) {
-      at_boundary(b[j]);
-      std::vector<at::Tensor> xs;
-      std::vector<RaggedSegment> segs;
-      std::vector<Leg*> active;
-      for (Leg& g : legs) {
-        if (g.first <= b[j] && b[j] < g.last) {
-          xs.push_back(g.h);
-          segs.push_back(RaggedSegment{g.slot, g.start_pos, g.rows});
-          active.push_back(&g);
-        }
-      }
-      if (active.empty()) continue;
-      at::Tensor y = model.ForwardRagged(xs.size() == 1 ? xs[0] : at::cat(xs, 0), b[j], b[j + 1], segs, cache);
-      int64_t row = 0;
-      for (Leg* g : active) {
-        g->h = y.narrow(0, row, g->rows);
-        row += g->rows;
-      }
-    }
-    at_boundary(L);
+    RunLegs(model, cache, legs);
     // One LM-head pass over every row that needs logits.
     std::vector<at::Tensor> xs;
     std::vector<int64_t> counts;
@@ -194,6 +206,64 @@ std::vector<StatusOr<at::Tensor>> RunVerifierBatch(const LlamaModel& model, KvCa
     }
     for (size_t i : live) {
       if (committed[i] > 0) LEDE_RETURN_IF_ERROR(cache.Commit(work[i].slot, committed[i]));
+    }
+    return OkStatus();
+  });
+  if (!pass.ok()) {
+    for (size_t i : live) out[i] = pass;
+  }
+  return out;
+}
+
+std::vector<StatusOr<DraftStepResult>> RunDrafterBatch(const LlamaModel& model, KvCache& cache,
+                                                       const std::vector<DraftWork>& work) {
+  std::vector<StatusOr<DraftStepResult>> out(work.size(), DraftStepResult{});
+  const int64_t L = model.n_layers(), d = model.config().dim, V = model.config().vocab_size;
+  std::vector<size_t> live;
+  std::set<int64_t> slots;
+  for (size_t i = 0; i < work.size(); ++i) {
+    const DraftWork& w = work[i];
+    Status s;
+    if (w.slot < 0 || w.slot >= cache.n_slots()) {
+      s = InvalidArgumentError("slot: " + Str(w.slot) + " outside [0, " + Str(cache.n_slots()) + ")");
+    } else if (w.first < 0 || w.first >= w.last || w.last > L) {
+      s = InvalidArgumentError("blocks [" + Str(w.first) + ", " + Str(w.last) + ") outside 0 <= first < last <= " +
+                               Str(L));
+    } else if (w.row < 0 || w.row >= cache.max_draft_len()) {
+      s = InvalidArgumentError("draft row " + Str(w.row) + " outside [0, " + Str(cache.max_draft_len()) + ")");
+    } else if (!w.hidden.defined() && (w.token < 0 || w.token >= V)) {
+      s = InvalidArgumentError("token id " + Str(w.token) + " outside [0, " + Str(V) + ")");
+    } else if (w.hidden.defined() && w.hidden.numel() != d) {
+      s = InvalidArgumentError("hidden state of " + Str(w.hidden.numel()) + " values, not d = " + Str(d));
+    } else if (cache.length(w.slot) + w.row >= cache.capacity()) {
+      s = ResourceExhaustedError("KV slot is full");
+    } else if (!slots.insert(w.slot).second) {
+      s = InvalidArgumentError("slot: " + Str(w.slot) + " named twice in one batch");
+    }
+    if (s.ok()) {
+      live.push_back(i);
+    } else {
+      out[i] = s;
+    }
+  }
+  if (live.empty()) return out;
+  Status pass = TorchBoundary("draft batch", [&]() -> Status {
+    c10::InferenceMode inference_mode;
+    std::vector<Leg> legs;
+    for (size_t i : live) {
+      const DraftWork& w = work[i];
+      at::Tensor h = w.hidden.defined() ? w.hidden.reshape({1, d}) : EmbedRows(model, {w.token});
+      legs.push_back(Leg{i, w.slot, w.first, w.last, cache.length(w.slot) + w.row, 1, std::move(h)});
+      legs.back().to_scratch = true;
+      legs.back().output = true;
+    }
+    RunLegs(model, cache, legs);
+    std::vector<at::Tensor> xs;
+    for (const Leg& g : legs) xs.push_back(g.h);
+    at::Tensor logits = model.ExitLogitsRagged(xs.size() == 1 ? xs[0] : at::cat(xs, 0),
+                                               std::vector<int64_t>(legs.size(), 1));
+    for (size_t k = 0; k < legs.size(); ++k) {
+      out[legs[k].item] = DraftStepResult{legs[k].h.view({1, 1, d}), logits.select(0, static_cast<int64_t>(k))};
     }
     return OkStatus();
   });

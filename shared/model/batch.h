@@ -82,6 +82,44 @@ struct VerifierWork {
 std::vector<StatusOr<at::Tensor>> RunVerifierBatch(const LlamaModel& model, KvCache& cache,
                                                    const std::vector<VerifierWork>& work);
 
+// One drafting step of one session (issue 12: batched drafting): a row
+// through blocks [first, last) at position length(slot) + row of its slot,
+// writing its K/V there, its hidden state after block `last` into scratch
+// row `row` of the slot (KvCache::exit_hidden(), where the verifier resumes),
+// then the exit head. Drafter::DraftStep is the step with first = 0 (a
+// draft token, embedded), Drafter::ProbeLayers the phase-1 probe that
+// carries the pending token's hidden state on from block `first` (row 0).
+// The rows of a batch leave it at their own `last` (their exit layer).
+struct DraftWork {
+  int64_t slot = 0;
+  int64_t row = 0;           // scratch row, in [0, max_draft_len)
+  int32_t token = 0;         // embedded when `hidden` is undefined
+  at::Tensor hidden;         // [1, 1, d] or [1, d], compute dtype: the row after block `first`
+  int64_t first = 0, last = 0;  // 0 <= first < last <= L
+};
+
+// What a drafting step computes: the row's hidden state after block `last`
+// ([1, 1, d], compute dtype, model device) and its exit logits
+// ([V] float32 on the model device: final norm + LM head of that state).
+struct DraftStepResult {
+  at::Tensor hidden;
+  at::Tensor exit_logits;
+};
+
+// Runs every drafting step in one batched pass: the layers in spans where
+// the set of rows is constant, one LlamaModel::ForwardRagged per span, then
+// one LlamaModel::ExitLogitsRagged for every row. Lossless: on the fused
+// CPU path each row's logits, K/V and scratch row are bitwise those of its
+// solo Drafter call. Each step is checked on its own and fails alone:
+// kInvalidArgument for a slot outside the pool or named twice, a token
+// outside [0, V), blocks outside 0 <= first < last <= L, a hidden state
+// that is not d wide, a row outside [0, max_draft_len);
+// kResourceExhausted past the slot's capacity. A libtorch failure in the
+// shared pass fails every step in it with kInternal. Commits nothing (a
+// round's acceptance does). Thread-safety: as RunVerifierBatch.
+std::vector<StatusOr<DraftStepResult>> RunDrafterBatch(const LlamaModel& model, KvCache& cache,
+                                                       const std::vector<DraftWork>& work);
+
 // One session's work at round granularity (what the verifier service
 // schedules): a prefill chunk of a session being opened, or the
 // verification of a round (K >= 0 drafts; K == 0 and ready_layer == 0 is a

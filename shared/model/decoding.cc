@@ -113,11 +113,48 @@ StatusOr<at::Tensor> Drafter::DraftStep(int64_t slot, int64_t row, int32_t token
   }
   const int64_t pos = cache_.length(slot) + row;
   if (pos >= cache_.capacity()) return ResourceExhaustedError("KV slot is full");
+  if (runner_) {
+    DraftWork w;
+    w.slot = slot;
+    w.row = row;
+    w.token = token;
+    w.first = 0;
+    w.last = exit_layer;
+    LEDE_ASSIGN_OR_RETURN(DraftStepResult r, runner_(w));
+    return std::move(r.exit_logits);
+  }
   return TorchBoundary("draft", [&]() -> StatusOr<at::Tensor> {
     at::Tensor h = model_.Embed(TokenTensor({token}, model_.options().device));
     h = model_.Forward(h, 0, exit_layer, pos, &cache_, slot);
     cache_.exit_hidden().select(0, slot).narrow(0, row, 1).copy_(h.view({1, -1}));
     return model_.ExitLogits(h).view({-1});
+  });
+}
+
+StatusOr<DraftStepResult> Drafter::ProbeLayers(int64_t slot, const at::Tensor& hidden, int64_t first,
+                                               int64_t last) {
+  const int64_t L = model_.n_layers();
+  if (first < 0 || first >= last || last > L) {
+    return InvalidArgumentError("blocks [" + std::to_string(first) + ", " + std::to_string(last) +
+                                ") outside 0 <= first < last <= " + std::to_string(L));
+  }
+  const int64_t n = cache_.length(slot);
+  if (n >= cache_.capacity()) return ResourceExhaustedError("KV slot is full");
+  if (runner_) {
+    DraftWork w;
+    w.slot = slot;
+    w.row = 0;
+    w.hidden = hidden;
+    w.first = first;
+    w.last = last;
+    return runner_(w);
+  }
+  return TorchBoundary("draft", [&]() -> StatusOr<DraftStepResult> {
+    DraftStepResult r;
+    r.hidden = model_.Forward(hidden, first, last, n, &cache_, slot);
+    cache_.exit_hidden().select(0, slot).narrow(0, 0, 1).copy_(r.hidden.view({1, -1}));
+    r.exit_logits = model_.ExitLogits(r.hidden).view({-1});
+    return r;
   });
 }
 
@@ -303,21 +340,19 @@ StatusOr<DraftOutput> DraftRound(const LlamaModel& model, KvCache& cache, Drafte
                                            cache.capacity() - n - 1});
   class EngineProbes : public speculation::DraftProbes {
    public:
-    EngineProbes(const LlamaModel& model, KvCache& cache, Drafter& drafter, int64_t slot, int64_t n,
-                 const DecisionSpec& spec, const DraftRequest& request,
-                 const std::function<int32_t(const at::Tensor&)>& draft_token)
-        : model_(model), cache_(cache), drafter_(drafter), slot_(slot), n_(n), spec_(spec),
-          draft_token_(draft_token) {
+    EngineProbes(const LlamaModel& model, Drafter& drafter, int64_t slot, const DecisionSpec& spec,
+                 const DraftRequest& request, const std::function<int32_t(const at::Tensor&)>& draft_token)
+        : drafter_(drafter), slot_(slot), spec_(spec), draft_token_(draft_token) {
       h_ = model.Embed(TokenTensor({request.pending_token}, model.options().device));
     }
     StatusOr<ExitSignals> ProbeLayer(int32_t layer) override {
+      // Row 0 of the scratch holds the pending token's hidden state at the
+      // deepest probed layer (the verifier resumes there or at l*).
+      LEDE_ASSIGN_OR_RETURN(DraftStepResult r, drafter_.ProbeLayers(slot_, h_, done_layers_, layer));
+      h_ = std::move(r.hidden);
+      last_ = std::move(r.exit_logits);
+      done_layers_ = layer;
       return TorchBoundary("draft", [&]() -> StatusOr<ExitSignals> {
-        h_ = model_.Forward(h_, done_layers_, layer, n_, &cache_, slot_);
-        done_layers_ = layer;
-        // Row 0 of the scratch holds the pending token's hidden state at the
-        // deepest probed layer (the verifier resumes there or at l*).
-        cache_.exit_hidden().select(0, slot_).narrow(0, 0, 1).copy_(h_.view({1, -1}));
-        last_ = model_.ExitLogits(h_).view({-1});
         return ComputeExitSignals(last_, spec_.top_k);
       });
     }
@@ -332,10 +367,8 @@ StatusOr<DraftOutput> DraftRound(const LlamaModel& model, KvCache& cache, Drafte
     }
 
    private:
-    const LlamaModel& model_;
-    KvCache& cache_;
     Drafter& drafter_;
-    int64_t slot_, n_;
+    int64_t slot_;
     const DecisionSpec& spec_;
     const std::function<int32_t(const at::Tensor&)>& draft_token_;
     at::Tensor h_, last_;
@@ -343,7 +376,7 @@ StatusOr<DraftOutput> DraftRound(const LlamaModel& model, KvCache& cache, Drafte
   };
   const std::function<int32_t(const at::Tensor&)> draft_fn = draft_token;
   Status status = TorchBoundary("draft", [&]() -> Status {
-    EngineProbes probes(model, cache, drafter, slot, n, spec, request, draft_fn);
+    EngineProbes probes(model, drafter, slot, spec, request, draft_fn);
     return speculation::RunAdaptiveRound(*config.controller, spec, static_cast<int32_t>(L), request, d_cap, probes,
                                          d);
   });

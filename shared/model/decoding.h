@@ -32,6 +32,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "shared/speculation/exit_controller.h"
+#include "shared/model/batch.h"
 #include "shared/model/kv_cache.h"
 #include "shared/model/llama.h"
 #include "shared/model/sampling.h"
@@ -79,7 +80,16 @@ class Verifier {
 
 class Drafter {
  public:
-  Drafter(const LlamaModel& model, KvCache& cache) : model_(model), cache_(cache) {}
+  // Runs one drafting step (model::DraftWork, batch.h) somewhere else: the
+  // drafter service hands it to its batch scheduler, which runs the steps of
+  // every session drafting at that moment in one RunDrafterBatch pass.
+  // Must compute what RunDrafterBatch computes for the step alone.
+  using StepRunner = std::function<StatusOr<DraftStepResult>(const DraftWork&)>;
+
+  // Without a runner every step runs alone on the calling thread
+  // (LlamaModel::Forward; the CUDA graphs of StepGraphs where they are on).
+  Drafter(const LlamaModel& model, KvCache& cache, StepRunner runner = nullptr)
+      : model_(model), cache_(cache), runner_(std::move(runner)) {}
 
   // Draft step `row` (0-based) of a round: `token` at position
   // length(slot) + row through layers [0, exit_layer), hidden state saved in
@@ -89,9 +99,18 @@ class Drafter {
   StatusOr<at::Tensor> DraftStep(int64_t slot, int64_t row, int32_t token,
                                  int64_t exit_layer);
 
+  // Phase 1 of an adaptive round: the pending token's hidden state `hidden`
+  // ([1, 1, d], after block `first`; its embedding for first = 0) on
+  // through blocks [first, last) at position length(slot), saved in scratch
+  // row 0 (the verifier resumes there); returns that state and its exit
+  // logits. Errors: as DraftStep, and kInvalidArgument for blocks outside
+  // 0 <= first < last <= L.
+  StatusOr<DraftStepResult> ProbeLayers(int64_t slot, const at::Tensor& hidden, int64_t first, int64_t last);
+
  private:
   const LlamaModel& model_;
   KvCache& cache_;
+  StepRunner runner_;
 };
 
 // The loop types live in the torch-free shared/speculation (the coordinator

@@ -5,10 +5,13 @@
 // different iterations, gives every sequence exactly its solo results
 // (greedy ids identical, logits within 1e-4), on lede-tiny and a random GQA
 // model; seeded sampling gives the same tokens batched or solo; bad items
-// fail alone.
+// fail alone. Batched drafting (RunDrafterBatch): sessions at different
+// phases, exit layers and rows draft in one pass with their solo logits
+// (bitwise on the fused path), drafts, K/V and scratch rows.
 #include <algorithm>
 #include <memory>
 #include <random>
+#include <set>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -513,6 +516,234 @@ TEST(BatchTest, BadItemsFailAlone) {
   EXPECT_THAT(got[5], StatusIs(StatusCode::kInvalidArgument));
   EXPECT_EQ(cache.length(0), 3);
   EXPECT_EQ(cache.length(1), 0);
+}
+
+// ---------------------------------------------------------------------------
+// Batched drafting (RunDrafterBatch): sessions probe and draft in one pass
+// per block, each leaving the batch at its own exit layer.
+
+// One session's drafting in a round: phase-1 probes of the pending token at
+// ascending layers (the last is its exit layer l*), then n_drafts draft
+// steps at l* (scratch rows 1..n_drafts).
+struct DraftPlan {
+  int64_t slot = 0;
+  std::vector<int32_t> prompt;
+  std::vector<int64_t> probes;
+  int64_t n_drafts = 0;
+  // Per step of the plan (probes, then drafts): its exit logits.
+  std::vector<at::Tensor> logits_solo, logits_batch;
+  std::vector<int32_t> drafts_solo, drafts_batch;
+};
+
+std::vector<DraftPlan> MakeDraftPlans(std::mt19937& rng, int64_t n, int64_t L, int64_t V, int64_t max_rows) {
+  std::vector<DraftPlan> plans(n);
+  for (int64_t i = 0; i < n; ++i) {
+    DraftPlan& p = plans[i];
+    p.slot = i;
+    const int64_t P = 3 + rng() % 40;
+    for (int64_t t = 0; t < P; ++t) p.prompt.push_back(static_cast<int32_t>(rng() % V));
+    const int64_t exit_layer = 1 + rng() % L;
+    std::set<int64_t> layers = {exit_layer};
+    for (int k = rng() % 3; k > 0; --k) layers.insert(1 + rng() % exit_layer);
+    p.probes.assign(layers.begin(), layers.end());
+    p.n_drafts = rng() % max_rows;  // rows 1..n_drafts, row 0 is the pending token
+  }
+  return plans;
+}
+
+int32_t ArgmaxId(const at::Tensor& logits) { return static_cast<int32_t>(logits.argmax().item<int64_t>()); }
+
+// Every plan drafted alone (Drafter) and all of them in lock-step batches
+// (RunDrafterBatch: at each step the sessions are at different phases,
+// block ranges and rows, and the batch shrinks as plans end) on two pools
+// with the same prompts: the same exit logits (within `tolerance`, 0 =
+// bitwise), the same greedy drafts, and the K/V and scratch rows the
+// verifier reads give the same verification logits.
+void RunDraftProperty(const LlamaModel& m, uint32_t seed, int64_t n_sessions, float tolerance) {
+  c10::InferenceMode guard;
+  std::mt19937 rng(seed);
+  const int64_t L = m.n_layers(), V = m.config().vocab_size, max_rows = 8;
+  Pools pools = MakePools(m, n_sessions, max_rows);
+  std::vector<DraftPlan> plans = MakeDraftPlans(rng, n_sessions, L, V, max_rows);
+  std::vector<int32_t> pending(n_sessions);
+  for (DraftPlan& p : plans) {
+    auto a = Verifier(m, *pools.solo).Prefill(p.slot, p.prompt);
+    auto b = Verifier(m, *pools.batch).Prefill(p.slot, p.prompt);
+    ASSERT_THAT(a, IsOk());
+    ASSERT_THAT(b, IsOk());
+    pending[p.slot] = ArgmaxId(*a);
+  }
+  // Alone.
+  for (DraftPlan& p : plans) {
+    Drafter drafter(m, *pools.solo);
+    at::Tensor h = m.Embed(at::tensor({static_cast<int64_t>(pending[p.slot])}, at::kLong).view({1, 1}));
+    int64_t done = 0;
+    for (int64_t layer : p.probes) {
+      auto r = drafter.ProbeLayers(p.slot, h, done, layer);
+      ASSERT_THAT(r, IsOk());
+      h = r->hidden;
+      done = layer;
+      p.logits_solo.push_back(r->exit_logits);
+    }
+    int32_t token = ArgmaxId(p.logits_solo.back());
+    for (int64_t row = 1; row <= p.n_drafts; ++row) {
+      p.drafts_solo.push_back(token);
+      auto l = drafter.DraftStep(p.slot, row, token, p.probes.back());
+      ASSERT_THAT(l, IsOk());
+      p.logits_solo.push_back(*l);
+      token = ArgmaxId(*l);
+    }
+  }
+  // Together.
+  std::vector<at::Tensor> h(n_sessions);
+  std::vector<int64_t> done(n_sessions, 0);
+  std::vector<int32_t> token(n_sessions, 0);
+  size_t max_batch = 0;
+  for (size_t step = 0;; ++step) {
+    std::vector<DraftWork> work;
+    std::vector<DraftPlan*> who;
+    for (DraftPlan& p : plans) {
+      if (step >= p.probes.size() + p.n_drafts) continue;
+      DraftWork w;
+      w.slot = p.slot;
+      if (step < p.probes.size()) {
+        if (step == 0) h[p.slot] = m.Embed(at::tensor({static_cast<int64_t>(pending[p.slot])}, at::kLong).view({1, 1}));
+        w.hidden = h[p.slot];
+        w.first = done[p.slot];
+        w.last = p.probes[step];
+      } else {
+        w.row = static_cast<int64_t>(step - p.probes.size()) + 1;
+        w.token = token[p.slot];
+        w.last = p.probes.back();
+        p.drafts_batch.push_back(token[p.slot]);
+      }
+      work.push_back(w);
+      who.push_back(&p);
+    }
+    if (work.empty()) break;
+    max_batch = std::max(max_batch, work.size());
+    std::vector<StatusOr<DraftStepResult>> got = RunDrafterBatch(m, *pools.batch, work);
+    for (size_t k = 0; k < work.size(); ++k) {
+      ASSERT_THAT(got[k], IsOk());
+      DraftPlan& p = *who[k];
+      EXPECT_EQ(got[k]->hidden.sizes(), at::IntArrayRef({1, 1, m.config().dim}));
+      h[p.slot] = got[k]->hidden;
+      done[p.slot] = work[k].last;
+      token[p.slot] = ArgmaxId(got[k]->exit_logits);
+      p.logits_batch.push_back(got[k]->exit_logits);
+    }
+  }
+  EXPECT_EQ(max_batch, static_cast<size_t>(n_sessions));
+  for (DraftPlan& p : plans) {
+    ASSERT_EQ(p.logits_batch.size(), p.logits_solo.size()) << "slot " << p.slot;
+    for (size_t j = 0; j < p.logits_solo.size(); ++j) {
+      const float diff = (p.logits_solo[j] - p.logits_batch[j]).abs().max().item<float>();
+      EXPECT_LE(diff, tolerance) << "slot " << p.slot << " step " << j;
+    }
+    EXPECT_EQ(p.drafts_batch, p.drafts_solo) << "slot " << p.slot;
+    // The verifier reads what the drafting left: the drafts' K/V below l* and
+    // scratch rows 0..K at l* (the last one ready).
+    auto a = Verifier(m, *pools.solo).Verify(p.slot, p.probes.back(), p.drafts_solo, true);
+    auto b = Verifier(m, *pools.batch).Verify(p.slot, p.probes.back(), p.drafts_batch, true);
+    ASSERT_THAT(a, IsOk());
+    ASSERT_THAT(b, IsOk());
+    EXPECT_LE((*a - *b).abs().max().item<float>(), tolerance) << "slot " << p.slot;
+  }
+}
+
+TEST(DraftBatchTest, BatchedDraftingIsBitwiseSoloOnLedeTiny) {
+  std::unique_ptr<LlamaModel> m = testing::LoadOrDie(kLedeTinyDir);
+  ASSERT_NE(m, nullptr);
+  for (uint32_t seed : {1u, 2u}) RunDraftProperty(*m, seed, 6, 0.0f);
+}
+
+TEST(DraftBatchTest, BatchedDraftingIsBitwiseSoloOnRandomGqa) {
+  auto m = LlamaModel::RandomInit(RandomGqaConfig(), 7, ModelOptions{}, 0.3);
+  ASSERT_THAT(m, IsOk());
+  for (uint32_t seed : {3u, 4u, 5u}) RunDraftProperty(**m, seed, 5, 0.0f);
+}
+
+TEST(DraftBatchTest, BatchedDraftingMatchesSoloOnEagerKernels) {
+  ModelOptions eager;
+  eager.kernels = Kernels::kEager;
+  auto m = LlamaModel::RandomInit(RandomGqaConfig(), 8, eager, 0.3);
+  ASSERT_THAT(m, IsOk());
+  RunDraftProperty(**m, 6, 4, kLogitTolerance);
+}
+
+// A Drafter whose steps go through a runner (the drafter service's batch
+// scheduler, here RunDrafterBatch of one step) drafts what the plain one
+// drafts, phase-1 probes included.
+TEST(DraftBatchTest, DrafterWithARunnerDraftsWhatItDraftsAlone) {
+  auto r = LlamaModel::RandomInit(RandomGqaConfig(), 9, ModelOptions{}, 0.3);
+  ASSERT_THAT(r, IsOk());
+  const LlamaModel& m = **r;
+  c10::InferenceMode guard;
+  Pools pools = MakePools(m, 1, 8);
+  int calls = 0;
+  Drafter plain(m, *pools.solo);
+  Drafter routed(m, *pools.batch, [&](const DraftWork& w) -> StatusOr<DraftStepResult> {
+    ++calls;
+    return std::move(RunDrafterBatch(m, *pools.batch, {w})[0]);
+  });
+  const std::vector<int32_t> prompt = {5, 9, 2, 33, 17};
+  ASSERT_THAT(Verifier(m, *pools.solo).Prefill(0, prompt), IsOk());
+  ASSERT_THAT(Verifier(m, *pools.batch).Prefill(0, prompt), IsOk());
+  at::Tensor h = m.Embed(at::tensor({int64_t{7}}, at::kLong).view({1, 1}));
+  auto a1 = plain.ProbeLayers(0, h, 0, 2);
+  auto b1 = routed.ProbeLayers(0, h, 0, 2);
+  ASSERT_THAT(a1, IsOk());
+  ASSERT_THAT(b1, IsOk());
+  auto a2 = plain.ProbeLayers(0, a1->hidden, 2, 4);
+  auto b2 = routed.ProbeLayers(0, b1->hidden, 2, 4);
+  ASSERT_THAT(a2, IsOk());
+  ASSERT_THAT(b2, IsOk());
+  EXPECT_TRUE(at::equal(a2->exit_logits, b2->exit_logits));
+  auto a3 = plain.DraftStep(0, 1, ArgmaxId(a2->exit_logits), 4);
+  auto b3 = routed.DraftStep(0, 1, ArgmaxId(b2->exit_logits), 4);
+  ASSERT_THAT(a3, IsOk());
+  ASSERT_THAT(b3, IsOk());
+  EXPECT_TRUE(at::equal(*a3, *b3));
+  EXPECT_EQ(calls, 3);
+  // The checks run before the runner: a bad step never reaches it.
+  EXPECT_THAT(routed.DraftStep(0, 8, 1, 4), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(routed.ProbeLayers(0, h, 3, 3), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_EQ(calls, 3);
+}
+
+TEST(DraftBatchTest, BadDraftStepsFailAlone) {
+  auto r = LlamaModel::RandomInit(RandomGqaConfig(), 10, ModelOptions{}, 0.3);
+  ASSERT_THAT(r, IsOk());
+  const LlamaModel& m = **r;
+  c10::InferenceMode guard;
+  Pools pools = MakePools(m, 4, 4);
+  KvCache& cache = *pools.batch;
+  ASSERT_THAT(Verifier(m, cache).Prefill(0, {1, 2, 3}), IsOk());
+  std::vector<DraftWork> work(7);
+  work[0].slot = 0;  // good: a draft token through [0, 2)
+  work[0].token = 4;
+  work[0].last = 2;
+  work[1].slot = 1;  // token outside [0, V)
+  work[1].token = 61;
+  work[1].last = 2;
+  work[2].slot = 2;  // blocks past L
+  work[2].last = 6;
+  work[3].slot = 3;  // first == last
+  work[3].first = 2;
+  work[3].last = 2;
+  work[4] = work[0];  // slot 0 twice
+  work[5].slot = 3;  // row outside [0, max_draft_len)
+  work[5].row = 4;
+  work[5].last = 1;
+  work[6].slot = 2;  // a hidden state of the wrong width
+  work[6].hidden = at::zeros({1, 1, 7});
+  work[6].first = 1;
+  work[6].last = 3;
+  std::vector<StatusOr<DraftStepResult>> got = RunDrafterBatch(m, cache, work);
+  ASSERT_THAT(got[0], IsOk());
+  EXPECT_EQ(got[0]->exit_logits.sizes(), at::IntArrayRef({61}));
+  for (int i = 1; i < 7; ++i) EXPECT_THAT(got[i], StatusIs(StatusCode::kInvalidArgument)) << "step " << i;
+  EXPECT_EQ(cache.length(0), 3);  // drafting commits nothing
 }
 
 }  // namespace
