@@ -1,8 +1,11 @@
-// lede_batch_bench: wall time of the batched verifier step
-// (shared/model/batch.h RunVerifierBatch) against the same work as solo
-// Verifier calls, on one model, for B sessions of one kind of work:
+// lede_batch_bench: wall time of the batched verifier and drafter steps
+// (shared/model/batch.h RunVerifierBatch, RunDrafterBatch) against the same
+// work as solo Verifier / Drafter calls, on one model, for B sessions of one
+// kind of work:
 //   step     an autoregressive step per session
 //   verify   a static round per session (K drafts at exit layer E, drafted once)
+//   draft    one draft step per session at exit layer E (blocks [0, E) and
+//            the exit head)
 // Prints ms per step (batched) and per B solo calls, and the speed-up. The
 // numbers are per call on the calling thread (--threads sets its intra-op
 // threads). Nothing here asserts.
@@ -72,8 +75,8 @@ int Run(const std::vector<std::string>& args) {
   std::printf("%s, context %ld, K=%ld at E=%ld, %ld threads (at::get_num_threads %d); ms per step\n",
               model_path.c_str(), (long)context, (long)k, (long)exit_layer, (long)threads, at::get_num_threads());
   std::printf("%6s %-7s %10s %10s %8s\n", "B", "work", "batched", "solo x B", "speedup");
-  for (const char* kind : {"step", "verify"}) {
-    const bool verify = std::string(kind) == "verify";
+  for (const char* kind : {"step", "verify", "draft"}) {
+    const bool verify = std::string(kind) == "verify", draft = std::string(kind) == "draft";
     for (int64_t B : sizes) {
       for (int64_t s = 0; s < B; ++s) (void)verifier.Prefill(s, prompt);
       std::vector<lede::model::VerifierWork> work(B);
@@ -91,6 +94,12 @@ int Run(const std::vector<std::string>& args) {
           work[s].tokens = {5};
         }
       }
+      std::vector<lede::model::DraftWork> drafts(B);
+      for (int64_t s = 0; s < B; ++s) {
+        drafts[s].slot = s;
+        drafts[s].token = 5;
+        drafts[s].last = exit_layer;
+      }
       // Steps commit a position each: truncate back so the context stays put.
       auto reset = [&] {
         for (int64_t s = 0; s < B; ++s) (void)cache->Truncate(s, context);
@@ -99,12 +108,18 @@ int Run(const std::vector<std::string>& args) {
       for (int64_t it = 0; it < iters + 3; ++it) {
         reset();
         auto t0 = Clock::now();
-        (void)lede::model::RunVerifierBatch(m, *cache, work);
+        if (draft) {
+          (void)lede::model::RunDrafterBatch(m, *cache, drafts);
+        } else {
+          (void)lede::model::RunVerifierBatch(m, *cache, work);
+        }
         auto t1 = Clock::now();
         reset();
         auto t2 = Clock::now();
         for (const auto& w : work) {
-          if (verify) {
+          if (draft) {
+            (void)drafter.DraftStep(w.slot, 0, 5, exit_layer);
+          } else if (verify) {
             (void)verifier.Verify(w.slot, exit_layer, w.tokens);
           } else {
             (void)verifier.Step(w.slot, w.tokens[0]);

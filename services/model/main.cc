@@ -32,13 +32,14 @@ int Run(const std::vector<std::string>& raw_args) {
   flags.Add("max-waiting", &o.max_waiting,
             "verifier: sessions that may wait for a free KV slot before OpenSession is refused (0 = no queue)");
   flags.Add("max-batch", &o.max_batch,
-            "verifier: sessions per batched step (continuous batching); 1 = one sequence per pass on each "
-            "handler thread");
+            "sessions per batched step (continuous batching: the verifier's rounds and steps, the drafter's "
+            "draft steps); 1 = one sequence per pass on each handler thread");
   flags.Add("prefill-chunk", &o.prefill_chunk, "verifier: prompt positions per batched prefill step");
   int64_t batch_threads = o.batch_threads;
-  flags.Add("batch-threads", &batch_threads, "verifier: intra-op threads of the batched step");
+  flags.Add("batch-threads", &batch_threads, "intra-op threads of a batched step (verifier and drafter)");
   int64_t batch_workers = o.batch_workers;
-  flags.Add("batch-workers", &batch_workers, "verifier: batched steps that may run at once (each on a handler thread)");
+  flags.Add("batch-workers", &batch_workers,
+            "batched steps that may run at once, per service (each on a handler thread)");
   int64_t batch_wait_us = absl::ToInt64Microseconds(o.batch_wait);
   flags.Add("batch-wait-us", &batch_wait_us,
             "verifier: longest a batched step waits for open sessions still between rounds (0 = never waits)");

@@ -355,6 +355,16 @@ Status Readiness(ModelHost& host) {
 
 namespace {
 
+// A batched step's intra-op threads (--batch-threads), set once per thread
+// that runs batches (a handler thread, flat combining).
+void SetBatchThreads(int n_threads) {
+  static thread_local bool threads_set = false;
+  if (threads_set) return;
+  at::set_num_threads(std::max(1, n_threads));
+  model::SetFusedThreads(n_threads);
+  threads_set = true;
+}
+
 // --max-batch 1: every call is a step of one session.
 void ObserveSoloStep(ModelHost& host, int64_t n_rows) {
   if (!host.metrics) return;
@@ -394,12 +404,7 @@ struct VerifierService::Impl {
   // The scheduler's run function (on a handler thread): model::RunBatch per
   // pool (one pool in practice: the verifier's own).
   void RunJobs(const std::vector<void*>& jobs) {
-    static thread_local bool threads_set = false;
-    if (!threads_set) {
-      at::set_num_threads(std::max(1, host->options.batch_threads));
-      model::SetFusedThreads(host->options.batch_threads);
-      threads_set = true;
-    }
+    SetBatchThreads(host->options.batch_threads);
     std::map<model::KvCache*, std::vector<BatchJob*>> by_pool;
     for (void* j : jobs) by_pool[static_cast<BatchJob*>(j)->cache].push_back(static_cast<BatchJob*>(j));
     for (auto& [cache, group] : by_pool) {
@@ -799,12 +804,67 @@ grpc::Status VerifierService::CloseSession(grpc::ServerContext*, const lede::v1:
 struct DrafterService::Impl {
   std::shared_ptr<ModelHost> host;
   VerifierService* verifier = nullptr;  // co-located, or null
+
+  // Batched drafting (--max-batch > 1): every draft step and phase-1 probe
+  // of a session's round is a job; the sessions drafting at the same moment
+  // run their steps in one model::RunDrafterBatch pass per block span, each
+  // leaving at its own exit layer, while every round's decisions stay its
+  // own (its controller on its handler thread between steps). Batches start
+  // at once (no wait): a session's next step depends on its previous one,
+  // and a session not drafting now may be at the verifier for a while; the
+  // steps that arrive while a batch runs form the next one.
+  struct DraftJob {
+    model::KvCache* cache = nullptr;
+    model::DraftWork work;
+    StatusOr<model::DraftStepResult> result = model::DraftStepResult{};
+  };
+  std::unique_ptr<BatchScheduler> scheduler;
+
+  void RunJobs(const std::vector<void*>& jobs) {
+    SetBatchThreads(host->options.batch_threads);
+    std::map<model::KvCache*, std::vector<DraftJob*>> by_pool;
+    for (void* j : jobs) by_pool[static_cast<DraftJob*>(j)->cache].push_back(static_cast<DraftJob*>(j));
+    for (auto& [cache, group] : by_pool) {
+      std::vector<model::DraftWork> work;
+      work.reserve(group.size());
+      for (DraftJob* j : group) work.push_back(j->work);
+      std::vector<StatusOr<model::DraftStepResult>> results;
+      try {
+        results = model::RunDrafterBatch(*host->model, *cache, work);
+      } catch (const std::exception& e) {  // libtorch's are converted; this is bad_alloc and the like
+        results.assign(group.size(), InternalError(std::string("draft batch: ") + e.what()));
+      }
+      for (size_t k = 0; k < group.size(); ++k) group[k]->result = std::move(results[k]);
+    }
+  }
+
+  // The Drafter's step runner for `cache`: null (every step alone on the
+  // handler thread) without a scheduler.
+  model::Drafter::StepRunner RunnerFor(model::KvCache& cache) {
+    if (!scheduler) return nullptr;
+    return [this, &cache](const model::DraftWork& w) -> StatusOr<model::DraftStepResult> {
+      DraftJob job;
+      job.cache = &cache;
+      job.work = w;
+      if (!scheduler->Submit(&job, 1)) return UnavailableError("drafter: shutting down");
+      return std::move(job.result);
+    };
+  }
 };
 
 DrafterService::DrafterService(std::shared_ptr<ModelHost> host, VerifierService* colocated_verifier)
     : impl_(std::make_unique<Impl>()) {
   impl_->host = std::move(host);
   impl_->verifier = colocated_verifier;
+  if (impl_->host->options.max_batch > 1) {
+    BatchSchedulerOptions o;
+    o.max_batch = impl_->host->options.max_batch;
+    o.n_workers = impl_->host->options.batch_workers;
+    o.max_wait = absl::ZeroDuration();
+    if (impl_->host->metrics) o.batch_size = &impl_->host->metrics->draft_batch_size;
+    impl_->scheduler = std::make_unique<BatchScheduler>(
+        o, [impl = impl_.get()](const std::vector<void*>& jobs) { impl->RunJobs(jobs); });
+  }
 }
 
 grpc::Status DrafterService::DraftAndVerify(grpc::ServerContext* context, const lede::v1::DraftRequest* req,
@@ -905,7 +965,7 @@ grpc::Status DrafterService::Draft(grpc::ServerContext*, const lede::v1::DraftRe
   dr.context.assign(req->context().begin(), req->context().end());
   dr.round_index = req->round_index();
   dr.record_trace = req->record_trace();
-  model::Drafter drafter(*host.model, cache);
+  model::Drafter drafter(*host.model, cache, impl_->RunnerFor(cache));
   StatusOr<model::DraftOutput> out = model::DraftRound(*host.model, cache, drafter, req->slot(), config, sampling, dr);
   if (!out.ok()) return ToGrpcStatus(out.status());
   const speculation::Draft& d = out->draft;

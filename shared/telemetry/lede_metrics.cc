@@ -159,6 +159,11 @@ SpecDecodeMetrics::SpecDecodeMetrics(Registry& r)
           "Positions (rows) in one batched verifier step, all sessions together (tokens; vLLM's "
           "vllm:iteration_tokens_total).",
           IterationTokenBuckets())),
+      draft_batch_size(UnlabelledHistogram(
+          r, "lede_draft_batch_size",
+          "Sessions in one batched drafter step: draft tokens and phase-1 probes of several sessions, one row "
+          "each, run in one pass per block (sessions; with --max-batch > 1 only).",
+          BatchSizeBuckets())),
       policy_decision_latency(UnlabelledHistogram(
           r, "lede_policy_decision_latency_seconds",
           "Time of one exit-policy decision in the drafter (seconds).",

@@ -24,6 +24,7 @@
 //   lede_num_requests_waiting                         lede_experience_{records_written,
 //   lede_request_queue_time_seconds                     records_dropped,shards_written}_total
 //   lede_iteration_tokens (vllm:iteration_tokens_total) lede_iteration_batch_size
+//   lede_draft_batch_size
 //
 // Every process builds one SpecDecodeMetrics on its Registry and serves it
 // with MetricsServer. All metrics are registered by every process (simplest;
@@ -176,6 +177,9 @@ struct SpecDecodeMetrics {
   // step of one session.
   Histogram& iteration_batch_size;  // lede_iteration_batch_size (sessions)
   Histogram& iteration_tokens;      // lede_iteration_tokens (rows; vLLM's iteration_tokens_total)
+  // The drafter's batched steps (--max-batch > 1): sessions whose draft
+  // step or phase-1 probe ran in one pass (one row each).
+  Histogram& draft_batch_size;      // lede_draft_batch_size (sessions)
 
   // --- policy ---
   Histogram& policy_decision_latency;  // lede_policy_decision_latency_seconds
