@@ -215,30 +215,62 @@ std::vector<StatusOr<at::Tensor>> RunVerifierBatch(const LlamaModel& model, KvCa
   return out;
 }
 
+Status ValidateDraftWork(const LlamaModel& model, const KvCache& cache, const DraftWork& w) {
+  const int64_t L = model.n_layers(), d = model.config().dim, V = model.config().vocab_size;
+  if (w.slot < 0 || w.slot >= cache.n_slots()) {
+    return InvalidArgumentError("slot: " + Str(w.slot) + " outside [0, " + Str(cache.n_slots()) + ")");
+  }
+  if (w.first < 0 || w.first >= w.last || w.last > L) {
+    return InvalidArgumentError("blocks [" + Str(w.first) + ", " + Str(w.last) + ") outside 0 <= first < last <= " +
+                                Str(L));
+  }
+  if (w.row < 0 || w.row >= cache.max_draft_len()) {
+    return InvalidArgumentError("draft row " + Str(w.row) + " outside [0, " + Str(cache.max_draft_len()) + ")");
+  }
+  if (!w.hidden.defined() && (w.token < 0 || w.token >= V)) {
+    return InvalidArgumentError("token id " + Str(w.token) + " outside [0, " + Str(V) + ")");
+  }
+  if (w.hidden.defined() && w.hidden.numel() != d) {
+    return InvalidArgumentError("hidden state of " + Str(w.hidden.numel()) + " values, not d = " + Str(d));
+  }
+  if (cache.length(w.slot) + w.row >= cache.capacity()) return ResourceExhaustedError("KV slot is full");
+  return OkStatus();
+}
+
+namespace {
+
+// One checked step alone: LlamaModel::Forward (which takes the CUDA graph
+// of its shape where graphs are on) and ExitLogits.
+DraftStepResult DraftOne(const LlamaModel& model, KvCache& cache, const DraftWork& w) {
+  const int64_t d = model.config().dim;
+  at::Tensor h = w.hidden.defined() ? w.hidden.reshape({1, 1, d}) : EmbedRows(model, {w.token}).view({1, 1, d});
+  DraftStepResult r;
+  r.hidden = model.Forward(h, w.first, w.last, cache.length(w.slot) + w.row, &cache, w.slot);
+  cache.exit_hidden().select(0, w.slot).narrow(0, w.row, 1).copy_(r.hidden.view({1, d}));
+  r.exit_logits = model.ExitLogits(r.hidden).view({-1});
+  return r;
+}
+
+}  // namespace
+
+StatusOr<DraftStepResult> RunDraftStep(const LlamaModel& model, KvCache& cache, const DraftWork& work) {
+  LEDE_RETURN_IF_ERROR(ValidateDraftWork(model, cache, work));
+  return TorchBoundary("draft", [&]() -> StatusOr<DraftStepResult> {
+    c10::InferenceMode inference_mode;
+    return DraftOne(model, cache, work);
+  });
+}
+
 std::vector<StatusOr<DraftStepResult>> RunDrafterBatch(const LlamaModel& model, KvCache& cache,
                                                        const std::vector<DraftWork>& work) {
   std::vector<StatusOr<DraftStepResult>> out(work.size(), DraftStepResult{});
-  const int64_t L = model.n_layers(), d = model.config().dim, V = model.config().vocab_size;
+  const int64_t d = model.config().dim;
   std::vector<size_t> live;
   std::set<int64_t> slots;
   for (size_t i = 0; i < work.size(); ++i) {
-    const DraftWork& w = work[i];
-    Status s;
-    if (w.slot < 0 || w.slot >= cache.n_slots()) {
-      s = InvalidArgumentError("slot: " + Str(w.slot) + " outside [0, " + Str(cache.n_slots()) + ")");
-    } else if (w.first < 0 || w.first >= w.last || w.last > L) {
-      s = InvalidArgumentError("blocks [" + Str(w.first) + ", " + Str(w.last) + ") outside 0 <= first < last <= " +
-                               Str(L));
-    } else if (w.row < 0 || w.row >= cache.max_draft_len()) {
-      s = InvalidArgumentError("draft row " + Str(w.row) + " outside [0, " + Str(cache.max_draft_len()) + ")");
-    } else if (!w.hidden.defined() && (w.token < 0 || w.token >= V)) {
-      s = InvalidArgumentError("token id " + Str(w.token) + " outside [0, " + Str(V) + ")");
-    } else if (w.hidden.defined() && w.hidden.numel() != d) {
-      s = InvalidArgumentError("hidden state of " + Str(w.hidden.numel()) + " values, not d = " + Str(d));
-    } else if (cache.length(w.slot) + w.row >= cache.capacity()) {
-      s = ResourceExhaustedError("KV slot is full");
-    } else if (!slots.insert(w.slot).second) {
-      s = InvalidArgumentError("slot: " + Str(w.slot) + " named twice in one batch");
+    Status s = ValidateDraftWork(model, cache, work[i]);
+    if (s.ok() && !slots.insert(work[i].slot).second) {
+      s = InvalidArgumentError("slot: " + Str(work[i].slot) + " named twice in one batch");
     }
     if (s.ok()) {
       live.push_back(i);
@@ -249,6 +281,10 @@ std::vector<StatusOr<DraftStepResult>> RunDrafterBatch(const LlamaModel& model, 
   if (live.empty()) return out;
   Status pass = TorchBoundary("draft batch", [&]() -> Status {
     c10::InferenceMode inference_mode;
+    if (live.size() == 1) {  // a batch of one is the solo step (no ragged bookkeeping)
+      out[live[0]] = DraftOne(model, cache, work[live[0]]);
+      return OkStatus();
+    }
     std::vector<Leg> legs;
     for (size_t i : live) {
       const DraftWork& w = work[i];
@@ -260,8 +296,7 @@ std::vector<StatusOr<DraftStepResult>> RunDrafterBatch(const LlamaModel& model, 
     RunLegs(model, cache, legs);
     std::vector<at::Tensor> xs;
     for (const Leg& g : legs) xs.push_back(g.h);
-    at::Tensor logits = model.ExitLogitsRagged(xs.size() == 1 ? xs[0] : at::cat(xs, 0),
-                                               std::vector<int64_t>(legs.size(), 1));
+    at::Tensor logits = model.ExitLogitsRagged(at::cat(xs, 0), std::vector<int64_t>(legs.size(), 1));
     for (size_t k = 0; k < legs.size(); ++k) {
       out[legs[k].item] = DraftStepResult{legs[k].h.view({1, 1, d}), logits.select(0, static_cast<int64_t>(k))};
     }

@@ -120,6 +120,15 @@ struct DraftStepResult {
 std::vector<StatusOr<DraftStepResult>> RunDrafterBatch(const LlamaModel& model, KvCache& cache,
                                                        const std::vector<DraftWork>& work);
 
+// The checks of one drafting step (RunDrafterBatch's errors, a slot named
+// twice aside).
+Status ValidateDraftWork(const LlamaModel& model, const KvCache& cache, const DraftWork& work);
+
+// One drafting step alone, with RunDrafterBatch's checks and errors: the
+// Drafter's own path (LlamaModel::Forward, and so the CUDA graph of the
+// step's shape where graphs are on), which a batch of one also takes.
+StatusOr<DraftStepResult> RunDraftStep(const LlamaModel& model, KvCache& cache, const DraftWork& work);
+
 // One session's work at round granularity (what the verifier service
 // schedules): a prefill chunk of a session being opened, or the
 // verification of a round (K >= 0 drafts; K == 0 and ready_layer == 0 is a

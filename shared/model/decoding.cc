@@ -107,55 +107,29 @@ StatusOr<at::Tensor> Drafter::DraftStep(int64_t slot, int64_t row, int32_t token
     return InvalidArgumentError("exit_layer " + std::to_string(exit_layer) + " outside [1, " +
                                 std::to_string(L) + "]");
   }
-  if (row < 0 || row >= cache_.max_draft_len()) {
-    return InvalidArgumentError("draft row " + std::to_string(row) + " outside [0, " +
-                                std::to_string(cache_.max_draft_len()) + ")");
-  }
-  const int64_t pos = cache_.length(slot) + row;
-  if (pos >= cache_.capacity()) return ResourceExhaustedError("KV slot is full");
-  if (runner_) {
-    DraftWork w;
-    w.slot = slot;
-    w.row = row;
-    w.token = token;
-    w.first = 0;
-    w.last = exit_layer;
-    LEDE_ASSIGN_OR_RETURN(DraftStepResult r, runner_(w));
-    return std::move(r.exit_logits);
-  }
-  return TorchBoundary("draft", [&]() -> StatusOr<at::Tensor> {
-    at::Tensor h = model_.Embed(TokenTensor({token}, model_.options().device));
-    h = model_.Forward(h, 0, exit_layer, pos, &cache_, slot);
-    cache_.exit_hidden().select(0, slot).narrow(0, row, 1).copy_(h.view({1, -1}));
-    return model_.ExitLogits(h).view({-1});
-  });
+  DraftWork w;
+  w.slot = slot;
+  w.row = row;
+  w.token = token;
+  w.last = exit_layer;
+  LEDE_ASSIGN_OR_RETURN(DraftStepResult r, Run(w));
+  return std::move(r.exit_logits);
 }
 
 StatusOr<DraftStepResult> Drafter::ProbeLayers(int64_t slot, const at::Tensor& hidden, int64_t first,
                                                int64_t last) {
-  const int64_t L = model_.n_layers();
-  if (first < 0 || first >= last || last > L) {
-    return InvalidArgumentError("blocks [" + std::to_string(first) + ", " + std::to_string(last) +
-                                ") outside 0 <= first < last <= " + std::to_string(L));
-  }
-  const int64_t n = cache_.length(slot);
-  if (n >= cache_.capacity()) return ResourceExhaustedError("KV slot is full");
-  if (runner_) {
-    DraftWork w;
-    w.slot = slot;
-    w.row = 0;
-    w.hidden = hidden;
-    w.first = first;
-    w.last = last;
-    return runner_(w);
-  }
-  return TorchBoundary("draft", [&]() -> StatusOr<DraftStepResult> {
-    DraftStepResult r;
-    r.hidden = model_.Forward(hidden, first, last, n, &cache_, slot);
-    cache_.exit_hidden().select(0, slot).narrow(0, 0, 1).copy_(r.hidden.view({1, -1}));
-    r.exit_logits = model_.ExitLogits(r.hidden).view({-1});
-    return r;
-  });
+  DraftWork w;
+  w.slot = slot;
+  w.hidden = hidden;
+  w.first = first;
+  w.last = last;
+  return Run(w);
+}
+
+StatusOr<DraftStepResult> Drafter::Run(const DraftWork& w) {
+  if (!runner_) return RunDraftStep(model_, cache_, w);
+  LEDE_RETURN_IF_ERROR(ValidateDraftWork(model_, cache_, w));  // a bad step never reaches the runner
+  return runner_(w);
 }
 
 // ---------------------------------------------------------- rounds

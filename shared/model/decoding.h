@@ -87,7 +87,8 @@ class Drafter {
   using StepRunner = std::function<StatusOr<DraftStepResult>(const DraftWork&)>;
 
   // Without a runner every step runs alone on the calling thread
-  // (LlamaModel::Forward; the CUDA graphs of StepGraphs where they are on).
+  // (RunDraftStep: LlamaModel::Forward, the CUDA graphs of StepGraphs where
+  // they are on).
   Drafter(const LlamaModel& model, KvCache& cache, StepRunner runner = nullptr)
       : model_(model), cache_(cache), runner_(std::move(runner)) {}
 
@@ -108,6 +109,9 @@ class Drafter {
   StatusOr<DraftStepResult> ProbeLayers(int64_t slot, const at::Tensor& hidden, int64_t first, int64_t last);
 
  private:
+  // The step through the runner, or alone (RunDraftStep).
+  StatusOr<DraftStepResult> Run(const DraftWork& w);
+
   const LlamaModel& model_;
   KvCache& cache_;
   StepRunner runner_;
