@@ -1238,8 +1238,9 @@ class E2eBatchTest : public ::testing::Test {
 // of different lengths, long ones prefilled in chunks beside running
 // sessions) batched at --max-batch 8 each stream exactly the tokens of their
 // solo run on the in-process engine; the verifier counted its batched steps,
-// the drafter its batched draft steps (the drafting sessions, LEDE,
-// static and threshold, share passes: more sessions than steps).
+// the drafter its draft steps, which went through its batch scheduler (how
+// many sessions share a pass depends on timing, so it is not asserted here;
+// DraftBatchTest holds batched drafting to solo drafting bitwise).
 TEST_F(E2eBatchTest, ConcurrentRequestsMatchTheirSoloRuns) {
   std::vector<std::string> prompts = ReadPrompts(ModelDir() + "/prompts/story.jsonl", 4);
   for (const std::string& c : ReadPrompts(ModelDir() + "/prompts/code.jsonl", 2)) prompts.push_back(c);
@@ -1261,7 +1262,6 @@ TEST_F(E2eBatchTest, ConcurrentRequestsMatchTheirSoloRuns) {
       SumMetric(MetricsText(cluster_->verifier()->metrics_port()), "lede_iteration_batch_size_count");
   const std::string drafter_before = MetricsText(cluster_->drafter()->metrics_port());
   const double draft_steps_before = SumMetric(drafter_before, "lede_draft_batch_size_count");
-  const double draft_sessions_before = SumMetric(drafter_before, "lede_draft_batch_size_sum");
   const std::vector<CallResult> got = GenerateConcurrently(*cluster_, requests);
   for (int i = 0; i < kRequests; ++i) {
     ASSERT_TRUE(got[i].ok()) << "request " << i << ": " << got[i].Describe();
@@ -1273,10 +1273,8 @@ TEST_F(E2eBatchTest, ConcurrentRequestsMatchTheirSoloRuns) {
   // Every step holds at least one session: the sum of sizes is at least the count.
   EXPECT_GE(SumMetric(text, "lede_iteration_batch_size_sum"), SumMetric(text, "lede_iteration_batch_size_count"));
   const std::string drafter = MetricsText(cluster_->drafter()->metrics_port());
-  const double draft_steps = SumMetric(drafter, "lede_draft_batch_size_count") - draft_steps_before;
-  const double draft_sessions = SumMetric(drafter, "lede_draft_batch_size_sum") - draft_sessions_before;
-  EXPECT_GT(draft_steps, 0);
-  EXPECT_GT(draft_sessions, draft_steps) << "no draft step held two sessions";
+  EXPECT_GT(SumMetric(drafter, "lede_draft_batch_size_count") - draft_steps_before, 0);
+  EXPECT_GE(SumMetric(drafter, "lede_draft_batch_size_sum"), SumMetric(drafter, "lede_draft_batch_size_count"));
   EXPECT_TRUE(lede::testing::WaitUntil(
       [&] { return SumMetric(MetricsText(cluster_->verifier()->metrics_port()), "lede_kv_slots_in_use") == 0; },
       20s, 50ms));
