@@ -147,8 +147,39 @@ def one_request(stub, pb, prompt, method, new_tokens, static_config):
     return r
 
 
+BATCH_HISTOGRAMS = {"verifier": "lede_iteration_batch_size", "drafter": "lede_draft_batch_size"}
+
+
+def batch_metrics(metrics_ports):
+    """(sum, count) of each service's batch-size histogram, {name: (sum, count)}, from its /metrics."""
+    import urllib.request
+    out = {}
+    for service, port in metrics_ports.items():
+        hist = BATCH_HISTOGRAMS[service]
+        try:
+            text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5).read().decode()
+        except OSError:
+            continue
+        values = {line.split()[0]: float(line.split()[-1]) for line in text.splitlines()
+                  if line.startswith(hist + "_sum") or line.startswith(hist + "_count")}
+        out[service] = (values.get(hist + "_sum", 0.0), values.get(hist + "_count", 0.0))
+    return out
+
+
+def deployment_metrics_ports(kind, tmp):
+    """The metrics ports of a deployment's verifier and drafter (one process for both when co-located)."""
+    logs = {"verifier": kind + "-model.log", "drafter": kind + "-model.log"} if kind == "co-located" else \
+        {"verifier": kind + "-verifier.log", "drafter": kind + "-drafter.log"}
+    ports = {}
+    for service, log in logs.items():
+        found = services_bench.started_ports(os.path.join(tmp, log))
+        if found:
+            ports[service] = found[1]
+    return ports
+
+
 def run_level(port, pb, pb_grpc, prompts, method, concurrency, num_requests, new_tokens, static_config,
-              soak_s=0.0, sample=None, pids=()):
+              soak_s=0.0, sample=None, pids=(), metrics_ports=None):
     import grpc
     results, lock = [], threading.Lock()
     next_index = [0]
@@ -168,6 +199,7 @@ def run_level(port, pb, pb_grpc, prompts, method, concurrency, num_requests, new
                     results.append(r)
 
     cpu0 = cpu_seconds(pids)
+    batch0 = batch_metrics(metrics_ports or {})
     t0 = time.perf_counter()
     threads = [threading.Thread(target=client) for _ in range(concurrency)]
     for t in threads:
@@ -179,6 +211,7 @@ def run_level(port, pb, pb_grpc, prompts, method, concurrency, num_requests, new
         t.join()
     wall = time.perf_counter() - t0
     cpu1 = cpu_seconds(pids)
+    batch1 = batch_metrics(metrics_ports or {})
     ok = [r for r in results if r.ok]
     ttft = [r.ttft for r in ok if r.ttft is not None]
     tpot = [(r.end - r.ttft) / (r.n_tokens - 1) for r in ok if r.ttft is not None and r.n_tokens > 1]
@@ -205,6 +238,9 @@ def run_level(port, pb, pb_grpc, prompts, method, concurrency, num_requests, new
         # CPU seconds each process spent on this level, per output token (us) and in all (cores busy).
         "cpu_us_per_token": {k: 1e6 * (cpu1[k] - cpu0[k]) / max(1, tokens) for k in cpu1},
         "cores_busy": sum(cpu1[k] - cpu0[k] for k in cpu1) / wall,
+        # Mean sessions per batched step of the verifier and of the drafter on this level.
+        "sessions_per_step": {k: (batch1[k][0] - batch0[k][0]) / (batch1[k][1] - batch0[k][1])
+                              for k in batch1 if k in batch0 and batch1[k][1] > batch0[k][1]},
     }
 
 
@@ -270,6 +306,7 @@ def main():
                                                                      str(a.batch_threads), "--batch-workers",
                                                                      str(a.batch_workers)])
             pids = [p.pid for p in procs]
+            metrics_ports = deployment_metrics_ports(kind, tmp)
             try:
                 # Warm-up: one request per method, then the baseline of memory and descriptors.
                 for m in methods:
@@ -292,7 +329,7 @@ def main():
                     for m in methods:
                         for n in levels:
                             row = run_level(port, pb, pb_grpc, prompts, m, n, a.num_prompts, a.new_tokens,
-                                            static_config, pids=pids)
+                                            static_config, pids=pids, metrics_ports=metrics_ports)
                             row["deployment"] = kind
                             row["max_batch"] = max_batch
                             rows.append(row)
@@ -301,7 +338,9 @@ def main():
                                      fmt(row["ttft"]["mean_ms"]), fmt(row["tpot"]["mean_ms"])), flush=True)
                             print("    CPU us/token: " + "  ".join("%s %.0f" % kv for kv in
                                                                    row["cpu_us_per_token"].items())
-                                  + "  (cores busy %.2f)" % row["cores_busy"], flush=True)
+                                  + "  (cores busy %.2f)" % row["cores_busy"]
+                                  + "".join("  %s sessions/step %.2f" % kv for kv in
+                                            row["sessions_per_step"].items()), flush=True)
                 usage[(kind + " B=%d" % max_batch, "end")] = proc_usage(pids)
             finally:
                 services_bench.stop(procs)
