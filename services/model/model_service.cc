@@ -1,5 +1,6 @@
 #include "services/model/model_service.h"
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -819,6 +820,23 @@ struct DrafterService::Impl {
     StatusOr<model::DraftStepResult> result = model::DraftStepResult{};
   };
   std::unique_ptr<BatchScheduler> scheduler;
+  // Draft calls in progress: the sessions whose next draft step is at most
+  // one decision away (the scheduler's open sessions).
+  std::atomic<int64_t> drafting{0};
+
+  // Counts one Draft call for the scheduler while it lives.
+  class DraftingScope {
+   public:
+    explicit DraftingScope(Impl& impl) : impl_(impl) {
+      if (impl_.scheduler) impl_.scheduler->set_n_sessions(++impl_.drafting);
+    }
+    ~DraftingScope() {
+      if (impl_.scheduler) impl_.scheduler->set_n_sessions(--impl_.drafting);
+    }
+
+   private:
+    Impl& impl_;
+  };
 
   void RunJobs(const std::vector<void*>& jobs) {
     SetBatchThreads(host->options.batch_threads);
@@ -860,7 +878,7 @@ DrafterService::DrafterService(std::shared_ptr<ModelHost> host, VerifierService*
     BatchSchedulerOptions o;
     o.max_batch = impl_->host->options.max_batch;
     o.n_workers = impl_->host->options.batch_workers;
-    o.max_wait = absl::ZeroDuration();
+    o.max_wait = impl_->host->options.batch_wait;
     if (impl_->host->metrics) o.batch_size = &impl_->host->metrics->draft_batch_size;
     impl_->scheduler = std::make_unique<BatchScheduler>(
         o, [impl = impl_.get()](const std::vector<void*>& jobs) { impl->RunJobs(jobs); });
@@ -965,6 +983,7 @@ grpc::Status DrafterService::Draft(grpc::ServerContext*, const lede::v1::DraftRe
   dr.context.assign(req->context().begin(), req->context().end());
   dr.round_index = req->round_index();
   dr.record_trace = req->record_trace();
+  Impl::DraftingScope drafting(*impl_);
   model::Drafter drafter(*host.model, cache, impl_->RunnerFor(cache));
   StatusOr<model::DraftOutput> out = model::DraftRound(*host.model, cache, drafter, req->slot(), config, sampling, dr);
   if (!out.ok()) return ToGrpcStatus(out.status());
