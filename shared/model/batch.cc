@@ -123,6 +123,26 @@ void RunLegs(const LlamaModel& model, KvCache& cache, std::vector<Leg>& legs) {
   at_boundary(L);
 }
 
+// The indices of the items of a batch that pass `check` and name a slot no
+// earlier item named; the others get their error in `out`.
+template <typename Work, typename Result, typename Check>
+std::vector<size_t> CheckEach(const std::vector<Work>& work, const Check& check, std::vector<Result>& out) {
+  std::vector<size_t> live;
+  std::set<int64_t> slots;
+  for (size_t i = 0; i < work.size(); ++i) {
+    Status s = check(work[i]);
+    if (s.ok() && !slots.insert(work[i].slot).second) {
+      s = InvalidArgumentError("slot: " + Str(work[i].slot) + " named twice in one batch");
+    }
+    if (s.ok()) {
+      live.push_back(i);
+    } else {
+      out[i] = s;
+    }
+  }
+  return live;
+}
+
 at::Tensor EmbedRows(const LlamaModel& model, const std::vector<int32_t>& ids) {
   std::vector<int64_t> wide(ids.begin(), ids.end());
   at::Tensor t = at::tensor(wide, at::TensorOptions().dtype(at::kLong)).view({1, -1}).to(model.options().device);
@@ -134,19 +154,8 @@ at::Tensor EmbedRows(const LlamaModel& model, const std::vector<int32_t>& ids) {
 std::vector<StatusOr<at::Tensor>> RunVerifierBatch(const LlamaModel& model, KvCache& cache,
                                                    const std::vector<VerifierWork>& work) {
   std::vector<StatusOr<at::Tensor>> out(work.size(), at::Tensor());
-  std::vector<size_t> live;  // items that passed their checks
-  std::set<int64_t> slots;
-  for (size_t i = 0; i < work.size(); ++i) {
-    Status s = CheckWork(work[i], model, cache);
-    if (s.ok() && !slots.insert(work[i].slot).second) {
-      s = InvalidArgumentError("slot: " + Str(work[i].slot) + " named twice in one batch");
-    }
-    if (s.ok()) {
-      live.push_back(i);
-    } else {
-      out[i] = s;
-    }
-  }
+  const std::vector<size_t> live =
+      CheckEach(work, [&](const VerifierWork& w) { return CheckWork(w, model, cache); }, out);
   if (live.empty()) return out;
   const int64_t L = model.n_layers(), d = model.config().dim;
   Status pass = TorchBoundary("batch", [&]() -> Status {
@@ -265,19 +274,8 @@ std::vector<StatusOr<DraftStepResult>> RunDrafterBatch(const LlamaModel& model, 
                                                        const std::vector<DraftWork>& work) {
   std::vector<StatusOr<DraftStepResult>> out(work.size(), DraftStepResult{});
   const int64_t d = model.config().dim;
-  std::vector<size_t> live;
-  std::set<int64_t> slots;
-  for (size_t i = 0; i < work.size(); ++i) {
-    Status s = ValidateDraftWork(model, cache, work[i]);
-    if (s.ok() && !slots.insert(work[i].slot).second) {
-      s = InvalidArgumentError("slot: " + Str(work[i].slot) + " named twice in one batch");
-    }
-    if (s.ok()) {
-      live.push_back(i);
-    } else {
-      out[i] = s;
-    }
-  }
+  const std::vector<size_t> live =
+      CheckEach(work, [&](const DraftWork& w) { return ValidateDraftWork(model, cache, w); }, out);
   if (live.empty()) return out;
   Status pass = TorchBoundary("draft batch", [&]() -> Status {
     c10::InferenceMode inference_mode;
