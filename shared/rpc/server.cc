@@ -70,7 +70,9 @@ sigset_t TerminationSignals() {
 // 128 KiB kept it flat over 4 minutes (395-399 MiB) but cost
 // 20-25% of autoregressive throughput at 16 streams (a page fault per 4 KiB
 // of every logits tensor). The MALLOC_MMAP_THRESHOLD_ and MALLOC_ARENA_MAX
-// environment variables, when set, win.
+// environment variables, when set, win. lede-model now links jemalloc, so
+// these settings shape only the other servers' glibc malloc (the
+// coordinator and the policy service, whose RSS was flat either way).
 void LimitAllocatorGrowth() {
 #ifdef __GLIBC__
   if (getenv("MALLOC_MMAP_THRESHOLD_") == nullptr) mallopt(M_MMAP_THRESHOLD, 1 << 20);

@@ -94,7 +94,8 @@ void BlockTerminationSignals();
 // Constructing one also sets two process-wide things a server wants
 // (server.cc): Abseil's mutex deadlock detection off, and glibc's malloc
 // with a fixed 1 MiB mmap threshold and 4 arenas (unless MALLOC_* says
-// otherwise), so that a long run's RSS climbs less (server.cc).
+// otherwise), so that a long run's RSS climbs less (server.cc; lede-model
+// allocates with jemalloc instead, which these do not touch).
 class ServerRunner {
  public:
   explicit ServerRunner(std::string process_name);

@@ -792,6 +792,20 @@ TEST_F(E2eTest, PolicyServiceDoesNotLinkLibtorch) {
   ExpectNoLibtorch(LEDE_POLICY_BIN, split_->policy()->pid());
 }
 
+// The model processes allocate with jemalloc (linked into lede-model ahead
+// of libc, so its malloc is the one every library calls): glibc's arenas
+// kept growing the verifier's RSS under a long soak.
+TEST_F(E2eTest, ModelProcessesAllocateWithJemalloc) {
+  auto [code, out] = RunShell(std::string("readelf -d ") + LEDE_MODEL_BIN + " 2>&1");
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("libjemalloc")) << LEDE_MODEL_BIN;
+  for (ChildProcess* p : {split_->verifier(), split_->drafter()}) {
+    const std::string maps = telemetry::test_util::ReadAll("/proc/" + std::to_string(p->pid()) + "/maps");
+    ASSERT_FALSE(maps.empty());
+    EXPECT_THAT(maps, HasSubstr("libjemalloc"));
+  }
+}
+
 // Sends LEDE requests through an extra coordinator that logs experience to
 // `store_url`, stops it with SIGTERM (it must exit 0, having flushed), and
 // checks that the store holds whole shards under "experience", every
