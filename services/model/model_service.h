@@ -81,12 +81,15 @@ struct ModelServiceOptions {
   std::string device = "cpu";
   std::string dtype = "float32";
   int threads = 1;               // libtorch intra-op threads
-  // Verifier: continuous batching (--max-batch; batch_scheduler.h). Above 1,
-  // handler threads submit their prefill chunks and round verifications to
-  // the batch scheduler, which runs up to max_batch sessions' work per step
-  // in one pass over the weights (model::RunBatch); 1 runs each call on its
-  // own handler thread, one sequence per pass (the behaviour before
-  // batching).
+  // Continuous batching (--max-batch; batch_scheduler.h). Above 1, the
+  // verifier's handler threads submit their prefill chunks and round
+  // verifications to its batch scheduler, which runs up to max_batch
+  // sessions' work per step in one pass over the weights (model::RunBatch),
+  // and the drafter's submit every draft step and phase-1 probe to its own
+  // (model::RunDrafterBatch; its open sessions are the Draft calls in
+  // progress); 1 runs each call on its own handler thread, one sequence per
+  // pass (the behaviour before batching). batch_threads, batch_workers and
+  // batch_wait apply to both schedulers.
   int64_t max_batch = 16;
   // Prompt positions per prefill step when batching (--prefill-chunk): a
   // long prompt shares the steps with running sessions instead of stalling
@@ -183,6 +186,10 @@ class DrafterService final : public lede::v1::Drafter::Service {
   ~DrafterService() override;
   grpc::Status Describe(grpc::ServerContext*, const lede::v1::DescribeRequest*,
                         lede::v1::ModelInfo*) override;
+  // One speculation round's drafting (DESIGN.md §2). With max_batch > 1 its
+  // draft steps share passes with the other sessions drafting at that
+  // moment (model::RunDrafterBatch: bitwise the solo steps on the fused
+  // path); its decisions stay its own, on this handler thread.
   grpc::Status Draft(grpc::ServerContext*, const lede::v1::DraftRequest*,
                      lede::v1::DraftResponse*) override;
   // Draft, then the co-located verifier's Verify of the draft (one hop per
