@@ -1,6 +1,5 @@
 #include "services/model/model_service.h"
 
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -821,18 +820,23 @@ struct DrafterService::Impl {
   };
   std::unique_ptr<BatchScheduler> scheduler;
   // Draft calls in progress: the sessions whose next draft step is at most
-  // one decision away (the scheduler's open sessions).
-  std::atomic<int64_t> drafting{0};
+  // one decision away (the scheduler's open sessions). Counted and handed to
+  // the scheduler under one lock, so the last count it hears is the count.
+  absl::Mutex drafting_mu;
+  int64_t drafting ABSL_GUARDED_BY(drafting_mu) = 0;
+
+  void CountDrafting(int64_t delta) {
+    if (!scheduler) return;
+    absl::MutexLock lock(&drafting_mu);
+    drafting += delta;
+    scheduler->set_n_sessions(drafting);
+  }
 
   // Counts one Draft call for the scheduler while it lives.
   class DraftingScope {
    public:
-    explicit DraftingScope(Impl& impl) : impl_(impl) {
-      if (impl_.scheduler) impl_.scheduler->set_n_sessions(++impl_.drafting);
-    }
-    ~DraftingScope() {
-      if (impl_.scheduler) impl_.scheduler->set_n_sessions(--impl_.drafting);
-    }
+    explicit DraftingScope(Impl& impl) : impl_(impl) { impl_.CountDrafting(1); }
+    ~DraftingScope() { impl_.CountDrafting(-1); }
 
    private:
     Impl& impl_;
