@@ -508,25 +508,28 @@ class SetBench {
       if (in_sample.ok()) in_tables.push_back(CalibratedAcceptanceTable(t, *in_sample->current, c_.spec.trace_window));
       if (tuning.ok()) tuning_tables.push_back(CalibratedAcceptanceTable(t, *tuning->current, c_.spec.trace_window));
     }
-    for (const model::CostModel* cm : cost_models_) {
-      trainer::TraceCost oracle, belief_in, belief_tuning;
+    // A per-trace cost pooled over the evaluation traces: tokens / cost.
+    auto pooled = [&](const std::function<trainer::TraceCost(size_t)>& cost_of) {
+      trainer::TraceCost sum;
       for (size_t i = 0; i < eval_traces_.size(); ++i) {
-        const trainer::ShadowTrace& t = eval_traces_[i];
-        const trainer::TraceCost o = trainer::HindsightOracleCost(t, static_max_draft_, *cm);
-        oracle.tokens += o.tokens, oracle.cost += o.cost;
-        if (i < in_tables.size()) {
-          const trainer::TraceCost b = trainer::BeliefOptimalCost(t, in_tables[i], static_max_draft_, *cm);
-          belief_in.tokens += b.tokens, belief_in.cost += b.cost;
-        }
-        if (i < tuning_tables.size()) {
-          const trainer::TraceCost b = trainer::BeliefOptimalCost(t, tuning_tables[i], static_max_draft_, *cm);
-          belief_tuning.tokens += b.tokens, belief_tuning.cost += b.cost;
-        }
+        const trainer::TraceCost c = cost_of(i);
+        sum.tokens += c.tokens;
+        sum.cost += c.cost;
       }
-      auto speedup = [](const trainer::TraceCost& c) { return c.cost > 0 ? c.tokens / c.cost : 1.0; };
-      out["hindsight_oracle"][cm->name()] = speedup(oracle);
-      out["belief_in_sample"][cm->name()] = speedup(belief_in);
-      out["belief_tuning_fit"][cm->name()] = speedup(belief_tuning);
+      return sum.cost > 0 ? sum.tokens / sum.cost : 1.0;
+    };
+    // The belief-optimal policy under one table per trace (none: no fit, 1.0).
+    auto belief = [&](const std::vector<trainer::AcceptanceTable>& tables, const model::CostModel& cm) {
+      if (tables.empty()) return 1.0;
+      return pooled([&](size_t i) {
+        return trainer::BeliefOptimalCost(eval_traces_[i], tables[i], static_max_draft_, cm);
+      });
+    };
+    for (const model::CostModel* cm : cost_models_) {
+      out["hindsight_oracle"][cm->name()] =
+          pooled([&](size_t i) { return trainer::HindsightOracleCost(eval_traces_[i], static_max_draft_, *cm); });
+      out["belief_in_sample"][cm->name()] = belief(in_tables, *cm);
+      out["belief_tuning_fit"][cm->name()] = belief(tuning_tables, *cm);
       double best = 0;
       if (in_sample.ok()) {
         for (const Config& cfg : CalibratedConfigs(*in_sample, *cm)) {
