@@ -471,6 +471,14 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
             "time the rounds in whole generations of these prompts (JSON lines with \"prompt\", comma-separated "
             "files; the workload's training prompts, never evaluation ones; default: one synthetic prompt)");
   flags.Add("new-tokens", &new_tokens, "--prompts: tokens generated per timed generation");
+  std::string batch_sizes_flag = "1,2,4,8,16", base_path;
+  int64_t batch_exit_layer = 2, batch_context = 128;
+  flags.Add("batch-sizes", &batch_sizes_flag,
+            "time batched steps of this many sessions (the cost model at a load; \"\" skips them)");
+  flags.Add("batch-exit-layer", &batch_exit_layer, "exit layer of the batched verifications and draft steps");
+  flags.Add("batch-context", &batch_context, "committed tokens per session in the batched steps");
+  flags.Add("base", &base_path,
+            "start from this calibration JSON (same model) and time only the batch tables, keeping the rest");
   if (flags::WantsHelp(args)) {
     out << "usage: lede calibrate --model PATH [flags]\nflags:\n" << flags.Usage();
     return kExitOk;
@@ -512,8 +520,35 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
     (void)sink;
   };
 #endif
-  auto cal = model::Calibrate(**loaded, static_cast<int>(repeats), decide, static_cast<int>(round_passes),
-                              round_max_draft_len, prompts, new_tokens);
+  std::vector<int64_t> batch_sizes;
+  if (!batch_sizes_flag.empty()) {
+    auto parsed = flags::ParseIntList("batch-sizes", batch_sizes_flag);
+    if (!parsed.ok()) return Fail(err, parsed.status(), kExitUsage);
+    for (int32_t b : *parsed) batch_sizes.push_back(b);
+  }
+  StatusOr<model::Calibration> cal = model::Calibration{};
+  if (!base_path.empty()) {
+    cal = model::ReadCalibrationFile(base_path);
+    if (!cal.ok()) return Fail(err, Status(cal.status().code(), "--base: " + std::string(cal.status().message())),
+                               kExitUsage);
+    if (cal->model_fingerprint != (*loaded)->config().ArchitectureFingerprint()) {
+      return Fail(err, InvalidArgumentError("--base: " + base_path + " was calibrated for another model"),
+                  kExitUsage);
+    }
+    if (batch_sizes.empty()) return Fail(err, InvalidArgumentError("--base: wants --batch-sizes"), kExitUsage);
+  } else {
+    cal = model::Calibrate(**loaded, static_cast<int>(repeats), decide, static_cast<int>(round_passes),
+                           round_max_draft_len, prompts, new_tokens);
+  }
+  if (cal.ok() && !batch_sizes.empty()) {
+    batch_context = std::min<int64_t>(batch_context, (*loaded)->config().max_seq_len - round_max_draft_len - 2);
+    if (Status s = model::CalibrateBatches(**loaded, std::max<int>(5, static_cast<int>(repeats) / 2), batch_sizes,
+                                           batch_exit_layer, round_max_draft_len, batch_context, &*cal);
+        !s.ok()) {
+      const int code = s.code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure;
+      return Fail(err, Status(s.code(), "--batch-sizes / --batch-exit-layer: " + std::string(s.message())), code);
+    }
+  }
   if (!cal.ok()) {
     if (cal.status().code() == StatusCode::kInvalidArgument) {  // the prompts or --new-tokens do not fit
       return Fail(err, InvalidArgumentError("--prompts / --new-tokens: " + std::string(cal.status().message())),
@@ -547,6 +582,22 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
         r.n_drafted = static_cast<int32_t>(k);
         err << (k > 1 ? "/" : "") << measured->RoundCost(r);
       }
+    }
+    err << "\n";
+  }
+  if (!cal->batch_sizes.empty()) {
+    // What batching does to the prices: a round of 3 drafts at the batch
+    // exit layer, in autoregressive steps at each load.
+    err << "batched steps at E=" << cal->batch_exit_layer << ", per session in autoregressive steps at that load:";
+    for (size_t i = 0; i < cal->batch_sizes.size(); ++i) {
+      const int64_t b = cal->batch_sizes[i];
+      auto at_load = model::MakeMeasuredCostModelAtLoad(*cal, b);
+      if (!at_load.ok()) continue;
+      model::RoundRecord r;
+      r.exit_layer = static_cast<int32_t>(cal->batch_exit_layer);
+      r.n_drafted = 3;
+      err << " B=" << b << ": round of 3 drafts " << (*at_load)->RoundCost(r) << " (step "
+          << cal->batch_step_us[i] / static_cast<double>(b) << " us per session)";
     }
     err << "\n";
   }

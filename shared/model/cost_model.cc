@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <utility>
 #include <vector>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shared/file/file.h"
+#include "shared/model/batch.h"
 #include "shared/model/exit_signals.h"
 #include "shared/model/torch_boundary.h"
 #include "shared/status/status_macros.h"
@@ -114,6 +116,30 @@ class MeasuredCostModel : public CostModel {
   std::vector<std::vector<double>> rounds_us_;
 };
 
+// Another cost model's prices times per-load factors (the cost models at a
+// load, cost_model.h): verifications by verify[K] (K = 0 is a plain step,
+// factor 1; K beyond the vector takes its last entry), drafts and probes by
+// `draft`, decisions and signals by `session`.
+class LoadedCostModel : public CostModel {
+ public:
+  LoadedCostModel(std::unique_ptr<CostModel> base, std::vector<double> verify, double draft, double session)
+      : base_(std::move(base)), verify_(std::move(verify)), draft_(draft), session_(session) {}
+  std::string name() const override { return base_->name(); }
+  double DraftToken(int64_t l) const override { return base_->DraftToken(l) * draft_; }
+  double Verify(int64_t e, int64_t k) const override {
+    if (k <= 0 || verify_.empty()) return base_->Verify(e, k);
+    return base_->Verify(e, k) * verify_[std::min<size_t>(static_cast<size_t>(k), verify_.size()) - 1];
+  }
+  double Probe() const override { return base_->Probe() * draft_; }
+  double Decision() const override { return base_->Decision() * session_; }
+  double Signals() const override { return base_->Signals() * session_; }
+
+ private:
+  std::unique_ptr<CostModel> base_;
+  std::vector<double> verify_;  // [K - 1]
+  double draft_, session_;
+};
+
 // The median of `v` (the upper one for an even count); 0 when empty.
 double Median(std::vector<double> v) {
   if (v.empty()) return 0.0;
@@ -175,6 +201,54 @@ std::unique_ptr<CostModel> MakeAcceleratorCostModel(const ModelConfig& config) {
 
 std::unique_ptr<CostModel> MakeMeasuredCostModel(const Calibration& calibration) {
   return std::make_unique<MeasuredCostModel>(calibration);
+}
+
+std::unique_ptr<CostModel> MakeAcceleratorCostModelAtLoad(const ModelConfig& config, int64_t load,
+                                                          double ridge_tokens) {
+  const double b = static_cast<double>(std::max<int64_t>(load, 1));
+  const double ridge = ridge_tokens > 0 ? ridge_tokens : kDefaultRidgeTokens;
+  const double step = std::max(1.0, b / ridge);
+  std::vector<double> verify;
+  for (int64_t k = 1; k <= 64; ++k) verify.push_back(std::max(1.0, b * static_cast<double>(k + 1) / ridge) / step);
+  return std::make_unique<LoadedCostModel>(MakeAcceleratorCostModel(config), std::move(verify), 1.0, 1.0);
+}
+
+StatusOr<std::unique_ptr<CostModel>> MakeMeasuredCostModelAtLoad(const Calibration& c, int64_t load) {
+  const size_t n = c.batch_sizes.size();
+  if (n == 0) {
+    return FailedPreconditionError(
+        "calibration has no batch tables: time them with lede calibrate --batch-sizes");
+  }
+  if (load < 1 || load > c.batch_sizes.back()) {
+    return InvalidArgumentError("load: " + std::to_string(load) + " is outside [1, " +
+                                std::to_string(c.batch_sizes.back()) + "], the batch sizes of the calibration");
+  }
+  // The three factors at timed size index i, relative to B = 1 (index 0).
+  const size_t kmax = c.batch_verify_us.front().size();
+  auto factors = [&](size_t i) {
+    const double s = c.batch_step_us[i], s1 = c.batch_step_us[0];
+    std::vector<double> f;
+    for (size_t k = 0; k < kmax; ++k) f.push_back((c.batch_verify_us[i][k] / s) / (c.batch_verify_us[0][k] / s1));
+    f.push_back((c.batch_draft_us[i] / s) / (c.batch_draft_us[0] / s1));
+    f.push_back(static_cast<double>(c.batch_sizes[i]) * s1 / s);
+    return f;
+  };
+  size_t hi = 0;
+  while (c.batch_sizes[hi] < load) ++hi;
+  std::vector<double> f = factors(hi);
+  if (c.batch_sizes[hi] != load) {  // between sizes hi - 1 and hi: linear in log2(B)
+    const std::vector<double> lo = factors(hi - 1);
+    const double x0 = std::log2(static_cast<double>(c.batch_sizes[hi - 1]));
+    const double x1 = std::log2(static_cast<double>(c.batch_sizes[hi]));
+    const double w = (std::log2(static_cast<double>(load)) - x0) / (x1 - x0);
+    for (size_t j = 0; j < f.size(); ++j) f[j] = lo[j] + w * (f[j] - lo[j]);
+  }
+  const double session = f.back();
+  f.pop_back();
+  const double draft = f.back();
+  f.pop_back();
+  return std::unique_ptr<CostModel>(
+      std::make_unique<LoadedCostModel>(MakeMeasuredCostModel(c), std::move(f), draft, session));
 }
 
 namespace {
@@ -425,6 +499,97 @@ Status CalibrateRoundsOnPrompts(const LlamaModel& model, int passes, int64_t max
 
 }  // namespace
 
+Status CalibrateBatches(const LlamaModel& model, int repeats, const std::vector<int64_t>& batch_sizes,
+                        int64_t exit_layer, int64_t max_draft_len, int64_t context, Calibration* cal) {
+  const ModelConfig& c = model.config();
+  if (batch_sizes.empty() || batch_sizes.front() != 1 || batch_sizes.back() > 64 ||
+      !std::is_sorted(batch_sizes.begin(), batch_sizes.end()) ||
+      std::adjacent_find(batch_sizes.begin(), batch_sizes.end()) != batch_sizes.end()) {
+    return InvalidArgumentError("batch_sizes: want distinct ascending sizes starting at 1, at most 64");
+  }
+  if (exit_layer < 1 || exit_layer >= c.n_layers) {
+    return InvalidArgumentError("exit_layer: " + std::to_string(exit_layer) + " is outside [1, " +
+                                std::to_string(c.n_layers) + ")");
+  }
+  if (max_draft_len < 1 || max_draft_len > 16) return InvalidArgumentError("max_draft_len: must be in [1, 16]");
+  if (context < 1 || context + max_draft_len + 2 > c.max_seq_len) {
+    return InvalidArgumentError("context: " + std::to_string(context) + " plus the steps must fit max_seq_len " +
+                                std::to_string(c.max_seq_len));
+  }
+  if (repeats < 1) return InvalidArgumentError("repeats: must be >= 1");
+  return TorchBoundary("calibrate batches", [&]() -> Status {
+    c10::InferenceMode guard;
+    const int64_t max_b = batch_sizes.back();
+    KvCacheOptions ko;
+    ko.n_slots = max_b;
+    ko.capacity = std::min<int64_t>(c.max_seq_len, context + max_draft_len + 2);
+    ko.max_draft_len = max_draft_len;
+    ko.device = model.options().device;
+    ko.dtype = model.options().dtype;
+    LEDE_ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(c, ko));
+    Verifier verifier(model, cache);
+    Drafter drafter(model, cache);
+    std::vector<int32_t> prompt(static_cast<size_t>(context));
+    for (int64_t i = 0; i < context; ++i) prompt[i] = static_cast<int32_t>(1 + (i * 37) % (c.vocab_size - 1));
+    const int32_t token = static_cast<int32_t>(std::min<int64_t>(5, c.vocab_size - 1));
+    for (int64_t s = 0; s < max_b; ++s) {
+      LEDE_RETURN_IF_ERROR(verifier.Prefill(s, prompt).status());
+      // Scratch rows for the verifications: K drafts at the exit layer (the
+      // values do not matter to the timing, only that the rows exist).
+      for (int64_t k = 0; k < max_draft_len; ++k) {
+        LEDE_RETURN_IF_ERROR(drafter.DraftStep(s, k, token, exit_layer).status());
+      }
+    }
+    auto reset = [&](int64_t b) {
+      for (int64_t s = 0; s < b; ++s) (void)cache.Truncate(s, context);
+    };
+    std::vector<std::function<void()>> fns;
+    for (int64_t b : batch_sizes) {
+      std::vector<VerifierWork> steps(b);
+      std::vector<std::vector<VerifierWork>> verifies(max_draft_len, std::vector<VerifierWork>(b));
+      std::vector<DraftWork> drafts(b);
+      for (int64_t s = 0; s < b; ++s) {
+        steps[s].slot = s;
+        steps[s].tokens = {token};
+        for (int64_t k = 1; k <= max_draft_len; ++k) {
+          VerifierWork& w = verifies[k - 1][s];
+          w.kind = VerifierWork::Kind::kVerify;
+          w.slot = s;
+          w.exit_layer = exit_layer;
+          w.tokens.assign(static_cast<size_t>(k), token);
+        }
+        drafts[s].slot = s;
+        drafts[s].token = token;
+        drafts[s].last = exit_layer;
+      }
+      fns.push_back([&, b, steps] {
+        (void)RunVerifierBatch(model, cache, steps);
+        reset(b);
+      });
+      for (int64_t k = 1; k <= max_draft_len; ++k) {
+        fns.push_back([&, w = verifies[k - 1]] { (void)RunVerifierBatch(model, cache, w); });
+      }
+      fns.push_back([&, drafts] { (void)RunDrafterBatch(model, cache, drafts); });
+    }
+    const std::vector<double> us = InterleavedMedianMicros(repeats, fns);
+    cal->batch_sizes = batch_sizes;
+    cal->batch_exit_layer = exit_layer;
+    cal->batch_context = context;
+    cal->batch_step_us.clear();
+    cal->batch_verify_us.clear();
+    cal->batch_draft_us.clear();
+    size_t i = 0;
+    for (size_t b = 0; b < batch_sizes.size(); ++b) {
+      cal->batch_step_us.push_back(us[i++]);
+      cal->batch_verify_us.emplace_back(us.begin() + static_cast<std::ptrdiff_t>(i),
+                                        us.begin() + static_cast<std::ptrdiff_t>(i + max_draft_len));
+      i += static_cast<size_t>(max_draft_len);
+      cal->batch_draft_us.push_back(us[i++]);
+    }
+    return OkStatus();
+  });
+}
+
 StatusOr<Calibration> Calibrate(const LlamaModel& model, int repeats, const std::function<void()>& decide,
                                 int round_passes, int64_t round_max_draft_len,
                                 const std::vector<std::vector<int32_t>>& round_prompts, int64_t round_new_tokens) {
@@ -450,6 +615,14 @@ std::string CalibrationToJson(const Calibration& c) {
   if (!c.round_us.empty()) {
     j["round_us"] = c.round_us;
     j["ar_step_us"] = c.ar_step_us;
+  }
+  if (!c.batch_sizes.empty()) {
+    j["batch_sizes"] = c.batch_sizes;
+    j["batch_exit_layer"] = c.batch_exit_layer;
+    j["batch_context"] = c.batch_context;
+    j["batch_step_us"] = c.batch_step_us;
+    j["batch_verify_us"] = c.batch_verify_us;
+    j["batch_draft_us"] = c.batch_draft_us;
   }
   j["units"] = "microseconds; block_us[i] and head_us[i] are for i+1 positions; round_us[E-1][K-1] is a round "
                "of K drafts at exit layer E, ar_step_us an autoregressive round, both timed in the decoding loop";
@@ -483,6 +656,30 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text) {
             std::any_of(row.begin(), row.end(), [](double v) { return !(v > 0); })) {
           return InvalidArgumentError("calibration: round_us rows must be equally long and positive");
         }
+      }
+    }
+    if (j.contains("batch_sizes")) {
+      c.batch_sizes = j.at("batch_sizes").get<std::vector<int64_t>>();
+      c.batch_exit_layer = j.at("batch_exit_layer").get<int64_t>();
+      c.batch_context = j.value("batch_context", int64_t{0});
+      c.batch_step_us = j.at("batch_step_us").get<std::vector<double>>();
+      c.batch_verify_us = j.at("batch_verify_us").get<std::vector<std::vector<double>>>();
+      c.batch_draft_us = j.at("batch_draft_us").get<std::vector<double>>();
+      const size_t n = c.batch_sizes.size();
+      auto positive = [](const std::vector<double>& v) {
+        return !v.empty() && std::all_of(v.begin(), v.end(), [](double x) { return x > 0; });
+      };
+      bool ok = n > 0 && c.batch_sizes.front() == 1 && std::is_sorted(c.batch_sizes.begin(), c.batch_sizes.end()) &&
+                std::adjacent_find(c.batch_sizes.begin(), c.batch_sizes.end()) == c.batch_sizes.end() &&
+                c.batch_step_us.size() == n && c.batch_draft_us.size() == n && c.batch_verify_us.size() == n &&
+                positive(c.batch_step_us) && positive(c.batch_draft_us);
+      for (size_t b = 0; ok && b < n; ++b) {
+        ok = positive(c.batch_verify_us[b]) && c.batch_verify_us[b].size() == c.batch_verify_us[0].size();
+      }
+      if (!ok) {
+        return InvalidArgumentError(
+            "calibration: batch_sizes must ascend from 1, and batch_step_us, batch_verify_us (equally long rows) "
+            "and batch_draft_us hold one positive entry per size");
       }
     }
     return c;

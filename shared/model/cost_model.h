@@ -108,6 +108,23 @@ struct Calibration {
   // after a full step (0 in files from before it was measured).
   double signals_us = 0;
   int64_t threads = 0;            // intra-op threads during calibration
+
+  // Batched steps (issue 12: prices as a function of load), timed when
+  // Calibrate is given batch sizes; empty in files without them. For each
+  // B = batch_sizes[b] (ascending, the first one 1), the median wall time
+  // of one batched step in which B sessions (batch_context committed
+  // tokens each) do the same work (shared/model/batch.h):
+  //   batch_step_us[b]          B autoregressive steps (RunVerifierBatch)
+  //   batch_verify_us[b][K-1]   B verifications of K drafts at
+  //                             batch_exit_layer, K = 1..size of the row
+  //   batch_draft_us[b]         B draft steps at batch_exit_layer
+  //                             (RunDrafterBatch: blocks [0, E) and the head)
+  std::vector<int64_t> batch_sizes;
+  int64_t batch_exit_layer = 0;
+  int64_t batch_context = 0;
+  std::vector<double> batch_step_us;
+  std::vector<std::vector<double>> batch_verify_us;
+  std::vector<double> batch_draft_us;
 };
 
 // Times the blocks, head and step of `model` (a scratch KV slot of its own),
@@ -147,6 +164,20 @@ StatusOr<Calibration> Calibrate(const LlamaModel& model, int repeats = 50,
                                 const std::vector<std::vector<int32_t>>& round_prompts = {},
                                 int64_t round_new_tokens = 64);
 
+// The batch tables of Calibration (batch_*): for every B of `batch_sizes`
+// (ascending, the first 1, at most 64), B sessions of `context` committed
+// tokens (a KV pool of its own) run one batched autoregressive step, one
+// batched verification of K drafts at `exit_layer` for K = 1..max_draft_len
+// and one batched draft step at `exit_layer`, `repeats` interleaved times
+// (median); the steps are truncated back after each timing so the context
+// stays put. Costs about repeats x sizes x (max_draft_len + 2) batched steps
+// (lede-tiny, 20 repeats, B <= 16, K <= 6: about 15 s on one thread).
+// Errors: kInvalidArgument naming batch_sizes, exit_layer (outside
+// [1, L)), max_draft_len (outside [1, 16]) or context (the steps must fit
+// max_seq_len); kInternal on a libtorch failure.
+Status CalibrateBatches(const LlamaModel& model, int repeats, const std::vector<int64_t>& batch_sizes,
+                        int64_t exit_layer, int64_t max_draft_len, int64_t context, Calibration* calibration);
+
 std::string CalibrationToJson(const Calibration& calibration);
 // Errors: kInvalidArgument for bad JSON or missing fields.
 StatusOr<Calibration> CalibrationFromJson(const std::string& text);
@@ -165,6 +196,44 @@ StatusOr<Calibration> ReadCalibrationFile(const std::string& path);
 // put a round of one draft at E = 2 9% under its own timed entry.) Exit
 // layers outside the table, K = 0 and probes use the block and head tables.
 std::unique_ptr<CostModel> MakeMeasuredCostModel(const Calibration& calibration);
+
+// Cost models at a load: B sessions decoding at once, every step of the
+// server batching the same kind of work of all B (continuous batching,
+// issue 12; an idealization: in a server the sessions of a step are at
+// different phases). Prices stay per session and in units of an
+// autoregressive step *at that load*, so a predicted speed-up is against
+// autoregressive decoding of the same B sessions batched: under lock-step
+// rounds of K drafts and tau emitted tokens per session, B sessions emit
+// B * tau tokens in K batched draft steps, one batched verification and B
+// sessions' decisions, against B tokens per batched autoregressive step.
+//
+// Accelerator (roofline): a pass over the weights that processes N tokens
+// costs max(1, N / ridge_tokens) of a one-token pass, where ridge_tokens
+// is the accelerator's peak FLOP/s over its memory bandwidth in tokens (2
+// FLOP per weight per token, 2 bytes per bf16 weight: about 150 on an
+// A100, 210 on an H200, 295 on an H100). So at load B an autoregressive
+// step costs max(1, B / ridge), a draft token at l costs (l + h) / L of it
+// as alone, and a verification of K drafts max(1, B (K + 1) / ridge) /
+// max(1, B / ridge): verifying more positions is free until the batch
+// fills the ridge, then costs in proportion (vLLM's and TensorRT-LLM's
+// reason to draft less at large batches). Attention's KV reads, which grow
+// with B, are left out.
+inline constexpr double kDefaultRidgeTokens = 256;
+std::unique_ptr<CostModel> MakeAcceleratorCostModelAtLoad(const ModelConfig& config, int64_t load,
+                                                          double ridge_tokens = kDefaultRidgeTokens);
+
+// Measured: the measured model of `calibration` (its round table prices a
+// round alone) scaled by the batch tables. With s_B, v_B(K), d_B the
+// batched step, verification and draft times at load B:
+//   Verify(E, K)     x (v_B(K) / s_B) / (v_1(K) / s_1)   (K beyond the table: its last entry)
+//   DraftToken, Probe  x (d_B / s_B) / (d_1 / s_1)
+//   Decision, Signals  x B s_1 / s_B   (per-session CPU work, not batched,
+//                                        against a step that B sessions share)
+// A load between two timed sizes interpolates the three factors linearly
+// in log2(B). Errors: kFailedPrecondition if the calibration has no batch
+// tables ("lede calibrate --batch-sizes"); kInvalidArgument naming `load`
+// outside [1, the largest timed size].
+StatusOr<std::unique_ptr<CostModel>> MakeMeasuredCostModelAtLoad(const Calibration& calibration, int64_t load);
 
 }  // namespace lede::model
 

@@ -186,5 +186,108 @@ TEST(CalibrateTest, TimesARoundOfEveryExitLayerAndDraftLength) {
   EXPECT_TRUE(kernels_only->round_us.empty());
 }
 
+// Batch tables of two sizes, B = 1 and 4, K = 1..2, worked by hand below.
+Calibration WithBatchTables(Calibration c) {
+  c.batch_sizes = {1, 4};
+  c.batch_exit_layer = 1;
+  c.batch_context = 8;
+  c.batch_step_us = {100.0, 200.0};                  // 4 sessions' steps cost 2 of one
+  c.batch_verify_us = {{150.0, 200.0}, {500.0, 800.0}};
+  c.batch_draft_us = {20.0, 30.0};
+  return c;
+}
+
+TEST(CostModelAtLoadTest, MeasuredPricesScaleByTheBatchTables) {
+  const Calibration c = WithBatchTables(TableCalibration(4));
+  auto alone = MakeMeasuredCostModel(c);
+  auto one = MakeMeasuredCostModelAtLoad(c, 1);
+  ASSERT_THAT(one, IsOk());
+  for (int32_t k = 1; k <= 4; ++k) EXPECT_DOUBLE_EQ((*one)->RoundCost(Round(2, k)), alone->RoundCost(Round(2, k)));
+  auto four = MakeMeasuredCostModelAtLoad(c, 4);
+  ASSERT_THAT(four, IsOk());
+  // Verify K = 1: (500 / 200) / (150 / 100) = 5/3; K = 2: (800 / 200) / (200 / 100) = 2; K > 2 as K = 2.
+  EXPECT_DOUBLE_EQ((*four)->Verify(2, 1), alone->Verify(2, 1) * 5.0 / 3.0);
+  EXPECT_DOUBLE_EQ((*four)->Verify(2, 2), alone->Verify(2, 2) * 2.0);
+  EXPECT_DOUBLE_EQ((*four)->Verify(2, 3), alone->Verify(2, 3) * 2.0);
+  EXPECT_DOUBLE_EQ((*four)->Verify(2, 0), alone->Verify(2, 0));  // a plain step
+  // Drafts and probes: (30 / 200) / (20 / 100) = 0.75.
+  EXPECT_DOUBLE_EQ((*four)->DraftToken(3), alone->DraftToken(3) * 0.75);
+  EXPECT_DOUBLE_EQ((*four)->Probe(), alone->Probe() * 0.75);
+  // Decisions are per session against a step 4 sessions share: 4 * 100 / 200 = 2.
+  EXPECT_DOUBLE_EQ((*four)->Decision(), alone->Decision() * 2.0);
+  EXPECT_DOUBLE_EQ((*four)->Step(), 1.0);
+  // B = 2 lies halfway in log2(B): factors halfway, e.g. verify K = 2 at 1.5.
+  auto two = MakeMeasuredCostModelAtLoad(c, 2);
+  ASSERT_THAT(two, IsOk());
+  EXPECT_DOUBLE_EQ((*two)->Verify(2, 2), alone->Verify(2, 2) * 1.5);
+  EXPECT_DOUBLE_EQ((*two)->Decision(), alone->Decision() * 1.5);
+}
+
+TEST(CostModelAtLoadTest, MeasuredRefusesLoadsItHasNoTableFor) {
+  const Calibration plain = TableCalibration(4);
+  EXPECT_THAT(MakeMeasuredCostModelAtLoad(plain, 1),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("--batch-sizes")));
+  const Calibration c = WithBatchTables(plain);
+  EXPECT_THAT(MakeMeasuredCostModelAtLoad(c, 5), StatusIs(StatusCode::kInvalidArgument, HasSubstr("load")));
+  EXPECT_THAT(MakeMeasuredCostModelAtLoad(c, 0), StatusIs(StatusCode::kInvalidArgument, HasSubstr("load")));
+}
+
+TEST(CostModelAtLoadTest, AcceleratorVerificationIsFreeUntilTheBatchFillsTheRidge) {
+  const ModelConfig config = testing::TinyConfig();
+  auto alone = MakeAcceleratorCostModel(config);
+  // Ridge 64 tokens: at B = 16 a round of 3 drafts verifies 64 positions, still one pass.
+  auto b16 = MakeAcceleratorCostModelAtLoad(config, 16, 64.0);
+  EXPECT_DOUBLE_EQ(b16->RoundCost(Round(1, 3)), alone->RoundCost(Round(1, 3)));
+  EXPECT_DOUBLE_EQ(b16->Verify(1, 7), 2.0);  // 128 positions: two passes' worth
+  // At B = 128 an autoregressive step already costs 2 passes; K drafts cost K + 1 of it.
+  auto b128 = MakeAcceleratorCostModelAtLoad(config, 128, 64.0);
+  EXPECT_DOUBLE_EQ(b128->Verify(1, 3), 4.0);
+  EXPECT_DOUBLE_EQ(b128->DraftToken(2), alone->DraftToken(2));
+  EXPECT_DOUBLE_EQ(b128->Probe(), alone->Probe());
+}
+
+TEST(CalibrationJsonTest, RoundTripKeepsTheBatchTablesAndRefusesMalformedOnes) {
+  const Calibration c = WithBatchTables(TableCalibration(4));
+  auto back = CalibrationFromJson(CalibrationToJson(c));
+  ASSERT_THAT(back, IsOk());
+  EXPECT_EQ(back->batch_sizes, c.batch_sizes);
+  EXPECT_EQ(back->batch_exit_layer, 1);
+  EXPECT_EQ(back->batch_verify_us, c.batch_verify_us);
+  EXPECT_EQ(back->batch_draft_us, c.batch_draft_us);
+  Calibration bad = c;
+  bad.batch_sizes = {2, 4};  // must start at 1
+  EXPECT_THAT(CalibrationFromJson(CalibrationToJson(bad)),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("batch_sizes")));
+  bad = c;
+  bad.batch_verify_us[1].pop_back();  // rows of unequal length
+  EXPECT_THAT(CalibrationFromJson(CalibrationToJson(bad)),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("batch_verify_us")));
+}
+
+TEST(CalibrateTest, TimesBatchedStepsOfEverySize) {
+  auto model = LlamaModel::RandomInit(testing::TinyConfig(), /*seed=*/3, ModelOptions{}, 0.3);
+  ASSERT_THAT(model, IsOk());
+  Calibration cal;
+  ASSERT_THAT(CalibrateBatches(**model, /*repeats=*/2, {1, 2, 4}, /*exit_layer=*/2, /*max_draft_len=*/3,
+                               /*context=*/16, &cal),
+              IsOk());
+  EXPECT_EQ(cal.batch_sizes, (std::vector<int64_t>{1, 2, 4}));
+  ASSERT_EQ(cal.batch_step_us.size(), 3u);
+  ASSERT_EQ(cal.batch_verify_us.size(), 3u);
+  ASSERT_EQ(cal.batch_draft_us.size(), 3u);
+  for (size_t b = 0; b < 3; ++b) {
+    EXPECT_GT(cal.batch_step_us[b], 0.0);
+    EXPECT_GT(cal.batch_draft_us[b], 0.0);
+    ASSERT_EQ(cal.batch_verify_us[b].size(), 3u);
+    for (double us : cal.batch_verify_us[b]) EXPECT_GT(us, 0.0);
+  }
+  EXPECT_THAT(CalibrateBatches(**model, 2, {2, 4}, 2, 3, 16, &cal),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("batch_sizes")));
+  EXPECT_THAT(CalibrateBatches(**model, 2, {1, 2}, 4, 3, 16, &cal),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("exit_layer")));
+  EXPECT_THAT(CalibrateBatches(**model, 2, {1, 2}, 2, 3, 4000, &cal),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("context")));
+}
+
 }  // namespace
 }  // namespace lede::model
