@@ -38,6 +38,14 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
 // around threshold behaviour policies and writes experience shards.
 int RunCollect(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 
+// lede-bench load --model DIR --prompts FILE[,...] --calibration FILE [--loads 1,2,4,8,16]
+//   [--ridge-tokens 256] [--policy DIR[,...]] [--max-draft-len 8] [--json OUT]: the
+// predicted speed-up of static self-speculation (tuned at each load and tuned
+// alone) and of the given policies when B sessions decode at once, under the
+// cost models at a load (shared/model/cost_model.h), by exact replay of the
+// evaluation split (bench/load_bench.cc). Prints numbers; asserts nothing.
+int RunLoad(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
 }  // namespace lede::bench
 
 #endif  // LEDE_BENCH_LEDE_BENCH_H_

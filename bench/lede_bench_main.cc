@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
       "commands:\n"
       "  bench      LEDE against autoregressive, static and threshold baselines\n"
       "  collect    run exploration policies and write experience shards\n"
+      "  load       what each method is worth when many sessions decode at once (cost models at a load)\n"
       "run 'lede-bench <command> --help' for its flags\n";
   if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help") {
     std::cout << usage;
@@ -23,6 +24,7 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "bench") return lede::bench::RunBench(args, std::cout, std::cerr);
   if (command == "collect") return lede::bench::RunCollect(args, std::cout, std::cerr);
+  if (command == "load") return lede::bench::RunLoad(args, std::cout, std::cerr);
   std::cerr << "lede-bench: unknown command '" << command << "'\n" << usage;
   return 2;
 }

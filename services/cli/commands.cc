@@ -472,10 +472,11 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
             "files; the workload's training prompts, never evaluation ones; default: one synthetic prompt)");
   flags.Add("new-tokens", &new_tokens, "--prompts: tokens generated per timed generation");
   std::string batch_sizes_flag = "1,2,4,8,16", base_path;
-  int64_t batch_exit_layer = 2, batch_context = 128;
+  int64_t batch_exit_layer = 0, batch_context = 128;
   flags.Add("batch-sizes", &batch_sizes_flag,
             "time batched steps of this many sessions (the cost model at a load; \"\" skips them)");
-  flags.Add("batch-exit-layer", &batch_exit_layer, "exit layer of the batched verifications and draft steps");
+  flags.Add("batch-exit-layer", &batch_exit_layer,
+            "exit layer of the batched verifications and draft steps (0: layer 2, or L - 1 when L <= 2)");
   flags.Add("batch-context", &batch_context, "committed tokens per session in the batched steps");
   flags.Add("base", &base_path,
             "start from this calibration JSON (same model) and time only the batch tables, keeping the rest");
@@ -540,7 +541,8 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
     cal = model::Calibrate(**loaded, static_cast<int>(repeats), decide, static_cast<int>(round_passes),
                            round_max_draft_len, prompts, new_tokens);
   }
-  if (cal.ok() && !batch_sizes.empty()) {
+  if (batch_exit_layer == 0) batch_exit_layer = std::min<int64_t>(2, (*loaded)->config().n_layers - 1);
+  if (cal.ok() && !batch_sizes.empty() && batch_exit_layer >= 1) {
     batch_context = std::min<int64_t>(batch_context, (*loaded)->config().max_seq_len - round_max_draft_len - 2);
     if (Status s = model::CalibrateBatches(**loaded, std::max<int>(5, static_cast<int>(repeats) / 2), batch_sizes,
                                            batch_exit_layer, round_max_draft_len, batch_context, &*cal);

@@ -115,6 +115,47 @@ TEST(CalibrateTest, WritesARoundTableAndRefusesBadRoundFlags) {
   }
 }
 
+// --base adds the batch tables (the cost model at a load) to an existing
+// calibration and keeps the rest; bad batch flags and a calibration of
+// another model are refused naming the flag.
+TEST(CalibrateTest, BaseAddsBatchTablesAndKeepsTheRest) {
+  ::lede::testing::TempDir dir;
+  const std::string model = ::lede::testing::SharedDir() + "/models/stories260K";
+  const std::string base = (dir.path() / "base.json").string(), path = (dir.path() / "batched.json").string();
+  std::ostringstream out, err;
+  ASSERT_EQ(RunCalibrate({"--model", model, "--threads", "1", "--repeats", "2", "--round-passes", "0",
+                          "--batch-sizes", "", "--out", base},
+                         out, err),
+            0)
+      << err.str();
+  nlohmann::json before = nlohmann::json::parse(std::ifstream(base));
+  EXPECT_FALSE(before.contains("batch_sizes"));
+  ASSERT_EQ(RunCalibrate({"--model", model, "--threads", "1", "--repeats", "2", "--base", base,
+                          "--batch-sizes", "1,2,4", "--round-max-draft-len", "3", "--out", path},
+                         out, err),
+            0)
+      << err.str();
+  nlohmann::json after = nlohmann::json::parse(std::ifstream(path));
+  EXPECT_EQ(after.at("batch_sizes"), nlohmann::json({1, 2, 4}));
+  ASSERT_EQ(after.at("batch_verify_us").size(), 3u);
+  EXPECT_EQ(after.at("batch_verify_us")[0].size(), 3u);
+  EXPECT_EQ(after.at("batch_exit_layer"), 2);
+  for (const char* kept : {"step_us", "block_us", "head_us", "signals_us"}) EXPECT_EQ(after.at(kept), before.at(kept));
+  EXPECT_NE(err.str().find("batched steps at E=2"), std::string::npos) << err.str();
+  struct Bad {
+    std::vector<std::string> flags;
+    std::string names;
+  };
+  for (const Bad& bad : {Bad{{"--model", model, "--base", base, "--batch-sizes", "2,4"}, "--batch-sizes"},
+                         Bad{{"--model", model, "--base", base, "--batch-exit-layer", "9"}, "--batch-exit-layer"},
+                         Bad{{"--model", model, "--base", base, "--batch-sizes", ""}, "--base"},
+                         Bad{{"--model", model, "--base", (dir.path() / "none.json").string()}, "--base"}}) {
+    std::ostringstream o, e;
+    EXPECT_EQ(RunCalibrate(bad.flags, o, e), 2) << e.str();
+    EXPECT_NE(e.str().find(bad.names), std::string::npos) << e.str();
+  }
+}
+
 // --prompts: the rounds are timed in whole generations of the file's
 // prompts; a line that is not a prompt is refused naming the file and line.
 TEST(CalibrateTest, TimesRoundsOnAPromptFileAndRefusesABadLine) {

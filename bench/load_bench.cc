@@ -1,0 +1,272 @@
+// `lede-bench load`: what decoding methods are worth at a load (issue 12:
+// "the policy knows the load"). Every method is replayed once per prompt
+// (exact replays of the greedy trajectories, trainer/counterfactual.h) and
+// its rounds are priced by the cost models at each load
+// (shared/model/cost_model.h MakeAcceleratorCostModelAtLoad,
+// MakeMeasuredCostModelAtLoad): B sessions decoding at once, every
+// server step batching the same work of all B. Speed-ups are against
+// autoregressive decoding of the same B sessions, batched.
+//
+// Cost models: accelerator (roofline, --ridge-tokens), measured (this
+// machine's engine, the calibration's batch tables) and, with
+// --round-overhead-us, serving (measured plus that per-round overhead of
+// the serving processes).
+// Rows per prompt set, cost model and load B (evaluation split):
+//   static tuned at B   the best (E, D) over every exit layer 1..L-1 and draft
+//                       length 1..--max-draft-len on the tuning split, priced at B
+//   static tuned alone  the best (E, D) at B = 1 (what a load-blind server runs)
+//   LEDE <version>      each --policy, as shipped (the feature spec has no load)
+// Nothing here asserts; it prints numbers and writes --json.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <ATen/Parallel.h>
+#include <nlohmann/json.hpp>
+
+#include "bench/lede_bench.h"
+#include "policy/dqn/artifact.h"
+#include "policy/dqn/method_factory.h"
+#include "shared/flags/flags.h"
+#include "shared/model/cost_model.h"
+#include "shared/model/decoding.h"
+#include "shared/model/llama.h"
+#include "shared/status/status_macros.h"
+#include "shared/tokenizer/model_files.h"
+#include "shared/tokenizer/tokenizer.h"
+#include "trainer/corpus.h"
+#include "trainer/counterfactual.h"
+
+namespace lede::bench {
+namespace {
+
+using Rounds = std::vector<speculation::RoundRecord>;
+
+struct LoadFlags {
+  std::string model, prompts, calibration, loads = "1,2,4,8,16", policies, json;
+  double ridge_tokens = model::kDefaultRidgeTokens;
+  double round_overhead_us = 0;  // > 0: also the "serving" rows (measured + per-round overhead)
+  int64_t max_draft = 8, per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 64, threads = 1;
+};
+
+// A method replayed on one split: the rounds of all its requests pooled.
+StatusOr<Rounds> Replay(const std::vector<trainer::ShadowTrace>& traces, const trainer::SimulatedMethod& method,
+                        const std::function<std::unique_ptr<model::ExitController>()>& make = nullptr) {
+  Rounds out;
+  for (const trainer::ShadowTrace& t : traces) {
+    trainer::SimulatedMethod m = method;
+    std::unique_ptr<model::ExitController> controller;
+    if (make) {
+      controller = make();
+      m.controller = controller.get();
+    }
+    LEDE_ASSIGN_OR_RETURN(speculation::GenerationResult r, trainer::Simulate(t, m));
+    out.insert(out.end(), r.stats.rounds.begin(), r.stats.rounds.end());
+  }
+  return out;
+}
+
+struct StaticRounds {
+  int32_t exit_layer, draft_len;
+  Rounds tuning, eval;
+};
+
+// The best static setting under `cost` on the tuning split.
+const StaticRounds& BestOn(const std::vector<StaticRounds>& grid, const model::CostModel& cost) {
+  size_t best = 0;
+  double best_speedup = -1;
+  for (size_t i = 0; i < grid.size(); ++i) {
+    const double s = cost.PredictedSpeedup(grid[i].tuning);
+    if (s > best_speedup) best = i, best_speedup = s;
+  }
+  return grid[best];
+}
+
+std::string Setting(const StaticRounds& s) {
+  return "E=" + std::to_string(s.exit_layer) + " D=" + std::to_string(s.draft_len);
+}
+
+Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& engine, const trainer::PromptSet& set,
+              const model::Calibration& cal, const std::vector<int64_t>& loads,
+              const std::vector<policy::dqn::Artifact>& artifacts, std::ostream& out, std::ostream& err,
+              nlohmann::json* report) {
+  const int32_t L = static_cast<int32_t>(m.n_layers());
+  std::vector<trainer::ShadowTrace> tuning, eval;
+  for (auto [prompts, traces] : {std::pair{&set.tuning, &tuning}, std::pair{&set.eval, &eval}}) {
+    for (size_t i = 0; i < prompts->size(); ++i) {
+      LEDE_ASSIGN_OR_RETURN(trainer::ShadowTrace t, trainer::TraceGreedyRequest(engine, (*prompts)[i], lf.new_tokens,
+                                                                              /*top_k=*/4, set.name + ":" +
+                                                                                               std::to_string(i)));
+      traces->push_back(std::move(t));
+    }
+  }
+  err << "== " << set.name << ": " << tuning.size() << " tuning / " << eval.size() << " evaluation prompts traced\n";
+  std::vector<StaticRounds> grid;
+  for (int32_t e = 1; e < L; ++e) {
+    for (int32_t d = 1; d <= lf.max_draft; ++d) {
+      trainer::SimulatedMethod s;
+      s.mode = speculation::SpeculationMode::kStatic;
+      s.exit_layer = e;
+      s.draft_len = d;
+      StaticRounds r{e, d, {}, {}};
+      LEDE_ASSIGN_OR_RETURN(r.tuning, Replay(tuning, s));
+      LEDE_ASSIGN_OR_RETURN(r.eval, Replay(eval, s));
+      grid.push_back(std::move(r));
+    }
+  }
+  std::vector<std::pair<std::string, Rounds>> policies;
+  for (const policy::dqn::Artifact& a : artifacts) {
+    policy::dqn::MethodContext context;
+    context.n_layers = L;
+    context.max_draft_len = std::numeric_limits<int32_t>::max();  // the artifact's own D_max
+    context.artifact = std::make_shared<const policy::dqn::Artifact>(a);
+    speculation::MethodSpec spec;
+    spec.method = speculation::SpeculationMethod::kLede;
+    LEDE_ASSIGN_OR_RETURN(policy::dqn::MethodPlan plan, policy::dqn::PlanMethod(spec, context));
+    trainer::SimulatedMethod s;
+    s.mode = speculation::SpeculationMode::kAdaptive;
+    s.spec = plan.decision_spec;
+    LEDE_ASSIGN_OR_RETURN(Rounds r, Replay(eval, s, [&plan] { return plan.MakeController(); }));
+    policies.emplace_back("LEDE " + a.metadata.version, std::move(r));
+  }
+
+  out << "\n" << set.name << " (evaluation split, " << eval.size()
+      << " prompts): predicted speed-up over autoregressive decoding of the same B sessions\n";
+  char line[512];
+  std::snprintf(line, sizeof(line), "%-12s %4s  %-20s  %-20s", "cost model", "B", "static tuned at B",
+                "static tuned alone");
+  out << line;
+  for (const auto& [name, rounds] : policies) {
+    std::snprintf(line, sizeof(line), "  %-22s", name.c_str());
+    out << line;
+  }
+  out << "\n";
+  std::vector<std::string> families = {"accelerator", "measured"};
+  if (lf.round_overhead_us > 0) families.push_back("serving");
+  const int64_t max_timed = cal.batch_sizes.back();
+  for (const std::string& family : families) {
+    // Each family at load B, and alone (B = 1: what a load-blind server tunes for).
+    auto at = [&](int64_t b) -> StatusOr<std::unique_ptr<model::CostModel>> {
+      if (family == "accelerator") return model::MakeAcceleratorCostModelAtLoad(m.config(), b, lf.ridge_tokens);
+      return model::MakeMeasuredCostModelAtLoad(cal, b, family == "serving" ? lf.round_overhead_us : 0.0);
+    };
+    LEDE_ASSIGN_OR_RETURN(std::unique_ptr<model::CostModel> alone, at(1));
+    for (int64_t b : loads) {
+      if (family != "accelerator" && b > max_timed) continue;  // beyond the timed batch sizes
+      LEDE_ASSIGN_OR_RETURN(std::unique_ptr<model::CostModel> cost, at(b));
+      const StaticRounds& at_b = BestOn(grid, *cost);
+      const StaticRounds& at_1 = BestOn(grid, *alone);
+      nlohmann::json row;
+      row["cost_model"] = family;
+      row["load"] = b;
+      row["static_tuned_at_load"] = {{"setting", Setting(at_b)}, {"speedup", cost->PredictedSpeedup(at_b.eval)}};
+      row["static_tuned_alone"] = {{"setting", Setting(at_1)}, {"speedup", cost->PredictedSpeedup(at_1.eval)}};
+      const std::string tuned_b = Setting(at_b) + " " + std::to_string(cost->PredictedSpeedup(at_b.eval)).substr(0, 5) + "x";
+      const std::string tuned_1 = Setting(at_1) + " " + std::to_string(cost->PredictedSpeedup(at_1.eval)).substr(0, 5) + "x";
+      std::snprintf(line, sizeof(line), "%-12s %4ld  %-20s  %-20s", family.c_str(), static_cast<long>(b),
+                    tuned_b.c_str(), tuned_1.c_str());
+      out << line;
+      for (const auto& [name, rounds] : policies) {
+        const double s = cost->PredictedSpeedup(rounds);
+        row["lede"][name.substr(5)] = s;
+        std::snprintf(line, sizeof(line), "  %-22s", (std::to_string(s).substr(0, 5) + "x").c_str());
+        out << line;
+      }
+      out << "\n";
+      (*report)["sets"][set.name].push_back(row);
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+int RunLoad(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  LoadFlags lf;
+  flags::FlagSet f;
+  f.Add("model", &lf.model, "model directory (Hugging Face layout + tokenizer)", true);
+  f.Add("prompts", &lf.prompts, "prompt sets: .jsonl or <|doc|> corpus files, comma-separated", true);
+  f.Add("calibration", &lf.calibration, "measured cost model JSON with batch tables (lede calibrate)", true);
+  f.Add("loads", &lf.loads,
+        "sessions decoding at once, comma-separated (measured and serving rows: up to the largest timed batch size)");
+  f.Add("ridge-tokens", &lf.ridge_tokens, "accelerator roofline: tokens per pass where compute catches up with "
+                                          "the weight reads");
+  f.Add("round-overhead-us", &lf.round_overhead_us,
+        "serving overhead per round per session, CPU us (serve_bench); > 0 adds the \"serving\" rows");
+  f.Add("policy", &lf.policies, "LEDE policy artifact directories, comma-separated");
+  f.Add("max-draft-len", &lf.max_draft, "longest static draft tuned");
+  f.Add("prompts-per-set", &lf.per_set, "prompts read per set (half tuning, half evaluation)");
+  f.Add("prompt-tokens", &lf.prompt_tokens, "tokens of a corpus document used as its prompt");
+  f.Add("max-prompt-tokens", &lf.max_prompt_tokens, "longer prompts are cut");
+  f.Add("new-tokens", &lf.new_tokens, "tokens generated per prompt");
+  f.Add("threads", &lf.threads, "intra-op threads");
+  f.Add("json", &lf.json, "write the rows as JSON here");
+  if (flags::WantsHelp(args)) {
+    out << "usage: lede-bench load --model DIR --prompts FILE[,FILE...] --calibration FILE [flags]\nflags:\n"
+        << f.Usage();
+    return 0;
+  }
+  auto fail = [&](const Status& s, int code) {
+    err << "lede-bench load: " << s.message() << "\n";
+    return code;
+  };
+  if (Status s = f.Parse(args); !s.ok()) return fail(s, 2);
+  auto loads32 = flags::ParseIntList("loads", lf.loads);
+  if (!loads32.ok()) return fail(loads32.status(), 2);
+  std::vector<int64_t> loads(loads32->begin(), loads32->end());
+  if (loads.empty() || *std::min_element(loads.begin(), loads.end()) < 1) {
+    return fail(InvalidArgumentError("--loads: want sizes >= 1"), 2);
+  }
+  if (lf.max_draft < 1 || lf.max_draft > 16) return fail(InvalidArgumentError("--max-draft-len: want 1..16"), 2);
+  if (lf.ridge_tokens <= 0) return fail(InvalidArgumentError("--ridge-tokens: want > 0"), 2);
+  at::set_num_threads(static_cast<int>(std::max<int64_t>(1, lf.threads)));
+  auto cal = model::ReadCalibrationFile(lf.calibration);
+  if (!cal.ok()) return fail(Status(cal.status().code(), "--calibration: " + std::string(cal.status().message())), 2);
+  if (auto c = model::MakeMeasuredCostModelAtLoad(*cal, 1, lf.round_overhead_us); !c.ok()) {
+    return fail(Status(c.status().code(), "--calibration / --round-overhead-us: " + std::string(c.status().message())),
+                2);
+  }
+  auto tok_path = tokenizer::FindTokenizerFile(lf.model);
+  if (!tok_path.ok()) return fail(tok_path.status(), 2);
+  auto tok = tokenizer::LoadTokenizer(*tok_path);
+  if (!tok.ok()) return fail(tok.status(), 2);
+  auto loaded = model::LlamaModel::Load(lf.model, model::ModelOptions{});
+  if (!loaded.ok()) return fail(loaded.status(), 2);
+  std::shared_ptr<const model::LlamaModel> m = std::move(*loaded);
+  if (cal->model_fingerprint != m->config().ArchitectureFingerprint()) {
+    return fail(InvalidArgumentError("--calibration: calibrated for another model"), 2);
+  }
+  auto engine = model::Engine::Create(m, model::KvCacheOptions{});
+  if (!engine.ok()) return fail(engine.status(), 1);
+  std::vector<policy::dqn::Artifact> artifacts;
+  for (const std::string& dir : flags::SplitList(lf.policies)) {
+    auto a = policy::dqn::LoadArtifact(dir, m->config().ArchitectureFingerprint());
+    if (!a.ok()) return fail(Status(a.status().code(), "--policy " + dir + ": " + std::string(a.status().message())), 2);
+    artifacts.push_back(std::move(*a));
+  }
+  nlohmann::json report;
+  report["model"] = lf.model;
+  report["loads"] = loads;
+  report["ridge_tokens"] = lf.ridge_tokens;
+  report["new_tokens"] = lf.new_tokens;
+  for (const std::string& path : flags::SplitList(lf.prompts)) {
+    auto set = trainer::LoadPromptSet(path, **tok, lf.per_set, lf.prompt_tokens, lf.max_prompt_tokens);
+    if (!set.ok()) return fail(Status(set.status().code(), "--prompts " + path + ": " + std::string(set.status().message())), 2);
+    if (Status s = RunSet(lf, *m, **engine, *set, *cal, loads, artifacts, out, err, &report); !s.ok()) {
+      return fail(s, s.code() == StatusCode::kInvalidArgument ? 2 : 1);
+    }
+  }
+  if (!lf.json.empty()) {
+    std::ofstream(lf.json) << report.dump(2) << "\n";
+    err << "wrote " << lf.json << "\n";
+  }
+  return 0;
+}
+
+}  // namespace lede::bench

@@ -1,0 +1,89 @@
+// Tests of `lede-bench load` (bench/lede_bench.h RunLoad) on models/lede-tiny
+// and its shipped calibration: the rows it prints and writes, and the
+// flags it refuses. It asserts what the table means, never a speed.
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/lede_bench.h"
+#include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
+
+namespace lede::bench {
+namespace {
+
+constexpr char kModel[] = "models/lede-tiny";
+constexpr char kCalibration[] = "models/lede-tiny/calibration-cpu.json";
+
+std::vector<std::string> Flags(const std::string& json, std::vector<std::string> extra = {}) {
+  std::vector<std::string> f = {"--model", kModel, "--prompts", "models/lede-tiny/prompts/story.jsonl",
+                                "--calibration", kCalibration, "--prompts-per-set", "4", "--new-tokens", "12",
+                                "--max-draft-len", "3", "--loads", "1,4,64", "--json", json};
+  f.insert(f.end(), extra.begin(), extra.end());
+  return f;
+}
+
+TEST(LoadBenchTest, PricesEveryMethodAtEveryLoad) {
+  ::lede::testing::TempDir dir;
+  const std::string json = (dir.path() / "load.json").string();
+  std::ostringstream out, err;
+  ASSERT_EQ(RunLoad(Flags(json, {"--policy", "models/lede-tiny/policy/accelerator-v5", "--round-overhead-us", "500"}),
+                    out, err),
+            0)
+      << err.str();
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(json));
+  const nlohmann::json& rows = j.at("sets").at("story");
+  // Accelerator at 1, 4 and 64; measured and serving only up to the largest
+  // timed batch size (16), so at 1 and 4.
+  ASSERT_EQ(rows.size(), 7u) << rows.dump(1);
+  int serving = 0;
+  for (const nlohmann::json& row : rows) {
+    const double tuned_b = row.at("static_tuned_at_load").at("speedup").get<double>();
+    const double tuned_1 = row.at("static_tuned_alone").at("speedup").get<double>();
+    EXPECT_GT(tuned_b, 0.0);
+    EXPECT_GT(row.at("lede").at("accelerator-v5").get<double>(), 0.0);
+    if (row.at("load") == 1) {
+      // At B = 1 both static rows are the same tuning.
+      EXPECT_EQ(row.at("static_tuned_at_load").at("setting"), row.at("static_tuned_alone").at("setting"));
+      EXPECT_DOUBLE_EQ(tuned_b, tuned_1);
+    }
+    if (row.at("cost_model") == "accelerator" && row.at("load") != 64) {
+      // Below the ridge (256 tokens) a load changes no accelerator price.
+      EXPECT_DOUBLE_EQ(tuned_b, tuned_1);
+    }
+    serving += row.at("cost_model") == "serving";
+  }
+  EXPECT_EQ(serving, 2);
+  EXPECT_NE(out.str().find("static tuned at B"), std::string::npos) << out.str();
+}
+
+TEST(LoadBenchTest, RefusesBadFlagsNamingThem) {
+  ::lede::testing::TempDir dir;
+  const std::string json = (dir.path() / "load.json").string();
+  // A calibration without batch tables.
+  nlohmann::json plain = nlohmann::json::parse(std::ifstream(kCalibration));
+  for (const char* key : {"batch_sizes", "batch_exit_layer", "batch_context", "batch_step_us", "batch_verify_us",
+                          "batch_draft_us"}) {
+    plain.erase(key);
+  }
+  const std::string plain_path = (dir.path() / "plain.json").string();
+  std::ofstream(plain_path) << plain.dump();
+  struct Bad {
+    std::vector<std::string> extra;
+    std::string names;
+  };
+  for (const Bad& bad : {Bad{{"--loads", "0,4"}, "--loads"}, Bad{{"--ridge-tokens", "0"}, "--ridge-tokens"},
+                         Bad{{"--round-overhead-us", "-3"}, "round_overhead_us"},
+                         Bad{{"--calibration", plain_path}, "--batch-sizes"},
+                         Bad{{"--policy", (dir.path() / "none").string()}, "--policy"}}) {
+    std::ostringstream out, err;
+    EXPECT_EQ(RunLoad(Flags(json, bad.extra), out, err), 2) << err.str();
+    EXPECT_NE(err.str().find(bad.names), std::string::npos) << err.str();
+  }
+}
+
+}  // namespace
+}  // namespace lede::bench
