@@ -15,7 +15,8 @@
 //   static tuned at B   the best (E, D) over every exit layer 1..L-1 and draft
 //                       length 1..--max-draft-len on the tuning split, priced at B
 //   static tuned alone  the best (E, D) at B = 1 (what a load-blind server runs)
-//   LEDE <version>      each --policy, as shipped (the feature spec has no load)
+//   LEDE <version>      each --policy, replayed at B (the policy sees the load;
+//                       a policy of lede-features-v3 does not)
 // Nothing here asserts; it prints numbers and writes --json.
 #include <algorithm>
 #include <cstdio>
@@ -120,7 +121,9 @@ Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& en
       grid.push_back(std::move(r));
     }
   }
-  std::vector<std::pair<std::string, Rounds>> policies;
+  // Each policy replayed at every load (it sees the load as a feature; a
+  // load-blind artifact of lede-features-v3 ignores it).
+  std::vector<std::pair<std::string, std::map<int64_t, Rounds>>> policies;
   for (const policy::dqn::Artifact& a : artifacts) {
     policy::dqn::MethodContext context;
     context.n_layers = L;
@@ -132,8 +135,13 @@ Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& en
     trainer::SimulatedMethod s;
     s.mode = speculation::SpeculationMode::kAdaptive;
     s.spec = plan.decision_spec;
-    LEDE_ASSIGN_OR_RETURN(Rounds r, Replay(eval, s, [&plan] { return plan.MakeController(); }));
-    policies.emplace_back("LEDE " + a.metadata.version, std::move(r));
+    std::map<int64_t, Rounds> by_load;
+    for (int64_t b : loads) {
+      std::vector<trainer::ShadowTrace> at_load = eval;
+      for (trainer::ShadowTrace& t : at_load) t.load = static_cast<int32_t>(std::min<int64_t>(b, 1 << 30));
+      LEDE_ASSIGN_OR_RETURN(by_load[b], Replay(at_load, s, [&plan] { return plan.MakeController(); }));
+    }
+    policies.emplace_back("LEDE " + a.metadata.version, std::move(by_load));
   }
 
   out << "\n" << set.name << " (evaluation split, " << eval.size()
@@ -172,8 +180,8 @@ Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& en
       std::snprintf(line, sizeof(line), "%-12s %4ld  %-20s  %-20s", family.c_str(), static_cast<long>(b),
                     tuned_b.c_str(), tuned_1.c_str());
       out << line;
-      for (const auto& [name, rounds] : policies) {
-        const double s = cost->PredictedSpeedup(rounds);
+      for (const auto& [name, by_load] : policies) {
+        const double s = cost->PredictedSpeedup(by_load.at(b));
         row["lede"][name.substr(5)] = s;
         std::snprintf(line, sizeof(line), "  %-22s", (std::to_string(s).substr(0, 5) + "x").c_str());
         out << line;

@@ -203,6 +203,8 @@ StatusOr<speculation::GenerationResult> Simulate(const ShadowTrace& trace, const
   loop.mode = method.mode;
   loop.record_traces = record_traces;
   loop.trace_window = method.spec.trace_window;
+  const int32_t load = trace.load;
+  loop.current_load = [load] { return load; };
   return speculation::RunGeneration(backend, trace.prompt, loop, nullptr);
 }
 
@@ -245,6 +247,7 @@ StatusOr<SimulatedRound> SimulateRound(const ShadowTrace& trace, const model::De
   request.budget = c.budget;
   request.trace_nll = c.trace_nll;
   request.accept_ema = c.accept_ema;
+  request.load = std::max<int32_t>(1, trace.load);
   request.round_index = c.round_index;
   request.record_trace = true;
   // The committed tokens as the generation loop passes them: the last

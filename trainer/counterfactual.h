@@ -60,6 +60,11 @@ struct ShadowTrace {
   // prompt token for t = 0), i.e. of the distribution that predicts
   // target[t]; probes[L - 1] is the full model (verifier).
   std::vector<std::vector<model::ExitSignals>> probes;
+  // The load the request is replayed at (model::ExitState::load, >= 1): the
+  // policy's load feature, and the cost model at a load that prices it in
+  // training (trainer/dinkelbach.h DinkelbachOptions::loads). Greedy
+  // acceptance does not depend on it, so one trace serves every load.
+  int32_t load = 1;
 
   // The signals predicting target[t] at layer l (t clamped to the trace).
   const model::ExitSignals& At(int32_t layer, int64_t t) const;

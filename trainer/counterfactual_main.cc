@@ -43,7 +43,8 @@ struct Flags {
   int64_t per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 128, extra_count = 0,
           max_draft = 4, iterations = 6, epochs = 16, seed = 1, threads = 1, hidden = 64, batch_size = 256;
   double selection_fraction = 0.25, epsilon = 0.2, lr = 1e-3, conservative_margin = 0.0;
-  std::string initial_policy = "static";
+  std::string initial_policy = "static", loads;
+  double ridge_tokens = lede::model::kDefaultRidgeTokens, round_overhead_us = 0;
   bool overwrite = false, probe_candidates = false, lookahead_probe = false, rollout = true;
 };
 
@@ -63,6 +64,21 @@ StatusOr<std::unique_ptr<lede::model::CostModel>> MakeCostModel(const Flags& fl,
     return lede::model::MakeMeasuredCostModel(*cal);
   }
   return lede::InvalidArgumentError("--cost-model: want accelerator or measured");
+}
+
+// --loads: the cost model of --cost-model at a load (shared/model/cost_model.h).
+StatusOr<std::unique_ptr<lede::model::CostModel>> MakeCostModelAtLoad(const Flags& fl,
+                                                                     const lede::model::LlamaModel& model,
+                                                                     int32_t load) {
+  if (fl.cost_model == "accelerator") {
+    return lede::model::MakeAcceleratorCostModelAtLoad(model.config(), load, fl.ridge_tokens);
+  }
+  const std::string path = fl.calibration.empty() ? fl.model + "/calibration-cpu.json" : fl.calibration;
+  auto cal = lede::model::ReadCalibrationFile(path);
+  if (!cal.ok()) return cal.status();
+  auto cost = lede::model::MakeMeasuredCostModelAtLoad(*cal, load, fl.round_overhead_us);
+  if (!cost.ok()) return lede::Status(cost.status().code(), "--loads: " + std::string(cost.status().message()));
+  return cost;
 }
 
 // The training requests: the tuning splits of --prompts, then --extra-prompts
@@ -131,6 +147,14 @@ nlohmann::json TrainingReport(const lede::model::CostModel& cost, const lede::tr
                                     {"seconds", it.seconds}});
   }
   report["requests"] = {{"train", n_train}, {"selection", n_selection}};
+  if (!result.load_best_static.empty()) report["best_static_train_per_load"] = result.load_best_static;
+  for (size_t i = 0; i < result.iterations.size(); ++i) {
+    const auto& it = result.iterations[i];
+    if (it.load_rho.empty()) continue;
+    report["iterations"][i]["load_rho"] = it.load_rho;
+    report["iterations"][i]["load_train_speedup"] = it.load_train_speedup;
+    report["iterations"][i]["load_selection_speedup"] = it.load_selection_speedup;
+  }
   return report;
 }
 
@@ -176,6 +200,17 @@ int Run(const Flags& fl) {
   o.dqn.lr = fl.lr;
   o.dqn.num_threads = static_cast<int32_t>(fl.threads);
   o.dqn.heldout_fraction = 0.0;  // selection runs on whole held-out requests instead
+  if (!fl.loads.empty()) {
+    auto loads = lede::flags::ParseIntList("loads", fl.loads);
+    if (!loads.ok()) return Fail(loads.status());
+    o.loads = *loads;
+    for (int32_t load : o.loads) {  // every price exists before any trace
+      auto c = MakeCostModelAtLoad(fl, *model, std::max(load, 1));
+      if (!c.ok()) return Fail(c.status());
+    }
+    const lede::model::LlamaModel& m = *model;
+    o.cost_at_load = [&fl, &m](int32_t load) { return MakeCostModelAtLoad(fl, m, load); };
+  }
   if (Status st = lede::trainer::ValidateDinkelbachOptions(o); !st.ok()) return Fail(st);  // before any trace
 
   // Requests: tuning splits of the prompt sets, then the extra prompts.
@@ -198,7 +233,7 @@ int Run(const Flags& fl) {
   std::fprintf(stderr, "best static on the selection requests (for reference): E=%d D=%d %.4fx\n",
                sel_static->exit_layer, sel_static->draft_len, sel_static->speedup);
   auto result = lede::trainer::TrainDinkelbach(
-      train, selection, *cost, o, [](const lede::trainer::DinkelbachIteration& it) {
+      train, selection, *cost, o, [&o](const lede::trainer::DinkelbachIteration& it) {
         std::fprintf(stderr,
                      "iteration %d: rho %.4f, %lld transitions -> train %.4fx, selection %.4fx, %s (%.0f s); "
                      "agrees with pi on %.1f%% / %.1f%% / %.1f%% of its round-start / exit-layer / draft-length "
@@ -206,6 +241,10 @@ int Run(const Flags& fl) {
                      it.iteration, it.rho, static_cast<long long>(it.transitions), it.train_speedup,
                      it.selection_speedup, it.adopted ? "adopted" : "rejected (pi and rho kept)", it.seconds,
                      100 * it.agreement[0], 100 * it.agreement[1], 100 * it.agreement[2]);
+        for (size_t i = 0; i < it.load_rho.size(); ++i) {
+          std::fprintf(stderr, "  load %d: rho %.4f -> train %.4fx, selection %.4fx\n", o.loads[i], it.load_rho[i],
+                       it.load_train_speedup[i], it.load_selection_speedup[i]);
+        }
       });
   if (!result.ok()) return Fail(result.status());
 
@@ -224,6 +263,11 @@ int Run(const Flags& fl) {
   meta.training_options["conservative_margin"] = fl.conservative_margin;
   meta.training_options["initial_policy_calibrated"] = fl.initial_policy == "calibrated" ? 1.0 : 0.0;
   meta.training_data.n_requests = static_cast<int64_t>(train.size() + selection.size());
+  for (size_t i = 0; i < o.loads.size(); ++i) {
+    meta.training_options["load_" + std::to_string(o.loads[i])] = sel.load_train_speedup[i];
+  }
+  if (!o.loads.empty() && fl.cost_model == "accelerator") meta.training_options["ridge_tokens"] = fl.ridge_tokens;
+  if (!o.loads.empty() && fl.cost_model == "measured") meta.training_options["round_overhead_us"] = fl.round_overhead_us;
   lede::policy::dqn::Artifact artifact = lede::trainer::MakeArtifact(result->dqn, o.dqn, meta);
   artifact.metadata.offline_metrics["selection_speedup"] = sel.selection_speedup;
   artifact.metadata.offline_metrics["train_speedup"] = sel.train_speedup;
@@ -275,6 +319,12 @@ int main(int argc, char** argv) {
         "pi_0 of the policy iteration: static (best static setting) or calibrated (the calibrated stopping rule "
         "tuned on the training requests; an iterate is adopted only if it beats it)");
   f.Add("selection-fraction", &fl.selection_fraction, "share of requests that select the iterate");
+  f.Add("loads", &fl.loads,
+        "train at these loads (sessions decoding at once, comma-separated; the policy sees the load), each priced "
+        "by the cost model at that load; default: alone");
+  f.Add("ridge-tokens", &fl.ridge_tokens, "--loads with the accelerator cost model: its roofline ridge in tokens");
+  f.Add("round-overhead-us", &fl.round_overhead_us,
+        "--loads with the measured cost model: the serving stack's overhead per round per session, CPU us");
   f.Add("seed", &fl.seed, "seed");
   f.Add("threads", &fl.threads, "libtorch threads");
   f.Add("out", &fl.out, "artifact directory to write", true);

@@ -4,6 +4,9 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <iterator>
+#include <map>
 #include <utility>
 
 #include "policy/controllers.h"
@@ -229,42 +232,143 @@ Status ValidateDinkelbachOptions(const DinkelbachOptions& o) {
   if (o.initial_policy == "calibrated" && !o.rollout_targets) {
     return InvalidArgumentError("initial_policy: calibrated needs rollout targets");
   }
+  for (size_t i = 0; i < o.loads.size(); ++i) {
+    if (o.loads[i] < 1 || std::count(o.loads.begin(), o.loads.end(), o.loads[i]) > 1) {
+      return InvalidArgumentError("loads: want distinct loads >= 1");
+    }
+  }
+  if (!o.loads.empty() && !o.cost_at_load) return InvalidArgumentError("loads: given without cost_at_load");
+  if (!o.loads.empty() && o.initial_policy != "static") {
+    return InvalidArgumentError("loads: only with the static initial policy");
+  }
   return ValidateDqnOptions(o.dqn);
 }
+
+namespace {
+
+// Decodes autoregressively: declines to speculate at every round start.
+class AutoregressiveController : public model::ExitController {
+ public:
+  std::string name() const override { return "autoregressive"; }
+  model::Action Decide(const model::ExitState&) override { return model::Action::kContinue; }
+};
+
+// pi_0 with loads: the static setting (or autoregressive decoding) chosen
+// for the load nearest below the state's (the smallest load for less).
+class PerLoadController : public model::ExitController {
+ public:
+  explicit PerLoadController(std::map<int32_t, std::unique_ptr<model::ExitController>> by_load)
+      : by_load_(std::move(by_load)) {}
+  std::string name() const override { return "static per load"; }
+  model::Action Decide(const model::ExitState& s) override { return For(s.load).Decide(s); }
+  int32_t FirstProbeLayer(const model::ExitState& s) override { return For(s.load).FirstProbeLayer(s); }
+
+ private:
+  model::ExitController& For(int32_t load) {
+    auto it = by_load_.upper_bound(load);
+    if (it != by_load_.begin()) --it;
+    return *it->second;
+  }
+  std::map<int32_t, std::unique_ptr<model::ExitController>> by_load_;
+};
+
+// One load of the training: its traces, its price and its rho.
+struct LoadGroup {
+  int32_t load = 1;
+  const model::CostModel* cost = nullptr;
+  std::unique_ptr<model::CostModel> owned;
+  std::vector<ShadowTrace> train, selection;
+  StaticChoice best_static;  // over every exit layer (reported)
+  StaticChoice start;        // pi_0 at this load: at a candidate layer; exit_layer 0 = autoregressive
+  double rho = 0;
+};
+
+std::vector<ShadowTrace> AtLoad(const std::vector<ShadowTrace>& traces, int32_t load) {
+  std::vector<ShadowTrace> out = traces;
+  for (ShadowTrace& t : out) t.load = load;
+  return out;
+}
+
+double Mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return v.empty() ? 0.0 : sum / static_cast<double>(v.size());
+}
+
+std::string Describe(const StaticChoice& c) {
+  if (c.exit_layer == 0) return "autoregressive";
+  return "E=" + std::to_string(c.exit_layer) + " D=" + std::to_string(c.draft_len);
+}
+
+}  // namespace
 
 StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train_traces,
                                            const std::vector<ShadowTrace>& selection_traces,
                                            const model::CostModel& cost, const DinkelbachOptions& o,
                                            const DinkelbachCallback& on_iteration) {
-  if (train_traces.empty()) return InvalidArgumentError("train traces: empty");
+  if (train_traces.empty()) return InvalidArgumentError("training traces: empty");
   if (selection_traces.empty()) return InvalidArgumentError("selection traces: empty");
   LEDE_RETURN_IF_ERROR(ValidateDinkelbachOptions(o));
   const int32_t L = train_traces.front().n_layers;
-  // The best static setting over every exit layer (reported), and pi_0:
-  // the best one the policy can express, at a candidate exit layer (a
-  // static exit layer outside the candidates is no policy of the round's
-  // decisions: rolled out as one it never exits, and the iteration learned
-  // from autoregressive steps; measured: 1.07x on the training traces
-  // against 1.26x for static E=7, candidates 1-6).
-  LEDE_ASSIGN_OR_RETURN(StaticChoice best_static, BestStatic(train_traces, o.spec.max_draft_len, cost));
   std::vector<int32_t> expressible;
   for (int32_t l : o.spec.candidate_layers) {
     if (l >= 1 && l < L) expressible.push_back(l);
   }
   if (expressible.empty()) return InvalidArgumentError("spec.candidate_layers: no exit layer in [1, L)");
-  LEDE_ASSIGN_OR_RETURN(StaticChoice st, BestStatic(train_traces, o.spec.max_draft_len, cost, expressible));
+  // The loads and their prices: one group at the traces' own load without
+  // options.loads.
+  std::vector<LoadGroup> groups;
+  if (o.loads.empty()) {
+    LoadGroup g;
+    g.load = train_traces.front().load;
+    g.cost = &cost;
+    g.train = train_traces;
+    g.selection = selection_traces;
+    groups.push_back(std::move(g));
+  } else {
+    for (int32_t load : o.loads) {
+      LoadGroup g;
+      g.load = load;
+      LEDE_ASSIGN_OR_RETURN(g.owned, o.cost_at_load(load));
+      g.cost = g.owned.get();
+      g.train = AtLoad(train_traces, load);
+      g.selection = AtLoad(selection_traces, load);
+      groups.push_back(std::move(g));
+    }
+  }
+  // The best static setting over every exit layer (reported), and pi_0:
+  // the best one the policy can express, at a candidate exit layer (a
+  // static exit layer outside the candidates is no policy of the round's
+  // decisions: rolled out as one it never exits, and the iteration learned
+  // from autoregressive steps; measured: 1.07x on the training traces
+  // against 1.26x for static E=7, candidates 1-6). With loads, where no
+  // static setting beats autoregressive decoding at a load, pi_0 decodes
+  // autoregressively there.
+  for (LoadGroup& g : groups) {
+    LEDE_ASSIGN_OR_RETURN(g.best_static, BestStatic(g.train, o.spec.max_draft_len, *g.cost));
+    LEDE_ASSIGN_OR_RETURN(g.start, BestStatic(g.train, o.spec.max_draft_len, *g.cost, expressible));
+    if (!o.loads.empty() && g.start.speedup < 1.0) g.start = StaticChoice{0, 0, 1.0};
+  }
   // pi_0 and its throughput on the training traces.
   std::shared_ptr<const CalibratedRule> rule;
-  double current_train = st.speedup;
-  std::string initial = "static E=" + std::to_string(st.exit_layer) + " D=" + std::to_string(st.draft_len);
+  std::map<int32_t, StaticChoice> start_by_load;
+  for (const LoadGroup& g : groups) start_by_load[g.load] = g.start;
+  std::string initial = groups.size() == 1 ? "static " + Describe(groups[0].start) : "static per load:";
+  if (groups.size() > 1) {
+    for (const LoadGroup& g : groups) initial += " B=" + std::to_string(g.load) + " " + Describe(g.start);
+  }
+  std::vector<double> start_speedups;
+  for (const LoadGroup& g : groups) start_speedups.push_back(g.start.speedup);
+  double current_train = Mean(start_speedups);
   if (o.initial_policy == "calibrated") {
-    LEDE_ASSIGN_OR_RETURN(CalibratedRule tuned, TuneCalibratedRule(train_traces, o.spec, cost));
+    LEDE_ASSIGN_OR_RETURN(CalibratedRule tuned, TuneCalibratedRule(groups[0].train, o.spec, *groups[0].cost));
     rule = std::make_shared<const CalibratedRule>(std::move(tuned));
     current_train = rule->speedup;
+    start_speedups = {rule->speedup};
     initial = rule->Describe();
   }
   const double initial_train = current_train;
-  double rho = o.initial_rho > 0 ? o.initial_rho : current_train;
+  for (size_t i = 0; i < groups.size(); ++i) groups[i].rho = o.initial_rho > 0 ? o.initial_rho : start_speedups[i];
 
   std::shared_ptr<const policy::dqn::QNetwork> current;
   std::unique_ptr<DqnResult> best;
@@ -274,38 +378,50 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
   int32_t selected = 0;
   for (int32_t it = 1; it <= o.max_iterations; ++it) {
     const auto t0 = std::chrono::steady_clock::now();
-    const policy::RewardSpec rewards =
-        o.paper_rewards ? policy::RewardSpec::Paper(L) : DinkelbachRewards(cost, L, o.spec.max_draft_len, rho);
     // pi: the last adopted iterate's greedy policy, or pi_0.
     const model::DecisionSpec spec = o.spec;
-    const ControllerMaker pi = [current, st, rule, spec](int64_t) -> std::unique_ptr<model::ExitController> {
+    const ControllerMaker pi = [current, start_by_load, rule, spec](int64_t) -> std::unique_ptr<model::ExitController> {
       if (current) return std::make_unique<policy::dqn::DqnExitController>(current, "pi");
       if (rule) return rule->Make(spec);
-      return std::make_unique<StaticExitController>(st.exit_layer, st.draft_len);
+      std::map<int32_t, std::unique_ptr<model::ExitController>> by_load;
+      for (const auto& [load, c] : start_by_load) {
+        if (c.exit_layer == 0) {
+          by_load[load] = std::make_unique<AutoregressiveController>();
+        } else {
+          by_load[load] = std::make_unique<StaticExitController>(c.exit_layer, c.draft_len);
+        }
+      }
+      if (by_load.size() == 1) return std::move(by_load.begin()->second);
+      return std::make_unique<PerLoadController>(std::move(by_load));
     };
     std::vector<policy::Transition> transitions;
-    if (o.rollout_targets) {
-      const double eps = o.behaviour_epsilon;
-      const uint64_t base = o.seed * 7777ULL + static_cast<uint64_t>(it) * 131ULL;
-      std::vector<ControllerMaker> sources = {pi};
-      for (double e : {0.5 * eps, eps}) {
-        sources.push_back([pi, e, base](int64_t i) -> std::unique_ptr<model::ExitController> {
-          return std::make_unique<OwningExplorer>(pi(i), e, base + static_cast<uint64_t>(i) * 31ULL +
-                                                                 static_cast<uint64_t>(e * 1000));
-        });
+    for (const LoadGroup& g : groups) {
+      const policy::RewardSpec rewards =
+          o.paper_rewards ? policy::RewardSpec::Paper(L) : DinkelbachRewards(*g.cost, L, o.spec.max_draft_len, g.rho);
+      std::vector<policy::Transition> ts;
+      if (o.rollout_targets) {
+        const double eps = o.behaviour_epsilon;
+        const uint64_t base = o.seed * 7777ULL + static_cast<uint64_t>(it) * 131ULL;
+        std::vector<ControllerMaker> sources = {pi};
+        for (double e : {0.5 * eps, eps}) {
+          sources.push_back([pi, e, base](int64_t i) -> std::unique_ptr<model::ExitController> {
+            return std::make_unique<OwningExplorer>(pi(i), e, base + static_cast<uint64_t>(i) * 31ULL +
+                                                                   static_cast<uint64_t>(e * 1000));
+          });
+        }
+        for (auto [lambda, tau] : std::vector<std::pair<float, float>>{{0.3f, 0.3f}, {0.7f, 0.6f}, {0.9f, 0.9f}}) {
+          sources.push_back([lambda, tau, eps, base](int64_t i) -> std::unique_ptr<model::ExitController> {
+            return std::make_unique<OwningExplorer>(std::make_unique<ThresholdExitController>(lambda, tau), eps,
+                                                    base + 17ULL + static_cast<uint64_t>(i) * 37ULL);
+          });
+        }
+        LEDE_ASSIGN_OR_RETURN(ts, RolloutTransitions(g.train, o.spec, pi, sources, rewards, o.model_fingerprint,
+                                                     o.conservative_margin));
+      } else {
+        LEDE_ASSIGN_OR_RETURN(ts, CounterfactualTransitions(g.train, o.spec, Behaviours(o, L, current, it), rewards,
+                                                            o.model_fingerprint));
       }
-      for (auto [lambda, tau] : std::vector<std::pair<float, float>>{{0.3f, 0.3f}, {0.7f, 0.6f}, {0.9f, 0.9f}}) {
-        sources.push_back([lambda, tau, eps, base](int64_t i) -> std::unique_ptr<model::ExitController> {
-          return std::make_unique<OwningExplorer>(std::make_unique<ThresholdExitController>(lambda, tau), eps,
-                                                  base + 17ULL + static_cast<uint64_t>(i) * 37ULL);
-        });
-      }
-      LEDE_ASSIGN_OR_RETURN(transitions,
-                            RolloutTransitions(train_traces, o.spec, pi, sources, rewards, o.model_fingerprint,
-                                                       o.conservative_margin));
-    } else {
-      LEDE_ASSIGN_OR_RETURN(transitions, CounterfactualTransitions(train_traces, o.spec, Behaviours(o, L, current, it),
-                                                                   rewards, o.model_fingerprint));
+      transitions.insert(transitions.end(), std::make_move_iterator(ts.begin()), std::make_move_iterator(ts.end()));
     }
     DqnOptions dqn = o.dqn;
     dqn.initial_network = current;
@@ -320,16 +436,26 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
       auto probe = [&](int64_t i) -> std::unique_ptr<model::ExitController> {
         return std::make_unique<AgreementProbe>(pi(i), greedy(i), &decisions, &agreed);
       };
-      LEDE_RETURN_IF_ERROR(SimulatedSpeedup(train_traces, o.spec, probe, cost).status());
+      for (const LoadGroup& g : groups) {
+        LEDE_RETURN_IF_ERROR(SimulatedSpeedup(g.train, o.spec, probe, *g.cost).status());
+      }
       for (int k = 0; k < 3; ++k) {
         rep.agreement[k] = decisions[k] > 0 ? static_cast<double>(agreed[k]) / decisions[k] : 1.0;
       }
     }
     rep.iteration = it;
-    rep.rho = rho;
     rep.transitions = static_cast<int64_t>(transitions.size());
-    LEDE_ASSIGN_OR_RETURN(rep.train_speedup, SimulatedSpeedup(train_traces, o.spec, greedy, cost));
-    LEDE_ASSIGN_OR_RETURN(rep.selection_speedup, SimulatedSpeedup(selection_traces, o.spec, greedy, cost));
+    for (const LoadGroup& g : groups) {
+      rep.load_rho.push_back(g.rho);
+      LEDE_ASSIGN_OR_RETURN(double train, SimulatedSpeedup(g.train, o.spec, greedy, *g.cost));
+      LEDE_ASSIGN_OR_RETURN(double selection, SimulatedSpeedup(g.selection, o.spec, greedy, *g.cost));
+      rep.load_train_speedup.push_back(train);
+      rep.load_selection_speedup.push_back(selection);
+    }
+    rep.rho = Mean(rep.load_rho);
+    rep.train_speedup = Mean(rep.load_train_speedup);
+    rep.selection_speedup = Mean(rep.load_selection_speedup);
+    if (o.loads.empty()) rep.load_rho.clear(), rep.load_train_speedup.clear(), rep.load_selection_speedup.clear();
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     rep.adopted = rep.train_speedup > current_train;
     iterations.push_back(rep);
@@ -348,15 +474,26 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
     current_train = rep.train_speedup;
     // rho settles before the policy does in the first iterations of policy
     // iteration (it starts from static), so at least three run.
-    const bool converged = it >= 3 && std::abs(rep.train_speedup - rho) < o.rho_tolerance;
-    rho = rep.train_speedup;
+    bool converged = it >= 3;
+    for (size_t i = 0; i < groups.size(); ++i) {
+      const double speedup = o.loads.empty() ? rep.train_speedup : rep.load_train_speedup[i];
+      converged = converged && std::abs(speedup - groups[i].rho) < o.rho_tolerance;
+      groups[i].rho = speedup;
+    }
     if (converged) break;
   }
   DinkelbachResult out(std::move(*best));
   out.iterations = std::move(iterations);
   out.selected_iteration = selected;
-  out.best_static_train_speedup = best_static.speedup;
-  out.best_static = "E=" + std::to_string(best_static.exit_layer) + " D=" + std::to_string(best_static.draft_len);
+  out.best_static_train_speedup = groups[0].best_static.speedup;
+  out.best_static = Describe(groups[0].best_static);
+  if (!o.loads.empty()) {
+    for (const LoadGroup& g : groups) {
+      char speed[32];
+      std::snprintf(speed, sizeof(speed), " %.3fx", g.best_static.speedup);
+      out.load_best_static.push_back("B=" + std::to_string(g.load) + ": " + Describe(g.best_static) + speed);
+    }
+  }
   out.initial_policy = initial;
   out.initial_train_speedup = initial_train;
   return out;

@@ -100,6 +100,19 @@ struct DinkelbachOptions {
   // so no iterate was adopted; from static the same recipe climbs to 1.70x
   // (accelerator). The shipped policies start from static.
   std::string initial_policy = "static";
+  // Loads to train at (issue 12: a policy that sees the load,
+  // model::ExitState::load). Empty: every trace at its own load, priced by
+  // the `cost` given to TrainDinkelbach. Otherwise every training and
+  // selection trace is replayed once per load (ShadowTrace::load), priced
+  // by cost_at_load(load) (shared/model/cost_model.h, cost models at a
+  // load), with a rho of its own per load: tokens per cost is maximized at
+  // each load, so the best policy at load B maximizes tokens - rho_B cost_B
+  // there (Dinkelbach per load). pi_0 plays the best static setting of each
+  // load, or autoregressive decoding where none beats it; an iterate is
+  // adopted and selected by its mean speed-up over the loads. Static
+  // initial policy only.
+  std::vector<int32_t> loads;
+  std::function<StatusOr<std::unique_ptr<model::CostModel>>(int32_t load)> cost_at_load;
 };
 
 struct DinkelbachIteration {
@@ -116,6 +129,10 @@ struct DinkelbachIteration {
   // does so where it fitted an advantage.
   std::array<double, 3> agreement{};
   double seconds = 0;              // wall-clock of the iteration
+  // With DinkelbachOptions::loads, per load in that order: its rho, and the
+  // new policy's speed-up on the training and selection traces at it (the
+  // scalars above are then their means; rho the mean rho).
+  std::vector<double> load_rho, load_train_speedup, load_selection_speedup;
 };
 
 struct DinkelbachResult {
@@ -127,6 +144,8 @@ struct DinkelbachResult {
   std::string best_static;               // "E=.. D=.." of it
   std::string initial_policy;            // pi_0: "static E=.. D=.." or "calibrated E=.. rho=.."
   double initial_train_speedup = 0;      // pi_0 on the training traces (the initial rho when initial_rho <= 0)
+  // With loads: the best static setting per load ("B=64: E=2 D=3 1.71x").
+  std::vector<std::string> load_best_static;
 };
 
 // The best static (E, D) over every exit layer 1..L-1 (or only those of
@@ -163,8 +182,10 @@ StatusOr<std::vector<policy::Transition>> RolloutTransitions(const std::vector<S
 Status ValidateDinkelbachOptions(const DinkelbachOptions& o);
 
 // Errors: kInvalidArgument for empty trace sets or options out of range
-// (ValidateDinkelbachOptions); errors of the replay, of the calibrated
-// rule's tuning and of TrainDqn.
+// (ValidateDinkelbachOptions: loads below 1 or repeated, loads without
+// cost_at_load or with the calibrated initial policy); errors of
+// cost_at_load, of the replay, of the calibrated rule's tuning and of
+// TrainDqn.
 using DinkelbachCallback = std::function<void(const DinkelbachIteration&)>;
 StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train_traces,
                                            const std::vector<ShadowTrace>& selection_traces,

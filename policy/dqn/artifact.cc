@@ -96,7 +96,16 @@ struct ParsedMetadata {
   PolicyMetadata metadata;
   int32_t hidden = 0;
   std::string sha256;
+  // Input features stored in fc1.weight: kExitFeatureDim, or that of the
+  // older spec read with a zero weight on the features it lacks.
+  int64_t stored_features = model::kExitFeatureDim;
 };
+
+// The one older feature spec that is read: lede-features-v3 is v4 without
+// the load (the last feature), so a v3 network with a zero weight on it
+// computes the same Q-values from v4 features whatever the load.
+constexpr char kLoadBlindSpec[] = "lede-features-v3";
+constexpr int64_t kLoadBlindDim = model::kExitFeatureDim - 1;
 
 StatusOr<ParsedMetadata> FromJson(const Json& j, const std::string& where) {
   ParsedMetadata p;
@@ -108,16 +117,22 @@ StatusOr<ParsedMetadata> FromJson(const Json& j, const std::string& where) {
   const Json& features = j.at("features");
   // Artifacts before the spec was versioned were all lede-features-v1 (8 features).
   const std::string spec = features.contains("spec") ? features.at("spec").get<std::string>() : "lede-features-v1";
-  if (spec != model::kExitFeatureSpec) {
+  const bool load_blind = spec == kLoadBlindSpec;
+  if (spec != model::kExitFeatureSpec && !load_blind) {
     return InvalidArgumentError(where + ": feature spec \"" + spec + "\", but this build computes \"" +
-                                model::kExitFeatureSpec + "\" (retrain the policy on experience of this spec)");
+                                model::kExitFeatureSpec + "\" (and reads \"" + kLoadBlindSpec +
+                                "\"; retrain the policy on experience of this spec)");
   }
   const int64_t dim = features.at("dim").get<int64_t>();
-  if (dim != model::kExitFeatureDim) {
-    return InvalidArgumentError(where + ": wrong feature dim " + std::to_string(dim) + ", this build computes " +
-                                std::to_string(model::kExitFeatureDim));
+  const int64_t want_dim = load_blind ? kLoadBlindDim : model::kExitFeatureDim;
+  if (dim != want_dim) {
+    return InvalidArgumentError(where + ": wrong feature dim " + std::to_string(dim) + " for spec \"" + spec +
+                                "\", expected " + std::to_string(want_dim));
   }
-  if (features.at("names").get<std::vector<std::string>>() != ExitFeatureNames()) {
+  p.stored_features = dim;
+  std::vector<std::string> names = ExitFeatureNames();
+  names.resize(static_cast<size_t>(dim));
+  if (features.at("names").get<std::vector<std::string>>() != names) {
     return InvalidArgumentError(where + ": feature names differ from model::ExitFeatures' (" +
                                 features.at("names").dump() + ")");
   }
@@ -264,9 +279,11 @@ StatusOr<Artifact> LoadArtifactImpl(const std::string& dir, const std::string& e
   }
   QNetworkWeights w;
   w.hidden = static_cast<int32_t>(h);
-  for (const TensorSpec& s : TensorSpecs()) {
+  for (TensorSpec s : TensorSpecs()) {
     auto it = tensors.find(s.name);
     if (it == tensors.end()) return InvalidArgumentError(weights_path + ": missing tensor " + s.name);
+    const bool input = s.field == &QNetworkWeights::fc1_weight;
+    if (input) s.cols = parsed.stored_features;
     const std::vector<int64_t> expected = Shape(s, h);
     const checkpoint::TensorView& t = it->second;
     if (t.shape != expected) {
@@ -274,6 +291,17 @@ StatusOr<Artifact> LoadArtifactImpl(const std::string& dir, const std::string& e
                                   ", expected " + ShapeText(expected) + " (hidden " + std::to_string(h) + ")");
     }
     LEDE_ASSIGN_OR_RETURN(w.*(s.field), checkpoint::ToFloat32(t));
+    if (input && parsed.stored_features < model::kExitFeatureDim) {
+      // An older spec: each row gains zero weights on the features it lacks.
+      std::vector<float> wide;
+      const std::vector<float>& narrow = w.*(s.field);
+      for (int64_t r = 0; r < h; ++r) {
+        wide.insert(wide.end(), narrow.begin() + r * parsed.stored_features,
+                    narrow.begin() + (r + 1) * parsed.stored_features);
+        wide.resize(static_cast<size_t>((r + 1) * model::kExitFeatureDim), 0.0f);
+      }
+      w.*(s.field) = std::move(wide);
+    }
   }
   if (tensors.size() != TensorSpecs().size()) {
     for (const auto& [name, t] : tensors) {
@@ -302,8 +330,8 @@ const std::vector<std::string>& ExitFeatureNames() {
       "is_draft_phase", "layer_frac",   "draft_pos_frac", "top1_prob",
       "top_k_nll_div4", "entropy_div4", "trace_nll_div4", "margin_div8",
       "draft_conf",     "accept_ema",   "lookup_match",   "trigram_seen",
-      "bias"};
-  static_assert(model::kExitFeatureDim == 13, "update ExitFeatureNames with ExitFeatures");
+      "bias",           "load_log2_div8"};
+  static_assert(model::kExitFeatureDim == 14, "update ExitFeatureNames with ExitFeatures");
   return names;
 }
 

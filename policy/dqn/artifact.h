@@ -52,8 +52,11 @@ inline constexpr char kServingFile[] = "SERVING";
 
 // The names of model::ExitFeatures' outputs, in order (kExitFeatureDim):
 // is_draft_phase, layer_frac, draft_pos_frac, top1_prob, top_k_nll_div4,
-// entropy_div4, trace_nll_div4, bias. An artifact whose feature names differ
-// was trained on other inputs and is refused.
+// entropy_div4, trace_nll_div4, margin_div8, draft_conf, accept_ema,
+// lookup_match, trigram_seen, bias, load_log2_div8. An artifact whose
+// feature names differ was trained on other inputs and is refused; one of
+// spec lede-features-v3 (the first 13, no load) is read with a zero weight
+// on the load, which leaves its Q-values exactly as they were.
 const std::vector<std::string>& ExitFeatureNames();
 
 // Where the training data came from and how it was split.
@@ -109,8 +112,9 @@ Status SaveArtifact(const std::string& dir, const Artifact& artifact, bool overw
 // not empty, the artifact must have been trained for that model.
 // Errors: kNotFound if `dir`, policy.json or policy.safetensors is missing;
 // kInvalidArgument, with a message naming the fault, for unparsable JSON, a
-// format other than "lede-dqn-v1", a feature dim other than kExitFeatureDim
-// or different feature names, a SHA-256 that does not match
+// format other than "lede-dqn-v1", a feature spec other than
+// kExitFeatureSpec and lede-features-v3 (the message names both), a feature
+// dim or feature names other than the spec's, a SHA-256 that does not match
 // policy.safetensors ("checksum mismatch"), a missing, unexpected or
 // misshapen tensor, non-finite weights, an invalid decision spec, or a model
 // fingerprint that differs from `expected_fingerprint`.

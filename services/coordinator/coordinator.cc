@@ -163,6 +163,9 @@ struct GenerationService::Impl {
   std::mutex drain_mu;
   std::condition_variable drained;
   int64_t in_flight = 0;   // guarded by drain_mu
+  // in_flight, readable without the lock: the load the exit policies see
+  // (LoopOptions::current_load).
+  std::atomic<int32_t> load{0};
   bool draining = false;   // guarded by drain_mu
   std::unique_ptr<telemetry::SpecDecodeMetrics> metrics;
   std::unique_ptr<experience::ExperienceLogger> logger;
@@ -355,6 +358,7 @@ Status GenerationService::Impl::Run(grpc::CallbackServerContext* context, const 
     std::lock_guard<std::mutex> lock(drain_mu);
     if (!draining) {
       ++in_flight;
+      load.store(static_cast<int32_t>(in_flight), std::memory_order_relaxed);
       admitted = true;
     }
   }
@@ -363,6 +367,7 @@ Status GenerationService::Impl::Run(grpc::CallbackServerContext* context, const 
   if (admitted) {
     std::lock_guard<std::mutex> lock(drain_mu);
     if (--in_flight == 0) drained.notify_all();
+    load.store(static_cast<int32_t>(in_flight), std::memory_order_relaxed);
   }
   if (metrics) {
     metrics->RecordRequest(SpeculationMethodName(request->method()), status.code(),
@@ -476,6 +481,7 @@ speculation::LoopOptions GenerationService::Impl::LoopFor(const GenerateRequest&
   loop.session.sampling.top_p = checked.top_p;
   loop.session.sampling.seed = request.seed();
   loop.record_traces = logger != nullptr && loop.mode == speculation::SpeculationMode::kAdaptive;
+  loop.current_load = [this] { return load.load(std::memory_order_relaxed); };
   return loop;
 }
 

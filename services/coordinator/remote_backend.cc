@@ -90,6 +90,7 @@ StatusOr<speculation::Draft> RemoteBackend::DraftRound(int64_t, const speculatio
   req.set_budget(r.budget);
   req.set_trace_nll(r.trace_nll);
   req.set_accept_ema(r.accept_ema);
+  req.set_load(r.load);
   req.mutable_context()->Add(r.context.begin(), r.context.end());
   req.set_round_index(r.round_index);
   req.set_record_trace(record_trace_ && r.record_trace);
@@ -176,6 +177,7 @@ speculation::Draft RemoteBackend::FromDraftResponse(const lede::v1::DraftRespons
     dec.state.accept_ema = rec.accept_ema();
     dec.state.lookup_match = rec.lookup_match();
     dec.state.trigram_seen = rec.trigram_seen();
+    dec.state.load = std::max<int32_t>(1, rec.load());
     dec.action = rec.action() == lede::v1::EXIT_ACTION_EXIT ? model::Action::kExit : model::Action::kContinue;
     dec.draft_index = rec.draft_index();
     dec.wasted_probe = rec.wasted_probe();

@@ -984,6 +984,10 @@ grpc::Status DrafterService::Draft(grpc::ServerContext*, const lede::v1::DraftRe
   dr.budget = req->budget();
   dr.trace_nll = req->trace_nll();
   if (req->has_accept_ema()) dr.accept_ema = req->accept_ema();
+  if (req->load() < 0) {
+    return ToGrpcStatus(InvalidArgumentError("load: " + std::to_string(req->load()) + " is negative"));
+  }
+  dr.load = std::max<int32_t>(1, req->load());
   dr.context.assign(req->context().begin(), req->context().end());
   dr.round_index = req->round_index();
   dr.record_trace = req->record_trace();
@@ -1017,6 +1021,7 @@ grpc::Status DrafterService::Draft(grpc::ServerContext*, const lede::v1::DraftRe
     r->set_accept_ema(dec.state.accept_ema);
     r->set_lookup_match(dec.state.lookup_match);
     r->set_trigram_seen(dec.state.trigram_seen);
+    r->set_load(dec.state.load);
     r->set_action(dec.action == model::Action::kExit ? lede::v1::EXIT_ACTION_EXIT : lede::v1::EXIT_ACTION_CONTINUE);
     r->set_draft_index(dec.draft_index);
     r->set_wasted_probe(dec.wasted_probe);

@@ -297,15 +297,18 @@ void ToProto(const policy::Transition& t, lede::v1::Transition* out) {
 
 StatusOr<policy::Transition> FromProto(const lede::v1::Transition& r) {
   policy::Transition t;
-  if (r.state_size() != model::kExitFeatureDim) {
+  // Shards logged before the load feature (lede-features-v3) hold one
+  // feature fewer; the load they lack reads as 1 (its feature, 0).
+  constexpr int kLoadBlindDim = model::kExitFeatureDim - 1;
+  if (r.state_size() != model::kExitFeatureDim && r.state_size() != kLoadBlindDim) {
     return InvalidArgumentError("state has " + std::to_string(r.state_size()) +
-                                " features, expected " + std::to_string(model::kExitFeatureDim));
+                                " features, expected " + std::to_string(model::kExitFeatureDim) + " (or " +
+                                std::to_string(kLoadBlindDim) + " of lede-features-v3)");
   }
   std::copy(r.state().begin(), r.state().end(), t.state.begin());
-  if (r.next_state_size() != 0 && r.next_state_size() != model::kExitFeatureDim) {
+  if (r.next_state_size() != 0 && r.next_state_size() != r.state_size()) {
     return InvalidArgumentError("next_state has " + std::to_string(r.next_state_size()) +
-                                " features, expected 0 or " +
-                                std::to_string(model::kExitFeatureDim));
+                                " features, expected 0 or " + std::to_string(r.state_size()) + " as state");
   }
   std::copy(r.next_state().begin(), r.next_state().end(), t.next_state.begin());
   switch (r.action()) {

@@ -159,9 +159,12 @@ ShardReport DecodeShard(std::string_view bytes, const std::string& name,
 void ToProto(const policy::Transition& transition, lede::v1::Transition* out);
 
 // Converts a wire record back. An empty next_state reads as zeros.
-// Errors: kInvalidArgument if state does not have kExitFeatureDim entries,
-// next_state has neither 0 nor kExitFeatureDim, or phase or action is not a
-// known value (PHASE_UNSPECIFIED included).
+// A record of lede-features-v3 (kExitFeatureDim - 1 features, logged
+// before the load feature) reads with the load feature 0 (load 1).
+// Errors: kInvalidArgument if state has neither kExitFeatureDim nor
+// kExitFeatureDim - 1 entries, next_state has neither 0 nor as many as
+// state, or phase or action is not a known value (PHASE_UNSPECIFIED
+// included).
 StatusOr<policy::Transition> FromProto(const lede::v1::Transition& record);
 
 }  // namespace lede::experience

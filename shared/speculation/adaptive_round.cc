@@ -31,6 +31,7 @@ Status RunAdaptiveRound(model::ExitController& controller, const model::Decision
   auto with_request = [&](ExitState st) {
     st.trace_nll = static_cast<float>(request.trace_nll);
     st.accept_ema = static_cast<float>(request.accept_ema);
+    st.load = request.load;
     st.draft_conf = draft_conf;
     return st;
   };

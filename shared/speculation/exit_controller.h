@@ -26,6 +26,7 @@
 #ifndef LEDE_SHARED_SPECULATION_EXIT_CONTROLLER_H_
 #define LEDE_SHARED_SPECULATION_EXIT_CONTROLLER_H_
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -77,6 +78,13 @@ struct ExitState {
   // when the trigram (x[-2], x[-1], c) already occurred in the context.
   float lookup_match = 0;
   float trigram_seen = 0;
+  // The load: how many sessions the server is decoding at once (this one
+  // included; >= 1), as the caller knows it (the coordinator's running
+  // requests; 1 in-process). Batching changes what a draft and a
+  // verification cost (shared/model/cost_model.h, cost models at a load),
+  // so a policy that sees it can draft less, or not at all, under load
+  // (issue 12).
+  int32_t load = 1;
 
   static constexpr float kAcceptEmaPrior = 0.5f;
 };
@@ -132,13 +140,23 @@ inline float UpdateAcceptEma(float ema, int32_t n_drafted, int32_t n_accepted) {
 
 // Number of features of ExitFeatures(), and the name of this feature spec
 // (policy artifacts record it; an artifact of another spec is refused).
-inline constexpr int kExitFeatureDim = 13;
-inline constexpr char kExitFeatureSpec[] = "lede-features-v3";
+// lede-features-v4 is v3 with the load appended (policy artifacts of v3
+// are read as v4 with a zero weight on it, policy/dqn/artifact.h).
+inline constexpr int kExitFeatureDim = 14;
+inline constexpr char kExitFeatureSpec[] = "lede-features-v4";
+
+// log2(load) / kLoadFeatureLog2Max, capped at 1: the load feature (0 for one
+// session, 1 for 256 or more: the batch sizes of GPU serving).
+inline constexpr float kLoadFeatureLog2Max = 8.0f;
+inline float LoadFeature(int32_t load) {
+  const float log2 = std::log2(static_cast<float>(load > 1 ? load : 1));
+  return (log2 < kLoadFeatureLog2Max ? log2 : kLoadFeatureLog2Max) / kLoadFeatureLog2Max;
+}
 
 // The network's input, each roughly in [0, 1] or O(1):
 //   [phase == 2, l / L, draft_pos / max_draft_len, top1_prob, top_k_nll / 4,
 //    entropy / 4, trace_nll / 4, min(margin, 16) / 8, draft_conf, accept_ema,
-//    lookup_match, trigram_seen, 1 (bias feature)]
+//    lookup_match, trigram_seen, 1 (bias feature), LoadFeature(load)]
 // (round start is the only state with l / L == 0)
 inline void ExitFeatures(const ExitState& s, float out[kExitFeatureDim]) {
   out[0] = s.phase == Phase::kDraftLength ? 1.0f : 0.0f;
@@ -154,6 +172,7 @@ inline void ExitFeatures(const ExitState& s, float out[kExitFeatureDim]) {
   out[10] = s.lookup_match;
   out[11] = s.trigram_seen;
   out[12] = 1.0f;
+  out[13] = LoadFeature(s.load);
 }
 
 // The state of a probe decision (phase 1 or 2) from its exit signals; the

@@ -186,6 +186,7 @@ class Loop {
       request.budget = budget;
       request.trace_nll = trace_.Mean();
       request.accept_ema = accept_ema_;
+      request.load = o_.current_load ? std::max<int32_t>(1, o_.current_load()) : 1;
       request.round_index = static_cast<int64_t>(result_.stats.rounds.size());
       request.record_trace = o_.record_traces;
       if (!context_.empty()) {

@@ -83,6 +83,9 @@ struct DraftRequest {
   // The request's acceptance EMA over its earlier rounds (model::UpdateAcceptEma).
   double accept_ema = model::ExitState::kAcceptEmaPrior;
   int64_t round_index = 0;    // within the request
+  // Sessions decoding at once, this one included (model::ExitState::load),
+  // >= 1: LoopOptions::current_load when the round starts.
+  int32_t load = 1;
   bool record_trace = false;  // fill Draft::trace (experience)
   // The last model::kNgramWindow committed tokens (prompt + emitted), ending
   // with pending_token: what the context n-gram signals of the round's
@@ -193,6 +196,10 @@ struct LoopOptions {
   bool stop_at_eos = true;       // stop at any eos id (not emitted)
   bool record_traces = false;    // adaptive: keep each round's decisions
   int32_t trace_window = 8;      // W of C_trace, in emitted tokens
+  // The load each round reports to the exit policy (DraftRequest::load):
+  // called once per round from the generation's thread; null, or a value
+  // below 1, is 1. The coordinator gives its requests in flight.
+  std::function<int32_t()> current_load;
 };
 
 // Called with the tokens each step or round emits, in order. Returning false

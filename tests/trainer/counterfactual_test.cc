@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "policy/controllers.h"
+#include "policy/dqn/dqn_exit_controller.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/tokenizer/model_files.h"
@@ -374,6 +375,60 @@ TEST_F(CounterfactualTest, DinkelbachStartsFromTheBestStaticAtACandidateLayer) {
   o.spec.candidate_layers = {12};  // L = 12: no exit layer below L among them
   EXPECT_THAT(TrainDinkelbach(train, selection, *cost, o),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("candidate_layers")));
+}
+
+// With loads, every trace is replayed at each load priced by the cost model
+// at that load, with a rho per load; where no static setting beats
+// autoregressive decoding (the accelerator roofline far past its ridge,
+// where verifying K drafts costs K + 1 steps), pi_0 decodes
+// autoregressively there, and the policy learned from it keeps doing so
+// while it speculates alone.
+TEST_F(CounterfactualTest, DinkelbachWithLoadsLearnsNotToSpeculateWhereItLoses) {
+  const std::vector<ShadowTrace> traces = Traces();
+  const std::vector<ShadowTrace> train(traces.begin(), traces.begin() + 2), selection(traces.begin() + 2, traces.end());
+  auto cost = model::MakeAcceleratorCostModel(model_->config());
+  DinkelbachOptions o = SmallDinkelbachOptions();
+  o.max_iterations = 2;
+  o.conservative_margin = 0.2;
+  o.dqn.epochs = 12;
+  o.loads = {1, 256};
+  const model::ModelConfig config = model_->config();
+  o.cost_at_load = [config](int32_t load) -> StatusOr<std::unique_ptr<model::CostModel>> {
+    return model::MakeAcceleratorCostModelAtLoad(config, load, /*ridge_tokens=*/16.0);
+  };
+  auto result = TrainDinkelbach(train, selection, *cost, o);
+  ASSERT_THAT(result, IsOk());
+  EXPECT_THAT(result->initial_policy, HasSubstr("B=256 autoregressive"));
+  ASSERT_EQ(result->load_best_static.size(), 2u);
+  for (const DinkelbachIteration& it : result->iterations) {
+    ASSERT_EQ(it.load_rho.size(), 2u);
+    ASSERT_EQ(it.load_train_speedup.size(), 2u);
+    EXPECT_DOUBLE_EQ(it.train_speedup, 0.5 * (it.load_train_speedup[0] + it.load_train_speedup[1]));
+  }
+  const DinkelbachIteration& first = result->iterations.front();
+  EXPECT_GT(first.load_rho[0], 1.0);        // static pays alone
+  EXPECT_DOUBLE_EQ(first.load_rho[1], 1.0);  // autoregressive at 256
+  // The selected policy, replayed at each load: it speculates alone and
+  // declines to at 256 (within 1% of autoregressive there).
+  auto network = std::make_shared<const policy::dqn::QNetwork>(result->dqn.network);
+  const ControllerMaker greedy = [network](int64_t) -> std::unique_ptr<model::ExitController> {
+    return std::make_unique<policy::dqn::DqnExitController>(network, "selected");
+  };
+  std::vector<ShadowTrace> crowded = train;
+  for (ShadowTrace& t : crowded) t.load = 256;
+  auto high = model::MakeAcceleratorCostModelAtLoad(config, 256, 16.0);
+  auto alone = SimulatedSpeedup(train, o.spec, greedy, *cost);
+  auto busy = SimulatedSpeedup(crowded, o.spec, greedy, *high);
+  ASSERT_THAT(alone, IsOk());
+  ASSERT_THAT(busy, IsOk());
+  EXPECT_GT(*alone, 1.2);
+  EXPECT_GT(*busy, 0.99);
+  // Bad loads are refused naming the field.
+  o.loads = {1, 1};
+  EXPECT_THAT(TrainDinkelbach(train, selection, *cost, o), StatusIs(StatusCode::kInvalidArgument, HasSubstr("loads")));
+  o.loads = {4};
+  o.cost_at_load = nullptr;
+  EXPECT_THAT(TrainDinkelbach(train, selection, *cost, o), StatusIs(StatusCode::kInvalidArgument, HasSubstr("loads")));
 }
 
 // The calibrated rule tuned by replay is the best of its grid, and

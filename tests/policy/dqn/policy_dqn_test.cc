@@ -348,6 +348,50 @@ TEST_F(ArtifactTest, WrongFeatureSpecIsInvalidArgument) {
   EXPECT_THAT(LoadArtifact(Dir("v4")), StatusIs(StatusCode::kInvalidArgument));
 }
 
+// A policy of lede-features-v3 (trained before the load feature) is read
+// with a zero weight on the load: its Q-values are what they were, at any
+// load. Another spec is refused, naming it and the spec this build computes.
+TEST_F(ArtifactTest, LoadBlindSpecReadsWithAZeroLoadWeight) {
+  const Artifact a = MakeArtifact("v3");
+  ASSERT_THAT(SaveArtifact(Dir("v3"), a), IsOk());
+  const QNetworkWeights& w = a.network.weights();
+  std::map<std::string, at::Tensor> tensors = Tensors(w);
+  tensors["fc1.weight"] = tensors["fc1.weight"].slice(/*dim=*/1, 0, kIn - 1).contiguous();
+  ReplaceWeights(Dir("v3"), tensors);
+  EditJson(Dir("v3"), [](Json& j) {
+    j["features"]["spec"] = "lede-features-v3";
+    j["features"]["dim"] = kIn - 1;
+    j["features"]["names"].erase(kIn - 1);
+  });
+  auto loaded = LoadArtifact(Dir("v3"));
+  ASSERT_THAT(loaded, IsOk());
+  const QNetworkWeights& got = loaded->network.weights();
+  ASSERT_EQ(got.fc1_weight.size(), w.fc1_weight.size());
+  for (int32_t r = 0; r < w.hidden; ++r) {
+    for (int c = 0; c < kIn - 1; ++c) EXPECT_EQ(got.fc1_weight[r * kIn + c], w.fc1_weight[r * kIn + c]);
+    EXPECT_EQ(got.fc1_weight[r * kIn + kIn - 1], 0.0f) << "row " << r;
+  }
+  model::ExitState s;
+  s.phase = model::Phase::kDraftLength;
+  s.layer = 2;
+  s.n_layers = 12;
+  s.top1_prob = 0.7f;
+  float f1[kIn], f64[kIn], q1[kNumActions], q64[kNumActions];
+  s.load = 1;
+  model::ExitFeatures(s, f1);
+  s.load = 64;
+  model::ExitFeatures(s, f64);
+  ASSERT_NE(f1[kIn - 1], f64[kIn - 1]);
+  loaded->network.Forward(f1, q1);
+  loaded->network.Forward(f64, q64);
+  for (int k = 0; k < kNumActions; ++k) EXPECT_EQ(q1[k], q64[k]);
+
+  ASSERT_THAT(SaveArtifact(Dir("v9"), MakeArtifact("v9")), IsOk());
+  EditJson(Dir("v9"), [](Json& j) { j["features"]["spec"] = "lede-features-v9"; });
+  EXPECT_THAT(LoadArtifact(Dir("v9")), StatusIs(StatusCode::kInvalidArgument,
+                                                ::testing::AllOf(::testing::HasSubstr("lede-features-v9"), ::testing::HasSubstr("lede-features-v4"))));
+}
+
 // A missing directory, policy.json or policy.safetensors is NOT_FOUND.
 TEST_F(ArtifactTest, MissingFilesAreNotFound) {
   EXPECT_THAT(LoadArtifact(Dir("nope")), StatusIs(StatusCode::kNotFound));

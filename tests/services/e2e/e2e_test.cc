@@ -1074,6 +1074,16 @@ TEST_F(E2eSingleSlotTest, DraftContextIsBoundedAndFeedsTheNgramSignals) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_THAT(s.error_message(), HasSubstr("context"));
   }
+  // A negative load is refused naming the field (0, unset, is 1).
+  req.clear_context();
+  req.set_load(-2);
+  {
+    grpc::ClientContext ctx;
+    const grpc::Status s = drafter->Draft(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("load"));
+  }
+  req.set_load(12);  // the policy's state carries the load from here on
   // The shipped policies decide phase 2 on the token just drafted (no
   // lookahead probe): a record at draft_pos p carries the signals of draft
   // p - 1 (greedy: the probe's top-1) after the context and drafts [0, p - 1).
@@ -1111,6 +1121,7 @@ TEST_F(E2eSingleSlotTest, DraftContextIsBoundedAndFeedsTheNgramSignals) {
   }
   check_records(std::vector<int32_t>(req.context().begin(), req.context().end()));
   ASSERT_GE(resp.draft_tokens_size(), 1);
+  for (const lede::v1::DecisionRecord& r : resp.decisions()) EXPECT_EQ(r.load(), 12);
   // The same round again (nothing was committed; the exit layer is chosen
   // before any probe, so the first draft is the same) with a context in
   // which (9, pending) was once followed by that draft: its record matches.

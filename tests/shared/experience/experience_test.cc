@@ -473,6 +473,24 @@ TEST(ShardRecordTest, FromProtoInvertsToProto) {
   }
 }
 
+// A record logged before the load feature (lede-features-v3: one feature
+// fewer) reads with the load feature 0 (load 1), the rest as written; a
+// next_state of another width than its state is refused.
+TEST(ShardRecordTest, FromProtoReadsLoadBlindRecordsAsLoadOne) {
+  policy::Transition want = MakeTransition(6);  // not done
+  want.state[model::kExitFeatureDim - 1] = 0.0f;
+  want.next_state[model::kExitFeatureDim - 1] = 0.0f;
+  lede::v1::Transition r;
+  ToProto(want, &r);
+  r.mutable_state()->RemoveLast();
+  r.mutable_next_state()->RemoveLast();
+  StatusOr<policy::Transition> t = FromProto(r);
+  ASSERT_THAT(t, IsOk());
+  ExpectSameTransition(*t, want);
+  r.mutable_next_state()->RemoveLast();
+  EXPECT_THAT(FromProto(r), StatusIs(StatusCode::kInvalidArgument, HasSubstr("next_state")));
+}
+
 // FromProto refuses records that a policy::Transition cannot hold.
 TEST(ShardRecordTest, FromProtoRejectsMalformedRecords) {
   lede::v1::Transition good;

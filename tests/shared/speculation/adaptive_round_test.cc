@@ -312,5 +312,27 @@ TEST(AdaptiveRoundTest, ProbeStatesCarryTheContextNgramSignalsOfTheirToken) {
   for (const model::ExitState& st : c.states) EXPECT_FLOAT_EQ(st.lookup_match + st.trigram_seen, 0.0f);
 }
 
+// Every state of a round carries the request's load, and the load feature
+// is log2(load) / 8, capped at 256 sessions.
+TEST(AdaptiveRoundTest, EveryStateCarriesTheLoad) {
+  ScriptedController c({Action::kExit, Action::kExit, Action::kExit, Action::kContinue});
+  TokenProbes p({1, 4, 9});
+  DraftRequest r = Request();
+  r.load = 16;
+  Draft d;
+  ASSERT_THAT(RunAdaptiveRound(c, Spec({2}), kLayers, r, 3, p, d), IsOk());
+  ASSERT_GE(c.states.size(), 3u);
+  for (const model::ExitState& st : c.states) EXPECT_EQ(st.load, 16);
+  float f[model::kExitFeatureDim];
+  model::ExitFeatures(c.states[0], f);
+  EXPECT_FLOAT_EQ(f[model::kExitFeatureDim - 1], 0.5f);
+  EXPECT_FLOAT_EQ(model::LoadFeature(1), 0.0f);
+  EXPECT_FLOAT_EQ(model::LoadFeature(0), 0.0f);
+  EXPECT_FLOAT_EQ(model::LoadFeature(2), 1.0f / 8.0f);
+  EXPECT_FLOAT_EQ(model::LoadFeature(64), 0.75f);
+  EXPECT_FLOAT_EQ(model::LoadFeature(256), 1.0f);
+  EXPECT_FLOAT_EQ(model::LoadFeature(1000), 1.0f);
+}
+
 }  // namespace
 }  // namespace lede::speculation

@@ -327,6 +327,31 @@ TEST(RunGenerationTest, AdaptiveDrafterSeesTraceNll) {
   EXPECT_DOUBLE_EQ(b.draft_requests[2].trace_nll, 4.0);  // mean(3, 4, 5)
 }
 
+// The load each round reports (LoopOptions::current_load, asked once per
+// round) reaches the drafter; without it, and below 1, the load is 1.
+TEST(RunGenerationTest, DraftRequestsCarryTheCurrentLoad) {
+  ScriptedBackend b;
+  b.rounds = {Round::Speculate(2, {11}, 1, {11, 12}), Round::Speculate(2, {13}, 1, {13, 14}),
+              Round::Speculate(2, {15}, 1, {15, 16})};
+  LoopOptions o = Static(7);
+  o.mode = SpeculationMode::kAdaptive;
+  std::vector<int32_t> loads = {5, 0, 64};
+  size_t asked = 0;
+  o.current_load = [&] { return loads.at(asked++); };
+  ASSERT_THAT(RunGeneration(b, kPrompt, o), IsOk());
+  ASSERT_EQ(b.draft_requests.size(), 3u);
+  EXPECT_EQ(b.draft_requests[0].load, 5);
+  EXPECT_EQ(b.draft_requests[1].load, 1);
+  EXPECT_EQ(b.draft_requests[2].load, 64);
+  ScriptedBackend alone;
+  alone.rounds = {Round::Speculate(2, {11}, 1, {11, 12})};
+  o.current_load = nullptr;
+  o.max_new_tokens = 3;
+  ASSERT_THAT(RunGeneration(alone, kPrompt, o), IsOk());
+  ASSERT_EQ(alone.draft_requests.size(), 1u);
+  EXPECT_EQ(alone.draft_requests[0].load, 1);
+}
+
 // With record_traces, each drafted round's decisions come back with the
 // verifier's outcome: a decision that drafted token i is accepted iff
 // i < n_accepted; rounds without decisions leave no trace.
