@@ -7,10 +7,9 @@
 // server step batching the same work of all B. Speed-ups are against
 // autoregressive decoding of the same B sessions, batched.
 //
-// Cost models: accelerator (roofline, --ridge-tokens), measured (this
-// machine's engine, the calibration's batch tables) and, with
-// --round-overhead-us, serving (measured plus that per-round overhead of
-// the serving processes).
+// Cost models: accelerator (roofline, --ridge-tokens) and measured (this
+// machine's engine, the calibration's batch tables; the engine only, no
+// serving overhead).
 // Rows per prompt set, cost model and load B (evaluation split):
 //   static tuned at B   the best (E, D) over every exit layer 1..L-1 and draft
 //                       length 1..--max-draft-len on the tuning split, priced at B
@@ -52,7 +51,6 @@ using Rounds = std::vector<speculation::RoundRecord>;
 struct LoadFlags {
   std::string model, prompts, calibration, loads = "1,2,4,8,16", policies, json;
   double ridge_tokens = model::kDefaultRidgeTokens;
-  double round_overhead_us = 0;  // > 0: also the "serving" rows (measured + per-round overhead)
   int64_t max_draft = 8, per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 64, threads = 1;
 };
 
@@ -155,18 +153,17 @@ Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& en
     out << line;
   }
   out << "\n";
-  std::vector<std::string> families = {"accelerator", "measured"};
-  if (lf.round_overhead_us > 0) families.push_back("serving");
+  const std::vector<std::string> families = {"accelerator", "measured"};
   const int64_t max_timed = cal.batch_sizes.back();
   for (const std::string& family : families) {
     // Each family at load B, and alone (B = 1: what a load-blind server tunes for).
     auto at = [&](int64_t b) -> StatusOr<std::unique_ptr<model::CostModel>> {
       if (family == "accelerator") return model::MakeAcceleratorCostModelAtLoad(m.config(), b, lf.ridge_tokens);
-      return model::MakeMeasuredCostModelAtLoad(cal, b, family == "serving" ? lf.round_overhead_us : 0.0);
+      return model::MakeMeasuredCostModelAtLoad(cal, b);
     };
     LEDE_ASSIGN_OR_RETURN(std::unique_ptr<model::CostModel> alone, at(1));
     for (int64_t b : loads) {
-      if (family != "accelerator" && b > max_timed) continue;  // beyond the timed batch sizes
+      if (family == "measured" && b > max_timed) continue;  // beyond the timed batch sizes
       LEDE_ASSIGN_OR_RETURN(std::unique_ptr<model::CostModel> cost, at(b));
       const StaticRounds& at_b = BestOn(grid, *cost);
       const StaticRounds& at_1 = BestOn(grid, *alone);
@@ -202,11 +199,9 @@ int RunLoad(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   f.Add("prompts", &lf.prompts, "prompt sets: .jsonl or <|doc|> corpus files, comma-separated", true);
   f.Add("calibration", &lf.calibration, "measured cost model JSON with batch tables (lede calibrate)", true);
   f.Add("loads", &lf.loads,
-        "sessions decoding at once, comma-separated (measured and serving rows: up to the largest timed batch size)");
+        "sessions decoding at once, comma-separated (measured rows: up to the largest timed batch size)");
   f.Add("ridge-tokens", &lf.ridge_tokens, "accelerator roofline: tokens per pass where compute catches up with "
                                           "the weight reads");
-  f.Add("round-overhead-us", &lf.round_overhead_us,
-        "serving overhead per round per session, CPU us (serve_bench); > 0 adds the \"serving\" rows");
   f.Add("policy", &lf.policies, "LEDE policy artifact directories, comma-separated");
   f.Add("max-draft-len", &lf.max_draft, "longest static draft tuned");
   f.Add("prompts-per-set", &lf.per_set, "prompts read per set (half tuning, half evaluation)");
@@ -236,9 +231,8 @@ int RunLoad(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   at::set_num_threads(static_cast<int>(std::max<int64_t>(1, lf.threads)));
   auto cal = model::ReadCalibrationFile(lf.calibration);
   if (!cal.ok()) return fail(Status(cal.status().code(), "--calibration: " + std::string(cal.status().message())), 2);
-  if (auto c = model::MakeMeasuredCostModelAtLoad(*cal, 1, lf.round_overhead_us); !c.ok()) {
-    return fail(Status(c.status().code(), "--calibration / --round-overhead-us: " + std::string(c.status().message())),
-                2);
+  if (auto c = model::MakeMeasuredCostModelAtLoad(*cal, 1); !c.ok()) {
+    return fail(Status(c.status().code(), "--calibration: " + std::string(c.status().message())), 2);
   }
   auto tok_path = tokenizer::FindTokenizerFile(lf.model);
   if (!tok_path.ok()) return fail(tok_path.status(), 2);

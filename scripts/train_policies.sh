@@ -12,6 +12,8 @@
 #                   synthetic prompt)
 #   story-accelerator-v5, story-measured-v7: trained on story requests only
 #                   (the generalization check: run on code)
+#   accelerator-load-v1  the accelerator model at loads 1, 64, 128, 256 (the policy
+#                   sees the load; the others are of the load-blind spec v3)
 # Calibrates first unless MODEL/calibration-cpu.json exists, and points
 # SERVING at accelerator-v5 (measured fastest in wall-clock on this CPU by
 # lede-bench; `lede generate --mode lede` picks an accelerator policy on CUDA). Only the first half of each prompt file
@@ -34,7 +36,7 @@ python3 scripts/make_policy_training_prompts.py out/policy-prompts $((2 * EXTRA)
   "$LEDE" calibrate --model "$MODEL" --threads "$THREADS" --round-passes 15 --round-max-draft-len "$MAX_DRAFT_LEN" \
     --prompts out/policy-prompts/train-story.jsonl,out/policy-prompts/train-code.jsonl --new-tokens 64 \
     --out "$MODEL/calibration-cpu.json"
-train() {  # name reward cost_model prompt-sets
+train() {  # name reward cost_model prompt-sets [extra flags]
   local name=$1 reward=$2 cost=$3 sets=$4 prompts="" extra=""
   for s in ${sets//,/ }; do
     prompts+="${prompts:+,}$MODEL/prompts/$s.jsonl"
@@ -44,7 +46,7 @@ train() {  # name reward cost_model prompt-sets
     --extra-prompts "$extra" --extra-count "$EXTRA" --exclude-prompts "$prompts" --iterations 6 --epochs 16 \
     --reward "$reward" --cost-model "$cost" --calibration "$MODEL/calibration-cpu.json" \
     --candidate-layers "$CANDIDATES" --max-draft-len "$MAX_DRAFT_LEN" --threads "$THREADS" --seed 1 \
-    --conservative-margin "$MARGIN" \
+    --conservative-margin "$MARGIN" "${@:5}" \
     --out "$MODEL/policy/$name" --version "$name" --overwrite 2>&1 | tee "out/policies/train-$name.log"
   cp "out/policies/train-$name.log" "$MODEL/policy/$name/training_report.txt"
 }
@@ -52,6 +54,9 @@ train accelerator-v5 throughput accelerator story,code
 train measured-v7 throughput measured story,code
 train story-measured-v7 throughput measured story
 train story-accelerator-v5 throughput accelerator story
+# The load-aware policy (feature spec lede-features-v4): one policy trained at four loads of the
+# accelerator roofline (README "The cost of speculation at a load"); not SERVING.
+train accelerator-load-v1 throughput accelerator story,code --loads 1,64,128,256
 # SERVING: the policy the last lede-bench run (scripts/evaluate_lede_tiny.sh) measured fastest in
 # wall-clock on both sets on this CPU (accelerator-v5 on the packed fused kernels: README).
 printf 'accelerator-v5\n' > "$MODEL/policy/SERVING.tmp" && mv "$MODEL/policy/SERVING.tmp" "$MODEL/policy/SERVING"

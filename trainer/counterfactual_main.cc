@@ -44,7 +44,7 @@ struct Flags {
           max_draft = 4, iterations = 6, epochs = 16, seed = 1, threads = 1, hidden = 64, batch_size = 256;
   double selection_fraction = 0.25, epsilon = 0.2, lr = 1e-3, conservative_margin = 0.0;
   std::string initial_policy = "static", loads;
-  double ridge_tokens = lede::model::kDefaultRidgeTokens, round_overhead_us = 0;
+  double ridge_tokens = lede::model::kDefaultRidgeTokens;
   bool overwrite = false, probe_candidates = false, lookahead_probe = false, rollout = true;
 };
 
@@ -76,7 +76,7 @@ StatusOr<std::unique_ptr<lede::model::CostModel>> MakeCostModelAtLoad(const Flag
   const std::string path = fl.calibration.empty() ? fl.model + "/calibration-cpu.json" : fl.calibration;
   auto cal = lede::model::ReadCalibrationFile(path);
   if (!cal.ok()) return cal.status();
-  auto cost = lede::model::MakeMeasuredCostModelAtLoad(*cal, load, fl.round_overhead_us);
+  auto cost = lede::model::MakeMeasuredCostModelAtLoad(*cal, load);
   if (!cost.ok()) return lede::Status(cost.status().code(), "--loads: " + std::string(cost.status().message()));
   return cost;
 }
@@ -267,7 +267,6 @@ int Run(const Flags& fl) {
     meta.training_options["load_" + std::to_string(o.loads[i])] = sel.load_train_speedup[i];
   }
   if (!o.loads.empty() && fl.cost_model == "accelerator") meta.training_options["ridge_tokens"] = fl.ridge_tokens;
-  if (!o.loads.empty() && fl.cost_model == "measured") meta.training_options["round_overhead_us"] = fl.round_overhead_us;
   lede::policy::dqn::Artifact artifact = lede::trainer::MakeArtifact(result->dqn, o.dqn, meta);
   artifact.metadata.offline_metrics["selection_speedup"] = sel.selection_speedup;
   artifact.metadata.offline_metrics["train_speedup"] = sel.train_speedup;
@@ -323,8 +322,7 @@ int main(int argc, char** argv) {
         "train at these loads (sessions decoding at once, comma-separated; the policy sees the load), each priced "
         "by the cost model at that load; default: alone");
   f.Add("ridge-tokens", &fl.ridge_tokens, "--loads with the accelerator cost model: its roofline ridge in tokens");
-  f.Add("round-overhead-us", &fl.round_overhead_us,
-        "--loads with the measured cost model: the serving stack's overhead per round per session, CPU us");
+
   f.Add("seed", &fl.seed, "seed");
   f.Add("threads", &fl.threads, "libtorch threads");
   f.Add("out", &fl.out, "artifact directory to write", true);

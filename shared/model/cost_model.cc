@@ -119,32 +119,25 @@ class MeasuredCostModel : public CostModel {
 // Another cost model's prices times per-load factors (the cost models at a
 // load, cost_model.h): verifications by verify[K] (K = 0 is a plain step,
 // factor 1; K beyond the vector takes its last entry), drafts and probes by
-// `draft`, decisions and signals by `session`; then every price times
-// (1 - overhead), and a verification plus `overhead`: the share of an
-// autoregressive round that is per-round serving overhead, which every
-// round pays once (an autoregressive round still costs 1).
+// `draft`, decisions and signals by `session`.
 class LoadedCostModel : public CostModel {
  public:
-  LoadedCostModel(std::unique_ptr<CostModel> base, std::vector<double> verify, double draft, double session,
-                  double overhead = 0)
-      : base_(std::move(base)), verify_(std::move(verify)), draft_(draft), session_(session),
-        keep_(1.0 - overhead), overhead_(overhead) {}
+  LoadedCostModel(std::unique_ptr<CostModel> base, std::vector<double> verify, double draft, double session)
+      : base_(std::move(base)), verify_(std::move(verify)), draft_(draft), session_(session) {}
   std::string name() const override { return base_->name(); }
-  double DraftToken(int64_t l) const override { return keep_ * base_->DraftToken(l) * draft_; }
+  double DraftToken(int64_t l) const override { return base_->DraftToken(l) * draft_; }
   double Verify(int64_t e, int64_t k) const override {
-    const double v = k <= 0 || verify_.empty()
-                         ? base_->Verify(e, k)
-                         : base_->Verify(e, k) * verify_[std::min<size_t>(static_cast<size_t>(k), verify_.size()) - 1];
-    return keep_ * v + overhead_;
+    if (k <= 0 || verify_.empty()) return base_->Verify(e, k);
+    return base_->Verify(e, k) * verify_[std::min<size_t>(static_cast<size_t>(k), verify_.size()) - 1];
   }
-  double Probe() const override { return keep_ * base_->Probe() * draft_; }
-  double Decision() const override { return keep_ * base_->Decision() * session_; }
-  double Signals() const override { return keep_ * base_->Signals() * session_; }
+  double Probe() const override { return base_->Probe() * draft_; }
+  double Decision() const override { return base_->Decision() * session_; }
+  double Signals() const override { return base_->Signals() * session_; }
 
  private:
   std::unique_ptr<CostModel> base_;
   std::vector<double> verify_;  // [K - 1]
-  double draft_, session_, keep_, overhead_;
+  double draft_, session_;
 };
 
 // The median of `v` (the upper one for an even count); 0 when empty.
@@ -220,10 +213,8 @@ std::unique_ptr<CostModel> MakeAcceleratorCostModelAtLoad(const ModelConfig& con
   return std::make_unique<LoadedCostModel>(MakeAcceleratorCostModel(config), std::move(verify), 1.0, 1.0);
 }
 
-StatusOr<std::unique_ptr<CostModel>> MakeMeasuredCostModelAtLoad(const Calibration& c, int64_t load,
-                                                                 double round_overhead_us) {
+StatusOr<std::unique_ptr<CostModel>> MakeMeasuredCostModelAtLoad(const Calibration& c, int64_t load) {
   const size_t n = c.batch_sizes.size();
-  if (!(round_overhead_us >= 0)) return InvalidArgumentError("round_overhead_us: must be >= 0");
   if (n == 0) {
     return FailedPreconditionError(
         "calibration has no batch tables: time them with lede calibrate --batch-sizes");
@@ -256,18 +247,8 @@ StatusOr<std::unique_ptr<CostModel>> MakeMeasuredCostModelAtLoad(const Calibrati
   f.pop_back();
   const double draft = f.back();
   f.pop_back();
-  // The per-session model time of an autoregressive step at this load
-  // (interpolated like the factors) against the serving overhead.
-  double step_per_session = c.batch_step_us[hi] / static_cast<double>(c.batch_sizes[hi]);
-  if (c.batch_sizes[hi] != load) {
-    const double lo = c.batch_step_us[hi - 1] / static_cast<double>(c.batch_sizes[hi - 1]);
-    const double x0 = std::log2(static_cast<double>(c.batch_sizes[hi - 1]));
-    const double x1 = std::log2(static_cast<double>(c.batch_sizes[hi]));
-    step_per_session = lo + (std::log2(static_cast<double>(load)) - x0) / (x1 - x0) * (step_per_session - lo);
-  }
-  const double overhead = round_overhead_us / (step_per_session + round_overhead_us);
   return std::unique_ptr<CostModel>(
-      std::make_unique<LoadedCostModel>(MakeMeasuredCostModel(c), std::move(f), draft, session, overhead));
+      std::make_unique<LoadedCostModel>(MakeMeasuredCostModel(c), std::move(f), draft, session));
 }
 
 namespace {

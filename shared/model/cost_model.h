@@ -230,19 +230,14 @@ std::unique_ptr<CostModel> MakeAcceleratorCostModelAtLoad(const ModelConfig& con
 //   Decision, Signals  x B s_1 / s_B   (per-session CPU work, not batched,
 //                                        against a step that B sessions share)
 // A load between two timed sizes interpolates the three factors linearly
-// in log2(B).
-// round_overhead_us: what every round of every session costs the serving
-// stack beyond the model's work (RPC hops, the coordinator, scheduling:
-// CPU microseconds per round, not batched; bench/serve_bench.py prints
-// the processes' CPU per token, and an autoregressive round is one token).
-// An autoregressive round then costs s_B / B + o per session, and every
-// price above is rescaled to that unit, the verification carrying the
-// round's o: speculation earns its fewer rounds. 0: the engine alone.
+// in log2(B). These are the engine's prices only: a server also pays per
+// round for its RPC hops and scheduling, unbatched and different for a
+// round that drafts (two hops in the split deployment) and one that does
+// not (README "The cost of speculation at a load" has the measurements).
 // Errors: kFailedPrecondition if the calibration has no batch tables
 // ("lede calibrate --batch-sizes"); kInvalidArgument naming `load` outside
-// [1, the largest timed size] or a negative round_overhead_us.
-StatusOr<std::unique_ptr<CostModel>> MakeMeasuredCostModelAtLoad(const Calibration& calibration, int64_t load,
-                                                                 double round_overhead_us = 0);
+// [1, the largest timed size].
+StatusOr<std::unique_ptr<CostModel>> MakeMeasuredCostModelAtLoad(const Calibration& calibration, int64_t load);
 
 }  // namespace lede::model
 

@@ -223,24 +223,6 @@ TEST(CostModelAtLoadTest, MeasuredPricesScaleByTheBatchTables) {
   EXPECT_DOUBLE_EQ((*two)->Decision(), alone->Decision() * 1.5);
 }
 
-TEST(CostModelAtLoadTest, ServingOverheadIsPaidOncePerRoundOfEverySession) {
-  const Calibration c = WithBatchTables(TableCalibration(4));
-  auto alone = MakeMeasuredCostModel(c);
-  // At B = 4 a step costs 200 / 4 = 50 us per session; 50 us of overhead per
-  // round makes half of an autoregressive round overhead.
-  auto four = MakeMeasuredCostModelAtLoad(c, 4, /*round_overhead_us=*/50.0);
-  ASSERT_THAT(four, IsOk());
-  EXPECT_DOUBLE_EQ((*four)->RoundCost(Round(2, 0)), 1.0);  // an autoregressive round is still the unit
-  EXPECT_DOUBLE_EQ((*four)->DraftToken(2), 0.5 * alone->DraftToken(2) * 0.75);
-  EXPECT_DOUBLE_EQ((*four)->Verify(2, 2), 0.5 * alone->Verify(2, 2) * 2.0 + 0.5);
-  EXPECT_DOUBLE_EQ((*four)->Decision(), 0.5 * alone->Decision() * 2.0);
-  // A round of 2 drafts pays the overhead once, as an autoregressive round does.
-  EXPECT_DOUBLE_EQ((*four)->RoundCost(Round(2, 2)),
-                   0.5 * (2 * alone->DraftToken(2) * 0.75 + alone->Verify(2, 2) * 2.0) + 0.5);
-  EXPECT_THAT(MakeMeasuredCostModelAtLoad(c, 4, -1.0),
-              StatusIs(StatusCode::kInvalidArgument, HasSubstr("round_overhead_us")));
-}
-
 TEST(CostModelAtLoadTest, MeasuredRefusesLoadsItHasNoTableFor) {
   const Calibration plain = TableCalibration(4);
   EXPECT_THAT(MakeMeasuredCostModelAtLoad(plain, 1),
