@@ -409,13 +409,8 @@ class SetBench {
   // mean draft length), both read off an exact replay of the policy on the
   // evaluation split.
   Status AddLede(const policy::dqn::Artifact& a) {
-    policy::dqn::MethodContext context;
-    context.n_layers = L_;
-    context.max_draft_len = std::numeric_limits<int32_t>::max();  // the artifact's own D_max
-    context.artifact = std::make_shared<const policy::dqn::Artifact>(a);
-    speculation::MethodSpec spec;
-    spec.method = speculation::SpeculationMethod::kLede;
-    LEDE_ASSIGN_OR_RETURN(policy::dqn::MethodPlan plan, policy::dqn::PlanMethod(spec, context));
+    LEDE_ASSIGN_OR_RETURN(policy::dqn::MethodPlan plan,
+                          policy::dqn::PlanTrainedPolicy(std::make_shared<const policy::dqn::Artifact>(a), L_));
     GenerateOptions o = adaptive_;
     o.decision_spec = plan.decision_spec;
     auto dqn = [plan](int64_t) { return plan.MakeController(); };

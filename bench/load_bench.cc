@@ -123,13 +123,8 @@ Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& en
   // load-blind artifact of lede-features-v3 ignores it).
   std::vector<std::pair<std::string, std::map<int64_t, Rounds>>> policies;
   for (const policy::dqn::Artifact& a : artifacts) {
-    policy::dqn::MethodContext context;
-    context.n_layers = L;
-    context.max_draft_len = std::numeric_limits<int32_t>::max();  // the artifact's own D_max
-    context.artifact = std::make_shared<const policy::dqn::Artifact>(a);
-    speculation::MethodSpec spec;
-    spec.method = speculation::SpeculationMethod::kLede;
-    LEDE_ASSIGN_OR_RETURN(policy::dqn::MethodPlan plan, policy::dqn::PlanMethod(spec, context));
+    LEDE_ASSIGN_OR_RETURN(policy::dqn::MethodPlan plan,
+                          policy::dqn::PlanTrainedPolicy(std::make_shared<const policy::dqn::Artifact>(a), L));
     trainer::SimulatedMethod s;
     s.mode = speculation::SpeculationMode::kAdaptive;
     s.spec = plan.decision_spec;

@@ -268,13 +268,10 @@ struct Retrainer::Impl {
     g.max_new_tokens = o.eval_new_tokens;
     ControllerFactory factory;
     if (network != nullptr) {
-      policy::dqn::MethodContext context;
-      context.n_layers = static_cast<int32_t>(model->n_layers());
-      context.max_draft_len = std::numeric_limits<int32_t>::max();  // the artifact's own D_max
-      context.artifact = std::make_shared<const policy::dqn::Artifact>(policy::dqn::Artifact{*meta, *network});
-      speculation::MethodSpec spec;
-      spec.method = speculation::SpeculationMethod::kLede;
-      LEDE_ASSIGN_OR_RETURN(policy::dqn::MethodPlan plan, policy::dqn::PlanMethod(spec, context));
+      LEDE_ASSIGN_OR_RETURN(
+          policy::dqn::MethodPlan plan,
+          policy::dqn::PlanTrainedPolicy(std::make_shared<const policy::dqn::Artifact>(policy::dqn::Artifact{*meta, *network}),
+                                         static_cast<int32_t>(model->n_layers())));
       g.mode = plan.mode;
       g.decision_spec = plan.decision_spec;
       factory = [plan](int64_t) { return plan.MakeController(); };

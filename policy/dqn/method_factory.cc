@@ -1,6 +1,7 @@
 #include "policy/dqn/method_factory.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "policy/controllers.h"
@@ -58,6 +59,16 @@ StatusOr<MethodPlan> PlanMethod(const speculation::MethodSpec& spec, const Metho
     }
   }
   return InvalidArgumentError("method: unknown speculation method");
+}
+
+StatusOr<MethodPlan> PlanTrainedPolicy(std::shared_ptr<const Artifact> artifact, int32_t n_layers) {
+  MethodContext context;
+  context.n_layers = n_layers;
+  context.max_draft_len = std::numeric_limits<int32_t>::max();  // the artifact's own D_max
+  context.artifact = std::move(artifact);
+  speculation::MethodSpec spec;
+  spec.method = speculation::SpeculationMethod::kLede;
+  return PlanMethod(spec, context);
 }
 
 }  // namespace lede::policy::dqn

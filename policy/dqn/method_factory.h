@@ -67,6 +67,11 @@ struct MethodPlan {
 // an artifact.
 StatusOr<MethodPlan> PlanMethod(const speculation::MethodSpec& spec, const MethodContext& context);
 
+// The LEDE plan of `artifact` as it was trained, its own D_max uncapped by
+// any KV pool: what replays, benchmarks and offline evaluations run on a
+// model of `n_layers` layers. Errors: those of PlanMethod.
+StatusOr<MethodPlan> PlanTrainedPolicy(std::shared_ptr<const Artifact> artifact, int32_t n_layers);
+
 }  // namespace lede::policy::dqn
 
 #endif  // LEDE_POLICY_DQN_METHOD_FACTORY_H_
