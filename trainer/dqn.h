@@ -99,7 +99,9 @@ struct DqnOptions {
   // target network) instead of QNetwork::Random(hidden, seed), so a
   // retraining run fine-tunes the serving policy (trainer/retrain.h) rather
   // than forgetting it; its hidden width must equal `hidden`. Null: a fresh
-  // network. Shared and never modified.
+  // network, QNetwork::Random with zero weights on the load feature (the
+  // last input): it starts load-blind, and only targets that differ
+  // between loads make the load matter. Shared and never modified.
   std::shared_ptr<const policy::dqn::QNetwork> initial_network;
   // Example:
   //   DqnOptions o;  o.epochs = 40;  o.seed = 7;
