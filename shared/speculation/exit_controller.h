@@ -79,8 +79,8 @@ struct ExitState {
   float lookup_match = 0;
   float trigram_seen = 0;
   // The load: how many sessions the server is decoding at once (this one
-  // included; >= 1), as the caller knows it (the coordinator's running
-  // requests; 1 in-process). Batching changes what a draft and a
+  // included; >= 1), as the caller knows it (the coordinator's requests in
+  // flight, its queued ones included; 1 in-process). Batching changes what a draft and a
   // verification cost (shared/model/cost_model.h, cost models at a load),
   // so a policy that sees it can draft less, or not at all, under load
   // (issue 12).
@@ -139,7 +139,8 @@ inline float UpdateAcceptEma(float ema, int32_t n_drafted, int32_t n_accepted) {
 }
 
 // Number of features of ExitFeatures(), and the name of this feature spec
-// (policy artifacts record it; an artifact of another spec is refused).
+// (policy artifacts record it; one of a spec other than this and v3 is
+// refused).
 // lede-features-v4 is v3 with the load appended (policy artifacts of v3
 // are read as v4 with a zero weight on it, policy/dqn/artifact.h).
 inline constexpr int kExitFeatureDim = 14;
