@@ -140,6 +140,41 @@ class LoadedCostModel : public CostModel {
   double draft_, session_;
 };
 
+// Batch sizes as the batch tables hold them: distinct, ascending, from 1.
+bool AscendingFromOne(const std::vector<int64_t>& sizes) {
+  return !sizes.empty() && sizes.front() == 1 && std::is_sorted(sizes.begin(), sizes.end()) &&
+         std::adjacent_find(sizes.begin(), sizes.end()) == sizes.end();
+}
+
+// What batching B sessions does to the prices, relative to one session
+// (MakeMeasuredCostModelAtLoad): verifications of K = 1.. drafts, drafts
+// and probes, per-session CPU work (decisions, signals).
+struct LoadFactors {
+  std::vector<double> verify;  // [K - 1]
+  double draft = 1, session = 1;
+};
+
+// The factors at timed batch size index i of the calibration's tables.
+LoadFactors FactorsAt(const Calibration& c, size_t i) {
+  const double s = c.batch_step_us[i], s1 = c.batch_step_us[0];
+  LoadFactors f;
+  for (size_t k = 0; k < c.batch_verify_us[i].size(); ++k) {
+    f.verify.push_back((c.batch_verify_us[i][k] / s) / (c.batch_verify_us[0][k] / s1));
+  }
+  f.draft = (c.batch_draft_us[i] / s) / (c.batch_draft_us[0] / s1);
+  f.session = static_cast<double>(c.batch_sizes[i]) * s1 / s;
+  return f;
+}
+
+// a + w (b - a), factor by factor.
+LoadFactors Lerp(const LoadFactors& a, const LoadFactors& b, double w) {
+  LoadFactors f = b;
+  for (size_t k = 0; k < f.verify.size(); ++k) f.verify[k] = a.verify[k] + w * (b.verify[k] - a.verify[k]);
+  f.draft = a.draft + w * (b.draft - a.draft);
+  f.session = a.session + w * (b.session - a.session);
+  return f;
+}
+
 // The median of `v` (the upper one for an even count); 0 when empty.
 double Median(std::vector<double> v) {
   if (v.empty()) return 0.0;
@@ -223,32 +258,16 @@ StatusOr<std::unique_ptr<CostModel>> MakeMeasuredCostModelAtLoad(const Calibrati
     return InvalidArgumentError("load: " + std::to_string(load) + " is outside [1, " +
                                 std::to_string(c.batch_sizes.back()) + "], the batch sizes of the calibration");
   }
-  // The three factors at timed size index i, relative to B = 1 (index 0).
-  const size_t kmax = c.batch_verify_us.front().size();
-  auto factors = [&](size_t i) {
-    const double s = c.batch_step_us[i], s1 = c.batch_step_us[0];
-    std::vector<double> f;
-    for (size_t k = 0; k < kmax; ++k) f.push_back((c.batch_verify_us[i][k] / s) / (c.batch_verify_us[0][k] / s1));
-    f.push_back((c.batch_draft_us[i] / s) / (c.batch_draft_us[0] / s1));
-    f.push_back(static_cast<double>(c.batch_sizes[i]) * s1 / s);
-    return f;
-  };
   size_t hi = 0;
   while (c.batch_sizes[hi] < load) ++hi;
-  std::vector<double> f = factors(hi);
+  LoadFactors f = FactorsAt(c, hi);
   if (c.batch_sizes[hi] != load) {  // between sizes hi - 1 and hi: linear in log2(B)
-    const std::vector<double> lo = factors(hi - 1);
     const double x0 = std::log2(static_cast<double>(c.batch_sizes[hi - 1]));
     const double x1 = std::log2(static_cast<double>(c.batch_sizes[hi]));
-    const double w = (std::log2(static_cast<double>(load)) - x0) / (x1 - x0);
-    for (size_t j = 0; j < f.size(); ++j) f[j] = lo[j] + w * (f[j] - lo[j]);
+    f = Lerp(FactorsAt(c, hi - 1), f, (std::log2(static_cast<double>(load)) - x0) / (x1 - x0));
   }
-  const double session = f.back();
-  f.pop_back();
-  const double draft = f.back();
-  f.pop_back();
   return std::unique_ptr<CostModel>(
-      std::make_unique<LoadedCostModel>(MakeMeasuredCostModel(c), std::move(f), draft, session));
+      std::make_unique<LoadedCostModel>(MakeMeasuredCostModel(c), std::move(f.verify), f.draft, f.session));
 }
 
 namespace {
@@ -502,9 +521,7 @@ Status CalibrateRoundsOnPrompts(const LlamaModel& model, int passes, int64_t max
 Status CalibrateBatches(const LlamaModel& model, int repeats, const std::vector<int64_t>& batch_sizes,
                         int64_t exit_layer, int64_t max_draft_len, int64_t context, Calibration* cal) {
   const ModelConfig& c = model.config();
-  if (batch_sizes.empty() || batch_sizes.front() != 1 || batch_sizes.back() > 64 ||
-      !std::is_sorted(batch_sizes.begin(), batch_sizes.end()) ||
-      std::adjacent_find(batch_sizes.begin(), batch_sizes.end()) != batch_sizes.end()) {
+  if (!AscendingFromOne(batch_sizes) || batch_sizes.back() > 64) {
     return InvalidArgumentError("batch_sizes: want distinct ascending sizes starting at 1, at most 64");
   }
   if (exit_layer < 1 || exit_layer >= c.n_layers) {
@@ -669,10 +686,8 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text) {
       auto positive = [](const std::vector<double>& v) {
         return !v.empty() && std::all_of(v.begin(), v.end(), [](double x) { return x > 0; });
       };
-      bool ok = n > 0 && c.batch_sizes.front() == 1 && std::is_sorted(c.batch_sizes.begin(), c.batch_sizes.end()) &&
-                std::adjacent_find(c.batch_sizes.begin(), c.batch_sizes.end()) == c.batch_sizes.end() &&
-                c.batch_step_us.size() == n && c.batch_draft_us.size() == n && c.batch_verify_us.size() == n &&
-                positive(c.batch_step_us) && positive(c.batch_draft_us);
+      bool ok = AscendingFromOne(c.batch_sizes) && c.batch_step_us.size() == n && c.batch_draft_us.size() == n &&
+                c.batch_verify_us.size() == n && positive(c.batch_step_us) && positive(c.batch_draft_us);
       for (size_t b = 0; ok && b < n; ++b) {
         ok = positive(c.batch_verify_us[b]) && c.batch_verify_us[b].size() == c.batch_verify_us[0].size();
       }
