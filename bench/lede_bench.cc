@@ -260,18 +260,13 @@ class SetBench {
       size_t best = 0;
       double best_speedup = -1;
       for (size_t i = 0; i < configs.size(); ++i) {
-        std::vector<model::RoundRecord> rounds;
-        for (size_t p = 0; p < tune_traces_.size(); ++p) {
-          trainer::SimulatedMethod m;
-          m.mode = configs[i].options.mode;
-          m.exit_layer = static_cast<int32_t>(configs[i].options.exit_layer);
-          m.draft_len = static_cast<int32_t>(configs[i].options.draft_len);
-          m.spec = configs[i].options.decision_spec;
-          std::unique_ptr<ExitController> ctl;
-          if (configs[i].make) ctl = configs[i].make(static_cast<int64_t>(p)), m.controller = ctl.get();
-          LEDE_ASSIGN_OR_RETURN(model::GenerationResult r, trainer::Simulate(tune_traces_[p], m));
-          rounds.insert(rounds.end(), r.stats.rounds.begin(), r.stats.rounds.end());
-        }
+        trainer::SimulatedMethod m;
+        m.mode = configs[i].options.mode;
+        m.exit_layer = static_cast<int32_t>(configs[i].options.exit_layer);
+        m.draft_len = static_cast<int32_t>(configs[i].options.draft_len);
+        m.spec = configs[i].options.decision_spec;
+        LEDE_ASSIGN_OR_RETURN(std::vector<model::RoundRecord> rounds,
+                              trainer::SimulatedRounds(tune_traces_, m, configs[i].make));
         const double s = cm->PredictedSpeedup(rounds);
         if (s > best_speedup) best_speedup = s, best = i;
       }

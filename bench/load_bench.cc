@@ -54,23 +54,6 @@ struct LoadFlags {
   int64_t max_draft = 8, per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 64, threads = 1;
 };
 
-// A method replayed on one split: the rounds of all its requests pooled.
-StatusOr<Rounds> Replay(const std::vector<trainer::ShadowTrace>& traces, const trainer::SimulatedMethod& method,
-                        const std::function<std::unique_ptr<model::ExitController>()>& make = nullptr) {
-  Rounds out;
-  for (const trainer::ShadowTrace& t : traces) {
-    trainer::SimulatedMethod m = method;
-    std::unique_ptr<model::ExitController> controller;
-    if (make) {
-      controller = make();
-      m.controller = controller.get();
-    }
-    LEDE_ASSIGN_OR_RETURN(speculation::GenerationResult r, trainer::Simulate(t, m));
-    out.insert(out.end(), r.stats.rounds.begin(), r.stats.rounds.end());
-  }
-  return out;
-}
-
 struct StaticRounds {
   int32_t exit_layer, draft_len;
   Rounds tuning, eval;
@@ -114,8 +97,8 @@ Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& en
       s.exit_layer = e;
       s.draft_len = d;
       StaticRounds r{e, d, {}, {}};
-      LEDE_ASSIGN_OR_RETURN(r.tuning, Replay(tuning, s));
-      LEDE_ASSIGN_OR_RETURN(r.eval, Replay(eval, s));
+      LEDE_ASSIGN_OR_RETURN(r.tuning, trainer::SimulatedRounds(tuning, s));
+      LEDE_ASSIGN_OR_RETURN(r.eval, trainer::SimulatedRounds(eval, s));
       grid.push_back(std::move(r));
     }
   }
@@ -131,10 +114,12 @@ Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& en
     std::map<int64_t, Rounds> by_load;
     for (int64_t b : loads) {
       std::vector<trainer::ShadowTrace> at_load = eval;
-      for (trainer::ShadowTrace& t : at_load) t.load = static_cast<int32_t>(std::min<int64_t>(b, 1 << 30));
-      LEDE_ASSIGN_OR_RETURN(by_load[b], Replay(at_load, s, [&plan] { return plan.MakeController(); }));
+      for (trainer::ShadowTrace& t : at_load) t.load = static_cast<int32_t>(b);
+      LEDE_ASSIGN_OR_RETURN(by_load[b], trainer::SimulatedRounds(at_load, s, [&plan](int64_t) {
+                              return plan.MakeController();
+                            }));
     }
-    policies.emplace_back("LEDE " + a.metadata.version, std::move(by_load));
+    policies.emplace_back(a.metadata.version, std::move(by_load));
   }
 
   out << "\n" << set.name << " (evaluation split, " << eval.size()
@@ -143,8 +128,8 @@ Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& en
   std::snprintf(line, sizeof(line), "%-12s %4s  %-20s  %-20s", "cost model", "B", "static tuned at B",
                 "static tuned alone");
   out << line;
-  for (const auto& [name, rounds] : policies) {
-    std::snprintf(line, sizeof(line), "  %-22s", name.c_str());
+  for (const auto& [version, by_load] : policies) {
+    std::snprintf(line, sizeof(line), "  %-22s", ("LEDE " + version).c_str());
     out << line;
   }
   out << "\n";
@@ -157,25 +142,29 @@ Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& en
       return model::MakeMeasuredCostModelAtLoad(cal, b);
     };
     LEDE_ASSIGN_OR_RETURN(std::unique_ptr<model::CostModel> alone, at(1));
+    const StaticRounds& at_1 = BestOn(grid, *alone);
     for (int64_t b : loads) {
       if (family == "measured" && b > max_timed) continue;  // beyond the timed batch sizes
       LEDE_ASSIGN_OR_RETURN(std::unique_ptr<model::CostModel> cost, at(b));
       const StaticRounds& at_b = BestOn(grid, *cost);
-      const StaticRounds& at_1 = BestOn(grid, *alone);
+      const double speedup_b = cost->PredictedSpeedup(at_b.eval), speedup_1 = cost->PredictedSpeedup(at_1.eval);
       nlohmann::json row;
       row["cost_model"] = family;
       row["load"] = b;
-      row["static_tuned_at_load"] = {{"setting", Setting(at_b)}, {"speedup", cost->PredictedSpeedup(at_b.eval)}};
-      row["static_tuned_alone"] = {{"setting", Setting(at_1)}, {"speedup", cost->PredictedSpeedup(at_1.eval)}};
-      const std::string tuned_b = Setting(at_b) + " " + std::to_string(cost->PredictedSpeedup(at_b.eval)).substr(0, 5) + "x";
-      const std::string tuned_1 = Setting(at_1) + " " + std::to_string(cost->PredictedSpeedup(at_1.eval)).substr(0, 5) + "x";
-      std::snprintf(line, sizeof(line), "%-12s %4ld  %-20s  %-20s", family.c_str(), static_cast<long>(b),
-                    tuned_b.c_str(), tuned_1.c_str());
+      row["static_tuned_at_load"] = {{"setting", Setting(at_b)}, {"speedup", speedup_b}};
+      row["static_tuned_alone"] = {{"setting", Setting(at_1)}, {"speedup", speedup_1}};
+      char tuned_b[64], tuned_1[64];
+      std::snprintf(tuned_b, sizeof(tuned_b), "%s %.3fx", Setting(at_b).c_str(), speedup_b);
+      std::snprintf(tuned_1, sizeof(tuned_1), "%s %.3fx", Setting(at_1).c_str(), speedup_1);
+      std::snprintf(line, sizeof(line), "%-12s %4ld  %-20s  %-20s", family.c_str(), static_cast<long>(b), tuned_b,
+                    tuned_1);
       out << line;
-      for (const auto& [name, by_load] : policies) {
+      for (const auto& [version, by_load] : policies) {
         const double s = cost->PredictedSpeedup(by_load.at(b));
-        row["lede"][name.substr(5)] = s;
-        std::snprintf(line, sizeof(line), "  %-22s", (std::to_string(s).substr(0, 5) + "x").c_str());
+        row["lede"][version] = s;
+        char speed[32];
+        std::snprintf(speed, sizeof(speed), "%.3fx", s);
+        std::snprintf(line, sizeof(line), "  %-22s", speed);
         out << line;
       }
       out << "\n";

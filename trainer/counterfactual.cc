@@ -276,18 +276,29 @@ StatusOr<SimulatedRound> SimulateRound(const ShadowTrace& trace, const model::De
   return out;
 }
 
-StatusOr<double> SimulatedSpeedup(const std::vector<ShadowTrace>& traces, const model::DecisionSpec& spec,
-                                  const ControllerMaker& make, const model::CostModel& cost) {
+StatusOr<std::vector<speculation::RoundRecord>> SimulatedRounds(const std::vector<ShadowTrace>& traces,
+                                                                const SimulatedMethod& method,
+                                                                const ControllerMaker& make) {
   std::vector<speculation::RoundRecord> rounds;
   for (size_t i = 0; i < traces.size(); ++i) {
-    std::unique_ptr<model::ExitController> controller = make(static_cast<int64_t>(i));
-    SimulatedMethod m;
-    m.mode = SpeculationMode::kAdaptive;
-    m.controller = controller.get();
-    m.spec = spec;
+    SimulatedMethod m = method;
+    std::unique_ptr<model::ExitController> controller;
+    if (make) {
+      controller = make(static_cast<int64_t>(i));
+      m.controller = controller.get();
+    }
     LEDE_ASSIGN_OR_RETURN(speculation::GenerationResult r, Simulate(traces[i], m));
     rounds.insert(rounds.end(), r.stats.rounds.begin(), r.stats.rounds.end());
   }
+  return rounds;
+}
+
+StatusOr<double> SimulatedSpeedup(const std::vector<ShadowTrace>& traces, const model::DecisionSpec& spec,
+                                  const ControllerMaker& make, const model::CostModel& cost) {
+  SimulatedMethod m;
+  m.mode = SpeculationMode::kAdaptive;
+  m.spec = spec;
+  LEDE_ASSIGN_OR_RETURN(std::vector<speculation::RoundRecord> rounds, SimulatedRounds(traces, m, make));
   return cost.PredictedSpeedup(rounds);
 }
 

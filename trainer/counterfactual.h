@@ -133,6 +133,14 @@ StatusOr<SimulatedRound> SimulateRound(const ShadowTrace& trace, const model::De
 // Makes a controller for one request (simulations run many).
 using ControllerMaker = std::function<std::unique_ptr<model::ExitController>(int64_t request_index)>;
 
+// Replays `method` on every trace and returns the rounds of all of them
+// pooled, to be priced by any cost model. With `make`, each trace gets a
+// controller of its own (method.controller is then ignored).
+// Errors: those of Simulate.
+StatusOr<std::vector<speculation::RoundRecord>> SimulatedRounds(const std::vector<ShadowTrace>& traces,
+                                                                const SimulatedMethod& method,
+                                                                const ControllerMaker& make = nullptr);
+
 // Replays the controllers of `make` on every trace and returns the
 // predicted speed-up under `cost` of all rounds pooled (tokens / cost).
 StatusOr<double> SimulatedSpeedup(const std::vector<ShadowTrace>& traces, const model::DecisionSpec& spec,
