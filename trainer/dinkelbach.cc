@@ -24,15 +24,11 @@ StatusOr<StaticChoice> BestStatic(const std::vector<ShadowTrace>& traces, int32_
   for (int32_t e = 1; e < L; ++e) {
     if (!exit_layers.empty() && std::find(exit_layers.begin(), exit_layers.end(), e) == exit_layers.end()) continue;
     for (int32_t d = 1; d <= max_draft_len; ++d) {
-      std::vector<speculation::RoundRecord> rounds;
-      for (const ShadowTrace& t : traces) {
-        SimulatedMethod m;
-        m.mode = speculation::SpeculationMode::kStatic;
-        m.exit_layer = e;
-        m.draft_len = d;
-        LEDE_ASSIGN_OR_RETURN(speculation::GenerationResult r, Simulate(t, m));
-        rounds.insert(rounds.end(), r.stats.rounds.begin(), r.stats.rounds.end());
-      }
+      SimulatedMethod m;
+      m.mode = speculation::SpeculationMode::kStatic;
+      m.exit_layer = e;
+      m.draft_len = d;
+      LEDE_ASSIGN_OR_RETURN(std::vector<speculation::RoundRecord> rounds, SimulatedRounds(traces, m));
       const double s = cost.PredictedSpeedup(rounds);
       if (s > best.speedup) best = StaticChoice{e, d, s};
     }
@@ -394,32 +390,39 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
       if (by_load.size() == 1) return std::move(by_load.begin()->second);
       return std::make_unique<PerLoadController>(std::move(by_load));
     };
+    // The states the transitions come from: with rollout targets pi, ε-greedy
+    // variants of it and of threshold behaviours; otherwise the exploring
+    // behaviours. The same at every load.
+    std::vector<ControllerMaker> sources;
+    if (o.rollout_targets) {
+      const double eps = o.behaviour_epsilon;
+      const uint64_t base = o.seed * 7777ULL + static_cast<uint64_t>(it) * 131ULL;
+      sources.push_back(pi);
+      for (double e : {0.5 * eps, eps}) {
+        sources.push_back([pi, e, base](int64_t i) -> std::unique_ptr<model::ExitController> {
+          return std::make_unique<OwningExplorer>(pi(i), e, base + static_cast<uint64_t>(i) * 31ULL +
+                                                                 static_cast<uint64_t>(e * 1000));
+        });
+      }
+      for (auto [lambda, tau] : std::vector<std::pair<float, float>>{{0.3f, 0.3f}, {0.7f, 0.6f}, {0.9f, 0.9f}}) {
+        sources.push_back([lambda, tau, eps, base](int64_t i) -> std::unique_ptr<model::ExitController> {
+          return std::make_unique<OwningExplorer>(std::make_unique<ThresholdExitController>(lambda, tau), eps,
+                                                  base + 17ULL + static_cast<uint64_t>(i) * 37ULL);
+        });
+      }
+    } else {
+      sources = Behaviours(o, L, current, it);
+    }
     std::vector<policy::Transition> transitions;
     for (const LoadGroup& g : groups) {
       const policy::RewardSpec rewards =
           o.paper_rewards ? policy::RewardSpec::Paper(L) : DinkelbachRewards(*g.cost, L, o.spec.max_draft_len, g.rho);
       std::vector<policy::Transition> ts;
       if (o.rollout_targets) {
-        const double eps = o.behaviour_epsilon;
-        const uint64_t base = o.seed * 7777ULL + static_cast<uint64_t>(it) * 131ULL;
-        std::vector<ControllerMaker> sources = {pi};
-        for (double e : {0.5 * eps, eps}) {
-          sources.push_back([pi, e, base](int64_t i) -> std::unique_ptr<model::ExitController> {
-            return std::make_unique<OwningExplorer>(pi(i), e, base + static_cast<uint64_t>(i) * 31ULL +
-                                                                   static_cast<uint64_t>(e * 1000));
-          });
-        }
-        for (auto [lambda, tau] : std::vector<std::pair<float, float>>{{0.3f, 0.3f}, {0.7f, 0.6f}, {0.9f, 0.9f}}) {
-          sources.push_back([lambda, tau, eps, base](int64_t i) -> std::unique_ptr<model::ExitController> {
-            return std::make_unique<OwningExplorer>(std::make_unique<ThresholdExitController>(lambda, tau), eps,
-                                                    base + 17ULL + static_cast<uint64_t>(i) * 37ULL);
-          });
-        }
         LEDE_ASSIGN_OR_RETURN(ts, RolloutTransitions(g.train, o.spec, pi, sources, rewards, o.model_fingerprint,
                                                      o.conservative_margin));
       } else {
-        LEDE_ASSIGN_OR_RETURN(ts, CounterfactualTransitions(g.train, o.spec, Behaviours(o, L, current, it), rewards,
-                                                            o.model_fingerprint));
+        LEDE_ASSIGN_OR_RETURN(ts, CounterfactualTransitions(g.train, o.spec, sources, rewards, o.model_fingerprint));
       }
       transitions.insert(transitions.end(), std::make_move_iterator(ts.begin()), std::make_move_iterator(ts.end()));
     }
@@ -445,17 +448,18 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
     }
     rep.iteration = it;
     rep.transitions = static_cast<int64_t>(transitions.size());
+    std::vector<double> rhos, train, selection;  // per load
     for (const LoadGroup& g : groups) {
-      rep.load_rho.push_back(g.rho);
-      LEDE_ASSIGN_OR_RETURN(double train, SimulatedSpeedup(g.train, o.spec, greedy, *g.cost));
-      LEDE_ASSIGN_OR_RETURN(double selection, SimulatedSpeedup(g.selection, o.spec, greedy, *g.cost));
-      rep.load_train_speedup.push_back(train);
-      rep.load_selection_speedup.push_back(selection);
+      rhos.push_back(g.rho);
+      LEDE_ASSIGN_OR_RETURN(double t, SimulatedSpeedup(g.train, o.spec, greedy, *g.cost));
+      LEDE_ASSIGN_OR_RETURN(double s, SimulatedSpeedup(g.selection, o.spec, greedy, *g.cost));
+      train.push_back(t);
+      selection.push_back(s);
     }
-    rep.rho = Mean(rep.load_rho);
-    rep.train_speedup = Mean(rep.load_train_speedup);
-    rep.selection_speedup = Mean(rep.load_selection_speedup);
-    if (o.loads.empty()) rep.load_rho.clear(), rep.load_train_speedup.clear(), rep.load_selection_speedup.clear();
+    rep.rho = Mean(rhos);
+    rep.train_speedup = Mean(train);
+    rep.selection_speedup = Mean(selection);
+    if (!o.loads.empty()) rep.load_rho = rhos, rep.load_train_speedup = train, rep.load_selection_speedup = selection;
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     rep.adopted = rep.train_speedup > current_train;
     iterations.push_back(rep);
@@ -476,9 +480,8 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
     // iteration (it starts from static), so at least three run.
     bool converged = it >= 3;
     for (size_t i = 0; i < groups.size(); ++i) {
-      const double speedup = o.loads.empty() ? rep.train_speedup : rep.load_train_speedup[i];
-      converged = converged && std::abs(speedup - groups[i].rho) < o.rho_tolerance;
-      groups[i].rho = speedup;
+      converged = converged && std::abs(train[i] - groups[i].rho) < o.rho_tolerance;
+      groups[i].rho = train[i];
     }
     if (converged) break;
   }
