@@ -53,30 +53,31 @@ int Fail(const Status& s) {
   return s.code() == lede::StatusCode::kInternal ? 1 : 2;
 }
 
-// The reward's cost model: the accelerator model, or the measured one
-// (--calibration, default <model>/calibration-cpu.json).
-StatusOr<std::unique_ptr<lede::model::CostModel>> MakeCostModel(const Flags& fl, const lede::model::LlamaModel& model) {
+// The measured model's calibration (--calibration, default
+// <model>/calibration-cpu.json), read once; empty for the accelerator model.
+StatusOr<lede::model::Calibration> ReadCalibration(const Flags& fl) {
+  if (fl.cost_model != "measured") return lede::model::Calibration{};
+  return lede::model::ReadCalibrationFile(fl.calibration.empty() ? fl.model + "/calibration-cpu.json"
+                                                                 : fl.calibration);
+}
+
+// The reward's cost model: the accelerator model, or the measured one.
+StatusOr<std::unique_ptr<lede::model::CostModel>> MakeCostModel(const Flags& fl, const lede::model::LlamaModel& model,
+                                                                const lede::model::Calibration& cal) {
   if (fl.cost_model == "accelerator") return lede::model::MakeAcceleratorCostModel(model.config());
-  if (fl.cost_model == "measured") {
-    const std::string path = fl.calibration.empty() ? fl.model + "/calibration-cpu.json" : fl.calibration;
-    auto cal = lede::model::ReadCalibrationFile(path);
-    if (!cal.ok()) return cal.status();
-    return lede::model::MakeMeasuredCostModel(*cal);
-  }
+  if (fl.cost_model == "measured") return lede::model::MakeMeasuredCostModel(cal);
   return lede::InvalidArgumentError("--cost-model: want accelerator or measured");
 }
 
 // --loads: the cost model of --cost-model at a load (shared/model/cost_model.h).
 StatusOr<std::unique_ptr<lede::model::CostModel>> MakeCostModelAtLoad(const Flags& fl,
                                                                      const lede::model::LlamaModel& model,
+                                                                     const lede::model::Calibration& cal,
                                                                      int32_t load) {
   if (fl.cost_model == "accelerator") {
     return lede::model::MakeAcceleratorCostModelAtLoad(model.config(), load, fl.ridge_tokens);
   }
-  const std::string path = fl.calibration.empty() ? fl.model + "/calibration-cpu.json" : fl.calibration;
-  auto cal = lede::model::ReadCalibrationFile(path);
-  if (!cal.ok()) return cal.status();
-  auto cost = lede::model::MakeMeasuredCostModelAtLoad(*cal, load);
+  auto cost = lede::model::MakeMeasuredCostModelAtLoad(cal, load);
   if (!cost.ok()) return lede::Status(cost.status().code(), "--loads: " + std::string(cost.status().message()));
   return cost;
 }
@@ -172,7 +173,10 @@ int Run(const Flags& fl) {
   auto engine = lede::model::Engine::Create(model, ko);
   if (!engine.ok()) return Fail(engine.status());
 
-  auto cost_or = MakeCostModel(fl, *model);
+  auto calibration = ReadCalibration(fl);
+  if (!calibration.ok()) return Fail(calibration.status());
+  const lede::model::Calibration& cal = *calibration;
+  auto cost_or = MakeCostModel(fl, *model, cal);
   if (!cost_or.ok()) return Fail(cost_or.status());
   std::unique_ptr<lede::model::CostModel> cost = std::move(*cost_or);
   lede::trainer::DinkelbachOptions o;
@@ -205,11 +209,11 @@ int Run(const Flags& fl) {
     if (!loads.ok()) return Fail(loads.status());
     o.loads = *loads;
     for (int32_t load : o.loads) {  // every price exists before any trace
-      auto c = MakeCostModelAtLoad(fl, *model, std::max(load, 1));
+      auto c = MakeCostModelAtLoad(fl, *model, cal, std::max(load, 1));
       if (!c.ok()) return Fail(c.status());
     }
     const lede::model::LlamaModel& m = *model;
-    o.cost_at_load = [&fl, &m](int32_t load) { return MakeCostModelAtLoad(fl, m, load); };
+    o.cost_at_load = [&fl, &m, &cal](int32_t load) { return MakeCostModelAtLoad(fl, m, cal, load); };
   }
   if (Status st = lede::trainer::ValidateDinkelbachOptions(o); !st.ok()) return Fail(st);  // before any trace
 
