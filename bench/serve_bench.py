@@ -36,6 +36,7 @@ usage: bench/serve_bench.py [--concurrency 1,4,16,64] [--num-prompts 32] [--new-
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -287,6 +288,9 @@ def main():
                                         "(first method, largest concurrency)")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
+    # SIGTERM (kill, a CI timeout) unwinds through the `finally` blocks that stop the deployments,
+    # so no lede-model or coordinator outlives the benchmark holding its ports and KV pool.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     files = a.prompt_file or [os.path.join(services_bench.MODEL, "prompts", "story.jsonl"),
                               os.path.join(ROOT, "..", "shared", "data", "prompts", "humaneval.jsonl")]
     prompts = load_prompts([f for f in files if os.path.exists(f)])

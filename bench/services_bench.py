@@ -98,7 +98,8 @@ def deploy(kind, build, tmp, model_args=()):
                          os.path.join(tmp, kind + "-drafter.log"))
         procs.append(p)
     p, cport = start([coord_bin, "--model", MODEL, "--verifier", "127.0.0.1:%d" % vport,
-                      "--drafter", "127.0.0.1:%d" % dport, "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"],
+                      "--drafter", "127.0.0.1:%d" % dport, "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0",
+                      "--http", ""],  # no OpenAI HTTP API: its fixed port would collide with a running server
                      os.path.join(tmp, kind + "-coordinator.log"))
     procs.append(p)
     return procs, cport
