@@ -63,6 +63,28 @@ def load_prompts(files):
     return prompts
 
 
+def fitting_prompts(port, pb, pb_grpc, prompts, new_tokens):
+    """The prompts the server accepts with new_tokens to generate: one that cannot fit the context
+    window with them is INVALID_ARGUMENT before any token (as vLLM's benchmark drops prompts that
+    exceed the model's length, counting such a refusal as a failed request would measure the
+    prompt set, not the server). Each stream is cancelled at its first message: a prefill each."""
+    import grpc
+    keep = []
+    with grpc.insecure_channel("127.0.0.1:%d" % port) as channel:
+        stub = pb_grpc.GenerationStub(channel)
+        for prompt in prompts:
+            call = stub.Generate(pb.GenerateRequest(prompt=prompt, max_new_tokens=new_tokens), timeout=60)
+            try:
+                next(call)
+                keep.append(prompt)
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.INVALID_ARGUMENT:
+                    raise
+            finally:
+                call.cancel()
+    return keep
+
+
 def percentile(xs, q):
     if not xs:
         return float("nan")
@@ -303,6 +325,7 @@ def main():
           % (len(prompts), a.new_tokens, a.slots, static_config[0], static_config[1]))
     if a.replicas:
         return run_replicas(a, pb, pb_grpc, prompts, methods[0], max(levels), static_config)
+    fitted = False
     with tempfile.TemporaryDirectory() as tmp:
         for kind, max_batch in [(k, int(b)) for k in a.deployments.split(",") for b in a.max_batch.split(",")]:
             procs, port = services_bench.deploy(kind, a.build, tmp, ["--slots", str(a.slots), "--max-batch",
@@ -312,6 +335,12 @@ def main():
             pids = [p.pid for p in procs]
             metrics_ports = deployment_metrics_ports(kind, tmp)
             try:
+                if not fitted:
+                    n = len(prompts)
+                    prompts[:] = fitting_prompts(port, pb, pb_grpc, prompts, a.new_tokens)
+                    fitted = True
+                    print("%d of %d prompts fit the context window with %d new tokens (the rest are left out)"
+                          % (len(prompts), n, a.new_tokens))
                 # Warm-up: one request per method, then the baseline of memory and descriptors.
                 for m in methods:
                     run_level(port, pb, pb_grpc, prompts, m, 1, 1, a.new_tokens, static_config)
