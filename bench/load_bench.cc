@@ -16,6 +16,13 @@
 //   static tuned alone  the best (E, D) at B = 1 (what a load-blind server runs)
 //   LEDE <version>      each --policy, replayed at B (the policy sees the load;
 //                       a policy of lede-features-v3 does not)
+//   ... max load C      the same policy under the coordinator's
+//                       --speculation-max-load C: autoregressive (1.000x)
+//                       at loads above C. C is tuned per cost model on the
+//                       tuning split (the policy replayed there at each load):
+//                       the printed load that maximizes the summed speed-up
+//                       over the printed loads, ties to the larger C; at the
+//                       largest load it is no limit ("-").
 // Nothing here asserts; it prints numbers and writes --json.
 #include <algorithm>
 #include <cstdio>
@@ -104,22 +111,28 @@ Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& en
   }
   // Each policy replayed at every load (it sees the load as a feature; a
   // load-blind artifact of lede-features-v3 ignores it).
-  std::vector<std::pair<std::string, std::map<int64_t, Rounds>>> policies;
+  struct PolicyRounds {
+    std::string version;
+    std::map<int64_t, Rounds> eval, tuning;  // by load
+  };
+  std::vector<PolicyRounds> policies;
   for (const policy::dqn::Artifact& a : artifacts) {
     LEDE_ASSIGN_OR_RETURN(policy::dqn::MethodPlan plan,
                           policy::dqn::PlanTrainedPolicy(std::make_shared<const policy::dqn::Artifact>(a), L));
     trainer::SimulatedMethod s;
     s.mode = speculation::SpeculationMode::kAdaptive;
     s.spec = plan.decision_spec;
-    std::map<int64_t, Rounds> by_load;
+    PolicyRounds p{a.metadata.version, {}, {}};
     for (int64_t b : loads) {
-      std::vector<trainer::ShadowTrace> at_load = eval;
-      for (trainer::ShadowTrace& t : at_load) t.load = static_cast<int32_t>(b);
-      LEDE_ASSIGN_OR_RETURN(by_load[b], trainer::SimulatedRounds(at_load, s, [&plan](int64_t) {
-                              return plan.MakeController();
-                            }));
+      for (auto [traces, rounds] : {std::pair{&eval, &p.eval}, std::pair{&tuning, &p.tuning}}) {
+        std::vector<trainer::ShadowTrace> at_load = *traces;
+        for (trainer::ShadowTrace& t : at_load) t.load = static_cast<int32_t>(b);
+        LEDE_ASSIGN_OR_RETURN((*rounds)[b], trainer::SimulatedRounds(at_load, s, [&plan](int64_t) {
+                                return plan.MakeController();
+                              }));
+      }
     }
-    policies.emplace_back(a.metadata.version, std::move(by_load));
+    policies.push_back(std::move(p));
   }
 
   out << "\n" << set.name << " (evaluation split, " << eval.size()
@@ -128,8 +141,8 @@ Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& en
   std::snprintf(line, sizeof(line), "%-12s %4s  %-20s  %-20s", "cost model", "B", "static tuned at B",
                 "static tuned alone");
   out << line;
-  for (const auto& [version, by_load] : policies) {
-    std::snprintf(line, sizeof(line), "  %-22s", ("LEDE " + version).c_str());
+  for (const PolicyRounds& p : policies) {
+    std::snprintf(line, sizeof(line), "  %-22s  %-22s", ("LEDE " + p.version).c_str(), "... max load C");
     out << line;
   }
   out << "\n";
@@ -143,9 +156,25 @@ Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& en
     };
     LEDE_ASSIGN_OR_RETURN(std::unique_ptr<model::CostModel> alone, at(1));
     const StaticRounds& at_1 = BestOn(grid, *alone);
+    std::vector<int64_t> family_loads;
+    std::map<int64_t, std::unique_ptr<model::CostModel>> costs;
     for (int64_t b : loads) {
       if (family == "measured" && b > max_timed) continue;  // beyond the timed batch sizes
-      LEDE_ASSIGN_OR_RETURN(std::unique_ptr<model::CostModel> cost, at(b));
+      family_loads.push_back(b);
+      LEDE_ASSIGN_OR_RETURN(costs[b], at(b));
+    }
+    // Each policy's --speculation-max-load, tuned on the tuning split.
+    std::map<std::string, int64_t> max_load;
+    for (const PolicyRounds& p : policies) {
+      double best = -1;
+      for (int64_t c : family_loads) {
+        double sum = 0;
+        for (int64_t b : family_loads) sum += b <= c ? costs[b]->PredictedSpeedup(p.tuning.at(b)) : 1.0;
+        if (sum >= best) best = sum, max_load[p.version] = c;
+      }
+    }
+    for (int64_t b : family_loads) {
+      const std::unique_ptr<model::CostModel>& cost = costs[b];
       const StaticRounds& at_b = BestOn(grid, *cost);
       const double speedup_b = cost->PredictedSpeedup(at_b.eval), speedup_1 = cost->PredictedSpeedup(at_1.eval);
       nlohmann::json row;
@@ -159,12 +188,19 @@ Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& en
       std::snprintf(line, sizeof(line), "%-12s %4ld  %-20s  %-20s", family.c_str(), static_cast<long>(b), tuned_b,
                     tuned_1);
       out << line;
-      for (const auto& [version, by_load] : policies) {
-        const double s = cost->PredictedSpeedup(by_load.at(b));
-        row["lede"][version] = s;
-        char speed[32];
+      for (const PolicyRounds& p : policies) {
+        const double s = cost->PredictedSpeedup(p.eval.at(b));
+        const int64_t c = max_load.at(p.version);
+        const bool no_limit = c == family_loads.back();
+        const double capped = b <= c ? s : 1.0;
+        row["lede"][p.version] = s;
+        row["lede_max_load"][p.version] = {{"max_load", no_limit ? nlohmann::json() : nlohmann::json(c)},
+                                           {"speedup", capped}};
+        char speed[32], with_cap[48];
         std::snprintf(speed, sizeof(speed), "%.3fx", s);
-        std::snprintf(line, sizeof(line), "  %-22s", speed);
+        std::snprintf(with_cap, sizeof(with_cap), "%.3fx (C=%s)", capped,
+                      no_limit ? "-" : std::to_string(c).c_str());
+        std::snprintf(line, sizeof(line), "  %-22s  %-22s", speed, with_cap);
         out << line;
       }
       out << "\n";

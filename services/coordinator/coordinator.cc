@@ -116,6 +116,7 @@ void RecordMetrics(const speculation::GenerationStats& st, lede::v1::FinishReaso
   telemetry::SpecDecodeMetrics& m = *metrics;
   for (const speculation::RoundRecord& round : st.rounds) {
     m.RecordRound(round.exit_layer, round.n_drafted, round.n_accepted, round.latency_s);
+    if (round.over_max_load) m.load_disabled_rounds.Increment();
     // A round emits its tokens together: each gets the round's time per token.
     for (int32_t i = 0; i < round.n_emitted; ++i) m.inter_token_latency.Observe(round.latency_s / round.n_emitted);
   }
@@ -254,6 +255,10 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
     return InvalidArgumentError("reward: must be throughput or paper, got '" + options.reward + "'");
   }
   if (options.max_new_tokens_limit < 1) return InvalidArgumentError("max_new_tokens_limit: must be >= 1");
+  if (options.speculation_max_load < 0) {
+    return InvalidArgumentError("speculation_max_load: must be >= 0 (0 = no limit), got " +
+                                std::to_string(options.speculation_max_load));
+  }
   std::unique_ptr<GenerationService> service(new GenerationService());
   Impl& impl = *service->impl_;
   impl.options = options;
@@ -482,6 +487,7 @@ speculation::LoopOptions GenerationService::Impl::LoopFor(const GenerateRequest&
   loop.session.sampling.seed = request.seed();
   loop.record_traces = logger != nullptr && loop.mode == speculation::SpeculationMode::kAdaptive;
   loop.current_load = [this] { return load.load(std::memory_order_relaxed); };
+  loop.speculation_max_load = options.speculation_max_load;
   return loop;
 }
 

@@ -67,6 +67,11 @@ struct CoordinatorOptions {
   // How long a request may wait in the verifier's queue for a free KV slot
   // when the client set no earlier deadline (DEADLINE_EXCEEDED after it).
   absl::Duration max_queue_wait = absl::Seconds(300);
+  // Requests in flight (running and queued, the load the exit policy sees)
+  // above which a speculative request's rounds run as autoregressive steps
+  // (LoopOptions::speculation_max_load; vLLM's
+  // --speculative-disable-by-batch-size). 0 = no limit; < 0 is refused.
+  int32_t speculation_max_load = 0;
   // Serve full-depth steps through the verifier when the drafter is down
   // (instead of failing the request with UNAVAILABLE).
   bool autoregressive_fallback = false;

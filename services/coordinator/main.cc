@@ -59,6 +59,10 @@ int Run(const std::vector<std::string>& raw_args) {
   double queue_wait_s = absl::ToDoubleSeconds(o.max_queue_wait);
   flags.Add("max-queue-wait-s", &queue_wait_s,
             "how long a request may wait for a free KV slot when its client set no deadline");
+  int64_t speculation_max_load = o.speculation_max_load;
+  flags.Add("speculation-max-load", &speculation_max_load,
+            "requests in flight (running and queued) above which speculative requests decode "
+            "autoregressively, round by round (0 = no limit; vLLM's --speculative-disable-by-batch-size)");
   flags.Add("autoregressive-fallback", &o.autoregressive_fallback,
             "serve full-depth steps when the drafter is down instead of failing");
   flags.Add("experience", &o.experience_url,
@@ -117,6 +121,12 @@ int Run(const std::vector<std::string>& raw_args) {
   o.replica_verifier_port = static_cast<int>(replica_verifier_port);
   o.replica_drafter_port = static_cast<int>(replica_drafter_port);
   o.max_new_tokens_limit = limit;
+  if (speculation_max_load < 0 || speculation_max_load > (int64_t{1} << 30)) {
+    std::cerr << "lede-coordinator: --speculation-max-load must be in [0, 2^30] (0 = no limit), got "
+              << speculation_max_load << "\n";
+    return 2;
+  }
+  o.speculation_max_load = static_cast<int32_t>(speculation_max_load);
   o.rpc_timeout = absl::Seconds(rpc_timeout_s);
   o.max_queue_wait = absl::Seconds(queue_wait_s);
   o.experience_shard_age = absl::Seconds(shard_age_s);

@@ -179,14 +179,17 @@ class Loop {
     const int64_t room = limits_.capacity - position - 1;
     const int64_t budget = std::min(remaining - 1, room);
     Draft draft;
-    if (o_.mode != SpeculationMode::kAutoregressive && budget > 0) {
+    const bool may_draft = o_.mode != SpeculationMode::kAutoregressive && budget > 0;
+    const int32_t load = may_draft && o_.current_load ? std::max<int32_t>(1, o_.current_load()) : 1;
+    const bool over_max_load = may_draft && o_.speculation_max_load > 0 && load > o_.speculation_max_load;
+    if (may_draft && !over_max_load) {
       DraftRequest request;
       request.pending_token = pending;
       request.position = position;
       request.budget = budget;
       request.trace_nll = trace_.Mean();
       request.accept_ema = accept_ema_;
-      request.load = o_.current_load ? std::max<int32_t>(1, o_.current_load()) : 1;
+      request.load = load;
       request.round_index = static_cast<int64_t>(result_.stats.rounds.size());
       request.record_trace = o_.record_traces;
       if (!context_.empty()) {
@@ -208,6 +211,7 @@ class Loop {
     round.n_accepted = verdict.n_accepted;
     round.n_probes = draft.n_probes;
     round.n_decisions = draft.n_decisions;
+    round.over_max_load = over_max_load;
     accept_ema_ = model::UpdateAcceptEma(accept_ema_, K, verdict.n_accepted);
     result_.stats.n_drafted += K;
     result_.stats.n_accepted += verdict.n_accepted;

@@ -157,6 +157,7 @@ struct RoundRecord {
   int32_t n_probes = 0;    // exit-head evaluations that drafted nothing
   int32_t n_decisions = 0; // exit-controller decisions (each with its probe signals)
   double latency_s = 0;    // wall time of the round, seconds
+  bool over_max_load = false;  // an autoregressive step because the load was above speculation_max_load
 };
 
 struct GenerationStats {
@@ -200,6 +201,14 @@ struct LoopOptions {
   // called once per round from the generation's thread; null, or a value
   // below 1, is 1. The coordinator gives its requests in flight.
   std::function<int32_t()> current_load;
+  // The most load at which a round still speculates: a round that starts at
+  // a load above it (current_load, as above) runs as an autoregressive step,
+  // the load asked once for that round all the same (vLLM's
+  // speculative_disable_by_batch_size, per round instead of per request;
+  // TensorRT-LLM's batch-size schedule ending at draft length 0). 0: no
+  // limit. For a cost model under which speculation loses from some load on
+  // (`lede-bench load` prints where), whatever the policy decides.
+  int32_t speculation_max_load = 0;
 };
 
 // Called with the tokens each step or round emits, in order. Returning false

@@ -117,6 +117,10 @@ SpecDecodeMetrics::SpecDecodeMetrics(Registry& r)
           "Wall time of one decode round, drafting plus verification, or one "
           "autoregressive step (seconds).",
           RoundLatencyBuckets())),
+      load_disabled_rounds(UnlabelledCounter(
+          r, "lede_spec_decode_load_disabled_rounds_total",
+          "Autoregressive steps of speculative requests, taken because the requests in flight "
+          "were above --speculation-max-load (rounds).")),
       requests(CounterFamily(r, "lede_requests_total",
                              "Finished requests by decoding method or RPC and gRPC status code name.")),
       request_success(CounterFamily(

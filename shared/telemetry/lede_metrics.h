@@ -157,6 +157,9 @@ struct SpecDecodeMetrics {
   Histogram& exit_layer;          // lede_spec_decode_exit_layer
   Histogram& draft_length;        // lede_spec_decode_draft_length
   Histogram& round_latency;       // lede_round_latency_seconds
+  // Autoregressive steps of speculative requests taken because the load was
+  // above the coordinator's --speculation-max-load (rounds).
+  Counter& load_disabled_rounds;  // lede_spec_decode_load_disabled_rounds_total
 
   // --- requests ---
   Family<Counter>& requests;         // lede_requests_total{method,status}

@@ -77,6 +77,40 @@ TEST(LoadBenchTest, ShippedLoadAwarePolicyStopsSpeculatingUnderFullLoad) {
   }
 }
 
+// The load-blind accelerator-v5 keeps speculating at 256 sessions, where it
+// loses to autoregressive decoding under the accelerator roofline; the
+// --speculation-max-load tuned for it on the tuning split is 1, so at 256 it
+// decodes autoregressively (exactly 1x) and alone it is the policy itself.
+TEST(LoadBenchTest, TunesASpeculationMaxLoadPerCostModel) {
+  ::lede::testing::TempDir dir;
+  const std::string json = (dir.path() / "load.json").string();
+  std::vector<std::string> flags = Flags(json, {"--policy", "models/lede-tiny/policy/accelerator-v5"});
+  for (size_t i = 0; i + 1 < flags.size(); ++i) {
+    if (flags[i] == "--loads") flags[i + 1] = "1,256";
+    if (flags[i] == "--new-tokens") flags[i + 1] = "32";
+  }
+  std::ostringstream out, err;
+  ASSERT_EQ(RunLoad(flags, out, err), 0) << err.str();
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(json));
+  int checked = 0;
+  for (const nlohmann::json& row : j.at("sets").at("story")) {
+    if (row.at("cost_model") != "accelerator") continue;
+    const double lede = row.at("lede").at("accelerator-v5").get<double>();
+    const nlohmann::json& capped = row.at("lede_max_load").at("accelerator-v5");
+    EXPECT_EQ(capped.at("max_load"), 1) << row.dump();
+    if (row.at("load") == 1) {
+      EXPECT_GT(lede, 1.2) << row.dump();
+      EXPECT_DOUBLE_EQ(capped.at("speedup").get<double>(), lede);
+    } else {
+      EXPECT_LT(lede, 1.0) << row.dump();
+      EXPECT_DOUBLE_EQ(capped.at("speedup").get<double>(), 1.0);
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2);
+  EXPECT_NE(out.str().find("(C=1)"), std::string::npos) << out.str();
+}
+
 TEST(LoadBenchTest, RefusesBadFlagsNamingThem) {
   ::lede::testing::TempDir dir;
   const std::string json = (dir.path() / "load.json").string();

@@ -8,13 +8,16 @@
 #include "services/coordinator/remote_backend.h"
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <grpcpp/server_context.h>
 
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/lede/v1/model.grpc.pb.h"
@@ -121,6 +124,11 @@ class CoordinatorTest : public ::testing::Test {
     so.shutdown_grace = absl::Milliseconds(100);
     ASSERT_THAT(runner_->Start(so, nullptr), IsOk());
 
+    ASSERT_NO_FATAL_FAILURE(StartService([](CoordinatorOptions&) {}));
+  }
+  // (Re)creates the coordinator under test with options edited by `edit`.
+  void StartService(const std::function<void(CoordinatorOptions&)>& edit) {
+    service_.reset();
     CoordinatorOptions o;
     o.tokenizer_path = tokenizer_path_;
     o.verifier_target = "127.0.0.1:" + std::to_string(runner_->port());
@@ -128,6 +136,7 @@ class CoordinatorTest : public ::testing::Test {
     o.drafter_target = "127.0.0.1:" + std::to_string(telemetry::test_util::FreePort());
     o.rpc_timeout = absl::Seconds(5);
     o.max_new_tokens_limit = 64;
+    edit(o);
     auto service = GenerationService::Create(o, &registry_);
     ASSERT_THAT(service, IsOk());
     service_ = std::move(*service);
@@ -315,6 +324,49 @@ TEST_F(CoordinatorTest, InvalidRequestsNameTheField) {
   EXPECT_EQ(verifier_->n_opens(), 0);  // nothing reached a session
 }
 
+// Above speculation_max_load a speculative request decodes autoregressively,
+// round by round: with one request in flight (held in its sink) and the limit
+// at 1, a static request sees a load of 2 and never calls the drafter (there
+// is none here: a speculation round would fail UNAVAILABLE), and each of its
+// steps counts in lede_spec_decode_load_disabled_rounds_total. Alone (load
+// 1), the same request speculates, so it reaches the missing drafter.
+TEST_F(CoordinatorTest, AboveTheSpeculationMaxLoadRoundsAreAutoregressive) {
+  ASSERT_NO_FATAL_FAILURE(StartService([](CoordinatorOptions& o) { o.speculation_max_load = 1; }));
+  verifier_->set_script(Ids("a b c d e f g h i j k l"));
+  lede::v1::GenerateRequest held = Request("held", 4);
+  lede::v1::GenerateRequest spec = Request("static", 5);
+  spec.set_method(lede::v1::SPECULATION_METHOD_STATIC);
+  spec.mutable_speculation()->set_exit_layer(2);
+  spec.mutable_speculation()->set_draft_length(2);
+
+  absl::Notification held_streaming, release;
+  std::thread holder([&] {
+    bool first = true;
+    EXPECT_THAT(service_->GenerateInProcess(held, [&](const lede::v1::GenerateResponse& r) {
+      if (r.has_delta() && first) {
+        first = false;
+        held_streaming.Notify();
+        release.WaitForNotification();
+      }
+      return true;
+    }), IsOk());
+  });
+  held_streaming.WaitForNotification();
+  Outcome under_load = Run(spec);
+  release.Notify();
+  holder.join();
+  ASSERT_THAT(under_load.status, IsOk());
+  EXPECT_EQ(under_load.summary.drafted_tokens(), 0);
+  EXPECT_EQ(under_load.summary.generated_tokens(), 5);
+  const std::string metrics = telemetry::SerializeText(registry_);
+  // The prefill emits the first token and 4 steps the rest; the last of them had no budget
+  // left to draft (one token to go), so 3 were steps for the load's sake.
+  EXPECT_THAT(metrics, HasSubstr("\nlede_spec_decode_load_disabled_rounds_total 3\n"));
+
+  Outcome alone = Run(spec);  // load 1: speculates, and there is no drafter
+  EXPECT_THAT(alone.status, StatusIs(StatusCode::kUnavailable));
+}
+
 // Create() refuses options it cannot serve, naming the option.
 TEST(CoordinatorOptionsTest, CreateNamesTheBadOption) {
   telemetry::Registry registry;
@@ -332,6 +384,11 @@ TEST(CoordinatorOptionsTest, CreateNamesTheBadOption) {
   o.reward = "throughput";
   o.max_new_tokens_limit = 0;
   EXPECT_THAT(GenerationService::Create(o, &registry).status(), StatusIs(StatusCode::kInvalidArgument));
+  o.max_new_tokens_limit = 64;
+  o.speculation_max_load = -1;
+  auto bad_load = GenerationService::Create(o, &registry);
+  EXPECT_THAT(bad_load.status(), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(bad_load.status().message()), HasSubstr("speculation_max_load"));
 }
 
 // Method names round-trip, in any case; unknown names are refused.

@@ -352,6 +352,51 @@ TEST(RunGenerationTest, DraftRequestsCarryTheCurrentLoad) {
   EXPECT_EQ(alone.draft_requests[0].load, 1);
 }
 
+// A round that starts at a load above speculation_max_load is an
+// autoregressive step (no DraftRound, no drafts verified, marked
+// over_max_load); at or below it the round speculates. The load is asked
+// once per round either way; 0 is no limit.
+TEST(RunGenerationTest, RoundsAboveTheSpeculationMaxLoadAreAutoregressive) {
+  ScriptedBackend b;
+  // The fifth round has one token left to emit, so no budget to draft: a step
+  // that asks no load.
+  b.rounds = {Round::Speculate(2, {11}, 1, {11, 12}), Round::Step(13), Round::Speculate(2, {14}, 1, {14, 15}),
+              Round::Step(16), Round::Step(17)};
+  LoopOptions o = Static(8);
+  std::vector<int32_t> loads = {4, 5, 4, 9};
+  size_t asked = 0;
+  o.current_load = [&] { return loads.at(asked++); };
+  o.speculation_max_load = 4;
+  StatusOr<GenerationResult> r = RunGeneration(b, kPrompt, o);
+  ASSERT_THAT(r, IsOk());
+  EXPECT_EQ(asked, 4u);
+  EXPECT_EQ(r->tokens, (std::vector<int32_t>{10, 11, 12, 13, 14, 15, 16, 17}));
+  ASSERT_EQ(b.draft_requests.size(), 2u);
+  EXPECT_EQ(b.draft_requests[0].load, 4);
+  EXPECT_EQ(b.draft_requests[1].load, 4);
+  ASSERT_EQ(b.verify_drafts.size(), 5u);
+  EXPECT_TRUE(b.verify_drafts[1].empty());
+  EXPECT_TRUE(b.verify_drafts[3].empty());
+  ASSERT_EQ(r->stats.rounds.size(), 5u);
+  EXPECT_FALSE(r->stats.rounds[0].over_max_load);
+  EXPECT_TRUE(r->stats.rounds[1].over_max_load);
+  EXPECT_EQ(r->stats.rounds[1].n_drafted, 0);
+  EXPECT_FALSE(r->stats.rounds[2].over_max_load);
+  EXPECT_TRUE(r->stats.rounds[3].over_max_load);
+  EXPECT_FALSE(r->stats.rounds[4].over_max_load);
+  EXPECT_EQ(r->stats.n_drafted, 2);
+
+  ScriptedBackend unlimited;  // 0: every round speculates, whatever the load
+  unlimited.rounds = {Round::Speculate(2, {11}, 1, {11, 12})};
+  o.speculation_max_load = 0;
+  o.max_new_tokens = 3;
+  loads = {1000};
+  asked = 0;
+  ASSERT_THAT(RunGeneration(unlimited, kPrompt, o), IsOk());
+  ASSERT_EQ(unlimited.draft_requests.size(), 1u);
+  EXPECT_EQ(unlimited.draft_requests[0].load, 1000);
+}
+
 // With record_traces, each drafted round's decisions come back with the
 // verifier's outcome: a decision that drafted token i is accepted iff
 // i < n_accepted; rounds without decisions leave no trace.
