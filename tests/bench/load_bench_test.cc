@@ -26,6 +26,22 @@ std::vector<std::string> Flags(const std::string& json, std::vector<std::string>
   return f;
 }
 
+// `lede-bench load` of `policy` at loads 1 and 256 (32 new tokens): its
+// JSON report and printed table.
+void RunAloneAndFull(const std::string& policy, nlohmann::json* report, std::string* table) {
+  ::lede::testing::TempDir dir;
+  const std::string json = (dir.path() / "load.json").string();
+  std::vector<std::string> flags = Flags(json, {"--policy", policy});
+  for (size_t i = 0; i + 1 < flags.size(); ++i) {
+    if (flags[i] == "--loads") flags[i + 1] = "1,256";
+    if (flags[i] == "--new-tokens") flags[i + 1] = "32";
+  }
+  std::ostringstream out, err;
+  ASSERT_EQ(RunLoad(flags, out, err), 0) << err.str();
+  *report = nlohmann::json::parse(std::ifstream(json));
+  *table = out.str();
+}
+
 TEST(LoadBenchTest, PricesEveryMethodAtEveryLoad) {
   ::lede::testing::TempDir dir;
   const std::string json = (dir.path() / "load.json").string();
@@ -59,16 +75,9 @@ TEST(LoadBenchTest, PricesEveryMethodAtEveryLoad) {
 // 256) speculates alone and decodes autoregressively at 256 sessions, where
 // the accelerator roofline makes a verification of K drafts cost K + 1 steps.
 TEST(LoadBenchTest, ShippedLoadAwarePolicyStopsSpeculatingUnderFullLoad) {
-  ::lede::testing::TempDir dir;
-  const std::string json = (dir.path() / "load.json").string();
-  std::vector<std::string> flags = Flags(json, {"--policy", "models/lede-tiny/policy/accelerator-load-v1"});
-  for (size_t i = 0; i + 1 < flags.size(); ++i) {
-    if (flags[i] == "--loads") flags[i + 1] = "1,256";
-    if (flags[i] == "--new-tokens") flags[i + 1] = "32";
-  }
-  std::ostringstream out, err;
-  ASSERT_EQ(RunLoad(flags, out, err), 0) << err.str();
-  const nlohmann::json j = nlohmann::json::parse(std::ifstream(json));
+  nlohmann::json j;
+  std::string out;
+  ASSERT_NO_FATAL_FAILURE(RunAloneAndFull("models/lede-tiny/policy/accelerator-load-v1", &j, &out));
   for (const nlohmann::json& row : j.at("sets").at("story")) {
     if (row.at("cost_model") != "accelerator") continue;
     const double lede = row.at("lede").at("accelerator-load-v1").get<double>();
@@ -82,16 +91,9 @@ TEST(LoadBenchTest, ShippedLoadAwarePolicyStopsSpeculatingUnderFullLoad) {
 // --speculation-max-load tuned for it on the tuning split is 1, so at 256 it
 // decodes autoregressively (exactly 1x) and alone it is the policy itself.
 TEST(LoadBenchTest, TunesASpeculationMaxLoadPerCostModel) {
-  ::lede::testing::TempDir dir;
-  const std::string json = (dir.path() / "load.json").string();
-  std::vector<std::string> flags = Flags(json, {"--policy", "models/lede-tiny/policy/accelerator-v5"});
-  for (size_t i = 0; i + 1 < flags.size(); ++i) {
-    if (flags[i] == "--loads") flags[i + 1] = "1,256";
-    if (flags[i] == "--new-tokens") flags[i + 1] = "32";
-  }
-  std::ostringstream out, err;
-  ASSERT_EQ(RunLoad(flags, out, err), 0) << err.str();
-  const nlohmann::json j = nlohmann::json::parse(std::ifstream(json));
+  nlohmann::json j;
+  std::string out;
+  ASSERT_NO_FATAL_FAILURE(RunAloneAndFull("models/lede-tiny/policy/accelerator-v5", &j, &out));
   int checked = 0;
   for (const nlohmann::json& row : j.at("sets").at("story")) {
     if (row.at("cost_model") != "accelerator") continue;
@@ -108,7 +110,7 @@ TEST(LoadBenchTest, TunesASpeculationMaxLoadPerCostModel) {
     ++checked;
   }
   EXPECT_EQ(checked, 2);
-  EXPECT_NE(out.str().find("(C=1)"), std::string::npos) << out.str();
+  EXPECT_NE(out.find("(C=1)"), std::string::npos) << out;
 }
 
 TEST(LoadBenchTest, RefusesBadFlagsNamingThem) {
