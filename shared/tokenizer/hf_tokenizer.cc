@@ -472,8 +472,9 @@ Status ParseVocab(const Json& model, const ByteInverse& inverse, HfTokenizer::Im
   model_strings->reserve(vocab.size());
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
-        it.value().get<int64_t>() > (1 << 30)) {
-      return InvalidArgumentError(t->source + ": vocab entry \"" + it.key() + "\" has no valid id");
+        it.value().get<int64_t>() >= kMaxHfVocabSize) {
+      return InvalidArgumentError(t->source + ": vocab entry \"" + it.key() + "\" has no valid id (ids are in [0, " +
+                                  std::to_string(kMaxHfVocabSize) + "))");
     }
     const auto id = static_cast<int32_t>(it.value().get<int64_t>());
     std::string key = t->byte_level ? ByteLevelToBytes(it.key(), inverse) : it.key();
@@ -497,8 +498,12 @@ Status ParseAddedTokens(const Json& root, HfTokenizer::Impl* t, int32_t* max_id)
       return InvalidArgumentError(source + ": an added_tokens entry lacks \"id\" or \"content\"");
     }
     AddedToken tok;
-    tok.id = static_cast<int32_t>(a["id"].get<int64_t>());
-    if (tok.id < 0 || tok.id > (1 << 30)) return InvalidArgumentError(source + ": added token with a bad id");
+    const int64_t id = a["id"].get<int64_t>();
+    if (id < 0 || id >= kMaxHfVocabSize) {
+      return InvalidArgumentError(source + ": added_tokens id " + std::to_string(id) + " outside [0, " +
+                                  std::to_string(kMaxHfVocabSize) + ")");
+    }
+    tok.id = static_cast<int32_t>(id);
     tok.content = a["content"].get<std::string>();
     tok.lstrip = a.value("lstrip", false);
     tok.rstrip = a.value("rstrip", false);

@@ -55,13 +55,21 @@
 
 namespace lede::tokenizer {
 
+// The largest id space a tokenizer.json may declare: every id of the
+// vocabulary and the added tokens must be below it. The decoding tables are
+// indexed by id, so a file's memory is proportional to its largest id, not to
+// its size: one entry with id 242222222 asked for 7.7 GB (a fuzz finding).
+// The largest vocabularies in use have about 256K ids (Gemma; Llama-3 128K).
+inline constexpr int32_t kMaxHfVocabSize = 1 << 22;
+
 class HfTokenizer : public Tokenizer {
  public:
   // Loads `path` (a tokenizer.json) and, when it exists,
   // tokenizer_config.json in the same directory.
   // Errors: kNotFound if `path` is missing; kInvalidArgument naming the file
   // and the field for bad JSON, a missing vocab or merges, a merge of unknown
-  // tokens or a regex PCRE2 rejects; kUnimplemented naming the file and the
+  // tokens, an id outside [0, kMaxHfVocabSize) or a regex PCRE2 rejects;
+  // kUnimplemented naming the file and the
   // type for an unsupported model, normalizer, pre-tokenizer or decoder.
   static StatusOr<std::unique_ptr<HfTokenizer>> Load(const std::string& path);
 

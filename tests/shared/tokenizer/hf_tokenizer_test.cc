@@ -394,6 +394,28 @@ TEST(HfTokenizerTest, MalformedFilesAreInvalidArgument) {
   EXPECT_THAT(HfTokenizer::Load("/nonexistent/tokenizer.json").status(), StatusIs(StatusCode::kNotFound));
 }
 
+// An id at or above kMaxHfVocabSize is refused, naming the entry, before any
+// table is sized by it (the fuzz finding: one vocab id of 242222222 made the
+// loader ask for 7.7 GB); so is one in added_tokens. An id just below loads.
+TEST(HfTokenizerTest, IdsBeyondTheLargestVocabularyAreRefused) {
+  const std::string huge = std::to_string(kMaxHfVocabSize);
+  auto vocab = HfTokenizer::FromJson(
+      R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": )" + huge + R"(}, "merges": []}})", "v.json", {});
+  EXPECT_THAT(vocab.status(), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(vocab.status().message()), HasSubstr("vocab entry \"b\""));
+  auto added = HfTokenizer::FromJson(R"({"added_tokens": [{"id": )" + huge +
+                                         R"(, "content": "<s>", "special": true}],
+                                        "model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})",
+                                     "a.json", {});
+  EXPECT_THAT(added.status(), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(added.status().message()), HasSubstr("added_tokens id " + huge));
+  auto largest = HfTokenizer::FromJson(R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": )" +
+                                           std::to_string(kMaxHfVocabSize - 1) + R"(}, "merges": []}})",
+                                       "l.json", {});
+  ASSERT_THAT(largest.status(), IsOk());
+  EXPECT_EQ((*largest)->vocab_size(), kMaxHfVocabSize);
+}
+
 // tokenizer_config.json: strings or AddedToken objects, add_bos_token, and
 // a chat_template string or named list.
 TEST(HfConfigTest, ParsesTokenizerConfig) {
