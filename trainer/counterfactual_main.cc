@@ -43,7 +43,7 @@ struct Flags {
   int64_t per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 128, extra_count = 0,
           max_draft = 4, iterations = 6, epochs = 16, seed = 1, threads = 1, hidden = 64, batch_size = 256;
   double selection_fraction = 0.25, epsilon = 0.2, lr = 1e-3, conservative_margin = 0.0;
-  std::string initial_policy = "static", loads;
+  std::string initial_policy = "static", loads, warm_start;
   double ridge_tokens = lede::model::kDefaultRidgeTokens;
   bool overwrite = false, probe_candidates = false, lookahead_probe = false, rollout = true;
 };
@@ -195,6 +195,19 @@ int Run(const Flags& fl) {
   o.behaviour_epsilon = fl.epsilon;
   o.conservative_margin = fl.conservative_margin;
   o.initial_policy = fl.initial_policy;
+  if (!fl.warm_start.empty()) {
+    auto warm = lede::policy::dqn::LoadArtifact(fl.warm_start, model->config().ArchitectureFingerprint());
+    if (!warm.ok()) {
+      return Fail(lede::Status(warm.status().code(), "--warm-start: " + std::string(warm.status().message())));
+    }
+    if (warm->metadata.decision.candidate_layers != o.spec.candidate_layers ||
+        warm->metadata.decision.max_draft_len != o.spec.max_draft_len) {
+      return Fail(lede::InvalidArgumentError("--warm-start: " + fl.warm_start +
+                                             " decides at other candidate layers or another D_max than "
+                                             "--candidate-layers and --max-draft-len"));
+    }
+    o.warm_start = std::make_shared<const lede::policy::dqn::QNetwork>(warm->network);
+  }
   o.seed = static_cast<uint64_t>(fl.seed);
   o.model_fingerprint = model->config().ArchitectureFingerprint();
   o.dqn.epochs = fl.epochs;
@@ -321,6 +334,9 @@ int main(int argc, char** argv) {
   f.Add("initial-policy", &fl.initial_policy,
         "pi_0 of the policy iteration: static (best static setting) or calibrated (the calibrated stopping rule "
         "tuned on the training requests; an iterate is adopted only if it beats it)");
+  f.Add("warm-start", &fl.warm_start,
+        "a policy artifact to start from: pi_0 wherever it beats the static choice on the training requests, "
+        "and the Q-network's first weights (same candidate layers, D_max and --hidden)");
   f.Add("selection-fraction", &fl.selection_fraction, "share of requests that select the iterate");
   f.Add("loads", &fl.loads,
         "train at these loads (sessions decoding at once, comma-separated; the policy sees the load), each priced "

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <iterator>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "policy/controllers.h"
@@ -237,6 +238,13 @@ Status ValidateDinkelbachOptions(const DinkelbachOptions& o) {
   if (!o.loads.empty() && o.initial_policy != "static") {
     return InvalidArgumentError("loads: only with the static initial policy");
   }
+  if (o.warm_start && o.initial_policy != "static") {
+    return InvalidArgumentError("warm_start: only with the static initial policy");
+  }
+  if (o.warm_start && o.warm_start->hidden() != o.dqn.hidden) {
+    return InvalidArgumentError("warm_start: hidden width " + std::to_string(o.warm_start->hidden()) +
+                                ", the training's is " + std::to_string(o.dqn.hidden));
+  }
   return ValidateDqnOptions(o.dqn);
 }
 
@@ -276,6 +284,7 @@ struct LoadGroup {
   std::vector<ShadowTrace> train, selection;
   StaticChoice best_static;  // over every exit layer (reported)
   StaticChoice start;        // pi_0 at this load: at a candidate layer; exit_layer 0 = autoregressive
+  bool start_warm = false;   // pi_0 at this load is DinkelbachOptions::warm_start's greedy policy
   double rho = 0;
 };
 
@@ -340,21 +349,37 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
   // against 1.26x for static E=7, candidates 1-6). With loads, where no
   // static setting beats autoregressive decoding at a load, pi_0 decodes
   // autoregressively there.
+  const std::shared_ptr<const policy::dqn::QNetwork> warm = o.warm_start;
+  const auto warm_policy = [warm](int64_t) -> std::unique_ptr<model::ExitController> {
+    return std::make_unique<policy::dqn::DqnExitController>(warm, "warm start");
+  };
+  std::vector<double> start_speedups;
   for (LoadGroup& g : groups) {
     LEDE_ASSIGN_OR_RETURN(g.best_static, BestStatic(g.train, o.spec.max_draft_len, *g.cost));
     LEDE_ASSIGN_OR_RETURN(g.start, BestStatic(g.train, o.spec.max_draft_len, *g.cost, expressible));
     if (!o.loads.empty() && g.start.speedup < 1.0) g.start = StaticChoice{0, 0, 1.0};
+    double start = g.start.speedup;
+    if (warm) {
+      LEDE_ASSIGN_OR_RETURN(double s, SimulatedSpeedup(g.train, o.spec, warm_policy, *g.cost));
+      g.start_warm = s > start;
+      start = std::max(start, s);
+    }
+    start_speedups.push_back(start);
   }
   // pi_0 and its throughput on the training traces.
   std::shared_ptr<const CalibratedRule> rule;
   std::map<int32_t, StaticChoice> start_by_load;
-  for (const LoadGroup& g : groups) start_by_load[g.load] = g.start;
-  std::string initial = groups.size() == 1 ? "static " + Describe(groups[0].start) : "static per load:";
-  if (groups.size() > 1) {
-    for (const LoadGroup& g : groups) initial += " B=" + std::to_string(g.load) + " " + Describe(g.start);
+  std::set<int32_t> warm_loads;
+  for (const LoadGroup& g : groups) {
+    start_by_load[g.load] = g.start;
+    if (g.start_warm) warm_loads.insert(g.load);
   }
-  std::vector<double> start_speedups;
-  for (const LoadGroup& g : groups) start_speedups.push_back(g.start.speedup);
+  auto describe_start = [](const LoadGroup& g) { return g.start_warm ? std::string("warm start") : Describe(g.start); };
+  std::string initial = groups.size() == 1 ? (groups[0].start_warm ? "" : "static ") + describe_start(groups[0])
+                                           : "per load:";
+  if (groups.size() > 1) {
+    for (const LoadGroup& g : groups) initial += " B=" + std::to_string(g.load) + " " + describe_start(g);
+  }
   double current_train = Mean(start_speedups);
   if (o.initial_policy == "calibrated") {
     LEDE_ASSIGN_OR_RETURN(CalibratedRule tuned, TuneCalibratedRule(groups[0].train, o.spec, *groups[0].cost));
@@ -376,12 +401,15 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
     const auto t0 = std::chrono::steady_clock::now();
     // pi: the last adopted iterate's greedy policy, or pi_0.
     const model::DecisionSpec spec = o.spec;
-    const ControllerMaker pi = [current, start_by_load, rule, spec](int64_t) -> std::unique_ptr<model::ExitController> {
+    const ControllerMaker pi = [current, start_by_load, warm_loads, warm_policy, rule,
+                                spec](int64_t i) -> std::unique_ptr<model::ExitController> {
       if (current) return std::make_unique<policy::dqn::DqnExitController>(current, "pi");
       if (rule) return rule->Make(spec);
       std::map<int32_t, std::unique_ptr<model::ExitController>> by_load;
       for (const auto& [load, c] : start_by_load) {
-        if (c.exit_layer == 0) {
+        if (warm_loads.count(load) > 0) {
+          by_load[load] = warm_policy(i);
+        } else if (c.exit_layer == 0) {
           by_load[load] = std::make_unique<AutoregressiveController>();
         } else {
           by_load[load] = std::make_unique<StaticExitController>(c.exit_layer, c.draft_len);
@@ -427,7 +455,7 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
       transitions.insert(transitions.end(), std::make_move_iterator(ts.begin()), std::make_move_iterator(ts.end()));
     }
     DqnOptions dqn = o.dqn;
-    dqn.initial_network = current;
+    dqn.initial_network = current ? current : warm;
     LEDE_ASSIGN_OR_RETURN(DqnResult r, TrainDqn(transitions, dqn));
     auto network = std::make_shared<const policy::dqn::QNetwork>(r.network);
     auto greedy = [network](int64_t) -> std::unique_ptr<model::ExitController> {

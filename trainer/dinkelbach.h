@@ -113,6 +113,15 @@ struct DinkelbachOptions {
   // initial policy only.
   std::vector<int32_t> loads;
   std::function<StatusOr<std::unique_ptr<model::CostModel>>(int32_t load)> cost_at_load;
+  // A trained policy to start from (null: none). At each load (or the one
+  // load without `loads`) pi_0 is the better, on the training traces, of
+  // this network's greedy policy and the static choice above, and the
+  // Q-network of every iteration starts from these weights until an
+  // iterate is adopted (DqnOptions::initial_network). So training at loads
+  // from the load-blind serving policy keeps it where it is best and must
+  // beat it there. Static initial policy only; its hidden width must equal
+  // dqn.hidden.
+  std::shared_ptr<const policy::dqn::QNetwork> warm_start;
 };
 
 struct DinkelbachIteration {

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "policy/controllers.h"
+#include "policy/dqn/artifact.h"
 #include "policy/dqn/dqn_exit_controller.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
@@ -429,6 +430,65 @@ TEST_F(CounterfactualTest, DinkelbachWithLoadsLearnsNotToSpeculateWhereItLoses) 
   o.loads = {4};
   o.cost_at_load = nullptr;
   EXPECT_THAT(TrainDinkelbach(train, selection, *cost, o), StatusIs(StatusCode::kInvalidArgument, HasSubstr("loads")));
+}
+
+// A warm start (the shipped load-blind accelerator-v5) is pi_0 at each load
+// where it beats the static choice on the training traces, the static or
+// autoregressive choice elsewhere: pi_0 is described so per load, and the
+// initial speed-up is the mean over the loads of the better of the two. It
+// needs the static initial policy and the training's hidden width.
+TEST_F(CounterfactualTest, DinkelbachWarmStartIsPiZeroWhereItWins) {
+  const std::vector<ShadowTrace> traces = Traces();
+  const std::vector<ShadowTrace> train(traces.begin(), traces.begin() + 2), selection(traces.begin() + 2, traces.end());
+  auto artifact = policy::dqn::LoadArtifact("models/lede-tiny/policy/accelerator-v5");
+  ASSERT_THAT(artifact, IsOk());
+  auto warm = std::make_shared<const policy::dqn::QNetwork>(artifact->network);
+  auto cost = model::MakeAcceleratorCostModel(model_->config());
+  DinkelbachOptions o = SmallDinkelbachOptions();
+  o.spec = artifact->metadata.decision;
+  o.dqn.hidden = warm->hidden();
+  o.max_iterations = 1;
+  o.loads = {1, 256};
+  const model::ModelConfig config = model_->config();
+  o.cost_at_load = [config](int32_t load) -> StatusOr<std::unique_ptr<model::CostModel>> {
+    return model::MakeAcceleratorCostModelAtLoad(config, load, /*ridge_tokens=*/16.0);
+  };
+  o.warm_start = warm;
+  const ControllerMaker warm_policy = [warm](int64_t) -> std::unique_ptr<model::ExitController> {
+    return std::make_unique<policy::dqn::DqnExitController>(warm, "warm");
+  };
+  std::vector<std::string> expected;
+  double mean = 0;
+  for (int32_t load : o.loads) {
+    std::vector<ShadowTrace> at = train;
+    for (ShadowTrace& t : at) t.load = load;
+    auto priced = o.cost_at_load(load);
+    ASSERT_THAT(priced, IsOk());
+    auto warm_speedup = SimulatedSpeedup(at, o.spec, warm_policy, **priced);
+    auto fixed = BestStatic(at, o.spec.max_draft_len, **priced, o.spec.candidate_layers);
+    ASSERT_THAT(warm_speedup, IsOk());
+    ASSERT_THAT(fixed, IsOk());
+    const bool ar = fixed->speedup < 1.0;  // autoregressive where static loses
+    const double fallback = ar ? 1.0 : fixed->speedup;
+    const std::string fixed_name =
+        ar ? "autoregressive" : "E=" + std::to_string(fixed->exit_layer) + " D=" + std::to_string(fixed->draft_len);
+    expected.push_back("B=" + std::to_string(load) + " " + (*warm_speedup > fallback ? "warm start" : fixed_name));
+    mean += std::max(*warm_speedup, fallback) / 2;
+  }
+  auto result = TrainDinkelbach(train, selection, *cost, o);
+  ASSERT_THAT(result, IsOk());
+  EXPECT_EQ(result->initial_policy, "per load: " + expected[0] + " " + expected[1]);
+  EXPECT_NEAR(result->initial_train_speedup, mean, 1e-12);
+  // The policy decodes autoregressively at 256 (ridge 16) on these traces.
+  EXPECT_EQ(expected[1], "B=256 autoregressive");
+  o.dqn.hidden = warm->hidden() / 2;
+  EXPECT_THAT(TrainDinkelbach(train, selection, *cost, o),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("warm_start")));
+  o.dqn.hidden = warm->hidden();
+  o.loads.clear();
+  o.initial_policy = "calibrated";
+  EXPECT_THAT(TrainDinkelbach(train, selection, *cost, o),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("warm_start")));
 }
 
 // The calibrated rule tuned by replay is the best of its grid, and
