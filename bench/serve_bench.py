@@ -30,6 +30,7 @@ one concurrency (on this machine the replicas share its cores).
 usage: bench/serve_bench.py [--concurrency 1,4,16,64] [--num-prompts 32] [--new-tokens 64]
                             [--methods lede,static,autoregressive] [--deployments split,co-located]
                             [--slots 16] [--max-batch 16] [--static-config 2,3] [--soak-s 0]
+                            [--speculation-max-load 0]
                             [--replicas 1,2,3]
                             [--json FILE]
 """
@@ -303,6 +304,8 @@ def main():
     ap.add_argument("--batch-threads", type=int, default=1, help="verifier --batch-threads")
     ap.add_argument("--batch-workers", type=int, default=2, help="verifier --batch-workers")
     ap.add_argument("--static-config", default="2,3", help="exit layer, draft length of the static method")
+    ap.add_argument("--speculation-max-load", type=int, default=0,
+                    help="coordinator --speculation-max-load (0 = no limit)")
     ap.add_argument("--prompt-file", action="append")
     ap.add_argument("--soak-s", type=float, default=0, help="instead: one level (first method, largest N) this long")
     ap.add_argument("--sample-s", type=float, default=30)
@@ -331,7 +334,8 @@ def main():
             procs, port = services_bench.deploy(kind, a.build, tmp, ["--slots", str(a.slots), "--max-batch",
                                                                      str(max_batch), "--batch-threads",
                                                                      str(a.batch_threads), "--batch-workers",
-                                                                     str(a.batch_workers)])
+                                                                     str(a.batch_workers)],
+                                                ["--speculation-max-load", str(a.speculation_max_load)])
             pids = [p.pid for p in procs]
             metrics_ports = deployment_metrics_ports(kind, tmp)
             try:

@@ -71,8 +71,9 @@ def stop(procs):
             p.kill()
 
 
-def deploy(kind, build, tmp, model_args=()):
-    """Starts a deployment (model_args: extra lede-model flags); returns (processes, coordinator port)."""
+def deploy(kind, build, tmp, model_args=(), coordinator_args=()):
+    """Starts a deployment (model_args, coordinator_args: extra lede-model and lede-coordinator
+    flags); returns (processes, coordinator port)."""
     model_bin = os.path.join(build, "services", "model", "lede-model")
     coord_bin = os.path.join(build, "services", "coordinator", "lede-coordinator")
     policy_bin = os.path.join(build, "services", "policy", "lede-policy")
@@ -97,9 +98,10 @@ def deploy(kind, build, tmp, model_args=()):
         p, dport = start([model_bin, "--role", "drafter", "--kv-pool", pool] + common + policy_dir,
                          os.path.join(tmp, kind + "-drafter.log"))
         procs.append(p)
+    # --http "": no OpenAI HTTP API, whose fixed port would collide with a running server.
     p, cport = start([coord_bin, "--model", MODEL, "--verifier", "127.0.0.1:%d" % vport,
                       "--drafter", "127.0.0.1:%d" % dport, "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0",
-                      "--http", ""],  # no OpenAI HTTP API: its fixed port would collide with a running server
+                      "--http", ""] + list(coordinator_args),
                      os.path.join(tmp, kind + "-coordinator.log"))
     procs.append(p)
     return procs, cport
