@@ -71,8 +71,10 @@ class AgreementProbe : public model::ExitController {
     if (candidate_->Decide(s) == a) ++(*agreed_)[kind];
     return a;
   }
+  // Phase 1 starts where either would start it, so that the candidate is
+  // also asked at the candidate layers pi skips (and pi answers there).
   int32_t FirstProbeLayer(const model::ExitState& round_start) override {
-    return pi_->FirstProbeLayer(round_start);
+    return std::min(pi_->FirstProbeLayer(round_start), candidate_->FirstProbeLayer(round_start));
   }
 
  private:
@@ -123,11 +125,19 @@ std::vector<ControllerMaker> Behaviours(const DinkelbachOptions& o, int32_t n_la
 }
 
 // Replays a scripted prefix of a round's actions, then one forced action,
-// then the policy's own (a rollout of Q^pi(s_k, a)).
+// then the policy's own (a rollout of Q^pi(s_k, a)). The prefix must meet
+// the decision points of the round it came from: phase 1 starts where that
+// round's started (`first_probe_layer`, the layer of its first phase-1
+// decision; 0 when it made none, then the policy's own choice), not where
+// the policy would start it. A policy that skips candidates
+// (ExitController::FirstProbeLayer, e.g. the calibrated rule at E) would
+// otherwise replay a behaviour's round from other decision points, force
+// its actions on the wrong states, and leave the states below its start
+// without targets that the policy's own actions there define.
 class ForcedController : public model::ExitController {
  public:
-  ForcedController(std::vector<model::Action> prefix, model::ExitController& policy)
-      : prefix_(std::move(prefix)), policy_(policy) {}
+  ForcedController(std::vector<model::Action> prefix, model::ExitController& policy, int32_t first_probe_layer)
+      : prefix_(std::move(prefix)), policy_(policy), first_probe_layer_(first_probe_layer) {}
   std::string name() const override { return "forced:" + policy_.name(); }
   model::Action Decide(const model::ExitState& s) override {
     const model::Action own = policy_.Decide(s);  // keeps the policy's own state advancing
@@ -136,14 +146,26 @@ class ForcedController : public model::ExitController {
   }
   // The policy's own choice at each decision so far.
   const std::vector<model::Action>& own() const { return own_; }
-  int32_t FirstProbeLayer(const model::ExitState& s) override { return policy_.FirstProbeLayer(s); }
+  int32_t FirstProbeLayer(const model::ExitState& s) override {
+    const int32_t own = policy_.FirstProbeLayer(s);  // called for the policy's own state, as in its rounds
+    return first_probe_layer_ > 0 ? first_probe_layer_ : own;
+  }
 
  private:
   std::vector<model::Action> prefix_;
   model::ExitController& policy_;
+  int32_t first_probe_layer_;
   size_t index_ = 0;
   std::vector<model::Action> own_;
 };
+
+// The layer of a round's first phase-1 decision (0 if it made none).
+int32_t FirstPhaseOneLayer(const std::vector<model::Decision>& decisions) {
+  for (const model::Decision& d : decisions) {
+    if (d.state.phase == model::Phase::kExitLayer) return d.state.layer;
+  }
+  return 0;
+}
 
 }  // namespace
 
@@ -171,6 +193,7 @@ StatusOr<std::vector<policy::Transition>> RolloutTransitions(const std::vector<S
       const std::string request_id = trace.id + "#" + std::to_string(src);
       for (size_t r = 0; r < sim.traces.size() && r < contexts.size(); ++r) {
         const auto& decisions = sim.traces[r].decisions;
+        const int32_t first_probe_layer = FirstPhaseOneLayer(decisions);
         std::vector<model::Action> prefix;
         for (size_t k = 0; k < decisions.size(); ++k) {
           const size_t first = out.size();
@@ -179,9 +202,15 @@ StatusOr<std::vector<policy::Transition>> RolloutTransitions(const std::vector<S
             std::vector<model::Action> forced = prefix;
             forced.push_back(a);
             std::unique_ptr<model::ExitController> pi = policy(static_cast<int64_t>(i));
-            ForcedController ctl(std::move(forced), *pi);
+            ForcedController ctl(std::move(forced), *pi, first_probe_layer);
             LEDE_ASSIGN_OR_RETURN(SimulatedRound round, SimulateRound(trace, spec, ctl, contexts[r]));
             if (round.trace.decisions.size() <= k) continue;  // the round ended before k (cannot happen)
+            const model::ExitState& replayed = round.trace.decisions[k].state;
+            if (replayed.phase != decisions[k].state.phase || replayed.layer != decisions[k].state.layer ||
+                replayed.draft_pos != decisions[k].state.draft_pos) {
+              return InternalError("rollout: the replay of round " + std::to_string(r) + " of " + trace.id +
+                                   " met another decision point at decision " + std::to_string(k));
+            }
             if (ctl.own().size() > k) pi_action = ctl.own()[k];
             std::vector<policy::Transition> ts =
                 policy::ToTransitions(round.trace, rewards, request_id, behaviour->name(), fingerprint);

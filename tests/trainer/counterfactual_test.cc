@@ -582,6 +582,51 @@ TEST_F(CounterfactualTest, RolloutTargetsAreCenteredAndPreferPiByTheMargin) {
   EXPECT_GT(pi_continues, 0);
 }
 
+// Static E=2 D=2 that starts phase 1 at E (ExitController::FirstProbeLayer),
+// as the calibrated rule does: the same decisions wherever it is asked.
+class SkippingStatic : public policy::StaticExitController {
+ public:
+  SkippingStatic() : StaticExitController(2, 2) {}
+  int32_t FirstProbeLayer(const model::ExitState&) override { return 2; }
+};
+
+// The rollout of a decision replays the behaviour's round up to it, so it
+// must meet the same decision points whatever pi skips: a pi that starts
+// phase 1 at its exit layer gives the very targets of one that walks every
+// candidate and continues below it (history mode, free decisions). Before
+// the replay followed the behaviour's first probe layer, the skipping pi's
+// replay forced the behaviour's layer-1 action on its layer-2 state, and
+// policy iteration from the calibrated rule collapsed (1.67x -> 1.49x).
+TEST_F(CounterfactualTest, RolloutTargetsDoNotDependOnWherePiStartsPhaseOne) {
+  const std::vector<ShadowTrace> traces = Traces();
+  auto cost = model::MakeAcceleratorCostModel(model_->config());
+  model::DecisionSpec spec;
+  spec.candidate_layers = {1, 2, 3};
+  spec.max_draft_len = 6;
+  spec.probe_candidates = false;
+  spec.lookahead_probe = false;
+  std::vector<ControllerMaker> sources = {
+      [](int64_t) { return std::make_unique<policy::StaticExitController>(3, 1); },
+      [](int64_t) { return std::make_unique<policy::ThresholdExitController>(0.5f, 0.5f); }};
+  const policy::RewardSpec rewards = DinkelbachRewards(*cost, static_cast<int32_t>(model_->n_layers()), 6, 1.5);
+  ControllerMaker walking = [](int64_t) { return std::make_unique<policy::StaticExitController>(2, 2); };
+  ControllerMaker skipping = [](int64_t) { return std::make_unique<SkippingStatic>(); };
+  auto want = RolloutTransitions(traces, spec, walking, sources, rewards, "fp", 0.2);
+  auto got = RolloutTransitions(traces, spec, skipping, sources, rewards, "fp", 0.2);
+  ASSERT_THAT(want.status(), IsOk());
+  ASSERT_THAT(got.status(), IsOk());
+  ASSERT_EQ(got->size(), want->size());
+  int64_t below_start = 0;
+  for (size_t i = 0; i < want->size(); ++i) {
+    const policy::Transition &w = (*want)[i], &g = (*got)[i];
+    ASSERT_EQ(g.state, w.state) << i;
+    ASSERT_EQ(g.action, w.action) << i;
+    EXPECT_NEAR(g.reward, w.reward, 1e-4f) << i;
+    if (w.phase == model::Phase::kExitLayer && w.layer == 1) ++below_start;
+  }
+  EXPECT_GT(below_start, 0);  // the behaviours' layer-1 states, which the skipping pi never visits itself
+}
+
 TEST_F(CounterfactualTest, CounterfactualTransitionsCoverEveryBehaviour) {
   const std::vector<ShadowTrace> traces = Traces();
   auto cost = model::MakeAcceleratorCostModel(model_->config());
