@@ -65,7 +65,9 @@ Action CalibratedStopController::Decide(const model::ExitState& s) {
   if (s.phase == Phase::kExitLayer) {
     if (s.layer < exit_layer_) return Action::kContinue;
     s_ = 1.0;
-    if (!lookahead_) return Action::kExit;  // the first draft's acceptance is not known before its probe
+    // Without lookahead the first draft's acceptance is not known before its
+    // probe; without phase-1 probes the state has no signals to judge it by.
+    if (!lookahead_ || !phase_one_probe_) return Action::kExit;
     const double p = model_->Predict(s);
     if (p < rho_ * Marginal(s.layer, 1)) return Action::kContinue;
     s_ = p;

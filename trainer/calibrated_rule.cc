@@ -81,7 +81,8 @@ std::string CalibratedRule::Describe() const {
 
 std::unique_ptr<model::ExitController> CalibratedRule::Make(const model::DecisionSpec& spec) const {
   return std::make_unique<policy::CalibratedStopController>(acceptance.current, exit_layer, rho, costs,
-                                                            spec.lookahead_probe, acceptance.next);
+                                                            spec.lookahead_probe, acceptance.next,
+                                                            spec.probe_candidates);
 }
 
 StatusOr<CalibratedRule> TuneCalibratedRule(const std::vector<ShadowTrace>& traces, const model::DecisionSpec& spec,

@@ -210,6 +210,23 @@ TEST(CalibratedStopControllerTest, DraftsWhileTheRoundsProductPays) {
   EXPECT_EQ(c.Decide(Probe(Phase::kExitLayer, 2, 0, 0.3f)), Action::kContinue);    // p ~ 0.13
 }
 
+// Without phase-1 probes (DecisionSpec::probe_candidates false) the exit
+// layer's state has no signals: the rule exits at E unchecked, lookahead or
+// not, and judges the drafts after it as before.
+TEST(CalibratedStopControllerTest, WithoutPhaseOneProbesExitsAtItsLayerUnchecked) {
+  std::vector<std::vector<AcceptanceSample>> by_layer(13);
+  by_layer[2] = LogisticSamples(8.0, -4.0, 3, 20000);
+  auto m = std::make_shared<const AcceptanceModel>(*AcceptanceModel::Fit(by_layer));
+  const ExitState unprobed = State(Phase::kExitLayer, 2, 0, 0.0f);  // history mode: no signals
+  CalibratedStopController probed(m, 2, 1.5, FlatCosts(0.25, 0.0), /*lookahead=*/true, nullptr, true);
+  EXPECT_EQ(probed.Decide(unprobed), Action::kContinue);  // judged on empty signals: p ~ 0.02
+  CalibratedStopController history(m, 2, 1.5, FlatCosts(0.25, 0.0), /*lookahead=*/true, nullptr, false);
+  EXPECT_EQ(history.Decide(State(Phase::kExitLayer, 1, 0, 0.0f)), Action::kContinue);  // below E
+  EXPECT_EQ(history.Decide(unprobed), Action::kExit);
+  EXPECT_EQ(history.Decide(Probe(Phase::kDraftLength, 2, 1, 0.95f)), Action::kExit);     // p ~ 0.97
+  EXPECT_EQ(history.Decide(Probe(Phase::kDraftLength, 2, 2, 0.3f)), Action::kContinue);  // s ~ 0.97 * 0.17 < 0.375
+}
+
 // DEL: the (l, d) with the most expected tokens per cost, or a plain step.
 TEST(DelControllerTest, PicksTheBestLayerAndLengthOrDeclines) {
   std::vector<double> rates(13, 0.0);
