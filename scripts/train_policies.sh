@@ -4,18 +4,24 @@
 # of each prompt set and of extra training prompts that no evaluation prompt
 # was cut near, their shadow tokens, Dinkelbach iteration of the DQN with
 # rollout targets and a conservative margin of 0.2 tokens per round):
-#   accelerator-v5  tokens - rho * cost under the accelerator cost model
-#   measured-v7     tokens - rho * cost under this machine's measured cost model
+#   accelerator-v6  tokens - rho * cost under the accelerator cost model,
+#                   policy iteration from the calibrated stopping rule
+#                   (--initial-policy calibrated; v5 started from static)
+#   measured-v8     tokens - rho * cost under this machine's measured cost model
 #                   (calibration-cpu.json: rounds timed in whole generations of
 #                   the training prompts on the fused path, priced by their own
-#                   entries; v6 was priced by a line through rounds timed on one
-#                   synthetic prompt)
-#   story-accelerator-v5, story-measured-v7: trained on story requests only
-#                   (the generalization check: run on code)
+#                   entries), from the calibrated rule, deciding each draft on
+#                   its own probe (--lookahead-probe; v7 started from static
+#                   and never beat it)
+#   story-measured-v8: trained on story requests only, from the calibrated rule
+#   story-accelerator-v5: trained on story requests only, from static (from the
+#                   rule it exits at layer 1 and runs below autoregressive
+#                   decoding on code in wall-clock)
+#                   (the story-* policies are the generalization check: run on code)
 #   accelerator-load-v1  the accelerator model at loads 1, 64, 128, 256 (the policy
 #                   sees the load; the others are of the load-blind spec v3)
 # Calibrates first unless MODEL/calibration-cpu.json exists, and points
-# SERVING at accelerator-v5 (measured fastest in wall-clock on this CPU by
+# SERVING at accelerator-v6 (measured fastest in wall-clock on this CPU by
 # lede-bench; `lede generate --mode lede` picks an accelerator policy on CUDA). Only the first half of each prompt file
 # (--prompts-per-set 48: 24 tuning prompts) is ever seen in training.
 # usage: scripts/train_policies.sh [THREADS]
@@ -50,13 +56,13 @@ train() {  # name reward cost_model prompt-sets [extra flags]
     --out "$MODEL/policy/$name" --version "$name" --overwrite 2>&1 | tee "out/policies/train-$name.log"
   cp "out/policies/train-$name.log" "$MODEL/policy/$name/training_report.txt"
 }
-train accelerator-v5 throughput accelerator story,code
-train measured-v7 throughput measured story,code
-train story-measured-v7 throughput measured story
+train accelerator-v6 throughput accelerator story,code --initial-policy calibrated
+train measured-v8 throughput measured story,code --initial-policy calibrated --lookahead-probe
+train story-measured-v8 throughput measured story --initial-policy calibrated
 train story-accelerator-v5 throughput accelerator story
 # The load-aware policy (feature spec lede-features-v4): one policy trained at four loads of the
 # accelerator roofline (README "The cost of speculation at a load"); not SERVING.
 train accelerator-load-v1 throughput accelerator story,code --loads 1,64,128,256
 # SERVING: the policy the last lede-bench run (scripts/evaluate_lede_tiny.sh) measured fastest in
-# wall-clock on both sets on this CPU (accelerator-v5 on the packed fused kernels: README).
-printf 'accelerator-v5\n' > "$MODEL/policy/SERVING.tmp" && mv "$MODEL/policy/SERVING.tmp" "$MODEL/policy/SERVING"
+# wall-clock on both sets on this CPU (accelerator-v6 on the packed fused kernels: README).
+printf 'accelerator-v6\n' > "$MODEL/policy/SERVING.tmp" && mv "$MODEL/policy/SERVING.tmp" "$MODEL/policy/SERVING"
