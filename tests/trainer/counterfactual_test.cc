@@ -534,17 +534,24 @@ TEST_F(CounterfactualTest, CalibratedStartBeginsAtTheTunedRuleAndAdoptsOnlyWhatB
   EXPECT_THAT(TrainDinkelbach(train, selection, *cost, o), StatusIs(StatusCode::kInvalidArgument));
 }
 
+// Candidates 1-3, D_max 6, decisions without probes (phase 1 from the
+// history, phase 2 on the token just drafted), as the shipped policies run.
+model::DecisionSpec HistoryModeSpec() {
+  model::DecisionSpec spec;
+  spec.candidate_layers = {1, 2, 3};
+  spec.max_draft_len = 6;
+  spec.probe_candidates = false;
+  spec.lookahead_probe = false;
+  return spec;
+}
+
 // Rollout targets: per decision one transition per action, centered on
 // their mean; a conservative margin raises pi's own action by half of it
 // and lowers the other by as much, on the very same states.
 TEST_F(CounterfactualTest, RolloutTargetsAreCenteredAndPreferPiByTheMargin) {
   const std::vector<ShadowTrace> traces = Traces();
   auto cost = model::MakeAcceleratorCostModel(model_->config());
-  model::DecisionSpec spec;
-  spec.candidate_layers = {1, 2, 3};
-  spec.max_draft_len = 6;
-  spec.probe_candidates = false;
-  spec.lookahead_probe = false;
+  const model::DecisionSpec spec = HistoryModeSpec();
   ControllerMaker pi = [](int64_t) { return std::make_unique<policy::StaticExitController>(2, 2); };
   std::vector<ControllerMaker> sources = {
       pi, [](int64_t) { return std::make_unique<policy::ThresholdExitController>(0.5f, 0.5f); }};
@@ -600,11 +607,7 @@ class SkippingStatic : public policy::StaticExitController {
 TEST_F(CounterfactualTest, RolloutTargetsDoNotDependOnWherePiStartsPhaseOne) {
   const std::vector<ShadowTrace> traces = Traces();
   auto cost = model::MakeAcceleratorCostModel(model_->config());
-  model::DecisionSpec spec;
-  spec.candidate_layers = {1, 2, 3};
-  spec.max_draft_len = 6;
-  spec.probe_candidates = false;
-  spec.lookahead_probe = false;
+  const model::DecisionSpec spec = HistoryModeSpec();
   std::vector<ControllerMaker> sources = {
       [](int64_t) { return std::make_unique<policy::StaticExitController>(3, 1); },
       [](int64_t) { return std::make_unique<policy::ThresholdExitController>(0.5f, 0.5f); }};
