@@ -3,6 +3,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <limits>
 #include <new>
+#include <optional>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -407,6 +409,24 @@ StatusOr<Artifact> LoadServingArtifact(const std::string& model_dir, const std::
                                 artifact.metadata.version + "\", SERVING names \"" + version + "\"");
   }
   return artifact;
+}
+
+StatusOr<Artifact> LoadBroadestVersion(const std::string& model_dir, const std::string& cost_model,
+                                       const std::string& expected_fingerprint) {
+  std::vector<std::string> versions;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(model_dir, ec)) {
+    if (entry.is_directory()) versions.push_back(entry.path().filename().string());
+  }
+  std::sort(versions.rbegin(), versions.rend());  // the last by name first: it wins ties
+  std::optional<Artifact> best;
+  for (const std::string& v : versions) {
+    StatusOr<Artifact> a = LoadArtifact(VersionDir(model_dir, v), expected_fingerprint);
+    if (!a.ok() || a->metadata.reward_cost_model != cost_model) continue;
+    if (!best || a->metadata.training_data.n_requests > best->metadata.training_data.n_requests) best = *std::move(a);
+  }
+  if (!best) return NotFoundError(model_dir + ": no policy version trained with the " + cost_model + " cost model");
+  return *std::move(best);
 }
 
 }  // namespace lede::policy::dqn

@@ -157,6 +157,16 @@ StatusOr<std::string> ParseServingPointer(const std::string& text, const std::st
 StatusOr<Artifact> LoadServingArtifact(const std::string& model_dir,
                                        const std::string& expected_fingerprint = "");
 
+// Of the versions under `model_dir` whose rewards were priced by
+// `cost_model` (PolicyMetadata::reward_cost_model), the one trained on the
+// most requests (TrainingDataInfo::n_requests: a policy of one domain is not
+// the general one), the last by name among equals. Versions that do not
+// load (LoadArtifact with `expected_fingerprint`) are skipped. For a host
+// whose hardware calls for another cost model than SERVING's (lede generate
+// on CUDA). Errors: kNotFound if no version qualifies.
+StatusOr<Artifact> LoadBroadestVersion(const std::string& model_dir, const std::string& cost_model,
+                                       const std::string& expected_fingerprint = "");
+
 
 }  // namespace lede::policy::dqn
 

@@ -99,9 +99,11 @@ int LoadFailureCode(const Status& s) {
 #if LEDE_HAVE_POLICY
 // The policy to serve from `policy_dir` (models/<m>/policy): the one whose
 // reward cost model fits the hardware. On CUDA (memory-bound decoding) the
-// SERVING policy if it was trained with the accelerator cost model, else the
-// last version by name that was; elsewhere the SERVING pointer (set by
-// scripts/train_policies.sh to the policy measured fastest on this CPU).
+// SERVING policy if it was trained with the accelerator cost model, else of
+// the versions that were, the one trained on the most requests (a policy of
+// one domain, story-*, is not the general one), the last by name among
+// equals; elsewhere the SERVING pointer (set by scripts/train_policies.sh to
+// the policy measured fastest on this CPU).
 StatusOr<policy::dqn::Artifact> ChoosePolicy(const std::string& policy_dir, const c10::Device& device,
                                              const std::string& fingerprint) {
   // A version directory (as lede-train writes it) is used as it is.
@@ -111,16 +113,8 @@ StatusOr<policy::dqn::Artifact> ChoosePolicy(const std::string& policy_dir, cons
   if (device.is_cuda()) {
     auto serving = policy::dqn::LoadServingArtifact(policy_dir, fingerprint);
     if (serving.ok() && serving->metadata.reward_cost_model == "accelerator") return serving;
-    std::vector<std::string> versions;
-    std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator(policy_dir, ec)) {
-      if (entry.is_directory()) versions.push_back(entry.path().filename().string());
-    }
-    std::sort(versions.rbegin(), versions.rend());
-    for (const std::string& v : versions) {
-      auto a = policy::dqn::LoadArtifact(policy::dqn::VersionDir(policy_dir, v), fingerprint);
-      if (a.ok() && a->metadata.reward_cost_model == "accelerator") return a;
-    }
+    auto broadest = policy::dqn::LoadBroadestVersion(policy_dir, "accelerator", fingerprint);
+    if (broadest.ok()) return broadest;
   }
   return policy::dqn::LoadServingArtifact(policy_dir, fingerprint);
 }

@@ -411,6 +411,33 @@ TEST_F(ArtifactTest, FingerprintMismatchIsInvalidArgument) {
   EXPECT_THAT(LoadArtifact(Dir("v1")), IsOk());
 }
 
+// For a host whose hardware calls for another cost model than SERVING's: of
+// the versions trained with that cost model, the one trained on the most
+// requests, the last by name among equals; versions of other cost models,
+// or that do not load, are passed over.
+TEST_F(ArtifactTest, BroadestVersionIsTheOneTrainedOnTheMostRequests) {
+  const std::string model_dir = Dir("tiny");
+  auto save = [&](const std::string& version, const std::string& cost_model, int64_t requests) {
+    Artifact a = MakeArtifact(version);
+    a.metadata.reward_cost_model = cost_model;
+    a.metadata.training_data.n_requests = requests;
+    ASSERT_THAT(SaveArtifact(VersionDir(model_dir, version), a), IsOk());
+  };
+  EXPECT_THAT(LoadBroadestVersion(model_dir, "accelerator"), StatusIs(StatusCode::kNotFound));
+  save("accelerator-v5", "accelerator", 900);
+  save("accelerator-v6", "accelerator", 900);
+  save("story-accelerator-v5", "accelerator", 450);  // last by name, fewer requests
+  save("measured-v8", "measured", 5000);
+  std::filesystem::create_directories(VersionDir(model_dir, "unfinished-v9"));  // no policy.json
+  auto a = LoadBroadestVersion(model_dir, "accelerator");
+  ASSERT_THAT(a, IsOk());
+  EXPECT_EQ(a->metadata.version, "accelerator-v6");
+  auto m = LoadBroadestVersion(model_dir, "measured", "0123456789abcdef");
+  ASSERT_THAT(m, IsOk());
+  EXPECT_EQ(m->metadata.version, "measured-v8");
+  EXPECT_THAT(LoadBroadestVersion(model_dir, "measured", "fedcba9876543210"), StatusIs(StatusCode::kNotFound));
+}
+
 // Publishing moves SERVING atomically to a valid version; resolving reads it back.
 TEST_F(ArtifactTest, ServingPointerPublishAndResolve) {
   const std::string model_dir = Dir("stories");
