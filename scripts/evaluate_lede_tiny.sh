@@ -28,7 +28,7 @@ wait
 bench() {  # set
   "$LEDE_BENCH" bench --model "$MODEL" --calibration "$MODEL/calibration-cpu.json" \
     --prompts "$MODEL/prompts/$1.jsonl" --candidate-layers "$CANDIDATES" \
-    --policy "$MODEL/policy/accelerator-v6,$MODEL/policy/measured-v8,$MODEL/policy/story-accelerator-v5,$MODEL/policy/story-measured-v8" \
+    --policy "$MODEL/policy/accelerator-v7,$MODEL/policy/measured-v9,$MODEL/policy/story-accelerator-v5,$MODEL/policy/story-measured-v8" \
     --max-draft-len 6 --prompts-per-set 48 --new-tokens 64 --threads 1 --json "out/bench-$1.json" > "out/bench-$1.txt" 2> "out/bench-$1.err"
 }
 bench story

@@ -5,18 +5,46 @@ The evaluation prompts of models/lede-tiny (prompts/story.jsonl, prompts/code.js
 from held-out documents, some of which sit in the same TinyStories files as training stories.
 So the story prompts here are story openings from ../shared/data/corpus/tinystories_*.txt whose
 text shares no 40-character opening with any evaluation prompt (and vice versa; nor do the five
-paragraphs on either side of one that does), and the code
-prompts are HumanEval's (../shared/data/prompts/humaneval.jsonl), a different code source than
-the evaluation's standard-library functions. Deterministic.
+paragraphs on either side of one that does). The code prompts are cut as the evaluation's are
+(scripts/make_prompt_sets.py: a `def`/`class` line and the three after it) from Python standard
+library modules that the model's data_manifest.json does not list, so the model neither trained
+on them nor were evaluation prompts cut from them: the evaluation's domain (standard-library
+code) without its documents. At most three per module, spread through it. (HumanEval, the code
+source before, is another domain: the calibrated rule tuned on it exits at layer 2 where the
+evaluation's tuning half wants layer 5, and policies trained on it inherited that.)
+Deterministic: the modules are read from the standard library the manifest lists (Debian 12:
+/usr/lib/python3.11).
 
 usage: scripts/make_policy_training_prompts.py OUT_DIR [N_STORIES]
 """
 import json
 import os
+import re
 import sys
 
 SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared")
 MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "lede-tiny")
+
+
+def stdlib_code_prompts(n, overlaps):
+    """n prompts cut from standard-library modules outside the model's data manifest."""
+    with open(os.path.join(MODEL, "data_manifest.json"), encoding="utf-8") as f:
+        files = [s["file"] for s in json.load(f)["sources"]]
+    # The standard library the model's code came from (the manifest's .py files).
+    libdir = os.path.dirname(next(p for p in files if p.endswith(".py")))
+    listed = {os.path.basename(p) for p in files}
+    modules = sorted(m for m in os.listdir(libdir) if m.endswith(".py") and m not in listed)
+    if not modules:
+        sys.exit(f"no Python standard-library modules outside the data manifest in {libdir}")
+    prompts = []
+    for module in modules:
+        with open(os.path.join(libdir, module), encoding="utf-8", errors="replace") as f:
+            lines = f.read().split("\n")
+        cuts = ["\n".join(lines[i:i + 4]) + "\n" for i, line in enumerate(lines)
+                if re.match(r"\s*(def|class) \w+", line) and i + 8 < len(lines)]
+        cuts = [c for c in cuts if not overlaps(c)]
+        prompts += cuts[::max(1, len(cuts) // 3)][:3]
+    return prompts[::max(1, len(prompts) // n)][:n]
 
 
 def main():
@@ -46,12 +74,7 @@ def main():
                 break
             if i not in near:
                 stories.append(p[:200])
-    code = []
-    with open(os.path.join(SHARED, "data", "prompts", "humaneval.jsonl"), encoding="utf-8") as f:
-        for line in f:
-            p = json.loads(line)["prompt"]
-            if not overlaps(p):
-                code.append(p)
+    code = stdlib_code_prompts(n_stories, overlaps)
     os.makedirs(out_dir, exist_ok=True)
     for name, prompts in (("story", stories), ("code", code)):
         with open(os.path.join(out_dir, "train-" + name + ".jsonl"), "w", encoding="utf-8") as f:
