@@ -10,8 +10,8 @@ paragraphs on either side of one that does). The code prompts are cut as the eva
 library modules that the model's data_manifest.json does not list, so the model neither trained
 on them nor were evaluation prompts cut from them: the evaluation's domain (standard-library
 code) without its documents. At most three per module, spread through it. (HumanEval, the code
-source before, is another domain: the calibrated rule tuned on it exits at layer 2 where the
-evaluation's tuning half wants layer 5, and policies trained on it inherited that.)
+source before, is another domain: the calibrated rule with lookahead tuned on it exits at layer 2
+where the evaluation's tuning half wants layer 5, and policies trained on it inherited that.)
 Deterministic: the modules are read from the standard library the manifest lists (Debian 12:
 /usr/lib/python3.11).
 
@@ -19,8 +19,9 @@ usage: scripts/make_policy_training_prompts.py OUT_DIR [N_STORIES]
 """
 import json
 import os
-import re
 import sys
+
+from make_prompt_sets import function_openings
 
 SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared")
 MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "lede-tiny")
@@ -39,10 +40,7 @@ def stdlib_code_prompts(n, overlaps):
     prompts = []
     for module in modules:
         with open(os.path.join(libdir, module), encoding="utf-8", errors="replace") as f:
-            lines = f.read().split("\n")
-        cuts = ["\n".join(lines[i:i + 4]) + "\n" for i, line in enumerate(lines)
-                if re.match(r"\s*(def|class) \w+", line) and i + 8 < len(lines)]
-        cuts = [c for c in cuts if not overlaps(c)]
+            cuts = [c for c in function_openings(f.read()) if not overlaps(c)]
         prompts += cuts[::max(1, len(cuts) // 3)][:3]
     return prompts[::max(1, len(prompts) // n)][:n]
 

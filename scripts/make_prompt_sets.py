@@ -19,6 +19,14 @@ def docs(path):
         return [d for d in f.read().split(SEP) if d.strip()]
 
 
+def function_openings(source):
+    """Code prompts cut from Python `source`: each `def`/`class` line with the three lines after
+    it, where at least eight more lines follow (the generation has code to continue)."""
+    lines = source.split("\n")
+    return ["\n".join(lines[i:i + 4]) + "\n" for i, line in enumerate(lines)
+            if re.match(r"\s*(def|class) \w+", line) and i + 8 < len(lines)]
+
+
 def main():
     corpus, out, n = sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 48
     os.makedirs(out, exist_ok=True)
@@ -32,10 +40,7 @@ def main():
             break
     code = []
     for d in docs(os.path.join(corpus, "code.val.txt")):
-        lines = d.split("\n")
-        for i, line in enumerate(lines):
-            if re.match(r"\s*(def|class) \w+", line) and i + 8 < len(lines):
-                code.append({"prompt": "\n".join(lines[i:i + 4]) + "\n", "source": "code.val"})
+        code += [{"prompt": p, "source": "code.val"} for p in function_openings(d)]
         if len(code) >= 4 * n:
             break
     code = code[:: max(1, len(code) // n)][:n]
