@@ -100,6 +100,9 @@ struct CoordinatorOptions {
   // verify clients (--tls-client-ca there), and the certificates' DNS name
   // when it differs from the target's host.
   rpc::ChannelTlsOptions model_tls;
+  // The deployment's internal token (security.h InternalToken), sent on
+  // every call to the model services; empty = none. --internal-token-file.
+  rpc::InternalToken internal_token;
   // Session ownership on the verifier (session_lease.h): a stable name of
   // this coordinator across restarts ("" = none; a restart's predecessor is
   // then freed when its lease lapses), the lease TTL and renewal period.

@@ -100,6 +100,7 @@ class RemoteBackend : public speculation::SpeculationBackend {
   bool have_verdict_ = false;
   int64_t slot_ = 0;
   uint64_t epoch_ = 0;
+  uint64_t session_id_ = 0;  // OpenSessionResponse.session_id: named by every later call
   int64_t position_ = 0;  // committed length of the slot
   bool open_ = false;
   bool fallback_ = false;

@@ -67,6 +67,10 @@ struct ModelServiceOptions {
   // --tls-client-ca), and the certificate's DNS name when it is not the
   // target's host.
   rpc::ChannelTlsOptions policy_tls;
+  // The deployment's internal token (security.h InternalToken; empty = none):
+  // required on every call to this process's Verifier/Drafter services and
+  // sent on its calls to the policy service. Flag --internal-token-file.
+  rpc::InternalToken internal_token;
   // Drafter: ask the policy service once per decision instead of running
   // the DQN in-process (evaluation of remote decisions; slow by design).
   bool remote_decisions = false;

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "services/policy/serving_policy.h"
+#include "shared/rpc/security.h"
 #include "shared/status/status.h"
 
 namespace lede::policy_service {
@@ -44,6 +45,8 @@ struct PolicyServerOptions {
   std::string tls_cert_path;
   std::string tls_key_path;
   std::string tls_client_ca_path;
+  // The deployment's internal token: required on every call (security.h).
+  rpc::InternalToken internal_token;
 };
 
 // Exit codes of RunPolicyServer() and main().

@@ -40,6 +40,7 @@
 
 #include "proto/lede/v1/policy.grpc.pb.h"
 #include "services/policy/serving_policy.h"
+#include "shared/rpc/security.h"
 
 namespace lede::telemetry {
 struct SpecDecodeMetrics;
@@ -51,7 +52,10 @@ class PolicyService final : public lede::v1::Policy::Service {
  public:
   // `serving` must not be null; `metrics` may be null. When set, every call
   // counts lede_requests_total{method, status} and its latency.
-  PolicyService(ServingPolicy* serving, telemetry::SpecDecodeMetrics* metrics);
+  // With a non-empty `token`, every call must carry it (security.h
+  // InternalToken; UNAUTHENTICATED otherwise).
+  PolicyService(ServingPolicy* serving, telemetry::SpecDecodeMetrics* metrics,
+                rpc::InternalToken token = rpc::InternalToken());
 
   grpc::Status Decide(grpc::ServerContext* context, const lede::v1::DecideRequest* request,
                       lede::v1::DecideResponse* response) override;
@@ -68,6 +72,7 @@ class PolicyService final : public lede::v1::Policy::Service {
  private:
   ServingPolicy* const serving_;
   telemetry::SpecDecodeMetrics* const metrics_;
+  const rpc::InternalToken token_;
   std::atomic<bool> shutting_down_{false};
 };
 

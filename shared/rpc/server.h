@@ -84,6 +84,10 @@ struct ServerOptions {
   // Set it to the calls expected at once (the KV slots, for a model
   // process).
   int max_handler_threads = 0;
+  // gRPC server reflection (grpc_cli, grpcurl). The internal services turn it
+  // off when they authenticate callers (an internal token or client
+  // certificates): no need to describe the plane to whoever can reach it.
+  bool reflection = true;
 };
 
 // Blocks SIGTERM and SIGINT in the calling thread and every thread it
