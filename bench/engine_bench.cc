@@ -21,7 +21,7 @@
 // usage: lede_engine_bench [--models A,B] [--tokens N] [--threads N]
 //                          [--repeats N] [--kernels eager,fused] [--detail]
 //                          [--after-prefill]
-// (default models: ../shared/models/stories260K, babyllama-tok105 and
+// (default models: testdata/models/stories260K, babyllama-tok105 and
 // models/lede-tiny; threads 1, as the numbers.)
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
@@ -380,7 +380,7 @@ int main(int argc, char** argv) {
   int64_t n_tokens = 200, threads = 1, repeats = 5;
   bool detail = false, after_prefill = false;
   std::string models_flag =
-      "../shared/models/stories260K,../shared/models/babyllama-tok105/model5000.bin,models/lede-tiny";
+      "testdata/models/stories260K,testdata/models/babyllama-tok105/model5000.bin,models/lede-tiny";
   std::string kernels_flag = "eager,fused";
   lede::flags::FlagSet flags;
   flags.Add("models", &models_flag, "comma-separated model paths (checkpoint directory or llama2.c .bin)");

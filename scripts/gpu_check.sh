@@ -49,7 +49,7 @@ run() {  # model device dtype mode prompt [graphs] -> "text<TAB>tokens/s"
 }
 printf '%-14s %-7s %-30s %10s %10s %10s %10s %s\n' model mode prompt cpu-f32 cuda-f32 cuda-f32-nog cuda-bf16 \
   "f32 ids equal (graphs on / off) / bf16 text equal"
-for model in ../shared/models/stories260K models/lede-tiny; do
+for model in testdata/models/stories260K models/lede-tiny; do
   for mode in ar static lede; do
     for p in "${prompts[@]}"; do
       cpu=$(run "$model" cpu float32 "$mode" "$p")

@@ -41,10 +41,10 @@ def main():
       f"{cfg['max_position_embeddings']} | {rep['parameters'] / 1e6:.2f}M |\n")
     w("Files: `config.json`, `model.safetensors` (F32), `tokenizer.model` (Hugging Face layout).\n")
     w("## Data\n")
-    w("Built by `scripts/build_corpus.py` from `../shared/data/corpus` (TinyStories head and validation part, "
+    w("Built by `scripts/build_corpus.py` from `testdata/corpus` (TinyStories head and validation part, "
       "Grimms' fairy tales and Alice in Wonderland with the Project Gutenberg header/footer stripped, "
       "tinyshakespeare), the Python 3.11 standard library sources Debian installs (a deterministic subset), and "
-      "synthetic stories sampled from `../shared/models/stories260K` with this engine "
+      "synthetic stories sampled from `testdata/models/stories260K` with this engine "
       "(`scripts/sample_synthetic_stories.sh`, temperature 0.7, top-p 0.95). Every 20th document of each domain "
       "is held out; the synthetic stories added for stage 2 went into the training split only, so both stages "
       "share one held-out split. `data_manifest.json` lists every source file with its size and sha256.\n")
@@ -192,7 +192,8 @@ def main():
           f"--mode lede` picks an accelerator-cost policy.\n")
     w("## Licence\n")
     w("Trained on CDLA-Sharing-1.0 (TinyStories), public-domain (Project Gutenberg, Shakespeare), PSF-licensed "
-      "(Python standard library) and MIT (stories260K samples) data; see ../shared/data/SOURCES.md.\n")
+      "(Python standard library) and MIT (stories260K samples) data; see "
+      "[testdata/SOURCES.md](../../testdata/SOURCES.md).\n")
     with open(os.path.join(d, "README.md"), "w") as f:
         f.write("\n".join(out) + "\n")
     print("wrote", os.path.join(d, "README.md"))
