@@ -8,7 +8,7 @@
 #     and (where the build has it) LEDE decoding: lossless speculation on the
 #     GPU, and the same logits up to argmax;
 #   - bfloat16 on cuda: the share of prompts whose greedy text equals the
-#     float32 one (bf16 rounding moves near-ties; DESIGN.md §1), and its speed;
+#     float32 one (bf16 rounding moves near-ties; docs/design.md §1), and its speed;
 #   - CUDA graphs (llama.h GraphMode; shared/model/internal/step_graphs.h):
 #     float32 on cuda with --graphs on (the default there) and --graphs off,
 #     both against the CPU ids;

@@ -122,7 +122,7 @@ def main():
     if ev:
         w("## Static self-speculation (E x D) on held-out prompts\n")
         cal = ev["calibration"]
-        w(f"Greedy, prompts cut from held-out documents. Cost models (DESIGN.md §1): *accelerator* (verification "
+        w(f"Greedy, prompts cut from held-out documents. Cost models (docs/design.md §1): *accelerator* (verification "
           f"costs one step; the LM head is h = {ev['head_layer_equivalents']:.2f} layer-equivalents) and "
           f"*measured* (this CPU: full step {cal['step_us']:.0f} us; one block {cal['block_us'][0]:.0f} us for 1 "
           f"position, {cal['block_us'][3]:.0f} us for 4, {cal['block_us'][15]:.0f} us for 16"

@@ -1,6 +1,6 @@
 // File: shared/model/checkpoint.h
 //
-// Loading and writing Llama checkpoints in two layouts (DESIGN.md §5):
+// Loading and writing Llama checkpoints in two layouts (docs/design.md §5):
 //  - Hugging Face: a directory with config.json and model.safetensors, or
 //    shards listed in model.safetensors.index.json; F32/F16/BF16 tensors.
 //  - llama2.c "version 0" .bin (the models in testdata/models; layout in

@@ -1,7 +1,7 @@
 // File: shared/model/cost_model.h
 //
 // Cost models of decoding, in units of one full-depth autoregressive step
-// (DESIGN.md §1 "accelerator cost model"), and the calibration that measures
+// (docs/design.md §1 "accelerator cost model"), and the calibration that measures
 // this machine's own costs.
 //
 //  - accelerator: memory-bound hardware (GPUs, large models). A verification
@@ -69,7 +69,7 @@ class CostModel {
   double PredictedSpeedup(const std::vector<RoundRecord>& rounds) const;
 };
 
-// DESIGN.md §1 accelerator model for a config.
+// docs/design.md §1 accelerator model for a config.
 std::unique_ptr<CostModel> MakeAcceleratorCostModel(const ModelConfig& config);
 // h = V*d / (weights of one block): the LM head in layer-equivalents.
 double HeadLayerEquivalents(const ModelConfig& config);

@@ -1,6 +1,6 @@
 // File: shared/telemetry/lede_metrics.h
 //
-// The project's metric names (DESIGN.md §6), defined once, on prometheus-cpp
+// The project's metric names (docs/design.md §6), defined once, on prometheus-cpp
 // (metrics.h). Names and bucket boundaries follow vLLM's (vllm/v1/metrics/
 // loggers.py, vllm/v1/spec_decode/metrics.py; see docs/metrics.md) under
 // the lede_ prefix, so a vLLM dashboard ports by renaming `vllm:` to `lede_`;
