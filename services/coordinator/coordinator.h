@@ -82,8 +82,8 @@ struct CoordinatorOptions {
   absl::Duration experience_shard_age = absl::Seconds(30);  // publish a shard at least this often
   int64_t experience_queue_records = 1 << 16;
   // Retention of the shards under experience_prefix (shared/experience/
-  // retention.h); both 0 = keep everything (the default; README.md
-  // "Experience retention").
+  // retention.h); both 0 = keep everything (the default; docs/serving.md
+  // "Experience and retention").
   int64_t experience_max_bytes = 0;                          // bytes
   absl::Duration experience_max_age = absl::ZeroDuration();  // age of a shard
   // Rewards of logged transitions: "throughput" (tokens minus cost under the

@@ -233,7 +233,7 @@ std::unique_ptr<CostModel> MakeAcceleratorCostModelAtLoad(const ModelConfig& con
 // in log2(B). These are the engine's prices only: a server also pays per
 // round for its RPC hops and scheduling, unbatched and different for a
 // round that drafts (two hops in the split deployment) and one that does
-// not (README "The cost of speculation at a load" has the measurements).
+// not (docs/benchmarks.md, `lede-bench load`, measures them).
 // Errors: kFailedPrecondition if the calibration has no batch tables
 // ("lede calibrate --batch-sizes"); kInvalidArgument naming `load` outside
 // [1, the largest timed size].

@@ -28,7 +28,7 @@ import sys
 import tempfile
 
 # The layer order, lowest first; a folder may include only folders of an
-# earlier layer (and itself). Defined here once; README.md "Layout" follows it.
+# earlier layer (and itself). Defined here once; docs/building.md "Layout" follows it.
 LAYERS = [
     ["shared/status", "proto"],
     ["shared/clock", "shared/file", "shared/flags", "shared/telemetry", "shared/speculation"],
