@@ -20,8 +20,8 @@
 //
 // usage: lede_engine_bench [--models A,B] [--tokens N] [--threads N]
 //                          [--repeats N] [--kernels eager,fused] [--detail]
-//                          [--after-prefill]
-// (default models: ../shared/models/stories260K, babyllama-tok105 and
+//                          [--after-prefill] [--json FILE]
+// (default models: testdata/models/stories260K, babyllama-tok105 and
 // models/lede-tiny; threads 1, as the numbers.)
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
@@ -30,9 +30,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "shared/flags/flags.h"
 #include "shared/model/cost_model.h"
@@ -152,8 +155,10 @@ void DetailTables(const std::shared_ptr<const LlamaModel>& model, int64_t n_toke
 
 void AfterPrefillTable(const std::shared_ptr<const LlamaModel>& model);
 
+// Prints the model's table; appends one object per printed row to `rows`
+// (the --json output).
 void BenchModel(const std::string& path, const std::vector<Kernels>& kernels, int64_t n_tokens,
-                int repeats, bool detail, bool after_prefill) {
+                int repeats, bool detail, bool after_prefill, nlohmann::json& rows) {
   std::vector<std::shared_ptr<const LlamaModel>> models;
   for (Kernels k : kernels) {
     ModelOptions mo;
@@ -214,6 +219,16 @@ void BenchModel(const std::string& path, const std::vector<Kernels>& kernels, in
       const bool same = runs[k].back().tokens == runs[0].back().tokens;
       std::printf("%-16s %-6s %9.0f %7s %8.2f %8.2f %7.3f %6s\n", m.name.c_str(), KernelsName(kernels[k]), t,
                   ratio, Median(gbs), Median(gflops), runs[k].back().accept, same ? "yes" : "NO");
+      rows.push_back({{"model", path},
+                      {"weights_mb", 4 * (L * w.block + w.head) / 1e6},
+                      {"method", m.name},
+                      {"kernels", KernelsName(kernels[k])},
+                      {"tokens_per_s", t},
+                      {"vs_eager", eager_tps > 0 ? nlohmann::json(t / eager_tps) : nlohmann::json()},
+                      {"gb_per_s", Median(gbs)},
+                      {"gflop_per_s", Median(gflops)},
+                      {"acceptance_rate", runs[k].back().accept},
+                      {"same_tokens", same}});
     }
   }
   if (detail) DetailTables(models.back(), n_tokens);
@@ -379,8 +394,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   int64_t n_tokens = 200, threads = 1, repeats = 5;
   bool detail = false, after_prefill = false;
+  std::string json_path;
   std::string models_flag =
-      "../shared/models/stories260K,../shared/models/babyllama-tok105/model5000.bin,models/lede-tiny";
+      "testdata/models/stories260K,testdata/models/babyllama-tok105/model5000.bin,models/lede-tiny";
   std::string kernels_flag = "eager,fused";
   lede::flags::FlagSet flags;
   flags.Add("models", &models_flag, "comma-separated model paths (checkpoint directory or llama2.c .bin)");
@@ -390,6 +406,7 @@ int main(int argc, char** argv) {
   flags.Add("kernels", &kernels_flag, "comma-separated implementations to compare: eager, fused");
   flags.Add("detail", &detail, "also print the per-block timing table and the static grid");
   flags.Add("after-prefill", &after_prefill, "also print the latency of the first steps after a prefill");
+  flags.Add("json", &json_path, "also write the roofline and the main table's rows as JSON here");
   if (lede::flags::WantsHelp(args)) {
     std::printf("usage: lede_engine_bench [flags]\n%s", flags.Usage().c_str());
     return 0;
@@ -415,12 +432,31 @@ int main(int argc, char** argv) {
   c10::InferenceMode inference_mode;
   std::printf("LEDE engine benchmark: greedy, prompt = BOS, %lld new tokens, threads=%d, medians of %lld interleaved runs\n",
               static_cast<long long>(n_tokens), at::get_num_threads(), static_cast<long long>(repeats));
+  const double dram_gbs = ReadBandwidthGbs(256ll << 20, 5), llc_gbs = ReadBandwidthGbs(16ll << 20, 20);
+  const double sgemm_gflops = SgemmGflops(512, 10);
   std::printf("roofline: read bandwidth %.1f GB/s (256 MiB, DRAM), %.1f GB/s (16 MiB, last-level cache); "
               "sgemm 512^3 %.1f GFLOP/s\n",
-              ReadBandwidthGbs(256ll << 20, 5), ReadBandwidthGbs(16ll << 20, 20), SgemmGflops(512, 10));
+              dram_gbs, llc_gbs, sgemm_gflops);
   GemvTable();
+  nlohmann::json rows = nlohmann::json::array();
   for (const std::string& m : lede::flags::SplitList(models_flag)) {
-    BenchModel(m, kernels, n_tokens, static_cast<int>(repeats), detail, after_prefill);
+    BenchModel(m, kernels, n_tokens, static_cast<int>(repeats), detail, after_prefill, rows);
+  }
+  if (!json_path.empty()) {
+    nlohmann::json out = {{"benchmark", "lede_engine_bench"},
+                          {"new_tokens", n_tokens},
+                          {"threads", at::get_num_threads()},
+                          {"repeats", repeats},
+                          {"roofline", {{"read_gb_per_s_256mib", dram_gbs},
+                                        {"read_gb_per_s_16mib", llc_gbs},
+                                        {"sgemm_512_gflop_per_s", sgemm_gflops}}},
+                          {"rows", rows}};
+    std::ofstream f(json_path);
+    f << out.dump(2) << "\n";
+    if (!f) {
+      std::fprintf(stderr, "lede_engine_bench: cannot write %s\n", json_path.c_str());
+      return 1;
+    }
   }
   return 0;
 }

@@ -143,7 +143,7 @@ StatusOr<Common> Setup(const CommonFlags& cf) {
   return c;
 }
 
-// The rewards of shared/experience/transition.h under a cost model: "paper" (DESIGN.md
+// The rewards of shared/experience/transition.h under a cost model: "paper" (docs/design.md
 // §2; with the measured model its depth term assumes a typical round of 3
 // drafts and 4 tokens) or "throughput" (tokens minus cost).
 policy::RewardSpec RewardsFor(const std::string& reward, const model::CostModel& cm, const Common& c) {
@@ -683,7 +683,7 @@ int RunCollect(const std::vector<std::string>& args, std::ostream& out, std::ost
   cf.AddTo(f);
   f.Add("out", &out_dir, "experience shard directory", true);
   f.Add("cost-model", &cost_model, "reward cost model: accelerator or measured");
-  f.Add("reward", &reward, "paper (DESIGN.md §2) or throughput (tokens minus cost)");
+  f.Add("reward", &reward, "paper (docs/design.md §2) or throughput (tokens minus cost)");
   f.Add("epsilon", &epsilon, "probability of a random action");
   f.Add("seeds", &seeds, "runs per tuning prompt (each with another behaviour policy and seed)");
   f.Add("version", &version, "behaviour policy version recorded in the transitions");

@@ -313,7 +313,7 @@ int main(int argc, char** argv) {
   f.Add("prompt-tokens", &fl.prompt_tokens, "tokens of a corpus document used as its prompt");
   f.Add("max-prompt-tokens", &fl.max_prompt_tokens, "longer prompts are cut");
   f.Add("new-tokens", &fl.new_tokens, "tokens generated per training request");
-  f.Add("reward", &fl.reward, "throughput (tokens - rho * cost, Dinkelbach) or paper (DESIGN.md §2)");
+  f.Add("reward", &fl.reward, "throughput (tokens - rho * cost, Dinkelbach) or paper (docs/design.md §2)");
   f.Add("cost-model", &fl.cost_model, "accelerator or measured (rewards and selection)");
   f.Add("calibration", &fl.calibration, "measured cost model JSON (default MODEL/calibration-cpu.json)");
   f.Add("candidate-layers", &fl.candidates, "phase-1 candidate exit layers");

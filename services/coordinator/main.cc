@@ -83,7 +83,7 @@ int Run(const std::vector<std::string>& raw_args) {
             "retention: delete experience shards older than this many hours (0 = keep all)");
   flags.Add("reward", &o.reward, "rewards of logged transitions: throughput | paper");
   flags.Add("shutdown-grace-s", &grace_s, "how long in-flight requests may finish after SIGTERM");
-  // Issue 17: bounded input and the security of the public API (README "TLS and API keys").
+  // Issue 17: bounded input and the security of the public API (docs/security.md).
   int64_t context_tokens = 0, max_request_bytes = 0, max_body_bytes = 0;
   flags.Add("max-context-tokens", &context_tokens,
             "context window that sizes the request limits (0 = the model's config)");

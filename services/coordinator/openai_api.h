@@ -15,7 +15,7 @@
 //
 // Sources: OpenAI's API reference (completions, chat completions, streaming,
 // error envelope); llama.cpp's server for `timings`; vLLM for ignoring
-// unknown fields; ../shared/research/serving-conventions.md §1.
+// unknown fields; docs/api.md.
 //
 // Thread-safety: pure functions.
 #ifndef LEDE_SERVICES_COORDINATOR_OPENAI_API_H_

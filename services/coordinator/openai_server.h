@@ -1,7 +1,7 @@
 // File: services/coordinator/openai_server.h
 //
 // The OpenAI-compatible HTTP API of the coordinator (cpp-httplib, Debian's
-// libcpp-httplib 0.11; README "Serving" says why not civetweb):
+// libcpp-httplib 0.11; docs/api.md says why not civetweb):
 //
 //   POST /v1/completions        text_completion, streaming (SSE) or not
 //   POST /v1/chat/completions   chat.completion(.chunk), streaming or not

@@ -4,7 +4,7 @@
 // replica is one verifier + drafter pair on one KV pool (split), or one
 // `lede-model --role both` process (co-located: both addresses equal);
 // several coordinators may share the same replicas, and the slot accounting
-// stays in each replica (DESIGN.md §3-§4).
+// stays in each replica (docs/design.md §3-§4).
 //
 // Discovery: a static list, and/or a DNS name that resolves to several
 // addresses (a Kubernetes headless Service: one A record per model pod),

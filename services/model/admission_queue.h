@@ -4,7 +4,7 @@
 // A request that finds every slot busy waits its turn in FIFO order instead
 // of being refused; only a full queue refuses (kResourceExhausted). This is
 // the waiting queue of an iteration-level scheduler (vLLM's
-// Scheduler.waiting, TGI's queue; ../shared/research/serving-conventions.md),
+// Scheduler.waiting, TGI's queue),
 // kept in the replica so that several coordinators can share it (slot
 // accounting stays where the slots are).
 //

@@ -1,6 +1,6 @@
 // File: services/model/model_service.h
 //
-// The model service (DESIGN.md §3-§4): gRPC handlers of lede.v1.Verifier
+// The model service (docs/design.md §3-§4): gRPC handlers of lede.v1.Verifier
 // (all blocks: prefill, verification, autoregressive steps; owns the KV
 // pool and its sessions) and lede.v1.Drafter (shallow blocks + exit head +
 // the exit controller in-process), over one shared model::KvCache.
@@ -13,7 +13,7 @@
 // Both run the same handlers; the coordinator cannot tell them apart.
 //
 // Sessions are KV slots; a request names its slot and the pool epoch. The
-// coordinator serializes the rounds of one session (DESIGN.md §4), so slots
+// coordinator serializes the rounds of one session (docs/design.md §4), so slots
 // need no locks; slot allocation is under a mutex. Handlers run on gRPC's
 // sync thread pool. With --max-batch 1 they compute with libtorch on that
 // thread; above 1 the verifier's handlers (and DraftAndVerify's verification
@@ -190,7 +190,7 @@ class DrafterService final : public lede::v1::Drafter::Service {
   ~DrafterService() override;
   grpc::Status Describe(grpc::ServerContext*, const lede::v1::DescribeRequest*,
                         lede::v1::ModelInfo*) override;
-  // One speculation round's drafting (DESIGN.md §2). With max_batch > 1 its
+  // One speculation round's drafting (docs/design.md §2). With max_batch > 1 its
   // draft steps share passes with the other sessions drafting at that
   // moment (model::RunDrafterBatch: bitwise the solo steps on the fused
   // path); its decisions stay its own, on this handler thread.

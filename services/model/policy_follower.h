@@ -1,6 +1,6 @@
 // File: services/model/policy_follower.h
 //
-// The drafter's side of the policy service (DESIGN.md §3: the drafter runs
+// The drafter's side of the policy service (docs/design.md §3: the drafter runs
 // the policy embedded in-process, "fetches the current policy from the
 // policy service and follows its version").
 //

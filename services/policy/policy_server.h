@@ -1,6 +1,6 @@
 // File: services/policy/policy_server.h
 //
-// The `lede-policy` process (DESIGN.md §3 "policy service"): flags, then a
+// The `lede-policy` process (docs/design.md §3 "policy service"): flags, then a
 // ServingPolicy polling its policy root, the Policy gRPC service with health
 // and reflection (shared/rpc/server.h), /metrics, and a clean stop on
 // SIGTERM / SIGINT. main.cc only calls ParsePolicyServerFlags() and

@@ -1,7 +1,7 @@
 // File: services/policy/policy_service.h
 //
 // PolicyService: the lede.v1.Policy gRPC service (proto/lede/v1/policy.proto,
-// DESIGN.md §3) over a ServingPolicy.
+// docs/design.md §3) over a ServingPolicy.
 //
 //   Decide       Q-values and the greedy action (policy/dqn/
 //                dqn_exit_controller.h GreedyAction: kExit only if

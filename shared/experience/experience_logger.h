@@ -1,6 +1,6 @@
 // File: shared/experience/experience_logger.h
 //
-// ExperienceLogger: the serving side of experience logging (DESIGN.md §3:
+// ExperienceLogger: the serving side of experience logging (docs/design.md §3:
 // coordinator --experience shards--> object store <--reads-- trainer; §5).
 // Callers Log() lede.v1.Transition records from the request path; a
 // background thread batches them into shards (the format of experience.h,
@@ -43,7 +43,7 @@
 
 namespace lede::experience {
 
-// Counters of one logger since it was created, for /metrics (DESIGN.md §6).
+// Counters of one logger since it was created, for /metrics (docs/design.md §6).
 // Invariant once Close() returns:
 //   records_logged = records_written + records_lost + records_rejected
 // (records_dropped were never logged).

@@ -1,10 +1,10 @@
 // File: shared/model/checkpoint.h
 //
-// Loading and writing Llama checkpoints in two layouts (DESIGN.md §5):
+// Loading and writing Llama checkpoints in two layouts (docs/design.md §5):
 //  - Hugging Face: a directory with config.json and model.safetensors, or
 //    shards listed in model.safetensors.index.json; F32/F16/BF16 tensors.
-//  - llama2.c "version 0" .bin (the models in ../shared/models; layout in
-//    ../shared/models/README.md).
+//  - llama2.c "version 0" .bin (the models in testdata/models; layout in
+//    testdata/models/README.md).
 // Tensors come back under Hugging Face names, in [out, in] orientation:
 //   model.embed_tokens.weight                     [V, d]
 //   model.layers.{i}.input_layernorm.weight       [d]

@@ -25,7 +25,7 @@ constexpr char kMagic[8] = {'L', 'E', 'D', 'E', 'K', 'V', '0', '1'};
 constexpr uint32_t kLayoutVersion = 3;  // 2: device_index and the CUDA IPC handle; 3: session words, drafter refs
 constexpr int64_t kAlign = 64;
 
-// The segment's first bytes (DESIGN.md §4). Plain data, same layout in
+// The segment's first bytes (docs/design.md §4). Plain data, same layout in
 // every process of one build.
 struct PoolHeader {
   char magic[8];
@@ -40,7 +40,7 @@ struct PoolHeader {
   // live in one allocation on CUDA device device_index, exported by the
   // creator as ipc_handle (a cudaIpcMemHandle_t, 64 bytes); the segment then
   // ends at the K/V offset, and the epoch header, lengths and in-use flags
-  // stay in host shared memory (DESIGN.md §4).
+  // stay in host shared memory (docs/design.md §4).
   int32_t device_index;
   char ipc_handle[64];
 };

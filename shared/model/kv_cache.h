@@ -1,6 +1,6 @@
 // File: shared/model/kv_cache.h
 //
-// KvCache: the KV pool shared by drafting and verification (DESIGN.md §4).
+// KvCache: the KV pool shared by drafting and verification (docs/design.md §4).
 // S slots x capacity C tokens; per layer l:
 //   k(l), v(l)      [S, n_kv_heads, C, head_dim]   compute dtype, model device
 // plus the exit-hidden-state scratch (LayerSkip's exit query cache):
@@ -14,7 +14,7 @@
 // the length where it is, so rejection is a truncation, never a copy).
 // On the CPU the pool can live in a named POSIX shared-memory segment that
 // the verifier process creates (Create with shared_memory_name) and the
-// drafter process maps (Attach), DESIGN.md §4. The segment starts with a
+// drafter process maps (Attach), docs/design.md §4. The segment starts with a
 // header (magic "LEDEKV01", layout version, model fingerprint, dims, dtype,
 // epoch) that Attach validates, then the per-slot committed lengths, session
 // words and drafter counts, then K, V of every layer and the scratch,

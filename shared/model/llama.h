@@ -3,7 +3,7 @@
 // LlamaModel: a Llama-architecture decoder (RMSNorm, RoPE, grouped-query
 // attention, SwiGLU, tied or untied LM head) with early exits: any layer's
 // hidden state can be turned into logits through the model's own final
-// RMSNorm and LM head (LayerSkip's shared exit, arXiv 2404.16710; DESIGN.md
+// RMSNorm and LM head (LayerSkip's shared exit, arXiv 2404.16710; docs/design.md
 // §1 "Exit at layer l"). Blocks can be run in ranges [first, last) so that a
 // drafter runs the shallow blocks and a verifier the rest on one KV cache.
 //

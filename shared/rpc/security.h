@@ -1,7 +1,7 @@
 // File: shared/rpc/security.h
 //
 // Transport security and API keys of LEDE's servers (issue 17, failure 8;
-// README "TLS and API keys"):
+// docs/security.md):
 //  - TLS for a gRPC server from PEM files (server certificate chain and
 //    private key), optionally requiring and verifying client certificates
 //    against a CA bundle (mutual TLS, for the internal model and policy

@@ -1,6 +1,6 @@
 // File: shared/rpc/server.h
 //
-// What every LEDE process does around its gRPC services (DESIGN.md §3):
+// What every LEDE process does around its gRPC services (docs/design.md §3):
 // a grpc::Server with the standard health checking service
 // (grpc.health.v1.Health: service "" = readiness, SERVING while the
 // ServerOptions::readiness check passes and NOT_SERVING otherwise and while

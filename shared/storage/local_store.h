@@ -1,6 +1,6 @@
 // File: shared/storage/local_store.h
 //
-// LocalStore: an ObjectStore on a local directory (DESIGN.md §3: the default
+// LocalStore: an ObjectStore on a local directory (docs/design.md §3: the default
 // object store, embedded and with zero set-up). Key "a/b.lexp" is the file
 // <root>/a/b.lexp; folders are created on demand.
 #ifndef LEDE_SHARED_STORAGE_LOCAL_STORE_H_

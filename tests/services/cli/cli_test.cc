@@ -11,14 +11,14 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/testing/shared_dir.h"
+#include "tests/testing/test_data.h"
 #include "tests/testing/temp_dir.h"
 
 namespace lede::cli {
 namespace {
 
 std::vector<std::string> GenerateArgs(int64_t seed) {
-  return {"--model", ::lede::testing::SharedDir() + "/models/stories260K", "--prompt", "Once upon a time",
+  return {"--model", ::lede::testing::Stories260KDir(), "--prompt", "Once upon a time",
           "--mode", "ar", "--max-new-tokens", "24", "--temperature", "0.9", "--seed", std::to_string(seed),
           "--threads", "1"};
 }
@@ -67,7 +67,7 @@ TEST(GenerateTest, RejectsBadSampleCounts) {
 // autoregressive and static decoding; a bad mode is refused naming --graphs.
 TEST(GenerateTest, GraphsOnGivesTheSameTextAndBadModesAreRefused) {
   for (const char* mode : {"ar", "static"}) {
-    std::vector<std::string> args = {"--model", ::lede::testing::SharedDir() + "/models/stories260K", "--prompt",
+    std::vector<std::string> args = {"--model", ::lede::testing::Stories260KDir(), "--prompt",
                                      "Once upon a time", "--mode", mode, "--max-new-tokens", "32", "--threads", "1",
                                      "--exit-layer", "3", "--draft-len", "3"};
     std::ostringstream off, off_err, on, on_err;
@@ -90,7 +90,7 @@ TEST(GenerateTest, GraphsOnGivesTheSameTextAndBadModesAreRefused) {
 TEST(CalibrateTest, WritesARoundTableAndRefusesBadRoundFlags) {
   ::lede::testing::TempDir dir;
   const std::string path = (dir.path() / "calibration.json").string();
-  const std::string model = ::lede::testing::SharedDir() + "/models/stories260K";
+  const std::string model = ::lede::testing::Stories260KDir();
   std::ostringstream out, err;
   ASSERT_EQ(RunCalibrate({"--model", model, "--threads", "1", "--repeats", "2", "--round-passes", "1",
                           "--round-max-draft-len", "2", "--out", path},
@@ -120,7 +120,7 @@ TEST(CalibrateTest, WritesARoundTableAndRefusesBadRoundFlags) {
 // another model are refused naming the flag.
 TEST(CalibrateTest, BaseAddsBatchTablesAndKeepsTheRest) {
   ::lede::testing::TempDir dir;
-  const std::string model = ::lede::testing::SharedDir() + "/models/stories260K";
+  const std::string model = ::lede::testing::Stories260KDir();
   const std::string base = (dir.path() / "base.json").string(), path = (dir.path() / "batched.json").string();
   std::ostringstream out, err;
   ASSERT_EQ(RunCalibrate({"--model", model, "--threads", "1", "--repeats", "2", "--round-passes", "0",
@@ -160,7 +160,7 @@ TEST(CalibrateTest, BaseAddsBatchTablesAndKeepsTheRest) {
 // prompts; a line that is not a prompt is refused naming the file and line.
 TEST(CalibrateTest, TimesRoundsOnAPromptFileAndRefusesABadLine) {
   ::lede::testing::TempDir dir;
-  const std::string model = ::lede::testing::SharedDir() + "/models/stories260K";
+  const std::string model = ::lede::testing::Stories260KDir();
   const std::string prompts = (dir.path() / "prompts.jsonl").string();
   std::ofstream(prompts) << "{\"prompt\": \"Once upon a time\"}\n\n{\"prompt\": \"Lily had a red ball\"}\n";
   const std::string path = (dir.path() / "calibration.json").string();

@@ -1,4 +1,4 @@
-// End-to-end tests of LEDE across real processes (DESIGN.md §3-§6): the
+// End-to-end tests of LEDE across real processes (docs/design.md §3-§6): the
 // lede-model verifier and drafter (and a co-located `--role both`), the
 // lede-policy service, the lede-coordinator, and, around them, a real
 // Prometheus, promtool, s3rver, lede-train and the Python client.

@@ -24,7 +24,7 @@ using ::lede::testing::StatusIs;
 using testing::kStoriesPrompt;
 using testing::LoadOrDie;
 
-constexpr double kNearTie = 1e-4;  // DESIGN.md §1: top-2 logits within 1e-4 in fp32
+constexpr double kNearTie = 1e-4;  // docs/design.md §1: top-2 logits within 1e-4 in fp32
 
 std::unique_ptr<Engine> MakeEngine(std::shared_ptr<const LlamaModel> model) {
   KvCacheOptions ko;
@@ -341,7 +341,7 @@ TEST(AdaptiveEngineTest, FixedControllerMatchesStaticMode) {
   EXPECT_EQ(adaptive.stats.n_accepted, stat.stats.n_accepted);
 }
 
-// Random exits and random stops never change the greedy output (lossless, DESIGN.md §1).
+// Random exits and random stops never change the greedy output (lossless, docs/design.md §1).
 TEST(AdaptiveEngineTest, RandomControllerIsLossless) {
   std::shared_ptr<const LlamaModel> m = LoadOrDie(lede::testing::Stories260KDir());
   auto engine = MakeEngine(m);

@@ -20,7 +20,7 @@ using ::lede::testing::IsOk;
 using ::lede::testing::StatusIs;
 using testing::TinyConfig;
 
-// K/V per layer are [S, n_kv_heads, C, head_dim] and the scratch [S, D_max + 1, d] (DESIGN.md §4).
+// K/V per layer are [S, n_kv_heads, C, head_dim] and the scratch [S, D_max + 1, d] (docs/design.md §4).
 TEST(KvCacheTest, LayoutFollowsDesign) {
   KvCacheOptions o;
   o.n_slots = 3;
@@ -104,7 +104,7 @@ TEST(KvCacheTest, RollbackDropsRejectedDraftTokens) {
 
 // A pool in a named segment is the same memory in every process that maps
 // it: K/V, scratch and committed lengths written through one view are read
-// through the other (DESIGN.md §4 "Shared KV cache").
+// through the other (docs/design.md §4 "Shared KV cache").
 TEST(KvCacheTest, SharedPoolIsVisibleThroughAttach) {
   KvCacheOptions o;
   o.n_slots = 2;
