@@ -431,14 +431,13 @@ TEST_F(PolicyServiceTest, WatchEndsOnShutdown) {
   lede::v1::WatchPolicyRequest request;
   request.set_known_version("accelerator-v5");  // up to date: the stream waits
   auto watch = stub_->WatchPolicy(&context, request);
-  std::thread stopper([&] {
-    absl::SleepFor(absl::Milliseconds(100));
-    service_->Shutdown();
-  });
+  // The stream is open on the server before the service shuts down.
+  ASSERT_TRUE(WaitUntil([&] { return service_->n_watchers() == 1; }));
+  service_->Shutdown();
   lede::v1::PolicyVersion seen;
   EXPECT_FALSE(watch->Read(&seen));
   EXPECT_TRUE(watch->Finish().ok());
-  stopper.join();
+  EXPECT_TRUE(WaitUntil([&] { return service_->n_watchers() == 0; }));
 
   grpc::ClientContext late_context;
   auto late = stub_->WatchPolicy(&late_context, request);
