@@ -17,9 +17,12 @@
 namespace lede::tokenizer::internal {
 
 // Renders `program` with the members of the JSON object `variables` as its
-// globals; `now` is the time strftime_now() formats. InvalidArgumentError
-// (naming the template and the line) for a runtime error such as
-// raise_exception() or an attribute of Undefined; the output is lost.
+// globals; `now` is the time strftime_now() formats (0: the current time,
+// local time zone). Errors, each naming the template, lose the output:
+// InvalidArgumentError for a runtime error (with the line), such as an
+// attribute of Undefined, or for raise_exception(message) (with its
+// message); UnimplementedError for a filter or test the parser let through
+// but the renderer lacks.
 StatusOr<std::string> RenderTemplate(const TemplateProgram& program, const nlohmann::ordered_json& variables,
                                      std::time_t now);
 
