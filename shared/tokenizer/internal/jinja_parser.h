@@ -16,7 +16,8 @@ namespace lede::tokenizer::internal {
 // Lexes and parses `source` (the subset of Jinja2 that chat_template.h
 // describes); `name` names the template in error messages.
 // InvalidArgumentError for a syntax error and UnimplementedError for a
-// Jinja feature left out, each naming the template and the line.
+// Jinja feature left out (a tag, filter or test), each naming the template
+// and, except for an unexpected end of the template, the line.
 StatusOr<std::shared_ptr<TemplateProgram>> ParseTemplate(std::string_view source, const std::string& name);
 
 }  // namespace lede::tokenizer::internal
