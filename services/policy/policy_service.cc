@@ -98,6 +98,11 @@ grpc::Status PolicyService::WatchPolicy(grpc::ServerContext* context,
   if (shutting_down_.load()) {
     return rpc::ToGrpcStatus(UnavailableError("the policy service is shutting down"));
   }
+  ++n_watchers_;
+  struct Leave {
+    std::atomic<int64_t>* n;
+    ~Leave() { --*n; }
+  } leave{&n_watchers_};
   std::string known = request->known_version();
   while (!shutting_down_.load() && !context->IsCancelled()) {
     std::shared_ptr<const LoadedPolicy> policy = serving_->WaitForChange(known, kWatchPollInterval);

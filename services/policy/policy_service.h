@@ -37,6 +37,7 @@
 #define LEDE_SERVICES_POLICY_POLICY_SERVICE_H_
 
 #include <atomic>
+#include <cstdint>
 
 #include "proto/lede/v1/policy.grpc.pb.h"
 #include "services/policy/serving_policy.h"
@@ -69,11 +70,15 @@ class PolicyService final : public lede::v1::Policy::Service {
   // grace deadline. Call before shutting the server down. Idempotent.
   void Shutdown();
 
+  // WatchPolicy streams open now (accepted and not yet ended).
+  int64_t n_watchers() const { return n_watchers_.load(); }
+
  private:
   ServingPolicy* const serving_;
   telemetry::SpecDecodeMetrics* const metrics_;
   const rpc::InternalToken token_;
   std::atomic<bool> shutting_down_{false};
+  std::atomic<int64_t> n_watchers_{0};
 };
 
 }  // namespace lede::policy_service

@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 
 #include "shared/model/torch_boundary.h"
+#include "shared/status/status_macros.h"
 
 #if LEDE_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -66,6 +67,49 @@ Layout ComputeLayout(const ModelConfig& c, int64_t S, int64_t C, int64_t D, c10:
 }
 
 std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+// Creates the shared memory segment `name` of `bytes` bytes (zero-filled;
+// a stale one of a previous run is removed first) and maps it read-write.
+// ResourceExhaustedError when the system refuses; the name is then removed.
+StatusOr<void*> MapNewSegment(const std::string& name, int64_t bytes) {
+  shm_unlink(name.c_str());  // a stale pool of a previous run
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return ResourceExhaustedError(Errno("shm_open " + name));
+  if (ftruncate(fd, bytes) != 0) {
+    close(fd);
+    shm_unlink(name.c_str());
+    return ResourceExhaustedError(Errno("ftruncate " + name));
+  }
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    return ResourceExhaustedError(Errno("mmap " + name));
+  }
+  return base;
+}
+
+// A new pool's header: what Attach checks (magic, layout version, dtype,
+// fingerprint, shape), its epoch and size; device_index -1 (a CUDA pool's
+// creator sets it).
+void WritePoolHeader(const ModelConfig& config, const KvCacheOptions& o, uint64_t epoch, int64_t total_bytes,
+                     PoolHeader* h) {
+  std::memset(h, 0, sizeof(PoolHeader));
+  std::memcpy(h->magic, kMagic, sizeof(kMagic));
+  h->layout_version = kLayoutVersion;
+  h->dtype = static_cast<int32_t>(o.dtype);
+  std::strncpy(h->fingerprint, config.ArchitectureFingerprint().c_str(), sizeof(h->fingerprint) - 1);
+  h->n_layers = config.n_layers;
+  h->n_kv_heads = config.n_kv_heads;
+  h->head_dim = config.head_dim();
+  h->dim = config.dim;
+  h->n_slots = o.n_slots;
+  h->capacity = o.capacity;
+  h->max_draft_len = o.max_draft_len;
+  h->epoch = epoch;
+  h->total_bytes = total_bytes;
+  h->device_index = -1;
+}
 
 }  // namespace
 
@@ -156,41 +200,14 @@ StatusOr<KvCache> KvCache::Create(const ModelConfig& config,
   // A CUDA pool's host segment ends where K/V would start.
   const int64_t host_bytes = on_cuda ? layout.k0 : layout.total;
   const std::string& name = o.shared_memory_name;
-  shm_unlink(name.c_str());  // a stale pool of a previous run
-  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) return ResourceExhaustedError(Errno("shm_open " + name));
-  if (ftruncate(fd, host_bytes) != 0) {
-    close(fd);
-    shm_unlink(name.c_str());
-    return ResourceExhaustedError(Errno("ftruncate " + name));
-  }
-  void* base = mmap(nullptr, host_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (base == MAP_FAILED) {
-    shm_unlink(name.c_str());
-    return ResourceExhaustedError(Errno("mmap " + name));
-  }
+  LEDE_ASSIGN_OR_RETURN(void* base, MapNewSegment(name, host_bytes));
   cache.storage_->base = base;
   cache.storage_->bytes = host_bytes;
   cache.storage_->mapped = true;
   cache.storage_->unlink_name = name;
   cache.storage_->epoch = cache.epoch_;
   auto* h = static_cast<PoolHeader*>(base);
-  std::memset(h, 0, sizeof(PoolHeader));
-  std::memcpy(h->magic, kMagic, sizeof(kMagic));
-  h->layout_version = kLayoutVersion;
-  h->dtype = static_cast<int32_t>(o.dtype);
-  std::strncpy(h->fingerprint, config.ArchitectureFingerprint().c_str(), sizeof(h->fingerprint) - 1);
-  h->n_layers = config.n_layers;
-  h->n_kv_heads = config.n_kv_heads;
-  h->head_dim = config.head_dim();
-  h->dim = config.dim;
-  h->n_slots = o.n_slots;
-  h->capacity = o.capacity;
-  h->max_draft_len = o.max_draft_len;
-  h->epoch = cache.epoch_;
-  h->total_bytes = layout.total;
-  h->device_index = -1;
+  WritePoolHeader(config, o, cache.epoch_, layout.total, h);
   // ftruncate zero-fills: K/V, lengths and in-use flags start at 0.
   cache.length_ = reinterpret_cast<int64_t*>(static_cast<char*>(base) + layout.lengths);
   cache.in_use_ = reinterpret_cast<int64_t*>(static_cast<char*>(base) + layout.in_use);

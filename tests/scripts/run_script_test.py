@@ -153,14 +153,20 @@ def get(port, path, timeout=5):
         return 0, str(e)
 
 
-def complete(port, max_tokens=8, stream=False, seed=0, timeout=60):
+def complete(port, max_tokens=8, stream=False, seed=0, timeout=60, started=None):
+    """POST /v1/completions; (status, body). `started` (a threading.Event,
+    streams only) is set once the first line of the stream has arrived."""
     body = {"prompt": "Once upon a time", "max_tokens": max_tokens, "temperature": 1.0, "seed": seed,
             "stream": stream}
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode()
+            if started is None:
+                return r.status, r.read().decode()
+            first = r.readline()
+            started.set()
+            return r.status, (first + r.read()).decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
     except OSError as e:
@@ -183,12 +189,16 @@ def test_stop_drains(build):
     c.start()
     try:
         results = [None] * 4
+        started = [threading.Event() for _ in range(4)]
         def one(i):
-            results[i] = complete(c.http, max_tokens=400, stream=True, seed=i + 1)
+            results[i] = complete(c.http, max_tokens=400, stream=True, seed=i + 1, started=started[i])
         threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
         for t in threads:
             t.start()
-        time.sleep(0.4)  # the streams are running
+        # Every stream is running (its first event has arrived), or has failed
+        # (reported below).
+        wait_for(lambda: all(e.is_set() or res is not None for e, res in zip(started, results)), 60,
+                 "the streams start")
         r = c.stop()
         for t in threads:
             t.join(60)
