@@ -56,6 +56,12 @@ COMMANDS = {
          f"--model {MODEL} --calibration {MODEL}/calibration-cpu.json "
          "--data out/corpus/stories.val.txt,out/corpus/code.val.txt --exit-layers 1,2,3,4,6 --draft-lens 1,2,3,4,6 "
          "--prompts 24 --new-tokens 64 --threads 1 --out {json}"),
+    "bench/results/hostile_clients.json":
+        ("hostile_clients", "bench/record.py bench/results/hostile_clients.json -- bench/hostile_clients_bench.py "
+         "--slow 200 --trickle-s 2 --hold-s 30 --requests 10 --json {json}"),
+    "bench/results/cancel_storm.json":
+        ("cancel_storm", "bench/record.py bench/results/cancel_storm.json -- bench/cancel_storm_bench.py "
+         "--runs 3 --cancels 300 --json {json}"),
     "bench/results/lede-tiny-eval-sources.json":
         ("eval-sources", "scripts/eval_by_source.sh   # after scripts/train_lede_tiny.sh"),
     "bench/results/serve.json":
@@ -335,6 +341,26 @@ def replica_table(data, opts):
                   for r in data["rows"]])
 
 
+def hostile_clients_table(data, opts):
+    ok = sum(1 for st in data["statuses"] if st == 200)
+    t, f = data["coordinator_threads"], data["coordinator_fds"]
+    return table(["slow connections", "completions answered", "slowest completion, s",
+                  "coordinator threads (before / max / after)", "descriptors (before / max / after)",
+                  "slow connections cut by the deadline"],
+                 [[data["slow_connections"], f"{ok} of {len(data['statuses'])}", num(data["latency_max_s"], "{:.3f}"),
+                   f"{t['before']} / {t['max_during']} / {t['after']}", f"{f['before']} / {f['max_during']} / {f['after']}",
+                   data["slow_connections_cut_and_reopened"]]])
+
+
+def cancel_storm_table(data, opts):
+    rows = []
+    for i, r in enumerate(data["runs"], 1):
+        g, s = r["greedy"], r["storm"]
+        rows.append([i, s["started"], s["cancelled"], g["requests"], g["failed"], g["differ"]])
+    return table(["run", "sampled streams", "cancelled after the first token", "greedy requests", "greedy failed",
+                  "greedy differing from solo"], rows)
+
+
 # kind -> {view -> renderer(data, opts)}; the first view is the default.
 RENDERERS = {
     "lede-bench bench": {"full": bench_full, "summary": bench_summary},
@@ -349,6 +375,8 @@ RENDERERS = {
     "lede_batch_bench": {"table": batch_table},
     "lede_policy_bench": {"table": policy_table},
     "lede_replica_bench": {"table": replica_table},
+    "hostile_clients": {"table": hostile_clients_table},
+    "cancel_storm": {"table": cancel_storm_table},
 }
 
 
