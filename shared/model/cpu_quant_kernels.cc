@@ -302,17 +302,19 @@ void Q8Rows(const int8_t* xq, const float* xd, int64_t n, int64_t in, const uint
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+// GCC 12's AVX-512 headers warn that the undefined upper halves of their
+// own casts and broadcasts "may be used uninitialized"; they are not used.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 namespace avx512 {
 
 inline float Hsum8(__m256 v) { return avx2::Hsum(v); }
 
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 inline __m512 Broadcast8(const float* p) { return _mm512_broadcast_f32x8(_mm256_loadu_ps(p)); }
 inline __m512i Broadcast32(const int8_t* p) {
   return _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
-#pragma GCC diagnostic pop
 
 inline __m512 Bf16x16(const uint16_t* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -426,6 +428,7 @@ void Q8Rows(const int8_t* xq, const float* xd, int64_t n, int64_t in, const uint
 }
 
 }  // namespace avx512
+#pragma GCC diagnostic pop
 #pragma GCC pop_options
 #else
 #define LEDE_HAVE_X86_QUANT_KERNELS 0

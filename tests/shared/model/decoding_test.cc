@@ -110,6 +110,23 @@ TEST(EngineTest, StaticSpeculationIsLosslessOnBabyLlamaEager) {
   ExpectLossless(m, testing::kBabyPrompt, 48);
 }
 
+// Lossless at the bf16 and q8_0 weight formats (issue 35) on both paths:
+// speculation against autoregressive decoding at the same precision.
+TEST(EngineTest, StaticSpeculationIsLosslessOnBabyLlamaAtEachWeightFormat) {
+  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kQ8_0}) {
+    for (Kernels k : {Kernels::kFused, Kernels::kEager}) {
+      ModelOptions o;
+      o.kernels = k;
+      o.weights = f;
+      auto m = LlamaModel::Load(lede::testing::BabyLlamaDir() + "/model5000.bin", o);
+      ASSERT_TRUE(m.ok()) << m.status();
+      ASSERT_EQ((*m)->weight_format(), f);
+      SCOPED_TRACE(std::string(WeightFormatName(f)) + " " + KernelsName(k));
+      ExpectLossless(std::shared_ptr<const LlamaModel>(std::move(*m)), testing::kBabyPrompt, 48);
+    }
+  }
+}
+
 // Lossless on babyllama (vocabulary 105).
 TEST(EngineTest, StaticSpeculationIsLosslessOnBabyLlama) {
   std::shared_ptr<const LlamaModel> m = LoadOrDie(lede::testing::BabyLlamaDir() + "/model5000.bin");
