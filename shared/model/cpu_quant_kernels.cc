@@ -410,6 +410,24 @@ void Q8Block(const int8_t* xq, const float* xd, int64_t nb, int64_t in, const ui
   }
 }
 
+// QuantizeActivationQ8 with 512-bit registers: the same amax, d, 1 / d
+// and products as the scalar loop, rounded to nearest even by vcvtps2dq
+// (the scalar loop's rounding): bitwise the scalar result.
+void QuantizeActivation(const float* x, int64_t in, int8_t* q, float* d) {
+  for (int64_t j = 0; j < in / kQ8Block; ++j) {
+    const __m512 a = _mm512_loadu_ps(x + j * kQ8Block), b = _mm512_loadu_ps(x + j * kQ8Block + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    const float dj = amax / 127.0f;
+    const float id = dj != 0.0f ? 1.0f / dj : 0.0f;
+    d[j] = dj;
+    const __m512 v = _mm512_set1_ps(id);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + j * kQ8Block),
+                     _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, v))));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + j * kQ8Block + 16),
+                     _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, v))));
+  }
+}
+
 void Q8Rows(const int8_t* xq, const float* xd, int64_t n, int64_t in, const uint8_t* packed, int64_t out,
             float* y, int64_t ldy, bool accumulate) {
   const int64_t nb = in / kQ8Block;
@@ -479,7 +497,15 @@ void MatMulRowsPackedQ8_0(const float* x, int64_t n, int64_t in, const uint8_t* 
   isa = std::min(isa, BestQuantIsa());
   ActivationScratch& s = Scratch(n, in);
   const int64_t nb = in / kQ8Block;
+#if LEDE_HAVE_X86_QUANT_KERNELS
+  if (isa == QuantIsa::kAvx512) {
+    for (int64_t r = 0; r < n; ++r) avx512::QuantizeActivation(x + r * in, in, s.q.data() + r * in, s.d.data() + r * nb);
+  } else {
+    for (int64_t r = 0; r < n; ++r) QuantizeActivationQ8(x + r * in, in, s.q.data() + r * in, s.d.data() + r * nb);
+  }
+#else
   for (int64_t r = 0; r < n; ++r) QuantizeActivationQ8(x + r * in, in, s.q.data() + r * in, s.d.data() + r * nb);
+#endif
 #if LEDE_HAVE_X86_QUANT_KERNELS
   if (isa == QuantIsa::kAvx512) return avx512::Q8Rows(s.q.data(), s.d.data(), n, in, packed, out, y, ldy, accumulate);
   if (isa == QuantIsa::kAvx2) return avx2::Q8Rows(s.q.data(), s.d.data(), n, in, packed, out, y, ldy, accumulate);

@@ -5,6 +5,7 @@
 // n), accumulation, a split of the output rows at a multiple of 4, and
 // rows independent of the rows beside them (bitwise).
 #include "shared/model/cpu_quant_kernels.h"
+#include "shared/model/cpu_kernels.h"
 
 #include <cmath>
 #include <cstring>
@@ -219,6 +220,26 @@ TEST(CpuQuantKernelsTest, ActivationQuantizationIsPerBlock) {
   for (int i = 0; i < 96; ++i) {
     EXPECT_LE(std::abs(int{q[i]}), 127);
     EXPECT_NEAR(q[i] * d[i / 32], x[i], 0.5f * d[i / 32] * (1 + 1e-5f));
+  }
+}
+
+// The vectorized SwiGLU against double precision, over gates from -100 to
+// 100 (exp(-|g|) never overflows) and a scalar tail (F % 8 != 0).
+TEST(CpuKernelsTest, SiluMulMatchesReference) {
+  for (int64_t F : {8, 21, 2560}) {
+    std::vector<float> h13(2 * 2 * F), out(2 * F);
+    for (int64_t i = 0; i < 2 * F; ++i) {
+      h13[(i / F) * 2 * F + i % F] = -100.0f + 200.0f * i / (2 * F - 1);  // gates
+      h13[(i / F) * 2 * F + F + i % F] = 0.5f + 0.001f * i;                 // ups
+    }
+    SiluMul(h13.data(), 2, F, out.data());
+    for (int64_t r = 0; r < 2; ++r) {
+      for (int64_t f = 0; f < F; ++f) {
+        const double g = h13[r * 2 * F + f], u = h13[r * 2 * F + F + f];
+        const double ref = g / (1.0 + std::exp(-g)) * u;
+        ASSERT_NEAR(out[r * F + f], ref, 1e-6 * std::fabs(ref) + 1e-30) << "g=" << g;
+      }
+    }
   }
 }
 
