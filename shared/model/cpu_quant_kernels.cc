@@ -225,14 +225,18 @@ template <int R>
 void Bf16Block(const float* x, int64_t in, const uint16_t* b, float* y, int64_t ldy, int64_t o, int64_t valid,
                bool accumulate) {
   __m256 a[R][4], c[R][4];
+  #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
+    #pragma GCC unroll 8
     for (int k = 0; k < 4; ++k) a[r][k] = _mm256_setzero_ps(), c[r][k] = _mm256_setzero_ps();
   }
   int64_t i = 0;
   for (; i + 16 <= in; i += 16) {
     const uint16_t* chunk = b + 4 * i;
+    #pragma GCC unroll 8
     for (int k = 0; k < 4; ++k) {
       const __m256 w0 = Bf16x8(chunk + 8 * k), w1 = Bf16x8(chunk + 32 + 8 * k);
+      #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         a[r][k] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * in + i), a[r][k]);
         c[r][k] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * in + i + 8), c[r][k]);
@@ -241,13 +245,17 @@ void Bf16Block(const float* x, int64_t in, const uint16_t* b, float* y, int64_t 
   }
   if (i < in) {  // in % 16 == 8
     const uint16_t* chunk = b + 4 * i;
+    #pragma GCC unroll 8
     for (int k = 0; k < 4; ++k) {
       const __m256 w0 = Bf16x8(chunk + 8 * k);
+      #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) a[r][k] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * in + i), a[r][k]);
     }
   }
+  #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     float s[4];
+    #pragma GCC unroll 8
     for (int k = 0; k < 4; ++k) s[k] = Hsum(_mm256_add_ps(a[r][k], c[r][k]));
     StoreBlock(y + r * ldy, o, valid, s, accumulate);
   }
@@ -276,6 +284,7 @@ void Q8Block(const int8_t* xq, const float* xd, int64_t nb, const uint8_t* g, fl
     alignas(16) float sc[4];
     _mm_store_ps(sc, _mm_mul_ps(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(g))),
                                 _mm_set1_ps(xd[j])));
+    #pragma GCC unroll 8
     for (int k = 0; k < 4; ++k) {
       const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 8 + kQ8Block * k));
       const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w, xv)), ones);
@@ -283,6 +292,7 @@ void Q8Block(const int8_t* xq, const float* xd, int64_t nb, const uint8_t* g, fl
     }
   }
   float s[4];
+  #pragma GCC unroll 8
   for (int k = 0; k < 4; ++k) s[k] = Hsum(a[k]);
   StoreBlock(yr, o, valid, s, accumulate);
 }
@@ -329,6 +339,7 @@ template <int R>
 void Bf16Block(const float* x, int64_t in, const uint16_t* b, float* y, int64_t ldy, int64_t o, int64_t valid,
                bool accumulate) {
   __m512 lo[R], hi[R], lo2[R], hi2[R];  // W rows 0-1 and 2-3; even and odd chunks
+  #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     lo[r] = _mm512_setzero_ps(), hi[r] = _mm512_setzero_ps();
     lo2[r] = _mm512_setzero_ps(), hi2[r] = _mm512_setzero_ps();
@@ -338,6 +349,7 @@ void Bf16Block(const float* x, int64_t in, const uint16_t* b, float* y, int64_t 
     const uint16_t* chunk = b + 4 * i;
     const __m512 w01 = Bf16x16(chunk), w23 = Bf16x16(chunk + 16);
     const __m512 v01 = Bf16x16(chunk + 32), v23 = Bf16x16(chunk + 48);
+    #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 x0 = Broadcast8(x + r * in + i), x1 = Broadcast8(x + r * in + i + 8);
       lo[r] = _mm512_fmadd_ps(w01, x0, lo[r]);
@@ -349,12 +361,14 @@ void Bf16Block(const float* x, int64_t in, const uint16_t* b, float* y, int64_t 
   if (i < in) {
     const uint16_t* chunk = b + 4 * i;
     const __m512 w01 = Bf16x16(chunk), w23 = Bf16x16(chunk + 16);
+    #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512 x0 = Broadcast8(x + r * in + i);
       lo[r] = _mm512_fmadd_ps(w01, x0, lo[r]);
       hi[r] = _mm512_fmadd_ps(w23, x0, hi[r]);
     }
   }
+  #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const __m512 l = _mm512_add_ps(lo[r], lo2[r]), h = _mm512_add_ps(hi[r], hi2[r]);
     const float s[4] = {Hsum8(_mm512_castps512_ps256(l)), Hsum8(_mm512_extractf32x8_ps(l, 1)),
@@ -386,12 +400,14 @@ void Q8Block(const int8_t* xq, const float* xd, int64_t nb, int64_t in, const ui
   const __m512i idx23 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
   const __m512i zero = _mm512_setzero_si512();
   __m512 a01[R], a23[R];
+  #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) a01[r] = _mm512_setzero_ps(), a23[r] = _mm512_setzero_ps();
   for (int64_t j = 0; j < nb; ++j, g += kQ8PackedGroup) {
     const __m512 ws =
         _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(g))));
     const __m512 s01 = _mm512_permutexvar_ps(idx01, ws), s23 = _mm512_permutexvar_ps(idx23, ws);
     const __m512i w01 = _mm512_loadu_si512(g + 8), w23 = _mm512_loadu_si512(g + 8 + 2 * kQ8Block);
+    #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512i xv = Broadcast32(xq + r * in + j * kQ8Block);
       const __m512i ax = _mm512_abs_epi8(xv);
@@ -403,6 +419,7 @@ void Q8Block(const int8_t* xq, const float* xd, int64_t nb, int64_t in, const ui
       a23[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d23), _mm512_mul_ps(s23, dx), a23[r]);
     }
   }
+  #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const float s[4] = {Hsum8(_mm512_castps512_ps256(a01[r])), Hsum8(_mm512_extractf32x8_ps(a01[r], 1)),
                         Hsum8(_mm512_castps512_ps256(a23[r])), Hsum8(_mm512_extractf32x8_ps(a23[r], 1))};
