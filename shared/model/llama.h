@@ -23,6 +23,12 @@
 // ModelOptions::kernels is kEager; everything else (CUDA, half precision,
 // the cache-free training pass, autograd) runs the eager libtorch path,
 // which stays the reference. The two agree to 1e-4 in the logits (tests).
+// Weight storage (issue 35; ModelOptions::weights, weight_format.h): the
+// fused path reads every matrix packed as f32, bf16 or Q8_0
+// (cpu_quant_kernels.h); the tensors themselves hold the format's values
+// (dequantized), so the eager path computes with the same weights: bf16
+// agrees to 1e-4, q8_0 (whose kernels also round activations to int8
+// blocks) to about 2-4% of the largest |logit| (tests).
 // Graphs (GraphMode, on by default on CUDA): single-slot cached steps of at
 // most kMaxGraphPositions rows run StaticForward from recorded buffers,
 // captured as CUDA graphs on a CUDA build (internal/step_graphs.h); that

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
 #include "gtest/gtest.h"
@@ -657,6 +658,37 @@ TEST(WeightFormatModelTest, RaggedRowsAreBitwiseSoloRows) {
       EXPECT_TRUE(at::equal(logits.narrow(0, row, s.n_positions), model.ExitLogits(h).squeeze(0)));
       row += s.n_positions;
     }
+  }
+}
+
+// The threaded products (SetFusedThreads: output rows split at multiples
+// of 4 across threads, each thread quantizing X itself for q8_0) give the
+// one-thread rows bitwise, at each format.
+TEST(WeightFormatModelTest, ThreadedProductsAreBitwiseOneThread) {
+  ModelConfig c = testing::TinyConfig();
+  c.dim = 64;
+  c.hidden_dim = 128;
+  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kQ8_0}) {
+    ModelOptions o;
+    o.weights = f;
+    auto m = LlamaModel::RandomInit(c, 21, o, 0.3);
+    ASSERT_THAT(m, IsOk());
+    c10::InferenceMode guard;
+    KvCacheOptions ko;
+    auto one = KvCache::Create(c, ko);
+    auto two = KvCache::Create(c, ko);
+    ASSERT_THAT(one, IsOk());
+    ASSERT_THAT(two, IsOk());
+    const at::Tensor x = (*m)->Embed(Ids({1, 5, 9, 2, 7, 3, 8, 4, 6}));
+    SetFusedThreads(1);
+    const at::Tensor a = (*m)->Forward(x, 0, c.n_layers, 0, &*one, 0);
+    const int before = at::get_num_threads();
+    at::set_num_threads(2);
+    SetFusedThreads(2);
+    const at::Tensor b = (*m)->Forward(x, 0, c.n_layers, 0, &*two, 0);
+    SetFusedThreads(1);
+    at::set_num_threads(before);
+    EXPECT_TRUE(at::equal(a, b)) << WeightFormatName(f);
   }
 }
 
