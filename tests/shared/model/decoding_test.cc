@@ -143,6 +143,25 @@ TEST(EngineTest, StaticSpeculationIsLosslessOnRandomHfCheckpoint) {
   ExpectLossless(m, {1, 7, 3, 9}, 40);
 }
 
+// The same random checkpoint with a tied head at bf16 and q8_0 (every
+// matrix takes q8_0 here: d = 32, hidden 64; the tied LM head and the
+// embedding are one quantized matrix).
+TEST(EngineTest, StaticSpeculationIsLosslessOnTiedRandomCheckpointAtEachWeightFormat) {
+  lede::testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string dir = (tmp.path() / "tiny").string();
+  ASSERT_NE(testing::WriteAndLoadTinyHf(dir, /*tied=*/true), nullptr);
+  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kQ8_0}) {
+    ModelOptions o;
+    o.weights = f;
+    auto m = LlamaModel::Load(dir, o);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_EQ((*m)->weight_format(), f);
+    SCOPED_TRACE(WeightFormatName(f));
+    ExpectLossless(std::shared_ptr<const LlamaModel>(std::move(*m)), {1, 7, 3, 9}, 40);
+  }
+}
+
 // max_new_tokens that falls inside a round stops exactly there.
 TEST(EngineTest, MaxNewTokensInsideARoundStopsExactly) {
   std::shared_ptr<const LlamaModel> m = LoadOrDie(lede::testing::Stories260KDir());
