@@ -39,7 +39,7 @@ using Clock = std::chrono::steady_clock;
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
 int Run(const std::vector<std::string>& args) {
-  std::string model_path = "models/lede-tiny", batches = "1,2,4,8,16,32", json_path;
+  std::string model_path = "models/lede-tiny", batches = "1,2,4,8,16,32", json_path, weights = "auto";
   int64_t k = 3, exit_layer = 2, context = 128, iters = 50, threads = 1;
   lede::flags::FlagSet flags;
   flags.Add("model", &model_path, "model directory or .bin");
@@ -50,13 +50,21 @@ int Run(const std::vector<std::string>& args) {
   flags.Add("iters", &iters, "timed steps per size");
   flags.Add("threads", &threads, "intra-op threads of this thread");
   flags.Add("json", &json_path, "also write the rows as JSON here");
+  flags.Add("weights", &weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16 or q8_0");
   if (lede::Status s = flags.Parse(args); !s.ok()) {
     std::fprintf(stderr, "lede_batch_bench: %s\n%s", std::string(s.message()).c_str(), flags.Usage().c_str());
     return 2;
   }
   at::set_num_threads(static_cast<int>(threads));
   lede::model::SetFusedThreads(static_cast<int>(threads));  // the batched and the solo calls alike
-  auto loaded = lede::model::LlamaModel::Load(model_path, lede::model::ModelOptions{});
+  lede::model::ModelOptions model_options;
+  auto weight_format = lede::model::ParseWeightFormat(weights);
+  if (!weight_format.ok()) {
+    std::fprintf(stderr, "lede_batch_bench: --%s\n", std::string(weight_format.status().message()).c_str());
+    return 2;
+  }
+  model_options.weights = *weight_format;
+  auto loaded = lede::model::LlamaModel::Load(model_path, model_options);
   if (!loaded.ok()) {
     std::fprintf(stderr, "lede_batch_bench: %s\n", loaded.status().ToString().c_str());
     return 1;

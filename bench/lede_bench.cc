@@ -88,13 +88,14 @@ struct Common {
 };
 
 struct CommonFlags {
-  std::string model, prompts, calibration, candidates = "2,3,4,6", kernels = "fused";
+  std::string model, prompts, calibration, candidates = "2,3,4,6", kernels = "fused", weights = "auto";
   int64_t repeats = 3;  // interleaved evaluation passes
   int64_t max_draft = 4, per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 64,
           threads = 0;
   void AddTo(flags::FlagSet& f) {
     f.Add("model", &model, "model directory (Hugging Face layout + tokenizer)", true);
     f.Add("kernels", &kernels, "decode-path kernels: fused (CPU float32) or eager (libtorch reference)");
+    f.Add("weights", &weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16 or q8_0");
     f.Add("prompts", &prompts, "prompt sets: .jsonl or <|doc|> corpus files, comma-separated", true);
     f.Add("calibration", &calibration, "measured cost model JSON (default: calibrate now)");
     f.Add("candidate-layers", &candidates, "phase-1 candidate exit layers");
@@ -115,6 +116,7 @@ StatusOr<Common> Setup(const CommonFlags& cf) {
   LEDE_ASSIGN_OR_RETURN(c.tokenizer, tokenizer::LoadTokenizer(tok_path));
   model::ModelOptions model_options;
   LEDE_ASSIGN_OR_RETURN(model_options.kernels, model::ParseKernels(cf.kernels));
+  LEDE_ASSIGN_OR_RETURN(model_options.weights, model::ParseWeightFormat(cf.weights));
   LEDE_ASSIGN_OR_RETURN(auto loaded, model::LlamaModel::Load(cf.model, model_options));
   c.model = std::move(loaded);
   model::KvCacheOptions ko;

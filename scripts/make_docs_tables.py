@@ -56,6 +56,9 @@ COMMANDS = {
          f"--model {MODEL} --calibration {MODEL}/calibration-cpu.json "
          "--data out/corpus/stories.val.txt,out/corpus/code.val.txt --exit-layers 1,2,3,4,6 --draft-lens 1,2,3,4,6 "
          "--prompts 24 --new-tokens 64 --threads 1 --out {json}"),
+    "bench/results/engine_bench-weights-122M.json":
+        ("lede_engine_bench", "build/bench/lede_engine_bench --models random:960x2560x12x30x10x2048 --kernels fused "
+         "--weights f32,bf16,q8_0 --repeats 7 --tokens 64 --no-gemv --json bench/results/engine_bench-weights-122M.json"),
     "bench/results/hostile_clients.json":
         ("hostile_clients", "bench/record.py bench/results/hostile_clients.json -- bench/hostile_clients_bench.py "
          "--slow 200 --trickle-s 2 --hold-s 30 --requests 10 --json {json}"),
@@ -313,13 +316,16 @@ def services_table(data, opts):
 
 def engine_table(data, opts):
     r = data["roofline"]
-    body = [[os.path.basename(row["model"].rstrip("/")), row["method"], row["kernels"], num(row["tokens_per_s"]),
-             x(row["vs_eager"]) if row["vs_eager"] is not None else "-", num(row["gb_per_s"], "{:.1f}"),
-             num(row["gflop_per_s"], "{:.1f}"), "yes" if row["same_tokens"] else "NO"] for row in data["rows"]]
-    return (f"Greedy from BOS, {data['new_tokens']} new tokens, {data['threads']} thread(s), medians of "
-            f"{data['repeats']} interleaved runs. Roofline: reading 256 MiB {r['read_gb_per_s_256mib']:.1f} GB/s, "
-            f"16 MiB {r['read_gb_per_s_16mib']:.1f} GB/s; sgemm 512^3 {r['sgemm_512_gflop_per_s']:.1f} GFLOP/s.\n\n"
-            + table(["model", "method", "kernels", "tok/s", "vs eager", "GB/s", "GFLOP/s", "same tokens"], body))
+    body = [[os.path.basename(row["model"].rstrip("/")), row["method"], row["kernels"], row.get("weights", "f32"),
+             num(row["tokens_per_s"], "{:,.1f}"), num(row["weight_gb_per_s"], "{:.1f}"),
+             f"{100 * row['share_of_read_roofline']:.0f}%", num(row["gflop_per_s"], "{:.1f}"),
+             "yes" if row["greedy_ids_same_as_first_of_format"] else "NO"] for row in data["rows"]]
+    return (f"Greedy from BOS, {data['tokens']} new tokens, {data['threads']} thread(s), medians of "
+            f"{data['repeats']} interleaved runs. Roofline measured in the same run: reading 256 MiB "
+            f"{r['dram_read_gb_per_s']:.1f} GB/s, 16 MiB {r['llc_read_gb_per_s']:.1f} GB/s; sgemm 512^3 "
+            f"{r['sgemm_gflop_per_s']:.1f} GFLOP/s.\n\n"
+            + table(["model", "method", "kernels", "weights", "tok/s", "weight GB/s", "of the read roofline",
+                     "GFLOP/s", "same greedy ids"], body))
 
 
 def batch_table(data, opts):

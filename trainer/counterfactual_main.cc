@@ -43,7 +43,7 @@ struct Flags {
   int64_t per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 128, extra_count = 0,
           max_draft = 4, iterations = 6, epochs = 16, seed = 1, threads = 1, hidden = 64, batch_size = 256;
   double selection_fraction = 0.25, epsilon = 0.2, lr = 1e-3, conservative_margin = 0.0;
-  std::string initial_policy = "static", loads, warm_start;
+  std::string initial_policy = "static", loads, warm_start, weights = "auto";
   double ridge_tokens = lede::model::kDefaultRidgeTokens;
   bool overwrite = false, probe_candidates = false, lookahead_probe = false, rollout = true;
 };
@@ -278,7 +278,11 @@ int Run(const Flags& fl) {
   if (!tok_path.ok()) return Fail(tok_path.status());
   auto tok = lede::tokenizer::LoadTokenizer(*tok_path);
   if (!tok.ok()) return Fail(tok.status());
-  auto loaded = lede::model::LlamaModel::Load(fl.model, lede::model::ModelOptions{});
+  auto weight_format = lede::model::ParseWeightFormat(fl.weights);
+  if (!weight_format.ok()) return Fail(weight_format.status());
+  lede::model::ModelOptions model_options;
+  model_options.weights = *weight_format;
+  auto loaded = lede::model::LlamaModel::Load(fl.model, model_options);
   if (!loaded.ok()) return Fail(loaded.status());
   std::shared_ptr<const lede::model::LlamaModel> model = std::move(*loaded);
   lede::model::KvCacheOptions ko;
@@ -369,6 +373,7 @@ int main(int argc, char** argv) {
 
   f.Add("seed", &fl.seed, "seed");
   f.Add("threads", &fl.threads, "libtorch threads");
+  f.Add("weights", &fl.weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16 or q8_0");
   f.Add("out", &fl.out, "artifact directory to write", true);
   f.Add("version", &fl.version, "policy version", true);
   f.Add("overwrite", &fl.overwrite, "replace an existing artifact");

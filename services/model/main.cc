@@ -56,6 +56,7 @@ int Run(const std::vector<std::string>& raw_args) {
   flags.Add("dtype", &o.dtype, "compute dtype: float32, bfloat16 or float16");
   flags.Add("kernels", &o.kernels, "decode-path kernels: fused (CPU float32) or eager (libtorch reference)");
   flags.Add("graphs", &o.graphs, "decode steps as captured CUDA graphs: auto (on for CUDA), on or off");
+  flags.Add("weights", &o.weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16 or q8_0");
   flags.Add("attach-timeout-s", &attach_timeout_s, "drafter: how long to wait for the verifier's pool");
   flags.Add("session-idle-timeout-s", &idle_timeout_s, "reclaim sessions idle this long when the pool is full");
   flags.Add("shutdown-grace-s", &grace_s, "how long in-flight calls may finish after SIGTERM");

@@ -266,6 +266,7 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
   model::ModelOptions mo;
   LEDE_ASSIGN_OR_RETURN(mo.kernels, model::ParseKernels(options.kernels));
   LEDE_ASSIGN_OR_RETURN(mo.graphs, model::ParseGraphMode(options.graphs));
+  LEDE_ASSIGN_OR_RETURN(mo.weights, model::ParseWeightFormat(options.weights));
   LEDE_ASSIGN_OR_RETURN(mo.device, model::ParseDevice(options.device));
   LEDE_ASSIGN_OR_RETURN(mo.dtype, model::ParseDtype(options.dtype));
   if (!mo.device.is_cpu() && !options.kv_pool_name.empty()) {

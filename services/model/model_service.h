@@ -120,6 +120,10 @@ struct ModelServiceOptions {
   // (llama.h GraphMode); LoadModelHost refuses anything else with
   // kInvalidArgument naming the value.
   std::string graphs = "auto";
+  // Matrix storage of the fused CPU path (--weights): "auto" (the
+  // checkpoint's), "f32", "bf16" or "q8_0" (weight_format.h);
+  // LoadModelHost refuses anything else with kInvalidArgument.
+  std::string weights = "auto";
   // Verifier: coordinator leases (lede.v1.Verifier/RenewLease). The reaper
   // frees a lapsed instance's sessions within `lease_sweep_interval` of the
   // lapse; `clock` (borrowed; nullptr = Clock::Real()) times both.

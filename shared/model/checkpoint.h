@@ -27,6 +27,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "shared/checkpoint/model_config.h"
+#include "shared/model/weight_format.h"
 #include "shared/status/status.h"
 
 namespace lede::model {
@@ -35,6 +36,18 @@ struct Checkpoint {
   ModelConfig config;
   std::map<std::string, at::Tensor> tensors;  // HF names, float32, CPU
   std::string source;                        // path it was read from
+  // How the file stores the matrices, which ModelOptions::weights = kAuto
+  // keeps (weight_format.h): kBf16 when every projection and the LM head
+  // (or the tied embedding) are BF16 in the file, kQ8_0 when a reader hands
+  // in q8_0_blocks for all of them, else kF32 (F16 too: bf16 would round it).
+  WeightFormat storage = WeightFormat::kF32;
+  // Matrices stored as Q8_0 in the file (a GGUF reader hands them in as
+  // they are): HF name -> uint8 CPU tensor [rows, in / 32 * 34], each row
+  // in / 32 llama.cpp blocks (cpu::BlockQ8_0: float16 scale, 32 int8).
+  // `tensors` must still hold each one's dequantized float32 values
+  // (cpu::DequantizeRowsQ8_0), the eager reference's weights. A model that
+  // stores q8_0 packs these blocks as they are (no re-quantization).
+  std::map<std::string, at::Tensor> q8_0_blocks;
 };
 
 // Reads a checkpoint from `path`:

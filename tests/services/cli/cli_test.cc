@@ -85,6 +85,32 @@ TEST(GenerateTest, GraphsOnGivesTheSameTextAndBadModesAreRefused) {
   EXPECT_EQ(out.str(), "");
 }
 
+// `lede generate --weights bf16|q8_0` (issue 35): greedy static speculation
+// prints the autoregressive text at each weight format (lossless at the
+// same precision), and a bad format is refused naming --weights.
+TEST(GenerateTest, WeightFormatsAreLosslessAndBadFormatsAreRefused) {
+  for (const char* weights : {"bf16", "q8_0"}) {
+    std::string texts[2];
+    int i = 0;
+    for (const char* mode : {"ar", "static"}) {
+      std::vector<std::string> args = {"--model", "models/lede-tiny", "--prompt", "Once upon a time", "--mode", mode,
+                                       "--max-new-tokens", "32", "--threads", "1", "--exit-layer", "3",
+                                       "--draft-len", "3", "--weights", weights};
+      std::ostringstream out, err;
+      ASSERT_EQ(RunGenerate(args, out, err), 0) << err.str();
+      texts[i++] = out.str();
+    }
+    EXPECT_EQ(texts[0], texts[1]) << weights;
+    EXPECT_GT(texts[0].size(), std::string("Once upon a time").size() + 20) << "it generated text";
+  }
+  std::vector<std::string> bad = GenerateArgs(1);
+  bad.insert(bad.end(), {"--weights", "int4"});
+  std::ostringstream out, err;
+  EXPECT_EQ(RunGenerate(bad, out, err), 2);
+  EXPECT_NE(err.str().find("--weights"), std::string::npos) << err.str();
+  EXPECT_EQ(out.str(), "");
+}
+
 // `lede calibrate` writes the kernel tables and the round table the
 // measured cost model prices rounds from, and refuses bad round flags.
 TEST(CalibrateTest, WritesARoundTableAndRefusesBadRoundFlags) {
