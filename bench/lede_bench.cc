@@ -618,7 +618,9 @@ namespace {
 
 // Where and how a result was measured, for the JSON reports: the command
 // line, the commit (and whether the work tree had changes), the UTC date and
-// the machine (host name, CPUs, CPU model, libtorch threads).
+// the machine (host name, CPUs, CPU model, load average when the report is
+// written: other processes' load makes wall-clock noisy, libtorch threads).
+// RunBench sets "date" to the start of the run.
 std::string CommandOutput(const char* command) {
   std::string text;
   if (FILE* p = ::popen(command, "r")) {
@@ -648,6 +650,7 @@ nlohmann::json Provenance(const std::string& subcommand, const std::vector<std::
            {{"host", CommandOutput("hostname 2>/dev/null")},
             {"cpus", CommandOutput("nproc 2>/dev/null")},
             {"cpu_model", cpu_model},
+            {"load_average_at_end", CommandOutput("cut -d' ' -f1-3 /proc/loadavg 2>/dev/null")},
             {"torch_threads", at::get_num_threads()}}}};
 }
 
@@ -697,7 +700,7 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   report["candidate_layers"] = c.spec.candidate_layers;
   report["max_draft_len"] = c.spec.max_draft_len;
   report["new_tokens"] = cf.new_tokens;
-  report["provenance"] = Provenance("bench", args);
+  const std::string started = CommandOutput("date -u +%Y-%m-%dT%H:%M:%SZ");
   for (const PromptSet& set : c.sets) {
     SetBench bench(c, cf, set, methods, out, err);
     StatusOr<nlohmann::json> set_report = bench.Run(artifacts, fixed_static);
@@ -707,6 +710,8 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
     }
     report["sets"][set.name] = *set_report;
   }
+  report["provenance"] = Provenance("bench", args);
+  report["provenance"]["date"] = started;
   if (!json_path.empty()) {
     std::ofstream(json_path) << report.dump(2) << "\n";
     err << "wrote " << json_path << "\n";
