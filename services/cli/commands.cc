@@ -646,6 +646,7 @@ int RunWiden(const std::vector<std::string>& args, std::ostream& out, std::ostre
       << ", parameters " << widened->source_parameters << " -> " << widened->widened_parameters << " ("
       << std::fixed << std::setprecision(1) << widened->widened_parameters * 4.0 / 1e6 << " MB float32); copied";
   for (const std::string& name : widened->copied_files) err << " " << name;
+  for (const std::string& name : widened->removed_files) err << "; removed the stale " << name;
   err << "\n";
   if (!calibrate) return kExitOk;
   const std::string cal_path = (std::filesystem::path(out_dir) / "calibration-cpu.json").string();

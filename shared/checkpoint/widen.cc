@@ -264,6 +264,20 @@ StatusOr<WidenResult> WidenCheckpoint(const std::string& source_dir, const std::
                         {"source_rms_norm_eps", s.rms_norm_eps},
                         {"source_fingerprint", s.ArchitectureFingerprint()}};
   LEDE_RETURN_IF_ERROR(file::WriteFileAtomically((out / "config.json").string(), root.dump(2) + "\n"));
+
+  // A measured cost model left in out_dir by an earlier run for another
+  // shape does not fit this one: removed (one for this shape is kept).
+  const fs::path calibration = out / "calibration-cpu.json";
+  if (fs::exists(calibration, ec)) {
+    auto text = file::ReadFile(calibration.string());
+    const Json j = text.ok() ? Json::parse(*text, nullptr, /*allow_exceptions=*/false) : Json();
+    const auto it = j.is_object() ? j.find("model_fingerprint") : j.end();
+    if (!j.is_object() || it == j.end() || !it->is_string() || it->get<std::string>() != w.ArchitectureFingerprint()) {
+      fs::remove(calibration, ec);
+      if (ec) return InternalError(calibration.string() + ": cannot remove: " + ec.message());
+      result.removed_files.push_back("calibration-cpu.json");
+    }
+  }
   return result;
 }
 

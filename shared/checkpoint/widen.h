@@ -48,6 +48,7 @@ struct WidenResult {
   int64_t source_parameters = 0;
   int64_t widened_parameters = 0;
   std::vector<std::string> copied_files;  // tokenizer / generation files, by name
+  std::vector<std::string> removed_files;  // stale files of an earlier run in out_dir
 };
 
 // Widens the Hugging Face Llama checkpoint directory `source_dir` (config.json
@@ -58,7 +59,9 @@ struct WidenResult {
 // byte (tokenizer*.json, tokenizer.model, *.model, tok*.bin,
 // special_tokens_map.json, added_tokens.json, generation_config.json,
 // chat_template.*). Nothing else is copied: a cost model or a policy of the
-// source does not fit the new shape.
+// source does not fit the new shape; a calibration-cpu.json already in
+// out_dir (an earlier run's `lede widen --calibrate`) is kept when its
+// model_fingerprint is the widened shape's and removed otherwise.
 //
 // Refuses (kInvalidArgument, naming the field or tensor) a source it cannot
 // embed exactly: "architectures" other than LlamaForCausalLM, "model_type"

@@ -232,6 +232,20 @@ TEST(WidenTest, OutputIsByteIdenticalRunToRun) {
   // A second run into the same directory needs overwrite.
   auto again = checkpoint::WidenCheckpoint((tmp.path() / "src").string(), (tmp.path() / "a").string(), options);
   EXPECT_EQ(again.status().code(), StatusCode::kAlreadyExists);
+  // With overwrite: a calibration of this shape stays, one of another shape goes.
+  options.overwrite = true;
+  for (bool same_shape : {true, false}) {
+    const std::string other = "0123456789abcdef";  // another shape's fingerprint
+    auto widened = checkpoint::WidenCheckpoint((tmp.path() / "src").string(), (tmp.path() / "a").string(), options);
+    ASSERT_THAT(widened, IsOk());
+    const std::string mine = widened->widened.ArchitectureFingerprint();
+    std::ofstream(tmp.path() / "a" / "calibration-cpu.json")
+        << "{\"model_fingerprint\": \"" << (same_shape ? mine : other) << "\"}";
+    auto rerun = checkpoint::WidenCheckpoint((tmp.path() / "src").string(), (tmp.path() / "a").string(), options);
+    ASSERT_THAT(rerun, IsOk());
+    EXPECT_EQ(fs::exists(tmp.path() / "a" / "calibration-cpu.json"), same_shape);
+    EXPECT_EQ(rerun->removed_files.size(), same_shape ? 0u : 1u);
+  }
 }
 
 // A source the padding cannot keep exact is refused, the message naming the
