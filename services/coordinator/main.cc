@@ -13,6 +13,7 @@
 #include "services/coordinator/openai_server.h"
 #include "services/coordinator/request_validation.h"
 #include "shared/flags/flags.h"
+#include "shared/log/log.h"
 #include "shared/rpc/server.h"
 #include "shared/rpc/server_flags.h"
 #include "shared/telemetry/metrics.h"
@@ -43,7 +44,7 @@ int Run(const std::vector<std::string>& raw_args) {
   if (max_request_bytes <= 0) max_request_bytes = lede::coordinator::MaxRequestMessageBytes(bounds);
   if (max_body_bytes <= 0) max_body_bytes = lede::coordinator::MaxHttpBodyBytes(bounds);
   http.max_body_bytes = static_cast<size_t>(max_body_bytes);
-  lede::rpc::LogEvent("info", "request_limits",
+  lede::logging::LogEvent("info", "request_limits",
                       {{"context_tokens", std::to_string(fl.context_tokens)},
                        {"max_token_bytes", std::to_string(bounds.max_token_bytes)},
                        {"max_request_bytes", std::to_string(max_request_bytes)},
@@ -53,7 +54,7 @@ int Run(const std::vector<std::string>& raw_args) {
   if (!http.listen_address.empty()) {
     std::string chat_format;
     lede::coordinator::ChatPromptRenderer render_chat = lede::coordinator::ChatRendererFor(model, &chat_format);
-    lede::rpc::LogEvent(chat_format.rfind("plain (the chat template", 0) == 0 ? "warn" : "info", "chat_format",
+    lede::logging::LogEvent(chat_format.rfind("plain (the chat template", 0) == 0 ? "warn" : "info", "chat_format",
                         {{"model", model}, {"using", chat_format}});
     auto started = lede::coordinator::OpenAiServer::Start(service->get(), &registry, http, std::move(render_chat));
     if (!started.ok()) {
@@ -61,7 +62,7 @@ int Run(const std::vector<std::string>& raw_args) {
       return 1;
     }
     openai = std::move(*started);
-    lede::rpc::LogEvent("info", "openai_api_listening",
+    lede::logging::LogEvent("info", "openai_api_listening",
                         {{"port", std::to_string(openai->port())}, {"model", http.model_id}});
   }
   lede::rpc::ServerRunner runner("coordinator");
@@ -78,7 +79,7 @@ int Run(const std::vector<std::string>& raw_args) {
   if (!runner.Serve(so, &registry, [&] { (*service)->Drain(so.shutdown_grace); }).ok()) return 1;
   openai.reset();  // cancels HTTP streams still running after the grace period
   lede::Status flushed = (*service)->FlushExperience();
-  lede::rpc::LogEvent(flushed.ok() ? "info" : "warn", "experience_flushed", {{"status", flushed.ToString()}});
+  lede::logging::LogEvent(flushed.ok() ? "info" : "warn", "experience_flushed", {{"status", flushed.ToString()}});
   return 0;
 }
 

@@ -13,6 +13,7 @@
 #include "services/model/model_flags.h"
 #include "services/model/model_service.h"
 #include "shared/flags/flags.h"
+#include "shared/log/log.h"
 #include "shared/rpc/security.h"
 #include "shared/rpc/server.h"
 #include "shared/rpc/server_flags.h"
@@ -34,7 +35,7 @@ int Run(const std::vector<std::string>& raw_args) {
   const bool drafter_only = fl.drafter_only();
 
   lede::rpc::BlockTerminationSignals();
-  lede::rpc::SetLogProcessName(role == "both" ? "model" : role);
+  lede::logging::SetLogProcessName(role == "both" ? "model" : role);
   lede::telemetry::Registry registry;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(fl.attach_timeout_s);
   auto host = lede::model_service::LoadModelHost(o, !drafter_only, &registry);
@@ -44,7 +45,7 @@ int Run(const std::vector<std::string>& raw_args) {
     host = lede::model_service::LoadModelHost(o, false, &registry);
   }
   if (!host.ok()) {
-    lede::rpc::LogEvent("error", "load_failed", {{"error", host.status().ToString()}});
+    lede::logging::LogEvent("error", "load_failed", {{"error", host.status().ToString()}});
     return 1;
   }
   lede::model_service::VerifierService verifier(*host);

@@ -16,6 +16,7 @@
 
 #include "policy/dqn/artifact.h"
 #include "services/model/policy_follower.h"
+#include "shared/log/log.h"
 #include "shared/model/batch.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/kv_cache.h"
@@ -151,7 +152,7 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
     po.metrics = host->metrics.get();
     host->follower = std::make_unique<PolicyFollower>(po);
     Status first = host->follower->FetchOnce();
-    if (!first.ok()) rpc::LogEvent("warn", "policy_fetch_failed", {{"error", first.ToString()}});
+    if (!first.ok()) logging::LogEvent("warn", "policy_fetch_failed", {{"error", first.ToString()}});
     host->follower->Start();
     if (options.remote_decisions) {
       host->policy_stub = lede::v1::Policy::NewStub(MakePolicyChannel(options.policy_target, po.credentials, po.tls_server_name, po.token));
@@ -186,7 +187,7 @@ Status Readiness(ModelHost& host) {
     }
     if (!host.cache || host.cache->epoch() != current->epoch()) {
       host.cache = std::make_shared<model::KvCache>(std::move(*current));
-      rpc::LogEvent("info", "kv_pool_attached", {{"epoch", std::to_string(host.cache->epoch())}});
+      logging::LogEvent("info", "kv_pool_attached", {{"epoch", std::to_string(host.cache->epoch())}});
     }
   } else if (!host.Pool()) {
     return UnavailableError("kv_pool: not created");

@@ -21,9 +21,9 @@
 #include "proto/lede/v1/model.pb.h"
 #include "services/model/model_service.h"
 #include "services/model/policy_follower.h"
+#include "shared/log/log.h"
 #include "shared/model/kv_cache.h"
 #include "shared/model/llama.h"
-#include "shared/rpc/server.h"
 #include "shared/speculation/generation.h"
 #include "shared/status/status.h"
 #include "shared/telemetry/lede_metrics.h"
@@ -74,7 +74,7 @@ class ModelHost {
       auto attached = model::KvCache::Attach(model->config(), o);
       if (attached.ok()) {
         cache = std::make_shared<model::KvCache>(std::move(*attached));
-        rpc::LogEvent("info", "kv_pool_attached", {{"epoch", std::to_string(cache->epoch())}});
+        logging::LogEvent("info", "kv_pool_attached", {{"epoch", std::to_string(cache->epoch())}});
         if (cache->epoch() == epoch) return cache;
       }
     }

@@ -22,6 +22,7 @@
 #include "services/model/model_host.h"
 #include "services/model/model_service.h"
 #include "services/model/session_leases.h"
+#include "shared/log/log.h"
 #include "shared/model/batch.h"
 #include "shared/model/decoding.h"
 #include "shared/model/kv_cache.h"
@@ -203,7 +204,7 @@ struct VerifierService::Impl {
     for (auto it = sessions.begin(); it != sessions.end();) {
       if (it->second.owner.empty() && it->second.busy == 0 &&
           absl::FromChrono(now - it->second.last_used) > host->options.session_idle_timeout) {
-        rpc::LogEvent("warn", "session_reclaimed", {{"slot", std::to_string(it->first)},
+        logging::LogEvent("warn", "session_reclaimed", {{"slot", std::to_string(it->first)},
                                                     {"request_id", it->second.request_id}});
         (void)cache.Free(it->first);
         it = sessions.erase(it);
@@ -240,9 +241,9 @@ struct VerifierService::Impl {
       SlotsChanged(*cache);
     }
     for (const std::string& owner : owners) {
-      rpc::LogEvent("warn", "owner_sessions_freed", {{"owner_instance", owner}, {"reason", reason}});
+      logging::LogEvent("warn", "owner_sessions_freed", {{"owner_instance", owner}, {"reason", reason}});
     }
-    if (n > 0) rpc::LogEvent("warn", "sessions_freed", {{"n_sessions", std::to_string(n)}, {"reason", reason}});
+    if (n > 0) logging::LogEvent("warn", "sessions_freed", {{"n_sessions", std::to_string(n)}, {"reason", reason}});
     return n;
   }
 
