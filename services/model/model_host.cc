@@ -7,13 +7,13 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "absl/synchronization/mutex.h"
 #include "policy/dqn/artifact.h"
 #include "services/model/policy_follower.h"
 #include "shared/log/log.h"
@@ -112,18 +112,23 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
   ko.shared_memory_name = options.kv_pool_name;
   ko.dtype = host->model->options().dtype;
   ko.device = host->model->options().device;
+  std::shared_ptr<model::KvCache> pool;
   if (create_pool) {
     LEDE_ASSIGN_OR_RETURN(model::KvCache cache, model::KvCache::Create(c, ko));
-    host->cache = std::make_shared<model::KvCache>(std::move(cache));
+    pool = std::make_shared<model::KvCache>(std::move(cache));
     host->owns_pool = true;
   } else {
     if (options.kv_pool_name.empty()) {
       return InvalidArgumentError("kv_pool: a drafter without a verifier in its process needs the pool's name");
     }
     LEDE_ASSIGN_OR_RETURN(model::KvCache cache, model::KvCache::Attach(c, ko));
-    host->cache = std::make_shared<model::KvCache>(std::move(cache));
+    pool = std::make_shared<model::KvCache>(std::move(cache));
   }
-  if (host->metrics) host->metrics->kv_slots_capacity.Set(static_cast<double>(host->cache->n_slots()));
+  {
+    absl::MutexLock lock(&host->pool_mu);
+    host->cache = pool;
+  }
+  if (host->metrics) host->metrics->kv_slots_capacity.Set(static_cast<double>(pool->n_slots()));
 
   // Cost model of the rewards (ModelInfo).
   std::unique_ptr<model::CostModel> cm;
@@ -134,7 +139,7 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
     cm = model::MakeAcceleratorCostModel(c);
   }
   host->cost_model = cm->name();
-  const int64_t L = c.n_layers, D = host->cache->max_draft_len();
+  const int64_t L = c.n_layers, D = pool->max_draft_len();
   for (int64_t l = 0; l <= L; ++l) host->draft_cost.push_back(l == 0 ? 0.0 : cm->ControlledDraftToken(l));
   for (int64_t e = 0; e <= L; ++e) {
     for (int64_t k = 0; k <= D; ++k) host->verify_cost.push_back(e == 0 ? 0.0 : cm->Verify(e, k));
@@ -176,7 +181,7 @@ Status Readiness(ModelHost& host) {
   if (!host.model) return UnavailableError("model: not loaded");
   const bool drafter = !host.owns_pool && !host.options.kv_pool_name.empty();
   if (drafter) {
-    std::lock_guard<std::mutex> lock(host.pool_mu);
+    absl::MutexLock lock(&host.pool_mu);
     model::KvCacheOptions o;
     o.shared_memory_name = host.options.kv_pool_name;
     o.dtype = host.model->options().dtype;

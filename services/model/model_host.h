@@ -10,13 +10,14 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "policy/dqn/artifact.h"
 #include "proto/lede/v1/model.pb.h"
 #include "services/model/model_service.h"
@@ -39,8 +40,8 @@ class ModelHost {
   std::unique_ptr<telemetry::SpecDecodeMetrics> metrics;  // null without a registry
 
   // The pool; a drafter re-attaches when the verifier made a new one.
-  std::mutex pool_mu;
-  std::shared_ptr<model::KvCache> cache;  // guarded by pool_mu (the pointer)
+  absl::Mutex pool_mu;
+  std::shared_ptr<model::KvCache> cache ABSL_GUARDED_BY(pool_mu);  // the pointer
 
   // Costs of the served cost model, in full-depth steps.
   std::string cost_model = "accelerator";
@@ -57,7 +58,7 @@ class ModelHost {
   }
 
   std::shared_ptr<model::KvCache> Pool() {
-    std::lock_guard<std::mutex> lock(pool_mu);
+    absl::MutexLock lock(&pool_mu);
     return cache;
   }
 
@@ -65,7 +66,7 @@ class ModelHost {
   // Errors: kFailedPrecondition when the epoch is not the pool's (the
   // verifier restarted; the session is gone).
   StatusOr<std::shared_ptr<model::KvCache>> PoolOfEpoch(uint64_t epoch) {
-    std::lock_guard<std::mutex> lock(pool_mu);
+    absl::MutexLock lock(&pool_mu);
     if (cache && cache->epoch() == epoch) return cache;
     if (!options.kv_pool_name.empty() && !owns_pool) {
       model::KvCacheOptions o;

@@ -5,7 +5,6 @@
 #include <chrono>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <set>
 #include <string>
@@ -15,6 +14,7 @@
 
 #include <ATen/ATen.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "services/model/admission_queue.h"
@@ -54,9 +54,9 @@ struct SessionState {
 // A fresh session id: 64 random bits from the OS's generator (never 0), so
 // that a caller can name only the sessions it opened.
 uint64_t DrawSessionId() {
-  static std::mutex mu;
-  static std::random_device device;
-  std::lock_guard<std::mutex> lock(mu);
+  ABSL_CONST_INIT static absl::Mutex mu(absl::kConstInit);
+  static std::random_device device;  // guarded by mu
+  absl::MutexLock lock(&mu);
   for (;;) {
     const uint64_t id = (static_cast<uint64_t>(device()) << 32) ^ static_cast<uint64_t>(device());
     if (id != model::KvCache::kNoSession) return id;
@@ -93,9 +93,9 @@ struct VerifierService::Impl {
 
   std::shared_ptr<ModelHost> host;
   SessionLeases leases;
-  std::mutex mu;                              // slot allocation, sessions and the queue
-  std::map<int64_t, SessionState> sessions;   // by slot
-  AdmissionQueue queue{[&] {                  // sessions waiting for a slot (guarded by mu)
+  absl::Mutex mu;  // slot allocation, sessions and the queue
+  std::map<int64_t, SessionState> sessions ABSL_GUARDED_BY(mu);  // by slot
+  AdmissionQueue queue ABSL_GUARDED_BY(mu){[&] {  // sessions waiting for a slot
     AdmissionOptions o;
     o.max_waiting = host->options.max_waiting;
     return o;
@@ -156,7 +156,7 @@ struct VerifierService::Impl {
       }
       int64_t len = std::min(chunk, P - start);
       {
-        std::lock_guard<std::mutex> lock(mu);
+        absl::MutexLock lock(&mu);
         auto it = sessions.find(slot);
         if (start > 0 && (it == sessions.end() || it->second.doomed)) {  // (busy: the slot is still this session's)  // closed or its lease lapsed: EndCall frees it
           return FailedPreconditionError("slot: the session was freed during the prefill");
@@ -185,7 +185,7 @@ struct VerifierService::Impl {
 
   // After every allocation or free (mu held): the gauges, and the queue's
   // waiters get their chance at a freed slot.
-  void SlotsChanged(model::KvCache& cache) {
+  void SlotsChanged(model::KvCache& cache) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (host->metrics) host->metrics->kv_slots_in_use.Set(static_cast<double>(cache.n_in_use()));
     SessionsChanged();
     queue.SlotFreed();
@@ -193,13 +193,13 @@ struct VerifierService::Impl {
 
   // After sessions changed (mu held): the scheduler fills batches up to the
   // open sessions (lock order: mu, then the scheduler's).
-  void SessionsChanged() {
+  void SessionsChanged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (scheduler) scheduler->set_n_sessions(static_cast<int64_t>(sessions.size()));
   }
 
   // Frees sessions idle past the timeout (their coordinator is gone). Only
   // sessions without an owner: owned ones follow their owner's lease.
-  void ReclaimIdle(model::KvCache& cache) {
+  void ReclaimIdle(model::KvCache& cache) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     const auto now = Clock::now();
     for (auto it = sessions.begin(); it != sessions.end();) {
       if (it->second.owner.empty() && it->second.busy == 0 &&
@@ -223,7 +223,7 @@ struct VerifierService::Impl {
     std::shared_ptr<model::KvCache> cache = host->Pool();
     int n = 0;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      absl::MutexLock lock(&mu);
       for (auto it = sessions.begin(); it != sessions.end();) {
         if (set.count(it->second.owner) == 0) {
           ++it;
@@ -251,7 +251,7 @@ struct VerifierService::Impl {
   // was closed or its owner's lease went while the call computed. Returns
   // false when it did.
   bool EndCall(model::KvCache& cache, int64_t slot, uint64_t id) {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     auto it = sessions.find(slot);
     if (it == sessions.end() || it->second.id != id) return false;
     if (--it->second.busy == 0 && it->second.doomed) {
@@ -314,7 +314,7 @@ grpc::Status VerifierService::RenewLease(grpc::ServerContext* context, const led
   }
   resp->set_ttl_ms(absl::ToInt64Milliseconds(renewed->ttl));
   std::shared_ptr<model::KvCache> cache = impl_->host->Pool();
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  absl::MutexLock lock(&impl_->mu);
   int32_t n = 0;
   for (const auto& [slot, session] : impl_->sessions) n += session.owner == req->instance_id() ? 1 : 0;
   resp->set_n_sessions(n);
@@ -360,7 +360,7 @@ grpc::Status VerifierService::OpenSession(grpc::ServerContext* context, const le
   {
     // A full pool queues the request (FIFO) until a slot frees, its deadline
     // passes or its caller cancels; only a full queue refuses it.
-    std::unique_lock<std::mutex> lock(impl_->mu);
+    absl::MutexLock lock(&impl_->mu);
     auto try_admit = [&] {
       StatusOr<int64_t> allocated = cache->Allocate(session_id);
       if (!allocated.ok()) {
@@ -371,7 +371,7 @@ grpc::Status VerifierService::OpenSession(grpc::ServerContext* context, const le
       return allocated.ok();
     };
     absl::Duration queued;
-    Status admitted = impl_->queue.Admit(lock, try_admit, absl::FromChrono(context->deadline()),
+    Status admitted = impl_->queue.Admit(&impl_->mu, try_admit, absl::FromChrono(context->deadline()),
                                          [context] { return context->IsCancelled(); }, &queued);
     if (!admitted.ok()) return ToGrpcStatus(admitted);
     if (host.metrics) host.metrics->request_queue_time.Observe(absl::ToDoubleSeconds(queued));
@@ -397,7 +397,7 @@ grpc::Status VerifierService::OpenSession(grpc::ServerContext* context, const le
   // A caller that is gone (cancelled, or past its deadline) never learns the
   // slot: free it now rather than leave it to the lease or the idle reclaim.
   if (!first.ok() || context->IsCancelled()) {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    absl::MutexLock lock(&impl_->mu);
     (void)cache->Free(slot);
     impl_->sessions.erase(slot);
     impl_->SlotsChanged(*cache);
@@ -421,7 +421,7 @@ grpc::Status VerifierService::Verify(grpc::ServerContext* context, const lede::v
   model::KvCache& cache = **pool;
   speculation::SessionOptions so;
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    absl::MutexLock lock(&impl_->mu);
     auto it = impl_->sessions.find(req->slot());
     if (it == impl_->sessions.end() || it->second.id != req->session_id()) {
       return ToGrpcStatus(NotThisSession(req->slot()));
@@ -496,7 +496,7 @@ grpc::Status VerifierService::CloseSession(grpc::ServerContext* context, const l
   if (grpc::Status auth = impl_->host->options.internal_token.Check(*context); !auth.ok()) return auth;
   ModelHost& host = *impl_->host;
   std::shared_ptr<model::KvCache> cache = host.Pool();
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  absl::MutexLock lock(&impl_->mu);
   if (req->slot() < 0) {
     if (req->request_id().empty()) return ToGrpcStatus(InvalidArgumentError("request_id: required when slot < 0"));
     for (auto it = impl_->sessions.begin(); it != impl_->sessions.end(); ++it) {
