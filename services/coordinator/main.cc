@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/time/time.h"
 #include "services/coordinator/chat_prompt.h"
 #include "services/coordinator/coordinator.h"
@@ -24,9 +25,9 @@ int Run(const std::vector<std::string>& raw_args) {
   lede::coordinator::CoordinatorFlags fl;
   lede::flags::FlagSet flags;
   lede::coordinator::AddCoordinatorFlags(&flags, &fl);
-  if (auto exit_code = lede::rpc::ParseCommandLine("lede-coordinator",
-                                                   "lede-coordinator --model DIR [--config FILE] [flags]", raw_args,
-                                                   flags, [&] { return lede::coordinator::FinishCoordinatorFlags(&fl); })) {
+  if (auto exit_code = lede::rpc::ParseCommandLine(
+          "lede-coordinator", "lede-coordinator --model DIR [--config FILE] [flags]", raw_args, flags,
+          [&] { return lede::coordinator::FinishCoordinatorFlags(&fl); })) {
     return *exit_code;
   }
   const lede::coordinator::CoordinatorOptions& o = fl.options;
@@ -54,7 +55,7 @@ int Run(const std::vector<std::string>& raw_args) {
   if (!http.listen_address.empty()) {
     std::string chat_format;
     lede::coordinator::ChatPromptRenderer render_chat = lede::coordinator::ChatRendererFor(model, &chat_format);
-    lede::logging::LogEvent(chat_format.rfind("plain (the chat template", 0) == 0 ? "warn" : "info", "chat_format",
+    lede::logging::LogEvent(absl::StartsWith(chat_format, "plain (the chat template") ? "warn" : "info", "chat_format",
                         {{"model", model}, {"using", chat_format}});
     auto started = lede::coordinator::OpenAiServer::Start(service->get(), &registry, http, std::move(render_chat));
     if (!started.ok()) {

@@ -17,6 +17,7 @@
 #include <httplib.h>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "services/coordinator/connection_guard.h"
 #include "services/coordinator/openai_api.h"
@@ -146,9 +147,8 @@ void OpenAiServer::Impl::HandleGenerate(openai::Endpoint endpoint, const httplib
   if (!parsed.ok()) return SendError(res, openai::ToApiError(parsed.status(), nullptr));
   openai::Request& r = *parsed;
   if (!r.ignored_fields.empty()) {
-    std::string fields;
-    for (const std::string& f : r.ignored_fields) fields += (fields.empty() ? "" : ",") + f;
-    rpc::LogEvent("info", "openai_ignored_fields", {{"path", req.path}, {"fields", fields}});
+    rpc::LogEvent("info", "openai_ignored_fields",
+                  {{"path", req.path}, {"fields", absl::StrJoin(r.ignored_fields, ",")}});
   }
   if (!r.model.empty() && r.model != options.model_id) return SendError(res, openai::ModelNotFound(r.model));
   char id[32];
