@@ -135,6 +135,9 @@ struct OpenAiServer::Impl {
     return {{"id", options.model_id}, {"object", "model"}, {"created", created}, {"owned_by", "lede"}};
   }
 
+  // The routes, the API-key check before them, and the error envelopes of
+  // the OpenAI HTTP API on `http` (this Impl outlives the server).
+  void RegisterRoutes(httplib::Server& http);
   void HandleGenerate(openai::Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
   // `fd`: the connection's descriptor (-1 if unknown), polled for a hang-up
   // until the first token; writes notice it afterwards.
@@ -307,49 +310,8 @@ int OpenAiServer::port() const { return impl_->port; }
 
 ConnectionGuard::Stats OpenAiServer::connection_stats() const { return impl_->guard->stats(); }
 
-StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(GenerationService* service,
-                                                             const prometheus::Registry* registry,
-                                                             OpenAiServerOptions options,
-                                                             ChatPromptRenderer render_chat) {
-  if (options.threads < 1) return InvalidArgumentError("http threads: must be >= 1");
-  auto impl = std::make_unique<Impl>();
-  impl->service = service;
-  impl->registry = registry;
-  impl->options = std::move(options);
-  impl->render_chat = render_chat ? std::move(render_chat) : ChatPromptRenderer(RenderPlainChatPrompt);
-  if (impl->options.tls_cert_path.empty() != impl->options.tls_key_path.empty()) {
-    return InvalidArgumentError("http tls: give both tls-cert and tls-key");
-  }
-  for (const std::string& key : impl->options.api_keys) {
-    if (key.empty()) return InvalidArgumentError("api_keys: an empty key");
-  }
-  impl->api_keys = rpc::ApiKeys(impl->options.api_keys);
-  if (impl->options.tls_cert_path.empty()) {
-    impl->http = std::make_unique<httplib::Server>();
-  } else {
-    auto ssl = std::make_unique<httplib::SSLServer>(impl->options.tls_cert_path.c_str(),
-                                                    impl->options.tls_key_path.c_str());
-    if (!ssl->is_valid()) {
-      return InvalidArgumentError("tls-cert, tls-key: cannot load " + impl->options.tls_cert_path + " and " +
-                                  impl->options.tls_key_path + " as a PEM certificate and its key");
-    }
-    impl->http = std::move(ssl);
-  }
-  Impl* p = impl.get();
-  httplib::Server& http = *impl->http;
-  ConnectionGuardOptions go;
-  go.min_threads = impl->options.threads;
-  go.max_connections = impl->options.max_connections;
-  go.max_connections_per_client = impl->options.max_connections_per_client;
-  go.request_deadline = impl->options.request_deadline;
-  impl->guard = std::make_unique<ConnectionGuard>(go);
-  http.new_task_queue = [p] { return p->guard->NewTaskQueue(); };
-  http.set_logger([](const httplib::Request&, const httplib::Response&) { ConnectionGuard::ResponseDone(); });
-  http.set_payload_max_length(impl->options.max_body_bytes);
-  http.set_keep_alive_max_count(100);  // SDKs keep a connection pool; idle ones close after 5 s
-  http.set_read_timeout(30);
-  http.set_write_timeout(30);
-
+void OpenAiServer::Impl::RegisterRoutes(httplib::Server& http) {
+  Impl* p = this;
   // API keys guard /v1/* before the body is read; /health and /metrics stay
   // open (probes and Prometheus carry no key). The key is never logged.
   http.set_pre_routing_handler([p](const httplib::Request& req, httplib::Response& res) {
@@ -425,6 +387,52 @@ StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(GenerationService* s
     }
     SendError(res, e);
   });
+}
+
+StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(GenerationService* service,
+                                                             const prometheus::Registry* registry,
+                                                             OpenAiServerOptions options,
+                                                             ChatPromptRenderer render_chat) {
+  if (options.threads < 1) return InvalidArgumentError("http threads: must be >= 1");
+  auto impl = std::make_unique<Impl>();
+  impl->service = service;
+  impl->registry = registry;
+  impl->options = std::move(options);
+  impl->render_chat = render_chat ? std::move(render_chat) : ChatPromptRenderer(RenderPlainChatPrompt);
+  if (impl->options.tls_cert_path.empty() != impl->options.tls_key_path.empty()) {
+    return InvalidArgumentError("http tls: give both tls-cert and tls-key");
+  }
+  for (const std::string& key : impl->options.api_keys) {
+    if (key.empty()) return InvalidArgumentError("api_keys: an empty key");
+  }
+  impl->api_keys = rpc::ApiKeys(impl->options.api_keys);
+  if (impl->options.tls_cert_path.empty()) {
+    impl->http = std::make_unique<httplib::Server>();
+  } else {
+    auto ssl = std::make_unique<httplib::SSLServer>(impl->options.tls_cert_path.c_str(),
+                                                    impl->options.tls_key_path.c_str());
+    if (!ssl->is_valid()) {
+      return InvalidArgumentError("tls-cert, tls-key: cannot load " + impl->options.tls_cert_path + " and " +
+                                  impl->options.tls_key_path + " as a PEM certificate and its key");
+    }
+    impl->http = std::move(ssl);
+  }
+  Impl* p = impl.get();
+  httplib::Server& http = *impl->http;
+  ConnectionGuardOptions go;
+  go.min_threads = impl->options.threads;
+  go.max_connections = impl->options.max_connections;
+  go.max_connections_per_client = impl->options.max_connections_per_client;
+  go.request_deadline = impl->options.request_deadline;
+  impl->guard = std::make_unique<ConnectionGuard>(go);
+  http.new_task_queue = [p] { return p->guard->NewTaskQueue(); };
+  http.set_logger([](const httplib::Request&, const httplib::Response&) { ConnectionGuard::ResponseDone(); });
+  http.set_payload_max_length(impl->options.max_body_bytes);
+  http.set_keep_alive_max_count(100);  // SDKs keep a connection pool; idle ones close after 5 s
+  http.set_read_timeout(30);
+  http.set_write_timeout(30);
+
+  impl->RegisterRoutes(http);
 
   StatusOr<int> port = telemetry::BindHttpServer(&http, impl->options.listen_address);
   if (!port.ok()) {

@@ -117,6 +117,87 @@ int64_t Parameters(const model::ModelConfig& c) {
   return c.vocab_size * d * (c.tie_word_embeddings ? 1 : 2) + d + c.n_layers * per_layer;
 }
 
+// Every tensor a Llama checkpoint of config `s` holds, with its shape there
+// and in the widened config `w`.
+std::map<std::string, Planned> PlanTensors(const model::ModelConfig& s, const model::ModelConfig& w) {
+  const int64_t d = s.dim, D = w.dim, hd = s.head_dim();
+  std::map<std::string, Planned> plan;
+  plan["model.embed_tokens.weight"] = {{s.vocab_size, d}, {s.vocab_size, D}};
+  plan["model.norm.weight"] = {{d}, {D}, true};
+  if (!s.tie_word_embeddings) plan["lm_head.weight"] = {{s.vocab_size, d}, {s.vocab_size, D}};
+  for (int64_t i = 0; i < s.n_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    plan[p + "input_layernorm.weight"] = {{d}, {D}, true};
+    plan[p + "post_attention_layernorm.weight"] = {{d}, {D}, true};
+    plan[p + "self_attn.q_proj.weight"] = {{s.n_heads * hd, d}, {w.n_heads * hd, D}};
+    plan[p + "self_attn.k_proj.weight"] = {{s.n_kv_heads * hd, d}, {w.n_kv_heads * hd, D}};
+    plan[p + "self_attn.v_proj.weight"] = {{s.n_kv_heads * hd, d}, {w.n_kv_heads * hd, D}};
+    plan[p + "self_attn.o_proj.weight"] = {{d, s.n_heads * hd}, {D, w.n_heads * hd}};
+    plan[p + "mlp.gate_proj.weight"] = {{s.hidden_dim, d}, {w.hidden_dim, D}};
+    plan[p + "mlp.up_proj.weight"] = {{s.hidden_dim, d}, {w.hidden_dim, D}};
+    plan[p + "mlp.down_proj.weight"] = {{d, s.hidden_dim}, {D, w.hidden_dim}};
+  }
+  return plan;
+}
+
+// The rest of the output directory after its weights: the copied tokenizer
+// and generation files, config.json (last: its presence marks a complete
+// checkpoint) with the widened fields and a lede_widen record, and the
+// removal of a calibration measured for another shape.
+Status WriteMetadata(const fs::path& src, const fs::path& out, Json root, int64_t K, int64_t K2,
+                     const model::ModelConfig& s, const model::ModelConfig& w, WidenResult* result_out) {
+  WidenResult& result = *result_out;
+  const std::string source_dir = src.string();
+  const int64_t hd = s.head_dim();
+  std::error_code ec;
+  std::vector<std::string> names;
+  for (const fs::directory_entry& e : fs::directory_iterator(src, ec)) {
+    if (e.is_regular_file(ec) && IsCopiedFile(e.path().filename().string())) {
+      names.push_back(e.path().filename().string());
+    }
+  }
+  if (ec) return InternalError(source_dir + ": cannot list directory: " + ec.message());
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    LEDE_ASSIGN_OR_RETURN(std::string bytes, file::ReadFile((src / name).string()));
+    LEDE_RETURN_IF_ERROR(file::WriteFileAtomically((out / name).string(), bytes));
+  }
+  result.copied_files = names;
+
+  // The source's config with the widened fields (other fields kept as they are).
+  root["hidden_size"] = w.dim;
+  root["intermediate_size"] = w.hidden_dim;
+  root["num_attention_heads"] = w.n_heads;
+  root["num_key_value_heads"] = w.n_kv_heads;
+  root["rms_norm_eps"] = w.rms_norm_eps;
+  if (root.contains("head_dim") && !root["head_dim"].is_null()) root["head_dim"] = hd;
+  root["torch_dtype"] = "float32";
+  root["lede_widen"] = {{"factor", K},
+                        {"ffn_factor", K2},
+                        {"source_hidden_size", s.dim},
+                        {"source_intermediate_size", s.hidden_dim},
+                        {"source_num_attention_heads", s.n_heads},
+                        {"source_num_key_value_heads", s.n_kv_heads},
+                        {"source_rms_norm_eps", s.rms_norm_eps},
+                        {"source_fingerprint", s.ArchitectureFingerprint()}};
+  LEDE_RETURN_IF_ERROR(file::WriteFileAtomically((out / "config.json").string(), root.dump(2) + "\n"));
+
+  // A measured cost model left in out_dir by an earlier run for another
+  // shape does not fit this one: removed (one for this shape is kept).
+  const fs::path calibration = out / "calibration-cpu.json";
+  if (fs::exists(calibration, ec)) {
+    auto text = file::ReadFile(calibration.string());
+    const Json j = text.ok() ? Json::parse(*text, nullptr, /*allow_exceptions=*/false) : Json();
+    const auto it = j.is_object() ? j.find("model_fingerprint") : j.end();
+    if (!j.is_object() || it == j.end() || !it->is_string() || it->get<std::string>() != w.ArchitectureFingerprint()) {
+      fs::remove(calibration, ec);
+      if (ec) return InternalError(calibration.string() + ": cannot remove: " + ec.message());
+      result.removed_files.push_back("calibration-cpu.json");
+    }
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 StatusOr<WidenResult> WidenCheckpoint(const std::string& source_dir, const std::string& out_dir,
@@ -160,23 +241,8 @@ StatusOr<WidenResult> WidenCheckpoint(const std::string& source_dir, const std::
   result.widened = w;
 
   // Every tensor the source must hold, with its source and widened shapes.
-  const int64_t d = s.dim, D = w.dim, hd = s.head_dim();
-  std::map<std::string, Planned> plan;
-  plan["model.embed_tokens.weight"] = {{s.vocab_size, d}, {s.vocab_size, D}};
-  plan["model.norm.weight"] = {{d}, {D}, true};
-  if (!s.tie_word_embeddings) plan["lm_head.weight"] = {{s.vocab_size, d}, {s.vocab_size, D}};
-  for (int64_t i = 0; i < s.n_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".";
-    plan[p + "input_layernorm.weight"] = {{d}, {D}, true};
-    plan[p + "post_attention_layernorm.weight"] = {{d}, {D}, true};
-    plan[p + "self_attn.q_proj.weight"] = {{s.n_heads * hd, d}, {w.n_heads * hd, D}};
-    plan[p + "self_attn.k_proj.weight"] = {{s.n_kv_heads * hd, d}, {w.n_kv_heads * hd, D}};
-    plan[p + "self_attn.v_proj.weight"] = {{s.n_kv_heads * hd, d}, {w.n_kv_heads * hd, D}};
-    plan[p + "self_attn.o_proj.weight"] = {{d, s.n_heads * hd}, {D, w.n_heads * hd}};
-    plan[p + "mlp.gate_proj.weight"] = {{s.hidden_dim, d}, {w.hidden_dim, D}};
-    plan[p + "mlp.up_proj.weight"] = {{s.hidden_dim, d}, {w.hidden_dim, D}};
-    plan[p + "mlp.down_proj.weight"] = {{d, s.hidden_dim}, {D, w.hidden_dim}};
-  }
+  const int64_t d = s.dim, D = w.dim;
+  const std::map<std::string, Planned> plan = PlanTensors(s, w);
 
   const std::string weights_path = (src / "model.safetensors").string();
   if (!fs::exists(weights_path, ec)) return NotFoundError(source_dir + ": no model.safetensors");
@@ -233,51 +299,7 @@ StatusOr<WidenResult> WidenCheckpoint(const std::string& source_dir, const std::
   LEDE_RETURN_IF_ERROR(WriteSafetensors((out / "model.safetensors").string(), tensors));
   values.clear();
 
-  std::vector<std::string> names;
-  for (const fs::directory_entry& e : fs::directory_iterator(src, ec)) {
-    if (e.is_regular_file(ec) && IsCopiedFile(e.path().filename().string())) {
-      names.push_back(e.path().filename().string());
-    }
-  }
-  if (ec) return InternalError(source_dir + ": cannot list directory: " + ec.message());
-  std::sort(names.begin(), names.end());
-  for (const std::string& name : names) {
-    LEDE_ASSIGN_OR_RETURN(std::string bytes, file::ReadFile((src / name).string()));
-    LEDE_RETURN_IF_ERROR(file::WriteFileAtomically((out / name).string(), bytes));
-  }
-  result.copied_files = names;
-
-  // The source's config with the widened fields (other fields kept as they are).
-  root["hidden_size"] = w.dim;
-  root["intermediate_size"] = w.hidden_dim;
-  root["num_attention_heads"] = w.n_heads;
-  root["num_key_value_heads"] = w.n_kv_heads;
-  root["rms_norm_eps"] = w.rms_norm_eps;
-  if (root.contains("head_dim") && !root["head_dim"].is_null()) root["head_dim"] = hd;
-  root["torch_dtype"] = "float32";
-  root["lede_widen"] = {{"factor", K},
-                        {"ffn_factor", K2},
-                        {"source_hidden_size", s.dim},
-                        {"source_intermediate_size", s.hidden_dim},
-                        {"source_num_attention_heads", s.n_heads},
-                        {"source_num_key_value_heads", s.n_kv_heads},
-                        {"source_rms_norm_eps", s.rms_norm_eps},
-                        {"source_fingerprint", s.ArchitectureFingerprint()}};
-  LEDE_RETURN_IF_ERROR(file::WriteFileAtomically((out / "config.json").string(), root.dump(2) + "\n"));
-
-  // A measured cost model left in out_dir by an earlier run for another
-  // shape does not fit this one: removed (one for this shape is kept).
-  const fs::path calibration = out / "calibration-cpu.json";
-  if (fs::exists(calibration, ec)) {
-    auto text = file::ReadFile(calibration.string());
-    const Json j = text.ok() ? Json::parse(*text, nullptr, /*allow_exceptions=*/false) : Json();
-    const auto it = j.is_object() ? j.find("model_fingerprint") : j.end();
-    if (!j.is_object() || it == j.end() || !it->is_string() || it->get<std::string>() != w.ArchitectureFingerprint()) {
-      fs::remove(calibration, ec);
-      if (ec) return InternalError(calibration.string() + ": cannot remove: " + ec.message());
-      result.removed_files.push_back("calibration-cpu.json");
-    }
-  }
+  LEDE_RETURN_IF_ERROR(WriteMetadata(src, out, std::move(root), K, K2, s, w, &result));
   return result;
 }
 
