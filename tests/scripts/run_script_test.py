@@ -5,6 +5,7 @@ process, and health that tells live from ready.
 
 usage: run_script_test.py CASE BUILD_DIR
   CASE: input_checks (no process started) | stop_drains | supervisor_health | security | hostile_clients
+        | cold_start
 Exit status 0 = pass, 1 = fail.
 """
 import json
@@ -380,6 +381,55 @@ def test_hostile_clients(build):
             fail(f"{path} is world-accessible ({oct(os.stat(path).st_mode & 0o777)})")
 
 
+def test_cold_start(build):
+    # Issue 37: a checkpoint with no policy/ and no calibration was refused
+    # ("has no policy/ directory"). A copy of lede-tiny without them must
+    # start with no other flag and serve the default method (LEDE) with the
+    # cold-start policy that a self-calibration chose at start-up.
+    import shutil
+    model = os.path.join(tempfile.mkdtemp(prefix="lede-cold-model-"), "model")
+    shutil.copytree(os.path.join(ROOT, "models", "lede-tiny"), model,
+                    ignore=shutil.ignore_patterns("policy", "calibration-cpu.json", "report*.json"))
+    c = Cluster(build, {"LEDE_MODEL": model})
+    c.start()
+    try:
+        root = os.path.join(c.state, "policy")
+        with open(os.path.join(root, "SERVING")) as f:
+            version = f.read().strip()
+        if version != "cold-start-v1":
+            fail(f"SERVING names {version!r}, not the cold-start version")
+        with open(os.path.join(root, version, "policy.json")) as f:
+            meta = json.load(f)
+        opts = meta["training_options"]
+        if opts.get("cold_start") != 1 or opts.get("self_calibrated") != 1 or not opts.get("exit_layer"):
+            fail(f"not a self-calibrated static cold-start policy: {opts}")
+        log = open(os.path.join(c.state, "logs", "cold-start.log")).read()
+        if 'msg="cold start policy written"' not in log or "how=self-calibration" not in log:
+            fail("no cold-start log line:\n" + log)
+        if os.path.exists(os.path.join(model, "policy")):
+            fail("the cold start wrote into the model directory")
+        body = {"prompt": "Once upon a time", "max_tokens": 32, "temperature": 0}
+        req = urllib.request.Request(f"http://127.0.0.1:{c.http}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            out = json.loads(r.read().decode())
+        lede = out.get("lede", {})
+        if lede.get("method") != "lede" or version not in lede.get("policy_version", ""):
+            fail(f"the request did not run LEDE with {version}: {lede}\n{c.log('drafter')}")
+        if lede.get("drafted_tokens", 0) <= 0 or abs(lede.get("mean_exit_layer", 0) - opts["exit_layer"]) > 1e-6:
+            fail(f"the request did not draft at the cold-start exit layer {opts['exit_layer']}: {lede}")
+        print(f"cold start {meta['candidate_layers']} D={meta['max_draft_len']}: {lede}")
+        # A second start on the same state keeps the policy it has.
+        c.stop()
+        c.start()
+        again = open(os.path.join(c.state, "logs", "cold-start.log")).read()
+        if again.count("cold start policy written") != 1 or open(os.path.join(root, "SERVING")).read().strip() != version:
+            fail("a restart wrote another cold-start policy:\n" + again)
+    finally:
+        c.stop()
+        shutil.rmtree(os.path.dirname(model), ignore_errors=True)
+
+
 def proc_alive(pid):
     try:
         os.kill(pid, 0)
@@ -391,7 +441,7 @@ def proc_alive(pid):
 
 CASES = {"input_checks": test_input_checks, "stop_drains": test_stop_drains,
          "supervisor_health": test_supervisor_health, "security": test_security,
-         "hostile_clients": test_hostile_clients}
+         "hostile_clients": test_hostile_clients, "cold_start": test_cold_start}
 
 
 def main(argv):
