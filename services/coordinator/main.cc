@@ -81,6 +81,8 @@ int Run(const std::vector<std::string>& raw_args) {
             "retention: delete the oldest experience shards beyond this many bytes (0 = keep all)");
   flags.Add("experience-max-age-h", &max_age_h,
             "retention: delete experience shards older than this many hours (0 = keep all)");
+  flags.Add("request-log", &o.request_log,
+            "log finished greedy requests (users' prompt and output token ids) beside the experience; false: off");
   flags.Add("reward", &o.reward, "rewards of logged transitions: throughput | paper");
   flags.Add("shutdown-grace-s", &grace_s, "how long in-flight requests may finish after SIGTERM");
   // Issue 17: bounded input and the security of the public API (docs/security.md).

@@ -421,6 +421,11 @@ def test_cold_start(build):
         print(f"cold start {meta['candidate_layers']} D={meta['max_draft_len']}: {lede}")
         # A second start on the same state keeps the policy it has.
         c.stop()
+        # The greedy request is in the request log beside the experience (on by default).
+        import glob
+        shards = glob.glob(os.path.join(c.state, "experience", "requests", "*", "*.lreq"))
+        if not shards or not all(open(p, "rb").read(8) == b"LEDREQ1\n" for p in shards):
+            fail(f"no request-log shard after the stop: {shards}")
         c.start()
         again = open(os.path.join(c.state, "logs", "cold-start.log")).read()
         if again.count("cold start policy written") != 1 or open(os.path.join(root, "SERVING")).read().strip() != version:
