@@ -763,7 +763,9 @@ StatusOr<RetrainOutcome> Retrainer::RunOnce() {
   out.serving_version = smeta.version;
   LEDE_ASSIGN_OR_RETURN(RetrainState state, ReadRetrainState(state_path()));
 
-  if (o.trainer != "td" && !o.model_dir.empty()) {
+  // auto: the request log when there is one and no prompt file asks for the
+  // td trainer's replay evaluation.
+  if (o.trainer == "counterfactual" || (o.trainer == "auto" && !o.model_dir.empty() && o.eval_prompts.empty())) {
     bool use_requests = o.trainer == "counterfactual";
     if (!use_requests) {
       LEDE_ASSIGN_OR_RETURN(std::vector<storage::ObjectInfo> objects,

@@ -155,8 +155,9 @@ struct RetrainOptions {
   // (trainer/request_retrain.h: whole logged greedy requests replayed
   // exactly, Dinkelbach, held-out requests; needs model_dir, no prompt
   // file); "td" fine-tunes on logged transitions (the steps above); "auto"
-  // (default) is counterfactual when model_dir is set and the store holds
-  // request-log shards under requests_prefix, td otherwise.
+  // (default) is counterfactual when model_dir is set, eval_prompts is not
+  // (a prompt file asks for td's replay evaluation) and the store holds
+  // request-log shards under requests_prefix; td otherwise.
   std::string trainer = "auto";
   std::string requests_prefix = "requests";
   // Counterfactual training effort (Dinkelbach iterations, DQN epochs).
