@@ -92,6 +92,10 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
     out.reason = "no new logged requests";
     return out;
   }
+  if (options.max_requests < 1) return InvalidArgumentError("max_requests: must be >= 1");
+  if (static_cast<int64_t>(read.records.size()) > options.max_requests) {
+    read.records.erase(read.records.begin(), read.records.end() - options.max_requests);
+  }
   // 2. Of the served model only.
   for (const lede::v1::RequestRecord& r : read.records) {
     if (r.model_fingerprint() != fingerprint) {

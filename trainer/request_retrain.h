@@ -53,6 +53,10 @@ struct RequestRetrainOptions {
   std::string policy_root;                   // SERVING is the baseline; versions are published here
   std::string version;                       // the candidate's version name (required)
   double heldout_fraction = 0.25;            // in (0, 1)
+  // The most recent requests trained and evaluated on (by shard key, then
+  // record order): bounds memory (measured: 1,000 requests of ~60 tokens
+  // on lede-tiny, 1.9 GB peak) and how stale the traffic may be.
+  int64_t max_requests = 2000;
   double publish_margin = 0.01;              // speed-up units; +inf never publishes
   // The candidate's training (spec: the candidate layers, D_max, probes;
   // dqn: epochs, threads, ...). model_fingerprint is set from the model.

@@ -191,6 +191,18 @@ TEST_F(RequestRetrainTest, CorruptShardsAreSkippedAndCounted) {
   EXPECT_EQ(out->decision, RequestRetrainDecision::kRejected);
 }
 
+TEST_F(RequestRetrainTest, OnlyTheMostRecentRequestsAreUsed) {
+  LogRecords(records_);
+  RequestRetrainOptions o = Quick("r-w", std::numeric_limits<double>::infinity());
+  o.max_requests = 10;
+  auto out = RetrainOnRequests(*store_, *model_, *cost_, {}, o);
+  ASSERT_THAT(out, IsOk());
+  EXPECT_EQ(out->n_requests, 10);
+  EXPECT_EQ(out->n_train + out->n_heldout, 10);
+  o.max_requests = 0;
+  EXPECT_THAT(RetrainOnRequests(*store_, *model_, *cost_, {}, o).status(), StatusIs(StatusCode::kInvalidArgument));
+}
+
 TEST(RequestSplitTest, HeldOutByRequestIdIsStableAndAboutTheFraction) {
   int held = 0;
   for (int i = 0; i < 4000; ++i) {
