@@ -311,11 +311,15 @@ def main():
     ap.add_argument("--sample-s", type=float, default=30)
     ap.add_argument("--replicas", help="instead: co-located replicas behind one coordinator, e.g. 1,2,3 "
                                         "(first method, largest concurrency)")
+    ap.add_argument("--model", default=services_bench.MODEL,
+                    help="the served model directory (with a policy/ root; e.g. a `lede widen` output after "
+                         "`lede-init-policy`)")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
     # SIGTERM (kill, a CI timeout) unwinds through the `finally` blocks that stop the deployments,
     # so no lede-model or coordinator outlives the benchmark holding its ports and KV pool.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    services_bench.MODEL = os.path.abspath(a.model)  # read by every deployment at launch
     files = a.prompt_file or [os.path.join(services_bench.MODEL, "prompts", "story.jsonl"),
                               os.path.join(ROOT, "testdata", "prompts", "humaneval.jsonl")]
     prompts = load_prompts([f for f in files if os.path.exists(f)])
@@ -324,8 +328,8 @@ def main():
     static_config = tuple(int(x) for x in a.static_config.split(","))
     pb, pb_grpc = lede_client.load_stubs()
     rows, usage = [], {}
-    print("lede-tiny, %d prompts, %d new tokens, greedy, --slots %d, 1 thread per process; static E=%d D=%d"
-          % (len(prompts), a.new_tokens, a.slots, static_config[0], static_config[1]))
+    print("%s, %d prompts, %d new tokens, greedy, --slots %d, 1 thread per process; static E=%d D=%d"
+          % (os.path.basename(services_bench.MODEL.rstrip("/")), len(prompts), a.new_tokens, a.slots, static_config[0], static_config[1]))
     if a.replicas:
         return run_replicas(a, pb, pb_grpc, prompts, methods[0], max(levels), static_config)
     fitted = False
