@@ -117,8 +117,8 @@ StatusOr<GgufTokenizerJson> GgufTokenizerToHfJson(const checkpoint::GgufFile& f)
   model_json["dropout"] = nullptr;
   for (size_t i = 0; i < n; ++i) {
     if (!vocab.contains(tokens[i])) vocab[tokens[i]] = static_cast<int64_t>(i);
-    if (types[i] == kTypeControl || types[i] == kTypeUserDefined || static_cast<int64_t>(i) == bos ||
-        static_cast<int64_t>(i) == eos) {
+    if (types[i] == kTypeControl || types[i] == kTypeUserDefined || types[i] == kTypeUnknown ||
+        static_cast<int64_t>(i) == bos || static_cast<int64_t>(i) == eos) {
       added.push_back({{"id", static_cast<int64_t>(i)}, {"content", tokens[i]}, {"single_word", false},
                        {"lstrip", false}, {"rstrip", false}, {"normalized", false},
                        {"special", types[i] != kTypeUserDefined}});
