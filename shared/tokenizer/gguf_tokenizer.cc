@@ -20,7 +20,7 @@
 namespace lede::tokenizer {
 namespace {
 
-using Json = nlohmann::ordered_json;
+using Json = nlohmann::json;  // key order is irrelevant to HfTokenizer; lookups are O(log n)
 
 constexpr int32_t kTypeNormal = 1, kTypeUnknown = 2, kTypeControl = 3, kTypeUserDefined = 4, kTypeByte = 6;
 
