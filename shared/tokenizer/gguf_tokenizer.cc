@@ -38,6 +38,10 @@ std::vector<size_t> CharStarts(const std::string& s) {
   return starts;
 }
 
+// SentencePiece pieces are short (16 characters by default); longer ones
+// are not merge results here, which keeps a hostile vocabulary linear.
+constexpr size_t kMaxMergedPieceBytes = 256;
+
 // Merges implied by SentencePiece BPE scores: (a, b) for every split of a
 // normal piece into two vocabulary pieces, highest score of the merged piece
 // first (then lower merged id, then lower ids of a and b).
@@ -52,6 +56,7 @@ Json MergesFromScores(const std::vector<std::string>& tokens, const std::vector<
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (!types.empty() && types[i] != kTypeNormal) continue;
     const std::string& p = tokens[i];
+    if (p.size() > kMaxMergedPieceBytes) continue;
     const std::vector<size_t> starts = CharStarts(p);
     for (size_t k = 1; k < starts.size(); ++k) {
       auto a = id_of.find(p.substr(0, starts[k]));
