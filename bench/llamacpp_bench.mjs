@@ -129,6 +129,7 @@ function runLede(file, threads) {
   return { tok_s: rates.slice(1), median_tok_s: median(rates.slice(1)), text: all };
 }
 
+const loadBefore = os.loadavg();
 const results = [];
 for (const { file, format } of files) {
   const bytes = fs.statSync(file).size;
@@ -163,7 +164,8 @@ const report = {
   command: ["node", ...process.argv.slice(1)].join(" "),
   commit, date,
   machine: { cpu: os.cpus()[0]?.model, cores: os.cpus().length, memory_bytes: os.totalmem(),
-             os: `${os.type()} ${os.release()}`, node: process.version },
+             os: `${os.type()} ${os.release()}`, node: process.version,
+             load_average_1m: { before: loadBefore[0], after: os.loadavg()[0] } },
   peer: { package: "node-llama-cpp", version: nlcVersion, gpu: false, build: "never" },
   settings: { tokens: o.tokens, repeats: o.repeats, prompt: o.prompt, greedy: true,
               timed: "decode only: from the first generated token to the last; first run of each is a warm-up" },
