@@ -9,13 +9,16 @@
 //
 // usage: node bench/llamacpp_bench.mjs --model DIR [--formats f32,bf16,q8_0]
 //          [--threads 1,2] [--tokens 96] [--repeats 3] [--prompt TEXT]
-//          [--lede build/services/cli/lede] [--out bench/results/FILE.json]
+//          [--lede build/services/cli/lede] [--static 2,3] [--policy DIR]
+//          [--out bench/results/FILE.json]
 //        node bench/llamacpp_bench.mjs --gguf FILE.gguf[,FILE2.gguf] ...
 //   --model DIR   a checkpoint: exported once per format with
 //                 `lede export --format gguf --weights FORMAT` into a
 //                 temporary directory
 //   --gguf FILES  GGUF files to run as they are (format read from the name)
 //   --lede BIN    this engine's CLI; "" to run llama.cpp alone
+//   --static E,D  also this engine's static self-speculation (default 2,3; "" = off)
+//   --policy DIR  also LEDE with this policy (default: MODEL/policy with --model)
 // Needs scripts/install_node_llama_cpp.sh (LEDE_NODE_LLAMA_CPP_MODULES, else
 // /opt/lede-tools/node-llama-cpp/node_modules).
 //
@@ -34,6 +37,7 @@ function parseArgs(argv) {
   const o = {
     model: "", gguf: "", formats: "f32,bf16,q8_0", threads: "1,2", tokens: 96, repeats: 3,
     prompt: "Once upon a time, there was a little", lede: "build/services/cli/lede", out: "",
+    static: "2,3", policy: "",
   };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
@@ -44,6 +48,7 @@ function parseArgs(argv) {
     const k = a.slice(2);
     o[k] = typeof o[k] === "number" ? Number(argv[++i]) : argv[++i];
   }
+  if (!o.policy && o.model && fs.existsSync(path.join(o.model, "policy"))) o.policy = path.join(o.model, "policy");
   if (!o.model && !o.gguf) {
     console.error("llamacpp_bench: --model DIR or --gguf FILES is required");
     process.exit(2);
@@ -117,16 +122,24 @@ async function runLlamaCpp(file, threads) {
   return { tok_s: runs, median_tok_s: median(runs), text };
 }
 
-function runLede(file, threads) {
+// This engine on the same file: `lede generate` in `mode` (ar, static E,D or
+// lede with the checkpoint's policy), its own decode tokens/s per run.
+function runLede(file, threads, mode) {
   if (!o.lede) return null;
-  const r = spawnSync(o.lede, ["generate", "--model", file, "--prompt", o.prompt, "--mode", "ar",
+  const extra = [];
+  if (mode === "static") {
+    const [e, d] = o.static.split(",");
+    extra.push("--exit-layer", e, "--draft-len", d);
+  }
+  if (mode === "lede") extra.push("--policy", o.policy);
+  const r = spawnSync(o.lede, ["generate", "--model", file, "--prompt", o.prompt, "--mode", mode,
                                "--max-new-tokens", String(o.tokens), "--threads", String(threads),
-                               "--repeat", String(o.repeats + 1)], { encoding: "utf8" });
+                               "--repeat", String(o.repeats + 1), ...extra], { encoding: "utf8" });
   if (r.status !== 0) return { error: `lede generate exited ${r.status}: ${(r.stderr || "").trim().split("\n").pop()}` };
-  // The text on stdout, one "[ar] N tokens, X tokens/s" line per run on stderr.
-  const rates = [...r.stderr.matchAll(/\[ar\] \d+ tokens, ([0-9.]+) tokens\/s/g)].map((m) => Number(m[1]));
-  const all = r.stdout;
-  return { tok_s: rates.slice(1), median_tok_s: median(rates.slice(1)), text: all };
+  // The text on stdout, one "[mode] N tokens, X tokens/s" line per run on stderr.
+  const rates = [...r.stderr.matchAll(/^\[[^\]]+\] \d+ tokens, ([0-9.]+) tokens\/s/gm)].map((m) => Number(m[1]));
+  return { tok_s: rates.slice(1), median_tok_s: median(rates.slice(1)), text: r.stdout,
+           engine_weights: "f32 (dequantized at load)" };
 }
 
 const loadBefore = os.loadavg();
@@ -135,25 +148,32 @@ for (const { file, format } of files) {
   const bytes = fs.statSync(file).size;
   for (const threads of threadCounts) {
     const peer = await runLlamaCpp(file, threads);
-    let ours = null;
-    try {
-      ours = runLede(file, threads);
-    } catch (e) {
-      ours = { error: String(e.message || e).split("\n")[0] };
+    const ours = {};
+    const modes = ["ar", ...(o.static ? ["static"] : []), ...(o.policy ? ["lede"] : [])];
+    for (const mode of modes) {
+      try {
+        ours[mode] = runLede(file, threads, mode);
+      } catch (e) {
+        ours[mode] = { error: String(e.message || e).split("\n")[0] };
+      }
     }
-    const same = ours && ours.text !== undefined ? ours.text.includes(peer.text) : null;
+    const ar = ours.ar;
+    const same = ar && ar.text !== undefined ? ar.text.includes(peer.text) : null;
     const row = {
       format, threads, file: path.basename(file), bytes,
       llamacpp: { tok_s: peer.tok_s, median_tok_s: peer.median_tok_s },
-      lede_ar: ours && !ours.error ? { tok_s: ours.tok_s, median_tok_s: ours.median_tok_s,
-                                       engine_weights: "f32 (dequantized at load)" } : ours,
+      lede: Object.fromEntries(Object.entries(ours).map(([m, v]) => [m, v && !v.error ? {
+        tok_s: v.tok_s, median_tok_s: v.median_tok_s, engine_weights: v.engine_weights,
+        ...(m === "static" ? { exit_layer_draft_len: o.static } : {}), ...(m === "lede" ? { policy: o.policy } : {}),
+      } : v])),
       same_greedy_text: same,
       llamacpp_text: peer.text,
     };
     results.push(row);
     const f = (x) => (x == null ? "-" : x.toFixed(1));
-    console.log(`${format.padEnd(5)} threads ${threads}: llama.cpp ${f(peer.median_tok_s)} tok/s, ` +
-                `lede AR ${f(row.lede_ar && row.lede_ar.median_tok_s)} tok/s, same greedy text: ${same}`);
+    const ledeCols = Object.entries(row.lede).map(([m, v]) => `lede ${m} ${f(v && v.median_tok_s)}`).join(", ");
+    console.log(`${format.padEnd(5)} threads ${threads}: llama.cpp ${f(peer.median_tok_s)} tok/s, ${ledeCols} tok/s, ` +
+                `same greedy text (llama.cpp vs lede ar): ${same}`);
   }
 }
 

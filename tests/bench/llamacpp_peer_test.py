@@ -36,7 +36,10 @@ for row in report["results"]:
         failures.append(f"{row['format']}: llama.cpp generated no text")
     if row["same_greedy_text"] is not True:
         failures.append(f"{row['format']}: llama.cpp's greedy text differs from this engine's: "
-                        f"{row['llamacpp_text']!r} vs {row['lede_ar']}")
+                        f"{row['llamacpp_text']!r} vs {row['lede']}")
+    for mode, v in row["lede"].items():
+        if not v or "error" in v:
+            failures.append(f"{row['format']}: lede {mode} failed: {v}")
 formats = sorted(row["format"] for row in report["results"])
 if formats != ["bf16", "f32", "q8_0"]:
     failures.append(f"formats run: {formats}")
