@@ -627,6 +627,14 @@ Status GgufWriter::AddTensor(const std::string& name, GgmlType type, const std::
   return OkStatus();
 }
 
+Status GgufWriter::AddTensor(const std::string& name, GgmlType type, const std::vector<int64_t>& shape,
+                             std::vector<uint8_t> owned_bytes) {
+  owned_.push_back(std::move(owned_bytes));
+  Status s = AddTensor(name, type, shape, owned_.back().data(), owned_.back().size());
+  if (!s.ok()) owned_.pop_back();
+  return s;
+}
+
 Status GgufWriter::Write(const std::string& path) const {
   constexpr uint64_t kAlign = 32;
   std::string head;
@@ -718,6 +726,66 @@ std::string HfToGgufName(const std::string& hf_name) {
   return "";
 }
 
+std::vector<float> Llama3RopeFreqFactors(const model::ModelConfig& c) {
+  const model::RopeScaling& s = c.rope_scaling;
+  const int64_t hd = c.head_dim(), half = hd / 2;
+  const double old_ctx = static_cast<double>(s.original_max_position_embeddings);
+  const double low_wavelen = old_ctx / s.low_freq_factor, high_wavelen = old_ctx / s.high_freq_factor;
+  std::vector<float> out(static_cast<size_t>(half), 1.0f);
+  for (int64_t i = 0; i < half; ++i) {
+    const double inv = std::pow(c.rope_theta, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+    const double wavelen = 2.0 * M_PI / inv;
+    if (wavelen < high_wavelen) continue;
+    if (wavelen > low_wavelen) {
+      out[i] = static_cast<float>(s.factor);
+    } else {
+      const double smooth = (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      out[i] = static_cast<float>(1.0 / ((1.0 - smooth) / s.factor + smooth));
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// Finds Llama-3 scaling parameters that reproduce rope_freqs.weight.
+Status MatchLlama3Scaling(const GgufTensor& t, const std::string& src, model::ModelConfig* c) {
+  const int64_t half = c->head_dim() / 2;
+  if (t.ne != std::vector<int64_t>{half}) {
+    return InvalidArgumentError(src + ": tensor rope_freqs.weight has dims " + NeString(t.ne) + ", expected [" +
+                                std::to_string(half) + "] (head dim / 2)");
+  }
+  std::vector<float> given(static_cast<size_t>(half));
+  LEDE_RETURN_IF_ERROR(DequantizeToF32(t, given.data()));
+  const float factor = *std::max_element(given.begin(), given.end());
+  if (!(factor >= 1.0f) || !std::isfinite(factor)) {
+    return InvalidArgumentError(src + ": tensor rope_freqs.weight: factors must be finite and at least 1");
+  }
+  model::ModelConfig trial = *c;
+  trial.rope_scaling.type = model::RopeScaling::Type::kLlama3;
+  trial.rope_scaling.factor = factor;
+  for (int64_t orig : {8192, 4096, 2048, 16384, 32768, 131072}) {
+    for (double low : {1.0, 2.0}) {
+      for (double high : {4.0, 8.0, 2.0}) {
+        trial.rope_scaling.low_freq_factor = low;
+        trial.rope_scaling.high_freq_factor = high;
+        trial.rope_scaling.original_max_position_embeddings = orig;
+        const std::vector<float> want = Llama3RopeFreqFactors(trial);
+        bool same = true;
+        for (int64_t i = 0; i < half && same; ++i) same = std::fabs(want[i] - given[i]) <= 1e-4f * given[i];
+        if (same) {
+          c->rope_scaling = trial.rope_scaling;
+          return OkStatus();
+        }
+      }
+    }
+  }
+  return InvalidArgumentError(src + ": tensor rope_freqs.weight matches no Llama-3 RoPE scaling (factor " +
+                              std::to_string(factor) + "; per-frequency factors of another shape are not supported)");
+}
+
+}  // namespace
+
 StatusOr<model::ModelConfig> GgufLlamaConfig(const GgufFile& f) {
   const std::string& src = f.source();
   LEDE_ASSIGN_OR_RETURN(std::string arch, f.GetString("general.architecture"));
@@ -776,14 +844,13 @@ StatusOr<model::ModelConfig> GgufLlamaConfig(const GgufFile& f) {
       if (!(c.rope_scaling.factor > 0.0)) {
         return InvalidArgumentError(src + ": metadata key llama.rope.scaling.factor must be positive");
       }
-    } else if (type != "none") {
+    } else if (type != "none" && !(type == "llama3" && f.FindTensor("rope_freqs.weight") != nullptr)) {
       return InvalidArgumentError(src + ": metadata key llama.rope.scaling.type is \"" + type +
                                   "\" (supported: none, linear)");
     }
   }
-  if (f.FindTensor("rope_freqs.weight") != nullptr) {
-    return InvalidArgumentError(src + ": tensor rope_freqs.weight (per-dimension RoPE factors, Llama-3 scaling) "
-                                      "is not supported");
+  if (const GgufTensor* freqs = f.FindTensor("rope_freqs.weight")) {
+    LEDE_RETURN_IF_ERROR(MatchLlama3Scaling(*freqs, src, &c));
   }
   const GgufTensor* embd = f.FindTensor("token_embd.weight");
   if (embd == nullptr) return InvalidArgumentError(src + ": missing tensor token_embd.weight");
@@ -864,9 +931,6 @@ StatusOr<model::ModelConfig> GgufLlamaConfig(const GgufFile& f) {
 
 Status AddLlamaMetadata(const model::ModelConfig& c, const std::string& name, GgufWriter* w) {
   LEDE_RETURN_IF_ERROR(c.Validate());
-  if (c.rope_scaling.type == model::RopeScaling::Type::kLlama3) {
-    return InvalidArgumentError("GGUF export: Llama-3 RoPE scaling (rope_freqs.weight) is not supported yet");
-  }
   w->AddString("general.architecture", "llama");
   w->AddString("general.name", name);
   w->AddUint32("general.alignment", 32);
@@ -883,6 +947,13 @@ Status AddLlamaMetadata(const model::ModelConfig& c, const std::string& name, Gg
   if (c.rope_scaling.type == model::RopeScaling::Type::kLinear) {
     w->AddString("llama.rope.scaling.type", "linear");
     w->AddFloat32("llama.rope.scaling.factor", static_cast<float>(c.rope_scaling.factor));
+  }
+  if (c.rope_scaling.type == model::RopeScaling::Type::kLlama3) {
+    const std::vector<float> factors = Llama3RopeFreqFactors(c);
+    std::vector<uint8_t> bytes(factors.size() * 4);
+    std::memcpy(bytes.data(), factors.data(), bytes.size());
+    LEDE_RETURN_IF_ERROR(w->AddTensor("rope_freqs.weight", GgmlType::kF32, {static_cast<int64_t>(factors.size())},
+                                      std::move(bytes)));
   }
   return OkStatus();
 }

@@ -35,6 +35,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <list>
 #include <map>
 #include <memory>
 #include <string>
@@ -186,6 +187,10 @@ class GgufWriter {
   Status AddTensor(const std::string& name, GgmlType type, const std::vector<int64_t>& shape, const void* data,
                    size_t nbytes);
 
+  // The same with bytes the writer keeps (small tensors made on the fly).
+  Status AddTensor(const std::string& name, GgmlType type, const std::vector<int64_t>& shape,
+                   std::vector<uint8_t> owned_bytes);
+
   // Atomically (temporary file, fsync, rename). Errors: kInternal on I/O.
   Status Write(const std::string& path) const;
 
@@ -200,6 +205,7 @@ class GgufWriter {
   std::string kv_;  // serialized key/value records
   uint64_t n_kv_ = 0;
   std::vector<Tensor> tensors_;
+  std::list<std::vector<uint8_t>> owned_;
 };
 
 // --- The llama architecture -------------------------------------------------
@@ -209,7 +215,11 @@ class GgufWriter {
 // attention.head_count, attention.head_count_kv (default head_count),
 // context_length, attention.layer_norm_rms_epsilon, rope.freq_base,
 // rope.dimension_count (must be the head dim), rope.scaling.type
-// none|linear (+ rope.scaling.factor)), the vocabulary size from
+// none|linear (+ rope.scaling.factor); a rope_freqs.weight tensor (how
+// llama.cpp stores Llama-3.1's RoPE scaling: one divisor per frequency) is
+// matched to Llama-3 scaling parameters, factor = its largest entry and
+// low/high/original context from the usual values, and refused if none
+// reproduces it within 1e-4), the vocabulary size from
 // llama.vocab_size, tokenizer.ggml.tokens or token_embd.weight, BOS/EOS from
 // tokenizer.ggml.{bos,eos,eot,eom}_token_id, tie_word_embeddings when
 // output.weight is absent, rope_style kAdjacentPairs (llama.cpp's Q/K row
@@ -230,9 +240,15 @@ std::string GgufToHfName(const std::string& gguf_name);
 std::string HfToGgufName(const std::string& hf_name);
 
 // Adds general.architecture = "llama" and the llama.* hyper-parameter keys
-// of `config` to `writer`. Errors: kInvalidArgument for a config this
-// mapping cannot express (Llama-3 rope scaling).
+// of `config` to `writer`, and for Llama-3 RoPE scaling the
+// rope_freqs.weight tensor llama.cpp reads (Llama3RopeFreqFactors).
+// Errors: kInvalidArgument for an invalid config.
 Status AddLlamaMetadata(const model::ModelConfig& config, const std::string& name, GgufWriter* writer);
+
+// Llama-3 RoPE scaling as per-frequency divisors (head_dim / 2 of them):
+// 1 for short wavelengths, `factor` for long ones, a smooth blend between
+// (the scaled inverse frequency is base^(-2i/hd) / divisor[i]).
+std::vector<float> Llama3RopeFreqFactors(const model::ModelConfig& config);
 
 }  // namespace lede::checkpoint
 

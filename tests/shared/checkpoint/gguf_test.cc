@@ -258,9 +258,11 @@ TEST(GgufTest, MapsNamesBothWays) {
 class GgufLlamaTest : public ::testing::Test {
  protected:
   // d 64, 4 heads (2 kv), FFN 96, 2 layers, vocab 5, tied unless `untied`.
-  std::string Write(bool untied, int64_t bad_ffn = 0, const std::string& arch = "llama") {
+  std::string Write(bool untied, int64_t bad_ffn = 0, const std::string& arch = "llama",
+                    model::RopeScaling scaling = {}, const std::vector<float>* rope_freqs = nullptr) {
     GgufWriter w;
     model::ModelConfig c;
+    c.rope_scaling = scaling;
     c.dim = 64;
     c.hidden_dim = 96;
     c.n_layers = 2;
@@ -271,6 +273,11 @@ class GgufLlamaTest : public ::testing::Test {
     c.rope_theta = 500000.0;
     EXPECT_THAT(AddLlamaMetadata(c, "t", &w), IsOk());
     if (arch != "llama") w.AddString("general.architecture", arch);  // a second, contradicting record
+    if (rope_freqs != nullptr) {
+      EXPECT_THAT(w.AddTensor("rope_freqs.weight", GgmlType::kF32, {static_cast<int64_t>(rope_freqs->size())},
+                              rope_freqs->data(), rope_freqs->size() * 4),
+                  IsOk());
+    }
     w.AddUint32("tokenizer.ggml.bos_token_id", 3);
     w.AddUint32("tokenizer.ggml.eos_token_id", 4);
     w.AddUint32("tokenizer.ggml.eot_token_id", 2);
@@ -346,6 +353,40 @@ TEST_F(GgufLlamaTest, RefusesContradictionsNamingTheTensorOrKey) {
   ASSERT_THAT(f, IsOk());
   EXPECT_THAT(GgufLlamaConfig(**f),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("general.architecture is \"falcon\"")));
+}
+
+// Llama-3 RoPE scaling travels as llama.cpp's rope_freqs.weight and comes
+// back as the same parameters; divisors no parameters reproduce are refused.
+TEST_F(GgufLlamaTest, Llama3RopeScalingRoundTripsThroughRopeFreqs) {
+  model::RopeScaling s;
+  s.type = model::RopeScaling::Type::kLlama3;
+  s.factor = 32.0;
+  s.low_freq_factor = 1.0;
+  s.high_freq_factor = 4.0;
+  s.original_max_position_embeddings = 8192;
+  auto f = GgufFile::Open(Write(false, 0, "llama", s));
+  ASSERT_THAT(f, IsOk());
+  const GgufTensor* freqs = (*f)->FindTensor("rope_freqs.weight");
+  ASSERT_NE(freqs, nullptr);
+  EXPECT_EQ(freqs->ne, std::vector<int64_t>{8});  // head dim 16 / 2
+  std::vector<float> v(8);
+  ASSERT_THAT(DequantizeToF32(*freqs, v.data()), IsOk());
+  EXPECT_EQ(v.front(), 1.0f);   // the shortest wavelength is not scaled
+  EXPECT_EQ(v.back(), 32.0f);   // the longest by the factor
+  EXPECT_GT(v[4], 1.0f);        // 2*pi*500000^(1/2) = 4443 lies between 2048 and 8192: blended
+  EXPECT_LT(v[4], 32.0f);
+  auto c = GgufLlamaConfig(**f);
+  ASSERT_THAT(c, IsOk());
+  EXPECT_EQ(c->rope_scaling.type, model::RopeScaling::Type::kLlama3);
+  EXPECT_EQ(c->rope_scaling.factor, 32.0);
+  EXPECT_EQ(c->rope_scaling.low_freq_factor, 1.0);
+  EXPECT_EQ(c->rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 8192);
+
+  const std::vector<float> odd = {1, 1, 3, 1, 5, 1, 7, 9};
+  f = GgufFile::Open(Write(false, 0, "llama", model::RopeScaling{}, &odd));
+  ASSERT_THAT(f, IsOk());
+  EXPECT_THAT(GgufLlamaConfig(**f), StatusIs(StatusCode::kInvalidArgument, HasSubstr("rope_freqs.weight")));
 }
 
 }  // namespace

@@ -166,6 +166,40 @@ TEST(GgufCheckpointTest, Bf16AndQ8_0ExportsDequantizeWithinTheirError) {
   }
 }
 
+// Llama-3 RoPE scaling is exported as llama.cpp's rope_freqs.weight and read
+// back as the same scaling: lede-tiny given Llama-3.1-style scaling (which
+// changes its RoPE beyond 2048 positions of wavelength) generates the same
+// greedy ids from the GGUF as from the checkpoint in memory.
+TEST(GgufCheckpointTest, Llama3RopeScalingRoundTrips) {
+  testing::TempDir tmp;
+  auto src = LoadCheckpoint(kLedeTiny);
+  ASSERT_THAT(src, IsOk());
+  src->config.rope_scaling.type = RopeScaling::Type::kLlama3;
+  src->config.rope_scaling.factor = 8.0;
+  src->config.rope_scaling.low_freq_factor = 1.0;
+  src->config.rope_scaling.high_freq_factor = 4.0;
+  src->config.rope_scaling.original_max_position_embeddings = 8192;
+  const std::string gguf = (tmp.path() / "m.gguf").string();
+  checkpoint::GgufWriter writer;
+  auto vocab = tokenizer::ReadVocabForGguf(*tokenizer::FindTokenizerFile(kLedeTiny));
+  ASSERT_THAT(vocab, IsOk());
+  tokenizer::AddGgufTokenizerMetadata(*vocab, 1, 2, &writer);
+  ASSERT_THAT(WriteGgufCheckpoint(gguf, src->config, src->tensors, checkpoint::GgmlType::kF32, &writer), IsOk());
+  auto back = LoadCheckpoint(gguf);
+  ASSERT_THAT(back, IsOk());
+  EXPECT_EQ(back->config.ArchitectureFingerprint(), src->config.ArchitectureFingerprint());
+  auto a = LlamaModel::FromCheckpoint(*src, ModelOptions{});
+  ASSERT_THAT(a, IsOk());
+  auto ea = Engine::Create(std::shared_ptr<const LlamaModel>(std::move(*a)), KvCacheOptions{});
+  ASSERT_THAT(ea, IsOk());
+  GenerateOptions o;
+  o.max_new_tokens = 32;
+  const std::vector<int32_t> prompt = {1, 739, 554, 263, 499};
+  auto want = (*ea)->Generate(prompt, o);
+  ASSERT_THAT(want, IsOk());
+  EXPECT_EQ(Greedy(gguf, prompt), want->tokens);
+}
+
 // --- A GGUF written the way llama.cpp's converter writes one --------------------
 
 class RawGguf {
