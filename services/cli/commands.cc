@@ -643,10 +643,6 @@ int RunExport(const std::vector<std::string>& args, std::ostream& out, std::ostr
   auto tok_path = tokenizer::ResolveTokenizerFile(model, tokenizer_path);
   if (!tok_path.ok()) return Fail(err, tok_path.status(), kExitUsage);
   checkpoint::GgufWriter writer;
-  if (std::filesystem::path(*tok_path).extension() == ".gguf") {
-    return Fail(err, UnimplementedError("export from a GGUF checkpoint: its tokenizer metadata is not copied yet"),
-                kExitUsage);
-  }
   auto vocab = tokenizer::ReadVocabForGguf(*tok_path);
   if (!vocab.ok()) return Fail(err, vocab.status(), LoadFailureCode(vocab.status()));
   const auto n_vocab = static_cast<int64_t>(vocab->tokens.size());

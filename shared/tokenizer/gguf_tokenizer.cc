@@ -486,6 +486,49 @@ StatusOr<GgufVocab> ReadTokenizerJsonVocab(const std::string& path) {
   return v;
 }
 
+// A GGUF file's own tokenizer keys, as they are (re-export, e.g. f32 -> q8_0).
+StatusOr<GgufVocab> ReadGgufFileVocab(const std::string& path) {
+  LEDE_ASSIGN_OR_RETURN(std::shared_ptr<const checkpoint::GgufFile> f, checkpoint::GgufFile::Open(path));
+  GgufVocab v;
+  LEDE_ASSIGN_OR_RETURN(v.model, f->GetString("tokenizer.ggml.model"));
+  if (v.model != "llama" && v.model != "gpt2") {
+    return UnimplementedError(path + ": metadata key tokenizer.ggml.model is \"" + v.model +
+                              "\" (supported: llama, gpt2)");
+  }
+  LEDE_ASSIGN_OR_RETURN(v.tokens, f->GetStringArray("tokenizer.ggml.tokens"));
+  const size_t n = v.tokens.size();
+  v.token_types.assign(n, kTypeNormal);
+  if (f->Find("tokenizer.ggml.token_type") != nullptr) {
+    LEDE_ASSIGN_OR_RETURN(std::vector<double> t, f->GetNumberArray("tokenizer.ggml.token_type"));
+    if (t.size() != n) return InvalidArgumentError(path + ": metadata key tokenizer.ggml.token_type: wrong length");
+    for (size_t i = 0; i < n; ++i) v.token_types[i] = static_cast<int32_t>(t[i]);
+  }
+  if (v.model == "llama") {
+    LEDE_ASSIGN_OR_RETURN(std::vector<double> sc, f->GetNumberArray("tokenizer.ggml.scores"));
+    if (sc.size() != n) return InvalidArgumentError(path + ": metadata key tokenizer.ggml.scores: wrong length");
+    v.scores.assign(sc.begin(), sc.end());
+    if (f->Find("tokenizer.ggml.add_space_prefix") != nullptr) {
+      LEDE_ASSIGN_OR_RETURN(v.add_space_prefix, f->GetBool("tokenizer.ggml.add_space_prefix"));
+    }
+    v.add_bos = true;
+  } else {
+    LEDE_ASSIGN_OR_RETURN(v.merges, f->GetStringArray("tokenizer.ggml.merges"));
+    v.pre = "gpt2";
+    if (f->Find("tokenizer.ggml.pre") != nullptr) {
+      LEDE_ASSIGN_OR_RETURN(std::string pre, f->GetString("tokenizer.ggml.pre"));
+      if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3") v.pre = "llama-bpe";
+    }
+    v.add_bos = false;
+  }
+  if (f->Find("tokenizer.ggml.add_bos_token") != nullptr) {
+    LEDE_ASSIGN_OR_RETURN(v.add_bos, f->GetBool("tokenizer.ggml.add_bos_token"));
+  }
+  if (f->Find("tokenizer.chat_template") != nullptr) {
+    LEDE_ASSIGN_OR_RETURN(v.chat_template, f->GetString("tokenizer.chat_template"));
+  }
+  return v;
+}
+
 }  // namespace
 
 StatusOr<GgufVocab> ReadVocabForGguf(const std::string& path) {
@@ -493,6 +536,7 @@ StatusOr<GgufVocab> ReadVocabForGguf(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return NotFoundError(path + ": no such tokenizer file");
   const std::string ext = fs::path(path).extension().string();
+  if (ext == ".gguf") return ReadGgufFileVocab(path);
   StatusOr<GgufVocab> v = ext == ".model" ? ReadSentencePieceModel(path)
                           : ext == ".bin" ? ReadLlama2cVocab(path)
                           : ext == ".json" ? ReadTokenizerJsonVocab(path)

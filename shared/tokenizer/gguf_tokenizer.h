@@ -80,8 +80,9 @@ struct GgufVocab {
   std::string chat_template;        // "" for none
 };
 
-// Reads the tokenizer file `path` (by extension: .model SentencePiece BPE,
-// .bin llama2.c, .json Hugging Face byte-level BPE with Llama-3's or GPT-2's
+// Reads the tokenizer file `path` (by extension: .gguf a GGUF file's own
+// tokenizer.* keys, .model SentencePiece BPE, .bin llama2.c, .json Hugging
+// Face byte-level BPE with Llama-3's or GPT-2's
 // pre-tokenizer, or SentencePiece-style BPE whose scores become minus the
 // rank of the merge that first builds each piece) and, for .json and
 // .model, tokenizer_config.json beside it (chat template, add_bos_token).

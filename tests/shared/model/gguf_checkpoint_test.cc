@@ -200,6 +200,28 @@ TEST(GgufCheckpointTest, Llama3RopeScalingRoundTrips) {
   EXPECT_EQ(Greedy(gguf, prompt), want->tokens);
 }
 
+// A GGUF re-exported from a GGUF (its tokenizer keys copied, q/k rows kept
+// in llama.cpp's order, not permuted twice) is the same model.
+TEST(GgufCheckpointTest, ReExportsAGguf) {
+  testing::TempDir tmp;
+  const std::string first = (tmp.path() / "a.gguf").string(), second = (tmp.path() / "b.gguf").string();
+  ASSERT_THAT(Export(kLedeTiny, first, checkpoint::GgmlType::kF32), IsOk());
+  ASSERT_THAT(Export(first, second, checkpoint::GgmlType::kF32), IsOk());
+  auto a = LoadCheckpoint(first);
+  auto b = LoadCheckpoint(second);
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT(b, IsOk());
+  for (const auto& [name, t] : a->tensors) EXPECT_TRUE(at::equal(b->tensors.at(name), t)) << name;
+  auto ta = tokenizer::LoadTokenizer(first);
+  auto tb = tokenizer::LoadTokenizer(second);
+  ASSERT_THAT(ta, IsOk());
+  ASSERT_THAT(tb, IsOk());
+  auto ids = (*ta)->Encode("Once upon a time, Tom said \"hi\".", true, false);
+  ASSERT_THAT(ids, IsOk());
+  EXPECT_EQ(*(*tb)->Encode("Once upon a time, Tom said \"hi\".", true, false), *ids);
+  EXPECT_EQ(Greedy(second, *ids), Greedy(first, *ids));
+}
+
 // --- A GGUF written the way llama.cpp's converter writes one --------------------
 
 class RawGguf {
