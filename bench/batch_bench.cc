@@ -12,11 +12,15 @@
 //
 // usage: lede_batch_bench [--model models/lede-tiny] [--batches 1,2,4,8,16,32]
 //                         [--k 3] [--exit-layer 2] [--context 128] [--iters 50] [--threads 1]
+//                         [--json FILE]
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -35,7 +39,7 @@ using Clock = std::chrono::steady_clock;
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
 int Run(const std::vector<std::string>& args) {
-  std::string model_path = "models/lede-tiny", batches = "1,2,4,8,16,32";
+  std::string model_path = "models/lede-tiny", batches = "1,2,4,8,16,32", json_path, weights = "auto";
   int64_t k = 3, exit_layer = 2, context = 128, iters = 50, threads = 1;
   lede::flags::FlagSet flags;
   flags.Add("model", &model_path, "model directory or .bin");
@@ -45,13 +49,22 @@ int Run(const std::vector<std::string>& args) {
   flags.Add("context", &context, "committed tokens per session before the timed steps");
   flags.Add("iters", &iters, "timed steps per size");
   flags.Add("threads", &threads, "intra-op threads of this thread");
+  flags.Add("json", &json_path, "also write the rows as JSON here");
+  flags.Add("weights", &weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16 or q8_0");
   if (lede::Status s = flags.Parse(args); !s.ok()) {
     std::fprintf(stderr, "lede_batch_bench: %s\n%s", std::string(s.message()).c_str(), flags.Usage().c_str());
     return 2;
   }
   at::set_num_threads(static_cast<int>(threads));
   lede::model::SetFusedThreads(static_cast<int>(threads));  // the batched and the solo calls alike
-  auto loaded = lede::model::LlamaModel::Load(model_path, lede::model::ModelOptions{});
+  lede::model::ModelOptions model_options;
+  auto weight_format = lede::model::ParseWeightFormat(weights);
+  if (!weight_format.ok()) {
+    std::fprintf(stderr, "lede_batch_bench: --%s\n", std::string(weight_format.status().message()).c_str());
+    return 2;
+  }
+  model_options.weights = *weight_format;
+  auto loaded = lede::model::LlamaModel::Load(model_path, model_options);
   if (!loaded.ok()) {
     std::fprintf(stderr, "lede_batch_bench: %s\n", loaded.status().ToString().c_str());
     return 1;
@@ -75,6 +88,7 @@ int Run(const std::vector<std::string>& args) {
   std::printf("%s, context %ld, K=%ld at E=%ld, %ld threads (at::get_num_threads %d); ms per step\n",
               model_path.c_str(), (long)context, (long)k, (long)exit_layer, (long)threads, at::get_num_threads());
   std::printf("%6s %-7s %10s %10s %8s\n", "B", "work", "batched", "solo x B", "speedup");
+  nlohmann::json rows = nlohmann::json::array();
   for (const char* kind : {"step", "verify", "draft"}) {
     const bool verify = std::string(kind) == "verify", draft = std::string(kind) == "draft";
     for (int64_t B : sizes) {
@@ -134,6 +148,19 @@ int Run(const std::vector<std::string>& args) {
       batched /= iters;
       solo /= iters;
       std::printf("%6ld %-7s %10.3f %10.3f %7.2fx\n", (long)B, kind, batched, solo, solo / batched);
+      rows.push_back({{"sessions", B}, {"work", kind}, {"batched_ms", batched}, {"solo_ms", solo},
+                      {"speedup", solo / batched}});
+    }
+  }
+  if (!json_path.empty()) {
+    nlohmann::json out = {{"benchmark", "lede_batch_bench"}, {"model", model_path}, {"context", context},
+                          {"k", k}, {"exit_layer", exit_layer}, {"iters", iters}, {"threads", threads},
+                          {"rows", rows}};
+    std::ofstream f(json_path);
+    f << out.dump(2) << "\n";
+    if (!f) {
+      std::fprintf(stderr, "lede_batch_bench: cannot write %s\n", json_path.c_str());
+      return 1;
     }
   }
   return 0;

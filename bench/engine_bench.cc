@@ -13,6 +13,16 @@
 // 3. With --detail, the per-block timing table and the static grid (every
 //    exit layer, D in {1, 2, 4, 8}) with the cost models' predictions, on
 //    the default kernels.
+// 2b. --weights f32,bf16,q8_0 (issue 35) repeats every implementation at
+//    each weight storage (fused reads the packed format; eager computes with
+//    the dequantized weights), GB/s counted at the format's bytes and shown
+//    as a share of the measured DRAM read bandwidth of one core (%roof).
+//    A model "random:dxFxLxHxHkvxV" is a random-weights model of that shape
+//    (RandomInit; e.g. random:960x2560x12x30x10x2048 is lede-tiny widened
+//    to 122M parameters, the issue's memory-bound shape).
+//    Every run is also written as JSON (--json; default
+//    bench/results/engine_bench-<UTC time>.json): command, commit, date,
+//    machine, roofline, one row per (model, method, kernels, weights).
 // 4. With --after-prefill, on the default kernels: the latency of each of
 //    the first autoregressive steps after a prefill of P tokens (P = 24 and
 //    96), median over 15 generations, against the warm steps of the same
@@ -20,8 +30,9 @@
 //
 // usage: lede_engine_bench [--models A,B] [--tokens N] [--threads N]
 //                          [--repeats N] [--kernels eager,fused] [--detail]
-//                          [--after-prefill]
-// (default models: ../shared/models/stories260K, babyllama-tok105 and
+//                          [--after-prefill] [--weights f32,bf16,q8_0]
+//                          [--json FILE] [--no-gemv]
+// (default models: testdata/models/stories260K, babyllama-tok105 and
 // models/lede-tiny; threads 1, as the issue's numbers.)
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
@@ -30,13 +41,19 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "shared/flags/flags.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/cpu_kernels.h"
+#include "shared/model/cpu_quant_kernels.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
 
@@ -103,39 +120,58 @@ struct Traffic {
   double bytes = 0, flops = 0;
 };
 
-Traffic DecodeTraffic(const GenerationResult& r, const ModelConfig& c) {
+// bytes_per_weight: of the stored matrices (4 for f32, 2 bf16, 34/32 q8_0).
+Traffic DecodeTraffic(const GenerationResult& r, const ModelConfig& c, double bytes_per_weight) {
   const Weights w = CountWeights(c);
+  const double bw = bytes_per_weight;
   const double L = static_cast<double>(c.n_layers);
   Traffic t;
   for (const RoundRecord& round : r.stats.rounds) {
     const double e = round.exit_layer, k = round.n_drafted;
     if (k == 0) {
-      t.bytes += 4 * (L * w.block + w.head);
+      t.bytes += bw * (L * w.block + w.head);
       t.flops += 2 * (L * w.block + w.head);
       continue;
     }
     const double draft = e * w.block + w.head;
-    t.bytes += 4 * (k * draft + e * w.block + (L - e) * w.block + w.head);
+    t.bytes += bw * (k * draft + e * w.block + (L - e) * w.block + w.head);
     t.flops += 2 * (k * draft + e * w.block + (k + 1) * ((L - e) * w.block + w.head));
   }
   return t;
 }
 
 struct Run {
-  double tps = 0, gbs = 0, gflops = 0, accept = 0;
+  // cpu_tps: new tokens per second of this thread's CPU time (prefill
+  // included): what a core that is not time-shared would reach, for runs on
+  // a busy machine (wall-clock tps counts the time others held the core).
+  double tps = 0, cpu_tps = 0, gbs = 0, gflops = 0, accept = 0;
   std::vector<int32_t> tokens;
 };
 
 Run Measure(Engine& engine, const std::vector<int32_t>& prompt, const GenerateOptions& o) {
   Run run;
+  auto thread_cpu_s = [] {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+  };
+  const double cpu0 = thread_cpu_s();
   auto r = engine.Generate(prompt, o);
+  const double cpu_s = thread_cpu_s() - cpu0;
   if (!r.ok()) {
     std::fprintf(stderr, "generate failed: %s\n", r.status().ToString().c_str());
     return run;
   }
   const double s = r->stats.decode_s;
-  const Traffic t = DecodeTraffic(*r, engine.model().config());
+  const LlamaModel& m = engine.model();
+  const Weights w = CountWeights(m.config());
+  // The packed bytes of one full step over its weight count: the format's
+  // bytes per weight (4 on the eager path, which reads float32 tensors).
+  const double bytes_per_weight =
+      m.fused() ? m.packed_weight_bytes() / (m.n_layers() * w.block + w.head) : 4.0;
+  const Traffic t = DecodeTraffic(*r, m.config(), bytes_per_weight);
   run.tps = r->stats.decode_tokens_per_s();
+  run.cpu_tps = cpu_s > 0 ? r->tokens.size() / cpu_s : 0;
   run.gbs = s > 0 ? t.bytes / s / 1e9 : 0;
   run.gflops = s > 0 ? t.flops / s / 1e9 : 0;
   run.accept = r->stats.acceptance_rate();
@@ -152,13 +188,36 @@ void DetailTables(const std::shared_ptr<const LlamaModel>& model, int64_t n_toke
 
 void AfterPrefillTable(const std::shared_ptr<const LlamaModel>& model);
 
-void BenchModel(const std::string& path, const std::vector<Kernels>& kernels, int64_t n_tokens,
-                int repeats, bool detail, bool after_prefill) {
+// "random:dxFxLxHxHkvxV" -> *c (true), or false for a checkpoint path.
+bool ParseRandomShape(const std::string& spec, ModelConfig* c) {
+  const std::string prefix = "random:";
+  if (spec.rfind(prefix, 0) != 0) return false;
+  long long d, f, l, h, hkv, v;
+  if (std::sscanf(spec.c_str() + prefix.size(), "%lldx%lldx%lldx%lldx%lldx%lld", &d, &f, &l, &h, &hkv, &v) != 6) {
+    return false;
+  }
+  c->dim = d, c->hidden_dim = f, c->n_layers = l, c->n_heads = h, c->n_kv_heads = hkv, c->vocab_size = v;
+  c->max_seq_len = 1024;
+  c->bos_id = 1;
+  c->eos_ids = {2};
+  return true;
+}
+
+struct Variant {
+  Kernels kernels;
+  WeightFormat weights;
+};
+
+void BenchModel(const std::string& path, const std::vector<Variant>& variants, int64_t n_tokens, int repeats,
+                bool detail, bool after_prefill, double dram_gbs, nlohmann::json* rows) {
   std::vector<std::shared_ptr<const LlamaModel>> models;
-  for (Kernels k : kernels) {
+  ModelConfig random_shape;
+  const bool random = ParseRandomShape(path, &random_shape);
+  for (const Variant& v : variants) {
     ModelOptions mo;
-    mo.kernels = k;
-    auto loaded = LlamaModel::Load(path, mo);
+    mo.kernels = v.kernels;
+    mo.weights = v.weights;
+    auto loaded = random ? LlamaModel::RandomInit(random_shape, /*seed=*/1, mo) : LlamaModel::Load(path, mo);
     if (!loaded.ok()) {
       std::fprintf(stderr, "skip %s: %s\n", path.c_str(), loaded.status().ToString().c_str());
       return;
@@ -168,9 +227,9 @@ void BenchModel(const std::string& path, const std::vector<Kernels>& kernels, in
   const ModelConfig& c = models[0]->config();
   const int64_t L = c.n_layers;
   const Weights w = CountWeights(c);
-  std::printf("\n== %s  (d=%lld, L=%lld, V=%lld, %.2fM weights read per token = %.1f MB, threads=%d)\n",
-              path.c_str(), static_cast<long long>(c.dim), static_cast<long long>(L),
-              static_cast<long long>(c.vocab_size), (L * w.block + w.head) / 1e6,
+  std::printf("\n== %s  (d=%lld, F=%lld, L=%lld, V=%lld, %.2fM weights read per token = %.1f MB at f32, threads=%d)\n",
+              path.c_str(), static_cast<long long>(c.dim), static_cast<long long>(c.hidden_dim),
+              static_cast<long long>(L), static_cast<long long>(c.vocab_size), (L * w.block + w.head) / 1e6,
               4 * (L * w.block + w.head) / 1e6, at::get_num_threads());
   std::vector<std::unique_ptr<Engine>> engines;
   for (const auto& m : models) {
@@ -193,27 +252,59 @@ void BenchModel(const std::string& path, const std::vector<Kernels>& kernels, in
     o.draft_len = d;
     methods.push_back({"static E=" + std::to_string(e) + ",D=" + std::to_string(d), o});
   }
-  std::printf("%-16s %-6s %9s %7s %8s %8s %7s %6s\n", "method", "kernel", "tok/s", "vs eag", "GB/s",
-              "GFLOP/s", "accept", "same");
+  std::printf("%-16s %-6s %-5s %9s %7s %7s %8s %6s %8s %7s %6s %9s %7s\n", "method", "kernel", "wts", "tok/s", "vs eag",
+              "vs f32", "GB/s", "%roof", "GFLOP/s", "accept", "same", "cpu tok/s", "vs f32");
   for (const Method& m : methods) {
-    // Interleaved A/B: rep r runs every implementation once, in turn.
+    // Interleaved A/B: rep r runs every variant once, in turn.
     std::vector<std::vector<Run>> runs(models.size());
     for (int r = 0; r < repeats; ++r) {
       for (size_t k = 0; k < models.size(); ++k) runs[k].push_back(Measure(*engines[k], prompt, m.options));
     }
-    double eager_tps = 0;
+    double eager_tps = 0, f32_tps = 0, f32_cpu_tps = 0;
     for (size_t k = 0; k < models.size(); ++k) {
-      std::vector<double> tps, gbs, gflops;
+      std::vector<double> tps, gbs, gflops, cpu_tps;
       for (const Run& run : runs[k]) {
-        tps.push_back(run.tps), gbs.push_back(run.gbs), gflops.push_back(run.gflops);
+        tps.push_back(run.tps), gbs.push_back(run.gbs), gflops.push_back(run.gflops), cpu_tps.push_back(run.cpu_tps);
       }
-      const double t = Median(tps);
-      if (kernels[k] == Kernels::kEager) eager_tps = t;
-      char ratio[16] = "-";
+      const double t = Median(tps), ct = Median(cpu_tps);
+      const WeightFormat f = models[k]->weight_format();
+      if (variants[k].kernels == Kernels::kEager && f == WeightFormat::kF32) eager_tps = t;
+      if (variants[k].kernels == Kernels::kFused && f == WeightFormat::kF32) f32_tps = t, f32_cpu_tps = ct;
+      char ratio[16] = "-", ratio32[16] = "-", cpu_ratio32[16] = "-";
       if (eager_tps > 0) std::snprintf(ratio, sizeof(ratio), "%.2fx", t / eager_tps);
-      const bool same = runs[k].back().tokens == runs[0].back().tokens;
-      std::printf("%-16s %-6s %9.0f %7s %8.2f %8.2f %7.3f %6s\n", m.name.c_str(), KernelsName(kernels[k]), t,
-                  ratio, Median(gbs), Median(gflops), runs[k].back().accept, same ? "yes" : "NO");
+      if (f32_tps > 0 && variants[k].kernels == Kernels::kFused) {
+        std::snprintf(ratio32, sizeof(ratio32), "%.2fx", t / f32_tps);
+        std::snprintf(cpu_ratio32, sizeof(cpu_ratio32), "%.2fx", ct / f32_cpu_tps);
+      }
+      // Greedy ids against the first variant of the same weight format.
+      size_t same_as = k;
+      for (size_t j = 0; j < k; ++j) {
+        if (models[j]->weight_format() == f) {
+          same_as = j;
+          break;
+        }
+      }
+      const bool same = runs[k].back().tokens == runs[same_as].back().tokens;
+      const double g = Median(gbs);
+      std::printf("%-16s %-6s %-5s %9.1f %7s %7s %8.2f %5.0f%% %8.2f %7.3f %6s %9.1f %7s\n", m.name.c_str(),
+                  KernelsName(variants[k].kernels), WeightFormatName(f), t, ratio, ratio32, g,
+                  dram_gbs > 0 ? 100 * g / dram_gbs : 0.0, Median(gflops), runs[k].back().accept, same ? "yes" : "NO",
+                  ct, cpu_ratio32);
+      rows->push_back({{"model", path},
+                       {"method", m.name},
+                       {"kernels", KernelsName(variants[k].kernels)},
+                       {"weights", WeightFormatName(f)},
+                       {"tokens_per_s", t},
+                       {"tokens_per_s_runs", tps},
+                       {"tokens_per_cpu_s", ct},
+                       {"tokens_per_cpu_s_runs", cpu_tps},
+                       {"weight_gb_per_s", g},
+                       {"share_of_read_roofline", dram_gbs > 0 ? g / dram_gbs : 0.0},
+                       {"gflop_per_s", Median(gflops)},
+                       {"acceptance", runs[k].back().accept},
+                       {"packed_weight_bytes", models[k]->packed_weight_bytes()},
+                       {"params_read_per_token", L * w.block + w.head},
+                       {"greedy_ids_same_as_first_of_format", same}});
     }
   }
   if (detail) DetailTables(models.back(), n_tokens);
@@ -380,8 +471,10 @@ int main(int argc, char** argv) {
   int64_t n_tokens = 200, threads = 1, repeats = 5;
   bool detail = false, after_prefill = false;
   std::string models_flag =
-      "../shared/models/stories260K,../shared/models/babyllama-tok105/model5000.bin,models/lede-tiny";
+      "testdata/models/stories260K,testdata/models/babyllama-tok105/model5000.bin,models/lede-tiny";
   std::string kernels_flag = "eager,fused";
+  std::string weights_flag = "auto", json_path;
+  bool no_gemv = false;
   lede::flags::FlagSet flags;
   flags.Add("models", &models_flag, "comma-separated model paths (checkpoint directory or llama2.c .bin)");
   flags.Add("tokens", &n_tokens, "new tokens per generation (greedy, prompt = BOS)");
@@ -390,6 +483,9 @@ int main(int argc, char** argv) {
   flags.Add("kernels", &kernels_flag, "comma-separated implementations to compare: eager, fused");
   flags.Add("detail", &detail, "also print the per-block timing table and the static grid");
   flags.Add("after-prefill", &after_prefill, "also print the latency of the first steps after a prefill");
+  flags.Add("weights", &weights_flag, "comma-separated weight storages to compare: auto, f32, bf16, q8_0");
+  flags.Add("json", &json_path, "write the results here (default bench/results/engine_bench-<UTC time>.json)");
+  flags.Add("no-gemv", &no_gemv, "skip the matrix-vector kernel table");
   if (lede::flags::WantsHelp(args)) {
     std::printf("usage: lede_engine_bench [flags]\n%s", flags.Usage().c_str());
     return 0;
@@ -407,7 +503,16 @@ int main(int argc, char** argv) {
     }
     kernels.push_back(*parsed);
   }
-  if (kernels.empty() || repeats < 1 || n_tokens < 1 || threads < 0) {
+  std::vector<Variant> variants;
+  for (const std::string& wf : lede::flags::SplitList(weights_flag)) {
+    auto parsed = ParseWeightFormat(wf);
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "lede_engine_bench: --%s\n", std::string(parsed.status().message()).c_str());
+      return 2;
+    }
+    for (Kernels k : kernels) variants.push_back({k, *parsed});
+  }
+  if (variants.empty() || repeats < 1 || n_tokens < 1 || threads < 0) {
     std::fprintf(stderr, "lede_engine_bench: need --kernels, --repeats >= 1, --tokens >= 1, --threads >= 0\n");
     return 2;
   }
@@ -415,12 +520,54 @@ int main(int argc, char** argv) {
   c10::InferenceMode inference_mode;
   std::printf("LEDE engine benchmark: greedy, prompt = BOS, %lld new tokens, threads=%d, medians of %lld interleaved runs\n",
               static_cast<long long>(n_tokens), at::get_num_threads(), static_cast<long long>(repeats));
+  const double dram_gbs = ReadBandwidthGbs(256ll << 20, 5), llc_gbs = ReadBandwidthGbs(16ll << 20, 20);
+  const double sgemm = SgemmGflops(512, 10);
   std::printf("roofline: read bandwidth %.1f GB/s (256 MiB, DRAM), %.1f GB/s (16 MiB, last-level cache); "
-              "sgemm 512^3 %.1f GFLOP/s\n",
-              ReadBandwidthGbs(256ll << 20, 5), ReadBandwidthGbs(16ll << 20, 20), SgemmGflops(512, 10));
-  GemvTable();
+              "sgemm 512^3 %.1f GFLOP/s\n", dram_gbs, llc_gbs, sgemm);
+  std::printf("quantized kernels: %s\n", cpu::QuantIsaName(cpu::BestQuantIsa()));
+  if (!no_gemv) GemvTable();
+  nlohmann::json rows = nlohmann::json::array();
   for (const std::string& m : lede::flags::SplitList(models_flag)) {
-    BenchModel(m, kernels, n_tokens, static_cast<int>(repeats), detail, after_prefill);
+    BenchModel(m, variants, n_tokens, static_cast<int>(repeats), detail, after_prefill, dram_gbs, &rows);
   }
+  // The JSON record: command, commit, date, machine, roofline, rows.
+  auto shell = [](const char* cmd) {
+    std::string out;
+    if (FILE* p = popen(cmd, "r")) {
+      char buf[256];
+      while (std::fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+      pclose(p);
+    }
+    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+    return out;
+  };
+  std::string command = "lede_engine_bench";
+  for (const std::string& a : args) command += " " + a;
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  nlohmann::json report = {
+      {"command", command},
+      {"commit", shell("git rev-parse --short HEAD 2>/dev/null")},
+      {"dirty", !shell("git status --porcelain --untracked-files=no 2>/dev/null").empty()},
+      {"date", date},
+      {"machine",
+       {{"cpu", shell("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2")},
+        {"cores", shell("nproc")},
+        {"quant_isa", cpu::QuantIsaName(cpu::BestQuantIsa())}}},
+      {"threads", at::get_num_threads()},
+      {"tokens", n_tokens},
+      {"repeats", repeats},
+      {"roofline", {{"dram_read_gb_per_s", dram_gbs}, {"llc_read_gb_per_s", llc_gbs}, {"sgemm_gflop_per_s", sgemm}}},
+      {"rows", rows}};
+  if (json_path.empty()) {
+    char stamp[32];
+    std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", std::gmtime(&now));
+    json_path = std::string("bench/results/engine_bench-") + stamp + ".json";
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(json_path).parent_path(), ec);
+  std::ofstream(json_path) << report.dump(2) << "\n";
+  std::printf("wrote %s\n", json_path.c_str());
   return 0;
 }

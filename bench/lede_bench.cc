@@ -88,13 +88,14 @@ struct Common {
 };
 
 struct CommonFlags {
-  std::string model, prompts, calibration, candidates = "2,3,4,6", kernels = "fused";
+  std::string model, prompts, calibration, candidates = "2,3,4,6", kernels = "fused", weights = "auto";
   int64_t repeats = 3;  // interleaved evaluation passes
   int64_t max_draft = 4, per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 64,
           threads = 0;
   void AddTo(flags::FlagSet& f) {
     f.Add("model", &model, "model directory (Hugging Face layout + tokenizer)", true);
     f.Add("kernels", &kernels, "decode-path kernels: fused (CPU float32) or eager (libtorch reference)");
+    f.Add("weights", &weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16 or q8_0");
     f.Add("prompts", &prompts, "prompt sets: .jsonl or <|doc|> corpus files, comma-separated", true);
     f.Add("calibration", &calibration, "measured cost model JSON (default: calibrate now)");
     f.Add("candidate-layers", &candidates, "phase-1 candidate exit layers");
@@ -115,6 +116,7 @@ StatusOr<Common> Setup(const CommonFlags& cf) {
   LEDE_ASSIGN_OR_RETURN(c.tokenizer, tokenizer::LoadTokenizer(tok_path));
   model::ModelOptions model_options;
   LEDE_ASSIGN_OR_RETURN(model_options.kernels, model::ParseKernels(cf.kernels));
+  LEDE_ASSIGN_OR_RETURN(model_options.weights, model::ParseWeightFormat(cf.weights));
   LEDE_ASSIGN_OR_RETURN(auto loaded, model::LlamaModel::Load(cf.model, model_options));
   c.model = std::move(loaded);
   model::KvCacheOptions ko;
@@ -143,7 +145,7 @@ StatusOr<Common> Setup(const CommonFlags& cf) {
   return c;
 }
 
-// The rewards of shared/experience/transition.h under a cost model: "paper" (DESIGN.md
+// The rewards of shared/experience/transition.h under a cost model: "paper" (docs/design.md
 // §2; with the measured model its depth term assumes a typical round of 3
 // drafts and 4 tokens) or "throughput" (tokens minus cost).
 policy::RewardSpec RewardsFor(const std::string& reward, const model::CostModel& cm, const Common& c) {
@@ -683,7 +685,7 @@ int RunCollect(const std::vector<std::string>& args, std::ostream& out, std::ost
   cf.AddTo(f);
   f.Add("out", &out_dir, "experience shard directory", true);
   f.Add("cost-model", &cost_model, "reward cost model: accelerator or measured");
-  f.Add("reward", &reward, "paper (DESIGN.md §2) or throughput (tokens minus cost)");
+  f.Add("reward", &reward, "paper (docs/design.md §2) or throughput (tokens minus cost)");
   f.Add("epsilon", &epsilon, "probability of a random action");
   f.Add("seeds", &seeds, "runs per tuning prompt (each with another behaviour policy and seed)");
   f.Add("version", &version, "behaviour policy version recorded in the transitions");

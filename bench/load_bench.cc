@@ -56,7 +56,7 @@ namespace {
 using Rounds = std::vector<speculation::RoundRecord>;
 
 struct LoadFlags {
-  std::string model, prompts, calibration, loads = "1,2,4,8,16", policies, json;
+  std::string model, prompts, calibration, loads = "1,2,4,8,16", policies, json, weights = "auto";
   double ridge_tokens = model::kDefaultRidgeTokens;
   int64_t max_draft = 8, per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 64, threads = 1;
 };
@@ -229,6 +229,7 @@ int RunLoad(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   f.Add("max-prompt-tokens", &lf.max_prompt_tokens, "longer prompts are cut");
   f.Add("new-tokens", &lf.new_tokens, "tokens generated per prompt");
   f.Add("threads", &lf.threads, "intra-op threads");
+  f.Add("weights", &lf.weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16 or q8_0");
   f.Add("json", &lf.json, "write the rows as JSON here");
   if (flags::WantsHelp(args)) {
     out << "usage: lede-bench load --model DIR --prompts FILE[,FILE...] --calibration FILE [flags]\nflags:\n"
@@ -258,7 +259,11 @@ int RunLoad(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   if (!tok_path.ok()) return fail(tok_path.status(), 2);
   auto tok = tokenizer::LoadTokenizer(*tok_path);
   if (!tok.ok()) return fail(tok.status(), 2);
-  auto loaded = model::LlamaModel::Load(lf.model, model::ModelOptions{});
+  model::ModelOptions model_options;
+  auto weight_format = model::ParseWeightFormat(lf.weights);
+  if (!weight_format.ok()) return fail(Status(weight_format.status().code(), "--" + std::string(weight_format.status().message())), 2);
+  model_options.weights = *weight_format;
+  auto loaded = model::LlamaModel::Load(lf.model, model_options);
   if (!loaded.ok()) return fail(loaded.status(), 2);
   std::shared_ptr<const model::LlamaModel> m = std::move(*loaded);
   if (cal->model_fingerprint != m->config().ArchitectureFingerprint()) {

@@ -4,21 +4,38 @@
 // (the drafter asks once per candidate layer and once per drafted token).
 // Prints numbers; asserts nothing.
 //
-// Usage: lede_policy_bench [decisions per width, default 2000000]
+// Usage: lede_policy_bench [decisions per width, default 2000000] [--json FILE]
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "policy/dqn/dqn_exit_controller.h"
 #include "policy/dqn/q_network.h"
 
 int main(int argc, char** argv) {
   using lede::model::ExitState;
-  const int64_t n = argc > 1 ? std::atoll(argv[1]) : 2000000;
+  int64_t n = 2000000;
+  std::string json_path;  // --json FILE: also write the rows as JSON
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--json" && i + 1 < argc) {
+      json_path = argv[++i];
+    } else {
+      n = std::atoll(argv[i]);
+    }
+  }
+  if (n < 1) {
+    std::fprintf(stderr, "usage: lede_policy_bench [decisions per width >= 1] [--json FILE]\n");
+    return 2;
+  }
+  nlohmann::json rows = nlohmann::json::array();
   // A fixed pool of varied states, so the branch predictor cannot learn one.
   std::mt19937_64 rng(0);
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
@@ -46,6 +63,15 @@ int main(int argc, char** argv) {
     const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
     std::printf("%-8d %12lld %14.1f   (exit share %.3f)\n", hidden, static_cast<long long>(n), ns / n,
                 static_cast<double>(exits) / (n + 10000));
+    rows.push_back({{"hidden", hidden}, {"decisions", n}, {"ns_per_decision", ns / n}});
+  }
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    f << nlohmann::json({{"benchmark", "lede_policy_bench"}, {"rows", rows}}).dump(2) << "\n";
+    if (!f) {
+      std::fprintf(stderr, "lede_policy_bench: cannot write %s\n", json_path.c_str());
+      return 1;
+    }
   }
   return 0;
 }

@@ -5,18 +5,34 @@
 // the channels are never connected, the loads are set by hand. Prints
 // numbers; asserts nothing.
 //
-// Usage: lede_replica_bench [placements per size, default 200000]
+// Usage: lede_replica_bench [placements per size, default 200000] [--json FILE]
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <random>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "services/coordinator/replica_set.h"
 
 int main(int argc, char** argv) {
-  const int64_t n = argc > 1 ? std::atoll(argv[1]) : 200000;
+  int64_t n = 200000;
+  std::string json_path;  // --json FILE: also write the rows as JSON
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--json" && i + 1 < argc) {
+      json_path = argv[++i];
+    } else {
+      n = std::atoll(argv[i]);
+    }
+  }
+  if (n < 1) {
+    std::fprintf(stderr, "usage: lede_replica_bench [placements per size >= 1] [--json FILE]\n");
+    return 2;
+  }
+  nlohmann::json rows = nlohmann::json::array();
   std::printf("%9s %14s %16s\n", "replicas", "ns/placement", "placements/s");
   for (int replicas : {1, 2, 3, 8, 64}) {
     lede::coordinator::ReplicaSetOptions o;
@@ -42,6 +58,15 @@ int main(int argc, char** argv) {
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("%9d %14.1f %16.0f%s\n", replicas, 1e9 * s / n, n / s, sink == 42 ? " " : "");
+    rows.push_back({{"replicas", replicas}, {"ns_per_placement", 1e9 * s / n}, {"placements_per_s", n / s}});
+  }
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    f << nlohmann::json({{"benchmark", "lede_replica_bench"}, {"rows", rows}}).dump(2) << "\n";
+    if (!f) {
+      std::fprintf(stderr, "lede_replica_bench: cannot write %s\n", json_path.c_str());
+      return 1;
+    }
   }
   return 0;
 }

@@ -15,7 +15,7 @@ in vLLM's benchmark) until --num-prompts requests are done, and it prints:
   at the end (a leak shows as growth at a flat load; --soak-s runs one level
   that long and samples them every --sample-s).
 Prompts: --prompt-file (repeatable; JSON lines with "prompt" or "turns"),
-default the shipped model's story prompts and ../shared/data/prompts/humaneval.jsonl.
+default the shipped model's story prompts and testdata/prompts/humaneval.jsonl.
 The model services run with --slots (default 16) and the verifier's queue holds
 the rest, so concurrency above the slot count measures queueing too.
 --max-batch 1,16 runs each deployment once per value: the verifier batches up
@@ -317,7 +317,7 @@ def main():
     # so no lede-model or coordinator outlives the benchmark holding its ports and KV pool.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     files = a.prompt_file or [os.path.join(services_bench.MODEL, "prompts", "story.jsonl"),
-                              os.path.join(ROOT, "..", "shared", "data", "prompts", "humaneval.jsonl")]
+                              os.path.join(ROOT, "testdata", "prompts", "humaneval.jsonl")]
     prompts = load_prompts([f for f in files if os.path.exists(f)])
     levels = [int(x) for x in a.concurrency.split(",")]
     methods = a.methods.split(",")

@@ -1,6 +1,6 @@
 // File: policy/controllers.h
 //
-// Exit controllers that need no learning (DESIGN.md §2 baselines) and the
+// Exit controllers that need no learning (docs/design.md §2 baselines) and the
 // exploration wrapper used to collect experience. All implement
 // model::ExitController (shared/speculation/exit_controller.h) and are torch-free.
 //

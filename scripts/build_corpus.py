@@ -2,7 +2,7 @@
 """Builds the lede-tiny training corpus with a held-out split per domain.
 
 Domains (all local, nothing downloaded):
-  stories: TinyStories head + validation part (../shared/data/corpus), plus
+  stories: TinyStories head + validation part (testdata/corpus), plus
            synthetic stories sampled from stories260K if OUT/synthetic_stories.txt exists
   tales:   Grimms' fairy tales + Alice in Wonderland (Project Gutenberg header/footer stripped)
   drama:   tinyshakespeare
@@ -87,7 +87,8 @@ def code_files(root, budget):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shared", default="../shared")
+    ap.add_argument("--corpus", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testdata", "corpus"),
+                    help="the source texts (default: testdata/corpus of this repository)")
     ap.add_argument("--out", default="out/corpus")
     ap.add_argument("--code-root", default="/usr/lib/python3.11")
     ap.add_argument("--code-bytes", type=int, default=1_500_000)
@@ -99,7 +100,7 @@ def main():
                          "repeatable")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    corpus = os.path.join(args.shared, "data", "corpus")
+    corpus = args.corpus
     sources, domains = [], {}
 
     def read(path):

@@ -8,7 +8,7 @@
 #     and (where the build has it) LEDE decoding: lossless speculation on the
 #     GPU, and the same logits up to argmax;
 #   - bfloat16 on cuda: the share of prompts whose greedy text equals the
-#     float32 one (bf16 rounding moves near-ties; DESIGN.md §1), and its speed;
+#     float32 one (bf16 rounding moves near-ties; docs/design.md §1), and its speed;
 #   - CUDA graphs (llama.h GraphMode; shared/model/internal/step_graphs.h):
 #     float32 on cuda with --graphs on (the default there) and --graphs off,
 #     both against the CPU ids;
@@ -49,7 +49,7 @@ run() {  # model device dtype mode prompt [graphs] -> "text<TAB>tokens/s"
 }
 printf '%-14s %-7s %-30s %10s %10s %10s %10s %s\n' model mode prompt cpu-f32 cuda-f32 cuda-f32-nog cuda-bf16 \
   "f32 ids equal (graphs on / off) / bf16 text equal"
-for model in ../shared/models/stories260K models/lede-tiny; do
+for model in testdata/models/stories260K models/lede-tiny; do
   for mode in ar static lede; do
     for p in "${prompts[@]}"; do
       cpu=$(run "$model" cpu float32 "$mode" "$p")

@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
 """Writes models/lede-tiny/README.md (the model card) from the JSON the tools wrote:
-report.json (lede-pretrain), eval_exits.json (lede-eval-exits), bench.json (lede-bench bench),
-data_manifest.json (scripts/build_corpus.py) and policy/*/policy.json (lede-train).
+report.json and report_stage1.json (lede-pretrain), data_manifest.json (scripts/build_corpus.py)
+and policy/*/policy.json (lede-train) in MODEL_DIR, and the benchmark results under
+bench/results/<model>-{eval-exits,eval-sources,bench}.json (bench/record.py).
+Every measured table is a generated block of scripts/make_docs_tables.py, which names its JSON
+(and which that script and tests/docs/docs_test.py keep current).
 usage: make_model_card.py MODEL_DIR
 """
 import glob
 import json
 import os
 import sys
+
+import make_docs_tables
 
 
 def load(path):
@@ -19,8 +24,15 @@ def load(path):
 
 def main():
     d = sys.argv[1]
-    rep, ev, bench, man = (load(os.path.join(d, n)) for n in
-                           ("report.json", "eval_exits.json", "bench.json", "data_manifest.json"))
+    doc = os.path.relpath(os.path.join(os.path.abspath(d), "README.md"), make_docs_tables.ROOT)
+    model_rel = os.path.dirname(doc)
+    results = os.path.join("bench", "results", os.path.basename(model_rel))
+    rep, man = (load(os.path.join(d, n)) for n in ("report.json", "data_manifest.json"))
+    ev = load(os.path.join(make_docs_tables.ROOT, results + "-eval-exits.json"))
+    bench = load(os.path.join(make_docs_tables.ROOT, results + "-bench.json"))
+
+    def block(spec):
+        return make_docs_tables.block(doc, spec)
     cfg = load(os.path.join(d, "config.json"))
     L = cfg["num_hidden_layers"]
     out = []
@@ -41,10 +53,10 @@ def main():
       f"{cfg['max_position_embeddings']} | {rep['parameters'] / 1e6:.2f}M |\n")
     w("Files: `config.json`, `model.safetensors` (F32), `tokenizer.model` (Hugging Face layout).\n")
     w("## Data\n")
-    w("Built by `scripts/build_corpus.py` from `../shared/data/corpus` (TinyStories head and validation part, "
+    w("Built by `scripts/build_corpus.py` from `testdata/corpus` (TinyStories head and validation part, "
       "Grimms' fairy tales and Alice in Wonderland with the Project Gutenberg header/footer stripped, "
       "tinyshakespeare), the Python 3.11 standard library sources Debian installs (a deterministic subset), and "
-      "synthetic stories sampled from `../shared/models/stories260K` with this engine "
+      "synthetic stories sampled from `testdata/models/stories260K` with this engine "
       "(`scripts/sample_synthetic_stories.sh`, temperature 0.7, top-p 0.95). Every 20th document of each domain "
       "is held out; the synthetic stories added for stage 2 went into the training split only, so both stages "
       "share one held-out split. `data_manifest.json` lists every source file with its size and sha256.\n")
@@ -84,66 +96,23 @@ def main():
         w(open(notes).read().strip() + "\n")
     if rep1:
         w("## What stage 2 changed (held-out stories)\n")
-        w("| layer | stage 1 ppl | stage 1 agree | final ppl | final agree |\n|---|---|---|---|---|")
-        a, b = rep1["held_out"]["stories"], rep["held_out"]["stories"]
-        for l in range(L):
-            w(f"| {l + 1} | {a['perplexity'][l]:.1f} | {a['top1_agreement_with_last'][l]:.3f} | "
-              f"{b['perplexity'][l]:.1f} | {b['top1_agreement_with_last'][l]:.3f} |")
-        w("")
-    src = load(os.path.join(d, "eval_sources.json"))  # scripts/eval_by_source.sh
+        w(block(f"{model_rel}/report.json stage2") + "\n")
+    src = load(os.path.join(make_docs_tables.ROOT, results + "-eval-sources.json"))  # scripts/eval_by_source.sh
     if src and "stage 1" in src:
         w("### Held-out stories by source (`scripts/eval_by_source.sh`)\n")
         w("Stage 2 trains mostly on stories sampled from a 260K-parameter model, whose text is simpler than real "
           "TinyStories. Whether that costs anything on real text shows on the held-out real TinyStories: perplexity "
           "of the last layer, and top-1 agreement of layers 2 and 4 with it, before and after stage 2.\n")
-        w("| source | tokens | stage 1 ppl | final ppl | stage 1 agree@2 | final agree@2 | stage 1 agree@4 | "
-          "final agree@4 |\n|---|---|---|---|---|---|---|---|")
-        for dom in src["final"]:
-            a, b = src["stage 1"][dom], src["final"][dom]
-            w(f"| {dom} | {b['tokens']} | {a['perplexity'][-1]:.2f} | {b['perplexity'][-1]:.2f} | "
-              f"{a['top1_agreement_with_last'][1]:.3f} | {b['top1_agreement_with_last'][1]:.3f} | "
-              f"{a['top1_agreement_with_last'][3]:.3f} | {b['top1_agreement_with_last'][3]:.3f} |")
-        w("")
+        w(block(results + "-eval-sources.json") + "\n")
     w("## Early exits on held-out text\n")
     w("Per layer: perplexity of the exit at that layer, and top-1 agreement with the last layer, on the "
       "held-out documents of each domain as `lede-pretrain` evaluated them at the end of training "
-      "(`report.json`, up to 16384 tokens per domain; `eval_exits.json` holds `lede-eval-exits`' own "
+      "(`report.json`, up to 16384 tokens per domain; the `lede-eval-exits` result below also holds its own "
       "per-layer table on up to 32768 held-out tokens of stories and code).\n")
-    doms = list(rep["held_out"].keys())
-    w("| layer | " + " | ".join(f"{x} ppl | {x} agree" for x in doms) + " |")
-    w("|---|" + "---|---|" * len(doms))
-    for l in range(L):
-        cells = []
-        for x in doms:
-            h = rep["held_out"][x]
-            cells += [f"{h['perplexity'][l]:.1f}", f"{h['top1_agreement_with_last'][l]:.3f}"]
-        w(f"| {l + 1} | " + " | ".join(cells) + " |")
-    w("")
+    w(block(f"{model_rel}/report.json exits") + "\n")
     if ev:
         w("## Static self-speculation (E x D) on held-out prompts\n")
-        cal = ev["calibration"]
-        w(f"Greedy, prompts cut from held-out documents. Cost models (DESIGN.md §1): *accelerator* (verification "
-          f"costs one step; the LM head is h = {ev['head_layer_equivalents']:.2f} layer-equivalents) and "
-          f"*measured* (this CPU: full step {cal['step_us']:.0f} us; one block {cal['block_us'][0]:.0f} us for 1 "
-          f"position, {cal['block_us'][3]:.0f} us for 4, {cal['block_us'][15]:.0f} us for 16"
-          + (f"; rounds priced from real rounds timed in the decoding loop, in autoregressive rounds of "
-             f"{cal['ar_step_us']:.0f} us: K drafts at E=2 and their verification take "
-             + ", ".join(f"{x / cal['ar_step_us']:.2f}" for x in cal['round_us'][1][:6]) + " for K = 1..6"
-             if cal.get('round_us') else "") + ").\n")
-        for dom, r in ev["domains"].items():
-            g = r["static_grid"]
-            w(f"### {dom} ({g['prompts']} prompts x {g['new_tokens']} tokens; AR {g['ar']['tokens_per_s']:.0f} "
-              f"tokens/s)\n")
-            w("| E | D | acceptance | tokens/round | tokens/s | measured | predicted accel. | predicted measured |")
-            w("|---|---|---|---|---|---|---|---|")
-            for row in g["static"]:
-                w(f"| {row['exit_layer']} | {row['draft_len']} | {row['acceptance_rate']:.3f} | "
-                  f"{row['tokens_per_round']:.2f} | {row['tokens_per_s']:.0f} | {row['measured_speedup']:.2f}x | "
-                  f"{row['predicted_speedup_accelerator']:.2f}x | {row['predicted_speedup_measured']:.2f}x |")
-            b = g["best_accelerator"]
-            w(f"\nBest under the accelerator model: E={b['exit_layer']}, D={b['draft_len']}: "
-              f"{b['predicted_speedup_accelerator']:.2f}x predicted, {b['measured_speedup']:.2f}x measured "
-              f"wall-clock on this CPU.\n")
+        w(block(results + "-eval-exits.json") + "\n")
     if bench:
         w("## LEDE against its baselines (`lede-bench bench`, evaluation split)\n")
         w("Each prompt file is split in halves: every baseline (static over every exit layer 1..L-1 and draft "
@@ -152,47 +121,20 @@ def main():
           "(`story-*` policies on story requests only). Every number below is from the evaluation half, run "
           "through the engine. *measured* is wall-clock tokens/s over the autoregressive run of the same process; "
           "*pred.* columns apply the cost models to the rounds each method actually ran.\n")
-        for name, s in bench["sets"].items():
-            w(f"### {name} ({s['eval_prompts']} prompts; AR {s['ar_tokens_per_s']:.0f} tokens/s)\n")
-            w("| method | config | tokens/s | measured | pred. accel. | pred. measured | acceptance | "
-              "tokens/round | mean exit | mean D | exact match |")
-            w("|---|---|---|---|---|---|---|---|---|---|---|")
-            for r in s["rows"]:
-                w(f"| {r['method']} | {r['config']} | {r['tokens_per_s']:.0f} | {r['measured_speedup']:.2f}x | "
-                  f"{r['predicted_speedup_accelerator']:.2f}x | {r['predicted_speedup_measured']:.2f}x | "
-                  f"{r['acceptance_rate']:.3f} | {r['tokens_per_round']:.2f} | {r['mean_exit_layer']:.2f} | "
-                  f"{r['mean_draft_len']:.2f} | {r['exact_match_rate']:.2f} |")
-            for key, label in (("calibrated_ceiling", "calibrated (in-sample)"),
-                               ("belief_ceiling_tuning_fit", "belief (tuning fit)"),
-                               ("belief_ceiling_in_sample", "belief (in-sample)")):
-                c = s.get(key)
-                if c:
-                    w(f"| ceiling: {label} | | | | {c['accelerator']:.2f}x | {c['measured']:.2f}x | | | | | |")
-            o = s["hindsight_oracle"]
-            w(f"| ceiling: hindsight oracle | | | | {o['accelerator']:.2f}x | {o['measured']:.2f}x | | | | | |\n")
+        w(block(results + "-bench.json full") + "\n")
     pols = sorted(glob.glob(os.path.join(d, "policy", "*", "policy.json")))
     if pols:
         w("## Shipped policies (`policy/`)\n")
-        w("| version | reward cost model | rho | candidate layers | D_max | probes (phase 1 / lookahead) | "
-          "transitions | selection speed-up (replay) |")
-        w("|---|---|---|---|---|---|---|---|")
-        for p in pols:
-            m = load(p)
-            opts = m.get("training_options", {})
-            rho = opts.get("rho")
-            sel = m["offline_metrics"].get("selection_speedup")
-            w(f"| {m['version']} | {m['reward']['cost_model']} | {rho if rho is None else f'{rho:.3f}'} | "
-              f"{m['candidate_layers']} | {m['max_draft_len']} | "
-              f"{m.get('probe_candidates', True)} / {m.get('lookahead_probe', True)} | "
-              f"{m['training_data']['n_transitions']} | {sel if sel is None else f'{sel:.3f}x'} |")
+        w(block(f"{model_rel}/policy") + "\n")
         serving = open(os.path.join(d, "policy", "SERVING")).read().strip() if os.path.exists(
             os.path.join(d, "policy", "SERVING")) else "?"
-        w(f"\n`policy/SERVING` = `{serving}` (set by scripts/train_policies.sh to the LEDE policy "
+        w(f"`policy/SERVING` = `{serving}` (set by scripts/train_policies.sh to the LEDE policy "
           f"measured fastest in wall-clock on this CPU overall; the tables above have each set); on CUDA `lede generate "
           f"--mode lede` picks an accelerator-cost policy.\n")
     w("## Licence\n")
     w("Trained on CDLA-Sharing-1.0 (TinyStories), public-domain (Project Gutenberg, Shakespeare), PSF-licensed "
-      "(Python standard library) and MIT (stories260K samples) data; see ../shared/data/SOURCES.md.\n")
+      "(Python standard library) and MIT (stories260K samples) data; see "
+      "[testdata/SOURCES.md](../../testdata/SOURCES.md).\n")
     with open(os.path.join(d, "README.md"), "w") as f:
         f.write("\n".join(out) + "\n")
     print("wrote", os.path.join(d, "README.md"))

@@ -3,7 +3,7 @@
 
 The evaluation prompts of models/lede-tiny (prompts/story.jsonl, prompts/code.jsonl) were cut
 from held-out documents, some of which sit in the same TinyStories files as training stories.
-So the story prompts here are story openings from ../shared/data/corpus/tinystories_*.txt whose
+So the story prompts here are story openings from testdata/corpus/tinystories_*.txt whose
 text shares no 40-character opening with any evaluation prompt (and vice versa; nor do the five
 paragraphs on either side of one that does). The code prompts are cut as the evaluation's are
 (scripts/make_prompt_sets.py: a `def`/`class` line and the three after it) from Python standard
@@ -23,7 +23,7 @@ import sys
 
 from make_prompt_sets import function_openings
 
-SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared")
+CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testdata", "corpus")
 MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "models", "lede-tiny")
 
 
@@ -59,7 +59,7 @@ def main():
 
     stories = []
     for name in ("tinystories_train_head.txt", "tinystories_val_a.txt"):
-        with open(os.path.join(SHARED, "data", "corpus", name), encoding="utf-8") as f:
+        with open(os.path.join(CORPUS, name), encoding="utf-8") as f:
             paragraphs = [p.strip() for p in f.read().split("\n\n") if len(p.strip()) > 200]
         # A paragraph next to one an evaluation prompt was cut from may belong
         # to the same story: five paragraphs on each side are skipped too.

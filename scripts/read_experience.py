@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Reads LEDE experience shards (shared/experience/experience.h, DESIGN.md §5).
+"""Reads LEDE experience shards (shared/experience/experience.h, docs/design.md §5).
 
 A shard is the 8-byte magic b"LEDEXP1\\n" followed by records, each framed as
   uint32 LE payload length | uint32 LE zlib CRC-32 of the payload | payload

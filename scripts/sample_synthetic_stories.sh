@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Samples synthetic TinyStories-style stories from ../shared/models/stories260K
+# Samples synthetic TinyStories-style stories from testdata/models/stories260K
 # with the engine (temperature 0.7, top-p 0.95) into OUT_FILE, documents
 # separated by <|doc|> lines, for scripts/build_corpus.py. One process per
 # story opener samples its stories with consecutive seeds starting at
@@ -19,7 +19,7 @@ tmp="$OUT_FILE.tmp"
 for ((o = 0; o < ${#openers[@]}; o++)); do
   n=$(( N / ${#openers[@]} + (o < N % ${#openers[@]} ? 1 : 0) ))
   (( n > 0 )) || continue
-  "$LEDE" generate --model ../shared/models/stories260K --prompt "${openers[$o]}" --mode ar \
+  "$LEDE" generate --model testdata/models/stories260K --prompt "${openers[$o]}" --mode ar \
     --max-new-tokens "$MAX_NEW" --temperature 0.7 --top-p 0.95 --seed $((FIRST_SEED + o * 1000000)) \
     --samples "$n" --separator '<|doc|>' --threads 1 2>/dev/null >> "$tmp"
 done

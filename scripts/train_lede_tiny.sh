@@ -8,7 +8,7 @@
 #            split is stage 1's), shallow exits trained at every step -> models/lede-tiny
 # usage: scripts/train_lede_tiny.sh [STEPS1] [THREADS1] [STEPS2] [THREADS2]
 #        (lede-tiny: 1200 steps on 1 thread, then 2100 steps on 2 threads)
-# Needs a build (scripts/build) and ../shared beside the checkout.
+# Needs a build (scripts/build); the source texts are in testdata/corpus.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS1=${1:-1200}

@@ -65,9 +65,9 @@ train measured-v9 throughput measured story,code --initial-policy calibrated
 train story-measured-v8 throughput measured story --initial-policy calibrated
 train story-accelerator-v5 throughput accelerator story
 # The load-aware policy (feature spec lede-features-v4): one policy trained at four loads of the
-# accelerator roofline (README "The cost of speculation at a load"); not SERVING.
+# accelerator roofline (docs/serving.md "Speculation at a load"); not SERVING.
 train accelerator-load-v1 throughput accelerator story,code --loads 1,64,128,256
 # SERVING: the measured-cost policy trained on both domains, which the last lede-bench runs
 # (scripts/evaluate_lede_tiny.sh) measured level with the fastest in wall-clock on this CPU on
-# both sets (README).
+# both sets (the model card, models/lede-tiny/README.md).
 printf 'measured-v9\n' > "$MODEL/policy/SERVING.tmp" && mv "$MODEL/policy/SERVING.tmp" "$MODEL/policy/SERVING"

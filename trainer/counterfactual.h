@@ -1,7 +1,7 @@
 // File: trainer/counterfactual.h
 //
 // Dense counterfactual labels for LEDE's exit policy ("shadow tokens", DEL,
-// arXiv 2504.05598; DESIGN.md §2 "Beyond the paper").
+// arXiv 2504.05598; docs/design.md §2 "Beyond the paper").
 //
 // Under greedy decoding every method emits the same tokens (lossless), so a
 // logged greedy request fixes the committed sequence z. Whether the exit at
@@ -73,7 +73,7 @@ struct ShadowTrace {
 };
 
 // One uncached pass over prompt + output through all L layers with the exit
-// head at each (DESIGN.md §1 exits). `output` holds the emitted tokens;
+// head at each (docs/design.md §1 exits). `output` holds the emitted tokens;
 // `ended_on_eos` appends eos (the model's first eos id) to the target.
 // Errors: kInvalidArgument for an empty prompt or output, ids outside [0, V),
 // or more than max_seq_len tokens; kInternal on a libtorch failure.

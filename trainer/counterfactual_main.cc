@@ -43,7 +43,7 @@ struct Flags {
   int64_t per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 128, extra_count = 0,
           max_draft = 4, iterations = 6, epochs = 16, seed = 1, threads = 1, hidden = 64, batch_size = 256;
   double selection_fraction = 0.25, epsilon = 0.2, lr = 1e-3, conservative_margin = 0.0;
-  std::string initial_policy = "static", loads, warm_start;
+  std::string initial_policy = "static", loads, warm_start, weights = "auto";
   double ridge_tokens = lede::model::kDefaultRidgeTokens;
   bool overwrite = false, probe_candidates = false, lookahead_probe = false, rollout = true;
 };
@@ -159,13 +159,130 @@ nlohmann::json TrainingReport(const lede::model::CostModel& cost, const lede::tr
   return report;
 }
 
+// The Dinkelbach options of the flags, checked before any trace: the warm
+// start's artifact is read and every --loads price is made once here.
+StatusOr<lede::trainer::DinkelbachOptions> MakeOptions(const Flags& fl, const lede::model::LlamaModel& model,
+                                                       const lede::model::Calibration& cal) {
+  lede::trainer::DinkelbachOptions o;
+  if (fl.reward != "throughput" && fl.reward != "paper") {
+    return lede::InvalidArgumentError("--reward: want throughput or paper");
+  }
+  o.paper_rewards = fl.reward == "paper";
+  LEDE_ASSIGN_OR_RETURN(o.spec.candidate_layers, lede::flags::ParseIntList("candidate-layers", fl.candidates));
+  o.spec.max_draft_len = static_cast<int32_t>(fl.max_draft);
+  o.spec.probe_candidates = fl.probe_candidates;
+  o.rollout_targets = fl.rollout;
+  o.spec.lookahead_probe = fl.lookahead_probe;
+  o.max_iterations = static_cast<int32_t>(fl.iterations);
+  o.behaviour_epsilon = fl.epsilon;
+  o.conservative_margin = fl.conservative_margin;
+  o.initial_policy = fl.initial_policy;
+  if (!fl.warm_start.empty()) {
+    auto warm = lede::policy::dqn::LoadArtifact(fl.warm_start, model.config().ArchitectureFingerprint());
+    if (!warm.ok()) return lede::Status(warm.status().code(), "--warm-start: " + std::string(warm.status().message()));
+    if (warm->metadata.decision.candidate_layers != o.spec.candidate_layers ||
+        warm->metadata.decision.max_draft_len != o.spec.max_draft_len) {
+      return lede::InvalidArgumentError("--warm-start: " + fl.warm_start +
+                                        " decides at other candidate layers or another D_max than "
+                                        "--candidate-layers and --max-draft-len");
+    }
+    o.warm_start = std::make_shared<const lede::policy::dqn::QNetwork>(warm->network);
+  }
+  o.seed = static_cast<uint64_t>(fl.seed);
+  o.model_fingerprint = model.config().ArchitectureFingerprint();
+  o.dqn.epochs = fl.epochs;
+  o.dqn.seed = static_cast<uint64_t>(fl.seed);
+  o.dqn.hidden = static_cast<int32_t>(fl.hidden);
+  o.dqn.batch_size = fl.batch_size;
+  o.dqn.lr = fl.lr;
+  o.dqn.num_threads = static_cast<int32_t>(fl.threads);
+  o.dqn.heldout_fraction = 0.0;  // selection runs on whole held-out requests instead
+  if (!fl.loads.empty()) {
+    LEDE_ASSIGN_OR_RETURN(o.loads, lede::flags::ParseIntList("loads", fl.loads));
+    for (int32_t load : o.loads) {  // every price exists before any trace
+      LEDE_RETURN_IF_ERROR(MakeCostModelAtLoad(fl, model, cal, std::max(load, 1)).status());
+    }
+    o.cost_at_load = [&fl, &model, &cal](int32_t load) { return MakeCostModelAtLoad(fl, model, cal, load); };
+  }
+  LEDE_RETURN_IF_ERROR(lede::trainer::ValidateDinkelbachOptions(o));
+  return o;
+}
+
+// The shadow traces of the training requests (CollectPrompts): about
+// --selection-fraction of them (every k-th request) select the iterate.
+Status TraceRequests(const Flags& fl, const lede::tokenizer::Tokenizer& tok, lede::model::Engine& engine,
+                     int32_t top_k, std::vector<lede::trainer::ShadowTrace>* train,
+                     std::vector<lede::trainer::ShadowTrace>* selection) {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> ids;
+  LEDE_RETURN_IF_ERROR(CollectPrompts(fl, tok, &prompts, &ids));
+  if (prompts.size() < 4) return lede::InvalidArgumentError("--prompts: fewer than 4 training requests");
+  const size_t every = std::max<size_t>(2, static_cast<size_t>(std::lround(1.0 / std::max(0.05, fl.selection_fraction))));
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    LEDE_ASSIGN_OR_RETURN(lede::trainer::ShadowTrace t,
+                          lede::trainer::TraceGreedyRequest(engine, prompts[i], fl.new_tokens, top_k, ids[i]));
+    (i % every == every - 1 ? *selection : *train).push_back(std::move(t));
+    std::fprintf(stderr, "\rshadow traces %zu/%zu", i + 1, prompts.size());
+  }
+  return lede::OkStatus();
+}
+
+void PrintIteration(const std::vector<int32_t>& loads, const lede::trainer::DinkelbachIteration& it) {
+  std::fprintf(stderr,
+               "iteration %d: rho %.4f, %lld transitions -> train %.4fx, selection %.4fx, %s (%.0f s); "
+               "agrees with pi on %.1f%% / %.1f%% / %.1f%% of its round-start / exit-layer / draft-length "
+               "decisions\n",
+               it.iteration, it.rho, static_cast<long long>(it.transitions), it.train_speedup,
+               it.selection_speedup, it.adopted ? "adopted" : "rejected (pi and rho kept)", it.seconds,
+               100 * it.agreement[0], 100 * it.agreement[1], 100 * it.agreement[2]);
+  for (size_t i = 0; i < it.load_rho.size(); ++i) {
+    std::fprintf(stderr, "  load %d: rho %.4f -> train %.4fx, selection %.4fx\n", loads[i], it.load_rho[i],
+                 it.load_train_speedup[i], it.load_selection_speedup[i]);
+  }
+}
+
+// The policy artifact of the selected iterate, its metadata recording how
+// it was trained on `n_requests` requests.
+lede::policy::dqn::Artifact MakePolicyArtifact(const Flags& fl, const lede::trainer::DinkelbachOptions& o,
+                                               const lede::model::CostModel& cost,
+                                               const lede::trainer::DinkelbachResult& result, size_t n_requests) {
+  lede::policy::dqn::PolicyMetadata meta;
+  meta.version = fl.version;
+  meta.model_fingerprint = o.model_fingerprint;
+  meta.decision = o.spec;
+  meta.reward_cost_model = o.paper_rewards ? "accelerator" : cost.name();
+  const lede::trainer::DinkelbachIteration& sel = result.iterations[result.selected_iteration - 1];
+  meta.training_options["rho"] = sel.rho;
+  meta.training_options["dinkelbach_iterations"] = static_cast<double>(result.iterations.size());
+  meta.training_options["selected_iteration"] = result.selected_iteration;
+  meta.training_options["new_tokens"] = static_cast<double>(fl.new_tokens);
+  meta.training_options["behaviour_epsilon"] = fl.epsilon;
+  meta.training_options["rollout_targets"] = fl.rollout ? 1.0 : 0.0;
+  meta.training_options["conservative_margin"] = fl.conservative_margin;
+  meta.training_options["initial_policy_calibrated"] = fl.initial_policy == "calibrated" ? 1.0 : 0.0;
+  meta.training_data.n_requests = static_cast<int64_t>(n_requests);
+  for (size_t i = 0; i < o.loads.size(); ++i) {
+    meta.training_options["load_" + std::to_string(o.loads[i])] = sel.load_train_speedup[i];
+  }
+  if (!o.loads.empty() && fl.cost_model == "accelerator") meta.training_options["ridge_tokens"] = fl.ridge_tokens;
+  lede::policy::dqn::Artifact artifact = lede::trainer::MakeArtifact(result.dqn, o.dqn, meta);
+  artifact.metadata.offline_metrics["selection_speedup"] = sel.selection_speedup;
+  artifact.metadata.offline_metrics["train_speedup"] = sel.train_speedup;
+  artifact.metadata.offline_metrics["best_static_train_speedup"] = result.best_static_train_speedup;
+  return artifact;
+}
+
 int Run(const Flags& fl) {
   at::set_num_threads(static_cast<int>(fl.threads));
   auto tok_path = lede::tokenizer::FindTokenizerFile(fl.model);
   if (!tok_path.ok()) return Fail(tok_path.status());
   auto tok = lede::tokenizer::LoadTokenizer(*tok_path);
   if (!tok.ok()) return Fail(tok.status());
-  auto loaded = lede::model::LlamaModel::Load(fl.model, lede::model::ModelOptions{});
+  auto weight_format = lede::model::ParseWeightFormat(fl.weights);
+  if (!weight_format.ok()) return Fail(weight_format.status());
+  lede::model::ModelOptions model_options;
+  model_options.weights = *weight_format;
+  auto loaded = lede::model::LlamaModel::Load(fl.model, model_options);
   if (!loaded.ok()) return Fail(loaded.status());
   std::shared_ptr<const lede::model::LlamaModel> model = std::move(*loaded);
   lede::model::KvCacheOptions ko;
@@ -179,70 +296,13 @@ int Run(const Flags& fl) {
   auto cost_or = MakeCostModel(fl, *model, cal);
   if (!cost_or.ok()) return Fail(cost_or.status());
   std::unique_ptr<lede::model::CostModel> cost = std::move(*cost_or);
-  lede::trainer::DinkelbachOptions o;
-  if (fl.reward != "throughput" && fl.reward != "paper") {
-    return Fail(lede::InvalidArgumentError("--reward: want throughput or paper"));
-  }
-  o.paper_rewards = fl.reward == "paper";
-  auto layers = lede::flags::ParseIntList("candidate-layers", fl.candidates);
-  if (!layers.ok()) return Fail(layers.status());
-  o.spec.candidate_layers = *layers;
-  o.spec.max_draft_len = static_cast<int32_t>(fl.max_draft);
-  o.spec.probe_candidates = fl.probe_candidates;
-  o.rollout_targets = fl.rollout;
-  o.spec.lookahead_probe = fl.lookahead_probe;
-  o.max_iterations = static_cast<int32_t>(fl.iterations);
-  o.behaviour_epsilon = fl.epsilon;
-  o.conservative_margin = fl.conservative_margin;
-  o.initial_policy = fl.initial_policy;
-  if (!fl.warm_start.empty()) {
-    auto warm = lede::policy::dqn::LoadArtifact(fl.warm_start, model->config().ArchitectureFingerprint());
-    if (!warm.ok()) {
-      return Fail(lede::Status(warm.status().code(), "--warm-start: " + std::string(warm.status().message())));
-    }
-    if (warm->metadata.decision.candidate_layers != o.spec.candidate_layers ||
-        warm->metadata.decision.max_draft_len != o.spec.max_draft_len) {
-      return Fail(lede::InvalidArgumentError("--warm-start: " + fl.warm_start +
-                                             " decides at other candidate layers or another D_max than "
-                                             "--candidate-layers and --max-draft-len"));
-    }
-    o.warm_start = std::make_shared<const lede::policy::dqn::QNetwork>(warm->network);
-  }
-  o.seed = static_cast<uint64_t>(fl.seed);
-  o.model_fingerprint = model->config().ArchitectureFingerprint();
-  o.dqn.epochs = fl.epochs;
-  o.dqn.seed = static_cast<uint64_t>(fl.seed);
-  o.dqn.hidden = static_cast<int32_t>(fl.hidden);
-  o.dqn.batch_size = fl.batch_size;
-  o.dqn.lr = fl.lr;
-  o.dqn.num_threads = static_cast<int32_t>(fl.threads);
-  o.dqn.heldout_fraction = 0.0;  // selection runs on whole held-out requests instead
-  if (!fl.loads.empty()) {
-    auto loads = lede::flags::ParseIntList("loads", fl.loads);
-    if (!loads.ok()) return Fail(loads.status());
-    o.loads = *loads;
-    for (int32_t load : o.loads) {  // every price exists before any trace
-      auto c = MakeCostModelAtLoad(fl, *model, cal, std::max(load, 1));
-      if (!c.ok()) return Fail(c.status());
-    }
-    const lede::model::LlamaModel& m = *model;
-    o.cost_at_load = [&fl, &m, &cal](int32_t load) { return MakeCostModelAtLoad(fl, m, cal, load); };
-  }
-  if (Status st = lede::trainer::ValidateDinkelbachOptions(o); !st.ok()) return Fail(st);  // before any trace
+  auto options = MakeOptions(fl, *model, cal);
+  if (!options.ok()) return Fail(options.status());
+  const lede::trainer::DinkelbachOptions& o = *options;
 
   // Requests: tuning splits of the prompt sets, then the extra prompts.
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<std::string> ids;
-  if (Status st = CollectPrompts(fl, **tok, &prompts, &ids); !st.ok()) return Fail(st);
-  if (prompts.size() < 4) return Fail(lede::InvalidArgumentError("--prompts: fewer than 4 training requests"));
   std::vector<lede::trainer::ShadowTrace> train, selection;
-  const size_t every = std::max<size_t>(2, static_cast<size_t>(std::lround(1.0 / std::max(0.05, fl.selection_fraction))));
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    auto t = lede::trainer::TraceGreedyRequest(**engine, prompts[i], fl.new_tokens, o.spec.top_k, ids[i]);
-    if (!t.ok()) return Fail(t.status());
-    (i % every == every - 1 ? selection : train).push_back(std::move(*t));
-    std::fprintf(stderr, "\rshadow traces %zu/%zu", i + 1, prompts.size());
-  }
+  if (Status st = TraceRequests(fl, **tok, **engine, o.spec.top_k, &train, &selection); !st.ok()) return Fail(st);
   std::fprintf(stderr, "\n%zu training requests, %zu selection requests, cost model %s\n", train.size(),
                selection.size(), cost->name().c_str());
   auto sel_static = lede::trainer::BestStatic(selection, 8, *cost);
@@ -250,48 +310,16 @@ int Run(const Flags& fl) {
   std::fprintf(stderr, "best static on the selection requests (for reference): E=%d D=%d %.4fx\n",
                sel_static->exit_layer, sel_static->draft_len, sel_static->speedup);
   auto result = lede::trainer::TrainDinkelbach(
-      train, selection, *cost, o, [&o](const lede::trainer::DinkelbachIteration& it) {
-        std::fprintf(stderr,
-                     "iteration %d: rho %.4f, %lld transitions -> train %.4fx, selection %.4fx, %s (%.0f s); "
-                     "agrees with pi on %.1f%% / %.1f%% / %.1f%% of its round-start / exit-layer / draft-length "
-                     "decisions\n",
-                     it.iteration, it.rho, static_cast<long long>(it.transitions), it.train_speedup,
-                     it.selection_speedup, it.adopted ? "adopted" : "rejected (pi and rho kept)", it.seconds,
-                     100 * it.agreement[0], 100 * it.agreement[1], 100 * it.agreement[2]);
-        for (size_t i = 0; i < it.load_rho.size(); ++i) {
-          std::fprintf(stderr, "  load %d: rho %.4f -> train %.4fx, selection %.4fx\n", o.loads[i], it.load_rho[i],
-                       it.load_train_speedup[i], it.load_selection_speedup[i]);
-        }
-      });
+      train, selection, *cost, o, [&o](const lede::trainer::DinkelbachIteration& it) { PrintIteration(o.loads, it); });
   if (!result.ok()) return Fail(result.status());
 
-  lede::policy::dqn::PolicyMetadata meta;
-  meta.version = fl.version;
-  meta.model_fingerprint = o.model_fingerprint;
-  meta.decision = o.spec;
-  meta.reward_cost_model = o.paper_rewards ? "accelerator" : cost->name();
-  const lede::trainer::DinkelbachIteration& sel = result->iterations[result->selected_iteration - 1];
-  meta.training_options["rho"] = sel.rho;
-  meta.training_options["dinkelbach_iterations"] = static_cast<double>(result->iterations.size());
-  meta.training_options["selected_iteration"] = result->selected_iteration;
-  meta.training_options["new_tokens"] = static_cast<double>(fl.new_tokens);
-  meta.training_options["behaviour_epsilon"] = fl.epsilon;
-  meta.training_options["rollout_targets"] = fl.rollout ? 1.0 : 0.0;
-  meta.training_options["conservative_margin"] = fl.conservative_margin;
-  meta.training_options["initial_policy_calibrated"] = fl.initial_policy == "calibrated" ? 1.0 : 0.0;
-  meta.training_data.n_requests = static_cast<int64_t>(train.size() + selection.size());
-  for (size_t i = 0; i < o.loads.size(); ++i) {
-    meta.training_options["load_" + std::to_string(o.loads[i])] = sel.load_train_speedup[i];
-  }
-  if (!o.loads.empty() && fl.cost_model == "accelerator") meta.training_options["ridge_tokens"] = fl.ridge_tokens;
-  lede::policy::dqn::Artifact artifact = lede::trainer::MakeArtifact(result->dqn, o.dqn, meta);
-  artifact.metadata.offline_metrics["selection_speedup"] = sel.selection_speedup;
-  artifact.metadata.offline_metrics["train_speedup"] = sel.train_speedup;
-  artifact.metadata.offline_metrics["best_static_train_speedup"] = result->best_static_train_speedup;
+  const lede::policy::dqn::Artifact artifact =
+      MakePolicyArtifact(fl, o, *cost, *result, train.size() + selection.size());
   if (Status s = lede::policy::dqn::SaveArtifact(fl.out, artifact, fl.overwrite); !s.ok()) return Fail(s);
 
   const nlohmann::json report = TrainingReport(*cost, *result, *sel_static, train.size(), selection.size());
   std::ofstream(fl.out + "/training_report.json") << report.dump(2) << "\n";
+  const lede::trainer::DinkelbachIteration& sel = result->iterations[result->selected_iteration - 1];
   std::printf("wrote %s (selected iteration %d: rho %.4f, selection %.4fx; best static on training %s %.4fx; "
               "pi_0 %s %.4fx)\n",
               fl.out.c_str(), result->selected_iteration, sel.rho, sel.selection_speedup, result->best_static.c_str(),
@@ -313,7 +341,7 @@ int main(int argc, char** argv) {
   f.Add("prompt-tokens", &fl.prompt_tokens, "tokens of a corpus document used as its prompt");
   f.Add("max-prompt-tokens", &fl.max_prompt_tokens, "longer prompts are cut");
   f.Add("new-tokens", &fl.new_tokens, "tokens generated per training request");
-  f.Add("reward", &fl.reward, "throughput (tokens - rho * cost, Dinkelbach) or paper (DESIGN.md §2)");
+  f.Add("reward", &fl.reward, "throughput (tokens - rho * cost, Dinkelbach) or paper (docs/design.md §2)");
   f.Add("cost-model", &fl.cost_model, "accelerator or measured (rewards and selection)");
   f.Add("calibration", &fl.calibration, "measured cost model JSON (default MODEL/calibration-cpu.json)");
   f.Add("candidate-layers", &fl.candidates, "phase-1 candidate exit layers");
@@ -345,6 +373,7 @@ int main(int argc, char** argv) {
 
   f.Add("seed", &fl.seed, "seed");
   f.Add("threads", &fl.threads, "libtorch threads");
+  f.Add("weights", &fl.weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16 or q8_0");
   f.Add("out", &fl.out, "artifact directory to write", true);
   f.Add("version", &fl.version, "policy version", true);
   f.Add("overwrite", &fl.overwrite, "replace an existing artifact");

@@ -334,23 +334,11 @@ std::string Describe(const StaticChoice& c) {
   return "E=" + std::to_string(c.exit_layer) + " D=" + std::to_string(c.draft_len);
 }
 
-}  // namespace
-
-StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train_traces,
-                                           const std::vector<ShadowTrace>& selection_traces,
-                                           const model::CostModel& cost, const DinkelbachOptions& o,
-                                           const DinkelbachCallback& on_iteration) {
-  if (train_traces.empty()) return InvalidArgumentError("training traces: empty");
-  if (selection_traces.empty()) return InvalidArgumentError("selection traces: empty");
-  LEDE_RETURN_IF_ERROR(ValidateDinkelbachOptions(o));
-  const int32_t L = train_traces.front().n_layers;
-  std::vector<int32_t> expressible;
-  for (int32_t l : o.spec.candidate_layers) {
-    if (l >= 1 && l < L) expressible.push_back(l);
-  }
-  if (expressible.empty()) return InvalidArgumentError("spec.candidate_layers: no exit layer in [1, L)");
-  // The loads and their prices: one group at the traces' own load without
-  // options.loads.
+// The loads and their prices: one group at the traces' own load without
+// options.loads.
+StatusOr<std::vector<LoadGroup>> MakeLoadGroups(const std::vector<ShadowTrace>& train_traces,
+                                                const std::vector<ShadowTrace>& selection_traces,
+                                                const model::CostModel& cost, const DinkelbachOptions& o) {
   std::vector<LoadGroup> groups;
   if (o.loads.empty()) {
     LoadGroup g;
@@ -370,55 +358,223 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
       groups.push_back(std::move(g));
     }
   }
-  // The best static setting over every exit layer (reported), and pi_0:
-  // the best one the policy can express, at a candidate exit layer (a
-  // static exit layer outside the candidates is no policy of the round's
-  // decisions: rolled out as one it never exits, and the iteration learned
-  // from autoregressive steps; measured: 1.07x on the training traces
-  // against 1.26x for static E=7, candidates 1-6). With loads, where no
-  // static setting beats autoregressive decoding at a load, pi_0 decodes
-  // autoregressively there.
-  const std::shared_ptr<const policy::dqn::QNetwork> warm = o.warm_start;
-  const auto warm_policy = [warm](int64_t) -> std::unique_ptr<model::ExitController> {
-    return std::make_unique<policy::dqn::DqnExitController>(warm, "warm start");
-  };
+  return groups;
+}
+
+// The best static setting over every exit layer (reported), and pi_0:
+// the best one the policy can express, at a candidate exit layer (a
+// static exit layer outside the candidates is no policy of the round's
+// decisions: rolled out as one it never exits, and the iteration learned
+// from autoregressive steps; measured: 1.07x on the training traces
+// against 1.26x for static E=7, candidates 1-6). With loads, where no
+// static setting beats autoregressive decoding at a load, pi_0 decodes
+// autoregressively there. Returns pi_0's speed-up at each load.
+StatusOr<std::vector<double>> ChooseStarts(const DinkelbachOptions& o, const std::vector<int32_t>& expressible,
+                                           const ControllerMaker& warm_policy, std::vector<LoadGroup>* groups) {
   std::vector<double> start_speedups;
-  for (LoadGroup& g : groups) {
+  for (LoadGroup& g : *groups) {
     LEDE_ASSIGN_OR_RETURN(g.best_static, BestStatic(g.train, o.spec.max_draft_len, *g.cost));
     LEDE_ASSIGN_OR_RETURN(g.start, BestStatic(g.train, o.spec.max_draft_len, *g.cost, expressible));
     if (!o.loads.empty() && g.start.speedup < 1.0) g.start = StaticChoice{0, 0, 1.0};
     double start = g.start.speedup;
-    if (warm) {
+    if (o.warm_start) {
       LEDE_ASSIGN_OR_RETURN(double s, SimulatedSpeedup(g.train, o.spec, warm_policy, *g.cost));
       g.start_warm = s > start;
       start = std::max(start, s);
     }
     start_speedups.push_back(start);
   }
-  // pi_0 and its throughput on the training traces.
+  return start_speedups;
+}
+
+// pi_0: per load a static setting, autoregressive decoding or the warm
+// start; or (initial_policy "calibrated") the tuned calibrated rule.
+struct InitialPolicy {
   std::shared_ptr<const CalibratedRule> rule;
   std::map<int32_t, StaticChoice> start_by_load;
   std::set<int32_t> warm_loads;
+  std::string description;
+  std::vector<double> speedups;  // on the training traces, per load (the rule's alone)
+  double train_speedup = 0;      // their mean
+};
+
+StatusOr<InitialPolicy> MakeInitialPolicy(const std::vector<LoadGroup>& groups, const DinkelbachOptions& o,
+                                          std::vector<double> start_speedups) {
+  InitialPolicy initial;
   for (const LoadGroup& g : groups) {
-    start_by_load[g.load] = g.start;
-    if (g.start_warm) warm_loads.insert(g.load);
+    initial.start_by_load[g.load] = g.start;
+    if (g.start_warm) initial.warm_loads.insert(g.load);
   }
   auto describe_start = [](const LoadGroup& g) { return g.start_warm ? std::string("warm start") : Describe(g.start); };
-  std::string initial = groups.size() == 1 ? (groups[0].start_warm ? "" : "static ") + describe_start(groups[0])
+  initial.description = groups.size() == 1 ? (groups[0].start_warm ? "" : "static ") + describe_start(groups[0])
                                            : "per load:";
   if (groups.size() > 1) {
-    for (const LoadGroup& g : groups) initial += " B=" + std::to_string(g.load) + " " + describe_start(g);
+    for (const LoadGroup& g : groups) initial.description += " B=" + std::to_string(g.load) + " " + describe_start(g);
   }
-  double current_train = Mean(start_speedups);
+  initial.train_speedup = Mean(start_speedups);
   if (o.initial_policy == "calibrated") {
     LEDE_ASSIGN_OR_RETURN(CalibratedRule tuned, TuneCalibratedRule(groups[0].train, o.spec, *groups[0].cost));
-    rule = std::make_shared<const CalibratedRule>(std::move(tuned));
-    current_train = rule->speedup;
-    start_speedups = {rule->speedup};
-    initial = rule->Describe();
+    initial.rule = std::make_shared<const CalibratedRule>(std::move(tuned));
+    initial.train_speedup = initial.rule->speedup;
+    start_speedups = {initial.rule->speedup};
+    initial.description = initial.rule->Describe();
   }
-  const double initial_train = current_train;
-  for (size_t i = 0; i < groups.size(); ++i) groups[i].rho = o.initial_rho > 0 ? o.initial_rho : start_speedups[i];
+  initial.speedups = std::move(start_speedups);
+  return initial;
+}
+
+// pi: the last adopted iterate's greedy policy (`current`), or pi_0.
+ControllerMaker CurrentPolicy(std::shared_ptr<const policy::dqn::QNetwork> current, const InitialPolicy& initial,
+                              const ControllerMaker& warm_policy, const model::DecisionSpec& spec) {
+  return [current, start_by_load = initial.start_by_load, warm_loads = initial.warm_loads, warm_policy,
+          rule = initial.rule, spec](int64_t i) -> std::unique_ptr<model::ExitController> {
+    if (current) return std::make_unique<policy::dqn::DqnExitController>(current, "pi");
+    if (rule) return rule->Make(spec);
+    std::map<int32_t, std::unique_ptr<model::ExitController>> by_load;
+    for (const auto& [load, c] : start_by_load) {
+      if (warm_loads.count(load) > 0) {
+        by_load[load] = warm_policy(i);
+      } else if (c.exit_layer == 0) {
+        by_load[load] = std::make_unique<AutoregressiveController>();
+      } else {
+        by_load[load] = std::make_unique<StaticExitController>(c.exit_layer, c.draft_len);
+      }
+    }
+    if (by_load.size() == 1) return std::move(by_load.begin()->second);
+    return std::make_unique<PerLoadController>(std::move(by_load));
+  };
+}
+
+// The states the transitions come from: with rollout targets pi, ε-greedy
+// variants of it and of threshold behaviours; otherwise the exploring
+// behaviours. The same at every load.
+std::vector<ControllerMaker> TransitionSources(const DinkelbachOptions& o, int32_t n_layers, const ControllerMaker& pi,
+                                               std::shared_ptr<const policy::dqn::QNetwork> current,
+                                               int32_t iteration) {
+  if (!o.rollout_targets) return Behaviours(o, n_layers, std::move(current), iteration);
+  std::vector<ControllerMaker> sources;
+  const double eps = o.behaviour_epsilon;
+  const uint64_t base = o.seed * 7777ULL + static_cast<uint64_t>(iteration) * 131ULL;
+  sources.push_back(pi);
+  for (double e : {0.5 * eps, eps}) {
+    sources.push_back([pi, e, base](int64_t i) -> std::unique_ptr<model::ExitController> {
+      return std::make_unique<OwningExplorer>(pi(i), e, base + static_cast<uint64_t>(i) * 31ULL +
+                                                             static_cast<uint64_t>(e * 1000));
+    });
+  }
+  for (auto [lambda, tau] : std::vector<std::pair<float, float>>{{0.3f, 0.3f}, {0.7f, 0.6f}, {0.9f, 0.9f}}) {
+    sources.push_back([lambda, tau, eps, base](int64_t i) -> std::unique_ptr<model::ExitController> {
+      return std::make_unique<OwningExplorer>(std::make_unique<ThresholdExitController>(lambda, tau), eps,
+                                              base + 17ULL + static_cast<uint64_t>(i) * 37ULL);
+    });
+  }
+  return sources;
+}
+
+// The transitions of one iteration, every load's in turn, each rewarded at
+// its load's price and rho.
+StatusOr<std::vector<policy::Transition>> CollectTransitions(const std::vector<LoadGroup>& groups,
+                                                             const DinkelbachOptions& o, int32_t n_layers,
+                                                             const ControllerMaker& pi,
+                                                             const std::vector<ControllerMaker>& sources) {
+  std::vector<policy::Transition> transitions;
+  for (const LoadGroup& g : groups) {
+    const policy::RewardSpec rewards = o.paper_rewards ? policy::RewardSpec::Paper(n_layers)
+                                                       : DinkelbachRewards(*g.cost, n_layers, o.spec.max_draft_len, g.rho);
+    std::vector<policy::Transition> ts;
+    if (o.rollout_targets) {
+      LEDE_ASSIGN_OR_RETURN(ts, RolloutTransitions(g.train, o.spec, pi, sources, rewards, o.model_fingerprint,
+                                                   o.conservative_margin));
+    } else {
+      LEDE_ASSIGN_OR_RETURN(ts, CounterfactualTransitions(g.train, o.spec, sources, rewards, o.model_fingerprint));
+    }
+    transitions.insert(transitions.end(), std::make_move_iterator(ts.begin()), std::make_move_iterator(ts.end()));
+  }
+  return transitions;
+}
+
+// Agreement of the new greedy policy with pi on pi's own decisions, per
+// kind (DinkelbachIteration::agreement).
+StatusOr<std::array<double, 3>> Agreement(const std::vector<LoadGroup>& groups, const DinkelbachOptions& o,
+                                          const ControllerMaker& pi, const ControllerMaker& greedy) {
+  std::array<int64_t, 3> decisions{}, agreed{};
+  auto probe = [&](int64_t i) -> std::unique_ptr<model::ExitController> {
+    return std::make_unique<AgreementProbe>(pi(i), greedy(i), &decisions, &agreed);
+  };
+  for (const LoadGroup& g : groups) {
+    LEDE_RETURN_IF_ERROR(SimulatedSpeedup(g.train, o.spec, probe, *g.cost).status());
+  }
+  std::array<double, 3> agreement{};
+  for (int k = 0; k < 3; ++k) {
+    agreement[k] = decisions[k] > 0 ? static_cast<double>(agreed[k]) / decisions[k] : 1.0;
+  }
+  return agreement;
+}
+
+// The greedy policy's speed-ups at every load into `rep` (means, and per
+// load with options.loads); *train gets the training ones per load.
+Status MeasureIterate(const std::vector<LoadGroup>& groups, const DinkelbachOptions& o, const ControllerMaker& greedy,
+                      DinkelbachIteration* rep, std::vector<double>* train) {
+  std::vector<double> rhos, selection;  // per load
+  for (const LoadGroup& g : groups) {
+    rhos.push_back(g.rho);
+    LEDE_ASSIGN_OR_RETURN(double t, SimulatedSpeedup(g.train, o.spec, greedy, *g.cost));
+    LEDE_ASSIGN_OR_RETURN(double s, SimulatedSpeedup(g.selection, o.spec, greedy, *g.cost));
+    train->push_back(t);
+    selection.push_back(s);
+  }
+  rep->rho = Mean(rhos);
+  rep->train_speedup = Mean(*train);
+  rep->selection_speedup = Mean(selection);
+  if (!o.loads.empty()) rep->load_rho = rhos, rep->load_train_speedup = *train, rep->load_selection_speedup = selection;
+  return OkStatus();
+}
+
+// The result around the selected iterate's training result.
+DinkelbachResult MakeResult(DqnResult best, std::vector<DinkelbachIteration> iterations, int32_t selected,
+                            const std::vector<LoadGroup>& groups, const DinkelbachOptions& o,
+                            const InitialPolicy& initial) {
+  DinkelbachResult out(std::move(best));
+  out.iterations = std::move(iterations);
+  out.selected_iteration = selected;
+  out.best_static_train_speedup = groups[0].best_static.speedup;
+  out.best_static = Describe(groups[0].best_static);
+  if (!o.loads.empty()) {
+    for (const LoadGroup& g : groups) {
+      char speed[32];
+      std::snprintf(speed, sizeof(speed), " %.3fx", g.best_static.speedup);
+      out.load_best_static.push_back("B=" + std::to_string(g.load) + ": " + Describe(g.best_static) + speed);
+    }
+  }
+  out.initial_policy = initial.description;
+  out.initial_train_speedup = initial.train_speedup;
+  return out;
+}
+
+}  // namespace
+
+StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train_traces,
+                                           const std::vector<ShadowTrace>& selection_traces,
+                                           const model::CostModel& cost, const DinkelbachOptions& o,
+                                           const DinkelbachCallback& on_iteration) {
+  if (train_traces.empty()) return InvalidArgumentError("training traces: empty");
+  if (selection_traces.empty()) return InvalidArgumentError("selection traces: empty");
+  LEDE_RETURN_IF_ERROR(ValidateDinkelbachOptions(o));
+  const int32_t L = train_traces.front().n_layers;
+  std::vector<int32_t> expressible;
+  for (int32_t l : o.spec.candidate_layers) {
+    if (l >= 1 && l < L) expressible.push_back(l);
+  }
+  if (expressible.empty()) return InvalidArgumentError("spec.candidate_layers: no exit layer in [1, L)");
+  LEDE_ASSIGN_OR_RETURN(std::vector<LoadGroup> groups, MakeLoadGroups(train_traces, selection_traces, cost, o));
+  const std::shared_ptr<const policy::dqn::QNetwork> warm = o.warm_start;
+  const ControllerMaker warm_policy = [warm](int64_t) -> std::unique_ptr<model::ExitController> {
+    return std::make_unique<policy::dqn::DqnExitController>(warm, "warm start");
+  };
+  LEDE_ASSIGN_OR_RETURN(std::vector<double> start_speedups, ChooseStarts(o, expressible, warm_policy, &groups));
+  LEDE_ASSIGN_OR_RETURN(const InitialPolicy initial, MakeInitialPolicy(groups, o, std::move(start_speedups)));
+  double current_train = initial.train_speedup;
+  for (size_t i = 0; i < groups.size(); ++i) groups[i].rho = o.initial_rho > 0 ? o.initial_rho : initial.speedups[i];
 
   std::shared_ptr<const policy::dqn::QNetwork> current;
   std::unique_ptr<DqnResult> best;
@@ -428,61 +584,9 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
   int32_t selected = 0;
   for (int32_t it = 1; it <= o.max_iterations; ++it) {
     const auto t0 = std::chrono::steady_clock::now();
-    // pi: the last adopted iterate's greedy policy, or pi_0.
-    const model::DecisionSpec spec = o.spec;
-    const ControllerMaker pi = [current, start_by_load, warm_loads, warm_policy, rule,
-                                spec](int64_t i) -> std::unique_ptr<model::ExitController> {
-      if (current) return std::make_unique<policy::dqn::DqnExitController>(current, "pi");
-      if (rule) return rule->Make(spec);
-      std::map<int32_t, std::unique_ptr<model::ExitController>> by_load;
-      for (const auto& [load, c] : start_by_load) {
-        if (warm_loads.count(load) > 0) {
-          by_load[load] = warm_policy(i);
-        } else if (c.exit_layer == 0) {
-          by_load[load] = std::make_unique<AutoregressiveController>();
-        } else {
-          by_load[load] = std::make_unique<StaticExitController>(c.exit_layer, c.draft_len);
-        }
-      }
-      if (by_load.size() == 1) return std::move(by_load.begin()->second);
-      return std::make_unique<PerLoadController>(std::move(by_load));
-    };
-    // The states the transitions come from: with rollout targets pi, ε-greedy
-    // variants of it and of threshold behaviours; otherwise the exploring
-    // behaviours. The same at every load.
-    std::vector<ControllerMaker> sources;
-    if (o.rollout_targets) {
-      const double eps = o.behaviour_epsilon;
-      const uint64_t base = o.seed * 7777ULL + static_cast<uint64_t>(it) * 131ULL;
-      sources.push_back(pi);
-      for (double e : {0.5 * eps, eps}) {
-        sources.push_back([pi, e, base](int64_t i) -> std::unique_ptr<model::ExitController> {
-          return std::make_unique<OwningExplorer>(pi(i), e, base + static_cast<uint64_t>(i) * 31ULL +
-                                                                 static_cast<uint64_t>(e * 1000));
-        });
-      }
-      for (auto [lambda, tau] : std::vector<std::pair<float, float>>{{0.3f, 0.3f}, {0.7f, 0.6f}, {0.9f, 0.9f}}) {
-        sources.push_back([lambda, tau, eps, base](int64_t i) -> std::unique_ptr<model::ExitController> {
-          return std::make_unique<OwningExplorer>(std::make_unique<ThresholdExitController>(lambda, tau), eps,
-                                                  base + 17ULL + static_cast<uint64_t>(i) * 37ULL);
-        });
-      }
-    } else {
-      sources = Behaviours(o, L, current, it);
-    }
-    std::vector<policy::Transition> transitions;
-    for (const LoadGroup& g : groups) {
-      const policy::RewardSpec rewards =
-          o.paper_rewards ? policy::RewardSpec::Paper(L) : DinkelbachRewards(*g.cost, L, o.spec.max_draft_len, g.rho);
-      std::vector<policy::Transition> ts;
-      if (o.rollout_targets) {
-        LEDE_ASSIGN_OR_RETURN(ts, RolloutTransitions(g.train, o.spec, pi, sources, rewards, o.model_fingerprint,
-                                                     o.conservative_margin));
-      } else {
-        LEDE_ASSIGN_OR_RETURN(ts, CounterfactualTransitions(g.train, o.spec, sources, rewards, o.model_fingerprint));
-      }
-      transitions.insert(transitions.end(), std::make_move_iterator(ts.begin()), std::make_move_iterator(ts.end()));
-    }
+    const ControllerMaker pi = CurrentPolicy(current, initial, warm_policy, o.spec);
+    const std::vector<ControllerMaker> sources = TransitionSources(o, L, pi, current, it);
+    LEDE_ASSIGN_OR_RETURN(std::vector<policy::Transition> transitions, CollectTransitions(groups, o, L, pi, sources));
     DqnOptions dqn = o.dqn;
     dqn.initial_network = current ? current : warm;
     LEDE_ASSIGN_OR_RETURN(DqnResult r, TrainDqn(transitions, dqn));
@@ -491,32 +595,11 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
       return std::make_unique<policy::dqn::DqnExitController>(network, "candidate");
     };
     DinkelbachIteration rep;
-    {  // agreement of the new greedy policy with pi on pi's own decisions
-      std::array<int64_t, 3> decisions{}, agreed{};
-      auto probe = [&](int64_t i) -> std::unique_ptr<model::ExitController> {
-        return std::make_unique<AgreementProbe>(pi(i), greedy(i), &decisions, &agreed);
-      };
-      for (const LoadGroup& g : groups) {
-        LEDE_RETURN_IF_ERROR(SimulatedSpeedup(g.train, o.spec, probe, *g.cost).status());
-      }
-      for (int k = 0; k < 3; ++k) {
-        rep.agreement[k] = decisions[k] > 0 ? static_cast<double>(agreed[k]) / decisions[k] : 1.0;
-      }
-    }
+    LEDE_ASSIGN_OR_RETURN(rep.agreement, Agreement(groups, o, pi, greedy));
     rep.iteration = it;
     rep.transitions = static_cast<int64_t>(transitions.size());
-    std::vector<double> rhos, train, selection;  // per load
-    for (const LoadGroup& g : groups) {
-      rhos.push_back(g.rho);
-      LEDE_ASSIGN_OR_RETURN(double t, SimulatedSpeedup(g.train, o.spec, greedy, *g.cost));
-      LEDE_ASSIGN_OR_RETURN(double s, SimulatedSpeedup(g.selection, o.spec, greedy, *g.cost));
-      train.push_back(t);
-      selection.push_back(s);
-    }
-    rep.rho = Mean(rhos);
-    rep.train_speedup = Mean(train);
-    rep.selection_speedup = Mean(selection);
-    if (!o.loads.empty()) rep.load_rho = rhos, rep.load_train_speedup = train, rep.load_selection_speedup = selection;
+    std::vector<double> train;  // per load
+    LEDE_RETURN_IF_ERROR(MeasureIterate(groups, o, greedy, &rep, &train));
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     rep.adopted = rep.train_speedup > current_train;
     iterations.push_back(rep);
@@ -542,21 +625,7 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
     }
     if (converged) break;
   }
-  DinkelbachResult out(std::move(*best));
-  out.iterations = std::move(iterations);
-  out.selected_iteration = selected;
-  out.best_static_train_speedup = groups[0].best_static.speedup;
-  out.best_static = Describe(groups[0].best_static);
-  if (!o.loads.empty()) {
-    for (const LoadGroup& g : groups) {
-      char speed[32];
-      std::snprintf(speed, sizeof(speed), " %.3fx", g.best_static.speedup);
-      out.load_best_static.push_back("B=" + std::to_string(g.load) + ": " + Describe(g.best_static) + speed);
-    }
-  }
-  out.initial_policy = initial;
-  out.initial_train_speedup = initial_train;
-  return out;
+  return MakeResult(std::move(*best), std::move(iterations), selected, groups, o, initial);
 }
 
 }  // namespace lede::trainer

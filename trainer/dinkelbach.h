@@ -1,7 +1,7 @@
 // File: trainer/dinkelbach.h
 //
 // Training LEDE's exit policy on counterfactual experience with the exact
-// throughput objective (issue "LEDE must beat what it replaces"; DESIGN.md
+// throughput objective (issue "LEDE must beat what it replaces"; docs/design.md
 // §2 "Beyond the paper").
 //
 // The serving objective is tokens per unit of cost. Its Dinkelbach form
@@ -62,7 +62,7 @@ struct DinkelbachOptions {
   double behaviour_epsilon = 0.2;  // ε of the exploring behaviours
   uint64_t seed = 1;
   std::string model_fingerprint;   // recorded in the transitions
-  // The seed paper's rewards (DESIGN.md §2) instead of tokens - rho * cost:
+  // The seed paper's rewards (docs/design.md §2) instead of tokens - rho * cost:
   // every iteration trains on them (rho is then only reported).
   bool paper_rewards = false;
   // Targets of the Q-network. false: n-step TD with the target network

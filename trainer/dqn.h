@@ -1,6 +1,6 @@
 // File: trainer/dqn.h
 //
-// Offline DQN training of LEDE's exit policy (DESIGN.md §2 "Learning: a DQN
+// Offline DQN training of LEDE's exit policy (docs/design.md §2 "Learning: a DQN
 // trained offline from a replay buffer of (s, a, r, s') tuples with n-step TD
 // targets and a target network"; Mnih et al. 2015 for DQN and the target
 // network, Sutton & Barto §7.1 / Hessel et al. 2018 (Rainbow) for n-step

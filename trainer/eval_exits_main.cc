@@ -33,6 +33,7 @@ int Fail(const lede::Status& s, int code) {
 int main(int argc, char** argv) {
   using namespace lede;
   std::string model_path, data, out_path, calibration_path, draft_lens_flag = "1,2,3,4,6,8", exits_flag;
+  std::string weights = "auto";
   int64_t n_prompts = 24, prompt_tokens = 24, new_tokens = 64, eval_tokens = 32768, threads = 0;
   flags::FlagSet f;
   f.Add("model", &model_path, "model directory (Hugging Face layout with tokenizer.model)", true);
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
   f.Add("new-tokens", &new_tokens, "tokens generated per prompt");
   f.Add("eval-tokens", &eval_tokens, "held-out tokens per file for the per-layer table");
   f.Add("threads", &threads, "intra-op threads (0 = default)");
+  f.Add("weights", &weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16 or q8_0");
   if (Status s = f.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
     std::fprintf(stderr, "lede-eval-exits: %s\nflags:\n%s", std::string(s.message()).c_str(), f.Usage().c_str());
     return 2;
@@ -55,7 +57,11 @@ int main(int argc, char** argv) {
   if (!tok_path.ok()) return Fail(tok_path.status(), 2);
   auto tokenizer = tokenizer::LoadTokenizer(*tok_path);
   if (!tokenizer.ok()) return Fail(tokenizer.status(), 2);
-  auto loaded = model::LlamaModel::Load(model_path, model::ModelOptions{});
+  auto weight_format = model::ParseWeightFormat(weights);
+  if (!weight_format.ok()) return Fail(weight_format.status(), 2);
+  model::ModelOptions model_options;
+  model_options.weights = *weight_format;
+  auto loaded = model::LlamaModel::Load(model_path, model_options);
   if (!loaded.ok()) return Fail(loaded.status(), 2);
   std::shared_ptr<const model::LlamaModel> m = std::move(*loaded);
   const int64_t L = m->n_layers();

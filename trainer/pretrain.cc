@@ -232,6 +232,7 @@ Status Pretrain(const PretrainOptions& o) {
     const bool resuming = fs::exists(state_path);
     model::ModelOptions writable;
     writable.writable_weights = true;  // the optimizer updates them in place
+    writable.weights = model::WeightFormat::kF32;  // trained in float32, whatever the file stores
     std::unique_ptr<model::LlamaModel> m;
     const std::string start_dir = resuming ? ckpt_dir + "/model" : o.init_from;
     if (!start_dir.empty()) {

@@ -237,7 +237,9 @@ struct Retrainer::Impl {
     LEDE_ASSIGN_OR_RETURN(std::string tok_path, tokenizer::FindTokenizerFile(o.model_dir));
     LEDE_ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok, tokenizer::LoadTokenizer(tok_path));
     LEDE_ASSIGN_OR_RETURN(prompts, LoadPrompts(o.eval_prompts, *tok, o.eval_prompt_skip, o.eval_prompt_count));
-    LEDE_ASSIGN_OR_RETURN(auto loaded, model::LlamaModel::Load(o.model_dir, model::ModelOptions{}));
+    model::ModelOptions f32;
+    f32.weights = model::WeightFormat::kF32;  // trained in float32, whatever the file stores
+    LEDE_ASSIGN_OR_RETURN(auto loaded, model::LlamaModel::Load(o.model_dir, f32));
     std::shared_ptr<const model::LlamaModel> m = std::move(loaded);
     model::KvCacheOptions ko;
     ko.max_draft_len = std::max<int64_t>(16, spec.max_draft_len);

@@ -1,6 +1,6 @@
 // File: trainer/retrain.h
 //
-// Batch retraining of the serving exit policy (DESIGN.md §3 "trainer (batch
+// Batch retraining of the serving exit policy (docs/design.md §3 "trainer (batch
 // retraining)", §5): Retrainer::RunOnce() reads the experience shards that
 // are new since its last run from an object store, fine-tunes the serving
 // policy's Q-network on a replay window of recent experience, evaluates the

@@ -1,5 +1,5 @@
 // lede-train: offline DQN training of the exit policy from experience shards
-// (DESIGN.md §2, §5). Reads every complete shard in --experience, a plain
+// (docs/design.md §2, §5). Reads every complete shard in --experience, a plain
 // directory (its *.lexp files, not recursive) or an object store URL
 // (file:///abs/dir or s3://bucket/prefix?..., every *.lexp under it,
 // recursively, as ExperienceLogger writes them); bad or truncated shards are

@@ -1,6 +1,6 @@
 // File: policy/dqn/artifact.h
 //
-// Policy artifacts (DESIGN.md §5 "Policy artifacts"): one directory per
+// Policy artifacts (docs/design.md §5 "Policy artifacts"): one directory per
 // policy version, policies/<model>/<version>/, holding
 //
 //   policy.safetensors  the Q-network (q_network.h), float32, torch layout:

@@ -3,7 +3,7 @@
 // Policy artifacts published through an object store (shared/storage), so
 // that a trainer and the policy services of many machines share no file
 // system (a Kubernetes CronJob and Deployments with S3/MinIO between them;
-// DESIGN.md §3 "object store"). The store holds the local layout of
+// docs/design.md §3 "object store"). The store holds the local layout of
 // artifact.h under its URL's root:
 //   <version>/policy.safetensors, <version>/policy.json
 //   (and any other file of the version directory, e.g. the trainer's report.json), SERVING

@@ -1,6 +1,6 @@
 // File: policy/dqn/dqn_exit_controller.h
 //
-// The learned exit policy of LEDE (DESIGN.md §2): the greedy policy of an
+// The learned exit policy of LEDE (docs/design.md §2): the greedy policy of an
 // offline-trained DQN. At each decision point, phase 1 (exit layer) or
 // phase 2 (draft length), it computes model::ExitFeatures(state), evaluates
 // the Q-network and takes argmax_a Q(s, a); a tie goes to kContinue (phase 1:

@@ -1,6 +1,6 @@
 // File: policy/dqn/q_network.h
 //
-// The Q-network of LEDE's learned exit policy (DESIGN.md §2: "a small
+// The Q-network of LEDE's learned exit policy (docs/design.md §2: "a small
 // Q-network ... decides at which layer to exit and how many tokens to
 // draft"), evaluated in plain C++ on the decision path.
 //

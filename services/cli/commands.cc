@@ -54,6 +54,7 @@ struct ModelFlags {
   int64_t threads = 0;
   std::string kernels = "fused";
   std::string graphs = "auto";
+  std::string weights = "auto";
 
   void AddTo(FlagSet& flags) {
     flags.Add("model", &model, "Hugging Face checkpoint directory, llama2.c .bin (or its directory), or .gguf file", true);
@@ -62,6 +63,7 @@ struct ModelFlags {
     flags.Add("threads", &threads, "intra-op CPU threads (0 = libtorch default)");
     flags.Add("kernels", &kernels, "decode-path kernels: fused (CPU float32) or eager (libtorch reference)");
     flags.Add("graphs", &graphs, "decode steps as captured CUDA graphs: auto (on for CUDA), on or off");
+    flags.Add("weights", &weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16 or q8_0");
   }
 
   StatusOr<model::ModelOptions> Options() const {
@@ -82,6 +84,9 @@ struct ModelFlags {
     auto parsed_graphs = model::ParseGraphMode(graphs);
     if (!parsed_graphs.ok()) return InvalidArgumentError("--" + std::string(parsed_graphs.status().message()));
     o.graphs = *parsed_graphs;
+    auto parsed_weights = model::ParseWeightFormat(weights);
+    if (!parsed_weights.ok()) return InvalidArgumentError("--" + std::string(parsed_weights.status().message()));
+    o.weights = *parsed_weights;
     if (threads < 0) return InvalidArgumentError("--threads: must be >= 0");
     if (threads > 0) at::set_num_threads(static_cast<int>(threads));
     return o;

@@ -9,7 +9,7 @@
 // behind the ChatPromptRenderer function type, so the HTTP front end does not
 // know which.
 //
-// The plain format (documented in README "Serving"): one block per message,
+// The plain format (documented in docs/api.md "Chat formatting"): one block per message,
 // "<Role>: <content>\n" with Role = System (for system and developer),
 // User, Assistant, or the role name with its first letter upper-cased for
 // any other role (Tool), blocks in order, then "Assistant:" when the last

@@ -281,7 +281,21 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  if (registry != nullptr) {
+    impl.metrics = std::make_unique<telemetry::SpecDecodeMetrics>(*registry);
+    impl.tokenized_bytes = &prometheus::BuildCounter()
+                                .Name("lede_prompt_tokenized_bytes_total")
+                                .Help("Prompt text bytes given to the tokenizer (after the size checks)")
+                                .Register(*registry)
+                                .Add({});
+  }
   ReplicaSetOptions ro;
+  if (telemetry::SpecDecodeMetrics* m = impl.metrics.get()) {
+    ro.on_slots = [m](int64_t capacity, int64_t in_use) {  // the replicas' KV slots, as their leases report
+      m->kv_slots_capacity.Set(static_cast<double>(capacity));
+      m->kv_slots_in_use.Set(static_cast<double>(in_use));
+    };
+  }
   ro.targets = options.replicas;
   ro.dns_name = options.replica_dns;
   ro.verifier_port = options.replica_verifier_port;
@@ -291,20 +305,13 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
     ro.targets.push_back(ReplicaTarget{options.verifier_target, options.drafter_target});
   }
   ro.credentials = credentials;
+  ro.token = options.internal_token;
   ro.channel_args = args;
   ro.lease.owner_name = options.instance_name;
   ro.lease.ttl = options.lease_ttl;
   ro.lease.renew_interval = options.lease_renew_interval;
   // The leases' first renewals free a predecessor's sessions before the first request.
   LEDE_ASSIGN_OR_RETURN(impl.replicas, ReplicaSet::Create(std::move(ro)));
-  if (registry != nullptr) {
-    impl.metrics = std::make_unique<telemetry::SpecDecodeMetrics>(*registry);
-    impl.tokenized_bytes = &prometheus::BuildCounter()
-                                .Name("lede_prompt_tokenized_bytes_total")
-                                .Help("Prompt text bytes given to the tokenizer (after the size checks)")
-                                .Register(*registry)
-                                .Add({});
-  }
   if (!options.experience_url.empty()) {
     auto store = storage::OpenObjectStore(options.experience_url);
     if (!store.ok()) return InvalidArgumentError("experience_url: " + std::string(store.status().message()));
@@ -334,6 +341,10 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
         *last = c;
       };
     }
+    lo.on_put_error = [](const Status& error, int64_t unreported) {
+      rpc::LogEvent("error", "experience_write_failed",
+                    {{"error", std::string(error.message())}, {"earlier_failures_not_logged", std::to_string(unreported)}});
+    };
     auto logger = experience::ExperienceLogger::Create(
         std::shared_ptr<storage::ObjectStore>(std::move(*store)), std::move(lo));
     if (!logger.ok()) return logger.status();

@@ -1,13 +1,13 @@
 // File: services/coordinator/coordinator.h
 //
-// The coordinator (DESIGN.md §3): the public lede.v1.Generation API. It
+// The coordinator (docs/design.md §3): the public lede.v1.Generation API. It
 // validates a request, tokenizes it, opens a session on the verifier (a KV
 // slot), runs the speculation loop of shared/speculation/generation.h over
 // gRPC (Drafter.Draft then Verifier.Verify per round; the drafter runs the
 // exit policy in-process), streams text deltas, rewards each round's exit
 // decisions (shared/experience/transition.h) and logs them to the object store
 // (shared/experience/experience_logger.h), and counts everything in Prometheus
-// metrics (DESIGN.md §6). It holds no tensors and never links libtorch.
+// metrics (docs/design.md §6). It holds no tensors and never links libtorch.
 // The OpenAI-compatible HTTP API (openai_server.h) runs its requests through
 // GenerateInProcess(): the same validation and loop.
 //
@@ -82,12 +82,12 @@ struct CoordinatorOptions {
   absl::Duration experience_shard_age = absl::Seconds(30);  // publish a shard at least this often
   int64_t experience_queue_records = 1 << 16;
   // Retention of the shards under experience_prefix (shared/experience/
-  // retention.h); both 0 = keep everything (the default; README.md
-  // "Experience retention").
+  // retention.h); both 0 = keep everything (the default; docs/serving.md
+  // "Experience and retention").
   int64_t experience_max_bytes = 0;                          // bytes
   absl::Duration experience_max_age = absl::ZeroDuration();  // age of a shard
   // Rewards of logged transitions: "throughput" (tokens minus cost under the
-  // verifier's cost model) or "paper" (DESIGN.md §2).
+  // verifier's cost model) or "paper" (docs/design.md §2).
   std::string reward = "throughput";
   // API keys of the public gRPC API (issue 17): a call must carry
   // `authorization: Bearer <key>` metadata with one of them, else it ends
@@ -100,6 +100,9 @@ struct CoordinatorOptions {
   // verify clients (--tls-client-ca there), and the certificates' DNS name
   // when it differs from the target's host.
   rpc::ChannelTlsOptions model_tls;
+  // The deployment's internal token (security.h InternalToken), sent on
+  // every call to the model services; empty = none. --internal-token-file.
+  rpc::InternalToken internal_token;
   // Session ownership on the verifier (session_lease.h): a stable name of
   // this coordinator across restarts ("" = none; a restart's predecessor is
   // then freed when its lease lapses), the lease TTL and renewal period.

@@ -51,7 +51,14 @@ int Run(const std::vector<std::string>& raw_args) {
   flags.Add("http", &http.listen_address, "HTTP address of the OpenAI-compatible API; empty = none");
   flags.Add("served-model-name", &http.model_id,
             "model id of the OpenAI API (default: the --model directory's name)");
-  flags.Add("http-threads", &http_threads, "HTTP worker threads (most concurrent HTTP requests)");
+  flags.Add("http-threads", &http_threads, "HTTP worker threads started up front (more start on demand)");
+  int64_t http_max_connections = http.max_connections, http_max_per_client = http.max_connections_per_client;
+  double http_deadline_s = absl::ToDoubleSeconds(http.request_deadline);
+  flags.Add("http-max-connections", &http_max_connections, "open HTTP connections at once; more get 503");
+  flags.Add("http-max-connections-per-client", &http_max_per_client,
+            "open HTTP connections from one client address; more get 503");
+  flags.Add("http-request-deadline-s", &http_deadline_s,
+            "seconds for a request's line, headers and body (and a kept-alive connection's idle gap)");
   flags.Add("max-new-tokens-limit", &limit, "largest max_new_tokens a request may ask for");
   double rpc_timeout_s = absl::ToDoubleSeconds(o.rpc_timeout);
   double shard_age_s = absl::ToDoubleSeconds(o.experience_shard_age);
@@ -76,7 +83,7 @@ int Run(const std::vector<std::string>& raw_args) {
             "retention: delete experience shards older than this many hours (0 = keep all)");
   flags.Add("reward", &o.reward, "rewards of logged transitions: throughput | paper");
   flags.Add("shutdown-grace-s", &grace_s, "how long in-flight requests may finish after SIGTERM");
-  // Issue 17: bounded input and the security of the public API (README "TLS and API keys").
+  // Issue 17: bounded input and the security of the public API (docs/security.md).
   int64_t context_tokens = 0, max_request_bytes = 0, max_body_bytes = 0;
   flags.Add("max-context-tokens", &context_tokens,
             "context window that sizes the request limits (0 = the model's config)");
@@ -87,6 +94,8 @@ int Run(const std::vector<std::string>& raw_args) {
   std::string api_key_file;
   flags.Add("api-key-file", &api_key_file, "API keys of the public APIs, one per line (also $LEDE_API_KEYS)");
   lede::rpc::AddChannelTlsFlags(&flags, "model-tls", "the model services", &o.model_tls);
+  std::string token_file;
+  lede::rpc::AddInternalTokenFlag(&flags, &token_file, "sent on every call to the model services");
   std::string instance_name = "auto";
   double lease_ttl_s = absl::ToDoubleSeconds(o.lease_ttl);
   flags.Add("instance-name", &instance_name,
@@ -99,6 +108,11 @@ int Run(const std::vector<std::string>& raw_args) {
   }
   auto args = lede::flags::ExpandConfigFile(raw_args);
   lede::Status parsed = args.ok() ? flags.Parse(*args) : args.status();
+  if (parsed.ok()) {
+    auto token = lede::rpc::InternalToken::LoadIfSet(token_file);
+    if (token.ok()) o.internal_token = *std::move(token);
+    parsed = token.status();
+  }
   if (!parsed.ok()) {
     std::cerr << "lede-coordinator: " << parsed.message() << "\n";
     return 2;
@@ -189,6 +203,14 @@ int Run(const std::vector<std::string>& raw_args) {
       if (http.model_id.empty()) http.model_id = "lede";
     }
     http.threads = static_cast<int>(http_threads);
+    if (http_max_connections < 1 || http_max_per_client < 1 || !(http_deadline_s > 0)) {
+      std::cerr << "lede-coordinator: --http-max-connections, --http-max-connections-per-client and "
+                   "--http-request-deadline-s must be positive\n";
+      return 2;
+    }
+    http.max_connections = static_cast<int>(std::min<int64_t>(http_max_connections, 1 << 16));
+    http.max_connections_per_client = static_cast<int>(std::min<int64_t>(http_max_per_client, 1 << 16));
+    http.request_deadline = absl::Seconds(http_deadline_s);
     std::string chat_format;
     lede::coordinator::ChatPromptRenderer render_chat = lede::coordinator::ChatRendererFor(model, &chat_format);
     lede::rpc::LogEvent(chat_format.rfind("plain (the chat template", 0) == 0 ? "warn" : "info", "chat_format",

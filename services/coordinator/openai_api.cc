@@ -18,6 +18,57 @@ Status Bad(const std::string& param, const std::string& reason) {
   return InvalidArgumentError(param + ": " + reason);
 }
 
+// A SAX pass over the body that builds nothing: it stops at the first value
+// nested deeper than kMaxJsonDepth and remembers the top-level field it lies
+// in. nlohmann's SAX parser keeps its own state on the heap (no recursion),
+// so this pass bounds the recursion of everything after it (the DOM's copies,
+// dump(), the field parsers) whatever the client sends.
+class NestingLimit final : public nlohmann::json_sax<json> {
+ public:
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return Open(); }
+  bool key(string_t& k) override {
+    if (depth_ == 1) field_ = k;
+    return true;
+  }
+  bool end_object() override { return Close(); }
+  bool start_array(std::size_t) override { return Open(); }
+  bool end_array() override { return Close(); }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+
+  bool exceeded() const { return exceeded_; }
+  const std::string& field() const { return field_; }
+
+ private:
+  bool Open() {
+    if (++depth_ > kMaxJsonDepth) exceeded_ = true;
+    return !exceeded_;
+  }
+  bool Close() {
+    --depth_;
+    return true;
+  }
+  int depth_ = 0;
+  bool exceeded_ = false;
+  std::string field_;  // the top-level key being parsed
+};
+
+// Errors: kInvalidArgument "<field>: nested deeper than N levels" (the
+// top-level field the deep value lies in; "body" when the body itself is).
+Status CheckNesting(const std::string& body) {
+  NestingLimit limit;
+  (void)json::sax_parse(body, &limit, json::input_format_t::json, /*strict=*/true);
+  if (!limit.exceeded()) return OkStatus();  // (a syntax error is reported by the DOM parse)
+  const std::string field = limit.field().empty() ? "body" : limit.field();
+  return Bad(field, "nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+}
+
 // An integer field saturated into int32 (the proto's type); the coordinator
 // then rejects what is out of its range with the right message.
 StatusOr<int32_t> Int32Field(const json& v, const std::string& param) {
@@ -48,16 +99,18 @@ Status ParsePrompt(const json& p, lede::v1::GenerateRequest* g) {
   }
   if (!p.is_array()) return Bad("prompt", "must be a string, a list of strings or a list of token ids");
   if (p.empty()) return Bad("prompt", "empty");
+  const json* ids = &p;  // a list of token ids, or [[ids]]: one prompt of ids
   if (p[0].is_string() || p[0].is_array()) {
     if (p.size() > 1) return Bad("prompt", "one prompt per request (got " + std::to_string(p.size()) + ")");
     if (p[0].is_string()) {
       g->set_prompt(p[0].get<std::string>());
       return OkStatus();
     }
-    return ParsePrompt(p[0], g);
+    ids = &p[0];  // OpenAI's list of token-id lists; no deeper nesting is a prompt
+    if (ids->empty()) return Bad("prompt", "empty");
   }
-  for (size_t i = 0; i < p.size(); ++i) {
-    StatusOr<int32_t> id = Int32Field(p[i], "prompt[" + std::to_string(i) + "]");
+  for (size_t i = 0; i < ids->size(); ++i) {
+    StatusOr<int32_t> id = Int32Field((*ids)[i], "prompt[" + std::to_string(i) + "]");
     if (!id.ok()) return Bad("prompt", "must be a string, a list of strings or a list of token ids");
     g->add_prompt_token_ids(*id);
   }
@@ -296,6 +349,7 @@ Status RejectUnsupported(const json& j) {
 
 StatusOr<Request> ParseRequest(Endpoint endpoint, const std::string& body,
                                const ChatPromptRenderer& render_chat, uint64_t random_seed) {
+  LEDE_RETURN_IF_ERROR(CheckNesting(body));
   json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return InvalidArgumentError("body: not valid JSON (UTF-8)");
   if (!j.is_object()) return InvalidArgumentError("body: must be a JSON object");

@@ -15,7 +15,7 @@
 //
 // Sources: OpenAI's API reference (completions, chat completions, streaming,
 // error envelope); llama.cpp's server for `timings`; vLLM for ignoring
-// unknown fields; ../shared/research/serving-conventions.md §1.
+// unknown fields; docs/api.md.
 //
 // Thread-safety: pure functions.
 #ifndef LEDE_SERVICES_COORDINATOR_OPENAI_API_H_
@@ -53,6 +53,12 @@ struct Request {
 // (OpenAI's documented default).
 inline constexpr int kDefaultCompletionMaxTokens = 16;
 
+// The deepest nesting of arrays and objects a request body may have (an
+// OpenAI body needs about 5: messages[i].content[j].image_url.url). Checked
+// by a pass that builds nothing before the body is parsed, so no client can
+// make the coordinator recurse deeper (issue 39, fault 1).
+inline constexpr int kMaxJsonDepth = 64;
+
 // Parses a request body for `endpoint`.
 //   completions: prompt (string, [string], [int], [[int]]; one prompt only),
 //   chat: messages [{role, content: string | [{type: "text", text}] | null}]
@@ -65,7 +71,8 @@ inline constexpr int kDefaultCompletionMaxTokens = 16;
 //   Unknown fields are listed in ignored_fields. `random_seed` is used when
 //   the client sends no seed.
 // Errors: kInvalidArgument "<param>: <reason>" with the HTTP parameter name
-// (not JSON, not an object, wrong types, n != 1, unsupported echo / logprobs
+// (nested deeper than kMaxJsonDepth: the top-level field named; not JSON,
+// not an object, wrong types, n != 1, unsupported echo / logprobs
 // / best_of, several prompts, an unknown speculation method); out-of-range
 // numbers are saturated into the proto's types and left to the coordinator.
 StatusOr<Request> ParseRequest(Endpoint endpoint, const std::string& body,

@@ -18,6 +18,7 @@
 
 #include <httplib.h>
 
+#include "services/coordinator/connection_guard.h"
 #include "services/coordinator/openai_api.h"
 #include "shared/rpc/security.h"
 #include "shared/rpc/server.h"
@@ -111,6 +112,7 @@ struct OpenAiServer::Impl {
   const prometheus::Registry* registry = nullptr;
   OpenAiServerOptions options;
   ChatPromptRenderer render_chat;
+  std::unique_ptr<ConnectionGuard> guard;  // workers, connection caps, request deadline
   std::unique_ptr<httplib::Server> http;  // an httplib::SSLServer with TLS
   rpc::ApiKeys api_keys;
   std::thread listener;
@@ -293,12 +295,15 @@ OpenAiServer::~OpenAiServer() {
     }
   }
   impl.http->stop();
+  impl.guard->ShutdownIdle();  // slow and idle clients release their workers now
   if (impl.listener.joinable()) impl.listener.join();
   std::unique_lock<std::mutex> lock(impl.mu);
   impl.cv.wait(lock, [&] { return impl.generation_threads == 0; });
 }
 
 int OpenAiServer::port() const { return impl_->port; }
+
+ConnectionGuard::Stats OpenAiServer::connection_stats() const { return impl_->guard->stats(); }
 
 StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(GenerationService* service,
                                                              const prometheus::Registry* registry,
@@ -330,8 +335,14 @@ StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(GenerationService* s
   }
   Impl* p = impl.get();
   httplib::Server& http = *impl->http;
-  const int threads = impl->options.threads;
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  ConnectionGuardOptions go;
+  go.min_threads = impl->options.threads;
+  go.max_connections = impl->options.max_connections;
+  go.max_connections_per_client = impl->options.max_connections_per_client;
+  go.request_deadline = impl->options.request_deadline;
+  impl->guard = std::make_unique<ConnectionGuard>(go);
+  http.new_task_queue = [p] { return p->guard->NewTaskQueue(); };
+  http.set_logger([](const httplib::Request&, const httplib::Response&) { ConnectionGuard::ResponseDone(); });
   http.set_payload_max_length(impl->options.max_body_bytes);
   http.set_keep_alive_max_count(100);  // SDKs keep a connection pool; idle ones close after 5 s
   http.set_read_timeout(30);
@@ -353,25 +364,31 @@ StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(GenerationService* s
     return httplib::Server::HandlerResponse::Handled;
   });
   http.Post("/v1/completions", [p](const httplib::Request& req, httplib::Response& res) {
+    ConnectionGuard::HandlerStarted();
     p->HandleGenerate(openai::Endpoint::kCompletions, req, res);
   });
   http.Post("/v1/chat/completions", [p](const httplib::Request& req, httplib::Response& res) {
+    ConnectionGuard::HandlerStarted();
     p->HandleGenerate(openai::Endpoint::kChatCompletions, req, res);
   });
   http.Get("/v1/models", [p](const httplib::Request&, httplib::Response& res) {
+    ConnectionGuard::HandlerStarted();
     res.set_content(openai::Dump(json{{"object", "list"}, {"data", json::array({p->ModelJson()})}}), kJson);
   });
   http.Get(R"(/v1/models/(.+))", [p](const httplib::Request& req, httplib::Response& res) {
+    ConnectionGuard::HandlerStarted();
     const std::string id = req.matches[1];
     if (id != p->options.model_id) return SendError(res, openai::ModelNotFound(id));
     res.set_content(openai::Dump(p->ModelJson()), kJson);
   });
   http.Get("/health", [p](const httplib::Request&, httplib::Response& res) {
+    ConnectionGuard::HandlerStarted();
     Status s = p->service->CheckModelServices(p->options.health_timeout);
     if (!s.ok()) return SendError(res, openai::ToApiError(s, nullptr));
     res.set_content(R"({"status":"ok"})", kJson);
   });
   http.Get("/metrics", [p](const httplib::Request& req, httplib::Response& res) {
+    ConnectionGuard::HandlerStarted();
     if (p->registry == nullptr) return SendError(res, openai::RouteNotFound(req.method, req.path));
     res.set_content(telemetry::SerializeText(*p->registry), telemetry::kTextContentType);
   });
@@ -412,6 +429,7 @@ StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(GenerationService* s
     return Status(port.status().code(), "OpenAI HTTP API: " + std::string(port.status().message()));
   }
   impl->port = *port;
+  impl->guard->set_port(*port);
   impl->listener = std::thread([p] { p->http->listen_after_bind(); });
   telemetry::WaitUntilListening(http);
   return std::unique_ptr<OpenAiServer>(new OpenAiServer(std::move(impl)));

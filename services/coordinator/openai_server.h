@@ -1,7 +1,7 @@
 // File: services/coordinator/openai_server.h
 //
 // The OpenAI-compatible HTTP API of the coordinator (cpp-httplib, Debian's
-// libcpp-httplib 0.11; README "Serving" says why not civetweb):
+// libcpp-httplib 0.11; docs/api.md says why not civetweb):
 //
 //   POST /v1/completions        text_completion, streaming (SSE) or not
 //   POST /v1/chat/completions   chat.completion(.chunk), streaming or not
@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "services/coordinator/connection_guard.h"
 #include "services/coordinator/chat_prompt.h"
 #include "services/coordinator/coordinator.h"
 #include "shared/status/status.h"
@@ -64,8 +65,18 @@ struct OpenAiServerOptions {
   // The served model's name in /v1/models and in responses; requests naming
   // another model are 404 (an absent `model` means this one).
   std::string model_id = "lede";
-  // Connection worker threads: the most concurrent requests over HTTP.
+  // Connection worker threads started up front; more start on demand up to
+  // max_connections (connection_guard.h), so slow clients never stall others.
   int threads = 32;
+  // Open connections at once, in total and from one client IP address: one
+  // more is answered 503 (code too_many_connections) and closed before its
+  // request is read (issue 39, fault 3).
+  int max_connections = 512;
+  int max_connections_per_client = 256;
+  // A request's line, headers and body must arrive within this (and a
+  // kept-alive connection may idle this long between requests); the
+  // connection is shut down otherwise, however often the client sends a byte.
+  absl::Duration request_deadline = absl::Seconds(20);
   // How long /health waits for the model services to accept a connection.
   absl::Duration health_timeout = absl::Seconds(1);
   // Largest request body, bytes: 413 (code request_too_large) above it,
@@ -99,6 +110,8 @@ class OpenAiServer {
   // Stops accepting, cancels the streams in flight (as a disconnect would),
   // and joins every thread.
   ~OpenAiServer();
+  // Open connections, refusals and deadline cuts so far (connection_guard.h).
+  ConnectionGuard::Stats connection_stats() const;
   OpenAiServer(const OpenAiServer&) = delete;
   OpenAiServer& operator=(const OpenAiServer&) = delete;
 

@@ -71,6 +71,7 @@ StatusOr<speculation::Prefilled> RemoteBackend::Open(const std::vector<int32_t>&
   if (!s.ok()) return FromModelCall(s, "verifier OpenSession");
   slot_ = resp.slot();
   epoch_ = resp.pool_epoch();
+  session_id_ = resp.session_id();
   open_ = true;
   speculation::Prefilled p;
   p.session = slot_;
@@ -85,6 +86,7 @@ StatusOr<speculation::Draft> RemoteBackend::DraftRound(int64_t, const speculatio
   lede::v1::DraftRequest req;
   req.set_slot(slot_);
   req.set_pool_epoch(epoch_);
+  req.set_session_id(session_id_);
   req.set_pending_token(r.pending_token);
   req.set_position(r.position);
   req.set_budget(r.budget);
@@ -138,6 +140,7 @@ StatusOr<speculation::Verdict> RemoteBackend::VerifyRound(int64_t, int32_t pendi
   lede::v1::VerifyRequest req;
   req.set_slot(slot_);
   req.set_pool_epoch(epoch_);
+  req.set_session_id(session_id_);
   req.set_pending_token(pending_token);
   req.set_position(position_);
   req.set_exit_layer(d.exit_layer);
@@ -201,6 +204,7 @@ void RemoteBackend::Close(int64_t) {
   lede::v1::CloseSessionRequest req;
   req.set_slot(slot_);
   req.set_pool_epoch(epoch_);
+  req.set_session_id(session_id_);
   SendClose(req);
 }
 

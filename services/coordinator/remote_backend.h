@@ -3,7 +3,7 @@
 // The speculation loop's backend over gRPC (shared/speculation/generation.h,
 // SpeculationBackend): one session (a KV slot) on the verifier, each round
 // drafted by the drafter (Drafter.Draft, then Verifier.Verify), or one
-// Drafter.DraftAndVerify call when both run in one process (DESIGN.md §3).
+// Drafter.DraftAndVerify call when both run in one process (docs/design.md §3).
 // The drafter's decision records come back as the round's RoundTrace.
 //
 // Errors: a model call's gRPC status as a Status (FromModelCall); with
@@ -100,6 +100,7 @@ class RemoteBackend : public speculation::SpeculationBackend {
   bool have_verdict_ = false;
   int64_t slot_ = 0;
   uint64_t epoch_ = 0;
+  uint64_t session_id_ = 0;  // OpenSessionResponse.session_id: named by every later call
   int64_t position_ = 0;  // committed length of the slot
   bool open_ = false;
   bool fallback_ = false;

@@ -81,15 +81,16 @@ StatusOr<std::vector<ReplicaTarget>> ParseReplicaTargets(const std::string& list
 Replica::Replica(ReplicaTarget target, const ReplicaSetOptions& options)
     : target_(std::move(target)), fused_rounds_(target_.drafter == target_.verifier) {
   auto credentials = options.credentials ? options.credentials : grpc::InsecureChannelCredentials();
-  verifier_channel_ = grpc::CreateCustomChannel(target_.verifier, credentials, options.channel_args);
+  verifier_channel_ = options.token.Channel(target_.verifier, credentials, options.channel_args);
   drafter_channel_ = target_.drafter == target_.verifier
                          ? verifier_channel_
-                         : grpc::CreateCustomChannel(target_.drafter, credentials, options.channel_args);
+                         : options.token.Channel(target_.drafter, credentials, options.channel_args);
   verifier_ = lede::v1::Verifier::NewStub(verifier_channel_);
   drafter_ = lede::v1::Drafter::NewStub(drafter_channel_);
   SessionLeaseOptions lo = options.lease;
   lo.on_renewed = [this](const lede::v1::RenewLeaseResponse& r) {
     UpdateLoad(r.n_slots(), r.n_free_slots(), r.n_waiting(), r.n_sessions());
+    if (on_load_) on_load_();
   };
   lease_ = std::make_unique<SessionLease>(verifier_.get(), std::move(lo));
 }
@@ -101,6 +102,13 @@ void Replica::UpdateLoad(int64_t n_slots, int64_t n_free, int64_t n_waiting, int
   have_load_ = n_slots > 0;  // a verifier without load reports says 0
   free_at_report_ = n_free - n_waiting;
   mine_at_report_ = n_mine;
+  slots_at_report_ = n_slots;
+  in_use_at_report_ = n_slots - n_free;
+}
+
+std::pair<int64_t, int64_t> Replica::ReportedSlots() const {
+  std::lock_guard<std::mutex> lock(load_mu_);
+  return {slots_at_report_, in_use_at_report_};
 }
 
 int64_t Replica::EstimatedFreeSlots() const {
@@ -156,6 +164,17 @@ ReplicaSet::~ReplicaSet() {
 
 std::shared_ptr<Replica> ReplicaSet::Add(const ReplicaTarget& target) {
   auto replica = std::make_shared<Replica>(target, options_);
+  if (options_.on_slots) {
+    replica->set_on_load([this] {
+      int64_t capacity = 0, in_use = 0;
+      for (const std::shared_ptr<Replica>& r : All()) {
+        const auto [slots, used] = r->ReportedSlots();
+        capacity += slots;
+        in_use += used;
+      }
+      options_.on_slots(capacity, in_use);
+    });
+  }
   if (options_.start_leases) replica->StartLease();  // its first renewal reports the load
   absl::MutexLock lock(&mu_);
   replicas_.push_back(replica);

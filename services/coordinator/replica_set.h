@@ -4,7 +4,7 @@
 // replica is one verifier + drafter pair on one KV pool (split), or one
 // `lede-model --role both` process (co-located: both addresses equal);
 // several coordinators may share the same replicas, and the slot accounting
-// stays in each replica (DESIGN.md §3-§4).
+// stays in each replica (docs/design.md §3-§4).
 //
 // Discovery: a static list, and/or a DNS name that resolves to several
 // addresses (a Kubernetes headless Service: one A record per model pod),
@@ -31,10 +31,12 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <grpcpp/channel.h>
@@ -45,6 +47,7 @@
 #include "absl/time/time.h"
 #include "proto/lede/v1/model.grpc.pb.h"
 #include "services/coordinator/session_lease.h"
+#include "shared/rpc/security.h"
 #include "shared/status/status.h"
 
 namespace lede::coordinator {
@@ -76,6 +79,7 @@ struct ReplicaSetOptions {
   absl::Duration failure_backoff = absl::Seconds(2);
   // Channels to the model services.
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // null = insecure
+  rpc::InternalToken token;  // sent on every call (security.h); empty = none
   grpc::ChannelArguments channel_args;
   // This coordinator's lease on each replica's verifier (owner_name,
   // TTL, renewal period; on_renewed is set by the set itself).
@@ -83,6 +87,10 @@ struct ReplicaSetOptions {
   // Start the leases (and their first, synchronous renewal) in Create(); off
   // in unit tests that feed loads by hand.
   bool start_leases = true;
+  // Called after every load report with the KV slots of all replicas that
+  // reported (capacity, and in use); the coordinator's lede_kv_slots_*
+  // gauges (on a lease thread; must be quick).
+  std::function<void(int64_t capacity, int64_t in_use)> on_slots;
 };
 
 class Replica {
@@ -104,6 +112,10 @@ class Replica {
   // A load report (a lease renewal's answer): slots, free slots, sessions
   // waiting for a slot, and how many sessions this coordinator had there.
   void UpdateLoad(int64_t n_slots, int64_t n_free, int64_t n_waiting, int64_t n_mine);
+  // Slots and slots in use at the last report (0, 0 before one).
+  std::pair<int64_t, int64_t> ReportedSlots() const;
+  // Called after every UpdateLoad (set before the lease starts).
+  void set_on_load(std::function<void()> f) { on_load_ = std::move(f); }
   // This coordinator opened / closed a session here (between two reports).
   void SessionOpened() { ++sessions_; }
   void SessionClosed() { --sessions_; }
@@ -128,6 +140,9 @@ class Replica {
   bool have_load_ = false;                // guarded by load_mu_
   int64_t free_at_report_ = 0;            // free - waiting, guarded by load_mu_
   int64_t mine_at_report_ = 0;            // guarded by load_mu_
+  int64_t slots_at_report_ = 0;           // guarded by load_mu_
+  int64_t in_use_at_report_ = 0;          // guarded by load_mu_
+  std::function<void()> on_load_;
 };
 
 class ReplicaSet {

@@ -5,7 +5,8 @@
 
 namespace lede::model_service {
 
-AdmissionQueue::AdmissionQueue(AdmissionOptions options) : options_(options) {}
+AdmissionQueue::AdmissionQueue(AdmissionOptions options)
+    : options_(options), clock_(options.clock != nullptr ? options.clock : Clock::Real()) {}
 
 Status AdmissionQueue::Admit(std::unique_lock<std::mutex>& lock, const std::function<bool()>& try_admit,
                              absl::Time deadline, const std::function<bool()>& cancelled,
@@ -17,7 +18,7 @@ Status AdmissionQueue::Admit(std::unique_lock<std::mutex>& lock, const std::func
                                   " requests are already waiting (--max-waiting " +
                                   std::to_string(options_.max_waiting) + ")");
   }
-  const absl::Time start = absl::Now();
+  const absl::Time start = clock_->Now();
   const uint64_t ticket = next_ticket_++;
   waiting_.push_back(ticket);
   Changed();
@@ -25,20 +26,21 @@ Status AdmissionQueue::Admit(std::unique_lock<std::mutex>& lock, const std::func
     if (waiting_.front() == ticket && try_admit()) {
       waiting_.pop_front();
       Changed();
-      if (queue_time != nullptr) *queue_time = absl::Now() - start;
+      if (queue_time != nullptr) *queue_time = clock_->Now() - start;
       return OkStatus();
     }
     if (cancelled()) {
       Leave(ticket);
       return Status(StatusCode::kCancelled, "the request was cancelled while it waited for a KV slot");
     }
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock_->Now();
     if (now >= deadline) {
       Leave(ticket);
       return DeadlineExceededError("the deadline passed after " + absl::FormatDuration(now - start) +
                                    " waiting for a KV slot");
     }
-    changed_.wait_until(lock, absl::ToChronoTime(std::min(deadline, now + options_.poll_interval)));
+    // Real time: the clock's time is re-read when the wait ends.
+    changed_.wait_for(lock, absl::ToChronoNanoseconds(std::min(deadline - now, options_.poll_interval)));
   }
 }
 

@@ -4,7 +4,7 @@
 // A request that finds every slot busy waits its turn in FIFO order instead
 // of being refused; only a full queue refuses (kResourceExhausted). This is
 // the waiting queue of an iteration-level scheduler (vLLM's
-// Scheduler.waiting, TGI's queue; ../shared/research/serving-conventions.md),
+// Scheduler.waiting, TGI's queue),
 // kept in the replica so that several coordinators can share it (slot
 // accounting stays where the slots are).
 //
@@ -14,7 +14,13 @@
 // go out in arrival order and a late arrival never overtakes an earlier one.
 // Whoever frees a slot calls SlotFreed() (mutex held or not). While it
 // waits, Admit() releases the mutex; it wakes on SlotFreed() and at least
-// every `poll_interval` to check `cancelled` and the deadline.
+// every `poll_interval` (of real time) to check `cancelled` and the
+// deadline.
+//
+// Time: the deadline, and the time a request queued, are on
+// AdmissionOptions::clock (the real clock by default), so tests drive them
+// with a FakeClock (tests/testing/fake_clock.h) instead of sleeping. The
+// caller's `deadline` must come from the same clock.
 //
 // Errors of Admit(): kResourceExhausted when max_waiting requests already
 // wait (the message names --max-waiting); kDeadlineExceeded when `deadline`
@@ -33,6 +39,7 @@
 #include <mutex>
 
 #include "absl/time/time.h"
+#include "shared/clock/clock.h"
 #include "shared/status/status.h"
 
 namespace lede::model_service {
@@ -44,6 +51,9 @@ struct AdmissionOptions {
   // How often a waiter re-checks cancellation and its deadline when no
   // slot is freed.
   absl::Duration poll_interval = absl::Milliseconds(50);
+  // The time of deadlines and queue times (borrowed; nullptr =
+  // Clock::Real()). Example: o.clock = &fake_clock;
+  Clock* clock = nullptr;
 };
 
 class AdmissionQueue {
@@ -53,7 +63,8 @@ class AdmissionQueue {
   // Waits (releasing `lock` meanwhile) until `try_admit()` returns true for
   // this caller at the head of the queue; returns OK then, with `lock` held.
   // `try_admit` and `cancelled` run with `lock` held. `queue_time` (may be
-  // null) receives the time spent waiting (zero on the fast path).
+  // null) receives the time spent waiting on the clock (zero on the fast
+  // path).
   // Errors: as in the file comment; the caller is no longer queued then.
   Status Admit(std::unique_lock<std::mutex>& lock, const std::function<bool()>& try_admit,
                absl::Time deadline, const std::function<bool()>& cancelled,
@@ -70,6 +81,7 @@ class AdmissionQueue {
   void Changed();  // the queue changed: wake the waiters
 
   AdmissionOptions options_;
+  Clock* clock_;
   std::condition_variable changed_;
   std::deque<uint64_t> waiting_;  // tickets in arrival order
   uint64_t next_ticket_ = 0;

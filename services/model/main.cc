@@ -56,12 +56,16 @@ int Run(const std::vector<std::string>& raw_args) {
   flags.Add("dtype", &o.dtype, "compute dtype: float32, bfloat16 or float16");
   flags.Add("kernels", &o.kernels, "decode-path kernels: fused (CPU float32) or eager (libtorch reference)");
   flags.Add("graphs", &o.graphs, "decode steps as captured CUDA graphs: auto (on for CUDA), on or off");
+  flags.Add("weights", &o.weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16 or q8_0");
   flags.Add("attach-timeout-s", &attach_timeout_s, "drafter: how long to wait for the verifier's pool");
   flags.Add("session-idle-timeout-s", &idle_timeout_s, "reclaim sessions idle this long when the pool is full");
   flags.Add("shutdown-grace-s", &grace_s, "how long in-flight calls may finish after SIGTERM");
   lede::rpc::ServerTlsOptions tls;
   lede::rpc::AddServerTlsFlags(&flags, &tls);
   lede::rpc::AddChannelTlsFlags(&flags, "policy-tls", "the policy service", &o.policy_tls);
+  std::string token_file;
+  lede::rpc::AddInternalTokenFlag(&flags, &token_file,
+                                  "required on every call to this process, sent on its calls to the policy service");
   if (lede::flags::WantsHelp(raw_args)) {
     std::cout << "usage: lede-model --model DIR [--role verifier|drafter|both] [--config FILE] [flags]\n"
               << flags.Usage();
@@ -90,6 +94,11 @@ int Run(const std::vector<std::string>& raw_args) {
   if (parsed.ok() && (batch_wait_us < 0 || batch_wait_us > 1000000)) {
     parsed = lede::InvalidArgumentError("--batch-wait-us: must be in [0, 1000000], got " +
                                         std::to_string(batch_wait_us));
+  }
+  if (parsed.ok()) {
+    auto token = lede::rpc::InternalToken::LoadIfSet(token_file);
+    if (token.ok()) o.internal_token = *std::move(token);
+    parsed = token.status();
   }
   if (!parsed.ok()) {
     std::cerr << "lede-model: " << parsed.message() << "\n";
@@ -131,6 +140,7 @@ int Run(const std::vector<std::string>& raw_args) {
   so.metrics_address = metrics;
   so.shutdown_grace = absl::Seconds(grace_s);
   so.tls = tls;
+  so.reflection = o.internal_token.empty() && tls.client_ca_path.empty();
   // One handler thread per session's call (a verification blocks while its
   // batch forms), plus a few for leases, Describe and CloseSession.
   so.max_handler_threads = static_cast<int>(std::min<int64_t>(n_slots + 4, 1024));

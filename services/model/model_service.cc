@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -154,6 +155,7 @@ struct SessionState {
   Clock::time_point last_used;
   std::string request_id;
   std::string owner;   // coordinator instance ("" = none: idle reclaim only)
+  uint64_t id = model::KvCache::kNoSession;  // the session id (the slot's word in the pool)
   int busy = 0;        // calls computing on the slot now (prefill, verify)
   bool doomed = false; // the owner's lease is gone: freed when no call is busy
 };
@@ -194,6 +196,24 @@ StatusOr<at::Tensor> ProbsFromBytes(const std::string& bytes, int64_t K, int64_t
     std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
     return t;
   });
+}
+
+// A fresh session id: 64 random bits from the OS's generator (never 0), so
+// that a caller can name only the sessions it opened.
+uint64_t DrawSessionId() {
+  static std::mutex mu;
+  static std::random_device device;
+  std::lock_guard<std::mutex> lock(mu);
+  for (;;) {
+    const uint64_t id = (static_cast<uint64_t>(device()) << 32) ^ static_cast<uint64_t>(device());
+    if (id != model::KvCache::kNoSession) return id;
+  }
+}
+
+// The error of a call whose session id is not the slot's session.
+Status NotThisSession(int64_t slot) {
+  return FailedPreconditionError("session_id: slot " + std::to_string(slot) +
+                                 " holds no session of this id (it was closed, or the caller never opened it)");
 }
 
 Status CheckTokens(const google::protobuf::RepeatedField<int32_t>& ids, int64_t V, const char* field) {
@@ -246,6 +266,7 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
   model::ModelOptions mo;
   LEDE_ASSIGN_OR_RETURN(mo.kernels, model::ParseKernels(options.kernels));
   LEDE_ASSIGN_OR_RETURN(mo.graphs, model::ParseGraphMode(options.graphs));
+  LEDE_ASSIGN_OR_RETURN(mo.weights, model::ParseWeightFormat(options.weights));
   LEDE_ASSIGN_OR_RETURN(mo.device, model::ParseDevice(options.device));
   LEDE_ASSIGN_OR_RETURN(mo.dtype, model::ParseDtype(options.dtype));
   if (!mo.device.is_cpu() && !options.kv_pool_name.empty()) {
@@ -300,6 +321,7 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
     po.target = options.policy_target;
     LEDE_ASSIGN_OR_RETURN(po.credentials, rpc::MakeChannelCredentials(options.policy_tls, "policy_tls"));
     po.tls_server_name = options.policy_tls.enabled() ? options.policy_tls.server_name : "";
+    po.token = options.internal_token;
     po.model_fingerprint = host->fingerprint;
     po.n_layers = static_cast<int32_t>(L);
     po.metrics = host->metrics.get();
@@ -308,7 +330,7 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
     if (!first.ok()) rpc::LogEvent("warn", "policy_fetch_failed", {{"error", first.ToString()}});
     host->follower->Start();
     if (options.remote_decisions) {
-      host->policy_stub = lede::v1::Policy::NewStub(MakePolicyChannel(options.policy_target, po.credentials, po.tls_server_name));
+      host->policy_stub = lede::v1::Policy::NewStub(MakePolicyChannel(options.policy_target, po.credentials, po.tls_server_name, po.token));
     }
   } else if (!options.policy_dir.empty()) {
     const std::filesystem::path dir(options.policy_dir);
@@ -450,7 +472,7 @@ struct VerifierService::Impl {
       {
         std::lock_guard<std::mutex> lock(mu);
         auto it = sessions.find(slot);
-        if (start > 0 && (it == sessions.end() || it->second.doomed)) {  // closed or its lease lapsed: EndCall frees it
+        if (start > 0 && (it == sessions.end() || it->second.doomed)) {  // (busy: the slot is still this session's)  // closed or its lease lapsed: EndCall frees it
           return FailedPreconditionError("slot: the session was freed during the prefill");
         }
         if (sessions.size() <= 1) len = P - start;  // alone
@@ -539,12 +561,13 @@ struct VerifierService::Impl {
     return n;
   }
 
-  // Ends a busy call on `slot`: frees the session when its owner's lease
-  // went while the call computed. Returns false when it did.
-  bool EndCall(model::KvCache& cache, int64_t slot) {
+  // Ends a busy call of session `id` on `slot`: frees the session when it
+  // was closed or its owner's lease went while the call computed. Returns
+  // false when it did.
+  bool EndCall(model::KvCache& cache, int64_t slot, uint64_t id) {
     std::lock_guard<std::mutex> lock(mu);
     auto it = sessions.find(slot);
-    if (it == sessions.end()) return false;
+    if (it == sessions.end() || it->second.id != id) return false;
     if (--it->second.busy == 0 && it->second.doomed) {
       (void)cache.Free(slot);
       sessions.erase(it);
@@ -594,8 +617,9 @@ VerifierService::~VerifierService() {
 
 int VerifierService::SweepLapsedLeases() { return impl_->FreeOwners(impl_->leases.TakeExpired(), "lease_lapsed"); }
 
-grpc::Status VerifierService::RenewLease(grpc::ServerContext*, const lede::v1::RenewLeaseRequest* req,
+grpc::Status VerifierService::RenewLease(grpc::ServerContext* context, const lede::v1::RenewLeaseRequest* req,
                                          lede::v1::RenewLeaseResponse* resp) {
+  if (grpc::Status auth = impl_->host->options.internal_token.Check(*context); !auth.ok()) return auth;
   if (req->ttl_ms() < 0) return ToGrpcStatus(InvalidArgumentError("ttl_ms: must be >= 0"));
   auto renewed = impl_->leases.Renew(req->instance_id(), req->owner_name(), absl::Milliseconds(req->ttl_ms()));
   if (!renewed.ok()) return ToGrpcStatus(renewed.status());
@@ -615,14 +639,16 @@ grpc::Status VerifierService::RenewLease(grpc::ServerContext*, const lede::v1::R
 }
 
 
-grpc::Status VerifierService::Describe(grpc::ServerContext*, const lede::v1::DescribeRequest*,
+grpc::Status VerifierService::Describe(grpc::ServerContext* context, const lede::v1::DescribeRequest*,
                                        lede::v1::ModelInfo* info) {
+  if (grpc::Status auth = impl_->host->options.internal_token.Check(*context); !auth.ok()) return auth;
   impl_->host->FillInfo(info);
   return grpc::Status::OK;
 }
 
 grpc::Status VerifierService::OpenSession(grpc::ServerContext* context, const lede::v1::OpenSessionRequest* req,
                                           lede::v1::OpenSessionResponse* resp) {
+  if (grpc::Status auth = impl_->host->options.internal_token.Check(*context); !auth.ok()) return auth;
   ModelHost& host = *impl_->host;
   std::shared_ptr<model::KvCache> cache = host.Pool();
   const int64_t V = host.model->config().vocab_size;
@@ -644,15 +670,16 @@ grpc::Status VerifierService::OpenSession(grpc::ServerContext* context, const le
     if (Status s = impl_->leases.Admit(req->owner_instance()); !s.ok()) return ToGrpcStatus(s);
   }
   int64_t slot = -1;
+  const uint64_t session_id = DrawSessionId();
   {
     // A full pool queues the request (FIFO) until a slot frees, its deadline
     // passes or its caller cancels; only a full queue refuses it.
     std::unique_lock<std::mutex> lock(impl_->mu);
     auto try_admit = [&] {
-      StatusOr<int64_t> allocated = cache->Allocate();
+      StatusOr<int64_t> allocated = cache->Allocate(session_id);
       if (!allocated.ok()) {
         impl_->ReclaimIdle(*cache);
-        allocated = cache->Allocate();
+        allocated = cache->Allocate(session_id);
       }
       if (allocated.ok()) slot = *allocated;
       return allocated.ok();
@@ -663,7 +690,7 @@ grpc::Status VerifierService::OpenSession(grpc::ServerContext* context, const le
     if (!admitted.ok()) return ToGrpcStatus(admitted);
     if (host.metrics) host.metrics->request_queue_time.Observe(absl::ToDoubleSeconds(queued));
     SessionState& session = impl_->sessions[slot];
-    session = SessionState{so, Clock::now(), req->request_id(), req->owner_instance()};
+    session = SessionState{so, Clock::now(), req->request_id(), req->owner_instance(), session_id};
     session.busy = 1;  // the prefill below
     impl_->SlotsChanged(*cache);
   }
@@ -676,7 +703,7 @@ grpc::Status VerifierService::OpenSession(grpc::ServerContext* context, const le
     first = model::PrefillSession(verifier, slot, prompt, so);
     ObserveSoloStep(host, static_cast<int64_t>(prompt.size()));
   }
-  if (!impl_->EndCall(*cache, slot)) {
+  if (!impl_->EndCall(*cache, slot, session_id)) {
     return ToGrpcStatus(FailedPreconditionError("owner_instance: the session of " + req->owner_instance() +
                                                 " was freed during the prefill (its lease lapsed, or its caller"
                                                 " closed it)"));
@@ -693,13 +720,15 @@ grpc::Status VerifierService::OpenSession(grpc::ServerContext* context, const le
   }
   resp->set_slot(slot);
   resp->set_pool_epoch(cache->epoch());
+  resp->set_session_id(session_id);
   resp->set_first_token(first->token);
   resp->set_first_nll(first->nll);
   return grpc::Status::OK;
 }
 
-grpc::Status VerifierService::Verify(grpc::ServerContext*, const lede::v1::VerifyRequest* req,
+grpc::Status VerifierService::Verify(grpc::ServerContext* context, const lede::v1::VerifyRequest* req,
                                      lede::v1::VerifyResponse* resp) {
+  if (grpc::Status auth = impl_->host->options.internal_token.Check(*context); !auth.ok()) return auth;
   ModelHost& host = *impl_->host;
   auto pool = host.PoolOfEpoch(req->pool_epoch());
   if (!pool.ok()) return ToGrpcStatus(pool.status());
@@ -708,7 +737,10 @@ grpc::Status VerifierService::Verify(grpc::ServerContext*, const lede::v1::Verif
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     auto it = impl_->sessions.find(req->slot());
-    if (it == impl_->sessions.end() || it->second.doomed) {
+    if (it == impl_->sessions.end() || it->second.id != req->session_id()) {
+      return ToGrpcStatus(NotThisSession(req->slot()));
+    }
+    if (it->second.doomed) {
       return ToGrpcStatus(FailedPreconditionError("slot: " + std::to_string(req->slot()) + " has no open session"));
     }
     it->second.last_used = Clock::now();
@@ -720,8 +752,9 @@ grpc::Status VerifierService::Verify(grpc::ServerContext*, const lede::v1::Verif
     Impl* impl;
     model::KvCache& cache;
     int64_t slot;
-    ~CallGuard() { impl->EndCall(cache, slot); }
-  } guard{impl_.get(), cache, req->slot()};
+    uint64_t id;
+    ~CallGuard() { impl->EndCall(cache, slot, id); }
+  } guard{impl_.get(), cache, req->slot(), req->session_id()};
   const int64_t V = host.model->config().vocab_size;
   if (req->position() != cache.length(req->slot())) {
     return ToGrpcStatus(FailedPreconditionError("position: " + std::to_string(req->position()) +
@@ -772,8 +805,9 @@ grpc::Status VerifierService::Verify(grpc::ServerContext*, const lede::v1::Verif
   return grpc::Status::OK;
 }
 
-grpc::Status VerifierService::CloseSession(grpc::ServerContext*, const lede::v1::CloseSessionRequest* req,
+grpc::Status VerifierService::CloseSession(grpc::ServerContext* context, const lede::v1::CloseSessionRequest* req,
                                            lede::v1::CloseSessionResponse*) {
+  if (grpc::Status auth = impl_->host->options.internal_token.Check(*context); !auth.ok()) return auth;
   ModelHost& host = *impl_->host;
   std::shared_ptr<model::KvCache> cache = host.Pool();
   std::lock_guard<std::mutex> lock(impl_->mu);
@@ -794,7 +828,16 @@ grpc::Status VerifierService::CloseSession(grpc::ServerContext*, const lede::v1:
     return grpc::Status::OK;
   }
   if (cache->epoch() != req->pool_epoch()) return grpc::Status::OK;  // the pool (and session) is gone
-  if (impl_->sessions.erase(req->slot()) > 0) (void)cache->Free(req->slot());
+  auto it = impl_->sessions.find(req->slot());
+  if (it == impl_->sessions.end() || it->second.id != req->session_id()) {
+    return ToGrpcStatus(NotThisSession(req->slot()));
+  }
+  if (it->second.busy > 0) {
+    it->second.doomed = true;  // a call computes on it: freed when that call ends (EndCall)
+    return grpc::Status::OK;
+  }
+  (void)cache->Free(req->slot());
+  impl_->sessions.erase(it);
   impl_->SlotsChanged(*cache);
   return grpc::Status::OK;
 }
@@ -891,6 +934,7 @@ DrafterService::DrafterService(std::shared_ptr<ModelHost> host, VerifierService*
 
 grpc::Status DrafterService::DraftAndVerify(grpc::ServerContext* context, const lede::v1::DraftRequest* req,
                                             lede::v1::DraftAndVerifyResponse* resp) {
+  if (grpc::Status auth = impl_->host->options.internal_token.Check(*context); !auth.ok()) return auth;
   if (impl_->verifier == nullptr) {
     return ToGrpcStatus(UnimplementedError("DraftAndVerify: the verifier runs in another process"));
   }
@@ -900,6 +944,7 @@ grpc::Status DrafterService::DraftAndVerify(grpc::ServerContext* context, const 
   lede::v1::VerifyRequest v;
   v.set_slot(req->slot());
   v.set_pool_epoch(req->pool_epoch());
+  v.set_session_id(req->session_id());
   v.set_pending_token(req->pending_token());
   v.set_position(req->position());
   v.set_exit_layer(d->exit_layer());
@@ -911,14 +956,16 @@ grpc::Status DrafterService::DraftAndVerify(grpc::ServerContext* context, const 
 }
 DrafterService::~DrafterService() = default;
 
-grpc::Status DrafterService::Describe(grpc::ServerContext*, const lede::v1::DescribeRequest*,
+grpc::Status DrafterService::Describe(grpc::ServerContext* context, const lede::v1::DescribeRequest*,
                                       lede::v1::ModelInfo* info) {
+  if (grpc::Status auth = impl_->host->options.internal_token.Check(*context); !auth.ok()) return auth;
   impl_->host->FillInfo(info);
   return grpc::Status::OK;
 }
 
-grpc::Status DrafterService::Draft(grpc::ServerContext*, const lede::v1::DraftRequest* req,
+grpc::Status DrafterService::Draft(grpc::ServerContext* server_context, const lede::v1::DraftRequest* req,
                                    lede::v1::DraftResponse* resp) {
+  if (grpc::Status auth = impl_->host->options.internal_token.Check(*server_context); !auth.ok()) return auth;
   ModelHost& host = *impl_->host;
   auto pool = host.PoolOfEpoch(req->pool_epoch());
   if (!pool.ok()) return ToGrpcStatus(pool.status());
@@ -991,6 +1038,13 @@ grpc::Status DrafterService::Draft(grpc::ServerContext*, const lede::v1::DraftRe
   dr.context.assign(req->context().begin(), req->context().end());
   dr.round_index = req->round_index();
   dr.record_trace = req->record_trace();
+  // The slot stays this session's while the draft runs (kv_cache.h).
+  if (!cache.BeginDrafting(req->slot(), req->session_id())) return ToGrpcStatus(NotThisSession(req->slot()));
+  struct DraftingGuard {
+    model::KvCache& cache;
+    int64_t slot;
+    ~DraftingGuard() { cache.EndDrafting(slot); }
+  } drafting_guard{cache, req->slot()};
   Impl::DraftingScope drafting(*impl_);
   model::Drafter drafter(*host.model, cache, impl_->RunnerFor(cache));
   StatusOr<model::DraftOutput> out = model::DraftRound(*host.model, cache, drafter, req->slot(), config, sampling, dr);

@@ -1,6 +1,6 @@
 // File: services/model/model_service.h
 //
-// The model service (DESIGN.md §3-§4): gRPC handlers of lede.v1.Verifier
+// The model service (docs/design.md §3-§4): gRPC handlers of lede.v1.Verifier
 // (all blocks: prefill, verification, autoregressive steps; owns the KV
 // pool and its sessions) and lede.v1.Drafter (shallow blocks + exit head +
 // the exit controller in-process), over one shared model::KvCache.
@@ -13,7 +13,7 @@
 // Both run the same handlers; the coordinator cannot tell them apart.
 //
 // Sessions are KV slots; a request names its slot and the pool epoch. The
-// coordinator serializes the rounds of one session (DESIGN.md §4), so slots
+// coordinator serializes the rounds of one session (docs/design.md §4), so slots
 // need no locks; slot allocation is under a mutex. Handlers run on gRPC's
 // sync thread pool. With --max-batch 1 they compute with libtorch on that
 // thread; above 1 the verifier's handlers (and DraftAndVerify's verification
@@ -67,6 +67,10 @@ struct ModelServiceOptions {
   // --tls-client-ca), and the certificate's DNS name when it is not the
   // target's host.
   rpc::ChannelTlsOptions policy_tls;
+  // The deployment's internal token (security.h InternalToken; empty = none):
+  // required on every call to this process's Verifier/Drafter services and
+  // sent on its calls to the policy service. Flag --internal-token-file.
+  rpc::InternalToken internal_token;
   // Drafter: ask the policy service once per decision instead of running
   // the DQN in-process (evaluation of remote decisions; slow by design).
   bool remote_decisions = false;
@@ -116,6 +120,10 @@ struct ModelServiceOptions {
   // (llama.h GraphMode); LoadModelHost refuses anything else with
   // kInvalidArgument naming the value.
   std::string graphs = "auto";
+  // Matrix storage of the fused CPU path (--weights): "auto" (the
+  // checkpoint's), "f32", "bf16" or "q8_0" (weight_format.h);
+  // LoadModelHost refuses anything else with kInvalidArgument.
+  std::string weights = "auto";
   // Verifier: coordinator leases (lede.v1.Verifier/RenewLease). The reaper
   // frees a lapsed instance's sessions within `lease_sweep_interval` of the
   // lapse; `clock` (borrowed; nullptr = Clock::Real()) times both.
@@ -186,7 +194,7 @@ class DrafterService final : public lede::v1::Drafter::Service {
   ~DrafterService() override;
   grpc::Status Describe(grpc::ServerContext*, const lede::v1::DescribeRequest*,
                         lede::v1::ModelInfo*) override;
-  // One speculation round's drafting (DESIGN.md §2). With max_batch > 1 its
+  // One speculation round's drafting (docs/design.md §2). With max_batch > 1 its
   // draft steps share passes with the other sessions drafting at that
   // moment (model::RunDrafterBatch: bitwise the solo steps on the fused
   // path); its decisions stay its own, on this handler thread.

@@ -52,19 +52,20 @@ std::shared_ptr<grpc::Channel> MakeFollowerChannel(const PolicyFollowerOptions& 
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::max(initial_ms, 1));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, std::max(max_ms, 1));
   if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
-  return grpc::CreateCustomChannel(
-      options.target, options.credentials ? options.credentials : grpc::InsecureChannelCredentials(), args);
+  return options.token.Channel(options.target,
+                               options.credentials ? options.credentials : grpc::InsecureChannelCredentials(), args);
 }
 
 }  // namespace
 
 std::shared_ptr<grpc::Channel> MakePolicyChannel(const std::string& target,
                                                  std::shared_ptr<grpc::ChannelCredentials> credentials,
-                                                 const std::string& tls_server_name) {
+                                                 const std::string& tls_server_name,
+                                                 const rpc::InternalToken& token) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxArtifactBytes);
   if (!tls_server_name.empty()) args.SetSslTargetNameOverride(tls_server_name);
-  return grpc::CreateCustomChannel(target, credentials ? credentials : grpc::InsecureChannelCredentials(), args);
+  return token.Channel(target, credentials ? credentials : grpc::InsecureChannelCredentials(), args);
 }
 
 // --- PolicyFollower ----------------------------------------------------------

@@ -1,6 +1,6 @@
 // File: services/model/policy_follower.h
 //
-// The drafter's side of the policy service (DESIGN.md §3: the drafter runs
+// The drafter's side of the policy service (docs/design.md §3: the drafter runs
 // the policy embedded in-process, "fetches the current policy from the
 // policy service and follows its version").
 //
@@ -49,6 +49,7 @@
 #include "policy/dqn/artifact.h"
 #include "proto/lede/v1/policy.grpc.pb.h"
 #include "shared/clock/clock.h"
+#include "shared/rpc/security.h"
 #include "shared/speculation/exit_controller.h"
 #include "shared/status/status.h"
 
@@ -74,7 +75,8 @@ namespace lede::model_service {
 // the policy service's certificate must carry (gRPC's target name override).
 std::shared_ptr<grpc::Channel> MakePolicyChannel(const std::string& target,
                                                  std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr,
-                                                 const std::string& tls_server_name = "");
+                                                 const std::string& tls_server_name = "",
+                                                 const rpc::InternalToken& token = rpc::InternalToken());
 
 struct PolicyFollowerOptions {
   // The policy service, "host:port".
@@ -84,6 +86,8 @@ struct PolicyFollowerOptions {
   // not the target's host.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   std::string tls_server_name;
+  // The deployment's internal token, sent on every call (security.h).
+  rpc::InternalToken token;
   // ModelConfig::ArchitectureFingerprint() of this drafter's model; "" accepts
   // any (then a policy trained for another model would be used: set it).
   std::string model_fingerprint;

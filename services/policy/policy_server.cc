@@ -39,10 +39,12 @@ struct FlagValues {
   std::string metrics = "127.0.0.1:9403";
   int64_t reload_interval_ms = 1000;
   rpc::ServerTlsOptions tls;
+  std::string internal_token_file;
 };
 
 void Register(flags::FlagSet& set, FlagValues& v) {
   rpc::AddServerTlsFlags(&set, &v.tls);
+  rpc::AddInternalTokenFlag(&set, &v.internal_token_file, "required on every call");
   set.Add("policy-root", &v.policy_root, "directory holding SERVING and one folder per version",
           /*required=*/true);
   set.Add("policy-store", &v.policy_store,
@@ -96,6 +98,7 @@ StatusOr<PolicyServerOptions> ParsePolicyServerFlags(const std::vector<std::stri
   options.tls_cert_path = v.tls.cert_path;
   options.tls_key_path = v.tls.key_path;
   options.tls_client_ca_path = v.tls.client_ca_path;
+  LEDE_ASSIGN_OR_RETURN(options.internal_token, rpc::InternalToken::LoadIfSet(v.internal_token_file));
   if (!v.model_config.empty()) {
     StatusOr<model::ModelConfig> config = ReadModelConfig(v.model_config);
     if (!config.ok() && config.status().code() != StatusCode::kInvalidArgument) {
@@ -131,7 +134,7 @@ int RunPolicyServer(const PolicyServerOptions& options) {
                   {{"policy_root", options.serving.policy_root}, {"reason", s.ToString()}});
   }
   serving.StartPolling();
-  PolicyService service(&serving, &metrics);
+  PolicyService service(&serving, &metrics, options.internal_token);
   rpc::ServerRunner runner("policy");
   runner.AddService(&service);
   rpc::ServerOptions server_options;
@@ -140,6 +143,7 @@ int RunPolicyServer(const PolicyServerOptions& options) {
   server_options.tls.cert_path = options.tls_cert_path;
   server_options.tls.key_path = options.tls_key_path;
   server_options.tls.client_ca_path = options.tls_client_ca_path;
+  server_options.reflection = options.internal_token.empty() && options.tls_client_ca_path.empty();
   if (Status s = runner.Start(server_options, &registry); !s.ok()) {
     std::cerr << "lede-policy: " << s.message() << "\n";
     serving.StopPolling();

@@ -1,6 +1,6 @@
 // File: services/policy/policy_server.h
 //
-// The `lede-policy` process (DESIGN.md §3 "policy service"): flags, then a
+// The `lede-policy` process (docs/design.md §3 "policy service"): flags, then a
 // ServingPolicy polling its policy root, the Policy gRPC service with health
 // and reflection (shared/rpc/server.h), /metrics, and a clean stop on
 // SIGTERM / SIGINT. main.cc only calls ParsePolicyServerFlags() and
@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "services/policy/serving_policy.h"
+#include "shared/rpc/security.h"
 #include "shared/status/status.h"
 
 namespace lede::policy_service {
@@ -44,6 +45,8 @@ struct PolicyServerOptions {
   std::string tls_cert_path;
   std::string tls_key_path;
   std::string tls_client_ca_path;
+  // The deployment's internal token: required on every call (security.h).
+  rpc::InternalToken internal_token;
 };
 
 // Exit codes of RunPolicyServer() and main().

@@ -16,12 +16,13 @@ constexpr absl::Duration kWatchPollInterval = absl::Milliseconds(100);
 
 }  // namespace
 
-PolicyService::PolicyService(ServingPolicy* serving, telemetry::SpecDecodeMetrics* metrics)
-    : serving_(serving), metrics_(metrics) {}
+PolicyService::PolicyService(ServingPolicy* serving, telemetry::SpecDecodeMetrics* metrics, rpc::InternalToken token)
+    : serving_(serving), metrics_(metrics), token_(std::move(token)) {}
 
 grpc::Status PolicyService::Decide(grpc::ServerContext* context,
                                    const lede::v1::DecideRequest* request,
                                    lede::v1::DecideResponse* response) {
+  if (grpc::Status auth = token_.Check(*context); !auth.ok()) return auth;
   auto finish = [&](const Status& status) {
     // No latency observation: lede_e2e_request_latency_seconds is the Generate
     // request's histogram.
@@ -70,6 +71,7 @@ grpc::Status PolicyService::Decide(grpc::ServerContext* context,
 grpc::Status PolicyService::GetPolicy(grpc::ServerContext* context,
                                       const lede::v1::GetPolicyRequest* request,
                                       lede::v1::PolicyArtifact* response) {
+  if (grpc::Status auth = token_.Check(*context); !auth.ok()) return auth;
   StatusOr<std::shared_ptr<const LoadedPolicy>> policy = serving_->Get(request->version());
   Status status = policy.status();
   if (!policy.ok() && !request->version().empty() && status.code() != StatusCode::kNotFound &&
@@ -92,9 +94,15 @@ grpc::Status PolicyService::GetPolicy(grpc::ServerContext* context,
 grpc::Status PolicyService::WatchPolicy(grpc::ServerContext* context,
                                         const lede::v1::WatchPolicyRequest* request,
                                         grpc::ServerWriter<lede::v1::PolicyVersion>* writer) {
+  if (grpc::Status auth = token_.Check(*context); !auth.ok()) return auth;
   if (shutting_down_.load()) {
     return rpc::ToGrpcStatus(UnavailableError("the policy service is shutting down"));
   }
+  ++n_watchers_;
+  struct Leave {
+    std::atomic<int64_t>* n;
+    ~Leave() { --*n; }
+  } leave{&n_watchers_};
   std::string known = request->known_version();
   while (!shutting_down_.load() && !context->IsCancelled()) {
     std::shared_ptr<const LoadedPolicy> policy = serving_->WaitForChange(known, kWatchPollInterval);

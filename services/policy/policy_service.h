@@ -1,7 +1,7 @@
 // File: services/policy/policy_service.h
 //
 // PolicyService: the lede.v1.Policy gRPC service (proto/lede/v1/policy.proto,
-// DESIGN.md §3) over a ServingPolicy.
+// docs/design.md §3) over a ServingPolicy.
 //
 //   Decide       Q-values and the greedy action (policy/dqn/
 //                dqn_exit_controller.h GreedyAction: kExit only if
@@ -37,9 +37,11 @@
 #define LEDE_SERVICES_POLICY_POLICY_SERVICE_H_
 
 #include <atomic>
+#include <cstdint>
 
 #include "proto/lede/v1/policy.grpc.pb.h"
 #include "services/policy/serving_policy.h"
+#include "shared/rpc/security.h"
 
 namespace lede::telemetry {
 struct SpecDecodeMetrics;
@@ -51,7 +53,10 @@ class PolicyService final : public lede::v1::Policy::Service {
  public:
   // `serving` must not be null; `metrics` may be null. When set, every call
   // counts lede_requests_total{method, status} and its latency.
-  PolicyService(ServingPolicy* serving, telemetry::SpecDecodeMetrics* metrics);
+  // With a non-empty `token`, every call must carry it (security.h
+  // InternalToken; UNAUTHENTICATED otherwise).
+  PolicyService(ServingPolicy* serving, telemetry::SpecDecodeMetrics* metrics,
+                rpc::InternalToken token = rpc::InternalToken());
 
   grpc::Status Decide(grpc::ServerContext* context, const lede::v1::DecideRequest* request,
                       lede::v1::DecideResponse* response) override;
@@ -65,10 +70,15 @@ class PolicyService final : public lede::v1::Policy::Service {
   // grace deadline. Call before shutting the server down. Idempotent.
   void Shutdown();
 
+  // WatchPolicy streams open now (accepted and not yet ended).
+  int64_t n_watchers() const { return n_watchers_.load(); }
+
  private:
   ServingPolicy* const serving_;
   telemetry::SpecDecodeMetrics* const metrics_;
+  const rpc::InternalToken token_;
   std::atomic<bool> shutting_down_{false};
+  std::atomic<int64_t> n_watchers_{0};
 };
 
 }  // namespace lede::policy_service

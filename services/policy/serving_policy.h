@@ -1,6 +1,6 @@
 // File: services/policy/serving_policy.h
 //
-// ServingPolicy: the policy version the policy service runs (DESIGN.md §3
+// ServingPolicy: the policy version the policy service runs (docs/design.md §3
 // "policy service ... hot-reloads a new version from the object store after
 // validating it"), read from a policy root laid out as policy/dqn/artifact.h
 // describes: <root>/<version>/{policy.safetensors, policy.json} plus the

@@ -1,6 +1,6 @@
 // File: shared/checkpoint/safetensors.h
 //
-// The safetensors file format, torch-free (DESIGN.md §5: model checkpoints
+// The safetensors file format, torch-free (docs/design.md §5: model checkpoints
 // and policy weights). A file is an 8-byte little-endian header length N, N
 // bytes of JSON
 //   {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__"},

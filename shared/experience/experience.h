@@ -1,6 +1,6 @@
 // File: shared/experience/experience.h
 //
-// Experience shards (DESIGN.md §5): append-only files of lede.v1.Transition
+// Experience shards (docs/design.md §5): append-only files of lede.v1.Transition
 // records, each framed as
 //   uint32 little-endian payload length | uint32 little-endian CRC-32 (zlib
 //   polynomial) of the payload | payload (serialized lede.v1.Transition)

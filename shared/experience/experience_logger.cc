@@ -180,6 +180,16 @@ void ExperienceLogger::ApplyRetentionNow() {
   }
 }
 
+void ExperienceLogger::ReportPutError(const Status& error) {
+  ++unreported_put_errors_;
+  if (!options_.on_put_error) return;
+  const absl::Time now = options_.clock->Now();
+  if (now - last_put_error_report_ < options_.put_error_interval) return;
+  options_.on_put_error(error, unreported_put_errors_ - 1);
+  unreported_put_errors_ = 0;
+  last_put_error_report_ = now;
+}
+
 void ExperienceLogger::PutShard(ShardBuilder& shard) {
   if (shard.empty()) return;
   ShardEncoder& encoder = shard.encoder();
@@ -203,6 +213,8 @@ void ExperienceLogger::PutShard(ShardBuilder& shard) {
       }
       break;
     }
+    ReportPutError(Status(s.code(), "experience shard " + key + " (attempt " + std::to_string(attempt) + " of " +
+                                        std::to_string(options_.max_put_attempts) + "): " + std::string(s.message())));
     if (attempt < options_.max_put_attempts) {
       counts_.put_retries.fetch_add(1, std::memory_order_relaxed);
       options_.clock->SleepFor(backoff);

@@ -1,6 +1,6 @@
 // File: shared/experience/experience_logger.h
 //
-// ExperienceLogger: the serving side of experience logging (DESIGN.md §3:
+// ExperienceLogger: the serving side of experience logging (docs/design.md §3:
 // coordinator --experience shards--> object store <--reads-- trainer; §5).
 // Callers Log() lede.v1.Transition records from the request path; a
 // background thread batches them into shards (the format of experience.h,
@@ -43,7 +43,7 @@
 
 namespace lede::experience {
 
-// Counters of one logger since it was created, for /metrics (DESIGN.md §6).
+// Counters of one logger since it was created, for /metrics (docs/design.md §6).
 // Invariant once Close() returns:
 //   records_logged = records_written + records_lost + records_rejected
 // (records_dropped were never logged).
@@ -101,6 +101,13 @@ struct ExperienceLoggerOptions {
   // (written or given up) and retention pass, and from Close(). Must be quick and must not call
   // Flush() or Close() (deadlock); counters() is fine.
   std::function<void(const ExperienceLoggerCounters&)> on_counters;
+  // Called on the writer thread when a Put() attempt fails, with the error
+  // (naming the shard) and how many failed attempts were not reported since
+  // the last call: the first failure at once, then at most one call per
+  // put_error_interval (on `clock`), so a store that is down for an hour
+  // logs a line every interval, not one per attempt (issue 39, fault 5).
+  std::function<void(const Status& error, int64_t unreported_failures)> on_put_error;
+  absl::Duration put_error_interval = absl::Seconds(10);
   // Time source of the shard age, the retry backoff, the shard's date and
   // the default writer id (borrowed; must outlive the logger). nullptr =
   // Clock::Real(); tests pass a FakeClock.
@@ -162,6 +169,8 @@ class ExperienceLogger {
   template <typename T>
   bool Enqueue(T&& record);
   void Run();
+  // on_put_error, rate-limited (writer thread).
+  void ReportPutError(const Status& error);
   // Puts the current shard, if it has records, with retries.
   void PutShard(ShardBuilder& shard);
   void Report();
@@ -185,6 +194,8 @@ class ExperienceLogger {
   Status pending_error_ ABSL_GUARDED_BY(mu_);   // last give-up since the last flush
   int64_t seq_ = 0;                             // writer thread only
   absl::Time last_retention_ = absl::InfinitePast();  // writer thread only
+  absl::Time last_put_error_report_ = absl::InfinitePast();  // writer thread only
+  int64_t unreported_put_errors_ = 0;                         // writer thread only
   std::thread writer_;
 };
 

@@ -7,7 +7,7 @@
 // (ExperienceLoggerOptions::retention); the trainer or an operator may call
 // it directly. It works on any ObjectStore that reports
 // ObjectInfo::modified; for S3 the recommended way is a bucket lifecycle
-// rule instead (README.md "Experience retention"), which needs no listing.
+// rule instead (docs/serving.md "Experience and retention"), which needs no listing.
 #ifndef LEDE_SHARED_EXPERIENCE_RETENTION_H_
 #define LEDE_SHARED_EXPERIENCE_RETENTION_H_
 

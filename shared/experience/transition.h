@@ -1,6 +1,6 @@
 // File: shared/experience/transition.h
 //
-// Rewards and transitions of LEDE's decision process (DESIGN.md §2):
+// Rewards and transitions of LEDE's decision process (docs/design.md §2):
 //   a draft token that the verifier accepts:  accept_reward + depth_term(l*)
 //   a draft token that it rejects:            reject_reward + depth_term(l*)
 //   "continue" (phase 1: go deeper; phase 2: stop and verify): continue_reward

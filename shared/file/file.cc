@@ -106,7 +106,7 @@ void SyncDirectory(const std::string& dir) {
   ::close(fd);
 }
 
-StatusOr<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::Create(const std::string& path) {
+StatusOr<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::Create(const std::string& path, mode_t mode) {
   static std::atomic<uint64_t> counter{0};
   const fs::path p(path);
   const std::string name = p.filename().string();
@@ -114,7 +114,7 @@ StatusOr<std::unique_ptr<AtomicFileWriter>> AtomicFileWriter::Create(const std::
   const std::string temp = (p.parent_path() / ("." + name + ".tmp-" + std::to_string(::getpid()) + "-" +
                                                std::to_string(counter++)))
                                .string();
-  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
   if (fd < 0) return SystemError("cannot create", temp, errno);
   return std::unique_ptr<AtomicFileWriter>(new AtomicFileWriter(path, temp, fd));
 }
@@ -172,8 +172,8 @@ Status AtomicFileWriter::Commit() {
   return OkStatus();
 }
 
-Status WriteFileAtomically(const std::string& path, std::string_view bytes) {
-  StatusOr<std::unique_ptr<AtomicFileWriter>> out = AtomicFileWriter::Create(path);
+Status WriteFileAtomically(const std::string& path, std::string_view bytes, mode_t mode) {
+  StatusOr<std::unique_ptr<AtomicFileWriter>> out = AtomicFileWriter::Create(path, mode);
   if (!out.ok()) return out.status();
   if (Status s = (*out)->Append(bytes); !s.ok()) return s;
   return (*out)->Commit();

@@ -23,6 +23,8 @@
 #ifndef LEDE_SHARED_FILE_FILE_H_
 #define LEDE_SHARED_FILE_FILE_H_
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -57,8 +59,9 @@ class AtomicFileWriter {
   // Creates the temporary file beside `path`. The destination's directory
   // must exist. Errors: kInternal naming the temporary file and the system
   // error (e.g. the directory is missing or not writable); kInvalidArgument
-  // if `path` has no file name.
-  static StatusOr<std::unique_ptr<AtomicFileWriter>> Create(const std::string& path);
+  // if `path` has no file name. `mode`: the file's permission bits (before
+  // the umask; 0600 or 0640 for data that holds users' requests).
+  static StatusOr<std::unique_ptr<AtomicFileWriter>> Create(const std::string& path, mode_t mode = 0644);
 
   AtomicFileWriter(const AtomicFileWriter&) = delete;
   AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
@@ -93,7 +96,8 @@ class AtomicFileWriter {
 // Writes `bytes` to `path` with AtomicFileWriter in one go. On failure `path`
 // is left as it was and no temporary file remains. Errors: kInternal naming
 // the file and the system error.
-Status WriteFileAtomically(const std::string& path, std::string_view bytes);
+// `mode`: the new file's permission bits (before the umask).
+Status WriteFileAtomically(const std::string& path, std::string_view bytes, mode_t mode = 0644);
 
 // The pid of the writer that made temporary file `filename` (a bare name,
 // no directory), if it has the form ".<name>.tmp-<pid>-<n>" with a non-empty

@@ -5,7 +5,7 @@
 // weights as the work allows. Each session brings one item: a prefill chunk
 // (positions of its prompt through all layers), an autoregressive step (one
 // position through all layers), or a speculation round's verification
-// (DESIGN.md §4: d_K through layers [0, E_i) unless the drafter ran it, then
+// (docs/design.md §4: d_K through layers [0, E_i) unless the drafter ran it, then
 // the K_i + 1 rows of the exit-hidden scratch through [E_i, L)). Rows of a
 // session enter at their own layer and leave at their own layer; the step
 // runs the layers in spans where the set of active rows is constant, one
@@ -19,7 +19,7 @@
 // segment's rows as a solo call does), so greedy ids and seeded samples are
 // the same batched or solo. A prefill that is chunked (positions in several
 // steps) equals the unchunked prefill within float32 rounding (1e-4 in the
-// logits), as DESIGN.md §1 allows (with packed weights, cpu::Packable, the
+// logits), as docs/design.md §1 allows (with packed weights, cpu::Packable, the
 // products no longer depend on the row count; the 1e-4 bound is what the
 // tests hold).
 //
@@ -27,7 +27,7 @@
 // chunk and a step commit their positions; a verification commits nothing,
 // the round's acceptance does). The caller guarantees that no other thread
 // uses an item's slot during the step (the coordinator serializes a
-// session's rounds; DESIGN.md §4). Distinct items must name distinct slots.
+// session's rounds; docs/design.md §4). Distinct items must name distinct slots.
 //
 // Thread-safety: RunVerifierBatch / RunBatch are safe to call concurrently on
 // disjoint slots (as LlamaModel's const methods); the service runs up to

@@ -6,7 +6,7 @@
 // as tensors, over the torch-free shared/checkpoint/safetensors.h),
 // checkpoint_hf.cc (Hugging Face directories) and checkpoint_llama2c.cc
 // (llama2.c v0 .bin: 7 int32 header, float32 arrays,
-// ../shared/models/README.md); GGUF files are checkpoint_gguf.cc.
+// testdata/models/README.md); GGUF files are checkpoint_gguf.cc.
 //
 // Files are memory-mapped read-only (MAP_PRIVATE, PROT_READ). Float32 data is
 // wrapped in place with at::from_blob; the deleter of each such tensor holds a

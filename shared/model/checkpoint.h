@@ -1,10 +1,10 @@
 // File: shared/model/checkpoint.h
 //
-// Loading and writing Llama checkpoints in two layouts (DESIGN.md §5):
+// Loading and writing Llama checkpoints in two layouts (docs/design.md §5):
 //  - Hugging Face: a directory with config.json and model.safetensors, or
 //    shards listed in model.safetensors.index.json; F32/F16/BF16 tensors.
-//  - llama2.c "version 0" .bin (the models in ../shared/models; layout in
-//    ../shared/models/README.md).
+//  - llama2.c "version 0" .bin (the models in testdata/models; layout in
+//    testdata/models/README.md).
 // Tensors come back under Hugging Face names, in [out, in] orientation:
 //   model.embed_tokens.weight                     [V, d]
 //   model.layers.{i}.input_layernorm.weight       [d]
@@ -28,6 +28,7 @@
 
 #include "shared/checkpoint/gguf.h"
 #include "shared/checkpoint/model_config.h"
+#include "shared/model/weight_format.h"
 #include "shared/status/status.h"
 
 namespace lede::model {
@@ -43,9 +44,23 @@ struct Checkpoint {
   // into `gguf`'s read-only mapping, which lives as long as this
   // Checkpoint's copy of `gguf` does. Rows are in the file's order: q/k
   // rows in llama.cpp's adjacent-pair order (config.rope_style ==
-  // kAdjacentPairs), the same order as `tensors`.
+  // kAdjacentPairs), the same order as `tensors`. A GGUF's Q8_0 matrices
+  // also fill q8_0_blocks and its matrices' type sets `storage` (below).
   std::shared_ptr<const checkpoint::GgufFile> gguf;
   std::map<std::string, const checkpoint::GgufTensor*> stored;
+
+  // How the file stores the matrices, which ModelOptions::weights = kAuto
+  // keeps (weight_format.h): kBf16 when every projection and the LM head
+  // (or the tied embedding) are BF16 in the file, kQ8_0 when a reader hands
+  // in q8_0_blocks for all of them, else kF32 (F16 too: bf16 would round it).
+  WeightFormat storage = WeightFormat::kF32;
+  // Matrices stored as Q8_0 in the file (a GGUF reader hands them in as
+  // they are): HF name -> uint8 CPU tensor [rows, in / 32 * 34], each row
+  // in / 32 llama.cpp blocks (cpu::BlockQ8_0: float16 scale, 32 int8).
+  // `tensors` must still hold each one's dequantized float32 values
+  // (cpu::DequantizeRowsQ8_0), the eager reference's weights. A model that
+  // stores q8_0 packs these blocks as they are (no re-quantization).
+  std::map<std::string, at::Tensor> q8_0_blocks;
 };
 
 // Reads a checkpoint from `path`:

@@ -3,9 +3,10 @@
 // GGUF checkpoints (LoadGgufCheckpoint, WriteGgufCheckpoint in
 // checkpoint.h) over the torch-free shared/checkpoint/gguf.h. Reading: F32
 // tensors are wrapped in place (zero copy); F16, BF16 and Q8_0 are widened to
-// float32 (the engine computes in f32 today), while Checkpoint::stored keeps
-// each tensor's bytes as the file has them (Q8_0 blocks included) for a
-// kernel that uses them directly. Q/K rows stay in the file's order
+// float32 (the eager reference's weights); Q8_0 matrices also go to
+// Checkpoint::q8_0_blocks as they are (zero copy) and Checkpoint::storage
+// says the file's format, which --weights auto keeps; Checkpoint::stored
+// keeps every tensor's bytes as the file has them. Q/K rows stay in the file's order
 // (llama.cpp's adjacent-pair RoPE order, config.rope_style =
 // kAdjacentPairs); LlamaModel::FromCheckpoint permutes them, as for llama2.c.
 #include <ATen/ATen.h>
@@ -49,10 +50,31 @@ StatusOr<Checkpoint> LoadGgufCheckpointImpl(const std::string& path) {
       tensor = at::empty(t.shape(), at::kFloat);
       LEDE_RETURN_IF_ERROR(checkpoint::DequantizeToF32(t, tensor.data_ptr<float>()));
     }
+    if (t.type == GgmlType::kQ8_0 && t.ne.size() == 2) {
+      // The blocks as they are, [rows, in / 32 * 34] bytes, zero copy (the
+      // deleter keeps the mapping); q/k rows in the file's order, permuted
+      // with the float32 rows by LlamaModel (config.rope_style).
+      const int64_t row_bytes = static_cast<int64_t>(t.nbytes) / t.ne[1];
+      std::shared_ptr<const void> keep = owner;
+      ckpt.q8_0_blocks[name] = at::from_blob(
+          const_cast<uint8_t*>(t.data), {t.ne[1], row_bytes}, [keep](void*) mutable { keep.reset(); },
+          at::TensorOptions().dtype(at::kByte));
+    }
     ckpt.tensors[name] = std::move(tensor);
     ckpt.stored[name] = &t;
   }
   LEDE_RETURN_IF_ERROR(internal::CheckTensors(ckpt.config, ckpt.tensors, path, nullptr));
+  // The file's storage, which --weights auto keeps: every matrix the fused
+  // path multiplies by (projections, and the head or the tied embedding).
+  bool all_bf16 = true, all_q8 = true;
+  for (const auto& [name, t] : ckpt.stored) {
+    const bool is_matrix = name != "model.embed_tokens.weight" && t->ne.size() == 2;
+    const bool is_head = name == (ckpt.config.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+    if (!is_matrix && !is_head) continue;
+    all_bf16 = all_bf16 && t->type == GgmlType::kBF16;
+    all_q8 = all_q8 && t->type == GgmlType::kQ8_0;
+  }
+  ckpt.storage = all_q8 ? WeightFormat::kQ8_0 : all_bf16 ? WeightFormat::kBf16 : WeightFormat::kF32;
   return ckpt;
 }
 

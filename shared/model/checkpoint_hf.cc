@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "shared/checkpoint/mapped_file.h"
+#include "shared/checkpoint/safetensors.h"
 #include "shared/file/file.h"
 #include "shared/model/checkpoint.h"
 #include "shared/model/internal/checkpoint_internal.h"
@@ -84,6 +85,32 @@ Status LoadShards(const std::string& dir, const std::string& index_path,
   return OkStatus();
 }
 
+// Checkpoint::storage of a safetensors checkpoint: kBf16 when the file
+// stores every matrix the engine multiplies by (the projections and the LM
+// head, or the embedding when tied) as BF16, else kF32. Reads only the
+// files' headers (the tensors were converted to float32 already).
+StatusOr<WeightFormat> SafetensorsStorage(const std::map<std::string, std::string>& origin, bool tied) {
+  std::map<std::string, std::shared_ptr<const checkpoint::SafetensorsFile>> files;
+  auto is_matrix = [&](const std::string& name) {
+    auto ends_with = [&](const std::string& tail) {
+      return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    return ends_with("_proj.weight") || name == "lm_head.weight" || (tied && name == "model.embed_tokens.weight");
+  };
+  int64_t n_matrices = 0;
+  for (const auto& [name, path] : origin) {
+    if (!is_matrix(name)) continue;
+    auto& file = files[path];
+    if (file == nullptr) {
+      LEDE_ASSIGN_OR_RETURN(file, checkpoint::SafetensorsFile::Open(path));
+    }
+    auto it = file->tensors().find(name);
+    if (it == file->tensors().end() || it->second.dtype != checkpoint::Dtype::kBF16) return WeightFormat::kF32;
+    ++n_matrices;
+  }
+  return n_matrices > 0 ? WeightFormat::kBf16 : WeightFormat::kF32;
+}
+
 StatusOr<Checkpoint> LoadHfCheckpointImpl(const std::string& dir) {
   std::error_code ec;
   if (!fs::exists(dir, ec)) return NotFoundError(dir + ": no such directory");
@@ -126,6 +153,7 @@ StatusOr<Checkpoint> LoadHfCheckpointImpl(const std::string& dir) {
   // "absent when tied" holds (checkpoint.h).
   if (ckpt.config.tie_word_embeddings) ckpt.tensors.erase("lm_head.weight");
   LEDE_RETURN_IF_ERROR(internal::CheckTensors(ckpt.config, ckpt.tensors, dir, &origin));
+  LEDE_ASSIGN_OR_RETURN(ckpt.storage, SafetensorsStorage(origin, ckpt.config.tie_word_embeddings));
   return ckpt;
 }
 

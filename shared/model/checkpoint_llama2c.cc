@@ -3,7 +3,7 @@
 // llama2.c "version 0" .bin checkpoints (LoadLlama2cCheckpoint,
 // WriteLlama2cCheckpoint in checkpoint.h): a 7 int32 header (dim,
 // hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size (negative: untied
-// classifier), seq_len), then float32 arrays (../shared/models/README.md).
+// classifier), seq_len), then float32 arrays (testdata/models/README.md).
 // Loaded tensors are zero-copy views of one read-only mapping.
 #include <ATen/ATen.h>
 

@@ -1,7 +1,7 @@
 // File: shared/model/cost_model.h
 //
 // Cost models of decoding, in units of one full-depth autoregressive step
-// (DESIGN.md §1 "accelerator cost model"), and the calibration that measures
+// (docs/design.md §1 "accelerator cost model"), and the calibration that measures
 // this machine's own costs.
 //
 //  - accelerator: memory-bound hardware (GPUs, large models). A verification
@@ -69,7 +69,7 @@ class CostModel {
   double PredictedSpeedup(const std::vector<RoundRecord>& rounds) const;
 };
 
-// DESIGN.md §1 accelerator model for a config.
+// docs/design.md §1 accelerator model for a config.
 std::unique_ptr<CostModel> MakeAcceleratorCostModel(const ModelConfig& config);
 // h = V*d / (weights of one block): the LM head in layer-equivalents.
 double HeadLayerEquivalents(const ModelConfig& config);
@@ -233,7 +233,7 @@ std::unique_ptr<CostModel> MakeAcceleratorCostModelAtLoad(const ModelConfig& con
 // in log2(B). These are the engine's prices only: a server also pays per
 // round for its RPC hops and scheduling, unbatched and different for a
 // round that drafts (two hops in the split deployment) and one that does
-// not (README "The cost of speculation at a load" has the measurements).
+// not (docs/benchmarks.md, `lede-bench load`, measures them).
 // Errors: kFailedPrecondition if the calibration has no batch tables
 // ("lede calibrate --batch-sizes"); kInvalidArgument naming `load` outside
 // [1, the largest timed size].

@@ -233,12 +233,7 @@ void RopeRotateHalf(float* x, int64_t n_heads, int64_t hd, const float* cos, con
 }
 
 void SiluMul(const float* h13, int64_t n, int64_t F, float* out) {
-  for (int64_t r = 0; r < n; ++r) {
-    const float* gate = h13 + r * 2 * F;
-    const float* up = gate + F;
-    float* o = out + r * F;
-    for (int64_t f = 0; f < F; ++f) o[f] = gate[f] / (1.0f + std::exp(-gate[f])) * up[f];
-  }
+  LEDE_DISPATCH(SiluMul(h13, n, F, out));
 }
 
 void AttendOne(const float* q, const float* keys, const float* values, int64_t n_keys, int64_t hd,

@@ -108,7 +108,8 @@ void RmsNorm(const float* x, const float* weight, int64_t n, int64_t d, float ep
 void RopeRotateHalf(float* x, int64_t n_heads, int64_t hd, const float* cos, const float* sin);
 
 // SwiGLU on n rows: out[i, f] = silu(h13[i, f]) * h13[i, F + f], h13 [n, 2F]
-// (gate columns, then up columns), out [n, F].
+// (gate columns, then up columns), out [n, F]. Eight columns at a time
+// with ExpSums' exp polynomial (relative error below 1e-6).
 void SiluMul(const float* h13, int64_t n, int64_t F, float* out);
 
 // Attention of one query row over n_keys cached positions of one KV head:

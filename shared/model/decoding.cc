@@ -307,7 +307,7 @@ StatusOr<DraftOutput> DraftRound(const LlamaModel& model, KvCache& cache, Drafte
   }
   if (config.mode != SpeculationMode::kAdaptive) return finish();  // autoregressive: no drafts
 
-  // One controller-driven round (DESIGN.md §2): the decisions are
+  // One controller-driven round (docs/design.md §2): the decisions are
   // speculation::RunAdaptiveRound's; the probes run the model here.
   const DecisionSpec& spec = config.decision_spec;
   const int64_t d_cap = std::min<int64_t>({request.budget, spec.max_draft_len, cache.max_draft_len(),

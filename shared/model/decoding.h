@@ -4,7 +4,7 @@
 // step, verification of a speculation round), the Drafter (shallow-layer
 // drafting at an exit layer), and the in-process Engine that runs
 // autoregressive and static self-speculative decoding (LayerSkip,
-// arXiv 2404.16710 §4; DESIGN.md §1 "speculation round", §4 "Shared KV cache").
+// arXiv 2404.16710 §4; docs/design.md §1 "speculation round", §4 "Shared KV cache").
 //
 // KV protocol of a round for a slot with committed length n and a pending
 // token t (the last emitted token, not yet run through the model):
@@ -94,7 +94,7 @@ class Drafter {
 
   // Draft step `row` (0-based) of a round: `token` at position
   // length(slot) + row through layers [0, exit_layer), hidden state saved in
-  // scratch row `row`. Returns the exit logits [V] float32 (DESIGN.md §1).
+  // scratch row `row`. Returns the exit logits [V] float32 (docs/design.md §1).
   // Errors: kInvalidArgument for exit_layer outside [1, L] or row outside
   // [0, max_draft_len); kResourceExhausted past capacity; kInternal.
   StatusOr<at::Tensor> DraftStep(int64_t slot, int64_t row, int32_t token,

@@ -1,7 +1,7 @@
 // File: shared/model/exit_signals.h
 //
 // The confidence signals of an exit distribution that LEDE's state is built
-// from (DESIGN.md §2), all from one log-softmax over the vocabulary:
+// from (docs/design.md §2), all from one log-softmax over the vocabulary:
 //   top1_prob = max_v p(v)
 //   top_k_nll = C_k = -(1/k) sum_{v in top-k} log p(v)
 //   entropy   = H   = -sum_v p(v) log p(v)            (nats)

@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 
 #include "shared/model/torch_boundary.h"
+#include "shared/status/status_macros.h"
 
 #if LEDE_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -22,10 +23,10 @@ namespace lede::model {
 namespace {
 
 constexpr char kMagic[8] = {'L', 'E', 'D', 'E', 'K', 'V', '0', '1'};
-constexpr uint32_t kLayoutVersion = 2;  // 2: device_index and the CUDA IPC handle
+constexpr uint32_t kLayoutVersion = 3;  // 2: device_index and the CUDA IPC handle; 3: session words, drafter refs
 constexpr int64_t kAlign = 64;
 
-// The segment's first bytes (DESIGN.md §4). Plain data, same layout in
+// The segment's first bytes (docs/design.md §4). Plain data, same layout in
 // every process of one build.
 struct PoolHeader {
   char magic[8];
@@ -40,7 +41,7 @@ struct PoolHeader {
   // live in one allocation on CUDA device device_index, exported by the
   // creator as ipc_handle (a cudaIpcMemHandle_t, 64 bytes); the segment then
   // ends at the K/V offset, and the epoch header, lengths and in-use flags
-  // stay in host shared memory (DESIGN.md §4).
+  // stay in host shared memory (docs/design.md §4).
   int32_t device_index;
   char ipc_handle[64];
 };
@@ -49,7 +50,7 @@ int64_t AlignUp(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 // Byte offsets of everything in a pool.
 struct Layout {
-  int64_t lengths, in_use, k0, layer_bytes, exit_hidden, total;
+  int64_t lengths, in_use, drafters, k0, layer_bytes, exit_hidden, total;
 };
 
 Layout ComputeLayout(const ModelConfig& c, int64_t S, int64_t C, int64_t D, c10::ScalarType dtype) {
@@ -57,7 +58,8 @@ Layout ComputeLayout(const ModelConfig& c, int64_t S, int64_t C, int64_t D, c10:
   Layout l;
   l.lengths = AlignUp(sizeof(PoolHeader));
   l.in_use = l.lengths + S * 8;
-  l.k0 = AlignUp(l.in_use + S * 8);
+  l.drafters = l.in_use + S * 8;
+  l.k0 = AlignUp(l.drafters + S * 8);
   l.layer_bytes = AlignUp(S * c.n_kv_heads * C * c.head_dim() * elem);
   l.exit_hidden = l.k0 + 2 * c.n_layers * l.layer_bytes;
   l.total = AlignUp(l.exit_hidden + S * (D + 1) * c.dim * elem);
@@ -65,6 +67,49 @@ Layout ComputeLayout(const ModelConfig& c, int64_t S, int64_t C, int64_t D, c10:
 }
 
 std::string Errno(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+// Creates the shared memory segment `name` of `bytes` bytes (zero-filled;
+// a stale one of a previous run is removed first) and maps it read-write.
+// ResourceExhaustedError when the system refuses; the name is then removed.
+StatusOr<void*> MapNewSegment(const std::string& name, int64_t bytes) {
+  shm_unlink(name.c_str());  // a stale pool of a previous run
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return ResourceExhaustedError(Errno("shm_open " + name));
+  if (ftruncate(fd, bytes) != 0) {
+    close(fd);
+    shm_unlink(name.c_str());
+    return ResourceExhaustedError(Errno("ftruncate " + name));
+  }
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    return ResourceExhaustedError(Errno("mmap " + name));
+  }
+  return base;
+}
+
+// A new pool's header: what Attach checks (magic, layout version, dtype,
+// fingerprint, shape), its epoch and size; device_index -1 (a CUDA pool's
+// creator sets it).
+void WritePoolHeader(const ModelConfig& config, const KvCacheOptions& o, uint64_t epoch, int64_t total_bytes,
+                     PoolHeader* h) {
+  std::memset(h, 0, sizeof(PoolHeader));
+  std::memcpy(h->magic, kMagic, sizeof(kMagic));
+  h->layout_version = kLayoutVersion;
+  h->dtype = static_cast<int32_t>(o.dtype);
+  std::strncpy(h->fingerprint, config.ArchitectureFingerprint().c_str(), sizeof(h->fingerprint) - 1);
+  h->n_layers = config.n_layers;
+  h->n_kv_heads = config.n_kv_heads;
+  h->head_dim = config.head_dim();
+  h->dim = config.dim;
+  h->n_slots = o.n_slots;
+  h->capacity = o.capacity;
+  h->max_draft_len = o.max_draft_len;
+  h->epoch = epoch;
+  h->total_bytes = total_bytes;
+  h->device_index = -1;
+}
 
 }  // namespace
 
@@ -76,7 +121,7 @@ struct KvCache::Storage {
   bool device_owner = false;
   std::string unlink_name;  // the creator removes the name at the end...
   uint64_t epoch = 0;       // ...if it still names this pool, not a newer one
-  std::vector<int64_t> private_state;  // lengths + in_use of a private pool
+  std::vector<int64_t> private_state;  // lengths + in_use + drafters of a private pool
   ~Storage() {
 #if LEDE_WITH_CUDA
     if (device_base != nullptr) {
@@ -131,9 +176,10 @@ StatusOr<KvCache> KvCache::Create(const ModelConfig& config,
       return OkStatus();
     });
     if (!alloc.ok()) return ResourceExhaustedError(alloc.message());
-    cache.storage_->private_state.assign(2 * o.n_slots, 0);
+    cache.storage_->private_state.assign(3 * o.n_slots, 0);
     cache.length_ = cache.storage_->private_state.data();
     cache.in_use_ = cache.length_ + o.n_slots;
+    cache.drafters_ = cache.in_use_ + o.n_slots;
     return cache;
   }
 
@@ -154,44 +200,18 @@ StatusOr<KvCache> KvCache::Create(const ModelConfig& config,
   // A CUDA pool's host segment ends where K/V would start.
   const int64_t host_bytes = on_cuda ? layout.k0 : layout.total;
   const std::string& name = o.shared_memory_name;
-  shm_unlink(name.c_str());  // a stale pool of a previous run
-  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) return ResourceExhaustedError(Errno("shm_open " + name));
-  if (ftruncate(fd, host_bytes) != 0) {
-    close(fd);
-    shm_unlink(name.c_str());
-    return ResourceExhaustedError(Errno("ftruncate " + name));
-  }
-  void* base = mmap(nullptr, host_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (base == MAP_FAILED) {
-    shm_unlink(name.c_str());
-    return ResourceExhaustedError(Errno("mmap " + name));
-  }
+  LEDE_ASSIGN_OR_RETURN(void* base, MapNewSegment(name, host_bytes));
   cache.storage_->base = base;
   cache.storage_->bytes = host_bytes;
   cache.storage_->mapped = true;
   cache.storage_->unlink_name = name;
   cache.storage_->epoch = cache.epoch_;
   auto* h = static_cast<PoolHeader*>(base);
-  std::memset(h, 0, sizeof(PoolHeader));
-  std::memcpy(h->magic, kMagic, sizeof(kMagic));
-  h->layout_version = kLayoutVersion;
-  h->dtype = static_cast<int32_t>(o.dtype);
-  std::strncpy(h->fingerprint, config.ArchitectureFingerprint().c_str(), sizeof(h->fingerprint) - 1);
-  h->n_layers = config.n_layers;
-  h->n_kv_heads = config.n_kv_heads;
-  h->head_dim = config.head_dim();
-  h->dim = config.dim;
-  h->n_slots = o.n_slots;
-  h->capacity = o.capacity;
-  h->max_draft_len = o.max_draft_len;
-  h->epoch = cache.epoch_;
-  h->total_bytes = layout.total;
-  h->device_index = -1;
+  WritePoolHeader(config, o, cache.epoch_, layout.total, h);
   // ftruncate zero-fills: K/V, lengths and in-use flags start at 0.
   cache.length_ = reinterpret_cast<int64_t*>(static_cast<char*>(base) + layout.lengths);
   cache.in_use_ = reinterpret_cast<int64_t*>(static_cast<char*>(base) + layout.in_use);
+  cache.drafters_ = reinterpret_cast<int64_t*>(static_cast<char*>(base) + layout.drafters);
   auto opts = at::TensorOptions().dtype(o.dtype).device(o.device);
   // kv: where K/V and the scratch start, in the segment or (CUDA) in one
   // device allocation laid out as the segment is from k0 on.
@@ -289,6 +309,7 @@ StatusOr<KvCache> KvCache::Attach(const ModelConfig& config, const KvCacheOption
   char* p = static_cast<char*>(base);
   cache.length_ = reinterpret_cast<int64_t*>(p + layout.lengths);
   cache.in_use_ = reinterpret_cast<int64_t*>(p + layout.in_use);
+  cache.drafters_ = reinterpret_cast<int64_t*>(p + layout.drafters);
   auto opts = at::TensorOptions().dtype(options.dtype).device(cache.options_.device);
   char* kv = p + layout.k0;
   if (on_cuda) {
@@ -320,29 +341,57 @@ StatusOr<KvCache> KvCache::Attach(const ModelConfig& config, const KvCacheOption
 
 int64_t KvCache::n_in_use() const {
   int64_t n = 0;
-  for (int64_t s = 0; s < n_slots(); ++s) n += in_use_[s] != 0;
+  for (int64_t s = 0; s < n_slots(); ++s) n += session(s) != kNoSession;
   return n;
 }
 
-StatusOr<int64_t> KvCache::Allocate() {
+// The per-slot words live in memory another process maps: every access to a
+// session word or a drafter count is a sequentially consistent atomic (GCC
+// builtins on the plain int64_t arrays; lock-free on every 64-bit target).
+uint64_t KvCache::session(int64_t slot) const {
+  return static_cast<uint64_t>(__atomic_load_n(&in_use_[slot], __ATOMIC_SEQ_CST));
+}
+
+StatusOr<int64_t> KvCache::Allocate(uint64_t session_id) {
+  if (session_id == kNoSession) return InvalidArgumentError("session: 0 names no session");
+  bool drafted_on = false;
   for (int64_t s = 0; s < n_slots(); ++s) {
-    if (!in_use_[s]) {
-      in_use_[s] = 1;
-      length_[s] = 0;
-      return s;
+    if (session(s) != kNoSession) continue;
+    // A drafter still inside a Draft of the slot's previous session (it
+    // checked that session's word before the slot was freed): reusing the
+    // slot now would let it write into the new session's K/V.
+    if (__atomic_load_n(&drafters_[s], __ATOMIC_SEQ_CST) != 0) {
+      drafted_on = true;
+      continue;
     }
+    length_[s] = 0;
+    __atomic_store_n(&in_use_[s], static_cast<int64_t>(session_id), __ATOMIC_SEQ_CST);
+    return s;
   }
-  return ResourceExhaustedError("all " + std::to_string(n_slots()) + " KV slots are in use");
+  return ResourceExhaustedError("all " + std::to_string(n_slots()) + " KV slots are in use" +
+                                (drafted_on ? " (a freed slot still has a draft of its last session running)" : ""));
 }
 
 Status KvCache::Free(int64_t slot) {
-  if (slot < 0 || slot >= n_slots() || !in_use_[slot]) {
+  if (slot < 0 || slot >= n_slots() || session(slot) == kNoSession) {
     return InvalidArgumentError("KV slot " + std::to_string(slot) + " is not allocated");
   }
-  in_use_[slot] = 0;
+  __atomic_store_n(&in_use_[slot], static_cast<int64_t>(kNoSession), __ATOMIC_SEQ_CST);
   length_[slot] = 0;
   return OkStatus();
 }
+
+bool KvCache::BeginDrafting(int64_t slot, uint64_t session_id) {
+  if (slot < 0 || slot >= n_slots() || session_id == kNoSession) return false;
+  __atomic_add_fetch(&drafters_[slot], 1, __ATOMIC_SEQ_CST);
+  if (session(slot) == session_id) return true;
+  __atomic_sub_fetch(&drafters_[slot], 1, __ATOMIC_SEQ_CST);
+  return false;
+}
+
+void KvCache::EndDrafting(int64_t slot) { __atomic_sub_fetch(&drafters_[slot], 1, __ATOMIC_SEQ_CST); }
+
+int64_t KvCache::n_drafting(int64_t slot) const { return __atomic_load_n(&drafters_[slot], __ATOMIC_SEQ_CST); }
 
 Status KvCache::Commit(int64_t slot, int64_t new_length) {
   if (new_length < length_[slot] || new_length > capacity()) {

@@ -1,6 +1,6 @@
 // File: shared/model/kv_cache.h
 //
-// KvCache: the KV pool shared by drafting and verification (DESIGN.md §4).
+// KvCache: the KV pool shared by drafting and verification (docs/design.md §4).
 // S slots x capacity C tokens; per layer l:
 //   k(l), v(l)      [S, n_kv_heads, C, head_dim]   compute dtype, model device
 // plus the exit-hidden-state scratch (LayerSkip's exit query cache):
@@ -14,10 +14,23 @@
 // the length where it is, so rejection is a truncation, never a copy).
 // On the CPU the pool can live in a named POSIX shared-memory segment that
 // the verifier process creates (Create with shared_memory_name) and the
-// drafter process maps (Attach), DESIGN.md §4. The segment starts with a
+// drafter process maps (Attach), docs/design.md §4. The segment starts with a
 // header (magic "LEDEKV01", layout version, model fingerprint, dims, dtype,
-// epoch) that Attach validates, then the per-slot committed lengths and
-// in-use flags, then K, V of every layer and the scratch, 64-byte aligned.
+// epoch) that Attach validates, then the per-slot committed lengths, session
+// words and drafter counts, then K, V of every layer and the scratch,
+// 64-byte aligned.
+//
+// Session words (issue 39): a slot in use holds the 64-bit id of the session
+// that owns it (the verifier draws a random one per session; 0 = free). A
+// call that names a slot must also name its session, so a stale handle (a
+// cancelled request's late Draft or Verify) or a foreign one can never touch
+// the slot's next owner. A drafter in another process brackets its work on a
+// slot with BeginDrafting()/EndDrafting(): BeginDrafting fails unless the
+// slot still holds the session, and Allocate() never hands out a slot whose
+// drafter count is not zero, so a draft that began before its session was
+// freed cannot write into the next session's K/V (the count is raised
+// before the session word is read, and Free clears the word before Allocate
+// reads the count: sequentially consistent atomics on the shared words).
 // The epoch is a random number drawn at creation: a restarted verifier
 // makes a new pool with a new epoch, and requests that name the old one are
 // refused instead of reading a stranger's K/V.
@@ -91,9 +104,25 @@ class KvCache {
   // [S, max_draft_len + 1, d].
   const at::Tensor& exit_hidden() const { return exit_hidden_; }
 
-  // Reserves a free slot and returns its index (length 0).
-  // Errors: kResourceExhausted when all slots are in use (pool unchanged).
-  StatusOr<int64_t> Allocate();
+  // The session word of a free slot.
+  static constexpr uint64_t kNoSession = 0;
+
+  // Reserves a free slot for `session_id` (any value but kNoSession; the
+  // default names an anonymous session) and returns its index (length 0).
+  // A free slot with a draft of its previous session still running is
+  // skipped. Errors: kResourceExhausted when no slot is free (pool
+  // unchanged); kInvalidArgument for kNoSession.
+  StatusOr<int64_t> Allocate(uint64_t session_id = 1);
+  // The session holding `slot` (kNoSession when free). Atomic; callable
+  // from any thread or process while others allocate and free.
+  uint64_t session(int64_t slot) const;
+  // Marks a draft on `slot` for `session_id` as running; false (nothing
+  // marked) when the slot is out of range or not held by that session.
+  // Pair every true with one EndDrafting(slot). Thread- and process-safe.
+  bool BeginDrafting(int64_t slot, uint64_t session_id);
+  void EndDrafting(int64_t slot);
+  // Drafts running on `slot` now (BeginDrafting minus EndDrafting).
+  int64_t n_drafting(int64_t slot) const;
   // Releases a slot. Errors: kInvalidArgument for an unknown/free slot.
   Status Free(int64_t slot);
 
@@ -117,7 +146,8 @@ class KvCache {
   std::vector<at::Tensor> k_, v_;
   at::Tensor exit_hidden_;
   int64_t* length_ = nullptr;  // [S], in the storage (shared across processes)
-  int64_t* in_use_ = nullptr;  // [S], 0 or 1
+  int64_t* in_use_ = nullptr;    // [S], the session word (kNoSession = free)
+  int64_t* drafters_ = nullptr;  // [S], drafts running (BeginDrafting)
   uint64_t epoch_ = 0;
 };
 

@@ -14,6 +14,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "shared/model/cpu_kernels.h"
+#include "shared/model/cpu_quant_kernels.h"
 #include "shared/model/internal/step_graphs.h"
 #include "shared/model/torch_boundary.h"
 #include "shared/status/status_macros.h"
@@ -101,19 +102,27 @@ float* Grow(std::vector<float>& v, int64_t n) {
 // its share of W once for all rows (once per kRowTile rows: the tile of X
 // stays in L1/L2 while W streams past it).
 //
-// packed: W in the cpu::PackRows layout (the same split points hold), or
-// nullptr to read the row-major w.
+// packed: W in the cpu::PackRows layout, or bf16 / Q8_0 packed
+// (cpu_quant_kernels.h; the same split points hold), or nullptr to read the
+// row-major w.
 constexpr int64_t kRowTile = 48;
 
-void RowsProduct(const float* x, int64_t n, int64_t in, const float* w, const float* packed,
+template <typename Packed>
+void RowsProduct(const float* x, int64_t n, int64_t in, const float* w, const Packed* packed,
                  int64_t out, float* y, bool accumulate) {
   auto product = [&](int64_t o0, int64_t o1) {
     for (int64_t r0 = 0; r0 < n; r0 += kRowTile) {
       const int64_t rows = std::min(kRowTile, n - r0);
       const float* xt = x + r0 * in;
       float* yt = y + r0 * out + o0;
-      if (packed != nullptr) {
-        cpu::MatMulRowsPacked(xt, rows, in, packed + o0 * in, o1 - o0, yt, out, accumulate);
+      if (packed != nullptr && packed->format == WeightFormat::kBf16) {
+        cpu::MatMulRowsPackedBf16(xt, rows, in, packed->bf16.data() + cpu::PackedBf16Offset(o0, in), o1 - o0,
+                                  yt, out, accumulate);
+      } else if (packed != nullptr && packed->format == WeightFormat::kQ8_0) {
+        cpu::MatMulRowsPackedQ8_0(xt, rows, in, packed->q8.data() + cpu::PackedQ8_0Offset(o0, in), o1 - o0, yt,
+                                  out, accumulate);
+      } else if (packed != nullptr) {
+        cpu::MatMulRowsPacked(xt, rows, in, packed->data.data() + o0 * in, o1 - o0, yt, out, accumulate);
       } else {
         cpu::MatMulRowsStrided(xt, rows, in, w + o0 * in, o1 - o0, yt, out, accumulate);
       }
@@ -135,8 +144,9 @@ void RowsProduct(const float* x, int64_t n, int64_t in, const float* w, const fl
 }
 
 // packed as RowsProduct's (sgemm, without it, reads the row-major w).
+template <typename Packed>
 void RaggedMatMul(const float* x, const RaggedSegment* segs, int64_t n_segs, int64_t in,
-                  const float* w, const float* packed, int64_t out, float* y, bool accumulate) {
+                  const float* w, const Packed* packed, int64_t out, float* y, bool accumulate) {
   int64_t row = 0, run_begin = 0, run_rows = 0;
   auto flush = [&] {
     if (run_rows > 0) {
@@ -224,14 +234,62 @@ namespace {
 int64_t WeightVersion(const at::Tensor& w) { return w.is_inference() ? 0 : w._version(); }
 }  // namespace
 
-const float* LlamaModel::PackedOrNull(const at::Tensor& w, const PackedWeight& p) {
-  return !p.data.empty() && WeightVersion(w) == p.version ? p.data.data() : nullptr;
+const LlamaModel::PackedWeight* LlamaModel::PackedOrNull(const at::Tensor& w, const PackedWeight& p) {
+  return p.bytes() > 0 && WeightVersion(w) == p.version ? &p : nullptr;
+}
+
+int64_t LlamaModel::packed_weight_bytes() const {
+  auto bytes = [](const at::Tensor& w, const PackedWeight& p) {
+    return p.bytes() > 0 ? p.bytes() : static_cast<int64_t>(w.numel() * w.element_size());
+  };
+  int64_t total = bytes(lm_head_, lm_head_packed_);
+  for (const Layer& l : layers_) {
+    total += bytes(l.wqkv, l.wqkv_packed) + bytes(l.wo, l.wo_packed) + bytes(l.w13, l.w13_packed) +
+             bytes(l.w2, l.w2_packed);
+  }
+  return total;
+}
+
+void LlamaModel::StoreMatrix(at::Tensor* w, const at::Tensor& q8_0_blocks, PackedWeight* p) const {
+  const int64_t out = w->size(0), in = w->size(1);
+  if (weights_ == WeightFormat::kBf16 && cpu::Packable(in)) {
+    *w = w->to(at::kBFloat16).to(w->scalar_type()).contiguous();  // round to nearest even
+    if (!fused_) return;
+    at::Tensor cpu_w = w->to(at::kCPU, at::kFloat).contiguous();
+    p->bf16.resize(static_cast<size_t>(cpu::PackedRowsPadded(out) * in));
+    cpu::PackRowsBf16(cpu_w.data_ptr<float>(), out, in, p->bf16.data());
+  } else if (weights_ == WeightFormat::kQ8_0 && cpu::Q8Packable(in)) {
+    const int64_t nb = in / cpu::kQ8Block;
+    at::Tensor blocks = q8_0_blocks;
+    if (!blocks.defined()) {
+      at::Tensor cpu_w = w->to(at::kCPU, at::kFloat).contiguous();
+      blocks = at::empty({out, nb * static_cast<int64_t>(sizeof(cpu::BlockQ8_0))}, at::kByte);
+      cpu::QuantizeRowsQ8_0(cpu_w.data_ptr<float>(), out, in, reinterpret_cast<cpu::BlockQ8_0*>(blocks.data_ptr()));
+    }
+    TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.size(0) == out &&
+                    blocks.size(1) == nb * static_cast<int64_t>(sizeof(cpu::BlockQ8_0)),
+                "q8_0 blocks of a [", out, ", ", in, "] matrix must be uint8 [", out, ", ", nb * 34, "]");
+    blocks = blocks.contiguous();
+    const auto* b = reinterpret_cast<const cpu::BlockQ8_0*>(blocks.data_ptr());
+    at::Tensor values = at::empty({out, in}, at::kFloat);
+    cpu::DequantizeRowsQ8_0(b, out, in, values.data_ptr<float>());
+    *w = values.to(w->options()).contiguous();
+    if (!fused_) return;
+    p->q8.resize(cpu::PackedQ8_0Bytes(out, in));
+    cpu::PackRowsQ8_0(b, out, in, p->q8.data());
+  } else {
+    return;  // float32: PackWeights
+  }
+  p->format = weights_;
+  p->version = WeightVersion(*w);
 }
 
 void LlamaModel::PackWeights() {
   auto pack = [](const at::Tensor& w, PackedWeight* p) {
     const int64_t out = w.size(0), in = w.size(1);
+    if (p->bytes() > 0) return;  // packed in another format by StoreMatrix
     if (!w.is_contiguous() || w.scalar_type() != at::kFloat || !cpu::Packable(in)) return;
+    p->format = WeightFormat::kF32;
     p->data.resize(static_cast<size_t>(out * in));
     cpu::PackRows(w.data_ptr<float>(), out, in, p->data.data());
     p->version = WeightVersion(w);
@@ -270,6 +328,21 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
   return TorchBoundary(checkpoint.source, [&]() -> StatusOr<std::unique_ptr<LlamaModel>> {
     std::unique_ptr<LlamaModel> m(new LlamaModel(c, options));
     m->config_.rope_style = RopeStyle::kRotateHalf;  // after the permutation below
+    m->weights_ = options.weights == WeightFormat::kAuto ? checkpoint.storage : options.weights;
+    if (m->weights_ == WeightFormat::kAuto) m->weights_ = WeightFormat::kF32;
+    // The file's own Q8_0 blocks of a matrix (Checkpoint::q8_0_blocks), or
+    // undefined; several names give their rows' blocks concatenated, and
+    // undefined unless every one of them has blocks.
+    auto blocks = [&](std::vector<at::Tensor> parts) -> at::Tensor {
+      for (const at::Tensor& b : parts) {
+        if (!b.defined()) return at::Tensor();
+      }
+      return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
+    };
+    auto blocks_of = [&](const std::string& name) -> at::Tensor {
+      auto it = checkpoint.q8_0_blocks.find(name);
+      return it == checkpoint.q8_0_blocks.end() ? at::Tensor() : it->second;
+    };
     auto opts = at::TensorOptions().device(options.device).dtype(options.dtype);
     const bool copy = options.writable_weights;
     const bool adjacent = c.rope_style == RopeStyle::kAdjacentPairs;
@@ -277,6 +350,7 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
     m->embed_ = embed.to(opts, /*non_blocking=*/false, copy);
     LEDE_ASSIGN_OR_RETURN(at::Tensor norm, get("model.norm.weight"));
     m->final_norm_ = norm.to(opts, /*non_blocking=*/false, copy);
+    at::Tensor head_blocks = blocks_of(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
     if (c.tie_word_embeddings) {
       m->lm_head_ = m->embed_;
     } else {
@@ -294,6 +368,8 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
       LEDE_ASSIGN_OR_RETURN(at::Tensor w2, get(LayerName(i, "mlp.down_proj.weight")));
       LEDE_ASSIGN_OR_RETURN(at::Tensor an, get(LayerName(i, "input_layernorm.weight")));
       LEDE_ASSIGN_OR_RETURN(at::Tensor fn, get(LayerName(i, "post_attention_layernorm.weight")));
+      at::Tensor bq = blocks_of(LayerName(i, "self_attn.q_proj.weight"));
+      at::Tensor bk = blocks_of(LayerName(i, "self_attn.k_proj.weight"));
       if (adjacent) {
         wq = PermuteRopeRows(wq, c.n_heads, /*to_rotate_half=*/true);
         wk = PermuteRopeRows(wk, c.n_kv_heads, /*to_rotate_half=*/true);
@@ -301,6 +377,8 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
           return InvalidArgumentError(checkpoint.source + ": layer " + std::to_string(i) +
                                       " q/k projections cannot be permuted to rotate-half");
         }
+        if (bq.defined()) bq = PermuteRopeRows(bq, c.n_heads, /*to_rotate_half=*/true);
+        if (bk.defined()) bk = PermuteRopeRows(bk, c.n_kv_heads, /*to_rotate_half=*/true);
       }
       layer.wqkv = at::cat({wq, wk, wv}, 0).to(opts).contiguous();
       layer.wo = wo.to(opts, /*non_blocking=*/false, copy).contiguous();
@@ -308,11 +386,20 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
       layer.w2 = w2.to(opts, /*non_blocking=*/false, copy).contiguous();
       layer.attn_norm = an.to(opts, /*non_blocking=*/false, copy);
       layer.ffn_norm = fn.to(opts, /*non_blocking=*/false, copy);
+      m->StoreMatrix(&layer.wqkv, blocks({bq, bk, blocks_of(LayerName(i, "self_attn.v_proj.weight"))}),
+                     &layer.wqkv_packed);
+      m->StoreMatrix(&layer.wo, blocks_of(LayerName(i, "self_attn.o_proj.weight")), &layer.wo_packed);
+      m->StoreMatrix(&layer.w13,
+                     blocks({blocks_of(LayerName(i, "mlp.gate_proj.weight")), blocks_of(LayerName(i, "mlp.up_proj.weight"))}),
+                     &layer.w13_packed);
+      m->StoreMatrix(&layer.w2, blocks_of(LayerName(i, "mlp.down_proj.weight")), &layer.w2_packed);
       m->layers_.push_back(std::move(layer));
     }
     // The fused path reads rows of these directly (no-ops when contiguous).
     m->embed_ = m->embed_.contiguous();
     m->lm_head_ = c.tie_word_embeddings ? m->embed_ : m->lm_head_.contiguous();
+    m->StoreMatrix(&m->lm_head_, head_blocks, &m->lm_head_packed_);
+    if (c.tie_word_embeddings) m->embed_ = m->lm_head_;  // one matrix: the lookup reads the stored values too
     m->final_norm_ = m->final_norm_.contiguous();
     m->BuildRopeTables();
     if (m->fused_) m->PackWeights();

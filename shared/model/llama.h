@@ -3,7 +3,7 @@
 // LlamaModel: a Llama-architecture decoder (RMSNorm, RoPE, grouped-query
 // attention, SwiGLU, tied or untied LM head) with early exits: any layer's
 // hidden state can be turned into logits through the model's own final
-// RMSNorm and LM head (LayerSkip's shared exit, arXiv 2404.16710; DESIGN.md
+// RMSNorm and LM head (LayerSkip's shared exit, arXiv 2404.16710; docs/design.md
 // §1 "Exit at layer l"). Blocks can be run in ranges [first, last) so that a
 // drafter runs the shallow blocks and a verifier the rest on one KV cache.
 //
@@ -23,6 +23,12 @@
 // ModelOptions::kernels is kEager; everything else (CUDA, half precision,
 // the cache-free training pass, autograd) runs the eager libtorch path,
 // which stays the reference. The two agree to 1e-4 in the logits (tests).
+// Weight storage (issue 35; ModelOptions::weights, weight_format.h): the
+// fused path reads every matrix packed as f32, bf16 or Q8_0
+// (cpu_quant_kernels.h); the tensors themselves hold the format's values
+// (dequantized), so the eager path computes with the same weights: bf16
+// agrees to 1e-4, q8_0 (whose kernels also round activations to int8
+// blocks) to about 2-4% of the largest |logit| (tests).
 // Graphs (GraphMode, on by default on CUDA): single-slot cached steps of at
 // most kMaxGraphPositions rows run StaticForward from recorded buffers,
 // captured as CUDA graphs on a CUDA build (internal/step_graphs.h); that
@@ -51,6 +57,7 @@
 
 #include "shared/model/checkpoint.h"
 #include "shared/model/kv_cache.h"
+#include "shared/model/weight_format.h"
 #include "shared/checkpoint/model_config.h"
 #include "shared/status/status.h"
 
@@ -133,6 +140,14 @@ struct ModelOptions {
   Kernels kernels = Kernels::kFused;
   // Captured decode graphs (see GraphMode).
   GraphMode graphs = GraphMode::kAuto;
+  // How the matrices are stored (weight_format.h; the --weights flag):
+  // kAuto keeps the checkpoint's storage. A format other than f32 rounds
+  // every matrix's tensor at load to the values the format holds (bf16, or
+  // Q8_0 quantized and dequantized), so the eager path computes with the
+  // dequantized weights (the reference); the fused path reads the packed
+  // bf16 / Q8_0 copy. A matrix whose input dimension the format's packing
+  // cannot take (bf16: in % 8, q8_0: in % 32) stays float32.
+  WeightFormat weights = WeightFormat::kAuto;
   // Example: ModelOptions{c10::Device("cuda:0"), c10::kBFloat16}
 };
 
@@ -162,6 +177,11 @@ class LlamaModel {
   // True when the fused CPU kernels serve cached decoding (kernels ==
   // kFused, CPU, float32).
   bool fused() const { return fused_; }
+  // The matrices' storage (ModelOptions::weights resolved: never kAuto).
+  WeightFormat weight_format() const { return weights_; }
+  // Bytes of the matrices one full decode step reads on the fused path
+  // (every block and the LM head, in their packed formats).
+  int64_t packed_weight_bytes() const;
 
   // Token embedding: tokens [B, T] int64 -> hidden [B, T, d].
   at::Tensor Embed(const at::Tensor& tokens) const;
@@ -275,9 +295,17 @@ class LlamaModel {
   // inside InferenceMode; they cannot be trained) is not seen.
   // Empty when the fused path is off or the matrix is not cpu::Packable.
   // Costs one more copy of the matrices in memory on the fused path.
+  // format says which of data (cpu::PackRows), bf16 (cpu::PackRowsBf16) or
+  // q8 (cpu::PackRowsQ8_0) holds it.
   struct PackedWeight {
+    WeightFormat format = WeightFormat::kF32;
     std::vector<float> data;
+    std::vector<uint16_t> bf16;
+    std::vector<uint8_t> q8;
     int64_t version = -1;
+    int64_t bytes() const {
+      return static_cast<int64_t>(data.size() * 4 + bf16.size() * 2 + q8.size());
+    }
   };
   struct Layer {
     at::Tensor attn_norm;  // [d]
@@ -301,10 +329,15 @@ class LlamaModel {
   void FusedForward(float* x, int64_t first, int64_t last, const RaggedSegment* segments,
                     int64_t n_segments, KvCache& cache) const;
   void BuildRopeTables();
-  // Packs the matrices the fused path reads (at load, when fused_).
+  // Packs the float32 matrices the fused path reads (at load, when fused_;
+  // matrices StoreMatrix packed in another format are left as they are).
   void PackWeights();
-  // p's data when it was packed from w as w is now, else nullptr.
-  static const float* PackedOrNull(const at::Tensor& w, const PackedWeight& p);
+  // Rounds *w (a matrix on the model's device) to weights_ and, when
+  // fused_, packs it into *p in that format (q8_0_blocks: the file's own
+  // Q8_0 blocks of *w, [rows, in / 32 * 34] uint8, or undefined).
+  void StoreMatrix(at::Tensor* w, const at::Tensor& q8_0_blocks, PackedWeight* p) const;
+  // p when it was packed from w as w is now, else nullptr.
+  static const PackedWeight* PackedOrNull(const at::Tensor& w, const PackedWeight& p);
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
   at::Tensor ApplyRope(const at::Tensor& x, int64_t start_pos) const;
 
@@ -318,6 +351,7 @@ class LlamaModel {
   at::Tensor rope_cos_;   // [max_seq_len, hd] (halves repeated), compute dtype
   at::Tensor rope_sin_;   // [max_seq_len, hd]
   bool fused_ = false;    // options_.kernels == kFused on CPU float32
+  WeightFormat weights_ = WeightFormat::kF32;  // options_.weights resolved
   // The recorded decode graphs (shared/model/internal/step_graphs.h); null
   // when graphs are off. A shared_ptr, so that the implicit destructor
   // needs no complete type here.

@@ -1,7 +1,7 @@
 // File: shared/model/sampling.h
 //
 // Token selection: greedy, temperature / top-p sampling, and the acceptance
-// rules of a speculation round (DESIGN.md §1): greedy longest-agreeing-prefix
+// rules of a speculation round (docs/design.md §1): greedy longest-agreeing-prefix
 // and speculative sampling (Leviathan et al., arXiv 2211.17192, Algorithm 1;
 // Chen et al., arXiv 2302.01318), which leaves the output distribution equal
 // to the verifier's.

@@ -1,9 +1,15 @@
 #include "shared/rpc/security.h"
 
+#include <sys/stat.h>
+
 #include <fstream>
 #include <sstream>
 #include <utility>
 
+#include <grpcpp/create_channel.h>
+#include <grpcpp/support/client_interceptor.h>
+
+#include "absl/strings/ascii.h"
 #include "shared/flags/flags.h"
 #include "shared/status/status_macros.h"
 
@@ -154,6 +160,87 @@ bool ApiKeys::Allows(std::string_view authorization) const {
   bool match = false;
   for (const std::string& key : keys_) match |= ConstantTimeEquals(key, presented);
   return match;
+}
+
+namespace {
+
+// Adds `authorization: Bearer <token>` to a call's initial metadata.
+class TokenInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit TokenInterceptor(const std::string* header) : header_(header) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->insert({"authorization", *header_});
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string* header_;
+};
+
+class TokenInterceptorFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit TokenInterceptorFactory(const std::string& token) : header_("Bearer " + token) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo*) override {
+    return new TokenInterceptor(&header_);
+  }
+
+ private:
+  const std::string header_;  // lives as long as the channel (which owns the factory)
+};
+
+}  // namespace
+
+void AddInternalTokenFlag(flags::FlagSet* flags, std::string* path, std::string_view role) {
+  flags->Add("internal-token-file", path,
+             "file (mode 600) holding the deployment's internal token; " + std::string(role) + " (empty = none)");
+}
+
+StatusOr<InternalToken> InternalToken::Load(const std::string& path, std::string_view flag) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    return NotFoundError(std::string(flag) + ": cannot read " + path);
+  }
+  if ((st.st_mode & 077) != 0) {
+    return InvalidArgumentError(std::string(flag) + ": " + path +
+                                " can be read by other users (chmod 600 it: it is the internal plane's credential)");
+  }
+  std::ifstream in(path);
+  if (!in) return NotFoundError(std::string(flag) + ": cannot read " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string token(absl::StripAsciiWhitespace(ss.str()));
+  if (token.size() < 16) {
+    return InvalidArgumentError(std::string(flag) + ": " + path + " holds a token shorter than 16 characters");
+  }
+  for (char c : token) {
+    if (static_cast<unsigned char>(c) <= 0x20 || static_cast<unsigned char>(c) >= 0x7f) {
+      return InvalidArgumentError(std::string(flag) + ": " + path + " holds a token with spaces or control characters");
+    }
+  }
+  return InternalToken(std::move(token));
+}
+
+grpc::Status InternalToken::Check(const grpc::ServerContextBase& context) const {
+  if (token_.empty()) return grpc::Status::OK;
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  const std::string expected = "Bearer " + token_;
+  if (it != metadata.end() && ConstantTimeEquals(std::string_view(it->second.data(), it->second.size()), expected)) {
+    return grpc::Status::OK;
+  }
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      "authorization: this internal service needs the deployment's token (--internal-token-file)");
+}
+
+std::shared_ptr<grpc::Channel> InternalToken::Channel(const std::string& target,
+                                                      const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+                                                      const grpc::ChannelArguments& args) const {
+  if (token_.empty()) return grpc::CreateCustomChannel(target, credentials, args);
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<TokenInterceptorFactory>(token_));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(target, credentials, args, std::move(interceptors));
 }
 
 }  // namespace lede::rpc

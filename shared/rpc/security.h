@@ -1,7 +1,7 @@
 // File: shared/rpc/security.h
 //
 // Transport security and API keys of LEDE's servers (issue 17, failure 8;
-// README "TLS and API keys"):
+// docs/security.md):
 //  - TLS for a gRPC server from PEM files (server certificate chain and
 //    private key), optionally requiring and verifying client certificates
 //    against a CA bundle (mutual TLS, for the internal model and policy
@@ -21,7 +21,9 @@
 #include <string_view>
 #include <vector>
 
+#include <grpcpp/channel.h>
 #include <grpcpp/security/credentials.h>
+#include <grpcpp/server_context.h>
 #include <grpcpp/support/channel_arguments.h>
 #include <grpcpp/security/server_credentials.h>
 
@@ -128,6 +130,48 @@ class ApiKeys {
  private:
   std::vector<std::string> keys_;
 };
+
+// The internal plane's local credential (issue 39, fault 4): a secret the
+// deployment's processes on one machine share through a file only their
+// user can read (scripts/run writes <state>/internal.token, mode 0600).
+// Clients send it as `authorization: Bearer <token>` metadata on every call
+// (ChannelWithToken); the verifier, drafter and policy services refuse a
+// call without it with UNAUTHENTICATED (Check), so another local user, who
+// can reach the loopback ports but not read the file, cannot drive them.
+// Across machines use mutual TLS instead (ServerTlsOptions.client_ca_path;
+// docs/security.md); the two combine.
+class InternalToken {
+ public:
+  InternalToken() = default;  // empty: no check, nothing sent
+  // Reads the token from `path` (surrounding whitespace trimmed; at least 16
+  // characters). Errors: kNotFound naming the flag and path when the file
+  // cannot be read; kInvalidArgument naming the flag when the token is
+  // short or the file can be read by its group or others (mode & 077).
+  static StatusOr<InternalToken> Load(const std::string& path, std::string_view flag = "internal_token_file");
+  // Load() when `path` is not empty, else the empty token.
+  static StatusOr<InternalToken> LoadIfSet(const std::string& path) {
+    return path.empty() ? StatusOr<InternalToken>(InternalToken()) : Load(path);
+  }
+  // For tests: exactly this token.
+  explicit InternalToken(std::string token) : token_(std::move(token)) {}
+
+  bool empty() const { return token_.empty(); }
+  // OK when no token is configured or the call carries it (constant-time
+  // comparison); else UNAUTHENTICATED (the token is never in the message).
+  grpc::Status Check(const grpc::ServerContextBase& context) const;
+  // A channel whose every call carries the token (a client interceptor);
+  // grpc::CreateCustomChannel when the token is empty.
+  std::shared_ptr<grpc::Channel> Channel(const std::string& target,
+                                         const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+                                         const grpc::ChannelArguments& args) const;
+
+ private:
+  std::string token_;
+};
+
+// Adds --internal-token-file (InternalToken::Load's file) to a process of
+// the internal plane; `role` says what it does with it in the help text.
+void AddInternalTokenFlag(flags::FlagSet* flags, std::string* path, std::string_view role);
 
 // Compares two byte strings in time that depends only on their lengths
 // (never on where they differ). True when equal.

@@ -129,7 +129,7 @@ int ServerRunner::metrics_port() const { return metrics_ ? metrics_->port() : 0;
 Status ServerRunner::Start(const ServerOptions& options, const prometheus::Registry* registry) {
   options_ = options;
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  if (options.reflection) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   LEDE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, MakeServerCredentials(options.tls));
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen_address, credentials, &port_);

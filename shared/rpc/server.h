@@ -1,6 +1,6 @@
 // File: shared/rpc/server.h
 //
-// What every LEDE process does around its gRPC services (DESIGN.md §3):
+// What every LEDE process does around its gRPC services (docs/design.md §3):
 // a grpc::Server with the standard health checking service
 // (grpc.health.v1.Health: service "" = readiness, SERVING while the
 // ServerOptions::readiness check passes and NOT_SERVING otherwise and while
@@ -84,6 +84,10 @@ struct ServerOptions {
   // Set it to the calls expected at once (the KV slots, for a model
   // process).
   int max_handler_threads = 0;
+  // gRPC server reflection (grpc_cli, grpcurl). The internal services turn it
+  // off when they authenticate callers (an internal token or client
+  // certificates): no need to describe the plane to whoever can reach it.
+  bool reflection = true;
 };
 
 // Blocks SIGTERM and SIGINT in the calling thread and every thread it

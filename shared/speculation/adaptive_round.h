@@ -1,6 +1,6 @@
 // File: shared/speculation/adaptive_round.h
 //
-// The decisions of one controller-driven speculation round (DESIGN.md §2),
+// The decisions of one controller-driven speculation round (docs/design.md §2),
 // written once and torch-free: a round-start gate, phase 1 (probe the
 // candidate layers for the first draft token until the controller exits),
 // phase 2 (after each drafted token, probe the next exit distribution at l*

@@ -1,6 +1,6 @@
 // File: shared/speculation/exit_controller.h
 //
-// The decision process of LEDE (DESIGN.md §2; the seed paper's dual-control
+// The decision process of LEDE (docs/design.md §2; the seed paper's dual-control
 // MDP), as the drafting loop sees it. Torch-free: the engine computes the
 // confidence signals from exit logits (exit_signals.h) and asks an
 // ExitController; implementations (static, threshold, DQN, exploration)
@@ -48,7 +48,7 @@ struct ExitSignals {
   int32_t top1 = 0;     // argmax_v p(v) (lowest id on ties)
 };
 
-// The state at one decision point (DESIGN.md §2 "State at candidate layer l").
+// The state at one decision point (docs/design.md §2 "State at candidate layer l").
 struct ExitState {
   Phase phase = Phase::kExitLayer;
   int32_t layer = 0;       // l: candidate layer (phase 1) or l* (phase 2), in [1, L); 0 at round start

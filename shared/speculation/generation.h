@@ -1,7 +1,7 @@
 // File: shared/speculation/generation.h
 //
 // The speculation loop of one request, written once and torch-free
-// (DESIGN.md §1 "speculation round", §3 "coordinator"). It runs on any
+// (docs/design.md §1 "speculation round", §3 "coordinator"). It runs on any
 // SpeculationBackend: the in-process engine (shared/model/decoding.h,
 // drafter and verifier in one address space) and the coordinator's gRPC
 // backend (drafter and verifier processes on a shared KV pool) drive the
@@ -33,7 +33,7 @@ namespace lede::speculation {
 
 // kAutoregressive: full-depth steps. kStatic: fixed exit layer E and draft
 // length D. kAdaptive: an exit controller decides the exit layer (phase 1)
-// and when to stop drafting (phase 2) token by token (DESIGN.md §2).
+// and when to stop drafting (phase 2) token by token (docs/design.md §2).
 enum class SpeculationMode { kAutoregressive, kStatic, kAdaptive };
 
 struct SamplingParams {
@@ -93,7 +93,7 @@ struct DraftRequest {
   std::vector<int32_t> context;
 };
 
-// A drafted round (DESIGN.md §1): K = tokens.size() >= 0 draft tokens at exit
+// A drafted round (docs/design.md §1): K = tokens.size() >= 0 draft tokens at exit
 // layer l* = exit_layer. ready_layer > 0 means the last row (row K: d_K, or the
 // pending token when K == 0) has already been run through layers
 // [0, ready_layer) and its hidden state sits in exit-hidden scratch row K,

@@ -1,6 +1,6 @@
 // File: shared/speculation/method.h
 //
-// The one vocabulary of speculation methods (DESIGN.md §2 baselines and
+// The one vocabulary of speculation methods (docs/design.md §2 baselines and
 // LEDE): what a request asks for. Every spelling users see maps onto it:
 //   CLI --mode      ar | static | lede       (ParseSpeculationMethod)
 //   gRPC/HTTP       lede.v1.SpeculationMethod (converted at the service

@@ -47,7 +47,9 @@ Status LocalStore::Put(std::string_view key, std::string_view bytes) {
   if (ec) return InternalError("cannot create directory " + dir.string() + ": " + ec.message());
   // file::WriteFileAtomically's temporary file is hidden (invisible to
   // List()) and in the same folder; it fsyncs the file and the folder.
-  return file::WriteFileAtomically(path.string(), bytes);
+  // Objects hold users' data (experience records): owner read-write, group
+  // read (a trainer in the deployment's group), nothing for others.
+  return file::WriteFileAtomically(path.string(), bytes, kObjectFileMode);
 }
 
 StatusOr<std::string> LocalStore::Get(std::string_view key) {

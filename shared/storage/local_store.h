@@ -1,6 +1,6 @@
 // File: shared/storage/local_store.h
 //
-// LocalStore: an ObjectStore on a local directory (DESIGN.md §3: the default
+// LocalStore: an ObjectStore on a local directory (docs/design.md §3: the default
 // object store, embedded and with zero set-up). Key "a/b.lexp" is the file
 // <root>/a/b.lexp; folders are created on demand.
 #ifndef LEDE_SHARED_STORAGE_LOCAL_STORE_H_
@@ -27,6 +27,11 @@ namespace lede::storage {
 // values whole. Several processes may share one root.
 class LocalStore : public ObjectStore {
  public:
+  // Permission bits of every object written (issue 39: experience shards
+  // hold users' token ids; never world-readable). Folders are created 0755
+  // minus the umask as before; tighten the root's own mode to hide names.
+  static constexpr unsigned kObjectFileMode = 0640;
+
   // Opens `root` (relative paths are made absolute), creating it and its
   // parents if missing. Errors: kInternal if it cannot be created or exists
   // and is not a directory, naming it.

@@ -1,7 +1,7 @@
 // File: shared/storage/object_store.h
 //
 // ObjectStore: the one interface through which LEDE keeps data that lasts
-// (DESIGN.md §3 "object store", §5): experience shards, policy artifacts.
+// (docs/design.md §3 "object store", §5): experience shards, policy artifacts.
 // Two backends sit behind it, chosen by URL with OpenObjectStore():
 //   - a local directory (the default; embedded, zero set-up), local_store.h;
 //   - any S3-compatible store (AWS, MinIO, Ceph, s3rver), s3_store.h.

@@ -5,7 +5,7 @@
 // CURLOPT_AWS_SIGV4, service "s3"; the payload hash goes in
 // x-amz-content-sha256). Used by the coordinator to log experience and by
 // the trainer and policy service in deployments of more than one machine
-// (DESIGN.md §3).
+// (docs/design.md §3).
 //
 // Addressing: with an endpoint, path style "<endpoint>/<bucket>/<key>";
 // without one, AWS virtual-host style

@@ -1,12 +1,11 @@
 // File: shared/telemetry/lede_metrics.h
 //
-// The project's metric names (DESIGN.md §6), defined once, on prometheus-cpp
+// The project's metric names (docs/design.md §6), defined once, on prometheus-cpp
 // (metrics.h). Names and bucket boundaries follow vLLM's (vllm/v1/metrics/
-// loggers.py, vllm/v1/spec_decode/metrics.py; see
-// ../shared/research/serving-conventions.md §2) under the lede_ prefix, so a
-// vLLM dashboard ports by renaming `vllm:` to `lede_`; LEDE's own metrics
-// (exit layer, draft length, policy) sit beside them. Units are in the name
-// (seconds, tokens) and in the help text.
+// loggers.py, vllm/v1/spec_decode/metrics.py; see docs/metrics.md) under
+// the lede_ prefix, so a vLLM dashboard ports by renaming `vllm:` to `lede_`;
+// LEDE's own metrics (exit layer, draft length, policy) sit beside them.
+// Units are in the name (seconds, tokens) and in the help text.
 //
 //   vLLM-compatible                                   LEDE's own
 //   lede_spec_decode_num_drafts_total                 lede_spec_decode_num_emitted_tokens_total

@@ -1,6 +1,6 @@
 // File: shared/telemetry/metrics_server.h
 //
-// MetricsServer: an HTTP endpoint for Prometheus (DESIGN.md §6, "/metrics on
+// MetricsServer: an HTTP endpoint for Prometheus (docs/design.md §6, "/metrics on
 // every process"), served by cpp-httplib from Debian's libcpp-httplib (0.11).
 //
 //   GET|HEAD /metrics  200, Content-Type "text/plain; version=0.0.4;

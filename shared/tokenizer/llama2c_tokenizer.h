@@ -2,7 +2,7 @@
 //
 // Llama2cTokenizer: the tokenizer of Karpathy's llama2.c (run.c's encode() /
 // decode()), read from its tokenizer .bin file, e.g. stories260K's tok512.bin
-// (layout in ../shared/models/README.md). Torch-free.
+// (layout in testdata/models/README.md). Torch-free.
 #ifndef LEDE_SHARED_TOKENIZER_LLAMA2C_TOKENIZER_H_
 #define LEDE_SHARED_TOKENIZER_LLAMA2C_TOKENIZER_H_
 
@@ -42,7 +42,7 @@ namespace lede::tokenizer {
 //
 // Example:
 //   LEDE_ASSIGN_OR_RETURN(auto tok, Llama2cTokenizer::Load(
-//       "../shared/models/stories260K/tok512.bin"));
+//       "testdata/models/stories260K/tok512.bin"));
 //   LEDE_ASSIGN_OR_RETURN(auto ids, tok->Encode("Once upon a time", true,
 //                                               false));  // 1 403 407 261 378
 //

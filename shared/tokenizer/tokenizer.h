@@ -3,7 +3,7 @@
 // Tokenizer: one interface over Hugging Face tokenizer.json files
 // (hf_tokenizer.h), SentencePiece .model files (libsentencepiece) and
 // llama2.c tokenizer .bin files (score-ordered BPE with byte fallback, see
-// ../shared/models/README.md). Torch-free.
+// testdata/models/README.md). Torch-free.
 //
 // Thread-safety: a loaded Tokenizer is immutable; all methods are const and
 // safe to call from many threads.

@@ -12,7 +12,7 @@ catch an undeclared dependency. This test can:
   2. a file that includes a header of another target must belong to a target
      that depends on it, directly or transitively (target_link_libraries);
   3. a folder includes only folders of a lower layer (LAYERS below, the order
-     of DESIGN.md §2.2: shared/* at the bottom, then policy, trainer,
+     of docs/design.md §7: shared/* at the bottom, then policy, trainer,
      services, bench); no service folder includes another, and policy/ never
      includes proto/;
   4. the folder graph drawn from the includes has no cycle.
@@ -28,7 +28,7 @@ import sys
 import tempfile
 
 # The layer order, lowest first; a folder may include only folders of an
-# earlier layer (and itself). Defined here once; README.md "Layout" follows it.
+# earlier layer (and itself). Defined here once; docs/building.md "Layout" follows it.
 LAYERS = [
     ["shared/status", "proto"],
     ["shared/clock", "shared/file", "shared/flags", "shared/telemetry", "shared/speculation"],

@@ -5,7 +5,7 @@ usage: tests/fuzz/make_seed_corpus.py [SOURCE_ROOT]
 
 A few small valid and invalid examples per target, deterministic, so that
 the corpora can be regenerated and reviewed. Needs protoc (for the
-experience shard seeds) and ../shared/models/stories260K/tok512.bin when
+experience shard seeds) and testdata/models/stories260K/tok512.bin when
 present (else a synthetic llama2.c vocabulary). Inputs found by the fuzzer
 that crashed once are kept as files named regression-* and are not touched.
 """
@@ -111,7 +111,7 @@ def llama2c(pieces, max_len=None):
 
 def seeds_llama2c():
     t = "llama2c_tokenizer"
-    tok512 = os.path.join(ROOT, "..", "shared", "models", "stories260K", "tok512.bin")
+    tok512 = os.path.join(ROOT, "testdata", "models", "stories260K", "tok512.bin")
     if os.path.exists(tok512):
         with open(tok512, "rb") as f:
             write(t, "tok512", f.read())

@@ -1,5 +1,5 @@
 // Tests of policy/: the baseline controllers, exploration, and the rewards of
-// DESIGN.md §2.
+// docs/design.md §2.
 #include <cmath>
 #include <memory>
 #include <random>
@@ -64,7 +64,7 @@ TEST(EpsilonGreedyControllerTest, ExploresWithProbabilityEpsilon) {
   EXPECT_NEAR(exits / 2000.0, 0.5, 5 * std::sqrt(0.25 / 2000));
 }
 
-// Rewards follow DESIGN.md §2: accepted 1 + (L - l*)/L, rejected -2 + (L - l*)/L,
+// Rewards follow docs/design.md §2: accepted 1 + (L - l*)/L, rejected -2 + (L - l*)/L,
 // continue -0.01, round start 0; only the round's last decision is terminal.
 TEST(TransitionTest, PaperRewardsAndTerminalFlags) {
   model::RoundTrace round;

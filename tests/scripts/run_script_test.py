@@ -4,7 +4,7 @@ that lets in-flight streams finish, a supervisor that restarts a killed
 process, and health that tells live from ready.
 
 usage: run_script_test.py CASE BUILD_DIR
-  CASE: input_checks (no process started) | stop_drains | supervisor_health | security
+  CASE: input_checks (no process started) | stop_drains | supervisor_health | security | hostile_clients
 Exit status 0 = pass, 1 = fail.
 """
 import json
@@ -153,14 +153,20 @@ def get(port, path, timeout=5):
         return 0, str(e)
 
 
-def complete(port, max_tokens=8, stream=False, seed=0, timeout=60):
+def complete(port, max_tokens=8, stream=False, seed=0, timeout=60, started=None):
+    """POST /v1/completions; (status, body). `started` (a threading.Event,
+    streams only) is set once the first line of the stream has arrived."""
     body = {"prompt": "Once upon a time", "max_tokens": max_tokens, "temperature": 1.0, "seed": seed,
             "stream": stream}
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, r.read().decode()
+            if started is None:
+                return r.status, r.read().decode()
+            first = r.readline()
+            started.set()
+            return r.status, (first + r.read()).decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
     except OSError as e:
@@ -183,12 +189,16 @@ def test_stop_drains(build):
     c.start()
     try:
         results = [None] * 4
+        started = [threading.Event() for _ in range(4)]
         def one(i):
-            results[i] = complete(c.http, max_tokens=400, stream=True, seed=i + 1)
+            results[i] = complete(c.http, max_tokens=400, stream=True, seed=i + 1, started=started[i])
         threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
         for t in threads:
             t.start()
-        time.sleep(0.4)  # the streams are running
+        # Every stream is running (its first event has arrived), or has failed
+        # (reported below).
+        wait_for(lambda: all(e.is_set() or res is not None for e, res in zip(started, results)), 60,
+                 "the streams start")
         r = c.stop()
         for t in threads:
             t.join(60)
@@ -290,8 +300,98 @@ def test_security(build):
             c.stop()
 
 
+def grpc_describe(port, service, token=None):
+    """A raw unary call of lede.v1.<service>/Describe (empty request); the status code's name."""
+    import grpc
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        call = ch.unary_unary(f"/lede.v1.{service}/Describe")
+        metadata = [("authorization", "Bearer " + token)] if token else None
+        try:
+            call(b"", timeout=10, metadata=metadata)
+            return "OK"
+        except grpc.RpcError as e:
+            return e.code().name
+
+
+def test_hostile_clients(build):
+    # Issue 39: the internal plane needs the deployment's token; deep JSON is
+    # a 400 from the same coordinator; a crash loop degrades, never ends, the
+    # service; experience is not world-readable.
+    c = Cluster(build, {"LEDE_MAX_RESTARTS": "2"})
+    c.start()
+    try:
+        token_file = os.path.join(c.state, "internal.token")
+        mode = os.stat(token_file).st_mode & 0o777
+        if mode != 0o600:
+            fail(f"internal.token has mode {oct(mode)}, not 0600")
+        with open(token_file) as f:
+            token = f.read().strip()
+        for service, port in (("Verifier", 50052 + c.off), ("Drafter", 50054 + c.off)):
+            if grpc_describe(port, service) != "UNAUTHENTICATED":
+                fail(f"{service} answered a call without the token")
+            if grpc_describe(port, service, "not-the-token-0123456789") != "UNAUTHENTICATED":
+                fail(f"{service} answered a call with a wrong token")
+            if grpc_describe(port, service, token) != "OK":
+                fail(f"{service} refused the deployment's token")
+        if complete(c.http)[0] != 200:
+            fail("a completion through the coordinator failed with the token on:\n" + c.log("coordinator"))
+
+        # Deep nesting: 400 naming the field, the same coordinator process.
+        pid = c.pids()["coordinator"]
+        for field in ("prompt", "stop", "model", "ignored"):
+            body = '{"prompt": "a", "%s": %s1%s}' % (field, "[" * 40000, "]" * 40000)
+            if field == "prompt":
+                body = '{"prompt": %s1%s}' % ("[" * 40000, "]" * 40000)
+            req = urllib.request.Request(f"http://127.0.0.1:{c.http}/v1/completions", data=body.encode(),
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    status, text = r.status, r.read().decode()
+            except urllib.error.HTTPError as e:
+                status, text = e.code, e.read().decode()
+            if status != 400 or json.loads(text)["error"]["param"] != field:
+                fail(f"nested {field}: {status} {text[:200]}")
+        if c.pids()["coordinator"] != pid or not proc_alive(int(pid)):
+            fail("the coordinator restarted after deep JSON")
+
+        # A crash loop: SIGSEGV the coordinator 4 times, each time once it is
+        # back; the supervisor logs the signal, backs off past 2 a minute, and
+        # the service comes back.
+        for i in range(4):
+            pid = c.pids()["coordinator"]
+            os.kill(int(pid), signal.SIGSEGV)
+            wait_for(lambda: c.pids()["coordinator"] != pid, 30, f"restart {i + 1} of the coordinator")
+            wait_for(lambda: get(c.m_coord, "/readyz")[0] == 200, 60, f"coordinator ready after crash {i + 1}")
+        sup_log = c.log("supervisor")
+        if "killed by signal 11 (SIGSEGV)" not in sup_log:
+            fail("the supervisor did not log the signal:\n" + sup_log)
+        if "restarts within a minute: restarting in" not in sup_log:
+            fail("the supervisor did not back off:\n" + sup_log)
+        if complete(c.http)[0] != 200:
+            fail("no completion after the crash loop")
+    finally:
+        c.stop()
+    shards = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(c.state, "experience")) for f in fs
+              if not f.startswith(".")]
+    if not shards:
+        fail("no experience shard was written")
+    for path in shards:
+        if os.stat(path).st_mode & 0o007:
+            fail(f"{path} is world-accessible ({oct(os.stat(path).st_mode & 0o777)})")
+
+
+def proc_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
 CASES = {"input_checks": test_input_checks, "stop_drains": test_stop_drains,
-         "supervisor_health": test_supervisor_health, "security": test_security}
+         "supervisor_health": test_supervisor_health, "security": test_security,
+         "hostile_clients": test_hostile_clients}
 
 
 def main(argv):

@@ -432,7 +432,7 @@ TEST_F(CounterfactualTest, DinkelbachWithLoadsLearnsNotToSpeculateWhereItLoses) 
   EXPECT_THAT(TrainDinkelbach(train, selection, *cost, o), StatusIs(StatusCode::kInvalidArgument, HasSubstr("loads")));
 }
 
-// A warm start (the shipped load-blind accelerator-v5) is pi_0 at each load
+// A warm start (a load-blind Q-network) is pi_0 at each load
 // where it beats the static choice on the training traces, the static or
 // autoregressive choice elsewhere: pi_0 is described so per load, and the
 // initial speed-up is the mean over the loads of the better of the two. It
@@ -440,12 +440,13 @@ TEST_F(CounterfactualTest, DinkelbachWithLoadsLearnsNotToSpeculateWhereItLoses) 
 TEST_F(CounterfactualTest, DinkelbachWarmStartIsPiZeroWhereItWins) {
   const std::vector<ShadowTrace> traces = Traces();
   const std::vector<ShadowTrace> train(traces.begin(), traces.begin() + 2), selection(traces.begin() + 2, traces.end());
-  auto artifact = policy::dqn::LoadArtifact("models/lede-tiny/policy/accelerator-v5");
-  ASSERT_THAT(artifact, IsOk());
-  auto warm = std::make_shared<const policy::dqn::QNetwork>(artifact->network);
+  // A random network of the shipped policies' width, deciding where they do
+  // (candidate layers 1-6, D_max 6); it never sees the load.
+  auto warm = std::make_shared<const policy::dqn::QNetwork>(policy::dqn::QNetwork::Random(64, 5));
   auto cost = model::MakeAcceleratorCostModel(model_->config());
   DinkelbachOptions o = SmallDinkelbachOptions();
-  o.spec = artifact->metadata.decision;
+  o.spec.candidate_layers = {1, 2, 3, 4, 5, 6};
+  o.spec.max_draft_len = 6;
   o.dqn.hidden = warm->hidden();
   o.max_iterations = 1;
   o.loads = {1, 256};

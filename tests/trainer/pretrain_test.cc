@@ -10,7 +10,7 @@
 
 #include "gtest/gtest.h"
 #include "shared/model/llama.h"
-#include "tests/testing/shared_dir.h"
+#include "tests/testing/test_data.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -37,7 +37,7 @@ void WriteCorpus(const std::filesystem::path& dir) {
 PretrainOptions TinyOptions(const std::filesystem::path& root, int64_t steps) {
   PretrainOptions o;
   o.data_dir = (root / "corpus").string();
-  o.tokenizer = ::lede::testing::SharedDir() + "/models/stories260K/tok512.bin";
+  o.tokenizer = ::lede::testing::Stories260KDir() + "/tok512.bin";
   o.out_dir = (root / "model").string();
   o.mixture = {{"stories", 0.7}, {"code", 0.3}};
   o.config.dim = 32;

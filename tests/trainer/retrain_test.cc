@@ -459,13 +459,25 @@ TEST_F(RetrainTest, StateRoundTrips) {
 // models/lede-tiny: 2 prompts x 16 tokens (about a second).
 TEST(RetrainReplayTest, ReplayEvaluationComparesPredictedSpeedup) {
   const fs::path model = "models/lede-tiny";
-  if (!fs::exists(model / "policy" / "measured-v7" / "policy.json")) GTEST_SKIP() << "no models/lede-tiny";
+  if (!fs::exists(model / "config.json")) GTEST_SKIP() << "no models/lede-tiny";
   ::lede::testing::TempDir tmp;
   ASSERT_FALSE(tmp.path().empty());
   const fs::path root = tmp.path() / "policy";
-  fs::create_directories(root);
-  fs::copy(model / "policy" / "measured-v7", root / "measured-v7", fs::copy_options::recursive);
-  ASSERT_THAT(policy::dqn::PublishServingVersion(root.string(), "measured-v7"), IsOk());
+  // The serving policy: a random network for lede-tiny (its architecture
+  // fingerprint) rewarded under the measured cost model, deciding as the
+  // shipped policies do (candidate layers 1-6, D_max 6, no probes of every
+  // candidate, no lookahead probe).
+  policy::dqn::PolicyMetadata meta;
+  meta.version = "tiny-v1";
+  meta.model_fingerprint = "07e04f79d11d13b5";
+  meta.reward_cost_model = "measured";
+  meta.decision.candidate_layers = {1, 2, 3, 4, 5, 6};
+  meta.decision.max_draft_len = 6;
+  meta.decision.probe_candidates = false;
+  meta.decision.lookahead_probe = false;
+  const policy::dqn::Artifact a{meta, policy::dqn::QNetwork::Random(16, 1)};
+  ASSERT_THAT(policy::dqn::SaveArtifact(policy::dqn::VersionDir(root.string(), "tiny-v1"), a), IsOk());
+  ASSERT_THAT(policy::dqn::PublishServingVersion(root.string(), "tiny-v1"), IsOk());
   auto serving = policy::dqn::LoadServingArtifact(root.string());
   ASSERT_THAT(serving.status(), IsOk());
   // Synthetic experience for this model and cost model.
@@ -475,7 +487,7 @@ TEST(RetrainReplayTest, ReplayEvaluationComparesPredictedSpeedup) {
   ASSERT_THAT(w.status(), IsOk());
   std::mt19937_64 rng(5);
   for (int r = 0; r < 10; ++r) {
-    for (const Transition& t : Round("req" + std::to_string(r), 0, 2, "measured-v7+eps=0.200", rng,
+    for (const Transition& t : Round("req" + std::to_string(r), 0, 2, "tiny-v1+eps=0.200", rng,
                                      serving->metadata.model_fingerprint, "measured")) {
       ASSERT_THAT((*w)->Append(t), IsOk());
     }

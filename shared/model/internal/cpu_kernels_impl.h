@@ -305,4 +305,27 @@ void AttendOne(const float* q, const float* keys, const float* values, int64_t n
   }
 }
 
+// SwiGLU (cpu_kernels.h SiluMul) eight columns at a time: with
+// e = exp(-|g|) (Exp8, in (0, 1]: no overflow), silu(g) = g / (1 + e) for
+// g >= 0 and g e / (1 + e) for g < 0. Relative error of e below 2e-7 (the
+// scalar loop with std::exp cost 11 us per 2560 columns, ~5% of a q8_0
+// decode step of the 122M shape).
+void SiluMul(const float* h13, int64_t n, int64_t F, float* out) {
+  for (int64_t r = 0; r < n; ++r) {
+    const float* gate = h13 + r * 2 * F;
+    const float* up = gate + F;
+    float* o = out + r * F;
+    int64_t f = 0;
+    for (; f + 8 <= F; f += 8) {
+      const F8 g = Load8(gate + f);
+      const F8 neg_abs = g < 0 ? g : -g;
+      const F8 e = Exp8(neg_abs);
+      const F8 num = g < 0 ? g * e : g;
+      const F8 v = num / (1.0f + e) * Load8(up + f);
+      std::memcpy(o + f, &v, sizeof(v));
+    }
+    for (; f < F; ++f) o[f] = gate[f] / (1.0f + std::exp(-gate[f])) * up[f];
+  }
+}
+
 }  // namespace LEDE_KERNEL_NS

@@ -424,17 +424,17 @@ TEST_F(ArtifactTest, BroadestVersionIsTheOneTrainedOnTheMostRequests) {
     ASSERT_THAT(SaveArtifact(VersionDir(model_dir, version), a), IsOk());
   };
   EXPECT_THAT(LoadBroadestVersion(model_dir, "accelerator"), StatusIs(StatusCode::kNotFound));
-  save("accelerator-v5", "accelerator", 900);
-  save("accelerator-v6", "accelerator", 900);
-  save("story-accelerator-v5", "accelerator", 450);  // last by name, fewer requests
-  save("measured-v8", "measured", 5000);
+  save("acc-v5", "accelerator", 900);
+  save("acc-v6", "accelerator", 900);
+  save("story-acc-v5", "accelerator", 450);  // last by name, fewer requests
+  save("meas-v8", "measured", 5000);
   std::filesystem::create_directories(VersionDir(model_dir, "unfinished-v9"));  // no policy.json
   auto a = LoadBroadestVersion(model_dir, "accelerator");
   ASSERT_THAT(a, IsOk());
-  EXPECT_EQ(a->metadata.version, "accelerator-v6");
+  EXPECT_EQ(a->metadata.version, "acc-v6");
   auto m = LoadBroadestVersion(model_dir, "measured", "0123456789abcdef");
   ASSERT_THAT(m, IsOk());
-  EXPECT_EQ(m->metadata.version, "measured-v8");
+  EXPECT_EQ(m->metadata.version, "meas-v8");
   EXPECT_THAT(LoadBroadestVersion(model_dir, "measured", "fedcba9876543210"), StatusIs(StatusCode::kNotFound));
 }
 

@@ -11,14 +11,14 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/testing/shared_dir.h"
+#include "tests/testing/test_data.h"
 #include "tests/testing/temp_dir.h"
 
 namespace lede::cli {
 namespace {
 
 std::vector<std::string> GenerateArgs(int64_t seed) {
-  return {"--model", ::lede::testing::SharedDir() + "/models/stories260K", "--prompt", "Once upon a time",
+  return {"--model", ::lede::testing::Stories260KDir(), "--prompt", "Once upon a time",
           "--mode", "ar", "--max-new-tokens", "24", "--temperature", "0.9", "--seed", std::to_string(seed),
           "--threads", "1"};
 }
@@ -67,7 +67,7 @@ TEST(GenerateTest, RejectsBadSampleCounts) {
 // autoregressive and static decoding; a bad mode is refused naming --graphs.
 TEST(GenerateTest, GraphsOnGivesTheSameTextAndBadModesAreRefused) {
   for (const char* mode : {"ar", "static"}) {
-    std::vector<std::string> args = {"--model", ::lede::testing::SharedDir() + "/models/stories260K", "--prompt",
+    std::vector<std::string> args = {"--model", ::lede::testing::Stories260KDir(), "--prompt",
                                      "Once upon a time", "--mode", mode, "--max-new-tokens", "32", "--threads", "1",
                                      "--exit-layer", "3", "--draft-len", "3"};
     std::ostringstream off, off_err, on, on_err;
@@ -85,12 +85,38 @@ TEST(GenerateTest, GraphsOnGivesTheSameTextAndBadModesAreRefused) {
   EXPECT_EQ(out.str(), "");
 }
 
+// `lede generate --weights bf16|q8_0` (issue 35): greedy static speculation
+// prints the autoregressive text at each weight format (lossless at the
+// same precision), and a bad format is refused naming --weights.
+TEST(GenerateTest, WeightFormatsAreLosslessAndBadFormatsAreRefused) {
+  for (const char* weights : {"bf16", "q8_0"}) {
+    std::string texts[2];
+    int i = 0;
+    for (const char* mode : {"ar", "static"}) {
+      std::vector<std::string> args = {"--model", "models/lede-tiny", "--prompt", "Once upon a time", "--mode", mode,
+                                       "--max-new-tokens", "32", "--threads", "1", "--exit-layer", "3",
+                                       "--draft-len", "3", "--weights", weights};
+      std::ostringstream out, err;
+      ASSERT_EQ(RunGenerate(args, out, err), 0) << err.str();
+      texts[i++] = out.str();
+    }
+    EXPECT_EQ(texts[0], texts[1]) << weights;
+    EXPECT_GT(texts[0].size(), std::string("Once upon a time").size() + 20) << "it generated text";
+  }
+  std::vector<std::string> bad = GenerateArgs(1);
+  bad.insert(bad.end(), {"--weights", "int4"});
+  std::ostringstream out, err;
+  EXPECT_EQ(RunGenerate(bad, out, err), 2);
+  EXPECT_NE(err.str().find("--weights"), std::string::npos) << err.str();
+  EXPECT_EQ(out.str(), "");
+}
+
 // `lede calibrate` writes the kernel tables and the round table the
 // measured cost model prices rounds from, and refuses bad round flags.
 TEST(CalibrateTest, WritesARoundTableAndRefusesBadRoundFlags) {
   ::lede::testing::TempDir dir;
   const std::string path = (dir.path() / "calibration.json").string();
-  const std::string model = ::lede::testing::SharedDir() + "/models/stories260K";
+  const std::string model = ::lede::testing::Stories260KDir();
   std::ostringstream out, err;
   ASSERT_EQ(RunCalibrate({"--model", model, "--threads", "1", "--repeats", "2", "--round-passes", "1",
                           "--round-max-draft-len", "2", "--out", path},
@@ -120,7 +146,7 @@ TEST(CalibrateTest, WritesARoundTableAndRefusesBadRoundFlags) {
 // another model are refused naming the flag.
 TEST(CalibrateTest, BaseAddsBatchTablesAndKeepsTheRest) {
   ::lede::testing::TempDir dir;
-  const std::string model = ::lede::testing::SharedDir() + "/models/stories260K";
+  const std::string model = ::lede::testing::Stories260KDir();
   const std::string base = (dir.path() / "base.json").string(), path = (dir.path() / "batched.json").string();
   std::ostringstream out, err;
   ASSERT_EQ(RunCalibrate({"--model", model, "--threads", "1", "--repeats", "2", "--round-passes", "0",
@@ -160,7 +186,7 @@ TEST(CalibrateTest, BaseAddsBatchTablesAndKeepsTheRest) {
 // prompts; a line that is not a prompt is refused naming the file and line.
 TEST(CalibrateTest, TimesRoundsOnAPromptFileAndRefusesABadLine) {
   ::lede::testing::TempDir dir;
-  const std::string model = ::lede::testing::SharedDir() + "/models/stories260K";
+  const std::string model = ::lede::testing::Stories260KDir();
   const std::string prompts = (dir.path() / "prompts.jsonl").string();
   std::ofstream(prompts) << "{\"prompt\": \"Once upon a time\"}\n\n{\"prompt\": \"Lily had a red ball\"}\n";
   const std::string path = (dir.path() / "calibration.json").string();

@@ -1,4 +1,4 @@
-// End-to-end tests of LEDE across real processes (DESIGN.md §3-§6): the
+// End-to-end tests of LEDE across real processes (docs/design.md §3-§6): the
 // lede-model verifier and drafter (and a co-located `--role both`), the
 // lede-policy service, the lede-coordinator, and, around them, a real
 // Prometheus, promtool, s3rver, lede-train and the Python client.
@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -64,6 +65,7 @@ using ::lede::v1::GenerateResponse;
 using ::lede::v1::GenerationSummary;
 using ::lede::v1::SpeculationMethod;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using telemetry::test_util::FreePort;
 using telemetry::test_util::HttpGet;
 using telemetry::test_util::RunShell;
@@ -1061,6 +1063,7 @@ TEST_F(E2eSingleSlotTest, DraftContextIsBoundedAndFeedsTheNgramSignals) {
   lede::v1::DraftRequest req;
   req.set_slot(opened.slot());
   req.set_pool_epoch(opened.pool_epoch());
+  req.set_session_id(opened.session_id());
   req.set_pending_token(pending);
   req.set_position(open.prompt_token_ids_size());
   req.set_budget(4);
@@ -1139,11 +1142,116 @@ TEST_F(E2eSingleSlotTest, DraftContextIsBoundedAndFeedsTheNgramSignals) {
   lede::v1::CloseSessionRequest close;
   close.set_slot(opened.slot());
   close.set_pool_epoch(opened.pool_epoch());
+  close.set_session_id(opened.session_id());
   lede::v1::CloseSessionResponse closed;
   {
     grpc::ClientContext ctx;
     ASSERT_TRUE(verifier->CloseSession(&ctx, close, &closed).ok());
   }
+  EXPECT_EQ(WaitForFreeSlots(), 0) << Logs();
+}
+
+// Issue 39, fault 2: a cancelled request's late calls, and a caller that
+// never opened the session, name a slot its next owner now holds. Every
+// call on a slot must name the slot's session id: a stale or foreign one is
+// FAILED_PRECONDITION and leaves the live session exactly as it was (its
+// committed length, its K/V: the next verification still accepts the
+// continuation it would have accepted).
+TEST_F(E2eSingleSlotTest, StaleAndForeignSessionHandlesTouchNothing) {
+  auto verifier = lede::v1::Verifier::NewStub(
+      grpc::CreateChannel(cluster_->verifier_target(), grpc::InsecureChannelCredentials()));
+  auto drafter = lede::v1::Drafter::NewStub(
+      grpc::CreateChannel(cluster_->drafter_target(), grpc::InsecureChannelCredentials()));
+  lede::v1::OpenSessionRequest open;
+  for (int32_t t : {1, 5, 6, 7, 8}) open.add_prompt_token_ids(t);
+  auto open_session = [&] {
+    lede::v1::OpenSessionResponse opened;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(verifier->OpenSession(&ctx, open, &opened).ok());
+    return opened;
+  };
+  auto close_session = [&](const lede::v1::OpenSessionResponse& o, uint64_t id) {
+    lede::v1::CloseSessionRequest close;
+    close.set_slot(o.slot());
+    close.set_pool_epoch(o.pool_epoch());
+    close.set_session_id(id);
+    lede::v1::CloseSessionResponse closed;
+    grpc::ClientContext ctx;
+    return verifier->CloseSession(&ctx, close, &closed);
+  };
+  auto draft = [&](const lede::v1::OpenSessionResponse& o, uint64_t id, lede::v1::DraftResponse* resp) {
+    lede::v1::DraftRequest req;
+    req.set_slot(o.slot());
+    req.set_pool_epoch(o.pool_epoch());
+    req.set_session_id(id);
+    req.set_pending_token(o.first_token());
+    req.set_position(open.prompt_token_ids_size());
+    req.set_budget(3);
+    req.set_method(lede::v1::SPECULATION_METHOD_STATIC);
+    req.mutable_speculation()->set_exit_layer(1);
+    req.mutable_speculation()->set_draft_length(3);
+    grpc::ClientContext ctx;
+    return drafter->Draft(&ctx, req, resp);
+  };
+  auto verify = [&](const lede::v1::OpenSessionResponse& o, uint64_t id, const lede::v1::DraftResponse& d,
+                    lede::v1::VerifyResponse* resp) {
+    lede::v1::VerifyRequest req;
+    req.set_slot(o.slot());
+    req.set_pool_epoch(o.pool_epoch());
+    req.set_session_id(id);
+    req.set_pending_token(o.first_token());
+    req.set_position(open.prompt_token_ids_size());
+    req.set_exit_layer(d.exit_layer());
+    *req.mutable_draft_tokens() = d.draft_tokens();
+    req.set_ready_layer(d.ready_layer());
+    grpc::ClientContext ctx;
+    return verifier->Verify(&ctx, req, resp);
+  };
+
+  const lede::v1::OpenSessionResponse stale = open_session();
+  ASSERT_NE(stale.session_id(), 0u);
+  ASSERT_TRUE(close_session(stale, stale.session_id()).ok());
+  const lede::v1::OpenSessionResponse live = open_session();
+  ASSERT_EQ(live.slot(), stale.slot()) << "one slot: the live session reuses the stale one's";
+  ASSERT_NE(live.session_id(), stale.session_id());
+
+  // Stale and foreign (0, and a guess) handles: refused, nothing touched.
+  for (uint64_t id : {stale.session_id(), uint64_t{0}, live.session_id() ^ 1}) {
+    lede::v1::DraftResponse d;
+    grpc::Status s = draft(live, id, &d);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << "Draft with id " << id;
+    EXPECT_THAT(s.error_message(), HasSubstr("session_id"));
+    EXPECT_EQ(d.draft_tokens_size(), 0);
+    lede::v1::DraftResponse fake;
+    fake.set_exit_layer(1);
+    fake.add_draft_tokens(live.first_token());
+    lede::v1::VerifyResponse v;
+    s = verify(live, id, fake, &v);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << "Verify with id " << id;
+    EXPECT_THAT(s.error_message(), HasSubstr("session_id"));
+    EXPECT_THAT(s.error_message(), Not(HasSubstr("holds 5"))) << "the slot's length leaked: " << s.error_message();
+    s = close_session(live, id);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << "CloseSession with id " << id;
+  }
+  EXPECT_EQ(SumMetric(MetricsText(cluster_->verifier()->metrics_port()), "lede_kv_slots_in_use"), 1)
+      << "a stale close freed the live session";
+
+  // The live session is intact: its own round drafts and verifies at the
+  // prompt's length, and accepts what a fresh session of the same prompt
+  // accepts.
+  lede::v1::DraftResponse d;
+  ASSERT_TRUE(draft(live, live.session_id(), &d).ok());
+  lede::v1::VerifyResponse v;
+  ASSERT_TRUE(verify(live, live.session_id(), d, &v).ok());
+  ASSERT_TRUE(close_session(live, live.session_id()).ok());
+  const lede::v1::OpenSessionResponse fresh = open_session();
+  lede::v1::DraftResponse d2;
+  ASSERT_TRUE(draft(fresh, fresh.session_id(), &d2).ok());
+  lede::v1::VerifyResponse v2;
+  ASSERT_TRUE(verify(fresh, fresh.session_id(), d2, &v2).ok());
+  EXPECT_EQ(std::vector<int32_t>(v.tokens().begin(), v.tokens().end()),
+            std::vector<int32_t>(v2.tokens().begin(), v2.tokens().end()));
+  ASSERT_TRUE(close_session(fresh, fresh.session_id()).ok());
   EXPECT_EQ(WaitForFreeSlots(), 0) << Logs();
 }
 
@@ -1196,6 +1304,71 @@ TEST_F(E2eSingleSlotTest, DeadlineDuringPrefillFreesTheSlot) {
 }
 
 // ------------------------------------------------------------- admission
+
+// Issue 39, fault 2: a storm of sampled streams cancelled right after their
+// first token (their sessions' cleanup racing the reuse of their KV slots)
+// beside greedy clients: every greedy request succeeds and equals its solo
+// run. Before session ids, a cancelled request's late Verify or Close could
+// land on the slot's next session (failed requests, "slot named twice in one
+// batch", and a changed greedy output).
+class E2eCancelStormTest : public OneClusterTest<4> {};
+
+TEST_F(E2eCancelStormTest, CancelStormNeverTouchesOtherSessions) {
+  constexpr int kVictims = 4, kRounds = 3, kStormThreads = 8, kCancelsPerThread = 12;
+  std::vector<std::string> prompts = ReadPrompts(ModelDir() + "/prompts/story.jsonl", 2);
+  for (const std::string& c : ReadPrompts(ModelDir() + "/prompts/code.jsonl", 2)) prompts.push_back(c);
+  const std::vector<Method> methods = {Lede(), Static33(), Lede(), Autoregressive()};
+  std::vector<GenerateRequest> greedy;
+  std::vector<CallResult> solo;
+  for (int v = 0; v < kVictims; ++v) {
+    greedy.push_back(MakeRequest(prompts[v % prompts.size()], methods[v], 24));
+    solo.push_back(Generate(*stub_, greedy.back(), 60s));
+    ASSERT_TRUE(solo.back().ok()) << solo.back().Describe();
+  }
+  std::atomic<bool> storming{true};
+  std::atomic<int> cancelled{0};
+  std::vector<std::thread> storm;
+  for (int t = 0; t < kStormThreads; ++t) {
+    storm.emplace_back([&, t] {
+      auto stub = cluster_->NewStub();
+      for (int i = 0; i < kCancelsPerThread && storming.load(); ++i) {
+        GenerateRequest r = MakeRequest(prompts[(t + i) % prompts.size()], i % 2 ? Lede() : Static33(), 128,
+                                        Sampling{1.0f, 1.0f, static_cast<uint64_t>(1000 * t + i)});
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + 60s);
+        auto reader = stub->Generate(&ctx, r);
+        GenerateResponse resp;
+        if (reader->Read(&resp)) ++cancelled;
+        ctx.TryCancel();
+        while (reader->Read(&resp)) {
+        }
+        (void)reader->Finish();
+      }
+    });
+  }
+  std::vector<std::vector<CallResult>> results(kVictims);
+  std::vector<std::thread> victims;
+  for (int v = 0; v < kVictims; ++v) {
+    victims.emplace_back([&, v] {
+      auto stub = cluster_->NewStub();
+      for (int round = 0; round < kRounds; ++round) results[v].push_back(Generate(*stub, greedy[v], 120s));
+    });
+  }
+  for (std::thread& t : victims) t.join();
+  storming = false;
+  for (std::thread& t : storm) t.join();
+  EXPECT_GT(cancelled.load(), kStormThreads) << "the storm cancelled almost nothing";
+  const std::string logs = "\ncoordinator log:\n" + ChildProcess::Tail(cluster_->coordinator()->Log(), 1500) +
+                           "\nverifier log:\n" + ChildProcess::Tail(cluster_->verifier()->Log(), 1500);
+  for (int v = 0; v < kVictims; ++v) {
+    for (int round = 0; round < kRounds; ++round) {
+      const CallResult& r = results[v][round];
+      ASSERT_TRUE(r.ok()) << "greedy client " << v << " round " << round << ": " << r.Describe() << logs;
+      EXPECT_EQ(r.ids, solo[v].ids) << "greedy client " << v << " (" << methods[v].name << ") round " << round
+                                    << " differs from its solo run";
+    }
+  }
+}
 
 // More concurrent requests than KV slots: the ones that find the pool full
 // wait in the verifier's queue; all complete, none is refused, and each

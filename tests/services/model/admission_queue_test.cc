@@ -1,11 +1,11 @@
 // Tests of services/model/admission_queue.h: the verifier's FIFO queue of
 // sessions waiting for a KV slot. Slots are a counter under a plain mutex;
-// waiters are real threads. No timing is asserted: every wait is on a
-// condition (WaitUntil) with a generous safety bound.
+// waiters are real threads; deadlines and queue times are on a FakeClock.
+// No timing is asserted: every wait is on a condition (WaitUntil) with a
+// generous safety bound.
 #include "services/model/admission_queue.h"
 
 #include <atomic>
-#include <chrono>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -14,13 +14,17 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/testing/fake_clock.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/wait.h"
 
 namespace lede::model_service {
 namespace {
 
+using ::lede::testing::FakeClock;
 using ::lede::testing::IsOk;
 using ::lede::testing::StatusIs;
+using ::lede::testing::WaitUntil;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -61,25 +65,17 @@ class Slots {
   AdmissionQueue queue_;
 };
 
-// Polls `done` until it holds (a safety bound of 20 s, never a timing check).
-bool WaitUntil(const std::function<bool()>& done) {
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > give_up) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
-}
-
-AdmissionOptions Options(int64_t max_waiting) {
+AdmissionOptions Options(int64_t max_waiting, FakeClock* clock) {
   AdmissionOptions o;
   o.max_waiting = max_waiting;
   o.poll_interval = absl::Milliseconds(5);
+  o.clock = clock;
   return o;
 }
 
 TEST(AdmissionQueueTest, FreeSlotIsTakenAtOnceWithoutQueueing) {
-  Slots slots(1, Options(4));
+  FakeClock clock;
+  Slots slots(1, Options(4, &clock));
   absl::Duration queued = absl::Seconds(1);
   EXPECT_THAT(slots.Acquire(absl::InfiniteFuture(), [] { return false; }, &queued), IsOk());
   EXPECT_EQ(queued, absl::ZeroDuration());
@@ -89,7 +85,8 @@ TEST(AdmissionQueueTest, FreeSlotIsTakenAtOnceWithoutQueueing) {
 
 // max_waiting 0 is the behaviour before the queue: refuse when full.
 TEST(AdmissionQueueTest, NoQueueRefusesWhenFull) {
-  Slots slots(0, Options(0));
+  FakeClock clock;
+  Slots slots(0, Options(0, &clock));
   EXPECT_THAT(slots.Acquire(absl::InfiniteFuture()),
               StatusIs(StatusCode::kResourceExhausted, HasSubstr("--max-waiting 0")));
   EXPECT_EQ(slots.n_waiting(), 0);
@@ -97,7 +94,8 @@ TEST(AdmissionQueueTest, NoQueueRefusesWhenFull) {
 
 // Waiters are admitted in arrival order as slots free one by one.
 TEST(AdmissionQueueTest, AdmitsInArrivalOrder) {
-  Slots slots(0, Options(8));
+  FakeClock clock;
+  Slots slots(0, Options(8, &clock));
   std::mutex order_mu;
   std::vector<int> order;
   std::vector<std::thread> waiters;
@@ -126,7 +124,8 @@ TEST(AdmissionQueueTest, AdmitsInArrivalOrder) {
 // A late arrival does not overtake the queue even when a slot is free at
 // the moment it arrives (the head is about to take it).
 TEST(AdmissionQueueTest, ArrivalDoesNotOvertakeWaiters) {
-  Slots slots(0, Options(8));
+  FakeClock clock;
+  Slots slots(0, Options(8, &clock));
   std::atomic<bool> first_done{false};
   std::thread first([&] {
     ASSERT_THAT(slots.Acquire(absl::InfiniteFuture()), IsOk());
@@ -143,16 +142,39 @@ TEST(AdmissionQueueTest, ArrivalDoesNotOvertakeWaiters) {
   EXPECT_EQ(slots.free(), 0);
 }
 
-TEST(AdmissionQueueTest, DeadlineEndsTheWait) {
-  Slots slots(0, Options(8));
-  EXPECT_THAT(slots.Acquire(absl::Now() + absl::Milliseconds(30)),
-              StatusIs(StatusCode::kDeadlineExceeded, HasSubstr("waiting for a KV slot")));
+// The deadline is on the queue's clock: the wait ends when that clock
+// reaches it, after exactly the time that passed on it.
+TEST(AdmissionQueueTest, DeadlineOnTheClockEndsTheWait) {
+  FakeClock clock;
+  Slots slots(0, Options(8, &clock));
+  Status status;
+  std::thread waiter([&] { status = slots.Acquire(clock.Now() + absl::Seconds(30)); });
+  EXPECT_TRUE(WaitUntil([&] { return slots.n_waiting() == 1; }));  // not ASSERT: the waiter is joined
+  clock.Advance(absl::Seconds(30));
+  waiter.join();
+  EXPECT_THAT(status, StatusIs(StatusCode::kDeadlineExceeded, HasSubstr("after 30s waiting for a KV slot")));
   EXPECT_EQ(slots.n_waiting(), 0);
+}
+
+// The queue time reported is the time the request waited on the clock.
+TEST(AdmissionQueueTest, QueueTimeIsTheTimeWaitedOnTheClock) {
+  FakeClock clock;
+  Slots slots(0, Options(8, &clock));
+  absl::Duration queued = absl::ZeroDuration();
+  Status status;
+  std::thread waiter([&] { status = slots.Acquire(absl::InfiniteFuture(), [] { return false; }, &queued); });
+  EXPECT_TRUE(WaitUntil([&] { return slots.n_waiting() == 1; }));  // not ASSERT: the waiter is joined
+  clock.Advance(absl::Seconds(7));
+  slots.Release();
+  waiter.join();
+  EXPECT_THAT(status, IsOk());
+  EXPECT_EQ(queued, absl::Seconds(7));
 }
 
 // A cancelled head leaves the queue and the next waiter gets the slot.
 TEST(AdmissionQueueTest, CancelledWaiterLeavesAndDoesNotBlockTheNext) {
-  Slots slots(0, Options(8));
+  FakeClock clock;
+  Slots slots(0, Options(8, &clock));
   std::atomic<bool> cancel{false};
   Status first_status, second_status;
   std::thread first([&] { first_status = slots.Acquire(absl::InfiniteFuture(), [&] { return cancel.load(); }); });
@@ -173,7 +195,8 @@ TEST(AdmissionQueueTest, CancelledWaiterLeavesAndDoesNotBlockTheNext) {
 // The bound counts waiters only; the one past it is refused at once and
 // the queued ones are unaffected.
 TEST(AdmissionQueueTest, FullQueueRefusesTheNextArrival) {
-  Slots slots(0, Options(2));
+  FakeClock clock;
+  Slots slots(0, Options(2, &clock));
   std::vector<Status> statuses(2);
   std::vector<std::thread> waiters;
   for (int i = 0; i < 2; ++i) {

@@ -13,7 +13,7 @@
 #include "gtest/gtest.h"
 #include "proto/lede/v1/model.pb.h"
 #include "services/model/model_service.h"
-#include "tests/testing/shared_dir.h"
+#include "tests/testing/test_data.h"
 #include "tests/testing/status_matchers.h"
 
 namespace lede::model_service {

@@ -215,6 +215,52 @@ TEST(OpenAiParseTest, HttpErrorsNameTheParam) {
             "top_logprobs");
 }
 
+// Issue 39, fault 1: a value nested far deeper than any request needs, in
+// any field of either endpoint (known, ignored, or the body itself), is a
+// 400 naming that field, never a crash (37,000 levels used to overflow the
+// coordinator's stack). Just under the limit, the field's own check speaks.
+TEST(OpenAiParseTest, DeepNestingInEveryFieldIsRefusedNamingIt) {
+  auto nested = [](int depth, const std::string& leaf) {
+    return std::string(depth, '[') + leaf + std::string(depth, ']');
+  };
+  for (const Endpoint e : {Endpoint::kCompletions, Endpoint::kChatCompletions}) {
+    const bool chat = e == Endpoint::kChatCompletions;
+    const std::string input = chat ? R"("messages": [{"role": "user", "content": "hi"}])" : R"("prompt": "Once")";
+    std::vector<std::string> fields = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream",
+                                       "stream_options", "n", "user", "speculation", "logprobs", "best_of",
+                                       "echo", "top_logprobs", "an_ignored_field"};
+    fields.push_back(chat ? "messages" : "prompt");
+    if (chat) fields.push_back("max_completion_tokens");
+    for (const std::string& field : fields) {
+      for (const int depth : {kMaxJsonDepth + 1, 200000}) {
+        const std::string deep = "\"" + field + "\": " + nested(depth, "1");
+        const std::string body = "{" + (field == "prompt" || field == "messages" ? deep : input + ", " + deep) + "}";
+        StatusOr<Request> r = ParseRequest(e, body, RenderPlainChatPrompt, 1);
+        ASSERT_FALSE(r.ok()) << field << " at depth " << depth;
+        EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+        EXPECT_THAT(std::string(r.status().message()), HasSubstr("nested deeper than"));
+        const ApiError err = ToApiError(r.status(), nullptr);
+        EXPECT_EQ(err.http_status, 400);
+        EXPECT_EQ(err.param, field == "prompt" && chat ? "messages" : field) << "depth " << depth;
+      }
+    }
+    // The body itself, and nesting inside an object.
+    EXPECT_THAT(ParseRequest(e, nested(100000, ""), RenderPlainChatPrompt, 1),
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr("body: nested deeper")));
+    std::string objects = "{" + input + R"(, "speculation": )";
+    for (int i = 0; i < 5000; ++i) objects += R"({"a": )";
+    objects += "1" + std::string(5000, '}') + "}";
+    EXPECT_THAT(ParseRequest(e, objects, RenderPlainChatPrompt, 1),
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr("speculation: nested deeper")));
+  }
+  // Within the limit a deep prompt is still no prompt: a list of token-id
+  // lists is the deepest OpenAI accepts.
+  EXPECT_EQ(ParamOf(Endpoint::kCompletions, R"({"prompt": )" + nested(kMaxJsonDepth - 1, "1") + "}"), "prompt");
+  auto ok = ParseRequest(Endpoint::kCompletions, R"({"prompt": [[5, 6, 7]]})", RenderPlainChatPrompt, 1);
+  ASSERT_THAT(ok, IsOk());
+  EXPECT_EQ(ok->generate.prompt_token_ids_size(), 3);
+}
+
 // The coordinator's validation messages map to HTTP parameter names and
 // status codes.
 TEST(OpenAiErrorTest, CoordinatorErrorsMapToParamsAndStatuses) {

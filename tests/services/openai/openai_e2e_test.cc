@@ -397,6 +397,7 @@ TEST_F(OpenAiE2eTest, FullSlotsAre429) {
     lede::v1::CloseSessionRequest req;
     req.set_slot(s.slot());
     req.set_pool_epoch(s.pool_epoch());
+    req.set_session_id(s.session_id());
     lede::v1::CloseSessionResponse resp;
     EXPECT_TRUE(verifier->CloseSession(&ctx, req, &resp).ok());
   }

@@ -4,8 +4,17 @@
 // /metrics. The deployment with real clients is openai_e2e_test.cc.
 #include "services/coordinator/openai_server.h"
 
+#include <cerrno>
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <httplib.h>
 
@@ -16,6 +25,7 @@
 #include "shared/tokenizer/model_files.h"
 #include "tests/shared/telemetry/telemetry_test_util.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/wait.h"
 
 namespace lede::coordinator {
 namespace {
@@ -138,6 +148,134 @@ TEST_F(OpenAiServerTest, PortInUseIsUnavailable) {
   so.listen_address = "nonsense";
   EXPECT_THAT(OpenAiServer::Start(service_.get(), &registry_, so, RenderPlainChatPrompt),
               StatusIs(StatusCode::kInvalidArgument));
+}
+
+}  // namespace
+}  // namespace lede::coordinator
+
+namespace lede::coordinator {
+namespace {
+
+// A raw TCP connection to 127.0.0.1:port (-1 on failure).
+int Connect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  timeval tv{0, 200000};  // reads wait at most 0.2 s
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+// Issue 39, fault 3: slow clients (headers that never end), idle
+// connections and floods of connections.
+class OpenAiConnectionTest : public OpenAiServerTest {
+ protected:
+  void Restart(OpenAiServerOptions so) {
+    server_.reset();
+    so.listen_address = "127.0.0.1:0";
+    so.model_id = "m";
+    auto server = OpenAiServer::Start(service_.get(), &registry_, so, RenderPlainChatPrompt);
+    ASSERT_THAT(server, IsOk());
+    server_ = std::move(*server);
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", server_->port());
+    client_->set_read_timeout(10);
+  }
+  void TearDown() override {
+    for (int fd : raw_) ::close(fd);
+  }
+  // Opens n connections that send the start of a request and never finish
+  // its headers.
+  void OpenSlowClients(int n) {
+    for (int i = 0; i < n; ++i) {
+      const int fd = Connect(server_->port());
+      ASSERT_GE(fd, 0);
+      const std::string start = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n";
+      ASSERT_EQ(::send(fd, start.data(), start.size(), MSG_NOSIGNAL), static_cast<ssize_t>(start.size()));
+      raw_.push_back(fd);
+    }
+  }
+  std::vector<int> raw_;
+};
+
+// More slow clients than worker threads: every other request is still
+// served (with a fixed pool of 2 workers it waited for the slow ones' read
+// timeouts, longer than this client's 10 s).
+TEST_F(OpenAiConnectionTest, SlowClientsDoNotHoldOtherRequests) {
+  OpenAiServerOptions so;
+  so.threads = 2;
+  so.request_deadline = absl::Seconds(120);
+  Restart(so);
+  OpenSlowClients(24);
+  ASSERT_TRUE(lede::testing::WaitUntil([&] { return server_->connection_stats().open == 24; }));
+  for (int i = 0; i < 5; ++i) {
+    auto [status, body] = Get("/v1/models");
+    EXPECT_EQ(status, 200) << "request " << i << " with 24 slow clients open";
+  }
+  EXPECT_EQ(server_->connection_stats().timed_out, 0);
+  EXPECT_GE(server_->connection_stats().threads, 25);
+}
+
+// A request whose headers do not arrive within the deadline is cut, even
+// though its client sends a byte every 100 ms; a request in its handler or
+// streaming is not.
+TEST_F(OpenAiConnectionTest, RequestDeadlineCutsTricklingClients) {
+  OpenAiServerOptions so;
+  so.threads = 2;
+  so.request_deadline = absl::Milliseconds(500);
+  Restart(so);
+  const int fd = Connect(server_->port());
+  ASSERT_GE(fd, 0);
+  raw_.push_back(fd);
+  const std::string request = "GET /v1/models HTTP/1.1\r\nHost: localhost\r\nX-Slow: ";
+  bool closed = false;
+  for (int i = 0; i < 400 && !closed; ++i) {  // at most 40 s of trickling (a broken build)
+    const char byte = i < static_cast<int>(request.size()) ? request[i] : 'a';
+    if (::send(fd, &byte, 1, MSG_NOSIGNAL) != 1) closed = true;
+    char buf[256];
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) closed = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(closed) << "the trickling client was never cut";
+  EXPECT_GE(server_->connection_stats().timed_out, 1);
+  // A normal request on a kept-alive connection is served.
+  EXPECT_EQ(Get("/v1/models").first, 200);
+  EXPECT_EQ(Get("/v1/models").first, 200);
+}
+
+// Connections over the per-client cap get a 503 at once, before their
+// request is read; when one closes, requests are served again.
+TEST_F(OpenAiConnectionTest, ConnectionCapsRefuseTheExcessAtOnce) {
+  OpenAiServerOptions so;
+  so.threads = 2;
+  so.max_connections_per_client = 3;
+  so.request_deadline = absl::Seconds(120);
+  Restart(so);
+  OpenSlowClients(3);
+  ASSERT_TRUE(lede::testing::WaitUntil([&] { return server_->connection_stats().open == 3; }));
+  const int extra = Connect(server_->port());
+  ASSERT_GE(extra, 0);
+  raw_.push_back(extra);
+  std::string answer;
+  ASSERT_TRUE(lede::testing::WaitUntil([&] {
+    char buf[512];
+    const ssize_t n = ::recv(extra, buf, sizeof(buf), 0);
+    if (n > 0) answer.append(buf, static_cast<size_t>(n));
+    return n == 0;  // the server closed it after its answer
+  }));
+  EXPECT_THAT(answer, HasSubstr("503"));
+  EXPECT_THAT(answer, HasSubstr("too_many_connections"));
+  EXPECT_EQ(server_->connection_stats().refused, 1);
+  ::close(raw_[0]);
+  raw_.erase(raw_.begin());
+  ASSERT_TRUE(lede::testing::WaitUntil([&] { return server_->connection_stats().open == 2; }));
+  EXPECT_EQ(Get("/v1/models").first, 200);
 }
 
 }  // namespace

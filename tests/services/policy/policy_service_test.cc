@@ -1,9 +1,10 @@
 // Tests of services/policy (ServingPolicy, the lede.v1.Policy service, the
 // lede-policy flags) and of its client in services/model/policy_follower.h
 // (PolicyFollower, RemoteDecisionController), over an in-process gRPC server
-// on 127.0.0.1:0 and a copy of the shipped policy root models/lede-tiny/policy
-// (accelerator-v5, story-accelerator-v5, measured-v7). Run from the repository root
-// (ctest's working directory).
+// on 127.0.0.1:0 and a policy root of small versions the fixture builds for
+// models/lede-tiny (first-v5, second-v6, third-v7: random Q-networks), so no
+// test depends on a shipped policy. Run from the repository root (ctest's
+// working directory).
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -55,7 +56,6 @@ using ::lede::testing::WaitUntil;
 using ::testing::HasSubstr;
 using Json = nlohmann::json;
 
-constexpr char kTinyPolicyRoot[] = "models/lede-tiny/policy";
 constexpr char kTinyConfig[] = "models/lede-tiny/config.json";
 // Bound for eventual conditions (never reached when things work).
 constexpr absl::Duration kWait = absl::Seconds(20);
@@ -68,6 +68,22 @@ std::string ReadAll(const fs::path& path) {
 void WriteAll(const fs::path& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << bytes;
+}
+
+// Saves a small policy for models/lede-tiny as version `version` under
+// `root`: candidate layers 1-6 (so a model of 6 layers or fewer refuses it),
+// D_max 6, a Q-network of width 16 with random weights drawn from `seed`.
+void SaveTestPolicy(const fs::path& root, const std::string& version, const std::string& fingerprint,
+                    uint64_t seed) {
+  policy::dqn::PolicyMetadata m;
+  m.version = version;
+  m.model_fingerprint = fingerprint;
+  m.decision.candidate_layers = {1, 2, 3, 4, 5, 6};
+  m.decision.max_draft_len = 6;
+  m.seed = seed;
+  ASSERT_THAT(policy::dqn::SaveArtifact((root / version).string(),
+                                        policy::dqn::Artifact{m, policy::dqn::QNetwork::Random(16, seed)}),
+              IsOk());
 }
 
 std::string TinyFingerprint() {
@@ -108,10 +124,13 @@ class PolicyServiceTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_FALSE(tmp_.path().empty());
     root_ = tmp_.path() / "policy";
-    fs::copy(kTinyPolicyRoot, root_, fs::copy_options::recursive);
     fingerprint_ = TinyFingerprint();
     ASSERT_EQ(fingerprint_, "07e04f79d11d13b5");
-    ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "accelerator-v5", fingerprint_), IsOk());
+    for (const auto& [version, seed] : {std::pair<const char*, uint64_t>{"first-v5", 1}, {"second-v6", 2},
+                                        {"third-v7", 3}}) {
+      ASSERT_NO_FATAL_FAILURE(SaveTestPolicy(root_, version, fingerprint_, seed));
+    }
+    ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "first-v5", fingerprint_), IsOk());
 
     ServingPolicyOptions options;
     options.policy_root = root_.string();
@@ -196,12 +215,12 @@ class PolicyServiceTest : public ::testing::Test {
 // Decide answers the serving version's QNetwork Q-values and greedy actions,
 // state by state, in order.
 TEST_F(PolicyServiceTest, DecideMatchesQNetwork) {
-  auto artifact = policy::dqn::LoadArtifact((root_ / "accelerator-v5").string(), fingerprint_);
+  auto artifact = policy::dqn::LoadArtifact((root_ / "first-v5").string(), fingerprint_);
   ASSERT_THAT(artifact, IsOk());
   const auto features = SomeFeatures();
   lede::v1::DecideResponse response;
   ASSERT_TRUE(Decide(MakeRequest(features), &response).ok());
-  EXPECT_EQ(response.version(), "accelerator-v5");
+  EXPECT_EQ(response.version(), "first-v5");
   ASSERT_EQ(response.actions_size(), static_cast<int>(features.size()));
   ASSERT_EQ(response.q_continue_size(), static_cast<int>(features.size()));
   ASSERT_EQ(response.q_exit_size(), static_cast<int>(features.size()));
@@ -217,7 +236,7 @@ TEST_F(PolicyServiceTest, DecideMatchesQNetwork) {
   }
   // Pinning the serving version explicitly is accepted too.
   lede::v1::DecideRequest pinned = MakeRequest(features);
-  pinned.set_version("accelerator-v5");
+  pinned.set_version("first-v5");
   EXPECT_TRUE(Decide(pinned, &response).ok());
 }
 
@@ -248,7 +267,7 @@ TEST_F(PolicyServiceTest, DecideRejectsBadInput) {
   }
 
   lede::v1::DecideRequest other_version = MakeRequest(features);
-  other_version.set_version("story-accelerator-v5");
+  other_version.set_version("second-v6");
   EXPECT_EQ(Decide(other_version, &response).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 }
 
@@ -258,22 +277,22 @@ TEST_F(PolicyServiceTest, DecideRejectsBadInput) {
 TEST_F(PolicyServiceTest, GetPolicyServesTheStoredFiles) {
   lede::v1::PolicyArtifact artifact;
   ASSERT_TRUE(GetPolicy("", &artifact).ok());
-  EXPECT_EQ(artifact.version(), "accelerator-v5");
-  EXPECT_EQ(artifact.metadata_json(), ReadAll(root_ / "accelerator-v5" / policy::dqn::kMetadataFile));
-  EXPECT_EQ(artifact.weights_safetensors(), ReadAll(root_ / "accelerator-v5" / policy::dqn::kWeightsFile));
+  EXPECT_EQ(artifact.version(), "first-v5");
+  EXPECT_EQ(artifact.metadata_json(), ReadAll(root_ / "first-v5" / policy::dqn::kMetadataFile));
+  EXPECT_EQ(artifact.weights_safetensors(), ReadAll(root_ / "first-v5" / policy::dqn::kWeightsFile));
   const std::string recorded = Json::parse(artifact.metadata_json()).at("weights_sha256");
   EXPECT_EQ(file::Sha256Hex(artifact.weights_safetensors()), recorded);
   EXPECT_EQ(artifact.sha256(), recorded);
 
-  ASSERT_TRUE(GetPolicy("story-accelerator-v5", &artifact).ok());
-  EXPECT_EQ(artifact.version(), "story-accelerator-v5");
+  ASSERT_TRUE(GetPolicy("second-v6", &artifact).ok());
+  EXPECT_EQ(artifact.version(), "second-v6");
   EXPECT_EQ(artifact.weights_safetensors(),
-            ReadAll(root_ / "story-accelerator-v5" / policy::dqn::kWeightsFile));
+            ReadAll(root_ / "second-v6" / policy::dqn::kWeightsFile));
   // Serving is unchanged by a named fetch.
-  EXPECT_EQ(serving_->Current()->version, "accelerator-v5");
+  EXPECT_EQ(serving_->Current()->version, "first-v5");
 
   EXPECT_EQ(GetPolicy("no-such-v9", &artifact).error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_EQ(GetPolicy("../accelerator-v5", &artifact).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(GetPolicy("../first-v5", &artifact).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 // Publishing another version reaches Current(), the WatchPolicy stream, a
@@ -284,7 +303,7 @@ TEST_F(PolicyServiceTest, HotReloadReachesWatchersAndFollowers) {
   auto watch = stub_->WatchPolicy(&watch_context, watch_request);
   lede::v1::PolicyVersion seen;
   ASSERT_TRUE(watch->Read(&seen));
-  EXPECT_EQ(seen.version(), "accelerator-v5");
+  EXPECT_EQ(seen.version(), "first-v5");
 
   model_service::PolicyFollowerOptions follower_options;
   follower_options.target = target_;
@@ -292,35 +311,35 @@ TEST_F(PolicyServiceTest, HotReloadReachesWatchersAndFollowers) {
   follower_options.n_layers = 12;
   model_service::PolicyFollower follower(follower_options);
   follower.Start();
-  ASSERT_TRUE(follower.WaitForVersion("accelerator-v5", kWait));
+  ASSERT_TRUE(follower.WaitForVersion("first-v5", kWait));
   std::shared_ptr<const policy::dqn::Artifact> old_artifact = follower.current();
   ASSERT_NE(old_artifact, nullptr);
-  EXPECT_EQ(old_artifact->metadata.version, "accelerator-v5");
+  EXPECT_EQ(old_artifact->metadata.version, "first-v5");
 
   serving_->StartPolling();
   // The first poll (at once) finds nothing new; the next one comes a
   // reload_interval later on the clock.
   ASSERT_TRUE(WaitUntil([&] { return clock_.n_waiting() == 1; }));
-  ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "story-accelerator-v5", fingerprint_),
+  ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "second-v6", fingerprint_),
               IsOk());
   clock_.Advance(serving_->options().reload_interval);
   ASSERT_TRUE(watch->Read(&seen));
-  EXPECT_EQ(seen.version(), "story-accelerator-v5");
+  EXPECT_EQ(seen.version(), "second-v6");
   EXPECT_EQ(seen.sha256(), serving_->Current()->sha256);
-  ASSERT_TRUE(follower.WaitForVersion("story-accelerator-v5", kWait));
+  ASSERT_TRUE(follower.WaitForVersion("second-v6", kWait));
   EXPECT_EQ(follower.current()->metadata.weights_sha256, seen.sha256());
   // The old artifact stays valid for whoever still holds it.
-  EXPECT_EQ(old_artifact->metadata.version, "accelerator-v5");
+  EXPECT_EQ(old_artifact->metadata.version, "first-v5");
 
   lede::v1::DecideResponse response;
   ASSERT_TRUE(Decide(MakeRequest(SomeFeatures()), &response).ok());
-  EXPECT_EQ(response.version(), "story-accelerator-v5");
+  EXPECT_EQ(response.version(), "second-v6");
 
   EXPECT_EQ(Reloads("ok"), 2);  // the initial load, then the swap
   EXPECT_EQ(Reloads("rejected"), 0);
-  EXPECT_EQ(VersionGauge("story-accelerator-v5"), 1);
-  EXPECT_EQ(VersionGauge("accelerator-v5"), 0);
-  EXPECT_EQ(metrics_.policy_version_number.Value(), 5);  // story-accelerator-v5
+  EXPECT_EQ(VersionGauge("second-v6"), 1);
+  EXPECT_EQ(VersionGauge("first-v5"), 0);
+  EXPECT_EQ(metrics_.policy_version_number.Value(), 6);  // second-v6
 
   watch_context.TryCancel();
   follower.Stop();
@@ -329,7 +348,7 @@ TEST_F(PolicyServiceTest, HotReloadReachesWatchersAndFollowers) {
 // A corrupted artifact is refused: the old version keeps serving, the
 // rejection is counted once however often it is retried.
 TEST_F(PolicyServiceTest, CorruptedArtifactIsRefused) {
-  CopyVersion("accelerator-v5", "corrupt-v2");
+  CopyVersion("first-v5", "corrupt-v2");
   std::string weights = ReadAll(root_ / "corrupt-v2" / policy::dqn::kWeightsFile);
   ASSERT_GT(weights.size(), 200u);
   for (size_t i = weights.size() - 64; i < weights.size() - 32; ++i) weights[i] ^= 0x5a;
@@ -339,12 +358,12 @@ TEST_F(PolicyServiceTest, CorruptedArtifactIsRefused) {
   EXPECT_THAT(serving_->Reload(), StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(serving_->Reload(), StatusIs(StatusCode::kInvalidArgument));
   ASSERT_NE(serving_->Current(), nullptr);
-  EXPECT_EQ(serving_->Current()->version, "accelerator-v5");
+  EXPECT_EQ(serving_->Current()->version, "first-v5");
   lede::v1::DecideResponse response;
   ASSERT_TRUE(Decide(MakeRequest(SomeFeatures()), &response).ok());
-  EXPECT_EQ(response.version(), "accelerator-v5");
+  EXPECT_EQ(response.version(), "first-v5");
   EXPECT_EQ(Reloads("rejected"), 1);
-  EXPECT_EQ(VersionGauge("accelerator-v5"), 1);
+  EXPECT_EQ(VersionGauge("first-v5"), 1);
 
   // The same through the poll thread: still refused, still counted once,
   // after three polls (one at once, two more a reload_interval apart).
@@ -355,7 +374,7 @@ TEST_F(PolicyServiceTest, CorruptedArtifactIsRefused) {
     ASSERT_TRUE(WaitUntil([&] { return clock_.n_waits() == poll && clock_.n_waiting() == 1; }))
         << "poll " << poll;
   }
-  EXPECT_EQ(serving_->Current()->version, "accelerator-v5");
+  EXPECT_EQ(serving_->Current()->version, "first-v5");
   EXPECT_EQ(Reloads("rejected"), 1);
 
   // GetPolicy of the corrupt version is refused as not loadable.
@@ -363,34 +382,34 @@ TEST_F(PolicyServiceTest, CorruptedArtifactIsRefused) {
   EXPECT_EQ(GetPolicy("corrupt-v2", &artifact).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 
   // Pointing SERVING back at a good version recovers.
-  ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "measured-v7", fingerprint_), IsOk());
+  ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "third-v7", fingerprint_), IsOk());
   serving_->StopPolling();
   EXPECT_THAT(serving_->Reload(), IsOk());
-  EXPECT_EQ(serving_->Current()->version, "measured-v7");
+  EXPECT_EQ(serving_->Current()->version, "third-v7");
 }
 
 // Versions that do not fit the model (fingerprint, candidate layers >= L, a
 // metadata version other than the directory) are refused.
 TEST_F(PolicyServiceTest, VersionsForAnotherModelAreRefused) {
   ServingPolicyOptions options = serving_->options();
-  options.n_layers = 5;  // accelerator-v5 probes layer 6
-  EXPECT_THAT(LoadPolicyVersion(options, "accelerator-v5"), StatusIs(StatusCode::kInvalidArgument));
+  options.n_layers = 5;  // first-v5 probes layer 6
+  EXPECT_THAT(LoadPolicyVersion(options, "first-v5"), StatusIs(StatusCode::kInvalidArgument));
   options = serving_->options();
   options.model_fingerprint = "0123456789abcdef";
-  EXPECT_THAT(LoadPolicyVersion(options, "accelerator-v5"), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(LoadPolicyVersion(options, "first-v5"), StatusIs(StatusCode::kInvalidArgument));
   options = serving_->options();
   fs::create_directories(root_ / "renamed-v3");
-  fs::copy(root_ / "accelerator-v5", root_ / "renamed-v3", fs::copy_options::recursive);
+  fs::copy(root_ / "first-v5", root_ / "renamed-v3", fs::copy_options::recursive);
   EXPECT_THAT(LoadPolicyVersion(options, "renamed-v3"), StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(LoadPolicyVersion(options, "missing-v1"), StatusIs(StatusCode::kNotFound));
-  EXPECT_THAT(LoadPolicyVersion(options, "accelerator-v5"), IsOk());
+  EXPECT_THAT(LoadPolicyVersion(options, "first-v5"), IsOk());
 }
 
 // Decide calls running on another thread during many swaps all succeed, and
 // each answers with one of the published versions.
 TEST_F(PolicyServiceTest, DecideNeverFailsDuringSwaps) {
-  const std::vector<std::string> versions = {"story-accelerator-v5", "measured-v7",
-                                              "accelerator-v5"};
+  const std::vector<std::string> versions = {"second-v6", "third-v7",
+                                              "first-v5"};
   std::atomic<bool> done{false};
   std::atomic<int> n_ok{0}, n_failed{0}, n_unpublished{0};
   const lede::v1::DecideRequest request = MakeRequest(SomeFeatures());
@@ -431,16 +450,15 @@ TEST_F(PolicyServiceTest, DecideNeverFailsDuringSwaps) {
 TEST_F(PolicyServiceTest, WatchEndsOnShutdown) {
   grpc::ClientContext context;
   lede::v1::WatchPolicyRequest request;
-  request.set_known_version("accelerator-v5");  // up to date: the stream waits
+  request.set_known_version("first-v5");  // up to date: the stream waits
   auto watch = stub_->WatchPolicy(&context, request);
-  std::thread stopper([&] {
-    absl::SleepFor(absl::Milliseconds(100));
-    service_->Shutdown();
-  });
+  // The stream is open on the server before the service shuts down.
+  ASSERT_TRUE(WaitUntil([&] { return service_->n_watchers() == 1; }));
+  service_->Shutdown();
   lede::v1::PolicyVersion seen;
   EXPECT_FALSE(watch->Read(&seen));
   EXPECT_TRUE(watch->Finish().ok());
-  stopper.join();
+  EXPECT_TRUE(WaitUntil([&] { return service_->n_watchers() == 0; }));
 
   grpc::ClientContext late_context;
   auto late = stub_->WatchPolicy(&late_context, request);
@@ -460,16 +478,16 @@ TEST_F(PolicyServiceTest, FollowerSurvivesServiceRestart) {
   options.clock = &backoff_clock;
   model_service::PolicyFollower follower(options);
   follower.Start();
-  ASSERT_TRUE(follower.WaitForVersion("accelerator-v5", kWait));
+  ASSERT_TRUE(follower.WaitForVersion("first-v5", kWait));
 
   const int port = runner_->port();
   StopServer();
-  ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "measured-v7", fingerprint_), IsOk());
+  ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "third-v7", fingerprint_), IsOk());
   ASSERT_THAT(serving_->Reload(), IsOk());
   // The stream is gone and the follower sleeps its backoff on the clock: it
   // keeps the last good policy meanwhile.
   ASSERT_TRUE(WaitUntil([&] { return backoff_clock.n_waiting() == 1; }));
-  EXPECT_EQ(follower.version(), "accelerator-v5");
+  EXPECT_EQ(follower.version(), "first-v5");
   ASSERT_NE(follower.current(), nullptr);
 
   service_ = std::make_unique<PolicyService>(serving_.get(), &metrics_);
@@ -478,7 +496,7 @@ TEST_F(PolicyServiceTest, FollowerSurvivesServiceRestart) {
   // (gRPC's own channel backoff) sleeps again.
   ASSERT_TRUE(WaitUntil([&] {
     if (backoff_clock.n_waiting() == 1) backoff_clock.Advance(options.max_backoff);
-    return follower.version() == "measured-v7";
+    return follower.version() == "third-v7";
   }));
   EXPECT_GE(follower.n_connects(), 2);
   follower.Stop();
@@ -496,7 +514,7 @@ TEST_F(PolicyServiceTest, FollowerRefusesArtifactForAnotherModel) {
   EXPECT_EQ(follower.n_rejected(), 1);
 
   options.model_fingerprint = fingerprint_;
-  options.n_layers = 4;  // accelerator-v5 probes layers 4 and 6
+  options.n_layers = 4;  // first-v5 probes layers 4 to 6
   model_service::PolicyFollower shallow(options);
   EXPECT_THAT(shallow.FetchOnce(), StatusIs(StatusCode::kInvalidArgument));
   EXPECT_EQ(shallow.current(), nullptr);
@@ -505,10 +523,10 @@ TEST_F(PolicyServiceTest, FollowerRefusesArtifactForAnotherModel) {
 // RemoteDecisionController answers like the local DQN controller, and falls
 // back to kContinue (counting the failure) when the service is gone.
 TEST_F(PolicyServiceTest, RemoteDecisionMatchesLocalAndFallsBack) {
-  auto artifact = policy::dqn::LoadArtifact((root_ / "accelerator-v5").string(), fingerprint_);
+  auto artifact = policy::dqn::LoadArtifact((root_ / "first-v5").string(), fingerprint_);
   ASSERT_THAT(artifact, IsOk());
   policy::dqn::DqnExitController local(
-      std::make_shared<const policy::dqn::QNetwork>(artifact->network), "accelerator-v5");
+      std::make_shared<const policy::dqn::QNetwork>(artifact->network), "first-v5");
   std::shared_ptr<lede::v1::Policy::StubInterface> stub =
       lede::v1::Policy::NewStub(model_service::MakePolicyChannel(target_));
   model_service::RemoteDecisionOptions options;
@@ -531,7 +549,7 @@ TEST_F(PolicyServiceTest, RemoteDecisionMatchesLocalAndFallsBack) {
     EXPECT_EQ(remote.last_q()[0], local.last_q()[0]);
     EXPECT_EQ(remote.last_q()[1], local.last_q()[1]);
   }
-  EXPECT_EQ(remote.name(), "remote:accelerator-v5");
+  EXPECT_EQ(remote.name(), "remote:first-v5");
   EXPECT_EQ(remote.n_failures(), 0);
 
   StopServer();
@@ -555,7 +573,7 @@ TEST_F(PolicyServiceTest, FollowsAPolicyStoreAndServesTheSeededCopyUntilThen) {
   ASSERT_THAT(opened, IsOk());
   std::shared_ptr<storage::ObjectStore> store = std::move(*opened);
   ServingPolicyOptions options;
-  options.policy_root = root_.string();  // seeded: SERVING = accelerator-v5
+  options.policy_root = root_.string();  // seeded: SERVING = first-v5
   options.model_fingerprint = fingerprint_;
   options.n_layers = 12;
   options.store = store;
@@ -564,10 +582,10 @@ TEST_F(PolicyServiceTest, FollowsAPolicyStoreAndServesTheSeededCopyUntilThen) {
   ServingPolicy serving(options, &metrics);
   EXPECT_THAT(serving.Reload(), IsOk());
   ASSERT_NE(serving.Current(), nullptr);
-  EXPECT_EQ(serving.Current()->version, "accelerator-v5");
+  EXPECT_EQ(serving.Current()->version, "first-v5");
   EXPECT_EQ(metrics.policy_reloads.Add({{"outcome", "rejected"}}).Value(), 1);  // the empty store
 
-  CopyVersion("accelerator-v5", "store-v3");
+  CopyVersion("first-v5", "store-v3");
   ASSERT_THAT(policy::dqn::UploadVersion(*store, root_.string(), "store-v3", /*set_serving=*/true), IsOk());
   fs::remove_all(root_ / "store-v3");  // only the store has it now
   EXPECT_THAT(serving.Reload(), IsOk());

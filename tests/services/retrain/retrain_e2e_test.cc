@@ -188,7 +188,7 @@ TEST(RetrainE2eTest, PublishesFollowsAndRefusesCorruptVersions) {
   fs::copy(kModel + "/policy", root, fs::copy_options::recursive);
   auto serving0 = policy::dqn::ResolveServingVersion(root.string());
   ASSERT_THAT(serving0.status(), IsOk());
-  const std::string v0 = *serving0;  // measured-v7
+  const std::string v0 = *serving0;  // the shipped SERVING version, whichever it is
 
   testing::ClusterOptions o;
   o.binaries = testing::LedeBinaries{LEDE_MODEL_BIN, LEDE_COORDINATOR_BIN, LEDE_POLICY_BIN};

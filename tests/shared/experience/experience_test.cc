@@ -29,6 +29,7 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -826,6 +827,52 @@ TEST(ExperienceLoggerTest, RetriesFailedPutsThenCountsAndDrops) {
   std::vector<policy::Transition> expected = MakeTransitions(0, 3);
   for (const auto& t : MakeTransitions(7, 2)) expected.push_back(t);
   ExpectSameTransitions(ReadAllClean(*store, "experience"), expected);
+}
+
+// Issue 39, fault 5: a failing store is loud. The first failed Put()
+// attempt reaches on_put_error at once, naming the shard and the store's
+// error; further failures within put_error_interval are counted, not
+// reported, and the next report says how many it folds in.
+TEST(ExperienceLoggerTest, FailedPutsAreReportedRateLimited) {
+  auto store = std::make_shared<FakeStore>();
+  ExperienceLoggerOptions o = SmallOptions();
+  o.max_put_attempts = 3;
+  o.put_error_interval = absl::Hours(1);
+  absl::Mutex mu;
+  std::vector<std::pair<std::string, int64_t>> reports;
+  o.on_put_error = [&](const Status& error, int64_t unreported) {
+    absl::MutexLock lock(&mu);
+    reports.emplace_back(std::string(error.message()), unreported);
+  };
+  StatusOr<std::unique_ptr<ExperienceLogger>> logger = ExperienceLogger::Create(store, o);
+  ASSERT_THAT(logger, IsOk());
+  store->FailNextPuts(6);  // two shards given up, three attempts each
+  ASSERT_TRUE((*logger)->Log(MakeRecord(0)));
+  EXPECT_THAT((*logger)->Flush(), StatusIs(StatusCode::kUnavailable));
+  ASSERT_TRUE((*logger)->Log(MakeRecord(1)));
+  EXPECT_THAT((*logger)->Flush(), StatusIs(StatusCode::kUnavailable));
+  ASSERT_THAT((*logger)->Close(), IsOk());
+  EXPECT_EQ((*logger)->counters().put_failures, 2);
+  auto taken = [&] {
+    absl::MutexLock lock(&mu);
+    return std::exchange(reports, {});
+  };
+  const auto first = taken();
+  ASSERT_EQ(first.size(), 1u) << "one report per interval";
+  EXPECT_THAT(first[0].first, HasSubstr("fake store is down"));
+  EXPECT_THAT(first[0].first, HasSubstr("experience/"));
+  EXPECT_EQ(first[0].second, 0);
+
+  // With no interval every failure is reported as it happens.
+  auto store2 = std::make_shared<FakeStore>();
+  o.put_error_interval = absl::ZeroDuration();
+  StatusOr<std::unique_ptr<ExperienceLogger>> logger2 = ExperienceLogger::Create(store2, o);
+  ASSERT_THAT(logger2, IsOk());
+  store2->FailNextPuts(2);
+  ASSERT_TRUE((*logger2)->Log(MakeRecord(0)));
+  ASSERT_THAT((*logger2)->Flush(), IsOk());
+  ASSERT_THAT((*logger2)->Close(), IsOk());
+  EXPECT_EQ(taken().size(), 2u);
 }
 
 // Close() writes what is buffered, reports the final counters through the

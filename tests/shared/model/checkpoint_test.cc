@@ -1,11 +1,11 @@
 // File: tests/shared/model/checkpoint_test.cc
 //
 // Tests for shared/model/checkpoint.h and model_config.h: the two real
-// llama2.c models in ../shared/models, HF and llama2.c round trips, and
+// llama2.c models in testdata/models, HF and llama2.c round trips, and
 // malformed files (each must give a Status, never a crash).
 //
-// The real models are found under lede::testing::SharedDir()
-// (tests/testing/shared_dir.h).
+// The real models are found under lede::testing::TestDataDir()
+// (tests/testing/test_data.h).
 #include "shared/model/checkpoint.h"
 
 #include <ATen/ATen.h>
@@ -22,7 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "shared/checkpoint/model_config.h"
-#include "tests/testing/shared_dir.h"
+#include "tests/testing/test_data.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 

@@ -24,7 +24,7 @@ using ::lede::testing::StatusIs;
 using testing::kStoriesPrompt;
 using testing::LoadOrDie;
 
-constexpr double kNearTie = 1e-4;  // DESIGN.md §1: top-2 logits within 1e-4 in fp32
+constexpr double kNearTie = 1e-4;  // docs/design.md §1: top-2 logits within 1e-4 in fp32
 
 std::unique_ptr<Engine> MakeEngine(std::shared_ptr<const LlamaModel> model) {
   KvCacheOptions ko;
@@ -110,6 +110,23 @@ TEST(EngineTest, StaticSpeculationIsLosslessOnBabyLlamaEager) {
   ExpectLossless(m, testing::kBabyPrompt, 48);
 }
 
+// Lossless at the bf16 and q8_0 weight formats (issue 35) on both paths:
+// speculation against autoregressive decoding at the same precision.
+TEST(EngineTest, StaticSpeculationIsLosslessOnBabyLlamaAtEachWeightFormat) {
+  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kQ8_0}) {
+    for (Kernels k : {Kernels::kFused, Kernels::kEager}) {
+      ModelOptions o;
+      o.kernels = k;
+      o.weights = f;
+      auto m = LlamaModel::Load(lede::testing::BabyLlamaDir() + "/model5000.bin", o);
+      ASSERT_TRUE(m.ok()) << m.status();
+      ASSERT_EQ((*m)->weight_format(), f);
+      SCOPED_TRACE(std::string(WeightFormatName(f)) + " " + KernelsName(k));
+      ExpectLossless(std::shared_ptr<const LlamaModel>(std::move(*m)), testing::kBabyPrompt, 48);
+    }
+  }
+}
+
 // Lossless on babyllama (vocabulary 105).
 TEST(EngineTest, StaticSpeculationIsLosslessOnBabyLlama) {
   std::shared_ptr<const LlamaModel> m = LoadOrDie(lede::testing::BabyLlamaDir() + "/model5000.bin");
@@ -124,6 +141,25 @@ TEST(EngineTest, StaticSpeculationIsLosslessOnRandomHfCheckpoint) {
   std::shared_ptr<const LlamaModel> m = testing::WriteAndLoadTinyHf((tmp.path() / "tiny").string());
   ASSERT_NE(m, nullptr);
   ExpectLossless(m, {1, 7, 3, 9}, 40);
+}
+
+// The same random checkpoint with a tied head at bf16 and q8_0 (every
+// matrix takes q8_0 here: d = 32, hidden 64; the tied LM head and the
+// embedding are one quantized matrix).
+TEST(EngineTest, StaticSpeculationIsLosslessOnTiedRandomCheckpointAtEachWeightFormat) {
+  lede::testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string dir = (tmp.path() / "tiny").string();
+  ASSERT_NE(testing::WriteAndLoadTinyHf(dir, /*tied=*/true), nullptr);
+  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kQ8_0}) {
+    ModelOptions o;
+    o.weights = f;
+    auto m = LlamaModel::Load(dir, o);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_EQ((*m)->weight_format(), f);
+    SCOPED_TRACE(WeightFormatName(f));
+    ExpectLossless(std::shared_ptr<const LlamaModel>(std::move(*m)), {1, 7, 3, 9}, 40);
+  }
 }
 
 // max_new_tokens that falls inside a round stops exactly there.
@@ -341,7 +377,7 @@ TEST(AdaptiveEngineTest, FixedControllerMatchesStaticMode) {
   EXPECT_EQ(adaptive.stats.n_accepted, stat.stats.n_accepted);
 }
 
-// Random exits and random stops never change the greedy output (lossless, DESIGN.md §1).
+// Random exits and random stops never change the greedy output (lossless, docs/design.md §1).
 TEST(AdaptiveEngineTest, RandomControllerIsLossless) {
   std::shared_ptr<const LlamaModel> m = LoadOrDie(lede::testing::Stories260KDir());
   auto engine = MakeEngine(m);

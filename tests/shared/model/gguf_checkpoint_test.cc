@@ -137,6 +137,17 @@ TEST(GgufCheckpointTest, Bf16AndQ8_0ExportsDequantizeWithinTheirError) {
     ASSERT_THAT(Export(kLedeTiny, gguf, type), IsOk());
     auto b = LoadCheckpoint(gguf);
     ASSERT_THAT(b, IsOk());
+    // --weights auto keeps the file's storage; Q8_0 matrices come as blocks.
+    EXPECT_EQ(b->storage, type == checkpoint::GgmlType::kQ8_0 ? WeightFormat::kQ8_0 : WeightFormat::kBf16);
+    if (type == checkpoint::GgmlType::kQ8_0) {
+      const int64_t n_matrices = 7 * b->config.n_layers + 2;  // + embedding and head
+      EXPECT_EQ(static_cast<int64_t>(b->q8_0_blocks.size()), n_matrices);
+      const at::Tensor& q = b->q8_0_blocks.at("model.layers.0.mlp.down_proj.weight");
+      EXPECT_EQ(q.sizes().vec(), (std::vector<int64_t>{b->config.dim, b->config.hidden_dim / 32 * 34}));
+      EXPECT_EQ(q.data_ptr(), static_cast<const void*>(b->stored.at("model.layers.0.mlp.down_proj.weight")->data));
+    } else {
+      EXPECT_TRUE(b->q8_0_blocks.empty());
+    }
     for (const auto& [name, t] : src->tensors) {
       if (name.find("q_proj") != std::string::npos || name.find("k_proj") != std::string::npos) continue;
       const checkpoint::GgufTensor* stored = b->stored.at(name);
@@ -220,6 +231,33 @@ TEST(GgufCheckpointTest, ReExportsAGguf) {
   ASSERT_THAT(ids, IsOk());
   EXPECT_EQ(*(*tb)->Encode("Once upon a time, Tom said \"hi\".", true, false), *ids);
   EXPECT_EQ(Greedy(second, *ids), Greedy(first, *ids));
+}
+
+// A q8_0 GGUF served as it is (--weights auto: the file's blocks) decodes
+// like the safetensors checkpoint quantized to q8_0 at load: the blocks are
+// llama.cpp's either way.
+TEST(GgufCheckpointTest, Q8_0FileServesItsBlocksLikeLoadTimeQuantization) {
+  testing::TempDir tmp;
+  const std::string gguf = (tmp.path() / "m.gguf").string();
+  ASSERT_THAT(Export(kLedeTiny, gguf, checkpoint::GgmlType::kQ8_0), IsOk());
+  ModelOptions q8;
+  q8.weights = WeightFormat::kQ8_0;
+  auto a = LlamaModel::Load(kLedeTiny, q8);
+  auto b = LlamaModel::Load(gguf, ModelOptions{});  // auto: the file's Q8_0
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT(b, IsOk());
+  auto ea = Engine::Create(std::shared_ptr<const LlamaModel>(std::move(*a)), KvCacheOptions{});
+  auto eb = Engine::Create(std::shared_ptr<const LlamaModel>(std::move(*b)), KvCacheOptions{});
+  ASSERT_THAT(ea, IsOk());
+  ASSERT_THAT(eb, IsOk());
+  GenerateOptions o;
+  o.max_new_tokens = 32;
+  const std::vector<int32_t> prompt = {1, 739, 554, 263, 499};
+  auto ra = (*ea)->Generate(prompt, o);
+  auto rb = (*eb)->Generate(prompt, o);
+  ASSERT_THAT(ra, IsOk());
+  ASSERT_THAT(rb, IsOk());
+  EXPECT_EQ(rb->tokens, ra->tokens);
 }
 
 // --- A GGUF written the way llama.cpp's converter writes one --------------------

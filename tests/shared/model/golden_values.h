@@ -1,7 +1,7 @@
 // File: tests/shared/model/golden_values.h
 //
 // Golden token ids of the two real test models, from
-// ../shared/models/README.md. Torch-free, so that tokenizer tests can use
+// testdata/models/README.md. Torch-free, so that tokenizer tests can use
 // them without compiling llama.h.
 #ifndef LEDE_TESTS_SHARED_MODEL_GOLDEN_VALUES_H_
 #define LEDE_TESTS_SHARED_MODEL_GOLDEN_VALUES_H_

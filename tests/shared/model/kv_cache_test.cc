@@ -20,7 +20,7 @@ using ::lede::testing::IsOk;
 using ::lede::testing::StatusIs;
 using testing::TinyConfig;
 
-// K/V per layer are [S, n_kv_heads, C, head_dim] and the scratch [S, D_max + 1, d] (DESIGN.md §4).
+// K/V per layer are [S, n_kv_heads, C, head_dim] and the scratch [S, D_max + 1, d] (docs/design.md §4).
 TEST(KvCacheTest, LayoutFollowsDesign) {
   KvCacheOptions o;
   o.n_slots = 3;
@@ -104,7 +104,7 @@ TEST(KvCacheTest, RollbackDropsRejectedDraftTokens) {
 
 // A pool in a named segment is the same memory in every process that maps
 // it: K/V, scratch and committed lengths written through one view are read
-// through the other (DESIGN.md §4 "Shared KV cache").
+// through the other (docs/design.md §4 "Shared KV cache").
 TEST(KvCacheTest, SharedPoolIsVisibleThroughAttach) {
   KvCacheOptions o;
   o.n_slots = 2;
@@ -130,6 +130,51 @@ TEST(KvCacheTest, SharedPoolIsVisibleThroughAttach) {
   EXPECT_EQ(view->n_in_use(), 1);
   EXPECT_TRUE(at::equal(view->k(2), owner->k(2)));
   EXPECT_FLOAT_EQ(owner->exit_hidden()[*slot][0][0].item<float>(), -2.0f);
+}
+
+// Session words (issue 39): a slot holds its session's id; a draft begins
+// only under the slot's current session (seen through another mapping of
+// the pool, as the drafter process sees it), and a freed slot whose last
+// session still has a draft running is not handed out again until that
+// draft ends, so a stale draft can never write into a new session's K/V.
+TEST(KvCacheTest, SessionWordsFenceStaleDrafts) {
+  KvCacheOptions o;
+  o.n_slots = 1;
+  o.capacity = 16;
+  o.max_draft_len = 3;
+  o.shared_memory_name = "/lede-kv-test-session-" + std::to_string(::getpid());
+  auto owner = KvCache::Create(TinyConfig(), o);
+  ASSERT_THAT(owner, IsOk());
+  KvCacheOptions attach;
+  attach.shared_memory_name = o.shared_memory_name;
+  auto drafter = KvCache::Attach(TinyConfig(), attach);
+  ASSERT_THAT(drafter, IsOk());
+
+  EXPECT_THAT(owner->Allocate(KvCache::kNoSession), StatusIs(StatusCode::kInvalidArgument));
+  auto slot = owner->Allocate(0xA11CEull);
+  ASSERT_THAT(slot, IsOk());
+  EXPECT_EQ(drafter->session(*slot), 0xA11CEull);
+  EXPECT_FALSE(drafter->BeginDrafting(*slot, 0xB0Bull)) << "a foreign id began a draft";
+  EXPECT_FALSE(drafter->BeginDrafting(*slot, KvCache::kNoSession));
+  EXPECT_FALSE(drafter->BeginDrafting(7, 0xA11CEull)) << "a slot out of range";
+  EXPECT_EQ(drafter->n_drafting(*slot), 0);
+  ASSERT_TRUE(drafter->BeginDrafting(*slot, 0xA11CEull));
+
+  // The session closes while its draft runs: the slot is free, but not
+  // reusable until the draft ends.
+  ASSERT_THAT(owner->Free(*slot), IsOk());
+  EXPECT_EQ(owner->session(*slot), KvCache::kNoSession);
+  EXPECT_EQ(owner->n_in_use(), 0);
+  EXPECT_THAT(owner->Allocate(0xB0Bull), StatusIs(StatusCode::kResourceExhausted));
+  EXPECT_FALSE(drafter->BeginDrafting(*slot, 0xA11CEull)) << "a closed session began a draft";
+  drafter->EndDrafting(*slot);
+  EXPECT_EQ(owner->n_drafting(*slot), 0);
+  auto next = owner->Allocate(0xB0Bull);
+  ASSERT_THAT(next, IsOk());
+  EXPECT_EQ(*next, *slot);
+  EXPECT_FALSE(drafter->BeginDrafting(*next, 0xA11CEull)) << "the stale id drafts on the new session";
+  EXPECT_TRUE(drafter->BeginDrafting(*next, 0xB0Bull));
+  drafter->EndDrafting(*next);
 }
 
 // Attaching refuses a segment that does not exist or was made for another

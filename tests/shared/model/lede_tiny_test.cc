@@ -1,6 +1,6 @@
 // Tests on the shipped demo model models/lede-tiny (issue: demo model): it
 // loads, its tokenizer round-trips, and static self-speculation on it is
-// lossless (DESIGN.md §1) at shallow and deep exits.
+// lossless (docs/design.md §1) at shallow and deep exits.
 #include <memory>
 
 #include "gtest/gtest.h"

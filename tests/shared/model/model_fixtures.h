@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 #include "shared/model/llama.h"
 #include "tests/shared/model/golden_values.h"
-#include "tests/testing/shared_dir.h"
+#include "tests/testing/test_data.h"
 
 namespace lede::model::testing {
 

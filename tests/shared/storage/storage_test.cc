@@ -188,6 +188,16 @@ TEST_F(LocalStoreTest, PutGetRoundTrip) {
   EXPECT_TRUE(fs::is_regular_file(fs::path(root_) / "a/b/c.bin"));
 }
 
+// Objects hold users' data: never world-readable, whatever the umask
+// allows (issue 39, fault 5: shards were created 0644).
+TEST_F(LocalStoreTest, ObjectsAreNotWorldReadable) {
+  ASSERT_THAT(store_->Put("experience/2026-12-04/w-00000001.shard", "records"), IsOk());
+  const fs::perms p = fs::status(fs::path(root_) / "experience/2026-12-04/w-00000001.shard").permissions();
+  EXPECT_EQ(p & fs::perms::others_all, fs::perms::none);
+  EXPECT_EQ(p & fs::perms::group_write, fs::perms::none);
+  EXPECT_NE(p & fs::perms::owner_read, fs::perms::none);
+}
+
 // A missing object is kNotFound; Delete removes it and is idempotent.
 TEST_F(LocalStoreTest, NotFoundAndDelete) {
   EXPECT_THAT(store_->Get("nope"), StatusIs(StatusCode::kNotFound));

@@ -2,7 +2,7 @@
 //
 // Tests of shared/tokenizer/tokenizer.h, llama2c_tokenizer.h and (when built
 // with libsentencepiece) sentencepiece_tokenizer.h, against the real test
-// tokenizers in ../shared/models (see its README.md for the golden values).
+// tokenizers in testdata/models (see its README.md for the golden values).
 #include "shared/tokenizer/tokenizer.h"
 
 #include <cstdint>
@@ -23,7 +23,7 @@
 #include "shared/tokenizer/sentencepiece_tokenizer.h"
 #endif
 #include "tests/shared/model/golden_values.h"
-#include "tests/testing/shared_dir.h"
+#include "tests/testing/test_data.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -48,11 +48,11 @@ constexpr char kTok512[] = "stories260K/tok512.bin";
 constexpr char kTok105[] = "babyllama-tok105/tok105.model";
 constexpr char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
 
-// The path of `relative` inside lede::testing::SharedDir()/models, or "" if
+// The path of `relative` inside lede::testing::TestDataDir()/models, or "" if
 // there is no such file.
 std::string ModelPath(const std::string& relative) {
   const fs::path path =
-      fs::path(lede::testing::SharedDir()) / "models" / relative;
+      fs::path(lede::testing::TestDataDir()) / "models" / relative;
   std::error_code ec;
   return fs::is_regular_file(path, ec) ? path.lexically_normal().string() : "";
 }
@@ -60,7 +60,7 @@ std::string ModelPath(const std::string& relative) {
 std::unique_ptr<Tokenizer> MustLoad(const std::string& relative) {
   const std::string path = ModelPath(relative);
   EXPECT_FALSE(path.empty())
-      << relative << " not found under " << lede::testing::SharedDir()
+      << relative << " not found under " << lede::testing::TestDataDir()
       << "/models";
   if (path.empty()) return nullptr;
   auto tokenizer = LoadTokenizer(path);

@@ -1,0 +1,510 @@
+#!/usr/bin/python3
+"""Renders every measured table of the docs from the JSON the benchmarks wrote.
+
+usage: scripts/make_docs_tables.py          rewrite the generated tables in place
+       scripts/make_docs_tables.py --check  exit 1, naming each, if a table is not what its JSON renders to
+
+A generated table sits between two marker comments in README.md, docs/*.md or
+models/lede-tiny/README.md:
+
+    <!-- table: bench/results/lede-tiny-bench.json summary policies=accelerator-v7,measured-v9 -->
+    ...generated, never typed...
+    <!-- /table -->
+
+The marker names the JSON (a path from the repository root), then an optional
+view and key=value options. The block holds a line naming that file and its
+provenance (the command, commit, date and machine that bench/record.py stored
+in it), then the table. A JSON that does not exist yet renders as the exact
+command that writes it (COMMANDS below). Benchmarks write their results with
+bench/record.py; docs/benchmarks.md lists them.
+"""
+import glob
+import json
+import math
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOC_GLOBS = ("README.md", "docs/*.md", "models/lede-tiny/README.md")
+MARKER = re.compile(r"<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)<!-- /table -->", re.S)
+PROVENANCE_KEYS = ("command", "commit", "date", "machine")
+
+MODEL = "models/lede-tiny"
+_POLICIES = ",".join(f"{MODEL}/policy/{p}" for p in ("accelerator-v7", "measured-v9", "story-accelerator-v5",
+                                                     "story-measured-v8"))
+
+
+def _bench_set(name):
+    return (f"build/bench/lede-bench bench --model {MODEL} --calibration {MODEL}/calibration-cpu.json "
+            f"--prompts {MODEL}/prompts/{name}.jsonl --candidate-layers 1,2,3,4,5,6 --policy {_POLICIES} "
+            f"--max-draft-len 6 --prompts-per-set 48 --new-tokens 64 --threads 1 --json {{json}}")
+
+
+# Each result file: what kind of JSON it holds, and the command that writes it.
+COMMANDS = {
+    "bench/results/lede-tiny-bench.json":
+        ("lede-bench bench", "bench/record.py bench/results/lede-tiny-bench.json -- "
+         + _bench_set("story") + " -- " + _bench_set("code")),
+    "bench/results/lede-tiny-load.json":
+        ("lede-bench load", "bench/record.py bench/results/lede-tiny-load.json -- build/bench/lede-bench load "
+         f"--model {MODEL} --calibration {MODEL}/calibration-cpu.json "
+         f"--prompts {MODEL}/prompts/story.jsonl,{MODEL}/prompts/code.jsonl --loads 1,4,16,64,128,256 "
+         f"--policy {MODEL}/policy/accelerator-v7,{MODEL}/policy/accelerator-load-v1 --threads 1 --json {{json}}"),
+    "bench/results/lede-tiny-eval-exits.json":
+        ("lede-eval-exits", "bench/record.py bench/results/lede-tiny-eval-exits.json -- build/trainer/lede-eval-exits "
+         f"--model {MODEL} --calibration {MODEL}/calibration-cpu.json "
+         "--data out/corpus/stories.val.txt,out/corpus/code.val.txt --exit-layers 1,2,3,4,6 --draft-lens 1,2,3,4,6 "
+         "--prompts 24 --new-tokens 64 --threads 1 --out {json}"),
+    "bench/results/engine_bench-weights-122M.json":
+        ("lede_engine_bench", "build/bench/lede_engine_bench --models random:960x2560x12x30x10x2048 --kernels fused "
+         "--weights f32,bf16,q8_0 --repeats 7 --tokens 64 --no-gemv --json bench/results/engine_bench-weights-122M.json"),
+    "bench/results/hostile_clients.json":
+        ("hostile_clients", "bench/record.py bench/results/hostile_clients.json -- bench/hostile_clients_bench.py "
+         "--slow 200 --trickle-s 2 --hold-s 30 --requests 10 --json {json}"),
+    "bench/results/cancel_storm.json":
+        ("cancel_storm", "bench/record.py bench/results/cancel_storm.json -- bench/cancel_storm_bench.py "
+         "--runs 3 --cancels 300 --json {json}"),
+    "bench/results/lede-tiny-eval-sources.json":
+        ("eval-sources", "scripts/eval_by_source.sh   # after scripts/train_lede_tiny.sh"),
+    "bench/results/serve.json":
+        ("serve_bench", "bench/record.py bench/results/serve.json -- bench/serve_bench.py --concurrency 1,4,16,64 "
+         "--num-prompts 32 --new-tokens 128 --methods lede,static,autoregressive --deployments split "
+         "--max-batch 16 --json {json}"),
+    "bench/results/services.json":
+        ("services_bench", "bench/record.py bench/results/services.json -- bench/services_bench.py --prompts 12 "
+         "--new-tokens 64 --json {json}"),
+    "bench/results/engine.json":
+        ("lede_engine_bench", "bench/record.py bench/results/engine.json -- build/bench/lede_engine_bench "
+         "--tokens 200 --repeats 5 --threads 1 --json {json}"),
+    "bench/results/batch.json":
+        ("lede_batch_bench", "bench/record.py bench/results/batch.json -- build/bench/lede_batch_bench "
+         f"--model {MODEL} --batches 1,2,4,8,16 --context 128 --threads 1 --json {{json}}"),
+    "bench/results/policy-decision.json":
+        ("lede_policy_bench", "bench/record.py bench/results/policy-decision.json -- build/bench/lede_policy_bench "
+         "--json {json}"),
+    "bench/results/replica-placement.json":
+        ("lede_replica_bench", "bench/record.py bench/results/replica-placement.json -- "
+         "build/bench/lede_replica_bench --json {json}"),
+    # The demo model's training report (lede-pretrain writes it with the model) and its policies'
+    # artifacts (policy/*/policy.json: offline metrics of each shipped version).
+    f"{MODEL}/report.json": ("pretrain report", "scripts/train_lede_tiny.sh 1200 1 2100 2"),
+    f"{MODEL}/policy": ("policy artifacts", "scripts/train_policies.sh"),
+}
+
+
+class DocsError(Exception):
+    pass
+
+
+def load(path):
+    with open(os.path.join(ROOT, path)) as f:
+        return json.load(f)
+
+
+def x(v, digits=2):
+    return f"{v:.{digits}f}x"
+
+
+def num(v, fmt="{:,.0f}"):
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
+
+
+def table(header, rows):
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+# --- lede-bench bench -------------------------------------------------------
+
+RULE_FAMILIES = ("threshold", "calibrated", "del", "adaedl")
+
+
+def _tuned(rows, family):
+    """The rows of `family` tuned on the tuning half ("static (best accelerator)", ...)."""
+    return [r for r in rows if r["method"].startswith(family + " (best ")]
+
+
+def _best(rows, key):
+    return max(rows, key=lambda r: r[key]) if rows else None
+
+
+def bench_summary(data, opts):
+    """One row per prompt set and metric: the best static and rule-based settings (each family tuned on the
+    tuning half, per cost model; the better of the two tunings on the metric), the LEDE policy of `policies`
+    trained for that metric's cost model, and the hindsight oracle."""
+    policies = [p for p in opts.get("policies", "").split(",") if p]
+    metrics = (("wall-clock, this CPU", "measured_speedup", "measured", "measured"),
+               ("accelerator model (predicted)", "predicted_speedup_accelerator", "accelerator", "accelerator"))
+    out = []
+    for name, s in data["sets"].items():
+        rows = s["rows"]
+        for label, key, cost_model, oracle in metrics:
+            static = _best(_tuned(rows, "static"), key)
+            rule = _best([r for f in RULE_FAMILIES for r in _tuned(rows, f)], key)
+            lede = [r for r in rows for p in policies
+                    if r["method"] == "lede " + p and r["config"].endswith(f"({cost_model})")]
+            lede = lede[0] if lede else None
+            cells = [name, label, f"{num(s['ar_tokens_per_s'])} tok/s",
+                     f"{x(static[key])} ({static['config']})" if static else "-",
+                     f"{x(rule[key])} ({rule['method'].split(' ')[0]} {rule['config']})" if rule else "-",
+                     f"{x(lede[key])} ({lede['method'][5:]})" if lede else "-",
+                     x(lede[key] / static[key], 3) if lede and static else "-",
+                     x(lede[key] / rule[key], 3) if lede and rule else "-",
+                     x(s["hindsight_oracle"][oracle]) if s.get("hindsight_oracle") else "-"]
+            out.append(cells)
+    return table(["set", "speed-up over autoregressive", "autoregressive", "best static", "best rule-based",
+                  "LEDE", "LEDE / static", "LEDE / rule", "hindsight oracle (predicted)"], out)
+
+
+def bench_full(data, opts):
+    out = []
+    for name, s in data["sets"].items():
+        out.append(f"### {name} ({s['eval_prompts']} prompts; AR {s['ar_tokens_per_s']:.0f} tokens/s)\n")
+        out.append("| method | config | tokens/s | measured | pred. accel. | pred. measured | acceptance | "
+                   "tokens/round | mean exit | mean D | exact match |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+        for r in s["rows"]:
+            out.append(f"| {r['method']} | {r['config']} | {r['tokens_per_s']:.0f} | {r['measured_speedup']:.2f}x | "
+                       f"{r['predicted_speedup_accelerator']:.2f}x | {r['predicted_speedup_measured']:.2f}x | "
+                       f"{r['acceptance_rate']:.3f} | {r['tokens_per_round']:.2f} | {r['mean_exit_layer']:.2f} | "
+                       f"{r['mean_draft_len']:.2f} | {r['exact_match_rate']:.2f} |")
+        for key, label in (("calibrated_ceiling", "calibrated (in-sample)"),
+                           ("belief_ceiling_tuning_fit", "belief (tuning fit)"),
+                           ("belief_ceiling_in_sample", "belief (in-sample)")):
+            c = s.get(key)
+            if c:
+                out.append(f"| ceiling: {label} | | | | {c['accelerator']:.2f}x | {c['measured']:.2f}x | | | | | |")
+        o = s["hindsight_oracle"]
+        out.append(f"| ceiling: hindsight oracle | | | | {o['accelerator']:.2f}x | {o['measured']:.2f}x | | | | | |\n")
+    return "\n".join(out).rstrip("\n")
+
+
+# --- lede-bench load ----------------------------------------------------------
+
+def load_table(data, opts):
+    out = []
+    for name, rows in data["sets"].items():
+        versions = sorted({v for r in rows for v in r.get("lede", {})})
+        header = ["cost model", "load B", "static tuned at B", "static tuned alone"]
+        for v in versions:
+            header += [f"LEDE {v}", f"{v} under its max load C"]
+        body = []
+        for r in rows:
+            cells = [r["cost_model"], r["load"],
+                     f"{x(r['static_tuned_at_load']['speedup'], 3)} ({r['static_tuned_at_load']['setting']})",
+                     f"{x(r['static_tuned_alone']['speedup'], 3)} ({r['static_tuned_alone']['setting']})"]
+            for v in versions:
+                capped = r["lede_max_load"][v]
+                c = "-" if capped["max_load"] is None else capped["max_load"]
+                cells += [x(r["lede"][v], 3), f"{x(capped['speedup'], 3)} (C={c})"]
+            body.append(cells)
+        out.append(f"**{name}** ({data['new_tokens']} new tokens, ridge {data['ridge_tokens']} tokens)\n")
+        out.append(table(header, body) + "\n")
+    return "\n".join(out).rstrip("\n")
+
+
+# --- lede-eval-exits -------------------------------------------------------
+
+def eval_exits(data, opts):
+    cal = data["calibration"]
+    rounds = ""
+    if cal.get("round_us"):
+        rounds = ("; rounds priced from real rounds timed in the decoding loop, in autoregressive rounds of "
+                  f"{cal['ar_step_us']:.0f} us: K drafts at E=2 and their verification take "
+                  + ", ".join(f"{v / cal['ar_step_us']:.2f}" for v in cal["round_us"][1][:6]) + " for K = 1..6")
+    out = [f"Greedy, prompts cut from held-out documents. Cost models (docs/design.md §1): *accelerator* "
+           f"(verification costs one step; the LM head is h = {data['head_layer_equivalents']:.2f} "
+           f"layer-equivalents) and *measured* (this CPU: full step {cal['step_us']:.0f} us; one block "
+           f"{cal['block_us'][0]:.0f} us for 1 position, {cal['block_us'][3]:.0f} us for 4, "
+           f"{cal['block_us'][15]:.0f} us for 16{rounds}).\n"]
+    for dom, r in data["domains"].items():
+        g = r["static_grid"]
+        out.append(f"### {dom} ({g['prompts']} prompts x {g['new_tokens']} tokens; AR "
+                   f"{g['ar']['tokens_per_s']:.0f} tokens/s)\n")
+        out.append("| E | D | acceptance | tokens/round | tokens/s | measured | predicted accel. | predicted measured |")
+        out.append("|---|---|---|---|---|---|---|---|")
+        for row in g["static"]:
+            out.append(f"| {row['exit_layer']} | {row['draft_len']} | {row['acceptance_rate']:.3f} | "
+                       f"{row['tokens_per_round']:.2f} | {row['tokens_per_s']:.0f} | {row['measured_speedup']:.2f}x | "
+                       f"{row['predicted_speedup_accelerator']:.2f}x | {row['predicted_speedup_measured']:.2f}x |")
+        b = g["best_accelerator"]
+        out.append(f"\nBest under the accelerator model: E={b['exit_layer']}, D={b['draft_len']}: "
+                   f"{b['predicted_speedup_accelerator']:.2f}x predicted, {b['measured_speedup']:.2f}x measured "
+                   f"wall-clock on this CPU.\n")
+    return "\n".join(out).rstrip("\n")
+
+
+def eval_sources(data, opts):
+    out = ["| source | tokens | stage 1 ppl | final ppl | stage 1 agree@2 | final agree@2 | stage 1 agree@4 | "
+           "final agree@4 |", "|---|---|---|---|---|---|---|---|"]
+    for dom in data["final"]:
+        a, b = data["stage 1"][dom], data["final"][dom]
+        out.append(f"| {dom} | {b['tokens']} | {a['perplexity'][-1]:.2f} | {b['perplexity'][-1]:.2f} | "
+                   f"{a['top1_agreement_with_last'][1]:.3f} | {b['top1_agreement_with_last'][1]:.3f} | "
+                   f"{a['top1_agreement_with_last'][3]:.3f} | {b['top1_agreement_with_last'][3]:.3f} |")
+    return "\n".join(out)
+
+
+# --- the training report ----------------------------------------------------
+
+def report_exits(data, opts):
+    doms = list(data["held_out"].keys())
+    n_layers = len(data["held_out"][doms[0]]["perplexity"])
+    out = ["| layer | " + " | ".join(f"{d} ppl | {d} agree" for d in doms) + " |", "|---|" + "---|---|" * len(doms)]
+    for l in range(n_layers):
+        cells = []
+        for d in doms:
+            h = data["held_out"][d]
+            cells += [f"{h['perplexity'][l]:.1f}", f"{h['top1_agreement_with_last'][l]:.3f}"]
+        out.append(f"| {l + 1} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def report_stage2(data, opts, path):
+    stage1 = load(os.path.join(os.path.dirname(path), "report_stage1.json"))
+    a, b = stage1["held_out"]["stories"], data["held_out"]["stories"]
+    out = ["| layer | stage 1 ppl | stage 1 agree | final ppl | final agree |", "|---|---|---|---|---|"]
+    for l in range(len(b["perplexity"])):
+        out.append(f"| {l + 1} | {a['perplexity'][l]:.1f} | {a['top1_agreement_with_last'][l]:.3f} | "
+                   f"{b['perplexity'][l]:.1f} | {b['top1_agreement_with_last'][l]:.3f} |")
+    return "\n".join(out)
+
+
+def policies_table(data, opts):
+    out = ["| version | reward cost model | rho | candidate layers | D_max | probes (phase 1 / lookahead) | "
+           "transitions | selection speed-up (replay) |", "|---|---|---|---|---|---|---|---|"]
+    for m in data:
+        rho = m.get("training_options", {}).get("rho")
+        sel = m["offline_metrics"].get("selection_speedup")
+        out.append(f"| {m['version']} | {m['reward']['cost_model']} | {rho if rho is None else f'{rho:.3f}'} | "
+                   f"{m['candidate_layers']} | {m['max_draft_len']} | "
+                   f"{m.get('probe_candidates', True)} / {m.get('lookahead_probe', True)} | "
+                   f"{m['training_data']['n_transitions']} | {sel if sel is None else f'{sel:.3f}x'} |")
+    return "\n".join(out)
+
+
+# --- services and micro-benchmarks -------------------------------------------
+
+def serve_table(data, opts):
+    def ms(d, k, f="{:.1f}"):
+        return num(d.get(k), f)
+    body = []
+    for r in data["rows"]:
+        body.append([r["deployment"], r["max_batch"], r["method"], r["concurrency"], r["completed"],
+                     num(r["request_throughput"], "{:.2f}"), num(r["output_tokens_per_s"]),
+                     f"{ms(r['ttft'], 'mean_ms')} / {ms(r['ttft'], 'p99_ms')}",
+                     f"{ms(r['tpot'], 'mean_ms', '{:.2f}')} / {ms(r['tpot'], 'p99_ms', '{:.2f}')}",
+                     f"{ms(r['itl'], 'mean_ms', '{:.2f}')} / {ms(r['itl'], 'p99_ms', '{:.2f}')}",
+                     num(r.get("acceptance_rate"), "{:.3f}")])
+    return (f"{data['prompts']} prompts, {data['new_tokens']} new tokens, {data['slots']} KV slots; times in ms "
+            "(mean / p99).\n\n"
+            + table(["deployment", "max batch", "method", "clients", "done", "req/s", "output tok/s", "TTFT",
+                     "TPOT", "ITL", "acceptance"], body))
+
+
+def services_table(data, opts):
+    body = [[r["deployment"], r["method"], num(r["decode_tokens_per_s"], "{:.1f}"),
+             num(r["ratio_to_in_process"], "{:.0%}") if r["ratio_to_in_process"] is not None else "-",
+             num(r["client_tokens_per_s"], "{:.1f}"), num(r["acceptance_rate"], "{:.3f}")] for r in data["rows"]]
+    return (f"{data['prompts']} prompts x {data['new_tokens']} new tokens, greedy. Same tokens split and "
+            f"co-located: {'yes' if data['same_tokens_split_colocated'] else 'NO'}; with remote decisions: "
+            f"{'yes' if data['same_tokens_remote'] else 'NO'}.\n\n"
+            + table(["deployment", "method", "decode tok/s", "vs in-process", "client tok/s", "acceptance"], body))
+
+
+def engine_table(data, opts):
+    r = data["roofline"]
+    body = [[os.path.basename(row["model"].rstrip("/")), row["method"], row["kernels"], row.get("weights", "f32"),
+             num(row["tokens_per_s"], "{:,.1f}"), num(row["weight_gb_per_s"], "{:.1f}"),
+             f"{100 * row['share_of_read_roofline']:.0f}%", num(row["gflop_per_s"], "{:.1f}"),
+             "yes" if row["greedy_ids_same_as_first_of_format"] else "NO"] for row in data["rows"]]
+    return (f"Greedy from BOS, {data['tokens']} new tokens, {data['threads']} thread(s), medians of "
+            f"{data['repeats']} interleaved runs. Roofline measured in the same run: reading 256 MiB "
+            f"{r['dram_read_gb_per_s']:.1f} GB/s, 16 MiB {r['llc_read_gb_per_s']:.1f} GB/s; sgemm 512^3 "
+            f"{r['sgemm_gflop_per_s']:.1f} GFLOP/s.\n\n"
+            + table(["model", "method", "kernels", "weights", "tok/s", "weight GB/s", "of the read roofline",
+                     "GFLOP/s", "same greedy ids"], body))
+
+
+def batch_table(data, opts):
+    body = [[r["sessions"], r["work"], num(r["batched_ms"], "{:.3f}"), num(r["solo_ms"], "{:.3f}"),
+             x(r["speedup"])] for r in data["rows"]]
+    return (f"{data['model']}, context {data['context']}, K={data['k']} drafts at E={data['exit_layer']}, "
+            f"{data['threads']} thread(s); ms per step.\n\n"
+            + table(["sessions B", "work", "one batched step", "B solo calls", "speed-up"], body))
+
+
+def policy_table(data, opts):
+    return table(["Q-network hidden width", "ns per decision"],
+                 [[r["hidden"], num(r["ns_per_decision"], "{:.1f}")] for r in data["rows"]])
+
+
+def replica_table(data, opts):
+    return table(["replicas", "ns per placement", "placements/s"],
+                 [[r["replicas"], num(r["ns_per_placement"], "{:.1f}"), num(r["placements_per_s"])]
+                  for r in data["rows"]])
+
+
+def hostile_clients_table(data, opts):
+    ok = sum(1 for st in data["statuses"] if st == 200)
+    t, f = data["coordinator_threads"], data["coordinator_fds"]
+    return table(["slow connections", "completions answered", "slowest completion, s",
+                  "coordinator threads (before / max / after)", "descriptors (before / max / after)",
+                  "slow connections cut by the deadline"],
+                 [[data["slow_connections"], f"{ok} of {len(data['statuses'])}", num(data["latency_max_s"], "{:.3f}"),
+                   f"{t['before']} / {t['max_during']} / {t['after']}", f"{f['before']} / {f['max_during']} / {f['after']}",
+                   data["slow_connections_cut_and_reopened"]]])
+
+
+def cancel_storm_table(data, opts):
+    rows = []
+    for i, r in enumerate(data["runs"], 1):
+        g, s = r["greedy"], r["storm"]
+        rows.append([i, s["started"], s["cancelled"], g["requests"], g["failed"], g["differ"]])
+    return table(["run", "sampled streams", "cancelled after the first token", "greedy requests", "greedy failed",
+                  "greedy differing from solo"], rows)
+
+
+# kind -> {view -> renderer(data, opts)}; the first view is the default.
+RENDERERS = {
+    "lede-bench bench": {"full": bench_full, "summary": bench_summary},
+    "lede-bench load": {"table": load_table},
+    "lede-eval-exits": {"grid": eval_exits},
+    "eval-sources": {"table": eval_sources},
+    "pretrain report": {"exits": report_exits, "stage2": None},
+    "policy artifacts": {"table": policies_table},
+    "serve_bench": {"table": serve_table},
+    "services_bench": {"table": services_table},
+    "lede_engine_bench": {"table": engine_table},
+    "lede_batch_bench": {"table": batch_table},
+    "lede_policy_bench": {"table": policy_table},
+    "lede_replica_bench": {"table": replica_table},
+    "hostile_clients": {"table": hostile_clients_table},
+    "cancel_storm": {"table": cancel_storm_table},
+}
+
+
+def machine_text(m):
+    if not isinstance(m, dict):
+        return str(m)
+    parts = [m.get("cpu", "?")]
+    if m.get("cores"):
+        parts.append(f"{m['cores']} cores")
+    if m.get("memory_gib"):
+        parts.append(f"{m['memory_gib']:g} GiB")
+    parts.append(", ".join(m["gpus"]) if m.get("gpus") else "no GPU")
+    if m.get("os"):
+        parts.append(m["os"])
+    return ", ".join(parts)
+
+
+def parse_spec(spec):
+    words = spec.split()
+    if not words:
+        raise DocsError("a table marker names no file")
+    path, view, opts = words[0], None, {}
+    for w in words[1:]:
+        if "=" in w:
+            k, _, v = w.partition("=")
+            opts[k] = v
+        elif view is None:
+            view = w
+        else:
+            raise DocsError(f"table {path}: two views ({view}, {w})")
+    return path, view, opts
+
+
+def render(doc, spec):
+    """The body of the block `<!-- table: spec -->` in the file `doc` (both relative to the root)."""
+    path, view, opts = parse_spec(spec)
+    if path not in COMMANDS:
+        raise DocsError(f"{doc}: table {path}: not a known result (scripts/make_docs_tables.py COMMANDS)")
+    kind, command = COMMANDS[path]
+    views = RENDERERS[kind]
+    view = view or next(iter(views))
+    if view not in views:
+        raise DocsError(f"{doc}: table {path}: no view {view!r} (have {', '.join(views)})")
+    link = os.path.relpath(os.path.join(ROOT, path), os.path.dirname(os.path.join(ROOT, doc)))
+    if not os.path.exists(os.path.join(ROOT, path)):
+        return (f"Not measured yet: `{path}` does not exist. This writes it, then `scripts/make_docs_tables.py` "
+                f"renders the table here:\n\n```sh\n{command}\n```\n")
+    if kind == "policy artifacts":  # a directory: every version's policy.json
+        data = [load(os.path.relpath(p, ROOT))
+                for p in sorted(glob.glob(os.path.join(ROOT, path, "*", "policy.json")))]
+        source = (f"*Generated by `scripts/make_docs_tables.py` from the policy.json of every version in "
+                  f"[{path}]({link}).*")
+        return f"{source}\n\n{views[view](data, opts)}\n"
+    data = load(path)
+    if path.startswith("bench/results/"):
+        missing = [k for k in PROVENANCE_KEYS if k not in data]
+        if missing:
+            raise DocsError(f"{path}: no {', '.join(missing)} (write it with bench/record.py)")
+        commit = str(data["commit"])
+        short = commit[:10] + ("-dirty" if commit.endswith("-dirty") else "")
+        source = (f"*Generated by `scripts/make_docs_tables.py` from [{path}]({link}) (commit `{short}`, "
+                  f"{str(data['date'])[:10]}, {machine_text(data['machine'])}), which records the command"
+                  + (" and how its provenance was reconstructed" if data.get("provenance_note") else "") + ".*")
+    else:
+        source = f"*Generated by `scripts/make_docs_tables.py` from [{path}]({link}).*"
+    if kind == "pretrain report" and view == "stage2":
+        stage1 = os.path.join(os.path.dirname(path), "report_stage1.json")
+        source = (f"*Generated by `scripts/make_docs_tables.py` from [{stage1}]({os.path.join(os.path.dirname(link), 'report_stage1.json')}) "
+                  f"and [{path}]({link}).*")
+        body = report_stage2(data, opts, path)
+    else:
+        body = views[view](data, opts)
+    return f"{source}\n\n{body}\n"
+
+
+def block(doc, spec):
+    return f"<!-- table: {spec} -->\n{render(doc, spec)}<!-- /table -->"
+
+
+def docs():
+    out = []
+    for pattern in DOC_GLOBS:
+        out += sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
+    return out
+
+
+def process(check):
+    """Rewrites (or, with check, compares) every generated block; returns the stale ones."""
+    stale = []
+    for doc in docs():
+        with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
+            text = f.read()
+
+        def sub(m):
+            want = render(doc, m.group("spec"))
+            if m.group("body") != want:
+                stale.append(f"{doc}: table {m.group('spec').split()[0]}")
+            return f"<!-- table: {m.group('spec')} -->\n{want}<!-- /table -->"
+
+        new = MARKER.sub(sub, text)
+        if not check and new != text:
+            with open(os.path.join(ROOT, doc), "w", encoding="utf-8") as f:
+                f.write(new)
+    return stale
+
+
+def main(argv):
+    check = "--check" in argv[1:]
+    try:
+        stale = process(check)
+    except (DocsError, OSError, KeyError, ValueError) as e:
+        print(f"make_docs_tables.py: {e}", file=sys.stderr)
+        return 1
+    if check and stale:
+        for s in stale:
+            print(f"{s}: differs from what its JSON renders to; run scripts/make_docs_tables.py", file=sys.stderr)
+        return 1
+    if not check:
+        for s in stale:
+            print(f"rewrote {s}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
