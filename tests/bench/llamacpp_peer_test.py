@@ -2,8 +2,9 @@
 """llama.cpp runs this project's checkpoints (issue 35): models/lede-tiny
 exported by `lede export --format gguf` at f32, bf16 and q8_0 is decoded
 greedily by llama.cpp itself (npm node-llama-cpp's prebuilt CPU binary,
-through bench/llamacpp_bench.mjs) and by this engine from the same file, and
-the two texts must be identical: a wrong Q/K row order, tensor name,
+through bench/llamacpp_bench.mjs) and by this engine from the same file with
+the file's weights computed in f32 (--weights f32), and the two texts must be
+identical: a wrong Q/K row order, tensor name,
 dimension order, quantization layout or tokenizer key would change
 llama.cpp's text. Speeds are recorded, never asserted.
 
