@@ -38,6 +38,15 @@ using Clock = std::chrono::steady_clock;
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
+// Writes `out` to `path`; the process's exit status (1 when it cannot).
+int WriteJson(const std::string& path, const nlohmann::json& out) {
+  std::ofstream f(path);
+  f << out.dump(2) << "\n";
+  if (f) return 0;
+  std::fprintf(stderr, "lede_batch_bench: cannot write %s\n", path.c_str());
+  return 1;
+}
+
 int Run(const std::vector<std::string>& args) {
   std::string model_path = "models/lede-tiny", batches = "1,2,4,8,16,32", json_path, weights = "auto";
   int64_t k = 3, exit_layer = 2, context = 128, iters = 50, threads = 1;
@@ -152,18 +161,10 @@ int Run(const std::vector<std::string>& args) {
                       {"speedup", solo / batched}});
     }
   }
-  if (!json_path.empty()) {
-    nlohmann::json out = {{"benchmark", "lede_batch_bench"}, {"model", model_path}, {"context", context},
-                          {"k", k}, {"exit_layer", exit_layer}, {"iters", iters}, {"threads", threads},
-                          {"rows", rows}};
-    std::ofstream f(json_path);
-    f << out.dump(2) << "\n";
-    if (!f) {
-      std::fprintf(stderr, "lede_batch_bench: cannot write %s\n", json_path.c_str());
-      return 1;
-    }
-  }
-  return 0;
+  if (json_path.empty()) return 0;
+  return WriteJson(json_path, {{"benchmark", "lede_batch_bench"}, {"model", model_path}, {"context", context},
+                               {"k", k}, {"exit_layer", exit_layer}, {"iters", iters}, {"threads", threads},
+                               {"rows", rows}});
 }
 
 }  // namespace

@@ -616,6 +616,48 @@ class SetBench {
 
 }  // namespace
 
+namespace {
+
+// Where and how a result was measured, for the JSON reports: the command
+// line, the commit (and whether the work tree had changes), the UTC date and
+// the machine (host name, CPUs, CPU model, load average when the report is
+// written: other processes' load makes wall-clock noisy, libtorch threads).
+// RunBench sets "date" to the start of the run.
+std::string CommandOutput(const char* command) {
+  std::string text;
+  if (FILE* p = ::popen(command, "r")) {
+    char buf[256];
+    while (std::fgets(buf, sizeof(buf), p) != nullptr) text += buf;
+    ::pclose(p);
+  }
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  return text;
+}
+
+nlohmann::json Provenance(const std::string& subcommand, const std::vector<std::string>& args) {
+  std::string command = "lede-bench " + subcommand;
+  for (const std::string& a : args) command += " " + a;
+  std::string cpu_model;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; cpu_model.empty() && std::getline(cpuinfo, line);) {
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      cpu_model = line.substr(line.find(':') + 2);
+    }
+  }
+  return {{"command", command},
+          {"commit", CommandOutput("git rev-parse HEAD 2>/dev/null")},
+          {"work_tree_changed", !CommandOutput("git status --porcelain --untracked-files=no 2>/dev/null").empty()},
+          {"date", CommandOutput("date -u +%Y-%m-%dT%H:%M:%SZ")},
+          {"machine",
+           {{"host", CommandOutput("hostname 2>/dev/null")},
+            {"cpus", CommandOutput("nproc 2>/dev/null")},
+            {"cpu_model", cpu_model},
+            {"load_average_at_end", CommandOutput("cut -d' ' -f1-3 /proc/loadavg 2>/dev/null")},
+            {"torch_threads", at::get_num_threads()}}}};
+}
+
+}  // namespace
+
 int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   CommonFlags cf;
   std::string methods_flag = "ar,static,threshold,calibrated,del,adaedl,lede", policies, json_path;
@@ -660,6 +702,7 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   report["candidate_layers"] = c.spec.candidate_layers;
   report["max_draft_len"] = c.spec.max_draft_len;
   report["new_tokens"] = cf.new_tokens;
+  const std::string started = CommandOutput("date -u +%Y-%m-%dT%H:%M:%SZ");
   for (const PromptSet& set : c.sets) {
     SetBench bench(c, cf, set, methods, out, err);
     StatusOr<nlohmann::json> set_report = bench.Run(artifacts, fixed_static);
@@ -669,6 +712,8 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
     }
     report["sets"][set.name] = *set_report;
   }
+  report["provenance"] = Provenance("bench", args);
+  report["provenance"]["date"] = started;
   if (!json_path.empty()) {
     std::ofstream(json_path) << report.dump(2) << "\n";
     err << "wrote " << json_path << "\n";

@@ -81,6 +81,27 @@ std::string Setting(const StaticRounds& s) {
   return "E=" + std::to_string(s.exit_layer) + " D=" + std::to_string(s.draft_len);
 }
 
+// Every static setting (E in [1, L), D in [1, max_draft]) replayed on the
+// tuning and the evaluation traces.
+StatusOr<std::vector<StaticRounds>> StaticGrid(const std::vector<trainer::ShadowTrace>& tuning,
+                                               const std::vector<trainer::ShadowTrace>& eval, int32_t L,
+                                               int64_t max_draft) {
+  std::vector<StaticRounds> grid;
+  for (int32_t e = 1; e < L; ++e) {
+    for (int32_t d = 1; d <= max_draft; ++d) {
+      trainer::SimulatedMethod s;
+      s.mode = speculation::SpeculationMode::kStatic;
+      s.exit_layer = e;
+      s.draft_len = d;
+      StaticRounds r{e, d, {}, {}};
+      LEDE_ASSIGN_OR_RETURN(r.tuning, trainer::SimulatedRounds(tuning, s));
+      LEDE_ASSIGN_OR_RETURN(r.eval, trainer::SimulatedRounds(eval, s));
+      grid.push_back(std::move(r));
+    }
+  }
+  return grid;
+}
+
 Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& engine, const trainer::PromptSet& set,
               const model::Calibration& cal, const std::vector<int64_t>& loads,
               const std::vector<policy::dqn::Artifact>& artifacts, std::ostream& out, std::ostream& err,
@@ -96,19 +117,7 @@ Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& en
     }
   }
   err << "== " << set.name << ": " << tuning.size() << " tuning / " << eval.size() << " evaluation prompts traced\n";
-  std::vector<StaticRounds> grid;
-  for (int32_t e = 1; e < L; ++e) {
-    for (int32_t d = 1; d <= lf.max_draft; ++d) {
-      trainer::SimulatedMethod s;
-      s.mode = speculation::SpeculationMode::kStatic;
-      s.exit_layer = e;
-      s.draft_len = d;
-      StaticRounds r{e, d, {}, {}};
-      LEDE_ASSIGN_OR_RETURN(r.tuning, trainer::SimulatedRounds(tuning, s));
-      LEDE_ASSIGN_OR_RETURN(r.eval, trainer::SimulatedRounds(eval, s));
-      grid.push_back(std::move(r));
-    }
-  }
+  LEDE_ASSIGN_OR_RETURN(const std::vector<StaticRounds> grid, StaticGrid(tuning, eval, L, lf.max_draft));
   // Each policy replayed at every load (it sees the load as a feature; a
   // load-blind artifact of lede-features-v3 ignores it).
   struct PolicyRounds {

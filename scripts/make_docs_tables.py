@@ -59,6 +59,21 @@ COMMANDS = {
     "bench/results/engine_bench-weights-122M.json":
         ("lede_engine_bench", "build/bench/lede_engine_bench --models random:960x2560x12x30x10x2048 --kernels fused "
          "--weights f32,bf16,q8_0 --repeats 7 --tokens 64 --no-gemv --json bench/results/engine_bench-weights-122M.json"),
+    "bench/results/widen-factor3.json":
+        ("lede-bench bench", "build/services/cli/lede widen --model models/lede-tiny --factor 3 --out out/lede-tiny-w3 --calibrate && "
+         "build/bench/lede-bench bench --model out/lede-tiny-w3 --calibration out/lede-tiny-w3/calibration-cpu.json "
+         "--prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --methods ar,static "
+         "--static-configs 2:3 --threads 1 --max-draft-len 6 --prompts-per-set 24 --repeats 1 --json bench/results/widen-factor3.json"),
+    "bench/results/widen-factor5.json":
+        ("lede-bench bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/lede-tiny-w5 --calibrate && "
+         "build/bench/lede-bench bench --model out/lede-tiny-w5 --calibration out/lede-tiny-w5/calibration-cpu.json "
+         "--prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --methods ar,static "
+         "--static-configs 2:3 --threads 1 --max-draft-len 6 --prompts-per-set 24 --repeats 1 --json bench/results/widen-factor5.json"),
+    "bench/results/widen-factor5-rerun.json":
+        ("lede-bench bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/lede-tiny-w5 --calibrate && "
+         "build/bench/lede-bench bench --model out/lede-tiny-w5 --calibration out/lede-tiny-w5/calibration-cpu.json "
+         "--prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --methods ar,static "
+         "--static-configs 2:3 --threads 1 --max-draft-len 6 --prompts-per-set 24 --repeats 1 --json bench/results/widen-factor5-rerun.json"),
     "bench/results/hostile_clients.json":
         ("hostile_clients", "bench/record.py bench/results/hostile_clients.json -- bench/hostile_clients_bench.py "
          "--slow 200 --trickle-s 2 --hold-s 30 --requests 10 --json {json}"),

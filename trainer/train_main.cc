@@ -42,6 +42,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "policy/dqn/artifact.h"
 #include "shared/flags/flags.h"
 #include "shared/storage/object_store.h"
@@ -64,9 +66,7 @@ std::string DefaultVersion() {
 }
 
 std::string JoinSet(const std::set<std::string>& s) {
-  std::string out;
-  for (const std::string& x : s) out += (out.empty() ? "" : ", ") + ("\"" + x + "\"");
-  return out;
+  return absl::StrJoin(s, ", ", [](std::string* out, const std::string& x) { absl::StrAppend(out, "\"", x, "\""); });
 }
 
 int Fail(const std::string& message) {

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/ascii.h"
 #include "shared/checkpoint/safetensors.h"
 #include "shared/file/file.h"
 #include "shared/file/sha256.h"
@@ -318,13 +319,6 @@ StatusOr<Artifact> LoadArtifactImpl(const std::string& dir, const std::string& e
   return Artifact{std::move(m), std::move(*net)};
 }
 
-std::string Trim(const std::string& s) {
-  const char* ws = " \t\r\n";
-  const size_t b = s.find_first_not_of(ws);
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(ws) - b + 1);
-}
-
 }  // namespace
 
 const std::vector<std::string>& ExitFeatureNames() {
@@ -394,7 +388,7 @@ StatusOr<std::string> ResolveServingVersion(const std::string& model_dir) {
 }
 
 StatusOr<std::string> ParseServingPointer(const std::string& text, const std::string& where) {
-  std::string version = Trim(text);
+  std::string version(absl::StripAsciiWhitespace(text));
   if (Status s = ValidateVersionName(version); !s.ok()) {
     return InvalidArgumentError(where + ": " + std::string(s.message()));
   }

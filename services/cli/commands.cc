@@ -24,12 +24,13 @@
 #include <ATen/Parallel.h>
 #include <c10/core/Device.h>
 
+#include "shared/checkpoint/widen.h"
 #include "shared/flags/flags.h"
 #include "shared/model/cost_model.h"
+#include "shared/model/checkpoint.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
 #include "shared/speculation/method.h"
-#include "shared/model/checkpoint.h"
 #include "shared/tokenizer/chat_template.h"
 #include "shared/tokenizer/gguf_tokenizer.h"
 #include "shared/tokenizer/hf_config.h"
@@ -610,6 +611,61 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
   return kExitOk;
 }
 
+int RunWiden(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  std::string model_dir, out_dir;
+  int64_t factor = 0, ffn_factor = 0, threads = 1, round_passes = 3, round_max_draft_len = 6;
+  bool overwrite = false, calibrate = false;
+  FlagSet flags;
+  flags.Add("model", &model_dir, "source Hugging Face Llama checkpoint directory", true);
+  flags.Add("factor", &factor, "K: hidden size d -> K*d, attention and KV heads times K (head_dim kept)", true);
+  flags.Add("ffn-factor", &ffn_factor, "intermediate_size times this (0: --factor)");
+  flags.Add("out", &out_dir, "output checkpoint directory (created)", true);
+  flags.Add("overwrite", &overwrite, "replace a checkpoint already in --out");
+  flags.Add("calibrate", &calibrate,
+            "then run `lede calibrate` on the output and write its calibration-cpu.json (the measured cost model)");
+  flags.Add("threads", &threads, "--calibrate: intra-op CPU threads");
+  flags.Add("round-passes", &round_passes, "--calibrate: timed passes of real speculation rounds");
+  flags.Add("round-max-draft-len", &round_max_draft_len, "--calibrate: draft lengths 1..N of the timed rounds");
+  if (flags::WantsHelp(args)) {
+    out << "usage: lede widen --model DIR --factor K [--ffn-factor K2] --out DIR2 [flags]\n"
+           "Embeds the checkpoint function-exactly in a wider shape (same logits to float rounding):\n"
+           "zero-padded hidden size, heads and FFN; RMSNorm weights * sqrt(d/D), rms_norm_eps * d/D.\n"
+           "flags:\n"
+        << flags.Usage();
+    return kExitOk;
+  }
+  if (Status s = flags.Parse(args); !s.ok()) {
+    err << "lede widen: " << s.message() << " (see lede widen --help)\n";
+    return kExitUsage;
+  }
+  if (factor < 1) return Fail(err, InvalidArgumentError("--factor: must be >= 1"), kExitUsage);
+  if (ffn_factor < 0) return Fail(err, InvalidArgumentError("--ffn-factor: must be >= 0"), kExitUsage);
+  checkpoint::WidenOptions options;
+  options.factor = factor;
+  options.ffn_factor = ffn_factor;
+  options.overwrite = overwrite;
+  auto widened = checkpoint::WidenCheckpoint(model_dir, out_dir, options);
+  if (!widened.ok()) {
+    return Fail(err, widened.status(),
+                widened.status().code() == StatusCode::kInternal ? kExitFailure : kExitUsage);
+  }
+  const model::ModelConfig& w = widened->widened;
+  err << "wrote " << out_dir << ": hidden " << widened->source.dim << " -> " << w.dim << ", heads "
+      << widened->source.n_heads << "/" << widened->source.n_kv_heads << " -> " << w.n_heads << "/" << w.n_kv_heads
+      << " (head_dim " << w.head_dim() << "), FFN " << widened->source.hidden_dim << " -> " << w.hidden_dim
+      << ", parameters " << widened->source_parameters << " -> " << widened->widened_parameters << " ("
+      << std::fixed << std::setprecision(1) << widened->widened_parameters * 4.0 / 1e6 << " MB float32); copied";
+  for (const std::string& name : widened->copied_files) err << " " << name;
+  for (const std::string& name : widened->removed_files) err << "; removed the stale " << name;
+  err << "\n";
+  if (!calibrate) return kExitOk;
+  const std::string cal_path = (std::filesystem::path(out_dir) / "calibration-cpu.json").string();
+  return RunCalibrate({"--model", out_dir, "--threads", std::to_string(threads), "--round-passes",
+                       std::to_string(round_passes), "--round-max-draft-len", std::to_string(round_max_draft_len),
+                       "--out", cal_path},
+                      out, err);
+}
+
 int RunExport(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   std::string format = "gguf", weights = "f32", model, out_path, tokenizer_path;
   FlagSet flags;
@@ -679,6 +735,7 @@ int Main(int argc, char** argv) {
       "commands:\n"
       "  generate   generate text (autoregressive, static self-speculation, or LEDE's learned exits)\n"
       "  calibrate  measure this machine's cost model and write it as JSON\n"
+      "  widen      embed a checkpoint function-exactly in a wider shape (the memory-bound regime)\n"
       "  tokenize   print the token ids of a text (or a chat turn) as a JSON list, or decode ids\n"
       "  export     write a checkpoint as a GGUF file for llama.cpp (--format gguf --weights f32|f16|bf16|q8_0)\n"
       "run 'lede <command> --help' for its flags\n";
@@ -692,6 +749,7 @@ int Main(int argc, char** argv) {
   if (command == "calibrate") return RunCalibrate(args, std::cout, std::cerr);
   if (command == "tokenize") return RunTokenize(args, std::cout, std::cerr);
   if (command == "export") return RunExport(args, std::cout, std::cerr);
+  if (command == "widen") return RunWiden(args, std::cout, std::cerr);
   if (command == "bench" || command == "collect") {
     std::cerr << "lede: '" << command << "' is now 'lede-bench " << command << "' (build/bench/lede-bench)\n";
     return kExitUsage;

@@ -52,6 +52,16 @@ int RunTokenize(const std::vector<std::string>& args, std::ostream& out, std::os
 // 2 on bad flags.
 int RunExport(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 
+// lede widen --model DIR --factor K [--ffn-factor K2] --out DIR2 [--overwrite]
+//   [--calibrate [--threads N] [--round-passes N] [--round-max-draft-len N]]
+// Writes the function-exact embedding of the checkpoint DIR in the shape
+// with hidden size K*d, K times the attention and KV heads (head_dim kept)
+// and K2 (default K) times the FFN width (shared/checkpoint/widen.h), with
+// the source's tokenizer and generation files; --calibrate then writes
+// DIR2/calibration-cpu.json as `lede calibrate` does. Refusals (exit 2) name
+// the config field or tensor that cannot be embedded exactly.
+int RunWiden(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
 // Dispatches argv[1] to a subcommand; prints usage for none or "help".
 int Main(int argc, char** argv);
 

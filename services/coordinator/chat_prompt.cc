@@ -6,6 +6,7 @@
 #include <memory>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "nlohmann/json.hpp"
 
 namespace lede::coordinator {
@@ -52,7 +53,7 @@ ChatPromptRenderer TemplateChatRenderer(tokenizer::ModelChatTemplate chat_templa
     o.eos_token = t->eos_token;
     StatusOr<std::string> text = t->chat_template.Render(messages, o);
     if (!text.ok()) return InvalidArgumentError("messages: " + std::string(text.status().message()));
-    if (!t->bos_token.empty() && text->rfind(t->bos_token, 0) == 0) text->erase(0, t->bos_token.size());
+    if (!t->bos_token.empty() && absl::StartsWith(*text, t->bos_token)) text->erase(0, t->bos_token.size());
     return text;
   };
 }

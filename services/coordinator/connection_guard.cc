@@ -7,11 +7,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <condition_variable>
 #include <cstdlib>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <set>
 #include <thread>
 #include <utility>
@@ -202,7 +200,7 @@ class ElasticPool final : public httplib::TaskQueue {
  public:
   ElasticPool(std::shared_ptr<ConnectionGuard::State> state, int min_threads, int max_threads)
       : state_(std::move(state)), max_threads_(max_threads) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (int i = 0; i < min_threads; ++i) Spawn();
   }
 
@@ -218,26 +216,24 @@ class ElasticPool final : public httplib::TaskQueue {
       if (c != nullptr) state->Unregister(c);
     };
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);  // its release wakes a worker for the job
       jobs_.push_back(std::move(task));
       // Idle workers not yet woken count once: spawn while the jobs waiting
       // outnumber them.
       if (static_cast<int>(jobs_.size()) > idle_ && static_cast<int>(threads_.size()) < max_threads_) Spawn();
     }
-    cv_.notify_one();
   }
 
   void shutdown() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       stopping_ = true;
     }
-    cv_.notify_all();
     for (std::thread& t : threads_) t.join();
   }
 
  private:
-  void Spawn() {  // mu_ held
+  void Spawn() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     threads_.emplace_back([this] { Work(); });
     absl::MutexLock lock(&state_->mu);
     ++state_->threads;
@@ -247,9 +243,9 @@ class ElasticPool final : public httplib::TaskQueue {
     for (;;) {
       std::function<void()> job;
       {
-        std::unique_lock<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         ++idle_;
-        cv_.wait(lock, [&] { return stopping_ || !jobs_.empty(); });
+        mu_.Await(absl::Condition(this, &ElasticPool::HasWorkLocked));
         --idle_;
         if (jobs_.empty()) return;  // stopping
         job = std::move(jobs_.front());
@@ -259,14 +255,15 @@ class ElasticPool final : public httplib::TaskQueue {
     }
   }
 
+  bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !jobs_.empty(); }
+
   std::shared_ptr<ConnectionGuard::State> state_;
   const int max_threads_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> jobs_;
-  std::vector<std::thread> threads_;  // grows only (bounded by max_threads_)
-  int idle_ = 0;
-  bool stopping_ = false;
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> threads_;  // grows only (bounded by max_threads_); appended under mu_
+  int idle_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace

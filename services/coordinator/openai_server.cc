@@ -7,10 +7,8 @@
 #include <sys/socket.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <ctime>
 #include <deque>
-#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
@@ -18,6 +16,9 @@
 
 #include <httplib.h>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "services/coordinator/connection_guard.h"
 #include "services/coordinator/openai_api.h"
 #include "shared/rpc/security.h"
@@ -39,15 +40,15 @@ void SendError(httplib::Response& res, const ApiError& e) {
 }
 
 // One streaming request: the generation thread produces SSE events, the
-// connection's worker writes them. Guarded by mu.
+// connection's worker writes them. Guarded by mu; a change wakes the
+// Await()s on the lock's release.
 struct SseStream {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<std::string> events;
-  bool started = false;  // the first token (or the summary) is queued
-  bool done = false;     // the generation returned `status`
-  bool gone = false;     // the client hung up, or the server is stopping
-  Status status;
+  absl::Mutex mu;
+  std::deque<std::string> events ABSL_GUARDED_BY(mu);
+  bool started ABSL_GUARDED_BY(mu) = false;  // the first token (or the summary) is queued
+  bool done ABSL_GUARDED_BY(mu) = false;     // the generation returned `status`
+  bool gone ABSL_GUARDED_BY(mu) = false;     // the client hung up, or the server is stopping
+  Status status ABSL_GUARDED_BY(mu);
   static constexpr size_t kMaxQueued = 16;
 };
 
@@ -119,15 +120,14 @@ struct OpenAiServer::Impl {
   int port = 0;
   int64_t created = static_cast<int64_t>(std::time(nullptr));
 
-  std::mutex mu;
-  std::condition_variable cv;
-  int generation_threads = 0;                    // guarded by mu
-  bool stopping = false;                         // guarded by mu: new streams start cancelled
-  std::set<std::shared_ptr<SseStream>> streams;     // guarded by mu
-  std::mt19937_64 rng{std::random_device{}()};   // guarded by mu
+  absl::Mutex mu;
+  int generation_threads ABSL_GUARDED_BY(mu) = 0;
+  bool stopping ABSL_GUARDED_BY(mu) = false;  // new streams start cancelled
+  std::set<std::shared_ptr<SseStream>> streams ABSL_GUARDED_BY(mu);
+  std::mt19937_64 rng ABSL_GUARDED_BY(mu){std::random_device{}()};
 
   uint64_t Random() {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     return rng();
   }
 
@@ -135,6 +135,9 @@ struct OpenAiServer::Impl {
     return {{"id", options.model_id}, {"object", "model"}, {"created", created}, {"owned_by", "lede"}};
   }
 
+  // The routes, the API-key check before them, and the error envelopes of
+  // the OpenAI HTTP API on `http` (this Impl outlives the server).
+  void RegisterRoutes(httplib::Server& http);
   void HandleGenerate(openai::Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
   // `fd`: the connection's descriptor (-1 if unknown), polled for a hang-up
   // until the first token; writes notice it afterwards.
@@ -147,9 +150,8 @@ void OpenAiServer::Impl::HandleGenerate(openai::Endpoint endpoint, const httplib
   if (!parsed.ok()) return SendError(res, openai::ToApiError(parsed.status(), nullptr));
   openai::Request& r = *parsed;
   if (!r.ignored_fields.empty()) {
-    std::string fields;
-    for (const std::string& f : r.ignored_fields) fields += (fields.empty() ? "" : ",") + f;
-    rpc::LogEvent("info", "openai_ignored_fields", {{"path", req.path}, {"fields", fields}});
+    rpc::LogEvent("info", "openai_ignored_fields",
+                  {{"path", req.path}, {"fields", absl::StrJoin(r.ignored_fields, ",")}});
   }
   if (!r.model.empty() && r.model != options.model_id) return SendError(res, openai::ModelNotFound(r.model));
   char id[32];
@@ -185,10 +187,13 @@ void OpenAiServer::Impl::StartStream(openai::Request request, const openai::Resp
   auto stream = std::make_shared<SseStream>();
   auto shared_request = std::make_shared<openai::Request>(std::move(request));
   {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     ++generation_threads;
     streams.insert(stream);
-    if (stopping) stream->gone = true;  // not yet shared: no lock needed
+    if (stopping) {
+      absl::MutexLock slock(&stream->mu);  // not yet shared: never contended
+      stream->gone = true;
+    }
   }
   std::thread([this, stream, shared_request, meta, fd] {
     const openai::Request& r = *shared_request;
@@ -209,34 +214,33 @@ void OpenAiServer::Impl::StartStream(openai::Request request, const openai::Resp
             out.push_back(openai::SseEvent(openai::FinalChunk(r, meta, g.summary())));
             if (r.include_usage) out.push_back(openai::SseEvent(openai::UsageChunk(r, meta, g.summary())));
           }
-          std::unique_lock<std::mutex> lock(stream->mu);
+          absl::MutexLock lock(&stream->mu);
           // Before the first event the connection's worker is still in the
           // handler (fd open): a hang-up during the prefill is seen here.
           if (!stream->started && PeerClosed(fd)) stream->gone = true;
-          stream->cv.wait(lock, [&] { return stream->events.size() < SseStream::kMaxQueued || stream->gone; });
+          const auto room = [&stream] { return stream->events.size() < SseStream::kMaxQueued || stream->gone; };
+          stream->mu.Await(absl::Condition(&room));
           if (stream->gone) return false;
           for (std::string& e : out) stream->events.push_back(std::move(e));
           stream->started = true;
-          stream->cv.notify_all();
           return true;
         },
         r.fill_max_tokens);
     {
-      std::lock_guard<std::mutex> lock(stream->mu);
+      absl::MutexLock lock(&stream->mu);
       stream->done = true;
       stream->status = s;
-      stream->cv.notify_all();
     }
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     streams.erase(stream);
     --generation_threads;
-    cv.notify_all();
   }).detach();
 
   // Headers wait for the first token: an error before it is a plain HTTP error.
   {
-    std::unique_lock<std::mutex> lock(stream->mu);
-    stream->cv.wait(lock, [&] { return stream->started || stream->done; });
+    absl::MutexLock lock(&stream->mu);
+    const auto first = [&stream] { return stream->started || stream->done; };
+    stream->mu.Await(absl::Condition(&first));
     if (!stream->started) {
       if (stream->gone) return;  // the client hung up before the first token
       return SendError(res, openai::ToApiError(stream->status, shared_request.get()));
@@ -248,18 +252,18 @@ void OpenAiServer::Impl::StartStream(openai::Request request, const openai::Resp
   res.set_chunked_content_provider(
       "text/event-stream",
       [stream, shared_request](size_t /*offset*/, httplib::DataSink& sink) {
-        std::unique_lock<std::mutex> lock(stream->mu);
-        stream->cv.wait(lock, [&] { return !stream->events.empty() || stream->done || stream->gone; });
+        stream->mu.Lock();
+        const auto ready = [&stream] { return !stream->events.empty() || stream->done || stream->gone; };
+        stream->mu.Await(absl::Condition(&ready));
         while (!stream->events.empty()) {
           std::string e = std::move(stream->events.front());
           stream->events.pop_front();
-          stream->cv.notify_all();
-          lock.unlock();
+          stream->mu.Unlock();  // the write may block; the generation queues meanwhile
           const bool ok = sink.write(e.data(), e.size());
-          lock.lock();
+          stream->mu.Lock();
           if (!ok) {
             stream->gone = true;  // the client hung up: cancel the generation
-            stream->cv.notify_all();
+            stream->mu.Unlock();
             return false;
           }
         }
@@ -267,17 +271,18 @@ void OpenAiServer::Impl::StartStream(openai::Request request, const openai::Resp
           const std::string tail =
               stream->status.ok() ? std::string(openai::kSseDone)
                                   : openai::SseEvent(openai::ToApiError(stream->status, shared_request.get()).ToJson());
-          lock.unlock();
+          stream->mu.Unlock();
           sink.write(tail.data(), tail.size());
           sink.done();
           return true;
         }
-        return !stream->gone;
+        const bool alive = !stream->gone;
+        stream->mu.Unlock();
+        return alive;
       },
       [stream](bool success) {
-        std::lock_guard<std::mutex> lock(stream->mu);
+        absl::MutexLock lock(&stream->mu);
         if (!success) stream->gone = true;
-        stream->cv.notify_all();
       });
 }
 
@@ -286,68 +291,27 @@ OpenAiServer::OpenAiServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 OpenAiServer::~OpenAiServer() {
   Impl& impl = *impl_;
   {
-    std::lock_guard<std::mutex> lock(impl.mu);
+    absl::MutexLock lock(&impl.mu);
     impl.stopping = true;
     for (const std::shared_ptr<SseStream>& s : impl.streams) {
-      std::lock_guard<std::mutex> slock(s->mu);
+      absl::MutexLock slock(&s->mu);
       s->gone = true;
-      s->cv.notify_all();
     }
   }
   impl.http->stop();
   impl.guard->ShutdownIdle();  // slow and idle clients release their workers now
   if (impl.listener.joinable()) impl.listener.join();
-  std::unique_lock<std::mutex> lock(impl.mu);
-  impl.cv.wait(lock, [&] { return impl.generation_threads == 0; });
+  absl::MutexLock lock(&impl.mu);
+  const auto finished = [&impl] { return impl.generation_threads == 0; };
+  impl.mu.Await(absl::Condition(&finished));
 }
 
 int OpenAiServer::port() const { return impl_->port; }
 
 ConnectionGuard::Stats OpenAiServer::connection_stats() const { return impl_->guard->stats(); }
 
-StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(GenerationService* service,
-                                                             const prometheus::Registry* registry,
-                                                             OpenAiServerOptions options,
-                                                             ChatPromptRenderer render_chat) {
-  if (options.threads < 1) return InvalidArgumentError("http threads: must be >= 1");
-  auto impl = std::make_unique<Impl>();
-  impl->service = service;
-  impl->registry = registry;
-  impl->options = std::move(options);
-  impl->render_chat = render_chat ? std::move(render_chat) : ChatPromptRenderer(RenderPlainChatPrompt);
-  if (impl->options.tls_cert_path.empty() != impl->options.tls_key_path.empty()) {
-    return InvalidArgumentError("http tls: give both tls-cert and tls-key");
-  }
-  for (const std::string& key : impl->options.api_keys) {
-    if (key.empty()) return InvalidArgumentError("api_keys: an empty key");
-  }
-  impl->api_keys = rpc::ApiKeys(impl->options.api_keys);
-  if (impl->options.tls_cert_path.empty()) {
-    impl->http = std::make_unique<httplib::Server>();
-  } else {
-    auto ssl = std::make_unique<httplib::SSLServer>(impl->options.tls_cert_path.c_str(),
-                                                    impl->options.tls_key_path.c_str());
-    if (!ssl->is_valid()) {
-      return InvalidArgumentError("tls-cert, tls-key: cannot load " + impl->options.tls_cert_path + " and " +
-                                  impl->options.tls_key_path + " as a PEM certificate and its key");
-    }
-    impl->http = std::move(ssl);
-  }
-  Impl* p = impl.get();
-  httplib::Server& http = *impl->http;
-  ConnectionGuardOptions go;
-  go.min_threads = impl->options.threads;
-  go.max_connections = impl->options.max_connections;
-  go.max_connections_per_client = impl->options.max_connections_per_client;
-  go.request_deadline = impl->options.request_deadline;
-  impl->guard = std::make_unique<ConnectionGuard>(go);
-  http.new_task_queue = [p] { return p->guard->NewTaskQueue(); };
-  http.set_logger([](const httplib::Request&, const httplib::Response&) { ConnectionGuard::ResponseDone(); });
-  http.set_payload_max_length(impl->options.max_body_bytes);
-  http.set_keep_alive_max_count(100);  // SDKs keep a connection pool; idle ones close after 5 s
-  http.set_read_timeout(30);
-  http.set_write_timeout(30);
-
+void OpenAiServer::Impl::RegisterRoutes(httplib::Server& http) {
+  Impl* p = this;
   // API keys guard /v1/* before the body is read; /health and /metrics stay
   // open (probes and Prometheus carry no key). The key is never logged.
   http.set_pre_routing_handler([p](const httplib::Request& req, httplib::Response& res) {
@@ -423,6 +387,52 @@ StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(GenerationService* s
     }
     SendError(res, e);
   });
+}
+
+StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(GenerationService* service,
+                                                             const prometheus::Registry* registry,
+                                                             OpenAiServerOptions options,
+                                                             ChatPromptRenderer render_chat) {
+  if (options.threads < 1) return InvalidArgumentError("http threads: must be >= 1");
+  auto impl = std::make_unique<Impl>();
+  impl->service = service;
+  impl->registry = registry;
+  impl->options = std::move(options);
+  impl->render_chat = render_chat ? std::move(render_chat) : ChatPromptRenderer(RenderPlainChatPrompt);
+  if (impl->options.tls_cert_path.empty() != impl->options.tls_key_path.empty()) {
+    return InvalidArgumentError("http tls: give both tls-cert and tls-key");
+  }
+  for (const std::string& key : impl->options.api_keys) {
+    if (key.empty()) return InvalidArgumentError("api_keys: an empty key");
+  }
+  impl->api_keys = rpc::ApiKeys(impl->options.api_keys);
+  if (impl->options.tls_cert_path.empty()) {
+    impl->http = std::make_unique<httplib::Server>();
+  } else {
+    auto ssl = std::make_unique<httplib::SSLServer>(impl->options.tls_cert_path.c_str(),
+                                                    impl->options.tls_key_path.c_str());
+    if (!ssl->is_valid()) {
+      return InvalidArgumentError("tls-cert, tls-key: cannot load " + impl->options.tls_cert_path + " and " +
+                                  impl->options.tls_key_path + " as a PEM certificate and its key");
+    }
+    impl->http = std::move(ssl);
+  }
+  Impl* p = impl.get();
+  httplib::Server& http = *impl->http;
+  ConnectionGuardOptions go;
+  go.min_threads = impl->options.threads;
+  go.max_connections = impl->options.max_connections;
+  go.max_connections_per_client = impl->options.max_connections_per_client;
+  go.request_deadline = impl->options.request_deadline;
+  impl->guard = std::make_unique<ConnectionGuard>(go);
+  http.new_task_queue = [p] { return p->guard->NewTaskQueue(); };
+  http.set_logger([](const httplib::Request&, const httplib::Response&) { ConnectionGuard::ResponseDone(); });
+  http.set_payload_max_length(impl->options.max_body_bytes);
+  http.set_keep_alive_max_count(100);  // SDKs keep a connection pool; idle ones close after 5 s
+  http.set_read_timeout(30);
+  http.set_write_timeout(30);
+
+  impl->RegisterRoutes(http);
 
   StatusOr<int> port = telemetry::BindHttpServer(&http, impl->options.listen_address);
   if (!port.ok()) {

@@ -98,7 +98,7 @@ Replica::Replica(ReplicaTarget target, const ReplicaSetOptions& options)
 Replica::~Replica() { lease_->Stop(); }
 
 void Replica::UpdateLoad(int64_t n_slots, int64_t n_free, int64_t n_waiting, int64_t n_mine) {
-  std::lock_guard<std::mutex> lock(load_mu_);
+  absl::MutexLock lock(&load_mu_);
   have_load_ = n_slots > 0;  // a verifier without load reports says 0
   free_at_report_ = n_free - n_waiting;
   mine_at_report_ = n_mine;
@@ -107,12 +107,12 @@ void Replica::UpdateLoad(int64_t n_slots, int64_t n_free, int64_t n_waiting, int
 }
 
 std::pair<int64_t, int64_t> Replica::ReportedSlots() const {
-  std::lock_guard<std::mutex> lock(load_mu_);
+  absl::MutexLock lock(&load_mu_);
   return {slots_at_report_, in_use_at_report_};
 }
 
 int64_t Replica::EstimatedFreeSlots() const {
-  std::lock_guard<std::mutex> lock(load_mu_);
+  absl::MutexLock lock(&load_mu_);
   if (!have_load_) return (int64_t{1} << 30) - sessions_.load();
   return free_at_report_ - (sessions_.load() - mine_at_report_);
 }

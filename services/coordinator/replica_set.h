@@ -33,7 +33,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -43,6 +42,7 @@
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/lede/v1/model.grpc.pb.h"
@@ -136,12 +136,12 @@ class Replica {
   std::atomic<bool> fused_rounds_;
   std::unique_ptr<SessionLease> lease_;
   std::atomic<int64_t> sessions_{0};      // open sessions of this coordinator
-  mutable std::mutex load_mu_;
-  bool have_load_ = false;                // guarded by load_mu_
-  int64_t free_at_report_ = 0;            // free - waiting, guarded by load_mu_
-  int64_t mine_at_report_ = 0;            // guarded by load_mu_
-  int64_t slots_at_report_ = 0;           // guarded by load_mu_
-  int64_t in_use_at_report_ = 0;          // guarded by load_mu_
+  mutable absl::Mutex load_mu_;
+  bool have_load_ ABSL_GUARDED_BY(load_mu_) = false;
+  int64_t free_at_report_ ABSL_GUARDED_BY(load_mu_) = 0;  // free - waiting
+  int64_t mine_at_report_ ABSL_GUARDED_BY(load_mu_) = 0;
+  int64_t slots_at_report_ ABSL_GUARDED_BY(load_mu_) = 0;
+  int64_t in_use_at_report_ ABSL_GUARDED_BY(load_mu_) = 0;
   std::function<void()> on_load_;
 };
 

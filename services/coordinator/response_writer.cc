@@ -19,8 +19,8 @@ bool GenerateReactor::Write(const lede::v1::GenerateResponse& response) {
   grpc::ByteBuffer buffer;
   bool own = false;
   if (!grpc::SerializationTraits<lede::v1::GenerateResponse>::Serialize(response, &buffer, &own).ok()) return false;
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return queue_.size() < kMaxQueued || failed_; });
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(this, &GenerateReactor::CanQueueLocked));
   if (failed_) return false;
   queue_.push_back(std::move(buffer));
   if (!writing_) StartNextLocked();
@@ -28,7 +28,7 @@ bool GenerateReactor::Write(const lede::v1::GenerateResponse& response) {
 }
 
 void GenerateReactor::OnWriteDone(bool ok) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   writing_ = false;
   queue_.pop_front();
   if (!ok) {
@@ -37,19 +37,17 @@ void GenerateReactor::OnWriteDone(bool ok) {
   } else if (!queue_.empty()) {
     StartNextLocked();
   }
-  cv_.notify_all();
 }
 
 void GenerateReactor::OnCancel() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   failed_ = true;
-  cv_.notify_all();
 }
 
 void GenerateReactor::OnDone() {
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return worker_done_; });
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&worker_done_));
   }
   delete this;
 }
@@ -62,13 +60,16 @@ void GenerateReactor::StartNextLocked() {
 void GenerateReactor::Work() {
   Status status = run_(context_, &request_, this);
   {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return (!writing_ && queue_.empty()) || failed_; });
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &GenerateReactor::DrainedLocked));
   }
   Finish(rpc::ToGrpcStatus(status));
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   worker_done_ = true;
-  cv_.notify_all();
 }
+
+bool GenerateReactor::CanQueueLocked() const { return queue_.size() < kMaxQueued || failed_; }
+
+bool GenerateReactor::DrainedLocked() const { return (!writing_ && queue_.empty()) || failed_; }
 
 }  // namespace lede::coordinator

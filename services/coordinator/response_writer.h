@@ -8,15 +8,15 @@
 #ifndef LEDE_SERVICES_COORDINATOR_RESPONSE_WRITER_H_
 #define LEDE_SERVICES_COORDINATOR_RESPONSE_WRITER_H_
 
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
-#include <mutex>
 
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/server_callback.h>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "proto/lede/v1/generation.pb.h"
 #include "shared/status/status.h"
 
@@ -56,18 +56,21 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
  private:
   static constexpr size_t kMaxQueued = 8;
 
-  void StartNextLocked();
+  void StartNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Work();
+  // Await conditions (mu_ held): room in the queue (or failed); every
+  // response written (or failed).
+  bool CanQueueLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool DrainedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const RequestRunner& run_;
   grpc::CallbackServerContext* context_;
   lede::v1::GenerateRequest request_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<grpc::ByteBuffer> queue_;  // front = the write in flight (when writing_)
-  bool writing_ = false;
-  bool failed_ = false;  // client gone or write failed
-  bool worker_done_ = false;
+  absl::Mutex mu_;  // a state change wakes the Await()s on its release
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);  // front = the write in flight (when writing_)
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;  // client gone or write failed
+  bool worker_done_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // Finishes a call at once with an error (no worker needed).

@@ -8,9 +8,8 @@ namespace lede::model_service {
 AdmissionQueue::AdmissionQueue(AdmissionOptions options)
     : options_(options), clock_(options.clock != nullptr ? options.clock : Clock::Real()) {}
 
-Status AdmissionQueue::Admit(std::unique_lock<std::mutex>& lock, const std::function<bool()>& try_admit,
-                             absl::Time deadline, const std::function<bool()>& cancelled,
-                             absl::Duration* queue_time) {
+Status AdmissionQueue::Admit(absl::Mutex* mu, const std::function<bool()>& try_admit, absl::Time deadline,
+                             const std::function<bool()>& cancelled, absl::Duration* queue_time) {
   if (queue_time != nullptr) *queue_time = absl::ZeroDuration();
   if (waiting_.empty() && try_admit()) return OkStatus();
   if (n_waiting() >= options_.max_waiting) {
@@ -40,11 +39,11 @@ Status AdmissionQueue::Admit(std::unique_lock<std::mutex>& lock, const std::func
                                    " waiting for a KV slot");
     }
     // Real time: the clock's time is re-read when the wait ends.
-    changed_.wait_for(lock, absl::ToChronoNanoseconds(std::min(deadline - now, options_.poll_interval)));
+    changed_.WaitWithTimeout(mu, std::min(deadline - now, options_.poll_interval));
   }
 }
 
-void AdmissionQueue::SlotFreed() { changed_.notify_all(); }
+void AdmissionQueue::SlotFreed() { changed_.SignalAll(); }
 
 void AdmissionQueue::Leave(uint64_t ticket) {
   waiting_.erase(std::find(waiting_.begin(), waiting_.end(), ticket));
@@ -52,7 +51,7 @@ void AdmissionQueue::Leave(uint64_t ticket) {
 }
 
 void AdmissionQueue::Changed() {
-  changed_.notify_all();  // a new head, or the next head may find a slot too
+  changed_.SignalAll();  // a new head, or the next head may find a slot too
 }
 
 }  // namespace lede::model_service

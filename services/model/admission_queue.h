@@ -32,12 +32,12 @@
 #ifndef LEDE_SERVICES_MODEL_ADMISSION_QUEUE_H_
 #define LEDE_SERVICES_MODEL_ADMISSION_QUEUE_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "shared/clock/clock.h"
 #include "shared/status/status.h"
@@ -66,9 +66,9 @@ class AdmissionQueue {
   // null) receives the time spent waiting on the clock (zero on the fast
   // path).
   // Errors: as in the file comment; the caller is no longer queued then.
-  Status Admit(std::unique_lock<std::mutex>& lock, const std::function<bool()>& try_admit,
-               absl::Time deadline, const std::function<bool()>& cancelled,
-               absl::Duration* queue_time = nullptr);
+  Status Admit(absl::Mutex* mu, const std::function<bool()>& try_admit, absl::Time deadline,
+               const std::function<bool()>& cancelled, absl::Duration* queue_time = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // A slot was freed: wake the waiters. Callable with or without the mutex.
   void SlotFreed();
@@ -82,7 +82,7 @@ class AdmissionQueue {
 
   AdmissionOptions options_;
   Clock* clock_;
-  std::condition_variable changed_;
+  absl::CondVar changed_;
   std::deque<uint64_t> waiting_;  // tickets in arrival order
   uint64_t next_ticket_ = 0;
 };

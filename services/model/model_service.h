@@ -22,7 +22,9 @@
 // one of the waiting handler threads, over every session ready then, while
 // drafting stays on the handler threads, so the drafting of some sessions
 // overlaps the batched verification of others.
-// Torch-free header.
+// Implemented in model_host.cc (LoadModelHost, Readiness; model_host.h is
+// the internal ModelHost), verifier_service.cc and drafter_service.cc; the
+// process's flags are model_flags.h's. Torch-free header.
 #ifndef LEDE_SERVICES_MODEL_MODEL_SERVICE_H_
 #define LEDE_SERVICES_MODEL_MODEL_SERVICE_H_
 

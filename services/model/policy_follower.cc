@@ -16,6 +16,7 @@
 
 #include "shared/file/file.h"
 #include "shared/file/sha256.h"
+#include "shared/log/log.h"
 #include "shared/rpc/grpc_status.h"
 #include "shared/rpc/server.h"
 #include "shared/status/status_macros.h"
@@ -77,7 +78,7 @@ PolicyFollower::PolicyFollower(PolicyFollowerOptions options)
       stub_(lede::v1::Policy::NewStub(channel_)),
       temp_dir_(MakeTempDir()) {
   if (temp_dir_.empty()) {
-    rpc::LogEvent("error", "policy_follower_tempdir_failed", {{"target", options_.target}});
+    logging::LogEvent("error", "policy_follower_tempdir_failed", {{"target", options_.target}});
   }
 }
 
@@ -147,7 +148,7 @@ Status PolicyFollower::FetchOnce() {
     if (response.version() != last_rejected_) {  // log and count a refusal once per version
       last_rejected_ = response.version();
       if (options_.metrics != nullptr) options_.metrics->RecordPolicyReload(false);
-      rpc::LogEvent("warning", "policy_rejected",
+      logging::LogEvent("warning", "policy_rejected",
                     {{"version", response.version()},
                      {"serving", version().empty() ? std::string("none") : version()},
                      {"reason", status.ToString()}});
@@ -203,7 +204,7 @@ Status PolicyFollower::Install(const lede::v1::PolicyArtifact& response) {
     options_.metrics->SetPolicyVersion(response.version(),
                                        telemetry::PolicyVersionNumber(response.version()));
   }
-  rpc::LogEvent("info", "policy_loaded",
+  logging::LogEvent("info", "policy_loaded",
                 {{"version", response.version()},
                  {"previous", previous.empty() ? std::string("none") : previous},
                  {"sha256", response.sha256()}});
@@ -239,7 +240,7 @@ void PolicyFollower::FollowLoop() {
         break;
       }
       backoff = options_.initial_backoff;
-      if (!healthy) rpc::LogEvent("info", "policy_watch_restored", {{"target", options_.target}});
+      if (!healthy) logging::LogEvent("info", "policy_watch_restored", {{"target", options_.target}});
       healthy = true;
     }
     grpc::Status finish = reader->Finish();
@@ -249,7 +250,7 @@ void PolicyFollower::FollowLoop() {
       if (stopping_) return;
     }
     if (healthy && fetch_status.ok()) {
-      rpc::LogEvent("warning", "policy_watch_lost",
+      logging::LogEvent("warning", "policy_watch_lost",
                     {{"target", options_.target},
                      {"code", std::to_string(static_cast<int>(finish.error_code()))},
                      {"reason", finish.error_message()},

@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
-#include <mutex>
 #include <string>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -22,34 +21,6 @@
 
 namespace lede::rpc {
 namespace {
-
-std::mutex& LogMutex() {
-  static std::mutex mu;
-  return mu;
-}
-
-std::string& ProcessName() {
-  static std::string name = "lede";
-  return name;
-}
-
-std::string Quote(std::string_view v) {
-  bool plain = !v.empty();
-  for (char c : v) {
-    if (c == ' ' || c == '"' || c == '=' || c == '\n' || c == '\t') plain = false;
-  }
-  if (plain) return std::string(v);
-  std::string out = "\"";
-  for (char c : v) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += c;
-  }
-  return out + "\"";
-}
 
 sigset_t TerminationSignals() {
   sigset_t set;
@@ -85,29 +56,6 @@ void LimitAllocatorGrowth() {
 void BlockTerminationSignals() {
   sigset_t set = TerminationSignals();
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
-}
-
-void SetLogProcessName(std::string name) {
-  std::lock_guard<std::mutex> lock(LogMutex());
-  ProcessName() = std::move(name);
-}
-
-void LogEvent(std::string_view level, std::string_view event,
-              std::initializer_list<std::pair<std::string_view, std::string>> fields) {
-  char ts[40];
-  timespec now;
-  clock_gettime(CLOCK_REALTIME, &now);
-  tm utc;
-  gmtime_r(&now.tv_sec, &utc);
-  size_t n = strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &utc);
-  snprintf(ts + n, sizeof(ts) - n, ".%03ldZ", now.tv_nsec / 1000000);
-  std::lock_guard<std::mutex> lock(LogMutex());
-  std::string line = "ts=" + std::string(ts) + " level=" + std::string(level) +
-                     " proc=" + ProcessName() + " event=" + Quote(event);
-  for (const auto& [key, value] : fields) line += " " + std::string(key) + "=" + Quote(value);
-  line += "\n";
-  fwrite(line.data(), 1, line.size(), stderr);
-  fflush(stderr);
 }
 
 ServerRunner::ServerRunner(std::string process_name) : process_name_(std::move(process_name)) {

@@ -7,7 +7,7 @@
 // shutting down; service "live" = liveness, SERVING while the process runs) and server reflection (grpc.reflection.v1alpha), /metrics and
 // /healthz over HTTP (shared/telemetry), a clean shutdown on SIGTERM or
 // SIGINT (stop accepting, let in-flight calls finish until a grace deadline,
-// then cancel them), and logfmt log lines on stderr.
+// then cancel them); its logfmt lines on stderr are shared/log's.
 //
 // Usage in a main():
 //   BlockTerminationSignals();            // first, before any thread starts
@@ -35,6 +35,7 @@
 #include <grpcpp/server.h>
 
 #include "absl/synchronization/mutex.h"
+#include "shared/log/log.h"
 #include "shared/rpc/security.h"
 #include "shared/status/status.h"
 
@@ -145,13 +146,9 @@ class ServerRunner {
   bool readiness_stop_ ABSL_GUARDED_BY(readiness_mu_) = false;
 };
 
-// One logfmt line on stderr: `ts=<RFC 3339 UTC> level=<level> proc=<process>
-// event=<event> key=value ...`, values quoted when they contain spaces,
-// quotes or '='. Thread-safe (one write per line).
-void LogEvent(std::string_view level, std::string_view event,
-              std::initializer_list<std::pair<std::string_view, std::string>> fields = {});
-// The process name LogEvent writes (set by ServerRunner; "lede" by default).
-void SetLogProcessName(std::string name);
+// The logger (shared/log/log.h), under the names its callers here have used.
+using logging::LogEvent;
+using logging::SetLogProcessName;
 
 }  // namespace lede::rpc
 

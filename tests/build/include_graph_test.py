@@ -31,7 +31,7 @@ import tempfile
 # earlier layer (and itself). Defined here once; docs/building.md "Layout" follows it.
 LAYERS = [
     ["shared/status", "proto"],
-    ["shared/clock", "shared/file", "shared/flags", "shared/telemetry", "shared/speculation"],
+    ["shared/clock", "shared/file", "shared/flags", "shared/log", "shared/telemetry", "shared/speculation"],
     ["shared/checkpoint", "shared/rpc", "shared/storage", "shared/tokenizer"],
     ["shared/experience", "shared/model"],
     ["policy"],

@@ -300,11 +300,11 @@ def test_security(build):
             c.stop()
 
 
-def grpc_describe(port, service, token=None):
-    """A raw unary call of lede.v1.<service>/Describe (empty request); the status code's name."""
+def grpc_describe(port, service, token=None, method="Describe"):
+    """A raw unary call of lede.v1.<service>/<method> (empty request); the status code's name."""
     import grpc
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-        call = ch.unary_unary(f"/lede.v1.{service}/Describe")
+        call = ch.unary_unary(f"/lede.v1.{service}/{method}")
         metadata = [("authorization", "Bearer " + token)] if token else None
         try:
             call(b"", timeout=10, metadata=metadata)
@@ -333,6 +333,10 @@ def test_hostile_clients(build):
                 fail(f"{service} answered a call with a wrong token")
             if grpc_describe(port, service, token) != "OK":
                 fail(f"{service} refused the deployment's token")
+        if grpc_describe(50053 + c.off, "Policy", method="GetPolicy") != "UNAUTHENTICATED":
+            fail("the policy service answered GetPolicy without the token")
+        if grpc_describe(50053 + c.off, "Policy", token, method="GetPolicy") != "OK":
+            fail("the policy service refused GetPolicy with the deployment's token")
         if complete(c.http)[0] != 200:
             fail("a completion through the coordinator failed with the token on:\n" + c.log("coordinator"))
 

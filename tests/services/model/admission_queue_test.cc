@@ -1,5 +1,5 @@
 // Tests of services/model/admission_queue.h: the verifier's FIFO queue of
-// sessions waiting for a KV slot. Slots are a counter under a plain mutex;
+// sessions waiting for a KV slot. Slots are a counter under an absl::Mutex;
 // waiters are real threads; deadlines and queue times are on a FakeClock.
 // No timing is asserted: every wait is on a condition (WaitUntil) with a
 // generous safety bound.
@@ -7,13 +7,14 @@
 
 #include <atomic>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/wait.h"
@@ -35,33 +36,33 @@ class Slots {
 
   Status Acquire(absl::Time deadline, const std::function<bool()>& cancelled = [] { return false; },
                  absl::Duration* queued = nullptr) {
-    std::unique_lock<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto try_admit = [&] {
       if (free_ == 0) return false;
       --free_;
       return true;
     };
-    return queue_.Admit(lock, try_admit, deadline, cancelled, queued);
+    return queue_.Admit(&mu_, try_admit, deadline, cancelled, queued);
   }
   void Release() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       ++free_;
     }
     queue_.SlotFreed();
   }
   int64_t n_waiting() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return queue_.n_waiting();
   }
   int free() {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return free_;
   }
 
  private:
-  std::mutex mu_;
-  int free_;
+  absl::Mutex mu_;
+  int free_ ABSL_GUARDED_BY(mu_);
   AdmissionQueue queue_;
 };
 
@@ -96,13 +97,13 @@ TEST(AdmissionQueueTest, NoQueueRefusesWhenFull) {
 TEST(AdmissionQueueTest, AdmitsInArrivalOrder) {
   FakeClock clock;
   Slots slots(0, Options(8, &clock));
-  std::mutex order_mu;
+  absl::Mutex order_mu;
   std::vector<int> order;
   std::vector<std::thread> waiters;
   for (int i = 0; i < 4; ++i) {
     waiters.emplace_back([&, i] {
       ASSERT_THAT(slots.Acquire(absl::InfiniteFuture()), IsOk());
-      std::lock_guard<std::mutex> lock(order_mu);
+      absl::MutexLock lock(&order_mu);
       order.push_back(i);
     });
     // Each one queued before the next arrives.
@@ -111,7 +112,7 @@ TEST(AdmissionQueueTest, AdmitsInArrivalOrder) {
   for (int i = 0; i < 4; ++i) {
     slots.Release();
     ASSERT_TRUE(WaitUntil([&] {
-      std::lock_guard<std::mutex> lock(order_mu);
+      absl::MutexLock lock(&order_mu);
       return static_cast<int>(order.size()) == i + 1;
     }));
   }

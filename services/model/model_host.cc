@@ -1,0 +1,207 @@
+// The service host: LoadModelHost, Readiness and the wire conversions both
+// services share (model_host.h).
+#include "services/model/model_host.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include "absl/synchronization/mutex.h"
+#include "policy/dqn/artifact.h"
+#include "services/model/policy_follower.h"
+#include "shared/log/log.h"
+#include "shared/model/batch.h"
+#include "shared/model/cost_model.h"
+#include "shared/model/kv_cache.h"
+#include "shared/model/llama.h"
+#include "shared/model/torch_boundary.h"
+#include "shared/rpc/security.h"
+#include "shared/rpc/server.h"
+#include "shared/status/status_macros.h"
+#include "shared/telemetry/lede_metrics.h"
+#include "shared/telemetry/metrics.h"
+
+namespace lede::model_service {
+
+speculation::SamplingParams SamplingFromProto(const lede::v1::SamplingParams& p) {
+  speculation::SamplingParams s;
+  s.temperature = p.temperature();
+  s.top_p = p.top_p() == 0.0f ? 1.0 : p.top_p();
+  s.seed = p.seed();
+  return s;
+}
+
+Status ValidateSampling(const speculation::SamplingParams& s) {
+  if (!(s.temperature >= 0.0) || !std::isfinite(s.temperature)) {
+    return InvalidArgumentError("sampling.temperature: must be a finite number >= 0");
+  }
+  if (!(s.top_p > 0.0 && s.top_p <= 1.0)) return InvalidArgumentError("sampling.top_p: must be in (0, 1]");
+  return OkStatus();
+}
+
+// [K, V] float32 little-endian bytes <-> tensor (both at the torch boundary).
+StatusOr<std::string> ProbsToBytes(const at::Tensor& probs) {
+  if (!probs.defined() || probs.numel() == 0) return std::string();
+  return model::TorchBoundary("draft_probs", [&]() -> StatusOr<std::string> {
+    at::Tensor p = probs.to(at::kFloat).contiguous();
+    return std::string(static_cast<const char*>(p.data_ptr()), p.numel() * sizeof(float));
+  });
+}
+
+StatusOr<at::Tensor> ProbsFromBytes(const std::string& bytes, int64_t K, int64_t V) {
+  if (bytes.empty()) return at::Tensor();
+  if (static_cast<int64_t>(bytes.size()) != K * V * static_cast<int64_t>(sizeof(float))) {
+    return InvalidArgumentError("draft_probs: " + std::to_string(bytes.size()) + " bytes, expected K x V x 4 = " +
+                                std::to_string(K * V * 4));
+  }
+  return model::TorchBoundary("draft_probs", [&]() -> StatusOr<at::Tensor> {
+    at::Tensor t = at::empty({K, V}, at::kFloat);
+    std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+    return t;
+  });
+}
+
+// The error of a call whose session id is not the slot's session.
+Status NotThisSession(int64_t slot) {
+  return FailedPreconditionError("session_id: slot " + std::to_string(slot) +
+                                 " holds no session of this id (it was closed, or the caller never opened it)");
+}
+
+// A batched step's intra-op threads (--batch-threads), set once per thread
+// that runs batches (a handler thread, flat combining).
+void SetBatchThreads(int n_threads) {
+  static thread_local bool threads_set = false;
+  if (threads_set) return;
+  at::set_num_threads(std::max(1, n_threads));
+  model::SetFusedThreads(n_threads);
+  threads_set = true;
+}
+
+StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& options, bool create_pool,
+                                                   prometheus::Registry* registry) {
+  auto host = std::make_shared<ModelHost>();
+  host->options = options;
+  if (options.threads > 0) at::set_num_threads(options.threads);
+  model::ModelOptions mo;
+  LEDE_ASSIGN_OR_RETURN(mo.kernels, model::ParseKernels(options.kernels));
+  LEDE_ASSIGN_OR_RETURN(mo.graphs, model::ParseGraphMode(options.graphs));
+  LEDE_ASSIGN_OR_RETURN(mo.weights, model::ParseWeightFormat(options.weights));
+  LEDE_ASSIGN_OR_RETURN(mo.device, model::ParseDevice(options.device));
+  LEDE_ASSIGN_OR_RETURN(mo.dtype, model::ParseDtype(options.dtype));
+  if (!mo.device.is_cpu() && !options.kv_pool_name.empty()) {
+    return InvalidArgumentError("kv_pool: a shared KV pool (split drafter and verifier) is CPU-only so far; "
+                                "on " + options.device + " run --role both without --kv-pool");
+  }
+  LEDE_ASSIGN_OR_RETURN(std::unique_ptr<model::LlamaModel> loaded,
+                        model::LlamaModel::Load(options.model_path, mo));
+  host->model = std::shared_ptr<const model::LlamaModel>(std::move(loaded));
+  const model::ModelConfig& c = host->model->config();
+  host->fingerprint = c.ArchitectureFingerprint();
+  if (registry != nullptr) host->metrics = std::make_unique<telemetry::SpecDecodeMetrics>(*registry);
+
+  model::KvCacheOptions ko;
+  ko.n_slots = options.n_slots;
+  ko.capacity = options.capacity;
+  ko.max_draft_len = options.max_draft_len;
+  ko.shared_memory_name = options.kv_pool_name;
+  ko.dtype = host->model->options().dtype;
+  ko.device = host->model->options().device;
+  std::shared_ptr<model::KvCache> pool;
+  if (create_pool) {
+    LEDE_ASSIGN_OR_RETURN(model::KvCache cache, model::KvCache::Create(c, ko));
+    pool = std::make_shared<model::KvCache>(std::move(cache));
+    host->owns_pool = true;
+  } else {
+    if (options.kv_pool_name.empty()) {
+      return InvalidArgumentError("kv_pool: a drafter without a verifier in its process needs the pool's name");
+    }
+    LEDE_ASSIGN_OR_RETURN(model::KvCache cache, model::KvCache::Attach(c, ko));
+    pool = std::make_shared<model::KvCache>(std::move(cache));
+  }
+  {
+    absl::MutexLock lock(&host->pool_mu);
+    host->cache = pool;
+  }
+  if (host->metrics) host->metrics->kv_slots_capacity.Set(static_cast<double>(pool->n_slots()));
+
+  // Cost model of the rewards (ModelInfo).
+  std::unique_ptr<model::CostModel> cm;
+  if (!options.calibration_path.empty()) {
+    LEDE_ASSIGN_OR_RETURN(model::Calibration cal, model::ReadCalibrationFile(options.calibration_path));
+    cm = model::MakeMeasuredCostModel(cal);
+  } else {
+    cm = model::MakeAcceleratorCostModel(c);
+  }
+  host->cost_model = cm->name();
+  const int64_t L = c.n_layers, D = pool->max_draft_len();
+  for (int64_t l = 0; l <= L; ++l) host->draft_cost.push_back(l == 0 ? 0.0 : cm->ControlledDraftToken(l));
+  for (int64_t e = 0; e <= L; ++e) {
+    for (int64_t k = 0; k <= D; ++k) host->verify_cost.push_back(e == 0 ? 0.0 : cm->Verify(e, k));
+  }
+  host->probe_cost = cm->ControlledProbe();
+
+  if (!options.policy_target.empty()) {
+    PolicyFollowerOptions po;
+    po.target = options.policy_target;
+    LEDE_ASSIGN_OR_RETURN(po.credentials, rpc::MakeChannelCredentials(options.policy_tls, "policy_tls"));
+    po.tls_server_name = options.policy_tls.enabled() ? options.policy_tls.server_name : "";
+    po.token = options.internal_token;
+    po.model_fingerprint = host->fingerprint;
+    po.n_layers = static_cast<int32_t>(L);
+    po.metrics = host->metrics.get();
+    host->follower = std::make_unique<PolicyFollower>(po);
+    Status first = host->follower->FetchOnce();
+    if (!first.ok()) logging::LogEvent("warn", "policy_fetch_failed", {{"error", first.ToString()}});
+    host->follower->Start();
+    if (options.remote_decisions) {
+      host->policy_stub = lede::v1::Policy::NewStub(MakePolicyChannel(options.policy_target, po.credentials, po.tls_server_name, po.token));
+    }
+  } else if (!options.policy_dir.empty()) {
+    const std::filesystem::path dir(options.policy_dir);
+    auto artifact = std::filesystem::exists(dir / policy::dqn::kMetadataFile)
+                        ? policy::dqn::LoadArtifact(options.policy_dir, host->fingerprint)
+                        : policy::dqn::LoadServingArtifact(options.policy_dir, host->fingerprint);
+    if (!artifact.ok()) return artifact.status();
+    host->local_policy = std::make_shared<const policy::dqn::Artifact>(std::move(*artifact));
+    if (host->metrics) {
+      host->metrics->SetPolicyVersion(host->local_policy->metadata.version,
+                                      telemetry::PolicyVersionNumber(host->local_policy->metadata.version));
+    }
+  }
+  return host;
+}
+
+Status Readiness(ModelHost& host) {
+  if (!host.model) return UnavailableError("model: not loaded");
+  const bool drafter = !host.owns_pool && !host.options.kv_pool_name.empty();
+  if (drafter) {
+    absl::MutexLock lock(&host.pool_mu);
+    model::KvCacheOptions o;
+    o.shared_memory_name = host.options.kv_pool_name;
+    o.dtype = host.model->options().dtype;
+    auto current = model::KvCache::Attach(host.model->config(), o);
+    if (!current.ok()) {
+      return UnavailableError("kv_pool: " + std::string(current.status().message()) +
+                              " (the verifier has not created it yet)");
+    }
+    if (!host.cache || host.cache->epoch() != current->epoch()) {
+      host.cache = std::make_shared<model::KvCache>(std::move(*current));
+      logging::LogEvent("info", "kv_pool_attached", {{"epoch", std::to_string(host.cache->epoch())}});
+    }
+  } else if (!host.Pool()) {
+    return UnavailableError("kv_pool: not created");
+  }
+  if (host.follower && host.follower->current() == nullptr) {
+    return UnavailableError("policy: no policy fetched yet from the policy service " + host.options.policy_target);
+  }
+  return OkStatus();
+}
+
+}  // namespace lede::model_service
