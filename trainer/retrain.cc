@@ -29,6 +29,8 @@
 #include "shared/tokenizer/tokenizer.h"
 #include "trainer/exit_eval.h"
 #include "shared/experience/experience.h"
+#include "shared/experience/request_log.h"
+#include "trainer/request_retrain.h"
 
 namespace lede::trainer {
 namespace {
@@ -308,8 +310,12 @@ StatusOr<std::unique_ptr<Retrainer>> Retrainer::Create(RetrainOptions options) {
   if (options.window_transitions < 1) return bad("window_transitions must be >= 1");
   if (options.min_new_transitions < 1) return bad("min_new_transitions must be >= 1");
   if (std::isnan(options.publish_margin)) return bad("publish_margin: NaN");
+  if (options.trainer != "auto" && options.trainer != "counterfactual" && options.trainer != "td") {
+    return bad("trainer: want auto, counterfactual or td, got \"" + options.trainer + "\"");
+  }
+  if (options.trainer == "counterfactual" && options.model_dir.empty()) return bad("model_dir: needed by counterfactual");
   if (!options.model_dir.empty()) {
-    if (options.eval_prompts.empty()) return bad("eval_prompts: needed with model_dir");
+    if (options.eval_prompts.empty() && options.trainer == "td") return bad("eval_prompts: needed with model_dir");
     if (options.eval_prompt_count < 1 || options.eval_prompt_skip < 0 || options.eval_new_tokens < 1) {
       return bad("eval_prompt_count and eval_new_tokens must be >= 1, eval_prompt_skip >= 0");
     }
@@ -674,6 +680,73 @@ Status Retrainer::Impl::ReplayCandidate(const RetrainOptions& o, const policy::d
   return OkStatus();
 }
 
+// RunOnce with the counterfactual trainer on the request log (issue 37).
+StatusOr<RetrainOutcome> Retrainer::RunOnceOnRequests(const policy::dqn::Artifact& serving, RetrainState state) {
+  const RetrainOptions& o = options_;
+  RetrainOutcome out;
+  out.serving_version = serving.metadata.version;
+  if (impl_->model == nullptr) {
+    LEDE_ASSIGN_OR_RETURN(auto loaded, model::LlamaModel::Load(o.model_dir, model::ModelOptions{}));
+    impl_->model = std::shared_ptr<const model::LlamaModel>(std::move(loaded));
+  }
+  const model::LlamaModel& m = *impl_->model;
+  // The cost model of the serving policy's rewards: measured with a
+  // calibration file, the accelerator model otherwise.
+  std::unique_ptr<model::CostModel> cost;
+  if (serving.metadata.reward_cost_model == "measured") {
+    const std::string cal_path = o.calibration.empty() ? o.model_dir + "/calibration-cpu.json" : o.calibration;
+    StatusOr<model::Calibration> cal = model::ReadCalibrationFile(cal_path);
+    if (cal.ok()) cost = model::MakeMeasuredCostModel(*cal);
+    else if (o.log) o.log("msg=\"no calibration; pricing with the accelerator cost model\" path=" + cal_path);
+  }
+  if (cost == nullptr) cost = model::MakeAcceleratorCostModel(m.config());
+  RequestRetrainOptions ro;
+  ro.requests_prefix = o.requests_prefix;
+  ro.policy_root = o.policy_root;
+  ro.version = CandidateVersion(o);
+  ro.heldout_fraction = o.heldout_fraction;
+  ro.publish_margin = o.publish_margin;
+  ro.dinkelbach.max_iterations = o.counterfactual_iterations;
+  ro.dinkelbach.dqn.epochs = o.counterfactual_epochs;
+  ro.dinkelbach.dqn.num_threads = std::max(1, o.eval_threads);
+  ro.dinkelbach.dqn.seed = o.dqn.seed;
+  const int32_t L = static_cast<int32_t>(m.n_layers());
+  ro.dinkelbach.spec.candidate_layers.clear();
+  for (int32_t l = 1; l < L && l <= 6; ++l) ro.dinkelbach.spec.candidate_layers.push_back(l);
+  ro.log = o.log;
+  LEDE_ASSIGN_OR_RETURN(RequestRetrainOutcome r,
+                        RetrainOnRequests(*impl_->store, m, *cost, state.processed_shards, ro));
+  out.reason = r.reason;
+  out.n_new_shards = static_cast<int64_t>(r.new_shards.size());
+  out.report = {{"trainer", "counterfactual"},
+                {"requests", r.n_requests},
+                {"train_requests", r.n_train},
+                {"heldout_requests", r.n_heldout},
+                {"bad_shards", r.n_bad_shards},
+                {"cost_model", cost->name()},
+                {"serving", {{"version", r.serving_version}, {"heldout_replay_speedup", r.serving_speedup}}},
+                {"candidate", {{"version", r.candidate_version}, {"heldout_replay_speedup", r.candidate_speedup}}},
+                {"reason", r.reason}};
+  if (o.log) o.log("msg=\"request retrain\" reason=\"" + r.reason + "\"");
+  if (r.decision == RequestRetrainDecision::kNoNewData) return out;
+  out.decision = r.decision == RequestRetrainDecision::kPublished ? RetrainDecision::kPublished
+                                                                  : RetrainDecision::kRejected;
+  out.candidate_version = r.candidate_version;
+  out.artifact_dir = r.artifact_dir;
+  out.report_path = (fs::path(out.artifact_dir) / kRetrainReportFile).string();
+  LEDE_RETURN_IF_ERROR(file::WriteFileAtomically(out.report_path, out.report.dump(2) + "\n"));
+  LEDE_RETURN_IF_ERROR(PushToPolicyStore(out));
+  state.processed_shards.insert(r.new_shards.begin(), r.new_shards.end());
+  state.last_version = out.candidate_version;
+  state.last_decision = RetrainDecisionName(out.decision);
+  state.last_run_utc = UtcNow("%Y-%m-%dT%H:%M:%SZ");
+  ++state.runs;
+  if (out.decision == RetrainDecision::kPublished) ++state.published;
+  LEDE_RETURN_IF_ERROR(WriteRetrainState(state_path(), state));
+  LEDE_RETURN_IF_ERROR(PushStateToPolicyStore());
+  return out;
+}
+
 StatusOr<RetrainOutcome> Retrainer::RunOnce() {
   const RetrainOptions& o = options_;
   auto log = [&o](const std::string& line) {
@@ -691,6 +764,22 @@ StatusOr<RetrainOutcome> Retrainer::RunOnce() {
   const policy::dqn::PolicyMetadata& smeta = serving->metadata;
   out.serving_version = smeta.version;
   LEDE_ASSIGN_OR_RETURN(RetrainState state, ReadRetrainState(state_path()));
+
+  // auto: the request log when there is one and no prompt file asks for the
+  // td trainer's replay evaluation.
+  if (o.trainer == "counterfactual" || (o.trainer == "auto" && !o.model_dir.empty() && o.eval_prompts.empty())) {
+    bool use_requests = o.trainer == "counterfactual";
+    if (!use_requests) {
+      LEDE_ASSIGN_OR_RETURN(std::vector<storage::ObjectInfo> objects,
+                            impl_->store->List(FolderPrefix(o.requests_prefix)));
+      for (const storage::ObjectInfo& obj : objects) {
+        const std::string suffix = experience::kRequestLogSuffix;
+        use_requests = use_requests || (obj.key.size() > suffix.size() &&
+                                        obj.key.compare(obj.key.size() - suffix.size(), suffix.size(), suffix) == 0);
+      }
+    }
+    if (use_requests) return RunOnceOnRequests(*serving, std::move(state));
+  }
 
   // 1. New shards.
   RetrainRun run;
@@ -743,7 +832,9 @@ StatusOr<RetrainOutcome> Retrainer::RunOnce() {
   policy::dqn::Artifact candidate = MakeCandidate(run, smeta, version);
   run.cand_metric = run.off_candidate.matched_return;
   run.serv_metric = run.off_serving.matched_return;
-  if (!o.model_dir.empty()) LEDE_RETURN_IF_ERROR(impl_->ReplayCandidate(o, smeta, &candidate, &run));
+  if (!o.model_dir.empty() && !o.eval_prompts.empty()) {
+    LEDE_RETURN_IF_ERROR(impl_->ReplayCandidate(o, smeta, &candidate, &run));
+  }
 
   // 7. Decide. A metric that cannot be computed (offline: no held-out episode
   // the policy reproduces) is beaten only by a forced rollout (margin -inf),

@@ -81,6 +81,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shared/status/status.h"
+#include "policy/dqn/artifact.h"
 #include "trainer/dqn.h"
 
 namespace lede::trainer {
@@ -150,6 +151,18 @@ struct RetrainOptions {
     o.heldout_fraction = 0;  // the Retrainer holds out by itself (step 4)
     return o;
   }();
+  // Which trainer (issue 37): "counterfactual" trains on the request log
+  // (trainer/request_retrain.h: whole logged greedy requests replayed
+  // exactly, Dinkelbach, held-out requests; needs model_dir, no prompt
+  // file); "td" fine-tunes on logged transitions (the steps above); "auto"
+  // (default) is counterfactual when model_dir is set, eval_prompts is not
+  // (a prompt file asks for td's replay evaluation) and the store holds
+  // request-log shards under requests_prefix; td otherwise.
+  std::string trainer = "auto";
+  std::string requests_prefix = "requests";
+  // Counterfactual training effort (Dinkelbach iterations, DQN epochs).
+  int32_t counterfactual_iterations = 4;
+  int64_t counterfactual_epochs = 16;
   // Called with progress lines ("read 3 new shards ..."); may be null.
   std::function<void(const std::string&)> log;
   // Example:
@@ -238,6 +251,8 @@ class Retrainer {
   Status PullFromPolicyStore();
   Status PushToPolicyStore(const RetrainOutcome& out);
   Status PushStateToPolicyStore();
+  // RunOnce with the counterfactual trainer on the request log.
+  StatusOr<RetrainOutcome> RunOnceOnRequests(const policy::dqn::Artifact& serving, RetrainState state);
   struct Impl;
   RetrainOptions options_;
   std::unique_ptr<Impl> impl_;

@@ -150,6 +150,9 @@ void AddRetrainFlags(lede::flags::FlagSet& f, TrainFlags* t) {
   f.Add("model", &ro.model_dir, "--once/--watch: model directory for the replay evaluation (empty: offline only)");
   f.Add("calibration", &ro.calibration, "--once/--watch: measured cost model JSON (default <model>/calibration-cpu.json)");
   f.Add("eval-prompts", &ro.eval_prompts, "--once/--watch: held-out prompts (.jsonl) replayed with each policy");
+  f.Add("trainer", &ro.trainer,
+        "--once/--watch: counterfactual (the request log, with --model), td (transitions) or auto (counterfactual "
+        "when the store holds a request log and --model is given without --eval-prompts)");
   f.Add("eval-prompt-skip", &t->eval_skip, "--once/--watch: prompts skipped at the start of --eval-prompts");
   f.Add("eval-prompt-count", &t->eval_count, "--once/--watch: prompts replayed");
   f.Add("eval-new-tokens", &t->eval_tokens, "--once/--watch: tokens generated per replayed prompt");

@@ -44,6 +44,7 @@
 #include "shared/tokenizer/tokenizer.h"
 #include "shared/experience/experience.h"
 #include "shared/experience/experience_logger.h"
+#include "shared/experience/request_log.h"
 
 namespace lede::coordinator {
 namespace {
@@ -170,6 +171,7 @@ struct GenerationService::Impl {
   bool draining = false;   // guarded by drain_mu
   std::unique_ptr<telemetry::SpecDecodeMetrics> metrics;
   std::unique_ptr<experience::ExperienceLogger> logger;
+  std::unique_ptr<experience::ExperienceLogger> request_log;  // null when off
   telemetry::Counter* experience_written = nullptr;
   telemetry::Counter* experience_dropped = nullptr;
 
@@ -223,6 +225,62 @@ struct GenerationService::Impl {
       rewards = policy::RewardSpec::Throughput(fresh.cost_model(), draft_cost, verify, fresh.probe_cost());
     }
     return info;
+  }
+
+  // The request log's record of a finished greedy request (issue 37).
+  void LogRequest(const GenerateRequest& request, const std::vector<int32_t>& prompt,
+                  const speculation::GenerationResult& result, const std::string& request_id, int32_t start_load,
+                  int64_t max_new_tokens) {
+    if (!request_log || !experience::IsLoggedRequest(request.temperature())) return;
+    lede::v1::RequestRecord r;
+    r.set_request_id(request_id);
+    r.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+    r.mutable_output_token_ids()->Add(result.tokens.begin(), result.tokens.end());
+    r.set_ended_on_eos(result.finish == speculation::FinishReason::kEos);
+    r.set_max_new_tokens(max_new_tokens);
+    r.set_method(SpeculationMethodName(request.method()));
+    r.set_policy_version(result.policy_version);
+    {
+      std::lock_guard<std::mutex> lock(info_mu);
+      r.set_model_fingerprint(info.model_fingerprint());
+    }
+    r.set_load(std::max(1, start_load));
+    const speculation::GenerationStats& st = result.stats;
+    r.set_prefill_us(static_cast<int64_t>(st.prefill_s * 1e6));
+    r.set_decode_us(static_cast<int64_t>(st.decode_s * 1e6));
+    r.set_rounds(static_cast<int64_t>(st.rounds.size()));
+    r.set_drafted_tokens(st.n_drafted);
+    r.set_accepted_tokens(st.n_accepted);
+    r.set_time_us(absl::ToUnixMicros(absl::Now()));
+    request_log->Log(std::move(r));
+  }
+
+  // The request log beside the experience shards: the experience logger's
+  // options (store, retention, queue) with the request log's kind and prefix.
+  Status OpenRequestLog(experience::ExperienceLoggerOptions lo) {
+    auto store = storage::OpenObjectStore(options.experience_url);
+    if (!store.ok()) return InvalidArgumentError("experience_url: " + std::string(store.status().message()));
+    lo.prefix = options.request_log_prefix;
+    lo.on_counters = nullptr;
+    if (telemetry::SpecDecodeMetrics* m = metrics.get(); m != nullptr) {
+      auto last = std::make_shared<experience::ExperienceLoggerCounters>();
+      auto mu = std::make_shared<std::mutex>();
+      lo.on_counters = [m, last, mu](const experience::ExperienceLoggerCounters& c) {
+        std::lock_guard<std::mutex> lock(*mu);
+        m->request_log_records_written.Increment(static_cast<double>(c.records_written - last->records_written));
+        m->request_log_records_dropped.Increment(
+            static_cast<double>((c.records_dropped + c.records_lost) - (last->records_dropped + last->records_lost)));
+        *last = c;
+      };
+    }
+    lo.on_put_error = [](const Status& error, int64_t unreported) {
+      rpc::LogEvent("error", "request_log_write_failed",
+                    {{"error", std::string(error.message())}, {"earlier_failures_not_logged", std::to_string(unreported)}});
+    };
+    auto log = experience::CreateRequestLog(std::shared_ptr<storage::ObjectStore>(std::move(*store)), std::move(lo));
+    if (!log.ok()) return log.status();
+    request_log = std::move(*log);
+    return OkStatus();
   }
 
   void LogExperience(const speculation::GenerationResult& result, const std::string& request_id) {
@@ -345,10 +403,12 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
       rpc::LogEvent("error", "experience_write_failed",
                     {{"error", std::string(error.message())}, {"earlier_failures_not_logged", std::to_string(unreported)}});
     };
+    const experience::ExperienceLoggerOptions request_log_options = lo;
     auto logger = experience::ExperienceLogger::Create(
         std::shared_ptr<storage::ObjectStore>(std::move(*store)), std::move(lo));
     if (!logger.ok()) return logger.status();
     impl.logger = std::move(*logger);
+    if (options.request_log) LEDE_RETURN_IF_ERROR(impl.OpenRequestLog(request_log_options));
     const experience::ExperienceLoggerCounters c = impl.logger->counters();
     if (c.stale_temp_files_removed > 0) {
       rpc::LogEvent("info", "experience_stale_temp_files_removed",
@@ -363,7 +423,9 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
 int64_t GenerationService::max_token_bytes() const { return impl_->max_token_bytes; }
 
 Status GenerationService::FlushExperience() {
-  return impl_->logger ? impl_->logger->Flush() : OkStatus();
+  Status requests = impl_->request_log ? impl_->request_log->Flush() : OkStatus();
+  Status experience = impl_->logger ? impl_->logger->Flush() : OkStatus();
+  return experience.ok() ? requests : experience;
 }
 
 Status GenerationService::Impl::Run(grpc::CallbackServerContext* context, const GenerateRequest* request,
@@ -411,6 +473,7 @@ Status GenerationService::Impl::RunRequest(grpc::CallbackServerContext* context,
   LEDE_ASSIGN_OR_RETURN(const std::vector<int32_t> prompt, ResolvePrompt(request));
   const std::string request_id = RequestId(request);
   const speculation::LoopOptions loop = LoopFor(request, checked, info, static_cast<int64_t>(prompt.size()));
+  const int32_t start_load = load.load(std::memory_order_relaxed);
   ReplicaBackend backend(*replicas, Clients(), context, info, request, request_id, loop.record_traces);
   backend.set_position(static_cast<int64_t>(prompt.size()));
 
@@ -452,6 +515,7 @@ Status GenerationService::Impl::RunRequest(grpc::CallbackServerContext* context,
   writer->Write(summary);
   if (metrics) RecordMetrics(result.stats, summary.summary().finish_reason(), metrics.get());
   LogExperience(result, request_id);
+  LogRequest(request, prompt, result, request_id, start_load, loop.max_new_tokens);
   const speculation::GenerationStats& st = result.stats;
   rpc::LogEvent("info", "request_done",
                 {{"request_id", request_id},

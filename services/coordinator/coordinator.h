@@ -86,6 +86,13 @@ struct CoordinatorOptions {
   // "Experience and retention").
   int64_t experience_max_bytes = 0;                          // bytes
   absl::Duration experience_max_age = absl::ZeroDuration();  // age of a shard
+  // The request log (issue 37, shared/experience/request_log.h): each
+  // finished greedy request's prompt and output token ids, method, policy
+  // version, load and timings, in the experience store under
+  // request_log_prefix, with the experience retention. On whenever
+  // experience_url is set; it holds users' token ids (docs/serving.md).
+  bool request_log = true;
+  std::string request_log_prefix = "requests";
   // Rewards of logged transitions: "throughput" (tokens minus cost under the
   // verifier's cost model) or "paper" (docs/design.md §2).
   std::string reward = "throughput";

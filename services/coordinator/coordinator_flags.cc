@@ -74,6 +74,8 @@ void AddCoordinatorFlags(flags::FlagSet* flags, CoordinatorFlags* v) {
              "retention: delete the oldest experience shards beyond this many bytes (0 = keep all)");
   flags->Add("experience-max-age-h", &v->max_age_h,
              "retention: delete experience shards older than this many hours (0 = keep all)");
+  flags->Add("request-log", &o.request_log,
+             "log finished greedy requests (users' prompt and output token ids) beside the experience; false: off");
   flags->Add("reward", &o.reward, "rewards of logged transitions: throughput | paper");
   // Issue 17: bounded input and the security of the public API (docs/security.md).
   flags->Add("max-context-tokens", &v->context_tokens,

@@ -71,9 +71,10 @@ ShardReport ReadShard(const std::string& path, std::vector<policy::Transition>* 
 // ---------------------------------------------------------------------------
 // Encoding and decoding of one shard
 
-ShardEncoder::ShardEncoder() : buffer_(kShardMagic, kShardMagicSize), bytes_(kShardMagicSize) {}
+ShardEncoder::ShardEncoder(std::string_view magic)
+    : buffer_(magic), bytes_(static_cast<int64_t>(magic.size())) {}
 
-Status ShardEncoder::Append(const lede::v1::Transition& record) {
+Status ShardEncoder::Append(const google::protobuf::MessageLite& record) {
   const size_t length = record.ByteSizeLong();
   if (length > kMaxRecordBytes) {
     return InvalidArgumentError("experience record of " + std::to_string(length) +
@@ -85,7 +86,7 @@ Status ShardEncoder::Append(const lede::v1::Transition& record) {
   char* payload = header + kRecordHeaderSize;
   if (!record.SerializeToArray(payload, static_cast<int>(length))) {
     buffer_.resize(start);
-    return InternalError("cannot serialize lede.v1.Transition");
+    return InternalError("cannot serialize " + record.GetTypeName());
   }
   PutUint32Le(static_cast<uint32_t>(length), header);
   PutUint32Le(Crc32(payload, length), header + 4);
@@ -100,16 +101,16 @@ std::string ShardEncoder::TakeBytes() {
   return out;
 }
 
-ShardReport DecodeShard(std::string_view bytes, const std::string& name,
-                        std::vector<policy::Transition>* out) {
+ShardReport DecodeFrames(std::string_view bytes, const std::string& name, std::string_view magic,
+                         const std::string& what_kind,
+                         const std::function<std::string(int64_t index, std::string_view payload)>& take) {
   ShardReport report;
   report.path = name;
-  if (bytes.size() < kShardMagicSize || std::memcmp(bytes.data(), kShardMagic, kShardMagicSize) != 0) {
-    report.error = "bad file magic (not an experience shard)";
+  if (bytes.size() < magic.size() || std::memcmp(bytes.data(), magic.data(), magic.size()) != 0) {
+    report.error = "bad file magic (not " + what_kind + ")";
     return report;
   }
-  uint64_t offset = kShardMagicSize;
-  lede::v1::Transition record;
+  uint64_t offset = magic.size();
   for (int64_t index = 0;; ++index) {
     const std::string where =
         "record " + std::to_string(index) + " at offset " + std::to_string(offset) + ": ";
@@ -138,20 +139,29 @@ ShardReport DecodeShard(std::string_view bytes, const std::string& name,
       report.error = where + "checksum mismatch";
       break;
     }
-    if (!record.ParseFromArray(payload, static_cast<int>(length))) {
-      report.error = where + "unparsable lede.v1.Transition";
+    if (std::string bad = take(index, std::string_view(payload, length)); !bad.empty()) {
+      report.error = where + bad;
       break;
     }
-    StatusOr<policy::Transition> t = FromProto(record);
-    if (!t.ok()) {
-      report.error = where + "invalid lede.v1.Transition: " + std::string(t.status().message());
-      break;
-    }
-    out->push_back(*std::move(t));
     ++report.records;
     offset += kRecordHeaderSize + length;
   }
   return report;
+}
+
+ShardReport DecodeShard(std::string_view bytes, const std::string& name,
+                        std::vector<policy::Transition>* out) {
+  lede::v1::Transition record;
+  return DecodeFrames(bytes, name, std::string_view(kShardMagic, kShardMagicSize), "an experience shard",
+                      [&](int64_t, std::string_view payload) -> std::string {
+                        if (!record.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
+                          return "unparsable lede.v1.Transition";
+                        }
+                        StatusOr<policy::Transition> t = FromProto(record);
+                        if (!t.ok()) return "invalid lede.v1.Transition: " + std::string(t.status().message());
+                        out->push_back(*std::move(t));
+                        return "";
+                      });
 }
 
 // ---------------------------------------------------------------------------

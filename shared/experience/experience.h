@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -28,6 +29,10 @@
 namespace lede::v1 {
 class Transition;  // proto/lede/v1/experience.pb.h
 }  // namespace lede::v1
+
+namespace google::protobuf {
+class MessageLite;
+}  // namespace google::protobuf
 
 namespace lede::experience {
 
@@ -55,11 +60,14 @@ inline constexpr uint32_t kMaxRecordBytes = 16u << 20;
 //   LEDE_RETURN_IF_ERROR(store.Put("exp/a.lexp", enc.TakeBytes()));
 class ShardEncoder {
  public:
-  ShardEncoder();
-  // Appends one framed record. Errors: kInvalidArgument if the record
-  // exceeds kMaxRecordBytes; kInternal if protobuf cannot serialize it. On
-  // error nothing is appended.
-  Status Append(const lede::v1::Transition& record);
+  // `magic` (8 bytes) starts the shard: kShardMagic for experience shards,
+  // kRequestLogMagic (request_log.h) for the request log.
+  explicit ShardEncoder(std::string_view magic = std::string_view(kShardMagic, kShardMagicSize));
+  // Appends one framed record (any protobuf message: lede.v1.Transition in
+  // experience shards, lede.v1.RequestRecord in the request log).
+  // Errors: kInvalidArgument if the record exceeds kMaxRecordBytes;
+  // kInternal if protobuf cannot serialize it. On error nothing is appended.
+  Status Append(const google::protobuf::MessageLite& record);
   // Records appended so far.
   int64_t records() const { return records_; }
   // Bytes of the shard so far (magic + framed records), taken or not.
@@ -152,6 +160,16 @@ StatusOr<ReadResult> ReadShardsFromStore(storage::ObjectStore& store, std::strin
 // of ReadShards().
 ShardReport DecodeShard(std::string_view bytes, const std::string& name,
                         std::vector<policy::Transition>* out);
+
+// The framing of every shard kind: checks `magic` (what_kind, e.g. "an
+// experience shard", names the kind in the error), then calls `take(index, payload)` for
+// each record whose length and CRC-32 are good, in order, until the first
+// bad one or `take` returns an error text (non-empty: the record is
+// counted bad with that text). The report counts the records taken; its
+// error names the first bad record, its byte offset and the defect.
+ShardReport DecodeFrames(std::string_view bytes, const std::string& name, std::string_view magic,
+                         const std::string& what_kind,
+                         const std::function<std::string(int64_t index, std::string_view payload)>& take);
 
 // Converts the plain transition to its wire record, every field:
 // next_state is left empty when `transition.done`, and the proto-only fields

@@ -42,10 +42,11 @@ class ExperienceLogger::ShardBuilder {
  public:
   bool empty() const { return encoder_ == nullptr || encoder_->records() == 0; }
   ShardEncoder& encoder() {
-    if (encoder_ == nullptr) encoder_ = std::make_unique<ShardEncoder>();
+    if (encoder_ == nullptr) encoder_ = std::make_unique<ShardEncoder>(magic);
     return *encoder_;
   }
   absl::Time first_record = absl::InfinitePast();
+  std::string magic;
   void Reset() {
     encoder_.reset();
     first_record = absl::InfinitePast();
@@ -66,6 +67,9 @@ StatusOr<std::unique_ptr<ExperienceLogger>> ExperienceLogger::Create(
   if (!KeySafeName(o.writer_id)) {
     return InvalidArgumentError("bad experience writer id \"" + o.writer_id +
                                 "\" (use [A-Za-z0-9._-], not starting with '.')");
+  }
+  if (o.shard_magic.size() != kShardMagicSize || o.shard_suffix.size() < 2 || o.shard_suffix.front() != '.') {
+    return InvalidArgumentError("ExperienceLoggerOptions: shard_magic must have 8 bytes, shard_suffix start with '.'");
   }
   if (o.queue_capacity_records <= 0 || o.max_shard_bytes <= 0 || o.max_put_attempts <= 0 ||
       o.max_shard_age <= absl::ZeroDuration() || o.initial_backoff < absl::ZeroDuration() ||
@@ -114,6 +118,7 @@ bool ExperienceLogger::Enqueue(T&& record) {
 
 bool ExperienceLogger::Log(const lede::v1::Transition& record) { return Enqueue(record); }
 bool ExperienceLogger::Log(lede::v1::Transition&& record) { return Enqueue(std::move(record)); }
+bool ExperienceLogger::Log(lede::v1::RequestRecord&& record) { return Enqueue(std::move(record)); }
 
 Status ExperienceLogger::Flush() {
   absl::MutexLock lock(&mu_);
@@ -171,7 +176,7 @@ void ExperienceLogger::ApplyRetentionNow() {
   if (!options_.retention.enabled()) return;
   const absl::Time now = options_.clock->Now();
   last_retention_ = now;
-  const StatusOr<RetentionResult> r = ApplyRetention(*store_, options_.prefix + "/", options_.retention, now);
+  const StatusOr<RetentionResult> r = ApplyRetention(*store_, options_.prefix + "/", options_.retention, now, options_.shard_suffix);
   if (r.ok()) {
     counts_.shards_deleted.fetch_add(r->shards_deleted, std::memory_order_relaxed);
     counts_.bytes_deleted.fetch_add(r->bytes_deleted, std::memory_order_relaxed);
@@ -198,7 +203,7 @@ void ExperienceLogger::PutShard(ShardBuilder& shard) {
   std::snprintf(seq, sizeof(seq), "%08lld", static_cast<long long>(seq_++));
   const std::string key = options_.prefix + "/" +
                           absl::FormatTime("%Y-%m-%d", shard.first_record, absl::UTCTimeZone()) + "/" +
-                          options_.writer_id + "-" + seq + kShardSuffix;
+                          options_.writer_id + "-" + seq + options_.shard_suffix;
   const std::string bytes = encoder.TakeBytes();
   shard.Reset();
   absl::Duration backoff = options_.initial_backoff;
@@ -233,7 +238,8 @@ void ExperienceLogger::PutShard(ShardBuilder& shard) {
 
 void ExperienceLogger::Run() {
   ShardBuilder shard;
-  std::deque<lede::v1::Transition> batch;
+  shard.magic = options_.shard_magic;
+  std::deque<Record> batch;
   int64_t flushed = 0;
   ApplyRetentionNow();
   Report();  // the start-up sweep and first retention pass reach /metrics now
@@ -256,9 +262,11 @@ void ExperienceLogger::Run() {
       gen = flush_requested_gen_;
       closing = closing_;
     }
-    for (lede::v1::Transition& record : batch) {
+    for (Record& record : batch) {
       if (shard.empty()) shard.first_record = options_.clock->Now();
-      if (!shard.encoder().Append(record).ok()) {
+      const Status appended =
+          std::visit([&](const auto& r) { return shard.encoder().Append(r); }, record);
+      if (!appended.ok()) {
         counts_.records_rejected.fetch_add(1, std::memory_order_relaxed);
         continue;
       }

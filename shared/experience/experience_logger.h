@@ -31,6 +31,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <variant>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -73,6 +74,11 @@ struct ExperienceLoggerOptions {
   // Key prefix (folder) in the store, a valid key; shards go under
   // "<prefix>/<date>/".
   std::string prefix = "experience";
+  // The shard kind: its 8-byte magic and file-name suffix. Experience
+  // shards by default; the request log (request_log.h) sets its own, and
+  // retention then counts only shards of this suffix.
+  std::string shard_magic = "LEDEXP1\n";
+  std::string shard_suffix = ".lexp";
   // Names this writer's shards; must be unique among concurrent writers and
   // across restarts (seq restarts at 0). Default ("" ) is
   // "<hostname>-<pid>-<start time, UTC, YYYYMMDDTHHMMSSZ>". Key-safe
@@ -137,6 +143,8 @@ class ExperienceLogger {
   // logger is closed.
   bool Log(const lede::v1::Transition& record);
   bool Log(lede::v1::Transition&& record);
+  // A request-log record (request_log.h); same queue, same guarantees.
+  bool Log(lede::v1::RequestRecord&& record);
 
   // Blocks until every record logged before the call is in a shard that was
   // Put() or given up, starting a new shard afterwards. Returns OK, or the
@@ -185,7 +193,8 @@ class ExperienceLogger {
   // The writer waits on mu_ (absl::Condition) for records, a flush or
   // closing; Flush() and Close() wait on done_cv_ for flushed_gen_.
   absl::CondVar done_cv_;
-  std::deque<lede::v1::Transition> queue_ ABSL_GUARDED_BY(mu_);
+  using Record = std::variant<lede::v1::Transition, lede::v1::RequestRecord>;
+  std::deque<Record> queue_ ABSL_GUARDED_BY(mu_);
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   int64_t flush_requested_gen_ ABSL_GUARDED_BY(mu_) = 0;

@@ -10,15 +10,15 @@
 namespace lede::experience {
 namespace {
 
-bool IsShardKey(const std::string& key) {
-  const std::string_view suffix(kShardSuffix);
+bool IsShardKey(const std::string& key, std::string_view suffix) {
   return key.size() > suffix.size() && key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 }  // namespace
 
 StatusOr<RetentionResult> ApplyRetention(storage::ObjectStore& store, std::string_view prefix,
-                                         const RetentionPolicy& policy, absl::Time now) {
+                                         const RetentionPolicy& policy, absl::Time now,
+                                         std::string_view suffix) {
   if (policy.max_total_bytes < 0 || policy.max_age < absl::ZeroDuration()) {
     return InvalidArgumentError("RetentionPolicy: max_total_bytes and max_age must not be negative");
   }
@@ -28,7 +28,7 @@ StatusOr<RetentionResult> ApplyRetention(storage::ObjectStore& store, std::strin
   LEDE_ASSIGN_OR_RETURN(std::vector<storage::ObjectInfo> objects, store.List(prefix));
   std::vector<storage::ObjectInfo> shards;
   for (storage::ObjectInfo& o : objects) {
-    if (IsShardKey(o.key)) shards.push_back(std::move(o));
+    if (IsShardKey(o.key, suffix)) shards.push_back(std::move(o));
   }
   std::sort(shards.begin(), shards.end(), [](const storage::ObjectInfo& a, const storage::ObjectInfo& b) {
     return a.modified != b.modified ? a.modified < b.modified : a.key < b.key;

@@ -47,8 +47,8 @@ struct RetentionResult {
   int64_t bytes_kept = 0;      // their total size, in bytes
 };
 
-// Lists the shards (keys ending in kShardSuffix; other objects are neither
-// counted nor touched) under `prefix` (a List() prefix; use a trailing '/'
+// Lists the shards (keys ending in `suffix`: kShardSuffix, or the request
+// log's ".lreq"; other objects are neither counted nor touched) under `prefix` (a List() prefix; use a trailing '/'
 // for a folder), orders them oldest first (ObjectInfo::modified, then key),
 // deletes those older than policy.max_age at `now`, then the oldest of the
 // rest until their total is at most policy.max_total_bytes. A disabled
@@ -59,7 +59,8 @@ struct RetentionResult {
 // are not counted in the returned error, only in a successful result).
 // Thread-safety: as the store's.
 StatusOr<RetentionResult> ApplyRetention(storage::ObjectStore& store, std::string_view prefix,
-                                         const RetentionPolicy& policy, absl::Time now);
+                                         const RetentionPolicy& policy, absl::Time now,
+                                         std::string_view suffix = ".lexp");
 
 }  // namespace lede::experience
 

@@ -203,6 +203,12 @@ SpecDecodeMetrics::SpecDecodeMetrics(Registry& r)
       experience_stale_temp_files_removed(UnlabelledCounter(
           r, "lede_experience_stale_temp_files_removed_total",
           "Temporary shard files of writers that died mid-write, removed at start (files).")),
+      request_log_records_written(UnlabelledCounter(
+          r, "lede_request_log_records_written_total",
+          "Request-log records (finished greedy requests) written to shards (records).")),
+      request_log_records_dropped(UnlabelledCounter(
+          r, "lede_request_log_records_dropped_total",
+          "Request-log records dropped: queue full or write error (records).")),
       per_pos_(kMaxAcceptedPositions, nullptr) {}
 
 Counter& SpecDecodeMetrics::AcceptedAtPosition(int position) {

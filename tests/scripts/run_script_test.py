@@ -5,6 +5,7 @@ process, and health that tells live from ready.
 
 usage: run_script_test.py CASE BUILD_DIR
   CASE: input_checks (no process started) | stop_drains | supervisor_health | security | hostile_clients
+        | cold_start | cold_start_retrain
 Exit status 0 = pass, 1 = fail.
 """
 import json
@@ -384,6 +385,115 @@ def test_hostile_clients(build):
             fail(f"{path} is world-accessible ({oct(os.stat(path).st_mode & 0o777)})")
 
 
+def test_cold_start(build):
+    # Issue 37: a checkpoint with no policy/ and no calibration was refused
+    # ("has no policy/ directory"). A copy of lede-tiny without them must
+    # start with no other flag and serve the default method (LEDE) with the
+    # cold-start policy that a self-calibration chose at start-up.
+    import shutil
+    model = os.path.join(tempfile.mkdtemp(prefix="lede-cold-model-"), "model")
+    shutil.copytree(os.path.join(ROOT, "models", "lede-tiny"), model,
+                    ignore=shutil.ignore_patterns("policy", "calibration-cpu.json", "report*.json"))
+    c = Cluster(build, {"LEDE_MODEL": model})
+    c.start()
+    try:
+        root = os.path.join(c.state, "policy")
+        with open(os.path.join(root, "SERVING")) as f:
+            version = f.read().strip()
+        if version != "cold-start-v1":
+            fail(f"SERVING names {version!r}, not the cold-start version")
+        with open(os.path.join(root, version, "policy.json")) as f:
+            meta = json.load(f)
+        opts = meta["training_options"]
+        if opts.get("cold_start") != 1 or opts.get("self_calibrated") != 1 or not opts.get("exit_layer"):
+            fail(f"not a self-calibrated static cold-start policy: {opts}")
+        log = open(os.path.join(c.state, "logs", "cold-start.log")).read()
+        if 'msg="cold start policy written"' not in log or "how=self-calibration" not in log:
+            fail("no cold-start log line:\n" + log)
+        if os.path.exists(os.path.join(model, "policy")):
+            fail("the cold start wrote into the model directory")
+        body = {"prompt": "Once upon a time", "max_tokens": 32, "temperature": 0}
+        req = urllib.request.Request(f"http://127.0.0.1:{c.http}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            out = json.loads(r.read().decode())
+        lede = out.get("lede", {})
+        if lede.get("method") != "lede" or version not in lede.get("policy_version", ""):
+            fail(f"the request did not run LEDE with {version}: {lede}\n{c.log('drafter')}")
+        if lede.get("drafted_tokens", 0) <= 0 or abs(lede.get("mean_exit_layer", 0) - opts["exit_layer"]) > 1e-6:
+            fail(f"the request did not draft at the cold-start exit layer {opts['exit_layer']}: {lede}")
+        print(f"cold start {meta['candidate_layers']} D={meta['max_draft_len']}: {lede}")
+        # A second start on the same state keeps the policy it has.
+        c.stop()
+        # The greedy request is in the request log beside the experience (on by default).
+        import glob
+        shards = glob.glob(os.path.join(c.state, "experience", "requests", "*", "*.lreq"))
+        if not shards or not all(open(p, "rb").read(8) == b"LEDREQ1\n" for p in shards):
+            fail(f"no request-log shard after the stop: {shards}")
+        c.start()
+        again = open(os.path.join(c.state, "logs", "cold-start.log")).read()
+        if again.count("cold start policy written") != 1 or open(os.path.join(root, "SERVING")).read().strip() != version:
+            fail("a restart wrote another cold-start policy:\n" + again)
+    finally:
+        c.stop()
+        shutil.rmtree(os.path.dirname(model), ignore_errors=True)
+
+
+def test_cold_start_retrain(build):
+    # Issue 37: bring a checkpoint with no policy, serve it, send greedy
+    # traffic, and `lede-train --once` with no flag beyond the store, the
+    # policy root and the model learns from the logged requests; a second
+    # run with no new traffic publishes nothing.
+    import shutil
+    model = os.path.join(tempfile.mkdtemp(prefix="lede-cold-model-"), "model")
+    shutil.copytree(os.path.join(ROOT, "models", "lede-tiny"), model,
+                    ignore=shutil.ignore_patterns("policy", "calibration-cpu.json", "report*.json"))
+    c = Cluster(build, {"LEDE_MODEL": model})
+    c.start()
+    try:
+        with open(os.path.join(ROOT, "models", "lede-tiny", "prompts", "code.jsonl")) as f:
+            prompts = [json.loads(line) for line in f][:24]
+        for p in prompts:
+            text = p.get("prompt") or p.get("text") or p.get("input")
+            body = {"prompt": text, "max_tokens": 48, "temperature": 0}
+            req = urllib.request.Request(f"http://127.0.0.1:{c.http}/v1/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=60) as r:
+                if r.status != 200:
+                    fail(f"request failed: {r.status}")
+    finally:
+        c.stop()
+    root = os.path.join(c.state, "policy")
+    train = [os.path.join(build, "trainer", "lede-train"), "--once", "--experience", os.path.join(c.state, "experience"),
+             "--policy-root", root, "--model", model]
+    r = subprocess.run(train, capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        fail(f"lede-train --once: {r.returncode}\n{r.stdout}\n{r.stderr}")
+    m = re.search(r"decision=(published|rejected) serving=cold-start-v1 candidate=(\S+)", r.stdout + r.stderr)
+    if not m:
+        fail("no retrain decision line:\n" + r.stdout + r.stderr)
+    decision, version = m.group(1), m.group(2)
+    report_dir = os.path.join(root, version) if decision == "published" else os.path.join(root, "candidates", version)
+    with open(os.path.join(report_dir, "report.json")) as f:
+        report = json.load(f)
+    cand, serv = report["candidate"]["heldout_replay_speedup"], report["serving"]["heldout_replay_speedup"]
+    if report["trainer"] != "counterfactual" or report["requests"] != len(prompts) or report["heldout_requests"] < 1:
+        fail(f"not trained on the logged requests: {report}")
+    if (cand - serv > 0.01) != (decision == "published"):
+        fail(f"decision {decision} does not follow the margin: candidate {cand}, serving {serv}")
+    serving = open(os.path.join(root, "SERVING")).read().strip()
+    if serving != (version if decision == "published" else "cold-start-v1"):
+        fail(f"SERVING is {serving} after {decision} {version}")
+    print(f"{decision} {version}: held-out replay candidate {cand:.4f}x, cold start {serv:.4f}x "
+          f"({report['train_requests']} train, {report['heldout_requests']} held-out requests)")
+    again = subprocess.run(train, capture_output=True, text=True, timeout=600)
+    if again.returncode != 0 or "decision=no_new_data" not in again.stdout + again.stderr:
+        fail(f"a second --once with no new traffic did something: {again.returncode}\n{again.stdout}{again.stderr}")
+    if open(os.path.join(root, "SERVING")).read().strip() != serving:
+        fail("the second --once changed SERVING")
+    shutil.rmtree(os.path.dirname(model), ignore_errors=True)
+
+
 def proc_alive(pid):
     try:
         os.kill(pid, 0)
@@ -395,7 +505,8 @@ def proc_alive(pid):
 
 CASES = {"input_checks": test_input_checks, "stop_drains": test_stop_drains,
          "supervisor_health": test_supervisor_health, "security": test_security,
-         "hostile_clients": test_hostile_clients}
+         "hostile_clients": test_hostile_clients, "cold_start": test_cold_start,
+         "cold_start_retrain": test_cold_start_retrain}
 
 
 def main(argv):

@@ -424,8 +424,16 @@ TEST_F(RetrainTest, CreateRejectsBadOptions) {
   o.version_prefix = "bad/prefix";
   EXPECT_THAT(Retrainer::Create(o).status(), StatusIs(StatusCode::kInvalidArgument));
   o = Options(0.01);
-  o.model_dir = "models/lede-tiny";  // without eval_prompts
+  o.model_dir = "models/lede-tiny";  // without eval_prompts: the td trainer needs them
+  o.trainer = "td";
   EXPECT_THAT(Retrainer::Create(o).status(), StatusIs(StatusCode::kInvalidArgument));
+  o.trainer = "auto";  // the counterfactual trainer evaluates on held-out logged requests instead (issue 37)
+  EXPECT_THAT(Retrainer::Create(o).status(), IsOk());
+  o.trainer = "sgd";
+  EXPECT_THAT(Retrainer::Create(o).status(), StatusIs(StatusCode::kInvalidArgument, ::testing::HasSubstr("trainer")));
+  o = Options(0.01);
+  o.trainer = "counterfactual";  // without model_dir
+  EXPECT_THAT(Retrainer::Create(o).status(), StatusIs(StatusCode::kInvalidArgument, ::testing::HasSubstr("model_dir")));
   o = Options(0.01);
   o.dqn.lr = 0;
   EXPECT_THAT(Retrainer::Create(o).status(), StatusIs(StatusCode::kInvalidArgument));

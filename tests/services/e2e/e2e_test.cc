@@ -22,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,6 +51,7 @@
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
 #include "shared/experience/experience.h"
+#include "shared/experience/request_log.h"
 
 namespace lede {
 namespace {
@@ -817,10 +819,15 @@ void LogExperienceAndCheck(LedeCluster& cluster, const std::string& store_url,
   auto coordinator = cluster.StartExtraCoordinator(false, store_url);
   ASSERT_THAT(coordinator, IsOk());
   auto stub = LedeCluster::NewStub((*coordinator)->grpc_target());
+  std::vector<std::vector<int32_t>> outputs;
   for (const std::string& p : prompts) {
     CallResult r = Generate(*stub, MakeRequest(p, Lede()));
     ASSERT_TRUE(r.ok()) << r.Describe();
+    outputs.push_back(r.ids);
   }
+  // A sampling request: its transitions are logged, it is not in the request log.
+  CallResult sampled = Generate(*stub, MakeRequest(prompts[0], Lede(), 16, Sampling{0.8f, 0.95f, 3}));
+  ASSERT_TRUE(sampled.ok()) << sampled.Describe();
   (*coordinator)->Signal(SIGTERM);
   std::optional<int> code = (*coordinator)->Wait(30s);
   ASSERT_TRUE(code.has_value()) << "the coordinator did not exit after SIGTERM";
@@ -836,6 +843,27 @@ void LogExperienceAndCheck(LedeCluster& cluster, const std::string& store_url,
   auto serving = policy::dqn::ResolveServingVersion(ModelDir() + "/policy");
   ASSERT_THAT(serving, IsOk());
   for (const policy::Transition& t : read->transitions) ASSERT_EQ(t.policy_version, *serving);
+
+  // The request log (issue 37): one record per greedy request, beside the
+  // experience shards, holding what the client received.
+  auto requests = experience::ReadRequestLog(**store);
+  ASSERT_THAT(requests, IsOk());
+  EXPECT_EQ(requests->bad_shards(), 0);
+  ASSERT_EQ(requests->records.size(), prompts.size());
+  std::set<std::string> ids;
+  for (const lede::v1::RequestRecord& r : requests->records) {
+    ids.insert(r.request_id());
+    EXPECT_GT(r.prompt_token_ids_size(), 0);
+    EXPECT_EQ(r.method(), "lede");
+    EXPECT_EQ(r.policy_version(), *serving);
+    EXPECT_FALSE(r.model_fingerprint().empty());
+    EXPECT_GE(r.load(), 1);
+    EXPECT_EQ(r.max_new_tokens(), 48);
+    EXPECT_GT(r.decode_us(), 0);
+    const std::vector<int32_t> out(r.output_token_ids().begin(), r.output_token_ids().end());
+    EXPECT_NE(std::find(outputs.begin(), outputs.end(), out), outputs.end()) << r.request_id();
+  }
+  EXPECT_EQ(ids.size(), prompts.size());
 }
 
 // Experience: LEDE requests through a coordinator logging to a directory

@@ -259,7 +259,8 @@ TEST(TelemetrySpecDecodeMetricsTest, PromtoolAcceptsServedMetrics) {
         "lede_e2e_request_latency_seconds", "lede_policy_version", "lede_policy_version_number",
         "lede_kv_slots_in_use", "lede_kv_slots_capacity", "lede_experience_records_written_total",
         "lede_experience_records_dropped_total", "lede_experience_shards_written_total",
-        "lede_policy_reloads_total"}) {
+        "lede_policy_reloads_total", "lede_request_log_records_written_total",
+        "lede_request_log_records_dropped_total"}) {
     EXPECT_THAT(resp.body, HasSubstr(std::string("# TYPE ") + name + " ")) << name;
   }
 

@@ -1,0 +1,219 @@
+// Retraining on the request log (trainer/request_retrain.h) on
+// models/lede-tiny: greedy requests logged through the request log, a
+// cold-start serving policy, a candidate trained by the counterfactual
+// trainer and judged by exact replay on held-out requests; nothing without
+// new requests; another model's log refused; corrupt shards skipped.
+#include "trainer/request_retrain.h"
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "policy/dqn/artifact.h"
+#include "shared/experience/request_log.h"
+#include "shared/model/cost_model.h"
+#include "shared/model/decoding.h"
+#include "shared/tokenizer/model_files.h"
+#include "shared/tokenizer/tokenizer.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+#include "trainer/cold_start.h"
+#include "trainer/corpus.h"
+
+namespace lede::trainer {
+namespace {
+
+using ::lede::testing::IsOk;
+using ::lede::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr char kModelDir[] = "models/lede-tiny";
+
+class RequestRetrainTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto loaded = model::LlamaModel::Load(kModelDir, model::ModelOptions{});
+    ASSERT_TRUE(loaded.ok()) << loaded.status().message();
+    model_ = std::shared_ptr<const model::LlamaModel>(std::move(*loaded));
+    model::KvCacheOptions ko;
+    ko.max_draft_len = 8;
+    auto engine = model::Engine::Create(model_, ko);
+    ASSERT_TRUE(engine.ok());
+    auto path = tokenizer::FindTokenizerFile(kModelDir);
+    ASSERT_TRUE(path.ok());
+    auto tok = tokenizer::LoadTokenizer(*path);
+    ASSERT_TRUE(tok.ok());
+    std::vector<std::vector<int32_t>> prompts;
+    for (const char* set : {"models/lede-tiny/prompts/story.jsonl", "models/lede-tiny/prompts/code.jsonl"}) {
+      auto s = LoadPromptSet(set, **tok, 12, 32, 128);
+      ASSERT_TRUE(s.ok()) << s.status().message();
+      for (const auto& p : s->tuning) prompts.push_back(p);
+    }
+    // What the coordinator logs for a greedy request.
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      model::GenerateOptions o;
+      o.max_new_tokens = 32;
+      auto r = (*engine)->Generate(prompts[i], o);
+      ASSERT_TRUE(r.ok());
+      lede::v1::RequestRecord rec;
+      rec.set_request_id("req-" + std::to_string(i));
+      rec.mutable_prompt_token_ids()->Add(prompts[i].begin(), prompts[i].end());
+      rec.mutable_output_token_ids()->Add(r->tokens.begin(), r->tokens.end());
+      rec.set_ended_on_eos(r->finish == model::FinishReason::kEos);
+      rec.set_max_new_tokens(32);
+      rec.set_method("lede");
+      rec.set_policy_version("cold-start-v1");
+      rec.set_model_fingerprint(model_->config().ArchitectureFingerprint());
+      rec.set_load(1);
+      records_.push_back(rec);
+    }
+  }
+  static void TearDownTestSuite() { model_.reset(); }
+
+  void SetUp() override {
+    ASSERT_FALSE(tmp_.path().empty());
+    auto opened = storage::OpenObjectStore("file://" + (tmp_.path() / "store").string());
+    ASSERT_TRUE(opened.ok());
+    store_ = std::shared_ptr<storage::ObjectStore>(std::move(*opened));
+    root_ = (tmp_.path() / "policy").string();
+    const int32_t L = static_cast<int32_t>(model_->n_layers());
+    auto a = ColdStartArtifact(DefaultColdStart(L), L, model_->config().ArchitectureFingerprint(), "cold-start-v1",
+                               "accelerator");
+    ASSERT_TRUE(a.ok());
+    ASSERT_THAT(WriteColdStartPolicy(root_, *a), IsOk());
+    cost_ = model::MakeAcceleratorCostModel(model_->config());
+  }
+
+  void LogRecords(const std::vector<lede::v1::RequestRecord>& records) {
+    experience::ExperienceLoggerOptions o;
+    o.writer_id = "c" + std::to_string(++writers_);
+    auto log = experience::CreateRequestLog(store_, o);
+    ASSERT_TRUE(log.ok());
+    for (lede::v1::RequestRecord r : records) ASSERT_TRUE((*log)->Log(std::move(r)));
+    ASSERT_THAT((*log)->Close(), IsOk());
+  }
+
+  RequestRetrainOptions Quick(const std::string& version, double margin) {
+    RequestRetrainOptions o;
+    o.policy_root = root_;
+    o.version = version;
+    o.publish_margin = margin;
+    o.dinkelbach.max_iterations = 1;
+    o.dinkelbach.dqn.epochs = 2;
+    o.dinkelbach.dqn.num_threads = 1;
+    return o;
+  }
+
+  std::string Serving() {
+    auto v = policy::dqn::ResolveServingVersion(root_);
+    return v.ok() ? *v : "";
+  }
+
+  static std::shared_ptr<const model::LlamaModel> model_;
+  static std::vector<lede::v1::RequestRecord> records_;
+  ::lede::testing::TempDir tmp_;
+  std::shared_ptr<storage::ObjectStore> store_;
+  std::string root_;
+  std::unique_ptr<model::CostModel> cost_;
+  int writers_ = 0;
+};
+
+std::shared_ptr<const model::LlamaModel> RequestRetrainTest::model_;
+std::vector<lede::v1::RequestRecord> RequestRetrainTest::records_;
+
+TEST_F(RequestRetrainTest, PublishesOnlyByTheMarginAndNothingWithoutNewRequests) {
+  LogRecords(records_);
+  std::set<std::string> processed;
+  // The first run decides by the held-out replay: published iff better by the margin.
+  auto first = RetrainOnRequests(*store_, *model_, *cost_, processed, Quick("r-1", 0.01));
+  ASSERT_THAT(first, IsOk());
+  EXPECT_EQ(first->n_requests, static_cast<int64_t>(records_.size()));
+  EXPECT_GT(first->n_heldout, 0);
+  EXPECT_GT(first->n_train, first->n_heldout);
+  EXPECT_GT(first->serving_speedup, 1.0);  // the cold-start static policy replays above autoregressive
+  EXPECT_GT(first->candidate_speedup, 0.0);
+  const bool better = first->candidate_speedup - first->serving_speedup > 0.01;
+  EXPECT_EQ(first->decision, better ? RequestRetrainDecision::kPublished : RequestRetrainDecision::kRejected)
+      << first->reason;
+  EXPECT_EQ(Serving(), better ? "r-1" : "cold-start-v1");
+  ASSERT_FALSE(first->new_shards.empty());
+  for (const std::string& s : first->new_shards) processed.insert(s);
+  std::printf("held-out replay: serving %.4fx, candidate %.4fx (%s)\n", first->serving_speedup,
+              first->candidate_speedup, first->reason.c_str());
+
+  // No new requests: nothing trained, nothing written.
+  const std::string before = Serving();
+  auto second = RetrainOnRequests(*store_, *model_, *cost_, processed, Quick("r-2", -1.0));
+  ASSERT_THAT(second, IsOk());
+  EXPECT_EQ(second->decision, RequestRetrainDecision::kNoNewData);
+  EXPECT_EQ(Serving(), before);
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(root_) / "r-2"));
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(root_) / "candidates" / "r-2"));
+}
+
+TEST_F(RequestRetrainTest, ACandidateNotBetterByTheMarginIsNotPublished) {
+  // Trained on a handful of requests, and a margin no candidate can clear.
+  LogRecords(std::vector<lede::v1::RequestRecord>(records_.begin(), records_.begin() + 6));
+  auto out = RetrainOnRequests(*store_, *model_, *cost_, {}, Quick("r-bad", 10.0));
+  ASSERT_THAT(out, IsOk());
+  EXPECT_EQ(out->decision, RequestRetrainDecision::kRejected) << out->reason;
+  EXPECT_THAT(out->reason, HasSubstr("rejected"));
+  EXPECT_EQ(Serving(), "cold-start-v1");
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(root_) / "r-bad"));
+  EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(root_) / "candidates" / "r-bad" / "policy.json"));
+}
+
+TEST_F(RequestRetrainTest, ALogOfAnotherModelIsRefusedNamingBoth) {
+  std::vector<lede::v1::RequestRecord> other(records_.begin(), records_.begin() + 6);
+  other[2].set_model_fingerprint("0123456789abcdef");
+  LogRecords(other);
+  auto out = RetrainOnRequests(*store_, *model_, *cost_, {}, Quick("r-x", 0.01));
+  EXPECT_THAT(out.status(), StatusIs(StatusCode::kFailedPrecondition, HasSubstr("0123456789abcdef")));
+  EXPECT_THAT(out.status().message(), HasSubstr(model_->config().ArchitectureFingerprint()));
+  EXPECT_EQ(Serving(), "cold-start-v1");
+}
+
+TEST_F(RequestRetrainTest, CorruptShardsAreSkippedAndCounted) {
+  LogRecords(std::vector<lede::v1::RequestRecord>(records_.begin(), records_.begin() + 8));
+  ASSERT_THAT(store_->Put("requests/2026-12-04/broken.lreq", std::string("LEDREQ1\n\x40\x00\x00\x00garbage", 19)),
+              IsOk());
+  ASSERT_THAT(store_->Put("requests/2026-12-04/zero.lreq", std::string()), IsOk());
+  auto out = RetrainOnRequests(*store_, *model_, *cost_, {}, Quick("r-c", std::numeric_limits<double>::infinity()));
+  ASSERT_THAT(out, IsOk());
+  EXPECT_EQ(out->n_bad_shards, 2);
+  EXPECT_EQ(out->n_requests, 8);
+  EXPECT_EQ(out->decision, RequestRetrainDecision::kRejected);
+}
+
+TEST_F(RequestRetrainTest, OnlyTheMostRecentRequestsAreUsed) {
+  LogRecords(records_);
+  RequestRetrainOptions o = Quick("r-w", std::numeric_limits<double>::infinity());
+  o.max_requests = 10;
+  auto out = RetrainOnRequests(*store_, *model_, *cost_, {}, o);
+  ASSERT_THAT(out, IsOk());
+  EXPECT_EQ(out->n_requests, 10);
+  EXPECT_EQ(out->n_train + out->n_heldout, 10);
+  o.max_requests = 0;
+  EXPECT_THAT(RetrainOnRequests(*store_, *model_, *cost_, {}, o).status(), StatusIs(StatusCode::kInvalidArgument));
+}
+
+TEST(RequestSplitTest, HeldOutByRequestIdIsStableAndAboutTheFraction) {
+  int held = 0;
+  for (int i = 0; i < 4000; ++i) {
+    const std::string id = "req-" + std::to_string(i);
+    const bool h = IsHeldOutRequest(id, 0.25);
+    EXPECT_EQ(h, IsHeldOutRequest(id, 0.25));
+    held += h ? 1 : 0;
+  }
+  EXPECT_GT(held, 800);
+  EXPECT_LT(held, 1200);
+}
+
+}  // namespace
+}  // namespace lede::trainer

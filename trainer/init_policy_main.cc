@@ -1,0 +1,129 @@
+// lede-init-policy: the cold start of a policy root (trainer/cold_start.h).
+// For a model without a trained exit policy, writes the first policy version
+// (a static setting chosen by a short self-calibration on the model, or a
+// fixed guess with --self-calibration=false) and points SERVING at it, so
+// that LEDE requests work from the first one on. A root that already has a
+// SERVING pointer is left alone (exit status 0). scripts/run calls it when
+// the model has no policy/ directory.
+#include <ATen/Parallel.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "policy/dqn/artifact.h"
+#include "shared/flags/flags.h"
+#include "shared/model/cost_model.h"
+#include "shared/model/decoding.h"
+#include "shared/tokenizer/model_files.h"
+#include "shared/tokenizer/tokenizer.h"
+#include "trainer/cold_start.h"
+
+namespace {
+
+using lede::Status;
+
+struct Flags {
+  std::string model, policy_root, version = "cold-start-v1", cost_model = "accelerator", calibration;
+  bool self_calibration = true;
+  int64_t new_tokens = 48, max_draft = 6, threads = 1;
+};
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "lede-init-policy: %s\n", std::string(s.message()).c_str());
+  return s.code() == lede::StatusCode::kInternal ? 1 : 2;
+}
+
+int Run(const Flags& fl) {
+  at::set_num_threads(static_cast<int>(fl.threads));
+  if (auto serving = lede::policy::dqn::ResolveServingVersion(fl.policy_root); serving.ok()) {
+    std::fprintf(stderr, "msg=\"cold start skipped\" policy_root=%s serving=%s\n", fl.policy_root.c_str(),
+                 serving->c_str());
+    return 0;
+  }
+  if (fl.cost_model != "accelerator" && fl.cost_model != "measured") {
+    return Fail(lede::InvalidArgumentError("--cost-model: want accelerator or measured"));
+  }
+  if (fl.max_draft < 1 || fl.max_draft > 16 || fl.new_tokens < 1) {
+    return Fail(lede::InvalidArgumentError("--max-draft-len must be in [1, 16] and --new-tokens >= 1"));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto loaded = lede::model::LlamaModel::Load(fl.model, lede::model::ModelOptions{});
+  if (!loaded.ok()) return Fail(loaded.status());
+  std::shared_ptr<const lede::model::LlamaModel> model = std::move(*loaded);
+  const int32_t n_layers = static_cast<int32_t>(model->n_layers());
+  lede::trainer::ColdStartChoice choice = lede::trainer::DefaultColdStart(n_layers);
+  std::string cost_name = "accelerator";
+  if (fl.self_calibration) {
+    std::unique_ptr<lede::model::CostModel> cost;
+    if (fl.cost_model == "measured") {
+      auto cal = lede::model::ReadCalibrationFile(fl.calibration.empty() ? fl.model + "/calibration-cpu.json"
+                                                                         : fl.calibration);
+      if (!cal.ok()) return Fail(cal.status());
+      cost = lede::model::MakeMeasuredCostModel(*cal);
+    } else {
+      cost = lede::model::MakeAcceleratorCostModel(model->config());
+    }
+    cost_name = cost->name();
+    auto tok_path = lede::tokenizer::FindTokenizerFile(fl.model);
+    if (!tok_path.ok()) return Fail(tok_path.status());
+    auto tok = lede::tokenizer::LoadTokenizer(*tok_path);
+    if (!tok.ok()) return Fail(tok.status());
+    std::vector<std::vector<int32_t>> prompts;
+    for (const std::string& text : lede::trainer::ColdStartPrompts()) {
+      auto ids = (*tok)->Encode(text, true, false);
+      if (!ids.ok()) return Fail(ids.status());
+      prompts.push_back(*std::move(ids));
+    }
+    lede::model::KvCacheOptions ko;
+    ko.max_draft_len = std::max<int64_t>(8, fl.max_draft);
+    auto engine = lede::model::Engine::Create(model, ko);
+    if (!engine.ok()) return Fail(engine.status());
+    auto chosen = lede::trainer::ChooseColdStart(**engine, prompts, fl.new_tokens, static_cast<int32_t>(fl.max_draft),
+                                                 *cost);
+    if (!chosen.ok()) return Fail(chosen.status());
+    choice = *chosen;
+  }
+  auto artifact = lede::trainer::ColdStartArtifact(choice, n_layers, model->config().ArchitectureFingerprint(),
+                                                   fl.version, cost_name);
+  if (!artifact.ok()) return Fail(artifact.status());
+  if (Status s = lede::trainer::WriteColdStartPolicy(fl.policy_root, *artifact); !s.ok()) return Fail(s);
+  const std::string method = choice.speculate ? "static:E=" + std::to_string(choice.exit_layer) + ",D=" + std::to_string(choice.draft_len) : "autoregressive";
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr,
+               "msg=\"cold start policy written\" policy_root=%s version=%s method=%s how=%s cost_model=%s "
+               "predicted_speedup=%.4f calibration_requests=%lld calibration_tokens=%lld seconds=%.2f\n",
+               fl.policy_root.c_str(), fl.version.c_str(), method.c_str(),
+               choice.how.c_str(), cost_name.c_str(), choice.speedup, static_cast<long long>(choice.n_requests),
+               static_cast<long long>(choice.n_tokens), seconds);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags fl;
+  lede::flags::FlagSet f;
+  f.Add("model", &fl.model, "model directory (or llama2.c .bin) to serve", true);
+  f.Add("policy-root", &fl.policy_root, "policy root to initialise (left alone if it has a SERVING pointer)", true);
+  f.Add("self-calibration", &fl.self_calibration,
+        "choose (E, D) by decoding a few built-in prompts on the model (false: E = L/4, D = 3 unmeasured)");
+  f.Add("new-tokens", &fl.new_tokens, "tokens generated per calibration prompt");
+  f.Add("max-draft-len", &fl.max_draft, "largest draft length tried");
+  f.Add("cost-model", &fl.cost_model, "accelerator, or measured (with --calibration)");
+  f.Add("calibration", &fl.calibration, "measured cost model JSON (default MODEL/calibration-cpu.json)");
+  f.Add("version", &fl.version, "policy version to write");
+  f.Add("threads", &fl.threads, "libtorch threads");
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (lede::flags::WantsHelp(args)) {
+    std::printf("usage: lede-init-policy --model DIR --policy-root DIR [flags]\nflags:\n%s", f.Usage().c_str());
+    return 0;
+  }
+  if (Status s = f.Parse(args); !s.ok()) {
+    std::fprintf(stderr, "lede-init-policy: %s (see --help)\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  return Run(fl);
+}

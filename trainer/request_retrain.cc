@@ -1,0 +1,198 @@
+#include "trainer/request_retrain.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <utility>
+
+#include "policy/dqn/artifact.h"
+#include "policy/dqn/method_factory.h"
+#include "shared/experience/request_log.h"
+#include "shared/status/status_macros.h"
+#include "trainer/dqn.h"
+
+namespace lede::trainer {
+namespace {
+
+uint64_t Fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+void Log(const RequestRetrainOptions& o, const std::string& line) {
+  if (o.log) o.log(line);
+}
+
+// The serving policy's greedy controllers, one per replayed request.
+struct ServingPlan {
+  model::DecisionSpec spec;
+  ControllerMaker make;
+};
+
+StatusOr<ServingPlan> PlanOf(std::shared_ptr<const policy::dqn::Artifact> artifact, int32_t n_layers) {
+  LEDE_ASSIGN_OR_RETURN(policy::dqn::MethodPlan plan, policy::dqn::PlanTrainedPolicy(std::move(artifact), n_layers));
+  ServingPlan p;
+  p.spec = plan.decision_spec;
+  auto shared = std::make_shared<policy::dqn::MethodPlan>(std::move(plan));
+  p.make = [shared](int64_t) { return shared->MakeController(); };
+  return p;
+}
+
+}  // namespace
+
+bool IsHeldOutRequest(const std::string& id, double fraction) {
+  return static_cast<double>(Fnv1a(id) % 1000000) < fraction * 1000000.0;
+}
+
+StatusOr<ShadowTrace> TraceLoggedRequest(const model::LlamaModel& model, const lede::v1::RequestRecord& record,
+                                         int32_t top_k) {
+  const std::vector<int32_t> prompt(record.prompt_token_ids().begin(), record.prompt_token_ids().end());
+  const std::vector<int32_t> output(record.output_token_ids().begin(), record.output_token_ids().end());
+  // A request that did not end on EOS ended at its budget or a stop string:
+  // the replay's budget is what it emitted, so it never runs past the log.
+  const int64_t n_out = static_cast<int64_t>(output.size());
+  const int64_t max_new = record.ended_on_eos() ? std::max<int64_t>(record.max_new_tokens(), n_out + 1) : n_out;
+  LEDE_ASSIGN_OR_RETURN(ShadowTrace t, ComputeShadowTrace(model, prompt, output, record.ended_on_eos(), max_new,
+                                                          top_k, record.request_id()));
+  t.load = std::max(1, record.load());
+  return t;
+}
+
+StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, const model::LlamaModel& model,
+                                                  const model::CostModel& cost,
+                                                  const std::set<std::string>& processed,
+                                                  const RequestRetrainOptions& options) {
+  if (!(options.heldout_fraction > 0 && options.heldout_fraction < 1)) {
+    return InvalidArgumentError("heldout_fraction: must be in (0, 1)");
+  }
+  if (options.policy_root.empty()) return InvalidArgumentError("policy_root: required");
+  LEDE_RETURN_IF_ERROR(policy::dqn::ValidateVersionName(options.version));
+  const std::string fingerprint = model.config().ArchitectureFingerprint();
+  const int32_t n_layers = static_cast<int32_t>(model.n_layers());
+
+  // 1. The request log; which shards are new.
+  LEDE_ASSIGN_OR_RETURN(experience::RequestLogRead read, experience::ReadRequestLog(store, options.requests_prefix));
+  RequestRetrainOutcome out;
+  out.n_bad_shards = read.bad_shards();
+  for (const experience::ShardReport& s : read.shards) {
+    if (!s.error.empty()) Log(options, "msg=\"bad request-log shard skipped\" shard=" + s.path + " error=\"" + s.error + "\"");
+    if (processed.count(s.path) == 0) out.new_shards.push_back(s.path);
+  }
+  int64_t new_records = 0;
+  for (const experience::ShardReport& s : read.shards) {
+    if (processed.count(s.path) == 0) new_records += s.records;
+  }
+  if (new_records == 0) {
+    out.reason = "no new logged requests";
+    return out;
+  }
+  if (options.max_requests < 1) return InvalidArgumentError("max_requests: must be >= 1");
+  if (static_cast<int64_t>(read.records.size()) > options.max_requests) {
+    read.records.erase(read.records.begin(), read.records.end() - options.max_requests);
+  }
+  // 2. Of the served model only.
+  for (const lede::v1::RequestRecord& r : read.records) {
+    if (r.model_fingerprint() != fingerprint) {
+      return FailedPreconditionError("request log of another model: request " + r.request_id() +
+                                     " has model fingerprint \"" + r.model_fingerprint() +
+                                     "\", the model to train is \"" + fingerprint + "\"");
+    }
+  }
+  // 3. Split by request; shadow traces.
+  std::vector<ShadowTrace> train, selection, heldout;
+  const int32_t top_k = options.dinkelbach.spec.top_k;
+  int64_t n_train_seen = 0;
+  for (const lede::v1::RequestRecord& r : read.records) {
+    StatusOr<ShadowTrace> t = TraceLoggedRequest(model, r, top_k);
+    if (!t.ok() && t.status().code() == StatusCode::kInvalidArgument) continue;  // empty output, too long
+    if (!t.ok()) return t.status();
+    ++out.n_requests;
+    if (IsHeldOutRequest(r.request_id(), options.heldout_fraction)) {
+      heldout.push_back(*std::move(t));
+    } else {
+      (n_train_seen++ % 4 == 3 ? selection : train).push_back(*std::move(t));
+    }
+  }
+  if (heldout.empty() && !train.empty()) {  // at least one held-out request
+    heldout.push_back(std::move(train.back()));
+    train.pop_back();
+  }
+  if (selection.empty() && train.size() > 1) {
+    selection.push_back(std::move(train.back()));
+    train.pop_back();
+  }
+  out.n_train = static_cast<int64_t>(train.size() + selection.size());
+  out.n_heldout = static_cast<int64_t>(heldout.size());
+  if (train.empty() || selection.empty() || heldout.empty()) {
+    out.decision = RequestRetrainDecision::kNoNewData;
+    out.new_shards.clear();  // they stay new and accumulate with the next ones
+    out.reason = "too few usable requests to train and evaluate (" + std::to_string(out.n_requests) + ")";
+    return out;
+  }
+
+  // 4. The candidate.
+  LEDE_ASSIGN_OR_RETURN(policy::dqn::Artifact serving_artifact,
+                        policy::dqn::LoadServingArtifact(options.policy_root, fingerprint));
+  out.serving_version = serving_artifact.metadata.version;
+  auto serving = std::make_shared<const policy::dqn::Artifact>(std::move(serving_artifact));
+  DinkelbachOptions d = options.dinkelbach;
+  d.model_fingerprint = fingerprint;
+  Log(options, "msg=\"training on logged requests\" train=" + std::to_string(train.size()) +
+                   " selection=" + std::to_string(selection.size()) + " heldout=" + std::to_string(heldout.size()) +
+                   " serving=" + out.serving_version);
+  LEDE_ASSIGN_OR_RETURN(DinkelbachResult result, TrainDinkelbach(train, selection, cost, d));
+  policy::dqn::PolicyMetadata meta;
+  meta.version = options.version;
+  meta.model_fingerprint = fingerprint;
+  meta.decision = d.spec;
+  meta.reward_cost_model = cost.name();
+  meta.training_data.n_requests = out.n_train;
+  meta.training_options["request_log"] = 1;
+  const DinkelbachIteration& sel = result.iterations[result.selected_iteration - 1];
+  meta.training_options["rho"] = sel.rho;
+  policy::dqn::Artifact candidate_artifact = MakeArtifact(result.dqn, d.dqn, meta);
+  candidate_artifact.metadata.offline_metrics["selection_speedup"] = sel.selection_speedup;
+  candidate_artifact.metadata.offline_metrics["train_speedup"] = sel.train_speedup;
+  auto candidate = std::make_shared<const policy::dqn::Artifact>(candidate_artifact);
+
+  // 5. Both replayed on the held-out requests.
+  LEDE_ASSIGN_OR_RETURN(ServingPlan sp, PlanOf(serving, n_layers));
+  LEDE_ASSIGN_OR_RETURN(ServingPlan cp, PlanOf(candidate, n_layers));
+  LEDE_ASSIGN_OR_RETURN(out.serving_speedup, SimulatedSpeedup(heldout, sp.spec, sp.make, cost));
+  LEDE_ASSIGN_OR_RETURN(out.candidate_speedup, SimulatedSpeedup(heldout, cp.spec, cp.make, cost));
+  candidate_artifact.metadata.offline_metrics["heldout_replay_speedup"] = out.candidate_speedup;
+  candidate_artifact.metadata.offline_metrics["heldout_replay_speedup_serving"] = out.serving_speedup;
+  out.candidate_version = options.version;
+  const bool better = std::isfinite(out.candidate_speedup) && std::isfinite(out.serving_speedup) &&
+                      out.candidate_speedup - out.serving_speedup > options.publish_margin;
+  char numbers[160];
+  std::snprintf(numbers, sizeof(numbers), "held-out replay: candidate %.4fx, serving %s %.4fx, margin %g",
+                out.candidate_speedup, out.serving_version.c_str(), out.serving_speedup, options.publish_margin);
+  namespace fs = std::filesystem;
+  if (better) {
+    out.artifact_dir = policy::dqn::VersionDir(options.policy_root, options.version);
+    LEDE_RETURN_IF_ERROR(policy::dqn::SaveArtifact(out.artifact_dir, candidate_artifact));
+    LEDE_RETURN_IF_ERROR(policy::dqn::PublishServingVersion(options.policy_root, options.version, fingerprint));
+    out.decision = RequestRetrainDecision::kPublished;
+    out.reason = std::string("published: ") + numbers;
+  } else {
+    out.artifact_dir = (fs::path(options.policy_root) / "candidates" / options.version).string();
+    LEDE_RETURN_IF_ERROR(policy::dqn::SaveArtifact(out.artifact_dir, candidate_artifact, /*overwrite=*/true));
+    out.decision = RequestRetrainDecision::kRejected;
+    out.reason = std::string("rejected (not better by the margin): ") + numbers;
+  }
+  Log(options, "msg=\"request retrain decision\" decision=" +
+                   std::string(better ? "published" : "rejected") + " version=" + options.version +
+                   " candidate_speedup=" + std::to_string(out.candidate_speedup) +
+                   " serving_speedup=" + std::to_string(out.serving_speedup) +
+                   " requests=" + std::to_string(out.n_requests) + " bad_shards=" + std::to_string(out.n_bad_shards));
+  return out;
+}
+
+}  // namespace lede::trainer

@@ -1,0 +1,108 @@
+// File: trainer/request_retrain.h
+//
+// Retraining on the request log (issue 37, step 3): the exit policy learned
+// by the counterfactual trainer (shadow tokens, exact replay, Dinkelbach;
+// trainer/dinkelbach.h) on the deployment's own logged greedy requests
+// (shared/experience/request_log.h), evaluated against the serving policy
+// by exact replay on held-out requests; no prompt file is needed.
+//
+// One run (RetrainOnRequests):
+//  1. Read every request-log shard under the prefix. A truncated or corrupt
+//     shard is skipped from its first bad record and counted. Shards whose
+//     keys are in `processed` are old; no new shard with a usable record
+//     ends the run: kNoNewData, nothing trained or written.
+//  2. Every record must be of the served model (model_fingerprint); a log
+//     of another model is refused (kFailedPrecondition naming both).
+//  3. Split by request: a hash of request_id puts about heldout_fraction of
+//     the requests (at least one) in the held-out set, the same request on
+//     the same side in every run; the rest train. Each request's shadow
+//     trace is one uncached pass over prompt + output (ComputeShadowTrace),
+//     replayed at the load it was served at.
+//  4. The candidate: TrainDinkelbach on the training requests (a quarter of
+//     them, every 4th, select the iterate).
+//  5. Both policies replayed exactly on the held-out requests under the cost
+//     model; publish iff candidate - serving > publish_margin (speed-up
+//     units): SaveArtifact(policy_root/<version>) then
+//     PublishServingVersion. Otherwise the candidate goes to
+//     policy_root/candidates/<version> and SERVING is kept.
+//  6. The caller records `new_shards` as processed (also after a
+//     rejection, so the same data does not trigger the same run again).
+//
+// Thread-safety: one run per policy root at a time.
+#ifndef LEDE_TRAINER_REQUEST_RETRAIN_H_
+#define LEDE_TRAINER_REQUEST_RETRAIN_H_
+
+#include <cstdint>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "proto/lede/v1/experience.pb.h"
+#include "shared/model/cost_model.h"
+#include "shared/model/llama.h"
+#include "shared/status/status.h"
+#include "shared/storage/object_store.h"
+#include "trainer/counterfactual.h"
+#include "trainer/dinkelbach.h"
+
+namespace lede::trainer {
+
+struct RequestRetrainOptions {
+  std::string requests_prefix = "requests";  // under the experience store
+  std::string policy_root;                   // SERVING is the baseline; versions are published here
+  std::string version;                       // the candidate's version name (required)
+  double heldout_fraction = 0.25;            // in (0, 1)
+  // The most recent requests trained and evaluated on (by shard key, then
+  // record order): bounds memory (measured: 1,000 requests of ~60 tokens
+  // on lede-tiny, 1.9 GB peak) and how stale the traffic may be.
+  int64_t max_requests = 2000;
+  double publish_margin = 0.01;              // speed-up units; +inf never publishes
+  // The candidate's training (spec: the candidate layers, D_max, probes;
+  // dqn: epochs, threads, ...). model_fingerprint is set from the model.
+  DinkelbachOptions dinkelbach = [] {
+    DinkelbachOptions o;
+    o.spec.candidate_layers = {1, 2, 3, 4, 5, 6};
+    o.spec.max_draft_len = 6;
+    o.spec.probe_candidates = false;
+    o.spec.lookahead_probe = false;
+    o.initial_policy = "calibrated";
+    o.conservative_margin = 0.2;
+    o.max_iterations = 4;
+    o.dqn.epochs = 16;
+    o.dqn.batch_size = 256;
+    o.dqn.heldout_fraction = 0;
+    return o;
+  }();
+  std::function<void(const std::string&)> log;  // progress lines (logfmt); may be null
+};
+
+enum class RequestRetrainDecision { kNoNewData, kPublished, kRejected };
+
+struct RequestRetrainOutcome {
+  RequestRetrainDecision decision = RequestRetrainDecision::kNoNewData;
+  std::vector<std::string> new_shards;  // to record as processed
+  int64_t n_requests = 0, n_train = 0, n_heldout = 0, n_bad_shards = 0;
+  std::string serving_version, candidate_version, artifact_dir, reason;
+  double serving_speedup = 0, candidate_speedup = 0;  // replayed on the held-out requests
+};
+
+// Whether request `id` is held out (a stable hash; about `fraction` of ids).
+bool IsHeldOutRequest(const std::string& id, double fraction);
+
+// The shadow trace of a logged request, at the load it was served at.
+// Errors: those of ComputeShadowTrace (an empty output is kInvalidArgument).
+StatusOr<ShadowTrace> TraceLoggedRequest(const model::LlamaModel& model, const lede::v1::RequestRecord& record,
+                                         int32_t top_k);
+
+// One run (see the file comment). Errors: kInvalidArgument for bad options;
+// kFailedPrecondition for a log of another model or no loadable SERVING;
+// the store's List() errors; those of training and of saving.
+StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, const model::LlamaModel& model,
+                                                  const model::CostModel& cost,
+                                                  const std::set<std::string>& processed,
+                                                  const RequestRetrainOptions& options);
+
+}  // namespace lede::trainer
+
+#endif  // LEDE_TRAINER_REQUEST_RETRAIN_H_
