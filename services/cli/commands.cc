@@ -27,10 +27,12 @@
 #include "shared/checkpoint/widen.h"
 #include "shared/flags/flags.h"
 #include "shared/model/cost_model.h"
+#include "shared/model/checkpoint.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
 #include "shared/speculation/method.h"
 #include "shared/tokenizer/chat_template.h"
+#include "shared/tokenizer/gguf_tokenizer.h"
 #include "shared/tokenizer/hf_config.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
@@ -56,7 +58,7 @@ struct ModelFlags {
   std::string weights = "auto";
 
   void AddTo(FlagSet& flags) {
-    flags.Add("model", &model, "Hugging Face checkpoint directory, or llama2.c .bin (or its directory)", true);
+    flags.Add("model", &model, "Hugging Face checkpoint directory, llama2.c .bin (or its directory), or .gguf file", true);
     flags.Add("device", &device, "cpu, cuda or cuda:N");
     flags.Add("dtype", &dtype, "compute dtype: float32, bfloat16 or float16");
     flags.Add("threads", &threads, "intra-op CPU threads (0 = libtorch default)");
@@ -131,7 +133,10 @@ StatusOr<policy::dqn::Artifact> ChoosePolicy(const std::string& policy_dir, cons
 StatusOr<std::string> RenderChatPrompt(const std::string& tokenizer_path, const std::string& template_path,
                                        const std::string& system, const std::string& user,
                                        bool add_generation_prompt) {
-  const std::string dir = std::filesystem::path(tokenizer_path).parent_path().string();
+  // A GGUF file carries its own template (tokenizer.chat_template).
+  const std::string dir = std::filesystem::path(tokenizer_path).extension() == ".gguf"
+                              ? tokenizer_path
+                              : std::filesystem::path(tokenizer_path).parent_path().string();
   StatusOr<tokenizer::ModelChatTemplate> tmpl = tokenizer::LoadModelChatTemplate(dir, template_path);
   if (tmpl.status().code() == StatusCode::kNotFound && template_path.empty()) {
     return NotFoundError(std::string(tmpl.status().message()) + "; pass --chat-template FILE");
@@ -661,6 +666,69 @@ int RunWiden(const std::vector<std::string>& args, std::ostream& out, std::ostre
                       out, err);
 }
 
+int RunExport(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  std::string format = "gguf", weights = "f32", model, out_path, tokenizer_path;
+  FlagSet flags;
+  flags.Add("format", &format, "output format: gguf");
+  flags.Add("weights", &weights, "stored matrix type: f32, f16, bf16 or q8_0 (norms stay f32)");
+  flags.Add("model", &model, "checkpoint: Hugging Face directory, llama2.c .bin (or its directory), or .gguf", true);
+  flags.Add("out", &out_path, "the file to write", true);
+  flags.Add("tokenizer", &tokenizer_path, "tokenizer file (default: the checkpoint's)");
+  if (flags::WantsHelp(args)) {
+    out << "usage: lede export --format gguf --weights f32|f16|bf16|q8_0 --model DIR --out FILE\n"
+           "writes the checkpoint and its tokenizer as a llama-architecture GGUF v3 file that llama.cpp runs\n"
+           "flags:\n"
+        << flags.Usage();
+    return kExitOk;
+  }
+  if (Status s = flags.Parse(args); !s.ok()) {
+    err << "lede export: " << s.message() << " (see lede export --help)\n";
+    return kExitUsage;
+  }
+  if (format != "gguf") return Fail(err, InvalidArgumentError("--format: only gguf, got '" + format + "'"), kExitUsage);
+  checkpoint::GgmlType type;
+  if (weights == "f32") {
+    type = checkpoint::GgmlType::kF32;
+  } else if (weights == "f16") {
+    type = checkpoint::GgmlType::kF16;
+  } else if (weights == "bf16") {
+    type = checkpoint::GgmlType::kBF16;
+  } else if (weights == "q8_0") {
+    type = checkpoint::GgmlType::kQ8_0;
+  } else {
+    return Fail(err, InvalidArgumentError("--weights: want f32, f16, bf16 or q8_0, got '" + weights + "'"),
+                kExitUsage);
+  }
+  auto ckpt = model::LoadCheckpoint(model);
+  if (!ckpt.ok()) return Fail(err, ckpt.status(), LoadFailureCode(ckpt.status()));
+  auto tok_path = tokenizer::ResolveTokenizerFile(model, tokenizer_path);
+  if (!tok_path.ok()) return Fail(err, tok_path.status(), kExitUsage);
+  checkpoint::GgufWriter writer;
+  auto vocab = tokenizer::ReadVocabForGguf(*tok_path);
+  if (!vocab.ok()) return Fail(err, vocab.status(), LoadFailureCode(vocab.status()));
+  const auto n_vocab = static_cast<int64_t>(vocab->tokens.size());
+  if (n_vocab > ckpt->config.vocab_size) {
+    return Fail(err,
+                InvalidArgumentError(*tok_path + ": " + std::to_string(n_vocab) + " tokens, more than the model's " +
+                                     std::to_string(ckpt->config.vocab_size)),
+                kExitFailure);
+  }
+  for (int64_t i = n_vocab; i < ckpt->config.vocab_size; ++i) {  // embedding rows past the tokenizer
+    vocab->tokens.push_back("[PAD" + std::to_string(i) + "]");
+    vocab->token_types.push_back(5);  // unused
+    if (!vocab->scores.empty()) vocab->scores.push_back(-1e9f);
+  }
+  tokenizer::AddGgufTokenizerMetadata(*vocab, ckpt->config.bos_id,
+                                      ckpt->config.eos_ids.empty() ? -1 : ckpt->config.eos_ids[0], &writer);
+  if (Status s = model::WriteGgufCheckpoint(out_path, ckpt->config, ckpt->tensors, type, &writer); !s.ok()) {
+    return Fail(err, s, kExitFailure);
+  }
+  std::error_code ec;
+  err << "lede export: wrote " << out_path << " (" << std::filesystem::file_size(out_path, ec) << " bytes, "
+      << weights << " matrices, " << vocab->model << " vocabulary of " << vocab->tokens.size() << " tokens)\n";
+  return kExitOk;
+}
+
 int Main(int argc, char** argv) {
   const std::string usage =
       "usage: lede <command> [flags]\n"
@@ -669,6 +737,7 @@ int Main(int argc, char** argv) {
       "  calibrate  measure this machine's cost model and write it as JSON\n"
       "  widen      embed a checkpoint function-exactly in a wider shape (the memory-bound regime)\n"
       "  tokenize   print the token ids of a text (or a chat turn) as a JSON list, or decode ids\n"
+      "  export     write a checkpoint as a GGUF file for llama.cpp (--format gguf --weights f32|f16|bf16|q8_0)\n"
       "run 'lede <command> --help' for its flags\n";
   if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help") {
     std::cout << usage;
@@ -679,6 +748,7 @@ int Main(int argc, char** argv) {
   if (command == "generate") return RunGenerate(args, std::cout, std::cerr);
   if (command == "calibrate") return RunCalibrate(args, std::cout, std::cerr);
   if (command == "tokenize") return RunTokenize(args, std::cout, std::cerr);
+  if (command == "export") return RunExport(args, std::cout, std::cerr);
   if (command == "widen") return RunWiden(args, std::cout, std::cerr);
   if (command == "bench" || command == "collect") {
     std::cerr << "lede: '" << command << "' is now 'lede-bench " << command << "' (build/bench/lede-bench)\n";

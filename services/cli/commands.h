@@ -44,6 +44,14 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
 // --decode: TEXT is a JSON list of ids; prints their text.
 int RunTokenize(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 
+// lede export --format gguf --weights f32|f16|bf16|q8_0 --model PATH --out FILE
+//   [--tokenizer FILE]
+// Writes the checkpoint at PATH with its tokenizer as a llama GGUF v3 file
+// (model::WriteGgufCheckpoint: llama.cpp's tensor names and Q/K row order;
+// tokenizer::AddGgufTokenizerMetadata). Exit 0, 1 on a failed load/write,
+// 2 on bad flags.
+int RunExport(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
 // lede widen --model DIR --factor K [--ffn-factor K2] --out DIR2 [--overwrite]
 //   [--calibrate [--threads N] [--round-passes N] [--round-max-draft-len N]]
 // Writes the function-exact embedding of the checkpoint DIR in the shape

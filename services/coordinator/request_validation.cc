@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "shared/checkpoint/gguf.h"
+#include "shared/status/status_macros.h"
 #include "shared/tokenizer/tokenizer.h"
 
 namespace lede::coordinator {
@@ -134,6 +136,12 @@ StatusOr<int64_t> ReadContextWindow(const std::string& model_path) {
   std::error_code ec;
   const fs::path path(model_path);
   if (fs::is_regular_file(path, ec) && path.extension() == ".bin") return ReadLlama2cSeqLen(path);
+  if (fs::is_regular_file(path, ec) && path.extension() == ".gguf") {
+    LEDE_ASSIGN_OR_RETURN(std::shared_ptr<const checkpoint::GgufFile> gguf, checkpoint::GgufFile::Open(model_path));
+    LEDE_ASSIGN_OR_RETURN(int64_t n, gguf->GetInt("llama.context_length"));
+    if (n <= 0) return InvalidArgumentError(model_path + ": metadata key llama.context_length is not positive");
+    return n;
+  }
   const fs::path config = path / "config.json";
   if (fs::is_regular_file(config, ec)) {
     std::ifstream in(config);
@@ -153,7 +161,7 @@ StatusOr<int64_t> ReadContextWindow(const std::string& model_path) {
     }
     if (bins.size() == 1) return ReadLlama2cSeqLen(bins[0]);
   }
-  return NotFoundError(model_path + ": no config.json or llama2.c .bin to read the context window from");
+  return NotFoundError(model_path + ": no config.json, llama2.c .bin or .gguf file to read the context window from");
 }
 
 }  // namespace lede::coordinator

@@ -77,8 +77,9 @@ int64_t MaxHttpBodyBytes(const RequestBounds& bounds);
 
 // The context window of the model at `model_path`, tokens: config.json's
 // max_position_embeddings for a Hugging Face directory, the header's seq_len
-// for a llama2.c .bin (or a directory holding one model .bin). Reads at most
-// the config file or 28 header bytes. Used to size the limits at startup,
+// for a llama2.c .bin (or a directory holding one model .bin), the
+// llama.context_length key of a .gguf file. Reads at most the config file,
+// 28 header bytes, or a .gguf's metadata (mapped). Used to size the limits at startup,
 // before the verifier can be asked (it may start later).
 // Errors: kNotFound when neither file exists; kInvalidArgument naming the
 // file when it is malformed or the value is not a positive integer.

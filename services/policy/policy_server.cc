@@ -8,6 +8,7 @@
 #include "services/policy/policy_service.h"
 #include "shared/file/file.h"
 #include "shared/flags/flags.h"
+#include "shared/checkpoint/gguf.h"
 #include "shared/checkpoint/model_config.h"
 #include "shared/rpc/security.h"
 #include "shared/rpc/server.h"
@@ -18,6 +19,16 @@
 
 namespace lede::policy_service {
 namespace {
+
+// --model-config: a config.json, or a .gguf checkpoint (its llama.* metadata).
+StatusOr<model::ModelConfig> ReadModelConfig(const std::string& path) {
+  if (std::filesystem::path(path).extension() == ".gguf") {
+    LEDE_ASSIGN_OR_RETURN(std::shared_ptr<const checkpoint::GgufFile> gguf, checkpoint::GgufFile::Open(path));
+    return checkpoint::GgufLlamaConfig(*gguf);
+  }
+  LEDE_ASSIGN_OR_RETURN(std::string text, file::ReadFile(path));
+  return model::ParseHfConfig(text, path);
+}
 
 struct FlagValues {
   std::string policy_root;
@@ -42,7 +53,7 @@ void Register(flags::FlagSet& set, FlagValues& v) {
   set.Add("model-fingerprint", &v.model_fingerprint,
           "expected model fingerprint (ModelConfig::ArchitectureFingerprint); empty = any");
   set.Add("model-config", &v.model_config,
-          "the model's config.json: its fingerprint and L are checked against each version");
+          "the model's config.json (or .gguf file): its fingerprint and L are checked against each version");
   set.Add("listen", &v.listen, "gRPC listen address (port 0 picks one)");
   set.Add("metrics", &v.metrics, "HTTP address of /metrics; empty = none");
   set.Add("reload-interval-ms", &v.reload_interval_ms, "SERVING poll period, milliseconds");
@@ -89,11 +100,10 @@ StatusOr<PolicyServerOptions> ParsePolicyServerFlags(const std::vector<std::stri
   options.tls_client_ca_path = v.tls.client_ca_path;
   LEDE_ASSIGN_OR_RETURN(options.internal_token, rpc::InternalToken::LoadIfSet(v.internal_token_file));
   if (!v.model_config.empty()) {
-    StatusOr<std::string> text = file::ReadFile(v.model_config);
-    if (!text.ok()) {
-      return Status(text.status().code(), "--model-config: " + std::string(text.status().message()));
+    StatusOr<model::ModelConfig> config = ReadModelConfig(v.model_config);
+    if (!config.ok() && config.status().code() != StatusCode::kInvalidArgument) {
+      return Status(config.status().code(), "--model-config: " + std::string(config.status().message()));
     }
-    StatusOr<model::ModelConfig> config = model::ParseHfConfig(*text, v.model_config);
     if (!config.ok()) {
       return InvalidArgumentError("--model-config: " + std::string(config.status().message()));
     }

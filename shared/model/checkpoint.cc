@@ -6,7 +6,7 @@
 // as tensors, over the torch-free shared/checkpoint/safetensors.h),
 // checkpoint_hf.cc (Hugging Face directories) and checkpoint_llama2c.cc
 // (llama2.c v0 .bin: 7 int32 header, float32 arrays,
-// testdata/models/README.md).
+// testdata/models/README.md); GGUF files are checkpoint_gguf.cc.
 //
 // Files are memory-mapped read-only (MAP_PRIVATE, PROT_READ). Float32 data is
 // wrapped in place with at::from_blob; the deleter of each such tensor holds a
@@ -174,13 +174,15 @@ StatusOr<Checkpoint> LoadCheckpointImpl(const std::string& path) {
         path + ": ambiguous: several llama2.c .bin files:" + list);
   }
   if (EndsWith(path, ".bin")) return LoadLlama2cCheckpoint(path);
+  if (EndsWith(path, ".gguf")) return LoadGgufCheckpoint(path);
   if (fs::path(path).filename() == "config.json") {
     return LoadHfCheckpoint(fs::path(path).parent_path().string());
   }
   return InvalidArgumentError(
       path +
       ": not a checkpoint (expected a Hugging Face directory with "
-      "config.json, a llama2.c .bin file, or a directory holding one)");
+      "config.json, a llama2.c .bin file, or a directory holding one, or a "
+      ".gguf file)");
 }
 
 }  // namespace

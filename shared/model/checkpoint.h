@@ -26,6 +26,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "shared/checkpoint/gguf.h"
 #include "shared/checkpoint/model_config.h"
 #include "shared/model/weight_format.h"
 #include "shared/status/status.h"
@@ -36,6 +37,18 @@ struct Checkpoint {
   ModelConfig config;
   std::map<std::string, at::Tensor> tensors;  // HF names, float32, CPU
   std::string source;                        // path it was read from
+
+  // GGUF checkpoints only (empty otherwise): each weight's bytes as the file
+  // stores them, by HF name: type (F32, F16, BF16, Q8_0: the raw 34-byte
+  // blocks, usable by a Q8_0 kernel as they are), ggml dims and a pointer
+  // into `gguf`'s read-only mapping, which lives as long as this
+  // Checkpoint's copy of `gguf` does. Rows are in the file's order: q/k
+  // rows in llama.cpp's adjacent-pair order (config.rope_style ==
+  // kAdjacentPairs), the same order as `tensors`. A GGUF's Q8_0 matrices
+  // also fill q8_0_blocks and its matrices' type sets `storage` (below).
+  std::shared_ptr<const checkpoint::GgufFile> gguf;
+  std::map<std::string, const checkpoint::GgufTensor*> stored;
+
   // How the file stores the matrices, which ModelOptions::weights = kAuto
   // keeps (weight_format.h): kBf16 when every projection and the LM head
   // (or the tied embedding) are BF16 in the file, kQ8_0 when a reader hands
@@ -51,6 +64,7 @@ struct Checkpoint {
 };
 
 // Reads a checkpoint from `path`:
+//  - a .gguf file: LoadGgufCheckpoint;
 //  - a directory with config.json: Hugging Face layout;
 //  - a .bin file, or a directory holding exactly one llama2.c model .bin
 //    (tokenizer files tok*.bin are skipped): llama2.c layout.
@@ -67,6 +81,28 @@ struct Checkpoint {
 StatusOr<Checkpoint> LoadCheckpoint(const std::string& path);
 StatusOr<Checkpoint> LoadHfCheckpoint(const std::string& dir);
 StatusOr<Checkpoint> LoadLlama2cCheckpoint(const std::string& file);
+
+// A llama-architecture GGUF file (shared/checkpoint/gguf.h): config from its
+// llama.* metadata (GgufLlamaConfig), tensors under HF names as float32 (F32
+// wrapped in place; F16, BF16 and Q8_0 dequantized; Checkpoint::stored
+// keeps the stored bytes), q/k rows in llama.cpp's adjacent-pair order
+// (config.rope_style = kAdjacentPairs; LlamaModel permutes them at load).
+// Errors: those of GgufFile::Open and GgufLlamaConfig (kInvalidArgument
+// naming the key or tensor).
+StatusOr<Checkpoint> LoadGgufCheckpoint(const std::string& file);
+
+// Writes a llama GGUF v3 file the way llama.cpp's converter lays it out:
+// the llama.* keys of `config`, then the tensors under GGUF names with q/k
+// rows in adjacent-pair order (permuted here when config.rope_style is
+// kRotateHalf), matrices stored as `weights` (F32, F16, BF16 or Q8_0; a
+// matrix whose row length is not a multiple of 32 stays F32 under Q8_0),
+// norms as F32. `writer` may already hold other metadata (the tokenizer's,
+// tokenizer/gguf_tokenizer.h); it is consumed. Atomic (temporary + rename).
+// Errors: kInvalidArgument for a config GGUF cannot express (Llama-3 RoPE
+// scaling) or tensors that disagree with it; kInternal on I/O.
+Status WriteGgufCheckpoint(const std::string& file, const ModelConfig& config,
+                           const std::map<std::string, at::Tensor>& tensors, checkpoint::GgmlType weights,
+                           checkpoint::GgufWriter* writer);
 
 // Parses one .safetensors file into name -> tensor (float32 CPU).
 // Errors as for LoadCheckpoint.

@@ -30,6 +30,7 @@
 
 #include "shared/file/file.h"
 #include "shared/status/status_macros.h"
+#include "shared/tokenizer/gguf_tokenizer.h"
 #include "shared/tokenizer/hf_config.h"
 #include "shared/tokenizer/internal/jinja_ast.h"
 #include "shared/tokenizer/internal/jinja_parser.h"
@@ -71,6 +72,17 @@ StatusOr<std::string> ChatTemplate::Render(const std::vector<ChatMessage>& messa
 }
 
 StatusOr<ModelChatTemplate> LoadModelChatTemplate(const std::string& model_dir, const std::string& template_path) {
+  std::error_code gguf_ec;
+  if (std::filesystem::path(model_dir).extension() == ".gguf" && std::filesystem::is_regular_file(model_dir, gguf_ec)) {
+    LEDE_ASSIGN_OR_RETURN(GgufChatTemplate g, ReadGgufChatTemplate(model_dir));
+    std::string text = std::move(g.text), source = model_dir + " tokenizer.chat_template";
+    if (!template_path.empty()) {
+      LEDE_ASSIGN_OR_RETURN(text, file::ReadFile(template_path));
+      source = template_path;
+    }
+    LEDE_ASSIGN_OR_RETURN(ChatTemplate parsed, ChatTemplate::Parse(text, source));
+    return ModelChatTemplate{std::move(parsed), g.bos_token, g.eos_token, source};
+  }
   LEDE_ASSIGN_OR_RETURN(HfTokenizerConfig config, ReadHfTokenizerConfig(model_dir.empty() ? "." : model_dir));
   std::string source = template_path, text;
   if (source.empty()) {

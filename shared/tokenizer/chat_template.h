@@ -102,7 +102,9 @@ struct ModelChatTemplate {
 
 // The chat template of the checkpoint in `model_dir`: `template_path` when
 // given, else model_dir/chat_template.jinja, else tokenizer_config.json's
-// chat_template; bos/eos tokens from tokenizer_config.json.
+// chat_template; bos/eos tokens from tokenizer_config.json. A `model_dir`
+// that is a .gguf file gives its tokenizer.chat_template (template_path
+// still wins) and the BOS/EOS texts of its vocabulary.
 // Errors: kNotFound naming the files looked at when there is none; those of
 // ReadHfTokenizerConfig, of reading the file, and of ChatTemplate::Parse
 // (kUnimplemented for a construct outside the subset).

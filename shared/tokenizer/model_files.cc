@@ -9,6 +9,8 @@ namespace lede::tokenizer {
 StatusOr<std::string> FindTokenizerFile(const std::string& model_path) {
   namespace fs = std::filesystem;
   std::error_code ec;
+  // A GGUF file carries its own tokenizer (tokenizer.ggml.*).
+  if (fs::path(model_path).extension() == ".gguf" && fs::is_regular_file(model_path, ec)) return model_path;
   fs::path dir = fs::is_directory(model_path, ec) ? fs::path(model_path)
                                                   : fs::path(model_path).parent_path();
   if (dir.empty()) dir = ".";

@@ -14,7 +14,8 @@
 
 namespace lede::tokenizer {
 
-// The tokenizer that belongs to `model_path`, searched in the model's
+// The tokenizer that belongs to `model_path`: a .gguf file is its own
+// tokenizer (tokenizer.ggml.* metadata, LoadTokenizer reads it); otherwise searched in the model's
 // directory in this order: tokenizer.json (Hugging Face tokenizers; what
 // Llama-3 checkpoints ship), tokenizer.model, any other *.model, tok*.bin,
 // tokenizer.bin. Errors: kNotFound (naming the directory) if none exists.

@@ -18,6 +18,7 @@
 #include <system_error>
 #include <utility>
 
+#include "shared/tokenizer/gguf_tokenizer.h"
 #include "shared/tokenizer/hf_tokenizer.h"
 #include "shared/tokenizer/llama2c_tokenizer.h"
 #if LEDE_HAVE_SENTENCEPIECE
@@ -105,6 +106,11 @@ StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path) {
     if (!tokenizer.ok()) return tokenizer.status();
     return std::unique_ptr<Tokenizer>(std::move(tokenizer).value());
   }
+  if (HasExtension(path, ".gguf")) {
+    auto tokenizer = LoadGgufTokenizer(path);
+    if (!tokenizer.ok()) return tokenizer.status();
+    return std::unique_ptr<Tokenizer>(std::move(tokenizer).value());
+  }
   if (HasExtension(path, ".bin")) {
     auto tokenizer = Llama2cTokenizer::Load(path);
     if (!tokenizer.ok()) return tokenizer.status();
@@ -124,7 +130,8 @@ StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path) {
   return InvalidArgumentError(
       "tokenizer file '" + path +
       "': unknown extension (expected .json for a Hugging Face tokenizer.json, "
-      ".model for SentencePiece or .bin for llama2.c)");
+      ".model for SentencePiece, .bin for llama2.c or .gguf for a GGUF file's "
+      "tokenizer)");
 }
 
 StreamingDetokenizer::StreamingDetokenizer(const Tokenizer& tokenizer,

@@ -72,7 +72,8 @@ class Tokenizer {
 
 // Loads a tokenizer by file type: *.json is a Hugging Face tokenizer.json
 // (HfTokenizer, with tokenizer_config.json beside it), *.model is
-// SentencePiece, *.bin is a llama2.c tokenizer.
+// SentencePiece, *.bin is a llama2.c tokenizer, *.gguf is the tokenizer in a
+// GGUF file's tokenizer.ggml.* metadata (gguf_tokenizer.h).
 // Errors: kNotFound if the file is missing; kInvalidArgument (naming the
 // file) if it is truncated or malformed; kUnimplemented for a SentencePiece
 // model in a build without libsentencepiece, or (naming the file and the

@@ -191,8 +191,67 @@ def seeds_openai_request():
           b"}]}")
 
 
+def gguf_string(s):
+    b = s.encode() if isinstance(s, str) else s
+    return struct.pack("<Q", len(b)) + b
+
+
+def gguf_kv(key, vtype, payload):
+    return gguf_string(key) + struct.pack("<I", vtype) + payload
+
+
+def gguf_file(kvs, tensors, version=3, align=32):
+    """kvs: encoded records; tensors: (name, ggml type, ne list, raw bytes)."""
+    head = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kvs)) + b"".join(kvs)
+    blob, infos = b"", b""
+    for name, gtype, ne, raw in tensors:
+        blob += b"\0" * (-len(blob) % align)
+        infos += gguf_string(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", d) for d in ne)
+        infos += struct.pack("<IQ", gtype, len(blob))
+        blob += raw
+    head += infos
+    return head + b"\0" * (-len(head) % align) + blob
+
+
+def seeds_gguf():
+    t = "gguf"
+    u32 = lambda k, v: gguf_kv(k, 4, struct.pack("<I", v))
+    f32 = lambda k, v: gguf_kv(k, 6, struct.pack("<f", v))
+    tokens = ["<unk>", "<s>", "</s>", "\u2581a", "b", "\u2581", "a"]
+    kvs = [gguf_kv("general.architecture", 8, gguf_string("llama")),
+           u32("llama.context_length", 16), u32("llama.embedding_length", 32), u32("llama.block_count", 1),
+           u32("llama.feed_forward_length", 64), u32("llama.attention.head_count", 2),
+           u32("llama.attention.head_count_kv", 1), f32("llama.attention.layer_norm_rms_epsilon", 1e-5),
+           gguf_kv("tokenizer.ggml.model", 8, gguf_string("llama")),
+           gguf_kv("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, len(tokens)) + b"".join(map(gguf_string, tokens))),
+           gguf_kv("tokenizer.ggml.scores", 9, struct.pack("<IQ", 6, len(tokens)) +
+                   struct.pack("<%df" % len(tokens), *[0, 0, 0, -1, -2, -3, -4])),
+           gguf_kv("tokenizer.ggml.token_type", 9, struct.pack("<IQ", 5, len(tokens)) +
+                   struct.pack("<%di" % len(tokens), 2, 3, 3, 1, 1, 1, 1)),
+           u32("tokenizer.ggml.bos_token_id", 1), u32("tokenizer.ggml.eos_token_id", 2)]
+    d, h, v, kv = 32, 64, len(tokens), 16
+    f = lambda n: struct.pack("<%df" % n, *[((i * 7) % 11 - 5) / 10 for i in range(n)])
+    q8 = lambda rows, cols: b"".join(struct.pack("<e", 0.01) + bytes(range(32)) for _ in range(rows * cols // 32))
+    tensors = [("token_embd.weight", 0, [d, v], f(d * v)), ("blk.0.attn_norm.weight", 0, [d], f(d)),
+               ("blk.0.attn_q.weight", 8, [d, d], q8(d, d)), ("blk.0.attn_k.weight", 1, [d, kv], f(d * kv // 2)),
+               ("blk.0.attn_v.weight", 30, [d, kv], f(d * kv // 2)), ("blk.0.attn_output.weight", 0, [d, d], f(d * d)),
+               ("blk.0.ffn_norm.weight", 0, [d], f(d)), ("blk.0.ffn_gate.weight", 0, [d, h], f(d * h)),
+               ("blk.0.ffn_up.weight", 0, [d, h], f(d * h)), ("blk.0.ffn_down.weight", 0, [h, d], f(h * d)),
+               ("output_norm.weight", 0, [d], f(d))]
+    valid = gguf_file(kvs, tensors)
+    write(t, "valid_llama", valid)
+    write(t, "truncated", valid[: len(valid) - 100])
+    write(t, "bad_magic", b"GGUG" + valid[4:])
+    write(t, "version_1", valid[:4] + struct.pack("<I", 1) + valid[8:])
+    write(t, "q4_tensor", gguf_file([], [("w", 2, [32], b"\0" * 18)]))
+    write(t, "wrong_dims", gguf_file(kvs, [(n, ty, list(reversed(ne)) if n == "blk.0.ffn_up.weight" else ne, raw)
+                                           for n, ty, ne, raw in tensors]))
+    write(t, "huge_array", b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + gguf_kv("a", 9, struct.pack("<IQ", 8, 1 << 60)))
+
+
 if __name__ == "__main__":
     seeds_safetensors()
+    seeds_gguf()
     seeds_model_config()
     seeds_hf_tokenizer()
     seeds_llama2c()

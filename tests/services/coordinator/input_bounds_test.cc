@@ -23,12 +23,14 @@
 #include "services/coordinator/coordinator.h"
 #include "services/coordinator/openai_server.h"
 #include "services/coordinator/request_validation.h"
+#include "shared/checkpoint/gguf.h"
 #include "shared/rpc/server.h"
 #include "shared/telemetry/metrics.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "tests/services/coordinator/eos_verifier.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
 
 namespace lede::coordinator {
 namespace {
@@ -293,6 +295,24 @@ TEST(ReadContextWindowTest, ReadsTheModelsConfig) {
   ASSERT_THAT(window, IsOk());
   EXPECT_EQ(*window, 512);
   EXPECT_THAT(ReadContextWindow("/nonexistent/model"), StatusIs(StatusCode::kNotFound));
+}
+
+// A .gguf model: its llama.context_length key.
+TEST(ReadContextWindowTest, ReadsAGgufsContextLength) {
+  testing::TempDir tmp;
+  const std::string path = (tmp.path() / "m.gguf").string();
+  checkpoint::GgufWriter w;
+  w.AddString("general.architecture", "llama");
+  w.AddUint32("llama.context_length", 4096);
+  ASSERT_THAT(w.Write(path), IsOk());
+  auto window = ReadContextWindow(path);
+  ASSERT_THAT(window, IsOk());
+  EXPECT_EQ(*window, 4096);
+  const std::string bad = (tmp.path() / "bad.gguf").string();
+  checkpoint::GgufWriter no_key;
+  no_key.AddString("general.architecture", "llama");
+  ASSERT_THAT(no_key.Write(bad), IsOk());
+  EXPECT_THAT(ReadContextWindow(bad), StatusIs(StatusCode::kNotFound));
 }
 
 }  // namespace

@@ -32,8 +32,10 @@
 #include "services/policy/policy_server.h"
 #include "services/policy/policy_service.h"
 #include "services/policy/serving_policy.h"
+#include "shared/file/file.h"
 #include "shared/file/sha256.h"
 #include "shared/speculation/exit_controller.h"
+#include "shared/checkpoint/gguf.h"
 #include "shared/checkpoint/model_config.h"
 #include "shared/rpc/server.h"
 #include "shared/storage/object_store.h"
@@ -612,6 +614,47 @@ TEST(PolicyServerFlagsTest, ParsesAndValidatesFlags) {
   EXPECT_THAT(ParsePolicyServerFlags({"--policy-root=/p", "--model-config", kTinyConfig,
                                       "--model-fingerprint", "0123456789abcdef"}),
               StatusIs(StatusCode::kInvalidArgument));
+
+  {  // A .gguf of the same architecture: its llama.* metadata, the same fingerprint.
+    lede::testing::TempDir gguf_dir;
+    auto text = file::ReadFile(kTinyConfig);
+    ASSERT_THAT(text, IsOk());
+    auto config = model::ParseHfConfig(*text, kTinyConfig);
+    ASSERT_THAT(config, IsOk());
+    checkpoint::GgufWriter w;
+    ASSERT_THAT(checkpoint::AddLlamaMetadata(*config, "lede-tiny", &w), IsOk());
+    const std::vector<uint8_t> zeros(config->vocab_size * config->dim / 32 * 34, 0);  // Q8_0 zeros
+    const int64_t d = config->dim, kv = config->kv_dim(), h = config->hidden_dim, v = config->vocab_size;
+    auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+      int64_t n = 1;
+      for (int64_t x : shape) n *= x;
+      const auto type = shape.size() == 1 ? checkpoint::GgmlType::kF32 : checkpoint::GgmlType::kQ8_0;
+      ASSERT_THAT(w.AddTensor(name, type, shape, zeros.data(), checkpoint::GgmlTypeBytes(type, n)), IsOk());
+    };
+    add("token_embd.weight", {v, d});
+    add("output.weight", {v, d});
+    add("output_norm.weight", {d});
+    for (int64_t i = 0; i < config->n_layers; ++i) {
+      const std::string b = "blk." + std::to_string(i) + ".";
+      add(b + "attn_norm.weight", {d});
+      add(b + "ffn_norm.weight", {d});
+      add(b + "attn_q.weight", {d, d});
+      add(b + "attn_k.weight", {kv, d});
+      add(b + "attn_v.weight", {kv, d});
+      add(b + "attn_output.weight", {d, d});
+      add(b + "ffn_gate.weight", {h, d});
+      add(b + "ffn_up.weight", {h, d});
+      add(b + "ffn_down.weight", {d, h});
+    }
+    const std::string gguf = (gguf_dir.path() / "lede-tiny.gguf").string();
+    ASSERT_THAT(w.Write(gguf), IsOk());
+    options = ParsePolicyServerFlags({"--policy-root=/p", "--model-config", gguf});
+    ASSERT_THAT(options, IsOk());
+    EXPECT_EQ(options->serving.model_fingerprint, "07e04f79d11d13b5");
+    EXPECT_EQ(options->serving.n_layers, 12);
+    EXPECT_THAT(ParsePolicyServerFlags({"--policy-root=/p", "--model-config", gguf + ".missing.gguf"}),
+                StatusIs(StatusCode::kNotFound));
+  }
   EXPECT_THAT(ParsePolicyServerFlags({"--policy-root=/p", "--bogus=1"}),
               StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(ParsePolicyServerFlags({"--listen", "127.0.0.1:1"}),

@@ -1,0 +1,50 @@
+#!/usr/bin/python3
+"""llama.cpp runs this project's checkpoints (issue 35): models/lede-tiny
+exported by `lede export --format gguf` at f32, bf16 and q8_0 is decoded
+greedily by llama.cpp itself (npm node-llama-cpp's prebuilt CPU binary,
+through bench/llamacpp_bench.mjs) and by this engine from the same file with
+the file's weights computed in f32 (--weights f32), and the two texts must be
+identical: a wrong Q/K row order, tensor name,
+dimension order, quantization layout or tokenizer key would change
+llama.cpp's text. Speeds are recorded, never asserted.
+
+usage: llamacpp_peer_test.py LEDE_BIN
+Exit 77 (ctest: skipped) when node or node-llama-cpp is not installed
+(scripts/install_node_llama_cpp.sh).
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+lede = sys.argv[1]
+modules = os.environ.get("LEDE_NODE_LLAMA_CPP_MODULES", "/opt/lede-tools/node-llama-cpp/node_modules")
+if shutil.which("node") is None or not os.path.exists(os.path.join(modules, "node-llama-cpp", "package.json")):
+    print("skipped: node or node-llama-cpp not installed (scripts/install_node_llama_cpp.sh)")
+    sys.exit(77)
+
+with tempfile.TemporaryDirectory() as tmp:
+    out = os.path.join(tmp, "result.json")
+    subprocess.run(["node", "bench/llamacpp_bench.mjs", "--model", "models/lede-tiny", "--formats", "f32,bf16,q8_0",
+                    "--threads", "1", "--tokens", "48", "--repeats", "1", "--lede", lede, "--out", out],
+                   check=True, timeout=600)
+    report = json.load(open(out))
+failures = []
+for row in report["results"]:
+    if not row["llamacpp_text"].strip():
+        failures.append(f"{row['format']}: llama.cpp generated no text")
+    if row["same_greedy_text"] is not True:
+        failures.append(f"{row['format']}: llama.cpp's greedy text differs from this engine's: "
+                        f"{row['llamacpp_text']!r} vs {row['lede']}")
+    for mode, v in row["lede"].items():
+        if not v or "error" in v:
+            failures.append(f"{row['format']}: lede {mode} failed: {v}")
+formats = sorted(row["format"] for row in report["results"])
+if formats != ["bf16", "f32", "q8_0"]:
+    failures.append(f"formats run: {formats}")
+for f in failures:
+    print("FAIL:", f)
+print(f"{len(report['results']) - len(failures)} passed, {len(failures)} failed")
+sys.exit(1 if failures else 0)
