@@ -74,6 +74,12 @@ COMMANDS = {
          "build/bench/lede-bench bench --model out/lede-tiny-w5 --calibration out/lede-tiny-w5/calibration-cpu.json "
          "--prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --methods ar,static "
          "--static-configs 2:3 --threads 1 --max-draft-len 6 --prompts-per-set 24 --repeats 1 --json bench/results/widen-factor5-rerun.json"),
+    "bench/results/llamacpp-2026-12-04-native.json":
+        ("llamacpp_bench", "scripts/install_node_llama_cpp.sh && node bench/llamacpp_bench.mjs --model models/lede-tiny "
+         "--threads 1 --tokens 96 --repeats 3 --out bench/results/llamacpp-2026-12-04-native.json"),
+    "bench/results/llamacpp-2026-12-04.json":
+        ("llamacpp_bench", "scripts/install_node_llama_cpp.sh && node bench/llamacpp_bench.mjs --model models/lede-tiny "
+         "--threads 1,2 --tokens 96 --repeats 3 --out bench/results/llamacpp-2026-12-04.json"),
     "bench/results/hostile_clients.json":
         ("hostile_clients", "bench/record.py bench/results/hostile_clients.json -- bench/hostile_clients_bench.py "
          "--slow 200 --trickle-s 2 --hold-s 30 --requests 10 --json {json}"),
@@ -382,6 +388,26 @@ def cancel_storm_table(data, opts):
                   "greedy differing from solo"], rows)
 
 
+def llamacpp_table(data, opts):
+    rows = []
+    for r in data["results"]:
+        l = r["lede"]
+        peer = r["llamacpp"]["median_tok_s"]
+        rows.append([r["format"], r["threads"], num(r["bytes"] / 1e6, "{:.1f}"), num(peer),
+                     num(l["ar"]["median_tok_s"]), x(l["ar"]["median_tok_s"] / peer),
+                     f"{num(l['static']['median_tok_s'])} ({l['static'].get('exit_layer_draft_len', '')})",
+                     num(l["lede"]["median_tok_s"]), x(l["lede"]["median_tok_s"] / peer),
+                     ("yes" if r.get("same_greedy_text") else "no")
+                     + (f" / {'yes' if r['same_greedy_text_native'] else 'no'}" if "same_greedy_text_native" in r else "")])
+    s = data["settings"]
+    return (f"Greedy, {s['tokens']} tokens from \"{s['prompt']}\", medians of {s['repeats']} runs (decode only); "
+            f"both engines read the same GGUF file; peer: {data['peer']['package']} {data['peer']['version']}.\n\n"
+            + table(["format", "threads", "file MB", "llama.cpp tok/s", "LEDE autoregressive tok/s", "vs llama.cpp",
+                     "LEDE static tok/s (E, D)", "LEDE tok/s", "vs llama.cpp",
+                     "same greedy text as llama.cpp (the file's weights in f32 / in the file's storage)"],
+                    rows))
+
+
 # kind -> {view -> renderer(data, opts)}; the first view is the default.
 RENDERERS = {
     "lede-bench bench": {"full": bench_full, "summary": bench_summary},
@@ -398,6 +424,7 @@ RENDERERS = {
     "lede_replica_bench": {"table": replica_table},
     "hostile_clients": {"table": hostile_clients_table},
     "cancel_storm": {"table": cancel_storm_table},
+    "llamacpp_bench": {"table": llamacpp_table},
 }
 
 
