@@ -402,8 +402,8 @@ def llamacpp_table(data, opts):
     s = data["settings"]
     return (f"Greedy, {s['tokens']} tokens from \"{s['prompt']}\", medians of {s['repeats']} runs (decode only); "
             f"both engines read the same GGUF file; peer: {data['peer']['package']} {data['peer']['version']}.\n\n"
-            + table(["format", "threads", "file MB", "llama.cpp tok/s", "LEDE autoregressive tok/s", "vs llama.cpp",
-                     "LEDE static tok/s (E, D)", "LEDE tok/s", "vs llama.cpp",
+            + table(["format", "threads", "file MB", "llama.cpp tok/s", "our autoregressive tok/s",
+                     "autoregressive vs llama.cpp", "our static tok/s (E, D)", "our LEDE tok/s", "LEDE vs llama.cpp",
                      "same greedy text as llama.cpp (the file's weights in f32 / in the file's storage)"],
                     rows))
 

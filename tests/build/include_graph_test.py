@@ -32,7 +32,8 @@ import tempfile
 LAYERS = [
     ["shared/status", "proto"],
     ["shared/clock", "shared/file", "shared/flags", "shared/log", "shared/telemetry", "shared/speculation"],
-    ["shared/checkpoint", "shared/rpc", "shared/storage", "shared/tokenizer"],
+    ["shared/checkpoint"],  # (GGUF files carry tokenizers: shared/tokenizer reads them)
+    ["shared/rpc", "shared/storage", "shared/tokenizer"],
     ["shared/experience", "shared/model"],
     ["policy"],
     ["policy/dqn"],
@@ -257,7 +258,7 @@ def self_test():
         # An upward include and the cycle it closes.
         write("shared/file/file.cc", '#include "shared/file/file.h"\n#include "policy/controllers.h"\n')
         errs = check(root, read_targets(targets_file, root))
-        assert any("shared/file (layer 1) includes policy (layer 4)" in e for e in errs), errs
+        assert any("shared/file (layer 1) includes policy (layer 5)" in e for e in errs), errs
         assert any(e.startswith("folder cycle: ") for e in errs), errs
         write("shared/file/file.cc", '#include "shared/file/file.h"\n')
 
