@@ -80,6 +80,12 @@ COMMANDS = {
     "bench/results/llamacpp-2026-12-04.json":
         ("llamacpp_bench", "scripts/install_node_llama_cpp.sh && node bench/llamacpp_bench.mjs --model models/lede-tiny "
          "--threads 1,2 --tokens 96 --repeats 3 --out bench/results/llamacpp-2026-12-04.json"),
+    "bench/results/serve-widen5.json":
+        ("serve_bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/lede-tiny-w5 && "
+         "build/trainer/lede-init-policy --model out/lede-tiny-w5 --policy-root out/lede-tiny-w5/policy && "
+         "bench/record.py bench/results/serve-widen5.json -- bench/serve_bench.py --model out/lede-tiny-w5 "
+         "--prompt-file models/lede-tiny/prompts/story.jsonl --deployments split --methods autoregressive,lede "
+         "--concurrency 1,16 --max-batch 1,16 --num-prompts 32 --new-tokens 64 --json {json}"),
     "bench/results/hostile_clients.json":
         ("hostile_clients", "bench/record.py bench/results/hostile_clients.json -- bench/hostile_clients_bench.py "
          "--slow 200 --trickle-s 2 --hold-s 30 --requests 10 --json {json}"),
