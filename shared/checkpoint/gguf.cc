@@ -812,62 +812,62 @@ Status MatchLlama3Scaling(const GgufTensor& t, const std::string& src, model::Mo
 
 }  // namespace
 
-StatusOr<model::ModelConfig> GgufLlamaConfig(const GgufFile& f) {
+namespace {
+
+// Reads a metadata integer that must be in [1, 2^31].
+StatusOr<int64_t> PositiveInt(const GgufFile& f, const std::string& key) {
   const std::string& src = f.source();
-  LEDE_ASSIGN_OR_RETURN(std::string arch, f.GetString("general.architecture"));
-  if (arch != "llama") {
-    return InvalidArgumentError(src + ": metadata key general.architecture is \"" + arch +
-                                "\" (supported: llama)");
+  LEDE_ASSIGN_OR_RETURN(int64_t v, f.GetInt(key));
+  if (v <= 0 || v > (int64_t{1} << 31)) {
+    return InvalidArgumentError(src + ": metadata key " + key + " is " + std::to_string(v) +
+                                " (must be positive)");
   }
-  auto positive = [&](const std::string& key) -> StatusOr<int64_t> {
-    LEDE_ASSIGN_OR_RETURN(int64_t v, f.GetInt(key));
-    if (v <= 0 || v > (int64_t{1} << 31)) {
-      return InvalidArgumentError(src + ": metadata key " + key + " is " + std::to_string(v) +
-                                  " (must be positive)");
-    }
-    return v;
-  };
-  model::ModelConfig c;
-  LEDE_ASSIGN_OR_RETURN(c.dim, positive("llama.embedding_length"));
-  LEDE_ASSIGN_OR_RETURN(c.hidden_dim, positive("llama.feed_forward_length"));
-  LEDE_ASSIGN_OR_RETURN(c.n_layers, positive("llama.block_count"));
-  LEDE_ASSIGN_OR_RETURN(c.n_heads, positive("llama.attention.head_count"));
-  c.n_kv_heads = c.n_heads;
+  return v;
+}
+
+// Reads the llama dims, norm epsilon and rope settings and checks they agree.
+Status ReadLlamaHyperparams(const GgufFile& f, model::ModelConfig* c) {
+  const std::string& src = f.source();
+  LEDE_ASSIGN_OR_RETURN(c->dim, PositiveInt(f, "llama.embedding_length"));
+  LEDE_ASSIGN_OR_RETURN(c->hidden_dim, PositiveInt(f, "llama.feed_forward_length"));
+  LEDE_ASSIGN_OR_RETURN(c->n_layers, PositiveInt(f, "llama.block_count"));
+  LEDE_ASSIGN_OR_RETURN(c->n_heads, PositiveInt(f, "llama.attention.head_count"));
+  c->n_kv_heads = c->n_heads;
   if (f.Find("llama.attention.head_count_kv") != nullptr) {
-    LEDE_ASSIGN_OR_RETURN(c.n_kv_heads, positive("llama.attention.head_count_kv"));
+    LEDE_ASSIGN_OR_RETURN(c->n_kv_heads, PositiveInt(f, "llama.attention.head_count_kv"));
   }
-  LEDE_ASSIGN_OR_RETURN(c.max_seq_len, positive("llama.context_length"));
-  LEDE_ASSIGN_OR_RETURN(c.rms_norm_eps, f.GetFloat("llama.attention.layer_norm_rms_epsilon"));
-  if (!(c.rms_norm_eps > 0.0 && c.rms_norm_eps < 1.0)) {
+  LEDE_ASSIGN_OR_RETURN(c->max_seq_len, PositiveInt(f, "llama.context_length"));
+  LEDE_ASSIGN_OR_RETURN(c->rms_norm_eps, f.GetFloat("llama.attention.layer_norm_rms_epsilon"));
+  if (!(c->rms_norm_eps > 0.0 && c->rms_norm_eps < 1.0)) {
     return InvalidArgumentError(src + ": metadata key llama.attention.layer_norm_rms_epsilon must be in (0, 1)");
   }
   if (f.Find("llama.rope.freq_base") != nullptr) {
-    LEDE_ASSIGN_OR_RETURN(c.rope_theta, f.GetFloat("llama.rope.freq_base"));
-    if (!(c.rope_theta > 1.0)) {
+    LEDE_ASSIGN_OR_RETURN(c->rope_theta, f.GetFloat("llama.rope.freq_base"));
+    if (!(c->rope_theta > 1.0)) {
       return InvalidArgumentError(src + ": metadata key llama.rope.freq_base must be above 1");
     }
   }
-  if (c.dim % c.n_heads != 0 || c.n_heads % c.n_kv_heads != 0 || (c.dim / c.n_heads) % 2 != 0) {
-    return InvalidArgumentError(src + ": metadata keys llama.embedding_length (" + std::to_string(c.dim) +
-                                "), llama.attention.head_count (" + std::to_string(c.n_heads) +
-                                ") and head_count_kv (" + std::to_string(c.n_kv_heads) + ") are inconsistent");
+  if (c->dim % c->n_heads != 0 || c->n_heads % c->n_kv_heads != 0 || (c->dim / c->n_heads) % 2 != 0) {
+    return InvalidArgumentError(src + ": metadata keys llama.embedding_length (" + std::to_string(c->dim) +
+                                "), llama.attention.head_count (" + std::to_string(c->n_heads) +
+                                ") and head_count_kv (" + std::to_string(c->n_kv_heads) + ") are inconsistent");
   }
   for (const char* key : {"llama.rope.dimension_count", "llama.attention.key_length",
                           "llama.attention.value_length"}) {
     if (f.Find(key) == nullptr) continue;
     LEDE_ASSIGN_OR_RETURN(int64_t v, f.GetInt(key));
-    if (v != c.head_dim()) {
+    if (v != c->head_dim()) {
       return InvalidArgumentError(src + ": metadata key " + std::string(key) + " is " + std::to_string(v) +
-                                  ", expected the head dim " + std::to_string(c.head_dim()) +
+                                  ", expected the head dim " + std::to_string(c->head_dim()) +
                                   " (partial rotary and other head sizes are not supported)");
     }
   }
   if (f.Find("llama.rope.scaling.type") != nullptr) {
     LEDE_ASSIGN_OR_RETURN(std::string type, f.GetString("llama.rope.scaling.type"));
     if (type == "linear") {
-      c.rope_scaling.type = model::RopeScaling::Type::kLinear;
-      LEDE_ASSIGN_OR_RETURN(c.rope_scaling.factor, f.GetFloat("llama.rope.scaling.factor"));
-      if (!(c.rope_scaling.factor > 0.0)) {
+      c->rope_scaling.type = model::RopeScaling::Type::kLinear;
+      LEDE_ASSIGN_OR_RETURN(c->rope_scaling.factor, f.GetFloat("llama.rope.scaling.factor"));
+      if (!(c->rope_scaling.factor > 0.0)) {
         return InvalidArgumentError(src + ": metadata key llama.rope.scaling.factor must be positive");
       }
     } else if (type != "none" && !(type == "llama3" && f.FindTensor("rope_freqs.weight") != nullptr)) {
@@ -875,55 +875,63 @@ StatusOr<model::ModelConfig> GgufLlamaConfig(const GgufFile& f) {
                                   "\" (supported: none, linear)");
     }
   }
-  if (const GgufTensor* freqs = f.FindTensor("rope_freqs.weight")) {
-    LEDE_RETURN_IF_ERROR(MatchLlama3Scaling(*freqs, src, &c));
-  }
+  return OkStatus();
+}
+
+// Reads the vocabulary size, tied embeddings and the special token ids.
+Status ReadLlamaVocab(const GgufFile& f, model::ModelConfig* c) {
+  const std::string& src = f.source();
   const GgufTensor* embd = f.FindTensor("token_embd.weight");
   if (embd == nullptr) return InvalidArgumentError(src + ": missing tensor token_embd.weight");
   if (f.Find("llama.vocab_size") != nullptr) {
-    LEDE_ASSIGN_OR_RETURN(c.vocab_size, positive("llama.vocab_size"));
+    LEDE_ASSIGN_OR_RETURN(c->vocab_size, PositiveInt(f, "llama.vocab_size"));
   } else if (f.Find("tokenizer.ggml.tokens") != nullptr) {
     LEDE_ASSIGN_OR_RETURN(std::vector<std::string> tokens, f.GetStringArray("tokenizer.ggml.tokens"));
-    c.vocab_size = static_cast<int64_t>(tokens.size());
+    c->vocab_size = static_cast<int64_t>(tokens.size());
   } else {
-    c.vocab_size = embd->ne.size() == 2 ? embd->ne[1] : 0;
+    c->vocab_size = embd->ne.size() == 2 ? embd->ne[1] : 0;
   }
   if (const GgufValue* tokens = f.Find("tokenizer.ggml.tokens")) {
-    if (static_cast<int64_t>(tokens->strings.size()) != c.vocab_size) {
+    if (static_cast<int64_t>(tokens->strings.size()) != c->vocab_size) {
       return InvalidArgumentError(src + ": metadata key tokenizer.ggml.tokens has " +
                                   std::to_string(tokens->strings.size()) + " tokens but the vocabulary size is " +
-                                  std::to_string(c.vocab_size));
+                                  std::to_string(c->vocab_size));
     }
   }
-  c.rope_style = model::RopeStyle::kAdjacentPairs;
-  c.tie_word_embeddings = f.FindTensor("output.weight") == nullptr;
-  c.bos_id = 1;
-  c.eos_ids = {2};
+  c->rope_style = model::RopeStyle::kAdjacentPairs;
+  c->tie_word_embeddings = f.FindTensor("output.weight") == nullptr;
+  c->bos_id = 1;
+  c->eos_ids = {2};
   auto token_id = [&](const std::string& key, int64_t* out) -> Status {
     LEDE_ASSIGN_OR_RETURN(*out, f.GetInt(key));
-    if (*out < 0 || *out >= c.vocab_size) {
+    if (*out < 0 || *out >= c->vocab_size) {
       return InvalidArgumentError(src + ": metadata key " + key + " is " + std::to_string(*out) +
-                                  ", outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+                                  ", outside the vocabulary [0, " + std::to_string(c->vocab_size) + ")");
     }
     return OkStatus();
   };
   int64_t id = 0;
   if (f.Find("tokenizer.ggml.bos_token_id") != nullptr) {
     LEDE_RETURN_IF_ERROR(token_id("tokenizer.ggml.bos_token_id", &id));
-    c.bos_id = static_cast<int32_t>(id);
+    c->bos_id = static_cast<int32_t>(id);
   }
   if (f.Find("tokenizer.ggml.eos_token_id") != nullptr) {
     LEDE_RETURN_IF_ERROR(token_id("tokenizer.ggml.eos_token_id", &id));
-    c.eos_ids = {static_cast<int32_t>(id)};
+    c->eos_ids = {static_cast<int32_t>(id)};
   }
   for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
     if (f.Find(key) == nullptr) continue;
     LEDE_RETURN_IF_ERROR(token_id(key, &id));
-    if (std::find(c.eos_ids.begin(), c.eos_ids.end(), id) == c.eos_ids.end()) {
-      c.eos_ids.push_back(static_cast<int32_t>(id));
+    if (std::find(c->eos_ids.begin(), c->eos_ids.end(), id) == c->eos_ids.end()) {
+      c->eos_ids.push_back(static_cast<int32_t>(id));
     }
   }
-  LEDE_RETURN_IF_ERROR(c.Validate());
+  return OkStatus();
+}
+
+// Checks that every tensor the config needs is present with the right dims.
+Status CheckLlamaTensors(const GgufFile& f, const model::ModelConfig& c) {
+  const std::string& src = f.source();
   // Every tensor the config needs, with dims in ggml order (ne[0] = in).
   const int64_t d = c.dim, q = c.n_heads * c.head_dim(), kv = c.kv_dim(), h = c.hidden_dim;
   std::vector<std::pair<std::string, std::vector<int64_t>>> need = {{"token_embd.weight", {d, c.vocab_size}},
@@ -952,6 +960,26 @@ StatusOr<model::ModelConfig> GgufLlamaConfig(const GgufFile& f) {
                                   std::to_string(c.vocab_size) + ") says " + NeString(ne));
     }
   }
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<model::ModelConfig> GgufLlamaConfig(const GgufFile& f) {
+  const std::string& src = f.source();
+  LEDE_ASSIGN_OR_RETURN(std::string arch, f.GetString("general.architecture"));
+  if (arch != "llama") {
+    return InvalidArgumentError(src + ": metadata key general.architecture is \"" + arch +
+                                "\" (supported: llama)");
+  }
+  model::ModelConfig c;
+  LEDE_RETURN_IF_ERROR(ReadLlamaHyperparams(f, &c));
+  if (const GgufTensor* freqs = f.FindTensor("rope_freqs.weight")) {
+    LEDE_RETURN_IF_ERROR(MatchLlama3Scaling(*freqs, src, &c));
+  }
+  LEDE_RETURN_IF_ERROR(ReadLlamaVocab(f, &c));
+  LEDE_RETURN_IF_ERROR(c.Validate());
+  LEDE_RETURN_IF_ERROR(CheckLlamaTensors(f, c));
   return c;
 }
 
