@@ -64,6 +64,47 @@ StatusOr<ShadowTrace> TraceLoggedRequest(const model::LlamaModel& model, const l
   return t;
 }
 
+namespace {
+
+// The usable logged requests' shadow traces, split by request.
+struct RequestSplit {
+  std::vector<ShadowTrace> train, selection, heldout;
+  int64_t n_requests = 0;  // usable requests traced
+};
+
+// Traces every usable record and splits them: held out by request id, the
+// rest 3:1 into train and selection, with at least one held-out and one
+// selection request where there are enough.
+StatusOr<RequestSplit> TraceAndSplitRequests(const model::LlamaModel& model,
+                                             const std::vector<lede::v1::RequestRecord>& records,
+                                             const RequestRetrainOptions& options) {
+  RequestSplit split;
+  const int32_t top_k = options.dinkelbach.spec.top_k;
+  int64_t n_train_seen = 0;
+  for (const lede::v1::RequestRecord& r : records) {
+    StatusOr<ShadowTrace> t = TraceLoggedRequest(model, r, top_k);
+    if (!t.ok() && t.status().code() == StatusCode::kInvalidArgument) continue;  // empty output, too long
+    if (!t.ok()) return t.status();
+    ++split.n_requests;
+    if (IsHeldOutRequest(r.request_id(), options.heldout_fraction)) {
+      split.heldout.push_back(*std::move(t));
+    } else {
+      (n_train_seen++ % 4 == 3 ? split.selection : split.train).push_back(*std::move(t));
+    }
+  }
+  if (split.heldout.empty() && !split.train.empty()) {  // at least one held-out request
+    split.heldout.push_back(std::move(split.train.back()));
+    split.train.pop_back();
+  }
+  if (split.selection.empty() && split.train.size() > 1) {
+    split.selection.push_back(std::move(split.train.back()));
+    split.train.pop_back();
+  }
+  return split;
+}
+
+}  // namespace
+
 StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, const model::LlamaModel& model,
                                                   const model::CostModel& cost,
                                                   const std::set<std::string>& processed,
@@ -105,28 +146,11 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
     }
   }
   // 3. Split by request; shadow traces.
-  std::vector<ShadowTrace> train, selection, heldout;
-  const int32_t top_k = options.dinkelbach.spec.top_k;
-  int64_t n_train_seen = 0;
-  for (const lede::v1::RequestRecord& r : read.records) {
-    StatusOr<ShadowTrace> t = TraceLoggedRequest(model, r, top_k);
-    if (!t.ok() && t.status().code() == StatusCode::kInvalidArgument) continue;  // empty output, too long
-    if (!t.ok()) return t.status();
-    ++out.n_requests;
-    if (IsHeldOutRequest(r.request_id(), options.heldout_fraction)) {
-      heldout.push_back(*std::move(t));
-    } else {
-      (n_train_seen++ % 4 == 3 ? selection : train).push_back(*std::move(t));
-    }
-  }
-  if (heldout.empty() && !train.empty()) {  // at least one held-out request
-    heldout.push_back(std::move(train.back()));
-    train.pop_back();
-  }
-  if (selection.empty() && train.size() > 1) {
-    selection.push_back(std::move(train.back()));
-    train.pop_back();
-  }
+  LEDE_ASSIGN_OR_RETURN(RequestSplit split, TraceAndSplitRequests(model, read.records, options));
+  out.n_requests = split.n_requests;
+  std::vector<ShadowTrace>& train = split.train;
+  std::vector<ShadowTrace>& selection = split.selection;
+  std::vector<ShadowTrace>& heldout = split.heldout;
   out.n_train = static_cast<int64_t>(train.size() + selection.size());
   out.n_heldout = static_cast<int64_t>(heldout.size());
   if (train.empty() || selection.empty() || heldout.empty()) {

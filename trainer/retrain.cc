@@ -747,6 +747,29 @@ StatusOr<RetrainOutcome> Retrainer::RunOnceOnRequests(const policy::dqn::Artifac
   return out;
 }
 
+namespace {
+
+// Whether RunOnce trains on the request log. auto: the request log when
+// there is one and no prompt file asks for the td trainer's replay evaluation.
+StatusOr<bool> UsesRequestLog(storage::ObjectStore& store, const RetrainOptions& o) {
+  if (!(o.trainer == "counterfactual" || (o.trainer == "auto" && !o.model_dir.empty() && o.eval_prompts.empty()))) {
+    return false;
+  }
+  bool use_requests = o.trainer == "counterfactual";
+  if (!use_requests) {
+    LEDE_ASSIGN_OR_RETURN(std::vector<storage::ObjectInfo> objects,
+                          store.List(FolderPrefix(o.requests_prefix)));
+    for (const storage::ObjectInfo& obj : objects) {
+      const std::string suffix = experience::kRequestLogSuffix;
+      use_requests = use_requests || (obj.key.size() > suffix.size() &&
+                                      obj.key.compare(obj.key.size() - suffix.size(), suffix.size(), suffix) == 0);
+    }
+  }
+  return use_requests;
+}
+
+}  // namespace
+
 StatusOr<RetrainOutcome> Retrainer::RunOnce() {
   const RetrainOptions& o = options_;
   auto log = [&o](const std::string& line) {
@@ -765,21 +788,8 @@ StatusOr<RetrainOutcome> Retrainer::RunOnce() {
   out.serving_version = smeta.version;
   LEDE_ASSIGN_OR_RETURN(RetrainState state, ReadRetrainState(state_path()));
 
-  // auto: the request log when there is one and no prompt file asks for the
-  // td trainer's replay evaluation.
-  if (o.trainer == "counterfactual" || (o.trainer == "auto" && !o.model_dir.empty() && o.eval_prompts.empty())) {
-    bool use_requests = o.trainer == "counterfactual";
-    if (!use_requests) {
-      LEDE_ASSIGN_OR_RETURN(std::vector<storage::ObjectInfo> objects,
-                            impl_->store->List(FolderPrefix(o.requests_prefix)));
-      for (const storage::ObjectInfo& obj : objects) {
-        const std::string suffix = experience::kRequestLogSuffix;
-        use_requests = use_requests || (obj.key.size() > suffix.size() &&
-                                        obj.key.compare(obj.key.size() - suffix.size(), suffix.size(), suffix) == 0);
-      }
-    }
-    if (use_requests) return RunOnceOnRequests(*serving, std::move(state));
-  }
+  LEDE_ASSIGN_OR_RETURN(bool use_requests, UsesRequestLog(*impl_->store, o));
+  if (use_requests) return RunOnceOnRequests(*serving, std::move(state));
 
   // 1. New shards.
   RetrainRun run;

@@ -460,6 +460,69 @@ StatusOr<std::vector<std::vector<int32_t>>> ReadPromptIds(const std::string& fil
   return prompts;
 }
 
+namespace {
+
+// A DQN decision to time where the policy stack is built in; empty otherwise.
+std::function<void()> MakeTimedDecision() {
+  std::function<void()> decide;
+#if LEDE_HAVE_POLICY
+  auto network = std::make_shared<policy::dqn::QNetwork>(
+      policy::dqn::QNetwork::Random(policy::dqn::kDefaultHidden, 1));
+  decide = [network] {
+    float features[model::kExitFeatureDim] = {0.5f};
+    float q[policy::dqn::kNumActions];
+    network->Forward(features, q);
+    volatile float sink = q[0];
+    (void)sink;
+  };
+#endif
+  return decide;
+}
+
+// Prints the calibration's headline prices to `err`: the step and verify
+// costs, the timed rounds per exit layer, and the batched steps per load.
+void PrintCalibrationSummary(const model::Calibration& cal, std::ostream& err) {
+  auto measured = model::MakeMeasuredCostModel(cal);
+  err << std::fixed << std::setprecision(3) << "step " << cal.step_us << " us; verify(k)/step(1):";
+  for (int k : {1, 2, 4, 8, 16}) err << " k=" << k << ":" << cal.block_us[k - 1] / cal.block_us[0];
+  err << " (per block, all L blocks / L); decision " << cal.decision_us << " us, probe signals " << cal.signals_us
+      << " us\n";
+  if (!cal.round_us.empty()) {
+    // The measured cost model's price of a round of K drafts at each exit layer.
+    err << "rounds timed in context, in autoregressive steps of " << cal.ar_step_us
+        << " us: per exit layer E, K = 1..";
+    err << cal.round_us[0].size() << ":";
+    for (size_t e = 1; e <= cal.round_us.size(); ++e) {
+      err << " E=" << e << ":";
+      for (size_t k = 1; k <= cal.round_us[0].size(); ++k) {
+        model::RoundRecord r;
+        r.exit_layer = static_cast<int32_t>(e);
+        r.n_drafted = static_cast<int32_t>(k);
+        err << (k > 1 ? "/" : "") << measured->RoundCost(r);
+      }
+    }
+    err << "\n";
+  }
+  if (!cal.batch_sizes.empty()) {
+    // What batching does to the prices: a round of 3 drafts at the batch
+    // exit layer, in autoregressive steps at each load.
+    err << "batched steps at E=" << cal.batch_exit_layer << ", per session in autoregressive steps at that load:";
+    for (size_t i = 0; i < cal.batch_sizes.size(); ++i) {
+      const int64_t b = cal.batch_sizes[i];
+      auto at_load = model::MakeMeasuredCostModelAtLoad(cal, b);
+      if (!at_load.ok()) continue;
+      model::RoundRecord r;
+      r.exit_layer = static_cast<int32_t>(cal.batch_exit_layer);
+      r.n_drafted = 3;
+      err << " B=" << b << ": round of 3 drafts " << (*at_load)->RoundCost(r) << " (step "
+          << cal.batch_step_us[i] / static_cast<double>(b) << " us per session)";
+    }
+    err << "\n";
+  }
+}
+
+}  // namespace
+
 int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   ModelFlags mf;
   std::string out_path, prompts_flag;
@@ -514,18 +577,7 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
   if (!options.ok()) return Fail(err, options.status(), kExitUsage);
   auto loaded = model::LlamaModel::Load(mf.model, *options);
   if (!loaded.ok()) return Fail(err, loaded.status(), LoadFailureCode(loaded.status()));
-  std::function<void()> decide;  // a DQN decision where the policy stack is built in
-#if LEDE_HAVE_POLICY
-  auto network = std::make_shared<policy::dqn::QNetwork>(
-      policy::dqn::QNetwork::Random(policy::dqn::kDefaultHidden, 1));
-  decide = [network] {
-    float features[model::kExitFeatureDim] = {0.5f};
-    float q[policy::dqn::kNumActions];
-    network->Forward(features, q);
-    volatile float sink = q[0];
-    (void)sink;
-  };
-#endif
+  std::function<void()> decide = MakeTimedDecision();
   std::vector<int64_t> batch_sizes;
   if (!batch_sizes_flag.empty()) {
     auto parsed = flags::ParseIntList("batch-sizes", batch_sizes_flag);
@@ -571,43 +623,7 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
     if (!(f << json)) return Fail(err, InternalError("cannot write " + out_path), kExitUsage);
     err << "wrote " << out_path << "\n";
   }
-  auto measured = model::MakeMeasuredCostModel(*cal);
-  err << std::fixed << std::setprecision(3) << "step " << cal->step_us << " us; verify(k)/step(1):";
-  for (int k : {1, 2, 4, 8, 16}) err << " k=" << k << ":" << cal->block_us[k - 1] / cal->block_us[0];
-  err << " (per block, all L blocks / L); decision " << cal->decision_us << " us, probe signals " << cal->signals_us
-      << " us\n";
-  if (!cal->round_us.empty()) {
-    // The measured cost model's price of a round of K drafts at each exit layer.
-    err << "rounds timed in context, in autoregressive steps of " << cal->ar_step_us
-        << " us: per exit layer E, K = 1..";
-    err << cal->round_us[0].size() << ":";
-    for (size_t e = 1; e <= cal->round_us.size(); ++e) {
-      err << " E=" << e << ":";
-      for (size_t k = 1; k <= cal->round_us[0].size(); ++k) {
-        model::RoundRecord r;
-        r.exit_layer = static_cast<int32_t>(e);
-        r.n_drafted = static_cast<int32_t>(k);
-        err << (k > 1 ? "/" : "") << measured->RoundCost(r);
-      }
-    }
-    err << "\n";
-  }
-  if (!cal->batch_sizes.empty()) {
-    // What batching does to the prices: a round of 3 drafts at the batch
-    // exit layer, in autoregressive steps at each load.
-    err << "batched steps at E=" << cal->batch_exit_layer << ", per session in autoregressive steps at that load:";
-    for (size_t i = 0; i < cal->batch_sizes.size(); ++i) {
-      const int64_t b = cal->batch_sizes[i];
-      auto at_load = model::MakeMeasuredCostModelAtLoad(*cal, b);
-      if (!at_load.ok()) continue;
-      model::RoundRecord r;
-      r.exit_layer = static_cast<int32_t>(cal->batch_exit_layer);
-      r.n_drafted = 3;
-      err << " B=" << b << ": round of 3 drafts " << (*at_load)->RoundCost(r) << " (step "
-          << cal->batch_step_us[i] / static_cast<double>(b) << " us per session)";
-    }
-    err << "\n";
-  }
+  PrintCalibrationSummary(*cal, err);
   return kExitOk;
 }
 

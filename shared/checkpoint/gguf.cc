@@ -176,6 +176,132 @@ StatusOr<std::shared_ptr<const GgufFile>> GgufFile::Open(const std::string& path
   return Parse(std::move(mapping), data, size, path);
 }
 
+namespace {
+
+// Reads one metadata value (type tag and payload) after its key.
+StatusOr<GgufValue> ReadMetadataValue(Cursor& c, const std::string& source, const std::string& what) {
+  LEDE_ASSIGN_OR_RETURN(uint32_t type_raw, c.Read<uint32_t>(what + " type"));
+  if (!KnownValueType(type_raw)) {
+    return InvalidArgumentError(source + ": " + what + ": unknown value type " + std::to_string(type_raw));
+  }
+  GgufValue v;
+  v.type = static_cast<GgufValueType>(type_raw);
+  bool out_of_range = false;
+  if (v.type == GgufValueType::kString) {
+    LEDE_ASSIGN_OR_RETURN(v.str, c.ReadString(what));
+  } else if (v.type == GgufValueType::kArray) {
+    LEDE_ASSIGN_OR_RETURN(uint32_t elem_raw, c.Read<uint32_t>(what + " element type"));
+    if (!KnownValueType(elem_raw)) {
+      return InvalidArgumentError(source + ": " + what + ": unknown array element type " +
+                                  std::to_string(elem_raw));
+    }
+    v.array_type = static_cast<GgufValueType>(elem_raw);
+    if (v.array_type == GgufValueType::kArray) {
+      return InvalidArgumentError(source + ": " + what + ": arrays of arrays are not supported");
+    }
+    LEDE_ASSIGN_OR_RETURN(uint64_t n, c.Read<uint64_t>(what + " array length"));
+    const size_t min_elem = v.array_type == GgufValueType::kString ? 8 : ScalarBytes(v.array_type);
+    if (n > c.left() / min_elem) {
+      return InvalidArgumentError(source + ": " + what + ": array of " + std::to_string(n) +
+                                  " elements runs past the end of the file");
+    }
+    if (v.array_type == GgufValueType::kString) {
+      v.strings.reserve(static_cast<size_t>(n));
+      for (uint64_t j = 0; j < n; ++j) {
+        LEDE_ASSIGN_OR_RETURN(std::string s, c.ReadString(what + "[" + std::to_string(j) + "]"));
+        v.strings.push_back(std::move(s));
+      }
+    } else {
+      v.numbers.reserve(static_cast<size_t>(n));
+      for (uint64_t j = 0; j < n; ++j) {
+        int64_t ignored = 0;
+        LEDE_ASSIGN_OR_RETURN(double x, ReadScalarNumber(c, v.array_type, what, &ignored, &out_of_range));
+        v.numbers.push_back(x);
+      }
+      out_of_range = false;  // array elements are doubles: no int64 range to keep
+    }
+  } else {
+    LEDE_ASSIGN_OR_RETURN(double x, ReadScalarNumber(c, v.type, what, &v.i, &out_of_range));
+    v.f = x;
+    if (out_of_range) {
+      return InvalidArgumentError(source + ": " + what + ": value out of the int64 range");
+    }
+  }
+  return v;
+}
+
+// Reads tensor info record #k (name, dims, type, offset) and sizes it.
+StatusOr<GgufTensor> ReadTensorInfo(Cursor& c, const std::string& source, uint64_t k, uint64_t alignment) {
+  GgufTensor t;
+  LEDE_ASSIGN_OR_RETURN(t.name, c.ReadString("tensor name #" + std::to_string(k)));
+  const std::string what = "tensor " + t.name;
+  LEDE_ASSIGN_OR_RETURN(uint32_t n_dims, c.Read<uint32_t>(what + " n_dims"));
+  if (n_dims == 0 || n_dims > kMaxDims) {
+    return InvalidArgumentError(source + ": " + what + ": " + std::to_string(n_dims) + " dims (supported: 1 to 4)");
+  }
+  int64_t numel = 1;
+  for (uint32_t d = 0; d < n_dims; ++d) {
+    LEDE_ASSIGN_OR_RETURN(uint64_t ne, c.Read<uint64_t>(what + " dims"));
+    if (ne == 0 || ne > (uint64_t{1} << 40)) {
+      return InvalidArgumentError(source + ": " + what + ": dim " + std::to_string(d) + " is " +
+                                  std::to_string(ne) + " (must be in [1, 2^40])");
+    }
+    if (numel > (int64_t{1} << 42) / static_cast<int64_t>(ne)) {
+      return InvalidArgumentError(source + ": " + what + ": too many elements");
+    }
+    numel *= static_cast<int64_t>(ne);
+    t.ne.push_back(static_cast<int64_t>(ne));
+  }
+  LEDE_ASSIGN_OR_RETURN(uint32_t type_raw, c.Read<uint32_t>(what + " type"));
+  switch (type_raw) {
+    case 0: case 1: case 8: case 30: t.type = static_cast<GgmlType>(type_raw); break;
+    default:
+      return InvalidArgumentError(source + ": " + what + ": unsupported tensor type " + std::to_string(type_raw) +
+                                  " (supported: F32, F16, BF16, Q8_0)");
+  }
+  if (t.type == GgmlType::kQ8_0 && t.ne[0] % kQ8_0BlockValues != 0) {
+    return InvalidArgumentError(source + ": " + what + ": Q8_0 row length " + std::to_string(t.ne[0]) +
+                                " is not a multiple of 32");
+  }
+  LEDE_ASSIGN_OR_RETURN(t.offset, c.Read<uint64_t>(what + " offset"));
+  if (t.offset % alignment != 0) {
+    return InvalidArgumentError(source + ": " + what + ": offset " + std::to_string(t.offset) +
+                                " is not a multiple of the alignment " + std::to_string(alignment));
+  }
+  t.nbytes = GgmlTypeBytes(t.type, numel);
+  return t;
+}
+
+// Points each tensor at its bytes in the data section, refusing truncated
+// or overlapping tensors.
+Status PlaceTensorData(std::vector<GgufTensor>* tensors, const uint8_t* data, size_t size, uint64_t data_start,
+                       const std::string& source) {
+  std::vector<GgufTensor>& ts = *tensors;
+  std::vector<std::pair<uint64_t, size_t>> ranges;  // (offset, index)
+  for (size_t k = 0; k < ts.size(); ++k) {
+    GgufTensor& t = ts[k];
+    const uint64_t avail = size - data_start;
+    if (t.offset > avail || t.nbytes > avail - t.offset) {
+      return InvalidArgumentError(source + ": truncated: tensor " + t.name + " (" + GgmlTypeName(t.type) + " " +
+                                  NeString(t.ne) + ", " + std::to_string(t.nbytes) + " bytes at data offset " +
+                                  std::to_string(t.offset) + ") runs past the end of the file");
+    }
+    t.data = data + data_start + t.offset;
+    ranges.emplace_back(t.offset, k);
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t k = 1; k < ranges.size(); ++k) {
+    const GgufTensor& prev = ts[ranges[k - 1].second];
+    const GgufTensor& cur = ts[ranges[k].second];
+    if (prev.offset + prev.nbytes > cur.offset) {
+      return InvalidArgumentError(source + ": tensors " + prev.name + " and " + cur.name + " overlap");
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
 StatusOr<std::shared_ptr<const GgufFile>> GgufFile::Parse(std::shared_ptr<const void> owner, const uint8_t* data,
                                                           size_t size, const std::string& source) {
   std::shared_ptr<GgufFile> f(new GgufFile());
@@ -205,53 +331,7 @@ StatusOr<std::shared_ptr<const GgufFile>> GgufFile::Parse(std::shared_ptr<const 
   for (uint64_t k = 0; k < n_kv; ++k) {
     LEDE_ASSIGN_OR_RETURN(std::string key, c.ReadString("metadata key #" + std::to_string(k)));
     const std::string what = "metadata key " + key;
-    LEDE_ASSIGN_OR_RETURN(uint32_t type_raw, c.Read<uint32_t>(what + " type"));
-    if (!KnownValueType(type_raw)) {
-      return InvalidArgumentError(source + ": " + what + ": unknown value type " + std::to_string(type_raw));
-    }
-    GgufValue v;
-    v.type = static_cast<GgufValueType>(type_raw);
-    bool out_of_range = false;
-    if (v.type == GgufValueType::kString) {
-      LEDE_ASSIGN_OR_RETURN(v.str, c.ReadString(what));
-    } else if (v.type == GgufValueType::kArray) {
-      LEDE_ASSIGN_OR_RETURN(uint32_t elem_raw, c.Read<uint32_t>(what + " element type"));
-      if (!KnownValueType(elem_raw)) {
-        return InvalidArgumentError(source + ": " + what + ": unknown array element type " +
-                                    std::to_string(elem_raw));
-      }
-      v.array_type = static_cast<GgufValueType>(elem_raw);
-      if (v.array_type == GgufValueType::kArray) {
-        return InvalidArgumentError(source + ": " + what + ": arrays of arrays are not supported");
-      }
-      LEDE_ASSIGN_OR_RETURN(uint64_t n, c.Read<uint64_t>(what + " array length"));
-      const size_t min_elem = v.array_type == GgufValueType::kString ? 8 : ScalarBytes(v.array_type);
-      if (n > c.left() / min_elem) {
-        return InvalidArgumentError(source + ": " + what + ": array of " + std::to_string(n) +
-                                    " elements runs past the end of the file");
-      }
-      if (v.array_type == GgufValueType::kString) {
-        v.strings.reserve(static_cast<size_t>(n));
-        for (uint64_t j = 0; j < n; ++j) {
-          LEDE_ASSIGN_OR_RETURN(std::string s, c.ReadString(what + "[" + std::to_string(j) + "]"));
-          v.strings.push_back(std::move(s));
-        }
-      } else {
-        v.numbers.reserve(static_cast<size_t>(n));
-        for (uint64_t j = 0; j < n; ++j) {
-          int64_t ignored = 0;
-          LEDE_ASSIGN_OR_RETURN(double x, ReadScalarNumber(c, v.array_type, what, &ignored, &out_of_range));
-          v.numbers.push_back(x);
-        }
-        out_of_range = false;  // array elements are doubles: no int64 range to keep
-      }
-    } else {
-      LEDE_ASSIGN_OR_RETURN(double x, ReadScalarNumber(c, v.type, what, &v.i, &out_of_range));
-      v.f = x;
-      if (out_of_range) {
-        return InvalidArgumentError(source + ": " + what + ": value out of the int64 range");
-      }
-    }
+    LEDE_ASSIGN_OR_RETURN(GgufValue v, ReadMetadataValue(c, source, what));
     if (!f->metadata_.emplace(key, std::move(v)).second) {
       return InvalidArgumentError(source + ": duplicate metadata key " + key);
     }
@@ -264,43 +344,8 @@ StatusOr<std::shared_ptr<const GgufFile>> GgufFile::Parse(std::shared_ptr<const 
   }
   f->tensors_.reserve(static_cast<size_t>(n_tensors));
   for (uint64_t k = 0; k < n_tensors; ++k) {
-    GgufTensor t;
-    LEDE_ASSIGN_OR_RETURN(t.name, c.ReadString("tensor name #" + std::to_string(k)));
+    LEDE_ASSIGN_OR_RETURN(GgufTensor t, ReadTensorInfo(c, source, k, f->alignment_));
     const std::string what = "tensor " + t.name;
-    LEDE_ASSIGN_OR_RETURN(uint32_t n_dims, c.Read<uint32_t>(what + " n_dims"));
-    if (n_dims == 0 || n_dims > kMaxDims) {
-      return InvalidArgumentError(source + ": " + what + ": " + std::to_string(n_dims) + " dims (supported: 1 to 4)");
-    }
-    int64_t numel = 1;
-    for (uint32_t d = 0; d < n_dims; ++d) {
-      LEDE_ASSIGN_OR_RETURN(uint64_t ne, c.Read<uint64_t>(what + " dims"));
-      if (ne == 0 || ne > (uint64_t{1} << 40)) {
-        return InvalidArgumentError(source + ": " + what + ": dim " + std::to_string(d) + " is " +
-                                    std::to_string(ne) + " (must be in [1, 2^40])");
-      }
-      if (numel > (int64_t{1} << 42) / static_cast<int64_t>(ne)) {
-        return InvalidArgumentError(source + ": " + what + ": too many elements");
-      }
-      numel *= static_cast<int64_t>(ne);
-      t.ne.push_back(static_cast<int64_t>(ne));
-    }
-    LEDE_ASSIGN_OR_RETURN(uint32_t type_raw, c.Read<uint32_t>(what + " type"));
-    switch (type_raw) {
-      case 0: case 1: case 8: case 30: t.type = static_cast<GgmlType>(type_raw); break;
-      default:
-        return InvalidArgumentError(source + ": " + what + ": unsupported tensor type " + std::to_string(type_raw) +
-                                    " (supported: F32, F16, BF16, Q8_0)");
-    }
-    if (t.type == GgmlType::kQ8_0 && t.ne[0] % kQ8_0BlockValues != 0) {
-      return InvalidArgumentError(source + ": " + what + ": Q8_0 row length " + std::to_string(t.ne[0]) +
-                                  " is not a multiple of 32");
-    }
-    LEDE_ASSIGN_OR_RETURN(t.offset, c.Read<uint64_t>(what + " offset"));
-    if (t.offset % f->alignment_ != 0) {
-      return InvalidArgumentError(source + ": " + what + ": offset " + std::to_string(t.offset) +
-                                  " is not a multiple of the alignment " + std::to_string(f->alignment_));
-    }
-    t.nbytes = GgmlTypeBytes(t.type, numel);
     if (f->tensor_index_.count(t.name) != 0) return InvalidArgumentError(source + ": duplicate " + what);
     f->tensor_index_[t.name] = f->tensors_.size();
     f->tensors_.push_back(std::move(t));
@@ -309,26 +354,7 @@ StatusOr<std::shared_ptr<const GgufFile>> GgufFile::Parse(std::shared_ptr<const 
   if (!f->tensors_.empty() && data_start > size) {
     return InvalidArgumentError(source + ": truncated: the tensor data section starts past the end of the file");
   }
-  std::vector<std::pair<uint64_t, size_t>> ranges;  // (offset, index)
-  for (size_t k = 0; k < f->tensors_.size(); ++k) {
-    GgufTensor& t = f->tensors_[k];
-    const uint64_t avail = size - data_start;
-    if (t.offset > avail || t.nbytes > avail - t.offset) {
-      return InvalidArgumentError(source + ": truncated: tensor " + t.name + " (" + GgmlTypeName(t.type) + " " +
-                                  NeString(t.ne) + ", " + std::to_string(t.nbytes) + " bytes at data offset " +
-                                  std::to_string(t.offset) + ") runs past the end of the file");
-    }
-    t.data = data + data_start + t.offset;
-    ranges.emplace_back(t.offset, k);
-  }
-  std::sort(ranges.begin(), ranges.end());
-  for (size_t k = 1; k < ranges.size(); ++k) {
-    const GgufTensor& prev = f->tensors_[ranges[k - 1].second];
-    const GgufTensor& cur = f->tensors_[ranges[k].second];
-    if (prev.offset + prev.nbytes > cur.offset) {
-      return InvalidArgumentError(source + ": tensors " + prev.name + " and " + cur.name + " overlap");
-    }
-  }
+  LEDE_RETURN_IF_ERROR(PlaceTensorData(&f->tensors_, data, size, data_start, source));
   return std::shared_ptr<const GgufFile>(std::move(f));
 }
 
@@ -786,62 +812,62 @@ Status MatchLlama3Scaling(const GgufTensor& t, const std::string& src, model::Mo
 
 }  // namespace
 
-StatusOr<model::ModelConfig> GgufLlamaConfig(const GgufFile& f) {
+namespace {
+
+// Reads a metadata integer that must be in [1, 2^31].
+StatusOr<int64_t> PositiveInt(const GgufFile& f, const std::string& key) {
   const std::string& src = f.source();
-  LEDE_ASSIGN_OR_RETURN(std::string arch, f.GetString("general.architecture"));
-  if (arch != "llama") {
-    return InvalidArgumentError(src + ": metadata key general.architecture is \"" + arch +
-                                "\" (supported: llama)");
+  LEDE_ASSIGN_OR_RETURN(int64_t v, f.GetInt(key));
+  if (v <= 0 || v > (int64_t{1} << 31)) {
+    return InvalidArgumentError(src + ": metadata key " + key + " is " + std::to_string(v) +
+                                " (must be positive)");
   }
-  auto positive = [&](const std::string& key) -> StatusOr<int64_t> {
-    LEDE_ASSIGN_OR_RETURN(int64_t v, f.GetInt(key));
-    if (v <= 0 || v > (int64_t{1} << 31)) {
-      return InvalidArgumentError(src + ": metadata key " + key + " is " + std::to_string(v) +
-                                  " (must be positive)");
-    }
-    return v;
-  };
-  model::ModelConfig c;
-  LEDE_ASSIGN_OR_RETURN(c.dim, positive("llama.embedding_length"));
-  LEDE_ASSIGN_OR_RETURN(c.hidden_dim, positive("llama.feed_forward_length"));
-  LEDE_ASSIGN_OR_RETURN(c.n_layers, positive("llama.block_count"));
-  LEDE_ASSIGN_OR_RETURN(c.n_heads, positive("llama.attention.head_count"));
-  c.n_kv_heads = c.n_heads;
+  return v;
+}
+
+// Reads the llama dims, norm epsilon and rope settings and checks they agree.
+Status ReadLlamaHyperparams(const GgufFile& f, model::ModelConfig* c) {
+  const std::string& src = f.source();
+  LEDE_ASSIGN_OR_RETURN(c->dim, PositiveInt(f, "llama.embedding_length"));
+  LEDE_ASSIGN_OR_RETURN(c->hidden_dim, PositiveInt(f, "llama.feed_forward_length"));
+  LEDE_ASSIGN_OR_RETURN(c->n_layers, PositiveInt(f, "llama.block_count"));
+  LEDE_ASSIGN_OR_RETURN(c->n_heads, PositiveInt(f, "llama.attention.head_count"));
+  c->n_kv_heads = c->n_heads;
   if (f.Find("llama.attention.head_count_kv") != nullptr) {
-    LEDE_ASSIGN_OR_RETURN(c.n_kv_heads, positive("llama.attention.head_count_kv"));
+    LEDE_ASSIGN_OR_RETURN(c->n_kv_heads, PositiveInt(f, "llama.attention.head_count_kv"));
   }
-  LEDE_ASSIGN_OR_RETURN(c.max_seq_len, positive("llama.context_length"));
-  LEDE_ASSIGN_OR_RETURN(c.rms_norm_eps, f.GetFloat("llama.attention.layer_norm_rms_epsilon"));
-  if (!(c.rms_norm_eps > 0.0 && c.rms_norm_eps < 1.0)) {
+  LEDE_ASSIGN_OR_RETURN(c->max_seq_len, PositiveInt(f, "llama.context_length"));
+  LEDE_ASSIGN_OR_RETURN(c->rms_norm_eps, f.GetFloat("llama.attention.layer_norm_rms_epsilon"));
+  if (!(c->rms_norm_eps > 0.0 && c->rms_norm_eps < 1.0)) {
     return InvalidArgumentError(src + ": metadata key llama.attention.layer_norm_rms_epsilon must be in (0, 1)");
   }
   if (f.Find("llama.rope.freq_base") != nullptr) {
-    LEDE_ASSIGN_OR_RETURN(c.rope_theta, f.GetFloat("llama.rope.freq_base"));
-    if (!(c.rope_theta > 1.0)) {
+    LEDE_ASSIGN_OR_RETURN(c->rope_theta, f.GetFloat("llama.rope.freq_base"));
+    if (!(c->rope_theta > 1.0)) {
       return InvalidArgumentError(src + ": metadata key llama.rope.freq_base must be above 1");
     }
   }
-  if (c.dim % c.n_heads != 0 || c.n_heads % c.n_kv_heads != 0 || (c.dim / c.n_heads) % 2 != 0) {
-    return InvalidArgumentError(src + ": metadata keys llama.embedding_length (" + std::to_string(c.dim) +
-                                "), llama.attention.head_count (" + std::to_string(c.n_heads) +
-                                ") and head_count_kv (" + std::to_string(c.n_kv_heads) + ") are inconsistent");
+  if (c->dim % c->n_heads != 0 || c->n_heads % c->n_kv_heads != 0 || (c->dim / c->n_heads) % 2 != 0) {
+    return InvalidArgumentError(src + ": metadata keys llama.embedding_length (" + std::to_string(c->dim) +
+                                "), llama.attention.head_count (" + std::to_string(c->n_heads) +
+                                ") and head_count_kv (" + std::to_string(c->n_kv_heads) + ") are inconsistent");
   }
   for (const char* key : {"llama.rope.dimension_count", "llama.attention.key_length",
                           "llama.attention.value_length"}) {
     if (f.Find(key) == nullptr) continue;
     LEDE_ASSIGN_OR_RETURN(int64_t v, f.GetInt(key));
-    if (v != c.head_dim()) {
+    if (v != c->head_dim()) {
       return InvalidArgumentError(src + ": metadata key " + std::string(key) + " is " + std::to_string(v) +
-                                  ", expected the head dim " + std::to_string(c.head_dim()) +
+                                  ", expected the head dim " + std::to_string(c->head_dim()) +
                                   " (partial rotary and other head sizes are not supported)");
     }
   }
   if (f.Find("llama.rope.scaling.type") != nullptr) {
     LEDE_ASSIGN_OR_RETURN(std::string type, f.GetString("llama.rope.scaling.type"));
     if (type == "linear") {
-      c.rope_scaling.type = model::RopeScaling::Type::kLinear;
-      LEDE_ASSIGN_OR_RETURN(c.rope_scaling.factor, f.GetFloat("llama.rope.scaling.factor"));
-      if (!(c.rope_scaling.factor > 0.0)) {
+      c->rope_scaling.type = model::RopeScaling::Type::kLinear;
+      LEDE_ASSIGN_OR_RETURN(c->rope_scaling.factor, f.GetFloat("llama.rope.scaling.factor"));
+      if (!(c->rope_scaling.factor > 0.0)) {
         return InvalidArgumentError(src + ": metadata key llama.rope.scaling.factor must be positive");
       }
     } else if (type != "none" && !(type == "llama3" && f.FindTensor("rope_freqs.weight") != nullptr)) {
@@ -849,55 +875,63 @@ StatusOr<model::ModelConfig> GgufLlamaConfig(const GgufFile& f) {
                                   "\" (supported: none, linear)");
     }
   }
-  if (const GgufTensor* freqs = f.FindTensor("rope_freqs.weight")) {
-    LEDE_RETURN_IF_ERROR(MatchLlama3Scaling(*freqs, src, &c));
-  }
+  return OkStatus();
+}
+
+// Reads the vocabulary size, tied embeddings and the special token ids.
+Status ReadLlamaVocab(const GgufFile& f, model::ModelConfig* c) {
+  const std::string& src = f.source();
   const GgufTensor* embd = f.FindTensor("token_embd.weight");
   if (embd == nullptr) return InvalidArgumentError(src + ": missing tensor token_embd.weight");
   if (f.Find("llama.vocab_size") != nullptr) {
-    LEDE_ASSIGN_OR_RETURN(c.vocab_size, positive("llama.vocab_size"));
+    LEDE_ASSIGN_OR_RETURN(c->vocab_size, PositiveInt(f, "llama.vocab_size"));
   } else if (f.Find("tokenizer.ggml.tokens") != nullptr) {
     LEDE_ASSIGN_OR_RETURN(std::vector<std::string> tokens, f.GetStringArray("tokenizer.ggml.tokens"));
-    c.vocab_size = static_cast<int64_t>(tokens.size());
+    c->vocab_size = static_cast<int64_t>(tokens.size());
   } else {
-    c.vocab_size = embd->ne.size() == 2 ? embd->ne[1] : 0;
+    c->vocab_size = embd->ne.size() == 2 ? embd->ne[1] : 0;
   }
   if (const GgufValue* tokens = f.Find("tokenizer.ggml.tokens")) {
-    if (static_cast<int64_t>(tokens->strings.size()) != c.vocab_size) {
+    if (static_cast<int64_t>(tokens->strings.size()) != c->vocab_size) {
       return InvalidArgumentError(src + ": metadata key tokenizer.ggml.tokens has " +
                                   std::to_string(tokens->strings.size()) + " tokens but the vocabulary size is " +
-                                  std::to_string(c.vocab_size));
+                                  std::to_string(c->vocab_size));
     }
   }
-  c.rope_style = model::RopeStyle::kAdjacentPairs;
-  c.tie_word_embeddings = f.FindTensor("output.weight") == nullptr;
-  c.bos_id = 1;
-  c.eos_ids = {2};
+  c->rope_style = model::RopeStyle::kAdjacentPairs;
+  c->tie_word_embeddings = f.FindTensor("output.weight") == nullptr;
+  c->bos_id = 1;
+  c->eos_ids = {2};
   auto token_id = [&](const std::string& key, int64_t* out) -> Status {
     LEDE_ASSIGN_OR_RETURN(*out, f.GetInt(key));
-    if (*out < 0 || *out >= c.vocab_size) {
+    if (*out < 0 || *out >= c->vocab_size) {
       return InvalidArgumentError(src + ": metadata key " + key + " is " + std::to_string(*out) +
-                                  ", outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+                                  ", outside the vocabulary [0, " + std::to_string(c->vocab_size) + ")");
     }
     return OkStatus();
   };
   int64_t id = 0;
   if (f.Find("tokenizer.ggml.bos_token_id") != nullptr) {
     LEDE_RETURN_IF_ERROR(token_id("tokenizer.ggml.bos_token_id", &id));
-    c.bos_id = static_cast<int32_t>(id);
+    c->bos_id = static_cast<int32_t>(id);
   }
   if (f.Find("tokenizer.ggml.eos_token_id") != nullptr) {
     LEDE_RETURN_IF_ERROR(token_id("tokenizer.ggml.eos_token_id", &id));
-    c.eos_ids = {static_cast<int32_t>(id)};
+    c->eos_ids = {static_cast<int32_t>(id)};
   }
   for (const char* key : {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"}) {
     if (f.Find(key) == nullptr) continue;
     LEDE_RETURN_IF_ERROR(token_id(key, &id));
-    if (std::find(c.eos_ids.begin(), c.eos_ids.end(), id) == c.eos_ids.end()) {
-      c.eos_ids.push_back(static_cast<int32_t>(id));
+    if (std::find(c->eos_ids.begin(), c->eos_ids.end(), id) == c->eos_ids.end()) {
+      c->eos_ids.push_back(static_cast<int32_t>(id));
     }
   }
-  LEDE_RETURN_IF_ERROR(c.Validate());
+  return OkStatus();
+}
+
+// Checks that every tensor the config needs is present with the right dims.
+Status CheckLlamaTensors(const GgufFile& f, const model::ModelConfig& c) {
+  const std::string& src = f.source();
   // Every tensor the config needs, with dims in ggml order (ne[0] = in).
   const int64_t d = c.dim, q = c.n_heads * c.head_dim(), kv = c.kv_dim(), h = c.hidden_dim;
   std::vector<std::pair<std::string, std::vector<int64_t>>> need = {{"token_embd.weight", {d, c.vocab_size}},
@@ -926,6 +960,26 @@ StatusOr<model::ModelConfig> GgufLlamaConfig(const GgufFile& f) {
                                   std::to_string(c.vocab_size) + ") says " + NeString(ne));
     }
   }
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<model::ModelConfig> GgufLlamaConfig(const GgufFile& f) {
+  const std::string& src = f.source();
+  LEDE_ASSIGN_OR_RETURN(std::string arch, f.GetString("general.architecture"));
+  if (arch != "llama") {
+    return InvalidArgumentError(src + ": metadata key general.architecture is \"" + arch +
+                                "\" (supported: llama)");
+  }
+  model::ModelConfig c;
+  LEDE_RETURN_IF_ERROR(ReadLlamaHyperparams(f, &c));
+  if (const GgufTensor* freqs = f.FindTensor("rope_freqs.weight")) {
+    LEDE_RETURN_IF_ERROR(MatchLlama3Scaling(*freqs, src, &c));
+  }
+  LEDE_RETURN_IF_ERROR(ReadLlamaVocab(f, &c));
+  LEDE_RETURN_IF_ERROR(c.Validate());
+  LEDE_RETURN_IF_ERROR(CheckLlamaTensors(f, c));
   return c;
 }
 

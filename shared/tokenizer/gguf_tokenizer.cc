@@ -72,6 +72,90 @@ Json MergesFromScores(const std::vector<std::string>& tokens, const std::vector<
   return merges;
 }
 
+// Fills the model, normalizer, pre-tokenizer and decoder of a llama
+// (SentencePiece-style) vocabulary: merges come from the token scores.
+Status BuildLlamaModel(const checkpoint::GgufFile& f, const std::vector<std::string>& tokens,
+                       const std::vector<int32_t>& types, int64_t unk, Json vocab, Json* model_json, Json* root) {
+  const std::string& src = f.source();
+  const size_t n = tokens.size();
+  std::vector<float> scores(n, 0.0f);
+  if (f.Find("tokenizer.ggml.scores") != nullptr) {
+    LEDE_ASSIGN_OR_RETURN(std::vector<double> s, f.GetNumberArray("tokenizer.ggml.scores"));
+    if (s.size() != n) {
+      return InvalidArgumentError(src + ": metadata key tokenizer.ggml.scores has " + std::to_string(s.size()) +
+                                  " entries for " + std::to_string(n) + " tokens");
+    }
+    for (size_t i = 0; i < n; ++i) scores[i] = static_cast<float>(s[i]);
+  } else {
+    return InvalidArgumentError(src + ": missing metadata key tokenizer.ggml.scores (needed by the llama vocab)");
+  }
+  bool add_space_prefix = true;
+  if (f.Find("tokenizer.ggml.add_space_prefix") != nullptr) {
+    LEDE_ASSIGN_OR_RETURN(add_space_prefix, f.GetBool("tokenizer.ggml.add_space_prefix"));
+  }
+  (*model_json)["unk_token"] = unk >= 0 ? Json(tokens[static_cast<size_t>(unk)]) : Json(nullptr);
+  (*model_json)["fuse_unk"] = true;
+  (*model_json)["byte_fallback"] = true;
+  (*model_json)["vocab"] = std::move(vocab);
+  (*model_json)["merges"] = MergesFromScores(tokens, scores, types);
+  Json normalizers = Json::array();
+  if (add_space_prefix) normalizers.push_back({{"type", "Prepend"}, {"prepend", kMetaspace}});
+  normalizers.push_back({{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kMetaspace}});
+  (*root)["normalizer"] = {{"type", "Sequence"}, {"normalizers", normalizers}};
+  (*root)["pre_tokenizer"] = nullptr;
+  Json decoders = Json::array({Json{{"type", "Replace"}, {"pattern", {{"String", kMetaspace}}}, {"content", " "}},
+                               Json{{"type", "ByteFallback"}}, Json{{"type", "Fuse"}}});
+  if (add_space_prefix) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+  (*root)["decoder"] = {{"type", "Sequence"}, {"decoders", decoders}};
+  return OkStatus();
+}
+
+// Fills the model, normalizer, pre-tokenizer and decoder of a gpt2
+// (byte-level BPE) vocabulary from tokenizer.ggml.merges and .pre.
+Status BuildGpt2Model(const checkpoint::GgufFile& f, Json vocab, Json* model_json, Json* root) {
+  const std::string& src = f.source();
+  std::string pre = "default";
+  if (f.Find("tokenizer.ggml.pre") != nullptr) {
+    LEDE_ASSIGN_OR_RETURN(pre, f.GetString("tokenizer.ggml.pre"));
+  }
+  LEDE_ASSIGN_OR_RETURN(std::vector<std::string> merges, f.GetStringArray("tokenizer.ggml.merges"));
+  Json merges_json = Json::array();
+  for (size_t i = 0; i < merges.size(); ++i) {
+    const std::string& m = merges[i];
+    const size_t space = m.find(' ', 1);
+    if (space == std::string::npos || space + 1 >= m.size() || m.find(' ', space + 1) != std::string::npos) {
+      return InvalidArgumentError(src + ": metadata key tokenizer.ggml.merges[" + std::to_string(i) +
+                                  "] is not two tokens separated by one space");
+    }
+    merges_json.push_back(m);
+  }
+  (*model_json)["unk_token"] = nullptr;
+  (*model_json)["fuse_unk"] = false;
+  (*model_json)["byte_fallback"] = false;
+  if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3") {
+    (*model_json)["ignore_merges"] = true;
+    (*root)["pre_tokenizer"] = {
+        {"type", "Sequence"},
+        {"pretokenizers",
+         Json::array({Json{{"type", "Split"},
+                           {"pattern", {{"Regex", std::string(kLlama3Pattern)}}},
+                           {"behavior", "Isolated"},
+                           {"invert", false}},
+                      Json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
+  } else if (pre == "default" || pre == "gpt2") {
+    (*model_json)["ignore_merges"] = false;
+    (*root)["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  } else {
+    return UnimplementedError(src + ": metadata key tokenizer.ggml.pre is \"" + pre +
+                              "\" (supported: llama-bpe, default)");
+  }
+  (*model_json)["vocab"] = std::move(vocab);
+  (*model_json)["merges"] = std::move(merges_json);
+  (*root)["normalizer"] = nullptr;
+  (*root)["decoder"] = {{"type", "ByteLevel"}};
+  return OkStatus();
+}
+
 }  // namespace
 
 StatusOr<GgufTokenizerJson> GgufTokenizerToHfJson(const checkpoint::GgufFile& f) {
@@ -130,76 +214,10 @@ StatusOr<GgufTokenizerJson> GgufTokenizerToHfJson(const checkpoint::GgufFile& f)
     }
   }
   if (model == "llama") {
-    std::vector<float> scores(n, 0.0f);
-    if (f.Find("tokenizer.ggml.scores") != nullptr) {
-      LEDE_ASSIGN_OR_RETURN(std::vector<double> s, f.GetNumberArray("tokenizer.ggml.scores"));
-      if (s.size() != n) {
-        return InvalidArgumentError(src + ": metadata key tokenizer.ggml.scores has " + std::to_string(s.size()) +
-                                    " entries for " + std::to_string(n) + " tokens");
-      }
-      for (size_t i = 0; i < n; ++i) scores[i] = static_cast<float>(s[i]);
-    } else {
-      return InvalidArgumentError(src + ": missing metadata key tokenizer.ggml.scores (needed by the llama vocab)");
-    }
-    bool add_space_prefix = true;
-    if (f.Find("tokenizer.ggml.add_space_prefix") != nullptr) {
-      LEDE_ASSIGN_OR_RETURN(add_space_prefix, f.GetBool("tokenizer.ggml.add_space_prefix"));
-    }
-    model_json["unk_token"] = unk >= 0 ? Json(tokens[static_cast<size_t>(unk)]) : Json(nullptr);
-    model_json["fuse_unk"] = true;
-    model_json["byte_fallback"] = true;
-    model_json["vocab"] = std::move(vocab);
-    model_json["merges"] = MergesFromScores(tokens, scores, types);
-    Json normalizers = Json::array();
-    if (add_space_prefix) normalizers.push_back({{"type", "Prepend"}, {"prepend", kMetaspace}});
-    normalizers.push_back({{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kMetaspace}});
-    root["normalizer"] = {{"type", "Sequence"}, {"normalizers", normalizers}};
-    root["pre_tokenizer"] = nullptr;
-    Json decoders = Json::array({Json{{"type", "Replace"}, {"pattern", {{"String", kMetaspace}}}, {"content", " "}},
-                                 Json{{"type", "ByteFallback"}}, Json{{"type", "Fuse"}}});
-    if (add_space_prefix) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
-    root["decoder"] = {{"type", "Sequence"}, {"decoders", decoders}};
+    LEDE_RETURN_IF_ERROR(BuildLlamaModel(f, tokens, types, unk, std::move(vocab), &model_json, &root));
     out.config.add_bos_token = true;
   } else if (model == "gpt2") {
-    std::string pre = "default";
-    if (f.Find("tokenizer.ggml.pre") != nullptr) {
-      LEDE_ASSIGN_OR_RETURN(pre, f.GetString("tokenizer.ggml.pre"));
-    }
-    LEDE_ASSIGN_OR_RETURN(std::vector<std::string> merges, f.GetStringArray("tokenizer.ggml.merges"));
-    Json merges_json = Json::array();
-    for (size_t i = 0; i < merges.size(); ++i) {
-      const std::string& m = merges[i];
-      const size_t space = m.find(' ', 1);
-      if (space == std::string::npos || space + 1 >= m.size() || m.find(' ', space + 1) != std::string::npos) {
-        return InvalidArgumentError(src + ": metadata key tokenizer.ggml.merges[" + std::to_string(i) +
-                                    "] is not two tokens separated by one space");
-      }
-      merges_json.push_back(m);
-    }
-    model_json["unk_token"] = nullptr;
-    model_json["fuse_unk"] = false;
-    model_json["byte_fallback"] = false;
-    if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3") {
-      model_json["ignore_merges"] = true;
-      root["pre_tokenizer"] = {
-          {"type", "Sequence"},
-          {"pretokenizers",
-           Json::array({Json{{"type", "Split"},
-                             {"pattern", {{"Regex", std::string(kLlama3Pattern)}}},
-                             {"behavior", "Isolated"},
-                             {"invert", false}},
-                        Json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
-    } else if (pre == "default" || pre == "gpt2") {
-      model_json["ignore_merges"] = false;
-      root["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
-    } else {
-      return UnimplementedError(src + ": metadata key tokenizer.ggml.pre is \"" + pre +
-                                "\" (supported: llama-bpe, default)");
-    }
-    model_json["vocab"] = std::move(vocab);
-    model_json["merges"] = std::move(merges_json);
-    root["normalizer"] = nullptr;
-    root["decoder"] = {{"type", "ByteLevel"}};
+    LEDE_RETURN_IF_ERROR(BuildGpt2Model(f, std::move(vocab), &model_json, &root));
     out.config.add_bos_token = false;
   } else {
     return UnimplementedError(src + ": metadata key tokenizer.ggml.model is \"" + model +
