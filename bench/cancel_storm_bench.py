@@ -7,15 +7,14 @@ cancelled right after its first token, while 4 greedy clients repeat their
 requests until the storm is over. Counts, per run, the greedy requests that
 failed and those whose token ids differ from the solo run (a lossless
 violation), and the storm's own outcomes. Nothing here asserts: it prints
-numbers and writes JSON (command, commit, date, machine) with --json.
+numbers and writes JSON with --json (run it under bench/record.py, which adds
+the command, commit, date and machine).
 
 usage: bench/cancel_storm_bench.py [--build build] [--runs 3] [--cancels 300] [--json FILE]
 """
 import argparse
-import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import threading
@@ -142,11 +141,6 @@ def main():
     if a.json:
         result = {
             "benchmark": "cancel_storm",
-            "command": " ".join(sys.argv),
-            "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                     text=True).stdout.strip(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs",
             "cancels_per_run": a.cancels, "runs": runs,
         }
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)

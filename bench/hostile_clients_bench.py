@@ -8,16 +8,15 @@ headers; a connection the server cuts is reopened, so N stay open), then
 sends --requests normal completions one after another and prints each one's
 latency, beside the coordinator's thread and descriptor counts (from /proc)
 before and while the slow clients are held. Nothing here asserts: it prints
-numbers and writes JSON (command, commit, date, machine) with --json.
+numbers and writes JSON with --json (run it under bench/record.py, which adds
+the command, commit, date and machine).
 
 usage: bench/hostile_clients_bench.py [--build build] [--slow 200] [--trickle-s 2]
                                       [--hold-s 30] [--requests 10] [--json FILE]
 """
 import argparse
-import datetime
 import json
 import os
-import platform
 import socket
 import subprocess
 import sys
@@ -131,11 +130,6 @@ def main():
         subprocess.run([run, "--stop", "--state-dir", state], env=env, stdout=subprocess.DEVNULL)
     result = {
         "benchmark": "hostile_clients",
-        "command": " ".join(sys.argv),
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                 text=True).stdout.strip(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs",
         "slow_connections": a.slow, "trickle_s": a.trickle_s, "hold_s": a.hold_s,
         "statuses": statuses, "latency_s": [round(x, 4) for x in latencies],
         "latency_max_s": round(max(latencies), 4),
