@@ -86,6 +86,11 @@ COMMANDS = {
          "bench/record.py bench/results/serve-widen5.json -- bench/serve_bench.py --model out/lede-tiny-w5 "
          "--prompt-file models/lede-tiny/prompts/story.jsonl --deployments split --methods autoregressive,lede "
          "--concurrency 1,16 --max-batch 1,16 --num-prompts 32 --new-tokens 64 --json {json}"),
+    "bench/results/lede-tiny-weight-formats.json":
+        ("weight_formats_quality", "for w in f32 bf16 q8_0; do build/trainer/lede-eval-exits --model models/lede-tiny "
+         "--calibration models/lede-tiny/calibration-cpu.json --data testdata/corpus/tinystories_val_a.txt "
+         "--exit-layers 2 --draft-lens 3 --prompts 4 --new-tokens 32 --eval-tokens 16384 --threads 1 --weights $w "
+         "--out /tmp/evq/$w.json; done   # then the per-layer tables combined into one file"),
     "bench/results/hostile_clients.json":
         ("hostile_clients", "bench/record.py bench/results/hostile_clients.json -- bench/hostile_clients_bench.py "
          "--slow 200 --trickle-s 2 --hold-s 30 --requests 10 --json {json}"),
@@ -414,6 +419,20 @@ def llamacpp_table(data, opts):
                     rows))
 
 
+def weight_formats_table(data, opts):
+    f = data["formats"]
+    base = f["f32"]
+    rows = []
+    for name, r in f.items():
+        ppl, agree = r["perplexity"], r["top1_agreement_with_last"]
+        rows.append([name, f"{ppl[-1]:.3f}", f"{100 * (ppl[-1] / base['perplexity'][-1] - 1):+.2f}%",
+                     f"{100 * agree[1]:.1f}%", f"{100 * (agree[1] - base['top1_agreement_with_last'][1]):+.1f}",
+                     f"{ppl[1]:.2f}"])
+    return (f"{data['model']} on {base['tokens']} held-out tokens of `{data['data']}`.\n\n"
+            + table(["weights", "perplexity (last layer)", "vs f32", "layer-2 top-1 agreement with the last layer",
+                     "vs f32, points", "layer-2 perplexity"], rows))
+
+
 # kind -> {view -> renderer(data, opts)}; the first view is the default.
 RENDERERS = {
     "lede-bench bench": {"full": bench_full, "summary": bench_summary},
@@ -431,6 +450,7 @@ RENDERERS = {
     "hostile_clients": {"table": hostile_clients_table},
     "cancel_storm": {"table": cancel_storm_table},
     "llamacpp_bench": {"table": llamacpp_table},
+    "weight_formats_quality": {"table": weight_formats_table},
 }
 
 
