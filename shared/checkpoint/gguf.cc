@@ -425,65 +425,6 @@ StatusOr<std::vector<double>> GgufFile::GetNumberArray(const std::string& key) c
   return v->numbers;
 }
 
-// --- Number formats ----------------------------------------------------------
-
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0) {
-    if (mant == 0) {
-      bits = sign;
-    } else {  // subnormal: normalize
-      int e = -1;
-      do {
-        ++e;
-        mant <<= 1;
-      } while ((mant & 0x400u) == 0);
-      bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (mant & 0x3ffu) << 13;
-    }
-  } else if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | mant << 13;
-  } else {
-    bits = sign | (exp + 127 - 15) << 23 | mant << 13;
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-uint16_t FloatToHalf(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
-  const uint32_t abs = x & 0x7fffffffu;
-  if (abs >= 0x7f800000u) return sign | (abs > 0x7f800000u ? 0x7e00u : 0x7c00u);  // NaN / Inf
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds past 65504: Inf
-  if (abs < 0x38800000u) {  // below the smallest normal half: subnormal or 0
-    if (abs < 0x33000000u) return sign;  // rounds to zero
-    const uint32_t e = abs >> 23;
-    const uint32_t m = (abs & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - e;  // 14 - (e - 112)
-    uint32_t v = m >> shift;
-    const uint32_t rem = m & ((1u << shift) - 1), halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (v & 1u))) ++v;
-    return sign | static_cast<uint16_t>(v);
-  }
-  uint32_t v = ((abs >> 23) - 112) << 10 | (abs >> 13 & 0x3ffu);
-  const uint32_t rem = abs & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (v & 1u))) ++v;
-  return sign | static_cast<uint16_t>(v);
-}
-
-uint16_t FloatToBf16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
-  x += 0x7fffu + ((x >> 16) & 1u);
-  return static_cast<uint16_t>(x >> 16);
-}
-
 Status DequantizeToF32(const GgufTensor& t, float* out) {
   const int64_t n = t.numel();
   if (t.data == nullptr && n > 0) return InvalidArgumentError("tensor " + t.name + ": no data");

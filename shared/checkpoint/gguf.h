@@ -43,6 +43,7 @@
 
 #include "shared/checkpoint/mapped_file.h"
 #include "shared/checkpoint/model_config.h"
+#include "shared/checkpoint/number_formats.h"
 #include "shared/status/status.h"
 
 namespace lede::checkpoint {
@@ -162,9 +163,7 @@ Status DequantizeToF32(const GgufTensor& t, float* out);
 // (kInvalidArgument otherwise). The result holds GgmlTypeBytes(type, n) bytes.
 StatusOr<std::vector<uint8_t>> QuantizeFromF32(const float* x, int64_t n, GgmlType type);
 
-uint16_t FloatToHalf(float f);
-float HalfToFloat(uint16_t h);
-uint16_t FloatToBf16(float f);
+// (FloatToHalf, HalfToFloat, FloatToBf16: number_formats.h, included above.)
 
 // Writes a GGUF v3 file (alignment 32): metadata in the order added, then
 // tensor infos and data in the order added. Tensor data is borrowed: it

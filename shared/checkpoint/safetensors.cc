@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "shared/checkpoint/number_formats.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::checkpoint {
@@ -133,32 +134,6 @@ Status CheckDisjoint(const std::string& file, const std::vector<Entry>& entries)
   return OkStatus();
 }
 
-// IEEE 754 binary16 -> binary32 (exact).
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);  // inf / NaN
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);  // normal: rebias 15 -> 127
-  } else if (mant == 0) {
-    bits = sign;  // +-0
-  } else {
-    // Subnormal: normalize the mantissa.
-    exp = 113;
-    while ((mant & 0x400u) == 0) {
-      mant <<= 1;
-      --exp;
-    }
-    bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof(f));
-  return f;
-}
-
 }  // namespace
 
 const char* DtypeName(Dtype dtype) {
@@ -260,8 +235,7 @@ StatusOr<std::vector<float>> ToFloat32(const TensorView& view) {
       for (size_t i = 0; i < n; ++i) {
         uint16_t h;
         std::memcpy(&h, p + 2 * i, sizeof(h));
-        const uint32_t bits = static_cast<uint32_t>(h) << 16;
-        std::memcpy(&out[i], &bits, sizeof(float));
+        out[i] = Bf16ToFloat(h);
       }
       return out;
     case Dtype::kF64:
