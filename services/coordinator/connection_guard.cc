@@ -86,7 +86,8 @@ struct ConnectionGuard::State {
   int active ABSL_GUARDED_BY(mu) = 0;                           // open and not refused
   int64_t refused ABSL_GUARDED_BY(mu) = 0;
   int64_t timed_out ABSL_GUARDED_BY(mu) = 0;
-  int64_t threads ABSL_GUARDED_BY(mu) = 0;
+  int64_t threads ABSL_GUARDED_BY(mu) = 0;          // workers running now
+  int64_t threads_started ABSL_GUARDED_BY(mu) = 0;  // workers ever started
   int64_t logged_refused ABSL_GUARDED_BY(mu) = 0, logged_timed_out ABSL_GUARDED_BY(mu) = 0;
   absl::Time last_log ABSL_GUARDED_BY(mu) = absl::InfinitePast();
   bool stopping ABSL_GUARDED_BY(mu) = false;
@@ -195,11 +196,15 @@ struct ConnectionGuard::State {
 namespace {
 
 // Workers on demand: a connection starts on an idle worker, or on a new one
-// while fewer than `max_threads` exist; else it waits its turn.
+// while fewer than `max_threads` exist; else it waits its turn. A worker
+// beyond the first `min_threads` that stays idle for `idle_timeout` exits,
+// so a burst of connections does not keep its threads for the process's
+// life.
 class ElasticPool final : public httplib::TaskQueue {
  public:
-  ElasticPool(std::shared_ptr<ConnectionGuard::State> state, int min_threads, int max_threads)
-      : state_(std::move(state)), max_threads_(max_threads) {
+  ElasticPool(std::shared_ptr<ConnectionGuard::State> state, int min_threads, int max_threads,
+              absl::Duration idle_timeout)
+      : state_(std::move(state)), min_threads_(min_threads), max_threads_(max_threads), idle_timeout_(idle_timeout) {
     absl::MutexLock lock(&mu_);
     for (int i = 0; i < min_threads; ++i) Spawn();
   }
@@ -215,39 +220,65 @@ class ElasticPool final : public httplib::TaskQueue {
       tl_state = nullptr;
       if (c != nullptr) state->Unregister(c);
     };
+    std::vector<std::thread> exited;
     {
       absl::MutexLock lock(&mu_);  // its release wakes a worker for the job
       jobs_.push_back(std::move(task));
       // Idle workers not yet woken count once: spawn while the jobs waiting
       // outnumber them.
-      if (static_cast<int>(jobs_.size()) > idle_ && static_cast<int>(threads_.size()) < max_threads_) Spawn();
+      if (static_cast<int>(jobs_.size()) > idle_ && live_ < max_threads_) Spawn();
+      exited.swap(exited_);
     }
+    for (std::thread& t : exited) t.join();
   }
 
   void shutdown() override {
+    std::map<int, std::thread> threads;
+    std::vector<std::thread> exited;
     {
       absl::MutexLock lock(&mu_);
       stopping_ = true;
+      mu_.Await(absl::Condition(+[](int* live) { return *live == 0; }, &live_));
+      threads.swap(threads_);
+      exited.swap(exited_);
     }
-    for (std::thread& t : threads_) t.join();
+    for (auto& [id, t] : threads) t.join();
+    for (std::thread& t : exited) t.join();
   }
 
  private:
   void Spawn() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    threads_.emplace_back([this] { Work(); });
+    const int id = next_id_++;
+    ++live_;
+    threads_.emplace(id, std::thread([this, id] { Work(id); }));
     absl::MutexLock lock(&state_->mu);
     ++state_->threads;
+    ++state_->threads_started;
   }
 
-  void Work() {
+  void Work(int id) {
     for (;;) {
       std::function<void()> job;
       {
         absl::MutexLock lock(&mu_);
         ++idle_;
-        mu_.Await(absl::Condition(this, &ElasticPool::HasWorkLocked));
+        const bool woken = mu_.AwaitWithTimeout(absl::Condition(this, &ElasticPool::HasWorkLocked), idle_timeout_);
         --idle_;
-        if (jobs_.empty()) return;  // stopping
+        if (jobs_.empty() && (stopping_ || (!woken && live_ > min_threads_))) {
+          // Stopping, or idle too long beyond the pool's floor: exit. The
+          // thread object moves to exited_ (joined by the next enqueue or
+          // shutdown; the thread only returns after this).
+          auto it = threads_.find(id);
+          if (it != threads_.end()) {
+            exited_.push_back(std::move(it->second));
+            threads_.erase(it);
+          }
+          --live_;
+          absl::MutexLock state_lock(&state_->mu);
+          --state_->threads;
+          return;
+        }
+        if (jobs_.empty()) continue;  // timed out at the floor: keep waiting
         job = std::move(jobs_.front());
         jobs_.pop_front();
       }
@@ -258,10 +289,15 @@ class ElasticPool final : public httplib::TaskQueue {
   bool HasWorkLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !jobs_.empty(); }
 
   std::shared_ptr<ConnectionGuard::State> state_;
+  const int min_threads_;
   const int max_threads_;
+  const absl::Duration idle_timeout_;
   absl::Mutex mu_;
   std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::thread> threads_;  // grows only (bounded by max_threads_); appended under mu_
+  std::map<int, std::thread> threads_ ABSL_GUARDED_BY(mu_);  // running workers, by id
+  std::vector<std::thread> exited_ ABSL_GUARDED_BY(mu_);     // workers that returned, to join
+  int next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  int live_ ABSL_GUARDED_BY(mu_) = 0;  // workers running (threads_.size())
   int idle_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -297,7 +333,7 @@ void ConnectionGuard::set_port(int port) {
 }
 
 httplib::TaskQueue* ConnectionGuard::NewTaskQueue() {
-  return new ElasticPool(state_, options_.min_threads, options_.max_connections + 1);
+  return new ElasticPool(state_, options_.min_threads, options_.max_connections + 1, options_.idle_worker_timeout);
 }
 
 void ConnectionGuard::ShutdownIdle() { state_->Sweep(/*all_idle=*/true); }
@@ -322,6 +358,7 @@ ConnectionGuard::Stats ConnectionGuard::stats() const {
   s.refused = state_->refused;
   s.timed_out = state_->timed_out;
   s.threads = state_->threads;
+  s.threads_started = state_->threads_started;
   return s;
 }
 

@@ -8,7 +8,8 @@
 // loop and without patching it:
 //   - an elastic worker pool (httplib::TaskQueue): a connection never waits
 //     for a worker while fewer than max_connections are open, so slow clients
-//     hold only their own threads;
+//     hold only their own threads; workers beyond min_threads exit after
+//     idle_worker_timeout, so the pool shrinks back after a burst;
 //   - caps on open connections, in total and per client address: the excess
 //     gets a 503 JSON error and is closed at once, before its request is read;
 //   - a deadline for each request as a whole (request line, headers and
@@ -49,6 +50,9 @@ struct ConnectionGuardOptions {
   // Workers started with the pool (more are started on demand, up to
   // max_connections).
   int min_threads = 32;
+  // A worker beyond min_threads idle this long exits (the pool shrinks back
+  // after a burst).
+  absl::Duration idle_worker_timeout = absl::Seconds(30);
   // Open connections at once; one more is refused with 503. Flag --http-max-connections.
   int max_connections = 512;
   // Open connections from one client IP address; one more is refused with 503.
@@ -67,7 +71,8 @@ class ConnectionGuard {
     int64_t open = 0;       // connections open now
     int64_t refused = 0;    // refused by a cap (total)
     int64_t timed_out = 0;  // shut down by the request deadline (total)
-    int64_t threads = 0;    // worker threads started
+    int64_t threads = 0;          // worker threads running now
+    int64_t threads_started = 0;  // worker threads started (total)
   };
 
   explicit ConnectionGuard(ConnectionGuardOptions options);

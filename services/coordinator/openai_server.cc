@@ -424,6 +424,7 @@ StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(GenerationService* s
   go.max_connections = impl->options.max_connections;
   go.max_connections_per_client = impl->options.max_connections_per_client;
   go.request_deadline = impl->options.request_deadline;
+  go.idle_worker_timeout = impl->options.idle_worker_timeout;
   impl->guard = std::make_unique<ConnectionGuard>(go);
   http.new_task_queue = [p] { return p->guard->NewTaskQueue(); };
   http.set_logger([](const httplib::Request&, const httplib::Response&) { ConnectionGuard::ResponseDone(); });

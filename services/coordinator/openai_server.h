@@ -68,6 +68,8 @@ struct OpenAiServerOptions {
   // Connection worker threads started up front; more start on demand up to
   // max_connections (connection_guard.h), so slow clients never stall others.
   int threads = 32;
+  // A worker beyond `threads` idle this long exits (the pool shrinks back).
+  absl::Duration idle_worker_timeout = absl::Seconds(30);
   // Open connections at once, in total and from one client IP address: one
   // more is answered 503 (code too_many_connections) and closed before its
   // request is read (issue 39, fault 3).

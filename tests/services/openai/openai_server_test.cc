@@ -221,6 +221,26 @@ TEST_F(OpenAiConnectionTest, SlowClientsDoNotHoldOtherRequests) {
   EXPECT_GE(server_->connection_stats().threads, 25);
 }
 
+// After a burst, the workers beyond `threads` exit once idle: the pool
+// shrinks back to its floor and still serves.
+TEST_F(OpenAiConnectionTest, WorkerPoolShrinksAfterABurst) {
+  OpenAiServerOptions so;
+  so.threads = 2;
+  so.request_deadline = absl::Seconds(120);
+  so.idle_worker_timeout = absl::Milliseconds(200);
+  Restart(so);
+  OpenSlowClients(12);
+  ASSERT_TRUE(lede::testing::WaitUntil([&] { return server_->connection_stats().open == 12; }));
+  EXPECT_GE(server_->connection_stats().threads, 12);
+  for (int fd : raw_) ::close(fd);
+  raw_.clear();
+  ASSERT_TRUE(lede::testing::WaitUntil([&] { return server_->connection_stats().threads == 2; }))
+      << "workers still running: " << server_->connection_stats().threads;
+  EXPECT_GE(server_->connection_stats().threads_started, 12);
+  EXPECT_EQ(Get("/v1/models").first, 200);
+  EXPECT_EQ(Get("/v1/models").first, 200);
+}
+
 // A request whose headers do not arrive within the deadline is cut, even
 // though its client sends a byte every 100 ms; a request in its handler or
 // streaming is not.
