@@ -4,7 +4,7 @@
 // (the drafter asks once per candidate layer and once per drafted token).
 // Prints numbers; asserts nothing.
 //
-// Usage: lede_policy_bench [decisions per width, default 2000000] [--json FILE]
+// Usage: lede_policy_bench [--decisions N] [--json FILE]
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -19,20 +19,25 @@
 
 #include "policy/dqn/dqn_exit_controller.h"
 #include "policy/dqn/q_network.h"
+#include "shared/flags/flags.h"
+#include "shared/status/status.h"
 
 int main(int argc, char** argv) {
   using lede::model::ExitState;
   int64_t n = 2000000;
-  std::string json_path;  // --json FILE: also write the rows as JSON
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--json" && i + 1 < argc) {
-      json_path = argv[++i];
-    } else {
-      n = std::atoll(argv[i]);
-    }
+  std::string json_path;
+  lede::flags::FlagSet flags;
+  flags.Add("decisions", &n, "timed decisions per width");
+  flags.Add("json", &json_path, "also write the rows as JSON here");
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (lede::flags::WantsHelp(args)) {
+    std::printf("usage: lede_policy_bench [flags]\nflags:\n%s", flags.Usage().c_str());
+    return 0;
   }
-  if (n < 1) {
-    std::fprintf(stderr, "usage: lede_policy_bench [decisions per width >= 1] [--json FILE]\n");
+  lede::Status parsed = flags.Parse(args);
+  if (parsed.ok() && n < 1) parsed = lede::InvalidArgumentError("--decisions must be >= 1");
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "lede_policy_bench: %s\nflags:\n%s", std::string(parsed.message()).c_str(), flags.Usage().c_str());
     return 2;
   }
   nlohmann::json rows = nlohmann::json::array();

@@ -5,7 +5,7 @@
 // the channels are never connected, the loads are set by hand. Prints
 // numbers; asserts nothing.
 //
-// Usage: lede_replica_bench [placements per size, default 200000] [--json FILE]
+// Usage: lede_replica_bench [--placements N] [--json FILE]
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -13,23 +13,29 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "services/coordinator/replica_set.h"
+#include "shared/flags/flags.h"
+#include "shared/status/status.h"
 
 int main(int argc, char** argv) {
   int64_t n = 200000;
-  std::string json_path;  // --json FILE: also write the rows as JSON
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--json" && i + 1 < argc) {
-      json_path = argv[++i];
-    } else {
-      n = std::atoll(argv[i]);
-    }
+  std::string json_path;
+  lede::flags::FlagSet flags;
+  flags.Add("placements", &n, "timed placements per size");
+  flags.Add("json", &json_path, "also write the rows as JSON here");
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (lede::flags::WantsHelp(args)) {
+    std::printf("usage: lede_replica_bench [flags]\nflags:\n%s", flags.Usage().c_str());
+    return 0;
   }
-  if (n < 1) {
-    std::fprintf(stderr, "usage: lede_replica_bench [placements per size >= 1] [--json FILE]\n");
+  lede::Status parsed = flags.Parse(args);
+  if (parsed.ok() && n < 1) parsed = lede::InvalidArgumentError("--placements must be >= 1");
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "lede_replica_bench: %s\nflags:\n%s", std::string(parsed.message()).c_str(), flags.Usage().c_str());
     return 2;
   }
   nlohmann::json rows = nlohmann::json::array();
