@@ -27,6 +27,15 @@ import sys
 DOC_SEP = "<|doc|>"
 
 
+REPO = os.path.realpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+def manifest_path(path):
+    """A source's name in the manifest: relative to the repository when inside it (testdata/, out/), else absolute."""
+    real = os.path.realpath(path)
+    return os.path.relpath(real, REPO) if real.startswith(REPO + os.sep) else real
+
+
 def sha256(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -104,7 +113,7 @@ def main():
     sources, domains = [], {}
 
     def read(path):
-        sources.append({"file": os.path.abspath(path), "bytes": os.path.getsize(path), "sha256": sha256(path)})
+        sources.append({"file": manifest_path(path), "bytes": os.path.getsize(path), "sha256": sha256(path)})
         with open(path, encoding="utf-8", errors="replace") as f:
             return f.read()
 

@@ -2,7 +2,7 @@
 """Writes models/lede-tiny/README.md (the model card) from the JSON the tools wrote:
 report.json and report_stage1.json (lede-pretrain), data_manifest.json (scripts/build_corpus.py)
 and policy/*/policy.json (lede-train) in MODEL_DIR, and the benchmark results under
-bench/results/<model>-{eval-exits,eval-sources,bench}.json (bench/record.py).
+bench/results/<model>-{eval-exits,eval-sources,weight-formats,bench}.json (bench/record.py).
 Every measured table is a generated block of scripts/make_docs_tables.py, which names its JSON
 (and which that script and tests/docs/docs_test.py keep current).
 usage: make_model_card.py MODEL_DIR
@@ -110,6 +110,13 @@ def main():
       "(`report.json`, up to 16384 tokens per domain; the `lede-eval-exits` result below also holds its own "
       "per-layer table on up to 32768 held-out tokens of stories and code).\n")
     w(block(f"{model_rel}/report.json exits") + "\n")
+    if os.path.exists(os.path.join(make_docs_tables.ROOT, results + "-weight-formats.json")):
+        w("## Weight formats (`--weights bf16|q8_0`) on held-out text\n")
+        w("The fused CPU path can hold the matrices in bf16 or llama.cpp's Q8_0\n"
+          "([docs/models.md](../../docs/models.md#weight-formats---weights-autof32bf16q8_0)).\n"
+          "Their effect on the last layer's perplexity and on the layer-2 exit's agreement\n"
+          "with it:\n")
+        w(block(results + "-weight-formats.json") + "\n")
     if ev:
         w("## Static self-speculation (E x D) on held-out prompts\n")
         w(block(results + "-eval-exits.json") + "\n")
