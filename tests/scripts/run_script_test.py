@@ -5,7 +5,7 @@ process, and health that tells live from ready.
 
 usage: run_script_test.py CASE BUILD_DIR
   CASE: input_checks (no process started) | stop_drains | supervisor_health | security | hostile_clients
-        | cold_start | cold_start_retrain
+        | cold_start | cold_start_retrain | walkthrough
 Exit status 0 = pass, 1 = fail.
 """
 import json
@@ -59,6 +59,8 @@ def test_input_checks(build):
         ([], {"LEDE_API_KEY_FILE": "/nonexistent-keys.txt"}, r"LEDE_API_KEY_FILE /nonexistent-keys.txt"),
         ([], {"LEDE_EXPERIENCE_MAX_BYTES": "10G"}, r"LEDE_EXPERIENCE_MAX_BYTES must be a whole number"),
         ([], {"LEDE_EXPERIENCE_MAX_AGE_H": "-1"}, r"LEDE_EXPERIENCE_MAX_AGE_H must be a number"),
+        ([], {"LEDE_EXPERIENCE_SHARD_AGE_S": "0"}, r"LEDE_EXPERIENCE_SHARD_AGE_S must be a number of seconds > 0"),
+        ([], {"LEDE_EXPERIENCE_SHARD_AGE_S": "soon"}, r"LEDE_EXPERIENCE_SHARD_AGE_S"),
     ]
     with tempfile.TemporaryDirectory() as state:
         for args, env, want in cases:
@@ -494,6 +496,51 @@ def test_cold_start_retrain(build):
     shutil.rmtree(os.path.dirname(model), ignore_errors=True)
 
 
+def test_walkthrough(build):
+    # Issue 37: the docs' walkthrough (docs/training.md, the block after
+    # "<!-- walkthrough: own-checkpoint -->") run as it is written: bring a
+    # checkpoint, serve it, send traffic, read the dashboard's numbers, retrain,
+    # see the retrained policy take over. Only its ports (shifted like every
+    # Cluster's), its out/walkthrough folder (a temporary one) and the build
+    # folder are substituted; the shard age is 2 s instead of 30.
+    with open(os.path.join(ROOT, "docs", "training.md")) as f:
+        doc = f.read()
+    m = re.search(r"<!-- walkthrough: own-checkpoint -->\n```sh\n(.*?)```", doc, re.S)
+    if not m:
+        fail("docs/training.md has no walkthrough block")
+    c = Cluster(build)  # only for its free ports
+    work = tempfile.mkdtemp(prefix="lede-walkthrough-")
+    script = m.group(1)
+    script = re.sub(r"127\.0\.0\.1:(\d+)", lambda p: f"127.0.0.1:{int(p.group(1)) + c.off}", script)
+    script = script.replace("scripts/run --model", f"scripts/run --ports-base {c.off} --model")
+    script = script.replace("out/walkthrough", os.path.join(work, "w")).replace("build/", build + "/")
+    env = dict(os.environ, LEDE_BUILD_DIR=build, LEDE_START_TIMEOUT_S="60", LEDE_EXPERIENCE_SHARD_AGE_S="2")
+    try:
+        r = subprocess.run(["bash", "-euo", "pipefail", "-c", script], capture_output=True, text=True,
+                           timeout=600, env=env, cwd=ROOT)
+    finally:
+        subprocess.run(["bash", RUN, "--stop", "--state-dir", os.path.join(work, "w", "run")], capture_output=True,
+                       timeout=120, env=env, cwd=ROOT)
+    out = r.stdout + r.stderr
+    if r.returncode != 0:
+        fail(f"the walkthrough exited {r.returncode}:\n{out[-4000:]}")
+    accepted = re.search(r"^lede_spec_decode_num_accepted_tokens_total (\S+)", r.stdout, re.M)
+    if not accepted or float(accepted.group(1)) <= 0:
+        fail("step 4 showed no accepted drafts:\n" + r.stdout[-3000:])
+    versions = re.findall(r'^lede_policy_version\{version="([^"]+)"\} 1', r.stdout, re.M)
+    if len(versions) < 2 or versions[0] != "cold-start-v1" or versions[-1] == "cold-start-v1":
+        fail(f"the serving policy went {versions}, not from cold-start-v1 to a retrained one:\n{out[-3000:]}")
+    served = re.findall(r'"policy_version":"([^"]+)"', r.stdout)
+    if not served or versions[-1] not in served[-1]:
+        fail(f"the last request ran {served}, not the retrained {versions[-1]}")
+    with open(os.path.join(work, "w", "run", "policy", "SERVING")) as f:
+        if f.read().strip() != versions[-1]:
+            fail("SERVING does not name the version the drafter serves")
+    print(f"walkthrough: {versions[0]} -> {versions[-1]}, last request served by {served[-1]}")
+    import shutil
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def proc_alive(pid):
     try:
         os.kill(pid, 0)
@@ -506,7 +553,7 @@ def proc_alive(pid):
 CASES = {"input_checks": test_input_checks, "stop_drains": test_stop_drains,
          "supervisor_health": test_supervisor_health, "security": test_security,
          "hostile_clients": test_hostile_clients, "cold_start": test_cold_start,
-         "cold_start_retrain": test_cold_start_retrain}
+         "cold_start_retrain": test_cold_start_retrain, "walkthrough": test_walkthrough}
 
 
 def main(argv):
