@@ -145,7 +145,8 @@ int RunRetraining(lede::trainer::RetrainOptions options, bool watch, double inte
         lede::telemetry::MetricsServer::Start(registry, mf.address);
     if (!started.ok()) return Fail("--metrics: " + std::string(started.status().message()));
     server = std::move(*started);
-    std::printf("lede-train: msg=\"metrics\" url=http://%s/metrics\n", mf.address.c_str());
+    const std::string host = mf.address.substr(0, mf.address.rfind(':'));
+    std::printf("lede-train: msg=\"serving metrics\" url=http://%s:%d/metrics\n", host.c_str(), server->port());
     std::signal(SIGTERM, OnSignal);
     std::signal(SIGINT, OnSignal);
   }
