@@ -91,6 +91,10 @@ COMMANDS = {
          "--calibration models/lede-tiny/calibration-cpu.json --data testdata/corpus/tinystories_val_a.txt "
          "--exit-layers 2 --draft-lens 3 --prompts 4 --new-tokens 32 --eval-tokens 16384 --threads 1 --weights $w "
          "--out /tmp/evq/$w.json; done   # then the per-layer tables combined into one file"),
+    "bench/results/retrain-acceptance.json":
+        ("retrain acceptance", "bench/retrain_bench.py acceptance"),
+    "bench/results/retrain-scale.json":
+        ("retrain scale", "bench/retrain_bench.py scale"),
     "bench/results/hostile_clients.json":
         ("hostile_clients", "bench/record.py bench/results/hostile_clients.json -- bench/hostile_clients_bench.py "
          "--slow 200 --trickle-s 2 --hold-s 30 --requests 10 --json {json}"),
@@ -433,6 +437,41 @@ def weight_formats_table(data, opts):
                      "vs f32, points", "layer-2 perplexity"], rows))
 
 
+def retrain_acceptance_table(data, opts):
+    h, t, tr = data["heldout_replay"], data["targets"], data["traffic"]
+    first, second = data["first_once"], data["second_once"]
+    rows = []
+    if "published" in h:
+        rows.append([f"retrained on the traffic ({h['published']['version']})", x(h["published"]["speedup"], 3), "",
+                     ""])
+    for key, name in (("best_static", f"best static setting, tuned on the tuning half ({h['best_static']['config']})"),
+                      ("shipped_code_aware", f"shipped offline-trained code-aware policy ({h['shipped_code_aware']['version']})"),
+                      ("cold_start", f"cold start ({h['cold_start']['version']})")):
+        ratio = h["published"]["speedup"] / h[key]["speedup"] if "published" in h else float("nan")
+        target = {"best_static": t.get("published_over_best_static"),
+                  "shipped_code_aware": t.get("published_over_shipped")}.get(key)
+        rows.append([name, x(h[key]["speedup"], 3), x(ratio, 3),
+                     "" if not target else f">= {target['target']}x: {'met' if target['met'] else 'missed'}"])
+    p = data["prompts"]
+    return (f"{tr['requests']} greedy requests ({tr['new_tokens']} tokens, default method, served by "
+            f"{', '.join(tr['served_policy_versions'])}) from rows {p['traffic_rows']} of `{p['file']}`; "
+            f"`lede-train --once` with no other flags: {first['decision']} in {first['wall_s']:.0f} s "
+            f"({first['report'].get('train_requests', '?')} training, {first['report'].get('heldout_requests', '?')} "
+            f"held-out requests); a second `--once`: {second['decision']}. Replayed on rows {p['heldout_rows']} "
+            f"({p['tuning_prompts']} tune the static baseline, {p['eval_prompts']} evaluate), accelerator cost model, "
+            f"speed-up over autoregressive decoding on the evaluation half.\n\n"
+            + table(["policy", "speed-up", "retrained / this", "target"], rows))
+
+
+def retrain_scale_table(data, opts):
+    tr, o = data["traffic"], data["once"]
+    return table(["logged requests", "tokens", "requests trained and evaluated", "`--once` wall, one core",
+                  "CPU", "peak RSS", "decision"],
+                 [[tr["requests"], num(tr["tokens"]), data.get("requests_trained_and_evaluated", "?"),
+                   f"{data['wall_s']:.0f} s", f"{data['cpu_s']:.0f} s", f"{data['peak_rss_mib']:,.0f} MiB",
+                   o["decision"]]])
+
+
 # kind -> {view -> renderer(data, opts)}; the first view is the default.
 RENDERERS = {
     "lede-bench bench": {"full": bench_full, "summary": bench_summary},
@@ -451,6 +490,8 @@ RENDERERS = {
     "cancel_storm": {"table": cancel_storm_table},
     "llamacpp_bench": {"table": llamacpp_table},
     "weight_formats_quality": {"table": weight_formats_table},
+    "retrain acceptance": {"table": retrain_acceptance_table},
+    "retrain scale": {"table": retrain_scale_table},
 }
 
 

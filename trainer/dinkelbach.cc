@@ -488,7 +488,11 @@ StatusOr<std::vector<policy::Transition>> CollectTransitions(const std::vector<L
     } else {
       LEDE_ASSIGN_OR_RETURN(ts, CounterfactualTransitions(g.train, o.spec, sources, rewards, o.model_fingerprint));
     }
-    transitions.insert(transitions.end(), std::make_move_iterator(ts.begin()), std::make_move_iterator(ts.end()));
+    if (transitions.empty()) {
+      transitions = std::move(ts);  // one load (the usual case): no second copy
+    } else {
+      transitions.insert(transitions.end(), std::make_move_iterator(ts.begin()), std::make_move_iterator(ts.end()));
+    }
   }
   return transitions;
 }

@@ -283,21 +283,33 @@ class ThreadCountGuard {
 
 // The transitions that can be trained on: finite state, next_state and
 // reward, and each decision (request_id, round_index, decision_index) once
-// (the first).
-std::vector<Transition> Usable(const std::vector<Transition>& all, int64_t* dropped, int64_t* duplicates) {
-  std::vector<Transition> ts;
-  ts.reserve(all.size());
-  std::set<std::tuple<std::string, int64_t, int32_t>> seen;  // (request_id, round_index, decision_index)
-  for (const Transition& t : all) {
-    if (!Finite(t.state) || !Finite(t.next_state) || !std::isfinite(t.reward)) {
-      ++*dropped;
-    } else if (!seen.emplace(t.request_id, t.round_index, t.decision_index).second) {
-      ++*duplicates;  // the same decision logged twice (e.g. a re-uploaded shard)
-    } else {
-      ts.push_back(t);
+// (the first). Returns `all` itself when every transition is usable (the
+// usual case: no copy, which would double the peak memory of a large
+// training set), else a filtered copy held in *storage. The set of seen
+// decisions is freed before returning.
+const std::vector<Transition>& Usable(const std::vector<Transition>& all, std::vector<Transition>* storage,
+                                      int64_t* dropped, int64_t* duplicates) {
+  std::vector<bool> keep(all.size(), false);
+  {
+    std::set<std::tuple<std::string, int64_t, int32_t>> seen;  // (request_id, round_index, decision_index)
+    for (size_t i = 0; i < all.size(); ++i) {
+      const Transition& t = all[i];
+      if (!Finite(t.state) || !Finite(t.next_state) || !std::isfinite(t.reward)) {
+        ++*dropped;
+      } else if (!seen.emplace(t.request_id, t.round_index, t.decision_index).second) {
+        ++*duplicates;  // the same decision logged twice (e.g. a re-uploaded shard)
+      } else {
+        keep[i] = true;
+      }
     }
   }
-  return ts;
+  if (*dropped == 0 && *duplicates == 0) return all;
+  storage->clear();
+  storage->reserve(all.size() - static_cast<size_t>(*dropped + *duplicates));
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (keep[i]) storage->push_back(all[i]);
+  }
+  return *storage;
 }
 
 // The held-out split: whole requests (with >= 10 requests) or whole
@@ -373,7 +385,8 @@ StatusOr<DqnResult> TrainDqnImpl(const std::vector<Transition>& all, const DqnOp
 
   // Drop transitions that would poison the regression.
   int64_t dropped = 0, duplicates = 0;
-  std::vector<Transition> ts = Usable(all, &dropped, &duplicates);
+  std::vector<Transition> storage;
+  const std::vector<Transition>& ts = Usable(all, &storage, &dropped, &duplicates);
   if (ts.empty()) {
     return InvalidArgumentError("TrainDqn: no usable transitions (" + std::to_string(all.size()) + " given, " +
                                 std::to_string(dropped) + " non-finite)");
@@ -560,7 +573,8 @@ StatusOr<OfflinePolicyMetrics> EvaluateOffline(const QNetwork& network, const st
   LEDE_RETURN_IF_ERROR(ValidateDqnOptions(o));
   return model::TorchBoundary("EvaluateOffline", [&]() -> StatusOr<OfflinePolicyMetrics> {
     int64_t dropped = 0, duplicates = 0;
-    const std::vector<Transition> ts = Usable(transitions, &dropped, &duplicates);
+    std::vector<Transition> storage;
+    const std::vector<Transition>& ts = Usable(transitions, &storage, &dropped, &duplicates);
     if (ts.empty()) return InvalidArgumentError("EvaluateOffline: no usable transitions");
     ThreadCountGuard threads(o.num_threads);
     const DataSet d = MakeDataSet(ts, ComputeNStepTargets(ts, o.gamma, o.n_step), AllRows(ts.size()));

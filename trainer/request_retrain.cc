@@ -1,6 +1,7 @@
 #include "trainer/request_retrain.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -122,14 +123,18 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
   RequestRetrainOutcome out;
   out.n_bad_shards = read.bad_shards();
   for (const experience::ShardReport& s : read.shards) {
-    if (!s.error.empty()) Log(options, "msg=\"bad request-log shard skipped\" shard=" + s.path + " error=\"" + s.error + "\"");
-    if (processed.count(s.path) == 0) out.new_shards.push_back(s.path);
+    const bool is_new = processed.count(s.path) == 0;
+    if (!s.error.empty() && is_new) {
+      ++out.n_new_bad_shards;
+      Log(options, "msg=\"bad request-log shard skipped\" shard=" + s.path + " good_records=" +
+                       std::to_string(s.records) + " error=\"" + s.error + "\"");
+    }
+    if (is_new) {
+      out.new_shards.push_back(s.path);
+      out.n_new_records += s.records;
+    }
   }
-  int64_t new_records = 0;
-  for (const experience::ShardReport& s : read.shards) {
-    if (processed.count(s.path) == 0) new_records += s.records;
-  }
-  if (new_records == 0) {
+  if (out.n_new_records == 0) {
     out.reason = "no new logged requests";
     return out;
   }
@@ -146,6 +151,7 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
     }
   }
   // 3. Split by request; shadow traces.
+  const auto train_start = std::chrono::steady_clock::now();
   LEDE_ASSIGN_OR_RETURN(RequestSplit split, TraceAndSplitRequests(model, read.records, options));
   out.n_requests = split.n_requests;
   std::vector<ShadowTrace>& train = split.train;
@@ -171,6 +177,7 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
                    " selection=" + std::to_string(selection.size()) + " heldout=" + std::to_string(heldout.size()) +
                    " serving=" + out.serving_version);
   LEDE_ASSIGN_OR_RETURN(DinkelbachResult result, TrainDinkelbach(train, selection, cost, d));
+  out.train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count();
   policy::dqn::PolicyMetadata meta;
   meta.version = options.version;
   meta.model_fingerprint = fingerprint;

@@ -82,7 +82,12 @@ enum class RequestRetrainDecision { kNoNewData, kPublished, kRejected };
 struct RequestRetrainOutcome {
   RequestRetrainDecision decision = RequestRetrainDecision::kNoNewData;
   std::vector<std::string> new_shards;  // to record as processed
+  // n_bad_shards: every shard under the prefix that was skipped in part or
+  // whole (truncated, corrupt, unreadable); n_new_bad_shards: those of them
+  // that are new. n_new_records: the good records of the new shards.
   int64_t n_requests = 0, n_train = 0, n_heldout = 0, n_bad_shards = 0;
+  int64_t n_new_bad_shards = 0, n_new_records = 0;
+  double train_seconds = 0;  // wall time of tracing the requests and training the candidate
   std::string serving_version, candidate_version, artifact_dir, reason;
   double serving_speedup = 0, candidate_speedup = 0;  // replayed on the held-out requests
 };

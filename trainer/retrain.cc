@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <cstdio>
@@ -200,7 +201,7 @@ struct RetrainRun {
   // 3. the replay window and what reading it found
   std::vector<Transition> window;
   std::vector<std::string> used_keys, window_sorted;
-  int64_t n_read = 0, n_bad_shards = 0, other_model = 0, other_cost = 0, n_new = 0;
+  int64_t n_read = 0, n_bad_shards = 0, n_new_bad_shards = 0, other_model = 0, other_cost = 0, n_new = 0;
   json bad_shards = json::array();
   // 4. the held-out split
   std::vector<Transition> train, held;
@@ -414,20 +415,22 @@ void ReadWindow(storage::ObjectStore& store, const RetrainOptions& o, const poli
   for (const std::string& key : order) {
     if (static_cast<int64_t>(run->window.size()) >= o.window_transitions) break;
     std::vector<Transition> ts;
+    const bool is_new = new_set.count(key) > 0;
     StatusOr<std::string> bytes = store.Get(key);
     if (!bytes.ok()) {
       ++run->n_bad_shards;
+      run->n_new_bad_shards += is_new ? 1 : 0;
       run->bad_shards.push_back({{"key", key}, {"error", bytes.status().ToString()}});
       continue;
     }
     const experience::ShardReport report = experience::DecodeShard(*bytes, key, &ts);
     if (!report.error.empty()) {
       ++run->n_bad_shards;
+      run->n_new_bad_shards += is_new ? 1 : 0;
       run->bad_shards.push_back({{"key", key}, {"records", report.records}, {"error", report.error}});
     }
     run->used_keys.push_back(key);
     run->n_read += static_cast<int64_t>(ts.size());
-    const bool is_new = new_set.count(key) > 0;
     for (Transition& t : ts) {
       if (t.model_fingerprint != smeta.model_fingerprint) {
         ++run->other_model;
@@ -718,6 +721,15 @@ StatusOr<RetrainOutcome> Retrainer::RunOnceOnRequests(const policy::dqn::Artifac
                         RetrainOnRequests(*impl_->store, m, *cost, state.processed_shards, ro));
   out.reason = r.reason;
   out.n_new_shards = static_cast<int64_t>(r.new_shards.size());
+  out.n_bad_shards = r.n_new_bad_shards;
+  out.n_new_requests = r.n_new_records;
+  out.n_requests = r.n_requests;
+  out.train_seconds = r.train_seconds;
+  if (r.decision != RequestRetrainDecision::kNoNewData) {
+    out.metric_name = "heldout_replay_speedup";
+    out.candidate_metric = r.candidate_speedup;
+    out.serving_metric = r.serving_speedup;
+  }
   out.report = {{"trainer", "counterfactual"},
                 {"requests", r.n_requests},
                 {"train_requests", r.n_train},
@@ -806,6 +818,7 @@ StatusOr<RetrainOutcome> Retrainer::RunOnce() {
   // 2-3. The replay window: read and filter (model, reward cost model).
   ReadWindow(*impl_->store, o, smeta, &run);
   out.n_new_transitions = run.n_new;
+  out.n_bad_shards = run.n_new_bad_shards;
   if (run.n_new < o.min_new_transitions) {
     out.reason = std::to_string(run.new_keys.size()) + " new shards hold " + std::to_string(run.n_new) +
                  " usable transitions (model " + smeta.model_fingerprint + ", cost model " +
@@ -827,11 +840,13 @@ StatusOr<RetrainOutcome> Retrainer::RunOnce() {
   run.dqn = o.dqn;
   run.dqn.hidden = serving->network.hidden();
   run.dqn.initial_network = std::make_shared<const policy::dqn::QNetwork>(serving->network);
+  const auto train_start = std::chrono::steady_clock::now();
   LEDE_ASSIGN_OR_RETURN(run.trained, TrainDqn(run.train, run.dqn, [&](const DqnEpochReport& r) {
                           run.epochs.push_back({{"epoch", r.epoch}, {"td_loss", r.td_loss},
                                                 {"action_agreement", r.action_agreement},
                                                 {"elapsed_s", r.elapsed_s}});
                         }));
+  out.train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count();
   log("fine-tuned " + smeta.version + " on " + std::to_string(run.trained->n_train_transitions) + " transitions (" +
       std::to_string(run.dqn.epochs) + " epochs, lr " + std::to_string(run.dqn.lr) + ")");
 
@@ -859,6 +874,9 @@ StatusOr<RetrainOutcome> Retrainer::RunOnce() {
                 run.publish ? "publish" : "keep serving");
   out.reason = reason;
   out.decision = run.publish ? RetrainDecision::kPublished : RetrainDecision::kRejected;
+  out.metric_name = run.metric_name;
+  out.candidate_metric = run.cand_metric;
+  out.serving_metric = run.serv_metric;
   out.candidate_version = version;
   out.artifact_dir = run.publish ? policy::dqn::VersionDir(o.policy_root, version)
                                  : (fs::path(o.policy_root) / kCandidatesDir / version).string();

@@ -194,6 +194,25 @@ struct RetrainOutcome {
   std::string reason;             // one line: why this decision
   int64_t n_new_shards = 0;
   int64_t n_new_transitions = 0;  // usable ones, after filtering
+  // Of the new shards, those skipped in part or whole (truncated, corrupt,
+  // unreadable); never fatal.
+  int64_t n_bad_shards = 0;
+  // The request log (counterfactual trainer): records in the new shards, and
+  // the usable requests (new and recent old ones) traced for training and
+  // held-out evaluation. 0 with the td trainer.
+  int64_t n_new_requests = 0;
+  int64_t n_requests = 0;
+  // The decision metric of both policies (NaN when no candidate was
+  // evaluated): metric_name "heldout_replay_speedup" (request log, held-out
+  // requests replayed exactly), "replay_predicted_speedup" (td with a prompt
+  // file) or "heldout_matched_return" (td offline; reward units, not a
+  // speed-up).
+  std::string metric_name;
+  double candidate_metric = std::numeric_limits<double>::quiet_NaN();
+  double serving_metric = std::numeric_limits<double>::quiet_NaN();
+  // Wall time of training the candidate (request log: also tracing the
+  // requests), seconds; 0 when nothing was trained.
+  double train_seconds = 0;
   // The whole report (what report.json holds): data range and counts per
   // behaviour version, both policies' offline and replay numbers, the
   // decision and its reason. Empty for kNoNewData.

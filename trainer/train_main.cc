@@ -24,6 +24,13 @@
 //     --model models/lede-tiny --eval-prompts models/lede-tiny/prompts/story.jsonl --eval-prompt-skip 40
 //   lede-train --watch --interval-s 300 --experience s3://lede/experience --policy-root ...
 //
+// Progress and decisions (trainer/retrain_metrics.h): `--watch` serves
+// Prometheus metrics at http://--metrics/metrics (default 127.0.0.1:9405,
+// with /healthz and /readyz); every run prints them as one logfmt line
+// (event=retrain_metrics ...), and --metrics-textfile writes them in the
+// text exposition format after each run (node exporter's textfile
+// collector; also with --once).
+//
 // Exit status: 0 on success (--once: also when nothing was new or the
 // candidate was rejected), 1 on a failure, 2 on bad flags.
 #include <atomic>
@@ -49,7 +56,10 @@
 #include "shared/storage/object_store.h"
 #include "trainer/dqn.h"
 #include "shared/experience/experience.h"
+#include "shared/telemetry/metrics.h"
+#include "shared/telemetry/metrics_server.h"
 #include "trainer/retrain.h"
+#include "trainer/retrain_metrics.h"
 
 namespace {
 
@@ -77,8 +87,47 @@ int Fail(const std::string& message) {
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop.store(true); }
 
+// Where --once/--watch report their metrics.
+struct MetricsFlags {
+  std::string address = "127.0.0.1:9405";  // --watch: /metrics
+  std::string textfile;                    // written after each run ("" = none)
+};
+
+// One RunOnce, timed; its outcome line and the metrics' logfmt line.
+void RunAndRecord(lede::trainer::Retrainer& retrainer, lede::trainer::RetrainMetrics& metrics,
+                  const lede::telemetry::Registry& registry, const MetricsFlags& mf, bool watch, double interval_s,
+                  lede::Status* failure) {
+  const auto start = std::chrono::steady_clock::now();
+  StatusOr<lede::trainer::RetrainOutcome> r = retrainer.RunOnce();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!r.ok()) {
+    metrics.RecordFailure(seconds);
+    *failure = r.status();
+    if (watch) {
+      std::fprintf(stderr, "lede-train: run failed (retrying in %.0f s): %s\n", interval_s,
+                   r.status().ToString().c_str());
+    }
+  } else {
+    metrics.RecordRun(*r, seconds);
+    std::printf("event=retrain decision=%s serving=%s candidate=%s new_shards=%" PRId64
+                " new_transitions=%" PRId64 " new_requests=%" PRId64 " bad_shards=%" PRId64
+                " run_seconds=%.1f report=%s\n",
+                lede::trainer::RetrainDecisionName(r->decision), r->serving_version.c_str(),
+                r->candidate_version.empty() ? "-" : r->candidate_version.c_str(), r->n_new_shards,
+                r->n_new_transitions, r->n_new_requests, r->n_bad_shards, seconds,
+                r->report_path.empty() ? "-" : r->report_path.c_str());
+  }
+  std::printf("%s\n", metrics.Logfmt().c_str());
+  std::fflush(stdout);
+  if (!mf.textfile.empty()) {
+    if (lede::Status s = lede::trainer::RetrainMetrics::WriteTextfile(registry, mf.textfile); !s.ok()) {
+      std::fprintf(stderr, "lede-train: --metrics-textfile: %s\n", s.ToString().c_str());
+    }
+  }
+}
+
 // --once / --watch: Retrainer::RunOnce, once or every interval_s.
-int RunRetraining(lede::trainer::RetrainOptions options, bool watch, double interval_s) {
+int RunRetraining(lede::trainer::RetrainOptions options, bool watch, double interval_s, const MetricsFlags& mf) {
   options.log = [](const std::string& line) {
     std::printf("lede-train: %s\n", line.c_str());
     std::fflush(stdout);
@@ -88,25 +137,23 @@ int RunRetraining(lede::trainer::RetrainOptions options, bool watch, double inte
     std::fprintf(stderr, "lede-train: %s\n", std::string(retrainer.status().message()).c_str());
     return retrainer.status().code() == lede::StatusCode::kInvalidArgument ? 2 : 1;
   }
+  lede::telemetry::Registry registry;
+  lede::trainer::RetrainMetrics metrics(registry);
+  std::unique_ptr<lede::telemetry::MetricsServer> server;
   if (watch) {
+    StatusOr<std::unique_ptr<lede::telemetry::MetricsServer>> started =
+        lede::telemetry::MetricsServer::Start(registry, mf.address);
+    if (!started.ok()) return Fail("--metrics: " + std::string(started.status().message()));
+    server = std::move(*started);
+    const std::string host = mf.address.substr(0, mf.address.rfind(':'));
+    std::printf("lede-train: msg=\"serving metrics\" url=http://%s:%d/metrics\n", host.c_str(), server->port());
     std::signal(SIGTERM, OnSignal);
     std::signal(SIGINT, OnSignal);
   }
   while (true) {
-    StatusOr<lede::trainer::RetrainOutcome> r = (*retrainer)->RunOnce();
-    if (!r.ok()) {
-      if (!watch) return Fail(r.status().ToString());
-      std::fprintf(stderr, "lede-train: run failed (retrying in %.0f s): %s\n", interval_s,
-                   r.status().ToString().c_str());
-    } else {
-      std::printf("event=retrain decision=%s serving=%s candidate=%s new_shards=%" PRId64
-                  " new_transitions=%" PRId64 " report=%s\n",
-                  lede::trainer::RetrainDecisionName(r->decision), r->serving_version.c_str(),
-                  r->candidate_version.empty() ? "-" : r->candidate_version.c_str(), r->n_new_shards,
-                  r->n_new_transitions, r->report_path.empty() ? "-" : r->report_path.c_str());
-      std::fflush(stdout);
-    }
-    if (!watch) return 0;
+    lede::Status failure;
+    RunAndRecord(**retrainer, metrics, registry, mf, watch, interval_s, &failure);
+    if (!watch) return failure.ok() ? 0 : Fail(failure.ToString());
     const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(interval_s);
     while (!g_stop.load() && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -130,6 +177,7 @@ struct TrainFlags {
   double interval_s = 300, lr = std::nan("");
   int64_t retrain_epochs = ro.dqn.epochs, eval_skip = ro.eval_prompt_skip, eval_count = ro.eval_prompt_count;
   int64_t eval_tokens = ro.eval_new_tokens, eval_threads = 0;
+  MetricsFlags metrics;
 
   lede::trainer::TargetUpdate TargetUpdateMode() const {
     return target_update == "polyak" ? lede::trainer::TargetUpdate::kPolyak : lede::trainer::TargetUpdate::kHard;
@@ -165,6 +213,9 @@ void AddRetrainFlags(lede::flags::FlagSet& f, TrainFlags* t) {
   f.Add("heldout-requests", &ro.heldout_fraction, "--once/--watch: share of requests held out");
   f.Add("version-prefix", &ro.version_prefix, "--once/--watch: versions <prefix>-<n> (default r<UTC timestamp>)");
   f.Add("retrain-epochs", &t->retrain_epochs, "--once/--watch: fine-tuning epochs");
+  f.Add("metrics", &t->metrics.address, "--watch: HOST:PORT serving /metrics (Prometheus; 0 = any free port)");
+  f.Add("metrics-textfile", &t->metrics.textfile,
+        "--once/--watch: write the metrics here (Prometheus text format) after each run");
 }
 
 void AddTrainingFlags(lede::flags::FlagSet& f, TrainFlags* t) {
@@ -223,7 +274,13 @@ int RunRetrainMode(TrainFlags& t) {
   d.target_update_every = t.target_every;
   d.polyak_tau = t.o.polyak_tau;
   d.num_threads = static_cast<int32_t>(t.threads);
-  return RunRetraining(ro, t.watch, t.interval_s);
+  if (t.watch) {
+    if (lede::StatusOr<std::pair<std::string, int>> a = lede::telemetry::ParseListenAddress(t.metrics.address);
+        !a.ok()) {
+      return Usage("--metrics: " + std::string(a.status().message()));
+    }
+  }
+  return RunRetraining(ro, t.watch, t.interval_s, t.metrics);
 }
 
 // Every complete shard under `experience` (a directory or a store URL); bad

@@ -475,6 +475,10 @@ def test_cold_start_retrain(build):
     if not m:
         fail("no retrain decision line:\n" + r.stdout + r.stderr)
     decision, version = m.group(1), m.group(2)
+    metrics = re.search(r"^event=retrain_metrics .*$", r.stdout, re.M)
+    want = [f"runs_{decision}=1", "candidates_trained=1", "shards_skipped=0", f"requests_read={len(prompts)}"]
+    if not metrics or not all(f" {w} " in metrics.group(0) + " " for w in want):
+        fail(f"the metrics line does not show the run ({want}):\n" + r.stdout)
     report_dir = os.path.join(root, version) if decision == "published" else os.path.join(root, "candidates", version)
     with open(os.path.join(report_dir, "report.json")) as f:
         report = json.load(f)

@@ -169,6 +169,29 @@ TEST_F(RequestRetrainTest, ACandidateNotBetterByTheMarginIsNotPublished) {
   EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(root_) / "candidates" / "r-bad" / "policy.json"));
 }
 
+TEST_F(RequestRetrainTest, ADegradedCandidateIsNotPublishedAtTheNormalMargin) {
+  // The serving policy is the shipped, offline-trained accelerator-v7; the
+  // candidate is trained on a handful of requests with one Dinkelbach
+  // iteration of two epochs. At the default margin it must lose on the
+  // held-out replay and stay a rejected candidate.
+  namespace fs = std::filesystem;
+  fs::copy(std::string(kModelDir) + "/policy/accelerator-v7", fs::path(root_) / "accelerator-v7",
+           fs::copy_options::recursive);
+  ASSERT_THAT(policy::dqn::PublishServingVersion(root_, "accelerator-v7"), IsOk());
+  LogRecords(std::vector<lede::v1::RequestRecord>(records_.begin(), records_.begin() + 6));
+  const RequestRetrainOptions defaults;
+  ASSERT_EQ(defaults.publish_margin, 0.01);
+  auto out = RetrainOnRequests(*store_, *model_, *cost_, {}, Quick("r-few", defaults.publish_margin));
+  ASSERT_THAT(out, IsOk());
+  std::printf("degraded candidate: %s\n", out->reason.c_str());
+  EXPECT_LE(out->n_train, 5);
+  EXPECT_EQ(out->serving_version, "accelerator-v7");
+  EXPECT_LE(out->candidate_speedup, out->serving_speedup + defaults.publish_margin);
+  EXPECT_EQ(out->decision, RequestRetrainDecision::kRejected) << out->reason;
+  EXPECT_EQ(Serving(), "accelerator-v7");
+  EXPECT_FALSE(fs::exists(fs::path(root_) / "r-few"));
+}
+
 TEST_F(RequestRetrainTest, ALogOfAnotherModelIsRefusedNamingBoth) {
   std::vector<lede::v1::RequestRecord> other(records_.begin(), records_.begin() + 6);
   other[2].set_model_fingerprint("0123456789abcdef");
@@ -187,8 +210,42 @@ TEST_F(RequestRetrainTest, CorruptShardsAreSkippedAndCounted) {
   auto out = RetrainOnRequests(*store_, *model_, *cost_, {}, Quick("r-c", std::numeric_limits<double>::infinity()));
   ASSERT_THAT(out, IsOk());
   EXPECT_EQ(out->n_bad_shards, 2);
+  EXPECT_EQ(out->n_new_bad_shards, 2);
   EXPECT_EQ(out->n_requests, 8);
   EXPECT_EQ(out->decision, RequestRetrainDecision::kRejected);
+}
+
+TEST_F(RequestRetrainTest, ATruncatedOrCorruptShardKeepsItsGoodRecordsAndIsCounted) {
+  // Two real shards of 6 requests each: one cut short mid-record, one with a
+  // byte flipped in its last record (the CRC catches it). The records before
+  // the damage are used, the shards are counted, the trainer does not fail.
+  ASSERT_GE(records_.size(), 12u);
+  LogRecords(std::vector<lede::v1::RequestRecord>(records_.begin(), records_.begin() + 6));
+  LogRecords(std::vector<lede::v1::RequestRecord>(records_.begin() + 6, records_.begin() + 12));
+  auto listed = store_->List("requests/");
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_EQ(listed->size(), 2u);
+  auto cut = store_->Get((*listed)[0].key);
+  auto flipped = store_->Get((*listed)[1].key);
+  ASSERT_THAT(cut, IsOk());
+  ASSERT_THAT(flipped, IsOk());
+  cut->resize(cut->size() - 5);
+  (*flipped)[flipped->size() - 3] ^= 0x5a;
+  ASSERT_THAT(store_->Put((*listed)[0].key, *cut), IsOk());
+  ASSERT_THAT(store_->Put((*listed)[1].key, *flipped), IsOk());
+  auto out = RetrainOnRequests(*store_, *model_, *cost_, {}, Quick("r-t", std::numeric_limits<double>::infinity()));
+  ASSERT_THAT(out, IsOk());
+  EXPECT_EQ(out->n_bad_shards, 2);
+  EXPECT_EQ(out->n_new_bad_shards, 2);
+  EXPECT_EQ(out->n_new_records, 10);  // 5 good records before each damaged one
+  EXPECT_EQ(out->n_requests, 10);
+  EXPECT_EQ(out->new_shards.size(), 2u);
+  // Once processed, they are old: not counted as new again.
+  std::set<std::string> processed(out->new_shards.begin(), out->new_shards.end());
+  auto again = RetrainOnRequests(*store_, *model_, *cost_, processed, Quick("r-t2", 0.01));
+  ASSERT_THAT(again, IsOk());
+  EXPECT_EQ(again->decision, RequestRetrainDecision::kNoNewData);
+  EXPECT_EQ(again->n_new_bad_shards, 0);
 }
 
 TEST_F(RequestRetrainTest, OnlyTheMostRecentRequestsAreUsed) {

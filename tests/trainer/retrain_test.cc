@@ -26,6 +26,8 @@
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "shared/experience/experience.h"
+#include "shared/telemetry/metrics.h"
+#include "trainer/retrain_metrics.h"
 
 namespace lede::trainer {
 namespace {
@@ -33,6 +35,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::lede::testing::IsOk;
 using ::lede::testing::StatusIs;
+using ::testing::HasSubstr;
 using nlohmann::json;
 using policy::Transition;
 constexpr int kIn = model::kExitFeatureDim;
@@ -158,6 +161,59 @@ class RetrainTest : public ::testing::Test {
   ::lede::testing::TempDir tmp_;
   fs::path store_, root_;
 };
+
+// The retraining service's metrics move with its runs: shards read and
+// skipped (a truncated one), candidates trained, runs by decision, failures.
+TEST_F(RetrainTest, MetricsCountShardsCandidatesAndDecisions) {
+  telemetry::Registry registry;
+  RetrainMetrics metrics(registry);
+  const std::string before = telemetry::SerializeText(registry);
+  EXPECT_THAT(before, HasSubstr("lede_retrain_runs_total{decision=\"published\"} 0\n"));
+  EXPECT_THAT(before, HasSubstr("lede_retrain_shards_skipped_total 0\n"));
+
+  WriteShard("w-00000001", 12);
+  WriteShard("w-00000002", 12);
+  const std::string cut = WriteShard("w-00000003", 12);
+  const fs::path cut_path = store_ / cut;
+  fs::resize_file(cut_path, fs::file_size(cut_path) - 7);  // truncated mid-record
+  auto first = RunOnce(Options(-kInf));
+  ASSERT_THAT(first.status(), IsOk());
+  EXPECT_EQ(first->decision, RetrainDecision::kPublished);
+  EXPECT_EQ(first->n_bad_shards, 1);
+  EXPECT_GT(first->train_seconds, 0.0);
+  metrics.RecordRun(*first, 2.5);
+  auto again = RunOnce(Options(-kInf));
+  ASSERT_THAT(again.status(), IsOk());
+  EXPECT_EQ(again->decision, RetrainDecision::kNoNewData);
+  metrics.RecordRun(*again, 0.5);
+  metrics.RecordFailure(0.25);
+
+  const std::string text = telemetry::SerializeText(registry);
+  EXPECT_THAT(text, HasSubstr("lede_retrain_runs_total{decision=\"published\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("lede_retrain_runs_total{decision=\"rejected\"} 0\n"));
+  EXPECT_THAT(text, HasSubstr("lede_retrain_runs_total{decision=\"no_new_data\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("lede_retrain_runs_total{decision=\"failed\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("lede_retrain_candidates_trained_total 1\n"));
+  EXPECT_THAT(text, HasSubstr("lede_retrain_shards_read_total 3\n"));
+  EXPECT_THAT(text, HasSubstr("lede_retrain_shards_skipped_total 1\n"));
+  EXPECT_THAT(text, HasSubstr("lede_retrain_transitions_read_total " +
+                              std::to_string(first->n_new_transitions) + "\n"));
+  EXPECT_THAT(text, HasSubstr("lede_retrain_last_run_seconds 0.25\n"));
+  // td's offline metric is a return, not a speed-up: the speed-up gauges stay unset.
+  EXPECT_THAT(text, HasSubstr("lede_retrain_last_candidate_speedup Nan\n"));
+  const std::string line = metrics.Logfmt();
+  EXPECT_THAT(line, HasSubstr("event=retrain_metrics runs_published=1 runs_rejected=0 runs_no_new_data=1"));
+  EXPECT_THAT(line, HasSubstr(" shards_read=3 shards_skipped=1 "));
+
+  const std::string textfile = (tmp_.path() / "retrain.prom").string();
+  ASSERT_THAT(RetrainMetrics::WriteTextfile(registry, textfile), IsOk());
+  std::ifstream in(textfile);
+  std::stringstream written;
+  written << in.rdbuf();
+  EXPECT_EQ(written.str(), telemetry::SerializeText(registry));
+  EXPECT_THAT(RetrainMetrics::WriteTextfile(registry, (tmp_.path() / "no" / "such" / "dir" / "f").string()),
+              StatusIs(StatusCode::kInternal));
+}
 
 // Shards already in the state checkpoint are skipped; only new ones start a
 // run, and the replay window still includes the old ones.
