@@ -11,7 +11,8 @@
 // each run's effective GB/s (weight bytes read per token x tok/s; for the
 // autoregressive rows, which read every matrix once per token) as a share
 // of this machine's read bandwidth (`lede_engine_bench --roofline-only`,
-// measured before and after the runs), and whether the engines produced the
+// measured before, between and after the runs; the best is used), and
+// whether the engines produced the
 // same greedy text. Results go to a JSON file (command, commit, date,
 // machine) under bench/results/.
 //
@@ -40,9 +41,9 @@
 //                 pass's tokens over its decode seconds; medians and ranges
 //                 are over the passes
 //   --static      E:D settings of our static self-speculation, swept on the
-//                 tuning prompts per format and thread count; the best
-//                 (tokens over decode seconds) runs on the held-out ones;
-//                 "" = off
+//                 tuning prompts per format and thread count (two rounds,
+//                 the second in reverse order); the best (tokens over
+//                 decode seconds of both) runs on the held-out ones; "" = off
 //   --policy DIR  LEDE with this policy (a version directory or a root with
 //                 SERVING; default: MODEL/policy with --model); "" = off
 //   --lookup on   the llama.cpp prompt-lookup row; "" = off
@@ -155,6 +156,9 @@ if (!fs.existsSync(entry)) {
 const { getLlama, InputLookupTokenPredictor, readGgufFileInfo } = await import(pathToFileURL(entry).href);
 const nlcVersion = JSON.parse(fs.readFileSync(path.join(modules, "node-llama-cpp", "package.json"), "utf8")).version;
 const prompts = loadPrompts(o);
+// Provenance as the run starts (the tree may change while it runs).
+const commit = sh("git", ["rev-parse", "HEAD"]);
+const dirty = sh("git", ["status", "--porcelain", "--untracked-files=no"]) !== "";
 
 // This machine's read bandwidth (one core): the engine benchmark's read loop.
 function roofline() {
@@ -166,8 +170,17 @@ function roofline() {
     return null;
   }
 }
-const rooflineBefore = roofline();
-if (rooflineBefore) console.log(`read roofline (one core, DRAM): ${rooflineBefore.dram_read_gb_per_s.toFixed(1)} GB/s`);
+// Measured before the runs, after each file and at the end; the best is
+// used (a busy VM lowers a measurement, nothing raises it).
+const rooflines = [];
+function measureRoofline(when) {
+  const r = roofline();
+  if (!r) return;
+  rooflines.push({ when, ...r });
+  console.log(`read roofline (one core, DRAM), ${when}: ${r.dram_read_gb_per_s.toFixed(1)} GB/s`);
+}
+const bestRoofline = () => (rooflines.length ? Math.max(...rooflines.map((r) => r.dram_read_gb_per_s)) : null);
+for (let i = 0; i < 3; i++) measureRoofline("before the runs");
 
 // The GGUF files: given, or exported from --model once per format.
 let files = [];
@@ -278,13 +291,21 @@ for (const { file, format } of files) {
     let best = null;
     const sweep = [];
     if (o.lede && o.static) {
-      for (const item of o.static.split(",")) {
-        const sd = item.split(":").map(Number);
-        const runs = ledeRuns(file, prompts.tuning, threads, "static", sd);
-        const s = { exit_layer: sd[0], draft_len: sd[1], tok_s: tokS(runs) };
+      // Two rounds, the second in reverse order; each setting's tok/s is its
+      // tokens over its decode seconds of both.
+      const settings = o.static.split(",").map((item) => item.split(":").map(Number));
+      const runsOf = settings.map(() => []);
+      for (const round of [0, 1]) {
+        for (let k = 0; k < settings.length; k++) {
+          const j = round === 0 ? k : settings.length - 1 - k;
+          runsOf[j].push(...ledeRuns(file, prompts.tuning, threads, "static", settings[j]));
+        }
+      }
+      settings.forEach((sd, j) => {
+        const s = { exit_layer: sd[0], draft_len: sd[1], tok_s: tokS(runsOf[j]) };
         sweep.push(s);
         if (!best || s.tok_s > best.tok_s) best = s;
-      }
+      });
       console.log(`static sweep on ${prompts.tuning.length} tuning prompts: ` +
                   sweep.map((s) => `E=${s.exit_layer} D=${s.draft_len} ${f1(s.tok_s)}`).join(", ") +
                   ` tok/s; best E=${best.exit_layer} D=${best.draft_len}`);
@@ -330,7 +351,8 @@ for (const { file, format } of files) {
       lede_static_lossless: texts.lede_static ? count((i) => texts.lede_static[i] === texts.lede_ar[i]) : null,
       lede_lede_lossless: texts.lede_lede ? count((i) => texts.lede_lede[i] === texts.lede_ar[i]) : null,
     };
-    const roof = rooflineBefore ? rooflineBefore.dram_read_gb_per_s : null;
+    measureRoofline(`after ${format}, ${threads} thread(s)`);
+    const roof = bestRoofline();
     const rows = {};
     for (const [m] of methods) {
       const s = spread(passes[m]);
@@ -372,10 +394,14 @@ for (const { file, format } of files) {
   }
   await model.dispose();
 }
-const rooflineAfter = roofline();
+measureRoofline("after the runs");
+// The GB/s shares against the best read bandwidth measured.
+for (const row of results) {
+  for (const m of Object.values(row.methods)) {
+    if (m.effective_gb_s != null && bestRoofline()) m.share_of_roofline = m.effective_gb_s / bestRoofline();
+  }
+}
 
-const commit = sh("git", ["rev-parse", "HEAD"]);
-const dirty = sh("git", ["status", "--porcelain", "--untracked-files=no"]) !== "";
 const date = new Date().toISOString();
 const report = {
   benchmark: "llamacpp_bench",
@@ -385,9 +411,8 @@ const report = {
              os: `${os.type()} ${os.release()}`, node: process.version,
              load_average_1m: { before: loadBefore[0], after: os.loadavg()[0] } },
   peer: { package: "node-llama-cpp", version: nlcVersion, gpu: false, build: "never" },
-  roofline: { source: o.roofline ? `${o.roofline} --roofline-only (one core)` : null,
-              before: rooflineBefore, after: rooflineAfter,
-              used_gb_per_s: rooflineBefore ? rooflineBefore.dram_read_gb_per_s : null },
+  roofline: { source: o.roofline ? `${o.roofline} --roofline-only (one core; the best of these measurements)` : null,
+              measurements: rooflines, used_gb_per_s: bestRoofline() },
   settings: { tokens: o.tokens, repeats: o.repeats, greedy: true, prompts: prompts.source,
               eval_prompts: prompts.eval, tuning_prompts: prompts.tuning, static_sweep: o.static, policy: o.policy,
               timed: "decode only: llama.cpp from the first generated token to the last; ours lede generate's " +
