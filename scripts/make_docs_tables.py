@@ -79,9 +79,8 @@ COMMANDS = {
          "--threads 1 --tokens 96 --repeats 3 --out bench/results/llamacpp-2026-12-04-native.json"),
     "bench/results/llamacpp-w5.json":
         ("llamacpp_bench", "scripts/install_node_llama_cpp.sh && build/services/cli/lede widen --model models/lede-tiny "
-         "--factor 5 --out out/w5 && build/services/cli/lede export --format gguf --model out/w5 --out /tmp/w5-f32.gguf && "
-         "build/trainer/lede-init-policy --model /tmp/w5-f32.gguf --policy-root out/w5/policy-gguf && "
-         "node bench/llamacpp_bench.mjs --model out/w5 --policy out/w5/policy-gguf --formats f32,bf16,q8_0 --threads 1 "
+         "--factor 5 --out out/w5 && build/trainer/lede-init-policy --model out/w5 --policy-root out/w5/policy && "
+         "node bench/llamacpp_bench.mjs --model out/w5 --policy out/w5/policy --formats f32,bf16,q8_0 --threads 1 "
          "--tokens 96 --repeats 3 --eval-prompts 8 --tuning-prompts 4 --static 1:3,1:4,2:2,2:3,2:4,3:3,3:4 "
          "--out bench/results/llamacpp-w5.json"),
     "bench/results/llamacpp-2026-12-04.json":
@@ -436,7 +435,9 @@ def llamacpp_heldout_table(data, opts):
                        f"{frac('same_greedy_text_f32_compute')} / {frac('same_greedy_text_native')}",
                        f"{frac('llamacpp_lookup_lossless')} / {frac('lede_static_lossless')} / {frac('lede_lede_lossless')}"])
     s, roof = data["settings"], data.get("roofline") or {}
-    roof_text = (f"; read roofline {roof['used_gb_per_s']:.1f} GB/s (one core, `lede_engine_bench --roofline-only`)"
+    reads = len(roof.get("measurements") or [])
+    roof_text = (f"; read roofline {roof['used_gb_per_s']:.1f} GB/s (one core, `lede_engine_bench --roofline-only`"
+                 + (f", the best of {reads} reads during the run" if reads else "") + ")"
                  if roof.get("used_gb_per_s") else "")
     return (f"Greedy, {s['tokens']} tokens on each of {len(s['eval_prompts'])} held-out prompts ({s['prompts']}); "
             f"tok/s = tokens / decode seconds of a pass over all of them, median (range) of {s['repeats']} "
