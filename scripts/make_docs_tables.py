@@ -83,6 +83,12 @@ COMMANDS = {
          "node bench/llamacpp_bench.mjs --model out/w5 --policy out/w5/policy --formats f32,bf16,q8_0 --threads 1 "
          "--tokens 96 --repeats 3 --eval-prompts 8 --tuning-prompts 4 --static 1:3,1:4,2:2,2:3,2:4,3:3,3:4 "
          "--out bench/results/llamacpp-w5.json"),
+    "bench/results/llamacpp-w5-run1.json":
+        ("llamacpp_bench", "build/services/cli/lede export --format gguf --model out/w5 --out /tmp/w5-f32.gguf && "
+         "build/trainer/lede-init-policy --model /tmp/w5-f32.gguf --policy-root out/w5/policy-gguf && "
+         "node bench/llamacpp_bench.mjs --model out/w5 --policy out/w5/policy-gguf --formats f32,bf16,q8_0 --threads 1 "
+         "--tokens 96 --repeats 3 --eval-prompts 8 --tuning-prompts 4 --static 1:3,1:4,2:2,2:3,2:4,3:3,3:4 "
+         "--out bench/results/llamacpp-w5.json && mv bench/results/llamacpp-w5.json bench/results/llamacpp-w5-run1.json"),
     "bench/results/llamacpp-2026-12-04.json":
         ("llamacpp_bench", "scripts/install_node_llama_cpp.sh && node bench/llamacpp_bench.mjs --model models/lede-tiny "
          "--threads 1,2 --tokens 96 --repeats 3 --out bench/results/llamacpp-2026-12-04.json"),
@@ -422,7 +428,7 @@ def llamacpp_heldout_table(data, opts):
             if key == "lede_static":
                 label += f" (E={m['exit_layer']} D={m['draft_len']})"
             if key == "lede_lede":
-                label += f" ({os.path.basename(m['policy'].rstrip('/'))})"
+                label += f" (`{m['policy']}`)"
             v = m["vs_llamacpp_ar"]
             gbs = (f"{m['effective_gb_s']:.1f} ({100 * m['share_of_roofline']:.0f}%)"
                    if m.get("share_of_roofline") is not None else "-")
