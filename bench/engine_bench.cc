@@ -23,6 +23,10 @@
 //    Every run is also written as JSON (--json; default
 //    bench/results/engine_bench-<UTC time>.json): command, commit, date,
 //    machine, roofline, one row per (model, method, kernels, weights).
+// 1b. --roofline-only prints the read bandwidths of 1. as one JSON line,
+//    {"dram_read_gb_per_s": X, "llc_read_gb_per_s": Y} (GB = 1e9 bytes,
+//    one core, median of the timed passes), and exits: other benchmarks
+//    (bench/llamacpp_bench.mjs) take this machine's roofline from here.
 // 4. With --after-prefill, on the default kernels: the latency of each of
 //    the first autoregressive steps after a prefill of P tokens (P = 24 and
 //    96), median over 15 generations, against the warm steps of the same
@@ -31,7 +35,7 @@
 // usage: lede_engine_bench [--models A,B] [--tokens N] [--threads N]
 //                          [--repeats N] [--kernels eager,fused] [--detail]
 //                          [--after-prefill] [--weights f32,bf16,q8_0]
-//                          [--json FILE] [--no-gemv]
+//                          [--json FILE] [--no-gemv] [--roofline-only]
 // (default models: testdata/models/stories260K, babyllama-tok105 and
 // models/lede-tiny; threads 1, as the numbers.)
 #include <ATen/Parallel.h>
@@ -474,7 +478,7 @@ int main(int argc, char** argv) {
       "testdata/models/stories260K,testdata/models/babyllama-tok105/model5000.bin,models/lede-tiny";
   std::string kernels_flag = "eager,fused";
   std::string weights_flag = "auto", json_path;
-  bool no_gemv = false;
+  bool no_gemv = false, roofline_only = false;
   lede::flags::FlagSet flags;
   flags.Add("models", &models_flag, "comma-separated model paths (checkpoint directory or llama2.c .bin)");
   flags.Add("tokens", &n_tokens, "new tokens per generation (greedy, prompt = BOS)");
@@ -486,6 +490,7 @@ int main(int argc, char** argv) {
   flags.Add("weights", &weights_flag, "comma-separated weight storages to compare: auto, f32, bf16, q8_0");
   flags.Add("json", &json_path, "write the results here (default bench/results/engine_bench-<UTC time>.json)");
   flags.Add("no-gemv", &no_gemv, "skip the matrix-vector kernel table");
+  flags.Add("roofline-only", &roofline_only, "print the read bandwidths (DRAM, LLC) as one JSON line and exit");
   if (lede::flags::WantsHelp(args)) {
     std::printf("usage: lede_engine_bench [flags]\n%s", flags.Usage().c_str());
     return 0;
@@ -493,6 +498,11 @@ int main(int argc, char** argv) {
   if (auto s = flags.Parse(args); !s.ok()) {
     std::fprintf(stderr, "lede_engine_bench: %s\n", std::string(s.message()).c_str());
     return 2;
+  }
+  if (roofline_only) {
+    const double dram = ReadBandwidthGbs(256ll << 20, 5), llc = ReadBandwidthGbs(16ll << 20, 20);
+    std::printf("{\"dram_read_gb_per_s\": %.3f, \"llc_read_gb_per_s\": %.3f}\n", dram, llc);
+    return 0;
   }
   std::vector<Kernels> kernels;
   for (const std::string& k : lede::flags::SplitList(kernels_flag)) {

@@ -2,31 +2,66 @@
 // The llama.cpp peer benchmark (issue 35): llama.cpp (npm `node-llama-cpp`,
 // its prebuilt CPU binary, getLlama({gpu: false, build: "never"}): nothing is
 // downloaded or built at run time) and this engine decode the same GGUF
-// files greedily, autoregressively, and the benchmark prints each one's
-// decode tok/s per weight format and thread count, and whether the two
-// engines produced the same text. Results go to a JSON file (command,
-// commit, date, machine) under bench/results/.
+// files greedily on held-out prompts, and the benchmark prints, per weight
+// format and thread count, side by side:
+//   llama.cpp autoregressive, llama.cpp prompt lookup (node-llama-cpp's own
+//   speculative mode: InputLookupTokenPredictor, its default settings),
+//   our autoregressive, our best static self-speculation (E, D swept on the
+//   tuning prompts, measured on the held-out ones) and our LEDE (--policy),
+// each run's effective GB/s (weight bytes read per token x tok/s; for the
+// autoregressive rows, which read every matrix once per token) as a share
+// of this machine's read bandwidth (`lede_engine_bench --roofline-only`,
+// measured before, between and after the runs; the best is used), and
+// whether the engines produced the
+// same greedy text. Results go to a JSON file (command, commit, date,
+// machine) under bench/results/.
 //
 // usage: node bench/llamacpp_bench.mjs --model DIR [--formats f32,bf16,q8_0]
-//          [--threads 1,2] [--tokens 96] [--repeats 3] [--prompt TEXT]
-//          [--lede build/services/cli/lede] [--static 2,3] [--policy DIR]
+//          [--threads 1,2] [--tokens 96] [--repeats 3]
+//          [--prompts FILE.jsonl] [--prompts-per-set 48] [--eval-prompts 8]
+//          [--tuning-prompts 4] [--prompt TEXT]
+//          [--static 1:3,1:4,2:2,2:3,2:4,3:3,3:4] [--policy DIR] [--lookup on]
+//          [--lede build/services/cli/lede]
+//          [--roofline build/bench/lede_engine_bench]
 //          [--out bench/results/FILE.json]
 //        node bench/llamacpp_bench.mjs --gguf FILE.gguf[,FILE2.gguf] ...
 //   --model DIR   a checkpoint: exported once per format with
 //                 `lede export --format gguf --weights FORMAT` into a
 //                 temporary directory
 //   --gguf FILES  GGUF files to run as they are (format read from the name)
+//   --prompts     the prompt set, split as lede-bench splits it
+//                 (trainer/corpus.h LoadPromptSet): its first
+//                 --prompts-per-set prompts, the first half tuning, the
+//                 second half held out; the runs use the first
+//                 --eval-prompts held-out prompts, the static sweep the
+//                 first --tuning-prompts tuning prompts
+//   --prompt TEXT one prompt instead (no split; the sweep runs on it too)
+//   --repeats N   interleaved passes over the held-out prompts; each pass
+//                 runs every method on every prompt, and its tok/s is the
+//                 pass's tokens over its decode seconds; medians and ranges
+//                 are over the passes
+//   --static      E:D settings of our static self-speculation, swept on the
+//                 tuning prompts per format and thread count (two rounds,
+//                 the second in reverse order); the best (tokens over
+//                 decode seconds of both) runs on the held-out ones; "" = off
+//   --policy DIR  LEDE with this policy (a version directory or a root with
+//                 SERVING; default: MODEL/policy with --model); "" = off
+//   --lookup on   the llama.cpp prompt-lookup row; "" = off
 //   --lede BIN    this engine's CLI; "" to run llama.cpp alone
-//   --static E,D  also this engine's static self-speculation (default 2,3; "" = off)
-//   --policy DIR  also LEDE with this policy (default: MODEL/policy with --model)
+//   --roofline BIN  the engine benchmark whose --roofline-only mode measures
+//                 the read bandwidth; "" = skip
 // Needs scripts/install_node_llama_cpp.sh (LEDE_NODE_LLAMA_CPP_MODULES, else
 // /opt/lede-tools/node-llama-cpp/node_modules).
 //
 // What is timed: llama.cpp: from the first generated token to the last
 // (tokens - 1 decode steps, the prompt's evaluation excluded); this engine:
-// `lede generate`'s own tokens/s (decode only), with --weights auto (the
-// file's storage: bf16 or q8_0 kernels). The text check runs
-// `lede generate --weights f32` (the file's weights, dequantized).
+// `lede generate`'s own decode tokens/s per prompt (one process per method
+// and pass: --prompt-file with all the prompts, the first one generated once
+// more first as a warm-up that is not counted), with --weights auto (the
+// file's storage: bf16 or q8_0 kernels). Generations stop at EOS in both
+// engines; a pass's tok/s is its tokens over its decode seconds. The text
+// check runs `lede generate --weights f32` (the file's weights, dequantized)
+// once per prompt.
 import { execFileSync, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
@@ -36,8 +71,9 @@ import { pathToFileURL } from "node:url";
 function parseArgs(argv) {
   const o = {
     model: "", gguf: "", formats: "f32,bf16,q8_0", threads: "1,2", tokens: 96, repeats: 3,
-    prompt: "Once upon a time, there was a little", lede: "build/services/cli/lede", out: "",
-    static: "2,3", policy: "",
+    prompts: "models/lede-tiny/prompts/story.jsonl", "prompts-per-set": 48, "eval-prompts": 8, "tuning-prompts": 4,
+    prompt: "", lede: "build/services/cli/lede", roofline: "build/bench/lede_engine_bench", out: "",
+    static: "1:3,1:4,2:2,2:3,2:4,3:3,3:4", policy: null, lookup: "on",
   };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
@@ -48,9 +84,15 @@ function parseArgs(argv) {
     const k = a.slice(2);
     o[k] = typeof o[k] === "number" ? Number(argv[++i]) : argv[++i];
   }
-  if (!o.policy && o.model && fs.existsSync(path.join(o.model, "policy"))) o.policy = path.join(o.model, "policy");
+  if (o.policy === null) {
+    o.policy = o.model && fs.existsSync(path.join(o.model, "policy")) ? path.join(o.model, "policy") : "";
+  }
   if (!o.model && !o.gguf) {
     console.error("llamacpp_bench: --model DIR or --gguf FILES is required");
+    process.exit(2);
+  }
+  if (!(o.repeats >= 1) || !(o.tokens >= 2)) {
+    console.error("llamacpp_bench: --repeats must be >= 1 and --tokens >= 2");
     process.exit(2);
   }
   return o;
@@ -61,12 +103,47 @@ function median(xs) {
   return s.length ? (s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2) : null;
 }
 
+function spread(xs) {
+  return { median: median(xs), min: xs.length ? Math.min(...xs) : null, max: xs.length ? Math.max(...xs) : null };
+}
+
 function sh(cmd, args) {
   try {
     return execFileSync(cmd, args, { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] }).trim();
   } catch {
     return "";
   }
+}
+
+// The prompts: the held-out half of the set (and the tuning half for the
+// sweep), split as trainer/corpus.cc LoadPromptSet splits a .jsonl file.
+function loadPrompts(o) {
+  if (o.prompt) return { tuning: [o.prompt], eval: [o.prompt], source: "--prompt" };
+  const all = [];
+  for (const line of fs.readFileSync(o.prompts, "utf8").split("\n")) {
+    if (all.length >= o["prompts-per-set"]) break;
+    if (!line.trim()) continue;
+    const j = JSON.parse(line);
+    const text = typeof j.prompt === "string" ? j.prompt
+      : Array.isArray(j.turns) && j.turns.length ? j.turns[0]
+      : typeof j.text === "string" ? j.text : typeof j.input === "string" ? j.input : "";
+    if (text) all.push(text);
+  }
+  if (all.length < 2) {
+    console.error(`llamacpp_bench: ${o.prompts}: fewer than 2 prompts`);
+    process.exit(2);
+  }
+  if (all.some((p) => p.includes("\n"))) {
+    console.error(`llamacpp_bench: ${o.prompts}: a prompt holds a newline (lede generate --prompt-file reads lines)`);
+    process.exit(2);
+  }
+  const half = Math.floor(all.length / 2);
+  return {
+    tuning: all.slice(0, half).slice(0, o["tuning-prompts"]),
+    eval: all.slice(half).slice(0, o["eval-prompts"]),
+    source: `${o.prompts}: prompts ${half}..${half + Math.min(o["eval-prompts"], all.length - half) - 1} ` +
+            `(held out; tuning: 0..${Math.min(o["tuning-prompts"], half) - 1}) of the first ${all.length}`,
+  };
 }
 
 const o = parseArgs(process.argv.slice(2));
@@ -76,17 +153,42 @@ if (!fs.existsSync(entry)) {
   console.error(`llamacpp_bench: ${entry} not found; run scripts/install_node_llama_cpp.sh`);
   process.exit(1);
 }
-const { getLlama } = await import(pathToFileURL(entry).href);
+const { getLlama, InputLookupTokenPredictor, readGgufFileInfo } = await import(pathToFileURL(entry).href);
 const nlcVersion = JSON.parse(fs.readFileSync(path.join(modules, "node-llama-cpp", "package.json"), "utf8")).version;
+const prompts = loadPrompts(o);
+// Provenance as the run starts (the tree may change while it runs).
+const commit = sh("git", ["rev-parse", "HEAD"]);
+const dirty = sh("git", ["status", "--porcelain", "--untracked-files=no"]) !== "";
+
+// This machine's read bandwidth (one core): the engine benchmark's read loop.
+function roofline() {
+  if (!o.roofline) return null;
+  try {
+    return JSON.parse(execFileSync(o.roofline, ["--roofline-only"], { encoding: "utf8" }).trim().split("\n").pop());
+  } catch (e) {
+    console.error(`llamacpp_bench: ${o.roofline} --roofline-only failed: ${String(e.message || e).split("\n")[0]}`);
+    return null;
+  }
+}
+// Measured before the runs, after each file and at the end; the best is
+// used (a busy VM lowers a measurement, nothing raises it).
+const rooflines = [];
+function measureRoofline(when) {
+  const r = roofline();
+  if (!r) return;
+  rooflines.push({ when, ...r });
+  console.log(`read roofline (one core, DRAM), ${when}: ${r.dram_read_gb_per_s.toFixed(1)} GB/s`);
+}
+const bestRoofline = () => (rooflines.length ? Math.max(...rooflines.map((r) => r.dram_read_gb_per_s)) : null);
+for (let i = 0; i < 3; i++) measureRoofline("before the runs");
 
 // The GGUF files: given, or exported from --model once per format.
 let files = [];
-let exportDir = "";
+const workDir = fs.mkdtempSync(path.join(os.tmpdir(), "lede-llamacpp-bench-"));
 if (o.gguf) {
   files = o.gguf.split(",").map((f) => ({ file: f, format: (f.match(/(f32|f16|bf16|q8_0)/) || ["", "?"])[1] }));
 } else {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "lede-llamacpp-bench-"));
-  exportDir = dir;
+  const dir = workDir;
   for (const format of o.formats.split(",")) {
     const file = path.join(dir, `${path.basename(path.resolve(o.model))}-${format}.gguf`);
     execFileSync(o.lede, ["export", "--format", "gguf", "--weights", format, "--model", o.model, "--out", file],
@@ -96,118 +198,230 @@ if (o.gguf) {
 }
 const threadCounts = o.threads.split(",").map(Number);
 
+// Weight bytes one autoregressive token reads: every tensor once, except the
+// token embedding (one row; the whole table when it is also the LM head).
+const kTypeBytes = { 0: 4, 1: 2, 30: 2, 8: 34 / 32 };  // ggml F32, F16, BF16, Q8_0 (bytes per value)
+async function bytesPerToken(file) {
+  const info = await readGgufFileInfo(file, { readTensorInfo: true, logWarnings: false });
+  const tensors = info.fullTensorInfo || info.tensorInfo || [];
+  const tied = !tensors.some((t) => t.name === "output.weight");
+  let bytes = 0;
+  for (const t of tensors) {
+    if (t.name === "token_embd.weight" && !tied) continue;
+    const n = t.dimensions.reduce((a, d) => a * Number(d), 1);
+    if (!(t.ggmlType in kTypeBytes)) return null;
+    bytes += n * kTypeBytes[t.ggmlType];
+  }
+  return bytes;
+}
+
 const llama = await getLlama({ gpu: false, build: "never", logLevel: "error" });
 
-async function runLlamaCpp(file, threads) {
-  const model = await llama.loadModel({ modelPath: file, gpuLayers: 0 });
-  const ids = [model.tokens.bos, ...model.tokenize(o.prompt, false)];
-  const runs = [];
-  let text = "";
-  for (let r = 0; r < o.repeats + 1; r++) {  // the first run warms up and is not counted
-    const ctx = await model.createContext({ contextSize: ids.length + o.tokens + 8, threads, batchSize: 512 });
-    const seq = ctx.getSequence();
-    const out = [];
-    let t1 = 0;
-    for await (const tok of seq.evaluate(ids, { temperature: 0 })) {
-      if (out.length === 0) t1 = performance.now();
-      out.push(tok);
-      if (out.length >= o.tokens) break;
-    }
-    const seconds = (performance.now() - t1) / 1000;
-    if (r > 0) runs.push((out.length - 1) / seconds);
-    text = model.detokenize(out);
-    await ctx.dispose();
+// One llama.cpp generation: greedy, `o.tokens` tokens, decode timed from the
+// first generated token to the last; with `lookup`, node-llama-cpp's
+// prompt-lookup predictor (its defaults) drafts from the prompt.
+async function llamaCppRun(model, prompt, threads, lookup) {
+  const ids = [model.tokens.bos, ...model.tokenize(prompt, false)];
+  const ctx = await model.createContext({ contextSize: ids.length + o.tokens + 16, threads, batchSize: 512 });
+  const seq = lookup ? ctx.getSequence({ tokenPredictor: new InputLookupTokenPredictor() }) : ctx.getSequence();
+  if (lookup) seq.tokenPredictor.updateInputTokens(ids.slice());
+  const out = [];
+  let t1 = 0;
+  for await (const tok of seq.evaluate(ids, { temperature: 0 })) {
+    if (out.length === 0) t1 = performance.now();
+    out.push(tok);
+    if (out.length >= o.tokens) break;
   }
-  await model.dispose();
-  return { tok_s: runs, median_tok_s: median(runs), text };
+  const seconds = (performance.now() - t1) / 1000;
+  const predictions = lookup ? { ...seq.tokenPredictions } : undefined;
+  await ctx.dispose();
+  return { tokens: out.length - 1, seconds, text: model.detokenize(out), predictions };
 }
 
-// This engine on the same file: `lede generate` in `mode` (ar, static E,D or
-// lede with the checkpoint's policy), its own decode tokens/s per run.
-function runLede(file, threads, mode) {
-  if (!o.lede) return null;
+// One `lede generate` process on `prompts` (--prompt-file, one model load):
+// `mode` ar, static (E, D), lede (the policy) or reference (ar on the file's
+// weights in f32: the text check). The first prompt is generated once more
+// first, as a warm-up that is not counted. Returns one run per prompt.
+const kSeparator = "<|llamacpp-bench-end|>";
+let promptFileSerial = 0;
+function ledeRuns(file, prompts, threads, mode, sd) {
   const extra = [];
-  if (mode === "static") {
-    const [e, d] = o.static.split(",");
-    extra.push("--exit-layer", e, "--draft-len", d);
-  }
+  let warm = true;
+  if (mode === "static") extra.push("--exit-layer", String(sd[0]), "--draft-len", String(sd[1]));
   if (mode === "lede") extra.push("--policy", o.policy);
-  if (mode === "reference") {  // the file's weights dequantized, computed in f32: the text check
+  if (mode === "reference") {
     mode = "ar";
+    warm = false;
     extra.push("--weights", "f32");
   }
-  const r = spawnSync(o.lede, ["generate", "--model", file, "--prompt", o.prompt, "--mode", mode,
-                               "--max-new-tokens", String(o.tokens), "--threads", String(threads),
-                               "--repeat", String(o.repeats + 1), ...extra], { encoding: "utf8" });
-  if (r.status !== 0) return { error: `lede generate exited ${r.status}: ${(r.stderr || "").trim().split("\n").pop()}` };
-  // The text on stdout, one "[mode] N tokens, X tokens/s" line per run on stderr.
-  const rates = [...r.stderr.matchAll(/^\[[^\]]+\] \d+ tokens, ([0-9.]+) tokens\/s/gm)].map((m) => Number(m[1]));
-  return { tok_s: rates.slice(1), median_tok_s: median(rates.slice(1)), text: r.stdout };
+  const list = warm ? [prompts[0], ...prompts] : prompts;
+  const promptFile = path.join(workDir, `prompts-${promptFileSerial++}.txt`);
+  fs.writeFileSync(promptFile, list.join("\n") + "\n");
+  const r = spawnSync(o.lede, ["generate", "--model", file, "--prompt-file", promptFile, "--separator", kSeparator,
+                               "--mode", mode, "--max-new-tokens", String(o.tokens), "--threads", String(threads),
+                               ...extra], { encoding: "utf8", maxBuffer: 64 << 20 });
+  fs.rmSync(promptFile, { force: true });
+  if (r.status !== 0) throw new Error(`lede generate exited ${r.status}: ${(r.stderr || "").trim().split("\n").pop()}`);
+  // The texts on stdout, each followed by the separator line; one
+  // "[mode] N tokens, X tokens/s, acceptance rate A" line per generation on stderr.
+  const texts = r.stdout.split(kSeparator + "\n").slice(0, -1);
+  const stats = [...r.stderr.matchAll(/^\[[^\]]+\] (\d+) tokens, ([0-9.]+) tokens\/s, acceptance rate ([0-9.naif-]+)/gm)]
+    .map((m) => ({ tokens: Number(m[1]), tok_s: Number(m[2]), acceptance: Number(m[3]) }));
+  if (texts.length !== list.length || stats.length !== list.length) {
+    throw new Error(`lede generate printed ${texts.length} texts and ${stats.length} stats lines for ${list.length} prompts`);
+  }
+  return stats.map((st, i) => ({ tokens: st.tokens, seconds: st.tokens / st.tok_s, text: texts[i],
+                                 acceptance: st.acceptance })).slice(warm ? 1 : 0);
 }
+
+const tokS = (runs) => runs.reduce((a, r) => a + r.tokens, 0) / runs.reduce((a, r) => a + r.seconds, 0);
+const f1 = (x) => (x == null || !Number.isFinite(x) ? "-" : x.toFixed(1));
+const f2 = (x) => (x == null || !Number.isFinite(x) ? "-" : x.toFixed(2));
 
 const loadBefore = os.loadavg();
 const results = [];
 for (const { file, format } of files) {
   const bytes = fs.statSync(file).size;
+  const perToken = await bytesPerToken(file);
+  const model = await llama.loadModel({ modelPath: file, gpuLayers: 0 });
   for (const threads of threadCounts) {
-    const peer = await runLlamaCpp(file, threads);
-    const ours = {};
-    const modes = ["ar", ...(o.static ? ["static"] : []), ...(o.policy ? ["lede"] : [])];
-    for (const mode of modes) {
-      try {
-        ours[mode] = runLede(file, threads, mode);
-      } catch (e) {
-        ours[mode] = { error: String(e.message || e).split("\n")[0] };
+    console.log(`== ${format}, ${threads} thread(s): ${path.basename(file)}, ${(bytes / 1e6).toFixed(1)} MB, ` +
+                `${perToken ? (perToken / 1e6).toFixed(1) : "?"} MB read per autoregressive token`);
+    // The static sweep on the tuning prompts.
+    let best = null;
+    const sweep = [];
+    if (o.lede && o.static) {
+      // Two rounds, the second in reverse order; each setting's tok/s is its
+      // tokens over its decode seconds of both.
+      const settings = o.static.split(",").map((item) => item.split(":").map(Number));
+      const runsOf = settings.map(() => []);
+      for (const round of [0, 1]) {
+        for (let k = 0; k < settings.length; k++) {
+          const j = round === 0 ? k : settings.length - 1 - k;
+          runsOf[j].push(...ledeRuns(file, prompts.tuning, threads, "static", settings[j]));
+        }
       }
+      settings.forEach((sd, j) => {
+        const s = { exit_layer: sd[0], draft_len: sd[1], tok_s: tokS(runsOf[j]) };
+        sweep.push(s);
+        if (!best || s.tok_s > best.tok_s) best = s;
+      });
+      console.log(`static sweep on ${prompts.tuning.length} tuning prompts: ` +
+                  sweep.map((s) => `E=${s.exit_layer} D=${s.draft_len} ${f1(s.tok_s)}`).join(", ") +
+                  ` tok/s; best E=${best.exit_layer} D=${best.draft_len}`);
     }
-    let reference = null;
-    try {
-      reference = runLede(file, threads, "reference");
-    } catch (e) {
-      reference = { error: String(e.message || e).split("\n")[0] };
-    }
-    const ar = ours.ar;
-    const same = reference && reference.text !== undefined ? reference.text.includes(peer.text) : null;
-    const sameNative = ar && ar.text !== undefined ? ar.text.includes(peer.text) : null;
-    const row = {
-      format, threads, file: path.basename(file), bytes,
-      llamacpp: { tok_s: peer.tok_s, median_tok_s: peer.median_tok_s },
-      lede: Object.fromEntries(Object.entries(ours).map(([m, v]) => [m, v && !v.error ? {
-        tok_s: v.tok_s, median_tok_s: v.median_tok_s, engine_weights: "--weights auto (the file's storage)",
-        ...(m === "static" ? { exit_layer_draft_len: o.static } : {}), ...(m === "lede" ? { policy: o.policy } : {}),
-      } : v])),
-      // llama.cpp's greedy text = ours on the file's weights computed in f32
-      // (--weights f32: the layout check), and = ours in the file's own
-      // storage (--weights auto: q8_0 quantizes activations, so a near-tie
-      // may go the other way).
-      same_greedy_text: same,
-      same_greedy_text_native: sameNative,
-      llamacpp_text: peer.text,
+    const llamaCppRuns = async (ps, lookup) => {
+      const runs = [];
+      for (const p of ps) runs.push(await llamaCppRun(model, p, threads, lookup));
+      return runs;
     };
-    results.push(row);
-    const f = (x) => (x == null ? "-" : x.toFixed(1));
-    const ledeCols = Object.entries(row.lede).map(([m, v]) => `lede ${m} ${f(v && v.median_tok_s)}`).join(", ");
-    console.log(`${format.padEnd(5)} threads ${threads}: llama.cpp ${f(peer.median_tok_s)} tok/s, ${ledeCols} tok/s, ` +
-                `same greedy text as llama.cpp: f32 compute ${same}, native ${sameNative}`);
+    const methods = [
+      ["llamacpp_ar", (ps) => llamaCppRuns(ps, false)],
+      ...(o.lookup ? [["llamacpp_prompt_lookup", (ps) => llamaCppRuns(ps, true)]] : []),
+      ...(o.lede ? [["lede_ar", (ps) => ledeRuns(file, ps, threads, "ar")]] : []),
+      ...(o.lede && best ? [["lede_static", (ps) => ledeRuns(file, ps, threads, "static", [best.exit_layer, best.draft_len])]] : []),
+      ...(o.lede && o.policy ? [["lede_lede", (ps) => ledeRuns(file, ps, threads, "lede")]] : []),
+    ];
+    await llamaCppRun(model, prompts.eval[0], threads, false);  // warms llama.cpp's mapping of the file
+    // Interleaved passes: each method on all held-out prompts, in turn.
+    const passes = Object.fromEntries(methods.map(([m]) => [m, []]));
+    const texts = {};
+    const extras = Object.fromEntries(methods.map(([m]) => [m, []]));
+    for (let pass = 0; pass < o.repeats; pass++) {
+      for (const [m, run] of methods) {
+        const runs = await run(prompts.eval);
+        passes[m].push(tokS(runs));
+        if (pass === 0) texts[m] = runs.map((r) => r.text);
+        extras[m].push(...runs.map((r) => r.predictions || { acceptance_rate: r.acceptance }));
+      }
+      console.log(`pass ${pass + 1}: ` + methods.map(([m]) => `${m} ${f1(passes[m][pass])}`).join(", ") + " tok/s");
+    }
+    // The text checks: llama.cpp's greedy text = ours on the file's weights
+    // computed in f32 (the layout check) and = ours in the file's own
+    // storage (q8_0 quantizes activations, so a near-tie may go the other
+    // way); each speculative method = its engine's autoregressive text.
+    const peerText = texts.llamacpp_ar;
+    const reference = o.lede ? ledeRuns(file, prompts.eval, threads, "reference").map((r) => r.text) : [];
+    const count = (pred) => prompts.eval.filter((_, i) => pred(i)).length;
+    const checks = {
+      prompts: prompts.eval.length,
+      same_greedy_text_f32_compute: o.lede ? count((i) => reference[i].includes(peerText[i])) : null,
+      same_greedy_text_native: o.lede ? count((i) => texts.lede_ar[i].includes(peerText[i])) : null,
+      llamacpp_lookup_lossless: o.lookup ? count((i) => texts.llamacpp_prompt_lookup[i] === peerText[i]) : null,
+      lede_static_lossless: texts.lede_static ? count((i) => texts.lede_static[i] === texts.lede_ar[i]) : null,
+      lede_lede_lossless: texts.lede_lede ? count((i) => texts.lede_lede[i] === texts.lede_ar[i]) : null,
+    };
+    measureRoofline(`after ${format}, ${threads} thread(s)`);
+    const roof = bestRoofline();
+    const rows = {};
+    for (const [m] of methods) {
+      const s = spread(passes[m]);
+      const autoregressive = m === "llamacpp_ar" || m === "lede_ar";
+      rows[m] = {
+        tok_s_per_pass: passes[m], median_tok_s: s.median, min_tok_s: s.min, max_tok_s: s.max,
+        // Per pass: this method's tok/s over llama.cpp autoregressive's in the same pass.
+        vs_llamacpp_ar: spread(passes[m].map((v, p) => v / passes.llamacpp_ar[p])),
+        ...(autoregressive && perToken ? { effective_gb_s: perToken * s.median / 1e9 } : {}),
+        ...(autoregressive && perToken && roof ? { share_of_roofline: perToken * s.median / 1e9 / roof } : {}),
+        ...(m === "lede_static" ? { exit_layer: best.exit_layer, draft_len: best.draft_len, sweep,
+                                    sweep_prompts: prompts.tuning.length } : {}),
+        ...(m === "lede_lede" ? { policy: o.policy } : {}),
+        ...(m === "lede_static" || m === "lede_lede" ? {
+          mean_acceptance_rate: extras[m].reduce((a, e) => a + e.acceptance_rate, 0) / extras[m].length } : {}),
+        ...(m === "llamacpp_prompt_lookup" ? {
+          predictor: "InputLookupTokenPredictor (defaults)",
+          predictions: extras[m].reduce((a, p) => ({ validated: a.validated + (p?.validated || 0),
+                                                      refuted: a.refuted + (p?.refuted || 0) }),
+                                        { validated: 0, refuted: 0 }) } : {}),
+        ...(m.startsWith("lede_") ? { engine_weights: "--weights auto (the file's storage)" } : {}),
+      };
+    }
+    results.push({ format, threads, file: path.basename(file), bytes, bytes_per_token: perToken,
+                   methods: rows, checks, llamacpp_texts: peerText });
+    for (const [m] of methods) {
+      const r = rows[m];
+      console.log(`${format.padEnd(5)} threads ${threads} ${m.padEnd(23)} ${f1(r.median_tok_s).padStart(7)} tok/s ` +
+                  `(${f1(r.min_tok_s)}-${f1(r.max_tok_s)}), ${f2(r.vs_llamacpp_ar.median)}x llama.cpp AR ` +
+                  `(${f2(r.vs_llamacpp_ar.min)}-${f2(r.vs_llamacpp_ar.max)})` +
+                  (r.effective_gb_s != null ? `, ${f1(r.effective_gb_s)} GB/s` : "") +
+                  (r.share_of_roofline != null ? ` = ${(100 * r.share_of_roofline).toFixed(0)}% of the read roofline` : "") +
+                  (m === "lede_static" ? ` [E=${r.exit_layer} D=${r.draft_len}]` : ""));
+    }
+    console.log(`checks (of ${checks.prompts} prompts): same greedy text as llama.cpp: f32 compute ` +
+                `${checks.same_greedy_text_f32_compute}, native ${checks.same_greedy_text_native}; lossless: ` +
+                `llama.cpp lookup ${checks.llamacpp_lookup_lossless}, our static ${checks.lede_static_lossless}, ` +
+                `our LEDE ${checks.lede_lede_lossless}`);
+  }
+  await model.dispose();
+}
+measureRoofline("after the runs");
+// The GB/s shares against the best read bandwidth measured.
+for (const row of results) {
+  for (const m of Object.values(row.methods)) {
+    if (m.effective_gb_s != null && bestRoofline()) m.share_of_roofline = m.effective_gb_s / bestRoofline();
   }
 }
 
-const commit = sh("git", ["rev-parse", "HEAD"]);
 const date = new Date().toISOString();
 const report = {
   benchmark: "llamacpp_bench",
   command: ["node", ...process.argv.slice(1)].join(" "),
-  commit, date,
+  commit: commit + (dirty ? "-dirty" : ""), date,
   machine: { cpu: os.cpus()[0]?.model, cores: os.cpus().length, memory_bytes: os.totalmem(),
              os: `${os.type()} ${os.release()}`, node: process.version,
              load_average_1m: { before: loadBefore[0], after: os.loadavg()[0] } },
   peer: { package: "node-llama-cpp", version: nlcVersion, gpu: false, build: "never" },
-  settings: { tokens: o.tokens, repeats: o.repeats, prompt: o.prompt, greedy: true,
-              timed: "decode only: from the first generated token to the last; first run of each is a warm-up" },
+  roofline: { source: o.roofline ? `${o.roofline} --roofline-only (one core; the best of these measurements)` : null,
+              measurements: rooflines, used_gb_per_s: bestRoofline() },
+  settings: { tokens: o.tokens, repeats: o.repeats, greedy: true, prompts: prompts.source,
+              eval_prompts: prompts.eval, tuning_prompts: prompts.tuning, static_sweep: o.static, policy: o.policy,
+              timed: "decode only: llama.cpp from the first generated token to the last; ours lede generate's " +
+                     "decode tokens/s of the second of two generations per process; tok/s of a pass = its tokens " +
+                     "over its decode seconds on all held-out prompts" },
   results,
 };
 const out = o.out || path.join("bench", "results", `llamacpp-${date.slice(0, 10)}.json`);
 fs.mkdirSync(path.dirname(out), { recursive: true });
 fs.writeFileSync(out, JSON.stringify(report, null, 2) + "\n");
 console.log(`wrote ${out}`);
-if (exportDir) fs.rmSync(exportDir, { recursive: true, force: true });
+fs.rmSync(workDir, { recursive: true, force: true });

@@ -77,6 +77,18 @@ COMMANDS = {
     "bench/results/llamacpp-2026-12-04-native.json":
         ("llamacpp_bench", "scripts/install_node_llama_cpp.sh && node bench/llamacpp_bench.mjs --model models/lede-tiny "
          "--threads 1 --tokens 96 --repeats 3 --out bench/results/llamacpp-2026-12-04-native.json"),
+    "bench/results/llamacpp-w5.json":
+        ("llamacpp_bench", "scripts/install_node_llama_cpp.sh && build/services/cli/lede widen --model models/lede-tiny "
+         "--factor 5 --out out/w5 && build/trainer/lede-init-policy --model out/w5 --policy-root out/w5/policy && "
+         "node bench/llamacpp_bench.mjs --model out/w5 --policy out/w5/policy --formats f32,bf16,q8_0 --threads 1 "
+         "--tokens 96 --repeats 3 --eval-prompts 8 --tuning-prompts 4 --static 1:3,1:4,2:2,2:3,2:4,3:3,3:4 "
+         "--out bench/results/llamacpp-w5.json"),
+    "bench/results/llamacpp-w5-run1.json":
+        ("llamacpp_bench", "build/services/cli/lede export --format gguf --model out/w5 --out /tmp/w5-f32.gguf && "
+         "build/trainer/lede-init-policy --model /tmp/w5-f32.gguf --policy-root out/w5/policy-gguf && "
+         "node bench/llamacpp_bench.mjs --model out/w5 --policy out/w5/policy-gguf --formats f32,bf16,q8_0 --threads 1 "
+         "--tokens 96 --repeats 3 --eval-prompts 8 --tuning-prompts 4 --static 1:3,1:4,2:2,2:3,2:4,3:3,3:4 "
+         "--out bench/results/llamacpp-w5.json && mv bench/results/llamacpp-w5.json bench/results/llamacpp-w5-run1.json"),
     "bench/results/llamacpp-2026-12-04.json":
         ("llamacpp_bench", "scripts/install_node_llama_cpp.sh && node bench/llamacpp_bench.mjs --model models/lede-tiny "
          "--threads 1,2 --tokens 96 --repeats 3 --out bench/results/llamacpp-2026-12-04.json"),
@@ -403,7 +415,58 @@ def cancel_storm_table(data, opts):
                   "greedy differing from solo"], rows)
 
 
+_LLAMACPP_METHODS = (("llamacpp_ar", "llama.cpp autoregressive"),
+                     ("llamacpp_prompt_lookup", "llama.cpp prompt lookup (InputLookupTokenPredictor)"),
+                     ("lede_ar", "our autoregressive"), ("lede_static", "our best static"),
+                     ("lede_lede", "our LEDE"))
+
+
+def llamacpp_heldout_table(data, opts):
+    """The held-out-prompts run (results with `methods`): one row per method."""
+    rows, checks = [], []
+    for r in data["results"]:
+        for key, label in _LLAMACPP_METHODS:
+            m = r["methods"].get(key)
+            if not m:
+                continue
+            if key == "lede_static":
+                label += f" (E={m['exit_layer']} D={m['draft_len']})"
+            if key == "lede_lede":
+                label += f" (`{m['policy']}`)"
+            v = m["vs_llamacpp_ar"]
+            gbs = (f"{m['effective_gb_s']:.1f} ({100 * m['share_of_roofline']:.0f}%)"
+                   if m.get("share_of_roofline") is not None else "-")
+            rows.append([r["format"], r["threads"], label,
+                         f"{num(m['median_tok_s'])} ({num(m['min_tok_s'])}-{num(m['max_tok_s'])})",
+                         f"{x(v['median'])} ({v['min']:.2f}-{v['max']:.2f})", gbs])
+        c, n = r["checks"], r["checks"]["prompts"]
+        frac = lambda k: "-" if c.get(k) is None else f"{c[k]}/{n}"  # noqa: E731
+        checks.append([r["format"], r["threads"], num(r["bytes"] / 1e6, "{:.1f}"),
+                       f"{frac('same_greedy_text_f32_compute')} / {frac('same_greedy_text_native')}",
+                       f"{frac('llamacpp_lookup_lossless')} / {frac('lede_static_lossless')} / {frac('lede_lede_lossless')}"])
+    s, roof = data["settings"], data.get("roofline") or {}
+    reads = len(roof.get("measurements") or [])
+    roof_text = (f"; read roofline {roof['used_gb_per_s']:.1f} GB/s (one core, `lede_engine_bench --roofline-only`"
+                 + (f", the best of {reads} reads during the run" if reads else "") + ")"
+                 if roof.get("used_gb_per_s") else "")
+    return (f"Greedy, {s['tokens']} tokens on each of {len(s['eval_prompts'])} held-out prompts ({s['prompts']}); "
+            f"tok/s = tokens / decode seconds of a pass over all of them, median (range) of {s['repeats']} "
+            f"interleaved passes; \"vs llama.cpp\" is per pass against llama.cpp autoregressive in the same pass; "
+            f"static swept over E:D {s['static_sweep']} on the tuning prompts; GB/s = weight bytes per token x tok/s "
+            f"(autoregressive rows){roof_text}; both engines read the same GGUF file; peer: "
+            f"{data['peer']['package']} {data['peer']['version']}.\n\n"
+            + table(["format", "threads", "method", "tok/s", "vs llama.cpp autoregressive",
+                     "GB/s (share of read roofline)"], rows)
+            + "\n\n"
+            + table(["format", "threads", "file MB",
+                     "same greedy text as llama.cpp (ours on the file's weights in f32 / in the file's storage)",
+                     "lossless vs the engine's autoregressive text (llama.cpp lookup / our static / our LEDE)"],
+                    checks))
+
+
 def llamacpp_table(data, opts):
+    if data["results"] and "methods" in data["results"][0]:
+        return llamacpp_heldout_table(data, opts)
     rows = []
     for r in data["results"]:
         l = r["lede"]

@@ -157,7 +157,7 @@ StatusOr<std::string> RenderChatPrompt(const std::string& tokenizer_path, const 
 // The flags of `lede generate`, with their defaults.
 struct GenerateFlags {
   ModelFlags mf;
-  std::string prompt, tokenizer_path, policy_dir, mode = "static";
+  std::string prompt, prompt_file, tokenizer_path, policy_dir, mode = "static";
   int64_t max_new_tokens = 128, exit_layer = 0, draft_len = 4, seed = 0, repeat = 1, samples = 1;
   double temperature = 0.0, top_p = 1.0;
   std::string separator, system, chat_template;
@@ -165,11 +165,14 @@ struct GenerateFlags {
 
   void AddTo(FlagSet& f) {
     mf.AddTo(f);
-    f.Add("prompt", &prompt, "prompt text", true);
+    f.Add("prompt", &prompt, "prompt text (or --prompt-file)");
+    f.Add("prompt-file", &prompt_file,
+          "prompts, one per line (empty lines skipped): each is generated --repeat times in turn, with one "
+          "model load (benchmarks); its text is printed once, then --separator");
     f.Add("repeat", &repeat, "generate this many times, one stats line each (benchmarks: later runs are warm)");
     f.Add("samples", &samples,
           "sample this many texts from the prompt in one process, with seeds seed, seed+1, ... (corpora)");
-    f.Add("separator", &separator, "a line printed after each text (with --samples)");
+    f.Add("separator", &separator, "a line printed after each text (with --samples or --prompt-file)");
     f.Add("tokenizer", &tokenizer_path, "tokenizer file (default: found beside the model)");
     f.Add("chat", &chat, "the prompt is a user message: render the checkpoint's chat template around it");
     f.Add("system", &system, "--chat: a system message before the user message");
@@ -228,12 +231,31 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   FlagSet flags;
   g.AddTo(flags);
   if (flags::WantsHelp(args)) {
-    out << "usage: lede generate --model PATH --prompt TEXT [flags]\nflags:\n" << flags.Usage();
+    out << "usage: lede generate --model PATH (--prompt TEXT | --prompt-file FILE) [flags]\nflags:\n" << flags.Usage();
     return kExitOk;
   }
   if (Status s = flags.Parse(args); !s.ok()) {
     err << "lede generate: " << s.message() << " (see lede generate --help)\n";
     return kExitUsage;
+  }
+  if (g.prompt.empty() == g.prompt_file.empty()) {
+    return Fail(err, InvalidArgumentError("give one of --prompt and --prompt-file"), kExitUsage);
+  }
+  if (!g.prompt_file.empty() && (g.samples > 1 || g.chat)) {
+    return Fail(err, InvalidArgumentError("--prompt-file: cannot be combined with --samples or --chat"), kExitUsage);
+  }
+  std::vector<std::string> prompt_texts;
+  if (!g.prompt_file.empty()) {
+    auto text = file::ReadFile(g.prompt_file);
+    if (!text.ok()) return Fail(err, text.status(), kExitUsage);
+    std::istringstream lines(*text);
+    for (std::string line; std::getline(lines, line);) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (!line.empty()) prompt_texts.push_back(line);
+    }
+    if (prompt_texts.empty()) {
+      return Fail(err, InvalidArgumentError("--prompt-file: " + g.prompt_file + " holds no prompt"), kExitUsage);
+    }
   }
   if (g.repeat < 1) return Fail(err, InvalidArgumentError("--repeat: must be >= 1"), kExitUsage);
   if (g.samples < 1) return Fail(err, InvalidArgumentError("--samples: must be >= 1"), kExitUsage);
@@ -266,15 +288,26 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
       << std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count() << " s\n";
   const int64_t L = llama->n_layers();
 
-  std::string prompt_text = g.prompt;
-  if (g.chat) {
-    auto rendered = RenderChatPrompt(g.tokenizer_path, g.chat_template, g.system, g.prompt, true);
-    if (!rendered.ok()) return Fail(err, rendered.status(), kExitUsage);
-    prompt_text = *rendered;
+  if (prompt_texts.empty()) {
+    std::string prompt_text = g.prompt;
+    if (g.chat) {
+      auto rendered = RenderChatPrompt(g.tokenizer_path, g.chat_template, g.system, g.prompt, true);
+      if (!rendered.ok()) return Fail(err, rendered.status(), kExitUsage);
+      prompt_text = *rendered;
+    }
+    prompt_texts.push_back(std::move(prompt_text));
   }
   // A chat template writes BOS itself.
-  auto ids = (*tokenizer)->Encode(prompt_text, /*add_bos=*/!g.chat, /*add_eos=*/false);
-  if (!ids.ok()) return Fail(err, InvalidArgumentError("--prompt: " + std::string(ids.status().message())), kExitUsage);
+  std::vector<std::vector<int32_t>> prompts;
+  size_t longest = 0;
+  for (const std::string& text : prompt_texts) {
+    auto encoded = (*tokenizer)->Encode(text, /*add_bos=*/!g.chat, /*add_eos=*/false);
+    if (!encoded.ok()) {
+      return Fail(err, InvalidArgumentError("--prompt: " + std::string(encoded.status().message())), kExitUsage);
+    }
+    longest = std::max(longest, encoded->size());
+    prompts.push_back(std::move(*encoded));
+  }
 
   model::GenerateOptions go;
   go.max_new_tokens = g.max_new_tokens;
@@ -300,45 +333,48 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   // Only the positions this run can use: a 128k-context model's full window
   // would be 8 GiB of KV cache for Llama-3.2-1B.
   ko.capacity = std::min<int64_t>(llama->config().max_seq_len,
-                                  static_cast<int64_t>(ids->size()) + g.max_new_tokens + ko.max_draft_len + 2);
+                                  static_cast<int64_t>(longest) + g.max_new_tokens + ko.max_draft_len + 2);
   auto engine = model::Engine::Create(llama, ko);
   if (!engine.ok()) return Fail(err, engine.status(), kExitFailure);
 
-  // The prompt is echoed with the first generated tokens, so that a request
-  // the engine refuses prints nothing but its error.
-  bool echoed = false;
-  auto echo_prompt = [&] {
-    if (!echoed) out << (*tokenizer)->Decode(*ids);
-    echoed = true;
-  };
-  for (int64_t run = 0; run < std::max(g.repeat, g.samples); ++run) {
-    // Repeats (benchmarks: later runs are warm) print their stats lines only;
-    // samples print each text, with their own seeds.
-    const bool print_text = run == 0 || g.samples > 1;
-    echoed = false;
-    go.sampling.seed = static_cast<uint64_t>(g.seed + (g.samples > 1 ? run : 0));
-    tokenizer::StreamingDetokenizer detok(**tokenizer, ids->back());
-    auto result = (*engine)->Generate(*ids, go, [&](const std::vector<int32_t>& tokens) {
-      if (!print_text) return;
-      echo_prompt();
-      for (int32_t t : tokens) out << detok.Push(t);
-      out << std::flush;
-    });
-    if (!result.ok()) {
-      return Fail(err, result.status(),
-                  result.status().code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure);
+  for (const std::vector<int32_t>& prompt_ids : prompts) {
+    const std::vector<int32_t>* ids = &prompt_ids;
+    // The prompt is echoed with the first generated tokens, so that a request
+    // the engine refuses prints nothing but its error.
+    bool echoed = false;
+    auto echo_prompt = [&] {
+      if (!echoed) out << (*tokenizer)->Decode(*ids);
+      echoed = true;
+    };
+    for (int64_t run = 0; run < std::max(g.repeat, g.samples); ++run) {
+      // Repeats (benchmarks: later runs are warm) print their stats lines only;
+      // samples print each text, with their own seeds.
+      const bool print_text = run == 0 || g.samples > 1;
+      echoed = false;
+      go.sampling.seed = static_cast<uint64_t>(g.seed + (g.samples > 1 ? run : 0));
+      tokenizer::StreamingDetokenizer detok(**tokenizer, ids->back());
+      auto result = (*engine)->Generate(*ids, go, [&](const std::vector<int32_t>& tokens) {
+        if (!print_text) return;
+        echo_prompt();
+        for (int32_t t : tokens) out << detok.Push(t);
+        out << std::flush;
+      });
+      if (!result.ok()) {
+        return Fail(err, result.status(),
+                    result.status().code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure);
+      }
+      if (print_text) {
+        echo_prompt();
+        out << detok.Flush() << "\n";
+        if (!g.separator.empty()) out << g.separator << "\n";
+      }
+      std::string label = g.mode;
+      if (*method == speculation::SpeculationMethod::kStatic) {
+        label += " E=" + std::to_string(go.exit_layer) + " D=" + std::to_string(go.draft_len);
+      }
+      if (controller) label += " " + controller->name();
+      PrintGenerationStats(err, label, result->stats);
     }
-    if (print_text) {
-      echo_prompt();
-      out << detok.Flush() << "\n";
-      if (!g.separator.empty()) out << g.separator << "\n";
-    }
-    std::string label = g.mode;
-    if (*method == speculation::SpeculationMethod::kStatic) {
-      label += " E=" + std::to_string(go.exit_layer) + " D=" + std::to_string(go.draft_len);
-    }
-    if (controller) label += " " + controller->name();
-    PrintGenerationStats(err, label, result->stats);
   }
   return kExitOk;
 }

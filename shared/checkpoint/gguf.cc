@@ -21,6 +21,20 @@
 namespace lede::checkpoint {
 namespace {
 
+// The shortest decimal that reads back as this float (1e-5f -> 1e-05, not
+// 9.99999974738e-06), as a config.json would hold it: a float32 metadata
+// value as the reader returns it.
+double ShortestDecimal(float v) {
+  if (std::isnan(v)) return static_cast<double>(v);
+  char buf[32];
+  for (int digits = 6; digits <= 9; ++digits) {
+    std::snprintf(buf, sizeof(buf), "%.*g", digits, static_cast<double>(v));
+    if (std::strtof(buf, nullptr) == v) break;
+  }
+  return std::strtod(buf, nullptr);
+}
+
+
 constexpr uint32_t kMaxDims = 4;
 
 // Bytes of one scalar of `type`, or 0 for string/array/unknown.
@@ -109,16 +123,9 @@ StatusOr<double> ReadScalarNumber(Cursor& c, GgufValueType type, const std::stri
       return static_cast<double>(v);
     }
     case GgufValueType::kFloat32: {
-      // The shortest decimal that reads back as this float (1e-5f -> 1e-05,
-      // not 9.99999974738e-06), as a config.json would hold it.
       LEDE_ASSIGN_OR_RETURN(float v, c.Read<float>(what));
       *as_int = 0;
-      char buf[32];
-      for (int digits = 6; digits <= 9; ++digits) {
-        std::snprintf(buf, sizeof(buf), "%.*g", digits, static_cast<double>(v));
-        if (std::strtof(buf, nullptr) == v || std::isnan(v)) break;
-      }
-      return std::isnan(v) ? static_cast<double>(v) : std::strtod(buf, nullptr);
+      return ShortestDecimal(v);
     }
     case GgufValueType::kFloat64: { LEDE_ASSIGN_OR_RETURN(double v, c.Read<double>(what)); *as_int = 0; return v; }
     default: return InvalidArgumentError(what + ": not a scalar");
@@ -540,6 +547,12 @@ void GgufWriter::AddFloat32(const std::string& key, float value) {
   Put<float>(&kv_, value);
   ++n_kv_;
 }
+void GgufWriter::AddFloat64(const std::string& key, double value) {
+  PutString(&kv_, key);
+  Put<uint32_t>(&kv_, static_cast<uint32_t>(GgufValueType::kFloat64));
+  Put<double>(&kv_, value);
+  ++n_kv_;
+}
 void GgufWriter::AddBool(const std::string& key, bool value) {
   PutString(&kv_, key);
   Put<uint32_t>(&kv_, static_cast<uint32_t>(GgufValueType::kBool));
@@ -788,6 +801,18 @@ Status ReadLlamaHyperparams(const GgufFile& f, model::ModelConfig* c) {
       return InvalidArgumentError(src + ": metadata key llama.rope.freq_base must be above 1");
     }
   }
+  // This project's exact copies (written by `lede export` when the float32
+  // keys cannot hold the checkpoint's values): used when they agree with
+  // the llama.cpp keys to float32 precision.
+  for (const auto& [key, value] : {std::pair{kExactRmsNormEpsKey, &c->rms_norm_eps},
+                                   std::pair{kExactRopeThetaKey, &c->rope_theta}}) {
+    if (f.Find(key) == nullptr) continue;
+    LEDE_ASSIGN_OR_RETURN(double exact, f.GetFloat(key));
+    if (static_cast<float>(exact) != static_cast<float>(*value)) {
+      return InvalidArgumentError(src + ": metadata key " + key + " contradicts its llama.* float32 key");
+    }
+    *value = exact;
+  }
   if (c->dim % c->n_heads != 0 || c->n_heads % c->n_kv_heads != 0 || (c->dim / c->n_heads) % 2 != 0) {
     return InvalidArgumentError(src + ": metadata keys llama.embedding_length (" + std::to_string(c->dim) +
                                 "), llama.attention.head_count (" + std::to_string(c->n_heads) +
@@ -938,6 +963,13 @@ Status AddLlamaMetadata(const model::ModelConfig& c, const std::string& name, Gg
   w->AddUint32("llama.attention.head_count_kv", static_cast<uint32_t>(c.n_kv_heads));
   w->AddFloat32("llama.attention.layer_norm_rms_epsilon", static_cast<float>(c.rms_norm_eps));
   w->AddFloat32("llama.rope.freq_base", static_cast<float>(c.rope_theta));
+  // A value the float32 key cannot give back exactly (a widened checkpoint's
+  // eps * d/D) travels exactly too, so that the file's architecture
+  // fingerprint is its source's (policies and calibrations are keyed by it).
+  for (const auto& [key, value] : {std::pair{kExactRmsNormEpsKey, c.rms_norm_eps},
+                                   std::pair{kExactRopeThetaKey, c.rope_theta}}) {
+    if (ShortestDecimal(static_cast<float>(value)) != value) w->AddFloat64(key, value);
+  }
   w->AddUint32("llama.vocab_size", static_cast<uint32_t>(c.vocab_size));
   if (c.rope_scaling.type == model::RopeScaling::Type::kLinear) {
     w->AddString("llama.rope.scaling.type", "linear");

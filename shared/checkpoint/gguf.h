@@ -165,6 +165,16 @@ StatusOr<std::vector<uint8_t>> QuantizeFromF32(const float* x, int64_t n, GgmlTy
 
 // (FloatToHalf, HalfToFloat, FloatToBf16: number_formats.h, included above.)
 
+// This project's own metadata keys (FLOAT64): a checkpoint's exact
+// rms_norm_eps and rope_theta, written beside llama.cpp's float32 keys only
+// when those cannot give the value back (e.g. a widened checkpoint's
+// eps * d/D), so that a GGUF export keeps its source's architecture
+// fingerprint, by which policies and calibrations are matched. The reader
+// uses them when they agree with the float32 keys to float32 precision and
+// refuses the file otherwise (kInvalidArgument naming the key).
+inline constexpr char kExactRmsNormEpsKey[] = "lede.rms_norm_eps";
+inline constexpr char kExactRopeThetaKey[] = "lede.rope_theta";
+
 // Writes a GGUF v3 file (alignment 32): metadata in the order added, then
 // tensor infos and data in the order added. Tensor data is borrowed: it
 // must stay alive until Write returns.
@@ -174,6 +184,7 @@ class GgufWriter {
   void AddUint32(const std::string& key, uint32_t value);
   void AddInt32(const std::string& key, int32_t value);
   void AddFloat32(const std::string& key, float value);
+  void AddFloat64(const std::string& key, double value);
   void AddBool(const std::string& key, bool value);
   void AddStringArray(const std::string& key, const std::vector<std::string>& values);
   void AddFloat32Array(const std::string& key, const std::vector<float>& values);

@@ -6,7 +6,9 @@ through bench/llamacpp_bench.mjs) and by this engine from the same file with
 the file's weights computed in f32 (--weights f32), and the two texts must be
 identical: a wrong Q/K row order, tensor name,
 dimension order, quantization layout or tokenizer key would change
-llama.cpp's text. Speeds are recorded, never asserted.
+llama.cpp's text. Every method of the benchmark runs (llama.cpp's prompt
+lookup, our static and LEDE) and gives its engine's autoregressive text.
+Speeds are recorded, never asserted.
 
 usage: llamacpp_peer_test.py LEDE_BIN
 Exit 77 (ctest: skipped) when node or node-llama-cpp is not installed
@@ -28,19 +30,25 @@ if shutil.which("node") is None or not os.path.exists(os.path.join(modules, "nod
 with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "result.json")
     subprocess.run(["node", "bench/llamacpp_bench.mjs", "--model", "models/lede-tiny", "--formats", "f32,bf16,q8_0",
-                    "--threads", "1", "--tokens", "48", "--repeats", "1", "--lede", lede, "--out", out],
+                    "--threads", "1", "--tokens", "48", "--repeats", "1", "--prompt",
+                    "Once upon a time, there was a little", "--static", "2:3", "--roofline", "", "--lede", lede,
+                    "--out", out],
                    check=True, timeout=600)
     report = json.load(open(out))
 failures = []
 for row in report["results"]:
-    if not row["llamacpp_text"].strip():
+    checks, n = row["checks"], row["checks"]["prompts"]
+    if not all(t.strip() for t in row["llamacpp_texts"]):
         failures.append(f"{row['format']}: llama.cpp generated no text")
-    if row["same_greedy_text"] is not True:
-        failures.append(f"{row['format']}: llama.cpp's greedy text differs from this engine's: "
-                        f"{row['llamacpp_text']!r} vs {row['lede']}")
-    for mode, v in row["lede"].items():
-        if not v or "error" in v:
-            failures.append(f"{row['format']}: lede {mode} failed: {v}")
+    if checks["same_greedy_text_f32_compute"] != n:
+        failures.append(f"{row['format']}: llama.cpp's greedy text differs from this engine's on the file's weights "
+                        f"in f32: {row['llamacpp_texts']!r}")
+    for key in ("llamacpp_lookup_lossless", "lede_static_lossless", "lede_lede_lossless"):
+        if checks[key] != n:
+            failures.append(f"{row['format']}: {key}: {checks[key]} of {n}")
+    for method in ("llamacpp_ar", "llamacpp_prompt_lookup", "lede_ar", "lede_static", "lede_lede"):
+        if not (row["methods"].get(method) or {}).get("median_tok_s"):
+            failures.append(f"{row['format']}: {method} did not run")
 formats = sorted(row["format"] for row in report["results"])
 if formats != ["bf16", "f32", "q8_0"]:
     failures.append(f"formats run: {formats}")

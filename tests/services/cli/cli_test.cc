@@ -111,6 +111,48 @@ TEST(GenerateTest, WeightFormatsAreLosslessAndBadFormatsAreRefused) {
   EXPECT_EQ(out.str(), "");
 }
 
+// `lede generate --prompt-file` (benchmarks: one model load for many
+// prompts) prints, for each line, the text a single --prompt run prints,
+// each followed by the separator, one stats line per prompt and repeat;
+// an empty file or both prompt flags are refused.
+TEST(GenerateTest, PromptFileGivesEachPromptsSingleRunText) {
+  ::lede::testing::TempDir dir;
+  const std::string file = (dir.path() / "prompts.txt").string();
+  const std::vector<std::string> prompts = {"Once upon a time", "The cat sat on the"};
+  std::ofstream(file) << prompts[0] << "\n\n" << prompts[1] << "\n";
+  std::vector<std::string> base = {"--model", ::lede::testing::Stories260KDir(), "--mode", "static",
+                                   "--max-new-tokens", "24", "--threads", "1", "--exit-layer", "3", "--draft-len", "3"};
+  std::vector<std::string> args = base;
+  args.insert(args.end(), {"--prompt-file", file, "--separator", "<|end|>", "--repeat", "2"});
+  std::ostringstream out, err;
+  ASSERT_EQ(RunGenerate(args, out, err), 0) << err.str();
+  const std::vector<std::string> parts = Split(out.str(), "<|end|>\n");
+  ASSERT_EQ(parts.size(), 3u) << out.str();
+  EXPECT_EQ(parts[2], "");
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    std::vector<std::string> single = base;
+    single.insert(single.end(), {"--prompt", prompts[i]});
+    std::ostringstream one, one_err;
+    ASSERT_EQ(RunGenerate(single, one, one_err), 0) << one_err.str();
+    EXPECT_EQ(parts[i], one.str()) << "prompt " << i;
+  }
+  size_t stats_lines = 0;
+  for (size_t at = 0; (at = err.str().find(" tokens/s, ", at)) != std::string::npos; ++at) ++stats_lines;
+  EXPECT_EQ(stats_lines, 4u) << err.str();
+
+  const std::string empty = (dir.path() / "empty.txt").string();
+  std::ofstream(empty) << "\n";
+  for (const std::vector<std::string>& extra : {std::vector<std::string>{"--prompt-file", empty},
+                                                std::vector<std::string>{"--prompt-file", file, "--prompt", "x"}}) {
+    std::vector<std::string> bad = base;
+    bad.insert(bad.end(), extra.begin(), extra.end());
+    std::ostringstream o, e;
+    EXPECT_EQ(RunGenerate(bad, o, e), 2);
+    EXPECT_NE(e.str().find("prompt"), std::string::npos) << e.str();
+    EXPECT_EQ(o.str(), "");
+  }
+}
+
 // `lede calibrate` writes the kernel tables and the round table the
 // measured cost model prices rounds from, and refuses bad round flags.
 TEST(CalibrateTest, WritesARoundTableAndRefusesBadRoundFlags) {

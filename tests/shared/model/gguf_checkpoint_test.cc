@@ -376,6 +376,41 @@ TEST(GgufCheckpointTest, LoadsAFileWrittenWithLlamaCppConventions) {
   EXPECT_EQ((*tok)->Decode(Greedy(path, *prompt)), (*tok)->Decode(want));
 }
 
+// A checkpoint whose eps is not the shortest decimal of a float32 (a
+// widened checkpoint's eps * d/D) keeps its architecture fingerprint
+// through a GGUF export (policies are matched by it); an exact key that
+// contradicts llama.cpp's float32 key is refused naming it.
+TEST(GgufCheckpointTest, ExportKeepsTheFingerprintOfAnInexactEps) {
+  testing::TempDir tmp;
+  auto src = LoadCheckpoint(kLedeTiny);
+  ASSERT_THAT(src, IsOk());
+  ModelConfig config = src->config;
+  config.rms_norm_eps = 1e-5 * 192 / 960;  // 2.0000000000000003e-06, as `lede widen --factor 5` computes it
+  ASSERT_NE(config.rms_norm_eps, 2e-6);
+  auto vocab = tokenizer::ReadVocabForGguf(*tokenizer::FindTokenizerFile(kLedeTiny));
+  ASSERT_THAT(vocab, IsOk());
+  const std::string gguf = (tmp.path() / "eps.gguf").string();
+  checkpoint::GgufWriter writer;
+  tokenizer::AddGgufTokenizerMetadata(*vocab, config.bos_id, config.eos_ids[0], &writer);
+  ASSERT_THAT(WriteGgufCheckpoint(gguf, config, src->tensors, checkpoint::GgmlType::kF32, &writer), IsOk());
+  auto back = LoadCheckpoint(gguf);
+  ASSERT_THAT(back, IsOk());
+  EXPECT_EQ(back->config.rms_norm_eps, config.rms_norm_eps);
+  EXPECT_EQ(back->config.ArchitectureFingerprint(), config.ArchitectureFingerprint());
+
+  // The same file with the exact key changed to another float32 value.
+  std::ifstream in(gguf, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  const std::string key = checkpoint::kExactRmsNormEpsKey;
+  const size_t at = bytes.find(key);
+  ASSERT_NE(at, std::string::npos);
+  const double other = 3e-6;
+  std::memcpy(&bytes[at + key.size() + 4], &other, sizeof(other));  // after the key: uint32 type, then the value
+  const std::string bad = (tmp.path() / "bad.gguf").string();
+  std::ofstream(bad, std::ios::binary) << bytes;
+  EXPECT_THAT(LoadCheckpoint(bad), StatusIs(StatusCode::kInvalidArgument, ::testing::HasSubstr(key)));
+}
+
 // A GGUF whose q/k rows were left in rotate-half order (no permutation) is
 // a different model: the test above would catch a loader that forgot it.
 TEST(GgufCheckpointTest, UnpermutedQkRowsChangeTheOutput) {
