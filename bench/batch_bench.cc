@@ -10,11 +10,24 @@
 // numbers are per call on the calling thread (--threads sets its intra-op
 // threads). Nothing here asserts.
 //
+// --kernel-rows R1,R2,... first times the packed few-row products alone
+// (cpu::MatMulRowsPacked, MatMulRowsPackedBf16, MatMulRowsPackedQ8_0) on
+// the model's gate/up shape [2F, d] and down shape [d, F] (random weights,
+// larger than the L3 cache at the memory-bound shapes) at each row count:
+// ms per product, GFLOP/s (2 x rows x out x in per second), and the
+// speed-up over rows x the one-row product (the most rows can share one
+// read of the weights). Its compute ceiling is the same product over a
+// 4 x in matrix that stays in L1 (GFLOP/s at 12 rows): the batched step
+// can gain at most rows x t(1 row) / (rows x flops / ceiling).
+//
 // usage: lede_batch_bench [--model models/lede-tiny] [--batches 1,2,4,8,16,32]
 //                         [--k 3] [--exit-layer 2] [--context 128] [--iters 50] [--threads 1]
-//                         [--json FILE]
+//                         [--work step,verify,draft] [--kernel-rows 1,2,4,8,16,32] [--json FILE]
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <random>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -28,6 +41,8 @@
 
 #include "shared/flags/flags.h"
 #include "shared/model/batch.h"
+#include "shared/model/cpu_kernels.h"
+#include "shared/model/cpu_quant_kernels.h"
 #include "shared/model/decoding.h"
 #include "shared/model/kv_cache.h"
 #include "shared/model/llama.h"
@@ -37,6 +52,72 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+// The packed few-row products alone (see the file comment), one row of the
+// JSON per (format, shape, rows).
+nlohmann::json KernelRows(int64_t d, int64_t F, const std::vector<int64_t>& rows, int64_t iters) {
+  namespace cpu = lede::model::cpu;
+  nlohmann::json out = nlohmann::json::array();
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  struct Shape {
+    const char* name;
+    int64_t out, in;
+  };
+  const Shape shapes[] = {{"gate_up", 2 * F, d}, {"down", d, F}, {"l1_ceiling", 4, d}};
+  int64_t max_rows = 1;
+  for (int64_t r : rows) max_rows = std::max(max_rows, r);
+  std::printf("\npacked few-row products (one thread): ms per product, GFLOP/s, speed-up over rows x 1 row\n");
+  std::printf("%-6s %-10s %6s %10s %9s %8s\n", "format", "shape", "rows", "ms", "GFLOP/s", "speedup");
+  for (const Shape& sh : shapes) {
+    std::vector<float> w(static_cast<size_t>(sh.out * sh.in)), packed(w.size());
+    for (float& v : w) v = normal(rng);
+    cpu::PackRows(w.data(), sh.out, sh.in, packed.data());
+    std::vector<uint16_t> bf16(static_cast<size_t>(cpu::PackedRowsPadded(sh.out) * sh.in));
+    cpu::PackRowsBf16(w.data(), sh.out, sh.in, bf16.data());
+    std::vector<cpu::BlockQ8_0> blocks(static_cast<size_t>(sh.out * sh.in / cpu::kQ8Block));
+    cpu::QuantizeRowsQ8_0(w.data(), sh.out, sh.in, blocks.data());
+    std::vector<uint8_t> q8(cpu::PackedQ8_0Bytes(sh.out, sh.in));
+    cpu::PackRowsQ8_0(blocks.data(), sh.out, sh.in, q8.data());
+    const int64_t ldy = sh.out + (std::getenv("PAD") ? 16 : 0);
+    std::vector<float> x(static_cast<size_t>(max_rows * sh.in)), y(static_cast<size_t>(max_rows * ldy));
+    for (float& v : x) v = normal(rng);
+    // A small matrix stays in L1: repeat it so that one timing is ~1 ms.
+    const int64_t reps = std::max<int64_t>(1, (int64_t{1} << 22) / (sh.out * sh.in));
+    for (const char* format : {"f32", "bf16", "q8_0"}) {
+      auto product = [&](int64_t n) {
+        for (int64_t k = 0; k < reps; ++k) {
+          if (format[0] == 'f') {
+            cpu::MatMulRowsPacked(x.data(), n, sh.in, packed.data(), sh.out, y.data(), ldy, false);
+          } else if (format[0] == 'b') {
+            cpu::MatMulRowsPackedBf16(x.data(), n, sh.in, bf16.data(), sh.out, y.data(), sh.out, false);
+          } else {
+            cpu::MatMulRowsPackedQ8_0(x.data(), n, sh.in, q8.data(), sh.out, y.data(), sh.out, false);
+          }
+        }
+      };
+      double one = 0;
+      for (int64_t n : rows) {
+        product(n);  // warm-up
+        std::vector<double> times;
+        for (int64_t it = 0; it < iters; ++it) {
+          auto t0 = Clock::now();
+          product(n);
+          times.push_back(Ms(Clock::now() - t0) / static_cast<double>(reps));
+        }
+        std::sort(times.begin(), times.end());
+        const double ms = times[times.size() / 2];  // median
+        if (n == rows.front()) one = ms / static_cast<double>(n);
+        const double gflops = 2.0 * static_cast<double>(n * sh.out * sh.in) / (ms * 1e6);
+        const double speedup = one * static_cast<double>(n) / ms;
+        std::printf("%-6s %-10s %6ld %10.4f %9.1f %7.2fx\n", format, sh.name, (long)n, ms, gflops, speedup);
+        out.push_back({{"format", format}, {"shape", sh.name}, {"out", sh.out}, {"in", sh.in}, {"rows", n},
+                       {"median_ms", ms}, {"gflops", gflops}, {"speedup_over_rows_x_one", speedup}});
+      }
+    }
+  }
+  return out;
+}
 
 // Writes `out` to `path`; the process's exit status (1 when it cannot).
 int WriteJson(const std::string& path, const nlohmann::json& out) {
@@ -59,6 +140,9 @@ int Run(const std::vector<std::string>& args) {
   flags.Add("iters", &iters, "timed steps per size");
   flags.Add("threads", &threads, "intra-op threads of this thread");
   flags.Add("json", &json_path, "also write the rows as JSON here");
+  std::string kernel_rows, work_kinds = "step,verify,draft";
+  flags.Add("work", &work_kinds, "kinds of work to time: step, verify, draft");
+  flags.Add("kernel-rows", &kernel_rows, "also time the packed products alone at these row counts (e.g. 1,2,4,8,16,32)");
   flags.Add("weights", &weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16 or q8_0");
   if (lede::Status s = flags.Parse(args); !s.ok()) {
     std::fprintf(stderr, "lede_batch_bench: %s\n%s", std::string(s.message()).c_str(), flags.Usage().c_str());
@@ -94,11 +178,19 @@ int Run(const std::vector<std::string>& args) {
   lede::model::Drafter drafter(m, *cache);
   std::vector<int32_t> prompt(context);
   for (int64_t i = 0; i < context; ++i) prompt[i] = static_cast<int32_t>(1 + (i * 37) % (m.config().vocab_size - 1));
+  nlohmann::json kernel_json = nlohmann::json::array();
+  if (!kernel_rows.empty()) {
+    std::vector<int64_t> kr;
+    std::stringstream ks(kernel_rows);
+    for (std::string t; std::getline(ks, t, ',');) kr.push_back(std::stoll(t));
+    kernel_json = KernelRows(m.config().dim, m.config().hidden_dim, kr, std::max<int64_t>(3, iters));
+  }
   std::printf("%s, context %ld, K=%ld at E=%ld, %ld threads (at::get_num_threads %d); ms per step\n",
               model_path.c_str(), (long)context, (long)k, (long)exit_layer, (long)threads, at::get_num_threads());
   std::printf("%6s %-7s %10s %10s %8s\n", "B", "work", "batched", "solo x B", "speedup");
   nlohmann::json rows = nlohmann::json::array();
   for (const char* kind : {"step", "verify", "draft"}) {
+    if (("," + work_kinds + ",").find(std::string(",") + kind + ",") == std::string::npos) continue;
     const bool verify = std::string(kind) == "verify", draft = std::string(kind) == "draft";
     for (int64_t B : sizes) {
       for (int64_t s = 0; s < B; ++s) (void)verifier.Prefill(s, prompt);
@@ -164,7 +256,7 @@ int Run(const std::vector<std::string>& args) {
   if (json_path.empty()) return 0;
   return WriteJson(json_path, {{"benchmark", "lede_batch_bench"}, {"model", model_path}, {"context", context},
                                {"k", k}, {"exit_layer", exit_layer}, {"iters", iters}, {"threads", threads},
-                               {"rows", rows}});
+                               {"rows", rows}, {"kernel_rows", kernel_json}});
 }
 
 }  // namespace
