@@ -303,6 +303,7 @@ def main():
     ap.add_argument("--max-batch", default="16", help="verifier --max-batch values, e.g. 1,16 (one run each)")
     ap.add_argument("--batch-threads", type=int, default=1, help="verifier --batch-threads")
     ap.add_argument("--batch-workers", type=int, default=2, help="verifier --batch-workers")
+    ap.add_argument("--batch-wait-fraction", type=float, help="verifier --batch-wait-fraction (default: its own)")
     ap.add_argument("--static-config", default="2,3", help="exit layer, draft length of the static method")
     ap.add_argument("--speculation-max-load", type=int, default=0,
                     help="coordinator --speculation-max-load (0 = no limit)")
@@ -338,7 +339,9 @@ def main():
             procs, port = services_bench.deploy(kind, a.build, tmp, ["--slots", str(a.slots), "--max-batch",
                                                                      str(max_batch), "--batch-threads",
                                                                      str(a.batch_threads), "--batch-workers",
-                                                                     str(a.batch_workers)],
+                                                                     str(a.batch_workers)] +
+                                                    (["--batch-wait-fraction", str(a.batch_wait_fraction)]
+                                                     if a.batch_wait_fraction is not None else []),
                                                 ["--speculation-max-load", str(a.speculation_max_load)])
             pids = [p.pid for p in procs]
             metrics_ports = deployment_metrics_ports(kind, tmp)

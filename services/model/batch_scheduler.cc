@@ -58,8 +58,9 @@ bool BatchScheduler::Submit(void* job, int64_t n_rows) {
   while (true) {
     mu_.Await(absl::Condition(&wake));
     if (entry.done) return true;
-    if (options_.max_wait > absl::ZeroDuration()) {
-      mu_.AwaitWithDeadline(absl::Condition(&filled), entry.arrival + options_.max_wait);
+    const absl::Duration max_wait = std::max(options_.max_wait, recent_run_ * options_.wait_fraction);
+    if (max_wait > absl::ZeroDuration()) {
+      mu_.AwaitWithDeadline(absl::Condition(&filled), entry.arrival + max_wait);
     }
     const int64_t take = ShareLocked();  // <= max_batch
     std::vector<Entry*> batch;
@@ -76,8 +77,11 @@ bool BatchScheduler::Submit(void* job, int64_t n_rows) {
     mu_.Unlock();
     if (options_.batch_size) options_.batch_size->Observe(static_cast<double>(batch.size()));
     if (options_.batch_rows) options_.batch_rows->Observe(static_cast<double>(rows));
+    const absl::Time start = absl::Now();
     run_(jobs);
+    const absl::Duration ran = absl::Now() - start;
     mu_.Lock();
+    recent_run_ = recent_run_ == absl::ZeroDuration() ? ran : (recent_run_ * 3 + ran) / 4;
     --n_running_;
     n_taken_ -= static_cast<int64_t>(batch.size());
     for (Entry* e : batch) e->done = true;  // their submitters wake when mu_ is released
