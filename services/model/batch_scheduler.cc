@@ -30,8 +30,13 @@ void BatchScheduler::set_n_sessions(int64_t n) {
 int64_t BatchScheduler::ShareLocked() const {
   const int64_t max_batch = std::max<int64_t>(1, options_.max_batch);
   if (n_sessions_ <= 0) return max_batch;  // sessions unknown: as many as wait
-  const int64_t free_places = std::max(1, std::max(1, options_.n_workers) - n_running_);
+  int64_t free_places = std::max(1, std::max(1, options_.n_workers) - n_running_);
   const int64_t to_come = std::max(n_sessions_ - n_taken_, static_cast<int64_t>(ready_.size()));
+  if (options_.min_split_rows > 0 && free_places > 1) {
+    const double rows = static_cast<double>(to_come) * recent_rows_;
+    free_places = std::clamp<int64_t>(static_cast<int64_t>(rows / static_cast<double>(options_.min_split_rows)),
+                                      1, free_places);
+  }
   return std::max<int64_t>(1, std::min(max_batch, (to_come + free_places - 1) / free_places));
 }
 
@@ -40,6 +45,7 @@ bool BatchScheduler::Submit(void* job, int64_t n_rows) {
   const int n_runners = std::max(1, options_.n_workers);
   absl::MutexLock lock(&mu_);
   if (stopping_) return false;
+  recent_rows_ = (recent_rows_ * 15 + static_cast<double>(std::max<int64_t>(1, n_rows))) / 16;
   ready_.push_back(&entry);
   // Done, or a runner's place is free and this job is the oldest waiting:
   // this thread runs the next batch (the oldest jobs, its own first). Only

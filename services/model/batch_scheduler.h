@@ -14,7 +14,8 @@
 //
 // Filling a batch: the open sessions (set_n_sessions) are shared out among
 // the runner places. The submitter that may start the next batch takes a
-// share of ceil(sessions still to come / free places) jobs, sessions still
+// share of ceil(sessions still to come / free places) jobs (fewer places
+// when the sessions bring few rows: min_split_rows), sessions still
 // to come being the open ones not in a running batch, and waits, up to
 // max_wait after its job arrived (or wait_fraction of the recent batches'
 // run time, when longer), until that many are there. A session
@@ -84,6 +85,14 @@ struct BatchSchedulerOptions {
   // and 16 autoregressive streams ran 3.3 sessions per step. 0: max_wait
   // alone.
   double wait_fraction = 0.0;
+  // With more than one runner: the open sessions are shared out among only
+  // as many places as they bring rows, min_split_rows each (rows per job
+  // averaged over recent jobs; --batch-split-rows). Below it a step is
+  // bound by reading the weights and two batches read them twice, where
+  // one batch shares the read: 16 autoregressive streams (1 row each) run
+  // as one batch, 16 LEDE rounds (K + 1 rows each) as two. 0: always
+  // share among the free places.
+  int64_t min_split_rows = 0;
   // Observed once per batch when not null (borrowed; outlive the scheduler).
   prometheus::Histogram* batch_size = nullptr;  // lede_iteration_batch_size
   prometheus::Histogram* batch_rows = nullptr;  // lede_iteration_tokens
@@ -139,6 +148,9 @@ class BatchScheduler {
   // Exponential average (weight 1/4 on the newest) of the run function's
   // wall time per batch; zero before the first batch.
   absl::Duration recent_run_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  // Exponential average (weight 1/16 on the newest) of the rows per
+  // submitted job.
+  double recent_rows_ ABSL_GUARDED_BY(mu_) = 1.0;
 };
 
 }  // namespace lede::model_service

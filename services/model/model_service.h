@@ -120,6 +120,12 @@ struct ModelServiceOptions {
   // On a model whose step is bound by reading the weights the sessions
   // share the read, so a full batch is worth part of a step's wait. >= 0.
   double batch_wait_fraction = 0.5;
+  // Verifier: with batch_workers > 1, the open sessions are split into
+  // concurrent batches only as far as each gets this many rows
+  // (--batch-split-rows; BatchScheduler's min_split_rows): fewer rows per
+  // step are bound by reading the weights, which one batch reads once for
+  // all. 0: always split. >= 0.
+  int64_t batch_split_rows = 16;
   // Decode-path kernels: "fused" (cpu_kernels, CPU float32) or "eager"
   // (libtorch reference); LoadModelHost refuses anything else with
   // kInvalidArgument. A string so this header stays torch-free.
