@@ -45,7 +45,11 @@ bool BatchScheduler::Submit(void* job, int64_t n_rows) {
   const int n_runners = std::max(1, options_.n_workers);
   absl::MutexLock lock(&mu_);
   if (stopping_) return false;
-  recent_rows_ = (recent_rows_ * 15 + static_cast<double>(std::max<int64_t>(1, n_rows))) / 16;
+  // A job of min_split_rows or more (a prefill chunk) is a step's worth of
+  // rows on its own and says nothing of the rows of the sessions' rounds.
+  if (n_rows < options_.min_split_rows) {
+    recent_rows_ = (recent_rows_ * 15 + static_cast<double>(std::max<int64_t>(1, n_rows))) / 16;
+  }
   ready_.push_back(&entry);
   // Done, or a runner's place is free and this job is the oldest waiting:
   // this thread runs the next batch (the oldest jobs, its own first). Only

@@ -87,7 +87,7 @@ struct BatchSchedulerOptions {
   double wait_fraction = 0.0;
   // With more than one runner: the open sessions are shared out among only
   // as many places as they bring rows, min_split_rows each (rows per job
-  // averaged over recent jobs; --batch-split-rows). Below it a step is
+  // averaged over recent jobs smaller than that; --batch-split-rows). Below it a step is
   // bound by reading the weights and two batches read them twice, where
   // one batch shares the read: 16 autoregressive streams (1 row each) run
   // as one batch, 16 LEDE rounds (K + 1 rows each) as two. 0: always
@@ -149,7 +149,9 @@ class BatchScheduler {
   // wall time per batch; zero before the first batch.
   absl::Duration recent_run_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
   // Exponential average (weight 1/16 on the newest) of the rows per
-  // submitted job.
+  // submitted job of fewer than min_split_rows rows (a session's round, not
+  // a prefill chunk: 25-token prompts of 16 sessions split 16 one-row
+  // autoregressive sessions into two batches for the next steps).
   double recent_rows_ ABSL_GUARDED_BY(mu_) = 1.0;
 };
 
