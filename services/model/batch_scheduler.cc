@@ -51,14 +51,21 @@ bool BatchScheduler::Submit(void* job, int64_t n_rows) {
     recent_rows_ = (recent_rows_ * 15 + static_cast<double>(std::max<int64_t>(1, n_rows))) / 16;
   }
   ready_.push_back(&entry);
+  ready_rows_ += n_rows;
   // Done, or a runner's place is free and this job is the oldest waiting:
   // this thread runs the next batch (the oldest jobs, its own first). Only
   // the oldest submitter wakes for a free place, not every waiter. A job
   // that another runner took is no longer in ready_ and waits for done
   // (front() of an empty deque is undefined: it once returned this entry's
   // stale slot and the thread ran empty batches in a loop).
+  // With min_split_rows, a second batch starts beside a running one only
+  // with that many rows waiting: fewer wait for the running batch to end
+  // and join the next one (two batches of 10 and 6 one-row sessions would
+  // read the weights twice per round, and stay apart from then on).
   auto wake = [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    return entry.done || (n_running_ < n_runners && !ready_.empty() && ready_.front() == &entry);
+    return entry.done || (n_running_ < n_runners && !ready_.empty() && ready_.front() == &entry &&
+                          (options_.min_split_rows <= 0 || n_running_ == 0 ||
+                           ready_rows_ >= options_.min_split_rows));
   };
   // The oldest, with a free place, waits for the batch to fill: only this
   // thread starts batches meanwhile, so its place and its job stay its own.
@@ -70,7 +77,11 @@ bool BatchScheduler::Submit(void* job, int64_t n_rows) {
     if (entry.done) return true;
     const absl::Duration max_wait = std::max(options_.max_wait, recent_run_ * options_.wait_fraction);
     if (max_wait > absl::ZeroDuration()) {
-      mu_.AwaitWithDeadline(absl::Condition(&filled), entry.arrival + max_wait);
+      // From when this job may start (its arrival, or the end of the batch
+      // it waited for): the sessions of a batch that just ended come back
+      // now, and a batch started without them splits the sessions into
+      // two groups that alternate from then on.
+      mu_.AwaitWithDeadline(absl::Condition(&filled), std::max(entry.arrival, absl::Now()) + max_wait);
     }
     const int64_t take = ShareLocked();  // <= max_batch
     std::vector<Entry*> batch;
@@ -80,6 +91,7 @@ bool BatchScheduler::Submit(void* job, int64_t n_rows) {
       batch.push_back(ready_.front());
       jobs.push_back(ready_.front()->job);
       rows += ready_.front()->n_rows;
+      ready_rows_ -= ready_.front()->n_rows;
       ready_.pop_front();
     }
     ++n_running_;

@@ -17,7 +17,7 @@
 // share of ceil(sessions still to come / free places) jobs (fewer places
 // when the sessions bring few rows: min_split_rows), sessions still
 // to come being the open ones not in a running batch, and waits, up to
-// max_wait after its job arrived (or wait_fraction of the recent batches'
+// max_wait after its job could start (or wait_fraction of the recent batches'
 // run time, when longer), until that many are there. A session
 // between two of its rounds (its coordinator streaming, its drafter
 // drafting) is a job that will come; starting without it split 16 AR
@@ -87,7 +87,8 @@ struct BatchSchedulerOptions {
   double wait_fraction = 0.0;
   // With more than one runner: the open sessions are shared out among only
   // as many places as they bring rows, min_split_rows each (rows per job
-  // averaged over recent jobs smaller than that; --batch-split-rows). Below it a step is
+  // averaged over recent jobs smaller than that; --batch-split-rows), and a
+  // batch starts beside a running one only with that many rows waiting. Below it a step is
   // bound by reading the weights and two batches read them twice, where
   // one batch shares the read: 16 autoregressive streams (1 row each) run
   // as one batch, 16 LEDE rounds (K + 1 rows each) as two. 0: always
@@ -153,6 +154,7 @@ class BatchScheduler {
   // a prefill chunk: 25-token prompts of 16 sessions split 16 one-row
   // autoregressive sessions into two batches for the next steps).
   double recent_rows_ ABSL_GUARDED_BY(mu_) = 1.0;
+  int64_t ready_rows_ ABSL_GUARDED_BY(mu_) = 0;  // rows of the jobs in ready_
 };
 
 }  // namespace lede::model_service
