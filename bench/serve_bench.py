@@ -21,6 +21,9 @@ the rest, so concurrency above the slot count measures queueing too.
 --max-batch 1,16 runs each deployment once per value: the verifier batches up
 to that many sessions' prefill chunks and verifications per step (continuous
 batching, issue 12; 1 = one sequence per pass on each handler thread).
+With --check-solo N it also sends, per deployment and method, N requests one at
+a time and then all N at once (N above --slots queues the rest), and reports how
+many completed and how many equal their solo runs token for token.
 Nothing here asserts: it prints numbers (and writes JSON with --json).
 
 With --replicas 1,2,3 it instead deploys that many co-located replicas behind
@@ -31,7 +34,7 @@ usage: bench/serve_bench.py [--concurrency 1,4,16,64] [--num-prompts 32] [--new-
                             [--methods lede,static,autoregressive] [--deployments split,co-located]
                             [--slots 16] [--max-batch 16] [--static-config 2,3] [--soak-s 0]
                             [--speculation-max-load 0]
-                            [--replicas 1,2,3]
+                            [--replicas 1,2,3] [--check-solo 24]
                             [--json FILE]
 """
 import argparse
@@ -145,6 +148,7 @@ class Request:
         self.chunk_times = []
         self.n_tokens = 0
         self.summary = None
+        self.ids = []
 
 
 def one_request(stub, pb, prompt, method, new_tokens, static_config):
@@ -162,6 +166,7 @@ def one_request(stub, pb, prompt, method, new_tokens, static_config):
                     r.ttft = now
                 r.chunk_times.append(now)
                 r.n_tokens += len(resp.delta.token_ids)
+                r.ids.extend(resp.delta.token_ids)
             else:
                 r.summary = resp.summary
         r.ok = True
@@ -169,6 +174,31 @@ def one_request(stub, pb, prompt, method, new_tokens, static_config):
         r.code = getattr(e, "code", lambda: None)()
     r.end = time.perf_counter() - t0
     return r
+
+
+def solo_check(port, pb, pb_grpc, prompts, method, n, new_tokens, static_config):
+    """n requests (prompt i % len) one at a time, then all n at once (those beyond the slots queue in the
+    verifier): how many completed, and how many streamed exactly the token ids of their solo run (greedy
+    decoding is lossless: batching must not change a token)."""
+    import grpc
+    with grpc.insecure_channel("127.0.0.1:%d" % port) as channel:
+        stub = pb_grpc.GenerationStub(channel)
+        solo = [one_request(stub, pb, prompts[i % len(prompts)], method, new_tokens, static_config)
+                for i in range(n)]
+        loaded = [None] * n
+
+        def client(i):
+            loaded[i] = one_request(stub, pb, prompts[i % len(prompts)], method, new_tokens, static_config)
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    equal = [i for i in range(n) if solo[i].ok and loaded[i].ok and solo[i].ids == loaded[i].ids]
+    return {"method": method, "requests": n, "completed": sum(1 for r in loaded if r.ok),
+            "solo_completed": sum(1 for r in solo if r.ok), "equal_to_solo": len(equal),
+            "differ": [i for i in range(n) if i not in equal],
+            "tokens": sum(len(r.ids) for r in loaded if r.ok)}
 
 
 BATCH_HISTOGRAMS = {"verifier": "lede_iteration_batch_size", "drafter": "lede_draft_batch_size"}
@@ -303,6 +333,10 @@ def main():
     ap.add_argument("--max-batch", default="16", help="verifier --max-batch values, e.g. 1,16 (one run each)")
     ap.add_argument("--batch-threads", type=int, default=1, help="verifier --batch-threads")
     ap.add_argument("--batch-workers", type=int, default=2, help="verifier --batch-workers")
+    ap.add_argument("--batch-wait-fraction", type=float, help="verifier --batch-wait-fraction (default: its own)")
+    ap.add_argument("--check-solo", type=int, default=0,
+                    help="also send this many requests at once per method (e.g. 24 on 16 slots) and compare each "
+                         "one's tokens with its solo run on the same deployment")
     ap.add_argument("--static-config", default="2,3", help="exit layer, draft length of the static method")
     ap.add_argument("--speculation-max-load", type=int, default=0,
                     help="coordinator --speculation-max-load (0 = no limit)")
@@ -333,12 +367,15 @@ def main():
     if a.replicas:
         return run_replicas(a, pb, pb_grpc, prompts, methods[0], max(levels), static_config)
     fitted = False
+    solo_checks = []
     with tempfile.TemporaryDirectory() as tmp:
         for kind, max_batch in [(k, int(b)) for k in a.deployments.split(",") for b in a.max_batch.split(",")]:
             procs, port = services_bench.deploy(kind, a.build, tmp, ["--slots", str(a.slots), "--max-batch",
                                                                      str(max_batch), "--batch-threads",
                                                                      str(a.batch_threads), "--batch-workers",
-                                                                     str(a.batch_workers)],
+                                                                     str(a.batch_workers)] +
+                                                    (["--batch-wait-fraction", str(a.batch_wait_fraction)]
+                                                     if a.batch_wait_fraction is not None else []),
                                                 ["--speculation-max-load", str(a.speculation_max_load)])
             pids = [p.pid for p in procs]
             metrics_ports = deployment_metrics_ports(kind, tmp)
@@ -382,6 +419,15 @@ def main():
                                   + "  (cores busy %.2f)" % row["cores_busy"]
                                   + "".join("  %s sessions/step %.2f" % kv for kv in
                                             row["sessions_per_step"].items()), flush=True)
+                if a.check_solo:
+                    for m in methods:
+                        check = solo_check(port, pb, pb_grpc, prompts, m, a.check_solo, a.new_tokens, static_config)
+                        check["deployment"] = kind
+                        check["max_batch"] = max_batch
+                        solo_checks.append(check)
+                        print("  %-10s B=%-3d %-14s %d concurrent requests on %d slots: %d completed, %d equal their "
+                              "solo runs" % (kind, max_batch, m, check["requests"], a.slots, check["completed"],
+                                             check["equal_to_solo"]), flush=True)
                 usage[(kind + " B=%d" % max_batch, "end")] = proc_usage(pids)
             finally:
                 services_bench.stop(procs)
@@ -408,6 +454,7 @@ def main():
             json.dump({"rows": rows, "prompts": len(prompts), "new_tokens": a.new_tokens, "slots": a.slots,
                        "max_batch": a.max_batch,
                        "static_config": static_config,
+                       "solo_checks": solo_checks,
                        "usage": {"%s/%s" % k: {str(p): x for p, x in u.items()} for k, u in usage.items()}},
                       f, indent=1)
     return 0

@@ -98,6 +98,12 @@ COMMANDS = {
          "bench/record.py bench/results/serve-widen5.json -- bench/serve_bench.py --model out/lede-tiny-w5 "
          "--prompt-file models/lede-tiny/prompts/story.jsonl --deployments split --methods autoregressive,lede "
          "--concurrency 1,16 --max-batch 1,16 --num-prompts 32 --new-tokens 64 --json {json}"),
+    "bench/results/serve-widen5-batch.json":
+        ("serve_bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/lede-tiny-w5 && "
+         "build/trainer/lede-init-policy --model out/lede-tiny-w5 --policy-root out/lede-tiny-w5/policy && "
+         "bench/record.py bench/results/serve-widen5-batch.json -- bench/serve_bench.py --model out/lede-tiny-w5 "
+         "--prompt-file models/lede-tiny/prompts/story.jsonl --deployments split --methods autoregressive,lede "
+         "--concurrency 1,16 --max-batch 1,16 --num-prompts 32 --new-tokens 64 --check-solo 24 --json {json}"),
     "bench/results/lede-tiny-weight-formats.json":
         ("weight_formats_quality", "for w in f32 bf16 q8_0; do build/trainer/lede-eval-exits --model models/lede-tiny "
          "--calibration models/lede-tiny/calibration-cpu.json --data testdata/corpus/tinystories_val_a.txt "
@@ -345,11 +351,16 @@ def serve_table(data, opts):
                      f"{ms(r['ttft'], 'mean_ms')} / {ms(r['ttft'], 'p99_ms')}",
                      f"{ms(r['tpot'], 'mean_ms', '{:.2f}')} / {ms(r['tpot'], 'p99_ms', '{:.2f}')}",
                      f"{ms(r['itl'], 'mean_ms', '{:.2f}')} / {ms(r['itl'], 'p99_ms', '{:.2f}')}",
-                     num(r.get("acceptance_rate"), "{:.3f}")])
+                     num(r.get("acceptance_rate"), "{:.3f}"),
+                     num(r.get("sessions_per_step", {}).get("verifier"), "{:.1f}")])
+    checks = "".join(
+        f"\n\n{c['requests']} {c['method']} requests at once on {data['slots']} slots (max batch "
+        f"{c['max_batch']}): {c['completed']} completed, {c['equal_to_solo']} equal to their solo runs."
+        for c in data.get("solo_checks", []))
     return (f"{data['prompts']} prompts, {data['new_tokens']} new tokens, {data['slots']} KV slots; times in ms "
-            "(mean / p99).\n\n"
+            "(mean / p99); sessions per verifier step.\n\n"
             + table(["deployment", "max batch", "method", "clients", "done", "req/s", "output tok/s", "TTFT",
-                     "TPOT", "ITL", "acceptance"], body))
+                     "TPOT", "ITL", "acceptance", "sessions/step"], body) + checks)
 
 
 def services_table(data, opts):

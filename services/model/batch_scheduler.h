@@ -14,16 +14,18 @@
 //
 // Filling a batch: the open sessions (set_n_sessions) are shared out among
 // the runner places. The submitter that may start the next batch takes a
-// share of ceil(sessions still to come / free places) jobs, sessions still
+// share of ceil(sessions still to come / free places) jobs (fewer places
+// when the sessions bring few rows: min_split_rows), sessions still
 // to come being the open ones not in a running batch, and waits, up to
-// max_wait after its job arrived, until that many are there. A session
+// max_wait after its job could start (or wait_fraction of the recent batches'
+// run time, when longer), until that many are there. A session
 // between two of its rounds (its coordinator streaming, its drafter
 // drafting) is a job that will come; starting without it split 16 AR
 // streams into batches of one or two (75% of the steps ran alone, each at
 // the price of a solo step), and one batch of every session would leave
 // the second runner, and a core, idle. With one runner the share is every
 // session (vLLM's one batch per step); at one open session, sessions
-// unknown, or max_wait 0, a job runs at once, as without a scheduler
+// unknown, or max_wait and wait_fraction 0, a job runs at once, as without a scheduler
 // (Triton's dynamic batcher has the same two knobs: preferred batch size
 // and max queue delay).
 //
@@ -72,6 +74,26 @@ struct BatchSchedulerOptions {
   // Longest a batch's start waits for sessions still to come (see the file
   // comment; --batch-wait-us). Zero: start as soon as a runner is free.
   absl::Duration max_wait = absl::ZeroDuration();
+  // The wait may also run to this fraction of the recent batches' run time
+  // (an average of the last few, wall-clock), when that is longer than
+  // max_wait (--batch-wait-fraction). A step bound by reading the weights
+  // costs about as much with 16 sessions as with 4 (issue 36: the
+  // factor-5 model's 16-row step was 2.4x a 1-row step), so a batch that
+  // waits a fraction of a step for the sessions between their rounds gains
+  // more than the wait costs; a fixed 500 us was shorter than one
+  // session's round trip through the coordinator on a busy 2-core machine,
+  // and 16 autoregressive streams ran 3.3 sessions per step. 0: max_wait
+  // alone.
+  double wait_fraction = 0.0;
+  // With more than one runner: the open sessions are shared out among only
+  // as many places as they bring rows, min_split_rows each (rows per job
+  // averaged over recent jobs smaller than that; --batch-split-rows), and a
+  // batch starts beside a running one only with that many rows waiting. Below it a step is
+  // bound by reading the weights and two batches read them twice, where
+  // one batch shares the read: 16 autoregressive streams (1 row each) run
+  // as one batch, 16 LEDE rounds (K + 1 rows each) as two. 0: always
+  // share among the free places.
+  int64_t min_split_rows = 0;
   // Observed once per batch when not null (borrowed; outlive the scheduler).
   prometheus::Histogram* batch_size = nullptr;  // lede_iteration_batch_size
   prometheus::Histogram* batch_rows = nullptr;  // lede_iteration_tokens
@@ -124,6 +146,15 @@ class BatchScheduler {
   int n_running_ ABSL_GUARDED_BY(mu_) = 0;  // batches running now
   int64_t n_taken_ ABSL_GUARDED_BY(mu_) = 0;   // jobs in the batches running now
   int64_t n_sessions_ ABSL_GUARDED_BY(mu_) = 0;  // set_n_sessions; 0 = unknown
+  // Exponential average (weight 1/4 on the newest) of the run function's
+  // wall time per batch; zero before the first batch.
+  absl::Duration recent_run_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  // Exponential average (weight 1/16 on the newest) of the rows per
+  // submitted job of fewer than min_split_rows rows (a session's round, not
+  // a prefill chunk: 25-token prompts of 16 sessions split 16 one-row
+  // autoregressive sessions into two batches for the next steps).
+  double recent_rows_ ABSL_GUARDED_BY(mu_) = 1.0;
+  int64_t ready_rows_ ABSL_GUARDED_BY(mu_) = 0;  // rows of the jobs in ready_
 };
 
 }  // namespace lede::model_service

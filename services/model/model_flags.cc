@@ -25,6 +25,12 @@ void AddModelFlags(flags::FlagSet* flags, ModelFlags* v) {
              "batched steps that may run at once, per service (each on a handler thread)");
   flags->Add("batch-wait-us", &v->batch_wait_us,
              "verifier: longest a batched step waits for open sessions still between rounds (0 = never waits)");
+  flags->Add("batch-wait-fraction", &o.batch_wait_fraction,
+             "verifier: a batched step may also wait this fraction of the recent steps' run time for those "
+             "sessions, when longer than --batch-wait-us (0 = --batch-wait-us alone)");
+  flags->Add("batch-split-rows", &o.batch_split_rows,
+             "verifier: with --batch-workers > 1, split the sessions into concurrent batches only as far as each "
+             "gets this many rows (0 = always split)");
   flags->Add("capacity", &v->capacity, "tokens per KV slot (0 = the model's context window)");
   flags->Add("max-draft-len", &v->max_draft_len, "largest draft length the pool's scratch holds");
   flags->Add("calibration", &o.calibration_path,
@@ -76,6 +82,11 @@ Status FinishModelFlags(ModelFlags* v) {
   if (Status s = CheckRange("batch-threads", v->batch_threads, 1, 256); !s.ok()) return s;
   if (Status s = CheckRange("batch-workers", v->batch_workers, 1, 64); !s.ok()) return s;
   if (Status s = CheckRange("batch-wait-us", v->batch_wait_us, 0, 1000000); !s.ok()) return s;
+  if (Status s = CheckRange("batch-split-rows", o.batch_split_rows, 0, 1000000); !s.ok()) return s;
+  if (!(o.batch_wait_fraction >= 0 && o.batch_wait_fraction <= 10)) {
+    return InvalidArgumentError("--batch-wait-fraction: must be in [0, 10], got " +
+                                std::to_string(o.batch_wait_fraction));
+  }
   StatusOr<rpc::InternalToken> token = rpc::InternalToken::LoadIfSet(v->server.internal_token_file);
   if (!token.ok()) return token.status();
   o.internal_token = *std::move(token);

@@ -114,6 +114,18 @@ struct ModelServiceOptions {
   // before it starts without them (--batch-wait-us; BatchScheduler's
   // max_wait). One open session never waits. Zero: start at once.
   absl::Duration batch_wait = absl::Microseconds(500);
+  // Verifier: a batched step may also wait up to this fraction of the
+  // recent steps' run time for those sessions (--batch-wait-fraction;
+  // BatchScheduler's wait_fraction), when that is longer than batch_wait.
+  // On a model whose step is bound by reading the weights the sessions
+  // share the read, so a full batch is worth part of a step's wait. >= 0.
+  double batch_wait_fraction = 0.5;
+  // Verifier: with batch_workers > 1, the open sessions are split into
+  // concurrent batches only as far as each gets this many rows
+  // (--batch-split-rows; BatchScheduler's min_split_rows): fewer rows per
+  // step are bound by reading the weights, which one batch reads once for
+  // all. 0: always split. >= 0.
+  int64_t batch_split_rows = 16;
   // Decode-path kernels: "fused" (cpu_kernels, CPU float32) or "eager"
   // (libtorch reference); LoadModelHost refuses anything else with
   // kInvalidArgument. A string so this header stays torch-free.

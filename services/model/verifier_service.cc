@@ -283,6 +283,8 @@ VerifierService::VerifierService(std::shared_ptr<ModelHost> host)
     o.max_batch = impl_->host->options.max_batch;
     o.n_workers = impl_->host->options.batch_workers;
     o.max_wait = impl_->host->options.batch_wait;
+    o.wait_fraction = impl_->host->options.batch_wait_fraction;
+    o.min_split_rows = impl_->host->options.batch_split_rows;
     if (impl_->host->metrics) {
       o.batch_size = &impl_->host->metrics->iteration_batch_size;
       o.batch_rows = &impl_->host->metrics->iteration_tokens;

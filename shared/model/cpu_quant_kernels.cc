@@ -287,6 +287,11 @@ void Q8Rows(const int8_t* xq, const float* xd, int64_t n, int64_t in, const uint
 #pragma GCC diagnostic ignored "-Wuninitialized"
 namespace avx512 {
 
+// How far ahead (bytes) the packed kernels prefetch the weight stream, as
+// the float32 kernel (cpu_kernels.cc kPrefetchAhead): the hardware
+// prefetcher alone falls behind once several rows share each line.
+constexpr int64_t kPrefetchAheadBytes = 8192;
+
 inline float Hsum8(__m256 v) { return avx2::Hsum(v); }
 
 inline __m512 Broadcast8(const float* p) { return _mm512_broadcast_f32x8(_mm256_loadu_ps(p)); }
@@ -315,6 +320,8 @@ void Bf16Block(const float* x, int64_t in, const uint16_t* b, float* y, int64_t 
   int64_t i = 0;
   for (; i + 16 <= in; i += 16) {
     const uint16_t* chunk = b + 4 * i;
+    _mm_prefetch(reinterpret_cast<const char*>(chunk) + kPrefetchAheadBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(chunk) + kPrefetchAheadBytes + 64, _MM_HINT_T0);
     const __m512 w01 = Bf16x16(chunk), w23 = Bf16x16(chunk + 16);
     const __m512 v01 = Bf16x16(chunk + 32), v23 = Bf16x16(chunk + 48);
     #pragma GCC unroll 8
@@ -371,6 +378,10 @@ void Q8Block(const int8_t* xq, const float* xd, int64_t nb, int64_t in, const ui
   #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) a01[r] = _mm512_setzero_ps(), a23[r] = _mm512_setzero_ps();
   for (int64_t j = 0; j < nb; ++j, g += kQ8PackedGroup) {
+    // 136 bytes a group: three lines ahead cover every line of the stream.
+    _mm_prefetch(reinterpret_cast<const char*>(g) + kPrefetchAheadBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(g) + kPrefetchAheadBytes + 64, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(g) + kPrefetchAheadBytes + 128, _MM_HINT_T0);
     const __m512 ws =
         _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(g))));
     const __m512 s01 = _mm512_permutexvar_ps(idx01, ws), s23 = _mm512_permutexvar_ps(idx23, ws);

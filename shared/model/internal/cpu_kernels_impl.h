@@ -151,6 +151,8 @@ void MatMulRowsPacked(const float* x, int64_t n, int64_t in, const float* w, int
       F8 a[4] = {}, c[4] = {}, e[4] = {};
       for (int64_t i = 0; i < in; i += 8) {
         const float* chunk = b + 4 * i;
+        __builtin_prefetch(chunk + kPrefetchAhead);
+        __builtin_prefetch(chunk + kPrefetchAhead + 16);
         const F8 u0 = Load8(x0 + i), u1 = Load8(x1 + i), u2 = Load8(x2 + i);
         // One W chunk in a register at a time: 12 + 3 + 1 = 16 registers.
         for (int k = 0; k < 4; ++k) {
@@ -170,6 +172,8 @@ void MatMulRowsPacked(const float* x, int64_t n, int64_t in, const float* w, int
       F8 a[4] = {}, c[4] = {};
       for (int64_t i = 0; i < in; i += 8) {
         const float* chunk = b + 4 * i;
+        __builtin_prefetch(chunk + kPrefetchAhead);
+        __builtin_prefetch(chunk + kPrefetchAhead + 16);
         const F8 u0 = Load8(x0 + i), u1 = Load8(x1 + i);
         for (int k = 0; k < 4; ++k) {
           const F8 v = Load8(chunk + 8 * k);
@@ -185,6 +189,8 @@ void MatMulRowsPacked(const float* x, int64_t n, int64_t in, const float* w, int
       F8 a[4] = {};
       for (int64_t i = 0; i < in; i += 8) {
         const float* chunk = b + 4 * i;
+        __builtin_prefetch(chunk + kPrefetchAhead);
+        __builtin_prefetch(chunk + kPrefetchAhead + 16);
         const F8 xv = Load8(xr + i);
         a[0] += Load8(chunk) * xv;
         a[1] += Load8(chunk + 8) * xv;

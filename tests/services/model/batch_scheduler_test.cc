@@ -172,6 +172,38 @@ TEST(BatchSchedulerTest, TwoRunnersSplitTheOpenSessionsBetweenThem) {
   EXPECT_THAT(batches[1], ElementsAre(2, 3));
 }
 
+// With min_split_rows, sessions that bring few rows stay in one batch (a
+// step bound by reading the weights shares that read): 4 one-row sessions,
+// two runners, 8 rows per split: one batch of all 4.
+TEST(BatchSchedulerTest, TwoRunnersKeepFewRowsInOneBatch) {
+  BatchLog log;
+  BatchSchedulerOptions o;
+  o.max_batch = 16;
+  o.n_workers = 2;
+  o.max_wait = absl::Hours(1);
+  o.min_split_rows = 8;
+  BatchScheduler scheduler(o, [&](const std::vector<void*>& jobs) { log.Record(jobs); });
+  scheduler.set_n_sessions(4);
+  std::vector<Job> jobs(4);
+  for (int i = 0; i < 4; ++i) jobs[i].id = i;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] { EXPECT_TRUE(scheduler.Submit(&jobs[i], 1)); });
+    ASSERT_TRUE(lede::testing::WaitUntil(
+        [&] {
+          absl::MutexLock lock(&log.mu);
+          size_t queued = 0;
+          for (const auto& b : log.batches) queued += b.size();
+          return queued + static_cast<size_t>(scheduler.n_ready()) == static_cast<size_t>(i + 1);
+        },
+        std::chrono::seconds(10), std::chrono::milliseconds(1)));
+  }
+  for (std::thread& t : threads) t.join();
+  absl::MutexLock lock(&log.mu);
+  ASSERT_EQ(log.batches.size(), 1u);
+  EXPECT_THAT(log.batches[0], ElementsAre(0, 1, 2, 3));
+}
+
 // Many submitters at once, one or two scheduler threads: every job runs
 // exactly once, no batch is larger than max_batch, and no batch is empty (a
 // submitter whose job another runner took waits for it; it once read the
