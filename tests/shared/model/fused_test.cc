@@ -627,6 +627,103 @@ TEST(WeightFormatModelTest, MatricesHoldTheFormatsValues) {
   }
 }
 
+// Bytes of one matrix [out, in] packed in format f (cpu_quant_kernels.h).
+int64_t PackedBytes(WeightFormat f, int64_t out, int64_t in) {
+  return f == WeightFormat::kBf16 ? cpu::PackedRowsPadded(out) * in * 2
+                                  : static_cast<int64_t>(cpu::PackedQ8_0Bytes(out, in));
+}
+
+// What a fused bf16 / q8_0 model should hold: the packed matrices, the
+// float32 norms, and an untied embedding table of embed_bytes_per_weight.
+int64_t ExpectedPackedOnlyBytes(const ModelConfig& c, WeightFormat f, int64_t embed_bytes_per_weight) {
+  const int64_t d = c.dim, hd = c.head_dim(), F = c.hidden_dim, V = c.vocab_size;
+  int64_t total = PackedBytes(f, V, d) + d * 4;  // LM head, final norm
+  if (!c.tie_word_embeddings) total += V * d * embed_bytes_per_weight;
+  total += c.n_layers * (PackedBytes(f, (c.n_heads + 2 * c.n_kv_heads) * hd, d) + PackedBytes(f, d, c.n_heads * hd) +
+                         PackedBytes(f, 2 * F, d) + PackedBytes(f, d, F) + 2 * d * 4);
+  return total;
+}
+
+// Checks a packed-only fused model against the eager reference of the same
+// weights: no float32 copy of any packed matrix is held, logits agree
+// within the formats' tolerances (prefill, steps, verification shapes, exit
+// probes, K/V), the eager path on the fused model itself (cache-free pass)
+// computes with the same dequantized weights as the reference, and
+// NamedTensors() gives the reference's values.
+void ExpectPackedOnly(const LlamaModel& fused, const LlamaModel& eager, WeightFormat f,
+                      int64_t embed_bytes_per_weight) {
+  ASSERT_TRUE(fused.fused());
+  ASSERT_EQ(fused.weight_format(), f);
+  const int64_t expected = ExpectedPackedOnlyBytes(fused.config(), f, embed_bytes_per_weight);
+  EXPECT_EQ(fused.resident_weight_bytes(), expected) << WeightFormatName(f);
+  const int64_t norms = (2 * fused.config().n_layers + 1) * fused.config().dim * 4;
+  const int64_t embed = fused.config().tie_word_embeddings
+                            ? 0
+                            : fused.config().vocab_size * fused.config().dim * embed_bytes_per_weight;
+  EXPECT_EQ(fused.packed_weight_bytes(), expected - norms - embed);
+  const bool q8 = f == WeightFormat::kQ8_0;
+  ExpectMatchesEager(fused, eager, {1, 5, 9, 3, 17, 2}, 24, q8 ? kQ8RelativeTolerance : kBf16LogitTolerance,
+                     nullptr, q8);
+  const auto a = fused.NamedTensors(), b = eager.NamedTensors();
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : b) EXPECT_TRUE(at::equal(a.at(name), t)) << WeightFormatName(f) << " " << name;
+  EXPECT_EQ(fused.resident_weight_bytes(), expected) << "NamedTensors() keeps no copy";
+  {
+    c10::InferenceMode guard;
+    at::Tensor ids = Ids({1, 7, 11, 4});
+    const int64_t L = fused.n_layers();
+    at::Tensor lf = fused.ExitLogits(fused.Forward(fused.Embed(ids), 0, L, 0, nullptr, 0));
+    at::Tensor le = eager.ExitLogits(eager.Forward(eager.Embed(ids), 0, L, 0, nullptr, 0));
+    EXPECT_LT(MaxAbsDiff(lf, le), 1e-5) << WeightFormatName(f) << ": cache-free (eager) pass";
+  }
+  EXPECT_GT(fused.resident_weight_bytes(), expected) << "the eager pass materialized float32 matrices";
+}
+
+// bf16 / q8_0 on the fused path keep only the packed matrices (issue 35: a
+// bf16 Llama-3.2-1B fits in its bf16 bytes): tied and untied heads.
+TEST(WeightFormatModelTest, FusedPackedModelHoldsNoFloat32Matrices) {
+  for (bool tied : {true, false}) {
+    for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kQ8_0}) {
+      ModelOptions fo, eo;
+      fo.weights = eo.weights = f;
+      eo.kernels = Kernels::kEager;
+      auto fused = LlamaModel::RandomInit(testing::TinyConfig(tied), 11, fo, 0.3);
+      auto eager = LlamaModel::RandomInit(testing::TinyConfig(tied), 11, eo, 0.3);
+      ASSERT_THAT(fused, IsOk());
+      ASSERT_THAT(eager, IsOk());
+      SCOPED_TRACE(tied ? "tied" : "untied");
+      ExpectPackedOnly(**fused, **eager, f, /*embed_bytes_per_weight=*/4);  // an f32 source's embedding
+    }
+  }
+}
+
+// A BF16 safetensors checkpoint loads as bf16 (auto) straight from the
+// file's storage: the untied embedding stays bf16, every matrix packed
+// only; q8_0 from the same file too. Writable weights keep float32 tensors.
+TEST(WeightFormatModelTest, Bf16CheckpointLoadsPackedOnly) {
+  lede::testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string dir = tmp.path().string();
+  auto random = LlamaModel::RandomInit(testing::TinyConfig(/*tied=*/false), 3, ModelOptions{}, 0.3);
+  ASSERT_THAT(random, IsOk());
+  ASSERT_THAT((*random)->SaveHf(dir), IsOk());
+  ASSERT_THAT(WriteSafetensors(dir + "/model.safetensors", (*random)->NamedTensors(), "BF16"), IsOk());
+  for (WeightFormat f : {WeightFormat::kAuto, WeightFormat::kQ8_0}) {
+    std::unique_ptr<LlamaModel> fused = LoadAs(dir, Kernels::kFused, f);
+    std::unique_ptr<LlamaModel> eager = LoadAs(dir, Kernels::kEager, f);
+    ASSERT_NE(fused, nullptr);
+    ASSERT_NE(eager, nullptr);
+    const WeightFormat stored = f == WeightFormat::kAuto ? WeightFormat::kBf16 : f;
+    ExpectPackedOnly(*fused, *eager, stored, /*embed_bytes_per_weight=*/2);
+  }
+  ModelOptions writable;
+  writable.writable_weights = true;
+  auto w = LlamaModel::Load(dir, writable);
+  ASSERT_THAT(w, IsOk());
+  EXPECT_EQ((*w)->weight_format(), WeightFormat::kBf16);
+  EXPECT_GT((*w)->resident_weight_bytes(), 2 * (*w)->packed_weight_bytes()) << "float32 tensors beside the packed";
+}
+
 // A ragged batch on the fused q8_0 / bf16 path gives each segment's rows
 // bitwise as a fused call of that segment alone (every weight block read
 // once for all rows; rows computed independently).
