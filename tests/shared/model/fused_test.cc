@@ -644,26 +644,59 @@ int64_t ExpectedPackedOnlyBytes(const ModelConfig& c, WeightFormat f, int64_t em
   return total;
 }
 
-// Checks a packed-only fused model against the eager reference of the same
-// weights: no float32 copy of any packed matrix is held, logits agree
-// within the formats' tolerances (prefill, steps, verification shapes, exit
-// probes, K/V), the eager path on the fused model itself (cache-free pass)
-// computes with the same dequantized weights as the reference, and
-// NamedTensors() gives the reference's values.
-void ExpectPackedOnly(const LlamaModel& fused, const LlamaModel& eager, WeightFormat f,
+// Checks a packed-only fused model: no float32 copy of any packed matrix is
+// held; its logits are bitwise those of a fused model of the same weights
+// that keeps float32 tensors beside the packed ones (`kept`: writable
+// weights, the layout before issue 35's memory work); at bf16 they agree
+// with the eager reference (`eager`) within 1e-4 at every step,
+// verification shape, exit probe and K/V (q8_0's activation rounding is far
+// coarser on this 32-wide random model: its agreement with the reference is
+// checked on real models above, Q8FusedMatchesDequantizedEagerOnLedeTiny and
+// FormatsMatchDequantizedEagerOnBabyLlama, which load packed only too);
+// the eager path on the fused model itself (a cache-free pass) runs on the
+// same dequantized weights as the reference, and NamedTensors() gives the
+// reference's values without keeping a copy.
+void ExpectPackedOnly(const LlamaModel& fused, const LlamaModel& kept, const LlamaModel& eager, WeightFormat f,
                       int64_t embed_bytes_per_weight) {
   ASSERT_TRUE(fused.fused());
+  ASSERT_TRUE(kept.fused());
   ASSERT_EQ(fused.weight_format(), f);
-  const int64_t expected = ExpectedPackedOnlyBytes(fused.config(), f, embed_bytes_per_weight);
+  ASSERT_EQ(kept.weight_format(), f);
+  const ModelConfig& c = fused.config();
+  const int64_t expected = ExpectedPackedOnlyBytes(c, f, embed_bytes_per_weight);
   EXPECT_EQ(fused.resident_weight_bytes(), expected) << WeightFormatName(f);
-  const int64_t norms = (2 * fused.config().n_layers + 1) * fused.config().dim * 4;
-  const int64_t embed = fused.config().tie_word_embeddings
-                            ? 0
-                            : fused.config().vocab_size * fused.config().dim * embed_bytes_per_weight;
+  const int64_t norms = (2 * c.n_layers + 1) * c.dim * 4;
+  const int64_t embed = c.tie_word_embeddings ? 0 : c.vocab_size * c.dim * embed_bytes_per_weight;
   EXPECT_EQ(fused.packed_weight_bytes(), expected - norms - embed);
-  const bool q8 = f == WeightFormat::kQ8_0;
-  ExpectMatchesEager(fused, eager, {1, 5, 9, 3, 17, 2}, 24, q8 ? kQ8RelativeTolerance : kBf16LogitTolerance,
-                     nullptr, q8);
+  EXPECT_EQ(kept.packed_weight_bytes(), fused.packed_weight_bytes());
+  EXPECT_GT(kept.resident_weight_bytes(), 2 * fused.packed_weight_bytes()) << "float32 tensors beside";
+  const int64_t L = fused.n_layers();
+  {
+    c10::InferenceMode guard;
+    KvCacheOptions ko;
+    ko.capacity = 64;
+    auto ca = KvCache::Create(c, ko);
+    auto cb = KvCache::Create(c, ko);
+    auto ce = KvCache::Create(c, ko);
+    ASSERT_THAT(ca, IsOk());
+    ASSERT_THAT(cb, IsOk());
+    ASSERT_THAT(ce, IsOk());
+    auto run = [&](const LlamaModel& m, KvCache& cache, const std::vector<int64_t>& ids, int64_t pos) {
+      return m.ExitLogits(m.Forward(m.Embed(Ids(ids)), 0, L, pos, &cache, 0));
+    };
+    std::vector<int64_t> ids = {1, 5, 9, 3, 17, 2};
+    int64_t pos = 0;
+    for (int step = 0; step < 8; ++step) {
+      at::Tensor a = run(fused, *ca, ids, pos), b = run(kept, *cb, ids, pos), e = run(eager, *ce, ids, pos);
+      EXPECT_TRUE(at::equal(a, b)) << WeightFormatName(f) << " step " << step;
+      pos += static_cast<int64_t>(ids.size());
+      ids = {e[0][-1].argmax().item<int64_t>()};
+      if (step == 3) ids = {4, 8, 15, 16};  // a verification-shaped pass
+    }
+  }
+  if (f == WeightFormat::kBf16) {
+    ExpectMatchesEager(fused, eager, {1, 5, 9, 3, 17, 2}, 24, kBf16LogitTolerance);
+  }
   const auto a = fused.NamedTensors(), b = eager.NamedTensors();
   ASSERT_EQ(a.size(), b.size());
   for (const auto& [name, t] : b) EXPECT_TRUE(at::equal(a.at(name), t)) << WeightFormatName(f) << " " << name;
@@ -671,10 +704,9 @@ void ExpectPackedOnly(const LlamaModel& fused, const LlamaModel& eager, WeightFo
   {
     c10::InferenceMode guard;
     at::Tensor ids = Ids({1, 7, 11, 4});
-    const int64_t L = fused.n_layers();
-    at::Tensor lf = fused.ExitLogits(fused.Forward(fused.Embed(ids), 0, L, 0, nullptr, 0));
-    at::Tensor le = eager.ExitLogits(eager.Forward(eager.Embed(ids), 0, L, 0, nullptr, 0));
-    EXPECT_LT(MaxAbsDiff(lf, le), 1e-5) << WeightFormatName(f) << ": cache-free (eager) pass";
+    at::Tensor hf = fused.Forward(fused.Embed(ids), 0, L, 0, nullptr, 0);  // cache-free: the eager blocks
+    at::Tensor he = eager.Forward(eager.Embed(ids), 0, L, 0, nullptr, 0);
+    EXPECT_LT(MaxAbsDiff(hf, he), 1e-5) << WeightFormatName(f) << ": cache-free (eager) pass";
   }
   EXPECT_GT(fused.resident_weight_bytes(), expected) << "the eager pass materialized float32 matrices";
 }
@@ -684,22 +716,25 @@ void ExpectPackedOnly(const LlamaModel& fused, const LlamaModel& eager, WeightFo
 TEST(WeightFormatModelTest, FusedPackedModelHoldsNoFloat32Matrices) {
   for (bool tied : {true, false}) {
     for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kQ8_0}) {
-      ModelOptions fo, eo;
-      fo.weights = eo.weights = f;
+      ModelOptions fo, ko, eo;
+      fo.weights = ko.weights = eo.weights = f;
+      ko.writable_weights = true;
       eo.kernels = Kernels::kEager;
       auto fused = LlamaModel::RandomInit(testing::TinyConfig(tied), 11, fo, 0.3);
+      auto kept = LlamaModel::RandomInit(testing::TinyConfig(tied), 11, ko, 0.3);
       auto eager = LlamaModel::RandomInit(testing::TinyConfig(tied), 11, eo, 0.3);
       ASSERT_THAT(fused, IsOk());
+      ASSERT_THAT(kept, IsOk());
       ASSERT_THAT(eager, IsOk());
       SCOPED_TRACE(tied ? "tied" : "untied");
-      ExpectPackedOnly(**fused, **eager, f, /*embed_bytes_per_weight=*/4);  // an f32 source's embedding
+      ExpectPackedOnly(**fused, **kept, **eager, f, /*embed_bytes_per_weight=*/4);  // an f32 source's embedding
     }
   }
 }
 
 // A BF16 safetensors checkpoint loads as bf16 (auto) straight from the
 // file's storage: the untied embedding stays bf16, every matrix packed
-// only; q8_0 from the same file too. Writable weights keep float32 tensors.
+// only; q8_0 from the same file too.
 TEST(WeightFormatModelTest, Bf16CheckpointLoadsPackedOnly) {
   lede::testing::TempDir tmp;
   ASSERT_FALSE(tmp.path().empty());
@@ -709,19 +744,19 @@ TEST(WeightFormatModelTest, Bf16CheckpointLoadsPackedOnly) {
   ASSERT_THAT((*random)->SaveHf(dir), IsOk());
   ASSERT_THAT(WriteSafetensors(dir + "/model.safetensors", (*random)->NamedTensors(), "BF16"), IsOk());
   for (WeightFormat f : {WeightFormat::kAuto, WeightFormat::kQ8_0}) {
-    std::unique_ptr<LlamaModel> fused = LoadAs(dir, Kernels::kFused, f);
-    std::unique_ptr<LlamaModel> eager = LoadAs(dir, Kernels::kEager, f);
-    ASSERT_NE(fused, nullptr);
-    ASSERT_NE(eager, nullptr);
+    ModelOptions fo, ko, eo;
+    fo.weights = ko.weights = eo.weights = f;
+    ko.writable_weights = true;
+    eo.kernels = Kernels::kEager;
+    auto fused = LlamaModel::Load(dir, fo);
+    auto kept = LlamaModel::Load(dir, ko);
+    auto eager = LlamaModel::Load(dir, eo);
+    ASSERT_THAT(fused, IsOk());
+    ASSERT_THAT(kept, IsOk());
+    ASSERT_THAT(eager, IsOk());
     const WeightFormat stored = f == WeightFormat::kAuto ? WeightFormat::kBf16 : f;
-    ExpectPackedOnly(*fused, *eager, stored, /*embed_bytes_per_weight=*/2);
+    ExpectPackedOnly(**fused, **kept, **eager, stored, /*embed_bytes_per_weight=*/2);
   }
-  ModelOptions writable;
-  writable.writable_weights = true;
-  auto w = LlamaModel::Load(dir, writable);
-  ASSERT_THAT(w, IsOk());
-  EXPECT_EQ((*w)->weight_format(), WeightFormat::kBf16);
-  EXPECT_GT((*w)->resident_weight_bytes(), 2 * (*w)->packed_weight_bytes()) << "float32 tensors beside the packed";
 }
 
 // A ragged batch on the fused q8_0 / bf16 path gives each segment's rows
