@@ -376,16 +376,23 @@ def engine_isolated_table(data, opts):
     for r in data["isolated"]:
         vs = r.get("tokens_per_s_vs_f32") or 0
         vs_cpu = r.get("tokens_per_cpu_s_vs_f32") or 0
+        def spread(runs, fmt="{:,.1f}", scale=1):
+            return f"{fmt.format(min(runs) * scale)}-{fmt.format(max(runs) * scale)}" if runs else "-"
+
         body.append([os.path.basename(r["model"].rstrip("/")), r["weights"], num(r["load_s"], "{:.1f}"),
                      num(r["peak_rss_bytes_after_load"] / gib, "{:.2f}"), num(r["peak_rss_bytes"] / gib, "{:.2f}"),
                      num(r["resident_weight_bytes"] / gib, "{:.2f}"),
-                     num(r["tokens_per_s"], "{:,.1f}") + (f" ({x(vs)})" if vs else ""),
-                     num(r["weight_gb_per_s"], "{:.1f}"), f"{100 * r['share_of_read_roofline']:.0f}%",
-                     num(r["tokens_per_cpu_s"], "{:,.1f}") + (f" ({x(vs_cpu)})" if vs_cpu else ""),
-                     f"{100 * r['share_of_read_roofline_per_cpu_s']:.0f}%", r["rounds"]])
+                     num(r["tokens_per_s"], "{:,.1f}") + (f" ({x(vs)})" if vs else "")
+                     + f" [{spread(r['tokens_per_s_runs'])}]",
+                     num(r["weight_gb_per_s"], "{:.1f}"),
+                     f"{100 * r['share_of_read_roofline']:.0f}% [{spread(r['share_of_read_roofline_runs'], '{:.0f}', 100)}%]",
+                     num(r["tokens_per_cpu_s"], "{:,.1f}") + (f" ({x(vs_cpu)})" if vs_cpu else "")
+                     + f" [{spread(r['tokens_per_cpu_s_runs'])}]",
+                     f"{100 * r['share_of_read_roofline_per_cpu_s']:.0f}% "
+                     f"[{spread(r['share_of_read_roofline_per_cpu_s_runs'], '{:.0f}', 100)}%]", r["rounds"]])
     return (f"Fused kernels, greedy autoregressive from BOS, {data['tokens']} new tokens, {data['threads']} "
             f"thread(s); each weight format in a process of its own, {data['repeats']} rounds interleaved, "
-            "medians (peak RSS: the largest, getrusage). Each process measures the read roofline (256 MiB) "
+            "medians [range over the rounds] (peak RSS: the largest, getrusage). Each process measures the read roofline (256 MiB) "
             "before its load and after its decode; a run's share is its weight GB/s (packed bytes of a step x "
             "tok/s) over the mean of the two. \"per CPU s\" counts the decoding thread's CPU time instead of "
             "the wall clock (the roofline's too): what a core nobody else shares would do.\n\n"
