@@ -294,10 +294,13 @@ void LlamaModel::PackParts(const std::vector<at::Tensor>& parts, const at::Tenso
     p->q8.resize(cpu::PackedQ8_0Bytes(out, in));
   }
   // Chunks of kChunk rows (a multiple of 4: each chunk is the packed layout
-  // of its rows), converted through a buffer of the chunk only.
+  // of its rows), converted through a buffer of the chunk only. On the
+  // calling thread: at::parallel_for here took the 1B smoke checkpoint's
+  // load from 13 s to 190 s on this busy 2-core VM (2 threads spinning at
+  // each matrix's join while the other was descheduled).
   constexpr int64_t kChunk = 64;
   const int64_t n_chunks = (out + kChunk - 1) / kChunk;
-  at::parallel_for(0, n_chunks, 1, [&](int64_t c0, int64_t c1) {
+  auto pack_chunks = [&](int64_t c0, int64_t c1) {
     const bool raw_bf16 = weights_ == WeightFormat::kBf16 && all_bf16;
     at::Tensor buf = at::empty({kChunk, in}, raw_bf16 ? at::kBFloat16 : at::kFloat);
     std::vector<cpu::BlockQ8_0> blocks;
@@ -327,7 +330,8 @@ void LlamaModel::PackParts(const std::vector<at::Tensor>& parts, const at::Tenso
         cpu::PackRowsQ8_0(blocks.data(), n, in, p->q8.data() + cpu::PackedQ8_0Offset(r0, in));
       }
     }
-  });
+  };
+  pack_chunks(0, n_chunks);
 }
 
 at::Tensor LlamaModel::Dense(const at::Tensor& w, const PackedWeight& p, bool keep) const {
@@ -336,14 +340,11 @@ at::Tensor LlamaModel::Dense(const at::Tensor& w, const PackedWeight& p, bool ke
   if (p.dense.defined()) return p.dense;
   TORCH_CHECK(p.bytes() > 0, "a matrix has neither a tensor nor a packed form");
   at::Tensor t = at::empty({p.rows, p.in}, at::kFloat);
-  at::parallel_for(0, p.rows, 64, [&](int64_t r0, int64_t r1) {
-    float* dst = t.data_ptr<float>() + r0 * p.in;
-    if (p.format == WeightFormat::kBf16) {
-      cpu::UnpackRowsBf16(p.bf16.data(), p.in, r0, r1, dst);
-    } else {
-      cpu::UnpackRowsQ8_0(p.q8.data(), p.in, r0, r1, dst);
-    }
-  });
+  if (p.format == WeightFormat::kBf16) {
+    cpu::UnpackRowsBf16(p.bf16.data(), p.in, 0, p.rows, t.data_ptr<float>());
+  } else {
+    cpu::UnpackRowsQ8_0(p.q8.data(), p.in, 0, p.rows, t.data_ptr<float>());
+  }
   if (keep) p.dense = t;
   return t;
 }

@@ -296,7 +296,11 @@ class LlamaModel {
   at::Tensor FinalNorm(const at::Tensor& hidden) const;
 
   // The trainable tensors (fused layouts: wqkv [(H+2Hkv)*hd, d],
-  // w13 [2*hidden, d]); the trainer sets requires_grad on them.
+  // w13 [2*hidden, d]); the trainer sets requires_grad on them. On a model
+  // whose bf16 / q8_0 matrices are packed only (ModelOptions::weights) the
+  // matrices are float32 copies dequantized from the packed ones (made once,
+  // then kept): updating them does not change what the fused path reads;
+  // load with writable_weights to train.
   std::vector<at::Tensor> Parameters() const;
 
   // Weights under Hugging Face names, rotate-half convention, float32 CPU
