@@ -7,7 +7,8 @@
 # `lede calibrate` measures it. Prints load time, peak RSS and tokens/s.
 # About 2.5 GB on disk; loads as bf16 (--weights auto: every matrix packed
 # straight from the file's bf16, no float32 copy; issue 35) in about 2.7 GiB
-# of peak RSS for `lede generate` (LEDE_SMOKE_WEIGHTS=f32 for the old
+# of peak RSS for `lede generate`, 2.8 GiB for `lede calibrate` (measured
+# 2026-12-04; LEDE_SMOKE_WEIGHTS=f32 for the old
 # float32 path: about 5 GiB more); a few minutes on 2 cores. Not part of the default ctest run
 # (configure with -DLEDE_SMOKE_TESTS=ON for a `smoke`-labelled test).
 #
