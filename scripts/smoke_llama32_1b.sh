@@ -8,8 +8,9 @@
 # About 2.5 GB on disk; loads as bf16 (--weights auto: every matrix packed
 # straight from the file's bf16, no float32 copy; issue 35) in about 2.7 GiB
 # of peak RSS for `lede generate`, 2.8 GiB for `lede calibrate` (measured
-# 2026-12-04; LEDE_SMOKE_WEIGHTS=f32 for the old
-# float32 path: about 5 GiB more); a few minutes on 2 cores. Not part of the default ctest run
+# 2026-12-04; LEDE_SMOKE_WEIGHTS=f32 for the float32 path, which holds the
+# f32 tensors and a packed f32 copy: about 4x that, not measured here); a
+# few minutes on 2 cores. Not part of the default ctest run
 # (configure with -DLEDE_SMOKE_TESTS=ON for a `smoke`-labelled test).
 #
 #   scripts/smoke_llama32_1b.sh [BUILD_DIR]
