@@ -27,6 +27,17 @@
 //    {"dram_read_gb_per_s": X, "llc_read_gb_per_s": Y} (GB = 1e9 bytes,
 //    one core, median of the timed passes), and exits: other benchmarks
 //    (bench/llamacpp_bench.mjs) take this machine's roofline from here.
+// 2c. --isolate (issue 35: weight memory): each (model, --weights) variant
+//    runs in a process of its own (this binary re-run with --child-weights;
+//    fused kernels, autoregressive only), --repeats rounds interleaved
+//    across the variants: each child loads the model (load seconds, peak
+//    RSS after the load: getrusage ru_maxrss), generates --tokens greedy
+//    tokens after a short warm-up and reports tok/s, the weight bytes of a
+//    step (LlamaModel::packed_weight_bytes) x tok/s as GB/s and its share of
+//    the read roofline this process measured, the bytes of weights the
+//    model holds (resident_weight_bytes) and the peak RSS at the end.
+//    Medians over rounds (peak RSS: the largest). The rows go to the JSON's
+//    "isolated" list.
 // 4. With --after-prefill, on the default kernels: the latency of each of
 //    the first autoregressive steps after a prefill of P tokens (P = 24 and
 //    96), median over 15 generations, against the warm steps of the same
@@ -35,11 +46,12 @@
 // usage: lede_engine_bench [--models A,B] [--tokens N] [--threads N]
 //                          [--repeats N] [--kernels eager,fused] [--detail]
 //                          [--after-prefill] [--weights f32,bf16,q8_0]
-//                          [--json FILE] [--no-gemv] [--roofline-only]
+//                          [--json FILE] [--no-gemv] [--roofline-only] [--isolate]
 // (default models: testdata/models/stories260K, babyllama-tok105 and
 // models/lede-tiny; threads 1, as the issue's numbers.)
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -77,20 +89,29 @@ double Seconds(F&& f) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// GB/s of summing a buffer of `bytes` (read only), median of `reps` passes.
-double ReadBandwidthGbs(int64_t bytes, int reps) {
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+// GB/s of summing a buffer of `bytes` (read only), median of `reps` passes;
+// *per_cpu_s (optional): the same per second of this thread's CPU time.
+double ReadBandwidthGbs(int64_t bytes, int reps, double* per_cpu_s = nullptr) {
   const int64_t n = bytes / 4;
   std::vector<float> a(n, 1.0f), ones(8192, 1.0f);
   volatile float sink = 0;
-  std::vector<double> t;
+  std::vector<double> t, c;
   for (int r = 0; r < reps + 1; ++r) {
+    const double c0 = ThreadCpuSeconds();
     const double s = Seconds([&] {
       float acc = 0;
       for (int64_t i = 0; i < n; i += 8192) acc += cpu::Dot(a.data() + i, ones.data(), std::min<int64_t>(8192, n - i));
       sink = sink + acc;
     });
-    if (r > 0) t.push_back(s);  // the first pass faults the pages in
+    if (r > 0) t.push_back(s), c.push_back(ThreadCpuSeconds() - c0);  // the first pass faults the pages in
   }
+  if (per_cpu_s != nullptr) *per_cpu_s = bytes / Median(c) / 1e9;
   return bytes / Median(t) / 1e9;
 }
 
@@ -315,6 +336,171 @@ void BenchModel(const std::string& path, const std::vector<Variant>& variants, i
   if (after_prefill) AfterPrefillTable(models.back());
 }
 
+// Peak resident set of this process so far, bytes (ru_maxrss is in KiB).
+int64_t PeakRssBytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;
+}
+
+// --child-weights: one variant in this process (see 2c in the file
+// comment); prints one line "child-json {...}" on stdout. Returns the exit
+// status.
+int RunChild(const std::string& path, WeightFormat weights, int64_t n_tokens) {
+  ModelOptions mo;
+  mo.kernels = Kernels::kFused;
+  mo.weights = weights;
+  // The read roofline of this core now, before the load (its buffer is
+  // freed before the model's peak) and again after the decode.
+  double roof_cpu_before = 0, roof_cpu_after = 0;
+  const double roof_before = ReadBandwidthGbs(256ll << 20, 3, &roof_cpu_before);
+  const int64_t rss_before = PeakRssBytes();
+  std::unique_ptr<LlamaModel> loaded;
+  ModelConfig random_shape;
+  const double load_s = Seconds([&] {
+    auto m = ParseRandomShape(path, &random_shape) ? LlamaModel::RandomInit(random_shape, /*seed=*/1, mo)
+                                                   : LlamaModel::Load(path, mo);
+    if (m.ok()) {
+      loaded = std::move(*m);
+    } else {
+      std::fprintf(stderr, "load %s: %s\n", path.c_str(), m.status().ToString().c_str());
+    }
+  });
+  if (loaded == nullptr) return 1;
+  const int64_t rss_load = PeakRssBytes();
+  std::shared_ptr<const LlamaModel> model = std::move(loaded);
+  KvCacheOptions ko;
+  ko.max_draft_len = 16;
+  ko.capacity = std::min<int64_t>(model->config().max_seq_len, n_tokens + 64);
+  auto engine = Engine::Create(model, ko);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "engine: %s\n", engine.status().ToString().c_str());
+    return 1;
+  }
+  std::vector<int32_t> prompt = {static_cast<int32_t>(model->config().bos_id)};
+  GenerateOptions ar;
+  ar.stop_at_eos = false;
+  ar.max_new_tokens = 4;
+  Measure(**engine, prompt, ar);  // warm-up: scratch, KV pages
+  ar.max_new_tokens = n_tokens;
+  const Run run = Measure(**engine, prompt, ar);
+  const int64_t rss_peak = PeakRssBytes();
+  const int64_t resident = model->resident_weight_bytes(), packed = model->packed_weight_bytes();
+  const std::string format = WeightFormatName(model->weight_format());
+  engine->reset();
+  model.reset();  // the roofline's buffer does not stack on the model's pages
+  const double roof_after = ReadBandwidthGbs(256ll << 20, 3, &roof_cpu_after);
+  const nlohmann::json out = {{"weights", format},
+                              {"read_roofline_gb_per_s", {roof_before, roof_after}},
+                              {"read_roofline_gb_per_cpu_s", {roof_cpu_before, roof_cpu_after}},
+                              {"load_s", load_s},
+                              {"peak_rss_bytes_before_load", rss_before},
+                              {"peak_rss_bytes_after_load", rss_load},
+                              {"peak_rss_bytes", rss_peak},
+                              {"resident_weight_bytes", resident},
+                              {"packed_weight_bytes", packed},
+                              {"tokens_per_s", run.tps},
+                              {"tokens_per_cpu_s", run.cpu_tps},
+                              {"weight_gb_per_s", run.gbs},
+                              {"weight_gb_per_cpu_s", run.tps > 0 ? run.gbs * run.cpu_tps / run.tps : 0.0},
+                              {"tokens", run.tokens}};
+  std::printf("child-json %s\n", out.dump().c_str());
+  return 0;
+}
+
+// --isolate: the variants of one model, each in a child process, --repeats
+// rounds interleaved (2c in the file comment).
+void IsolatedRuns(const std::string& exe, const std::string& path, const std::vector<WeightFormat>& formats,
+                  int64_t n_tokens, int64_t threads, int repeats, double dram_gbs, nlohmann::json* rows) {
+  std::vector<std::vector<nlohmann::json>> runs(formats.size());
+  for (int r = 0; r < repeats; ++r) {
+    for (size_t k = 0; k < formats.size(); ++k) {
+      const std::string cmd = "'" + exe + "' --models '" + path + "' --tokens " + std::to_string(n_tokens) +
+                              " --threads " + std::to_string(threads) + " --child-weights " +
+                              WeightFormatName(formats[k]);
+      FILE* p = popen(cmd.c_str(), "r");
+      if (p == nullptr) continue;
+      std::string line, got;
+      char buf[1 << 12];
+      while (std::fgets(buf, sizeof(buf), p) != nullptr) {
+        line += buf;
+        if (!line.empty() && line.back() == '\n') {
+          if (line.rfind("child-json ", 0) == 0) got = line.substr(11);
+          line.clear();
+        }
+      }
+      if (pclose(p) != 0 || got.empty()) {
+        std::fprintf(stderr, "isolated run failed: %s\n", cmd.c_str());
+        continue;
+      }
+      runs[k].push_back(nlohmann::json::parse(got));
+    }
+  }
+  std::printf("\n== %s, each variant in its own process (fused, AR, %lld tokens, %d rounds interleaved)\n",
+              path.c_str(), static_cast<long long>(n_tokens), repeats);
+  // Shares of the roofline: each run's GB/s over the mean of the read
+  // rooflines its own process measured just before the load and after the
+  // decode (wall clock; and per CPU second of the thread, which discounts
+  // the time other processes held this core).
+  std::printf("%-5s %7s %9s %9s %9s %8s %7s %6s %7s %9s %6s %6s\n", "wts", "load s", "RSS load", "peak RSS",
+              "wts held", "tok/s", "GB/s", "%roof", "vs f32", "cpu tok/s", "%roofc", "rounds");
+  double f32_tps = 0, f32_cpu_tps = 0;
+  for (size_t k = 0; k < formats.size(); ++k) {
+    if (runs[k].empty()) continue;
+    std::vector<double> tps, gbs, load, cpu_tps, share, cpu_share, roof, cpu_roof;
+    int64_t peak = 0, peak_load = 0;
+    for (const auto& j : runs[k]) {
+      tps.push_back(j["tokens_per_s"]), gbs.push_back(j["weight_gb_per_s"]), load.push_back(j["load_s"]);
+      cpu_tps.push_back(j["tokens_per_cpu_s"]);
+      const double rw = (j["read_roofline_gb_per_s"][0].get<double>() + j["read_roofline_gb_per_s"][1].get<double>()) / 2;
+      const double rc =
+          (j["read_roofline_gb_per_cpu_s"][0].get<double>() + j["read_roofline_gb_per_cpu_s"][1].get<double>()) / 2;
+      roof.push_back(rw), cpu_roof.push_back(rc);
+      share.push_back(rw > 0 ? j["weight_gb_per_s"].get<double>() / rw : 0.0);
+      cpu_share.push_back(rc > 0 ? j["weight_gb_per_cpu_s"].get<double>() / rc : 0.0);
+      peak = std::max<int64_t>(peak, j["peak_rss_bytes"]);
+      peak_load = std::max<int64_t>(peak_load, j["peak_rss_bytes_after_load"]);
+    }
+    const nlohmann::json& last = runs[k].back();
+    const double t = Median(tps), g = Median(gbs), ct = Median(cpu_tps);
+    if (formats[k] == WeightFormat::kF32) f32_tps = t, f32_cpu_tps = ct;
+    char ratio[32] = "-";
+    if (f32_tps > 0) std::snprintf(ratio, sizeof(ratio), "%.2fx", t / f32_tps);
+    const std::vector<int32_t> tokens = last["tokens"].get<std::vector<int32_t>>();
+    std::printf("%-5s %7.2f %7.2fGi %7.2fGi %7.2fGi %8.2f %7.2f %5.0f%% %7s %9.2f %5.0f%% %6zu\n",
+                last["weights"].get<std::string>().c_str(), Median(load), peak_load / 1073741824.0,
+                peak / 1073741824.0, last["resident_weight_bytes"].get<int64_t>() / 1073741824.0, t, g,
+                100 * Median(share), ratio, ct, 100 * Median(cpu_share), runs[k].size());
+    rows->push_back({{"model", path},
+                     {"method", "ar"},
+                     {"kernels", "fused"},
+                     {"weights", last["weights"]},
+                     {"rounds", runs[k].size()},
+                     {"load_s", Median(load)},
+                     {"load_s_runs", load},
+                     {"peak_rss_bytes_after_load", peak_load},
+                     {"peak_rss_bytes", peak},
+                     {"resident_weight_bytes", last["resident_weight_bytes"]},
+                     {"packed_weight_bytes", last["packed_weight_bytes"]},
+                     {"tokens_per_s", t},
+                     {"tokens_per_s_runs", tps},
+                     {"tokens_per_cpu_s", ct},
+                     {"tokens_per_cpu_s_runs", cpu_tps},
+                     {"tokens_per_s_vs_f32", f32_tps > 0 ? t / f32_tps : 0.0},
+                     {"tokens_per_cpu_s_vs_f32", f32_cpu_tps > 0 ? ct / f32_cpu_tps : 0.0},
+                     {"weight_gb_per_s", g},
+                     {"read_roofline_gb_per_s_runs", roof},
+                     {"read_roofline_gb_per_cpu_s_runs", cpu_roof},
+                     {"share_of_read_roofline", Median(share)},
+                     {"share_of_read_roofline_runs", share},
+                     {"share_of_read_roofline_per_cpu_s", Median(cpu_share)},
+                     {"share_of_read_roofline_per_cpu_s_runs", cpu_share},
+                     {"share_of_parent_read_roofline", dram_gbs > 0 ? g / dram_gbs : 0.0},
+                     {"greedy_ids", tokens.size() > 16 ? std::vector<int32_t>(tokens.begin(), tokens.begin() + 16)
+                                                       : tokens}});
+  }
+}
+
 void DetailTables(const std::shared_ptr<const LlamaModel>& model, int64_t n_tokens) {
   const ModelConfig& c = model->config();
   const int64_t L = c.n_layers;
@@ -478,7 +664,8 @@ int main(int argc, char** argv) {
       "testdata/models/stories260K,testdata/models/babyllama-tok105/model5000.bin,models/lede-tiny";
   std::string kernels_flag = "eager,fused";
   std::string weights_flag = "auto", json_path;
-  bool no_gemv = false, roofline_only = false;
+  bool no_gemv = false, roofline_only = false, isolate = false;
+  std::string child_weights;
   lede::flags::FlagSet flags;
   flags.Add("models", &models_flag, "comma-separated model paths (checkpoint directory or llama2.c .bin)");
   flags.Add("tokens", &n_tokens, "new tokens per generation (greedy, prompt = BOS)");
@@ -491,6 +678,9 @@ int main(int argc, char** argv) {
   flags.Add("json", &json_path, "write the results here (default bench/results/engine_bench-<UTC time>.json)");
   flags.Add("no-gemv", &no_gemv, "skip the matrix-vector kernel table");
   flags.Add("roofline-only", &roofline_only, "print the read bandwidths (DRAM, LLC) as one JSON line and exit");
+  flags.Add("isolate", &isolate,
+            "each --weights variant in its own process: load time, peak RSS, AR tok/s (fused only)");
+  flags.Add("child-weights", &child_weights, "internal (--isolate): run one variant of the first model here");
   if (lede::flags::WantsHelp(args)) {
     std::printf("usage: lede_engine_bench [flags]\n%s", flags.Usage().c_str());
     return 0;
@@ -528,6 +718,16 @@ int main(int argc, char** argv) {
   }
   if (threads > 0) at::set_num_threads(static_cast<int>(threads));
   c10::InferenceMode inference_mode;
+  if (!child_weights.empty()) {
+    auto parsed = ParseWeightFormat(child_weights);
+    const auto models = lede::flags::SplitList(models_flag);
+    if (!parsed.ok() || models.empty()) {
+      std::fprintf(stderr, "lede_engine_bench: --child-weights needs a format and --models\n");
+      return 2;
+    }
+    SetFusedThreads(static_cast<int>(std::max<int64_t>(1, threads)));
+    return RunChild(models[0], *parsed, n_tokens);
+  }
   std::printf("LEDE engine benchmark: greedy, prompt = BOS, %lld new tokens, threads=%d, medians of %lld interleaved runs\n",
               static_cast<long long>(n_tokens), at::get_num_threads(), static_cast<long long>(repeats));
   const double dram_gbs = ReadBandwidthGbs(256ll << 20, 5), llc_gbs = ReadBandwidthGbs(16ll << 20, 20);
@@ -536,8 +736,17 @@ int main(int argc, char** argv) {
               "sgemm 512^3 %.1f GFLOP/s\n", dram_gbs, llc_gbs, sgemm);
   std::printf("quantized kernels: %s\n", cpu::QuantIsaName(cpu::BestQuantIsa()));
   if (!no_gemv) GemvTable();
-  nlohmann::json rows = nlohmann::json::array();
+  nlohmann::json rows = nlohmann::json::array(), isolated = nlohmann::json::array();
   for (const std::string& m : lede::flags::SplitList(models_flag)) {
+    if (isolate) {
+      std::vector<WeightFormat> formats;
+      for (const Variant& v : variants) {
+        if (std::find(formats.begin(), formats.end(), v.weights) == formats.end()) formats.push_back(v.weights);
+      }
+      IsolatedRuns(std::filesystem::read_symlink("/proc/self/exe").string(), m, formats, n_tokens, threads,
+                   static_cast<int>(repeats), dram_gbs, &isolated);
+      continue;
+    }
     BenchModel(m, variants, n_tokens, static_cast<int>(repeats), detail, after_prefill, dram_gbs, &rows);
   }
   // The JSON record: command, commit, date, machine, roofline, rows.
@@ -570,6 +779,7 @@ int main(int argc, char** argv) {
       {"repeats", repeats},
       {"roofline", {{"dram_read_gb_per_s", dram_gbs}, {"llc_read_gb_per_s", llc_gbs}, {"sgemm_gflop_per_s", sgemm}}},
       {"rows", rows}};
+  if (isolate) report["isolated"] = isolated;
   if (json_path.empty()) {
     char stamp[32];
     std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", std::gmtime(&now));

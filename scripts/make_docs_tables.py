@@ -131,6 +131,16 @@ COMMANDS = {
     "bench/results/engine.json":
         ("lede_engine_bench", "bench/record.py bench/results/engine.json -- build/bench/lede_engine_bench "
          "--tokens 200 --repeats 5 --threads 1 --json {json}"),
+    "bench/results/engine_bench-memory-llama32-1b.json":
+        ("lede_engine_bench isolated", "scripts/smoke_llama32_1b.sh   # once: writes build/smoke/llama32-1b\n"
+         "bench/record.py bench/results/engine_bench-memory-llama32-1b.json -- build/bench/lede_engine_bench "
+         "--models build/smoke/llama32-1b --kernels fused --weights bf16,q8_0 --isolate --repeats 3 --tokens 32 "
+         "--threads 1 --no-gemv --json {json}"),
+    "bench/results/engine_bench-memory-w5.json":
+        ("lede_engine_bench isolated", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/w5\n"
+         "bench/record.py bench/results/engine_bench-memory-w5.json -- build/bench/lede_engine_bench "
+         "--models out/w5 --kernels fused --weights f32,bf16,q8_0 --isolate --repeats 5 --tokens 64 "
+         "--threads 1 --no-gemv --json {json}"),
     "bench/results/batch.json":
         ("lede_batch_bench", "bench/record.py bench/results/batch.json -- build/bench/lede_batch_bench "
          f"--model {MODEL} --batches 1,2,4,8,16 --context 128 --threads 1 --json {{json}}"),
@@ -387,6 +397,37 @@ def engine_table(data, opts):
                      "GFLOP/s", "same greedy ids"], body))
 
 
+def engine_isolated_table(data, opts):
+    gib = 1024 ** 3
+    body = []
+    for r in data["isolated"]:
+        vs = r.get("tokens_per_s_vs_f32") or 0
+        vs_cpu = r.get("tokens_per_cpu_s_vs_f32") or 0
+        def spread(runs, fmt="{:,.1f}", scale=1):
+            return f"{fmt.format(min(runs) * scale)}-{fmt.format(max(runs) * scale)}" if runs else "-"
+
+        body.append([os.path.basename(r["model"].rstrip("/")), r["weights"], num(r["load_s"], "{:.1f}"),
+                     num(r["peak_rss_bytes_after_load"] / gib, "{:.2f}"), num(r["peak_rss_bytes"] / gib, "{:.2f}"),
+                     num(r["resident_weight_bytes"] / gib, "{:.2f}"),
+                     num(r["tokens_per_s"], "{:,.1f}") + (f" ({x(vs)})" if vs else "")
+                     + f" [{spread(r['tokens_per_s_runs'])}]",
+                     num(r["weight_gb_per_s"], "{:.1f}"),
+                     f"{100 * r['share_of_read_roofline']:.0f}% [{spread(r['share_of_read_roofline_runs'], '{:.0f}', 100)}%]",
+                     num(r["tokens_per_cpu_s"], "{:,.1f}") + (f" ({x(vs_cpu)})" if vs_cpu else "")
+                     + f" [{spread(r['tokens_per_cpu_s_runs'])}]",
+                     f"{100 * r['share_of_read_roofline_per_cpu_s']:.0f}% "
+                     f"[{spread(r['share_of_read_roofline_per_cpu_s_runs'], '{:.0f}', 100)}%]", r["rounds"]])
+    return (f"Fused kernels, greedy autoregressive from BOS, {data['tokens']} new tokens, {data['threads']} "
+            f"thread(s); each weight format in a process of its own, {data['repeats']} rounds interleaved, "
+            "medians [range over the rounds] (peak RSS: the largest, getrusage). Each process measures the read roofline (256 MiB) "
+            "before its load and after its decode; a run's share is its weight GB/s (packed bytes of a step x "
+            "tok/s) over the mean of the two. \"per CPU s\" counts the decoding thread's CPU time instead of "
+            "the wall clock (the roofline's too): what a core nobody else shares would do.\n\n"
+            + table(["model", "weights", "load s", "peak RSS after load, GiB", "peak RSS, GiB",
+                     "weights held, GiB", "tok/s (vs f32)", "weight GB/s", "of the read roofline",
+                     "tok per CPU s (vs f32)", "of the roofline, per CPU s", "rounds"], body))
+
+
 def batch_table(data, opts):
     body = [[r["sessions"], r["work"], num(r["batched_ms"], "{:.3f}"), num(r["solo_ms"], "{:.3f}"),
              x(r["speedup"])] for r in data["rows"]]
@@ -557,6 +598,7 @@ RENDERERS = {
     "serve_bench": {"table": serve_table},
     "services_bench": {"table": services_table},
     "lede_engine_bench": {"table": engine_table},
+    "lede_engine_bench isolated": {"table": engine_isolated_table},
     "lede_batch_bench": {"table": batch_table},
     "lede_policy_bench": {"table": policy_table},
     "lede_replica_bench": {"table": replica_table},

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -17,6 +19,16 @@ namespace lede::checkpoint {
 namespace {
 
 std::string ErrnoString(int err) { return std::strerror(err); }
+
+// Live mappings (ReleaseMappedPages): start address -> size in bytes.
+std::mutex& RegistryMutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::map<uintptr_t, size_t>& Registry() {
+  static std::map<uintptr_t, size_t> live;
+  return live;
+}
 
 }  // namespace
 
@@ -53,11 +65,35 @@ StatusOr<std::shared_ptr<const MappedFile>> MappedFile::Open(const std::string& 
     }
   }
   ::close(fd);  // the mapping stays valid
+  if (data != nullptr) {
+    std::lock_guard<std::mutex> lock(RegistryMutex());
+    Registry()[reinterpret_cast<uintptr_t>(data)] = size;
+  }
   return std::shared_ptr<const MappedFile>(new MappedFile(data, size));
 }
 
 MappedFile::~MappedFile() {
-  if (data_ != nullptr) ::munmap(data_, size_);
+  if (data_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(RegistryMutex());  // unregistered and unmapped together
+  Registry().erase(reinterpret_cast<uintptr_t>(data_));
+  ::munmap(data_, size_);
+}
+
+bool ReleaseMappedPages(const void* data, size_t size) {
+  if (data == nullptr || size == 0) return false;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t end = begin + size;
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  auto& live = Registry();
+  auto it = live.upper_bound(begin);
+  if (it == live.begin()) return false;
+  --it;
+  if (end > it->first + it->second) return false;  // not inside this mapping
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (begin + page - 1) / page * page;  // whole pages inside the range only
+  const uintptr_t last = end / page * page;
+  if (last <= first) return false;
+  return ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) == 0;
 }
 
 Status WriteZeros(AtomicFile& out, size_t n) {

@@ -41,6 +41,17 @@ class MappedFile {
   size_t size_;
 };
 
+// Drops this process's resident pages of [data, data + size) when the range
+// lies inside a live MappedFile (madvise MADV_DONTNEED on the whole pages
+// inside it): the data stays readable and a later read faults the pages back
+// in from the page cache, but they stop counting in the resident set. Used by
+// LlamaModel once it has converted a mapped matrix into its packed form, so
+// that the file's pages and the packed copy are not resident together.
+// Returns whether any pages were released; a range outside every mapping
+// (heap memory, a freed mapping) is left alone and returns false.
+// Thread-safe (a registry of live mappings under a mutex).
+bool ReleaseMappedPages(const void* data, size_t size);
+
 // Streamed atomic writes are shared/file's AtomicFileWriter (temporary file
 // beside the destination, fsync, rename, fsync of the directory).
 using AtomicFile = file::AtomicFileWriter;

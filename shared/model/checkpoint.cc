@@ -39,7 +39,7 @@ namespace internal {
 at::Tensor TensorFromMapping(const std::shared_ptr<const void>& owner,
                              const uint8_t* ptr,
                              const std::vector<int64_t>& shape,
-                             at::ScalarType dtype) {
+                             at::ScalarType dtype, bool keep_dtype) {
   const auto options = at::TensorOptions().dtype(dtype).device(at::kCPU);
   void* data = const_cast<uint8_t*>(ptr);  // never written: PROT_READ mapping
   int64_t numel = 1;
@@ -47,7 +47,7 @@ at::Tensor TensorFromMapping(const std::shared_ptr<const void>& owner,
   if (numel == 0) return at::empty(shape, at::kFloat);
   const size_t elem = at::elementSize(dtype);
   const bool aligned = reinterpret_cast<uintptr_t>(ptr) % elem == 0;
-  if (dtype == at::kFloat && aligned) {
+  if ((dtype == at::kFloat || keep_dtype) && aligned) {
     std::shared_ptr<const void> keep = owner;
     return at::from_blob(
         data, shape, [keep](void*) mutable { keep.reset(); }, options);
@@ -59,6 +59,7 @@ at::Tensor TensorFromMapping(const std::shared_ptr<const void>& owner,
     src = at::empty(shape, options);
     std::memcpy(src.data_ptr(), ptr, static_cast<size_t>(numel) * elem);
   }
+  if (keep_dtype) return src;  // owns a copy
   return src.to(at::kFloat);  // a new buffer: src's dtype differs or src owns
 }
 
@@ -142,14 +143,14 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-StatusOr<Checkpoint> LoadCheckpointImpl(const std::string& path) {
+StatusOr<Checkpoint> LoadCheckpointImpl(const std::string& path, const CheckpointReadOptions& read) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
   if (!fs::exists(st))
     return NotFoundError(path + ": no such file or directory");
   if (fs::is_directory(st)) {
     if (fs::exists(fs::path(path) / "config.json", ec)) {
-      return LoadHfCheckpoint(path);
+      return LoadHfCheckpoint(path, read);
     }
     std::vector<std::string> bins;
     for (const fs::directory_entry& e : fs::directory_iterator(path, ec)) {
@@ -176,7 +177,7 @@ StatusOr<Checkpoint> LoadCheckpointImpl(const std::string& path) {
   if (EndsWith(path, ".bin")) return LoadLlama2cCheckpoint(path);
   if (EndsWith(path, ".gguf")) return LoadGgufCheckpoint(path);
   if (fs::path(path).filename() == "config.json") {
-    return LoadHfCheckpoint(fs::path(path).parent_path().string());
+    return LoadHfCheckpoint(fs::path(path).parent_path().string(), read);
   }
   return InvalidArgumentError(
       path +
@@ -187,8 +188,8 @@ StatusOr<Checkpoint> LoadCheckpointImpl(const std::string& path) {
 
 }  // namespace
 
-StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
-  return TorchBoundary(path, [&] { return LoadCheckpointImpl(path); });
+StatusOr<Checkpoint> LoadCheckpoint(const std::string& path, const CheckpointReadOptions& read) {
+  return TorchBoundary(path, [&] { return LoadCheckpointImpl(path, read); });
 }
 
 // Precondition: w has at least one dimension, w.size(0) is n_heads * head_dim

@@ -15,9 +15,10 @@
 //   model.layers.{i}.mlp.down_proj.weight         [d, hidden]  (w2)
 //   model.norm.weight                             [d]
 //   lm_head.weight                                [V, d] (absent when tied)
-// All tensors are float32 on the CPU. F32 safetensors data is mapped, not
-// copied (the tensors keep the read-only mapping alive); F16/BF16 are
-// converted. Never write into a loaded tensor.
+// All tensors are float32 on the CPU (unless CheckpointReadOptions::
+// keep_half_precision). F32 safetensors data is mapped, not copied (the
+// tensors keep the read-only mapping alive); F16/BF16 are converted. Never
+// write into a loaded tensor.
 #ifndef LEDE_SHARED_MODEL_CHECKPOINT_H_
 #define LEDE_SHARED_MODEL_CHECKPOINT_H_
 
@@ -63,6 +64,17 @@ struct Checkpoint {
   std::map<std::string, at::Tensor> q8_0_blocks;
 };
 
+// How LoadCheckpoint hands over the tensors.
+struct CheckpointReadOptions {
+  // Safetensors F16 / BF16 tensors stay in their file dtype, wrapped in
+  // place in the read-only mapping (zero copy, like F32) instead of being
+  // converted to float32 at load (a 2-byte tensor at an odd address is
+  // copied, still in its dtype). LlamaModel::Load sets it: it converts each
+  // matrix straight into its packed storage, so a bf16 checkpoint never
+  // exists as float32 in memory. Other formats are unaffected.
+  bool keep_half_precision = false;
+};
+
 // Reads a checkpoint from `path`:
 //  - a .gguf file: LoadGgufCheckpoint;
 //  - a directory with config.json: Hugging Face layout;
@@ -78,8 +90,10 @@ struct Checkpoint {
 // past the end, bad JSON, an unknown dtype, data offsets out of range or
 // overlapping, a missing tensor (named), or a shape that disagrees with the
 // config.
-StatusOr<Checkpoint> LoadCheckpoint(const std::string& path);
-StatusOr<Checkpoint> LoadHfCheckpoint(const std::string& dir);
+StatusOr<Checkpoint> LoadCheckpoint(const std::string& path,
+                                    const CheckpointReadOptions& read = CheckpointReadOptions());
+StatusOr<Checkpoint> LoadHfCheckpoint(const std::string& dir,
+                                      const CheckpointReadOptions& read = CheckpointReadOptions());
 StatusOr<Checkpoint> LoadLlama2cCheckpoint(const std::string& file);
 
 // A llama-architecture GGUF file (shared/checkpoint/gguf.h): config from its
@@ -104,10 +118,11 @@ Status WriteGgufCheckpoint(const std::string& file, const ModelConfig& config,
                            const std::map<std::string, at::Tensor>& tensors, checkpoint::GgmlType weights,
                            checkpoint::GgufWriter* writer);
 
-// Parses one .safetensors file into name -> tensor (float32 CPU).
+// Parses one .safetensors file into name -> tensor (float32 CPU, or the
+// file's F16 / BF16 with read.keep_half_precision).
 // Errors as for LoadCheckpoint.
 StatusOr<std::map<std::string, at::Tensor>> ReadSafetensors(
-    const std::string& file);
+    const std::string& file, const CheckpointReadOptions& read = CheckpointReadOptions());
 
 // Writes tensors (any float dtype is stored as F32 unless `dtype_name` is
 // "F16" or "BF16") as one .safetensors file, atomically (write + rename).

@@ -46,7 +46,7 @@ bool IsPlainRelativePath(const std::string& name) {
   return true;
 }
 
-Status LoadShards(const std::string& dir, const std::string& index_path,
+Status LoadShards(const std::string& dir, const std::string& index_path, const CheckpointReadOptions& read,
                   TensorMap* tensors,
                   std::map<std::string, std::string>* origin) {
   LEDE_ASSIGN_OR_RETURN(std::string text, file::ReadFile(index_path));
@@ -70,7 +70,7 @@ Status LoadShards(const std::string& dir, const std::string& index_path,
   }
   for (const auto& [shard, names] : names_by_shard) {
     const std::string shard_path = (fs::path(dir) / shard).string();
-    LEDE_ASSIGN_OR_RETURN(TensorMap shard_tensors, ReadSafetensors(shard_path));
+    LEDE_ASSIGN_OR_RETURN(TensorMap shard_tensors, ReadSafetensors(shard_path, read));
     for (const std::string& name : names) {
       auto it = shard_tensors.find(name);
       if (it == shard_tensors.end()) {
@@ -111,7 +111,7 @@ StatusOr<WeightFormat> SafetensorsStorage(const std::map<std::string, std::strin
   return n_matrices > 0 ? WeightFormat::kBf16 : WeightFormat::kF32;
 }
 
-StatusOr<Checkpoint> LoadHfCheckpointImpl(const std::string& dir) {
+StatusOr<Checkpoint> LoadHfCheckpointImpl(const std::string& dir, const CheckpointReadOptions& read) {
   std::error_code ec;
   if (!fs::exists(dir, ec)) return NotFoundError(dir + ": no such directory");
   if (!fs::is_directory(dir, ec)) {
@@ -141,10 +141,10 @@ StatusOr<Checkpoint> LoadHfCheckpointImpl(const std::string& dir) {
   const std::string index =
       (fs::path(dir) / "model.safetensors.index.json").string();
   if (fs::exists(single, ec)) {
-    LEDE_ASSIGN_OR_RETURN(ckpt.tensors, ReadSafetensors(single));
+    LEDE_ASSIGN_OR_RETURN(ckpt.tensors, ReadSafetensors(single, read));
     for (const auto& item : ckpt.tensors) origin[item.first] = single;
   } else if (fs::exists(index, ec)) {
-    LEDE_RETURN_IF_ERROR(LoadShards(dir, index, &ckpt.tensors, &origin));
+    LEDE_RETURN_IF_ERROR(LoadShards(dir, index, read, &ckpt.tensors, &origin));
   } else {
     return NotFoundError(
         dir + ": no model.safetensors or model.safetensors.index.json");
@@ -176,8 +176,8 @@ Status WriteHfCheckpointImpl(const std::string& dir, const ModelConfig& config,
 
 }  // namespace
 
-StatusOr<Checkpoint> LoadHfCheckpoint(const std::string& dir) {
-  return TorchBoundary(dir, [&] { return LoadHfCheckpointImpl(dir); });
+StatusOr<Checkpoint> LoadHfCheckpoint(const std::string& dir, const CheckpointReadOptions& read) {
+  return TorchBoundary(dir, [&] { return LoadHfCheckpointImpl(dir, read); });
 }
 
 Status WriteHfCheckpoint(const std::string& dir, const ModelConfig& config,

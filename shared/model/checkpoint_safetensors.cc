@@ -32,12 +32,14 @@ at::ScalarType ScalarTypeOf(checkpoint::Dtype dtype) {
   return at::kFloat;
 }
 
-StatusOr<TensorMap> ReadSafetensorsImpl(const std::string& file) {
+StatusOr<TensorMap> ReadSafetensorsImpl(const std::string& file, const CheckpointReadOptions& read) {
   LEDE_ASSIGN_OR_RETURN(std::shared_ptr<const checkpoint::SafetensorsFile> st,
                         checkpoint::SafetensorsFile::Open(file));
   TensorMap out;
   for (const auto& [name, view] : st->tensors()) {
-    out[name] = internal::TensorFromMapping(st, view.data, view.shape, ScalarTypeOf(view.dtype));
+    const at::ScalarType dtype = ScalarTypeOf(view.dtype);
+    const bool keep = read.keep_half_precision && (dtype == at::kHalf || dtype == at::kBFloat16);
+    out[name] = internal::TensorFromMapping(st, view.data, view.shape, dtype, keep);
   }
   return out;
 }
@@ -81,8 +83,8 @@ Status WriteSafetensorsImpl(const std::string& file, const TensorMap& tensors,
 }  // namespace
 
 StatusOr<std::map<std::string, at::Tensor>> ReadSafetensors(
-    const std::string& file) {
-  return TorchBoundary(file, [&] { return ReadSafetensorsImpl(file); });
+    const std::string& file, const CheckpointReadOptions& read) {
+  return TorchBoundary(file, [&] { return ReadSafetensorsImpl(file, read); });
 }
 
 Status WriteSafetensors(const std::string& file,

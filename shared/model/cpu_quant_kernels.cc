@@ -101,6 +101,50 @@ void PackRowsBf16(const float* w, int64_t out, int64_t in, uint16_t* packed) {
   }
 }
 
+void PackRowsBf16FromBf16(const uint16_t* w, int64_t out, int64_t in, uint16_t* packed) {
+  const int64_t padded = PackedRowsPadded(out);
+  uint16_t* dst = packed;
+  for (int64_t o = 0; o < padded; o += 4) {
+    for (int64_t i = 0; i < in; i += 8) {
+      for (int64_t k = 0; k < 4; ++k, dst += 8) {
+        const int64_t row = o + k;
+        if (row < out) {
+          std::memcpy(dst, w + row * in + i, 8 * sizeof(uint16_t));
+        } else {
+          std::memset(dst, 0, 8 * sizeof(uint16_t));
+        }
+      }
+    }
+  }
+}
+
+void UnpackRowsBf16(const uint16_t* packed, int64_t in, int64_t r0, int64_t r1, float* w) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint16_t* block = packed + (r / 4) * 4 * in + (r % 4) * 8;
+    float* dst = w + (r - r0) * in;
+    for (int64_t i = 0; i < in; i += 8) {
+      const uint16_t* src = block + 4 * i;
+      for (int64_t c = 0; c < 8; ++c) dst[i + c] = Bf16ToFloat(src[c]);
+    }
+  }
+}
+
+void UnpackRowsQ8_0(const uint8_t* packed, int64_t in, int64_t r0, int64_t r1, float* w) {
+  const int64_t nb = in / kQ8Block;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* g = packed + PackedQ8_0Offset(r, in);
+    const int64_t k = r % 4;
+    float* dst = w + (r - r0) * in;
+    for (int64_t j = 0; j < nb; ++j, g += kQ8PackedGroup) {
+      uint16_t h;
+      std::memcpy(&h, g + 2 * k, 2);
+      const float d = HalfToFloat(h);
+      const int8_t* q = reinterpret_cast<const int8_t*>(g + 8 + kQ8Block * k);
+      for (int64_t i = 0; i < kQ8Block; ++i) dst[j * kQ8Block + i] = d * q[i];
+    }
+  }
+}
+
 void PackRowsQ8_0(const BlockQ8_0* blocks, int64_t out, int64_t in, uint8_t* packed) {
   const int64_t nb = in / kQ8Block, padded = PackedRowsPadded(out);
   uint8_t* g = packed;

@@ -66,6 +66,13 @@ uint16_t FloatToBf16(float f);
 inline int64_t PackedRowsPadded(int64_t out) { return (out + 3) / 4 * 4; }
 void PackRowsBf16(const float* w, int64_t out, int64_t in, uint16_t* packed);
 inline int64_t PackedBf16Offset(int64_t o, int64_t in) { return o * in; }  // elements; o % 4 == 0
+// The same layout from bfloat16 values (a checkpoint's own storage, copied
+// bit for bit: no rounding). Rows of a split at o % 4 == 0 may be packed on
+// their own at PackedBf16Offset(o, in), as for PackRowsBf16.
+void PackRowsBf16FromBf16(const uint16_t* w, int64_t out, int64_t in, uint16_t* packed);
+// Rows [r0, r1) of a packed bf16 matrix back to row-major float32 w
+// [(r1 - r0) * in] (exact: the values the products multiply by).
+void UnpackRowsBf16(const uint16_t* packed, int64_t in, int64_t r0, int64_t r1, float* w);
 
 // Y[r, o] (+)= sum_i X[r, i] W[o, i] over packed bf16 W; Y row stride ldy.
 void MatMulRowsPackedBf16(const float* x, int64_t n, int64_t in, const uint16_t* packed, int64_t out,
@@ -101,6 +108,9 @@ inline size_t PackedQ8_0Bytes(int64_t out, int64_t in) {
 }
 inline int64_t PackedQ8_0Offset(int64_t o, int64_t in) { return o / 4 * (in / kQ8Block) * kQ8PackedGroup; }
 void PackRowsQ8_0(const BlockQ8_0* blocks, int64_t out, int64_t in, uint8_t* packed);
+// Rows [r0, r1) of a packed Q8_0 matrix as float32 values d * q, row-major
+// w [(r1 - r0) * in]: bitwise DequantizeRowsQ8_0 of the blocks packed.
+void UnpackRowsQ8_0(const uint8_t* packed, int64_t in, int64_t r0, int64_t r1, float* w);
 
 // Y (+)= X W^T over packed Q8_0 W (X quantized per row as described above).
 void MatMulRowsPackedQ8_0(const float* x, int64_t n, int64_t in, const uint8_t* packed, int64_t out,

@@ -13,6 +13,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 
+#include "shared/checkpoint/mapped_file.h"
 #include "shared/model/cpu_kernels.h"
 #include "shared/model/cpu_quant_kernels.h"
 #include "shared/model/internal/step_graphs.h"
@@ -235,7 +236,132 @@ int64_t WeightVersion(const at::Tensor& w) { return w.is_inference() ? 0 : w._ve
 }  // namespace
 
 const LlamaModel::PackedWeight* LlamaModel::PackedOrNull(const at::Tensor& w, const PackedWeight& p) {
-  return p.bytes() > 0 && WeightVersion(w) == p.version ? &p : nullptr;
+  if (p.bytes() == 0) return nullptr;
+  if (!w.defined()) return &p;  // packed only: the weight itself
+  return WeightVersion(w) == p.version ? &p : nullptr;
+}
+
+namespace {
+// The row-major float32 data of a matrix the fused path may read, or nullptr
+// for a packed-only matrix (whose packed form RaggedMatMul then reads).
+const float* RawOrNull(const at::Tensor& w) { return w.defined() ? w.data_ptr<float>() : nullptr; }
+bool RequiresGrad(const at::Tensor& w) { return w.defined() && w.requires_grad(); }
+// Drops the resident pages of a checkpoint tensor that a packed-only matrix
+// was made from, when it lies in a file mapping (checkpoint::ReleaseMappedPages).
+void ReleaseSource(const at::Tensor& t) {
+  if (t.defined() && t.device().is_cpu() && t.is_contiguous()) {
+    checkpoint::ReleaseMappedPages(t.data_ptr(), static_cast<size_t>(t.nbytes()));
+  }
+}
+int64_t TensorBytes(const at::Tensor& t) {
+  return t.defined() ? static_cast<int64_t>(t.numel() * t.element_size()) : 0;
+}
+}  // namespace
+
+bool LlamaModel::PackedOnly(int64_t in) const {
+  if (!fused_ || options_.writable_weights) return false;
+  return (weights_ == WeightFormat::kBf16 && cpu::Packable(in)) ||
+         (weights_ == WeightFormat::kQ8_0 && cpu::Q8Packable(in));
+}
+
+void LlamaModel::PackParts(const std::vector<at::Tensor>& parts, const at::Tensor& q8_0_blocks,
+                           PackedWeight* p) const {
+  const int64_t in = parts[0].size(1);
+  int64_t out = 0;
+  for (const at::Tensor& t : parts) {
+    TORCH_CHECK(t.dim() == 2 && t.size(1) == in, "matrix parts must be [rows, ", in, "]");
+    out += t.size(0);
+  }
+  p->format = weights_;
+  p->rows = out;
+  p->in = in;
+  p->version = 0;
+  if (weights_ == WeightFormat::kQ8_0 && q8_0_blocks.defined()) {  // the file's own blocks, as they are
+    const int64_t nb = in / cpu::kQ8Block;
+    TORCH_CHECK(q8_0_blocks.scalar_type() == at::kByte && q8_0_blocks.dim() == 2 && q8_0_blocks.size(0) == out &&
+                    q8_0_blocks.size(1) == nb * static_cast<int64_t>(sizeof(cpu::BlockQ8_0)),
+                "q8_0 blocks of a [", out, ", ", in, "] matrix must be uint8 [", out, ", ", nb * 34, "]");
+    at::Tensor blocks = q8_0_blocks.contiguous();
+    p->q8.resize(cpu::PackedQ8_0Bytes(out, in));
+    cpu::PackRowsQ8_0(reinterpret_cast<const cpu::BlockQ8_0*>(blocks.data_ptr()), out, in, p->q8.data());
+    return;
+  }
+  bool all_bf16 = true;
+  for (const at::Tensor& t : parts) all_bf16 = all_bf16 && t.scalar_type() == at::kBFloat16;
+  if (weights_ == WeightFormat::kBf16) {
+    p->bf16.resize(static_cast<size_t>(cpu::PackedRowsPadded(out) * in));
+  } else {
+    p->q8.resize(cpu::PackedQ8_0Bytes(out, in));
+  }
+  // Chunks of kChunk rows (a multiple of 4: each chunk is the packed layout
+  // of its rows), converted through a buffer of the chunk only. On the
+  // calling thread: at::parallel_for here took the 1B smoke checkpoint's
+  // load from 13 s to 190 s on this busy 2-core VM (2 threads spinning at
+  // each matrix's join while the other was descheduled).
+  constexpr int64_t kChunk = 64;
+  const int64_t n_chunks = (out + kChunk - 1) / kChunk;
+  auto pack_chunks = [&](int64_t c0, int64_t c1) {
+    const bool raw_bf16 = weights_ == WeightFormat::kBf16 && all_bf16;
+    at::Tensor buf = at::empty({kChunk, in}, raw_bf16 ? at::kBFloat16 : at::kFloat);
+    std::vector<cpu::BlockQ8_0> blocks;
+    if (weights_ == WeightFormat::kQ8_0) blocks.resize(static_cast<size_t>(kChunk * in / cpu::kQ8Block));
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t r0 = c * kChunk, n = std::min(kChunk, out - r0);
+      // Rows [r0, r0 + n) of the concatenation, from the parts they lie in.
+      int64_t part_begin = 0, filled = 0;
+      for (const at::Tensor& t : parts) {
+        const int64_t part_end = part_begin + t.size(0);
+        const int64_t a = std::max(r0, part_begin), b = std::min(r0 + n, part_end);
+        if (a < b) {
+          const at::Tensor rows = t.narrow(0, a - part_begin, b - a);
+          buf.narrow(0, filled, b - a).copy_(rows);
+          ReleaseSource(rows);  // its pages in a file mapping stop counting as resident
+          filled += b - a;
+        }
+        part_begin = part_end;
+      }
+      if (raw_bf16) {
+        cpu::PackRowsBf16FromBf16(reinterpret_cast<const uint16_t*>(buf.data_ptr()), n, in,
+                                  p->bf16.data() + cpu::PackedBf16Offset(r0, in));
+      } else if (weights_ == WeightFormat::kBf16) {
+        cpu::PackRowsBf16(buf.data_ptr<float>(), n, in, p->bf16.data() + cpu::PackedBf16Offset(r0, in));
+      } else {
+        cpu::QuantizeRowsQ8_0(buf.data_ptr<float>(), n, in, blocks.data());
+        cpu::PackRowsQ8_0(blocks.data(), n, in, p->q8.data() + cpu::PackedQ8_0Offset(r0, in));
+      }
+    }
+  };
+  pack_chunks(0, n_chunks);
+}
+
+at::Tensor LlamaModel::Dense(const at::Tensor& w, const PackedWeight& p, bool keep) const {
+  if (w.defined()) return w;
+  std::lock_guard<std::mutex> lock(dense_mu_);
+  if (p.dense.defined()) return p.dense;
+  TORCH_CHECK(p.bytes() > 0, "a matrix has neither a tensor nor a packed form");
+  at::Tensor t = at::empty({p.rows, p.in}, at::kFloat);
+  if (p.format == WeightFormat::kBf16) {
+    cpu::UnpackRowsBf16(p.bf16.data(), p.in, 0, p.rows, t.data_ptr<float>());
+  } else {
+    cpu::UnpackRowsQ8_0(p.q8.data(), p.in, 0, p.rows, t.data_ptr<float>());
+  }
+  if (keep) p.dense = t;
+  return t;
+}
+
+int64_t LlamaModel::resident_weight_bytes() const {
+  std::lock_guard<std::mutex> lock(dense_mu_);
+  auto matrix = [](const at::Tensor& w, const PackedWeight& p) {
+    return TensorBytes(w) + p.bytes() + TensorBytes(p.dense);
+  };
+  int64_t total = TensorBytes(final_norm_) + matrix(lm_head_, lm_head_packed_);
+  const bool shared = embed_.defined() && lm_head_.defined() && embed_.is_alias_of(lm_head_);
+  if (!shared) total += TensorBytes(embed_);
+  for (const Layer& l : layers_) {
+    total += TensorBytes(l.attn_norm) + TensorBytes(l.ffn_norm) + matrix(l.wqkv, l.wqkv_packed) +
+             matrix(l.wo, l.wo_packed) + matrix(l.w13, l.w13_packed) + matrix(l.w2, l.w2_packed);
+  }
+  return total;
 }
 
 int64_t LlamaModel::packed_weight_bytes() const {
@@ -286,8 +412,8 @@ void LlamaModel::StoreMatrix(at::Tensor* w, const at::Tensor& q8_0_blocks, Packe
 
 void LlamaModel::PackWeights() {
   auto pack = [](const at::Tensor& w, PackedWeight* p) {
+    if (p->bytes() > 0) return;  // packed in another format by StoreMatrix, or packed only
     const int64_t out = w.size(0), in = w.size(1);
-    if (p->bytes() > 0) return;  // packed in another format by StoreMatrix
     if (!w.is_contiguous() || w.scalar_type() != at::kFloat || !cpu::Packable(in)) return;
     p->format = WeightFormat::kF32;
     p->data.resize(static_cast<size_t>(out * in));
@@ -346,16 +472,37 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
     auto opts = at::TensorOptions().device(options.device).dtype(options.dtype);
     const bool copy = options.writable_weights;
     const bool adjacent = c.rope_style == RopeStyle::kAdjacentPairs;
+    // A matrix kept packed only (PackedOnly) is built from the checkpoint's
+    // tensors in their own dtype, and their pages in a file mapping are
+    // released behind it; otherwise it is a tensor of the model's
+    // dtype (StoreMatrix rounds it and packs a copy).
+    auto matrix = [&](const std::vector<at::Tensor>& parts, const at::Tensor& q8_0_blocks, at::Tensor* w,
+                      PackedWeight* p) {
+      if (m->PackedOnly(parts[0].size(1))) {
+        m->PackParts(parts, q8_0_blocks, p);
+        *w = at::Tensor();
+        return;
+      }
+      *w = parts.size() == 1 ? parts[0].to(opts, /*non_blocking=*/false, copy).contiguous()
+                             : at::cat(parts, 0).to(opts).contiguous();
+      m->StoreMatrix(w, q8_0_blocks, p);
+    };
     LEDE_ASSIGN_OR_RETURN(at::Tensor embed, get("model.embed_tokens.weight"));
-    m->embed_ = embed.to(opts, /*non_blocking=*/false, copy);
     LEDE_ASSIGN_OR_RETURN(at::Tensor norm, get("model.norm.weight"));
     m->final_norm_ = norm.to(opts, /*non_blocking=*/false, copy);
     at::Tensor head_blocks = blocks_of(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
-    if (c.tie_word_embeddings) {
-      m->lm_head_ = m->embed_;
+    at::Tensor head = embed;  // the LM head's checkpoint tensor
+    if (!c.tie_word_embeddings) {
+      LEDE_ASSIGN_OR_RETURN(head, get("lm_head.weight"));
+    }
+    const bool head_packed_only = m->PackedOnly(c.dim);
+    if (c.tie_word_embeddings && head_packed_only) {
+      // embed_ stays undefined: Embed reads the packed head's rows.
+    } else if (!c.tie_word_embeddings && m->PackedOnly(c.dim) && !copy &&
+               (embed.scalar_type() == at::kBFloat16 || embed.scalar_type() == at::kHalf)) {
+      m->embed_ = embed.contiguous();  // the file's dtype, in its mapping: rows are read per token
     } else {
-      LEDE_ASSIGN_OR_RETURN(at::Tensor head, get("lm_head.weight"));
-      m->lm_head_ = head.to(opts, /*non_blocking=*/false, copy);
+      m->embed_ = embed.to(opts, /*non_blocking=*/false, copy);
     }
     for (int64_t i = 0; i < c.n_layers; ++i) {
       Layer layer;
@@ -380,26 +527,32 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
         if (bq.defined()) bq = PermuteRopeRows(bq, c.n_heads, /*to_rotate_half=*/true);
         if (bk.defined()) bk = PermuteRopeRows(bk, c.n_kv_heads, /*to_rotate_half=*/true);
       }
-      layer.wqkv = at::cat({wq, wk, wv}, 0).to(opts).contiguous();
-      layer.wo = wo.to(opts, /*non_blocking=*/false, copy).contiguous();
-      layer.w13 = at::cat({w1, w3}, 0).to(opts).contiguous();
-      layer.w2 = w2.to(opts, /*non_blocking=*/false, copy).contiguous();
       layer.attn_norm = an.to(opts, /*non_blocking=*/false, copy);
       layer.ffn_norm = fn.to(opts, /*non_blocking=*/false, copy);
-      m->StoreMatrix(&layer.wqkv, blocks({bq, bk, blocks_of(LayerName(i, "self_attn.v_proj.weight"))}),
-                     &layer.wqkv_packed);
-      m->StoreMatrix(&layer.wo, blocks_of(LayerName(i, "self_attn.o_proj.weight")), &layer.wo_packed);
-      m->StoreMatrix(&layer.w13,
-                     blocks({blocks_of(LayerName(i, "mlp.gate_proj.weight")), blocks_of(LayerName(i, "mlp.up_proj.weight"))}),
-                     &layer.w13_packed);
-      m->StoreMatrix(&layer.w2, blocks_of(LayerName(i, "mlp.down_proj.weight")), &layer.w2_packed);
+      matrix({wq, wk, wv}, blocks({bq, bk, blocks_of(LayerName(i, "self_attn.v_proj.weight"))}), &layer.wqkv,
+             &layer.wqkv_packed);
+      matrix({wo}, blocks_of(LayerName(i, "self_attn.o_proj.weight")), &layer.wo, &layer.wo_packed);
+      matrix({w1, w3},
+             blocks({blocks_of(LayerName(i, "mlp.gate_proj.weight")), blocks_of(LayerName(i, "mlp.up_proj.weight"))}),
+             &layer.w13, &layer.w13_packed);
+      matrix({w2}, blocks_of(LayerName(i, "mlp.down_proj.weight")), &layer.w2, &layer.w2_packed);
+      for (const char* name : {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                               "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                               "mlp.down_proj.weight"}) {
+        if (m->PackedOnly(t.at(LayerName(i, name)).size(1))) ReleaseSource(t.at(LayerName(i, name)));
+      }
       m->layers_.push_back(std::move(layer));
     }
-    // The fused path reads rows of these directly (no-ops when contiguous).
-    m->embed_ = m->embed_.contiguous();
-    m->lm_head_ = c.tie_word_embeddings ? m->embed_ : m->lm_head_.contiguous();
-    m->StoreMatrix(&m->lm_head_, head_blocks, &m->lm_head_packed_);
-    if (c.tie_word_embeddings) m->embed_ = m->lm_head_;  // one matrix: the lookup reads the stored values too
+    if (head_packed_only) {
+      m->PackParts({head}, head_blocks, &m->lm_head_packed_);
+      ReleaseSource(head);
+    } else {
+      // The fused path reads rows of these directly (no-ops when contiguous).
+      m->embed_ = m->embed_.contiguous();
+      m->lm_head_ = c.tie_word_embeddings ? m->embed_ : head.to(opts, /*non_blocking=*/false, copy).contiguous();
+      m->StoreMatrix(&m->lm_head_, head_blocks, &m->lm_head_packed_);
+      if (c.tie_word_embeddings) m->embed_ = m->lm_head_;  // one matrix: the lookup reads the stored values too
+    }
     m->final_norm_ = m->final_norm_.contiguous();
     m->BuildRopeTables();
     if (m->fused_) m->PackWeights();
@@ -409,7 +562,11 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
 
 StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& path,
                                                        const ModelOptions& options) {
-  LEDE_ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(path));
+  // Half-precision files stay in their dtype: FromCheckpoint converts each
+  // matrix once, straight into the model's storage.
+  CheckpointReadOptions read;
+  read.keep_half_precision = true;
+  LEDE_ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(path, read));
   return FromCheckpoint(ckpt, options);
 }
 
@@ -468,7 +625,28 @@ at::Tensor LlamaModel::ApplyRope(const at::Tensor& x, int64_t start_pos) const {
 }
 
 at::Tensor LlamaModel::Embed(const at::Tensor& tokens) const {
-  return at::embedding(embed_, tokens);
+  if (embed_.defined()) {
+    at::Tensor e = at::embedding(embed_, tokens);
+    return e.scalar_type() == options_.dtype ? e : e.to(options_.dtype);  // a bf16 / f16 table
+  }
+  // Tied and packed only: each token's row of the packed LM head.
+  const int64_t d = config_.dim, V = config_.vocab_size;
+  const PackedWeight& p = lm_head_packed_;
+  at::Tensor ids = tokens.to(at::kCPU, at::kLong).contiguous();
+  auto sizes = ids.sizes().vec();
+  sizes.push_back(d);
+  at::Tensor out = at::empty(sizes, at::TensorOptions().dtype(at::kFloat));
+  const int64_t* id = ids.data_ptr<int64_t>();
+  float* dst = out.data_ptr<float>();
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    TORCH_CHECK(0 <= id[i] && id[i] < V, "token id ", id[i], " out of range [0, ", V, ")");
+    if (p.format == WeightFormat::kBf16) {
+      cpu::UnpackRowsBf16(p.bf16.data(), d, id[i], id[i] + 1, dst + i * d);
+    } else {
+      cpu::UnpackRowsQ8_0(p.q8.data(), d, id[i], id[i] + 1, dst + i * d);
+    }
+  }
+  return out;
 }
 
 bool LlamaModel::UseFused(const at::Tensor& hidden, const KvCache* cache) const {
@@ -479,7 +657,7 @@ bool LlamaModel::UseFused(const at::Tensor& hidden, const KvCache* cache) const 
     return false;
   }
   if (at::GradMode::is_enabled() &&
-      (hidden.requires_grad() || lm_head_.requires_grad() || layers_[0].wqkv.requires_grad())) {
+      (hidden.requires_grad() || RequiresGrad(lm_head_) || RequiresGrad(layers_[0].wqkv))) {
     return false;  // training: autograd records the eager operators
   }
   return true;
@@ -535,7 +713,7 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
     float* kc = cache.k(l).data_ptr<float>();  // [S, Hkv, C, hd]
     float* vc = cache.v(l).data_ptr<float>();
     cpu::RmsNorm(x, w.attn_norm.data_ptr<float>(), N, d, eps, xn);
-    RaggedMatMul(xn, segs, n_segs, d, w.wqkv.data_ptr<float>(), PackedOrNull(w.wqkv, w.wqkv_packed),
+    RaggedMatMul(xn, segs, n_segs, d, RawOrNull(w.wqkv), PackedOrNull(w.wqkv, w.wqkv_packed),
                  QKV, qkv, /*accumulate=*/false);
     // RoPE on q and k, then this position's K/V into the slot.
     int64_t row = 0;
@@ -570,13 +748,13 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
     } else {
       attend(0, N);
     }
-    RaggedMatMul(attn, segs, n_segs, H * hd, w.wo.data_ptr<float>(), PackedOrNull(w.wo, w.wo_packed),
+    RaggedMatMul(attn, segs, n_segs, H * hd, RawOrNull(w.wo), PackedOrNull(w.wo, w.wo_packed),
                  d, x, /*accumulate=*/true);
     cpu::RmsNorm(x, w.ffn_norm.data_ptr<float>(), N, d, eps, xn);
-    RaggedMatMul(xn, segs, n_segs, d, w.w13.data_ptr<float>(), PackedOrNull(w.w13, w.w13_packed),
+    RaggedMatMul(xn, segs, n_segs, d, RawOrNull(w.w13), PackedOrNull(w.w13, w.w13_packed),
                  2 * F, h13, /*accumulate=*/false);
     cpu::SiluMul(h13, N, F, ffn);
-    RaggedMatMul(ffn, segs, n_segs, F, w.w2.data_ptr<float>(), PackedOrNull(w.w2, w.w2_packed),
+    RaggedMatMul(ffn, segs, n_segs, F, RawOrNull(w.w2), PackedOrNull(w.w2, w.w2_packed),
                  d, x, /*accumulate=*/true);
   }
 }
@@ -590,12 +768,14 @@ at::Tensor LlamaModel::Block(int64_t layer, const at::Tensor& hidden, int64_t st
 at::Tensor LlamaModel::EagerBlock(int64_t layer, const at::Tensor& hidden, int64_t start_pos,
                                   KvCache* cache, int64_t slot) const {
   const Layer& w = layers_[layer];
+  const at::Tensor wqkv = Dense(w.wqkv, w.wqkv_packed), wo = Dense(w.wo, w.wo_packed);
+  const at::Tensor w13 = Dense(w.w13, w.w13_packed), w2 = Dense(w.w2, w.w2_packed);
   const int64_t B = hidden.size(0), T = hidden.size(1);
   const int64_t H = config_.n_heads, Hkv = config_.n_kv_heads, hd = config_.head_dim();
   const int64_t G = H / Hkv;
   TORCH_CHECK(start_pos + T <= config_.max_seq_len, "positions past max_seq_len");
 
-  at::Tensor qkv = Linear(RmsNorm(hidden, w.attn_norm), w.wqkv);
+  at::Tensor qkv = Linear(RmsNorm(hidden, w.attn_norm), wqkv);
   at::Tensor qk = ApplyRope(qkv.narrow(-1, 0, (H + Hkv) * hd).view({B, T, H + Hkv, hd}), start_pos);
   at::Tensor q = qk.narrow(2, 0, H);
   at::Tensor k = qk.narrow(2, H, Hkv);
@@ -638,12 +818,12 @@ at::Tensor LlamaModel::EagerBlock(int64_t layer, const at::Tensor& hidden, int64
                         .view({B, Hkv, G, T, hd})
                         .permute({0, 3, 1, 2, 4})
                         .reshape({B, T, H * hd});
-  at::Tensor x = hidden + Linear(attn, w.wo);
+  at::Tensor x = hidden + Linear(attn, wo);
 
-  at::Tensor h13 = Linear(RmsNorm(x, w.ffn_norm), w.w13);
+  at::Tensor h13 = Linear(RmsNorm(x, w.ffn_norm), w13);
   const int64_t F = config_.hidden_dim;
   at::Tensor ffn = at::silu(h13.narrow(-1, 0, F)) * h13.narrow(-1, F, F);
-  return x + Linear(ffn, w.w2);
+  return x + Linear(ffn, w2);
 }
 
 at::Tensor LlamaModel::Forward(at::Tensor hidden, int64_t first, int64_t last,
@@ -672,11 +852,13 @@ at::Tensor LlamaModel::Forward(at::Tensor hidden, int64_t first, int64_t last,
 at::Tensor LlamaModel::StaticBlock(int64_t layer, const at::Tensor& hidden, const at::Tensor& positions,
                                    const at::Tensor& slot, int64_t context, KvCache& cache) const {
   const Layer& w = layers_[layer];
+  const at::Tensor wqkv = Dense(w.wqkv, w.wqkv_packed), wo = Dense(w.wo, w.wo_packed);
+  const at::Tensor w13 = Dense(w.w13, w.w13_packed), w2 = Dense(w.w2, w.w2_packed);
   const int64_t T = hidden.size(1);
   const int64_t H = config_.n_heads, Hkv = config_.n_kv_heads, hd = config_.head_dim();
   const int64_t G = H / Hkv, C = cache.capacity(), S = cache.n_slots();
 
-  at::Tensor qkv = Linear(RmsNorm(hidden, w.attn_norm), w.wqkv);
+  at::Tensor qkv = Linear(RmsNorm(hidden, w.attn_norm), wqkv);
   at::Tensor qk_in = qkv.narrow(-1, 0, (H + Hkv) * hd).view({1, T, H + Hkv, hd});
   at::Tensor cos = rope_cos_.index_select(0, positions).view({1, T, 1, hd});
   at::Tensor sin = rope_sin_.index_select(0, positions).view({1, T, 1, hd});
@@ -713,12 +895,12 @@ at::Tensor LlamaModel::StaticBlock(int64_t layer, const at::Tensor& hidden, cons
                         .view({1, Hkv, G, T, hd})
                         .permute({0, 3, 1, 2, 4})
                         .reshape({1, T, H * hd});
-  at::Tensor x = hidden + Linear(attn, w.wo);
+  at::Tensor x = hidden + Linear(attn, wo);
 
-  at::Tensor h13 = Linear(RmsNorm(x, w.ffn_norm), w.w13);
+  at::Tensor h13 = Linear(RmsNorm(x, w.ffn_norm), w13);
   const int64_t F = config_.hidden_dim;
   at::Tensor ffn = at::silu(h13.narrow(-1, 0, F)) * h13.narrow(-1, F, F);
-  return x + Linear(ffn, w.w2);
+  return x + Linear(ffn, w2);
 }
 
 at::Tensor LlamaModel::StaticForward(const at::Tensor& hidden, int64_t first, int64_t last,
@@ -770,7 +952,7 @@ at::Tensor LlamaModel::FinalNorm(const at::Tensor& hidden) const {
 
 at::Tensor LlamaModel::ExitLogits(const at::Tensor& hidden) const {
   if (fused_ && hidden.device().is_cpu() && hidden.scalar_type() == at::kFloat &&
-      !(at::GradMode::is_enabled() && (hidden.requires_grad() || lm_head_.requires_grad()))) {
+      !(at::GradMode::is_enabled() && (hidden.requires_grad() || RequiresGrad(lm_head_)))) {
     const int64_t d = config_.dim, V = config_.vocab_size;
     TORCH_CHECK(hidden.size(-1) == d, "hidden [..., d]");
     at::Tensor h = hidden.contiguous();
@@ -782,11 +964,11 @@ at::Tensor LlamaModel::ExitLogits(const at::Tensor& hidden) const {
     cpu::RmsNorm(h.data_ptr<float>(), final_norm_.data_ptr<float>(), n, d,
                  static_cast<float>(config_.rms_norm_eps), xn);
     const RaggedSegment all{0, 0, n};  // the rows as one segment (RaggedMatMul's choice of kernel)
-    RaggedMatMul(xn, &all, 1, d, lm_head_.data_ptr<float>(), PackedOrNull(lm_head_, lm_head_packed_),
+    RaggedMatMul(xn, &all, 1, d, RawOrNull(lm_head_), PackedOrNull(lm_head_, lm_head_packed_),
                  V, logits.data_ptr<float>(), /*accumulate=*/false);
     return logits;
   }
-  at::Tensor logits = Linear(FinalNorm(hidden), lm_head_);
+  at::Tensor logits = Linear(FinalNorm(hidden), Dense(lm_head_, lm_head_packed_));
   return logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);
 }
 
@@ -803,13 +985,13 @@ at::Tensor LlamaModel::ExitLogitsRagged(const at::Tensor& hidden,
   }
   TORCH_CHECK(M == hidden.size(0), "row counts do not add up to hidden's rows");
   if (fused_ && hidden.device().is_cpu() && hidden.scalar_type() == at::kFloat &&
-      !(at::GradMode::is_enabled() && (hidden.requires_grad() || lm_head_.requires_grad()))) {
+      !(at::GradMode::is_enabled() && (hidden.requires_grad() || RequiresGrad(lm_head_)))) {
     at::Tensor h = hidden.contiguous();
     at::Tensor logits = at::empty({M, V}, at::TensorOptions().dtype(at::kFloat));
     float* xn = Grow(Scratch().xn, M * d);
     cpu::RmsNorm(h.data_ptr<float>(), final_norm_.data_ptr<float>(), M, d,
                  static_cast<float>(config_.rms_norm_eps), xn);
-    RaggedMatMul(xn, segs.data(), static_cast<int64_t>(segs.size()), d, lm_head_.data_ptr<float>(),
+    RaggedMatMul(xn, segs.data(), static_cast<int64_t>(segs.size()), d, RawOrNull(lm_head_),
                  PackedOrNull(lm_head_, lm_head_packed_), V, logits.data_ptr<float>(),
                  /*accumulate=*/false);
     return logits;
@@ -824,12 +1006,15 @@ at::Tensor LlamaModel::ExitLogitsRagged(const at::Tensor& hidden,
 }
 
 std::vector<at::Tensor> LlamaModel::Parameters() const {
-  std::vector<at::Tensor> p = {embed_, final_norm_};
-  if (!config_.tie_word_embeddings) p.push_back(lm_head_);
+  std::vector<at::Tensor> p = {embed_.defined() ? embed_ : Dense(lm_head_, lm_head_packed_), final_norm_};
+  if (!config_.tie_word_embeddings) p.push_back(Dense(lm_head_, lm_head_packed_));
   for (const Layer& l : layers_) {
-    for (const at::Tensor* t : {&l.attn_norm, &l.wqkv, &l.wo, &l.ffn_norm, &l.w13, &l.w2}) {
-      p.push_back(*t);
-    }
+    p.push_back(l.attn_norm);
+    p.push_back(Dense(l.wqkv, l.wqkv_packed));
+    p.push_back(Dense(l.wo, l.wo_packed));
+    p.push_back(l.ffn_norm);
+    p.push_back(Dense(l.w13, l.w13_packed));
+    p.push_back(Dense(l.w2, l.w2_packed));
   }
   return p;
 }
@@ -839,18 +1024,21 @@ std::map<std::string, at::Tensor> LlamaModel::NamedTensors() const {
   const int64_t hd = config_.head_dim();
   const int64_t q = config_.n_heads * hd, kv = config_.n_kv_heads * hd, F = config_.hidden_dim;
   std::map<std::string, at::Tensor> t;
-  t["model.embed_tokens.weight"] = cpu(embed_);
+  // Packed-only matrices are dequantized for the copy, not kept.
+  const at::Tensor head = Dense(lm_head_, lm_head_packed_, /*keep=*/false);
+  t["model.embed_tokens.weight"] = cpu(embed_.defined() ? embed_ : head);
   t["model.norm.weight"] = cpu(final_norm_);
-  if (!config_.tie_word_embeddings) t["lm_head.weight"] = cpu(lm_head_);
+  if (!config_.tie_word_embeddings) t["lm_head.weight"] = cpu(head);
   for (int64_t i = 0; i < n_layers(); ++i) {
     const Layer& l = layers_[i];
-    t[LayerName(i, "self_attn.q_proj.weight")] = cpu(l.wqkv.narrow(0, 0, q));
-    t[LayerName(i, "self_attn.k_proj.weight")] = cpu(l.wqkv.narrow(0, q, kv));
-    t[LayerName(i, "self_attn.v_proj.weight")] = cpu(l.wqkv.narrow(0, q + kv, kv));
-    t[LayerName(i, "self_attn.o_proj.weight")] = cpu(l.wo);
-    t[LayerName(i, "mlp.gate_proj.weight")] = cpu(l.w13.narrow(0, 0, F));
-    t[LayerName(i, "mlp.up_proj.weight")] = cpu(l.w13.narrow(0, F, F));
-    t[LayerName(i, "mlp.down_proj.weight")] = cpu(l.w2);
+    const at::Tensor wqkv = Dense(l.wqkv, l.wqkv_packed, false), w13 = Dense(l.w13, l.w13_packed, false);
+    t[LayerName(i, "self_attn.q_proj.weight")] = cpu(wqkv.narrow(0, 0, q));
+    t[LayerName(i, "self_attn.k_proj.weight")] = cpu(wqkv.narrow(0, q, kv));
+    t[LayerName(i, "self_attn.v_proj.weight")] = cpu(wqkv.narrow(0, q + kv, kv));
+    t[LayerName(i, "self_attn.o_proj.weight")] = cpu(Dense(l.wo, l.wo_packed, false));
+    t[LayerName(i, "mlp.gate_proj.weight")] = cpu(w13.narrow(0, 0, F));
+    t[LayerName(i, "mlp.up_proj.weight")] = cpu(w13.narrow(0, F, F));
+    t[LayerName(i, "mlp.down_proj.weight")] = cpu(Dense(l.w2, l.w2_packed, false));
     t[LayerName(i, "input_layernorm.weight")] = cpu(l.attn_norm);
     t[LayerName(i, "post_attention_layernorm.weight")] = cpu(l.ffn_norm);
   }

@@ -25,10 +25,12 @@
 // which stays the reference. The two agree to 1e-4 in the logits (tests).
 // Weight storage (issue 35; ModelOptions::weights, weight_format.h): the
 // fused path reads every matrix packed as f32, bf16 or Q8_0
-// (cpu_quant_kernels.h); the tensors themselves hold the format's values
-// (dequantized), so the eager path computes with the same weights: bf16
-// agrees to 1e-4, q8_0 (whose kernels also round activations to int8
-// blocks) to about 2-4% of the largest |logit| (tests).
+// (cpu_quant_kernels.h). With bf16 / Q8_0 on the fused path the packed copy
+// is the only one kept (see ModelOptions::weights): the eager path computes
+// with its dequantized values (materialized on first use), so both compute
+// with the same weights: bf16 agrees to 1e-4, q8_0 (whose kernels also
+// round activations to int8 blocks) to about 2-4% of the largest |logit|
+// (tests).
 // Graphs (GraphMode, on by default on CUDA): single-slot cached steps of at
 // most kMaxGraphPositions rows run StaticForward from recorded buffers,
 // captured as CUDA graphs on a CUDA build (internal/step_graphs.h); that
@@ -48,6 +50,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -141,12 +144,22 @@ struct ModelOptions {
   // Captured decode graphs (see GraphMode).
   GraphMode graphs = GraphMode::kAuto;
   // How the matrices are stored (weight_format.h; the --weights flag):
-  // kAuto keeps the checkpoint's storage. A format other than f32 rounds
-  // every matrix's tensor at load to the values the format holds (bf16, or
-  // Q8_0 quantized and dequantized), so the eager path computes with the
-  // dequantized weights (the reference); the fused path reads the packed
-  // bf16 / Q8_0 copy. A matrix whose input dimension the format's packing
-  // cannot take (bf16: in % 8, q8_0: in % 32) stays float32.
+  // kAuto keeps the checkpoint's storage. A matrix whose input dimension
+  // the format's packing cannot take (bf16: in % 8, q8_0: in % 32) stays
+  // float32. With bf16 / q8_0:
+  //  - fused path, read-only weights (!writable_weights): each matrix is
+  //    converted at load straight from the checkpoint's storage (chunks of
+  //    rows, the file's pages released behind) into its packed form, and no
+  //    float32 copy is kept: a tied LM head is also the embedding table
+  //    (Embed reads its rows), an untied bf16 / f16 embedding stays in the
+  //    file's dtype (wrapped in the mapping). The eager path (cache-free
+  //    passes, StaticForward, autograd), Parameters() and NamedTensors()
+  //    read the packed values dequantized to float32; the eager path and
+  //    Parameters() keep that copy once made (resident_weight_bytes()).
+  //  - otherwise (eager kernels, another device or dtype, writable weights):
+  //    every matrix's tensor is rounded at load to the values the format
+  //    holds (bf16, or Q8_0 quantized and dequantized), the reference
+  //    weights, and the fused path (if on) reads a packed copy beside it.
   WeightFormat weights = WeightFormat::kAuto;
   // Example: ModelOptions{c10::Device("cuda:0"), c10::kBFloat16}
 };
@@ -182,6 +195,14 @@ class LlamaModel {
   // Bytes of the matrices one full decode step reads on the fused path
   // (every block and the LM head, in their packed formats).
   int64_t packed_weight_bytes() const;
+  // Bytes of weights this model holds now: every weight tensor it keeps
+  // (owned or wrapped in a checkpoint's mapping; a tensor shared by the
+  // embedding and a tied head counted once), every packed matrix, and the
+  // float32 matrices the eager path materialized from packed ones.
+  // On the fused path with bf16 / q8_0 read-only weights this is
+  // packed_weight_bytes() + the float32 norms (+ an untied embedding table)
+  // until an eager call materializes matrices. Thread-safe.
+  int64_t resident_weight_bytes() const;
 
   // Token embedding: tokens [B, T] int64 -> hidden [B, T, d].
   at::Tensor Embed(const at::Tensor& tokens) const;
@@ -275,7 +296,11 @@ class LlamaModel {
   at::Tensor FinalNorm(const at::Tensor& hidden) const;
 
   // The trainable tensors (fused layouts: wqkv [(H+2Hkv)*hd, d],
-  // w13 [2*hidden, d]); the trainer sets requires_grad on them.
+  // w13 [2*hidden, d]); the trainer sets requires_grad on them. On a model
+  // whose bf16 / q8_0 matrices are packed only (ModelOptions::weights) the
+  // matrices are float32 copies dequantized from the packed ones (made once,
+  // then kept): updating them does not change what the fused path reads;
+  // load with writable_weights to train.
   std::vector<at::Tensor> Parameters() const;
 
   // Weights under Hugging Face names, rotate-half convention, float32 CPU
@@ -294,7 +319,9 @@ class LlamaModel {
   // have no version counter: an in-place update of those (possible only
   // inside InferenceMode; they cannot be trained) is not seen.
   // Empty when the fused path is off or the matrix is not cpu::Packable.
-  // Costs one more copy of the matrices in memory on the fused path.
+  // Costs one more copy of the matrices in memory on the fused path, except
+  // for a packed-only matrix (ModelOptions::weights: the tensor is
+  // undefined and this is the weight; never stale).
   // format says which of data (cpu::PackRows), bf16 (cpu::PackRowsBf16) or
   // q8 (cpu::PackRowsQ8_0) holds it.
   struct PackedWeight {
@@ -303,6 +330,10 @@ class LlamaModel {
     std::vector<uint16_t> bf16;
     std::vector<uint8_t> q8;
     int64_t version = -1;
+    int64_t rows = 0, in = 0;  // the matrix's shape [rows, in]
+    // Packed-only matrices: the float32 values the eager path materialized
+    // (Dense), under dense_mu_; undefined until then.
+    mutable at::Tensor dense;
     int64_t bytes() const {
       return static_cast<int64_t>(data.size() * 4 + bf16.size() * 2 + q8.size());
     }
@@ -336,6 +367,16 @@ class LlamaModel {
   // fused_, packs it into *p in that format (q8_0_blocks: the file's own
   // Q8_0 blocks of *w, [rows, in / 32 * 34] uint8, or undefined).
   void StoreMatrix(at::Tensor* w, const at::Tensor& q8_0_blocks, PackedWeight* p) const;
+  // Whether a matrix of input dimension `in` is kept packed only (fused
+  // path, read-only weights, bf16 / q8_0 that can pack `in`).
+  bool PackedOnly(int64_t in) const;
+  // Packs the matrix whose rows are those of `parts` (any float dtype, CPU,
+  // [rows_i, in]) into *p in weights_, in chunks of rows (never a float32
+  // copy of the whole matrix); q8_0_blocks as StoreMatrix's.
+  void PackParts(const std::vector<at::Tensor>& parts, const at::Tensor& q8_0_blocks, PackedWeight* p) const;
+  // w, or (w undefined: a packed-only matrix) its values dequantized from
+  // p as a float32 [rows, in] tensor, kept in p.dense when keep.
+  at::Tensor Dense(const at::Tensor& w, const PackedWeight& p, bool keep = true) const;
   // p when it was packed from w as w is now, else nullptr.
   static const PackedWeight* PackedOrNull(const at::Tensor& w, const PackedWeight& p);
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
@@ -343,15 +384,20 @@ class LlamaModel {
 
   ModelConfig config_;
   ModelOptions options_;
-  at::Tensor embed_;      // [V, d]
+  at::Tensor embed_;      // [V, d]; undefined when the tied head is packed only
+                          // (Embed reads its rows); bf16 / f16 when untied and
+                          // the file stores it so (packed-only models)
   at::Tensor final_norm_; // [d]
-  at::Tensor lm_head_;    // [V, d]; same storage as embed_ when tied
+  at::Tensor lm_head_;    // [V, d]; same storage as embed_ when tied; undefined
+                          // when packed only
   PackedWeight lm_head_packed_;
   std::vector<Layer> layers_;
   at::Tensor rope_cos_;   // [max_seq_len, hd] (halves repeated), compute dtype
   at::Tensor rope_sin_;   // [max_seq_len, hd]
   bool fused_ = false;    // options_.kernels == kFused on CPU float32
   WeightFormat weights_ = WeightFormat::kF32;  // options_.weights resolved
+  // Guards the PackedWeight::dense copies.
+  mutable std::mutex dense_mu_;
   // The recorded decode graphs (shared/model/internal/step_graphs.h); null
   // when graphs are off. A shared_ptr, so that the implicit destructor
   // needs no complete type here.

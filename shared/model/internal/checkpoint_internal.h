@@ -29,9 +29,11 @@ using TensorMap = std::map<std::string, at::Tensor>;
 // A float32 CPU tensor of `shape` from `dtype` bytes at `ptr`, which point
 // into memory that `owner` keeps alive (a MappedFile or SafetensorsFile).
 // F32 with 4-byte alignment is wrapped in place (zero copy; the tensor keeps
-// `owner` alive); anything else is copied and converted.
+// `owner` alive); anything else is copied and converted. keep_dtype: the
+// result has `dtype` itself (wrapped in place when aligned, else copied).
 at::Tensor TensorFromMapping(const std::shared_ptr<const void>& owner, const uint8_t* ptr,
-                             const std::vector<int64_t>& shape, at::ScalarType dtype);
+                             const std::vector<int64_t>& shape, at::ScalarType dtype,
+                             bool keep_dtype = false);
 
 // A contiguous CPU tensor of `dtype` (t itself when it already is one).
 at::Tensor AsContiguous(const at::Tensor& t, at::ScalarType dtype);
