@@ -74,6 +74,26 @@ COMMANDS = {
          "build/bench/lede-bench bench --model out/lede-tiny-w5 --calibration out/lede-tiny-w5/calibration-cpu.json "
          "--prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --methods ar,static "
          "--static-configs 2:3 --threads 1 --max-draft-len 6 --prompts-per-set 24 --repeats 1 --json bench/results/widen-factor5-rerun.json"),
+    "bench/results/widen-factor3-policies.json":
+        ("lede-bench bench", "build/services/cli/lede widen --model models/lede-tiny --factor 3 --out out/lede-tiny-w3 --calibrate && "
+         "cp out/lede-tiny-w3/calibration-cpu.json out/lede-tiny-w3/calibration-cpu-3pass.json && "
+         "bench/record.py bench/results/widen-factor3-policies.json -- build/bench/lede-bench bench --model out/lede-tiny-w3 "
+         "--calibration out/lede-tiny-w3/calibration-cpu-3pass.json "
+         "--prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --candidate-layers 1,2,3,4,5,6 "
+         "--policy models/lede-tiny/widened/f5af6d6cac8c82d1/policy/accelerator-v1 --max-draft-len 6 --prompts-per-set 24 "
+         "--new-tokens 64 --threads 1 --repeats 2 --static-configs 2:3 --json '{json}'"),
+    "bench/results/widen-factor3-policies-rerun.json":
+        ("lede-bench bench", "bench/record.py bench/results/widen-factor3-policies-rerun.json -- build/bench/lede-bench bench "
+         "--model out/lede-tiny-w3 --calibration out/lede-tiny-w3/calibration-cpu-3pass.json "
+         "--prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --candidate-layers 1,2,3,4,5,6 "
+         "--policy models/lede-tiny/widened/f5af6d6cac8c82d1/policy/accelerator-v1 --max-draft-len 6 --prompts-per-set 24 "
+         "--new-tokens 64 --threads 1 --repeats 2 --static-configs 2:3 --json '{json}'   # as widen-factor3-policies.json, later"),
+    "bench/results/widen-factor5-policies.json":
+        ("lede-bench bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/lede-tiny-w5 && "
+         "bench/record.py bench/results/widen-factor5-policies.json -- build/bench/lede-bench bench --model out/lede-tiny-w5 "
+         "--calibration bench/results/widen-factor5-calibration-cpu.json --prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --candidate-layers 1,2,3,4,5,6 "
+         "--policy models/lede-tiny/widened/8bc082e881c66e99/policy/accelerator-v1 --max-draft-len 6 --prompts-per-set 24 "
+         "--new-tokens 64 --threads 1 --repeats 1 --static-configs 2:3 --json '{json}'"),
     "bench/results/llamacpp-2026-12-04-native.json":
         ("llamacpp_bench", "scripts/install_node_llama_cpp.sh && node bench/llamacpp_bench.mjs --model models/lede-tiny "
          "--threads 1 --tokens 96 --repeats 3 --out bench/results/llamacpp-2026-12-04-native.json"),

@@ -43,7 +43,7 @@ struct Flags {
   int64_t per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 128, extra_count = 0,
           max_draft = 4, iterations = 6, epochs = 16, seed = 1, threads = 1, hidden = 64, batch_size = 256;
   double selection_fraction = 0.25, epsilon = 0.2, lr = 1e-3, conservative_margin = 0.0;
-  std::string initial_policy = "static", loads, warm_start, weights = "auto";
+  std::string initial_policy = "static", loads, warm_start, weights = "auto", trace_model;
   double ridge_tokens = lede::model::kDefaultRidgeTokens;
   bool overwrite = false, probe_candidates = false, lookahead_probe = false, rollout = true;
 };
@@ -227,6 +227,54 @@ Status TraceRequests(const Flags& fl, const lede::tokenizer::Tokenizer& tok, led
   return lede::OkStatus();
 }
 
+// --trace-model: the traces are a function of the model's logits only
+// (counterfactual.h), so a model that computes the same function as --model
+// may compute them at its own speed: the source of a `lede widen` checkpoint
+// (whose config.json names the source's fingerprint in its lede_widen
+// record) traces at the source's cost, and the cost model, the fingerprint
+// and the policy stay --model's. Refused unless --model is such a widening
+// of the trace model and the two agree on the first trace: --model's own
+// uncached pass over its prompt and output must give the same exit top-1 at
+// 99% or more of the layers and positions (float near-ties aside).
+Status CheckTraceModel(const Flags& fl, const lede::model::LlamaModel& model, const lede::model::LlamaModel& tracer,
+                       const lede::trainer::ShadowTrace& first) {
+  std::ifstream in(fl.model + "/config.json");
+  const nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const auto widen = config.is_object() ? config.find("lede_widen") : config.end();
+  const std::string want = tracer.config().ArchitectureFingerprint();
+  if (widen == config.end() || !widen->is_object() || !widen->contains("source_fingerprint") ||
+      !(*widen)["source_fingerprint"].is_string() || (*widen)["source_fingerprint"].get<std::string>() != want) {
+    return lede::InvalidArgumentError("--trace-model: " + fl.model +
+                                      "/config.json has no lede_widen record whose source_fingerprint is " +
+                                      fl.trace_model + "'s (" + want + ")");
+  }
+  if (model.config().n_layers != tracer.config().n_layers) {
+    return lede::InvalidArgumentError("--trace-model: another number of layers than --model");
+  }
+  std::vector<int32_t> output = first.target;
+  const bool ended_on_eos = !output.empty() && std::find(first.eos_ids.begin(), first.eos_ids.end(),
+                                                         output.back()) != first.eos_ids.end() &&
+                            static_cast<int64_t>(output.size()) <= first.max_new_tokens &&
+                            output.size() > 1;
+  if (ended_on_eos) output.pop_back();
+  LEDE_ASSIGN_OR_RETURN(lede::trainer::ShadowTrace own,
+                        lede::trainer::ComputeShadowTrace(model, first.prompt, output, ended_on_eos,
+                                                          first.max_new_tokens, first.top_k, first.id));
+  int64_t same = 0, total = 0;
+  for (size_t l = 0; l < own.probes.size() && l < first.probes.size(); ++l) {
+    for (size_t t = 0; t < own.probes[l].size() && t < first.probes[l].size(); ++t) {
+      same += own.probes[l][t].top1 == first.probes[l][t].top1;
+      ++total;
+    }
+  }
+  std::fprintf(stderr, "--trace-model: %s and %s agree on %lld of %lld exit top-1s of the first trace\n",
+               fl.model.c_str(), fl.trace_model.c_str(), static_cast<long long>(same), static_cast<long long>(total));
+  if (total == 0 || own.probes.size() != first.probes.size() || same < 0.99 * static_cast<double>(total)) {
+    return lede::InvalidArgumentError("--trace-model: " + fl.trace_model + " does not compute --model's function");
+  }
+  return lede::OkStatus();
+}
+
 void PrintIteration(const std::vector<int32_t>& loads, const lede::trainer::DinkelbachIteration& it) {
   std::fprintf(stderr,
                "iteration %d: rho %.4f, %lld transitions -> train %.4fx, selection %.4fx, %s (%.0f s); "
@@ -300,9 +348,26 @@ int Run(const Flags& fl) {
   if (!options.ok()) return Fail(options.status());
   const lede::trainer::DinkelbachOptions& o = *options;
 
-  // Requests: tuning splits of the prompt sets, then the extra prompts.
+  // Requests: tuning splits of the prompt sets, then the extra prompts,
+  // traced by --model or by --trace-model (CheckTraceModel).
   std::vector<lede::trainer::ShadowTrace> train, selection;
-  if (Status st = TraceRequests(fl, **tok, **engine, o.spec.top_k, &train, &selection); !st.ok()) return Fail(st);
+  if (fl.trace_model.empty()) {
+    if (Status st = TraceRequests(fl, **tok, **engine, o.spec.top_k, &train, &selection); !st.ok()) return Fail(st);
+  } else {
+    auto tracer = lede::model::LlamaModel::Load(fl.trace_model, model_options);
+    if (!tracer.ok()) return Fail(tracer.status());
+    std::shared_ptr<const lede::model::LlamaModel> tracer_model = std::move(*tracer);
+    auto tracer_engine = lede::model::Engine::Create(tracer_model, ko);
+    if (!tracer_engine.ok()) return Fail(tracer_engine.status());
+    if (Status st = TraceRequests(fl, **tok, **tracer_engine, o.spec.top_k, &train, &selection); !st.ok()) {
+      return Fail(st);
+    }
+    std::fprintf(stderr, "\n");
+    if (Status st = CheckTraceModel(fl, *model, *tracer_model, selection.empty() ? train.front() : selection.front());
+        !st.ok()) {
+      return Fail(st);
+    }
+  }
   std::fprintf(stderr, "\n%zu training requests, %zu selection requests, cost model %s\n", train.size(),
                selection.size(), cost->name().c_str());
   auto sel_static = lede::trainer::BestStatic(selection, 8, *cost);
@@ -370,6 +435,10 @@ int main(int argc, char** argv) {
         "train at these loads (sessions decoding at once, comma-separated; the policy sees the load), each priced "
         "by the cost model at that load; default: alone");
   f.Add("ridge-tokens", &fl.ridge_tokens, "--loads with the accelerator cost model: its roofline ridge in tokens");
+
+  f.Add("trace-model", &fl.trace_model,
+        "compute the shadow traces with this model, the source of `lede widen` --model (the same function: "
+        "checked), at its speed; the cost model, fingerprint and policy stay --model's");
 
   f.Add("seed", &fl.seed, "seed");
   f.Add("threads", &fl.threads, "libtorch threads");

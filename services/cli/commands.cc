@@ -709,6 +709,10 @@ int RunWiden(const std::vector<std::string>& args, std::ostream& out, std::ostre
       << std::fixed << std::setprecision(1) << widened->widened_parameters * 4.0 / 1e6 << " MB float32); copied";
   for (const std::string& name : widened->copied_files) err << " " << name;
   for (const std::string& name : widened->removed_files) err << "; removed the stale " << name;
+  if (!widened->installed_policies.empty()) {
+    err << "; installed the policies shipped for this shape into " << out_dir << "/policy:";
+    for (const std::string& name : widened->installed_policies) err << " " << name;
+  }
   err << "\n";
   if (!calibrate) return kExitOk;
   const std::string cal_path = (std::filesystem::path(out_dir) / "calibration-cpu.json").string();

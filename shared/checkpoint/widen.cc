@@ -198,6 +198,36 @@ Status WriteMetadata(const fs::path& src, const fs::path& out, Json root, int64_
   return OkStatus();
 }
 
+// The policies shipped for this widened shape (widen.h): the source's
+// widened/<fingerprint>/policy tree, copied byte for byte into out/policy
+// (files of an earlier run replaced, others left).
+Status InstallShippedPolicies(const fs::path& src, const fs::path& out, const model::ModelConfig& w,
+                              WidenResult* result) {
+  const fs::path shipped = src / "widened" / w.ArchitectureFingerprint() / "policy";
+  std::error_code ec;
+  if (!fs::is_directory(shipped, ec)) return OkStatus();
+  std::vector<fs::path> files;
+  for (auto it = fs::recursive_directory_iterator(shipped, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    if (it->is_regular_file(ec)) files.push_back(it->path());
+  }
+  if (ec) return InternalError(shipped.string() + ": cannot list: " + ec.message());
+  std::sort(files.begin(), files.end());
+  for (const fs::path& f : files) {
+    const fs::path dest = out / "policy" / fs::relative(f, shipped, ec);
+    if (ec) return InternalError(f.string() + ": " + ec.message());
+    fs::create_directories(dest.parent_path(), ec);
+    if (ec) return InternalError(dest.parent_path().string() + ": cannot create directory: " + ec.message());
+    LEDE_ASSIGN_OR_RETURN(std::string bytes, file::ReadFile(f.string()));
+    LEDE_RETURN_IF_ERROR(file::WriteFileAtomically(dest.string(), bytes));
+  }
+  for (auto it = fs::directory_iterator(shipped, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    if (it->is_directory(ec)) result->installed_policies.push_back(it->path().filename().string());
+  }
+  std::sort(result->installed_policies.begin(), result->installed_policies.end());
+  return OkStatus();
+}
+
 }  // namespace
 
 StatusOr<WidenResult> WidenCheckpoint(const std::string& source_dir, const std::string& out_dir,
@@ -300,6 +330,7 @@ StatusOr<WidenResult> WidenCheckpoint(const std::string& source_dir, const std::
   values.clear();
 
   LEDE_RETURN_IF_ERROR(WriteMetadata(src, out, std::move(root), K, K2, s, w, &result));
+  LEDE_RETURN_IF_ERROR(InstallShippedPolicies(src, out, w, &result));
   return result;
 }
 

@@ -49,6 +49,7 @@ struct WidenResult {
   int64_t widened_parameters = 0;
   std::vector<std::string> copied_files;  // tokenizer / generation files, by name
   std::vector<std::string> removed_files;  // stale files of an earlier run in out_dir
+  std::vector<std::string> installed_policies;  // shipped policy versions copied to out_dir/policy
 };
 
 // Widens the Hugging Face Llama checkpoint directory `source_dir` (config.json
@@ -72,6 +73,12 @@ struct WidenResult {
 // a tensor of the wrong shape, a sharded (model.safetensors.index.json) or
 // llama2.c source. Also kInvalidArgument for a factor < 1, and
 // kAlreadyExists when out_dir holds a config.json and !overwrite.
+// Policies trained for the widened shape ship with the source: when
+// source_dir/widened/<the widened ArchitectureFingerprint>/policy exists,
+// its files (policy versions and SERVING) are copied byte for byte into
+// out_dir/policy, so the output serves LEDE without training. The
+// fingerprint covers every widened size (factor and ffn factor), so a shape
+// gets only its own policies.
 // kNotFound for a missing source; kInternal on I/O errors.
 StatusOr<WidenResult> WidenCheckpoint(const std::string& source_dir, const std::string& out_dir,
                                       const WidenOptions& options);

@@ -248,6 +248,40 @@ TEST(WidenTest, OutputIsByteIdenticalRunToRun) {
   }
 }
 
+// The policies shipped under source/widened/<widened fingerprint>/policy are
+// installed byte for byte into out/policy; another shape's are not.
+TEST(WidenTest, InstallsThePoliciesShippedForTheWidenedShapeOnly) {
+  ::lede::testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  WriteRandomCheckpoint(tmp.path() / "src", SmallGqaConfig(false), 3);
+  checkpoint::WidenOptions options;
+  options.factor = 2;
+  auto first = checkpoint::WidenCheckpoint((tmp.path() / "src").string(), (tmp.path() / "a").string(), options);
+  ASSERT_THAT(first, IsOk());
+  EXPECT_TRUE(first->installed_policies.empty());
+  EXPECT_FALSE(fs::exists(tmp.path() / "a" / "policy"));
+  const fs::path shipped = tmp.path() / "src" / "widened" / first->widened.ArchitectureFingerprint() / "policy";
+  fs::create_directories(shipped / "measured-v1");
+  std::ofstream(shipped / "SERVING") << "measured-v1\n";
+  std::ofstream(shipped / "measured-v1" / "policy.json") << "{\"version\": \"measured-v1\"}\n";
+  options.overwrite = true;
+  auto second = checkpoint::WidenCheckpoint((tmp.path() / "src").string(), (tmp.path() / "a").string(), options);
+  ASSERT_THAT(second, IsOk());
+  EXPECT_EQ(second->installed_policies, std::vector<std::string>{"measured-v1"});
+  for (const char* name : {"SERVING", "measured-v1/policy.json"}) {
+    auto x = file::ReadFile((shipped / name).string());
+    auto y = file::ReadFile((tmp.path() / "a" / "policy" / name).string());
+    ASSERT_THAT(x, IsOk());
+    ASSERT_THAT(y, IsOk()) << name;
+    EXPECT_EQ(*x, *y) << name;
+  }
+  options.factor = 3;  // another shape: nothing installed
+  auto other = checkpoint::WidenCheckpoint((tmp.path() / "src").string(), (tmp.path() / "b").string(), options);
+  ASSERT_THAT(other, IsOk());
+  EXPECT_TRUE(other->installed_policies.empty());
+  EXPECT_FALSE(fs::exists(tmp.path() / "b" / "policy"));
+}
+
 // A source the padding cannot keep exact is refused, the message naming the
 // config field (or tensor) responsible.
 TEST(WidenTest, RefusesWhatItCannotEmbedNamingTheField) {

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Trains LEDE's exit policies for lede-tiny widened by FACTOR (`lede widen`,
+# docs/models.md "The memory-bound regime") and ships them under
+# models/lede-tiny/widened/<fingerprint>/policy, whence `lede widen` installs
+# them into every output of that shape (with SERVING):
+#   accelerator-v1  tokens - rho * cost under the accelerator cost model of the
+#                   wide shape (machine-independent: the LM head costs ~0.4
+#                   layer-equivalents at factor 3, ~0.2 at factor 5, 1.0 in
+#                   lede-tiny)
+#   measured-v1     with LEDE_WIDEN_MEASURED=1 only: the same under the wide
+#                   shape's measured cost model (MODEL/calibration-cpu.json of
+#                   `lede widen --calibrate` on this machine; machine-specific,
+#                   so not shipped by default: on this shared VM the round
+#                   timings of that calibration moved by 2-4x between entries)
+# Both as scripts/train_policies.sh's accelerator-v7 / measured-v9 (same
+# prompts, flags and seed), except that the shadow traces are computed by
+# lede-tiny itself (--trace-model): the widened model computes lede-tiny's
+# function, so its greedy trajectories and exit signals are lede-tiny's (the
+# trainer checks this on the first trace) and only the cost model is the
+# wide shape's. Training then takes the same few minutes for every factor.
+# usage: scripts/train_widened_policies.sh FACTOR [SERVING]   (SERVING: the version to serve; default accelerator-v1)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FACTOR=${1:?usage: scripts/train_widened_policies.sh FACTOR [SERVING]}
+SERVING=${2:-accelerator-v1}
+MEASURED=${LEDE_WIDEN_MEASURED:-0}
+SOURCE=models/lede-tiny
+MODEL=${LEDE_MODEL:-out/lede-tiny-w$FACTOR}
+LEDE=build/services/cli/lede
+TRAIN=build/trainer/lede-train-counterfactual
+EXTRA=40
+mkdir -p out/policies "out/widened-policies/w$FACTOR"
+python3 scripts/make_policy_training_prompts.py out/policy-prompts $((2 * EXTRA))
+[[ -f "$MODEL/config.json" ]] || "$LEDE" widen --model "$SOURCE" --factor "$FACTOR" --out "$MODEL" --overwrite
+[[ $MEASURED == 0 || -f "$MODEL/calibration-cpu.json" ]] ||
+  "$LEDE" calibrate --model "$MODEL" --threads 1 --round-passes 8 --round-max-draft-len 6 --out "$MODEL/calibration-cpu.json"
+train() {  # name cost_model
+  local name=$1 cost=$2 out="out/widened-policies/w$FACTOR/$1"
+  "$TRAIN" --model "$MODEL" --trace-model "$SOURCE" \
+    --prompts "$SOURCE/prompts/story.jsonl,$SOURCE/prompts/code.jsonl" --prompts-per-set 48 --new-tokens 128 \
+    --extra-prompts out/policy-prompts/train-story.jsonl,out/policy-prompts/train-code.jsonl --extra-count "$EXTRA" \
+    --exclude-prompts "$SOURCE/prompts/story.jsonl,$SOURCE/prompts/code.jsonl" --iterations 6 --epochs 16 \
+    --reward throughput --cost-model "$cost" --calibration "$MODEL/calibration-cpu.json" \
+    --candidate-layers 1,2,3,4,5,6 --max-draft-len 6 --threads 1 --seed 1 --conservative-margin 0.2 \
+    --initial-policy calibrated --out "$out" --version "$name" --overwrite 2>&1 |
+    tr '\r' '\n' | grep -v '^shadow traces' | tee "out/policies/train-w$FACTOR-$name.log"
+  cp "out/policies/train-w$FACTOR-$name.log" "$out/training_report.txt"
+}
+train accelerator-v1 accelerator
+FINGERPRINT=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["model_fingerprint"])' \
+  "out/widened-policies/w$FACTOR/accelerator-v1/policy.json")
+SHIP="$SOURCE/widened/$FINGERPRINT/policy"
+rm -rf "$SHIP" && mkdir -p "$SHIP"
+cp -r "out/widened-policies/w$FACTOR/accelerator-v1" "$SHIP/"
+if [[ $MEASURED != 0 ]]; then
+  train measured-v1 measured
+  cp -r "out/widened-policies/w$FACTOR/measured-v1" "$SHIP/"
+  cp "$MODEL/calibration-cpu.json" "$SHIP/measured-v1/calibration-cpu.json"  # the measured model it was trained under
+fi
+printf '%s\n' "$SERVING" > "$SHIP/SERVING"
+echo "shipped $SHIP (factor $FACTOR, SERVING $SERVING)"
