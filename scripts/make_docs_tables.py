@@ -97,6 +97,12 @@ COMMANDS = {
     "bench/results/llamacpp-2026-12-04-native.json":
         ("llamacpp_bench", "scripts/install_node_llama_cpp.sh && node bench/llamacpp_bench.mjs --model models/lede-tiny "
          "--threads 1 --tokens 96 --repeats 3 --out bench/results/llamacpp-2026-12-04-native.json"),
+    "bench/results/llamacpp-w5-trained.json":
+        ("llamacpp_bench", "scripts/install_node_llama_cpp.sh && build/services/cli/lede widen --model models/lede-tiny "
+         "--factor 5 --out out/w5t --overwrite && "
+         "node bench/llamacpp_bench.mjs --model out/w5t --policy out/w5t/policy --formats f32,bf16,q8_0 --threads 1 "
+         "--tokens 96 --repeats 3 --eval-prompts 8 --tuning-prompts 4 --static 1:3,1:4,2:2,2:3,2:4,3:3,3:4 "
+         "--out bench/results/llamacpp-w5-trained.json   # quiet VM; the shipped accelerator-v1 policy of the shape"),
     "bench/results/llamacpp-w5.json":
         ("llamacpp_bench", "scripts/install_node_llama_cpp.sh && build/services/cli/lede widen --model models/lede-tiny "
          "--factor 5 --out out/w5 && build/trainer/lede-init-policy --model out/w5 --policy-root out/w5/policy && "
