@@ -88,6 +88,12 @@ COMMANDS = {
          "--prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --candidate-layers 1,2,3,4,5,6 "
          "--policy models/lede-tiny/widened/f5af6d6cac8c82d1/policy/accelerator-v1 --max-draft-len 6 --prompts-per-set 24 "
          "--new-tokens 64 --threads 1 --repeats 2 --static-configs 2:3 --json '{json}'   # as widen-factor3-policies.json, later"),
+    "bench/results/widen-factor3-policies-quiet.json":
+        ("lede-bench bench", "bench/record.py bench/results/widen-factor3-policies-quiet.json -- build/bench/lede-bench bench "
+         "--model out/lede-tiny-w3 --calibration out/lede-tiny-w3/calibration-cpu-3pass.json "
+         "--prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --candidate-layers 1,2,3,4,5,6 "
+         "--policy models/lede-tiny/widened/f5af6d6cac8c82d1/policy/accelerator-v1 --max-draft-len 6 --prompts-per-set 24 "
+         "--new-tokens 64 --threads 1 --repeats 2 --static-configs 2:3 --json '{json}'   # as above, on a quiet VM"),
     "bench/results/widen-factor5-policies.json":
         ("lede-bench bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/lede-tiny-w5 && "
          "bench/record.py bench/results/widen-factor5-policies.json -- build/bench/lede-bench bench --model out/lede-tiny-w5 "
