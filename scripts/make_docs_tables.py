@@ -94,6 +94,15 @@ COMMANDS = {
          "--prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --candidate-layers 1,2,3,4,5,6 "
          "--policy models/lede-tiny/widened/f5af6d6cac8c82d1/policy/accelerator-v1 --max-draft-len 6 --prompts-per-set 24 "
          "--new-tokens 64 --threads 1 --repeats 2 --static-configs 2:3 --json '{json}'   # as above, on a quiet VM"),
+    "bench/results/widen-factor3-policies-quietcal.json":
+        ("lede-bench bench", "build/services/cli/lede calibrate --model out/lede-tiny-w3 --threads 1 --round-passes 3 "
+         "--round-max-draft-len 6 --out /tmp/w3-cal-quiet.json && bench/record.py "
+         "bench/results/widen-factor3-calibration-cpu-quiet.json --from /tmp/w3-cal-quiet.json --command '...' && "
+         "bench/record.py bench/results/widen-factor3-policies-quietcal.json -- build/bench/lede-bench bench "
+         "--model out/lede-tiny-w3 --calibration bench/results/widen-factor3-calibration-cpu-quiet.json "
+         "--prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --candidate-layers 1,2,3,4,5,6 "
+         "--policy models/lede-tiny/widened/f5af6d6cac8c82d1/policy/accelerator-v1 --max-draft-len 6 --prompts-per-set 24 "
+         "--new-tokens 64 --threads 1 --repeats 2 --static-configs 2:3 --json '{json}'   # quiet VM, quiet calibration"),
     "bench/results/widen-factor5-policies.json":
         ("lede-bench bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/lede-tiny-w5 && "
          "bench/record.py bench/results/widen-factor5-policies.json -- build/bench/lede-bench bench --model out/lede-tiny-w5 "
