@@ -109,6 +109,16 @@ COMMANDS = {
          "--calibration bench/results/widen-factor5-calibration-cpu.json --prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --candidate-layers 1,2,3,4,5,6 "
          "--policy models/lede-tiny/widened/8bc082e881c66e99/policy/accelerator-v1 --max-draft-len 6 --prompts-per-set 24 "
          "--new-tokens 64 --threads 1 --repeats 1 --static-configs 2:3 --json '{json}'"),
+    "bench/results/widen-factor5-policies-quietcal.json":
+        ("lede-bench bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/w5t --overwrite && "
+         "build/services/cli/lede calibrate --model out/w5t --threads 1 --round-passes 3 --round-max-draft-len 6 "
+         "--out /tmp/w5-cal-quiet.json && bench/record.py bench/results/widen-factor5-calibration-cpu-quiet.json "
+         "--from /tmp/w5-cal-quiet.json --command '...' && "
+         "bench/record.py bench/results/widen-factor5-policies-quietcal.json -- build/bench/lede-bench bench --model out/w5t "
+         "--calibration bench/results/widen-factor5-calibration-cpu-quiet.json --prompts models/lede-tiny/prompts/story.jsonl,"
+         "models/lede-tiny/prompts/code.jsonl --candidate-layers 1,2,3,4,5,6 "
+         "--policy models/lede-tiny/widened/8bc082e881c66e99/policy/accelerator-v1 --max-draft-len 6 --prompts-per-set 24 "
+         "--new-tokens 64 --threads 1 --repeats 1 --static-configs 2:3 --json '{json}'   # quiet VM, quiet calibration"),
     "bench/results/llamacpp-2026-12-04-native.json":
         ("llamacpp_bench", "scripts/install_node_llama_cpp.sh && node bench/llamacpp_bench.mjs --model models/lede-tiny "
          "--threads 1 --tokens 96 --repeats 3 --out bench/results/llamacpp-2026-12-04-native.json"),

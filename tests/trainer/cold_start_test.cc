@@ -177,7 +177,9 @@ TEST_F(ColdStartTest, ChooserPicksTheBestStaticSetting) {
       ASSERT_TRUE(rounds.ok());
       const double s = cost->PredictedSpeedup(*rounds);
       EXPECT_LE(s, choice->speedup + 1e-12) << "E=" << e << " D=" << d;
-      if (e == choice->exit_layer && d == choice->draft_len) EXPECT_DOUBLE_EQ(s, choice->speedup);
+      if (e == choice->exit_layer && d == choice->draft_len) {
+        EXPECT_DOUBLE_EQ(s, choice->speedup);
+      }
     }
   }
   EXPECT_GT(choice->speedup, 1.0 + kMinColdStartGain);
