@@ -11,16 +11,12 @@ namespace lede::trainer {
 namespace {
 
 using telemetry::Counter;
+using telemetry::CounterFamily;
 using telemetry::Gauge;
 using telemetry::Registry;
+using telemetry::UnlabelledCounter;
+using telemetry::UnlabelledGauge;
 
-prometheus::Family<Counter>& CounterFamily(Registry& r, const char* name, const char* help) {
-  return prometheus::BuildCounter().Name(name).Help(help).Register(r);
-}
-Counter& PlainCounter(Registry& r, const char* name, const char* help) { return CounterFamily(r, name, help).Add({}); }
-Gauge& PlainGauge(Registry& r, const char* name, const char* help) {
-  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
-}
 Counter& RunsCounter(Registry& r, const char* decision) {
   return CounterFamily(r, "lede_retrain_runs_total",
                        "Retraining runs by outcome: published, rejected, no_new_data, failed.")
@@ -50,28 +46,29 @@ RetrainMetrics::RetrainMetrics(Registry& r)
       runs_rejected_(RunsCounter(r, "rejected")),
       runs_no_new_data_(RunsCounter(r, "no_new_data")),
       runs_failed_(RunsCounter(r, "failed")),
-      candidates_trained_(PlainCounter(r, "lede_retrain_candidates_trained_total",
-                                       "Candidate policies trained and evaluated (published or rejected).")),
-      shards_read_(PlainCounter(r, "lede_retrain_shards_read_total", "New shards read (request log or experience).")),
-      shards_skipped_(PlainCounter(r, "lede_retrain_shards_skipped_total",
-                                   "New shards skipped in part or whole: truncated, corrupt or unreadable.")),
-      requests_read_(PlainCounter(r, "lede_retrain_requests_read_total",
-                                  "Logged requests read from new request-log shards.")),
-      transitions_read_(PlainCounter(r, "lede_retrain_transitions_read_total",
-                                     "Usable new experience transitions read (td trainer).")),
-      training_seconds_(PlainCounter(r, "lede_retrain_training_seconds_total",
-                                     "Wall time spent training candidates, seconds.")),
-      last_candidate_speedup_(PlainGauge(r, "lede_retrain_last_candidate_speedup",
-                                         "The last candidate's held-out replay speed-up over autoregressive.")),
-      last_serving_speedup_(PlainGauge(r, "lede_retrain_last_serving_speedup",
-                                       "The serving policy's held-out replay speed-up, on the same requests.")),
-      last_training_seconds_(PlainGauge(r, "lede_retrain_last_training_seconds",
-                                        "The last candidate's training time, seconds.")),
-      last_run_seconds_(PlainGauge(r, "lede_retrain_last_run_seconds", "The last run's wall time, seconds.")),
-      last_run_timestamp_(PlainGauge(r, "lede_retrain_last_run_timestamp_seconds",
-                                     "Unix time the last run ended, seconds.")),
-      last_publish_timestamp_(PlainGauge(r, "lede_retrain_last_publish_timestamp_seconds",
-                                         "Unix time of the last publication, seconds (0: none yet).")) {
+      candidates_trained_(UnlabelledCounter(r, "lede_retrain_candidates_trained_total",
+                                            "Candidate policies trained and evaluated (published or rejected).")),
+      shards_read_(
+          UnlabelledCounter(r, "lede_retrain_shards_read_total", "New shards read (request log or experience).")),
+      shards_skipped_(UnlabelledCounter(r, "lede_retrain_shards_skipped_total",
+                                        "New shards skipped in part or whole: truncated, corrupt or unreadable.")),
+      requests_read_(UnlabelledCounter(r, "lede_retrain_requests_read_total",
+                                       "Logged requests read from new request-log shards.")),
+      transitions_read_(UnlabelledCounter(r, "lede_retrain_transitions_read_total",
+                                          "Usable new experience transitions read (td trainer).")),
+      training_seconds_(
+          UnlabelledCounter(r, "lede_retrain_training_seconds_total", "Wall time spent training candidates, seconds.")),
+      last_candidate_speedup_(UnlabelledGauge(r, "lede_retrain_last_candidate_speedup",
+                                              "The last candidate's held-out replay speed-up over autoregressive.")),
+      last_serving_speedup_(UnlabelledGauge(r, "lede_retrain_last_serving_speedup",
+                                            "The serving policy's held-out replay speed-up, on the same requests.")),
+      last_training_seconds_(
+          UnlabelledGauge(r, "lede_retrain_last_training_seconds", "The last candidate's training time, seconds.")),
+      last_run_seconds_(UnlabelledGauge(r, "lede_retrain_last_run_seconds", "The last run's wall time, seconds.")),
+      last_run_timestamp_(
+          UnlabelledGauge(r, "lede_retrain_last_run_timestamp_seconds", "Unix time the last run ended, seconds.")),
+      last_publish_timestamp_(UnlabelledGauge(r, "lede_retrain_last_publish_timestamp_seconds",
+                                              "Unix time of the last publication, seconds (0: none yet).")) {
   last_candidate_speedup_.Set(std::numeric_limits<double>::quiet_NaN());
   last_serving_speedup_.Set(std::numeric_limits<double>::quiet_NaN());
 }

@@ -341,11 +341,9 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   if (registry != nullptr) {
     impl.metrics = std::make_unique<telemetry::SpecDecodeMetrics>(*registry);
-    impl.tokenized_bytes = &prometheus::BuildCounter()
-                                .Name("lede_prompt_tokenized_bytes_total")
-                                .Help("Prompt text bytes given to the tokenizer (after the size checks)")
-                                .Register(*registry)
-                                .Add({});
+    impl.tokenized_bytes =
+        &telemetry::UnlabelledCounter(*registry, "lede_prompt_tokenized_bytes_total",
+                                      "Prompt text bytes given to the tokenizer (after the size checks)");
   }
   ReplicaSetOptions ro;
   if (telemetry::SpecDecodeMetrics* m = impl.metrics.get()) {

@@ -61,27 +61,6 @@ double PolicyVersionNumber(std::string_view version) {
   return n;
 }
 
-namespace {
-
-Family<Counter>& CounterFamily(Registry& r, const char* name, const char* help) {
-  return prometheus::BuildCounter().Name(name).Help(help).Register(r);
-}
-Counter& UnlabelledCounter(Registry& r, const char* name, const char* help) {
-  return CounterFamily(r, name, help).Add({});
-}
-Family<Gauge>& GaugeFamily(Registry& r, const char* name, const char* help) {
-  return prometheus::BuildGauge().Name(name).Help(help).Register(r);
-}
-Gauge& UnlabelledGauge(Registry& r, const char* name, const char* help) {
-  return GaugeFamily(r, name, help).Add({});
-}
-Histogram& UnlabelledHistogram(Registry& r, const char* name, const char* help,
-                               const std::vector<double>& bounds) {
-  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, bounds);
-}
-
-}  // namespace
-
 SpecDecodeMetrics::SpecDecodeMetrics(Registry& r)
     : num_drafts(UnlabelledCounter(
           r, "lede_spec_decode_num_drafts_total",

@@ -32,6 +32,7 @@
 #define LEDE_SHARED_TELEMETRY_METRICS_H_
 
 #include <string>
+#include <vector>
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
@@ -56,6 +57,16 @@ using prometheus::Registry;
 // labelled metric no label set was used for yet) is omitted. Safe to call
 // concurrently with updates.
 std::string SerializeText(const Registry& registry);
+
+// Registering a metric by name and help text (the project's names are
+// compile-time constants; prometheus-cpp's errors above apply). Registering
+// a name twice with the same type returns the same family.
+Family<Counter>& CounterFamily(Registry& r, const char* name, const char* help);
+Family<Gauge>& GaugeFamily(Registry& r, const char* name, const char* help);
+// The one child with no labels of a new family.
+Counter& UnlabelledCounter(Registry& r, const char* name, const char* help);
+Gauge& UnlabelledGauge(Registry& r, const char* name, const char* help);
+Histogram& UnlabelledHistogram(Registry& r, const char* name, const char* help, const std::vector<double>& bounds);
 
 // The Content-Type of SerializeText()'s output.
 inline constexpr char kTextContentType[] = "text/plain; version=0.0.4; charset=utf-8";
