@@ -19,6 +19,9 @@ SKIP = 77
 PROM_DIR = "deploy/prometheus"
 K8S_DIR = "deploy/k8s"
 METRICS_SOURCE = "shared/telemetry/lede_metrics.cc"
+# The retraining service registers its own (lede-train: --watch serves them,
+# --metrics-textfile writes them).
+RETRAIN_METRICS_SOURCE = "trainer/retrain_metrics.cc"
 
 
 class Skip(Exception):
@@ -52,7 +55,10 @@ def known_metrics():
     names = set(re.findall(r'"(lede_[a-z0-9_]+)"', open(METRICS_SOURCE).read()))
     if len(names) < 10:
         fail(f"found only {sorted(names)} in {METRICS_SOURCE}")
-    return names
+    retrain = set(re.findall(r'"(lede_retrain_[a-z0-9_]+)"', open(RETRAIN_METRICS_SOURCE).read()))
+    if len(retrain) < 5:
+        fail(f"found only {sorted(retrain)} in {RETRAIN_METRICS_SOURCE}")
+    return names | retrain
 
 
 def recording_rules():
@@ -70,7 +76,7 @@ def check_expr_metrics(expr, where, metrics, records):
     for name in re.findall(r"(?<![\w:])(lede_[a-z0-9_]+)", expr):
         base = re.sub(r"_(bucket|sum|count)$", "", name)
         if name not in metrics and base not in metrics:
-            fail(f"{where}: unknown metric {name} (not in {METRICS_SOURCE})")
+            fail(f"{where}: unknown metric {name} (not in {METRICS_SOURCE} or {RETRAIN_METRICS_SOURCE})")
     for name in re.findall(r"(?<![\w])(lede:[a-z0-9_:]+)", expr):
         if name not in records:
             fail(f"{where}: unknown recording rule {name}")
