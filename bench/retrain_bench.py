@@ -18,6 +18,15 @@ and run `lede-train --once --experience <state>/experience --policy-root
               accelerator-v7, the cold start and the best static setting under
               the accelerator cost model. Targets: published >= 1.05x best
               static and >= 0.98x accelerator-v7.
+  widened     The same on the memory-bound widened model (`lede widen
+              --factor 5`, its shipped policy removed: a cold start), in
+              wall-clock through the services: rows 0-199 are the traffic,
+              then --once; then deployments of the cold-start policy and of
+              the published one alternate (A B A B), each timing held-out rows
+              200-200+--eval-prompts with the default method and with
+              autoregressive decoding, interleaved per prompt, at one stream.
+              Target: the served speed-up (default / autoregressive tokens/s)
+              after retraining >= 1.05x the cold start's.
   scale       1,000 greedy requests (12-word openings of
               testdata/corpus/tinystories_val_a.txt), then the --once pinned
               to one core (taskset -c 0): its wall time, CPU time and peak
@@ -31,7 +40,7 @@ The services use the default ports (API 50051, metrics 9401..9404) when they
 are free; when another deployment holds them, --ports-base N is added (and
 recorded in the JSON as a deviation from "no other flag").
 
-usage: bench/retrain_bench.py acceptance|scale [--out FILE] [--work DIR] [--new-tokens 64]
+usage: bench/retrain_bench.py acceptance|widened|scale [--out FILE] [--work DIR] [--new-tokens 64]
                               [--concurrency N] [--requests N] [--ports-base N]
 env: LEDE_BUILD_DIR (build)
 """
@@ -78,6 +87,20 @@ def pick_ports_base(asked):
         if all(port_free(p + base) for p in (50051, 8000, 9401, 9402, 9403, 9404)):
             return base
     sys.exit("retrain_bench: no free set of ports (tried bases 0..4000)")
+
+
+def widen_model(dst, factor):
+    """`lede widen --factor K` of models/lede-tiny, without policy/ and calibration-cpu.json."""
+    cmd = [f"{BUILD}/services/cli/lede", "widen", "--model", MODEL, "--factor", str(factor), "--out", dst,
+           "--overwrite"]
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    for name in ("policy", "calibration-cpu.json"):
+        path = os.path.join(dst, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.remove(path)
+    return " ".join(cmd)
 
 
 def copy_model(dst):
@@ -130,8 +153,9 @@ class Deployment:
         self.log.close()
 
 
-def send(target, prompts, new_tokens, concurrency):
-    """Greedy requests with the default method; returns per-request summaries."""
+def send(target, prompts, new_tokens, concurrency, method=0):
+    """Greedy requests (method 0: the default, LEDE with the serving policy);
+    returns per-request summaries (tokens, ids, seconds, policy version)."""
     import grpc
     from lede_client import load_stubs
     pb, pb_grpc = load_stubs()
@@ -149,14 +173,16 @@ def send(target, prompts, new_tokens, concurrency):
                 if i >= len(prompts):
                     return
                 req = pb.GenerateRequest(request_id=f"bench-{i}", prompt=prompts[i], max_new_tokens=new_tokens,
-                                         temperature=0.0)
-                n, summary = 0, None
+                                         temperature=0.0, method=method)
+                ids, summary = [], None
+                t0 = time.perf_counter()
                 for resp in stub.Generate(req, timeout=300):
                     if resp.HasField("delta"):
-                        n += len(resp.delta.token_ids)
+                        ids.extend(resp.delta.token_ids)
                     else:
                         summary = resp.summary
-                results[i] = {"tokens": n, "policy_version": summary.policy_version if summary else ""}
+                results[i] = {"tokens": len(ids), "ids": ids, "seconds": time.perf_counter() - t0,
+                              "policy_version": summary.policy_version if summary else ""}
 
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
     start = time.time()
@@ -291,6 +317,90 @@ def acceptance(a, work):
     return out
 
 
+def timed_pairs(target, prompts, new_tokens):
+    """Each prompt with the default method, then autoregressively (one stream,
+    interleaved per prompt): summed tokens / summed request seconds of each,
+    and how many default-method outputs equal their autoregressive ones."""
+    t = {"default": [0, 0.0], "autoregressive": [0, 0.0]}
+    same = 0
+    for p in prompts:
+        (d,), _ = send(target, [p], new_tokens, 1)
+        (r,), _ = send(target, [p], new_tokens, 1, method=4)  # SPECULATION_METHOD_AUTOREGRESSIVE
+        for k, x in (("default", d), ("autoregressive", r)):
+            t[k][0] += x["tokens"]
+            t[k][1] += x["seconds"]
+        same += d["ids"] == r["ids"]
+    tok_s = {k: v[0] / v[1] for k, v in t.items()}
+    return {"tok_s": {k: round(v, 2) for k, v in tok_s.items()},
+            "speedup": round(tok_s["default"] / tok_s["autoregressive"], 4), "lossless": f"{same}/{len(prompts)}"}
+
+
+def widened(a, work):
+    model, state = os.path.join(work, "model"), os.path.join(work, "state")
+    widen_cmd = widen_model(model, a.factor)
+    traffic = [r["prompt"] for r in jsonl_prompts(PROMPTS, 0, 200)]
+    heldout = [r["prompt"] for r in jsonl_prompts(PROMPTS, 200, 200 + a.eval_prompts)]
+    base = pick_ports_base(a.ports_base)
+    log(f"serving {model} ({widen_cmd}, policy removed; scripts/run --model COPY)")
+    t0 = time.time()
+    dep = Deployment(model, state, base)
+    start_s = time.time() - t0
+    try:
+        cold = open(os.path.join(state, "policy", "SERVING")).read().strip()
+        cold_meta = json.load(open(os.path.join(state, "policy", cold, "policy.json")))
+        res, send_s = send(dep.target, traffic, a.new_tokens, a.concurrency)
+    finally:
+        dep.stop()
+    log(f"cold start {cold} ({cold_meta.get('training_options')}); sent {len(res)} requests in {send_s:.1f} s")
+    first = once(model, state)
+    log(f"--once: {first['decision']} {first['candidate']} in {first['wall_s']} s; SERVING {first['serving_after']}")
+    published = first["serving_after"] if first["decision"] == "published" else None
+    runs = []
+    order = [cold, published] * a.rounds if published else [cold] * a.rounds
+    for version in order:
+        with open(os.path.join(state, "policy", "SERVING"), "w") as f:
+            f.write(version + "\n")
+        dep = Deployment(model, state, base)
+        try:
+            r = timed_pairs(dep.target, heldout, a.new_tokens)
+        finally:
+            dep.stop()
+        r["serving"] = version
+        runs.append(r)
+        log(f"served {version}: {r['tok_s']} tok/s, speed-up {r['speedup']:.3f}x, same text {r['lossless']}")
+    with open(os.path.join(state, "policy", "SERVING"), "w") as f:
+        f.write((published or cold) + "\n")
+
+    def med(version):
+        xs = sorted(r["speedup"] for r in runs if r["serving"] == version)
+        return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+    out = {
+        "benchmark": "retrain-widened",
+        "model_copy": f"{widen_cmd}, without policy/ and calibration-cpu.json",
+        "serve_command": "scripts/run --model COPY" + (f" --ports-base {base}" if base else ""),
+        "ports_base": base, "start_s": round(start_s, 1),
+        "prompts": {"file": PROMPTS, "traffic_rows": "0-199", "eval_rows": f"200-{199 + len(heldout)}"},
+        "traffic": {"requests": len(res), "new_tokens": a.new_tokens, "concurrency": a.concurrency,
+                    "send_s": round(send_s, 1), "tokens": sum(r["tokens"] for r in res),
+                    "cold_start_version": cold, "cold_start": cold_meta.get("training_options"),
+                    "cold_start_offline_metrics": cold_meta.get("offline_metrics")},
+        "once": first, "published_version": published,
+        "served": runs,
+        "note": "speed-up = tokens/s of the default method (LEDE with the serving policy) / autoregressive tokens/s "
+                "in the same deployment, interleaved per prompt, one stream; deployments alternate cold, published",
+    }
+    if published:
+        ratio = med(published) / med(cold)
+        out["median_speedup"] = {cold: round(med(cold), 4), published: round(med(published), 4)}
+        out["targets"] = {"retrained_over_cold_start": {"value": round(ratio, 4), "target": 1.05, "met": ratio >= 1.05}}
+    else:
+        out["targets"] = {"published": {"value": first["decision"], "met": False}}
+    for k, v in out["targets"].items():
+        log(f"target {k}: {v['value']} (target {v.get('target', '-')}) -> {'met' if v['met'] else 'MISSED'}")
+    return out
+
+
 def story_openings(n):
     text = open(os.path.join(ROOT, STORIES), encoding="utf-8").read()
     out = []
@@ -337,17 +447,20 @@ def scale(a, work):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run", choices=["acceptance", "scale"])
+    p.add_argument("run", choices=["acceptance", "widened", "scale"])
     p.add_argument("--out", default="")
     p.add_argument("--work", default="")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=0, help="client threads (default 1 acceptance, 4 scale)")
     p.add_argument("--requests", type=int, default=1000, help="scale: requests sent")
     p.add_argument("--ports-base", type=int, default=None)
+    p.add_argument("--factor", type=int, default=5, help="widened: lede widen --factor")
+    p.add_argument("--eval-prompts", type=int, default=24, help="widened: held-out prompts timed per deployment")
+    p.add_argument("--rounds", type=int, default=2, help="widened: deployments of each policy (alternating)")
     a = p.parse_args()
     if a.new_tokens < 1 or a.requests < 1 or a.concurrency < 0:
         sys.exit("retrain_bench: --new-tokens and --requests must be >= 1, --concurrency >= 0")
-    a.concurrency = a.concurrency or (1 if a.run == "acceptance" else 4)
+    a.concurrency = a.concurrency or (4 if a.run == "scale" else 1)
     for b in ("trainer/lede-train", "trainer/lede-init-policy", "bench/lede-bench", "services/model/lede-model",
               "services/policy/lede-policy", "services/coordinator/lede-coordinator"):
         if not os.access(os.path.join(ROOT, BUILD, b), os.X_OK):
@@ -356,7 +469,7 @@ def main():
     if os.path.exists(work):
         shutil.rmtree(work)
     os.makedirs(work)
-    result = acceptance(a, work) if a.run == "acceptance" else scale(a, work)
+    result = {"acceptance": acceptance, "widened": widened, "scale": scale}[a.run](a, work)
     out = a.out or os.path.join(ROOT, "bench", "results", f"retrain-{a.run}.json")
     raw = os.path.join(work, "result.json")
     with open(raw, "w") as f:

@@ -170,6 +170,8 @@ COMMANDS = {
         ("retrain acceptance", "bench/retrain_bench.py acceptance"),
     "bench/results/retrain-scale.json":
         ("retrain scale", "bench/retrain_bench.py scale"),
+    "bench/results/retrain-widened.json":
+        ("retrain widened", "bench/retrain_bench.py widened --out bench/results/retrain-widened.json"),
     "bench/results/hostile_clients.json":
         ("hostile_clients", "bench/record.py bench/results/hostile_clients.json -- bench/hostile_clients_bench.py "
          "--slow 200 --trickle-s 2 --hold-s 30 --requests 10 --json {json}"),
@@ -644,6 +646,29 @@ def retrain_scale_table(data, opts):
                    o["decision"]]])
 
 
+def retrain_widened_table(data, opts):
+    tr, o = data["traffic"], data["once"]
+    runs = data["served"]
+    lines = [f"{tr['requests']} greedy requests ({tr['new_tokens']} tokens, default method, served by "
+             f"{tr['cold_start_version']}: static E={int(tr['cold_start']['exit_layer'])} "
+             f"D={int(tr['cold_start']['draft_len'])}, the self-calibrated cold start) from rows "
+             f"{data['prompts']['traffic_rows']} of `{data['prompts']['file']}`; `lede-train --once` with no other "
+             f"flags: {o['decision']} in {o['wall_s']:.0f} s. Then deployments alternate; each times rows "
+             f"{data['prompts']['eval_rows']} at one stream, the default method and autoregressive decoding "
+             f"interleaved per prompt.", "", ""]
+    rows = []
+    for i, r in enumerate(runs, 1):
+        rows.append([i, f"`{r['serving']}`", f"{r['tok_s']['default']:.1f}", f"{r['tok_s']['autoregressive']:.1f}",
+                     f"{r['speedup']:.3f}x", r["lossless"]])
+    t = table(["deployment", "serving policy", "default method tok/s", "autoregressive tok/s", "speed-up",
+               "same text as autoregressive"], rows)
+    tail = []
+    for k, v in data.get("targets", {}).items():
+        tail.append(f"Median speed-up after retraining / the cold start's: **{v['value']:.3f}x** "
+                    f"(target >= {v.get('target', '-')}x: {'met' if v['met'] else 'missed'}).")
+    return "\n".join(lines) + t + ("\n\n" + "\n".join(tail) if tail else "")
+
+
 # kind -> {view -> renderer(data, opts)}; the first view is the default.
 RENDERERS = {
     "lede-bench bench": {"full": bench_full, "summary": bench_summary},
@@ -665,6 +690,7 @@ RENDERERS = {
     "weight_formats_quality": {"table": weight_formats_table},
     "retrain acceptance": {"table": retrain_acceptance_table},
     "retrain scale": {"table": retrain_scale_table},
+    "retrain widened": {"table": retrain_widened_table},
 }
 
 
