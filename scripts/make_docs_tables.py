@@ -119,6 +119,20 @@ COMMANDS = {
          "models/lede-tiny/prompts/code.jsonl --candidate-layers 1,2,3,4,5,6 "
          "--policy models/lede-tiny/widened/8bc082e881c66e99/policy/accelerator-v1 --max-draft-len 6 --prompts-per-set 24 "
          "--new-tokens 64 --threads 1 --repeats 1 --static-configs 2:3 --json '{json}'   # quiet VM, quiet calibration"),
+    "bench/results/widen-factor5-policies-smoothed.json":
+        ("lede-bench bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/w5t --overwrite && "
+         "bench/record.py bench/results/widen-factor5-policies-smoothed.json -- build/bench/lede-bench "
+         "bench --model out/w5t --calibration bench/results/widen-factor5-calibration-cpu-quiet.json "
+         "--prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --candidate-layers 1,2,3,4,5,6 "
+         "--policy models/lede-tiny/widened/8bc082e881c66e99/policy/accelerator-v1 --max-draft-len 6 --prompts-per-set 24 "
+         "--new-tokens 64 --threads 1 --repeats 1 --static-configs 2:3 --json '{json}'   # quiet VM; the round table smoothed"),
+    "bench/results/widen-factor3-policies-smoothed.json":
+        ("lede-bench bench", "build/services/cli/lede widen --model models/lede-tiny --factor 3 --out out/lede-tiny-w3 "
+         "--overwrite && bench/record.py bench/results/widen-factor3-policies-smoothed.json -- build/bench/lede-bench "
+         "bench --model out/lede-tiny-w3 --calibration bench/results/widen-factor3-calibration-cpu-quiet.json "
+         "--prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --candidate-layers 1,2,3,4,5,6 "
+         "--policy models/lede-tiny/widened/f5af6d6cac8c82d1/policy/accelerator-v1 --max-draft-len 6 --prompts-per-set 24 "
+         "--new-tokens 64 --threads 1 --repeats 2 --static-configs 2:3 --json '{json}'   # quiet VM; the round table smoothed"),
     "bench/results/llamacpp-2026-12-04-native.json":
         ("llamacpp_bench", "scripts/install_node_llama_cpp.sh && node bench/llamacpp_bench.mjs --model models/lede-tiny "
          "--threads 1 --tokens 96 --repeats 3 --out bench/results/llamacpp-2026-12-04-native.json"),

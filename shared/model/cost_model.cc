@@ -54,11 +54,99 @@ std::vector<double> Isotonic(const std::vector<double>& y) {
   return out;
 }
 
+// Solves the n x n system a x = b in place (Gaussian elimination, partial
+// pivoting); false when it is singular.
+bool SolveLinear(std::vector<std::vector<double>> a, std::vector<double> b, std::vector<double>* x) {
+  const size_t n = b.size();
+  for (size_t c = 0; c < n; ++c) {
+    size_t piv = c;
+    for (size_t r = c + 1; r < n; ++r) {
+      if (std::abs(a[r][c]) > std::abs(a[piv][c])) piv = r;
+    }
+    if (std::abs(a[piv][c]) < 1e-12) return false;
+    std::swap(a[c], a[piv]), std::swap(b[c], b[piv]);
+    for (size_t r = 0; r < n; ++r) {
+      if (r == c) continue;
+      const double f = a[r][c] / a[c][c];
+      for (size_t j = c; j < n; ++j) a[r][j] -= f * a[c][j];
+      b[r] -= f * b[c];
+    }
+  }
+  x->resize(n);
+  for (size_t i = 0; i < n; ++i) (*x)[i] = b[i] / a[i][i];
+  return true;
+}
+
+}  // namespace
+
+std::vector<std::vector<double>> SmoothRoundTable(const std::vector<std::vector<double>>& round_us) {
+  const size_t n_e = round_us.size(), n_k = n_e == 0 ? 0 : round_us[0].size();
+  if (n_e < kMinSmoothedExitLayers || n_k == 0) return round_us;
+  for (const auto& row : round_us) {
+    if (row.size() != n_k) return round_us;
+  }
+  // Unknowns: a_1..a_K, g, d. Cell (E, K): a_K + g E + d E K.
+  const size_t n = n_k + 2;
+  auto features = [&](size_t e, size_t k) {
+    std::vector<double> x(n, 0.0);
+    x[k] = 1.0;
+    x[n_k] = static_cast<double>(e + 1);
+    x[n_k + 1] = static_cast<double>((e + 1) * (k + 1));
+    return x;
+  };
+  std::vector<double> cells;
+  for (const auto& row : round_us) cells.insert(cells.end(), row.begin(), row.end());
+  std::vector<double> sorted = cells;
+  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+  const double floor = 1e-3 * std::max(1e-9, sorted[sorted.size() / 2]);
+  // Least absolute deviations by iteratively reweighted least squares: a
+  // cell a noisy pass made 20% slow pulls the fit far less than in plain
+  // least squares. A fixed number of iterations keeps the prices identical
+  // run to run.
+  std::vector<double> w(cells.size(), 1.0), beta;
+  for (int it = 0; it < 50; ++it) {
+    std::vector<std::vector<double>> a(n, std::vector<double>(n, 0.0));
+    std::vector<double> b(n, 0.0);
+    for (size_t e = 0; e < n_e; ++e) {
+      for (size_t k = 0; k < n_k; ++k) {
+        const std::vector<double> x = features(e, k);
+        const double wi = w[e * n_k + k], y = cells[e * n_k + k];
+        for (size_t p = 0; p < n; ++p) {
+          if (x[p] == 0.0) continue;
+          b[p] += wi * x[p] * y;
+          for (size_t q = 0; q < n; ++q) a[p][q] += wi * x[p] * x[q];
+        }
+      }
+    }
+    if (!SolveLinear(a, b, &beta)) return round_us;
+    for (size_t e = 0; e < n_e; ++e) {
+      for (size_t k = 0; k < n_k; ++k) {
+        const std::vector<double> x = features(e, k);
+        double fit = 0;
+        for (size_t p = 0; p < n; ++p) fit += x[p] * beta[p];
+        w[e * n_k + k] = 1.0 / std::max(std::abs(cells[e * n_k + k] - fit), floor);
+      }
+    }
+  }
+  std::vector<std::vector<double>> out(n_e, std::vector<double>(n_k));
+  for (size_t e = 0; e < n_e; ++e) {
+    for (size_t k = 0; k < n_k; ++k) {
+      const std::vector<double> x = features(e, k);
+      double fit = 0;
+      for (size_t p = 0; p < n; ++p) fit += x[p] * beta[p];
+      out[e][k] = fit > 0 ? fit : round_us[e][k];
+    }
+  }
+  return out;
+}
+
+namespace {
+
 class MeasuredCostModel : public CostModel {
  public:
   explicit MeasuredCostModel(Calibration c) : c_(std::move(c)) {
     unit_us_ = c_.round_us.empty() || c_.ar_step_us <= 0 ? c_.step_us : c_.ar_step_us;
-    for (const std::vector<double>& row : c_.round_us) {
+    for (const std::vector<double>& row : SmoothRoundTable(c_.round_us)) {
       // Least-squares slope of the round times over K = 1..n: the price of a
       // draft, and of each draft beyond the table.
       const double n = static_cast<double>(row.size());

@@ -185,8 +185,26 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text);
 // CalibrationFromJson of a file. Errors: kNotFound if unreadable; as above.
 StatusOr<Calibration> ReadCalibrationFile(const std::string& path);
 
+// The round table with the noise of single cells taken out: the fit of
+// round_us[E-1][K-1] ~ a_K + (g + d K) E (per draft length K an intercept
+// a_K; the cost grows linearly in the exit layer, by g for the split of the
+// verification at E and by d per draft token and layer), by least absolute
+// deviations over all cells. Physically: K drafts through E layers cost
+// K E blocks, the verification the rest; a_K holds what does not depend on
+// E (verifying K + 1 positions, K exit heads). With 3 passes on the 5x
+// widened lede-tiny on a quiet VM, single cells were 20-40% off their
+// neighbours (E = 2, K = 2 timed 28.4 ms between 20.0 and 28.1), which
+// priced a static E = 2, D = 2 19% under its wall-clock and E = 4, D = 5
+// 25% over; the fit puts every static row of the factor-3 and factor-5
+// tables within 5% (docs/benchmarks.md, "Cost-model predictions").
+// Tables of fewer than kMinSmoothedExitLayers rows are returned unchanged.
+// Deterministic (a fixed number of reweighting iterations).
+inline constexpr size_t kMinSmoothedExitLayers = 3;
+std::vector<std::vector<double>> SmoothRoundTable(const std::vector<std::vector<double>>& round_us);
+
 // The measured model from a calibration (T above 16 extrapolates linearly).
-// With a round table (all in units of ar_step_us), per exit layer E: the
+// With a round table (all in units of ar_step_us), the table smoothed
+// (SmoothRoundTable), then per exit layer E: the
 // row round_us[E-1][.] made non-decreasing in K (least squares, pool
 // adjacent violators: a round of more drafts never costs less) is the cost
 // of a round of K drafts, RoundCost = K * DraftToken(E) + Verify(E, K) with

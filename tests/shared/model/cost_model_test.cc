@@ -86,6 +86,37 @@ TEST(MeasuredCostModelTest, RoundTableIsPricedByItsMonotoneEntries) {
   EXPECT_NEAR(m->PredictedSpeedup({r, r}), 6.0 / (2 * 1.8), 1e-12);
 }
 
+// A table of the form a_K + (g + d K) E is its own fit; one cell a noisy
+// pass made 30% slow is priced as its neighbours say, not as timed.
+TEST(MeasuredCostModelTest, RoundTableNoiseInOneCellIsSmoothedAway) {
+  const std::vector<double> a = {900.0, 1000.0, 1150.0, 1250.0};  // per K; not linear in K
+  const double g = 40.0, d = 25.0;
+  std::vector<std::vector<double>> exact;
+  for (int e = 1; e <= 5; ++e) {
+    exact.emplace_back();
+    for (int k = 1; k <= 4; ++k) exact.back().push_back(a[k - 1] + (g + d * k) * e);
+  }
+  const std::vector<std::vector<double>> fit = SmoothRoundTable(exact);
+  ASSERT_EQ(fit.size(), exact.size());
+  for (size_t e = 0; e < exact.size(); ++e) {
+    for (size_t k = 0; k < exact[e].size(); ++k) EXPECT_NEAR(fit[e][k], exact[e][k], 1e-6) << e << "," << k;
+  }
+  std::vector<std::vector<double>> noisy = exact;
+  noisy[1][1] *= 1.3;  // E = 2, K = 2
+  const std::vector<std::vector<double>> robust = SmoothRoundTable(noisy);
+  for (size_t e = 0; e < exact.size(); ++e) {
+    for (size_t k = 0; k < exact[e].size(); ++k) EXPECT_NEAR(robust[e][k], exact[e][k], 1e-3 * exact[e][k]);
+  }
+  Calibration c = TableCalibration(6);
+  c.ar_step_us = 1000.0;
+  c.round_us = noisy;
+  auto m = MakeMeasuredCostModel(c);
+  EXPECT_NEAR(m->RoundCost(Round(2, 2)), exact[1][1] / 1000.0, 1e-3 * exact[1][1] / 1000.0);
+  // Fewer than kMinSmoothedExitLayers rows: as timed.
+  const std::vector<std::vector<double>> two = {noisy[0], noisy[1]};
+  EXPECT_EQ(SmoothRoundTable(two), two);
+}
+
 // A round with a controller's decisions pays the signals of each draft and
 // of each wasted probe; a static round (no decision) pays none.
 TEST(MeasuredCostModelTest, ControlledRoundsPayTheSignalsOfTheirDraftsAndProbes) {
