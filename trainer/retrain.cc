@@ -19,6 +19,7 @@
 #include "policy/dqn/artifact_store.h"
 #include "policy/dqn/dqn_exit_controller.h"
 #include "policy/dqn/method_factory.h"
+#include "policy/dqn/q_network.h"
 #include "shared/file/file.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
@@ -683,6 +684,62 @@ Status Retrainer::Impl::ReplayCandidate(const RetrainOptions& o, const policy::d
   return OkStatus();
 }
 
+namespace {
+
+// The measured cost model's calibration for the request trainer, in this
+// order: --calibration (it must be readable), <model_dir>/calibration-cpu.json,
+// the one an earlier run took (<policy_root>/calibration-cpu.json), or one
+// taken now (model::Calibrate: 3 round passes, draft lengths up to the
+// decision spec's, the serving network's forward pass timed as the
+// decision) and kept there, so that the model is calibrated once. Every one
+// must be of `m` (the fingerprints).
+// Errors: kFailedPrecondition naming an unreadable --calibration or a
+// calibration of another model (both fingerprints); those of Calibrate and
+// of the write.
+StatusOr<model::Calibration> RequestTrainerCalibration(const RetrainOptions& o, const model::LlamaModel& m,
+                                                      const policy::dqn::Artifact& serving) {
+  const std::string fingerprint = m.config().ArchitectureFingerprint();
+  auto of_this_model = [&](StatusOr<model::Calibration> cal,
+                           const std::string& path) -> StatusOr<model::Calibration> {
+    if (cal.ok() && cal->model_fingerprint != fingerprint) {
+      return FailedPreconditionError("calibration " + path + " is of model " + cal->model_fingerprint +
+                                     ", the model is " + fingerprint);
+    }
+    return cal;
+  };
+  if (!o.calibration.empty()) {
+    StatusOr<model::Calibration> cal = model::ReadCalibrationFile(o.calibration);
+    if (!cal.ok()) {
+      return FailedPreconditionError("--calibration " + o.calibration + ": " + std::string(cal.status().message()));
+    }
+    return of_this_model(std::move(cal), o.calibration);
+  }
+  for (const std::string& path : {o.model_dir + "/calibration-cpu.json", o.policy_root + "/" + kOwnCalibrationFile}) {
+    if (fs::exists(path)) return of_this_model(model::ReadCalibrationFile(path), path);
+  }
+  const std::string own = o.policy_root + "/" + kOwnCalibrationFile;
+  if (o.log) o.log("msg=\"no calibration of the model; calibrating it once\" path=" + own);
+  const auto start = std::chrono::steady_clock::now();
+  auto network = std::make_shared<policy::dqn::QNetwork>(serving.network);
+  std::function<void()> decide = [network] {
+    float features[model::kExitFeatureDim] = {0.5f};
+    float q[policy::dqn::kNumActions];
+    network->Forward(features, q);
+    volatile float sink = q[0];
+    (void)sink;
+  };
+  const int64_t max_draft_len = std::clamp<int64_t>(serving.metadata.decision.max_draft_len, 1, 16);
+  LEDE_ASSIGN_OR_RETURN(model::Calibration cal, model::Calibrate(m, 20, decide, 3, max_draft_len));
+  LEDE_RETURN_IF_ERROR(file::WriteFileAtomically(own, model::CalibrationToJson(cal)));
+  if (o.log) {
+    o.log("msg=\"calibrated\" path=" + own + " seconds=" +
+          std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()));
+  }
+  return cal;
+}
+
+}  // namespace
+
 // RunOnce with the counterfactual trainer on the request log (issue 37).
 StatusOr<RetrainOutcome> Retrainer::RunOnceOnRequests(const policy::dqn::Artifact& serving, RetrainState state) {
   const RetrainOptions& o = options_;
@@ -693,16 +750,17 @@ StatusOr<RetrainOutcome> Retrainer::RunOnceOnRequests(const policy::dqn::Artifac
     impl_->model = std::shared_ptr<const model::LlamaModel>(std::move(loaded));
   }
   const model::LlamaModel& m = *impl_->model;
-  // The cost model of the serving policy's rewards: measured with a
-  // calibration file, the accelerator model otherwise.
+  // The cost model of the serving policy's rewards (the candidate is
+  // trained and both are compared under it, as the verifier prices the
+  // served experience): the accelerator model, or this machine's measured
+  // one, calibrated once when the model has none.
   std::unique_ptr<model::CostModel> cost;
   if (serving.metadata.reward_cost_model == "measured") {
-    const std::string cal_path = o.calibration.empty() ? o.model_dir + "/calibration-cpu.json" : o.calibration;
-    StatusOr<model::Calibration> cal = model::ReadCalibrationFile(cal_path);
-    if (cal.ok()) cost = model::MakeMeasuredCostModel(*cal);
-    else if (o.log) o.log("msg=\"no calibration; pricing with the accelerator cost model\" path=" + cal_path);
+    LEDE_ASSIGN_OR_RETURN(model::Calibration cal, RequestTrainerCalibration(o, m, serving));
+    cost = model::MakeMeasuredCostModel(cal);
+  } else {
+    cost = model::MakeAcceleratorCostModel(m.config());
   }
-  if (cost == nullptr) cost = model::MakeAcceleratorCostModel(m.config());
   RequestRetrainOptions ro;
   ro.requests_prefix = o.requests_prefix;
   ro.policy_root = o.policy_root;

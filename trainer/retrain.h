@@ -89,6 +89,9 @@ namespace lede::trainer {
 inline constexpr char kRetrainStateFile[] = "retrain_state.json";
 inline constexpr char kRetrainReportFile[] = "report.json";
 inline constexpr char kCandidatesDir[] = "candidates";
+// The calibration the request trainer took of a model that had none
+// (RetrainOptions::calibration), in policy_root.
+inline constexpr char kOwnCalibrationFile[] = "calibration-cpu.json";
 
 struct RetrainOptions {
   // Where the experience is: an object store URL (file:///abs/dir, a plain
@@ -114,7 +117,10 @@ struct RetrainOptions {
   // Replay evaluation (step 6b): the model directory ("" = offline
   // evaluation only, and the decision uses the held-out matched return), the
   // measured cost model's calibration ("" = <model_dir>/calibration-cpu.json
-  // when the reward was defined under "measured"), and held-out prompts (a
+  // when the reward was defined under "measured"; the counterfactual trainer
+  // then falls back to <policy_root>/kOwnCalibrationFile, which it writes by
+  // calibrating the model once, about a minute for lede-tiny, when neither
+  // exists), and held-out prompts (a
   // .jsonl with "prompt" or "text" fields): eval_prompt_count of them from
   // line eval_prompt_skip on (skip the prompts the traffic used),
   // eval_new_tokens each. Few prompts x 32-64 tokens keep a run short.

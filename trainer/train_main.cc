@@ -196,7 +196,8 @@ void AddRetrainFlags(lede::flags::FlagSet& f, TrainFlags* t) {
   f.Add("state", &ro.state_path, "--once/--watch: state checkpoint (default <policy-root>/retrain_state.json)");
   f.Add("experience-prefix", &ro.experience_prefix, "--once/--watch: key prefix of the shards in the store");
   f.Add("model", &ro.model_dir, "--once/--watch: model directory for the replay evaluation (empty: offline only)");
-  f.Add("calibration", &ro.calibration, "--once/--watch: measured cost model JSON (default <model>/calibration-cpu.json)");
+  f.Add("calibration", &ro.calibration, "--once/--watch: measured cost model JSON (default <model>/calibration-cpu.json; with neither, "
+        "the request trainer calibrates the model once into <policy-root>/calibration-cpu.json)");
   f.Add("eval-prompts", &ro.eval_prompts, "--once/--watch: held-out prompts (.jsonl) replayed with each policy");
   f.Add("trainer", &ro.trainer,
         "--once/--watch: counterfactual (the request log, with --model), td (transitions) or auto (counterfactual "

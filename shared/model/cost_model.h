@@ -195,8 +195,9 @@ StatusOr<Calibration> ReadCalibrationFile(const std::string& path);
 // widened lede-tiny on a quiet VM, single cells were 20-40% off their
 // neighbours (E = 2, K = 2 timed 28.4 ms between 20.0 and 28.1), which
 // priced a static E = 2, D = 2 19% under its wall-clock and E = 4, D = 5
-// 25% over; the fit puts every static row of the factor-3 and factor-5
-// tables within 5% (docs/benchmarks.md, "Cost-model predictions").
+// 25% over; with the fit, every method's predicted speed-up on the
+// factor-3 and factor-5 tables is within -5% to +7% of its wall-clock
+// (docs/benchmarks.md, "Cost-model predictions").
 // Tables of fewer than kMinSmoothedExitLayers rows are returned unchanged.
 // Deterministic (a fixed number of reweighting iterations).
 inline constexpr size_t kMinSmoothedExitLayers = 3;

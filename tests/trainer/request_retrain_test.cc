@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <set>
@@ -25,6 +26,7 @@
 #include "tests/testing/temp_dir.h"
 #include "trainer/cold_start.h"
 #include "trainer/corpus.h"
+#include "trainer/retrain.h"
 
 namespace lede::trainer {
 namespace {
@@ -258,6 +260,93 @@ TEST_F(RequestRetrainTest, OnlyTheMostRecentRequestsAreUsed) {
   EXPECT_EQ(out->n_train + out->n_heldout, 10);
   o.max_requests = 0;
   EXPECT_THAT(RetrainOnRequests(*store_, *model_, *cost_, {}, o).status(), StatusIs(StatusCode::kInvalidArgument));
+}
+
+// A serving policy priced by the measured cost model on a model with no
+// calibration: the retrainer calibrates the model once, keeps it in the
+// policy root and reuses it; a calibration of another model is refused,
+// naming both fingerprints.
+TEST_F(RequestRetrainTest, AMeasuredServingPolicyGetsTheModelCalibratedOnce) {
+  namespace fs = std::filesystem;
+  const fs::path model_dir = tmp_.path() / "model";
+  fs::create_directories(model_dir);
+  for (const auto& entry : fs::directory_iterator(kModelDir)) {
+    if (entry.is_regular_file() && entry.path().filename() != "calibration-cpu.json") {
+      fs::copy_file(entry.path(), model_dir / entry.path().filename());
+    }
+  }
+  // A cold start priced by the measured model, drafting at most 2 tokens
+  // (the calibration times rounds up to the decision spec's draft length).
+  const int32_t L = static_cast<int32_t>(model_->n_layers());
+  ColdStartChoice choice = DefaultColdStart(L);
+  choice.draft_len = 2;
+  auto a = ColdStartArtifact(choice, L, model_->config().ArchitectureFingerprint(), "measured-cold-v1", "measured");
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  ASSERT_THAT(policy::dqn::SaveArtifact((fs::path(root_) / "measured-cold-v1").string(), *a), IsOk());
+  ASSERT_THAT(policy::dqn::PublishServingVersion(root_, "measured-cold-v1"), IsOk());
+  ASSERT_EQ(Serving(), "measured-cold-v1");
+  LogRecords(std::vector<lede::v1::RequestRecord>(records_.begin(), records_.begin() + 12));
+
+  std::vector<std::string> lines;
+  RetrainOptions o;
+  o.experience_url = "file://" + (tmp_.path() / "store").string();
+  o.policy_root = root_;
+  o.model_dir = model_dir.string();
+  o.trainer = "counterfactual";
+  o.counterfactual_iterations = 1;
+  o.counterfactual_epochs = 2;
+  o.eval_threads = 1;
+  o.version_prefix = "m";
+  o.log = [&lines](const std::string& line) { lines.push_back(line); };
+  auto count = [&lines](const std::string& what) {
+    int64_t n = 0;
+    for (const std::string& l : lines) n += l.find(what) != std::string::npos;
+    return n;
+  };
+  const fs::path own = fs::path(root_) / kOwnCalibrationFile;
+  {
+    auto retrainer = Retrainer::Create(o);
+    ASSERT_THAT(retrainer, IsOk());
+    auto out = (*retrainer)->RunOnce();
+    ASSERT_THAT(out, IsOk());
+    EXPECT_EQ(out->report.value("cost_model", ""), "measured");
+  }
+  EXPECT_EQ(count("calibrating it once"), 1);
+  ASSERT_TRUE(fs::exists(own));
+  auto cal = model::ReadCalibrationFile(own.string());
+  ASSERT_THAT(cal, IsOk());
+  EXPECT_EQ(cal->model_fingerprint, model_->config().ArchitectureFingerprint());
+  ASSERT_EQ(cal->round_us.size(), static_cast<size_t>(L - 1));
+  EXPECT_EQ(cal->round_us[0].size(), 2u);
+  EXPECT_GT(cal->decision_us, 0.0);
+
+  // New requests, a new run: the kept calibration, not a second one.
+  LogRecords(std::vector<lede::v1::RequestRecord>(records_.begin() + 12, records_.end()));
+  const auto written = fs::last_write_time(own);
+  {
+    auto retrainer = Retrainer::Create(o);
+    ASSERT_THAT(retrainer, IsOk());
+    auto out = (*retrainer)->RunOnce();
+    ASSERT_THAT(out, IsOk());
+    EXPECT_EQ(out->report.value("cost_model", ""), "measured");
+  }
+  EXPECT_EQ(count("calibrating it once"), 1);
+  EXPECT_EQ(fs::last_write_time(own), written);
+
+  // A calibration of another model beside it is refused, naming both.
+  cal->model_fingerprint = "0123456789abcdef";
+  o.calibration = (tmp_.path() / "other.json").string();
+  {
+    std::ofstream f(o.calibration);
+    f << model::CalibrationToJson(*cal);
+  }
+  LogRecords(std::vector<lede::v1::RequestRecord>(records_.begin(), records_.begin() + 6));
+  auto retrainer = Retrainer::Create(o);
+  ASSERT_THAT(retrainer, IsOk());
+  EXPECT_THAT((*retrainer)->RunOnce().status(),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       ::testing::AllOf(HasSubstr("0123456789abcdef"),
+                                        HasSubstr(model_->config().ArchitectureFingerprint()))));
 }
 
 TEST(RequestSplitTest, HeldOutByRequestIdIsStableAndAboutTheFraction) {
