@@ -255,14 +255,16 @@ StatusOr<ReadResult> ReadShards(const std::string& dir) {
   return result;
 }
 
-StatusOr<ReadResult> ReadShardsFromStore(storage::ObjectStore& store, std::string_view prefix) {
+Status ReadStoreShards(storage::ObjectStore& store, std::string_view prefix, std::string_view suffix,
+                       const std::function<ShardReport(std::string_view bytes, const std::string& key)>& decode,
+                       std::vector<ShardReport>* reports) {
   std::string folder(prefix);
   if (!folder.empty() && folder.back() != '/') folder += '/';
   LEDE_ASSIGN_OR_RETURN(std::vector<storage::ObjectInfo> objects, store.List(folder));
-  const std::string_view suffix = kShardSuffix;
-  ReadResult result;
+  std::sort(objects.begin(), objects.end(),
+            [](const storage::ObjectInfo& a, const storage::ObjectInfo& b) { return a.key < b.key; });
   for (const storage::ObjectInfo& o : objects) {
-    if (o.key.size() < suffix.size() || o.key.compare(o.key.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    if (o.key.size() <= suffix.size() || o.key.compare(o.key.size() - suffix.size(), suffix.size(), suffix) != 0) {
       continue;
     }
     StatusOr<std::string> bytes = store.Get(o.key);
@@ -270,11 +272,20 @@ StatusOr<ReadResult> ReadShardsFromStore(storage::ObjectStore& store, std::strin
       ShardReport report;
       report.path = o.key;
       report.error = "cannot read: " + bytes.status().ToString();
-      result.shards.push_back(std::move(report));
+      reports->push_back(std::move(report));
       continue;
     }
-    result.shards.push_back(DecodeShard(*bytes, o.key, &result.transitions));
+    reports->push_back(decode(*bytes, o.key));
   }
+  return OkStatus();
+}
+
+StatusOr<ReadResult> ReadShardsFromStore(storage::ObjectStore& store, std::string_view prefix) {
+  ReadResult result;
+  LEDE_RETURN_IF_ERROR(ReadStoreShards(
+      store, prefix, kShardSuffix,
+      [&result](std::string_view bytes, const std::string& key) { return DecodeShard(bytes, key, &result.transitions); },
+      &result.shards));
   return result;
 }
 

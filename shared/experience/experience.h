@@ -155,6 +155,15 @@ StatusOr<ReadResult> ReadShards(const std::string& dir);
 // Thread-safety: as safe as `store`; reads only.
 StatusOr<ReadResult> ReadShardsFromStore(storage::ObjectStore& store, std::string_view prefix);
 
+// The store walk of every shard kind: every object under `prefix` (a
+// folder, as ReadShardsFromStore's) whose key is longer than and ends in
+// `suffix`, in key order, fetched and given to `decode(bytes, key)`, whose
+// report is appended to `reports`; an object that cannot be fetched gets a
+// report "cannot read: <cause>" instead. Errors: those of ObjectStore::List().
+Status ReadStoreShards(storage::ObjectStore& store, std::string_view prefix, std::string_view suffix,
+                       const std::function<ShardReport(std::string_view bytes, const std::string& key)>& decode,
+                       std::vector<ShardReport>* reports);
+
 // Decodes the shard `bytes` (a whole shard), appending its good records to
 // `out`; the report's path is `name`. The checks and error texts are those
 // of ReadShards().

@@ -1,7 +1,8 @@
 #include "shared/experience/request_log.h"
 
-#include <algorithm>
 #include <utility>
+
+#include "shared/status/status_macros.h"
 
 namespace lede::experience {
 
@@ -34,29 +35,11 @@ ShardReport DecodeRequestShard(std::string_view bytes, const std::string& name,
 }
 
 StatusOr<RequestLogRead> ReadRequestLog(storage::ObjectStore& store, std::string_view prefix) {
-  std::string folder(prefix);
-  if (!folder.empty() && folder.back() != '/') folder += '/';
-  StatusOr<std::vector<storage::ObjectInfo>> listed = store.List(folder);
-  if (!listed.ok()) return listed.status();
-  std::vector<storage::ObjectInfo> objects = *std::move(listed);
-  std::sort(objects.begin(), objects.end(),
-            [](const storage::ObjectInfo& a, const storage::ObjectInfo& b) { return a.key < b.key; });
-  const std::string_view suffix = kRequestLogSuffix;
   RequestLogRead result;
-  for (const storage::ObjectInfo& o : objects) {
-    if (o.key.size() <= suffix.size() || o.key.compare(o.key.size() - suffix.size(), suffix.size(), suffix) != 0) {
-      continue;
-    }
-    StatusOr<std::string> bytes = store.Get(o.key);
-    if (!bytes.ok()) {
-      ShardReport report;
-      report.path = o.key;
-      report.error = "cannot read: " + bytes.status().ToString();
-      result.shards.push_back(std::move(report));
-      continue;
-    }
-    result.shards.push_back(DecodeRequestShard(*bytes, o.key, &result.records));
-  }
+  LEDE_RETURN_IF_ERROR(ReadStoreShards(
+      store, prefix, kRequestLogSuffix,
+      [&result](std::string_view bytes, const std::string& key) { return DecodeRequestShard(bytes, key, &result.records); },
+      &result.shards));
   return result;
 }
 

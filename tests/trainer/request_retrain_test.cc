@@ -304,13 +304,15 @@ TEST_F(RequestRetrainTest, AMeasuredServingPolicyGetsTheModelCalibratedOnce) {
     return n;
   };
   const fs::path own = fs::path(root_) / kOwnCalibrationFile;
-  {
+  // One retraining run, as `lede-train --once` makes it: priced by the measured model.
+  auto run_once = [&o] {
     auto retrainer = Retrainer::Create(o);
     ASSERT_THAT(retrainer, IsOk());
     auto out = (*retrainer)->RunOnce();
     ASSERT_THAT(out, IsOk());
     EXPECT_EQ(out->report.value("cost_model", ""), "measured");
-  }
+  };
+  run_once();
   EXPECT_EQ(count("calibrating it once"), 1);
   ASSERT_TRUE(fs::exists(own));
   auto cal = model::ReadCalibrationFile(own.string());
@@ -323,13 +325,7 @@ TEST_F(RequestRetrainTest, AMeasuredServingPolicyGetsTheModelCalibratedOnce) {
   // New requests, a new run: the kept calibration, not a second one.
   LogRecords(std::vector<lede::v1::RequestRecord>(records_.begin() + 12, records_.end()));
   const auto written = fs::last_write_time(own);
-  {
-    auto retrainer = Retrainer::Create(o);
-    ASSERT_THAT(retrainer, IsOk());
-    auto out = (*retrainer)->RunOnce();
-    ASSERT_THAT(out, IsOk());
-    EXPECT_EQ(out->report.value("cost_model", ""), "measured");
-  }
+  run_once();
   EXPECT_EQ(count("calibrating it once"), 1);
   EXPECT_EQ(fs::last_write_time(own), written);
 
