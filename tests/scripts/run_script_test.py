@@ -73,6 +73,13 @@ def test_input_checks(build):
                      f"got {r.returncode}: {r.stderr!r}")
             if os.path.exists(os.path.join(state, "pids")):
                 fail(f"scripts/run {args} {env}: started something (pidfile left)")
+    # A bad --model is refused before the state directory is made: nothing is left behind.
+    with tempfile.TemporaryDirectory() as parent:
+        fresh = os.path.join(parent, "state")
+        r = run(["--model", "/nonexistent/model", "--state-dir", fresh], {"LEDE_BUILD_DIR": build}, timeout=30)
+        if r.returncode != 2 or os.path.exists(fresh):
+            fail(f"scripts/run --model /nonexistent/model: want exit 2 and no {fresh}, got {r.returncode}, "
+                 f"exists={os.path.exists(fresh)}")
     # The largest valid --ports-base passes the checks (and fails later, on the model).
     r = run(["--ports-base", "15481", "--model", "/nonexistent/model"], {"LEDE_BUILD_DIR": build}, timeout=30)
     if "above 65535" in r.stderr or r.returncode != 2 or "no model" not in r.stderr:
