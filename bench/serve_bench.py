@@ -334,6 +334,7 @@ def main():
     ap.add_argument("--batch-threads", type=int, default=1, help="verifier --batch-threads")
     ap.add_argument("--batch-workers", type=int, default=2, help="verifier --batch-workers")
     ap.add_argument("--batch-wait-fraction", type=float, help="verifier --batch-wait-fraction (default: its own)")
+    ap.add_argument("--batch-split-rows", type=int, help="verifier --batch-split-rows (default: its own)")
     ap.add_argument("--check-solo", type=int, default=0,
                     help="also send this many requests at once per method (e.g. 24 on 16 slots) and compare each "
                          "one's tokens with its solo run on the same deployment")
@@ -375,7 +376,9 @@ def main():
                                                                      str(a.batch_threads), "--batch-workers",
                                                                      str(a.batch_workers)] +
                                                     (["--batch-wait-fraction", str(a.batch_wait_fraction)]
-                                                     if a.batch_wait_fraction is not None else []),
+                                                     if a.batch_wait_fraction is not None else []) +
+                                                    (["--batch-split-rows", str(a.batch_split_rows)]
+                                                     if a.batch_split_rows is not None else []),
                                                 ["--speculation-max-load", str(a.speculation_max_load)])
             pids = [p.pid for p in procs]
             metrics_ports = deployment_metrics_ports(kind, tmp)

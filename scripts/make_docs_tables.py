@@ -175,6 +175,12 @@ COMMANDS = {
          "--prompt-file models/lede-tiny/prompts/story.jsonl --deployments split --methods autoregressive,lede "
          "--concurrency 1,16 --max-batch 1,16 --num-prompts 32 --new-tokens 64 --check-solo 24 --json {json}"
          "   # quiet VM; the shipped accelerator-v1 policy of the 5x shape"),
+    "bench/results/serve-widen5-split8.json":
+        ("serve_bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/w5t --overwrite && "
+         "bench/record.py bench/results/serve-widen5-split8.json -- /usr/bin/python3 bench/serve_bench.py --model out/w5t "
+         "--prompt-file models/lede-tiny/prompts/story.jsonl --deployments split --methods autoregressive,lede "
+         "--concurrency 1,16 --max-batch 1,16 --num-prompts 32 --new-tokens 64 --check-solo 24 --json '{json}'"
+         "   # quiet VM; --batch-split-rows 8, the default since"),
     "bench/results/lede-tiny-weight-formats.json":
         ("weight_formats_quality", "for w in f32 bf16 q8_0; do build/trainer/lede-eval-exits --model models/lede-tiny "
          "--calibration models/lede-tiny/calibration-cpu.json --data testdata/corpus/tinystories_val_a.txt "

@@ -124,8 +124,11 @@ struct ModelServiceOptions {
   // concurrent batches only as far as each gets this many rows
   // (--batch-split-rows; BatchScheduler's min_split_rows): fewer rows per
   // step are bound by reading the weights, which one batch reads once for
-  // all. 0: always split. >= 0.
-  int64_t batch_split_rows = 16;
+  // all. From about 8 rows a step of the factor-5 widened model is bound by
+  // computing instead, and two 8-row steps on two cores (29-33 ms each, side
+  // by side) beat one 16-row step on one (43 ms; lede_batch_bench on a quiet
+  // VM, docs/serving.md). 0: always split. >= 0.
+  int64_t batch_split_rows = 8;
   // Decode-path kernels: "fused" (cpu_kernels, CPU float32) or "eager"
   // (libtorch reference); LoadModelHost refuses anything else with
   // kInvalidArgument. A string so this header stays torch-free.
