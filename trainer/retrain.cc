@@ -720,14 +720,7 @@ StatusOr<model::Calibration> RequestTrainerCalibration(const RetrainOptions& o, 
   const std::string own = o.policy_root + "/" + kOwnCalibrationFile;
   if (o.log) o.log("msg=\"no calibration of the model; calibrating it once\" path=" + own);
   const auto start = std::chrono::steady_clock::now();
-  auto network = std::make_shared<policy::dqn::QNetwork>(serving.network);
-  std::function<void()> decide = [network] {
-    float features[model::kExitFeatureDim] = {0.5f};
-    float q[policy::dqn::kNumActions];
-    network->Forward(features, q);
-    volatile float sink = q[0];
-    (void)sink;
-  };
+  const std::function<void()> decide = policy::dqn::TimedDecision(serving.network);
   const int64_t max_draft_len = std::clamp<int64_t>(serving.metadata.decision.max_draft_len, 1, 16);
   LEDE_ASSIGN_OR_RETURN(model::Calibration cal, model::Calibrate(m, 20, decide, 3, max_draft_len));
   LEDE_RETURN_IF_ERROR(file::WriteFileAtomically(own, model::CalibrationToJson(cal)));

@@ -28,6 +28,7 @@
 #define LEDE_POLICY_DQN_Q_NETWORK_H_
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "shared/speculation/exit_controller.h"
@@ -81,6 +82,13 @@ class QNetwork {
   std::vector<float> fc1_t_;  // [kExitFeatureDim, H]
   std::vector<float> fc2_t_;  // [H, H]
 };
+
+// What a calibration times as one exit decision (model::Calibrate's
+// `decide`, shared/model/cost_model.h): a forward pass of `network` on a
+// fixed feature vector, its result kept from being optimized away. Used by
+// `lede calibrate` and the retrainer's one-time calibration.
+// Thread-safety: the function may be called from any thread (Forward() is const).
+std::function<void()> TimedDecision(QNetwork network);
 
 }  // namespace lede::policy::dqn
 

@@ -502,15 +502,7 @@ namespace {
 std::function<void()> MakeTimedDecision() {
   std::function<void()> decide;
 #if LEDE_HAVE_POLICY
-  auto network = std::make_shared<policy::dqn::QNetwork>(
-      policy::dqn::QNetwork::Random(policy::dqn::kDefaultHidden, 1));
-  decide = [network] {
-    float features[model::kExitFeatureDim] = {0.5f};
-    float q[policy::dqn::kNumActions];
-    network->Forward(features, q);
-    volatile float sink = q[0];
-    (void)sink;
-  };
+  decide = policy::dqn::TimedDecision(policy::dqn::QNetwork::Random(policy::dqn::kDefaultHidden, 1));
 #endif
   return decide;
 }
