@@ -275,6 +275,7 @@ def run_level(port, pb, pb_grpc, prompts, method, concurrency, num_requests, new
     rounds = [r.summary for r in ok if r.summary and r.summary.drafted_tokens > 0]
     weights = sum(s.rounds for s in rounds) or 1
     tokens = sum(r.n_tokens for r in ok)
+    prompt_tokens = sum(r.summary.prompt_tokens for r in ok if r.summary)
 
     def stats(xs):
         return {"mean_ms": 1e3 * statistics.fmean(xs) if xs else float("nan"),
@@ -285,6 +286,7 @@ def run_level(port, pb, pb_grpc, prompts, method, concurrency, num_requests, new
         "failed": {str(c): sum(1 for r in results if not r.ok and r.code == c)
                    for c in set(r.code for r in results if not r.ok)},
         "wall_s": wall, "request_throughput": len(ok) / wall, "output_tokens_per_s": tokens / wall,
+        "output_tokens": tokens, "prompt_tokens": prompt_tokens,
         "ttft": stats(ttft), "tpot": stats(tpot), "itl": stats(itl),
         "acceptance_rate": accepted / drafted if drafted else None,
         "mean_exit_layer": sum(s.mean_exit_layer * s.rounds for s in rounds) / weights if rounds else None,
@@ -335,6 +337,7 @@ def main():
     ap.add_argument("--batch-workers", type=int, default=2, help="verifier --batch-workers")
     ap.add_argument("--batch-wait-fraction", type=float, help="verifier --batch-wait-fraction (default: its own)")
     ap.add_argument("--batch-split-rows", type=int, help="verifier --batch-split-rows (default: its own)")
+    ap.add_argument("--max-batch-tokens", type=int, help="verifier --max-batch-tokens (default: its own)")
     ap.add_argument("--check-solo", type=int, default=0,
                     help="also send this many requests at once per method (e.g. 24 on 16 slots) and compare each "
                          "one's tokens with its solo run on the same deployment")
@@ -378,7 +381,9 @@ def main():
                                                     (["--batch-wait-fraction", str(a.batch_wait_fraction)]
                                                      if a.batch_wait_fraction is not None else []) +
                                                     (["--batch-split-rows", str(a.batch_split_rows)]
-                                                     if a.batch_split_rows is not None else []),
+                                                     if a.batch_split_rows is not None else []) +
+                                                    (["--max-batch-tokens", str(a.max_batch_tokens)]
+                                                     if a.max_batch_tokens is not None else []),
                                                 ["--speculation-max-load", str(a.speculation_max_load)])
             pids = [p.pid for p in procs]
             metrics_ports = deployment_metrics_ports(kind, tmp)
@@ -455,7 +460,9 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"rows": rows, "prompts": len(prompts), "new_tokens": a.new_tokens, "slots": a.slots,
-                       "max_batch": a.max_batch,
+                       "max_batch": a.max_batch, "num_prompts": a.num_prompts,
+                       # verifier batching flags given here (null: the verifier's default)
+                       "batch_split_rows": a.batch_split_rows, "max_batch_tokens": a.max_batch_tokens,
                        "static_config": static_config,
                        "solo_checks": solo_checks,
                        "usage": {"%s/%s" % k: {str(p): x for p, x in u.items()} for k, u in usage.items()}},

@@ -1,6 +1,7 @@
 #include "services/model/batch_scheduler.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "shared/telemetry/metrics.h"
@@ -84,10 +85,15 @@ bool BatchScheduler::Submit(void* job, int64_t n_rows) {
       mu_.AwaitWithDeadline(absl::Condition(&filled), std::max(entry.arrival, absl::Now()) + max_wait);
     }
     const int64_t take = ShareLocked();  // <= max_batch
+    const int64_t row_budget = options_.max_batch_tokens > 0 ? options_.max_batch_tokens
+                                                             : std::numeric_limits<int64_t>::max();
     std::vector<Entry*> batch;
     std::vector<void*> jobs;
     int64_t rows = 0;
-    while (!ready_.empty() && static_cast<int64_t>(batch.size()) < take) {
+    // Its first job whatever its size (a long chunk still runs), then while
+    // the rows stay within the token budget.
+    while (!ready_.empty() && static_cast<int64_t>(batch.size()) < take &&
+           (batch.empty() || rows + ready_.front()->n_rows <= row_budget)) {
       batch.push_back(ready_.front());
       jobs.push_back(ready_.front()->job);
       rows += ready_.front()->n_rows;

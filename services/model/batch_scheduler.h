@@ -29,6 +29,10 @@
 // (Triton's dynamic batcher has the same two knobs: preferred batch size
 // and max queue delay).
 //
+// A batch also holds at most max_batch_tokens rows (vLLM's token budget
+// per step), so that compute-bound work (prompts that came together) is
+// spread over the runners instead of one long batch.
+//
 // Jobs are opaque here (torch-free): the run function knows their type.
 // The scheduler does not look at deadlines or cancellation: a job, once
 // submitted, runs in a coming batch (a step is bounded: one forward over at
@@ -94,6 +98,13 @@ struct BatchSchedulerOptions {
   // as one batch, 16 LEDE rounds (K + 1 rows each) as two. 0: always
   // share among the free places.
   int64_t min_split_rows = 0;
+  // Rows (tokens) per batch, vLLM's max_num_batched_tokens (--max-batch-tokens):
+  // a batch takes its first job whatever its size, then jobs while their
+  // rows stay within this. Above a few tens of rows a CPU step is bound by
+  // computing, so a larger batch gains nothing and holds its core while
+  // the other idles: 15 prompts that arrived together once ran as one
+  // 444-row batch for 730 ms on one core (issue 36). 0: no limit.
+  int64_t max_batch_tokens = 0;
   // Observed once per batch when not null (borrowed; outlive the scheduler).
   prometheus::Histogram* batch_size = nullptr;  // lede_iteration_batch_size
   prometheus::Histogram* batch_rows = nullptr;  // lede_iteration_tokens

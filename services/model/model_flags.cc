@@ -31,6 +31,8 @@ void AddModelFlags(flags::FlagSet* flags, ModelFlags* v) {
   flags->Add("batch-split-rows", &o.batch_split_rows,
              "verifier: with --batch-workers > 1, split the sessions into concurrent batches only as far as each "
              "gets this many rows (0 = always split)");
+  flags->Add("max-batch-tokens", &o.max_batch_tokens,
+             "verifier: rows (tokens) per batched step; a batch takes its first job whatever its size (0 = no limit)");
   flags->Add("capacity", &v->capacity, "tokens per KV slot (0 = the model's context window)");
   flags->Add("max-draft-len", &v->max_draft_len, "largest draft length the pool's scratch holds");
   flags->Add("calibration", &o.calibration_path,
@@ -83,6 +85,7 @@ Status FinishModelFlags(ModelFlags* v) {
   if (Status s = CheckRange("batch-workers", v->batch_workers, 1, 64); !s.ok()) return s;
   if (Status s = CheckRange("batch-wait-us", v->batch_wait_us, 0, 1000000); !s.ok()) return s;
   if (Status s = CheckRange("batch-split-rows", o.batch_split_rows, 0, 1000000); !s.ok()) return s;
+  if (Status s = CheckRange("max-batch-tokens", o.max_batch_tokens, 0, 1000000); !s.ok()) return s;
   if (!(o.batch_wait_fraction >= 0 && o.batch_wait_fraction <= 10)) {
     return InvalidArgumentError("--batch-wait-fraction: must be in [0, 10], got " +
                                 std::to_string(o.batch_wait_fraction));

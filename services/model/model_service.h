@@ -129,6 +129,14 @@ struct ModelServiceOptions {
   // by side) beat one 16-row step on one (43 ms; lede_batch_bench on a quiet
   // VM, docs/serving.md). 0: always split. >= 0.
   int64_t batch_split_rows = 8;
+  // Verifier: rows (tokens) per batched step (--max-batch-tokens;
+  // BatchScheduler's max_batch_tokens, vLLM's --max-num-batched-tokens). A
+  // step of the factor-5 widened model is bound by computing from a few
+  // tens of rows (its packed products run at 147-176 GFLOP/s at 32-64 rows,
+  // lede_batch_bench --kernel-rows; docs/serving.md), so a budget of one
+  // prefill chunk costs no throughput and spreads prompts that arrive
+  // together over both batch workers. 0: no limit. >= 0.
+  int64_t max_batch_tokens = 64;
   // Decode-path kernels: "fused" (cpu_kernels, CPU float32) or "eager"
   // (libtorch reference); LoadModelHost refuses anything else with
   // kInvalidArgument. A string so this header stays torch-free.

@@ -285,6 +285,7 @@ VerifierService::VerifierService(std::shared_ptr<ModelHost> host)
     o.max_wait = impl_->host->options.batch_wait;
     o.wait_fraction = impl_->host->options.batch_wait_fraction;
     o.min_split_rows = impl_->host->options.batch_split_rows;
+    o.max_batch_tokens = impl_->host->options.max_batch_tokens;
     if (impl_->host->metrics) {
       o.batch_size = &impl_->host->metrics->iteration_batch_size;
       o.batch_rows = &impl_->host->metrics->iteration_tokens;

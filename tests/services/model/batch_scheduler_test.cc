@@ -204,6 +204,55 @@ TEST(BatchSchedulerTest, TwoRunnersKeepFewRowsInOneBatch) {
   EXPECT_THAT(log.batches[0], ElementsAre(0, 1, 2, 3));
 }
 
+// A batch holds at most max_batch_tokens rows: while both runners hold a
+// batch (the first a 100-row job, larger than the budget: it runs, alone),
+// four 30-row jobs (prompts that came together) queue; once released, they
+// run at most two per batch (60 of 64 rows), so both runners get some,
+// instead of one runner taking all four while the other idles.
+TEST(BatchSchedulerTest, ABatchHoldsAtMostMaxBatchTokensRows) {
+  BatchLog log;
+  absl::Notification release;
+  BatchSchedulerOptions o;
+  o.max_batch = 16;
+  o.n_workers = 2;
+  o.min_split_rows = 8;
+  o.max_batch_tokens = 64;
+  BatchScheduler scheduler(o, [&](const std::vector<void*>& jobs) {
+    bool held;
+    {
+      absl::MutexLock lock(&log.mu);
+      held = log.batches.size() < 2;
+    }
+    log.Record(jobs);
+    if (held) release.WaitForNotification();  // the first two batches run until all four queued
+  });
+  std::vector<Job> jobs(6);
+  for (int i = 0; i < 6; ++i) jobs[i].id = i;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] { EXPECT_TRUE(scheduler.Submit(&jobs[i], i == 0 ? 100 : 30)); });
+    ASSERT_TRUE(lede::testing::WaitUntil([&] { return log.size() == static_cast<size_t>(i + 1); },
+                                         std::chrono::seconds(10), std::chrono::milliseconds(1)));
+  }
+  for (int i = 2; i < 6; ++i) {
+    threads.emplace_back([&, i] { EXPECT_TRUE(scheduler.Submit(&jobs[i], 30)); });
+    ASSERT_TRUE(lede::testing::WaitUntil([&] { return scheduler.n_ready() == i - 1; }, std::chrono::seconds(10),
+                                         std::chrono::milliseconds(1)));
+  }
+  release.Notify();
+  for (std::thread& t : threads) t.join();
+  for (const Job& j : jobs) EXPECT_EQ(j.ran, 1) << j.id;
+  absl::MutexLock lock(&log.mu);
+  ASSERT_GE(log.batches.size(), 4u);
+  EXPECT_THAT(log.batches[0], ElementsAre(0));
+  std::vector<int> queued;
+  for (size_t b = 2; b < log.batches.size(); ++b) {
+    EXPECT_LE(log.batches[b].size(), 2u) << "batch " << b;
+    queued.insert(queued.end(), log.batches[b].begin(), log.batches[b].end());
+  }
+  EXPECT_THAT(queued, ::testing::UnorderedElementsAre(2, 3, 4, 5));
+}
+
 // Many submitters at once, one or two scheduler threads: every job runs
 // exactly once, no batch is larger than max_batch, and no batch is empty (a
 // submitter whose job another runner took waits for it; it once read the
