@@ -181,6 +181,25 @@ COMMANDS = {
          "--prompt-file models/lede-tiny/prompts/story.jsonl --deployments split --methods autoregressive,lede "
          "--concurrency 1,16 --max-batch 1,16 --num-prompts 32 --new-tokens 64 --check-solo 24 --json '{json}'"
          "   # quiet VM; --batch-split-rows 8, the default since"),
+    "bench/results/serve-widen5-budget.json":
+        ("serve_bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/w5t --overwrite && "
+         "bench/record.py bench/results/serve-widen5-budget.json -- /usr/bin/python3 bench/serve_bench.py --model out/w5t "
+         "--prompt-file models/lede-tiny/prompts/story.jsonl --deployments split --methods autoregressive,lede "
+         "--concurrency 1,16 --max-batch 1,16 --num-prompts 32 --new-tokens 64 --check-solo 24 --json '{json}'"
+         "   # quiet VM; --max-batch-tokens 64, the default since"),
+    "bench/results/serve-widen5-budget-128.json":
+        ("serve_bench", "bench/record.py bench/results/serve-widen5-budget-128.json -- /usr/bin/python3 "
+         "bench/serve_bench.py --model out/w5t --prompt-file models/lede-tiny/prompts/story.jsonl --deployments split "
+         "--methods autoregressive,lede --concurrency 16 --max-batch 1,16,1,16 --num-prompts 128 --new-tokens 64 "
+         "--json '{json}'"),
+    "bench/results/batching-ceiling-widen5.json":
+        ("batching ceiling", "bench/record.py bench/results/batching-ceiling-widen5.json -- /usr/bin/python3 "
+         "bench/batching_ceiling.py --model out/w5t --serve-json bench/results/serve-widen5-budget.json "
+         "--json '{json}'"),
+    "bench/results/batching-ceiling-widen5-128.json":
+        ("batching ceiling", "bench/record.py bench/results/batching-ceiling-widen5-128.json -- /usr/bin/python3 "
+         "bench/batching_ceiling.py --model out/w5t --serve-json bench/results/serve-widen5-budget-128.json "
+         "--json '{json}'"),
     "bench/results/lede-tiny-weight-formats.json":
         ("weight_formats_quality", "for w in f32 bf16 q8_0; do build/trainer/lede-eval-exits --model models/lede-tiny "
          "--calibration models/lede-tiny/calibration-cpu.json --data testdata/corpus/tinystories_val_a.txt "
@@ -689,6 +708,38 @@ def retrain_widened_table(data, opts):
     return "\n".join(lines) + t + ("\n\n" + "\n".join(tail) if tail else "")
 
 
+def batching_ceiling_table(data, opts):
+    lines = [f"Engine step costs with both cores busy (two `lede_batch_bench` processes pinned to the two cores; "
+             f"the 1-row step also alone), per pass; ceilings price the rows of `{data['serve_json']}` at "
+             f"{data.get('concurrency', 16)} streams with them: steps only (no coordinator, client, ramp or drain), "
+             f"the baseline at the 1-row step alone and with both cores stepping.", "", ""]
+    rows = []
+    for i, p in enumerate(data["passes"], 1):
+        st = p["step_ms"]
+        for r in p["rows"]:
+            lede = p.get("lede") or {}
+            rows.append([i, f"{st['one_row_alone']:.1f} / {st['one_row']:.1f}",
+                         f"{st['batched']:.1f}", f"{st['prefill_per_row']:.2f}",
+                         f"{r['max_batch_1_ceiling_at_lone_step_tok_s']:.0f} - {r['ceiling_tok_s']['max_batch_1']:.0f}",
+                         f"{r['ceiling_tok_s']['batched']:.0f}",
+                         f"{r['ceiling_ratio_at_lone_step']:.2f}x - {r['ceiling_ratio']:.2f}x",
+                         f"{r['measured_tok_s']['max_batch_1']:.1f} / {r['measured_tok_s']['batched']:.1f}",
+                         f"{r['measured_ratio']:.2f}x",
+                         f"{lede['ceiling_over_autoregressive_ceiling']:.2f}x" if lede else "-",
+                         f"{lede['measured_over_autoregressive']:.2f}x" if lede else "-"])
+    t = table(["pass", "1-row step ms, alone / both cores", f"{data['rows_per_step']}-row step ms",
+               "ms per prompt token", "ceiling tok/s, max batch 1", "ceiling tok/s, batched",
+               "ceiling ratio", "measured tok/s, max batch 1 / batched", "measured ratio",
+               "LEDE ceiling / batched AR ceiling", "LEDE measured / batched AR"], rows)
+    sm = data["summary"]
+    tail = (f"\n\nCeiling of batched / `--max-batch 1` over the passes: "
+            f"**{sm['batched_over_max_batch_1_ceiling'][0]:.2f}x - {sm['batched_over_max_batch_1_ceiling'][1]:.2f}x**.")
+    if sm.get("lede_over_autoregressive_ceiling"):
+        lo, hi = sm["lede_over_autoregressive_ceiling"]
+        tail += f" LEDE over batched autoregressive decoding at 16 streams: ceiling **{lo:.2f}x - {hi:.2f}x**."
+    return "\n".join(lines) + t + tail
+
+
 # kind -> {view -> renderer(data, opts)}; the first view is the default.
 RENDERERS = {
     "lede-bench bench": {"full": bench_full, "summary": bench_summary},
@@ -711,6 +762,7 @@ RENDERERS = {
     "retrain acceptance": {"table": retrain_acceptance_table},
     "retrain scale": {"table": retrain_scale_table},
     "retrain widened": {"table": retrain_widened_table},
+    "batching ceiling": {"table": batching_ceiling_table},
 }
 
 

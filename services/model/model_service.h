@@ -120,9 +120,9 @@ struct ModelServiceOptions {
   // On a model whose step is bound by reading the weights the sessions
   // share the read, so a full batch is worth part of a step's wait. >= 0.
   double batch_wait_fraction = 0.5;
-  // Verifier: with batch_workers > 1, the open sessions are split into
-  // concurrent batches only as far as each gets this many rows
-  // (--batch-split-rows; BatchScheduler's min_split_rows): fewer rows per
+  // Verifier and drafter: with batch_workers > 1, the open (drafting)
+  // sessions are split into concurrent batches only as far as each gets
+  // this many rows (--batch-split-rows; BatchScheduler's min_split_rows): fewer rows per
   // step are bound by reading the weights, which one batch reads once for
   // all. From about 8 rows a step of the factor-5 widened model is bound by
   // computing instead, and two 8-row steps on two cores (29-33 ms each, side

@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""The ceiling of continuous batching on this machine for a served workload (issue 36).
+
+How much faster can 16 autoregressive streams run batched than one sequence
+per pass (`--max-batch 1`) on this 2-core machine, for the same requests? The
+services cannot beat the engine: this measures the engine's step costs with
+both cores busy, as the services run them, and prices a serving benchmark's
+workload with them.
+
+It runs build/bench/lede_batch_bench twice at once, pinned to cores 0 and 1
+(each process times the same step: the two cores then share the memory bus
+as two batch workers do), for
+  - a decode step of 1 row (what each of the two handler threads runs at
+    --max-batch 1),
+  - a decode step of R rows (--rows, default 8: the two batch workers each
+    run half of 16 streams at the verifier's default --batch-split-rows 8),
+  - a decode step of P rows (--prefill-rows, default 28, the tokens of a
+    prompt of the story set), whose cost per row stands for a prompt
+    token's: both run every layer for each row and are bound by computing,
+    batched or not (a prompt's own attention over its other tokens is
+    left out; at 28 tokens it is small beside the products),
+and reads the prompt and output token counts of the autoregressive rows of a
+serve_bench JSON (--serve-json; its rows with max_batch 1 and above 1 at
+--concurrency). The ceiling of a row is its tokens over the time two cores
+need for its prefill rows and decode steps at those costs:
+
+  ceiling tok/s = output / ((prompt x prefill_ms_per_row + output x step_ms / rows) / 2 cores)
+
+With a LEDE row at --concurrency (max_batch above 1) in the JSON it also
+prices LEDE's rounds: half the sessions per batch worker, each round one
+verification of K + 1 rows from exit layer E and K draft steps of blocks
+[0, E), at the row's mean exit layer and draft length (rounded), and
+1 + acceptance x draft length tokens per round; the LEDE ceiling over the
+batched autoregressive ceiling bounds LEDE's speed-up at that concurrency.
+
+The baseline is priced twice: at the 1-row step with both cores stepping
+(its two handler threads share the memory bus) and at the 1-row step alone
+(they never overlap); the truth lies between, and so does the ratio's
+ceiling.
+
+This leaves out everything but the steps (the coordinator, the client, gRPC,
+the ramp while the first prompts are read, the drain while the last requests
+run alone), so each ceiling is above what any scheduler reaches; their ratio
+bounds the batched / --max-batch 1 speed-up of that workload.
+
+The costs move with this VM's memory bus from run to run (a 1-row step with
+both cores busy took 14 to 22 ms in one hour), so it measures --repeats
+passes and reports each, and the range. Prints the costs and ceilings;
+--json writes them (bench/record.py adds
+command, commit and machine). Nothing here asserts.
+
+usage: bench/batching_ceiling.py --model out/w5t --serve-json bench/results/serve-widen5-budget.json
+                                 [--concurrency 16] [--rows 8] [--prefill-rows 28] [--iters 100] [--repeats 3]
+                                 [--json FILE]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def alone(bench, model, work, sessions, iters):
+    """ms per batched step of `work` with `sessions` sessions on core 0 while core 1 is left alone."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "alone.json")
+        subprocess.run(["taskset", "-c", "0", bench, "--model", model, "--work", work, "--batches", str(sessions),
+                        "--iters", str(iters), "--json", out], cwd=ROOT, stdout=subprocess.DEVNULL, check=True)
+        with open(out) as f:
+            return json.load(f)["rows"][0]["batched_ms"]
+
+
+def side_by_side(bench, model, work, sessions, k, iters, exit_layer=2):
+    """ms per batched step of `work` with `sessions` sessions (k drafts each for verify) on each core, both
+    at once: the mean of the two processes' batched times, and each."""
+    with tempfile.TemporaryDirectory() as tmp:
+        procs, outs = [], []
+        for core in (0, 1):
+            out = os.path.join(tmp, "core%d.json" % core)
+            cmd = ["taskset", "-c", str(core), bench, "--model", model, "--work", work, "--batches", str(sessions),
+                   "--k", str(k), "--exit-layer", str(exit_layer), "--iters", str(iters), "--json", out]
+            procs.append(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL))
+            outs.append(out)
+        for p in procs:
+            if p.wait() != 0:
+                sys.exit("batching_ceiling.py: lede_batch_bench failed: exit %d" % p.returncode)
+        ms = []
+        for out in outs:
+            with open(out) as f:
+                ms.append(json.load(f)["rows"][0]["batched_ms"])
+    return sum(ms) / len(ms), ms
+
+
+def one_pass(a, bench, serve, solo, batched):
+    """One measurement of the step costs and the ceilings they give (see the file comment)."""
+    one_row, one_row_cores = side_by_side(bench, a.model, "step", 1, 3, a.iters)
+    one_row_alone = alone(bench, a.model, "step", 1, a.iters)
+    batch_step, batch_cores = side_by_side(bench, a.model, "step", a.rows, 3, a.iters)
+    prefill, prefill_cores = side_by_side(bench, a.model, "step", a.prefill_rows, 3, max(10, a.iters // 5))
+    prefill_row = prefill / a.prefill_rows
+
+    def ceiling(r, step_ms_per_token):
+        core_ms = r["prompt_tokens"] * prefill_row + r["output_tokens"] * step_ms_per_token
+        return r["output_tokens"] / (core_ms / 2 / 1e3)
+
+    out_rows = []
+    for s, b in zip(solo, batched):
+        c_solo, c_batched = ceiling(s, one_row), ceiling(b, batch_step / a.rows)
+        # The two handler threads of --max-batch 1 do not always step at once (each waits for its session's
+        # round trip): priced at the lone step, as if they never shared the memory bus, the baseline's
+        # ceiling is higher and the ratio's lower.
+        c_solo_alone = ceiling(s, one_row_alone)
+        out_rows.append({
+            "concurrency": a.concurrency, "prompt_tokens": b["prompt_tokens"], "output_tokens": b["output_tokens"],
+            "requests": b["completed"],
+            "ceiling_tok_s": {"max_batch_1": c_solo, "batched": c_batched},
+            "measured_tok_s": {"max_batch_1": s["output_tokens_per_s"], "batched": b["output_tokens_per_s"]},
+            "ceiling_ratio": c_batched / c_solo,
+            "max_batch_1_ceiling_at_lone_step_tok_s": c_solo_alone,
+            "ceiling_ratio_at_lone_step": c_batched / c_solo_alone,
+            "measured_ratio": b["output_tokens_per_s"] / s["output_tokens_per_s"]})
+
+    lede_rows = [r for r in serve["rows"] if r["method"] == "lede" and r["concurrency"] == a.concurrency
+                 and r["max_batch"] > 1 and r.get("mean_draft_length")]
+    lede = None
+    if lede_rows:
+        # LEDE's rounds at this concurrency, at their mean exit layer and draft length: each batch worker
+        # verifies half the sessions' K + 1 rows in one step and drafts K steps of blocks [0, E) for them.
+        r = lede_rows[0]
+        E, K = max(1, round(r["mean_exit_layer"])), max(1, round(r["mean_draft_length"]))
+        half = max(1, a.concurrency // 2)
+        verify_ms, _ = side_by_side(bench, a.model, "verify", half, K, a.iters, E)
+        draft_ms, _ = side_by_side(bench, a.model, "draft", half, K, a.iters, E)
+        tokens_per_round = 1 + r["acceptance_rate"] * r["mean_draft_length"]
+        round_ms = (verify_ms + K * draft_ms) / half  # core-ms per session's round
+        core_ms = r["prompt_tokens"] * prefill_row + r["output_tokens"] / tokens_per_round * round_ms
+        c_lede = r["output_tokens"] / (core_ms / 2 / 1e3)
+        c_ar = ceiling(batched[0], batch_step / a.rows)
+        lede = {"exit_layer": E, "draft_length": K, "tokens_per_round": tokens_per_round,
+                "verify_ms": verify_ms, "draft_step_ms": draft_ms, "sessions_per_step": half,
+                "prompt_tokens": r["prompt_tokens"], "output_tokens": r["output_tokens"],
+                "ceiling_tok_s": c_lede, "measured_tok_s": r["output_tokens_per_s"],
+                "ceiling_over_autoregressive_ceiling": c_lede / c_ar,
+                "measured_over_autoregressive": r["output_tokens_per_s"] / batched[0]["output_tokens_per_s"]}
+    return {"step_ms": {"one_row": one_row, "one_row_per_core": one_row_cores, "one_row_alone": one_row_alone,
+                        "batched": batch_step, "batched_per_core": batch_cores,
+                        "prefill": prefill, "prefill_per_core": prefill_cores, "prefill_per_row": prefill_row},
+            "rows": out_rows, "lede": lede}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="out/w5t")
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--serve-json", required=True, help="serve_bench JSON whose autoregressive rows to price")
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--rows", type=int, default=8, help="rows of each of the two batched decode steps")
+    ap.add_argument("--prefill-rows", type=int, default=28, help="rows of the prefill-like step")
+    ap.add_argument("--iters", type=int, default=100)
+    ap.add_argument("--repeats", type=int, default=3, help="measurement passes (this VM's memory bus is noisy)")
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    if a.rows < 1 or a.prefill_rows < 2 or a.iters < 1 or a.repeats < 1:
+        sys.exit("batching_ceiling.py: --rows >= 1, --prefill-rows >= 2, --iters >= 1 and --repeats >= 1")
+    bench = os.path.join(a.build, "bench", "lede_batch_bench")
+    with open(a.serve_json) as f:
+        serve = json.load(f)
+    rows = [r for r in serve["rows"] if r["method"] == "autoregressive" and r["concurrency"] == a.concurrency]
+    solo = [r for r in rows if r["max_batch"] == 1]
+    batched = [r for r in rows if r["max_batch"] > 1]
+    if not solo or not batched or any("prompt_tokens" not in r for r in rows):
+        sys.exit("batching_ceiling.py: %s has no autoregressive rows at concurrency %d with max_batch 1 and "
+                 "above, with prompt_tokens (serve_bench.py from issue 36 on)" % (a.serve_json, a.concurrency))
+
+    passes = []
+    for i in range(a.repeats):
+        p = one_pass(a, bench, serve, solo, batched)
+        passes.append(p)
+        st = p["step_ms"]
+        print("pass %d, both cores busy: decode step of 1 row %.2f ms (alone %.2f), %d rows %.2f ms, %d rows %.2f ms "
+              "(%.2f ms per row)" % (i + 1, st["one_row"], st["one_row_alone"], a.rows, st["batched"],
+                                     a.prefill_rows, st["prefill"], st["prefill_per_row"]))
+        for row in p["rows"]:
+            print("  %d requests, %d prompt and %d output tokens: ceiling %.1f tok/s batched, %.1f at --max-batch 1 "
+                  "(%.1f at the lone step), ratio %.2fx (%.2fx at the lone step); measured %.1f and %.1f (%.2fx)"
+                  % (row["requests"], row["prompt_tokens"], row["output_tokens"], row["ceiling_tok_s"]["batched"],
+                     row["ceiling_tok_s"]["max_batch_1"], row["max_batch_1_ceiling_at_lone_step_tok_s"],
+                     row["ceiling_ratio"], row["ceiling_ratio_at_lone_step"], row["measured_tok_s"]["batched"],
+                     row["measured_tok_s"]["max_batch_1"], row["measured_ratio"]))
+        lede = p["lede"]
+        if lede:
+            print("  LEDE at %d streams (E=%d, K=%d, %.2f tokens per round): verify %.2f ms, draft step %.2f ms per %d "
+                  "sessions; ceiling %.1f tok/s = %.2fx the batched autoregressive ceiling; measured %.2fx batched "
+                  "autoregressive" % (a.concurrency, lede["exit_layer"], lede["draft_length"], lede["tokens_per_round"],
+                                      lede["verify_ms"], lede["draft_step_ms"], lede["sessions_per_step"],
+                                      lede["ceiling_tok_s"], lede["ceiling_over_autoregressive_ceiling"],
+                                      lede["measured_over_autoregressive"]))
+    ratios = [r["ceiling_ratio_at_lone_step"] for p in passes for r in p["rows"]] + \
+             [r["ceiling_ratio"] for p in passes for r in p["rows"]]
+    lede_ratios = [p["lede"]["ceiling_over_autoregressive_ceiling"] for p in passes if p["lede"]]
+    summary = {"batched_over_max_batch_1_ceiling": [min(ratios), max(ratios)],
+               "lede_over_autoregressive_ceiling": [min(lede_ratios), max(lede_ratios)] if lede_ratios else None}
+    print("batched / --max-batch 1 ceiling over the passes: %.2fx - %.2fx" % tuple(summary[
+        "batched_over_max_batch_1_ceiling"]))
+    if lede_ratios:
+        print("LEDE / batched autoregressive ceiling over the passes: %.2fx - %.2fx" % tuple(summary[
+            "lede_over_autoregressive_ceiling"]))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"model": a.model, "serve_json": a.serve_json, "rows_per_step": a.rows,
+                       "prefill_rows": a.prefill_rows, "iters": a.iters, "concurrency": a.concurrency,
+                       "passes": passes, "summary": summary}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
