@@ -192,10 +192,11 @@ COMMANDS = {
          "bench/serve_bench.py --model out/w5t --prompt-file models/lede-tiny/prompts/story.jsonl --deployments split "
          "--methods autoregressive,lede --concurrency 16 --max-batch 1,16,1,16 --num-prompts 128 --new-tokens 64 "
          "--json '{json}'"),
-    "bench/results/batching-ceiling-widen5.json":
-        ("batching ceiling", "bench/record.py bench/results/batching-ceiling-widen5.json -- /usr/bin/python3 "
-         "bench/batching_ceiling.py --model out/w5t --serve-json bench/results/serve-widen5-budget.json "
-         "--json '{json}'"),
+    "bench/results/serve-widen5-draftsplit-128.json":
+        ("serve_bench", "bench/record.py bench/results/serve-widen5-draftsplit-128.json -- /usr/bin/python3 "
+         "bench/serve_bench.py --model out/w5t --prompt-file models/lede-tiny/prompts/story.jsonl --deployments split "
+         "--methods autoregressive,lede --concurrency 16 --max-batch 1,16,1,16 --num-prompts 128 --new-tokens 64 "
+         "--check-solo 24 --json '{json}'   # the drafter split at --batch-split-rows too"),
     "bench/results/batching-ceiling-widen5-128.json":
         ("batching ceiling", "bench/record.py bench/results/batching-ceiling-widen5-128.json -- /usr/bin/python3 "
          "bench/batching_ceiling.py --model out/w5t --serve-json bench/results/serve-widen5-budget-128.json "
