@@ -29,8 +29,8 @@ void AddModelFlags(flags::FlagSet* flags, ModelFlags* v) {
              "verifier: a batched step may also wait this fraction of the recent steps' run time for those "
              "sessions, when longer than --batch-wait-us (0 = --batch-wait-us alone)");
   flags->Add("batch-split-rows", &o.batch_split_rows,
-             "verifier and drafter: with --batch-workers > 1, split the sessions into concurrent batches only as far as each "
-             "gets this many rows (0 = always split)");
+             "verifier and drafter: with --batch-workers > 1, split the sessions into concurrent batches only as "
+             "far as each gets this many rows (0 = always split)");
   flags->Add("max-batch-tokens", &o.max_batch_tokens,
              "verifier: rows (tokens) per batched step; a batch takes its first job whatever its size (0 = no limit)");
   flags->Add("capacity", &v->capacity, "tokens per KV slot (0 = the model's context window)");

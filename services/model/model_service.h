@@ -122,9 +122,9 @@ struct ModelServiceOptions {
   double batch_wait_fraction = 0.5;
   // Verifier and drafter: with batch_workers > 1, the open (drafting)
   // sessions are split into concurrent batches only as far as each gets
-  // this many rows (--batch-split-rows; BatchScheduler's min_split_rows): fewer rows per
-  // step are bound by reading the weights, which one batch reads once for
-  // all. From about 8 rows a step of the factor-5 widened model is bound by
+  // this many rows (--batch-split-rows; BatchScheduler's min_split_rows):
+  // fewer rows per step are bound by reading the weights, which one batch
+  // reads once for all. From about 8 rows a step of the factor-5 widened model is bound by
   // computing instead, and two 8-row steps on two cores (29-33 ms each, side
   // by side) beat one 16-row step on one (43 ms; lede_batch_bench on a quiet
   // VM, docs/serving.md). 0: always split. >= 0.
