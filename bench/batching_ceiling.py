@@ -63,22 +63,13 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def alone(bench, model, work, sessions, iters):
-    """ms per batched step of `work` with `sessions` sessions on core 0 while core 1 is left alone."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "alone.json")
-        subprocess.run(["taskset", "-c", "0", bench, "--model", model, "--work", work, "--batches", str(sessions),
-                        "--iters", str(iters), "--json", out], cwd=ROOT, stdout=subprocess.DEVNULL, check=True)
-        with open(out) as f:
-            return json.load(f)["rows"][0]["batched_ms"]
-
-
-def side_by_side(bench, model, work, sessions, k, iters, exit_layer=2):
-    """ms per batched step of `work` with `sessions` sessions (k drafts each for verify) on each core, both
-    at once: the mean of the two processes' batched times, and each."""
+def pinned(bench, model, work, sessions, iters, cores=(0, 1), k=3, exit_layer=2):
+    """ms per batched step of `work` with `sessions` sessions (k drafts each for verify, at exit_layer), one
+    lede_batch_bench process pinned to each of `cores`, all at once: the mean of their batched times, and each.
+    cores=(0,) times the step alone, the other core left idle."""
     with tempfile.TemporaryDirectory() as tmp:
         procs, outs = [], []
-        for core in (0, 1):
+        for core in cores:
             out = os.path.join(tmp, "core%d.json" % core)
             cmd = ["taskset", "-c", str(core), bench, "--model", model, "--work", work, "--batches", str(sessions),
                    "--k", str(k), "--exit-layer", str(exit_layer), "--iters", str(iters), "--json", out]
@@ -96,10 +87,10 @@ def side_by_side(bench, model, work, sessions, k, iters, exit_layer=2):
 
 def one_pass(a, bench, serve, solo, batched):
     """One measurement of the step costs and the ceilings they give (see the file comment)."""
-    one_row, one_row_cores = side_by_side(bench, a.model, "step", 1, 3, a.iters)
-    one_row_alone = alone(bench, a.model, "step", 1, a.iters)
-    batch_step, batch_cores = side_by_side(bench, a.model, "step", a.rows, 3, a.iters)
-    prefill, prefill_cores = side_by_side(bench, a.model, "step", a.prefill_rows, 3, max(10, a.iters // 5))
+    one_row, one_row_cores = pinned(bench, a.model, "step", 1, a.iters)
+    one_row_alone, _ = pinned(bench, a.model, "step", 1, a.iters, cores=(0,))
+    batch_step, batch_cores = pinned(bench, a.model, "step", a.rows, a.iters)
+    prefill, prefill_cores = pinned(bench, a.model, "step", a.prefill_rows, max(10, a.iters // 5))
     prefill_row = prefill / a.prefill_rows
 
     def ceiling(r, step_ms_per_token):
@@ -132,8 +123,8 @@ def one_pass(a, bench, serve, solo, batched):
         r = lede_rows[0]
         E, K = max(1, round(r["mean_exit_layer"])), max(1, round(r["mean_draft_length"]))
         half = max(1, a.concurrency // 2)
-        verify_ms, _ = side_by_side(bench, a.model, "verify", half, K, a.iters, E)
-        draft_ms, _ = side_by_side(bench, a.model, "draft", half, K, a.iters, E)
+        verify_ms, _ = pinned(bench, a.model, "verify", half, a.iters, k=K, exit_layer=E)
+        draft_ms, _ = pinned(bench, a.model, "draft", half, a.iters, k=K, exit_layer=E)
         tokens_per_round = 1 + r["acceptance_rate"] * r["mean_draft_length"]
         round_ms = (verify_ms + K * draft_ms) / half  # core-ms per session's round
         core_ms = r["prompt_tokens"] * prefill_row + r["output_tokens"] / tokens_per_round * round_ms

@@ -714,10 +714,10 @@ StatusOr<model::Calibration> RequestTrainerCalibration(const RetrainOptions& o, 
     }
     return of_this_model(std::move(cal), o.calibration);
   }
-  for (const std::string& path : {o.model_dir + "/calibration-cpu.json", o.policy_root + "/" + kOwnCalibrationFile}) {
+  const std::string own = o.policy_root + "/" + kOwnCalibrationFile;
+  for (const std::string& path : {o.model_dir + "/calibration-cpu.json", own}) {
     if (fs::exists(path)) return of_this_model(model::ReadCalibrationFile(path), path);
   }
-  const std::string own = o.policy_root + "/" + kOwnCalibrationFile;
   if (o.log) o.log("msg=\"no calibration of the model; calibrating it once\" path=" + own);
   const auto start = std::chrono::steady_clock::now();
   const std::function<void()> decide = policy::dqn::TimedDecision(serving.network);

@@ -104,6 +104,12 @@ std::vector<std::vector<double>> SmoothRoundTable(const std::vector<std::vector<
   // least squares. A fixed number of iterations keeps the prices identical
   // run to run.
   std::vector<double> w(cells.size(), 1.0), beta;
+  auto fitted = [&](size_t e, size_t k) {
+    const std::vector<double> x = features(e, k);
+    double fit = 0;
+    for (size_t p = 0; p < n; ++p) fit += x[p] * beta[p];
+    return fit;
+  };
   for (int it = 0; it < 50; ++it) {
     std::vector<std::vector<double>> a(n, std::vector<double>(n, 0.0));
     std::vector<double> b(n, 0.0);
@@ -121,19 +127,14 @@ std::vector<std::vector<double>> SmoothRoundTable(const std::vector<std::vector<
     if (!SolveLinear(a, b, &beta)) return round_us;
     for (size_t e = 0; e < n_e; ++e) {
       for (size_t k = 0; k < n_k; ++k) {
-        const std::vector<double> x = features(e, k);
-        double fit = 0;
-        for (size_t p = 0; p < n; ++p) fit += x[p] * beta[p];
-        w[e * n_k + k] = 1.0 / std::max(std::abs(cells[e * n_k + k] - fit), floor);
+        w[e * n_k + k] = 1.0 / std::max(std::abs(cells[e * n_k + k] - fitted(e, k)), floor);
       }
     }
   }
   std::vector<std::vector<double>> out(n_e, std::vector<double>(n_k));
   for (size_t e = 0; e < n_e; ++e) {
     for (size_t k = 0; k < n_k; ++k) {
-      const std::vector<double> x = features(e, k);
-      double fit = 0;
-      for (size_t p = 0; p < n; ++p) fit += x[p] * beta[p];
+      const double fit = fitted(e, k);
       out[e][k] = fit > 0 ? fit : round_us[e][k];
     }
   }
