@@ -3,6 +3,7 @@
 #include "services/model/model_host.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -82,6 +83,13 @@ void SetBatchThreads(int n_threads) {
   at::set_num_threads(std::max(1, n_threads));
   model::SetFusedThreads(n_threads);
   threads_set = true;
+  // A flag that silently does nothing is the fault this catches (the model
+  // library once built without OpenMP ran every step on one thread).
+  static std::atomic<bool> warned{false};
+  if (const int in_use = model::FusedThreadsInUse(); in_use < n_threads && !warned.exchange(true)) {
+    logging::LogEvent("warn", "batch_threads_unavailable",
+                      {{"batch_threads", std::to_string(n_threads)}, {"threads_in_use", std::to_string(in_use)}});
+  }
 }
 
 StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& options, bool create_pool,

@@ -1,6 +1,7 @@
 #include "shared/model/llama.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -172,6 +173,13 @@ void RaggedMatMul(const float* x, const RaggedSegment* segs, int64_t n_segs, int
 }  // namespace
 
 void SetFusedThreads(int n_threads) { fused_threads = std::max(1, n_threads); }
+
+int FusedThreadsInUse() {
+  std::atomic<int> parts{0};
+  // RowsProduct's own split: one part per thread that runs.
+  at::parallel_for(0, fused_threads, 1, [&](int64_t t0, int64_t t1) { parts.fetch_add(1); });
+  return std::max(1, parts.load());
+}
 
 StatusOr<Kernels> ParseKernels(const std::string& name) {
   if (name == "eager") return Kernels::kEager;

@@ -122,6 +122,15 @@ StatusOr<c10::ScalarType> ParseDtype(const std::string& name);
 // (--batch-threads, default 1). n_threads < 1 is taken as 1.
 void SetFusedThreads(int n_threads);
 
+// The threads the fused kernels' products actually split across in calls
+// from the calling thread: SetFusedThreads() capped by at::get_num_threads()
+// of this thread, and 1 where at::parallel_for runs serially (a build whose
+// model library is compiled without OpenMP: libtorch's OpenMP backend is a
+// `#pragma omp parallel` inside the inline template). The model service
+// warns at startup when --batch-threads asks for more than this gives.
+// Runs one empty parallel region; thread-safe.
+int FusedThreadsInUse();
+
 // One sequence of a ragged batch (LlamaModel::ForwardRagged): n_positions
 // rows of the stacked activation hold positions
 // [start_pos, start_pos + n_positions) of KV slot `slot`.

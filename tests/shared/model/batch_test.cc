@@ -446,6 +446,8 @@ TEST(BatchTest, KernelThreadsDoNotChangeResults) {
     const int before = at::get_num_threads();
     at::set_num_threads(threads);
     SetFusedThreads(threads);
+    // The threads really run (a build without OpenMP ran them serially).
+    EXPECT_EQ(FusedThreadsInUse(), threads);
     Pools pools = MakePools(*m, 4, 4);
     std::vector<VerifierWork> work(3);
     for (int s = 0; s < 3; ++s) {
