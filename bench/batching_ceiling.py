@@ -19,7 +19,11 @@ as two batch workers do), for
     token's: both run every layer for each row and are bound by computing,
     batched or not (a prompt's own attention over its other tokens is
     left out; at 28 tokens it is small beside the products),
-and reads the prompt and output token counts of the autoregressive rows of a
+and, as the other plan (the verifier's --batch-threads 2 --batch-workers 1),
+one lede_batch_bench process on 2 intra-op threads timing one step of all
+--concurrency streams and one of P rows (core-ms = 2 x wall). Each cost is
+taken at the better of the two plans, so the ceiling holds for either
+schedule. It reads the prompt and output token counts of the autoregressive rows of a
 serve_bench JSON (--serve-json; its rows with max_batch 1 and above 1 at
 --concurrency). The ceiling of a row is its tokens over the time two cores
 need for its prefill rows and decode steps at those costs:
@@ -27,7 +31,8 @@ need for its prefill rows and decode steps at those costs:
   ceiling tok/s = output / ((prompt x prefill_ms_per_row + output x step_ms / rows) / 2 cores)
 
 With a LEDE row at --concurrency (max_batch above 1) in the JSON it also
-prices LEDE's rounds: half the sessions per batch worker, each round one
+prices LEDE's rounds (at the better plan again: half the sessions per
+pinned batch worker, or all of them on 2 threads), each round one
 verification of K + 1 rows from exit layer E and K draft steps of blocks
 [0, E), at the row's mean exit layer and draft length (rounded), and
 1 + acceptance x draft length tokens per round; the LEDE ceiling over the
@@ -85,13 +90,32 @@ def pinned(bench, model, work, sessions, iters, cores=(0, 1), k=3, exit_layer=2)
     return sum(ms) / len(ms), ms
 
 
+def threaded(bench, model, work, sessions, iters, k=3, exit_layer=2, threads=2):
+    """ms per batched step of `work` with `sessions` sessions run by one lede_batch_bench process on `threads`
+    intra-op threads (the products split by output columns: each core reads its share of the weights once for
+    all rows; the verifier's --batch-threads 2 --batch-workers 1)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "threaded.json")
+        cmd = [bench, "--model", model, "--work", work, "--batches", str(sessions), "--k", str(k), "--exit-layer",
+               str(exit_layer), "--iters", str(iters), "--threads", str(threads), "--json", out]
+        if subprocess.call(cmd, cwd=ROOT, stdout=subprocess.DEVNULL) != 0:
+            sys.exit("batching_ceiling.py: lede_batch_bench --threads %d failed" % threads)
+        with open(out) as f:
+            return json.load(f)["rows"][0]["batched_ms"]
+
+
 def one_pass(a, bench, serve, solo, batched):
     """One measurement of the step costs and the ceilings they give (see the file comment)."""
     one_row, one_row_cores = pinned(bench, a.model, "step", 1, a.iters)
     one_row_alone, _ = pinned(bench, a.model, "step", 1, a.iters, cores=(0,))
     batch_step, batch_cores = pinned(bench, a.model, "step", a.rows, a.iters)
     prefill, prefill_cores = pinned(bench, a.model, "step", a.prefill_rows, max(10, a.iters // 5))
-    prefill_row = prefill / a.prefill_rows
+    # The other plan: one step of all the streams on both cores (core-ms = 2 x its wall time).
+    step_threaded = threaded(bench, a.model, "step", a.concurrency, a.iters)
+    prefill_threaded = threaded(bench, a.model, "step", a.prefill_rows, max(10, a.iters // 5))
+    # Each cost at the better plan: a ceiling is the best any schedule reaches.
+    prefill_row = min(prefill / a.prefill_rows, 2 * prefill_threaded / a.prefill_rows)
+    batch_token = min(batch_step / a.rows, 2 * step_threaded / a.concurrency)
 
     def ceiling(r, step_ms_per_token):
         core_ms = r["prompt_tokens"] * prefill_row + r["output_tokens"] * step_ms_per_token
@@ -99,7 +123,7 @@ def one_pass(a, bench, serve, solo, batched):
 
     out_rows = []
     for s, b in zip(solo, batched):
-        c_solo, c_batched = ceiling(s, one_row), ceiling(b, batch_step / a.rows)
+        c_solo, c_batched = ceiling(s, one_row), ceiling(b, batch_token)
         # The two handler threads of --max-batch 1 do not always step at once (each waits for its session's
         # round trip): priced at the lone step, as if they never shared the memory bus, the baseline's
         # ceiling is higher and the ratio's lower.
@@ -126,19 +150,26 @@ def one_pass(a, bench, serve, solo, batched):
         verify_ms, _ = pinned(bench, a.model, "verify", half, a.iters, k=K, exit_layer=E)
         draft_ms, _ = pinned(bench, a.model, "draft", half, a.iters, k=K, exit_layer=E)
         tokens_per_round = 1 + r["acceptance_rate"] * r["mean_draft_length"]
-        round_ms = (verify_ms + K * draft_ms) / half  # core-ms per session's round
+        verify_threaded = threaded(bench, a.model, "verify", a.concurrency, a.iters, k=K, exit_layer=E)
+        draft_threaded = threaded(bench, a.model, "draft", a.concurrency, a.iters, k=K, exit_layer=E)
+        round_ms = min((verify_ms + K * draft_ms) / half,  # core-ms per session's round, at the better plan
+                       2 * (verify_threaded + K * draft_threaded) / a.concurrency)
         core_ms = r["prompt_tokens"] * prefill_row + r["output_tokens"] / tokens_per_round * round_ms
         c_lede = r["output_tokens"] / (core_ms / 2 / 1e3)
-        c_ar = ceiling(batched[0], batch_step / a.rows)
+        c_ar = ceiling(batched[0], batch_token)
         lede = {"exit_layer": E, "draft_length": K, "tokens_per_round": tokens_per_round,
                 "verify_ms": verify_ms, "draft_step_ms": draft_ms, "sessions_per_step": half,
+                "threaded_verify_ms": verify_threaded, "threaded_draft_step_ms": draft_threaded,
+                "round_core_ms_per_session": round_ms,
                 "prompt_tokens": r["prompt_tokens"], "output_tokens": r["output_tokens"],
                 "ceiling_tok_s": c_lede, "measured_tok_s": r["output_tokens_per_s"],
                 "ceiling_over_autoregressive_ceiling": c_lede / c_ar,
                 "measured_over_autoregressive": r["output_tokens_per_s"] / batched[0]["output_tokens_per_s"]}
     return {"step_ms": {"one_row": one_row, "one_row_per_core": one_row_cores, "one_row_alone": one_row_alone,
                         "batched": batch_step, "batched_per_core": batch_cores,
-                        "prefill": prefill, "prefill_per_core": prefill_cores, "prefill_per_row": prefill_row},
+                        "prefill": prefill, "prefill_per_core": prefill_cores, "prefill_per_row": prefill_row,
+                        "threaded_batched": step_threaded, "threaded_prefill": prefill_threaded,
+                        "batched_core_ms_per_token": batch_token},
             "rows": out_rows, "lede": lede}
 
 
@@ -171,9 +202,11 @@ def main():
         p = one_pass(a, bench, serve, solo, batched)
         passes.append(p)
         st = p["step_ms"]
-        print("pass %d, both cores busy: decode step of 1 row %.2f ms (alone %.2f), %d rows %.2f ms, %d rows %.2f ms "
-              "(%.2f ms per row)" % (i + 1, st["one_row"], st["one_row_alone"], a.rows, st["batched"],
-                                     a.prefill_rows, st["prefill"], st["prefill_per_row"]))
+        print("pass %d, both cores busy: decode step of 1 row %.2f ms (alone %.2f), %d rows %.2f ms, %d rows %.2f ms; "
+              "on 2 threads: %d rows %.2f ms, %d rows %.2f ms; best plan: %.2f core-ms per decode token, %.2f per "
+              "prompt token" % (i + 1, st["one_row"], st["one_row_alone"], a.rows, st["batched"], a.prefill_rows,
+                                st["prefill"], a.concurrency, st["threaded_batched"], a.prefill_rows,
+                                st["threaded_prefill"], st["batched_core_ms_per_token"], st["prefill_per_row"]))
         for row in p["rows"]:
             print("  %d requests, %d prompt and %d output tokens: ceiling %.1f tok/s batched, %.1f at --max-batch 1 "
                   "(%.1f at the lone step), ratio %.2fx (%.2fx at the lone step); measured %.1f and %.1f (%.2fx)"
