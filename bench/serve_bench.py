@@ -418,6 +418,8 @@ def main():
                                             static_config, pids=pids, metrics_ports=metrics_ports)
                             row["deployment"] = kind
                             row["max_batch"] = max_batch
+                            # per row, so that merged runs (bench/record.py -- A -- B) tell their settings apart
+                            row["batch_threads"], row["batch_workers"] = a.batch_threads, a.batch_workers
                             rows.append(row)
                             print("  %-10s B=%-3d %-14s N=%-3d %6.2f req/s %7.1f tok/s TTFT %s ms TPOT %s ms"
                                   % (kind, max_batch, m, n, row["request_throughput"], row["output_tokens_per_s"],
