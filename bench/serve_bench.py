@@ -198,6 +198,9 @@ def solo_check(port, pb, pb_grpc, prompts, method, n, new_tokens, static_config)
     return {"method": method, "requests": n, "completed": sum(1 for r in loaded if r.ok),
             "solo_completed": sum(1 for r in solo if r.ok), "equal_to_solo": len(equal),
             "differ": [i for i in range(n) if i not in equal],
+            # the gRPC status of each request that failed, solo or at once (none expected)
+            "solo_failed": {str(i): str(r.code) for i, r in enumerate(solo) if not r.ok},
+            "failed": {str(i): str(r.code) for i, r in enumerate(loaded) if not r.ok},
             "tokens": sum(len(r.ids) for r in loaded if r.ok)}
 
 
@@ -437,7 +440,9 @@ def main():
                         solo_checks.append(check)
                         print("  %-10s B=%-3d %-14s %d concurrent requests on %d slots: %d completed, %d equal their "
                               "solo runs" % (kind, max_batch, m, check["requests"], a.slots, check["completed"],
-                                             check["equal_to_solo"]), flush=True)
+                                             check["equal_to_solo"])
+                              + "".join("; %s failed: %s" % (k, check[k]) for k in ("solo_failed", "failed")
+                                        if check[k]), flush=True)
                 usage[(kind + " B=%d" % max_batch, "end")] = proc_usage(pids)
             finally:
                 services_bench.stop(procs)

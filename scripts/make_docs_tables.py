@@ -201,6 +201,18 @@ COMMANDS = {
         ("batching ceiling", "bench/record.py bench/results/batching-ceiling-widen5-128.json -- /usr/bin/python3 "
          "bench/batching_ceiling.py --model out/w5t --serve-json bench/results/serve-widen5-budget-128.json "
          "--json '{json}'"),
+    "bench/results/batching-ceiling-widen5-threads.json":
+        ("batching ceiling", "bench/record.py bench/results/batching-ceiling-widen5-threads.json -- /usr/bin/python3 "
+         "bench/batching_ceiling.py --model out/w5t --serve-json bench/results/serve-widen5-budget.json --iters 40 "
+         "--repeats 3 --json '{json}'"),
+    "bench/results/serve-widen5-threads.json":
+        ("serve_bench", "bench/record.py bench/results/serve-widen5-threads.json -- /usr/bin/python3 "
+         "bench/serve_bench.py --model out/w5t --prompt-file models/lede-tiny/prompts/story.jsonl --deployments split "
+         "--methods autoregressive,lede --concurrency 1,16 --max-batch 1,16 --num-prompts 32 --new-tokens 64 "
+         "--check-solo 24 --json '{json}' -- /usr/bin/python3 bench/serve_bench.py --model out/w5t --prompt-file "
+         "models/lede-tiny/prompts/story.jsonl --deployments split --methods autoregressive,lede --concurrency 1,16 "
+         "--max-batch 16 --num-prompts 32 --new-tokens 64 --batch-threads 2 --batch-workers 1 --check-solo 24 "
+         "--json '{json}'"),
     "bench/results/lede-tiny-weight-formats.json":
         ("weight_formats_quality", "for w in f32 bf16 q8_0; do build/trainer/lede-eval-exits --model models/lede-tiny "
          "--calibration models/lede-tiny/calibration-cpu.json --data testdata/corpus/tinystories_val_a.txt "
@@ -454,8 +466,11 @@ def serve_table(data, opts):
     def ms(d, k, f="{:.1f}"):
         return num(d.get(k), f)
     body = []
+    # Runs merged from several settings (bench/record.py -- A -- B) name each row's batch threads and workers.
+    plans = any("batch_threads" in r for r in data["rows"])
     for r in data["rows"]:
-        body.append([r["deployment"], r["max_batch"], r["method"], r["concurrency"], r["completed"],
+        plan = [f"{r.get('batch_threads', '-')} x {r.get('batch_workers', '-')}"] if plans else []
+        body.append([r["deployment"], r["max_batch"]] + plan + [r["method"], r["concurrency"], r["completed"],
                      num(r["request_throughput"], "{:.2f}"), num(r["output_tokens_per_s"]),
                      f"{ms(r['ttft'], 'mean_ms')} / {ms(r['ttft'], 'p99_ms')}",
                      f"{ms(r['tpot'], 'mean_ms', '{:.2f}')} / {ms(r['tpot'], 'p99_ms', '{:.2f}')}",
@@ -464,11 +479,15 @@ def serve_table(data, opts):
                      num(r.get("sessions_per_step", {}).get("verifier"), "{:.1f}")])
     checks = "".join(
         f"\n\n{c['requests']} {c['method']} requests at once on {data['slots']} slots (max batch "
-        f"{c['max_batch']}): {c['completed']} completed, {c['equal_to_solo']} equal to their solo runs."
+        f"{c['max_batch']}): {c['completed']} completed, {c['equal_to_solo']} equal to their solo runs"
+        + (f" ({c['requests'] - c['solo_completed']} of the solo runs failed"
+           + (f": {', '.join(sorted(set(c['solo_failed'].values())))}" if c.get("solo_failed") else "") + ")"
+           if c.get("solo_completed", c["requests"]) < c["requests"] else "") + "."
         for c in data.get("solo_checks", []))
+    head = ["deployment", "max batch"] + (["batch threads x workers"] if plans else [])
     return (f"{data['prompts']} prompts, {data['new_tokens']} new tokens, {data['slots']} KV slots; times in ms "
             "(mean / p99); sessions per verifier step.\n\n"
-            + table(["deployment", "max batch", "method", "clients", "done", "req/s", "output tok/s", "TTFT",
+            + table(head + ["method", "clients", "done", "req/s", "output tok/s", "TTFT",
                      "TPOT", "ITL", "acceptance", "sessions/step"], body) + checks)
 
 
@@ -713,14 +732,19 @@ def batching_ceiling_table(data, opts):
     lines = [f"Engine step costs with both cores busy (two `lede_batch_bench` processes pinned to the two cores; "
              f"the 1-row step also alone), per pass; ceilings price the rows of `{data['serve_json']}` at "
              f"{data.get('concurrency', 16)} streams with them: steps only (no coordinator, client, ramp or drain), "
-             f"the baseline at the 1-row step alone and with both cores stepping.", "", ""]
+             f"the baseline at the 1-row step alone and with both cores stepping."
+             + (" Each batched cost at the better of two plans: two pinned steps of half the streams, or one step "
+                "of all of them on 2 threads (`--batch-threads 2 --batch-workers 1`; core-ms = 2 x wall)."
+                if "threaded_batched" in data["passes"][0]["step_ms"] else ""), "", ""]
     rows = []
     for i, p in enumerate(data["passes"], 1):
         st = p["step_ms"]
         for r in p["rows"]:
             lede = p.get("lede") or {}
             rows.append([i, f"{st['one_row_alone']:.1f} / {st['one_row']:.1f}",
-                         f"{st['batched']:.1f}", f"{st['prefill_per_row']:.2f}",
+                         f"{st['batched']:.1f}" + (f" / {st['threaded_batched']:.1f}" if "threaded_batched" in st
+                                                   else ""),
+                         f"{st['prefill_per_row']:.2f}",
                          f"{r['max_batch_1_ceiling_at_lone_step_tok_s']:.0f} - {r['ceiling_tok_s']['max_batch_1']:.0f}",
                          f"{r['ceiling_tok_s']['batched']:.0f}",
                          f"{r['ceiling_ratio_at_lone_step']:.2f}x - {r['ceiling_ratio']:.2f}x",
@@ -728,7 +752,10 @@ def batching_ceiling_table(data, opts):
                          f"{r['measured_ratio']:.2f}x",
                          f"{lede['ceiling_over_autoregressive_ceiling']:.2f}x" if lede else "-",
                          f"{lede['measured_over_autoregressive']:.2f}x" if lede else "-"])
-    t = table(["pass", "1-row step ms, alone / both cores", f"{data['rows_per_step']}-row step ms",
+    threaded = "threaded_batched" in data["passes"][0]["step_ms"]
+    step_head = (f"{data['rows_per_step']}-row step ms" + (f" / {data.get('concurrency', 16)} rows on 2 threads"
+                                                            if threaded else ""))
+    t = table(["pass", "1-row step ms, alone / both cores", step_head,
                "ms per prompt token", "ceiling tok/s, max batch 1", "ceiling tok/s, batched",
                "ceiling ratio", "measured tok/s, max batch 1 / batched", "measured ratio",
                "LEDE ceiling / batched AR ceiling", "LEDE measured / batched AR"], rows)
@@ -737,7 +764,8 @@ def batching_ceiling_table(data, opts):
             f"**{sm['batched_over_max_batch_1_ceiling'][0]:.2f}x - {sm['batched_over_max_batch_1_ceiling'][1]:.2f}x**.")
     if sm.get("lede_over_autoregressive_ceiling"):
         lo, hi = sm["lede_over_autoregressive_ceiling"]
-        tail += f" LEDE over batched autoregressive decoding at 16 streams: ceiling **{lo:.2f}x - {hi:.2f}x**."
+        tail += (f" LEDE over batched autoregressive decoding at {data.get('concurrency', 16)} streams: ceiling "
+                 f"**{lo:.2f}x - {hi:.2f}x**.")
     return "\n".join(lines) + t + tail
 
 
