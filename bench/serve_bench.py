@@ -176,6 +176,19 @@ def one_request(stub, pb, prompt, method, new_tokens, static_config):
     return r
 
 
+def print_log_problems(log_dir, last=40):
+    """The last `last` warning, error and request_failed lines of the deployment logs in log_dir
+    (services_bench.deploy)."""
+    lines = []
+    for name in sorted(os.listdir(log_dir)):
+        if name.endswith(".log"):
+            with open(os.path.join(log_dir, name), errors="replace") as f:
+                lines += [name + ": " + l.rstrip() for l in f if any(k in l for k in ("level=warn", "level=error", "event=request_failed"))]
+    print("    log warnings and errors (last %d of %d):" % (min(last, len(lines)), len(lines)))
+    for l in lines[-last:]:
+        print("      " + l[:400])
+
+
 def solo_check(port, pb, pb_grpc, prompts, method, n, new_tokens, static_config):
     """n requests (prompt i % len) one at a time, then all n at once (those beyond the slots queue in the
     verifier): how many completed, and how many streamed exactly the token ids of their solo run (greedy
@@ -446,6 +459,11 @@ def main():
                 usage[(kind + " B=%d" % max_batch, "end")] = proc_usage(pids)
             finally:
                 services_bench.stop(procs)
+                # A failed request leaves its evidence: the deployment's warnings and errors (its logs go with tmp).
+                if any(r["failed"] for r in rows if r["max_batch"] == max_batch and r["deployment"] == kind) or any(
+                        c["solo_failed"] or c["failed"] for c in solo_checks
+                        if c["max_batch"] == max_batch and c["deployment"] == kind):
+                    print_log_problems(tmp)
     print()
     print("%-10s %5s %-14s %4s %5s %7s %8s | %8s %8s %8s | %7s %7s | %7s %7s %7s | %6s %5s %5s"
           % ("deploy", "batch", "method", "N", "done", "req/s", "tok/s", "TTFT ms", "p50", "p99", "TPOT ms", "p99",
