@@ -37,6 +37,9 @@ verification of K + 1 rows from exit layer E and K draft steps of blocks
 [0, E), at the row's mean exit layer and draft length (rounded), and
 1 + acceptance x draft length tokens per round; the LEDE ceiling over the
 batched autoregressive ceiling bounds LEDE's speed-up at that concurrency.
+It also reports the tokens per round, and so the acceptance rate at that
+draft length, that LEDE's rounds would need for their ceiling to reach
+--lede-target (default 1.2) times the autoregressive one (above 1: none).
 
 The baseline is priced twice: at the 1-row step with both cores stepping
 (its two handler threads share the memory bus) and at the 1-row step alone
@@ -157,13 +160,23 @@ def one_pass(a, bench, serve, solo, batched):
         core_ms = r["prompt_tokens"] * prefill_row + r["output_tokens"] / tokens_per_round * round_ms
         c_lede = r["output_tokens"] / (core_ms / 2 / 1e3)
         c_ar = ceiling(batched[0], batch_token)
+        # The tokens per round (and so the acceptance rate at this draft length) LEDE's rounds would need for
+        # its ceiling to reach --lede-target times the autoregressive one on the same requests:
+        #   P p + O r / t <= (P p + O a) / target  <=>  t >= O r / ((P p + O a) / target - P p).
+        prompt_ms = r["prompt_tokens"] * prefill_row
+        room = (prompt_ms + r["output_tokens"] * batch_token) / a.lede_target - prompt_ms
+        t_needed = r["output_tokens"] * round_ms / room if room > 0 else float("inf")
         lede = {"exit_layer": E, "draft_length": K, "tokens_per_round": tokens_per_round,
+                "acceptance_rate": r["acceptance_rate"],
                 "verify_ms": verify_ms, "draft_step_ms": draft_ms, "sessions_per_step": half,
                 "threaded_verify_ms": verify_threaded, "threaded_draft_step_ms": draft_threaded,
                 "round_core_ms_per_session": round_ms,
                 "prompt_tokens": r["prompt_tokens"], "output_tokens": r["output_tokens"],
                 "ceiling_tok_s": c_lede, "measured_tok_s": r["output_tokens_per_s"],
                 "ceiling_over_autoregressive_ceiling": c_lede / c_ar,
+                "target": a.lede_target, "tokens_per_round_for_target": t_needed,
+                # above 1: no acceptance rate at this draft length reaches the target
+                "acceptance_for_target": (t_needed - 1) / K,
                 "measured_over_autoregressive": r["output_tokens_per_s"] / batched[0]["output_tokens_per_s"]}
     return {"step_ms": {"one_row": one_row, "one_row_per_core": one_row_cores, "one_row_alone": one_row_alone,
                         "batched": batch_step, "batched_per_core": batch_cores,
@@ -183,6 +196,8 @@ def main():
     ap.add_argument("--prefill-rows", type=int, default=28, help="rows of the prefill-like step")
     ap.add_argument("--iters", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3, help="measurement passes (this VM's memory bus is noisy)")
+    ap.add_argument("--lede-target", type=float, default=1.2,
+                    help="LEDE over batched autoregressive speed-up whose required acceptance rate to report")
     ap.add_argument("--json")
     a = ap.parse_args()
     if a.rows < 1 or a.prefill_rows < 2 or a.iters < 1 or a.repeats < 1:
@@ -222,6 +237,9 @@ def main():
                                       lede["verify_ms"], lede["draft_step_ms"], lede["sessions_per_step"],
                                       lede["ceiling_tok_s"], lede["ceiling_over_autoregressive_ceiling"],
                                       lede["measured_over_autoregressive"]))
+            print("  %.2fx would take %.2f tokens per round at K=%d: an acceptance rate of %.2f (served: %.3f)"
+                  % (lede["target"], lede["tokens_per_round_for_target"], lede["draft_length"],
+                     lede["acceptance_for_target"], lede["acceptance_rate"]))
     ratios = [r["ceiling_ratio_at_lone_step"] for p in passes for r in p["rows"]] + \
              [r["ceiling_ratio"] for p in passes for r in p["rows"]]
     lede_ratios = [p["lede"]["ceiling_over_autoregressive_ceiling"] for p in passes if p["lede"]]

@@ -737,6 +737,8 @@ def batching_ceiling_table(data, opts):
                 "of all of them on 2 threads (`--batch-threads 2 --batch-workers 1`; core-ms = 2 x wall)."
                 if "threaded_batched" in data["passes"][0]["step_ms"] else ""), "", ""]
     rows = []
+    needs = any("acceptance_for_target" in (p.get("lede") or {}) for p in data["passes"])
+    target = next((p["lede"]["target"] for p in data["passes"] if "target" in (p.get("lede") or {})), None)
     for i, p in enumerate(data["passes"], 1):
         st = p["step_ms"]
         for r in p["rows"]:
@@ -751,14 +753,17 @@ def batching_ceiling_table(data, opts):
                          f"{r['measured_tok_s']['max_batch_1']:.1f} / {r['measured_tok_s']['batched']:.1f}",
                          f"{r['measured_ratio']:.2f}x",
                          f"{lede['ceiling_over_autoregressive_ceiling']:.2f}x" if lede else "-",
-                         f"{lede['measured_over_autoregressive']:.2f}x" if lede else "-"])
+                         f"{lede['measured_over_autoregressive']:.2f}x" if lede else "-"]
+                        + ([f"{lede['acceptance_for_target']:.2f} ({lede['acceptance_rate']:.3f})"
+                            if "acceptance_for_target" in lede else "-"] if needs else []))
     threaded = "threaded_batched" in data["passes"][0]["step_ms"]
     step_head = (f"{data['rows_per_step']}-row step ms" + (f" / {data.get('concurrency', 16)} rows on 2 threads"
                                                             if threaded else ""))
     t = table(["pass", "1-row step ms, alone / both cores", step_head,
                "ms per prompt token", "ceiling tok/s, max batch 1", "ceiling tok/s, batched",
                "ceiling ratio", "measured tok/s, max batch 1 / batched", "measured ratio",
-               "LEDE ceiling / batched AR ceiling", "LEDE measured / batched AR"], rows)
+               "LEDE ceiling / batched AR ceiling", "LEDE measured / batched AR"]
+              + ([f"acceptance LEDE needs for {target:.1f}x (served)"] if needs else []), rows)
     sm = data["summary"]
     tail = (f"\n\nCeiling of batched / `--max-batch 1` over the passes: "
             f"**{sm['batched_over_max_batch_1_ceiling'][0]:.2f}x - {sm['batched_over_max_batch_1_ceiling'][1]:.2f}x**.")
