@@ -168,8 +168,7 @@ int Run(const std::vector<std::string>& args) {
     std::fprintf(stderr, "lede_batch_bench: %s\n%s", std::string(s.message()).c_str(), flags.Usage().c_str());
     return 2;
   }
-  at::set_num_threads(static_cast<int>(threads));
-  lede::model::SetFusedThreads(static_cast<int>(threads));  // the batched and the solo calls alike
+  lede::model::SetDecodeThreads(static_cast<int>(threads));  // the batched and the solo calls alike
   lede::model::ModelOptions model_options;
   auto weight_format = lede::model::ParseWeightFormat(weights);
   if (!weight_format.ok()) {

@@ -669,7 +669,7 @@ int main(int argc, char** argv) {
   lede::flags::FlagSet flags;
   flags.Add("models", &models_flag, "comma-separated model paths (checkpoint directory or llama2.c .bin)");
   flags.Add("tokens", &n_tokens, "new tokens per generation (greedy, prompt = BOS)");
-  flags.Add("threads", &threads, "intra-op threads of libtorch and OpenBLAS (0 = libtorch default)");
+  flags.Add("threads", &threads, "intra-op threads of libtorch, OpenBLAS and the fused kernels (0 = libtorch default, fused 1)");
   flags.Add("repeats", &repeats, "interleaved runs per implementation; medians are printed");
   flags.Add("kernels", &kernels_flag, "comma-separated implementations to compare: eager, fused");
   flags.Add("detail", &detail, "also print the per-block timing table and the static grid");
@@ -716,7 +716,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "lede_engine_bench: need --kernels, --repeats >= 1, --tokens >= 1, --threads >= 0\n");
     return 2;
   }
-  if (threads > 0) at::set_num_threads(static_cast<int>(threads));
+  if (threads > 0) SetDecodeThreads(static_cast<int>(threads));
   c10::InferenceMode inference_mode;
   if (!child_weights.empty()) {
     auto parsed = ParseWeightFormat(child_weights);

@@ -104,13 +104,13 @@ struct CommonFlags {
     f.Add("prompt-tokens", &prompt_tokens, "tokens of a corpus document used as its prompt");
     f.Add("max-prompt-tokens", &max_prompt_tokens, "longer prompts are cut");
     f.Add("new-tokens", &new_tokens, "tokens generated per prompt");
-    f.Add("threads", &threads, "intra-op threads (0 = default)");
+    f.Add("threads", &threads, "intra-op threads, fused kernels included (0 = libtorch default, fused 1)");
     f.Add("repeats", &repeats, "interleaved evaluation passes (wall-clock is summed over them)");
   }
 };
 
 StatusOr<Common> Setup(const CommonFlags& cf) {
-  if (cf.threads > 0) at::set_num_threads(static_cast<int>(cf.threads));
+  if (cf.threads > 0) model::SetDecodeThreads(static_cast<int>(cf.threads));
   Common c;
   LEDE_ASSIGN_OR_RETURN(std::string tok_path, tokenizer::FindTokenizerFile(cf.model));
   LEDE_ASSIGN_OR_RETURN(c.tokenizer, tokenizer::LoadTokenizer(tok_path));

@@ -258,7 +258,7 @@ int RunLoad(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   }
   if (lf.max_draft < 1 || lf.max_draft > 16) return fail(InvalidArgumentError("--max-draft-len: want 1..16"), 2);
   if (lf.ridge_tokens <= 0) return fail(InvalidArgumentError("--ridge-tokens: want > 0"), 2);
-  at::set_num_threads(static_cast<int>(std::max<int64_t>(1, lf.threads)));
+  model::SetDecodeThreads(static_cast<int>(std::max<int64_t>(1, lf.threads)));
   auto cal = model::ReadCalibrationFile(lf.calibration);
   if (!cal.ok()) return fail(Status(cal.status().code(), "--calibration: " + std::string(cal.status().message())), 2);
   if (auto c = model::MakeMeasuredCostModelAtLoad(*cal, 1); !c.ok()) {

@@ -46,13 +46,13 @@ int main(int argc, char** argv) {
   f.Add("prompt-tokens", &prompt_tokens, "tokens of each document used as its prompt");
   f.Add("new-tokens", &new_tokens, "tokens generated per prompt");
   f.Add("eval-tokens", &eval_tokens, "held-out tokens per file for the per-layer table");
-  f.Add("threads", &threads, "intra-op threads (0 = default)");
+  f.Add("threads", &threads, "intra-op threads, fused kernels included (0 = libtorch default, fused 1)");
   f.Add("weights", &weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16 or q8_0");
   if (Status s = f.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
     std::fprintf(stderr, "lede-eval-exits: %s\nflags:\n%s", std::string(s.message()).c_str(), f.Usage().c_str());
     return 2;
   }
-  if (threads > 0) at::set_num_threads(static_cast<int>(threads));
+  if (threads > 0) model::SetDecodeThreads(static_cast<int>(threads));
   auto tok_path = tokenizer::FindTokenizerFile(model_path);
   if (!tok_path.ok()) return Fail(tok_path.status(), 2);
   auto tokenizer = tokenizer::LoadTokenizer(*tok_path);

@@ -61,7 +61,7 @@ struct ModelFlags {
     flags.Add("model", &model, "Hugging Face checkpoint directory, llama2.c .bin (or its directory), or .gguf file", true);
     flags.Add("device", &device, "cpu, cuda or cuda:N");
     flags.Add("dtype", &dtype, "compute dtype: float32, bfloat16 or float16");
-    flags.Add("threads", &threads, "intra-op CPU threads (0 = libtorch default)");
+    flags.Add("threads", &threads, "intra-op CPU threads, fused kernels included (0 = libtorch default, fused 1)");
     flags.Add("kernels", &kernels, "decode-path kernels: fused (CPU float32) or eager (libtorch reference)");
     flags.Add("graphs", &graphs, "decode steps as captured CUDA graphs: auto (on for CUDA), on or off");
     flags.Add("weights", &weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16 or q8_0");
@@ -89,7 +89,7 @@ struct ModelFlags {
     if (!parsed_weights.ok()) return InvalidArgumentError("--" + std::string(parsed_weights.status().message()));
     o.weights = *parsed_weights;
     if (threads < 0) return InvalidArgumentError("--threads: must be >= 0");
-    if (threads > 0) at::set_num_threads(static_cast<int>(threads));
+    if (threads > 0) model::SetDecodeThreads(static_cast<int>(threads));
     return o;
   }
 };

@@ -80,8 +80,7 @@ Status NotThisSession(int64_t slot) {
 void SetBatchThreads(int n_threads) {
   static thread_local bool threads_set = false;
   if (threads_set) return;
-  at::set_num_threads(std::max(1, n_threads));
-  model::SetFusedThreads(n_threads);
+  model::SetDecodeThreads(n_threads);
   threads_set = true;
   // A flag that silently does nothing is the fault this catches (the model
   // library once built without OpenMP ran every step on one thread).

@@ -174,6 +174,11 @@ void RaggedMatMul(const float* x, const RaggedSegment* segs, int64_t n_segs, int
 
 void SetFusedThreads(int n_threads) { fused_threads = std::max(1, n_threads); }
 
+void SetDecodeThreads(int n_threads) {
+  at::set_num_threads(std::max(1, n_threads));
+  SetFusedThreads(n_threads);
+}
+
 int FusedThreadsInUse() {
   std::atomic<int> parts{0};
   // RowsProduct's own split: one part per thread that runs.

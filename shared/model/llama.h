@@ -131,6 +131,12 @@ void SetFusedThreads(int n_threads);
 // Runs one empty parallel region; thread-safe.
 int FusedThreadsInUse();
 
+// The calling thread's intra-op threads for both decode paths: libtorch's
+// (at::set_num_threads: the eager path and OpenBLAS) and the fused kernels'
+// (SetFusedThreads). What the CLI's and the benchmarks' --threads N > 0 set,
+// so that one flag moves every kernel. n_threads < 1 is taken as 1.
+void SetDecodeThreads(int n_threads);
+
 // One sequence of a ragged batch (LlamaModel::ForwardRagged): n_positions
 // rows of the stacked activation hold positions
 // [start_pos, start_pos + n_positions) of KV slot `slot`.
