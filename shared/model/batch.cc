@@ -23,6 +23,12 @@ struct Leg {
   size_t item = 0;
   int64_t slot = 0, first = 0, last = 0, start_pos = 0, rows = 0;
   at::Tensor h;  // [rows, d]
+  // A to_scratch leg's scratch row, fixed when the leg is made: the slot's
+  // committed length is never read again during a step, since another
+  // process may free the slot meanwhile (a drafter's session cancelled at
+  // the verifier: KvCache::Free sets the length to 0) and a second read
+  // would put the row elsewhere.
+  int64_t scratch_row = 0;
   bool to_scratch = false;
   bool from_scratch = false;
   bool output = false;  // the item's logits come from this leg
@@ -78,7 +84,7 @@ Status CheckWork(const VerifierWork& w, const LlamaModel& model, const KvCache& 
 // of active legs is constant, one LlamaModel::ForwardRagged per span over
 // the rows of every leg active there (each layer's weights read once). A
 // to_scratch leg leaves its last row's hidden state in the slot's scratch
-// row (start_pos - committed length) when it ends; a from_scratch leg reads
+// row (scratch_row) when it ends; a from_scratch leg reads
 // its rows from scratch rows 0.. when it starts. On return each leg's h is
 // its rows after its last block.
 void RunLegs(const LlamaModel& model, KvCache& cache, std::vector<Leg>& legs) {
@@ -92,7 +98,7 @@ void RunLegs(const LlamaModel& model, KvCache& cache, std::vector<Leg>& legs) {
   auto at_boundary = [&](int64_t b) {
     for (Leg& g : legs) {  // legs that end here hand their row to the scratch
       if (g.to_scratch && g.last == b) {
-        cache.exit_hidden().select(0, g.slot).narrow(0, g.start_pos - cache.length(g.slot), 1).copy_(g.h);
+        cache.exit_hidden().select(0, g.slot).narrow(0, g.scratch_row, 1).copy_(g.h);
       }
     }
     for (Leg& g : legs) {  // legs that start here read it
@@ -182,6 +188,7 @@ std::vector<StatusOr<at::Tensor>> RunVerifierBatch(const LlamaModel& model, KvCa
           if (!w.last_row_ready) {  // d_K through the shallow blocks into scratch row K
             legs.push_back(Leg{i, w.slot, 0, w.exit_layer, n + T, 1, EmbedRows(model, {w.tokens.back()})});
             legs.back().to_scratch = true;
+            legs.back().scratch_row = T;
           }
           Leg rows{i, w.slot, w.exit_layer, L, n, T + 1, at::Tensor()};
           rows.from_scratch = true;
@@ -289,6 +296,7 @@ std::vector<StatusOr<DraftStepResult>> RunDrafterBatch(const LlamaModel& model, 
       at::Tensor h = w.hidden.defined() ? w.hidden.reshape({1, d}) : EmbedRows(model, {w.token});
       legs.push_back(Leg{i, w.slot, w.first, w.last, cache.length(w.slot) + w.row, 1, std::move(h)});
       legs.back().to_scratch = true;
+      legs.back().scratch_row = w.row;
       legs.back().output = true;
     }
     RunLegs(model, cache, legs);
@@ -301,7 +309,9 @@ std::vector<StatusOr<DraftStepResult>> RunDrafterBatch(const LlamaModel& model, 
     return OkStatus();
   });
   if (!pass.ok()) {
-    for (size_t i : live) out[i] = pass;
+    // One item's fault must not fail the others' steps: a draft commits
+    // nothing, so each one runs again alone and only a faulty one fails.
+    for (size_t i : live) out[i] = RunDraftStep(model, cache, work[i]);
   }
   return out;
 }

@@ -115,8 +115,12 @@ struct DraftStepResult {
 // outside [0, V), blocks outside 0 <= first < last <= L, a hidden state
 // that is not d wide, a row outside [0, max_draft_len);
 // kResourceExhausted past the slot's capacity. A libtorch failure in the
-// shared pass fails every step in it with kInternal. Commits nothing (a
-// round's acceptance does). Thread-safety: as RunVerifierBatch.
+// shared pass runs each step again alone (RunDraftStep), so that it fails
+// only the steps that fail alone (kInternal), never the batch. The slot's
+// committed length is read once per step, when it is checked: another
+// process may free the slot while the step runs (KvCache::Free), and the
+// step's rows stay where that read put them. Commits nothing (a round's
+// acceptance does). Thread-safety: as RunVerifierBatch.
 std::vector<StatusOr<DraftStepResult>> RunDrafterBatch(const LlamaModel& model, KvCache& cache,
                                                        const std::vector<DraftWork>& work);
 

@@ -748,5 +748,40 @@ TEST(DraftBatchTest, BadDraftStepsFailAlone) {
   EXPECT_EQ(cache.length(0), 3);  // drafting commits nothing
 }
 
+// A step that passes its checks but fails inside the shared pass (here a
+// hidden state of the right width in float64, which the float32 kernels
+// refuse) fails alone: the others' drafts come back, equal to their solo
+// steps. (Before, one such step failed every session in its batch with
+// kInternal: a session cancelled at the verifier mid-step failed the other
+// greedy requests of its draft batch, E2eCancelStormTest.)
+TEST(DraftBatchTest, AStepThatFailsInThePassFailsAlone) {
+  auto r = LlamaModel::RandomInit(RandomGqaConfig(), 10, ModelOptions{}, 0.3);
+  ASSERT_THAT(r, IsOk());
+  const LlamaModel& m = **r;
+  c10::InferenceMode guard;
+  Pools pools = MakePools(m, 4, 4);
+  for (KvCache* c : {&*pools.solo, &*pools.batch}) {
+    for (int64_t s = 0; s < 3; ++s) ASSERT_THAT(Verifier(m, *c).Prefill(s, {1, 2, 3 + static_cast<int32_t>(s)}), IsOk());
+  }
+  std::vector<DraftWork> work(3);
+  for (int64_t s = 0; s < 3; ++s) {
+    work[s].slot = s;
+    work[s].token = 4 + static_cast<int32_t>(s);
+    work[s].last = 2;
+  }
+  work[1].hidden = at::zeros({1, 1, m.config().dim}, at::kDouble);
+  work[1].first = 1;
+  work[1].last = 3;
+  std::vector<StatusOr<DraftStepResult>> got = RunDrafterBatch(m, *pools.batch, work);
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_THAT(got[1], StatusIs(StatusCode::kInternal));
+  for (int64_t s : {0, 2}) {
+    ASSERT_THAT(got[s], IsOk()) << "step " << s;
+    auto solo = RunDraftStep(m, *pools.solo, work[s]);
+    ASSERT_THAT(solo, IsOk());
+    EXPECT_TRUE(at::equal(got[s]->exit_logits, solo->exit_logits)) << "step " << s;
+  }
+}
+
 }  // namespace
 }  // namespace lede::model
