@@ -213,6 +213,11 @@ COMMANDS = {
          "models/lede-tiny/prompts/story.jsonl --deployments split --methods autoregressive,lede --concurrency 1,16 "
          "--max-batch 16 --num-prompts 32 --new-tokens 64 --batch-threads 2 --batch-workers 1 --check-solo 24 "
          "--json '{json}'"),
+    "bench/results/serve-widen5-fixes.json":
+        ("serve_bench", "/usr/bin/python3 bench/serve_bench.py --model out/w5t --prompt-file "
+         "models/lede-tiny/prompts/story.jsonl --deployments split --methods autoregressive,lede --concurrency 1,16 "
+         "--max-batch 1,16 --num-prompts 32 --new-tokens 64 --check-solo 24 --json /tmp/r/rerun.json && "
+         "bench/record.py bench/results/serve-widen5-fixes.json --from /tmp/r/rerun.json --command '...'"),
     "bench/results/lede-tiny-weight-formats.json":
         ("weight_formats_quality", "for w in f32 bf16 q8_0; do build/trainer/lede-eval-exits --model models/lede-tiny "
          "--calibration models/lede-tiny/calibration-cpu.json --data testdata/corpus/tinystories_val_a.txt "
