@@ -183,7 +183,8 @@ def print_log_problems(log_dir, last=40):
     for name in sorted(os.listdir(log_dir)):
         if name.endswith(".log"):
             with open(os.path.join(log_dir, name), errors="replace") as f:
-                lines += [name + ": " + l.rstrip() for l in f if any(k in l for k in ("level=warn", "level=error", "event=request_failed"))]
+                lines += [name + ": " + l.rstrip() for l in f
+                          if any(k in l for k in ("level=warn", "level=error", "event=request_failed"))]
     print("    log warnings and errors (last %d of %d):" % (min(last, len(lines)), len(lines)))
     for l in lines[-last:]:
         print("      " + l[:400])

@@ -214,10 +214,10 @@ COMMANDS = {
          "--max-batch 16 --num-prompts 32 --new-tokens 64 --batch-threads 2 --batch-workers 1 --check-solo 24 "
          "--json '{json}'"),
     "bench/results/serve-widen5-fixes.json":
-        ("serve_bench", "/usr/bin/python3 bench/serve_bench.py --model out/w5t --prompt-file "
-         "models/lede-tiny/prompts/story.jsonl --deployments split --methods autoregressive,lede --concurrency 1,16 "
-         "--max-batch 1,16 --num-prompts 32 --new-tokens 64 --check-solo 24 --json /tmp/r/rerun.json && "
-         "bench/record.py bench/results/serve-widen5-fixes.json --from /tmp/r/rerun.json --command '...'"),
+        ("serve_bench", "bench/record.py bench/results/serve-widen5-fixes.json -- /usr/bin/python3 "
+         "bench/serve_bench.py --model out/w5t --prompt-file models/lede-tiny/prompts/story.jsonl --deployments split "
+         "--methods autoregressive,lede --concurrency 1,16 --max-batch 1,16 --num-prompts 32 --new-tokens 64 "
+         "--check-solo 24 --json '{json}'   # recorded with --from after a run to a temporary file"),
     "bench/results/lede-tiny-weight-formats.json":
         ("weight_formats_quality", "for w in f32 bf16 q8_0; do build/trainer/lede-eval-exits --model models/lede-tiny "
          "--calibration models/lede-tiny/calibration-cpu.json --data testdata/corpus/tinystories_val_a.txt "
@@ -734,13 +734,14 @@ def retrain_widened_table(data, opts):
 
 
 def batching_ceiling_table(data, opts):
+    threaded = "threaded_batched" in data["passes"][0]["step_ms"]  # the two-plan ceiling (issue 36, later runs)
     lines = [f"Engine step costs with both cores busy (two `lede_batch_bench` processes pinned to the two cores; "
              f"the 1-row step also alone), per pass; ceilings price the rows of `{data['serve_json']}` at "
              f"{data.get('concurrency', 16)} streams with them: steps only (no coordinator, client, ramp or drain), "
              f"the baseline at the 1-row step alone and with both cores stepping."
              + (" Each batched cost at the better of two plans: two pinned steps of half the streams, or one step "
                 "of all of them on 2 threads (`--batch-threads 2 --batch-workers 1`; core-ms = 2 x wall)."
-                if "threaded_batched" in data["passes"][0]["step_ms"] else ""), "", ""]
+                if threaded else ""), "", ""]
     rows = []
     needs = any("acceptance_for_target" in (p.get("lede") or {}) for p in data["passes"])
     target = next((p["lede"]["target"] for p in data["passes"] if "target" in (p.get("lede") or {})), None)
@@ -749,8 +750,7 @@ def batching_ceiling_table(data, opts):
         for r in p["rows"]:
             lede = p.get("lede") or {}
             rows.append([i, f"{st['one_row_alone']:.1f} / {st['one_row']:.1f}",
-                         f"{st['batched']:.1f}" + (f" / {st['threaded_batched']:.1f}" if "threaded_batched" in st
-                                                   else ""),
+                         f"{st['batched']:.1f}" + (f" / {st['threaded_batched']:.1f}" if threaded else ""),
                          f"{st['prefill_per_row']:.2f}",
                          f"{r['max_batch_1_ceiling_at_lone_step_tok_s']:.0f} - {r['ceiling_tok_s']['max_batch_1']:.0f}",
                          f"{r['ceiling_tok_s']['batched']:.0f}",
@@ -761,7 +761,6 @@ def batching_ceiling_table(data, opts):
                          f"{lede['measured_over_autoregressive']:.2f}x" if lede else "-"]
                         + ([f"{lede['acceptance_for_target']:.2f} ({lede['acceptance_rate']:.3f})"
                             if "acceptance_for_target" in lede else "-"] if needs else []))
-    threaded = "threaded_batched" in data["passes"][0]["step_ms"]
     step_head = (f"{data['rows_per_step']}-row step ms" + (f" / {data.get('concurrency', 16)} rows on 2 threads"
                                                             if threaded else ""))
     t = table(["pass", "1-row step ms, alone / both cores", step_head,

@@ -116,11 +116,11 @@ struct DraftStepResult {
 // that is not d wide, a row outside [0, max_draft_len);
 // kResourceExhausted past the slot's capacity. A libtorch failure in the
 // shared pass runs each step again alone (RunDraftStep), so that it fails
-// only the steps that fail alone (kInternal), never the batch. The slot's
-// committed length is read once per step, when it is checked: another
-// process may free the slot while the step runs (KvCache::Free), and the
-// step's rows stay where that read put them. Commits nothing (a round's
-// acceptance does). Thread-safety: as RunVerifierBatch.
+// only the steps that fail alone (kInternal), never the batch. A step's
+// position and scratch row are fixed when the pass starts, and nothing in
+// the pass reads the slot's committed length again: another process may
+// free the slot meanwhile (KvCache::Free sets it to 0). Commits nothing
+// (a round's acceptance does). Thread-safety: as RunVerifierBatch.
 std::vector<StatusOr<DraftStepResult>> RunDrafterBatch(const LlamaModel& model, KvCache& cache,
                                                        const std::vector<DraftWork>& work);
 
