@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <iterator>
 #include <memory>
 #include <utility>
 
@@ -118,41 +119,56 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
   const std::string fingerprint = model.config().ArchitectureFingerprint();
   const int32_t n_layers = static_cast<int32_t>(model.n_layers());
 
-  // 1. The request log; which shards are new.
+  // 1. The request log; which shards are new. 2. Of the served model only:
+  // a shard holding a record of another model is skipped whole (one writer
+  // serves one model, so it is not this deployment's log), counted and
+  // logged once; the run goes on with the others.
   LEDE_ASSIGN_OR_RETURN(experience::RequestLogRead read, experience::ReadRequestLog(store, options.requests_prefix));
   RequestRetrainOutcome out;
   out.n_bad_shards = read.bad_shards();
+  std::vector<lede::v1::RequestRecord> usable;
+  size_t first_record = 0;  // the shard's records in read.records (appended in shard order)
   for (const experience::ShardReport& s : read.shards) {
     const bool is_new = processed.count(s.path) == 0;
+    const auto begin = read.records.begin() + static_cast<std::ptrdiff_t>(first_record);
+    const auto end = begin + static_cast<std::ptrdiff_t>(s.records);
+    first_record += static_cast<size_t>(s.records);
     if (!s.error.empty() && is_new) {
       ++out.n_new_bad_shards;
       Log(options, "msg=\"bad request-log shard skipped\" shard=" + s.path + " good_records=" +
                        std::to_string(s.records) + " error=\"" + s.error + "\"");
     }
-    if (is_new) {
-      out.new_shards.push_back(s.path);
-      out.n_new_records += s.records;
+    if (is_new) out.new_shards.push_back(s.path);
+    const auto other = std::find_if(begin, end, [&](const lede::v1::RequestRecord& r) {
+      return r.model_fingerprint() != fingerprint;
+    });
+    if (other != end) {
+      ++out.n_other_model_shards;
+      if (is_new) {
+        ++out.n_new_other_model_shards;
+        Log(options, "msg=\"request-log shard of another model skipped\" shard=" + s.path + " request=" +
+                         other->request_id() + " model_fingerprint=\"" + other->model_fingerprint() +
+                         "\" serving_model_fingerprint=\"" + fingerprint + "\"");
+      }
+      continue;
     }
+    if (is_new) out.n_new_records += s.records;
+    usable.insert(usable.end(), std::make_move_iterator(begin), std::make_move_iterator(end));
   }
   if (out.n_new_records == 0) {
-    out.reason = "no new logged requests";
+    out.reason = out.n_new_other_model_shards > 0 ? "no new logged requests of this model (" +
+                                                        std::to_string(out.n_new_other_model_shards) +
+                                                        " new shards of another model skipped)"
+                                                  : "no new logged requests";
     return out;
   }
   if (options.max_requests < 1) return InvalidArgumentError("max_requests: must be >= 1");
-  if (static_cast<int64_t>(read.records.size()) > options.max_requests) {
-    read.records.erase(read.records.begin(), read.records.end() - options.max_requests);
-  }
-  // 2. Of the served model only.
-  for (const lede::v1::RequestRecord& r : read.records) {
-    if (r.model_fingerprint() != fingerprint) {
-      return FailedPreconditionError("request log of another model: request " + r.request_id() +
-                                     " has model fingerprint \"" + r.model_fingerprint() +
-                                     "\", the model to train is \"" + fingerprint + "\"");
-    }
+  if (static_cast<int64_t>(usable.size()) > options.max_requests) {
+    usable.erase(usable.begin(), usable.end() - options.max_requests);
   }
   // 3. Split by request; shadow traces.
   const auto train_start = std::chrono::steady_clock::now();
-  LEDE_ASSIGN_OR_RETURN(RequestSplit split, TraceAndSplitRequests(model, read.records, options));
+  LEDE_ASSIGN_OR_RETURN(RequestSplit split, TraceAndSplitRequests(model, usable, options));
   out.n_requests = split.n_requests;
   std::vector<ShadowTrace>& train = split.train;
   std::vector<ShadowTrace>& selection = split.selection;

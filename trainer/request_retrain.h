@@ -11,8 +11,14 @@
 //     shard is skipped from its first bad record and counted. Shards whose
 //     keys are in `processed` are old; no new shard with a usable record
 //     ends the run: kNoNewData, nothing trained or written.
-//  2. Every record must be of the served model (model_fingerprint); a log
-//     of another model is refused (kFailedPrecondition naming both).
+//  2. Only the served model's records are used (model_fingerprint): a
+//     shard holding any record of another model is skipped whole (one
+//     writer serves one model, so such a shard is not this deployment's
+//     log), counted (n_other_model_shards) and logged once, naming the
+//     shard and both fingerprints; the run goes on with the other shards
+//     and publishes or rejects on their merit. New shards that hold nothing
+//     usable (another model's, or bad with no good record) are returned in
+//     new_shards even when nothing is trained, so that they are read once.
 //  3. Split by request: a hash of request_id puts about heldout_fraction of
 //     the requests (at least one) in the held-out set, the same request on
 //     the same side in every run; the rest train. Each request's shadow
@@ -87,6 +93,9 @@ struct RequestRetrainOutcome {
   // that are new. n_new_records: the good records of the new shards.
   int64_t n_requests = 0, n_train = 0, n_heldout = 0, n_bad_shards = 0;
   int64_t n_new_bad_shards = 0, n_new_records = 0;
+  // Shards skipped whole because they hold records of another model: all
+  // of them under the prefix, and the new ones (each logged once).
+  int64_t n_other_model_shards = 0, n_new_other_model_shards = 0;
   double train_seconds = 0;  // wall time of tracing the requests and training the candidate
   std::string serving_version, candidate_version, artifact_dir, reason;
   double serving_speedup = 0, candidate_speedup = 0;  // replayed on the held-out requests
@@ -101,7 +110,7 @@ StatusOr<ShadowTrace> TraceLoggedRequest(const model::LlamaModel& model, const l
                                          int32_t top_k);
 
 // One run (see the file comment). Errors: kInvalidArgument for bad options;
-// kFailedPrecondition for a log of another model or no loadable SERVING;
+// kFailedPrecondition for no loadable SERVING;
 // the store's List() errors; those of training and of saving.
 StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, const model::LlamaModel& model,
                                                   const model::CostModel& cost,

@@ -30,6 +30,7 @@
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "trainer/exit_eval.h"
+#include "trainer/policy_root_lock.h"
 #include "shared/experience/experience.h"
 #include "shared/experience/request_log.h"
 #include "trainer/request_retrain.h"
@@ -203,6 +204,7 @@ struct RetrainRun {
   std::vector<Transition> window;
   std::vector<std::string> used_keys, window_sorted;
   int64_t n_read = 0, n_bad_shards = 0, n_new_bad_shards = 0, other_model = 0, other_cost = 0, n_new = 0;
+  int64_t n_new_other_model_shards = 0;  // new shards with records of another model
   json bad_shards = json::array();
   // 4. the held-out split
   std::vector<Transition> train, held;
@@ -432,6 +434,17 @@ void ReadWindow(storage::ObjectStore& store, const RetrainOptions& o, const poli
     }
     run->used_keys.push_back(key);
     run->n_read += static_cast<int64_t>(ts.size());
+    const auto other = std::find_if(ts.begin(), ts.end(), [&](const Transition& t) {
+      return t.model_fingerprint != smeta.model_fingerprint;
+    });
+    if (other != ts.end() && is_new) {
+      ++run->n_new_other_model_shards;
+      if (o.log) {
+        o.log("msg=\"experience shard of another model: its records are filtered\" shard=" + key +
+              " model_fingerprint=\"" + other->model_fingerprint + "\" serving_model_fingerprint=\"" +
+              smeta.model_fingerprint + "\"");
+      }
+    }
     for (Transition& t : ts) {
       if (t.model_fingerprint != smeta.model_fingerprint) {
         ++run->other_model;
@@ -488,22 +501,26 @@ Status SplitHeldOut(double fraction, RetrainRun* run) {
   return OkStatus();
 }
 
-// The candidate's name: "<prefix>-<n+1>" after the highest one in the policy
-// root or its candidates, or "r<UTC time>" (made unique) without a prefix.
-std::string CandidateVersion(const RetrainOptions& o) {
-  std::error_code ec;
+// The candidate's name, reserved (policy_root_lock.h) so that no other
+// writer of the root takes it: "<prefix>-<n+1>" after the highest one in
+// the policy root, its candidates or the reservations, or "r<UTC time>"
+// ("-2", "-3", ... when taken) without a prefix.
+StatusOr<VersionReservation> ReserveCandidateVersion(const RetrainOptions& o) {
   auto taken = [&](const std::string& v) {
+    std::error_code ec;
     return fs::exists(fs::path(o.policy_root) / v, ec) || fs::exists(fs::path(o.policy_root) / kCandidatesDir / v, ec);
   };
   if (o.version_prefix.empty()) {
     const std::string base = "r" + UtcNow("%Y%m%d-%H%M%S");
-    std::string version = base;
-    for (int k = 2; taken(version); ++k) version = base + "-" + std::to_string(k);
-    return version;
+    return ReserveVersionName(
+        o.policy_root, [&](int attempt) { return attempt == 0 ? base : base + "-" + std::to_string(attempt + 1); },
+        taken);
   }
   int64_t n = 0;
   const std::string head = o.version_prefix + "-";
-  for (const fs::path& dir : {fs::path(o.policy_root), fs::path(o.policy_root) / kCandidatesDir}) {
+  std::error_code ec;
+  for (const fs::path& dir : {fs::path(o.policy_root), fs::path(o.policy_root) / kCandidatesDir,
+                              fs::path(o.policy_root) / kReservedVersionsDir}) {
     for (const auto& entry : fs::directory_iterator(dir, ec)) {
       const std::string name = entry.path().filename().string();
       if (name.compare(0, head.size(), head) != 0) continue;
@@ -513,7 +530,8 @@ std::string CandidateVersion(const RetrainOptions& o) {
       }
     }
   }
-  return o.version_prefix + "-" + std::to_string(n + 1);
+  return ReserveVersionName(
+      o.policy_root, [&](int attempt) { return o.version_prefix + "-" + std::to_string(n + 1 + attempt); }, taken);
 }
 
 // The candidate artifact: the fine-tuned network, the serving policy's
@@ -570,6 +588,7 @@ json RetrainReport(const RetrainRun& run, const RetrainOptions& o, const Retrain
       {"bad_shards", run.bad_shards},
       {"n_transitions_read", run.n_read},
       {"filtered_other_model", run.other_model},
+      {"new_other_model_shards", run.n_new_other_model_shards},
       {"filtered_other_cost_model", run.other_cost},
       {"n_transitions", static_cast<int64_t>(run.window.size())},
       {"n_new_transitions", run.n_new},
@@ -757,7 +776,8 @@ StatusOr<RetrainOutcome> Retrainer::RunOnceOnRequests(const policy::dqn::Artifac
   RequestRetrainOptions ro;
   ro.requests_prefix = o.requests_prefix;
   ro.policy_root = o.policy_root;
-  ro.version = CandidateVersion(o);
+  LEDE_ASSIGN_OR_RETURN(VersionReservation reserved, ReserveCandidateVersion(o));
+  ro.version = reserved.name();
   ro.heldout_fraction = o.heldout_fraction;
   ro.publish_margin = o.publish_margin;
   ro.dinkelbach.max_iterations = o.counterfactual_iterations;
@@ -773,6 +793,7 @@ StatusOr<RetrainOutcome> Retrainer::RunOnceOnRequests(const policy::dqn::Artifac
   out.reason = r.reason;
   out.n_new_shards = static_cast<int64_t>(r.new_shards.size());
   out.n_bad_shards = r.n_new_bad_shards;
+  out.n_other_model_shards = r.n_new_other_model_shards;
   out.n_new_requests = r.n_new_records;
   out.n_requests = r.n_requests;
   out.train_seconds = r.train_seconds;
@@ -786,12 +807,22 @@ StatusOr<RetrainOutcome> Retrainer::RunOnceOnRequests(const policy::dqn::Artifac
                 {"train_requests", r.n_train},
                 {"heldout_requests", r.n_heldout},
                 {"bad_shards", r.n_bad_shards},
+                {"other_model_shards", r.n_other_model_shards},
                 {"cost_model", cost->name()},
                 {"serving", {{"version", r.serving_version}, {"heldout_replay_speedup", r.serving_speedup}}},
                 {"candidate", {{"version", r.candidate_version}, {"heldout_replay_speedup", r.candidate_speedup}}},
                 {"reason", r.reason}};
   if (o.log) o.log("msg=\"request retrain\" reason=\"" + r.reason + "\"");
-  if (r.decision == RequestRetrainDecision::kNoNewData) return out;
+  if (r.decision == RequestRetrainDecision::kNoNewData) {
+    // New shards with nothing usable (another model's, or bad with no good
+    // record) are recorded as read, so they are skipped and logged once.
+    if (!r.new_shards.empty()) {
+      state.processed_shards.insert(r.new_shards.begin(), r.new_shards.end());
+      LEDE_RETURN_IF_ERROR(WriteRetrainState(state_path(), state));
+      LEDE_RETURN_IF_ERROR(PushStateToPolicyStore());
+    }
+    return out;
+  }
   out.decision = r.decision == RequestRetrainDecision::kPublished ? RetrainDecision::kPublished
                                                                   : RetrainDecision::kRejected;
   out.candidate_version = r.candidate_version;
@@ -834,6 +865,19 @@ StatusOr<bool> UsesRequestLog(storage::ObjectStore& store, const RetrainOptions&
 }  // namespace
 
 StatusOr<RetrainOutcome> Retrainer::RunOnce() {
+  // One retraining per policy root at a time: the lock is held from the
+  // policy store's mirror to the state checkpoint, so no two runs take one
+  // version or lose each other's state update.
+  std::error_code ec;
+  if (impl_->policy_store == nullptr && !fs::is_directory(options_.policy_root, ec)) {
+    return FailedPreconditionError("policy root " + options_.policy_root +
+                                   " has no loadable SERVING version: not a directory");
+  }
+  LEDE_ASSIGN_OR_RETURN(PolicyRootLock lock, PolicyRootLock::TryAcquire(options_.policy_root));
+  return RunOnceLocked();
+}
+
+StatusOr<RetrainOutcome> Retrainer::RunOnceLocked() {
   const RetrainOptions& o = options_;
   auto log = [&o](const std::string& line) {
     if (o.log) o.log(line);
@@ -870,6 +914,7 @@ StatusOr<RetrainOutcome> Retrainer::RunOnce() {
   ReadWindow(*impl_->store, o, smeta, &run);
   out.n_new_transitions = run.n_new;
   out.n_bad_shards = run.n_new_bad_shards;
+  out.n_other_model_shards = run.n_new_other_model_shards;
   if (run.n_new < o.min_new_transitions) {
     out.reason = std::to_string(run.new_keys.size()) + " new shards hold " + std::to_string(run.n_new) +
                  " usable transitions (model " + smeta.model_fingerprint + ", cost model " +
@@ -904,7 +949,8 @@ StatusOr<RetrainOutcome> Retrainer::RunOnce() {
   // 6a. Offline, on the held-out transitions; 6b. replay through the engine.
   LEDE_ASSIGN_OR_RETURN(run.off_serving, EvaluateOffline(serving->network, run.held, run.dqn));
   LEDE_ASSIGN_OR_RETURN(run.off_candidate, EvaluateOffline(run.trained->network, run.held, run.dqn));
-  const std::string version = CandidateVersion(o);
+  LEDE_ASSIGN_OR_RETURN(VersionReservation reserved, ReserveCandidateVersion(o));
+  const std::string& version = reserved.name();
   policy::dqn::Artifact candidate = MakeCandidate(run, smeta, version);
   run.cand_metric = run.off_candidate.matched_return;
   run.serv_metric = run.off_serving.matched_return;

@@ -61,10 +61,19 @@
 //     trigger the same run again).
 //
 // Version names: "r<UTC YYYYMMDD-HHMMSS>" (a "-<k>" suffix if taken) or,
-// with version_prefix, "<prefix>-<n>" with n one more than the largest taken.
+// with version_prefix, "<prefix>-<n>" with n one more than the largest taken;
+// either way reserved atomically (trainer/policy_root_lock.h,
+// <policy_root>/.reserved/) so that two writers never take one name.
 //
-// Thread-safety: a Retrainer is not thread-safe; run one per policy root
-// (concurrent writers of one root are not supported, artifact.h).
+// One run at a time per policy root: RunOnce() holds an exclusive flock on
+// <policy_root>/retrain.lock (trainer/policy_root_lock.h) from step 1 to
+// step 8, and a second RunOnce() on the same root, in this process or
+// another, fails at once (IsPolicyRootLocked()) without reading or writing
+// anything; the state checkpoint therefore counts every run.
+//
+// Thread-safety: a Retrainer is not thread-safe; Retrainers of one policy
+// root exclude each other through the lock (concurrent writers of one root
+// are not supported otherwise, artifact.h).
 // Ownership: the Retrainer owns its store handle and, after the first run
 // with replay evaluation, the loaded model and engine (kept for --watch).
 #ifndef LEDE_TRAINER_RETRAIN_H_
@@ -83,6 +92,7 @@
 #include "shared/status/status.h"
 #include "policy/dqn/artifact.h"
 #include "trainer/dqn.h"
+#include "trainer/policy_root_lock.h"  // IsPolicyRootLocked
 
 namespace lede::trainer {
 
@@ -183,7 +193,8 @@ struct RetrainOptions {
 };
 
 enum class RetrainDecision {
-  kNoNewData,  // nothing new (or too little) since the last run; nothing written but nothing trained
+  kNoNewData,  // nothing new (or too little) since the last run; nothing trained (new shards with
+               // nothing usable, e.g. another model's, are recorded in the state as read)
   kPublished,  // a new version was saved and SERVING points at it
   kRejected,   // a candidate was trained and evaluated but is not better; SERVING unchanged
 };
@@ -203,6 +214,10 @@ struct RetrainOutcome {
   // Of the new shards, those skipped in part or whole (truncated, corrupt,
   // unreadable); never fatal.
   int64_t n_bad_shards = 0;
+  // Of the new shards, those holding records of another model than the
+  // serving policy's: skipped whole by the request-log trainer, their
+  // records filtered by the td trainer; each logged once; never fatal.
+  int64_t n_other_model_shards = 0;
   // The request log (counterfactual trainer): records in the new shards, and
   // the usable requests (new and recent old ones) traced for training and
   // held-out evaluation. 0 with the td trainer.
@@ -253,16 +268,19 @@ class Retrainer {
   Retrainer(const Retrainer&) = delete;
   Retrainer& operator=(const Retrainer&) = delete;
 
-  // One run (the file comment's steps 1-8).
-  // Errors (the state and SERVING are unchanged): kFailedPrecondition if the
-  // policy root has no loadable SERVING version; the store's errors
+  // One run (the file comment's steps 1-8), holding the policy root's lock.
+  // Errors (the state and SERVING are unchanged): kAborted, with
+  // IsPolicyRootLocked() true, when another run holds the policy root's lock
+  // (the message names its pid); kFailedPrecondition if the
+  // policy root has no loadable SERVING version (or is not a directory); the store's errors
   // (kUnavailable, ...) when listing; those of TrainDqn, of the replay
   // (model or prompt loading: kNotFound / kInvalidArgument; the engine) and
   // of SaveArtifact / PublishServingVersion / WriteRetrainState (kInternal);
   // with a policy store, those of the mirror and the upload
   // (policy/dqn/artifact_store.h; kFailedPrecondition when neither the store
   // nor policy_root has a SERVING version).
-  // Bad shards are reported and skipped, never fatal.
+  // Bad shards and shards of another model are reported and skipped, never
+  // fatal.
   StatusOr<RetrainOutcome> RunOnce();
 
   const RetrainOptions& options() const { return options_; }
@@ -271,6 +289,8 @@ class Retrainer {
 
  private:
   explicit Retrainer(RetrainOptions options);
+  // RunOnce() once the lock is held.
+  StatusOr<RetrainOutcome> RunOnceLocked();
   // The policy store's half of RunOnce (no-ops without one): mirror its
   // SERVING version and state in, upload a published version, the state.
   Status PullFromPolicyStore();

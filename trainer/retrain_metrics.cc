@@ -19,8 +19,15 @@ using telemetry::UnlabelledGauge;
 
 Counter& RunsCounter(Registry& r, const char* decision) {
   return CounterFamily(r, "lede_retrain_runs_total",
-                       "Retraining runs by outcome: published, rejected, no_new_data, failed.")
+                       "Retraining runs by outcome: published, rejected, no_new_data, failed, locked.")
       .Add({{"decision", decision}});
+}
+
+Counter& SkippedCounter(Registry& r, const char* reason) {
+  return CounterFamily(r, "lede_retrain_shards_skipped_total",
+                       "New shards skipped in part or whole, by reason: corrupt (truncated, corrupt or "
+                       "unreadable), other_model (records of another model than the serving policy's).")
+      .Add({{"reason", reason}});
 }
 
 double UnixNow() {
@@ -46,12 +53,13 @@ RetrainMetrics::RetrainMetrics(Registry& r)
       runs_rejected_(RunsCounter(r, "rejected")),
       runs_no_new_data_(RunsCounter(r, "no_new_data")),
       runs_failed_(RunsCounter(r, "failed")),
+      runs_locked_(RunsCounter(r, "locked")),
       candidates_trained_(UnlabelledCounter(r, "lede_retrain_candidates_trained_total",
                                             "Candidate policies trained and evaluated (published or rejected).")),
       shards_read_(
           UnlabelledCounter(r, "lede_retrain_shards_read_total", "New shards read (request log or experience).")),
-      shards_skipped_(UnlabelledCounter(r, "lede_retrain_shards_skipped_total",
-                                        "New shards skipped in part or whole: truncated, corrupt or unreadable.")),
+      shards_skipped_corrupt_(SkippedCounter(r, "corrupt")),
+      shards_skipped_other_model_(SkippedCounter(r, "other_model")),
       requests_read_(UnlabelledCounter(r, "lede_retrain_requests_read_total",
                                        "Logged requests read from new request-log shards.")),
       transitions_read_(UnlabelledCounter(r, "lede_retrain_transitions_read_total",
@@ -89,7 +97,8 @@ void RetrainMetrics::RecordRun(const RetrainOutcome& o, double run_seconds) {
   const bool trained = o.decision != RetrainDecision::kNoNewData;
   if (trained) candidates_trained_.Increment();
   shards_read_.Increment(static_cast<double>(o.n_new_shards));
-  shards_skipped_.Increment(static_cast<double>(o.n_bad_shards));
+  shards_skipped_corrupt_.Increment(static_cast<double>(o.n_bad_shards));
+  shards_skipped_other_model_.Increment(static_cast<double>(o.n_other_model_shards));
   requests_read_.Increment(static_cast<double>(o.n_new_requests));
   transitions_read_.Increment(static_cast<double>(o.n_new_transitions));
   if (o.train_seconds > 0) training_seconds_.Increment(o.train_seconds);
@@ -110,15 +119,23 @@ void RetrainMetrics::RecordFailure(double run_seconds) {
   last_run_timestamp_.Set(UnixNow());
 }
 
+void RetrainMetrics::RecordLocked(double run_seconds) {
+  runs_locked_.Increment();
+  last_run_seconds_.Set(run_seconds);
+  last_run_timestamp_.Set(UnixNow());
+}
+
 std::string RetrainMetrics::Logfmt() const {
   std::string line = "event=retrain_metrics";
   Append(&line, "runs_published", runs_published_.Value());
   Append(&line, "runs_rejected", runs_rejected_.Value());
   Append(&line, "runs_no_new_data", runs_no_new_data_.Value());
   Append(&line, "runs_failed", runs_failed_.Value());
+  Append(&line, "runs_locked", runs_locked_.Value());
   Append(&line, "candidates_trained", candidates_trained_.Value());
   Append(&line, "shards_read", shards_read_.Value());
-  Append(&line, "shards_skipped", shards_skipped_.Value());
+  Append(&line, "shards_skipped", shards_skipped_corrupt_.Value() + shards_skipped_other_model_.Value());
+  Append(&line, "shards_skipped_other_model", shards_skipped_other_model_.Value());
   Append(&line, "requests_read", requests_read_.Value());
   Append(&line, "transitions_read", transitions_read_.Value());
   Append(&line, "training_seconds", training_seconds_.Value());

@@ -8,12 +8,15 @@
 // process, updated after each Retrainer::RunOnce() (trainer/retrain.h).
 //
 //   lede_retrain_runs_total{decision}          counter  runs by outcome: published, rejected,
-//                                                       no_new_data, failed
+//                                                       no_new_data, failed, locked (another
+//                                                       retraining held the policy root)
 //   lede_retrain_candidates_trained_total      counter  candidates trained and evaluated
 //                                                       (= published + rejected)
 //   lede_retrain_shards_read_total             counter  new shards read (request log or experience)
-//   lede_retrain_shards_skipped_total          counter  new shards skipped in part or whole:
-//                                                       truncated, corrupt, unreadable
+//   lede_retrain_shards_skipped_total{reason}  counter  new shards skipped in part or whole, by
+//                                                       reason: corrupt (truncated, corrupt,
+//                                                       unreadable), other_model (records of
+//                                                       another model than the serving policy's)
 //   lede_retrain_requests_read_total           counter  logged requests in new request-log shards
 //   lede_retrain_transitions_read_total        counter  usable new transitions (td trainer)
 //   lede_retrain_training_seconds_total        counter  wall time spent training candidates, seconds
@@ -60,10 +63,14 @@ class RetrainMetrics {
   void RecordRun(const RetrainOutcome& outcome, double run_seconds);
   // A run that failed (RunOnce returned an error) after `run_seconds`.
   void RecordFailure(double run_seconds);
+  // A run refused because another retraining held the policy root's lock
+  // (IsPolicyRootLocked); nothing was read or written.
+  void RecordLocked(double run_seconds);
 
   // One logfmt line of every value, e.g.
   //   event=retrain_metrics runs_published=1 runs_rejected=0 runs_no_new_data=1 runs_failed=0
-  //   candidates_trained=1 shards_read=3 shards_skipped=1 requests_read=200 transitions_read=0
+  //   candidates_trained=1 shards_read=3 shards_skipped=1 shards_skipped_other_model=1 requests_read=200
+  //   transitions_read=0
   //   training_seconds=51.2 last_candidate_speedup=1.43 last_serving_speedup=1.28 ...
   std::string Logfmt() const;
 
@@ -77,9 +84,11 @@ class RetrainMetrics {
   telemetry::Counter& runs_rejected_;
   telemetry::Counter& runs_no_new_data_;
   telemetry::Counter& runs_failed_;
+  telemetry::Counter& runs_locked_;
   telemetry::Counter& candidates_trained_;
   telemetry::Counter& shards_read_;
-  telemetry::Counter& shards_skipped_;
+  telemetry::Counter& shards_skipped_corrupt_;
+  telemetry::Counter& shards_skipped_other_model_;
   telemetry::Counter& requests_read_;
   telemetry::Counter& transitions_read_;
   telemetry::Counter& training_seconds_;

@@ -31,8 +31,14 @@
 // text exposition format after each run (node exporter's textfile
 // collector; also with --once).
 //
+// One retraining per policy root at a time (trainer/policy_root_lock.h): a
+// --once run that finds another holding <policy-root>/retrain.lock exits at
+// once with one line naming the holder and status 75 (EX_TEMPFAIL: try again
+// later); a --watch run logs the same line and tries again next interval.
+//
 // Exit status: 0 on success (--once: also when nothing was new or the
-// candidate was rejected), 1 on a failure, 2 on bad flags.
+// candidate was rejected), 1 on a failure, 2 on bad flags, 75 (--once) when
+// another retraining holds the policy root.
 #include <atomic>
 #include <chrono>
 #include <cinttypes>
@@ -79,6 +85,10 @@ std::string JoinSet(const std::set<std::string>& s) {
   return absl::StrJoin(s, ", ", [](std::string* out, const std::string& x) { absl::StrAppend(out, "\"", x, "\""); });
 }
 
+// --once's exit status when another retraining holds the policy root
+// (sysexits.h EX_TEMPFAIL).
+constexpr int kExitLocked = 75;
+
 int Fail(const std::string& message) {
   std::fprintf(stderr, "lede-train: %s\n", message.c_str());
   return 1;
@@ -100,7 +110,13 @@ void RunAndRecord(lede::trainer::Retrainer& retrainer, lede::trainer::RetrainMet
   const auto start = std::chrono::steady_clock::now();
   StatusOr<lede::trainer::RetrainOutcome> r = retrainer.RunOnce();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (!r.ok()) {
+  if (!r.ok() && lede::trainer::IsPolicyRootLocked(r.status())) {
+    metrics.RecordLocked(seconds);
+    *failure = r.status();
+    std::fflush(stdout);
+    std::fprintf(stderr, "lede-train: %s%s\n", std::string(r.status().message()).c_str(),
+                 watch ? "; skipping this run" : "; exiting");
+  } else if (!r.ok()) {
     metrics.RecordFailure(seconds);
     *failure = r.status();
     if (watch) {
@@ -111,10 +127,10 @@ void RunAndRecord(lede::trainer::Retrainer& retrainer, lede::trainer::RetrainMet
     metrics.RecordRun(*r, seconds);
     std::printf("event=retrain decision=%s serving=%s candidate=%s new_shards=%" PRId64
                 " new_transitions=%" PRId64 " new_requests=%" PRId64 " bad_shards=%" PRId64
-                " run_seconds=%.1f report=%s\n",
+                " other_model_shards=%" PRId64 " run_seconds=%.1f report=%s\n",
                 lede::trainer::RetrainDecisionName(r->decision), r->serving_version.c_str(),
                 r->candidate_version.empty() ? "-" : r->candidate_version.c_str(), r->n_new_shards,
-                r->n_new_transitions, r->n_new_requests, r->n_bad_shards, seconds,
+                r->n_new_transitions, r->n_new_requests, r->n_bad_shards, r->n_other_model_shards, seconds,
                 r->report_path.empty() ? "-" : r->report_path.c_str());
   }
   std::printf("%s\n", metrics.Logfmt().c_str());
@@ -153,6 +169,7 @@ int RunRetraining(lede::trainer::RetrainOptions options, bool watch, double inte
   while (true) {
     lede::Status failure;
     RunAndRecord(**retrainer, metrics, registry, mf, watch, interval_s, &failure);
+    if (!watch && lede::trainer::IsPolicyRootLocked(failure)) return kExitLocked;
     if (!watch) return failure.ok() ? 0 : Fail(failure.ToString());
     const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(interval_s);
     while (!g_stop.load() && std::chrono::steady_clock::now() < until) {

@@ -2,7 +2,7 @@
 // models/lede-tiny: greedy requests logged through the request log, a
 // cold-start serving policy, a candidate trained by the counterfactual
 // trainer and judged by exact replay on held-out requests; nothing without
-// new requests; another model's log refused; corrupt shards skipped.
+// new requests; shards of another model skipped; corrupt shards skipped.
 #include "trainer/request_retrain.h"
 
 #include <cmath>
@@ -27,6 +27,8 @@
 #include "trainer/cold_start.h"
 #include "trainer/corpus.h"
 #include "trainer/retrain.h"
+#include "trainer/retrain_metrics.h"
+#include "shared/telemetry/metrics.h"
 
 namespace lede::trainer {
 namespace {
@@ -194,14 +196,106 @@ TEST_F(RequestRetrainTest, ADegradedCandidateIsNotPublishedAtTheNormalMargin) {
   EXPECT_FALSE(fs::exists(fs::path(root_) / "r-few"));
 }
 
-TEST_F(RequestRetrainTest, ALogOfAnotherModelIsRefusedNamingBoth) {
-  std::vector<lede::v1::RequestRecord> other(records_.begin(), records_.begin() + 6);
+// Issue 49: a request-log shard of another model among good ones does not
+// stop retraining. It is skipped whole (even the records of this model a
+// tampered shard may hold), counted and logged once naming the shard and
+// both fingerprints; the run decides on the good shards' merit.
+TEST_F(RequestRetrainTest, AShardOfAnotherModelIsSkippedCountedAndLoggedOnce) {
+  LogRecords(std::vector<lede::v1::RequestRecord>(records_.begin(), records_.begin() + 8));
+  std::vector<lede::v1::RequestRecord> other(records_.begin() + 8, records_.begin() + 12);
   other[2].set_model_fingerprint("0123456789abcdef");
   LogRecords(other);
-  auto out = RetrainOnRequests(*store_, *model_, *cost_, {}, Quick("r-x", 0.01));
-  EXPECT_THAT(out.status(), StatusIs(StatusCode::kFailedPrecondition, HasSubstr("0123456789abcdef")));
-  EXPECT_THAT(out.status().message(), HasSubstr(model_->config().ArchitectureFingerprint()));
+  std::vector<std::string> lines;
+  RequestRetrainOptions o = Quick("r-x", std::numeric_limits<double>::infinity());
+  o.log = [&lines](const std::string& line) { lines.push_back(line); };
+  auto out = RetrainOnRequests(*store_, *model_, *cost_, {}, o);
+  ASSERT_THAT(out, IsOk());
+  EXPECT_EQ(out->decision, RequestRetrainDecision::kRejected) << out->reason;  // margin +inf: on merit, never better
+  EXPECT_EQ(out->n_requests, 8);
+  EXPECT_EQ(out->n_new_records, 8);
+  EXPECT_EQ(out->n_other_model_shards, 1);
+  EXPECT_EQ(out->n_new_other_model_shards, 1);
+  EXPECT_EQ(out->n_bad_shards, 0);
+  EXPECT_EQ(out->new_shards.size(), 2u);  // both recorded as read
+  std::vector<std::string> skipped;
+  for (const std::string& l : lines) {
+    if (l.find("another model") != std::string::npos) skipped.push_back(l);
+  }
+  ASSERT_EQ(skipped.size(), 1u) << "one line per skipped shard";
+  EXPECT_THAT(skipped[0], HasSubstr("0123456789abcdef"));
+  EXPECT_THAT(skipped[0], HasSubstr(model_->config().ArchitectureFingerprint()));
+  EXPECT_THAT(skipped[0], HasSubstr("/c2-00000000.lreq"));
   EXPECT_EQ(Serving(), "cold-start-v1");
+
+  // Once read, the shard is old: neither counted as new nor logged again.
+  lines.clear();
+  std::set<std::string> processed(out->new_shards.begin(), out->new_shards.end());
+  auto again = RetrainOnRequests(*store_, *model_, *cost_, processed, Quick("r-y", 0.01));
+  ASSERT_THAT(again, IsOk());
+  EXPECT_EQ(again->decision, RequestRetrainDecision::kNoNewData);
+  EXPECT_EQ(again->n_new_other_model_shards, 0);
+  EXPECT_TRUE(lines.empty());
+}
+
+// Only another model's shards are new: nothing to train, but they are
+// returned as read so that the next run neither reads nor logs them again.
+TEST_F(RequestRetrainTest, OnlyShardsOfAnotherModelTrainNothing) {
+  std::vector<lede::v1::RequestRecord> other(records_.begin(), records_.begin() + 4);
+  for (lede::v1::RequestRecord& r : other) r.set_model_fingerprint("0123456789abcdef");
+  LogRecords(other);
+  auto out = RetrainOnRequests(*store_, *model_, *cost_, {}, Quick("r-z", -1.0));
+  ASSERT_THAT(out, IsOk());
+  EXPECT_EQ(out->decision, RequestRetrainDecision::kNoNewData);
+  EXPECT_EQ(out->n_new_other_model_shards, 1);
+  EXPECT_EQ(out->new_shards.size(), 1u);
+  EXPECT_THAT(out->reason, HasSubstr("another model"));
+  EXPECT_EQ(Serving(), "cold-start-v1");
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(root_) / "r-z"));
+}
+
+// `lede-train --once` as a whole (Retrainer, counterfactual trainer): a
+// shard of another model among good ones; the run decides, the shard is
+// counted in the outcome and in
+// lede_retrain_shards_skipped_total{reason="other_model"}, and the state
+// records it so the next run is quiet.
+TEST_F(RequestRetrainTest, TheRetrainerGoesOnPastAShardOfAnotherModel) {
+  LogRecords(std::vector<lede::v1::RequestRecord>(records_.begin(), records_.begin() + 8));
+  std::vector<lede::v1::RequestRecord> other(records_.begin() + 8, records_.begin() + 12);
+  for (lede::v1::RequestRecord& r : other) r.set_model_fingerprint("0123456789abcdef");
+  LogRecords(other);
+  RetrainOptions o;
+  o.experience_url = "file://" + (tmp_.path() / "store").string();
+  o.policy_root = root_;
+  o.model_dir = kModelDir;
+  o.trainer = "counterfactual";
+  o.counterfactual_iterations = 1;
+  o.counterfactual_epochs = 2;
+  o.eval_threads = 1;
+  o.publish_margin = std::numeric_limits<double>::infinity();
+  o.version_prefix = "m";
+  auto retrainer = Retrainer::Create(o);
+  ASSERT_THAT(retrainer, IsOk());
+  auto out = (*retrainer)->RunOnce();
+  ASSERT_THAT(out, IsOk());
+  EXPECT_EQ(out->decision, RetrainDecision::kRejected) << out->reason;
+  EXPECT_EQ(out->n_other_model_shards, 1);
+  EXPECT_EQ(out->n_new_requests, 8);
+  EXPECT_EQ(out->report.value("other_model_shards", -1), 1);
+  telemetry::Registry registry;
+  RetrainMetrics metrics(registry);
+  metrics.RecordRun(*out, 1.0);
+  const std::string text = telemetry::SerializeText(registry);
+  EXPECT_THAT(text, HasSubstr("lede_retrain_shards_skipped_total{reason=\"other_model\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("lede_retrain_shards_skipped_total{reason=\"corrupt\"} 0\n"));
+  EXPECT_THAT(metrics.Logfmt(), HasSubstr(" shards_skipped=1 shards_skipped_other_model=1 "));
+  auto state = ReadRetrainState((std::filesystem::path(root_) / kRetrainStateFile).string());
+  ASSERT_THAT(state, IsOk());
+  EXPECT_EQ(state->processed_shards.size(), 2u);
+  EXPECT_EQ(state->runs, 1);
+  auto second = (*retrainer)->RunOnce();
+  ASSERT_THAT(second, IsOk());
+  EXPECT_EQ(second->decision, RetrainDecision::kNoNewData);
+  EXPECT_EQ(second->n_other_model_shards, 0);
 }
 
 TEST_F(RequestRetrainTest, CorruptShardsAreSkippedAndCounted) {

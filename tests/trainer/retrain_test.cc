@@ -12,8 +12,12 @@
 #include <limits>
 #include <random>
 #include <sstream>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -27,6 +31,7 @@
 #include "tests/testing/temp_dir.h"
 #include "shared/experience/experience.h"
 #include "shared/telemetry/metrics.h"
+#include "trainer/policy_root_lock.h"
 #include "trainer/retrain_metrics.h"
 
 namespace lede::trainer {
@@ -169,7 +174,8 @@ TEST_F(RetrainTest, MetricsCountShardsCandidatesAndDecisions) {
   RetrainMetrics metrics(registry);
   const std::string before = telemetry::SerializeText(registry);
   EXPECT_THAT(before, HasSubstr("lede_retrain_runs_total{decision=\"published\"} 0\n"));
-  EXPECT_THAT(before, HasSubstr("lede_retrain_shards_skipped_total 0\n"));
+  EXPECT_THAT(before, HasSubstr("lede_retrain_shards_skipped_total{reason=\"corrupt\"} 0\n"));
+  EXPECT_THAT(before, HasSubstr("lede_retrain_shards_skipped_total{reason=\"other_model\"} 0\n"));
 
   WriteShard("w-00000001", 12);
   WriteShard("w-00000002", 12);
@@ -195,7 +201,8 @@ TEST_F(RetrainTest, MetricsCountShardsCandidatesAndDecisions) {
   EXPECT_THAT(text, HasSubstr("lede_retrain_runs_total{decision=\"failed\"} 1\n"));
   EXPECT_THAT(text, HasSubstr("lede_retrain_candidates_trained_total 1\n"));
   EXPECT_THAT(text, HasSubstr("lede_retrain_shards_read_total 3\n"));
-  EXPECT_THAT(text, HasSubstr("lede_retrain_shards_skipped_total 1\n"));
+  EXPECT_THAT(text, HasSubstr("lede_retrain_shards_skipped_total{reason=\"corrupt\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("lede_retrain_shards_skipped_total{reason=\"other_model\"} 0\n"));
   EXPECT_THAT(text, HasSubstr("lede_retrain_transitions_read_total " +
                               std::to_string(first->n_new_transitions) + "\n"));
   EXPECT_THAT(text, HasSubstr("lede_retrain_last_run_seconds 0.25\n"));
@@ -203,7 +210,7 @@ TEST_F(RetrainTest, MetricsCountShardsCandidatesAndDecisions) {
   EXPECT_THAT(text, HasSubstr("lede_retrain_last_candidate_speedup Nan\n"));
   const std::string line = metrics.Logfmt();
   EXPECT_THAT(line, HasSubstr("event=retrain_metrics runs_published=1 runs_rejected=0 runs_no_new_data=1"));
-  EXPECT_THAT(line, HasSubstr(" shards_read=3 shards_skipped=1 "));
+  EXPECT_THAT(line, HasSubstr(" shards_read=3 shards_skipped=1 shards_skipped_other_model=0 "));
 
   const std::string textfile = (tmp_.path() / "retrain.prom").string();
   ASSERT_THAT(RetrainMetrics::WriteTextfile(registry, textfile), IsOk());
@@ -252,6 +259,117 @@ TEST_F(RetrainTest, TrainsOnlyWhenNewShardsAppearAndRecordsThem) {
   ASSERT_THAT(state.status(), IsOk());
   EXPECT_EQ(state->processed_shards.size(), 3u);
   EXPECT_EQ(state->runs, 2);
+}
+
+// Issue 49: a shard of another model among good ones (td trainer): its
+// records are filtered, the shard is counted once and the run decides on
+// the rest.
+TEST_F(RetrainTest, AShardOfAnotherModelIsCountedAndTheRunGoesOn) {
+  WriteShard("w-00000001", 12);
+  WriteShard("w-00000002", 12, "v1", "fp-other");
+  std::vector<std::string> lines;
+  RetrainOptions o = Options(-kInf);
+  o.log = [&lines](const std::string& l) { lines.push_back(l); };
+  auto out = RunOnce(o);
+  ASSERT_THAT(out.status(), IsOk());
+  EXPECT_EQ(out->decision, RetrainDecision::kPublished);
+  EXPECT_EQ(out->n_other_model_shards, 1);
+  EXPECT_EQ(out->report["data"]["new_other_model_shards"], 1);
+  int64_t logged = 0;
+  for (const std::string& l : lines) {
+    if (l.find("another model") != std::string::npos) {
+      ++logged;
+      EXPECT_THAT(l, HasSubstr("w-00000002.lexp"));
+      EXPECT_THAT(l, HasSubstr("fp-other"));
+    }
+  }
+  EXPECT_EQ(logged, 1);
+  telemetry::Registry registry;
+  RetrainMetrics metrics(registry);
+  metrics.RecordRun(*out, 1.0);
+  EXPECT_THAT(telemetry::SerializeText(registry),
+              HasSubstr("lede_retrain_shards_skipped_total{reason=\"other_model\"} 1\n"));
+}
+
+// Issue 49: one retraining per policy root. While the root's lock is held
+// (here by a PolicyRootLock of this process; lede-train's test holds it from
+// another process), RunOnce fails at once with IsPolicyRootLocked, naming
+// the holder, and reads and writes nothing; once released it runs.
+TEST_F(RetrainTest, ASecondRunOnTheSameRootIsRefusedAtOnce) {
+  WriteShard("w-00000001", 12);
+  {
+    auto held = PolicyRootLock::TryAcquire(root_.string());
+    ASSERT_THAT(held.status(), IsOk());
+    auto refused = RunOnce(Options(-kInf));
+    EXPECT_THAT(refused.status(), StatusIs(StatusCode::kAborted, HasSubstr("pid=" + std::to_string(::getpid()))));
+    EXPECT_TRUE(IsPolicyRootLocked(refused.status()));
+    EXPECT_THAT(refused.status().message(), HasSubstr(root_.string()));
+    EXPECT_FALSE(fs::exists(root_ / kRetrainStateFile));
+    EXPECT_FALSE(fs::exists(root_ / "rt-1"));
+    EXPECT_EQ(Serving(), "v1");
+    telemetry::Registry registry;
+    RetrainMetrics metrics(registry);
+    metrics.RecordLocked(0.01);
+    EXPECT_THAT(telemetry::SerializeText(registry), HasSubstr("lede_retrain_runs_total{decision=\"locked\"} 1\n"));
+  }
+  auto out = RunOnce(Options(-kInf));
+  ASSERT_THAT(out.status(), IsOk());
+  EXPECT_EQ(out->decision, RetrainDecision::kPublished);
+  EXPECT_FALSE(IsPolicyRootLocked(FailedPreconditionError("x")));
+  EXPECT_FALSE(IsPolicyRootLocked(Status(StatusCode::kAborted, "another abort")));
+}
+
+// Two Retrainers on one root from two threads: exactly one of them trains
+// at a time; every run that trained is counted in the state, and no two
+// runs share a version name.
+TEST_F(RetrainTest, ConcurrentRunsNeverShareAVersionAndAreAllCounted) {
+  std::set<std::string> versions;
+  int64_t trained = 0;
+  for (int round = 0; round < 3; ++round) {
+    WriteShard("w-0000000" + std::to_string(round + 1), 12);
+    std::vector<StatusOr<RetrainOutcome>> results(2, InternalError("not run"));
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 2; ++i) threads.emplace_back([&, i] { results[i] = RunOnce(Options(-kInf)); });
+    for (std::thread& t : threads) t.join();
+    for (const StatusOr<RetrainOutcome>& r : results) {
+      if (!r.ok()) {
+        EXPECT_TRUE(IsPolicyRootLocked(r.status())) << r.status();
+        continue;
+      }
+      if (r->decision == RetrainDecision::kNoNewData) continue;
+      ++trained;
+      EXPECT_TRUE(versions.insert(r->candidate_version).second) << r->candidate_version;
+    }
+  }
+  EXPECT_EQ(trained, 3);
+  auto state = ReadRetrainState((root_ / kRetrainStateFile).string());
+  ASSERT_THAT(state.status(), IsOk());
+  EXPECT_EQ(state->runs, trained);
+  EXPECT_EQ(state->processed_shards.size(), 3u);
+}
+
+// Version names are reserved atomically: a name another writer reserved
+// (mkdir of .reserved/<name>) or already saved is never handed out, with or
+// without the lock; a reservation is dropped when its holder is done.
+TEST(VersionReservationTest, ReservedAndSavedNamesAreSkipped) {
+  ::lede::testing::TempDir tmp;
+  const std::string root = (tmp.path() / "policy").string();
+  fs::create_directories(fs::path(root) / "rt-1");
+  auto taken = [&](const std::string& v) { return fs::exists(fs::path(root) / v); };
+  auto name = [](int attempt) { return "rt-" + std::to_string(attempt + 1); };
+  auto a = ReserveVersionName(root, name, taken);
+  ASSERT_THAT(a.status(), IsOk());
+  EXPECT_EQ(a->name(), "rt-2");  // rt-1 is a saved version
+  auto b = ReserveVersionName(root, name, taken);
+  ASSERT_THAT(b.status(), IsOk());
+  EXPECT_EQ(b->name(), "rt-3");  // rt-2 is reserved by a
+  EXPECT_TRUE(fs::is_directory(fs::path(root) / kReservedVersionsDir / "rt-2"));
+  fs::create_directories(fs::path(root) / "rt-2");  // a saves its version, then lets go
+  *a = VersionReservation();
+  EXPECT_FALSE(fs::exists(fs::path(root) / kReservedVersionsDir / "rt-2"));
+  auto c = ReserveVersionName(root, name, taken);
+  ASSERT_THAT(c.status(), IsOk());
+  EXPECT_EQ(c->name(), "rt-4");
 }
 
 // The same run against an S3 store (npm's s3rver on loopback): new shards

@@ -6,8 +6,11 @@
             with each run (an empty store), and SIGTERM stops it with status 0
   once      `--once --metrics-textfile F` prints the logfmt line and writes the
             text exposition; a bad --metrics address is refused (status 2)
+  locked    (issue 49) while another process holds <policy-root>/retrain.lock,
+            `--once` exits with status 75 and one line naming the holder,
+            having written nothing; once the lock is free it runs (status 0)
 
-usage: train_metrics_test.py watch|once BUILD_DIR
+usage: train_metrics_test.py watch|once|locked BUILD_DIR
 Exit status 0 = pass, 1 = fail.
 """
 import os
@@ -118,8 +121,36 @@ def test_once(build):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def test_locked(build):
+    import fcntl
+    tmp, root, store = setup()
+    try:
+        cmd = [os.path.join(build, "trainer", "lede-train"), "--once", "--experience", store, "--policy-root", root]
+        with open(os.path.join(root, "retrain.lock"), "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another retraining, as far as lede-train knows
+            lock.truncate(0)
+            lock.write(f"pid={os.getpid()} since=test\n")
+            lock.flush()
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            if r.returncode != 75:
+                fail(f"--once while the root is locked: status {r.returncode}, not 75\n{r.stdout}{r.stderr}")
+            lines = [l for l in r.stderr.splitlines() if "being retrained by another process" in l]
+            if len(lines) != 1 or f"pid={os.getpid()}" not in lines[0] or root not in lines[0]:
+                fail(f"no one line naming the root and the holder:\n{r.stderr}")
+            if os.path.exists(os.path.join(root, "retrain_state.json")):
+                fail("the refused run wrote the state checkpoint")
+            if "runs_locked=1" not in r.stdout:
+                fail("the refused run is not counted as locked:\n" + r.stdout)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)  # the lock is free again
+        if r.returncode != 0:
+            fail(f"--once after the lock was released: status {r.returncode}\n{r.stdout}{r.stderr}")
+        print(lines[0])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main(argv):
-    cases = {"watch": test_watch, "once": test_once}
+    cases = {"watch": test_watch, "once": test_once, "locked": test_locked}
     if len(argv) != 3 or argv[1] not in cases:
         print(__doc__)
         return 2
