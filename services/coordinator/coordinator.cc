@@ -277,6 +277,12 @@ struct GenerationService::Impl {
       rpc::LogEvent("error", "request_log_write_failed",
                     {{"error", std::string(error.message())}, {"earlier_failures_not_logged", std::to_string(unreported)}});
     };
+    lo.on_put_recovered = [](const experience::PutRecovery& r) {
+      rpc::LogEvent("info", "request_log_write_recovered",
+                    {{"shard", r.key}, {"failed_attempts", std::to_string(r.failed_attempts)},
+                     {"shards_lost", std::to_string(r.shards_given_up)},
+                     {"outage_s", std::to_string(absl::ToDoubleSeconds(r.outage))}});
+    };
     auto log = experience::CreateRequestLog(std::shared_ptr<storage::ObjectStore>(std::move(*store)), std::move(lo));
     if (!log.ok()) return log.status();
     request_log = std::move(*log);
@@ -400,6 +406,12 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
     lo.on_put_error = [](const Status& error, int64_t unreported) {
       rpc::LogEvent("error", "experience_write_failed",
                     {{"error", std::string(error.message())}, {"earlier_failures_not_logged", std::to_string(unreported)}});
+    };
+    lo.on_put_recovered = [](const experience::PutRecovery& r) {
+      rpc::LogEvent("info", "experience_write_recovered",
+                    {{"shard", r.key}, {"failed_attempts", std::to_string(r.failed_attempts)},
+                     {"shards_lost", std::to_string(r.shards_given_up)},
+                     {"outage_s", std::to_string(absl::ToDoubleSeconds(r.outage))}});
     };
     const experience::ExperienceLoggerOptions request_log_options = lo;
     auto logger = experience::ExperienceLogger::Create(

@@ -212,12 +212,25 @@ void ExperienceLogger::PutShard(ShardBuilder& shard) {
     if (s.ok()) {
       counts_.records_written.fetch_add(n_records, std::memory_order_relaxed);
       counts_.shards_written.fetch_add(1, std::memory_order_relaxed);
+      if (failed_puts_since_success_ > 0) {
+        if (options_.on_put_recovered) {
+          PutRecovery recovery;
+          recovery.key = key;
+          recovery.failed_attempts = failed_puts_since_success_;
+          recovery.shards_given_up = shards_given_up_since_success_;
+          recovery.outage = options_.clock->Now() - first_failed_put_;
+          options_.on_put_recovered(recovery);
+        }
+        failed_puts_since_success_ = 0;
+        shards_given_up_since_success_ = 0;
+      }
       if (options_.retention.enabled() &&
           options_.clock->Now() - last_retention_ >= options_.retention_interval) {
         ApplyRetentionNow();
       }
       break;
     }
+    if (failed_puts_since_success_++ == 0) first_failed_put_ = options_.clock->Now();
     ReportPutError(Status(s.code(), "experience shard " + key + " (attempt " + std::to_string(attempt) + " of " +
                                         std::to_string(options_.max_put_attempts) + "): " + std::string(s.message())));
     if (attempt < options_.max_put_attempts) {
@@ -228,6 +241,7 @@ void ExperienceLogger::PutShard(ShardBuilder& shard) {
     }
     counts_.put_failures.fetch_add(1, std::memory_order_relaxed);
     counts_.records_lost.fetch_add(n_records, std::memory_order_relaxed);
+    ++shards_given_up_since_success_;
     absl::MutexLock lock(&mu_);
     pending_error_ = Status(s.code(), "experience shard " + key + " given up after " +
                                           std::to_string(attempt) + " attempts: " + std::string(s.message()));

@@ -64,6 +64,15 @@ struct ExperienceLoggerCounters {
   int64_t retention_failures = 0;        // retention passes that failed (List/Delete error)
 };
 
+// What on_put_recovered reports: the store took a shard again after failed
+// Put() attempts.
+struct PutRecovery {
+  std::string key;                  // the shard that was written
+  int64_t failed_attempts = 0;      // failed Put() attempts since the last success (retried or not)
+  int64_t shards_given_up = 0;      // shards given up (records lost) in that time
+  absl::Duration outage;            // from the first of those failures to now (on `clock`)
+};
+
 // Example:
 //   ExperienceLoggerOptions o;
 //   o.prefix = "experience/stories15M";
@@ -114,6 +123,11 @@ struct ExperienceLoggerOptions {
   // logs a line every interval, not one per attempt (issue 39, fault 5).
   std::function<void(const Status& error, int64_t unreported_failures)> on_put_error;
   absl::Duration put_error_interval = absl::Seconds(10);
+  // Called on the writer thread once when a Put() succeeds after one or more
+  // failed attempts (the store recovered), never otherwise; not rate-limited
+  // (one call per outage). With on_put_error it brackets an outage in the
+  // log: a line when the store fails, a line when it is back.
+  std::function<void(const PutRecovery&)> on_put_recovered;
   // Time source of the shard age, the retry backoff, the shard's date and
   // the default writer id (borrowed; must outlive the logger). nullptr =
   // Clock::Real(); tests pass a FakeClock.
@@ -205,6 +219,11 @@ class ExperienceLogger {
   absl::Time last_retention_ = absl::InfinitePast();  // writer thread only
   absl::Time last_put_error_report_ = absl::InfinitePast();  // writer thread only
   int64_t unreported_put_errors_ = 0;                         // writer thread only
+  // The current outage (writer thread only): failed attempts and shards
+  // given up since the last successful Put(), and when the first failed.
+  int64_t failed_puts_since_success_ = 0;
+  int64_t shards_given_up_since_success_ = 0;
+  absl::Time first_failed_put_ = absl::InfinitePast();
   std::thread writer_;
 };
 

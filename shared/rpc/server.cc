@@ -5,13 +5,18 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/impl/server_builder_option.h>
+#include <grpcpp/impl/server_builder_plugin.h>
 #include <grpcpp/server_builder.h>
 
 #include "absl/synchronization/mutex.h"
@@ -51,6 +56,25 @@ void LimitAllocatorGrowth() {
 #endif
 }
 
+// Takes gRPC's server reflection plugin off one ServerBuilder. libgrpc++_reflection
+// registers the plugin for every ServerBuilder of the process from a static
+// initializer as soon as it is loaded (and it is linked, for the processes
+// that want reflection), so not calling InitProtoReflectionServerBuilderPlugin()
+// leaves reflection on; ServerOptions::reflection = false removes the plugin
+// here instead (ServerBuilder applies options before plugins).
+class WithoutReflection : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
+                                  [](const std::unique_ptr<grpc::ServerBuilderPlugin>& p) {
+                                    return dynamic_cast<grpc::reflection::ProtoServerReflectionPlugin*>(p.get()) !=
+                                           nullptr;
+                                  }),
+                   plugins->end());
+  }
+};
+
 }  // namespace
 
 void BlockTerminationSignals() {
@@ -85,6 +109,7 @@ Status ServerRunner::Start(const ServerOptions& options, const prometheus::Regis
                                                                          : options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   for (grpc::Service* s : services_) builder.RegisterService(s);
+  if (!options.reflection) builder.SetOption(std::make_unique<WithoutReflection>());
   if (options.max_handler_threads > 0) {
     builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, options.max_handler_threads);
   }

@@ -87,7 +87,10 @@ struct ServerOptions {
   int max_handler_threads = 0;
   // gRPC server reflection (grpc_cli, grpcurl). The internal services turn it
   // off when they authenticate callers (an internal token or client
-  // certificates): no need to describe the plane to whoever can reach it.
+  // certificates): no need to describe the plane to whoever can reach it
+  // (docs/security.md). Off takes gRPC's reflection plugin off this server's
+  // builder: libgrpc++_reflection registers it for every server of the
+  // process when it loads, so merely not enabling it would leave it on.
   bool reflection = true;
 };
 

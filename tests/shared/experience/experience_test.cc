@@ -875,6 +875,59 @@ TEST(ExperienceLoggerTest, FailedPutsAreReportedRateLimited) {
   EXPECT_EQ(taken().size(), 2u);
 }
 
+// A store that fails and comes back is logged coming back: on_put_recovered
+// is called once, at the first successful Put() after failures, with the
+// failed attempts and the shards given up since the last success; never
+// while the store works, and again only after a new outage.
+TEST(ExperienceLoggerTest, RecoveryAfterFailedPutsIsReportedOnce) {
+  auto store = std::make_shared<FakeStore>();
+  ExperienceLoggerOptions o = SmallOptions();
+  o.max_put_attempts = 3;
+  absl::Mutex mu;
+  std::vector<PutRecovery> recoveries;
+  o.on_put_recovered = [&](const PutRecovery& r) {
+    absl::MutexLock lock(&mu);
+    recoveries.push_back(r);
+  };
+  auto taken = [&] {
+    absl::MutexLock lock(&mu);
+    return std::exchange(recoveries, {});
+  };
+  StatusOr<std::unique_ptr<ExperienceLogger>> logger = ExperienceLogger::Create(store, o);
+  ASSERT_THAT(logger, IsOk());
+  // A healthy store: no recovery to report.
+  ASSERT_TRUE((*logger)->Log(MakeRecord(0)));
+  ASSERT_THAT((*logger)->Flush(), IsOk());
+  EXPECT_THAT(taken(), IsEmpty());
+  // Down for one whole shard (3 attempts, given up) and the first attempt of
+  // the next, which its retry writes.
+  store->FailNextPuts(4);
+  ASSERT_TRUE((*logger)->Log(MakeRecord(1)));
+  EXPECT_THAT((*logger)->Flush(), StatusIs(StatusCode::kUnavailable));
+  EXPECT_THAT(taken(), IsEmpty());  // still failing: nothing recovered yet
+  ASSERT_TRUE((*logger)->Log(MakeRecord(2)));
+  ASSERT_THAT((*logger)->Flush(), IsOk());
+  std::vector<PutRecovery> first = taken();
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].failed_attempts, 4);
+  EXPECT_EQ(first[0].shards_given_up, 1);
+  EXPECT_GE(first[0].outage, absl::ZeroDuration());
+  EXPECT_THAT(first[0].key, HasSubstr("experience/"));
+  // Working again: later shards report nothing; a new outage reports anew.
+  ASSERT_TRUE((*logger)->Log(MakeRecord(3)));
+  ASSERT_THAT((*logger)->Flush(), IsOk());
+  EXPECT_THAT(taken(), IsEmpty());
+  store->FailNextPuts(1);
+  ASSERT_TRUE((*logger)->Log(MakeRecord(4)));
+  ASSERT_THAT((*logger)->Flush(), IsOk());
+  ASSERT_THAT((*logger)->Close(), IsOk());
+  std::vector<PutRecovery> second = taken();
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_EQ(second[0].failed_attempts, 1);
+  EXPECT_EQ(second[0].shards_given_up, 0);
+  EXPECT_EQ((*logger)->counters().records_written, 4);
+}
+
 // Close() writes what is buffered, reports the final counters through the
 // hook, and refuses later records; destruction closes too.
 TEST(ExperienceLoggerTest, CloseFlushesAndReportsCounters) {

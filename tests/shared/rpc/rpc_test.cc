@@ -15,13 +15,17 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include <grpcpp/completion_queue.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/security/credentials.h>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "proto/lede/v1/policy.grpc.pb.h"
 #include "shared/rpc/grpc_status.h"
 #include "shared/rpc/server.h"
 #include "tests/testing/child_process.h"
@@ -125,6 +129,81 @@ TEST(ServerRunnerTest, ServesHealthOnTheChosenPort) {
   runner.Shutdown();
   runner.Shutdown();  // idempotent
   EXPECT_EQ(HealthCheck(port).first.error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+// One reflection request (ServerReflectionRequest{list_services: ""}) on a
+// bidi stream; the call's status and the response bytes.
+std::pair<grpc::Status, std::string> ListServices(int port) {
+  grpc::GenericStub stub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  grpc::CompletionQueue cq;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto next = [&cq] {
+    void* tag = nullptr;
+    bool ok = false;
+    return cq.Next(&tag, &ok) && ok;
+  };
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
+      stub.PrepareCall(&context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  std::string bytes;
+  call->StartCall(reinterpret_cast<void*>(1));
+  if (next()) {
+    grpc::Slice list_services(std::string("\x3a\x00", 2));  // field 7 (list_services), empty
+    call->Write(grpc::ByteBuffer(&list_services, 1), reinterpret_cast<void*>(2));
+    if (next()) {
+      call->WritesDone(reinterpret_cast<void*>(3));
+      next();
+      while (true) {
+        grpc::ByteBuffer response;
+        call->Read(&response, reinterpret_cast<void*>(4));
+        if (!next()) break;
+        std::vector<grpc::Slice> slices;
+        if (response.Dump(&slices).ok()) {
+          for (const grpc::Slice& sl : slices) bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+        }
+      }
+    }
+  }
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  next();
+  cq.Shutdown();
+  while (next()) {
+  }
+  return {status, bytes};
+}
+
+// Reflection is on by default and off with ServerOptions::reflection =
+// false, whatever other servers of the process asked for:
+// libgrpc++_reflection registers its plugin for every server of the process
+// as it loads, so "off" must take it away (docs/security.md: off on an
+// internal service that authenticates callers). Health stays open on both.
+TEST(ServerRunnerTest, ReflectionIsOffWhenTheOptionsSaySo) {
+  ServerOptions options;
+  options.metrics_address = "";
+  options.shutdown_grace = absl::Milliseconds(100);
+  // A service of the internal plane (every method UNIMPLEMENTED here), as the
+  // policy service registers it.
+  lede::v1::Policy::Service open_service, closed_service;
+  ServerRunner open("rpc-test");
+  open.AddService(&open_service);
+  ASSERT_THAT(open.Start(options, nullptr), IsOk());
+  auto [open_status, listing] = ListServices(open.port());
+  ASSERT_TRUE(open_status.ok()) << open_status.error_message();
+  EXPECT_THAT(listing, HasSubstr("grpc.health.v1.Health"));
+  EXPECT_THAT(listing, HasSubstr("grpc.reflection.v1alpha.ServerReflection"));
+  EXPECT_THAT(listing, HasSubstr("lede.v1.Policy"));
+
+  options.reflection = false;
+  ServerRunner closed("rpc-test");
+  closed.AddService(&closed_service);
+  ASSERT_THAT(closed.Start(options, nullptr), IsOk());
+  auto [closed_status, closed_listing] = ListServices(closed.port());
+  EXPECT_EQ(closed_status.error_code(), grpc::StatusCode::UNIMPLEMENTED) << closed_status.error_message();
+  EXPECT_EQ(closed_listing, "");
+  EXPECT_TRUE(HealthCheck(closed.port()).first.ok());
+  // The first server keeps its reflection.
+  EXPECT_TRUE(ListServices(open.port()).first.ok());
 }
 
 // An address that cannot be served is kUnavailable, and nothing is left
