@@ -323,6 +323,17 @@ def grpc_describe(port, service, token=None, method="Describe"):
             return e.code().name
 
 
+def grpc_list_services(port):
+    """Server reflection's list_services on a raw bidi stream: (status code name, response bytes)."""
+    import grpc
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        call = ch.stream_stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")
+        try:
+            return "OK", b"".join(call(iter([b"\x3a\x00"]), timeout=10))
+        except grpc.RpcError as e:
+            return e.code().name, b""
+
+
 def test_hostile_clients(build):
     # Issue 39: the internal plane needs the deployment's token; deep JSON is
     # a 400 from the same coordinator; a crash loop degrades, never ends, the
@@ -349,6 +360,22 @@ def test_hostile_clients(build):
             fail("the policy service refused GetPolicy with the deployment's token")
         if complete(c.http)[0] != 200:
             fail("a completion through the coordinator failed with the token on:\n" + c.log("coordinator"))
+        # Issue 49: reflection is off on the internal services, which
+        # authenticate callers (docs/security.md), and on for the public one.
+        for name, port in (("verifier", 50052 + c.off), ("drafter", 50054 + c.off), ("policy", 50053 + c.off)):
+            code, _ = grpc_list_services(port)
+            if code != "UNIMPLEMENTED":
+                fail(f"server reflection answered {code} on the {name}, which authenticates callers")
+        code, listing = grpc_list_services(50051 + c.off)
+        if code != "OK" or b"lede.v1.Generation" not in listing:
+            fail(f"server reflection on the coordinator: {code} {listing[:200]}")
+        # Issue 49: logs are the user's and group's, not world-readable.
+        logs = os.path.join(c.state, "logs")
+        if os.stat(logs).st_mode & 0o777 != 0o750:
+            fail(f"{logs} has mode {oct(os.stat(logs).st_mode & 0o777)}, not 0750")
+        for f in sorted(os.listdir(logs)):
+            if f.endswith(".log") and os.stat(os.path.join(logs, f)).st_mode & 0o777 != 0o640:
+                fail(f"{f} has mode {oct(os.stat(os.path.join(logs, f)).st_mode & 0o777)}, not 0640")
 
         # Deep nesting: 400 naming the field, the same coordinator process.
         pid = c.pids()["coordinator"]
