@@ -475,6 +475,35 @@ def test_cold_start(build):
         shutil.rmtree(os.path.dirname(model), ignore_errors=True)
 
 
+def add_other_model_shard(experience, policy_root):
+    """Copies one request-log shard as "another model's": every record's
+    model fingerprint replaced by one of the same length (the protobuf stays
+    valid), each frame's CRC-32 recomputed (shared/experience/experience.h)."""
+    import glob
+    import struct
+    import zlib
+    serving = open(os.path.join(policy_root, "SERVING")).read().strip()
+    fingerprint = json.load(open(os.path.join(policy_root, serving, "policy.json")))["model_fingerprint"].encode()
+    other = bytes(ord("0") if ch != ord("0") else ord("1") for ch in fingerprint)
+    shards = sorted(glob.glob(os.path.join(experience, "requests", "*", "*.lreq")))
+    if not shards:
+        fail("no request-log shard was written")
+    data = open(shards[0], "rb").read()
+    out, at, n = bytearray(data[:8]), 8, 0
+    while at < len(data):
+        length, _ = struct.unpack_from("<II", data, at)
+        payload = data[at + 8:at + 8 + length]
+        if fingerprint not in payload:
+            fail(f"{shards[0]}: a record without the model fingerprint {fingerprint!r}")
+        payload = payload.replace(fingerprint, other)
+        out += struct.pack("<II", length, zlib.crc32(payload) & 0xFFFFFFFF) + payload
+        at += 8 + length
+        n += 1
+    with open(os.path.join(os.path.dirname(shards[0]), "zz-other-model-00000000.lreq"), "wb") as f:
+        f.write(out)
+    return n
+
+
 def test_cold_start_retrain(build):
     # Issue 37: bring a checkpoint with no policy, serve it, send greedy
     # traffic, and `lede-train --once` with no flag beyond the store, the
@@ -500,17 +529,40 @@ def test_cold_start_retrain(build):
     finally:
         c.stop()
     root = os.path.join(c.state, "policy")
+    # Issue 49: a request-log shard of another model among the good ones
+    # (a copy of one with the fingerprint changed) is skipped and counted.
+    add_other_model_shard(os.path.join(c.state, "experience"), root)
     train = [os.path.join(build, "trainer", "lede-train"), "--once", "--experience", os.path.join(c.state, "experience"),
              "--policy-root", root, "--model", model]
-    r = subprocess.run(train, capture_output=True, text=True, timeout=600)
+    # Issue 49: a second --once while the first trains exits at once (75).
+    first = subprocess.Popen(train, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = []
+    for line in first.stdout:
+        out.append(line)
+        if "training on logged requests" in line:
+            second = subprocess.run(train, capture_output=True, text=True, timeout=120)
+            if second.returncode != 75 or "being retrained by another process" not in second.stderr:
+                fail(f"a second --once while one trains: {second.returncode}\n{second.stdout}{second.stderr}")
+    rest, err = first.communicate(timeout=600)
+
+    class Done:
+        returncode, stdout, stderr = first.returncode, "".join(out) + rest, err
+    r = Done
     if r.returncode != 0:
         fail(f"lede-train --once: {r.returncode}\n{r.stdout}\n{r.stderr}")
+    if "training on logged requests" not in r.stdout:
+        fail("the first --once did not train:\n" + r.stdout)
     m = re.search(r"decision=(published|rejected) serving=cold-start-v1 candidate=(\S+)", r.stdout + r.stderr)
     if not m:
         fail("no retrain decision line:\n" + r.stdout + r.stderr)
+    if " other_model_shards=1 " not in r.stdout:
+        fail("the shard of another model is not counted:\n" + r.stdout)
+    if len([l for l in r.stdout.splitlines() if "shard of another model skipped" in l]) != 1:
+        fail("the shard of another model is not logged once:\n" + r.stdout)
     decision, version = m.group(1), m.group(2)
     metrics = re.search(r"^event=retrain_metrics .*$", r.stdout, re.M)
-    want = [f"runs_{decision}=1", "candidates_trained=1", "shards_skipped=0", f"requests_read={len(prompts)}"]
+    want = [f"runs_{decision}=1", "candidates_trained=1", "shards_skipped=1", "shards_skipped_other_model=1",
+            f"requests_read={len(prompts)}"]
     if not metrics or not all(f" {w} " in metrics.group(0) + " " for w in want):
         fail(f"the metrics line does not show the run ({want}):\n" + r.stdout)
     report_dir = os.path.join(root, version) if decision == "published" else os.path.join(root, "candidates", version)
