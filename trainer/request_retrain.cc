@@ -133,15 +133,15 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
     const auto begin = read.records.begin() + static_cast<std::ptrdiff_t>(first_record);
     const auto end = begin + static_cast<std::ptrdiff_t>(s.records);
     first_record += static_cast<size_t>(s.records);
-    if (!s.error.empty() && is_new) {
-      ++out.n_new_bad_shards;
-      Log(options, "msg=\"bad request-log shard skipped\" shard=" + s.path + " good_records=" +
-                       std::to_string(s.records) + " error=\"" + s.error + "\"");
-    }
     if (is_new) out.new_shards.push_back(s.path);
     const auto other = std::find_if(begin, end, [&](const lede::v1::RequestRecord& r) {
       return r.model_fingerprint() != fingerprint;
     });
+    if (!s.error.empty() && is_new && other == end) {  // a bad shard of another model counts once, as that
+      ++out.n_new_bad_shards;
+      Log(options, "msg=\"bad request-log shard skipped\" shard=" + s.path + " good_records=" +
+                       std::to_string(s.records) + " error=\"" + s.error + "\"");
+    }
     if (other != end) {
       ++out.n_other_model_shards;
       if (is_new) {

@@ -90,7 +90,7 @@ struct RequestRetrainOutcome {
   std::vector<std::string> new_shards;  // to record as processed
   // n_bad_shards: every shard under the prefix that was skipped in part or
   // whole (truncated, corrupt, unreadable); n_new_bad_shards: those of them
-  // that are new. n_new_records: the good records of the new shards.
+  // that are new and not counted in n_new_other_model_shards. n_new_records: the good records of the new shards.
   int64_t n_requests = 0, n_train = 0, n_heldout = 0, n_bad_shards = 0;
   int64_t n_new_bad_shards = 0, n_new_records = 0;
   // Shards skipped whole because they hold records of another model: all

@@ -239,14 +239,23 @@ TEST_F(RequestRetrainTest, AShardOfAnotherModelIsSkippedCountedAndLoggedOnce) {
 
 // Only another model's shards are new: nothing to train, but they are
 // returned as read so that the next run neither reads nor logs them again.
+// One that is also truncated is counted once, as another model's.
 TEST_F(RequestRetrainTest, OnlyShardsOfAnotherModelTrainNothing) {
   std::vector<lede::v1::RequestRecord> other(records_.begin(), records_.begin() + 4);
   for (lede::v1::RequestRecord& r : other) r.set_model_fingerprint("0123456789abcdef");
   LogRecords(other);
+  auto listed = store_->List("requests/");
+  ASSERT_THAT(listed, IsOk());
+  ASSERT_EQ(listed->size(), 1u);
+  auto bytes = store_->Get((*listed)[0].key);
+  ASSERT_THAT(bytes, IsOk());
+  bytes->resize(bytes->size() - 5);  // the last record cut short
+  ASSERT_THAT(store_->Put((*listed)[0].key, *bytes), IsOk());
   auto out = RetrainOnRequests(*store_, *model_, *cost_, {}, Quick("r-z", -1.0));
   ASSERT_THAT(out, IsOk());
   EXPECT_EQ(out->decision, RequestRetrainDecision::kNoNewData);
   EXPECT_EQ(out->n_new_other_model_shards, 1);
+  EXPECT_EQ(out->n_new_bad_shards, 0);
   EXPECT_EQ(out->new_shards.size(), 1u);
   EXPECT_THAT(out->reason, HasSubstr("another model"));
   EXPECT_EQ(Serving(), "cold-start-v1");
