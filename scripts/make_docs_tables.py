@@ -84,6 +84,12 @@ COMMANDS = {
          "    --threads 1 --no-gemv --json {json}"),
     "bench/results/retrain-acceptance.json":
         ("retrain acceptance", "bench/retrain_bench.py acceptance"),
+    "bench/results/hostile_clients.json":
+        ("hostile_clients", "bench/record.py bench/results/hostile_clients.json -- bench/hostile_clients_bench.py \\\n"
+         "    --slow 200 --trickle-s 2 --hold-s 30 --requests 10 --ports-base 4700 --json {json}"),
+    "bench/results/cancel_storm.json":
+        ("cancel_storm", "bench/record.py bench/results/cancel_storm.json -- bench/cancel_storm_bench.py \\\n"
+         "    --runs 3 --cancels 300 --ports-base 4900 --json {json}"),
     # The demo model's training report (lede-pretrain writes it with the model) and its policies'
     # artifacts (policy/*/policy.json: offline metrics of each shipped version).
     f"{MODEL}/report.json": ("pretrain report", "scripts/train_lede_tiny.sh 1200 1 2100 2"),
