@@ -237,7 +237,7 @@ struct ConnectionGuard::State {
                        {"over_capacity", std::to_string(refused - logged_refused)},
                        {"timed_out", std::to_string(timed_out - logged_timed_out)},
                        {"open", std::to_string(active)},
-                       {"request_deadline_s", std::to_string(absl::ToInt64Seconds(options.request_deadline))}});
+                       {"request_deadline_ms", std::to_string(absl::ToInt64Milliseconds(options.request_deadline))}});
     logged_refused = refused;
     logged_timed_out = timed_out;
     last_log = now;
@@ -265,7 +265,7 @@ class Triage {
       absl::MutexLock lock(&mu_);
       if (!stopping_ && o.plaintext && pending_ < o.max_triage_connections) {
         ++pending_;
-        incoming_.push_back(Item{c, std::move(close_task), absl::Now() + o.triage_deadline});
+        incoming_.emplace_back(c, std::move(close_task), absl::Now() + o.triage_deadline);
         const uint64_t one = 1;
         (void)!::write(wake_fd_, &one, sizeof(one));
         return;
@@ -276,11 +276,14 @@ class Triage {
       const std::string out = Serialize(Answer("", "", c->reason), false);
       (void)::send(c->fd, out.data(), out.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
     }
-    Item item{c, std::move(close_task), absl::Now()};
+    Item item(c, std::move(close_task), absl::Now());
     Finish(item);
   }
 
+  ~Triage() { Stop(); }
+
   // Finishes every connection in triage (closing them) and joins the thread.
+  // Idempotent.
   void Stop() {
     {
       absl::MutexLock lock(&mu_);
@@ -289,12 +292,15 @@ class Triage {
       (void)!::write(wake_fd_, &one, sizeof(one));
     }
     if (thread_.joinable()) thread_.join();
-    ::close(wake_fd_);
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+    wake_fd_ = -1;
   }
 
  private:
   enum class Phase { kReading, kWriting, kDraining };
   struct Item {
+    Item(Connection* conn, std::function<void()> task, absl::Time until)
+        : c(conn), close_task(std::move(task)), deadline(until) {}
     Connection* c;
     std::function<void()> close_task;
     absl::Time deadline;
