@@ -271,9 +271,9 @@ TEST_F(OpenAiConnectionTest, RequestDeadlineCutsTricklingClients) {
   EXPECT_EQ(Get("/v1/models").first, 200);
 }
 
-// Connections over the per-client cap get a 503 from the triage thread
-// (here after its 2 s wait for a request head that never comes) and a clean
-// close; when one closes, requests are served again.
+// A connection over the per-client cap gets a 503 from the triage thread as
+// soon as its request head is there, and a clean close; when one closes,
+// requests are served again.
 TEST_F(OpenAiConnectionTest, ConnectionCapsRefuseTheExcessAtOnce) {
   OpenAiServerOptions so;
   so.threads = 2;
@@ -285,6 +285,8 @@ TEST_F(OpenAiConnectionTest, ConnectionCapsRefuseTheExcessAtOnce) {
   const int extra = Connect(server_->port());
   ASSERT_GE(extra, 0);
   raw_.push_back(extra);
+  const std::string request = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(::send(extra, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
   std::string answer;
   ASSERT_TRUE(lede::testing::WaitUntil([&] {
     char buf[512];
