@@ -14,8 +14,9 @@ Three scenarios, chosen with --scenario (default: all):
   slowest answer and the probes that got none (or no 200) within 5 s, and how
   many slow connections the servers closed.
 - burst: --burst concurrent /v1/completions (one thread each, all released
-  at once): the count of each HTTP status, of connection resets and of other
-  failures, and whether every non-200 answer is a JSON error; then the
+  at once): the count of each HTTP status (with the JSON error's code), of
+  connection resets and of other failures, and of non-200 answers that are
+  not a JSON error; then the
   coordinator's thread count every second for --settle-s seconds, against its
   idle count before the burst.
 
@@ -210,10 +211,10 @@ def burst(a, http, coord):
         except urllib.error.HTTPError as e:
             text = e.read().decode(errors="replace")
             try:
-                is_json = "error" in json.loads(text)
-            except ValueError:
-                is_json = False
-            outcomes[i] = (e.code, is_json)
+                err = json.loads(text)["error"]
+                outcomes[i] = (f"{e.code} {err.get('code') or err.get('type')}", True)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                outcomes[i] = (e.code, False)
         except (ConnectionResetError, BrokenPipeError):
             outcomes[i] = ("reset", False)
         except urllib.error.URLError as e:
@@ -237,7 +238,7 @@ def burst(a, http, coord):
     counts = {}
     for status, _ in outcomes:
         counts[str(status)] = counts.get(str(status), 0) + 1
-    non_json = sum(1 for status, ok in outcomes if status != 200 and isinstance(status, int) and not ok)
+    non_json = sum(1 for status, ok in outcomes if isinstance(status, int) and status != 200 and not ok)
     settle = []
     back_after = None
     for sec in range(int(a.settle_s) + 1):
