@@ -326,8 +326,8 @@ def grpc_describe(port, service, token=None, method="Describe"):
 def test_hostile_clients(build):
     # Issue 39: the internal plane needs the deployment's token; deep JSON is
     # a 400 from the same coordinator; a crash loop degrades, never ends, the
-    # service; experience is not world-readable. Issue 49: slow clients on a
-    # metrics port and a burst on the HTTP API.
+    # service; experience is not world-readable. Slow clients on a metrics
+    # port and a burst on the HTTP API (docs/security.md, bounded input).
     c = Cluster(build, {"LEDE_MAX_RESTARTS": "2"})
     c.start()
     try:
@@ -369,8 +369,8 @@ def test_hostile_clients(build):
         if c.pids()["coordinator"] != pid or not proc_alive(int(pid)):
             fail("the coordinator restarted after deep JSON")
 
-        # Issue 49: 40 slow clients on the verifier's metrics port (4 froze
-        # it) do not stop /healthz or /metrics there or on the coordinator.
+        # 40 slow clients on the verifier's metrics port (4 froze a fixed
+        # pool of workers) do not stop /healthz or /metrics there or on the coordinator.
         slow = []
         try:
             for _ in range(40):
