@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "services/coordinator/request_validation.h"
 #include "services/coordinator/session_lease.h"
 #include "shared/flags/flags.h"
@@ -125,7 +126,7 @@ Status FinishHttpFlags(CoordinatorFlags* v) {
                                 ": must be in [1, 1048576]");
   }
   if (!(v->http_idle_worker_s > 0) || v->http_idle_worker_s > 86400) {
-    return InvalidArgumentError("--http-idle-worker-s " + std::to_string(v->http_idle_worker_s) +
+    return InvalidArgumentError(absl::StrCat("--http-idle-worker-s ", v->http_idle_worker_s) +
                                 ": must be in (0, 86400]");
   }
   http.listen_backlog = static_cast<int>(v->http_listen_backlog);
