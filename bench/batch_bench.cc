@@ -148,6 +148,77 @@ int WriteJson(const std::string& path, const nlohmann::json& out) {
   return 1;
 }
 
+// Mean time (ms) of one step of `kind` ("step", "verify" or "draft") for B
+// sessions at `context` committed tokens: one batched call against B solo
+// calls, over `iters` timed steps after 3 warm-ups. Each step's commits are
+// truncated away so the context stays put.
+struct BatchTimes {
+  double batched_ms = 0;
+  double solo_ms = 0;
+};
+
+BatchTimes TimeBatch(const lede::model::LlamaModel& m, lede::model::KvCache& cache, const std::string& kind, int64_t B,
+                     const std::vector<int32_t>& prompt, int64_t k, int64_t exit_layer, int64_t iters) {
+  const bool verify = kind == "verify", draft = kind == "draft";
+  const int64_t context = static_cast<int64_t>(prompt.size());
+  lede::model::Verifier verifier(m, cache);
+  lede::model::Drafter drafter(m, cache);
+  for (int64_t s = 0; s < B; ++s) (void)verifier.Prefill(s, prompt);
+  std::vector<lede::model::VerifierWork> work(B);
+  for (int64_t s = 0; s < B; ++s) {
+    work[s].slot = s;
+    if (verify) {
+      work[s].kind = lede::model::VerifierWork::Kind::kVerify;
+      work[s].exit_layer = exit_layer;
+      for (int64_t i = 0; i < k; ++i) {
+        (void)drafter.DraftStep(s, i, 5, exit_layer);
+        work[s].tokens.push_back(5);
+      }
+    } else {
+      work[s].kind = lede::model::VerifierWork::Kind::kStep;
+      work[s].tokens = {5};
+    }
+  }
+  std::vector<lede::model::DraftWork> drafts(B);
+  for (int64_t s = 0; s < B; ++s) {
+    drafts[s].slot = s;
+    drafts[s].token = 5;
+    drafts[s].last = exit_layer;
+  }
+  // Steps commit a position each: truncate back so the context stays put.
+  auto reset = [&] {
+    for (int64_t s = 0; s < B; ++s) (void)cache.Truncate(s, context);
+  };
+  double batched = 0, solo = 0;
+  for (int64_t it = 0; it < iters + 3; ++it) {
+    reset();
+    auto t0 = Clock::now();
+    if (draft) {
+      (void)lede::model::RunDrafterBatch(m, cache, drafts);
+    } else {
+      (void)lede::model::RunVerifierBatch(m, cache, work);
+    }
+    auto t1 = Clock::now();
+    reset();
+    auto t2 = Clock::now();
+    for (const auto& w : work) {
+      if (draft) {
+        (void)drafter.DraftStep(w.slot, 0, 5, exit_layer);
+      } else if (verify) {
+        (void)verifier.Verify(w.slot, exit_layer, w.tokens);
+      } else {
+        (void)verifier.Step(w.slot, w.tokens[0]);
+      }
+    }
+    auto t3 = Clock::now();
+    if (it >= 3) {  // warm-up
+      batched += Ms(t1 - t0);
+      solo += Ms(t3 - t2);
+    }
+  }
+  return {batched / iters, solo / iters};
+}
+
 int Run(const std::vector<std::string>& args) {
   std::string model_path = "models/lede-tiny", batches = "1,2,4,8,16,32", json_path, weights = "auto";
   int64_t k = 3, exit_layer = 2, context = 128, iters = 50, threads = 1;
@@ -193,8 +264,6 @@ int Run(const std::vector<std::string>& args) {
   auto cache = lede::model::KvCache::Create(m.config(), ko);
   if (!cache.ok()) return 1;
   c10::InferenceMode guard;
-  lede::model::Verifier verifier(m, *cache);
-  lede::model::Drafter drafter(m, *cache);
   std::vector<int32_t> prompt(context);
   for (int64_t i = 0; i < context; ++i) prompt[i] = static_cast<int32_t>(1 + (i * 37) % (m.config().vocab_size - 1));
   nlohmann::json kernel_json = nlohmann::json::array();
@@ -210,63 +279,9 @@ int Run(const std::vector<std::string>& args) {
   nlohmann::json rows = nlohmann::json::array();
   for (const char* kind : {"step", "verify", "draft"}) {
     if (("," + work_kinds + ",").find(std::string(",") + kind + ",") == std::string::npos) continue;
-    const bool verify = std::string(kind) == "verify", draft = std::string(kind) == "draft";
     for (int64_t B : sizes) {
-      for (int64_t s = 0; s < B; ++s) (void)verifier.Prefill(s, prompt);
-      std::vector<lede::model::VerifierWork> work(B);
-      for (int64_t s = 0; s < B; ++s) {
-        work[s].slot = s;
-        if (verify) {
-          work[s].kind = lede::model::VerifierWork::Kind::kVerify;
-          work[s].exit_layer = exit_layer;
-          for (int64_t i = 0; i < k; ++i) {
-            (void)drafter.DraftStep(s, i, 5, exit_layer);
-            work[s].tokens.push_back(5);
-          }
-        } else {
-          work[s].kind = lede::model::VerifierWork::Kind::kStep;
-          work[s].tokens = {5};
-        }
-      }
-      std::vector<lede::model::DraftWork> drafts(B);
-      for (int64_t s = 0; s < B; ++s) {
-        drafts[s].slot = s;
-        drafts[s].token = 5;
-        drafts[s].last = exit_layer;
-      }
-      // Steps commit a position each: truncate back so the context stays put.
-      auto reset = [&] {
-        for (int64_t s = 0; s < B; ++s) (void)cache->Truncate(s, context);
-      };
-      double batched = 0, solo = 0;
-      for (int64_t it = 0; it < iters + 3; ++it) {
-        reset();
-        auto t0 = Clock::now();
-        if (draft) {
-          (void)lede::model::RunDrafterBatch(m, *cache, drafts);
-        } else {
-          (void)lede::model::RunVerifierBatch(m, *cache, work);
-        }
-        auto t1 = Clock::now();
-        reset();
-        auto t2 = Clock::now();
-        for (const auto& w : work) {
-          if (draft) {
-            (void)drafter.DraftStep(w.slot, 0, 5, exit_layer);
-          } else if (verify) {
-            (void)verifier.Verify(w.slot, exit_layer, w.tokens);
-          } else {
-            (void)verifier.Step(w.slot, w.tokens[0]);
-          }
-        }
-        auto t3 = Clock::now();
-        if (it >= 3) {  // warm-up
-          batched += Ms(t1 - t0);
-          solo += Ms(t3 - t2);
-        }
-      }
-      batched /= iters;
-      solo /= iters;
+      const BatchTimes t = TimeBatch(m, *cache, kind, B, prompt, k, exit_layer, iters);
+      const double batched = t.batched_ms, solo = t.solo_ms;
       std::printf("%6ld %-7s %10.3f %10.3f %7.2fx\n", (long)B, kind, batched, solo, solo / batched);
       rows.push_back({{"sessions", B}, {"work", kind}, {"batched_ms", batched}, {"solo_ms", solo},
                       {"speedup", solo / batched}});

@@ -57,7 +57,7 @@ passes and reports each, and the range. Prints the costs and ceilings;
 --json writes them (bench/record.py adds
 command, commit and machine). Nothing here asserts.
 
-usage: bench/batching_ceiling.py --model out/w5t --serve-json bench/results/serve-widen5-budget.json
+usage: bench/batching_ceiling.py --model out/w5t --serve-json bench/results/serve-widen5-fixes.json
                                  [--concurrency 16] [--rows 8] [--prefill-rows 28] [--iters 100] [--repeats 3]
                                  [--json FILE]
 """

@@ -12,11 +12,13 @@ models/lede-tiny/README.md:
     <!-- /table -->
 
 The marker names the JSON (a path from the repository root), then an optional
-view and key=value options. The block holds a line naming that file and its
-provenance (the command, commit, date and machine that bench/record.py stored
-in it), then the table. A JSON that does not exist yet renders as the exact
-command that writes it (COMMANDS below). Benchmarks write their results with
-bench/record.py; docs/benchmarks.md lists them.
+view and key=value options; `command=yes` also prints the command that
+reproduces the JSON (COMMANDS below). The block holds a line naming that file
+and its provenance (the command, commit, date and machine that bench/record.py
+stored in it), then the table. A table renders only from a JSON that exists
+and was recorded at a commit without local changes (no `-dirty`): anything
+else is an error naming the file. How results are recorded and retired:
+bench/results/README.md.
 """
 import glob
 import json
@@ -33,6 +35,7 @@ PROVENANCE_KEYS = ("command", "commit", "date", "machine")
 MODEL = "models/lede-tiny"
 _POLICIES = ",".join(f"{MODEL}/policy/{p}" for p in ("accelerator-v7", "measured-v9", "story-accelerator-v5",
                                                      "story-measured-v8"))
+_WIDEN5 = "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/w5t --overwrite"
 
 
 def _bench_set(name):
@@ -41,231 +44,52 @@ def _bench_set(name):
             f"--max-draft-len 6 --prompts-per-set 48 --new-tokens 64 --threads 1 --json {{json}}")
 
 
-# Each result file: what kind of JSON it holds, and the command that writes it.
+# Each result a table uses: what kind of JSON it holds, and the command that writes it.
 COMMANDS = {
     "bench/results/lede-tiny-bench.json":
-        ("lede-bench bench", "bench/record.py bench/results/lede-tiny-bench.json -- "
-         + _bench_set("story") + " -- " + _bench_set("code")),
-    "bench/results/lede-tiny-load.json":
-        ("lede-bench load", "bench/record.py bench/results/lede-tiny-load.json -- build/bench/lede-bench load "
-         f"--model {MODEL} --calibration {MODEL}/calibration-cpu.json "
-         f"--prompts {MODEL}/prompts/story.jsonl,{MODEL}/prompts/code.jsonl --loads 1,4,16,64,128,256 "
-         f"--policy {MODEL}/policy/accelerator-v7,{MODEL}/policy/accelerator-load-v1 --threads 1 --json {{json}}"),
+        ("lede-bench bench", "bench/record.py bench/results/lede-tiny-bench.json -- \\\n    "
+         + _bench_set("story") + " -- \\\n    " + _bench_set("code")),
     "bench/results/lede-tiny-eval-exits.json":
         ("lede-eval-exits", "bench/record.py bench/results/lede-tiny-eval-exits.json -- build/trainer/lede-eval-exits "
          f"--model {MODEL} --calibration {MODEL}/calibration-cpu.json "
          "--data out/corpus/stories.val.txt,out/corpus/code.val.txt --exit-layers 1,2,3,4,6 --draft-lens 1,2,3,4,6 "
          "--prompts 24 --new-tokens 64 --threads 1 --out {json}"),
-    "bench/results/engine_bench-weights-122M.json":
-        ("lede_engine_bench", "build/bench/lede_engine_bench --models random:960x2560x12x30x10x2048 --kernels fused "
-         "--weights f32,bf16,q8_0 --repeats 7 --tokens 64 --no-gemv --json bench/results/engine_bench-weights-122M.json"),
-    "bench/results/widen-factor3.json":
-        ("lede-bench bench", "build/services/cli/lede widen --model models/lede-tiny --factor 3 --out out/lede-tiny-w3 --calibrate && "
-         "build/bench/lede-bench bench --model out/lede-tiny-w3 --calibration out/lede-tiny-w3/calibration-cpu.json "
-         "--prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --methods ar,static "
-         "--static-configs 2:3 --threads 1 --max-draft-len 6 --prompts-per-set 24 --repeats 1 --json bench/results/widen-factor3.json"),
-    "bench/results/widen-factor5.json":
-        ("lede-bench bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/lede-tiny-w5 --calibrate && "
-         "build/bench/lede-bench bench --model out/lede-tiny-w5 --calibration out/lede-tiny-w5/calibration-cpu.json "
-         "--prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --methods ar,static "
-         "--static-configs 2:3 --threads 1 --max-draft-len 6 --prompts-per-set 24 --repeats 1 --json bench/results/widen-factor5.json"),
-    "bench/results/widen-factor5-rerun.json":
-        ("lede-bench bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/lede-tiny-w5 --calibrate && "
-         "build/bench/lede-bench bench --model out/lede-tiny-w5 --calibration out/lede-tiny-w5/calibration-cpu.json "
-         "--prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --methods ar,static "
-         "--static-configs 2:3 --threads 1 --max-draft-len 6 --prompts-per-set 24 --repeats 1 --json bench/results/widen-factor5-rerun.json"),
-    "bench/results/widen-factor3-policies.json":
-        ("lede-bench bench", "build/services/cli/lede widen --model models/lede-tiny --factor 3 --out out/lede-tiny-w3 --calibrate && "
-         "cp out/lede-tiny-w3/calibration-cpu.json out/lede-tiny-w3/calibration-cpu-3pass.json && "
-         "bench/record.py bench/results/widen-factor3-policies.json -- build/bench/lede-bench bench --model out/lede-tiny-w3 "
-         "--calibration out/lede-tiny-w3/calibration-cpu-3pass.json "
-         "--prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --candidate-layers 1,2,3,4,5,6 "
-         "--policy models/lede-tiny/widened/f5af6d6cac8c82d1/policy/accelerator-v1 --max-draft-len 6 --prompts-per-set 24 "
-         "--new-tokens 64 --threads 1 --repeats 2 --static-configs 2:3 --json '{json}'"),
-    "bench/results/widen-factor3-policies-rerun.json":
-        ("lede-bench bench", "bench/record.py bench/results/widen-factor3-policies-rerun.json -- build/bench/lede-bench bench "
-         "--model out/lede-tiny-w3 --calibration out/lede-tiny-w3/calibration-cpu-3pass.json "
-         "--prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --candidate-layers 1,2,3,4,5,6 "
-         "--policy models/lede-tiny/widened/f5af6d6cac8c82d1/policy/accelerator-v1 --max-draft-len 6 --prompts-per-set 24 "
-         "--new-tokens 64 --threads 1 --repeats 2 --static-configs 2:3 --json '{json}'   # as widen-factor3-policies.json, later"),
-    "bench/results/widen-factor3-policies-quiet.json":
-        ("lede-bench bench", "bench/record.py bench/results/widen-factor3-policies-quiet.json -- build/bench/lede-bench bench "
-         "--model out/lede-tiny-w3 --calibration out/lede-tiny-w3/calibration-cpu-3pass.json "
-         "--prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --candidate-layers 1,2,3,4,5,6 "
-         "--policy models/lede-tiny/widened/f5af6d6cac8c82d1/policy/accelerator-v1 --max-draft-len 6 --prompts-per-set 24 "
-         "--new-tokens 64 --threads 1 --repeats 2 --static-configs 2:3 --json '{json}'   # as above, on a quiet VM"),
-    "bench/results/widen-factor3-policies-quietcal.json":
-        ("lede-bench bench", "build/services/cli/lede calibrate --model out/lede-tiny-w3 --threads 1 --round-passes 3 "
-         "--round-max-draft-len 6 --out /tmp/w3-cal-quiet.json && bench/record.py "
-         "bench/results/widen-factor3-calibration-cpu-quiet.json --from /tmp/w3-cal-quiet.json --command '...' && "
-         "bench/record.py bench/results/widen-factor3-policies-quietcal.json -- build/bench/lede-bench bench "
-         "--model out/lede-tiny-w3 --calibration bench/results/widen-factor3-calibration-cpu-quiet.json "
-         "--prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --candidate-layers 1,2,3,4,5,6 "
-         "--policy models/lede-tiny/widened/f5af6d6cac8c82d1/policy/accelerator-v1 --max-draft-len 6 --prompts-per-set 24 "
-         "--new-tokens 64 --threads 1 --repeats 2 --static-configs 2:3 --json '{json}'   # quiet VM, quiet calibration"),
-    "bench/results/widen-factor5-policies.json":
-        ("lede-bench bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/lede-tiny-w5 && "
-         "bench/record.py bench/results/widen-factor5-policies.json -- build/bench/lede-bench bench --model out/lede-tiny-w5 "
-         "--calibration bench/results/widen-factor5-calibration-cpu.json --prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --candidate-layers 1,2,3,4,5,6 "
-         "--policy models/lede-tiny/widened/8bc082e881c66e99/policy/accelerator-v1 --max-draft-len 6 --prompts-per-set 24 "
-         "--new-tokens 64 --threads 1 --repeats 1 --static-configs 2:3 --json '{json}'"),
-    "bench/results/widen-factor5-policies-quietcal.json":
-        ("lede-bench bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/w5t --overwrite && "
-         "build/services/cli/lede calibrate --model out/w5t --threads 1 --round-passes 3 --round-max-draft-len 6 "
-         "--out /tmp/w5-cal-quiet.json && bench/record.py bench/results/widen-factor5-calibration-cpu-quiet.json "
-         "--from /tmp/w5-cal-quiet.json --command '...' && "
-         "bench/record.py bench/results/widen-factor5-policies-quietcal.json -- build/bench/lede-bench bench --model out/w5t "
-         "--calibration bench/results/widen-factor5-calibration-cpu-quiet.json --prompts models/lede-tiny/prompts/story.jsonl,"
-         "models/lede-tiny/prompts/code.jsonl --candidate-layers 1,2,3,4,5,6 "
-         "--policy models/lede-tiny/widened/8bc082e881c66e99/policy/accelerator-v1 --max-draft-len 6 --prompts-per-set 24 "
-         "--new-tokens 64 --threads 1 --repeats 1 --static-configs 2:3 --json '{json}'   # quiet VM, quiet calibration"),
-    "bench/results/widen-factor5-policies-smoothed.json":
-        ("lede-bench bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/w5t --overwrite && "
-         "bench/record.py bench/results/widen-factor5-policies-smoothed.json -- build/bench/lede-bench "
-         "bench --model out/w5t --calibration bench/results/widen-factor5-calibration-cpu-quiet.json "
-         "--prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --candidate-layers 1,2,3,4,5,6 "
-         "--policy models/lede-tiny/widened/8bc082e881c66e99/policy/accelerator-v1 --max-draft-len 6 --prompts-per-set 24 "
-         "--new-tokens 64 --threads 1 --repeats 1 --static-configs 2:3 --json '{json}'   # quiet VM; the round table smoothed"),
-    "bench/results/widen-factor3-policies-smoothed.json":
-        ("lede-bench bench", "build/services/cli/lede widen --model models/lede-tiny --factor 3 --out out/lede-tiny-w3 "
-         "--overwrite && bench/record.py bench/results/widen-factor3-policies-smoothed.json -- build/bench/lede-bench "
-         "bench --model out/lede-tiny-w3 --calibration bench/results/widen-factor3-calibration-cpu-quiet.json "
-         "--prompts models/lede-tiny/prompts/story.jsonl,models/lede-tiny/prompts/code.jsonl --candidate-layers 1,2,3,4,5,6 "
-         "--policy models/lede-tiny/widened/f5af6d6cac8c82d1/policy/accelerator-v1 --max-draft-len 6 --prompts-per-set 24 "
-         "--new-tokens 64 --threads 1 --repeats 2 --static-configs 2:3 --json '{json}'   # quiet VM; the round table smoothed"),
-    "bench/results/llamacpp-2026-12-04-native.json":
-        ("llamacpp_bench", "scripts/install_node_llama_cpp.sh && node bench/llamacpp_bench.mjs --model models/lede-tiny "
-         "--threads 1 --tokens 96 --repeats 3 --out bench/results/llamacpp-2026-12-04-native.json"),
-    "bench/results/llamacpp-w5-trained.json":
-        ("llamacpp_bench", "scripts/install_node_llama_cpp.sh && build/services/cli/lede widen --model models/lede-tiny "
-         "--factor 5 --out out/w5t --overwrite && "
-         "node bench/llamacpp_bench.mjs --model out/w5t --policy out/w5t/policy --formats f32,bf16,q8_0 --threads 1 "
-         "--tokens 96 --repeats 3 --eval-prompts 8 --tuning-prompts 4 --static 1:3,1:4,2:2,2:3,2:4,3:3,3:4 "
-         "--out bench/results/llamacpp-w5-trained.json   # quiet VM; the shipped accelerator-v1 policy of the shape"),
-    "bench/results/llamacpp-w5.json":
-        ("llamacpp_bench", "scripts/install_node_llama_cpp.sh && build/services/cli/lede widen --model models/lede-tiny "
-         "--factor 5 --out out/w5 && build/trainer/lede-init-policy --model out/w5 --policy-root out/w5/policy && "
-         "node bench/llamacpp_bench.mjs --model out/w5 --policy out/w5/policy --formats f32,bf16,q8_0 --threads 1 "
-         "--tokens 96 --repeats 3 --eval-prompts 8 --tuning-prompts 4 --static 1:3,1:4,2:2,2:3,2:4,3:3,3:4 "
-         "--out bench/results/llamacpp-w5.json"),
-    "bench/results/llamacpp-w5-run1.json":
-        ("llamacpp_bench", "build/services/cli/lede export --format gguf --model out/w5 --out /tmp/w5-f32.gguf && "
-         "build/trainer/lede-init-policy --model /tmp/w5-f32.gguf --policy-root out/w5/policy-gguf && "
-         "node bench/llamacpp_bench.mjs --model out/w5 --policy out/w5/policy-gguf --formats f32,bf16,q8_0 --threads 1 "
-         "--tokens 96 --repeats 3 --eval-prompts 8 --tuning-prompts 4 --static 1:3,1:4,2:2,2:3,2:4,3:3,3:4 "
-         "--out bench/results/llamacpp-w5.json && mv bench/results/llamacpp-w5.json bench/results/llamacpp-w5-run1.json"),
-    "bench/results/llamacpp-2026-12-04.json":
-        ("llamacpp_bench", "scripts/install_node_llama_cpp.sh && node bench/llamacpp_bench.mjs --model models/lede-tiny "
-         "--threads 1,2 --tokens 96 --repeats 3 --out bench/results/llamacpp-2026-12-04.json"),
-    "bench/results/serve-widen5.json":
-        ("serve_bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/lede-tiny-w5 && "
-         "build/trainer/lede-init-policy --model out/lede-tiny-w5 --policy-root out/lede-tiny-w5/policy && "
-         "bench/record.py bench/results/serve-widen5.json -- bench/serve_bench.py --model out/lede-tiny-w5 "
-         "--prompt-file models/lede-tiny/prompts/story.jsonl --deployments split --methods autoregressive,lede "
-         "--concurrency 1,16 --max-batch 1,16 --num-prompts 32 --new-tokens 64 --json {json}"),
-    "bench/results/serve-widen5-batch.json":
-        ("serve_bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/lede-tiny-w5 && "
-         "build/trainer/lede-init-policy --model out/lede-tiny-w5 --policy-root out/lede-tiny-w5/policy && "
-         "bench/record.py bench/results/serve-widen5-batch.json -- bench/serve_bench.py --model out/lede-tiny-w5 "
-         "--prompt-file models/lede-tiny/prompts/story.jsonl --deployments split --methods autoregressive,lede "
-         "--concurrency 1,16 --max-batch 1,16 --num-prompts 32 --new-tokens 64 --check-solo 24 --json {json}"),
-    "bench/results/serve-widen5-quiet.json":
-        ("serve_bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/w5t --overwrite && "
-         "bench/record.py bench/results/serve-widen5-quiet.json -- bench/serve_bench.py --model out/w5t "
-         "--prompt-file models/lede-tiny/prompts/story.jsonl --deployments split --methods autoregressive,lede "
-         "--concurrency 1,16 --max-batch 1,16 --num-prompts 32 --new-tokens 64 --check-solo 24 --json {json}"
-         "   # quiet VM; the shipped accelerator-v1 policy of the 5x shape"),
-    "bench/results/serve-widen5-split8.json":
-        ("serve_bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/w5t --overwrite && "
-         "bench/record.py bench/results/serve-widen5-split8.json -- /usr/bin/python3 bench/serve_bench.py --model out/w5t "
-         "--prompt-file models/lede-tiny/prompts/story.jsonl --deployments split --methods autoregressive,lede "
-         "--concurrency 1,16 --max-batch 1,16 --num-prompts 32 --new-tokens 64 --check-solo 24 --json '{json}'"
-         "   # quiet VM; --batch-split-rows 8, the default since"),
-    "bench/results/serve-widen5-budget.json":
-        ("serve_bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/w5t --overwrite && "
-         "bench/record.py bench/results/serve-widen5-budget.json -- /usr/bin/python3 bench/serve_bench.py --model out/w5t "
-         "--prompt-file models/lede-tiny/prompts/story.jsonl --deployments split --methods autoregressive,lede "
-         "--concurrency 1,16 --max-batch 1,16 --num-prompts 32 --new-tokens 64 --check-solo 24 --json '{json}'"
-         "   # quiet VM; --max-batch-tokens 64, the default since"),
-    "bench/results/serve-widen5-budget-128.json":
-        ("serve_bench", "bench/record.py bench/results/serve-widen5-budget-128.json -- /usr/bin/python3 "
-         "bench/serve_bench.py --model out/w5t --prompt-file models/lede-tiny/prompts/story.jsonl --deployments split "
-         "--methods autoregressive,lede --concurrency 16 --max-batch 1,16,1,16 --num-prompts 128 --new-tokens 64 "
-         "--json '{json}'"),
-    "bench/results/serve-widen5-draftsplit-128.json":
-        ("serve_bench", "bench/record.py bench/results/serve-widen5-draftsplit-128.json -- /usr/bin/python3 "
-         "bench/serve_bench.py --model out/w5t --prompt-file models/lede-tiny/prompts/story.jsonl --deployments split "
-         "--methods autoregressive,lede --concurrency 16 --max-batch 1,16,1,16 --num-prompts 128 --new-tokens 64 "
-         "--check-solo 24 --json '{json}'   # the drafter split at --batch-split-rows too"),
-    "bench/results/batching-ceiling-widen5-128.json":
-        ("batching ceiling", "bench/record.py bench/results/batching-ceiling-widen5-128.json -- /usr/bin/python3 "
-         "bench/batching_ceiling.py --model out/w5t --serve-json bench/results/serve-widen5-budget-128.json "
-         "--json '{json}'"),
-    "bench/results/batching-ceiling-widen5-threads.json":
-        ("batching ceiling", "bench/record.py bench/results/batching-ceiling-widen5-threads.json -- /usr/bin/python3 "
-         "bench/batching_ceiling.py --model out/w5t --serve-json bench/results/serve-widen5-budget.json --iters 40 "
-         "--repeats 3 --json '{json}'"),
-    "bench/results/serve-widen5-threads.json":
-        ("serve_bench", "bench/record.py bench/results/serve-widen5-threads.json -- /usr/bin/python3 "
-         "bench/serve_bench.py --model out/w5t --prompt-file models/lede-tiny/prompts/story.jsonl --deployments split "
-         "--methods autoregressive,lede --concurrency 1,16 --max-batch 1,16 --num-prompts 32 --new-tokens 64 "
-         "--check-solo 24 --json '{json}' -- /usr/bin/python3 bench/serve_bench.py --model out/w5t --prompt-file "
-         "models/lede-tiny/prompts/story.jsonl --deployments split --methods autoregressive,lede --concurrency 1,16 "
-         "--max-batch 16 --num-prompts 32 --new-tokens 64 --batch-threads 2 --batch-workers 1 --check-solo 24 "
-         "--json '{json}'"),
-    "bench/results/serve-widen5-fixes.json":
-        ("serve_bench", "bench/record.py bench/results/serve-widen5-fixes.json -- /usr/bin/python3 "
-         "bench/serve_bench.py --model out/w5t --prompt-file models/lede-tiny/prompts/story.jsonl --deployments split "
-         "--methods autoregressive,lede --concurrency 1,16 --max-batch 1,16 --num-prompts 32 --new-tokens 64 "
-         "--check-solo 24 --json '{json}'   # recorded with --from after a run to a temporary file"),
+    "bench/results/lede-tiny-eval-sources.json":
+        ("eval-sources", "scripts/eval_by_source.sh   # after scripts/train_lede_tiny.sh"),
     "bench/results/lede-tiny-weight-formats.json":
         ("weight_formats_quality", "for w in f32 bf16 q8_0; do build/trainer/lede-eval-exits --model models/lede-tiny "
          "--calibration models/lede-tiny/calibration-cpu.json --data testdata/corpus/tinystories_val_a.txt "
          "--exit-layers 2 --draft-lens 3 --prompts 4 --new-tokens 32 --eval-tokens 16384 --threads 1 --weights $w "
          "--out /tmp/evq/$w.json; done   # then the per-layer tables combined into one file"),
-    "bench/results/retrain-acceptance.json":
-        ("retrain acceptance", "bench/retrain_bench.py acceptance"),
-    "bench/results/retrain-scale.json":
-        ("retrain scale", "bench/retrain_bench.py scale"),
-    "bench/results/retrain-widened.json":
-        ("retrain widened", "bench/retrain_bench.py widened --out bench/results/retrain-widened.json"),
-    "bench/results/hostile_clients.json":
-        ("hostile_clients", "bench/record.py bench/results/hostile_clients.json -- bench/hostile_clients_bench.py "
-         "--slow 200 --trickle-s 2 --hold-s 30 --requests 10 --json {json}"),
-    "bench/results/cancel_storm.json":
-        ("cancel_storm", "bench/record.py bench/results/cancel_storm.json -- bench/cancel_storm_bench.py "
-         "--runs 3 --cancels 300 --json {json}"),
-    "bench/results/lede-tiny-eval-sources.json":
-        ("eval-sources", "scripts/eval_by_source.sh   # after scripts/train_lede_tiny.sh"),
-    "bench/results/serve.json":
-        ("serve_bench", "bench/record.py bench/results/serve.json -- bench/serve_bench.py --concurrency 1,4,16,64 "
-         "--num-prompts 32 --new-tokens 128 --methods lede,static,autoregressive --deployments split "
-         "--max-batch 16 --json {json}"),
-    "bench/results/services.json":
-        ("services_bench", "bench/record.py bench/results/services.json -- bench/services_bench.py --prompts 12 "
-         "--new-tokens 64 --json {json}"),
-    "bench/results/engine.json":
-        ("lede_engine_bench", "bench/record.py bench/results/engine.json -- build/bench/lede_engine_bench "
-         "--tokens 200 --repeats 5 --threads 1 --json {json}"),
-    "bench/results/engine_bench-memory-llama32-1b.json":
-        ("lede_engine_bench isolated", "scripts/smoke_llama32_1b.sh   # once: writes build/smoke/llama32-1b\n"
-         "bench/record.py bench/results/engine_bench-memory-llama32-1b.json -- build/bench/lede_engine_bench "
-         "--models build/smoke/llama32-1b --kernels fused --weights bf16,q8_0 --isolate --repeats 3 --tokens 32 "
-         "--threads 1 --no-gemv --json {json}"),
+    "bench/results/llamacpp-w5-trained.json":
+        ("llamacpp_bench", "scripts/install_node_llama_cpp.sh\n" + _WIDEN5 + "\n"
+         "node bench/llamacpp_bench.mjs --model out/w5t --policy out/w5t/policy --formats f32,bf16,q8_0 --threads 1 \\\n"
+         "    --tokens 96 --repeats 3 --eval-prompts 8 --tuning-prompts 4 --static 1:3,1:4,2:2,2:3,2:4,3:3,3:4 \\\n"
+         "    --out bench/results/llamacpp-w5-trained.json"),
+    "bench/results/serve-widen5-fixes.json":
+        ("serve_bench", _WIDEN5 + "\n"
+         "bench/record.py bench/results/serve-widen5-fixes.json -- /usr/bin/python3 bench/serve_bench.py \\\n"
+         "    --model out/w5t --prompt-file models/lede-tiny/prompts/story.jsonl --deployments split \\\n"
+         "    --methods autoregressive,lede --concurrency 1,16 --max-batch 1,16 --num-prompts 32 --new-tokens 64 \\\n"
+         "    --check-solo 24 --json '{json}'"),
     "bench/results/engine_bench-memory-w5.json":
         ("lede_engine_bench isolated", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/w5\n"
-         "bench/record.py bench/results/engine_bench-memory-w5.json -- build/bench/lede_engine_bench "
-         "--models out/w5 --kernels fused --weights f32,bf16,q8_0 --isolate --repeats 5 --tokens 64 "
-         "--threads 1 --no-gemv --json {json}"),
-    "bench/results/batch.json":
-        ("lede_batch_bench", "bench/record.py bench/results/batch.json -- build/bench/lede_batch_bench "
-         f"--model {MODEL} --batches 1,2,4,8,16 --context 128 --threads 1 --json {{json}}"),
-    "bench/results/policy-decision.json":
-        ("lede_policy_bench", "bench/record.py bench/results/policy-decision.json -- build/bench/lede_policy_bench "
-         "--json {json}"),
-    "bench/results/replica-placement.json":
-        ("lede_replica_bench", "bench/record.py bench/results/replica-placement.json -- "
-         "build/bench/lede_replica_bench --json {json}"),
+         "bench/record.py bench/results/engine_bench-memory-w5.json -- build/bench/lede_engine_bench \\\n"
+         "    --models out/w5 --kernels fused --weights f32,bf16,q8_0 --isolate --repeats 5 --tokens 64 \\\n"
+         "    --threads 1 --no-gemv --json {json}"),
+    "bench/results/engine_bench-memory-llama32-1b.json":
+        ("lede_engine_bench isolated", "scripts/smoke_llama32_1b.sh   # once: writes build/smoke/llama32-1b\n"
+         "bench/record.py bench/results/engine_bench-memory-llama32-1b.json -- build/bench/lede_engine_bench \\\n"
+         "    --models build/smoke/llama32-1b --kernels fused --weights bf16,q8_0 --isolate --repeats 3 --tokens 32 \\\n"
+         "    --threads 1 --no-gemv --json {json}"),
+    "bench/results/retrain-acceptance.json":
+        ("retrain acceptance", "bench/retrain_bench.py acceptance"),
+    "bench/results/hostile_clients.json":
+        ("hostile_clients", "bench/record.py bench/results/hostile_clients.json -- bench/hostile_clients_bench.py \\\n"
+         "    --slow 200 --trickle-s 2 --hold-s 30 --requests 10 --ports-base 4700 --json {json}"),
+    "bench/results/cancel_storm.json":
+        ("cancel_storm", "bench/record.py bench/results/cancel_storm.json -- bench/cancel_storm_bench.py \\\n"
+         "    --runs 3 --cancels 300 --ports-base 4900 --json {json}"),
     # The demo model's training report (lede-pretrain writes it with the model) and its policies'
     # artifacts (policy/*/policy.json: offline metrics of each shipped version).
     f"{MODEL}/report.json": ("pretrain report", "scripts/train_lede_tiny.sh 1200 1 2100 2"),
@@ -734,7 +558,7 @@ def retrain_widened_table(data, opts):
 
 
 def batching_ceiling_table(data, opts):
-    threaded = "threaded_batched" in data["passes"][0]["step_ms"]  # the two-plan ceiling (issue 36, later runs)
+    threaded = "threaded_batched" in data["passes"][0]["step_ms"]  # priced at the better of two plans
     lines = [f"Engine step costs with both cores busy (two `lede_batch_bench` processes pinned to the two cores; "
              f"the 1-row step also alone), per pass; ceilings price the rows of `{data['serve_json']}` at "
              f"{data.get('concurrency', 16)} streams with them: steps only (no coordinator, client, ramp or drain), "
@@ -844,10 +668,10 @@ def render(doc, spec):
     view = view or next(iter(views))
     if view not in views:
         raise DocsError(f"{doc}: table {path}: no view {view!r} (have {', '.join(views)})")
+    show_command = opts.pop("command", "no") == "yes"
     link = os.path.relpath(os.path.join(ROOT, path), os.path.dirname(os.path.join(ROOT, doc)))
     if not os.path.exists(os.path.join(ROOT, path)):
-        return (f"Not measured yet: `{path}` does not exist. This writes it, then `scripts/make_docs_tables.py` "
-                f"renders the table here:\n\n```sh\n{command}\n```\n")
+        raise DocsError(f"{doc}: table {path}: the file does not exist; record it first:\n{command}")
     if kind == "policy artifacts":  # a directory: every version's policy.json
         data = [load(os.path.relpath(p, ROOT))
                 for p in sorted(glob.glob(os.path.join(ROOT, path, "*", "policy.json")))]
@@ -860,7 +684,10 @@ def render(doc, spec):
         if missing:
             raise DocsError(f"{path}: no {', '.join(missing)} (write it with bench/record.py)")
         commit = str(data["commit"])
-        short = commit[:10] + ("-dirty" if commit.endswith("-dirty") else "")
+        if commit.endswith("-dirty"):
+            raise DocsError(f"{doc}: table {path}: recorded at {commit}, a tree with local changes; "
+                            "record it again at a commit")
+        short = commit[:10]
         source = (f"*Generated by `scripts/make_docs_tables.py` from [{path}]({link}) (commit `{short}`, "
                   f"{str(data['date'])[:10]}, {machine_text(data['machine'])}), which records the command"
                   + (" and how its provenance was reconstructed" if data.get("provenance_note") else "") + ".*")
@@ -873,6 +700,8 @@ def render(doc, spec):
         body = report_stage2(data, opts, path)
     else:
         body = views[view](data, opts)
+    if show_command:
+        body += f"\n\nReproduce:\n\n```sh\n{command}\n```"
     return f"{source}\n\n{body}\n"
 
 

@@ -220,54 +220,79 @@ StatusOr<std::map<std::string, double>> ParseMixture(const std::string& text) {
   return mixture;
 }
 
+namespace {
+
+// Where a run starts: its model, config and step. The model is the
+// checkpoint's when resuming (ckpt_dir/state.json exists), else init_from's
+// weights (continued pretraining), else a random init of o.config; the
+// config's vocabulary and special tokens are the tokenizer's.
+struct StartPoint {
+  std::unique_ptr<model::LlamaModel> model;
+  model::ModelConfig config;
+  int64_t step = 0;
+  double elapsed_s = 0;  // training time before this run (s)
+};
+
+StatusOr<StartPoint> LoadStartPoint(const PretrainOptions& o, const tokenizer::Tokenizer& tokenizer,
+                                    const std::string& ckpt_dir) {
+  const std::string state_path = ckpt_dir + "/state.json";
+  const bool resuming = fs::exists(state_path);
+  model::ModelOptions writable;
+  writable.writable_weights = true;  // the optimizer updates them in place
+  writable.weights = model::WeightFormat::kF32;  // trained in float32, whatever the file stores
+  StartPoint start;
+  std::unique_ptr<model::LlamaModel>& m = start.model;
+  const std::string start_dir = resuming ? ckpt_dir + "/model" : o.init_from;
+  if (!start_dir.empty()) {
+    LEDE_ASSIGN_OR_RETURN(m, model::LlamaModel::Load(start_dir, writable));
+    if (m->config().vocab_size != tokenizer.vocab_size()) {
+      return InvalidArgumentError((resuming ? "checkpoint: " : "init_from: ") + start_dir + " has vocab_size " +
+                                  std::to_string(m->config().vocab_size) + ", the tokenizer " +
+                                  std::to_string(tokenizer.vocab_size()));
+    }
+  }
+  model::ModelConfig& config = start.config;
+  config = m ? m->config() : o.config;
+  config.vocab_size = tokenizer.vocab_size();
+  config.bos_id = tokenizer.bos_id();
+  config.eos_ids = {tokenizer.eos_id()};
+  LEDE_RETURN_IF_ERROR(config.Validate());
+  if (o.seq_len > config.max_seq_len) return InvalidArgumentError("seq_len exceeds max_seq_len");
+
+  fs::create_directories(ckpt_dir);
+  if (resuming) {
+    LEDE_ASSIGN_OR_RETURN(std::string state_text, file::ReadFile(state_path));
+    nlohmann::json state = nlohmann::json::parse(state_text);
+    start.step = state.at("step").get<int64_t>();
+    start.elapsed_s = state.at("elapsed_s").get<double>();
+    std::fprintf(stderr, "resuming from %s at step %lld\n", ckpt_dir.c_str(), static_cast<long long>(start.step));
+  } else if (m) {
+    std::fprintf(stderr, "starting from the weights of %s\n", o.init_from.c_str());
+  } else {
+    LEDE_ASSIGN_OR_RETURN(m, model::LlamaModel::RandomInit(config, o.seed, model::ModelOptions{}));
+  }
+  return start;
+}
+
+}  // namespace
+
 Status Pretrain(const PretrainOptions& o) {
   return model::TorchBoundary("pretrain", [&]() -> Status {
     if (o.threads > 0) at::set_num_threads(o.threads);
     LEDE_RETURN_IF_ERROR(CheckOptions(o));
     LEDE_ASSIGN_OR_RETURN(auto tokenizer, tokenizer::LoadTokenizer(o.tokenizer));
-    // The start model: the checkpoint when resuming, else init_from's weights
-    // (continued pretraining), else (below) a random init of o.config.
     const std::string ckpt_dir = o.checkpoint_dir.empty() ? o.out_dir + ".ckpt" : o.checkpoint_dir;
     const std::string state_path = ckpt_dir + "/state.json";
-    const bool resuming = fs::exists(state_path);
-    model::ModelOptions writable;
-    writable.writable_weights = true;  // the optimizer updates them in place
-    writable.weights = model::WeightFormat::kF32;  // trained in float32, whatever the file stores
-    std::unique_ptr<model::LlamaModel> m;
-    const std::string start_dir = resuming ? ckpt_dir + "/model" : o.init_from;
-    if (!start_dir.empty()) {
-      LEDE_ASSIGN_OR_RETURN(m, model::LlamaModel::Load(start_dir, writable));
-      if (m->config().vocab_size != tokenizer->vocab_size()) {
-        return InvalidArgumentError((resuming ? "checkpoint: " : "init_from: ") + start_dir + " has vocab_size " +
-                                    std::to_string(m->config().vocab_size) + ", the tokenizer " +
-                                    std::to_string(tokenizer->vocab_size()));
-      }
-    }
-    model::ModelConfig config = m ? m->config() : o.config;
-    config.vocab_size = tokenizer->vocab_size();
-    config.bos_id = tokenizer->bos_id();
-    config.eos_ids = {tokenizer->eos_id()};
-    LEDE_RETURN_IF_ERROR(config.Validate());
-    if (o.seq_len > config.max_seq_len) return InvalidArgumentError("seq_len exceeds max_seq_len");
+    LEDE_ASSIGN_OR_RETURN(StartPoint start, LoadStartPoint(o, *tokenizer, ckpt_dir));
+    std::unique_ptr<model::LlamaModel>& m = start.model;
+    const model::ModelConfig& config = start.config;
+    const int64_t start_step = start.step;
+    const double elapsed_before = start.elapsed_s;
 
     LEDE_ASSIGN_OR_RETURN(std::vector<Domain> domains, LoadDomains(o, *tokenizer));
     double total_weight = 0;
     for (const Domain& d : domains) total_weight += d.weight;
 
-    fs::create_directories(ckpt_dir);
-    int64_t start_step = 0;
-    double elapsed_before = 0;
-    if (resuming) {
-      LEDE_ASSIGN_OR_RETURN(std::string state_text, file::ReadFile(state_path));
-      nlohmann::json state = nlohmann::json::parse(state_text);
-      start_step = state.at("step").get<int64_t>();
-      elapsed_before = state.at("elapsed_s").get<double>();
-      std::fprintf(stderr, "resuming from %s at step %lld\n", ckpt_dir.c_str(), static_cast<long long>(start_step));
-    } else if (m) {
-      std::fprintf(stderr, "starting from the weights of %s\n", o.init_from.c_str());
-    } else {
-      LEDE_ASSIGN_OR_RETURN(m, model::LlamaModel::RandomInit(config, o.seed, model::ModelOptions{}));
-    }
     std::vector<at::Tensor> params = m->Parameters();
     std::vector<at::Tensor> decay, no_decay;
     int64_t n_params = 0;

@@ -11,7 +11,7 @@ namespace lede::model_service {
 void AddModelFlags(flags::FlagSet* flags, ModelFlags* v) {
   ModelServiceOptions& o = v->options;
   flags->Add("role", &v->role, "verifier | drafter | both (co-located)");
-  flags->Add("model", &o.model_path, "model directory (Hugging Face layout) or llama2.c .bin", true);
+  flags->Add("model", &o.model_path, "a Hugging Face model directory, a llama2.c .bin or a GGUF file", true);
   flags->Add("kv-pool", &o.kv_pool_name, "shared-memory name of the KV pool (split deployments), e.g. /lede-kv");
   flags->Add("slots", &v->n_slots, "KV slots (concurrent sessions)");
   flags->Add("max-waiting", &o.max_waiting,

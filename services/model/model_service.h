@@ -105,7 +105,7 @@ struct ModelServiceOptions {
   // products' columns and its attention rows across them; --batch-threads).
   // >= 1; 1 by default: on 2 cores the other processes need the second core
   // between steps, and 16 streams ran slower on 2 threads x 1 worker than on
-  // 1 x 2 (bench/results/serve-widen5-threads.json; docs/serving.md).
+  // 1 x 2 (bench/serve_bench.py --batch-threads 2 --batch-workers 1; docs/serving.md).
   int batch_threads = 1;
   // Batches that may run at once (--batch-workers), each on a handler
   // thread; 2 lets both cores work on verification, as two handler threads

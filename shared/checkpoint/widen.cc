@@ -228,6 +228,50 @@ Status InstallShippedPolicies(const fs::path& src, const fs::path& out, const mo
   return OkStatus();
 }
 
+// The source's tensors (model.safetensors) as float32, each zero-padded to
+// its widened shape; norms are scaled by sqrt(d / D) so that RMS norms of the
+// padded activations match (docs/models.md, "The memory-bound regime"). Refuses a tensor
+// outside `plan` (biases included), a missing one or a wrong shape.
+StatusOr<std::map<std::string, std::vector<float>>> ReadPaddedTensors(const fs::path& src,
+                                                                     const std::string& config_path,
+                                                                     const std::map<std::string, Planned>& plan,
+                                                                     const model::ModelConfig& s,
+                                                                     const model::ModelConfig& w) {
+  std::error_code ec;
+  const std::string weights_path = (src / "model.safetensors").string();
+  if (!fs::exists(weights_path, ec)) return NotFoundError(src.string() + ": no model.safetensors");
+  LEDE_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(weights_path));
+  for (const auto& [name, view] : file->tensors()) {
+    if (plan.count(name)) continue;
+    if (name == "lm_head.weight" && s.tie_word_embeddings) continue;  // tied: the embedding serves
+    if (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
+      return InvalidArgumentError(weights_path + ": tensor " + name +
+                                  " is a bias; biases are not part of the embedded architecture");
+    }
+    return InvalidArgumentError(weights_path + ": tensor " + name + " is not part of the Llama architecture of " +
+                                config_path);
+  }
+  const int64_t d = s.dim, D = w.dim;
+  const double norm_scale = std::sqrt(static_cast<double>(d) / static_cast<double>(D));
+  std::map<std::string, std::vector<float>> values;
+  for (const auto& [name, p] : plan) {
+    auto it = file->tensors().find(name);
+    if (it == file->tensors().end()) return InvalidArgumentError(weights_path + ": missing tensor " + name);
+    if (it->second.shape != p.src_shape) {
+      return InvalidArgumentError(weights_path + ": tensor " + name + " has shape " +
+                                  ShapeString(it->second.shape) + ", expected " + ShapeString(p.src_shape) +
+                                  " from " + config_path);
+    }
+    LEDE_ASSIGN_OR_RETURN(std::vector<float> v, ToFloat32(it->second));
+    if (p.norm) {
+      values[name] = Pad(v, 1, d, 1, D, norm_scale);
+    } else {
+      values[name] = Pad(v, p.src_shape[0], p.src_shape[1], p.out_shape[0], p.out_shape[1]);
+    }
+  }
+  return values;
+}
+
 }  // namespace
 
 StatusOr<WidenResult> WidenCheckpoint(const std::string& source_dir, const std::string& out_dir,
@@ -271,39 +315,9 @@ StatusOr<WidenResult> WidenCheckpoint(const std::string& source_dir, const std::
   result.widened = w;
 
   // Every tensor the source must hold, with its source and widened shapes.
-  const int64_t d = s.dim, D = w.dim;
   const std::map<std::string, Planned> plan = PlanTensors(s, w);
 
-  const std::string weights_path = (src / "model.safetensors").string();
-  if (!fs::exists(weights_path, ec)) return NotFoundError(source_dir + ": no model.safetensors");
-  LEDE_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(weights_path));
-  for (const auto& [name, view] : file->tensors()) {
-    if (plan.count(name)) continue;
-    if (name == "lm_head.weight" && s.tie_word_embeddings) continue;  // tied: the embedding serves
-    if (name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0) {
-      return InvalidArgumentError(weights_path + ": tensor " + name +
-                                  " is a bias; biases are not part of the embedded architecture");
-    }
-    return InvalidArgumentError(weights_path + ": tensor " + name + " is not part of the Llama architecture of " +
-                                config_path);
-  }
-  const double norm_scale = std::sqrt(static_cast<double>(d) / static_cast<double>(D));
-  std::map<std::string, std::vector<float>> values;
-  for (const auto& [name, p] : plan) {
-    auto it = file->tensors().find(name);
-    if (it == file->tensors().end()) return InvalidArgumentError(weights_path + ": missing tensor " + name);
-    if (it->second.shape != p.src_shape) {
-      return InvalidArgumentError(weights_path + ": tensor " + name + " has shape " +
-                                  ShapeString(it->second.shape) + ", expected " + ShapeString(p.src_shape) +
-                                  " from " + config_path);
-    }
-    LEDE_ASSIGN_OR_RETURN(std::vector<float> v, ToFloat32(it->second));
-    if (p.norm) {
-      values[name] = Pad(v, 1, d, 1, D, norm_scale);
-    } else {
-      values[name] = Pad(v, p.src_shape[0], p.src_shape[1], p.out_shape[0], p.out_shape[1]);
-    }
-  }
+  LEDE_ASSIGN_OR_RETURN(auto values, ReadPaddedTensors(src, config_path, plan, s, w));
   result.source_parameters = Parameters(s);
   result.widened_parameters = Parameters(w);
 

@@ -1,15 +1,19 @@
 #!/usr/bin/python3
 """Checks the documentation against what it is generated from and links to.
 
-usage: docs_test.py tables | links | readme | --self-test
+usage: docs_test.py tables | links | readme | reference | --self-test
 
   tables  every generated table (scripts/make_docs_tables.py markers in README.md,
-          docs/*.md and the model card) is what its JSON renders to, and every
-          bench/results/*.json records its command, commit, date and machine
+          docs/*.md and the model card) is what its JSON renders to, every
+          bench/results/*.json records its command, commit, date and machine,
+          and every one of them is used by a table (bench/results/README.md)
   links   every relative link in README.md, docs/*.md and the other Markdown
           pages they point into resolves: the file exists and, for a link into
           a Markdown file, so does the #anchor (GitHub's heading ids)
   readme  README.md is a front door: at most 250 lines, at most 3 dated lines
+  reference  the pages state what is: docs/benchmarks.md at most 400 lines, and
+          outside generated tables no dated line and no "issue N" pointer in
+          README.md, docs/*.md or deploy/README.md
 Exit status 0 = pass, 1 = fail (each problem on its own line).
 """
 import glob
@@ -45,6 +49,14 @@ def check_tables(root=ROOT):
         missing = [k for k in make_docs_tables.PROVENANCE_KEYS if not data.get(k)]
         if missing:
             problems.append(f"{rel}: records no {', '.join(missing)} (write results with bench/record.py)")
+    used = set()
+    for doc in make_docs_tables.docs():
+        with open(os.path.join(root, doc), encoding="utf-8") as f:
+            used.update(m.group("spec").split()[0] for m in make_docs_tables.MARKER.finditer(f.read()))
+    for path in sorted(glob.glob(os.path.join(root, "bench", "results", "*.json"))):
+        rel = os.path.relpath(path, root)
+        if rel not in used:
+            problems.append(f"{rel}: no table uses it (delete it; git history keeps it: bench/results/README.md)")
     try:
         stale = make_docs_tables.process(check=True)
     except (make_docs_tables.DocsError, OSError, KeyError, ValueError) as e:
@@ -113,6 +125,36 @@ def check_readme(root=ROOT):
     return problems
 
 
+REFERENCE_PAGES = ("README.md", "docs/*.md", "deploy/README.md")
+ISSUE = re.compile(r"\bissues? #?\d+", re.I)
+BENCHMARKS_MAX_LINES = 400
+
+
+def check_reference(root=ROOT, pages=REFERENCE_PAGES):
+    problems = []
+    bench = os.path.join(root, "docs", "benchmarks.md")
+    if os.path.exists(bench):
+        with open(bench, encoding="utf-8") as f:
+            n = len(f.read().splitlines())
+        if n > BENCHMARKS_MAX_LINES:
+            problems.append(f"docs/benchmarks.md: {n} lines (at most {BENCHMARKS_MAX_LINES}: one table per question; "
+                            "run history goes to git)")
+    files = []
+    for pattern in pages:
+        files += sorted(glob.glob(os.path.join(root, pattern)))
+    for page in files:
+        rel = os.path.relpath(page, root)
+        with open(page, encoding="utf-8") as f:
+            text = make_docs_tables.MARKER.sub(lambda m: "\n" * m.group(0).count("\n"), f.read())
+        for i, line in enumerate(text.splitlines(), 1):
+            if rel != "README.md" and DATE.search(line):
+                problems.append(f"{rel}:{i}: a dated line outside a generated table (state what is)")
+            if ISSUE.search(line):
+                problems.append(f"{rel}:{i}: \"{ISSUE.search(line).group(0)}\" points into a tracker that is not in "
+                                "the repository (state the reason, or cite docs/design.md)")
+    return problems
+
+
 def self_test():
     """The link checker finds a missing file and a missing anchor, and passes good links."""
     with tempfile.TemporaryDirectory() as root:
@@ -134,16 +176,28 @@ def self_test():
         if len(check_readme(root)) != 2:
             print("self-test: readme: %s" % check_readme(root))
             return 1
+        with open(os.path.join(root, "docs", "benchmarks.md"), "w") as f:
+            f.write("x\n" * 401 + "<!-- table: bench/results/x.json -->\n2026-01-01\n<!-- /table -->\n"
+                    "see issue 12\nrun on 2026-01-02\n")
+        got = check_reference(root, ("docs/*.md",))
+        want = ["docs/benchmarks.md: 406 lines (at most 400: one table per question; run history goes to git)",
+                "docs/benchmarks.md:405: \"issue 12\" points into a tracker that is not in the repository "
+                "(state the reason, or cite docs/design.md)",
+                "docs/benchmarks.md:406: a dated line outside a generated table (state what is)"]
+        if got != want:
+            print("self-test: reference:\n  got  %s\n  want %s" % (got, want))
+            return 1
     return 0
 
 
 def main(argv):
-    if len(argv) != 2 or argv[1] not in ("tables", "links", "readme", "--self-test"):
+    if len(argv) != 2 or argv[1] not in ("tables", "links", "readme", "reference", "--self-test"):
         print(__doc__)
         return 2
     if argv[1] == "--self-test":
         return self_test()
-    problems = {"tables": check_tables, "links": check_links, "readme": check_readme}[argv[1]]()
+    problems = {"tables": check_tables, "links": check_links, "readme": check_readme,
+                "reference": check_reference}[argv[1]]()
     for p in problems:
         print(p)
     return 1 if problems else 0

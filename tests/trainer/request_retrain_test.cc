@@ -172,25 +172,28 @@ TEST_F(RequestRetrainTest, ACandidateNotBetterByTheMarginIsNotPublished) {
 }
 
 TEST_F(RequestRetrainTest, ADegradedCandidateIsNotPublishedAtTheNormalMargin) {
-  // The serving policy is the shipped, offline-trained accelerator-v7; the
-  // candidate is trained on a handful of requests with one Dinkelbach
-  // iteration of two epochs. At the default margin it must lose on the
-  // held-out replay and stay a rejected candidate.
+  // The serving policy is the one the model ships as serving (its SERVING
+  // pointer), trained offline on hundreds of requests; the candidate is
+  // trained on a handful of requests with one Dinkelbach iteration of two
+  // epochs. At the default margin it must lose on the held-out replay and
+  // stay a rejected candidate.
   namespace fs = std::filesystem;
-  fs::copy(std::string(kModelDir) + "/policy/accelerator-v7", fs::path(root_) / "accelerator-v7",
-           fs::copy_options::recursive);
-  ASSERT_THAT(policy::dqn::PublishServingVersion(root_, "accelerator-v7"), IsOk());
+  const std::string shipped_root = std::string(kModelDir) + "/policy";
+  auto shipped = policy::dqn::ResolveServingVersion(shipped_root);
+  ASSERT_THAT(shipped.status(), IsOk());
+  fs::copy(fs::path(shipped_root) / *shipped, fs::path(root_) / *shipped, fs::copy_options::recursive);
+  ASSERT_THAT(policy::dqn::PublishServingVersion(root_, *shipped), IsOk());
   LogRecords(std::vector<lede::v1::RequestRecord>(records_.begin(), records_.begin() + 6));
   const RequestRetrainOptions defaults;
   ASSERT_EQ(defaults.publish_margin, 0.01);
   auto out = RetrainOnRequests(*store_, *model_, *cost_, {}, Quick("r-few", defaults.publish_margin));
   ASSERT_THAT(out, IsOk());
-  std::printf("degraded candidate: %s\n", out->reason.c_str());
+  std::printf("degraded candidate against %s: %s\n", shipped->c_str(), out->reason.c_str());
   EXPECT_LE(out->n_train, 5);
-  EXPECT_EQ(out->serving_version, "accelerator-v7");
+  EXPECT_EQ(out->serving_version, *shipped);
   EXPECT_LE(out->candidate_speedup, out->serving_speedup + defaults.publish_margin);
   EXPECT_EQ(out->decision, RequestRetrainDecision::kRejected) << out->reason;
-  EXPECT_EQ(Serving(), "accelerator-v7");
+  EXPECT_EQ(Serving(), *shipped);
   EXPECT_FALSE(fs::exists(fs::path(root_) / "r-few"));
 }
 

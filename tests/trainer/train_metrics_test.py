@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""lede-train's metrics as a user sees them (trainer/retrain_metrics.h, issue 37).
+"""lede-train's metrics as a user sees them (trainer/retrain_metrics.h).
 
   watch     `lede-train --watch --metrics 127.0.0.1:0` serves /metrics and
             /healthz; lede_retrain_runs_total{decision="no_new_data"} grows
@@ -29,14 +29,16 @@ def fail(msg):
 
 
 def setup():
-    """A policy root serving the shipped accelerator-v7 and an empty store."""
+    """A policy root serving the model's shipped serving policy (its SERVING pointer) and an empty store."""
     tmp = tempfile.mkdtemp(prefix="lede-train-metrics-")
     root = os.path.join(tmp, "policy")
     os.makedirs(root)
-    shutil.copytree(os.path.join(ROOT, "models", "lede-tiny", "policy", "accelerator-v7"),
-                    os.path.join(root, "accelerator-v7"))
+    shipped_root = os.path.join(ROOT, "models", "lede-tiny", "policy")
+    with open(os.path.join(shipped_root, "SERVING")) as f:
+        version = f.read().strip()
+    shutil.copytree(os.path.join(shipped_root, version), os.path.join(root, version))
     with open(os.path.join(root, "SERVING"), "w") as f:
-        f.write("accelerator-v7\n")
+        f.write(version + "\n")
     store = os.path.join(tmp, "experience")
     os.makedirs(store)
     return tmp, root, store

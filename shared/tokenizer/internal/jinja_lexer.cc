@@ -40,6 +40,84 @@ void AppendUtf8(uint32_t cp, std::string* out) {
   }
 }
 
+// Lexes the number literal at s[k] (digits with `_` separators, an optional
+// fraction and exponent) into *tokens; returns the position after it.
+size_t LexNumber(const std::string& s, size_t k, int line, std::vector<Token>* tokens) {
+  size_t e = k;
+  bool is_float = false;
+  while (e < s.size() && (std::isdigit(static_cast<unsigned char>(s[e])) || s[e] == '_')) ++e;
+  if (e + 1 < s.size() && s[e] == '.' && std::isdigit(static_cast<unsigned char>(s[e + 1]))) {
+    is_float = true;
+    ++e;
+    while (e < s.size() && std::isdigit(static_cast<unsigned char>(s[e]))) ++e;
+  }
+  if (e < s.size() && (s[e] == 'e' || s[e] == 'E')) {
+    size_t x = e + 1;
+    if (x < s.size() && (s[x] == '+' || s[x] == '-')) ++x;
+    if (x < s.size() && std::isdigit(static_cast<unsigned char>(s[x]))) {
+      is_float = true;
+      e = x;
+      while (e < s.size() && std::isdigit(static_cast<unsigned char>(s[e]))) ++e;
+    }
+  }
+  std::string num = s.substr(k, e - k);
+  num.erase(std::remove(num.begin(), num.end(), '_'), num.end());
+  tokens->push_back({is_float ? Token::Kind::kFloat : Token::Kind::kInt, num, line});
+  return e;
+}
+
+// LexString's failures (positions no string can end at).
+constexpr size_t kBadEscape = std::string::npos;
+constexpr size_t kUnterminated = std::string::npos - 1;
+
+// Lexes the quoted string literal at s[k] (Python escapes) into *out,
+// counting newlines into *line; returns the position after the closing
+// quote, or kBadEscape / kUnterminated.
+size_t LexString(const std::string& s, size_t k, int* line, std::string* out) {
+  const char quote = s[k];
+  size_t e = k + 1;
+  while (e < s.size()) {
+    const char d = s[e];
+    if (d == quote) return e + 1;
+    if (d == '\n') ++*line;
+    if (d != '\\' || e + 1 >= s.size()) {
+      *out += d;
+      ++e;
+      continue;
+    }
+    const char x = s[e + 1];
+    e += 2;
+    switch (x) {
+      case 'n': *out += '\n'; break;
+      case 't': *out += '\t'; break;
+      case 'r': *out += '\r'; break;
+      case '0': *out += '\0'; break;
+      case 'a': *out += '\a'; break;
+      case 'b': *out += '\b'; break;
+      case 'f': *out += '\f'; break;
+      case 'v': *out += '\v'; break;
+      case '\\': *out += '\\'; break;
+      case '\'': *out += '\''; break;
+      case '"': *out += '"'; break;
+      case '\n': break;  // line continuation
+      case 'x':
+      case 'u':
+      case 'U': {
+        const size_t n = x == 'x' ? 2 : x == 'u' ? 4 : 8;
+        if (e + n > s.size()) return kBadEscape;
+        const uint32_t cp = static_cast<uint32_t>(std::strtoul(s.substr(e, n).c_str(), nullptr, 16));
+        AppendUtf8(cp, out);
+        e += n;
+        break;
+      }
+      default:
+        *out += '\\';
+        *out += x;
+    }
+  }
+  return kUnterminated;
+}
+
 }  // namespace
 
 StatusOr<std::vector<Piece>> Lex(std::string_view raw, const std::string& name) {
@@ -163,77 +241,14 @@ StatusOr<std::vector<Token>> Tokenize(const std::string& s, int line, const std:
       continue;
     }
     if (std::isdigit(static_cast<unsigned char>(c))) {
-      size_t e = k;
-      bool is_float = false;
-      while (e < s.size() && (std::isdigit(static_cast<unsigned char>(s[e])) || s[e] == '_')) ++e;
-      if (e + 1 < s.size() && s[e] == '.' && std::isdigit(static_cast<unsigned char>(s[e + 1]))) {
-        is_float = true;
-        ++e;
-        while (e < s.size() && std::isdigit(static_cast<unsigned char>(s[e]))) ++e;
-      }
-      if (e < s.size() && (s[e] == 'e' || s[e] == 'E')) {
-        size_t x = e + 1;
-        if (x < s.size() && (s[x] == '+' || s[x] == '-')) ++x;
-        if (x < s.size() && std::isdigit(static_cast<unsigned char>(s[x]))) {
-          is_float = true;
-          e = x;
-          while (e < s.size() && std::isdigit(static_cast<unsigned char>(s[e]))) ++e;
-        }
-      }
-      std::string num = s.substr(k, e - k);
-      num.erase(std::remove(num.begin(), num.end(), '_'), num.end());
-      tokens.push_back({is_float ? Token::Kind::kFloat : Token::Kind::kInt, num, line});
-      k = e;
+      k = LexNumber(s, k, line, &tokens);
       continue;
     }
     if (c == '\'' || c == '"') {
       std::string out;
-      size_t e = k + 1;
-      bool closed = false;
-      while (e < s.size()) {
-        const char d = s[e];
-        if (d == c) {
-          closed = true;
-          ++e;
-          break;
-        }
-        if (d == '\n') ++line;
-        if (d != '\\' || e + 1 >= s.size()) {
-          out += d;
-          ++e;
-          continue;
-        }
-        const char x = s[e + 1];
-        e += 2;
-        switch (x) {
-          case 'n': out += '\n'; break;
-          case 't': out += '\t'; break;
-          case 'r': out += '\r'; break;
-          case '0': out += '\0'; break;
-          case 'a': out += '\a'; break;
-          case 'b': out += '\b'; break;
-          case 'f': out += '\f'; break;
-          case 'v': out += '\v'; break;
-          case '\\': out += '\\'; break;
-          case '\'': out += '\''; break;
-          case '"': out += '"'; break;
-          case '\n': break;  // line continuation
-          case 'x':
-          case 'u':
-          case 'U': {
-            const size_t n = x == 'x' ? 2 : x == 'u' ? 4 : 8;
-            if (e + n > s.size()) return error("bad escape in a string literal");
-            const uint32_t cp = static_cast<uint32_t>(std::strtoul(s.substr(e, n).c_str(), nullptr, 16));
-            AppendUtf8(cp, &out);
-            e += n;
-            break;
-          }
-          default:
-            out += '\\';
-            out += x;
-        }
-      }
-      if (!closed) return error("unterminated string literal");
+      const size_t e = LexString(s, k, &line, &out);
+      if (e == kBadEscape) return error("bad escape in a string literal");
+      if (e == kUnterminated) return error("unterminated string literal");
       tokens.push_back({Token::Kind::kString, out, line});
       k = e;
       continue;

@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 
 #include "gtest/gtest.h"
@@ -379,7 +380,7 @@ TEST(FusedKernelsTest, InPlaceWeightUpdateIsSeenByTheFusedPath) {
   ASSERT_EQ(pf.size(), pe.size());
   for (size_t i = 0; i < pf.size(); ++i) {
     if (pf[i].dim() < 2) continue;
-    at::NoGradGuard no_grad;
+    c10::NoGradGuard no_grad;
     pf[i].mul_(1.5);  // every matrix, the LM head included
     pe[i].mul_(1.5);
   }

