@@ -364,6 +364,144 @@ float Dot32Avx2(const Decoded32* w, int64_t nb, int offset, bool is_signed, cons
   return Hsum(acc) - corr;
 }
 
+// ---- direct dot products: one weight row straight from its blocks ----
+// (no decoded copy: the nibbles are split in registers; each X row re-splits
+// them from L1, where the row stays while the rows of X pass).
+
+inline float Half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// The 6-bit scales and mins of a Q4_K / Q5_K block (KScaleMin's packing)
+// as 8 bytes each, from the 12 bytes read as three little-endian words.
+inline void KScales8(const uint8_t* scales, uint64_t* sc, uint64_t* m) {
+  uint32_t u[3];
+  std::memcpy(u, scales, 12);
+  const uint32_t k6 = 0x3f3f3f3fu, k4 = 0x0f0f0f0fu, k2 = 0x03030303u;
+  const uint32_t sc_lo = u[0] & k6, m_lo = u[1] & k6;
+  const uint32_t sc_hi = (u[2] & k4) | (((u[0] >> 6) & k2) << 4);
+  const uint32_t m_hi = ((u[2] >> 4) & k4) | (((u[1] >> 6) & k2) << 4);
+  *sc = sc_lo | (static_cast<uint64_t>(sc_hi) << 32);
+  *m = m_lo | (static_cast<uint64_t>(m_hi) << 32);
+}
+
+// Q4_K (five = false) and Q5_K: value = d sc q - dmin m per sub-block of 32.
+template <bool kFive>
+float DotK45Direct(const uint8_t* row, int64_t nb, const int8_t* xq, const float* xd, const int16_t* bs) {
+  const size_t bb = kFive ? 176 : 144;
+  const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+  // Shuffles that broadcast int16 element j of each 128-bit lane.
+  alignas(32) static const int8_t kPick[8][32] = {
+#define LEDE_PICK(j) {2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
+                      2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
+                      2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
+                      2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1}
+      LEDE_PICK(0), LEDE_PICK(1), LEDE_PICK(2), LEDE_PICK(3), LEDE_PICK(4), LEDE_PICK(5), LEDE_PICK(6), LEDE_PICK(7)};
+#undef LEDE_PICK
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + static_cast<size_t>(b) * bb;
+    uint64_t sc, mm;
+    KScales8(blk + 4, &sc, &mm);
+    const __m256i scales =
+        _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(sc))));
+    const __m128i m8 = _mm_cvtsi64_si128(static_cast<int64_t>(mm));
+    const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));  // each min for its two sums of 16
+    const uint8_t* qs = blk + (kFive ? 48 : 16);
+    const int8_t* x = xq + b * kQK;
+    __m256i hv = kFive ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)) : _mm256_setzero_si256();
+    __m256i ia = _mm256_setzero_si256();
+    #pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
+      __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      if (kFive) {
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(hv, one), 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 1), one), 4));
+        hv = _mm256_srli_epi16(hv, 2);
+      }
+      const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 64 * c)));
+      const __m256i p1 =
+          _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 64 * c + 32)));
+      const __m256i s0 = _mm256_shuffle_epi8(scales, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPick[2 * c])));
+      const __m256i s1 =
+          _mm256_shuffle_epi8(scales, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPick[2 * c + 1])));
+      ia = _mm256_add_epi32(ia, _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
+    }
+    const __m256i off = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + 16 * b)), mins);
+    const float d = Half(blk) * xd[b], dmin = Half(blk + 2) * xd[b];
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_set1_ps(d), acc);
+    acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(off), _mm256_set1_ps(dmin), acc);
+  }
+  return Hsum(acc);
+}
+
+// Q6_K: value = d sc (q - 32) per sub-block of 16; the -32 leaves through
+// the activation sums (32 sum sc bsum).
+float DotQ6KDirect(const uint8_t* row, int64_t nb, const int8_t* xq, const float* xd, const int16_t* bs) {
+  const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), m2b = _mm256_set1_epi8(12),
+                m2c = _mm256_set1_epi8(48), m2d = _mm256_set1_epi8(static_cast<char>(192));
+  // Chunk k of a half: int16 element 2k in the low lane, 2k + 1 in the high.
+  alignas(32) static const int8_t kPick[4][32] = {
+#define LEDE_PICK2(a, b) {2 * a, 2 * a + 1, 2 * a, 2 * a + 1, 2 * a, 2 * a + 1, 2 * a, 2 * a + 1, \
+                          2 * a, 2 * a + 1, 2 * a, 2 * a + 1, 2 * a, 2 * a + 1, 2 * a, 2 * a + 1, \
+                          2 * b, 2 * b + 1, 2 * b, 2 * b + 1, 2 * b, 2 * b + 1, 2 * b, 2 * b + 1, \
+                          2 * b, 2 * b + 1, 2 * b, 2 * b + 1, 2 * b, 2 * b + 1, 2 * b, 2 * b + 1}
+      LEDE_PICK2(0, 1), LEDE_PICK2(2, 3), LEDE_PICK2(4, 5), LEDE_PICK2(6, 7)};
+#undef LEDE_PICK2
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + static_cast<size_t>(b) * 210;
+    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+    const int8_t* x = xq + b * kQK;
+    __m256i ia = _mm256_setzero_si256();
+    #pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc8, 8 * h)));
+      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h));
+      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32));
+      const __m256i hv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
+      const __m256i q[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hv, m2), 4)),
+          _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(hv, m2b), 2)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hv, m2c)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                          _mm256_srli_epi16(_mm256_and_si256(hv, m2d), 2))};
+      #pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        const __m256i p =
+            _mm256_maddubs_epi16(q[k], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 128 * h + 32 * k)));
+        const __m256i s = _mm256_shuffle_epi8(scales, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPick[k])));
+        ia = _mm256_add_epi32(ia, _mm256_madd_epi16(p, s));
+      }
+    }
+    const __m256i off = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + 16 * b)), sc16);
+    ia = _mm256_sub_epi32(ia, _mm256_slli_epi32(off, 5));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_set1_ps(Half(blk + 208) * xd[b]), acc);
+  }
+  return Hsum(acc);
+}
+
+// Q4_0: value = d (q - 8) per 32; the -8 leaves through the sums of x.
+float DotQ4_0Direct(const uint8_t* row, int64_t nb, const int8_t* xq, const float* xd, const int32_t* bs) {
+  const __m128i m4 = _mm_set1_epi8(15);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + static_cast<size_t>(b) * 18;
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+    const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+    __m256i p = _mm256_madd_epi16(
+        _mm256_maddubs_epi16(w, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * b))), ones);
+    p = _mm256_sub_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(8 * bs[b])));  // the -8 of every q
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(Half(blk) * xd[b]), acc);
+  }
+  return Hsum(acc);
+}
+
 #pragma GCC pop_options
 #endif
 
@@ -402,6 +540,31 @@ void MatMulRowsGgml(const float* x, int64_t n, int64_t in, const GgmlMatrix& w, 
     const bool k_type = bv == kQK;
     const int offset = Offset32(run.type);
     const bool is_signed = run.type == GgmlType::kQ8_0;
+#if LEDE_HAVE_X86_GGML_KERNELS
+    // The hot types straight from their blocks (no decoded copy).
+    if (avx2 && (run.type == GgmlType::kQ4_K || run.type == GgmlType::kQ5_K || run.type == GgmlType::kQ6_K ||
+                 run.type == GgmlType::kQ4_0)) {
+      for (int64_t r = 0; r < n; ++r) {
+        float* yr = y + r * ldy - o0;
+        for (int64_t o = a; o < e; ++o) {
+          const uint8_t* blocks = w.data() + run.offset + static_cast<size_t>(o - run.row_begin) * run.row_bytes;
+          float v;
+          if (run.type == GgmlType::kQ4_0) {
+            v = DotQ4_0Direct(blocks, nb, s.q32.data() + r * in, s.d32.data() + r * nb, s.bs32.data() + r * nb);
+          } else {
+            const int8_t* xq = s.qk.data() + r * in;
+            const float* xd = s.dk.data() + r * nb;
+            const int16_t* bs = s.bsk.data() + r * (in / 16);
+            v = run.type == GgmlType::kQ4_K   ? DotK45Direct<false>(blocks, nb, xq, xd, bs)
+                : run.type == GgmlType::kQ5_K ? DotK45Direct<true>(blocks, nb, xq, xd, bs)
+                                              : DotQ6KDirect(blocks, nb, xq, xd, bs);
+          }
+          yr[o] = accumulate ? yr[o] + v : v;
+        }
+      }
+      continue;
+    }
+#endif
     for (int64_t o = a; o < e; ++o) {
       const uint8_t* blocks = w.data() + run.offset + static_cast<size_t>(o - run.row_begin) * run.row_bytes;
       // Decode the row once, then every X row against it.
