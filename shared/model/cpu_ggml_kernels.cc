@@ -206,6 +206,7 @@ struct XScratch {
   std::vector<int32_t> bs32;
   std::vector<KDecoded> kd;
   std::vector<Decoded32> d32w;
+  std::vector<float> v;  // one weight row's products with the rows of X
 };
 
 XScratch& Scratch() {
@@ -388,8 +389,11 @@ inline void KScales8(const uint8_t* scales, uint64_t* sc, uint64_t* m) {
 }
 
 // Q4_K (five = false) and Q5_K: value = d sc q - dmin m per sub-block of 32.
-template <bool kFive>
-float DotK45Direct(const uint8_t* row, int64_t nb, const int8_t* xq, const float* xd, const int16_t* bs) {
+// R rows of X (row r at xq + r in, xd + r nb, bs + r in / 16) against one
+// weight row: the nibbles and scales are split once for the R rows.
+template <bool kFive, int R>
+void DotK45Direct(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const int16_t* bs,
+                  float* out) {
   const size_t bb = kFive ? 176 : 144;
   const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
   // Shuffles that broadcast int16 element j of each 128-bit lane.
@@ -400,7 +404,9 @@ float DotK45Direct(const uint8_t* row, int64_t nb, const int8_t* xq, const float
                       2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1}
       LEDE_PICK(0), LEDE_PICK(1), LEDE_PICK(2), LEDE_PICK(3), LEDE_PICK(4), LEDE_PICK(5), LEDE_PICK(6), LEDE_PICK(7)};
 #undef LEDE_PICK
-  __m256 acc = _mm256_setzero_ps();
+  __m256 acc[R];
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = row + static_cast<size_t>(b) * bb;
     uint64_t sc, mm;
@@ -410,9 +416,10 @@ float DotK45Direct(const uint8_t* row, int64_t nb, const int8_t* xq, const float
     const __m128i m8 = _mm_cvtsi64_si128(static_cast<int64_t>(mm));
     const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));  // each min for its two sums of 16
     const uint8_t* qs = blk + (kFive ? 48 : 16);
-    const int8_t* x = xq + b * kQK;
     __m256i hv = kFive ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)) : _mm256_setzero_si256();
-    __m256i ia = _mm256_setzero_si256();
+    __m256i ia[R];
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) ia[r] = _mm256_setzero_si256();
     #pragma GCC unroll 4
     for (int c = 0; c < 4; ++c) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
@@ -422,25 +429,36 @@ float DotK45Direct(const uint8_t* row, int64_t nb, const int8_t* xq, const float
         hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 1), one), 4));
         hv = _mm256_srli_epi16(hv, 2);
       }
-      const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 64 * c)));
-      const __m256i p1 =
-          _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 64 * c + 32)));
       const __m256i s0 = _mm256_shuffle_epi8(scales, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPick[2 * c])));
       const __m256i s1 =
           _mm256_shuffle_epi8(scales, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPick[2 * c + 1])));
-      ia = _mm256_add_epi32(ia, _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
+      #pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = xq + r * in + b * kQK + 64 * c;
+        const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+        const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32)));
+        ia[r] = _mm256_add_epi32(ia[r], _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
+      }
     }
-    const __m256i off = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + 16 * b)), mins);
-    const float d = Half(blk) * xd[b], dmin = Half(blk + 2) * xd[b];
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_set1_ps(d), acc);
-    acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(off), _mm256_set1_ps(dmin), acc);
+    const float d = Half(blk), dmin = Half(blk + 2);
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256i off =
+          _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + r * (in / 16) + 16 * b)), mins);
+      const float dx = xd[r * nb + b];
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), _mm256_set1_ps(d * dx), acc[r]);
+      acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(off), _mm256_set1_ps(dmin * dx), acc[r]);
+    }
   }
-  return Hsum(acc);
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) out[r] = Hsum(acc[r]);
 }
 
 // Q6_K: value = d sc (q - 32) per sub-block of 16; the -32 leaves through
-// the activation sums (32 sum sc bsum).
-float DotQ6KDirect(const uint8_t* row, int64_t nb, const int8_t* xq, const float* xd, const int16_t* bs) {
+// the activation sums (32 sum sc bsum). R rows of X as DotK45Direct's.
+template <int R>
+void DotQ6KDirect(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const int16_t* bs,
+                  float* out) {
   const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), m2b = _mm256_set1_epi8(12),
                 m2c = _mm256_set1_epi8(48), m2d = _mm256_set1_epi8(static_cast<char>(192));
   // Chunk k of a half: int16 element 2k in the low lane, 2k + 1 in the high.
@@ -451,13 +469,16 @@ float DotQ6KDirect(const uint8_t* row, int64_t nb, const int8_t* xq, const float
                           2 * b, 2 * b + 1, 2 * b, 2 * b + 1, 2 * b, 2 * b + 1, 2 * b, 2 * b + 1}
       LEDE_PICK2(0, 1), LEDE_PICK2(2, 3), LEDE_PICK2(4, 5), LEDE_PICK2(6, 7)};
 #undef LEDE_PICK2
-  __m256 acc = _mm256_setzero_ps();
+  __m256 acc[R];
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = row + static_cast<size_t>(b) * 210;
     const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
     const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-    const int8_t* x = xq + b * kQK;
-    __m256i ia = _mm256_setzero_si256();
+    __m256i ia[R];
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) ia[r] = _mm256_setzero_si256();
     #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
       const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc8, 8 * h)));
@@ -472,17 +493,35 @@ float DotQ6KDirect(const uint8_t* row, int64_t nb, const int8_t* xq, const float
                           _mm256_srli_epi16(_mm256_and_si256(hv, m2d), 2))};
       #pragma GCC unroll 4
       for (int k = 0; k < 4; ++k) {
-        const __m256i p =
-            _mm256_maddubs_epi16(q[k], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 128 * h + 32 * k)));
         const __m256i s = _mm256_shuffle_epi8(scales, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPick[k])));
-        ia = _mm256_add_epi32(ia, _mm256_madd_epi16(p, s));
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const __m256i p = _mm256_maddubs_epi16(
+              q[k], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * in + b * kQK + 128 * h + 32 * k)));
+          ia[r] = _mm256_add_epi32(ia[r], _mm256_madd_epi16(p, s));
+        }
       }
     }
-    const __m256i off = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + 16 * b)), sc16);
-    ia = _mm256_sub_epi32(ia, _mm256_slli_epi32(off, 5));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_set1_ps(Half(blk + 208) * xd[b]), acc);
+    const float d = Half(blk + 208);
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256i off =
+          _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + r * (in / 16) + 16 * b)), sc16);
+      const __m256i t = _mm256_sub_epi32(ia[r], _mm256_slli_epi32(off, 5));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(d * xd[r * nb + b]), acc[r]);
+    }
   }
-  return Hsum(acc);
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) out[r] = Hsum(acc[r]);
+}
+
+// One weight row of a K type against rows [0, n) of X, 4, 2 then 1 at a time.
+template <typename F4, typename F2, typename F1>
+void KRows(F4 f4, F2 f2, F1 f1, int64_t n, float* v) {
+  int64_t r = 0;
+  for (; r + 4 <= n; r += 4) f4(r, v + r);
+  for (; r + 2 <= n; r += 2) f2(r, v + r);
+  if (r < n) f1(r, v + r);
 }
 
 // Q4_0: value = d (q - 8) per 32; the -8 leaves through the sums of x.
@@ -541,25 +580,39 @@ void MatMulRowsGgml(const float* x, int64_t n, int64_t in, const GgmlMatrix& w, 
     const int offset = Offset32(run.type);
     const bool is_signed = run.type == GgmlType::kQ8_0;
 #if LEDE_HAVE_X86_GGML_KERNELS
-    // The hot types straight from their blocks (no decoded copy).
+    // The hot types straight from their blocks (no decoded copy): each
+    // weight row against up to 4 rows of X at a time.
     if (avx2 && (run.type == GgmlType::kQ4_K || run.type == GgmlType::kQ5_K || run.type == GgmlType::kQ6_K ||
                  run.type == GgmlType::kQ4_0)) {
-      for (int64_t r = 0; r < n; ++r) {
-        float* yr = y + r * ldy - o0;
-        for (int64_t o = a; o < e; ++o) {
-          const uint8_t* blocks = w.data() + run.offset + static_cast<size_t>(o - run.row_begin) * run.row_bytes;
-          float v;
-          if (run.type == GgmlType::kQ4_0) {
-            v = DotQ4_0Direct(blocks, nb, s.q32.data() + r * in, s.d32.data() + r * nb, s.bs32.data() + r * nb);
-          } else {
-            const int8_t* xq = s.qk.data() + r * in;
-            const float* xd = s.dk.data() + r * nb;
-            const int16_t* bs = s.bsk.data() + r * (in / 16);
-            v = run.type == GgmlType::kQ4_K   ? DotK45Direct<false>(blocks, nb, xq, xd, bs)
-                : run.type == GgmlType::kQ5_K ? DotK45Direct<true>(blocks, nb, xq, xd, bs)
-                                              : DotQ6KDirect(blocks, nb, xq, xd, bs);
+      Grow(&s.v, n);
+      float* v = s.v.data();
+      for (int64_t o = a; o < e; ++o) {
+        const uint8_t* blocks = w.data() + run.offset + static_cast<size_t>(o - run.row_begin) * run.row_bytes;
+        if (run.type == GgmlType::kQ4_0) {
+          for (int64_t r = 0; r < n; ++r) {
+            v[r] = DotQ4_0Direct(blocks, nb, s.q32.data() + r * in, s.d32.data() + r * nb, s.bs32.data() + r * nb);
           }
-          yr[o] = accumulate ? yr[o] + v : v;
+        } else {
+          const int8_t* xq = s.qk.data();
+          const float* xd = s.dk.data();
+          const int16_t* bs = s.bsk.data();
+          auto rows = [&](auto kernel4, auto kernel2, auto kernel1) {
+            KRows([&](int64_t r, float* out) { kernel4(blocks, nb, in, xq + r * in, xd + r * nb, bs + r * (in / 16), out); },
+                  [&](int64_t r, float* out) { kernel2(blocks, nb, in, xq + r * in, xd + r * nb, bs + r * (in / 16), out); },
+                  [&](int64_t r, float* out) { kernel1(blocks, nb, in, xq + r * in, xd + r * nb, bs + r * (in / 16), out); },
+                  n, v);
+          };
+          if (run.type == GgmlType::kQ4_K) {
+            rows(DotK45Direct<false, 4>, DotK45Direct<false, 2>, DotK45Direct<false, 1>);
+          } else if (run.type == GgmlType::kQ5_K) {
+            rows(DotK45Direct<true, 4>, DotK45Direct<true, 2>, DotK45Direct<true, 1>);
+          } else {
+            rows(DotQ6KDirect<4>, DotQ6KDirect<2>, DotQ6KDirect<1>);
+          }
+        }
+        for (int64_t r = 0; r < n; ++r) {
+          float& out = y[r * ldy + (o - o0)];
+          out = accumulate ? out + v[r] : v[r];
         }
       }
       continue;
