@@ -64,7 +64,7 @@ struct ModelFlags {
     flags.Add("threads", &threads, "intra-op CPU threads, fused kernels included (0 = libtorch default, fused 1)");
     flags.Add("kernels", &kernels, "decode-path kernels: fused (CPU float32) or eager (libtorch reference)");
     flags.Add("graphs", &graphs, "decode steps as captured CUDA graphs: auto (on for CUDA), on or off");
-    flags.Add("weights", &weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16 or q8_0");
+    flags.Add("weights", &weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16, q8_0, q4_0, q4_k_m or gguf");
   }
 
   StatusOr<model::ModelOptions> Options() const {
