@@ -146,7 +146,12 @@ const char* GgmlTypeName(GgmlType type) {
   switch (type) {
     case GgmlType::kF32: return "F32";
     case GgmlType::kF16: return "F16";
+    case GgmlType::kQ4_0: return "Q4_0";
+    case GgmlType::kQ5_0: return "Q5_0";
     case GgmlType::kQ8_0: return "Q8_0";
+    case GgmlType::kQ4_K: return "Q4_K";
+    case GgmlType::kQ5_K: return "Q5_K";
+    case GgmlType::kQ6_K: return "Q6_K";
     case GgmlType::kBF16: return "BF16";
   }
   return "?";
@@ -157,9 +162,8 @@ size_t GgmlTypeBytes(GgmlType type, int64_t numel) {
   switch (type) {
     case GgmlType::kF32: return n * 4;
     case GgmlType::kF16: case GgmlType::kBF16: return n * 2;
-    case GgmlType::kQ8_0: return n / kQ8_0BlockValues * kQ8_0BlockBytes;
+    default: return n / static_cast<size_t>(GgmlBlockValues(type)) * GgmlBlockBytes(type);
   }
-  return 0;
 }
 
 bool GgufValue::is_integer() const {
@@ -260,15 +264,15 @@ StatusOr<GgufTensor> ReadTensorInfo(Cursor& c, const std::string& source, uint64
     t.ne.push_back(static_cast<int64_t>(ne));
   }
   LEDE_ASSIGN_OR_RETURN(uint32_t type_raw, c.Read<uint32_t>(what + " type"));
-  switch (type_raw) {
-    case 0: case 1: case 8: case 30: t.type = static_cast<GgmlType>(type_raw); break;
-    default:
-      return InvalidArgumentError(source + ": " + what + ": unsupported tensor type " + std::to_string(type_raw) +
-                                  " (supported: F32, F16, BF16, Q8_0)");
+  if (!IsKnownGgmlType(type_raw)) {
+    return InvalidArgumentError(source + ": " + what + ": unsupported tensor type " + std::to_string(type_raw) +
+                                " (supported: F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K)");
   }
-  if (t.type == GgmlType::kQ8_0 && t.ne[0] % kQ8_0BlockValues != 0) {
-    return InvalidArgumentError(source + ": " + what + ": Q8_0 row length " + std::to_string(t.ne[0]) +
-                                " is not a multiple of 32");
+  t.type = static_cast<GgmlType>(type_raw);
+  if (t.ne[0] % GgmlBlockValues(t.type) != 0) {
+    return InvalidArgumentError(source + ": " + what + ": " + GgmlTypeName(t.type) + " row length " +
+                                std::to_string(t.ne[0]) + " is not a multiple of " +
+                                std::to_string(GgmlBlockValues(t.type)));
   }
   LEDE_ASSIGN_OR_RETURN(t.offset, c.Read<uint64_t>(what + " offset"));
   if (t.offset % alignment != 0) {
@@ -456,27 +460,21 @@ Status DequantizeToF32(const GgufTensor& t, float* out) {
         std::memcpy(out + i, &bits, 4);
       }
       return OkStatus();
-    case GgmlType::kQ8_0: {
-      if (n % kQ8_0BlockValues != 0) return InvalidArgumentError("tensor " + t.name + ": Q8_0 length");
-      const int64_t blocks = n / kQ8_0BlockValues;
-      for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* blk = p + b * kQ8_0BlockBytes;
-        uint16_t dh;
-        std::memcpy(&dh, blk, 2);
-        const float d = HalfToFloat(dh);
-        const auto* q = reinterpret_cast<const int8_t*>(blk + 2);
-        for (int64_t j = 0; j < kQ8_0BlockValues; ++j) out[b * kQ8_0BlockValues + j] = d * static_cast<float>(q[j]);
+    default:
+      if (!DequantizeGgmlRow(t.type, p, n, out)) {
+        return InvalidArgumentError("tensor " + t.name + ": " + GgmlTypeName(t.type) + " length " +
+                                    std::to_string(n));
       }
       return OkStatus();
-    }
   }
   return InvalidArgumentError("tensor " + t.name + ": unsupported type");
 }
 
 StatusOr<std::vector<uint8_t>> QuantizeFromF32(const float* x, int64_t n, GgmlType type) {
   if (n < 0) return InvalidArgumentError("QuantizeFromF32: negative length");
-  if (type == GgmlType::kQ8_0 && n % kQ8_0BlockValues != 0) {
-    return InvalidArgumentError("Q8_0: " + std::to_string(n) + " values is not a multiple of 32");
+  if (n % GgmlBlockValues(type) != 0) {
+    return InvalidArgumentError(std::string(GgmlTypeName(type)) + ": " + std::to_string(n) +
+                                " values is not a multiple of " + std::to_string(GgmlBlockValues(type)));
   }
   std::vector<uint8_t> out(GgmlTypeBytes(type, n));
   switch (type) {
@@ -504,6 +502,11 @@ StatusOr<std::vector<uint8_t>> QuantizeFromF32(const float* x, int64_t n, GgmlTy
           const float q = std::round(v[j] * inv);
           blk[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f)));
         }
+      }
+      break;
+    default:
+      if (!QuantizeGgmlRow(type, x, n, out.data())) {
+        return InvalidArgumentError(std::string("cannot quantize to ") + GgmlTypeName(type));
       }
       break;
   }
@@ -595,9 +598,10 @@ Status GgufWriter::AddTensor(const std::string& name, GgmlType type, const std::
     if (d <= 0) return InvalidArgumentError("GGUF tensor " + name + ": non-positive dim");
     numel *= d;
   }
-  if (type == GgmlType::kQ8_0 && shape.back() % kQ8_0BlockValues != 0) {
-    return InvalidArgumentError("GGUF tensor " + name + ": Q8_0 row length " + std::to_string(shape.back()) +
-                                " is not a multiple of 32");
+  if (shape.back() % GgmlBlockValues(type) != 0) {
+    return InvalidArgumentError("GGUF tensor " + name + ": " + GgmlTypeName(type) + " row length " +
+                                std::to_string(shape.back()) + " is not a multiple of " +
+                                std::to_string(GgmlBlockValues(type)));
   }
   if (nbytes != GgmlTypeBytes(type, numel)) {
     return InvalidArgumentError("GGUF tensor " + name + ": " + std::to_string(nbytes) + " bytes, expected " +

@@ -117,6 +117,12 @@ StatusOr<Checkpoint> LoadGgufCheckpoint(const std::string& file);
 Status WriteGgufCheckpoint(const std::string& file, const ModelConfig& config,
                            const std::map<std::string, at::Tensor>& tensors, checkpoint::GgmlType weights,
                            checkpoint::GgufWriter* writer);
+// The same with llama.cpp's tensor mix of `mix` (kQ4_0 or kQ4_K_M;
+// LlamaCppTensorType in weight_format.h picks each matrix's type, norms
+// stay F32). Errors: kInvalidArgument for another format; as above.
+Status WriteGgufCheckpoint(const std::string& file, const ModelConfig& config,
+                           const std::map<std::string, at::Tensor>& tensors, WeightFormat mix,
+                           checkpoint::GgufWriter* writer);
 
 // Parses one .safetensors file into name -> tensor (float32 CPU, or the
 // file's F16 / BF16 with read.keep_half_precision).

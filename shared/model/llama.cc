@@ -120,6 +120,8 @@ void RowsProduct(const float* x, int64_t n, int64_t in, const float* w, const Pa
       if (packed != nullptr && packed->format == WeightFormat::kBf16) {
         cpu::MatMulRowsPackedBf16(xt, rows, in, packed->bf16.data() + cpu::PackedBf16Offset(o0, in), o1 - o0,
                                   yt, out, accumulate);
+      } else if (packed != nullptr && IsGgmlWeightFormat(packed->format)) {
+        cpu::MatMulRowsGgml(xt, rows, in, packed->gg, o0, o1, yt, out, accumulate);
       } else if (packed != nullptr && packed->format == WeightFormat::kQ8_0) {
         cpu::MatMulRowsPackedQ8_0(xt, rows, in, packed->q8.data() + cpu::PackedQ8_0Offset(o0, in), o1 - o0, yt,
                                   out, accumulate);
@@ -274,7 +276,8 @@ int64_t TensorBytes(const at::Tensor& t) {
 bool LlamaModel::PackedOnly(int64_t in) const {
   if (!fused_ || options_.writable_weights) return false;
   return (weights_ == WeightFormat::kBf16 && cpu::Packable(in)) ||
-         (weights_ == WeightFormat::kQ8_0 && cpu::Q8Packable(in));
+         (weights_ == WeightFormat::kQ8_0 && cpu::Q8Packable(in)) ||
+         (IsGgmlWeightFormat(weights_) && in % 32 == 0);
 }
 
 void LlamaModel::PackParts(const std::vector<at::Tensor>& parts, const at::Tensor& q8_0_blocks,
@@ -355,6 +358,8 @@ at::Tensor LlamaModel::Dense(const at::Tensor& w, const PackedWeight& p, bool ke
   at::Tensor t = at::empty({p.rows, p.in}, at::kFloat);
   if (p.format == WeightFormat::kBf16) {
     cpu::UnpackRowsBf16(p.bf16.data(), p.in, 0, p.rows, t.data_ptr<float>());
+  } else if (IsGgmlWeightFormat(p.format)) {
+    cpu::UnpackRowsGgml(p.gg, 0, p.rows, t.data_ptr<float>());
   } else {
     cpu::UnpackRowsQ8_0(p.q8.data(), p.in, 0, p.rows, t.data_ptr<float>());
   }
@@ -489,6 +494,60 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
     // tensors in their own dtype, and their pages in a file mapping are
     // released behind it; otherwise it is a tensor of the model's
     // dtype (StoreMatrix rounds it and packs a copy).
+    // kQ4_0 / kQ4_K_M / kGguf (weight_format.h): the matrix whose rows are
+    // those of `parts` (checkpoint names `names`, llama.cpp roles `roles`,
+    // layer `layer`; `heads`: the q / k head count of a part whose rows
+    // the loop below permuted to rotate-half, else 0) in ggml blocks: a
+    // part the file stores in a block type is kept as it is (kGguf: any
+    // type; kQ4_0 / kQ4_K_M: the type their mix gives it), the rest is
+    // quantized to the mix's type (LlamaCppTensorType).
+    auto ggml_matrix = [&](const std::vector<at::Tensor>& parts, const std::vector<std::string>& names,
+                           const std::vector<TensorRole>& roles, int64_t layer,
+                           const std::vector<int64_t>& heads) -> cpu::GgmlMatrix {
+      const int64_t in = parts[0].size(1);
+      cpu::GgmlMatrix g(in);
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const checkpoint::GgmlType mix = LlamaCppTensorType(m->weights_, roles[i], layer, c.n_layers, in);
+        auto it = checkpoint.stored.find(names[i]);
+        const checkpoint::GgufTensor* st = it == checkpoint.stored.end() ? nullptr : it->second;
+        if (st != nullptr && cpu::GgmlPackable(st->type, in) &&
+            (m->weights_ == WeightFormat::kGguf || st->type == mix) && st->ne.size() == 2 &&
+            st->ne[1] == parts[i].size(0)) {
+          const int64_t rows = st->ne[1];
+          at::Tensor blocks = at::from_blob(const_cast<uint8_t*>(st->data),
+                                            {rows, static_cast<int64_t>(st->nbytes) / rows},
+                                            at::TensorOptions().dtype(at::kByte));
+          if (heads[i] > 0) blocks = PermuteRopeRows(blocks, heads[i], /*to_rotate_half=*/true);
+          blocks = blocks.contiguous();
+          TORCH_CHECK(g.AppendBlocks(st->type, blocks.data_ptr<uint8_t>(), rows), names[i], ": cannot keep its ",
+                      checkpoint::GgmlTypeName(st->type), " blocks");
+        } else {
+          at::Tensor rows = parts[i].to(at::kCPU, at::kFloat).contiguous();
+          TORCH_CHECK(g.AppendQuantized(mix, rows.data_ptr<float>(), rows.size(0)), names[i],
+                      ": cannot quantize to ", checkpoint::GgmlTypeName(mix));
+        }
+      }
+      return g;
+    };
+    // The ggml form of a matrix into *p, and into *w its values (the eager
+    // reference's weights) unless packed only.
+    auto store_ggml = [&](cpu::GgmlMatrix g, at::Tensor* w, PackedWeight* p) {
+      const int64_t rows = g.rows(), in = g.in();
+      if (m->PackedOnly(in)) {
+        *w = at::Tensor();
+        p->version = 0;
+      } else {
+        at::Tensor values = at::empty({rows, in}, at::kFloat);
+        cpu::UnpackRowsGgml(g, 0, rows, values.data_ptr<float>());
+        *w = values.to(opts).contiguous();
+        p->version = WeightVersion(*w);
+        if (!m->fused_) return;  // the eager path reads *w
+      }
+      p->format = m->weights_;
+      p->rows = rows;
+      p->in = in;
+      p->gg = std::move(g);
+    };
     auto matrix = [&](const std::vector<at::Tensor>& parts, const at::Tensor& q8_0_blocks, at::Tensor* w,
                       PackedWeight* p) {
       if (m->PackedOnly(parts[0].size(1))) {
@@ -542,13 +601,30 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
       }
       layer.attn_norm = an.to(opts, /*non_blocking=*/false, copy);
       layer.ffn_norm = fn.to(opts, /*non_blocking=*/false, copy);
-      matrix({wq, wk, wv}, blocks({bq, bk, blocks_of(LayerName(i, "self_attn.v_proj.weight"))}), &layer.wqkv,
-             &layer.wqkv_packed);
-      matrix({wo}, blocks_of(LayerName(i, "self_attn.o_proj.weight")), &layer.wo, &layer.wo_packed);
-      matrix({w1, w3},
-             blocks({blocks_of(LayerName(i, "mlp.gate_proj.weight")), blocks_of(LayerName(i, "mlp.up_proj.weight"))}),
-             &layer.w13, &layer.w13_packed);
-      matrix({w2}, blocks_of(LayerName(i, "mlp.down_proj.weight")), &layer.w2, &layer.w2_packed);
+      // Each matrix in ggml blocks (kQ4_0 / kQ4_K_M / kGguf, rows a multiple
+      // of 32) or as `matrix` stores it.
+      auto put = [&](const std::vector<at::Tensor>& parts, const std::vector<const char*>& names,
+                     const std::vector<TensorRole>& roles, const std::vector<int64_t>& heads,
+                     const at::Tensor& q8_0_blocks, at::Tensor* w, PackedWeight* p) {
+        if (IsGgmlWeightFormat(m->weights_) && parts[0].size(1) % 32 == 0) {
+          std::vector<std::string> full;
+          for (const char* n : names) full.push_back(LayerName(i, n));
+          store_ggml(ggml_matrix(parts, full, roles, i, heads), w, p);
+        } else {
+          matrix(parts, q8_0_blocks, w, p);
+        }
+      };
+      const int64_t hq = adjacent ? c.n_heads : 0, hk = adjacent ? c.n_kv_heads : 0;
+      put({wq, wk, wv}, {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"},
+          {TensorRole::kAttnQ, TensorRole::kAttnK, TensorRole::kAttnV}, {hq, hk, 0},
+          blocks({bq, bk, blocks_of(LayerName(i, "self_attn.v_proj.weight"))}), &layer.wqkv, &layer.wqkv_packed);
+      put({wo}, {"self_attn.o_proj.weight"}, {TensorRole::kAttnO}, {0},
+          blocks_of(LayerName(i, "self_attn.o_proj.weight")), &layer.wo, &layer.wo_packed);
+      put({w1, w3}, {"mlp.gate_proj.weight", "mlp.up_proj.weight"}, {TensorRole::kFfnGate, TensorRole::kFfnUp},
+          {0, 0}, blocks({blocks_of(LayerName(i, "mlp.gate_proj.weight")), blocks_of(LayerName(i, "mlp.up_proj.weight"))}),
+          &layer.w13, &layer.w13_packed);
+      put({w2}, {"mlp.down_proj.weight"}, {TensorRole::kFfnDown}, {0},
+          blocks_of(LayerName(i, "mlp.down_proj.weight")), &layer.w2, &layer.w2_packed);
       for (const char* name : {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
                                "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
                                "mlp.down_proj.weight"}) {
@@ -556,7 +632,19 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
       }
       m->layers_.push_back(std::move(layer));
     }
-    if (head_packed_only) {
+    const std::string head_name = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    if (IsGgmlWeightFormat(m->weights_) && c.dim % 32 == 0) {
+      // The head in ggml blocks (Q6_K in llama.cpp's mixes); a tied
+      // embedding then reads the same values.
+      store_ggml(ggml_matrix({head}, {head_name}, {TensorRole::kOutput}, c.n_layers, {0}), &m->lm_head_,
+                 &m->lm_head_packed_);
+      if (head_packed_only) {
+        ReleaseSource(head);
+      } else {
+        m->embed_ = m->embed_.contiguous();
+        if (c.tie_word_embeddings) m->embed_ = m->lm_head_;
+      }
+    } else if (head_packed_only) {
       m->PackParts({head}, head_blocks, &m->lm_head_packed_);
       ReleaseSource(head);
     } else {
@@ -655,6 +743,8 @@ at::Tensor LlamaModel::Embed(const at::Tensor& tokens) const {
     TORCH_CHECK(0 <= id[i] && id[i] < V, "token id ", id[i], " out of range [0, ", V, ")");
     if (p.format == WeightFormat::kBf16) {
       cpu::UnpackRowsBf16(p.bf16.data(), d, id[i], id[i] + 1, dst + i * d);
+    } else if (IsGgmlWeightFormat(p.format)) {
+      cpu::UnpackRowsGgml(p.gg, id[i], id[i] + 1, dst + i * d);
     } else {
       cpu::UnpackRowsQ8_0(p.q8.data(), d, id[i], id[i] + 1, dst + i * d);
     }

@@ -59,6 +59,7 @@
 #include <c10/core/ScalarType.h>
 
 #include "shared/model/checkpoint.h"
+#include "shared/model/cpu_ggml_kernels.h"
 #include "shared/model/kv_cache.h"
 #include "shared/model/weight_format.h"
 #include "shared/checkpoint/model_config.h"
@@ -337,20 +338,22 @@ class LlamaModel {
   // Costs one more copy of the matrices in memory on the fused path, except
   // for a packed-only matrix (ModelOptions::weights: the tensor is
   // undefined and this is the weight; never stale).
-  // format says which of data (cpu::PackRows), bf16 (cpu::PackRowsBf16) or
-  // q8 (cpu::PackRowsQ8_0) holds it.
+  // format says which of data (cpu::PackRows), bf16 (cpu::PackRowsBf16),
+  // q8 (cpu::PackRowsQ8_0) or gg (ggml blocks: kQ4_0, kQ4_K_M, kGguf;
+  // cpu_ggml_kernels.h) holds it.
   struct PackedWeight {
     WeightFormat format = WeightFormat::kF32;
     std::vector<float> data;
     std::vector<uint16_t> bf16;
     std::vector<uint8_t> q8;
+    cpu::GgmlMatrix gg;
     int64_t version = -1;
     int64_t rows = 0, in = 0;  // the matrix's shape [rows, in]
     // Packed-only matrices: the float32 values the eager path materialized
     // (Dense), under dense_mu_; undefined until then.
     mutable at::Tensor dense;
     int64_t bytes() const {
-      return static_cast<int64_t>(data.size() * 4 + bf16.size() * 2 + q8.size());
+      return static_cast<int64_t>(data.size() * 4 + bf16.size() * 2 + q8.size() + gg.nbytes());
     }
   };
   struct Layer {
