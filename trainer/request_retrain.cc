@@ -168,6 +168,7 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
   // 1. The request log; which shards are new.
   LEDE_ASSIGN_OR_RETURN(experience::RequestLogRead read, experience::ReadRequestLog(store, options.requests_prefix));
   RequestRetrainOutcome out;
+  out.cost_model = cost.name();  // until the log's costs price the run
   out.n_bad_shards = read.bad_shards();
   for (const experience::ShardReport& s : read.shards) {
     const bool is_new = processed.count(s.path) == 0;
