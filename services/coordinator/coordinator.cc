@@ -209,6 +209,7 @@ struct GenerationService::Impl {
       auto ctx = ModelCallContext(server, options.rpc_timeout);
       grpc::Status s = replica->verifier()->Describe(ctx.get(), lede::v1::DescribeRequest(), &fresh);
       described = s.ok() ? OkStatus() : FromModelCall(s, "verifier " + replica->name() + " Describe");
+      if (described.ok()) SeedMeasuredCosts(*replica, fresh, server);
       if (described.ok() || described.code() != StatusCode::kUnavailable) break;
     }
     if (!described.ok()) return described;
@@ -229,6 +230,22 @@ struct GenerationService::Impl {
       rewards = policy::RewardSpec::Throughput(fresh.cost_model(), draft_cost, verify, fresh.probe_cost());
     }
     return info;
+  }
+
+  // The step costs the model processes measured so far, from their
+  // Describe: a coordinator that starts beside warm model processes has them
+  // before the next response that carries a profile (at most one a second).
+  // The drafter's Describe is best effort (its profile comes with drafts too).
+  void SeedMeasuredCosts(Replica& replica, const lede::v1::ModelInfo& verifier_info,
+                         grpc::CallbackServerContext* server) {
+    if (verifier_info.measured_costs().time_us() > 0) measured_costs.UpdateVerifier(verifier_info.measured_costs());
+    if (replica.drafter() == nullptr) return;
+    lede::v1::ModelInfo drafter_info;
+    auto ctx = ModelCallContext(server, options.rpc_timeout);
+    if (replica.drafter()->Describe(ctx.get(), lede::v1::DescribeRequest(), &drafter_info).ok() &&
+        drafter_info.measured_costs().time_us() > 0) {
+      measured_costs.UpdateDrafter(drafter_info.measured_costs());
+    }
   }
 
   // The request log's record of a finished request (issue 37).
