@@ -248,7 +248,7 @@ struct GenerationService::Impl {
     }
   }
 
-  // The request log's record of a finished request (issue 37).
+  // The request log's record of a finished request (docs/serving.md "Request log").
   void LogRequest(const GenerateRequest& request, const std::vector<int32_t>& prompt,
                   const speculation::GenerationResult& result, const std::string& request_id, int32_t start_load,
                   int64_t max_new_tokens) {

@@ -1,10 +1,10 @@
 // File: shared/experience/request_log.h
 //
-// The request log (issue 37): one lede.v1.RequestRecord per finished
-// request (prompt token ids, emitted token ids, sampling settings, method,
-// policy version, load, timings, the deployment's measured step costs; no
-// text), written by the coordinator to the object store beside
-// the experience shards, so that the retrainer can replay whole requests
+// The request log (docs/serving.md "Request log"): one lede.v1.RequestRecord
+// per finished request (prompt token ids, emitted token ids, sampling
+// settings, method, policy version, load, timings, the deployment's measured
+// step costs; no text), written by the coordinator to the object store
+// beside the experience shards, so that the retrainer can replay whole requests
 // exactly (trainer/counterfactual.h). The records hold users' token ids,
 // which are equivalent to their text (docs/serving.md "Request log").
 //
