@@ -1,9 +1,10 @@
 // File: shared/experience/request_log.h
 //
-// The request log (issue 37): one lede.v1.RequestRecord per finished greedy
-// request (prompt token ids, emitted token ids, method, policy version, load,
-// timings; no text), written by the coordinator to the object store beside
-// the experience shards, so that the retrainer can replay whole requests
+// The request log (docs/serving.md "Request log"): one lede.v1.RequestRecord
+// per finished request (prompt token ids, emitted token ids, sampling
+// settings, method, policy version, load, timings, the deployment's measured
+// step costs; no text), written by the coordinator to the object store
+// beside the experience shards, so that the retrainer can replay whole requests
 // exactly (trainer/counterfactual.h). The records hold users' token ids,
 // which are equivalent to their text (docs/serving.md "Request log").
 //
@@ -15,8 +16,9 @@
 // shards are
 //   <prefix>/<UTC date>/<writer id>-<seq>.lreq   (default prefix "requests")
 // with the magic "LEDREQ1\n" instead of "LEDEXP1\n"; the framing is that of
-// experience.h. Sampling requests are not logged (their tokens depend on the
-// draws; the experience log keeps their on-policy transitions).
+// experience.h. Sampled requests are logged with their settings; the
+// retrainer replays the greedy ones exactly and skips the sampled ones for
+// now (their counterfactual needs the speculative-sampling acceptance).
 #ifndef LEDE_SHARED_EXPERIENCE_REQUEST_LOG_H_
 #define LEDE_SHARED_EXPERIENCE_REQUEST_LOG_H_
 
@@ -46,8 +48,16 @@ ExperienceLoggerOptions RequestLogOptions(ExperienceLoggerOptions options);
 StatusOr<std::unique_ptr<ExperienceLogger>> CreateRequestLog(std::shared_ptr<storage::ObjectStore> store,
                                                              ExperienceLoggerOptions options);
 
-// Whether a request is logged: greedy (temperature 0) requests only.
-inline bool IsLoggedRequest(float temperature) { return temperature == 0.0f; }
+// Whether a request is logged: every request, greedy or sampled (a sampled
+// one with its temperature, top_p and seed; RequestRecord), so that the chat
+// traffic of a deployment (the OpenAI API defaults to temperature 1) reaches
+// the trainer too. The argument is kept for call sites that may filter.
+inline bool IsLoggedRequest(float /*temperature*/) { return true; }
+
+// Whether a logged request was greedy, so that replaying it reproduces its
+// tokens exactly (temperature 0; records from before sampled requests were
+// logged have none).
+inline bool IsGreedyRecord(const lede::v1::RequestRecord& r) { return r.temperature() == 0.0f; }
 
 struct RequestLogRead {
   std::vector<lede::v1::RequestRecord> records;

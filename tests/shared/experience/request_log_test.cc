@@ -201,7 +201,11 @@ TEST(RequestLogTest, OptionsTakeTheRequestLogKindAndPrefix) {
   Fixture f;
   EXPECT_FALSE(ExperienceLogger::Create(f.store, bad).ok());
   EXPECT_TRUE(IsLoggedRequest(0.0f));
-  EXPECT_FALSE(IsLoggedRequest(0.7f));
+  EXPECT_TRUE(IsLoggedRequest(0.7f));  // sampled traffic is logged too
+  lede::v1::RequestRecord greedy, sampled;
+  sampled.set_temperature(0.8f);
+  EXPECT_TRUE(IsGreedyRecord(greedy));
+  EXPECT_FALSE(IsGreedyRecord(sampled));
 }
 
 }  // namespace
