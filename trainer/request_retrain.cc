@@ -217,7 +217,7 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
   // The prices: the deployment's own measured costs when logged.
   std::unique_ptr<model::CostModel> served;
   if (options.price_with_logged_costs) {
-    StatusOr<model::ServedStepCosts> logged = ServedCostsOfLog(read.records, n_layers);
+    StatusOr<model::ServedStepCosts> logged = ServedCostsOfLog(usable, n_layers);  // this model's records only
     if (logged.ok()) {
       StatusOr<std::unique_ptr<model::CostModel>> made = model::MakeServedCostModel(model.config(), *logged);
       if (made.ok()) {
