@@ -16,6 +16,7 @@
 #include <set>
 #include <utility>
 
+#include "shared/checkpoint/model_limits.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::checkpoint {

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "shared/checkpoint/model_limits.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::model {

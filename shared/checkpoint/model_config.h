@@ -32,22 +32,6 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
-// Upper bounds on what a checkpoint may declare, checked before anything is
-// sized by these numbers (model files are untrusted input, docs/design.md
-// §5). Real models sit far below each:
-//  - kMaxContextTokens (2^24 = 16,777,216 tokens): past it float32 cannot
-//    hold every position exactly, so RoPE angles (position * frequency)
-//    would repeat; the largest published windows are about 10M tokens.
-//  - kMaxModelDim (2^20): hidden_size, intermediate_size and the head
-//    counts; products of two stay far inside int64.
-//  - kMaxLayers (2^16): num_hidden_layers; the loaders also refuse a count
-//    the weight files do not hold (9 tensors per layer).
-//  - kMaxVocabSize (2^31 - 1): token ids are int32.
-inline constexpr int64_t kMaxContextTokens = int64_t{1} << 24;
-inline constexpr int64_t kMaxModelDim = int64_t{1} << 20;
-inline constexpr int64_t kMaxLayers = int64_t{1} << 16;
-inline constexpr int64_t kMaxVocabSize = (int64_t{1} << 31) - 1;
-
 struct ModelConfig {
   int64_t dim = 0;          // hidden_size d
   int64_t hidden_dim = 0;   // intermediate_size of the SwiGLU FFN
@@ -67,9 +51,8 @@ struct ModelConfig {
   int64_t head_dim() const { return n_heads > 0 ? dim / n_heads : 0; }
   int64_t kv_dim() const { return head_dim() * n_kv_heads; }
 
-  // kInvalidArgument naming the first field that is non-positive, above
-  // its bound (kMaxContextTokens, kMaxModelDim, kMaxLayers, kMaxVocabSize)
-  // or inconsistent (dim % n_heads, n_heads % n_kv_heads, odd head_dim).
+  // kInvalidArgument naming the first field that is non-positive or
+  // inconsistent (dim % n_heads, n_heads % n_kv_heads, odd head_dim).
   Status Validate() const;
 
   // A short stable hash of the architecture fields (hex), used to refuse a
@@ -79,9 +62,7 @@ struct ModelConfig {
 
 // Parses a Hugging Face Llama config.json. `source` names the file in errors.
 // Errors: kInvalidArgument for bad JSON, a missing or mistyped required field
-// (named), a field out of its bound (named by its config.json key, e.g.
-// max_position_embeddings above kMaxContextTokens), or an unknown
-// rope_scaling type. Allocates nothing sized by the values it reads.
+// (named), or an unknown rope_scaling type.
 StatusOr<ModelConfig> ParseHfConfig(const std::string& json_text,
                                     const std::string& source);
 
