@@ -81,21 +81,21 @@ TEST_F(HostileGgufTest, TensorCountThatFitsASparseFileIsRefusedFromTheCount) {
 
 TEST_F(HostileGgufTest, MetadataArraysBeyondTheDecodedBudgetAreRefusedFromTheirLength) {
   const int64_t rss_before = PeakRssBytes();
-  // 2^40 uint8 elements in a 2^40 + 64-byte sparse file (1 TiB).
+  // 2^40 uint8 elements in a sparse file of 2^40 + 4096 bytes (1 TiB).
   const std::string big = Header(0, 1) + Str("tokenizer.ggml.token_type") + U32(9) + U32(0) + U64(uint64_t{1} << 40);
-  auto f = OpenSparse(big, (uint64_t{1} << 40) + 64);
+  auto f = OpenSparse(big, (uint64_t{1} << 40) + 4096);
   if (f.status().code() == StatusCode::kUnavailable) GTEST_SKIP() << f.status();
   EXPECT_THAT(f, StatusIs(StatusCode::kInvalidArgument,
                           HasSubstr("metadata key tokenizer.ggml.token_type: array of 1099511627776 elements "
                                     "exceeds the metadata limit")));
   // 2^28 elements (the probe's 2.4 GB case): 2 GiB once widened to doubles.
   const std::string mid = Header(0, 1) + Str("a.bytes") + U32(9) + U32(0) + U64(uint64_t{1} << 28);
-  f = OpenSparse(mid, (uint64_t{1} << 28) + 64);
+  f = OpenSparse(mid, (uint64_t{1} << 28) + 4096);
   if (f.status().code() == StatusCode::kUnavailable) GTEST_SKIP() << f.status();
   EXPECT_THAT(f, StatusIs(StatusCode::kInvalidArgument, HasSubstr("metadata key a.bytes: array of 268435456")));
   // 2^26 empty strings: 2 GiB of std::string.
   const std::string strs = Header(0, 1) + Str("tokenizer.ggml.tokens") + U32(9) + U32(8) + U64(uint64_t{1} << 26);
-  f = OpenSparse(strs, (uint64_t{1} << 29) + 64);
+  f = OpenSparse(strs, (uint64_t{1} << 29) + 4096);
   if (f.status().code() == StatusCode::kUnavailable) GTEST_SKIP() << f.status();
   EXPECT_THAT(f, StatusIs(StatusCode::kInvalidArgument, HasSubstr("metadata key tokenizer.ggml.tokens: array of")));
   EXPECT_LT(PeakRssBytes() - rss_before, int64_t{64} << 20);
@@ -106,7 +106,7 @@ TEST_F(HostileGgufTest, StringLengthsAndCountsHaveTheSpecsBounds) {
   // larger than the whole metadata budget, 2^17 keys, a 65-byte tensor name.
   auto f = OpenSparse(Header(0, 1) + U64(65536), uint64_t{1} << 20);
   EXPECT_THAT(f, StatusIs(StatusCode::kInvalidArgument, HasSubstr("metadata key #0: length 65536")));
-  f = OpenSparse(Header(0, 1) + Str("general.name") + U32(8) + U64(uint64_t{1} << 30), (uint64_t{1} << 30) + 64);
+  f = OpenSparse(Header(0, 1) + Str("general.name") + U32(8) + U64(uint64_t{1} << 30), (uint64_t{1} << 30) + 4096);
   if (f.status().code() == StatusCode::kUnavailable) GTEST_SKIP() << f.status();
   EXPECT_THAT(f, StatusIs(StatusCode::kInvalidArgument, HasSubstr("metadata key general.name: length 1073741824")));
   f = OpenSparse(Header(0, uint64_t{1} << 17), uint64_t{1} << 24);
