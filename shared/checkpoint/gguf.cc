@@ -43,16 +43,21 @@ constexpr uint32_t kMaxDims = 4;
 // still cannot make the reader allocate more than a few hundred MiB:
 //  - key and tensor-name lengths as ggml's docs/gguf.md fixes them (a key
 //    at most 65535 bytes, a tensor name at most 64);
-//  - metadata keys and tensors: 2^16 and 2^20 (llama.cpp files hold a few
-//    dozen keys and at most a few thousand tensors);
-//  - the decoded metadata (each number widened to 8 bytes, each string its
-//    bytes plus a std::string): 256 MiB in all, against some 30 MiB for the
-//    largest tokenizers (about 260k tokens and their merges).
+//  - metadata keys and tensors: 2^16 and 2^18 (llama.cpp files hold a few
+//    dozen keys and at most a few thousand tensors), so tensor infos and
+//    their index stay under about 100 MiB;
+//  - the decoded metadata (each key and value: its bytes, and a
+//    std::string, a double per number or a kMetadataRecordBytes record):
+//    256 MiB in all, against some 30 MiB for the largest tokenizers (about
+//    260k tokens and their merges).
 constexpr uint64_t kMaxKeyBytes = 65535;
 constexpr uint64_t kMaxTensorNameBytes = 64;
 constexpr uint64_t kMaxMetadataKeys = uint64_t{1} << 16;
-constexpr uint64_t kMaxTensors = uint64_t{1} << 20;
+constexpr uint64_t kMaxTensors = uint64_t{1} << 18;
 constexpr uint64_t kMetadataBudgetBytes = uint64_t{256} << 20;
+// What one metadata record costs beside its key's and value's bytes: the
+// GgufValue and its map node.
+constexpr uint64_t kMetadataRecordBytes = sizeof(GgufValue) + 64;
 // The smallest encodings: a metadata record (key length, value type, one
 // byte of value), a tensor info record (name length, n_dims, one dim, type,
 // offset).
@@ -385,9 +390,12 @@ StatusOr<std::shared_ptr<const GgufFile>> GgufFile::Parse(std::shared_ptr<const 
   if (n_tensors > (c.left() - n_kv * kMinMetadataRecordBytes) / kMinTensorInfoBytes) {
     return InvalidArgumentError(source + ": tensor count " + std::to_string(n_tensors) + " exceeds the file");
   }
-  uint64_t budget = kMetadataBudgetBytes;
+  // n_kv <= 2^16 records of kMetadataRecordBytes fit the budget.
+  uint64_t budget = kMetadataBudgetBytes - n_kv * kMetadataRecordBytes;
   for (uint64_t k = 0; k < n_kv; ++k) {
-    LEDE_ASSIGN_OR_RETURN(std::string key, c.ReadString("metadata key #" + std::to_string(k), kMaxKeyBytes));
+    LEDE_ASSIGN_OR_RETURN(std::string key, c.ReadString("metadata key #" + std::to_string(k),
+                                                        std::min(kMaxKeyBytes, budget)));
+    budget -= key.size();
     const std::string what = "metadata key " + key;
     LEDE_ASSIGN_OR_RETURN(GgufValue v, ReadMetadataValue(c, source, what, &budget));
     if (!f->metadata_.emplace(key, std::move(v)).second) {

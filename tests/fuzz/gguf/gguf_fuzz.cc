@@ -25,7 +25,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   const ck::GgufFile& f = **file;
   Check(size >= 24, "accepted a file shorter than the GGUF header");
-  Check(f.tensors().size() <= (size_t{1} << 20) && f.metadata().size() <= (size_t{1} << 16),
+  Check(f.tensors().size() <= (size_t{1} << 18) && f.metadata().size() <= (size_t{1} << 16),
         "more tensors or metadata keys than the reader's bounds accepted");
   for (const ck::GgufTensor& t : f.tensors()) {
     Check(!t.ne.empty() && t.ne.size() <= 4, "rank outside [1, 4] accepted");
