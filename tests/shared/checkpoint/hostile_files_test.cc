@@ -23,6 +23,7 @@
 #include "shared/checkpoint/gguf.h"
 #include "shared/checkpoint/model_config.h"
 #include "shared/checkpoint/model_limits.h"
+#include "shared/checkpoint/safetensors.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -32,7 +33,6 @@ namespace {
 using ::lede::testing::IsOk;
 using ::lede::testing::StatusIs;
 using ::testing::HasSubstr;
-using ::testing::Not;
 
 std::string U32(uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), 4); }
 std::string U64(uint64_t v) { return std::string(reinterpret_cast<const char*>(&v), 8); }
@@ -170,6 +170,33 @@ TEST(HostileConfigTest, LayerCountAndContextWindowAreBoundedNamingTheKey) {
   ASSERT_THAT(c, IsOk());
   c->max_seq_len = model::kMaxContextTokens + 1;
   EXPECT_THAT(c->Validate(), StatusIs(StatusCode::kInvalidArgument, HasSubstr("ModelConfig.max_seq_len")));
+}
+
+// A safetensors header is JSON of up to 100 MiB, which a DOM parse would
+// blow up some 100-fold when it is deeply nested or made of tiny values:
+// both are refused from a scan of the text before parsing.
+TEST(HostileSafetensorsTest, HeaderNestingAndValueCountAreBoundedBeforeParsing) {
+  testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  auto write = [&](const std::string& name, std::string header) {
+    header.resize((header.size() + 7) / 8 * 8, ' ');
+    const std::string path = (tmp.path() / name).string();
+    std::ofstream(path, std::ios::binary) << U64(header.size()) << header;
+    return path;
+  };
+  const int64_t rss_before = PeakRssBytes();
+  EXPECT_THAT(SafetensorsFile::Open(write("nested.safetensors", "{\"a\":" + std::string(1000, '[') +
+                                                                  std::string(1000, ']') + "}")),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("header nests deeper than 8 levels")));
+  std::string many = "{";
+  for (int i = 0; i < (1 << 21); ++i) many += "\"" + std::to_string(i) + "\":{},";
+  many.back() = '}';
+  EXPECT_THAT(SafetensorsFile::Open(write("many.safetensors", many)),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("holds more than 2097152 JSON values")));
+  EXPECT_LT(PeakRssBytes() - rss_before, int64_t{128} << 20);
+  // Brackets and colons inside strings do not count.
+  const std::string quoted = R"({"__metadata__": {"note": "[[[[[[[[[[:,:,{{{{{{{{{{\"]"}})";
+  EXPECT_THAT(SafetensorsFile::Open(write("quoted.safetensors", quoted)), IsOk());
 }
 
 }  // namespace
