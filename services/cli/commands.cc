@@ -38,6 +38,7 @@
 #include "shared/tokenizer/tokenizer.h"
 #include "shared/status/status_macros.h"
 #include "shared/file/file.h"
+#include "shared/model/load_or_exit.h"
 
 namespace lede::cli {
 using flags::FlagSet;
@@ -95,14 +96,14 @@ struct ModelFlags {
 };
 
 int Fail(std::ostream& err, const Status& s, int code) {
-  err << "lede: " << s.message() << "\n";
+  err << "lede: " << model::OneLineMessage(s) << "\n";
   return code;
 }
 
-// Exit code for a load failure: the user's path or file (2) or ours (1).
-int LoadFailureCode(const Status& s) {
-  return s.code() == StatusCode::kInternal ? kExitFailure : kExitUsage;
-}
+// Exit code for a model or tokenizer that will not load: always
+// model::kExitLoadFailure (2), whatever the status code (a refused file
+// may surface as kInternal from libtorch; load_or_exit.h).
+int LoadFailureCode(const Status&) { return model::kExitLoadFailure; }
 
 #if LEDE_HAVE_POLICY
 // The policy to serve from `policy_dir` (models/<m>/policy): the one whose

@@ -117,7 +117,11 @@ class GgufFile {
   // against `size`: nothing past the end is touched.
   // Errors (kInvalidArgument, one message naming `source` and the key or
   // tensor at fault): bad magic, a version other than 2 or 3, a count or
-  // length running past the end, an unknown value type, an array of
+  // length running past the end or beyond the reader's bounds (checked
+  // before anything is allocated for it, so that a sparse file's apparent
+  // size buys nothing: at most 2^16 keys of up to 65535 bytes, 2^18 tensors
+  // with names of up to 64 bytes, 256 MiB of decoded metadata; gguf.cc),
+  // an unknown value type, an array of
   // arrays, a duplicate key or tensor name, general.alignment that is not a
   // power of two, a tensor with 0 or more than 4 dims, a non-positive dim,
   // an unsupported tensor type (named with its number), a block-quantized
@@ -243,7 +247,8 @@ class GgufWriter {
 // Errors: kInvalidArgument naming the key or tensor: another architecture,
 // a missing or mistyped key, an unsupported rope scaling (yarn,
 // rope_freqs.weight = Llama-3 scaling), partial rotary, a missing tensor,
-// dims that contradict the metadata.
+// dims that contradict the metadata, a key outside model_limits.h's bounds
+// or a block count the file's tensors cannot hold (9 per block).
 StatusOr<model::ModelConfig> GgufLlamaConfig(const GgufFile& file);
 
 // The project's (Hugging Face) name of a llama GGUF tensor and back:

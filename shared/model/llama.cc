@@ -447,14 +447,29 @@ void LlamaModel::PackWeights() {
   pack(lm_head_, &lm_head_packed_);
 }
 
-void LlamaModel::BuildRopeTables() {
+const LlamaModel::RopeTables& LlamaModel::Rope(int64_t n_positions) const {
+  const RopeTables* tables = rope_.load(std::memory_order_acquire);
+  if (tables != nullptr && tables->n_positions >= n_positions) return *tables;
+  std::lock_guard<std::mutex> lock(rope_mu_);
+  tables = rope_.load(std::memory_order_relaxed);
+  if (tables != nullptr && tables->n_positions >= n_positions) return *tables;
+  TORCH_CHECK(0 <= n_positions && n_positions <= config_.max_seq_len, "positions past max_seq_len");
+  // Doubling: a slowly growing context rebuilds log2 times, and every table
+  // kept together stays under twice the last.
+  int64_t n = std::max<int64_t>(n_positions, tables == nullptr ? 1 : 2 * tables->n_positions);
+  n = std::min(n, config_.max_seq_len);
+  auto built = std::make_unique<RopeTables>();
   at::Tensor inv = InverseFrequencies(config_);
-  at::Tensor pos = at::arange(0, config_.max_seq_len, at::TensorOptions().dtype(at::kDouble));
-  at::Tensor freqs = at::outer(pos, inv);              // [S, hd/2]
-  at::Tensor full = at::cat({freqs, freqs}, -1);       // [S, hd]
+  at::Tensor pos = at::arange(0, n, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor freqs = at::outer(pos, inv);              // [n, hd/2]
+  at::Tensor full = at::cat({freqs, freqs}, -1);       // [n, hd]
   auto opts = at::TensorOptions().device(options_.device).dtype(options_.dtype);
-  rope_cos_ = at::cos(full).to(opts);
-  rope_sin_ = at::sin(full).to(opts);
+  built->cos = at::cos(full).to(opts).contiguous();
+  built->sin = at::sin(full).to(opts).contiguous();
+  built->n_positions = n;
+  rope_.store(built.get(), std::memory_order_release);
+  rope_built_.push_back(std::move(built));
+  return *rope_built_.back();
 }
 
 StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
@@ -655,7 +670,6 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
       if (c.tie_word_embeddings) m->embed_ = m->lm_head_;  // one matrix: the lookup reads the stored values too
     }
     m->final_norm_ = m->final_norm_.contiguous();
-    m->BuildRopeTables();
     if (m->fused_) m->PackWeights();
     return m;
   });
@@ -719,8 +733,9 @@ at::Tensor LlamaModel::RmsNorm(const at::Tensor& x, const at::Tensor& weight) co
 // x [B, T, n, hd] holding positions [start_pos, start_pos + T).
 at::Tensor LlamaModel::ApplyRope(const at::Tensor& x, int64_t start_pos) const {
   const int64_t T = x.size(1), hd = x.size(3), half = hd / 2;
-  at::Tensor cos = rope_cos_.narrow(0, start_pos, T).view({1, T, 1, hd});
-  at::Tensor sin = rope_sin_.narrow(0, start_pos, T).view({1, T, 1, hd});
+  const RopeTables& rope = Rope(start_pos + T);
+  at::Tensor cos = rope.cos.narrow(0, start_pos, T).view({1, T, 1, hd});
+  at::Tensor sin = rope.sin.narrow(0, start_pos, T).view({1, T, 1, hd});
   at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   return x * cos + rotated * sin;
 }
@@ -809,8 +824,9 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
   }
   const int64_t* row_slot = ws.row_slot.data();
   const int64_t* row_pos = ws.row_pos.data();
-  const float* cos_table = rope_cos_.data_ptr<float>();
-  const float* sin_table = rope_sin_.data_ptr<float>();
+  const RopeTables& rope = Rope(std::min(C, config_.max_seq_len));  // the served context
+  const float* cos_table = rope.cos.data_ptr<float>();
+  const float* sin_table = rope.sin.data_ptr<float>();
   for (int64_t l = first; l < last; ++l) {
     const Layer& w = layers_[l];
     float* kc = cache.k(l).data_ptr<float>();  // [S, Hkv, C, hd]
@@ -877,6 +893,7 @@ at::Tensor LlamaModel::EagerBlock(int64_t layer, const at::Tensor& hidden, int64
   const int64_t H = config_.n_heads, Hkv = config_.n_kv_heads, hd = config_.head_dim();
   const int64_t G = H / Hkv;
   TORCH_CHECK(start_pos + T <= config_.max_seq_len, "positions past max_seq_len");
+  if (cache != nullptr) Rope(std::min(cache->capacity(), config_.max_seq_len));  // sized for the served context
 
   at::Tensor qkv = Linear(RmsNorm(hidden, w.attn_norm), wqkv);
   at::Tensor qk = ApplyRope(qkv.narrow(-1, 0, (H + Hkv) * hd).view({B, T, H + Hkv, hd}), start_pos);
@@ -963,8 +980,9 @@ at::Tensor LlamaModel::StaticBlock(int64_t layer, const at::Tensor& hidden, cons
 
   at::Tensor qkv = Linear(RmsNorm(hidden, w.attn_norm), wqkv);
   at::Tensor qk_in = qkv.narrow(-1, 0, (H + Hkv) * hd).view({1, T, H + Hkv, hd});
-  at::Tensor cos = rope_cos_.index_select(0, positions).view({1, T, 1, hd});
-  at::Tensor sin = rope_sin_.index_select(0, positions).view({1, T, 1, hd});
+  const RopeTables& rope = Rope(std::min(C, config_.max_seq_len));  // positions < context <= C
+  at::Tensor cos = rope.cos.index_select(0, positions).view({1, T, 1, hd});
+  at::Tensor sin = rope.sin.index_select(0, positions).view({1, T, 1, hd});
   const int64_t half = hd / 2;
   at::Tensor rotated = at::cat({-qk_in.narrow(-1, half, half), qk_in.narrow(-1, 0, half)}, -1);
   at::Tensor qk = qk_in * cos + rotated * sin;
