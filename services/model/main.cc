@@ -45,13 +45,13 @@ int Run(const std::vector<std::string>& raw_args) {
     host = lede::model_service::LoadModelHost(o, false, &registry);
   }
   if (!host.ok()) {
-    lede::logging::LogEvent("error", "load_failed", {{"error", host.status().ToString()}});
     // A configuration that cannot start (a KV budget too small for --slots x
     // --capacity, a bad --weights) is the user's: one line, exit status 2.
     if (host.status().code() == lede::StatusCode::kInvalidArgument) {
       std::cerr << "lede-model: " << host.status().message() << "\n";
       return 2;
     }
+    lede::logging::LogEvent("error", "load_failed", {{"error", host.status().ToString()}});
     return 1;
   }
   lede::model_service::VerifierService verifier(*host);
