@@ -358,7 +358,7 @@ int Run(const Flags& fl) {
   if (fl.trace_model.empty()) {
     if (Status st = TraceRequests(fl, **tok, **engine, o.spec.top_k, &train, &selection); !st.ok()) return Fail(st);
   } else {
-    auto tracer = lede::model::LlamaModel::Load(fl.trace_model, model_options);
+    auto tracer = lede::model::LlamaModel::Load(fl.trace_model, *model_options);
     if (!tracer.ok()) return Fail(tracer.status());
     std::shared_ptr<const lede::model::LlamaModel> tracer_model = std::move(*tracer);
     auto tracer_engine = lede::model::Engine::Create(tracer_model, ko);
