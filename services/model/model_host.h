@@ -90,6 +90,7 @@ class ModelHost {
     info->set_n_layers(static_cast<int32_t>(c.n_layers));
     info->set_vocab_size(static_cast<int32_t>(c.vocab_size));
     info->set_capacity(pool ? pool->capacity() : 0);
+    info->set_context_window(c.max_seq_len);
     info->set_n_slots(pool ? static_cast<int32_t>(pool->n_slots()) : 0);
     info->set_max_draft_length(pool ? static_cast<int32_t>(pool->max_draft_len()) : 0);
     for (int32_t id : c.eos_ids) info->add_eos_ids(id);
