@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -38,14 +39,47 @@ void AddModelLoadFlags(FlagSet* flags, ModelLoadFlags* v, unsigned which) {
   }
 }
 
+namespace {
+
+// The first line of a small file ("" when it cannot be read).
+std::string FirstLineOf(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// A cgroup v2 limit file's number; 0 for "max", a missing file or garbage.
+int64_t CgroupNumber(const std::string& text) {
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  return end != text.c_str() && v > 0 ? static_cast<int64_t>(v) : 0;
+}
+
+}  // namespace
+
 int UsableCpus() {
+  int n = 1;
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    const int n = CPU_COUNT(&set);
-    if (n > 0) return n;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) n = CPU_COUNT(&set);
+  return CpusUnderQuota(n, FirstLineOf("/sys/fs/cgroup/cpu.max"));
+}
+
+int CpusUnderQuota(int cpus, const std::string& cpu_max) {
+  std::istringstream fields(cpu_max);
+  std::string quota, period;
+  if (fields >> quota >> period) {
+    const int64_t q = CgroupNumber(quota), p = CgroupNumber(period);
+    if (q > 0 && p > 0) return static_cast<int>(std::min<int64_t>(cpus, std::max<int64_t>(1, (q + p - 1) / p)));
   }
-  return 1;
+  return cpus;
+}
+
+int64_t AvailableUnderLimit(int64_t available, const std::string& memory_max, const std::string& memory_current) {
+  const int64_t limit = CgroupNumber(memory_max);
+  if (limit <= 0) return available;
+  return std::min(available, std::max<int64_t>(0, limit - CgroupNumber(memory_current)));
 }
 
 StatusOr<int> ResolveThreads(int64_t threads, const std::string& flag) {
@@ -102,13 +136,19 @@ StatusOr<int64_t> ParseMemorySize(const std::string& flag, const std::string& te
 StatusOr<int64_t> MemAvailableBytes() {
   std::ifstream in("/proc/meminfo");
   std::string line;
+  int64_t available = 0;
   while (std::getline(in, line)) {
     if (line.rfind("MemAvailable:", 0) != 0) continue;
     std::istringstream fields(line.substr(13));
     int64_t kib = 0;
-    if (fields >> kib && kib > 0) return kib * 1024;
+    if (fields >> kib && kib > 0) available = kib * 1024;
+    break;
   }
-  return UnavailableError("MemAvailable: not found in /proc/meminfo");
+  if (available <= 0) return UnavailableError("MemAvailable: not found in /proc/meminfo");
+  // A container's memory limit (cgroup v2 memory.max), which /proc/meminfo
+  // does not show: what is left under it counts, if less.
+  return AvailableUnderLimit(available, FirstLineOf("/sys/fs/cgroup/memory.max"),
+                             FirstLineOf("/sys/fs/cgroup/memory.current"));
 }
 
 std::string FormatBytes(int64_t bytes) {

@@ -63,7 +63,8 @@ struct ModelLoadFlags {
 void AddModelLoadFlags(FlagSet* flags, ModelLoadFlags* values, unsigned which = kAllModelLoadFlags);
 
 // The CPUs this process may run on (sched_getaffinity; what `nproc`
-// prints), at least 1.
+// prints), capped by a container's CPU quota (cgroup v2 cpu.max, rounded
+// up), at least 1.
 int UsableCpus();
 
 // The thread count a --threads value stands for: `threads` itself when > 0,
@@ -79,8 +80,17 @@ StatusOr<int> ResolveThreads(int64_t threads, const std::string& flag = "threads
 StatusOr<int64_t> ParseMemorySize(const std::string& flag, const std::string& text, int64_t available_bytes);
 
 // MemAvailable of /proc/meminfo in bytes (the memory a new allocation can
-// get without swapping). Errors: kUnavailable when it cannot be read.
+// get without swapping), or less when a container's memory limit (cgroup v2
+// memory.max minus memory.current) leaves less. Errors: kUnavailable when
+// MemAvailable cannot be read.
 StatusOr<int64_t> MemAvailableBytes();
+
+// The container limits the two above apply, from the cgroup v2 files'
+// first lines: `cpus` capped by cpu.max ("QUOTA PERIOD" -> ceil(QUOTA /
+// PERIOD), "max ..." = no cap), and `available` capped by memory.max minus
+// memory.current ("max" or "" = no cap).
+int CpusUnderQuota(int cpus, const std::string& cpu_max);
+int64_t AvailableUnderLimit(int64_t available, const std::string& memory_max, const std::string& memory_current);
 
 // "4.00 GiB"-style rendering of a byte count for messages.
 std::string FormatBytes(int64_t bytes);

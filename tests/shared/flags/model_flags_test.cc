@@ -84,6 +84,22 @@ TEST(ModelLoadFlagsTest, ThreadsZeroIsEveryUsableCpu) {
   EXPECT_THAT(ResolveThreads(100000), StatusIs(StatusCode::kInvalidArgument));
 }
 
+// In a container the CPU quota and the memory limit cap what the host
+// shows (cgroup v2 cpu.max, memory.max / memory.current).
+TEST(ModelLoadFlagsTest, ContainerLimitsCapCpusAndMemory) {
+  EXPECT_EQ(CpusUnderQuota(16, "max 100000"), 16);
+  EXPECT_EQ(CpusUnderQuota(16, "200000 100000"), 2);
+  EXPECT_EQ(CpusUnderQuota(16, "150000 100000"), 2);
+  EXPECT_EQ(CpusUnderQuota(16, "50000 100000"), 1);
+  EXPECT_EQ(CpusUnderQuota(2, "800000 100000"), 2);
+  EXPECT_EQ(CpusUnderQuota(4, ""), 4);
+  const int64_t gib = int64_t{1} << 30;
+  EXPECT_EQ(AvailableUnderLimit(20 * gib, "max", "123"), 20 * gib);
+  EXPECT_EQ(AvailableUnderLimit(20 * gib, "", ""), 20 * gib);
+  EXPECT_EQ(AvailableUnderLimit(20 * gib, std::to_string(8 * gib), std::to_string(3 * gib)), 5 * gib);
+  EXPECT_EQ(AvailableUnderLimit(2 * gib, std::to_string(8 * gib), std::to_string(3 * gib)), 2 * gib);
+}
+
 // Sizes: binary units, decimal units, plain bytes, fractions and a
 // percentage of the available memory.
 TEST(ModelLoadFlagsTest, MemorySizes) {
