@@ -23,9 +23,11 @@
 
 #include "policy/dqn/artifact.h"
 #include "shared/flags/flags.h"
+#include "shared/flags/model_flags.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/model/load_or_exit.h"
+#include "shared/model/model_load_flags.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/status/status_macros.h"
 #include "trainer/corpus.h"
@@ -38,13 +40,16 @@ namespace {
 using lede::Status;
 using lede::StatusOr;
 
-struct Flags {
-  std::string model, prompts, extra_prompts, exclude_prompts, reward = "throughput", cost_model = "accelerator", calibration, candidates = "1,2,3,4,5,6", out,
+// The model-loading group (shared/flags/model_flags.h) holds --model,
+// --threads (default 1 here) and --weights.
+struct Flags : lede::flags::ModelLoadFlags {
+  Flags() { threads = 1; }
+  std::string prompts, extra_prompts, exclude_prompts, reward = "throughput", cost_model = "accelerator", calibration, candidates = "1,2,3,4,5,6", out,
               version, report;
   int64_t per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 128, extra_count = 0,
-          max_draft = 4, iterations = 6, epochs = 16, seed = 1, threads = 1, hidden = 64, batch_size = 256;
+          max_draft = 4, iterations = 6, epochs = 16, seed = 1, hidden = 64, batch_size = 256;
   double selection_fraction = 0.25, epsilon = 0.2, lr = 1e-3, conservative_margin = 0.0;
-  std::string initial_policy = "static", loads, warm_start, weights = "auto", trace_model;
+  std::string initial_policy = "static", loads, warm_start, trace_model;
   double ridge_tokens = lede::model::kDefaultRidgeTokens;
   bool overwrite = false, probe_candidates = false, lookahead_probe = false, rollout = true;
 };
@@ -196,7 +201,7 @@ StatusOr<lede::trainer::DinkelbachOptions> MakeOptions(const Flags& fl, const le
   o.dqn.hidden = static_cast<int32_t>(fl.hidden);
   o.dqn.batch_size = fl.batch_size;
   o.dqn.lr = fl.lr;
-  o.dqn.num_threads = static_cast<int32_t>(fl.threads);
+  o.dqn.num_threads = static_cast<int32_t>(lede::flags::ResolveThreads(fl.threads).value_or(1));
   o.dqn.heldout_fraction = 0.0;  // selection runs on whole held-out requests instead
   if (!fl.loads.empty()) {
     LEDE_ASSIGN_OR_RETURN(o.loads, lede::flags::ParseIntList("loads", fl.loads));
@@ -322,17 +327,16 @@ lede::policy::dqn::Artifact MakePolicyArtifact(const Flags& fl, const lede::trai
 }
 
 int Run(const Flags& fl) {
-  at::set_num_threads(static_cast<int>(fl.threads));
+  auto threads = lede::model::ApplyThreadsFlag(fl.threads);
+  if (!threads.ok()) return Fail(threads.status());
   auto tok_path = lede::tokenizer::FindTokenizerFile(fl.model);
   if (!tok_path.ok()) return Fail(tok_path.status());
   auto tok = lede::tokenizer::LoadTokenizer(*tok_path);
   if (!tok.ok()) return Fail(tok.status());
-  auto weight_format = lede::model::ParseWeightFormat(fl.weights);
-  if (!weight_format.ok()) return Fail(weight_format.status());
-  lede::model::ModelOptions model_options;
-  model_options.weights = *weight_format;
+  auto model_options = lede::model::ModelOptionsFromFlags(fl);
+  if (!model_options.ok()) return Fail(model_options.status());
   std::shared_ptr<const lede::model::LlamaModel> model =
-      lede::model::LoadModelOrExit("lede-train-counterfactual", fl.model, model_options);
+      lede::model::LoadModelOrExit("lede-train-counterfactual", fl.model, *model_options);
   lede::model::KvCacheOptions ko;
   ko.max_draft_len = std::max<int64_t>(8, fl.max_draft);
   auto engine = lede::model::Engine::Create(model, ko);
@@ -355,7 +359,7 @@ int Run(const Flags& fl) {
     if (Status st = TraceRequests(fl, **tok, **engine, o.spec.top_k, &train, &selection); !st.ok()) return Fail(st);
   } else {
     std::shared_ptr<const lede::model::LlamaModel> tracer_model =
-        lede::model::LoadModelOrExit("lede-train-counterfactual", fl.trace_model, model_options);
+        lede::model::LoadModelOrExit("lede-train-counterfactual", fl.trace_model, *model_options);
     auto tracer_engine = lede::model::Engine::Create(tracer_model, ko);
     if (!tracer_engine.ok()) return Fail(tracer_engine.status());
     if (Status st = TraceRequests(fl, **tok, **tracer_engine, o.spec.top_k, &train, &selection); !st.ok()) {
@@ -396,7 +400,7 @@ int Run(const Flags& fl) {
 int main(int argc, char** argv) {
   Flags fl;
   lede::flags::FlagSet f;
-  f.Add("model", &fl.model, "model directory (Hugging Face layout + tokenizer)", true);
+  lede::flags::AddModelLoadFlags(&f, &fl, lede::flags::kModelPath);
   f.Add("prompts", &fl.prompts, "prompt sets (.jsonl or corpus); their tuning split (first half) trains", true);
   f.Add("prompts-per-set", &fl.per_set, "prompts read per set (as lede-bench bench: half tuning, half evaluation)");
   f.Add("extra-prompts", &fl.extra_prompts, "more training prompts (all of them train; never evaluation data)");
@@ -440,8 +444,7 @@ int main(int argc, char** argv) {
         "checked), at its speed; the cost model, fingerprint and policy stay --model's");
 
   f.Add("seed", &fl.seed, "seed");
-  f.Add("threads", &fl.threads, "libtorch threads");
-  f.Add("weights", &fl.weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16 or q8_0");
+  lede::flags::AddModelLoadFlags(&f, &fl, lede::flags::kThreads | lede::flags::kWeights);
   f.Add("out", &fl.out, "artifact directory to write", true);
   f.Add("version", &fl.version, "policy version", true);
   f.Add("overwrite", &fl.overwrite, "replace an existing artifact");

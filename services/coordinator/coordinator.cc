@@ -503,7 +503,7 @@ Status GenerationService::Impl::RunRequest(grpc::CallbackServerContext* context,
   LEDE_RETURN_IF_ERROR(ValidateForModel(request, info));
   // Before tokenization: what cannot fit is rejected in O(1) (issue 17).
   if (info.capacity() > 0) {
-    LEDE_RETURN_IF_ERROR(ValidateRequestSize(request, RequestBounds{info.capacity(), max_token_bytes}));
+    LEDE_RETURN_IF_ERROR(ValidateRequestSize(request, RequestBounds{info.capacity(), max_token_bytes, info.context_window()}));
   }
   LEDE_ASSIGN_OR_RETURN(const std::vector<int32_t> prompt, ResolvePrompt(request));
   const std::string request_id = RequestId(request);

@@ -131,7 +131,7 @@ struct DrafterService::Impl {
   };
 
   void RunJobs(const std::vector<void*>& jobs) {
-    SetBatchThreads(host->options.batch_threads);
+    SetComputeThreads(host->options.batch_threads);
     std::map<model::KvCache*, std::vector<DraftJob*>> by_pool;
     for (void* j : jobs) by_pool[static_cast<DraftJob*>(j)->cache].push_back(static_cast<DraftJob*>(j));
     for (auto& [cache, group] : by_pool) {
@@ -296,6 +296,7 @@ grpc::Status DrafterService::Draft(grpc::ServerContext* server_context, const le
     ~DraftingGuard() { cache.EndDrafting(slot); }
   } drafting_guard{cache, req->slot()};
   Impl::DraftingScope drafting(*impl_);
+  SetComputeThreads(host.options.threads);  // steps without a scheduler run on this thread
   model::Drafter drafter(*host.model, cache, impl_->RunnerFor(cache));
   const auto draft_start = std::chrono::steady_clock::now();
   StatusOr<model::DraftOutput> out = model::DraftRound(*host.model, cache, drafter, req->slot(), config, sampling, dr);
