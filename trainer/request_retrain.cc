@@ -13,18 +13,10 @@
 #include "shared/experience/request_log.h"
 #include "shared/status/status_macros.h"
 #include "trainer/dqn.h"
+#include "trainer/heldout_split.h"
 
 namespace lede::trainer {
 namespace {
-
-uint64_t Fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 void Log(const RequestRetrainOptions& o, const std::string& line) {
   if (o.log) o.log(line);
@@ -46,10 +38,6 @@ StatusOr<ServingPlan> PlanOf(std::shared_ptr<const policy::dqn::Artifact> artifa
 }
 
 }  // namespace
-
-bool IsHeldOutRequest(const std::string& id, double fraction) {
-  return static_cast<double>(Fnv1a(id) % 1000000) < fraction * 1000000.0;
-}
 
 StatusOr<ShadowTrace> TraceLoggedRequest(const model::LlamaModel& model, const lede::v1::RequestRecord& record,
                                          int32_t top_k) {
@@ -87,7 +75,7 @@ StatusOr<RequestSplit> TraceAndSplitRequests(const model::LlamaModel& model,
     if (!t.ok() && t.status().code() == StatusCode::kInvalidArgument) continue;  // empty output, too long
     if (!t.ok()) return t.status();
     ++split.n_requests;
-    if (IsHeldOutRequest(r.request_id(), options.heldout_fraction)) {
+    if (IsHeldOut(r.request_id(), options.heldout_fraction)) {
       split.heldout.push_back(*std::move(t));
     } else {
       (n_train_seen++ % 4 == 3 ? split.selection : split.train).push_back(*std::move(t));

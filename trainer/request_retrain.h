@@ -13,7 +13,7 @@
 //     ends the run: kNoNewData, nothing trained or written.
 //  2. Every record must be of the served model (model_fingerprint); a log
 //     of another model is refused (kFailedPrecondition naming both).
-//  3. Split by request: a hash of request_id puts about heldout_fraction of
+//  3. Split by request: IsHeldOut(request_id) (trainer/heldout_split.h) puts about heldout_fraction of
 //     the requests (at least one) in the held-out set, the same request on
 //     the same side in every run; the rest train. Each request's shadow
 //     trace is one uncached pass over prompt + output (ComputeShadowTrace),
@@ -91,9 +91,6 @@ struct RequestRetrainOutcome {
   std::string serving_version, candidate_version, artifact_dir, reason;
   double serving_speedup = 0, candidate_speedup = 0;  // replayed on the held-out requests
 };
-
-// Whether request `id` is held out (a stable hash; about `fraction` of ids).
-bool IsHeldOutRequest(const std::string& id, double fraction);
 
 // The shadow trace of a logged request, at the load it was served at.
 // Errors: those of ComputeShadowTrace (an empty output is kInvalidArgument).

@@ -30,6 +30,7 @@
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "trainer/exit_eval.h"
+#include "trainer/heldout_split.h"
 #include "shared/experience/experience.h"
 #include "shared/experience/request_log.h"
 #include "trainer/request_retrain.h"
@@ -52,20 +53,6 @@ std::string UtcNow(const char* format) {
   char buf[48];
   std::strftime(buf, sizeof(buf), format, &tm);
   return buf;
-}
-
-// FNV-1a, 64 bits: a split that is the same on every machine and run.
-uint64_t Fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-bool HeldOut(const std::string& unit, double fraction) {
-  return static_cast<double>(Fnv1a(unit) % 1000000) < fraction * 1000000.0;
 }
 
 bool IsExploration(const std::string& version) { return version.find(kExploreMarker) != std::string::npos; }
@@ -473,7 +460,7 @@ Status SplitHeldOut(double fraction, RetrainRun* run) {
     run->held.clear();
     for (const Transition& t : run->window) {
       const std::string unit = by_request ? t.request_id : t.request_id + "/" + std::to_string(t.round_index);
-      (HeldOut(unit, fraction) ? run->held : run->train).push_back(t);
+      (IsHeldOut(unit, fraction) ? run->held : run->train).push_back(t);
     }
   };
   split(true);
