@@ -24,7 +24,6 @@
 #include <grpcpp/support/server_callback.h>
 
 #include "absl/time/time.h"
-#include "services/coordinator/method_names.h"
 #include "services/coordinator/remote_backend.h"
 #include "services/coordinator/session_lease.h"
 #include "services/coordinator/request_validation.h"
@@ -238,7 +237,7 @@ struct GenerationService::Impl {
     r.mutable_output_token_ids()->Add(result.tokens.begin(), result.tokens.end());
     r.set_ended_on_eos(result.finish == speculation::FinishReason::kEos);
     r.set_max_new_tokens(max_new_tokens);
-    r.set_method(SpeculationMethodName(request.method()));
+    r.set_method(speculation::SpeculationMethodName(request.method()));
     r.set_policy_version(result.policy_version);
     {
       std::lock_guard<std::mutex> lock(info_mu);
@@ -446,7 +445,7 @@ Status GenerationService::Impl::Run(grpc::CallbackServerContext* context, const 
     load.store(static_cast<int32_t>(in_flight), std::memory_order_relaxed);
   }
   if (metrics) {
-    metrics->RecordRequest(SpeculationMethodName(request->method()), status.code(),
+    metrics->RecordRequest(speculation::SpeculationMethodName(request->method()), status.code(),
                            std::chrono::duration<double>(Clock::now() - t0).count());
   }
   if (!status.ok()) {
@@ -517,7 +516,7 @@ Status GenerationService::Impl::RunRequest(grpc::CallbackServerContext* context,
   const speculation::GenerationStats& st = result.stats;
   rpc::LogEvent("info", "request_done",
                 {{"request_id", request_id},
-                 {"method", SpeculationMethodName(request.method())},
+                 {"method", speculation::SpeculationMethodName(request.method())},
                  {"tokens", std::to_string(st.n_generated)},
                  {"acceptance_rate", std::to_string(st.acceptance_rate())},
                  {"tokens_per_s", std::to_string(st.decode_tokens_per_s())},
@@ -554,7 +553,7 @@ speculation::LoopOptions GenerationService::Impl::LoopFor(const GenerateRequest&
         std::max<int64_t>(1, std::min<int64_t>(options.max_new_tokens_limit, info.capacity() - prompt_len));
   }
   const SpeculationMethod method = request.method();
-  loop.mode = speculation::LoopMode(MethodFromProto(method).value_or(speculation::SpeculationMethod::kLede));
+  loop.mode = speculation::LoopMode(speculation::MethodFromProto(method).value_or(speculation::SpeculationMethod::kLede));
   loop.session.sampling.temperature = request.temperature();
   loop.session.sampling.top_p = checked.top_p;
   loop.session.sampling.seed = request.seed();

@@ -413,20 +413,5 @@ TEST(FromModelCallTest, LostSessionsAreUnavailableOthersKeepTheirCode) {
               StatusIs(StatusCode::kResourceExhausted));
 }
 
-TEST(CoordinatorOptionsTest, SpeculationMethodNamesRoundTrip) {
-  for (lede::v1::SpeculationMethod m :
-       {lede::v1::SPECULATION_METHOD_LEDE, lede::v1::SPECULATION_METHOD_STATIC,
-        lede::v1::SPECULATION_METHOD_THRESHOLD, lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE}) {
-    lede::v1::SpeculationMethod parsed = lede::v1::SPECULATION_METHOD_UNSPECIFIED;
-    ASSERT_TRUE(ParseSpeculationMethodName(SpeculationMethodName(m), &parsed));
-    EXPECT_EQ(parsed, m);
-  }
-  EXPECT_EQ(SpeculationMethodName(lede::v1::SPECULATION_METHOD_UNSPECIFIED), "lede");
-  lede::v1::SpeculationMethod parsed;
-  EXPECT_TRUE(ParseSpeculationMethodName("Static", &parsed));
-  EXPECT_EQ(parsed, lede::v1::SPECULATION_METHOD_STATIC);
-  EXPECT_FALSE(ParseSpeculationMethodName("fast", &parsed));
-}
-
 }  // namespace
 }  // namespace lede::coordinator
