@@ -94,6 +94,100 @@ StatusOr<RequestSplit> TraceAndSplitRequests(const model::LlamaModel& model,
 
 }  // namespace
 
+namespace {
+
+// 1. The request log under the prefix; which shards are new (recorded in
+// `out`, bad new ones logged). Trims the records to the most recent
+// max_requests.
+StatusOr<experience::RequestLogRead> ReadRequestLog(storage::ObjectStore& store, const std::set<std::string>& processed,
+                                                    const RequestRetrainOptions& options, RequestRetrainOutcome* out) {
+  LEDE_ASSIGN_OR_RETURN(experience::RequestLogRead read, experience::ReadRequestLog(store, options.requests_prefix));
+  out->n_bad_shards = read.bad_shards();
+  for (const experience::ShardReport& s : read.shards) {
+    const bool is_new = processed.count(s.path) == 0;
+    if (!s.error.empty() && is_new) {
+      ++out->n_new_bad_shards;
+      Log(options, "msg=\"bad request-log shard skipped\" shard=" + s.path + " good_records=" +
+                       std::to_string(s.records) + " error=\"" + s.error + "\"");
+    }
+    if (is_new) {
+      out->new_shards.push_back(s.path);
+      out->n_new_records += s.records;
+    }
+  }
+  if (options.max_requests >= 1 && static_cast<int64_t>(read.records.size()) > options.max_requests) {
+    read.records.erase(read.records.begin(), read.records.end() - options.max_requests);
+  }
+  return read;
+}
+
+// 2. Every record of the served model. Errors: kFailedPrecondition naming
+// the first other fingerprint and the model's.
+Status CheckOneModel(const std::vector<lede::v1::RequestRecord>& records, const std::string& fingerprint) {
+  for (const lede::v1::RequestRecord& r : records) {
+    if (r.model_fingerprint() != fingerprint) {
+      return FailedPreconditionError("request log of another model: request " + r.request_id() +
+                                     " has model fingerprint \"" + r.model_fingerprint() +
+                                     "\", the model to train is \"" + fingerprint + "\"");
+    }
+  }
+  return OkStatus();
+}
+
+// 4. The candidate's artifact, trained by Dinkelbach iteration on the
+// training requests (its selection metrics in offline_metrics).
+StatusOr<policy::dqn::Artifact> TrainCandidate(const RequestSplit& split, const model::CostModel& cost,
+                                               const std::string& fingerprint, const RequestRetrainOptions& options,
+                                               int64_t n_train) {
+  DinkelbachOptions d = options.dinkelbach;
+  d.model_fingerprint = fingerprint;
+  LEDE_ASSIGN_OR_RETURN(DinkelbachResult result, TrainDinkelbach(split.train, split.selection, cost, d));
+  policy::dqn::PolicyMetadata meta;
+  meta.version = options.version;
+  meta.model_fingerprint = fingerprint;
+  meta.decision = d.spec;
+  meta.reward_cost_model = cost.name();
+  meta.training_data.n_requests = n_train;
+  meta.training_options["request_log"] = 1;
+  const DinkelbachIteration& sel = result.iterations[result.selected_iteration - 1];
+  meta.training_options["rho"] = sel.rho;
+  policy::dqn::Artifact artifact = MakeArtifact(result.dqn, d.dqn, meta);
+  artifact.metadata.offline_metrics["selection_speedup"] = sel.selection_speedup;
+  artifact.metadata.offline_metrics["train_speedup"] = sel.train_speedup;
+  return artifact;
+}
+
+// 5. Publishes the candidate iff its held-out replay speed-up beats the
+// serving one's by the margin (saved under policy_root, SERVING moved);
+// otherwise saves it under candidates/ and keeps SERVING.
+Status PublishIfBetter(const policy::dqn::Artifact& candidate, const std::string& fingerprint,
+                       const RequestRetrainOptions& options, RequestRetrainOutcome* out) {
+  const bool better = std::isfinite(out->candidate_speedup) && std::isfinite(out->serving_speedup) &&
+                      out->candidate_speedup - out->serving_speedup > options.publish_margin;
+  char numbers[160];
+  std::snprintf(numbers, sizeof(numbers), "held-out replay: candidate %.4fx, serving %s %.4fx, margin %g",
+                out->candidate_speedup, out->serving_version.c_str(), out->serving_speedup, options.publish_margin);
+  if (better) {
+    out->artifact_dir = policy::dqn::VersionDir(options.policy_root, options.version);
+    LEDE_RETURN_IF_ERROR(policy::dqn::SaveArtifact(out->artifact_dir, candidate));
+    LEDE_RETURN_IF_ERROR(policy::dqn::PublishServingVersion(options.policy_root, options.version, fingerprint));
+    out->decision = RequestRetrainDecision::kPublished;
+    out->reason = std::string("published: ") + numbers;
+  } else {
+    out->artifact_dir = (std::filesystem::path(options.policy_root) / "candidates" / options.version).string();
+    LEDE_RETURN_IF_ERROR(policy::dqn::SaveArtifact(out->artifact_dir, candidate, /*overwrite=*/true));
+    out->decision = RequestRetrainDecision::kRejected;
+    out->reason = std::string("rejected (not better by the margin): ") + numbers;
+  }
+  Log(options, "msg=\"request retrain decision\" decision=" + std::string(better ? "published" : "rejected") +
+                   " version=" + options.version + " candidate_speedup=" + std::to_string(out->candidate_speedup) +
+                   " serving_speedup=" + std::to_string(out->serving_speedup) +
+                   " requests=" + std::to_string(out->n_requests) + " bad_shards=" + std::to_string(out->n_bad_shards));
+  return OkStatus();
+}
+
+}  // namespace
+
 StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, const model::LlamaModel& model,
                                                   const model::CostModel& cost,
                                                   const std::set<std::string>& processed,
@@ -106,48 +200,22 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
   const std::string fingerprint = model.config().ArchitectureFingerprint();
   const int32_t n_layers = static_cast<int32_t>(model.n_layers());
 
-  // 1. The request log; which shards are new.
-  LEDE_ASSIGN_OR_RETURN(experience::RequestLogRead read, experience::ReadRequestLog(store, options.requests_prefix));
+  // 1. The request log; which shards are new. 2. Of the served model only.
   RequestRetrainOutcome out;
-  out.n_bad_shards = read.bad_shards();
-  for (const experience::ShardReport& s : read.shards) {
-    const bool is_new = processed.count(s.path) == 0;
-    if (!s.error.empty() && is_new) {
-      ++out.n_new_bad_shards;
-      Log(options, "msg=\"bad request-log shard skipped\" shard=" + s.path + " good_records=" +
-                       std::to_string(s.records) + " error=\"" + s.error + "\"");
-    }
-    if (is_new) {
-      out.new_shards.push_back(s.path);
-      out.n_new_records += s.records;
-    }
-  }
+  LEDE_ASSIGN_OR_RETURN(experience::RequestLogRead read, ReadRequestLog(store, processed, options, &out));
   if (out.n_new_records == 0) {
     out.reason = "no new logged requests";
     return out;
   }
   if (options.max_requests < 1) return InvalidArgumentError("max_requests: must be >= 1");
-  if (static_cast<int64_t>(read.records.size()) > options.max_requests) {
-    read.records.erase(read.records.begin(), read.records.end() - options.max_requests);
-  }
-  // 2. Of the served model only.
-  for (const lede::v1::RequestRecord& r : read.records) {
-    if (r.model_fingerprint() != fingerprint) {
-      return FailedPreconditionError("request log of another model: request " + r.request_id() +
-                                     " has model fingerprint \"" + r.model_fingerprint() +
-                                     "\", the model to train is \"" + fingerprint + "\"");
-    }
-  }
+  LEDE_RETURN_IF_ERROR(CheckOneModel(read.records, fingerprint));
   // 3. Split by request; shadow traces.
   const auto train_start = std::chrono::steady_clock::now();
   LEDE_ASSIGN_OR_RETURN(RequestSplit split, TraceAndSplitRequests(model, read.records, options));
   out.n_requests = split.n_requests;
-  std::vector<ShadowTrace>& train = split.train;
-  std::vector<ShadowTrace>& selection = split.selection;
-  std::vector<ShadowTrace>& heldout = split.heldout;
-  out.n_train = static_cast<int64_t>(train.size() + selection.size());
-  out.n_heldout = static_cast<int64_t>(heldout.size());
-  if (train.empty() || selection.empty() || heldout.empty()) {
+  out.n_train = static_cast<int64_t>(split.train.size() + split.selection.size());
+  out.n_heldout = static_cast<int64_t>(split.heldout.size());
+  if (split.train.empty() || split.selection.empty() || split.heldout.empty()) {
     out.decision = RequestRetrainDecision::kNoNewData;
     out.new_shards.clear();  // they stay new and accumulate with the next ones
     out.reason = "too few usable requests to train and evaluate (" + std::to_string(out.n_requests) + ")";
@@ -159,58 +227,23 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
                         policy::dqn::LoadServingArtifact(options.policy_root, fingerprint));
   out.serving_version = serving_artifact.metadata.version;
   auto serving = std::make_shared<const policy::dqn::Artifact>(std::move(serving_artifact));
-  DinkelbachOptions d = options.dinkelbach;
-  d.model_fingerprint = fingerprint;
-  Log(options, "msg=\"training on logged requests\" train=" + std::to_string(train.size()) +
-                   " selection=" + std::to_string(selection.size()) + " heldout=" + std::to_string(heldout.size()) +
-                   " serving=" + out.serving_version);
-  LEDE_ASSIGN_OR_RETURN(DinkelbachResult result, TrainDinkelbach(train, selection, cost, d));
+  Log(options, "msg=\"training on logged requests\" train=" + std::to_string(split.train.size()) +
+                   " selection=" + std::to_string(split.selection.size()) +
+                   " heldout=" + std::to_string(split.heldout.size()) + " serving=" + out.serving_version);
+  LEDE_ASSIGN_OR_RETURN(policy::dqn::Artifact candidate_artifact,
+                        TrainCandidate(split, cost, fingerprint, options, out.n_train));
   out.train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count();
-  policy::dqn::PolicyMetadata meta;
-  meta.version = options.version;
-  meta.model_fingerprint = fingerprint;
-  meta.decision = d.spec;
-  meta.reward_cost_model = cost.name();
-  meta.training_data.n_requests = out.n_train;
-  meta.training_options["request_log"] = 1;
-  const DinkelbachIteration& sel = result.iterations[result.selected_iteration - 1];
-  meta.training_options["rho"] = sel.rho;
-  policy::dqn::Artifact candidate_artifact = MakeArtifact(result.dqn, d.dqn, meta);
-  candidate_artifact.metadata.offline_metrics["selection_speedup"] = sel.selection_speedup;
-  candidate_artifact.metadata.offline_metrics["train_speedup"] = sel.train_speedup;
   auto candidate = std::make_shared<const policy::dqn::Artifact>(candidate_artifact);
 
-  // 5. Both replayed on the held-out requests.
+  // 5. Both replayed on the held-out requests; publish iff better.
   LEDE_ASSIGN_OR_RETURN(ServingPlan sp, PlanOf(serving, n_layers));
   LEDE_ASSIGN_OR_RETURN(ServingPlan cp, PlanOf(candidate, n_layers));
-  LEDE_ASSIGN_OR_RETURN(out.serving_speedup, SimulatedSpeedup(heldout, sp.spec, sp.make, cost));
-  LEDE_ASSIGN_OR_RETURN(out.candidate_speedup, SimulatedSpeedup(heldout, cp.spec, cp.make, cost));
+  LEDE_ASSIGN_OR_RETURN(out.serving_speedup, SimulatedSpeedup(split.heldout, sp.spec, sp.make, cost));
+  LEDE_ASSIGN_OR_RETURN(out.candidate_speedup, SimulatedSpeedup(split.heldout, cp.spec, cp.make, cost));
   candidate_artifact.metadata.offline_metrics["heldout_replay_speedup"] = out.candidate_speedup;
   candidate_artifact.metadata.offline_metrics["heldout_replay_speedup_serving"] = out.serving_speedup;
   out.candidate_version = options.version;
-  const bool better = std::isfinite(out.candidate_speedup) && std::isfinite(out.serving_speedup) &&
-                      out.candidate_speedup - out.serving_speedup > options.publish_margin;
-  char numbers[160];
-  std::snprintf(numbers, sizeof(numbers), "held-out replay: candidate %.4fx, serving %s %.4fx, margin %g",
-                out.candidate_speedup, out.serving_version.c_str(), out.serving_speedup, options.publish_margin);
-  namespace fs = std::filesystem;
-  if (better) {
-    out.artifact_dir = policy::dqn::VersionDir(options.policy_root, options.version);
-    LEDE_RETURN_IF_ERROR(policy::dqn::SaveArtifact(out.artifact_dir, candidate_artifact));
-    LEDE_RETURN_IF_ERROR(policy::dqn::PublishServingVersion(options.policy_root, options.version, fingerprint));
-    out.decision = RequestRetrainDecision::kPublished;
-    out.reason = std::string("published: ") + numbers;
-  } else {
-    out.artifact_dir = (fs::path(options.policy_root) / "candidates" / options.version).string();
-    LEDE_RETURN_IF_ERROR(policy::dqn::SaveArtifact(out.artifact_dir, candidate_artifact, /*overwrite=*/true));
-    out.decision = RequestRetrainDecision::kRejected;
-    out.reason = std::string("rejected (not better by the margin): ") + numbers;
-  }
-  Log(options, "msg=\"request retrain decision\" decision=" +
-                   std::string(better ? "published" : "rejected") + " version=" + options.version +
-                   " candidate_speedup=" + std::to_string(out.candidate_speedup) +
-                   " serving_speedup=" + std::to_string(out.serving_speedup) +
-                   " requests=" + std::to_string(out.n_requests) + " bad_shards=" + std::to_string(out.n_bad_shards));
+  LEDE_RETURN_IF_ERROR(PublishIfBetter(candidate_artifact, fingerprint, options, &out));
   return out;
 }
 
