@@ -34,21 +34,29 @@
 #include "trainer/counterfactual.h"
 #include "trainer/dinkelbach.h"
 #include "trainer/dqn.h"
+#include "trainer/dqn_flags.h"
 
 namespace {
 
 using lede::Status;
 using lede::StatusOr;
 
-// The model-loading group (shared/flags/model_flags.h) holds --model,
-// --threads (default 1 here) and --weights.
+// The model-loading group (shared/flags/model_flags.h) holds --model and
+// --weights; --threads is the DQN group's (tracing and training alike).
 struct Flags : lede::flags::ModelLoadFlags {
-  Flags() { threads = 1; }
   std::string prompts, extra_prompts, exclude_prompts, reward = "throughput", cost_model = "accelerator", calibration, candidates = "1,2,3,4,5,6", out,
               version, report;
   int64_t per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 128, extra_count = 0,
-          max_draft = 4, iterations = 6, epochs = 16, seed = 1, hidden = 64, batch_size = 256;
-  double selection_fraction = 0.25, epsilon = 0.2, lr = 1e-3, conservative_margin = 0.0;
+          max_draft = 4, iterations = 6;
+  double selection_fraction = 0.25, epsilon = 0.2, conservative_margin = 0.0;
+  // --seed --epochs --hidden --batch-size --lr --threads (trainer/dqn_flags.h);
+  // 16 epochs of 256-transition minibatches per Dinkelbach iteration.
+  lede::trainer::DqnFlags dqn{[] {
+    lede::trainer::DqnOptions o;
+    o.epochs = 16;
+    o.batch_size = 256;
+    return o;
+  }()};
   std::string initial_policy = "static", loads, warm_start, trace_model;
   double ridge_tokens = lede::model::kDefaultRidgeTokens;
   bool overwrite = false, probe_candidates = false, lookahead_probe = false, rollout = true;
@@ -194,14 +202,9 @@ StatusOr<lede::trainer::DinkelbachOptions> MakeOptions(const Flags& fl, const le
     }
     o.warm_start = std::make_shared<const lede::policy::dqn::QNetwork>(warm->network);
   }
-  o.seed = static_cast<uint64_t>(fl.seed);
+  LEDE_RETURN_IF_ERROR(lede::trainer::ApplyDqnFlags(fl.dqn, lede::trainer::DqnFlagScope::kCore, &o.dqn));
+  o.seed = o.dqn.seed;
   o.model_fingerprint = model.config().ArchitectureFingerprint();
-  o.dqn.epochs = fl.epochs;
-  o.dqn.seed = static_cast<uint64_t>(fl.seed);
-  o.dqn.hidden = static_cast<int32_t>(fl.hidden);
-  o.dqn.batch_size = fl.batch_size;
-  o.dqn.lr = fl.lr;
-  o.dqn.num_threads = static_cast<int32_t>(lede::flags::ResolveThreads(fl.threads).value_or(1));
   o.dqn.heldout_fraction = 0.0;  // selection runs on whole held-out requests instead
   if (!fl.loads.empty()) {
     LEDE_ASSIGN_OR_RETURN(o.loads, lede::flags::ParseIntList("loads", fl.loads));
@@ -327,7 +330,7 @@ lede::policy::dqn::Artifact MakePolicyArtifact(const Flags& fl, const lede::trai
 }
 
 int Run(const Flags& fl) {
-  auto threads = lede::model::ApplyThreadsFlag(fl.threads);
+  auto threads = lede::model::ApplyThreadsFlag(fl.dqn.threads);  // tracing and training alike
   if (!threads.ok()) return Fail(threads.status());
   auto tok_path = lede::tokenizer::FindTokenizerFile(fl.model);
   if (!tok_path.ok()) return Fail(tok_path.status());
@@ -420,10 +423,6 @@ int main(int argc, char** argv) {
         "phase 2 decides on the next token's probe (false: on the token just drafted; stopping is free)");
   f.Add("iterations", &fl.iterations, "Dinkelbach iterations at most");
   f.Add("rollout", &fl.rollout, "Q targets from exact rollouts of the current policy (false: n-step TD)");
-  f.Add("epochs", &fl.epochs, "DQN epochs per iteration");
-  f.Add("hidden", &fl.hidden, "hidden width of the Q-network");
-  f.Add("batch-size", &fl.batch_size, "DQN minibatch");
-  f.Add("lr", &fl.lr, "Adam learning rate");
   f.Add("epsilon", &fl.epsilon, "ε of the exploring behaviours in the replays");
   f.Add("conservative-margin", &fl.conservative_margin,
         "rollout targets prefer the current policy's action by this many tokens per round (0: plain greedy)");
@@ -443,8 +442,8 @@ int main(int argc, char** argv) {
         "compute the shadow traces with this model, the source of `lede widen` --model (the same function: "
         "checked), at its speed; the cost model, fingerprint and policy stay --model's");
 
-  f.Add("seed", &fl.seed, "seed");
-  lede::flags::AddModelLoadFlags(&f, &fl, lede::flags::kThreads | lede::flags::kWeights);
+  lede::trainer::AddDqnFlags(f, &fl.dqn, lede::trainer::DqnFlagScope::kCore);
+  lede::flags::AddModelLoadFlags(&f, &fl, lede::flags::kWeights);
   f.Add("out", &fl.out, "artifact directory to write", true);
   f.Add("version", &fl.version, "policy version", true);
   f.Add("overwrite", &fl.overwrite, "replace an existing artifact");

@@ -535,17 +535,5 @@ TEST_F(RequestRetrainTest, LoggedMeasuredCostsPriceTheRun) {
   EXPECT_LT(served->serving_speedup, accelerator->serving_speedup);
 }
 
-TEST(RequestSplitTest, HeldOutByRequestIdIsStableAndAboutTheFraction) {
-  int held = 0;
-  for (int i = 0; i < 4000; ++i) {
-    const std::string id = "req-" + std::to_string(i);
-    const bool h = IsHeldOutRequest(id, 0.25);
-    EXPECT_EQ(h, IsHeldOutRequest(id, 0.25));
-    held += h ? 1 : 0;
-  }
-  EXPECT_GT(held, 800);
-  EXPECT_LT(held, 1200);
-}
-
 }  // namespace
 }  // namespace lede::trainer
