@@ -243,7 +243,7 @@ Status Pretrain(const PretrainOptions& o) {
                                     std::to_string(tokenizer->vocab_size()));
       }
     }
-    model::ModelConfig config = m ? m->config() : o.config;
+    checkpoint::ModelConfig config = m ? m->config() : o.config;
     config.vocab_size = tokenizer->vocab_size();
     config.bos_id = tokenizer->bos_id();
     config.eos_ids = {tokenizer->eos_id()};

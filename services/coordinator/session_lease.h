@@ -42,7 +42,7 @@ struct SessionLeaseOptions {
   absl::Duration renew_interval = absl::Seconds(1);
   // Deadline of one renewal call.
   absl::Duration call_timeout = absl::Seconds(1);
-  Clock* clock = nullptr;  // nullptr = Clock::Real() (the renewal period)
+  clock::Clock* clock = nullptr;  // nullptr = Clock::Real() (the renewal period)
   // Called after every successful renewal with the verifier's answer (its
   // load report: slots, free slots, waiting sessions, this instance's
   // sessions), on the renewal thread (and on Start's caller for the first).
@@ -79,7 +79,7 @@ class SessionLease {
 
   lede::v1::Verifier::Stub* verifier_;
   SessionLeaseOptions options_;
-  Clock* clock_;
+  clock::Clock* clock_;
   const std::string instance_id_;
   std::thread thread_;
   absl::Mutex mu_;

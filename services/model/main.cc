@@ -35,7 +35,7 @@ int Run(const std::vector<std::string>& raw_args) {
   const bool drafter_only = fl.drafter_only();
 
   lede::rpc::BlockTerminationSignals();
-  lede::logging::SetLogProcessName(role == "both" ? "model" : role);
+  lede::log::SetLogProcessName(role == "both" ? "model" : role);
   lede::telemetry::Registry registry;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(fl.attach_timeout_s);
   auto host = lede::model_service::LoadModelHost(o, !drafter_only, &registry);
@@ -45,7 +45,7 @@ int Run(const std::vector<std::string>& raw_args) {
     host = lede::model_service::LoadModelHost(o, false, &registry);
   }
   if (!host.ok()) {
-    lede::logging::LogEvent("error", "load_failed", {{"error", host.status().ToString()}});
+    lede::log::LogEvent("error", "load_failed", {{"error", host.status().ToString()}});
     return 1;
   }
   lede::model_service::VerifierService verifier(*host);

@@ -86,7 +86,7 @@ void SetBatchThreads(int n_threads) {
   // library once built without OpenMP ran every step on one thread).
   static std::atomic<bool> warned{false};
   if (const int in_use = model::FusedThreadsInUse(); in_use < n_threads && !warned.exchange(true)) {
-    logging::LogEvent("warn", "batch_threads_unavailable",
+    log::LogEvent("warn", "batch_threads_unavailable",
                       {{"batch_threads", std::to_string(n_threads)}, {"threads_in_use", std::to_string(in_use)}});
   }
 }
@@ -109,7 +109,7 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
   LEDE_ASSIGN_OR_RETURN(std::unique_ptr<model::LlamaModel> loaded,
                         model::LlamaModel::Load(options.model_path, mo));
   host->model = std::shared_ptr<const model::LlamaModel>(std::move(loaded));
-  const model::ModelConfig& c = host->model->config();
+  const checkpoint::ModelConfig& c = host->model->config();
   host->fingerprint = c.ArchitectureFingerprint();
   if (registry != nullptr) host->metrics = std::make_unique<telemetry::SpecDecodeMetrics>(*registry);
 
@@ -165,7 +165,7 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
     po.metrics = host->metrics.get();
     host->follower = std::make_unique<PolicyFollower>(po);
     Status first = host->follower->FetchOnce();
-    if (!first.ok()) logging::LogEvent("warn", "policy_fetch_failed", {{"error", first.ToString()}});
+    if (!first.ok()) log::LogEvent("warn", "policy_fetch_failed", {{"error", first.ToString()}});
     host->follower->Start();
     if (options.remote_decisions) {
       host->policy_stub = lede::v1::Policy::NewStub(MakePolicyChannel(options.policy_target, po.credentials, po.tls_server_name, po.token));
@@ -200,7 +200,7 @@ Status Readiness(ModelHost& host) {
     }
     if (!host.cache || host.cache->epoch() != current->epoch()) {
       host.cache = std::make_shared<model::KvCache>(std::move(*current));
-      logging::LogEvent("info", "kv_pool_attached", {{"epoch", std::to_string(host.cache->epoch())}});
+      log::LogEvent("info", "kv_pool_attached", {{"epoch", std::to_string(host.cache->epoch())}});
     }
   } else if (!host.Pool()) {
     return UnavailableError("kv_pool: not created");

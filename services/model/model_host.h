@@ -75,7 +75,7 @@ class ModelHost {
       auto attached = model::KvCache::Attach(model->config(), o);
       if (attached.ok()) {
         cache = std::make_shared<model::KvCache>(std::move(*attached));
-        logging::LogEvent("info", "kv_pool_attached", {{"epoch", std::to_string(cache->epoch())}});
+        log::LogEvent("info", "kv_pool_attached", {{"epoch", std::to_string(cache->epoch())}});
         if (cache->epoch() == epoch) return cache;
       }
     }
@@ -85,7 +85,7 @@ class ModelHost {
   }
 
   void FillInfo(lede::v1::ModelInfo* info) {
-    const model::ModelConfig& c = model->config();
+    const checkpoint::ModelConfig& c = model->config();
     std::shared_ptr<model::KvCache> pool = Pool();
     info->set_n_layers(static_cast<int32_t>(c.n_layers));
     info->set_vocab_size(static_cast<int32_t>(c.vocab_size));

@@ -59,7 +59,7 @@ StatusOr<std::shared_ptr<const LoadedPolicy>> LoadPolicyVersion(const ServingPol
 ServingPolicy::ServingPolicy(ServingPolicyOptions options, telemetry::SpecDecodeMetrics* metrics)
     : options_(std::move(options)),
       metrics_(metrics),
-      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()) {}
+      clock_(options_.clock != nullptr ? options_.clock : clock::Clock::Real()) {}
 
 ServingPolicy::~ServingPolicy() { StopPolling(); }
 

@@ -16,7 +16,7 @@
 
 #include "shared/status/status_macros.h"
 
-namespace lede::model {
+namespace lede::checkpoint {
 namespace {
 
 using Json = nlohmann::json;
@@ -377,4 +377,4 @@ std::string ToHfConfigJson(const ModelConfig& config) {
   return j.dump(2) + "\n";
 }
 
-}  // namespace lede::model
+}  // namespace lede::checkpoint

@@ -43,8 +43,8 @@ struct WidenOptions {
 };
 
 struct WidenResult {
-  model::ModelConfig source;
-  model::ModelConfig widened;
+  ModelConfig source;
+  ModelConfig widened;
   int64_t source_parameters = 0;
   int64_t widened_parameters = 0;
   std::vector<std::string> copied_files;  // tokenizer / generation files, by name

@@ -117,7 +117,7 @@ struct ExperienceLoggerOptions {
   // Time source of the shard age, the retry backoff, the shard's date and
   // the default writer id (borrowed; must outlive the logger). nullptr =
   // Clock::Real(); tests pass a FakeClock.
-  Clock* clock = nullptr;
+  clock::Clock* clock = nullptr;
 };
 
 // Thread-safety: Log(), counters(), Flush() and Close() may be called from

@@ -79,7 +79,7 @@ struct RequiredTensor {
   std::vector<int64_t> shape;
 };
 
-std::vector<RequiredTensor> RequiredTensors(const ModelConfig& c) {
+std::vector<RequiredTensor> RequiredTensors(const checkpoint::ModelConfig& c) {
   const int64_t d = c.dim, q = c.n_heads * c.head_dim(), kv = c.kv_dim();
   std::vector<RequiredTensor> r;
   r.push_back({"model.embed_tokens.weight", {c.vocab_size, d}});
@@ -101,7 +101,7 @@ std::vector<RequiredTensor> RequiredTensors(const ModelConfig& c) {
   return r;
 }
 
-Status CheckTensors(const ModelConfig& c, const TensorMap& tensors,
+Status CheckTensors(const checkpoint::ModelConfig& c, const TensorMap& tensors,
                     const std::string& where,
                     const std::map<std::string, std::string>* origin) {
   for (const RequiredTensor& req : RequiredTensors(c)) {

@@ -87,7 +87,7 @@ bool IsRopeProjection(const std::string& hf_name, bool* is_q) {
   return *is_q || ends("self_attn.k_proj.weight");
 }
 
-Status WriteGgufCheckpointImpl(const std::string& path, const ModelConfig& config, const TensorMap& tensors,
+Status WriteGgufCheckpointImpl(const std::string& path, const checkpoint::ModelConfig& config, const TensorMap& tensors,
                                GgmlType weights, checkpoint::GgufWriter* writer) {
   LEDE_RETURN_IF_ERROR(config.Validate());
   LEDE_RETURN_IF_ERROR(internal::CheckTensors(config, tensors, path, nullptr));
@@ -110,7 +110,7 @@ Status WriteGgufCheckpointImpl(const std::string& path, const ModelConfig& confi
   for (const std::string& hf : order) {
     at::Tensor t = internal::AsContiguous(tensors.at(hf), at::kFloat);
     bool is_q = false;
-    if (IsRopeProjection(hf, &is_q) && config.rope_style == RopeStyle::kRotateHalf) {
+    if (IsRopeProjection(hf, &is_q) && config.rope_style == checkpoint::RopeStyle::kRotateHalf) {
       // llama.cpp's row order: rotate-half rows (i, i + hd/2) become adjacent
       // pairs (2i, 2i + 1) within each head.
       t = PermuteRopeRows(t, is_q ? config.n_heads : config.n_kv_heads, /*to_rotate_half=*/false);
@@ -137,7 +137,7 @@ StatusOr<Checkpoint> LoadGgufCheckpoint(const std::string& path) {
   return TorchBoundary(path, [&] { return LoadGgufCheckpointImpl(path); });
 }
 
-Status WriteGgufCheckpoint(const std::string& path, const ModelConfig& config,
+Status WriteGgufCheckpoint(const std::string& path, const checkpoint::ModelConfig& config,
                            const std::map<std::string, at::Tensor>& tensors, checkpoint::GgmlType weights,
                            checkpoint::GgufWriter* writer) {
   return TorchBoundary(path, [&] { return WriteGgufCheckpointImpl(path, config, tensors, weights, writer); });

@@ -70,9 +70,9 @@ class CostModel {
 };
 
 // docs/design.md §1 accelerator model for a config.
-std::unique_ptr<CostModel> MakeAcceleratorCostModel(const ModelConfig& config);
+std::unique_ptr<CostModel> MakeAcceleratorCostModel(const checkpoint::ModelConfig& config);
 // h = V*d / (weights of one block): the LM head in layer-equivalents.
-double HeadLayerEquivalents(const ModelConfig& config);
+double HeadLayerEquivalents(const checkpoint::ModelConfig& config);
 
 // Wall-clock costs measured on one machine (microseconds, medians).
 //
@@ -238,7 +238,7 @@ std::unique_ptr<CostModel> MakeMeasuredCostModel(const Calibration& calibration)
 // reason to draft less at large batches). Attention's KV reads, which grow
 // with B, are left out.
 inline constexpr double kDefaultRidgeTokens = 256;
-std::unique_ptr<CostModel> MakeAcceleratorCostModelAtLoad(const ModelConfig& config, int64_t load,
+std::unique_ptr<CostModel> MakeAcceleratorCostModelAtLoad(const checkpoint::ModelConfig& config, int64_t load,
                                                           double ridge_tokens = kDefaultRidgeTokens);
 
 // Measured: the measured model of `calibration` (its round table prices a

@@ -78,14 +78,14 @@ class KvCache {
   // Errors: kInvalidArgument for non-positive sizes, a capacity above the
   // model's max_seq_len, or a shared pool on a non-CPU device;
   // kResourceExhausted if allocation (or shm_open/ftruncate/mmap) fails.
-  static StatusOr<KvCache> Create(const ModelConfig& config,
+  static StatusOr<KvCache> Create(const checkpoint::ModelConfig& config,
                                   const KvCacheOptions& options);
   // Maps the pool another process created under options.shared_memory_name
   // (n_slots, capacity and max_draft_len are read from its header).
   // Errors: kNotFound if no such segment exists; kFailedPrecondition naming
   // the field if its magic, layout version, model fingerprint, dims or dtype
   // differ from `config` / options.dtype.
-  static StatusOr<KvCache> Attach(const ModelConfig& config, const KvCacheOptions& options);
+  static StatusOr<KvCache> Attach(const checkpoint::ModelConfig& config, const KvCacheOptions& options);
 
   // The pool's epoch (random at creation; 0 never occurs).
   uint64_t epoch() const { return epoch_; }

@@ -196,10 +196,10 @@ class LlamaModel {
   // ~ N(0, init_std^2) (output projections scaled by 1/sqrt(2L)), norms 1.
   // Deterministic for a seed. Errors: kInvalidArgument for a bad config.
   static StatusOr<std::unique_ptr<LlamaModel>> RandomInit(
-      const ModelConfig& config, uint64_t seed, const ModelOptions& options,
+      const checkpoint::ModelConfig& config, uint64_t seed, const ModelOptions& options,
       double init_std = 0.02);
 
-  const ModelConfig& config() const { return config_; }
+  const checkpoint::ModelConfig& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
   int64_t n_layers() const { return config_.n_layers; }
   // True when the fused CPU kernels serve cached decoding (kernels ==
@@ -363,7 +363,7 @@ class LlamaModel {
     PackedWeight wqkv_packed, wo_packed, w13_packed, w2_packed;
   };
 
-  LlamaModel(ModelConfig config, ModelOptions options);
+  LlamaModel(checkpoint::ModelConfig config, ModelOptions options);
   at::Tensor StaticBlock(int64_t layer, const at::Tensor& hidden, const at::Tensor& positions,
                          const at::Tensor& slot, int64_t context, KvCache& cache) const;
   at::Tensor EagerBlock(int64_t layer, const at::Tensor& hidden, int64_t start_pos,
@@ -397,7 +397,7 @@ class LlamaModel {
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
   at::Tensor ApplyRope(const at::Tensor& x, int64_t start_pos) const;
 
-  ModelConfig config_;
+  checkpoint::ModelConfig config_;
   ModelOptions options_;
   at::Tensor embed_;      // [V, d]; undefined when the tied head is packed only
                           // (Embed reads its rows); bf16 / f16 when untied and

@@ -147,8 +147,8 @@ class ServerRunner {
 };
 
 // The logger (shared/log/log.h), under the names its callers here have used.
-using logging::LogEvent;
-using logging::SetLogProcessName;
+using log::LogEvent;
+using log::SetLogProcessName;
 
 }  // namespace lede::rpc
 

@@ -4,13 +4,8 @@
 
 namespace lede::speculation {
 
-using model::Action;
-using model::Decision;
-using model::ExitSignals;
-using model::ExitState;
-using model::Phase;
 
-Status RunAdaptiveRound(model::ExitController& controller, const model::DecisionSpec& spec, int32_t n_layers,
+Status RunAdaptiveRound(ExitController& controller, const DecisionSpec& spec, int32_t n_layers,
                         const DraftRequest& request, int64_t d_cap, DraftProbes& probes, Draft& d) {
   d.trace.round_index = request.round_index;
   float draft_conf = 1.0f;  // product of the drafted tokens' top-1 probabilities
@@ -40,9 +35,9 @@ Status RunAdaptiveRound(model::ExitController& controller, const model::Decision
   std::vector<int32_t> context = request.context;
   // The state of a probe `sig` whose top-1 would follow `context`.
   auto probe_state = [&](const ExitSignals& sig, Phase phase, int32_t layer, int32_t row) {
-    ExitState st = with_request(model::ProbeState(sig, phase, layer, n_layers, row, spec.max_draft_len));
-    const model::NgramSignals ng =
-        model::ContextNgram(context.data(), static_cast<int64_t>(context.size()), sig.top1);
+    ExitState st = with_request(ProbeState(sig, phase, layer, n_layers, row, spec.max_draft_len));
+    const NgramSignals ng =
+        ContextNgram(context.data(), static_cast<int64_t>(context.size()), sig.top1);
     st.lookup_match = ng.lookup_match;
     st.trigram_seen = ng.trigram_seen;
     return st;
@@ -53,17 +48,17 @@ Status RunAdaptiveRound(model::ExitController& controller, const model::Decision
   };
   if (d_cap <= 0) return OkStatus();
   // Round start: speculate at all? (no probe paid yet)
-  const ExitState start = with_request(model::RoundStartState(n_layers, spec.max_draft_len));
+  const ExitState start = with_request(RoundStartState(n_layers, spec.max_draft_len));
   if (decide(start, -1) != Action::kExit) return OkStatus();
   const int32_t first_probe = controller.FirstProbeLayer(start);
   int32_t done_layers = 0;
-  model::ExitSignals last;  // the probe the next draft is taken from
+  ExitSignals last;  // the probe the next draft is taken from
   for (int32_t cand : spec.candidate_layers) {
     if (cand >= n_layers) break;
     if (cand < first_probe) continue;
     if (!spec.probe_candidates) {  // decided from the history; the head only at l*
       const ExitState st = with_request(
-          model::ProbeState(model::ExitSignals{}, Phase::kExitLayer, cand, n_layers, 0, spec.max_draft_len));
+          ProbeState(ExitSignals{}, Phase::kExitLayer, cand, n_layers, 0, spec.max_draft_len));
       if (decide(st, 0) != Action::kExit) continue;
       LEDE_ASSIGN_OR_RETURN(last, probes.ProbeLayer(cand));
       done_layers = cand;
@@ -87,8 +82,8 @@ Status RunAdaptiveRound(model::ExitController& controller, const model::Decision
     return OkStatus();
   }
   // The context n-gram signals of `last` (before its token joins the context).
-  model::NgramSignals last_ngram =
-      model::ContextNgram(context.data(), static_cast<int64_t>(context.size()), last.top1);
+  NgramSignals last_ngram =
+      ContextNgram(context.data(), static_cast<int64_t>(context.size()), last.top1);
   LEDE_ASSIGN_OR_RETURN(int32_t first, probes.DraftFromProbe());
   drafted(first);
   while (static_cast<int64_t>(d.tokens.size()) < d_cap) {
@@ -97,13 +92,13 @@ Status RunAdaptiveRound(model::ExitController& controller, const model::Decision
       // Decide on the token just drafted (its signals are in `last` and in
       // draft_conf); only a "keep drafting" pays the next probe.
       ExitState st = with_request(
-          model::ProbeState(last, Phase::kDraftLength, d.exit_layer, n_layers, row, spec.max_draft_len));
+          ProbeState(last, Phase::kDraftLength, d.exit_layer, n_layers, row, spec.max_draft_len));
       st.lookup_match = last_ngram.lookup_match;
       st.trigram_seen = last_ngram.trigram_seen;
       if (decide(st, row) != Action::kExit) break;  // the verifier runs row `row` itself
       LEDE_ASSIGN_OR_RETURN(last, probes.ProbeDraft(row, d.tokens.back()));
       draft_conf *= last.top1_prob;
-      last_ngram = model::ContextNgram(context.data(), static_cast<int64_t>(context.size()), last.top1);
+      last_ngram = ContextNgram(context.data(), static_cast<int64_t>(context.size()), last.top1);
       LEDE_ASSIGN_OR_RETURN(int32_t next, probes.DraftFromProbe());
       drafted(next);
       continue;

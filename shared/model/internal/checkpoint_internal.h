@@ -44,7 +44,7 @@ Status WriteTensorData(checkpoint::AtomicFile& out, const at::Tensor& t);
 // kInvalidArgument naming the first required tensor that is missing, not a
 // floating-point tensor, or shaped differently from what `c` implies.
 // `where` prefixes messages; `origin` (optional) names each tensor's file.
-Status CheckTensors(const ModelConfig& c, const TensorMap& tensors, const std::string& where,
+Status CheckTensors(const checkpoint::ModelConfig& c, const TensorMap& tensors, const std::string& where,
                     const std::map<std::string, std::string>* origin);
 
 }  // namespace lede::model::internal

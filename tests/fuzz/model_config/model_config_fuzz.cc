@@ -10,13 +10,13 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
-  auto config = lede::model::ParseHfConfig(text, "fuzz/config.json");
+  auto config = lede::checkpoint::ParseHfConfig(text, "fuzz/config.json");
   if (!config.ok()) {
     lede::fuzz::Check(!config.status().message().empty(), "error without a message");
     return 0;
   }
-  const std::string again = lede::model::ToHfConfigJson(*config);
-  auto reparsed = lede::model::ParseHfConfig(again, "fuzz/config.json (re-serialized)");
+  const std::string again = lede::checkpoint::ToHfConfigJson(*config);
+  auto reparsed = lede::checkpoint::ParseHfConfig(again, "fuzz/config.json (re-serialized)");
   lede::fuzz::Check(reparsed.ok(), "an accepted config does not parse back after ToHfConfigJson");
   return 0;
 }

@@ -127,7 +127,7 @@ std::set<std::string> LoggedRequests(const std::string& dir) {
   if (!store.ok()) return ids;
   auto read = experience::ReadShardsFromStore(**store, "");
   if (!read.ok()) return ids;
-  for (const policy::Transition& t : read->transitions) ids.insert(t.request_id);
+  for (const experience::Transition& t : read->transitions) ids.insert(t.request_id);
   return ids;
 }
 

@@ -253,8 +253,8 @@ std::vector<Seq> MakeSeqs(int64_t vocab, uint32_t seed) {
   return seqs;
 }
 
-ModelConfig RandomGqaConfig() {
-  ModelConfig c = testing::TinyConfig();
+checkpoint::ModelConfig RandomGqaConfig() {
+  checkpoint::ModelConfig c = testing::TinyConfig();
   c.dim = 48;
   c.hidden_dim = 100;
   c.n_layers = 5;

@@ -264,7 +264,7 @@ TEST(CostModelAtLoadTest, MeasuredRefusesLoadsItHasNoTableFor) {
 }
 
 TEST(CostModelAtLoadTest, AcceleratorVerificationIsFreeUntilTheBatchFillsTheRidge) {
-  const ModelConfig config = testing::TinyConfig();
+  const checkpoint::ModelConfig config = testing::TinyConfig();
   auto alone = MakeAcceleratorCostModel(config);
   // Ridge 64 tokens: at B = 16 a round of 3 drafts verifies 64 positions, still one pass.
   auto b16 = MakeAcceleratorCostModelAtLoad(config, 16, 64.0);

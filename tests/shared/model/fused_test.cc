@@ -249,7 +249,7 @@ TEST(FusedKernelsTest, MatchesEagerOnLedeTiny) {
 
 // A random GQA checkpoint (n_kv_heads < n_heads, odd sizes) through RandomInit.
 StatusOr<std::unique_ptr<LlamaModel>> RandomGqa(const ModelOptions& options) {
-  ModelConfig c = testing::TinyConfig();
+  checkpoint::ModelConfig c = testing::TinyConfig();
   c.dim = 48;
   c.hidden_dim = 100;
   c.n_heads = 6;
@@ -272,7 +272,7 @@ TEST(FusedKernelsTest, MatchesEagerOnRandomGqa) {
 // different start positions, in an order unlike the slots') gives the rows
 // and the K/V that separate single-segment eager calls give.
 TEST(FusedKernelsTest, RaggedBatchMatchesSeparateEagerCalls) {
-  ModelConfig c = testing::TinyConfig();
+  checkpoint::ModelConfig c = testing::TinyConfig();
   ModelOptions fo, eo;
   eo.kernels = Kernels::kEager;
   auto fused = LlamaModel::RandomInit(c, 5, fo, 0.3);
@@ -319,7 +319,7 @@ TEST(FusedKernelsTest, RaggedBatchMatchesSeparateEagerCalls) {
 
 // The eager model's ForwardRagged (the per-segment fallback) equals the fused one.
 TEST(FusedKernelsTest, EagerRaggedFallbackMatchesFused) {
-  ModelConfig c = testing::TinyConfig();
+  checkpoint::ModelConfig c = testing::TinyConfig();
   ModelOptions fo, eo;
   eo.kernels = Kernels::kEager;
   auto fused = LlamaModel::RandomInit(c, 9, fo, 0.3);
@@ -635,7 +635,7 @@ int64_t PackedBytes(WeightFormat f, int64_t out, int64_t in) {
 
 // What a fused bf16 / q8_0 model should hold: the packed matrices, the
 // float32 norms, and an untied embedding table of embed_bytes_per_weight.
-int64_t ExpectedPackedOnlyBytes(const ModelConfig& c, WeightFormat f, int64_t embed_bytes_per_weight) {
+int64_t ExpectedPackedOnlyBytes(const checkpoint::ModelConfig& c, WeightFormat f, int64_t embed_bytes_per_weight) {
   const int64_t d = c.dim, hd = c.head_dim(), F = c.hidden_dim, V = c.vocab_size;
   int64_t total = PackedBytes(f, V, d) + d * 4;  // LM head, final norm
   if (!c.tie_word_embeddings) total += V * d * embed_bytes_per_weight;
@@ -662,7 +662,7 @@ void ExpectPackedOnly(const LlamaModel& fused, const LlamaModel& kept, const Lla
   ASSERT_TRUE(kept.fused());
   ASSERT_EQ(fused.weight_format(), f);
   ASSERT_EQ(kept.weight_format(), f);
-  const ModelConfig& c = fused.config();
+  const checkpoint::ModelConfig& c = fused.config();
   const int64_t expected = ExpectedPackedOnlyBytes(c, f, embed_bytes_per_weight);
   EXPECT_EQ(fused.resident_weight_bytes(), expected) << WeightFormatName(f);
   const int64_t norms = (2 * c.n_layers + 1) * c.dim * 4;
@@ -764,7 +764,7 @@ TEST(WeightFormatModelTest, Bf16CheckpointLoadsPackedOnly) {
 // once for all rows; rows computed independently).
 TEST(WeightFormatModelTest, RaggedRowsAreBitwiseSoloRows) {
   for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kQ8_0}) {
-    ModelConfig c = testing::TinyConfig();  // dim 32, hidden 64: every matrix takes q8_0
+    checkpoint::ModelConfig c = testing::TinyConfig();  // dim 32, hidden 64: every matrix takes q8_0
     ModelOptions o;
     o.weights = f;
     auto m = LlamaModel::RandomInit(c, 5, o, 0.3);
@@ -797,7 +797,7 @@ TEST(WeightFormatModelTest, RaggedRowsAreBitwiseSoloRows) {
 // of 4 across threads, each thread quantizing X itself for q8_0) give the
 // one-thread rows bitwise, at each format.
 TEST(WeightFormatModelTest, ThreadedProductsAreBitwiseOneThread) {
-  ModelConfig c = testing::TinyConfig();
+  checkpoint::ModelConfig c = testing::TinyConfig();
   c.dim = 64;
   c.hidden_dim = 128;
   for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kQ8_0}) {
@@ -893,7 +893,7 @@ TEST(WeightFormatModelTest, AutoKeepsTheCheckpointsStorage) {
 // matrices are exactly their dequantized values, on both kernels, and the
 // fused path agrees with the eager one.
 TEST(WeightFormatModelTest, HandedInQ8BlocksAreUsedAsTheyAre) {
-  ModelConfig c = testing::TinyConfig();
+  checkpoint::ModelConfig c = testing::TinyConfig();
   auto random = LlamaModel::RandomInit(c, 13, ModelOptions{}, 0.3);
   ASSERT_THAT(random, IsOk());
   Checkpoint ckpt;
