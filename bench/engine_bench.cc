@@ -13,7 +13,7 @@
 // 3. With --detail, the per-block timing table and the static grid (every
 //    exit layer, D in {1, 2, 4, 8}) with the cost models' predictions, on
 //    the default kernels.
-// 2b. --weights f32,bf16,q8_0 (issue 35) repeats every implementation at
+// 2b. --weights f32,bf16,q8_0 repeats every implementation at
 //    each weight storage (fused reads the packed format; eager computes with
 //    the dequantized weights), GB/s counted at the format's bytes and shown
 //    as a share of the measured DRAM read bandwidth of one core (%roof).
@@ -27,7 +27,7 @@
 //    {"dram_read_gb_per_s": X, "llc_read_gb_per_s": Y} (GB = 1e9 bytes,
 //    one core, median of the timed passes), and exits: other benchmarks
 //    (bench/llamacpp_bench.mjs) take this machine's roofline from here.
-// 2c. --isolate (issue 35: weight memory): each (model, --weights) variant
+// 2c. --isolate (weight memory): each (model, --weights) variant
 //    runs in a process of its own (this binary re-run with --child-weights;
 //    fused kernels, autoregressive only), --repeats rounds interleaved
 //    across the variants: each child loads the model (load seconds, peak

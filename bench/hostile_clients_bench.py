@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Slow and idle HTTP clients against the OpenAI API (issue 39, fault 3).
+"""Slow and idle HTTP clients against the OpenAI API.
 
 Starts the split deployment with scripts/run --detach, opens N slow
 connections to the OpenAI HTTP port (each sends the start of a request, then

@@ -734,7 +734,7 @@ def retrain_widened_table(data, opts):
 
 
 def batching_ceiling_table(data, opts):
-    threaded = "threaded_batched" in data["passes"][0]["step_ms"]  # the two-plan ceiling (issue 36, later runs)
+    threaded = "threaded_batched" in data["passes"][0]["step_ms"]  # the two-plan ceiling (recorded by later runs)
     lines = [f"Engine step costs with both cores busy (two `lede_batch_bench` processes pinned to the two cores; "
              f"the 1-row step also alone), per pass; ceilings price the rows of `{data['serve_json']}` at "
              f"{data.get('concurrency', 16)} streams with them: steps only (no coordinator, client, ramp or drain), "

@@ -104,7 +104,7 @@ struct DinkelbachOptions {
   // 1.706x and 1.249x (every iterate rejected) from static. The shipped
   // policies start from the rule.
   std::string initial_policy = "static";
-  // Loads to train at (issue 12: a policy that sees the load,
+  // Loads to train at (a policy that sees the load,
   // speculation::ExitState::load). Empty: every trace at its own load, priced by
   // the `cost` given to TrainDinkelbach. Otherwise every training and
   // selection trace is replayed once per load (ShadowTrace::load), priced

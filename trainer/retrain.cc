@@ -733,7 +733,7 @@ StatusOr<model::Calibration> RequestTrainerCalibration(const RetrainOptions& o, 
 
 }  // namespace
 
-// RunOnce with the counterfactual trainer on the request log (issue 37).
+// RunOnce with the counterfactual trainer on the request log.
 StatusOr<RetrainOutcome> Retrainer::RunOnceOnRequests(const policy::dqn::Artifact& serving, RetrainState state) {
   const RetrainOptions& o = options_;
   RetrainOutcome out;

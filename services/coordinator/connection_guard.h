@@ -1,7 +1,7 @@
 // File: services/coordinator/connection_guard.h
 //
 // ConnectionGuard: keeps the OpenAI HTTP API (cpp-httplib 0.11) serving
-// while slow or idle clients hold connections (issue 39, fault 3). cpp-httplib
+// while slow or idle clients hold connections. cpp-httplib
 // runs each connection on a worker from a fixed pool and times out each read
 // on its own, so 32 clients sending one byte a second held all 32 workers and
 // stalled every other request. The guard adds, around the library's accept

@@ -227,7 +227,7 @@ struct GenerationService::Impl {
     return info;
   }
 
-  // The request log's record of a finished greedy request (issue 37).
+  // The request log's record of a finished greedy request (shared/experience/request_log.h).
   void LogRequest(const GenerateRequest& request, const std::vector<int32_t>& prompt,
                   const speculation::GenerationResult& result, const std::string& request_id, int32_t start_load,
                   int64_t max_new_tokens) {
@@ -464,7 +464,7 @@ Status GenerationService::Impl::RunRequest(grpc::CallbackServerContext* context,
   Occupancy occupancy(metrics.get());
   LEDE_ASSIGN_OR_RETURN(const lede::v1::ModelInfo info, Info(context));
   LEDE_RETURN_IF_ERROR(ValidateForModel(request, info));
-  // Before tokenization: what cannot fit is rejected in O(1) (issue 17).
+  // Before tokenization: what cannot fit is rejected in O(1), before it costs any work.
   if (info.capacity() > 0) {
     LEDE_RETURN_IF_ERROR(ValidateRequestSize(request, RequestBounds{info.capacity(), max_token_bytes}));
   }

@@ -72,7 +72,7 @@ struct OpenAiServerOptions {
   absl::Duration idle_worker_timeout = absl::Seconds(30);
   // Open connections at once, in total and from one client IP address: one
   // more is answered 503 (code too_many_connections) and closed before its
-  // request is read (issue 39, fault 3).
+  // request is read.
   int max_connections = 512;
   int max_connections_per_client = 256;
   // A request's line, headers and body must arrive within this (and a

@@ -1,7 +1,7 @@
 // File: services/coordinator/session_lease.h
 //
 // SessionLease: the coordinator's side of session ownership on the verifier
-// (lede.v1.Verifier/RenewLease; issue 17, failure 2). Each coordinator
+// (lede.v1.Verifier/RenewLease). Each coordinator
 // process is one instance (a random 128-bit id, hex); every session it
 // opens names that id (OpenSessionRequest.owner_instance), and a thread
 // renews the instance's lease every `renew_interval`. When the coordinator

@@ -1,7 +1,7 @@
 // File: services/model/session_leases.h
 //
 // SessionLeases: which coordinator instances are alive, as far as the
-// verifier knows (issue 17, failure 2: a crashed coordinator's sessions held
+// verifier knows (without it a crashed coordinator's sessions held
 // KV slots until the 300 s idle timeout). A coordinator instance (a random
 // id per process) renews its lease well within the lease's TTL
 // (lede.v1.Verifier/RenewLease); the verifier frees the sessions of every

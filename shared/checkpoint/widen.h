@@ -1,7 +1,7 @@
 // File: shared/checkpoint/widen.h
 //
 // The function-exact embedding of a Llama checkpoint in a wider shape
-// (issue 36, `lede widen`): the widened model computes the same logits as
+// (`lede widen`): the widened model computes the same logits as
 // the source (to float rounding) at the cost of the wider shape, so that the
 // memory-bound regime can be measured with a model whose behaviour is known.
 //

@@ -87,7 +87,7 @@ StatusOr<std::unique_ptr<ExperienceLogger>> ExperienceLogger::Create(
                                 ") must be 0 or at least max_shard_bytes (" + std::to_string(o.max_shard_bytes) +
                                 "): retention would delete the shard just written");
   }
-  // Temporaries of writers killed mid-Put() (issue 17, failure 6); best
+  // Temporaries of writers killed mid-Put(); best
   // effort: a store that cannot list them keeps them.
   const StatusOr<storage::StaleTemporaries> stale = store->RemoveStaleTemporaries(o.prefix + "/");
   std::unique_ptr<ExperienceLogger> logger(new ExperienceLogger(std::move(store), std::move(o)));

@@ -1,6 +1,6 @@
 // File: shared/experience/request_log.h
 //
-// The request log (issue 37): one lede.v1.RequestRecord per finished greedy
+// The request log: one lede.v1.RequestRecord per finished greedy
 // request (prompt token ids, emitted token ids, method, policy version, load,
 // timings; no text), written by the coordinator to the object store beside
 // the experience shards, so that the retrainer can replay whole requests

@@ -109,7 +109,7 @@ struct Calibration {
   double signals_us = 0;
   int64_t threads = 0;            // intra-op threads during calibration
 
-  // Batched steps (issue 12: prices as a function of load), timed when
+  // Batched steps (prices as a function of load), timed when
   // Calibrate is given batch sizes; empty in files without them. For each
   // B = batch_sizes[b] (ascending, the first one 1), the median wall time
   // of one batched step in which B sessions (batch_context committed
@@ -218,7 +218,7 @@ std::unique_ptr<CostModel> MakeMeasuredCostModel(const Calibration& calibration)
 
 // Cost models at a load: B sessions decoding at once, every step of the
 // server batching the same kind of work of all B (continuous batching,
-// issue 12; an idealization: in a server the sessions of a step are at
+// an idealization: in a server the sessions of a step are at
 // different phases). Prices stay per session and in units of an
 // autoregressive step *at that load*, so a predicted speed-up is against
 // autoregressive decoding of the same B sessions batched: under lock-step

@@ -20,7 +20,7 @@
 // words and drafter counts, then K, V of every layer and the scratch,
 // 64-byte aligned.
 //
-// Session words (issue 39): a slot in use holds the 64-bit id of the session
+// Session words: a slot in use holds the 64-bit id of the session
 // that owns it (the verifier draws a random one per session; 0 = free). A
 // call that names a slot must also name its session, so a stale handle (a
 // cancelled request's late Draft or Verify) or a foreign one can never touch

@@ -15,7 +15,7 @@
 // a full causal pass over its T positions (training and reference paths).
 //
 // Device and dtype come from ModelOptions; the same code runs on CPU and CUDA.
-// Kernels (issue 15): on the CPU in float32, with a KvCache and outside
+// Kernels: on the CPU in float32, with a KvCache and outside
 // autograd, Block/Forward/ExitLogits run the fused path (cpu_kernels.h: one
 // RMSNorm, QKV GEMM, RoPE + KV write, attention over the pool, O GEMM with
 // the residual, RMSNorm, gate/up GEMM, SwiGLU, down GEMM with the residual
@@ -23,7 +23,7 @@
 // ModelOptions::kernels is kEager; everything else (CUDA, half precision,
 // the cache-free training pass, autograd) runs the eager libtorch path,
 // which stays the reference. The two agree to 1e-4 in the logits (tests).
-// Weight storage (issue 35; ModelOptions::weights, weight_format.h): the
+// Weight storage (ModelOptions::weights, weight_format.h): the
 // fused path reads every matrix packed as f32, bf16 or Q8_0
 // (cpu_quant_kernels.h). With bf16 / Q8_0 on the fused path the packed copy
 // is the only one kept (see ModelOptions::weights): the eager path computes
@@ -76,7 +76,7 @@ enum class Kernels {
   kFused,  // cpu_kernels.h on CPU float32; falls back to kEager elsewhere
 };
 
-// Whether single-slot cached decode steps run as captured graphs (issue 15).
+// Whether single-slot cached decode steps run as captured graphs (internal/step_graphs.h).
 // kOn: every Forward with a KvCache of at most kMaxGraphPositions rows (the
 // AR step, a draft step, a verification of D_max + 1 positions) runs the
 // static-shape path (LlamaModel::StaticForward) from one set of static

@@ -83,7 +83,7 @@ struct ExitState {
   // flight, its queued ones included; 1 in-process). Batching changes what a draft and a
   // verification cost (shared/model/cost_model.h, cost models at a load),
   // so a policy that sees it can draft less, or not at all, under load
-  // (issue 12).
+  // (docs/design.md §2).
   int32_t load = 1;
 
   static constexpr float kAcceptEmaPrior = 0.5f;

@@ -483,7 +483,7 @@ TEST_F(RetrainTest, CreateRejectsBadOptions) {
   o.model_dir = "models/lede-tiny";  // without eval_prompts: the td trainer needs them
   o.trainer = "td";
   EXPECT_THAT(Retrainer::Create(o).status(), StatusIs(StatusCode::kInvalidArgument));
-  o.trainer = "auto";  // the counterfactual trainer evaluates on held-out logged requests instead (issue 37)
+  o.trainer = "auto";  // the counterfactual trainer evaluates on held-out logged requests instead
   EXPECT_THAT(Retrainer::Create(o).status(), IsOk());
   o.trainer = "sgd";
   EXPECT_THAT(Retrainer::Create(o).status(), StatusIs(StatusCode::kInvalidArgument, ::testing::HasSubstr("trainer")));

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""lede-train's metrics as a user sees them (trainer/retrain_metrics.h, issue 37).
+"""lede-train's metrics as a user sees them (trainer/retrain_metrics.h).
 
   watch     `lede-train --watch --metrics 127.0.0.1:0` serves /metrics and
             /healthz; lede_retrain_runs_total{decision="no_new_data"} grows

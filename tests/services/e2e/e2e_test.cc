@@ -844,7 +844,7 @@ void LogExperienceAndCheck(LedeCluster& cluster, const std::string& store_url,
   ASSERT_THAT(serving, IsOk());
   for (const experience::Transition& t : read->transitions) ASSERT_EQ(t.policy_version, *serving);
 
-  // The request log (issue 37): one record per greedy request, beside the
+  // The request log: one record per greedy request, beside the
   // experience shards, holding what the client received.
   auto requests = experience::ReadRequestLog(**store);
   ASSERT_THAT(requests, IsOk());
@@ -1179,7 +1179,7 @@ TEST_F(E2eSingleSlotTest, DraftContextIsBoundedAndFeedsTheNgramSignals) {
   EXPECT_EQ(WaitForFreeSlots(), 0) << Logs();
 }
 
-// Issue 39, fault 2: a cancelled request's late calls, and a caller that
+// A cancelled request's late calls, and a caller that
 // never opened the session, name a slot its next owner now holds. Every
 // call on a slot must name the slot's session id: a stale or foreign one is
 // FAILED_PRECONDITION and leaves the live session exactly as it was (its
@@ -1333,7 +1333,7 @@ TEST_F(E2eSingleSlotTest, DeadlineDuringPrefillFreesTheSlot) {
 
 // ------------------------------------------------------------- admission
 
-// Issue 39, fault 2: a storm of sampled streams cancelled right after their
+// A storm of sampled streams cancelled right after their
 // first token (their sessions' cleanup racing the reuse of their KV slots)
 // beside greedy clients: every greedy request succeeds and equals its solo
 // run. Before session ids, a cancelled request's late Verify or Close could

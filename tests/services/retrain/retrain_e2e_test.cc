@@ -1,4 +1,4 @@
-// End-to-end test of the batch retraining loop (issue 6) over real
+// End-to-end test of the batch retraining loop over real
 // processes: lede-policy (hot reload of the policy root's SERVING pointer),
 // a co-located lede-model (the drafter follows the policy service) and
 // lede-coordinator (experience to a local store) on 127.0.0.1:0.

@@ -829,7 +829,7 @@ TEST(ExperienceLoggerTest, RetriesFailedPutsThenCountsAndDrops) {
   ExpectSameTransitions(ReadAllClean(*store, "experience"), expected);
 }
 
-// Issue 39, fault 5: a failing store is loud. The first failed Put()
+// A failing store is loud. The first failed Put()
 // attempt reaches on_put_error at once, naming the shard and the store's
 // error; further failures within put_error_interval are counted, not
 // reported, and the next report says how many it folds in.
@@ -1026,7 +1026,7 @@ TEST(ExperienceLoggerTest, RoundTripThroughS3) {
 }
 
 // ---------------------------------------------------------------------------
-// Disk hygiene (issue 17): stale temporaries at start, retention.
+// Disk hygiene: stale temporaries at start, retention.
 
 // Sets the modification time of `path` to `t`.
 void SetModified(const fs::path& path, absl::Time t) {
@@ -1056,7 +1056,7 @@ std::shared_ptr<storage::ObjectStore> OpenLocal(const fs::path& dir) {
   return std::shared_ptr<storage::ObjectStore>(std::move(opened).value());
 }
 
-// Issue 17, failure 6: kill -9 during a shard write left a 2 MiB temporary
+// `kill -9` during a shard write left a 2 MiB temporary
 // file that no restart removed. A (re)started logger removes the temporary
 // files of dead writers under its prefix, counts them, and leaves a live
 // writer's in-progress file, other prefixes and finished shards alone.
@@ -1147,7 +1147,7 @@ TEST(RetentionTest, DeletesOldestShardsFirstByAgeThenSize) {
   EXPECT_THAT(ApplyRetention(*store, "../", size, now), StatusIs(StatusCode::kInvalidArgument));
 }
 
-// Issue 17, failure 7: experience grew without bound. The logger applies
+// Experience grew without bound. The logger applies
 // its retention policy when it starts and then after a shard is published
 // once retention_interval has passed on its clock (a FakeClock here: time
 // decides, not sleeps), deleting shards of any writer under its prefix.

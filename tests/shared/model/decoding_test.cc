@@ -94,7 +94,7 @@ TEST(EngineTest, StaticSpeculationIsLosslessOnStories260K) {
   ExpectLossless(m, kStoriesPrompt, 48);
 }
 
-// The same on the eager reference kernels (issue 15: every lossless test
+// The same on the eager reference kernels (every lossless test
 // passes on both paths; the tests above run the default, fused).
 TEST(EngineTest, StaticSpeculationIsLosslessOnStories260KEager) {
   std::shared_ptr<const LlamaModel> m = LoadOrDie(lede::testing::Stories260KDir(), Kernels::kEager);
@@ -110,7 +110,7 @@ TEST(EngineTest, StaticSpeculationIsLosslessOnBabyLlamaEager) {
   ExpectLossless(m, testing::kBabyPrompt, 48);
 }
 
-// Lossless at the bf16 and q8_0 weight formats (issue 35) on both paths:
+// Lossless at the bf16 and q8_0 weight formats on both paths:
 // speculation against autoregressive decoding at the same precision.
 TEST(EngineTest, StaticSpeculationIsLosslessOnBabyLlamaAtEachWeightFormat) {
   for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kQ8_0}) {

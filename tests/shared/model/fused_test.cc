@@ -1,4 +1,4 @@
-// Tests of the fused CPU decode path (issue 15: llama.h Kernels::kFused,
+// Tests of the fused CPU decode path (llama.h Kernels::kFused,
 // cpu_kernels.h) against the eager libtorch reference: the kernels one by
 // one, logits within 1e-4 and identical greedy ids on both real models,
 // lede-tiny and a random GQA checkpoint (prefill, one-position steps and
@@ -34,7 +34,7 @@ using ::lede::testing::IsOk;
 using ::lede::testing::StatusIs;
 using testing::LoadOrDie;
 
-constexpr float kLogitTolerance = 1e-4f;  // issue 15: fused and eager logits within 1e-4 (fp32)
+constexpr float kLogitTolerance = 1e-4f;  // fused and eager logits within 1e-4 (fp32)
 constexpr char kLedeTinyDir[] = "models/lede-tiny";
 
 std::vector<float> RandomVector(int64_t n, std::mt19937& rng) {
@@ -540,7 +540,7 @@ TEST(StepGraphsTest, EngineGreedyIdsIdenticalOnLedeTiny) {
   EXPECT_GT(g->n_graphs(), 3) << "the steps went through the graph path";
 }
 
-// --- weight formats (issue 35: --weights bf16 | q8_0) ---------------------
+// --- weight formats (--weights bf16 | q8_0) ---------------------
 // The eager path computes with the dequantized weights (the reference);
 // the fused path reads the packed bf16 / Q8_0 copies. bf16: the same
 // products in float32 (only the summation order differs): 1e-4 as f32.
@@ -647,7 +647,7 @@ int64_t ExpectedPackedOnlyBytes(const checkpoint::ModelConfig& c, WeightFormat f
 // Checks a packed-only fused model: no float32 copy of any packed matrix is
 // held; its logits are bitwise those of a fused model of the same weights
 // that keeps float32 tensors beside the packed ones (`kept`: writable
-// weights, the layout before issue 35's memory work); at bf16 they agree
+// weights, the layout that keeps both copies); at bf16 they agree
 // with the eager reference (`eager`) within 1e-4 at every step,
 // verification shape, exit probe and K/V (q8_0's activation rounding is far
 // coarser on this 32-wide random model: its agreement with the reference is
@@ -711,7 +711,7 @@ void ExpectPackedOnly(const LlamaModel& fused, const LlamaModel& kept, const Lla
   EXPECT_GT(fused.resident_weight_bytes(), expected) << "the eager pass materialized float32 matrices";
 }
 
-// bf16 / q8_0 on the fused path keep only the packed matrices (issue 35: a
+// bf16 / q8_0 on the fused path keep only the packed matrices (a
 // bf16 Llama-3.2-1B fits in its bf16 bytes): tied and untied heads.
 TEST(WeightFormatModelTest, FusedPackedModelHoldsNoFloat32Matrices) {
   for (bool tied : {true, false}) {

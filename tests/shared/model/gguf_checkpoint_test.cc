@@ -1,4 +1,4 @@
-// GGUF checkpoints end to end (issue 35): a checkpoint exported with
+// GGUF checkpoints end to end: a checkpoint exported with
 // WriteGgufCheckpoint at f32 loads back and generates exactly the greedy ids
 // of the source (lede-tiny, stories260K's llama2.c .bin, babyllama's
 // SentencePiece checkpoint), with a tokenizer from the GGUF metadata that

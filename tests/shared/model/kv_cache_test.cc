@@ -132,7 +132,7 @@ TEST(KvCacheTest, SharedPoolIsVisibleThroughAttach) {
   EXPECT_FLOAT_EQ(owner->exit_hidden()[*slot][0][0].item<float>(), -2.0f);
 }
 
-// Session words (issue 39): a slot holds its session's id; a draft begins
+// Session words: a slot holds its session's id; a draft begins
 // only under the slot's current session (seen through another mapping of
 // the pool, as the drafter process sees it), and a freed slot whose last
 // session still has a draft running is not handed out again until that

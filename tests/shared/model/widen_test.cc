@@ -1,4 +1,4 @@
-// Tests of shared/checkpoint/widen.h and `lede widen` (issue 36): the widened
+// Tests of shared/checkpoint/widen.h and `lede widen`: the widened
 // checkpoint computes the source's logits (within 1e-4) and greedy ids, on a
 // small random GQA model with non-unit norms (tied and untied) and on
 // models/lede-tiny's held-out prompts; the output is byte-identical run to
