@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The ceiling of continuous batching on this machine for a served workload (issue 36).
+"""The ceiling of continuous batching on this machine for a served workload.
 
 How much faster can 16 autoregressive streams run batched than one sequence
 per pass (`--max-batch 1`) on this 2-core machine, for the same requests? The
@@ -210,7 +210,7 @@ def main():
     batched = [r for r in rows if r["max_batch"] > 1]
     if not solo or not batched or any("prompt_tokens" not in r for r in rows):
         sys.exit("batching_ceiling.py: %s has no autoregressive rows at concurrency %d with max_batch 1 and "
-                 "above, with prompt_tokens (serve_bench.py from issue 36 on)" % (a.serve_json, a.concurrency))
+                 "above, with prompt_tokens (as the current serve_bench.py writes them)" % (a.serve_json, a.concurrency))
 
     passes = []
     for i in range(a.repeats):

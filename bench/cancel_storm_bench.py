@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""A cancel storm beside greedy clients, through scripts/run (issue 39, fault 2).
+"""A cancel storm beside greedy clients, through scripts/run.
 
 Starts the split deployment (scripts/run --detach), records the solo output of
 4 greedy prompts, then per run: --cancels sampled streams, 16 at a time, each

@@ -13,7 +13,7 @@
 // 3. With --detail, the per-block timing table and the static grid (every
 //    exit layer, D in {1, 2, 4, 8}) with the cost models' predictions, on
 //    the default kernels.
-// 2b. --weights f32,bf16,q8_0 (issue 35) repeats every implementation at
+// 2b. --weights f32,bf16,q8_0 repeats every implementation at
 //    each weight storage (fused reads the packed format; eager computes with
 //    the dequantized weights), GB/s counted at the format's bytes and shown
 //    as a share of the measured DRAM read bandwidth of one core (%roof).
@@ -27,7 +27,7 @@
 //    {"dram_read_gb_per_s": X, "llc_read_gb_per_s": Y} (GB = 1e9 bytes,
 //    one core, median of the timed passes), and exits: other benchmarks
 //    (bench/llamacpp_bench.mjs) take this machine's roofline from here.
-// 2c. --isolate (issue 35: weight memory): each (model, --weights) variant
+// 2c. --isolate (weight memory): each (model, --weights) variant
 //    runs in a process of its own (this binary re-run with --child-weights;
 //    fused kernels, autoregressive only), --repeats rounds interleaved
 //    across the variants: each child loads the model (load seconds, peak
@@ -133,7 +133,7 @@ struct Weights {
   double block, head;
 };
 
-Weights CountWeights(const ModelConfig& c) {
+Weights CountWeights(const lede::checkpoint::ModelConfig& c) {
   const double hd = static_cast<double>(c.head_dim());
   const double qkv = (c.n_heads + 2.0 * c.n_kv_heads) * hd * c.dim;
   const double block = qkv + c.n_heads * hd * c.dim + 3.0 * c.hidden_dim * c.dim + 2.0 * c.dim;
@@ -149,7 +149,7 @@ struct Traffic {
 };
 
 // bytes_per_weight: of the stored matrices (4 for f32, 2 bf16, 34/32 q8_0).
-Traffic DecodeTraffic(const GenerationResult& r, const ModelConfig& c, double bytes_per_weight) {
+Traffic DecodeTraffic(const GenerationResult& r, const lede::checkpoint::ModelConfig& c, double bytes_per_weight) {
   const Weights w = CountWeights(c);
   const double bw = bytes_per_weight;
   const double L = static_cast<double>(c.n_layers);
@@ -217,7 +217,7 @@ void DetailTables(const std::shared_ptr<const LlamaModel>& model, int64_t n_toke
 void AfterPrefillTable(const std::shared_ptr<const LlamaModel>& model);
 
 // "random:dxFxLxHxHkvxV" -> *c (true), or false for a checkpoint path.
-bool ParseRandomShape(const std::string& spec, ModelConfig* c) {
+bool ParseRandomShape(const std::string& spec, lede::checkpoint::ModelConfig* c) {
   const std::string prefix = "random:";
   if (spec.rfind(prefix, 0) != 0) return false;
   long long d, f, l, h, hkv, v;
@@ -239,7 +239,7 @@ struct Variant {
 void BenchModel(const std::string& path, const std::vector<Variant>& variants, int64_t n_tokens, int repeats,
                 bool detail, bool after_prefill, double dram_gbs, nlohmann::json* rows) {
   std::vector<std::shared_ptr<const LlamaModel>> models;
-  ModelConfig random_shape;
+  lede::checkpoint::ModelConfig random_shape;
   const bool random = ParseRandomShape(path, &random_shape);
   for (const Variant& v : variants) {
     ModelOptions mo;
@@ -249,7 +249,7 @@ void BenchModel(const std::string& path, const std::vector<Variant>& variants, i
     if (!loaded.ok()) ExitLoadFailure("lede_engine_bench", loaded.status());
     models.push_back(std::move(*loaded));
   }
-  const ModelConfig& c = models[0]->config();
+  const lede::checkpoint::ModelConfig& c = models[0]->config();
   const int64_t L = c.n_layers;
   const Weights w = CountWeights(c);
   std::printf("\n== %s  (d=%lld, F=%lld, L=%lld, V=%lld, %.2fM weights read per token = %.1f MB at f32, threads=%d)\n",
@@ -356,7 +356,7 @@ int RunChild(const std::string& path, WeightFormat weights, int64_t n_tokens) {
   const double roof_before = ReadBandwidthGbs(256ll << 20, 3, &roof_cpu_before);
   const int64_t rss_before = PeakRssBytes();
   std::unique_ptr<LlamaModel> loaded;
-  ModelConfig random_shape;
+  lede::checkpoint::ModelConfig random_shape;
   const double load_s = Seconds([&] {
     auto m = ParseRandomShape(path, &random_shape) ? LlamaModel::RandomInit(random_shape, /*seed=*/1, mo)
                                                    : LlamaModel::Load(path, mo);
@@ -498,7 +498,7 @@ void IsolatedRuns(const std::string& exe, const std::string& path, const std::ve
 }
 
 void DetailTables(const std::shared_ptr<const LlamaModel>& model, int64_t n_tokens) {
-  const ModelConfig& c = model->config();
+  const lede::checkpoint::ModelConfig& c = model->config();
   const int64_t L = c.n_layers;
   auto cal = Calibrate(*model, 100);
   if (!cal.ok()) {
@@ -567,7 +567,7 @@ void DetailTables(const std::shared_ptr<const LlamaModel>& model, int64_t n_toke
 
 // Per-step latency of the first steps after a prefill (section 4 above).
 void AfterPrefillTable(const std::shared_ptr<const LlamaModel>& model) {
-  const ModelConfig& c = model->config();
+  const lede::checkpoint::ModelConfig& c = model->config();
   KvCacheOptions ko;
   ko.max_draft_len = 8;
   auto engine = Engine::Create(model, ko);

@@ -44,11 +44,11 @@
 namespace lede::bench {
 namespace {
 
-using model::Action;
-using model::ExitController;
-using model::ExitState;
+using speculation::Action;
+using speculation::ExitController;
+using speculation::ExitState;
 using model::GenerateOptions;
-using model::Phase;
+using speculation::Phase;
 
 using flags::SplitList;
 
@@ -86,7 +86,7 @@ struct Common {
   std::unique_ptr<model::Engine> engine;
   std::unique_ptr<model::CostModel> accelerator, measured;
   std::vector<PromptSet> sets;
-  model::DecisionSpec spec;
+  speculation::DecisionSpec spec;
 };
 
 // The model-loading group (shared/flags/model_flags.h) gives --model,
@@ -129,7 +129,7 @@ StatusOr<Common> Setup(const CommonFlags& cf) {
   } else {
     auto network = std::make_shared<policy::dqn::QNetwork>(policy::dqn::QNetwork::Random(policy::dqn::kDefaultHidden, 1));
     LEDE_ASSIGN_OR_RETURN(cal, model::Calibrate(*c.model, 30, [network] {
-      float features[model::kExitFeatureDim] = {0.5f};
+      float features[speculation::kExitFeatureDim] = {0.5f};
       float q[policy::dqn::kNumActions];
       network->Forward(features, q);
     }));
@@ -149,7 +149,7 @@ StatusOr<Common> Setup(const CommonFlags& cf) {
 // The rewards of shared/experience/transition.h under a cost model: "paper" (docs/design.md
 // §2; with the measured model its depth term assumes a typical round of 3
 // drafts and 4 tokens) or "throughput" (tokens minus cost).
-policy::RewardSpec RewardsFor(const std::string& reward, const model::CostModel& cm, const Common& c) {
+experience::RewardSpec RewardsFor(const std::string& reward, const model::CostModel& cm, const Common& c) {
   const int32_t L = static_cast<int32_t>(c.model->n_layers());
   std::vector<double> draft_cost;
   for (int32_t l = 0; l <= L; ++l) draft_cost.push_back(l == 0 ? 0.0 : cm.ControlledDraftToken(l));
@@ -158,10 +158,10 @@ policy::RewardSpec RewardsFor(const std::string& reward, const model::CostModel&
     for (int32_t e = 0; e <= L; ++e) {
       for (int32_t k = 0; k <= c.spec.max_draft_len; ++k) verify[e].push_back(e == 0 ? 0.0 : cm.Verify(e, k));
     }
-    return policy::RewardSpec::Throughput(cm.name(), draft_cost, verify, cm.ControlledProbe(), cm.Decision());
+    return experience::RewardSpec::Throughput(cm.name(), draft_cost, verify, cm.ControlledProbe(), cm.Decision());
   }
-  if (cm.name() == "accelerator") return policy::RewardSpec::Paper(L);
-  return policy::RewardSpec::FromCosts(cm.name(), draft_cost, cm.Verify(L / 4 + 1, 3), 4.0, cm.Probe());
+  if (cm.name() == "accelerator") return experience::RewardSpec::Paper(L);
+  return experience::RewardSpec::FromCosts(cm.name(), draft_cost, cm.Verify(L / 4 + 1, 3), 4.0, cm.Probe());
 }
 
 void PrintProgress(std::ostream& err, const std::string& what, size_t done, size_t total) {
@@ -757,7 +757,7 @@ int RunCollect(const std::vector<std::string>& args, std::ostream& out, std::ost
     return 2;
   }
   Common& c = *common;
-  const policy::RewardSpec rewards =
+  const experience::RewardSpec rewards =
       RewardsFor(reward, cost_model == "accelerator" ? *c.accelerator : *c.measured, c);
   std::filesystem::create_directories(out_dir);
   // Behaviour policies: thresholds from eager to cautious, with exploration.
@@ -788,8 +788,8 @@ int RunCollect(const std::vector<std::string>& args, std::ostream& out, std::ost
           return 1;
         }
         const std::string request_id = set.name + ":" + std::to_string(i) + ":" + std::to_string(seed);
-        for (const model::RoundTrace& trace : r->traces) {
-          for (const policy::Transition& t : policy::ToTransitions(trace, rewards, request_id, version, fingerprint)) {
+        for (const speculation::RoundTrace& trace : r->traces) {
+          for (const experience::Transition& t : experience::ToTransitions(trace, rewards, request_id, version, fingerprint)) {
             if (Status s = (*writer)->Append(t); !s.ok()) {
               err << "lede-bench collect: " << s.message() << "\n";
               return 1;

@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-// The llama.cpp peer benchmark (issue 35): llama.cpp (npm `node-llama-cpp`,
+// The llama.cpp peer benchmark: llama.cpp (npm `node-llama-cpp`,
 // its prebuilt CPU binary, getLlama({gpu: false, build: "never"}): nothing is
 // downloaded or built at run time) and this engine decode the same GGUF
 // files greedily on held-out prompts, and the benchmark prints, per weight

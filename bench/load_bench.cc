@@ -1,5 +1,5 @@
-// `lede-bench load`: what decoding methods are worth at a load (issue 12:
-// "the policy knows the load"). Every method is replayed once per prompt
+// `lede-bench load`: what decoding methods are worth at a load (the
+// policy sees the load, docs/design.md §2). Every method is replayed once per prompt
 // (exact replays of the greedy trajectories, trainer/counterfactual.h) and
 // its rounds are priced by the cost models at each load
 // (shared/model/cost_model.h MakeAcceleratorCostModelAtLoad,

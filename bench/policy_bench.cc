@@ -23,7 +23,7 @@
 #include "shared/status/status.h"
 
 int main(int argc, char** argv) {
-  using lede::model::ExitState;
+  using lede::speculation::ExitState;
   int64_t n = 2000000;
   std::string json_path;
   lede::flags::FlagSet flags;
@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
   std::vector<ExitState> states(1024);
   for (ExitState& s : states) {
-    s.phase = u(rng) < 0.5f ? lede::model::Phase::kExitLayer : lede::model::Phase::kDraftLength;
+    s.phase = u(rng) < 0.5f ? lede::speculation::Phase::kExitLayer : lede::speculation::Phase::kDraftLength;
     s.n_layers = 32;
     s.layer = 2 + static_cast<int32_t>(u(rng) * 14);
     s.max_draft_len = 8;

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Retraining on a deployment's own traffic, end to end (issue 37).
+"""Retraining on a deployment's own traffic, end to end.
 
 Both runs serve a copy of models/lede-tiny without policy/ and without
 calibration-cpu.json with `scripts/run --model COPY` (cold start: the

@@ -20,7 +20,7 @@ The model services run with --slots (default 16) and the verifier's queue holds
 the rest, so concurrency above the slot count measures queueing too.
 --max-batch 1,16 runs each deployment once per value: the verifier batches up
 to that many sessions' prefill chunks and verifications per step (continuous
-batching, issue 12; 1 = one sequence per pass on each handler thread).
+batching; 1 = one sequence per pass on each handler thread).
 With --check-solo N it also sends, per deployment and method, N requests one at
 a time and then all N at once (N above --slots queues the rest), and reports how
 many completed and how many equal their solo runs token for token.

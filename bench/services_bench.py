@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Tokens/s through the services vs the in-process engine (issue 5 benchmark).
+"""Tokens/s through the services vs the in-process engine.
 
 Runs the same prompts (greedy, fixed length) four ways and prints decode
 tokens/s side by side:

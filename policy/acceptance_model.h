@@ -32,7 +32,7 @@ using AcceptanceFeatures = std::array<double, kAcceptanceFeatureDim>;
 // context n-gram signals (0 or 1 each).
 AcceptanceFeatures AcceptanceFeaturesOf(float top1_prob, float margin, float entropy, float trace_nll,
                                         float lookup_match, float trigram_seen);
-inline AcceptanceFeatures AcceptanceFeaturesOf(const model::ExitState& s) {
+inline AcceptanceFeatures AcceptanceFeaturesOf(const speculation::ExitState& s) {
   return AcceptanceFeaturesOf(s.top1_prob, s.margin, s.entropy, s.trace_nll, s.lookup_match, s.trigram_seen);
 }
 
@@ -51,7 +51,7 @@ class AcceptanceModel {
 
   // P(accept) in (0, 1) at `layer` for features x.
   double Predict(int32_t layer, const AcceptanceFeatures& x) const;
-  double Predict(const model::ExitState& s) const { return Predict(s.layer, AcceptanceFeaturesOf(s)); }
+  double Predict(const speculation::ExitState& s) const { return Predict(s.layer, AcceptanceFeaturesOf(s)); }
   // Mean label of the layer's samples (its unconditional acceptance).
   double BaseRate(int32_t layer) const;
   int32_t n_layers() const { return static_cast<int32_t>(weights_.size()); }

@@ -6,14 +6,14 @@
 
 namespace lede::policy {
 
-using model::Action;
-using model::Phase;
+using speculation::Action;
+using speculation::Phase;
 
 std::string StaticExitController::name() const {
   return "static:E=" + std::to_string(exit_layer_) + ",D=" + std::to_string(draft_len_);
 }
 
-Action StaticExitController::Decide(const model::ExitState& s) {
+Action StaticExitController::Decide(const speculation::ExitState& s) {
   if (s.phase == Phase::kRoundStart) return Action::kExit;  // always speculates
   if (s.phase == Phase::kExitLayer) return s.layer >= exit_layer_ ? Action::kExit : Action::kContinue;
   return s.draft_pos < draft_len_ ? Action::kExit : Action::kContinue;
@@ -25,7 +25,7 @@ std::string ThresholdExitController::name() const {
   return buf;
 }
 
-Action ThresholdExitController::Decide(const model::ExitState& s) {
+Action ThresholdExitController::Decide(const speculation::ExitState& s) {
   if (s.phase == Phase::kRoundStart) return Action::kExit;  // always speculates
   const float threshold = s.phase == Phase::kExitLayer ? exit_threshold_ : draft_threshold_;
   return s.top1_prob >= threshold ? Action::kExit : Action::kContinue;
@@ -37,7 +37,7 @@ std::string EpsilonGreedyController::name() const {
   return buf + behaviour_.name();
 }
 
-Action EpsilonGreedyController::Decide(const model::ExitState& s) {
+Action EpsilonGreedyController::Decide(const speculation::ExitState& s) {
   // Ask the behaviour first so that its own state (if any) advances the same
   // way whether or not this decision explores.
   const Action greedy = behaviour_.Decide(s);
@@ -60,7 +60,7 @@ double CalibratedStopController::Marginal(int32_t layer, int32_t i) const {
   return row.at(static_cast<size_t>(std::clamp<int32_t>(i, 1, static_cast<int32_t>(row.size()) - 1)));
 }
 
-Action CalibratedStopController::Decide(const model::ExitState& s) {
+Action CalibratedStopController::Decide(const speculation::ExitState& s) {
   if (s.phase == Phase::kRoundStart) return Action::kExit;
   if (s.phase == Phase::kExitLayer) {
     if (s.layer < exit_layer_) return Action::kContinue;
@@ -94,7 +94,7 @@ std::string DelController::name() const {
   return buf;
 }
 
-Action DelController::Decide(const model::ExitState& s) {
+Action DelController::Decide(const speculation::ExitState& s) {
   if (s.phase == Phase::kRoundStart) {
     // The request's own acceptance, relative to what the layer it used last
     // gets on average, shifts every layer's rate.
@@ -127,7 +127,7 @@ std::string AdaEdlController::name() const {
   return buf;
 }
 
-Action AdaEdlController::Decide(const model::ExitState& s) {
+Action AdaEdlController::Decide(const speculation::ExitState& s) {
   if (s.phase == Phase::kRoundStart) return Action::kExit;
   if (s.phase == Phase::kExitLayer && s.layer < exit_layer_) return Action::kContinue;
   const float bound = 1.0f - std::sqrt(std::max(0.0f, gamma_ * s.entropy));

@@ -2,7 +2,7 @@
 //
 // Exit controllers that need no learning (docs/design.md §2 baselines) and the
 // exploration wrapper used to collect experience. All implement
-// model::ExitController (shared/speculation/exit_controller.h) and are torch-free.
+// speculation::ExitController (shared/speculation/exit_controller.h) and are torch-free.
 //
 // Thread-safety: one instance per request (EpsilonGreedyController holds an
 // RNG); Decide() is not reentrant.
@@ -26,12 +26,12 @@ namespace lede::policy {
 // draft D tokens. Phase 1 exits at the first candidate layer >= E (use
 // candidate_layers = {E} for exactly E); phase 2 keeps drafting while fewer
 // than D tokens are drafted.
-class StaticExitController : public model::ExitController {
+class StaticExitController : public speculation::ExitController {
  public:
   StaticExitController(int32_t exit_layer, int32_t draft_len)
       : exit_layer_(exit_layer), draft_len_(draft_len) {}
   std::string name() const override;
-  model::Action Decide(const model::ExitState& s) override;
+  speculation::Action Decide(const speculation::ExitState& s) override;
 
  private:
   int32_t exit_layer_, draft_len_;
@@ -42,12 +42,12 @@ class StaticExitController : public model::ExitController {
 // CALM-style early exit); phase 2 keeps drafting while the next token's
 // top-1 probability is >= draft_threshold (tau; Draft & Verify, arXiv
 // 2309.08168, stops drafting below a confidence threshold).
-class ThresholdExitController : public model::ExitController {
+class ThresholdExitController : public speculation::ExitController {
  public:
   ThresholdExitController(float exit_threshold, float draft_threshold)
       : exit_threshold_(exit_threshold), draft_threshold_(draft_threshold) {}
   std::string name() const override;
-  model::Action Decide(const model::ExitState& s) override;
+  speculation::Action Decide(const speculation::ExitState& s) override;
 
  private:
   float exit_threshold_, draft_threshold_;
@@ -56,16 +56,16 @@ class ThresholdExitController : public model::ExitController {
 // Exploration for data collection: with probability epsilon a uniformly
 // random action (random exits and random stops), else the behaviour
 // controller's action. Deterministic for a seed.
-class EpsilonGreedyController : public model::ExitController {
+class EpsilonGreedyController : public speculation::ExitController {
  public:
   // Borrows `behaviour`, which must outlive this controller.
-  EpsilonGreedyController(model::ExitController& behaviour, double epsilon, uint64_t seed)
+  EpsilonGreedyController(speculation::ExitController& behaviour, double epsilon, uint64_t seed)
       : behaviour_(behaviour), epsilon_(epsilon), rng_(seed) {}
   std::string name() const override;
-  model::Action Decide(const model::ExitState& s) override;
+  speculation::Action Decide(const speculation::ExitState& s) override;
 
  private:
-  model::ExitController& behaviour_;
+  speculation::ExitController& behaviour_;
   double epsilon_;
   std::mt19937_64 rng_;
 };
@@ -91,7 +91,7 @@ struct RoundCosts {
 // acceptance probability of draft j (AcceptanceModel) and rho the target
 // throughput (tokens per unit cost, tuned). Optimal for a monotone stopping
 // problem when p is calibrated.
-class CalibratedStopController : public model::ExitController {
+class CalibratedStopController : public speculation::ExitController {
  public:
   // `current` predicts the acceptance of the token a probe drafts. With
   // lookahead (DecisionSpec::lookahead_probe) a decision sees the probe of
@@ -109,8 +109,8 @@ class CalibratedStopController : public model::ExitController {
       : model_(std::move(current)), next_(std::move(next)), exit_layer_(exit_layer), rho_(rho),
         costs_(std::move(costs)), lookahead_(lookahead || next_ == nullptr), phase_one_probe_(phase_one_probe) {}
   std::string name() const override;
-  model::Action Decide(const model::ExitState& s) override;
-  int32_t FirstProbeLayer(const model::ExitState&) override { return exit_layer_; }
+  speculation::Action Decide(const speculation::ExitState& s) override;
+  int32_t FirstProbeLayer(const speculation::ExitState&) override { return exit_layer_; }
 
  private:
   double Marginal(int32_t layer, int32_t i) const;
@@ -131,15 +131,15 @@ class CalibratedStopController : public model::ExitController {
 //   TPL(l, d) = [(1 - alpha_l^{d+1}) / (1 - alpha_l)] / round[l][d],
 // or a plain step when no (l, d) beats 1 token per step. Phase 1 probes only
 // l; phase 2 drafts up to d tokens and stops early when top-1 < tau.
-class DelController : public model::ExitController {
+class DelController : public speculation::ExitController {
  public:
   DelController(std::vector<double> layer_rates, std::vector<int32_t> layers, int32_t max_draft_len, float tau,
                 std::shared_ptr<const RoundCosts> costs)
       : rates_(std::move(layer_rates)), layers_(std::move(layers)), max_draft_len_(max_draft_len), tau_(tau),
         costs_(std::move(costs)) {}
   std::string name() const override;
-  model::Action Decide(const model::ExitState& s) override;
-  int32_t FirstProbeLayer(const model::ExitState&) override { return layer_; }
+  speculation::Action Decide(const speculation::ExitState& s) override;
+  int32_t FirstProbeLayer(const speculation::ExitState&) override { return layer_; }
 
  private:
   std::vector<double> rates_;   // [L + 1] acceptance rate per exit layer
@@ -153,13 +153,13 @@ class DelController : public model::ExitController {
 // AdaEDL (arXiv 2410.18351): an entropy-based lower bound on acceptance,
 // 1 - sqrt(gamma * H); exit at E and keep drafting while the bound of the
 // next token is >= lambda. No training.
-class AdaEdlController : public model::ExitController {
+class AdaEdlController : public speculation::ExitController {
  public:
   AdaEdlController(int32_t exit_layer, float gamma, float lambda)
       : exit_layer_(exit_layer), gamma_(gamma), lambda_(lambda) {}
   std::string name() const override;
-  model::Action Decide(const model::ExitState& s) override;
-  int32_t FirstProbeLayer(const model::ExitState&) override { return exit_layer_; }
+  speculation::Action Decide(const speculation::ExitState& s) override;
+  int32_t FirstProbeLayer(const speculation::ExitState&) override { return exit_layer_; }
 
  private:
   int32_t exit_layer_;

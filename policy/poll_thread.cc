@@ -4,7 +4,7 @@
 
 namespace lede::policy {
 
-PollThread::PollThread(Clock* clock) : clock_(clock != nullptr ? clock : Clock::Real()) {}
+PollThread::PollThread(clock::Clock* clock) : clock_(clock != nullptr ? clock : clock::Clock::Real()) {}
 
 PollThread::~PollThread() { Stop(); }
 

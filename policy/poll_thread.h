@@ -41,7 +41,7 @@ class PollThread {
  public:
   // `clock` times SleepUnlessStopped (nullptr = Clock::Real(); tests pass a
   // FakeClock). Starts nothing.
-  explicit PollThread(Clock* clock = nullptr);
+  explicit PollThread(clock::Clock* clock = nullptr);
   ~PollThread();  // Stop()
   PollThread(const PollThread&) = delete;
   PollThread& operator=(const PollThread&) = delete;
@@ -64,7 +64,7 @@ class PollThread {
   bool stopping() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  Clock* const clock_;
+  clock::Clock* const clock_;
   absl::Mutex start_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // serializes Start() / Stop()
   std::thread thread_;                              // touched under start_mu_
   mutable absl::Mutex mu_;

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Held-out code prompts the project never trained or tuned on (issue 37).
+"""Held-out code prompts the project never trained or tuned on.
 
 The demo model's code corpus is the Python 3.11 standard library
 (scripts/build_corpus.py) and its code prompts are HumanEval; these prompts

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole batch-retraining loop (issue 6), locally on models/lede-tiny:
+# The whole batch-retraining loop, locally on models/lede-tiny:
 #   1. copy the model's policy root to a state dir and serve it: lede-policy
 #      (hot reload of SERVING), a co-located lede-model following it, and
 #      lede-coordinator logging experience to <state>/experience;

@@ -6,7 +6,7 @@
 # static self-speculation (which must emit the same text: lossless), and
 # `lede calibrate` measures it. Prints load time, peak RSS and tokens/s.
 # About 2.5 GB on disk; loads as bf16 (--weights auto: every matrix packed
-# straight from the file's bf16, no float32 copy; issue 35) in about 2.7 GiB
+# straight from the file's bf16, no float32 copy) in about 2.7 GiB
 # of peak RSS for `lede generate`, 2.8 GiB for `lede calibrate` (measured
 # 2026-12-04; LEDE_SMOKE_WEIGHTS=f32 for the float32 path, which holds the
 # f32 tensors and a packed f32 copy: about 4x that, not measured here); a

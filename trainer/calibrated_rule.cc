@@ -17,13 +17,13 @@ std::vector<std::vector<policy::AcceptanceFeatures>> TraceAcceptanceFeatures(con
   std::deque<double> window;
   std::vector<int32_t> context = t.prompt;  // prompt + target[0, i)
   for (size_t i = 0; i < N; ++i) {
-    const int64_t n = std::min<int64_t>(static_cast<int64_t>(context.size()), model::kNgramWindow);
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(context.size()), speculation::kNgramWindow);
     const int32_t* ctx = context.data() + context.size() - n;
     const double trace_nll = window.empty() ? 0.0 : sum / window.size();
     if (i > 0) {  // position 0 is the prefill's token
       for (int32_t l = 1; l < t.n_layers; ++l) {
-        const model::ExitSignals& s = t.At(l, static_cast<int64_t>(i));
-        const model::NgramSignals ng = model::ContextNgram(ctx, n, s.top1);
+        const speculation::ExitSignals& s = t.At(l, static_cast<int64_t>(i));
+        const speculation::NgramSignals ng = speculation::ContextNgram(ctx, n, s.top1);
         x[l][i] = policy::AcceptanceFeaturesOf(s.top1_prob, s.margin, s.entropy, static_cast<float>(trace_nll),
                                                ng.lookup_match, ng.trigram_seen);
       }
@@ -79,13 +79,13 @@ std::string CalibratedRule::Describe() const {
   return buf;
 }
 
-std::unique_ptr<model::ExitController> CalibratedRule::Make(const model::DecisionSpec& spec) const {
+std::unique_ptr<speculation::ExitController> CalibratedRule::Make(const speculation::DecisionSpec& spec) const {
   return std::make_unique<policy::CalibratedStopController>(acceptance.current, exit_layer, rho, costs,
                                                             spec.lookahead_probe, acceptance.next,
                                                             spec.probe_candidates);
 }
 
-StatusOr<CalibratedRule> TuneCalibratedRule(const std::vector<ShadowTrace>& traces, const model::DecisionSpec& spec,
+StatusOr<CalibratedRule> TuneCalibratedRule(const std::vector<ShadowTrace>& traces, const speculation::DecisionSpec& spec,
                                             const model::CostModel& cost) {
   if (traces.empty()) return InvalidArgumentError("calibrated rule: no traces");
   const int32_t L = traces.front().n_layers;

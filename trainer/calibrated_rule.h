@@ -30,7 +30,7 @@ namespace lede::trainer {
 // unused) are the signals of the probe at layer l that drafts target[t],
 // with C_trace over the trace's own emitted tokens before t (window
 // `trace_window`) and the context n-gram signals of its top-1 token over
-// prompt + target[0, t) (model::ContextNgram, last model::kNgramWindow).
+// prompt + target[0, t) (speculation::ContextNgram, last speculation::kNgramWindow).
 std::vector<std::vector<policy::AcceptanceFeatures>> TraceAcceptanceFeatures(const ShadowTrace& trace,
                                                                              int32_t trace_window);
 
@@ -65,10 +65,10 @@ struct CalibratedRule {
   AcceptanceModels acceptance;
   std::shared_ptr<const policy::RoundCosts> costs;
   std::string Describe() const;  // "calibrated E=2 rho=1.6"
-  std::unique_ptr<model::ExitController> Make(const model::DecisionSpec& spec) const;
+  std::unique_ptr<speculation::ExitController> Make(const speculation::DecisionSpec& spec) const;
 };
 // Errors: kInvalidArgument for empty traces or no candidate layer below L.
-StatusOr<CalibratedRule> TuneCalibratedRule(const std::vector<ShadowTrace>& traces, const model::DecisionSpec& spec,
+StatusOr<CalibratedRule> TuneCalibratedRule(const std::vector<ShadowTrace>& traces, const speculation::DecisionSpec& spec,
                                             const model::CostModel& cost);
 
 }  // namespace lede::trainer

@@ -62,7 +62,7 @@ StatusOr<ColdStartChoice> ChooseColdStart(model::Engine& engine, const std::vect
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (!traces.empty() && out_of_time && out_of_time()) break;
     StatusOr<ShadowTrace> t =
-        TraceGreedyRequest(engine, prompts[i], new_tokens, model::DecisionSpec{}.top_k, "cold-start:" + std::to_string(i));
+        TraceGreedyRequest(engine, prompts[i], new_tokens, speculation::DecisionSpec{}.top_k, "cold-start:" + std::to_string(i));
     // A prompt whose continuation is empty (EOS at once) has no trace: skip it.
     if (!t.ok() && t.status().code() == StatusCode::kInvalidArgument) continue;
     if (!t.ok()) return t.status();

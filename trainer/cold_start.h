@@ -1,6 +1,6 @@
 // File: trainer/cold_start.h
 //
-// Cold start (issue 37): the first version of a policy root for a model that
+// Cold start: the first version of a policy root for a model that
 // has no trained exit policy, so that the default method of every request
 // (LEDE with the serving policy) works from the first request on.
 //

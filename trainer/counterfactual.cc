@@ -21,7 +21,7 @@ using speculation::SessionOptions;
 using speculation::SpeculationMode;
 using speculation::Verdict;
 
-const model::ExitSignals& ShadowTrace::At(int32_t layer, int64_t t) const {
+const speculation::ExitSignals& ShadowTrace::At(int32_t layer, int64_t t) const {
   const auto& row = probes.at(static_cast<size_t>(layer - 1));
   return row[static_cast<size_t>(std::clamp<int64_t>(t, 0, static_cast<int64_t>(row.size()) - 1))];
 }
@@ -29,7 +29,7 @@ const model::ExitSignals& ShadowTrace::At(int32_t layer, int64_t t) const {
 StatusOr<ShadowTrace> ComputeShadowTrace(const model::LlamaModel& model, const std::vector<int32_t>& prompt,
                                          const std::vector<int32_t>& output, bool ended_on_eos,
                                          int64_t max_new_tokens, int32_t top_k, std::string id) {
-  const model::ModelConfig& c = model.config();
+  const checkpoint::ModelConfig& c = model.config();
   if (prompt.empty()) return InvalidArgumentError("prompt: is empty");
   if (output.empty() && !ended_on_eos) return InvalidArgumentError("output: is empty");
   const int64_t P = static_cast<int64_t>(prompt.size()), N = static_cast<int64_t>(output.size());
@@ -64,7 +64,7 @@ StatusOr<ShadowTrace> ComputeShadowTrace(const model::LlamaModel& model, const s
           model.ExitLogits(h.narrow(1, P - 1, T)).view({T, -1}).to(at::kCPU, at::kFloat).contiguous();
       const float* base = logits.data_ptr<float>();
       const int64_t V = logits.size(1);
-      std::vector<model::ExitSignals> row(static_cast<size_t>(T));
+      std::vector<speculation::ExitSignals> row(static_cast<size_t>(T));
       for (int64_t t = 0; t < T; ++t) row[t] = model::ProbeSignals(base + t * V, V, top_k);
       trace.probes.push_back(std::move(row));
     }
@@ -120,12 +120,12 @@ class ShadowBackend : public speculation::SpeculationBackend {
     class Probes : public speculation::DraftProbes {
      public:
       Probes(const ShadowTrace& t, int64_t i) : t_(t), i_(i) {}
-      StatusOr<model::ExitSignals> ProbeLayer(int32_t layer) override {
+      StatusOr<speculation::ExitSignals> ProbeLayer(int32_t layer) override {
         layer_ = layer;
         last_ = t_.At(layer, i_);
         return last_;
       }
-      StatusOr<model::ExitSignals> ProbeDraft(int32_t row, int32_t) override {
+      StatusOr<speculation::ExitSignals> ProbeDraft(int32_t row, int32_t) override {
         last_ = t_.At(layer_, i_ + row);  // the committed path's signals (see the header)
         return last_;
       }
@@ -135,7 +135,7 @@ class ShadowBackend : public speculation::SpeculationBackend {
       const ShadowTrace& t_;
       int64_t i_;
       int32_t layer_ = 0;
-      model::ExitSignals last_;
+      speculation::ExitSignals last_;
     } probes(trace_, i);
     const int64_t d_cap = std::min<int64_t>(request.budget, method_.spec.max_draft_len);
     LEDE_RETURN_IF_ERROR(speculation::RunAdaptiveRound(*method_.controller, method_.spec, trace_.n_layers, request,
@@ -171,7 +171,7 @@ class ShadowBackend : public speculation::SpeculationBackend {
   void Seek(int64_t next) { next_ = next; }
 
  private:
-  const model::ExitSignals& Full(int64_t t) const { return trace_.At(trace_.n_layers, t); }
+  const speculation::ExitSignals& Full(int64_t t) const { return trace_.At(trace_.n_layers, t); }
 
   const ShadowTrace& trace_;
   const SimulatedMethod& method_;
@@ -215,7 +215,7 @@ std::vector<RoundContext> RoundContexts(const ShadowTrace& trace, const speculat
   for (size_t r = 0; r < result.stats.rounds.size(); ++r) {
     const speculation::RoundRecord& rec = result.stats.rounds[r];
     if (k < result.traces.size() && result.traces[k].round_index == static_cast<int64_t>(r)) {
-      const model::RoundTrace& rt = result.traces[k++];
+      const speculation::RoundTrace& rt = result.traces[k++];
       RoundContext c;
       c.next = next;
       c.round_index = static_cast<int64_t>(r);
@@ -231,8 +231,8 @@ std::vector<RoundContext> RoundContexts(const ShadowTrace& trace, const speculat
   return out;
 }
 
-StatusOr<SimulatedRound> SimulateRound(const ShadowTrace& trace, const model::DecisionSpec& spec,
-                                       model::ExitController& controller, const RoundContext& c) {
+StatusOr<SimulatedRound> SimulateRound(const ShadowTrace& trace, const speculation::DecisionSpec& spec,
+                                       speculation::ExitController& controller, const RoundContext& c) {
   SimulatedMethod m;
   m.mode = SpeculationMode::kAdaptive;
   m.controller = &controller;
@@ -253,7 +253,7 @@ StatusOr<SimulatedRound> SimulateRound(const ShadowTrace& trace, const model::De
   // The committed tokens as the generation loop passes them: the last
   // kNgramWindow of prompt + target[0, next).
   const int64_t P = static_cast<int64_t>(trace.prompt.size());
-  const int64_t skip = std::max<int64_t>(0, P + c.next - model::kNgramWindow);
+  const int64_t skip = std::max<int64_t>(0, P + c.next - speculation::kNgramWindow);
   request.context.assign(trace.prompt.begin() + std::min(skip, P), trace.prompt.end());
   request.context.insert(request.context.end(), trace.target.begin() + std::max<int64_t>(0, skip - P),
                          trace.target.begin() + c.next);
@@ -261,7 +261,7 @@ StatusOr<SimulatedRound> SimulateRound(const ShadowTrace& trace, const model::De
   LEDE_ASSIGN_OR_RETURN(Verdict verdict, backend.VerifyRound(0, request.pending_token, draft));
   SimulatedRound out;
   out.trace = std::move(draft.trace);
-  for (model::Decision& d : out.trace.decisions) d.accepted = d.draft_index >= 0 && d.draft_index < verdict.n_accepted;
+  for (speculation::Decision& d : out.trace.decisions) d.accepted = d.draft_index >= 0 && d.draft_index < verdict.n_accepted;
   const int32_t K = static_cast<int32_t>(draft.tokens.size());
   out.trace.round_index = c.round_index;
   out.trace.exit_layer = K > 0 ? draft.exit_layer : 0;
@@ -282,7 +282,7 @@ StatusOr<std::vector<speculation::RoundRecord>> SimulatedRounds(const std::vecto
   std::vector<speculation::RoundRecord> rounds;
   for (size_t i = 0; i < traces.size(); ++i) {
     SimulatedMethod m = method;
-    std::unique_ptr<model::ExitController> controller;
+    std::unique_ptr<speculation::ExitController> controller;
     if (make) {
       controller = make(static_cast<int64_t>(i));
       m.controller = controller.get();
@@ -293,7 +293,7 @@ StatusOr<std::vector<speculation::RoundRecord>> SimulatedRounds(const std::vecto
   return rounds;
 }
 
-StatusOr<double> SimulatedSpeedup(const std::vector<ShadowTrace>& traces, const model::DecisionSpec& spec,
+StatusOr<double> SimulatedSpeedup(const std::vector<ShadowTrace>& traces, const speculation::DecisionSpec& spec,
                                   const ControllerMaker& make, const model::CostModel& cost) {
   SimulatedMethod m;
   m.mode = SpeculationMode::kAdaptive;
@@ -302,14 +302,14 @@ StatusOr<double> SimulatedSpeedup(const std::vector<ShadowTrace>& traces, const 
   return cost.PredictedSpeedup(rounds);
 }
 
-StatusOr<std::vector<policy::Transition>> CounterfactualTransitions(
-    const std::vector<ShadowTrace>& traces, const model::DecisionSpec& spec,
-    const std::vector<ControllerMaker>& behaviours, const policy::RewardSpec& rewards,
+StatusOr<std::vector<experience::Transition>> CounterfactualTransitions(
+    const std::vector<ShadowTrace>& traces, const speculation::DecisionSpec& spec,
+    const std::vector<ControllerMaker>& behaviours, const experience::RewardSpec& rewards,
     const std::string& model_fingerprint) {
-  std::vector<policy::Transition> out;
+  std::vector<experience::Transition> out;
   for (size_t b = 0; b < behaviours.size(); ++b) {
     for (size_t i = 0; i < traces.size(); ++i) {
-      std::unique_ptr<model::ExitController> controller = behaviours[b](static_cast<int64_t>(i));
+      std::unique_ptr<speculation::ExitController> controller = behaviours[b](static_cast<int64_t>(i));
       SimulatedMethod m;
       m.mode = SpeculationMode::kAdaptive;
       m.controller = controller.get();
@@ -317,8 +317,8 @@ StatusOr<std::vector<policy::Transition>> CounterfactualTransitions(
       LEDE_ASSIGN_OR_RETURN(speculation::GenerationResult r, Simulate(traces[i], m, /*record_traces=*/true));
       const std::string request_id = traces[i].id + "#" + std::to_string(b);
       const std::string version = controller->name();
-      for (const model::RoundTrace& rt : r.traces) {
-        std::vector<policy::Transition> ts = policy::ToTransitions(rt, rewards, request_id, version,
+      for (const speculation::RoundTrace& rt : r.traces) {
+        std::vector<experience::Transition> ts = experience::ToTransitions(rt, rewards, request_id, version,
                                                                    model_fingerprint);
         out.insert(out.end(), std::make_move_iterator(ts.begin()), std::make_move_iterator(ts.end()));
       }
@@ -327,7 +327,7 @@ StatusOr<std::vector<policy::Transition>> CounterfactualTransitions(
   return out;
 }
 
-policy::RewardSpec DinkelbachRewards(const model::CostModel& cost, int32_t n_layers, int32_t max_draft_len,
+experience::RewardSpec DinkelbachRewards(const model::CostModel& cost, int32_t n_layers, int32_t max_draft_len,
                                      double rho) {
   std::vector<double> draft_cost;
   for (int32_t l = 0; l <= n_layers; ++l) draft_cost.push_back(l == 0 ? 0.0 : cost.ControlledDraftToken(l));
@@ -335,7 +335,7 @@ policy::RewardSpec DinkelbachRewards(const model::CostModel& cost, int32_t n_lay
   for (int32_t e = 0; e <= n_layers; ++e) {
     for (int32_t k = 0; k <= max_draft_len; ++k) verify[e].push_back(e == 0 ? 0.0 : cost.Verify(e, k));
   }
-  return policy::RewardSpec::Throughput(cost.name(), draft_cost, verify, cost.ControlledProbe(), cost.Decision(),
+  return experience::RewardSpec::Throughput(cost.name(), draft_cost, verify, cost.ControlledProbe(), cost.Decision(),
                                         rho);
 }
 

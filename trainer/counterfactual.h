@@ -59,15 +59,15 @@ struct ShadowTrace {
   // exit at layer l at the position of the token before target[t] (the last
   // prompt token for t = 0), i.e. of the distribution that predicts
   // target[t]; probes[L - 1] is the full model (verifier).
-  std::vector<std::vector<model::ExitSignals>> probes;
-  // The load the request is replayed at (model::ExitState::load, >= 1): the
+  std::vector<std::vector<speculation::ExitSignals>> probes;
+  // The load the request is replayed at (speculation::ExitState::load, >= 1): the
   // policy's load feature, and the cost model at a load that prices it in
   // training (trainer/dinkelbach.h DinkelbachOptions::loads). Greedy
   // acceptance does not depend on it, so one trace serves every load.
   int32_t load = 1;
 
   // The signals predicting target[t] at layer l (t clamped to the trace).
-  const model::ExitSignals& At(int32_t layer, int64_t t) const;
+  const speculation::ExitSignals& At(int32_t layer, int64_t t) const;
   // Whether the exit at `layer` drafts target[t] (agrees with the full model).
   bool Accepts(int32_t layer, int64_t t) const { return At(layer, t).top1 == target.at(t); }
 };
@@ -93,8 +93,8 @@ struct SimulatedMethod {
   speculation::SpeculationMode mode = speculation::SpeculationMode::kAutoregressive;
   int32_t exit_layer = 0;  // kStatic: E in [1, L]
   int32_t draft_len = 0;   // kStatic: D >= 1
-  model::ExitController* controller = nullptr;  // kAdaptive
-  model::DecisionSpec spec;                      // kAdaptive (max_draft_len also caps static)
+  speculation::ExitController* controller = nullptr;  // kAdaptive
+  speculation::DecisionSpec spec;                      // kAdaptive (max_draft_len also caps static)
 };
 
 // Replays `method` on `trace` through speculation::RunGeneration over a
@@ -111,7 +111,7 @@ StatusOr<speculation::GenerationResult> Simulate(const ShadowTrace& trace, const
 struct RoundContext {
   int64_t next = 1;
   double trace_nll = 0;
-  double accept_ema = model::ExitState::kAcceptEmaPrior;
+  double accept_ema = speculation::ExitState::kAcceptEmaPrior;
   int64_t budget = 0;
   int64_t round_index = 0;
 };
@@ -124,14 +124,14 @@ std::vector<RoundContext> RoundContexts(const ShadowTrace& trace, const speculat
 // One round replayed from `context` under `controller` (adaptive, `spec`):
 // its decisions (accepted flags set) and its record.
 struct SimulatedRound {
-  model::RoundTrace trace;
+  speculation::RoundTrace trace;
   speculation::RoundRecord record;
 };
-StatusOr<SimulatedRound> SimulateRound(const ShadowTrace& trace, const model::DecisionSpec& spec,
-                                       model::ExitController& controller, const RoundContext& context);
+StatusOr<SimulatedRound> SimulateRound(const ShadowTrace& trace, const speculation::DecisionSpec& spec,
+                                       speculation::ExitController& controller, const RoundContext& context);
 
 // Makes a controller for one request (simulations run many).
-using ControllerMaker = std::function<std::unique_ptr<model::ExitController>(int64_t request_index)>;
+using ControllerMaker = std::function<std::unique_ptr<speculation::ExitController>(int64_t request_index)>;
 
 // Replays `method` on every trace and returns the rounds of all of them
 // pooled, to be priced by any cost model. With `make`, each trace gets a
@@ -143,22 +143,22 @@ StatusOr<std::vector<speculation::RoundRecord>> SimulatedRounds(const std::vecto
 
 // Replays the controllers of `make` on every trace and returns the
 // predicted speed-up under `cost` of all rounds pooled (tokens / cost).
-StatusOr<double> SimulatedSpeedup(const std::vector<ShadowTrace>& traces, const model::DecisionSpec& spec,
+StatusOr<double> SimulatedSpeedup(const std::vector<ShadowTrace>& traces, const speculation::DecisionSpec& spec,
                                   const ControllerMaker& make, const model::CostModel& cost);
 
 // Counterfactual transitions: every trace replayed under each behaviour
 // controller (ε-greedy exploration included), their decisions rewarded by
-// `rewards` (policy::ToTransitions). request_id is "<trace id>#<behaviour
+// `rewards` (experience::ToTransitions). request_id is "<trace id>#<behaviour
 // index>", policy_version the behaviour's name.
-StatusOr<std::vector<policy::Transition>> CounterfactualTransitions(
-    const std::vector<ShadowTrace>& traces, const model::DecisionSpec& spec,
-    const std::vector<ControllerMaker>& behaviours, const policy::RewardSpec& rewards,
+StatusOr<std::vector<experience::Transition>> CounterfactualTransitions(
+    const std::vector<ShadowTrace>& traces, const speculation::DecisionSpec& spec,
+    const std::vector<ControllerMaker>& behaviours, const experience::RewardSpec& rewards,
     const std::string& model_fingerprint);
 
 // The Dinkelbach throughput rewards of shared/experience/transition.h under a cost
 // model for `spec` (L layers): tokens - rho * cost, probes and decisions
 // charged at the cost model's price.
-policy::RewardSpec DinkelbachRewards(const model::CostModel& cost, int32_t n_layers, int32_t max_draft_len,
+experience::RewardSpec DinkelbachRewards(const model::CostModel& cost, int32_t n_layers, int32_t max_draft_len,
                                      double rho);
 
 }  // namespace lede::trainer

@@ -44,41 +44,41 @@ using policy::StaticExitController;
 using policy::ThresholdExitController;
 
 // An ε-greedy wrapper that owns its behaviour controller.
-class OwningExplorer : public model::ExitController {
+class OwningExplorer : public speculation::ExitController {
  public:
-  OwningExplorer(std::unique_ptr<model::ExitController> inner, double epsilon, uint64_t seed)
+  OwningExplorer(std::unique_ptr<speculation::ExitController> inner, double epsilon, uint64_t seed)
       : inner_(std::move(inner)), explore_(*inner_, epsilon, seed) {}
   std::string name() const override { return explore_.name(); }
-  model::Action Decide(const model::ExitState& s) override { return explore_.Decide(s); }
+  speculation::Action Decide(const speculation::ExitState& s) override { return explore_.Decide(s); }
 
  private:
-  std::unique_ptr<model::ExitController> inner_;
+  std::unique_ptr<speculation::ExitController> inner_;
   EpsilonGreedyController explore_;
 };
 
 // Follows pi and counts, per kind of decision (round start, phase 1, phase
 // 2), how often `candidate` would have taken pi's action on pi's states.
-class AgreementProbe : public model::ExitController {
+class AgreementProbe : public speculation::ExitController {
  public:
-  AgreementProbe(std::unique_ptr<model::ExitController> pi, std::unique_ptr<model::ExitController> candidate,
+  AgreementProbe(std::unique_ptr<speculation::ExitController> pi, std::unique_ptr<speculation::ExitController> candidate,
                  std::array<int64_t, 3>* decisions, std::array<int64_t, 3>* agreed)
       : pi_(std::move(pi)), candidate_(std::move(candidate)), decisions_(decisions), agreed_(agreed) {}
   std::string name() const override { return pi_->name(); }
-  model::Action Decide(const model::ExitState& s) override {
-    const model::Action a = pi_->Decide(s);
-    const int kind = s.layer == 0 ? 0 : s.phase == model::Phase::kExitLayer ? 1 : 2;
+  speculation::Action Decide(const speculation::ExitState& s) override {
+    const speculation::Action a = pi_->Decide(s);
+    const int kind = s.layer == 0 ? 0 : s.phase == speculation::Phase::kExitLayer ? 1 : 2;
     ++(*decisions_)[kind];
     if (candidate_->Decide(s) == a) ++(*agreed_)[kind];
     return a;
   }
   // Phase 1 starts where either would start it, so that the candidate is
   // also asked at the candidate layers pi skips (and pi answers there).
-  int32_t FirstProbeLayer(const model::ExitState& round_start) override {
+  int32_t FirstProbeLayer(const speculation::ExitState& round_start) override {
     return std::min(pi_->FirstProbeLayer(round_start), candidate_->FirstProbeLayer(round_start));
   }
 
  private:
-  std::unique_ptr<model::ExitController> pi_, candidate_;
+  std::unique_ptr<speculation::ExitController> pi_, candidate_;
   std::array<int64_t, 3>* decisions_;
   std::array<int64_t, 3>* agreed_;
 };
@@ -89,8 +89,8 @@ std::vector<ControllerMaker> Behaviours(const DinkelbachOptions& o, int32_t n_la
   std::vector<ControllerMaker> out;
   const double eps = o.behaviour_epsilon;
   const uint64_t base = o.seed * 1000003ULL + static_cast<uint64_t>(iteration) * 7919ULL;
-  auto explorer = [eps, base](std::function<std::unique_ptr<model::ExitController>()> inner, uint64_t salt) {
-    return [inner, eps, base, salt](int64_t i) -> std::unique_ptr<model::ExitController> {
+  auto explorer = [eps, base](std::function<std::unique_ptr<speculation::ExitController>()> inner, uint64_t salt) {
+    return [inner, eps, base, salt](int64_t i) -> std::unique_ptr<speculation::ExitController> {
       return std::make_unique<OwningExplorer>(inner(), eps, base + salt * 104729ULL + static_cast<uint64_t>(i));
     };
   };
@@ -108,13 +108,13 @@ std::vector<ControllerMaker> Behaviours(const DinkelbachOptions& o, int32_t n_la
     }
   }
   // Uniform random actions (ε = 1) around any behaviour.
-  out.push_back([base](int64_t i) -> std::unique_ptr<model::ExitController> {
+  out.push_back([base](int64_t i) -> std::unique_ptr<speculation::ExitController> {
     return std::make_unique<OwningExplorer>(std::make_unique<ThresholdExitController>(0.5f, 0.5f), 1.0,
                                             base + 99991ULL + static_cast<uint64_t>(i));
   });
   if (current) {
     for (double e : {0.05, 0.1, 0.2}) {
-      out.push_back([current, e, base, salt](int64_t i) -> std::unique_ptr<model::ExitController> {
+      out.push_back([current, e, base, salt](int64_t i) -> std::unique_ptr<speculation::ExitController> {
         return std::make_unique<OwningExplorer>(std::make_unique<policy::dqn::DqnExitController>(current, "current"),
                                                 e, base + salt * 15485863ULL + static_cast<uint64_t>(i));
       });
@@ -134,35 +134,35 @@ std::vector<ControllerMaker> Behaviours(const DinkelbachOptions& o, int32_t n_la
 // otherwise replay a behaviour's round from other decision points, force
 // its actions on the wrong states, and leave the states below its start
 // without targets that the policy's own actions there define.
-class ForcedController : public model::ExitController {
+class ForcedController : public speculation::ExitController {
  public:
-  ForcedController(std::vector<model::Action> prefix, model::ExitController& policy, int32_t first_probe_layer)
+  ForcedController(std::vector<speculation::Action> prefix, speculation::ExitController& policy, int32_t first_probe_layer)
       : prefix_(std::move(prefix)), policy_(policy), first_probe_layer_(first_probe_layer) {}
   std::string name() const override { return "forced:" + policy_.name(); }
-  model::Action Decide(const model::ExitState& s) override {
-    const model::Action own = policy_.Decide(s);  // keeps the policy's own state advancing
+  speculation::Action Decide(const speculation::ExitState& s) override {
+    const speculation::Action own = policy_.Decide(s);  // keeps the policy's own state advancing
     own_.push_back(own);
     return index_ < prefix_.size() ? prefix_[index_++] : own;
   }
   // The policy's own choice at each decision so far.
-  const std::vector<model::Action>& own() const { return own_; }
-  int32_t FirstProbeLayer(const model::ExitState& s) override {
+  const std::vector<speculation::Action>& own() const { return own_; }
+  int32_t FirstProbeLayer(const speculation::ExitState& s) override {
     const int32_t own = policy_.FirstProbeLayer(s);  // called for the policy's own state, as in its rounds
     return first_probe_layer_ > 0 ? first_probe_layer_ : own;
   }
 
  private:
-  std::vector<model::Action> prefix_;
-  model::ExitController& policy_;
+  std::vector<speculation::Action> prefix_;
+  speculation::ExitController& policy_;
   int32_t first_probe_layer_;
   size_t index_ = 0;
-  std::vector<model::Action> own_;
+  std::vector<speculation::Action> own_;
 };
 
 // The layer of a round's first phase-1 decision (0 if it made none).
-int32_t FirstPhaseOneLayer(const std::vector<model::Decision>& decisions) {
-  for (const model::Decision& d : decisions) {
-    if (d.state.phase == model::Phase::kExitLayer) return d.state.layer;
+int32_t FirstPhaseOneLayer(const std::vector<speculation::Decision>& decisions) {
+  for (const speculation::Decision& d : decisions) {
+    if (d.state.phase == speculation::Phase::kExitLayer) return d.state.layer;
   }
   return 0;
 }
@@ -172,18 +172,18 @@ int32_t FirstPhaseOneLayer(const std::vector<model::Decision>& decisions) {
 // Q^pi targets of every decision of every round that `sources` visit on
 // `traces` (see DinkelbachOptions::rollout_targets), as terminal
 // transitions: reward = the return of the rest of the round.
-StatusOr<std::vector<policy::Transition>> RolloutTransitions(const std::vector<ShadowTrace>& traces,
-                                                             const model::DecisionSpec& spec,
+StatusOr<std::vector<experience::Transition>> RolloutTransitions(const std::vector<ShadowTrace>& traces,
+                                                             const speculation::DecisionSpec& spec,
                                                              const ControllerMaker& policy,
                                                              const std::vector<ControllerMaker>& sources,
-                                                             const policy::RewardSpec& rewards,
+                                                             const experience::RewardSpec& rewards,
                                                              const std::string& fingerprint,
                                                              double conservative_margin) {
-  std::vector<policy::Transition> out;
+  std::vector<experience::Transition> out;
   for (size_t i = 0; i < traces.size(); ++i) {
     const ShadowTrace& trace = traces[i];
     for (size_t src = 0; src < sources.size(); ++src) {
-      std::unique_ptr<model::ExitController> behaviour = sources[src](static_cast<int64_t>(i));
+      std::unique_ptr<speculation::ExitController> behaviour = sources[src](static_cast<int64_t>(i));
       SimulatedMethod m;
       m.mode = speculation::SpeculationMode::kAdaptive;
       m.controller = behaviour.get();
@@ -194,34 +194,34 @@ StatusOr<std::vector<policy::Transition>> RolloutTransitions(const std::vector<S
       for (size_t r = 0; r < sim.traces.size() && r < contexts.size(); ++r) {
         const auto& decisions = sim.traces[r].decisions;
         const int32_t first_probe_layer = FirstPhaseOneLayer(decisions);
-        std::vector<model::Action> prefix;
+        std::vector<speculation::Action> prefix;
         for (size_t k = 0; k < decisions.size(); ++k) {
           const size_t first = out.size();
-          model::Action pi_action = model::Action::kContinue;  // pi's own choice at decision k
-          for (model::Action a : {model::Action::kContinue, model::Action::kExit}) {
-            std::vector<model::Action> forced = prefix;
+          speculation::Action pi_action = speculation::Action::kContinue;  // pi's own choice at decision k
+          for (speculation::Action a : {speculation::Action::kContinue, speculation::Action::kExit}) {
+            std::vector<speculation::Action> forced = prefix;
             forced.push_back(a);
-            std::unique_ptr<model::ExitController> pi = policy(static_cast<int64_t>(i));
+            std::unique_ptr<speculation::ExitController> pi = policy(static_cast<int64_t>(i));
             ForcedController ctl(std::move(forced), *pi, first_probe_layer);
             LEDE_ASSIGN_OR_RETURN(SimulatedRound round, SimulateRound(trace, spec, ctl, contexts[r]));
             if (round.trace.decisions.size() <= k) continue;  // the round ended before k (cannot happen)
-            const model::ExitState& replayed = round.trace.decisions[k].state;
+            const speculation::ExitState& replayed = round.trace.decisions[k].state;
             if (replayed.phase != decisions[k].state.phase || replayed.layer != decisions[k].state.layer ||
                 replayed.draft_pos != decisions[k].state.draft_pos) {
               return InternalError("rollout: the replay of round " + std::to_string(r) + " of " + trace.id +
                                    " met another decision point at decision " + std::to_string(k));
             }
             if (ctl.own().size() > k) pi_action = ctl.own()[k];
-            std::vector<policy::Transition> ts =
-                policy::ToTransitions(round.trace, rewards, request_id, behaviour->name(), fingerprint);
+            std::vector<experience::Transition> ts =
+                experience::ToTransitions(round.trace, rewards, request_id, behaviour->name(), fingerprint);
             double ret = 0;
             for (size_t j = k; j < ts.size(); ++j) ret += ts[j].reward;
-            policy::Transition t = ts[k];
+            experience::Transition t = ts[k];
             t.reward = static_cast<float>(ret);
             t.done = true;
             t.next_state = {};
             t.round_index = contexts[r].round_index;
-            t.decision_index = static_cast<int32_t>(2 * k + (a == model::Action::kExit ? 1 : 0));
+            t.decision_index = static_cast<int32_t>(2 * k + (a == speculation::Action::kExit ? 1 : 0));
             out.push_back(std::move(t));
           }
           // Both actions' returns share the state's future: centering them on
@@ -280,29 +280,29 @@ Status ValidateDinkelbachOptions(const DinkelbachOptions& o) {
 namespace {
 
 // Decodes autoregressively: declines to speculate at every round start.
-class AutoregressiveController : public model::ExitController {
+class AutoregressiveController : public speculation::ExitController {
  public:
   std::string name() const override { return "autoregressive"; }
-  model::Action Decide(const model::ExitState&) override { return model::Action::kContinue; }
+  speculation::Action Decide(const speculation::ExitState&) override { return speculation::Action::kContinue; }
 };
 
 // pi_0 with loads: the static setting (or autoregressive decoding) chosen
 // for the load nearest below the state's (the smallest load for less).
-class PerLoadController : public model::ExitController {
+class PerLoadController : public speculation::ExitController {
  public:
-  explicit PerLoadController(std::map<int32_t, std::unique_ptr<model::ExitController>> by_load)
+  explicit PerLoadController(std::map<int32_t, std::unique_ptr<speculation::ExitController>> by_load)
       : by_load_(std::move(by_load)) {}
   std::string name() const override { return "static per load"; }
-  model::Action Decide(const model::ExitState& s) override { return For(s.load).Decide(s); }
-  int32_t FirstProbeLayer(const model::ExitState& s) override { return For(s.load).FirstProbeLayer(s); }
+  speculation::Action Decide(const speculation::ExitState& s) override { return For(s.load).Decide(s); }
+  int32_t FirstProbeLayer(const speculation::ExitState& s) override { return For(s.load).FirstProbeLayer(s); }
 
  private:
-  model::ExitController& For(int32_t load) {
+  speculation::ExitController& For(int32_t load) {
     auto it = by_load_.upper_bound(load);
     if (it != by_load_.begin()) --it;
     return *it->second;
   }
-  std::map<int32_t, std::unique_ptr<model::ExitController>> by_load_;
+  std::map<int32_t, std::unique_ptr<speculation::ExitController>> by_load_;
 };
 
 // One load of the training: its traces, its price and its rho.
@@ -425,12 +425,12 @@ StatusOr<InitialPolicy> MakeInitialPolicy(const std::vector<LoadGroup>& groups, 
 
 // pi: the last adopted iterate's greedy policy (`current`), or pi_0.
 ControllerMaker CurrentPolicy(std::shared_ptr<const policy::dqn::QNetwork> current, const InitialPolicy& initial,
-                              const ControllerMaker& warm_policy, const model::DecisionSpec& spec) {
+                              const ControllerMaker& warm_policy, const speculation::DecisionSpec& spec) {
   return [current, start_by_load = initial.start_by_load, warm_loads = initial.warm_loads, warm_policy,
-          rule = initial.rule, spec](int64_t i) -> std::unique_ptr<model::ExitController> {
+          rule = initial.rule, spec](int64_t i) -> std::unique_ptr<speculation::ExitController> {
     if (current) return std::make_unique<policy::dqn::DqnExitController>(current, "pi");
     if (rule) return rule->Make(spec);
-    std::map<int32_t, std::unique_ptr<model::ExitController>> by_load;
+    std::map<int32_t, std::unique_ptr<speculation::ExitController>> by_load;
     for (const auto& [load, c] : start_by_load) {
       if (warm_loads.count(load) > 0) {
         by_load[load] = warm_policy(i);
@@ -457,13 +457,13 @@ std::vector<ControllerMaker> TransitionSources(const DinkelbachOptions& o, int32
   const uint64_t base = o.seed * 7777ULL + static_cast<uint64_t>(iteration) * 131ULL;
   sources.push_back(pi);
   for (double e : {0.5 * eps, eps}) {
-    sources.push_back([pi, e, base](int64_t i) -> std::unique_ptr<model::ExitController> {
+    sources.push_back([pi, e, base](int64_t i) -> std::unique_ptr<speculation::ExitController> {
       return std::make_unique<OwningExplorer>(pi(i), e, base + static_cast<uint64_t>(i) * 31ULL +
                                                              static_cast<uint64_t>(e * 1000));
     });
   }
   for (auto [lambda, tau] : std::vector<std::pair<float, float>>{{0.3f, 0.3f}, {0.7f, 0.6f}, {0.9f, 0.9f}}) {
-    sources.push_back([lambda, tau, eps, base](int64_t i) -> std::unique_ptr<model::ExitController> {
+    sources.push_back([lambda, tau, eps, base](int64_t i) -> std::unique_ptr<speculation::ExitController> {
       return std::make_unique<OwningExplorer>(std::make_unique<ThresholdExitController>(lambda, tau), eps,
                                               base + 17ULL + static_cast<uint64_t>(i) * 37ULL);
     });
@@ -473,15 +473,15 @@ std::vector<ControllerMaker> TransitionSources(const DinkelbachOptions& o, int32
 
 // The transitions of one iteration, every load's in turn, each rewarded at
 // its load's price and rho.
-StatusOr<std::vector<policy::Transition>> CollectTransitions(const std::vector<LoadGroup>& groups,
+StatusOr<std::vector<experience::Transition>> CollectTransitions(const std::vector<LoadGroup>& groups,
                                                              const DinkelbachOptions& o, int32_t n_layers,
                                                              const ControllerMaker& pi,
                                                              const std::vector<ControllerMaker>& sources) {
-  std::vector<policy::Transition> transitions;
+  std::vector<experience::Transition> transitions;
   for (const LoadGroup& g : groups) {
-    const policy::RewardSpec rewards = o.paper_rewards ? policy::RewardSpec::Paper(n_layers)
+    const experience::RewardSpec rewards = o.paper_rewards ? experience::RewardSpec::Paper(n_layers)
                                                        : DinkelbachRewards(*g.cost, n_layers, o.spec.max_draft_len, g.rho);
-    std::vector<policy::Transition> ts;
+    std::vector<experience::Transition> ts;
     if (o.rollout_targets) {
       LEDE_ASSIGN_OR_RETURN(ts, RolloutTransitions(g.train, o.spec, pi, sources, rewards, o.model_fingerprint,
                                                    o.conservative_margin));
@@ -502,7 +502,7 @@ StatusOr<std::vector<policy::Transition>> CollectTransitions(const std::vector<L
 StatusOr<std::array<double, 3>> Agreement(const std::vector<LoadGroup>& groups, const DinkelbachOptions& o,
                                           const ControllerMaker& pi, const ControllerMaker& greedy) {
   std::array<int64_t, 3> decisions{}, agreed{};
-  auto probe = [&](int64_t i) -> std::unique_ptr<model::ExitController> {
+  auto probe = [&](int64_t i) -> std::unique_ptr<speculation::ExitController> {
     return std::make_unique<AgreementProbe>(pi(i), greedy(i), &decisions, &agreed);
   };
   for (const LoadGroup& g : groups) {
@@ -572,7 +572,7 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
   if (expressible.empty()) return InvalidArgumentError("spec.candidate_layers: no exit layer in [1, L)");
   LEDE_ASSIGN_OR_RETURN(std::vector<LoadGroup> groups, MakeLoadGroups(train_traces, selection_traces, cost, o));
   const std::shared_ptr<const policy::dqn::QNetwork> warm = o.warm_start;
-  const ControllerMaker warm_policy = [warm](int64_t) -> std::unique_ptr<model::ExitController> {
+  const ControllerMaker warm_policy = [warm](int64_t) -> std::unique_ptr<speculation::ExitController> {
     return std::make_unique<policy::dqn::DqnExitController>(warm, "warm start");
   };
   LEDE_ASSIGN_OR_RETURN(std::vector<double> start_speedups, ChooseStarts(o, expressible, warm_policy, &groups));
@@ -590,12 +590,12 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
     const auto t0 = std::chrono::steady_clock::now();
     const ControllerMaker pi = CurrentPolicy(current, initial, warm_policy, o.spec);
     const std::vector<ControllerMaker> sources = TransitionSources(o, L, pi, current, it);
-    LEDE_ASSIGN_OR_RETURN(std::vector<policy::Transition> transitions, CollectTransitions(groups, o, L, pi, sources));
+    LEDE_ASSIGN_OR_RETURN(std::vector<experience::Transition> transitions, CollectTransitions(groups, o, L, pi, sources));
     DqnOptions dqn = o.dqn;
     dqn.initial_network = current ? current : warm;
     LEDE_ASSIGN_OR_RETURN(DqnResult r, TrainDqn(transitions, dqn));
     auto network = std::make_shared<const policy::dqn::QNetwork>(r.network);
-    auto greedy = [network](int64_t) -> std::unique_ptr<model::ExitController> {
+    auto greedy = [network](int64_t) -> std::unique_ptr<speculation::ExitController> {
       return std::make_unique<policy::dqn::DqnExitController>(network, "candidate");
     };
     DinkelbachIteration rep;

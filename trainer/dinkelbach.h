@@ -8,7 +8,7 @@
 // (Dinkelbach 1967): with rho* the optimal throughput, the optimal policy
 // maximizes E[tokens - rho* cost] per speculation round. So training
 // alternates:
-//   1. rewards tokens - rho * cost (policy::RewardSpec::Throughput, probes
+//   1. rewards tokens - rho * cost (experience::RewardSpec::Throughput, probes
 //      and decisions charged at the cost model's price);
 //   2. counterfactual transitions: every training trace replayed under a
 //      set of behaviour controllers (ε-greedy thresholds and static
@@ -52,7 +52,7 @@
 namespace lede::trainer {
 
 struct DinkelbachOptions {
-  model::DecisionSpec spec;        // candidate layers, D_max, top_k, trace_window
+  speculation::DecisionSpec spec;        // candidate layers, D_max, top_k, trace_window
   DqnOptions dqn;                  // per-iteration DQN training (initial_network is set here)
   int32_t max_iterations = 4;      // Dinkelbach iterations (>= 1)
   double rho_tolerance = 0.005;    // stop when |rho_new - rho| < this (tokens per unit cost)
@@ -104,8 +104,8 @@ struct DinkelbachOptions {
   // 1.706x and 1.249x (every iterate rejected) from static. The shipped
   // policies start from the rule.
   std::string initial_policy = "static";
-  // Loads to train at (issue 12: a policy that sees the load,
-  // model::ExitState::load). Empty: every trace at its own load, priced by
+  // Loads to train at (a policy that sees the load,
+  // speculation::ExitState::load). Empty: every trace at its own load, priced by
   // the `cost` given to TrainDinkelbach. Otherwise every training and
   // selection trace is replayed once per load (ShadowTrace::load), priced
   // by cost_at_load(load) (shared/model/cost_model.h, cost models at a
@@ -181,11 +181,11 @@ StatusOr<StaticChoice> BestStatic(const std::vector<ShadowTrace>& traces, int32_
 // (DinkelbachOptions::conservative_margin). Transitions come in pairs
 // (continue, exit) per decision, in trace, source, round, decision order.
 // Errors: those of the replay.
-StatusOr<std::vector<policy::Transition>> RolloutTransitions(const std::vector<ShadowTrace>& traces,
-                                                             const model::DecisionSpec& spec,
+StatusOr<std::vector<experience::Transition>> RolloutTransitions(const std::vector<ShadowTrace>& traces,
+                                                             const speculation::DecisionSpec& spec,
                                                              const ControllerMaker& policy,
                                                              const std::vector<ControllerMaker>& sources,
-                                                             const policy::RewardSpec& rewards,
+                                                             const experience::RewardSpec& rewards,
                                                              const std::string& fingerprint,
                                                              double conservative_margin = 0.0);
 

@@ -32,10 +32,10 @@ namespace lede::trainer {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using policy::Transition;
+using experience::Transition;
 using policy::dqn::QNetwork;
 using policy::dqn::QNetworkWeights;
-constexpr int kIn = model::kExitFeatureDim;
+constexpr int kIn = speculation::kExitFeatureDim;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 using EpisodeKey = std::pair<std::string, int64_t>;  // (request_id, round_index)
@@ -54,7 +54,7 @@ Episodes GroupEpisodes(const std::vector<Transition>& ts, const std::vector<size
 }
 
 // A random network whose weights on the load feature (the last input,
-// model::ExitFeatures) start at zero: it begins load-blind and learns a
+// speculation::ExitFeatures) start at zero: it begins load-blind and learns a
 // dependence on the load only where the targets differ between loads. With
 // random weights there, transitions that differ only in their load (the
 // same replay priced alike at loads 1 and 16) left the greedy policies far
@@ -181,10 +181,10 @@ DataSet MakeDataSet(const std::vector<Transition>& ts, const std::vector<NStepTa
     const NStepTarget& y = targets[rows[i]];
     std::memcpy(s + i * kIn, t.state.data(), sizeof(float) * kIn);
     std::memcpy(b + i * kIn, y.bootstrap_state.data(), sizeof(float) * kIn);
-    a[i] = t.action == model::Action::kExit ? 1 : 0;
+    a[i] = t.action == speculation::Action::kExit ? 1 : 0;
     r[i] = static_cast<float>(y.reward_sum);
     g[i] = static_cast<float>(y.bootstrap_discount);
-    d.phase2.push_back(t.phase == model::Phase::kDraftLength);
+    d.phase2.push_back(t.phase == speculation::Phase::kDraftLength);
   }
   d.rows = std::move(rows);
   return d;

@@ -6,7 +6,7 @@
 // network, Sutton & Barto §7.1 / Hessel et al. 2018 (Rainbow) for n-step
 // targets without importance correction).
 //
-// Data. The replay buffer is every logged policy::Transition (no eviction:
+// Data. The replay buffer is every logged experience::Transition (no eviction:
 // training is offline and the buffer fits in memory, ~100 B per transition).
 // An episode is one speculation round, keyed by (request_id, round_index),
 // its decisions ordered by decision_index; the last decision is terminal.
@@ -121,7 +121,7 @@ Status ValidateDqnOptions(const DqnOptions& options);
 struct NStepTarget {
   double reward_sum = 0;          // sum_{i<k} gamma^i r_{t+i}
   double bootstrap_discount = 0;  // gamma^k, or 0 when the episode ended within k steps
-  std::array<float, model::kExitFeatureDim> bootstrap_state{};  // s_{t+k}; zeros when terminal
+  std::array<float, speculation::kExitFeatureDim> bootstrap_state{};  // s_{t+k}; zeros when terminal
   int32_t steps = 0;              // k in [1, n]
 };
 
@@ -129,7 +129,7 @@ struct NStepTarget {
 // are (request_id, round_index) groups ordered by decision_index; a chain
 // ends at a done transition, at the end of its episode's records, at a gap
 // in decision_index, or after n steps. Requires 0 <= gamma <= 1, n >= 1.
-std::vector<NStepTarget> ComputeNStepTargets(const std::vector<policy::Transition>& transitions,
+std::vector<NStepTarget> ComputeNStepTargets(const std::vector<experience::Transition>& transitions,
                                              double gamma, int32_t n);
 
 // G_t for each target, with `target_network` evaluated in plain C++; the
@@ -183,7 +183,7 @@ struct DqnResult {
 // usable transition is given; kInternal if libtorch fails.
 // Thread-safety: as TrainDqn (sets libtorch's intra-op thread count).
 StatusOr<OfflinePolicyMetrics> EvaluateOffline(const policy::dqn::QNetwork& network,
-                                               const std::vector<policy::Transition>& transitions,
+                                               const std::vector<experience::Transition>& transitions,
                                                const DqnOptions& options);
 
 // Trains a Q-network on `transitions` (the whole replay buffer) and calls
@@ -194,7 +194,7 @@ StatusOr<OfflinePolicyMetrics> EvaluateOffline(const policy::dqn::QNetwork& netw
 // Errors: those of ValidateDqnOptions; kInvalidArgument if no usable
 // transition is left; kInternal if libtorch fails.
 using DqnEpochCallback = std::function<void(const DqnEpochReport&)>;
-StatusOr<DqnResult> TrainDqn(const std::vector<policy::Transition>& transitions, const DqnOptions& options,
+StatusOr<DqnResult> TrainDqn(const std::vector<experience::Transition>& transitions, const DqnOptions& options,
                              const DqnEpochCallback& on_epoch = nullptr);
 
 // The artifact of a training run: `metadata` supplies what training does not

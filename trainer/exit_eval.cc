@@ -18,7 +18,7 @@ StatusOr<PromptTotals> RunPrompts(model::Engine& engine, const std::vector<std::
   PromptTotals t;
   for (size_t i = 0; i < prompts.size(); ++i) {
     model::GenerateOptions o = base;
-    std::unique_ptr<model::ExitController> controller;
+    std::unique_ptr<speculation::ExitController> controller;
     if (make_controller) {
       controller = make_controller(static_cast<int64_t>(i));
       o.controller = controller.get();

@@ -62,7 +62,7 @@ struct PromptTotals {
 
 // Makes the exit controller for prompt i (one per request); empty for
 // methods without one.
-using ControllerFactory = std::function<std::unique_ptr<model::ExitController>(int64_t prompt_index)>;
+using ControllerFactory = std::function<std::unique_ptr<speculation::ExitController>(int64_t prompt_index)>;
 
 // Generates every prompt with `base` (and a controller from make_controller
 // when given) and sums the statistics; with `reference` (outputs of the same

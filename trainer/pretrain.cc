@@ -228,7 +228,7 @@ namespace {
 // config's vocabulary and special tokens are the tokenizer's.
 struct StartPoint {
   std::unique_ptr<model::LlamaModel> model;
-  model::ModelConfig config;
+  checkpoint::ModelConfig config;
   int64_t step = 0;
   double elapsed_s = 0;  // training time before this run (s)
 };
@@ -251,7 +251,7 @@ StatusOr<StartPoint> LoadStartPoint(const PretrainOptions& o, const tokenizer::T
                                   std::to_string(tokenizer.vocab_size()));
     }
   }
-  model::ModelConfig& config = start.config;
+  checkpoint::ModelConfig& config = start.config;
   config = m ? m->config() : o.config;
   config.vocab_size = tokenizer.vocab_size();
   config.bos_id = tokenizer.bos_id();
@@ -285,7 +285,7 @@ Status Pretrain(const PretrainOptions& o) {
     const std::string state_path = ckpt_dir + "/state.json";
     LEDE_ASSIGN_OR_RETURN(StartPoint start, LoadStartPoint(o, *tokenizer, ckpt_dir));
     std::unique_ptr<model::LlamaModel>& m = start.model;
-    const model::ModelConfig& config = start.config;
+    const checkpoint::ModelConfig& config = start.config;
     const int64_t start_step = start.step;
     const double elapsed_before = start.elapsed_s;
 

@@ -54,7 +54,7 @@ struct PretrainOptions {
   std::string checkpoint_dir;   // resumable state; default <out_dir>/../<name>.ckpt
   // Mixture weights per domain (normalized); domains absent from data_dir are an error.
   std::map<std::string, double> mixture = {{"stories", 0.5}, {"tales", 0.15}, {"drama", 0.1}, {"code", 0.25}};
-  model::ModelConfig config;    // vocab_size is taken from the tokenizer; ignored with init_from or a checkpoint
+  checkpoint::ModelConfig config;    // vocab_size is taken from the tokenizer; ignored with init_from or a checkpoint
   std::string init_from;        // model directory to start from (continued pretraining); empty: random
   int64_t batch_size = 16;      // B sequences per step
   int64_t seq_len = 256;        // T tokens per sequence

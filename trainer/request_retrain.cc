@@ -26,7 +26,7 @@ void Log(const RequestRetrainOptions& o, const std::string& line) {
 
 // The serving policy's greedy controllers, one per replayed request.
 struct ServingPlan {
-  model::DecisionSpec spec;
+  speculation::DecisionSpec spec;
   ControllerMaker make;
 };
 

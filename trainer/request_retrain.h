@@ -1,6 +1,6 @@
 // File: trainer/request_retrain.h
 //
-// Retraining on the request log (issue 37, step 3): the exit policy learned
+// Retraining on the request log: the exit policy learned
 // by the counterfactual trainer (shadow tokens, exact replay, Dinkelbach;
 // trainer/dinkelbach.h) on the deployment's own logged greedy requests
 // (shared/experience/request_log.h), evaluated against the serving policy

@@ -41,7 +41,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-using policy::Transition;
+using experience::Transition;
 
 constexpr char kStateFormat[] = "lede-retrain-state-v1";
 constexpr char kReportFormat[] = "lede-retrain-report-v1";
@@ -216,7 +216,7 @@ struct Retrainer::Impl {
   Status ReplayCandidate(const RetrainOptions& o, const policy::dqn::PolicyMetadata& smeta,
                          policy::dqn::Artifact* candidate, RetrainRun* run);
 
-  Status LoadReplay(const RetrainOptions& o, const model::DecisionSpec& spec) {
+  Status LoadReplay(const RetrainOptions& o, const speculation::DecisionSpec& spec) {
     if (engine != nullptr) return OkStatus();
     LEDE_ASSIGN_OR_RETURN(std::string tok_path, tokenizer::FindTokenizerFile(o.model_dir));
     LEDE_ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok, tokenizer::LoadTokenizer(tok_path));
@@ -721,7 +721,7 @@ StatusOr<model::Calibration> RequestTrainerCalibration(const RetrainOptions& o, 
 
 }  // namespace
 
-// RunOnce with the counterfactual trainer on the request log (issue 37).
+// RunOnce with the counterfactual trainer on the request log.
 StatusOr<RetrainOutcome> Retrainer::RunOnceOnRequests(const policy::dqn::Artifact& serving, RetrainState state) {
   const RetrainOptions& o = options_;
   RetrainOutcome out;

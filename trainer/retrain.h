@@ -168,7 +168,7 @@ struct RetrainOptions {
     o.heldout_fraction = 0;  // the Retrainer holds out by itself (step 4)
     return o;
   }();
-  // Which trainer (issue 37): "counterfactual" trains on the request log
+  // Which trainer: "counterfactual" trains on the request log
   // (trainer/request_retrain.h: whole logged greedy requests replayed
   // exactly, Dinkelbach, held-out requests; needs model_dir, no prompt
   // file); "td" fine-tunes on logged transitions (the steps above); "auto"

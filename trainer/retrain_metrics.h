@@ -1,7 +1,7 @@
 // File: trainer/retrain_metrics.h
 //
-// The retraining service's progress and decisions as Prometheus metrics
-// (issue 37): `lede-train --watch --metrics HOST:PORT` serves them at
+// The retraining service's progress and decisions as Prometheus metrics:
+// `lede-train --watch --metrics HOST:PORT` serves them at
 // /metrics (shared/telemetry/metrics_server.h), `lede-train --once` prints
 // them as one logfmt line and can write them as a textfile for node
 // exporter's textfile collector (--metrics-textfile). One RetrainMetrics per

@@ -310,12 +310,12 @@ StatusOr<lede::experience::ReadResult> ReadExperience(const std::string& experie
 // One model and one reward definition per policy: transitions of other
 // models have other features' meaning, and rewards under other cost models
 // are not comparable. Fills meta's fingerprint and cost model.
-StatusOr<std::vector<lede::policy::Transition>> SelectTransitions(const TrainFlags& t,
-                                                                  std::vector<lede::policy::Transition> all,
+StatusOr<std::vector<lede::experience::Transition>> SelectTransitions(const TrainFlags& t,
+                                                                  std::vector<lede::experience::Transition> all,
                                                                   lede::policy::dqn::PolicyMetadata* meta) {
   std::set<std::string> fingerprints, cost_models;
-  std::vector<lede::policy::Transition> transitions;
-  for (lede::policy::Transition& tr : all) {
+  std::vector<lede::experience::Transition> transitions;
+  for (lede::experience::Transition& tr : all) {
     if (!t.fingerprint.empty() && tr.model_fingerprint != t.fingerprint) continue;
     if (!t.cost_model.empty() && tr.reward_cost_model != t.cost_model) continue;
     fingerprints.insert(tr.model_fingerprint);
@@ -365,7 +365,7 @@ int RunPlainTraining(TrainFlags& t) {
   meta.version = t.version;
   StatusOr<lede::experience::ReadResult> read = ReadExperience(t.experience_dir, &meta);
   if (!read.ok()) return Fail(read.status().ToString());
-  StatusOr<std::vector<lede::policy::Transition>> transitions =
+  StatusOr<std::vector<lede::experience::Transition>> transitions =
       SelectTransitions(t, std::move(read->transitions), &meta);
   if (!transitions.ok()) return Fail(std::string(transitions.status().message()));
 
@@ -375,8 +375,8 @@ int RunPlainTraining(TrainFlags& t) {
     meta.decision.candidate_layers = *layers;
   } else {
     std::set<int32_t> layers;
-    for (const lede::policy::Transition& tr : *transitions) {
-      if (tr.phase == lede::model::Phase::kExitLayer && tr.layer > 0) layers.insert(tr.layer);
+    for (const lede::experience::Transition& tr : *transitions) {
+      if (tr.phase == lede::speculation::Phase::kExitLayer && tr.layer > 0) layers.insert(tr.layer);
     }
     meta.decision.candidate_layers.assign(layers.begin(), layers.end());
   }

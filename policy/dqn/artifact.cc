@@ -59,7 +59,7 @@ Json ToJson(const PolicyMetadata& m, int32_t hidden, const std::string& sha256) 
   j["format"] = kArtifactFormat;
   j["version"] = m.version;
   j["model_fingerprint"] = m.model_fingerprint;
-  j["features"] = {{"spec", model::kExitFeatureSpec}, {"names", ExitFeatureNames()}, {"dim", model::kExitFeatureDim}};
+  j["features"] = {{"spec", speculation::kExitFeatureSpec}, {"names", ExitFeatureNames()}, {"dim", speculation::kExitFeatureDim}};
   j["network"] = {{"type", "mlp"},
                   {"hidden", hidden},
                   {"activation", "relu"},
@@ -101,14 +101,14 @@ struct ParsedMetadata {
   std::string sha256;
   // Input features stored in fc1.weight: kExitFeatureDim, or that of the
   // older spec read with a zero weight on the features it lacks.
-  int64_t stored_features = model::kExitFeatureDim;
+  int64_t stored_features = speculation::kExitFeatureDim;
 };
 
 // The one older feature spec that is read: lede-features-v3 is v4 without
 // the load (the last feature), so a v3 network with a zero weight on it
 // computes the same Q-values from v4 features whatever the load.
 constexpr char kLoadBlindSpec[] = "lede-features-v3";
-constexpr int64_t kLoadBlindDim = model::kExitFeatureDim - 1;
+constexpr int64_t kLoadBlindDim = speculation::kExitFeatureDim - 1;
 
 StatusOr<ParsedMetadata> FromJson(const Json& j, const std::string& where) {
   ParsedMetadata p;
@@ -121,13 +121,13 @@ StatusOr<ParsedMetadata> FromJson(const Json& j, const std::string& where) {
   // Artifacts before the spec was versioned were all lede-features-v1 (8 features).
   const std::string spec = features.contains("spec") ? features.at("spec").get<std::string>() : "lede-features-v1";
   const bool load_blind = spec == kLoadBlindSpec;
-  if (spec != model::kExitFeatureSpec && !load_blind) {
+  if (spec != speculation::kExitFeatureSpec && !load_blind) {
     return InvalidArgumentError(where + ": feature spec \"" + spec + "\", but this build computes \"" +
-                                model::kExitFeatureSpec + "\" (and reads \"" + kLoadBlindSpec +
+                                speculation::kExitFeatureSpec + "\" (and reads \"" + kLoadBlindSpec +
                                 "\"; retrain the policy on experience of this spec)");
   }
   const int64_t dim = features.at("dim").get<int64_t>();
-  const int64_t want_dim = load_blind ? kLoadBlindDim : model::kExitFeatureDim;
+  const int64_t want_dim = load_blind ? kLoadBlindDim : speculation::kExitFeatureDim;
   if (dim != want_dim) {
     return InvalidArgumentError(where + ": wrong feature dim " + std::to_string(dim) + " for spec \"" + spec +
                                 "\", expected " + std::to_string(want_dim));
@@ -136,7 +136,7 @@ StatusOr<ParsedMetadata> FromJson(const Json& j, const std::string& where) {
   std::vector<std::string> names = ExitFeatureNames();
   names.resize(static_cast<size_t>(dim));
   if (features.at("names").get<std::vector<std::string>>() != names) {
-    return InvalidArgumentError(where + ": feature names differ from model::ExitFeatures' (" +
+    return InvalidArgumentError(where + ": feature names differ from speculation::ExitFeatures' (" +
                                 features.at("names").dump() + ")");
   }
   m.version = j.at("version").get<std::string>();
@@ -174,7 +174,7 @@ StatusOr<ParsedMetadata> FromJson(const Json& j, const std::string& where) {
   return p;
 }
 
-Status ValidateDecisionSpec(const model::DecisionSpec& d, const std::string& where) {
+Status ValidateDecisionSpec(const speculation::DecisionSpec& d, const std::string& where) {
   for (size_t i = 0; i < d.candidate_layers.size(); ++i) {
     if (d.candidate_layers[i] < 1 || (i > 0 && d.candidate_layers[i] <= d.candidate_layers[i - 1])) {
       return InvalidArgumentError(where + ": candidate_layers must be ascending and >= 1");
@@ -196,7 +196,7 @@ struct TensorSpec {
 };
 
 std::vector<TensorSpec> TensorSpecs() {
-  return {{"fc1.weight", &QNetworkWeights::fc1_weight, -1, model::kExitFeatureDim},
+  return {{"fc1.weight", &QNetworkWeights::fc1_weight, -1, speculation::kExitFeatureDim},
           {"fc1.bias", &QNetworkWeights::fc1_bias, -1, 0},
           {"fc2.weight", &QNetworkWeights::fc2_weight, -1, -1},
           {"fc2.bias", &QNetworkWeights::fc2_bias, -1, 0},
@@ -294,14 +294,14 @@ StatusOr<Artifact> LoadArtifactImpl(const std::string& dir, const std::string& e
                                   ", expected " + ShapeText(expected) + " (hidden " + std::to_string(h) + ")");
     }
     LEDE_ASSIGN_OR_RETURN(w.*(s.field), checkpoint::ToFloat32(t));
-    if (input && parsed.stored_features < model::kExitFeatureDim) {
+    if (input && parsed.stored_features < speculation::kExitFeatureDim) {
       // An older spec: each row gains zero weights on the features it lacks.
       std::vector<float> wide;
       const std::vector<float>& narrow = w.*(s.field);
       for (int64_t r = 0; r < h; ++r) {
         wide.insert(wide.end(), narrow.begin() + r * parsed.stored_features,
                     narrow.begin() + (r + 1) * parsed.stored_features);
-        wide.resize(static_cast<size_t>((r + 1) * model::kExitFeatureDim), 0.0f);
+        wide.resize(static_cast<size_t>((r + 1) * speculation::kExitFeatureDim), 0.0f);
       }
       w.*(s.field) = std::move(wide);
     }
@@ -327,7 +327,7 @@ const std::vector<std::string>& ExitFeatureNames() {
       "top_k_nll_div4", "entropy_div4", "trace_nll_div4", "margin_div8",
       "draft_conf",     "accept_ema",   "lookup_match",   "trigram_seen",
       "bias",           "load_log2_div8"};
-  static_assert(model::kExitFeatureDim == 14, "update ExitFeatureNames with ExitFeatures");
+  static_assert(speculation::kExitFeatureDim == 14, "update ExitFeatureNames with ExitFeatures");
   return names;
 }
 

@@ -50,7 +50,7 @@ inline constexpr char kWeightsFile[] = "policy.safetensors";
 inline constexpr char kMetadataFile[] = "policy.json";
 inline constexpr char kServingFile[] = "SERVING";
 
-// The names of model::ExitFeatures' outputs, in order (kExitFeatureDim):
+// The names of speculation::ExitFeatures' outputs, in order (kExitFeatureDim):
 // is_draft_phase, layer_frac, draft_pos_frac, top1_prob, top_k_nll_div4,
 // entropy_div4, trace_nll_div4, margin_div8, draft_conf, accept_ema,
 // lookup_match, trigram_seen, bias, load_log2_div8. An artifact whose
@@ -81,7 +81,7 @@ struct PolicyMetadata {
   std::string model_fingerprint;  // ModelConfig::ArchitectureFingerprint() of the drafting model
   // Where the policy is consulted (candidate_layers, max_draft_len, top_k,
   // trace_window); the features were computed under these settings.
-  model::DecisionSpec decision;
+  speculation::DecisionSpec decision;
   std::string reward_cost_model = "accelerator";  // RewardSpec::cost_model of the data
   double gamma = 0;                // discount of the TD targets
   int32_t n_step = 0;              // n of the n-step TD targets

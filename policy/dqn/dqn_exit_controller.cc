@@ -9,9 +9,9 @@ DqnExitController::DqnExitController(std::shared_ptr<const QNetwork> network, st
 
 std::string DqnExitController::name() const { return "dqn:" + version_; }
 
-model::Action DqnExitController::Decide(const model::ExitState& state) {
-  float features[model::kExitFeatureDim];
-  model::ExitFeatures(state, features);
+speculation::Action DqnExitController::Decide(const speculation::ExitState& state) {
+  float features[speculation::kExitFeatureDim];
+  speculation::ExitFeatures(state, features);
   network_->Forward(features, last_q_.data());
   return GreedyAction(last_q_.data());
 }

@@ -2,7 +2,7 @@
 //
 // The learned exit policy of LEDE (docs/design.md §2): the greedy policy of an
 // offline-trained DQN. At each decision point, phase 1 (exit layer) or
-// phase 2 (draft length), it computes model::ExitFeatures(state), evaluates
+// phase 2 (draft length), it computes speculation::ExitFeatures(state), evaluates
 // the Q-network and takes argmax_a Q(s, a); a tie goes to kContinue (phase 1:
 // probe one layer deeper; phase 2: stop and verify), the choice that can
 // never draft a wrong token.
@@ -11,7 +11,7 @@
 //   LEDE_ASSIGN_OR_RETURN(Artifact a, LoadArtifact(dir, fingerprint));
 //   auto net = std::make_shared<const QNetwork>(std::move(a.network));
 //   DqnExitController controller(net, a.metadata.version);  // one per request
-//   model::Action action = controller.Decide(state);
+//   speculation::Action action = controller.Decide(state);
 //
 // Ownership and thread-safety: the network is shared and immutable, so one
 // QNetwork serves every request's controller; a controller itself keeps the
@@ -29,7 +29,7 @@
 
 namespace lede::policy::dqn {
 
-class DqnExitController : public model::ExitController {
+class DqnExitController : public speculation::ExitController {
  public:
   // `network` must not be null. `version` is the artifact's version.
   DqnExitController(std::shared_ptr<const QNetwork> network, std::string version);
@@ -39,7 +39,7 @@ class DqnExitController : public model::ExitController {
 
   // argmax_a Q(ExitFeatures(state), a); kContinue on a tie (or a NaN Q).
   // Cost: one QNetwork::Forward (< 1 us at H = 64), no allocation.
-  model::Action Decide(const model::ExitState& state) override;
+  speculation::Action Decide(const speculation::ExitState& state) override;
 
   // Q-values [kNumActions] of the last Decide() (zeros before the first);
   // for logging and debugging.
@@ -54,8 +54,8 @@ class DqnExitController : public model::ExitController {
 };
 
 // The greedy action for Q-values q[kNumActions]: kExit only if q[1] > q[0].
-inline model::Action GreedyAction(const float q[kNumActions]) {
-  return q[1] > q[0] ? model::Action::kExit : model::Action::kContinue;
+inline speculation::Action GreedyAction(const float q[kNumActions]) {
+  return q[1] > q[0] ? speculation::Action::kExit : speculation::Action::kContinue;
 }
 
 }  // namespace lede::policy::dqn

@@ -16,7 +16,7 @@
 //   MethodContext ctx{.n_layers = L, .max_draft_len = 16, .artifact = artifact};
 //   LEDE_ASSIGN_OR_RETURN(MethodPlan plan, PlanMethod(spec, ctx));
 //   options.mode = plan.mode; options.decision_spec = plan.decision_spec;
-//   std::unique_ptr<model::ExitController> c = plan.MakeController();  // per request
+//   std::unique_ptr<speculation::ExitController> c = plan.MakeController();  // per request
 #ifndef LEDE_POLICY_DQN_METHOD_FACTORY_H_
 #define LEDE_POLICY_DQN_METHOD_FACTORY_H_
 
@@ -47,15 +47,15 @@ struct MethodPlan {
   speculation::SpeculationMode mode = speculation::SpeculationMode::kAutoregressive;
   int32_t exit_layer = 0;           // kStatic: E
   int32_t draft_len = 0;            // kStatic: D
-  model::DecisionSpec decision_spec;  // kAdaptive: where and how the controller is asked
+  speculation::DecisionSpec decision_spec;  // kAdaptive: where and how the controller is asked
   // The policy version a round reports: the artifact's version (lede), the
   // controller's name (threshold), "" otherwise.
   std::string policy_version;
   // A fresh controller per call (controllers hold per-request state); null
   // for methods without one.
-  std::function<std::unique_ptr<model::ExitController>()> make_controller;
+  std::function<std::unique_ptr<speculation::ExitController>()> make_controller;
 
-  std::unique_ptr<model::ExitController> MakeController() const {
+  std::unique_ptr<speculation::ExitController> MakeController() const {
     return make_controller ? make_controller() : nullptr;
   }
 };

@@ -9,7 +9,7 @@
 namespace lede::policy::dqn {
 namespace {
 
-constexpr int kIn = model::kExitFeatureDim;
+constexpr int kIn = speculation::kExitFeatureDim;
 
 Status CheckTensor(const char* name, const std::vector<float>& v, size_t expected) {
   if (v.size() != expected) {
@@ -123,7 +123,7 @@ void QNetwork::Forward(const float* features, float q[kNumActions]) const {
 std::function<void()> TimedDecision(QNetwork network) {
   auto shared = std::make_shared<const QNetwork>(std::move(network));
   return [shared] {
-    float features[model::kExitFeatureDim] = {0.5f};
+    float features[speculation::kExitFeatureDim] = {0.5f};
     float q[kNumActions];
     shared->Forward(features, q);
     volatile float sink = q[0];

@@ -4,7 +4,7 @@
 // Q-network ... decides at which layer to exit and how many tokens to
 // draft"), evaluated in plain C++ on the decision path.
 //
-//   features [kExitFeatureDim = 8]  (model::ExitFeatures, float32)
+//   features [kExitFeatureDim = 8]  (speculation::ExitFeatures, float32)
 //     -> fc1: Linear(8, H) -> ReLU
 //     -> fc2: Linear(H, H) -> ReLU
 //     -> fc3: Linear(H, 2)          q[a] for a = 0 (kContinue), 1 (kExit)
@@ -36,7 +36,7 @@
 
 namespace lede::policy::dqn {
 
-inline constexpr int kNumActions = 2;        // model::Action::kContinue, kExit
+inline constexpr int kNumActions = 2;        // speculation::Action::kContinue, kExit
 inline constexpr int kDefaultHidden = 64;    // H: 5k MACs, < 1 us, ample for 8 features
 inline constexpr int kMaxHidden = 512;       // Forward() keeps activations on the stack
 
@@ -66,7 +66,7 @@ class QNetwork {
   static QNetwork Random(int32_t hidden, uint64_t seed);
 
   // q[a] for a in {0 = kContinue, 1 = kExit}. `features` points at
-  // kExitFeatureDim floats (model::ExitFeatures). Matches libtorch's
+  // kExitFeatureDim floats (speculation::ExitFeatures). Matches libtorch's
   // fc3(relu(fc2(relu(fc1(x))))) to float rounding (summation order differs).
   void Forward(const float* features, float q[kNumActions]) const;
 

@@ -166,7 +166,7 @@ struct GenerateFlags {
 #if LEDE_HAVE_POLICY
 // --mode lede: the policy version (`policy_dir`, default MODEL/policy) built
 // by the method factory; sets the loop mode and decision spec of `go`.
-StatusOr<std::unique_ptr<model::ExitController>> LedeController(const std::string& model_path, std::string policy_dir,
+StatusOr<std::unique_ptr<speculation::ExitController>> LedeController(const std::string& model_path, std::string policy_dir,
                                                                 const c10::Device& device,
                                                                 const model::LlamaModel& llama,
                                                                 model::GenerateOptions* go) {
@@ -291,7 +291,7 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   go.exit_layer = g.exit_layer > 0 ? g.exit_layer : std::max<int64_t>(1, L / 4);
   go.draft_len = g.draft_len;
 
-  std::unique_ptr<model::ExitController> controller;
+  std::unique_ptr<speculation::ExitController> controller;
 #if LEDE_HAVE_POLICY
   if (lede_mode) {
     auto made = LedeController(g.mf.model, g.policy_dir, options->device, *llama, &go);
@@ -669,7 +669,7 @@ int RunWiden(const std::vector<std::string>& args, std::ostream& out, std::ostre
     return Fail(err, widened.status(),
                 widened.status().code() == StatusCode::kInternal ? kExitFailure : kExitUsage);
   }
-  const model::ModelConfig& w = widened->widened;
+  const checkpoint::ModelConfig& w = widened->widened;
   err << "wrote " << out_dir << ": hidden " << widened->source.dim << " -> " << w.dim << ", heads "
       << widened->source.n_heads << "/" << widened->source.n_kv_heads << " -> " << w.n_heads << "/" << w.n_kv_heads
       << " (head_dim " << w.head_dim() << "), FFN " << widened->source.hidden_dim << " -> " << w.hidden_dim

@@ -180,7 +180,7 @@ struct GenerationService::Impl {
   std::mutex info_mu;
   bool have_info = false;
   lede::v1::ModelInfo info;       // guarded by info_mu
-  policy::RewardSpec rewards;     // guarded by info_mu
+  experience::RewardSpec rewards;     // guarded by info_mu
   std::mt19937_64 id_rng{std::random_device{}()};  // request ids; guarded by info_mu
 
   // The timeouts and the fallback of every model call (the stubs are the
@@ -219,14 +219,14 @@ struct GenerationService::Impl {
     const int32_t D = fresh.max_draft_length();
     if (options.reward == "paper" || fresh.draft_cost_size() != L + 1 ||
         fresh.verify_cost_size() != (L + 1) * (D + 1)) {
-      rewards = policy::RewardSpec::Paper(L);
+      rewards = experience::RewardSpec::Paper(L);
     } else {
       std::vector<double> draft_cost(fresh.draft_cost().begin(), fresh.draft_cost().end());
       std::vector<std::vector<double>> verify(L + 1);
       for (int32_t e = 0; e <= L; ++e) {
         for (int32_t k = 0; k <= D; ++k) verify[e].push_back(fresh.verify_cost(e * (D + 1) + k));
       }
-      rewards = policy::RewardSpec::Throughput(fresh.cost_model(), draft_cost, verify, fresh.probe_cost());
+      rewards = experience::RewardSpec::Throughput(fresh.cost_model(), draft_cost, verify, fresh.probe_cost());
     }
     return info;
   }
@@ -372,16 +372,16 @@ struct GenerationService::Impl {
 
   void LogExperience(const speculation::GenerationResult& result, const std::string& request_id) {
     if (!logger) return;
-    policy::RewardSpec spec;
+    experience::RewardSpec spec;
     std::string fingerprint;
     {
       std::lock_guard<std::mutex> lock(info_mu);
       spec = rewards;
       fingerprint = info.model_fingerprint();
     }
-    for (const model::RoundTrace& trace : result.traces) {
-      for (const policy::Transition& t :
-           policy::ToTransitions(trace, spec, request_id, result.policy_version, fingerprint)) {
+    for (const speculation::RoundTrace& trace : result.traces) {
+      for (const experience::Transition& t :
+           experience::ToTransitions(trace, spec, request_id, result.policy_version, fingerprint)) {
         lede::v1::Transition record;
         experience::ToProto(t, &record);
         logger->Log(std::move(record));
@@ -530,7 +530,8 @@ Status GenerationService::Impl::RunRequest(grpc::CallbackServerContext* context,
   Occupancy occupancy(metrics.get());
   LEDE_ASSIGN_OR_RETURN(const lede::v1::ModelInfo info, Info(context));
   LEDE_RETURN_IF_ERROR(ValidateForModel(request, info));
-  // Before tokenization: what cannot fit is rejected in O(1) (issue 17).
+  // Before tokenization: what cannot fit is rejected in O(1), so a huge
+  // prompt costs no tokenizer time (request_validation.h).
   if (info.capacity() > 0) {
     LEDE_RETURN_IF_ERROR(ValidateRequestSize(request, RequestBounds{info.capacity(), max_token_bytes, info.context_window()}));
   }

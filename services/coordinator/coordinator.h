@@ -86,7 +86,7 @@ struct CoordinatorOptions {
   // "Experience and retention").
   int64_t experience_max_bytes = 0;                          // bytes
   absl::Duration experience_max_age = absl::ZeroDuration();  // age of a shard
-  // The request log (issue 37, shared/experience/request_log.h): each
+  // The request log (shared/experience/request_log.h): each
   // finished greedy request's prompt and output token ids, method, policy
   // version, load and timings, in the experience store under
   // request_log_prefix, with the experience retention. On whenever
@@ -96,7 +96,7 @@ struct CoordinatorOptions {
   // Rewards of logged transitions: "throughput" (tokens minus cost under the
   // verifier's cost model) or "paper" (docs/design.md §2).
   std::string reward = "throughput";
-  // API keys of the public gRPC API (issue 17): a call must carry
+  // API keys of the public gRPC API (docs/security.md): a call must carry
   // `authorization: Bearer <key>` metadata with one of them, else it ends
   // UNAUTHENTICATED before its request is parsed. Empty = no authentication.
   // Compared in constant time (shared/rpc/security.h); never logged.
@@ -162,7 +162,7 @@ class GenerationService final
   // (Tokenizer::MaxTokenBytes(), computed once at Create()): with the
   // context window it sizes the request limits (request_validation.h).
   int64_t max_token_bytes() const;
-  // Graceful stop (issue 17, failure 3): from now on new requests (both
+  // Graceful stop: from now on new requests (both
   // front ends) are UNAVAILABLE, and the call blocks until the requests in
   // flight finish or `grace` passes. Returns true when none is left. Call
   // before stopping the servers; the model services must stay up meanwhile.

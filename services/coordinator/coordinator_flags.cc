@@ -84,7 +84,7 @@ void AddCoordinatorFlags(flags::FlagSet* flags, CoordinatorFlags* v) {
   flags->Add("request-log", &o.request_log,
              "log finished greedy requests (users' prompt and output token ids) beside the experience; false: off");
   flags->Add("reward", &o.reward, "rewards of logged transitions: throughput | paper");
-  // Issue 17: bounded input and the security of the public API (docs/security.md).
+  // Bounded input and the security of the public API (docs/security.md).
   flags->Add("max-context-tokens", &v->context_tokens,
              "context window that sizes the request limits (0 = the model's config)");
   flags->Add("max-request-bytes", &v->max_request_bytes, "largest gRPC request message (0 = sized to the context)");

@@ -45,7 +45,7 @@ int Run(const std::vector<std::string>& raw_args) {
   if (max_request_bytes <= 0) max_request_bytes = lede::coordinator::MaxRequestMessageBytes(bounds);
   if (max_body_bytes <= 0) max_body_bytes = lede::coordinator::MaxHttpBodyBytes(bounds);
   http.max_body_bytes = static_cast<size_t>(max_body_bytes);
-  lede::logging::LogEvent("info", "request_limits",
+  lede::log::LogEvent("info", "request_limits",
                       {{"context_tokens", std::to_string(fl.context_tokens)},
                        {"max_token_bytes", std::to_string(bounds.max_token_bytes)},
                        {"max_request_bytes", std::to_string(max_request_bytes)},
@@ -55,7 +55,7 @@ int Run(const std::vector<std::string>& raw_args) {
   if (!http.listen_address.empty()) {
     std::string chat_format;
     lede::coordinator::ChatPromptRenderer render_chat = lede::coordinator::ChatRendererFor(model, &chat_format);
-    lede::logging::LogEvent(absl::StartsWith(chat_format, "plain (the chat template") ? "warn" : "info", "chat_format",
+    lede::log::LogEvent(absl::StartsWith(chat_format, "plain (the chat template") ? "warn" : "info", "chat_format",
                         {{"model", model}, {"using", chat_format}});
     auto started = lede::coordinator::OpenAiServer::Start(service->get(), &registry, http, std::move(render_chat));
     if (!started.ok()) {
@@ -63,7 +63,7 @@ int Run(const std::vector<std::string>& raw_args) {
       return 1;
     }
     openai = std::move(*started);
-    lede::logging::LogEvent("info", "openai_api_listening",
+    lede::log::LogEvent("info", "openai_api_listening",
                         {{"port", std::to_string(openai->port())}, {"model", http.model_id}});
   }
   lede::rpc::ServerRunner runner("coordinator");
@@ -80,7 +80,7 @@ int Run(const std::vector<std::string>& raw_args) {
   if (!runner.Serve(so, &registry, [&] { (*service)->Drain(so.shutdown_grace); }).ok()) return 1;
   openai.reset();  // cancels HTTP streams still running after the grace period
   lede::Status flushed = (*service)->FlushExperience();
-  lede::logging::LogEvent(flushed.ok() ? "info" : "warn", "experience_flushed", {{"status", flushed.ToString()}});
+  lede::log::LogEvent(flushed.ok() ? "info" : "warn", "experience_flushed", {{"status", flushed.ToString()}});
   return 0;
 }
 

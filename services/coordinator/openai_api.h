@@ -56,7 +56,7 @@ inline constexpr int kDefaultCompletionMaxTokens = 16;
 // The deepest nesting of arrays and objects a request body may have (an
 // OpenAI body needs about 5: messages[i].content[j].image_url.url). Checked
 // by a pass that builds nothing before the body is parsed, so no client can
-// make the coordinator recurse deeper (issue 39, fault 1).
+// make the coordinator recurse deeper.
 inline constexpr int kMaxJsonDepth = 64;
 
 // Parses a request body for `endpoint`.

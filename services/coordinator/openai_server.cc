@@ -364,7 +364,7 @@ void OpenAiServer::Impl::RegisterRoutes(httplib::Server& http) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     ApiError e = openai::RouteNotFound(req.method, req.path);
     if (res.status == 413) {
-      // Before JSON parsing: the body was skipped, never buffered (issue 17).
+      // Before JSON parsing: the body was skipped, never buffered.
       e.http_status = 413;
       e.type = "invalid_request_error";
       e.code = "request_too_large";

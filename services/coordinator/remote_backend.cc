@@ -190,8 +190,8 @@ speculation::Draft RemoteBackend::FromDraftResponse(const lede::v1::DraftRespons
   d.policy_version = resp.policy_version();
   d.trace.round_index = round_index;
   for (const lede::v1::DecisionRecord& rec : resp.decisions()) {
-    model::Decision dec;
-    dec.state.phase = static_cast<model::Phase>(rec.phase());
+    speculation::Decision dec;
+    dec.state.phase = static_cast<speculation::Phase>(rec.phase());
     dec.state.layer = rec.layer();
     dec.state.n_layers = rec.n_layers();
     dec.state.draft_pos = rec.draft_pos();
@@ -206,7 +206,7 @@ speculation::Draft RemoteBackend::FromDraftResponse(const lede::v1::DraftRespons
     dec.state.lookup_match = rec.lookup_match();
     dec.state.trigram_seen = rec.trigram_seen();
     dec.state.load = std::max<int32_t>(1, rec.load());
-    dec.action = rec.action() == lede::v1::EXIT_ACTION_EXIT ? model::Action::kExit : model::Action::kContinue;
+    dec.action = rec.action() == lede::v1::EXIT_ACTION_EXIT ? speculation::Action::kExit : speculation::Action::kContinue;
     dec.draft_index = rec.draft_index();
     dec.wasted_probe = rec.wasted_probe();
     d.trace.decisions.push_back(dec);

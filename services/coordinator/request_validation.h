@@ -36,7 +36,7 @@ StatusOr<CheckedRequest> ValidateRequest(const lede::v1::GenerateRequest& reques
 // prompt_token_ids entry in [0, vocab_size).
 Status ValidateForModel(const lede::v1::GenerateRequest& request, const lede::v1::ModelInfo& info);
 
-// What bounds the work and memory of one request (issue 17, failure 1):
+// What bounds the work and memory of one request:
 // nothing the coordinator buffers, parses or tokenizes for a request is
 // larger than a few multiples of capacity_tokens x max_token_bytes.
 struct RequestBounds {

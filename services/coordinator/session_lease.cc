@@ -36,7 +36,7 @@ std::string DefaultInstanceName(const std::string& listen_address) {
 SessionLease::SessionLease(lede::v1::Verifier::Stub* verifier, SessionLeaseOptions options)
     : verifier_(verifier),
       options_(std::move(options)),
-      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
+      clock_(options_.clock != nullptr ? options_.clock : clock::Clock::Real()),
       instance_id_(RandomInstanceId()) {}
 
 SessionLease::~SessionLease() { Stop(); }

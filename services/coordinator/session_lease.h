@@ -1,7 +1,7 @@
 // File: services/coordinator/session_lease.h
 //
 // SessionLease: the coordinator's side of session ownership on the verifier
-// (lede.v1.Verifier/RenewLease; issue 17, failure 2). Each coordinator
+// (lede.v1.Verifier/RenewLease). Each coordinator
 // process is one instance (a random 128-bit id, hex); every session it
 // opens names that id (OpenSessionRequest.owner_instance), and a thread
 // renews the instance's lease every `renew_interval`. When the coordinator
@@ -42,7 +42,7 @@ struct SessionLeaseOptions {
   absl::Duration renew_interval = absl::Seconds(1);
   // Deadline of one renewal call.
   absl::Duration call_timeout = absl::Seconds(1);
-  Clock* clock = nullptr;  // nullptr = Clock::Real() (the renewal period)
+  clock::Clock* clock = nullptr;  // nullptr = Clock::Real() (the renewal period)
   // Called after every successful renewal with the verifier's answer (its
   // load report: slots, free slots, waiting sessions, this instance's
   // sessions), on the renewal thread (and on Start's caller for the first).
@@ -79,7 +79,7 @@ class SessionLease {
 
   lede::v1::Verifier::Stub* verifier_;
   SessionLeaseOptions options_;
-  Clock* clock_;
+  clock::Clock* clock_;
   const std::string instance_id_;
   std::thread thread_;
   absl::Mutex mu_;

@@ -6,7 +6,7 @@
 namespace lede::model_service {
 
 AdmissionQueue::AdmissionQueue(AdmissionOptions options)
-    : options_(options), clock_(options.clock != nullptr ? options.clock : Clock::Real()) {}
+    : options_(options), clock_(options.clock != nullptr ? options.clock : clock::Clock::Real()) {}
 
 Status AdmissionQueue::Admit(absl::Mutex* mu, const std::function<bool()>& try_admit, absl::Time deadline,
                              const std::function<bool()>& cancelled, absl::Duration* queue_time) {

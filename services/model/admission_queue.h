@@ -53,7 +53,7 @@ struct AdmissionOptions {
   absl::Duration poll_interval = absl::Milliseconds(50);
   // The time of deadlines and queue times (borrowed; nullptr =
   // Clock::Real()). Example: o.clock = &fake_clock;
-  Clock* clock = nullptr;
+  clock::Clock* clock = nullptr;
 };
 
 class AdmissionQueue {
@@ -81,7 +81,7 @@ class AdmissionQueue {
   void Changed();  // the queue changed: wake the waiters
 
   AdmissionOptions options_;
-  Clock* clock_;
+  clock::Clock* clock_;
   absl::CondVar changed_;
   std::deque<uint64_t> waiting_;  // tickets in arrival order
   uint64_t next_ticket_ = 0;

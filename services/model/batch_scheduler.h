@@ -1,7 +1,7 @@
 // File: services/model/batch_scheduler.h
 //
 // BatchScheduler: the verifier's iteration-level scheduler (continuous
-// batching, issue 12; vLLM's Scheduler.running, TGI's batching loop). Handler
+// batching; vLLM's Scheduler.running, TGI's batching loop). Handler
 // threads Submit() one job each (a session's prefill chunk or round
 // verification) and block until it ran. Up to n_workers batches run at a
 // time, each on one of the submitting threads (flat combining: no scheduler
@@ -81,7 +81,7 @@ struct BatchSchedulerOptions {
   // The wait may also run to this fraction of the recent batches' run time
   // (an average of the last few, wall-clock), when that is longer than
   // max_wait (--batch-wait-fraction). A step bound by reading the weights
-  // costs about as much with 16 sessions as with 4 (issue 36: the
+  // costs about as much with 16 sessions as with 4 (measured: the
   // factor-5 model's 16-row step was 2.4x a 1-row step), so a batch that
   // waits a fraction of a step for the sessions between their rounds gains
   // more than the wait costs; a fixed 500 us was shorter than one
@@ -103,7 +103,7 @@ struct BatchSchedulerOptions {
   // rows stay within this. Above a few tens of rows a CPU step is bound by
   // computing, so a larger batch gains nothing and holds its core while
   // the other idles: 15 prompts that arrived together once ran as one
-  // 444-row batch for 730 ms on one core (issue 36). 0: no limit.
+  // 444-row batch for 730 ms on one core. 0: no limit.
   int64_t max_batch_tokens = 0;
   // Observed once per batch when not null (borrowed; outlive the scheduler).
   prometheus::Histogram* batch_size = nullptr;  // lede_iteration_batch_size

@@ -41,20 +41,20 @@ namespace {
 // Observes the wall time of every decision of the wrapped controller in
 // lede_policy_decision_latency_seconds (in-process DQN, threshold rule, or a
 // remote Decide call). Borrows both; one per Draft call.
-class TimedExitController final : public model::ExitController {
+class TimedExitController final : public speculation::ExitController {
  public:
-  TimedExitController(model::ExitController& inner, telemetry::Histogram& latency)
+  TimedExitController(speculation::ExitController& inner, telemetry::Histogram& latency)
       : inner_(inner), latency_(latency) {}
   std::string name() const override { return inner_.name(); }
-  model::Action Decide(const model::ExitState& state) override {
+  speculation::Action Decide(const speculation::ExitState& state) override {
     const auto t0 = Clock::now();
-    model::Action a = inner_.Decide(state);
+    speculation::Action a = inner_.Decide(state);
     latency_.Observe(std::chrono::duration<double>(Clock::now() - t0).count());
     return a;
   }
 
  private:
-  model::ExitController& inner_;
+  speculation::ExitController& inner_;
   telemetry::Histogram& latency_;
 };
 
@@ -191,16 +191,16 @@ grpc::Status DrafterService::Draft(grpc::ServerContext* server_context, const le
   auto pool = host.PoolOfEpoch(req->pool_epoch());
   if (!pool.ok()) return ToGrpcStatus(pool.status());
   model::KvCache& cache = **pool;
-  const model::ModelConfig& c = host.model->config();
+  const checkpoint::ModelConfig& c = host.model->config();
   if (req->slot() < 0 || req->slot() >= cache.n_slots()) {
     return ToGrpcStatus(InvalidArgumentError("slot: outside [0, " + std::to_string(cache.n_slots()) + ")"));
   }
   if (req->pending_token() < 0 || req->pending_token() >= c.vocab_size) {
     return ToGrpcStatus(InvalidArgumentError("pending_token: outside [0, V)"));
   }
-  if (req->context_size() > model::kNgramWindow) {
+  if (req->context_size() > speculation::kNgramWindow) {
     return ToGrpcStatus(InvalidArgumentError("context: " + std::to_string(req->context_size()) +
-                                             " tokens, more than " + std::to_string(model::kNgramWindow)));
+                                             " tokens, more than " + std::to_string(speculation::kNgramWindow)));
   }
   speculation::SamplingParams sampling = SamplingFromProto(req->sampling());
   if (Status s = ValidateSampling(sampling); !s.ok()) return ToGrpcStatus(s);
@@ -226,7 +226,7 @@ grpc::Status DrafterService::Draft(grpc::ServerContext* server_context, const le
   config.draft_len = plan->draft_len;
   config.decision_spec = plan->decision_spec;
   config.policy_version = plan->policy_version;
-  std::unique_ptr<model::ExitController> controller, explorer;
+  std::unique_ptr<speculation::ExitController> controller, explorer;
   if (spec->method == speculation::SpeculationMethod::kLede && host.options.remote_decisions && host.policy_stub) {
     controller = std::make_unique<RemoteDecisionController>(host.policy_stub);
   } else {
@@ -286,7 +286,7 @@ grpc::Status DrafterService::Draft(grpc::ServerContext* server_context, const le
   resp->set_n_probes(d.n_probes);
   resp->set_n_decisions(d.n_decisions);
   resp->set_policy_version(d.policy_version);
-  for (const model::Decision& dec : d.trace.decisions) {
+  for (const speculation::Decision& dec : d.trace.decisions) {
     lede::v1::DecisionRecord* r = resp->add_decisions();
     r->set_phase(static_cast<lede::v1::Phase>(dec.state.phase));
     r->set_layer(dec.state.layer);
@@ -303,7 +303,7 @@ grpc::Status DrafterService::Draft(grpc::ServerContext* server_context, const le
     r->set_lookup_match(dec.state.lookup_match);
     r->set_trigram_seen(dec.state.trigram_seen);
     r->set_load(dec.state.load);
-    r->set_action(dec.action == model::Action::kExit ? lede::v1::EXIT_ACTION_EXIT : lede::v1::EXIT_ACTION_CONTINUE);
+    r->set_action(dec.action == speculation::Action::kExit ? lede::v1::EXIT_ACTION_EXIT : lede::v1::EXIT_ACTION_CONTINUE);
     r->set_draft_index(dec.draft_index);
     r->set_wasted_probe(dec.wasted_probe);
   }

@@ -36,7 +36,7 @@ int Run(const std::vector<std::string>& raw_args) {
   const bool drafter_only = fl.drafter_only();
 
   lede::rpc::BlockTerminationSignals();
-  lede::logging::SetLogProcessName(role == "both" ? "model" : role);
+  lede::log::SetLogProcessName(role == "both" ? "model" : role);
   lede::telemetry::Registry registry;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(fl.attach_timeout_s);
   auto host = lede::model_service::LoadModelHost(o, !drafter_only, &registry);
@@ -48,7 +48,7 @@ int Run(const std::vector<std::string>& raw_args) {
   if (!host.ok()) {
     // Whatever stops the start (a bad model file, a KV budget too small for
     // --slots x --capacity, a bad --weights) is one line and exit status 2.
-    lede::logging::LogEvent("error", "load_failed", {{"error", lede::model::OneLineMessage(host.status())}});
+    lede::log::LogEvent("error", "load_failed", {{"error", lede::model::OneLineMessage(host.status())}});
     return lede::model::kExitLoadFailure;
   }
   lede::model_service::VerifierService verifier(*host);

@@ -88,7 +88,7 @@ void SetComputeThreads(int n_threads) {
   // library once built without OpenMP ran every step on one thread).
   static std::atomic<bool> warned{false};
   if (const int in_use = model::FusedThreadsInUse(); in_use < n_threads && !warned.exchange(true)) {
-    logging::LogEvent("warn", "threads_unavailable",
+    log::LogEvent("warn", "threads_unavailable",
                       {{"threads", std::to_string(n_threads)}, {"threads_in_use", std::to_string(in_use)}});
   }
 }
@@ -104,7 +104,7 @@ Status CheckPromptFits(int64_t prompt_tokens, int64_t capacity, int64_t window) 
                                 std::to_string(window) + ")");
 }
 
-StatusOr<KvPoolPlan> PlanKvPool(const model::ModelConfig& config, const ModelServiceOptions& options,
+StatusOr<KvPoolPlan> PlanKvPool(const checkpoint::ModelConfig& config, const ModelServiceOptions& options,
                                 c10::ScalarType kv_dtype, int64_t available_bytes, int64_t shm_free_bytes) {
   KvPoolPlan plan;
   LEDE_ASSIGN_OR_RETURN(plan.budget_bytes, flags::ParseMemorySize("kv-memory", options.kv_memory, available_bytes));
@@ -171,7 +171,7 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
   LEDE_ASSIGN_OR_RETURN(std::unique_ptr<model::LlamaModel> loaded,
                         model::LlamaModel::Load(options.model_path, mo));
   host->model = std::shared_ptr<const model::LlamaModel>(std::move(loaded));
-  const model::ModelConfig& c = host->model->config();
+  const checkpoint::ModelConfig& c = host->model->config();
   host->fingerprint = c.ArchitectureFingerprint();
   if (registry != nullptr) host->metrics = std::make_unique<telemetry::SpecDecodeMetrics>(*registry);
 
@@ -190,7 +190,7 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
     LEDE_ASSIGN_OR_RETURN(KvPoolPlan plan, PlanKvPool(c, options, host->model->options().dtype,
                                                       available.ok() ? *available : 0, shm_free));
     ko.capacity = plan.capacity;
-    logging::LogEvent("info", "kv_pool_planned",
+    log::LogEvent("info", "kv_pool_planned",
                       {{"kv_memory", options.kv_memory},
                        {"budget_bytes", std::to_string(plan.budget_bytes)},
                        {"slots", std::to_string(options.n_slots)},
@@ -255,7 +255,7 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
     po.metrics = host->metrics.get();
     host->follower = std::make_unique<PolicyFollower>(po);
     Status first = host->follower->FetchOnce();
-    if (!first.ok()) logging::LogEvent("warn", "policy_fetch_failed", {{"error", first.ToString()}});
+    if (!first.ok()) log::LogEvent("warn", "policy_fetch_failed", {{"error", first.ToString()}});
     host->follower->Start();
     if (options.remote_decisions) {
       host->policy_stub = lede::v1::Policy::NewStub(MakePolicyChannel(options.policy_target, po.credentials, po.tls_server_name, po.token));
@@ -290,7 +290,7 @@ Status Readiness(ModelHost& host) {
     }
     if (!host.cache || host.cache->epoch() != current->epoch()) {
       host.cache = std::make_shared<model::KvCache>(std::move(*current));
-      logging::LogEvent("info", "kv_pool_attached", {{"epoch", std::to_string(host.cache->epoch())}});
+      log::LogEvent("info", "kv_pool_attached", {{"epoch", std::to_string(host.cache->epoch())}});
     }
   } else if (!host.Pool()) {
     return UnavailableError("kv_pool: not created");

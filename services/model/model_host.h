@@ -105,7 +105,7 @@ class ModelHost {
       auto attached = model::KvCache::Attach(model->config(), o);
       if (attached.ok()) {
         cache = std::make_shared<model::KvCache>(std::move(*attached));
-        logging::LogEvent("info", "kv_pool_attached", {{"epoch", std::to_string(cache->epoch())}});
+        log::LogEvent("info", "kv_pool_attached", {{"epoch", std::to_string(cache->epoch())}});
         if (cache->epoch() == epoch) return cache;
       }
     }
@@ -115,7 +115,7 @@ class ModelHost {
   }
 
   void FillInfo(lede::v1::ModelInfo* info) {
-    const model::ModelConfig& c = model->config();
+    const checkpoint::ModelConfig& c = model->config();
     std::shared_ptr<model::KvCache> pool = Pool();
     info->set_n_layers(static_cast<int32_t>(c.n_layers));
     info->set_vocab_size(static_cast<int32_t>(c.vocab_size));
@@ -184,7 +184,7 @@ struct KvPoolPlan {
 // --kv-memory, --slots and --capacity with what would fit: a bad size; an
 // explicit capacity whose slots do not fit; an automatic capacity under
 // min(window, kMinSlotTokens) tokens.
-StatusOr<KvPoolPlan> PlanKvPool(const model::ModelConfig& config, const ModelServiceOptions& options,
+StatusOr<KvPoolPlan> PlanKvPool(const checkpoint::ModelConfig& config, const ModelServiceOptions& options,
                                 c10::ScalarType kv_dtype, int64_t available_bytes, int64_t shm_free_bytes);
 
 // The fewest tokens per slot an automatic capacity may give: a request

@@ -167,7 +167,7 @@ struct ModelServiceOptions {
   // Verifier: coordinator leases (lede.v1.Verifier/RenewLease). The reaper
   // frees a lapsed instance's sessions within `lease_sweep_interval` of the
   // lapse; `clock` (borrowed; nullptr = Clock::Real()) times both.
-  lede::Clock* clock = nullptr;
+  lede::clock::Clock* clock = nullptr;
   absl::Duration lease_default_ttl = absl::Seconds(5);
   absl::Duration lease_sweep_interval = absl::Milliseconds(250);
 };

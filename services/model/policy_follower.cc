@@ -78,7 +78,7 @@ PolicyFollower::PolicyFollower(PolicyFollowerOptions options)
       temp_dir_(MakeTempDir()),
       follow_(options_.clock) {
   if (temp_dir_.empty()) {
-    logging::LogEvent("error", "policy_follower_tempdir_failed", {{"target", options_.target}});
+    log::LogEvent("error", "policy_follower_tempdir_failed", {{"target", options_.target}});
   }
 }
 
@@ -138,7 +138,7 @@ Status PolicyFollower::FetchOnce() {
     if (response.version() != last_rejected_) {  // log and count a refusal once per version
       last_rejected_ = response.version();
       if (options_.metrics != nullptr) options_.metrics->RecordPolicyReload(false);
-      logging::LogEvent("warning", "policy_rejected",
+      log::LogEvent("warning", "policy_rejected",
                     {{"version", response.version()},
                      {"serving", version().empty() ? std::string("none") : version()},
                      {"reason", status.ToString()}});
@@ -194,7 +194,7 @@ Status PolicyFollower::Install(const lede::v1::PolicyArtifact& response) {
     options_.metrics->SetPolicyVersion(response.version(),
                                        telemetry::PolicyVersionNumber(response.version()));
   }
-  logging::LogEvent("info", "policy_loaded",
+  log::LogEvent("info", "policy_loaded",
                 {{"version", response.version()},
                  {"previous", previous.empty() ? std::string("none") : previous},
                  {"sha256", response.sha256()}});
@@ -226,7 +226,7 @@ void PolicyFollower::FollowLoop() {
         break;
       }
       backoff = options_.initial_backoff;
-      if (!healthy) logging::LogEvent("info", "policy_watch_restored", {{"target", options_.target}});
+      if (!healthy) log::LogEvent("info", "policy_watch_restored", {{"target", options_.target}});
       healthy = true;
     }
     grpc::Status finish = reader->Finish();
@@ -236,7 +236,7 @@ void PolicyFollower::FollowLoop() {
       if (follow_.stopping()) return;
     }
     if (healthy && fetch_status.ok()) {
-      logging::LogEvent("warning", "policy_watch_lost",
+      log::LogEvent("warning", "policy_watch_lost",
                     {{"target", options_.target},
                      {"code", std::to_string(static_cast<int>(finish.error_code()))},
                      {"reason", finish.error_message()},
@@ -258,12 +258,12 @@ std::string RemoteDecisionController::name() const {
   return version_.empty() ? "remote" : "remote:" + version_;
 }
 
-model::Action RemoteDecisionController::Decide(const model::ExitState& state) {
+speculation::Action RemoteDecisionController::Decide(const speculation::ExitState& state) {
   ++n_calls_;
-  float features[model::kExitFeatureDim];
-  model::ExitFeatures(state, features);
+  float features[speculation::kExitFeatureDim];
+  speculation::ExitFeatures(state, features);
   lede::v1::DecideRequest request;
-  request.add_states()->mutable_features()->Add(features, features + model::kExitFeatureDim);
+  request.add_states()->mutable_features()->Add(features, features + speculation::kExitFeatureDim);
   request.set_version(options_.version);
   lede::v1::DecideResponse response;
   grpc::ClientContext context;
@@ -279,12 +279,12 @@ model::Action RemoteDecisionController::Decide(const model::ExitState& state) {
   if (!rpc_status.ok()) {
     ++n_failures_;
     if (options_.failures != nullptr) options_.failures->Increment();
-    return model::Action::kContinue;  // never drafts a wrong token; see the header
+    return speculation::Action::kContinue;  // never drafts a wrong token; see the header
   }
   version_ = response.version();
   last_q_ = {response.q_continue(0), response.q_exit(0)};
-  return response.actions(0) == lede::v1::EXIT_ACTION_EXIT ? model::Action::kExit
-                                                           : model::Action::kContinue;
+  return response.actions(0) == lede::v1::EXIT_ACTION_EXIT ? speculation::Action::kExit
+                                                           : speculation::Action::kContinue;
 }
 
 }  // namespace lede::model_service

@@ -103,7 +103,7 @@ struct PolicyFollowerOptions {
   // follower). nullptr = Clock::Real(); tests pass a FakeClock. RPC
   // deadlines (rpc_timeout) and WaitForPolicy/WaitForVersion stay on the
   // real clock.
-  Clock* clock = nullptr;
+  clock::Clock* clock = nullptr;
   // Optional (borrowed, must outlive the follower): SetPolicyVersion and
   // RecordPolicyReload on every accepted / refused version.
   telemetry::SpecDecodeMetrics* metrics = nullptr;
@@ -195,7 +195,7 @@ struct RemoteDecisionOptions {
 };
 
 // An ExitController that asks the policy service for every decision
-// (Decide with a batch of one state: model::ExitFeatures(state)).
+// (Decide with a batch of one state: speculation::ExitFeatures(state)).
 //
 // On RPC failure (service down, deadline, FAILED_PRECONDITION for a pinned
 // version) Decide returns kContinue and counts the failure. kContinue is the
@@ -208,7 +208,7 @@ struct RemoteDecisionOptions {
 // Thread-safety: like every ExitController, one per request and never called
 // concurrently; many controllers may share one stub (gRPC stubs are
 // thread-safe). The stub is shared and must not be null.
-class RemoteDecisionController : public model::ExitController {
+class RemoteDecisionController : public speculation::ExitController {
  public:
   RemoteDecisionController(std::shared_ptr<lede::v1::Policy::StubInterface> stub,
                            RemoteDecisionOptions options = {});
@@ -216,7 +216,7 @@ class RemoteDecisionController : public model::ExitController {
   // "remote:<version of the last answer>" ("remote" before any).
   std::string name() const override;
   // One Decide RPC; kContinue on failure (see the class comment).
-  model::Action Decide(const model::ExitState& state) override;
+  speculation::Action Decide(const speculation::ExitState& state) override;
 
   // Q-values [q_continue, q_exit] of the last successful decision (zeros
   // before the first); failed calls leave them unchanged.

@@ -6,7 +6,7 @@
 namespace lede::model_service {
 
 SessionLeases::SessionLeases(SessionLeaseOptions options)
-    : options_(options), clock_(options.clock != nullptr ? options.clock : Clock::Real()) {}
+    : options_(options), clock_(options.clock != nullptr ? options.clock : clock::Clock::Real()) {}
 
 void SessionLeases::Bury(const std::string& instance_id) {
   if (!tombstones_.insert(instance_id).second) return;

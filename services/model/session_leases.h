@@ -1,7 +1,7 @@
 // File: services/model/session_leases.h
 //
 // SessionLeases: which coordinator instances are alive, as far as the
-// verifier knows (issue 17, failure 2: a crashed coordinator's sessions held
+// verifier knows (without it a crashed coordinator's sessions held
 // KV slots until the 300 s idle timeout). A coordinator instance (a random
 // id per process) renews its lease well within the lease's TTL
 // (lede.v1.Verifier/RenewLease); the verifier frees the sessions of every
@@ -41,7 +41,7 @@
 namespace lede::model_service {
 
 struct SessionLeaseOptions {
-  Clock* clock = nullptr;  // nullptr = Clock::Real()
+  clock::Clock* clock = nullptr;  // nullptr = Clock::Real()
   // TTL of a renewal that asks for none (ttl 0), and of the lease an
   // OpenSession of an unknown instance creates: long enough for four missed
   // renewals at the coordinator's 1 s period, short enough that a dead
@@ -85,7 +85,7 @@ class SessionLeases {
   // Whether `instance_id` holds a live (not yet collected) lease.
   bool Holds(const std::string& instance_id);
   size_t size();
-  Clock& clock() { return *clock_; }
+  clock::Clock& clock() { return *clock_; }
 
  private:
   struct Lease {
@@ -95,7 +95,7 @@ class SessionLeases {
   void Bury(const std::string& instance_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   SessionLeaseOptions options_;
-  Clock* clock_;
+  clock::Clock* clock_;
   absl::Mutex mu_;
   std::map<std::string, Lease> leases_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> tombstones_ ABSL_GUARDED_BY(mu_);

@@ -230,7 +230,7 @@ struct VerifierService::Impl {
     for (auto it = sessions.begin(); it != sessions.end();) {
       if (it->second.owner.empty() && it->second.busy == 0 &&
           absl::FromChrono(now - it->second.last_used) > host->options.session_idle_timeout) {
-        logging::LogEvent("warn", "session_reclaimed", {{"slot", std::to_string(it->first)},
+        log::LogEvent("warn", "session_reclaimed", {{"slot", std::to_string(it->first)},
                                                     {"request_id", it->second.request_id}});
         (void)cache.Free(it->first);
         it = sessions.erase(it);
@@ -267,9 +267,9 @@ struct VerifierService::Impl {
       SlotsChanged(*cache);
     }
     for (const std::string& owner : owners) {
-      logging::LogEvent("warn", "owner_sessions_freed", {{"owner_instance", owner}, {"reason", reason}});
+      log::LogEvent("warn", "owner_sessions_freed", {{"owner_instance", owner}, {"reason", reason}});
     }
-    if (n > 0) logging::LogEvent("warn", "sessions_freed", {{"n_sessions", std::to_string(n)}, {"reason", reason}});
+    if (n > 0) log::LogEvent("warn", "sessions_freed", {{"n_sessions", std::to_string(n)}, {"reason", reason}});
     return n;
   }
 
@@ -290,7 +290,7 @@ struct VerifierService::Impl {
   }
 
   void ReaperLoop() {
-    lede::Clock& clock = leases.clock();
+    lede::clock::Clock& clock = leases.clock();
     absl::MutexLock lock(&reaper_mu);
     while (!stopping) {
       clock.AwaitWithTimeout(&reaper_mu, absl::Condition(&stopping), host->options.lease_sweep_interval);

@@ -21,13 +21,13 @@ namespace lede::policy_service {
 namespace {
 
 // --model-config: a config.json, or a .gguf checkpoint (its llama.* metadata).
-StatusOr<model::ModelConfig> ReadModelConfig(const std::string& path) {
+StatusOr<checkpoint::ModelConfig> ReadModelConfig(const std::string& path) {
   if (std::filesystem::path(path).extension() == ".gguf") {
     LEDE_ASSIGN_OR_RETURN(std::shared_ptr<const checkpoint::GgufFile> gguf, checkpoint::GgufFile::Open(path));
     return checkpoint::GgufLlamaConfig(*gguf);
   }
   LEDE_ASSIGN_OR_RETURN(std::string text, file::ReadFile(path));
-  return model::ParseHfConfig(text, path);
+  return checkpoint::ParseHfConfig(text, path);
 }
 
 struct FlagValues {
@@ -100,7 +100,7 @@ StatusOr<PolicyServerOptions> ParsePolicyServerFlags(const std::vector<std::stri
   options.tls_client_ca_path = v.tls.client_ca_path;
   LEDE_ASSIGN_OR_RETURN(options.internal_token, rpc::InternalToken::LoadIfSet(v.internal_token_file));
   if (!v.model_config.empty()) {
-    StatusOr<model::ModelConfig> config = ReadModelConfig(v.model_config);
+    StatusOr<checkpoint::ModelConfig> config = ReadModelConfig(v.model_config);
     if (!config.ok() && config.status().code() != StatusCode::kInvalidArgument) {
       return Status(config.status().code(), "--model-config: " + std::string(config.status().message()));
     }

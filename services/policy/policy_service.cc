@@ -33,9 +33,9 @@ grpc::Status PolicyService::Decide(grpc::ServerContext* context,
   if (n == 0) return finish(InvalidArgumentError("states: empty batch"));
   for (int i = 0; i < n; ++i) {
     const auto& features = request->states(i).features();
-    if (features.size() != model::kExitFeatureDim) {
+    if (features.size() != speculation::kExitFeatureDim) {
       return finish(InvalidArgumentError("states[" + std::to_string(i) + "].features: want " +
-                                         std::to_string(model::kExitFeatureDim) + " values, got " +
+                                         std::to_string(speculation::kExitFeatureDim) + " values, got " +
                                          std::to_string(features.size())));
     }
     for (int j = 0; j < features.size(); ++j) {
@@ -59,7 +59,7 @@ grpc::Status PolicyService::Decide(grpc::ServerContext* context,
   for (int i = 0; i < n; ++i) {
     float q[policy::dqn::kNumActions];
     policy->artifact.network.Forward(request->states(i).features().data(), q);
-    response->add_actions(policy::dqn::GreedyAction(q) == model::Action::kExit
+    response->add_actions(policy::dqn::GreedyAction(q) == speculation::Action::kExit
                               ? lede::v1::EXIT_ACTION_EXIT
                               : lede::v1::EXIT_ACTION_CONTINUE);
     response->add_q_continue(q[0]);

@@ -94,7 +94,7 @@ struct ServingPolicyOptions {
   // ServingPolicy). nullptr = Clock::Real(); tests pass a FakeClock.
   // WaitForChange()'s timeout stays on the real clock (it bounds how long a
   // WatchPolicy handler goes without checking for cancellation).
-  Clock* clock = nullptr;
+  clock::Clock* clock = nullptr;
   // Example: policy_root = "/srv/policies/llama3-8b", model_fingerprint =
   // "07e04f79d11d13b5", n_layers = 32, reload_interval = absl::Milliseconds(500).
 };

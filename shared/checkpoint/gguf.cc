@@ -769,8 +769,8 @@ std::string HfToGgufName(const std::string& hf_name) {
   return "";
 }
 
-std::vector<float> Llama3RopeFreqFactors(const model::ModelConfig& c) {
-  const model::RopeScaling& s = c.rope_scaling;
+std::vector<float> Llama3RopeFreqFactors(const ModelConfig& c) {
+  const RopeScaling& s = c.rope_scaling;
   const int64_t hd = c.head_dim(), half = hd / 2;
   const double old_ctx = static_cast<double>(s.original_max_position_embeddings);
   const double low_wavelen = old_ctx / s.low_freq_factor, high_wavelen = old_ctx / s.high_freq_factor;
@@ -792,7 +792,7 @@ std::vector<float> Llama3RopeFreqFactors(const model::ModelConfig& c) {
 namespace {
 
 // Finds Llama-3 scaling parameters that reproduce rope_freqs.weight.
-Status MatchLlama3Scaling(const GgufTensor& t, const std::string& src, model::ModelConfig* c) {
+Status MatchLlama3Scaling(const GgufTensor& t, const std::string& src, ModelConfig* c) {
   const int64_t half = c->head_dim() / 2;
   if (t.ne != std::vector<int64_t>{half}) {
     return InvalidArgumentError(src + ": tensor rope_freqs.weight has dims " + NeString(t.ne) + ", expected [" +
@@ -804,8 +804,8 @@ Status MatchLlama3Scaling(const GgufTensor& t, const std::string& src, model::Mo
   if (!(factor >= 1.0f) || !std::isfinite(factor)) {
     return InvalidArgumentError(src + ": tensor rope_freqs.weight: factors must be finite and at least 1");
   }
-  model::ModelConfig trial = *c;
-  trial.rope_scaling.type = model::RopeScaling::Type::kLlama3;
+  ModelConfig trial = *c;
+  trial.rope_scaling.type = RopeScaling::Type::kLlama3;
   trial.rope_scaling.factor = factor;
   for (int64_t orig : {8192, 4096, 2048, 16384, 32768, 131072}) {
     for (double low : {1.0, 2.0}) {
@@ -844,7 +844,7 @@ StatusOr<int64_t> PositiveInt(const GgufFile& f, const std::string& key, int64_t
 }
 
 // Reads the llama dims, norm epsilon and rope settings and checks they agree.
-Status ReadLlamaHyperparams(const GgufFile& f, model::ModelConfig* c) {
+Status ReadLlamaHyperparams(const GgufFile& f, ModelConfig* c) {
   const std::string& src = f.source();
   LEDE_ASSIGN_OR_RETURN(c->dim, PositiveInt(f, "llama.embedding_length", model::kMaxModelDim));
   LEDE_ASSIGN_OR_RETURN(c->hidden_dim, PositiveInt(f, "llama.feed_forward_length", model::kMaxModelDim));
@@ -895,7 +895,7 @@ Status ReadLlamaHyperparams(const GgufFile& f, model::ModelConfig* c) {
   if (f.Find("llama.rope.scaling.type") != nullptr) {
     LEDE_ASSIGN_OR_RETURN(std::string type, f.GetString("llama.rope.scaling.type"));
     if (type == "linear") {
-      c->rope_scaling.type = model::RopeScaling::Type::kLinear;
+      c->rope_scaling.type = RopeScaling::Type::kLinear;
       LEDE_ASSIGN_OR_RETURN(c->rope_scaling.factor, f.GetFloat("llama.rope.scaling.factor"));
       if (!(c->rope_scaling.factor > 0.0)) {
         return InvalidArgumentError(src + ": metadata key llama.rope.scaling.factor must be positive");
@@ -909,7 +909,7 @@ Status ReadLlamaHyperparams(const GgufFile& f, model::ModelConfig* c) {
 }
 
 // Reads the vocabulary size, tied embeddings and the special token ids.
-Status ReadLlamaVocab(const GgufFile& f, model::ModelConfig* c) {
+Status ReadLlamaVocab(const GgufFile& f, ModelConfig* c) {
   const std::string& src = f.source();
   const GgufTensor* embd = f.FindTensor("token_embd.weight");
   if (embd == nullptr) return InvalidArgumentError(src + ": missing tensor token_embd.weight");
@@ -935,7 +935,7 @@ Status ReadLlamaVocab(const GgufFile& f, model::ModelConfig* c) {
                                   std::to_string(c->vocab_size));
     }
   }
-  c->rope_style = model::RopeStyle::kAdjacentPairs;
+  c->rope_style = RopeStyle::kAdjacentPairs;
   c->tie_word_embeddings = f.FindTensor("output.weight") == nullptr;
   c->bos_id = 1;
   c->eos_ids = {2};
@@ -967,7 +967,7 @@ Status ReadLlamaVocab(const GgufFile& f, model::ModelConfig* c) {
 }
 
 // Checks that every tensor the config needs is present with the right dims.
-Status CheckLlamaTensors(const GgufFile& f, const model::ModelConfig& c) {
+Status CheckLlamaTensors(const GgufFile& f, const ModelConfig& c) {
   const std::string& src = f.source();
   // Every tensor the config needs, with dims in ggml order (ne[0] = in).
   // Nine tensors per block: a block count the file cannot hold is refused
@@ -1009,14 +1009,14 @@ Status CheckLlamaTensors(const GgufFile& f, const model::ModelConfig& c) {
 
 }  // namespace
 
-StatusOr<model::ModelConfig> GgufLlamaConfig(const GgufFile& f) {
+StatusOr<ModelConfig> GgufLlamaConfig(const GgufFile& f) {
   const std::string& src = f.source();
   LEDE_ASSIGN_OR_RETURN(std::string arch, f.GetString("general.architecture"));
   if (arch != "llama") {
     return InvalidArgumentError(src + ": metadata key general.architecture is \"" + arch +
                                 "\" (supported: llama)");
   }
-  model::ModelConfig c;
+  ModelConfig c;
   LEDE_RETURN_IF_ERROR(ReadLlamaHyperparams(f, &c));
   if (const GgufTensor* freqs = f.FindTensor("rope_freqs.weight")) {
     LEDE_RETURN_IF_ERROR(MatchLlama3Scaling(*freqs, src, &c));
@@ -1027,7 +1027,7 @@ StatusOr<model::ModelConfig> GgufLlamaConfig(const GgufFile& f) {
   return c;
 }
 
-Status AddLlamaMetadata(const model::ModelConfig& c, const std::string& name, GgufWriter* w) {
+Status AddLlamaMetadata(const ModelConfig& c, const std::string& name, GgufWriter* w) {
   LEDE_RETURN_IF_ERROR(c.Validate());
   w->AddString("general.architecture", "llama");
   w->AddString("general.name", name);
@@ -1049,11 +1049,11 @@ Status AddLlamaMetadata(const model::ModelConfig& c, const std::string& name, Gg
     if (ShortestDecimal(static_cast<float>(value)) != value) w->AddFloat64(key, value);
   }
   w->AddUint32("llama.vocab_size", static_cast<uint32_t>(c.vocab_size));
-  if (c.rope_scaling.type == model::RopeScaling::Type::kLinear) {
+  if (c.rope_scaling.type == RopeScaling::Type::kLinear) {
     w->AddString("llama.rope.scaling.type", "linear");
     w->AddFloat32("llama.rope.scaling.factor", static_cast<float>(c.rope_scaling.factor));
   }
-  if (c.rope_scaling.type == model::RopeScaling::Type::kLlama3) {
+  if (c.rope_scaling.type == RopeScaling::Type::kLlama3) {
     const std::vector<float> factors = Llama3RopeFreqFactors(c);
     std::vector<uint8_t> bytes(factors.size() * 4);
     std::memcpy(bytes.data(), factors.data(), bytes.size());

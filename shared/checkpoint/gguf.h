@@ -25,7 +25,7 @@
 //
 // Example:
 //   LEDE_ASSIGN_OR_RETURN(auto gguf, checkpoint::GgufFile::Open(path));
-//   LEDE_ASSIGN_OR_RETURN(model::ModelConfig config, checkpoint::GgufLlamaConfig(*gguf));
+//   LEDE_ASSIGN_OR_RETURN(ModelConfig config, checkpoint::GgufLlamaConfig(*gguf));
 //   const checkpoint::GgufTensor* t = gguf->FindTensor("blk.0.attn_q.weight");
 //   std::vector<float> w(t->numel());
 //   LEDE_RETURN_IF_ERROR(checkpoint::DequantizeToF32(*t, w.data()));
@@ -249,7 +249,7 @@ class GgufWriter {
 // rope_freqs.weight = Llama-3 scaling), partial rotary, a missing tensor,
 // dims that contradict the metadata, a key outside model_limits.h's bounds
 // or a block count the file's tensors cannot hold (9 per block).
-StatusOr<model::ModelConfig> GgufLlamaConfig(const GgufFile& file);
+StatusOr<ModelConfig> GgufLlamaConfig(const GgufFile& file);
 
 // The project's (Hugging Face) name of a llama GGUF tensor and back:
 // "blk.3.attn_q.weight" <-> "model.layers.3.self_attn.q_proj.weight",
@@ -263,12 +263,12 @@ std::string HfToGgufName(const std::string& hf_name);
 // of `config` to `writer`, and for Llama-3 RoPE scaling the
 // rope_freqs.weight tensor llama.cpp reads (Llama3RopeFreqFactors).
 // Errors: kInvalidArgument for an invalid config.
-Status AddLlamaMetadata(const model::ModelConfig& config, const std::string& name, GgufWriter* writer);
+Status AddLlamaMetadata(const ModelConfig& config, const std::string& name, GgufWriter* writer);
 
 // Llama-3 RoPE scaling as per-frequency divisors (head_dim / 2 of them):
 // 1 for short wavelengths, `factor` for long ones, a smooth blend between
 // (the scaled inverse frequency is base^(-2i/hd) / divisor[i]).
-std::vector<float> Llama3RopeFreqFactors(const model::ModelConfig& config);
+std::vector<float> Llama3RopeFreqFactors(const ModelConfig& config);
 
 }  // namespace lede::checkpoint
 

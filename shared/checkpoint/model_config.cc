@@ -18,7 +18,7 @@
 #include "shared/checkpoint/model_limits.h"
 #include "shared/status/status_macros.h"
 
-namespace lede::model {
+namespace lede::checkpoint {
 namespace {
 
 using Json = nlohmann::json;
@@ -400,4 +400,4 @@ std::string ToHfConfigJson(const ModelConfig& config) {
   return j.dump(2) + "\n";
 }
 
-}  // namespace lede::model
+}  // namespace lede::checkpoint

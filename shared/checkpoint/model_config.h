@@ -11,7 +11,7 @@
 
 #include "shared/status/status.h"
 
-namespace lede::model {
+namespace lede::checkpoint {
 
 // How RoPE pairs the dimensions of a head.
 //   kRotateHalf:    dimension i pairs with i + head_dim/2 (Hugging Face Llama).
@@ -73,6 +73,5 @@ StatusOr<ModelConfig> ParseHfConfig(const std::string& json_text,
 // Serializes to Hugging Face config.json text (LlamaForCausalLM).
 std::string ToHfConfigJson(const ModelConfig& config);
 
-}  // namespace lede::model
-
+}  // namespace lede::checkpoint
 #endif  // LEDE_SHARED_CHECKPOINT_MODEL_CONFIG_H_

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-namespace lede::model {
+namespace lede::checkpoint {
 
 // Context window in tokens (max_position_embeddings, llama.context_length):
 // 2^24 = 16,777,216. Past it float32 cannot hold every position exactly,
@@ -28,6 +28,5 @@ inline constexpr int64_t kMaxLayers = int64_t{1} << 16;
 // vocab_size: 2^31 - 1 (token ids are int32).
 inline constexpr int64_t kMaxVocabSize = (int64_t{1} << 31) - 1;
 
-}  // namespace lede::model
-
+}  // namespace lede::checkpoint
 #endif  // LEDE_SHARED_CHECKPOINT_MODEL_LIMITS_H_

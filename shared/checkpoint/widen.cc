@@ -111,7 +111,7 @@ struct Planned {
   bool norm = false;
 };
 
-int64_t Parameters(const model::ModelConfig& c) {
+int64_t Parameters(const ModelConfig& c) {
   const int64_t d = c.dim, hd = c.head_dim();
   const int64_t per_layer = 2 * d + (c.n_heads * hd) * d * 2 + 2 * (c.n_kv_heads * hd) * d + 3 * c.hidden_dim * d;
   return c.vocab_size * d * (c.tie_word_embeddings ? 1 : 2) + d + c.n_layers * per_layer;
@@ -119,7 +119,7 @@ int64_t Parameters(const model::ModelConfig& c) {
 
 // Every tensor a Llama checkpoint of config `s` holds, with its shape there
 // and in the widened config `w`.
-std::map<std::string, Planned> PlanTensors(const model::ModelConfig& s, const model::ModelConfig& w) {
+std::map<std::string, Planned> PlanTensors(const ModelConfig& s, const ModelConfig& w) {
   const int64_t d = s.dim, D = w.dim, hd = s.head_dim();
   std::map<std::string, Planned> plan;
   plan["model.embed_tokens.weight"] = {{s.vocab_size, d}, {s.vocab_size, D}};
@@ -145,7 +145,7 @@ std::map<std::string, Planned> PlanTensors(const model::ModelConfig& s, const mo
 // checkpoint) with the widened fields and a lede_widen record, and the
 // removal of a calibration measured for another shape.
 Status WriteMetadata(const fs::path& src, const fs::path& out, Json root, int64_t K, int64_t K2,
-                     const model::ModelConfig& s, const model::ModelConfig& w, WidenResult* result_out) {
+                     const ModelConfig& s, const ModelConfig& w, WidenResult* result_out) {
   WidenResult& result = *result_out;
   const std::string source_dir = src.string();
   const int64_t hd = s.head_dim();
@@ -201,7 +201,7 @@ Status WriteMetadata(const fs::path& src, const fs::path& out, Json root, int64_
 // The policies shipped for this widened shape (widen.h): the source's
 // widened/<fingerprint>/policy tree, copied byte for byte into out/policy
 // (files of an earlier run replaced, others left).
-Status InstallShippedPolicies(const fs::path& src, const fs::path& out, const model::ModelConfig& w,
+Status InstallShippedPolicies(const fs::path& src, const fs::path& out, const ModelConfig& w,
                               WidenResult* result) {
   const fs::path shipped = src / "widened" / w.ArchitectureFingerprint() / "policy";
   std::error_code ec;
@@ -235,8 +235,8 @@ Status InstallShippedPolicies(const fs::path& src, const fs::path& out, const mo
 StatusOr<std::map<std::string, std::vector<float>>> ReadPaddedTensors(const fs::path& src,
                                                                      const std::string& config_path,
                                                                      const std::map<std::string, Planned>& plan,
-                                                                     const model::ModelConfig& s,
-                                                                     const model::ModelConfig& w) {
+                                                                     const ModelConfig& s,
+                                                                     const ModelConfig& w) {
   std::error_code ec;
   const std::string weights_path = (src / "model.safetensors").string();
   if (!fs::exists(weights_path, ec)) return NotFoundError(src.string() + ": no model.safetensors");
@@ -297,12 +297,12 @@ StatusOr<WidenResult> WidenCheckpoint(const std::string& source_dir, const std::
   if (root.is_discarded() || !root.is_object()) return InvalidArgumentError(config_path + ": invalid JSON object");
   LEDE_RETURN_IF_ERROR(CheckEmbeddable(root, config_path));
   WidenResult result;
-  LEDE_ASSIGN_OR_RETURN(result.source, model::ParseHfConfig(config_text, config_path));
-  const model::ModelConfig& s = result.source;
+  LEDE_ASSIGN_OR_RETURN(result.source, ParseHfConfig(config_text, config_path));
+  const ModelConfig& s = result.source;
   if (s.head_dim() % 2 != 0) {
     return InvalidArgumentError(FieldError(config_path, "num_attention_heads", "gives an odd head_dim"));
   }
-  model::ModelConfig w = s;
+  ModelConfig w = s;
   w.dim = s.dim * K;
   w.n_heads = s.n_heads * K;
   w.n_kv_heads = s.n_kv_heads * K;

@@ -1,7 +1,7 @@
 // File: shared/checkpoint/widen.h
 //
 // The function-exact embedding of a Llama checkpoint in a wider shape
-// (issue 36, `lede widen`): the widened model computes the same logits as
+// (`lede widen`): the widened model computes the same logits as
 // the source (to float rounding) at the cost of the wider shape, so that the
 // memory-bound regime can be measured with a model whose behaviour is known.
 //
@@ -43,8 +43,8 @@ struct WidenOptions {
 };
 
 struct WidenResult {
-  model::ModelConfig source;
-  model::ModelConfig widened;
+  ModelConfig source;
+  ModelConfig widened;
   int64_t source_parameters = 0;
   int64_t widened_parameters = 0;
   std::vector<std::string> copied_files;  // tokenizer / generation files, by name

@@ -2,7 +2,7 @@
 
 #include "absl/time/clock.h"
 
-namespace lede {
+namespace lede::clock {
 namespace {
 
 class RealClock final : public Clock {
@@ -24,4 +24,4 @@ Clock* Clock::Real() {
   return clock;
 }
 
-}  // namespace lede
+}  // namespace lede::clock

@@ -3,7 +3,7 @@
 // Clock: the time source of components whose behaviour depends on time
 // (experience shard age, policy reload polling, reconnect backoff), so that
 // tests drive time with a FakeClock (tests/testing/fake_clock.h) instead of
-// sleeping (STYLE.md §2.7 "Time comes from an injected lede::Clock").
+// sleeping (STYLE.md §2.7 "Time comes from an injected lede::clock::Clock").
 // Production code passes nothing and gets Clock::Real(): absl::Now(),
 // absl::SleepFor and absl::Mutex's own timed waits.
 //
@@ -25,7 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
-namespace lede {
+namespace lede::clock {
 
 class Clock {
  public:
@@ -54,6 +54,5 @@ class Clock {
   static Clock* Real();
 };
 
-}  // namespace lede
-
+}  // namespace lede::clock
 #endif  // LEDE_SHARED_CLOCK_CLOCK_H_

@@ -48,7 +48,7 @@ uint32_t Crc32(const char* data, size_t n) {
 }
 
 // Reads one shard file, appending its good records to `out`.
-ShardReport ReadShard(const std::string& path, std::vector<policy::Transition>* out) {
+ShardReport ReadShard(const std::string& path, std::vector<Transition>* out) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     ShardReport report;
@@ -150,14 +150,14 @@ ShardReport DecodeFrames(std::string_view bytes, const std::string& name, std::s
 }
 
 ShardReport DecodeShard(std::string_view bytes, const std::string& name,
-                        std::vector<policy::Transition>* out) {
+                        std::vector<Transition>* out) {
   lede::v1::Transition record;
   return DecodeFrames(bytes, name, std::string_view(kShardMagic, kShardMagicSize), "an experience shard",
                       [&](int64_t, std::string_view payload) -> std::string {
                         if (!record.ParseFromArray(payload.data(), static_cast<int>(payload.size()))) {
                           return "unparsable lede.v1.Transition";
                         }
-                        StatusOr<policy::Transition> t = FromProto(record);
+                        StatusOr<Transition> t = FromProto(record);
                         if (!t.ok()) return "invalid lede.v1.Transition: " + std::string(t.status().message());
                         out->push_back(*std::move(t));
                         return "";
@@ -194,7 +194,7 @@ ShardWriter::~ShardWriter() {
   if (impl_ != nullptr) impl_->Discard();
 }
 
-Status ShardWriter::Append(const policy::Transition& transition) {
+Status ShardWriter::Append(const Transition& transition) {
   Impl& w = *impl_;
   if (w.finished) return FailedPreconditionError("Append() after Finish() on " + w.path);
   if (!w.error.ok()) return w.error;
@@ -292,18 +292,18 @@ StatusOr<ReadResult> ReadShardsFromStore(storage::ObjectStore& store, std::strin
 // ---------------------------------------------------------------------------
 // Conversions
 
-void ToProto(const policy::Transition& t, lede::v1::Transition* out) {
+void ToProto(const Transition& t, lede::v1::Transition* out) {
   out->Clear();
   out->mutable_state()->Add(t.state.begin(), t.state.end());
-  out->set_action(t.action == model::Action::kExit ? lede::v1::EXIT_ACTION_EXIT
+  out->set_action(t.action == speculation::Action::kExit ? lede::v1::EXIT_ACTION_EXIT
                                                    : lede::v1::EXIT_ACTION_CONTINUE);
   out->set_reward(t.reward);
   if (!t.done) out->mutable_next_state()->Add(t.next_state.begin(), t.next_state.end());
   out->set_done(t.done);
   switch (t.phase) {
-    case model::Phase::kExitLayer: out->set_phase(lede::v1::PHASE_EXIT_LAYER); break;
-    case model::Phase::kDraftLength: out->set_phase(lede::v1::PHASE_DRAFT_LENGTH); break;
-    case model::Phase::kRoundStart: out->set_phase(lede::v1::PHASE_ROUND_START); break;
+    case speculation::Phase::kExitLayer: out->set_phase(lede::v1::PHASE_EXIT_LAYER); break;
+    case speculation::Phase::kDraftLength: out->set_phase(lede::v1::PHASE_DRAFT_LENGTH); break;
+    case speculation::Phase::kRoundStart: out->set_phase(lede::v1::PHASE_ROUND_START); break;
   }
   out->set_layer(t.layer);
   out->set_n_layers(t.n_layers);
@@ -316,14 +316,14 @@ void ToProto(const policy::Transition& t, lede::v1::Transition* out) {
   out->set_reward_cost_model(t.reward_cost_model);
 }
 
-StatusOr<policy::Transition> FromProto(const lede::v1::Transition& r) {
-  policy::Transition t;
+StatusOr<Transition> FromProto(const lede::v1::Transition& r) {
+  Transition t;
   // Shards logged before the load feature (lede-features-v3) hold one
   // feature fewer; the load they lack reads as 1 (its feature, 0).
-  constexpr int kLoadBlindDim = model::kExitFeatureDim - 1;
-  if (r.state_size() != model::kExitFeatureDim && r.state_size() != kLoadBlindDim) {
+  constexpr int kLoadBlindDim = speculation::kExitFeatureDim - 1;
+  if (r.state_size() != speculation::kExitFeatureDim && r.state_size() != kLoadBlindDim) {
     return InvalidArgumentError("state has " + std::to_string(r.state_size()) +
-                                " features, expected " + std::to_string(model::kExitFeatureDim) + " (or " +
+                                " features, expected " + std::to_string(speculation::kExitFeatureDim) + " (or " +
                                 std::to_string(kLoadBlindDim) + " of lede-features-v3)");
   }
   std::copy(r.state().begin(), r.state().end(), t.state.begin());
@@ -333,14 +333,14 @@ StatusOr<policy::Transition> FromProto(const lede::v1::Transition& r) {
   }
   std::copy(r.next_state().begin(), r.next_state().end(), t.next_state.begin());
   switch (r.action()) {
-    case lede::v1::EXIT_ACTION_CONTINUE: t.action = model::Action::kContinue; break;
-    case lede::v1::EXIT_ACTION_EXIT: t.action = model::Action::kExit; break;
+    case lede::v1::EXIT_ACTION_CONTINUE: t.action = speculation::Action::kContinue; break;
+    case lede::v1::EXIT_ACTION_EXIT: t.action = speculation::Action::kExit; break;
     default: return InvalidArgumentError("unknown action " + std::to_string(r.action()));
   }
   switch (r.phase()) {
-    case lede::v1::PHASE_EXIT_LAYER: t.phase = model::Phase::kExitLayer; break;
-    case lede::v1::PHASE_DRAFT_LENGTH: t.phase = model::Phase::kDraftLength; break;
-    case lede::v1::PHASE_ROUND_START: t.phase = model::Phase::kRoundStart; break;
+    case lede::v1::PHASE_EXIT_LAYER: t.phase = speculation::Phase::kExitLayer; break;
+    case lede::v1::PHASE_DRAFT_LENGTH: t.phase = speculation::Phase::kDraftLength; break;
+    case lede::v1::PHASE_ROUND_START: t.phase = speculation::Phase::kRoundStart; break;
     default: return InvalidArgumentError("unknown phase " + std::to_string(r.phase()));
   }
   t.reward = r.reward();

@@ -10,7 +10,7 @@
 // shards or nothing ("complete-or-invisible").
 //
 // This library (lede::experience) converts between the wire record and the
-// plain policy::Transition so that the DQN code never sees protobuf.
+// plain Transition so that the DQN code never sees protobuf.
 #ifndef LEDE_SHARED_EXPERIENCE_EXPERIENCE_H_
 #define LEDE_SHARED_EXPERIENCE_EXPERIENCE_H_
 
@@ -100,7 +100,7 @@ class ShardWriter {
   // I/O failure (the shard stays invisible, and every later Append() and
   // Finish() returns the same error); kInvalidArgument if the record exceeds
   // kMaxRecordBytes (nothing written); kFailedPrecondition after Finish().
-  Status Append(const policy::Transition& transition);
+  Status Append(const Transition& transition);
   // Records appended so far.
   int64_t records() const;
   // Bytes of the shard file so far: magic + framed records (the file size
@@ -125,7 +125,7 @@ struct ShardReport {
 };
 
 struct ReadResult {
-  std::vector<policy::Transition> transitions;
+  std::vector<Transition> transitions;
   std::vector<ShardReport> shards;  // one per file, in name order
 };
 
@@ -168,7 +168,7 @@ Status ReadStoreShards(storage::ObjectStore& store, std::string_view prefix, std
 // `out`; the report's path is `name`. The checks and error texts are those
 // of ReadShards().
 ShardReport DecodeShard(std::string_view bytes, const std::string& name,
-                        std::vector<policy::Transition>* out);
+                        std::vector<Transition>* out);
 
 // The framing of every shard kind: checks `magic` (what_kind, e.g. "an
 // experience shard", names the kind in the error), then calls `take(index, payload)` for
@@ -183,7 +183,7 @@ ShardReport DecodeFrames(std::string_view bytes, const std::string& name, std::s
 // Converts the plain transition to its wire record, every field:
 // next_state is left empty when `transition.done`, and the proto-only fields
 // (counterfactual labels, time_us) are left unset. `out` is cleared first.
-void ToProto(const policy::Transition& transition, lede::v1::Transition* out);
+void ToProto(const Transition& transition, lede::v1::Transition* out);
 
 // Converts a wire record back. An empty next_state reads as zeros.
 // A record of lede-features-v3 (kExitFeatureDim - 1 features, logged
@@ -192,7 +192,7 @@ void ToProto(const policy::Transition& transition, lede::v1::Transition* out);
 // kExitFeatureDim - 1 entries, next_state has neither 0 nor as many as
 // state, or phase or action is not a known value (PHASE_UNSPECIFIED
 // included).
-StatusOr<policy::Transition> FromProto(const lede::v1::Transition& record);
+StatusOr<Transition> FromProto(const lede::v1::Transition& record);
 
 }  // namespace lede::experience
 

@@ -21,7 +21,7 @@ bool KeySafeName(const std::string& s) {
   return true;
 }
 
-std::string DefaultWriterId(Clock& clock) {
+std::string DefaultWriterId(clock::Clock& clock) {
   char host[256] = {0};
   if (::gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') std::snprintf(host, sizeof(host), "host");
   std::string id = host;
@@ -62,7 +62,7 @@ StatusOr<std::unique_ptr<ExperienceLogger>> ExperienceLogger::Create(
   if (Status s = storage::ValidateKey(o.prefix); !s.ok()) {
     return InvalidArgumentError("bad experience prefix: " + std::string(s.message()));
   }
-  if (o.clock == nullptr) o.clock = Clock::Real();
+  if (o.clock == nullptr) o.clock = clock::Clock::Real();
   if (o.writer_id.empty()) o.writer_id = DefaultWriterId(*o.clock);
   if (!KeySafeName(o.writer_id)) {
     return InvalidArgumentError("bad experience writer id \"" + o.writer_id +
@@ -87,7 +87,7 @@ StatusOr<std::unique_ptr<ExperienceLogger>> ExperienceLogger::Create(
                                 ") must be 0 or at least max_shard_bytes (" + std::to_string(o.max_shard_bytes) +
                                 "): retention would delete the shard just written");
   }
-  // Temporaries of writers killed mid-Put() (issue 17, failure 6); best
+  // Temporaries of writers killed mid-Put(); best
   // effort: a store that cannot list them keeps them.
   const StatusOr<storage::StaleTemporaries> stale = store->RemoveStaleTemporaries(o.prefix + "/");
   std::unique_ptr<ExperienceLogger> logger(new ExperienceLogger(std::move(store), std::move(o)));

@@ -11,7 +11,7 @@
 // so a crash loses at most the buffered records and never leaves a partial
 // shard. The trainer reads them back with ReadShardsFromStore().
 //
-// Disk hygiene (issue 17): Create() first removes the temporary files that
+// Disk hygiene: Create() first removes the temporary files that
 // writers killed in the middle of a Put() left under <prefix>/
 // (ObjectStore::RemoveStaleTemporaries(); counted in
 // stale_temp_files_removed). With options.retention enabled the writer
@@ -120,7 +120,7 @@ struct ExperienceLoggerOptions {
   // (naming the shard) and how many failed attempts were not reported since
   // the last call: the first failure at once, then at most one call per
   // put_error_interval (on `clock`), so a store that is down for an hour
-  // logs a line every interval, not one per attempt (issue 39, fault 5).
+  // logs a line every interval, not one per attempt.
   std::function<void(const Status& error, int64_t unreported_failures)> on_put_error;
   absl::Duration put_error_interval = absl::Seconds(10);
   // Called on the writer thread once when a Put() succeeds after one or more
@@ -131,7 +131,7 @@ struct ExperienceLoggerOptions {
   // Time source of the shard age, the retry backoff, the shard's date and
   // the default writer id (borrowed; must outlive the logger). nullptr =
   // Clock::Real(); tests pass a FakeClock.
-  Clock* clock = nullptr;
+  clock::Clock* clock = nullptr;
 };
 
 // Thread-safety: Log(), counters(), Flush() and Close() may be called from

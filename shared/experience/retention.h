@@ -1,6 +1,6 @@
 // File: shared/experience/retention.h
 //
-// Retention of experience shards (issue 17, failure 7: experience grew
+// Retention of experience shards (without it, experience grew
 // without bound). A RetentionPolicy bounds the shards under a key prefix by
 // total size and by age; ApplyRetention() deletes the oldest shards first
 // until both bounds hold. ExperienceLogger applies it periodically

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace lede::policy {
+namespace lede::experience {
 
 RewardSpec RewardSpec::Paper(int32_t n_layers) {
   RewardSpec r;
@@ -45,17 +45,17 @@ RewardSpec RewardSpec::Throughput(const std::string& name, const std::vector<dou
   return r;
 }
 
-std::vector<Transition> ToTransitions(const model::RoundTrace& round, const RewardSpec& rewards,
+std::vector<Transition> ToTransitions(const speculation::RoundTrace& round, const RewardSpec& rewards,
                                       const std::string& request_id, const std::string& policy_version,
                                       const std::string& model_fingerprint) {
   std::vector<Transition> out;
   const size_t n = round.decisions.size();
   for (size_t i = 0; i < n; ++i) {
-    const model::Decision& d = round.decisions[i];
+    const speculation::Decision& d = round.decisions[i];
     Transition t;
-    model::ExitFeatures(d.state, t.state.data());
+    speculation::ExitFeatures(d.state, t.state.data());
     t.action = d.action;
-    if (d.state.phase == model::Phase::kRoundStart) {
+    if (d.state.phase == speculation::Phase::kRoundStart) {
       t.reward = 0.0f;  // a gate: its value is what follows (or a plain step)
     } else if (d.draft_index >= 0) {
       t.reward = static_cast<float>(d.accepted ? rewards.Accepted(d.state.layer) : rewards.Rejected(d.state.layer));
@@ -66,7 +66,7 @@ std::vector<Transition> ToTransitions(const model::RoundTrace& round, const Rewa
     t.reward += static_cast<float>(rewards.decision_reward);
     t.done = i + 1 == n;
     if (t.done) t.reward += static_cast<float>(rewards.RoundEnd(round.exit_layer, round.n_drafted));
-    if (!t.done) model::ExitFeatures(round.decisions[i + 1].state, t.next_state.data());
+    if (!t.done) speculation::ExitFeatures(round.decisions[i + 1].state, t.next_state.data());
     t.phase = d.state.phase;
     t.layer = d.state.layer;
     t.n_layers = d.state.n_layers;
@@ -82,4 +82,4 @@ std::vector<Transition> ToTransitions(const model::RoundTrace& round, const Rewa
   return out;
 }
 
-}  // namespace lede::policy
+}  // namespace lede::experience

@@ -38,7 +38,7 @@
 
 #include "shared/speculation/exit_controller.h"
 
-namespace lede::policy {
+namespace lede::experience {
 
 struct RewardSpec {
   std::string cost_model = "accelerator";  // name recorded with each transition
@@ -98,12 +98,12 @@ struct RewardSpec {
 
 // One (s, a, r, s', done) tuple with its bookkeeping (proto: lede.v1.Transition).
 struct Transition {
-  std::array<float, model::kExitFeatureDim> state{};
-  model::Action action = model::Action::kContinue;
+  std::array<float, speculation::kExitFeatureDim> state{};
+  speculation::Action action = speculation::Action::kContinue;
   float reward = 0;
-  std::array<float, model::kExitFeatureDim> next_state{};  // zeros when done
+  std::array<float, speculation::kExitFeatureDim> next_state{};  // zeros when done
   bool done = false;
-  model::Phase phase = model::Phase::kExitLayer;
+  speculation::Phase phase = speculation::Phase::kExitLayer;
   int32_t layer = 0;
   int32_t n_layers = 0;
   int32_t draft_pos = 0;
@@ -119,10 +119,9 @@ struct Transition {
 // is terminal). An action that drafted a token gets Accepted/Rejected(l*) by
 // the verifier's verdict on that token; every other action gets
 // continue_reward; a decision that wasted a probe adds probe_reward.
-std::vector<Transition> ToTransitions(const model::RoundTrace& round, const RewardSpec& rewards,
+std::vector<Transition> ToTransitions(const speculation::RoundTrace& round, const RewardSpec& rewards,
                                       const std::string& request_id, const std::string& policy_version,
                                       const std::string& model_fingerprint);
 
-}  // namespace lede::policy
-
+}  // namespace lede::experience
 #endif  // LEDE_SHARED_EXPERIENCE_TRANSITION_H_

@@ -7,7 +7,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 
-namespace lede::logging {
+namespace lede::log {
 namespace {
 
 // Guards the process name and keeps each line one write.
@@ -62,4 +62,4 @@ void LogEvent(std::string_view level, std::string_view event,
   fflush(stderr);
 }
 
-}  // namespace lede::logging
+}  // namespace lede::log

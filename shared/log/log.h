@@ -6,8 +6,8 @@
 // Torch-free; Abseil synchronization only.
 //
 // Example:
-//   logging::SetLogProcessName("verifier");
-//   logging::LogEvent("warn", "session_reclaimed", {{"slot", "3"}});
+//   log::SetLogProcessName("verifier");
+//   log::LogEvent("warn", "session_reclaimed", {{"slot", "3"}});
 //   // ts=2026-12-04T06:00:00.000Z level=warn proc=verifier event=session_reclaimed slot=3
 #ifndef LEDE_SHARED_LOG_LOG_H_
 #define LEDE_SHARED_LOG_LOG_H_
@@ -17,7 +17,7 @@
 #include <string_view>
 #include <utility>
 
-namespace lede::logging {
+namespace lede::log {
 
 // One logfmt line on stderr: `ts=<RFC 3339 UTC> level=<level> proc=<process>
 // event=<event> key=value ...`, values quoted when they contain spaces,
@@ -29,6 +29,6 @@ void LogEvent(std::string_view level, std::string_view event,
 // default). Thread-safe.
 void SetLogProcessName(std::string name);
 
-}  // namespace lede::logging
+}  // namespace lede::log
 
 #endif  // LEDE_SHARED_LOG_LOG_H_

@@ -1,6 +1,6 @@
 // File: shared/model/batch.h
 //
-// The batched verification step of continuous batching (issue 12): the
+// The batched verification step of continuous batching: the
 // verifier's work for several sessions at once, in as few passes over the
 // weights as the work allows. Each session brings one item: a prefill chunk
 // (positions of its prompt through all layers), an autoregressive step (one
@@ -82,7 +82,7 @@ struct VerifierWork {
 std::vector<StatusOr<at::Tensor>> RunVerifierBatch(const LlamaModel& model, KvCache& cache,
                                                    const std::vector<VerifierWork>& work);
 
-// One drafting step of one session (issue 12: batched drafting): a row
+// One drafting step of one session (batched drafting): a row
 // through blocks [first, last) at position length(slot) + row of its slot,
 // writing its K/V there, its hidden state after block `last` into scratch
 // row `row` of the slot (KvCache::exit_hidden(), where the verifier resumes),

@@ -79,7 +79,7 @@ struct RequiredTensor {
   std::vector<int64_t> shape;
 };
 
-std::vector<RequiredTensor> RequiredTensors(const ModelConfig& c) {
+std::vector<RequiredTensor> RequiredTensors(const checkpoint::ModelConfig& c) {
   const int64_t d = c.dim, q = c.n_heads * c.head_dim(), kv = c.kv_dim();
   std::vector<RequiredTensor> r;
   r.push_back({"model.embed_tokens.weight", {c.vocab_size, d}});
@@ -105,7 +105,7 @@ namespace {
 
 // Refuses a layer count that `n_tensors` tensors cannot hold (9 per layer)
 // before RequiredTensors sizes a list by it.
-Status CheckLayerCount(const ModelConfig& c, size_t n_tensors, const std::string& where,
+Status CheckLayerCount(const checkpoint::ModelConfig& c, size_t n_tensors, const std::string& where,
                        const std::string& layers_key) {
   if (c.n_layers > static_cast<int64_t>(n_tensors / 9)) {
     return InvalidArgumentError(where + ": " + layers_key + " is " + std::to_string(c.n_layers) +
@@ -117,7 +117,7 @@ Status CheckLayerCount(const ModelConfig& c, size_t n_tensors, const std::string
 
 }  // namespace
 
-Status CheckTensorShapes(const ModelConfig& c, const ShapeMap& shapes, const std::string& where,
+Status CheckTensorShapes(const checkpoint::ModelConfig& c, const ShapeMap& shapes, const std::string& where,
                          const std::map<std::string, std::string>* origin, const std::string& layers_key) {
   LEDE_RETURN_IF_ERROR(CheckLayerCount(c, shapes.size(), where, layers_key));
   for (const RequiredTensor& req : RequiredTensors(c)) {
@@ -140,7 +140,7 @@ Status CheckTensorShapes(const ModelConfig& c, const ShapeMap& shapes, const std
   return OkStatus();
 }
 
-Status CheckTensors(const ModelConfig& c, const TensorMap& tensors,
+Status CheckTensors(const checkpoint::ModelConfig& c, const TensorMap& tensors,
                     const std::string& where,
                     const std::map<std::string, std::string>* origin) {
   LEDE_RETURN_IF_ERROR(CheckLayerCount(c, tensors.size(), where, "n_layers"));

@@ -35,7 +35,7 @@
 namespace lede::model {
 
 struct Checkpoint {
-  ModelConfig config;
+  checkpoint::ModelConfig config;
   std::map<std::string, at::Tensor> tensors;  // HF names, float32, CPU
   std::string source;                        // path it was read from
 
@@ -120,13 +120,13 @@ StatusOr<Checkpoint> LoadGgufCheckpoint(const std::string& file);
 // tokenizer/gguf_tokenizer.h); it is consumed. Atomic (temporary + rename).
 // Errors: kInvalidArgument for a config GGUF cannot express (Llama-3 RoPE
 // scaling) or tensors that disagree with it; kInternal on I/O.
-Status WriteGgufCheckpoint(const std::string& file, const ModelConfig& config,
+Status WriteGgufCheckpoint(const std::string& file, const checkpoint::ModelConfig& config,
                            const std::map<std::string, at::Tensor>& tensors, checkpoint::GgmlType weights,
                            checkpoint::GgufWriter* writer);
 // The same with llama.cpp's tensor mix of `mix` (kQ4_0 or kQ4_K_M;
 // LlamaCppTensorType in weight_format.h picks each matrix's type, norms
 // stay F32). Errors: kInvalidArgument for another format; as above.
-Status WriteGgufCheckpoint(const std::string& file, const ModelConfig& config,
+Status WriteGgufCheckpoint(const std::string& file, const checkpoint::ModelConfig& config,
                            const std::map<std::string, at::Tensor>& tensors, WeightFormat mix,
                            checkpoint::GgufWriter* writer);
 
@@ -146,7 +146,7 @@ Status WriteSafetensors(const std::string& file,
 // Writes config.json + model.safetensors under `dir` (created if needed).
 // The tensors must use the kRotateHalf convention (config.rope_style is
 // written as Hugging Face expects, i.e. rotate-half).
-Status WriteHfCheckpoint(const std::string& dir, const ModelConfig& config,
+Status WriteHfCheckpoint(const std::string& dir, const checkpoint::ModelConfig& config,
                          const std::map<std::string, at::Tensor>& tensors);
 
 // Writes a llama2.c version-0 .bin. Tensors under HF names in the
@@ -154,7 +154,7 @@ Status WriteHfCheckpoint(const std::string& dir, const ModelConfig& config,
 // written as the llama2.c "negative vocab_size" variant, followed by the
 // classifier after the legacy RoPE tables.
 Status WriteLlama2cCheckpoint(const std::string& file,
-                              const ModelConfig& config,
+                              const checkpoint::ModelConfig& config,
                               const std::map<std::string, at::Tensor>& tensors);
 
 // Converts wq/wk rows of a [n_heads*head_dim, d] projection between the two

@@ -119,7 +119,7 @@ bool MatrixRole(const std::string& hf, bool tied, TensorRole* role, int64_t* lay
 // The stored type of a tensor: one type for every matrix (`weights`, F32
 // where Q8_0 cannot hold the rows), or llama.cpp's mix (`mix` a ggml
 // WeightFormat). Norms stay F32.
-GgmlType ExportType(const std::string& hf, const at::Tensor& t, const ModelConfig& config, GgmlType weights,
+GgmlType ExportType(const std::string& hf, const at::Tensor& t, const checkpoint::ModelConfig& config, GgmlType weights,
                     WeightFormat mix) {
   if (t.dim() == 1) return GgmlType::kF32;
   if (IsGgmlWeightFormat(mix)) {
@@ -132,7 +132,7 @@ GgmlType ExportType(const std::string& hf, const at::Tensor& t, const ModelConfi
   return weights;
 }
 
-Status WriteGgufCheckpointImpl(const std::string& path, const ModelConfig& config, const TensorMap& tensors,
+Status WriteGgufCheckpointImpl(const std::string& path, const checkpoint::ModelConfig& config, const TensorMap& tensors,
                                GgmlType weights, WeightFormat mix, checkpoint::GgufWriter* writer) {
   LEDE_RETURN_IF_ERROR(config.Validate());
   LEDE_RETURN_IF_ERROR(internal::CheckTensors(config, tensors, path, nullptr));
@@ -155,7 +155,7 @@ Status WriteGgufCheckpointImpl(const std::string& path, const ModelConfig& confi
   for (const std::string& hf : order) {
     at::Tensor t = internal::AsContiguous(tensors.at(hf), at::kFloat);
     bool is_q = false;
-    if (IsRopeProjection(hf, &is_q) && config.rope_style == RopeStyle::kRotateHalf) {
+    if (IsRopeProjection(hf, &is_q) && config.rope_style == checkpoint::RopeStyle::kRotateHalf) {
       // llama.cpp's row order: rotate-half rows (i, i + hd/2) become adjacent
       // pairs (2i, 2i + 1) within each head.
       t = PermuteRopeRows(t, is_q ? config.n_heads : config.n_kv_heads, /*to_rotate_half=*/false);
@@ -179,7 +179,7 @@ StatusOr<Checkpoint> LoadGgufCheckpoint(const std::string& path) {
   return TorchBoundary(path, [&] { return LoadGgufCheckpointImpl(path); });
 }
 
-Status WriteGgufCheckpoint(const std::string& path, const ModelConfig& config,
+Status WriteGgufCheckpoint(const std::string& path, const checkpoint::ModelConfig& config,
                            const std::map<std::string, at::Tensor>& tensors, checkpoint::GgmlType weights,
                            checkpoint::GgufWriter* writer) {
   return TorchBoundary(path, [&] {
@@ -187,7 +187,7 @@ Status WriteGgufCheckpoint(const std::string& path, const ModelConfig& config,
   });
 }
 
-Status WriteGgufCheckpoint(const std::string& path, const ModelConfig& config,
+Status WriteGgufCheckpoint(const std::string& path, const checkpoint::ModelConfig& config,
                            const std::map<std::string, at::Tensor>& tensors, WeightFormat mix,
                            checkpoint::GgufWriter* writer) {
   if (!IsGgmlWeightFormat(mix) || mix == WeightFormat::kGguf) {

@@ -165,7 +165,7 @@ StatusOr<Checkpoint> LoadHfCheckpointImpl(const std::string& dir, const Checkpoi
   }
   LEDE_ASSIGN_OR_RETURN(std::string config_text, ReadJsonFile(config_path, kMaxConfigJsonBytes));
   Checkpoint ckpt;
-  LEDE_ASSIGN_OR_RETURN(ckpt.config, ParseHfConfig(config_text, config_path));
+  LEDE_ASSIGN_OR_RETURN(ckpt.config, checkpoint::ParseHfConfig(config_text, config_path));
   ckpt.source = dir;
   // generation_config.json's bos/eos ids win over config.json's (Llama-3.1
   // stops on several eos ids that only generation_config.json lists).
@@ -209,7 +209,7 @@ StatusOr<Checkpoint> LoadHfCheckpointImpl(const std::string& dir, const Checkpoi
   return ckpt;
 }
 
-Status WriteHfCheckpointImpl(const std::string& dir, const ModelConfig& config,
+Status WriteHfCheckpointImpl(const std::string& dir, const checkpoint::ModelConfig& config,
                              const TensorMap& tensors) {
   LEDE_RETURN_IF_ERROR(config.Validate());
   LEDE_RETURN_IF_ERROR(internal::CheckTensors(config, tensors, dir, nullptr));
@@ -223,7 +223,7 @@ Status WriteHfCheckpointImpl(const std::string& dir, const ModelConfig& config,
       (fs::path(dir) / "model.safetensors").string(), to_write, "F32"));
   // config.json last: its presence marks a complete checkpoint directory.
   return WriteTextFileAtomically((fs::path(dir) / "config.json").string(),
-                                 ToHfConfigJson(config));
+                                 checkpoint::ToHfConfigJson(config));
 }
 
 }  // namespace
@@ -232,7 +232,7 @@ StatusOr<Checkpoint> LoadHfCheckpoint(const std::string& dir, const CheckpointRe
   return TorchBoundary(dir, [&] { return LoadHfCheckpointImpl(dir, read); });
 }
 
-Status WriteHfCheckpoint(const std::string& dir, const ModelConfig& config,
+Status WriteHfCheckpoint(const std::string& dir, const checkpoint::ModelConfig& config,
                          const std::map<std::string, at::Tensor>& tensors) {
   return TorchBoundary(dir,
                   [&] { return WriteHfCheckpointImpl(dir, config, tensors); });

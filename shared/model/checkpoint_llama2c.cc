@@ -97,7 +97,7 @@ StatusOr<Checkpoint> LoadLlama2cCheckpointImpl(const std::string& file) {
 
   Checkpoint ckpt;
   ckpt.source = file;
-  ModelConfig& c = ckpt.config;
+  checkpoint::ModelConfig& c = ckpt.config;
   c.dim = lay.dim;
   c.hidden_dim = lay.hidden_dim;
   c.n_layers = lay.n_layers;
@@ -107,8 +107,8 @@ StatusOr<Checkpoint> LoadLlama2cCheckpointImpl(const std::string& file) {
   c.max_seq_len = lay.seq_len;
   c.rms_norm_eps = 1e-5;
   c.rope_theta = 10000.0;
-  c.rope_scaling = RopeScaling();
-  c.rope_style = RopeStyle::kAdjacentPairs;
+  c.rope_scaling = checkpoint::RopeScaling();
+  c.rope_style = checkpoint::RopeStyle::kAdjacentPairs;
   c.tie_word_embeddings = lay.tied;
   c.bos_id = 1;
   c.eos_ids = {2};
@@ -157,13 +157,13 @@ StatusOr<Checkpoint> LoadLlama2cCheckpointImpl(const std::string& file) {
 }
 
 Status WriteLlama2cCheckpointImpl(const std::string& file,
-                                  const ModelConfig& config,
+                                  const checkpoint::ModelConfig& config,
                                   const TensorMap& tensors) {
   LEDE_RETURN_IF_ERROR(config.Validate());
   // llama2.c v0 fixes these; writing anything else would change the model.
   if (std::abs(config.rms_norm_eps - 1e-5) > 1e-12 ||
       config.rope_theta != 10000.0 ||
-      config.rope_scaling.type != RopeScaling::Type::kNone) {
+      config.rope_scaling.type != checkpoint::RopeScaling::Type::kNone) {
     return InvalidArgumentError(
         file +
         ": llama2.c checkpoints require rms_norm_eps 1e-5, rope_theta "
@@ -216,7 +216,7 @@ StatusOr<Checkpoint> LoadLlama2cCheckpoint(const std::string& file) {
 }
 
 Status WriteLlama2cCheckpoint(
-    const std::string& file, const ModelConfig& config,
+    const std::string& file, const checkpoint::ModelConfig& config,
     const std::map<std::string, at::Tensor>& tensors) {
   return TorchBoundary(
       file, [&] { return WriteLlama2cCheckpointImpl(file, config, tensors); });

@@ -25,7 +25,7 @@ constexpr int64_t kMaxCalibratedPositions = 16;
 
 class AcceleratorCostModel : public CostModel {
  public:
-  explicit AcceleratorCostModel(const ModelConfig& c)
+  explicit AcceleratorCostModel(const checkpoint::ModelConfig& c)
       : L_(static_cast<double>(c.n_layers)), h_(HeadLayerEquivalents(c)) {}
   std::string name() const override { return "accelerator"; }
   double DraftToken(int64_t l) const override { return (l + h_) / L_; }
@@ -311,7 +311,7 @@ double CostModel::PredictedSpeedup(const std::vector<RoundRecord>& rounds) const
   return cost > 0 ? tokens / cost : 1.0;
 }
 
-double HeadLayerEquivalents(const ModelConfig& c) {
+double HeadLayerEquivalents(const checkpoint::ModelConfig& c) {
   const double hd = static_cast<double>(c.head_dim());
   const double block = c.dim * (c.n_heads * hd + 2.0 * c.n_kv_heads * hd)  // wq, wk, wv
                        + c.n_heads * hd * c.dim                            // wo
@@ -319,7 +319,7 @@ double HeadLayerEquivalents(const ModelConfig& c) {
   return static_cast<double>(c.vocab_size) * c.dim / block;
 }
 
-std::unique_ptr<CostModel> MakeAcceleratorCostModel(const ModelConfig& config) {
+std::unique_ptr<CostModel> MakeAcceleratorCostModel(const checkpoint::ModelConfig& config) {
   return std::make_unique<AcceleratorCostModel>(config);
 }
 
@@ -327,7 +327,7 @@ std::unique_ptr<CostModel> MakeMeasuredCostModel(const Calibration& calibration)
   return std::make_unique<MeasuredCostModel>(calibration);
 }
 
-std::unique_ptr<CostModel> MakeAcceleratorCostModelAtLoad(const ModelConfig& config, int64_t load,
+std::unique_ptr<CostModel> MakeAcceleratorCostModelAtLoad(const checkpoint::ModelConfig& config, int64_t load,
                                                           double ridge_tokens) {
   const double b = static_cast<double>(std::max<int64_t>(load, 1));
   const double ridge = ridge_tokens > 0 ? ridge_tokens : kDefaultRidgeTokens;
@@ -371,7 +371,7 @@ class ServedCostModel : public CostModel {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<CostModel>> MakeServedCostModel(const ModelConfig& config, const ServedStepCosts& costs) {
+StatusOr<std::unique_ptr<CostModel>> MakeServedCostModel(const checkpoint::ModelConfig& config, const ServedStepCosts& costs) {
   const int64_t L = config.n_layers;
   if (static_cast<int64_t>(costs.draft_step_s.size()) != L + 1) {
     return InvalidArgumentError("draft_step_s: " + std::to_string(costs.draft_step_s.size()) +
@@ -432,7 +432,7 @@ namespace {
 StatusOr<Calibration> CalibrateKernels(const LlamaModel& model, int repeats, const std::function<void()>& decide) {
   return TorchBoundary("calibrate", [&]() -> StatusOr<Calibration> {
     c10::InferenceMode guard;
-    const ModelConfig& c = model.config();
+    const checkpoint::ModelConfig& c = model.config();
     KvCacheOptions ko;
     ko.capacity = std::min<int64_t>(c.max_seq_len, 256);
     ko.device = model.options().device;
@@ -521,7 +521,7 @@ Status FillRoundTable(const std::vector<std::vector<std::vector<double>>>& ratio
 // every (E, K), each timed against the autoregressive steps just before it.
 Status CalibrateRounds(const LlamaModel& model, int passes, int64_t max_k,
                        const std::vector<std::vector<int32_t>>& prompts, int64_t new_tokens, Calibration* cal) {
-  const ModelConfig& c = model.config();
+  const checkpoint::ModelConfig& c = model.config();
   const int64_t L = c.n_layers;
   if (L < 2 || max_k < 1) return OkStatus();
   if (!prompts.empty()) return CalibrateRoundsOnPrompts(model, passes, max_k, prompts, new_tokens, cal);
@@ -615,7 +615,7 @@ double Mean(const std::vector<double>& v) {
 Status CalibrateRoundsOnPrompts(const LlamaModel& model, int passes, int64_t max_k,
                                 const std::vector<std::vector<int32_t>>& prompts, int64_t new_tokens,
                                 Calibration* cal) {
-  const ModelConfig& c = model.config();
+  const checkpoint::ModelConfig& c = model.config();
   const int64_t L = c.n_layers;
   if (new_tokens < 2) return InvalidArgumentError("calibrate: round_new_tokens must be >= 2");
   KvCacheOptions ko;
@@ -676,7 +676,7 @@ Status CalibrateRoundsOnPrompts(const LlamaModel& model, int passes, int64_t max
 
 Status CalibrateBatches(const LlamaModel& model, int repeats, const std::vector<int64_t>& batch_sizes,
                         int64_t exit_layer, int64_t max_draft_len, int64_t context, Calibration* cal) {
-  const ModelConfig& c = model.config();
+  const checkpoint::ModelConfig& c = model.config();
   if (!AscendingFromOne(batch_sizes) || batch_sizes.back() > 64) {
     return InvalidArgumentError("batch_sizes: want distinct ascending sizes starting at 1, at most 64");
   }

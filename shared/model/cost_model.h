@@ -70,9 +70,9 @@ class CostModel {
 };
 
 // docs/design.md §1 accelerator model for a config.
-std::unique_ptr<CostModel> MakeAcceleratorCostModel(const ModelConfig& config);
+std::unique_ptr<CostModel> MakeAcceleratorCostModel(const checkpoint::ModelConfig& config);
 // h = V*d / (weights of one block): the LM head in layer-equivalents.
-double HeadLayerEquivalents(const ModelConfig& config);
+double HeadLayerEquivalents(const checkpoint::ModelConfig& config);
 
 // Wall-clock costs measured on one machine (microseconds, medians).
 //
@@ -109,7 +109,7 @@ struct Calibration {
   double signals_us = 0;
   int64_t threads = 0;            // intra-op threads during calibration
 
-  // Batched steps (issue 12: prices as a function of load), timed when
+  // Batched steps (prices as a function of load), timed when
   // Calibrate is given batch sizes; empty in files without them. For each
   // B = batch_sizes[b] (ascending, the first one 1), the median wall time
   // of one batched step in which B sessions (batch_context committed
@@ -218,7 +218,7 @@ std::unique_ptr<CostModel> MakeMeasuredCostModel(const Calibration& calibration)
 
 // Cost models at a load: B sessions decoding at once, every step of the
 // server batching the same kind of work of all B (continuous batching,
-// issue 12; an idealization: in a server the sessions of a step are at
+// an idealization: in a server the sessions of a step are at
 // different phases). Prices stay per session and in units of an
 // autoregressive step *at that load*, so a predicted speed-up is against
 // autoregressive decoding of the same B sessions batched: under lock-step
@@ -238,7 +238,7 @@ std::unique_ptr<CostModel> MakeMeasuredCostModel(const Calibration& calibration)
 // reason to draft less at large batches). Attention's KV reads, which grow
 // with B, are left out.
 inline constexpr double kDefaultRidgeTokens = 256;
-std::unique_ptr<CostModel> MakeAcceleratorCostModelAtLoad(const ModelConfig& config, int64_t load,
+std::unique_ptr<CostModel> MakeAcceleratorCostModelAtLoad(const checkpoint::ModelConfig& config, int64_t load,
                                                           double ridge_tokens = kDefaultRidgeTokens);
 
 // Measured: the measured model of `calibration` (its round table prices a
@@ -298,7 +298,7 @@ struct ServedStepCosts {
 // kFailedPrecondition when the costs hold no autoregressive step (no
 // verify_s[0] and no positive intercept) or no draft entry: nothing to
 // price a round with (the caller falls back to its own cost model).
-StatusOr<std::unique_ptr<CostModel>> MakeServedCostModel(const ModelConfig& config, const ServedStepCosts& costs);
+StatusOr<std::unique_ptr<CostModel>> MakeServedCostModel(const checkpoint::ModelConfig& config, const ServedStepCosts& costs);
 
 }  // namespace lede::model
 

@@ -1,6 +1,6 @@
 // File: shared/model/cpu_kernels.h
 //
-// The fused CPU kernels of the decode path (issue 15): plain float32 loops
+// The fused CPU kernels of the decode path: plain float32 loops
 // the compiler vectorizes, plus CBLAS (OpenBLAS at run time: Debian's
 // libblas.so.3 alternative) for matrix-matrix products. Torch-free: every
 // argument is a raw row-major float32 buffer owned by the caller; nothing
@@ -47,7 +47,7 @@ void MatMulRowsStrided(const float* x, int64_t n, int64_t in, const float* w, in
                        int64_t ldy, bool accumulate);
 
 // The packed layout of W [out, in] for the few-row kernels, built once at
-// load (issue 15, "weights packed once at load"): each block of 4 rows keeps
+// load: each block of 4 rows keeps
 // its place (block b at offset 4 b in, as row-major), its columns interleaved
 // in chunks of 8 by row, [w0[0:8] w1[0:8] w2[0:8] w3[0:8] w0[8:16] ...]; the
 // out % 4 tail rows stay row-major. One block is one sequential stream, which

@@ -1,7 +1,7 @@
 // File: shared/model/cpu_quant_kernels.h
 //
 // The few-row products of the fused CPU path over weights stored in fewer
-// bytes than float32 (issue 35; weight_format.h): bfloat16 and llama.cpp's
+// bytes than float32 (weight_format.h): bfloat16 and llama.cpp's
 // Q8_0. Torch-free, raw buffers owned by the caller, as cpu_kernels.h.
 //
 // Both packed layouts keep cpu::PackRows' idea: a block of 4 weight rows is

@@ -154,7 +154,7 @@ int32_t Choose(const at::Tensor& logits, const SamplingOptions& s, Sampler& samp
 
 }  // namespace
 
-Status ValidateDraftConfig(const DraftConfig& d, const ModelConfig& c, const KvCache& cache) {
+Status ValidateDraftConfig(const DraftConfig& d, const checkpoint::ModelConfig& c, const KvCache& cache) {
   if (d.mode == SpeculationMode::kStatic) {
     if (d.exit_layer < 1 || d.exit_layer > c.n_layers) {
       return InvalidArgumentError("exit_layer: " + std::to_string(d.exit_layer) + " outside [1, " +
@@ -166,7 +166,7 @@ Status ValidateDraftConfig(const DraftConfig& d, const ModelConfig& c, const KvC
     }
   }
   if (d.mode == SpeculationMode::kAdaptive) {
-    const DecisionSpec& s = d.decision_spec;
+    const speculation::DecisionSpec& s = d.decision_spec;
     if (d.controller == nullptr) return InvalidArgumentError("controller: required in adaptive mode");
     if (s.candidate_layers.empty()) return InvalidArgumentError("candidate_layers: empty");
     int32_t prev = 0;
@@ -309,30 +309,30 @@ StatusOr<DraftOutput> DraftRound(const LlamaModel& model, KvCache& cache, Drafte
 
   // One controller-driven round (docs/design.md §2): the decisions are
   // speculation::RunAdaptiveRound's; the probes run the model here.
-  const DecisionSpec& spec = config.decision_spec;
+  const speculation::DecisionSpec& spec = config.decision_spec;
   const int64_t d_cap = std::min<int64_t>({request.budget, spec.max_draft_len, cache.max_draft_len(),
                                            cache.capacity() - n - 1});
   class EngineProbes : public speculation::DraftProbes {
    public:
-    EngineProbes(const LlamaModel& model, Drafter& drafter, int64_t slot, const DecisionSpec& spec,
+    EngineProbes(const LlamaModel& model, Drafter& drafter, int64_t slot, const speculation::DecisionSpec& spec,
                  const DraftRequest& request, const std::function<int32_t(const at::Tensor&)>& draft_token)
         : drafter_(drafter), slot_(slot), spec_(spec), draft_token_(draft_token) {
       h_ = model.Embed(TokenTensor({request.pending_token}, model.options().device));
     }
-    StatusOr<ExitSignals> ProbeLayer(int32_t layer) override {
+    StatusOr<speculation::ExitSignals> ProbeLayer(int32_t layer) override {
       // Row 0 of the scratch holds the pending token's hidden state at the
       // deepest probed layer (the verifier resumes there or at l*).
       LEDE_ASSIGN_OR_RETURN(DraftStepResult r, drafter_.ProbeLayers(slot_, h_, done_layers_, layer));
       h_ = std::move(r.hidden);
       last_ = std::move(r.exit_logits);
       done_layers_ = layer;
-      return TorchBoundary("draft", [&]() -> StatusOr<ExitSignals> {
+      return TorchBoundary("draft", [&]() -> StatusOr<speculation::ExitSignals> {
         return ComputeExitSignals(last_, spec_.top_k);
       });
     }
-    StatusOr<ExitSignals> ProbeDraft(int32_t row, int32_t token) override {
+    StatusOr<speculation::ExitSignals> ProbeDraft(int32_t row, int32_t token) override {
       LEDE_ASSIGN_OR_RETURN(last_, drafter_.DraftStep(slot_, row, token, done_layers_));
-      return TorchBoundary("draft", [&]() -> StatusOr<ExitSignals> {
+      return TorchBoundary("draft", [&]() -> StatusOr<speculation::ExitSignals> {
         return ComputeExitSignals(last_, spec_.top_k);
       });
     }
@@ -343,7 +343,7 @@ StatusOr<DraftOutput> DraftRound(const LlamaModel& model, KvCache& cache, Drafte
    private:
     Drafter& drafter_;
     int64_t slot_;
-    const DecisionSpec& spec_;
+    const speculation::DecisionSpec& spec_;
     const std::function<int32_t(const at::Tensor&)>& draft_token_;
     at::Tensor h_, last_;
     int32_t done_layers_ = 0;

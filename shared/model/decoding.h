@@ -136,8 +136,8 @@ struct GenerateOptions {
   // kAdaptive only: the controller (borrowed; one per request) and where it
   // is consulted. candidate_layers must be ascending in [1, L];
   // max_draft_len in [1, KV max_draft_len].
-  ExitController* controller = nullptr;
-  DecisionSpec decision_spec;
+  speculation::ExitController* controller = nullptr;
+  speculation::DecisionSpec decision_spec;
   bool record_traces = false;  // fill GenerationResult::traces (experience)
   // Example: {.max_new_tokens = 64, .mode = SpeculationMode::kStatic,
   //           .exit_layer = 3, .draft_len = 4}
@@ -151,15 +151,15 @@ struct DraftConfig {
   SpeculationMode mode = SpeculationMode::kStatic;
   int64_t exit_layer = 0;  // kStatic: E in [1, L]
   int64_t draft_len = 0;   // kStatic: D in [1, max_draft_len]
-  ExitController* controller = nullptr;  // kAdaptive (borrowed)
-  DecisionSpec decision_spec;            // kAdaptive
+  speculation::ExitController* controller = nullptr;  // kAdaptive (borrowed)
+  speculation::DecisionSpec decision_spec;            // kAdaptive
   std::string policy_version;            // recorded in each Draft
 };
 
 // Checks a DraftConfig against the model and pool: kInvalidArgument naming
 // the field (exit_layer, draft_len, controller, candidate_layers,
 // max_draft_len, top_k, trace_window).
-Status ValidateDraftConfig(const DraftConfig& config, const ModelConfig& model, const KvCache& cache);
+Status ValidateDraftConfig(const DraftConfig& config, const checkpoint::ModelConfig& model, const KvCache& cache);
 
 // A drafted round and, when sampling, the draft distributions q_i
 // [K, V] float32 on the CPU (undefined when greedy).

@@ -9,7 +9,7 @@
 
 namespace lede::model {
 
-ExitSignals ProbeSignals(const float* x, int64_t V, int64_t top_k) {
+speculation::ExitSignals ProbeSignals(const float* x, int64_t V, int64_t top_k) {
   const int64_t k = std::max<int64_t>(1, std::min<int64_t>({top_k, V, kMaxProbeTopK}));
   const int64_t kept = std::min<int64_t>(std::max<int64_t>(k, 2), V);  // the margin needs the top 2
   // Pass 1: the `kept` largest logits (descending) and the argmax.
@@ -34,7 +34,7 @@ ExitSignals ProbeSignals(const float* x, int64_t V, int64_t top_k) {
   double z = 0.0, zx = 0.0;
   cpu::ExpSums(x, V, m, &z, &zx);
   const double lse = std::log(z);  // log sum exp(x - m)
-  ExitSignals s;
+  speculation::ExitSignals s;
   s.top1 = arg;
   s.top1_nll = static_cast<float>(lse);
   s.top1_prob = static_cast<float>(1.0 / z);
@@ -46,7 +46,7 @@ ExitSignals ProbeSignals(const float* x, int64_t V, int64_t top_k) {
   return s;
 }
 
-ExitSignals ComputeExitSignals(const at::Tensor& logits, int64_t top_k) {
+speculation::ExitSignals ComputeExitSignals(const at::Tensor& logits, int64_t top_k) {
   at::Tensor l = logits.reshape({-1});
   if (!l.device().is_cpu() || l.scalar_type() != at::kFloat || !l.is_contiguous()) {
     l = l.to(at::kCPU, at::kFloat).contiguous();

@@ -29,10 +29,10 @@ inline constexpr int64_t kMaxProbeTopK = 32;
 
 // logits [V] float32, V >= 2; top_k in [1, min(V, kMaxProbeTopK)] (clamped).
 // Thread-safe (pure).
-ExitSignals ProbeSignals(const float* logits, int64_t V, int64_t top_k);
+speculation::ExitSignals ProbeSignals(const float* logits, int64_t V, int64_t top_k);
 
 // logits [V] float32 (any device; moved to the CPU if needed).
-ExitSignals ComputeExitSignals(const at::Tensor& logits, int64_t top_k);
+speculation::ExitSignals ComputeExitSignals(const at::Tensor& logits, int64_t top_k);
 
 // Top1Nll(logits) = logsumexp(logits) - max(logits) = -log max_v p(v),
 // without a full log-softmax. logits [V] float32.

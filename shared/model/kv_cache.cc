@@ -53,7 +53,7 @@ struct Layout {
   int64_t lengths, in_use, drafters, k0, layer_bytes, exit_hidden, total;
 };
 
-Layout ComputeLayout(const ModelConfig& c, int64_t S, int64_t C, int64_t D, c10::ScalarType dtype) {
+Layout ComputeLayout(const checkpoint::ModelConfig& c, int64_t S, int64_t C, int64_t D, c10::ScalarType dtype) {
   const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
   Layout l;
   l.lengths = AlignUp(sizeof(PoolHeader));
@@ -100,7 +100,7 @@ StatusOr<void*> MapNewSegment(const std::string& name, int64_t bytes) {
 // A new pool's header: what Attach checks (magic, layout version, dtype,
 // fingerprint, shape), its epoch and size; device_index -1 (a CUDA pool's
 // creator sets it).
-void WritePoolHeader(const ModelConfig& config, const KvCacheOptions& o, uint64_t epoch, int64_t total_bytes,
+void WritePoolHeader(const checkpoint::ModelConfig& config, const KvCacheOptions& o, uint64_t epoch, int64_t total_bytes,
                      PoolHeader* h) {
   std::memset(h, 0, sizeof(PoolHeader));
   std::memcpy(h->magic, kMagic, sizeof(kMagic));
@@ -121,12 +121,12 @@ void WritePoolHeader(const ModelConfig& config, const KvCacheOptions& o, uint64_
 
 }  // namespace
 
-int64_t KvCache::PoolBytes(const ModelConfig& config, const KvCacheOptions& options) {
+int64_t KvCache::PoolBytes(const checkpoint::ModelConfig& config, const KvCacheOptions& options) {
   const int64_t capacity = options.capacity == 0 ? config.max_seq_len : options.capacity;
   return ComputeLayout(config, options.n_slots, capacity, options.max_draft_len, options.dtype).total;
 }
 
-int64_t KvCache::CapacityWithin(const ModelConfig& config, const KvCacheOptions& options, int64_t budget_bytes) {
+int64_t KvCache::CapacityWithin(const checkpoint::ModelConfig& config, const KvCacheOptions& options, int64_t budget_bytes) {
   KvCacheOptions o = options;
   // PoolBytes grows with the capacity: binary search the largest that fits.
   int64_t lo = 0, hi = config.max_seq_len;
@@ -174,7 +174,7 @@ struct KvCache::Storage {
   }
 };
 
-StatusOr<KvCache> KvCache::Create(const ModelConfig& config,
+StatusOr<KvCache> KvCache::Create(const checkpoint::ModelConfig& config,
                                   const KvCacheOptions& options) {
   KvCache cache;
   cache.options_ = options;
@@ -279,7 +279,7 @@ StatusOr<KvCache> KvCache::Create(const ModelConfig& config,
   return cache;
 }
 
-StatusOr<KvCache> KvCache::Attach(const ModelConfig& config, const KvCacheOptions& options) {
+StatusOr<KvCache> KvCache::Attach(const checkpoint::ModelConfig& config, const KvCacheOptions& options) {
   const std::string& name = options.shared_memory_name;
   if (name.empty()) return InvalidArgumentError("KvCacheOptions.shared_memory_name: required to attach");
   int fd = shm_open(name.c_str(), O_RDWR, 0);

@@ -20,7 +20,7 @@
 // words and drafter counts, then K, V of every layer and the scratch,
 // 64-byte aligned.
 //
-// Session words (issue 39): a slot in use holds the 64-bit id of the session
+// Session words (docs/security.md, the internal plane): a slot in use holds the 64-bit id of the session
 // that owns it (the verifier draws a random one per session; 0 = free). A
 // call that names a slot must also name its session, so a stale handle (a
 // cancelled request's late Draft or Verify) or a foreign one can never touch
@@ -81,24 +81,24 @@ class KvCache {
   // fails. A shared segment's memory is reserved at creation (fallocate), so
   // a pool that /dev/shm cannot hold is refused here rather than faulting
   // (SIGBUS) when its pages are first written.
-  static StatusOr<KvCache> Create(const ModelConfig& config,
+  static StatusOr<KvCache> Create(const checkpoint::ModelConfig& config,
                                   const KvCacheOptions& options);
   // Maps the pool another process created under options.shared_memory_name
   // (n_slots, capacity and max_draft_len are read from its header).
   // Errors: kNotFound if no such segment exists; kFailedPrecondition naming
   // the field if its magic, layout version, model fingerprint, dims or dtype
   // differ from `config` / options.dtype.
-  static StatusOr<KvCache> Attach(const ModelConfig& config, const KvCacheOptions& options);
+  static StatusOr<KvCache> Attach(const checkpoint::ModelConfig& config, const KvCacheOptions& options);
 
   // Bytes a pool of `options` takes (capacity 0 = the model's max_seq_len):
   // header, per-slot words, K and V of every layer and the exit scratch, as
   // laid out in a shared segment (a private pool takes no more). The KV
   // memory budget of the model service is checked against this.
-  static int64_t PoolBytes(const ModelConfig& config, const KvCacheOptions& options);
+  static int64_t PoolBytes(const checkpoint::ModelConfig& config, const KvCacheOptions& options);
   // The largest capacity (tokens per slot, at most the model's max_seq_len)
   // for which PoolBytes(options with that capacity) <= budget_bytes; 0 when
   // not even one token per slot fits. options.capacity is ignored.
-  static int64_t CapacityWithin(const ModelConfig& config, const KvCacheOptions& options, int64_t budget_bytes);
+  static int64_t CapacityWithin(const checkpoint::ModelConfig& config, const KvCacheOptions& options, int64_t budget_bytes);
 
   // The pool's epoch (random at creation; 0 never occurs).
   uint64_t epoch() const { return epoch_; }

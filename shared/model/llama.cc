@@ -30,14 +30,14 @@ std::string LayerName(int64_t i, const char* suffix) {
 
 // Inverse frequencies of RoPE, [head_dim / 2], float64, with the config's
 // scaling (Llama-3.1 "llama3" frequency-dependent scaling, or linear).
-at::Tensor InverseFrequencies(const ModelConfig& c) {
+at::Tensor InverseFrequencies(const checkpoint::ModelConfig& c) {
   const int64_t half = c.head_dim() / 2;
   auto opts = at::TensorOptions().dtype(at::kDouble);
   at::Tensor inv = at::pow(c.rope_theta, at::arange(0, half, opts) * (-2.0 / c.head_dim()));
-  const RopeScaling& s = c.rope_scaling;
-  if (s.type == RopeScaling::Type::kLinear) {
+  const checkpoint::RopeScaling& s = c.rope_scaling;
+  if (s.type == checkpoint::RopeScaling::Type::kLinear) {
     inv = inv / s.factor;
-  } else if (s.type == RopeScaling::Type::kLlama3) {
+  } else if (s.type == checkpoint::RopeScaling::Type::kLlama3) {
     const double old_ctx = static_cast<double>(s.original_max_position_embeddings);
     const double low_wavelen = old_ctx / s.low_freq_factor;
     const double high_wavelen = old_ctx / s.high_freq_factor;
@@ -233,7 +233,7 @@ at::Tensor Linear(const at::Tensor& x, const at::Tensor& w) {
   return at::matmul(x, w.t());
 }
 
-LlamaModel::LlamaModel(ModelConfig config, ModelOptions options)
+LlamaModel::LlamaModel(checkpoint::ModelConfig config, ModelOptions options)
     : config_(std::move(config)), options_(options) {
   fused_ = options_.kernels == Kernels::kFused && options_.device.is_cpu() &&
            options_.dtype == c10::kFloat;
@@ -474,7 +474,7 @@ const LlamaModel::RopeTables& LlamaModel::Rope(int64_t n_positions) const {
 
 StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
     const Checkpoint& checkpoint, const ModelOptions& options) {
-  const ModelConfig& c = checkpoint.config;
+  const checkpoint::ModelConfig& c = checkpoint.config;
   LEDE_RETURN_IF_ERROR(c.Validate());
   const auto& t = checkpoint.tensors;
   auto get = [&](const std::string& name) -> StatusOr<at::Tensor> {
@@ -486,7 +486,7 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
   };
   return TorchBoundary(checkpoint.source, [&]() -> StatusOr<std::unique_ptr<LlamaModel>> {
     std::unique_ptr<LlamaModel> m(new LlamaModel(c, options));
-    m->config_.rope_style = RopeStyle::kRotateHalf;  // after the permutation below
+    m->config_.rope_style = checkpoint::RopeStyle::kRotateHalf;  // after the permutation below
     m->weights_ = options.weights == WeightFormat::kAuto ? checkpoint.storage : options.weights;
     if (m->weights_ == WeightFormat::kAuto) m->weights_ = WeightFormat::kF32;
     // The file's own Q8_0 blocks of a matrix (Checkpoint::q8_0_blocks), or
@@ -504,7 +504,7 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
     };
     auto opts = at::TensorOptions().device(options.device).dtype(options.dtype);
     const bool copy = options.writable_weights;
-    const bool adjacent = c.rope_style == RopeStyle::kAdjacentPairs;
+    const bool adjacent = c.rope_style == checkpoint::RopeStyle::kAdjacentPairs;
     // A matrix kept packed only (PackedOnly) is built from the checkpoint's
     // tensors in their own dtype, and their pages in a file mapping are
     // released behind it; otherwise it is a tensor of the model's
@@ -686,7 +686,7 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& path,
 }
 
 StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::RandomInit(
-    const ModelConfig& config, uint64_t seed, const ModelOptions& options,
+    const checkpoint::ModelConfig& config, uint64_t seed, const ModelOptions& options,
     double init_std) {
   LEDE_RETURN_IF_ERROR(config.Validate());
   return TorchBoundary("RandomInit", [&]() -> StatusOr<std::unique_ptr<LlamaModel>> {
@@ -695,12 +695,12 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::RandomInit(
     auto normal = [&](std::vector<int64_t> shape, double std) {
       return at::normal(0.0, std, shape, gen, cpu);
     };
-    const ModelConfig& c = config;
+    const checkpoint::ModelConfig& c = config;
     const int64_t hd = c.head_dim();
     const double out_std = init_std / std::sqrt(2.0 * c.n_layers);
     Checkpoint ckpt;
     ckpt.config = c;
-    ckpt.config.rope_style = RopeStyle::kRotateHalf;
+    ckpt.config.rope_style = checkpoint::RopeStyle::kRotateHalf;
     ckpt.source = "random-init";
     auto& t = ckpt.tensors;
     t["model.embed_tokens.weight"] = normal({c.vocab_size, c.dim}, init_std);

@@ -15,7 +15,7 @@
 // a full causal pass over its T positions (training and reference paths).
 //
 // Device and dtype come from ModelOptions; the same code runs on CPU and CUDA.
-// Kernels (issue 15): on the CPU in float32, with a KvCache and outside
+// Kernels: on the CPU in float32, with a KvCache and outside
 // autograd, Block/Forward/ExitLogits run the fused path (cpu_kernels.h: one
 // RMSNorm, QKV GEMM, RoPE + KV write, attention over the pool, O GEMM with
 // the residual, RMSNorm, gate/up GEMM, SwiGLU, down GEMM with the residual
@@ -23,7 +23,7 @@
 // ModelOptions::kernels is kEager; everything else (CUDA, half precision,
 // the cache-free training pass, autograd) runs the eager libtorch path,
 // which stays the reference. The two agree to 1e-4 in the logits (tests).
-// Weight storage (issue 35; ModelOptions::weights, weight_format.h): the
+// Weight storage (ModelOptions::weights, weight_format.h): the
 // fused path reads every matrix packed as f32, bf16 or Q8_0
 // (cpu_quant_kernels.h). With bf16 / Q8_0 on the fused path the packed copy
 // is the only one kept (see ModelOptions::weights): the eager path computes
@@ -78,7 +78,7 @@ enum class Kernels {
   kFused,  // cpu_kernels.h on CPU float32; falls back to kEager elsewhere
 };
 
-// Whether single-slot cached decode steps run as captured graphs (issue 15).
+// Whether single-slot cached decode steps run as captured graphs (internal/step_graphs.h).
 // kOn: every Forward with a KvCache of at most kMaxGraphPositions rows (the
 // AR step, a draft step, a verification of D_max + 1 positions) runs the
 // static-shape path (LlamaModel::StaticForward) from one set of static
@@ -198,10 +198,10 @@ class LlamaModel {
   // ~ N(0, init_std^2) (output projections scaled by 1/sqrt(2L)), norms 1.
   // Deterministic for a seed. Errors: kInvalidArgument for a bad config.
   static StatusOr<std::unique_ptr<LlamaModel>> RandomInit(
-      const ModelConfig& config, uint64_t seed, const ModelOptions& options,
+      const checkpoint::ModelConfig& config, uint64_t seed, const ModelOptions& options,
       double init_std = 0.02);
 
-  const ModelConfig& config() const { return config_; }
+  const checkpoint::ModelConfig& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
   int64_t n_layers() const { return config_.n_layers; }
   // True when the fused CPU kernels serve cached decoding (kernels ==
@@ -367,7 +367,7 @@ class LlamaModel {
     PackedWeight wqkv_packed, wo_packed, w13_packed, w2_packed;
   };
 
-  LlamaModel(ModelConfig config, ModelOptions options);
+  LlamaModel(checkpoint::ModelConfig config, ModelOptions options);
   at::Tensor StaticBlock(int64_t layer, const at::Tensor& hidden, const at::Tensor& positions,
                          const at::Tensor& slot, int64_t context, KvCache& cache) const;
   at::Tensor EagerBlock(int64_t layer, const at::Tensor& hidden, int64_t start_pos,
@@ -415,7 +415,7 @@ class LlamaModel {
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
   at::Tensor ApplyRope(const at::Tensor& x, int64_t start_pos) const;
 
-  ModelConfig config_;
+  checkpoint::ModelConfig config_;
   ModelOptions options_;
   at::Tensor embed_;      // [V, d]; undefined when the tied head is packed only
                           // (Embed reads its rows); bf16 / f16 when untied and

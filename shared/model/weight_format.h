@@ -1,6 +1,6 @@
 // File: shared/model/weight_format.h
 //
-// How the fused CPU path stores the weight matrices (issue 35, the --weights
+// How the fused CPU path stores the weight matrices (the --weights
 // flag of every command and service that loads a model). Torch-free.
 //
 //   kAuto  the checkpoint's own storage (Checkpoint::storage): a BF16

@@ -1,7 +1,7 @@
 // File: shared/rpc/security.h
 //
-// Transport security and API keys of LEDE's servers (issue 17, failure 8;
-// docs/security.md):
+// Transport security and API keys of LEDE's servers
+// (docs/security.md):
 //  - TLS for a gRPC server from PEM files (server certificate chain and
 //    private key), optionally requiring and verifying client certificates
 //    against a CA bundle (mutual TLS, for the internal model and policy
@@ -131,7 +131,7 @@ class ApiKeys {
   std::vector<std::string> keys_;
 };
 
-// The internal plane's local credential (issue 39, fault 4): a secret the
+// The internal plane's local credential: a secret the
 // deployment's processes on one machine share through a file only their
 // user can read (scripts/run writes <state>/internal.token, mode 0600).
 // Clients send it as `authorization: Bearer <token>` metadata on every call

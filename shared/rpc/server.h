@@ -63,7 +63,7 @@ struct ServerOptions {
   // Largest message, bytes (draft distributions of sampled rounds are K x V floats).
   int max_message_bytes = 64 << 20;
   // Largest message received, bytes; 0 = max_message_bytes. The
-  // coordinator's public API sizes it to the context window (issue 17):
+  // coordinator's public API sizes it to the context window:
   // a larger message fails with RESOURCE_EXHAUSTED before it is buffered.
   int max_receive_message_bytes = 0;
   // TLS (and mutual TLS) of the gRPC port; plaintext when empty. /metrics and
@@ -150,8 +150,8 @@ class ServerRunner {
 };
 
 // The logger (shared/log/log.h), under the names its callers here have used.
-using logging::LogEvent;
-using logging::SetLogProcessName;
+using log::LogEvent;
+using log::SetLogProcessName;
 
 }  // namespace lede::rpc
 

@@ -6,11 +6,6 @@
 
 namespace lede::speculation {
 
-using model::Action;
-using model::Decision;
-using model::ExitSignals;
-using model::ExitState;
-using model::Phase;
 
 namespace {
 
@@ -18,7 +13,7 @@ namespace {
 // single long function used to share, so each phase is its own method.
 class AdaptiveRound {
  public:
-  AdaptiveRound(model::ExitController& controller, const model::DecisionSpec& spec, int32_t n_layers,
+  AdaptiveRound(ExitController& controller, const DecisionSpec& spec, int32_t n_layers,
                 const DraftRequest& request, DraftProbes& probes, Draft& d)
       : controller_(controller),
         spec_(spec),
@@ -33,7 +28,7 @@ class AdaptiveRound {
   // Round start: speculate at all? (no probe paid yet). Returns false for a
   // full-depth step.
   bool Speculate() {
-    start_ = WithRequest(model::RoundStartState(n_layers_, spec_.max_draft_len));
+    start_ = WithRequest(RoundStartState(n_layers_, spec_.max_draft_len));
     return Decide(start_, -1) == Action::kExit;
   }
 
@@ -48,7 +43,7 @@ class AdaptiveRound {
       if (cand < first_probe) continue;
       if (!spec_.probe_candidates) {  // decided from the history; the head only at l*
         const ExitState st = WithRequest(
-            model::ProbeState(model::ExitSignals{}, Phase::kExitLayer, cand, n_layers_, 0, spec_.max_draft_len));
+            ProbeState(ExitSignals{}, Phase::kExitLayer, cand, n_layers_, 0, spec_.max_draft_len));
         if (Decide(st, 0) != Action::kExit) continue;
         LEDE_ASSIGN_OR_RETURN(last_, probes_.ProbeLayer(cand));
         done_layers = cand;
@@ -74,7 +69,7 @@ class AdaptiveRound {
   // Phase 2: drafts from l* until the controller stops or d_cap tokens.
   Status DraftTokens(int64_t d_cap) {
     // The context n-gram signals of `last_` (before its token joins the context).
-    model::NgramSignals last_ngram = Ngram(last_.top1);
+    NgramSignals last_ngram = Ngram(last_.top1);
     LEDE_ASSIGN_OR_RETURN(int32_t first, probes_.DraftFromProbe());
     Drafted(first);
     while (static_cast<int64_t>(d_.tokens.size()) < d_cap) {
@@ -83,7 +78,7 @@ class AdaptiveRound {
         // Decide on the token just drafted (its signals are in `last_` and in
         // draft_conf_); only a "keep drafting" pays the next probe.
         ExitState st = WithRequest(
-            model::ProbeState(last_, Phase::kDraftLength, d_.exit_layer, n_layers_, row, spec_.max_draft_len));
+            ProbeState(last_, Phase::kDraftLength, d_.exit_layer, n_layers_, row, spec_.max_draft_len));
         st.lookup_match = last_ngram.lookup_match;
         st.trigram_seen = last_ngram.trigram_seen;
         if (Decide(st, row) != Action::kExit) break;  // the verifier runs row `row` itself
@@ -134,14 +129,14 @@ class AdaptiveRound {
     return st;
   }
 
-  model::NgramSignals Ngram(int32_t top1) const {
-    return model::ContextNgram(context_.data(), static_cast<int64_t>(context_.size()), top1);
+  NgramSignals Ngram(int32_t top1) const {
+    return ContextNgram(context_.data(), static_cast<int64_t>(context_.size()), top1);
   }
 
   // The state of a probe `sig` whose top-1 would follow the context.
   ExitState ProbeStateOf(const ExitSignals& sig, Phase phase, int32_t layer, int32_t row) const {
-    ExitState st = WithRequest(model::ProbeState(sig, phase, layer, n_layers_, row, spec_.max_draft_len));
-    const model::NgramSignals ng = Ngram(sig.top1);
+    ExitState st = WithRequest(ProbeState(sig, phase, layer, n_layers_, row, spec_.max_draft_len));
+    const NgramSignals ng = Ngram(sig.top1);
     st.lookup_match = ng.lookup_match;
     st.trigram_seen = ng.trigram_seen;
     return st;
@@ -152,8 +147,8 @@ class AdaptiveRound {
     if (!context_.empty()) context_.push_back(token);
   }
 
-  model::ExitController& controller_;
-  const model::DecisionSpec& spec_;
+  ExitController& controller_;
+  const DecisionSpec& spec_;
   const int32_t n_layers_;
   const DraftRequest& request_;
   DraftProbes& probes_;
@@ -168,7 +163,7 @@ class AdaptiveRound {
 
 }  // namespace
 
-Status RunAdaptiveRound(model::ExitController& controller, const model::DecisionSpec& spec, int32_t n_layers,
+Status RunAdaptiveRound(ExitController& controller, const DecisionSpec& spec, int32_t n_layers,
                         const DraftRequest& request, int64_t d_cap, DraftProbes& probes, Draft& d) {
   AdaptiveRound round(controller, spec, n_layers, request, probes, d);
   if (d_cap <= 0 || !round.Speculate()) return OkStatus();

@@ -30,10 +30,10 @@ class DraftProbes {
   virtual ~DraftProbes() = default;
   // Phase 1: the pending token through the blocks up to `layer` (> the
   // previous call's), then the exit head; its signals.
-  virtual StatusOr<model::ExitSignals> ProbeLayer(int32_t layer) = 0;
+  virtual StatusOr<ExitSignals> ProbeLayer(int32_t layer) = 0;
   // Phase 2: draft `token` (row `row` - 1's draft) at row `row` through the
   // blocks below l*, then the exit head; its signals.
-  virtual StatusOr<model::ExitSignals> ProbeDraft(int32_t row, int32_t token) = 0;
+  virtual StatusOr<ExitSignals> ProbeDraft(int32_t row, int32_t token) = 0;
   // The draft token taken from the last probe's distribution (argmax, or a
   // sample when sampling).
   virtual StatusOr<int32_t> DraftFromProbe() = 0;
@@ -45,7 +45,7 @@ class DraftProbes {
 // may make (budget, D_max and KV room), >= 0; candidate layers >= L are
 // skipped (the last layer is the full model, not an exit).
 // Errors: those of the probes.
-Status RunAdaptiveRound(model::ExitController& controller, const model::DecisionSpec& spec, int32_t n_layers,
+Status RunAdaptiveRound(ExitController& controller, const DecisionSpec& spec, int32_t n_layers,
                         const DraftRequest& request, int64_t d_cap, DraftProbes& probes, Draft& draft);
 
 }  // namespace lede::speculation

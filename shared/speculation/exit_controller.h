@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-namespace lede::model {
+namespace lede::speculation {
 
 enum class Phase : int32_t { kExitLayer = 1, kDraftLength = 2, kRoundStart = 3 };
 enum class Action : int32_t { kContinue = 0, kExit = 1 };
@@ -83,7 +83,7 @@ struct ExitState {
   // flight, its queued ones included; 1 in-process). Batching changes what a draft and a
   // verification cost (shared/model/cost_model.h, cost models at a load),
   // so a policy that sees it can draft less, or not at all, under load
-  // (issue 12).
+  // (docs/design.md §2).
   int32_t load = 1;
 
   static constexpr float kAcceptEmaPrior = 0.5f;
@@ -179,7 +179,7 @@ inline void ExitFeatures(const ExitState& s, float out[kExitFeatureDim]) {
 // The state of a probe decision (phase 1 or 2) from its exit signals; the
 // request-level features (trace_nll, draft_conf, accept_ema) are the
 // caller's to set. `Signals` is any type with top1_prob, top_k_nll, entropy
-// and margin (model::ExitSignals).
+// and margin (ExitSignals).
 template <typename Signals>
 ExitState ProbeState(const Signals& sig, Phase phase, int32_t layer, int32_t n_layers, int32_t draft_pos,
                      int32_t max_draft_len) {
@@ -273,6 +273,5 @@ struct RoundTrace {
   std::vector<Decision> decisions;
 };
 
-}  // namespace lede::model
-
+}  // namespace lede::speculation
 #endif  // LEDE_SHARED_SPECULATION_EXIT_CONTROLLER_H_

@@ -132,7 +132,7 @@ class Loop {
         trace_(o.trace_window) {
     result_.stats.n_prompt_tokens = prompt_len_;
     if (o.mode == SpeculationMode::kAdaptive) {
-      context_.assign(prompt.end() - std::min<int64_t>(prompt_len_, model::kNgramWindow), prompt.end());
+      context_.assign(prompt.end() - std::min<int64_t>(prompt_len_, kNgramWindow), prompt.end());
     }
   }
 
@@ -153,8 +153,8 @@ class Loop {
     if (o_.mode == SpeculationMode::kAdaptive) {
       context_.push_back(token);
       // Keep at most twice the window, trimming in O(window) amortized.
-      if (static_cast<int64_t>(context_.size()) >= 2 * model::kNgramWindow) {
-        context_.erase(context_.begin(), context_.end() - model::kNgramWindow);
+      if (static_cast<int64_t>(context_.size()) >= 2 * kNgramWindow) {
+        context_.erase(context_.begin(), context_.end() - kNgramWindow);
       }
     }
     if (session_options_.record_nll) trace_.Push(nll);
@@ -200,7 +200,7 @@ class Loop {
       request.round_index = static_cast<int64_t>(result_.stats.rounds.size());
       request.record_trace = o_.record_traces;
       if (!context_.empty()) {
-        const int64_t n = std::min<int64_t>(static_cast<int64_t>(context_.size()), model::kNgramWindow);
+        const int64_t n = std::min<int64_t>(static_cast<int64_t>(context_.size()), kNgramWindow);
         request.context.assign(context_.end() - n, context_.end());
       }
       LEDE_ASSIGN_OR_RETURN(draft, backend_.DraftRound(session_, request));
@@ -219,7 +219,7 @@ class Loop {
     round.n_probes = draft.n_probes;
     round.n_decisions = draft.n_decisions;
     round.over_max_load = over_max_load;
-    accept_ema_ = model::UpdateAcceptEma(accept_ema_, K, verdict.n_accepted);
+    accept_ema_ = UpdateAcceptEma(accept_ema_, K, verdict.n_accepted);
     result_.stats.n_drafted += K;
     result_.stats.n_accepted += verdict.n_accepted;
     const size_t before = result_.tokens.size();
@@ -238,8 +238,8 @@ class Loop {
 
  private:
   // The round's decisions, each marked accepted when its draft was.
-  void RecordTrace(model::RoundTrace rt, const RoundRecord& round) {
-    for (model::Decision& d : rt.decisions) d.accepted = d.draft_index >= 0 && d.draft_index < round.n_accepted;
+  void RecordTrace(RoundTrace rt, const RoundRecord& round) {
+    for (Decision& d : rt.decisions) d.accepted = d.draft_index >= 0 && d.draft_index < round.n_accepted;
     rt.round_index = static_cast<int64_t>(result_.stats.rounds.size());
     rt.exit_layer = round.exit_layer;
     rt.n_drafted = round.n_drafted;
@@ -256,7 +256,7 @@ class Loop {
   const int64_t prompt_len_;
   GenerationResult result_;
   TraceWindow trace_;
-  float accept_ema_ = model::ExitState::kAcceptEmaPrior;
+  float accept_ema_ = ExitState::kAcceptEmaPrior;
   bool done_ = false;
   bool stopped_on_eos_ = false;  // the EOS the model generated counts as its round's output
   std::vector<int32_t> emitted_now_;

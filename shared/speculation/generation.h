@@ -84,16 +84,16 @@ struct DraftRequest {
   int64_t position = 0;       // its position n = the session's committed length
   int64_t budget = 0;         // at most this many drafts (tokens left - 1, KV room); >= 1
   double trace_nll = 0;       // C_trace: mean top-1 NLL of the last W emitted tokens
-  // The request's acceptance EMA over its earlier rounds (model::UpdateAcceptEma).
-  double accept_ema = model::ExitState::kAcceptEmaPrior;
+  // The request's acceptance EMA over its earlier rounds (UpdateAcceptEma).
+  double accept_ema = ExitState::kAcceptEmaPrior;
   int64_t round_index = 0;    // within the request
-  // Sessions decoding at once, this one included (model::ExitState::load),
+  // Sessions decoding at once, this one included (ExitState::load),
   // >= 1: LoopOptions::current_load when the round starts.
   int32_t load = 1;
   bool record_trace = false;  // fill Draft::trace (experience)
-  // The last model::kNgramWindow committed tokens (prompt + emitted), ending
+  // The last kNgramWindow committed tokens (prompt + emitted), ending
   // with pending_token: what the context n-gram signals of the round's
-  // probes look back over (model::ContextNgram). Empty: those signals are 0.
+  // probes look back over (ContextNgram). Empty: those signals are 0.
   std::vector<int32_t> context;
 };
 
@@ -113,7 +113,7 @@ struct Draft {
   int32_t ready_layer = 0;
   int32_t n_probes = 0;              // exit-head evaluations that drafted nothing
   int32_t n_decisions = 0;           // exit-controller decisions of the round
-  model::RoundTrace trace;           // decisions (adaptive, with record_trace)
+  RoundTrace trace;           // decisions (adaptive, with record_trace)
   std::string policy_version;        // the controller's version ("" for static)
 };
 
@@ -190,7 +190,7 @@ struct GenerationResult {
   FinishReason finish = FinishReason::kLength;
   GenerationStats stats;
   std::vector<double> margins;  // with record_margins: per token
-  std::vector<model::RoundTrace> traces;  // with record_traces (adaptive rounds)
+  std::vector<RoundTrace> traces;  // with record_traces (adaptive rounds)
   std::string policy_version;   // the drafter's controller version of the last round
 };
 

@@ -27,7 +27,7 @@ namespace lede::storage {
 // values whole. Several processes may share one root.
 class LocalStore : public ObjectStore {
  public:
-  // Permission bits of every object written (issue 39: experience shards
+  // Permission bits of every object written (experience shards
   // hold users' token ids; never world-readable). Folders are created 0755
   // minus the umask as before; tighten the root's own mode to hide names.
   static constexpr unsigned kObjectFileMode = 0640;

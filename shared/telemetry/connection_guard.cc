@@ -232,7 +232,7 @@ struct ConnectionGuard::State {
     if (refused == logged_refused && timed_out == logged_timed_out) return;
     const absl::Time now = absl::Now();
     if (now - last_log < absl::Seconds(10)) return;
-    logging::LogEvent("warn", "http_connections_cut",
+    log::LogEvent("warn", "http_connections_cut",
                       {{"server", options.name},
                        {"over_capacity", std::to_string(refused - logged_refused)},
                        {"timed_out", std::to_string(timed_out - logged_timed_out)},

@@ -213,7 +213,7 @@ struct SpecDecodeMetrics {
   Counter& experience_shards_deleted;   // lede_experience_shards_deleted_total (retention)
   Counter& experience_bytes_deleted;    // lede_experience_bytes_deleted_total (retention)
   Counter& experience_stale_temp_files_removed;  // lede_experience_stale_temp_files_removed_total
-  // --- the request log (issue 37; shared/experience/request_log.h) ---
+  // --- the request log (shared/experience/request_log.h) ---
   Counter& request_log_records_written;  // lede_request_log_records_written_total
   Counter& request_log_records_dropped;  // lede_request_log_records_dropped_total
 

@@ -55,6 +55,10 @@
 
 namespace lede::tokenizer {
 
+namespace internal {
+struct HfTokenizerState;
+}  // namespace internal
+
 // The largest id space a tokenizer.json may declare: every id of the
 // vocabulary and the added tokens must be below it. The decoding tables are
 // indexed by id, so a file's memory is proportional to its largest id, not to
@@ -105,8 +109,9 @@ class HfTokenizer : public Tokenizer {
   // string for the vocabulary: "Ġthe", "▁the"), if any.
   std::optional<int32_t> TokenId(std::string_view content) const;
 
-  // The loaded tables (defined in hf_tokenizer.cc only).
-  struct Impl;
+  // The loaded tables (internal/hf_tokenizer_impl.h; only hf_tokenizer.cc
+  // and internal/hf_tokenizer_json.cc see them).
+  using Impl = internal::HfTokenizerState;
 
  private:
   explicit HfTokenizer(std::unique_ptr<Impl> impl);

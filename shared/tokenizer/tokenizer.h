@@ -62,7 +62,7 @@ class Tokenizer {
   // A text longer than capacity x MaxTokenBytes() cannot encode to at most
   // `capacity` tokens (unless a normalizer deletes input, which none of the
   // supported tokenizers does beyond collapsing whitespace runs), which is
-  // what lets the coordinator reject it before tokenizing (issue 17).
+  // what lets the coordinator reject it before tokenizing.
   // Cost: one TokenBytes() per vocabulary entry, O(vocab_size()); callers
   // compute it once.
   int64_t MaxTokenBytes() const;

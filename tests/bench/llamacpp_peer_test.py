@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""llama.cpp runs this project's checkpoints (issue 35): models/lede-tiny
+"""llama.cpp runs this project's checkpoints: models/lede-tiny
 exported by `lede export --format gguf` at f32, bf16 and q8_0 is decoded
 greedily by llama.cpp itself (npm node-llama-cpp's prebuilt CPU binary,
 through bench/llamacpp_bench.mjs) and by this engine from the same file with

@@ -41,8 +41,8 @@ std::vector<std::string> Flags(const std::string& json, std::vector<std::string>
 std::string SaveStaticLikePolicy(const std::filesystem::path& dir, const std::string& version, bool load_aware) {
   policy::dqn::QNetworkWeights w;
   w.hidden = 1;
-  w.fc1_weight.assign(model::kExitFeatureDim, 0.0f);
-  if (load_aware) w.fc1_weight[model::kExitFeatureDim - 1] = 1.0f;  // LoadFeature(load), the last feature
+  w.fc1_weight.assign(speculation::kExitFeatureDim, 0.0f);
+  if (load_aware) w.fc1_weight[speculation::kExitFeatureDim - 1] = 1.0f;  // LoadFeature(load), the last feature
   w.fc1_bias = {0.0f};
   w.fc2_weight = {1.0f};
   w.fc2_bias = {0.0f};

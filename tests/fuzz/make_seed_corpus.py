@@ -184,7 +184,7 @@ def seeds_openai_request():
     write(t, "bad_types", b"\0" + json.dumps({"prompt": 5, "max_tokens": "x", "n": 2, "logprobs": 1}).encode())
     write(t, "not_object", b"\1[1, 2, 3]")
     write(t, "not_json", b"\0{\"prompt\": \"a")
-    # Issue 39: nesting just past the depth limit in a known field and in the
+    # Nesting just past the depth limit in a known field and in the
     # chat messages (the fuzzer mutates from here toward deeper and odder shapes).
     write(t, "deep_prompt", b"\0{\"prompt\": " + b"[" * 70 + b"1" + b"]" * 70 + b"}")
     write(t, "deep_messages", b"\1{\"messages\": [{\"role\": \"user\", \"content\": " + b"[" * 70 + b"]" * 70 +

@@ -13,10 +13,10 @@
 namespace lede::policy {
 namespace {
 
-using model::Action;
-using model::Decision;
-using model::ExitState;
-using model::Phase;
+using speculation::Action;
+using speculation::Decision;
+using speculation::ExitState;
+using speculation::Phase;
 
 ExitState State(Phase phase, int32_t layer, int32_t draft_pos, float top1) {
   ExitState s;
@@ -67,7 +67,7 @@ TEST(EpsilonGreedyControllerTest, ExploresWithProbabilityEpsilon) {
 // Rewards follow docs/design.md §2: accepted 1 + (L - l*)/L, rejected -2 + (L - l*)/L,
 // continue -0.01, round start 0; only the round's last decision is terminal.
 TEST(TransitionTest, PaperRewardsAndTerminalFlags) {
-  model::RoundTrace round;
+  speculation::RoundTrace round;
   round.round_index = 4;
   round.decisions = {
       Decision{State(Phase::kRoundStart, 0, 0, 0), Action::kExit, -1, false},
@@ -76,7 +76,7 @@ TEST(TransitionTest, PaperRewardsAndTerminalFlags) {
       Decision{State(Phase::kDraftLength, 3, 1, 0.8f), Action::kExit, 1, false},
       Decision{State(Phase::kDraftLength, 3, 2, 0.2f), Action::kContinue, -1, false},
   };
-  std::vector<Transition> t = ToTransitions(round, RewardSpec::Paper(12), "req", "v1", "fp");
+  std::vector<experience::Transition> t = experience::ToTransitions(round, experience::RewardSpec::Paper(12), "req", "v1", "fp");
   ASSERT_EQ(t.size(), 5u);
   EXPECT_FLOAT_EQ(t[0].reward, 0.0f);
   EXPECT_FLOAT_EQ(t[1].reward, -0.01f);
@@ -88,14 +88,14 @@ TEST(TransitionTest, PaperRewardsAndTerminalFlags) {
     EXPECT_EQ(t[i].round_index, 4);
     EXPECT_EQ(t[i].decision_index, static_cast<int32_t>(i));
   }
-  float next[model::kExitFeatureDim];
-  model::ExitFeatures(round.decisions[3].state, next);
-  for (int k = 0; k < model::kExitFeatureDim; ++k) EXPECT_EQ(t[2].next_state[k], next[k]);
+  float next[speculation::kExitFeatureDim];
+  speculation::ExitFeatures(round.decisions[3].state, next);
+  for (int k = 0; k < speculation::kExitFeatureDim; ++k) EXPECT_EQ(t[2].next_state[k], next[k]);
 }
 
 // The cost-aware variant takes its depth term and continue penalty from costs.
 TEST(TransitionTest, CostAwareRewards) {
-  RewardSpec r = RewardSpec::FromCosts("measured", {0.0, 0.4, 0.6}, 2.0, 4.0, 0.1);
+  experience::RewardSpec r = experience::RewardSpec::FromCosts("measured", {0.0, 0.4, 0.6}, 2.0, 4.0, 0.1);
   EXPECT_DOUBLE_EQ(r.Accepted(1), 1.0 + (1.0 - 0.4 - 0.5));
   EXPECT_DOUBLE_EQ(r.Rejected(2), -2.0 + (1.0 - 0.6 - 0.5));
   EXPECT_DOUBLE_EQ(r.continue_reward, 0.0);
@@ -108,8 +108,8 @@ TEST(TransitionTest, ThroughputRewardsSumToTokensMinusCost) {
   std::vector<double> draft_cost;
   for (int l = 0; l <= 12; ++l) draft_cost.push_back((l + 1) / 12.0);
   std::vector<std::vector<double>> verify(13, std::vector<double>(9, 1.0));
-  RewardSpec r = RewardSpec::Throughput("accelerator", draft_cost, verify, 1.0 / 12);
-  model::RoundTrace round;
+  experience::RewardSpec r = experience::RewardSpec::Throughput("accelerator", draft_cost, verify, 1.0 / 12);
+  speculation::RoundTrace round;
   round.exit_layer = 3;
   round.n_drafted = 2;
   round.n_accepted = 1;
@@ -121,7 +121,7 @@ TEST(TransitionTest, ThroughputRewardsSumToTokensMinusCost) {
       Decision{State(Phase::kDraftLength, 3, 2, 0.2f), Action::kContinue, -1, false, /*wasted_probe=*/true},
   };
   double sum = 0;
-  for (const Transition& t : ToTransitions(round, r, "q", "v", "f")) sum += t.reward;
+  for (const experience::Transition& t : experience::ToTransitions(round, r, "q", "v", "f")) sum += t.reward;
   // Tokens: 1 accepted + 1 from the verifier = 2. Cost: 2 probes (layer 2,
   // and the stop) + 2 drafts at layer 3 + 1 verification.
   const double cost = 2.0 / 12 + 2 * (4.0 / 12) + 1.0;
@@ -130,7 +130,7 @@ TEST(TransitionTest, ThroughputRewardsSumToTokensMinusCost) {
   // phase 2 on the token just drafted) cost only the drafts and the pass.
   for (Decision& d : round.decisions) d.wasted_probe = false;
   sum = 0;
-  for (const Transition& t : ToTransitions(round, r, "q", "v", "f")) sum += t.reward;
+  for (const experience::Transition& t : experience::ToTransitions(round, r, "q", "v", "f")) sum += t.reward;
   EXPECT_NEAR(sum, 2.0 - (2 * (4.0 / 12) + 1.0), 1e-6);
 }
 
@@ -138,9 +138,9 @@ TEST(TransitionTest, ThroughputRewardsSumToTokensMinusCost) {
 
 namespace rule_based {
 
-using model::Action;
-using model::ExitState;
-using model::Phase;
+using speculation::Action;
+using speculation::ExitState;
+using speculation::Phase;
 
 // Samples whose acceptance follows a known logistic law in top-1 probability.
 std::vector<AcceptanceSample> LogisticSamples(double a, double b, uint64_t seed, int n) {
@@ -267,7 +267,7 @@ TEST(AdaEdlControllerTest, StopsWhenTheEntropyBoundFalls) {
 TEST(RewardSpecTest, ThroughputChargesRhoTimesEveryCost) {
   const std::vector<double> draft_cost = {0, 0.2, 0.3};
   const std::vector<std::vector<double>> verify = {{0, 0, 0}, {1, 1.1, 1.2}, {1, 1.1, 1.2}};
-  const RewardSpec r = RewardSpec::Throughput("m", draft_cost, verify, 0.05, 0.01, 2.0);
+  const experience::RewardSpec r = experience::RewardSpec::Throughput("m", draft_cost, verify, 0.05, 0.01, 2.0);
   EXPECT_DOUBLE_EQ(r.rho, 2.0);
   EXPECT_DOUBLE_EQ(r.Accepted(1), 1.0 - 2.0 * 0.2);
   EXPECT_DOUBLE_EQ(r.Rejected(2), -2.0 * 0.3);

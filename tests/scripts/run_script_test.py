@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""scripts/run as a user drives it (issue 17): input checks, an ordered stop
+"""scripts/run as a user drives it: input checks, an ordered stop
 that lets in-flight streams finish, a supervisor that restarts a killed
 process, and health that tells live from ready.
 
@@ -391,7 +391,7 @@ def grpc_list_services(port):
 
 
 def test_hostile_clients(build):
-    # Issue 39: the internal plane needs the deployment's token; deep JSON is
+    # The internal plane needs the deployment's token; deep JSON is
     # a 400 from the same coordinator; a crash loop degrades, never ends, the
     # service; experience is not world-readable. Slow clients on a metrics
     # port and a burst on the HTTP API (docs/security.md, bounded input).
@@ -524,7 +524,7 @@ def test_hostile_clients(build):
 
 
 def test_cold_start(build):
-    # Issue 37: a checkpoint with no policy/ and no calibration was refused
+    # A checkpoint with no policy/ and no calibration was refused
     # ("has no policy/ directory"). A copy of lede-tiny without them must
     # start with no other flag and serve the default method (LEDE) with the
     # cold-start policy that a self-calibration chose at start-up.
@@ -607,7 +607,7 @@ def add_other_model_shard(experience, policy_root):
 
 
 def test_cold_start_retrain(build):
-    # Issue 37: bring a checkpoint with no policy, serve it, send greedy
+    # Bring a checkpoint with no policy, serve it, send greedy
     # traffic, and `lede-train --once` with no flag beyond the store, the
     # policy root and the model learns from the logged requests; a second
     # run with no new traffic publishes nothing.
@@ -689,7 +689,7 @@ def test_cold_start_retrain(build):
 
 
 def test_walkthrough(build):
-    # Issue 37: the docs' walkthrough (docs/training.md, the block after
+    # The docs' walkthrough (docs/training.md, the block after
     # "<!-- walkthrough: own-checkpoint -->") run as it is written: bring a
     # checkpoint, serve it, send traffic, read the dashboard's numbers, retrain,
     # see the retrained policy take over. Only its ports (shifted like every

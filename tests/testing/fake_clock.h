@@ -1,6 +1,6 @@
 // File: tests/testing/fake_clock.h
 //
-// FakeClock: a lede::Clock (shared/clock/clock.h) whose time moves only when
+// FakeClock: a lede::clock::Clock (shared/clock/clock.h) whose time moves only when
 // a test says so, so that tests of time-dependent behaviour (shard age,
 // reload polling, backoff) decide their outcome by the time they set, never
 // by how long a sleep happened to last.
@@ -34,7 +34,7 @@
 
 namespace lede::testing {
 
-class FakeClock final : public Clock {
+class FakeClock final : public clock::Clock {
  public:
   // The default start is a fixed UTC time, so time-derived names (dates in
   // keys) are known to the test.

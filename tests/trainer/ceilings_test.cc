@@ -40,7 +40,7 @@ ShadowTrace MakeTrace(const std::vector<std::vector<bool>>& accepted, int32_t n_
   for (size_t i = 0; i < N; ++i) t.target.push_back(static_cast<int32_t>(10 + i % 7));
   t.max_new_tokens = static_cast<int64_t>(N);
   for (int32_t l = 1; l <= n_layers; ++l) {
-    std::vector<model::ExitSignals> row(N);
+    std::vector<speculation::ExitSignals> row(N);
     for (size_t i = 0; i < N; ++i) {
       const bool ok = l == n_layers || accepted[l][i];
       row[i].top1 = ok ? t.target[i] : 999;

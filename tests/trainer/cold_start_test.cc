@@ -117,7 +117,7 @@ TEST_F(ColdStartTest, StaticArtifactRunsTheStaticSettingOnTheEngine) {
       s.draft_len = d;
       auto want = engine_->Generate(prompt, s);
       ASSERT_TRUE(want.ok());
-      std::unique_ptr<model::ExitController> controller = plan->MakeController();
+      std::unique_ptr<speculation::ExitController> controller = plan->MakeController();
       model::GenerateOptions a;
       a.max_new_tokens = kNewTokens;
       a.mode = plan->mode;
@@ -147,7 +147,7 @@ TEST_F(ColdStartTest, AutoregressiveArtifactNeverDrafts) {
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
   auto plan = policy::dqn::PlanTrainedPolicy(std::make_shared<const policy::dqn::Artifact>(*loaded), L());
   ASSERT_TRUE(plan.ok());
-  std::unique_ptr<model::ExitController> controller = plan->MakeController();
+  std::unique_ptr<speculation::ExitController> controller = plan->MakeController();
   SimulatedMethod m;
   m.mode = speculation::SpeculationMode::kAdaptive;
   m.controller = controller.get();

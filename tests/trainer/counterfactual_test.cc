@@ -136,7 +136,7 @@ TEST_F(CounterfactualTest, StaticReplayMakesTheEnginesRounds) {
 // differ: acceptances, emitted tokens and the rounds' boundaries agree.
 TEST_F(CounterfactualTest, AdaptiveReplayMakesTheEnginesDecisions) {
   const std::vector<ShadowTrace> traces = Traces();
-  model::DecisionSpec spec;
+  speculation::DecisionSpec spec;
   spec.candidate_layers = {1, 2, 3, 4, 6};
   spec.max_draft_len = 6;
   int64_t compared = 0, after_rejection_rounds = 0, ngram_hits = 0;
@@ -254,7 +254,7 @@ TEST_F(CounterfactualTest, DinkelbachReturnIsTokensMinusRhoTimesCost) {
   // charged a probe, one that wastes a probe must be.
   for (const bool probe_candidates : {true, false}) {
   for (const bool lookahead_probe : {true, false}) {
-  model::DecisionSpec spec;
+  speculation::DecisionSpec spec;
   spec.candidate_layers = {2, 4};
   spec.max_draft_len = 4;
   spec.probe_candidates = probe_candidates;
@@ -262,7 +262,7 @@ TEST_F(CounterfactualTest, DinkelbachReturnIsTokensMinusRhoTimesCost) {
   SCOPED_TRACE("probe_candidates " + std::to_string(probe_candidates) + " lookahead_probe " +
                std::to_string(lookahead_probe));
   for (double rho : {1.0, 1.6}) {
-    const policy::RewardSpec rewards = DinkelbachRewards(*cost, static_cast<int32_t>(model_->n_layers()), 4, rho);
+    const experience::RewardSpec rewards = DinkelbachRewards(*cost, static_cast<int32_t>(model_->n_layers()), 4, rho);
     policy::ThresholdExitController behaviour(0.6f, 0.6f);
     policy::EpsilonGreedyController explore(behaviour, 0.3, 7);
     SimulatedMethod m;
@@ -277,7 +277,7 @@ TEST_F(CounterfactualTest, DinkelbachReturnIsTokensMinusRhoTimesCost) {
     bool declined = false;
     for (size_t r = 0; r < sim->traces.size(); ++r) {
       double ret = 0;
-      for (const policy::Transition& t : policy::ToTransitions(sim->traces[r], rewards, "x", "b", "f")) ret += t.reward;
+      for (const experience::Transition& t : experience::ToTransitions(sim->traces[r], rewards, "x", "b", "f")) ret += t.reward;
       const model::RoundRecord& rec = sim->stats.rounds.at(sim->traces[r].round_index);
       declined = declined || rec.n_decisions == 1;
       EXPECT_NEAR(ret, rec.n_emitted - rho * cost->RoundCost(rec), 1e-4) << "round " << r << " rho " << rho;
@@ -393,7 +393,7 @@ TEST_F(CounterfactualTest, DinkelbachWithLoadsLearnsNotToSpeculateWhereItLoses) 
   o.conservative_margin = 0.2;
   o.dqn.epochs = 12;
   o.loads = {1, 256};
-  const model::ModelConfig config = model_->config();
+  const checkpoint::ModelConfig config = model_->config();
   o.cost_at_load = [config](int32_t load) -> StatusOr<std::unique_ptr<model::CostModel>> {
     return model::MakeAcceleratorCostModelAtLoad(config, load, /*ridge_tokens=*/16.0);
   };
@@ -412,7 +412,7 @@ TEST_F(CounterfactualTest, DinkelbachWithLoadsLearnsNotToSpeculateWhereItLoses) 
   // The selected policy, replayed at each load: it speculates alone and
   // declines to at 256 (within 1% of autoregressive there).
   auto network = std::make_shared<const policy::dqn::QNetwork>(result->dqn.network);
-  const ControllerMaker greedy = [network](int64_t) -> std::unique_ptr<model::ExitController> {
+  const ControllerMaker greedy = [network](int64_t) -> std::unique_ptr<speculation::ExitController> {
     return std::make_unique<policy::dqn::DqnExitController>(network, "selected");
   };
   std::vector<ShadowTrace> crowded = train;
@@ -450,12 +450,12 @@ TEST_F(CounterfactualTest, DinkelbachWarmStartIsPiZeroWhereItWins) {
   o.dqn.hidden = warm->hidden();
   o.max_iterations = 1;
   o.loads = {1, 256};
-  const model::ModelConfig config = model_->config();
+  const checkpoint::ModelConfig config = model_->config();
   o.cost_at_load = [config](int32_t load) -> StatusOr<std::unique_ptr<model::CostModel>> {
     return model::MakeAcceleratorCostModelAtLoad(config, load, /*ridge_tokens=*/16.0);
   };
   o.warm_start = warm;
-  const ControllerMaker warm_policy = [warm](int64_t) -> std::unique_ptr<model::ExitController> {
+  const ControllerMaker warm_policy = [warm](int64_t) -> std::unique_ptr<speculation::ExitController> {
     return std::make_unique<policy::dqn::DqnExitController>(warm, "warm");
   };
   std::vector<std::string> expected;
@@ -537,8 +537,8 @@ TEST_F(CounterfactualTest, CalibratedStartBeginsAtTheTunedRuleAndAdoptsOnlyWhatB
 
 // Candidates 1-3, D_max 6, decisions without probes (phase 1 from the
 // history, phase 2 on the token just drafted), as the shipped policies run.
-model::DecisionSpec HistoryModeSpec() {
-  model::DecisionSpec spec;
+speculation::DecisionSpec HistoryModeSpec() {
+  speculation::DecisionSpec spec;
   spec.candidate_layers = {1, 2, 3};
   spec.max_draft_len = 6;
   spec.probe_candidates = false;
@@ -552,11 +552,11 @@ model::DecisionSpec HistoryModeSpec() {
 TEST_F(CounterfactualTest, RolloutTargetsAreCenteredAndPreferPiByTheMargin) {
   const std::vector<ShadowTrace> traces = Traces();
   auto cost = model::MakeAcceleratorCostModel(model_->config());
-  const model::DecisionSpec spec = HistoryModeSpec();
+  const speculation::DecisionSpec spec = HistoryModeSpec();
   ControllerMaker pi = [](int64_t) { return std::make_unique<policy::StaticExitController>(2, 2); };
   std::vector<ControllerMaker> sources = {
       pi, [](int64_t) { return std::make_unique<policy::ThresholdExitController>(0.5f, 0.5f); }};
-  const policy::RewardSpec rewards = DinkelbachRewards(*cost, static_cast<int32_t>(model_->n_layers()), 6, 1.5);
+  const experience::RewardSpec rewards = DinkelbachRewards(*cost, static_cast<int32_t>(model_->n_layers()), 6, 1.5);
   auto plain = RolloutTransitions(traces, spec, pi, sources, rewards, "fp", 0.0);
   auto margin = RolloutTransitions(traces, spec, pi, sources, rewards, "fp", 0.4);
   ASSERT_TRUE(plain.ok() && margin.ok());
@@ -565,23 +565,23 @@ TEST_F(CounterfactualTest, RolloutTargetsAreCenteredAndPreferPiByTheMargin) {
   ASSERT_EQ(plain->size() % 2, 0u);
   int64_t pi_exits = 0, pi_continues = 0;
   for (size_t i = 0; i < plain->size(); i += 2) {
-    const policy::Transition &c = (*plain)[i], &e = (*plain)[i + 1];
-    ASSERT_EQ(c.action, model::Action::kContinue);
-    ASSERT_EQ(e.action, model::Action::kExit);
+    const experience::Transition &c = (*plain)[i], &e = (*plain)[i + 1];
+    ASSERT_EQ(c.action, speculation::Action::kContinue);
+    ASSERT_EQ(e.action, speculation::Action::kExit);
     ASSERT_EQ(c.state, e.state);
     ASSERT_TRUE(c.done && e.done);
     EXPECT_NEAR(c.reward + e.reward, 0.0f, 1e-5f);
     // pi's own action at this state (static: a function of phase, layer and draft position).
-    model::ExitState st;
+    speculation::ExitState st;
     st.phase = c.phase;
     st.layer = c.layer;
     st.n_layers = c.n_layers;
     st.draft_pos = c.draft_pos;
     st.max_draft_len = spec.max_draft_len;
-    const model::Action own = policy::StaticExitController(2, 2).Decide(st);
-    (own == model::Action::kExit ? pi_exits : pi_continues)++;
+    const speculation::Action own = policy::StaticExitController(2, 2).Decide(st);
+    (own == speculation::Action::kExit ? pi_exits : pi_continues)++;
     for (size_t j : {i, i + 1}) {
-      const policy::Transition &p = (*plain)[j], &m = (*margin)[j];
+      const experience::Transition &p = (*plain)[j], &m = (*margin)[j];
       ASSERT_EQ(p.state, m.state);
       EXPECT_NEAR(m.reward - p.reward, p.action == own ? 0.2f : -0.2f, 1e-5f);
     }
@@ -595,7 +595,7 @@ TEST_F(CounterfactualTest, RolloutTargetsAreCenteredAndPreferPiByTheMargin) {
 class SkippingStatic : public policy::StaticExitController {
  public:
   SkippingStatic() : StaticExitController(2, 2) {}
-  int32_t FirstProbeLayer(const model::ExitState&) override { return 2; }
+  int32_t FirstProbeLayer(const speculation::ExitState&) override { return 2; }
 };
 
 // The rollout of a decision replays the behaviour's round up to it, so it
@@ -608,11 +608,11 @@ class SkippingStatic : public policy::StaticExitController {
 TEST_F(CounterfactualTest, RolloutTargetsDoNotDependOnWherePiStartsPhaseOne) {
   const std::vector<ShadowTrace> traces = Traces();
   auto cost = model::MakeAcceleratorCostModel(model_->config());
-  const model::DecisionSpec spec = HistoryModeSpec();
+  const speculation::DecisionSpec spec = HistoryModeSpec();
   std::vector<ControllerMaker> sources = {
       [](int64_t) { return std::make_unique<policy::StaticExitController>(3, 1); },
       [](int64_t) { return std::make_unique<policy::ThresholdExitController>(0.5f, 0.5f); }};
-  const policy::RewardSpec rewards = DinkelbachRewards(*cost, static_cast<int32_t>(model_->n_layers()), 6, 1.5);
+  const experience::RewardSpec rewards = DinkelbachRewards(*cost, static_cast<int32_t>(model_->n_layers()), 6, 1.5);
   ControllerMaker walking = [](int64_t) { return std::make_unique<policy::StaticExitController>(2, 2); };
   ControllerMaker skipping = [](int64_t) { return std::make_unique<SkippingStatic>(); };
   auto want = RolloutTransitions(traces, spec, walking, sources, rewards, "fp", 0.2);
@@ -622,11 +622,11 @@ TEST_F(CounterfactualTest, RolloutTargetsDoNotDependOnWherePiStartsPhaseOne) {
   ASSERT_EQ(got->size(), want->size());
   int64_t below_start = 0;
   for (size_t i = 0; i < want->size(); ++i) {
-    const policy::Transition &w = (*want)[i], &g = (*got)[i];
+    const experience::Transition &w = (*want)[i], &g = (*got)[i];
     ASSERT_EQ(g.state, w.state) << i;
     ASSERT_EQ(g.action, w.action) << i;
     EXPECT_NEAR(g.reward, w.reward, 1e-4f) << i;
-    if (w.phase == model::Phase::kExitLayer && w.layer == 1) ++below_start;
+    if (w.phase == speculation::Phase::kExitLayer && w.layer == 1) ++below_start;
   }
   EXPECT_GT(below_start, 0);  // the behaviours' layer-1 states, which the skipping pi never visits itself
 }
@@ -634,7 +634,7 @@ TEST_F(CounterfactualTest, RolloutTargetsDoNotDependOnWherePiStartsPhaseOne) {
 TEST_F(CounterfactualTest, CounterfactualTransitionsCoverEveryBehaviour) {
   const std::vector<ShadowTrace> traces = Traces();
   auto cost = model::MakeAcceleratorCostModel(model_->config());
-  model::DecisionSpec spec;
+  speculation::DecisionSpec spec;
   spec.candidate_layers = {2, 4};
   spec.max_draft_len = 4;
   std::vector<ControllerMaker> behaviours = {
@@ -643,7 +643,7 @@ TEST_F(CounterfactualTest, CounterfactualTransitionsCoverEveryBehaviour) {
   auto ts = CounterfactualTransitions(traces, spec, behaviours, DinkelbachRewards(*cost, 12, 4, 1.5), "fp");
   ASSERT_TRUE(ts.ok());
   std::set<std::string> versions, requests;
-  for (const policy::Transition& t : *ts) versions.insert(t.policy_version), requests.insert(t.request_id);
+  for (const experience::Transition& t : *ts) versions.insert(t.policy_version), requests.insert(t.request_id);
   EXPECT_EQ(versions.size(), 2u);
   EXPECT_EQ(requests.size(), 2 * traces.size());
   EXPECT_EQ(ts->front().reward_cost_model, "accelerator");

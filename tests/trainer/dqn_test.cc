@@ -25,10 +25,10 @@ namespace {
 
 using ::lede::testing::IsOk;
 using ::lede::testing::StatusIs;
-using policy::Transition;
+using experience::Transition;
 using policy::dqn::QNetwork;
 using policy::dqn::QNetworkWeights;
-constexpr int kIn = model::kExitFeatureDim;
+constexpr int kIn = speculation::kExitFeatureDim;
 
 std::array<float, kIn> Features(float v) {
   std::array<float, kIn> f{};
@@ -75,10 +75,10 @@ std::vector<Transition> SyntheticMdp(int n, uint64_t seed) {
     Transition t;
     for (int k = 0; k < kIn - 1; ++k) t.state[k] = u(rng);
     t.state[kIn - 1] = 1.0f;
-    t.phase = t.state[0] > 0.5f ? model::Phase::kDraftLength : model::Phase::kExitLayer;
-    t.state[0] = t.phase == model::Phase::kDraftLength ? 1.0f : 0.0f;
-    t.action = u(rng) < 0.5f ? model::Action::kExit : model::Action::kContinue;
-    t.reward = t.action == model::Action::kExit ? (t.state[3] > 0.5f ? 1.0f : -1.0f) : 0.0f;
+    t.phase = t.state[0] > 0.5f ? speculation::Phase::kDraftLength : speculation::Phase::kExitLayer;
+    t.state[0] = t.phase == speculation::Phase::kDraftLength ? 1.0f : 0.0f;
+    t.action = u(rng) < 0.5f ? speculation::Action::kExit : speculation::Action::kContinue;
+    t.reward = t.action == speculation::Action::kExit ? (t.state[3] > 0.5f ? 1.0f : -1.0f) : 0.0f;
     t.done = true;
     t.request_id = "r" + std::to_string(i / 8);
     t.round_index = i % 8;
@@ -174,7 +174,7 @@ TEST(DqnTest, LearnsSyntheticMdp) {
   for (const Transition& t : fresh) {
     float q[policy::dqn::kNumActions];
     result->network.Forward(t.state.data(), q);
-    const bool exit = policy::dqn::GreedyAction(q) == model::Action::kExit;
+    const bool exit = policy::dqn::GreedyAction(q) == speculation::Action::kExit;
     correct += exit == (t.state[3] > 0.5f);
   }
   EXPECT_GE(correct, 0.95 * fresh.size()) << correct << " / " << fresh.size();
@@ -206,7 +206,7 @@ TEST(DqnTest, TrainingStartsLoadBlind) {
     float alone[policy::dqn::kNumActions], busy[policy::dqn::kNumActions];
     f[kIn - 1] = 0.0f;
     r->network.Forward(f.data(), alone);
-    f[kIn - 1] = model::LoadFeature(64);
+    f[kIn - 1] = speculation::LoadFeature(64);
     r->network.Forward(f.data(), busy);
     for (int a = 0; a < policy::dqn::kNumActions; ++a) EXPECT_EQ(alone[a], busy[a]);
   }

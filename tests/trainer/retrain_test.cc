@@ -42,8 +42,8 @@ using ::lede::testing::IsOk;
 using ::lede::testing::StatusIs;
 using ::testing::HasSubstr;
 using nlohmann::json;
-using policy::Transition;
-constexpr int kIn = model::kExitFeatureDim;
+using experience::Transition;
+constexpr int kIn = speculation::kExitFeatureDim;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr char kFingerprint[] = "fp-test";
 constexpr char kCostModel[] = "measured";
@@ -75,13 +75,13 @@ std::vector<Transition> Round(const std::string& request, int64_t round, int dra
   for (int i = 0; i < n; ++i) {
     Transition t;
     t.state = s;
-    t.phase = i < 2 ? model::Phase::kExitLayer : model::Phase::kDraftLength;
+    t.phase = i < 2 ? speculation::Phase::kExitLayer : speculation::Phase::kDraftLength;
     t.layer = i < 2 ? 2 + 2 * i : 4;
     t.n_layers = 8;
     t.draft_pos = i < 2 ? 0 : i - 1;
     // Probe at 2, then exit at 4 (or decline: drafts == 0), then draft
     // until the last decision stops to verify.
-    t.action = i == 0 || i == n - 1 ? model::Action::kContinue : model::Action::kExit;
+    t.action = i == 0 || i == n - 1 ? speculation::Action::kContinue : speculation::Action::kExit;
     t.reward = i == 0 ? -0.02f : (u(rng) < 0.7f ? 0.6f : -0.4f);
     t.done = i == n - 1;
     if (!t.done) {
@@ -601,7 +601,7 @@ TEST_F(RetrainTest, CreateRejectsBadOptions) {
   o.model_dir = "models/lede-tiny";  // without eval_prompts: the td trainer needs them
   o.trainer = "td";
   EXPECT_THAT(Retrainer::Create(o).status(), StatusIs(StatusCode::kInvalidArgument));
-  o.trainer = "auto";  // the counterfactual trainer evaluates on held-out logged requests instead (issue 37)
+  o.trainer = "auto";  // the counterfactual trainer evaluates on held-out logged requests instead
   EXPECT_THAT(Retrainer::Create(o).status(), IsOk());
   o.trainer = "sgd";
   EXPECT_THAT(Retrainer::Create(o).status(), StatusIs(StatusCode::kInvalidArgument, ::testing::HasSubstr("trainer")));

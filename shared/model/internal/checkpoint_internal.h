@@ -51,7 +51,7 @@ Status WriteTensorData(checkpoint::AtomicFile& out, const at::Tensor& t);
 // kInvalidArgument naming the first required tensor that is missing, not a
 // floating-point tensor, or shaped differently from what `c` implies.
 // `where` prefixes messages; `origin` (optional) names each tensor's file.
-Status CheckTensors(const ModelConfig& c, const TensorMap& tensors, const std::string& where,
+Status CheckTensors(const checkpoint::ModelConfig& c, const TensorMap& tensors, const std::string& where,
                     const std::map<std::string, std::string>* origin);
 
 // The shape of each tensor a checkpoint's files declare (read from their
@@ -62,7 +62,7 @@ using ShapeMap = std::map<std::string, std::vector<int64_t>>;
 // wrapped. A layer count the files cannot hold (9 tensors per layer) is
 // refused first, naming `layers_key` (the config's own key, e.g.
 // "num_hidden_layers"), before anything is sized by it.
-Status CheckTensorShapes(const ModelConfig& c, const ShapeMap& shapes, const std::string& where,
+Status CheckTensorShapes(const checkpoint::ModelConfig& c, const ShapeMap& shapes, const std::string& where,
                          const std::map<std::string, std::string>* origin, const std::string& layers_key);
 
 }  // namespace lede::model::internal

@@ -1,7 +1,7 @@
 // File: shared/model/internal/step_graphs.h
 //
-// StepGraphs: the recorded decode steps of one LlamaModel (issue 15, "CUDA
-// graphs per (batch, positions) bucket"; llama.h GraphMode). A bucket is
+// StepGraphs: the recorded decode steps of one LlamaModel (CUDA
+// graphs per (batch, positions) bucket; llama.h GraphMode). A bucket is
 // (first, last, T rows, context): the block range of the step, its rows
 // (1 for an AR or draft step, D + 1 for a verification) and the attention
 // context rounded up to a power of two (at least kMinContext, at most the

@@ -84,11 +84,8 @@ struct PreTokenizerStep {
   bool split = true;
 };
 
-}  // namespace lede::tokenizer::internal
-
-namespace lede::tokenizer {
-
-struct HfTokenizer::Impl {
+// The parsed tokenizer.json (HfTokenizer::Impl).
+struct HfTokenizerState {
   std::string source;
   bool byte_level = false;      // the model's strings are GPT-2-mapped bytes
   bool ignore_merges = false;
@@ -103,10 +100,10 @@ struct HfTokenizer::Impl {
   std::string normalizer_prepend;
   std::vector<std::pair<std::string, std::string>> normalizer_replace;
 
-  std::vector<internal::PreTokenizerStep> pre_tokenizer;
+  std::vector<PreTokenizerStep> pre_tokenizer;
   bool byte_level_add_prefix_space = false;
 
-  std::vector<internal::AddedToken> added;  // longest first
+  std::vector<AddedToken> added;  // longest first
   std::vector<std::vector<size_t>> added_by_first_byte;  // [256]: indices into `added`, longest first
   std::vector<std::string> token_bytes;  // id -> decoded bytes
   std::vector<bool> contributes_nothing;  // id -> special added token
@@ -129,8 +126,6 @@ struct HfTokenizer::Impl {
   Status EncodeSegment(std::string_view segment, bool first_segment, std::vector<int32_t>* ids) const;
 };
 
-namespace internal {
-
 // Parses tokenizer.json text into the tokenizer state: the model (BPE
 // vocabulary, merges), normalizer, pre-tokenizer, decoder, post-processor and
 // added tokens; BOS/EOS from `config`, else from the post-processor.
@@ -140,7 +135,6 @@ StatusOr<std::unique_ptr<HfTokenizer::Impl>> ParseTokenizerJson(const std::strin
                                                                  const std::string& source,
                                                                  const HfTokenizerConfig& config);
 
-}  // namespace internal
-}  // namespace lede::tokenizer
+}  // namespace lede::tokenizer::internal
 
 #endif  // LEDE_SHARED_TOKENIZER_INTERNAL_HF_TOKENIZER_IMPL_H_

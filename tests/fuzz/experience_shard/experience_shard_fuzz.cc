@@ -25,11 +25,11 @@ void PutUint32Le(uint32_t v, std::string* out) {
 
 void DecodeAndCheck(std::string_view shard) {
   using lede::fuzz::Check;
-  std::vector<lede::policy::Transition> out;
+  std::vector<lede::experience::Transition> out;
   const lede::experience::ShardReport report = lede::experience::DecodeShard(shard, "fuzz.lexp", &out);
   Check(report.records >= 0 && static_cast<size_t>(report.records) == out.size(),
         "records disagrees with the transitions returned");
-  for (const lede::policy::Transition& t : out) {
+  for (const lede::experience::Transition& t : out) {
     lede::v1::Transition wire;
     lede::experience::ToProto(t, &wire);
     Check(lede::experience::FromProto(wire).ok(), "a decoded transition does not survive ToProto/FromProto");

@@ -117,7 +117,7 @@ TEST(MethodFactoryTest, Threshold) {
   EXPECT_EQ(plan->mode, SpeculationMode::kAdaptive);
   EXPECT_EQ(plan->decision_spec.candidate_layers, (std::vector<int32_t>{1, 2, 3, 4, 5}));
   EXPECT_EQ(plan->decision_spec.max_draft_len, 8);
-  std::unique_ptr<model::ExitController> a = plan->MakeController(), b = plan->MakeController();
+  std::unique_ptr<speculation::ExitController> a = plan->MakeController(), b = plan->MakeController();
   ASSERT_NE(a, nullptr);
   EXPECT_NE(a.get(), b.get());
   EXPECT_EQ(a->name(), plan->policy_version);
@@ -136,7 +136,7 @@ TEST(MethodFactoryTest, LedeUsesTheArtifact) {
   EXPECT_EQ(plan->decision_spec.candidate_layers, (std::vector<int32_t>{2, 4}));
   EXPECT_EQ(plan->decision_spec.max_draft_len, 10);
   EXPECT_EQ(plan->policy_version, "v7");
-  std::unique_ptr<model::ExitController> c = plan->MakeController();
+  std::unique_ptr<speculation::ExitController> c = plan->MakeController();
   ASSERT_NE(c, nullptr);
   EXPECT_THAT(c->name(), HasSubstr("v7"));
 

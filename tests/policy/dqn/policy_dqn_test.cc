@@ -38,7 +38,7 @@ namespace fs = std::filesystem;
 using ::lede::testing::IsOk;
 using ::lede::testing::StatusIs;
 using Json = nlohmann::json;
-constexpr int kIn = model::kExitFeatureDim;
+constexpr int kIn = speculation::kExitFeatureDim;
 
 at::Tensor ToTensor(const std::vector<float>& v, std::vector<int64_t> shape) {
   at::Tensor t = at::empty(shape, at::kFloat);
@@ -184,20 +184,20 @@ TEST(QNetworkTest, RandomIsDeterministic) {
 TEST(DqnExitControllerTest, DecidePicksArgmax) {
   DqnExitController c(std::make_shared<const QNetwork>(ThresholdNetwork()), "v7");
   EXPECT_EQ(c.name(), "dqn:v7");
-  model::ExitState s;
+  speculation::ExitState s;
   s.n_layers = 8;
   s.layer = 2;
   s.top1_prob = 0.9f;
-  EXPECT_EQ(c.Decide(s), model::Action::kExit);
+  EXPECT_EQ(c.Decide(s), speculation::Action::kExit);
   EXPECT_FLOAT_EQ(c.last_q()[0], 0.5f);
   EXPECT_FLOAT_EQ(c.last_q()[1], 0.9f);
   s.top1_prob = 0.2f;
-  EXPECT_EQ(c.Decide(s), model::Action::kContinue);
+  EXPECT_EQ(c.Decide(s), speculation::Action::kContinue);
   s.top1_prob = 0.5f;  // q = [0.5, 0.5]: a tie
-  EXPECT_EQ(c.Decide(s), model::Action::kContinue);
-  s.phase = model::Phase::kDraftLength;
+  EXPECT_EQ(c.Decide(s), speculation::Action::kContinue);
+  s.phase = speculation::Phase::kDraftLength;
   s.top1_prob = 0.75f;
-  EXPECT_EQ(c.Decide(s), model::Action::kExit);
+  EXPECT_EQ(c.Decide(s), speculation::Action::kExit);
 }
 
 // Decide agrees with argmax of Forward on random states of a random network.
@@ -208,8 +208,8 @@ TEST(DqnExitControllerTest, DecideAgreesWithForwardOnRandomStates) {
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
   int exits = 0;
   for (int i = 0; i < 500; ++i) {
-    model::ExitState s;
-    s.phase = u(rng) < 0.5f ? model::Phase::kExitLayer : model::Phase::kDraftLength;
+    speculation::ExitState s;
+    s.phase = u(rng) < 0.5f ? speculation::Phase::kExitLayer : speculation::Phase::kDraftLength;
     s.n_layers = 16;
     s.layer = 1 + static_cast<int>(u(rng) * 14);
     s.max_draft_len = 8;
@@ -221,11 +221,11 @@ TEST(DqnExitControllerTest, DecideAgreesWithForwardOnRandomStates) {
     s.lookup_match = u(rng) < 0.5f ? 1.0f : 0.0f;
     s.trigram_seen = u(rng) < 0.5f ? 1.0f : 0.0f;
     float f[kIn], q[kNumActions];
-    model::ExitFeatures(s, f);
+    speculation::ExitFeatures(s, f);
     net->Forward(f, q);
-    const model::Action a = c.Decide(s);
-    EXPECT_EQ(a, q[1] > q[0] ? model::Action::kExit : model::Action::kContinue);
-    exits += a == model::Action::kExit;
+    const speculation::Action a = c.Decide(s);
+    EXPECT_EQ(a, q[1] > q[0] ? speculation::Action::kExit : speculation::Action::kContinue);
+    exits += a == speculation::Action::kExit;
   }
   EXPECT_GT(exits, 0);  // the check is not vacuous
 }
@@ -371,16 +371,16 @@ TEST_F(ArtifactTest, LoadBlindSpecReadsWithAZeroLoadWeight) {
     for (int c = 0; c < kIn - 1; ++c) EXPECT_EQ(got.fc1_weight[r * kIn + c], w.fc1_weight[r * kIn + c]);
     EXPECT_EQ(got.fc1_weight[r * kIn + kIn - 1], 0.0f) << "row " << r;
   }
-  model::ExitState s;
-  s.phase = model::Phase::kDraftLength;
+  speculation::ExitState s;
+  s.phase = speculation::Phase::kDraftLength;
   s.layer = 2;
   s.n_layers = 12;
   s.top1_prob = 0.7f;
   float f1[kIn], f64[kIn], q1[kNumActions], q64[kNumActions];
   s.load = 1;
-  model::ExitFeatures(s, f1);
+  speculation::ExitFeatures(s, f1);
   s.load = 64;
-  model::ExitFeatures(s, f64);
+  speculation::ExitFeatures(s, f64);
   ASSERT_NE(f1[kIn - 1], f64[kIn - 1]);
   loaded->network.Forward(f1, q1);
   loaded->network.Forward(f64, q64);

@@ -85,7 +85,7 @@ TEST(GenerateTest, GraphsOnGivesTheSameTextAndBadModesAreRefused) {
   EXPECT_EQ(out.str(), "");
 }
 
-// `lede generate --weights bf16|q8_0` (issue 35): greedy static speculation
+// `lede generate --weights bf16|q8_0`: greedy static speculation
 // prints the autoregressive text at each weight format (lossless at the
 // same precision), and a bad format is refused naming --weights.
 TEST(GenerateTest, WeightFormatsAreLosslessAndBadFormatsAreRefused) {

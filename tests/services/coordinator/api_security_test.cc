@@ -1,4 +1,4 @@
-// Security of the public API (issue 17, failure 8: "no transport security
+// Security of the public API ("no transport security
 // and no authentication"): TLS on the public gRPC API and the OpenAI HTTP
 // API, mutual TLS between the coordinator and a model service, and API keys
 // on both APIs. Certificates are made at test time with openssl

@@ -1,4 +1,4 @@
-// Bounded work per request (issue 17, failure 1): a 20 MiB prompt took the
+// Bounded work per request: a 20 MiB prompt took the
 // coordinator 17.6 s and 5 GB because it was accepted (64 MiB message
 // limit) and tokenized whole before the context check. These tests send it
 // to the public gRPC API and to the OpenAI HTTP API of an in-process

@@ -259,7 +259,7 @@ class Reference {
     go.sampling.temperature = s.temperature;
     go.sampling.top_p = s.top_p;
     go.sampling.seed = s.seed;
-    std::unique_ptr<model::ExitController> controller;
+    std::unique_ptr<speculation::ExitController> controller;
     switch (m.method) {
       case lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE:
         go.mode = model::SpeculationMode::kAutoregressive;
@@ -847,9 +847,9 @@ void LogExperienceAndCheck(LedeCluster& cluster, const std::string& store_url,
   for (const experience::ShardReport& s : read->shards) EXPECT_EQ(s.error, "") << s.path;
   auto serving = policy::dqn::ResolveServingVersion(ModelDir() + "/policy");
   ASSERT_THAT(serving, IsOk());
-  for (const policy::Transition& t : read->transitions) ASSERT_EQ(t.policy_version, *serving);
+  for (const experience::Transition& t : read->transitions) ASSERT_EQ(t.policy_version, *serving);
 
-  // The request log (issue 37): one record per greedy request, beside the
+  // The request log: one record per greedy request, beside the
   // experience shards, holding what the client received.
   auto requests = experience::ReadRequestLog(**store);
   ASSERT_THAT(requests, IsOk());
@@ -1096,7 +1096,7 @@ TEST_F(E2eSingleSlotTest, SessionClosesByRequestId) {
   EXPECT_EQ(WaitForFreeSlots(), 0) << Logs();
 }
 
-// The drafter takes at most model::kNgramWindow context tokens: more is
+// The drafter takes at most speculation::kNgramWindow context tokens: more is
 // INVALID_ARGUMENT naming the field and drafts nothing; a LEDE round with a
 // context drafts and reports each probe's n-gram signals in its records.
 TEST_F(E2eSingleSlotTest, DraftContextIsBoundedAndFeedsTheNgramSignals) {
@@ -1121,7 +1121,7 @@ TEST_F(E2eSingleSlotTest, DraftContextIsBoundedAndFeedsTheNgramSignals) {
   req.set_budget(4);
   req.set_record_trace(true);
   req.set_method(lede::v1::SPECULATION_METHOD_LEDE);
-  for (int i = 0; i <= model::kNgramWindow; ++i) req.add_context(5);
+  for (int i = 0; i <= speculation::kNgramWindow; ++i) req.add_context(5);
   lede::v1::DraftResponse resp;
   {
     grpc::ClientContext ctx;
@@ -1156,7 +1156,7 @@ TEST_F(E2eSingleSlotTest, DraftContextIsBoundedAndFeedsTheNgramSignals) {
       }
       std::vector<int32_t> before = context;
       before.insert(before.end(), resp.draft_tokens().begin(), resp.draft_tokens().begin() + r.draft_pos() - 1);
-      const model::NgramSignals want = model::ContextNgram(before.data(), static_cast<int64_t>(before.size()),
+      const speculation::NgramSignals want = speculation::ContextNgram(before.data(), static_cast<int64_t>(before.size()),
                                                            resp.draft_tokens(r.draft_pos() - 1));
       EXPECT_EQ(r.lookup_match(), want.lookup_match) << "draft_pos " << r.draft_pos();
       EXPECT_EQ(r.trigram_seen(), want.trigram_seen) << "draft_pos " << r.draft_pos();
@@ -1203,7 +1203,7 @@ TEST_F(E2eSingleSlotTest, DraftContextIsBoundedAndFeedsTheNgramSignals) {
   EXPECT_EQ(WaitForFreeSlots(), 0) << Logs();
 }
 
-// Issue 39, fault 2: a cancelled request's late calls, and a caller that
+// A cancelled request's late calls, and a caller that
 // never opened the session, name a slot its next owner now holds. Every
 // call on a slot must name the slot's session id: a stale or foreign one is
 // FAILED_PRECONDITION and leaves the live session exactly as it was (its
@@ -1357,7 +1357,7 @@ TEST_F(E2eSingleSlotTest, DeadlineDuringPrefillFreesTheSlot) {
 
 // ------------------------------------------------------------- admission
 
-// Issue 39, fault 2: a storm of sampled streams cancelled right after their
+// A storm of sampled streams cancelled right after their
 // first token (their sessions' cleanup racing the reuse of their KV slots)
 // beside greedy clients: every greedy request succeeds and equals its solo
 // run. Before session ids, a cancelled request's late Verify or Close could

@@ -1,4 +1,4 @@
-// Process lifecycle across real processes (issue 17): a coordinator killed
+// Process lifecycle across real processes: a coordinator killed
 // with SIGKILL while it holds every KV slot loses no capacity for more than
 // its lease (failure 2), at 4 and at 16 slots; a restarted coordinator of
 // the same --instance-name frees its predecessor's slots at once.

@@ -32,8 +32,8 @@ constexpr int64_t kGiB = int64_t{1} << 30;
 
 // Llama-3.2-1B's shape: 16 layers, 8 KV heads of 64, a 131,072-token window
 // (64 KiB of float32 K/V per token and slot: 8 GiB for the window).
-model::ModelConfig Llama32OneB() {
-  model::ModelConfig c;
+checkpoint::ModelConfig Llama32OneB() {
+  checkpoint::ModelConfig c;
   c.dim = 2048;
   c.hidden_dim = 8192;
   c.n_layers = 16;

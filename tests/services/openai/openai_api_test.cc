@@ -199,7 +199,7 @@ TEST(OpenAiParseTest, HttpErrorsNameTheParam) {
             "top_logprobs");
 }
 
-// Issue 39, fault 1: a value nested far deeper than any request needs, in
+// A value nested far deeper than any request needs, in
 // any field of either endpoint (known, ignored, or the body itself), is a
 // 400 naming that field, never a crash (37,000 levels used to overflow the
 // coordinator's stack). Just under the limit, the field's own check speaks.

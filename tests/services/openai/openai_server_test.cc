@@ -174,7 +174,7 @@ int Connect(int port) {
   return fd;
 }
 
-// Issue 39, fault 3: slow clients (headers that never end), idle
+// Slow clients (headers that never end), idle
 // connections and floods of connections.
 class OpenAiConnectionTest : public OpenAiServerTest {
  protected:

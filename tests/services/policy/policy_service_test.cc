@@ -87,17 +87,17 @@ void SaveTestPolicy(const fs::path& root, const std::string& version, const std:
 }
 
 std::string TinyFingerprint() {
-  auto config = model::ParseHfConfig(ReadAll(kTinyConfig), kTinyConfig);
+  auto config = checkpoint::ParseHfConfig(ReadAll(kTinyConfig), kTinyConfig);
   EXPECT_THAT(config, IsOk());
   return config.ok() ? config->ArchitectureFingerprint() : "";
 }
 
 // Decision states spread over both phases and the confidence range.
-std::vector<std::array<float, model::kExitFeatureDim>> SomeFeatures() {
-  std::vector<std::array<float, model::kExitFeatureDim>> out;
+std::vector<std::array<float, speculation::kExitFeatureDim>> SomeFeatures() {
+  std::vector<std::array<float, speculation::kExitFeatureDim>> out;
   for (int i = 0; i < 12; ++i) {
-    model::ExitState s;
-    s.phase = i % 3 == 0 ? model::Phase::kDraftLength : model::Phase::kExitLayer;
+    speculation::ExitState s;
+    s.phase = i % 3 == 0 ? speculation::Phase::kDraftLength : speculation::Phase::kExitLayer;
     s.n_layers = 12;
     s.layer = 2 + i % 5;
     s.max_draft_len = 8;
@@ -106,14 +106,14 @@ std::vector<std::array<float, model::kExitFeatureDim>> SomeFeatures() {
     s.top_k_nll = 0.3f * static_cast<float>(12 - i);
     s.entropy = 0.25f * static_cast<float>(i % 7);
     s.trace_nll = 0.1f * static_cast<float>(i);
-    std::array<float, model::kExitFeatureDim> f;
-    model::ExitFeatures(s, f.data());
+    std::array<float, speculation::kExitFeatureDim> f;
+    speculation::ExitFeatures(s, f.data());
     out.push_back(f);
   }
   return out;
 }
 
-lede::v1::DecideRequest MakeRequest(const std::vector<std::array<float, model::kExitFeatureDim>>& fs) {
+lede::v1::DecideRequest MakeRequest(const std::vector<std::array<float, speculation::kExitFeatureDim>>& fs) {
   lede::v1::DecideRequest request;
   for (const auto& f : fs) request.add_states()->mutable_features()->Add(f.begin(), f.end());
   return request;
@@ -229,7 +229,7 @@ TEST_F(PolicyServiceTest, DecideMatchesQNetwork) {
     artifact->network.Forward(features[i].data(), q);
     EXPECT_EQ(response.q_continue(i), q[0]) << "state " << i;
     EXPECT_EQ(response.q_exit(i), q[1]) << "state " << i;
-    const auto want = policy::dqn::GreedyAction(q) == model::Action::kExit
+    const auto want = policy::dqn::GreedyAction(q) == speculation::Action::kExit
                           ? lede::v1::EXIT_ACTION_EXIT
                           : lede::v1::EXIT_ACTION_CONTINUE;
     EXPECT_EQ(response.actions(i), want) << "state " << i;
@@ -535,8 +535,8 @@ TEST_F(PolicyServiceTest, RemoteDecisionMatchesLocalAndFallsBack) {
   EXPECT_EQ(remote.name(), "remote");
 
   for (int i = 0; i < 8; ++i) {
-    model::ExitState s;
-    s.phase = i % 2 ? model::Phase::kDraftLength : model::Phase::kExitLayer;
+    speculation::ExitState s;
+    s.phase = i % 2 ? speculation::Phase::kDraftLength : speculation::Phase::kExitLayer;
     s.n_layers = 12;
     s.layer = 2 + i % 4;
     s.max_draft_len = 8;
@@ -556,9 +556,9 @@ TEST_F(PolicyServiceTest, RemoteDecisionMatchesLocalAndFallsBack) {
   model_service::RemoteDecisionOptions fast = options;
   fast.timeout = absl::Milliseconds(500);
   model_service::RemoteDecisionController orphan(stub, fast);
-  model::ExitState s;
+  speculation::ExitState s;
   s.top1_prob = 0.99f;
-  EXPECT_EQ(orphan.Decide(s), model::Action::kContinue);
+  EXPECT_EQ(orphan.Decide(s), speculation::Action::kContinue);
   EXPECT_EQ(orphan.n_failures(), 1);
   EXPECT_FALSE(orphan.last_status().ok());
 }
@@ -619,7 +619,7 @@ TEST(PolicyServerFlagsTest, ParsesAndValidatesFlags) {
     lede::testing::TempDir gguf_dir;
     auto text = file::ReadFile(kTinyConfig);
     ASSERT_THAT(text, IsOk());
-    auto config = model::ParseHfConfig(*text, kTinyConfig);
+    auto config = checkpoint::ParseHfConfig(*text, kTinyConfig);
     ASSERT_THAT(config, IsOk());
     checkpoint::GgufWriter w;
     ASSERT_THAT(checkpoint::AddLlamaMetadata(*config, "lede-tiny", &w), IsOk());

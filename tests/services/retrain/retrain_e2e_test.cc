@@ -1,4 +1,4 @@
-// End-to-end test of the batch retraining loop (issue 6) over real
+// End-to-end test of the batch retraining loop over real
 // processes: lede-policy (hot reload of the policy root's SERVING pointer),
 // a co-located lede-model (the drafter follows the policy service) and
 // lede-coordinator (experience to a local store) on 127.0.0.1:0.
@@ -127,7 +127,7 @@ std::set<std::string> LoggedRequests(const std::string& dir) {
   if (!store.ok()) return ids;
   auto read = experience::ReadShardsFromStore(**store, "");
   if (!read.ok()) return ids;
-  for (const policy::Transition& t : read->transitions) ids.insert(t.request_id);
+  for (const experience::Transition& t : read->transitions) ids.insert(t.request_id);
   return ids;
 }
 

@@ -263,9 +263,9 @@ class GgufLlamaTest : public ::testing::Test {
  protected:
   // d 64, 4 heads (2 kv), FFN 96, 2 layers, vocab 5, tied unless `untied`.
   std::string Write(bool untied, int64_t bad_ffn = 0, const std::string& arch = "llama",
-                    model::RopeScaling scaling = {}, const std::vector<float>* rope_freqs = nullptr) {
+                    RopeScaling scaling = {}, const std::vector<float>* rope_freqs = nullptr) {
     GgufWriter w;
-    model::ModelConfig c;
+    ModelConfig c;
     c.rope_scaling = scaling;
     c.dim = 64;
     c.hidden_dim = 96;
@@ -330,7 +330,7 @@ TEST_F(GgufLlamaTest, ReadsTheHyperParameters) {
   EXPECT_EQ(c->rope_theta, 500000.0);
   EXPECT_EQ(c->rms_norm_eps, 1e-5);  // the float32 read back as the decimal written
   EXPECT_TRUE(c->tie_word_embeddings);
-  EXPECT_EQ(c->rope_style, model::RopeStyle::kAdjacentPairs);
+  EXPECT_EQ(c->rope_style, RopeStyle::kAdjacentPairs);
   EXPECT_EQ(c->bos_id, 3);
   EXPECT_THAT(c->eos_ids, ::testing::ElementsAre(4, 2));
 
@@ -362,8 +362,8 @@ TEST_F(GgufLlamaTest, RefusesContradictionsNamingTheTensorOrKey) {
 // Llama-3 RoPE scaling travels as llama.cpp's rope_freqs.weight and comes
 // back as the same parameters; divisors no parameters reproduce are refused.
 TEST_F(GgufLlamaTest, Llama3RopeScalingRoundTripsThroughRopeFreqs) {
-  model::RopeScaling s;
-  s.type = model::RopeScaling::Type::kLlama3;
+  RopeScaling s;
+  s.type = RopeScaling::Type::kLlama3;
   s.factor = 32.0;
   s.low_freq_factor = 1.0;
   s.high_freq_factor = 4.0;
@@ -381,14 +381,14 @@ TEST_F(GgufLlamaTest, Llama3RopeScalingRoundTripsThroughRopeFreqs) {
   EXPECT_LT(v[4], 32.0f);
   auto c = GgufLlamaConfig(**f);
   ASSERT_THAT(c, IsOk());
-  EXPECT_EQ(c->rope_scaling.type, model::RopeScaling::Type::kLlama3);
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLlama3);
   EXPECT_EQ(c->rope_scaling.factor, 32.0);
   EXPECT_EQ(c->rope_scaling.low_freq_factor, 1.0);
   EXPECT_EQ(c->rope_scaling.high_freq_factor, 4.0);
   EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 8192);
 
   const std::vector<float> odd = {1, 1, 3, 1, 5, 1, 7, 9};
-  f = GgufFile::Open(Write(false, 0, "llama", model::RopeScaling{}, &odd));
+  f = GgufFile::Open(Write(false, 0, "llama", RopeScaling{}, &odd));
   ASSERT_THAT(f, IsOk());
   EXPECT_THAT(GgufLlamaConfig(**f), StatusIs(StatusCode::kInvalidArgument, HasSubstr("rope_freqs.weight")));
 }

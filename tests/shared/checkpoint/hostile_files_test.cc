@@ -152,21 +152,21 @@ std::string ConfigJson(int64_t layers, int64_t context) {
 }
 
 TEST(HostileConfigTest, LayerCountAndContextWindowAreBoundedNamingTheKey) {
-  EXPECT_THAT(model::ParseHfConfig(ConfigJson(2, 128), "config.json"), IsOk());
-  EXPECT_THAT(model::ParseHfConfig(ConfigJson(2147483647, 128), "config.json"),
+  EXPECT_THAT(ParseHfConfig(ConfigJson(2, 128), "config.json"), IsOk());
+  EXPECT_THAT(ParseHfConfig(ConfigJson(2147483647, 128), "config.json"),
               StatusIs(StatusCode::kInvalidArgument,
                        HasSubstr("config.json: field \"num_hidden_layers\" is 2147483647, outside [1, 65536]")));
-  EXPECT_THAT(model::ParseHfConfig(ConfigJson(2, 1000000000), "config.json"),
+  EXPECT_THAT(ParseHfConfig(ConfigJson(2, 1000000000), "config.json"),
               StatusIs(StatusCode::kInvalidArgument,
                        HasSubstr("field \"max_position_embeddings\" is 1000000000, outside [1, 16777216]")));
   // The bound itself is accepted: a 16M-token window is a real (if large) model.
-  EXPECT_THAT(model::ParseHfConfig(ConfigJson(2, model::kMaxContextTokens), "config.json"), IsOk());
-  EXPECT_THAT(model::ParseHfConfig(R"({"hidden_size": 2097152, "intermediate_size": 96, "num_hidden_layers": 2,
+  EXPECT_THAT(ParseHfConfig(ConfigJson(2, model::kMaxContextTokens), "config.json"), IsOk());
+  EXPECT_THAT(ParseHfConfig(R"({"hidden_size": 2097152, "intermediate_size": 96, "num_hidden_layers": 2,
                                        "num_attention_heads": 4, "vocab_size": 5, "max_position_embeddings": 8})",
                                    "config.json"),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("field \"hidden_size\" is 2097152")));
   // Validate holds the same bounds for configs made elsewhere.
-  auto c = model::ParseHfConfig(ConfigJson(2, 128), "config.json");
+  auto c = ParseHfConfig(ConfigJson(2, 128), "config.json");
   ASSERT_THAT(c, IsOk());
   c->max_seq_len = model::kMaxContextTokens + 1;
   EXPECT_THAT(c->Validate(), StatusIs(StatusCode::kInvalidArgument, HasSubstr("ModelConfig.max_seq_len")));

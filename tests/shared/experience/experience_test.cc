@@ -2,7 +2,7 @@
 //
 // Tests for shared/experience/experience.h: shard round trips, complete-or-invisible
 // writing, corrupt shards (each reported and skipped, never fatal), the
-// policy::Transition <-> lede.v1.Transition conversions, and the Python
+// Transition <-> lede.v1.Transition conversions, and the Python
 // reader (scripts/read_experience.py) on a shard the C++ writer wrote; and
 // for shared/experience/experience_logger.h: shards Put() to object stores (local,
 // fake, and a real S3 server, s3rver, skipped when absent), rotation,
@@ -64,17 +64,17 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
 // A transition whose every field depends on `i`, so that mix-ups show.
-policy::Transition MakeTransition(int i) {
-  policy::Transition t;
-  for (int k = 0; k < model::kExitFeatureDim; ++k) {
+Transition MakeTransition(int i) {
+  Transition t;
+  for (int k = 0; k < speculation::kExitFeatureDim; ++k) {
     t.state[k] = 0.25f * i + 0.01f * k;
     t.next_state[k] = -0.5f * i - 0.02f * k;
   }
-  t.action = i % 3 == 0 ? model::Action::kExit : model::Action::kContinue;
+  t.action = i % 3 == 0 ? speculation::Action::kExit : speculation::Action::kContinue;
   t.reward = i % 5 == 0 ? -2.0f + 0.125f * i : 0.5f * i;
   t.done = i % 4 == 3;
   if (t.done) t.next_state = {};
-  t.phase = i % 2 == 0 ? model::Phase::kExitLayer : model::Phase::kDraftLength;
+  t.phase = i % 2 == 0 ? speculation::Phase::kExitLayer : speculation::Phase::kDraftLength;
   t.layer = 1 + i % 7;
   t.n_layers = 8 + i % 3;
   t.draft_pos = i % 6;
@@ -87,13 +87,13 @@ policy::Transition MakeTransition(int i) {
   return t;
 }
 
-std::vector<policy::Transition> MakeTransitions(int first, int n) {
-  std::vector<policy::Transition> out;
+std::vector<Transition> MakeTransitions(int first, int n) {
+  std::vector<Transition> out;
   for (int i = first; i < first + n; ++i) out.push_back(MakeTransition(i));
   return out;
 }
 
-void ExpectSameTransition(const policy::Transition& a, const policy::Transition& b) {
+void ExpectSameTransition(const Transition& a, const Transition& b) {
   EXPECT_EQ(a.state, b.state);
   EXPECT_EQ(a.action, b.action);
   EXPECT_EQ(a.reward, b.reward);
@@ -111,8 +111,8 @@ void ExpectSameTransition(const policy::Transition& a, const policy::Transition&
   EXPECT_EQ(a.reward_cost_model, b.reward_cost_model);
 }
 
-void ExpectSameTransitions(const std::vector<policy::Transition>& a,
-                           const std::vector<policy::Transition>& b) {
+void ExpectSameTransitions(const std::vector<Transition>& a,
+                           const std::vector<Transition>& b) {
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) {
     SCOPED_TRACE("transition " + std::to_string(i));
@@ -173,10 +173,10 @@ class ShardTestBase : public ::testing::Test {
   std::string Path(const std::string& name) const { return dir_ + "/" + name; }
 
   // Writes `transitions` to the shard `name` and finishes it.
-  void WriteShard(const std::string& name, const std::vector<policy::Transition>& transitions) {
+  void WriteShard(const std::string& name, const std::vector<Transition>& transitions) {
     StatusOr<std::unique_ptr<ShardWriter>> writer = ShardWriter::Create(Path(name));
     ASSERT_THAT(writer, IsOk());
-    for (const policy::Transition& t : transitions) ASSERT_THAT((*writer)->Append(t), IsOk());
+    for (const Transition& t : transitions) ASSERT_THAT((*writer)->Append(t), IsOk());
     ASSERT_THAT((*writer)->Finish(), IsOk());
   }
 
@@ -197,10 +197,10 @@ using ReadShardsTest = ShardTestBase;
 // Many transitions survive a write and a read with every field intact, and
 // records()/bytes() describe the file that was written.
 TEST_F(ShardWriterTest, RoundTripsManyTransitionsWithAllFields) {
-  const std::vector<policy::Transition> in = MakeTransitions(0, 5000);
+  const std::vector<Transition> in = MakeTransitions(0, 5000);
   StatusOr<std::unique_ptr<ShardWriter>> writer = ShardWriter::Create(Path("a.lexp"));
   ASSERT_THAT(writer, IsOk());
-  for (const policy::Transition& t : in) ASSERT_THAT((*writer)->Append(t), IsOk());
+  for (const Transition& t : in) ASSERT_THAT((*writer)->Append(t), IsOk());
   ASSERT_THAT((*writer)->Finish(), IsOk());
   EXPECT_EQ((*writer)->records(), 5000);
   EXPECT_EQ((*writer)->bytes(), static_cast<int64_t>(fs::file_size(Path("a.lexp"))));
@@ -226,7 +226,7 @@ TEST_F(ReadShardsTest, ReadsShardsInNameOrder) {
   EXPECT_EQ(read->shards[0].path, Path("a.lexp"));
   EXPECT_EQ(read->shards[1].path, Path("b.lexp"));
   EXPECT_EQ(read->shards[2].path, Path("c.lexp"));
-  std::vector<policy::Transition> expected = MakeTransitions(0, 2);
+  std::vector<Transition> expected = MakeTransitions(0, 2);
   for (const auto& t : MakeTransitions(10, 3)) expected.push_back(t);
   for (const auto& t : MakeTransitions(20, 4)) expected.push_back(t);
   ExpectSameTransitions(read->transitions, expected);
@@ -296,7 +296,7 @@ TEST_F(ReadShardsTest, TruncatedShardIsReportedAndOthersAreRead) {
   EXPECT_EQ(read->shards[1].records, 3);
   EXPECT_THAT(read->shards[1].error, HasSubstr("truncated"));
   EXPECT_THAT(read->shards[2].error, IsEmpty());
-  std::vector<policy::Transition> expected = MakeTransitions(0, 3);
+  std::vector<Transition> expected = MakeTransitions(0, 3);
   for (const auto& t : MakeTransitions(10, 3)) expected.push_back(t);
   for (const auto& t : MakeTransitions(20, 2)) expected.push_back(t);
   ExpectSameTransitions(read->transitions, expected);
@@ -331,7 +331,7 @@ TEST_F(ReadShardsTest, FlippedByteFailsChecksum) {
   EXPECT_THAT(read->shards[0].error, HasSubstr("checksum"));
   EXPECT_EQ(read->shards[1].records, 2);
   EXPECT_THAT(read->shards[1].error, IsEmpty());
-  std::vector<policy::Transition> expected = MakeTransitions(0, 2);
+  std::vector<Transition> expected = MakeTransitions(0, 2);
   for (const auto& t : MakeTransitions(10, 2)) expected.push_back(t);
   ExpectSameTransitions(read->transitions, expected);
 }
@@ -369,7 +369,7 @@ TEST_F(ReadShardsTest, GarbageRecordIsReported) {
   EXPECT_EQ(read->shards[0].records, 1);
   EXPECT_THAT(read->shards[0].error, HasSubstr("unparsable"));
   EXPECT_THAT(read->shards[1].error, IsEmpty());
-  std::vector<policy::Transition> expected = MakeTransitions(0, 1);
+  std::vector<Transition> expected = MakeTransitions(0, 1);
   expected.push_back(MakeTransition(10));
   ExpectSameTransitions(read->transitions, expected);
 }
@@ -435,10 +435,10 @@ TEST_F(ReadShardsTest, MissingDirIsNotFound) {
 
 // ToProto writes every field, and no next_state for a terminal transition.
 TEST(ShardRecordTest, ToProtoWritesEveryField) {
-  policy::Transition t = MakeTransition(7);  // done, phase 2, continue
+  Transition t = MakeTransition(7);  // done, phase 2, continue
   lede::v1::Transition r;
   ToProto(t, &r);
-  ASSERT_EQ(r.state_size(), model::kExitFeatureDim);
+  ASSERT_EQ(r.state_size(), speculation::kExitFeatureDim);
   EXPECT_EQ(r.state(3), t.state[3]);
   EXPECT_EQ(r.action(), lede::v1::EXIT_ACTION_CONTINUE);
   EXPECT_EQ(r.reward(), t.reward);
@@ -458,7 +458,7 @@ TEST(ShardRecordTest, ToProtoWritesEveryField) {
   t = MakeTransition(6);  // not done, phase 1, exit
   ToProto(t, &r);
   EXPECT_FALSE(r.done());
-  EXPECT_EQ(r.next_state_size(), model::kExitFeatureDim);
+  EXPECT_EQ(r.next_state_size(), speculation::kExitFeatureDim);
   EXPECT_EQ(r.action(), lede::v1::EXIT_ACTION_EXIT);
   EXPECT_EQ(r.phase(), lede::v1::PHASE_EXIT_LAYER);
 }
@@ -468,7 +468,7 @@ TEST(ShardRecordTest, FromProtoInvertsToProto) {
   for (int i = 0; i < 12; ++i) {
     lede::v1::Transition r;
     ToProto(MakeTransition(i), &r);
-    StatusOr<policy::Transition> t = FromProto(r);
+    StatusOr<Transition> t = FromProto(r);
     ASSERT_THAT(t, IsOk());
     ExpectSameTransition(*t, MakeTransition(i));
   }
@@ -478,21 +478,21 @@ TEST(ShardRecordTest, FromProtoInvertsToProto) {
 // fewer) reads with the load feature 0 (load 1), the rest as written; a
 // next_state of another width than its state is refused.
 TEST(ShardRecordTest, FromProtoReadsLoadBlindRecordsAsLoadOne) {
-  policy::Transition want = MakeTransition(6);  // not done
-  want.state[model::kExitFeatureDim - 1] = 0.0f;
-  want.next_state[model::kExitFeatureDim - 1] = 0.0f;
+  Transition want = MakeTransition(6);  // not done
+  want.state[speculation::kExitFeatureDim - 1] = 0.0f;
+  want.next_state[speculation::kExitFeatureDim - 1] = 0.0f;
   lede::v1::Transition r;
   ToProto(want, &r);
   r.mutable_state()->RemoveLast();
   r.mutable_next_state()->RemoveLast();
-  StatusOr<policy::Transition> t = FromProto(r);
+  StatusOr<Transition> t = FromProto(r);
   ASSERT_THAT(t, IsOk());
   ExpectSameTransition(*t, want);
   r.mutable_next_state()->RemoveLast();
   EXPECT_THAT(FromProto(r), StatusIs(StatusCode::kInvalidArgument, HasSubstr("next_state")));
 }
 
-// FromProto refuses records that a policy::Transition cannot hold.
+// FromProto refuses records that a Transition cannot hold.
 TEST(ShardRecordTest, FromProtoRejectsMalformedRecords) {
   lede::v1::Transition good;
   ToProto(MakeTransition(2), &good);
@@ -662,7 +662,7 @@ ExperienceLoggerOptions SmallOptions() {
 }
 
 // Reads everything under `prefix` and checks that no shard is bad.
-std::vector<policy::Transition> ReadAllClean(storage::ObjectStore& store, const std::string& prefix,
+std::vector<Transition> ReadAllClean(storage::ObjectStore& store, const std::string& prefix,
                                              size_t* n_shards = nullptr) {
   StatusOr<ReadResult> read = ReadShardsFromStore(store, prefix);
   EXPECT_THAT(read, IsOk());
@@ -824,12 +824,12 @@ TEST(ExperienceLoggerTest, RetriesFailedPutsThenCountsAndDrops) {
   EXPECT_EQ(c.records_written, 5);
   EXPECT_EQ(c.shards_written, 2);
   EXPECT_EQ(c.records_logged, c.records_written + c.records_lost + c.records_rejected);
-  std::vector<policy::Transition> expected = MakeTransitions(0, 3);
+  std::vector<Transition> expected = MakeTransitions(0, 3);
   for (const auto& t : MakeTransitions(7, 2)) expected.push_back(t);
   ExpectSameTransitions(ReadAllClean(*store, "experience"), expected);
 }
 
-// Issue 39, fault 5: a failing store is loud. The first failed Put()
+// A failing store is loud. The first failed Put()
 // attempt reaches on_put_error at once, naming the shard and the store's
 // error; further failures within put_error_interval are counted, not
 // reported, and the next report says how many it folds in.
@@ -1009,7 +1009,7 @@ TEST(ReadShardsFromStoreTest, ReportsBadShardsAndSkipsOtherObjects) {
   EXPECT_THAT(read->shards[0].error, IsEmpty());
   EXPECT_EQ(read->shards[1].records, 1);
   EXPECT_THAT(read->shards[1].error, HasSubstr("truncated"));
-  std::vector<policy::Transition> expected = MakeTransitions(0, 3);
+  std::vector<Transition> expected = MakeTransitions(0, 3);
   expected.push_back(MakeTransition(10));
   ExpectSameTransitions(read->transitions, expected);
   EXPECT_THAT(ReadShardsFromStore(store, "/abs"), StatusIs(StatusCode::kInvalidArgument));
@@ -1048,7 +1048,7 @@ TEST(ExperienceLoggerTest, KilledWriterLeavesOnlyCompleteShards) {
   ASSERT_TRUE(enough) << "the child wrote fewer than 8 shards in 20 s";
 
   size_t n_shards = 0;
-  const std::vector<policy::Transition> read = ReadAllClean(**store, "experience", &n_shards);
+  const std::vector<Transition> read = ReadAllClean(**store, "experience", &n_shards);
   EXPECT_GE(n_shards, 8u);
   EXPECT_GT(read.size(), 8u * 100);
 }
@@ -1079,7 +1079,7 @@ TEST(ExperienceLoggerTest, RoundTripThroughS3) {
 }
 
 // ---------------------------------------------------------------------------
-// Disk hygiene (issue 17): stale temporaries at start, retention.
+// Disk hygiene: stale temporaries at start, retention.
 
 // Sets the modification time of `path` to `t`.
 void SetModified(const fs::path& path, absl::Time t) {
@@ -1109,7 +1109,7 @@ std::shared_ptr<storage::ObjectStore> OpenLocal(const fs::path& dir) {
   return std::shared_ptr<storage::ObjectStore>(std::move(opened).value());
 }
 
-// Issue 17, failure 6: kill -9 during a shard write left a 2 MiB temporary
+// `kill -9` during a shard write left a 2 MiB temporary
 // file that no restart removed. A (re)started logger removes the temporary
 // files of dead writers under its prefix, counts them, and leaves a live
 // writer's in-progress file, other prefixes and finished shards alone.
@@ -1200,7 +1200,7 @@ TEST(RetentionTest, DeletesOldestShardsFirstByAgeThenSize) {
   EXPECT_THAT(ApplyRetention(*store, "../", size, now), StatusIs(StatusCode::kInvalidArgument));
 }
 
-// Issue 17, failure 7: experience grew without bound. The logger applies
+// Experience grew without bound. The logger applies
 // its retention policy when it starts and then after a shard is published
 // once retention_interval has passed on its clock (a FakeClock here: time
 // decides, not sleeps), deleting shards of any writer under its prefix.

@@ -1,4 +1,4 @@
-// Tests of the batched verification step (shared/model/batch.h, issue 12):
+// Tests of the batched verification step (shared/model/batch.h):
 // a batch that mixes verification rounds of different exit layers and draft
 // lengths (with and without the drafter's ready row), autoregressive steps
 // and prefill chunks of different lengths, with sessions arriving at
@@ -34,7 +34,7 @@ namespace {
 using ::lede::testing::IsOk;
 using ::lede::testing::StatusIs;
 
-constexpr float kLogitTolerance = 1e-4f;  // issue 12: batched and solo logits within 1e-4 (fp32)
+constexpr float kLogitTolerance = 1e-4f;  // batched and solo logits within 1e-4 (fp32)
 constexpr char kLedeTinyDir[] = "models/lede-tiny";
 
 struct Pools {
@@ -253,8 +253,8 @@ std::vector<Seq> MakeSeqs(int64_t vocab, uint32_t seed) {
   return seqs;
 }
 
-ModelConfig RandomGqaConfig() {
-  ModelConfig c = testing::TinyConfig();
+checkpoint::ModelConfig RandomGqaConfig() {
+  checkpoint::ModelConfig c = testing::TinyConfig();
   c.dim = 48;
   c.hidden_dim = 100;
   c.n_layers = 5;

@@ -85,8 +85,8 @@ std::string Floats(std::initializer_list<float> values) {
 }
 
 // A small GQA config: d 16, ffn 24, 2 layers, 4 heads / 2 kv heads, V 11.
-ModelConfig TinyConfig(bool tied) {
-  ModelConfig c;
+checkpoint::ModelConfig TinyConfig(bool tied) {
+  checkpoint::ModelConfig c;
   c.dim = 16;
   c.hidden_dim = 24;
   c.n_layers = 2;
@@ -104,7 +104,7 @@ ModelConfig TinyConfig(bool tied) {
 
 // The documented name -> shape table of checkpoint.h.
 std::map<std::string, std::vector<int64_t>> ExpectedShapes(
-    const ModelConfig& c) {
+    const checkpoint::ModelConfig& c) {
   const int64_t d = c.dim, hd = c.dim / c.n_heads, f = c.hidden_dim;
   const int64_t q = c.n_heads * hd, kv = c.n_kv_heads * hd;
   std::map<std::string, std::vector<int64_t>> s;
@@ -126,7 +126,7 @@ std::map<std::string, std::vector<int64_t>> ExpectedShapes(
   return s;
 }
 
-TensorMap RandomTensors(const ModelConfig& c, uint64_t seed) {
+TensorMap RandomTensors(const checkpoint::ModelConfig& c, uint64_t seed) {
   at::manual_seed(seed);
   TensorMap t;
   for (const auto& [name, shape] : ExpectedShapes(c))
@@ -155,7 +155,7 @@ void ExpectSameTensors(const TensorMap& actual, const TensorMap& expected) {
   }
 }
 
-void ExpectSameConfig(const ModelConfig& a, const ModelConfig& b) {
+void ExpectSameConfig(const checkpoint::ModelConfig& a, const checkpoint::ModelConfig& b) {
   EXPECT_EQ(a.dim, b.dim);
   EXPECT_EQ(a.hidden_dim, b.hidden_dim);
   EXPECT_EQ(a.n_layers, b.n_layers);
@@ -187,7 +187,7 @@ TEST(CheckpointTest, Stories260KLoadsWithDocumentedShapes) {
   ASSERT_TRUE(fs::exists(Stories260K())) << Stories260K();
   auto ckpt = LoadCheckpoint(Stories260K());
   ASSERT_THAT(ckpt, IsOk());
-  const ModelConfig& c = ckpt->config;
+  const checkpoint::ModelConfig& c = ckpt->config;
   EXPECT_EQ(c.dim, 64);
   EXPECT_EQ(c.hidden_dim, 172);
   EXPECT_EQ(c.n_layers, 5);
@@ -196,7 +196,7 @@ TEST(CheckpointTest, Stories260KLoadsWithDocumentedShapes) {
   EXPECT_EQ(c.vocab_size, 512);
   EXPECT_EQ(c.max_seq_len, 512);
   EXPECT_TRUE(c.tie_word_embeddings);
-  EXPECT_EQ(c.rope_style, RopeStyle::kAdjacentPairs);
+  EXPECT_EQ(c.rope_style, checkpoint::RopeStyle::kAdjacentPairs);
   EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-5);
   EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
   EXPECT_EQ(c.bos_id, 1);
@@ -213,7 +213,7 @@ TEST(CheckpointTest, BabyLlamaLoadsWithDocumentedShapes) {
   ASSERT_TRUE(fs::exists(BabyLlama())) << BabyLlama();
   auto ckpt = LoadLlama2cCheckpoint(BabyLlama());
   ASSERT_THAT(ckpt, IsOk());
-  const ModelConfig& c = ckpt->config;
+  const checkpoint::ModelConfig& c = ckpt->config;
   EXPECT_EQ(c.dim, 128);
   EXPECT_EQ(c.hidden_dim, 352);
   EXPECT_EQ(c.n_layers, 5);
@@ -302,7 +302,7 @@ TEST(CheckpointTest, RealModelSurvivesHfConversion) {
   TempDir tmp;
   auto ckpt = LoadLlama2cCheckpoint(Stories260K());
   ASSERT_THAT(ckpt, IsOk());
-  const ModelConfig& c = ckpt->config;
+  const checkpoint::ModelConfig& c = ckpt->config;
   TensorMap hf = ckpt->tensors;
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const std::string p = "model.layers." + std::to_string(i) + ".self_attn.";
@@ -314,7 +314,7 @@ TEST(CheckpointTest, RealModelSurvivesHfConversion) {
   ASSERT_THAT(WriteHfCheckpoint(PathIn(tmp, "hf"), c, hf), IsOk());
   auto back = LoadCheckpoint(PathIn(tmp, "hf"));
   ASSERT_THAT(back, IsOk());
-  EXPECT_EQ(back->config.rope_style, RopeStyle::kRotateHalf);
+  EXPECT_EQ(back->config.rope_style, checkpoint::RopeStyle::kRotateHalf);
   ExpectSameTensors(back->tensors, hf);
   const at::Tensor q0 = PermuteRopeRows(
       back->tensors.at("model.layers.0.self_attn.q_proj.weight"), c.n_heads,
@@ -330,7 +330,7 @@ TEST(CheckpointTest, RealModelSurvivesHfConversion) {
 TEST(CheckpointTest, HfRoundTripPreservesTensorsAndConfig) {
   for (bool tied : {true, false}) {
     TempDir tmp;
-    ModelConfig config = TinyConfig(tied);
+    checkpoint::ModelConfig config = TinyConfig(tied);
     config.rope_theta = 500000.0;
     config.eos_ids = {2, 7};
     const TensorMap tensors = RandomTensors(config, 1);
@@ -340,7 +340,7 @@ TEST(CheckpointTest, HfRoundTripPreservesTensorsAndConfig) {
     auto loaded = LoadHfCheckpoint(PathIn(tmp, "ckpt"));
     ASSERT_THAT(loaded, IsOk());
     ExpectSameConfig(loaded->config, config);
-    EXPECT_EQ(loaded->config.rope_style, RopeStyle::kRotateHalf);
+    EXPECT_EQ(loaded->config.rope_style, checkpoint::RopeStyle::kRotateHalf);
     ExpectSameTensors(loaded->tensors, tensors);
     EXPECT_EQ(loaded->tensors.count("lm_head.weight"), tied ? 0u : 1u);
     EXPECT_EQ(loaded->source, PathIn(tmp, "ckpt"));
@@ -350,10 +350,10 @@ TEST(CheckpointTest, HfRoundTripPreservesTensorsAndConfig) {
 // A tied checkpoint that also stores lm_head.weight loads without it.
 TEST(CheckpointTest, TiedCheckpointDropsStoredLmHead) {
   TempDir tmp;
-  const ModelConfig config = TinyConfig(/*tied=*/true);
+  const checkpoint::ModelConfig config = TinyConfig(/*tied=*/true);
   TensorMap tensors = RandomTensors(config, 2);
   tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"];
-  WriteHfDir(PathIn(tmp, "ckpt"), ToHfConfigJson(config), tensors);
+  WriteHfDir(PathIn(tmp, "ckpt"), checkpoint::ToHfConfigJson(config), tensors);
   auto loaded = LoadCheckpoint(PathIn(tmp, "ckpt"));
   ASSERT_THAT(loaded, IsOk());
   EXPECT_EQ(loaded->tensors.count("lm_head.weight"), 0u);
@@ -363,8 +363,8 @@ TEST(CheckpointTest, TiedCheckpointDropsStoredLmHead) {
 // replaces config.json's single eos id; a bad id is kInvalidArgument.
 TEST(CheckpointTest, GenerationConfigEosListWins) {
   TempDir tmp;
-  const ModelConfig config = TinyConfig(/*tied=*/true);
-  WriteHfDir(PathIn(tmp, "ckpt"), ToHfConfigJson(config), RandomTensors(config, 3));
+  const checkpoint::ModelConfig config = TinyConfig(/*tied=*/true);
+  WriteHfDir(PathIn(tmp, "ckpt"), checkpoint::ToHfConfigJson(config), RandomTensors(config, 3));
   std::ofstream(PathIn(tmp, "ckpt") + "/generation_config.json") << R"({"bos_token_id": 0, "eos_token_id": [2, 5, 7]})";
   auto loaded = LoadCheckpoint(PathIn(tmp, "ckpt"));
   ASSERT_THAT(loaded, IsOk());
@@ -469,7 +469,7 @@ TEST(CheckpointTest, WriteSafetensorsPadsHeaderToEightBytes) {
 // A sharded checkpoint loads through model.safetensors.index.json.
 TEST(CheckpointTest, ShardedCheckpointLoadsThroughIndex) {
   TempDir tmp;
-  const ModelConfig config = TinyConfig(/*tied=*/false);
+  const checkpoint::ModelConfig config = TinyConfig(/*tied=*/false);
   const TensorMap tensors = RandomTensors(config, 5);
   TensorMap shard1, shard2;
   std::string weight_map;
@@ -484,7 +484,7 @@ TEST(CheckpointTest, ShardedCheckpointLoadsThroughIndex) {
   }
   const std::string dir = PathIn(tmp, "sharded");
   fs::create_directories(dir);
-  WriteBytes(dir + "/config.json", ToHfConfigJson(config));
+  WriteBytes(dir + "/config.json", checkpoint::ToHfConfigJson(config));
   ASSERT_THAT(
       WriteSafetensors(dir + "/model-00001-of-00002.safetensors", shard1),
       IsOk());
@@ -504,7 +504,7 @@ TEST(CheckpointTest, ShardedCheckpointLoadsThroughIndex) {
 TEST(CheckpointTest, Llama2cRoundTripTiedAndUntied) {
   for (bool tied : {true, false}) {
     TempDir tmp;
-    const ModelConfig config = TinyConfig(tied);
+    const checkpoint::ModelConfig config = TinyConfig(tied);
     const TensorMap tensors = RandomTensors(config, 6);
     const std::string file = PathIn(tmp, "model.bin");
     ASSERT_THAT(WriteLlama2cCheckpoint(file, config, tensors), IsOk());
@@ -515,10 +515,10 @@ TEST(CheckpointTest, Llama2cRoundTripTiedAndUntied) {
     EXPECT_EQ(header[5], tied ? 11 : -11);
     auto loaded = LoadLlama2cCheckpoint(file);
     ASSERT_THAT(loaded, IsOk());
-    ModelConfig expected = config;
-    expected.rope_style = RopeStyle::kAdjacentPairs;
+    checkpoint::ModelConfig expected = config;
+    expected.rope_style = checkpoint::RopeStyle::kAdjacentPairs;
     ExpectSameConfig(loaded->config, expected);
-    EXPECT_EQ(loaded->config.rope_style, RopeStyle::kAdjacentPairs);
+    EXPECT_EQ(loaded->config.rope_style, checkpoint::RopeStyle::kAdjacentPairs);
     ExpectSameTensors(loaded->tensors, tensors);
   }
 }
@@ -720,10 +720,10 @@ TEST(CheckpointTest, ShapeByteLengthMismatchIsInvalidArgument) {
 // A tensor the config needs but the checkpoint lacks is named.
 TEST(CheckpointTest, MissingTensorIsNamed) {
   TempDir tmp;
-  const ModelConfig config = TinyConfig(/*tied=*/true);
+  const checkpoint::ModelConfig config = TinyConfig(/*tied=*/true);
   TensorMap tensors = RandomTensors(config, 8);
   tensors.erase("model.layers.1.mlp.up_proj.weight");
-  WriteHfDir(PathIn(tmp, "ckpt"), ToHfConfigJson(config), tensors);
+  WriteHfDir(PathIn(tmp, "ckpt"), checkpoint::ToHfConfigJson(config), tensors);
   auto r = LoadCheckpoint(PathIn(tmp, "ckpt"));
   EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(std::string(r.status().message()),
@@ -733,10 +733,10 @@ TEST(CheckpointTest, MissingTensorIsNamed) {
 // An untied config without lm_head.weight is rejected, naming lm_head.
 TEST(CheckpointTest, UntiedWithoutLmHeadIsInvalidArgument) {
   TempDir tmp;
-  const ModelConfig config = TinyConfig(/*tied=*/false);
+  const checkpoint::ModelConfig config = TinyConfig(/*tied=*/false);
   TensorMap tensors = RandomTensors(config, 9);
   tensors.erase("lm_head.weight");
-  WriteHfDir(PathIn(tmp, "ckpt"), ToHfConfigJson(config), tensors);
+  WriteHfDir(PathIn(tmp, "ckpt"), checkpoint::ToHfConfigJson(config), tensors);
   auto r = LoadHfCheckpoint(PathIn(tmp, "ckpt"));
   EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("lm_head.weight"));
@@ -750,11 +750,11 @@ TEST(CheckpointTest, UntiedWithoutLmHeadIsInvalidArgument) {
 // A tensor listed in the shard index but absent from its shard is named.
 TEST(CheckpointTest, ShardIndexListingMissingTensorIsNamed) {
   TempDir tmp;
-  const ModelConfig config = TinyConfig(/*tied=*/true);
+  const checkpoint::ModelConfig config = TinyConfig(/*tied=*/true);
   TensorMap tensors = RandomTensors(config, 10);
   const std::string dir = PathIn(tmp, "sharded");
   fs::create_directories(dir);
-  WriteBytes(dir + "/config.json", ToHfConfigJson(config));
+  WriteBytes(dir + "/config.json", checkpoint::ToHfConfigJson(config));
   std::string weight_map = "\"model.ghost.weight\":\"a.safetensors\"";
   for (const auto& item : tensors) {
     weight_map += ",\"" + item.first + "\":\"a.safetensors\"";
@@ -772,10 +772,10 @@ TEST(CheckpointTest, ShardIndexListingMissingTensorIsNamed) {
 // shapes.
 TEST(CheckpointTest, ShapeDisagreeingWithConfigIsInvalidArgument) {
   TempDir tmp;
-  ModelConfig config = TinyConfig(/*tied=*/true);
+  checkpoint::ModelConfig config = TinyConfig(/*tied=*/true);
   const TensorMap tensors = RandomTensors(config, 11);
   config.hidden_dim = 20;  // the file's FFN matrices are [24, 16]
-  WriteHfDir(PathIn(tmp, "ckpt"), ToHfConfigJson(config), tensors);
+  WriteHfDir(PathIn(tmp, "ckpt"), checkpoint::ToHfConfigJson(config), tensors);
   auto r = LoadCheckpoint(PathIn(tmp, "ckpt"));
   EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(std::string(r.status().message()),
@@ -787,9 +787,9 @@ TEST(CheckpointTest, ShapeDisagreeingWithConfigIsInvalidArgument) {
 // naming the file and the field.
 TEST(CheckpointTest, BadConfigJsonIsInvalidArgument) {
   TempDir tmp;
-  const ModelConfig config = TinyConfig(/*tied=*/true);
+  const checkpoint::ModelConfig config = TinyConfig(/*tied=*/true);
   const TensorMap tensors = RandomTensors(config, 12);
-  const std::string good = ToHfConfigJson(config);
+  const std::string good = checkpoint::ToHfConfigJson(config);
   struct Case {
     std::string json;
     std::string named;
@@ -829,7 +829,7 @@ TEST(CheckpointTest, MissingPathIsNotFound) {
   // config.json present but no weights.
   fs::create_directories(PathIn(tmp, "empty"));
   WriteBytes(PathIn(tmp, "empty/config.json"),
-             ToHfConfigJson(TinyConfig(true)));
+             checkpoint::ToHfConfigJson(TinyConfig(true)));
   EXPECT_THAT(LoadCheckpoint(PathIn(tmp, "empty")),
               StatusIs(StatusCode::kNotFound));
 }
@@ -861,7 +861,7 @@ TEST(CheckpointTest, WritersRejectUnsupportedRequests) {
   EXPECT_THAT(WriteSafetensors(PathIn(tmp, "a.safetensors"),
                                {{"w", at::ones({2}, at::kLong)}}),
               StatusIs(StatusCode::kInvalidArgument));
-  ModelConfig config = TinyConfig(/*tied=*/true);
+  checkpoint::ModelConfig config = TinyConfig(/*tied=*/true);
   config.rope_theta = 500000.0;
   EXPECT_THAT(WriteLlama2cCheckpoint(PathIn(tmp, "m.bin"), config,
                                      RandomTensors(config, 13)),
@@ -888,7 +888,7 @@ TEST(CheckpointTest, ParseHfConfigReadsLlama3Config) {
                      "rope_type": "llama3"},
     "rope_theta": 500000.0, "tie_word_embeddings": true,
     "torch_dtype": "bfloat16", "vocab_size": 128256})";
-  auto c = ParseHfConfig(json, "llama3/config.json");
+  auto c = checkpoint::ParseHfConfig(json, "llama3/config.json");
   ASSERT_THAT(c, IsOk());
   EXPECT_EQ(c->dim, 2048);
   EXPECT_EQ(c->hidden_dim, 8192);
@@ -901,12 +901,12 @@ TEST(CheckpointTest, ParseHfConfigReadsLlama3Config) {
   EXPECT_EQ(c->max_seq_len, 131072);
   EXPECT_DOUBLE_EQ(c->rms_norm_eps, 1e-5);
   EXPECT_DOUBLE_EQ(c->rope_theta, 500000.0);
-  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_EQ(c->rope_scaling.type, checkpoint::RopeScaling::Type::kLlama3);
   EXPECT_DOUBLE_EQ(c->rope_scaling.factor, 32.0);
   EXPECT_DOUBLE_EQ(c->rope_scaling.low_freq_factor, 1.0);
   EXPECT_DOUBLE_EQ(c->rope_scaling.high_freq_factor, 4.0);
   EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 8192);
-  EXPECT_EQ(c->rope_style, RopeStyle::kRotateHalf);
+  EXPECT_EQ(c->rope_style, checkpoint::RopeStyle::kRotateHalf);
   EXPECT_TRUE(c->tie_word_embeddings);
   EXPECT_EQ(c->bos_id, 128000);
   EXPECT_THAT(c->eos_ids, ElementsAre(128001, 128008, 128009));
@@ -915,7 +915,7 @@ TEST(CheckpointTest, ParseHfConfigReadsLlama3Config) {
 // Optional fields take Hugging Face defaults; "type" is read like
 // "rope_type"; an integer eos id becomes a one-element list.
 TEST(CheckpointTest, ParseHfConfigAppliesDefaults) {
-  auto c = ParseHfConfig(
+  auto c = checkpoint::ParseHfConfig(
       R"({"hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 5,
           "num_attention_heads": 8, "vocab_size": 512,
           "max_position_embeddings": 512, "eos_token_id": 3,
@@ -925,7 +925,7 @@ TEST(CheckpointTest, ParseHfConfigAppliesDefaults) {
   EXPECT_EQ(c->n_kv_heads, 8);
   EXPECT_DOUBLE_EQ(c->rope_theta, 10000.0);
   EXPECT_FALSE(c->tie_word_embeddings);
-  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kLinear);
+  EXPECT_EQ(c->rope_scaling.type, checkpoint::RopeScaling::Type::kLinear);
   EXPECT_DOUBLE_EQ(c->rope_scaling.factor, 2.0);
   EXPECT_EQ(c->bos_id, 1);
   EXPECT_THAT(c->eos_ids, ElementsAre(3));
@@ -944,7 +944,7 @@ TEST(CheckpointTest, ParseHfConfigRejectsUnsupportedFields) {
         R"("hidden_act": "gelu")", R"("num_key_value_heads": 3)",
         R"("head_dim": 16)", R"("eos_token_id": [2, "x"])",
         R"("rms_norm_eps": "small")", R"("tie_word_embeddings": 1)"}) {
-    auto c = ParseHfConfig("{" + base + ", " + extra + "}", "cfg.json");
+    auto c = checkpoint::ParseHfConfig("{" + base + ", " + extra + "}", "cfg.json");
     EXPECT_THAT(c, StatusIs(StatusCode::kInvalidArgument)) << extra;
     EXPECT_THAT(std::string(c.status().message()), HasSubstr("cfg.json"));
   }
@@ -952,17 +952,17 @@ TEST(CheckpointTest, ParseHfConfigRejectsUnsupportedFields) {
 
 // ToHfConfigJson output parses back to the same config.
 TEST(CheckpointTest, ToHfConfigJsonRoundTrips) {
-  ModelConfig config = TinyConfig(/*tied=*/false);
-  config.rope_scaling.type = RopeScaling::Type::kLlama3;
+  checkpoint::ModelConfig config = TinyConfig(/*tied=*/false);
+  config.rope_scaling.type = checkpoint::RopeScaling::Type::kLlama3;
   config.rope_scaling.factor = 8.0;
   config.rope_scaling.original_max_position_embeddings = 16;
   config.eos_ids = {5, 6};
   config.bos_id = 4;
   config.rms_norm_eps = 1e-6;
-  const std::string json = ToHfConfigJson(config);
+  const std::string json = checkpoint::ToHfConfigJson(config);
   EXPECT_THAT(json, AllOf(HasSubstr("LlamaForCausalLM"), HasSubstr("\"llama\""),
                           HasSubstr("float32")));
-  auto back = ParseHfConfig(json, "config.json");
+  auto back = checkpoint::ParseHfConfig(json, "config.json");
   ASSERT_THAT(back, IsOk());
   ExpectSameConfig(*back, config);
   EXPECT_DOUBLE_EQ(back->rope_scaling.factor, 8.0);
@@ -972,7 +972,7 @@ TEST(CheckpointTest, ToHfConfigJsonRoundTrips) {
 // Validate names the first bad field.
 TEST(CheckpointTest, ValidateRejectsInconsistentConfigs) {
   EXPECT_THAT(TinyConfig(true).Validate(), IsOk());
-  ModelConfig c = TinyConfig(true);
+  checkpoint::ModelConfig c = TinyConfig(true);
   c.n_kv_heads = 3;
   EXPECT_THAT(c.Validate(), StatusIs(StatusCode::kInvalidArgument));
   c = TinyConfig(true);
@@ -990,12 +990,12 @@ TEST(CheckpointTest, ValidateRejectsInconsistentConfigs) {
 // The fingerprint is stable, ignores the RoPE storage convention and the
 // token ids, and changes with any architecture field.
 TEST(CheckpointTest, ArchitectureFingerprintIsStableAndSensitive) {
-  const ModelConfig a = TinyConfig(true);
+  const checkpoint::ModelConfig a = TinyConfig(true);
   const std::string fp = a.ArchitectureFingerprint();
   EXPECT_EQ(fp.size(), 16u);
   EXPECT_EQ(fp, TinyConfig(true).ArchitectureFingerprint());
-  ModelConfig b = a;
-  b.rope_style = RopeStyle::kAdjacentPairs;
+  checkpoint::ModelConfig b = a;
+  b.rope_style = checkpoint::RopeStyle::kAdjacentPairs;
   b.eos_ids = {9};
   EXPECT_EQ(b.ArchitectureFingerprint(), fp);
   b = a;

@@ -264,7 +264,7 @@ TEST(CostModelAtLoadTest, MeasuredRefusesLoadsItHasNoTableFor) {
 }
 
 TEST(CostModelAtLoadTest, AcceleratorVerificationIsFreeUntilTheBatchFillsTheRidge) {
-  const ModelConfig config = testing::TinyConfig();
+  const checkpoint::ModelConfig config = testing::TinyConfig();
   auto alone = MakeAcceleratorCostModel(config);
   // Ridge 64 tokens: at B = 16 a round of 3 drafts verifies 64 positions, still one pass.
   auto b16 = MakeAcceleratorCostModelAtLoad(config, 16, 64.0);
@@ -327,7 +327,7 @@ namespace lede::model {
 namespace {
 
 // TinyConfig with 4 layers; its head in block equivalents is h.
-ServedStepCosts FourLayerCosts(const ModelConfig& c) {
+ServedStepCosts FourLayerCosts(const checkpoint::ModelConfig& c) {
   const double h = HeadLayerEquivalents(c);
   ServedStepCosts s;
   s.draft_step_s.assign(c.n_layers + 1, 0.0);
@@ -342,7 +342,7 @@ ServedStepCosts FourLayerCosts(const ModelConfig& c) {
 // Measured entries are priced as measured, in units of the measured autoregressive step; the exit layers and
 // draft lengths never served are priced from the block share and the verification line.
 TEST(ServedCostModelTest, PricesMeasuredEntriesAndExtrapolatesTheRest) {
-  ModelConfig c = testing::TinyConfig();
+  checkpoint::ModelConfig c = testing::TinyConfig();
   c.n_layers = 4;
   const double h = HeadLayerEquivalents(c);
   auto m = MakeServedCostModel(c, FourLayerCosts(c));
@@ -365,7 +365,7 @@ TEST(ServedCostModelTest, PricesMeasuredEntriesAndExtrapolatesTheRest) {
 // A slower verification (8-bit weights on a CPU) makes a round cost more than under the accelerator model,
 // which prices any verification as one step.
 TEST(ServedCostModelTest, CostlyVerificationPricesDeepDraftsHigherThanAccelerator) {
-  ModelConfig c = testing::TinyConfig();
+  checkpoint::ModelConfig c = testing::TinyConfig();
   c.n_layers = 4;
   auto m = MakeServedCostModel(c, FourLayerCosts(c));
   ASSERT_THAT(m.status(), IsOk());
@@ -376,7 +376,7 @@ TEST(ServedCostModelTest, CostlyVerificationPricesDeepDraftsHigherThanAccelerato
 // Without an autoregressive step or any draft entry there is nothing to price with: FAILED_PRECONDITION, and
 // a table of the wrong size names draft_step_s.
 TEST(ServedCostModelTest, RefusesProfilesThatCannotPrice) {
-  ModelConfig c = testing::TinyConfig();
+  checkpoint::ModelConfig c = testing::TinyConfig();
   c.n_layers = 4;
   ServedStepCosts s = FourLayerCosts(c);
   s.verify_s[0] = 0.0;

@@ -1,4 +1,4 @@
-// Tests of cpu_quant_kernels.h (issue 35): the float16 / bfloat16
+// Tests of cpu_quant_kernels.h: the float16 / bfloat16
 // conversions, llama.cpp's Q8_0 quantization rule, and the packed bf16 and
 // Q8_0 few-row products on every instruction set this CPU runs, against
 // double-precision references, with every kind of tail (out % 4, in % 16,

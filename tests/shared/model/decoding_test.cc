@@ -94,7 +94,7 @@ TEST(EngineTest, StaticSpeculationIsLosslessOnStories260K) {
   ExpectLossless(m, kStoriesPrompt, 48);
 }
 
-// The same on the eager reference kernels (issue 15: every lossless test
+// The same on the eager reference kernels (every lossless test
 // passes on both paths; the tests above run the default, fused).
 TEST(EngineTest, StaticSpeculationIsLosslessOnStories260KEager) {
   std::shared_ptr<const LlamaModel> m = LoadOrDie(lede::testing::Stories260KDir(), Kernels::kEager);
@@ -110,7 +110,7 @@ TEST(EngineTest, StaticSpeculationIsLosslessOnBabyLlamaEager) {
   ExpectLossless(m, testing::kBabyPrompt, 48);
 }
 
-// Lossless at the bf16 and q8_0 weight formats (issue 35) on both paths:
+// Lossless at the bf16 and q8_0 weight formats on both paths:
 // speculation against autoregressive decoding at the same precision.
 TEST(EngineTest, StaticSpeculationIsLosslessOnBabyLlamaAtEachWeightFormat) {
   for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kQ8_0}) {
@@ -327,33 +327,33 @@ namespace lede::model {
 namespace {
 
 // Scripted controllers for the adaptive loop (the real ones live in policy/).
-class FixedController : public ExitController {
+class FixedController : public speculation::ExitController {
  public:
   FixedController(int32_t e, int32_t d) : e_(e), d_(d) {}
   std::string name() const override { return "fixed"; }
-  Action Decide(const ExitState& s) override {
-    if (s.phase == Phase::kRoundStart) return Action::kExit;
-    if (s.phase == Phase::kExitLayer) return s.layer >= e_ ? Action::kExit : Action::kContinue;
-    return s.draft_pos < d_ ? Action::kExit : Action::kContinue;
+  speculation::Action Decide(const speculation::ExitState& s) override {
+    if (s.phase == speculation::Phase::kRoundStart) return speculation::Action::kExit;
+    if (s.phase == speculation::Phase::kExitLayer) return s.layer >= e_ ? speculation::Action::kExit : speculation::Action::kContinue;
+    return s.draft_pos < d_ ? speculation::Action::kExit : speculation::Action::kContinue;
   }
 
  private:
   int32_t e_, d_;
 };
 
-class RandomController : public ExitController {
+class RandomController : public speculation::ExitController {
  public:
   explicit RandomController(uint64_t seed) : rng_(seed) {}
   std::string name() const override { return "random"; }
-  Action Decide(const ExitState&) override {
-    return std::uniform_int_distribution<int>(0, 1)(rng_) ? Action::kExit : Action::kContinue;
+  speculation::Action Decide(const speculation::ExitState&) override {
+    return std::uniform_int_distribution<int>(0, 1)(rng_) ? speculation::Action::kExit : speculation::Action::kContinue;
   }
 
  private:
   std::mt19937_64 rng_;
 };
 
-GenerateOptions Adaptive(ExitController* controller, std::vector<int32_t> candidates, int64_t n) {
+GenerateOptions Adaptive(speculation::ExitController* controller, std::vector<int32_t> candidates, int64_t n) {
   GenerateOptions o;
   o.mode = SpeculationMode::kAdaptive;
   o.controller = controller;
@@ -425,10 +425,10 @@ TEST(AdaptiveEngineTest, TracesRecordDecisionsAndVerdicts) {
   // Every round but the request's last (no room to draft: no decision) has a trace.
   ASSERT_EQ(r.traces.size() + 1, r.stats.rounds.size());
   int64_t drafted = 0;
-  for (const RoundTrace& t : r.traces) {
+  for (const speculation::RoundTrace& t : r.traces) {
     ASSERT_FALSE(t.decisions.empty());
     int32_t drafting = 0, accepted = 0;
-    for (const Decision& d : t.decisions) {
+    for (const speculation::Decision& d : t.decisions) {
       EXPECT_EQ(d.state.n_layers, 5);
       EXPECT_GE(d.state.top1_prob, 0.0f);
       EXPECT_LE(d.state.top1_prob, 1.0f);
@@ -447,13 +447,13 @@ TEST(AdaptiveEngineTest, TracesRecordDecisionsAndVerdicts) {
 
 // Declining at round start makes a plain full-depth step without any probe.
 TEST(AdaptiveEngineTest, DecliningAtRoundStartSkipsProbes) {
-  class Decline : public ExitController {
+  class Decline : public speculation::ExitController {
    public:
     std::string name() const override { return "decline"; }
-    Action Decide(const ExitState& s) override {
-      EXPECT_EQ(s.phase, Phase::kRoundStart);  // never asked again after declining
+    speculation::Action Decide(const speculation::ExitState& s) override {
+      EXPECT_EQ(s.phase, speculation::Phase::kRoundStart);  // never asked again after declining
       EXPECT_EQ(s.layer, 0);
-      return Action::kContinue;
+      return speculation::Action::kContinue;
     }
   } decline;
   std::shared_ptr<const LlamaModel> m = LoadOrDie(lede::testing::Stories260KDir());

@@ -34,7 +34,7 @@ Reference TorchReference(const std::vector<float>& x, int64_t k) {
 }
 
 void ExpectMatches(const std::vector<float>& x, int64_t k) {
-  const ExitSignals s = ProbeSignals(x.data(), static_cast<int64_t>(x.size()), k);
+  const speculation::ExitSignals s = ProbeSignals(x.data(), static_cast<int64_t>(x.size()), k);
   const Reference r = TorchReference(x, k);
   EXPECT_EQ(s.top1, r.top1);
   EXPECT_NEAR(s.top1_prob, r.top1_prob, 1e-5);
@@ -43,7 +43,7 @@ void ExpectMatches(const std::vector<float>& x, int64_t k) {
   EXPECT_NEAR(s.entropy, r.entropy, 1e-4);
   EXPECT_NEAR(s.margin, r.margin, 1e-5);
   // The tensor entry point is the same computation.
-  const ExitSignals t = ComputeExitSignals(at::tensor(x), k);
+  const speculation::ExitSignals t = ComputeExitSignals(at::tensor(x), k);
   EXPECT_EQ(t.top1, s.top1);
   EXPECT_FLOAT_EQ(t.entropy, s.entropy);
 }
@@ -96,13 +96,13 @@ TEST(ProbeSignalsTest, TiesAndExtremes) {
   // One dominant logit: probability ~1, entropy ~0.
   std::vector<float> peaked(100, -50.0f);
   peaked[42] = 50.0f;
-  const ExitSignals s = ProbeSignals(peaked.data(), 100, 4);
+  const speculation::ExitSignals s = ProbeSignals(peaked.data(), 100, 4);
   EXPECT_EQ(s.top1, 42);
   EXPECT_NEAR(s.top1_prob, 1.0f, 1e-6);
   EXPECT_NEAR(s.entropy, 0.0f, 1e-5);
   // Uniform: entropy log V, every top-k NLL log V.
   std::vector<float> flat(64, 0.25f);
-  const ExitSignals u = ProbeSignals(flat.data(), 64, 4);
+  const speculation::ExitSignals u = ProbeSignals(flat.data(), 64, 4);
   EXPECT_NEAR(u.entropy, std::log(64.0f), 1e-5);
   EXPECT_NEAR(u.top_k_nll, std::log(64.0f), 1e-5);
   EXPECT_EQ(u.top1, 0);

@@ -1,4 +1,4 @@
-// Tests of the fused CPU decode path (issue 15: llama.h Kernels::kFused,
+// Tests of the fused CPU decode path (llama.h Kernels::kFused,
 // cpu_kernels.h) against the eager libtorch reference: the kernels one by
 // one, logits within 1e-4 and identical greedy ids on both real models,
 // lede-tiny and a random GQA checkpoint (prefill, one-position steps and
@@ -35,7 +35,7 @@ using ::lede::testing::IsOk;
 using ::lede::testing::StatusIs;
 using testing::LoadOrDie;
 
-constexpr float kLogitTolerance = 1e-4f;  // issue 15: fused and eager logits within 1e-4 (fp32)
+constexpr float kLogitTolerance = 1e-4f;  // fused and eager logits within 1e-4 (fp32)
 constexpr char kLedeTinyDir[] = "models/lede-tiny";
 
 std::vector<float> RandomVector(int64_t n, std::mt19937& rng) {
@@ -250,7 +250,7 @@ TEST(FusedKernelsTest, MatchesEagerOnLedeTiny) {
 
 // A random GQA checkpoint (n_kv_heads < n_heads, odd sizes) through RandomInit.
 StatusOr<std::unique_ptr<LlamaModel>> RandomGqa(const ModelOptions& options) {
-  ModelConfig c = testing::TinyConfig();
+  checkpoint::ModelConfig c = testing::TinyConfig();
   c.dim = 48;
   c.hidden_dim = 100;
   c.n_heads = 6;
@@ -273,7 +273,7 @@ TEST(FusedKernelsTest, MatchesEagerOnRandomGqa) {
 // different start positions, in an order unlike the slots') gives the rows
 // and the K/V that separate single-segment eager calls give.
 TEST(FusedKernelsTest, RaggedBatchMatchesSeparateEagerCalls) {
-  ModelConfig c = testing::TinyConfig();
+  checkpoint::ModelConfig c = testing::TinyConfig();
   ModelOptions fo, eo;
   eo.kernels = Kernels::kEager;
   auto fused = LlamaModel::RandomInit(c, 5, fo, 0.3);
@@ -320,7 +320,7 @@ TEST(FusedKernelsTest, RaggedBatchMatchesSeparateEagerCalls) {
 
 // The eager model's ForwardRagged (the per-segment fallback) equals the fused one.
 TEST(FusedKernelsTest, EagerRaggedFallbackMatchesFused) {
-  ModelConfig c = testing::TinyConfig();
+  checkpoint::ModelConfig c = testing::TinyConfig();
   ModelOptions fo, eo;
   eo.kernels = Kernels::kEager;
   auto fused = LlamaModel::RandomInit(c, 9, fo, 0.3);
@@ -541,7 +541,7 @@ TEST(StepGraphsTest, EngineGreedyIdsIdenticalOnLedeTiny) {
   EXPECT_GT(g->n_graphs(), 3) << "the steps went through the graph path";
 }
 
-// --- weight formats (issue 35: --weights bf16 | q8_0) ---------------------
+// --- weight formats (--weights bf16 | q8_0) ---------------------
 // The eager path computes with the dequantized weights (the reference);
 // the fused path reads the packed bf16 / Q8_0 copies. bf16: the same
 // products in float32 (only the summation order differs): 1e-4 as f32.
@@ -636,7 +636,7 @@ int64_t PackedBytes(WeightFormat f, int64_t out, int64_t in) {
 
 // What a fused bf16 / q8_0 model should hold: the packed matrices, the
 // float32 norms, and an untied embedding table of embed_bytes_per_weight.
-int64_t ExpectedPackedOnlyBytes(const ModelConfig& c, WeightFormat f, int64_t embed_bytes_per_weight) {
+int64_t ExpectedPackedOnlyBytes(const checkpoint::ModelConfig& c, WeightFormat f, int64_t embed_bytes_per_weight) {
   const int64_t d = c.dim, hd = c.head_dim(), F = c.hidden_dim, V = c.vocab_size;
   int64_t total = PackedBytes(f, V, d) + d * 4;  // LM head, final norm
   if (!c.tie_word_embeddings) total += V * d * embed_bytes_per_weight;
@@ -648,7 +648,7 @@ int64_t ExpectedPackedOnlyBytes(const ModelConfig& c, WeightFormat f, int64_t em
 // Checks a packed-only fused model: no float32 copy of any packed matrix is
 // held; its logits are bitwise those of a fused model of the same weights
 // that keeps float32 tensors beside the packed ones (`kept`: writable
-// weights, the layout before issue 35's memory work); at bf16 they agree
+// weights, the layout that keeps both copies); at bf16 they agree
 // with the eager reference (`eager`) within 1e-4 at every step,
 // verification shape, exit probe and K/V (q8_0's activation rounding is far
 // coarser on this 32-wide random model: its agreement with the reference is
@@ -663,7 +663,7 @@ void ExpectPackedOnly(const LlamaModel& fused, const LlamaModel& kept, const Lla
   ASSERT_TRUE(kept.fused());
   ASSERT_EQ(fused.weight_format(), f);
   ASSERT_EQ(kept.weight_format(), f);
-  const ModelConfig& c = fused.config();
+  const checkpoint::ModelConfig& c = fused.config();
   const int64_t expected = ExpectedPackedOnlyBytes(c, f, embed_bytes_per_weight);
   EXPECT_EQ(fused.resident_weight_bytes(), expected) << WeightFormatName(f);
   const int64_t norms = (2 * c.n_layers + 1) * c.dim * 4;
@@ -712,7 +712,7 @@ void ExpectPackedOnly(const LlamaModel& fused, const LlamaModel& kept, const Lla
   EXPECT_GT(fused.resident_weight_bytes(), expected) << "the eager pass materialized float32 matrices";
 }
 
-// bf16 / q8_0 on the fused path keep only the packed matrices (issue 35: a
+// bf16 / q8_0 on the fused path keep only the packed matrices (a
 // bf16 Llama-3.2-1B fits in its bf16 bytes): tied and untied heads.
 TEST(WeightFormatModelTest, FusedPackedModelHoldsNoFloat32Matrices) {
   for (bool tied : {true, false}) {
@@ -765,7 +765,7 @@ TEST(WeightFormatModelTest, Bf16CheckpointLoadsPackedOnly) {
 // once for all rows; rows computed independently).
 TEST(WeightFormatModelTest, RaggedRowsAreBitwiseSoloRows) {
   for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kQ8_0}) {
-    ModelConfig c = testing::TinyConfig();  // dim 32, hidden 64: every matrix takes q8_0
+    checkpoint::ModelConfig c = testing::TinyConfig();  // dim 32, hidden 64: every matrix takes q8_0
     ModelOptions o;
     o.weights = f;
     auto m = LlamaModel::RandomInit(c, 5, o, 0.3);
@@ -798,7 +798,7 @@ TEST(WeightFormatModelTest, RaggedRowsAreBitwiseSoloRows) {
 // of 4 across threads, each thread quantizing X itself for q8_0) give the
 // one-thread rows bitwise, at each format.
 TEST(WeightFormatModelTest, ThreadedProductsAreBitwiseOneThread) {
-  ModelConfig c = testing::TinyConfig();
+  checkpoint::ModelConfig c = testing::TinyConfig();
   c.dim = 64;
   c.hidden_dim = 128;
   for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kQ8_0}) {
@@ -894,7 +894,7 @@ TEST(WeightFormatModelTest, AutoKeepsTheCheckpointsStorage) {
 // matrices are exactly their dequantized values, on both kernels, and the
 // fused path agrees with the eager one.
 TEST(WeightFormatModelTest, HandedInQ8BlocksAreUsedAsTheyAre) {
-  ModelConfig c = testing::TinyConfig();
+  checkpoint::ModelConfig c = testing::TinyConfig();
   auto random = LlamaModel::RandomInit(c, 13, ModelOptions{}, 0.3);
   ASSERT_THAT(random, IsOk());
   Checkpoint ckpt;

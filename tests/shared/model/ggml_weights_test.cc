@@ -28,8 +28,8 @@ constexpr double kNearTie = 1e-4;  // as decoding_test.cc: docs/design.md §1
 
 // Rows a multiple of 256, so the K types (not their fallbacks) are used:
 // d 256, FFN 512, 4 layers (Q6_K attn_v / ffn_down at layers 2 and 3).
-ModelConfig KConfig() {
-  ModelConfig c;
+checkpoint::ModelConfig KConfig() {
+  checkpoint::ModelConfig c;
   c.dim = 256;
   c.hidden_dim = 512;
   c.n_layers = 4;

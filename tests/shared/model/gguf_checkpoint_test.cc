@@ -1,4 +1,4 @@
-// GGUF checkpoints end to end (issue 35): a checkpoint exported with
+// GGUF checkpoints end to end: a checkpoint exported with
 // WriteGgufCheckpoint at f32 loads back and generates exactly the greedy ids
 // of the source (lede-tiny, stories260K's llama2.c .bin, babyllama's
 // SentencePiece checkpoint), with a tokenizer from the GGUF metadata that
@@ -82,13 +82,13 @@ TEST(GgufCheckpointTest, F32ExportRoundTripsGreedyIdsAndTokenizer) {
     auto b = LoadCheckpoint(gguf);
     ASSERT_THAT(a, IsOk());
     ASSERT_THAT(b, IsOk());
-    EXPECT_EQ(b->config.rope_style, RopeStyle::kAdjacentPairs);
+    EXPECT_EQ(b->config.rope_style, checkpoint::RopeStyle::kAdjacentPairs);
     EXPECT_EQ(a->tensors.size(), b->tensors.size());
     for (const auto& [name, t] : a->tensors) {
       ASSERT_TRUE(b->tensors.count(name)) << name;
       at::Tensor got = b->tensors.at(name);
       const bool q = name.find("q_proj") != std::string::npos, k = name.find("k_proj") != std::string::npos;
-      if ((q || k) && a->config.rope_style == RopeStyle::kRotateHalf) {
+      if ((q || k) && a->config.rope_style == checkpoint::RopeStyle::kRotateHalf) {
         got = PermuteRopeRows(got, q ? a->config.n_heads : a->config.n_kv_heads, /*to_rotate_half=*/true);
       }
       EXPECT_TRUE(at::equal(got, t)) << name;
@@ -185,7 +185,7 @@ TEST(GgufCheckpointTest, Llama3RopeScalingRoundTrips) {
   testing::TempDir tmp;
   auto src = LoadCheckpoint(kLedeTiny);
   ASSERT_THAT(src, IsOk());
-  src->config.rope_scaling.type = RopeScaling::Type::kLlama3;
+  src->config.rope_scaling.type = checkpoint::RopeScaling::Type::kLlama3;
   src->config.rope_scaling.factor = 8.0;
   src->config.rope_scaling.low_freq_factor = 1.0;
   src->config.rope_scaling.high_freq_factor = 4.0;
@@ -316,7 +316,7 @@ TEST(GgufCheckpointTest, LoadsAFileWrittenWithLlamaCppConventions) {
   testing::TempDir tmp;
   auto src = LoadCheckpoint(kLedeTiny);
   ASSERT_THAT(src, IsOk());
-  const ModelConfig& c = src->config;
+  const checkpoint::ModelConfig& c = src->config;
   auto vocab = tokenizer::ReadVocabForGguf(*tokenizer::FindTokenizerFile(kLedeTiny));
   ASSERT_THAT(vocab, IsOk());
   RawGguf g;
@@ -384,7 +384,7 @@ TEST(GgufCheckpointTest, ExportKeepsTheFingerprintOfAnInexactEps) {
   testing::TempDir tmp;
   auto src = LoadCheckpoint(kLedeTiny);
   ASSERT_THAT(src, IsOk());
-  ModelConfig config = src->config;
+  checkpoint::ModelConfig config = src->config;
   config.rms_norm_eps = 1e-5 * 192 / 960;  // 2.0000000000000003e-06, as `lede widen --factor 5` computes it
   ASSERT_NE(config.rms_norm_eps, 2e-6);
   auto vocab = tokenizer::ReadVocabForGguf(*tokenizer::FindTokenizerFile(kLedeTiny));
@@ -417,7 +417,7 @@ TEST(GgufCheckpointTest, UnpermutedQkRowsChangeTheOutput) {
   auto src = LoadCheckpoint(kLedeTiny);
   ASSERT_THAT(src, IsOk());
   Checkpoint wrong = *src;
-  wrong.config.rope_style = RopeStyle::kAdjacentPairs;  // claims llama.cpp order, holds HF order
+  wrong.config.rope_style = checkpoint::RopeStyle::kAdjacentPairs;  // claims llama.cpp order, holds HF order
   auto a = LlamaModel::FromCheckpoint(*src, ModelOptions{});
   auto b = LlamaModel::FromCheckpoint(wrong, ModelOptions{});
   ASSERT_THAT(a, IsOk());

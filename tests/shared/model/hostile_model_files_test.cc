@@ -99,7 +99,7 @@ TEST(HostileConfigLoadTest, LayerCountsTheWeightsDoNotHoldAreRefusedBeforeAlloca
 TEST(RopeSizingTest, TablesFollowTheServedContextNotMaxPositionEmbeddings) {
   lede::testing::TempDir tmp;
   ASSERT_FALSE(tmp.path().empty());
-  ModelConfig small = testing::TinyConfig();
+  checkpoint::ModelConfig small = testing::TinyConfig();
   auto random = LlamaModel::RandomInit(small, /*seed=*/3, ModelOptions{}, 0.3);
   ASSERT_THAT(random, IsOk());
   const std::string small_dir = (tmp.path() / "small").string();
@@ -107,9 +107,9 @@ TEST(RopeSizingTest, TablesFollowTheServedContextNotMaxPositionEmbeddings) {
   const std::string huge_dir = (tmp.path() / "huge").string();
   fs::create_directories(huge_dir);
   fs::copy_file(small_dir + "/model.safetensors", huge_dir + "/model.safetensors");
-  ModelConfig huge = small;
+  checkpoint::ModelConfig huge = small;
   huge.max_seq_len = kMaxContextTokens;
-  WriteText(huge_dir + "/config.json", ToHfConfigJson(huge));
+  WriteText(huge_dir + "/config.json", checkpoint::ToHfConfigJson(huge));
 
   const int64_t rss_before = PeakRssBytes();
   for (Kernels kernels : {Kernels::kFused, Kernels::kEager}) {

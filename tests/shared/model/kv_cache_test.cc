@@ -238,7 +238,7 @@ TEST(KvCacheTest, AttachRefusesMissingOrMismatchedPools) {
   EXPECT_THAT(KvCache::Attach(TinyConfig(), o), StatusIs(StatusCode::kNotFound));
   auto owner = KvCache::Create(TinyConfig(), o);
   ASSERT_THAT(owner, IsOk());
-  ModelConfig other = TinyConfig();
+  checkpoint::ModelConfig other = TinyConfig();
   other.n_layers += 1;
   EXPECT_THAT(KvCache::Attach(other, o), StatusIs(StatusCode::kFailedPrecondition));
   const uint64_t first_epoch = owner->epoch();

@@ -139,14 +139,14 @@ TEST(LlamaModelTest, HfAndLlama2cLayoutsGiveIdenticalLogits) {
     const std::string dir = tmp.path().string();
     ASSERT_THAT((*m)->SaveHf(dir + "/hf"), IsOk());
     std::map<std::string, at::Tensor> t = (*m)->NamedTensors();
-    const ModelConfig& c = (*m)->config();
+    const checkpoint::ModelConfig& c = (*m)->config();
     for (int64_t i = 0; i < c.n_layers; ++i) {
       const std::string p = "model.layers." + std::to_string(i) + ".self_attn.";
       t[p + "q_proj.weight"] = PermuteRopeRows(t[p + "q_proj.weight"], c.n_heads, false);
       t[p + "k_proj.weight"] = PermuteRopeRows(t[p + "k_proj.weight"], c.n_kv_heads, false);
     }
-    ModelConfig adjacent = c;
-    adjacent.rope_style = RopeStyle::kAdjacentPairs;
+    checkpoint::ModelConfig adjacent = c;
+    adjacent.rope_style = checkpoint::RopeStyle::kAdjacentPairs;
     ASSERT_THAT(WriteLlama2cCheckpoint(dir + "/model.bin", adjacent, t), IsOk());
     auto hf = LoadOrDie(dir + "/hf");
     auto l2c = LoadOrDie(dir + "/model.bin");
@@ -162,13 +162,13 @@ TEST(LlamaModelTest, HfAndLlama2cLayoutsGiveIdenticalLogits) {
 // Llama-3 RoPE scaling changes only the low frequencies: short contexts shift little, and the model still runs.
 TEST(LlamaModelTest, Llama3RopeScalingRuns) {
   c10::InferenceMode guard;
-  ModelConfig c = TinyConfig();
+  checkpoint::ModelConfig c = TinyConfig();
   c.rope_theta = 500000.0;
-  c.rope_scaling.type = RopeScaling::Type::kLlama3;
+  c.rope_scaling.type = checkpoint::RopeScaling::Type::kLlama3;
   c.rope_scaling.factor = 8.0;
   c.rope_scaling.original_max_position_embeddings = 64;
   auto scaled = LlamaModel::RandomInit(c, 1, ModelOptions{}, 0.3);
-  c.rope_scaling.type = RopeScaling::Type::kNone;
+  c.rope_scaling.type = checkpoint::RopeScaling::Type::kNone;
   auto plain = LlamaModel::RandomInit(c, 1, ModelOptions{}, 0.3);
   ASSERT_THAT(scaled, IsOk());
   ASSERT_THAT(plain, IsOk());
@@ -196,7 +196,7 @@ TEST(LlamaModelTest, WritableWeightsDoNotAliasTheCheckpoint) {
 
 // A config that violates the architecture's constraints is refused, naming the field.
 TEST(LlamaModelTest, InvalidConfigIsInvalidArgument) {
-  ModelConfig c = TinyConfig();
+  checkpoint::ModelConfig c = TinyConfig();
   c.n_kv_heads = 3;  // does not divide n_heads = 4
   EXPECT_THAT(LlamaModel::RandomInit(c, 0, ModelOptions{}), StatusIs(StatusCode::kInvalidArgument));
 }

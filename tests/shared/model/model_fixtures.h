@@ -16,8 +16,8 @@
 namespace lede::model::testing {
 
 // A 4-layer GQA config small enough for sub-second tests.
-inline ModelConfig TinyConfig(bool tied = false) {
-  ModelConfig c;
+inline checkpoint::ModelConfig TinyConfig(bool tied = false) {
+  checkpoint::ModelConfig c;
   c.dim = 32;
   c.hidden_dim = 64;
   c.n_layers = 4;

@@ -1,4 +1,4 @@
-// Tests of shared/checkpoint/widen.h and `lede widen` (issue 36): the widened
+// Tests of shared/checkpoint/widen.h and `lede widen`: the widened
 // checkpoint computes the source's logits (within 1e-4) and greedy ids, on a
 // small random GQA model with non-unit norms (tied and untied) and on
 // models/lede-tiny's held-out prompts; the output is byte-identical run to
@@ -39,8 +39,8 @@ using Json = nlohmann::json;
 
 constexpr char kLedeTiny[] = "models/lede-tiny";  // relative to the repository root (ctest's working directory)
 
-ModelConfig SmallGqaConfig(bool tied) {
-  ModelConfig c;
+checkpoint::ModelConfig SmallGqaConfig(bool tied) {
+  checkpoint::ModelConfig c;
   c.dim = 32;
   c.n_heads = 4;
   c.n_kv_heads = 2;  // head_dim 8, groups of 2
@@ -56,7 +56,7 @@ ModelConfig SmallGqaConfig(bool tied) {
 // A random Llama checkpoint written with the project's safetensors writer:
 // weights ~ N(0, 0.3^2), norm weights in [0.5, 1.5] (so the norm scaling is
 // exercised), plus `extra` tensors (for refusal tests).
-void WriteRandomCheckpoint(const fs::path& dir, const ModelConfig& c, uint32_t seed,
+void WriteRandomCheckpoint(const fs::path& dir, const checkpoint::ModelConfig& c, uint32_t seed,
                            const std::vector<std::string>& extra = {}) {
   fs::create_directories(dir);
   std::mt19937 rng(seed);
@@ -91,7 +91,7 @@ void WriteRandomCheckpoint(const fs::path& dir, const ModelConfig& c, uint32_t s
     tensors[name] = {checkpoint::Dtype::kF32, shape, v.data(), v.size() * sizeof(float)};
   }
   ASSERT_THAT(checkpoint::WriteSafetensors((dir / "model.safetensors").string(), tensors), IsOk());
-  std::ofstream(dir / "config.json") << ToHfConfigJson(c);
+  std::ofstream(dir / "config.json") << checkpoint::ToHfConfigJson(c);
   std::ofstream(dir / "generation_config.json") << "{\"bos_token_id\": 1, \"eos_token_id\": 2}\n";
 }
 

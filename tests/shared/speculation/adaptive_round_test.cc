@@ -21,27 +21,25 @@ using ::lede::testing::IsOk;
 using ::lede::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
-using model::Action;
-using model::Phase;
 
 constexpr int32_t kLayers = 8;
 
 // Answers the scripted actions in order (kContinue once the script is out)
 // and records every state it was asked about.
-class ScriptedController : public model::ExitController {
+class ScriptedController : public ExitController {
  public:
   explicit ScriptedController(std::deque<Action> actions, int32_t first_probe = 0)
       : actions_(std::move(actions)), first_probe_(first_probe) {}
   std::string name() const override { return "scripted"; }
-  Action Decide(const model::ExitState& state) override {
+  Action Decide(const ExitState& state) override {
     states.push_back(state);
     if (actions_.empty()) return Action::kContinue;
     Action a = actions_.front();
     actions_.pop_front();
     return a;
   }
-  int32_t FirstProbeLayer(const model::ExitState&) override { return first_probe_; }
-  std::vector<model::ExitState> states;
+  int32_t FirstProbeLayer(const ExitState&) override { return first_probe_; }
+  std::vector<ExitState> states;
 
  private:
   std::deque<Action> actions_;
@@ -52,17 +50,17 @@ class ScriptedController : public model::ExitController {
 // probes; draft tokens 100, 101, ...; records the calls.
 class ScriptedProbes : public DraftProbes {
  public:
-  StatusOr<model::ExitSignals> ProbeLayer(int32_t layer) override {
+  StatusOr<ExitSignals> ProbeLayer(int32_t layer) override {
     layers.push_back(layer);
     if (layer == fail_layer) return InternalError("probe failed");
-    model::ExitSignals s;
+    ExitSignals s;
     s.top1_prob = 0.9f;
     return s;
   }
-  StatusOr<model::ExitSignals> ProbeDraft(int32_t row, int32_t token) override {
+  StatusOr<ExitSignals> ProbeDraft(int32_t row, int32_t token) override {
     draft_rows.push_back(row);
     draft_inputs.push_back(token);
-    model::ExitSignals s;
+    ExitSignals s;
     s.top1_prob = 0.5f;
     return s;
   }
@@ -73,8 +71,8 @@ class ScriptedProbes : public DraftProbes {
   int32_t fail_layer = -1;
 };
 
-model::DecisionSpec Spec(std::vector<int32_t> candidates) {
-  model::DecisionSpec spec;
+DecisionSpec Spec(std::vector<int32_t> candidates) {
+  DecisionSpec spec;
   spec.candidate_layers = std::move(candidates);
   spec.max_draft_len = 4;
   return spec;
@@ -199,7 +197,7 @@ TEST(AdaptiveRoundTest, FirstProbeLayerSkipsShallowCandidates) {
 // head only at l*; without lookahead_probe, phase 2 decides before the next
 // probe, so stopping pays nothing.
 TEST(AdaptiveRoundTest, ProbeFlagsSaveTheProbesTheyName) {
-  model::DecisionSpec spec = Spec({2, 4, 6});
+  DecisionSpec spec = Spec({2, 4, 6});
   spec.probe_candidates = false;
   spec.lookahead_probe = false;
   // start: exit; layer 2: continue; layer 4: exit; row 1: exit; row 2: continue.
@@ -233,20 +231,20 @@ TEST(AdaptiveRoundTest, ProbeErrorsPassThrough) {
 TEST(ContextNgramTest, LookupFollowsTheMostRecentOccurrenceAndTrigramsAnyOccurrence) {
   const std::vector<int32_t> ctx = {6, 7, 1, 4, 7, 2, 6, 7};
   const int64_t n = static_cast<int64_t>(ctx.size());
-  model::NgramSignals s = model::ContextNgram(ctx.data(), n, 2);  // after the last earlier 7 came 2
+  NgramSignals s = ContextNgram(ctx.data(), n, 2);  // after the last earlier 7 came 2
   EXPECT_FLOAT_EQ(s.lookup_match, 1.0f);
   EXPECT_FLOAT_EQ(s.trigram_seen, 0.0f);  // (6, 7, 2) never occurred
-  s = model::ContextNgram(ctx.data(), n, 1);
+  s = ContextNgram(ctx.data(), n, 1);
   EXPECT_FLOAT_EQ(s.lookup_match, 0.0f);
   EXPECT_FLOAT_EQ(s.trigram_seen, 1.0f);  // (6, 7, 1) at the start
-  s = model::ContextNgram(ctx.data(), n, 9);
+  s = ContextNgram(ctx.data(), n, 9);
   EXPECT_FLOAT_EQ(s.lookup_match, 0.0f);
   EXPECT_FLOAT_EQ(s.trigram_seen, 0.0f);
   // Nothing to look back over.
-  s = model::ContextNgram(ctx.data(), 1, 7);
+  s = ContextNgram(ctx.data(), 1, 7);
   EXPECT_FLOAT_EQ(s.lookup_match, 0.0f);
   EXPECT_FLOAT_EQ(s.trigram_seen, 0.0f);
-  s = model::ContextNgram(nullptr, 0, 7);
+  s = ContextNgram(nullptr, 0, 7);
   EXPECT_FLOAT_EQ(s.lookup_match + s.trigram_seen, 0.0f);
 }
 
@@ -255,13 +253,13 @@ TEST(ContextNgramTest, LookupFollowsTheMostRecentOccurrenceAndTrigramsAnyOccurre
 class TokenProbes : public DraftProbes {
  public:
   explicit TokenProbes(std::vector<int32_t> script) : script_(std::move(script)) {}
-  StatusOr<model::ExitSignals> ProbeLayer(int32_t) override { return Signals(0); }
-  StatusOr<model::ExitSignals> ProbeDraft(int32_t row, int32_t) override { return Signals(row); }
+  StatusOr<ExitSignals> ProbeLayer(int32_t) override { return Signals(0); }
+  StatusOr<ExitSignals> ProbeDraft(int32_t row, int32_t) override { return Signals(row); }
   StatusOr<int32_t> DraftFromProbe() override { return last_; }
 
  private:
-  model::ExitSignals Signals(int32_t i) {
-    model::ExitSignals s;
+  ExitSignals Signals(int32_t i) {
+    ExitSignals s;
     s.top1_prob = 0.8f;
     s.top1 = last_ = script_.at(static_cast<size_t>(i));
     return s;
@@ -276,7 +274,7 @@ class TokenProbes : public DraftProbes {
 TEST(AdaptiveRoundTest, ProbeStatesCarryTheContextNgramSignalsOfTheirToken) {
   for (const bool lookahead : {true, false}) {
     SCOPED_TRACE(lookahead ? "lookahead" : "on the token just drafted");
-    model::DecisionSpec spec = Spec({2});
+    DecisionSpec spec = Spec({2});
     spec.lookahead_probe = lookahead;
     // start: exit; layer 2: exit (drafts 1); then keep drafting 4 and 9.
     ScriptedController c({Action::kExit, Action::kExit, Action::kExit, Action::kExit, Action::kContinue});
@@ -291,7 +289,7 @@ TEST(AdaptiveRoundTest, ProbeStatesCarryTheContextNgramSignalsOfTheirToken) {
     EXPECT_FLOAT_EQ(c.states[1].lookup_match, 0.0f);
     EXPECT_FLOAT_EQ(c.states[1].trigram_seen, 1.0f);
     // Token 4 after ..., 7, 1 (the draft): both match (7, 1, 4 at the start).
-    const model::ExitState& second = c.states[lookahead ? 2 : 3];
+    const ExitState& second = c.states[lookahead ? 2 : 3];
     EXPECT_FLOAT_EQ(second.lookup_match, 1.0f);
     EXPECT_FLOAT_EQ(second.trigram_seen, 1.0f);
     if (lookahead) {
@@ -309,7 +307,7 @@ TEST(AdaptiveRoundTest, ProbeStatesCarryTheContextNgramSignalsOfTheirToken) {
   TokenProbes p({1, 4});
   Draft d;
   ASSERT_THAT(RunAdaptiveRound(c, Spec({2}), kLayers, Request(), 3, p, d), IsOk());
-  for (const model::ExitState& st : c.states) EXPECT_FLOAT_EQ(st.lookup_match + st.trigram_seen, 0.0f);
+  for (const ExitState& st : c.states) EXPECT_FLOAT_EQ(st.lookup_match + st.trigram_seen, 0.0f);
 }
 
 // Every state of a round carries the request's load, and the load feature
@@ -322,16 +320,16 @@ TEST(AdaptiveRoundTest, EveryStateCarriesTheLoad) {
   Draft d;
   ASSERT_THAT(RunAdaptiveRound(c, Spec({2}), kLayers, r, 3, p, d), IsOk());
   ASSERT_GE(c.states.size(), 3u);
-  for (const model::ExitState& st : c.states) EXPECT_EQ(st.load, 16);
-  float f[model::kExitFeatureDim];
-  model::ExitFeatures(c.states[0], f);
-  EXPECT_FLOAT_EQ(f[model::kExitFeatureDim - 1], 0.5f);
-  EXPECT_FLOAT_EQ(model::LoadFeature(1), 0.0f);
-  EXPECT_FLOAT_EQ(model::LoadFeature(0), 0.0f);
-  EXPECT_FLOAT_EQ(model::LoadFeature(2), 1.0f / 8.0f);
-  EXPECT_FLOAT_EQ(model::LoadFeature(64), 0.75f);
-  EXPECT_FLOAT_EQ(model::LoadFeature(256), 1.0f);
-  EXPECT_FLOAT_EQ(model::LoadFeature(1000), 1.0f);
+  for (const ExitState& st : c.states) EXPECT_EQ(st.load, 16);
+  float f[kExitFeatureDim];
+  ExitFeatures(c.states[0], f);
+  EXPECT_FLOAT_EQ(f[kExitFeatureDim - 1], 0.5f);
+  EXPECT_FLOAT_EQ(LoadFeature(1), 0.0f);
+  EXPECT_FLOAT_EQ(LoadFeature(0), 0.0f);
+  EXPECT_FLOAT_EQ(LoadFeature(2), 1.0f / 8.0f);
+  EXPECT_FLOAT_EQ(LoadFeature(64), 0.75f);
+  EXPECT_FLOAT_EQ(LoadFeature(256), 1.0f);
+  EXPECT_FLOAT_EQ(LoadFeature(1000), 1.0f);
 }
 
 }  // namespace

@@ -73,13 +73,13 @@ TEST(RunGenerationTest, EmitsRoundsInOrderAndAccountsForThem) {
   EXPECT_EQ(b.draft_requests[0].position, 3);
   EXPECT_EQ(b.draft_requests[0].budget, 4);
   EXPECT_EQ(b.draft_requests[0].round_index, 0);
-  EXPECT_FLOAT_EQ(b.draft_requests[0].accept_ema, model::ExitState::kAcceptEmaPrior);
+  EXPECT_FLOAT_EQ(b.draft_requests[0].accept_ema, ExitState::kAcceptEmaPrior);
   EXPECT_EQ(b.draft_requests[1].pending_token, 40);
   EXPECT_EQ(b.draft_requests[1].position, 6);
   EXPECT_EQ(b.draft_requests[1].budget, 1);
   EXPECT_EQ(b.draft_requests[1].round_index, 1);
   EXPECT_FLOAT_EQ(b.draft_requests[1].accept_ema,
-                  model::UpdateAcceptEma(model::ExitState::kAcceptEmaPrior, 3, 2));
+                  UpdateAcceptEma(ExitState::kAcceptEmaPrior, 3, 2));
   EXPECT_THAT(b.verify_pending, ElementsAre(10, 40, 50));
   EXPECT_THAT(b.verify_drafts, ElementsAre(ElementsAre(11, 12, 13), ElementsAre(41), IsEmpty()));
 
@@ -414,13 +414,13 @@ TEST(RunGenerationTest, RoundsAboveTheSpeculationMaxLoadAreAutoregressive) {
 TEST(RunGenerationTest, TracesCarryTheVerdict) {
   ScriptedBackend b;
   Round r1 = Round::Speculate(2, {11, 12}, 1, {11, 30});
-  model::Decision start;
-  start.state.phase = model::Phase::kRoundStart;
-  start.action = model::Action::kExit;
+  Decision start;
+  start.state.phase = Phase::kRoundStart;
+  start.action = Action::kExit;
   r1.draft.trace.decisions = {start};
   for (int32_t i = 0; i < 2; ++i) {
-    model::Decision d;
-    d.action = model::Action::kExit;
+    Decision d;
+    d.action = Action::kExit;
     d.draft_index = i;
     r1.draft.trace.decisions.push_back(d);
   }
@@ -435,7 +435,7 @@ TEST(RunGenerationTest, TracesCarryTheVerdict) {
   ASSERT_EQ(b.draft_requests.size(), 1u);
   EXPECT_TRUE(b.draft_requests[0].record_trace);
   ASSERT_EQ(r->traces.size(), 1u);
-  const model::RoundTrace& t = r->traces[0];
+  const RoundTrace& t = r->traces[0];
   EXPECT_EQ(t.round_index, 0);
   EXPECT_EQ(t.exit_layer, 2);
   EXPECT_EQ(t.n_drafted, 2);

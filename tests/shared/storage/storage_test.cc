@@ -189,7 +189,7 @@ TEST_F(LocalStoreTest, PutGetRoundTrip) {
 }
 
 // Objects hold users' data: never world-readable, whatever the umask
-// allows (issue 39, fault 5: shards were created 0644).
+// allows (shards were created 0644).
 TEST_F(LocalStoreTest, ObjectsAreNotWorldReadable) {
   ASSERT_THAT(store_->Put("experience/2026-12-04/w-00000001.shard", "records"), IsOk());
   const fs::perms p = fs::status(fs::path(root_) / "experience/2026-12-04/w-00000001.shard").permissions();
@@ -325,7 +325,7 @@ TEST_F(LocalStoreTest, RemovesTemporaryOfWriterKilledJustBeforeThisStart) {
   EXPECT_TRUE(fs::exists(just_after));
 }
 
-// Issue 17, failure 6: a writer killed by SIGKILL in the middle of a Put()
+// A writer killed by SIGKILL in the middle of a Put()
 // leaves its temporary file (2 MiB here); RemoveStaleTemporaries() at the
 // next start removes it, while the in-progress file of a live writer (this
 // process, or another live process even with an old mtime), visible

@@ -169,7 +169,7 @@ TEST(Llama2cTokenizerTest, RoundTripsAsciiText) {
 }
 
 // Non-ASCII text round-trips: known characters as pieces, the rest through
-// Regression (tests/fuzz/llama2c_tokenizer, issue 17): a tokenizer file of
+// Regression (tests/fuzz/llama2c_tokenizer): a tokenizer file of
 // fewer than 259 tokens has no byte-fallback id for most bytes; Encode()
 // emitted byte + 3 anyway and then read past the vocabulary (an ASan
 // heap-buffer-overflow). Such bytes are now <unk>, and every id is in range.
