@@ -846,15 +846,15 @@ StatusOr<int64_t> PositiveInt(const GgufFile& f, const std::string& key, int64_t
 // Reads the llama dims, norm epsilon and rope settings and checks they agree.
 Status ReadLlamaHyperparams(const GgufFile& f, ModelConfig* c) {
   const std::string& src = f.source();
-  LEDE_ASSIGN_OR_RETURN(c->dim, PositiveInt(f, "llama.embedding_length", model::kMaxModelDim));
-  LEDE_ASSIGN_OR_RETURN(c->hidden_dim, PositiveInt(f, "llama.feed_forward_length", model::kMaxModelDim));
-  LEDE_ASSIGN_OR_RETURN(c->n_layers, PositiveInt(f, "llama.block_count", model::kMaxLayers));
-  LEDE_ASSIGN_OR_RETURN(c->n_heads, PositiveInt(f, "llama.attention.head_count", model::kMaxModelDim));
+  LEDE_ASSIGN_OR_RETURN(c->dim, PositiveInt(f, "llama.embedding_length", kMaxModelDim));
+  LEDE_ASSIGN_OR_RETURN(c->hidden_dim, PositiveInt(f, "llama.feed_forward_length", kMaxModelDim));
+  LEDE_ASSIGN_OR_RETURN(c->n_layers, PositiveInt(f, "llama.block_count", kMaxLayers));
+  LEDE_ASSIGN_OR_RETURN(c->n_heads, PositiveInt(f, "llama.attention.head_count", kMaxModelDim));
   c->n_kv_heads = c->n_heads;
   if (f.Find("llama.attention.head_count_kv") != nullptr) {
-    LEDE_ASSIGN_OR_RETURN(c->n_kv_heads, PositiveInt(f, "llama.attention.head_count_kv", model::kMaxModelDim));
+    LEDE_ASSIGN_OR_RETURN(c->n_kv_heads, PositiveInt(f, "llama.attention.head_count_kv", kMaxModelDim));
   }
-  LEDE_ASSIGN_OR_RETURN(c->max_seq_len, PositiveInt(f, "llama.context_length", model::kMaxContextTokens));
+  LEDE_ASSIGN_OR_RETURN(c->max_seq_len, PositiveInt(f, "llama.context_length", kMaxContextTokens));
   LEDE_ASSIGN_OR_RETURN(c->rms_norm_eps, f.GetFloat("llama.attention.layer_norm_rms_epsilon"));
   if (!(c->rms_norm_eps > 0.0 && c->rms_norm_eps < 1.0)) {
     return InvalidArgumentError(src + ": metadata key llama.attention.layer_norm_rms_epsilon must be in (0, 1)");
@@ -914,16 +914,16 @@ Status ReadLlamaVocab(const GgufFile& f, ModelConfig* c) {
   const GgufTensor* embd = f.FindTensor("token_embd.weight");
   if (embd == nullptr) return InvalidArgumentError(src + ": missing tensor token_embd.weight");
   if (f.Find("llama.vocab_size") != nullptr) {
-    LEDE_ASSIGN_OR_RETURN(c->vocab_size, PositiveInt(f, "llama.vocab_size", model::kMaxVocabSize));
+    LEDE_ASSIGN_OR_RETURN(c->vocab_size, PositiveInt(f, "llama.vocab_size", kMaxVocabSize));
   } else if (f.Find("tokenizer.ggml.tokens") != nullptr) {
     const GgufValue* tokens = f.Find("tokenizer.ggml.tokens");
     if (tokens->type != GgufValueType::kArray || tokens->array_type != GgufValueType::kString) {
       return InvalidArgumentError(src + ": metadata key tokenizer.ggml.tokens is not an array of strings");
     }
     c->vocab_size = static_cast<int64_t>(tokens->strings.size());
-    if (c->vocab_size < 1 || c->vocab_size > model::kMaxVocabSize) {
+    if (c->vocab_size < 1 || c->vocab_size > kMaxVocabSize) {
       return InvalidArgumentError(src + ": metadata key tokenizer.ggml.tokens has " + std::to_string(c->vocab_size) +
-                                  " tokens, outside [1, " + std::to_string(model::kMaxVocabSize) + "]");
+                                  " tokens, outside [1, " + std::to_string(kMaxVocabSize) + "]");
     }
   } else {
     c->vocab_size = embd->ne.size() == 2 ? embd->ne[1] : 0;

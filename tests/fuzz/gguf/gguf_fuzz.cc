@@ -47,7 +47,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto config = ck::GgufLlamaConfig(f);
   if (config.ok()) {
     Check(config->Validate().ok(), "GgufLlamaConfig returned an invalid config");
-    Check(config->max_seq_len <= lede::model::kMaxContextTokens, "a context past kMaxContextTokens accepted");
+    Check(config->max_seq_len <= lede::checkpoint::kMaxContextTokens, "a context past kMaxContextTokens accepted");
     Check(static_cast<size_t>(config->n_layers) * 9 <= f.tensors().size(), "more blocks than the file holds accepted");
   }
   auto json = lede::tokenizer::GgufTokenizerToHfJson(f);

@@ -15,7 +15,7 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using lede::fuzz::Check;
-  namespace m = lede::model;
+  namespace m = lede::checkpoint;
   const std::string text(reinterpret_cast<const char*>(data), size);
   auto ids = lede::tokenizer::ParseGenerationIds(text, "fuzz/generation_config.json");
   if (!ids.ok()) Check(!ids.status().message().empty(), "generation ids: error without a message");

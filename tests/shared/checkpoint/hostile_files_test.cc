@@ -160,7 +160,7 @@ TEST(HostileConfigTest, LayerCountAndContextWindowAreBoundedNamingTheKey) {
               StatusIs(StatusCode::kInvalidArgument,
                        HasSubstr("field \"max_position_embeddings\" is 1000000000, outside [1, 16777216]")));
   // The bound itself is accepted: a 16M-token window is a real (if large) model.
-  EXPECT_THAT(ParseHfConfig(ConfigJson(2, model::kMaxContextTokens), "config.json"), IsOk());
+  EXPECT_THAT(ParseHfConfig(ConfigJson(2, kMaxContextTokens), "config.json"), IsOk());
   EXPECT_THAT(ParseHfConfig(R"({"hidden_size": 2097152, "intermediate_size": 96, "num_hidden_layers": 2,
                                        "num_attention_heads": 4, "vocab_size": 5, "max_position_embeddings": 8})",
                                    "config.json"),
@@ -168,7 +168,7 @@ TEST(HostileConfigTest, LayerCountAndContextWindowAreBoundedNamingTheKey) {
   // Validate holds the same bounds for configs made elsewhere.
   auto c = ParseHfConfig(ConfigJson(2, 128), "config.json");
   ASSERT_THAT(c, IsOk());
-  c->max_seq_len = model::kMaxContextTokens + 1;
+  c->max_seq_len = kMaxContextTokens + 1;
   EXPECT_THAT(c->Validate(), StatusIs(StatusCode::kInvalidArgument, HasSubstr("ModelConfig.max_seq_len")));
 }
 

@@ -108,7 +108,7 @@ TEST(RopeSizingTest, TablesFollowTheServedContextNotMaxPositionEmbeddings) {
   fs::create_directories(huge_dir);
   fs::copy_file(small_dir + "/model.safetensors", huge_dir + "/model.safetensors");
   checkpoint::ModelConfig huge = small;
-  huge.max_seq_len = kMaxContextTokens;
+  huge.max_seq_len = checkpoint::kMaxContextTokens;
   WriteText(huge_dir + "/config.json", checkpoint::ToHfConfigJson(huge));
 
   const int64_t rss_before = PeakRssBytes();
@@ -119,7 +119,7 @@ TEST(RopeSizingTest, TablesFollowTheServedContextNotMaxPositionEmbeddings) {
     auto b = LlamaModel::Load(huge_dir, options);
     ASSERT_THAT(a, IsOk());
     ASSERT_THAT(b, IsOk());
-    EXPECT_EQ((*b)->config().max_seq_len, kMaxContextTokens);
+    EXPECT_EQ((*b)->config().max_seq_len, checkpoint::kMaxContextTokens);
     KvCacheOptions ko;
     ko.capacity = 64;
     auto ca = KvCache::Create((*a)->config(), ko);
