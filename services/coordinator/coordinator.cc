@@ -227,7 +227,9 @@ struct GenerationService::Impl {
     return info;
   }
 
-  // The request log's record of a finished greedy request (issue 37).
+  // The request log's record of a finished request, greedy or sampled, with
+  // the sampling settings and the seed it was served with (request.seed()
+  // is the served seed: the OpenAI API fills in the one it drew).
   void LogRequest(const GenerateRequest& request, const std::vector<int32_t>& prompt,
                   const speculation::GenerationResult& result, const std::string& request_id, int32_t start_load,
                   int64_t max_new_tokens) {
@@ -239,6 +241,7 @@ struct GenerationService::Impl {
     r.set_ended_on_eos(result.finish == speculation::FinishReason::kEos);
     r.set_max_new_tokens(max_new_tokens);
     r.set_method(SpeculationMethodName(request.method()));
+    experience::SetRecordSampling(request.temperature(), request.top_p(), request.seed(), &r);
     r.set_policy_version(result.policy_version);
     {
       std::lock_guard<std::mutex> lock(info_mu);

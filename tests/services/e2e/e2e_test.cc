@@ -825,7 +825,8 @@ void LogExperienceAndCheck(LedeCluster& cluster, const std::string& store_url,
     ASSERT_TRUE(r.ok()) << r.Describe();
     outputs.push_back(r.ids);
   }
-  // A sampling request: its transitions are logged, it is not in the request log.
+  // A sampling request: its transitions are logged, and it is in the request
+  // log with its sampling settings and seed.
   CallResult sampled = Generate(*stub, MakeRequest(prompts[0], Lede(), 16, Sampling{0.8f, 0.95f, 3}));
   ASSERT_TRUE(sampled.ok()) << sampled.Describe();
   (*coordinator)->Signal(SIGTERM);
@@ -844,14 +845,24 @@ void LogExperienceAndCheck(LedeCluster& cluster, const std::string& store_url,
   ASSERT_THAT(serving, IsOk());
   for (const policy::Transition& t : read->transitions) ASSERT_EQ(t.policy_version, *serving);
 
-  // The request log (issue 37): one record per greedy request, beside the
+  // The request log: one record per request, greedy or sampled, beside the
   // experience shards, holding what the client received.
   auto requests = experience::ReadRequestLog(**store);
   ASSERT_THAT(requests, IsOk());
   EXPECT_EQ(requests->bad_shards(), 0);
-  ASSERT_EQ(requests->records.size(), prompts.size());
+  ASSERT_EQ(requests->records.size(), prompts.size() + 1);
   std::set<std::string> ids;
+  int n_sampled = 0;
   for (const lede::v1::RequestRecord& r : requests->records) {
+    if (experience::IsSampledRecord(r)) {
+      ++n_sampled;
+      EXPECT_FLOAT_EQ(r.temperature(), 0.8f);
+      EXPECT_FLOAT_EQ(r.top_p(), 0.95f);
+      EXPECT_EQ(r.seed(), 3u);
+      EXPECT_EQ(r.max_new_tokens(), 16);
+      EXPECT_EQ(std::vector<int32_t>(r.output_token_ids().begin(), r.output_token_ids().end()), sampled.ids);
+      continue;
+    }
     ids.insert(r.request_id());
     EXPECT_GT(r.prompt_token_ids_size(), 0);
     EXPECT_EQ(r.method(), "lede");
