@@ -46,6 +46,36 @@ StatusOr<ServingPlan> PlanOf(std::shared_ptr<const policy::dqn::Artifact> artifa
   return p;
 }
 
+// The sampling settings a logged request was served with (greedy for
+// records without them).
+speculation::SamplingParams RecordSampling(const lede::v1::RequestRecord& record) {
+  speculation::SamplingParams s;
+  if (!experience::IsSampledRecord(record)) return s;
+  s.temperature = record.temperature();
+  s.top_p = record.top_p() == 0.0f ? 1.0 : record.top_p();
+  s.seed = record.seed();
+  return s;
+}
+
+// The candidate's held-out acceptance, greedy and sampled apart, into `out`
+// and the candidate's offline metrics.
+Status ReportHeldoutAcceptance(const std::vector<ShadowTrace>& heldout, const ServingPlan& candidate,
+                               const RequestRetrainOptions& options, policy::dqn::Artifact* artifact,
+                               RequestRetrainOutcome* out) {
+  LEDE_ASSIGN_OR_RETURN(out->heldout_acceptance, ReplayAcceptanceOf(heldout, candidate.spec, candidate.make));
+  const ReplayAcceptanceByKind& a = out->heldout_acceptance;
+  auto& m = artifact->metadata.offline_metrics;
+  m["heldout_greedy_requests"] = static_cast<double>(a.greedy.n_requests);
+  m["heldout_greedy_acceptance"] = a.greedy.rate();
+  m["heldout_sampled_requests"] = static_cast<double>(a.sampled.n_requests);
+  m["heldout_sampled_acceptance"] = a.sampled.rate();
+  Log(options, "msg=\"held-out acceptance\" greedy_requests=" + std::to_string(a.greedy.n_requests) +
+                   " greedy_acceptance=" + std::to_string(a.greedy.rate()) +
+                   " sampled_requests=" + std::to_string(a.sampled.n_requests) +
+                   " sampled_expected_acceptance=" + std::to_string(a.sampled.rate()));
+  return OkStatus();
+}
+
 }  // namespace
 
 bool IsHeldOutRequest(const std::string& id, double fraction) {
@@ -61,7 +91,7 @@ StatusOr<ShadowTrace> TraceLoggedRequest(const model::LlamaModel& model, const l
   const int64_t n_out = static_cast<int64_t>(output.size());
   const int64_t max_new = record.ended_on_eos() ? std::max<int64_t>(record.max_new_tokens(), n_out + 1) : n_out;
   LEDE_ASSIGN_OR_RETURN(ShadowTrace t, ComputeShadowTrace(model, prompt, output, record.ended_on_eos(), max_new,
-                                                          top_k, record.request_id()));
+                                                          top_k, record.request_id(), RecordSampling(record)));
   t.load = std::max(1, record.load());
   return t;
 }
@@ -215,6 +245,7 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
   LEDE_ASSIGN_OR_RETURN(out.candidate_speedup, SimulatedSpeedup(heldout, cp.spec, cp.make, cost));
   candidate_artifact.metadata.offline_metrics["heldout_replay_speedup"] = out.candidate_speedup;
   candidate_artifact.metadata.offline_metrics["heldout_replay_speedup_serving"] = out.serving_speedup;
+  LEDE_RETURN_IF_ERROR(ReportHeldoutAcceptance(heldout, cp, options, &candidate_artifact, &out));
   out.candidate_version = options.version;
   const bool better = std::isfinite(out.candidate_speedup) && std::isfinite(out.serving_speedup) &&
                       out.candidate_speedup - out.serving_speedup > options.publish_margin;

@@ -99,12 +99,17 @@ struct RequestRetrainOutcome {
   double train_seconds = 0;  // wall time of tracing the requests and training the candidate
   std::string serving_version, candidate_version, artifact_dir, reason;
   double serving_speedup = 0, candidate_speedup = 0;  // replayed on the held-out requests
+  // The candidate's acceptance on the held-out requests, greedy and sampled
+  // apart (trainer/counterfactual.h ReplayAcceptanceOf).
+  ReplayAcceptanceByKind heldout_acceptance;
 };
 
 // Whether request `id` is held out (a stable hash; about `fraction` of ids).
 bool IsHeldOutRequest(const std::string& id, double fraction);
 
-// The shadow trace of a logged request, at the load it was served at.
+// The shadow trace of a logged request, at the load it was served at; a
+// sampled record (temperature > 0) gives a sampled trace under its recorded
+// temperature, top_p and seed.
 // Errors: those of ComputeShadowTrace (an empty output is kInvalidArgument).
 StatusOr<ShadowTrace> TraceLoggedRequest(const model::LlamaModel& model, const lede::v1::RequestRecord& record,
                                          int32_t top_k);
