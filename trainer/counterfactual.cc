@@ -163,7 +163,7 @@ StatusOr<ShadowTrace> TraceGreedyRequest(model::Engine& engine, const std::vecto
 
 namespace {
 
-// The speculation backend of a simulated greedy request (see the header).
+// The speculation backend of a simulated request (see the header).
 class ShadowBackend : public speculation::SpeculationBackend {
  public:
   ShadowBackend(const ShadowTrace& trace, const SimulatedMethod& method) : trace_(trace), method_(method) {

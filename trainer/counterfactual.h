@@ -59,7 +59,7 @@
 
 namespace lede::trainer {
 
-// The shadow tokens of one greedy request.
+// The shadow tokens of one logged request (greedy, or sampled: see above).
 struct ShadowTrace {
   std::string id;                 // request id (experience request_id)
   int32_t n_layers = 0;           // L

@@ -2,9 +2,11 @@
 //
 // Retraining on the request log (issue 37, step 3): the exit policy learned
 // by the counterfactual trainer (shadow tokens, exact replay, Dinkelbach;
-// trainer/dinkelbach.h) on the deployment's own logged greedy requests
-// (shared/experience/request_log.h), evaluated against the serving policy
-// by exact replay on held-out requests; no prompt file is needed.
+// trainer/dinkelbach.h) on the deployment's own logged requests, greedy and
+// sampled (shared/experience/request_log.h), evaluated against the serving
+// policy by replay on held-out requests (greedy ones exact, sampled ones by
+// acceptance probability, trainer/counterfactual.h); no prompt file is
+// needed.
 //
 // One run (RetrainOnRequests):
 //  1. Read every request-log shard under the prefix. A truncated or corrupt
