@@ -46,6 +46,7 @@
 #include "shared/model/decoding.h"
 #include "shared/model/kv_cache.h"
 #include "shared/model/llama.h"
+#include "shared/model/load_or_exit.h"
 
 namespace {
 
@@ -247,12 +248,9 @@ int Run(const std::vector<std::string>& args) {
     return 2;
   }
   model_options.weights = *weight_format;
-  auto loaded = lede::model::LlamaModel::Load(model_path, model_options);
-  if (!loaded.ok()) {
-    std::fprintf(stderr, "lede_batch_bench: %s\n", loaded.status().ToString().c_str());
-    return 1;
-  }
-  const lede::model::LlamaModel& m = **loaded;
+  const std::unique_ptr<lede::model::LlamaModel> loaded =
+      lede::model::LoadModelOrExit("lede_batch_bench", model_path, model_options);
+  const lede::model::LlamaModel& m = *loaded;
   std::vector<int64_t> sizes;
   std::stringstream in(batches);
   for (std::string t; std::getline(in, t, ',');) sizes.push_back(std::stoll(t));

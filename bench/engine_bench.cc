@@ -72,6 +72,7 @@
 #include "shared/model/cpu_quant_kernels.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
+#include "shared/model/load_or_exit.h"
 
 namespace {
 
@@ -243,10 +244,7 @@ void BenchModel(const std::string& path, const std::vector<Variant>& variants, i
     mo.kernels = v.kernels;
     mo.weights = v.weights;
     auto loaded = random ? LlamaModel::RandomInit(random_shape, /*seed=*/1, mo) : LlamaModel::Load(path, mo);
-    if (!loaded.ok()) {
-      std::fprintf(stderr, "skip %s: %s\n", path.c_str(), loaded.status().ToString().c_str());
-      return;
-    }
+    if (!loaded.ok()) ExitLoadFailure("lede_engine_bench", loaded.status());
     models.push_back(std::move(*loaded));
   }
   const ModelConfig& c = models[0]->config();
@@ -360,13 +358,9 @@ int RunChild(const std::string& path, WeightFormat weights, int64_t n_tokens) {
   const double load_s = Seconds([&] {
     auto m = ParseRandomShape(path, &random_shape) ? LlamaModel::RandomInit(random_shape, /*seed=*/1, mo)
                                                    : LlamaModel::Load(path, mo);
-    if (m.ok()) {
-      loaded = std::move(*m);
-    } else {
-      std::fprintf(stderr, "load %s: %s\n", path.c_str(), m.status().ToString().c_str());
-    }
+    if (!m.ok()) ExitLoadFailure("lede_engine_bench", m.status());
+    loaded = std::move(*m);
   });
-  if (loaded == nullptr) return 1;
   const int64_t rss_load = PeakRssBytes();
   std::shared_ptr<const LlamaModel> model = std::move(loaded);
   KvCacheOptions ko;

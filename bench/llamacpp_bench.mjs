@@ -25,6 +25,8 @@
 //          [--roofline build/bench/lede_engine_bench]
 //          [--out bench/results/FILE.json]
 //        node bench/llamacpp_bench.mjs --gguf FILE.gguf[,FILE2.gguf] ...
+//   --formats     f32, f16, bf16, q8_0, and llama.cpp's q4_0 and q4_k_m
+//                 tensor mixes
 //   --model DIR   a checkpoint: exported once per format with
 //                 `lede export --format gguf --weights FORMAT` into a
 //                 temporary directory
@@ -186,7 +188,7 @@ for (let i = 0; i < 3; i++) measureRoofline("before the runs");
 let files = [];
 const workDir = fs.mkdtempSync(path.join(os.tmpdir(), "lede-llamacpp-bench-"));
 if (o.gguf) {
-  files = o.gguf.split(",").map((f) => ({ file: f, format: (f.match(/(f32|f16|bf16|q8_0)/) || ["", "?"])[1] }));
+  files = o.gguf.split(",").map((f) => ({ file: f, format: (f.match(/(f32|f16|bf16|q8_0|q4_k_m|q4_0)/i) || ["", "?"])[1].toLowerCase() }));
 } else {
   const dir = workDir;
   for (const format of o.formats.split(",")) {
@@ -200,7 +202,8 @@ const threadCounts = o.threads.split(",").map(Number);
 
 // Weight bytes one autoregressive token reads: every tensor once, except the
 // token embedding (one row; the whole table when it is also the LM head).
-const kTypeBytes = { 0: 4, 1: 2, 30: 2, 8: 34 / 32 };  // ggml F32, F16, BF16, Q8_0 (bytes per value)
+// ggml F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K (bytes per value)
+const kTypeBytes = { 0: 4, 1: 2, 30: 2, 8: 34 / 32, 2: 18 / 32, 6: 22 / 32, 12: 144 / 256, 13: 176 / 256, 14: 210 / 256 };
 async function bytesPerToken(file) {
   const info = await readGgufFileInfo(file, { readTensorInfo: true, logWarnings: false });
   const tensors = info.fullTensorInfo || info.tensorInfo || [];

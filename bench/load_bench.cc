@@ -44,6 +44,7 @@
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
+#include "shared/model/load_or_exit.h"
 #include "shared/status/status_macros.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
@@ -272,9 +273,7 @@ int RunLoad(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   auto weight_format = model::ParseWeightFormat(lf.weights);
   if (!weight_format.ok()) return fail(Status(weight_format.status().code(), "--" + std::string(weight_format.status().message())), 2);
   model_options.weights = *weight_format;
-  auto loaded = model::LlamaModel::Load(lf.model, model_options);
-  if (!loaded.ok()) return fail(loaded.status(), 2);
-  std::shared_ptr<const model::LlamaModel> m = std::move(*loaded);
+  std::shared_ptr<const model::LlamaModel> m = model::LoadModelOrExit("lede_bench load", lf.model, model_options);
   if (cal->model_fingerprint != m->config().ArchitectureFingerprint()) {
     return fail(InvalidArgumentError("--calibration: calibrated for another model"), 2);
   }

@@ -25,6 +25,7 @@
 #include "shared/flags/flags.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
+#include "shared/model/load_or_exit.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/status/status_macros.h"
 #include "trainer/corpus.h"
@@ -330,9 +331,8 @@ int Run(const Flags& fl) {
   if (!weight_format.ok()) return Fail(weight_format.status());
   lede::model::ModelOptions model_options;
   model_options.weights = *weight_format;
-  auto loaded = lede::model::LlamaModel::Load(fl.model, model_options);
-  if (!loaded.ok()) return Fail(loaded.status());
-  std::shared_ptr<const lede::model::LlamaModel> model = std::move(*loaded);
+  std::shared_ptr<const lede::model::LlamaModel> model =
+      lede::model::LoadModelOrExit("lede-train-counterfactual", fl.model, model_options);
   lede::model::KvCacheOptions ko;
   ko.max_draft_len = std::max<int64_t>(8, fl.max_draft);
   auto engine = lede::model::Engine::Create(model, ko);
@@ -354,9 +354,8 @@ int Run(const Flags& fl) {
   if (fl.trace_model.empty()) {
     if (Status st = TraceRequests(fl, **tok, **engine, o.spec.top_k, &train, &selection); !st.ok()) return Fail(st);
   } else {
-    auto tracer = lede::model::LlamaModel::Load(fl.trace_model, model_options);
-    if (!tracer.ok()) return Fail(tracer.status());
-    std::shared_ptr<const lede::model::LlamaModel> tracer_model = std::move(*tracer);
+    std::shared_ptr<const lede::model::LlamaModel> tracer_model =
+        lede::model::LoadModelOrExit("lede-train-counterfactual", fl.trace_model, model_options);
     auto tracer_engine = lede::model::Engine::Create(tracer_model, ko);
     if (!tracer_engine.ok()) return Fail(tracer_engine.status());
     if (Status st = TraceRequests(fl, **tok, **tracer_engine, o.spec.top_k, &train, &selection); !st.ok()) {

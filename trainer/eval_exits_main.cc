@@ -16,6 +16,7 @@
 #include "shared/flags/flags.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/llama.h"
+#include "shared/model/load_or_exit.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "trainer/corpus.h"
@@ -61,9 +62,7 @@ int main(int argc, char** argv) {
   if (!weight_format.ok()) return Fail(weight_format.status(), 2);
   model::ModelOptions model_options;
   model_options.weights = *weight_format;
-  auto loaded = model::LlamaModel::Load(model_path, model_options);
-  if (!loaded.ok()) return Fail(loaded.status(), 2);
-  std::shared_ptr<const model::LlamaModel> m = std::move(*loaded);
+  std::shared_ptr<const model::LlamaModel> m = model::LoadModelOrExit("lede-eval-exits", model_path, model_options);
   const int64_t L = m->n_layers();
 
   model::Calibration cal;

@@ -17,6 +17,7 @@
 #include "shared/flags/flags.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
+#include "shared/model/load_or_exit.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "trainer/cold_start.h"
@@ -50,9 +51,8 @@ int Run(const Flags& fl) {
     return Fail(lede::InvalidArgumentError("--max-draft-len must be in [1, 16] and --new-tokens >= 1"));
   }
   const auto start = std::chrono::steady_clock::now();
-  auto loaded = lede::model::LlamaModel::Load(fl.model, lede::model::ModelOptions{});
-  if (!loaded.ok()) return Fail(loaded.status());
-  std::shared_ptr<const lede::model::LlamaModel> model = std::move(*loaded);
+  std::shared_ptr<const lede::model::LlamaModel> model =
+      lede::model::LoadModelOrExit("lede-init-policy", fl.model, lede::model::ModelOptions{});
   const int32_t n_layers = static_cast<int32_t>(model->n_layers());
   lede::trainer::ColdStartChoice choice = lede::trainer::DefaultColdStart(n_layers);
   std::string cost_name = "accelerator";

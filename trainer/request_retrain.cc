@@ -12,6 +12,7 @@
 #include "policy/dqn/artifact.h"
 #include "policy/dqn/method_factory.h"
 #include "shared/experience/request_log.h"
+#include "shared/experience/served_costs.h"
 #include "shared/status/status_macros.h"
 #include "trainer/dqn.h"
 
@@ -50,7 +51,7 @@ StatusOr<ServingPlan> PlanOf(std::shared_ptr<const policy::dqn::Artifact> artifa
 // records without them).
 speculation::SamplingParams RecordSampling(const lede::v1::RequestRecord& record) {
   speculation::SamplingParams s;
-  if (!experience::IsSampledRecord(record)) return s;
+  if (experience::IsGreedyRecord(record)) return s;
   s.temperature = record.temperature();
   s.top_p = record.top_p() == 0.0f ? 1.0 : record.top_p();
   s.seed = record.seed();
@@ -101,7 +102,7 @@ namespace {
 // The usable logged requests' shadow traces, split by request.
 struct RequestSplit {
   std::vector<ShadowTrace> train, selection, heldout;
-  int64_t n_requests = 0;  // usable requests traced
+  int64_t n_requests = 0;  // usable requests traced (greedy and sampled)
 };
 
 // Traces every usable record and splits them: held out by request id, the
@@ -137,6 +138,44 @@ StatusOr<RequestSplit> TraceAndSplitRequests(const model::LlamaModel& model,
 
 }  // namespace
 
+StatusOr<model::ServedStepCosts> ServedCostsOfLog(const std::vector<lede::v1::RequestRecord>& records,
+                                                  int64_t n_layers) {
+  // The newest record whose profile can price: its format and threads.
+  const lede::v1::CostProfile* newest = nullptr;
+  for (auto it = records.rbegin(); it != records.rend() && newest == nullptr; ++it) {
+    if (it->has_measured_costs() && experience::CanPrice(it->measured_costs())) newest = &it->measured_costs();
+  }
+  if (newest == nullptr) return NotFoundError("measured_costs: no logged request carries a usable cost profile");
+  if (newest->draft_step_s_size() != n_layers + 1) {
+    return InvalidArgumentError("measured_costs.draft_step_s: " + std::to_string(newest->draft_step_s_size()) +
+                                " entries for a model of " + std::to_string(n_layers) + " layers (want L + 1)");
+  }
+  model::ServedStepCosts c;
+  c.weight_format = newest->weight_format();
+  c.threads = newest->threads();
+  c.draft_step_s.assign(static_cast<size_t>(n_layers + 1), 0.0);
+  c.verify_s.assign(static_cast<size_t>(newest->verify_s_size()), 0.0);
+  bool have_line = false;
+  for (auto it = records.rbegin(); it != records.rend(); ++it) {
+    if (!it->has_measured_costs()) continue;
+    const lede::v1::CostProfile& p = it->measured_costs();
+    if (p.weight_format() != c.weight_format || p.threads() != c.threads) continue;
+    for (int i = 0; i < p.draft_step_s_size() && i < p.draft_step_samples_size() && i <= n_layers; ++i) {
+      if (c.draft_step_s[i] == 0 && p.draft_step_samples(i) > 0) c.draft_step_s[i] = p.draft_step_s(i);
+    }
+    for (int k = 0; k < p.verify_s_size() && k < p.verify_samples_size() && k < static_cast<int>(c.verify_s.size());
+         ++k) {
+      if (c.verify_s[k] == 0 && p.verify_samples(k) > 0) c.verify_s[k] = p.verify_s(k);
+    }
+    if (!have_line && p.verify_intercept_s() > 0) {
+      c.verify_intercept_s = p.verify_intercept_s();
+      c.verify_slope_s = p.verify_slope_s();
+      have_line = true;
+    }
+  }
+  return c;
+}
+
 StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, const model::LlamaModel& model,
                                                   const model::CostModel& cost,
                                                   const std::set<std::string>& processed,
@@ -155,6 +194,7 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
   // logged once; the run goes on with the others.
   LEDE_ASSIGN_OR_RETURN(experience::RequestLogRead read, experience::ReadRequestLog(store, options.requests_prefix));
   RequestRetrainOutcome out;
+  out.cost_model = cost.name();  // until the log's costs price the run
   out.n_bad_shards = read.bad_shards();
   std::vector<lede::v1::RequestRecord> usable;
   size_t first_record = 0;  // the shard's records in read.records (appended in shard order)
@@ -196,6 +236,25 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
   if (static_cast<int64_t>(usable.size()) > options.max_requests) {
     usable.erase(usable.begin(), usable.end() - options.max_requests);
   }
+  // The prices: the deployment's own measured costs when logged.
+  std::unique_ptr<model::CostModel> served;
+  if (options.price_with_logged_costs) {
+    StatusOr<model::ServedStepCosts> logged = ServedCostsOfLog(usable, n_layers);  // this model's records only
+    if (logged.ok()) {
+      StatusOr<std::unique_ptr<model::CostModel>> made = model::MakeServedCostModel(model.config(), *logged);
+      if (made.ok()) {
+        served = *std::move(made);
+      } else {
+        Log(options, "msg=\"logged costs unusable\" error=\"" + std::string(made.status().message()) + "\"");
+      }
+    } else if (logged.status().code() != StatusCode::kNotFound) {
+      Log(options, "msg=\"logged costs unusable\" error=\"" + std::string(logged.status().message()) + "\"");
+    }
+  }
+  const model::CostModel& pricing = served ? *served : cost;
+  out.cost_model = pricing.name();
+  Log(options, "msg=\"pricing\" cost_model=" + out.cost_model);
+
   // 3. Split by request; shadow traces.
   const auto train_start = std::chrono::steady_clock::now();
   LEDE_ASSIGN_OR_RETURN(RequestSplit split, TraceAndSplitRequests(model, usable, options));
@@ -222,13 +281,13 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
   Log(options, "msg=\"training on logged requests\" train=" + std::to_string(train.size()) +
                    " selection=" + std::to_string(selection.size()) + " heldout=" + std::to_string(heldout.size()) +
                    " serving=" + out.serving_version);
-  LEDE_ASSIGN_OR_RETURN(DinkelbachResult result, TrainDinkelbach(train, selection, cost, d));
+  LEDE_ASSIGN_OR_RETURN(DinkelbachResult result, TrainDinkelbach(train, selection, pricing, d));
   out.train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count();
   policy::dqn::PolicyMetadata meta;
   meta.version = options.version;
   meta.model_fingerprint = fingerprint;
   meta.decision = d.spec;
-  meta.reward_cost_model = cost.name();
+  meta.reward_cost_model = pricing.name();
   meta.training_data.n_requests = out.n_train;
   meta.training_options["request_log"] = 1;
   const DinkelbachIteration& sel = result.iterations[result.selected_iteration - 1];
@@ -241,8 +300,8 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
   // 5. Both replayed on the held-out requests.
   LEDE_ASSIGN_OR_RETURN(ServingPlan sp, PlanOf(serving, n_layers));
   LEDE_ASSIGN_OR_RETURN(ServingPlan cp, PlanOf(candidate, n_layers));
-  LEDE_ASSIGN_OR_RETURN(out.serving_speedup, SimulatedSpeedup(heldout, sp.spec, sp.make, cost));
-  LEDE_ASSIGN_OR_RETURN(out.candidate_speedup, SimulatedSpeedup(heldout, cp.spec, cp.make, cost));
+  LEDE_ASSIGN_OR_RETURN(out.serving_speedup, SimulatedSpeedup(heldout, sp.spec, sp.make, pricing));
+  LEDE_ASSIGN_OR_RETURN(out.candidate_speedup, SimulatedSpeedup(heldout, cp.spec, cp.make, pricing));
   candidate_artifact.metadata.offline_metrics["heldout_replay_speedup"] = out.candidate_speedup;
   candidate_artifact.metadata.offline_metrics["heldout_replay_speedup_serving"] = out.serving_speedup;
   LEDE_RETURN_IF_ERROR(ReportHeldoutAcceptance(heldout, cp, options, &candidate_artifact, &out));

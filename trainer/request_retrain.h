@@ -25,7 +25,9 @@
 //     the requests (at least one) in the held-out set, the same request on
 //     the same side in every run; the rest train. Each request's shadow
 //     trace is one uncached pass over prompt + output (ComputeShadowTrace),
-//     replayed at the load it was served at.
+//     replayed at the load it was served at. Sampled requests (logged with
+//     their settings) are counted and skipped: their tokens are one draw,
+//     which an exact replay of another policy would not emit.
 //  4. The candidate: TrainDinkelbach on the training requests (a quarter of
 //     them, every 4th, select the iterate).
 //  5. Both policies replayed exactly on the held-out requests under the cost
@@ -82,6 +84,11 @@ struct RequestRetrainOptions {
     o.dqn.heldout_fraction = 0;
     return o;
   }();
+  // Price rewards and replays with the costs the deployment measured and
+  // logged with its requests (RequestRecord.measured_costs; ServedCostsOfLog)
+  // when the log holds a usable profile; the `cost` given to
+  // RetrainOnRequests otherwise. false: always `cost` (offline comparisons).
+  bool price_with_logged_costs = true;
   std::function<void(const std::string&)> log;  // progress lines (logfmt); may be null
 };
 
@@ -101,6 +108,9 @@ struct RequestRetrainOutcome {
   double train_seconds = 0;  // wall time of tracing the requests and training the candidate
   std::string serving_version, candidate_version, artifact_dir, reason;
   double serving_speedup = 0, candidate_speedup = 0;  // replayed on the held-out requests
+  // The cost model the run priced with: "served" (the logged measured
+  // costs) or the name of the `cost` given.
+  std::string cost_model;
   // The candidate's acceptance on the held-out requests, greedy and sampled
   // apart (trainer/counterfactual.h ReplayAcceptanceOf).
   ReplayAcceptanceByKind heldout_acceptance;
@@ -116,7 +126,20 @@ bool IsHeldOutRequest(const std::string& id, double fraction);
 StatusOr<ShadowTrace> TraceLoggedRequest(const model::LlamaModel& model, const lede::v1::RequestRecord& record,
                                          int32_t top_k);
 
-// One run (see the file comment). Errors: kInvalidArgument for bad options;
+// The deployment's measured step costs in a request log, per entry the
+// value of the newest record that measured it, among the records of the
+// newest profile's weight format and thread count (a redeployment on other
+// weights makes the older profiles stale); the verification line of the
+// newest record that fitted one. Records without measured_costs (older
+// coordinators) are skipped. kNotFound when no record holds a profile that
+// can price rounds (served_costs.h CanPrice); kInvalidArgument when the
+// profiles' draft table is not L + 1 entries (MakeServedCostModel).
+StatusOr<model::ServedStepCosts> ServedCostsOfLog(const std::vector<lede::v1::RequestRecord>& records,
+                                                  int64_t n_layers);
+
+// One run (see the file comment). Rewards and replays are priced with the
+// logged measured costs (ServedCostsOfLog, MakeServedCostModel) when
+// options.price_with_logged_costs and the log has them, else with `cost`. Errors: kInvalidArgument for bad options;
 // kFailedPrecondition for no loadable SERVING;
 // the store's List() errors; those of training and of saving.
 StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, const model::LlamaModel& model,

@@ -808,7 +808,7 @@ StatusOr<RetrainOutcome> Retrainer::RunOnceOnRequests(const policy::dqn::Artifac
                 {"heldout_requests", r.n_heldout},
                 {"bad_shards", r.n_bad_shards},
                 {"other_model_shards", r.n_other_model_shards},
-                {"cost_model", cost->name()},
+                {"cost_model", r.cost_model},
                 {"serving", {{"version", r.serving_version}, {"heldout_replay_speedup", r.serving_speedup}}},
                 {"candidate", {{"version", r.candidate_version}, {"heldout_replay_speedup", r.candidate_speedup}}},
                 {"reason", r.reason}};

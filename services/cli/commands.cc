@@ -38,6 +38,7 @@
 #include "shared/tokenizer/tokenizer.h"
 #include "shared/status/status_macros.h"
 #include "shared/file/file.h"
+#include "shared/model/load_or_exit.h"
 
 namespace lede::cli {
 using flags::FlagSet;
@@ -64,7 +65,7 @@ struct ModelFlags {
     flags.Add("threads", &threads, "intra-op CPU threads, fused kernels included (0 = libtorch default, fused 1)");
     flags.Add("kernels", &kernels, "decode-path kernels: fused (CPU float32) or eager (libtorch reference)");
     flags.Add("graphs", &graphs, "decode steps as captured CUDA graphs: auto (on for CUDA), on or off");
-    flags.Add("weights", &weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16 or q8_0");
+    flags.Add("weights", &weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16, q8_0, q4_0, q4_k_m or gguf");
   }
 
   StatusOr<model::ModelOptions> Options() const {
@@ -95,14 +96,14 @@ struct ModelFlags {
 };
 
 int Fail(std::ostream& err, const Status& s, int code) {
-  err << "lede: " << s.message() << "\n";
+  err << "lede: " << model::OneLineMessage(s) << "\n";
   return code;
 }
 
-// Exit code for a load failure: the user's path or file (2) or ours (1).
-int LoadFailureCode(const Status& s) {
-  return s.code() == StatusCode::kInternal ? kExitFailure : kExitUsage;
-}
+// Exit code for a model or tokenizer that will not load: always
+// model::kExitLoadFailure (2), whatever the status code (a refused file
+// may surface as kInternal from libtorch; load_or_exit.h).
+int LoadFailureCode(const Status&) { return model::kExitLoadFailure; }
 
 #if LEDE_HAVE_POLICY
 // The policy to serve from `policy_dir` (models/<m>/policy): the one whose
@@ -718,12 +719,12 @@ int RunExport(const std::vector<std::string>& args, std::ostream& out, std::ostr
   std::string format = "gguf", weights = "f32", model, out_path, tokenizer_path;
   FlagSet flags;
   flags.Add("format", &format, "output format: gguf");
-  flags.Add("weights", &weights, "stored matrix type: f32, f16, bf16 or q8_0 (norms stay f32)");
+  flags.Add("weights", &weights, "stored matrix type: f32, f16, bf16, q8_0, or llama.cpp's q4_0 / q4_k_m tensor mix (norms stay f32)");
   flags.Add("model", &model, "checkpoint: Hugging Face directory, llama2.c .bin (or its directory), or .gguf", true);
   flags.Add("out", &out_path, "the file to write", true);
   flags.Add("tokenizer", &tokenizer_path, "tokenizer file (default: the checkpoint's)");
   if (flags::WantsHelp(args)) {
-    out << "usage: lede export --format gguf --weights f32|f16|bf16|q8_0 --model DIR --out FILE\n"
+    out << "usage: lede export --format gguf --weights f32|f16|bf16|q8_0|q4_0|q4_k_m --model DIR --out FILE\n"
            "writes the checkpoint and its tokenizer as a llama-architecture GGUF v3 file that llama.cpp runs\n"
            "flags:\n"
         << flags.Usage();
@@ -734,8 +735,13 @@ int RunExport(const std::vector<std::string>& args, std::ostream& out, std::ostr
     return kExitUsage;
   }
   if (format != "gguf") return Fail(err, InvalidArgumentError("--format: only gguf, got '" + format + "'"), kExitUsage);
-  checkpoint::GgmlType type;
-  if (weights == "f32") {
+  checkpoint::GgmlType type = checkpoint::GgmlType::kF32;
+  model::WeightFormat mix = model::WeightFormat::kAuto;  // q4_0 / q4_k_m: llama.cpp's tensor mix
+  if (weights == "q4_0") {
+    mix = model::WeightFormat::kQ4_0;
+  } else if (weights == "q4_k_m") {
+    mix = model::WeightFormat::kQ4_K_M;
+  } else if (weights == "f32") {
     type = checkpoint::GgmlType::kF32;
   } else if (weights == "f16") {
     type = checkpoint::GgmlType::kF16;
@@ -744,7 +750,7 @@ int RunExport(const std::vector<std::string>& args, std::ostream& out, std::ostr
   } else if (weights == "q8_0") {
     type = checkpoint::GgmlType::kQ8_0;
   } else {
-    return Fail(err, InvalidArgumentError("--weights: want f32, f16, bf16 or q8_0, got '" + weights + "'"),
+    return Fail(err, InvalidArgumentError("--weights: want f32, f16, bf16, q8_0, q4_0 or q4_k_m, got '" + weights + "'"),
                 kExitUsage);
   }
   auto ckpt = model::LoadCheckpoint(model);
@@ -768,7 +774,10 @@ int RunExport(const std::vector<std::string>& args, std::ostream& out, std::ostr
   }
   tokenizer::AddGgufTokenizerMetadata(*vocab, ckpt->config.bos_id,
                                       ckpt->config.eos_ids.empty() ? -1 : ckpt->config.eos_ids[0], &writer);
-  if (Status s = model::WriteGgufCheckpoint(out_path, ckpt->config, ckpt->tensors, type, &writer); !s.ok()) {
+  const Status written = mix != model::WeightFormat::kAuto
+                            ? model::WriteGgufCheckpoint(out_path, ckpt->config, ckpt->tensors, mix, &writer)
+                            : model::WriteGgufCheckpoint(out_path, ckpt->config, ckpt->tensors, type, &writer);
+  if (const Status& s = written; !s.ok()) {
     return Fail(err, s, kExitFailure);
   }
   std::error_code ec;
@@ -785,7 +794,7 @@ int Main(int argc, char** argv) {
       "  calibrate  measure this machine's cost model and write it as JSON\n"
       "  widen      embed a checkpoint function-exactly in a wider shape (the memory-bound regime)\n"
       "  tokenize   print the token ids of a text (or a chat turn) as a JSON list, or decode ids\n"
-      "  export     write a checkpoint as a GGUF file for llama.cpp (--format gguf --weights f32|f16|bf16|q8_0)\n"
+      "  export     write a checkpoint as a GGUF file for llama.cpp (--format gguf --weights f32|f16|bf16|q8_0|q4_0|q4_k_m)\n"
       "run 'lede <command> --help' for its flags\n";
   if (argc < 2 || std::string(argv[1]) == "help" || std::string(argv[1]) == "--help") {
     std::cout << usage;

@@ -44,7 +44,7 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
 // --decode: TEXT is a JSON list of ids; prints their text.
 int RunTokenize(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 
-// lede export --format gguf --weights f32|f16|bf16|q8_0 --model PATH --out FILE
+// lede export --format gguf --weights f32|f16|bf16|q8_0|q4_0|q4_k_m --model PATH --out FILE
 //   [--tokenizer FILE]
 // Writes the checkpoint at PATH with its tokenizer as a llama GGUF v3 file
 // (model::WriteGgufCheckpoint: llama.cpp's tensor names and Q/K row order;

@@ -175,6 +175,9 @@ struct GenerationService::Impl {
   telemetry::Counter* experience_written = nullptr;
   telemetry::Counter* experience_dropped = nullptr;
 
+  // The model processes' measured step costs (request-log records).
+  MeasuredCosts measured_costs;
+
   std::mutex info_mu;
   bool have_info = false;
   lede::v1::ModelInfo info;       // guarded by info_mu
@@ -188,6 +191,7 @@ struct GenerationService::Impl {
     c.rpc_timeout = options.rpc_timeout;
     c.max_queue_wait = options.max_queue_wait;
     c.autoregressive_fallback = options.autoregressive_fallback;
+    c.measured_costs = &measured_costs;
     return c;
   }
 
@@ -205,6 +209,7 @@ struct GenerationService::Impl {
       auto ctx = ModelCallContext(server, options.rpc_timeout);
       grpc::Status s = replica->verifier()->Describe(ctx.get(), lede::v1::DescribeRequest(), &fresh);
       described = s.ok() ? OkStatus() : FromModelCall(s, "verifier " + replica->name() + " Describe");
+      if (described.ok()) SeedMeasuredCosts(*replica, fresh, server);
       if (described.ok() || described.code() != StatusCode::kUnavailable) break;
     }
     if (!described.ok()) return described;
@@ -227,9 +232,23 @@ struct GenerationService::Impl {
     return info;
   }
 
-  // The request log's record of a finished request, greedy or sampled, with
-  // the sampling settings and the seed it was served with (request.seed()
-  // is the served seed: the OpenAI API fills in the one it drew).
+  // The step costs the model processes measured so far, from their
+  // Describe: a coordinator that starts beside warm model processes has them
+  // before the next response that carries a profile (at most one a second).
+  // The drafter's Describe is best effort (its profile comes with drafts too).
+  void SeedMeasuredCosts(Replica& replica, const lede::v1::ModelInfo& verifier_info,
+                         grpc::CallbackServerContext* server) {
+    if (verifier_info.measured_costs().time_us() > 0) measured_costs.UpdateVerifier(verifier_info.measured_costs());
+    if (replica.drafter() == nullptr) return;
+    lede::v1::ModelInfo drafter_info;
+    auto ctx = ModelCallContext(server, options.rpc_timeout);
+    if (replica.drafter()->Describe(ctx.get(), lede::v1::DescribeRequest(), &drafter_info).ok() &&
+        drafter_info.measured_costs().time_us() > 0) {
+      measured_costs.UpdateDrafter(drafter_info.measured_costs());
+    }
+  }
+
+  // The request log's record of a finished request (docs/serving.md "Request log").
   void LogRequest(const GenerateRequest& request, const std::vector<int32_t>& prompt,
                   const speculation::GenerationResult& result, const std::string& request_id, int32_t start_load,
                   int64_t max_new_tokens) {
@@ -240,8 +259,10 @@ struct GenerationService::Impl {
     r.mutable_output_token_ids()->Add(result.tokens.begin(), result.tokens.end());
     r.set_ended_on_eos(result.finish == speculation::FinishReason::kEos);
     r.set_max_new_tokens(max_new_tokens);
+    r.set_temperature(request.temperature());
+    r.set_top_p(request.top_p());
+    r.set_seed(request.seed());
     r.set_method(SpeculationMethodName(request.method()));
-    experience::SetRecordSampling(request.temperature(), request.top_p(), request.seed(), &r);
     r.set_policy_version(result.policy_version);
     {
       std::lock_guard<std::mutex> lock(info_mu);
@@ -255,6 +276,7 @@ struct GenerationService::Impl {
     r.set_drafted_tokens(st.n_drafted);
     r.set_accepted_tokens(st.n_accepted);
     r.set_time_us(absl::ToUnixMicros(absl::Now()));
+    if (lede::v1::CostProfile costs; measured_costs.Current(&costs)) *r.mutable_measured_costs() = std::move(costs);
     request_log->Log(std::move(r));
   }
 

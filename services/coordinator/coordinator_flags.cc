@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "services/coordinator/request_validation.h"
 #include "services/coordinator/session_lease.h"
 #include "shared/flags/flags.h"
@@ -32,6 +33,8 @@ CoordinatorFlags::CoordinatorFlags() {
   http_max_connections = http.max_connections;
   http_max_per_client = http.max_connections_per_client;
   http_deadline_s = absl::ToDoubleSeconds(http.request_deadline);
+  http_listen_backlog = http.listen_backlog;
+  http_idle_worker_s = absl::ToDoubleSeconds(http.idle_worker_timeout);
 }
 
 void AddCoordinatorFlags(flags::FlagSet* flags, CoordinatorFlags* v) {
@@ -51,7 +54,11 @@ void AddCoordinatorFlags(flags::FlagSet* flags, CoordinatorFlags* v) {
   flags->Add("http", &v->http.listen_address, "HTTP address of the OpenAI-compatible API; empty = none");
   flags->Add("served-model-name", &v->http.model_id,
              "model id of the OpenAI API (default: the --model directory's name)");
-  flags->Add("http-threads", &v->http_threads, "HTTP worker threads started up front (more start on demand)");
+  flags->Add("http-threads", &v->http_threads, "HTTP worker threads kept (more start on demand)");
+  flags->Add("http-idle-worker-s", &v->http_idle_worker_s,
+             "an HTTP worker beyond --http-threads with no connection for this long exits");
+  flags->Add("http-listen-backlog", &v->http_listen_backlog,
+             "connections the kernel queues before the HTTP API accepts them (capped by net.core.somaxconn)");
   flags->Add("http-max-connections", &v->http_max_connections, "open HTTP connections at once; more get 503");
   flags->Add("http-max-connections-per-client", &v->http_max_per_client,
              "open HTTP connections from one client address; more get 503");
@@ -114,6 +121,16 @@ Status FinishHttpFlags(CoordinatorFlags* v) {
     return InvalidArgumentError(
         "--http-max-connections, --http-max-connections-per-client and --http-request-deadline-s must be positive");
   }
+  if (v->http_listen_backlog < 1 || v->http_listen_backlog > (1 << 20)) {
+    return InvalidArgumentError("--http-listen-backlog " + std::to_string(v->http_listen_backlog) +
+                                ": must be in [1, 1048576]");
+  }
+  if (!(v->http_idle_worker_s > 0) || v->http_idle_worker_s > 86400) {
+    return InvalidArgumentError(absl::StrCat("--http-idle-worker-s ", v->http_idle_worker_s) +
+                                ": must be in (0, 86400]");
+  }
+  http.listen_backlog = static_cast<int>(v->http_listen_backlog);
+  http.idle_worker_timeout = absl::Seconds(v->http_idle_worker_s);
   http.max_connections = static_cast<int>(std::min<int64_t>(v->http_max_connections, 1 << 16));
   http.max_connections_per_client = static_cast<int>(std::min<int64_t>(v->http_max_per_client, 1 << 16));
   http.request_deadline = absl::Seconds(v->http_deadline_s);

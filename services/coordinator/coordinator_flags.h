@@ -42,8 +42,8 @@ struct CoordinatorFlags {
   int64_t speculation_max_load;
   std::string instance_name = "auto";
   std::string api_key_file;
-  int64_t http_threads, http_max_connections, http_max_per_client;
-  double http_deadline_s;
+  int64_t http_threads, http_max_connections, http_max_per_client, http_listen_backlog;
+  double http_deadline_s, http_idle_worker_s;
 };
 
 // Registers every lede-coordinator flag on `flags`, bound to `values`.

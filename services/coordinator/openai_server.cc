@@ -19,7 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "services/coordinator/connection_guard.h"
+#include "shared/telemetry/connection_guard.h"
 #include "services/coordinator/openai_api.h"
 #include "shared/rpc/security.h"
 #include "shared/rpc/server.h"
@@ -30,6 +30,8 @@ namespace lede::coordinator {
 namespace {
 
 using nlohmann::json;
+using telemetry::ConnectionGuard;
+using telemetry::ConnectionGuardOptions;
 using openai::ApiError;
 
 constexpr char kJson[] = "application/json";
@@ -308,7 +310,7 @@ OpenAiServer::~OpenAiServer() {
 
 int OpenAiServer::port() const { return impl_->port; }
 
-ConnectionGuard::Stats OpenAiServer::connection_stats() const { return impl_->guard->stats(); }
+telemetry::ConnectionGuard::Stats OpenAiServer::connection_stats() const { return impl_->guard->stats(); }
 
 void OpenAiServer::Impl::RegisterRoutes(httplib::Server& http) {
   Impl* p = this;
@@ -394,6 +396,7 @@ StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(GenerationService* s
                                                              OpenAiServerOptions options,
                                                              ChatPromptRenderer render_chat) {
   if (options.threads < 1) return InvalidArgumentError("http threads: must be >= 1");
+  if (options.listen_backlog < 1) return InvalidArgumentError("http listen_backlog: must be >= 1");
   auto impl = std::make_unique<Impl>();
   impl->service = service;
   impl->registry = registry;
@@ -425,6 +428,8 @@ StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(GenerationService* s
   go.max_connections_per_client = impl->options.max_connections_per_client;
   go.request_deadline = impl->options.request_deadline;
   go.idle_worker_timeout = impl->options.idle_worker_timeout;
+  go.plaintext = impl->options.tls_cert_path.empty();
+  go.name = "http";
   impl->guard = std::make_unique<ConnectionGuard>(go);
   http.new_task_queue = [p] { return p->guard->NewTaskQueue(); };
   http.set_logger([](const httplib::Request&, const httplib::Response&) { ConnectionGuard::ResponseDone(); });
@@ -435,7 +440,7 @@ StatusOr<std::unique_ptr<OpenAiServer>> OpenAiServer::Start(GenerationService* s
 
   impl->RegisterRoutes(http);
 
-  StatusOr<int> port = telemetry::BindHttpServer(&http, impl->options.listen_address);
+  StatusOr<int> port = telemetry::BindHttpServer(&http, impl->options.listen_address, impl->options.listen_backlog);
   if (!port.ok()) {
     return Status(port.status().code(), "OpenAI HTTP API: " + std::string(port.status().message()));
   }

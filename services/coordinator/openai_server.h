@@ -33,8 +33,8 @@
 // cpp-httplib 0.11 does not give handlers the socket, so it is found by its
 // endpoints among the process's descriptors (Linux /proc/self/fd).
 //
-// Threads: a listener thread and `threads` workers (one per open
-// connection); each streaming request also runs its generation on a thread
+// Threads: a listener thread, the connection guard's watchdog and triage
+// threads, and `threads` or more workers (one per open connection); each streaming request also runs its generation on a thread
 // of its own that hands SSE events to the connection's worker through a
 // small bounded queue. Thread-safety: Start/port/the destructor from one
 // thread. Ownership: the GenerationService and the Registry are borrowed and
@@ -48,10 +48,11 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "services/coordinator/connection_guard.h"
 #include "services/coordinator/chat_prompt.h"
 #include "services/coordinator/coordinator.h"
 #include "shared/status/status.h"
+#include "shared/telemetry/connection_guard.h"
+#include "shared/telemetry/metrics_server.h"
 
 namespace prometheus {
 class Registry;
@@ -65,14 +66,21 @@ struct OpenAiServerOptions {
   // The served model's name in /v1/models and in responses; requests naming
   // another model are 404 (an absent `model` means this one).
   std::string model_id = "lede";
-  // Connection worker threads started up front; more start on demand up to
-  // max_connections (connection_guard.h), so slow clients never stall others.
+  // Connection worker threads kept; more start on demand up to
+  // max_connections (shared/telemetry/connection_guard.h), so slow clients
+  // never stall others.
   int threads = 32;
-  // A worker beyond `threads` idle this long exits (the pool shrinks back).
-  absl::Duration idle_worker_timeout = absl::Seconds(30);
+  // A worker beyond `threads` with no connection for this long exits (the
+  // pool shrinks back after a burst). Flag --http-idle-worker-s.
+  absl::Duration idle_worker_timeout = absl::Seconds(10);
+  // Pending connections the kernel queues before accept() (gRPC's 4096;
+  // capped by net.core.somaxconn): a burst waits there instead of being
+  // reset. Flag --http-listen-backlog.
+  int listen_backlog = telemetry::kDefaultListenBacklog;
   // Open connections at once, in total and from one client IP address: one
-  // more is answered 503 (code too_many_connections) and closed before its
-  // request is read (issue 39, fault 3).
+  // more is answered by the guard's triage thread, after its request head
+  // (or 2 s), with 503, Retry-After: 1 and code too_many_connections, then
+  // closed without a reset.
   int max_connections = 512;
   int max_connections_per_client = 256;
   // A request's line, headers and body must arrive within this (and a
@@ -102,7 +110,8 @@ class OpenAiServer {
   // (ChatRendererFor(model): the checkpoint's chat template, else the plain
   // format).
   // `registry` may be null (then /metrics is 404).
-  // Errors: kInvalidArgument for a malformed address, threads < 1, an empty
+  // Errors: kInvalidArgument for a malformed address, threads < 1,
+  // listen_backlog < 1, an empty
   // API key, or TLS files that are not a PEM certificate and key;
   // kUnavailable if the address cannot be bound (names it).
   static StatusOr<std::unique_ptr<OpenAiServer>> Start(GenerationService* service,
@@ -113,7 +122,7 @@ class OpenAiServer {
   // and joins every thread.
   ~OpenAiServer();
   // Open connections, refusals and deadline cuts so far (connection_guard.h).
-  ConnectionGuard::Stats connection_stats() const;
+  telemetry::ConnectionGuard::Stats connection_stats() const;
   OpenAiServer(const OpenAiServer&) = delete;
   OpenAiServer& operator=(const OpenAiServer&) = delete;
 

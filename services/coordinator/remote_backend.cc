@@ -3,6 +3,7 @@
 #include <chrono>
 #include <utility>
 
+#include "shared/experience/served_costs.h"
 #include "shared/rpc/grpc_status.h"
 #include "shared/rpc/server.h"
 
@@ -154,7 +155,30 @@ StatusOr<speculation::Verdict> RemoteBackend::VerifyRound(int64_t, int32_t pendi
   return ToVerdict(resp);
 }
 
+void MeasuredCosts::UpdateDrafter(const lede::v1::CostProfile& p) {
+  absl::MutexLock lock(&mu_);
+  drafter_ = p;
+  have_ = true;
+}
+
+void MeasuredCosts::UpdateVerifier(const lede::v1::CostProfile& p) {
+  absl::MutexLock lock(&mu_);
+  verifier_ = p;
+  have_ = true;
+}
+
+bool MeasuredCosts::Current(lede::v1::CostProfile* out) const {
+  absl::MutexLock lock(&mu_);
+  if (!have_) return false;
+  *out = experience::MergeCostProfiles(drafter_, verifier_);
+  return true;
+}
+
 speculation::Draft RemoteBackend::FromDraftResponse(const lede::v1::DraftResponse& resp, int32_t round_index) {
+  // A response carries a profile at most once a second (model_host.h).
+  if (resp.has_measured_costs() && resp.measured_costs().time_us() > 0 && clients_.measured_costs != nullptr) {
+    clients_.measured_costs->UpdateDrafter(resp.measured_costs());
+  }
   speculation::Draft d;
   d.exit_layer = resp.exit_layer();
   d.tokens.assign(resp.draft_tokens().begin(), resp.draft_tokens().end());
@@ -190,6 +214,10 @@ speculation::Draft RemoteBackend::FromDraftResponse(const lede::v1::DraftRespons
 }
 
 speculation::Verdict RemoteBackend::ToVerdict(const lede::v1::VerifyResponse& resp) {
+  // A response carries a profile at most once a second (model_host.h).
+  if (resp.has_measured_costs() && resp.measured_costs().time_us() > 0 && clients_.measured_costs != nullptr) {
+    clients_.measured_costs->UpdateVerifier(resp.measured_costs());
+  }
   speculation::Verdict v;
   v.n_accepted = resp.n_accepted();
   v.tokens.assign(resp.tokens().begin(), resp.tokens().end());

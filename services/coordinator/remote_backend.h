@@ -22,7 +22,10 @@
 #include <grpcpp/client_context.h>
 #include <grpcpp/support/server_callback.h>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "proto/lede/v1/experience.pb.h"
 #include "proto/lede/v1/generation.pb.h"
 #include "proto/lede/v1/model.grpc.pb.h"
 #include "services/coordinator/replica_set.h"
@@ -30,6 +33,23 @@
 #include "shared/status/status.h"
 
 namespace lede::coordinator {
+
+// The latest step-cost profiles the drafter and the verifier attached to
+// their responses (shared/experience/served_costs.h), which the coordinator
+// writes with each request-log record. With several replicas the latest
+// response's wins. Thread-safe.
+class MeasuredCosts {
+ public:
+  void UpdateDrafter(const lede::v1::CostProfile& p) ABSL_LOCKS_EXCLUDED(mu_);
+  void UpdateVerifier(const lede::v1::CostProfile& p) ABSL_LOCKS_EXCLUDED(mu_);
+  // The two merged (MergeCostProfiles); false while neither has arrived.
+  bool Current(lede::v1::CostProfile* out) const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  mutable absl::Mutex mu_;
+  bool have_ ABSL_GUARDED_BY(mu_) = false;
+  lede::v1::CostProfile drafter_ ABSL_GUARDED_BY(mu_), verifier_ ABSL_GUARDED_BY(mu_);
+};
 
 // The model processes a coordinator talks to; the stubs and the flag are
 // owned by the service and outlive every backend.
@@ -47,6 +67,8 @@ struct ModelClients {
   // The coordinator instance that owns the sessions it opens
   // (SessionLease::instance_id(); "" = none).
   std::string owner_instance;
+  // Where the responses' measured step costs go (null: dropped).
+  MeasuredCosts* measured_costs = nullptr;
 };
 
 // A client context for a call made on behalf of `server` (null: an

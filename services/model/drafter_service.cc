@@ -297,9 +297,14 @@ grpc::Status DrafterService::Draft(grpc::ServerContext* server_context, const le
   } drafting_guard{cache, req->slot()};
   Impl::DraftingScope drafting(*impl_);
   model::Drafter drafter(*host.model, cache, impl_->RunnerFor(cache));
+  const auto draft_start = std::chrono::steady_clock::now();
   StatusOr<model::DraftOutput> out = model::DraftRound(*host.model, cache, drafter, req->slot(), config, sampling, dr);
   if (!out.ok()) return ToGrpcStatus(out.status());
   const speculation::Draft& d = out->draft;
+  // The served cost of a draft at this exit layer (served_costs.h).
+  host.RecordDraftStep(d.exit_layer, static_cast<int32_t>(d.tokens.size()),
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - draft_start).count());
+  host.MaybeAttachCosts(resp);
   resp->set_exit_layer(d.exit_layer);
   for (int32_t t : d.tokens) resp->add_draft_tokens(t);
   StatusOr<std::string> probs = ProbsToBytes(out->probs);

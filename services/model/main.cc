@@ -14,6 +14,7 @@
 #include "services/model/model_service.h"
 #include "shared/flags/flags.h"
 #include "shared/log/log.h"
+#include "shared/model/load_or_exit.h"
 #include "shared/rpc/security.h"
 #include "shared/rpc/server.h"
 #include "shared/rpc/server_flags.h"
@@ -45,8 +46,8 @@ int Run(const std::vector<std::string>& raw_args) {
     host = lede::model_service::LoadModelHost(o, false, &registry);
   }
   if (!host.ok()) {
-    lede::logging::LogEvent("error", "load_failed", {{"error", host.status().ToString()}});
-    return 1;
+    lede::logging::LogEvent("error", "load_failed", {{"error", lede::model::OneLineMessage(host.status())}});
+    return lede::model::kExitLoadFailure;
   }
   lede::model_service::VerifierService verifier(*host);
   lede::model_service::DrafterService drafter(*host, role == "both" ? &verifier : nullptr);

@@ -23,6 +23,7 @@
 #include "shared/model/kv_cache.h"
 #include "shared/model/llama.h"
 #include "shared/model/torch_boundary.h"
+#include "shared/model/weight_format.h"
 #include "shared/rpc/security.h"
 #include "shared/rpc/server.h"
 #include "shared/status/status_macros.h"
@@ -153,6 +154,14 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
     for (int64_t k = 0; k <= D; ++k) host->verify_cost.push_back(e == 0 ? 0.0 : cm->Verify(e, k));
   }
   host->probe_cost = cm->ControlledProbe();
+  {
+    experience::ServedCostMeterOptions mo;
+    mo.n_layers = static_cast<int32_t>(L);
+    mo.max_draft_len = static_cast<int32_t>(D);
+    mo.weight_format = model::WeightFormatName(host->model->weight_format());
+    mo.threads = at::get_num_threads();
+    LEDE_ASSIGN_OR_RETURN(host->served_costs, experience::ServedCostMeter::Create(mo));
+  }
 
   if (!options.policy_target.empty()) {
     PolicyFollowerOptions po;

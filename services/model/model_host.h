@@ -22,6 +22,7 @@
 #include "proto/lede/v1/model.pb.h"
 #include "services/model/model_service.h"
 #include "services/model/policy_follower.h"
+#include "shared/experience/served_costs.h"
 #include "shared/log/log.h"
 #include "shared/model/kv_cache.h"
 #include "shared/model/llama.h"
@@ -47,6 +48,35 @@ class ModelHost {
   std::string cost_model = "accelerator";
   std::vector<double> draft_cost, verify_cost;
   double probe_cost = 0;
+
+  // The costs of the steps this process serves, measured as it serves them
+  // (shared/experience/served_costs.h); null until the pool is known.
+  std::unique_ptr<experience::ServedCostMeter> served_costs;
+
+  // One timed step (seconds of compute in this process): into the meter
+  // and, with a registry, its lede_model_*_seconds gauge. Thread-safe.
+  void RecordDraftStep(int32_t exit_layer, int32_t n_drafts, double seconds) {
+    if (!served_costs) return;
+    const double median = served_costs->RecordDraft(exit_layer, n_drafts, seconds);
+    if (metrics && median > 0) metrics->SetDraftStepSeconds(exit_layer, median);
+  }
+  void RecordVerifyStep(int32_t n_drafts, double seconds) {
+    if (!served_costs) return;
+    const double median = served_costs->RecordVerify(n_drafts, seconds);
+    if (metrics && median > 0) metrics->SetVerifySeconds(n_drafts, median);
+  }
+  void RecordBatchStep(int32_t rows, double seconds) {
+    if (!served_costs) return;
+    const double median = served_costs->RecordBatch(rows, seconds);
+    if (metrics && median > 0) metrics->SetBatchStepSeconds(rows, median);
+  }
+  // The measured profile into a response's measured_costs, at most once a
+  // second per process (the coordinator keeps the latest; a few hundred
+  // bytes, not every round); the other responses carry none.
+  template <typename Response>
+  void MaybeAttachCosts(Response* resp) {
+    if (served_costs && served_costs->AttachDue(absl::Now())) *resp->mutable_measured_costs() = served_costs->Snapshot();
+  }
 
   // LEDE policy: followed from the policy service, or loaded from a directory.
   std::unique_ptr<PolicyFollower> follower;
@@ -102,6 +132,7 @@ class ModelHost {
     for (double x : verify_cost) info->add_verify_cost(x);
     info->set_probe_cost(probe_cost);
     if (auto p = policy()) info->set_policy_version(p->metadata.version);
+    if (served_costs) *info->mutable_measured_costs() = served_costs->Snapshot();
   }
 
   bool owns_pool = false;

@@ -73,6 +73,14 @@ Status CheckTokens(const google::protobuf::RepeatedField<int32_t>& ids, int64_t 
   return OkStatus();
 }
 
+// Rows of a round's verification step: the K drafts and the pending
+// token, and the last draft's shallow layers when the drafter did not
+// compute them (ready_layer 0).
+int64_t RoundRows(const speculation::Draft& d) {
+  const int64_t K = static_cast<int64_t>(d.tokens.size());
+  return K + (d.ready_layer != 0 || K == 0 ? 1 : 2);
+}
+
 // --max-batch 1: every call is a step of one session.
 void ObserveSoloStep(ModelHost& host, int64_t n_rows) {
   if (!host.metrics) return;
@@ -120,6 +128,7 @@ struct VerifierService::Impl {
       items.reserve(group.size());
       for (BatchJob* j : group) items.push_back(j->item);
       std::vector<model::BatchResult> results;
+      const auto step_start = std::chrono::steady_clock::now();
       try {
         results = model::RunBatch(*host->model, *cache, items);
       } catch (const std::exception& e) {  // RunBatch converts libtorch's; this is bad_alloc and the like
@@ -127,8 +136,25 @@ struct VerifierService::Impl {
         failed.status = InternalError(std::string("batch: ") + e.what());
         results.assign(group.size(), failed);
       }
+      RecordStepCost(items, results,
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
       for (size_t k = 0; k < group.size(); ++k) group[k]->result = std::move(results[k]);
     }
+  }
+
+  // A batched step of round verifications only (prefill chunks cost by
+  // their length, not the rounds' price) into the served costs: by its rows
+  // and, a session alone, as a verification of its K drafts.
+  void RecordStepCost(const std::vector<model::BatchItem>& items, const std::vector<model::BatchResult>& results,
+                      double seconds) {
+    int64_t rows = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (items[i].kind != model::BatchItem::Kind::kRound || i >= results.size() || !results[i].status.ok()) return;
+      rows += RoundRows(items[i].draft);
+    }
+    if (rows == 0) return;
+    host->RecordBatchStep(static_cast<int32_t>(rows), seconds);
+    if (items.size() == 1) host->RecordVerifyStep(static_cast<int32_t>(items[0].draft.tokens.size()), seconds);
   }
 
   // Runs `job` in the next batched step. Errors: kUnavailable when the
@@ -478,16 +504,22 @@ grpc::Status VerifierService::Verify(grpc::ServerContext* context, const lede::v
     job.item.pending_token = req->pending_token();
     job.item.draft = std::move(draft);
     job.item.draft_probs = *probs;
-    const bool ready = job.item.draft.ready_layer != 0;
-    Status ran = impl_->RunInBatch(job, K + (ready || K == 0 ? 1 : 2));
+    const int64_t rows = RoundRows(job.item.draft);
+    Status ran = impl_->RunInBatch(job, rows);
     verdict = ran.ok() ? StatusOr<speculation::Verdict>(std::move(job.result.verdict))
                        : StatusOr<speculation::Verdict>(ran);
   } else {
     model::Verifier verifier(*host.model, cache);
+    const auto step_start = std::chrono::steady_clock::now();
     verdict = model::VerifyRound(verifier, cache, req->slot(), req->pending_token(), draft, *probs, so);
     ObserveSoloStep(host, K + 1);
+    if (verdict.ok()) {
+      host.RecordVerifyStep(static_cast<int32_t>(K),
+                            std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
+    }
   }
   if (!verdict.ok()) return ToGrpcStatus(verdict.status());
+  host.MaybeAttachCosts(resp);
   resp->set_n_accepted(verdict->n_accepted);
   for (int32_t t : verdict->tokens) resp->add_tokens(t);
   for (double x : verdict->nll) resp->add_nll(x);

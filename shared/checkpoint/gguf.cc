@@ -16,6 +16,7 @@
 #include <set>
 #include <utility>
 
+#include "shared/checkpoint/model_limits.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::checkpoint {
@@ -36,6 +37,32 @@ double ShortestDecimal(float v) {
 
 
 constexpr uint32_t kMaxDims = 4;
+
+// Bounds on what a header may declare, checked before anything is sized by
+// it, so that a file whose counts fit its (possibly sparse) apparent size
+// still cannot make the reader allocate more than a few hundred MiB:
+//  - key and tensor-name lengths as ggml's docs/gguf.md fixes them (a key
+//    at most 65535 bytes, a tensor name at most 64);
+//  - metadata keys and tensors: 2^16 and 2^18 (llama.cpp files hold a few
+//    dozen keys and at most a few thousand tensors), so tensor infos and
+//    their index stay under about 100 MiB;
+//  - the decoded metadata (each key and value: its bytes, and a
+//    std::string, a double per number or a kMetadataRecordBytes record):
+//    256 MiB in all, against some 30 MiB for the largest tokenizers (about
+//    260k tokens and their merges).
+constexpr uint64_t kMaxKeyBytes = 65535;
+constexpr uint64_t kMaxTensorNameBytes = 64;
+constexpr uint64_t kMaxMetadataKeys = uint64_t{1} << 16;
+constexpr uint64_t kMaxTensors = uint64_t{1} << 18;
+constexpr uint64_t kMetadataBudgetBytes = uint64_t{256} << 20;
+// What one metadata record costs beside its key's and value's bytes: the
+// GgufValue and its map node.
+constexpr uint64_t kMetadataRecordBytes = sizeof(GgufValue) + 64;
+// The smallest encodings: a metadata record (key length, value type, one
+// byte of value), a tensor info record (name length, n_dims, one dim, type,
+// offset).
+constexpr uint64_t kMinMetadataRecordBytes = 8 + 4 + 1;
+constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;
 
 // Bytes of one scalar of `type`, or 0 for string/array/unknown.
 size_t ScalarBytes(GgufValueType type) {
@@ -81,8 +108,15 @@ class Cursor {
     pos_ += sizeof(T);
     return v;
   }
-  StatusOr<std::string> ReadString(const std::string& what) {
+  // A string of at most max_bytes (checked, with the bytes left, before
+  // anything is allocated).
+  StatusOr<std::string> ReadString(const std::string& what, uint64_t max_bytes) {
     LEDE_ASSIGN_OR_RETURN(uint64_t n, Read<uint64_t>(what + " length"));
+    if (n > max_bytes) {
+      return InvalidArgumentError(source_ + ": " + what + ": length " + std::to_string(n) + " at offset " +
+                                  std::to_string(pos_ - 8) + " exceeds its limit of " + std::to_string(max_bytes) +
+                                  " bytes");
+    }
     LEDE_RETURN_IF_ERROR(Need(static_cast<size_t>(n), what));
     std::string s(reinterpret_cast<const char*>(data_ + pos_), static_cast<size_t>(n));
     pos_ += static_cast<size_t>(n);
@@ -146,7 +180,12 @@ const char* GgmlTypeName(GgmlType type) {
   switch (type) {
     case GgmlType::kF32: return "F32";
     case GgmlType::kF16: return "F16";
+    case GgmlType::kQ4_0: return "Q4_0";
+    case GgmlType::kQ5_0: return "Q5_0";
     case GgmlType::kQ8_0: return "Q8_0";
+    case GgmlType::kQ4_K: return "Q4_K";
+    case GgmlType::kQ5_K: return "Q5_K";
+    case GgmlType::kQ6_K: return "Q6_K";
     case GgmlType::kBF16: return "BF16";
   }
   return "?";
@@ -157,9 +196,8 @@ size_t GgmlTypeBytes(GgmlType type, int64_t numel) {
   switch (type) {
     case GgmlType::kF32: return n * 4;
     case GgmlType::kF16: case GgmlType::kBF16: return n * 2;
-    case GgmlType::kQ8_0: return n / kQ8_0BlockValues * kQ8_0BlockBytes;
+    default: return n / static_cast<size_t>(GgmlBlockValues(type)) * GgmlBlockBytes(type);
   }
-  return 0;
 }
 
 bool GgufValue::is_integer() const {
@@ -185,8 +223,11 @@ StatusOr<std::shared_ptr<const GgufFile>> GgufFile::Open(const std::string& path
 
 namespace {
 
-// Reads one metadata value (type tag and payload) after its key.
-StatusOr<GgufValue> ReadMetadataValue(Cursor& c, const std::string& source, const std::string& what) {
+// Reads one metadata value (type tag and payload) after its key, charging
+// its decoded size to *budget (bytes; refused before allocating when it
+// would not fit).
+StatusOr<GgufValue> ReadMetadataValue(Cursor& c, const std::string& source, const std::string& what,
+                                      uint64_t* budget) {
   LEDE_ASSIGN_OR_RETURN(uint32_t type_raw, c.Read<uint32_t>(what + " type"));
   if (!KnownValueType(type_raw)) {
     return InvalidArgumentError(source + ": " + what + ": unknown value type " + std::to_string(type_raw));
@@ -195,7 +236,8 @@ StatusOr<GgufValue> ReadMetadataValue(Cursor& c, const std::string& source, cons
   v.type = static_cast<GgufValueType>(type_raw);
   bool out_of_range = false;
   if (v.type == GgufValueType::kString) {
-    LEDE_ASSIGN_OR_RETURN(v.str, c.ReadString(what));
+    LEDE_ASSIGN_OR_RETURN(v.str, c.ReadString(what, *budget));
+    *budget -= v.str.size();
   } else if (v.type == GgufValueType::kArray) {
     LEDE_ASSIGN_OR_RETURN(uint32_t elem_raw, c.Read<uint32_t>(what + " element type"));
     if (!KnownValueType(elem_raw)) {
@@ -212,10 +254,19 @@ StatusOr<GgufValue> ReadMetadataValue(Cursor& c, const std::string& source, cons
       return InvalidArgumentError(source + ": " + what + ": array of " + std::to_string(n) +
                                   " elements runs past the end of the file");
     }
+    // Decoded: a std::string or a double per element.
+    const uint64_t decoded_elem = v.array_type == GgufValueType::kString ? sizeof(std::string) : sizeof(double);
+    if (n > *budget / decoded_elem) {
+      return InvalidArgumentError(source + ": " + what + ": array of " + std::to_string(n) +
+                                  " elements exceeds the metadata limit of " +
+                                  std::to_string(kMetadataBudgetBytes >> 20) + " MiB decoded");
+    }
+    *budget -= n * decoded_elem;
     if (v.array_type == GgufValueType::kString) {
       v.strings.reserve(static_cast<size_t>(n));
       for (uint64_t j = 0; j < n; ++j) {
-        LEDE_ASSIGN_OR_RETURN(std::string s, c.ReadString(what + "[" + std::to_string(j) + "]"));
+        LEDE_ASSIGN_OR_RETURN(std::string s, c.ReadString(what + "[" + std::to_string(j) + "]", *budget));
+        *budget -= s.size();
         v.strings.push_back(std::move(s));
       }
     } else {
@@ -240,7 +291,7 @@ StatusOr<GgufValue> ReadMetadataValue(Cursor& c, const std::string& source, cons
 // Reads tensor info record #k (name, dims, type, offset) and sizes it.
 StatusOr<GgufTensor> ReadTensorInfo(Cursor& c, const std::string& source, uint64_t k, uint64_t alignment) {
   GgufTensor t;
-  LEDE_ASSIGN_OR_RETURN(t.name, c.ReadString("tensor name #" + std::to_string(k)));
+  LEDE_ASSIGN_OR_RETURN(t.name, c.ReadString("tensor name #" + std::to_string(k), kMaxTensorNameBytes));
   const std::string what = "tensor " + t.name;
   LEDE_ASSIGN_OR_RETURN(uint32_t n_dims, c.Read<uint32_t>(what + " n_dims"));
   if (n_dims == 0 || n_dims > kMaxDims) {
@@ -260,15 +311,15 @@ StatusOr<GgufTensor> ReadTensorInfo(Cursor& c, const std::string& source, uint64
     t.ne.push_back(static_cast<int64_t>(ne));
   }
   LEDE_ASSIGN_OR_RETURN(uint32_t type_raw, c.Read<uint32_t>(what + " type"));
-  switch (type_raw) {
-    case 0: case 1: case 8: case 30: t.type = static_cast<GgmlType>(type_raw); break;
-    default:
-      return InvalidArgumentError(source + ": " + what + ": unsupported tensor type " + std::to_string(type_raw) +
-                                  " (supported: F32, F16, BF16, Q8_0)");
+  if (!IsKnownGgmlType(type_raw)) {
+    return InvalidArgumentError(source + ": " + what + ": unsupported tensor type " + std::to_string(type_raw) +
+                                " (supported: F32, F16, BF16, Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K)");
   }
-  if (t.type == GgmlType::kQ8_0 && t.ne[0] % kQ8_0BlockValues != 0) {
-    return InvalidArgumentError(source + ": " + what + ": Q8_0 row length " + std::to_string(t.ne[0]) +
-                                " is not a multiple of 32");
+  t.type = static_cast<GgmlType>(type_raw);
+  if (t.ne[0] % GgmlBlockValues(t.type) != 0) {
+    return InvalidArgumentError(source + ": " + what + ": " + GgmlTypeName(t.type) + " row length " +
+                                std::to_string(t.ne[0]) + " is not a multiple of " +
+                                std::to_string(GgmlBlockValues(t.type)));
   }
   LEDE_ASSIGN_OR_RETURN(t.offset, c.Read<uint64_t>(what + " offset"));
   if (t.offset % alignment != 0) {
@@ -327,18 +378,30 @@ StatusOr<std::shared_ptr<const GgufFile>> GgufFile::Parse(std::shared_ptr<const 
   }
   LEDE_ASSIGN_OR_RETURN(uint64_t n_tensors, c.Read<uint64_t>("tensor count"));
   LEDE_ASSIGN_OR_RETURN(uint64_t n_kv, c.Read<uint64_t>("metadata count"));
-  // Each record is at least 12 bytes (key length + type): counts beyond what
-  // the file could hold are refused before any loop.
-  if (n_kv > c.left() / 12) {
+  // Counts beyond what the rest of the file could encode, or beyond the
+  // reader's bounds, are refused before any loop or allocation.
+  if (n_kv > kMaxMetadataKeys) {
+    return InvalidArgumentError(source + ": metadata count " + std::to_string(n_kv) + " exceeds the limit of " +
+                                std::to_string(kMaxMetadataKeys));
+  }
+  if (n_tensors > kMaxTensors) {
+    return InvalidArgumentError(source + ": tensor count " + std::to_string(n_tensors) + " exceeds the limit of " +
+                                std::to_string(kMaxTensors));
+  }
+  if (n_kv > c.left() / kMinMetadataRecordBytes) {
     return InvalidArgumentError(source + ": metadata count " + std::to_string(n_kv) + " exceeds the file");
   }
-  if (n_tensors > c.left() / 24) {
+  if (n_tensors > (c.left() - n_kv * kMinMetadataRecordBytes) / kMinTensorInfoBytes) {
     return InvalidArgumentError(source + ": tensor count " + std::to_string(n_tensors) + " exceeds the file");
   }
+  // n_kv <= 2^16 records of kMetadataRecordBytes fit the budget.
+  uint64_t budget = kMetadataBudgetBytes - n_kv * kMetadataRecordBytes;
   for (uint64_t k = 0; k < n_kv; ++k) {
-    LEDE_ASSIGN_OR_RETURN(std::string key, c.ReadString("metadata key #" + std::to_string(k)));
+    LEDE_ASSIGN_OR_RETURN(std::string key, c.ReadString("metadata key #" + std::to_string(k),
+                                                        std::min(kMaxKeyBytes, budget)));
+    budget -= key.size();
     const std::string what = "metadata key " + key;
-    LEDE_ASSIGN_OR_RETURN(GgufValue v, ReadMetadataValue(c, source, what));
+    LEDE_ASSIGN_OR_RETURN(GgufValue v, ReadMetadataValue(c, source, what, &budget));
     if (!f->metadata_.emplace(key, std::move(v)).second) {
       return InvalidArgumentError(source + ": duplicate metadata key " + key);
     }
@@ -456,27 +519,21 @@ Status DequantizeToF32(const GgufTensor& t, float* out) {
         std::memcpy(out + i, &bits, 4);
       }
       return OkStatus();
-    case GgmlType::kQ8_0: {
-      if (n % kQ8_0BlockValues != 0) return InvalidArgumentError("tensor " + t.name + ": Q8_0 length");
-      const int64_t blocks = n / kQ8_0BlockValues;
-      for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* blk = p + b * kQ8_0BlockBytes;
-        uint16_t dh;
-        std::memcpy(&dh, blk, 2);
-        const float d = HalfToFloat(dh);
-        const auto* q = reinterpret_cast<const int8_t*>(blk + 2);
-        for (int64_t j = 0; j < kQ8_0BlockValues; ++j) out[b * kQ8_0BlockValues + j] = d * static_cast<float>(q[j]);
+    default:
+      if (!DequantizeGgmlRow(t.type, p, n, out)) {
+        return InvalidArgumentError("tensor " + t.name + ": " + GgmlTypeName(t.type) + " length " +
+                                    std::to_string(n));
       }
       return OkStatus();
-    }
   }
   return InvalidArgumentError("tensor " + t.name + ": unsupported type");
 }
 
 StatusOr<std::vector<uint8_t>> QuantizeFromF32(const float* x, int64_t n, GgmlType type) {
   if (n < 0) return InvalidArgumentError("QuantizeFromF32: negative length");
-  if (type == GgmlType::kQ8_0 && n % kQ8_0BlockValues != 0) {
-    return InvalidArgumentError("Q8_0: " + std::to_string(n) + " values is not a multiple of 32");
+  if (n % GgmlBlockValues(type) != 0) {
+    return InvalidArgumentError(std::string(GgmlTypeName(type)) + ": " + std::to_string(n) +
+                                " values is not a multiple of " + std::to_string(GgmlBlockValues(type)));
   }
   std::vector<uint8_t> out(GgmlTypeBytes(type, n));
   switch (type) {
@@ -504,6 +561,11 @@ StatusOr<std::vector<uint8_t>> QuantizeFromF32(const float* x, int64_t n, GgmlTy
           const float q = std::round(v[j] * inv);
           blk[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f)));
         }
+      }
+      break;
+    default:
+      if (!QuantizeGgmlRow(type, x, n, out.data())) {
+        return InvalidArgumentError(std::string("cannot quantize to ") + GgmlTypeName(type));
       }
       break;
   }
@@ -595,9 +657,10 @@ Status GgufWriter::AddTensor(const std::string& name, GgmlType type, const std::
     if (d <= 0) return InvalidArgumentError("GGUF tensor " + name + ": non-positive dim");
     numel *= d;
   }
-  if (type == GgmlType::kQ8_0 && shape.back() % kQ8_0BlockValues != 0) {
-    return InvalidArgumentError("GGUF tensor " + name + ": Q8_0 row length " + std::to_string(shape.back()) +
-                                " is not a multiple of 32");
+  if (shape.back() % GgmlBlockValues(type) != 0) {
+    return InvalidArgumentError("GGUF tensor " + name + ": " + GgmlTypeName(type) + " row length " +
+                                std::to_string(shape.back()) + " is not a multiple of " +
+                                std::to_string(GgmlBlockValues(type)));
   }
   if (nbytes != GgmlTypeBytes(type, numel)) {
     return InvalidArgumentError("GGUF tensor " + name + ": " + std::to_string(nbytes) + " bytes, expected " +
@@ -768,13 +831,14 @@ Status MatchLlama3Scaling(const GgufTensor& t, const std::string& src, model::Mo
 
 namespace {
 
-// Reads a metadata integer that must be in [1, 2^31].
-StatusOr<int64_t> PositiveInt(const GgufFile& f, const std::string& key) {
+// Reads a metadata integer that must be in [1, max] (model_config.h's
+// bounds).
+StatusOr<int64_t> PositiveInt(const GgufFile& f, const std::string& key, int64_t max) {
   const std::string& src = f.source();
   LEDE_ASSIGN_OR_RETURN(int64_t v, f.GetInt(key));
-  if (v <= 0 || v > (int64_t{1} << 31)) {
-    return InvalidArgumentError(src + ": metadata key " + key + " is " + std::to_string(v) +
-                                " (must be positive)");
+  if (v <= 0 || v > max) {
+    return InvalidArgumentError(src + ": metadata key " + key + " is " + std::to_string(v) + ", outside [1, " +
+                                std::to_string(max) + "]");
   }
   return v;
 }
@@ -782,15 +846,15 @@ StatusOr<int64_t> PositiveInt(const GgufFile& f, const std::string& key) {
 // Reads the llama dims, norm epsilon and rope settings and checks they agree.
 Status ReadLlamaHyperparams(const GgufFile& f, model::ModelConfig* c) {
   const std::string& src = f.source();
-  LEDE_ASSIGN_OR_RETURN(c->dim, PositiveInt(f, "llama.embedding_length"));
-  LEDE_ASSIGN_OR_RETURN(c->hidden_dim, PositiveInt(f, "llama.feed_forward_length"));
-  LEDE_ASSIGN_OR_RETURN(c->n_layers, PositiveInt(f, "llama.block_count"));
-  LEDE_ASSIGN_OR_RETURN(c->n_heads, PositiveInt(f, "llama.attention.head_count"));
+  LEDE_ASSIGN_OR_RETURN(c->dim, PositiveInt(f, "llama.embedding_length", model::kMaxModelDim));
+  LEDE_ASSIGN_OR_RETURN(c->hidden_dim, PositiveInt(f, "llama.feed_forward_length", model::kMaxModelDim));
+  LEDE_ASSIGN_OR_RETURN(c->n_layers, PositiveInt(f, "llama.block_count", model::kMaxLayers));
+  LEDE_ASSIGN_OR_RETURN(c->n_heads, PositiveInt(f, "llama.attention.head_count", model::kMaxModelDim));
   c->n_kv_heads = c->n_heads;
   if (f.Find("llama.attention.head_count_kv") != nullptr) {
-    LEDE_ASSIGN_OR_RETURN(c->n_kv_heads, PositiveInt(f, "llama.attention.head_count_kv"));
+    LEDE_ASSIGN_OR_RETURN(c->n_kv_heads, PositiveInt(f, "llama.attention.head_count_kv", model::kMaxModelDim));
   }
-  LEDE_ASSIGN_OR_RETURN(c->max_seq_len, PositiveInt(f, "llama.context_length"));
+  LEDE_ASSIGN_OR_RETURN(c->max_seq_len, PositiveInt(f, "llama.context_length", model::kMaxContextTokens));
   LEDE_ASSIGN_OR_RETURN(c->rms_norm_eps, f.GetFloat("llama.attention.layer_norm_rms_epsilon"));
   if (!(c->rms_norm_eps > 0.0 && c->rms_norm_eps < 1.0)) {
     return InvalidArgumentError(src + ": metadata key llama.attention.layer_norm_rms_epsilon must be in (0, 1)");
@@ -850,10 +914,17 @@ Status ReadLlamaVocab(const GgufFile& f, model::ModelConfig* c) {
   const GgufTensor* embd = f.FindTensor("token_embd.weight");
   if (embd == nullptr) return InvalidArgumentError(src + ": missing tensor token_embd.weight");
   if (f.Find("llama.vocab_size") != nullptr) {
-    LEDE_ASSIGN_OR_RETURN(c->vocab_size, PositiveInt(f, "llama.vocab_size"));
+    LEDE_ASSIGN_OR_RETURN(c->vocab_size, PositiveInt(f, "llama.vocab_size", model::kMaxVocabSize));
   } else if (f.Find("tokenizer.ggml.tokens") != nullptr) {
-    LEDE_ASSIGN_OR_RETURN(std::vector<std::string> tokens, f.GetStringArray("tokenizer.ggml.tokens"));
-    c->vocab_size = static_cast<int64_t>(tokens.size());
+    const GgufValue* tokens = f.Find("tokenizer.ggml.tokens");
+    if (tokens->type != GgufValueType::kArray || tokens->array_type != GgufValueType::kString) {
+      return InvalidArgumentError(src + ": metadata key tokenizer.ggml.tokens is not an array of strings");
+    }
+    c->vocab_size = static_cast<int64_t>(tokens->strings.size());
+    if (c->vocab_size < 1 || c->vocab_size > model::kMaxVocabSize) {
+      return InvalidArgumentError(src + ": metadata key tokenizer.ggml.tokens has " + std::to_string(c->vocab_size) +
+                                  " tokens, outside [1, " + std::to_string(model::kMaxVocabSize) + "]");
+    }
   } else {
     c->vocab_size = embd->ne.size() == 2 ? embd->ne[1] : 0;
   }
@@ -899,6 +970,13 @@ Status ReadLlamaVocab(const GgufFile& f, model::ModelConfig* c) {
 Status CheckLlamaTensors(const GgufFile& f, const model::ModelConfig& c) {
   const std::string& src = f.source();
   // Every tensor the config needs, with dims in ggml order (ne[0] = in).
+  // Nine tensors per block: a block count the file cannot hold is refused
+  // before the list below is sized by it.
+  if (c.n_layers > static_cast<int64_t>(f.tensors().size() / 9)) {
+    return InvalidArgumentError(src + ": metadata key llama.block_count is " + std::to_string(c.n_layers) +
+                                ", but the file holds " + std::to_string(f.tensors().size()) +
+                                " tensors (each block needs 9)");
+  }
   const int64_t d = c.dim, q = c.n_heads * c.head_dim(), kv = c.kv_dim(), h = c.hidden_dim;
   std::vector<std::pair<std::string, std::vector<int64_t>>> need = {{"token_embd.weight", {d, c.vocab_size}},
                                                                     {"output_norm.weight", {d}}};

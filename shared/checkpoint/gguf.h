@@ -16,9 +16,11 @@
 // element type + uint64 count + elements. ne[0] is the innermost (fastest
 // varying) dimension: a Hugging Face [out, in] weight has ne = {in, out}.
 //
-// Tensor types read: F32 (0), F16 (1), Q8_0 (8: blocks of 32 weights along
-// ne[0], each one f16 scale d followed by 32 int8 q, value = d * q; 34
-// bytes), BF16 (30). Any other type is refused at Open (its byte size is not
+// Tensor types read: F32 (0), F16 (1), BF16 (30) and llama.cpp's block
+// types along ne[0]: Q4_0 (2), Q5_0 (6), Q8_0 (8: blocks of 32 weights,
+// each one f16 scale d followed by 32 int8 q, value = d * q; 34 bytes),
+// Q4_K (12), Q5_K (13), Q6_K (14) (blocks of 256; layouts in
+// ggml_quants.h). Any other type is refused at Open (its byte size is not
 // known, so the file cannot be bounds-checked).
 //
 // Example:
@@ -41,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "shared/checkpoint/ggml_quants.h"
 #include "shared/checkpoint/mapped_file.h"
 #include "shared/checkpoint/model_config.h"
 #include "shared/checkpoint/number_formats.h"
@@ -48,16 +51,17 @@
 
 namespace lede::checkpoint {
 
-// ggml tensor types this project reads and writes (values as in the file).
-enum class GgmlType : uint32_t { kF32 = 0, kF16 = 1, kQ8_0 = 8, kBF16 = 30 };
+// (GgmlType, the ggml tensor types read and written, and their block
+// layouts: ggml_quants.h, included above.)
 
 inline constexpr int64_t kQ8_0BlockValues = 32;  // weights per block
 inline constexpr size_t kQ8_0BlockBytes = 34;    // f16 scale + 32 int8
 
-// "F32", "F16", "Q8_0", "BF16".
+// "F32", "F16", "Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "BF16".
 const char* GgmlTypeName(GgmlType type);
 
-// Bytes of `numel` values stored as `type` (numel a multiple of 32 for Q8_0).
+// Bytes of `numel` values stored as `type` (numel a multiple of
+// GgmlBlockValues(type): 32 for Q4_0 / Q5_0 / Q8_0, 256 for the K types).
 size_t GgmlTypeBytes(GgmlType type, int64_t numel);
 
 // Metadata value types (values as in the file).
@@ -86,8 +90,8 @@ struct GgufValue {
 };
 
 // One tensor of a GgufFile. `data` points into the file's read-only mapping
-// (valid while the GgufFile lives; may be unaligned); for Q8_0 these are the
-// raw blocks, usable as they are by a Q8_0 kernel.
+// (valid while the GgufFile lives; may be unaligned); for the quantized
+// types these are the raw blocks, usable as they are by the kernels.
 struct GgufTensor {
   std::string name;
   GgmlType type = GgmlType::kF32;
@@ -113,11 +117,15 @@ class GgufFile {
   // against `size`: nothing past the end is touched.
   // Errors (kInvalidArgument, one message naming `source` and the key or
   // tensor at fault): bad magic, a version other than 2 or 3, a count or
-  // length running past the end, an unknown value type, an array of
+  // length running past the end or beyond the reader's bounds (checked
+  // before anything is allocated for it, so that a sparse file's apparent
+  // size buys nothing: at most 2^16 keys of up to 65535 bytes, 2^18 tensors
+  // with names of up to 64 bytes, 256 MiB of decoded metadata; gguf.cc),
+  // an unknown value type, an array of
   // arrays, a duplicate key or tensor name, general.alignment that is not a
   // power of two, a tensor with 0 or more than 4 dims, a non-positive dim,
-  // an unsupported tensor type (named with its number), a Q8_0 tensor whose
-  // ne[0] is not a multiple of 32, an offset not a multiple of the
+  // an unsupported tensor type (named with its number), a block-quantized
+  // tensor whose ne[0] is not a multiple of its block (32 or 256), an offset not a multiple of the
   // alignment, data past the end of the file, overlapping tensors.
   static StatusOr<std::shared_ptr<const GgufFile>> Parse(std::shared_ptr<const void> owner, const uint8_t* data,
                                                          size_t size, const std::string& source);
@@ -159,8 +167,9 @@ Status DequantizeToF32(const GgufTensor& t, float* out);
 
 // Narrowing float32 to the stored types (round to nearest even for F16 and
 // BF16; Q8_0: per block d = max|x| / 127, q = round(x / d), as llama.cpp's
-// reference quantizer). `n` values; for Q8_0 n is a multiple of 32
-// (kInvalidArgument otherwise). The result holds GgmlTypeBytes(type, n) bytes.
+// reference quantizer; the other block types: QuantizeGgmlRow). `n`
+// values, a multiple of GgmlBlockValues(type) (kInvalidArgument naming the
+// type otherwise). The result holds GgmlTypeBytes(type, n) bytes.
 StatusOr<std::vector<uint8_t>> QuantizeFromF32(const float* x, int64_t n, GgmlType type);
 
 // (FloatToHalf, HalfToFloat, FloatToBf16: number_formats.h, included above.)
@@ -192,8 +201,8 @@ class GgufWriter {
 
   // `shape` in torch order ([out, in]); `data` holds GgmlTypeBytes(type,
   // numel) bytes. Errors: kInvalidArgument for a duplicate name, an empty
-  // shape, a byte count that disagrees, or a Q8_0 innermost dim not a
-  // multiple of 32.
+  // shape, a byte count that disagrees, or a block-quantized type whose
+  // innermost dim is not a multiple of its block (32 or 256).
   Status AddTensor(const std::string& name, GgmlType type, const std::vector<int64_t>& shape, const void* data,
                    size_t nbytes);
 
@@ -238,7 +247,8 @@ class GgufWriter {
 // Errors: kInvalidArgument naming the key or tensor: another architecture,
 // a missing or mistyped key, an unsupported rope scaling (yarn,
 // rope_freqs.weight = Llama-3 scaling), partial rotary, a missing tensor,
-// dims that contradict the metadata.
+// dims that contradict the metadata, a key outside model_limits.h's bounds
+// or a block count the file's tensors cannot hold (9 per block).
 StatusOr<model::ModelConfig> GgufLlamaConfig(const GgufFile& file);
 
 // The project's (Hugging Face) name of a llama GGUF tensor and back:

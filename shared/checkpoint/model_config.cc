@@ -11,9 +11,11 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "shared/checkpoint/model_limits.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::model {
@@ -223,6 +225,23 @@ StatusOr<ModelConfig> ParseHfConfigImpl(const std::string& json_text,
     }
   }
 
+  // Bounds, named by their config.json keys (Validate repeats them under
+  // the ModelConfig field names for configs made elsewhere).
+  for (const auto& [key, value, max] :
+       {std::tuple<const char*, int64_t, int64_t>{"hidden_size", c.dim, kMaxModelDim},
+        {"intermediate_size", c.hidden_dim, kMaxModelDim},
+        {"num_hidden_layers", c.n_layers, kMaxLayers},
+        {"num_attention_heads", c.n_heads, kMaxModelDim},
+        {"num_key_value_heads", c.n_kv_heads, kMaxModelDim},
+        {"vocab_size", c.vocab_size, kMaxVocabSize},
+        {"max_position_embeddings", c.max_seq_len, kMaxContextTokens}}) {
+    if (value <= 0 || value > max) {
+      return InvalidArgumentError(FieldError(source, key,
+                                             "is " + std::to_string(value) + ", outside [1, " +
+                                                 std::to_string(max) + "]"));
+    }
+  }
+
   Status valid = c.Validate();
   if (!valid.ok()) {
     return Status(valid.code(), source + ": " + std::string(valid.message()));
@@ -239,21 +258,25 @@ std::string Hex64(uint64_t h) {
 }  // namespace
 
 Status ModelConfig::Validate() const {
-  auto positive = [](const char* name, int64_t v) -> Status {
+  auto positive = [](const char* name, int64_t v, int64_t max) -> Status {
     if (v <= 0) {
       return InvalidArgumentError(std::string("ModelConfig.") + name +
                                   " must be positive, got " +
                                   std::to_string(v));
     }
+    if (v > max) {
+      return InvalidArgumentError(std::string("ModelConfig.") + name + " is " + std::to_string(v) +
+                                  ", above its bound " + std::to_string(max));
+    }
     return OkStatus();
   };
-  LEDE_RETURN_IF_ERROR(positive("dim", dim));
-  LEDE_RETURN_IF_ERROR(positive("hidden_dim", hidden_dim));
-  LEDE_RETURN_IF_ERROR(positive("n_layers", n_layers));
-  LEDE_RETURN_IF_ERROR(positive("n_heads", n_heads));
-  LEDE_RETURN_IF_ERROR(positive("n_kv_heads", n_kv_heads));
-  LEDE_RETURN_IF_ERROR(positive("vocab_size", vocab_size));
-  LEDE_RETURN_IF_ERROR(positive("max_seq_len", max_seq_len));
+  LEDE_RETURN_IF_ERROR(positive("dim", dim, kMaxModelDim));
+  LEDE_RETURN_IF_ERROR(positive("hidden_dim", hidden_dim, kMaxModelDim));
+  LEDE_RETURN_IF_ERROR(positive("n_layers", n_layers, kMaxLayers));
+  LEDE_RETURN_IF_ERROR(positive("n_heads", n_heads, kMaxModelDim));
+  LEDE_RETURN_IF_ERROR(positive("n_kv_heads", n_kv_heads, kMaxModelDim));
+  LEDE_RETURN_IF_ERROR(positive("vocab_size", vocab_size, kMaxVocabSize));
+  LEDE_RETURN_IF_ERROR(positive("max_seq_len", max_seq_len, kMaxContextTokens));
   if (dim % n_heads != 0) {
     return InvalidArgumentError("ModelConfig.dim (" + std::to_string(dim) +
                                 ") is not divisible by n_heads (" +

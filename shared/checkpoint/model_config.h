@@ -51,8 +51,10 @@ struct ModelConfig {
   int64_t head_dim() const { return n_heads > 0 ? dim / n_heads : 0; }
   int64_t kv_dim() const { return head_dim() * n_kv_heads; }
 
-  // kInvalidArgument naming the first field that is non-positive or
-  // inconsistent (dim % n_heads, n_heads % n_kv_heads, odd head_dim).
+  // kInvalidArgument naming the first field that is non-positive, above
+  // its bound (model_limits.h: kMaxContextTokens, kMaxModelDim, kMaxLayers,
+  // kMaxVocabSize) or inconsistent (dim % n_heads, n_heads % n_kv_heads,
+  // odd head_dim).
   Status Validate() const;
 
   // A short stable hash of the architecture fields (hex), used to refuse a
@@ -62,7 +64,9 @@ struct ModelConfig {
 
 // Parses a Hugging Face Llama config.json. `source` names the file in errors.
 // Errors: kInvalidArgument for bad JSON, a missing or mistyped required field
-// (named), or an unknown rope_scaling type.
+// (named), a count or dimension outside its bound (model_limits.h; named by
+// its config.json key, e.g. max_position_embeddings above 2^24), or an
+// unknown rope_scaling type. Nothing is allocated by the values read.
 StatusOr<ModelConfig> ParseHfConfig(const std::string& json_text,
                                     const std::string& source);
 

@@ -21,6 +21,54 @@ using Json = nlohmann::json;
 
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // as upstream
 
+// What the header's JSON may hold before it is parsed: a DOM node costs
+// about 100 bytes against one or two bytes of text, so 100 MiB of "[[[..."
+// or of empty objects would take GiBs. A real header nests 3 deep
+// ({name: {"shape": [...]}}) and spends about 11 structural characters
+// ({ [ : ,) per tensor: 2^21 of them is some 190,000 tensors in one file,
+// about 200 MiB parsed.
+constexpr int kMaxHeaderDepth = 8;
+constexpr uint64_t kMaxHeaderStructure = uint64_t{1} << 21;
+
+// Scans the header text (outside strings) for its nesting depth and its
+// count of { [ : , before nlohmann-json builds anything.
+Status CheckHeaderStructure(const char* text, uint64_t n, const std::string& path) {
+  int depth = 0;
+  uint64_t structure = 0;
+  bool in_string = false, escaped = false;
+  for (uint64_t i = 0; i < n; ++i) {
+    const char ch = text[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (ch == '\\') {
+        escaped = true;
+      } else if (ch == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    switch (ch) {
+      case '"': in_string = true; break;
+      case '{': case '[':
+        if (++depth > kMaxHeaderDepth) {
+          return InvalidArgumentError(path + ": safetensors header nests deeper than " +
+                                      std::to_string(kMaxHeaderDepth) + " levels");
+        }
+        ++structure;
+        break;
+      case '}': case ']': --depth; break;
+      case ':': case ',': ++structure; break;
+      default: break;
+    }
+    if (structure > kMaxHeaderStructure) {
+      return InvalidArgumentError(path + ": safetensors header holds more than " +
+                                  std::to_string(kMaxHeaderStructure) + " JSON values");
+    }
+  }
+  return OkStatus();
+}
+
 uint64_t LoadLe64(const uint8_t* p) {
   uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
@@ -188,6 +236,7 @@ StatusOr<std::shared_ptr<const SafetensorsFile>> SafetensorsFile::Open(const std
                                 " exceeds the 100 MiB limit");
   }
   const char* text = reinterpret_cast<const char*>(map->data() + 8);
+  LEDE_RETURN_IF_ERROR(CheckHeaderStructure(text, header_len, path));
   const Json header = Json::parse(text, text + header_len, /*cb=*/nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded()) {
     return InvalidArgumentError(path + ": safetensors header is not valid JSON");

@@ -18,17 +18,6 @@ StatusOr<std::unique_ptr<ExperienceLogger>> CreateRequestLog(std::shared_ptr<sto
   return ExperienceLogger::Create(std::move(store), RequestLogOptions(std::move(options)));
 }
 
-void SetRecordSampling(float temperature, float top_p, uint64_t seed, lede::v1::RequestRecord* record) {
-  record->set_temperature(temperature);
-  if (!(temperature > 0.0f)) {
-    record->clear_top_p();
-    record->clear_seed();
-    return;
-  }
-  record->set_top_p(top_p == 0.0f ? 1.0f : top_p);
-  record->set_seed(seed);
-}
-
 ShardReport DecodeRequestShard(std::string_view bytes, const std::string& name,
                                std::vector<lede::v1::RequestRecord>* out) {
   return DecodeFrames(bytes, name, std::string_view(kRequestLogMagic, kShardMagicSize), "a request-log shard",

@@ -1,9 +1,10 @@
 // File: shared/experience/request_log.h
 //
-// The request log: one lede.v1.RequestRecord per finished request, greedy or
-// sampled (prompt token ids, emitted token ids, sampling settings and seed,
-// method, policy version, load, timings; no text), written by the coordinator to the object store beside
-// the experience shards, so that the retrainer can replay whole requests
+// The request log (docs/serving.md "Request log"): one lede.v1.RequestRecord
+// per finished request (prompt token ids, emitted token ids, sampling
+// settings, method, policy version, load, timings, the deployment's measured
+// step costs; no text), written by the coordinator to the object store
+// beside the experience shards, so that the retrainer can replay whole requests
 // exactly (trainer/counterfactual.h). The records hold users' token ids,
 // which are equivalent to their text (docs/serving.md "Request log").
 //
@@ -15,14 +16,12 @@
 // shards are
 //   <prefix>/<UTC date>/<writer id>-<seq>.lreq   (default prefix "requests")
 // with the magic "LEDREQ1\n" instead of "LEDEXP1\n"; the framing is that of
-// experience.h. A sampled request's tokens depend on its draws, so its record
-// carries the sampling settings and the seed it was served with; the
-// retrainer scores it in expectation (trainer/counterfactual.h).
+// experience.h. Sampled requests are logged with their settings; the
+// retrainer replays the greedy ones exactly and the sampled ones by
+// speculative-sampling acceptance probability (trainer/counterfactual.h).
 #ifndef LEDE_SHARED_EXPERIENCE_REQUEST_LOG_H_
 #define LEDE_SHARED_EXPERIENCE_REQUEST_LOG_H_
 
-#include <cmath>
-#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -49,20 +48,16 @@ ExperienceLoggerOptions RequestLogOptions(ExperienceLoggerOptions options);
 StatusOr<std::unique_ptr<ExperienceLogger>> CreateRequestLog(std::shared_ptr<storage::ObjectStore> store,
                                                              ExperienceLoggerOptions options);
 
-// Whether a request is logged: greedy (temperature 0) and sampled
-// (temperature > 0) requests alike; a temperature that is negative or not
-// finite (never served: the coordinator rejects it) is not.
-inline bool IsLoggedRequest(float temperature) { return std::isfinite(temperature) && temperature >= 0.0f; }
+// Whether a request is logged: every request, greedy or sampled (a sampled
+// one with its temperature, top_p and seed; RequestRecord), so that the chat
+// traffic of a deployment (the OpenAI API defaults to temperature 1) reaches
+// the trainer too. The argument is kept for call sites that may filter.
+inline bool IsLoggedRequest(float /*temperature*/) { return true; }
 
-// Records the sampling settings a request was served with in `record`:
-// temperature as given; when temperature > 0, top_p (0, the wire default,
-// stored as the 1 it means) and the seed the sampler was keyed by. A greedy
-// request leaves top_p and seed 0 (they did not affect its tokens).
-void SetRecordSampling(float temperature, float top_p, uint64_t seed, lede::v1::RequestRecord* record);
-
-// Whether `record` was sampled (temperature > 0). Records written before the
-// sampling fields existed read as greedy.
-inline bool IsSampledRecord(const lede::v1::RequestRecord& record) { return record.temperature() > 0.0f; }
+// Whether a logged request was greedy, so that replaying it reproduces its
+// tokens exactly (temperature 0; records from before sampled requests were
+// logged have none).
+inline bool IsGreedyRecord(const lede::v1::RequestRecord& r) { return r.temperature() == 0.0f; }
 
 struct RequestLogRead {
   std::vector<lede::v1::RequestRecord> records;

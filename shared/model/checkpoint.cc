@@ -101,9 +101,49 @@ std::vector<RequiredTensor> RequiredTensors(const ModelConfig& c) {
   return r;
 }
 
+namespace {
+
+// Refuses a layer count that `n_tensors` tensors cannot hold (9 per layer)
+// before RequiredTensors sizes a list by it.
+Status CheckLayerCount(const ModelConfig& c, size_t n_tensors, const std::string& where,
+                       const std::string& layers_key) {
+  if (c.n_layers > static_cast<int64_t>(n_tensors / 9)) {
+    return InvalidArgumentError(where + ": " + layers_key + " is " + std::to_string(c.n_layers) +
+                                ", but the weight files hold " + std::to_string(n_tensors) +
+                                " tensors (each layer needs 9)");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+Status CheckTensorShapes(const ModelConfig& c, const ShapeMap& shapes, const std::string& where,
+                         const std::map<std::string, std::string>* origin, const std::string& layers_key) {
+  LEDE_RETURN_IF_ERROR(CheckLayerCount(c, shapes.size(), where, layers_key));
+  for (const RequiredTensor& req : RequiredTensors(c)) {
+    auto it = shapes.find(req.name);
+    if (it == shapes.end()) {
+      std::string msg = where + ": missing tensor " + req.name;
+      if (req.name == "lm_head.weight") msg += " (tie_word_embeddings is false)";
+      return InvalidArgumentError(msg);
+    }
+    if (it->second != req.shape) {
+      std::string file = where;
+      if (origin != nullptr) {
+        auto o = origin->find(req.name);
+        if (o != origin->end()) file = o->second;
+      }
+      return InvalidArgumentError(file + ": tensor " + req.name + " has shape " + checkpoint::ShapeString(it->second) +
+                                  ", expected " + checkpoint::ShapeString(req.shape) + " from the model config");
+    }
+  }
+  return OkStatus();
+}
+
 Status CheckTensors(const ModelConfig& c, const TensorMap& tensors,
                     const std::string& where,
                     const std::map<std::string, std::string>* origin) {
+  LEDE_RETURN_IF_ERROR(CheckLayerCount(c, tensors.size(), where, "n_layers"));
   for (const RequiredTensor& req : RequiredTensors(c)) {
     auto it = tensors.find(req.name);
     if (it == tensors.end() || !it->second.defined()) {

@@ -84,9 +84,15 @@ struct CheckpointReadOptions {
 // expected shape. In the Hugging Face layout, generation_config.json's
 // bos_token_id / eos_token_id (an integer or a list) replace config.json's
 // when the file exists (tokenizer/hf_config.h).
+// Model files are untrusted: every count and dimension is checked before
+// anything is sized by it (model_limits.h; a Hugging Face config is checked
+// against the safetensors headers' shapes, layer count first, before any
+// tensor is converted; its JSON files are refused above 1 MiB, an index
+// above 64 MiB).
 // Errors (messages name the file and the fault): kNotFound for a missing
 // path; kInvalidArgument for a truncated file, a bad generation_config.json
-// id, a safetensors header length
+// id, a config.json key out of its bound or a layer count the weight files
+// do not hold, a safetensors header length
 // past the end, bad JSON, an unknown dtype, data offsets out of range or
 // overlapping, a missing tensor (named), or a shape that disagrees with the
 // config.
@@ -116,6 +122,12 @@ StatusOr<Checkpoint> LoadGgufCheckpoint(const std::string& file);
 // scaling) or tensors that disagree with it; kInternal on I/O.
 Status WriteGgufCheckpoint(const std::string& file, const ModelConfig& config,
                            const std::map<std::string, at::Tensor>& tensors, checkpoint::GgmlType weights,
+                           checkpoint::GgufWriter* writer);
+// The same with llama.cpp's tensor mix of `mix` (kQ4_0 or kQ4_K_M;
+// LlamaCppTensorType in weight_format.h picks each matrix's type, norms
+// stay F32). Errors: kInvalidArgument for another format; as above.
+Status WriteGgufCheckpoint(const std::string& file, const ModelConfig& config,
+                           const std::map<std::string, at::Tensor>& tensors, WeightFormat mix,
                            checkpoint::GgufWriter* writer);
 
 // Parses one .safetensors file into name -> tensor (float32 CPU, or the

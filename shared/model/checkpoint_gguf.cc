@@ -66,15 +66,21 @@ StatusOr<Checkpoint> LoadGgufCheckpointImpl(const std::string& path) {
   LEDE_RETURN_IF_ERROR(internal::CheckTensors(ckpt.config, ckpt.tensors, path, nullptr));
   // The file's storage, which --weights auto keeps: every matrix the fused
   // path multiplies by (projections, and the head or the tied embedding).
-  bool all_bf16 = true, all_q8 = true;
+  // A file with any other ggml block type (Q4_0, Q4_K_M, ...) keeps its
+  // blocks as they are (kGguf, cpu_ggml_kernels.h).
+  bool all_bf16 = true, all_q8 = true, any_block = false;
   for (const auto& [name, t] : ckpt.stored) {
     const bool is_matrix = name != "model.embed_tokens.weight" && t->ne.size() == 2;
     const bool is_head = name == (ckpt.config.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
     if (!is_matrix && !is_head) continue;
     all_bf16 = all_bf16 && t->type == GgmlType::kBF16;
     all_q8 = all_q8 && t->type == GgmlType::kQ8_0;
+    any_block = any_block || (checkpoint::IsQuantizedGgmlType(t->type) && t->type != GgmlType::kQ8_0);
   }
-  ckpt.storage = all_q8 ? WeightFormat::kQ8_0 : all_bf16 ? WeightFormat::kBf16 : WeightFormat::kF32;
+  ckpt.storage = any_block ? WeightFormat::kGguf
+                 : all_q8  ? WeightFormat::kQ8_0
+                 : all_bf16 ? WeightFormat::kBf16
+                            : WeightFormat::kF32;
   return ckpt;
 }
 
@@ -87,8 +93,47 @@ bool IsRopeProjection(const std::string& hf_name, bool* is_q) {
   return *is_q || ends("self_attn.k_proj.weight");
 }
 
+// The llama.cpp role and layer of a matrix by its HF name (layer -1 and
+// false for a norm).
+bool MatrixRole(const std::string& hf, bool tied, TensorRole* role, int64_t* layer) {
+  *layer = -1;
+  if (hf == "lm_head.weight") return *role = TensorRole::kOutput, true;
+  if (hf == "model.embed_tokens.weight") return *role = tied ? TensorRole::kOutput : TensorRole::kTokenEmbd, true;
+  const std::string prefix = "model.layers.";
+  if (hf.compare(0, prefix.size(), prefix) != 0) return false;
+  const size_t dot = hf.find('.', prefix.size());
+  if (dot == std::string::npos) return false;
+  *layer = std::stoll(hf.substr(prefix.size(), dot - prefix.size()));
+  const std::string rest = hf.substr(dot + 1);
+  const std::pair<const char*, TensorRole> roles[] = {
+      {"self_attn.q_proj.weight", TensorRole::kAttnQ}, {"self_attn.k_proj.weight", TensorRole::kAttnK},
+      {"self_attn.v_proj.weight", TensorRole::kAttnV}, {"self_attn.o_proj.weight", TensorRole::kAttnO},
+      {"mlp.gate_proj.weight", TensorRole::kFfnGate},  {"mlp.up_proj.weight", TensorRole::kFfnUp},
+      {"mlp.down_proj.weight", TensorRole::kFfnDown}};
+  for (const auto& [name, r] : roles) {
+    if (rest == name) return *role = r, true;
+  }
+  return false;
+}
+
+// The stored type of a tensor: one type for every matrix (`weights`, F32
+// where Q8_0 cannot hold the rows), or llama.cpp's mix (`mix` a ggml
+// WeightFormat). Norms stay F32.
+GgmlType ExportType(const std::string& hf, const at::Tensor& t, const ModelConfig& config, GgmlType weights,
+                    WeightFormat mix) {
+  if (t.dim() == 1) return GgmlType::kF32;
+  if (IsGgmlWeightFormat(mix)) {
+    TensorRole role;
+    int64_t layer;
+    if (!MatrixRole(hf, config.tie_word_embeddings, &role, &layer)) return GgmlType::kF32;
+    return LlamaCppTensorType(mix, role, layer, config.n_layers, t.size(-1));
+  }
+  if (t.size(-1) % checkpoint::GgmlBlockValues(weights) != 0) return GgmlType::kF32;
+  return weights;
+}
+
 Status WriteGgufCheckpointImpl(const std::string& path, const ModelConfig& config, const TensorMap& tensors,
-                               GgmlType weights, checkpoint::GgufWriter* writer) {
+                               GgmlType weights, WeightFormat mix, checkpoint::GgufWriter* writer) {
   LEDE_RETURN_IF_ERROR(config.Validate());
   LEDE_RETURN_IF_ERROR(internal::CheckTensors(config, tensors, path, nullptr));
   std::string name = std::filesystem::path(path).stem().string();
@@ -117,11 +162,8 @@ Status WriteGgufCheckpointImpl(const std::string& path, const ModelConfig& confi
       if (!t.defined()) return InvalidArgumentError(path + ": cannot permute " + hf + " to llama.cpp's row order");
     }
     // Norms stay F32 (as llama.cpp writes them); a matrix whose rows are not
-    // a multiple of 32 cannot be Q8_0 and stays F32 too.
-    GgmlType type = weights;
-    if (t.dim() == 1 || (type == GgmlType::kQ8_0 && t.size(-1) % checkpoint::kQ8_0BlockValues != 0)) {
-      type = GgmlType::kF32;
-    }
+    // a multiple of its type's block stays F32 too.
+    const GgmlType type = ExportType(hf, t, config, weights, mix);
     LEDE_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes,
                           checkpoint::QuantizeFromF32(t.data_ptr<float>(), t.numel(), type));
     keep.push_back(std::move(bytes));
@@ -140,7 +182,20 @@ StatusOr<Checkpoint> LoadGgufCheckpoint(const std::string& path) {
 Status WriteGgufCheckpoint(const std::string& path, const ModelConfig& config,
                            const std::map<std::string, at::Tensor>& tensors, checkpoint::GgmlType weights,
                            checkpoint::GgufWriter* writer) {
-  return TorchBoundary(path, [&] { return WriteGgufCheckpointImpl(path, config, tensors, weights, writer); });
+  return TorchBoundary(path, [&] {
+    return WriteGgufCheckpointImpl(path, config, tensors, weights, WeightFormat::kAuto, writer);
+  });
+}
+
+Status WriteGgufCheckpoint(const std::string& path, const ModelConfig& config,
+                           const std::map<std::string, at::Tensor>& tensors, WeightFormat mix,
+                           checkpoint::GgufWriter* writer) {
+  if (!IsGgmlWeightFormat(mix) || mix == WeightFormat::kGguf) {
+    return InvalidArgumentError(std::string("weights: ") + WeightFormatName(mix) + " is not a llama.cpp mix (q4_0, q4_k_m)");
+  }
+  return TorchBoundary(path, [&] {
+    return WriteGgufCheckpointImpl(path, config, tensors, GgmlType::kF32, mix, writer);
+  });
 }
 
 }  // namespace lede::model

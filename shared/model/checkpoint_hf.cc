@@ -4,12 +4,14 @@
 // in checkpoint.h): config.json (shared/checkpoint/model_config.h),
 // generation_config.json's token ids, and model.safetensors or the shards of
 // model.safetensors.index.json.
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "shared/checkpoint/mapped_file.h"
@@ -46,10 +48,55 @@ bool IsPlainRelativePath(const std::string& name) {
   return true;
 }
 
-Status LoadShards(const std::string& dir, const std::string& index_path, const CheckpointReadOptions& read,
-                  TensorMap* tensors,
-                  std::map<std::string, std::string>* origin) {
-  LEDE_ASSIGN_OR_RETURN(std::string text, file::ReadFile(index_path));
+// The JSON files of a checkpoint directory are read whole and parsed; their
+// size is checked first so that a huge (or sparse) file cannot make the
+// reader allocate for it. config.json and generation_config.json are a few
+// KiB in practice, an index some MiB for the largest sharded models.
+constexpr uint64_t kMaxConfigJsonBytes = uint64_t{1} << 20;
+constexpr uint64_t kMaxIndexJsonBytes = uint64_t{64} << 20;
+
+StatusOr<std::string> ReadJsonFile(const std::string& path, uint64_t max_bytes) {
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(path, ec);
+  if (ec) return NotFoundError(path + ": cannot read: " + ec.message());
+  if (size > max_bytes) {
+    return InvalidArgumentError(path + ": " + std::to_string(size) + " bytes, more than the " +
+                                std::to_string(max_bytes) + " a JSON file of a checkpoint may have");
+  }
+  return file::ReadFile(path);
+}
+
+// The safetensors files of a checkpoint, opened (headers parsed and
+// validated, nothing converted): each file with the tensor names it
+// supplies, every name's declared shape and dtype, and its file.
+struct WeightFiles {
+  std::vector<std::pair<std::shared_ptr<const checkpoint::SafetensorsFile>, std::vector<std::string>>> files;
+  internal::ShapeMap shapes;
+  std::map<std::string, checkpoint::Dtype> dtypes;
+  std::map<std::string, std::string> origin;
+
+  void Add(const std::shared_ptr<const checkpoint::SafetensorsFile>& file, std::vector<std::string> names) {
+    for (const std::string& name : names) {
+      const checkpoint::TensorView& v = file->tensors().at(name);
+      shapes[name] = v.shape;
+      dtypes[name] = v.dtype;
+      origin[name] = file->path();
+    }
+    files.emplace_back(file, std::move(names));
+  }
+};
+
+Status OpenSingle(const std::string& path, WeightFiles* out) {
+  LEDE_ASSIGN_OR_RETURN(std::shared_ptr<const checkpoint::SafetensorsFile> file,
+                        checkpoint::SafetensorsFile::Open(path));
+  std::vector<std::string> names;
+  for (const auto& item : file->tensors()) names.push_back(item.first);
+  out->Add(file, std::move(names));
+  return OkStatus();
+}
+
+Status OpenShards(const std::string& dir, const std::string& index_path, WeightFiles* out) {
+  LEDE_ASSIGN_OR_RETURN(std::string text, ReadJsonFile(index_path, kMaxIndexJsonBytes));
   Json index = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (index.is_discarded()) {
     return InvalidArgumentError(index_path + ": invalid JSON");
@@ -68,29 +115,26 @@ Status LoadShards(const std::string& dir, const std::string& index_path, const C
     }
     names_by_shard[item.value().get<std::string>()].push_back(item.key());
   }
-  for (const auto& [shard, names] : names_by_shard) {
+  for (auto& [shard, names] : names_by_shard) {
     const std::string shard_path = (fs::path(dir) / shard).string();
-    LEDE_ASSIGN_OR_RETURN(TensorMap shard_tensors, ReadSafetensors(shard_path, read));
+    LEDE_ASSIGN_OR_RETURN(std::shared_ptr<const checkpoint::SafetensorsFile> file,
+                          checkpoint::SafetensorsFile::Open(shard_path));
     for (const std::string& name : names) {
-      auto it = shard_tensors.find(name);
-      if (it == shard_tensors.end()) {
+      if (file->tensors().count(name) == 0) {
         return InvalidArgumentError(
             index_path + ": tensor " + name +
             " is listed in weight_map but missing from " + shard_path);
       }
-      (*tensors)[name] = it->second;
-      (*origin)[name] = shard_path;
     }
+    out->Add(file, std::move(names));
   }
   return OkStatus();
 }
 
-// Checkpoint::storage of a safetensors checkpoint: kBf16 when the file
-// stores every matrix the engine multiplies by (the projections and the LM
-// head, or the embedding when tied) as BF16, else kF32. Reads only the
-// files' headers (the tensors were converted to float32 already).
-StatusOr<WeightFormat> SafetensorsStorage(const std::map<std::string, std::string>& origin, bool tied) {
-  std::map<std::string, std::shared_ptr<const checkpoint::SafetensorsFile>> files;
+// Checkpoint::storage of a safetensors checkpoint: kBf16 when the files
+// store every matrix the engine multiplies by (the projections and the LM
+// head, or the embedding when tied) as BF16, else kF32.
+WeightFormat SafetensorsStorage(const std::map<std::string, checkpoint::Dtype>& dtypes, bool tied) {
   auto is_matrix = [&](const std::string& name) {
     auto ends_with = [&](const std::string& tail) {
       return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
@@ -98,19 +142,17 @@ StatusOr<WeightFormat> SafetensorsStorage(const std::map<std::string, std::strin
     return ends_with("_proj.weight") || name == "lm_head.weight" || (tied && name == "model.embed_tokens.weight");
   };
   int64_t n_matrices = 0;
-  for (const auto& [name, path] : origin) {
+  for (const auto& [name, dtype] : dtypes) {
     if (!is_matrix(name)) continue;
-    auto& file = files[path];
-    if (file == nullptr) {
-      LEDE_ASSIGN_OR_RETURN(file, checkpoint::SafetensorsFile::Open(path));
-    }
-    auto it = file->tensors().find(name);
-    if (it == file->tensors().end() || it->second.dtype != checkpoint::Dtype::kBF16) return WeightFormat::kF32;
+    if (dtype != checkpoint::Dtype::kBF16) return WeightFormat::kF32;
     ++n_matrices;
   }
   return n_matrices > 0 ? WeightFormat::kBf16 : WeightFormat::kF32;
 }
 
+// Reads config.json, then the weight files' headers; checks the config
+// against the declared shapes (layer count first) before any tensor is
+// converted, so that a config the files do not back allocates nothing.
 StatusOr<Checkpoint> LoadHfCheckpointImpl(const std::string& dir, const CheckpointReadOptions& read) {
   std::error_code ec;
   if (!fs::exists(dir, ec)) return NotFoundError(dir + ": no such directory");
@@ -121,7 +163,7 @@ StatusOr<Checkpoint> LoadHfCheckpointImpl(const std::string& dir, const Checkpoi
   if (!fs::exists(config_path, ec)) {
     return NotFoundError(dir + ": no config.json");
   }
-  LEDE_ASSIGN_OR_RETURN(std::string config_text, file::ReadFile(config_path));
+  LEDE_ASSIGN_OR_RETURN(std::string config_text, ReadJsonFile(config_path, kMaxConfigJsonBytes));
   Checkpoint ckpt;
   LEDE_ASSIGN_OR_RETURN(ckpt.config, ParseHfConfig(config_text, config_path));
   ckpt.source = dir;
@@ -129,31 +171,41 @@ StatusOr<Checkpoint> LoadHfCheckpointImpl(const std::string& dir, const Checkpoi
   // stops on several eos ids that only generation_config.json lists).
   const std::string generation_path = (fs::path(dir) / "generation_config.json").string();
   if (fs::exists(generation_path, ec)) {
-    LEDE_ASSIGN_OR_RETURN(std::string generation_text, file::ReadFile(generation_path));
+    LEDE_ASSIGN_OR_RETURN(std::string generation_text, ReadJsonFile(generation_path, kMaxConfigJsonBytes));
     LEDE_ASSIGN_OR_RETURN(tokenizer::GenerationIds ids,
                           tokenizer::ParseGenerationIds(generation_text, generation_path));
     if (ids.bos_id) ckpt.config.bos_id = *ids.bos_id;
     if (!ids.eos_ids.empty()) ckpt.config.eos_ids = ids.eos_ids;
   }
 
-  std::map<std::string, std::string> origin;
+  WeightFiles weights;
   const std::string single = (fs::path(dir) / "model.safetensors").string();
   const std::string index =
       (fs::path(dir) / "model.safetensors.index.json").string();
   if (fs::exists(single, ec)) {
-    LEDE_ASSIGN_OR_RETURN(ckpt.tensors, ReadSafetensors(single, read));
-    for (const auto& item : ckpt.tensors) origin[item.first] = single;
+    LEDE_RETURN_IF_ERROR(OpenSingle(single, &weights));
   } else if (fs::exists(index, ec)) {
-    LEDE_RETURN_IF_ERROR(LoadShards(dir, index, read, &ckpt.tensors, &origin));
+    LEDE_RETURN_IF_ERROR(OpenShards(dir, index, &weights));
   } else {
     return NotFoundError(
         dir + ": no model.safetensors or model.safetensors.index.json");
   }
   // Tied: the model reuses the embedding; a stored copy is dropped so that
   // "absent when tied" holds (checkpoint.h).
+  if (ckpt.config.tie_word_embeddings) {
+    weights.shapes.erase("lm_head.weight");
+    weights.dtypes.erase("lm_head.weight");
+  }
+  LEDE_RETURN_IF_ERROR(internal::CheckTensorShapes(ckpt.config, weights.shapes, config_path, &weights.origin,
+                                                   "num_hidden_layers"));
+  for (const auto& [file, names] : weights.files) {
+    for (auto& [name, tensor] : internal::TensorsFromSafetensors(file, read.keep_half_precision, &names)) {
+      ckpt.tensors[name] = std::move(tensor);
+    }
+  }
   if (ckpt.config.tie_word_embeddings) ckpt.tensors.erase("lm_head.weight");
-  LEDE_RETURN_IF_ERROR(internal::CheckTensors(ckpt.config, ckpt.tensors, dir, &origin));
-  LEDE_ASSIGN_OR_RETURN(ckpt.storage, SafetensorsStorage(origin, ckpt.config.tie_word_embeddings));
+  LEDE_RETURN_IF_ERROR(internal::CheckTensors(ckpt.config, ckpt.tensors, dir, &weights.origin));
+  ckpt.storage = SafetensorsStorage(weights.dtypes, ckpt.config.tie_word_embeddings);
   return ckpt;
 }
 

@@ -35,13 +35,7 @@ at::ScalarType ScalarTypeOf(checkpoint::Dtype dtype) {
 StatusOr<TensorMap> ReadSafetensorsImpl(const std::string& file, const CheckpointReadOptions& read) {
   LEDE_ASSIGN_OR_RETURN(std::shared_ptr<const checkpoint::SafetensorsFile> st,
                         checkpoint::SafetensorsFile::Open(file));
-  TensorMap out;
-  for (const auto& [name, view] : st->tensors()) {
-    const at::ScalarType dtype = ScalarTypeOf(view.dtype);
-    const bool keep = read.keep_half_precision && (dtype == at::kHalf || dtype == at::kBFloat16);
-    out[name] = internal::TensorFromMapping(st, view.data, view.shape, dtype, keep);
-  }
-  return out;
+  return internal::TensorsFromSafetensors(st, read.keep_half_precision);
 }
 
 Status WriteSafetensorsImpl(const std::string& file, const TensorMap& tensors,
@@ -81,6 +75,29 @@ Status WriteSafetensorsImpl(const std::string& file, const TensorMap& tensors,
 }
 
 }  // namespace
+
+namespace internal {
+
+TensorMap TensorsFromSafetensors(const std::shared_ptr<const checkpoint::SafetensorsFile>& file,
+                                 bool keep_half_precision, const std::vector<std::string>* names) {
+  TensorMap out;
+  auto add = [&](const std::string& name, const checkpoint::TensorView& view) {
+    const at::ScalarType dtype = ScalarTypeOf(view.dtype);
+    const bool keep = keep_half_precision && (dtype == at::kHalf || dtype == at::kBFloat16);
+    out[name] = TensorFromMapping(file, view.data, view.shape, dtype, keep);
+  };
+  if (names == nullptr) {
+    for (const auto& [name, view] : file->tensors()) add(name, view);
+    return out;
+  }
+  for (const std::string& name : *names) {
+    auto it = file->tensors().find(name);
+    if (it != file->tensors().end()) add(name, it->second);
+  }
+  return out;
+}
+
+}  // namespace internal
 
 StatusOr<std::map<std::string, at::Tensor>> ReadSafetensors(
     const std::string& file, const CheckpointReadOptions& read) {

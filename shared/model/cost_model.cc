@@ -337,6 +337,73 @@ std::unique_ptr<CostModel> MakeAcceleratorCostModelAtLoad(const ModelConfig& con
   return std::make_unique<LoadedCostModel>(MakeAcceleratorCostModel(config), std::move(verify), 1.0, 1.0);
 }
 
+namespace {
+
+class ServedCostModel : public CostModel {
+ public:
+  ServedCostModel(std::vector<double> draft, std::vector<double> verify, double intercept, double slope,
+                  double block, double h, double unit)
+      : draft_(std::move(draft)), verify_(std::move(verify)), intercept_(intercept), slope_(slope), block_(block),
+        h_(h), unit_(unit) {}
+  std::string name() const override { return "served"; }
+  double DraftToken(int64_t l) const override {
+    if (l >= 1 && l < static_cast<int64_t>(draft_.size()) && draft_[l] > 0) return draft_[l] / unit_;
+    return (static_cast<double>(l) + h_) * block_;
+  }
+  double Verify(int64_t, int64_t k) const override {
+    if (k >= 0 && k < static_cast<int64_t>(verify_.size()) && verify_[k] > 0) return verify_[k] / unit_;
+    double floor = 0;
+    for (int64_t j = std::min<int64_t>(k, static_cast<int64_t>(verify_.size())) - 1; j >= 0; --j) {
+      if (verify_[j] > 0) {
+        floor = verify_[j];
+        break;
+      }
+    }
+    const double line = intercept_ + slope_ * static_cast<double>(k);
+    return std::max(floor, line > 0 ? line : unit_) / unit_;
+  }
+  double Probe() const override { return h_ * block_; }
+
+ private:
+  std::vector<double> draft_, verify_;
+  double intercept_, slope_, block_, h_, unit_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<CostModel>> MakeServedCostModel(const ModelConfig& config, const ServedStepCosts& costs) {
+  const int64_t L = config.n_layers;
+  if (static_cast<int64_t>(costs.draft_step_s.size()) != L + 1) {
+    return InvalidArgumentError("draft_step_s: " + std::to_string(costs.draft_step_s.size()) +
+                                " entries for a model of " + std::to_string(L) + " layers (want L + 1)");
+  }
+  double unit = 0;
+  if (!costs.verify_s.empty() && costs.verify_s[0] > 0 && std::isfinite(costs.verify_s[0])) {
+    unit = costs.verify_s[0];
+  } else if (costs.verify_intercept_s > 0 && std::isfinite(costs.verify_intercept_s)) {
+    unit = costs.verify_intercept_s;
+  }
+  if (unit <= 0) {
+    return FailedPreconditionError("verify_s: no autoregressive step measured (verify_s[0] or the line's intercept)");
+  }
+  const double h = HeadLayerEquivalents(config);
+  std::vector<double> draft(costs.draft_step_s.size(), 0.0), per_block;
+  for (int64_t l = 1; l <= L; ++l) {
+    const double x = costs.draft_step_s[l];
+    if (x > 0 && std::isfinite(x)) {
+      draft[l] = x;
+      per_block.push_back(x / unit / (static_cast<double>(l) + h));
+    }
+  }
+  if (per_block.empty()) return FailedPreconditionError("draft_step_s: no exit layer measured");
+  std::vector<double> verify;
+  for (double x : costs.verify_s) verify.push_back(x > 0 && std::isfinite(x) ? x : 0.0);
+  const double slope = std::isfinite(costs.verify_slope_s) ? costs.verify_slope_s : 0.0;
+  const double intercept = std::isfinite(costs.verify_intercept_s) ? costs.verify_intercept_s : 0.0;
+  return std::unique_ptr<CostModel>(std::make_unique<ServedCostModel>(std::move(draft), std::move(verify), intercept,
+                                                                      slope, Median(per_block), h, unit));
+}
+
 StatusOr<std::unique_ptr<CostModel>> MakeMeasuredCostModelAtLoad(const Calibration& c, int64_t load) {
   const size_t n = c.batch_sizes.size();
   if (n == 0) {

@@ -258,6 +258,48 @@ std::unique_ptr<CostModel> MakeAcceleratorCostModelAtLoad(const ModelConfig& con
 // [1, the largest timed size].
 StatusOr<std::unique_ptr<CostModel>> MakeMeasuredCostModelAtLoad(const Calibration& calibration, int64_t load);
 
+// Step costs a deployment measured on its own served steps, in seconds
+// (lede.v1.CostProfile, filled by the model service's ServedCostMeter:
+// shared/experience/served_costs.h; unpacked here so that the engine needs
+// no proto). Entries not measured are 0.
+struct ServedStepCosts {
+  // [L + 1]: seconds per drafted token at exit layer E as served (blocks
+  // [0, E) and the exit head, with the round's probes, probe signals and
+  // controller decisions spread over its drafts); [0] unused.
+  std::vector<double> draft_step_s;
+  // [D + 1]: seconds of a verification of K drafts run as a step of its
+  // own; [0] is an autoregressive step.
+  std::vector<double> verify_s;
+  // The robust line verify_s(K) ~ verify_intercept_s + verify_slope_s * K
+  // (Theil-Sen over the service's window); 0, 0 when not fitted.
+  double verify_intercept_s = 0;
+  double verify_slope_s = 0;
+  std::string weight_format;  // of the deployment that measured them ("q8_0", ...)
+  int32_t threads = 0;
+  // Example: ServedStepCosts{.draft_step_s = {0, 1.1e-3, 1.9e-3},
+  //                          .verify_s = {8e-3, 9e-3, 1e-2}}
+};
+
+// The cost model of a deployment's measured step costs (name "served"),
+// in units of its autoregressive step: verify_s[0] when measured, else the
+// line's intercept.
+//  - DraftToken(E) = draft_step_s[E] / unit where measured; elsewhere
+//    (E + h) c, c = the median over the measured E of draft_step_s[E] /
+//    (E + h) / unit (one block's share, the exit head h blocks:
+//    HeadLayerEquivalents), so that exit layers the policy never chose are
+//    priced from those it did.
+//  - Verify(E, K) = verify_s[K] / unit where measured, else the line at K
+//    (intercept + slope K) / unit, at least verify of the largest measured
+//    K below; the exit layer does not enter (verifications are timed as
+//    served, at the exit layers the policy chose).
+//  - Probe() = h c; Decision() = Signals() = 0: a served draft's time
+//    already holds the round's decisions and signals.
+// Errors: kInvalidArgument naming draft_step_s when its size is not L + 1;
+// kFailedPrecondition when the costs hold no autoregressive step (no
+// verify_s[0] and no positive intercept) or no draft entry: nothing to
+// price a round with (the caller falls back to its own cost model).
+StatusOr<std::unique_ptr<CostModel>> MakeServedCostModel(const ModelConfig& config, const ServedStepCosts& costs);
+
 }  // namespace lede::model
 
 #endif  // LEDE_SHARED_MODEL_COST_MODEL_H_

@@ -120,6 +120,8 @@ void RowsProduct(const float* x, int64_t n, int64_t in, const float* w, const Pa
       if (packed != nullptr && packed->format == WeightFormat::kBf16) {
         cpu::MatMulRowsPackedBf16(xt, rows, in, packed->bf16.data() + cpu::PackedBf16Offset(o0, in), o1 - o0,
                                   yt, out, accumulate);
+      } else if (packed != nullptr && IsGgmlWeightFormat(packed->format)) {
+        cpu::MatMulRowsGgml(xt, rows, in, packed->gg, o0, o1, yt, out, accumulate);
       } else if (packed != nullptr && packed->format == WeightFormat::kQ8_0) {
         cpu::MatMulRowsPackedQ8_0(xt, rows, in, packed->q8.data() + cpu::PackedQ8_0Offset(o0, in), o1 - o0, yt,
                                   out, accumulate);
@@ -274,7 +276,8 @@ int64_t TensorBytes(const at::Tensor& t) {
 bool LlamaModel::PackedOnly(int64_t in) const {
   if (!fused_ || options_.writable_weights) return false;
   return (weights_ == WeightFormat::kBf16 && cpu::Packable(in)) ||
-         (weights_ == WeightFormat::kQ8_0 && cpu::Q8Packable(in));
+         (weights_ == WeightFormat::kQ8_0 && cpu::Q8Packable(in)) ||
+         (IsGgmlWeightFormat(weights_) && in % 32 == 0);
 }
 
 void LlamaModel::PackParts(const std::vector<at::Tensor>& parts, const at::Tensor& q8_0_blocks,
@@ -355,6 +358,8 @@ at::Tensor LlamaModel::Dense(const at::Tensor& w, const PackedWeight& p, bool ke
   at::Tensor t = at::empty({p.rows, p.in}, at::kFloat);
   if (p.format == WeightFormat::kBf16) {
     cpu::UnpackRowsBf16(p.bf16.data(), p.in, 0, p.rows, t.data_ptr<float>());
+  } else if (IsGgmlWeightFormat(p.format)) {
+    cpu::UnpackRowsGgml(p.gg, 0, p.rows, t.data_ptr<float>());
   } else {
     cpu::UnpackRowsQ8_0(p.q8.data(), p.in, 0, p.rows, t.data_ptr<float>());
   }
@@ -442,14 +447,29 @@ void LlamaModel::PackWeights() {
   pack(lm_head_, &lm_head_packed_);
 }
 
-void LlamaModel::BuildRopeTables() {
+const LlamaModel::RopeTables& LlamaModel::Rope(int64_t n_positions) const {
+  const RopeTables* tables = rope_.load(std::memory_order_acquire);
+  if (tables != nullptr && tables->n_positions >= n_positions) return *tables;
+  std::lock_guard<std::mutex> lock(rope_mu_);
+  tables = rope_.load(std::memory_order_relaxed);
+  if (tables != nullptr && tables->n_positions >= n_positions) return *tables;
+  TORCH_CHECK(0 <= n_positions && n_positions <= config_.max_seq_len, "positions past max_seq_len");
+  // Doubling: a slowly growing context rebuilds log2 times, and every table
+  // kept together stays under twice the last.
+  int64_t n = std::max<int64_t>(n_positions, tables == nullptr ? 1 : 2 * tables->n_positions);
+  n = std::min(n, config_.max_seq_len);
+  auto built = std::make_unique<RopeTables>();
   at::Tensor inv = InverseFrequencies(config_);
-  at::Tensor pos = at::arange(0, config_.max_seq_len, at::TensorOptions().dtype(at::kDouble));
-  at::Tensor freqs = at::outer(pos, inv);              // [S, hd/2]
-  at::Tensor full = at::cat({freqs, freqs}, -1);       // [S, hd]
+  at::Tensor pos = at::arange(0, n, at::TensorOptions().dtype(at::kDouble));
+  at::Tensor freqs = at::outer(pos, inv);              // [n, hd/2]
+  at::Tensor full = at::cat({freqs, freqs}, -1);       // [n, hd]
   auto opts = at::TensorOptions().device(options_.device).dtype(options_.dtype);
-  rope_cos_ = at::cos(full).to(opts);
-  rope_sin_ = at::sin(full).to(opts);
+  built->cos = at::cos(full).to(opts).contiguous();
+  built->sin = at::sin(full).to(opts).contiguous();
+  built->n_positions = n;
+  rope_.store(built.get(), std::memory_order_release);
+  rope_built_.push_back(std::move(built));
+  return *rope_built_.back();
 }
 
 StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
@@ -489,6 +509,60 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
     // tensors in their own dtype, and their pages in a file mapping are
     // released behind it; otherwise it is a tensor of the model's
     // dtype (StoreMatrix rounds it and packs a copy).
+    // kQ4_0 / kQ4_K_M / kGguf (weight_format.h): the matrix whose rows are
+    // those of `parts` (checkpoint names `names`, llama.cpp roles `roles`,
+    // layer `layer`; `heads`: the q / k head count of a part whose rows
+    // the loop below permuted to rotate-half, else 0) in ggml blocks: a
+    // part the file stores in a block type is kept as it is (kGguf: any
+    // type; kQ4_0 / kQ4_K_M: the type their mix gives it), the rest is
+    // quantized to the mix's type (LlamaCppTensorType).
+    auto ggml_matrix = [&](const std::vector<at::Tensor>& parts, const std::vector<std::string>& names,
+                           const std::vector<TensorRole>& roles, int64_t layer,
+                           const std::vector<int64_t>& heads) -> cpu::GgmlMatrix {
+      const int64_t in = parts[0].size(1);
+      cpu::GgmlMatrix g(in);
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const checkpoint::GgmlType mix = LlamaCppTensorType(m->weights_, roles[i], layer, c.n_layers, in);
+        auto it = checkpoint.stored.find(names[i]);
+        const checkpoint::GgufTensor* st = it == checkpoint.stored.end() ? nullptr : it->second;
+        if (st != nullptr && cpu::GgmlPackable(st->type, in) &&
+            (m->weights_ == WeightFormat::kGguf || st->type == mix) && st->ne.size() == 2 &&
+            st->ne[1] == parts[i].size(0)) {
+          const int64_t rows = st->ne[1];
+          at::Tensor blocks = at::from_blob(const_cast<uint8_t*>(st->data),
+                                            {rows, static_cast<int64_t>(st->nbytes) / rows},
+                                            at::TensorOptions().dtype(at::kByte));
+          if (heads[i] > 0) blocks = PermuteRopeRows(blocks, heads[i], /*to_rotate_half=*/true);
+          blocks = blocks.contiguous();
+          TORCH_CHECK(g.AppendBlocks(st->type, blocks.data_ptr<uint8_t>(), rows), names[i], ": cannot keep its ",
+                      checkpoint::GgmlTypeName(st->type), " blocks");
+        } else {
+          at::Tensor rows = parts[i].to(at::kCPU, at::kFloat).contiguous();
+          TORCH_CHECK(g.AppendQuantized(mix, rows.data_ptr<float>(), rows.size(0)), names[i],
+                      ": cannot quantize to ", checkpoint::GgmlTypeName(mix));
+        }
+      }
+      return g;
+    };
+    // The ggml form of a matrix into *p, and into *w its values (the eager
+    // reference's weights) unless packed only.
+    auto store_ggml = [&](cpu::GgmlMatrix g, at::Tensor* w, PackedWeight* p) {
+      const int64_t rows = g.rows(), in = g.in();
+      if (m->PackedOnly(in)) {
+        *w = at::Tensor();
+        p->version = 0;
+      } else {
+        at::Tensor values = at::empty({rows, in}, at::kFloat);
+        cpu::UnpackRowsGgml(g, 0, rows, values.data_ptr<float>());
+        *w = values.to(opts).contiguous();
+        p->version = WeightVersion(*w);
+        if (!m->fused_) return;  // the eager path reads *w
+      }
+      p->format = m->weights_;
+      p->rows = rows;
+      p->in = in;
+      p->gg = std::move(g);
+    };
     auto matrix = [&](const std::vector<at::Tensor>& parts, const at::Tensor& q8_0_blocks, at::Tensor* w,
                       PackedWeight* p) {
       if (m->PackedOnly(parts[0].size(1))) {
@@ -542,13 +616,30 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
       }
       layer.attn_norm = an.to(opts, /*non_blocking=*/false, copy);
       layer.ffn_norm = fn.to(opts, /*non_blocking=*/false, copy);
-      matrix({wq, wk, wv}, blocks({bq, bk, blocks_of(LayerName(i, "self_attn.v_proj.weight"))}), &layer.wqkv,
-             &layer.wqkv_packed);
-      matrix({wo}, blocks_of(LayerName(i, "self_attn.o_proj.weight")), &layer.wo, &layer.wo_packed);
-      matrix({w1, w3},
-             blocks({blocks_of(LayerName(i, "mlp.gate_proj.weight")), blocks_of(LayerName(i, "mlp.up_proj.weight"))}),
-             &layer.w13, &layer.w13_packed);
-      matrix({w2}, blocks_of(LayerName(i, "mlp.down_proj.weight")), &layer.w2, &layer.w2_packed);
+      // Each matrix in ggml blocks (kQ4_0 / kQ4_K_M / kGguf, rows a multiple
+      // of 32) or as `matrix` stores it.
+      auto put = [&](const std::vector<at::Tensor>& parts, const std::vector<const char*>& names,
+                     const std::vector<TensorRole>& roles, const std::vector<int64_t>& heads,
+                     const at::Tensor& q8_0_blocks, at::Tensor* w, PackedWeight* p) {
+        if (IsGgmlWeightFormat(m->weights_) && parts[0].size(1) % 32 == 0) {
+          std::vector<std::string> full;
+          for (const char* n : names) full.push_back(LayerName(i, n));
+          store_ggml(ggml_matrix(parts, full, roles, i, heads), w, p);
+        } else {
+          matrix(parts, q8_0_blocks, w, p);
+        }
+      };
+      const int64_t hq = adjacent ? c.n_heads : 0, hk = adjacent ? c.n_kv_heads : 0;
+      put({wq, wk, wv}, {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"},
+          {TensorRole::kAttnQ, TensorRole::kAttnK, TensorRole::kAttnV}, {hq, hk, 0},
+          blocks({bq, bk, blocks_of(LayerName(i, "self_attn.v_proj.weight"))}), &layer.wqkv, &layer.wqkv_packed);
+      put({wo}, {"self_attn.o_proj.weight"}, {TensorRole::kAttnO}, {0},
+          blocks_of(LayerName(i, "self_attn.o_proj.weight")), &layer.wo, &layer.wo_packed);
+      put({w1, w3}, {"mlp.gate_proj.weight", "mlp.up_proj.weight"}, {TensorRole::kFfnGate, TensorRole::kFfnUp},
+          {0, 0}, blocks({blocks_of(LayerName(i, "mlp.gate_proj.weight")), blocks_of(LayerName(i, "mlp.up_proj.weight"))}),
+          &layer.w13, &layer.w13_packed);
+      put({w2}, {"mlp.down_proj.weight"}, {TensorRole::kFfnDown}, {0},
+          blocks_of(LayerName(i, "mlp.down_proj.weight")), &layer.w2, &layer.w2_packed);
       for (const char* name : {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
                                "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
                                "mlp.down_proj.weight"}) {
@@ -556,7 +647,19 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
       }
       m->layers_.push_back(std::move(layer));
     }
-    if (head_packed_only) {
+    const std::string head_name = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    if (IsGgmlWeightFormat(m->weights_) && c.dim % 32 == 0) {
+      // The head in ggml blocks (Q6_K in llama.cpp's mixes); a tied
+      // embedding then reads the same values.
+      store_ggml(ggml_matrix({head}, {head_name}, {TensorRole::kOutput}, c.n_layers, {0}), &m->lm_head_,
+                 &m->lm_head_packed_);
+      if (head_packed_only) {
+        ReleaseSource(head);
+      } else {
+        m->embed_ = m->embed_.contiguous();
+        if (c.tie_word_embeddings) m->embed_ = m->lm_head_;
+      }
+    } else if (head_packed_only) {
       m->PackParts({head}, head_blocks, &m->lm_head_packed_);
       ReleaseSource(head);
     } else {
@@ -567,7 +670,6 @@ StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
       if (c.tie_word_embeddings) m->embed_ = m->lm_head_;  // one matrix: the lookup reads the stored values too
     }
     m->final_norm_ = m->final_norm_.contiguous();
-    m->BuildRopeTables();
     if (m->fused_) m->PackWeights();
     return m;
   });
@@ -631,8 +733,9 @@ at::Tensor LlamaModel::RmsNorm(const at::Tensor& x, const at::Tensor& weight) co
 // x [B, T, n, hd] holding positions [start_pos, start_pos + T).
 at::Tensor LlamaModel::ApplyRope(const at::Tensor& x, int64_t start_pos) const {
   const int64_t T = x.size(1), hd = x.size(3), half = hd / 2;
-  at::Tensor cos = rope_cos_.narrow(0, start_pos, T).view({1, T, 1, hd});
-  at::Tensor sin = rope_sin_.narrow(0, start_pos, T).view({1, T, 1, hd});
+  const RopeTables& rope = Rope(start_pos + T);
+  at::Tensor cos = rope.cos.narrow(0, start_pos, T).view({1, T, 1, hd});
+  at::Tensor sin = rope.sin.narrow(0, start_pos, T).view({1, T, 1, hd});
   at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   return x * cos + rotated * sin;
 }
@@ -655,6 +758,8 @@ at::Tensor LlamaModel::Embed(const at::Tensor& tokens) const {
     TORCH_CHECK(0 <= id[i] && id[i] < V, "token id ", id[i], " out of range [0, ", V, ")");
     if (p.format == WeightFormat::kBf16) {
       cpu::UnpackRowsBf16(p.bf16.data(), d, id[i], id[i] + 1, dst + i * d);
+    } else if (IsGgmlWeightFormat(p.format)) {
+      cpu::UnpackRowsGgml(p.gg, id[i], id[i] + 1, dst + i * d);
     } else {
       cpu::UnpackRowsQ8_0(p.q8.data(), d, id[i], id[i] + 1, dst + i * d);
     }
@@ -719,8 +824,9 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
   }
   const int64_t* row_slot = ws.row_slot.data();
   const int64_t* row_pos = ws.row_pos.data();
-  const float* cos_table = rope_cos_.data_ptr<float>();
-  const float* sin_table = rope_sin_.data_ptr<float>();
+  const RopeTables& rope = Rope(std::min(C, config_.max_seq_len));  // the served context
+  const float* cos_table = rope.cos.data_ptr<float>();
+  const float* sin_table = rope.sin.data_ptr<float>();
   for (int64_t l = first; l < last; ++l) {
     const Layer& w = layers_[l];
     float* kc = cache.k(l).data_ptr<float>();  // [S, Hkv, C, hd]
@@ -787,6 +893,7 @@ at::Tensor LlamaModel::EagerBlock(int64_t layer, const at::Tensor& hidden, int64
   const int64_t H = config_.n_heads, Hkv = config_.n_kv_heads, hd = config_.head_dim();
   const int64_t G = H / Hkv;
   TORCH_CHECK(start_pos + T <= config_.max_seq_len, "positions past max_seq_len");
+  if (cache != nullptr) Rope(std::min(cache->capacity(), config_.max_seq_len));  // sized for the served context
 
   at::Tensor qkv = Linear(RmsNorm(hidden, w.attn_norm), wqkv);
   at::Tensor qk = ApplyRope(qkv.narrow(-1, 0, (H + Hkv) * hd).view({B, T, H + Hkv, hd}), start_pos);
@@ -873,8 +980,9 @@ at::Tensor LlamaModel::StaticBlock(int64_t layer, const at::Tensor& hidden, cons
 
   at::Tensor qkv = Linear(RmsNorm(hidden, w.attn_norm), wqkv);
   at::Tensor qk_in = qkv.narrow(-1, 0, (H + Hkv) * hd).view({1, T, H + Hkv, hd});
-  at::Tensor cos = rope_cos_.index_select(0, positions).view({1, T, 1, hd});
-  at::Tensor sin = rope_sin_.index_select(0, positions).view({1, T, 1, hd});
+  const RopeTables& rope = Rope(std::min(C, config_.max_seq_len));  // positions < context <= C
+  at::Tensor cos = rope.cos.index_select(0, positions).view({1, T, 1, hd});
+  at::Tensor sin = rope.sin.index_select(0, positions).view({1, T, 1, hd});
   const int64_t half = hd / 2;
   at::Tensor rotated = at::cat({-qk_in.narrow(-1, half, half), qk_in.narrow(-1, 0, half)}, -1);
   at::Tensor qk = qk_in * cos + rotated * sin;

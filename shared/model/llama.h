@@ -47,6 +47,7 @@
 #ifndef LEDE_SHARED_MODEL_LLAMA_H_
 #define LEDE_SHARED_MODEL_LLAMA_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -59,6 +60,7 @@
 #include <c10/core/ScalarType.h>
 
 #include "shared/model/checkpoint.h"
+#include "shared/model/cpu_ggml_kernels.h"
 #include "shared/model/kv_cache.h"
 #include "shared/model/weight_format.h"
 #include "shared/checkpoint/model_config.h"
@@ -337,20 +339,22 @@ class LlamaModel {
   // Costs one more copy of the matrices in memory on the fused path, except
   // for a packed-only matrix (ModelOptions::weights: the tensor is
   // undefined and this is the weight; never stale).
-  // format says which of data (cpu::PackRows), bf16 (cpu::PackRowsBf16) or
-  // q8 (cpu::PackRowsQ8_0) holds it.
+  // format says which of data (cpu::PackRows), bf16 (cpu::PackRowsBf16),
+  // q8 (cpu::PackRowsQ8_0) or gg (ggml blocks: kQ4_0, kQ4_K_M, kGguf;
+  // cpu_ggml_kernels.h) holds it.
   struct PackedWeight {
     WeightFormat format = WeightFormat::kF32;
     std::vector<float> data;
     std::vector<uint16_t> bf16;
     std::vector<uint8_t> q8;
+    cpu::GgmlMatrix gg;
     int64_t version = -1;
     int64_t rows = 0, in = 0;  // the matrix's shape [rows, in]
     // Packed-only matrices: the float32 values the eager path materialized
     // (Dense), under dense_mu_; undefined until then.
     mutable at::Tensor dense;
     int64_t bytes() const {
-      return static_cast<int64_t>(data.size() * 4 + bf16.size() * 2 + q8.size());
+      return static_cast<int64_t>(data.size() * 4 + bf16.size() * 2 + q8.size() + gg.nbytes());
     }
   };
   struct Layer {
@@ -374,7 +378,21 @@ class LlamaModel {
   // Blocks [first, last) in place on x [N, d] (rows of `segments`).
   void FusedForward(float* x, int64_t first, int64_t last, const RaggedSegment* segments,
                     int64_t n_segments, KvCache& cache) const;
-  void BuildRopeTables();
+  // RoPE tables for positions [0, n_positions): cos and sin, each
+  // [n_positions, hd] (halves repeated), compute dtype, model device.
+  // Immutable once built.
+  struct RopeTables {
+    at::Tensor cos, sin;
+    int64_t n_positions = 0;
+  };
+  // Tables covering at least positions [0, n_positions) (n_positions <=
+  // max_seq_len; c10::Error past it). They are sized by the context actually
+  // served, never by max_seq_len up front: the cached paths ask for their
+  // KV cache's capacity, cache-free passes for their own positions; a
+  // larger need rebuilds them at least twice as long (capped at
+  // max_seq_len). Thread-safe; the returned tables stay valid while the
+  // model lives (captured graphs keep pointers into them).
+  const RopeTables& Rope(int64_t n_positions) const;
   // Packs the float32 matrices the fused path reads (at load, when fused_;
   // matrices StoreMatrix packed in another format are left as they are).
   void PackWeights();
@@ -407,8 +425,11 @@ class LlamaModel {
                           // when packed only
   PackedWeight lm_head_packed_;
   std::vector<Layer> layers_;
-  at::Tensor rope_cos_;   // [max_seq_len, hd] (halves repeated), compute dtype
-  at::Tensor rope_sin_;   // [max_seq_len, hd]
+  // The newest RoPE tables (null until first needed) and every one built,
+  // kept while the model lives: a caller may still read an older one.
+  mutable std::atomic<const RopeTables*> rope_{nullptr};
+  mutable std::mutex rope_mu_;  // guards building and rope_built_
+  mutable std::vector<std::unique_ptr<const RopeTables>> rope_built_;
   bool fused_ = false;    // options_.kernels == kFused on CPU float32
   WeightFormat weights_ = WeightFormat::kF32;  // options_.weights resolved
   // Guards the PackedWeight::dense copies.

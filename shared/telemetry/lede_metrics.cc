@@ -164,6 +164,18 @@ SpecDecodeMetrics::SpecDecodeMetrics(Registry& r)
                                       "KV-cache sequence slots holding a live sequence (slots).")),
       kv_slots_capacity(UnlabelledGauge(r, "lede_kv_slots_capacity",
                                         "KV-cache sequence slots configured (slots).")),
+      draft_step_seconds(GaugeFamily(
+          r, "lede_model_draft_step_seconds",
+          "Measured seconds per drafted token at exit_layer as this drafter serves it (the round's probes, "
+          "signals and decisions included): the median of its last timed Draft calls.")),
+      verify_seconds(GaugeFamily(
+          r, "lede_model_verify_seconds",
+          "Measured seconds of one verification of draft_tokens drafts run as a step of its own (0 drafts: an "
+          "autoregressive step): the median of this verifier's last timed steps.")),
+      batch_step_seconds(GaugeFamily(
+          r, "lede_model_batch_step_seconds",
+          "Measured seconds of one batched verifier step of `rows` positions: the median of the last timed "
+          "steps of that size.")),
       experience_records_written(UnlabelledCounter(
           r, "lede_experience_records_written_total",
           "Experience (transition) records written to shards (records).")),
@@ -236,6 +248,18 @@ void SpecDecodeMetrics::SetPolicyVersion(const std::string& version, double vers
 
 void SpecDecodeMetrics::RecordPolicyReload(bool accepted) {
   policy_reloads.Add({{"outcome", accepted ? "ok" : "rejected"}}).Increment();
+}
+
+void SpecDecodeMetrics::SetDraftStepSeconds(int exit_layer, double seconds) {
+  draft_step_seconds.Add({{"exit_layer", std::to_string(exit_layer)}}).Set(seconds);
+}
+
+void SpecDecodeMetrics::SetVerifySeconds(int draft_tokens, double seconds) {
+  verify_seconds.Add({{"draft_tokens", std::to_string(draft_tokens)}}).Set(seconds);
+}
+
+void SpecDecodeMetrics::SetBatchStepSeconds(int rows, double seconds) {
+  batch_step_seconds.Add({{"rows", std::to_string(rows)}}).Set(seconds);
 }
 
 }  // namespace lede::telemetry

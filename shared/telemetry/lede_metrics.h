@@ -195,6 +195,17 @@ struct SpecDecodeMetrics {
   // is reserved for counters (promtool check metrics rejects it on a gauge).
   Gauge& kv_slots_capacity;       // lede_kv_slots_capacity
 
+  // --- the deployment's measured step costs (model services; windowed
+  // medians of shared/experience/served_costs.h ServedCostMeter) ---
+  Family<Gauge>& draft_step_seconds;  // lede_model_draft_step_seconds{exit_layer}
+  Family<Gauge>& verify_seconds;      // lede_model_verify_seconds{draft_tokens}
+  Family<Gauge>& batch_step_seconds;  // lede_model_batch_step_seconds{rows}
+  // Each sets its family's series to `seconds` (created on first use; a
+  // family lookup under its mutex, fine once per served step).
+  void SetDraftStepSeconds(int exit_layer, double seconds);
+  void SetVerifySeconds(int draft_tokens, double seconds);
+  void SetBatchStepSeconds(int rows, double seconds);
+
   // --- experience logging ---
   Counter& experience_records_written;  // lede_experience_records_written_total
   Counter& experience_records_dropped;  // lede_experience_records_dropped_total

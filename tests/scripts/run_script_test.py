@@ -337,7 +337,8 @@ def grpc_list_services(port):
 def test_hostile_clients(build):
     # Issue 39: the internal plane needs the deployment's token; deep JSON is
     # a 400 from the same coordinator; a crash loop degrades, never ends, the
-    # service; experience is not world-readable.
+    # service; experience is not world-readable. Slow clients on a metrics
+    # port and a burst on the HTTP API (docs/security.md, bounded input).
     c = Cluster(build, {"LEDE_MAX_RESTARTS": "2"})
     c.start()
     try:
@@ -394,6 +395,51 @@ def test_hostile_clients(build):
                 fail(f"nested {field}: {status} {text[:200]}")
         if c.pids()["coordinator"] != pid or not proc_alive(int(pid)):
             fail("the coordinator restarted after deep JSON")
+
+        # 40 slow clients on the verifier's metrics port (4 froze a fixed
+        # pool of workers) do not stop /healthz or /metrics there or on the coordinator.
+        slow = []
+        try:
+            for _ in range(40):
+                s = socket.create_connection(("127.0.0.1", c.m_verif), timeout=5)
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: slow\r\n")
+                slow.append(s)
+            for i in range(6):
+                for port in (c.m_verif, c.m_coord):
+                    for path in ("/healthz", "/metrics"):
+                        status, text = get(port, path, timeout=10)
+                        if status != 200:
+                            fail(f"{path} on :{port} with 40 slow clients (round {i}): {status} {text[:200]}")
+                for s in slow:
+                    try:
+                        s.sendall(b"X-Slow: 1\r\n")
+                    except OSError:
+                        pass  # cut by the server's request deadline or answered by its triage
+                time.sleep(0.5)
+        finally:
+            for s in slow:
+                s.close()
+
+        # A burst of 150 concurrent completions: each is answered 200, or 429
+        # or 503 with a JSON error; none is reset (the backlog was 5).
+        outcomes = [None] * 150
+
+        def one(i):
+            outcomes[i] = complete(c.http, max_tokens=4, seed=i, timeout=120)
+
+        burst = [threading.Thread(target=one, args=(i,)) for i in range(len(outcomes))]
+        for t in burst:
+            t.start()
+        for t in burst:
+            t.join()
+        for i, (status, text) in enumerate(outcomes):
+            if status not in (200, 429, 503):
+                fail(f"burst request {i}: {status} {text[:200]}")
+            if status != 200:
+                try:
+                    json.loads(text)["error"]["message"]
+                except (ValueError, KeyError, TypeError):
+                    fail(f"burst request {i}: {status} without a JSON error: {text[:200]}")
 
         # A crash loop: SIGSEGV the coordinator 4 times, each time once it is
         # back; the supervisor logs the signal, backs off past 2 a minute, and

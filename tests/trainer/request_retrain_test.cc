@@ -103,7 +103,9 @@ class RequestRetrainTest : public ::testing::Test {
       rec.set_ended_on_eos(r->finish == model::FinishReason::kEos);
       rec.set_max_new_tokens(32);
       rec.set_method("lede");
-      experience::SetRecordSampling(0.8f, 0.95f, o.sampling.seed, &rec);
+      rec.set_temperature(0.8f);
+      rec.set_top_p(0.95f);
+      rec.set_seed(o.sampling.seed);
       rec.set_model_fingerprint(model_->config().ArchitectureFingerprint());
       rec.set_load(1);
       sampled_records_.push_back(rec);
@@ -517,6 +519,89 @@ TEST_F(RequestRetrainTest, AMeasuredServingPolicyGetsTheModelCalibratedOnce) {
               StatusIs(StatusCode::kFailedPrecondition,
                        ::testing::AllOf(HasSubstr("0123456789abcdef"),
                                         HasSubstr(model_->config().ArchitectureFingerprint()))));
+}
+
+// A measured profile as a deployment of `n_layers` logs it: drafts at E cost (E + 1) x 0.1 ms, a
+// verification of K drafts (1 + 0.5 K) x 1.2 ms (an 8-bit CPU deployment, where verifying is not free).
+lede::v1::CostProfile CostlyVerificationProfile(int32_t n_layers, const std::string& format = "q8_0") {
+  lede::v1::CostProfile p;
+  p.set_weight_format(format);
+  p.set_threads(1);
+  p.set_window(64);
+  for (int32_t e = 0; e <= n_layers; ++e) {
+    p.add_draft_step_s(e == 0 ? 0.0 : (e + 1) * 1e-4);
+    p.add_draft_step_samples(e == 0 ? 0 : 10);
+  }
+  for (int32_t k = 0; k <= 8; ++k) {
+    p.add_verify_s(1.2e-3 * (1 + 0.5 * k));
+    p.add_verify_samples(10);
+  }
+  p.set_verify_intercept_s(1.2e-3);
+  p.set_verify_slope_s(0.6e-3);
+  return p;
+}
+
+// Per entry the newest record that measured it, among records of the newest profile's weight format; records
+// without a profile are skipped; none usable is NOT_FOUND.
+TEST(ServedCostsOfLogTest, NewestMeasurementPerEntryOfTheNewestFormat) {
+  std::vector<lede::v1::RequestRecord> records(4);
+  EXPECT_THAT(ServedCostsOfLog(records, 4).status(), StatusIs(StatusCode::kNotFound));
+  *records[0].mutable_measured_costs() = CostlyVerificationProfile(4, "f32");  // another deployment
+  records[0].mutable_measured_costs()->set_draft_step_s(3, 9.0);
+  *records[1].mutable_measured_costs() = CostlyVerificationProfile(4);
+  records[1].mutable_measured_costs()->set_draft_step_s(2, 5e-3);
+  *records[2].mutable_measured_costs() = CostlyVerificationProfile(4);
+  records[2].mutable_measured_costs()->set_draft_step_samples(2, 0);  // not measured in the newest window
+  records[2].mutable_measured_costs()->set_draft_step_samples(3, 0);
+  records[2].mutable_measured_costs()->set_draft_step_samples(4, 0);
+  // records[3]: an older coordinator's record, no profile.
+  auto c = ServedCostsOfLog(records, 4);
+  ASSERT_THAT(c, IsOk());
+  EXPECT_EQ(c->weight_format, "q8_0");
+  ASSERT_EQ(c->draft_step_s.size(), 5u);
+  EXPECT_DOUBLE_EQ(c->draft_step_s[1], 2e-4);  // newest
+  EXPECT_DOUBLE_EQ(c->draft_step_s[2], 5e-3);  // the older q8_0 record
+  EXPECT_DOUBLE_EQ(c->draft_step_s[3], 4e-4);  // not the f32 record's 9.0
+  EXPECT_DOUBLE_EQ(c->verify_s[0], 1.2e-3);
+  EXPECT_DOUBLE_EQ(c->verify_slope_s, 0.6e-3);
+  EXPECT_THAT(ServedCostsOfLog(records, 6).status(), StatusIs(StatusCode::kInvalidArgument));
+}
+
+// Requests logged with the deployment's measured costs are priced with them: the run says "served", the
+// candidate's reward cost model is "served", and the held-out replay speed-ups are those of the costly
+// verification (lower than the accelerator model's for the same policy). Without the option it prices as
+// before. Sampled requests in the log are replayed too (by acceptance probability).
+TEST_F(RequestRetrainTest, LoggedMeasuredCostsPriceTheRun) {
+  const int32_t L = static_cast<int32_t>(model_->n_layers());
+  std::vector<lede::v1::RequestRecord> logged(records_.begin(), records_.begin() + 8);
+  // Drafts and probes as the accelerator model prices them, verifications dearer: only verifying differs.
+  lede::v1::CostProfile profile = CostlyVerificationProfile(L);
+  const double h = model::HeadLayerEquivalents(model_->config());
+  for (int32_t e = 1; e <= L; ++e) profile.set_draft_step_s(e, 1.2e-3 * (e + h) / L);
+  for (lede::v1::RequestRecord& r : logged) *r.mutable_measured_costs() = profile;
+  // Two sampled requests (logged like greedy ones, here with greedy tokens): replayed too.
+  for (int i : {0, 1}) {
+    lede::v1::RequestRecord r = logged[i];
+    r.set_request_id("sampled-" + std::to_string(i));
+    r.set_temperature(0.8f);
+    r.set_seed(7);
+    logged.push_back(r);
+  }
+  LogRecords(logged);
+  const double never = std::numeric_limits<double>::infinity();
+  auto served = RetrainOnRequests(*store_, *model_, *cost_, {}, Quick("r-served", never));
+  ASSERT_THAT(served, IsOk());
+  EXPECT_EQ(served->cost_model, "served");
+  EXPECT_EQ(served->n_requests, 10);
+  auto artifact = policy::dqn::LoadArtifact(served->artifact_dir, model_->config().ArchitectureFingerprint());
+  ASSERT_THAT(artifact, IsOk());
+  EXPECT_EQ(artifact->metadata.reward_cost_model, "served");
+  RequestRetrainOptions off = Quick("r-acc", never);
+  off.price_with_logged_costs = false;
+  auto accelerator = RetrainOnRequests(*store_, *model_, *cost_, {}, off);
+  ASSERT_THAT(accelerator, IsOk());
+  EXPECT_EQ(accelerator->cost_model, "accelerator");
+  EXPECT_LT(served->serving_speedup, accelerator->serving_speedup);
 }
 
 TEST(RequestSplitTest, HeldOutByRequestIdIsStableAndAboutTheFraction) {

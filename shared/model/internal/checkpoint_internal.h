@@ -19,6 +19,7 @@
 
 #include "shared/checkpoint/mapped_file.h"
 #include "shared/checkpoint/model_config.h"
+#include "shared/checkpoint/safetensors.h"
 #include "shared/model/torch_boundary.h"
 #include "shared/status/status.h"
 
@@ -35,6 +36,12 @@ at::Tensor TensorFromMapping(const std::shared_ptr<const void>& owner, const uin
                              const std::vector<int64_t>& shape, at::ScalarType dtype,
                              bool keep_dtype = false);
 
+// The tensors of an opened safetensors file named in `names` (every one
+// when null; a name the file lacks is skipped) under their names: float32,
+// or with keep_half_precision the file's F16 / BF16, by TensorFromMapping.
+TensorMap TensorsFromSafetensors(const std::shared_ptr<const checkpoint::SafetensorsFile>& file,
+                                 bool keep_half_precision, const std::vector<std::string>* names = nullptr);
+
 // A contiguous CPU tensor of `dtype` (t itself when it already is one).
 at::Tensor AsContiguous(const at::Tensor& t, at::ScalarType dtype);
 
@@ -46,6 +53,17 @@ Status WriteTensorData(checkpoint::AtomicFile& out, const at::Tensor& t);
 // `where` prefixes messages; `origin` (optional) names each tensor's file.
 Status CheckTensors(const ModelConfig& c, const TensorMap& tensors, const std::string& where,
                     const std::map<std::string, std::string>* origin);
+
+// The shape of each tensor a checkpoint's files declare (read from their
+// headers, nothing converted), by HF name.
+using ShapeMap = std::map<std::string, std::vector<int64_t>>;
+
+// CheckTensors over declared shapes, before any tensor is converted or
+// wrapped. A layer count the files cannot hold (9 tensors per layer) is
+// refused first, naming `layers_key` (the config's own key, e.g.
+// "num_hidden_layers"), before anything is sized by it.
+Status CheckTensorShapes(const ModelConfig& c, const ShapeMap& shapes, const std::string& where,
+                         const std::map<std::string, std::string>* origin, const std::string& layers_key);
 
 }  // namespace lede::model::internal
 

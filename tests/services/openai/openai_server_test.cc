@@ -4,8 +4,10 @@
 // /metrics. The deployment with real clients is openai_e2e_test.cc.
 #include "services/coordinator/openai_server.h"
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -269,8 +271,9 @@ TEST_F(OpenAiConnectionTest, RequestDeadlineCutsTricklingClients) {
   EXPECT_EQ(Get("/v1/models").first, 200);
 }
 
-// Connections over the per-client cap get a 503 at once, before their
-// request is read; when one closes, requests are served again.
+// A connection over the per-client cap gets a 503 from the triage thread as
+// soon as its request head is there, and a clean close; when one closes,
+// requests are served again.
 TEST_F(OpenAiConnectionTest, ConnectionCapsRefuseTheExcessAtOnce) {
   OpenAiServerOptions so;
   so.threads = 2;
@@ -282,6 +285,8 @@ TEST_F(OpenAiConnectionTest, ConnectionCapsRefuseTheExcessAtOnce) {
   const int extra = Connect(server_->port());
   ASSERT_GE(extra, 0);
   raw_.push_back(extra);
+  const std::string request = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(::send(extra, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
   std::string answer;
   ASSERT_TRUE(lede::testing::WaitUntil([&] {
     char buf[512];
@@ -296,6 +301,75 @@ TEST_F(OpenAiConnectionTest, ConnectionCapsRefuseTheExcessAtOnce) {
   raw_.erase(raw_.begin());
   ASSERT_TRUE(lede::testing::WaitUntil([&] { return server_->connection_stats().open == 2; }));
   EXPECT_EQ(Get("/v1/models").first, 200);
+}
+
+
+// A burst of 300 concurrent completions against a server with room for 32
+// connections: every connection gets an HTTP answer, 200, 429 or 503 with a
+// JSON error (503 + Retry-After for those over the cap), and none is reset
+// (the listen backlog was 5 and refused connections were closed unread).
+TEST_F(OpenAiConnectionTest, BurstIsAnsweredNeverReset) {
+  OpenAiServerOptions so;
+  so.threads = 2;
+  so.max_connections = so.max_connections_per_client = 32;
+  Restart(so);
+  const int port = server_->port();
+  constexpr int kClients = 300;
+  std::vector<std::string> answers(kClients);
+  std::vector<std::string> failures(kClients);
+  std::atomic<bool> go{false};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&, i] {
+      while (!go.load()) std::this_thread::yield();
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      timeval tv{30, 0};
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+      ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<uint16_t>(port));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+        failures[i] = std::string("connect: ") + std::strerror(errno);
+        ::close(fd);
+        return;
+      }
+      const std::string body = R"({"prompt": "Once upon a time", "max_tokens": 4})";
+      const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                  "Connection: close\r\nContent-Length: " +
+                                  std::to_string(body.size()) + "\r\n\r\n" + body;
+      if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) {
+        failures[i] = std::string("send: ") + std::strerror(errno);
+      }
+      char buf[4096];
+      ssize_t n;
+      while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) answers[i].append(buf, static_cast<size_t>(n));
+      if (n < 0 && failures[i].empty()) failures[i] = std::string("recv: ") + std::strerror(errno);
+      ::close(fd);
+    });
+  }
+  go = true;
+  for (std::thread& t : clients) t.join();
+  int over_capacity = 0;
+  for (int i = 0; i < kClients; ++i) {
+    EXPECT_EQ(failures[i], "") << "client " << i;
+    const std::string& a = answers[i];
+    ASSERT_EQ(a.compare(0, 9, "HTTP/1.1 "), 0) << "client " << i << " got: " << a;
+    const int status = std::atoi(a.c_str() + 9);
+    EXPECT_THAT(status, ::testing::AnyOf(200, 429, 503)) << a;
+    const size_t split = a.find("\r\n\r\n");
+    ASSERT_NE(split, std::string::npos);
+    const json body = json::parse(a.substr(split + 4), nullptr, false);
+    if (status != 200) {
+      EXPECT_TRUE(body.contains("error")) << a;
+    }
+    if (a.find("too_many_connections") != std::string::npos) {
+      ++over_capacity;
+      EXPECT_THAT(a, HasSubstr("Retry-After: 1\r\n"));
+    }
+  }
+  EXPECT_EQ(server_->connection_stats().refused, over_capacity);
 }
 
 }  // namespace

@@ -203,9 +203,13 @@ std::string Pad(std::string s) {
 }
 
 TEST(GgufTest, RefusesUnsupportedTypesAndBadLayouts) {
-  // Q4_0 (type 2): named with its number.
-  EXPECT_THAT(ParseBytes(Pad(RawFile(1, 0, TensorInfo("blk.0.attn_q.weight", {32}, 2, 0))) + std::string(18, '\0')),
-              StatusIs(StatusCode::kInvalidArgument, HasSubstr("blk.0.attn_q.weight: unsupported tensor type 2")));
+  // Q4_1 (type 3, not read): named with its number.
+  EXPECT_THAT(ParseBytes(Pad(RawFile(1, 0, TensorInfo("blk.0.attn_q.weight", {32}, 3, 0))) + std::string(20, '\0')),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("blk.0.attn_q.weight: unsupported tensor type 3")));
+  // Q4_0 (type 2) is read; Q4_K (12) rows must be whole blocks of 256.
+  EXPECT_THAT(ParseBytes(Pad(RawFile(1, 0, TensorInfo("q", {32}, 2, 0))) + std::string(32, '\0')), IsOk());
+  EXPECT_THAT(ParseBytes(Pad(RawFile(1, 0, TensorInfo("k", {128}, 12, 0))) + std::string(160, '\0')),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("Q4_K row length 128 is not a multiple of 256")));
   // Q8_0 rows must be whole blocks.
   EXPECT_THAT(ParseBytes(Pad(RawFile(1, 0, TensorInfo("w", {30}, 8, 0))) + std::string(64, '\0')),
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("multiple of 32")));

@@ -322,3 +322,74 @@ TEST(CalibrateTest, TimesBatchedStepsOfEverySize) {
 
 }  // namespace
 }  // namespace lede::model
+
+namespace lede::model {
+namespace {
+
+// TinyConfig with 4 layers; its head in block equivalents is h.
+ServedStepCosts FourLayerCosts(const ModelConfig& c) {
+  const double h = HeadLayerEquivalents(c);
+  ServedStepCosts s;
+  s.draft_step_s.assign(c.n_layers + 1, 0.0);
+  // One block costs 1 ms, a full step (4 blocks + head) 4 + h ms; E = 2 drafts measured.
+  s.draft_step_s[2] = (2 + h) * 1e-3;
+  s.verify_s = {(4 + h) * 1e-3, 0.0, (4 + h) * 1.5e-3, 0.0};
+  s.verify_intercept_s = (4 + h) * 1e-3;
+  s.verify_slope_s = (4 + h) * 0.25e-3;
+  return s;
+}
+
+// Measured entries are priced as measured, in units of the measured autoregressive step; the exit layers and
+// draft lengths never served are priced from the block share and the verification line.
+TEST(ServedCostModelTest, PricesMeasuredEntriesAndExtrapolatesTheRest) {
+  ModelConfig c = testing::TinyConfig();
+  c.n_layers = 4;
+  const double h = HeadLayerEquivalents(c);
+  auto m = MakeServedCostModel(c, FourLayerCosts(c));
+  ASSERT_THAT(m.status(), IsOk());
+  const CostModel& cm = **m;
+  EXPECT_EQ(cm.name(), "served");
+  EXPECT_DOUBLE_EQ(cm.Verify(1, 0), 1.0);
+  EXPECT_NEAR(cm.DraftToken(2), (2 + h) / (4 + h), 1e-12);
+  EXPECT_NEAR(cm.DraftToken(3), (3 + h) / (4 + h), 1e-12);  // one block's share from E = 2
+  EXPECT_NEAR(cm.Probe(), h / (4 + h), 1e-12);
+  EXPECT_NEAR(cm.Verify(2, 2), 1.5, 1e-12);
+  EXPECT_NEAR(cm.Verify(2, 1), 1.25, 1e-12);  // the line
+  EXPECT_NEAR(cm.Verify(2, 3), 1.75, 1e-12);  // the line, above the measured K = 2
+  EXPECT_DOUBLE_EQ(cm.Decision(), 0.0);
+  EXPECT_DOUBLE_EQ(cm.Signals(), 0.0);
+  // A round of 2 drafts at E = 2: two drafts and one verification of 2.
+  EXPECT_NEAR(cm.RoundCost(Round(2, 2)), 2 * (2 + h) / (4 + h) + 1.5, 1e-12);
+}
+
+// A slower verification (8-bit weights on a CPU) makes a round cost more than under the accelerator model,
+// which prices any verification as one step.
+TEST(ServedCostModelTest, CostlyVerificationPricesDeepDraftsHigherThanAccelerator) {
+  ModelConfig c = testing::TinyConfig();
+  c.n_layers = 4;
+  auto m = MakeServedCostModel(c, FourLayerCosts(c));
+  ASSERT_THAT(m.status(), IsOk());
+  auto acc = MakeAcceleratorCostModel(c);
+  EXPECT_GT((*m)->Verify(2, 3), acc->Verify(2, 3));
+}
+
+// Without an autoregressive step or any draft entry there is nothing to price with: FAILED_PRECONDITION, and
+// a table of the wrong size names draft_step_s.
+TEST(ServedCostModelTest, RefusesProfilesThatCannotPrice) {
+  ModelConfig c = testing::TinyConfig();
+  c.n_layers = 4;
+  ServedStepCosts s = FourLayerCosts(c);
+  s.verify_s[0] = 0.0;
+  s.verify_intercept_s = 0.0;
+  EXPECT_THAT(MakeServedCostModel(c, s).status(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  s = FourLayerCosts(c);
+  s.draft_step_s.assign(5, 0.0);
+  EXPECT_THAT(MakeServedCostModel(c, s).status(), StatusIs(absl::StatusCode::kFailedPrecondition));
+  s.draft_step_s.assign(3, 1e-3);
+  auto bad = MakeServedCostModel(c, s);
+  EXPECT_THAT(bad.status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(bad.status().message(), HasSubstr("draft_step_s"));
+}
+
+}  // namespace
+}  // namespace lede::model

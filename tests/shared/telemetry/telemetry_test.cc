@@ -215,6 +215,21 @@ TEST(TelemetrySpecDecodeMetricsTest, RequestsAndPolicyVersion) {
   EXPECT_EQ(GrpcCodeName(StatusCode::kResourceExhausted), "RESOURCE_EXHAUSTED");
 }
 
+// The measured step costs are gauges by exit layer, draft tokens and rows; a new median replaces the old.
+TEST(TelemetrySpecDecodeMetricsTest, MeasuredStepCostsAreLabelledGauges) {
+  Registry r;
+  SpecDecodeMetrics m(r);
+  m.SetDraftStepSeconds(2, 0.5);
+  m.SetDraftStepSeconds(2, 0.25);
+  m.SetVerifySeconds(0, 0.125);
+  m.SetBatchStepSeconds(16, 2);
+  const std::string text = SerializeText(r);
+  EXPECT_THAT(text, HasSubstr("# TYPE lede_model_draft_step_seconds gauge\n"));
+  EXPECT_THAT(text, HasSubstr("lede_model_draft_step_seconds{exit_layer=\"2\"} 0.25\n"));
+  EXPECT_THAT(text, HasSubstr("lede_model_verify_seconds{draft_tokens=\"0\"} 0.125\n"));
+  EXPECT_THAT(text, HasSubstr("lede_model_batch_step_seconds{rows=\"16\"} 2\n"));
+}
+
 // promtool's linter accepts what the server serves for every project metric.
 TEST(TelemetrySpecDecodeMetricsTest, PromtoolAcceptsServedMetrics) {
   constexpr char kPromtool[] = "/usr/bin/promtool";

@@ -1,0 +1,172 @@
+// The served-cost meter (shared/experience/served_costs.h): what a model
+// service keeps of its own step timings, and the profile it hands on.
+#include "shared/experience/served_costs.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/lede/v1/experience.pb.h"
+#include "tests/testing/status_matchers.h"
+
+namespace lede::experience {
+namespace {
+
+using ::lede::testing::IsOk;
+using ::lede::testing::StatusIs;
+
+ServedCostMeter MakeMeter(int32_t window = 5) {
+  ServedCostMeterOptions o;
+  o.n_layers = 4;
+  o.max_draft_len = 3;
+  o.window = window;
+  o.weight_format = "q8_0";
+  o.threads = 2;
+  return ServedCostMeter(o);
+}
+
+// The median of an odd count is the middle value, of an even count the mean of the middle two.
+TEST(ServedCostsTest, MedianOfOddAndEvenCounts) {
+  EXPECT_DOUBLE_EQ(Median({3, 1, 2}), 2.0);
+  EXPECT_DOUBLE_EQ(Median({4, 1, 3, 2}), 2.5);
+  EXPECT_DOUBLE_EQ(Median({}), 0.0);
+}
+
+// Theil-Sen recovers the line through exact points and ignores one wild point.
+TEST(ServedCostsTest, TheilSenLineIgnoresAnOutlier) {
+  std::vector<double> x = {0, 1, 2, 3, 4, 5};
+  std::vector<double> y;
+  for (double v : x) y.push_back(2.0 + 0.5 * v);
+  y[3] = 40.0;  // a stalled step
+  const auto [a, b] = TheilSenLine(x, y);
+  EXPECT_NEAR(a, 2.0, 1e-9);
+  EXPECT_NEAR(b, 0.5, 1e-9);
+}
+
+// One distinct x has no slope: the line is {0, 0}.
+TEST(ServedCostsTest, TheilSenLineNeedsTwoDistinctX) {
+  const auto [a, b] = TheilSenLine({1, 1, 1}, {2, 3, 4});
+  EXPECT_EQ(a, 0.0);
+  EXPECT_EQ(b, 0.0);
+}
+
+// A draft sample is the call's seconds per drafted token; the median over the window ignores a stall.
+TEST(ServedCostsTest, DraftEntryIsWindowedMedianPerToken) {
+  ServedCostMeter m = MakeMeter();
+  EXPECT_DOUBLE_EQ(m.RecordDraft(2, 4, 0.004), 0.001);
+  m.RecordDraft(2, 2, 0.002);
+  m.RecordDraft(2, 1, 0.050);  // stalled
+  const lede::v1::CostProfile p = m.Snapshot();
+  ASSERT_EQ(p.draft_step_s_size(), 5);  // E in [0, L]
+  EXPECT_DOUBLE_EQ(p.draft_step_s(2), 0.001);
+  EXPECT_EQ(p.draft_step_samples(2), 3);
+  EXPECT_EQ(p.draft_step_samples(1), 0);
+  EXPECT_EQ(p.draft_step_s(1), 0.0);
+  EXPECT_EQ(p.weight_format(), "q8_0");
+  EXPECT_EQ(p.threads(), 2);
+  EXPECT_EQ(p.window(), 5);
+}
+
+// Only the last `window` samples count: a change of speed replaces the old median.
+TEST(ServedCostsTest, WindowFollowsAChangeOfSpeed) {
+  ServedCostMeter m = MakeMeter(/*window=*/3);
+  for (int i = 0; i < 3; ++i) m.RecordVerify(0, 0.010);
+  for (int i = 0; i < 3; ++i) m.RecordVerify(0, 0.020);
+  const lede::v1::CostProfile p = m.Snapshot();
+  EXPECT_DOUBLE_EQ(p.verify_s(0), 0.020);
+  EXPECT_EQ(p.verify_samples(0), 3);
+}
+
+// The verification line is fitted through every windowed sample across K.
+TEST(ServedCostsTest, VerifyLineFitsAcrossK) {
+  ServedCostMeter m = MakeMeter();
+  for (int k = 0; k <= 3; ++k) {
+    m.RecordVerify(k, 0.010 + 0.002 * k);
+    m.RecordVerify(k, 0.010 + 0.002 * k);
+  }
+  m.RecordVerify(1, 0.5);  // an outlier
+  const lede::v1::CostProfile p = m.Snapshot();
+  EXPECT_NEAR(p.verify_intercept_s(), 0.010, 1e-9);
+  EXPECT_NEAR(p.verify_slope_s(), 0.002, 1e-9);
+  ASSERT_EQ(p.verify_s_size(), 4);
+  EXPECT_NEAR(p.verify_s(3), 0.016, 1e-12);
+}
+
+// Samples outside the entries' ranges, negative or not finite are ignored, never a crash.
+TEST(ServedCostsTest, BadSamplesAreIgnored) {
+  ServedCostMeter m = MakeMeter();
+  EXPECT_EQ(m.RecordDraft(0, 1, 0.1), 0.0);
+  EXPECT_EQ(m.RecordDraft(5, 1, 0.1), 0.0);
+  EXPECT_EQ(m.RecordDraft(1, 0, 0.1), 0.0);
+  EXPECT_EQ(m.RecordDraft(1, 1, -1.0), 0.0);
+  EXPECT_EQ(m.RecordVerify(4, 0.1), 0.0);
+  EXPECT_EQ(m.RecordVerify(-1, 0.1), 0.0);
+  EXPECT_EQ(m.RecordVerify(0, std::numeric_limits<double>::quiet_NaN()), 0.0);
+  EXPECT_EQ(m.RecordBatch(0, 0.1), 0.0);
+  const lede::v1::CostProfile p = m.Snapshot();
+  for (int64_t n : p.draft_step_samples()) EXPECT_EQ(n, 0);
+  for (int64_t n : p.verify_samples()) EXPECT_EQ(n, 0);
+  EXPECT_EQ(p.batch_rows_size(), 0);
+}
+
+// Batched steps are kept by row count, ascending.
+TEST(ServedCostsTest, BatchEntriesByRows) {
+  ServedCostMeter m = MakeMeter();
+  m.RecordBatch(16, 0.040);
+  m.RecordBatch(4, 0.020);
+  m.RecordBatch(16, 0.044);
+  const lede::v1::CostProfile p = m.Snapshot();
+  ASSERT_EQ(p.batch_rows_size(), 2);
+  EXPECT_EQ(p.batch_rows(0), 4);
+  EXPECT_EQ(p.batch_rows(1), 16);
+  EXPECT_DOUBLE_EQ(p.batch_step_s(1), 0.042);
+  EXPECT_EQ(p.batch_samples(1), 2);
+}
+
+// Create names the bad option.
+TEST(ServedCostsTest, CreateRejectsBadOptions) {
+  ServedCostMeterOptions o;
+  o.n_layers = 0;
+  EXPECT_THAT(ServedCostMeter::Create(o).status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  o.n_layers = 2;
+  o.window = 0;
+  EXPECT_THAT(ServedCostMeter::Create(o).status(), StatusIs(absl::StatusCode::kInvalidArgument));
+  o.window = 8;
+  EXPECT_THAT(ServedCostMeter::Create(o).status(), IsOk());
+}
+
+// A snapshot is due at most once per interval.
+TEST(ServedCostsTest, AttachDueOncePerInterval) {
+  ServedCostMeter m = MakeMeter();
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  EXPECT_TRUE(m.AttachDue(t0, absl::Seconds(1)));
+  EXPECT_FALSE(m.AttachDue(t0 + absl::Milliseconds(500), absl::Seconds(1)));
+  EXPECT_TRUE(m.AttachDue(t0 + absl::Milliseconds(1000), absl::Seconds(1)));
+}
+
+// The merged profile has the drafter's draft entries and the verifier's verifications; it can price rounds
+// only with both parts.
+TEST(ServedCostsTest, MergeTakesEachProcessPart) {
+  ServedCostMeter drafter = MakeMeter();
+  ServedCostMeter verifier = MakeMeter();
+  drafter.RecordDraft(1, 1, 0.003);
+  verifier.RecordVerify(0, 0.010);
+  verifier.RecordVerify(2, 0.014);
+  verifier.RecordBatch(3, 0.012);
+  const lede::v1::CostProfile d = drafter.Snapshot(absl::FromUnixSeconds(5));
+  const lede::v1::CostProfile v = verifier.Snapshot(absl::FromUnixSeconds(7));
+  EXPECT_FALSE(CanPrice(d));
+  EXPECT_FALSE(CanPrice(v));
+  const lede::v1::CostProfile p = MergeCostProfiles(d, v);
+  EXPECT_DOUBLE_EQ(p.draft_step_s(1), 0.003);
+  EXPECT_DOUBLE_EQ(p.verify_s(0), 0.010);
+  EXPECT_DOUBLE_EQ(p.verify_s(2), 0.014);
+  EXPECT_EQ(p.batch_rows_size(), 1);
+  EXPECT_EQ(p.time_us(), 7'000'000);
+  EXPECT_TRUE(CanPrice(p));
+}
+
+}  // namespace
+}  // namespace lede::experience
