@@ -40,6 +40,8 @@
 #include <c10/core/InferenceMode.h>
 
 #include "shared/flags/flags.h"
+#include "shared/flags/model_flags.h"
+#include "shared/model/model_load_flags.h"
 #include "shared/model/batch.h"
 #include "shared/model/cpu_kernels.h"
 #include "shared/model/cpu_quant_kernels.h"
@@ -221,35 +223,39 @@ BatchTimes TimeBatch(const lede::model::LlamaModel& m, lede::model::KvCache& cac
 }
 
 int Run(const std::vector<std::string>& args) {
-  std::string model_path = "models/lede-tiny", batches = "1,2,4,8,16,32", json_path, weights = "auto";
-  int64_t k = 3, exit_layer = 2, context = 128, iters = 50, threads = 1;
+  std::string batches = "1,2,4,8,16,32", json_path;
+  int64_t k = 3, exit_layer = 2, context = 128, iters = 50;
+  lede::flags::ModelLoadFlags load;
+  load.model = "models/lede-tiny";
+  load.threads = 1;
+  const std::string& model_path = load.model;
+  const int64_t& threads = load.threads;
   lede::flags::FlagSet flags;
-  flags.Add("model", &model_path, "model directory or .bin");
+  lede::flags::AddModelLoadFlags(&flags, &load, lede::flags::kModelPath);
   flags.Add("batches", &batches, "batch sizes (sessions)");
   flags.Add("k", &k, "drafts per verification round");
   flags.Add("exit-layer", &exit_layer, "exit layer of the rounds");
   flags.Add("context", &context, "committed tokens per session before the timed steps");
   flags.Add("iters", &iters, "timed steps per size");
-  flags.Add("threads", &threads, "intra-op threads of this thread");
+  lede::flags::AddModelLoadFlags(&flags, &load, lede::flags::kThreads);
   flags.Add("json", &json_path, "also write the rows as JSON here");
   std::string kernel_rows, work_kinds = "step,verify,draft";
   flags.Add("work", &work_kinds, "kinds of work to time: step, verify, draft");
   flags.Add("kernel-rows", &kernel_rows, "also time the packed products alone at these row counts (e.g. 1,2,4,8,16,32)");
-  flags.Add("weights", &weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16 or q8_0");
+  lede::flags::AddModelLoadFlags(&flags, &load, lede::flags::kWeights);
   if (lede::Status s = flags.Parse(args); !s.ok()) {
     std::fprintf(stderr, "lede_batch_bench: %s\n%s", std::string(s.message()).c_str(), flags.Usage().c_str());
     return 2;
   }
-  lede::model::SetDecodeThreads(static_cast<int>(threads));  // the batched and the solo calls alike
-  lede::model::ModelOptions model_options;
-  auto weight_format = lede::model::ParseWeightFormat(weights);
-  if (!weight_format.ok()) {
-    std::fprintf(stderr, "lede_batch_bench: --%s\n", std::string(weight_format.status().message()).c_str());
+  auto n_threads = lede::model::ApplyThreadsFlag(load.threads);  // the batched and the solo calls alike
+  auto model_options = lede::model::ModelOptionsFromFlags(load);
+  if (!n_threads.ok() || !model_options.ok()) {
+    const lede::Status& s = !n_threads.ok() ? n_threads.status() : model_options.status();
+    std::fprintf(stderr, "lede_batch_bench: %s\n", std::string(s.message()).c_str());
     return 2;
   }
-  model_options.weights = *weight_format;
   const std::unique_ptr<lede::model::LlamaModel> loaded =
-      lede::model::LoadModelOrExit("lede_batch_bench", model_path, model_options);
+      lede::model::LoadModelOrExit("lede_batch_bench", model_path, *model_options);
   const lede::model::LlamaModel& m = *loaded;
   std::vector<int64_t> sizes;
   std::stringstream in(batches);

@@ -67,6 +67,8 @@
 #include <vector>
 
 #include "shared/flags/flags.h"
+#include "shared/flags/model_flags.h"
+#include "shared/model/model_load_flags.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/cpu_kernels.h"
 #include "shared/model/cpu_quant_kernels.h"
@@ -652,7 +654,10 @@ void GemvTable() {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  int64_t n_tokens = 200, threads = 1, repeats = 5;
+  int64_t n_tokens = 200, repeats = 5;
+  lede::flags::ModelLoadFlags load;  // --threads of the model-loading group; 1 by default here
+  load.threads = 1;
+  int64_t& threads = load.threads;
   bool detail = false, after_prefill = false;
   std::string models_flag =
       "testdata/models/stories260K,testdata/models/babyllama-tok105/model5000.bin,models/lede-tiny";
@@ -663,7 +668,7 @@ int main(int argc, char** argv) {
   lede::flags::FlagSet flags;
   flags.Add("models", &models_flag, "comma-separated model paths (checkpoint directory or llama2.c .bin)");
   flags.Add("tokens", &n_tokens, "new tokens per generation (greedy, prompt = BOS)");
-  flags.Add("threads", &threads, "intra-op threads of libtorch, OpenBLAS and the fused kernels (0 = libtorch default, fused 1)");
+  lede::flags::AddModelLoadFlags(&flags, &load, lede::flags::kThreads);
   flags.Add("repeats", &repeats, "interleaved runs per implementation; medians are printed");
   flags.Add("kernels", &kernels_flag, "comma-separated implementations to compare: eager, fused");
   flags.Add("detail", &detail, "also print the per-block timing table and the static grid");
@@ -706,11 +711,16 @@ int main(int argc, char** argv) {
     }
     for (Kernels k : kernels) variants.push_back({k, *parsed});
   }
-  if (variants.empty() || repeats < 1 || n_tokens < 1 || threads < 0) {
-    std::fprintf(stderr, "lede_engine_bench: need --kernels, --repeats >= 1, --tokens >= 1, --threads >= 0\n");
+  if (variants.empty() || repeats < 1 || n_tokens < 1) {
+    std::fprintf(stderr, "lede_engine_bench: need --kernels, --repeats >= 1, --tokens >= 1\n");
     return 2;
   }
-  if (threads > 0) SetDecodeThreads(static_cast<int>(threads));
+  auto n_threads = lede::model::ApplyThreadsFlag(threads);
+  if (!n_threads.ok()) {
+    std::fprintf(stderr, "lede_engine_bench: %s\n", std::string(n_threads.status().message()).c_str());
+    return 2;
+  }
+  threads = *n_threads;  // children get the resolved count
   c10::InferenceMode inference_mode;
   if (!child_weights.empty()) {
     auto parsed = ParseWeightFormat(child_weights);
@@ -719,7 +729,6 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "lede_engine_bench: --child-weights needs a format and --models\n");
       return 2;
     }
-    SetFusedThreads(static_cast<int>(std::max<int64_t>(1, threads)));
     return RunChild(models[0], *parsed, n_tokens);
   }
   std::printf("LEDE engine benchmark: greedy, prompt = BOS, %lld new tokens, threads=%d, medians of %lld interleaved runs\n",

@@ -25,6 +25,8 @@
 #include "policy/dqn/method_factory.h"
 #include "shared/experience/transition.h"
 #include "shared/flags/flags.h"
+#include "shared/flags/model_flags.h"
+#include "shared/model/model_load_flags.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
@@ -87,15 +89,16 @@ struct Common {
   model::DecisionSpec spec;
 };
 
-struct CommonFlags {
-  std::string model, prompts, calibration, candidates = "2,3,4,6", kernels = "fused", weights = "auto";
+// The model-loading group (shared/flags/model_flags.h) gives --model,
+// --kernels, --weights and --threads (default 1 here: the recorded tables
+// are single-threaded, and one thread's timings are the steadiest).
+struct CommonFlags : flags::ModelLoadFlags {
+  CommonFlags() { threads = 1; }
+  std::string prompts, calibration, candidates = "2,3,4,6";
   int64_t repeats = 3;  // interleaved evaluation passes
-  int64_t max_draft = 4, per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 64,
-          threads = 0;
+  int64_t max_draft = 4, per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 64;
   void AddTo(flags::FlagSet& f) {
-    f.Add("model", &model, "model directory (Hugging Face layout + tokenizer)", true);
-    f.Add("kernels", &kernels, "decode-path kernels: fused (CPU float32) or eager (libtorch reference)");
-    f.Add("weights", &weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16 or q8_0");
+    flags::AddModelLoadFlags(&f, this, flags::kModelPath | flags::kKernels | flags::kWeights);
     f.Add("prompts", &prompts, "prompt sets: .jsonl or <|doc|> corpus files, comma-separated", true);
     f.Add("calibration", &calibration, "measured cost model JSON (default: calibrate now)");
     f.Add("candidate-layers", &candidates, "phase-1 candidate exit layers");
@@ -104,19 +107,17 @@ struct CommonFlags {
     f.Add("prompt-tokens", &prompt_tokens, "tokens of a corpus document used as its prompt");
     f.Add("max-prompt-tokens", &max_prompt_tokens, "longer prompts are cut");
     f.Add("new-tokens", &new_tokens, "tokens generated per prompt");
-    f.Add("threads", &threads, "intra-op threads, fused kernels included (0 = libtorch default, fused 1)");
+    flags::AddModelLoadFlags(&f, this, flags::kThreads);
     f.Add("repeats", &repeats, "interleaved evaluation passes (wall-clock is summed over them)");
   }
 };
 
 StatusOr<Common> Setup(const CommonFlags& cf) {
-  if (cf.threads > 0) model::SetDecodeThreads(static_cast<int>(cf.threads));
+  LEDE_RETURN_IF_ERROR(model::ApplyThreadsFlag(cf.threads).status());
   Common c;
   LEDE_ASSIGN_OR_RETURN(std::string tok_path, tokenizer::FindTokenizerFile(cf.model));
   LEDE_ASSIGN_OR_RETURN(c.tokenizer, tokenizer::LoadTokenizer(tok_path));
-  model::ModelOptions model_options;
-  LEDE_ASSIGN_OR_RETURN(model_options.kernels, model::ParseKernels(cf.kernels));
-  LEDE_ASSIGN_OR_RETURN(model_options.weights, model::ParseWeightFormat(cf.weights));
+  LEDE_ASSIGN_OR_RETURN(model::ModelOptions model_options, model::ModelOptionsFromFlags(cf));
   LEDE_ASSIGN_OR_RETURN(auto loaded, model::LlamaModel::Load(cf.model, model_options));
   c.model = std::move(loaded);
   model::KvCacheOptions ko;

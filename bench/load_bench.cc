@@ -41,6 +41,8 @@
 #include "policy/dqn/artifact.h"
 #include "policy/dqn/method_factory.h"
 #include "shared/flags/flags.h"
+#include "shared/flags/model_flags.h"
+#include "shared/model/model_load_flags.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
@@ -56,10 +58,13 @@ namespace {
 
 using Rounds = std::vector<speculation::RoundRecord>;
 
-struct LoadFlags {
-  std::string model, prompts, calibration, loads = "1,2,4,8,16", policies, json, weights = "auto";
+// --model, --threads (default 1) and --weights: the model-loading group
+// (shared/flags/model_flags.h).
+struct LoadFlags : flags::ModelLoadFlags {
+  LoadFlags() { threads = 1; }
+  std::string prompts, calibration, loads = "1,2,4,8,16", policies, json;
   double ridge_tokens = model::kDefaultRidgeTokens;
-  int64_t max_draft = 8, per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 64, threads = 1;
+  int64_t max_draft = 8, per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 64;
 };
 
 struct StaticRounds {
@@ -225,7 +230,7 @@ Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& en
 int RunLoad(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   LoadFlags lf;
   flags::FlagSet f;
-  f.Add("model", &lf.model, "model directory (Hugging Face layout + tokenizer)", true);
+  flags::AddModelLoadFlags(&f, &lf, flags::kModelPath);
   f.Add("prompts", &lf.prompts, "prompt sets: .jsonl or <|doc|> corpus files, comma-separated", true);
   f.Add("calibration", &lf.calibration, "measured cost model JSON with batch tables (lede calibrate)", true);
   f.Add("loads", &lf.loads,
@@ -238,8 +243,7 @@ int RunLoad(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   f.Add("prompt-tokens", &lf.prompt_tokens, "tokens of a corpus document used as its prompt");
   f.Add("max-prompt-tokens", &lf.max_prompt_tokens, "longer prompts are cut");
   f.Add("new-tokens", &lf.new_tokens, "tokens generated per prompt");
-  f.Add("threads", &lf.threads, "intra-op threads");
-  f.Add("weights", &lf.weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16 or q8_0");
+  flags::AddModelLoadFlags(&f, &lf, flags::kThreads | flags::kWeights);
   f.Add("json", &lf.json, "write the rows as JSON here");
   if (flags::WantsHelp(args)) {
     out << "usage: lede-bench load --model DIR --prompts FILE[,FILE...] --calibration FILE [flags]\nflags:\n"
@@ -259,7 +263,7 @@ int RunLoad(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   }
   if (lf.max_draft < 1 || lf.max_draft > 16) return fail(InvalidArgumentError("--max-draft-len: want 1..16"), 2);
   if (lf.ridge_tokens <= 0) return fail(InvalidArgumentError("--ridge-tokens: want > 0"), 2);
-  model::SetDecodeThreads(static_cast<int>(std::max<int64_t>(1, lf.threads)));
+  if (auto threads = model::ApplyThreadsFlag(lf.threads); !threads.ok()) return fail(threads.status(), 2);
   auto cal = model::ReadCalibrationFile(lf.calibration);
   if (!cal.ok()) return fail(Status(cal.status().code(), "--calibration: " + std::string(cal.status().message())), 2);
   if (auto c = model::MakeMeasuredCostModelAtLoad(*cal, 1); !c.ok()) {
@@ -269,11 +273,9 @@ int RunLoad(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   if (!tok_path.ok()) return fail(tok_path.status(), 2);
   auto tok = tokenizer::LoadTokenizer(*tok_path);
   if (!tok.ok()) return fail(tok.status(), 2);
-  model::ModelOptions model_options;
-  auto weight_format = model::ParseWeightFormat(lf.weights);
-  if (!weight_format.ok()) return fail(Status(weight_format.status().code(), "--" + std::string(weight_format.status().message())), 2);
-  model_options.weights = *weight_format;
-  std::shared_ptr<const model::LlamaModel> m = model::LoadModelOrExit("lede_bench load", lf.model, model_options);
+  auto model_options = model::ModelOptionsFromFlags(lf);
+  if (!model_options.ok()) return fail(model_options.status(), 2);
+  std::shared_ptr<const model::LlamaModel> m = model::LoadModelOrExit("lede_bench load", lf.model, *model_options);
   if (cal->model_fingerprint != m->config().ArchitectureFingerprint()) {
     return fail(InvalidArgumentError("--calibration: calibrated for another model"), 2);
   }

@@ -56,9 +56,11 @@ const std::vector<std::string>& ColdStartPrompts() {
 }
 
 StatusOr<ColdStartChoice> ChooseColdStart(model::Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                                          int64_t new_tokens, int32_t max_draft_len, const model::CostModel& cost) {
+                                          int64_t new_tokens, int32_t max_draft_len, const model::CostModel& cost,
+                                          const std::function<bool()>& out_of_time) {
   std::vector<ShadowTrace> traces;
   for (size_t i = 0; i < prompts.size(); ++i) {
+    if (!traces.empty() && out_of_time && out_of_time()) break;
     StatusOr<ShadowTrace> t =
         TraceGreedyRequest(engine, prompts[i], new_tokens, model::DecisionSpec{}.top_k, "cold-start:" + std::to_string(i));
     // A prompt whose continuation is empty (EOS at once) has no trace: skip it.

@@ -37,6 +37,7 @@
 #define LEDE_TRAINER_COLD_START_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -82,9 +83,14 @@ const std::vector<std::string>& ColdStartPrompts();
 
 // Self-calibration: each of `prompts` (token ids) decoded greedily for
 // `new_tokens` tokens on `engine`, traced, then ChooseColdStartFromTraces.
+// `out_of_time` (optional) is asked before every prompt after the first
+// that gave a trace; true ends the calibration with the traces so far, so a
+// large model's cold start stays within its time budget (lede-init-policy
+// --max-seconds) on fewer requests instead of taking minutes.
 // Errors: those of TraceGreedyRequest and ChooseColdStartFromTraces.
 StatusOr<ColdStartChoice> ChooseColdStart(model::Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                                          int64_t new_tokens, int32_t max_draft_len, const model::CostModel& cost);
+                                          int64_t new_tokens, int32_t max_draft_len, const model::CostModel& cost,
+                                          const std::function<bool()>& out_of_time = nullptr);
 
 // The artifact of `choice` for a model of `n_layers` layers whose
 // ArchitectureFingerprint is `fingerprint`, version `version`, rewards priced

@@ -23,28 +23,41 @@
 
 #include "policy/dqn/artifact.h"
 #include "shared/flags/flags.h"
+#include "shared/flags/model_flags.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/model/load_or_exit.h"
+#include "shared/model/model_load_flags.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/status/status_macros.h"
 #include "trainer/corpus.h"
 #include "trainer/counterfactual.h"
 #include "trainer/dinkelbach.h"
 #include "trainer/dqn.h"
+#include "trainer/dqn_flags.h"
 
 namespace {
 
 using lede::Status;
 using lede::StatusOr;
 
-struct Flags {
-  std::string model, prompts, extra_prompts, exclude_prompts, reward = "throughput", cost_model = "accelerator", calibration, candidates = "1,2,3,4,5,6", out,
+// The model-loading group (shared/flags/model_flags.h) holds --model and
+// --weights; --threads is the DQN group's (tracing and training alike).
+struct Flags : lede::flags::ModelLoadFlags {
+  std::string prompts, extra_prompts, exclude_prompts, reward = "throughput", cost_model = "accelerator", calibration, candidates = "1,2,3,4,5,6", out,
               version, report;
   int64_t per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 128, extra_count = 0,
-          max_draft = 4, iterations = 6, epochs = 16, seed = 1, threads = 1, hidden = 64, batch_size = 256;
-  double selection_fraction = 0.25, epsilon = 0.2, lr = 1e-3, conservative_margin = 0.0;
-  std::string initial_policy = "static", loads, warm_start, weights = "auto", trace_model;
+          max_draft = 4, iterations = 6;
+  double selection_fraction = 0.25, epsilon = 0.2, conservative_margin = 0.0;
+  // --seed --epochs --hidden --batch-size --lr --threads (trainer/dqn_flags.h);
+  // 16 epochs of 256-transition minibatches per Dinkelbach iteration.
+  lede::trainer::DqnFlags dqn{[] {
+    lede::trainer::DqnOptions o;
+    o.epochs = 16;
+    o.batch_size = 256;
+    return o;
+  }()};
+  std::string initial_policy = "static", loads, warm_start, trace_model;
   double ridge_tokens = lede::model::kDefaultRidgeTokens;
   bool overwrite = false, probe_candidates = false, lookahead_probe = false, rollout = true;
 };
@@ -189,14 +202,9 @@ StatusOr<lede::trainer::DinkelbachOptions> MakeOptions(const Flags& fl, const le
     }
     o.warm_start = std::make_shared<const lede::policy::dqn::QNetwork>(warm->network);
   }
-  o.seed = static_cast<uint64_t>(fl.seed);
+  LEDE_RETURN_IF_ERROR(lede::trainer::ApplyDqnFlags(fl.dqn, lede::trainer::DqnFlagScope::kCore, &o.dqn));
+  o.seed = o.dqn.seed;
   o.model_fingerprint = model.config().ArchitectureFingerprint();
-  o.dqn.epochs = fl.epochs;
-  o.dqn.seed = static_cast<uint64_t>(fl.seed);
-  o.dqn.hidden = static_cast<int32_t>(fl.hidden);
-  o.dqn.batch_size = fl.batch_size;
-  o.dqn.lr = fl.lr;
-  o.dqn.num_threads = static_cast<int32_t>(fl.threads);
   o.dqn.heldout_fraction = 0.0;  // selection runs on whole held-out requests instead
   if (!fl.loads.empty()) {
     LEDE_ASSIGN_OR_RETURN(o.loads, lede::flags::ParseIntList("loads", fl.loads));
@@ -322,17 +330,16 @@ lede::policy::dqn::Artifact MakePolicyArtifact(const Flags& fl, const lede::trai
 }
 
 int Run(const Flags& fl) {
-  at::set_num_threads(static_cast<int>(fl.threads));
+  auto threads = lede::model::ApplyThreadsFlag(fl.dqn.threads);  // tracing and training alike
+  if (!threads.ok()) return Fail(threads.status());
   auto tok_path = lede::tokenizer::FindTokenizerFile(fl.model);
   if (!tok_path.ok()) return Fail(tok_path.status());
   auto tok = lede::tokenizer::LoadTokenizer(*tok_path);
   if (!tok.ok()) return Fail(tok.status());
-  auto weight_format = lede::model::ParseWeightFormat(fl.weights);
-  if (!weight_format.ok()) return Fail(weight_format.status());
-  lede::model::ModelOptions model_options;
-  model_options.weights = *weight_format;
+  auto model_options = lede::model::ModelOptionsFromFlags(fl);
+  if (!model_options.ok()) return Fail(model_options.status());
   std::shared_ptr<const lede::model::LlamaModel> model =
-      lede::model::LoadModelOrExit("lede-train-counterfactual", fl.model, model_options);
+      lede::model::LoadModelOrExit("lede-train-counterfactual", fl.model, *model_options);
   lede::model::KvCacheOptions ko;
   ko.max_draft_len = std::max<int64_t>(8, fl.max_draft);
   auto engine = lede::model::Engine::Create(model, ko);
@@ -355,7 +362,7 @@ int Run(const Flags& fl) {
     if (Status st = TraceRequests(fl, **tok, **engine, o.spec.top_k, &train, &selection); !st.ok()) return Fail(st);
   } else {
     std::shared_ptr<const lede::model::LlamaModel> tracer_model =
-        lede::model::LoadModelOrExit("lede-train-counterfactual", fl.trace_model, model_options);
+        lede::model::LoadModelOrExit("lede-train-counterfactual", fl.trace_model, *model_options);
     auto tracer_engine = lede::model::Engine::Create(tracer_model, ko);
     if (!tracer_engine.ok()) return Fail(tracer_engine.status());
     if (Status st = TraceRequests(fl, **tok, **tracer_engine, o.spec.top_k, &train, &selection); !st.ok()) {
@@ -396,7 +403,7 @@ int Run(const Flags& fl) {
 int main(int argc, char** argv) {
   Flags fl;
   lede::flags::FlagSet f;
-  f.Add("model", &fl.model, "model directory (Hugging Face layout + tokenizer)", true);
+  lede::flags::AddModelLoadFlags(&f, &fl, lede::flags::kModelPath);
   f.Add("prompts", &fl.prompts, "prompt sets (.jsonl or corpus); their tuning split (first half) trains", true);
   f.Add("prompts-per-set", &fl.per_set, "prompts read per set (as lede-bench bench: half tuning, half evaluation)");
   f.Add("extra-prompts", &fl.extra_prompts, "more training prompts (all of them train; never evaluation data)");
@@ -416,10 +423,6 @@ int main(int argc, char** argv) {
         "phase 2 decides on the next token's probe (false: on the token just drafted; stopping is free)");
   f.Add("iterations", &fl.iterations, "Dinkelbach iterations at most");
   f.Add("rollout", &fl.rollout, "Q targets from exact rollouts of the current policy (false: n-step TD)");
-  f.Add("epochs", &fl.epochs, "DQN epochs per iteration");
-  f.Add("hidden", &fl.hidden, "hidden width of the Q-network");
-  f.Add("batch-size", &fl.batch_size, "DQN minibatch");
-  f.Add("lr", &fl.lr, "Adam learning rate");
   f.Add("epsilon", &fl.epsilon, "ε of the exploring behaviours in the replays");
   f.Add("conservative-margin", &fl.conservative_margin,
         "rollout targets prefer the current policy's action by this many tokens per round (0: plain greedy)");
@@ -439,9 +442,8 @@ int main(int argc, char** argv) {
         "compute the shadow traces with this model, the source of `lede widen` --model (the same function: "
         "checked), at its speed; the cost model, fingerprint and policy stay --model's");
 
-  f.Add("seed", &fl.seed, "seed");
-  f.Add("threads", &fl.threads, "libtorch threads");
-  f.Add("weights", &fl.weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16 or q8_0");
+  lede::trainer::AddDqnFlags(f, &fl.dqn, lede::trainer::DqnFlagScope::kCore);
+  lede::flags::AddModelLoadFlags(&f, &fl, lede::flags::kWeights);
   f.Add("out", &fl.out, "artifact directory to write", true);
   f.Add("version", &fl.version, "policy version", true);
   f.Add("overwrite", &fl.overwrite, "replace an existing artifact");

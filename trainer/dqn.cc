@@ -202,18 +202,14 @@ at::Tensor ChosenQ(const at::Tensor& q, const at::Tensor& actions) {
   return q.gather(1, actions.unsqueeze(1)).squeeze(1);
 }
 
-// Metrics of the greedy policy of `online` on `d`.
-struct SetMetrics {
-  double td_loss = kNaN, mean_max_q = kNaN, exit1 = kNaN, exit2 = kNaN, agreement = kNaN;
-  double behaviour_reward = kNaN, matched_reward = kNaN, behaviour_return = kNaN, matched_return = kNaN;
-  int64_t matched_episodes = 0;
-};
-
-SetMetrics Evaluate(const TorchNet& online, const TorchNet& target, const DataSet& d,
+// Metrics of the greedy policy of `online` on `d` (NaN rates and means
+// when `d` is empty).
+OfflinePolicyMetrics Evaluate(const TorchNet& online, const TorchNet& target, const DataSet& d,
                     const std::vector<Transition>& ts, double huber_delta) {
-  SetMetrics m;
+  OfflinePolicyMetrics m;
   const size_t n = d.rows.size();
   if (n == 0) return m;
+  m.n_transitions = static_cast<int64_t>(n);
   c10::NoGradGuard no_grad;
   const at::Tensor q = online.Forward(d.states);
   const at::Tensor y = Targets(target, d.reward_sum, d.discount, d.bootstrap);
@@ -244,14 +240,15 @@ SetMetrics Evaluate(const TorchNet& online, const TorchNet& target, const DataSe
       matched_reward += r;
     }
   }
-  m.exit1 = n1 ? static_cast<double>(exit1) / n1 : kNaN;
-  m.exit2 = n2 ? static_cast<double>(exit2) / n2 : kNaN;
-  m.agreement = static_cast<double>(agree) / n;
+  m.exit_fraction_phase1 = n1 ? static_cast<double>(exit1) / n1 : kNaN;
+  m.exit_fraction_phase2 = n2 ? static_cast<double>(exit2) / n2 : kNaN;
+  m.action_agreement = static_cast<double>(agree) / n;
   m.behaviour_reward = reward / n;
   m.matched_reward = agree ? matched_reward / agree : kNaN;
 
   // Per-episode returns: all episodes, and those the greedy policy reproduces.
   const Episodes episodes = GroupEpisodes(ts, d.rows);
+  m.n_episodes = static_cast<int64_t>(episodes.size());
   double ret_all = 0, ret_matched = 0;
   for (const auto& [key, e] : episodes) {
     double ret = 0;
@@ -359,25 +356,6 @@ HeldOutSplit SplitHeldOut(const std::vector<Transition>& ts, const Episodes& epi
   return split;
 }
 
-// An epoch's report from the metrics on the training and held-out sets.
-DqnEpochReport EpochReport(const SetMetrics& tr, const SetMetrics& ho) {
-  DqnEpochReport r;
-  r.mean_max_q = tr.mean_max_q;
-  r.exit_fraction_phase1 = tr.exit1;
-  r.exit_fraction_phase2 = tr.exit2;
-  r.action_agreement = tr.agreement;
-  r.heldout_td_loss = ho.td_loss;
-  r.heldout_action_agreement = ho.agreement;
-  r.heldout_exit_fraction_phase1 = ho.exit1;
-  r.heldout_exit_fraction_phase2 = ho.exit2;
-  r.heldout_behaviour_reward = ho.behaviour_reward;
-  r.heldout_matched_reward = ho.matched_reward;
-  r.heldout_behaviour_return = ho.behaviour_return;
-  r.heldout_matched_return = ho.matched_return;
-  r.heldout_matched_episodes = ho.matched_episodes;
-  return r;
-}
-
 StatusOr<DqnResult> TrainDqnImpl(const std::vector<Transition>& all, const DqnOptions& o,
                                  const DqnEpochCallback& on_epoch) {
   const auto start = Clock::now();
@@ -438,9 +416,9 @@ StatusOr<DqnResult> TrainDqnImpl(const std::vector<Transition>& all, const DqnOp
       }
       loss_sum += loss.item<double>() * b;
     }
-    const SetMetrics tr = Evaluate(online, target, train, ts, o.huber_delta);
-    const SetMetrics ho = Evaluate(online, target, held, ts, o.huber_delta);
-    DqnEpochReport r = EpochReport(tr, ho);
+    DqnEpochReport r;
+    r.train = Evaluate(online, target, train, ts, o.huber_delta);
+    r.heldout = Evaluate(online, target, held, ts, o.huber_delta);
     r.epoch = epoch;
     r.steps = steps;
     r.td_loss = n_train ? loss_sum / n_train : kNaN;
@@ -549,20 +527,12 @@ std::map<std::string, double> DqnResult::OfflineMetrics() const {
   const DqnEpochReport& r = epochs.back();
   m["epochs"] = static_cast<double>(r.epoch);
   m["steps"] = static_cast<double>(r.steps);
-  m["td_loss"] = r.td_loss;
-  m["mean_max_q"] = r.mean_max_q;
-  m["exit_fraction_phase1"] = r.exit_fraction_phase1;
-  m["exit_fraction_phase2"] = r.exit_fraction_phase2;
-  m["action_agreement"] = r.action_agreement;
-  m["heldout_td_loss"] = r.heldout_td_loss;
-  m["heldout_action_agreement"] = r.heldout_action_agreement;
-  m["heldout_exit_fraction_phase1"] = r.heldout_exit_fraction_phase1;
-  m["heldout_exit_fraction_phase2"] = r.heldout_exit_fraction_phase2;
-  m["heldout_behaviour_reward"] = r.heldout_behaviour_reward;
-  m["heldout_matched_reward"] = r.heldout_matched_reward;
-  m["heldout_behaviour_return"] = r.heldout_behaviour_return;
-  m["heldout_matched_return"] = r.heldout_matched_return;
-  m["heldout_matched_episodes"] = static_cast<double>(r.heldout_matched_episodes);
+  m["td_loss"] = r.td_loss;  // the minibatches'; the training set's own metrics follow
+  m["mean_max_q"] = r.train.mean_max_q;
+  m["exit_fraction_phase1"] = r.train.exit_fraction_phase1;
+  m["exit_fraction_phase2"] = r.train.exit_fraction_phase2;
+  m["action_agreement"] = r.train.action_agreement;
+  AddOfflineMetrics(r.heldout, "heldout_", &m);
   return m;
 }
 
@@ -579,21 +549,7 @@ StatusOr<OfflinePolicyMetrics> EvaluateOffline(const QNetwork& network, const st
     ThreadCountGuard threads(o.num_threads);
     const DataSet d = MakeDataSet(ts, ComputeNStepTargets(ts, o.gamma, o.n_step), AllRows(ts.size()));
     const TorchNet net = MakeTorchNet(network.weights(), /*requires_grad=*/false);
-    const SetMetrics m = Evaluate(net, net, d, ts, o.huber_delta);
-    OfflinePolicyMetrics out;
-    out.n_transitions = static_cast<int64_t>(ts.size());
-    out.n_episodes = static_cast<int64_t>(GroupEpisodes(ts, AllRows(ts.size())).size());
-    out.td_loss = m.td_loss;
-    out.mean_max_q = m.mean_max_q;
-    out.action_agreement = m.agreement;
-    out.exit_fraction_phase1 = m.exit1;
-    out.exit_fraction_phase2 = m.exit2;
-    out.behaviour_reward = m.behaviour_reward;
-    out.matched_reward = m.matched_reward;
-    out.behaviour_return = m.behaviour_return;
-    out.matched_return = m.matched_return;
-    out.matched_episodes = m.matched_episodes;
-    return out;
+    return Evaluate(net, net, d, ts, o.huber_delta);
   });
 }
 

@@ -55,6 +55,7 @@
 #include "policy/dqn/q_network.h"
 #include "shared/experience/transition.h"
 #include "shared/status/status.h"
+#include "trainer/offline_metrics.h"
 
 namespace lede::trainer {
 
@@ -136,29 +137,15 @@ std::vector<NStepTarget> ComputeNStepTargets(const std::vector<policy::Transitio
 std::vector<double> TdTargets(const std::vector<NStepTarget>& targets,
                               const policy::dqn::QNetwork& target_network);
 
-// Metrics of the greedy policy argmax_a Q(s, a) (ties -> kContinue) after one
-// epoch. Rates are fractions in [0, 1]; NaN where a set is empty.
+// One epoch: its minibatch loss, then the greedy policy's offline metrics
+// (trainer/offline_metrics.h) on the training and the held-out transitions
+// (TD targets from the target network; held-out NaN when none is held out).
 struct DqnEpochReport {
   int64_t epoch = 0;            // 1-based
   int64_t steps = 0;            // optimizer steps so far
   double td_loss = 0;           // mean Huber TD loss of this epoch's minibatches
-  double mean_max_q = 0;        // mean over training states of max_a Q(s, a), reward units
-  double exit_fraction_phase1 = 0;  // greedy kExit share on phase-1 training states
-  double exit_fraction_phase2 = 0;  // greedy kExit share on phase-2 training states
-  double action_agreement = 0;  // greedy == logged action, training transitions
-  double heldout_td_loss = 0;   // Huber TD loss on held-out transitions (targets from the target network)
-  double heldout_action_agreement = 0;
-  double heldout_exit_fraction_phase1 = 0;
-  double heldout_exit_fraction_phase2 = 0;
-  // Mean logged reward per held-out decision: all of them (the behaviour
-  // policy) and those where the greedy action equals the logged one.
-  double heldout_behaviour_reward = 0;
-  double heldout_matched_reward = 0;
-  // Mean undiscounted return per held-out episode: all of them, and those on
-  // which the greedy policy agrees with every logged action.
-  double heldout_behaviour_return = 0;
-  double heldout_matched_return = 0;
-  int64_t heldout_matched_episodes = 0;
+  OfflinePolicyMetrics train;
+  OfflinePolicyMetrics heldout;
   double elapsed_s = 0;         // wall-clock since training began
 };
 
@@ -183,29 +170,14 @@ struct DqnResult {
   std::map<std::string, double> OfflineMetrics() const;
 };
 
-// Offline metrics of one fixed network's greedy policy on a set of logged
-// transitions (e.g. held-out experience), with the network as its own target
-// network for the TD loss: how well its values explain the logged rewards,
-// how often it agrees with the behaviour actions, and the rejection-sampling
-// reward estimate (mean return of the episodes on which it agrees with every
-// logged action). Used to compare a retrained candidate with the serving
-// policy on the same data (trainer/retrain.h). Rates in [0, 1], rewards in
-// reward units; NaN where a set is empty.
-struct OfflinePolicyMetrics {
-  int64_t n_transitions = 0;  // usable (finite, not duplicated)
-  int64_t n_episodes = 0;
-  double td_loss = 0;            // Huber, n-step targets bootstrapped from the network itself
-  double mean_max_q = 0;         // mean max_a Q(s, a), reward units
-  double action_agreement = 0;   // greedy == logged action
-  double exit_fraction_phase1 = 0;
-  double exit_fraction_phase2 = 0;
-  double behaviour_reward = 0;   // mean logged reward per decision
-  double matched_reward = 0;     // ... over the decisions where greedy == logged
-  double behaviour_return = 0;   // mean undiscounted return per episode
-  double matched_return = 0;     // ... over the episodes the greedy policy reproduces
-  int64_t matched_episodes = 0;
-};
-
+// Offline metrics (trainer/offline_metrics.h) of one fixed network's greedy
+// policy on a set of logged transitions (e.g. held-out experience), with the
+// network as its own target network for the TD loss: how well its values
+// explain the logged rewards, how often it agrees with the behaviour
+// actions, and the rejection-sampling reward estimate (mean return of the
+// episodes on which it agrees with every logged action). Used to compare a
+// retrained candidate with the serving policy on the same data
+// (trainer/retrain.h).
 // Errors: those of ValidateDqnOptions (gamma, n_step, huber_delta and
 // num_threads are used; initial_network is ignored); kInvalidArgument if no
 // usable transition is given; kInternal if libtorch fails.

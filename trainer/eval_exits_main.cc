@@ -14,9 +14,11 @@
 #include <vector>
 
 #include "shared/flags/flags.h"
+#include "shared/flags/model_flags.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/llama.h"
 #include "shared/model/load_or_exit.h"
+#include "shared/model/model_load_flags.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "trainer/corpus.h"
@@ -33,11 +35,12 @@ int Fail(const lede::Status& s, int code) {
 
 int main(int argc, char** argv) {
   using namespace lede;
-  std::string model_path, data, out_path, calibration_path, draft_lens_flag = "1,2,3,4,6,8", exits_flag;
-  std::string weights = "auto";
-  int64_t n_prompts = 24, prompt_tokens = 24, new_tokens = 64, eval_tokens = 32768, threads = 0;
+  std::string data, out_path, calibration_path, draft_lens_flag = "1,2,3,4,6,8", exits_flag;
+  int64_t n_prompts = 24, prompt_tokens = 24, new_tokens = 64, eval_tokens = 32768;
+  flags::ModelLoadFlags load;
+  const std::string& model_path = load.model;
   flags::FlagSet f;
-  f.Add("model", &model_path, "model directory (Hugging Face layout with tokenizer.model)", true);
+  flags::AddModelLoadFlags(&f, &load, flags::kModelPath);
   f.Add("data", &data, "held-out corpus files, comma-separated (domain = file name)", true);
   f.Add("out", &out_path, "write the JSON report here");
   f.Add("calibration", &calibration_path, "measured cost model JSON (default: calibrate now)");
@@ -47,22 +50,19 @@ int main(int argc, char** argv) {
   f.Add("prompt-tokens", &prompt_tokens, "tokens of each document used as its prompt");
   f.Add("new-tokens", &new_tokens, "tokens generated per prompt");
   f.Add("eval-tokens", &eval_tokens, "held-out tokens per file for the per-layer table");
-  f.Add("threads", &threads, "intra-op threads, fused kernels included (0 = libtorch default, fused 1)");
-  f.Add("weights", &weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16 or q8_0");
+  flags::AddModelLoadFlags(&f, &load, flags::kThreads | flags::kWeights);
   if (Status s = f.Parse(std::vector<std::string>(argv + 1, argv + argc)); !s.ok()) {
     std::fprintf(stderr, "lede-eval-exits: %s\nflags:\n%s", std::string(s.message()).c_str(), f.Usage().c_str());
     return 2;
   }
-  if (threads > 0) model::SetDecodeThreads(static_cast<int>(threads));
+  if (auto threads = model::ApplyThreadsFlag(load.threads); !threads.ok()) return Fail(threads.status(), 2);
   auto tok_path = tokenizer::FindTokenizerFile(model_path);
   if (!tok_path.ok()) return Fail(tok_path.status(), 2);
   auto tokenizer = tokenizer::LoadTokenizer(*tok_path);
   if (!tokenizer.ok()) return Fail(tokenizer.status(), 2);
-  auto weight_format = model::ParseWeightFormat(weights);
-  if (!weight_format.ok()) return Fail(weight_format.status(), 2);
-  model::ModelOptions model_options;
-  model_options.weights = *weight_format;
-  std::shared_ptr<const model::LlamaModel> m = model::LoadModelOrExit("lede-eval-exits", model_path, model_options);
+  auto model_options = model::ModelOptionsFromFlags(load);
+  if (!model_options.ok()) return Fail(model_options.status(), 2);
+  std::shared_ptr<const model::LlamaModel> m = model::LoadModelOrExit("lede-eval-exits", model_path, *model_options);
   const int64_t L = m->n_layers();
 
   model::Calibration cal;

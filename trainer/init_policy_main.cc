@@ -15,9 +15,11 @@
 
 #include "policy/dqn/artifact.h"
 #include "shared/flags/flags.h"
+#include "shared/flags/model_flags.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/model/load_or_exit.h"
+#include "shared/model/model_load_flags.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "trainer/cold_start.h"
@@ -26,10 +28,14 @@ namespace {
 
 using lede::Status;
 
-struct Flags {
-  std::string model, policy_root, version = "cold-start-v1", cost_model = "accelerator", calibration;
+// --model, --threads (default 1) and --weights: the model-loading group
+// (shared/flags/model_flags.h).
+struct Flags : lede::flags::ModelLoadFlags {
+  Flags() { threads = 1; }
+  std::string policy_root, version = "cold-start-v1", cost_model = "accelerator", calibration;
   bool self_calibration = true;
-  int64_t new_tokens = 48, max_draft = 6, threads = 1;
+  int64_t new_tokens = 48, max_draft = 6;
+  double max_seconds = 20;
 };
 
 int Fail(const Status& s) {
@@ -38,7 +44,7 @@ int Fail(const Status& s) {
 }
 
 int Run(const Flags& fl) {
-  at::set_num_threads(static_cast<int>(fl.threads));
+  if (auto threads = lede::model::ApplyThreadsFlag(fl.threads); !threads.ok()) return Fail(threads.status());
   if (auto serving = lede::policy::dqn::ResolveServingVersion(fl.policy_root); serving.ok()) {
     std::fprintf(stderr, "msg=\"cold start skipped\" policy_root=%s serving=%s\n", fl.policy_root.c_str(),
                  serving->c_str());
@@ -51,8 +57,10 @@ int Run(const Flags& fl) {
     return Fail(lede::InvalidArgumentError("--max-draft-len must be in [1, 16] and --new-tokens >= 1"));
   }
   const auto start = std::chrono::steady_clock::now();
+  auto model_options = lede::model::ModelOptionsFromFlags(fl);
+  if (!model_options.ok()) return Fail(model_options.status());
   std::shared_ptr<const lede::model::LlamaModel> model =
-      lede::model::LoadModelOrExit("lede-init-policy", fl.model, lede::model::ModelOptions{});
+      lede::model::LoadModelOrExit("lede-init-policy", fl.model, *model_options);
   const int32_t n_layers = static_cast<int32_t>(model->n_layers());
   lede::trainer::ColdStartChoice choice = lede::trainer::DefaultColdStart(n_layers);
   std::string cost_name = "accelerator";
@@ -77,12 +85,24 @@ int Run(const Flags& fl) {
       if (!ids.ok()) return Fail(ids.status());
       prompts.push_back(*std::move(ids));
     }
+    // The KV a calibration request needs, not the model's window (a 131,072
+    // token window is gigabytes of K/V per slot, zeroed at creation).
+    size_t longest = 0;
+    for (const auto& p : prompts) longest = std::max(longest, p.size());
     lede::model::KvCacheOptions ko;
     ko.max_draft_len = std::max<int64_t>(8, fl.max_draft);
+    ko.capacity = std::min<int64_t>(model->config().max_seq_len,
+                                    static_cast<int64_t>(longest) + fl.new_tokens + ko.max_draft_len + 2);
     auto engine = lede::model::Engine::Create(model, ko);
     if (!engine.ok()) return Fail(engine.status());
+    const auto calibration_start = std::chrono::steady_clock::now();
+    auto out_of_time = [&] {
+      return fl.max_seconds > 0 &&
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - calibration_start).count() >
+                 fl.max_seconds;
+    };
     auto chosen = lede::trainer::ChooseColdStart(**engine, prompts, fl.new_tokens, static_cast<int32_t>(fl.max_draft),
-                                                 *cost);
+                                                 *cost, out_of_time);
     if (!chosen.ok()) return Fail(chosen.status());
     choice = *chosen;
   }
@@ -106,16 +126,18 @@ int Run(const Flags& fl) {
 int main(int argc, char** argv) {
   Flags fl;
   lede::flags::FlagSet f;
-  f.Add("model", &fl.model, "model directory (or llama2.c .bin) to serve", true);
+  lede::flags::AddModelLoadFlags(&f, &fl, lede::flags::kModelPath);
   f.Add("policy-root", &fl.policy_root, "policy root to initialise (left alone if it has a SERVING pointer)", true);
   f.Add("self-calibration", &fl.self_calibration,
         "choose (E, D) by decoding a few built-in prompts on the model (false: E = L/4, D = 3 unmeasured)");
   f.Add("new-tokens", &fl.new_tokens, "tokens generated per calibration prompt");
   f.Add("max-draft-len", &fl.max_draft, "largest draft length tried");
+  f.Add("max-seconds", &fl.max_seconds,
+        "self-calibration: decode no further prompt after this many seconds (at least one is decoded; 0 = all)");
   f.Add("cost-model", &fl.cost_model, "accelerator, or measured (with --calibration)");
   f.Add("calibration", &fl.calibration, "measured cost model JSON (default MODEL/calibration-cpu.json)");
   f.Add("version", &fl.version, "policy version to write");
-  f.Add("threads", &fl.threads, "libtorch threads");
+  lede::flags::AddModelLoadFlags(&f, &fl, lede::flags::kThreads | lede::flags::kWeights);
   const std::vector<std::string> args(argv + 1, argv + argc);
   if (lede::flags::WantsHelp(args)) {
     std::printf("usage: lede-init-policy --model DIR --policy-root DIR [flags]\nflags:\n%s", f.Usage().c_str());

@@ -15,18 +15,10 @@
 #include "shared/experience/served_costs.h"
 #include "shared/status/status_macros.h"
 #include "trainer/dqn.h"
+#include "trainer/heldout_split.h"
 
 namespace lede::trainer {
 namespace {
-
-uint64_t Fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 void Log(const RequestRetrainOptions& o, const std::string& line) {
   if (o.log) o.log(line);
@@ -79,10 +71,6 @@ Status ReportHeldoutAcceptance(const std::vector<ShadowTrace>& heldout, const Se
 
 }  // namespace
 
-bool IsHeldOutRequest(const std::string& id, double fraction) {
-  return static_cast<double>(Fnv1a(id) % 1000000) < fraction * 1000000.0;
-}
-
 StatusOr<ShadowTrace> TraceLoggedRequest(const model::LlamaModel& model, const lede::v1::RequestRecord& record,
                                          int32_t top_k) {
   const std::vector<int32_t> prompt(record.prompt_token_ids().begin(), record.prompt_token_ids().end());
@@ -119,7 +107,7 @@ StatusOr<RequestSplit> TraceAndSplitRequests(const model::LlamaModel& model,
     if (!t.ok() && t.status().code() == StatusCode::kInvalidArgument) continue;  // empty output, too long
     if (!t.ok()) return t.status();
     ++split.n_requests;
-    if (IsHeldOutRequest(r.request_id(), options.heldout_fraction)) {
+    if (IsHeldOut(r.request_id(), options.heldout_fraction)) {
       split.heldout.push_back(*std::move(t));
     } else {
       (n_train_seen++ % 4 == 3 ? split.selection : split.train).push_back(*std::move(t));
@@ -176,6 +164,131 @@ StatusOr<model::ServedStepCosts> ServedCostsOfLog(const std::vector<lede::v1::Re
   return c;
 }
 
+namespace {
+
+// 1. The request log under the prefix; which shards are new (recorded in
+// `out`, bad new ones logged). 2. Of the served model only: a shard holding
+// a record of another model is skipped whole (one writer serves one model,
+// so it is not this deployment's log), counted and logged once; the run goes
+// on with the others. Returns the usable records, in log order.
+StatusOr<std::vector<lede::v1::RequestRecord>> ReadRequestLog(storage::ObjectStore& store,
+                                                              const std::set<std::string>& processed,
+                                                              const std::string& fingerprint,
+                                                              const RequestRetrainOptions& options,
+                                                              RequestRetrainOutcome* out) {
+  LEDE_ASSIGN_OR_RETURN(experience::RequestLogRead read, experience::ReadRequestLog(store, options.requests_prefix));
+  out->n_bad_shards = read.bad_shards();
+  std::vector<lede::v1::RequestRecord> usable;
+  size_t first_record = 0;  // the shard's records in read.records (appended in shard order)
+  for (const experience::ShardReport& s : read.shards) {
+    const bool is_new = processed.count(s.path) == 0;
+    const auto begin = read.records.begin() + static_cast<std::ptrdiff_t>(first_record);
+    const auto end = begin + static_cast<std::ptrdiff_t>(s.records);
+    first_record += static_cast<size_t>(s.records);
+    if (is_new) out->new_shards.push_back(s.path);
+    const auto other = std::find_if(begin, end, [&](const lede::v1::RequestRecord& r) {
+      return r.model_fingerprint() != fingerprint;
+    });
+    if (!s.error.empty() && is_new && other == end) {  // a bad shard of another model counts once, as that
+      ++out->n_new_bad_shards;
+      Log(options, "msg=\"bad request-log shard skipped\" shard=" + s.path + " good_records=" +
+                       std::to_string(s.records) + " error=\"" + s.error + "\"");
+    }
+    if (other != end) {
+      ++out->n_other_model_shards;
+      if (is_new) {
+        ++out->n_new_other_model_shards;
+        Log(options, "msg=\"request-log shard of another model skipped\" shard=" + s.path + " request=" +
+                         other->request_id() + " model_fingerprint=\"" + other->model_fingerprint() +
+                         "\" serving_model_fingerprint=\"" + fingerprint + "\"");
+      }
+      continue;
+    }
+    if (is_new) out->n_new_records += s.records;
+    usable.insert(usable.end(), std::make_move_iterator(begin), std::make_move_iterator(end));
+  }
+  return usable;
+}
+
+// The prices: the deployment's own measured costs when logged in `records`
+// (and options.price_with_logged_costs), else `fallback`, whose name or
+// "served" is recorded in out->cost_model. *served holds the model made.
+const model::CostModel& PricingOf(const std::vector<lede::v1::RequestRecord>& records, const model::LlamaModel& model,
+                                  const model::CostModel& fallback, const RequestRetrainOptions& options,
+                                  std::unique_ptr<model::CostModel>* served, RequestRetrainOutcome* out) {
+  if (options.price_with_logged_costs) {
+    StatusOr<model::ServedStepCosts> logged = ServedCostsOfLog(records, model.n_layers());
+    if (logged.ok()) {
+      StatusOr<std::unique_ptr<model::CostModel>> made = model::MakeServedCostModel(model.config(), *logged);
+      if (made.ok()) {
+        *served = *std::move(made);
+      } else {
+        Log(options, "msg=\"logged costs unusable\" error=\"" + std::string(made.status().message()) + "\"");
+      }
+    } else if (logged.status().code() != StatusCode::kNotFound) {
+      Log(options, "msg=\"logged costs unusable\" error=\"" + std::string(logged.status().message()) + "\"");
+    }
+  }
+  const model::CostModel& pricing = *served ? **served : fallback;
+  out->cost_model = pricing.name();
+  Log(options, "msg=\"pricing\" cost_model=" + out->cost_model);
+  return pricing;
+}
+
+// 4. The candidate's artifact, trained by Dinkelbach iteration on the
+// training requests (its selection metrics in offline_metrics).
+StatusOr<policy::dqn::Artifact> TrainCandidate(const RequestSplit& split, const model::CostModel& cost,
+                                               const std::string& fingerprint, const RequestRetrainOptions& options,
+                                               int64_t n_train) {
+  DinkelbachOptions d = options.dinkelbach;
+  d.model_fingerprint = fingerprint;
+  LEDE_ASSIGN_OR_RETURN(DinkelbachResult result, TrainDinkelbach(split.train, split.selection, cost, d));
+  policy::dqn::PolicyMetadata meta;
+  meta.version = options.version;
+  meta.model_fingerprint = fingerprint;
+  meta.decision = d.spec;
+  meta.reward_cost_model = cost.name();
+  meta.training_data.n_requests = n_train;
+  meta.training_options["request_log"] = 1;
+  const DinkelbachIteration& sel = result.iterations[result.selected_iteration - 1];
+  meta.training_options["rho"] = sel.rho;
+  policy::dqn::Artifact artifact = MakeArtifact(result.dqn, d.dqn, meta);
+  artifact.metadata.offline_metrics["selection_speedup"] = sel.selection_speedup;
+  artifact.metadata.offline_metrics["train_speedup"] = sel.train_speedup;
+  return artifact;
+}
+
+// 5. Publishes the candidate iff its held-out replay speed-up beats the
+// serving one's by the margin (saved under policy_root, SERVING moved);
+// otherwise saves it under candidates/ and keeps SERVING.
+Status PublishIfBetter(const policy::dqn::Artifact& candidate, const std::string& fingerprint,
+                       const RequestRetrainOptions& options, RequestRetrainOutcome* out) {
+  const bool better = std::isfinite(out->candidate_speedup) && std::isfinite(out->serving_speedup) &&
+                      out->candidate_speedup - out->serving_speedup > options.publish_margin;
+  char numbers[160];
+  std::snprintf(numbers, sizeof(numbers), "held-out replay: candidate %.4fx, serving %s %.4fx, margin %g",
+                out->candidate_speedup, out->serving_version.c_str(), out->serving_speedup, options.publish_margin);
+  if (better) {
+    out->artifact_dir = policy::dqn::VersionDir(options.policy_root, options.version);
+    LEDE_RETURN_IF_ERROR(policy::dqn::SaveArtifact(out->artifact_dir, candidate));
+    LEDE_RETURN_IF_ERROR(policy::dqn::PublishServingVersion(options.policy_root, options.version, fingerprint));
+    out->decision = RequestRetrainDecision::kPublished;
+    out->reason = std::string("published: ") + numbers;
+  } else {
+    out->artifact_dir = (std::filesystem::path(options.policy_root) / "candidates" / options.version).string();
+    LEDE_RETURN_IF_ERROR(policy::dqn::SaveArtifact(out->artifact_dir, candidate, /*overwrite=*/true));
+    out->decision = RequestRetrainDecision::kRejected;
+    out->reason = std::string("rejected (not better by the margin): ") + numbers;
+  }
+  Log(options, "msg=\"request retrain decision\" decision=" + std::string(better ? "published" : "rejected") +
+                   " version=" + options.version + " candidate_speedup=" + std::to_string(out->candidate_speedup) +
+                   " serving_speedup=" + std::to_string(out->serving_speedup) +
+                   " requests=" + std::to_string(out->n_requests) + " bad_shards=" + std::to_string(out->n_bad_shards));
+  return OkStatus();
+}
+
+}  // namespace
+
 StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, const model::LlamaModel& model,
                                                   const model::CostModel& cost,
                                                   const std::set<std::string>& processed,
@@ -188,43 +301,11 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
   const std::string fingerprint = model.config().ArchitectureFingerprint();
   const int32_t n_layers = static_cast<int32_t>(model.n_layers());
 
-  // 1. The request log; which shards are new. 2. Of the served model only:
-  // a shard holding a record of another model is skipped whole (one writer
-  // serves one model, so it is not this deployment's log), counted and
-  // logged once; the run goes on with the others.
-  LEDE_ASSIGN_OR_RETURN(experience::RequestLogRead read, experience::ReadRequestLog(store, options.requests_prefix));
+  // 1. The request log; which shards are new. 2. Of the served model only.
   RequestRetrainOutcome out;
   out.cost_model = cost.name();  // until the log's costs price the run
-  out.n_bad_shards = read.bad_shards();
-  std::vector<lede::v1::RequestRecord> usable;
-  size_t first_record = 0;  // the shard's records in read.records (appended in shard order)
-  for (const experience::ShardReport& s : read.shards) {
-    const bool is_new = processed.count(s.path) == 0;
-    const auto begin = read.records.begin() + static_cast<std::ptrdiff_t>(first_record);
-    const auto end = begin + static_cast<std::ptrdiff_t>(s.records);
-    first_record += static_cast<size_t>(s.records);
-    if (is_new) out.new_shards.push_back(s.path);
-    const auto other = std::find_if(begin, end, [&](const lede::v1::RequestRecord& r) {
-      return r.model_fingerprint() != fingerprint;
-    });
-    if (!s.error.empty() && is_new && other == end) {  // a bad shard of another model counts once, as that
-      ++out.n_new_bad_shards;
-      Log(options, "msg=\"bad request-log shard skipped\" shard=" + s.path + " good_records=" +
-                       std::to_string(s.records) + " error=\"" + s.error + "\"");
-    }
-    if (other != end) {
-      ++out.n_other_model_shards;
-      if (is_new) {
-        ++out.n_new_other_model_shards;
-        Log(options, "msg=\"request-log shard of another model skipped\" shard=" + s.path + " request=" +
-                         other->request_id() + " model_fingerprint=\"" + other->model_fingerprint() +
-                         "\" serving_model_fingerprint=\"" + fingerprint + "\"");
-      }
-      continue;
-    }
-    if (is_new) out.n_new_records += s.records;
-    usable.insert(usable.end(), std::make_move_iterator(begin), std::make_move_iterator(end));
-  }
+  LEDE_ASSIGN_OR_RETURN(std::vector<lede::v1::RequestRecord> usable,
+                        ReadRequestLog(store, processed, fingerprint, options, &out));
   if (out.n_new_records == 0) {
     out.reason = out.n_new_other_model_shards > 0 ? "no new logged requests of this model (" +
                                                         std::to_string(out.n_new_other_model_shards) +
@@ -236,35 +317,16 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
   if (static_cast<int64_t>(usable.size()) > options.max_requests) {
     usable.erase(usable.begin(), usable.end() - options.max_requests);
   }
-  // The prices: the deployment's own measured costs when logged.
   std::unique_ptr<model::CostModel> served;
-  if (options.price_with_logged_costs) {
-    StatusOr<model::ServedStepCosts> logged = ServedCostsOfLog(usable, n_layers);  // this model's records only
-    if (logged.ok()) {
-      StatusOr<std::unique_ptr<model::CostModel>> made = model::MakeServedCostModel(model.config(), *logged);
-      if (made.ok()) {
-        served = *std::move(made);
-      } else {
-        Log(options, "msg=\"logged costs unusable\" error=\"" + std::string(made.status().message()) + "\"");
-      }
-    } else if (logged.status().code() != StatusCode::kNotFound) {
-      Log(options, "msg=\"logged costs unusable\" error=\"" + std::string(logged.status().message()) + "\"");
-    }
-  }
-  const model::CostModel& pricing = served ? *served : cost;
-  out.cost_model = pricing.name();
-  Log(options, "msg=\"pricing\" cost_model=" + out.cost_model);
+  const model::CostModel& pricing = PricingOf(usable, model, cost, options, &served, &out);
 
   // 3. Split by request; shadow traces.
   const auto train_start = std::chrono::steady_clock::now();
   LEDE_ASSIGN_OR_RETURN(RequestSplit split, TraceAndSplitRequests(model, usable, options));
   out.n_requests = split.n_requests;
-  std::vector<ShadowTrace>& train = split.train;
-  std::vector<ShadowTrace>& selection = split.selection;
-  std::vector<ShadowTrace>& heldout = split.heldout;
-  out.n_train = static_cast<int64_t>(train.size() + selection.size());
-  out.n_heldout = static_cast<int64_t>(heldout.size());
-  if (train.empty() || selection.empty() || heldout.empty()) {
+  out.n_train = static_cast<int64_t>(split.train.size() + split.selection.size());
+  out.n_heldout = static_cast<int64_t>(split.heldout.size());
+  if (split.train.empty() || split.selection.empty() || split.heldout.empty()) {
     out.decision = RequestRetrainDecision::kNoNewData;
     out.new_shards.clear();  // they stay new and accumulate with the next ones
     out.reason = "too few usable requests to train and evaluate (" + std::to_string(out.n_requests) + ")";
@@ -276,59 +338,24 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
                         policy::dqn::LoadServingArtifact(options.policy_root, fingerprint));
   out.serving_version = serving_artifact.metadata.version;
   auto serving = std::make_shared<const policy::dqn::Artifact>(std::move(serving_artifact));
-  DinkelbachOptions d = options.dinkelbach;
-  d.model_fingerprint = fingerprint;
-  Log(options, "msg=\"training on logged requests\" train=" + std::to_string(train.size()) +
-                   " selection=" + std::to_string(selection.size()) + " heldout=" + std::to_string(heldout.size()) +
-                   " serving=" + out.serving_version);
-  LEDE_ASSIGN_OR_RETURN(DinkelbachResult result, TrainDinkelbach(train, selection, pricing, d));
+  Log(options, "msg=\"training on logged requests\" train=" + std::to_string(split.train.size()) +
+                   " selection=" + std::to_string(split.selection.size()) +
+                   " heldout=" + std::to_string(split.heldout.size()) + " serving=" + out.serving_version);
+  LEDE_ASSIGN_OR_RETURN(policy::dqn::Artifact candidate_artifact,
+                        TrainCandidate(split, pricing, fingerprint, options, out.n_train));
   out.train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count();
-  policy::dqn::PolicyMetadata meta;
-  meta.version = options.version;
-  meta.model_fingerprint = fingerprint;
-  meta.decision = d.spec;
-  meta.reward_cost_model = pricing.name();
-  meta.training_data.n_requests = out.n_train;
-  meta.training_options["request_log"] = 1;
-  const DinkelbachIteration& sel = result.iterations[result.selected_iteration - 1];
-  meta.training_options["rho"] = sel.rho;
-  policy::dqn::Artifact candidate_artifact = MakeArtifact(result.dqn, d.dqn, meta);
-  candidate_artifact.metadata.offline_metrics["selection_speedup"] = sel.selection_speedup;
-  candidate_artifact.metadata.offline_metrics["train_speedup"] = sel.train_speedup;
   auto candidate = std::make_shared<const policy::dqn::Artifact>(candidate_artifact);
 
-  // 5. Both replayed on the held-out requests.
+  // 5. Both replayed on the held-out requests; publish iff better.
   LEDE_ASSIGN_OR_RETURN(ServingPlan sp, PlanOf(serving, n_layers));
   LEDE_ASSIGN_OR_RETURN(ServingPlan cp, PlanOf(candidate, n_layers));
-  LEDE_ASSIGN_OR_RETURN(out.serving_speedup, SimulatedSpeedup(heldout, sp.spec, sp.make, pricing));
-  LEDE_ASSIGN_OR_RETURN(out.candidate_speedup, SimulatedSpeedup(heldout, cp.spec, cp.make, pricing));
+  LEDE_ASSIGN_OR_RETURN(out.serving_speedup, SimulatedSpeedup(split.heldout, sp.spec, sp.make, pricing));
+  LEDE_ASSIGN_OR_RETURN(out.candidate_speedup, SimulatedSpeedup(split.heldout, cp.spec, cp.make, pricing));
   candidate_artifact.metadata.offline_metrics["heldout_replay_speedup"] = out.candidate_speedup;
   candidate_artifact.metadata.offline_metrics["heldout_replay_speedup_serving"] = out.serving_speedup;
-  LEDE_RETURN_IF_ERROR(ReportHeldoutAcceptance(heldout, cp, options, &candidate_artifact, &out));
+  LEDE_RETURN_IF_ERROR(ReportHeldoutAcceptance(split.heldout, cp, options, &candidate_artifact, &out));
   out.candidate_version = options.version;
-  const bool better = std::isfinite(out.candidate_speedup) && std::isfinite(out.serving_speedup) &&
-                      out.candidate_speedup - out.serving_speedup > options.publish_margin;
-  char numbers[160];
-  std::snprintf(numbers, sizeof(numbers), "held-out replay: candidate %.4fx, serving %s %.4fx, margin %g",
-                out.candidate_speedup, out.serving_version.c_str(), out.serving_speedup, options.publish_margin);
-  namespace fs = std::filesystem;
-  if (better) {
-    out.artifact_dir = policy::dqn::VersionDir(options.policy_root, options.version);
-    LEDE_RETURN_IF_ERROR(policy::dqn::SaveArtifact(out.artifact_dir, candidate_artifact));
-    LEDE_RETURN_IF_ERROR(policy::dqn::PublishServingVersion(options.policy_root, options.version, fingerprint));
-    out.decision = RequestRetrainDecision::kPublished;
-    out.reason = std::string("published: ") + numbers;
-  } else {
-    out.artifact_dir = (fs::path(options.policy_root) / "candidates" / options.version).string();
-    LEDE_RETURN_IF_ERROR(policy::dqn::SaveArtifact(out.artifact_dir, candidate_artifact, /*overwrite=*/true));
-    out.decision = RequestRetrainDecision::kRejected;
-    out.reason = std::string("rejected (not better by the margin): ") + numbers;
-  }
-  Log(options, "msg=\"request retrain decision\" decision=" +
-                   std::string(better ? "published" : "rejected") + " version=" + options.version +
-                   " candidate_speedup=" + std::to_string(out.candidate_speedup) +
-                   " serving_speedup=" + std::to_string(out.serving_speedup) +
-                   " requests=" + std::to_string(out.n_requests) + " bad_shards=" + std::to_string(out.n_bad_shards));
+  LEDE_RETURN_IF_ERROR(PublishIfBetter(candidate_artifact, fingerprint, options, &out));
   return out;
 }
 

@@ -21,7 +21,7 @@
 //     and publishes or rejects on their merit. New shards that hold nothing
 //     usable (another model's, or bad with no good record) are returned in
 //     new_shards even when nothing is trained, so that they are read once.
-//  3. Split by request: a hash of request_id puts about heldout_fraction of
+//  3. Split by request: IsHeldOut(request_id) (trainer/heldout_split.h) puts about heldout_fraction of
 //     the requests (at least one) in the held-out set, the same request on
 //     the same side in every run; the rest train. Each request's shadow
 //     trace is one uncached pass over prompt + output (ComputeShadowTrace),
@@ -115,9 +115,6 @@ struct RequestRetrainOutcome {
   // apart (trainer/counterfactual.h ReplayAcceptanceOf).
   ReplayAcceptanceByKind heldout_acceptance;
 };
-
-// Whether request `id` is held out (a stable hash; about `fraction` of ids).
-bool IsHeldOutRequest(const std::string& id, double fraction);
 
 // The shadow trace of a logged request, at the load it was served at; a
 // sampled record (temperature > 0) gives a sampled trace under its recorded

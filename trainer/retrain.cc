@@ -31,6 +31,7 @@
 #include "shared/tokenizer/tokenizer.h"
 #include "trainer/exit_eval.h"
 #include "trainer/policy_root_lock.h"
+#include "trainer/heldout_split.h"
 #include "shared/experience/experience.h"
 #include "shared/experience/request_log.h"
 #include "trainer/request_retrain.h"
@@ -55,20 +56,6 @@ std::string UtcNow(const char* format) {
   return buf;
 }
 
-// FNV-1a, 64 bits: a split that is the same on every machine and run.
-uint64_t Fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-bool HeldOut(const std::string& unit, double fraction) {
-  return static_cast<double>(Fnv1a(unit) % 1000000) < fraction * 1000000.0;
-}
-
 bool IsExploration(const std::string& version) { return version.find(kExploreMarker) != std::string::npos; }
 
 // The folder form of a key prefix ("" stays "", "a" becomes "a/").
@@ -78,18 +65,9 @@ std::string FolderPrefix(const std::string& prefix) {
 }
 
 json OfflineJson(const OfflinePolicyMetrics& m) {
-  return json{{"n_transitions", m.n_transitions},
-              {"n_episodes", m.n_episodes},
-              {"td_loss", m.td_loss},
-              {"mean_max_q", m.mean_max_q},
-              {"action_agreement", m.action_agreement},
-              {"exit_fraction_phase1", m.exit_fraction_phase1},
-              {"exit_fraction_phase2", m.exit_fraction_phase2},
-              {"behaviour_reward", m.behaviour_reward},
-              {"matched_reward", m.matched_reward},
-              {"behaviour_return", m.behaviour_return},
-              {"matched_return", m.matched_return},
-              {"matched_episodes", m.matched_episodes}};
+  json j = json::object();
+  for (const auto& [name, value] : OfflineMetricFields(m)) j[name] = value;
+  return j;
 }
 
 double Number(const json& j, const char* key) {
@@ -486,7 +464,7 @@ Status SplitHeldOut(double fraction, RetrainRun* run) {
     run->held.clear();
     for (const Transition& t : run->window) {
       const std::string unit = by_request ? t.request_id : t.request_id + "/" + std::to_string(t.round_index);
-      (HeldOut(unit, fraction) ? run->held : run->train).push_back(t);
+      (IsHeldOut(unit, fraction) ? run->held : run->train).push_back(t);
     }
   };
   split(true);
@@ -551,16 +529,7 @@ policy::dqn::Artifact MakeCandidate(const RetrainRun& run, const policy::dqn::Po
   const OfflinePolicyMetrics& off = run.off_candidate;
   candidate.metadata.training_data.n_heldout_transitions = off.n_transitions;
   candidate.metadata.training_data.n_heldout_episodes = off.n_episodes;
-  std::map<std::string, double>& om = candidate.metadata.offline_metrics;
-  om["heldout_td_loss"] = off.td_loss;
-  om["heldout_action_agreement"] = off.action_agreement;
-  om["heldout_exit_fraction_phase1"] = off.exit_fraction_phase1;
-  om["heldout_exit_fraction_phase2"] = off.exit_fraction_phase2;
-  om["heldout_behaviour_reward"] = off.behaviour_reward;
-  om["heldout_matched_reward"] = off.matched_reward;
-  om["heldout_behaviour_return"] = off.behaviour_return;
-  om["heldout_matched_return"] = off.matched_return;
-  om["heldout_matched_episodes"] = static_cast<double>(off.matched_episodes);
+  AddOfflineMetrics(off, "heldout_", &candidate.metadata.offline_metrics);
   return candidate;
 }
 
@@ -939,7 +908,7 @@ StatusOr<RetrainOutcome> Retrainer::RunOnceLocked() {
   const auto train_start = std::chrono::steady_clock::now();
   LEDE_ASSIGN_OR_RETURN(run.trained, TrainDqn(run.train, run.dqn, [&](const DqnEpochReport& r) {
                           run.epochs.push_back({{"epoch", r.epoch}, {"td_loss", r.td_loss},
-                                                {"action_agreement", r.action_agreement},
+                                                {"action_agreement", r.train.action_agreement},
                                                 {"elapsed_s", r.elapsed_s}});
                         }));
   out.train_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - train_start).count();

@@ -31,8 +31,9 @@
 //     behaviour policies can be (recency by windowing, not by weights).
 //     The report counts transitions and requests per behaviour version and
 //     the greedy / exploration split.
-//  4. Split by request (a hash of request_id, so the same request is always
-//     on the same side across runs) into training and held-out experience.
+//  4. Split by request (IsHeldOut of request_id, trainer/heldout_split.h,
+//     so the same request is always on the same side across runs) into
+//     training and held-out experience.
 //  5. Warm start: the candidate starts from the serving artifact's weights
 //     (DqnOptions::initial_network) with the same decision spec, model
 //     fingerprint and reward cost model, and is fine-tuned (a smaller lr
@@ -158,11 +159,11 @@ struct RetrainOptions {
   // "" = versions "r<UTC timestamp>"; else "<version_prefix>-<n>".
   std::string version_prefix;
   // Fine-tuning: the DQN options (hidden comes from the serving artifact and
-  // initial_network is set by the Retrainer; lr defaults lower than a fresh
-  // run's 1e-3 so a few new shards adjust rather than overwrite the policy).
+  // initial_network is set by the Retrainer). lr is a fresh run's 1e-3, the
+  // one default of trainer/dqn_flags.h: the publish gate (step 7), not a
+  // lower rate, keeps a candidate that moved too far from serving.
   DqnOptions dqn = [] {
     DqnOptions o;
-    o.lr = 3e-4;
     o.epochs = 10;
     o.heldout_fraction = 0;  // the Retrainer holds out by itself (step 4)
     return o;

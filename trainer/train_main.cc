@@ -61,6 +61,7 @@
 #include "shared/flags/flags.h"
 #include "shared/storage/object_store.h"
 #include "trainer/dqn.h"
+#include "trainer/dqn_flags.h"
 #include "shared/experience/experience.h"
 #include "shared/telemetry/metrics.h"
 #include "shared/telemetry/metrics_server.h"
@@ -181,24 +182,17 @@ int RunRetraining(lede::trainer::RetrainOptions options, bool watch, double inte
 
 // Every flag of lede-train, with its default.
 struct TrainFlags {
-  lede::trainer::DqnOptions o;
+  lede::trainer::DqnFlags dqn{lede::trainer::DqnOptions{}};
   std::string experience_dir, out_dir, version = DefaultVersion(), layers_text, fingerprint, cost_model;
-  std::string target_update = "hard";
-  int64_t seed = static_cast<int64_t>(o.seed), epochs = o.epochs, n_step = o.n_step, hidden = o.hidden;
-  int64_t batch_size = o.batch_size, target_every = o.target_update_every, threads = o.num_threads;
   int64_t max_draft_len = 8, top_k = 4, trace_window = 8;
   bool overwrite = false;
   // Retraining (--once / --watch).
   bool once = false, watch = false;
   lede::trainer::RetrainOptions ro;
-  double interval_s = 300, lr = std::nan("");
+  double interval_s = 300;
   int64_t retrain_epochs = ro.dqn.epochs, eval_skip = ro.eval_prompt_skip, eval_count = ro.eval_prompt_count;
   int64_t eval_tokens = ro.eval_new_tokens, eval_threads = 0;
   MetricsFlags metrics;
-
-  lede::trainer::TargetUpdate TargetUpdateMode() const {
-    return target_update == "polyak" ? lede::trainer::TargetUpdate::kPolyak : lede::trainer::TargetUpdate::kHard;
-  }
 };
 
 void AddRetrainFlags(lede::flags::FlagSet& f, TrainFlags* t) {
@@ -237,22 +231,8 @@ void AddRetrainFlags(lede::flags::FlagSet& f, TrainFlags* t) {
 }
 
 void AddTrainingFlags(lede::flags::FlagSet& f, TrainFlags* t) {
-  lede::trainer::DqnOptions& o = t->o;
   f.Add("version", &t->version, "policy version recorded in policy.json (default: UTC timestamp)");
-  f.Add("seed", &t->seed, "training seed (split, minibatches, initial weights)");
-  f.Add("epochs", &t->epochs, "passes over the training transitions");
-  f.Add("gamma", &o.gamma, "discount of the TD targets");
-  f.Add("n-step", &t->n_step, "n of the n-step TD targets");
-  f.Add("hidden", &t->hidden, "hidden width H of the Q-network");
-  f.Add("batch-size", &t->batch_size, "transitions per minibatch");
-  f.Add("lr", &t->lr, "Adam learning rate (nan: 1e-3, or 3e-4 with --once/--watch)");
-  f.Add("huber-delta", &o.huber_delta, "Huber loss threshold (reward units)");
-  f.Add("max-grad-norm", &o.max_grad_norm, "global gradient-norm clip");
-  f.Add("target-update", &t->target_update, "target network update: hard or polyak");
-  f.Add("target-update-every", &t->target_every, "optimizer steps between hard target copies");
-  f.Add("polyak-tau", &o.polyak_tau, "Polyak rate per step (--target-update polyak)");
-  f.Add("heldout-fraction", &o.heldout_fraction, "share of episodes/requests held out");
-  f.Add("threads", &t->threads, "libtorch intra-op threads");
+  lede::trainer::AddDqnFlags(f, &t->dqn, lede::trainer::DqnFlagScope::kTd);
   f.Add("candidate-layers", &t->layers_text, "comma-separated candidate exit layers (default: those in the data)");
   f.Add("max-draft-len", &t->max_draft_len, "D_max the experience was logged with");
   f.Add("top-k", &t->top_k, "k of C_k^l the experience was logged with");
@@ -279,19 +259,15 @@ int RunRetrainMode(TrainFlags& t) {
   ro.eval_prompt_count = t.eval_count;
   ro.eval_new_tokens = t.eval_tokens;
   ro.eval_threads = static_cast<int32_t>(t.eval_threads);
-  lede::trainer::DqnOptions& d = ro.dqn;
-  d.seed = static_cast<uint64_t>(t.seed);
-  d.epochs = t.retrain_epochs;
-  d.n_step = static_cast<int32_t>(t.n_step);
-  d.gamma = t.o.gamma;
-  d.batch_size = t.batch_size;
-  if (!std::isnan(t.lr)) d.lr = t.lr;
-  d.huber_delta = t.o.huber_delta;
-  d.max_grad_norm = t.o.max_grad_norm;
-  d.target_update = t.TargetUpdateMode();
-  d.target_update_every = t.target_every;
-  d.polyak_tau = t.o.polyak_tau;
-  d.num_threads = static_cast<int32_t>(t.threads);
+  // The serving artifact decides the hidden width and the Retrainer holds
+  // out by itself; every other DQN flag applies as given.
+  lede::trainer::DqnFlags dqn = t.dqn;
+  dqn.epochs = t.retrain_epochs;
+  dqn.hidden = ro.dqn.hidden;
+  dqn.heldout_fraction = ro.dqn.heldout_fraction;
+  if (Status s = lede::trainer::ApplyDqnFlags(dqn, lede::trainer::DqnFlagScope::kTd, &ro.dqn); !s.ok()) {
+    return Usage(std::string(s.message()));
+  }
   if (t.watch) {
     if (lede::StatusOr<std::pair<std::string, int>> a = lede::telemetry::ParseListenAddress(t.metrics.address);
         !a.ok()) {
@@ -365,27 +341,20 @@ void PrintEpoch(const lede::trainer::DqnEpochReport& r) {
               " td_loss %.4f mean_max_q %.3f exit_p1 %.3f exit_p2 %.3f agree %.3f |"
               " heldout td_loss %.4f agree %.3f reward behaviour %.4f matched %.4f"
               " return behaviour %.3f matched %.3f (%" PRId64 " eps) | %.1fs\n",
-              r.epoch, r.steps, r.td_loss, r.mean_max_q, r.exit_fraction_phase1, r.exit_fraction_phase2,
-              r.action_agreement, r.heldout_td_loss, r.heldout_action_agreement, r.heldout_behaviour_reward,
-              r.heldout_matched_reward, r.heldout_behaviour_return, r.heldout_matched_return,
-              r.heldout_matched_episodes, r.elapsed_s);
+              r.epoch, r.steps, r.td_loss, r.train.mean_max_q, r.train.exit_fraction_phase1,
+              r.train.exit_fraction_phase2, r.train.action_agreement, r.heldout.td_loss, r.heldout.action_agreement,
+              r.heldout.behaviour_reward, r.heldout.matched_reward, r.heldout.behaviour_return,
+              r.heldout.matched_return, r.heldout.matched_episodes, r.elapsed_s);
   std::fflush(stdout);
 }
 
 // Plain mode: every shard -> one policy artifact in --out.
 int RunPlainTraining(TrainFlags& t) {
   if (t.out_dir.empty()) return Usage("missing --out (or --once/--watch)");
-  lede::trainer::DqnOptions& o = t.o;
-  if (!std::isnan(t.lr)) o.lr = t.lr;
-  o.seed = static_cast<uint64_t>(t.seed);
-  o.epochs = t.epochs;
-  o.n_step = static_cast<int32_t>(t.n_step);
-  o.hidden = static_cast<int32_t>(t.hidden);
-  o.batch_size = t.batch_size;
-  o.target_update = t.TargetUpdateMode();
-  o.target_update_every = t.target_every;
-  o.num_threads = static_cast<int32_t>(t.threads);
-  if (Status s = lede::trainer::ValidateDqnOptions(o); !s.ok()) return Usage(std::string(s.message()));
+  lede::trainer::DqnOptions o;
+  if (Status s = lede::trainer::ApplyDqnFlags(t.dqn, lede::trainer::DqnFlagScope::kTd, &o); !s.ok()) {
+    return Usage(std::string(s.message()));
+  }
   if (Status s = lede::policy::dqn::ValidateVersionName(t.version); !s.ok()) {
     return Usage("--version: " + std::string(s.message()));
   }
@@ -451,7 +420,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "lede-train: %s\nflags:\n%s", std::string(s.message()).c_str(), f.Usage().c_str());
     return 2;
   }
-  if (t.target_update != "hard" && t.target_update != "polyak") return Usage("--target-update must be hard or polyak");
   if (t.once && t.watch) return Usage("--once and --watch exclude each other");
   return t.once || t.watch ? RunRetrainMode(t) : RunPlainTraining(t);
 }

@@ -26,6 +26,8 @@
 
 #include "shared/checkpoint/widen.h"
 #include "shared/flags/flags.h"
+#include "shared/flags/model_flags.h"
+#include "shared/model/model_load_flags.h"
 #include "shared/model/cost_model.h"
 #include "shared/model/checkpoint.h"
 #include "shared/model/decoding.h"
@@ -48,49 +50,19 @@ constexpr int kExitOk = 0;
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
 
-// Flags shared by the subcommands that load a model.
-struct ModelFlags {
-  std::string model;
-  std::string device = "cpu";
-  std::string dtype = "float32";
-  int64_t threads = 0;
-  std::string kernels = "fused";
-  std::string graphs = "auto";
-  std::string weights = "auto";
+// Flags shared by the subcommands that load a model: the model-loading
+// group (shared/flags/model_flags.h), every flag of it.
+struct ModelFlags : flags::ModelLoadFlags {
+  void AddTo(FlagSet& flags) { flags::AddModelLoadFlags(&flags, this); }
 
-  void AddTo(FlagSet& flags) {
-    flags.Add("model", &model, "Hugging Face checkpoint directory, llama2.c .bin (or its directory), or .gguf file", true);
-    flags.Add("device", &device, "cpu, cuda or cuda:N");
-    flags.Add("dtype", &dtype, "compute dtype: float32, bfloat16 or float16");
-    flags.Add("threads", &threads, "intra-op CPU threads, fused kernels included (0 = libtorch default, fused 1)");
-    flags.Add("kernels", &kernels, "decode-path kernels: fused (CPU float32) or eager (libtorch reference)");
-    flags.Add("graphs", &graphs, "decode steps as captured CUDA graphs: auto (on for CUDA), on or off");
-    flags.Add("weights", &weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16, q8_0, q4_0, q4_k_m or gguf");
-  }
-
+  // The load options, after --threads is set on this thread.
   StatusOr<model::ModelOptions> Options() const {
     std::error_code ec;
     if (!std::filesystem::exists(model, ec)) {
       return NotFoundError("--model: no such file or directory: " + model);
     }
-    model::ModelOptions o;
-    auto parsed_device = model::ParseDevice(device);
-    if (!parsed_device.ok()) return InvalidArgumentError("--" + std::string(parsed_device.status().message()));
-    o.device = *parsed_device;
-    auto parsed_dtype = model::ParseDtype(dtype);
-    if (!parsed_dtype.ok()) return InvalidArgumentError("--" + std::string(parsed_dtype.status().message()));
-    o.dtype = *parsed_dtype;
-    auto parsed_kernels = model::ParseKernels(kernels);
-    if (!parsed_kernels.ok()) return InvalidArgumentError("--" + std::string(parsed_kernels.status().message()));
-    o.kernels = *parsed_kernels;
-    auto parsed_graphs = model::ParseGraphMode(graphs);
-    if (!parsed_graphs.ok()) return InvalidArgumentError("--" + std::string(parsed_graphs.status().message()));
-    o.graphs = *parsed_graphs;
-    auto parsed_weights = model::ParseWeightFormat(weights);
-    if (!parsed_weights.ok()) return InvalidArgumentError("--" + std::string(parsed_weights.status().message()));
-    o.weights = *parsed_weights;
-    if (threads < 0) return InvalidArgumentError("--threads: must be >= 0");
-    if (threads > 0) model::SetDecodeThreads(static_cast<int>(threads));
+    LEDE_ASSIGN_OR_RETURN(model::ModelOptions o, model::ModelOptionsFromFlags(*this));
+    LEDE_RETURN_IF_ERROR(model::ApplyThreadsFlag(threads).status());
     return o;
   }
 };
@@ -658,7 +630,10 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
 
 int RunWiden(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   std::string model_dir, out_dir;
-  int64_t factor = 0, ffn_factor = 0, threads = 1, round_passes = 3, round_max_draft_len = 6;
+  int64_t factor = 0, ffn_factor = 0, round_passes = 3, round_max_draft_len = 6;
+  flags::ModelLoadFlags calibration;  // --threads of `lede calibrate` (1 here)
+  calibration.threads = 1;
+  const int64_t& threads = calibration.threads;
   bool overwrite = false, calibrate = false;
   FlagSet flags;
   flags.Add("model", &model_dir, "source Hugging Face Llama checkpoint directory", true);
@@ -668,7 +643,7 @@ int RunWiden(const std::vector<std::string>& args, std::ostream& out, std::ostre
   flags.Add("overwrite", &overwrite, "replace a checkpoint already in --out");
   flags.Add("calibrate", &calibrate,
             "then run `lede calibrate` on the output and write its calibration-cpu.json (the measured cost model)");
-  flags.Add("threads", &threads, "--calibrate: intra-op CPU threads");
+  flags::AddModelLoadFlags(&flags, &calibration, flags::kThreads);  // with --calibrate
   flags.Add("round-passes", &round_passes, "--calibrate: timed passes of real speculation rounds");
   flags.Add("round-max-draft-len", &round_max_draft_len, "--calibrate: draft lengths 1..N of the timed rounds");
   if (flags::WantsHelp(args)) {

@@ -24,7 +24,6 @@
 #include <grpcpp/support/server_callback.h>
 
 #include "absl/time/time.h"
-#include "services/coordinator/method_names.h"
 #include "services/coordinator/remote_backend.h"
 #include "services/coordinator/session_lease.h"
 #include "services/coordinator/request_validation.h"
@@ -262,7 +261,7 @@ struct GenerationService::Impl {
     r.set_temperature(request.temperature());
     r.set_top_p(request.top_p());
     r.set_seed(request.seed());
-    r.set_method(SpeculationMethodName(request.method()));
+    r.set_method(speculation::SpeculationMethodName(request.method()));
     r.set_policy_version(result.policy_version);
     {
       std::lock_guard<std::mutex> lock(info_mu);
@@ -278,6 +277,63 @@ struct GenerationService::Impl {
     r.set_time_us(absl::ToUnixMicros(absl::Now()));
     if (lede::v1::CostProfile costs; measured_costs.Current(&costs)) *r.mutable_measured_costs() = std::move(costs);
     request_log->Log(std::move(r));
+  }
+
+  // The experience log (and, with request_log, the request log beside it)
+  // on options.experience_url, its counters feeding the metrics.
+  Status OpenExperienceLog() {
+    auto store = storage::OpenObjectStore(options.experience_url);
+    if (!store.ok()) return InvalidArgumentError("experience_url: " + std::string(store.status().message()));
+    experience::ExperienceLoggerOptions lo;
+    lo.prefix = options.experience_prefix;
+    lo.queue_capacity_records = options.experience_queue_records;
+    lo.max_shard_age = options.experience_shard_age;
+    lo.retention.max_total_bytes = options.experience_max_bytes;
+    lo.retention.max_age = options.experience_max_age;
+    if (options.experience_max_bytes > 0) {
+      lo.max_shard_bytes = std::min<int64_t>(lo.max_shard_bytes, options.experience_max_bytes);
+    }
+    telemetry::SpecDecodeMetrics* m = metrics.get();
+    if (m != nullptr) {
+      auto last = std::make_shared<experience::ExperienceLoggerCounters>();
+      auto mu = std::make_shared<std::mutex>();
+      lo.on_counters = [m, last, mu](const experience::ExperienceLoggerCounters& c) {
+        std::lock_guard<std::mutex> lock(*mu);
+        m->experience_records_written.Increment(static_cast<double>(c.records_written - last->records_written));
+        m->experience_records_dropped.Increment(
+            static_cast<double>((c.records_dropped + c.records_lost) - (last->records_dropped + last->records_lost)));
+        m->experience_shards_written.Increment(static_cast<double>(c.shards_written - last->shards_written));
+        m->experience_shards_deleted.Increment(static_cast<double>(c.shards_deleted - last->shards_deleted));
+        m->experience_bytes_deleted.Increment(static_cast<double>(c.bytes_deleted - last->bytes_deleted));
+        m->experience_stale_temp_files_removed.Increment(
+            static_cast<double>(c.stale_temp_files_removed - last->stale_temp_files_removed));
+        *last = c;
+      };
+    }
+    lo.on_put_error = [](const Status& error, int64_t unreported) {
+      rpc::LogEvent("error", "experience_write_failed",
+                    {{"error", std::string(error.message())}, {"earlier_failures_not_logged", std::to_string(unreported)}});
+    };
+    lo.on_put_recovered = [](const experience::PutRecovery& r) {
+      rpc::LogEvent("info", "experience_write_recovered",
+                    {{"shard", r.key}, {"failed_attempts", std::to_string(r.failed_attempts)},
+                     {"shards_lost", std::to_string(r.shards_given_up)},
+                     {"outage_s", std::to_string(absl::ToDoubleSeconds(r.outage))}});
+    };
+    const experience::ExperienceLoggerOptions request_log_options = lo;
+    auto created = experience::ExperienceLogger::Create(
+        std::shared_ptr<storage::ObjectStore>(std::move(*store)), std::move(lo));
+    if (!created.ok()) return created.status();
+    logger = std::move(*created);
+    if (options.request_log) LEDE_RETURN_IF_ERROR(OpenRequestLog(request_log_options));
+    const experience::ExperienceLoggerCounters c = logger->counters();
+    if (c.stale_temp_files_removed > 0) {
+      rpc::LogEvent("info", "experience_stale_temp_files_removed",
+                    {{"files", std::to_string(c.stale_temp_files_removed)},
+                     {"bytes", std::to_string(c.stale_temp_bytes_removed)},
+                     {"store", options.experience_url}});
+    }
+    return OkStatus();
   }
 
   // The request log beside the experience shards: the experience logger's
@@ -334,11 +390,11 @@ struct GenerationService::Impl {
   }
 };
 
-GenerationService::GenerationService() : impl_(std::make_unique<Impl>()) {}
-GenerationService::~GenerationService() { (void)FlushExperience(); }
+namespace {
 
-StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const CoordinatorOptions& options,
-                                                                       prometheus::Registry* registry) {
+// The options' own checks, before anything is opened. Errors:
+// kInvalidArgument naming the option.
+Status ValidateOptions(const CoordinatorOptions& options) {
   if (options.tokenizer_path.empty()) return InvalidArgumentError("tokenizer_path: required");
   if (options.reward != "throughput" && options.reward != "paper") {
     return InvalidArgumentError("reward: must be throughput or paper, got '" + options.reward + "'");
@@ -348,17 +404,14 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
     return InvalidArgumentError("speculation_max_load: must be >= 0 (0 = no limit), got " +
                                 std::to_string(options.speculation_max_load));
   }
-  std::unique_ptr<GenerationService> service(new GenerationService());
-  Impl& impl = *service->impl_;
-  impl.options = options;
-  LEDE_ASSIGN_OR_RETURN(impl.tokenizer, tokenizer::LoadTokenizer(options.tokenizer_path));
-  impl.max_token_bytes = impl.tokenizer->MaxTokenBytes();
   for (const std::string& key : options.api_keys) {
     if (key.empty()) return InvalidArgumentError("api_keys: an empty key");
   }
-  impl.api_keys = rpc::ApiKeys(options.api_keys);
-  LEDE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
-                        rpc::MakeChannelCredentials(options.model_tls, "model_tls"));
+  return OkStatus();
+}
+
+// The channel arguments of every model-service channel.
+grpc::ChannelArguments ModelChannelArgs(const CoordinatorOptions& options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
@@ -370,14 +423,16 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  if (registry != nullptr) {
-    impl.metrics = std::make_unique<telemetry::SpecDecodeMetrics>(*registry);
-    impl.tokenized_bytes =
-        &telemetry::UnlabelledCounter(*registry, "lede_prompt_tokenized_bytes_total",
-                                      "Prompt text bytes given to the tokenizer (after the size checks)");
-  }
+  return args;
+}
+
+// The replica set's options: its targets (static, DNS, or the one
+// verifier/drafter pair), channels, leases and the KV-slot gauges.
+ReplicaSetOptions ReplicaOptions(const CoordinatorOptions& options,
+                                 std::shared_ptr<grpc::ChannelCredentials> credentials,
+                                 telemetry::SpecDecodeMetrics* metrics) {
   ReplicaSetOptions ro;
-  if (telemetry::SpecDecodeMetrics* m = impl.metrics.get()) {
+  if (telemetry::SpecDecodeMetrics* m = metrics) {
     ro.on_slots = [m](int64_t capacity, int64_t in_use) {  // the replicas' KV slots, as their leases report
       m->kv_slots_capacity.Set(static_cast<double>(capacity));
       m->kv_slots_in_use.Set(static_cast<double>(in_use));
@@ -393,65 +448,39 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
   }
   ro.credentials = credentials;
   ro.token = options.internal_token;
-  ro.channel_args = args;
+  ro.channel_args = ModelChannelArgs(options);
   ro.lease.owner_name = options.instance_name;
   ro.lease.ttl = options.lease_ttl;
   ro.lease.renew_interval = options.lease_renew_interval;
+  return ro;
+}
+
+}  // namespace
+
+GenerationService::GenerationService() : impl_(std::make_unique<Impl>()) {}
+GenerationService::~GenerationService() { (void)FlushExperience(); }
+
+StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const CoordinatorOptions& options,
+                                                                       prometheus::Registry* registry) {
+  LEDE_RETURN_IF_ERROR(ValidateOptions(options));
+  std::unique_ptr<GenerationService> service(new GenerationService());
+  Impl& impl = *service->impl_;
+  impl.options = options;
+  LEDE_ASSIGN_OR_RETURN(impl.tokenizer, tokenizer::LoadTokenizer(options.tokenizer_path));
+  impl.max_token_bytes = impl.tokenizer->MaxTokenBytes();
+  impl.api_keys = rpc::ApiKeys(options.api_keys);
+  LEDE_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                        rpc::MakeChannelCredentials(options.model_tls, "model_tls"));
+  if (registry != nullptr) {
+    impl.metrics = std::make_unique<telemetry::SpecDecodeMetrics>(*registry);
+    impl.tokenized_bytes =
+        &telemetry::UnlabelledCounter(*registry, "lede_prompt_tokenized_bytes_total",
+                                      "Prompt text bytes given to the tokenizer (after the size checks)");
+  }
+  ReplicaSetOptions ro = ReplicaOptions(options, std::move(credentials), impl.metrics.get());
   // The leases' first renewals free a predecessor's sessions before the first request.
   LEDE_ASSIGN_OR_RETURN(impl.replicas, ReplicaSet::Create(std::move(ro)));
-  if (!options.experience_url.empty()) {
-    auto store = storage::OpenObjectStore(options.experience_url);
-    if (!store.ok()) return InvalidArgumentError("experience_url: " + std::string(store.status().message()));
-    experience::ExperienceLoggerOptions lo;
-    lo.prefix = options.experience_prefix;
-    lo.queue_capacity_records = options.experience_queue_records;
-    lo.max_shard_age = options.experience_shard_age;
-    lo.retention.max_total_bytes = options.experience_max_bytes;
-    lo.retention.max_age = options.experience_max_age;
-    if (options.experience_max_bytes > 0) {
-      lo.max_shard_bytes = std::min<int64_t>(lo.max_shard_bytes, options.experience_max_bytes);
-    }
-    telemetry::SpecDecodeMetrics* m = impl.metrics.get();
-    if (m != nullptr) {
-      auto last = std::make_shared<experience::ExperienceLoggerCounters>();
-      auto mu = std::make_shared<std::mutex>();
-      lo.on_counters = [m, last, mu](const experience::ExperienceLoggerCounters& c) {
-        std::lock_guard<std::mutex> lock(*mu);
-        m->experience_records_written.Increment(static_cast<double>(c.records_written - last->records_written));
-        m->experience_records_dropped.Increment(
-            static_cast<double>((c.records_dropped + c.records_lost) - (last->records_dropped + last->records_lost)));
-        m->experience_shards_written.Increment(static_cast<double>(c.shards_written - last->shards_written));
-        m->experience_shards_deleted.Increment(static_cast<double>(c.shards_deleted - last->shards_deleted));
-        m->experience_bytes_deleted.Increment(static_cast<double>(c.bytes_deleted - last->bytes_deleted));
-        m->experience_stale_temp_files_removed.Increment(
-            static_cast<double>(c.stale_temp_files_removed - last->stale_temp_files_removed));
-        *last = c;
-      };
-    }
-    lo.on_put_error = [](const Status& error, int64_t unreported) {
-      rpc::LogEvent("error", "experience_write_failed",
-                    {{"error", std::string(error.message())}, {"earlier_failures_not_logged", std::to_string(unreported)}});
-    };
-    lo.on_put_recovered = [](const experience::PutRecovery& r) {
-      rpc::LogEvent("info", "experience_write_recovered",
-                    {{"shard", r.key}, {"failed_attempts", std::to_string(r.failed_attempts)},
-                     {"shards_lost", std::to_string(r.shards_given_up)},
-                     {"outage_s", std::to_string(absl::ToDoubleSeconds(r.outage))}});
-    };
-    const experience::ExperienceLoggerOptions request_log_options = lo;
-    auto logger = experience::ExperienceLogger::Create(
-        std::shared_ptr<storage::ObjectStore>(std::move(*store)), std::move(lo));
-    if (!logger.ok()) return logger.status();
-    impl.logger = std::move(*logger);
-    if (options.request_log) LEDE_RETURN_IF_ERROR(impl.OpenRequestLog(request_log_options));
-    const experience::ExperienceLoggerCounters c = impl.logger->counters();
-    if (c.stale_temp_files_removed > 0) {
-      rpc::LogEvent("info", "experience_stale_temp_files_removed",
-                    {{"files", std::to_string(c.stale_temp_files_removed)},
-                     {"bytes", std::to_string(c.stale_temp_bytes_removed)},
-                     {"store", options.experience_url}});
-    }
-  }
+  if (!options.experience_url.empty()) LEDE_RETURN_IF_ERROR(impl.OpenExperienceLog());
   return service;
 }
 
@@ -483,7 +512,7 @@ Status GenerationService::Impl::Run(grpc::CallbackServerContext* context, const 
     load.store(static_cast<int32_t>(in_flight), std::memory_order_relaxed);
   }
   if (metrics) {
-    metrics->RecordRequest(SpeculationMethodName(request->method()), status.code(),
+    metrics->RecordRequest(speculation::SpeculationMethodName(request->method()), status.code(),
                            std::chrono::duration<double>(Clock::now() - t0).count());
   }
   if (!status.ok()) {
@@ -503,7 +532,7 @@ Status GenerationService::Impl::RunRequest(grpc::CallbackServerContext* context,
   LEDE_RETURN_IF_ERROR(ValidateForModel(request, info));
   // Before tokenization: what cannot fit is rejected in O(1) (issue 17).
   if (info.capacity() > 0) {
-    LEDE_RETURN_IF_ERROR(ValidateRequestSize(request, RequestBounds{info.capacity(), max_token_bytes}));
+    LEDE_RETURN_IF_ERROR(ValidateRequestSize(request, RequestBounds{info.capacity(), max_token_bytes, info.context_window()}));
   }
   LEDE_ASSIGN_OR_RETURN(const std::vector<int32_t> prompt, ResolvePrompt(request));
   const std::string request_id = RequestId(request);
@@ -554,7 +583,7 @@ Status GenerationService::Impl::RunRequest(grpc::CallbackServerContext* context,
   const speculation::GenerationStats& st = result.stats;
   rpc::LogEvent("info", "request_done",
                 {{"request_id", request_id},
-                 {"method", SpeculationMethodName(request.method())},
+                 {"method", speculation::SpeculationMethodName(request.method())},
                  {"tokens", std::to_string(st.n_generated)},
                  {"acceptance_rate", std::to_string(st.acceptance_rate())},
                  {"tokens_per_s", std::to_string(st.decode_tokens_per_s())},
@@ -591,7 +620,7 @@ speculation::LoopOptions GenerationService::Impl::LoopFor(const GenerateRequest&
         std::max<int64_t>(1, std::min<int64_t>(options.max_new_tokens_limit, info.capacity() - prompt_len));
   }
   const SpeculationMethod method = request.method();
-  loop.mode = speculation::LoopMode(MethodFromProto(method).value_or(speculation::SpeculationMethod::kLede));
+  loop.mode = speculation::LoopMode(speculation::MethodFromProto(method).value_or(speculation::SpeculationMethod::kLede));
   loop.session.sampling.temperature = request.temperature();
   loop.session.sampling.top_p = checked.top_p;
   loop.session.sampling.seed = request.seed();

@@ -35,7 +35,7 @@
 
 #include "absl/time/time.h"
 #include "proto/lede/v1/generation.grpc.pb.h"
-#include "services/coordinator/method_names.h"  // SpeculationMethodName(), ParseSpeculationMethodName()
+#include "shared/speculation/method_proto.h"  // speculation::SpeculationMethodName(), ParseSpeculationMethodName()
 #include "shared/rpc/security.h"
 #include "services/coordinator/replica_set.h"
 #include "shared/status/status.h"

@@ -1,6 +1,6 @@
 #include "services/coordinator/openai_api.h"
 
-#include "services/coordinator/method_names.h"
+#include "shared/speculation/method_proto.h"
 #include "shared/status/status_macros.h"
 
 #include <algorithm>
@@ -160,7 +160,7 @@ Status ParseSpeculation(const json& s, lede::v1::GenerateRequest* g) {
     if (!it->is_string()) return Bad("speculation.method", "must be a string");
     const std::string m = it->get<std::string>();
     lede::v1::SpeculationMethod method;
-    if (!ParseSpeculationMethodName(m, &method)) {
+    if (!speculation::ParseSpeculationMethodName(m, &method)) {
       return Bad("speculation.method",
                  "unknown method '" + m + "' (lede, static, threshold or autoregressive)");
     }
@@ -497,7 +497,7 @@ json Timings(const lede::v1::GenerationSummary& s) {
 
 json LedeStats(const lede::v1::GenerationSummary& s, const Request& r) {
   return {{"request_id", s.request_id()},
-          {"method", SpeculationMethodName(r.generate.method())},
+          {"method", speculation::SpeculationMethodName(r.generate.method())},
           {"rounds", s.rounds()},
           {"drafted_tokens", s.drafted_tokens()},
           {"accepted_tokens", s.accepted_tokens()},

@@ -16,6 +16,7 @@ speculation::ModelLimits LimitsOf(const lede::v1::ModelInfo& info) {
   limits.n_layers = info.n_layers();
   limits.vocab_size = info.vocab_size();
   limits.capacity = info.capacity();
+  limits.context_window = info.context_window();
   limits.eos_ids.assign(info.eos_ids().begin(), info.eos_ids().end());
   return limits;
 }

@@ -82,6 +82,19 @@ Status ValidateRequestSize(const lede::v1::GenerateRequest& request, const Reque
   const int64_t max_bytes = bounds.max_prompt_bytes();
   const std::string window = "the context window of " + std::to_string(bounds.capacity_tokens) + " tokens";
   const int64_t prompt_bytes = static_cast<int64_t>(request.prompt().size());
+  // A slot smaller than the model's window (the verifier's KV budget): what
+  // the window would hold is refused for want of KV memory, not as invalid.
+  const int64_t window_tokens = std::max(bounds.capacity_tokens, bounds.context_window_tokens);
+  const std::string slot = "a session's KV slot of " + std::to_string(bounds.capacity_tokens) +
+                           " tokens (the server's KV memory budget; the model's context window is " +
+                           std::to_string(window_tokens) + ")";
+  if (prompt_bytes > max_bytes && prompt_bytes <= window_tokens * bounds.max_token_bytes) {
+    return ResourceExhaustedError("prompt: " + std::to_string(prompt_bytes) + " bytes cannot fit " + slot);
+  }
+  if (request.prompt_token_ids_size() > bounds.capacity_tokens && request.prompt_token_ids_size() <= window_tokens) {
+    return ResourceExhaustedError("prompt_token_ids: " + std::to_string(request.prompt_token_ids_size()) +
+                                  " tokens cannot fit " + slot);
+  }
   if (prompt_bytes > max_bytes) {
     return InvalidArgumentError("prompt: " + std::to_string(prompt_bytes) + " bytes cannot fit " + window +
                                 " (at most " + std::to_string(max_bytes) + " bytes)");

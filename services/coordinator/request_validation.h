@@ -48,6 +48,10 @@ struct RequestBounds {
   // The longest prompt text that can fit, bytes: a longer one cannot encode
   // to capacity_tokens tokens or fewer.
   int64_t max_prompt_bytes() const { return capacity_tokens * max_token_bytes; }
+  // The model's context window, tokens (ModelInfo.context_window; 0 = the
+  // capacity): what does not fit capacity_tokens but would fit this is
+  // refused with kResourceExhausted (the KV budget), not kInvalidArgument.
+  int64_t context_window_tokens = 0;
 };
 
 // At most this many stop strings per request (OpenAI allows 4).
@@ -59,7 +63,10 @@ inline constexpr int kMaxStopStrings = 16;
 // max_prompt_bytes() (a longer one could never match the generated text).
 // Errors: kInvalidArgument naming the field ("prompt: 20971520 bytes cannot
 // fit the context window of 256 tokens (at most 8192 bytes)",
-// "prompt_token_ids: ...", "stop: ..."). Pure; thread-safe; O(stop_size()).
+// "prompt_token_ids: ...", "stop: ..."); kResourceExhausted for a prompt
+// that exceeds capacity_tokens (or its bytes) but fits context_window_tokens
+// (the KV budget's slot is smaller than the window). Pure; thread-safe;
+// O(stop_size()).
 Status ValidateRequestSize(const lede::v1::GenerateRequest& request, const RequestBounds& bounds);
 
 // The largest serialized GenerateRequest a valid request can need, bytes:

@@ -26,6 +26,7 @@
 #include "shared/rpc/grpc_status.h"
 #include "shared/speculation/generation.h"
 #include "shared/speculation/method.h"
+#include "shared/speculation/method_proto.h"
 #include "shared/status/status_macros.h"
 #include "shared/telemetry/lede_metrics.h"
 #include "shared/telemetry/metrics.h"
@@ -56,36 +57,6 @@ class TimedExitController final : public model::ExitController {
   model::ExitController& inner_;
   telemetry::Histogram& latency_;
 };
-
-// The service boundary's conversion of the wire method (UNSPECIFIED = LEDE)
-// and its parameters to the one method vocabulary. Errors: kInvalidArgument
-// for a value outside the enum.
-StatusOr<speculation::MethodSpec> MethodSpecFromProto(lede::v1::SpeculationMethod method,
-                                                      const lede::v1::SpeculationParams& params) {
-  speculation::MethodSpec spec;
-  switch (method) {
-    case lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE:
-      spec.method = speculation::SpeculationMethod::kAutoregressive;
-      break;
-    case lede::v1::SPECULATION_METHOD_STATIC:
-      spec.method = speculation::SpeculationMethod::kStatic;
-      break;
-    case lede::v1::SPECULATION_METHOD_THRESHOLD:
-      spec.method = speculation::SpeculationMethod::kThreshold;
-      break;
-    case lede::v1::SPECULATION_METHOD_UNSPECIFIED:
-    case lede::v1::SPECULATION_METHOD_LEDE:
-      spec.method = speculation::SpeculationMethod::kLede;
-      break;
-    default:
-      return InvalidArgumentError("method: unknown speculation method " + std::to_string(static_cast<int>(method)));
-  }
-  spec.exit_layer = params.exit_layer();
-  spec.draft_len = params.draft_length();
-  spec.threshold = params.threshold();
-  spec.epsilon = params.epsilon();
-  return spec;
-}
 
 }  // namespace
 
@@ -131,7 +102,7 @@ struct DrafterService::Impl {
   };
 
   void RunJobs(const std::vector<void*>& jobs) {
-    SetBatchThreads(host->options.batch_threads);
+    SetComputeThreads(host->options.batch_threads);
     std::map<model::KvCache*, std::vector<DraftJob*>> by_pool;
     for (void* j : jobs) by_pool[static_cast<DraftJob*>(j)->cache].push_back(static_cast<DraftJob*>(j));
     for (auto& [cache, group] : by_pool) {
@@ -236,7 +207,7 @@ grpc::Status DrafterService::Draft(grpc::ServerContext* server_context, const le
   const lede::v1::SpeculationParams& sp = req->speculation();
 
   if (req->method() == lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE) return grpc::Status::OK;  // nothing to draft
-  StatusOr<speculation::MethodSpec> spec = MethodSpecFromProto(req->method(), sp);
+  StatusOr<speculation::MethodSpec> spec = speculation::MethodSpecFromProto(req->method(), sp);
   if (!spec.ok()) return ToGrpcStatus(spec.status());
   policy::dqn::MethodContext context;
   context.n_layers = static_cast<int32_t>(c.n_layers);
@@ -296,6 +267,7 @@ grpc::Status DrafterService::Draft(grpc::ServerContext* server_context, const le
     ~DraftingGuard() { cache.EndDrafting(slot); }
   } drafting_guard{cache, req->slot()};
   Impl::DraftingScope drafting(*impl_);
+  SetComputeThreads(host.options.threads);  // steps without a scheduler run on this thread
   model::Drafter drafter(*host.model, cache, impl_->RunnerFor(cache));
   const auto draft_start = std::chrono::steady_clock::now();
   StatusOr<model::DraftOutput> out = model::DraftRound(*host.model, cache, drafter, req->slot(), config, sampling, dr);

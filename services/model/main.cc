@@ -46,6 +46,8 @@ int Run(const std::vector<std::string>& raw_args) {
     host = lede::model_service::LoadModelHost(o, false, &registry);
   }
   if (!host.ok()) {
+    // Whatever stops the start (a bad model file, a KV budget too small for
+    // --slots x --capacity, a bad --weights) is one line and exit status 2.
     lede::logging::LogEvent("error", "load_failed", {{"error", lede::model::OneLineMessage(host.status())}});
     return lede::model::kExitLoadFailure;
   }

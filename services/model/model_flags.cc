@@ -1,9 +1,11 @@
 #include "services/model/model_flags.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
 #include "shared/flags/flags.h"
+#include "shared/flags/model_flags.h"
 #include "shared/rpc/security.h"
 
 namespace lede::model_service {
@@ -11,7 +13,7 @@ namespace lede::model_service {
 void AddModelFlags(flags::FlagSet* flags, ModelFlags* v) {
   ModelServiceOptions& o = v->options;
   flags->Add("role", &v->role, "verifier | drafter | both (co-located)");
-  flags->Add("model", &o.model_path, "a Hugging Face model directory, a llama2.c .bin or a GGUF file", true);
+  flags::AddModelLoadFlags(flags, &v->load, flags::kModelPath);
   flags->Add("kv-pool", &o.kv_pool_name, "shared-memory name of the KV pool (split deployments), e.g. /lede-kv");
   flags->Add("slots", &v->n_slots, "KV slots (concurrent sessions)");
   flags->Add("max-waiting", &o.max_waiting,
@@ -20,7 +22,8 @@ void AddModelFlags(flags::FlagSet* flags, ModelFlags* v) {
              "sessions per batched step (continuous batching: the verifier's rounds and steps, the drafter's "
              "draft steps); 1 = one sequence per pass on each handler thread");
   flags->Add("prefill-chunk", &o.prefill_chunk, "verifier: prompt positions per batched prefill step");
-  flags->Add("batch-threads", &v->batch_threads, "intra-op threads of a batched step (verifier and drafter)");
+  flags->Add("batch-threads", &v->batch_threads,
+             "intra-op threads of a batched step, verifier and drafter (0 = --threads / --batch-workers, at least 1)");
   flags->Add("batch-workers", &v->batch_workers,
              "batched steps that may run at once, per service (each on a handler thread)");
   flags->Add("batch-wait-us", &v->batch_wait_us,
@@ -33,19 +36,19 @@ void AddModelFlags(flags::FlagSet* flags, ModelFlags* v) {
              "far as each gets this many rows (0 = always split)");
   flags->Add("max-batch-tokens", &o.max_batch_tokens,
              "verifier: rows (tokens) per batched step; a batch takes its first job whatever its size (0 = no limit)");
-  flags->Add("capacity", &v->capacity, "tokens per KV slot (0 = the model's context window)");
+  flags->Add("capacity", &v->capacity,
+             "tokens per KV slot: the longest request (prompt + new tokens); 0 = what --kv-memory gives each of "
+             "--slots, at most the model's context window");
+  flags->Add("kv-memory", &o.kv_memory,
+             "verifier: memory budget of the KV pool, e.g. 4GiB, 512MiB or 25% (of MemAvailable at start); the "
+             "pool (and its shared-memory segment) never exceeds it");
   flags->Add("max-draft-len", &v->max_draft_len, "largest draft length the pool's scratch holds");
   flags->Add("calibration", &o.calibration_path,
              "cost-model calibration JSON (lede calibrate); default: accelerator model");
   flags->Add("policy", &o.policy_target, "drafter: policy service address to follow (host:port)");
   flags->Add("policy-dir", &o.policy_dir, "drafter: policy root or version directory (when no --policy)");
   flags->Add("remote-decisions", &o.remote_decisions, "drafter: one Policy.Decide call per decision (evaluation)");
-  flags->Add("threads", &v->threads, "libtorch intra-op threads");
-  flags->Add("device", &o.device, "cpu, cuda or cuda:N (a CUDA build of libtorch; no --kv-pool there yet)");
-  flags->Add("dtype", &o.dtype, "compute dtype: float32, bfloat16 or float16");
-  flags->Add("kernels", &o.kernels, "decode-path kernels: fused (CPU float32) or eager (libtorch reference)");
-  flags->Add("graphs", &o.graphs, "decode steps as captured CUDA graphs: auto (on for CUDA), on or off");
-  flags->Add("weights", &o.weights, "matrix storage of the fused CPU path: auto (the checkpoint's), f32, bf16 or q8_0");
+  flags::AddModelLoadFlags(flags, &v->load, flags::kAllModelLoadFlags & ~flags::kModelPath);
   flags->Add("attach-timeout-s", &v->attach_timeout_s, "drafter: how long to wait for the verifier's pool");
   flags->Add("session-idle-timeout-s", &v->idle_timeout_s, "reclaim sessions idle this long when the pool is full");
   rpc::ServerFlagHelp help;
@@ -81,7 +84,7 @@ Status FinishModelFlags(ModelFlags* v) {
   if (Status s = CheckAtLeast("max-waiting", o.max_waiting, 0); !s.ok()) return s;
   if (Status s = CheckAtLeast("max-batch", o.max_batch, 1); !s.ok()) return s;
   if (Status s = CheckAtLeast("prefill-chunk", o.prefill_chunk, 1); !s.ok()) return s;
-  if (Status s = CheckRange("batch-threads", v->batch_threads, 1, 256); !s.ok()) return s;
+  if (Status s = CheckRange("batch-threads", v->batch_threads, 0, 256); !s.ok()) return s;
   if (Status s = CheckRange("batch-workers", v->batch_workers, 1, 64); !s.ok()) return s;
   if (Status s = CheckRange("batch-wait-us", v->batch_wait_us, 0, 1000000); !s.ok()) return s;
   if (Status s = CheckRange("batch-split-rows", o.batch_split_rows, 0, 1000000); !s.ok()) return s;
@@ -96,9 +99,22 @@ Status FinishModelFlags(ModelFlags* v) {
   o.n_slots = v->n_slots;
   o.capacity = v->capacity;
   o.max_draft_len = v->max_draft_len;
-  o.threads = static_cast<int>(v->threads);
-  o.batch_threads = static_cast<int>(v->batch_threads);
+  StatusOr<int> threads = flags::ResolveThreads(v->load.threads, "threads");
+  if (!threads.ok()) return threads.status();
+  o.model_path = v->load.model;
+  o.device = v->load.device;
+  o.dtype = v->load.dtype;
+  o.kernels = v->load.kernels;
+  o.graphs = v->load.graphs;
+  o.weights = v->load.weights;
+  o.threads = *threads;
   o.batch_workers = static_cast<int>(v->batch_workers);
+  // Batched steps split the threads among the batches that may run at once.
+  o.batch_threads = v->batch_threads > 0 ? static_cast<int>(v->batch_threads)
+                                         : std::max(1, o.threads / o.batch_workers);
+  if (o.kv_memory.empty()) {
+    return InvalidArgumentError("--kv-memory: must not be empty (e.g. 4GiB or 25%)");
+  }
   o.batch_wait = absl::Microseconds(v->batch_wait_us);
   o.session_idle_timeout = absl::Seconds(v->idle_timeout_s);
   if (v->server.listen.empty()) v->server.listen = v->drafter_only() ? "127.0.0.1:50054" : "127.0.0.1:50052";

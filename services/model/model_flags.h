@@ -10,6 +10,7 @@
 #include <string>
 
 #include "services/model/model_service.h"
+#include "shared/flags/model_flags.h"
 #include "shared/rpc/server_flags.h"
 #include "shared/status/status.h"
 
@@ -21,13 +22,17 @@ namespace lede::model_service {
 
 struct ModelFlags {
   std::string role = "both";     // --role verifier | drafter | both
+  // --model, --device, --dtype, --threads, --kernels, --graphs, --weights:
+  // the model-loading group (shared/flags/model_flags.h); --threads 0 (the
+  // default) = every CPU this process may use.
+  flags::ModelLoadFlags load;
   ModelServiceOptions options;   // filled by FinishModelFlags
   rpc::ServerFlags server;       // --listen, --metrics, TLS, token, grace
   double attach_timeout_s = 60;  // drafter: wait for the verifier's pool
   // Flag values converted by FinishModelFlags.
-  int64_t n_slots = options.n_slots, capacity = options.capacity, max_draft_len = options.max_draft_len,
-          threads = options.threads;
-  int64_t batch_threads = options.batch_threads, batch_workers = options.batch_workers;
+  int64_t n_slots = options.n_slots, capacity = options.capacity, max_draft_len = options.max_draft_len;
+  int64_t batch_threads = 0;  // 0 = --threads / --batch-workers (at least 1)
+  int64_t batch_workers = options.batch_workers;
   int64_t batch_wait_us = absl::ToInt64Microseconds(options.batch_wait);
   double idle_timeout_s = absl::ToDoubleSeconds(options.session_idle_timeout);
 

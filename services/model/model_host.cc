@@ -11,12 +11,15 @@
 #include <string>
 #include <utility>
 
+#include <sys/statvfs.h>
+
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include "absl/synchronization/mutex.h"
 #include "policy/dqn/artifact.h"
 #include "services/model/policy_follower.h"
+#include "shared/flags/model_flags.h"
 #include "shared/log/log.h"
 #include "shared/model/batch.h"
 #include "shared/model/cost_model.h"
@@ -76,27 +79,85 @@ Status NotThisSession(int64_t slot) {
                                  " holds no session of this id (it was closed, or the caller never opened it)");
 }
 
-// A batched step's intra-op threads (--batch-threads), set once per thread
-// that runs batches (a handler thread, flat combining).
-void SetBatchThreads(int n_threads) {
-  static thread_local bool threads_set = false;
-  if (threads_set) return;
+void SetComputeThreads(int n_threads) {
+  static thread_local int threads_set = 0;
+  if (threads_set == n_threads) return;
   model::SetDecodeThreads(n_threads);
-  threads_set = true;
+  threads_set = n_threads;
   // A flag that silently does nothing is the fault this catches (the model
   // library once built without OpenMP ran every step on one thread).
   static std::atomic<bool> warned{false};
   if (const int in_use = model::FusedThreadsInUse(); in_use < n_threads && !warned.exchange(true)) {
-    logging::LogEvent("warn", "batch_threads_unavailable",
-                      {{"batch_threads", std::to_string(n_threads)}, {"threads_in_use", std::to_string(in_use)}});
+    logging::LogEvent("warn", "threads_unavailable",
+                      {{"threads", std::to_string(n_threads)}, {"threads_in_use", std::to_string(in_use)}});
   }
+}
+
+Status CheckPromptFits(int64_t prompt_tokens, int64_t capacity, int64_t window) {
+  if (prompt_tokens < capacity) return OkStatus();
+  const std::string n = "prompt_token_ids: " + std::to_string(prompt_tokens) + " tokens";
+  if (prompt_tokens >= window) {
+    return InvalidArgumentError(n + " do not fit the model's context window of " + std::to_string(window));
+  }
+  return ResourceExhaustedError(n + " need more KV memory than a slot holds (" + std::to_string(capacity) +
+                                " tokens, sized by the verifier's --kv-memory; the model's window is " +
+                                std::to_string(window) + ")");
+}
+
+StatusOr<KvPoolPlan> PlanKvPool(const model::ModelConfig& config, const ModelServiceOptions& options,
+                                c10::ScalarType kv_dtype, int64_t available_bytes, int64_t shm_free_bytes) {
+  KvPoolPlan plan;
+  LEDE_ASSIGN_OR_RETURN(plan.budget_bytes, flags::ParseMemorySize("kv-memory", options.kv_memory, available_bytes));
+  const bool percentage = !options.kv_memory.empty() && options.kv_memory.back() == '%';
+  if (percentage && !options.kv_pool_name.empty() && shm_free_bytes > 0) {
+    plan.budget_bytes = std::min(plan.budget_bytes, shm_free_bytes);
+  }
+  if (options.n_slots < 1) return InvalidArgumentError("--slots: must be >= 1, got " + std::to_string(options.n_slots));
+  if (options.capacity < 0 || options.capacity > config.max_seq_len) {
+    return InvalidArgumentError("--capacity: must be in [0, " + std::to_string(config.max_seq_len) +
+                                "] (the model's context window; 0 = what --kv-memory allows), got " +
+                                std::to_string(options.capacity));
+  }
+  model::KvCacheOptions ko;
+  ko.n_slots = options.n_slots;
+  ko.max_draft_len = options.max_draft_len;
+  ko.dtype = kv_dtype;
+  const int64_t fits = model::KvCache::CapacityWithin(config, ko, plan.budget_bytes);
+  const std::string budget = "--kv-memory " + options.kv_memory + " (" + flags::FormatBytes(plan.budget_bytes) + ")";
+  if (options.capacity > 0) {
+    ko.capacity = options.capacity;
+    const int64_t need = model::KvCache::PoolBytes(config, ko);
+    if (need > plan.budget_bytes) {
+      model::KvCacheOptions one = ko;
+      one.n_slots = 1;
+      const int64_t per_slot = model::KvCache::PoolBytes(config, one);
+      return InvalidArgumentError(budget + " cannot hold --slots " + std::to_string(options.n_slots) +
+                                  " x --capacity " + std::to_string(options.capacity) + " tokens (" +
+                                  flags::FormatBytes(need) + "); it holds " +
+                                  std::to_string(std::max<int64_t>(0, plan.budget_bytes / per_slot)) +
+                                  " such slot(s), or --slots " + std::to_string(options.n_slots) + " of " +
+                                  std::to_string(fits) + " tokens: raise --kv-memory or lower --slots or --capacity");
+    }
+    plan.capacity = options.capacity;
+  } else {
+    const int64_t least = std::min(config.max_seq_len, kMinSlotTokens);
+    if (fits < least) {
+      return InvalidArgumentError(budget + " gives each of --slots " + std::to_string(options.n_slots) + " only " +
+                                  std::to_string(fits) + " tokens of KV, under the " + std::to_string(least) +
+                                  " a request needs: raise --kv-memory or lower --slots");
+    }
+    plan.capacity = fits;
+  }
+  ko.capacity = plan.capacity;
+  plan.pool_bytes = model::KvCache::PoolBytes(config, ko);
+  return plan;
 }
 
 StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& options, bool create_pool,
                                                    prometheus::Registry* registry) {
   auto host = std::make_shared<ModelHost>();
   host->options = options;
-  if (options.threads > 0) at::set_num_threads(options.threads);
+  SetComputeThreads(std::max(1, options.threads));  // the load and this thread's warm-up
   model::ModelOptions mo;
   LEDE_ASSIGN_OR_RETURN(mo.kernels, model::ParseKernels(options.kernels));
   LEDE_ASSIGN_OR_RETURN(mo.graphs, model::ParseGraphMode(options.graphs));
@@ -117,6 +178,26 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
   model::KvCacheOptions ko;
   ko.n_slots = options.n_slots;
   ko.capacity = options.capacity;
+  if (create_pool) {
+    // The budget: MemAvailable now (the weights are loaded), and for a
+    // shared segment the free space of /dev/shm that backs it.
+    StatusOr<int64_t> available = flags::MemAvailableBytes();
+    int64_t shm_free = 0;
+    struct statvfs fs;
+    if (!options.kv_pool_name.empty() && statvfs("/dev/shm", &fs) == 0) {
+      shm_free = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+    }
+    LEDE_ASSIGN_OR_RETURN(KvPoolPlan plan, PlanKvPool(c, options, host->model->options().dtype,
+                                                      available.ok() ? *available : 0, shm_free));
+    ko.capacity = plan.capacity;
+    logging::LogEvent("info", "kv_pool_planned",
+                      {{"kv_memory", options.kv_memory},
+                       {"budget_bytes", std::to_string(plan.budget_bytes)},
+                       {"slots", std::to_string(options.n_slots)},
+                       {"capacity_tokens", std::to_string(plan.capacity)},
+                       {"window_tokens", std::to_string(c.max_seq_len)},
+                       {"pool_bytes", std::to_string(plan.pool_bytes)}});
+  }
   ko.max_draft_len = options.max_draft_len;
   ko.shared_memory_name = options.kv_pool_name;
   ko.dtype = host->model->options().dtype;

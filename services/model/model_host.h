@@ -120,6 +120,7 @@ class ModelHost {
     info->set_n_layers(static_cast<int32_t>(c.n_layers));
     info->set_vocab_size(static_cast<int32_t>(c.vocab_size));
     info->set_capacity(pool ? pool->capacity() : 0);
+    info->set_context_window(c.max_seq_len);
     info->set_n_slots(pool ? static_cast<int32_t>(pool->n_slots()) : 0);
     info->set_max_draft_length(pool ? static_cast<int32_t>(pool->max_draft_len()) : 0);
     for (int32_t id : c.eos_ids) info->add_eos_ids(id);
@@ -151,9 +152,45 @@ StatusOr<at::Tensor> ProbsFromBytes(const std::string& bytes, int64_t K, int64_t
 // The error of a call whose session id is not the slot's session.
 Status NotThisSession(int64_t slot);
 
-// A batched step's intra-op threads (--batch-threads), set once per thread
-// that runs batches (a handler thread, flat combining).
-void SetBatchThreads(int n_threads);
+// The calling thread's intra-op threads for model work (libtorch's and the
+// fused kernels', model::SetDecodeThreads; both are per thread): --threads
+// on a handler thread that decodes, verifies or prefills alone,
+// --batch-threads on one that runs a batched step. Cheap when the thread
+// already runs at `n_threads`.
+void SetComputeThreads(int n_threads);
+
+// Whether a prompt of `prompt_tokens` fits a slot of `capacity` tokens (it
+// must leave room for one new token) of a model whose window is `window`.
+// Errors: kInvalidArgument when it exceeds the window (no deployment could
+// serve it); kResourceExhausted, with the reason, when the window would hold
+// it but this pool's slots (sized by the KV budget) do not.
+Status CheckPromptFits(int64_t prompt_tokens, int64_t capacity, int64_t window);
+
+// How the verifier's KV pool is sized by its memory budget (--kv-memory;
+// docs/serving.md "KV memory").
+struct KvPoolPlan {
+  int64_t budget_bytes = 0;  // the resolved --kv-memory
+  int64_t capacity = 0;      // tokens per slot
+  int64_t pool_bytes = 0;    // model::KvCache::PoolBytes of n_slots x capacity; <= budget_bytes
+};
+
+// Resolves --kv-memory (a size, or a percentage of `available_bytes`, the
+// machine's MemAvailable; a shared segment's budget is at most
+// `shm_free_bytes`, the free space of /dev/shm, when given as a percentage)
+// and sizes the pool: --capacity 0 gives each of --slots the tokens the
+// budget allows, at most the model's window; an explicit --capacity must
+// fit --slots times within the budget.
+// Errors: kInvalidArgument (a start that must be refused), one line naming
+// --kv-memory, --slots and --capacity with what would fit: a bad size; an
+// explicit capacity whose slots do not fit; an automatic capacity under
+// min(window, kMinSlotTokens) tokens.
+StatusOr<KvPoolPlan> PlanKvPool(const model::ModelConfig& config, const ModelServiceOptions& options,
+                                c10::ScalarType kv_dtype, int64_t available_bytes, int64_t shm_free_bytes);
+
+// The fewest tokens per slot an automatic capacity may give: a request
+// needs room for its prompt, its new tokens and a draft; a budget that
+// leaves each slot less serves no useful request.
+inline constexpr int64_t kMinSlotTokens = 256;
 
 }  // namespace lede::model_service
 

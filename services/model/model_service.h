@@ -50,7 +50,16 @@ struct ModelServiceOptions {
   // Sessions that may wait for a free slot (FIFO) before OpenSession is
   // refused with RESOURCE_EXHAUSTED (admission_queue.h); 0 = no queue.
   int64_t max_waiting = 256;
-  int64_t capacity = 0;          // tokens per slot; 0 = the model's max_seq_len
+  // Tokens per slot (the longest request: prompt + new tokens); 0 = what
+  // kv_memory gives each of n_slots, at most the model's max_seq_len.
+  int64_t capacity = 0;
+  // Verifier: the KV pool's memory budget (--kv-memory): "4GiB", "512MiB",
+  // a byte count, or a percentage of MemAvailable at start ("25%"). The pool
+  // (its shared segment, reserved at creation) never exceeds it; a start
+  // whose budget cannot hold --slots x --capacity is refused (PlanKvPool).
+  // 25%: the weights, the drafter's and the coordinator's memory and the
+  // page cache need the rest.
+  std::string kv_memory = "25%";
   int64_t max_draft_len = 16;    // D_max of the pool's scratch
   // POSIX shared-memory name of the KV pool ("" = private memory; needed
   // for a split deployment).
@@ -86,7 +95,10 @@ struct ModelServiceOptions {
   // shared KV pool (kv_pool_name) needs the CPU for now.
   std::string device = "cpu";
   std::string dtype = "float32";
-  int threads = 1;               // libtorch intra-op threads
+  // Intra-op threads (libtorch's and the fused kernels') of the decode,
+  // verification and prefill steps a handler thread runs alone (--threads;
+  // 0 there = every CPU this process may use, resolved by FinishModelFlags).
+  int threads = 1;
   // Continuous batching (--max-batch; batch_scheduler.h). Above 1, the
   // verifier's handler threads submit their prefill chunks and round
   // verifications to its batch scheduler, which runs up to max_batch
@@ -103,9 +115,11 @@ struct ModelServiceOptions {
   int64_t prefill_chunk = 64;
   // Intra-op threads of a batched step (the fused kernels split its
   // products' columns and its attention rows across them; --batch-threads).
-  // >= 1; 1 by default: on 2 cores the other processes need the second core
-  // between steps, and 16 streams ran slower on 2 threads x 1 worker than on
-  // 1 x 2 (bench/serve_bench.py --batch-threads 2 --batch-workers 1; docs/serving.md).
+  // >= 1. The flag's default (0) is threads / batch_workers, at least 1, so
+  // the concurrent batches share the CPUs without oversubscribing them: 1 on
+  // 2 cores with 2 workers, where 16 streams ran slower on 2 threads x 1
+  // worker than on 1 x 2 (bench/results/serve-widen5-threads.json;
+  // docs/serving.md).
   int batch_threads = 1;
   // Batches that may run at once (--batch-workers), each on a handler
   // thread; 2 lets both cores work on verification, as two handler threads

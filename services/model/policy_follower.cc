@@ -73,10 +73,10 @@ std::shared_ptr<grpc::Channel> MakePolicyChannel(const std::string& target,
 
 PolicyFollower::PolicyFollower(PolicyFollowerOptions options)
     : options_(std::move(options)),
-      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()),
       channel_(MakeFollowerChannel(options_)),
       stub_(lede::v1::Policy::NewStub(channel_)),
-      temp_dir_(MakeTempDir()) {
+      temp_dir_(MakeTempDir()),
+      follow_(options_.clock) {
   if (temp_dir_.empty()) {
     logging::LogEvent("error", "policy_follower_tempdir_failed", {{"target", options_.target}});
   }
@@ -91,24 +91,14 @@ PolicyFollower::~PolicyFollower() {
 }
 
 void PolicyFollower::Start() {
-  absl::MutexLock start_lock(&start_mu_);
-  if (thread_.joinable()) return;
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = false;
-  }
-  thread_ = std::thread([this] { FollowLoop(); });
+  follow_.Start([this] { FollowLoop(); });
 }
 
 void PolicyFollower::Stop() {
-  absl::MutexLock start_lock(&start_mu_);
-  if (!thread_.joinable()) return;
-  {
+  follow_.Stop([this] {  // the stream the follow thread may be blocked in
     absl::MutexLock lock(&mu_);
-    stopping_ = true;
     if (stream_context_ != nullptr) stream_context_->TryCancel();
-  }
-  thread_.join();
+  });
 }
 
 std::shared_ptr<const policy::dqn::Artifact> PolicyFollower::current() const {
@@ -211,19 +201,15 @@ Status PolicyFollower::Install(const lede::v1::PolicyArtifact& response) {
   return OkStatus();
 }
 
-bool PolicyFollower::SleepUnlessStopped(absl::Duration d) {
-  absl::MutexLock lock(&mu_);
-  return !clock_->AwaitWithTimeout(&mu_, absl::Condition(&stopping_), d);
-}
-
 void PolicyFollower::FollowLoop() {
   absl::Duration backoff = options_.initial_backoff;
   bool healthy = true;  // to log a lost connection once per outage
   while (true) {
     grpc::ClientContext context;
     {
+      // Checked under mu_, where Stop()'s interrupt looks for the stream.
       absl::MutexLock lock(&mu_);
-      if (stopping_) return;
+      if (follow_.stopping()) return;
       stream_context_ = &context;
     }
     n_connects_.fetch_add(1);
@@ -247,7 +233,7 @@ void PolicyFollower::FollowLoop() {
     {
       absl::MutexLock lock(&mu_);
       stream_context_ = nullptr;
-      if (stopping_) return;
+      if (follow_.stopping()) return;
     }
     if (healthy && fetch_status.ok()) {
       logging::LogEvent("warning", "policy_watch_lost",
@@ -257,7 +243,7 @@ void PolicyFollower::FollowLoop() {
                      {"version", version().empty() ? std::string("none") : version()}});
     }
     healthy = false;
-    if (!SleepUnlessStopped(backoff)) return;
+    if (!follow_.SleepUnlessStopped(backoff)) return;
     backoff = std::min(backoff * 2, options_.max_backoff);
   }
 }

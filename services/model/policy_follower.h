@@ -39,7 +39,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include <grpcpp/security/credentials.h>
 
@@ -47,6 +46,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "policy/dqn/artifact.h"
+#include "policy/poll_thread.h"
 #include "proto/lede/v1/policy.grpc.pb.h"
 #include "shared/clock/clock.h"
 #include "shared/rpc/security.h"
@@ -120,7 +120,7 @@ class PolicyFollower {
   PolicyFollower(const PolicyFollower&) = delete;
   PolicyFollower& operator=(const PolicyFollower&) = delete;
 
-  // Starts the follow thread: WatchPolicy(known_version = version()), a
+  // Starts the follow thread (policy/poll_thread.h): WatchPolicy(known_version = version()), a
   // fetch for each announced version that differs from version(), and a
   // reconnect with backoff whenever the stream ends. Returns at once (the
   // first policy arrives asynchronously; see WaitForPolicy). Idempotent.
@@ -162,11 +162,8 @@ class PolicyFollower {
   void FollowLoop();
   // Validates `artifact` (the GetPolicy response) and swaps it in.
   Status Install(const lede::v1::PolicyArtifact& artifact) ABSL_EXCLUSIVE_LOCKS_REQUIRED(fetch_mu_);
-  // Sleeps up to `d` unless Stop() is called; returns false when stopping.
-  bool SleepUnlessStopped(absl::Duration d) ABSL_LOCKS_EXCLUDED(mu_);
 
   const PolicyFollowerOptions options_;
-  Clock* const clock_;  // options_.clock or Clock::Real()
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<lede::v1::Policy::Stub> stub_;
   std::string temp_dir_;  // private; "" if it could not be made (FetchOnce then fails)
@@ -177,14 +174,12 @@ class PolicyFollower {
   mutable absl::Mutex mu_;
   std::shared_ptr<const policy::dqn::Artifact> current_ ABSL_GUARDED_BY(mu_);
   std::string version_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* stream_context_ ABSL_GUARDED_BY(mu_) = nullptr;  // to cancel the Watch
-  std::thread thread_;  // touched only by Start() / Stop(), under start_mu_
-  absl::Mutex start_mu_;
 
   std::atomic<int64_t> n_accepted_{0};
   std::atomic<int64_t> n_rejected_{0};
   std::atomic<int64_t> n_connects_{0};
+  policy::PollThread follow_;  // runs FollowLoop on options_.clock; declared last, so stopped first
 };
 
 struct RemoteDecisionOptions {

@@ -120,7 +120,7 @@ struct VerifierService::Impl {
   // The scheduler's run function (on a handler thread): model::RunBatch per
   // pool (one pool in practice: the verifier's own).
   void RunJobs(const std::vector<void*>& jobs) {
-    SetBatchThreads(host->options.batch_threads);
+    SetComputeThreads(host->options.batch_threads);
     std::map<model::KvCache*, std::vector<BatchJob*>> by_pool;
     for (void* j : jobs) by_pool[static_cast<BatchJob*>(j)->cache].push_back(static_cast<BatchJob*>(j));
     for (auto& [cache, group] : by_pool) {
@@ -371,10 +371,9 @@ grpc::Status VerifierService::OpenSession(grpc::ServerContext* context, const le
     return ToGrpcStatus(InvalidArgumentError("prompt_token_ids: empty"));
   }
   if (Status s = CheckTokens(req->prompt_token_ids(), V, "prompt_token_ids"); !s.ok()) return ToGrpcStatus(s);
-  if (req->prompt_token_ids_size() >= cache->capacity()) {
-    return ToGrpcStatus(InvalidArgumentError("prompt_token_ids: " + std::to_string(req->prompt_token_ids_size()) +
-                                             " tokens do not fit the context window of " +
-                                             std::to_string(cache->capacity())));
+  if (Status s = CheckPromptFits(req->prompt_token_ids_size(), cache->capacity(), host.model->config().max_seq_len);
+      !s.ok()) {
+    return ToGrpcStatus(s);
   }
   speculation::SessionOptions so;
   so.sampling = SamplingFromProto(req->sampling());
@@ -414,6 +413,7 @@ grpc::Status VerifierService::OpenSession(grpc::ServerContext* context, const le
   if (impl_->scheduler) {
     first = impl_->PrefillBatched(*cache, slot, prompt, so, context);
   } else {
+    SetComputeThreads(host.options.threads);
     model::Verifier verifier(*host.model, *cache);
     first = model::PrefillSession(verifier, slot, prompt, so);
     ObserveSoloStep(host, static_cast<int64_t>(prompt.size()));
@@ -509,6 +509,7 @@ grpc::Status VerifierService::Verify(grpc::ServerContext* context, const lede::v
     verdict = ran.ok() ? StatusOr<speculation::Verdict>(std::move(job.result.verdict))
                        : StatusOr<speculation::Verdict>(ran);
   } else {
+    SetComputeThreads(host.options.threads);
     model::Verifier verifier(*host.model, cache);
     const auto step_start = std::chrono::steady_clock::now();
     verdict = model::VerifyRound(verifier, cache, req->slot(), req->pending_token(), draft, *probs, so);

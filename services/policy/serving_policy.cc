@@ -59,7 +59,7 @@ StatusOr<std::shared_ptr<const LoadedPolicy>> LoadPolicyVersion(const ServingPol
 ServingPolicy::ServingPolicy(ServingPolicyOptions options, telemetry::SpecDecodeMetrics* metrics)
     : options_(std::move(options)),
       metrics_(metrics),
-      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()) {}
+      poll_(options_.clock) {}
 
 ServingPolicy::~ServingPolicy() { StopPolling(); }
 
@@ -154,33 +154,13 @@ void ServingPolicy::WakeWaiters() {
 }
 
 void ServingPolicy::StartPolling() {
-  absl::MutexLock poll_lock(&poll_mu_);
-  if (poll_thread_.joinable()) return;
-  {
-    absl::MutexLock lock(&mu_);
-    stop_polling_ = false;
-  }
-  poll_thread_ = std::thread([this] { PollLoop(); });
+  poll_.Start([this] {
+    do {
+      Reload().IgnoreError();  // counted and logged inside
+    } while (poll_.SleepUnlessStopped(options_.reload_interval));
+  });
 }
 
-void ServingPolicy::StopPolling() {
-  absl::MutexLock poll_lock(&poll_mu_);
-  if (!poll_thread_.joinable()) return;
-  {
-    absl::MutexLock lock(&mu_);
-    stop_polling_ = true;
-  }
-  poll_thread_.join();
-}
-
-void ServingPolicy::PollLoop() {
-  while (true) {
-    Reload().IgnoreError();  // counted and logged inside
-    absl::MutexLock lock(&mu_);
-    if (clock_->AwaitWithTimeout(&mu_, absl::Condition(&stop_polling_), options_.reload_interval)) {
-      return;
-    }
-  }
-}
+void ServingPolicy::StopPolling() { poll_.Stop(); }
 
 }  // namespace lede::policy_service

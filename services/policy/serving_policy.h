@@ -43,12 +43,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "policy/dqn/artifact.h"
+#include "policy/poll_thread.h"
 #include "shared/clock/clock.h"
 #include "shared/status/status.h"
 
@@ -148,24 +148,22 @@ class ServingPolicy {
   // Wakes every WaitForChange() call now (server shutdown).
   void WakeWaiters() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Starts a thread that calls Reload() every reload_interval (the first call
-  // right away). Idempotent.
-  void StartPolling() ABSL_LOCKS_EXCLUDED(mu_);
+  // Starts a thread (policy/poll_thread.h) that calls Reload() every
+  // reload_interval (the first call right away). Idempotent.
+  void StartPolling();
   // Stops and joins the poll thread (waits for a Reload() in progress).
   // Idempotent.
-  void StopPolling() ABSL_LOCKS_EXCLUDED(mu_);
+  void StopPolling();
 
   const ServingPolicyOptions& options() const { return options_; }
 
  private:
-  void PollLoop();
   // Counts and logs a refused reload, once per distinct (version, reason).
   void RecordRejection(const std::string& version, const Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(reload_mu_);
 
   const ServingPolicyOptions options_;
   telemetry::SpecDecodeMetrics* const metrics_;
-  Clock* const clock_;  // options_.clock or Clock::Real()
 
   absl::Mutex reload_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // serializes Reload()
   std::string last_rejection_ ABSL_GUARDED_BY(reload_mu_);  // "version: reason"
@@ -173,9 +171,7 @@ class ServingPolicy {
   mutable absl::Mutex mu_;
   std::shared_ptr<const LoadedPolicy> current_ ABSL_GUARDED_BY(mu_);
   uint64_t wake_epoch_ ABSL_GUARDED_BY(mu_) = 0;  // bumped by WakeWaiters()
-  bool stop_polling_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread poll_thread_;  // started/joined by StartPolling/StopPolling under poll_mu_
-  absl::Mutex poll_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  policy::PollThread poll_;  // on options_.clock; declared last, so stopped first
 };
 
 }  // namespace lede::policy_service

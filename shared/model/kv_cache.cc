@@ -80,6 +80,14 @@ StatusOr<void*> MapNewSegment(const std::string& name, int64_t bytes) {
     shm_unlink(name.c_str());
     return ResourceExhaustedError(Errno("ftruncate " + name));
   }
+  // Reserve the pages now: a sparse segment would start and then fault the
+  // process (SIGBUS) on the first write /dev/shm cannot back.
+  if (const int err = posix_fallocate(fd, 0, bytes); err != 0) {
+    close(fd);
+    shm_unlink(name.c_str());
+    return ResourceExhaustedError("fallocate " + name + ": " + std::strerror(err) + " (" + std::to_string(bytes) +
+                                  " bytes; /dev/shm cannot hold the KV pool: lower --kv-memory or --slots)");
+  }
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (base == MAP_FAILED) {
@@ -112,6 +120,26 @@ void WritePoolHeader(const ModelConfig& config, const KvCacheOptions& o, uint64_
 }
 
 }  // namespace
+
+int64_t KvCache::PoolBytes(const ModelConfig& config, const KvCacheOptions& options) {
+  const int64_t capacity = options.capacity == 0 ? config.max_seq_len : options.capacity;
+  return ComputeLayout(config, options.n_slots, capacity, options.max_draft_len, options.dtype).total;
+}
+
+int64_t KvCache::CapacityWithin(const ModelConfig& config, const KvCacheOptions& options, int64_t budget_bytes) {
+  KvCacheOptions o = options;
+  // PoolBytes grows with the capacity: binary search the largest that fits.
+  int64_t lo = 0, hi = config.max_seq_len;
+  while (lo < hi) {
+    o.capacity = lo + (hi - lo + 1) / 2;
+    if (PoolBytes(config, o) <= budget_bytes) {
+      lo = o.capacity;
+    } else {
+      hi = o.capacity - 1;
+    }
+  }
+  return lo;
+}
 
 struct KvCache::Storage {
   void* base = nullptr;

@@ -77,7 +77,10 @@ class KvCache {
   // destroyed; the memory lives on while an attached process maps it.
   // Errors: kInvalidArgument for non-positive sizes, a capacity above the
   // model's max_seq_len, or a shared pool on a non-CPU device;
-  // kResourceExhausted if allocation (or shm_open/ftruncate/mmap) fails.
+  // kResourceExhausted if allocation (or shm_open/ftruncate/fallocate/mmap)
+  // fails. A shared segment's memory is reserved at creation (fallocate), so
+  // a pool that /dev/shm cannot hold is refused here rather than faulting
+  // (SIGBUS) when its pages are first written.
   static StatusOr<KvCache> Create(const ModelConfig& config,
                                   const KvCacheOptions& options);
   // Maps the pool another process created under options.shared_memory_name
@@ -86,6 +89,16 @@ class KvCache {
   // the field if its magic, layout version, model fingerprint, dims or dtype
   // differ from `config` / options.dtype.
   static StatusOr<KvCache> Attach(const ModelConfig& config, const KvCacheOptions& options);
+
+  // Bytes a pool of `options` takes (capacity 0 = the model's max_seq_len):
+  // header, per-slot words, K and V of every layer and the exit scratch, as
+  // laid out in a shared segment (a private pool takes no more). The KV
+  // memory budget of the model service is checked against this.
+  static int64_t PoolBytes(const ModelConfig& config, const KvCacheOptions& options);
+  // The largest capacity (tokens per slot, at most the model's max_seq_len)
+  // for which PoolBytes(options with that capacity) <= budget_bytes; 0 when
+  // not even one token per slot fits. options.capacity is ignored.
+  static int64_t CapacityWithin(const ModelConfig& config, const KvCacheOptions& options, int64_t budget_bytes);
 
   // The pool's epoch (random at creation; 0 never occurs).
   uint64_t epoch() const { return epoch_; }

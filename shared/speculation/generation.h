@@ -55,7 +55,11 @@ uint64_t RoundSeed(uint64_t seed, int64_t position, uint64_t stream);
 struct ModelLimits {
   int32_t n_layers = 0;          // L
   int32_t vocab_size = 0;        // V
-  int64_t capacity = 0;          // KV capacity per session (context window), tokens
+  int64_t capacity = 0;          // KV capacity per session (its slot), tokens
+  // The model's context window, tokens; 0 = capacity. A request that fits
+  // the window but not the slot (whose size a KV memory budget set) is
+  // kResourceExhausted rather than kInvalidArgument.
+  int64_t context_window = 0;
   std::vector<int32_t> eos_ids;  // stop tokens (not emitted)
 };
 

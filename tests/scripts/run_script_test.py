@@ -4,7 +4,7 @@ that lets in-flight streams finish, a supervisor that restarts a killed
 process, and health that tells live from ready.
 
 usage: run_script_test.py CASE BUILD_DIR
-  CASE: input_checks (no process started) | stop_drains | supervisor_health | security | hostile_clients
+  CASE: input_checks, engine_flags (no process started) | stop_drains | supervisor_health | security | hostile_clients
         | cold_start | cold_start_retrain | walkthrough
 Exit status 0 = pass, 1 = fail.
 """
@@ -61,6 +61,11 @@ def test_input_checks(build):
         ([], {"LEDE_EXPERIENCE_MAX_AGE_H": "-1"}, r"LEDE_EXPERIENCE_MAX_AGE_H must be a number"),
         ([], {"LEDE_EXPERIENCE_SHARD_AGE_S": "0"}, r"LEDE_EXPERIENCE_SHARD_AGE_S must be a number of seconds > 0"),
         ([], {"LEDE_EXPERIENCE_SHARD_AGE_S": "soon"}, r"LEDE_EXPERIENCE_SHARD_AGE_S"),
+        ([], {"LEDE_THREADS": "0"}, r"LEDE_THREADS must be an integer in \[1, 4096\]"),
+        ([], {"LEDE_THREADS": "all"}, r"LEDE_THREADS must be an integer"),
+        ([], {"LEDE_WEIGHTS": "q8_0 --evil"}, r"LEDE_WEIGHTS must be a weight format name"),
+        ([], {"LEDE_KV_MEMORY": "lots"}, r"LEDE_KV_MEMORY must be a size"),
+        ([], {"LEDE_KV_MEMORY": "4 GiB"}, r"LEDE_KV_MEMORY must be a size"),
     ]
     with tempfile.TemporaryDirectory() as state:
         for args, env, want in cases:
@@ -84,6 +89,57 @@ def test_input_checks(build):
     r = run(["--ports-base", "15481", "--model", "/nonexistent/model"], {"LEDE_BUILD_DIR": build}, timeout=30)
     if "above 65535" in r.stderr or r.returncode != 2 or "no model" not in r.stderr:
         fail(f"--ports-base 15481 should pass the port check: {r.returncode} {r.stderr!r}")
+
+
+def engine_commands(build, env, colocated=False):
+    """scripts/run --dry-run's command lines, {name: [args]} (nothing starts)."""
+    with tempfile.TemporaryDirectory() as state:
+        args = ["--dry-run", "--state-dir", state] + (["--colocated"] if colocated else [])
+        r = run(args, {"LEDE_BUILD_DIR": build, **env}, timeout=60)
+        if r.returncode != 0:
+            fail(f"scripts/run --dry-run {env}: exit {r.returncode}: {r.stderr!r}")
+        if os.path.exists(os.path.join(state, "pids")):
+            fail("scripts/run --dry-run left a pidfile")
+    out = {}
+    for line in r.stdout.splitlines():
+        m = re.match(r"scripts/run: would start (\w+): (.*)$", line)
+        if m:
+            out[m.group(1)] = m.group(2).split()
+    return out
+
+
+def flag(args, name):
+    return args[args.index(name) + 1] if name in args else None
+
+
+def test_engine_flags(build):
+    """LEDE_THREADS, LEDE_WEIGHTS and LEDE_KV_MEMORY reach the model services
+    (--threads, --weights; --kv-memory on the process that makes the pool);
+    by default --threads is every CPU this process may use (nproc) and the
+    KV budget 25% of MemAvailable."""
+    nproc = subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()
+    cmds = engine_commands(build, {})
+    for name in ("verifier", "drafter"):
+        if name not in cmds:
+            fail(f"--dry-run printed no {name}: {sorted(cmds)}")
+        if flag(cmds[name], "--threads") != nproc or flag(cmds[name], "--weights") != "auto":
+            fail(f"{name} by default: want --threads {nproc} --weights auto, got {cmds[name]}")
+    if flag(cmds["verifier"], "--kv-memory") != "25%" or "--kv-memory" in cmds["drafter"]:
+        fail(f"default KV budget: want --kv-memory 25% on the verifier only, got {cmds}")
+    env = {"LEDE_THREADS": "3", "LEDE_WEIGHTS": "bf16", "LEDE_KV_MEMORY": "2GiB"}
+    cmds = engine_commands(build, env)
+    for name in ("verifier", "drafter"):
+        if flag(cmds[name], "--threads") != "3" or flag(cmds[name], "--weights") != "bf16":
+            fail(f"{name} under {env}: got {cmds[name]}")
+    if flag(cmds["verifier"], "--kv-memory") != "2GiB":
+        fail(f"verifier under {env}: got {cmds['verifier']}")
+    colocated = engine_commands(build, env, colocated=True)["model"]
+    if (flag(colocated, "--threads"), flag(colocated, "--weights"), flag(colocated, "--kv-memory")) != \
+            ("3", "bf16", "2GiB"):
+        fail(f"--colocated under {env}: got {colocated}")
+    for name in ("coordinator", "policy"):
+        if "--threads" in cmds[name]:
+            fail(f"{name} loads no model and takes no --threads: {cmds[name]}")
 
 
 # Every port scripts/run listens on, before --ports-base (scripts/run's defaults).
@@ -686,7 +742,7 @@ def proc_alive(pid):
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
-CASES = {"input_checks": test_input_checks, "stop_drains": test_stop_drains,
+CASES = {"input_checks": test_input_checks, "engine_flags": test_engine_flags, "stop_drains": test_stop_drains,
          "supervisor_health": test_supervisor_health, "security": test_security,
          "hostile_clients": test_hostile_clients, "cold_start": test_cold_start,
          "cold_start_retrain": test_cold_start_retrain, "walkthrough": test_walkthrough}

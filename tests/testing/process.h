@@ -230,7 +230,10 @@ class LedeCluster {
                                      "--slots", std::to_string(options_.slots),
                                      "--max-draft-len", std::to_string(options_.max_draft_len),
                                      "--listen", listen, "--metrics", "127.0.0.1:0",
-                                     "--shutdown-grace-s", "1"};
+                                     "--shutdown-grace-s", "1",
+                                     // One thread, as the in-process references
+                                     // run (lede-model's default is every CPU).
+                                     "--threads", "1"};
     if (!options_.calibration.empty()) args.insert(args.end(), {"--calibration", options_.calibration});
     if (role != "verifier") {
       if (options_.policy_service && policy_) {

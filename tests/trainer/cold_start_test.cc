@@ -203,6 +203,25 @@ TEST_F(ColdStartTest, SelfCalibrationOnTheEngineMatchesTheTraces) {
   EXPECT_DOUBLE_EQ(live->speedup, replayed->speedup);
 }
 
+// Out of time after the first prompt, the calibration chooses from that
+// prompt's trace alone (as the replay of that one trace does); the time
+// check is never asked before a first trace exists.
+TEST_F(ColdStartTest, OutOfTimeStopsAfterTheFirstTrace) {
+  auto cost = model::MakeAcceleratorCostModel(model_->config());
+  int asked = 0;
+  auto quick = ChooseColdStart(*engine_, prompts_, kNewTokens, 6, *cost, [&] {
+    ++asked;
+    return true;
+  });
+  ASSERT_TRUE(quick.ok()) << quick.status();
+  EXPECT_EQ(asked, 1);
+  EXPECT_EQ(quick->n_requests, 1);
+  auto first = ChooseColdStartFromTraces({traces_.front()}, 6, *cost);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(quick->Describe(), first->Describe());
+  EXPECT_EQ(quick->n_tokens, first->n_tokens);
+}
+
 TEST_F(ColdStartTest, DefaultGuessIsAQuarterOfTheDepth) {
   EXPECT_EQ(DefaultColdStart(16).Describe(), "E=4 D=3");
   EXPECT_EQ(DefaultColdStart(2).Describe(), "E=1 D=3");

@@ -167,7 +167,7 @@ TEST(DqnTest, LearnsSyntheticMdp) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_THAT(result, IsOk());
   std::printf("trained in %.3f s, held-out agreement %.3f\n", seconds,
-              result->epochs.back().heldout_action_agreement);
+              result->epochs.back().heldout.action_agreement);
 
   const std::vector<Transition> fresh = SyntheticMdp(2000, 99);
   int correct = 0;
@@ -275,16 +275,16 @@ TEST(DqnTest, ReportsEveryEpochAndSplitsWholeRequests) {
   EXPECT_EQ(r->behaviour_versions, std::vector<std::string>{"explore"});
   for (const DqnEpochReport& e : seen) {
     EXPECT_TRUE(std::isfinite(e.td_loss));
-    EXPECT_TRUE(std::isfinite(e.heldout_td_loss));
-    for (double rate : {e.exit_fraction_phase1, e.exit_fraction_phase2, e.action_agreement,
-                        e.heldout_action_agreement}) {
+    EXPECT_TRUE(std::isfinite(e.heldout.td_loss));
+    for (double rate : {e.train.exit_fraction_phase1, e.train.exit_fraction_phase2, e.train.action_agreement,
+                        e.heldout.action_agreement}) {
       EXPECT_GE(rate, 0.0);
       EXPECT_LE(rate, 1.0);
     }
   }
   // The greedy policy, where it agrees with the behaviour, earns more than the random behaviour.
-  EXPECT_GT(seen.back().heldout_matched_reward, seen.back().heldout_behaviour_reward);
-  EXPECT_EQ(r->OfflineMetrics().at("heldout_matched_reward"), seen.back().heldout_matched_reward);
+  EXPECT_GT(seen.back().heldout.matched_reward, seen.back().heldout.behaviour_reward);
+  EXPECT_EQ(r->OfflineMetrics().at("heldout_matched_reward"), seen.back().heldout.matched_reward);
 }
 
 // Non-finite and repeated transitions are dropped; bad options and empty data are refused.

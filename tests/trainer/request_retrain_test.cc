@@ -26,6 +26,7 @@
 #include "tests/testing/temp_dir.h"
 #include "trainer/cold_start.h"
 #include "trainer/corpus.h"
+#include "trainer/heldout_split.h"
 #include "trainer/retrain.h"
 #include "trainer/retrain_metrics.h"
 #include "shared/telemetry/metrics.h"
@@ -83,7 +84,7 @@ class RequestRetrainTest : public ::testing::Test {
     std::vector<std::string> held, kept;
     for (int k = 0; held.size() < 4 || kept.size() < 8; ++k) {
       const std::string id = "sampled-" + std::to_string(k);
-      auto& into = IsHeldOutRequest(id, heldout) ? held : kept;
+      auto& into = IsHeldOut(id, heldout) ? held : kept;
       if (into.size() < (&into == &held ? 4u : 8u)) into.push_back(id);
     }
     held.insert(held.end(), kept.begin(), kept.end());
@@ -602,18 +603,6 @@ TEST_F(RequestRetrainTest, LoggedMeasuredCostsPriceTheRun) {
   ASSERT_THAT(accelerator, IsOk());
   EXPECT_EQ(accelerator->cost_model, "accelerator");
   EXPECT_LT(served->serving_speedup, accelerator->serving_speedup);
-}
-
-TEST(RequestSplitTest, HeldOutByRequestIdIsStableAndAboutTheFraction) {
-  int held = 0;
-  for (int i = 0; i < 4000; ++i) {
-    const std::string id = "req-" + std::to_string(i);
-    const bool h = IsHeldOutRequest(id, 0.25);
-    EXPECT_EQ(h, IsHeldOutRequest(id, 0.25));
-    held += h ? 1 : 0;
-  }
-  EXPECT_GT(held, 800);
-  EXPECT_LT(held, 1200);
 }
 
 }  // namespace

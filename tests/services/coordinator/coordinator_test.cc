@@ -7,7 +7,10 @@
 #include "services/coordinator/coordinator.h"
 #include "services/coordinator/remote_backend.h"
 
+#include <unistd.h>
+
 #include <atomic>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -368,6 +371,40 @@ TEST_F(CoordinatorTest, AboveTheSpeculationMaxLoadRoundsAreAutoregressive) {
 }
 
 // Create() refuses options it cannot serve, naming the option.
+// With an experience store, Create opens the experience log and the request
+// log beside it: a greedy request lands in a request-log shard under
+// request_log_prefix once flushed; a store URL that cannot be opened is
+// refused naming experience_url.
+TEST_F(CoordinatorTest, ExperienceStoreGetsTheRequestLog) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("coordinator_test_experience_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  ASSERT_NO_FATAL_FAILURE(StartService([&](CoordinatorOptions& o) {
+    o.experience_url = "file://" + dir.string();
+    o.request_log_prefix = "reqlog";
+  }));
+  verifier_->set_script(Ids("there was a cat"));
+  const Outcome out = Run(Request("Once upon a time,", 32));
+  ASSERT_THAT(out.status, IsOk());
+  ASSERT_THAT(service_->FlushExperience(), IsOk());
+  int n_shards = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir / "reqlog")) {
+    if (e.path().extension() == ".lreq") ++n_shards;
+  }
+  EXPECT_EQ(n_shards, 1);
+  service_.reset();
+  std::filesystem::remove_all(dir);
+
+  CoordinatorOptions o;
+  o.tokenizer_path = tokenizer_path_;
+  o.verifier_target = "127.0.0.1:" + std::to_string(runner_->port());
+  o.experience_url = "nosuchscheme://bucket";
+  telemetry::Registry registry;
+  auto bad = GenerationService::Create(o, &registry);
+  EXPECT_THAT(bad.status(), StatusIs(StatusCode::kInvalidArgument, HasSubstr("experience_url")));
+}
+
 TEST(CoordinatorOptionsTest, CreateNamesTheBadOption) {
   telemetry::Registry registry;
   CoordinatorOptions o;
@@ -391,7 +428,6 @@ TEST(CoordinatorOptionsTest, CreateNamesTheBadOption) {
   EXPECT_THAT(std::string(bad_load.status().message()), HasSubstr("speculation_max_load"));
 }
 
-// Method names round-trip, in any case; unknown names are refused.
 // What a client sees when a model process died or restarted (the chaos
 // test's contract: OK or UNAVAILABLE): a session whose pool epoch or slot
 // is gone (FAILED_PRECONDITION from the verifier or drafter) is UNAVAILABLE
@@ -411,21 +447,6 @@ TEST(FromModelCallTest, LostSessionsAreUnavailableOthersKeepTheirCode) {
               StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(FromModelCall(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "every slot busy"), "OpenSession"),
               StatusIs(StatusCode::kResourceExhausted));
-}
-
-TEST(CoordinatorOptionsTest, SpeculationMethodNamesRoundTrip) {
-  for (lede::v1::SpeculationMethod m :
-       {lede::v1::SPECULATION_METHOD_LEDE, lede::v1::SPECULATION_METHOD_STATIC,
-        lede::v1::SPECULATION_METHOD_THRESHOLD, lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE}) {
-    lede::v1::SpeculationMethod parsed = lede::v1::SPECULATION_METHOD_UNSPECIFIED;
-    ASSERT_TRUE(ParseSpeculationMethodName(SpeculationMethodName(m), &parsed));
-    EXPECT_EQ(parsed, m);
-  }
-  EXPECT_EQ(SpeculationMethodName(lede::v1::SPECULATION_METHOD_UNSPECIFIED), "lede");
-  lede::v1::SpeculationMethod parsed;
-  EXPECT_TRUE(ParseSpeculationMethodName("Static", &parsed));
-  EXPECT_EQ(parsed, lede::v1::SPECULATION_METHOD_STATIC);
-  EXPECT_FALSE(ParseSpeculationMethodName("fast", &parsed));
 }
 
 }  // namespace

@@ -255,6 +255,29 @@ TEST_F(InputBoundsTest, TokenIdsAndStopStringsAreBounded) {
   EXPECT_EQ(verifier_->n_opens(), 0);
 }
 
+// A slot smaller than the model's window (the verifier's KV budget): a
+// prompt the window would hold but the slot cannot is RESOURCE_EXHAUSTED
+// naming the KV budget (HTTP 429); beyond the window it stays
+// INVALID_ARGUMENT; without a window (an older verifier) nothing changes.
+TEST(RequestSizeTest, BeyondTheSlotButWithinTheWindowIsResourceExhausted) {
+  const RequestBounds bounds{64, 4, 256};
+  lede::v1::GenerateRequest ids;
+  for (int i = 0; i < 65; ++i) ids.add_prompt_token_ids(5);
+  Status s = ValidateRequestSize(ids, bounds);
+  EXPECT_THAT(s, StatusIs(StatusCode::kResourceExhausted));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("KV memory budget"));
+  for (int i = 65; i < 257; ++i) ids.add_prompt_token_ids(5);
+  EXPECT_THAT(ValidateRequestSize(ids, bounds), StatusIs(StatusCode::kInvalidArgument));
+
+  lede::v1::GenerateRequest text;
+  text.set_prompt(std::string(64 * 4 + 1, 'a'));
+  EXPECT_THAT(ValidateRequestSize(text, bounds), StatusIs(StatusCode::kResourceExhausted));
+  text.set_prompt(std::string(256 * 4 + 1, 'a'));
+  EXPECT_THAT(ValidateRequestSize(text, bounds), StatusIs(StatusCode::kInvalidArgument));
+  text.set_prompt(std::string(64 * 4 + 1, 'a'));
+  EXPECT_THAT(ValidateRequestSize(text, RequestBounds{64, 4}), StatusIs(StatusCode::kInvalidArgument));
+}
+
 // Failure 1 over HTTP: the body limit sized to the context window answers
 // 413 in OpenAI's error envelope before JSON parsing; nothing tokenized.
 TEST_F(InputBoundsTest, HugePromptOverHttpIs413) {

@@ -89,22 +89,6 @@ TEST(OpenAiParseTest, ChatMessagesAndTokenLimits) {
   EXPECT_EQ(open->generate.max_new_tokens(), 0);
 }
 
-// Method names round-trip through the generated enum names.
-TEST(OpenAiParseTest, SpeculationMethodNames) {
-  for (auto m : {lede::v1::SPECULATION_METHOD_LEDE, lede::v1::SPECULATION_METHOD_STATIC,
-                 lede::v1::SPECULATION_METHOD_THRESHOLD, lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE}) {
-    lede::v1::SpeculationMethod parsed = lede::v1::SPECULATION_METHOD_UNSPECIFIED;
-    EXPECT_TRUE(ParseSpeculationMethodName(SpeculationMethodName(m), &parsed)) << m;
-    EXPECT_EQ(parsed, m);
-  }
-  EXPECT_EQ(SpeculationMethodName(lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE), "autoregressive");
-  EXPECT_EQ(SpeculationMethodName(lede::v1::SPECULATION_METHOD_UNSPECIFIED), "lede");
-  lede::v1::SpeculationMethod m;
-  EXPECT_FALSE(ParseSpeculationMethodName("unspecified", &m));
-  EXPECT_FALSE(ParseSpeculationMethodName("", &m));
-  EXPECT_FALSE(ParseSpeculationMethodName("STATIC ", &m));
-}
-
 // The plain chat format, golden.
 TEST(ChatPromptTest, PlainFormat) {
   auto p = RenderPlainChatPrompt({{"developer", "Rules."}, {"user", "Hi"}, {"assistant", "Hello"}, {"tool", "42"}});

@@ -1,6 +1,9 @@
 // Tests of shared/model/kv_cache.h: layout, slot bookkeeping, rollback.
 #include "shared/model/kv_cache.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <string>
@@ -130,6 +133,54 @@ TEST(KvCacheTest, SharedPoolIsVisibleThroughAttach) {
   EXPECT_EQ(view->n_in_use(), 1);
   EXPECT_TRUE(at::equal(view->k(2), owner->k(2)));
   EXPECT_FLOAT_EQ(owner->exit_hidden()[*slot][0][0].item<float>(), -2.0f);
+}
+
+// PoolBytes is what a shared pool's segment takes (the size the KV budget
+// is checked against), and grows by S x L x 2 x n_kv_heads x head_dim x 4
+// bytes per token of capacity (float32 K and V), up to alignment.
+TEST(KvCacheTest, PoolBytesIsTheSegmentSize) {
+  KvCacheOptions o;
+  o.n_slots = 3;
+  o.capacity = 40;
+  o.max_draft_len = 5;
+  o.shared_memory_name = "/lede-kv-bytes-test-" + std::to_string(::getpid());
+  auto pool = KvCache::Create(TinyConfig(), o);
+  ASSERT_THAT(pool, IsOk());
+  struct stat st {};
+  const int fd = shm_open(o.shared_memory_name.c_str(), O_RDONLY, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(fstat(fd, &st), 0);
+  close(fd);
+  EXPECT_EQ(static_cast<int64_t>(st.st_size), KvCache::PoolBytes(TinyConfig(), o));
+  // 64 more tokens: 3 slots x 4 layers x K,V x 2 heads x 8 dims x 4 bytes each.
+  KvCacheOptions longer = o;
+  longer.capacity = o.capacity + 64;
+  EXPECT_EQ(KvCache::PoolBytes(TinyConfig(), longer) - KvCache::PoolBytes(TinyConfig(), o),
+            64 * 3 * 4 * 2 * 2 * 8 * 4);
+  // Capacity 0 stands for the model's window.
+  KvCacheOptions window = o;
+  window.capacity = 0;
+  longer.capacity = TinyConfig().max_seq_len;
+  EXPECT_EQ(KvCache::PoolBytes(TinyConfig(), window), KvCache::PoolBytes(TinyConfig(), longer));
+}
+
+// CapacityWithin is the largest capacity whose pool fits the budget, at most
+// the window, and 0 when one token per slot does not fit.
+TEST(KvCacheTest, CapacityWithinIsTheLargestThatFits) {
+  KvCacheOptions o;
+  o.n_slots = 2;
+  o.max_draft_len = 4;
+  o.capacity = 50;
+  const int64_t budget = KvCache::PoolBytes(TinyConfig(), o);
+  const int64_t fits = KvCache::CapacityWithin(TinyConfig(), o, budget);
+  ASSERT_GE(fits, 50);
+  KvCacheOptions at = o;
+  at.capacity = fits;
+  EXPECT_LE(KvCache::PoolBytes(TinyConfig(), at), budget);
+  at.capacity = fits + 1;
+  EXPECT_GT(KvCache::PoolBytes(TinyConfig(), at), budget);
+  EXPECT_EQ(KvCache::CapacityWithin(TinyConfig(), o, int64_t{1} << 40), TinyConfig().max_seq_len);
+  EXPECT_EQ(KvCache::CapacityWithin(TinyConfig(), o, 1024), 0);
 }
 
 // Session words (issue 39): a slot holds its session's id; a draft begins

@@ -305,6 +305,17 @@ TEST(RunGenerationTest, InvalidRequestsAreRefusedBeforeOpening) {
   EXPECT_THAT(RunGeneration(fits, kPrompt, Static(61)), IsOk());
 }
 
+// A request that fits the model's window but not the session's slot (a
+// KV budget made the slot smaller) is refused with kResourceExhausted before
+// a session is opened; beyond the window it stays kInvalidArgument.
+TEST(RunGenerationTest, BeyondTheSlotWithinTheWindowIsResourceExhausted) {
+  ScriptedBackend b;
+  b.mutable_limits().context_window = 128;
+  EXPECT_THAT(RunGeneration(b, kPrompt, Static(62)), StatusIs(StatusCode::kResourceExhausted));  // 3 + 62 > 64
+  EXPECT_THAT(RunGeneration(b, kPrompt, Static(126)), StatusIs(StatusCode::kInvalidArgument));   // > 128
+  EXPECT_EQ(b.n_opens, 0);
+}
+
 // Adaptive mode records NLLs (for C_trace) even when not asked, and the
 // drafter sees the mean top-1 NLL of the last trace_window emitted tokens.
 TEST(RunGenerationTest, AdaptiveDrafterSeesTraceNll) {
