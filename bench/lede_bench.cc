@@ -174,6 +174,16 @@ using trainer::AcceptanceModels;
 using trainer::FitAcceptanceModels;
 using trainer::RoundCostsOf;
 
+// The decoding every method of `lede-bench bench` runs: greedy (temperature
+// 0, one run per prompt) or sampled (temperature > 0, top_p, one run per
+// prompt and seed, seeds 1..n_seeds, the same seeds for every method).
+struct BenchSampling {
+  double temperature = 0;
+  double top_p = 1;
+  int64_t n_seeds = 1;
+  bool sampled() const { return temperature > 0; }
+};
+
 // The benchmark of one prompt set: every method of the table is a job,
 // baselines tuned by exact replay on the tuning split (per cost model), LEDE
 // policies with their ablations, all run interleaved on the evaluation
@@ -182,8 +192,8 @@ using trainer::RoundCostsOf;
 class SetBench {
  public:
   SetBench(Common& c, const CommonFlags& cf, const PromptSet& set, std::vector<std::string> methods,
-           std::ostream& out, std::ostream& err)
-      : c_(c), cf_(cf), set_(set), methods_(std::move(methods)), out_(out), err_(err) {
+           const BenchSampling& sampling, std::ostream& out, std::ostream& err)
+      : c_(c), cf_(cf), set_(set), methods_(std::move(methods)), sampling_(sampling), out_(out), err_(err) {
     L_ = static_cast<int32_t>(c.model->n_layers());
     D_ = c.spec.max_draft_len;
     // Static and the oracle range over longer drafts than the policies'
@@ -201,7 +211,7 @@ class SetBench {
     err_ << "== " << set_.name << ": " << set_.tuning.size() << " tuning / " << set_.eval.size()
          << " evaluation prompts\n";
     LEDE_RETURN_IF_ERROR(TraceBothSplits());
-    LEDE_ASSIGN_OR_RETURN(ar_eval_, RunPrompts(*c_.engine, set_.eval, ar_, nullptr, nullptr));
+    LEDE_ASSIGN_OR_RETURN(ar_eval_, RunAr());
     if (Has("ar")) jobs_.push_back({"ar", "", ar_, nullptr});
     if (Has("calibrated") || Has("del")) {
       LEDE_ASSIGN_OR_RETURN(calibration_, FitAcceptanceModels(tune_traces_, c_.spec.trace_window));
@@ -234,14 +244,69 @@ class SetBench {
 
   bool Has(const std::string& m) const { return std::find(methods_.begin(), methods_.end(), m) != methods_.end(); }
 
-  // Shadow traces of the greedy trajectories: the tuning split tunes every
-  // baseline by exact replay; the evaluation split gives the ceilings.
+  // One generation of a split: a prompt and the seed it is sampled with.
+  struct SplitRun {
+    size_t prompt = 0;
+    uint64_t seed = 0;
+  };
+  // The runs of a split of n prompts: each prompt once (greedy) or once per
+  // seed 1..n_seeds (sampled).
+  std::vector<SplitRun> Runs(size_t n) const {
+    std::vector<SplitRun> runs;
+    for (size_t p = 0; p < n; ++p) {
+      if (!sampling_.sampled()) runs.push_back({p, 0});
+      for (int64_t s = 1; sampling_.sampled() && s <= sampling_.n_seeds; ++s) runs.push_back({p, static_cast<uint64_t>(s)});
+    }
+    return runs;
+  }
+  model::SamplingOptions SamplingOf(uint64_t seed) const {
+    model::SamplingOptions o;
+    if (!sampling_.sampled()) return o;
+    o.temperature = sampling_.temperature;
+    o.top_p = sampling_.top_p;
+    o.seed = seed;
+    return o;
+  }
+
+  // Autoregressive decoding of every evaluation run (outputs: the reference).
+  StatusOr<Totals> RunAr() {
+    if (!sampling_.sampled()) return RunPrompts(*c_.engine, set_.eval, ar_, nullptr, nullptr);
+    Totals sum;
+    for (const SplitRun& run : Runs(set_.eval.size())) {
+      GenerateOptions o = ar_;
+      o.sampling = SamplingOf(run.seed);
+      LEDE_ASSIGN_OR_RETURN(Totals t, RunPrompts(*c_.engine, {set_.eval[run.prompt]}, o, nullptr, nullptr));
+      sum.tokens += t.tokens;
+      sum.decode_s += t.decode_s;
+      sum.outputs.push_back(std::move(t.outputs.front()));
+      ++sum.prompts;
+    }
+    return sum;
+  }
+
+  // Shadow traces of the autoregressive trajectories (greedy: exact; sampled:
+  // an autoregressive draw per seed, scored by acceptance probability,
+  // trainer/counterfactual.h): the tuning split tunes every baseline by
+  // replay; the evaluation split gives the ceilings.
   Status TraceBothSplits() {
     for (auto [prompts, traces] : {std::pair{&set_.tuning, &tune_traces_}, std::pair{&set_.eval, &eval_traces_}}) {
-      for (size_t i = 0; i < prompts->size(); ++i) {
+      for (const SplitRun& run : Runs(prompts->size())) {
+        const std::vector<int32_t>& prompt = (*prompts)[run.prompt];
+        const std::string id = set_.name + ":" + std::to_string(run.prompt) +
+                               (sampling_.sampled() ? "#" + std::to_string(run.seed) : "");
+        if (!sampling_.sampled()) {
+          LEDE_ASSIGN_OR_RETURN(trainer::ShadowTrace t,
+                                trainer::TraceGreedyRequest(*c_.engine, prompt, cf_.new_tokens, c_.spec.top_k, id));
+          traces->push_back(std::move(t));
+          continue;
+        }
+        GenerateOptions o = ar_;
+        o.sampling = SamplingOf(run.seed);
+        LEDE_ASSIGN_OR_RETURN(model::GenerationResult r, c_.engine->Generate(prompt, o));
         LEDE_ASSIGN_OR_RETURN(trainer::ShadowTrace t,
-                              trainer::TraceGreedyRequest(*c_.engine, (*prompts)[i], cf_.new_tokens, c_.spec.top_k,
-                                                          set_.name + ":" + std::to_string(i)));
+                              trainer::ComputeShadowTrace(*c_.model, prompt, r.tokens,
+                                                          r.finish == model::FinishReason::kEos, cf_.new_tokens,
+                                                          c_.spec.top_k, id, o.sampling));
         traces->push_back(std::move(t));
       }
     }
@@ -451,20 +516,22 @@ class SetBench {
   // run affects every method alike and the wall-clock ratios survive it.
   StatusOr<std::vector<Totals>> Evaluate() {
     std::vector<Totals> totals(jobs_.size());
+    const std::vector<SplitRun> runs = Runs(set_.eval.size());
     for (int64_t rep = 0; rep < cf_.repeats; ++rep) {
-      for (size_t p = 0; p < set_.eval.size(); ++p) {
-        PrintProgress(err_, "evaluation, pass " + std::to_string(rep + 1), p, set_.eval.size());
+      for (size_t p = 0; p < runs.size(); ++p) {
+        PrintProgress(err_, "evaluation, pass " + std::to_string(rep + 1), p, runs.size());
         for (size_t k = 0; k < jobs_.size(); ++k) {
           const size_t j = (k + p + static_cast<size_t>(rep)) % jobs_.size();  // rotating order
           GenerateOptions o = jobs_[j].options;
+          o.sampling = SamplingOf(runs[p].seed);
           std::unique_ptr<ExitController> ctl;
           if (jobs_[j].factory) ctl = jobs_[j].factory(static_cast<int64_t>(p)), o.controller = ctl.get();
-          auto r = c_.engine->Generate(set_.eval[p], o);
+          auto r = c_.engine->Generate(set_.eval[runs[p].prompt], o);
           if (!r.ok()) return Status(r.status().code(), jobs_[j].method + ": " + std::string(r.status().message()));
           Totals& t = totals[j];
           t.tokens += r->stats.n_generated - 1;
           t.decode_s += r->stats.decode_s;
-          if (rep == 0) {  // greedy: every pass makes the same rounds
+          if (rep == 0) {  // seeded: every pass makes the same rounds
             t.drafted += r->stats.n_drafted;
             t.accepted += r->stats.n_accepted;
             for (const auto& round : r->stats.rounds) {
@@ -565,6 +632,10 @@ class SetBench {
             {"belief_ceiling_in_sample", ceilings["belief_in_sample"]},
             {"belief_ceiling_tuning_fit", ceilings["belief_tuning_fit"]},
             {"ar_tokens_per_s", ar_tps},
+            {"temperature", sampling_.temperature},
+            {"top_p", sampling_.top_p},
+            {"seeds", sampling_.sampled() ? sampling_.n_seeds : 0},
+            {"eval_runs", Runs(set_.eval.size()).size()},  // evaluation prompts x seeds (greedy: x 1)
             {"interleaved_passes", cf_.repeats},
             {"tuning_prompts", set_.tuning.size()},
             {"eval_prompts", set_.eval.size()}};
@@ -575,6 +646,11 @@ class SetBench {
     out_ << "\n== " << set_.name << " (evaluation split: " << set_.eval.size() << " prompts x " << cf_.new_tokens
          << " tokens, " << cf_.repeats << " interleaved passes; AR " << static_cast<int64_t>(ar_tps)
          << " tokens/s; baselines tuned by replay on the " << set_.tuning.size() << " tuning prompts)\n";
+    if (sampling_.sampled()) {
+      out_ << "sampled: temperature " << sampling_.temperature << ", top_p " << sampling_.top_p << ", seeds 1.."
+           << sampling_.n_seeds << " per prompt (exact: share equal to the autoregressive draw of the same seed;"
+           << " speculative sampling is lossless in distribution, not draw for draw)\n";
+    }
     std::snprintf(line, sizeof(line), "%-34s %-26s %7s %8s %10s %11s %7s %7s %6s %6s %6s\n", "method", "config",
                   "tok/s", "measured", "pred.accel", "pred.measrd", "accept", "tok/rnd", "mean E", "mean D", "exact");
     out_ << line;
@@ -603,6 +679,7 @@ class SetBench {
   const CommonFlags& cf_;
   const PromptSet& set_;
   const std::vector<std::string> methods_;
+  const BenchSampling sampling_;
   std::ostream& out_;
   std::ostream& err_;
   int32_t L_ = 0, D_ = 0, static_max_draft_ = 0;
@@ -659,6 +736,18 @@ nlohmann::json Provenance(const std::string& subcommand, const std::vector<std::
 
 }  // namespace
 
+namespace {
+
+// --temperature, --top-p, --seeds: kInvalidArgument naming the flag.
+Status CheckSampling(const BenchSampling& s) {
+  if (!std::isfinite(s.temperature) || s.temperature < 0) return InvalidArgumentError("--temperature: must be >= 0");
+  if (!(s.top_p > 0 && s.top_p <= 1)) return InvalidArgumentError("--top-p: must be in (0, 1]");
+  if (s.n_seeds < 1) return InvalidArgumentError("--seeds: must be >= 1");
+  return OkStatus();
+}
+
+}  // namespace
+
 int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   CommonFlags cf;
   std::string methods_flag = "ar,static,threshold,calibrated,del,adaedl,lede", policies, json_path;
@@ -670,12 +759,20 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   std::string fixed_static;
   f.Add("static-configs", &fixed_static,
         "extra static rows E:D[,E:D...], not tuned (e.g. the settings tuned on another prompt set)");
+  BenchSampling sampling;
+  f.Add("temperature", &sampling.temperature, "sampling temperature, >= 0 (0 = greedy)");
+  f.Add("top-p", &sampling.top_p, "nucleus mass in (0, 1] when sampling");
+  f.Add("seeds", &sampling.n_seeds, "sampled runs per prompt, seeds 1..N (every method the same seeds)");
   if (flags::WantsHelp(args)) {
     out << "usage: lede-bench bench --model DIR --prompts FILE[,FILE...] [flags]\nflags:\n" << f.Usage();
     return 0;
   }
   if (Status s = f.Parse(args); !s.ok()) {
     err << "lede-bench bench: " << s.message() << " (see lede-bench bench --help)\n";
+    return 2;
+  }
+  if (Status s = CheckSampling(sampling); !s.ok()) {
+    err << "lede-bench bench: " << s.message() << "\n";
     return 2;
   }
   auto common = Setup(cf);
@@ -705,7 +802,7 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   report["new_tokens"] = cf.new_tokens;
   const std::string started = CommandOutput("date -u +%Y-%m-%dT%H:%M:%SZ");
   for (const PromptSet& set : c.sets) {
-    SetBench bench(c, cf, set, methods, out, err);
+    SetBench bench(c, cf, set, methods, sampling, out, err);
     StatusOr<nlohmann::json> set_report = bench.Run(artifacts, fixed_static);
     if (!set_report.ok()) {
       err << "lede-bench bench: " << set_report.status().message() << "\n";

@@ -1,6 +1,7 @@
 #include "trainer/counterfactual.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <utility>
 
@@ -8,6 +9,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "shared/model/exit_signals.h"
+#include "shared/model/sampling.h"
 #include "shared/speculation/adaptive_round.h"
 #include "shared/model/torch_boundary.h"
 #include "shared/status/status_macros.h"
@@ -26,10 +28,66 @@ const speculation::ExitSignals& ShadowTrace::At(int32_t layer, int64_t t) const 
   return row[static_cast<size_t>(std::clamp<int64_t>(t, 0, static_cast<int64_t>(row.size()) - 1))];
 }
 
+double ShadowTrace::AcceptProb(int32_t layer, int64_t t) const {
+  if (!sampled()) return Accepts(layer, t) ? 1.0 : 0.0;
+  const auto& row = accept_prob.at(static_cast<size_t>(layer - 1));
+  return row[static_cast<size_t>(std::clamp<int64_t>(t, 0, static_cast<int64_t>(row.size()) - 1))];
+}
+
+bool ShadowTrace::Accepts(int32_t layer, int64_t t) const {
+  if (!sampled()) return At(layer, t).top1 == target.at(t);
+  return coupling.at(static_cast<size_t>(t)) < AcceptProb(layer, t);
+}
+
+double ExpectedAcceptance(const at::Tensor& target_probs, const at::Tensor& draft_probs) {
+  at::Tensor p = target_probs.to(at::kCPU, at::kDouble).reshape({-1});
+  at::Tensor q = draft_probs.to(at::kCPU, at::kDouble).reshape({-1});
+  TORCH_CHECK(p.numel() == q.numel(), "ExpectedAcceptance: p has ", p.numel(), " entries, q ", q.numel());
+  return std::clamp(at::minimum(p, q).sum().item<double>(), 0.0, 1.0);
+}
+
+double ExpectedAcceptanceOfLogits(const at::Tensor& target_logits, const at::Tensor& draft_logits,
+                                  const speculation::SamplingParams& sampling) {
+  return ExpectedAcceptance(model::WarpedProbs(target_logits, sampling), model::WarpedProbs(draft_logits, sampling));
+}
+
+double ExpectedAcceptedLength(const ShadowTrace& trace, int32_t layer, int64_t next, int64_t draft_len) {
+  const int64_t T = static_cast<int64_t>(trace.target.size());
+  double expected = 0, survive = 1;
+  for (int64_t j = 0; j < draft_len && next + j < T; ++j) {
+    survive *= trace.AcceptProb(layer, next + j);
+    expected += survive;
+  }
+  return expected;
+}
+
+namespace {
+
+// Stream of speculation::RoundSeed for the replay's coupling uniforms (the
+// engine uses 1 and 2).
+constexpr uint64_t kReplayStream = 3;
+
+// The uniforms of a sampled replay, one per target position, in [0, 1).
+std::vector<double> CouplingUniforms(uint64_t seed, int64_t n) {
+  std::vector<double> u(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) {
+    u[t] = static_cast<double>(speculation::RoundSeed(seed, t, kReplayStream) >> 11) * 0x1.0p-53;
+  }
+  return u;
+}
+
+}  // namespace
+
 StatusOr<ShadowTrace> ComputeShadowTrace(const model::LlamaModel& model, const std::vector<int32_t>& prompt,
                                          const std::vector<int32_t>& output, bool ended_on_eos,
-                                         int64_t max_new_tokens, int32_t top_k, std::string id) {
+                                         int64_t max_new_tokens, int32_t top_k, std::string id,
+                                         const speculation::SamplingParams& sampling) {
   const checkpoint::ModelConfig& c = model.config();
+  if (!std::isfinite(sampling.temperature) || sampling.temperature < 0) {
+    return InvalidArgumentError("temperature: must be finite and >= 0");
+  }
+  const bool sampled = !sampling.greedy();
+  if (sampled && !(sampling.top_p > 0 && sampling.top_p <= 1)) return InvalidArgumentError("top_p: must be in (0, 1]");
   if (prompt.empty()) return InvalidArgumentError("prompt: is empty");
   if (output.empty() && !ended_on_eos) return InvalidArgumentError("output: is empty");
   const int64_t P = static_cast<int64_t>(prompt.size()), N = static_cast<int64_t>(output.size());
@@ -58,8 +116,10 @@ StatusOr<ShadowTrace> ComputeShadowTrace(const model::LlamaModel& model, const s
   LEDE_RETURN_IF_ERROR(model::TorchBoundary("shadow trace", [&]() -> Status {
     c10::InferenceMode guard;
     at::Tensor h = model.Embed(at::tensor(ids, at::kLong).view({1, -1}).to(model.options().device));
+    std::vector<at::Tensor> exit_hidden;  // sampled: [1, T, D] per layer, for the acceptance pass
     for (int64_t l = 1; l <= c.n_layers; ++l) {
       h = model.Forward(h, l - 1, l, 0, nullptr, 0);
+      if (sampled) exit_hidden.push_back(h.narrow(1, P - 1, T).clone());
       at::Tensor logits =
           model.ExitLogits(h.narrow(1, P - 1, T)).view({T, -1}).to(at::kCPU, at::kFloat).contiguous();
       const float* base = logits.data_ptr<float>();
@@ -68,8 +128,27 @@ StatusOr<ShadowTrace> ComputeShadowTrace(const model::LlamaModel& model, const s
       for (int64_t t = 0; t < T; ++t) row[t] = model::ProbeSignals(base + t * V, V, top_k);
       trace.probes.push_back(std::move(row));
     }
+    if (!sampled) return OkStatus();
+    // p_t once, then each exit's q_t against it.
+    at::Tensor full = model.ExitLogits(exit_hidden.back()).view({T, -1}).to(at::kCPU, at::kFloat);
+    std::vector<at::Tensor> p(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) p[t] = model::WarpedProbs(full[t], sampling);
+    for (int64_t l = 1; l <= c.n_layers; ++l) {
+      std::vector<float> row(static_cast<size_t>(T), 1.0f);
+      if (l < c.n_layers) {
+        at::Tensor q = model.ExitLogits(exit_hidden[l - 1]).view({T, -1}).to(at::kCPU, at::kFloat);
+        for (int64_t t = 0; t < T; ++t) {
+          row[t] = static_cast<float>(ExpectedAcceptance(p[t], model::WarpedProbs(q[t], sampling)));
+        }
+      }
+      trace.accept_prob.push_back(std::move(row));
+    }
     return OkStatus();
   }));
+  if (sampled) {
+    trace.sampling = sampling;
+    trace.coupling = CouplingUniforms(sampling.seed, T);
+  }
   return trace;
 }
 
@@ -84,7 +163,7 @@ StatusOr<ShadowTrace> TraceGreedyRequest(model::Engine& engine, const std::vecto
 
 namespace {
 
-// The speculation backend of a simulated greedy request (see the header).
+// The speculation backend of a simulated request (see the header).
 class ShadowBackend : public speculation::SpeculationBackend {
  public:
   ShadowBackend(const ShadowTrace& trace, const SimulatedMethod& method) : trace_(trace), method_(method) {
@@ -146,7 +225,11 @@ class ShadowBackend : public speculation::SpeculationBackend {
   StatusOr<Verdict> VerifyRound(int64_t, int32_t, const Draft& d) override {
     const int64_t i = next_, T = static_cast<int64_t>(trace_.target.size());
     int64_t a = 0;
-    while (a < static_cast<int64_t>(d.tokens.size()) && i + a < T && d.tokens[a] == trace_.target[i + a]) ++a;
+    if (trace_.sampled()) {  // coupled draws (see the header)
+      while (a < static_cast<int64_t>(d.tokens.size()) && i + a < T && trace_.Accepts(d.exit_layer, i + a)) ++a;
+    } else {
+      while (a < static_cast<int64_t>(d.tokens.size()) && i + a < T && d.tokens[a] == trace_.target[i + a]) ++a;
+    }
     if (i >= T) {
       return InternalError("shadow replay ran past the logged trajectory of " + trace_.id + " (" +
                            std::to_string(T) + " tokens)");
@@ -300,6 +383,34 @@ StatusOr<double> SimulatedSpeedup(const std::vector<ShadowTrace>& traces, const 
   m.spec = spec;
   LEDE_ASSIGN_OR_RETURN(std::vector<speculation::RoundRecord> rounds, SimulatedRounds(traces, m, make));
   return cost.PredictedSpeedup(rounds);
+}
+
+double ExpectedAccepted(const ShadowTrace& trace, const speculation::GenerationResult& result) {
+  double expected = 0;
+  int64_t next = 1;
+  for (const speculation::RoundRecord& r : result.stats.rounds) {
+    if (r.n_drafted > 0) expected += ExpectedAcceptedLength(trace, r.exit_layer, next, r.n_drafted);
+    next += r.n_accepted + 1;
+  }
+  return expected;
+}
+
+StatusOr<ReplayAcceptanceByKind> ReplayAcceptanceOf(const std::vector<ShadowTrace>& traces,
+                                                    const speculation::DecisionSpec& spec, const ControllerMaker& make) {
+  ReplayAcceptanceByKind out;
+  for (size_t i = 0; i < traces.size(); ++i) {
+    std::unique_ptr<speculation::ExitController> controller = make(static_cast<int64_t>(i));
+    SimulatedMethod m;
+    m.mode = SpeculationMode::kAdaptive;
+    m.controller = controller.get();
+    m.spec = spec;
+    LEDE_ASSIGN_OR_RETURN(speculation::GenerationResult r, Simulate(traces[i], m));
+    ReplayAcceptance& kind = traces[i].sampled() ? out.sampled : out.greedy;
+    ++kind.n_requests;
+    kind.n_drafted += r.stats.n_drafted;
+    kind.expected_accepted += ExpectedAccepted(traces[i], r);
+  }
+  return out;
 }
 
 StatusOr<std::vector<experience::Transition>> CounterfactualTransitions(

@@ -24,8 +24,23 @@
 // way (acceptance is a prefix), so only a policy's decision to keep
 // drafting after a rejection, and hence that round's cost, can differ.
 //
-// Sampling requests have no policy-independent labels; the trainer keeps
-// learning from their logged (on-policy) transitions only.
+// Sampled requests (temperature > 0) are replayed in expectation. Their
+// emitted tokens are a draw from the full model's warped distribution p
+// (speculative sampling is lossless), so they stand for the committed path
+// of any method. Per drafted position the probability that speculative
+// sampling keeps a draft drawn from the exit's warped distribution q is
+// sum_x min(p(x), q(x)) (Leviathan et al., arXiv 2211.17192, §3.1; "same
+// warping": shared/model/sampling.h WarpedProbs with the request's
+// temperature and top_p), so a round drafting K tokens at layer l from
+// position i accepts sum_{j=1..K} prod_{m<j} alpha_l(i + m) tokens in
+// expectation (ExpectedAcceptedLength); for a greedy trace alpha is 1 or 0
+// and this is the exact length. The simulator needs integer acceptances, so
+// it draws them with common random numbers: position t is accepted at layer
+// l iff u_t < alpha_l(t), u_t uniform from the request's seed and t (one u_t
+// for every layer and policy, so policies are compared on the same draws).
+// The approximation of a sampled replay beyond the greedy one: the draft
+// positions after the first are conditioned on the committed path, not on
+// the drafted tokens.
 #ifndef LEDE_TRAINER_COUNTERFACTUAL_H_
 #define LEDE_TRAINER_COUNTERFACTUAL_H_
 
@@ -44,7 +59,7 @@
 
 namespace lede::trainer {
 
-// The shadow tokens of one greedy request.
+// The shadow tokens of one logged request (greedy, or sampled: see above).
 struct ShadowTrace {
   std::string id;                 // request id (experience request_id)
   int32_t n_layers = 0;           // L
@@ -65,21 +80,65 @@ struct ShadowTrace {
   // training (trainer/dinkelbach.h DinkelbachOptions::loads). Greedy
   // acceptance does not depend on it, so one trace serves every load.
   int32_t load = 1;
+  // Sampled requests only (empty for greedy ones): the settings the request
+  // was served with; accept_prob[l - 1][t] = sum_x min(p_t(x), q_{l,t}(x))
+  // in [0, 1], p the full model's and q the exit at layer l's warped
+  // distribution predicting target[t] (1 at l = L); coupling[t] in [0, 1),
+  // the uniform that decides position t in a replay.
+  speculation::SamplingParams sampling;
+  std::vector<std::vector<float>> accept_prob;
+  std::vector<double> coupling;
 
+  bool sampled() const { return !accept_prob.empty(); }
   // The signals predicting target[t] at layer l (t clamped to the trace).
   const speculation::ExitSignals& At(int32_t layer, int64_t t) const;
-  // Whether the exit at `layer` drafts target[t] (agrees with the full model).
-  bool Accepts(int32_t layer, int64_t t) const { return At(layer, t).top1 == target.at(t); }
+  // The probability that a draft from the exit at `layer` for target[t] is
+  // accepted: greedy, 1 if it agrees with the full model and 0 if not;
+  // sampled, accept_prob (t clamped to the trace).
+  double AcceptProb(int32_t layer, int64_t t) const;
+  // Whether the replay accepts the exit at `layer`'s draft for target[t]:
+  // greedy, whether it drafts target[t]; sampled, coupling[t] < accept_prob.
+  bool Accepts(int32_t layer, int64_t t) const;
 };
+
+// The speculative-sampling acceptance probability of one position: the
+// chance that a token drawn from the draft distribution q is kept against
+// the target distribution p, sum_x min(p(x), q(x)) (Leviathan et al., arXiv
+// 2211.17192, §3.1: 1 - the total variation distance).
+//   target_probs, draft_probs  [V] float32 (any float dtype), CPU, each
+//                              summing to 1 (as WarpedProbs returns them)
+//   returns                    in [0, 1]; 1 when p == q
+// Throws c10::Error on a shape mismatch (torch glue; callers catch it at
+// their torch boundary).
+double ExpectedAcceptance(const at::Tensor& target_probs, const at::Tensor& draft_probs);
+
+// The expected acceptance of an exit's logits against the full model's under
+// `sampling` (both warped by shared/model/sampling.h WarpedProbs, the
+// engine's transform): ExpectedAcceptance(Warp(target), Warp(draft)). With
+// temperature 0 it is 1 if the argmaxes agree and 0 if not (greedy).
+//   target_logits, draft_logits  [V] float32, CPU
+// Throws c10::Error as ExpectedAcceptance.
+double ExpectedAcceptanceOfLogits(const at::Tensor& target_logits, const at::Tensor& draft_logits,
+                                  const speculation::SamplingParams& sampling);
+
+// The expected number of drafts a round keeps when it drafts `draft_len`
+// tokens at `layer` for target[next], target[next + 1], ...:
+// sum_{j=1..K} prod_{m<j} AcceptProb(layer, next + m), positions past the
+// trace accepting nothing. Exact for a greedy trace.
+double ExpectedAcceptedLength(const ShadowTrace& trace, int32_t layer, int64_t next, int64_t draft_len);
 
 // One uncached pass over prompt + output through all L layers with the exit
 // head at each (docs/design.md §1 exits). `output` holds the emitted tokens;
 // `ended_on_eos` appends eos (the model's first eos id) to the target.
+// `sampling` with temperature > 0 makes a sampled trace (accept_prob and
+// coupling filled, the uniforms keyed by sampling.seed).
 // Errors: kInvalidArgument for an empty prompt or output, ids outside [0, V),
-// or more than max_seq_len tokens; kInternal on a libtorch failure.
+// or more than max_seq_len tokens, a temperature that is negative or not
+// finite, top_p outside (0, 1] when sampling; kInternal on a libtorch failure.
 StatusOr<ShadowTrace> ComputeShadowTrace(const model::LlamaModel& model, const std::vector<int32_t>& prompt,
                                          const std::vector<int32_t>& output, bool ended_on_eos,
-                                         int64_t max_new_tokens, int32_t top_k, std::string id = "");
+                                         int64_t max_new_tokens, int32_t top_k, std::string id = "",
+                                         const speculation::SamplingParams& sampling = {});
 
 // Generates `prompt` greedily (autoregressive, the reference trajectory) and
 // computes its shadow trace. Errors: those of Engine::Generate and above.
@@ -145,6 +204,30 @@ StatusOr<std::vector<speculation::RoundRecord>> SimulatedRounds(const std::vecto
 // predicted speed-up under `cost` of all rounds pooled (tokens / cost).
 StatusOr<double> SimulatedSpeedup(const std::vector<ShadowTrace>& traces, const speculation::DecisionSpec& spec,
                                   const ControllerMaker& make, const model::CostModel& cost);
+
+// The acceptance of a replayed method on a set of traces: requests, tokens
+// drafted, and drafts kept in expectation (ExpectedAcceptedLength of each
+// drafting round, at the position and layer the replay reached it).
+struct ReplayAcceptance {
+  int64_t n_requests = 0;
+  int64_t n_drafted = 0;
+  double expected_accepted = 0;
+  // expected_accepted / n_drafted; 0 when nothing was drafted.
+  double rate() const { return n_drafted > 0 ? expected_accepted / static_cast<double>(n_drafted) : 0.0; }
+};
+
+// The expected accepted drafts of a simulated request (`result` from
+// Simulate on `trace`): ExpectedAcceptedLength summed over its rounds.
+double ExpectedAccepted(const ShadowTrace& trace, const speculation::GenerationResult& result);
+
+// Held-out acceptance split by kind: greedy traces and sampled ones replayed
+// under the controllers of `make`, each kind reported on its own (their
+// rates are not comparable: sampling accepts less at the same agreement).
+struct ReplayAcceptanceByKind {
+  ReplayAcceptance greedy, sampled;
+};
+StatusOr<ReplayAcceptanceByKind> ReplayAcceptanceOf(const std::vector<ShadowTrace>& traces,
+                                                    const speculation::DecisionSpec& spec, const ControllerMaker& make);
 
 // Counterfactual transitions: every trace replayed under each behaviour
 // controller (ε-greedy exploration included), their decisions rewarded by

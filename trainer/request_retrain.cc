@@ -39,6 +39,36 @@ StatusOr<ServingPlan> PlanOf(std::shared_ptr<const policy::dqn::Artifact> artifa
   return p;
 }
 
+// The sampling settings a logged request was served with (greedy for
+// records without them).
+speculation::SamplingParams RecordSampling(const lede::v1::RequestRecord& record) {
+  speculation::SamplingParams s;
+  if (experience::IsGreedyRecord(record)) return s;
+  s.temperature = record.temperature();
+  s.top_p = record.top_p() == 0.0f ? 1.0 : record.top_p();
+  s.seed = record.seed();
+  return s;
+}
+
+// The candidate's held-out acceptance, greedy and sampled apart, into `out`
+// and the candidate's offline metrics.
+Status ReportHeldoutAcceptance(const std::vector<ShadowTrace>& heldout, const ServingPlan& candidate,
+                               const RequestRetrainOptions& options, policy::dqn::Artifact* artifact,
+                               RequestRetrainOutcome* out) {
+  LEDE_ASSIGN_OR_RETURN(out->heldout_acceptance, ReplayAcceptanceOf(heldout, candidate.spec, candidate.make));
+  const ReplayAcceptanceByKind& a = out->heldout_acceptance;
+  auto& m = artifact->metadata.offline_metrics;
+  m["heldout_greedy_requests"] = static_cast<double>(a.greedy.n_requests);
+  m["heldout_greedy_acceptance"] = a.greedy.rate();
+  m["heldout_sampled_requests"] = static_cast<double>(a.sampled.n_requests);
+  m["heldout_sampled_acceptance"] = a.sampled.rate();
+  Log(options, "msg=\"held-out acceptance\" greedy_requests=" + std::to_string(a.greedy.n_requests) +
+                   " greedy_acceptance=" + std::to_string(a.greedy.rate()) +
+                   " sampled_requests=" + std::to_string(a.sampled.n_requests) +
+                   " sampled_expected_acceptance=" + std::to_string(a.sampled.rate()));
+  return OkStatus();
+}
+
 }  // namespace
 
 StatusOr<ShadowTrace> TraceLoggedRequest(const model::LlamaModel& model, const lede::v1::RequestRecord& record,
@@ -50,7 +80,7 @@ StatusOr<ShadowTrace> TraceLoggedRequest(const model::LlamaModel& model, const l
   const int64_t n_out = static_cast<int64_t>(output.size());
   const int64_t max_new = record.ended_on_eos() ? std::max<int64_t>(record.max_new_tokens(), n_out + 1) : n_out;
   LEDE_ASSIGN_OR_RETURN(ShadowTrace t, ComputeShadowTrace(model, prompt, output, record.ended_on_eos(), max_new,
-                                                          top_k, record.request_id()));
+                                                          top_k, record.request_id(), RecordSampling(record)));
   t.load = std::max(1, record.load());
   return t;
 }
@@ -60,8 +90,7 @@ namespace {
 // The usable logged requests' shadow traces, split by request.
 struct RequestSplit {
   std::vector<ShadowTrace> train, selection, heldout;
-  int64_t n_requests = 0;  // usable requests traced
-  int64_t n_sampled = 0;   // sampled requests, not replayed
+  int64_t n_requests = 0;  // usable requests traced (greedy and sampled)
 };
 
 // Traces every usable record and splits them: held out by request id, the
@@ -74,13 +103,6 @@ StatusOr<RequestSplit> TraceAndSplitRequests(const model::LlamaModel& model,
   const int32_t top_k = options.dinkelbach.spec.top_k;
   int64_t n_train_seen = 0;
   for (const lede::v1::RequestRecord& r : records) {
-    // A sampled request's tokens are one draw: an exact replay of another
-    // policy would not emit them. Skipped until replay scores sampled
-    // rounds by their expected acceptance.
-    if (!experience::IsGreedyRecord(r)) {
-      ++split.n_sampled;
-      continue;
-    }
     StatusOr<ShadowTrace> t = TraceLoggedRequest(model, r, top_k);
     if (!t.ok() && t.status().code() == StatusCode::kInvalidArgument) continue;  // empty output, too long
     if (!t.ok()) return t.status();
@@ -302,7 +324,6 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
   const auto train_start = std::chrono::steady_clock::now();
   LEDE_ASSIGN_OR_RETURN(RequestSplit split, TraceAndSplitRequests(model, usable, options));
   out.n_requests = split.n_requests;
-  out.n_sampled_skipped = split.n_sampled;
   out.n_train = static_cast<int64_t>(split.train.size() + split.selection.size());
   out.n_heldout = static_cast<int64_t>(split.heldout.size());
   if (split.train.empty() || split.selection.empty() || split.heldout.empty()) {
@@ -332,6 +353,7 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
   LEDE_ASSIGN_OR_RETURN(out.candidate_speedup, SimulatedSpeedup(split.heldout, cp.spec, cp.make, pricing));
   candidate_artifact.metadata.offline_metrics["heldout_replay_speedup"] = out.candidate_speedup;
   candidate_artifact.metadata.offline_metrics["heldout_replay_speedup_serving"] = out.serving_speedup;
+  LEDE_RETURN_IF_ERROR(ReportHeldoutAcceptance(split.heldout, cp, options, &candidate_artifact, &out));
   out.candidate_version = options.version;
   LEDE_RETURN_IF_ERROR(PublishIfBetter(candidate_artifact, fingerprint, options, &out));
   return out;

@@ -2,9 +2,11 @@
 //
 // Retraining on the request log: the exit policy learned
 // by the counterfactual trainer (shadow tokens, exact replay, Dinkelbach;
-// trainer/dinkelbach.h) on the deployment's own logged greedy requests
-// (shared/experience/request_log.h), evaluated against the serving policy
-// by exact replay on held-out requests; no prompt file is needed.
+// trainer/dinkelbach.h) on the deployment's own logged requests, greedy and
+// sampled (shared/experience/request_log.h), evaluated against the serving
+// policy by replay on held-out requests (greedy ones exact, sampled ones by
+// acceptance probability, trainer/counterfactual.h); no prompt file is
+// needed.
 //
 // One run (RetrainOnRequests):
 //  1. Read every request-log shard under the prefix. A truncated or corrupt
@@ -103,18 +105,20 @@ struct RequestRetrainOutcome {
   // Shards skipped whole because they hold records of another model: all
   // of them under the prefix, and the new ones (each logged once).
   int64_t n_other_model_shards = 0, n_new_other_model_shards = 0;
-  // Logged sampled requests (temperature > 0), not replayed: an exact
-  // replay needs greedy decoding.
-  int64_t n_sampled_skipped = 0;
   double train_seconds = 0;  // wall time of tracing the requests and training the candidate
   std::string serving_version, candidate_version, artifact_dir, reason;
   double serving_speedup = 0, candidate_speedup = 0;  // replayed on the held-out requests
   // The cost model the run priced with: "served" (the logged measured
   // costs) or the name of the `cost` given.
   std::string cost_model;
+  // The candidate's acceptance on the held-out requests, greedy and sampled
+  // apart (trainer/counterfactual.h ReplayAcceptanceOf).
+  ReplayAcceptanceByKind heldout_acceptance;
 };
 
-// The shadow trace of a logged request, at the load it was served at.
+// The shadow trace of a logged request, at the load it was served at; a
+// sampled record (temperature > 0) gives a sampled trace under its recorded
+// temperature, top_p and seed.
 // Errors: those of ComputeShadowTrace (an empty output is kInvalidArgument).
 StatusOr<ShadowTrace> TraceLoggedRequest(const model::LlamaModel& model, const lede::v1::RequestRecord& record,
                                          int32_t top_k);

@@ -17,8 +17,8 @@
 //   <prefix>/<UTC date>/<writer id>-<seq>.lreq   (default prefix "requests")
 // with the magic "LEDREQ1\n" instead of "LEDEXP1\n"; the framing is that of
 // experience.h. Sampled requests are logged with their settings; the
-// retrainer replays the greedy ones exactly and skips the sampled ones for
-// now (their counterfactual needs the speculative-sampling acceptance).
+// retrainer replays the greedy ones exactly and the sampled ones by
+// speculative-sampling acceptance probability (trainer/counterfactual.h).
 #ifndef LEDE_SHARED_EXPERIENCE_REQUEST_LOG_H_
 #define LEDE_SHARED_EXPERIENCE_REQUEST_LOG_H_
 

@@ -5,6 +5,7 @@
 #include "trainer/dinkelbach.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <set>
@@ -13,6 +14,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include <ATen/ATen.h>
 #include "policy/controllers.h"
 #include "policy/dqn/artifact.h"
 #include "policy/dqn/dqn_exit_controller.h"
@@ -661,6 +663,195 @@ TEST_F(CounterfactualTest, BadMethodsAreRefused) {
   EXPECT_EQ(Simulate(traces[0], m).status().code(), StatusCode::kInvalidArgument);  // no controller
   EXPECT_EQ(ComputeShadowTrace(*model_, {}, {5}, false, 8, 4).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(ComputeShadowTrace(*model_, {1}, {99999}, false, 8, 4).status().code(), StatusCode::kInvalidArgument);
+}
+
+
+// Speculative-sampling acceptance, sum_x min(p(x), q(x)), is 1 when the
+// draft distribution is the target's.
+TEST(ExpectedAcceptanceTest, IsOneWhenDraftEqualsTarget) {
+  const at::Tensor p = at::tensor(std::vector<float>{0.1f, 0.2f, 0.3f, 0.4f});
+  EXPECT_NEAR(ExpectedAcceptance(p, p), 1.0, 1e-6);
+  const at::Tensor logits = at::tensor(std::vector<float>{0.5f, -1.0f, 2.0f, 0.25f});
+  speculation::SamplingParams s;
+  s.temperature = 0.8;
+  s.top_p = 0.9;
+  EXPECT_NEAR(ExpectedAcceptanceOfLogits(logits, logits, s), 1.0, 1e-6);
+}
+
+// A hand-built pair of 4-token distributions: p = (0.5, 0.3, 0.2, 0) against
+// a uniform q gives 0.25 + 0.25 + 0.2 + 0 = 0.7.
+TEST(ExpectedAcceptanceTest, MatchesTheHandComputedValue) {
+  const at::Tensor p = at::tensor(std::vector<float>{0.5f, 0.3f, 0.2f, 0.0f});
+  const at::Tensor q = at::tensor(std::vector<float>{0.25f, 0.25f, 0.25f, 0.25f});
+  EXPECT_NEAR(ExpectedAcceptance(p, q), 0.7, 1e-6);
+  EXPECT_NEAR(ExpectedAcceptance(q, p), 0.7, 1e-6);  // symmetric
+}
+
+// The sampling transform applies to both sides: top_p 0.8 keeps (0.5, 0.3) of
+// p = (0.5, 0.3, 0.15, 0.05), renormalized to (0.625, 0.375, 0, 0), and all
+// of a uniform q (mass before its last token is 0.75 < 0.8): 0.25 + 0.25.
+TEST(ExpectedAcceptanceTest, WarpsBothDistributionsLikeTheEngine) {
+  const at::Tensor p_logits = at::log(at::tensor(std::vector<float>{0.5f, 0.3f, 0.15f, 0.05f}));
+  const at::Tensor q_logits = at::zeros({4});
+  speculation::SamplingParams s;
+  s.temperature = 1.0;
+  s.top_p = 0.8;
+  EXPECT_NEAR(ExpectedAcceptanceOfLogits(p_logits, q_logits, s), 0.5, 1e-5);
+  s.top_p = 1.0;  // no nucleus: 0.25 + 0.25 + 0.15 + 0.05
+  EXPECT_NEAR(ExpectedAcceptanceOfLogits(p_logits, q_logits, s), 0.7, 1e-5);
+}
+
+// As temperature -> 0 the acceptance tends to greedy's exact match: 1 when
+// the argmaxes agree, 0 when they do not, and temperature 0 is exactly that.
+TEST(ExpectedAcceptanceTest, ReducesToGreedyMatchAsTemperatureVanishes) {
+  const at::Tensor target = at::tensor(std::vector<float>{2.0f, 1.5f, 0.0f, -1.0f});
+  const at::Tensor agree = at::tensor(std::vector<float>{1.0f, 0.9f, 0.5f, 0.0f});
+  const at::Tensor differ = at::tensor(std::vector<float>{1.0f, 1.2f, 0.5f, 0.0f});
+  speculation::SamplingParams s;
+  s.temperature = 1.0;  // far from the limit: strictly between 0 and 1
+  EXPECT_LT(ExpectedAcceptanceOfLogits(target, agree, s), 1.0);
+  EXPECT_GT(ExpectedAcceptanceOfLogits(target, differ, s), 0.0);
+  // The gaps to the limit shrink like exp(-margin / temperature).
+  for (double t : {0.05, 0.01, 1e-3}) {
+    s.temperature = t;
+    const double bound = 4 * std::exp(-0.1 / t);  // margins here are >= 0.1 (draft) and 0.5 (target)
+    EXPECT_NEAR(ExpectedAcceptanceOfLogits(target, agree, s), 1.0, bound + 1e-6) << "temperature " << t;
+    EXPECT_NEAR(ExpectedAcceptanceOfLogits(target, differ, s), 0.0, bound + 1e-6) << "temperature " << t;
+  }
+  s.temperature = 0;
+  EXPECT_EQ(ExpectedAcceptanceOfLogits(target, agree, s), 1.0);
+  EXPECT_EQ(ExpectedAcceptanceOfLogits(target, differ, s), 0.0);
+}
+
+// A sampled trace (a sampled request's emitted tokens at temperature 0.8):
+// acceptance probabilities in [0, 1], 1 at the last layer, shallow exits
+// below 1 somewhere; a replay emits the logged tokens, and its expected
+// accepted drafts equal the sum of the rounds' ExpectedAcceptedLength.
+TEST_F(CounterfactualTest, SampledTraceScoresDraftsByAcceptanceProbability) {
+  model::GenerateOptions o;
+  o.max_new_tokens = kNewTokens;
+  o.sampling.temperature = 0.8;
+  o.sampling.top_p = 0.95;
+  o.sampling.seed = 11;
+  auto real = engine_->Generate((*prompts_)[0], o);
+  ASSERT_THAT(real, IsOk());
+  auto t = ComputeShadowTrace(*model_, (*prompts_)[0], real->tokens, real->finish == model::FinishReason::kEos,
+                              kNewTokens, 4, "s0", o.sampling);
+  ASSERT_THAT(t, IsOk());
+  ASSERT_TRUE(t->sampled());
+  const int32_t L = t->n_layers;
+  const int64_t T = static_cast<int64_t>(t->target.size());
+  ASSERT_EQ(t->accept_prob.size(), static_cast<size_t>(L));
+  ASSERT_EQ(t->coupling.size(), static_cast<size_t>(T));
+  double shallow = 0;
+  for (int32_t l = 1; l <= L; ++l) {
+    for (int64_t i = 0; i < T; ++i) {
+      EXPECT_GE(t->AcceptProb(l, i), 0.0);
+      EXPECT_LE(t->AcceptProb(l, i), 1.0);
+    }
+  }
+  for (int64_t i = 0; i < T; ++i) {
+    EXPECT_EQ(t->AcceptProb(L, i), 1.0);
+    EXPECT_TRUE(t->Accepts(L, i));
+    shallow += t->AcceptProb(1, i);
+  }
+  EXPECT_LT(shallow, static_cast<double>(T));
+  EXPECT_NEAR(ExpectedAcceptedLength(*t, L, 1, 3), std::min<int64_t>(3, T - 1), 1e-9);
+  SimulatedMethod m;
+  m.mode = speculation::SpeculationMode::kStatic;
+  m.exit_layer = 2;
+  m.draft_len = 3;
+  m.spec.max_draft_len = 8;
+  auto sim = Simulate(*t, m);
+  ASSERT_THAT(sim, IsOk());
+  EXPECT_EQ(sim->tokens, real->tokens);
+  double expected = 0;
+  int64_t next = 1;
+  for (const speculation::RoundRecord& r : sim->stats.rounds) {
+    if (r.n_drafted > 0) expected += ExpectedAcceptedLength(*t, 2, next, r.n_drafted);
+    next += r.n_accepted + 1;
+  }
+  EXPECT_NEAR(ExpectedAccepted(*t, *sim), expected, 1e-9);
+  EXPECT_GT(expected, 0.0);
+  EXPECT_LE(expected, static_cast<double>(sim->stats.n_drafted));
+}
+
+// A sampled trace at a vanishing temperature over the greedy trajectory
+// scores like the greedy trace: the acceptance probability is the exact
+// match wherever neither distribution is a numerical near-tie.
+TEST_F(CounterfactualTest, SampledTraceTendsToGreedyAsTemperatureVanishes) {
+  const ShadowTrace greedy = Traces()[1];
+  std::vector<int32_t> output(greedy.target.begin(), greedy.target.end());
+  const bool eos = std::find(greedy.eos_ids.begin(), greedy.eos_ids.end(), output.back()) != greedy.eos_ids.end();
+  if (eos) output.pop_back();
+  speculation::SamplingParams s;
+  s.temperature = 1e-3;
+  s.seed = 5;
+  auto t = ComputeShadowTrace(*model_, greedy.prompt, output, eos, greedy.max_new_tokens, 4, "cold", s);
+  ASSERT_THAT(t, IsOk());
+  ASSERT_TRUE(t->sampled());
+  int64_t compared = 0;
+  for (int32_t l = 1; l < t->n_layers; ++l) {
+    for (int64_t i = 0; i < static_cast<int64_t>(t->target.size()); ++i) {
+      if (greedy.At(l, i).margin < 0.05f || greedy.At(t->n_layers, i).margin < 0.05f) continue;
+      ++compared;
+      EXPECT_NEAR(t->AcceptProb(l, i), greedy.AcceptProb(l, i), 1e-6) << "layer " << l << " position " << i;
+      EXPECT_EQ(t->Accepts(l, i), greedy.Accepts(l, i)) << "layer " << l << " position " << i;
+    }
+  }
+  EXPECT_GT(compared, 0);
+}
+
+// Held-out acceptance is reported per kind: greedy traces' expected accepted
+// drafts are their exact acceptances; sampled ones are counted apart.
+TEST_F(CounterfactualTest, ReplayAcceptanceSplitsGreedyFromSampled) {
+  std::vector<ShadowTrace> traces = Traces();
+  model::GenerateOptions o;
+  o.max_new_tokens = kNewTokens;
+  o.sampling.temperature = 0.8;
+  o.sampling.seed = 3;
+  auto real = engine_->Generate((*prompts_)[2], o);
+  ASSERT_THAT(real, IsOk());
+  auto sampled = ComputeShadowTrace(*model_, (*prompts_)[2], real->tokens,
+                                    real->finish == model::FinishReason::kEos, kNewTokens, 4, "s2", o.sampling);
+  ASSERT_THAT(sampled, IsOk());
+  traces.push_back(*std::move(sampled));
+  speculation::DecisionSpec spec;
+  spec.candidate_layers = {1, 2, 3, 4, 6};
+  spec.max_draft_len = 6;
+  const ControllerMaker make = [](int64_t) { return std::make_unique<policy::ThresholdExitController>(0.5, 0.5); };
+  auto by_kind = ReplayAcceptanceOf(traces, spec, make);
+  ASSERT_THAT(by_kind, IsOk());
+  EXPECT_EQ(by_kind->greedy.n_requests, 3);
+  EXPECT_EQ(by_kind->sampled.n_requests, 1);
+  int64_t greedy_accepted = 0, greedy_drafted = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    SimulatedMethod m;
+    m.mode = speculation::SpeculationMode::kAdaptive;
+    auto c = make(static_cast<int64_t>(i));
+    m.controller = c.get();
+    m.spec = spec;
+    auto r = Simulate(traces[i], m);
+    ASSERT_THAT(r, IsOk());
+    greedy_accepted += r->stats.n_accepted;
+    greedy_drafted += r->stats.n_drafted;
+  }
+  EXPECT_EQ(by_kind->greedy.n_drafted, greedy_drafted);
+  EXPECT_NEAR(by_kind->greedy.expected_accepted, static_cast<double>(greedy_accepted), 1e-9);
+  EXPECT_GE(by_kind->sampled.rate(), 0.0);
+  EXPECT_LE(by_kind->sampled.rate(), 1.0);
+}
+
+// A negative temperature or a top_p outside (0, 1] is refused naming it.
+TEST_F(CounterfactualTest, BadSamplingSettingsAreRefused) {
+  speculation::SamplingParams s;
+  s.temperature = -0.5;
+  EXPECT_THAT(ComputeShadowTrace(*model_, {1, 2}, {3}, false, 1, 4, "x", s),
+              StatusIs(StatusCode::kInvalidArgument));
+  s.temperature = 0.7;
+  s.top_p = 1.5;
+  EXPECT_THAT(ComputeShadowTrace(*model_, {1, 2}, {3}, false, 1, 4, "x", s),
+              StatusIs(StatusCode::kInvalidArgument));
 }
 
 }  // namespace

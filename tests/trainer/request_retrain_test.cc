@@ -26,6 +26,7 @@
 #include "tests/testing/temp_dir.h"
 #include "trainer/cold_start.h"
 #include "trainer/corpus.h"
+#include "trainer/heldout_split.h"
 #include "trainer/retrain.h"
 #include "trainer/retrain_metrics.h"
 #include "shared/telemetry/metrics.h"
@@ -77,6 +78,39 @@ class RequestRetrainTest : public ::testing::Test {
       rec.set_load(1);
       records_.push_back(rec);
     }
+    // What the coordinator logs for a sampled request (temperature 0.8,
+    // top_p 0.95, its seed), with ids chosen so that some are held out.
+    const double heldout = RequestRetrainOptions().heldout_fraction;
+    std::vector<std::string> held, kept;
+    for (int k = 0; held.size() < 4 || kept.size() < 8; ++k) {
+      const std::string id = "sampled-" + std::to_string(k);
+      auto& into = IsHeldOut(id, heldout) ? held : kept;
+      if (into.size() < (&into == &held ? 4u : 8u)) into.push_back(id);
+    }
+    held.insert(held.end(), kept.begin(), kept.end());
+    for (size_t i = 0; i < held.size(); ++i) {
+      model::GenerateOptions o;
+      o.max_new_tokens = 32;
+      o.sampling.temperature = 0.8;
+      o.sampling.top_p = 0.95;
+      o.sampling.seed = 100 + i;
+      const std::vector<int32_t>& prompt = prompts[i % prompts.size()];
+      auto r = (*engine)->Generate(prompt, o);
+      ASSERT_TRUE(r.ok());
+      lede::v1::RequestRecord rec;
+      rec.set_request_id(held[i]);
+      rec.mutable_prompt_token_ids()->Add(prompt.begin(), prompt.end());
+      rec.mutable_output_token_ids()->Add(r->tokens.begin(), r->tokens.end());
+      rec.set_ended_on_eos(r->finish == model::FinishReason::kEos);
+      rec.set_max_new_tokens(32);
+      rec.set_method("lede");
+      rec.set_temperature(0.8f);
+      rec.set_top_p(0.95f);
+      rec.set_seed(o.sampling.seed);
+      rec.set_model_fingerprint(model_->config().ArchitectureFingerprint());
+      rec.set_load(1);
+      sampled_records_.push_back(rec);
+    }
   }
   static void TearDownTestSuite() { model_.reset(); }
 
@@ -120,7 +154,7 @@ class RequestRetrainTest : public ::testing::Test {
   }
 
   static std::shared_ptr<const model::LlamaModel> model_;
-  static std::vector<lede::v1::RequestRecord> records_;
+  static std::vector<lede::v1::RequestRecord> records_, sampled_records_;
   ::lede::testing::TempDir tmp_;
   std::shared_ptr<storage::ObjectStore> store_;
   std::string root_;
@@ -130,6 +164,43 @@ class RequestRetrainTest : public ::testing::Test {
 
 std::shared_ptr<const model::LlamaModel> RequestRetrainTest::model_;
 std::vector<lede::v1::RequestRecord> RequestRetrainTest::records_;
+std::vector<lede::v1::RequestRecord> RequestRetrainTest::sampled_records_;
+
+// A sampled record traces as a sampled trace under its recorded settings; a
+// record without them (an old shard's) traces as greedy.
+TEST_F(RequestRetrainTest, SampledRecordsTraceUnderTheirSamplingSettings) {
+  auto sampled = TraceLoggedRequest(*model_, sampled_records_.front(), 4);
+  ASSERT_THAT(sampled, IsOk());
+  EXPECT_TRUE(sampled->sampled());
+  EXPECT_NEAR(sampled->sampling.temperature, 0.8, 1e-6);
+  EXPECT_NEAR(sampled->sampling.top_p, 0.95, 1e-6);
+  EXPECT_EQ(sampled->sampling.seed, sampled_records_.front().seed());
+  auto greedy = TraceLoggedRequest(*model_, records_.front(), 4);
+  ASSERT_THAT(greedy, IsOk());
+  EXPECT_FALSE(greedy->sampled());
+}
+
+// Greedy and sampled requests train one candidate; the held-out replay
+// reports the acceptance of each kind on its own.
+TEST_F(RequestRetrainTest, HeldOutAcceptanceIsReportedPerKind) {
+  std::vector<lede::v1::RequestRecord> mixed = records_;
+  mixed.insert(mixed.end(), sampled_records_.begin(), sampled_records_.end());
+  LogRecords(mixed);
+  auto out = RetrainOnRequests(*store_, *model_, *cost_, {}, Quick("r-mixed", 0.01));
+  ASSERT_THAT(out, IsOk());
+  EXPECT_EQ(out->n_requests, static_cast<int64_t>(mixed.size()));
+  const ReplayAcceptanceByKind& a = out->heldout_acceptance;
+  EXPECT_EQ(a.greedy.n_requests + a.sampled.n_requests, out->n_heldout);
+  EXPECT_EQ(a.sampled.n_requests, 4);
+  EXPECT_GT(a.greedy.n_requests, 0);
+  for (const ReplayAcceptance* k : {&a.greedy, &a.sampled}) {
+    EXPECT_GE(k->rate(), 0.0);
+    EXPECT_LE(k->rate(), 1.0);
+  }
+  std::printf("held-out acceptance: greedy %.3f (%lld requests), sampled %.3f (%lld requests)\n", a.greedy.rate(),
+              static_cast<long long>(a.greedy.n_requests), a.sampled.rate(),
+              static_cast<long long>(a.sampled.n_requests));
+}
 
 TEST_F(RequestRetrainTest, PublishesOnlyByTheMarginAndNothingWithoutNewRequests) {
   LogRecords(records_);
@@ -500,7 +571,7 @@ TEST(ServedCostsOfLogTest, NewestMeasurementPerEntryOfTheNewestFormat) {
 // Requests logged with the deployment's measured costs are priced with them: the run says "served", the
 // candidate's reward cost model is "served", and the held-out replay speed-ups are those of the costly
 // verification (lower than the accelerator model's for the same policy). Without the option it prices as
-// before. Sampled requests in the log are counted and not replayed.
+// before. Sampled requests in the log are replayed too (by acceptance probability).
 TEST_F(RequestRetrainTest, LoggedMeasuredCostsPriceTheRun) {
   const int32_t L = static_cast<int32_t>(model_->n_layers());
   std::vector<lede::v1::RequestRecord> logged(records_.begin(), records_.begin() + 8);
@@ -509,7 +580,7 @@ TEST_F(RequestRetrainTest, LoggedMeasuredCostsPriceTheRun) {
   const double h = model::HeadLayerEquivalents(model_->config());
   for (int32_t e = 1; e <= L; ++e) profile.set_draft_step_s(e, 1.2e-3 * (e + h) / L);
   for (lede::v1::RequestRecord& r : logged) *r.mutable_measured_costs() = profile;
-  // Two sampled requests (logged like greedy ones): counted, not replayed.
+  // Two sampled requests (logged like greedy ones, here with greedy tokens): replayed too.
   for (int i : {0, 1}) {
     lede::v1::RequestRecord r = logged[i];
     r.set_request_id("sampled-" + std::to_string(i));
@@ -522,8 +593,7 @@ TEST_F(RequestRetrainTest, LoggedMeasuredCostsPriceTheRun) {
   auto served = RetrainOnRequests(*store_, *model_, *cost_, {}, Quick("r-served", never));
   ASSERT_THAT(served, IsOk());
   EXPECT_EQ(served->cost_model, "served");
-  EXPECT_EQ(served->n_sampled_skipped, 2);
-  EXPECT_EQ(served->n_requests, 8);
+  EXPECT_EQ(served->n_requests, 10);
   auto artifact = policy::dqn::LoadArtifact(served->artifact_dir, model_->config().ArchitectureFingerprint());
   ASSERT_THAT(artifact, IsOk());
   EXPECT_EQ(artifact->metadata.reward_cost_model, "served");

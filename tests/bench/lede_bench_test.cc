@@ -1,0 +1,81 @@
+// Tests of `lede-bench bench` (bench/lede_bench.h RunBench) on
+// models/lede-tiny in sampled mode: the flags it refuses, and that a sampled
+// run reports its settings and one row per method over every prompt and
+// seed. It asserts what the table means, never a speed.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/lede_bench.h"
+#include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
+
+namespace lede::bench {
+namespace {
+
+constexpr char kModel[] = "models/lede-tiny";
+constexpr char kCalibration[] = "models/lede-tiny/calibration-cpu.json";
+
+std::vector<std::string> Flags(const std::string& json, std::vector<std::string> extra) {
+  std::vector<std::string> f = {"--model", kModel, "--prompts", "models/lede-tiny/prompts/story.jsonl",
+                                "--calibration", kCalibration, "--prompts-per-set", "2", "--new-tokens", "8",
+                                "--max-draft-len", "3", "--repeats", "1", "--methods", "ar,static",
+                                "--json", json};
+  f.insert(f.end(), extra.begin(), extra.end());
+  return f;
+}
+
+// Bad sampling flags exit 2 naming the flag, before any model is loaded.
+TEST(LedeBenchTest, BadSamplingFlagsAreRefusedNamingTheFlag) {
+  for (auto [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--temperature", "-0.5"}, {"--top-p", "0"}, {"--top-p", "1.5"}, {"--seeds", "0"}}) {
+    std::ostringstream out, err;
+    EXPECT_EQ(RunBench(Flags("/dev/null", {flag, value}), out, err), 2) << flag << " " << value;
+    EXPECT_NE(err.str().find(flag), std::string::npos) << err.str();
+  }
+}
+
+// A sampled run (temperature 0.8, 2 seeds) reports its settings, the
+// autoregressive row at 1x, and the tuned static row, each over every
+// evaluation prompt and seed.
+TEST(LedeBenchTest, SampledRunReportsEverySeedOfEveryPrompt) {
+  ::lede::testing::TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const std::string json = (dir.path() / "bench.json").string();
+  std::ostringstream out, err;
+  ASSERT_EQ(RunBench(Flags(json, {"--temperature", "0.8", "--top-p", "0.95", "--seeds", "2"}), out, err), 0)
+      << err.str();
+  std::ifstream in(json);
+  const nlohmann::json report = nlohmann::json::parse(in);
+  ASSERT_EQ(report["sets"].size(), 1u);
+  const nlohmann::json& set = report["sets"].begin().value();
+  EXPECT_DOUBLE_EQ(set["temperature"].get<double>(), 0.8);
+  EXPECT_NEAR(set["top_p"].get<double>(), 0.95, 1e-9);
+  EXPECT_EQ(set["seeds"].get<int64_t>(), 2);
+  EXPECT_EQ(set["eval_runs"].get<int64_t>(), 2 * set["eval_prompts"].get<int64_t>());
+  bool saw_ar = false, saw_static = false;
+  for (const nlohmann::json& row : set["rows"]) {
+    const std::string method = row["method"].get<std::string>();
+    EXPECT_GT(row["tokens_per_s"].get<double>(), 0.0) << method;
+    if (method == "ar") {
+      saw_ar = true;
+      EXPECT_DOUBLE_EQ(row["measured_speedup"].get<double>(), 1.0);
+      EXPECT_EQ(row["acceptance_rate"].get<double>(), 0.0);
+    }
+    if (method.rfind("static", 0) == 0) {
+      saw_static = true;
+      EXPECT_GE(row["acceptance_rate"].get<double>(), 0.0);
+      EXPECT_LE(row["acceptance_rate"].get<double>(), 1.0);
+    }
+  }
+  EXPECT_TRUE(saw_ar);
+  EXPECT_TRUE(saw_static);
+  EXPECT_NE(out.str().find("sampled: temperature 0.8"), std::string::npos) << out.str();
+}
+
+}  // namespace
+}  // namespace lede::bench
