@@ -206,7 +206,7 @@ struct XScratch {
   std::vector<int32_t> bs32;
   std::vector<KDecoded> kd;
   std::vector<Decoded32> d32w;
-  std::vector<float> v;  // one weight row's products with the rows of X
+  std::vector<float> c32;  // Q4_0: 8 x sum of q x scale per block of 32 (the -8 offsets' share)
 };
 
 XScratch& Scratch() {
@@ -524,23 +524,49 @@ void DotQ6KDirect(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, 
   for (int r = 0; r < R; ++r) out[r] = Hsum(acc[r]);
 }
 
-// Q4_0: value = d (q - 8) per 32; the -8 leaves through the sums of x.
-float DotQ4_0Direct(const uint8_t* row, int64_t nb, const int8_t* xq, const float* xd, const int32_t* bs) {
-  const __m128i m4 = _mm_set1_epi8(15);
-  const __m256i ones = _mm256_set1_epi16(1);
+// Q4_0: value = d (q - 8) per 32. Two blocks per step: each block's 16
+// bytes in both 128-bit lanes, shifted by 0 and 4 (low and high nibbles),
+// their vpmaddubsw products paired by vphaddw and summed by one vpmaddwd
+// into [b0, b0, b1, b1 | b0, b0, b1, b1] lanes, one FMA by the scales. The
+// -8 leaves through c (8 x sum of x q x x scale per block), dotted with
+// the weight scales.
+float DotQ4_0Direct(const uint8_t* row, int64_t nb, const int8_t* xq, const float* xd, const float* c) {
+  const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  const __m256i kShift = _mm256_setr_epi64x(0, 0, 4, 4);
+  const __m256i kPairs = _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1);
+  auto nibbles = [&](const uint8_t* blk) {
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
+    return _mm256_and_si256(_mm256_srlv_epi64(v, kShift), m4);
+  };
   __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = row + static_cast<size_t>(b) * 18;
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-    const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
-    __m256i p = _mm256_madd_epi16(
-        _mm256_maddubs_epi16(w, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * b))), ones);
-    p = _mm256_sub_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(8 * bs[b])));  // the -8 of every q
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(Half(blk) * xd[b]), acc);
+  __m128 corr = _mm_setzero_ps();
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    const uint8_t* b0 = row + static_cast<size_t>(b) * 18;
+    const uint8_t* b1 = b0 + 18;
+    const __m256i p0 = _mm256_maddubs_epi16(nibbles(b0), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * b)));
+    const __m256i p1 =
+        _mm256_maddubs_epi16(nibbles(b1), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * b + 32)));
+    const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_hadd_epi16(p0, p1), ones));
+    uint16_t h0, h1;
+    std::memcpy(&h0, b0, 2);
+    std::memcpy(&h1, b1, 2);
+    const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(h0 | (static_cast<uint32_t>(h1) << 16))));
+    const __m128 s = _mm_mul_ps(d, _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(xd + b))));
+    acc = _mm256_fmadd_ps(f, _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), kPairs), acc);
+    corr = _mm_fmadd_ps(d, _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + b))), corr);
   }
-  return Hsum(acc);
+  float tail = 0.0f;
+  if (b < nb) {  // an odd last block
+    const uint8_t* b0 = row + static_cast<size_t>(b) * 18;
+    const __m256i p = _mm256_madd_epi16(
+        _mm256_maddubs_epi16(nibbles(b0), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * b))), ones);
+    const float d = Half(b0);
+    tail = d * xd[b] * Hsum(_mm256_cvtepi32_ps(p)) - d * c[b];
+  }
+  const __m128 cs = _mm_add_ps(corr, _mm_movehdup_ps(corr));
+  return Hsum(acc) - _mm_cvtss_f32(cs) + tail;
 }
-
 
 // The direct kernels as types, for RowsDirect.
 template <bool kFive>
@@ -621,10 +647,12 @@ void MatMulRowsGgml(const float* x, int64_t n, int64_t in, const GgmlMatrix& w, 
   }
   if (need_32) {
     Grow(&s.q32, n * in), Grow(&s.d32, n * in / 32), Grow(&s.bs32, n * in / 32), Grow(&s.d32w, in / 32);
+    Grow(&s.c32, n * in / 32);
     for (int64_t r = 0; r < n; ++r) {
       QuantizeX<int32_t>(x + r * in, in, 32, 32, s.q32.data() + r * in, s.d32.data() + r * (in / 32),
                          s.bs32.data() + r * (in / 32));
     }
+    for (int64_t i = 0; i < n * in / 32; ++i) s.c32[i] = 8.0f * static_cast<float>(s.bs32[i]) * s.d32[i];
   }
   for (const GgmlMatrix::Run& run : w.runs()) {
     const int64_t a = std::max(o0, run.row_begin), e = std::min(o1, run.row_end);
@@ -645,7 +673,7 @@ void MatMulRowsGgml(const float* x, int64_t n, int64_t in, const GgmlMatrix& w, 
         for (int64_t o = a; o < e; ++o) {
           const uint8_t* row = blocks + static_cast<size_t>(o - a) * run.row_bytes;
           for (int64_t r = 0; r < n; ++r) {
-            Store(DotQ4_0Direct(row, nb, s.q32.data() + r * in, s.d32.data() + r * nb, s.bs32.data() + r * nb),
+            Store(DotQ4_0Direct(row, nb, s.q32.data() + r * in, s.d32.data() + r * nb, s.c32.data() + r * nb),
                   accumulate, ya + r * ldy + (o - a));
           }
         }
