@@ -206,7 +206,7 @@ struct XScratch {
   std::vector<int32_t> bs32;
   std::vector<KDecoded> kd;
   std::vector<Decoded32> d32w;
-  std::vector<float> v;  // one weight row's products with the rows of X
+  std::vector<float> c32;  // Q4_0: 8 x sum of q x scale per block of 32 (the -8 offsets' share)
 };
 
 XScratch& Scratch() {
@@ -375,46 +375,57 @@ inline float Half(const uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
-// The 6-bit scales and mins of a Q4_K / Q5_K block (KScaleMin's packing)
-// as 8 bytes each, from the 12 bytes read as three little-endian words.
-inline void KScales8(const uint8_t* scales, uint64_t* sc, uint64_t* m) {
-  uint32_t u[3];
-  std::memcpy(u, scales, 12);
-  const uint32_t k6 = 0x3f3f3f3fu, k4 = 0x0f0f0f0fu, k2 = 0x03030303u;
-  const uint32_t sc_lo = u[0] & k6, m_lo = u[1] & k6;
-  const uint32_t sc_hi = (u[2] & k4) | (((u[0] >> 6) & k2) << 4);
-  const uint32_t m_hi = ((u[2] >> 4) & k4) | (((u[1] >> 6) & k2) << 4);
-  *sc = sc_lo | (static_cast<uint64_t>(sc_hi) << 32);
-  *m = m_lo | (static_cast<uint64_t>(m_hi) << 32);
+// The 6-bit scales and mins of a Q4_K / Q5_K block (KScaleMin's packing,
+// the 12 bytes at `scales`) as 16 bytes [sc0..sc7, m0..m7], with shuffles
+// and masks rather than scalar code. Reads 16 bytes from `scales` (the 4
+// past the 12 are the block's own qh / qs, ignored).
+inline __m128i KScaleMinBytes(const uint8_t* scales) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales));
+  // [b0..3, b8..11, b4..7, b8..11]: the low bits of sc0-3, sc4-7, m0-3, m4-7.
+  const __m128i a = _mm_shuffle_epi8(raw, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+  const __m128i lo = _mm_or_si128(
+      _mm_and_si128(a, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)),
+      _mm_and_si128(_mm_srli_epi16(a, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
+  // The top two bits of b0..3 (for sc4-7) and b4..7 (for m4-7) as bits 4, 5.
+  const __m128i h = _mm_shuffle_epi8(raw, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+  return _mm_or_si128(lo, _mm_and_si128(_mm_srli_epi16(h, 2), _mm_set1_epi8(0x30)));
 }
 
 // Q4_K (five = false) and Q5_K: value = d sc q - dmin m per sub-block of 32.
 // R rows of X (row r at xq + r in, xd + r nb, bs + r in / 16) against one
-// weight row: the nibbles and scales are split once for the R rows.
+// weight row: the nibbles and scales are split once for the R rows. Per
+// block and row, the sums of weight x activation integers and of min x
+// activation sums are paired by one vphaddd and scaled by one FMA into a
+// float32 accumulator ([d, d, -dmin, -dmin] x dx per lane pair), reduced
+// once per row.
 template <bool kFive, int R>
 void DotK45Direct(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const int16_t* bs,
                   float* out) {
   const size_t bb = kFive ? 176 : 144;
   const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
-  // Shuffles that broadcast int16 element j of each 128-bit lane.
+  // Byte j of [sc0..7, m0..7] as int16 in every lane (scale of sub-block j).
   alignas(32) static const int8_t kPick[8][32] = {
-#define LEDE_PICK(j) {2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
-                      2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
-                      2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, \
-                      2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1, 2 * j, 2 * j + 1}
+#define LEDE_PICK(j) {j, -1, j, -1, j, -1, j, -1, j, -1, j, -1, j, -1, j, -1, \
+                      j, -1, j, -1, j, -1, j, -1, j, -1, j, -1, j, -1, j, -1}
       LEDE_PICK(0), LEDE_PICK(1), LEDE_PICK(2), LEDE_PICK(3), LEDE_PICK(4), LEDE_PICK(5), LEDE_PICK(6), LEDE_PICK(7)};
 #undef LEDE_PICK
+  // Each min as int16 for its two sums of 16: m0 m0 m1 m1 .. m3 m3 | m4 m4 .. m7 m7.
+  const __m256i kMinPick = _mm256_setr_epi8(8, -1, 8, -1, 9, -1, 9, -1, 10, -1, 10, -1, 11, -1, 11, -1,
+                                            12, -1, 12, -1, 13, -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1);
+  const __m128 kNegMin = _mm_castsi128_ps(_mm_setr_epi32(0, static_cast<int>(0x80000000u), 0, 0));
+  const __m256i kPairs = _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1);
   __m256 acc[R];
   #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = row + static_cast<size_t>(b) * bb;
-    uint64_t sc, mm;
-    KScales8(blk + 4, &sc, &mm);
-    const __m256i scales =
-        _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(sc))));
-    const __m128i m8 = _mm_cvtsi64_si128(static_cast<int64_t>(mm));
-    const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));  // each min for its two sums of 16
+    const __m256i sm = _mm256_broadcastsi128_si256(KScaleMinBytes(blk + 4));
+    const __m256i mins = _mm256_shuffle_epi8(sm, kMinPick);
+    // [d, -dmin, d, -dmin, ...] as float32 lane pairs [d, d, -dmin, -dmin] x 2.
+    int32_t dm;
+    std::memcpy(&dm, blk, 4);
+    const __m256 dd = _mm256_permutevar8x32_ps(
+        _mm256_castps128_ps256(_mm_xor_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dm)), kNegMin)), kPairs);
     const uint8_t* qs = blk + (kFive ? 48 : 16);
     __m256i hv = kFive ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)) : _mm256_setzero_si256();
     __m256i ia[R];
@@ -429,9 +440,9 @@ void DotK45Direct(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, 
         hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 1), one), 4));
         hv = _mm256_srli_epi16(hv, 2);
       }
-      const __m256i s0 = _mm256_shuffle_epi8(scales, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPick[2 * c])));
+      const __m256i s0 = _mm256_shuffle_epi8(sm, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPick[2 * c])));
       const __m256i s1 =
-          _mm256_shuffle_epi8(scales, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPick[2 * c + 1])));
+          _mm256_shuffle_epi8(sm, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPick[2 * c + 1])));
       #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         const int8_t* x = xq + r * in + b * kQK + 64 * c;
@@ -440,14 +451,12 @@ void DotK45Direct(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, 
         ia[r] = _mm256_add_epi32(ia[r], _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
       }
     }
-    const float d = Half(blk), dmin = Half(blk + 2);
     #pragma GCC unroll 4
     for (int r = 0; r < R; ++r) {
       const __m256i off =
           _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + r * (in / 16) + 16 * b)), mins);
-      const float dx = xd[r * nb + b];
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia[r]), _mm256_set1_ps(d * dx), acc[r]);
-      acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(off), _mm256_set1_ps(dmin * dx), acc[r]);
+      const __m256 f = _mm256_cvtepi32_ps(_mm256_hadd_epi32(ia[r], off));
+      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(f, dd), _mm256_broadcast_ss(xd + r * nb + b), acc[r]);
     }
   }
   #pragma GCC unroll 4
@@ -515,30 +524,102 @@ void DotQ6KDirect(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, 
   for (int r = 0; r < R; ++r) out[r] = Hsum(acc[r]);
 }
 
-// One weight row of a K type against rows [0, n) of X, 4, 2 then 1 at a time.
-template <typename F4, typename F2, typename F1>
-void KRows(F4 f4, F2 f2, F1 f1, int64_t n, float* v) {
-  int64_t r = 0;
-  for (; r + 4 <= n; r += 4) f4(r, v + r);
-  for (; r + 2 <= n; r += 2) f2(r, v + r);
-  if (r < n) f1(r, v + r);
+// Q4_0: value = d (q - 8) per 32. Two blocks per step: each block's 16
+// bytes in both 128-bit lanes, shifted by 0 and 4 (low and high nibbles),
+// their vpmaddubsw products paired by vphaddw and summed by one vpmaddwd
+// into [b0, b0, b1, b1 | b0, b0, b1, b1] lanes, one FMA by the scales. The
+// -8 leaves through c (8 x sum of x q x x scale per block), dotted with
+// the weight scales.
+float DotQ4_0Direct(const uint8_t* row, int64_t nb, const int8_t* xq, const float* xd, const float* c) {
+  const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  const __m256i kShift = _mm256_setr_epi64x(0, 0, 4, 4);
+  const __m256i kPairs = _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1);
+  auto nibbles = [&](const uint8_t* blk) {
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
+    return _mm256_and_si256(_mm256_srlv_epi64(v, kShift), m4);
+  };
+  __m256 acc = _mm256_setzero_ps();
+  __m128 corr = _mm_setzero_ps();
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    const uint8_t* b0 = row + static_cast<size_t>(b) * 18;
+    const uint8_t* b1 = b0 + 18;
+    const __m256i p0 = _mm256_maddubs_epi16(nibbles(b0), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * b)));
+    const __m256i p1 =
+        _mm256_maddubs_epi16(nibbles(b1), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * b + 32)));
+    const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_hadd_epi16(p0, p1), ones));
+    uint16_t h0, h1;
+    std::memcpy(&h0, b0, 2);
+    std::memcpy(&h1, b1, 2);
+    const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(h0 | (static_cast<uint32_t>(h1) << 16))));
+    const __m128 s = _mm_mul_ps(d, _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(xd + b))));
+    acc = _mm256_fmadd_ps(f, _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), kPairs), acc);
+    corr = _mm_fmadd_ps(d, _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + b))), corr);
+  }
+  float tail = 0.0f;
+  if (b < nb) {  // an odd last block
+    const uint8_t* b0 = row + static_cast<size_t>(b) * 18;
+    const __m256i p = _mm256_madd_epi16(
+        _mm256_maddubs_epi16(nibbles(b0), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * b))), ones);
+    const float d = Half(b0);
+    tail = d * xd[b] * Hsum(_mm256_cvtepi32_ps(p)) - d * c[b];
+  }
+  const __m128 cs = _mm_add_ps(corr, _mm_movehdup_ps(corr));
+  return Hsum(acc) - _mm_cvtss_f32(cs) + tail;
 }
 
-// Q4_0: value = d (q - 8) per 32; the -8 leaves through the sums of x.
-float DotQ4_0Direct(const uint8_t* row, int64_t nb, const int8_t* xq, const float* xd, const int32_t* bs) {
-  const __m128i m4 = _mm_set1_epi8(15);
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = row + static_cast<size_t>(b) * 18;
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-    const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
-    __m256i p = _mm256_madd_epi16(
-        _mm256_maddubs_epi16(w, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * b))), ones);
-    p = _mm256_sub_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(8 * bs[b])));  // the -8 of every q
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(Half(blk) * xd[b]), acc);
+// The direct kernels as types, for RowsDirect.
+template <bool kFive>
+struct K45Kernel {
+  template <int R>
+  static void Dot(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const int16_t* bs,
+                  float* out) {
+    DotK45Direct<kFive, R>(row, nb, in, xq, xd, bs, out);
   }
-  return Hsum(acc);
+};
+struct Q6KKernel {
+  template <int R>
+  static void Dot(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const int16_t* bs,
+                  float* out) {
+    DotQ6KDirect<R>(row, nb, in, xq, xd, bs, out);
+  }
+};
+
+inline void Store(float v, bool accumulate, float* y) { *y = accumulate ? *y + v : v; }
+
+// Weight rows [0, rows) of one K-type run (row o at blocks + o row_bytes)
+// against rows [0, n) of X (4, 2 then 1 at a time), into y[r ldy + o]. One
+// call per run, so the per-row cost is the kernel's own (no dispatch per
+// weight row).
+template <typename K>
+void RowsDirect(const uint8_t* blocks, size_t row_bytes, int64_t rows, int64_t nb, int64_t in, const int8_t* xq,
+                const float* xd, const int16_t* bs, int64_t n, float* y, int64_t ldy, bool accumulate) {
+  const int64_t bs_stride = in / 16;
+  if (n == 1) {
+    for (int64_t o = 0; o < rows; ++o) {
+      float v;
+      K::template Dot<1>(blocks + static_cast<size_t>(o) * row_bytes, nb, in, xq, xd, bs, &v);
+      Store(v, accumulate, y + o);
+    }
+    return;
+  }
+  for (int64_t o = 0; o < rows; ++o) {
+    const uint8_t* w = blocks + static_cast<size_t>(o) * row_bytes;
+    float v[4];
+    int64_t r = 0;
+    for (; r + 4 <= n; r += 4) {
+      K::template Dot<4>(w, nb, in, xq + r * in, xd + r * nb, bs + r * bs_stride, v);
+      for (int j = 0; j < 4; ++j) Store(v[j], accumulate, y + (r + j) * ldy + o);
+    }
+    for (; r + 2 <= n; r += 2) {
+      K::template Dot<2>(w, nb, in, xq + r * in, xd + r * nb, bs + r * bs_stride, v);
+      for (int j = 0; j < 2; ++j) Store(v[j], accumulate, y + (r + j) * ldy + o);
+    }
+    if (r < n) {
+      K::template Dot<1>(w, nb, in, xq + r * in, xd + r * nb, bs + r * bs_stride, v);
+      Store(v[0], accumulate, y + r * ldy + o);
+    }
+  }
 }
 
 #pragma GCC pop_options
@@ -566,10 +647,12 @@ void MatMulRowsGgml(const float* x, int64_t n, int64_t in, const GgmlMatrix& w, 
   }
   if (need_32) {
     Grow(&s.q32, n * in), Grow(&s.d32, n * in / 32), Grow(&s.bs32, n * in / 32), Grow(&s.d32w, in / 32);
+    Grow(&s.c32, n * in / 32);
     for (int64_t r = 0; r < n; ++r) {
       QuantizeX<int32_t>(x + r * in, in, 32, 32, s.q32.data() + r * in, s.d32.data() + r * (in / 32),
                          s.bs32.data() + r * (in / 32));
     }
+    for (int64_t i = 0; i < n * in / 32; ++i) s.c32[i] = 8.0f * static_cast<float>(s.bs32[i]) * s.d32[i];
   }
   for (const GgmlMatrix::Run& run : w.runs()) {
     const int64_t a = std::max(o0, run.row_begin), e = std::min(o1, run.row_end);
@@ -584,35 +667,27 @@ void MatMulRowsGgml(const float* x, int64_t n, int64_t in, const GgmlMatrix& w, 
     // weight row against up to 4 rows of X at a time.
     if (avx2 && (run.type == GgmlType::kQ4_K || run.type == GgmlType::kQ5_K || run.type == GgmlType::kQ6_K ||
                  run.type == GgmlType::kQ4_0)) {
-      Grow(&s.v, n);
-      float* v = s.v.data();
-      for (int64_t o = a; o < e; ++o) {
-        const uint8_t* blocks = w.data() + run.offset + static_cast<size_t>(o - run.row_begin) * run.row_bytes;
-        if (run.type == GgmlType::kQ4_0) {
+      const uint8_t* blocks = w.data() + run.offset + static_cast<size_t>(a - run.row_begin) * run.row_bytes;
+      float* ya = y + (a - o0);
+      if (run.type == GgmlType::kQ4_0) {
+        for (int64_t o = a; o < e; ++o) {
+          const uint8_t* row = blocks + static_cast<size_t>(o - a) * run.row_bytes;
           for (int64_t r = 0; r < n; ++r) {
-            v[r] = DotQ4_0Direct(blocks, nb, s.q32.data() + r * in, s.d32.data() + r * nb, s.bs32.data() + r * nb);
-          }
-        } else {
-          const int8_t* xq = s.qk.data();
-          const float* xd = s.dk.data();
-          const int16_t* bs = s.bsk.data();
-          auto rows = [&](auto kernel4, auto kernel2, auto kernel1) {
-            KRows([&](int64_t r, float* out) { kernel4(blocks, nb, in, xq + r * in, xd + r * nb, bs + r * (in / 16), out); },
-                  [&](int64_t r, float* out) { kernel2(blocks, nb, in, xq + r * in, xd + r * nb, bs + r * (in / 16), out); },
-                  [&](int64_t r, float* out) { kernel1(blocks, nb, in, xq + r * in, xd + r * nb, bs + r * (in / 16), out); },
-                  n, v);
-          };
-          if (run.type == GgmlType::kQ4_K) {
-            rows(DotK45Direct<false, 4>, DotK45Direct<false, 2>, DotK45Direct<false, 1>);
-          } else if (run.type == GgmlType::kQ5_K) {
-            rows(DotK45Direct<true, 4>, DotK45Direct<true, 2>, DotK45Direct<true, 1>);
-          } else {
-            rows(DotQ6KDirect<4>, DotQ6KDirect<2>, DotQ6KDirect<1>);
+            Store(DotQ4_0Direct(row, nb, s.q32.data() + r * in, s.d32.data() + r * nb, s.c32.data() + r * nb),
+                  accumulate, ya + r * ldy + (o - a));
           }
         }
-        for (int64_t r = 0; r < n; ++r) {
-          float& out = y[r * ldy + (o - o0)];
-          out = accumulate ? out + v[r] : v[r];
+      } else {
+        auto rows = [&](auto kernel) {
+          RowsDirect<decltype(kernel)>(blocks, run.row_bytes, e - a, nb, in, s.qk.data(), s.dk.data(),
+                                       s.bsk.data(), n, ya, ldy, accumulate);
+        };
+        if (run.type == GgmlType::kQ4_K) {
+          rows(K45Kernel<false>());
+        } else if (run.type == GgmlType::kQ5_K) {
+          rows(K45Kernel<true>());
+        } else {
+          rows(Q6KKernel());
         }
       }
       continue;

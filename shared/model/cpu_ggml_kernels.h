@@ -23,17 +23,18 @@
 // taken out the same way). The error against float32 activations is that
 // of the activation rounding.
 //
-// Each weight row is decoded once per step (its nibbles and high bits into
-// unsigned bytes, its scales into int16 lanes) into a scratch of the calling
-// thread and then multiplied by every row of X, so a step reads each weight
-// block once from memory for all its rows (decode, verification, ragged
-// batches).
-//
-// Instruction sets (cpu::QuantIsa, chosen at run time by BestQuantIsa):
-// the portable C++ loops and AVX2 (vpmaddubsw of the unsigned weight bytes
-// by the signed activation bytes, vpmaddwd by the int16 sub-block scales).
-// AVX-512 CPUs run the AVX2 kernels. Integer sums agree exactly between
-// the ISAs; the float32 accumulation differs only in summation order.
+// The portable path decodes each weight row once per step (its nibbles and
+// high bits into unsigned bytes, its scales into int16 lanes) into a
+// scratch of the calling thread and multiplies it by every row of X. The
+// AVX2 path reads Q4_0, Q4_K, Q5_K and Q6_K rows straight from their blocks
+// (one weight row against up to 4 rows of X per pass, so a step reads each
+// weight block once from memory for all its rows: decode, verification,
+// ragged batches): Q4_K / Q5_K scales and mins split with byte shuffles,
+// each block's weight sum and min sum paired by one vphaddd and scaled by
+// one FMA into a float32 accumulator reduced once per row; Q4_0 two blocks
+// per step with the -8 offsets taken out through float sums of X.
+// Instructions per weight are counted with bench/ggml_kernel_bench.cc
+// under valgrind --tool=callgrind --toggle-collect='lede::model::cpu::MatMulRows*'.
 //
 // Threading: pure functions over a const GgmlMatrix; scratch is per thread
 // (grown to the largest shape seen, then reused: no allocation per step

@@ -76,6 +76,39 @@ TEST(GgmlKernelsTest, FusedEqualsDequantizedReferenceForEachType) {
   }
 }
 
+// The 32-value types on rows of an odd number of blocks (the AVX2 Q4_0
+// kernel takes blocks two at a time; its last block alone), and of one:
+// equal to the portable kernel's integer sums to float summation order,
+// and to the reference within the activation rounding (looser than
+// kRelTol: over 32 to 160 values the rounding errors average out less).
+TEST(GgmlKernelsTest, OddBlockCountsMatchReference) {
+  const int64_t out = 5;
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kQ8_0}) {
+    for (int64_t in : {32, 96, 160}) {
+      std::vector<float> wf = Random(out * in, 41 + static_cast<uint32_t>(in), 0.05f);
+      GgmlMatrix w(in);
+      ASSERT_TRUE(w.AppendQuantized(type, wf.data(), out));
+      std::vector<float> deq(static_cast<size_t>(out * in));
+      UnpackRowsGgml(w, 0, out, deq.data());
+      for (int64_t n : {1, 3, 8}) {
+        std::vector<float> x = Random(n * in, 50 + static_cast<uint32_t>(n), 1.0f);
+        std::vector<double> ref, mag;
+        Reference(x, n, deq, out, in, &ref, &mag);
+        std::vector<float> portable(static_cast<size_t>(n * out));
+        MatMulRowsGgml(x.data(), n, in, w, 0, out, portable.data(), out, false, QuantIsa::kPortable);
+        std::vector<float> y(static_cast<size_t>(n * out), -7.0f);
+        MatMulRowsGgml(x.data(), n, in, w, 0, out, y.data(), out, false, BestQuantIsa());
+        for (int64_t k = 0; k < n * out; ++k) {
+          ASSERT_NEAR(y[k], ref[k], 4 * kRelTol * mag[k] + 1e-6)
+              << checkpoint::GgmlTypeName(type) << " in=" << in << " n=" << n << " at " << k;
+          ASSERT_NEAR(y[k], portable[k], 1e-4 * (std::fabs(portable[k]) + 1.0))
+              << checkpoint::GgmlTypeName(type) << " in=" << in << " n=" << n << " at " << k;
+        }
+      }
+    }
+  }
+}
+
 // The ISAs compute the same integer sums: their results agree to float
 // summation order (far tighter than the reference tolerance).
 TEST(GgmlKernelsTest, IsasAgree) {
