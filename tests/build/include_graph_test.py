@@ -30,8 +30,8 @@ import tempfile
 # The layer order, lowest first; a folder may include only folders of an
 # earlier layer (and itself). Defined here once; docs/building.md "Layout" follows it.
 LAYERS = [
-    ["shared/status", "proto"],
-    ["shared/clock", "shared/file", "shared/flags", "shared/log", "shared/telemetry", "shared/speculation"],
+    ["shared/status", "shared/log", "proto"],
+    ["shared/clock", "shared/file", "shared/flags", "shared/telemetry", "shared/speculation"],
     ["shared/checkpoint"],  # (GGUF files carry tokenizers: shared/tokenizer reads them)
     ["shared/rpc", "shared/storage", "shared/tokenizer"],
     ["shared/experience", "shared/model"],

@@ -31,7 +31,9 @@ TEST(HeldOutSplitTest, SameUnitSameSideAndAboutTheFraction) {
 TEST(HeldOutSplitTest, ALargerFractionOnlyAddsUnits) {
   for (int i = 0; i < 2000; ++i) {
     const std::string id = "request/" + std::to_string(i);
-    if (IsHeldOut(id, 0.1)) EXPECT_TRUE(IsHeldOut(id, 0.3)) << id;
+    if (IsHeldOut(id, 0.1)) {
+      EXPECT_TRUE(IsHeldOut(id, 0.3)) << id;
+    }
   }
 }
 

@@ -119,7 +119,9 @@ TEST(ModelLoadFlagsTest, BadMemorySizesNameTheFlag) {
   for (const std::string bad : {"", "lots", "4 parsecs", "-1GiB", "0", "0%", "150%", "nan"}) {
     StatusOr<int64_t> parsed = ParseMemorySize("kv-memory", bad, int64_t{1} << 30);
     EXPECT_THAT(parsed, StatusIs(StatusCode::kInvalidArgument)) << bad;
-    if (!parsed.ok()) EXPECT_THAT(std::string(parsed.status().message()), HasSubstr("--kv-memory")) << bad;
+    if (!parsed.ok()) {
+      EXPECT_THAT(std::string(parsed.status().message()), HasSubstr("--kv-memory")) << bad;
+    }
   }
 }
 
