@@ -72,7 +72,8 @@ void AddDqnFlags(flags::FlagSet& f, DqnFlags* v, DqnFlagScope scope) {
   f.Add("hidden", &v->hidden, "hidden width H of the Q-network");
   f.Add("batch-size", &v->batch_size, "transitions per DQN minibatch");
   f.Add("lr", &v->lr, kLrHelp);
-  f.Add("threads", &v->threads, "libtorch intra-op threads while training");
+  f.Add("threads", &v->threads,
+        "CPU threads: libtorch's while training and, where the trainer runs the model (tracing), its kernels");
   if (scope != DqnFlagScope::kTd) return;
   f.Add("gamma", &v->gamma, "discount of the TD targets");
   f.Add("n-step", &v->n_step, "n of the n-step TD targets");
