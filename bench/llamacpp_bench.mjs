@@ -22,7 +22,7 @@
 //          [--tuning-prompts 4] [--prompt TEXT]
 //          [--static 1:3,1:4,2:2,2:3,2:4,3:3,3:4] [--policy DIR] [--lookup on]
 //          [--lede build/services/cli/lede]
-//          [--roofline build/bench/lede_engine_bench]
+//          [--roofline build/bench/lede_engine_bench] [--prefill-tokens 0]
 //          [--out bench/results/FILE.json]
 //        node bench/llamacpp_bench.mjs --gguf FILE.gguf[,FILE2.gguf] ...
 //   --formats     f32, f16, bf16, q8_0, and llama.cpp's q4_0 and q4_k_m
@@ -52,6 +52,16 @@
 //   --lede BIN    this engine's CLI; "" to run llama.cpp alone
 //   --roofline BIN  the engine benchmark whose --roofline-only mode measures
 //                 the read bandwidth; "" = skip
+//   --prefill-tokens N  also time the prefill of one N-token prompt (BOS
+//                 included; 0 = off) in each pass: the held-out prompts of
+//                 the set joined by spaces, cut at N - 1 tokens by
+//                 llama.cpp's tokenizer and detokenized (this engine
+//                 tokenizes the same text; both counts are recorded).
+//                 llama.cpp: a fresh context (batch 512) and
+//                 evaluateWithoutGeneratingNewTokens over the ids, timed
+//                 around that call; ours: `lede generate --max-new-tokens 2
+//                 --repeat 2` on the prompt, its own prefill seconds of the
+//                 second generation (the first is a warm-up)
 // Needs scripts/install_node_llama_cpp.sh (LEDE_NODE_LLAMA_CPP_MODULES, else
 // /opt/lede-tools/node-llama-cpp/node_modules).
 //
@@ -75,6 +85,7 @@ function parseArgs(argv) {
     model: "", gguf: "", formats: "f32,bf16,q8_0", threads: "1,2", tokens: 96, repeats: 3,
     prompts: "models/lede-tiny/prompts/story.jsonl", "prompts-per-set": 48, "eval-prompts": 8, "tuning-prompts": 4,
     prompt: "", lede: "build/services/cli/lede", roofline: "build/bench/lede_engine_bench", out: "",
+    "prefill-tokens": 0,
     static: "1:3,1:4,2:2,2:3,2:4,3:3,3:4", policy: null, lookup: "on",
   };
   for (let i = 0; i < argv.length; i++) {
@@ -120,7 +131,7 @@ function sh(cmd, args) {
 // The prompts: the held-out half of the set (and the tuning half for the
 // sweep), split as trainer/corpus.cc LoadPromptSet splits a .jsonl file.
 function loadPrompts(o) {
-  if (o.prompt) return { tuning: [o.prompt], eval: [o.prompt], source: "--prompt" };
+  if (o.prompt) return { tuning: [o.prompt], eval: [o.prompt], heldout: [o.prompt], source: "--prompt" };
   const all = [];
   for (const line of fs.readFileSync(o.prompts, "utf8").split("\n")) {
     if (all.length >= o["prompts-per-set"]) break;
@@ -143,6 +154,7 @@ function loadPrompts(o) {
   return {
     tuning: all.slice(0, half).slice(0, o["tuning-prompts"]),
     eval: all.slice(half).slice(0, o["eval-prompts"]),
+    heldout: all.slice(half),
     source: `${o.prompts}: prompts ${half}..${half + Math.min(o["eval-prompts"], all.length - half) - 1} ` +
             `(held out; tuning: 0..${Math.min(o["tuning-prompts"], half) - 1}) of the first ${all.length}`,
   };
@@ -241,6 +253,54 @@ async function llamaCppRun(model, prompt, threads, lookup) {
   return { tokens: out.length - 1, seconds, text: model.detokenize(out), predictions };
 }
 
+// The prefill prompt (--prefill-tokens): the held-out prompts joined by
+// spaces until llama.cpp's tokenizer gives n - 1 ids, cut there and
+// detokenized (BOS makes n).
+function prefillText(model, n) {
+  let text = "";
+  let ids = [];
+  for (let i = 0; ids.length < n - 1; i++) {
+    text += (text ? " " : "") + prompts.heldout[i % prompts.heldout.length];
+    ids = model.tokenize(text, false);
+  }
+  return model.detokenize(ids.slice(0, n - 1)).replace(/\s+/g, " ").trim();
+}
+
+// One llama.cpp prefill of `text`: BOS + its ids through a fresh context in
+// one evaluation call (no token generated), timed around that call.
+async function llamaCppPrefill(model, text, threads) {
+  const ids = [model.tokens.bos, ...model.tokenize(text, false)];
+  const ctx = await model.createContext({ contextSize: ids.length + 16, threads, batchSize: 512 });
+  const seq = ctx.getSequence();
+  const t0 = performance.now();
+  await seq.evaluateWithoutGeneratingNewTokens(ids);
+  const seconds = (performance.now() - t0) / 1000;
+  await ctx.dispose();
+  return { tokens: ids.length, seconds };
+}
+
+// One `lede generate` process prefilling `text` twice (--repeat 2; the first
+// a warm-up): the prefill seconds of the second, as lede generate reports
+// them on its stats line.
+function ledePrefill(file, text, threads) {
+  const promptFile = path.join(workDir, `prompts-${promptFileSerial++}.txt`);
+  fs.writeFileSync(promptFile, text + "\n");
+  const r = spawnSync(o.lede, ["generate", "--model", file, "--prompt-file", promptFile, "--separator", kSeparator,
+                               "--mode", "ar", "--max-new-tokens", "2", "--repeat", "2", "--threads", String(threads)],
+                      { encoding: "utf8", maxBuffer: 64 << 20 });
+  fs.rmSync(promptFile, { force: true });
+  if (r.status !== 0) throw new Error(`lede generate exited ${r.status}: ${(r.stderr || "").trim().split("\n").pop()}`);
+  const seconds = [...r.stderr.matchAll(/\(prefill ([0-9.]+) s\)/g)].map((m) => Number(m[1]));
+  if (seconds.length !== 2) throw new Error(`lede generate printed ${seconds.length} prefill times for 2 generations`);
+  return seconds[1];
+}
+
+// This engine's token count of `text` (BOS included): `lede tokenize`.
+function ledeTokenCount(file, text) {
+  const out = execFileSync(o.lede, ["tokenize", "--model", file, text], { encoding: "utf8" }).trim();
+  return JSON.parse(out.split("\n").pop()).length;
+}
+
 // One `lede generate` process on `prompts` (--prompt-file, one model load):
 // `mode` ar, static (E, D), lede (the policy) or reference (ar on the file's
 // weights in f32: the text check). The first prompt is generated once more
@@ -326,6 +386,12 @@ for (const { file, format } of files) {
       ...(o.lede && o.policy ? [["lede_lede", (ps) => ledeRuns(file, ps, threads, "lede")]] : []),
     ];
     await llamaCppRun(model, prompts.eval[0], threads, false);  // warms llama.cpp's mapping of the file
+    const prefill = o["prefill-tokens"] > 0 ? { text: prefillText(model, o["prefill-tokens"]), llamacpp: [], lede: [] }
+      : null;
+    if (prefill) {
+      prefill.llamacpp_tokens = (await llamaCppPrefill(model, prefill.text, threads)).tokens;  // warm-up
+      prefill.lede_tokens = o.lede ? ledeTokenCount(file, prefill.text) : null;
+    }
     // Interleaved passes: each method on all held-out prompts, in turn.
     const passes = Object.fromEntries(methods.map(([m]) => [m, []]));
     const texts = {};
@@ -337,7 +403,13 @@ for (const { file, format } of files) {
         if (pass === 0) texts[m] = runs.map((r) => r.text);
         extras[m].push(...runs.map((r) => r.predictions || { acceptance_rate: r.acceptance }));
       }
-      console.log(`pass ${pass + 1}: ` + methods.map(([m]) => `${m} ${f1(passes[m][pass])}`).join(", ") + " tok/s");
+      if (prefill) {
+        prefill.llamacpp.push((await llamaCppPrefill(model, prefill.text, threads)).seconds);
+        if (o.lede) prefill.lede.push(ledePrefill(file, prefill.text, threads));
+      }
+      console.log(`pass ${pass + 1}: ` + methods.map(([m]) => `${m} ${f1(passes[m][pass])}`).join(", ") + " tok/s" +
+                  (prefill ? `; prefill llama.cpp ${f2(prefill.llamacpp[pass])} s` +
+                             (o.lede ? `, ours ${f2(prefill.lede[pass])} s` : "") : ""));
     }
     // The text checks: llama.cpp's greedy text = ours on the file's weights
     // computed in f32 (the layout check) and = ours in the file's own
@@ -379,8 +451,22 @@ for (const { file, format } of files) {
         ...(m.startsWith("lede_") ? { engine_weights: "--weights auto (the file's storage)" } : {}),
       };
     }
+    const prefillRow = prefill ? {
+      llamacpp_tokens: prefill.llamacpp_tokens, lede_tokens: prefill.lede_tokens,
+      llamacpp_s_per_pass: prefill.llamacpp, lede_s_per_pass: prefill.lede,
+      llamacpp_s: spread(prefill.llamacpp), lede_s: o.lede ? spread(prefill.lede) : null,
+      // Per pass: our prefill seconds over llama.cpp's in the same pass (< 1: ours is faster).
+      lede_over_llamacpp: o.lede ? spread(prefill.lede.map((v, p) => v / prefill.llamacpp[p])) : null,
+    } : undefined;
     results.push({ format, threads, file: path.basename(file), bytes, bytes_per_token: perToken,
-                   methods: rows, checks, llamacpp_texts: peerText });
+                   methods: rows, checks, llamacpp_texts: peerText, ...(prefillRow ? { prefill: prefillRow } : {}) });
+    if (prefillRow) {
+      console.log(`${format.padEnd(5)} threads ${threads} prefill of ${prefillRow.llamacpp_tokens} tokens: llama.cpp ` +
+                  `${f2(prefillRow.llamacpp_s.median)} s (${f2(prefillRow.llamacpp_s.min)}-${f2(prefillRow.llamacpp_s.max)})` +
+                  (o.lede ? `, ours ${f2(prefillRow.lede_s.median)} s (${f2(prefillRow.lede_s.min)}-` +
+                            `${f2(prefillRow.lede_s.max)}; ${prefillRow.lede_tokens} tokens), ours / llama.cpp ` +
+                            `${f2(prefillRow.lede_over_llamacpp.median)}` : ""));
+    }
     for (const [m] of methods) {
       const r = rows[m];
       console.log(`${format.padEnd(5)} threads ${threads} ${m.padEnd(23)} ${f1(r.median_tok_s).padStart(7)} tok/s ` +
@@ -418,6 +504,7 @@ const report = {
               measurements: rooflines, used_gb_per_s: bestRoofline() },
   settings: { tokens: o.tokens, repeats: o.repeats, greedy: true, prompts: prompts.source,
               eval_prompts: prompts.eval, tuning_prompts: prompts.tuning, static_sweep: o.static, policy: o.policy,
+              prefill_tokens: o["prefill-tokens"],
               timed: "decode only: llama.cpp from the first generated token to the last; ours lede generate's " +
                      "decode tokens/s of the second of two generations per process; tok/s of a pass = its tokens " +
                      "over its decode seconds on all held-out prompts" },
