@@ -66,6 +66,23 @@ COMMANDS = {
          "node bench/llamacpp_bench.mjs --model out/w5t --policy out/w5t/policy --formats f32,bf16,q8_0 --threads 1 \\\n"
          "    --tokens 96 --repeats 3 --eval-prompts 8 --tuning-prompts 4 --static 1:3,1:4,2:2,2:3,2:4,3:3,3:4 \\\n"
          "    --out bench/results/llamacpp-w5-trained.json"),
+    "bench/results/lede-tiny-perplexity.json":
+        ("perplexity", "bench/heldout_text.py   # writes out/heldout-text (checks it against data_manifest.json)\n"
+         "build/services/cli/lede widen --model models/lede-tiny --factor 4 --out out/lede-tiny-w4\n"
+         "build/services/cli/lede export --format gguf --weights q4_k_m --model out/lede-tiny-w4 \\\n"
+         "    --out out/lede-tiny-w4-q4_k_m.gguf\n"
+         "D=out/heldout-text; P=build/bench/lede-perplexity; F=f32,bf16,q8_0,q4_0,q4_k_m\n"
+         "bench/record.py bench/results/lede-tiny-perplexity.json -- $P --models models/lede-tiny \\\n"
+         "    --data $D/stories-tinystories.val.txt,$D/tales.val.txt,$D/drama.val.txt --weights $F --window 256 \\\n"
+         "    --stride 128 --json {json} -- $P --models out/lede-tiny-w4 --data $D/stories-tinystories.val.txt \\\n"
+         "    --weights $F --window 256 --stride 128 --json {json} -- $P --models out/lede-tiny-w4-q4_k_m.gguf \\\n"
+         "    --data $D/stories-tinystories.val.txt --weights auto --window 256 --stride 128 --json {json}"),
+    "bench/results/llamacpp-w8-quant.json":
+        ("llamacpp_bench", "scripts/install_node_llama_cpp.sh\n"
+         "build/services/cli/lede widen --model models/lede-tiny --factor 8 --out out/lede-tiny-w8\n"
+         "node bench/llamacpp_bench.mjs --model out/lede-tiny-w8 --formats q8_0,q4_0,q4_k_m --threads 1,2 \\\n"
+         "    --tokens 64 --repeats 3 --eval-prompts 4 --static \"\" --policy \"\" --lookup \"\" --prefill-tokens 400 \\\n"
+         "    --out bench/results/llamacpp-w8-quant.json"),
     "bench/results/serve-widen5-fixes.json":
         ("serve_bench", _WIDEN5 + "\n"
          "bench/record.py bench/results/serve-widen5-fixes.json -- /usr/bin/python3 bench/serve_bench.py \\\n"
@@ -451,7 +468,8 @@ def llamacpp_heldout_table(data, opts):
     return (f"Greedy, {s['tokens']} tokens on each of {len(s['eval_prompts'])} held-out prompts ({s['prompts']}); "
             f"tok/s = tokens / decode seconds of a pass over all of them, median (range) of {s['repeats']} "
             f"interleaved passes; \"vs llama.cpp\" is per pass against llama.cpp autoregressive in the same pass; "
-            f"static swept over E:D {s['static_sweep']} on the tuning prompts; GB/s = weight bytes per token x tok/s "
+            + (f"static swept over E:D {s['static_sweep']} on the tuning prompts; " if s.get("static_sweep") else "")
+            + f"GB/s = weight bytes per token x tok/s "
             f"(autoregressive rows){roof_text}; both engines read the same GGUF file; peer: "
             f"{data['peer']['package']} {data['peer']['version']}.\n\n"
             + table(["format", "threads", "method", "tok/s", "vs llama.cpp autoregressive",
@@ -463,9 +481,36 @@ def llamacpp_heldout_table(data, opts):
                     checks))
 
 
+def llamacpp_prefill_table(data):
+    """The prefill rows of a run with --prefill-tokens: seconds per engine, and ours over llama.cpp's."""
+    rows = []
+    for r in data["results"]:
+        p = r.get("prefill")
+        if not p:
+            continue
+        sec = lambda v: f"{v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})"  # noqa: E731
+        rows.append([r["format"], r["threads"], f"{p['llamacpp_tokens']} / {p['lede_tokens']}", sec(p["llamacpp_s"]),
+                     sec(p["lede_s"]), f"{num(p['llamacpp_tokens'] / p['llamacpp_s']['median'])} / "
+                     f"{num(p['lede_tokens'] / p['lede_s']['median'])}",
+                     f"{x(p['lede_over_llamacpp']['median'])} ({p['lede_over_llamacpp']['min']:.2f}-"
+                     f"{p['lede_over_llamacpp']['max']:.2f})"])
+    if not rows:
+        return ""
+    load = (data.get("machine") or {}).get("load_average_1m") or {}
+    load_text = (f" The machine's 1-minute load average was {load['before']:.1f} before the run and "
+                 f"{load['after']:.1f} after it (2 cores shared with other work)." if load else "")
+    return ("\n\nPrefill of one prompt (the held-out prompts joined, cut at "
+            f"{data['settings']['prefill_tokens']} tokens with BOS), once per pass in the same passes: llama.cpp's "
+            "evaluation of the ids in one call on a fresh context, ours `lede generate`'s prefill seconds (after a "
+            "warm-up generation in the same process); seconds median (range); \"ours / llama.cpp\" is per pass, "
+            f"below 1 when ours is faster.{load_text}\n\n"
+            + table(["format", "threads", "prompt tokens (llama.cpp / ours)", "llama.cpp s", "our s",
+                     "tok/s (llama.cpp / ours)", "ours / llama.cpp"], rows))
+
+
 def llamacpp_table(data, opts):
     if data["results"] and "methods" in data["results"][0]:
-        return llamacpp_heldout_table(data, opts)
+        return llamacpp_heldout_table(data, opts) + llamacpp_prefill_table(data)
     rows = []
     for r in data["results"]:
         l = r["lede"]
@@ -485,6 +530,53 @@ def llamacpp_table(data, opts):
                     rows))
 
 
+def _perplexity_model(row):
+    """A row's model label: its name, hidden size and, for a GGUF file, which export wrote it."""
+    path = row["model"]
+    name = os.path.basename(path.rstrip("/"))
+    if path.endswith(".gguf"):
+        kind = re.search(r"(q4_k_m|q4_0|q8_0|bf16|f16|f32)", name)
+        return f"`{name}` (d {row['dim']}; `lede export --weights {kind.group(1) if kind else '?'}`)"
+    return f"{name} (d {row['dim']})"
+
+
+def perplexity_table(data, opts):
+    """lede-perplexity (bench/perplexity_main.cc): one row per (model, weights), one column pair per held-out file."""
+    domains = list(data["data"])
+    cells, base = {}, {}
+    for r in data["rows"]:
+        key = (_perplexity_model(r), r["weights"] if not r["model"].endswith(".gguf") else "GGUF file's blocks")
+        cells.setdefault(key, {"mb": r["weight_bytes"] / 1e6})[r["data"]] = r
+        if r["weights"] == "f32":
+            base[(r["dim"], r["n_layers"], r["data"])] = r["perplexity"]
+    rows = []
+    for (model, weights), c in cells.items():
+        row = [model, weights, num(c["mb"], "{:.1f}")]
+        for d in domains:
+            r = c.get(d)
+            if r is None:
+                row += ["-", "-"]
+                continue
+            ref = base.get((r["dim"], r["n_layers"], d))
+            row += [f"{r['perplexity']:.3f}", "-" if ref is None else f"{100 * (r['perplexity'] / ref - 1):+.2f}%"]
+        rows.append(row)
+    tokens = {}
+    for r in data["rows"]:
+        tokens[r["data"]] = r["tokens"]
+    header = ["model", "weights", "matrices MB"]
+    for d in domains:
+        header += [f"{d} perplexity ({tokens[d]:,} tokens)", "vs f32"]
+    window = data["window"] or "the model's context"
+    stride = data["stride"] or "window / 2"
+    return (f"Teacher-forced, last layer, through the fused kernels at each format (the serving path: KV cache, "
+            f"activation rounding included); sliding window of {window} positions moved {stride} tokens at a time, "
+            f"every token after the first scored once; held-out files: "
+            + ", ".join(f"{d} `{f}`" for d, f in data["data"].items())
+            + ". \"vs f32\" is against the same model's f32 row (the widened model computes lede-tiny's function, "
+              "so its f32 perplexity is lede-tiny's).\n\n"
+            + table(header, rows))
+
+
 def weight_formats_table(data, opts):
     f = data["formats"]
     base = f["f32"]
@@ -494,7 +586,9 @@ def weight_formats_table(data, opts):
         rows.append([name, f"{ppl[-1]:.3f}", f"{100 * (ppl[-1] / base['perplexity'][-1] - 1):+.2f}%",
                      f"{100 * agree[1]:.1f}%", f"{100 * (agree[1] - base['top1_agreement_with_last'][1]):+.1f}",
                      f"{ppl[1]:.2f}"])
-    return (f"{data['model']} on {base['tokens']} held-out tokens of `{data['data']}`.\n\n"
+    return (f"{data['model']} on {base['tokens']} tokens of `{data['data']}` (mostly documents lede-tiny trained "
+            f"on: every 20th story of its stories domain is held out; the held-out-only measurement is "
+            f"`lede-perplexity`'s, in the model card).\n\n"
             + table(["weights", "perplexity (last layer)", "vs f32", "layer-2 top-1 agreement with the last layer",
                      "vs f32, points", "layer-2 perplexity"], rows))
 
@@ -621,6 +715,7 @@ RENDERERS = {
     "cancel_storm": {"table": cancel_storm_table},
     "llamacpp_bench": {"table": llamacpp_table},
     "weight_formats_quality": {"table": weight_formats_table},
+    "perplexity": {"table": perplexity_table},
     "retrain acceptance": {"table": retrain_acceptance_table},
     "retrain scale": {"table": retrain_scale_table},
     "retrain widened": {"table": retrain_widened_table},

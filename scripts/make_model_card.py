@@ -111,12 +111,28 @@ def main():
       "per-layer table on up to 32768 held-out tokens of stories and code).\n")
     w(block(f"{model_rel}/report.json exits") + "\n")
     if os.path.exists(os.path.join(make_docs_tables.ROOT, results + "-weight-formats.json")):
-        w("## Weight formats (`--weights bf16|q8_0`) on held-out text\n")
+        w("## Weight formats (`--weights bf16|q8_0`) on `tinystories_val_a.txt`\n")
         w("The fused CPU path can hold the matrices in bf16 or llama.cpp's Q8_0\n"
           "([docs/models.md](../../docs/models.md#weight-formats---weights-autof32bf16q8_0)).\n"
           "Their effect on the last layer's perplexity and on the layer-2 exit's agreement\n"
           "with it:\n")
         w(block(results + "-weight-formats.json") + "\n")
+    if os.path.exists(os.path.join(make_docs_tables.ROOT, results + "-perplexity.json")):
+        w("## Every weight format, 4-bit included, on held-out text (`lede-perplexity`)\n")
+        w("Perplexity of the last layer at f32, bf16, q8_0 and llama.cpp's Q4_0 and Q4_K_M tensor mixes "
+          "(`--weights q4_0|q4_k_m`, quantized at load; and the Q4_K_M GGUF file `lede export` writes, which is "
+          "what a user downloads), for lede-tiny and for lede-tiny widened 4x (`lede widen --factor 4`: d 768, "
+          "78.7M parameters, every row a multiple of 256, so Q4_K and Q6_K blocks are used as llama.cpp uses them; "
+          "at d 192 most rows fall back to Q5_0 / Q8_0). The text is lede-tiny's held-out split, rebuilt by "
+          "`bench/heldout_text.py` from testdata/corpus with `scripts/build_corpus.py`'s own rules: the tales and "
+          "drama files are byte for byte the held-out files of `data_manifest.json` (sha256 checked), and the "
+          "stories file holds the held-out real TinyStories documents (the synthetic held-out stories' source is "
+          "not in the repository). The window is 256 positions, the length lede-tiny was trained on (its config "
+          "allows 512, but positions past 256 were never trained: on the held-out stories a 512-position window "
+          "gives perplexity 21.7 against 13.7 on the same first 4,000 tokens), so the perplexities here are "
+          "higher than those of the weight-format table above, whose file `tinystories_val_a.txt` is mostly "
+          "training documents (every 20th story of the domain is held out).\n")
+        w(block(results + "-perplexity.json") + "\n")
     if ev:
         w("## Static self-speculation (E x D) on held-out prompts\n")
         w(block(results + "-eval-exits.json") + "\n")
