@@ -44,6 +44,14 @@ def _bench_set(name):
             f"--max-draft-len 6 --prompts-per-set 48 --new-tokens 64 --threads 1 --json {{json}}")
 
 
+def _llamacpp_w8(threads):
+    return ("scripts/install_node_llama_cpp.sh\n"
+            "build/services/cli/lede widen --model models/lede-tiny --factor 8 --out out/lede-tiny-w8\n"
+            f"node bench/llamacpp_bench.mjs --model out/lede-tiny-w8 --formats q4_k_m,q4_0,q8_0 --threads {threads} \\\n"
+            "    --tokens 32 --repeats 2 --eval-prompts 2 --static \"\" --policy \"\" --lookup \"\" --prefill-tokens 400 \\\n"
+            f"    --out bench/results/llamacpp-w8-quant-{threads}t.json")
+
+
 # Each result a table uses: what kind of JSON it holds, and the command that writes it.
 COMMANDS = {
     "bench/results/lede-tiny-bench.json":
@@ -77,12 +85,8 @@ COMMANDS = {
          "    --stride 128 --json {json} -- $P --models out/lede-tiny-w4 --data $D/stories-tinystories.val.txt \\\n"
          "    --weights $F --window 256 --stride 128 --json {json} -- $P --models out/lede-tiny-w4-q4_k_m.gguf \\\n"
          "    --data $D/stories-tinystories.val.txt --weights auto --window 256 --stride 128 --json {json}"),
-    "bench/results/llamacpp-w8-quant.json":
-        ("llamacpp_bench", "scripts/install_node_llama_cpp.sh\n"
-         "build/services/cli/lede widen --model models/lede-tiny --factor 8 --out out/lede-tiny-w8\n"
-         "node bench/llamacpp_bench.mjs --model out/lede-tiny-w8 --formats q8_0,q4_0,q4_k_m --threads 1,2 \\\n"
-         "    --tokens 64 --repeats 3 --eval-prompts 4 --static \"\" --policy \"\" --lookup \"\" --prefill-tokens 400 \\\n"
-         "    --out bench/results/llamacpp-w8-quant.json"),
+    "bench/results/llamacpp-w8-quant-1t.json": ("llamacpp_bench", _llamacpp_w8(1)),
+    "bench/results/llamacpp-w8-quant-2t.json": ("llamacpp_bench", _llamacpp_w8(2)),
     "bench/results/serve-widen5-fixes.json":
         ("serve_bench", _WIDEN5 + "\n"
          "bench/record.py bench/results/serve-widen5-fixes.json -- /usr/bin/python3 bench/serve_bench.py \\\n"
