@@ -444,6 +444,10 @@ _LLAMACPP_METHODS = (("llamacpp_ar", "llama.cpp autoregressive"),
 def llamacpp_heldout_table(data, opts):
     """The held-out-prompts run (results with `methods`): one row per method."""
     rows, checks = [], []
+    # A run without speculation (--static "" --policy "" --lookup ""): the text check goes in a column of the
+    # speed table instead of a table of its own.
+    speculative = any(r["checks"].get(k) is not None for r in data["results"]
+                      for k in ("llamacpp_lookup_lossless", "lede_static_lossless", "lede_lede_lossless"))
     for r in data["results"]:
         for key, label in _LLAMACPP_METHODS:
             m = r["methods"].get(key)
@@ -456,11 +460,14 @@ def llamacpp_heldout_table(data, opts):
             v = m["vs_llamacpp_ar"]
             gbs = (f"{m['effective_gb_s']:.1f} ({100 * m['share_of_roofline']:.0f}%)"
                    if m.get("share_of_roofline") is not None else "-")
+            c, n = r["checks"], r["checks"]["prompts"]
+            frac = lambda k: "-" if c.get(k) is None else f"{c[k]}/{n}"  # noqa: E731
             rows.append([r["format"], r["threads"], label,
                          f"{num(m['median_tok_s'])} ({num(m['min_tok_s'])}-{num(m['max_tok_s'])})",
-                         f"{x(v['median'])} ({v['min']:.2f}-{v['max']:.2f})", gbs])
-        c, n = r["checks"], r["checks"]["prompts"]
-        frac = lambda k: "-" if c.get(k) is None else f"{c[k]}/{n}"  # noqa: E731
+                         f"{x(v['median'])} ({v['min']:.2f}-{v['max']:.2f})", gbs]
+                        + ([] if speculative else
+                           [f"{frac('same_greedy_text_f32_compute')} / {frac('same_greedy_text_native')}"
+                            if key == "lede_ar" else "-"]))
         checks.append([r["format"], r["threads"], num(r["bytes"] / 1e6, "{:.1f}"),
                        f"{frac('same_greedy_text_f32_compute')} / {frac('same_greedy_text_native')}",
                        f"{frac('llamacpp_lookup_lossless')} / {frac('lede_static_lossless')} / {frac('lede_lede_lossless')}"])
@@ -477,12 +484,13 @@ def llamacpp_heldout_table(data, opts):
             f"(autoregressive rows){roof_text}; both engines read the same GGUF file; peer: "
             f"{data['peer']['package']} {data['peer']['version']}.\n\n"
             + table(["format", "threads", "method", "tok/s", "vs llama.cpp autoregressive",
-                     "GB/s (share of read roofline)"], rows)
-            + "\n\n"
-            + table(["format", "threads", "file MB",
+                     "GB/s (share of read roofline)"]
+                    + ([] if speculative else ["same greedy text as llama.cpp (the file's weights in f32 / in its "
+                                               "storage)"]), rows)
+            + ("" if not speculative else "\n\n" + table(["format", "threads", "file MB",
                      "same greedy text as llama.cpp (ours on the file's weights in f32 / in the file's storage)",
                      "lossless vs the engine's autoregressive text (llama.cpp lookup / our static / our LEDE)"],
-                    checks))
+                    checks)))
 
 
 def llamacpp_prefill_table(data):
