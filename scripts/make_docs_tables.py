@@ -554,7 +554,7 @@ def _perplexity_model(row):
 
 def perplexity_table(data, opts):
     """lede-perplexity (bench/perplexity_main.cc): one row per (model, weights), one column pair per held-out file."""
-    domains = list(data["data"])
+    domains = list(dict.fromkeys(r["data"] for r in data["rows"]))  # in the order the runs measured them
     cells, base = {}, {}
     for r in data["rows"]:
         key = (_perplexity_model(r), r["weights"] if not r["model"].endswith(".gguf") else "GGUF file's blocks")
@@ -583,7 +583,7 @@ def perplexity_table(data, opts):
     return (f"Teacher-forced, last layer, through the fused kernels at each format (the serving path: KV cache, "
             f"activation rounding included); sliding window of {window} positions moved {stride} tokens at a time, "
             f"every token after the first scored once; held-out files: "
-            + ", ".join(f"{d} `{f}`" for d, f in data["data"].items())
+            + ", ".join(f"{d} `{data['data'][d]}`" for d in domains)
             + ". \"vs f32\" is against the same model's f32 row (the widened model computes lede-tiny's function, "
               "so its f32 perplexity is lede-tiny's).\n\n"
             + table(header, rows))

@@ -130,7 +130,9 @@ def main():
           "not in the repository). The window is 256 positions, the length lede-tiny was trained on (its config "
           "allows 512, but positions past 256 were never trained, and a 512-position window scores far worse "
           "on the same text). The perplexities here are higher than those of the weight-format table above, whose file `tinystories_val_a.txt` is mostly "
-          "training documents (every 20th story of the domain is held out).\n")
+          "training documents (every 20th story of the domain is held out). The GGUF file holds llama.cpp's whole "
+          "Q4_K_M mix, the token embedding in Q4_K included (`--weights q4_k_m` at load keeps the embedding, a row "
+          "lookup, in f32).\n")
         w(block(results + "-perplexity.json") + "\n")
     if ev:
         w("## Static self-speculation (E x D) on held-out prompts\n")
