@@ -520,6 +520,18 @@ def llamacpp_prefill_table(data):
                      "tok/s (llama.cpp / ours)", "ours / llama.cpp"], rows))
 
 
+def _drop_prose(text):
+    """The tables of a rendered block only (its paragraphs of settings dropped)."""
+    return "\n\n".join(p for p in text.split("\n\n") if p.startswith("|"))
+
+
+def llamacpp_rows(data, opts):
+    """A second run with the settings of the one rendered above it: its tables only."""
+    load = (data.get("machine") or {}).get("load_average_1m") or {}
+    head = f"1-minute load average {load['before']:.1f} before, {load['after']:.1f} after.\n\n" if load else ""
+    return head + _drop_prose(llamacpp_heldout_table(data, opts) + llamacpp_prefill_table(data))
+
+
 def llamacpp_table(data, opts):
     if data["results"] and "methods" in data["results"][0]:
         return llamacpp_heldout_table(data, opts) + llamacpp_prefill_table(data)
@@ -725,7 +737,7 @@ RENDERERS = {
     "lede_replica_bench": {"table": replica_table},
     "hostile_clients": {"table": hostile_clients_table},
     "cancel_storm": {"table": cancel_storm_table},
-    "llamacpp_bench": {"table": llamacpp_table},
+    "llamacpp_bench": {"table": llamacpp_table, "rows": llamacpp_rows},
     "weight_formats_quality": {"table": weight_formats_table},
     "perplexity": {"table": perplexity_table},
     "retrain acceptance": {"table": retrain_acceptance_table},
