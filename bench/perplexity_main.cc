@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
   std::vector<model::WeightFormat> formats;
   for (const std::string& w : flags::SplitList(weights_flag)) {
     auto parsed = model::ParseWeightFormat(w);
-    if (!parsed.ok()) return Fail(InvalidArgumentError("--weights: " + std::string(parsed.status().message())), 2);
+    if (!parsed.ok()) return Fail(InvalidArgumentError("--" + std::string(parsed.status().message())), 2);
     formats.push_back(*parsed);
   }
   if (formats.empty()) return Fail(InvalidArgumentError("--weights: empty"), 2);
@@ -111,6 +111,11 @@ int main(int argc, char** argv) {
   std::printf("%-40s %-7s %-22s %7s %11s %8s %7s\n", "model", "weights", "data", "tokens", "perplexity", "top-1",
               "s");
   for (const std::string& model_path : models) {
+    if (!std::filesystem::exists(model_path)) {
+      return Fail(InvalidArgumentError("--models: " + model_path + ": no such file or directory"), 2);
+    }
+  }
+  for (const std::string& model_path : models) {
     auto tok_path = tokenizer::FindTokenizerFile(model_path);
     if (!tok_path.ok()) return Fail(tok_path.status(), 2);
     auto tokenizer = tokenizer::LoadTokenizer(*tok_path);
@@ -129,7 +134,18 @@ int main(int argc, char** argv) {
       for (size_t d = 0; d < data.size(); ++d) {
         const auto t0 = std::chrono::steady_clock::now();
         auto r = bench::ComputePerplexity(*m, streams[d], po);
-        if (!r.ok()) return Fail(r.status(), 1);
+        if (!r.ok()) {
+          // A bad --window / --stride / --chunk / --max-tokens is the user's flag: name it as typed.
+          const std::string msg(r.status().message());
+          for (const char* field : {"window", "stride", "chunk", "max_tokens"}) {
+            if (msg.rfind(std::string(field) + ":", 0) == 0) {
+              std::string flag = field;
+              if (flag == "max_tokens") flag = "max-tokens";
+              return Fail(InvalidArgumentError("--" + flag + msg.substr(std::string(field).size())), 2);
+            }
+          }
+          return Fail(r.status(), 1);
+        }
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const std::string domain = std::filesystem::path(data[d]).stem().stem().string();
         const double top1 = static_cast<double>(r->top1_correct) / static_cast<double>(r->tokens);
