@@ -76,7 +76,8 @@ def main():
         want = manifest["domains"][domain]["val"]["sha256"]
         if digest != want:
             failures.append(f"{path}: sha256 {digest} is not the manifest's held-out {want}")
-        print(f"{path}: {n_val} documents, the manifest's held-out split (sha256 {digest[:12]})")
+        print(f"{path}: {n_val} documents" + (", the manifest's held-out split" if digest == want else "")
+              + f" (sha256 {digest[:12]})")
 
     real = [d for name in ("tinystories_train_head.txt", "tinystories_val_a.txt")
             for d in build_corpus.tinystories_docs(read(name))]
