@@ -3,7 +3,7 @@
 // 1. The roofline of this CPU, measured here: the read bandwidth of a loop
 //    over a buffer larger than the last-level cache (DRAM) and over one that
 //    fits in it (the small models' weights do), and the GFLOP/s of a BLAS
-//    sgemm (OpenBLAS) on the benchmark's threads.
+//    sgemm (OpenBLAS) on the benchmark's threads (bench/cpu_roofline.h).
 // 2. For each model and each --kernels implementation (eager: libtorch
 //    operators; fused: cpu_kernels.h), A/B in one process, interleaved,
 //    --repeats runs each, medians: autoregressive and static
