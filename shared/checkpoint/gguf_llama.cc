@@ -5,6 +5,8 @@
 // GgufLlamaConfig, with every tensor's dims checked; written:
 // AddLlamaMetadata), and Llama-3 RoPE scaling as llama.cpp's
 // rope_freqs.weight.
+#include "shared/checkpoint/gguf.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -12,7 +14,6 @@
 #include <utility>
 #include <vector>
 
-#include "shared/checkpoint/gguf.h"
 #include "shared/checkpoint/internal/gguf_internal.h"
 #include "shared/checkpoint/model_limits.h"
 #include "shared/status/status_macros.h"

@@ -4,11 +4,11 @@
 // byte sizes, and the conversions of their data from and to float32. The
 // block formats themselves (Q4_0 ... Q6_K) are ggml_quants.cc; the F16 and
 // BF16 number formats number_formats.cc.
+#include "shared/checkpoint/gguf.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-
-#include "shared/checkpoint/gguf.h"
 
 namespace lede::checkpoint {
 

@@ -3,13 +3,14 @@
 // The GGUF writer (contracts in gguf.h): metadata records serialized as
 // they are added, tensor infos and data laid out at Write, all little-endian
 // in GGUF v3's layout (gguf.h), alignment 32.
+#include "shared/checkpoint/gguf.h"
+
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "shared/checkpoint/gguf.h"
 #include "shared/checkpoint/internal/gguf_internal.h"
 #include "shared/status/status_macros.h"
 
