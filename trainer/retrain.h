@@ -96,6 +96,9 @@
 #include "trainer/policy_root_lock.h"  // IsPolicyRootLocked
 
 namespace lede::trainer {
+namespace internal {
+struct RetrainRun;  // trainer/internal/retrain_run.h
+}  // namespace internal
 
 inline constexpr char kRetrainStateFile[] = "retrain_state.json";
 inline constexpr char kRetrainReportFile[] = "report.json";
@@ -299,6 +302,12 @@ class Retrainer {
   Status PushStateToPolicyStore();
   // RunOnce with the counterfactual trainer on the request log.
   StatusOr<RetrainOutcome> RunOnceOnRequests(const policy::dqn::Artifact& serving, RetrainState state);
+  // RunOnce with the td trainer on logged transitions: steps 1-6, then
+  // DecideAndPublish (steps 7-8).
+  StatusOr<RetrainOutcome> RunOnceOnTransitions(const policy::dqn::Artifact& serving, const RetrainState& state);
+  StatusOr<RetrainOutcome> DecideAndPublish(const policy::dqn::PolicyMetadata& smeta,
+                                            const policy::dqn::Artifact& candidate, const RetrainState& state,
+                                            internal::RetrainRun* run, RetrainOutcome out);
   struct Impl;
   RetrainOptions options_;
   std::unique_ptr<Impl> impl_;
