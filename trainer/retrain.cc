@@ -342,8 +342,14 @@ StatusOr<RetrainOutcome> Retrainer::RunOnceOnTransitions(const policy::dqn::Arti
     return out;
   }
 
-  // 2-3. The replay window: read and filter (model, reward cost model).
+  // 2-3. The replay window: read and filter (model, reward cost model). A
+  // policy priced by the deployment's served costs takes the transitions of
+  // the other cost models too, re-priced with the costs the request log
+  // carries (trainer/retrain_pricing.h).
+  const bool served = smeta.reward_cost_model == internal::kServedCostModel;
+  if (served) LEDE_RETURN_IF_ERROR(impl_->replay.LoadServedCosts(o, *impl_->store, smeta, &run));
   internal::ReadWindow(*impl_->store, o, smeta, &run);
+  if (served) LEDE_RETURN_IF_ERROR(impl_->replay.RepriceWindow(smeta, &run));
   out.n_new_transitions = run.n_new;
   out.n_bad_shards = run.n_new_bad_shards;
   out.n_other_model_shards = run.n_new_other_model_shards;

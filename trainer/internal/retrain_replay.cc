@@ -12,6 +12,8 @@
 #include "shared/tokenizer/tokenizer.h"
 #include "trainer/exit_eval.h"
 #include "trainer/internal/retrain_run.h"
+#include "trainer/request_retrain.h"
+#include "trainer/retrain_pricing.h"
 
 namespace lede::trainer::internal {
 namespace {
@@ -68,25 +70,13 @@ class ThreadCountGuard {
 
 }  // namespace
 
-Status ReplayEvaluator::LoadReplay(const RetrainOptions& o, const speculation::DecisionSpec& spec) {
-  if (engine_ != nullptr) return OkStatus();
-  LEDE_ASSIGN_OR_RETURN(std::string tok_path, tokenizer::FindTokenizerFile(o.model_dir));
-  LEDE_ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok, tokenizer::LoadTokenizer(tok_path));
-  LEDE_ASSIGN_OR_RETURN(prompts_, LoadPrompts(o.eval_prompts, *tok, o.eval_prompt_skip, o.eval_prompt_count));
+Status ReplayEvaluator::LoadModel(const RetrainOptions& o) {
+  if (model_ != nullptr) return OkStatus();
   model::ModelOptions f32;
   f32.weights = model::WeightFormat::kF32;  // trained in float32, whatever the file stores
   LEDE_ASSIGN_OR_RETURN(auto loaded, model::LlamaModel::Load(o.model_dir, f32));
   std::shared_ptr<const model::LlamaModel> m = std::move(loaded);
-  model::KvCacheOptions ko;
-  ko.max_draft_len = std::max<int64_t>(16, spec.max_draft_len);
-  LEDE_ASSIGN_OR_RETURN(engine_, model::Engine::Create(m, ko));
-  model_ = m;
-  {  // Warm-up, so the first measured tokens/s is not a cold start.
-    model::GenerateOptions warm;
-    warm.max_new_tokens = 8;
-    LEDE_RETURN_IF_ERROR(engine_->Generate(prompts_.front(), warm).status());
-  }
-  cost_models_["accelerator"] = model::MakeAcceleratorCostModel(model_->config());
+  cost_models_["accelerator"] = model::MakeAcceleratorCostModel(m->config());
   std::string calibration = o.calibration;
   if (calibration.empty() && fs::exists(fs::path(o.model_dir) / "calibration-cpu.json")) {
     calibration = (fs::path(o.model_dir) / "calibration-cpu.json").string();
@@ -94,6 +84,67 @@ Status ReplayEvaluator::LoadReplay(const RetrainOptions& o, const speculation::D
   if (!calibration.empty()) {
     LEDE_ASSIGN_OR_RETURN(model::Calibration cal, model::ReadCalibrationFile(calibration));
     cost_models_["measured"] = model::MakeMeasuredCostModel(cal);
+  }
+  model_ = std::move(m);
+  return OkStatus();
+}
+
+Status ReplayEvaluator::LoadReplay(const RetrainOptions& o, const speculation::DecisionSpec& spec) {
+  if (engine_ != nullptr) return OkStatus();
+  LEDE_RETURN_IF_ERROR(LoadModel(o));
+  LEDE_ASSIGN_OR_RETURN(std::string tok_path, tokenizer::FindTokenizerFile(o.model_dir));
+  LEDE_ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok, tokenizer::LoadTokenizer(tok_path));
+  LEDE_ASSIGN_OR_RETURN(prompts_, LoadPrompts(o.eval_prompts, *tok, o.eval_prompt_skip, o.eval_prompt_count));
+  model::KvCacheOptions ko;
+  ko.max_draft_len = std::max<int64_t>(16, spec.max_draft_len);
+  LEDE_ASSIGN_OR_RETURN(engine_, model::Engine::Create(model_, ko));
+  {  // Warm-up, so the first measured tokens/s is not a cold start.
+    model::GenerateOptions warm;
+    warm.max_new_tokens = 8;
+    LEDE_RETURN_IF_ERROR(engine_->Generate(prompts_.front(), warm).status());
+  }
+  return OkStatus();
+}
+
+Status ReplayEvaluator::LoadServedCosts(const RetrainOptions& o, storage::ObjectStore& store,
+                                        const policy::dqn::PolicyMetadata& smeta, RetrainRun* run) {
+  const std::string priced = "serving version " + smeta.version + " is priced by the deployment's " +
+                             kServedCostModel + " costs (reward_cost_model " + kServedCostModel + "); ";
+  if (o.model_dir.empty()) return FailedPreconditionError(priced + "the td trainer needs model_dir (--model)");
+  LEDE_RETURN_IF_ERROR(LoadModel(o));
+  if (model_->config().ArchitectureFingerprint() != smeta.model_fingerprint) {
+    return FailedPreconditionError(priced + "model " + o.model_dir + " is not the policy's model " +
+                                   smeta.model_fingerprint);
+  }
+  StatusOr<std::unique_ptr<model::CostModel>> served = ReadServedCostModel(store, o.requests_prefix, *model_);
+  if (!served.ok()) {
+    if (served.status().code() != StatusCode::kNotFound) return served.status();
+    return FailedPreconditionError(priced + "the request log under '" + o.requests_prefix +
+                                   "' holds none: " + std::string(served.status().message()));
+  }
+  cost_models_[kServedCostModel] = *std::move(served);
+  run->repriceable.clear();
+  for (const auto& [name, cm] : cost_models_) {
+    if (name != kServedCostModel) run->repriceable.insert(name);
+  }
+  return OkStatus();
+}
+
+Status ReplayEvaluator::RepriceWindow(const policy::dqn::PolicyMetadata& smeta, RetrainRun* run) const {
+  const model::CostModel& to = *cost_models_.at(smeta.reward_cost_model);
+  for (const std::string& name : run->repriceable) {
+    std::vector<size_t> at;
+    std::vector<experience::Transition> ts;
+    for (size_t i = 0; i < run->window.size(); ++i) {
+      if (run->window[i].reward_cost_model != name) continue;
+      at.push_back(i);
+      ts.push_back(run->window[i]);
+    }
+    if (ts.empty()) continue;
+    LEDE_RETURN_IF_ERROR(RepriceExperience(*cost_models_.at(name), to, static_cast<int32_t>(model_->n_layers()),
+                                           smeta.decision, &ts));
+    for (size_t j = 0; j < at.size(); ++j) run->window[at[j]] = std::move(ts[j]);
+    run->repriced[name] = static_cast<int64_t>(at.size());
   }
   return OkStatus();
 }

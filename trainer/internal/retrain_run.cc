@@ -123,7 +123,7 @@ void ReadWindow(storage::ObjectStore& store, const RetrainOptions& o, const poli
     for (Transition& t : ts) {
       if (t.model_fingerprint != smeta.model_fingerprint) {
         ++run->other_model;
-      } else if (t.reward_cost_model != smeta.reward_cost_model) {
+      } else if (t.reward_cost_model != smeta.reward_cost_model && run->repriceable.count(t.reward_cost_model) == 0) {
         ++run->other_cost;
       } else {
         run->n_new += is_new ? 1 : 0;
@@ -238,6 +238,7 @@ json RetrainReport(const RetrainRun& run, const RetrainOptions& o, const Retrain
       {"filtered_other_model", run.other_model},
       {"new_other_model_shards", run.n_new_other_model_shards},
       {"filtered_other_cost_model", run.other_cost},
+      {"repriced_transitions", run.repriced},
       {"n_transitions", static_cast<int64_t>(run.window.size())},
       {"n_new_transitions", run.n_new},
       {"model_fingerprint", smeta.model_fingerprint},

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,11 @@ struct RetrainRun {
   int64_t n_read = 0, n_bad_shards = 0, n_new_bad_shards = 0, other_model = 0, other_cost = 0, n_new = 0;
   int64_t n_new_other_model_shards = 0;  // new shards with records of another model
   nlohmann::json bad_shards = nlohmann::json::array();
+  // Served pricing: transitions priced by these cost models are read and
+  // re-priced to the serving policy's (empty: only its own are read), and
+  // how many of each were.
+  std::set<std::string> repriceable;
+  std::map<std::string, int64_t> repriced;
   // 4. the held-out split
   std::vector<experience::Transition> train, held;
   std::string split_unit = "request";
@@ -103,12 +109,36 @@ nlohmann::json RetrainReport(const RetrainRun& run, const RetrainOptions& o, con
 // trained on; keys no longer in the store are forgotten.
 RetrainState NextState(const RetrainState& state, const RetrainRun& run, const RetrainOutcome& out);
 
-// Step 6b: greedy replays of held-out prompts through the in-process engine
-// (autoregressive, the serving policy, the candidate), priced by the cost
-// models it holds. The model, engine and prompts are loaded on the first
-// replay and kept (for --watch).
+// The cost model name of the deployment's logged step costs
+// (shared/model/cost_model.h MakeServedCostModel).
+inline constexpr char kServedCostModel[] = "served";
+
+// The model and the cost models the td trainer prices with: served pricing
+// (the deployment's logged costs, read each run) and step 6b, greedy
+// replays of held-out prompts through the in-process engine
+// (autoregressive, the serving policy, the candidate). The model (float32),
+// engine and prompts are loaded on first use and kept (for --watch).
 class ReplayEvaluator {
  public:
+  // For a serving policy priced by "served": loads the model and reads the
+  // deployment's step costs from the request log under o.requests_prefix
+  // (trainer/request_retrain.h ReadServedCostModel), which then price the
+  // replay; sets run->repriceable to the other cost models held (the
+  // accelerator model; the measured one with a calibration), whose
+  // transitions ReadWindow keeps for RepriceWindow. Errors:
+  // kFailedPrecondition, naming the serving version, without model_dir,
+  // for a model that is not the policy's, or when the log holds no usable
+  // measured_costs; those of loading the model and calibration and of the
+  // store.
+  Status LoadServedCosts(const RetrainOptions& o, storage::ObjectStore& store,
+                         const policy::dqn::PolicyMetadata& smeta, RetrainRun* run);
+  // Re-prices the window's transitions of run->repriceable cost models to
+  // smeta.reward_cost_model (trainer/retrain_pricing.h RepriceExperience),
+  // counting them in run->repriced. Needs LoadServedCosts first. Errors:
+  // those of RepriceExperience (the window is then partly re-priced and
+  // the run must fail).
+  Status RepriceWindow(const policy::dqn::PolicyMetadata& smeta, RetrainRun* run) const;
+
   // Replays the held-out prompts with the serving policy (run->dqn's
   // initial network, `smeta`) and `candidate`; the decision metric becomes
   // the predicted speed-up under smeta.reward_cost_model (run->replay,
@@ -121,6 +151,7 @@ class ReplayEvaluator {
                          policy::dqn::Artifact* candidate, RetrainRun* run);
 
  private:
+  Status LoadModel(const RetrainOptions& o);
   Status LoadReplay(const RetrainOptions& o, const speculation::DecisionSpec& spec);
   StatusOr<nlohmann::json> Replay(const RetrainOptions& o,
                                   const std::shared_ptr<const policy::dqn::QNetwork>& network,
