@@ -397,7 +397,8 @@ def install_shipped(state, fingerprint):
 
 
 def ratio_stats(runs, x, y):
-    """Per-round ratios of x's served speed-up (and default-method tok/s) to y's: median, min, max."""
+    """Per-round ratios of x's served speed-up (and default-method tok/s) to y's (the i-th deployment of x
+    over the i-th of y): median, min, max, and the ratios in ascending order (per_round)."""
     def per_round(key):
         xs = [r for r in runs if r["serving"] == x]
         ys = [r for r in runs if r["serving"] == y]
