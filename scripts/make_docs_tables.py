@@ -84,7 +84,7 @@ COMMANDS = {
          "    --threads 1 --no-gemv --json {json}"),
     "bench/results/big-model-serving-llama32-1b.json":
         ("big_model_serving", "bench/record.py bench/results/big-model-serving-llama32-1b.json -- \\\n"
-         "    bench/big_model_serving.py --threads 2 --json {json}"),
+         "    bench/big_model_serving.py --threads 2 --repeats 1 --prompt-tokens 500 --new-tokens 16 --json {json}"),
     "bench/results/retrain-acceptance.json":
         ("retrain acceptance", "bench/retrain_bench.py acceptance"),
     "bench/results/hostile_clients.json":
@@ -609,7 +609,8 @@ def big_model_serving_table(data, opts):
     st, kv = data["start"], data["kv"]
     gib = lambda v: f"{v / 2**30:.2f} GiB" if isinstance(v, (int, float)) else "?"
     rows = [["start (scripts/run --detach, cold start included)", f"{st['start_s']:.0f} s",
-             f"cold start {st['cold_start_s']:.0f} s ({st.get('cold_start_sizing') or '?'})"],
+             f"cold start {st['cold_start_s']:.0f} s, of which loading the model {st['cold_start_load_s']:.0f} s "
+             f"({st.get('cold_start_sizing') or '?'})"],
             ["KV budget / pool / segment", f"{gib(kv.get('budget_bytes'))} / {gib(kv.get('pool_bytes'))} / "
              f"{gib(kv.get('segment_bytes'))}", f"{kv.get('slots')} slots of {num(kv.get('capacity_tokens'))} tokens"]]
     rss = data.get("peak_rss_bytes", {})
