@@ -82,6 +82,9 @@ COMMANDS = {
          "bench/record.py bench/results/engine_bench-memory-llama32-1b.json -- build/bench/lede_engine_bench \\\n"
          "    --models build/smoke/llama32-1b --kernels fused --weights bf16,q8_0 --isolate --repeats 3 --tokens 32 \\\n"
          "    --threads 1 --no-gemv --json {json}"),
+    "bench/results/big-model-serving-llama32-1b.json":
+        ("big_model_serving", "bench/record.py bench/results/big-model-serving-llama32-1b.json -- \\\n"
+         "    bench/big_model_serving.py --threads 2 --repeats 1 --prompt-tokens 500 --new-tokens 16 --json {json}"),
     "bench/results/retrain-acceptance.json":
         ("retrain acceptance", "bench/retrain_bench.py acceptance"),
     "bench/results/retrain-widened.json":
@@ -618,6 +621,36 @@ def batching_ceiling_table(data, opts):
     return "\n".join(lines) + t + tail
 
 
+def big_model_serving_table(data, opts):
+    st, kv = data["start"], data["kv"]
+    gib = lambda v: f"{v / 2**30:.2f} GiB" if isinstance(v, (int, float)) else "?"
+    rows = [["start (scripts/run --detach, cold start included)", f"{st['start_s']:.0f} s",
+             f"cold start {st['cold_start_s']:.0f} s, of which loading the model {st['cold_start_load_s']:.0f} s "
+             f"({st.get('cold_start_sizing') or '?'})"],
+            ["KV budget / pool / segment", f"{gib(kv.get('budget_bytes'))} / {gib(kv.get('pool_bytes'))} / "
+             f"{gib(kv.get('segment_bytes'))}", f"{kv.get('slots')} slots of {num(kv.get('capacity_tokens'))} tokens"]]
+    rss = data.get("peak_rss_bytes", {})
+    if rss:
+        rows.append(["peak RSS", ", ".join(f"{k} {gib(v)}" for k, v in sorted(rss.items())),
+                     "the verifier's includes the pool segment it maps"])
+    ob = data.get("over_budget")
+    if ob:
+        rows.append([f"prompt of about {num(ob['prompt_tokens_about'])} tokens (2 slots)", f"HTTP {ob['status']}",
+                     f"{ob.get('message') or ''}; next request HTTP {ob['next_request_status']}"])
+    pf = data.get("prefill")
+    if pf:
+        pairs = "; ".join(f"{p['services_s']:.1f} s vs {p['cli_prefill_s']:.1f} s" for p in pf["pairs"])
+        rows.append([f"prefill of {num(pf['prompt_tokens'])} tokens, services vs `lede generate --threads "
+                     f"{data['threads']}`", f"ratio {pf['median_ratio']:.2f} (median)", pairs])
+    cc = data.get("concurrent")
+    if cc:
+        s = data["settings"]
+        rows.append([f"{s['concurrency']} concurrent requests of {num(s['prompt_tokens'])} prompt tokens, "
+                     f"{s['new_tokens']} new", f"{cc['completed']} of {s['concurrency']} complete",
+                     f"{cc['wall_s']:.0f} s in all"])
+    return table(["step", "result", "detail"], rows)
+
+
 # kind -> {view -> renderer(data, opts)}; the first view is the default.
 RENDERERS = {
     "lede-bench bench": {"full": bench_full, "summary": bench_summary},
@@ -641,6 +674,7 @@ RENDERERS = {
     "retrain scale": {"table": retrain_scale_table},
     "retrain widened": {"table": retrain_widened_table},
     "batching ceiling": {"table": batching_ceiling_table},
+    "big_model_serving": {"table": big_model_serving_table},
 }
 
 

@@ -234,7 +234,7 @@ struct DrafterService::Impl {
   };
 
   void RunJobs(const std::vector<void*>& jobs) {
-    SetComputeThreads(host->options.batch_threads);
+    BatchStepThreads step_threads(*host);  // all of --threads when the step runs alone
     std::map<model::KvCache*, std::vector<DraftJob*>> by_pool;
     for (void* j : jobs) by_pool[static_cast<DraftJob*>(j)->cache].push_back(static_cast<DraftJob*>(j));
     for (auto& [cache, group] : by_pool) {
