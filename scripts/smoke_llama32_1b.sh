@@ -12,6 +12,9 @@
 # f32 tensors and a packed f32 copy: about 4x that, not measured here); a
 # few minutes on 2 cores. Not part of the default ctest run
 # (configure with -DLEDE_SMOKE_TESTS=ON for a `smoke`-labelled test).
+# The same checkpoint through the services (scripts/run with its defaults:
+# start with the cold start, KV budget, concurrent long prompts, prefill
+# against `lede generate`) is bench/big_model_serving.py.
 #
 #   scripts/smoke_llama32_1b.sh [BUILD_DIR]
 set -euo pipefail

@@ -26,10 +26,11 @@ ColdStartChoice DefaultColdStart(int32_t n_layers) {
 }
 
 StatusOr<ColdStartChoice> ChooseColdStartFromTraces(const std::vector<ShadowTrace>& traces, int32_t max_draft_len,
-                                                    const model::CostModel& cost) {
+                                                    const model::CostModel& cost,
+                                                    const std::vector<int32_t>& exit_layers) {
   if (traces.empty()) return InvalidArgumentError("cold start: no calibration requests");
   if (max_draft_len < 1) return InvalidArgumentError("cold start: max_draft_len must be >= 1");
-  LEDE_ASSIGN_OR_RETURN(StaticChoice best, BestStatic(traces, max_draft_len, cost));
+  LEDE_ASSIGN_OR_RETURN(StaticChoice best, BestStatic(traces, max_draft_len, cost, exit_layers));
   ColdStartChoice c;
   c.how = "self-calibration";
   c.n_requests = static_cast<int64_t>(traces.size());
@@ -41,6 +42,37 @@ StatusOr<ColdStartChoice> ChooseColdStartFromTraces(const std::vector<ShadowTrac
     c.speedup = best.speedup;
   }
   return c;
+}
+
+int64_t WeightsPerToken(const checkpoint::ModelConfig& c) {
+  const int64_t attention = c.dim * (c.dim + 2 * c.kv_dim()) + c.dim * c.dim;  // Wqkv, Wo
+  const int64_t ffn = 3 * c.dim * c.hidden_dim;                                 // gate, up, down
+  return c.n_layers * (attention + ffn) + c.vocab_size * c.dim;                 // + LM head
+}
+
+ColdStartSizing SizeColdStart(int64_t weights_per_token, int32_t n_layers, int64_t max_prompts,
+                              int64_t max_new_tokens) {
+  const int64_t w = std::max<int64_t>(1, weights_per_token);
+  const int64_t prompts_cap = std::max<int64_t>(1, max_prompts);
+  const int64_t per_prompt_cap = std::max<int64_t>(1, max_new_tokens);
+  const int64_t most = prompts_cap * per_prompt_cap;
+  const double afford = std::floor(kColdStartWeightTokens / static_cast<double>(w));
+  const int64_t total =
+      std::min(most, std::max(kMinColdStartTokens, afford >= static_cast<double>(most) ? most
+                                                                                       : static_cast<int64_t>(afford)));
+  ColdStartSizing s;
+  s.n_prompts = std::clamp<int64_t>((total + per_prompt_cap - 1) / per_prompt_cap, std::min<int64_t>(2, prompts_cap),
+                                    prompts_cap);
+  s.new_tokens = std::clamp<int64_t>(total / s.n_prompts, std::min(kMinColdStartTokensPerPrompt, per_prompt_cap),
+                                     per_prompt_cap);
+  if (total < most) {
+    for (int32_t i = 1; i <= kMaxColdStartExits; ++i) {
+      const int32_t e = std::clamp<int32_t>(static_cast<int32_t>(std::lround(n_layers * i / 8.0)), 1,
+                                            std::max<int32_t>(1, n_layers - 1));
+      if (s.exit_layers.empty() || s.exit_layers.back() < e) s.exit_layers.push_back(e);
+    }
+  }
+  return s;
 }
 
 const std::vector<std::string>& ColdStartPrompts() {
@@ -57,18 +89,20 @@ const std::vector<std::string>& ColdStartPrompts() {
 
 StatusOr<ColdStartChoice> ChooseColdStart(model::Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
                                           int64_t new_tokens, int32_t max_draft_len, const model::CostModel& cost,
-                                          const std::function<bool()>& out_of_time) {
+                                          const std::function<bool()>& out_of_time,
+                                          const std::vector<int32_t>& exit_layers) {
   std::vector<ShadowTrace> traces;
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (!traces.empty() && out_of_time && out_of_time()) break;
     StatusOr<ShadowTrace> t =
-        TraceGreedyRequest(engine, prompts[i], new_tokens, speculation::DecisionSpec{}.top_k, "cold-start:" + std::to_string(i));
+        TraceGreedyRequest(engine, prompts[i], new_tokens, speculation::DecisionSpec{}.top_k,
+                           "cold-start:" + std::to_string(i), exit_layers);
     // A prompt whose continuation is empty (EOS at once) has no trace: skip it.
     if (!t.ok() && t.status().code() == StatusCode::kInvalidArgument) continue;
     if (!t.ok()) return t.status();
     traces.push_back(*std::move(t));
   }
-  return ChooseColdStartFromTraces(traces, max_draft_len, cost);
+  return ChooseColdStartFromTraces(traces, max_draft_len, cost, exit_layers);
 }
 
 StatusOr<policy::dqn::Artifact> ColdStartArtifact(const ColdStartChoice& choice, int32_t n_layers,

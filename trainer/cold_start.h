@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "policy/dqn/artifact.h"
+#include "shared/checkpoint/model_config.h"
 #include "shared/model/cost_model.h"
 #include "shared/status/status.h"
 #include "trainer/counterfactual.h"
@@ -69,20 +70,66 @@ struct ColdStartChoice {
 // of what pays on early-exit-trained checkpoints). Requires n_layers >= 2.
 ColdStartChoice DefaultColdStart(int32_t n_layers);
 
-// The best static (E, D), E in [1, L - 1], D in [1, max_draft_len], on
-// `traces` under `cost` (exact replay, pooled tokens / cost); autoregressive
-// when its speed-up is below 1 + kMinColdStartGain.
+// The best static (E, D), E in [1, L - 1] (only those of `exit_layers` when
+// it is not empty), D in [1, max_draft_len], on `traces` under `cost` (exact
+// replay, pooled tokens / cost); autoregressive when its speed-up is below
+// 1 + kMinColdStartGain.
 // Errors: kInvalidArgument for no traces or max_draft_len < 1; those of the
 // replay.
 StatusOr<ColdStartChoice> ChooseColdStartFromTraces(const std::vector<ShadowTrace>& traces, int32_t max_draft_len,
-                                                    const model::CostModel& cost);
+                                                    const model::CostModel& cost,
+                                                    const std::vector<int32_t>& exit_layers = {});
+
+// How much self-calibration a model gets. The calibration decodes
+// n_prompts x new_tokens tokens greedily and traces them (one pass with the
+// exit head at each candidate layer); both cost about the weights one token
+// runs through, so the tokens shrink as the model grows and the calibration
+// takes about as long on every model: lede-tiny (5M weights per token) gets
+// every prompt at full length and every exit layer, a Llama-3.2-1B shape
+// (1.24B) 2 prompts of 12 tokens and exits {2, 4, 6, 8} (docs/serving.md
+// "Cold start").
+struct ColdStartSizing {
+  int64_t n_prompts = 0;   // the first n of ColdStartPrompts()
+  int64_t new_tokens = 0;  // generated per prompt
+  // The exit layers E tried (ascending, in [1, L - 1]); empty: every one. A
+  // model whose full calibration is not affordable tries at most
+  // kMaxColdStartExits spread over the first half of its depth (round(L i /
+  // 8), i = 1..4), where a static exit pays if any does: each exit tried
+  // costs an LM-head pass per traced token, 4.3 blocks' work on the 1B shape.
+  std::vector<int32_t> exit_layers;
+};
+
+// The calibration's work: weights per token x generated tokens summed over
+// the prompts (about 30 s of decoding on one core, fewer on more).
+inline constexpr double kColdStartWeightTokens = 3e10;
+// At least this many generated tokens in all, and this many per prompt,
+// however large the model: fewer say nothing about acceptance.
+inline constexpr int64_t kMinColdStartTokens = 24;
+inline constexpr int64_t kMinColdStartTokensPerPrompt = 12;
+inline constexpr int32_t kMaxColdStartExits = 4;
+
+// The weights (multiply-adds) one decoded token runs through: every block's
+// Q/K/V/O and SwiGLU matrices and the LM head (the embedding is a lookup).
+int64_t WeightsPerToken(const checkpoint::ModelConfig& config);
+
+// The sizing for a model of `weights_per_token` (> 0) and `n_layers` L, at
+// most `max_prompts` prompts (>= 1) of `max_new_tokens` (>= 1) each: tokens in
+// all clamp(kColdStartWeightTokens / weights_per_token, kMinColdStartTokens,
+// max_prompts x max_new_tokens); prompts ceil(tokens / max_new_tokens), at
+// least 2 (when max_prompts allows), so no single text decides; tokens per
+// prompt the rest, at least kMinColdStartTokensPerPrompt (at most
+// max_new_tokens); every exit layer when the tokens are not cut, else the
+// spread above. Non-positive sizes count as 1.
+ColdStartSizing SizeColdStart(int64_t weights_per_token, int32_t n_layers, int64_t max_prompts,
+                              int64_t max_new_tokens);
 
 // The built-in calibration prompts (short English and code openings; model
 // agnostic text, tokenized with the served model's tokenizer).
 const std::vector<std::string>& ColdStartPrompts();
 
 // Self-calibration: each of `prompts` (token ids) decoded greedily for
-// `new_tokens` tokens on `engine`, traced, then ChooseColdStartFromTraces.
+// `new_tokens` tokens on `engine`, traced at `exit_layers` (empty: every
+// layer), then ChooseColdStartFromTraces over those layers.
 // `out_of_time` (optional) is asked before every prompt after the first
 // that gave a trace; true ends the calibration with the traces so far, so a
 // large model's cold start stays within its time budget (lede-init-policy
@@ -90,7 +137,8 @@ const std::vector<std::string>& ColdStartPrompts();
 // Errors: those of TraceGreedyRequest and ChooseColdStartFromTraces.
 StatusOr<ColdStartChoice> ChooseColdStart(model::Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
                                           int64_t new_tokens, int32_t max_draft_len, const model::CostModel& cost,
-                                          const std::function<bool()>& out_of_time = nullptr);
+                                          const std::function<bool()>& out_of_time = nullptr,
+                                          const std::vector<int32_t>& exit_layers = {});
 
 // The artifact of `choice` for a model of `n_layers` layers whose
 // ArchitectureFingerprint is `fingerprint`, version `version`, rewards priced

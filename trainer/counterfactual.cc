@@ -9,6 +9,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "shared/model/exit_signals.h"
+#include "shared/model/kv_cache.h"
 #include "shared/model/sampling.h"
 #include "shared/speculation/adaptive_round.h"
 #include "shared/model/torch_boundary.h"
@@ -81,7 +82,8 @@ std::vector<double> CouplingUniforms(uint64_t seed, int64_t n) {
 StatusOr<ShadowTrace> ComputeShadowTrace(const model::LlamaModel& model, const std::vector<int32_t>& prompt,
                                          const std::vector<int32_t>& output, bool ended_on_eos,
                                          int64_t max_new_tokens, int32_t top_k, std::string id,
-                                         const speculation::SamplingParams& sampling) {
+                                         const speculation::SamplingParams& sampling,
+                                         const std::vector<int32_t>& probe_layers) {
   const checkpoint::ModelConfig& c = model.config();
   if (!std::isfinite(sampling.temperature) || sampling.temperature < 0) {
     return InvalidArgumentError("temperature: must be finite and >= 0");
@@ -113,13 +115,30 @@ StatusOr<ShadowTrace> ComputeShadowTrace(const model::LlamaModel& model, const s
   trace.eos_ids = c.eos_ids;
   if (ended_on_eos) trace.target.push_back(c.eos_ids.empty() ? 0 : c.eos_ids.front());
   const int64_t T = static_cast<int64_t>(trace.target.size());
+  // A one-slot KV cache of exactly P + N positions: the pass runs the
+  // engine's (fused) prefill kernels, as a request's prefill does, instead
+  // of the eager path, which on packed weights (bf16, q8_0, K-quants)
+  // dequantizes every matrix to float32 first.
+  model::KvCacheOptions ko;
+  ko.capacity = P + N;
+  ko.max_draft_len = 1;
+  ko.device = model.options().device;
+  ko.dtype = model.options().dtype;
+  LEDE_ASSIGN_OR_RETURN(model::KvCache cache, model::KvCache::Create(c, ko));
   LEDE_RETURN_IF_ERROR(model::TorchBoundary("shadow trace", [&]() -> Status {
     c10::InferenceMode guard;
     at::Tensor h = model.Embed(at::tensor(ids, at::kLong).view({1, -1}).to(model.options().device));
     std::vector<at::Tensor> exit_hidden;  // sampled: [1, T, D] per layer, for the acceptance pass
     for (int64_t l = 1; l <= c.n_layers; ++l) {
-      h = model.Forward(h, l - 1, l, 0, nullptr, 0);
+      h = model.Forward(h, l - 1, l, 0, &cache, 0);
       if (sampled) exit_hidden.push_back(h.narrow(1, P - 1, T).clone());
+      if (l < c.n_layers && !probe_layers.empty() &&
+          std::find(probe_layers.begin(), probe_layers.end(), l) == probe_layers.end()) {
+        speculation::ExitSignals none;
+        none.top1 = -1;
+        trace.probes.emplace_back(static_cast<size_t>(T), none);
+        continue;
+      }
       at::Tensor logits =
           model.ExitLogits(h.narrow(1, P - 1, T)).view({T, -1}).to(at::kCPU, at::kFloat).contiguous();
       const float* base = logits.data_ptr<float>();
@@ -153,12 +172,13 @@ StatusOr<ShadowTrace> ComputeShadowTrace(const model::LlamaModel& model, const s
 }
 
 StatusOr<ShadowTrace> TraceGreedyRequest(model::Engine& engine, const std::vector<int32_t>& prompt,
-                                         int64_t max_new_tokens, int32_t top_k, std::string id) {
+                                         int64_t max_new_tokens, int32_t top_k, std::string id,
+                                         const std::vector<int32_t>& probe_layers) {
   model::GenerateOptions o;
   o.max_new_tokens = max_new_tokens;
   LEDE_ASSIGN_OR_RETURN(model::GenerationResult r, engine.Generate(prompt, o));
   return ComputeShadowTrace(engine.model(), prompt, r.tokens, r.finish == model::FinishReason::kEos,
-                            max_new_tokens, top_k, std::move(id));
+                            max_new_tokens, top_k, std::move(id), {}, probe_layers);
 }
 
 namespace {

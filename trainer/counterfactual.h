@@ -135,15 +135,23 @@ double ExpectedAcceptedLength(const ShadowTrace& trace, int32_t layer, int64_t n
 // Errors: kInvalidArgument for an empty prompt or output, ids outside [0, V),
 // or more than max_seq_len tokens, a temperature that is negative or not
 // finite, top_p outside (0, 1] when sampling; kInternal on a libtorch failure.
+// `probe_layers` (empty: every layer) limits the exit heads computed to those
+// layers and L: the probes of any other layer are ExitSignals{} with top1 =
+// -1, a draft no target token agrees with, so a replay must not exit there
+// (BestStatic's exit_layers). The pass runs through a one-slot KV cache (the
+// engine's prefill kernels).
 StatusOr<ShadowTrace> ComputeShadowTrace(const model::LlamaModel& model, const std::vector<int32_t>& prompt,
                                          const std::vector<int32_t>& output, bool ended_on_eos,
                                          int64_t max_new_tokens, int32_t top_k, std::string id = "",
-                                         const speculation::SamplingParams& sampling = {});
+                                         const speculation::SamplingParams& sampling = {},
+                                         const std::vector<int32_t>& probe_layers = {});
 
 // Generates `prompt` greedily (autoregressive, the reference trajectory) and
-// computes its shadow trace. Errors: those of Engine::Generate and above.
+// computes its shadow trace (at `probe_layers`, as above). Errors: those of
+// Engine::Generate and above.
 StatusOr<ShadowTrace> TraceGreedyRequest(model::Engine& engine, const std::vector<int32_t>& prompt,
-                                         int64_t max_new_tokens, int32_t top_k, std::string id = "");
+                                         int64_t max_new_tokens, int32_t top_k, std::string id = "",
+                                         const std::vector<int32_t>& probe_layers = {});
 
 // A decoding method to replay: static (exit_layer, draft_len) or adaptive
 // (controller, borrowed, one per request, with its decision spec) or

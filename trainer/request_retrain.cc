@@ -164,6 +164,24 @@ StatusOr<model::ServedStepCosts> ServedCostsOfLog(const std::vector<lede::v1::Re
   return c;
 }
 
+StatusOr<std::unique_ptr<model::CostModel>> ServedCostModelOfLog(const std::vector<lede::v1::RequestRecord>& records,
+                                                                 const model::LlamaModel& model) {
+  LEDE_ASSIGN_OR_RETURN(model::ServedStepCosts costs, ServedCostsOfLog(records, model.n_layers()));
+  return model::MakeServedCostModel(model.config(), costs);
+}
+
+StatusOr<std::unique_ptr<model::CostModel>> ReadServedCostModel(storage::ObjectStore& store,
+                                                                const std::string& prefix,
+                                                                const model::LlamaModel& model) {
+  LEDE_ASSIGN_OR_RETURN(experience::RequestLogRead read, experience::ReadRequestLog(store, prefix));
+  const std::string fingerprint = model.config().ArchitectureFingerprint();
+  std::vector<lede::v1::RequestRecord> own;
+  for (lede::v1::RequestRecord& r : read.records) {
+    if (r.model_fingerprint() == fingerprint) own.push_back(std::move(r));
+  }
+  return ServedCostModelOfLog(own, model);
+}
+
 namespace {
 
 // 1. The request log under the prefix; which shards are new (recorded in
@@ -217,16 +235,11 @@ const model::CostModel& PricingOf(const std::vector<lede::v1::RequestRecord>& re
                                   const model::CostModel& fallback, const RequestRetrainOptions& options,
                                   std::unique_ptr<model::CostModel>* served, RequestRetrainOutcome* out) {
   if (options.price_with_logged_costs) {
-    StatusOr<model::ServedStepCosts> logged = ServedCostsOfLog(records, model.n_layers());
-    if (logged.ok()) {
-      StatusOr<std::unique_ptr<model::CostModel>> made = model::MakeServedCostModel(model.config(), *logged);
-      if (made.ok()) {
-        *served = *std::move(made);
-      } else {
-        Log(options, "msg=\"logged costs unusable\" error=\"" + std::string(made.status().message()) + "\"");
-      }
-    } else if (logged.status().code() != StatusCode::kNotFound) {
-      Log(options, "msg=\"logged costs unusable\" error=\"" + std::string(logged.status().message()) + "\"");
+    StatusOr<std::unique_ptr<model::CostModel>> made = ServedCostModelOfLog(records, model);
+    if (made.ok()) {
+      *served = *std::move(made);
+    } else if (made.status().code() != StatusCode::kNotFound) {
+      Log(options, "msg=\"logged costs unusable\" error=\"" + std::string(made.status().message()) + "\"");
     }
   }
   const model::CostModel& pricing = *served ? **served : fallback;

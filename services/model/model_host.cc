@@ -93,6 +93,17 @@ void SetComputeThreads(int n_threads) {
   }
 }
 
+int StepThreads(int threads, int batch_threads, int other_steps_running) {
+  return std::max(1, other_steps_running <= 0 ? std::max(threads, batch_threads) : batch_threads);
+}
+
+BatchStepThreads::BatchStepThreads(ModelHost& host) : host_(host) {
+  const int others = host_.running_steps.fetch_add(1);
+  SetComputeThreads(StepThreads(host_.options.threads, host_.options.batch_threads, others));
+}
+
+BatchStepThreads::~BatchStepThreads() { host_.running_steps.fetch_sub(1); }
+
 Status CheckPromptFits(int64_t prompt_tokens, int64_t capacity, int64_t window) {
   if (prompt_tokens < capacity) return OkStatus();
   const std::string n = "prompt_token_ids: " + std::to_string(prompt_tokens) + " tokens";
@@ -153,11 +164,11 @@ StatusOr<KvPoolPlan> PlanKvPool(const checkpoint::ModelConfig& config, const Mod
   return plan;
 }
 
-StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& options, bool create_pool,
-                                                   prometheus::Registry* registry) {
-  auto host = std::make_shared<ModelHost>();
-  host->options = options;
-  SetComputeThreads(std::max(1, options.threads));  // the load and this thread's warm-up
+namespace {
+
+// The model of --model with the engine flags (--kernels, --graphs,
+// --weights, --device, --dtype) into host->model and its fingerprint.
+Status LoadHostModel(const ModelServiceOptions& options, ModelHost* host) {
   model::ModelOptions mo;
   LEDE_ASSIGN_OR_RETURN(mo.kernels, model::ParseKernels(options.kernels));
   LEDE_ASSIGN_OR_RETURN(mo.graphs, model::ParseGraphMode(options.graphs));
@@ -171,10 +182,15 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
   LEDE_ASSIGN_OR_RETURN(std::unique_ptr<model::LlamaModel> loaded,
                         model::LlamaModel::Load(options.model_path, mo));
   host->model = std::shared_ptr<const model::LlamaModel>(std::move(loaded));
-  const checkpoint::ModelConfig& c = host->model->config();
-  host->fingerprint = c.ArchitectureFingerprint();
-  if (registry != nullptr) host->metrics = std::make_unique<telemetry::SpecDecodeMetrics>(*registry);
+  host->fingerprint = host->model->config().ArchitectureFingerprint();
+  return OkStatus();
+}
 
+// The verifier's pool (create_pool: sized by PlanKvPool from the budget,
+// in a shared segment under --kv-pool) or the drafter's attachment to it,
+// into host->cache.
+Status OpenHostPool(const ModelServiceOptions& options, bool create_pool, ModelHost* host) {
+  const checkpoint::ModelConfig& c = host->model->config();
   model::KvCacheOptions ko;
   ko.n_slots = options.n_slots;
   ko.capacity = options.capacity;
@@ -214,13 +230,15 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
     LEDE_ASSIGN_OR_RETURN(model::KvCache cache, model::KvCache::Attach(c, ko));
     pool = std::make_shared<model::KvCache>(std::move(cache));
   }
-  {
-    absl::MutexLock lock(&host->pool_mu);
-    host->cache = pool;
-  }
-  if (host->metrics) host->metrics->kv_slots_capacity.Set(static_cast<double>(pool->n_slots()));
+  absl::MutexLock lock(&host->pool_mu);
+  host->cache = pool;
+  return OkStatus();
+}
 
-  // Cost model of the rewards (ModelInfo).
+// The served cost model's step costs (ModelInfo) and the meter of the
+// measured ones, for a pool of `max_draft_len` drafts.
+Status SetHostCosts(const ModelServiceOptions& options, int64_t max_draft_len, ModelHost* host) {
+  const checkpoint::ModelConfig& c = host->model->config();
   std::unique_ptr<model::CostModel> cm;
   if (!options.calibration_path.empty()) {
     LEDE_ASSIGN_OR_RETURN(model::Calibration cal, model::ReadCalibrationFile(options.calibration_path));
@@ -229,21 +247,24 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
     cm = model::MakeAcceleratorCostModel(c);
   }
   host->cost_model = cm->name();
-  const int64_t L = c.n_layers, D = pool->max_draft_len();
+  const int64_t L = c.n_layers, D = max_draft_len;
   for (int64_t l = 0; l <= L; ++l) host->draft_cost.push_back(l == 0 ? 0.0 : cm->ControlledDraftToken(l));
   for (int64_t e = 0; e <= L; ++e) {
     for (int64_t k = 0; k <= D; ++k) host->verify_cost.push_back(e == 0 ? 0.0 : cm->Verify(e, k));
   }
   host->probe_cost = cm->ControlledProbe();
-  {
-    experience::ServedCostMeterOptions mo;
-    mo.n_layers = static_cast<int32_t>(L);
-    mo.max_draft_len = static_cast<int32_t>(D);
-    mo.weight_format = model::WeightFormatName(host->model->weight_format());
-    mo.threads = at::get_num_threads();
-    LEDE_ASSIGN_OR_RETURN(host->served_costs, experience::ServedCostMeter::Create(mo));
-  }
+  experience::ServedCostMeterOptions mo;
+  mo.n_layers = static_cast<int32_t>(L);
+  mo.max_draft_len = static_cast<int32_t>(D);
+  mo.weight_format = model::WeightFormatName(host->model->weight_format());
+  mo.threads = at::get_num_threads();
+  LEDE_ASSIGN_OR_RETURN(host->served_costs, experience::ServedCostMeter::Create(mo));
+  return OkStatus();
+}
 
+// The LEDE policy: followed from --policy (the policy service), or loaded
+// from --policy-dir; neither leaves the host without one.
+Status SetHostPolicy(const ModelServiceOptions& options, ModelHost* host) {
   if (!options.policy_target.empty()) {
     PolicyFollowerOptions po;
     po.target = options.policy_target;
@@ -251,7 +272,7 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
     po.tls_server_name = options.policy_tls.enabled() ? options.policy_tls.server_name : "";
     po.token = options.internal_token;
     po.model_fingerprint = host->fingerprint;
-    po.n_layers = static_cast<int32_t>(L);
+    po.n_layers = static_cast<int32_t>(host->model->config().n_layers);
     po.metrics = host->metrics.get();
     host->follower = std::make_unique<PolicyFollower>(po);
     Status first = host->follower->FetchOnce();
@@ -272,6 +293,23 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
                                       telemetry::PolicyVersionNumber(host->local_policy->metadata.version));
     }
   }
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& options, bool create_pool,
+                                                   prometheus::Registry* registry) {
+  auto host = std::make_shared<ModelHost>();
+  host->options = options;
+  SetComputeThreads(std::max(1, options.threads));  // the load and this thread's warm-up
+  LEDE_RETURN_IF_ERROR(LoadHostModel(options, host.get()));
+  if (registry != nullptr) host->metrics = std::make_unique<telemetry::SpecDecodeMetrics>(*registry);
+  LEDE_RETURN_IF_ERROR(OpenHostPool(options, create_pool, host.get()));
+  const std::shared_ptr<model::KvCache> pool = host->Pool();
+  if (host->metrics) host->metrics->kv_slots_capacity.Set(static_cast<double>(pool->n_slots()));
+  LEDE_RETURN_IF_ERROR(SetHostCosts(options, pool->max_draft_len(), host.get()));
+  LEDE_RETURN_IF_ERROR(SetHostPolicy(options, host.get()));
   return host;
 }
 

@@ -8,6 +8,7 @@
 #ifndef LEDE_SERVICES_MODEL_MODEL_HOST_H_
 #define LEDE_SERVICES_MODEL_MODEL_HOST_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -137,6 +138,33 @@ class ModelHost {
   }
 
   bool owns_pool = false;
+
+  // Batched steps running now in this process (BatchStepThreads).
+  std::atomic<int> running_steps{0};
+};
+
+// The intra-op threads of a batched step that starts while
+// `other_steps_running` other steps of this process run: all of `threads`
+// (--threads) when it runs alone, so a lone session's prefill chunks and
+// rounds get every core as `lede generate --threads` does; `batch_threads`
+// (--batch-threads) beside others, so the steps that run at once share the
+// cores (docs/serving.md "Threads"). At least 1. The thread count does not
+// change any output (the kernels split whole output blocks).
+int StepThreads(int threads, int batch_threads, int other_steps_running);
+
+// A batched step's scope on its handler thread: counts the step in
+// host.running_steps from construction to destruction and sets the thread's
+// compute threads to StepThreads (SetComputeThreads). Thread-safe; the
+// ModelHost must outlive it.
+class BatchStepThreads {
+ public:
+  explicit BatchStepThreads(ModelHost& host);
+  ~BatchStepThreads();
+  BatchStepThreads(const BatchStepThreads&) = delete;
+  BatchStepThreads& operator=(const BatchStepThreads&) = delete;
+
+ private:
+  ModelHost& host_;
 };
 
 // The request's sampling parameters (top_p 0 = 1), and their check.

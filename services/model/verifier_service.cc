@@ -120,7 +120,7 @@ struct VerifierService::Impl {
   // The scheduler's run function (on a handler thread): model::RunBatch per
   // pool (one pool in practice: the verifier's own).
   void RunJobs(const std::vector<void*>& jobs) {
-    SetComputeThreads(host->options.batch_threads);
+    BatchStepThreads step_threads(*host);  // all of --threads when the step runs alone
     std::map<model::KvCache*, std::vector<BatchJob*>> by_pool;
     for (void* j : jobs) by_pool[static_cast<BatchJob*>(j)->cache].push_back(static_cast<BatchJob*>(j));
     for (auto& [cache, group] : by_pool) {

@@ -259,5 +259,114 @@ TEST_F(ColdStartTest, SettingsOutsideTheModelAreRefused) {
               StatusIs(StatusCode::kInvalidArgument));
 }
 
+// Llama-3.2-1B's shape (scripts/make_llama32_1b_smoke.py).
+checkpoint::ModelConfig Llama32OneB() {
+  checkpoint::ModelConfig c;
+  c.dim = 2048;
+  c.hidden_dim = 8192;
+  c.n_layers = 16;
+  c.n_heads = 32;
+  c.n_kv_heads = 8;
+  c.vocab_size = 128256;
+  c.max_seq_len = 131072;
+  c.tie_word_embeddings = true;
+  return c;
+}
+
+TEST(ColdStartSizingTest, WeightsPerTokenCountsTheBlocksAndTheHead) {
+  // The smoke checkpoint has 1,235,814,400 parameters: these plus the
+  // 33 norm vectors of 2,048 (the LM head is the tied embedding, counted once).
+  EXPECT_EQ(WeightsPerToken(Llama32OneB()), 1235814400 - 33 * 2048);
+}
+
+TEST_F(ColdStartTest, SizingGivesASmallModelEveryPromptAtFullLength) {
+  const ColdStartSizing s = SizeColdStart(WeightsPerToken(model_->config()), L(), 6, 48);
+  EXPECT_EQ(s.n_prompts, 6);
+  EXPECT_EQ(s.new_tokens, 48);
+  EXPECT_TRUE(s.exit_layers.empty()) << "every exit layer is tried";
+}
+
+TEST_F(ColdStartTest, TracingOnlyTheCandidateExitsKeepsTheirProbes) {
+  const std::vector<int32_t> exits = {2, 5};
+  auto part = TraceGreedyRequest(*engine_, prompts_[0], kNewTokens, 4, "part", exits);
+  ASSERT_TRUE(part.ok()) << part.status().message();
+  const ShadowTrace& full = traces_[0];
+  ASSERT_EQ(part->target, full.target);
+  ASSERT_EQ(part->probes.size(), full.probes.size());
+  for (int32_t l = 1; l <= L(); ++l) {
+    const bool kept = l == L() || l == 2 || l == 5;
+    for (size_t t = 0; t < full.target.size(); ++t) {
+      if (kept) {
+        EXPECT_EQ(part->probes[l - 1][t].top1, full.probes[l - 1][t].top1) << "layer " << l << " t " << t;
+        EXPECT_NEAR(part->probes[l - 1][t].margin, full.probes[l - 1][t].margin, 1e-4);
+      } else {
+        EXPECT_EQ(part->probes[l - 1][t].top1, -1) << "layer " << l << " is not traced";
+        EXPECT_FALSE(part->Accepts(l, static_cast<int64_t>(t)));
+      }
+    }
+  }
+}
+
+TEST_F(ColdStartTest, ChooserTriesOnlyTheCandidateExits) {
+  const std::vector<int32_t> exits = {3, 6};
+  auto all = ChooseColdStartFromTraces(traces_, 6, *model::MakeAcceleratorCostModel(model_->config()));
+  auto some = ChooseColdStartFromTraces(traces_, 6, *model::MakeAcceleratorCostModel(model_->config()), exits);
+  ASSERT_TRUE(all.ok());
+  ASSERT_TRUE(some.ok());
+  if (some->speculate) {
+    EXPECT_THAT(exits, ::testing::Contains(some->exit_layer));
+    EXPECT_LE(some->speedup, all->speedup);
+  }
+  auto on_engine = ChooseColdStart(*engine_, {prompts_[0], prompts_[1]}, kNewTokens, 6,
+                                   *model::MakeAcceleratorCostModel(model_->config()), nullptr, exits);
+  ASSERT_TRUE(on_engine.ok()) << on_engine.status().message();
+  if (on_engine->speculate) {
+    EXPECT_THAT(exits, ::testing::Contains(on_engine->exit_layer));
+  }
+}
+
+TEST(ColdStartSizingTest, ALargeModelGetsTwoShortPrompts) {
+  const ColdStartSizing s = SizeColdStart(WeightsPerToken(Llama32OneB()), 16, 6, 48);
+  EXPECT_EQ(s.n_prompts, 2);
+  EXPECT_EQ(s.exit_layers, (std::vector<int32_t>{2, 4, 6, 8}));
+  EXPECT_EQ(s.new_tokens, kMinColdStartTokensPerPrompt);
+  EXPECT_LE(static_cast<double>(s.n_prompts * s.new_tokens) * WeightsPerToken(Llama32OneB()),
+            kColdStartWeightTokens);
+}
+
+TEST(ColdStartSizingTest, WorkShrinksAsTheModelGrowsDownToTheFloor) {
+  int64_t previous = 6 * 48;
+  for (int64_t w = 1000000; w <= 100000000000; w *= 2) {
+    const ColdStartSizing s = SizeColdStart(w, 12, 6, 48);
+    const int64_t total = s.n_prompts * s.new_tokens;
+    EXPECT_LE(total, previous) << "weights per token " << w;
+    EXPECT_GE(total, kMinColdStartTokens) << "weights per token " << w;
+    EXPECT_GE(s.n_prompts, 2);
+    EXPECT_LE(s.n_prompts, 6);
+    EXPECT_GE(s.new_tokens, kMinColdStartTokensPerPrompt);
+    EXPECT_LE(s.new_tokens, 48);
+    // Within the work budget unless the floor binds.
+    if (total < 6 * 48) {
+      EXPECT_EQ(s.exit_layers, (std::vector<int32_t>{2, 3, 5, 6})) << "round(12 i / 8), i = 1..4";
+    }
+    if (total > kMinColdStartTokens) {
+      EXPECT_LE(static_cast<double>(total) * w, kColdStartWeightTokens);
+    }
+    previous = total;
+  }
+}
+
+TEST(ColdStartSizingTest, TheCapsBindOnEveryModel) {
+  EXPECT_EQ(SizeColdStart(1000, 12, 1, 48).n_prompts, 1);
+  EXPECT_EQ(SizeColdStart(1000, 12, 1, 48).new_tokens, 48);
+  EXPECT_EQ(SizeColdStart(1000000000000, 12, 1, 8).n_prompts, 1);
+  EXPECT_EQ(SizeColdStart(1000000000000, 12, 1, 8).new_tokens, 8);
+  // Two layers: the one exit there is.
+  EXPECT_EQ(SizeColdStart(1000000000000, 2, 6, 48).exit_layers, (std::vector<int32_t>{1}));
+  const ColdStartSizing bad = SizeColdStart(0, 0, 0, 0);
+  EXPECT_EQ(bad.n_prompts, 1);
+  EXPECT_EQ(bad.new_tokens, 1);
+}
+
 }  // namespace
 }  // namespace lede::trainer
