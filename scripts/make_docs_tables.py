@@ -333,13 +333,14 @@ def serve_table(data, opts):
                      f"{ms(r['itl'], 'mean_ms', '{:.2f}')} / {ms(r['itl'], 'p99_ms', '{:.2f}')}",
                      num(r.get("acceptance_rate"), "{:.3f}"),
                      num(r.get("sessions_per_step", {}).get("verifier"), "{:.1f}")])
-    checks = "".join(
-        f"\n\n{c['requests']} {c['method']} requests at once on {data['slots']} slots (max batch "
+    checks = " ".join(
+        f"{c['requests']} {c['method']} requests at once on {data['slots']} slots (max batch "
         f"{c['max_batch']}): {c['completed']} completed, {c['equal_to_solo']} equal to their solo runs"
         + (f" ({c['requests'] - c['solo_completed']} of the solo runs failed"
            + (f": {', '.join(sorted(set(c['solo_failed'].values())))}" if c.get("solo_failed") else "") + ")"
            if c.get("solo_completed", c["requests"]) < c["requests"] else "") + "."
         for c in data.get("solo_checks", []))
+    checks = "\n\n" + checks if checks else ""  # one paragraph for every check
     head = ["deployment", "max batch"] + (["batch threads x workers"] if plans else [])
     return (f"{data['prompts']} prompts, {data['new_tokens']} new tokens, {data['slots']} KV slots; times in ms "
             "(mean / p99); sessions per verifier step.\n\n"
@@ -526,16 +527,37 @@ def llamacpp_prefill_table(data):
                      "tok/s (llama.cpp / ours)", "ours / llama.cpp"], rows))
 
 
-def _drop_prose(text):
-    """The tables of a rendered block only (its paragraphs of settings dropped)."""
-    return "\n\n".join(p for p in text.split("\n\n") if p.startswith("|"))
-
-
-def llamacpp_rows(data, opts):
-    """A second run with the settings of the one rendered above it: its tables only."""
+def llamacpp_compact(data, opts):
+    """A run without speculation, one row per file and thread count: decode tok/s of both engines, the text check
+    and the prefill (--prefill-tokens). With `settings=no` the settings line is left out (a second run of the
+    same settings rendered below the first)."""
+    rows = []
+    for r in data["results"]:
+        ll, ours = r["methods"]["llamacpp_ar"], r["methods"]["lede_ar"]
+        c, n = r["checks"], r["checks"]["prompts"]
+        v = ours["vs_llamacpp_ar"]
+        p = r.get("prefill") or {}
+        q = p.get("lede_over_llamacpp") or {}
+        rows.append([r["format"], r["threads"], num(r["bytes"] / 1e6, "{:.1f}"),
+                     f"{num(ll['median_tok_s'])} ({num(ll['min_tok_s'])}-{num(ll['max_tok_s'])})",
+                     f"{num(ours['median_tok_s'])} ({num(ours['min_tok_s'])}-{num(ours['max_tok_s'])})",
+                     f"{x(v['median'])} ({v['min']:.2f}-{v['max']:.2f})",
+                     f"{c['same_greedy_text_f32_compute']}/{n} / {c['same_greedy_text_native']}/{n}",
+                     (f"{p['llamacpp_s']['median']:.2f} / {p['lede_s']['median']:.2f}" if p else "-"),
+                     (f"{x(q['median'])} ({q['min']:.2f}-{q['max']:.2f})" if q else "-")])
+    s = data["settings"]
     load = (data.get("machine") or {}).get("load_average_1m") or {}
-    head = f"1-minute load average {load['before']:.1f} before, {load['after']:.1f} after.\n\n" if load else ""
-    return head + _drop_prose(llamacpp_heldout_table(data, opts) + llamacpp_prefill_table(data))
+    settings = (f"Greedy, {s['tokens']} tokens on each of {len(s['eval_prompts'])} held-out prompts ({s['prompts']}), "
+                f"median (range) of {s['repeats']} interleaved passes, ratios per pass; prefill: one "
+                f"{s.get('prefill_tokens')}-token prompt (the held-out prompts joined) per pass, llama.cpp's one "
+                f"evaluation call on a fresh context against `lede generate`'s prefill seconds after a warm-up; "
+                f"peer: {data['peer']['package']} {data['peer']['version']}.")
+    for row in rows:
+        row.append(f"{load['before']:.1f} / {load['after']:.1f}" if load else "-")
+    return (settings + "\n\n" if opts.get("settings", "yes") != "no" else "") + table(
+        ["format", "threads", "file MB", "llama.cpp tok/s", "our tok/s", "ours / llama.cpp",
+         "same greedy text as llama.cpp (f32 compute / native)", "prefill s (llama.cpp / ours)",
+         "prefill, ours / llama.cpp", "load average (before / after the run)"], rows)
 
 
 def llamacpp_table(data, opts):
@@ -786,7 +808,7 @@ RENDERERS = {
     "lede_replica_bench": {"table": replica_table},
     "hostile_clients": {"table": hostile_clients_table},
     "cancel_storm": {"table": cancel_storm_table},
-    "llamacpp_bench": {"table": llamacpp_table, "rows": llamacpp_rows},
+    "llamacpp_bench": {"table": llamacpp_table, "compact": llamacpp_compact},
     "weight_formats_quality": {"table": weight_formats_table},
     "perplexity": {"table": perplexity_table},
     "retrain acceptance": {"table": retrain_acceptance_table},
