@@ -68,13 +68,13 @@
 
 #include "shared/flags/flags.h"
 #include "shared/flags/model_flags.h"
-#include "shared/model/model_load_flags.h"
-#include "shared/model/cost_model.h"
-#include "shared/model/cpu_kernels.h"
-#include "shared/model/cpu_quant_kernels.h"
+#include "shared/model/loaders/model_load_flags.h"
+#include "shared/model/cost/cost_model.h"
+#include "shared/model/cpu/cpu_kernels.h"
+#include "shared/model/cpu/cpu_quant_kernels.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
-#include "shared/model/load_or_exit.h"
+#include "shared/model/loaders/load_or_exit.h"
 
 namespace {
 
@@ -715,7 +715,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "lede_engine_bench: need --kernels, --repeats >= 1, --tokens >= 1\n");
     return 2;
   }
-  auto n_threads = lede::model::ApplyThreadsFlag(threads);
+  auto n_threads = lede::model::loaders::ApplyThreadsFlag(threads);
   if (!n_threads.ok()) {
     std::fprintf(stderr, "lede_engine_bench: %s\n", std::string(n_threads.status().message()).c_str());
     return 2;

@@ -26,8 +26,8 @@
 #include "shared/experience/transition.h"
 #include "shared/flags/flags.h"
 #include "shared/flags/model_flags.h"
-#include "shared/model/model_load_flags.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/loaders/model_load_flags.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
 #include "shared/speculation/method.h"
@@ -84,7 +84,7 @@ struct Common {
   std::shared_ptr<const model::LlamaModel> model;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
   std::unique_ptr<model::Engine> engine;
-  std::unique_ptr<model::CostModel> accelerator, measured;
+  std::unique_ptr<model::cost::CostModel> accelerator, measured;
   std::vector<PromptSet> sets;
   speculation::DecisionSpec spec;
 };
@@ -113,29 +113,29 @@ struct CommonFlags : flags::ModelLoadFlags {
 };
 
 StatusOr<Common> Setup(const CommonFlags& cf) {
-  LEDE_RETURN_IF_ERROR(model::ApplyThreadsFlag(cf.threads).status());
+  LEDE_RETURN_IF_ERROR(model::loaders::ApplyThreadsFlag(cf.threads).status());
   Common c;
   LEDE_ASSIGN_OR_RETURN(std::string tok_path, tokenizer::FindTokenizerFile(cf.model));
   LEDE_ASSIGN_OR_RETURN(c.tokenizer, tokenizer::LoadTokenizer(tok_path));
-  LEDE_ASSIGN_OR_RETURN(model::ModelOptions model_options, model::ModelOptionsFromFlags(cf));
+  LEDE_ASSIGN_OR_RETURN(model::ModelOptions model_options, model::loaders::ModelOptionsFromFlags(cf));
   LEDE_ASSIGN_OR_RETURN(auto loaded, model::LlamaModel::Load(cf.model, model_options));
   c.model = std::move(loaded);
   model::KvCacheOptions ko;
   ko.max_draft_len = std::max<int64_t>(16, cf.max_draft);
   LEDE_ASSIGN_OR_RETURN(c.engine, model::Engine::Create(c.model, ko));
-  model::Calibration cal;
+  model::cost::Calibration cal;
   if (!cf.calibration.empty()) {
-    LEDE_ASSIGN_OR_RETURN(cal, model::ReadCalibrationFile(cf.calibration));
+    LEDE_ASSIGN_OR_RETURN(cal, model::cost::ReadCalibrationFile(cf.calibration));
   } else {
     auto network = std::make_shared<policy::dqn::QNetwork>(policy::dqn::QNetwork::Random(policy::dqn::kDefaultHidden, 1));
-    LEDE_ASSIGN_OR_RETURN(cal, model::Calibrate(*c.model, 30, [network] {
+    LEDE_ASSIGN_OR_RETURN(cal, model::cost::Calibrate(*c.model, 30, [network] {
       float features[speculation::kExitFeatureDim] = {0.5f};
       float q[policy::dqn::kNumActions];
       network->Forward(features, q);
     }));
   }
-  c.accelerator = model::MakeAcceleratorCostModel(c.model->config());
-  c.measured = model::MakeMeasuredCostModel(cal);
+  c.accelerator = model::cost::MakeAcceleratorCostModel(c.model->config());
+  c.measured = model::cost::MakeMeasuredCostModel(cal);
   LEDE_ASSIGN_OR_RETURN(c.spec.candidate_layers, flags::ParseIntList("candidate-layers", cf.candidates));
   c.spec.max_draft_len = static_cast<int32_t>(cf.max_draft);
   for (const std::string& path : SplitList(cf.prompts)) {
@@ -149,7 +149,7 @@ StatusOr<Common> Setup(const CommonFlags& cf) {
 // The rewards of shared/experience/transition.h under a cost model: "paper" (docs/design.md
 // §2; with the measured model its depth term assumes a typical round of 3
 // drafts and 4 tokens) or "throughput" (tokens minus cost).
-experience::RewardSpec RewardsFor(const std::string& reward, const model::CostModel& cm, const Common& c) {
+experience::RewardSpec RewardsFor(const std::string& reward, const model::cost::CostModel& cm, const Common& c) {
   const int32_t L = static_cast<int32_t>(c.model->n_layers());
   std::vector<double> draft_cost;
   for (int32_t l = 0; l <= L; ++l) draft_cost.push_back(l == 0 ? 0.0 : cm.ControlledDraftToken(l));
@@ -240,7 +240,7 @@ class SetBench {
     GenerateOptions options;        // mode, static E/D, decision spec
     trainer::ControllerMaker make;  // adaptive only
   };
-  using ConfigsFor = std::function<std::vector<Config>(const model::CostModel&)>;
+  using ConfigsFor = std::function<std::vector<Config>(const model::cost::CostModel&)>;
 
   bool Has(const std::string& m) const { return std::find(methods_.begin(), methods_.end(), m) != methods_.end(); }
 
@@ -323,7 +323,7 @@ class SetBench {
   // model (the simulated speed-up of all tuning requests pooled), the best
   // one becomes a job.
   Status Tune(const std::string& method, const ConfigsFor& configs_for) {
-    for (const model::CostModel* cm : cost_models_) {
+    for (const model::cost::CostModel* cm : cost_models_) {
       std::vector<Config> configs = configs_for(*cm);
       size_t best = 0;
       double best_speedup = -1;
@@ -378,7 +378,7 @@ class SetBench {
     return v;
   }
 
-  std::vector<Config> CalibratedConfigs(const AcceptanceModels& cal, const model::CostModel& cm) const {
+  std::vector<Config> CalibratedConfigs(const AcceptanceModels& cal, const model::cost::CostModel& cm) const {
     std::vector<Config> v;
     auto costs = RoundCostsOf(cm, L_, D_);
     for (bool lookahead : {true, false}) {
@@ -398,7 +398,7 @@ class SetBench {
     return v;
   }
 
-  std::vector<Config> DelConfigs(const model::CostModel& cm) const {
+  std::vector<Config> DelConfigs(const model::cost::CostModel& cm) const {
     std::vector<Config> v;
     auto costs = RoundCostsOf(cm, L_, D_);
     std::vector<double> rates(L_ + 1, 0.0);
@@ -434,16 +434,16 @@ class SetBench {
   // The baseline families the --methods flag asks for, in table order.
   std::vector<std::pair<std::string, ConfigsFor>> Families() const {
     std::vector<std::pair<std::string, ConfigsFor>> families;
-    if (Has("static")) families.emplace_back("static", [this](const model::CostModel&) { return StaticConfigs(); });
+    if (Has("static")) families.emplace_back("static", [this](const model::cost::CostModel&) { return StaticConfigs(); });
     if (Has("threshold")) {
-      families.emplace_back("threshold", [this](const model::CostModel&) { return ThresholdConfigs(); });
+      families.emplace_back("threshold", [this](const model::cost::CostModel&) { return ThresholdConfigs(); });
     }
     if (Has("calibrated")) {
       families.emplace_back("calibrated",
-                            [this](const model::CostModel& cm) { return CalibratedConfigs(calibration_, cm); });
+                            [this](const model::cost::CostModel& cm) { return CalibratedConfigs(calibration_, cm); });
     }
-    if (Has("del")) families.emplace_back("del", [this](const model::CostModel& cm) { return DelConfigs(cm); });
-    if (Has("adaedl")) families.emplace_back("adaedl", [this](const model::CostModel&) { return AdaEdlConfigs(); });
+    if (Has("del")) families.emplace_back("del", [this](const model::cost::CostModel& cm) { return DelConfigs(cm); });
+    if (Has("adaedl")) families.emplace_back("adaedl", [this](const model::cost::CostModel&) { return AdaEdlConfigs(); });
     return families;
   }
 
@@ -579,13 +579,13 @@ class SetBench {
       return sum.cost > 0 ? sum.tokens / sum.cost : 1.0;
     };
     // The belief-optimal policy under one table per trace (none: no fit, 1.0).
-    auto belief = [&](const std::vector<trainer::AcceptanceTable>& tables, const model::CostModel& cm) {
+    auto belief = [&](const std::vector<trainer::AcceptanceTable>& tables, const model::cost::CostModel& cm) {
       if (tables.empty()) return 1.0;
       return pooled([&](size_t i) {
         return trainer::BeliefOptimalCost(eval_traces_[i], tables[i], static_max_draft_, cm);
       });
     };
-    for (const model::CostModel* cm : cost_models_) {
+    for (const model::cost::CostModel* cm : cost_models_) {
       out["hindsight_oracle"][cm->name()] =
           pooled([&](size_t i) { return trainer::HindsightOracleCost(eval_traces_[i], static_max_draft_, *cm); });
       out["belief_in_sample"][cm->name()] = belief(in_tables, *cm);
@@ -685,7 +685,7 @@ class SetBench {
   int32_t L_ = 0, D_ = 0, static_max_draft_ = 0;
   std::vector<int32_t> all_layers_;
   GenerateOptions ar_, adaptive_;
-  std::vector<const model::CostModel*> cost_models_;
+  std::vector<const model::cost::CostModel*> cost_models_;
   std::vector<trainer::ShadowTrace> tune_traces_, eval_traces_;
   Totals ar_eval_;  // autoregressive on the evaluation split (outputs: the reference)
   AcceptanceModels calibration_;

@@ -2,7 +2,7 @@
 // policy sees the load, docs/design.md §2). Every method is replayed once per prompt
 // (exact replays of the greedy trajectories, trainer/counterfactual.h) and
 // its rounds are priced by the cost models at each load
-// (shared/model/cost_model.h MakeAcceleratorCostModelAtLoad,
+// (shared/model/cost/cost_model.h MakeAcceleratorCostModelAtLoad,
 // MakeMeasuredCostModelAtLoad): B sessions decoding at once, every
 // server step batching the same work of all B. Speed-ups are against
 // autoregressive decoding of the same B sessions, batched.
@@ -42,11 +42,11 @@
 #include "policy/dqn/method_factory.h"
 #include "shared/flags/flags.h"
 #include "shared/flags/model_flags.h"
-#include "shared/model/model_load_flags.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/loaders/model_load_flags.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
-#include "shared/model/load_or_exit.h"
+#include "shared/model/loaders/load_or_exit.h"
 #include "shared/status/status_macros.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
@@ -63,7 +63,7 @@ using Rounds = std::vector<speculation::RoundRecord>;
 struct LoadFlags : flags::ModelLoadFlags {
   LoadFlags() { threads = 1; }
   std::string prompts, calibration, loads = "1,2,4,8,16", policies, json;
-  double ridge_tokens = model::kDefaultRidgeTokens;
+  double ridge_tokens = model::cost::kDefaultRidgeTokens;
   int64_t max_draft = 8, per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 64;
 };
 
@@ -73,7 +73,7 @@ struct StaticRounds {
 };
 
 // The best static setting under `cost` on the tuning split.
-const StaticRounds& BestOn(const std::vector<StaticRounds>& grid, const model::CostModel& cost) {
+const StaticRounds& BestOn(const std::vector<StaticRounds>& grid, const model::cost::CostModel& cost) {
   size_t best = 0;
   double best_speedup = -1;
   for (size_t i = 0; i < grid.size(); ++i) {
@@ -109,7 +109,7 @@ StatusOr<std::vector<StaticRounds>> StaticGrid(const std::vector<trainer::Shadow
 }
 
 Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& engine, const trainer::PromptSet& set,
-              const model::Calibration& cal, const std::vector<int64_t>& loads,
+              const model::cost::Calibration& cal, const std::vector<int64_t>& loads,
               const std::vector<policy::dqn::Artifact>& artifacts, std::ostream& out, std::ostream& err,
               nlohmann::json* report) {
   const int32_t L = static_cast<int32_t>(m.n_layers());
@@ -165,14 +165,14 @@ Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& en
   const int64_t max_timed = cal.batch_sizes.back();
   for (const std::string& family : families) {
     // Each family at load B, and alone (B = 1: what a load-blind server tunes for).
-    auto at = [&](int64_t b) -> StatusOr<std::unique_ptr<model::CostModel>> {
-      if (family == "accelerator") return model::MakeAcceleratorCostModelAtLoad(m.config(), b, lf.ridge_tokens);
-      return model::MakeMeasuredCostModelAtLoad(cal, b);
+    auto at = [&](int64_t b) -> StatusOr<std::unique_ptr<model::cost::CostModel>> {
+      if (family == "accelerator") return model::cost::MakeAcceleratorCostModelAtLoad(m.config(), b, lf.ridge_tokens);
+      return model::cost::MakeMeasuredCostModelAtLoad(cal, b);
     };
-    LEDE_ASSIGN_OR_RETURN(std::unique_ptr<model::CostModel> alone, at(1));
+    LEDE_ASSIGN_OR_RETURN(std::unique_ptr<model::cost::CostModel> alone, at(1));
     const StaticRounds& at_1 = BestOn(grid, *alone);
     std::vector<int64_t> family_loads;
-    std::map<int64_t, std::unique_ptr<model::CostModel>> costs;
+    std::map<int64_t, std::unique_ptr<model::cost::CostModel>> costs;
     for (int64_t b : loads) {
       if (family == "measured" && b > max_timed) continue;  // beyond the timed batch sizes
       family_loads.push_back(b);
@@ -189,7 +189,7 @@ Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& en
       }
     }
     for (int64_t b : family_loads) {
-      const std::unique_ptr<model::CostModel>& cost = costs[b];
+      const std::unique_ptr<model::cost::CostModel>& cost = costs[b];
       const StaticRounds& at_b = BestOn(grid, *cost);
       const double speedup_b = cost->PredictedSpeedup(at_b.eval), speedup_1 = cost->PredictedSpeedup(at_1.eval);
       nlohmann::json row;
@@ -263,19 +263,19 @@ int RunLoad(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   }
   if (lf.max_draft < 1 || lf.max_draft > 16) return fail(InvalidArgumentError("--max-draft-len: want 1..16"), 2);
   if (lf.ridge_tokens <= 0) return fail(InvalidArgumentError("--ridge-tokens: want > 0"), 2);
-  if (auto threads = model::ApplyThreadsFlag(lf.threads); !threads.ok()) return fail(threads.status(), 2);
-  auto cal = model::ReadCalibrationFile(lf.calibration);
+  if (auto threads = model::loaders::ApplyThreadsFlag(lf.threads); !threads.ok()) return fail(threads.status(), 2);
+  auto cal = model::cost::ReadCalibrationFile(lf.calibration);
   if (!cal.ok()) return fail(Status(cal.status().code(), "--calibration: " + std::string(cal.status().message())), 2);
-  if (auto c = model::MakeMeasuredCostModelAtLoad(*cal, 1); !c.ok()) {
+  if (auto c = model::cost::MakeMeasuredCostModelAtLoad(*cal, 1); !c.ok()) {
     return fail(Status(c.status().code(), "--calibration: " + std::string(c.status().message())), 2);
   }
   auto tok_path = tokenizer::FindTokenizerFile(lf.model);
   if (!tok_path.ok()) return fail(tok_path.status(), 2);
   auto tok = tokenizer::LoadTokenizer(*tok_path);
   if (!tok.ok()) return fail(tok.status(), 2);
-  auto model_options = model::ModelOptionsFromFlags(lf);
+  auto model_options = model::loaders::ModelOptionsFromFlags(lf);
   if (!model_options.ok()) return fail(model_options.status(), 2);
-  std::shared_ptr<const model::LlamaModel> m = model::LoadModelOrExit("lede_bench load", lf.model, *model_options);
+  std::shared_ptr<const model::LlamaModel> m = model::loaders::LoadModelOrExit("lede_bench load", lf.model, *model_options);
   if (cal->model_fingerprint != m->config().ArchitectureFingerprint()) {
     return fail(InvalidArgumentError("--calibration: calibrated for another model"), 2);
   }

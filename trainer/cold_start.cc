@@ -26,7 +26,7 @@ ColdStartChoice DefaultColdStart(int32_t n_layers) {
 }
 
 StatusOr<ColdStartChoice> ChooseColdStartFromTraces(const std::vector<ShadowTrace>& traces, int32_t max_draft_len,
-                                                    const model::CostModel& cost) {
+                                                    const model::cost::CostModel& cost) {
   if (traces.empty()) return InvalidArgumentError("cold start: no calibration requests");
   if (max_draft_len < 1) return InvalidArgumentError("cold start: max_draft_len must be >= 1");
   LEDE_ASSIGN_OR_RETURN(StaticChoice best, BestStatic(traces, max_draft_len, cost));
@@ -56,7 +56,7 @@ const std::vector<std::string>& ColdStartPrompts() {
 }
 
 StatusOr<ColdStartChoice> ChooseColdStart(model::Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                                          int64_t new_tokens, int32_t max_draft_len, const model::CostModel& cost,
+                                          int64_t new_tokens, int32_t max_draft_len, const model::cost::CostModel& cost,
                                           const std::function<bool()>& out_of_time) {
   std::vector<ShadowTrace> traces;
   for (size_t i = 0; i < prompts.size(); ++i) {

@@ -42,7 +42,7 @@
 #include <vector>
 
 #include "policy/dqn/artifact.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/status/status.h"
 #include "trainer/counterfactual.h"
 
@@ -75,7 +75,7 @@ ColdStartChoice DefaultColdStart(int32_t n_layers);
 // Errors: kInvalidArgument for no traces or max_draft_len < 1; those of the
 // replay.
 StatusOr<ColdStartChoice> ChooseColdStartFromTraces(const std::vector<ShadowTrace>& traces, int32_t max_draft_len,
-                                                    const model::CostModel& cost);
+                                                    const model::cost::CostModel& cost);
 
 // The built-in calibration prompts (short English and code openings; model
 // agnostic text, tokenized with the served model's tokenizer).
@@ -89,7 +89,7 @@ const std::vector<std::string>& ColdStartPrompts();
 // --max-seconds) on fewer requests instead of taking minutes.
 // Errors: those of TraceGreedyRequest and ChooseColdStartFromTraces.
 StatusOr<ColdStartChoice> ChooseColdStart(model::Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                                          int64_t new_tokens, int32_t max_draft_len, const model::CostModel& cost,
+                                          int64_t new_tokens, int32_t max_draft_len, const model::cost::CostModel& cost,
                                           const std::function<bool()>& out_of_time = nullptr);
 
 // The artifact of `choice` for a model of `n_layers` layers whose

@@ -15,10 +15,10 @@
 
 #include "shared/flags/flags.h"
 #include "shared/flags/model_flags.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/model/llama.h"
-#include "shared/model/load_or_exit.h"
-#include "shared/model/model_load_flags.h"
+#include "shared/model/loaders/load_or_exit.h"
+#include "shared/model/loaders/model_load_flags.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "trainer/corpus.h"
@@ -55,28 +55,28 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "lede-eval-exits: %s\nflags:\n%s", std::string(s.message()).c_str(), f.Usage().c_str());
     return 2;
   }
-  if (auto threads = model::ApplyThreadsFlag(load.threads); !threads.ok()) return Fail(threads.status(), 2);
+  if (auto threads = model::loaders::ApplyThreadsFlag(load.threads); !threads.ok()) return Fail(threads.status(), 2);
   auto tok_path = tokenizer::FindTokenizerFile(model_path);
   if (!tok_path.ok()) return Fail(tok_path.status(), 2);
   auto tokenizer = tokenizer::LoadTokenizer(*tok_path);
   if (!tokenizer.ok()) return Fail(tokenizer.status(), 2);
-  auto model_options = model::ModelOptionsFromFlags(load);
+  auto model_options = model::loaders::ModelOptionsFromFlags(load);
   if (!model_options.ok()) return Fail(model_options.status(), 2);
-  std::shared_ptr<const model::LlamaModel> m = model::LoadModelOrExit("lede-eval-exits", model_path, *model_options);
+  std::shared_ptr<const model::LlamaModel> m = model::loaders::LoadModelOrExit("lede-eval-exits", model_path, *model_options);
   const int64_t L = m->n_layers();
 
-  model::Calibration cal;
+  model::cost::Calibration cal;
   if (!calibration_path.empty()) {
-    auto parsed = model::ReadCalibrationFile(calibration_path);
+    auto parsed = model::cost::ReadCalibrationFile(calibration_path);
     if (!parsed.ok()) return Fail(parsed.status(), 2);
     cal = *parsed;
   } else {
-    auto measured = model::Calibrate(*m, 50);
+    auto measured = model::cost::Calibrate(*m, 50);
     if (!measured.ok()) return Fail(measured.status(), 1);
     cal = *measured;
   }
-  auto accelerator = model::MakeAcceleratorCostModel(m->config());
-  auto measured = model::MakeMeasuredCostModel(cal);
+  auto accelerator = model::cost::MakeAcceleratorCostModel(m->config());
+  auto measured = model::cost::MakeMeasuredCostModel(cal);
 
   auto exits_parsed = flags::ParseIntList("exit-layers", exits_flag);
   auto draft_parsed = flags::ParseIntList("draft-lens", draft_lens_flag);
@@ -93,8 +93,8 @@ int main(int argc, char** argv) {
   nlohmann::json report;
   report["model"] = model_path;
   report["n_layers"] = L;
-  report["head_layer_equivalents"] = model::HeadLayerEquivalents(m->config());
-  report["calibration"] = nlohmann::json::parse(model::CalibrationToJson(cal));
+  report["head_layer_equivalents"] = model::cost::HeadLayerEquivalents(m->config());
+  report["calibration"] = nlohmann::json::parse(model::cost::CalibrationToJson(cal));
   for (const std::string& file : flags::SplitList(data)) {
     const std::string domain = std::filesystem::path(file).stem().stem().string();
     auto docs = trainer::ReadDocuments(file);

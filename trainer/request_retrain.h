@@ -49,7 +49,7 @@
 #include <vector>
 
 #include "proto/lede/v1/experience.pb.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/model/llama.h"
 #include "shared/status/status.h"
 #include "shared/storage/object_store.h"
@@ -131,7 +131,7 @@ StatusOr<ShadowTrace> TraceLoggedRequest(const model::LlamaModel& model, const l
 // coordinators) are skipped. kNotFound when no record holds a profile that
 // can price rounds (served_costs.h CanPrice); kInvalidArgument when the
 // profiles' draft table is not L + 1 entries (MakeServedCostModel).
-StatusOr<model::ServedStepCosts> ServedCostsOfLog(const std::vector<lede::v1::RequestRecord>& records,
+StatusOr<model::cost::ServedStepCosts> ServedCostsOfLog(const std::vector<lede::v1::RequestRecord>& records,
                                                   int64_t n_layers);
 
 // One run (see the file comment). Rewards and replays are priced with the
@@ -140,7 +140,7 @@ StatusOr<model::ServedStepCosts> ServedCostsOfLog(const std::vector<lede::v1::Re
 // kFailedPrecondition for no loadable SERVING;
 // the store's List() errors; those of training and of saving.
 StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, const model::LlamaModel& model,
-                                                  const model::CostModel& cost,
+                                                  const model::cost::CostModel& cost,
                                                   const std::set<std::string>& processed,
                                                   const RequestRetrainOptions& options);
 

@@ -27,9 +27,9 @@
 #include "shared/checkpoint/widen.h"
 #include "shared/flags/flags.h"
 #include "shared/flags/model_flags.h"
-#include "shared/model/model_load_flags.h"
-#include "shared/model/cost_model.h"
-#include "shared/model/checkpoint.h"
+#include "shared/model/loaders/model_load_flags.h"
+#include "shared/model/cost/cost_model.h"
+#include "shared/model/loaders/checkpoint.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
 #include "shared/speculation/method.h"
@@ -40,7 +40,7 @@
 #include "shared/tokenizer/tokenizer.h"
 #include "shared/status/status_macros.h"
 #include "shared/file/file.h"
-#include "shared/model/load_or_exit.h"
+#include "shared/model/loaders/load_or_exit.h"
 
 namespace lede::cli {
 using flags::FlagSet;
@@ -61,21 +61,21 @@ struct ModelFlags : flags::ModelLoadFlags {
     if (!std::filesystem::exists(model, ec)) {
       return NotFoundError("--model: no such file or directory: " + model);
     }
-    LEDE_ASSIGN_OR_RETURN(model::ModelOptions o, model::ModelOptionsFromFlags(*this));
-    LEDE_RETURN_IF_ERROR(model::ApplyThreadsFlag(threads).status());
+    LEDE_ASSIGN_OR_RETURN(model::ModelOptions o, model::loaders::ModelOptionsFromFlags(*this));
+    LEDE_RETURN_IF_ERROR(model::loaders::ApplyThreadsFlag(threads).status());
     return o;
   }
 };
 
 int Fail(std::ostream& err, const Status& s, int code) {
-  err << "lede: " << model::OneLineMessage(s) << "\n";
+  err << "lede: " << model::loaders::OneLineMessage(s) << "\n";
   return code;
 }
 
 // Exit code for a model or tokenizer that will not load: always
-// model::kExitLoadFailure (2), whatever the status code (a refused file
+// model::loaders::kExitLoadFailure (2), whatever the status code (a refused file
 // may surface as kInternal from libtorch; load_or_exit.h).
-int LoadFailureCode(const Status&) { return model::kExitLoadFailure; }
+int LoadFailureCode(const Status&) { return model::loaders::kExitLoadFailure; }
 
 #if LEDE_HAVE_POLICY
 // The policy to serve from `policy_dir` (models/<m>/policy): the one whose
@@ -482,8 +482,8 @@ std::function<void()> MakeTimedDecision() {
 
 // Prints the calibration's headline prices to `err`: the step and verify
 // costs, the timed rounds per exit layer, and the batched steps per load.
-void PrintCalibrationSummary(const model::Calibration& cal, std::ostream& err) {
-  auto measured = model::MakeMeasuredCostModel(cal);
+void PrintCalibrationSummary(const model::cost::Calibration& cal, std::ostream& err) {
+  auto measured = model::cost::MakeMeasuredCostModel(cal);
   err << std::fixed << std::setprecision(3) << "step " << cal.step_us << " us; verify(k)/step(1):";
   for (int k : {1, 2, 4, 8, 16}) err << " k=" << k << ":" << cal.block_us[k - 1] / cal.block_us[0];
   err << " (per block, all L blocks / L); decision " << cal.decision_us << " us, probe signals " << cal.signals_us
@@ -510,7 +510,7 @@ void PrintCalibrationSummary(const model::Calibration& cal, std::ostream& err) {
     err << "batched steps at E=" << cal.batch_exit_layer << ", per session in autoregressive steps at that load:";
     for (size_t i = 0; i < cal.batch_sizes.size(); ++i) {
       const int64_t b = cal.batch_sizes[i];
-      auto at_load = model::MakeMeasuredCostModelAtLoad(cal, b);
+      auto at_load = model::cost::MakeMeasuredCostModelAtLoad(cal, b);
       if (!at_load.ok()) continue;
       model::RoundRecord r;
       r.exit_layer = static_cast<int32_t>(cal.batch_exit_layer);
@@ -585,9 +585,9 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
     if (!parsed.ok()) return Fail(err, parsed.status(), kExitUsage);
     for (int32_t b : *parsed) batch_sizes.push_back(b);
   }
-  StatusOr<model::Calibration> cal = model::Calibration{};
+  StatusOr<model::cost::Calibration> cal = model::cost::Calibration{};
   if (!base_path.empty()) {
-    cal = model::ReadCalibrationFile(base_path);
+    cal = model::cost::ReadCalibrationFile(base_path);
     if (!cal.ok()) return Fail(err, Status(cal.status().code(), "--base: " + std::string(cal.status().message())),
                                kExitUsage);
     if (cal->model_fingerprint != (*loaded)->config().ArchitectureFingerprint()) {
@@ -596,13 +596,13 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
     }
     if (batch_sizes.empty()) return Fail(err, InvalidArgumentError("--base: wants --batch-sizes"), kExitUsage);
   } else {
-    cal = model::Calibrate(**loaded, static_cast<int>(repeats), decide, static_cast<int>(round_passes),
+    cal = model::cost::Calibrate(**loaded, static_cast<int>(repeats), decide, static_cast<int>(round_passes),
                            round_max_draft_len, prompts, new_tokens);
   }
   if (batch_exit_layer == 0) batch_exit_layer = std::min<int64_t>(2, (*loaded)->config().n_layers - 1);
   if (cal.ok() && !batch_sizes.empty() && batch_exit_layer >= 1) {
     batch_context = std::min<int64_t>(batch_context, (*loaded)->config().max_seq_len - round_max_draft_len - 2);
-    if (Status s = model::CalibrateBatches(**loaded, std::max<int>(5, static_cast<int>(repeats) / 2), batch_sizes,
+    if (Status s = model::cost::CalibrateBatches(**loaded, std::max<int>(5, static_cast<int>(repeats) / 2), batch_sizes,
                                            batch_exit_layer, round_max_draft_len, batch_context, &*cal);
         !s.ok()) {
       const int code = s.code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure;
@@ -616,7 +616,7 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
     }
     return Fail(err, cal.status(), kExitFailure);
   }
-  const std::string json = model::CalibrationToJson(*cal);
+  const std::string json = model::cost::CalibrationToJson(*cal);
   if (out_path.empty()) {
     out << json;
   } else {
@@ -711,11 +711,11 @@ int RunExport(const std::vector<std::string>& args, std::ostream& out, std::ostr
   }
   if (format != "gguf") return Fail(err, InvalidArgumentError("--format: only gguf, got '" + format + "'"), kExitUsage);
   checkpoint::GgmlType type = checkpoint::GgmlType::kF32;
-  model::WeightFormat mix = model::WeightFormat::kAuto;  // q4_0 / q4_k_m: llama.cpp's tensor mix
+  model::loaders::WeightFormat mix = model::loaders::WeightFormat::kAuto;  // q4_0 / q4_k_m: llama.cpp's tensor mix
   if (weights == "q4_0") {
-    mix = model::WeightFormat::kQ4_0;
+    mix = model::loaders::WeightFormat::kQ4_0;
   } else if (weights == "q4_k_m") {
-    mix = model::WeightFormat::kQ4_K_M;
+    mix = model::loaders::WeightFormat::kQ4_K_M;
   } else if (weights == "f32") {
     type = checkpoint::GgmlType::kF32;
   } else if (weights == "f16") {
@@ -728,7 +728,7 @@ int RunExport(const std::vector<std::string>& args, std::ostream& out, std::ostr
     return Fail(err, InvalidArgumentError("--weights: want f32, f16, bf16, q8_0, q4_0 or q4_k_m, got '" + weights + "'"),
                 kExitUsage);
   }
-  auto ckpt = model::LoadCheckpoint(model);
+  auto ckpt = model::loaders::LoadCheckpoint(model);
   if (!ckpt.ok()) return Fail(err, ckpt.status(), LoadFailureCode(ckpt.status()));
   auto tok_path = tokenizer::ResolveTokenizerFile(model, tokenizer_path);
   if (!tok_path.ok()) return Fail(err, tok_path.status(), kExitUsage);
@@ -749,9 +749,9 @@ int RunExport(const std::vector<std::string>& args, std::ostream& out, std::ostr
   }
   tokenizer::AddGgufTokenizerMetadata(*vocab, ckpt->config.bos_id,
                                       ckpt->config.eos_ids.empty() ? -1 : ckpt->config.eos_ids[0], &writer);
-  const Status written = mix != model::WeightFormat::kAuto
-                            ? model::WriteGgufCheckpoint(out_path, ckpt->config, ckpt->tensors, mix, &writer)
-                            : model::WriteGgufCheckpoint(out_path, ckpt->config, ckpt->tensors, type, &writer);
+  const Status written = mix != model::loaders::WeightFormat::kAuto
+                            ? model::loaders::WriteGgufCheckpoint(out_path, ckpt->config, ckpt->tensors, mix, &writer)
+                            : model::loaders::WriteGgufCheckpoint(out_path, ckpt->config, ckpt->tensors, type, &writer);
   if (const Status& s = written; !s.ok()) {
     return Fail(err, s, kExitFailure);
   }

@@ -22,11 +22,11 @@
 #include "shared/flags/model_flags.h"
 #include "shared/log/log.h"
 #include "shared/model/batch.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/model/kv_cache.h"
 #include "shared/model/llama.h"
 #include "shared/model/torch_boundary.h"
-#include "shared/model/weight_format.h"
+#include "shared/model/loaders/weight_format.h"
 #include "shared/rpc/security.h"
 #include "shared/rpc/server.h"
 #include "shared/status/status_macros.h"
@@ -161,7 +161,7 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
   model::ModelOptions mo;
   LEDE_ASSIGN_OR_RETURN(mo.kernels, model::ParseKernels(options.kernels));
   LEDE_ASSIGN_OR_RETURN(mo.graphs, model::ParseGraphMode(options.graphs));
-  LEDE_ASSIGN_OR_RETURN(mo.weights, model::ParseWeightFormat(options.weights));
+  LEDE_ASSIGN_OR_RETURN(mo.weights, model::loaders::ParseWeightFormat(options.weights));
   LEDE_ASSIGN_OR_RETURN(mo.device, model::ParseDevice(options.device));
   LEDE_ASSIGN_OR_RETURN(mo.dtype, model::ParseDtype(options.dtype));
   if (!mo.device.is_cpu() && !options.kv_pool_name.empty()) {
@@ -221,12 +221,12 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
   if (host->metrics) host->metrics->kv_slots_capacity.Set(static_cast<double>(pool->n_slots()));
 
   // Cost model of the rewards (ModelInfo).
-  std::unique_ptr<model::CostModel> cm;
+  std::unique_ptr<model::cost::CostModel> cm;
   if (!options.calibration_path.empty()) {
-    LEDE_ASSIGN_OR_RETURN(model::Calibration cal, model::ReadCalibrationFile(options.calibration_path));
-    cm = model::MakeMeasuredCostModel(cal);
+    LEDE_ASSIGN_OR_RETURN(model::cost::Calibration cal, model::cost::ReadCalibrationFile(options.calibration_path));
+    cm = model::cost::MakeMeasuredCostModel(cal);
   } else {
-    cm = model::MakeAcceleratorCostModel(c);
+    cm = model::cost::MakeAcceleratorCostModel(c);
   }
   host->cost_model = cm->name();
   const int64_t L = c.n_layers, D = pool->max_draft_len();
@@ -239,7 +239,7 @@ StatusOr<std::shared_ptr<ModelHost>> LoadModelHost(const ModelServiceOptions& op
     experience::ServedCostMeterOptions mo;
     mo.n_layers = static_cast<int32_t>(L);
     mo.max_draft_len = static_cast<int32_t>(D);
-    mo.weight_format = model::WeightFormatName(host->model->weight_format());
+    mo.weight_format = model::loaders::WeightFormatName(host->model->weight_format());
     mo.threads = at::get_num_threads();
     LEDE_ASSIGN_OR_RETURN(host->served_costs, experience::ServedCostMeter::Create(mo));
   }
