@@ -3,7 +3,7 @@
 // 1. The roofline of this CPU, measured here: the read bandwidth of a loop
 //    over a buffer larger than the last-level cache (DRAM) and over one that
 //    fits in it (the small models' weights do), and the GFLOP/s of a BLAS
-//    sgemm (OpenBLAS) on the benchmark's threads.
+//    sgemm (OpenBLAS) on the benchmark's threads (bench/cpu_roofline.h).
 // 2. For each model and each --kernels implementation (eager: libtorch
 //    operators; fused: cpu_kernels.h), A/B in one process, interleaved,
 //    --repeats runs each, medians: autoregressive and static
@@ -54,7 +54,6 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -66,6 +65,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/cpu_roofline.h"
 #include "shared/flags/flags.h"
 #include "shared/flags/model_flags.h"
 #include "shared/model/loaders/model_load_flags.h"
@@ -79,54 +79,10 @@
 namespace {
 
 using namespace lede::model;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
-template <typename F>
-double Seconds(F&& f) {
-  const auto t0 = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-double ThreadCpuSeconds() {
-  timespec ts;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-// GB/s of summing a buffer of `bytes` (read only), median of `reps` passes;
-// *per_cpu_s (optional): the same per second of this thread's CPU time.
-double ReadBandwidthGbs(int64_t bytes, int reps, double* per_cpu_s = nullptr) {
-  const int64_t n = bytes / 4;
-  std::vector<float> a(n, 1.0f), ones(8192, 1.0f);
-  volatile float sink = 0;
-  std::vector<double> t, c;
-  for (int r = 0; r < reps + 1; ++r) {
-    const double c0 = ThreadCpuSeconds();
-    const double s = Seconds([&] {
-      float acc = 0;
-      for (int64_t i = 0; i < n; i += 8192) acc += cpu::Dot(a.data() + i, ones.data(), std::min<int64_t>(8192, n - i));
-      sink = sink + acc;
-    });
-    if (r > 0) t.push_back(s), c.push_back(ThreadCpuSeconds() - c0);  // the first pass faults the pages in
-  }
-  if (per_cpu_s != nullptr) *per_cpu_s = bytes / Median(c) / 1e9;
-  return bytes / Median(t) / 1e9;
-}
-
-double SgemmGflops(int64_t n, int reps) {
-  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
-  std::vector<double> t;
-  for (int r = 0; r < reps + 1; ++r) {
-    const double s = Seconds([&] { cpu::MatMulNT(a.data(), n, n, b.data(), n, c.data(), false); });
-    if (r > 0) t.push_back(s);
-  }
-  return 2.0 * n * n * n / Median(t) / 1e9;
-}
+using lede::bench::Median;
+using lede::bench::ReadBandwidthGbs;
+using lede::bench::Seconds;
+using lede::bench::ThreadCpuSeconds;
 
 // Weight counts of one block and of the LM head (final norm ignored).
 struct Weights {
@@ -178,14 +134,9 @@ struct Run {
 
 Run Measure(Engine& engine, const std::vector<int32_t>& prompt, const GenerateOptions& o) {
   Run run;
-  auto thread_cpu_s = [] {
-    timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-  };
-  const double cpu0 = thread_cpu_s();
+  const double cpu0 = ThreadCpuSeconds();
   auto r = engine.Generate(prompt, o);
-  const double cpu_s = thread_cpu_s() - cpu0;
+  const double cpu_s = ThreadCpuSeconds() - cpu0;
   if (!r.ok()) {
     std::fprintf(stderr, "generate failed: %s\n", r.status().ToString().c_str());
     return run;
@@ -600,86 +551,34 @@ void AfterPrefillTable(const std::shared_ptr<const LlamaModel>& model) {
   }
 }
 
-// Matrix-vector products of the models' shapes: the vectorized loop against
-// OpenBLAS sgemv (the choice MatMulNT makes for one row), ns per call.
-void GemvTable() {
-  std::printf("\nmatrix-vector [out x in], one row: ns per call (loop over row-major W, over W in\n"
-              "the packed layout (cpu::PackRows; - where in %% 8 != 0), cblas_sgemv)\n");
-  std::printf("%12s %10s %10s %10s\n", "shape", "loop", "packed", "sgemv");
-  for (auto [out, in] : {std::pair<int64_t, int64_t>{128, 64}, {344, 64}, {64, 172}, {512, 64},
-                         {320, 192}, {1024, 192}, {192, 512}, {2048, 192}}) {
-    std::vector<float> w(out * in, 0.01f), x(in, 1.0f), y(out);
-    const int iters = static_cast<int>(std::max<int64_t>(200, 20000000 / (out * in)));
-    auto time = [&](auto&& f) {
-      std::vector<double> t;
-      for (int r = 0; r < 5; ++r) t.push_back(Seconds([&] { for (int i = 0; i < iters; ++i) f(); }) / iters);
-      return Median(t) * 1e9;
-    };
-    const double loop = time([&] { cpu::MatVec(w.data(), out, in, x.data(), y.data(), false); });
-    const double blas = time([&] { cpu::MatVecBlas(w.data(), out, in, x.data(), y.data(), false); });
-    char shape[48], packed[16] = "-";
-    if (cpu::Packable(in)) {
-      std::vector<float> p(out * in);
-      cpu::PackRows(w.data(), out, in, p.data());
-      std::snprintf(packed, sizeof(packed), "%.0f", time([&] {
-        cpu::MatMulRowsPacked(x.data(), 1, in, p.data(), out, y.data(), out, false);
-      }));
-    }
-    std::snprintf(shape, sizeof(shape), "%lldx%lld", static_cast<long long>(out), static_cast<long long>(in));
-    std::printf("%12s %10.0f %10s %10.0f\n", shape, loop, packed, blas);
-  }
-  // Few rows (drafts, verification): MatMulRows against cblas_sgemm, which
-  // repacks W on every call.
-  std::printf("n rows x [1024 x 192]: ns per call (MatMulRows over row-major W, over packed W,\n"
-              "cblas_sgemm)\n");
-  std::printf("%12s %10s %10s %10s\n", "n", "rows", "packed", "sgemm");
-  const int64_t out = 1024, in = 192;
-  std::vector<float> w(out * in, 0.01f), x(64 * in, 1.0f), y(64 * out), p(out * in);
-  cpu::PackRows(w.data(), out, in, p.data());
-  for (int64_t n : {2, 5, 9, 17, 24, 32, 64}) {
-    auto time = [&](auto&& f) {
-      std::vector<double> t;
-      for (int r = 0; r < 5; ++r) t.push_back(Seconds([&] { for (int i = 0; i < 200; ++i) f(); }) / 200);
-      return Median(t) * 1e9;
-    };
-    const double rows = time([&] { cpu::MatMulRows(x.data(), n, in, w.data(), out, y.data(), false); });
-    const double packed =
-        time([&] { cpu::MatMulRowsPacked(x.data(), n, in, p.data(), out, y.data(), out, false); });
-    const double blas = time([&] { cpu::MatMulBlas(x.data(), n, in, w.data(), out, y.data(), false); });
-    std::printf("%12lld %10.0f %10.0f %10.0f\n", static_cast<long long>(n), rows, packed, blas);
-  }
-}
-
-}  // namespace
-
-int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
+// The flags (usage in the file comment).
+struct BenchFlags {
   int64_t n_tokens = 200, repeats = 5;
   lede::flags::ModelLoadFlags load;  // --threads of the model-loading group; 1 by default here
-  load.threads = 1;
-  int64_t& threads = load.threads;
-  bool detail = false, after_prefill = false;
-  std::string models_flag =
-      "testdata/models/stories260K,testdata/models/babyllama-tok105/model5000.bin,models/lede-tiny";
-  std::string kernels_flag = "eager,fused";
-  std::string weights_flag = "auto", json_path;
-  bool no_gemv = false, roofline_only = false, isolate = false;
-  std::string child_weights;
+  bool detail = false, after_prefill = false, no_gemv = false, roofline_only = false, isolate = false;
+  std::string models = "testdata/models/stories260K,testdata/models/babyllama-tok105/model5000.bin,models/lede-tiny";
+  std::string kernels = "eager,fused", weights = "auto", json_path, child_weights;
+  BenchFlags() { load.threads = 1; }
+};
+
+// Parses `args` into *b. Returns -1 to go on, else the exit status: 0 after
+// printing the usage (--help), 2 after printing a bad flag.
+int ParseBenchFlags(const std::vector<std::string>& args, BenchFlags* b) {
   lede::flags::FlagSet flags;
-  flags.Add("models", &models_flag, "comma-separated model paths (checkpoint directory or llama2.c .bin)");
-  flags.Add("tokens", &n_tokens, "new tokens per generation (greedy, prompt = BOS)");
-  lede::flags::AddModelLoadFlags(&flags, &load, lede::flags::kThreads);
-  flags.Add("repeats", &repeats, "interleaved runs per implementation; medians are printed");
-  flags.Add("kernels", &kernels_flag, "comma-separated implementations to compare: eager, fused");
-  flags.Add("detail", &detail, "also print the per-block timing table and the static grid");
-  flags.Add("after-prefill", &after_prefill, "also print the latency of the first steps after a prefill");
-  flags.Add("weights", &weights_flag, "comma-separated weight storages to compare: auto, f32, bf16, q8_0");
-  flags.Add("json", &json_path, "write the results here (default bench/results/engine_bench-<UTC time>.json)");
-  flags.Add("no-gemv", &no_gemv, "skip the matrix-vector kernel table");
-  flags.Add("roofline-only", &roofline_only, "print the read bandwidths (DRAM, LLC) as one JSON line and exit");
-  flags.Add("isolate", &isolate,
+  flags.Add("models", &b->models, "comma-separated model paths (checkpoint directory or llama2.c .bin)");
+  flags.Add("tokens", &b->n_tokens, "new tokens per generation (greedy, prompt = BOS)");
+  lede::flags::AddModelLoadFlags(&flags, &b->load, lede::flags::kThreads);
+  flags.Add("repeats", &b->repeats, "interleaved runs per implementation; medians are printed");
+  flags.Add("kernels", &b->kernels, "comma-separated implementations to compare: eager, fused");
+  flags.Add("detail", &b->detail, "also print the per-block timing table and the static grid");
+  flags.Add("after-prefill", &b->after_prefill, "also print the latency of the first steps after a prefill");
+  flags.Add("weights", &b->weights, "comma-separated weight storages to compare: auto, f32, bf16, q8_0");
+  flags.Add("json", &b->json_path, "write the results here (default bench/results/engine_bench-<UTC time>.json)");
+  flags.Add("no-gemv", &b->no_gemv, "skip the matrix-vector kernel table");
+  flags.Add("roofline-only", &b->roofline_only, "print the read bandwidths (DRAM, LLC) as one JSON line and exit");
+  flags.Add("isolate", &b->isolate,
             "each --weights variant in its own process: load time, peak RSS, AR tok/s (fused only)");
-  flags.Add("child-weights", &child_weights, "internal (--isolate): run one variant of the first model here");
+  flags.Add("child-weights", &b->child_weights, "internal (--isolate): run one variant of the first model here");
   if (lede::flags::WantsHelp(args)) {
     std::printf("usage: lede_engine_bench [flags]\n%s", flags.Usage().c_str());
     return 0;
@@ -688,81 +587,76 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "lede_engine_bench: %s\n", std::string(s.message()).c_str());
     return 2;
   }
-  if (roofline_only) {
-    const double dram = ReadBandwidthGbs(256ll << 20, 5), llc = ReadBandwidthGbs(16ll << 20, 20);
-    std::printf("{\"dram_read_gb_per_s\": %.3f, \"llc_read_gb_per_s\": %.3f}\n", dram, llc);
-    return 0;
-  }
+  return -1;
+}
+
+// Every --kernels implementation at every --weights storage, weights outer.
+// Errors: kInvalidArgument from ParseKernels / loaders::ParseWeightFormat, naming the
+// flag.
+lede::StatusOr<std::vector<Variant>> ParseVariants(const BenchFlags& b) {
   std::vector<Kernels> kernels;
-  for (const std::string& k : lede::flags::SplitList(kernels_flag)) {
+  for (const std::string& k : lede::flags::SplitList(b.kernels)) {
     auto parsed = ParseKernels(k);
-    if (!parsed.ok()) {
-      std::fprintf(stderr, "lede_engine_bench: --%s\n", std::string(parsed.status().message()).c_str());
-      return 2;
-    }
+    if (!parsed.ok()) return parsed.status();
     kernels.push_back(*parsed);
   }
   std::vector<Variant> variants;
-  for (const std::string& wf : lede::flags::SplitList(weights_flag)) {
+  for (const std::string& wf : lede::flags::SplitList(b.weights)) {
     auto parsed = loaders::ParseWeightFormat(wf);
-    if (!parsed.ok()) {
-      std::fprintf(stderr, "lede_engine_bench: --%s\n", std::string(parsed.status().message()).c_str());
-      return 2;
-    }
+    if (!parsed.ok()) return parsed.status();
     for (Kernels k : kernels) variants.push_back({k, *parsed});
   }
-  if (variants.empty() || repeats < 1 || n_tokens < 1) {
-    std::fprintf(stderr, "lede_engine_bench: need --kernels, --repeats >= 1, --tokens >= 1\n");
-    return 2;
-  }
-  auto n_threads = lede::model::loaders::ApplyThreadsFlag(threads);
-  if (!n_threads.ok()) {
-    std::fprintf(stderr, "lede_engine_bench: %s\n", std::string(n_threads.status().message()).c_str());
-    return 2;
-  }
-  threads = *n_threads;  // children get the resolved count
-  c10::InferenceMode inference_mode;
-  if (!child_weights.empty()) {
-    auto parsed = loaders::ParseWeightFormat(child_weights);
-    const auto models = lede::flags::SplitList(models_flag);
-    if (!parsed.ok() || models.empty()) {
-      std::fprintf(stderr, "lede_engine_bench: --child-weights needs a format and --models\n");
-      return 2;
-    }
-    return RunChild(models[0], *parsed, n_tokens);
-  }
-  std::printf("LEDE engine benchmark: greedy, prompt = BOS, %lld new tokens, threads=%d, medians of %lld interleaved runs\n",
-              static_cast<long long>(n_tokens), at::get_num_threads(), static_cast<long long>(repeats));
-  const double dram_gbs = ReadBandwidthGbs(256ll << 20, 5), llc_gbs = ReadBandwidthGbs(16ll << 20, 20);
-  const double sgemm = SgemmGflops(512, 10);
+  return variants;
+}
+
+// The roofline of section 1, measured once and printed.
+struct Roofline {
+  double dram_gbs = 0, llc_gbs = 0, sgemm_gflops = 0;
+};
+Roofline MeasureRoofline() {
+  Roofline r;
+  r.dram_gbs = ReadBandwidthGbs(256ll << 20, 5);
+  r.llc_gbs = ReadBandwidthGbs(16ll << 20, 20);
+  r.sgemm_gflops = lede::bench::SgemmGflops(512, 10);
   std::printf("roofline: read bandwidth %.1f GB/s (256 MiB, DRAM), %.1f GB/s (16 MiB, last-level cache); "
-              "sgemm 512^3 %.1f GFLOP/s\n", dram_gbs, llc_gbs, sgemm);
-  std::printf("quantized kernels: %s\n", cpu::QuantIsaName(cpu::BestQuantIsa()));
-  if (!no_gemv) GemvTable();
-  nlohmann::json rows = nlohmann::json::array(), isolated = nlohmann::json::array();
-  for (const std::string& m : lede::flags::SplitList(models_flag)) {
-    if (isolate) {
-      std::vector<loaders::WeightFormat> formats;
-      for (const Variant& v : variants) {
-        if (std::find(formats.begin(), formats.end(), v.weights) == formats.end()) formats.push_back(v.weights);
-      }
-      IsolatedRuns(std::filesystem::read_symlink("/proc/self/exe").string(), m, formats, n_tokens, threads,
-                   static_cast<int>(repeats), dram_gbs, &isolated);
-      continue;
-    }
-    BenchModel(m, variants, n_tokens, static_cast<int>(repeats), detail, after_prefill, dram_gbs, &rows);
+              "sgemm 512^3 %.1f GFLOP/s\n", r.dram_gbs, r.llc_gbs, r.sgemm_gflops);
+  return r;
+}
+
+// The benchmark of one model: every variant in this process, or with
+// --isolate each weight format in a child process (section 2c).
+void BenchOneModel(const std::string& model, const BenchFlags& b, const std::vector<Variant>& variants,
+                   const Roofline& roof, nlohmann::json* rows, nlohmann::json* isolated) {
+  if (!b.isolate) {
+    BenchModel(model, variants, b.n_tokens, static_cast<int>(b.repeats), b.detail, b.after_prefill, roof.dram_gbs,
+               rows);
+    return;
   }
-  // The JSON record: command, commit, date, machine, roofline, rows.
-  auto shell = [](const char* cmd) {
-    std::string out;
-    if (FILE* p = popen(cmd, "r")) {
-      char buf[256];
-      while (std::fgets(buf, sizeof(buf), p) != nullptr) out += buf;
-      pclose(p);
-    }
-    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-    return out;
-  };
+  std::vector<loaders::WeightFormat> formats;
+  for (const Variant& v : variants) {
+    if (std::find(formats.begin(), formats.end(), v.weights) == formats.end()) formats.push_back(v.weights);
+  }
+  IsolatedRuns(std::filesystem::read_symlink("/proc/self/exe").string(), model, formats, b.n_tokens, b.load.threads,
+               static_cast<int>(b.repeats), roof.dram_gbs, isolated);
+}
+
+// The output of a shell command, trailing newlines and spaces removed.
+std::string Shell(const char* cmd) {
+  std::string out;
+  if (FILE* p = popen(cmd, "r")) {
+    char buf[256];
+    while (std::fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+    pclose(p);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+
+// Writes the JSON record (command, commit, date, machine, roofline, rows;
+// "isolated" with --isolate) to --json or bench/results/engine_bench-<UTC
+// time>.json.
+void WriteRecord(const std::vector<std::string>& args, const BenchFlags& b, const Roofline& roof,
+                 const nlohmann::json& rows, const nlohmann::json& isolated) {
   std::string command = "lede_engine_bench";
   for (const std::string& a : args) command += " " + a;
   char date[32];
@@ -770,19 +664,23 @@ int main(int argc, char** argv) {
   std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   nlohmann::json report = {
       {"command", command},
-      {"commit", shell("git rev-parse --short HEAD 2>/dev/null")},
-      {"dirty", !shell("git status --porcelain --untracked-files=no 2>/dev/null").empty()},
+      {"commit", Shell("git rev-parse --short HEAD 2>/dev/null")},
+      {"dirty", !Shell("git status --porcelain --untracked-files=no 2>/dev/null").empty()},
       {"date", date},
       {"machine",
-       {{"cpu", shell("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2")},
-        {"cores", shell("nproc")},
+       {{"cpu", Shell("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2")},
+        {"cores", Shell("nproc")},
         {"quant_isa", cpu::QuantIsaName(cpu::BestQuantIsa())}}},
       {"threads", at::get_num_threads()},
-      {"tokens", n_tokens},
-      {"repeats", repeats},
-      {"roofline", {{"dram_read_gb_per_s", dram_gbs}, {"llc_read_gb_per_s", llc_gbs}, {"sgemm_gflop_per_s", sgemm}}},
+      {"tokens", b.n_tokens},
+      {"repeats", b.repeats},
+      {"roofline",
+       {{"dram_read_gb_per_s", roof.dram_gbs},
+        {"llc_read_gb_per_s", roof.llc_gbs},
+        {"sgemm_gflop_per_s", roof.sgemm_gflops}}},
       {"rows", rows}};
-  if (isolate) report["isolated"] = isolated;
+  if (b.isolate) report["isolated"] = isolated;
+  std::string json_path = b.json_path;
   if (json_path.empty()) {
     char stamp[32];
     std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", std::gmtime(&now));
@@ -792,5 +690,53 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(std::filesystem::path(json_path).parent_path(), ec);
   std::ofstream(json_path) << report.dump(2) << "\n";
   std::printf("wrote %s\n", json_path.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  BenchFlags b;
+  if (int status = ParseBenchFlags(args, &b); status >= 0) return status;
+  if (b.roofline_only) {
+    const double dram = ReadBandwidthGbs(256ll << 20, 5), llc = ReadBandwidthGbs(16ll << 20, 20);
+    std::printf("{\"dram_read_gb_per_s\": %.3f, \"llc_read_gb_per_s\": %.3f}\n", dram, llc);
+    return 0;
+  }
+  auto variants = ParseVariants(b);
+  if (!variants.ok()) {
+    std::fprintf(stderr, "lede_engine_bench: --%s\n", std::string(variants.status().message()).c_str());
+    return 2;
+  }
+  if (variants->empty() || b.repeats < 1 || b.n_tokens < 1) {
+    std::fprintf(stderr, "lede_engine_bench: need --kernels, --repeats >= 1, --tokens >= 1\n");
+    return 2;
+  }
+  auto n_threads = lede::model::loaders::ApplyThreadsFlag(b.load.threads);
+  if (!n_threads.ok()) {
+    std::fprintf(stderr, "lede_engine_bench: %s\n", std::string(n_threads.status().message()).c_str());
+    return 2;
+  }
+  b.load.threads = *n_threads;  // children get the resolved count
+  c10::InferenceMode inference_mode;
+  if (!b.child_weights.empty()) {
+    auto parsed = loaders::ParseWeightFormat(b.child_weights);
+    const auto models = lede::flags::SplitList(b.models);
+    if (!parsed.ok() || models.empty()) {
+      std::fprintf(stderr, "lede_engine_bench: --child-weights needs a format and --models\n");
+      return 2;
+    }
+    return RunChild(models[0], *parsed, b.n_tokens);
+  }
+  std::printf("LEDE engine benchmark: greedy, prompt = BOS, %lld new tokens, threads=%d, medians of %lld interleaved runs\n",
+              static_cast<long long>(b.n_tokens), at::get_num_threads(), static_cast<long long>(b.repeats));
+  const Roofline roof = MeasureRoofline();
+  std::printf("quantized kernels: %s\n", cpu::QuantIsaName(cpu::BestQuantIsa()));
+  if (!b.no_gemv) lede::bench::PrintGemvTable();
+  nlohmann::json rows = nlohmann::json::array(), isolated = nlohmann::json::array();
+  for (const std::string& m : lede::flags::SplitList(b.models)) {
+    BenchOneModel(m, b, *variants, roof, &rows, &isolated);
+  }
+  WriteRecord(args, b, roof, rows, isolated);
   return 0;
 }

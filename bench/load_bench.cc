@@ -108,28 +108,34 @@ StatusOr<std::vector<StaticRounds>> StaticGrid(const std::vector<trainer::Shadow
   return grid;
 }
 
-Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& engine, const trainer::PromptSet& set,
-              const model::cost::Calibration& cal, const std::vector<int64_t>& loads,
-              const std::vector<policy::dqn::Artifact>& artifacts, std::ostream& out, std::ostream& err,
-              nlohmann::json* report) {
-  const int32_t L = static_cast<int32_t>(m.n_layers());
+// The greedy traces of a prompt set's two splits.
+struct SetTraces {
   std::vector<trainer::ShadowTrace> tuning, eval;
-  for (auto [prompts, traces] : {std::pair{&set.tuning, &tuning}, std::pair{&set.eval, &eval}}) {
+};
+
+StatusOr<SetTraces> TraceSet(const LoadFlags& lf, model::Engine& engine, const trainer::PromptSet& set) {
+  SetTraces traces;
+  for (auto [prompts, out] : {std::pair{&set.tuning, &traces.tuning}, std::pair{&set.eval, &traces.eval}}) {
     for (size_t i = 0; i < prompts->size(); ++i) {
       LEDE_ASSIGN_OR_RETURN(trainer::ShadowTrace t, trainer::TraceGreedyRequest(engine, (*prompts)[i], lf.new_tokens,
                                                                               /*top_k=*/4, set.name + ":" +
                                                                                                std::to_string(i)));
-      traces->push_back(std::move(t));
+      out->push_back(std::move(t));
     }
   }
-  err << "== " << set.name << ": " << tuning.size() << " tuning / " << eval.size() << " evaluation prompts traced\n";
-  LEDE_ASSIGN_OR_RETURN(const std::vector<StaticRounds> grid, StaticGrid(tuning, eval, L, lf.max_draft));
-  // Each policy replayed at every load (it sees the load as a feature; a
-  // load-blind artifact of lede-features-v3 ignores it).
-  struct PolicyRounds {
-    std::string version;
-    std::map<int64_t, Rounds> eval, tuning;  // by load
-  };
+  return traces;
+}
+
+// A policy's rounds on both splits at every load.
+struct PolicyRounds {
+  std::string version;
+  std::map<int64_t, Rounds> eval, tuning;  // by load
+};
+
+// Each policy replayed at every load (it sees the load as a feature; a
+// load-blind artifact of lede-features-v3 ignores it).
+StatusOr<std::vector<PolicyRounds>> ReplayPolicies(const std::vector<policy::dqn::Artifact>& artifacts, int32_t L,
+                                                   const std::vector<int64_t>& loads, const SetTraces& traces) {
   std::vector<PolicyRounds> policies;
   for (const policy::dqn::Artifact& a : artifacts) {
     LEDE_ASSIGN_OR_RETURN(policy::dqn::MethodPlan plan,
@@ -139,8 +145,8 @@ Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& en
     s.spec = plan.decision_spec;
     PolicyRounds p{a.metadata.version, {}, {}};
     for (int64_t b : loads) {
-      for (auto [traces, rounds] : {std::pair{&eval, &p.eval}, std::pair{&tuning, &p.tuning}}) {
-        std::vector<trainer::ShadowTrace> at_load = *traces;
+      for (auto [split, rounds] : {std::pair{&traces.eval, &p.eval}, std::pair{&traces.tuning, &p.tuning}}) {
+        std::vector<trainer::ShadowTrace> at_load = *split;
         for (trainer::ShadowTrace& t : at_load) t.load = static_cast<int32_t>(b);
         LEDE_ASSIGN_OR_RETURN((*rounds)[b], trainer::SimulatedRounds(at_load, s, [&plan](int64_t) {
                                 return plan.MakeController();
@@ -149,8 +155,13 @@ Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& en
     }
     policies.push_back(std::move(p));
   }
+  return policies;
+}
 
-  out << "\n" << set.name << " (evaluation split, " << eval.size()
+// The table's title and column heads.
+void PrintHeader(const std::string& set_name, size_t n_eval, const std::vector<PolicyRounds>& policies,
+                 std::ostream& out) {
+  out << "\n" << set_name << " (evaluation split, " << n_eval
       << " prompts): predicted speed-up over autoregressive decoding of the same B sessions\n";
   char line[512];
   std::snprintf(line, sizeof(line), "%-12s %4s  %-20s  %-20s", "cost model", "B", "static tuned at B",
@@ -161,66 +172,113 @@ Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& en
     out << line;
   }
   out << "\n";
-  const std::vector<std::string> families = {"accelerator", "measured"};
+}
+
+// One cost model family at the loads it prices (the measured one: up to the
+// largest timed batch size), by load.
+using CostsByLoad = std::map<int64_t, std::unique_ptr<model::cost::CostModel>>;
+
+// Each policy's --speculation-max-load C, tuned on the tuning split: the
+// load that maximizes the summed speed-up over `family_loads` (1.0 above
+// C), ties to the larger C.
+std::map<std::string, int64_t> TuneMaxLoads(const std::vector<PolicyRounds>& policies,
+                                            const std::vector<int64_t>& family_loads, const CostsByLoad& costs) {
+  std::map<std::string, int64_t> max_load;
+  for (const PolicyRounds& p : policies) {
+    double best = -1;
+    for (int64_t c : family_loads) {
+      double sum = 0;
+      for (int64_t b : family_loads) sum += b <= c ? costs.at(b)->PredictedSpeedup(p.tuning.at(b)) : 1.0;
+      if (sum >= best) best = sum, max_load[p.version] = c;
+    }
+  }
+  return max_load;
+}
+
+// What one row prices: the static grid, the static setting tuned alone,
+// the policies and their tuned max loads.
+struct RowInputs {
+  const std::vector<StaticRounds>& grid;
+  const StaticRounds& at_1;
+  const std::vector<PolicyRounds>& policies;
+  const std::map<std::string, int64_t>& max_load;
+  int64_t largest_load;  // a max load this large is no limit ("-")
+};
+
+// Prints the row of `family` at load b and returns it as JSON.
+nlohmann::json PrintRow(const std::string& family, int64_t b, const model::cost::CostModel& cost, const RowInputs& in,
+                        std::ostream& out) {
+  const StaticRounds& at_b = BestOn(in.grid, cost);
+  const double speedup_b = cost.PredictedSpeedup(at_b.eval), speedup_1 = cost.PredictedSpeedup(in.at_1.eval);
+  nlohmann::json row;
+  row["cost_model"] = family;
+  row["load"] = b;
+  row["static_tuned_at_load"] = {{"setting", Setting(at_b)}, {"speedup", speedup_b}};
+  row["static_tuned_alone"] = {{"setting", Setting(in.at_1)}, {"speedup", speedup_1}};
+  char line[512], tuned_b[64], tuned_1[64];
+  std::snprintf(tuned_b, sizeof(tuned_b), "%s %.3fx", Setting(at_b).c_str(), speedup_b);
+  std::snprintf(tuned_1, sizeof(tuned_1), "%s %.3fx", Setting(in.at_1).c_str(), speedup_1);
+  std::snprintf(line, sizeof(line), "%-12s %4ld  %-20s  %-20s", family.c_str(), static_cast<long>(b), tuned_b,
+                tuned_1);
+  out << line;
+  for (const PolicyRounds& p : in.policies) {
+    const double s = cost.PredictedSpeedup(p.eval.at(b));
+    const int64_t c = in.max_load.at(p.version);
+    const bool no_limit = c == in.largest_load;
+    const double capped = b <= c ? s : 1.0;
+    row["lede"][p.version] = s;
+    row["lede_max_load"][p.version] = {{"max_load", no_limit ? nlohmann::json() : nlohmann::json(c)},
+                                       {"speedup", capped}};
+    char speed[32], with_cap[48];
+    std::snprintf(speed, sizeof(speed), "%.3fx", s);
+    std::snprintf(with_cap, sizeof(with_cap), "%.3fx (C=%s)", capped, no_limit ? "-" : std::to_string(c).c_str());
+    std::snprintf(line, sizeof(line), "  %-22s  %-22s", speed, with_cap);
+    out << line;
+  }
+  out << "\n";
+  return row;
+}
+
+// The rows of one cost model family ("accelerator" or "measured"), each
+// printed and appended to report["sets"][set_name].
+Status PriceFamily(const std::string& family, const LoadFlags& lf, const model::LlamaModel& m,
+                   const model::cost::Calibration& cal, const std::vector<int64_t>& loads,
+                   const std::vector<StaticRounds>& grid, const std::vector<PolicyRounds>& policies,
+                   const std::string& set_name, std::ostream& out, nlohmann::json* report) {
+  // The family at load B, and alone (B = 1: what a load-blind server tunes for).
+  auto at = [&](int64_t b) -> StatusOr<std::unique_ptr<model::cost::CostModel>> {
+    if (family == "accelerator") return model::cost::MakeAcceleratorCostModelAtLoad(m.config(), b, lf.ridge_tokens);
+    return model::cost::MakeMeasuredCostModelAtLoad(cal, b);
+  };
+  LEDE_ASSIGN_OR_RETURN(std::unique_ptr<model::cost::CostModel> alone, at(1));
   const int64_t max_timed = cal.batch_sizes.back();
-  for (const std::string& family : families) {
-    // Each family at load B, and alone (B = 1: what a load-blind server tunes for).
-    auto at = [&](int64_t b) -> StatusOr<std::unique_ptr<model::cost::CostModel>> {
-      if (family == "accelerator") return model::cost::MakeAcceleratorCostModelAtLoad(m.config(), b, lf.ridge_tokens);
-      return model::cost::MakeMeasuredCostModelAtLoad(cal, b);
-    };
-    LEDE_ASSIGN_OR_RETURN(std::unique_ptr<model::cost::CostModel> alone, at(1));
-    const StaticRounds& at_1 = BestOn(grid, *alone);
-    std::vector<int64_t> family_loads;
-    std::map<int64_t, std::unique_ptr<model::cost::CostModel>> costs;
-    for (int64_t b : loads) {
-      if (family == "measured" && b > max_timed) continue;  // beyond the timed batch sizes
-      family_loads.push_back(b);
-      LEDE_ASSIGN_OR_RETURN(costs[b], at(b));
-    }
-    // Each policy's --speculation-max-load, tuned on the tuning split.
-    std::map<std::string, int64_t> max_load;
-    for (const PolicyRounds& p : policies) {
-      double best = -1;
-      for (int64_t c : family_loads) {
-        double sum = 0;
-        for (int64_t b : family_loads) sum += b <= c ? costs[b]->PredictedSpeedup(p.tuning.at(b)) : 1.0;
-        if (sum >= best) best = sum, max_load[p.version] = c;
-      }
-    }
-    for (int64_t b : family_loads) {
-      const std::unique_ptr<model::cost::CostModel>& cost = costs[b];
-      const StaticRounds& at_b = BestOn(grid, *cost);
-      const double speedup_b = cost->PredictedSpeedup(at_b.eval), speedup_1 = cost->PredictedSpeedup(at_1.eval);
-      nlohmann::json row;
-      row["cost_model"] = family;
-      row["load"] = b;
-      row["static_tuned_at_load"] = {{"setting", Setting(at_b)}, {"speedup", speedup_b}};
-      row["static_tuned_alone"] = {{"setting", Setting(at_1)}, {"speedup", speedup_1}};
-      char tuned_b[64], tuned_1[64];
-      std::snprintf(tuned_b, sizeof(tuned_b), "%s %.3fx", Setting(at_b).c_str(), speedup_b);
-      std::snprintf(tuned_1, sizeof(tuned_1), "%s %.3fx", Setting(at_1).c_str(), speedup_1);
-      std::snprintf(line, sizeof(line), "%-12s %4ld  %-20s  %-20s", family.c_str(), static_cast<long>(b), tuned_b,
-                    tuned_1);
-      out << line;
-      for (const PolicyRounds& p : policies) {
-        const double s = cost->PredictedSpeedup(p.eval.at(b));
-        const int64_t c = max_load.at(p.version);
-        const bool no_limit = c == family_loads.back();
-        const double capped = b <= c ? s : 1.0;
-        row["lede"][p.version] = s;
-        row["lede_max_load"][p.version] = {{"max_load", no_limit ? nlohmann::json() : nlohmann::json(c)},
-                                           {"speedup", capped}};
-        char speed[32], with_cap[48];
-        std::snprintf(speed, sizeof(speed), "%.3fx", s);
-        std::snprintf(with_cap, sizeof(with_cap), "%.3fx (C=%s)", capped,
-                      no_limit ? "-" : std::to_string(c).c_str());
-        std::snprintf(line, sizeof(line), "  %-22s  %-22s", speed, with_cap);
-        out << line;
-      }
-      out << "\n";
-      (*report)["sets"][set.name].push_back(row);
-    }
+  std::vector<int64_t> family_loads;
+  CostsByLoad costs;
+  for (int64_t b : loads) {
+    if (family == "measured" && b > max_timed) continue;  // beyond the timed batch sizes
+    family_loads.push_back(b);
+    LEDE_ASSIGN_OR_RETURN(costs[b], at(b));
+  }
+  if (family_loads.empty()) return OkStatus();  // every load beyond the timed batch sizes
+  const std::map<std::string, int64_t> max_load = TuneMaxLoads(policies, family_loads, costs);
+  const RowInputs in{grid, BestOn(grid, *alone), policies, max_load, family_loads.back()};
+  for (int64_t b : family_loads) (*report)["sets"][set_name].push_back(PrintRow(family, b, *costs[b], in, out));
+  return OkStatus();
+}
+
+Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& engine, const trainer::PromptSet& set,
+              const model::cost::Calibration& cal, const std::vector<int64_t>& loads,
+              const std::vector<policy::dqn::Artifact>& artifacts, std::ostream& out, std::ostream& err,
+              nlohmann::json* report) {
+  const int32_t L = static_cast<int32_t>(m.n_layers());
+  LEDE_ASSIGN_OR_RETURN(const SetTraces traces, TraceSet(lf, engine, set));
+  err << "== " << set.name << ": " << traces.tuning.size() << " tuning / " << traces.eval.size()
+      << " evaluation prompts traced\n";
+  LEDE_ASSIGN_OR_RETURN(const std::vector<StaticRounds> grid, StaticGrid(traces.tuning, traces.eval, L, lf.max_draft));
+  LEDE_ASSIGN_OR_RETURN(const std::vector<PolicyRounds> policies, ReplayPolicies(artifacts, L, loads, traces));
+  PrintHeader(set.name, traces.eval.size(), policies, out);
+  for (const char* family : {"accelerator", "measured"}) {
+    LEDE_RETURN_IF_ERROR(PriceFamily(family, lf, m, cal, loads, grid, policies, set.name, out, report));
   }
   return OkStatus();
 }

@@ -18,15 +18,23 @@ and run `lede-train --once --experience <state>/experience --policy-root
               accelerator-v7, the cold start and the best static setting under
               the accelerator cost model. Targets: published >= 1.05x best
               static and >= 0.98x accelerator-v7.
-  widened     The same on the memory-bound widened model (`lede widen
-              --factor 5`, its shipped policy removed: a cold start), in
-              wall-clock through the services: rows 0-199 are the traffic,
-              then --once; then deployments of the cold-start policy and of
-              the published one alternate (A B A B), each timing held-out rows
-              200-200+--eval-prompts with the default method and with
-              autoregressive decoding, interleaved per prompt, at one stream.
-              Target: the served speed-up (default / autoregressive tokens/s)
-              after retraining >= 1.05x the cold start's.
+  widened     The issue's loop on the memory-bound widened model (`lede widen
+              --factor 5`, its shipped policy removed: a cold start), served
+              by `scripts/run` at LEDE_WEIGHTS=q8_0, LEDE_THREADS=1 (--weights,
+              --threads), in wall-clock: --traffic requests (200; half greedy,
+              half temperature --temperature 0.8, seeded) from the tuning halves
+              of models/lede-tiny/prompts/{story,code}.jsonl (rows 0-23) and
+              the output of scripts/make_policy_training_prompts.py, never the
+              evaluation halves; then `lede-train --once` with no other flags;
+              then deployments of the cold-start policy, the retrained one and
+              the shipped policy of the shape (models/lede-tiny/widened/
+              <fingerprint>/policy) in rotating order, --rounds times each,
+              each timing --eval-prompts held-out prompts per set (rows 24+ of
+              both sets: the evaluation halves) with the default method and
+              with autoregressive decoding, interleaved per prompt, greedy, at
+              one stream. Targets: the retrained policy's served speed-up
+              (default / autoregressive tok/s) >= 1.05x the cold start's and
+              >= 1.0x the shipped policy's.
   scale       1,000 greedy requests (12-word openings of
               testdata/corpus/tinystories_val_a.txt), then the --once pinned
               to one core (taskset -c 0): its wall time, CPU time and peak
@@ -42,6 +50,8 @@ recorded in the JSON as a deviation from "no other flag").
 
 usage: bench/retrain_bench.py acceptance|widened|scale [--out FILE] [--work DIR] [--new-tokens 64]
                               [--concurrency N] [--requests N] [--ports-base N]
+       bench/retrain_bench.py widened [--traffic 200] [--temperature 0.8] [--eval-prompts 12]
+                              [--rounds 2] [--weights q8_0] [--threads 1] [--factor 5]
 env: LEDE_BUILD_DIR (build)
 """
 import argparse
@@ -117,10 +127,10 @@ def copy_model(dst):
 class Deployment:
     """`scripts/run --model COPY` in the foreground, in the background."""
 
-    def __init__(self, model, state, ports_base):
+    def __init__(self, model, state, ports_base, env_extra=None):
         self.base = ports_base
         self.cmd = ["scripts/run", "--model", model] + (["--ports-base", str(ports_base)] if ports_base else [])
-        env = dict(os.environ, LEDE_STATE_DIR=state)
+        env = dict(os.environ, LEDE_STATE_DIR=state, **(env_extra or {}))
         os.makedirs(state, exist_ok=True)
         self.log_path = os.path.join(os.path.dirname(state), "run.log")
         self.log = open(self.log_path, "w")
@@ -153,9 +163,10 @@ class Deployment:
         self.log.close()
 
 
-def send(target, prompts, new_tokens, concurrency, method=0):
-    """Greedy requests (method 0: the default, LEDE with the serving policy);
-    returns per-request summaries (tokens, ids, seconds, policy version)."""
+def send(target, prompts, new_tokens, concurrency, method=0, temperatures=None):
+    """Requests (method 0: the default, LEDE with the serving policy), greedy
+    unless temperatures[i] > 0 (then seeded with i + 1); returns per-request
+    summaries (tokens, ids, seconds, policy version)."""
     import grpc
     from lede_client import load_stubs
     pb, pb_grpc = load_stubs()
@@ -172,8 +183,10 @@ def send(target, prompts, new_tokens, concurrency, method=0):
                     next_i[0] += 1
                 if i >= len(prompts):
                     return
+                temperature = temperatures[i] if temperatures else 0.0
                 req = pb.GenerateRequest(request_id=f"bench-{i}", prompt=prompts[i], max_new_tokens=new_tokens,
-                                         temperature=0.0, method=method)
+                                         temperature=temperature, seed=i + 1 if temperature > 0 else 0,
+                                         method=method)
                 ids, summary = [], None
                 t0 = time.perf_counter()
                 for resp in stub.Generate(req, timeout=300):
@@ -335,67 +348,150 @@ def timed_pairs(target, prompts, new_tokens):
             "speedup": round(tok_s["default"] / tok_s["autoregressive"], 4), "lossless": f"{same}/{len(prompts)}"}
 
 
+def prompt_rows(path, lo, hi):
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        return [json.loads(l)["prompt"] for l in f if l.strip()][lo:hi]
+
+
+def interleave(*lists):
+    out = []
+    for i in range(max(len(l) for l in lists)):
+        out.extend(l[i] for l in lists if i < len(l))
+    return out
+
+
+# The evaluation halves of models/lede-tiny's prompt sets start here (trainer/corpus.cc: the first
+# half of a set's 48 prompts tunes, the second evaluates).
+TUNING_ROWS = 24
+
+
+def widened_prompts(a, work):
+    """The traffic (tuning halves, then the policy-training prompts, story and code interleaved)
+    and the held-out prompts (evaluation halves)."""
+    train_dir = os.path.join(work, "train-prompts")
+    subprocess.run([sys.executable, "scripts/make_policy_training_prompts.py", train_dir], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL)
+    sets = {name: f"{MODEL}/prompts/{name}.jsonl" for name in ("story", "code")}
+    tuning = interleave(*(prompt_rows(p, 0, TUNING_ROWS) for p in sets.values()))
+    extra = interleave(*(prompt_rows(os.path.join(train_dir, f"train-{n}.jsonl"), 0, None) for n in sets))
+    traffic = (tuning + extra)[:a.traffic]
+    if len(traffic) < a.traffic:
+        sys.exit(f"retrain_bench: only {len(traffic)} traffic prompts for --traffic {a.traffic}")
+    heldout = interleave(*(prompt_rows(p, TUNING_ROWS, TUNING_ROWS + a.eval_prompts) for p in sets.values()))
+    desc = {"traffic": f"rows 0-{TUNING_ROWS - 1} of {', '.join(sets.values())} (the tuning halves), then "
+                       "scripts/make_policy_training_prompts.py's train-story.jsonl and train-code.jsonl, "
+                       "story and code interleaved",
+            "traffic_from_tuning_halves": min(len(tuning), a.traffic),
+            "heldout": f"rows {TUNING_ROWS}-{TUNING_ROWS + a.eval_prompts - 1} of each set (the evaluation halves)"}
+    return traffic, heldout, desc
+
+
+def install_shipped(state, fingerprint):
+    """The shape's shipped SERVING version, copied into the deployment's policy root."""
+    root = os.path.join(ROOT, MODEL, "widened", fingerprint, "policy")
+    version = open(os.path.join(root, "SERVING")).read().strip()
+    dst = os.path.join(state, "policy", version)
+    if not os.path.exists(dst):
+        shutil.copytree(os.path.join(root, version), dst)
+    return version
+
+
+def ratio_stats(runs, x, y):
+    """Per-round ratios of x's served speed-up (and default-method tok/s) to y's (the i-th deployment of x
+    over the i-th of y): median, min, max, and the ratios in ascending order (per_round)."""
+    def per_round(key):
+        xs = [r for r in runs if r["serving"] == x]
+        ys = [r for r in runs if r["serving"] == y]
+        return [key(p) / key(q) for p, q in zip(xs, ys)]
+    out = {}
+    for name, key in (("speedup", lambda r: r["speedup"]), ("default_tok_s", lambda r: r["tok_s"]["default"])):
+        v = sorted(per_round(key))
+        out[name] = {"median": round(median(v), 4), "min": round(v[0], 4), "max": round(v[-1], 4),
+                     "per_round": [round(r, 4) for r in v]}
+    return out
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
 def widened(a, work):
     model, state = os.path.join(work, "model"), os.path.join(work, "state")
     widen_cmd = widen_model(model, a.factor)
-    traffic = [r["prompt"] for r in jsonl_prompts(PROMPTS, 0, 200)]
-    heldout = [r["prompt"] for r in jsonl_prompts(PROMPTS, 200, 200 + a.eval_prompts)]
+    traffic, heldout, prompt_desc = widened_prompts(a, work)
+    temps = [a.temperature if i % 2 else 0.0 for i in range(len(traffic))]
+    env = {"LEDE_WEIGHTS": a.weights, "LEDE_THREADS": str(a.threads)}
     base = pick_ports_base(a.ports_base)
-    log(f"serving {model} ({widen_cmd}, policy removed; scripts/run --model COPY)")
+    log(f"serving {model} ({widen_cmd}, policy removed; scripts/run --model COPY, {env})")
     t0 = time.time()
-    dep = Deployment(model, state, base)
+    dep = Deployment(model, state, base, env)
     start_s = time.time() - t0
     try:
         cold = open(os.path.join(state, "policy", "SERVING")).read().strip()
         cold_meta = json.load(open(os.path.join(state, "policy", cold, "policy.json")))
-        res, send_s = send(dep.target, traffic, a.new_tokens, a.concurrency)
+        res, send_s = send(dep.target, traffic, a.new_tokens, a.concurrency, temperatures=temps)
     finally:
         dep.stop()
     log(f"cold start {cold} ({cold_meta.get('training_options')}); sent {len(res)} requests in {send_s:.1f} s")
     first = once(model, state)
     log(f"--once: {first['decision']} {first['candidate']} in {first['wall_s']} s; SERVING {first['serving_after']}")
     published = first["serving_after"] if first["decision"] == "published" else None
+    shipped = install_shipped(state, cold_meta["model_fingerprint"])
+    policies = [v for v in (cold, published, shipped) if v]
     runs = []
-    order = [cold, published] * a.rounds if published else [cold] * a.rounds
-    for version in order:
-        with open(os.path.join(state, "policy", "SERVING"), "w") as f:
-            f.write(version + "\n")
-        dep = Deployment(model, state, base)
-        try:
-            r = timed_pairs(dep.target, heldout, a.new_tokens)
-        finally:
-            dep.stop()
-        r["serving"] = version
-        runs.append(r)
-        log(f"served {version}: {r['tok_s']} tok/s, speed-up {r['speedup']:.3f}x, same text {r['lossless']}")
+    for rnd in range(a.rounds):
+        for version in policies[rnd % len(policies):] + policies[:rnd % len(policies)]:
+            with open(os.path.join(state, "policy", "SERVING"), "w") as f:
+                f.write(version + "\n")
+            dep = Deployment(model, state, base, env)
+            try:
+                send(dep.target, heldout[:1], 8, 1)  # warm-up: the first request pays for allocation
+                send(dep.target, heldout[:1], 8, 1, method=4)
+                r = timed_pairs(dep.target, heldout, a.new_tokens)
+            finally:
+                dep.stop()
+            r["serving"] = version
+            r["round"] = rnd
+            runs.append(r)
+            log(f"served {version}: {r['tok_s']} tok/s, speed-up {r['speedup']:.3f}x, same text {r['lossless']}")
     with open(os.path.join(state, "policy", "SERVING"), "w") as f:
         f.write((published or cold) + "\n")
-
-    def med(version):
-        xs = sorted(r["speedup"] for r in runs if r["serving"] == version)
-        return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
 
     out = {
         "benchmark": "retrain-widened",
         "model_copy": f"{widen_cmd}, without policy/ and calibration-cpu.json",
         "serve_command": "scripts/run --model COPY" + (f" --ports-base {base}" if base else ""),
-        "ports_base": base, "start_s": round(start_s, 1),
-        "prompts": {"file": PROMPTS, "traffic_rows": "0-199", "eval_rows": f"200-{199 + len(heldout)}"},
-        "traffic": {"requests": len(res), "new_tokens": a.new_tokens, "concurrency": a.concurrency,
+        "serve_env": env, "ports_base": base, "start_s": round(start_s, 1),
+        "prompts": prompt_desc,
+        "traffic": {"requests": len(res), "greedy": temps.count(0.0), "sampled": len(temps) - temps.count(0.0),
+                    "temperature": a.temperature, "new_tokens": a.new_tokens, "concurrency": a.concurrency,
                     "send_s": round(send_s, 1), "tokens": sum(r["tokens"] for r in res),
+                    "served_policy_versions": sorted({r["policy_version"] for r in res}),
                     "cold_start_version": cold, "cold_start": cold_meta.get("training_options"),
                     "cold_start_offline_metrics": cold_meta.get("offline_metrics")},
-        "once": first, "published_version": published,
+        "once": first, "published_version": published, "shipped_version": shipped,
+        "heldout": {"prompts": len(heldout), "new_tokens": a.new_tokens, "rounds": a.rounds},
         "served": runs,
+        "median_speedup": {v: round(median([r["speedup"] for r in runs if r["serving"] == v]), 4) for v in policies},
         "note": "speed-up = tokens/s of the default method (LEDE with the serving policy) / autoregressive tokens/s "
-                "in the same deployment, interleaved per prompt, one stream; deployments alternate cold, published",
+                "in the same deployment, interleaved per prompt, one stream, greedy; deployments rotate the "
+                "policies' order each round; ratios pair the policies' runs of the same round",
     }
     if published:
-        ratio = med(published) / med(cold)
-        out["median_speedup"] = {cold: round(med(cold), 4), published: round(med(published), 4)}
-        out["targets"] = {"retrained_over_cold_start": {"value": round(ratio, 4), "target": 1.05, "met": ratio >= 1.05}}
+        out["ratios"] = {f"{published} / {cold}": ratio_stats(runs, published, cold),
+                         f"{published} / {shipped}": ratio_stats(runs, published, shipped),
+                         f"{shipped} / {cold}": ratio_stats(runs, shipped, cold)}
+        over_cold = out["ratios"][f"{published} / {cold}"]["speedup"]["median"]
+        over_shipped = out["ratios"][f"{published} / {shipped}"]["speedup"]["median"]
+        out["targets"] = {
+            "retrained_over_cold_start": {"value": over_cold, "target": 1.05, "met": over_cold >= 1.05},
+            "retrained_over_shipped": {"value": over_shipped, "target": 1.0, "met": over_shipped >= 1.0}}
     else:
+        out["ratios"] = {f"{shipped} / {cold}": ratio_stats(runs, shipped, cold)}
         out["targets"] = {"published": {"value": first["decision"], "met": False}}
+    for k, v in out["ratios"].items():
+        log(f"{k}: speed-up ratio {v['speedup']['median']:.3f}x [{v['speedup']['min']:.3f}, {v['speedup']['max']:.3f}]")
     for k, v in out["targets"].items():
         log(f"target {k}: {v['value']} (target {v.get('target', '-')}) -> {'met' if v['met'] else 'MISSED'}")
     return out
@@ -455,11 +551,19 @@ def main():
     p.add_argument("--requests", type=int, default=1000, help="scale: requests sent")
     p.add_argument("--ports-base", type=int, default=None)
     p.add_argument("--factor", type=int, default=5, help="widened: lede widen --factor")
-    p.add_argument("--eval-prompts", type=int, default=24, help="widened: held-out prompts timed per deployment")
-    p.add_argument("--rounds", type=int, default=2, help="widened: deployments of each policy (alternating)")
+    p.add_argument("--eval-prompts", type=int, default=12,
+                   help="widened: held-out prompts per set (story, code) timed per deployment")
+    p.add_argument("--rounds", type=int, default=2, help="widened: deployments of each policy (rotating order)")
+    p.add_argument("--traffic", type=int, default=200, help="widened: served requests before --once")
+    p.add_argument("--temperature", type=float, default=0.8, help="widened: every other traffic request's")
+    p.add_argument("--weights", default="q8_0", help="widened: LEDE_WEIGHTS of the deployments")
+    p.add_argument("--threads", type=int, default=1, help="widened: LEDE_THREADS of the deployments")
     a = p.parse_args()
     if a.new_tokens < 1 or a.requests < 1 or a.concurrency < 0:
         sys.exit("retrain_bench: --new-tokens and --requests must be >= 1, --concurrency >= 0")
+    if a.traffic < 1 or a.rounds < 1 or a.threads < 1 or not 1 <= a.eval_prompts <= TUNING_ROWS or a.temperature < 0:
+        sys.exit(f"retrain_bench: --traffic, --rounds and --threads must be >= 1, --eval-prompts in [1, {TUNING_ROWS}], "
+                 "--temperature >= 0")
     a.concurrency = a.concurrency or (4 if a.run == "scale" else 1)
     for b in ("trainer/lede-train", "trainer/lede-init-policy", "bench/lede-bench", "services/model/lede-model",
               "services/policy/lede-policy", "services/coordinator/lede-coordinator"):

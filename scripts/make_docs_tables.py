@@ -84,6 +84,9 @@ COMMANDS = {
          "    --threads 1 --no-gemv --json {json}"),
     "bench/results/retrain-acceptance.json":
         ("retrain acceptance", "bench/retrain_bench.py acceptance"),
+    "bench/results/retrain-widened.json":
+        ("retrain widened", "bench/retrain_bench.py widened --traffic 100 --eval-prompts 6 --rounds 3   "
+         "# the issue's full loop: --traffic 200"),
     "bench/results/hostile_clients.json":
         ("hostile_clients", "bench/record.py bench/results/hostile_clients.json -- bench/hostile_clients_bench.py \\\n"
          "    --slow 200 --trickle-s 2 --hold-s 30 --requests 10 --ports-base 4700 --json {json}"),
@@ -535,26 +538,39 @@ def retrain_scale_table(data, opts):
 
 
 def retrain_widened_table(data, opts):
-    tr, o = data["traffic"], data["once"]
-    runs = data["served"]
-    lines = [f"{tr['requests']} greedy requests ({tr['new_tokens']} tokens, default method, served by "
-             f"{tr['cold_start_version']}: static E={int(tr['cold_start']['exit_layer'])} "
-             f"D={int(tr['cold_start']['draft_len'])}, the self-calibrated cold start) from rows "
-             f"{data['prompts']['traffic_rows']} of `{data['prompts']['file']}`; `lede-train --once` with no other "
-             f"flags: {o['decision']} in {o['wall_s']:.0f} s. Then deployments alternate; each times rows "
-             f"{data['prompts']['eval_rows']} at one stream, the default method and autoregressive decoding "
-             f"interleaved per prompt.", "", ""]
-    rows = []
-    for i, r in enumerate(runs, 1):
-        rows.append([i, f"`{r['serving']}`", f"{r['tok_s']['default']:.1f}", f"{r['tok_s']['autoregressive']:.1f}",
-                     f"{r['speedup']:.3f}x", r["lossless"]])
-    t = table(["deployment", "serving policy", "default method tok/s", "autoregressive tok/s", "speed-up",
+    tr, o, h, env = data["traffic"], data["once"], data["heldout"], data["serve_env"]
+    cold = tr["cold_start"]
+    report = o.get("report", {})
+    factor = re.search(r"--factor (\d+)", data["model_copy"]).group(1)
+    lines = [f"{tr['requests']} requests through `scripts/run` ({tr['greedy']} greedy, {tr['sampled']} at temperature "
+             f"{tr['temperature']:g}, {tr['new_tokens']} tokens, one stream) on lede-tiny widened "
+             f"(`lede widen --factor {factor}`, its policy "
+             f"removed), at "
+             f"LEDE_WEIGHTS={env['LEDE_WEIGHTS']} LEDE_THREADS={env['LEDE_THREADS']}, served by the cold start "
+             f"`{tr['cold_start_version']}` (static E={int(cold['exit_layer'])} D={int(cold['draft_len'])}, "
+             f"self-calibrated); prompts: {data['prompts']['traffic']}. `lede-train --once` with no other flags: "
+             f"{o['decision']} `{data.get('published_version') or '-'}` in {o['wall_s']:.0f} s, priced by "
+             f"`{report.get('cost_model', '?')}` ({report.get('train_requests', '?')} training, "
+             f"{report.get('heldout_requests', '?')} held-out requests). Then {h['rounds']} rounds of deployments of "
+             f"each policy (order rotating), each timing {h['prompts']} held-out prompts "
+             f"({data['prompts']['heldout']}), {h['new_tokens']} tokens, greedy, the default method and "
+             f"autoregressive decoding interleaved per prompt.", "", ""]
+    rows = [[r.get("round", 0) + 1, f"`{r['serving']}`", f"{r['tok_s']['default']:.1f}",
+             f"{r['tok_s']['autoregressive']:.1f}", f"{r['speedup']:.3f}x", r["lossless"]] for r in data["served"]]
+    t = table(["round", "serving policy", "default method tok/s", "autoregressive tok/s", "speed-up",
                "same text as autoregressive"], rows)
+    ratio_rows = []
+    for pair, v in data.get("ratios", {}).items():
+        s, d = v["speedup"], v["default_tok_s"]
+        ratio_rows.append([pair.replace(" / ", " over "), f"**{s['median']:.3f}x** [{s['min']:.3f}, {s['max']:.3f}]",
+                           f"{d['median']:.3f}x [{d['min']:.3f}, {d['max']:.3f}]"])
+    t2 = table(["policies", "served speed-up ratio, median [range] over rounds",
+                "default-method tok/s ratio, median [range]"], ratio_rows)
     tail = []
     for k, v in data.get("targets", {}).items():
-        tail.append(f"Median speed-up after retraining / the cold start's: **{v['value']:.3f}x** "
-                    f"(target >= {v.get('target', '-')}x: {'met' if v['met'] else 'missed'}).")
-    return "\n".join(lines) + t + ("\n\n" + "\n".join(tail) if tail else "")
+        tail.append(f"- {k.replace('_', ' ')}: {v['value']} (target >= {v.get('target', '-')}: "
+                    f"{'met' if v['met'] else 'missed'})")
+    return "\n".join(lines) + t + "\n\n" + t2 + ("\n\n" + "\n".join(tail) if tail else "")
 
 
 def batching_ceiling_table(data, opts):

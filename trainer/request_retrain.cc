@@ -164,6 +164,24 @@ StatusOr<model::cost::ServedStepCosts> ServedCostsOfLog(const std::vector<lede::
   return c;
 }
 
+StatusOr<std::unique_ptr<model::cost::CostModel>> ServedCostModelOfLog(const std::vector<lede::v1::RequestRecord>& records,
+                                                                 const model::LlamaModel& model) {
+  LEDE_ASSIGN_OR_RETURN(model::cost::ServedStepCosts costs, ServedCostsOfLog(records, model.n_layers()));
+  return model::cost::MakeServedCostModel(model.config(), costs);
+}
+
+StatusOr<std::unique_ptr<model::cost::CostModel>> ReadServedCostModel(storage::ObjectStore& store,
+                                                                const std::string& prefix,
+                                                                const model::LlamaModel& model) {
+  LEDE_ASSIGN_OR_RETURN(experience::RequestLogRead read, experience::ReadRequestLog(store, prefix));
+  const std::string fingerprint = model.config().ArchitectureFingerprint();
+  std::vector<lede::v1::RequestRecord> own;
+  for (lede::v1::RequestRecord& r : read.records) {
+    if (r.model_fingerprint() == fingerprint) own.push_back(std::move(r));
+  }
+  return ServedCostModelOfLog(own, model);
+}
+
 namespace {
 
 // 1. The request log under the prefix; which shards are new (recorded in
@@ -217,16 +235,11 @@ const model::cost::CostModel& PricingOf(const std::vector<lede::v1::RequestRecor
                                   const model::cost::CostModel& fallback, const RequestRetrainOptions& options,
                                   std::unique_ptr<model::cost::CostModel>* served, RequestRetrainOutcome* out) {
   if (options.price_with_logged_costs) {
-    StatusOr<model::cost::ServedStepCosts> logged = ServedCostsOfLog(records, model.n_layers());
-    if (logged.ok()) {
-      StatusOr<std::unique_ptr<model::cost::CostModel>> made = model::cost::MakeServedCostModel(model.config(), *logged);
-      if (made.ok()) {
-        *served = *std::move(made);
-      } else {
-        Log(options, "msg=\"logged costs unusable\" error=\"" + std::string(made.status().message()) + "\"");
-      }
-    } else if (logged.status().code() != StatusCode::kNotFound) {
-      Log(options, "msg=\"logged costs unusable\" error=\"" + std::string(logged.status().message()) + "\"");
+    StatusOr<std::unique_ptr<model::cost::CostModel>> made = ServedCostModelOfLog(records, model);
+    if (made.ok()) {
+      *served = *std::move(made);
+    } else if (made.status().code() != StatusCode::kNotFound) {
+      Log(options, "msg=\"logged costs unusable\" error=\"" + std::string(made.status().message()) + "\"");
     }
   }
   const model::cost::CostModel& pricing = *served ? **served : fallback;

@@ -44,6 +44,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -133,6 +134,27 @@ StatusOr<ShadowTrace> TraceLoggedRequest(const model::LlamaModel& model, const l
 // profiles' draft table is not L + 1 entries (MakeServedCostModel).
 StatusOr<model::cost::ServedStepCosts> ServedCostsOfLog(const std::vector<lede::v1::RequestRecord>& records,
                                                   int64_t n_layers);
+
+// The served cost model (shared/model/cost/cost_model.h MakeServedCostModel,
+// name "served") of the step costs logged in `records` (ServedCostsOfLog),
+// for `model`. The one place that turns a request log into prices: the
+// request-log trainer and the td trainer (trainer/retrain.h) both price
+// with it. Errors: kNotFound when no record carries a profile that can
+// price (its message names measured_costs); kInvalidArgument when the
+// profile does not fit the model (ServedCostsOfLog, MakeServedCostModel);
+// kFailedPrecondition from MakeServedCostModel for costs with nothing to
+// price a round with.
+StatusOr<std::unique_ptr<model::cost::CostModel>> ServedCostModelOfLog(const std::vector<lede::v1::RequestRecord>& records,
+                                                                 const model::LlamaModel& model);
+
+// ServedCostModelOfLog of the records of `model` (by architecture
+// fingerprint) in the request log under `prefix` of `store`; truncated or
+// corrupt shards contribute their good records. Errors: those of
+// ServedCostModelOfLog (kNotFound also when the log is empty or absent)
+// and those of the store's List().
+StatusOr<std::unique_ptr<model::cost::CostModel>> ReadServedCostModel(storage::ObjectStore& store,
+                                                                const std::string& prefix,
+                                                                const model::LlamaModel& model);
 
 // One run (see the file comment). Rewards and replays are priced with the
 // logged measured costs (ServedCostsOfLog, MakeServedCostModel) when

@@ -1,283 +1,46 @@
 #include "trainer/retrain.h"
 
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <limits>
 #include <cstdio>
-#include <cstring>
-#include <ctime>
 #include <filesystem>
-#include <fstream>
-#include <map>
-#include <optional>
+#include <functional>
 #include <utility>
 
 #include "policy/dqn/artifact.h"
 #include "policy/dqn/artifact_store.h"
 #include "policy/dqn/dqn_exit_controller.h"
-#include "policy/dqn/method_factory.h"
 #include "policy/dqn/q_network.h"
-#include "shared/file/file.h"
-#include "shared/model/cost/cost_model.h"
-#include "shared/model/decoding.h"
-#include "shared/model/llama.h"
-#include "shared/speculation/method.h"
-#include "shared/status/status_macros.h"
-#include "shared/storage/object_store.h"
-#include "shared/tokenizer/model_files.h"
-#include "shared/tokenizer/tokenizer.h"
-#include "trainer/exit_eval.h"
-#include "trainer/policy_root_lock.h"
-#include "trainer/heldout_split.h"
 #include "shared/experience/experience.h"
 #include "shared/experience/request_log.h"
+#include "shared/file/file.h"
+#include "shared/model/cost/cost_model.h"
+#include "shared/model/llama.h"
+#include "shared/status/status_macros.h"
+#include "shared/storage/object_store.h"
+#include "trainer/internal/retrain_run.h"
+#include "trainer/policy_root_lock.h"
 #include "trainer/request_retrain.h"
 
 namespace lede::trainer {
 namespace {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
-using experience::Transition;
-
-constexpr char kStateFormat[] = "lede-retrain-state-v1";
-constexpr char kReportFormat[] = "lede-retrain-report-v1";
-constexpr char kExploreMarker[] = "+eps=";
-
-std::string UtcNow(const char* format) {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[48];
-  std::strftime(buf, sizeof(buf), format, &tm);
-  return buf;
-}
-
-bool IsExploration(const std::string& version) { return version.find(kExploreMarker) != std::string::npos; }
-
-// The folder form of a key prefix ("" stays "", "a" becomes "a/").
-std::string FolderPrefix(const std::string& prefix) {
-  if (prefix.empty() || prefix.back() == '/') return prefix;
-  return prefix + "/";
-}
-
-json OfflineJson(const OfflinePolicyMetrics& m) {
-  json j = json::object();
-  for (const auto& [name, value] : OfflineMetricFields(m)) j[name] = value;
-  return j;
-}
-
-double Number(const json& j, const char* key) {
-  const auto it = j.find(key);
-  return it != j.end() && it->is_number() ? it->get<double>() : std::nan("");
-}
-
-// Held-out prompts of a .jsonl file ("prompt", "text" or "input" fields).
-StatusOr<std::vector<std::vector<int32_t>>> LoadPrompts(const std::string& path, const tokenizer::Tokenizer& tok,
-                                                        int64_t skip, int64_t count) {
-  std::ifstream in(path);
-  if (!in) return NotFoundError("cannot read prompt file " + path);
-  std::vector<std::vector<int32_t>> prompts;
-  std::string line;
-  int64_t index = 0;
-  while (std::getline(in, line) && static_cast<int64_t>(prompts.size()) < count) {
-    if (line.empty()) continue;
-    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object()) return InvalidArgumentError(path + ": a line is not a JSON object");
-    if (index++ < skip) continue;
-    std::string text;
-    for (const char* key : {"prompt", "text", "input"}) {
-      if (j.contains(key) && j[key].is_string()) {
-        text = j[key].get<std::string>();
-        break;
-      }
-    }
-    if (text.empty()) continue;
-    LEDE_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok.Encode(text, true, false));
-    prompts.push_back(std::move(ids));
-  }
-  if (prompts.empty()) {
-    return InvalidArgumentError(path + ": no prompt from line " + std::to_string(skip) + " on");
-  }
-  return prompts;
-}
-
-// Restores libtorch's intra-op thread count on scope exit.
-class ThreadCountGuard {
- public:
-  explicit ThreadCountGuard(int n) : previous_(at::get_num_threads()) {
-    if (n > 0) at::set_num_threads(n);
-  }
-  ~ThreadCountGuard() { at::set_num_threads(previous_); }
-
- private:
-  int previous_;
-};
-
-}  // namespace
-
-const char* RetrainDecisionName(RetrainDecision decision) {
-  switch (decision) {
-    case RetrainDecision::kNoNewData:
-      return "no_new_data";
-    case RetrainDecision::kPublished:
-      return "published";
-    case RetrainDecision::kRejected:
-      return "rejected";
-  }
-  return "unknown";
-}
-
-StatusOr<RetrainState> ReadRetrainState(const std::string& path) {
-  RetrainState state;
-  std::error_code ec;
-  if (!fs::exists(path, ec)) return state;
-  StatusOr<std::string> text = file::ReadFile(path);
-  if (!text.ok()) return InternalError("retrain state " + path + ": " + std::string(text.status().message()));
-  const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return InvalidArgumentError("retrain state " + path + ": not a JSON object");
-  if (j.value("format", std::string()) != kStateFormat) {
-    return InvalidArgumentError("retrain state " + path + ": format is not " + std::string(kStateFormat));
-  }
-  try {
-    for (const json& k : j.value("processed_shards", json::array())) state.processed_shards.insert(k.get<std::string>());
-    state.last_version = j.value("last_version", std::string());
-    state.last_decision = j.value("last_decision", std::string());
-    state.last_run_utc = j.value("last_run_utc", std::string());
-    state.runs = j.value("runs", int64_t{0});
-    state.published = j.value("published", int64_t{0});
-  } catch (const json::exception& e) {
-    return InvalidArgumentError("retrain state " + path + ": " + e.what());
-  }
-  return state;
-}
-
-Status WriteRetrainState(const std::string& path, const RetrainState& state) {
-  json j = {{"format", kStateFormat},
-            {"processed_shards", state.processed_shards},
-            {"last_version", state.last_version},
-            {"last_decision", state.last_decision},
-            {"last_run_utc", state.last_run_utc},
-            {"runs", state.runs},
-            {"published", state.published}};
-  const fs::path parent = fs::path(path).parent_path();
-  std::error_code ec;
-  if (!parent.empty()) fs::create_directories(parent, ec);
-  return file::WriteFileAtomically(path, j.dump(2) + "\n");
-}
-
-// --- the replay evaluation's engine ---------------------------------------------
-
-namespace {
-
-// What one RunOnce() gathers, step by step (the numbered steps below).
-struct RetrainRun {
-  // 1. shards under the prefix (List's order), split by the state checkpoint
-  std::string prefix;
-  std::vector<std::string> keys, new_keys, old_keys;
-  // 3. the replay window and what reading it found
-  std::vector<Transition> window;
-  std::vector<std::string> used_keys, window_sorted;
-  int64_t n_read = 0, n_bad_shards = 0, n_new_bad_shards = 0, other_model = 0, other_cost = 0, n_new = 0;
-  int64_t n_new_other_model_shards = 0;  // new shards with records of another model
-  json bad_shards = json::array();
-  // 4. the held-out split
-  std::vector<Transition> train, held;
-  std::string split_unit = "request";
-  // 5-6. training and evaluation
-  DqnOptions dqn;
-  json epochs = json::array();
-  std::optional<DqnResult> trained;  // DqnResult has no empty state
-  OfflinePolicyMetrics off_serving, off_candidate;
-  json replay;
-  // 7. the decision
-  std::string metric_name = "heldout_matched_return";
-  double cand_metric = 0, serv_metric = 0;
-  bool publish = false;
-};
+using internal::FolderPrefix;
+using internal::ReserveCandidateVersion;
+using internal::RetrainRun;
+using internal::UtcNow;
 
 }  // namespace
 
 struct Retrainer::Impl {
   std::unique_ptr<storage::ObjectStore> store;
   std::unique_ptr<storage::ObjectStore> policy_store;  // null: policy_root alone
-  // Replay (lazily loaded on the first run that needs it).
+  // The request trainer's model (lazily loaded on the first run that needs it).
   std::shared_ptr<const model::LlamaModel> model;
-  std::unique_ptr<model::Engine> engine;
-  std::vector<std::vector<int32_t>> prompts;
-  std::map<std::string, std::unique_ptr<model::cost::CostModel>> cost_models;  // by name
-
-  // 6b of RunOnce(): replays held-out prompts through the in-process engine
-  // (autoregressive, the serving policy, the candidate); the decision metric
-  // becomes the predicted speed-up under the reward's cost model.
-  Status ReplayCandidate(const RetrainOptions& o, const policy::dqn::PolicyMetadata& smeta,
-                         policy::dqn::Artifact* candidate, RetrainRun* run);
-
-  Status LoadReplay(const RetrainOptions& o, const speculation::DecisionSpec& spec) {
-    if (engine != nullptr) return OkStatus();
-    LEDE_ASSIGN_OR_RETURN(std::string tok_path, tokenizer::FindTokenizerFile(o.model_dir));
-    LEDE_ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok, tokenizer::LoadTokenizer(tok_path));
-    LEDE_ASSIGN_OR_RETURN(prompts, LoadPrompts(o.eval_prompts, *tok, o.eval_prompt_skip, o.eval_prompt_count));
-    model::ModelOptions f32;
-    f32.weights = model::loaders::WeightFormat::kF32;  // trained in float32, whatever the file stores
-    LEDE_ASSIGN_OR_RETURN(auto loaded, model::LlamaModel::Load(o.model_dir, f32));
-    std::shared_ptr<const model::LlamaModel> m = std::move(loaded);
-    model::KvCacheOptions ko;
-    ko.max_draft_len = std::max<int64_t>(16, spec.max_draft_len);
-    LEDE_ASSIGN_OR_RETURN(engine, model::Engine::Create(m, ko));
-    model = m;
-    {  // Warm-up, so the first measured tokens/s is not a cold start.
-      model::GenerateOptions warm;
-      warm.max_new_tokens = 8;
-      LEDE_RETURN_IF_ERROR(engine->Generate(prompts.front(), warm).status());
-    }
-    cost_models["accelerator"] = model::cost::MakeAcceleratorCostModel(model->config());
-    std::string calibration = o.calibration;
-    if (calibration.empty() && fs::exists(fs::path(o.model_dir) / "calibration-cpu.json")) {
-      calibration = (fs::path(o.model_dir) / "calibration-cpu.json").string();
-    }
-    if (!calibration.empty()) {
-      LEDE_ASSIGN_OR_RETURN(model::cost::Calibration cal, model::cost::ReadCalibrationFile(calibration));
-      cost_models["measured"] = model::cost::MakeMeasuredCostModel(cal);
-    }
-    return OkStatus();
-  }
-
-  // Greedy generation of every held-out prompt with `controller` (null:
-  // autoregressive), summarized.
-  StatusOr<json> Replay(const RetrainOptions& o, const std::shared_ptr<const policy::dqn::QNetwork>& network,
-                        const policy::dqn::PolicyMetadata* meta) {
-    model::GenerateOptions g;
-    g.max_new_tokens = o.eval_new_tokens;
-    ControllerFactory factory;
-    if (network != nullptr) {
-      LEDE_ASSIGN_OR_RETURN(
-          policy::dqn::MethodPlan plan,
-          policy::dqn::PlanTrainedPolicy(std::make_shared<const policy::dqn::Artifact>(policy::dqn::Artifact{*meta, *network}),
-                                         static_cast<int32_t>(model->n_layers())));
-      g.mode = plan.mode;
-      g.decision_spec = plan.decision_spec;
-      factory = [plan](int64_t) { return plan.MakeController(); };
-    }
-    ThreadCountGuard threads(o.eval_threads);
-    LEDE_ASSIGN_OR_RETURN(PromptTotals t, RunPrompts(*engine, prompts, g, factory, nullptr));
-    json j = {{"tokens", t.tokens},
-              {"rounds", static_cast<int64_t>(t.rounds.size())},
-              {"drafted", t.drafted},
-              {"accepted", t.accepted},
-              {"acceptance_rate", t.acceptance()},
-              {"tokens_per_round", t.tokens_per_round()},
-              {"mean_exit_layer", t.mean_exit()},
-              {"mean_draft_length", t.mean_draft()},
-              {"tokens_per_s", t.tokens_per_s()}};
-    for (const auto& [name, cm] : cost_models) {
-      j["predicted_speedup_" + name] = network != nullptr ? cm->PredictedSpeedup(t.rounds) : 1.0;
-    }
-    return j;
-  }
+  // The td trainer's replay evaluation (step 6b).
+  internal::ReplayEvaluator replay;
 };
 
 Retrainer::Retrainer(RetrainOptions options) : options_(std::move(options)), impl_(std::make_unique<Impl>()) {}
@@ -365,311 +128,6 @@ Status Retrainer::PushStateToPolicyStore() {
 std::string Retrainer::state_path() const {
   if (!options_.state_path.empty()) return options_.state_path;
   return (fs::path(options_.policy_root) / kRetrainStateFile).string();
-}
-
-namespace {
-
-// 1. The experience shards under `prefix`, new (not in `state`) and old.
-Status ListShards(storage::ObjectStore& store, const RetrainState& state, RetrainRun* run) {
-  LEDE_ASSIGN_OR_RETURN(std::vector<storage::ObjectInfo> listed, store.List(run->prefix));
-  const size_t suffix = std::strlen(experience::kShardSuffix);
-  for (const storage::ObjectInfo& info : listed) {
-    const std::string& k = info.key;
-    if (k.size() >= suffix && k.compare(k.size() - suffix, std::string::npos, experience::kShardSuffix) == 0) {
-      run->keys.push_back(k);
-    }
-  }
-  for (const std::string& k : run->keys) {
-    (state.processed_shards.count(k) ? run->old_keys : run->new_keys).push_back(k);
-  }
-  return OkStatus();
-}
-
-// 2-3. The replay window, most recent first (new shards, then old ones), read
-// and filtered to the serving policy's model and reward cost model.
-void ReadWindow(storage::ObjectStore& store, const RetrainOptions& o, const policy::dqn::PolicyMetadata& smeta,
-                RetrainRun* run) {
-  std::vector<std::string> order(run->new_keys.rbegin(), run->new_keys.rend());
-  order.insert(order.end(), run->old_keys.rbegin(), run->old_keys.rend());
-  if (static_cast<int64_t>(order.size()) > o.window_shards) order.resize(static_cast<size_t>(o.window_shards));
-  const std::set<std::string> new_set(run->new_keys.begin(), run->new_keys.end());
-  for (const std::string& key : order) {
-    if (static_cast<int64_t>(run->window.size()) >= o.window_transitions) break;
-    std::vector<Transition> ts;
-    const bool is_new = new_set.count(key) > 0;
-    StatusOr<std::string> bytes = store.Get(key);
-    if (!bytes.ok()) {
-      ++run->n_bad_shards;
-      run->n_new_bad_shards += is_new ? 1 : 0;
-      run->bad_shards.push_back({{"key", key}, {"error", bytes.status().ToString()}});
-      continue;
-    }
-    const experience::ShardReport report = experience::DecodeShard(*bytes, key, &ts);
-    if (!report.error.empty()) {
-      ++run->n_bad_shards;
-      run->n_new_bad_shards += is_new ? 1 : 0;
-      run->bad_shards.push_back({{"key", key}, {"records", report.records}, {"error", report.error}});
-    }
-    run->used_keys.push_back(key);
-    run->n_read += static_cast<int64_t>(ts.size());
-    const auto other = std::find_if(ts.begin(), ts.end(), [&](const Transition& t) {
-      return t.model_fingerprint != smeta.model_fingerprint;
-    });
-    if (other != ts.end() && is_new) {
-      ++run->n_new_other_model_shards;
-      if (o.log) {
-        o.log("msg=\"experience shard of another model: its records are filtered\" shard=" + key +
-              " model_fingerprint=\"" + other->model_fingerprint + "\" serving_model_fingerprint=\"" +
-              smeta.model_fingerprint + "\"");
-      }
-    }
-    for (Transition& t : ts) {
-      if (t.model_fingerprint != smeta.model_fingerprint) {
-        ++run->other_model;
-      } else if (t.reward_cost_model != smeta.reward_cost_model) {
-        ++run->other_cost;
-      } else {
-        run->n_new += is_new ? 1 : 0;
-        run->window.push_back(std::move(t));
-        if (static_cast<int64_t>(run->window.size()) >= o.window_transitions) break;
-      }
-    }
-  }
-  run->window_sorted = run->used_keys;
-  std::sort(run->window_sorted.begin(), run->window_sorted.end());
-}
-
-// Per behaviour policy version: transitions, requests, whether it explored.
-json BehaviourVersions(const std::vector<Transition>& window, const std::string& serving_version) {
-  json behaviour = json::object();
-  std::map<std::string, std::set<std::string>> requests;
-  std::map<std::string, int64_t> counts;
-  for (const Transition& t : window) {
-    ++counts[t.policy_version];
-    requests[t.policy_version].insert(t.request_id);
-  }
-  for (const auto& [v, n] : counts) {
-    behaviour[v] = {{"transitions", n},
-                    {"requests", static_cast<int64_t>(requests[v].size())},
-                    {"exploration", IsExploration(v)},
-                    {"serving", v == serving_version}};
-  }
-  return behaviour;
-}
-
-// 4. Split by request (by episode when that leaves a side empty).
-Status SplitHeldOut(double fraction, RetrainRun* run) {
-  auto split = [&](bool by_request) {
-    run->train.clear();
-    run->held.clear();
-    for (const Transition& t : run->window) {
-      const std::string unit = by_request ? t.request_id : t.request_id + "/" + std::to_string(t.round_index);
-      (IsHeldOut(unit, fraction) ? run->held : run->train).push_back(t);
-    }
-  };
-  split(true);
-  if (run->train.empty() || run->held.empty()) {
-    split(false);
-    run->split_unit = "episode";
-  }
-  if (run->train.empty() || run->held.empty()) {
-    return FailedPreconditionError("too little experience to hold some out: " + std::to_string(run->window.size()) +
-                                   " transitions");
-  }
-  return OkStatus();
-}
-
-// The candidate's name, reserved (policy_root_lock.h) so that no other
-// writer of the root takes it: "<prefix>-<n+1>" after the highest one in
-// the policy root, its candidates or the reservations, or "r<UTC time>"
-// ("-2", "-3", ... when taken) without a prefix.
-StatusOr<VersionReservation> ReserveCandidateVersion(const RetrainOptions& o) {
-  auto taken = [&](const std::string& v) {
-    std::error_code ec;
-    return fs::exists(fs::path(o.policy_root) / v, ec) || fs::exists(fs::path(o.policy_root) / kCandidatesDir / v, ec);
-  };
-  if (o.version_prefix.empty()) {
-    const std::string base = "r" + UtcNow("%Y%m%d-%H%M%S");
-    return ReserveVersionName(
-        o.policy_root, [&](int attempt) { return attempt == 0 ? base : base + "-" + std::to_string(attempt + 1); },
-        taken);
-  }
-  int64_t n = 0;
-  const std::string head = o.version_prefix + "-";
-  std::error_code ec;
-  for (const fs::path& dir : {fs::path(o.policy_root), fs::path(o.policy_root) / kCandidatesDir,
-                              fs::path(o.policy_root) / kReservedVersionsDir}) {
-    for (const auto& entry : fs::directory_iterator(dir, ec)) {
-      const std::string name = entry.path().filename().string();
-      if (name.compare(0, head.size(), head) != 0) continue;
-      const std::string tail = name.substr(head.size());
-      if (!tail.empty() && tail.size() < 18 && std::all_of(tail.begin(), tail.end(), ::isdigit)) {
-        n = std::max<int64_t>(n, std::stoll(tail));
-      }
-    }
-  }
-  return ReserveVersionName(
-      o.policy_root, [&](int attempt) { return o.version_prefix + "-" + std::to_string(n + 1 + attempt); }, taken);
-}
-
-// The candidate artifact: the fine-tuned network, the serving policy's
-// model, decision spec and cost model, its data and offline metrics.
-policy::dqn::Artifact MakeCandidate(const RetrainRun& run, const policy::dqn::PolicyMetadata& smeta,
-                                    const std::string& version) {
-  policy::dqn::PolicyMetadata meta;
-  meta.version = version;
-  meta.model_fingerprint = smeta.model_fingerprint;
-  meta.decision = smeta.decision;
-  meta.reward_cost_model = smeta.reward_cost_model;
-  meta.training_data.first_shard = run.window_sorted.front();
-  meta.training_data.last_shard = run.window_sorted.back();
-  meta.training_data.n_shards = static_cast<int64_t>(run.window_sorted.size());
-  meta.training_data.n_bad_shards = run.n_bad_shards;
-  policy::dqn::Artifact candidate = MakeArtifact(*run.trained, run.dqn, meta);
-  const OfflinePolicyMetrics& off = run.off_candidate;
-  candidate.metadata.training_data.n_heldout_transitions = off.n_transitions;
-  candidate.metadata.training_data.n_heldout_episodes = off.n_episodes;
-  AddOfflineMetrics(off, "heldout_", &candidate.metadata.offline_metrics);
-  return candidate;
-}
-
-// The retrain report (retrain_report.json, kReportFormat) of a decided run.
-json RetrainReport(const RetrainRun& run, const RetrainOptions& o, const RetrainOutcome& out,
-                   const policy::dqn::PolicyMetadata& smeta, const std::string& store_url) {
-  std::set<std::string> train_requests, held_requests;
-  for (const Transition& t : run.train) train_requests.insert(t.request_id);
-  for (const Transition& t : run.held) held_requests.insert(t.request_id);
-  int64_t n_explore = 0;
-  for (const Transition& t : run.window) n_explore += IsExploration(t.policy_version) ? 1 : 0;
-  const DqnOptions& dqn = run.dqn;
-  const json data = {
-      {"experience_url", store_url},
-      {"prefix", run.prefix},
-      {"n_shards_listed", static_cast<int64_t>(run.keys.size())},
-      {"n_new_shards", static_cast<int64_t>(run.new_keys.size())},
-      {"first_new_shard", run.new_keys.front()},
-      {"last_new_shard", run.new_keys.back()},
-      {"window", {{"n_shards", static_cast<int64_t>(run.used_keys.size())},
-                  {"first_shard", run.window_sorted.front()},
-                  {"last_shard", run.window_sorted.back()},
-                  {"max_shards", o.window_shards},
-                  {"max_transitions", o.window_transitions}}},
-      {"bad_shards", run.bad_shards},
-      {"n_transitions_read", run.n_read},
-      {"filtered_other_model", run.other_model},
-      {"new_other_model_shards", run.n_new_other_model_shards},
-      {"filtered_other_cost_model", run.other_cost},
-      {"n_transitions", static_cast<int64_t>(run.window.size())},
-      {"n_new_transitions", run.n_new},
-      {"model_fingerprint", smeta.model_fingerprint},
-      {"reward_cost_model", smeta.reward_cost_model},
-      {"split", {{"unit", run.split_unit},
-                 {"heldout_fraction", o.heldout_fraction},
-                 {"train_transitions", static_cast<int64_t>(run.train.size())},
-                 {"train_requests", static_cast<int64_t>(train_requests.size())},
-                 {"heldout_transitions", static_cast<int64_t>(run.held.size())},
-                 {"heldout_requests", static_cast<int64_t>(held_requests.size())}}},
-      {"behaviour_versions", BehaviourVersions(run.window, smeta.version)},
-      {"exploration_transitions", n_explore},
-      {"greedy_transitions", static_cast<int64_t>(run.window.size()) - n_explore}};
-  const json training = {{"warm_start", smeta.version},
-                         {"epochs", dqn.epochs},
-                         {"lr", dqn.lr},
-                         {"batch_size", dqn.batch_size},
-                         {"gamma", dqn.gamma},
-                         {"n_step", dqn.n_step},
-                         {"seed", dqn.seed},
-                         {"n_train_transitions", run.trained->n_train_transitions},
-                         {"n_dropped", run.trained->n_dropped},
-                         {"n_duplicates", run.trained->n_duplicates},
-                         {"per_epoch", run.epochs}};
-  return {{"format", kReportFormat},
-          {"created_utc", UtcNow("%Y-%m-%dT%H:%M:%SZ")},
-          {"decision", RetrainDecisionName(out.decision)},
-          {"reason", out.reason},
-          {"serving_version", smeta.version},
-          {"candidate_version", out.candidate_version},
-          {"artifact_dir", out.artifact_dir},
-          {"decision_metric", run.metric_name},
-          {"publish_margin", std::isfinite(o.publish_margin) ? json(o.publish_margin)
-                                                             : json(o.publish_margin > 0 ? "inf" : "-inf")},
-          {"candidate_metric", run.cand_metric},
-          {"serving_metric", run.serv_metric},
-          {"improvement", run.cand_metric - run.serv_metric},
-          {"data", data},
-          {"off_policy",
-           "Q-learning targets use max_a Q_target(s', a), so transitions of any behaviour policy (the serving "
-           "version's greedy and epsilon-exploration records, older versions) are valid samples and all are "
-           "kept; records of other models or reward cost models are filtered; n-step returns (n = " +
-               std::to_string(dqn.n_step) +
-               ") follow the behaviour actions uncorrected; recency is bounded by the replay window"},
-          {"training", training},
-          {"offline", {{"serving", OfflineJson(run.off_serving)}, {"candidate", OfflineJson(run.off_candidate)}}},
-          {"replay", run.replay}};
-}
-
-// 8. The state checkpoint: every new shard has been trained on now; keys no
-// longer in the store are forgotten.
-RetrainState NextState(const RetrainState& state, const RetrainRun& run, const RetrainOutcome& out) {
-  RetrainState next;
-  const std::set<std::string> listed_set(run.keys.begin(), run.keys.end());
-  for (const std::string& k : state.processed_shards) {
-    if (listed_set.count(k)) next.processed_shards.insert(k);
-  }
-  next.processed_shards.insert(run.new_keys.begin(), run.new_keys.end());
-  next.last_version = out.candidate_version;
-  next.last_decision = RetrainDecisionName(out.decision);
-  next.last_run_utc = UtcNow("%Y-%m-%dT%H:%M:%SZ");
-  next.runs = state.runs + 1;
-  next.published = state.published + (run.publish ? 1 : 0);
-  return next;
-}
-
-}  // namespace
-
-Status Retrainer::Impl::ReplayCandidate(const RetrainOptions& o, const policy::dqn::PolicyMetadata& smeta,
-                                        policy::dqn::Artifact* candidate, RetrainRun* run_ptr) {
-  RetrainRun& run = *run_ptr;
-  LEDE_RETURN_IF_ERROR(LoadReplay(o, smeta.decision));
-  if (cost_models.count(smeta.reward_cost_model) == 0) {
-    return FailedPreconditionError("replay: no '" + smeta.reward_cost_model +
-                                   "' cost model (the reward's); give its calibration");
-  }
-  if (model->config().ArchitectureFingerprint() != smeta.model_fingerprint) {
-    return FailedPreconditionError("replay: model " + o.model_dir + " is not the policy's model " +
-                                   smeta.model_fingerprint);
-  }
-  auto cand_net = std::make_shared<const policy::dqn::QNetwork>(candidate->network);
-  LEDE_ASSIGN_OR_RETURN(json ar, Replay(o, nullptr, nullptr));
-  LEDE_ASSIGN_OR_RETURN(json rs, Replay(o, run.dqn.initial_network, &smeta));
-  LEDE_ASSIGN_OR_RETURN(json rc, Replay(o, cand_net, &candidate->metadata));
-  const double ar_tps = Number(ar, "tokens_per_s");
-  for (json* j : {&rs, &rc}) {
-    (*j)["predicted_speedup"] = (*j)["predicted_speedup_" + smeta.reward_cost_model];
-    (*j)["measured_speedup"] = Number(*j, "tokens_per_s") / std::max(1e-9, ar_tps);
-  }
-  run.replay = {{"prompts", static_cast<int64_t>(prompts.size())},
-                {"prompt_file", o.eval_prompts},
-                {"prompt_skip", o.eval_prompt_skip},
-                {"new_tokens", o.eval_new_tokens},
-                {"cost_model", smeta.reward_cost_model},
-                {"autoregressive", {{"tokens_per_s", ar_tps}}},
-                {"serving", rs},
-                {"candidate", rc}};
-  run.metric_name = "replay_predicted_speedup";
-  run.cand_metric = Number(rc, "predicted_speedup");
-  run.serv_metric = Number(rs, "predicted_speedup");
-  std::map<std::string, double>& om = candidate->metadata.offline_metrics;
-  om["replay_predicted_speedup"] = run.cand_metric;
-  om["replay_acceptance_rate"] = Number(rc, "acceptance_rate");
-  om["replay_tokens_per_round"] = Number(rc, "tokens_per_round");
-  om["replay_tokens_per_s"] = Number(rc, "tokens_per_s");
-  if (o.log) {
-    o.log("replay (" + std::to_string(prompts.size()) + " prompts x " + std::to_string(o.eval_new_tokens) +
-          " tokens): predicted speed-up serving " + std::to_string(run.serv_metric) + " candidate " +
-          std::to_string(run.cand_metric));
-  }
-  return OkStatus();
 }
 
 namespace {
@@ -848,11 +306,6 @@ StatusOr<RetrainOutcome> Retrainer::RunOnce() {
 
 StatusOr<RetrainOutcome> Retrainer::RunOnceLocked() {
   const RetrainOptions& o = options_;
-  auto log = [&o](const std::string& line) {
-    if (o.log) o.log(line);
-  };
-  RetrainOutcome out;
-
   LEDE_RETURN_IF_ERROR(PullFromPolicyStore());
   // The serving policy: the warm start, the baseline, and what the data must match.
   StatusOr<policy::dqn::Artifact> serving = policy::dqn::LoadServingArtifact(o.policy_root);
@@ -860,17 +313,27 @@ StatusOr<RetrainOutcome> Retrainer::RunOnceLocked() {
     return FailedPreconditionError("policy root " + o.policy_root + " has no loadable SERVING version: " +
                                    serving.status().ToString());
   }
-  const policy::dqn::PolicyMetadata& smeta = serving->metadata;
-  out.serving_version = smeta.version;
   LEDE_ASSIGN_OR_RETURN(RetrainState state, ReadRetrainState(state_path()));
-
   LEDE_ASSIGN_OR_RETURN(bool use_requests, UsesRequestLog(*impl_->store, o));
   if (use_requests) return RunOnceOnRequests(*serving, std::move(state));
+  return RunOnceOnTransitions(*serving, state);
+}
+
+// Steps 1-6 of the td trainer (the file comment of retrain.h).
+StatusOr<RetrainOutcome> Retrainer::RunOnceOnTransitions(const policy::dqn::Artifact& serving,
+                                                         const RetrainState& state) {
+  const RetrainOptions& o = options_;
+  auto log = [&o](const std::string& line) {
+    if (o.log) o.log(line);
+  };
+  const policy::dqn::PolicyMetadata& smeta = serving.metadata;
+  RetrainOutcome out;
+  out.serving_version = smeta.version;
 
   // 1. New shards.
   RetrainRun run;
   run.prefix = FolderPrefix(o.experience_prefix);
-  LEDE_RETURN_IF_ERROR(ListShards(*impl_->store, state, &run));
+  LEDE_RETURN_IF_ERROR(internal::ListShards(*impl_->store, state, &run));
   out.n_new_shards = static_cast<int64_t>(run.new_keys.size());
   if (run.new_keys.empty()) {
     out.reason = "no new shards under '" + run.prefix + "' (" + std::to_string(run.keys.size()) +
@@ -879,8 +342,14 @@ StatusOr<RetrainOutcome> Retrainer::RunOnceLocked() {
     return out;
   }
 
-  // 2-3. The replay window: read and filter (model, reward cost model).
-  ReadWindow(*impl_->store, o, smeta, &run);
+  // 2-3. The replay window: read and filter (model, reward cost model). A
+  // policy priced by the deployment's served costs takes the transitions of
+  // the other cost models too, re-priced with the costs the request log
+  // carries (trainer/retrain_pricing.h).
+  const bool served = smeta.reward_cost_model == internal::kServedCostModel;
+  if (served) LEDE_RETURN_IF_ERROR(impl_->replay.LoadServedCosts(o, *impl_->store, smeta, &run));
+  internal::ReadWindow(*impl_->store, o, smeta, &run);
+  if (served) LEDE_RETURN_IF_ERROR(impl_->replay.RepriceWindow(smeta, &run));
   out.n_new_transitions = run.n_new;
   out.n_bad_shards = run.n_new_bad_shards;
   out.n_other_model_shards = run.n_new_other_model_shards;
@@ -899,12 +368,12 @@ StatusOr<RetrainOutcome> Retrainer::RunOnceLocked() {
       std::to_string(run.other_cost) + " under other cost models)");
 
   // 4. Split by request (by episode when that leaves a side empty).
-  LEDE_RETURN_IF_ERROR(SplitHeldOut(o.heldout_fraction, &run));
+  LEDE_RETURN_IF_ERROR(internal::SplitHeldOut(o.heldout_fraction, &run));
 
   // 5. Warm start and fine-tune.
   run.dqn = o.dqn;
-  run.dqn.hidden = serving->network.hidden();
-  run.dqn.initial_network = std::make_shared<const policy::dqn::QNetwork>(serving->network);
+  run.dqn.hidden = serving.network.hidden();
+  run.dqn.initial_network = std::make_shared<const policy::dqn::QNetwork>(serving.network);
   const auto train_start = std::chrono::steady_clock::now();
   LEDE_ASSIGN_OR_RETURN(run.trained, TrainDqn(run.train, run.dqn, [&](const DqnEpochReport& r) {
                           run.epochs.push_back({{"epoch", r.epoch}, {"td_loss", r.td_loss},
@@ -916,19 +385,29 @@ StatusOr<RetrainOutcome> Retrainer::RunOnceLocked() {
       std::to_string(run.dqn.epochs) + " epochs, lr " + std::to_string(run.dqn.lr) + ")");
 
   // 6a. Offline, on the held-out transitions; 6b. replay through the engine.
-  LEDE_ASSIGN_OR_RETURN(run.off_serving, EvaluateOffline(serving->network, run.held, run.dqn));
+  LEDE_ASSIGN_OR_RETURN(run.off_serving, EvaluateOffline(serving.network, run.held, run.dqn));
   LEDE_ASSIGN_OR_RETURN(run.off_candidate, EvaluateOffline(run.trained->network, run.held, run.dqn));
   LEDE_ASSIGN_OR_RETURN(VersionReservation reserved, ReserveCandidateVersion(o));
-  const std::string& version = reserved.name();
-  policy::dqn::Artifact candidate = MakeCandidate(run, smeta, version);
+  policy::dqn::Artifact candidate = internal::MakeCandidate(run, smeta, reserved.name());
   run.cand_metric = run.off_candidate.matched_return;
   run.serv_metric = run.off_serving.matched_return;
   if (!o.model_dir.empty() && !o.eval_prompts.empty()) {
-    LEDE_RETURN_IF_ERROR(impl_->ReplayCandidate(o, smeta, &candidate, &run));
+    LEDE_RETURN_IF_ERROR(impl_->replay.ReplayCandidate(o, smeta, &candidate, &run));
   }
+  return DecideAndPublish(smeta, candidate, state, &run, std::move(out));
+}
 
-  // 7. Decide. A metric that cannot be computed (offline: no held-out episode
-  // the policy reproduces) is beaten only by a forced rollout (margin -inf),
+// Steps 7-8: the decision, the candidate saved (and published) with its
+// report, the state checkpoint.
+StatusOr<RetrainOutcome> Retrainer::DecideAndPublish(const policy::dqn::PolicyMetadata& smeta,
+                                                     const policy::dqn::Artifact& candidate,
+                                                     const RetrainState& state, RetrainRun* run_ptr,
+                                                     RetrainOutcome out) {
+  const RetrainOptions& o = options_;
+  RetrainRun& run = *run_ptr;
+  const std::string& version = candidate.metadata.version;
+  // A metric that cannot be computed (offline: no held-out episode the
+  // policy reproduces) is beaten only by a forced rollout (margin -inf),
   // which publishes whatever the numbers.
   const double improvement = run.cand_metric - run.serv_metric;
   const bool forced = std::isinf(o.publish_margin) && o.publish_margin < 0;
@@ -947,7 +426,7 @@ StatusOr<RetrainOutcome> Retrainer::RunOnceLocked() {
   out.artifact_dir = run.publish ? policy::dqn::VersionDir(o.policy_root, version)
                                  : (fs::path(o.policy_root) / kCandidatesDir / version).string();
   out.report_path = (fs::path(out.artifact_dir) / kRetrainReportFile).string();
-  out.report = RetrainReport(run, o, out, smeta, impl_->store->url());
+  out.report = internal::RetrainReport(run, o, out, smeta, impl_->store->url());
 
   // Save (and publish) the candidate with its report.
   LEDE_RETURN_IF_ERROR(policy::dqn::SaveArtifact(out.artifact_dir, candidate));
@@ -957,10 +436,10 @@ StatusOr<RetrainOutcome> Retrainer::RunOnceLocked() {
   }
   // Uploaded before the state moves on: a failed upload retrains these shards next time.
   LEDE_RETURN_IF_ERROR(PushToPolicyStore(out));
-  log(std::string(run.publish ? "published " : "rejected ") + version + ": " + out.reason);
+  if (o.log) o.log(std::string(run.publish ? "published " : "rejected ") + version + ": " + out.reason);
 
   // 8. The state checkpoint.
-  LEDE_RETURN_IF_ERROR(WriteRetrainState(state_path(), NextState(state, run, out)));
+  LEDE_RETURN_IF_ERROR(WriteRetrainState(state_path(), internal::NextState(state, run, out)));
   LEDE_RETURN_IF_ERROR(PushStateToPolicyStore());
   return out;
 }

@@ -25,7 +25,15 @@
 //     (policy_version "<v>+eps=<e>", from `--epsilon` requests) and those of
 //     older versions are all kept. What is *not* comparable is filtered:
 //     records of another model (model_fingerprint) or rewarded under another
-//     cost model (reward_cost_model) than the serving artifact's. The n-step
+//     cost model (reward_cost_model) than the serving artifact's, except for
+//     a serving policy priced by the deployment's own measured costs
+//     (reward_cost_model "served", what the request-log trainer publishes):
+//     the coordinator logs transitions priced by the verifier's configured
+//     cost model, so they are read and re-priced with the step costs the
+//     request log carries (trainer/request_retrain.h ReadServedCostModel,
+//     trainer/retrain_pricing.h), which also price the replay (6b); this
+//     needs model_dir, and a request log with measured_costs (else
+//     kFailedPrecondition). The n-step
 //     targets (n = 3) carry the behaviour policy's next actions uncorrected
 //     (a small bias, as in Rainbow); the replay window bounds how stale the
 //     behaviour policies can be (recency by windowing, not by weights).
@@ -96,6 +104,9 @@
 #include "trainer/policy_root_lock.h"  // IsPolicyRootLocked
 
 namespace lede::trainer {
+namespace internal {
+struct RetrainRun;  // trainer/internal/retrain_run.h
+}  // namespace internal
 
 inline constexpr char kRetrainStateFile[] = "retrain_state.json";
 inline constexpr char kRetrainReportFile[] = "report.json";
@@ -273,7 +284,9 @@ class Retrainer {
   // Errors (the state and SERVING are unchanged): kAborted, with
   // IsPolicyRootLocked() true, when another run holds the policy root's lock
   // (the message names its pid); kFailedPrecondition if the
-  // policy root has no loadable SERVING version (or is not a directory); the store's errors
+  // policy root has no loadable SERVING version (or is not a directory), or
+  // (td trainer) when a served-priced serving policy cannot be priced: no
+  // model_dir, or no usable measured_costs in the request log; the store's errors
   // (kUnavailable, ...) when listing; those of TrainDqn, of the replay
   // (model or prompt loading: kNotFound / kInvalidArgument; the engine) and
   // of SaveArtifact / PublishServingVersion / WriteRetrainState (kInternal);
@@ -299,6 +312,12 @@ class Retrainer {
   Status PushStateToPolicyStore();
   // RunOnce with the counterfactual trainer on the request log.
   StatusOr<RetrainOutcome> RunOnceOnRequests(const policy::dqn::Artifact& serving, RetrainState state);
+  // RunOnce with the td trainer on logged transitions: steps 1-6, then
+  // DecideAndPublish (steps 7-8).
+  StatusOr<RetrainOutcome> RunOnceOnTransitions(const policy::dqn::Artifact& serving, const RetrainState& state);
+  StatusOr<RetrainOutcome> DecideAndPublish(const policy::dqn::PolicyMetadata& smeta,
+                                            const policy::dqn::Artifact& candidate, const RetrainState& state,
+                                            internal::RetrainRun* run, RetrainOutcome out);
   struct Impl;
   RetrainOptions options_;
   std::unique_ptr<Impl> impl_;

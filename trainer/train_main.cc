@@ -206,7 +206,9 @@ void AddRetrainFlags(lede::flags::FlagSet& f, TrainFlags* t) {
         "--policy-root is then local scratch");
   f.Add("state", &ro.state_path, "--once/--watch: state checkpoint (default <policy-root>/retrain_state.json)");
   f.Add("experience-prefix", &ro.experience_prefix, "--once/--watch: key prefix of the shards in the store");
-  f.Add("model", &ro.model_dir, "--once/--watch: model directory for the replay evaluation (empty: offline only)");
+  f.Add("model", &ro.model_dir,
+        "--once/--watch: model directory for the replay evaluation (empty: offline only); td needs it for a "
+        "serving policy priced by the served costs (its transitions are re-priced with the request log's)");
   f.Add("calibration", &ro.calibration, "--once/--watch: measured cost model JSON (default <model>/calibration-cpu.json; with neither, "
         "the request trainer calibrates the model once into <policy-root>/calibration-cpu.json)");
   f.Add("eval-prompts", &ro.eval_prompts, "--once/--watch: held-out prompts (.jsonl) replayed with each policy");

@@ -108,6 +108,78 @@ bool PeerClosed(int fd) {
   return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
+// The SSE events of one response of a streamed generation: the first chunk
+// (`first`: before the first response only), the text delta, and with the
+// summary the final chunk and, with include_usage, the usage chunk.
+std::vector<std::string> StreamEvents(const openai::Request& r, const openai::ResponseMeta& meta,
+                                      const lede::v1::GenerateResponse& g, bool first) {
+  std::vector<std::string> out;
+  if (first) {
+    json head = openai::FirstChunk(r, meta);
+    if (!head.is_null()) out.push_back(openai::SseEvent(head));
+  }
+  if (g.has_delta() && !g.delta().text().empty()) {
+    out.push_back(openai::SseEvent(openai::TextChunk(r, meta, g.delta().text())));
+  }
+  if (g.has_summary()) {
+    out.push_back(openai::SseEvent(openai::FinalChunk(r, meta, g.summary())));
+    if (r.include_usage) out.push_back(openai::SseEvent(openai::UsageChunk(r, meta, g.summary())));
+  }
+  return out;
+}
+
+// Queues `events` for the connection's worker (the generation thread's
+// side), waiting while SseStream::kMaxQueued events wait. Returns false,
+// which cancels the generation, once the client is gone; before the first
+// event that is seen by polling `fd` (the worker is still in the handler).
+bool QueueEvents(SseStream& stream, int fd, std::vector<std::string> events) {
+  absl::MutexLock lock(&stream.mu);
+  // Before the first event the connection's worker is still in the
+  // handler (fd open): a hang-up during the prefill is seen here.
+  if (!stream.started && PeerClosed(fd)) stream.gone = true;
+  const auto room = [&stream] { return stream.events.size() < SseStream::kMaxQueued || stream.gone; };
+  stream.mu.Await(absl::Condition(&room));
+  if (stream.gone) return false;
+  for (std::string& e : events) stream.events.push_back(std::move(e));
+  stream.started = true;
+  return true;
+}
+
+// One call of the chunked content provider (the connection's worker side):
+// waits for events, writes every queued one with the lock released, and
+// once the generation is done writes the tail ([DONE], or the error as an
+// event) and ends the response. Returns false when the client hung up
+// (which cancels the generation) or the stream is gone.
+bool WriteQueuedEvents(SseStream& stream, const openai::Request& request, httplib::DataSink& sink) {
+  stream.mu.Lock();
+  const auto ready = [&stream] { return !stream.events.empty() || stream.done || stream.gone; };
+  stream.mu.Await(absl::Condition(&ready));
+  while (!stream.events.empty()) {
+    std::string e = std::move(stream.events.front());
+    stream.events.pop_front();
+    stream.mu.Unlock();  // the write may block; the generation queues meanwhile
+    const bool ok = sink.write(e.data(), e.size());
+    stream.mu.Lock();
+    if (!ok) {
+      stream.gone = true;  // the client hung up: cancel the generation
+      stream.mu.Unlock();
+      return false;
+    }
+  }
+  if (stream.done) {
+    const std::string tail = stream.status.ok()
+                                 ? std::string(openai::kSseDone)
+                                 : openai::SseEvent(openai::ToApiError(stream.status, &request).ToJson());
+    stream.mu.Unlock();
+    sink.write(tail.data(), tail.size());
+    sink.done();
+    return true;
+  }
+  const bool alive = !stream.gone;
+  stream.mu.Unlock();
+  return alive;
+}
+
 }  // namespace
 
 struct OpenAiServer::Impl {
@@ -144,6 +216,13 @@ struct OpenAiServer::Impl {
   // `fd`: the connection's descriptor (-1 if unknown), polled for a hang-up
   // until the first token; writes notice it afterwards.
   void StartStream(openai::Request request, const openai::ResponseMeta& meta, int fd, httplib::Response& res);
+  // A new stream, counted as a generation thread (the destructor waits for
+  // them) and cancelled at once if the server is stopping.
+  std::shared_ptr<SseStream> OpenStream();
+  // The generation thread of `stream`: runs `r`, queueing its events, then
+  // marks the stream done with the generation's status and forgets it.
+  void RunStreamGeneration(const std::shared_ptr<SseStream>& stream, const openai::Request& r,
+                           const openai::ResponseMeta& meta, int fd);
 };
 
 void OpenAiServer::Impl::HandleGenerate(openai::Endpoint endpoint, const httplib::Request& req,
@@ -184,58 +263,45 @@ void OpenAiServer::Impl::HandleGenerate(openai::Endpoint endpoint, const httplib
   res.set_content(openai::Dump(openai::CompleteResponse(r, meta, text, summary)), kJson);
 }
 
+std::shared_ptr<SseStream> OpenAiServer::Impl::OpenStream() {
+  auto stream = std::make_shared<SseStream>();
+  absl::MutexLock lock(&mu);
+  ++generation_threads;
+  streams.insert(stream);
+  if (stopping) {
+    absl::MutexLock slock(&stream->mu);  // not yet shared: never contended
+    stream->gone = true;
+  }
+  return stream;
+}
+
+void OpenAiServer::Impl::RunStreamGeneration(const std::shared_ptr<SseStream>& stream, const openai::Request& r,
+                                             const openai::ResponseMeta& meta, int fd) {
+  bool first = true;
+  Status s = service->GenerateInProcess(
+      r.generate,
+      [&](const lede::v1::GenerateResponse& g) {
+        std::vector<std::string> events = StreamEvents(r, meta, g, first);
+        first = false;
+        return QueueEvents(*stream, fd, std::move(events));
+      },
+      r.fill_max_tokens);
+  {
+    absl::MutexLock lock(&stream->mu);
+    stream->done = true;
+    stream->status = s;
+  }
+  absl::MutexLock lock(&mu);
+  streams.erase(stream);
+  --generation_threads;
+}
+
 void OpenAiServer::Impl::StartStream(openai::Request request, const openai::ResponseMeta& meta, int fd,
                                      httplib::Response& res) {
-  auto stream = std::make_shared<SseStream>();
+  std::shared_ptr<SseStream> stream = OpenStream();
   auto shared_request = std::make_shared<openai::Request>(std::move(request));
-  {
-    absl::MutexLock lock(&mu);
-    ++generation_threads;
-    streams.insert(stream);
-    if (stopping) {
-      absl::MutexLock slock(&stream->mu);  // not yet shared: never contended
-      stream->gone = true;
-    }
-  }
   std::thread([this, stream, shared_request, meta, fd] {
-    const openai::Request& r = *shared_request;
-    bool first = true;
-    Status s = service->GenerateInProcess(
-        r.generate,
-        [&](const lede::v1::GenerateResponse& g) {
-          std::vector<std::string> out;
-          if (first) {
-            json head = openai::FirstChunk(r, meta);
-            if (!head.is_null()) out.push_back(openai::SseEvent(head));
-            first = false;
-          }
-          if (g.has_delta() && !g.delta().text().empty()) {
-            out.push_back(openai::SseEvent(openai::TextChunk(r, meta, g.delta().text())));
-          }
-          if (g.has_summary()) {
-            out.push_back(openai::SseEvent(openai::FinalChunk(r, meta, g.summary())));
-            if (r.include_usage) out.push_back(openai::SseEvent(openai::UsageChunk(r, meta, g.summary())));
-          }
-          absl::MutexLock lock(&stream->mu);
-          // Before the first event the connection's worker is still in the
-          // handler (fd open): a hang-up during the prefill is seen here.
-          if (!stream->started && PeerClosed(fd)) stream->gone = true;
-          const auto room = [&stream] { return stream->events.size() < SseStream::kMaxQueued || stream->gone; };
-          stream->mu.Await(absl::Condition(&room));
-          if (stream->gone) return false;
-          for (std::string& e : out) stream->events.push_back(std::move(e));
-          stream->started = true;
-          return true;
-        },
-        r.fill_max_tokens);
-    {
-      absl::MutexLock lock(&stream->mu);
-      stream->done = true;
-      stream->status = s;
-    }
-    absl::MutexLock lock(&mu);
-    streams.erase(stream);
-    --generation_threads;
+    RunStreamGeneration(stream, *shared_request, meta, fd);
   }).detach();
 
   // Headers wait for the first token: an error before it is a plain HTTP error.
@@ -254,33 +320,7 @@ void OpenAiServer::Impl::StartStream(openai::Request request, const openai::Resp
   res.set_chunked_content_provider(
       "text/event-stream",
       [stream, shared_request](size_t /*offset*/, httplib::DataSink& sink) {
-        stream->mu.Lock();
-        const auto ready = [&stream] { return !stream->events.empty() || stream->done || stream->gone; };
-        stream->mu.Await(absl::Condition(&ready));
-        while (!stream->events.empty()) {
-          std::string e = std::move(stream->events.front());
-          stream->events.pop_front();
-          stream->mu.Unlock();  // the write may block; the generation queues meanwhile
-          const bool ok = sink.write(e.data(), e.size());
-          stream->mu.Lock();
-          if (!ok) {
-            stream->gone = true;  // the client hung up: cancel the generation
-            stream->mu.Unlock();
-            return false;
-          }
-        }
-        if (stream->done) {
-          const std::string tail =
-              stream->status.ok() ? std::string(openai::kSseDone)
-                                  : openai::SseEvent(openai::ToApiError(stream->status, shared_request.get()).ToJson());
-          stream->mu.Unlock();
-          sink.write(tail.data(), tail.size());
-          sink.done();
-          return true;
-        }
-        const bool alive = !stream->gone;
-        stream->mu.Unlock();
-        return alive;
+        return WriteQueuedEvents(*stream, *shared_request, sink);
       },
       [stream](bool success) {
         absl::MutexLock lock(&stream->mu);

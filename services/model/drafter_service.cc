@@ -58,6 +58,138 @@ class TimedExitController final : public speculation::ExitController {
   telemetry::Histogram& latency_;
 };
 
+// The fields of a DraftRequest checked before its method is planned: slot,
+// pending_token, context and sampling. Returns the sampling parameters.
+// Errors: kInvalidArgument naming the field.
+StatusOr<speculation::SamplingParams> CheckDraftRequest(const lede::v1::DraftRequest& req,
+                                                        const model::KvCache& cache, int64_t vocab_size) {
+  if (req.slot() < 0 || req.slot() >= cache.n_slots()) {
+    return InvalidArgumentError("slot: outside [0, " + std::to_string(cache.n_slots()) + ")");
+  }
+  if (req.pending_token() < 0 || req.pending_token() >= vocab_size) {
+    return InvalidArgumentError("pending_token: outside [0, V)");
+  }
+  if (req.context_size() > speculation::kNgramWindow) {
+    return InvalidArgumentError("context: " + std::to_string(req.context_size()) + " tokens, more than " +
+                                std::to_string(speculation::kNgramWindow));
+  }
+  speculation::SamplingParams sampling = SamplingFromProto(req.sampling());
+  LEDE_RETURN_IF_ERROR(ValidateSampling(sampling));
+  return sampling;
+}
+
+// A round's draft configuration and the controllers it points to, owned
+// here: the method's controller (or, for LEDE with remote decisions, the
+// policy service's), the epsilon-greedy explorer around it, and the wrapper
+// that times every decision. Moving it keeps config.controller valid.
+struct PlannedDraft {
+  model::DraftConfig config;
+  std::unique_ptr<speculation::ExitController> controller, explorer;
+  std::unique_ptr<TimedExitController> timed;
+};
+
+// The draft configuration of `spec` on this host's model and `cache`
+// (policy/dqn/method_factory.h); LEDE uses the host's current policy, with
+// exploration (epsilon > 0) seeded by the round's position. Errors:
+// kUnavailable for LEDE before a policy is loaded; PlanMethod's;
+// kInvalidArgument naming "speculation.<field>" for a configuration the
+// model or cache cannot run.
+StatusOr<PlannedDraft> PlanDraft(ModelHost& host, const speculation::MethodSpec& spec, const model::KvCache& cache,
+                                 const speculation::SamplingParams& sampling, int64_t position) {
+  const checkpoint::ModelConfig& c = host.model->config();
+  policy::dqn::MethodContext context;
+  context.n_layers = static_cast<int32_t>(c.n_layers);
+  context.max_draft_len = static_cast<int32_t>(cache.max_draft_len());
+  if (spec.method == speculation::SpeculationMethod::kLede) {
+    context.artifact = host.policy();
+    if (context.artifact == nullptr) return UnavailableError("method: LEDE needs a policy and none is loaded yet");
+  }
+  LEDE_ASSIGN_OR_RETURN(policy::dqn::MethodPlan plan, policy::dqn::PlanMethod(spec, context));
+  PlannedDraft planned;
+  model::DraftConfig& config = planned.config;
+  config.mode = plan.mode;
+  config.exit_layer = plan.exit_layer;
+  config.draft_len = plan.draft_len;
+  config.decision_spec = plan.decision_spec;
+  config.policy_version = plan.policy_version;
+  if (spec.method == speculation::SpeculationMethod::kLede && host.options.remote_decisions && host.policy_stub) {
+    planned.controller = std::make_unique<RemoteDecisionController>(host.policy_stub);
+  } else {
+    planned.controller = plan.MakeController();
+  }
+  if (spec.method == speculation::SpeculationMethod::kLede && spec.epsilon > 0.0f) {
+    config.policy_version += "+eps=" + std::to_string(spec.epsilon).substr(0, 5);  // "+eps=0.200": behaviour policy
+    planned.explorer = std::make_unique<policy::EpsilonGreedyController>(
+        *planned.controller, spec.epsilon, speculation::RoundSeed(sampling.seed, position, 3));
+  }
+  config.controller = planned.explorer ? planned.explorer.get() : planned.controller.get();
+  if (config.controller != nullptr && host.metrics) {
+    planned.timed = std::make_unique<TimedExitController>(*config.controller, host.metrics->policy_decision_latency);
+    config.controller = planned.timed.get();
+  }
+  if (Status s = model::ValidateDraftConfig(config, c, cache); !s.ok()) {
+    return InvalidArgumentError("speculation." + std::string(s.message()));
+  }
+  return planned;
+}
+
+// The engine's request for the round of `req`. Errors: kInvalidArgument
+// naming load when it is negative.
+StatusOr<speculation::DraftRequest> DraftRequestFromProto(const lede::v1::DraftRequest& req) {
+  speculation::DraftRequest dr;
+  dr.pending_token = req.pending_token();
+  dr.position = req.position();
+  dr.budget = req.budget();
+  dr.trace_nll = req.trace_nll();
+  if (req.has_accept_ema()) dr.accept_ema = req.accept_ema();
+  if (req.load() < 0) return InvalidArgumentError("load: " + std::to_string(req.load()) + " is negative");
+  dr.load = std::max<int32_t>(1, req.load());
+  dr.context.assign(req.context().begin(), req.context().end());
+  dr.round_index = req.round_index();
+  dr.record_trace = req.record_trace();
+  return dr;
+}
+
+// One decision of the round on the wire: the state it saw and its action.
+void AddDecisionRecord(const speculation::Decision& dec, lede::v1::DraftResponse* resp) {
+  lede::v1::DecisionRecord* r = resp->add_decisions();
+  r->set_phase(static_cast<lede::v1::Phase>(dec.state.phase));
+  r->set_layer(dec.state.layer);
+  r->set_n_layers(dec.state.n_layers);
+  r->set_draft_pos(dec.state.draft_pos);
+  r->set_max_draft_len(dec.state.max_draft_len);
+  r->set_top1_prob(dec.state.top1_prob);
+  r->set_top_k_nll(dec.state.top_k_nll);
+  r->set_entropy(dec.state.entropy);
+  r->set_trace_nll(dec.state.trace_nll);
+  r->set_margin(dec.state.margin);
+  r->set_draft_conf(dec.state.draft_conf);
+  r->set_accept_ema(dec.state.accept_ema);
+  r->set_lookup_match(dec.state.lookup_match);
+  r->set_trigram_seen(dec.state.trigram_seen);
+  r->set_load(dec.state.load);
+  r->set_action(dec.action == speculation::Action::kExit ? lede::v1::EXIT_ACTION_EXIT : lede::v1::EXIT_ACTION_CONTINUE);
+  r->set_draft_index(dec.draft_index);
+  r->set_wasted_probe(dec.wasted_probe);
+}
+
+// Writes the drafted round into `resp`: exit layer, tokens, their draft
+// probabilities, the counts and policy version, and the decisions (when
+// traced). Errors: ProbsToBytes'.
+Status FillDraftResponse(const model::DraftOutput& out, lede::v1::DraftResponse* resp) {
+  const speculation::Draft& d = out.draft;
+  resp->set_exit_layer(d.exit_layer);
+  for (int32_t t : d.tokens) resp->add_draft_tokens(t);
+  LEDE_ASSIGN_OR_RETURN(std::string probs, ProbsToBytes(out.probs));
+  resp->set_draft_probs(std::move(probs));
+  resp->set_ready_layer(d.ready_layer);
+  resp->set_n_probes(d.n_probes);
+  resp->set_n_decisions(d.n_decisions);
+  resp->set_policy_version(d.policy_version);
+  for (const speculation::Decision& dec : d.trace.decisions) AddDecisionRecord(dec, resp);
+  return OkStatus();
+}
+
 }  // namespace
 
 struct DrafterService::Impl {
@@ -191,74 +323,16 @@ grpc::Status DrafterService::Draft(grpc::ServerContext* server_context, const le
   auto pool = host.PoolOfEpoch(req->pool_epoch());
   if (!pool.ok()) return ToGrpcStatus(pool.status());
   model::KvCache& cache = **pool;
-  const checkpoint::ModelConfig& c = host.model->config();
-  if (req->slot() < 0 || req->slot() >= cache.n_slots()) {
-    return ToGrpcStatus(InvalidArgumentError("slot: outside [0, " + std::to_string(cache.n_slots()) + ")"));
-  }
-  if (req->pending_token() < 0 || req->pending_token() >= c.vocab_size) {
-    return ToGrpcStatus(InvalidArgumentError("pending_token: outside [0, V)"));
-  }
-  if (req->context_size() > speculation::kNgramWindow) {
-    return ToGrpcStatus(InvalidArgumentError("context: " + std::to_string(req->context_size()) +
-                                             " tokens, more than " + std::to_string(speculation::kNgramWindow)));
-  }
-  speculation::SamplingParams sampling = SamplingFromProto(req->sampling());
-  if (Status s = ValidateSampling(sampling); !s.ok()) return ToGrpcStatus(s);
-  const lede::v1::SpeculationParams& sp = req->speculation();
+  StatusOr<speculation::SamplingParams> sampling = CheckDraftRequest(*req, cache, host.model->config().vocab_size);
+  if (!sampling.ok()) return ToGrpcStatus(sampling.status());
 
   if (req->method() == lede::v1::SPECULATION_METHOD_AUTOREGRESSIVE) return grpc::Status::OK;  // nothing to draft
-  StatusOr<speculation::MethodSpec> spec = speculation::MethodSpecFromProto(req->method(), sp);
+  StatusOr<speculation::MethodSpec> spec = speculation::MethodSpecFromProto(req->method(), req->speculation());
   if (!spec.ok()) return ToGrpcStatus(spec.status());
-  policy::dqn::MethodContext context;
-  context.n_layers = static_cast<int32_t>(c.n_layers);
-  context.max_draft_len = static_cast<int32_t>(cache.max_draft_len());
-  if (spec->method == speculation::SpeculationMethod::kLede) {
-    context.artifact = host.policy();
-    if (context.artifact == nullptr) {
-      return ToGrpcStatus(UnavailableError("method: LEDE needs a policy and none is loaded yet"));
-    }
-  }
-  StatusOr<policy::dqn::MethodPlan> plan = policy::dqn::PlanMethod(*spec, context);
-  if (!plan.ok()) return ToGrpcStatus(plan.status());
-  model::DraftConfig config;
-  config.mode = plan->mode;
-  config.exit_layer = plan->exit_layer;
-  config.draft_len = plan->draft_len;
-  config.decision_spec = plan->decision_spec;
-  config.policy_version = plan->policy_version;
-  std::unique_ptr<speculation::ExitController> controller, explorer;
-  if (spec->method == speculation::SpeculationMethod::kLede && host.options.remote_decisions && host.policy_stub) {
-    controller = std::make_unique<RemoteDecisionController>(host.policy_stub);
-  } else {
-    controller = plan->MakeController();
-  }
-  if (spec->method == speculation::SpeculationMethod::kLede && spec->epsilon > 0.0f) {
-    config.policy_version += "+eps=" + std::to_string(spec->epsilon).substr(0, 5);  // "+eps=0.200": behaviour policy
-    explorer = std::make_unique<policy::EpsilonGreedyController>(
-        *controller, spec->epsilon, speculation::RoundSeed(sampling.seed, req->position(), 3));
-  }
-  config.controller = explorer ? explorer.get() : controller.get();
-  std::unique_ptr<TimedExitController> timed;
-  if (config.controller != nullptr && host.metrics) {
-    timed = std::make_unique<TimedExitController>(*config.controller, host.metrics->policy_decision_latency);
-    config.controller = timed.get();
-  }
-  if (Status s = model::ValidateDraftConfig(config, c, cache); !s.ok()) {
-    return ToGrpcStatus(InvalidArgumentError("speculation." + std::string(s.message())));
-  }
-  speculation::DraftRequest dr;
-  dr.pending_token = req->pending_token();
-  dr.position = req->position();
-  dr.budget = req->budget();
-  dr.trace_nll = req->trace_nll();
-  if (req->has_accept_ema()) dr.accept_ema = req->accept_ema();
-  if (req->load() < 0) {
-    return ToGrpcStatus(InvalidArgumentError("load: " + std::to_string(req->load()) + " is negative"));
-  }
-  dr.load = std::max<int32_t>(1, req->load());
-  dr.context.assign(req->context().begin(), req->context().end());
-  dr.round_index = req->round_index();
-  dr.record_trace = req->record_trace();
+  StatusOr<PlannedDraft> planned = PlanDraft(host, *spec, cache, *sampling, req->position());
+  if (!planned.ok()) return ToGrpcStatus(planned.status());
+  StatusOr<speculation::DraftRequest> dr = DraftRequestFromProto(*req);
+  if (!dr.ok()) return ToGrpcStatus(dr.status());
   // The slot stays this session's while the draft runs (kv_cache.h).
   if (!cache.BeginDrafting(req->slot(), req->session_id())) return ToGrpcStatus(NotThisSession(req->slot()));
   struct DraftingGuard {
@@ -270,43 +344,14 @@ grpc::Status DrafterService::Draft(grpc::ServerContext* server_context, const le
   SetComputeThreads(host.options.threads);  // steps without a scheduler run on this thread
   model::Drafter drafter(*host.model, cache, impl_->RunnerFor(cache));
   const auto draft_start = std::chrono::steady_clock::now();
-  StatusOr<model::DraftOutput> out = model::DraftRound(*host.model, cache, drafter, req->slot(), config, sampling, dr);
+  StatusOr<model::DraftOutput> out =
+      model::DraftRound(*host.model, cache, drafter, req->slot(), planned->config, *sampling, *dr);
   if (!out.ok()) return ToGrpcStatus(out.status());
-  const speculation::Draft& d = out->draft;
   // The served cost of a draft at this exit layer (served_costs.h).
-  host.RecordDraftStep(d.exit_layer, static_cast<int32_t>(d.tokens.size()),
+  host.RecordDraftStep(out->draft.exit_layer, static_cast<int32_t>(out->draft.tokens.size()),
                        std::chrono::duration<double>(std::chrono::steady_clock::now() - draft_start).count());
   host.MaybeAttachCosts(resp);
-  resp->set_exit_layer(d.exit_layer);
-  for (int32_t t : d.tokens) resp->add_draft_tokens(t);
-  StatusOr<std::string> probs = ProbsToBytes(out->probs);
-  if (!probs.ok()) return ToGrpcStatus(probs.status());
-  resp->set_draft_probs(*std::move(probs));
-  resp->set_ready_layer(d.ready_layer);
-  resp->set_n_probes(d.n_probes);
-  resp->set_n_decisions(d.n_decisions);
-  resp->set_policy_version(d.policy_version);
-  for (const speculation::Decision& dec : d.trace.decisions) {
-    lede::v1::DecisionRecord* r = resp->add_decisions();
-    r->set_phase(static_cast<lede::v1::Phase>(dec.state.phase));
-    r->set_layer(dec.state.layer);
-    r->set_n_layers(dec.state.n_layers);
-    r->set_draft_pos(dec.state.draft_pos);
-    r->set_max_draft_len(dec.state.max_draft_len);
-    r->set_top1_prob(dec.state.top1_prob);
-    r->set_top_k_nll(dec.state.top_k_nll);
-    r->set_entropy(dec.state.entropy);
-    r->set_trace_nll(dec.state.trace_nll);
-    r->set_margin(dec.state.margin);
-    r->set_draft_conf(dec.state.draft_conf);
-    r->set_accept_ema(dec.state.accept_ema);
-    r->set_lookup_match(dec.state.lookup_match);
-    r->set_trigram_seen(dec.state.trigram_seen);
-    r->set_load(dec.state.load);
-    r->set_action(dec.action == speculation::Action::kExit ? lede::v1::EXIT_ACTION_EXIT : lede::v1::EXIT_ACTION_CONTINUE);
-    r->set_draft_index(dec.draft_index);
-    r->set_wasted_probe(dec.wasted_probe);
-  }
+  if (Status s = FillDraftResponse(*out, resp); !s.ok()) return ToGrpcStatus(s);
   return grpc::Status::OK;
 }
 

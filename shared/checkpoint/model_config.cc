@@ -144,51 +144,50 @@ Status ParseRopeScaling(const Json& root, const std::string& source,
   return OkStatus();
 }
 
-StatusOr<ModelConfig> ParseHfConfigImpl(const std::string& json_text,
-                                        const std::string& source) {
-  Json root =
-      Json::parse(json_text, /*cb=*/nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) {
-    return InvalidArgumentError(source + ": invalid JSON");
-  }
-  if (!root.is_object()) {
-    return InvalidArgumentError(source + ": top level must be a JSON object");
-  }
-  ModelConfig c;
-  LEDE_RETURN_IF_ERROR(ReadInt(root, "hidden_size", source, false, &c.dim));
+// Reads the dims, the norm epsilon and the RoPE settings (the fields that
+// define the architecture's shapes).
+Status ReadHfShapes(const Json& root, const std::string& source,
+                    ModelConfig* c) {
+  LEDE_RETURN_IF_ERROR(ReadInt(root, "hidden_size", source, false, &c->dim));
   LEDE_RETURN_IF_ERROR(
-      ReadInt(root, "intermediate_size", source, false, &c.hidden_dim));
+      ReadInt(root, "intermediate_size", source, false, &c->hidden_dim));
   LEDE_RETURN_IF_ERROR(
-      ReadInt(root, "num_hidden_layers", source, false, &c.n_layers));
+      ReadInt(root, "num_hidden_layers", source, false, &c->n_layers));
   LEDE_RETURN_IF_ERROR(
-      ReadInt(root, "num_attention_heads", source, false, &c.n_heads));
-  c.n_kv_heads = c.n_heads;
+      ReadInt(root, "num_attention_heads", source, false, &c->n_heads));
+  c->n_kv_heads = c->n_heads;
   LEDE_RETURN_IF_ERROR(
-      ReadInt(root, "num_key_value_heads", source, true, &c.n_kv_heads));
+      ReadInt(root, "num_key_value_heads", source, true, &c->n_kv_heads));
   LEDE_RETURN_IF_ERROR(
-      ReadInt(root, "vocab_size", source, false, &c.vocab_size));
+      ReadInt(root, "vocab_size", source, false, &c->vocab_size));
+  LEDE_RETURN_IF_ERROR(ReadInt(root, "max_position_embeddings", source, false,
+                               &c->max_seq_len));
+  c->rms_norm_eps = kHfDefaultRmsNormEps;
   LEDE_RETURN_IF_ERROR(
-      ReadInt(root, "max_position_embeddings", source, false, &c.max_seq_len));
-  c.rms_norm_eps = kHfDefaultRmsNormEps;
+      ReadDouble(root, "rms_norm_eps", source, true, &c->rms_norm_eps));
+  c->rope_theta = kHfDefaultRopeTheta;
   LEDE_RETURN_IF_ERROR(
-      ReadDouble(root, "rms_norm_eps", source, true, &c.rms_norm_eps));
-  c.rope_theta = kHfDefaultRopeTheta;
-  LEDE_RETURN_IF_ERROR(
-      ReadDouble(root, "rope_theta", source, true, &c.rope_theta));
-  LEDE_RETURN_IF_ERROR(ParseRopeScaling(root, source, &c.rope_scaling));
-  c.rope_style = RopeStyle::kRotateHalf;
+      ReadDouble(root, "rope_theta", source, true, &c->rope_theta));
+  LEDE_RETURN_IF_ERROR(ParseRopeScaling(root, source, &c->rope_scaling));
+  c->rope_style = RopeStyle::kRotateHalf;
+  return OkStatus();
+}
 
-  c.tie_word_embeddings = false;
+// Reads tie_word_embeddings and the BOS / EOS token ids (eos_token_id: one
+// id or an array of them).
+Status ReadHfTokens(const Json& root, const std::string& source,
+                    ModelConfig* c) {
+  c->tie_word_embeddings = false;
   if (auto it = root.find("tie_word_embeddings");
       it != root.end() && !it->is_null()) {
     if (!it->is_boolean()) {
       return InvalidArgumentError(
           FieldError(source, "tie_word_embeddings", "must be a boolean"));
     }
-    c.tie_word_embeddings = it->get<bool>();
+    c->tie_word_embeddings = it->get<bool>();
   }
   if (auto it = root.find("bos_token_id"); it != root.end() && !it->is_null()) {
-    LEDE_RETURN_IF_ERROR(ReadTokenId(*it, "bos_token_id", source, &c.bos_id));
+    LEDE_RETURN_IF_ERROR(ReadTokenId(*it, "bos_token_id", source, &c->bos_id));
   }
   if (auto it = root.find("eos_token_id"); it != root.end() && !it->is_null()) {
     std::vector<int32_t> eos;
@@ -203,10 +202,16 @@ StatusOr<ModelConfig> ParseHfConfigImpl(const std::string& json_text,
       LEDE_RETURN_IF_ERROR(ReadTokenId(*it, "eos_token_id", source, &id));
       eos.push_back(id);
     }
-    c.eos_ids = std::move(eos);
+    c->eos_ids = std::move(eos);
   }
+  return OkStatus();
+}
 
-  // Fields that would silently change the architecture if ignored.
+// Refuses the fields that would silently change the architecture if
+// ignored: an activation other than SiLU, a head_dim other than
+// hidden_size / num_attention_heads.
+Status CheckHfUnsupported(const Json& root, const std::string& source,
+                          const ModelConfig& c) {
   if (auto it = root.find("hidden_act"); it != root.end() && !it->is_null()) {
     if (!it->is_string() || (it->get<std::string>() != "silu" &&
                              it->get<std::string>() != "swish")) {
@@ -224,9 +229,12 @@ StatusOr<ModelConfig> ParseHfConfigImpl(const std::string& json_text,
                          std::to_string(head_dim) + ")"));
     }
   }
+  return OkStatus();
+}
 
-  // Bounds, named by their config.json keys (Validate repeats them under
-  // the ModelConfig field names for configs made elsewhere).
+// Bounds, named by their config.json keys (Validate repeats them under the
+// ModelConfig field names for configs made elsewhere).
+Status CheckHfBounds(const std::string& source, const ModelConfig& c) {
   for (const auto& [key, value, max] :
        {std::tuple<const char*, int64_t, int64_t>{"hidden_size", c.dim, kMaxModelDim},
         {"intermediate_size", c.hidden_dim, kMaxModelDim},
@@ -241,7 +249,24 @@ StatusOr<ModelConfig> ParseHfConfigImpl(const std::string& json_text,
                                                  std::to_string(max) + "]"));
     }
   }
+  return OkStatus();
+}
 
+StatusOr<ModelConfig> ParseHfConfigImpl(const std::string& json_text,
+                                        const std::string& source) {
+  Json root =
+      Json::parse(json_text, /*cb=*/nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) {
+    return InvalidArgumentError(source + ": invalid JSON");
+  }
+  if (!root.is_object()) {
+    return InvalidArgumentError(source + ": top level must be a JSON object");
+  }
+  ModelConfig c;
+  LEDE_RETURN_IF_ERROR(ReadHfShapes(root, source, &c));
+  LEDE_RETURN_IF_ERROR(ReadHfTokens(root, source, &c));
+  LEDE_RETURN_IF_ERROR(CheckHfUnsupported(root, source, c));
+  LEDE_RETURN_IF_ERROR(CheckHfBounds(source, c));
   Status valid = c.Validate();
   if (!valid.ok()) {
     return Status(valid.code(), source + ": " + std::string(valid.message()));

@@ -61,7 +61,8 @@ double PolicyVersionNumber(std::string_view version) {
   return n;
 }
 
-SpecDecodeMetrics::SpecDecodeMetrics(Registry& r)
+// Speculative decoding: counters in tokens or rounds, histograms per round.
+SpeculationMetrics::SpeculationMetrics(Registry& r)
     : num_drafts(UnlabelledCounter(
           r, "lede_spec_decode_num_drafts_total",
           "Speculation rounds (draft then verify); autoregressive steps are not counted.")),
@@ -100,7 +101,11 @@ SpecDecodeMetrics::SpecDecodeMetrics(Registry& r)
           r, "lede_spec_decode_load_disabled_rounds_total",
           "Autoregressive steps of speculative requests, taken because the requests in flight "
           "were above --speculation-max-load (rounds).")),
-      requests(CounterFamily(r, "lede_requests_total",
+      per_pos_(kMaxAcceptedPositions, nullptr) {}
+
+// Requests: outcomes, tokens, latencies and the wait for a KV slot.
+RequestMetrics::RequestMetrics(Registry& r)
+    : requests(CounterFamily(r, "lede_requests_total",
                              "Finished requests by decoding method or RPC and gRPC status code name.")),
       request_success(CounterFamily(
           r, "lede_request_success_total",
@@ -131,8 +136,11 @@ SpecDecodeMetrics::SpecDecodeMetrics(Registry& r)
       request_queue_time(UnlabelledHistogram(
           r, "lede_request_queue_time_seconds",
           "Time an admitted session waited in the verifier's queue for a free KV slot (seconds; 0 when one was free).",
-          RequestLatencyBuckets())),
-      iteration_batch_size(UnlabelledHistogram(
+          RequestLatencyBuckets())) {}
+
+// Batched steps of the verifier and the drafter.
+BatchMetrics::BatchMetrics(Registry& r)
+    : iteration_batch_size(UnlabelledHistogram(
           r, "lede_iteration_batch_size",
           "Sessions in one batched verifier step: prefill chunks, verification rounds and autoregressive "
           "steps run in one pass over the weights (sessions; 1 per call with --max-batch 1).",
@@ -146,8 +154,11 @@ SpecDecodeMetrics::SpecDecodeMetrics(Registry& r)
           r, "lede_draft_batch_size",
           "Sessions in one batched drafter step: draft tokens and phase-1 probes of several sessions, one row "
           "each, run in one pass per block (sessions; with --max-batch > 1 only).",
-          BatchSizeBuckets())),
-      policy_decision_latency(UnlabelledHistogram(
+          BatchSizeBuckets())) {}
+
+// The exit policy: decisions, the serving version, reloads.
+ExitPolicyMetrics::ExitPolicyMetrics(Registry& r)
+    : policy_decision_latency(UnlabelledHistogram(
           r, "lede_policy_decision_latency_seconds",
           "Time of one exit-policy decision in the drafter (seconds).",
           DecisionLatencyBuckets())),
@@ -159,12 +170,18 @@ SpecDecodeMetrics::SpecDecodeMetrics(Registry& r)
           "Serving exit-policy version as a number (digits of the version name; 0 = none "
           "loaded).")),
       policy_reloads(CounterFamily(r, "lede_policy_reloads_total",
-                                   "Policy reload attempts by outcome (ok, rejected).")),
-      kv_slots_in_use(UnlabelledGauge(r, "lede_kv_slots_in_use",
+                                   "Policy reload attempts by outcome (ok, rejected).")) {}
+
+// KV-cache sequence slots.
+KvSlotMetrics::KvSlotMetrics(Registry& r)
+    : kv_slots_in_use(UnlabelledGauge(r, "lede_kv_slots_in_use",
                                       "KV-cache sequence slots holding a live sequence (slots).")),
       kv_slots_capacity(UnlabelledGauge(r, "lede_kv_slots_capacity",
-                                        "KV-cache sequence slots configured (slots).")),
-      draft_step_seconds(GaugeFamily(
+                                        "KV-cache sequence slots configured (slots).")) {}
+
+// Measured step costs of the model services.
+StepCostMetrics::StepCostMetrics(Registry& r)
+    : draft_step_seconds(GaugeFamily(
           r, "lede_model_draft_step_seconds",
           "Measured seconds per drafted token at exit_layer as this drafter serves it (the round's probes, "
           "signals and decisions included): the median of its last timed Draft calls.")),
@@ -175,8 +192,11 @@ SpecDecodeMetrics::SpecDecodeMetrics(Registry& r)
       batch_step_seconds(GaugeFamily(
           r, "lede_model_batch_step_seconds",
           "Measured seconds of one batched verifier step of `rows` positions: the median of the last timed "
-          "steps of that size.")),
-      experience_records_written(UnlabelledCounter(
+          "steps of that size.")) {}
+
+// Experience shards and the request log.
+ExperienceLogMetrics::ExperienceLogMetrics(Registry& r)
+    : experience_records_written(UnlabelledCounter(
           r, "lede_experience_records_written_total",
           "Experience (transition) records written to shards (records).")),
       experience_records_dropped(UnlabelledCounter(
@@ -199,10 +219,18 @@ SpecDecodeMetrics::SpecDecodeMetrics(Registry& r)
           "Request-log records (finished greedy requests) written to shards (records).")),
       request_log_records_dropped(UnlabelledCounter(
           r, "lede_request_log_records_dropped_total",
-          "Request-log records dropped: queue full or write error (records).")),
-      per_pos_(kMaxAcceptedPositions, nullptr) {}
+          "Request-log records dropped: queue full or write error (records).")) {}
 
-Counter& SpecDecodeMetrics::AcceptedAtPosition(int position) {
+SpecDecodeMetrics::SpecDecodeMetrics(Registry& r)
+    : SpeculationMetrics(r),
+      RequestMetrics(r),
+      BatchMetrics(r),
+      ExitPolicyMetrics(r),
+      KvSlotMetrics(r),
+      StepCostMetrics(r),
+      ExperienceLogMetrics(r) {}
+
+Counter& SpeculationMetrics::AcceptedAtPosition(int position) {
   position = std::clamp(position, 0, kMaxAcceptedPositions - 1);
   absl::MutexLock lock(&pos_mu_);
   Counter*& c = per_pos_[position];
@@ -210,8 +238,8 @@ Counter& SpecDecodeMetrics::AcceptedAtPosition(int position) {
   return *c;
 }
 
-void SpecDecodeMetrics::RecordRound(int exit_layer_index, int n_drafted, int n_accepted,
-                                    double latency_s) {
+void SpeculationMetrics::RecordRound(int exit_layer_index, int n_drafted, int n_accepted,
+                                     double latency_s) {
   n_drafted = std::max(n_drafted, 0);
   n_accepted = std::clamp(n_accepted, 0, n_drafted);
   if (n_drafted > 0) {
@@ -227,17 +255,16 @@ void SpecDecodeMetrics::RecordRound(int exit_layer_index, int n_drafted, int n_a
   if (latency_s >= 0) round_latency.Observe(latency_s);
 }
 
-void SpecDecodeMetrics::RecordRequest(std::string_view method, StatusCode code,
-                                      double latency_s) {
+void RequestMetrics::RecordRequest(std::string_view method, StatusCode code, double latency_s) {
   requests.Add({{"method", std::string(method)}, {"status", GrpcCodeName(code)}}).Increment();
   if (latency_s >= 0) e2e_request_latency.Observe(latency_s);
 }
 
-void SpecDecodeMetrics::RecordSuccess(std::string_view finished_reason) {
+void RequestMetrics::RecordSuccess(std::string_view finished_reason) {
   request_success.Add({{"finished_reason", std::string(finished_reason)}}).Increment();
 }
 
-void SpecDecodeMetrics::SetPolicyVersion(const std::string& version, double version_number) {
+void ExitPolicyMetrics::SetPolicyVersion(const std::string& version, double version_number) {
   Gauge& next = policy_version.Add({{"version", version}});
   absl::MutexLock lock(&version_mu_);
   if (current_version_ != nullptr && current_version_ != &next) current_version_->Set(0);
@@ -246,19 +273,19 @@ void SpecDecodeMetrics::SetPolicyVersion(const std::string& version, double vers
   policy_version_number.Set(version_number);
 }
 
-void SpecDecodeMetrics::RecordPolicyReload(bool accepted) {
+void ExitPolicyMetrics::RecordPolicyReload(bool accepted) {
   policy_reloads.Add({{"outcome", accepted ? "ok" : "rejected"}}).Increment();
 }
 
-void SpecDecodeMetrics::SetDraftStepSeconds(int exit_layer, double seconds) {
+void StepCostMetrics::SetDraftStepSeconds(int exit_layer, double seconds) {
   draft_step_seconds.Add({{"exit_layer", std::to_string(exit_layer)}}).Set(seconds);
 }
 
-void SpecDecodeMetrics::SetVerifySeconds(int draft_tokens, double seconds) {
+void StepCostMetrics::SetVerifySeconds(int draft_tokens, double seconds) {
   verify_seconds.Add({{"draft_tokens", std::to_string(draft_tokens)}}).Set(seconds);
 }
 
-void SpecDecodeMetrics::SetBatchStepSeconds(int rows, double seconds) {
+void StepCostMetrics::SetBatchStepSeconds(int rows, double seconds) {
   batch_step_seconds.Add({{"rows", std::to_string(rows)}}).Set(seconds);
 }
 

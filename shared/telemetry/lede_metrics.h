@@ -102,10 +102,16 @@ std::string GrpcCodeName(StatusCode code);
 // 0 if there are none.
 double PolicyVersionNumber(std::string_view version);
 
-struct SpecDecodeMetrics {
-  explicit SpecDecodeMetrics(Registry& registry);
-  SpecDecodeMetrics(const SpecDecodeMetrics&) = delete;
-  SpecDecodeMetrics& operator=(const SpecDecodeMetrics&) = delete;
+// The metrics, in groups by what they watch; SpecDecodeMetrics (below)
+// registers them all. Each group registers its families when constructed,
+// in the order of its fields. Thread-safety and ownership: as above.
+
+// Speculative decoding: rounds, draft and accepted tokens (counters in
+// tokens or rounds).
+struct SpeculationMetrics {
+  explicit SpeculationMetrics(Registry& registry);
+  SpeculationMetrics(const SpeculationMetrics&) = delete;
+  SpeculationMetrics& operator=(const SpeculationMetrics&) = delete;
 
   // One decode round. A speculation round (n_drafted > 0) drafted n_drafted
   // tokens at `exit_layer` and kept n_accepted of them, then the verifier
@@ -123,30 +129,10 @@ struct SpecDecodeMetrics {
   // EOS or max_tokens that the request then drops; count those separately.
   void RecordRound(int exit_layer, int n_drafted, int n_accepted, double latency_s);
 
-  // A finished request: lede_requests_total{method, status=GrpcCodeName(code)}
-  // += 1 and one e2e_request_latency observation (latency_s, seconds; skipped
-  // if negative). `method` is the decoding method or RPC name, e.g. "lede",
-  // "Decide". Takes the family mutex (a map lookup); fine once per request.
-  void RecordRequest(std::string_view method, StatusCode code, double latency_s);
-
-  // A request that completed: lede_request_success_total{finished_reason}
-  // += 1, with vLLM's reasons "stop" (EOS or a stop string), "length"
-  // (max tokens or the context), "abort" (cancelled by the client).
-  void RecordSuccess(std::string_view finished_reason);
-
-  // Makes `version` the serving policy: lede_policy_version{version} = 1, the
-  // previously current version's series = 0, lede_policy_version_number =
-  // `version_number`.
-  void SetPolicyVersion(const std::string& version, double version_number);
-
-  // lede_policy_reloads_total{outcome="ok"|"rejected"} += 1.
-  void RecordPolicyReload(bool accepted);
-
   // The counter of accepted tokens at draft position `position` (0-based;
   // clamped to [0, kMaxAcceptedPositions - 1]); created on first use.
   Counter& AcceptedAtPosition(int position);
 
-  // --- speculative decoding (counters in tokens or rounds) ---
   Counter& num_drafts;            // lede_spec_decode_num_drafts_total
   Counter& num_draft_tokens;      // lede_spec_decode_num_draft_tokens_total
   Counter& num_accepted_tokens;   // lede_spec_decode_num_accepted_tokens_total
@@ -160,7 +146,28 @@ struct SpecDecodeMetrics {
   // above the coordinator's --speculation-max-load (rounds).
   Counter& load_disabled_rounds;  // lede_spec_decode_load_disabled_rounds_total
 
-  // --- requests ---
+ private:
+  absl::Mutex pos_mu_;
+  std::vector<Counter*> per_pos_ ABSL_GUARDED_BY(pos_mu_);  // [kMaxAcceptedPositions], lazily filled
+};
+
+// Requests: outcomes, tokens, latencies and the queue.
+struct RequestMetrics {
+  explicit RequestMetrics(Registry& registry);
+  RequestMetrics(const RequestMetrics&) = delete;
+  RequestMetrics& operator=(const RequestMetrics&) = delete;
+
+  // A finished request: lede_requests_total{method, status=GrpcCodeName(code)}
+  // += 1 and one e2e_request_latency observation (latency_s, seconds; skipped
+  // if negative). `method` is the decoding method or RPC name, e.g. "lede",
+  // "Decide". Takes the family mutex (a map lookup); fine once per request.
+  void RecordRequest(std::string_view method, StatusCode code, double latency_s);
+
+  // A request that completed: lede_request_success_total{finished_reason}
+  // += 1, with vLLM's reasons "stop" (EOS or a stop string), "length"
+  // (max tokens or the context), "abort" (cancelled by the client).
+  void RecordSuccess(std::string_view finished_reason);
+
   Family<Counter>& requests;         // lede_requests_total{method,status}
   Family<Counter>& request_success;  // lede_request_success_total{finished_reason}
   Counter& generation_tokens;        // lede_generation_tokens_total
@@ -174,54 +181,98 @@ struct SpecDecodeMetrics {
   // (vLLM's vllm:request_queue_time_seconds). The coordinators' two gauges
   // above count their own requests, the queued ones among the waiting.
   Histogram& request_queue_time;
-  // The verifier's batched steps (continuous batching, --max-batch): sessions
-  // and rows per step. Without a scheduler (--max-batch 1) every call is a
-  // step of one session.
+};
+
+// Batched steps (continuous batching, --max-batch): sessions and rows per
+// step. Without a scheduler (--max-batch 1) every call is a step of one
+// session.
+struct BatchMetrics {
+  explicit BatchMetrics(Registry& registry);
+
   Histogram& iteration_batch_size;  // lede_iteration_batch_size (sessions)
   Histogram& iteration_tokens;      // lede_iteration_tokens (rows; vLLM's iteration_tokens_total)
   // The drafter's batched steps (--max-batch > 1): sessions whose draft
   // step or phase-1 probe ran in one pass (one row each).
   Histogram& draft_batch_size;      // lede_draft_batch_size (sessions)
+};
 
-  // --- policy ---
+// The exit policy: decision latency, the serving version, reloads.
+struct ExitPolicyMetrics {
+  explicit ExitPolicyMetrics(Registry& registry);
+  ExitPolicyMetrics(const ExitPolicyMetrics&) = delete;
+  ExitPolicyMetrics& operator=(const ExitPolicyMetrics&) = delete;
+
+  // Makes `version` the serving policy: lede_policy_version{version} = 1, the
+  // previously current version's series = 0, lede_policy_version_number =
+  // `version_number`.
+  void SetPolicyVersion(const std::string& version, double version_number);
+
+  // lede_policy_reloads_total{outcome="ok"|"rejected"} += 1.
+  void RecordPolicyReload(bool accepted);
+
   Histogram& policy_decision_latency;  // lede_policy_decision_latency_seconds
   Family<Gauge>& policy_version;  // lede_policy_version{version} (info gauge)
   Gauge& policy_version_number;   // lede_policy_version_number
   Family<Counter>& policy_reloads;  // lede_policy_reloads_total{outcome}
 
-  // --- KV cache (slots = sequence slots) ---
+ private:
+  absl::Mutex version_mu_;
+  Gauge* current_version_ ABSL_GUARDED_BY(version_mu_) = nullptr;
+};
+
+// The KV cache's sequence slots.
+struct KvSlotMetrics {
+  explicit KvSlotMetrics(Registry& registry);
+
   Gauge& kv_slots_in_use;         // lede_kv_slots_in_use
   // Capacity is lede_kv_slots_capacity, not lede_kv_slots_total: "_total"
   // is reserved for counters (promtool check metrics rejects it on a gauge).
   Gauge& kv_slots_capacity;       // lede_kv_slots_capacity
+};
 
-  // --- the deployment's measured step costs (model services; windowed
-  // medians of shared/experience/served_costs.h ServedCostMeter) ---
-  Family<Gauge>& draft_step_seconds;  // lede_model_draft_step_seconds{exit_layer}
-  Family<Gauge>& verify_seconds;      // lede_model_verify_seconds{draft_tokens}
-  Family<Gauge>& batch_step_seconds;  // lede_model_batch_step_seconds{rows}
+// The deployment's measured step costs (model services; windowed medians of
+// shared/experience/served_costs.h ServedCostMeter).
+struct StepCostMetrics {
+  explicit StepCostMetrics(Registry& registry);
+
   // Each sets its family's series to `seconds` (created on first use; a
   // family lookup under its mutex, fine once per served step).
   void SetDraftStepSeconds(int exit_layer, double seconds);
   void SetVerifySeconds(int draft_tokens, double seconds);
   void SetBatchStepSeconds(int rows, double seconds);
 
-  // --- experience logging ---
+  Family<Gauge>& draft_step_seconds;  // lede_model_draft_step_seconds{exit_layer}
+  Family<Gauge>& verify_seconds;      // lede_model_verify_seconds{draft_tokens}
+  Family<Gauge>& batch_step_seconds;  // lede_model_batch_step_seconds{rows}
+};
+
+// Experience logging and the request log (shared/experience/request_log.h).
+struct ExperienceLogMetrics {
+  explicit ExperienceLogMetrics(Registry& registry);
+
   Counter& experience_records_written;  // lede_experience_records_written_total
   Counter& experience_records_dropped;  // lede_experience_records_dropped_total
   Counter& experience_shards_written;   // lede_experience_shards_written_total
   Counter& experience_shards_deleted;   // lede_experience_shards_deleted_total (retention)
   Counter& experience_bytes_deleted;    // lede_experience_bytes_deleted_total (retention)
   Counter& experience_stale_temp_files_removed;  // lede_experience_stale_temp_files_removed_total
-  // --- the request log (shared/experience/request_log.h) ---
   Counter& request_log_records_written;  // lede_request_log_records_written_total
   Counter& request_log_records_dropped;  // lede_request_log_records_dropped_total
+};
 
- private:
-  absl::Mutex version_mu_;
-  Gauge* current_version_ ABSL_GUARDED_BY(version_mu_) = nullptr;
-  absl::Mutex pos_mu_;
-  std::vector<Counter*> per_pos_ ABSL_GUARDED_BY(pos_mu_);  // [kMaxAcceptedPositions], lazily filled
+// Every metric of the project: the groups above, registered in this order,
+// their fields and methods used as this struct's own
+// (metrics.RecordRound(...), metrics.kv_slots_in_use.Set(...)).
+struct SpecDecodeMetrics : SpeculationMetrics,
+                           RequestMetrics,
+                           BatchMetrics,
+                           ExitPolicyMetrics,
+                           KvSlotMetrics,
+                           StepCostMetrics,
+                           ExperienceLogMetrics {
+  explicit SpecDecodeMetrics(Registry& registry);
+  SpecDecodeMetrics(const SpecDecodeMetrics&) = delete;
+  SpecDecodeMetrics& operator=(const SpecDecodeMetrics&) = delete;
 };
 
 }  // namespace lede::telemetry

@@ -159,6 +159,31 @@ TEST(LoadBenchTest, TunesASpeculationMaxLoadPerCostModel) {
   EXPECT_NE(out.find("(C=1)"), std::string::npos) << out;
 }
 
+// Loads beyond the calibration's largest timed batch size (16) have no
+// measured price: with only such loads the table holds the accelerator's
+// rows alone, its tuned max load among them.
+TEST(LoadBenchTest, LoadsBeyondTheTimedBatchesArePricedByTheAcceleratorAlone) {
+  ::lede::testing::TempDir dir;
+  const std::string json = (dir.path() / "load.json").string();
+  const std::string policy = SaveStaticLikePolicy(dir.path(), "static-like-v1", /*load_aware=*/false);
+  std::vector<std::string> flags = Flags(json, {"--policy", policy});
+  for (size_t i = 0; i + 1 < flags.size(); ++i) {
+    if (flags[i] == "--loads") flags[i + 1] = "32,64";
+  }
+  std::ostringstream out, err;
+  ASSERT_EQ(RunLoad(flags, out, err), 0) << err.str();
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(json));
+  const nlohmann::json& rows = j.at("sets").at("story");
+  ASSERT_EQ(rows.size(), 2u) << rows.dump(1);
+  EXPECT_EQ(rows[0].at("load"), 32);
+  EXPECT_EQ(rows[1].at("load"), 64);
+  for (const nlohmann::json& row : rows) {
+    EXPECT_EQ(row.at("cost_model"), "accelerator") << row.dump();
+    EXPECT_TRUE(row.at("lede_max_load").contains("static-like-v1")) << row.dump();
+  }
+  EXPECT_EQ(out.str().find("measured"), std::string::npos) << out.str();
+}
+
 TEST(LoadBenchTest, RefusesBadFlagsNamingThem) {
   ::lede::testing::TempDir dir;
   const std::string json = (dir.path() / "load.json").string();

@@ -24,6 +24,7 @@
 #include "shared/tokenizer/tokenizer.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/trainer/cost_profiles.h"
 #include "trainer/cold_start.h"
 #include "trainer/corpus.h"
 #include "trainer/heldout_split.h"
@@ -33,6 +34,8 @@
 
 namespace lede::trainer {
 namespace {
+
+using testing::CostlyVerificationProfile;
 
 using ::lede::testing::IsOk;
 using ::lede::testing::StatusIs;
@@ -520,26 +523,6 @@ TEST_F(RequestRetrainTest, AMeasuredServingPolicyGetsTheModelCalibratedOnce) {
               StatusIs(StatusCode::kFailedPrecondition,
                        ::testing::AllOf(HasSubstr("0123456789abcdef"),
                                         HasSubstr(model_->config().ArchitectureFingerprint()))));
-}
-
-// A measured profile as a deployment of `n_layers` logs it: drafts at E cost (E + 1) x 0.1 ms, a
-// verification of K drafts (1 + 0.5 K) x 1.2 ms (an 8-bit CPU deployment, where verifying is not free).
-lede::v1::CostProfile CostlyVerificationProfile(int32_t n_layers, const std::string& format = "q8_0") {
-  lede::v1::CostProfile p;
-  p.set_weight_format(format);
-  p.set_threads(1);
-  p.set_window(64);
-  for (int32_t e = 0; e <= n_layers; ++e) {
-    p.add_draft_step_s(e == 0 ? 0.0 : (e + 1) * 1e-4);
-    p.add_draft_step_samples(e == 0 ? 0 : 10);
-  }
-  for (int32_t k = 0; k <= 8; ++k) {
-    p.add_verify_s(1.2e-3 * (1 + 0.5 * k));
-    p.add_verify_samples(10);
-  }
-  p.set_verify_intercept_s(1.2e-3);
-  p.set_verify_slope_s(0.6e-3);
-  return p;
 }
 
 // Per entry the newest record that measured it, among records of the newest profile's weight format; records

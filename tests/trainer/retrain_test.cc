@@ -29,7 +29,9 @@
 #include "tests/testing/s3rver.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/trainer/cost_profiles.h"
 #include "shared/experience/experience.h"
+#include "shared/experience/request_log.h"
 #include "shared/telemetry/metrics.h"
 #include "trainer/policy_root_lock.h"
 #include "trainer/retrain_metrics.h"
@@ -710,6 +712,115 @@ TEST(RetrainReplayTest, ReplayEvaluationComparesPredictedSpeedup) {
   }
   EXPECT_EQ(r->report["serving_metric"], replay["serving"]["predicted_speedup"]);
   EXPECT_EQ(r->report["candidate_metric"], replay["candidate"]["predicted_speedup"]);
+}
+
+// A served-priced serving policy on models/lede-tiny (what the request-log
+// trainer publishes: reward_cost_model "served") with accelerator-priced
+// transitions (what the coordinator logs) and, when `profile` is given, 4
+// request-log records carrying it; returns the retrainer's options (td
+// trainer, replay of 2 prompts x 16 tokens, never publishing).
+RetrainOptions ServedPolicyRoot(const fs::path& dir, const lede::v1::CostProfile* profile) {
+  const std::string fp = "07e04f79d11d13b5";  // models/lede-tiny's architecture
+  policy::dqn::PolicyMetadata meta;
+  meta.version = "served-1";
+  meta.model_fingerprint = fp;
+  meta.reward_cost_model = "served";
+  meta.decision.candidate_layers = {1, 2, 3, 4, 5, 6};
+  meta.decision.max_draft_len = 6;
+  meta.decision.probe_candidates = false;
+  meta.decision.lookahead_probe = false;
+  const fs::path root = dir / "policy";
+  const policy::dqn::Artifact a{meta, policy::dqn::QNetwork::Random(16, 1)};
+  EXPECT_THAT(policy::dqn::SaveArtifact(policy::dqn::VersionDir(root.string(), "served-1"), a), IsOk());
+  EXPECT_THAT(policy::dqn::PublishServingVersion(root.string(), "served-1"), IsOk());
+  const fs::path shard = dir / "store" / "exp" / "a.lexp";
+  fs::create_directories(shard.parent_path());
+  auto w = experience::ShardWriter::Create(shard.string());
+  EXPECT_THAT(w.status(), IsOk());
+  std::mt19937_64 rng(5);
+  for (int r = 0; r < 10; ++r) {
+    for (const Transition& t : Round("req" + std::to_string(r), 0, 2, "served-1", rng, fp, "accelerator")) {
+      EXPECT_THAT((*w)->Append(t), IsOk());
+    }
+  }
+  EXPECT_THAT((*w)->Finish(), IsOk());
+  if (profile != nullptr) {
+    auto store = storage::OpenObjectStore((dir / "store").string());
+    EXPECT_THAT(store.status(), IsOk());
+    auto log = experience::CreateRequestLog(std::shared_ptr<storage::ObjectStore>(std::move(*store)),
+                                            experience::ExperienceLoggerOptions{});
+    EXPECT_THAT(log.status(), IsOk());
+    for (int i = 0; i < 4; ++i) {
+      lede::v1::RequestRecord rec;
+      rec.set_request_id("logged-" + std::to_string(i));
+      rec.add_prompt_token_ids(1);
+      rec.add_output_token_ids(2);
+      rec.set_model_fingerprint(fp);
+      *rec.mutable_measured_costs() = *profile;
+      EXPECT_TRUE((*log)->Log(std::move(rec)));
+    }
+    EXPECT_THAT((*log)->Close(), IsOk());
+  }
+  RetrainOptions o;
+  o.experience_url = (dir / "store").string();
+  o.experience_prefix = "exp";
+  o.policy_root = root.string();
+  o.model_dir = "models/lede-tiny";
+  o.eval_prompts = "models/lede-tiny/prompts/story.jsonl";
+  o.eval_prompt_skip = 40;
+  o.eval_prompt_count = 2;
+  o.eval_new_tokens = 16;
+  o.trainer = "td";
+  o.publish_margin = kInf;
+  o.dqn.epochs = 1;
+  return o;
+}
+
+// The td trainer prices a served-priced policy with the costs the deployment
+// logged with its requests: the coordinator's transitions (priced by the
+// verifier's cost model) are re-priced, not filtered, the candidate keeps
+// "served", and the replay's decision metric is the speed-up under the
+// logged costs.
+TEST(RetrainReplayTest, ServedPolicyIsPricedWithTheLoggedCosts) {
+  if (!fs::exists("models/lede-tiny/config.json")) GTEST_SKIP() << "no models/lede-tiny";
+  ::lede::testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const lede::v1::CostProfile profile = testing::CostlyVerificationProfile(12);
+  const RetrainOptions o = ServedPolicyRoot(tmp.path(), &profile);
+  auto retrainer = Retrainer::Create(o);
+  ASSERT_THAT(retrainer.status(), IsOk());
+  auto r = (*retrainer)->RunOnce();
+  ASSERT_THAT(r.status(), IsOk());
+  EXPECT_EQ(r->decision, RetrainDecision::kRejected) << r->reason;
+  EXPECT_EQ(r->n_new_transitions, 40);  // 10 rounds of 4 decisions, none filtered
+  EXPECT_EQ(r->report["data"]["reward_cost_model"], "served");
+  EXPECT_EQ(r->report["data"]["repriced_transitions"]["accelerator"], 40);
+  EXPECT_EQ(r->report["data"]["filtered_other_cost_model"], 0);
+  const json& replay = r->report["replay"];
+  EXPECT_EQ(replay["cost_model"], "served");
+  for (const char* who : {"serving", "candidate"}) {
+    EXPECT_GT(replay[who]["predicted_speedup"].get<double>(), 0.0) << who;
+    EXPECT_EQ(replay[who]["predicted_speedup"], replay[who]["predicted_speedup_served"]) << who;
+  }
+  auto candidate = policy::dqn::LoadArtifact(r->artifact_dir);
+  ASSERT_THAT(candidate.status(), IsOk());
+  EXPECT_EQ(candidate->metadata.reward_cost_model, "served");
+}
+
+// Without logged costs a served-priced policy cannot be priced: the run
+// fails with FAILED_PRECONDITION naming the missing measured_costs, and
+// nothing is written.
+TEST(RetrainReplayTest, ServedPolicyWithoutLoggedCostsIsAPreconditionError) {
+  if (!fs::exists("models/lede-tiny/config.json")) GTEST_SKIP() << "no models/lede-tiny";
+  ::lede::testing::TempDir tmp;
+  ASSERT_FALSE(tmp.path().empty());
+  const RetrainOptions o = ServedPolicyRoot(tmp.path(), nullptr);
+  auto retrainer = Retrainer::Create(o);
+  ASSERT_THAT(retrainer.status(), IsOk());
+  EXPECT_THAT((*retrainer)->RunOnce().status(),
+              StatusIs(StatusCode::kFailedPrecondition, HasSubstr("measured_costs")));
+  EXPECT_FALSE(fs::exists(tmp.path() / "policy" / kRetrainStateFile));
+  EXPECT_EQ(policy::dqn::ResolveServingVersion(o.policy_root).value_or(""), "served-1");
 }
 
 }  // namespace

@@ -62,6 +62,28 @@ TEST(GenerateTest, RejectsBadSampleCounts) {
   }
 }
 
+// A request the engine refuses (an exit layer past L, a generation past the
+// context window) exits 2 with only its error: the prompt is echoed with the
+// first generated tokens, so stdout stays empty. A mode `lede generate` does
+// not run is refused naming --mode before the model loads.
+TEST(GenerateTest, RefusedRequestsPrintOnlyTheirError) {
+  struct Bad {
+    std::vector<std::string> flags;
+    std::string names;
+  };
+  for (const Bad& bad : {Bad{{"--mode", "static", "--exit-layer", "99"}, "exit_layer"},
+                         Bad{{"--mode", "static", "--max-new-tokens", "100000"}, "context"},
+                         Bad{{"--mode", "threshold"}, "--mode"}}) {
+    std::vector<std::string> args = {"--model", ::lede::testing::Stories260KDir(), "--prompt", "Once upon a time",
+                                     "--threads", "1"};
+    args.insert(args.end(), bad.flags.begin(), bad.flags.end());
+    std::ostringstream out, err;
+    EXPECT_EQ(RunGenerate(args, out, err), 2) << err.str();
+    EXPECT_NE(err.str().find(bad.names), std::string::npos) << err.str();
+    EXPECT_EQ(out.str(), "") << bad.names;
+  }
+}
+
 // `lede generate --graphs on` (the graph-safe decode step, run eagerly on
 // the CPU) prints the text the default path prints, for greedy
 // autoregressive and static decoding; a bad mode is refused naming --graphs.
