@@ -12,7 +12,7 @@
 //
 // Example:
 //   std::shared_ptr<const model::LlamaModel> m =
-//       model::LoadModelOrExit("lede-eval-exits", flags.model, options);
+//       model::loaders::LoadModelOrExit("lede-eval-exits", flags.model, options);
 #ifndef LEDE_SHARED_MODEL_LOADERS_LOAD_OR_EXIT_H_
 #define LEDE_SHARED_MODEL_LOADERS_LOAD_OR_EXIT_H_
 
