@@ -41,14 +41,14 @@
 
 #include "shared/flags/flags.h"
 #include "shared/flags/model_flags.h"
-#include "shared/model/model_load_flags.h"
+#include "shared/model/loaders/model_load_flags.h"
 #include "shared/model/batch.h"
-#include "shared/model/cpu_kernels.h"
-#include "shared/model/cpu_quant_kernels.h"
+#include "shared/model/cpu/cpu_kernels.h"
+#include "shared/model/cpu/cpu_quant_kernels.h"
 #include "shared/model/decoding.h"
 #include "shared/model/kv_cache.h"
 #include "shared/model/llama.h"
-#include "shared/model/load_or_exit.h"
+#include "shared/model/loaders/load_or_exit.h"
 
 namespace {
 
@@ -247,15 +247,15 @@ int Run(const std::vector<std::string>& args) {
     std::fprintf(stderr, "lede_batch_bench: %s\n%s", std::string(s.message()).c_str(), flags.Usage().c_str());
     return 2;
   }
-  auto n_threads = lede::model::ApplyThreadsFlag(load.threads);  // the batched and the solo calls alike
-  auto model_options = lede::model::ModelOptionsFromFlags(load);
+  auto n_threads = lede::model::loaders::ApplyThreadsFlag(load.threads);  // the batched and the solo calls alike
+  auto model_options = lede::model::loaders::ModelOptionsFromFlags(load);
   if (!n_threads.ok() || !model_options.ok()) {
     const lede::Status& s = !n_threads.ok() ? n_threads.status() : model_options.status();
     std::fprintf(stderr, "lede_batch_bench: %s\n", std::string(s.message()).c_str());
     return 2;
   }
   const std::unique_ptr<lede::model::LlamaModel> loaded =
-      lede::model::LoadModelOrExit("lede_batch_bench", model_path, *model_options);
+      lede::model::loaders::LoadModelOrExit("lede_batch_bench", model_path, *model_options);
   const lede::model::LlamaModel& m = *loaded;
   std::vector<int64_t> sizes;
   std::stringstream in(batches);

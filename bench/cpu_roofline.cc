@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <utility>
 
-#include "shared/model/cpu_kernels.h"
+#include "shared/model/cpu/cpu_kernels.h"
 
 namespace lede::bench {
 

@@ -68,13 +68,13 @@
 #include "bench/cpu_roofline.h"
 #include "shared/flags/flags.h"
 #include "shared/flags/model_flags.h"
-#include "shared/model/model_load_flags.h"
-#include "shared/model/cost_model.h"
-#include "shared/model/cpu_kernels.h"
-#include "shared/model/cpu_quant_kernels.h"
+#include "shared/model/loaders/model_load_flags.h"
+#include "shared/model/cost/cost_model.h"
+#include "shared/model/cpu/cpu_kernels.h"
+#include "shared/model/cpu/cpu_quant_kernels.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
-#include "shared/model/load_or_exit.h"
+#include "shared/model/loaders/load_or_exit.h"
 
 namespace {
 
@@ -184,7 +184,7 @@ bool ParseRandomShape(const std::string& spec, lede::checkpoint::ModelConfig* c)
 
 struct Variant {
   Kernels kernels;
-  WeightFormat weights;
+  loaders::WeightFormat weights;
 };
 
 void BenchModel(const std::string& path, const std::vector<Variant>& variants, int64_t n_tokens, int repeats,
@@ -197,7 +197,7 @@ void BenchModel(const std::string& path, const std::vector<Variant>& variants, i
     mo.kernels = v.kernels;
     mo.weights = v.weights;
     auto loaded = random ? LlamaModel::RandomInit(random_shape, /*seed=*/1, mo) : LlamaModel::Load(path, mo);
-    if (!loaded.ok()) ExitLoadFailure("lede_engine_bench", loaded.status());
+    if (!loaded.ok()) loaders::ExitLoadFailure("lede_engine_bench", loaded.status());
     models.push_back(std::move(*loaded));
   }
   const lede::checkpoint::ModelConfig& c = models[0]->config();
@@ -243,9 +243,9 @@ void BenchModel(const std::string& path, const std::vector<Variant>& variants, i
         tps.push_back(run.tps), gbs.push_back(run.gbs), gflops.push_back(run.gflops), cpu_tps.push_back(run.cpu_tps);
       }
       const double t = Median(tps), ct = Median(cpu_tps);
-      const WeightFormat f = models[k]->weight_format();
-      if (variants[k].kernels == Kernels::kEager && f == WeightFormat::kF32) eager_tps = t;
-      if (variants[k].kernels == Kernels::kFused && f == WeightFormat::kF32) f32_tps = t, f32_cpu_tps = ct;
+      const loaders::WeightFormat f = models[k]->weight_format();
+      if (variants[k].kernels == Kernels::kEager && f == loaders::WeightFormat::kF32) eager_tps = t;
+      if (variants[k].kernels == Kernels::kFused && f == loaders::WeightFormat::kF32) f32_tps = t, f32_cpu_tps = ct;
       char ratio[16] = "-", ratio32[16] = "-", cpu_ratio32[16] = "-";
       if (eager_tps > 0) std::snprintf(ratio, sizeof(ratio), "%.2fx", t / eager_tps);
       if (f32_tps > 0 && variants[k].kernels == Kernels::kFused) {
@@ -263,13 +263,13 @@ void BenchModel(const std::string& path, const std::vector<Variant>& variants, i
       const bool same = runs[k].back().tokens == runs[same_as].back().tokens;
       const double g = Median(gbs);
       std::printf("%-16s %-6s %-5s %9.1f %7s %7s %8.2f %5.0f%% %8.2f %7.3f %6s %9.1f %7s\n", m.name.c_str(),
-                  KernelsName(variants[k].kernels), WeightFormatName(f), t, ratio, ratio32, g,
+                  KernelsName(variants[k].kernels), loaders::WeightFormatName(f), t, ratio, ratio32, g,
                   dram_gbs > 0 ? 100 * g / dram_gbs : 0.0, Median(gflops), runs[k].back().accept, same ? "yes" : "NO",
                   ct, cpu_ratio32);
       rows->push_back({{"model", path},
                        {"method", m.name},
                        {"kernels", KernelsName(variants[k].kernels)},
-                       {"weights", WeightFormatName(f)},
+                       {"weights", loaders::WeightFormatName(f)},
                        {"tokens_per_s", t},
                        {"tokens_per_s_runs", tps},
                        {"tokens_per_cpu_s", ct},
@@ -297,7 +297,7 @@ int64_t PeakRssBytes() {
 // --child-weights: one variant in this process (see 2c in the file
 // comment); prints one line "child-json {...}" on stdout. Returns the exit
 // status.
-int RunChild(const std::string& path, WeightFormat weights, int64_t n_tokens) {
+int RunChild(const std::string& path, loaders::WeightFormat weights, int64_t n_tokens) {
   ModelOptions mo;
   mo.kernels = Kernels::kFused;
   mo.weights = weights;
@@ -311,7 +311,7 @@ int RunChild(const std::string& path, WeightFormat weights, int64_t n_tokens) {
   const double load_s = Seconds([&] {
     auto m = ParseRandomShape(path, &random_shape) ? LlamaModel::RandomInit(random_shape, /*seed=*/1, mo)
                                                    : LlamaModel::Load(path, mo);
-    if (!m.ok()) ExitLoadFailure("lede_engine_bench", m.status());
+    if (!m.ok()) loaders::ExitLoadFailure("lede_engine_bench", m.status());
     loaded = std::move(*m);
   });
   const int64_t rss_load = PeakRssBytes();
@@ -333,7 +333,7 @@ int RunChild(const std::string& path, WeightFormat weights, int64_t n_tokens) {
   const Run run = Measure(**engine, prompt, ar);
   const int64_t rss_peak = PeakRssBytes();
   const int64_t resident = model->resident_weight_bytes(), packed = model->packed_weight_bytes();
-  const std::string format = WeightFormatName(model->weight_format());
+  const std::string format = loaders::WeightFormatName(model->weight_format());
   engine->reset();
   model.reset();  // the roofline's buffer does not stack on the model's pages
   const double roof_after = ReadBandwidthGbs(256ll << 20, 3, &roof_cpu_after);
@@ -357,14 +357,14 @@ int RunChild(const std::string& path, WeightFormat weights, int64_t n_tokens) {
 
 // --isolate: the variants of one model, each in a child process, --repeats
 // rounds interleaved (2c in the file comment).
-void IsolatedRuns(const std::string& exe, const std::string& path, const std::vector<WeightFormat>& formats,
+void IsolatedRuns(const std::string& exe, const std::string& path, const std::vector<loaders::WeightFormat>& formats,
                   int64_t n_tokens, int64_t threads, int repeats, double dram_gbs, nlohmann::json* rows) {
   std::vector<std::vector<nlohmann::json>> runs(formats.size());
   for (int r = 0; r < repeats; ++r) {
     for (size_t k = 0; k < formats.size(); ++k) {
       const std::string cmd = "'" + exe + "' --models '" + path + "' --tokens " + std::to_string(n_tokens) +
                               " --threads " + std::to_string(threads) + " --child-weights " +
-                              WeightFormatName(formats[k]);
+                              loaders::WeightFormatName(formats[k]);
       FILE* p = popen(cmd.c_str(), "r");
       if (p == nullptr) continue;
       std::string line, got;
@@ -410,7 +410,7 @@ void IsolatedRuns(const std::string& exe, const std::string& path, const std::ve
     }
     const nlohmann::json& last = runs[k].back();
     const double t = Median(tps), g = Median(gbs), ct = Median(cpu_tps);
-    if (formats[k] == WeightFormat::kF32) f32_tps = t, f32_cpu_tps = ct;
+    if (formats[k] == loaders::WeightFormat::kF32) f32_tps = t, f32_cpu_tps = ct;
     char ratio[32] = "-";
     if (f32_tps > 0) std::snprintf(ratio, sizeof(ratio), "%.2fx", t / f32_tps);
     const std::vector<int32_t> tokens = last["tokens"].get<std::vector<int32_t>>();
@@ -451,7 +451,7 @@ void IsolatedRuns(const std::string& exe, const std::string& path, const std::ve
 void DetailTables(const std::shared_ptr<const LlamaModel>& model, int64_t n_tokens) {
   const lede::checkpoint::ModelConfig& c = model->config();
   const int64_t L = c.n_layers;
-  auto cal = Calibrate(*model, 100);
+  auto cal = cost::Calibrate(*model, 100);
   if (!cal.ok()) {
     std::fprintf(stderr, "calibration failed: %s\n", cal.status().ToString().c_str());
     return;
@@ -463,8 +463,8 @@ void DetailTables(const std::shared_ptr<const LlamaModel>& model, int64_t n_toke
     const double verify = L * cal->block_us[k - 1] + cal->head_us[k - 1];
     std::printf("%3d  %8.1f  %7.1f  %6.2f\n", k, cal->block_us[k - 1], cal->head_us[k - 1], verify / cal->step_us);
   }
-  auto accel = MakeAcceleratorCostModel(c);
-  auto measured = MakeMeasuredCostModel(*cal);
+  auto accel = cost::MakeAcceleratorCostModel(c);
+  auto measured = cost::MakeMeasuredCostModel(*cal);
   KvCacheOptions ko;
   ko.max_draft_len = 16;
   auto engine = Engine::Create(model, ko);
@@ -591,7 +591,7 @@ int ParseBenchFlags(const std::vector<std::string>& args, BenchFlags* b) {
 }
 
 // Every --kernels implementation at every --weights storage, weights outer.
-// Errors: kInvalidArgument from ParseKernels / ParseWeightFormat, naming the
+// Errors: kInvalidArgument from ParseKernels / loaders::ParseWeightFormat, naming the
 // flag.
 lede::StatusOr<std::vector<Variant>> ParseVariants(const BenchFlags& b) {
   std::vector<Kernels> kernels;
@@ -602,7 +602,7 @@ lede::StatusOr<std::vector<Variant>> ParseVariants(const BenchFlags& b) {
   }
   std::vector<Variant> variants;
   for (const std::string& wf : lede::flags::SplitList(b.weights)) {
-    auto parsed = ParseWeightFormat(wf);
+    auto parsed = loaders::ParseWeightFormat(wf);
     if (!parsed.ok()) return parsed.status();
     for (Kernels k : kernels) variants.push_back({k, *parsed});
   }
@@ -632,7 +632,7 @@ void BenchOneModel(const std::string& model, const BenchFlags& b, const std::vec
                rows);
     return;
   }
-  std::vector<WeightFormat> formats;
+  std::vector<loaders::WeightFormat> formats;
   for (const Variant& v : variants) {
     if (std::find(formats.begin(), formats.end(), v.weights) == formats.end()) formats.push_back(v.weights);
   }
@@ -712,7 +712,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "lede_engine_bench: need --kernels, --repeats >= 1, --tokens >= 1\n");
     return 2;
   }
-  auto n_threads = lede::model::ApplyThreadsFlag(b.load.threads);
+  auto n_threads = lede::model::loaders::ApplyThreadsFlag(b.load.threads);
   if (!n_threads.ok()) {
     std::fprintf(stderr, "lede_engine_bench: %s\n", std::string(n_threads.status().message()).c_str());
     return 2;
@@ -720,7 +720,7 @@ int main(int argc, char** argv) {
   b.load.threads = *n_threads;  // children get the resolved count
   c10::InferenceMode inference_mode;
   if (!b.child_weights.empty()) {
-    auto parsed = ParseWeightFormat(b.child_weights);
+    auto parsed = loaders::ParseWeightFormat(b.child_weights);
     const auto models = lede::flags::SplitList(b.models);
     if (!parsed.ok() || models.empty()) {
       std::fprintf(stderr, "lede_engine_bench: --child-weights needs a format and --models\n");

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "shared/model/cpu_ggml_kernels.h"
-#include "shared/model/cpu_quant_kernels.h"
+#include "shared/model/cpu/cpu_ggml_kernels.h"
+#include "shared/model/cpu/cpu_quant_kernels.h"
 
 namespace {
 

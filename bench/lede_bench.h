@@ -42,7 +42,7 @@ int RunCollect(const std::vector<std::string>& args, std::ostream& out, std::ost
 //   [--ridge-tokens 256] [--policy DIR[,...]] [--max-draft-len 8] [--json OUT]: the
 // predicted speed-up of static self-speculation (tuned at each load and tuned
 // alone) and of the given policies when B sessions decode at once, under the
-// cost models at a load (shared/model/cost_model.h), by exact replay of the
+// cost models at a load (shared/model/cost/cost_model.h), by exact replay of the
 // evaluation split (bench/load_bench.cc). Prints numbers; asserts nothing.
 int RunLoad(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 

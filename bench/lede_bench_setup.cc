@@ -9,7 +9,7 @@
 #include <fstream>
 
 #include "policy/dqn/dqn_exit_controller.h"
-#include "shared/model/model_load_flags.h"
+#include "shared/model/loaders/model_load_flags.h"
 #include "shared/status/status_macros.h"
 #include "shared/tokenizer/model_files.h"
 
@@ -19,29 +19,29 @@ using flags::SplitList;
 using trainer::LoadPromptSet;
 
 StatusOr<Common> Setup(const CommonFlags& cf) {
-  LEDE_RETURN_IF_ERROR(model::ApplyThreadsFlag(cf.threads).status());
+  LEDE_RETURN_IF_ERROR(model::loaders::ApplyThreadsFlag(cf.threads).status());
   Common c;
   LEDE_ASSIGN_OR_RETURN(std::string tok_path, tokenizer::FindTokenizerFile(cf.model));
   LEDE_ASSIGN_OR_RETURN(c.tokenizer, tokenizer::LoadTokenizer(tok_path));
-  LEDE_ASSIGN_OR_RETURN(model::ModelOptions model_options, model::ModelOptionsFromFlags(cf));
+  LEDE_ASSIGN_OR_RETURN(model::ModelOptions model_options, model::loaders::ModelOptionsFromFlags(cf));
   LEDE_ASSIGN_OR_RETURN(auto loaded, model::LlamaModel::Load(cf.model, model_options));
   c.model = std::move(loaded);
   model::KvCacheOptions ko;
   ko.max_draft_len = std::max<int64_t>(16, cf.max_draft);
   LEDE_ASSIGN_OR_RETURN(c.engine, model::Engine::Create(c.model, ko));
-  model::Calibration cal;
+  model::cost::Calibration cal;
   if (!cf.calibration.empty()) {
-    LEDE_ASSIGN_OR_RETURN(cal, model::ReadCalibrationFile(cf.calibration));
+    LEDE_ASSIGN_OR_RETURN(cal, model::cost::ReadCalibrationFile(cf.calibration));
   } else {
     auto network = std::make_shared<policy::dqn::QNetwork>(policy::dqn::QNetwork::Random(policy::dqn::kDefaultHidden, 1));
-    LEDE_ASSIGN_OR_RETURN(cal, model::Calibrate(*c.model, 30, [network] {
+    LEDE_ASSIGN_OR_RETURN(cal, model::cost::Calibrate(*c.model, 30, [network] {
       float features[speculation::kExitFeatureDim] = {0.5f};
       float q[policy::dqn::kNumActions];
       network->Forward(features, q);
     }));
   }
-  c.accelerator = model::MakeAcceleratorCostModel(c.model->config());
-  c.measured = model::MakeMeasuredCostModel(cal);
+  c.accelerator = model::cost::MakeAcceleratorCostModel(c.model->config());
+  c.measured = model::cost::MakeMeasuredCostModel(cal);
   LEDE_ASSIGN_OR_RETURN(c.spec.candidate_layers, flags::ParseIntList("candidate-layers", cf.candidates));
   c.spec.max_draft_len = static_cast<int32_t>(cf.max_draft);
   for (const std::string& path : SplitList(cf.prompts)) {
@@ -55,7 +55,7 @@ StatusOr<Common> Setup(const CommonFlags& cf) {
 // The rewards of shared/experience/transition.h under a cost model: "paper" (docs/design.md
 // §2; with the measured model its depth term assumes a typical round of 3
 // drafts and 4 tokens) or "throughput" (tokens minus cost).
-experience::RewardSpec RewardsFor(const std::string& reward, const model::CostModel& cm, const Common& c) {
+experience::RewardSpec RewardsFor(const std::string& reward, const model::cost::CostModel& cm, const Common& c) {
   const int32_t L = static_cast<int32_t>(c.model->n_layers());
   std::vector<double> draft_cost;
   for (int32_t l = 0; l <= L; ++l) draft_cost.push_back(l == 0 ? 0.0 : cm.ControlledDraftToken(l));

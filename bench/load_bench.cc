@@ -2,7 +2,7 @@
 // policy sees the load, docs/design.md §2). Every method is replayed once per prompt
 // (exact replays of the greedy trajectories, trainer/counterfactual.h) and
 // its rounds are priced by the cost models at each load
-// (shared/model/cost_model.h MakeAcceleratorCostModelAtLoad,
+// (shared/model/cost/cost_model.h MakeAcceleratorCostModelAtLoad,
 // MakeMeasuredCostModelAtLoad): B sessions decoding at once, every
 // server step batching the same work of all B. Speed-ups are against
 // autoregressive decoding of the same B sessions, batched.
@@ -42,11 +42,11 @@
 #include "policy/dqn/method_factory.h"
 #include "shared/flags/flags.h"
 #include "shared/flags/model_flags.h"
-#include "shared/model/model_load_flags.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/loaders/model_load_flags.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
-#include "shared/model/load_or_exit.h"
+#include "shared/model/loaders/load_or_exit.h"
 #include "shared/status/status_macros.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
@@ -63,7 +63,7 @@ using Rounds = std::vector<speculation::RoundRecord>;
 struct LoadFlags : flags::ModelLoadFlags {
   LoadFlags() { threads = 1; }
   std::string prompts, calibration, loads = "1,2,4,8,16", policies, json;
-  double ridge_tokens = model::kDefaultRidgeTokens;
+  double ridge_tokens = model::cost::kDefaultRidgeTokens;
   int64_t max_draft = 8, per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 64;
 };
 
@@ -73,7 +73,7 @@ struct StaticRounds {
 };
 
 // The best static setting under `cost` on the tuning split.
-const StaticRounds& BestOn(const std::vector<StaticRounds>& grid, const model::CostModel& cost) {
+const StaticRounds& BestOn(const std::vector<StaticRounds>& grid, const model::cost::CostModel& cost) {
   size_t best = 0;
   double best_speedup = -1;
   for (size_t i = 0; i < grid.size(); ++i) {
@@ -176,7 +176,7 @@ void PrintHeader(const std::string& set_name, size_t n_eval, const std::vector<P
 
 // One cost model family at the loads it prices (the measured one: up to the
 // largest timed batch size), by load.
-using CostsByLoad = std::map<int64_t, std::unique_ptr<model::CostModel>>;
+using CostsByLoad = std::map<int64_t, std::unique_ptr<model::cost::CostModel>>;
 
 // Each policy's --speculation-max-load C, tuned on the tuning split: the
 // load that maximizes the summed speed-up over `family_loads` (1.0 above
@@ -206,7 +206,7 @@ struct RowInputs {
 };
 
 // Prints the row of `family` at load b and returns it as JSON.
-nlohmann::json PrintRow(const std::string& family, int64_t b, const model::CostModel& cost, const RowInputs& in,
+nlohmann::json PrintRow(const std::string& family, int64_t b, const model::cost::CostModel& cost, const RowInputs& in,
                         std::ostream& out) {
   const StaticRounds& at_b = BestOn(in.grid, cost);
   const double speedup_b = cost.PredictedSpeedup(at_b.eval), speedup_1 = cost.PredictedSpeedup(in.at_1.eval);
@@ -242,15 +242,15 @@ nlohmann::json PrintRow(const std::string& family, int64_t b, const model::CostM
 // The rows of one cost model family ("accelerator" or "measured"), each
 // printed and appended to report["sets"][set_name].
 Status PriceFamily(const std::string& family, const LoadFlags& lf, const model::LlamaModel& m,
-                   const model::Calibration& cal, const std::vector<int64_t>& loads,
+                   const model::cost::Calibration& cal, const std::vector<int64_t>& loads,
                    const std::vector<StaticRounds>& grid, const std::vector<PolicyRounds>& policies,
                    const std::string& set_name, std::ostream& out, nlohmann::json* report) {
   // The family at load B, and alone (B = 1: what a load-blind server tunes for).
-  auto at = [&](int64_t b) -> StatusOr<std::unique_ptr<model::CostModel>> {
-    if (family == "accelerator") return model::MakeAcceleratorCostModelAtLoad(m.config(), b, lf.ridge_tokens);
-    return model::MakeMeasuredCostModelAtLoad(cal, b);
+  auto at = [&](int64_t b) -> StatusOr<std::unique_ptr<model::cost::CostModel>> {
+    if (family == "accelerator") return model::cost::MakeAcceleratorCostModelAtLoad(m.config(), b, lf.ridge_tokens);
+    return model::cost::MakeMeasuredCostModelAtLoad(cal, b);
   };
-  LEDE_ASSIGN_OR_RETURN(std::unique_ptr<model::CostModel> alone, at(1));
+  LEDE_ASSIGN_OR_RETURN(std::unique_ptr<model::cost::CostModel> alone, at(1));
   const int64_t max_timed = cal.batch_sizes.back();
   std::vector<int64_t> family_loads;
   CostsByLoad costs;
@@ -267,7 +267,7 @@ Status PriceFamily(const std::string& family, const LoadFlags& lf, const model::
 }
 
 Status RunSet(const LoadFlags& lf, const model::LlamaModel& m, model::Engine& engine, const trainer::PromptSet& set,
-              const model::Calibration& cal, const std::vector<int64_t>& loads,
+              const model::cost::Calibration& cal, const std::vector<int64_t>& loads,
               const std::vector<policy::dqn::Artifact>& artifacts, std::ostream& out, std::ostream& err,
               nlohmann::json* report) {
   const int32_t L = static_cast<int32_t>(m.n_layers());
@@ -321,19 +321,19 @@ int RunLoad(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   }
   if (lf.max_draft < 1 || lf.max_draft > 16) return fail(InvalidArgumentError("--max-draft-len: want 1..16"), 2);
   if (lf.ridge_tokens <= 0) return fail(InvalidArgumentError("--ridge-tokens: want > 0"), 2);
-  if (auto threads = model::ApplyThreadsFlag(lf.threads); !threads.ok()) return fail(threads.status(), 2);
-  auto cal = model::ReadCalibrationFile(lf.calibration);
+  if (auto threads = model::loaders::ApplyThreadsFlag(lf.threads); !threads.ok()) return fail(threads.status(), 2);
+  auto cal = model::cost::ReadCalibrationFile(lf.calibration);
   if (!cal.ok()) return fail(Status(cal.status().code(), "--calibration: " + std::string(cal.status().message())), 2);
-  if (auto c = model::MakeMeasuredCostModelAtLoad(*cal, 1); !c.ok()) {
+  if (auto c = model::cost::MakeMeasuredCostModelAtLoad(*cal, 1); !c.ok()) {
     return fail(Status(c.status().code(), "--calibration: " + std::string(c.status().message())), 2);
   }
   auto tok_path = tokenizer::FindTokenizerFile(lf.model);
   if (!tok_path.ok()) return fail(tok_path.status(), 2);
   auto tok = tokenizer::LoadTokenizer(*tok_path);
   if (!tok.ok()) return fail(tok.status(), 2);
-  auto model_options = model::ModelOptionsFromFlags(lf);
+  auto model_options = model::loaders::ModelOptionsFromFlags(lf);
   if (!model_options.ok()) return fail(model_options.status(), 2);
-  std::shared_ptr<const model::LlamaModel> m = model::LoadModelOrExit("lede_bench load", lf.model, *model_options);
+  std::shared_ptr<const model::LlamaModel> m = model::loaders::LoadModelOrExit("lede_bench load", lf.model, *model_options);
   if (cal->model_fingerprint != m->config().ArchitectureFingerprint()) {
     return fail(InvalidArgumentError("--calibration: calibrated for another model"), 2);
   }

@@ -22,7 +22,7 @@ GenerateOptions SetBench::SpecWith(std::vector<int32_t> layers) const {
 }
 
 Status SetBench::Tune(const std::string& method, const ConfigsFor& configs_for) {
-  for (const model::CostModel* cm : cost_models_) {
+  for (const model::cost::CostModel* cm : cost_models_) {
     std::vector<Config> configs = configs_for(*cm);
     size_t best = 0;
     double best_speedup = -1;
@@ -76,7 +76,7 @@ std::vector<SetBench::Config> SetBench::ThresholdConfigs() const {
   return v;
 }
 
-std::vector<SetBench::Config> SetBench::CalibratedConfigs(const AcceptanceModels& cal, const model::CostModel& cm) const {
+std::vector<SetBench::Config> SetBench::CalibratedConfigs(const AcceptanceModels& cal, const model::cost::CostModel& cm) const {
   std::vector<Config> v;
   auto costs = RoundCostsOf(cm, L_, D_);
   for (bool lookahead : {true, false}) {
@@ -96,7 +96,7 @@ std::vector<SetBench::Config> SetBench::CalibratedConfigs(const AcceptanceModels
   return v;
 }
 
-std::vector<SetBench::Config> SetBench::DelConfigs(const model::CostModel& cm) const {
+std::vector<SetBench::Config> SetBench::DelConfigs(const model::cost::CostModel& cm) const {
   std::vector<Config> v;
   auto costs = RoundCostsOf(cm, L_, D_);
   std::vector<double> rates(L_ + 1, 0.0);
@@ -131,16 +131,16 @@ std::vector<SetBench::Config> SetBench::AdaEdlConfigs() const {
 
 std::vector<std::pair<std::string, SetBench::ConfigsFor>> SetBench::Families() const {
   std::vector<std::pair<std::string, ConfigsFor>> families;
-  if (Has("static")) families.emplace_back("static", [this](const model::CostModel&) { return StaticConfigs(); });
+  if (Has("static")) families.emplace_back("static", [this](const model::cost::CostModel&) { return StaticConfigs(); });
   if (Has("threshold")) {
-    families.emplace_back("threshold", [this](const model::CostModel&) { return ThresholdConfigs(); });
+    families.emplace_back("threshold", [this](const model::cost::CostModel&) { return ThresholdConfigs(); });
   }
   if (Has("calibrated")) {
     families.emplace_back("calibrated",
-                          [this](const model::CostModel& cm) { return CalibratedConfigs(calibration_, cm); });
+                          [this](const model::cost::CostModel& cm) { return CalibratedConfigs(calibration_, cm); });
   }
-  if (Has("del")) families.emplace_back("del", [this](const model::CostModel& cm) { return DelConfigs(cm); });
-  if (Has("adaedl")) families.emplace_back("adaedl", [this](const model::CostModel&) { return AdaEdlConfigs(); });
+  if (Has("del")) families.emplace_back("del", [this](const model::cost::CostModel& cm) { return DelConfigs(cm); });
+  if (Has("adaedl")) families.emplace_back("adaedl", [this](const model::cost::CostModel&) { return AdaEdlConfigs(); });
   return families;
 }
 

@@ -30,13 +30,13 @@ nlohmann::json SetBench::Ceilings() const {
     return sum.cost > 0 ? sum.tokens / sum.cost : 1.0;
   };
   // The belief-optimal policy under one table per trace (none: no fit, 1.0).
-  auto belief = [&](const std::vector<trainer::AcceptanceTable>& tables, const model::CostModel& cm) {
+  auto belief = [&](const std::vector<trainer::AcceptanceTable>& tables, const model::cost::CostModel& cm) {
     if (tables.empty()) return 1.0;
     return pooled([&](size_t i) {
       return trainer::BeliefOptimalCost(eval_traces_[i], tables[i], static_max_draft_, cm);
     });
   };
-  for (const model::CostModel* cm : cost_models_) {
+  for (const model::cost::CostModel* cm : cost_models_) {
     out["hindsight_oracle"][cm->name()] =
         pooled([&](size_t i) { return trainer::HindsightOracleCost(eval_traces_[i], static_max_draft_, *cm); });
     out["belief_in_sample"][cm->name()] = belief(in_tables, *cm);

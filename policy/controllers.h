@@ -71,7 +71,7 @@ class EpsilonGreedyController : public speculation::ExitController {
 };
 
 // The costs a rule-based controller weighs, in units of one full-depth step
-// (from a cost model, shared/model/cost_model.h; the bench fills them).
+// (from a cost model, shared/model/cost/cost_model.h; the bench fills them).
 struct RoundCosts {
   // marginal[l][i], i in [1, D_max]: the extra cost of drafting the i-th
   // token of a round at exit layer l once its probe is paid:

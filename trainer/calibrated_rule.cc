@@ -60,7 +60,7 @@ StatusOr<AcceptanceModels> FitAcceptanceModels(const std::vector<ShadowTrace>& t
   return m;
 }
 
-std::shared_ptr<const policy::RoundCosts> RoundCostsOf(const model::CostModel& cm, int32_t L, int32_t max_draft) {
+std::shared_ptr<const policy::RoundCosts> RoundCostsOf(const model::cost::CostModel& cm, int32_t L, int32_t max_draft) {
   auto c = std::make_shared<policy::RoundCosts>();
   c->marginal.assign(L + 1, std::vector<double>(max_draft + 1, 0.0));
   c->round.assign(L + 1, std::vector<double>(max_draft + 1, 0.0));
@@ -86,7 +86,7 @@ std::unique_ptr<speculation::ExitController> CalibratedRule::Make(const speculat
 }
 
 StatusOr<CalibratedRule> TuneCalibratedRule(const std::vector<ShadowTrace>& traces, const speculation::DecisionSpec& spec,
-                                            const model::CostModel& cost) {
+                                            const model::cost::CostModel& cost) {
   if (traces.empty()) return InvalidArgumentError("calibrated rule: no traces");
   const int32_t L = traces.front().n_layers;
   CalibratedRule best;

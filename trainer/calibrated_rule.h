@@ -18,7 +18,7 @@
 
 #include "policy/acceptance_model.h"
 #include "policy/controllers.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/speculation/exit_controller.h"
 #include "shared/status/status.h"
 #include "trainer/counterfactual.h"
@@ -52,7 +52,7 @@ StatusOr<AcceptanceModels> FitAcceptanceModels(const std::vector<ShadowTrace>& t
 
 // The costs the rule weighs under `cm` for L layers and draft lengths
 // 1..max_draft (policy::RoundCosts, in full-depth steps).
-std::shared_ptr<const policy::RoundCosts> RoundCostsOf(const model::CostModel& cm, int32_t L, int32_t max_draft);
+std::shared_ptr<const policy::RoundCosts> RoundCostsOf(const model::cost::CostModel& cm, int32_t L, int32_t max_draft);
 
 // The rule tuned by exact replay on `traces` under `spec` (its probe flags
 // and D_max): every exit layer of spec.candidate_layers (< L) and rho in
@@ -69,7 +69,7 @@ struct CalibratedRule {
 };
 // Errors: kInvalidArgument for empty traces or no candidate layer below L.
 StatusOr<CalibratedRule> TuneCalibratedRule(const std::vector<ShadowTrace>& traces, const speculation::DecisionSpec& spec,
-                                            const model::CostModel& cost);
+                                            const model::cost::CostModel& cost);
 
 }  // namespace lede::trainer
 

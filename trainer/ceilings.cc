@@ -7,7 +7,7 @@
 
 namespace lede::trainer {
 
-TraceCost HindsightOracleCost(const ShadowTrace& t, int32_t max_draft, const model::CostModel& cost) {
+TraceCost HindsightOracleCost(const ShadowTrace& t, int32_t max_draft, const model::cost::CostModel& cost) {
   const int64_t N = static_cast<int64_t>(t.target.size());
   if (N < 2) return {};
   // f[i]: cost of emitting target[i..N) when target[i-1] is pending.
@@ -38,7 +38,7 @@ AcceptanceTable CalibratedAcceptanceTable(const ShadowTrace& trace, const policy
 }
 
 TraceCost BeliefOptimalCost(const ShadowTrace& t, const AcceptanceTable& p, int32_t max_draft,
-                            const model::CostModel& cost) {
+                            const model::cost::CostModel& cost) {
   const int64_t N = static_cast<int64_t>(t.target.size());
   if (N < 2) return {};
   // v[i]: least expected cost of emitting target[i..N) when target[i-1] is

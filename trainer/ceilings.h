@@ -30,7 +30,7 @@
 // rounds. A round started when target[i-1] is pending drafts target[i..i+d)
 // and emits the accepted prefix plus one token from the verifier. Costs are
 // in full-depth steps: a round costs d * DraftToken(l) + Verify(l, d) and an
-// autoregressive step Step() (model::CostModel; decisions and probe signals
+// autoregressive step Step() (model::cost::CostModel; decisions and probe signals
 // are not charged, which only raises the bounds). Torch-free.
 #ifndef LEDE_TRAINER_CEILINGS_H_
 #define LEDE_TRAINER_CEILINGS_H_
@@ -39,7 +39,7 @@
 #include <vector>
 
 #include "policy/acceptance_model.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "trainer/counterfactual.h"
 
 namespace lede::trainer {
@@ -53,7 +53,7 @@ struct TraceCost {
 
 // The hindsight oracle's least cost of emitting target[1..N) of `trace`
 // with drafts of at most `max_draft` tokens at exit layers 1..L-1.
-TraceCost HindsightOracleCost(const ShadowTrace& trace, int32_t max_draft, const model::CostModel& cost);
+TraceCost HindsightOracleCost(const ShadowTrace& trace, int32_t max_draft, const model::cost::CostModel& cost);
 
 // P(accept) per exit layer and position: p[l][t] for l in [1, L), t in
 // [1, N) (row 0, row L and column 0 are unused and 0), each in [0, 1].
@@ -72,7 +72,7 @@ AcceptanceTable CalibratedAcceptanceTable(const ShadowTrace& trace, const policy
 // elsewhere it is the hindsight oracle's cost. p must cover the trace
 // (p.size() == L, each row N long); a smaller table is a programming error.
 TraceCost BeliefOptimalCost(const ShadowTrace& trace, const AcceptanceTable& p, int32_t max_draft,
-                            const model::CostModel& cost);
+                            const model::cost::CostModel& cost);
 
 }  // namespace lede::trainer
 

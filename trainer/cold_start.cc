@@ -26,7 +26,7 @@ ColdStartChoice DefaultColdStart(int32_t n_layers) {
 }
 
 StatusOr<ColdStartChoice> ChooseColdStartFromTraces(const std::vector<ShadowTrace>& traces, int32_t max_draft_len,
-                                                    const model::CostModel& cost,
+                                                    const model::cost::CostModel& cost,
                                                     const std::vector<int32_t>& exit_layers) {
   if (traces.empty()) return InvalidArgumentError("cold start: no calibration requests");
   if (max_draft_len < 1) return InvalidArgumentError("cold start: max_draft_len must be >= 1");
@@ -88,7 +88,7 @@ const std::vector<std::string>& ColdStartPrompts() {
 }
 
 StatusOr<ColdStartChoice> ChooseColdStart(model::Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                                          int64_t new_tokens, int32_t max_draft_len, const model::CostModel& cost,
+                                          int64_t new_tokens, int32_t max_draft_len, const model::cost::CostModel& cost,
                                           const std::function<bool()>& out_of_time,
                                           const std::vector<int32_t>& exit_layers) {
   std::vector<ShadowTrace> traces;

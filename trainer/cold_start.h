@@ -43,7 +43,7 @@
 
 #include "policy/dqn/artifact.h"
 #include "shared/checkpoint/model_config.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/status/status.h"
 #include "trainer/counterfactual.h"
 
@@ -77,7 +77,7 @@ ColdStartChoice DefaultColdStart(int32_t n_layers);
 // Errors: kInvalidArgument for no traces or max_draft_len < 1; those of the
 // replay.
 StatusOr<ColdStartChoice> ChooseColdStartFromTraces(const std::vector<ShadowTrace>& traces, int32_t max_draft_len,
-                                                    const model::CostModel& cost,
+                                                    const model::cost::CostModel& cost,
                                                     const std::vector<int32_t>& exit_layers = {});
 
 // How much self-calibration a model gets. The calibration decodes
@@ -136,7 +136,7 @@ const std::vector<std::string>& ColdStartPrompts();
 // --max-seconds) on fewer requests instead of taking minutes.
 // Errors: those of TraceGreedyRequest and ChooseColdStartFromTraces.
 StatusOr<ColdStartChoice> ChooseColdStart(model::Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                                          int64_t new_tokens, int32_t max_draft_len, const model::CostModel& cost,
+                                          int64_t new_tokens, int32_t max_draft_len, const model::cost::CostModel& cost,
                                           const std::function<bool()>& out_of_time = nullptr,
                                           const std::vector<int32_t>& exit_layers = {});
 

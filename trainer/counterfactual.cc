@@ -397,7 +397,7 @@ StatusOr<std::vector<speculation::RoundRecord>> SimulatedRounds(const std::vecto
 }
 
 StatusOr<double> SimulatedSpeedup(const std::vector<ShadowTrace>& traces, const speculation::DecisionSpec& spec,
-                                  const ControllerMaker& make, const model::CostModel& cost) {
+                                  const ControllerMaker& make, const model::cost::CostModel& cost) {
   SimulatedMethod m;
   m.mode = SpeculationMode::kAdaptive;
   m.spec = spec;
@@ -458,7 +458,7 @@ StatusOr<std::vector<experience::Transition>> CounterfactualTransitions(
   return out;
 }
 
-experience::RewardSpec DinkelbachRewards(const model::CostModel& cost, int32_t n_layers, int32_t max_draft_len,
+experience::RewardSpec DinkelbachRewards(const model::cost::CostModel& cost, int32_t n_layers, int32_t max_draft_len,
                                      double rho) {
   std::vector<double> draft_cost;
   for (int32_t l = 0; l <= n_layers; ++l) draft_cost.push_back(l == 0 ? 0.0 : cost.ControlledDraftToken(l));

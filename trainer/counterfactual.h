@@ -50,7 +50,7 @@
 #include <vector>
 
 #include "shared/experience/transition.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/speculation/exit_controller.h"
 #include "shared/model/llama.h"
@@ -211,7 +211,7 @@ StatusOr<std::vector<speculation::RoundRecord>> SimulatedRounds(const std::vecto
 // Replays the controllers of `make` on every trace and returns the
 // predicted speed-up under `cost` of all rounds pooled (tokens / cost).
 StatusOr<double> SimulatedSpeedup(const std::vector<ShadowTrace>& traces, const speculation::DecisionSpec& spec,
-                                  const ControllerMaker& make, const model::CostModel& cost);
+                                  const ControllerMaker& make, const model::cost::CostModel& cost);
 
 // The acceptance of a replayed method on a set of traces: requests, tokens
 // drafted, and drafts kept in expectation (ExpectedAcceptedLength of each
@@ -249,7 +249,7 @@ StatusOr<std::vector<experience::Transition>> CounterfactualTransitions(
 // The Dinkelbach throughput rewards of shared/experience/transition.h under a cost
 // model for `spec` (L layers): tokens - rho * cost, probes and decisions
 // charged at the cost model's price.
-experience::RewardSpec DinkelbachRewards(const model::CostModel& cost, int32_t n_layers, int32_t max_draft_len,
+experience::RewardSpec DinkelbachRewards(const model::cost::CostModel& cost, int32_t n_layers, int32_t max_draft_len,
                                      double rho);
 
 }  // namespace lede::trainer

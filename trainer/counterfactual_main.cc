@@ -24,10 +24,10 @@
 #include "policy/dqn/artifact.h"
 #include "shared/flags/flags.h"
 #include "shared/flags/model_flags.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/model/decoding.h"
-#include "shared/model/load_or_exit.h"
-#include "shared/model/model_load_flags.h"
+#include "shared/model/loaders/load_or_exit.h"
+#include "shared/model/loaders/model_load_flags.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/status/status_macros.h"
 #include "trainer/corpus.h"
@@ -58,7 +58,7 @@ struct Flags : lede::flags::ModelLoadFlags {
     return o;
   }()};
   std::string initial_policy = "static", loads, warm_start, trace_model;
-  double ridge_tokens = lede::model::kDefaultRidgeTokens;
+  double ridge_tokens = lede::model::cost::kDefaultRidgeTokens;
   bool overwrite = false, probe_candidates = false, lookahead_probe = false, rollout = true;
 };
 
@@ -69,29 +69,29 @@ int Fail(const Status& s) {
 
 // The measured model's calibration (--calibration, default
 // <model>/calibration-cpu.json), read once; empty for the accelerator model.
-StatusOr<lede::model::Calibration> ReadCalibration(const Flags& fl) {
-  if (fl.cost_model != "measured") return lede::model::Calibration{};
-  return lede::model::ReadCalibrationFile(fl.calibration.empty() ? fl.model + "/calibration-cpu.json"
+StatusOr<lede::model::cost::Calibration> ReadCalibration(const Flags& fl) {
+  if (fl.cost_model != "measured") return lede::model::cost::Calibration{};
+  return lede::model::cost::ReadCalibrationFile(fl.calibration.empty() ? fl.model + "/calibration-cpu.json"
                                                                  : fl.calibration);
 }
 
 // The reward's cost model: the accelerator model, or the measured one.
-StatusOr<std::unique_ptr<lede::model::CostModel>> MakeCostModel(const Flags& fl, const lede::model::LlamaModel& model,
-                                                                const lede::model::Calibration& cal) {
-  if (fl.cost_model == "accelerator") return lede::model::MakeAcceleratorCostModel(model.config());
-  if (fl.cost_model == "measured") return lede::model::MakeMeasuredCostModel(cal);
+StatusOr<std::unique_ptr<lede::model::cost::CostModel>> MakeCostModel(const Flags& fl, const lede::model::LlamaModel& model,
+                                                                const lede::model::cost::Calibration& cal) {
+  if (fl.cost_model == "accelerator") return lede::model::cost::MakeAcceleratorCostModel(model.config());
+  if (fl.cost_model == "measured") return lede::model::cost::MakeMeasuredCostModel(cal);
   return lede::InvalidArgumentError("--cost-model: want accelerator or measured");
 }
 
-// --loads: the cost model of --cost-model at a load (shared/model/cost_model.h).
-StatusOr<std::unique_ptr<lede::model::CostModel>> MakeCostModelAtLoad(const Flags& fl,
+// --loads: the cost model of --cost-model at a load (shared/model/cost/cost_model.h).
+StatusOr<std::unique_ptr<lede::model::cost::CostModel>> MakeCostModelAtLoad(const Flags& fl,
                                                                      const lede::model::LlamaModel& model,
-                                                                     const lede::model::Calibration& cal,
+                                                                     const lede::model::cost::Calibration& cal,
                                                                      int32_t load) {
   if (fl.cost_model == "accelerator") {
-    return lede::model::MakeAcceleratorCostModelAtLoad(model.config(), load, fl.ridge_tokens);
+    return lede::model::cost::MakeAcceleratorCostModelAtLoad(model.config(), load, fl.ridge_tokens);
   }
-  auto cost = lede::model::MakeMeasuredCostModelAtLoad(cal, load);
+  auto cost = lede::model::cost::MakeMeasuredCostModelAtLoad(cal, load);
   if (!cost.ok()) return lede::Status(cost.status().code(), "--loads: " + std::string(cost.status().message()));
   return cost;
 }
@@ -142,7 +142,7 @@ Status CollectPrompts(const Flags& fl, const lede::tokenizer::Tokenizer& tok, st
 }
 
 // training_report.json: the Dinkelbach iterations and the static references.
-nlohmann::json TrainingReport(const lede::model::CostModel& cost, const lede::trainer::DinkelbachResult& result,
+nlohmann::json TrainingReport(const lede::model::cost::CostModel& cost, const lede::trainer::DinkelbachResult& result,
                               const lede::trainer::StaticChoice& sel_static, size_t n_train, size_t n_selection) {
   nlohmann::json report;
   report["cost_model"] = cost.name();
@@ -176,7 +176,7 @@ nlohmann::json TrainingReport(const lede::model::CostModel& cost, const lede::tr
 // The Dinkelbach options of the flags, checked before any trace: the warm
 // start's artifact is read and every --loads price is made once here.
 StatusOr<lede::trainer::DinkelbachOptions> MakeOptions(const Flags& fl, const lede::model::LlamaModel& model,
-                                                       const lede::model::Calibration& cal) {
+                                                       const lede::model::cost::Calibration& cal) {
   lede::trainer::DinkelbachOptions o;
   if (fl.reward != "throughput" && fl.reward != "paper") {
     return lede::InvalidArgumentError("--reward: want throughput or paper");
@@ -301,7 +301,7 @@ void PrintIteration(const std::vector<int32_t>& loads, const lede::trainer::Dink
 // The policy artifact of the selected iterate, its metadata recording how
 // it was trained on `n_requests` requests.
 lede::policy::dqn::Artifact MakePolicyArtifact(const Flags& fl, const lede::trainer::DinkelbachOptions& o,
-                                               const lede::model::CostModel& cost,
+                                               const lede::model::cost::CostModel& cost,
                                                const lede::trainer::DinkelbachResult& result, size_t n_requests) {
   lede::policy::dqn::PolicyMetadata meta;
   meta.version = fl.version;
@@ -330,16 +330,16 @@ lede::policy::dqn::Artifact MakePolicyArtifact(const Flags& fl, const lede::trai
 }
 
 int Run(const Flags& fl) {
-  auto threads = lede::model::ApplyThreadsFlag(fl.dqn.threads);  // tracing and training alike
+  auto threads = lede::model::loaders::ApplyThreadsFlag(fl.dqn.threads);  // tracing and training alike
   if (!threads.ok()) return Fail(threads.status());
   auto tok_path = lede::tokenizer::FindTokenizerFile(fl.model);
   if (!tok_path.ok()) return Fail(tok_path.status());
   auto tok = lede::tokenizer::LoadTokenizer(*tok_path);
   if (!tok.ok()) return Fail(tok.status());
-  auto model_options = lede::model::ModelOptionsFromFlags(fl);
+  auto model_options = lede::model::loaders::ModelOptionsFromFlags(fl);
   if (!model_options.ok()) return Fail(model_options.status());
   std::shared_ptr<const lede::model::LlamaModel> model =
-      lede::model::LoadModelOrExit("lede-train-counterfactual", fl.model, *model_options);
+      lede::model::loaders::LoadModelOrExit("lede-train-counterfactual", fl.model, *model_options);
   lede::model::KvCacheOptions ko;
   ko.max_draft_len = std::max<int64_t>(8, fl.max_draft);
   auto engine = lede::model::Engine::Create(model, ko);
@@ -347,10 +347,10 @@ int Run(const Flags& fl) {
 
   auto calibration = ReadCalibration(fl);
   if (!calibration.ok()) return Fail(calibration.status());
-  const lede::model::Calibration& cal = *calibration;
+  const lede::model::cost::Calibration& cal = *calibration;
   auto cost_or = MakeCostModel(fl, *model, cal);
   if (!cost_or.ok()) return Fail(cost_or.status());
-  std::unique_ptr<lede::model::CostModel> cost = std::move(*cost_or);
+  std::unique_ptr<lede::model::cost::CostModel> cost = std::move(*cost_or);
   auto options = MakeOptions(fl, *model, cal);
   if (!options.ok()) return Fail(options.status());
   const lede::trainer::DinkelbachOptions& o = *options;
@@ -362,7 +362,7 @@ int Run(const Flags& fl) {
     if (Status st = TraceRequests(fl, **tok, **engine, o.spec.top_k, &train, &selection); !st.ok()) return Fail(st);
   } else {
     std::shared_ptr<const lede::model::LlamaModel> tracer_model =
-        lede::model::LoadModelOrExit("lede-train-counterfactual", fl.trace_model, *model_options);
+        lede::model::loaders::LoadModelOrExit("lede-train-counterfactual", fl.trace_model, *model_options);
     auto tracer_engine = lede::model::Engine::Create(tracer_model, ko);
     if (!tracer_engine.ok()) return Fail(tracer_engine.status());
     if (Status st = TraceRequests(fl, **tok, **tracer_engine, o.spec.top_k, &train, &selection); !st.ok()) {

@@ -18,7 +18,7 @@
 namespace lede::trainer {
 
 StatusOr<StaticChoice> BestStatic(const std::vector<ShadowTrace>& traces, int32_t max_draft_len,
-                                  const model::CostModel& cost, const std::vector<int32_t>& exit_layers) {
+                                  const model::cost::CostModel& cost, const std::vector<int32_t>& exit_layers) {
   if (traces.empty()) return InvalidArgumentError("traces: empty");
   StaticChoice best;
   const int32_t L = traces.front().n_layers;
@@ -308,8 +308,8 @@ class PerLoadController : public speculation::ExitController {
 // One load of the training: its traces, its price and its rho.
 struct LoadGroup {
   int32_t load = 1;
-  const model::CostModel* cost = nullptr;
-  std::unique_ptr<model::CostModel> owned;
+  const model::cost::CostModel* cost = nullptr;
+  std::unique_ptr<model::cost::CostModel> owned;
   std::vector<ShadowTrace> train, selection;
   StaticChoice best_static;  // over every exit layer (reported)
   StaticChoice start;        // pi_0 at this load: at a candidate layer; exit_layer 0 = autoregressive
@@ -338,7 +338,7 @@ std::string Describe(const StaticChoice& c) {
 // options.loads.
 StatusOr<std::vector<LoadGroup>> MakeLoadGroups(const std::vector<ShadowTrace>& train_traces,
                                                 const std::vector<ShadowTrace>& selection_traces,
-                                                const model::CostModel& cost, const DinkelbachOptions& o) {
+                                                const model::cost::CostModel& cost, const DinkelbachOptions& o) {
   std::vector<LoadGroup> groups;
   if (o.loads.empty()) {
     LoadGroup g;
@@ -559,7 +559,7 @@ DinkelbachResult MakeResult(DqnResult best, std::vector<DinkelbachIteration> ite
 
 StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train_traces,
                                            const std::vector<ShadowTrace>& selection_traces,
-                                           const model::CostModel& cost, const DinkelbachOptions& o,
+                                           const model::cost::CostModel& cost, const DinkelbachOptions& o,
                                            const DinkelbachCallback& on_iteration) {
   if (train_traces.empty()) return InvalidArgumentError("training traces: empty");
   if (selection_traces.empty()) return InvalidArgumentError("selection traces: empty");

@@ -43,7 +43,7 @@
 #include <vector>
 
 #include "policy/dqn/q_network.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/speculation/exit_controller.h"
 #include "shared/status/status.h"
 #include "trainer/counterfactual.h"
@@ -108,7 +108,7 @@ struct DinkelbachOptions {
   // speculation::ExitState::load). Empty: every trace at its own load, priced by
   // the `cost` given to TrainDinkelbach. Otherwise every training and
   // selection trace is replayed once per load (ShadowTrace::load), priced
-  // by cost_at_load(load) (shared/model/cost_model.h, cost models at a
+  // by cost_at_load(load) (shared/model/cost/cost_model.h, cost models at a
   // load), with a rho of its own per load: tokens per cost is maximized at
   // each load, so the best policy at load B maximizes tokens - rho_B cost_B
   // there (Dinkelbach per load). pi_0 plays the best static setting of each
@@ -116,7 +116,7 @@ struct DinkelbachOptions {
   // adopted and selected by its mean speed-up over the loads. Static
   // initial policy only.
   std::vector<int32_t> loads;
-  std::function<StatusOr<std::unique_ptr<model::CostModel>>(int32_t load)> cost_at_load;
+  std::function<StatusOr<std::unique_ptr<model::cost::CostModel>>(int32_t load)> cost_at_load;
   // A trained policy to start from (null: none). At each load (or the one
   // load without `loads`) pi_0 is the better, on the training traces, of
   // this network's greedy policy and the static choice above, and the
@@ -169,7 +169,7 @@ struct StaticChoice {
   double speedup = 0;
 };
 StatusOr<StaticChoice> BestStatic(const std::vector<ShadowTrace>& traces, int32_t max_draft_len,
-                                  const model::CostModel& cost,
+                                  const model::cost::CostModel& cost,
                                   const std::vector<int32_t>& exit_layers = {});
 
 // The rollout targets of DinkelbachOptions::rollout_targets: for every
@@ -202,7 +202,7 @@ Status ValidateDinkelbachOptions(const DinkelbachOptions& o);
 using DinkelbachCallback = std::function<void(const DinkelbachIteration&)>;
 StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train_traces,
                                            const std::vector<ShadowTrace>& selection_traces,
-                                           const model::CostModel& cost, const DinkelbachOptions& options,
+                                           const model::cost::CostModel& cost, const DinkelbachOptions& options,
                                            const DinkelbachCallback& on_iteration = nullptr);
 
 }  // namespace lede::trainer

@@ -15,10 +15,10 @@
 
 #include "shared/flags/flags.h"
 #include "shared/flags/model_flags.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/model/llama.h"
-#include "shared/model/load_or_exit.h"
-#include "shared/model/model_load_flags.h"
+#include "shared/model/loaders/load_or_exit.h"
+#include "shared/model/loaders/model_load_flags.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "trainer/corpus.h"
@@ -128,36 +128,36 @@ int main(int argc, char** argv) {
   EvalFlags e;
   if (!ParseEvalFlags(argc, argv, &e)) return 2;
   const std::string& model_path = e.load.model;
-  if (auto threads = model::ApplyThreadsFlag(e.load.threads); !threads.ok()) return Fail(threads.status(), 2);
+  if (auto threads = model::loaders::ApplyThreadsFlag(e.load.threads); !threads.ok()) return Fail(threads.status(), 2);
   auto tok_path = tokenizer::FindTokenizerFile(model_path);
   if (!tok_path.ok()) return Fail(tok_path.status(), 2);
   auto tokenizer = tokenizer::LoadTokenizer(*tok_path);
   if (!tokenizer.ok()) return Fail(tokenizer.status(), 2);
-  auto model_options = model::ModelOptionsFromFlags(e.load);
+  auto model_options = model::loaders::ModelOptionsFromFlags(e.load);
   if (!model_options.ok()) return Fail(model_options.status(), 2);
-  std::shared_ptr<const model::LlamaModel> m = model::LoadModelOrExit("lede-eval-exits", model_path, *model_options);
+  std::shared_ptr<const model::LlamaModel> m = model::loaders::LoadModelOrExit("lede-eval-exits", model_path, *model_options);
   const int64_t L = m->n_layers();
 
-  model::Calibration cal;
+  model::cost::Calibration cal;
   if (!e.calibration_path.empty()) {
-    auto parsed = model::ReadCalibrationFile(e.calibration_path);
+    auto parsed = model::cost::ReadCalibrationFile(e.calibration_path);
     if (!parsed.ok()) return Fail(parsed.status(), 2);
     cal = *parsed;
   } else {
-    auto measured = model::Calibrate(*m, 50);
+    auto measured = model::cost::Calibrate(*m, 50);
     if (!measured.ok()) return Fail(measured.status(), 1);
     cal = *measured;
   }
-  auto accelerator = model::MakeAcceleratorCostModel(m->config());
-  auto measured = model::MakeMeasuredCostModel(cal);
+  auto accelerator = model::cost::MakeAcceleratorCostModel(m->config());
+  auto measured = model::cost::MakeMeasuredCostModel(cal);
   auto axes = ParseGridAxes(e, L);
   if (!axes.ok()) return Fail(axes.status(), 2);
 
   nlohmann::json report;
   report["model"] = model_path;
   report["n_layers"] = L;
-  report["head_layer_equivalents"] = model::HeadLayerEquivalents(m->config());
-  report["calibration"] = nlohmann::json::parse(model::CalibrationToJson(cal));
+  report["head_layer_equivalents"] = model::cost::HeadLayerEquivalents(m->config());
+  report["calibration"] = nlohmann::json::parse(model::cost::CalibrationToJson(cal));
   for (const std::string& file : flags::SplitList(e.data)) {
     const std::string domain = std::filesystem::path(file).stem().stem().string();
     auto docs = trainer::ReadDocuments(file);

@@ -78,8 +78,8 @@ StatusOr<nlohmann::json> EvaluateStaticGrid(std::shared_ptr<const model::LlamaMo
                                             const std::vector<std::vector<int32_t>>& prompts,
                                             const std::vector<int64_t>& exit_layers,
                                             const std::vector<int64_t>& draft_lens, int64_t new_tokens,
-                                            const model::CostModel& accelerator,
-                                            const model::CostModel& measured) {
+                                            const model::cost::CostModel& accelerator,
+                                            const model::cost::CostModel& measured) {
   model::KvCacheOptions ko;
   ko.max_draft_len = std::max<int64_t>(16, *std::max_element(draft_lens.begin(), draft_lens.end()));
   LEDE_ASSIGN_OR_RETURN(auto engine, model::Engine::Create(model, ko));

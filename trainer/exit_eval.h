@@ -20,7 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/speculation/exit_controller.h"
 #include "shared/model/llama.h"
@@ -89,8 +89,8 @@ StatusOr<nlohmann::json> EvaluateStaticGrid(std::shared_ptr<const model::LlamaMo
                                             const std::vector<std::vector<int32_t>>& prompts,
                                             const std::vector<int64_t>& exit_layers,
                                             const std::vector<int64_t>& draft_lens, int64_t new_tokens,
-                                            const model::CostModel& accelerator,
-                                            const model::CostModel& measured);
+                                            const model::cost::CostModel& accelerator,
+                                            const model::cost::CostModel& measured);
 
 }  // namespace lede::trainer
 

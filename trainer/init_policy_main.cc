@@ -17,10 +17,10 @@
 #include "policy/dqn/artifact.h"
 #include "shared/flags/flags.h"
 #include "shared/flags/model_flags.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/model/decoding.h"
-#include "shared/model/load_or_exit.h"
-#include "shared/model/model_load_flags.h"
+#include "shared/model/loaders/load_or_exit.h"
+#include "shared/model/loaders/model_load_flags.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "trainer/cold_start.h"
@@ -49,7 +49,7 @@ int Fail(const Status& s) {
 }
 
 int Run(const Flags& fl) {
-  if (auto threads = lede::model::ApplyThreadsFlag(fl.threads); !threads.ok()) return Fail(threads.status());
+  if (auto threads = lede::model::loaders::ApplyThreadsFlag(fl.threads); !threads.ok()) return Fail(threads.status());
   if (auto serving = lede::policy::dqn::ResolveServingVersion(fl.policy_root); serving.ok()) {
     std::fprintf(stderr, "msg=\"cold start skipped\" policy_root=%s serving=%s\n", fl.policy_root.c_str(),
                  serving->c_str());
@@ -66,23 +66,23 @@ int Run(const Flags& fl) {
                                            std::to_string(fl.new_tokens) + " and " + std::to_string(fl.prompts)));
   }
   const auto start = std::chrono::steady_clock::now();
-  auto model_options = lede::model::ModelOptionsFromFlags(fl);
+  auto model_options = lede::model::loaders::ModelOptionsFromFlags(fl);
   if (!model_options.ok()) return Fail(model_options.status());
   std::shared_ptr<const lede::model::LlamaModel> model =
-      lede::model::LoadModelOrExit("lede-init-policy", fl.model, *model_options);
+      lede::model::loaders::LoadModelOrExit("lede-init-policy", fl.model, *model_options);
   const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const int32_t n_layers = static_cast<int32_t>(model->n_layers());
   lede::trainer::ColdStartChoice choice = lede::trainer::DefaultColdStart(n_layers);
   std::string cost_name = "accelerator";
   if (fl.self_calibration) {
-    std::unique_ptr<lede::model::CostModel> cost;
+    std::unique_ptr<lede::model::cost::CostModel> cost;
     if (fl.cost_model == "measured") {
-      auto cal = lede::model::ReadCalibrationFile(fl.calibration.empty() ? fl.model + "/calibration-cpu.json"
+      auto cal = lede::model::cost::ReadCalibrationFile(fl.calibration.empty() ? fl.model + "/calibration-cpu.json"
                                                                          : fl.calibration);
       if (!cal.ok()) return Fail(cal.status());
-      cost = lede::model::MakeMeasuredCostModel(*cal);
+      cost = lede::model::cost::MakeMeasuredCostModel(*cal);
     } else {
-      cost = lede::model::MakeAcceleratorCostModel(model->config());
+      cost = lede::model::cost::MakeAcceleratorCostModel(model->config());
     }
     cost_name = cost->name();
     auto tok_path = lede::tokenizer::FindTokenizerFile(fl.model);

@@ -239,7 +239,7 @@ StatusOr<StartPoint> LoadStartPoint(const PretrainOptions& o, const tokenizer::T
   const bool resuming = fs::exists(state_path);
   model::ModelOptions writable;
   writable.writable_weights = true;  // the optimizer updates them in place
-  writable.weights = model::WeightFormat::kF32;  // trained in float32, whatever the file stores
+  writable.weights = model::loaders::WeightFormat::kF32;  // trained in float32, whatever the file stores
   StartPoint start;
   std::unique_ptr<model::LlamaModel>& m = start.model;
   const std::string start_dir = resuming ? ckpt_dir + "/model" : o.init_from;

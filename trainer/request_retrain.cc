@@ -126,7 +126,7 @@ StatusOr<RequestSplit> TraceAndSplitRequests(const model::LlamaModel& model,
 
 }  // namespace
 
-StatusOr<model::ServedStepCosts> ServedCostsOfLog(const std::vector<lede::v1::RequestRecord>& records,
+StatusOr<model::cost::ServedStepCosts> ServedCostsOfLog(const std::vector<lede::v1::RequestRecord>& records,
                                                   int64_t n_layers) {
   // The newest record whose profile can price: its format and threads.
   const lede::v1::CostProfile* newest = nullptr;
@@ -138,7 +138,7 @@ StatusOr<model::ServedStepCosts> ServedCostsOfLog(const std::vector<lede::v1::Re
     return InvalidArgumentError("measured_costs.draft_step_s: " + std::to_string(newest->draft_step_s_size()) +
                                 " entries for a model of " + std::to_string(n_layers) + " layers (want L + 1)");
   }
-  model::ServedStepCosts c;
+  model::cost::ServedStepCosts c;
   c.weight_format = newest->weight_format();
   c.threads = newest->threads();
   c.draft_step_s.assign(static_cast<size_t>(n_layers + 1), 0.0);
@@ -164,13 +164,13 @@ StatusOr<model::ServedStepCosts> ServedCostsOfLog(const std::vector<lede::v1::Re
   return c;
 }
 
-StatusOr<std::unique_ptr<model::CostModel>> ServedCostModelOfLog(const std::vector<lede::v1::RequestRecord>& records,
+StatusOr<std::unique_ptr<model::cost::CostModel>> ServedCostModelOfLog(const std::vector<lede::v1::RequestRecord>& records,
                                                                  const model::LlamaModel& model) {
-  LEDE_ASSIGN_OR_RETURN(model::ServedStepCosts costs, ServedCostsOfLog(records, model.n_layers()));
-  return model::MakeServedCostModel(model.config(), costs);
+  LEDE_ASSIGN_OR_RETURN(model::cost::ServedStepCosts costs, ServedCostsOfLog(records, model.n_layers()));
+  return model::cost::MakeServedCostModel(model.config(), costs);
 }
 
-StatusOr<std::unique_ptr<model::CostModel>> ReadServedCostModel(storage::ObjectStore& store,
+StatusOr<std::unique_ptr<model::cost::CostModel>> ReadServedCostModel(storage::ObjectStore& store,
                                                                 const std::string& prefix,
                                                                 const model::LlamaModel& model) {
   LEDE_ASSIGN_OR_RETURN(experience::RequestLogRead read, experience::ReadRequestLog(store, prefix));
@@ -231,18 +231,18 @@ StatusOr<std::vector<lede::v1::RequestRecord>> ReadRequestLog(storage::ObjectSto
 // The prices: the deployment's own measured costs when logged in `records`
 // (and options.price_with_logged_costs), else `fallback`, whose name or
 // "served" is recorded in out->cost_model. *served holds the model made.
-const model::CostModel& PricingOf(const std::vector<lede::v1::RequestRecord>& records, const model::LlamaModel& model,
-                                  const model::CostModel& fallback, const RequestRetrainOptions& options,
-                                  std::unique_ptr<model::CostModel>* served, RequestRetrainOutcome* out) {
+const model::cost::CostModel& PricingOf(const std::vector<lede::v1::RequestRecord>& records, const model::LlamaModel& model,
+                                  const model::cost::CostModel& fallback, const RequestRetrainOptions& options,
+                                  std::unique_ptr<model::cost::CostModel>* served, RequestRetrainOutcome* out) {
   if (options.price_with_logged_costs) {
-    StatusOr<std::unique_ptr<model::CostModel>> made = ServedCostModelOfLog(records, model);
+    StatusOr<std::unique_ptr<model::cost::CostModel>> made = ServedCostModelOfLog(records, model);
     if (made.ok()) {
       *served = *std::move(made);
     } else if (made.status().code() != StatusCode::kNotFound) {
       Log(options, "msg=\"logged costs unusable\" error=\"" + std::string(made.status().message()) + "\"");
     }
   }
-  const model::CostModel& pricing = *served ? **served : fallback;
+  const model::cost::CostModel& pricing = *served ? **served : fallback;
   out->cost_model = pricing.name();
   Log(options, "msg=\"pricing\" cost_model=" + out->cost_model);
   return pricing;
@@ -250,7 +250,7 @@ const model::CostModel& PricingOf(const std::vector<lede::v1::RequestRecord>& re
 
 // 4. The candidate's artifact, trained by Dinkelbach iteration on the
 // training requests (its selection metrics in offline_metrics).
-StatusOr<policy::dqn::Artifact> TrainCandidate(const RequestSplit& split, const model::CostModel& cost,
+StatusOr<policy::dqn::Artifact> TrainCandidate(const RequestSplit& split, const model::cost::CostModel& cost,
                                                const std::string& fingerprint, const RequestRetrainOptions& options,
                                                int64_t n_train) {
   DinkelbachOptions d = options.dinkelbach;
@@ -303,7 +303,7 @@ Status PublishIfBetter(const policy::dqn::Artifact& candidate, const std::string
 }  // namespace
 
 StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, const model::LlamaModel& model,
-                                                  const model::CostModel& cost,
+                                                  const model::cost::CostModel& cost,
                                                   const std::set<std::string>& processed,
                                                   const RequestRetrainOptions& options) {
   if (!(options.heldout_fraction > 0 && options.heldout_fraction < 1)) {
@@ -330,8 +330,8 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
   if (static_cast<int64_t>(usable.size()) > options.max_requests) {
     usable.erase(usable.begin(), usable.end() - options.max_requests);
   }
-  std::unique_ptr<model::CostModel> served;
-  const model::CostModel& pricing = PricingOf(usable, model, cost, options, &served, &out);
+  std::unique_ptr<model::cost::CostModel> served;
+  const model::cost::CostModel& pricing = PricingOf(usable, model, cost, options, &served, &out);
 
   // 3. Split by request; shadow traces.
   const auto train_start = std::chrono::steady_clock::now();

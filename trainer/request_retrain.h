@@ -50,7 +50,7 @@
 #include <vector>
 
 #include "proto/lede/v1/experience.pb.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/model/llama.h"
 #include "shared/status/status.h"
 #include "shared/storage/object_store.h"
@@ -132,10 +132,10 @@ StatusOr<ShadowTrace> TraceLoggedRequest(const model::LlamaModel& model, const l
 // coordinators) are skipped. kNotFound when no record holds a profile that
 // can price rounds (served_costs.h CanPrice); kInvalidArgument when the
 // profiles' draft table is not L + 1 entries (MakeServedCostModel).
-StatusOr<model::ServedStepCosts> ServedCostsOfLog(const std::vector<lede::v1::RequestRecord>& records,
+StatusOr<model::cost::ServedStepCosts> ServedCostsOfLog(const std::vector<lede::v1::RequestRecord>& records,
                                                   int64_t n_layers);
 
-// The served cost model (shared/model/cost_model.h MakeServedCostModel,
+// The served cost model (shared/model/cost/cost_model.h MakeServedCostModel,
 // name "served") of the step costs logged in `records` (ServedCostsOfLog),
 // for `model`. The one place that turns a request log into prices: the
 // request-log trainer and the td trainer (trainer/retrain.h) both price
@@ -144,7 +144,7 @@ StatusOr<model::ServedStepCosts> ServedCostsOfLog(const std::vector<lede::v1::Re
 // profile does not fit the model (ServedCostsOfLog, MakeServedCostModel);
 // kFailedPrecondition from MakeServedCostModel for costs with nothing to
 // price a round with.
-StatusOr<std::unique_ptr<model::CostModel>> ServedCostModelOfLog(const std::vector<lede::v1::RequestRecord>& records,
+StatusOr<std::unique_ptr<model::cost::CostModel>> ServedCostModelOfLog(const std::vector<lede::v1::RequestRecord>& records,
                                                                  const model::LlamaModel& model);
 
 // ServedCostModelOfLog of the records of `model` (by architecture
@@ -152,7 +152,7 @@ StatusOr<std::unique_ptr<model::CostModel>> ServedCostModelOfLog(const std::vect
 // corrupt shards contribute their good records. Errors: those of
 // ServedCostModelOfLog (kNotFound also when the log is empty or absent)
 // and those of the store's List().
-StatusOr<std::unique_ptr<model::CostModel>> ReadServedCostModel(storage::ObjectStore& store,
+StatusOr<std::unique_ptr<model::cost::CostModel>> ReadServedCostModel(storage::ObjectStore& store,
                                                                 const std::string& prefix,
                                                                 const model::LlamaModel& model);
 
@@ -162,7 +162,7 @@ StatusOr<std::unique_ptr<model::CostModel>> ReadServedCostModel(storage::ObjectS
 // kFailedPrecondition for no loadable SERVING;
 // the store's List() errors; those of training and of saving.
 StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, const model::LlamaModel& model,
-                                                  const model::CostModel& cost,
+                                                  const model::cost::CostModel& cost,
                                                   const std::set<std::string>& processed,
                                                   const RequestRetrainOptions& options);
 

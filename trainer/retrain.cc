@@ -15,7 +15,7 @@
 #include "shared/experience/experience.h"
 #include "shared/experience/request_log.h"
 #include "shared/file/file.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/model/llama.h"
 #include "shared/status/status_macros.h"
 #include "shared/storage/object_store.h"
@@ -135,18 +135,18 @@ namespace {
 // The measured cost model's calibration for the request trainer, in this
 // order: --calibration (it must be readable), <model_dir>/calibration-cpu.json,
 // the one an earlier run took (<policy_root>/calibration-cpu.json), or one
-// taken now (model::Calibrate: 3 round passes, draft lengths up to the
+// taken now (model::cost::Calibrate: 3 round passes, draft lengths up to the
 // decision spec's, the serving network's forward pass timed as the
 // decision) and kept there, so that the model is calibrated once. Every one
 // must be of `m` (the fingerprints).
 // Errors: kFailedPrecondition naming an unreadable --calibration or a
 // calibration of another model (both fingerprints); those of Calibrate and
 // of the write.
-StatusOr<model::Calibration> RequestTrainerCalibration(const RetrainOptions& o, const model::LlamaModel& m,
+StatusOr<model::cost::Calibration> RequestTrainerCalibration(const RetrainOptions& o, const model::LlamaModel& m,
                                                       const policy::dqn::Artifact& serving) {
   const std::string fingerprint = m.config().ArchitectureFingerprint();
-  auto of_this_model = [&](StatusOr<model::Calibration> cal,
-                           const std::string& path) -> StatusOr<model::Calibration> {
+  auto of_this_model = [&](StatusOr<model::cost::Calibration> cal,
+                           const std::string& path) -> StatusOr<model::cost::Calibration> {
     if (cal.ok() && cal->model_fingerprint != fingerprint) {
       return FailedPreconditionError("calibration " + path + " is of model " + cal->model_fingerprint +
                                      ", the model is " + fingerprint);
@@ -154,7 +154,7 @@ StatusOr<model::Calibration> RequestTrainerCalibration(const RetrainOptions& o, 
     return cal;
   };
   if (!o.calibration.empty()) {
-    StatusOr<model::Calibration> cal = model::ReadCalibrationFile(o.calibration);
+    StatusOr<model::cost::Calibration> cal = model::cost::ReadCalibrationFile(o.calibration);
     if (!cal.ok()) {
       return FailedPreconditionError("--calibration " + o.calibration + ": " + std::string(cal.status().message()));
     }
@@ -162,14 +162,14 @@ StatusOr<model::Calibration> RequestTrainerCalibration(const RetrainOptions& o, 
   }
   const std::string own = o.policy_root + "/" + kOwnCalibrationFile;
   for (const std::string& path : {o.model_dir + "/calibration-cpu.json", own}) {
-    if (fs::exists(path)) return of_this_model(model::ReadCalibrationFile(path), path);
+    if (fs::exists(path)) return of_this_model(model::cost::ReadCalibrationFile(path), path);
   }
   if (o.log) o.log("msg=\"no calibration of the model; calibrating it once\" path=" + own);
   const auto start = std::chrono::steady_clock::now();
   const std::function<void()> decide = policy::dqn::TimedDecision(serving.network);
   const int64_t max_draft_len = std::clamp<int64_t>(serving.metadata.decision.max_draft_len, 1, 16);
-  LEDE_ASSIGN_OR_RETURN(model::Calibration cal, model::Calibrate(m, 20, decide, 3, max_draft_len));
-  LEDE_RETURN_IF_ERROR(file::WriteFileAtomically(own, model::CalibrationToJson(cal)));
+  LEDE_ASSIGN_OR_RETURN(model::cost::Calibration cal, model::cost::Calibrate(m, 20, decide, 3, max_draft_len));
+  LEDE_RETURN_IF_ERROR(file::WriteFileAtomically(own, model::cost::CalibrationToJson(cal)));
   if (o.log) {
     o.log("msg=\"calibrated\" path=" + own + " seconds=" +
           std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()));
@@ -193,12 +193,12 @@ StatusOr<RetrainOutcome> Retrainer::RunOnceOnRequests(const policy::dqn::Artifac
   // trained and both are compared under it, as the verifier prices the
   // served experience): the accelerator model, or this machine's measured
   // one, calibrated once when the model has none.
-  std::unique_ptr<model::CostModel> cost;
+  std::unique_ptr<model::cost::CostModel> cost;
   if (serving.metadata.reward_cost_model == "measured") {
-    LEDE_ASSIGN_OR_RETURN(model::Calibration cal, RequestTrainerCalibration(o, m, serving));
-    cost = model::MakeMeasuredCostModel(cal);
+    LEDE_ASSIGN_OR_RETURN(model::cost::Calibration cal, RequestTrainerCalibration(o, m, serving));
+    cost = model::cost::MakeMeasuredCostModel(cal);
   } else {
-    cost = model::MakeAcceleratorCostModel(m.config());
+    cost = model::cost::MakeAcceleratorCostModel(m.config());
   }
   RequestRetrainOptions ro;
   ro.requests_prefix = o.requests_prefix;

@@ -51,7 +51,7 @@ bool HasLayer(const experience::RewardSpec& spec, int32_t layer) {
 
 }  // namespace
 
-experience::RewardSpec LoggedExperienceRewards(const model::CostModel& cost, int32_t n_layers,
+experience::RewardSpec LoggedExperienceRewards(const model::cost::CostModel& cost, int32_t n_layers,
                                                int32_t max_draft_len) {
   experience::RewardSpec spec = DinkelbachRewards(cost, n_layers, max_draft_len, /*rho=*/1.0);
   spec.decision_reward = 0.0;  // the coordinator charges no decision (its RewardSpec::Throughput call)
@@ -91,7 +91,7 @@ Status RepriceTransitions(const experience::RewardSpec& from, const experience::
   return OkStatus();
 }
 
-Status RepriceExperience(const model::CostModel& from, const model::CostModel& to, int32_t n_layers,
+Status RepriceExperience(const model::cost::CostModel& from, const model::cost::CostModel& to, int32_t n_layers,
                          const speculation::DecisionSpec& behaviour, std::vector<Transition>* transitions) {
   int32_t max_drafted = 1;
   for (const auto& [key, r] : RoundShapes(*transitions)) max_drafted = std::max(max_drafted, r.n_drafted);

@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "shared/experience/transition.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/speculation/exit_controller.h"
 #include "shared/status/status.h"
 
@@ -44,7 +44,7 @@ namespace lede::trainer {
 // [0, max_draft_len], the probe cost ControlledProbe() and no decision cost
 // (services/coordinator Info(), from the verifier's ModelInfo). cost_model
 // is cost.name().
-experience::RewardSpec LoggedExperienceRewards(const model::CostModel& cost, int32_t n_layers,
+experience::RewardSpec LoggedExperienceRewards(const model::cost::CostModel& cost, int32_t n_layers,
                                                int32_t max_draft_len);
 
 // Re-prices `transitions` (rewarded under `from`) as if rewarded under `to`:
@@ -65,7 +65,7 @@ Status RepriceTransitions(const experience::RewardSpec& from, const experience::
 // LoggedExperienceRewards(to), both over draft lengths up to the longest
 // round in `transitions` (at least 1), for a model of `n_layers` layers.
 // Errors: those of RepriceTransitions.
-Status RepriceExperience(const model::CostModel& from, const model::CostModel& to, int32_t n_layers,
+Status RepriceExperience(const model::cost::CostModel& from, const model::cost::CostModel& to, int32_t n_layers,
                          const speculation::DecisionSpec& behaviour, std::vector<experience::Transition>* transitions);
 
 }  // namespace lede::trainer

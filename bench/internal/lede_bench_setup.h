@@ -19,7 +19,7 @@
 #include "shared/experience/transition.h"
 #include "shared/flags/flags.h"
 #include "shared/flags/model_flags.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
 #include "shared/speculation/exit_controller.h"
@@ -38,7 +38,7 @@ struct Common {
   std::shared_ptr<const model::LlamaModel> model;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
   std::unique_ptr<model::Engine> engine;
-  std::unique_ptr<model::CostModel> accelerator, measured;
+  std::unique_ptr<model::cost::CostModel> accelerator, measured;
   std::vector<PromptSet> sets;
   speculation::DecisionSpec spec;
 };
@@ -75,7 +75,7 @@ StatusOr<Common> Setup(const CommonFlags& cf);
 // The rewards of shared/experience/transition.h under a cost model: "paper" (docs/design.md
 // §2; with the measured model its depth term assumes a typical round of 3
 // drafts and 4 tokens) or "throughput" (tokens minus cost).
-experience::RewardSpec RewardsFor(const std::string& reward, const model::CostModel& cm, const Common& c);
+experience::RewardSpec RewardsFor(const std::string& reward, const model::cost::CostModel& cm, const Common& c);
 
 // Redraws a progress bar on `err`: "[####....] done/total what".
 void PrintProgress(std::ostream& err, const std::string& what, size_t done, size_t total);

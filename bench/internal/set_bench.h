@@ -21,7 +21,7 @@
 
 #include "bench/internal/lede_bench_setup.h"
 #include "policy/dqn/artifact.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/status/status.h"
 #include "trainer/calibrated_rule.h"
@@ -75,7 +75,7 @@ class SetBench {
     GenerateOptions options;        // mode, static E/D, decision spec
     trainer::ControllerMaker make;  // adaptive only
   };
-  using ConfigsFor = std::function<std::vector<Config>(const model::CostModel&)>;
+  using ConfigsFor = std::function<std::vector<Config>(const model::cost::CostModel&)>;
 
   bool Has(const std::string& m) const { return std::find(methods_.begin(), methods_.end(), m) != methods_.end(); }
 
@@ -122,9 +122,9 @@ class SetBench {
   // Threshold: lambda x tau grid.
   std::vector<Config> ThresholdConfigs() const;
   // Calibrated stopping rule: exit layer x rho, with and without lookahead.
-  std::vector<Config> CalibratedConfigs(const AcceptanceModels& cal, const model::CostModel& cm) const;
+  std::vector<Config> CalibratedConfigs(const AcceptanceModels& cal, const model::cost::CostModel& cm) const;
   // DEL: tau grid over every exit layer.
-  std::vector<Config> DelConfigs(const model::CostModel& cm) const;
+  std::vector<Config> DelConfigs(const model::cost::CostModel& cm) const;
   // AdaEDL: exit layer x gamma x lambda.
   std::vector<Config> AdaEdlConfigs() const;
   // The baseline families the --methods flag asks for, in table order.
@@ -161,7 +161,7 @@ class SetBench {
   int32_t L_ = 0, D_ = 0, static_max_draft_ = 0;
   std::vector<int32_t> all_layers_;
   GenerateOptions ar_, adaptive_;
-  std::vector<const model::CostModel*> cost_models_;
+  std::vector<const model::cost::CostModel*> cost_models_;
   std::vector<trainer::ShadowTrace> tune_traces_, eval_traces_;
   Totals ar_eval_;  // autoregressive on the evaluation split (outputs: the reference)
   AcceptanceModels calibration_;

@@ -29,7 +29,7 @@
 //
 // Thread-safety: free functions over the file system; concurrent readers are
 // safe, concurrent writers of one directory are not (one trainer publishes).
-// Torch-free header; the .cc uses shared/model/checkpoint.h for safetensors.
+// Torch-free header; the .cc uses shared/model/loaders/checkpoint.h for safetensors.
 #ifndef LEDE_POLICY_DQN_ARTIFACT_H_
 #define LEDE_POLICY_DQN_ARTIFACT_H_
 

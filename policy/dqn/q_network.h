@@ -83,8 +83,8 @@ class QNetwork {
   std::vector<float> fc2_t_;  // [H, H]
 };
 
-// What a calibration times as one exit decision (model::Calibrate's
-// `decide`, shared/model/cost_model.h): a forward pass of `network` on a
+// What a calibration times as one exit decision (model::cost::Calibrate's
+// `decide`, shared/model/cost/cost_model.h): a forward pass of `network` on a
 // fixed feature vector, its result kept from being optimized away. Used by
 // `lede calibrate` and the retrainer's one-time calibration.
 // Thread-safety: the function may be called from any thread (Forward() is const).

@@ -18,7 +18,7 @@
 #include "services/cli/internal/common.h"
 #include "shared/file/file.h"
 #include "shared/flags/flags.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/model/llama.h"
 #include "shared/status/status_macros.h"
 #include "shared/tokenizer/model_files.h"
@@ -123,9 +123,9 @@ StatusOr<std::vector<int64_t>> ParseBatchSizes(const std::string& flag) {
 // --base: the calibration to add batch tables to. Errors (all exit 2): its
 // read error, prefixed "--base: "; kInvalidArgument naming --base when it
 // was calibrated for another model or no batch table is asked for.
-StatusOr<model::Calibration> ReadBaseCalibration(const std::string& base_path, const model::LlamaModel& llama,
+StatusOr<model::cost::Calibration> ReadBaseCalibration(const std::string& base_path, const model::LlamaModel& llama,
                                                  bool has_batch_sizes) {
-  StatusOr<model::Calibration> cal = model::ReadCalibrationFile(base_path);
+  StatusOr<model::cost::Calibration> cal = model::cost::ReadCalibrationFile(base_path);
   if (!cal.ok()) return Status(cal.status().code(), "--base: " + std::string(cal.status().message()));
   if (cal->model_fingerprint != llama.config().ArchitectureFingerprint()) {
     return InvalidArgumentError("--base: " + base_path + " was calibrated for another model");
@@ -134,13 +134,13 @@ StatusOr<model::Calibration> ReadBaseCalibration(const std::string& base_path, c
   return cal;
 }
 
-// Times the kernel and round tables on this machine (model::Calibrate).
+// Times the kernel and round tables on this machine (model::cost::Calibrate).
 // Errors: kInvalidArgument naming --prompts / --new-tokens when the prompts
 // or --new-tokens do not fit; the calibration's other errors as they are.
-StatusOr<model::Calibration> MeasureCalibration(const model::LlamaModel& llama, const CalibrateFlags& f,
+StatusOr<model::cost::Calibration> MeasureCalibration(const model::LlamaModel& llama, const CalibrateFlags& f,
                                                 const std::vector<std::vector<int32_t>>& prompts) {
-  StatusOr<model::Calibration> cal =
-      model::Calibrate(llama, static_cast<int>(f.repeats), MakeTimedDecision(), static_cast<int>(f.round_passes),
+  StatusOr<model::cost::Calibration> cal =
+      model::cost::Calibrate(llama, static_cast<int>(f.repeats), MakeTimedDecision(), static_cast<int>(f.round_passes),
                        f.round_max_draft_len, prompts, f.new_tokens);
   if (cal.status().code() == StatusCode::kInvalidArgument) {
     return InvalidArgumentError("--prompts / --new-tokens: " + std::string(cal.status().message()));
@@ -148,18 +148,18 @@ StatusOr<model::Calibration> MeasureCalibration(const model::LlamaModel& llama, 
   return cal;
 }
 
-// Adds the batch tables (model::CalibrateBatches) of `batch_sizes` to `cal`,
+// Adds the batch tables (model::cost::CalibrateBatches) of `batch_sizes` to `cal`,
 // at --batch-exit-layer (0: layer 2, or L - 1 when L <= 2) with at most
 // --batch-context committed tokens; nothing for no batch size or an exit
 // layer below 1. Errors: CalibrateBatches', prefixed with the flags' names.
 Status AddBatchTables(const model::LlamaModel& llama, const CalibrateFlags& f,
-                      const std::vector<int64_t>& batch_sizes, model::Calibration* cal) {
+                      const std::vector<int64_t>& batch_sizes, model::cost::Calibration* cal) {
   int64_t batch_exit_layer = f.batch_exit_layer;
   if (batch_exit_layer == 0) batch_exit_layer = std::min<int64_t>(2, llama.config().n_layers - 1);
   if (batch_sizes.empty() || batch_exit_layer < 1) return OkStatus();
   const int64_t batch_context =
       std::min<int64_t>(f.batch_context, llama.config().max_seq_len - f.round_max_draft_len - 2);
-  if (Status s = model::CalibrateBatches(llama, std::max<int>(5, static_cast<int>(f.repeats) / 2), batch_sizes,
+  if (Status s = model::cost::CalibrateBatches(llama, std::max<int>(5, static_cast<int>(f.repeats) / 2), batch_sizes,
                                          batch_exit_layer, f.round_max_draft_len, batch_context, cal);
       !s.ok()) {
     return Status(s.code(), "--batch-sizes / --batch-exit-layer: " + std::string(s.message()));
@@ -169,8 +169,8 @@ Status AddBatchTables(const model::LlamaModel& llama, const CalibrateFlags& f,
 
 // Prints the calibration's headline prices to `err`: the step and verify
 // costs, the timed rounds per exit layer, and the batched steps per load.
-void PrintCalibrationSummary(const model::Calibration& cal, std::ostream& err) {
-  auto measured = model::MakeMeasuredCostModel(cal);
+void PrintCalibrationSummary(const model::cost::Calibration& cal, std::ostream& err) {
+  auto measured = model::cost::MakeMeasuredCostModel(cal);
   err << std::fixed << std::setprecision(3) << "step " << cal.step_us << " us; verify(k)/step(1):";
   for (int k : {1, 2, 4, 8, 16}) err << " k=" << k << ":" << cal.block_us[k - 1] / cal.block_us[0];
   err << " (per block, all L blocks / L); decision " << cal.decision_us << " us, probe signals " << cal.signals_us
@@ -197,7 +197,7 @@ void PrintCalibrationSummary(const model::Calibration& cal, std::ostream& err) {
     err << "batched steps at E=" << cal.batch_exit_layer << ", per session in autoregressive steps at that load:";
     for (size_t i = 0; i < cal.batch_sizes.size(); ++i) {
       const int64_t b = cal.batch_sizes[i];
-      auto at_load = model::MakeMeasuredCostModelAtLoad(cal, b);
+      auto at_load = model::cost::MakeMeasuredCostModelAtLoad(cal, b);
       if (!at_load.ok()) continue;
       model::RoundRecord r;
       r.exit_layer = static_cast<int32_t>(cal.batch_exit_layer);
@@ -211,9 +211,9 @@ void PrintCalibrationSummary(const model::Calibration& cal, std::ostream& err) {
 
 // Writes the calibration JSON to --out ("wrote PATH" on `err`) or, without
 // it, to `out`. Errors: kInternal naming the file it cannot write.
-Status WriteCalibration(const model::Calibration& cal, const std::string& out_path, std::ostream& out,
+Status WriteCalibration(const model::cost::Calibration& cal, const std::string& out_path, std::ostream& out,
                         std::ostream& err) {
-  const std::string json = model::CalibrationToJson(cal);
+  const std::string json = model::cost::CalibrationToJson(cal);
   if (out_path.empty()) {
     out << json;
     return OkStatus();
@@ -258,7 +258,7 @@ int RunCalibrate(const std::vector<std::string>& args, std::ostream& out, std::o
   auto batch_sizes = ParseBatchSizes(f.batch_sizes_flag);
   if (!batch_sizes.ok()) return Fail(err, batch_sizes.status(), kExitUsage);
 
-  StatusOr<model::Calibration> cal = f.base_path.empty()
+  StatusOr<model::cost::Calibration> cal = f.base_path.empty()
                                          ? MeasureCalibration(llama, f, prompts)
                                          : ReadBaseCalibration(f.base_path, llama, !batch_sizes->empty());
   if (!cal.ok()) {

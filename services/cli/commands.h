@@ -47,7 +47,7 @@ int RunTokenize(const std::vector<std::string>& args, std::ostream& out, std::os
 // lede export --format gguf --weights f32|f16|bf16|q8_0|q4_0|q4_k_m --model PATH --out FILE
 //   [--tokenizer FILE]
 // Writes the checkpoint at PATH with its tokenizer as a llama GGUF v3 file
-// (model::WriteGgufCheckpoint: llama.cpp's tensor names and Q/K row order;
+// (model::loaders::WriteGgufCheckpoint: llama.cpp's tensor names and Q/K row order;
 // tokenizer::AddGgufTokenizerMetadata). Exit 0, 1 on a failed load/write,
 // 2 on bad flags.
 int RunExport(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);

@@ -5,7 +5,7 @@
 #include <system_error>
 #include <vector>
 
-#include "shared/model/model_load_flags.h"
+#include "shared/model/loaders/model_load_flags.h"
 #include "shared/status/status_macros.h"
 #include "shared/tokenizer/chat_template.h"
 
@@ -16,17 +16,17 @@ StatusOr<model::ModelOptions> ModelFlags::Options() const {
   if (!std::filesystem::exists(model, ec)) {
     return NotFoundError("--model: no such file or directory: " + model);
   }
-  LEDE_ASSIGN_OR_RETURN(model::ModelOptions o, model::ModelOptionsFromFlags(*this));
-  LEDE_RETURN_IF_ERROR(model::ApplyThreadsFlag(threads).status());
+  LEDE_ASSIGN_OR_RETURN(model::ModelOptions o, model::loaders::ModelOptionsFromFlags(*this));
+  LEDE_RETURN_IF_ERROR(model::loaders::ApplyThreadsFlag(threads).status());
   return o;
 }
 
 int Fail(std::ostream& err, const Status& s, int code) {
-  err << "lede: " << model::OneLineMessage(s) << "\n";
+  err << "lede: " << model::loaders::OneLineMessage(s) << "\n";
   return code;
 }
 
-int LoadFailureCode(const Status&) { return model::kExitLoadFailure; }
+int LoadFailureCode(const Status&) { return model::loaders::kExitLoadFailure; }
 
 StatusOr<std::string> RenderChatPrompt(const std::string& tokenizer_path, const std::string& template_path,
                                        const std::string& system, const std::string& user,

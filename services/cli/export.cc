@@ -7,7 +7,7 @@
 
 #include "services/cli/internal/common.h"
 #include "shared/flags/flags.h"
-#include "shared/model/checkpoint.h"
+#include "shared/model/loaders/checkpoint.h"
 #include "shared/tokenizer/gguf_tokenizer.h"
 #include "shared/tokenizer/model_files.h"
 
@@ -41,11 +41,11 @@ int RunExport(const std::vector<std::string>& args, std::ostream& out, std::ostr
   }
   if (format != "gguf") return Fail(err, InvalidArgumentError("--format: only gguf, got '" + format + "'"), kExitUsage);
   checkpoint::GgmlType type = checkpoint::GgmlType::kF32;
-  model::WeightFormat mix = model::WeightFormat::kAuto;  // q4_0 / q4_k_m: llama.cpp's tensor mix
+  model::loaders::WeightFormat mix = model::loaders::WeightFormat::kAuto;  // q4_0 / q4_k_m: llama.cpp's tensor mix
   if (weights == "q4_0") {
-    mix = model::WeightFormat::kQ4_0;
+    mix = model::loaders::WeightFormat::kQ4_0;
   } else if (weights == "q4_k_m") {
-    mix = model::WeightFormat::kQ4_K_M;
+    mix = model::loaders::WeightFormat::kQ4_K_M;
   } else if (weights == "f32") {
     type = checkpoint::GgmlType::kF32;
   } else if (weights == "f16") {
@@ -58,7 +58,7 @@ int RunExport(const std::vector<std::string>& args, std::ostream& out, std::ostr
     return Fail(err, InvalidArgumentError("--weights: want f32, f16, bf16, q8_0, q4_0 or q4_k_m, got '" + weights + "'"),
                 kExitUsage);
   }
-  auto ckpt = model::LoadCheckpoint(model);
+  auto ckpt = model::loaders::LoadCheckpoint(model);
   if (!ckpt.ok()) return Fail(err, ckpt.status(), LoadFailureCode(ckpt.status()));
   auto tok_path = tokenizer::ResolveTokenizerFile(model, tokenizer_path);
   if (!tok_path.ok()) return Fail(err, tok_path.status(), kExitUsage);
@@ -79,9 +79,9 @@ int RunExport(const std::vector<std::string>& args, std::ostream& out, std::ostr
   }
   tokenizer::AddGgufTokenizerMetadata(*vocab, ckpt->config.bos_id,
                                       ckpt->config.eos_ids.empty() ? -1 : ckpt->config.eos_ids[0], &writer);
-  const Status written = mix != model::WeightFormat::kAuto
-                            ? model::WriteGgufCheckpoint(out_path, ckpt->config, ckpt->tensors, mix, &writer)
-                            : model::WriteGgufCheckpoint(out_path, ckpt->config, ckpt->tensors, type, &writer);
+  const Status written = mix != model::loaders::WeightFormat::kAuto
+                            ? model::loaders::WriteGgufCheckpoint(out_path, ckpt->config, ckpt->tensors, mix, &writer)
+                            : model::loaders::WriteGgufCheckpoint(out_path, ckpt->config, ckpt->tensors, type, &writer);
   if (const Status& s = written; !s.ok()) {
     return Fail(err, s, kExitFailure);
   }

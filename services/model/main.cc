@@ -14,7 +14,7 @@
 #include "services/model/model_service.h"
 #include "shared/flags/flags.h"
 #include "shared/log/log.h"
-#include "shared/model/load_or_exit.h"
+#include "shared/model/loaders/load_or_exit.h"
 #include "shared/rpc/security.h"
 #include "shared/rpc/server.h"
 #include "shared/rpc/server_flags.h"
@@ -48,8 +48,8 @@ int Run(const std::vector<std::string>& raw_args) {
   if (!host.ok()) {
     // Whatever stops the start (a bad model file, a KV budget too small for
     // --slots x --capacity, a bad --weights) is one line and exit status 2.
-    lede::log::LogEvent("error", "load_failed", {{"error", lede::model::OneLineMessage(host.status())}});
-    return lede::model::kExitLoadFailure;
+    lede::log::LogEvent("error", "load_failed", {{"error", lede::model::loaders::OneLineMessage(host.status())}});
+    return lede::model::loaders::kExitLoadFailure;
   }
   lede::model_service::VerifierService verifier(*host);
   lede::model_service::DrafterService drafter(*host, role == "both" ? &verifier : nullptr);

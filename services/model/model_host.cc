@@ -22,11 +22,11 @@
 #include "shared/flags/model_flags.h"
 #include "shared/log/log.h"
 #include "shared/model/batch.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/model/kv_cache.h"
 #include "shared/model/llama.h"
 #include "shared/model/torch_boundary.h"
-#include "shared/model/weight_format.h"
+#include "shared/model/loaders/weight_format.h"
 #include "shared/rpc/security.h"
 #include "shared/rpc/server.h"
 #include "shared/status/status_macros.h"
@@ -172,7 +172,7 @@ Status LoadHostModel(const ModelServiceOptions& options, ModelHost* host) {
   model::ModelOptions mo;
   LEDE_ASSIGN_OR_RETURN(mo.kernels, model::ParseKernels(options.kernels));
   LEDE_ASSIGN_OR_RETURN(mo.graphs, model::ParseGraphMode(options.graphs));
-  LEDE_ASSIGN_OR_RETURN(mo.weights, model::ParseWeightFormat(options.weights));
+  LEDE_ASSIGN_OR_RETURN(mo.weights, model::loaders::ParseWeightFormat(options.weights));
   LEDE_ASSIGN_OR_RETURN(mo.device, model::ParseDevice(options.device));
   LEDE_ASSIGN_OR_RETURN(mo.dtype, model::ParseDtype(options.dtype));
   if (!mo.device.is_cpu() && !options.kv_pool_name.empty()) {
@@ -239,12 +239,12 @@ Status OpenHostPool(const ModelServiceOptions& options, bool create_pool, ModelH
 // measured ones, for a pool of `max_draft_len` drafts.
 Status SetHostCosts(const ModelServiceOptions& options, int64_t max_draft_len, ModelHost* host) {
   const checkpoint::ModelConfig& c = host->model->config();
-  std::unique_ptr<model::CostModel> cm;
+  std::unique_ptr<model::cost::CostModel> cm;
   if (!options.calibration_path.empty()) {
-    LEDE_ASSIGN_OR_RETURN(model::Calibration cal, model::ReadCalibrationFile(options.calibration_path));
-    cm = model::MakeMeasuredCostModel(cal);
+    LEDE_ASSIGN_OR_RETURN(model::cost::Calibration cal, model::cost::ReadCalibrationFile(options.calibration_path));
+    cm = model::cost::MakeMeasuredCostModel(cal);
   } else {
-    cm = model::MakeAcceleratorCostModel(c);
+    cm = model::cost::MakeAcceleratorCostModel(c);
   }
   host->cost_model = cm->name();
   const int64_t L = c.n_layers, D = max_draft_len;
@@ -256,7 +256,7 @@ Status SetHostCosts(const ModelServiceOptions& options, int64_t max_draft_len, M
   experience::ServedCostMeterOptions mo;
   mo.n_layers = static_cast<int32_t>(L);
   mo.max_draft_len = static_cast<int32_t>(D);
-  mo.weight_format = model::WeightFormatName(host->model->weight_format());
+  mo.weight_format = model::loaders::WeightFormatName(host->model->weight_format());
   mo.threads = at::get_num_threads();
   LEDE_ASSIGN_OR_RETURN(host->served_costs, experience::ServedCostMeter::Create(mo));
   return OkStatus();

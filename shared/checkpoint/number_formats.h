@@ -3,7 +3,7 @@
 // The 16-bit number formats checkpoints store (safetensors F16/BF16, GGUF
 // F16/BF16 and Q8_0's scale) and the fused CPU path packs (bf16 weights, the
 // f16 scales of Q8_0 blocks): one implementation for the readers, the GGUF
-// writer and the kernels (shared/model/cpu_quant_kernels.h forwards to it).
+// writer and the kernels (shared/model/cpu/cpu_quant_kernels.h forwards to it).
 //
 // IEEE 754 binary16 <-> binary32: widening is exact; narrowing rounds to
 // nearest even (values past 65504 become infinity, NaN stays NaN), as F16C's

@@ -14,7 +14,7 @@
 // writes it into every request-log record, so that the retrainer prices the
 // rewards with the deployment's real costs (trainer/request_retrain.h)
 // rather than a cost model of other hardware. `lede calibrate` stays the
-// offline measurement (shared/model/cost_model.h Calibrate).
+// offline measurement (shared/model/cost/cost_model.h Calibrate).
 //
 // Why medians over a sliding window: a served step's wall time is noisy
 // (other processes on the cores, page faults, a preempted thread: single

@@ -5,7 +5,7 @@
 // --model, --device, --dtype, --threads, --kernels, --graphs, --weights, each
 // with one help text. A binary registers the ones it honours (a flag that is
 // accepted and ignored is a bug) and hands the values to
-// model::ModelOptionsFromFlags (shared/model/model_load_flags.h), which parses
+// model::loaders::ModelOptionsFromFlags (shared/model/loaders/model_load_flags.h), which parses
 // the names and applies --threads.
 //
 // Torch-free and model-free (shared/flags sits below shared/model): the
@@ -16,7 +16,7 @@
 //   flags::FlagSet fs;
 //   flags::AddModelLoadFlags(&fs, &m, flags::kModelPath | flags::kThreads | flags::kWeights);
 //   ... fs.Parse(args) ...
-//   StatusOr<model::ModelOptions> o = model::ModelOptionsFromFlags(m);
+//   StatusOr<model::ModelOptions> o = model::loaders::ModelOptionsFromFlags(m);
 #ifndef LEDE_SHARED_FLAGS_MODEL_FLAGS_H_
 #define LEDE_SHARED_FLAGS_MODEL_FLAGS_H_
 

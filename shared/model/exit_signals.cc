@@ -5,7 +5,7 @@
 
 #include <ATen/ATen.h>
 
-#include "shared/model/cpu_kernels.h"
+#include "shared/model/cpu/cpu_kernels.h"
 
 namespace lede::model {
 

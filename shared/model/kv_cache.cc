@@ -192,25 +192,65 @@ StatusOr<KvCache> KvCache::Create(const checkpoint::ModelConfig& config,
   std::random_device rd;
   cache.epoch_ = ((static_cast<uint64_t>(rd()) << 32) ^ rd()) | 1;
   cache.storage_ = std::make_shared<Storage>();
-  if (o.shared_memory_name.empty()) {
-    // Everything here is an allocation, so any failure is kResourceExhausted.
-    Status alloc = TorchBoundary("KV cache allocation failed", [&]() -> Status {
-      auto opts = at::TensorOptions().device(o.device).dtype(o.dtype);
-      for (int64_t l = 0; l < config.n_layers; ++l) {
-        cache.k_.push_back(at::zeros({o.n_slots, config.n_kv_heads, o.capacity, config.head_dim()}, opts));
-        cache.v_.push_back(at::zeros({o.n_slots, config.n_kv_heads, o.capacity, config.head_dim()}, opts));
-      }
-      cache.exit_hidden_ = at::zeros({o.n_slots, o.max_draft_len + 1, config.dim}, opts);
-      return OkStatus();
-    });
-    if (!alloc.ok()) return ResourceExhaustedError(alloc.message());
-    cache.storage_->private_state.assign(3 * o.n_slots, 0);
-    cache.length_ = cache.storage_->private_state.data();
-    cache.in_use_ = cache.length_ + o.n_slots;
-    cache.drafters_ = cache.in_use_ + o.n_slots;
-    return cache;
-  }
+  LEDE_RETURN_IF_ERROR(o.shared_memory_name.empty() ? cache.AllocatePrivate(config) : cache.CreateSegment(config));
+  return cache;
+}
 
+Status KvCache::AllocatePrivate(const checkpoint::ModelConfig& config) {
+  const KvCacheOptions& o = options_;
+  // Everything here is an allocation, so any failure is kResourceExhausted.
+  Status alloc = TorchBoundary("KV cache allocation failed", [&]() -> Status {
+    auto opts = at::TensorOptions().device(o.device).dtype(o.dtype);
+    for (int64_t l = 0; l < config.n_layers; ++l) {
+      k_.push_back(at::zeros({o.n_slots, config.n_kv_heads, o.capacity, config.head_dim()}, opts));
+      v_.push_back(at::zeros({o.n_slots, config.n_kv_heads, o.capacity, config.head_dim()}, opts));
+    }
+    exit_hidden_ = at::zeros({o.n_slots, o.max_draft_len + 1, config.dim}, opts);
+    return OkStatus();
+  });
+  if (!alloc.ok()) return ResourceExhaustedError(alloc.message());
+  storage_->private_state.assign(3 * o.n_slots, 0);
+  length_ = storage_->private_state.data();
+  in_use_ = length_ + o.n_slots;
+  drafters_ = in_use_ + o.n_slots;
+  return OkStatus();
+}
+
+#if LEDE_WITH_CUDA
+namespace {
+
+// The K/V part of a CUDA pool (`bytes`, zeroed) on o.device, its IPC handle
+// and device index in *h. *dev is set as soon as the memory is allocated
+// (its owner frees it, also on a later failure); kResourceExhausted on a
+// CUDA failure (the segment `name` is then unlinked).
+Status AllocateDevicePool(const std::string& name, const KvCacheOptions& o, int64_t bytes, PoolHeader* h,
+                          void** dev, bool* dev_owner) {
+  const int device = o.device.has_index() ? o.device.index() : 0;
+  void* allocated = nullptr;
+  if (cudaSetDevice(device) != cudaSuccess || cudaMalloc(&allocated, bytes) != cudaSuccess) {
+    shm_unlink(name.c_str());
+    return ResourceExhaustedError("KV pool " + name + ": cudaMalloc of " + std::to_string(bytes) + " bytes on cuda:" +
+                                  std::to_string(device) + " failed");
+  }
+  *dev = allocated;
+  *dev_owner = true;
+  cudaIpcMemHandle_t handle;
+  static_assert(sizeof(handle) <= sizeof(h->ipc_handle), "cudaIpcMemHandle_t fits the header");
+  if (cudaMemset(*dev, 0, bytes) != cudaSuccess || cudaIpcGetMemHandle(&handle, *dev) != cudaSuccess) {
+    shm_unlink(name.c_str());
+    return ResourceExhaustedError("KV pool " + name + ": cudaIpcGetMemHandle failed on cuda:" +
+                                  std::to_string(device));
+  }
+  std::memcpy(h->ipc_handle, &handle, sizeof(handle));
+  h->device_index = device;
+  return OkStatus();
+}
+
+}  // namespace
+#endif
+
+Status KvCache::CreateSegment(const checkpoint::ModelConfig& config) {
+  const KvCacheOptions& o = options_;
 #if LEDE_WITH_CUDA
   const bool on_cuda = o.device.is_cuda();
   if (!o.device.is_cpu() && !on_cuda) {
@@ -229,54 +269,35 @@ StatusOr<KvCache> KvCache::Create(const checkpoint::ModelConfig& config,
   const int64_t host_bytes = on_cuda ? layout.k0 : layout.total;
   const std::string& name = o.shared_memory_name;
   LEDE_ASSIGN_OR_RETURN(void* base, MapNewSegment(name, host_bytes));
-  cache.storage_->base = base;
-  cache.storage_->bytes = host_bytes;
-  cache.storage_->mapped = true;
-  cache.storage_->unlink_name = name;
-  cache.storage_->epoch = cache.epoch_;
+  storage_->base = base;
+  storage_->bytes = host_bytes;
+  storage_->mapped = true;
+  storage_->unlink_name = name;
+  storage_->epoch = epoch_;
   auto* h = static_cast<PoolHeader*>(base);
-  WritePoolHeader(config, o, cache.epoch_, layout.total, h);
+  WritePoolHeader(config, o, epoch_, layout.total, h);
   // ftruncate zero-fills: K/V, lengths and in-use flags start at 0.
-  cache.length_ = reinterpret_cast<int64_t*>(static_cast<char*>(base) + layout.lengths);
-  cache.in_use_ = reinterpret_cast<int64_t*>(static_cast<char*>(base) + layout.in_use);
-  cache.drafters_ = reinterpret_cast<int64_t*>(static_cast<char*>(base) + layout.drafters);
+  length_ = reinterpret_cast<int64_t*>(static_cast<char*>(base) + layout.lengths);
+  in_use_ = reinterpret_cast<int64_t*>(static_cast<char*>(base) + layout.in_use);
+  drafters_ = reinterpret_cast<int64_t*>(static_cast<char*>(base) + layout.drafters);
   auto opts = at::TensorOptions().dtype(o.dtype).device(o.device);
   // kv: where K/V and the scratch start, in the segment or (CUDA) in one
   // device allocation laid out as the segment is from k0 on.
   char* kv = static_cast<char*>(base) + layout.k0;
 #if LEDE_WITH_CUDA
   if (on_cuda) {
-    const int device = o.device.has_index() ? o.device.index() : 0;
-    void* dev = nullptr;
-    if (cudaSetDevice(device) != cudaSuccess || cudaMalloc(&dev, layout.total - layout.k0) != cudaSuccess) {
-      shm_unlink(name.c_str());
-      return ResourceExhaustedError("KV pool " + name + ": cudaMalloc of " +
-                                    std::to_string(layout.total - layout.k0) + " bytes on cuda:" +
-                                    std::to_string(device) + " failed");
-    }
-    cache.storage_->device_base = dev;
-    cache.storage_->device_owner = true;
-    cudaIpcMemHandle_t handle;
-    static_assert(sizeof(handle) <= sizeof(h->ipc_handle), "cudaIpcMemHandle_t fits the header");
-    if (cudaMemset(dev, 0, layout.total - layout.k0) != cudaSuccess ||
-        cudaIpcGetMemHandle(&handle, dev) != cudaSuccess) {
-      shm_unlink(name.c_str());
-      return ResourceExhaustedError("KV pool " + name + ": cudaIpcGetMemHandle failed on cuda:" +
-                                    std::to_string(device));
-    }
-    std::memcpy(h->ipc_handle, &handle, sizeof(handle));
-    h->device_index = device;
-    kv = static_cast<char*>(dev);
+    LEDE_RETURN_IF_ERROR(AllocateDevicePool(name, o, layout.total - layout.k0, h, &storage_->device_base,
+                                            &storage_->device_owner));
+    kv = static_cast<char*>(storage_->device_base);
   }
 #endif
   for (int64_t l = 0; l < config.n_layers; ++l) {
     const std::vector<int64_t> shape = {o.n_slots, config.n_kv_heads, o.capacity, config.head_dim()};
-    cache.k_.push_back(at::from_blob(kv + (2 * l) * layout.layer_bytes, shape, opts));
-    cache.v_.push_back(at::from_blob(kv + (2 * l + 1) * layout.layer_bytes, shape, opts));
+    k_.push_back(at::from_blob(kv + (2 * l) * layout.layer_bytes, shape, opts));
+    v_.push_back(at::from_blob(kv + (2 * l + 1) * layout.layer_bytes, shape, opts));
   }
-  cache.exit_hidden_ =
-      at::from_blob(kv + (layout.exit_hidden - layout.k0), {o.n_slots, o.max_draft_len + 1, config.dim}, opts);
-  return cache;
+  exit_hidden_ = at::from_blob(kv + (layout.exit_hidden - layout.k0), {o.n_slots, o.max_draft_len + 1, config.dim}, opts);
+  return OkStatus();
 }
 
 StatusOr<KvCache> KvCache::Attach(const checkpoint::ModelConfig& config, const KvCacheOptions& options) {

@@ -153,6 +153,12 @@ class KvCache {
 
  private:
   struct Storage;  // private memory or a mapped segment; shared by copies
+  // Create's two kinds of pool, once options_ (capacity resolved and
+  // checked), epoch_ and storage_ are set: K/V in private memory (errors:
+  // kResourceExhausted), or in a new shared segment named
+  // options_.shared_memory_name (errors as Create's).
+  Status AllocatePrivate(const checkpoint::ModelConfig& config);
+  Status CreateSegment(const checkpoint::ModelConfig& config);
 
   KvCacheOptions options_;
   std::shared_ptr<Storage> storage_;

@@ -10,23 +10,18 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 
-#include "shared/checkpoint/mapped_file.h"
-#include "shared/model/cpu_kernels.h"
-#include "shared/model/cpu_quant_kernels.h"
+#include "shared/model/cpu/cpu_kernels.h"
+#include "shared/model/cpu/cpu_quant_kernels.h"
 #include "shared/model/internal/step_graphs.h"
+#include "shared/model/loaders/llama_tensors.h"
 #include "shared/model/torch_boundary.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::model {
 namespace {
-
-std::string LayerName(int64_t i, const char* suffix) {
-  return "model.layers." + std::to_string(i) + "." + suffix;
-}
 
 // Inverse frequencies of RoPE, [head_dim / 2], float64, with the config's
 // scaling (Llama-3.1 "llama3" frequency-dependent scaling, or linear).
@@ -117,12 +112,12 @@ void RowsProduct(const float* x, int64_t n, int64_t in, const float* w, const Pa
       const int64_t rows = std::min(kRowTile, n - r0);
       const float* xt = x + r0 * in;
       float* yt = y + r0 * out + o0;
-      if (packed != nullptr && packed->format == WeightFormat::kBf16) {
+      if (packed != nullptr && packed->format == loaders::WeightFormat::kBf16) {
         cpu::MatMulRowsPackedBf16(xt, rows, in, packed->bf16.data() + cpu::PackedBf16Offset(o0, in), o1 - o0,
                                   yt, out, accumulate);
-      } else if (packed != nullptr && IsGgmlWeightFormat(packed->format)) {
+      } else if (packed != nullptr && loaders::IsGgmlWeightFormat(packed->format)) {
         cpu::MatMulRowsGgml(xt, rows, in, packed->gg, o0, o1, yt, out, accumulate);
-      } else if (packed != nullptr && packed->format == WeightFormat::kQ8_0) {
+      } else if (packed != nullptr && packed->format == loaders::WeightFormat::kQ8_0) {
         cpu::MatMulRowsPackedQ8_0(xt, rows, in, packed->q8.data() + cpu::PackedQ8_0Offset(o0, in), o1 - o0, yt,
                                   out, accumulate);
       } else if (packed != nullptr) {
@@ -245,207 +240,11 @@ LlamaModel::LlamaModel(checkpoint::ModelConfig config, ModelOptions options)
 int64_t LlamaModel::n_graphs() const { return graphs_ != nullptr ? graphs_->size() : 0; }
 
 namespace {
-// at::Tensor::_version(), or 0 for an inference tensor (made under
-// c10::InferenceMode), which has no version counter and cannot be trained.
-int64_t WeightVersion(const at::Tensor& w) { return w.is_inference() ? 0 : w._version(); }
-}  // namespace
-
-const LlamaModel::PackedWeight* LlamaModel::PackedOrNull(const at::Tensor& w, const PackedWeight& p) {
-  if (p.bytes() == 0) return nullptr;
-  if (!w.defined()) return &p;  // packed only: the weight itself
-  return WeightVersion(w) == p.version ? &p : nullptr;
-}
-
-namespace {
 // The row-major float32 data of a matrix the fused path may read, or nullptr
 // for a packed-only matrix (whose packed form RaggedMatMul then reads).
 const float* RawOrNull(const at::Tensor& w) { return w.defined() ? w.data_ptr<float>() : nullptr; }
 bool RequiresGrad(const at::Tensor& w) { return w.defined() && w.requires_grad(); }
-// Drops the resident pages of a checkpoint tensor that a packed-only matrix
-// was made from, when it lies in a file mapping (checkpoint::ReleaseMappedPages).
-void ReleaseSource(const at::Tensor& t) {
-  if (t.defined() && t.device().is_cpu() && t.is_contiguous()) {
-    checkpoint::ReleaseMappedPages(t.data_ptr(), static_cast<size_t>(t.nbytes()));
-  }
-}
-int64_t TensorBytes(const at::Tensor& t) {
-  return t.defined() ? static_cast<int64_t>(t.numel() * t.element_size()) : 0;
-}
 }  // namespace
-
-bool LlamaModel::PackedOnly(int64_t in) const {
-  if (!fused_ || options_.writable_weights) return false;
-  return (weights_ == WeightFormat::kBf16 && cpu::Packable(in)) ||
-         (weights_ == WeightFormat::kQ8_0 && cpu::Q8Packable(in)) ||
-         (IsGgmlWeightFormat(weights_) && in % 32 == 0);
-}
-
-void LlamaModel::PackParts(const std::vector<at::Tensor>& parts, const at::Tensor& q8_0_blocks,
-                           PackedWeight* p) const {
-  const int64_t in = parts[0].size(1);
-  int64_t out = 0;
-  for (const at::Tensor& t : parts) {
-    TORCH_CHECK(t.dim() == 2 && t.size(1) == in, "matrix parts must be [rows, ", in, "]");
-    out += t.size(0);
-  }
-  p->format = weights_;
-  p->rows = out;
-  p->in = in;
-  p->version = 0;
-  if (weights_ == WeightFormat::kQ8_0 && q8_0_blocks.defined()) {  // the file's own blocks, as they are
-    const int64_t nb = in / cpu::kQ8Block;
-    TORCH_CHECK(q8_0_blocks.scalar_type() == at::kByte && q8_0_blocks.dim() == 2 && q8_0_blocks.size(0) == out &&
-                    q8_0_blocks.size(1) == nb * static_cast<int64_t>(sizeof(cpu::BlockQ8_0)),
-                "q8_0 blocks of a [", out, ", ", in, "] matrix must be uint8 [", out, ", ", nb * 34, "]");
-    at::Tensor blocks = q8_0_blocks.contiguous();
-    p->q8.resize(cpu::PackedQ8_0Bytes(out, in));
-    cpu::PackRowsQ8_0(reinterpret_cast<const cpu::BlockQ8_0*>(blocks.data_ptr()), out, in, p->q8.data());
-    return;
-  }
-  bool all_bf16 = true;
-  for (const at::Tensor& t : parts) all_bf16 = all_bf16 && t.scalar_type() == at::kBFloat16;
-  if (weights_ == WeightFormat::kBf16) {
-    p->bf16.resize(static_cast<size_t>(cpu::PackedRowsPadded(out) * in));
-  } else {
-    p->q8.resize(cpu::PackedQ8_0Bytes(out, in));
-  }
-  // Chunks of kChunk rows (a multiple of 4: each chunk is the packed layout
-  // of its rows), converted through a buffer of the chunk only. On the
-  // calling thread: at::parallel_for here took the 1B smoke checkpoint's
-  // load from 13 s to 190 s on this busy 2-core VM (2 threads spinning at
-  // each matrix's join while the other was descheduled).
-  constexpr int64_t kChunk = 64;
-  const int64_t n_chunks = (out + kChunk - 1) / kChunk;
-  auto pack_chunks = [&](int64_t c0, int64_t c1) {
-    const bool raw_bf16 = weights_ == WeightFormat::kBf16 && all_bf16;
-    at::Tensor buf = at::empty({kChunk, in}, raw_bf16 ? at::kBFloat16 : at::kFloat);
-    std::vector<cpu::BlockQ8_0> blocks;
-    if (weights_ == WeightFormat::kQ8_0) blocks.resize(static_cast<size_t>(kChunk * in / cpu::kQ8Block));
-    for (int64_t c = c0; c < c1; ++c) {
-      const int64_t r0 = c * kChunk, n = std::min(kChunk, out - r0);
-      // Rows [r0, r0 + n) of the concatenation, from the parts they lie in.
-      int64_t part_begin = 0, filled = 0;
-      for (const at::Tensor& t : parts) {
-        const int64_t part_end = part_begin + t.size(0);
-        const int64_t a = std::max(r0, part_begin), b = std::min(r0 + n, part_end);
-        if (a < b) {
-          const at::Tensor rows = t.narrow(0, a - part_begin, b - a);
-          buf.narrow(0, filled, b - a).copy_(rows);
-          ReleaseSource(rows);  // its pages in a file mapping stop counting as resident
-          filled += b - a;
-        }
-        part_begin = part_end;
-      }
-      if (raw_bf16) {
-        cpu::PackRowsBf16FromBf16(reinterpret_cast<const uint16_t*>(buf.data_ptr()), n, in,
-                                  p->bf16.data() + cpu::PackedBf16Offset(r0, in));
-      } else if (weights_ == WeightFormat::kBf16) {
-        cpu::PackRowsBf16(buf.data_ptr<float>(), n, in, p->bf16.data() + cpu::PackedBf16Offset(r0, in));
-      } else {
-        cpu::QuantizeRowsQ8_0(buf.data_ptr<float>(), n, in, blocks.data());
-        cpu::PackRowsQ8_0(blocks.data(), n, in, p->q8.data() + cpu::PackedQ8_0Offset(r0, in));
-      }
-    }
-  };
-  pack_chunks(0, n_chunks);
-}
-
-at::Tensor LlamaModel::Dense(const at::Tensor& w, const PackedWeight& p, bool keep) const {
-  if (w.defined()) return w;
-  std::lock_guard<std::mutex> lock(dense_mu_);
-  if (p.dense.defined()) return p.dense;
-  TORCH_CHECK(p.bytes() > 0, "a matrix has neither a tensor nor a packed form");
-  at::Tensor t = at::empty({p.rows, p.in}, at::kFloat);
-  if (p.format == WeightFormat::kBf16) {
-    cpu::UnpackRowsBf16(p.bf16.data(), p.in, 0, p.rows, t.data_ptr<float>());
-  } else if (IsGgmlWeightFormat(p.format)) {
-    cpu::UnpackRowsGgml(p.gg, 0, p.rows, t.data_ptr<float>());
-  } else {
-    cpu::UnpackRowsQ8_0(p.q8.data(), p.in, 0, p.rows, t.data_ptr<float>());
-  }
-  if (keep) p.dense = t;
-  return t;
-}
-
-int64_t LlamaModel::resident_weight_bytes() const {
-  std::lock_guard<std::mutex> lock(dense_mu_);
-  auto matrix = [](const at::Tensor& w, const PackedWeight& p) {
-    return TensorBytes(w) + p.bytes() + TensorBytes(p.dense);
-  };
-  int64_t total = TensorBytes(final_norm_) + matrix(lm_head_, lm_head_packed_);
-  const bool shared = embed_.defined() && lm_head_.defined() && embed_.is_alias_of(lm_head_);
-  if (!shared) total += TensorBytes(embed_);
-  for (const Layer& l : layers_) {
-    total += TensorBytes(l.attn_norm) + TensorBytes(l.ffn_norm) + matrix(l.wqkv, l.wqkv_packed) +
-             matrix(l.wo, l.wo_packed) + matrix(l.w13, l.w13_packed) + matrix(l.w2, l.w2_packed);
-  }
-  return total;
-}
-
-int64_t LlamaModel::packed_weight_bytes() const {
-  auto bytes = [](const at::Tensor& w, const PackedWeight& p) {
-    return p.bytes() > 0 ? p.bytes() : static_cast<int64_t>(w.numel() * w.element_size());
-  };
-  int64_t total = bytes(lm_head_, lm_head_packed_);
-  for (const Layer& l : layers_) {
-    total += bytes(l.wqkv, l.wqkv_packed) + bytes(l.wo, l.wo_packed) + bytes(l.w13, l.w13_packed) +
-             bytes(l.w2, l.w2_packed);
-  }
-  return total;
-}
-
-void LlamaModel::StoreMatrix(at::Tensor* w, const at::Tensor& q8_0_blocks, PackedWeight* p) const {
-  const int64_t out = w->size(0), in = w->size(1);
-  if (weights_ == WeightFormat::kBf16 && cpu::Packable(in)) {
-    *w = w->to(at::kBFloat16).to(w->scalar_type()).contiguous();  // round to nearest even
-    if (!fused_) return;
-    at::Tensor cpu_w = w->to(at::kCPU, at::kFloat).contiguous();
-    p->bf16.resize(static_cast<size_t>(cpu::PackedRowsPadded(out) * in));
-    cpu::PackRowsBf16(cpu_w.data_ptr<float>(), out, in, p->bf16.data());
-  } else if (weights_ == WeightFormat::kQ8_0 && cpu::Q8Packable(in)) {
-    const int64_t nb = in / cpu::kQ8Block;
-    at::Tensor blocks = q8_0_blocks;
-    if (!blocks.defined()) {
-      at::Tensor cpu_w = w->to(at::kCPU, at::kFloat).contiguous();
-      blocks = at::empty({out, nb * static_cast<int64_t>(sizeof(cpu::BlockQ8_0))}, at::kByte);
-      cpu::QuantizeRowsQ8_0(cpu_w.data_ptr<float>(), out, in, reinterpret_cast<cpu::BlockQ8_0*>(blocks.data_ptr()));
-    }
-    TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.dim() == 2 && blocks.size(0) == out &&
-                    blocks.size(1) == nb * static_cast<int64_t>(sizeof(cpu::BlockQ8_0)),
-                "q8_0 blocks of a [", out, ", ", in, "] matrix must be uint8 [", out, ", ", nb * 34, "]");
-    blocks = blocks.contiguous();
-    const auto* b = reinterpret_cast<const cpu::BlockQ8_0*>(blocks.data_ptr());
-    at::Tensor values = at::empty({out, in}, at::kFloat);
-    cpu::DequantizeRowsQ8_0(b, out, in, values.data_ptr<float>());
-    *w = values.to(w->options()).contiguous();
-    if (!fused_) return;
-    p->q8.resize(cpu::PackedQ8_0Bytes(out, in));
-    cpu::PackRowsQ8_0(b, out, in, p->q8.data());
-  } else {
-    return;  // float32: PackWeights
-  }
-  p->format = weights_;
-  p->version = WeightVersion(*w);
-}
-
-void LlamaModel::PackWeights() {
-  auto pack = [](const at::Tensor& w, PackedWeight* p) {
-    if (p->bytes() > 0) return;  // packed in another format by StoreMatrix, or packed only
-    const int64_t out = w.size(0), in = w.size(1);
-    if (!w.is_contiguous() || w.scalar_type() != at::kFloat || !cpu::Packable(in)) return;
-    p->format = WeightFormat::kF32;
-    p->data.resize(static_cast<size_t>(out * in));
-    cpu::PackRows(w.data_ptr<float>(), out, in, p->data.data());
-    p->version = WeightVersion(w);
-  };
-  for (Layer& l : layers_) {
-    pack(l.wqkv, &l.wqkv_packed);
-    pack(l.wo, &l.wo_packed);
-    pack(l.w13, &l.w13_packed);
-    pack(l.w2, &l.w2_packed);
-  }
-  pack(lm_head_, &lm_head_packed_);
-}
 
 const LlamaModel::RopeTables& LlamaModel::Rope(int64_t n_positions) const {
   const RopeTables* tables = rope_.load(std::memory_order_acquire);
@@ -470,255 +269,6 @@ const LlamaModel::RopeTables& LlamaModel::Rope(int64_t n_positions) const {
   rope_.store(built.get(), std::memory_order_release);
   rope_built_.push_back(std::move(built));
   return *rope_built_.back();
-}
-
-StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
-    const Checkpoint& checkpoint, const ModelOptions& options) {
-  const checkpoint::ModelConfig& c = checkpoint.config;
-  LEDE_RETURN_IF_ERROR(c.Validate());
-  const auto& t = checkpoint.tensors;
-  auto get = [&](const std::string& name) -> StatusOr<at::Tensor> {
-    auto it = t.find(name);
-    if (it == t.end()) {
-      return InvalidArgumentError(checkpoint.source + ": missing tensor " + name);
-    }
-    return it->second;
-  };
-  return TorchBoundary(checkpoint.source, [&]() -> StatusOr<std::unique_ptr<LlamaModel>> {
-    std::unique_ptr<LlamaModel> m(new LlamaModel(c, options));
-    m->config_.rope_style = checkpoint::RopeStyle::kRotateHalf;  // after the permutation below
-    m->weights_ = options.weights == WeightFormat::kAuto ? checkpoint.storage : options.weights;
-    if (m->weights_ == WeightFormat::kAuto) m->weights_ = WeightFormat::kF32;
-    // The file's own Q8_0 blocks of a matrix (Checkpoint::q8_0_blocks), or
-    // undefined; several names give their rows' blocks concatenated, and
-    // undefined unless every one of them has blocks.
-    auto blocks = [&](std::vector<at::Tensor> parts) -> at::Tensor {
-      for (const at::Tensor& b : parts) {
-        if (!b.defined()) return at::Tensor();
-      }
-      return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
-    };
-    auto blocks_of = [&](const std::string& name) -> at::Tensor {
-      auto it = checkpoint.q8_0_blocks.find(name);
-      return it == checkpoint.q8_0_blocks.end() ? at::Tensor() : it->second;
-    };
-    auto opts = at::TensorOptions().device(options.device).dtype(options.dtype);
-    const bool copy = options.writable_weights;
-    const bool adjacent = c.rope_style == checkpoint::RopeStyle::kAdjacentPairs;
-    // A matrix kept packed only (PackedOnly) is built from the checkpoint's
-    // tensors in their own dtype, and their pages in a file mapping are
-    // released behind it; otherwise it is a tensor of the model's
-    // dtype (StoreMatrix rounds it and packs a copy).
-    // kQ4_0 / kQ4_K_M / kGguf (weight_format.h): the matrix whose rows are
-    // those of `parts` (checkpoint names `names`, llama.cpp roles `roles`,
-    // layer `layer`; `heads`: the q / k head count of a part whose rows
-    // the loop below permuted to rotate-half, else 0) in ggml blocks: a
-    // part the file stores in a block type is kept as it is (kGguf: any
-    // type; kQ4_0 / kQ4_K_M: the type their mix gives it), the rest is
-    // quantized to the mix's type (LlamaCppTensorType).
-    auto ggml_matrix = [&](const std::vector<at::Tensor>& parts, const std::vector<std::string>& names,
-                           const std::vector<TensorRole>& roles, int64_t layer,
-                           const std::vector<int64_t>& heads) -> cpu::GgmlMatrix {
-      const int64_t in = parts[0].size(1);
-      cpu::GgmlMatrix g(in);
-      for (size_t i = 0; i < parts.size(); ++i) {
-        const checkpoint::GgmlType mix = LlamaCppTensorType(m->weights_, roles[i], layer, c.n_layers, in);
-        auto it = checkpoint.stored.find(names[i]);
-        const checkpoint::GgufTensor* st = it == checkpoint.stored.end() ? nullptr : it->second;
-        if (st != nullptr && cpu::GgmlPackable(st->type, in) &&
-            (m->weights_ == WeightFormat::kGguf || st->type == mix) && st->ne.size() == 2 &&
-            st->ne[1] == parts[i].size(0)) {
-          const int64_t rows = st->ne[1];
-          at::Tensor blocks = at::from_blob(const_cast<uint8_t*>(st->data),
-                                            {rows, static_cast<int64_t>(st->nbytes) / rows},
-                                            at::TensorOptions().dtype(at::kByte));
-          if (heads[i] > 0) blocks = PermuteRopeRows(blocks, heads[i], /*to_rotate_half=*/true);
-          blocks = blocks.contiguous();
-          TORCH_CHECK(g.AppendBlocks(st->type, blocks.data_ptr<uint8_t>(), rows), names[i], ": cannot keep its ",
-                      checkpoint::GgmlTypeName(st->type), " blocks");
-        } else {
-          at::Tensor rows = parts[i].to(at::kCPU, at::kFloat).contiguous();
-          TORCH_CHECK(g.AppendQuantized(mix, rows.data_ptr<float>(), rows.size(0)), names[i],
-                      ": cannot quantize to ", checkpoint::GgmlTypeName(mix));
-        }
-      }
-      return g;
-    };
-    // The ggml form of a matrix into *p, and into *w its values (the eager
-    // reference's weights) unless packed only.
-    auto store_ggml = [&](cpu::GgmlMatrix g, at::Tensor* w, PackedWeight* p) {
-      const int64_t rows = g.rows(), in = g.in();
-      if (m->PackedOnly(in)) {
-        *w = at::Tensor();
-        p->version = 0;
-      } else {
-        at::Tensor values = at::empty({rows, in}, at::kFloat);
-        cpu::UnpackRowsGgml(g, 0, rows, values.data_ptr<float>());
-        *w = values.to(opts).contiguous();
-        p->version = WeightVersion(*w);
-        if (!m->fused_) return;  // the eager path reads *w
-      }
-      p->format = m->weights_;
-      p->rows = rows;
-      p->in = in;
-      p->gg = std::move(g);
-    };
-    auto matrix = [&](const std::vector<at::Tensor>& parts, const at::Tensor& q8_0_blocks, at::Tensor* w,
-                      PackedWeight* p) {
-      if (m->PackedOnly(parts[0].size(1))) {
-        m->PackParts(parts, q8_0_blocks, p);
-        *w = at::Tensor();
-        return;
-      }
-      *w = parts.size() == 1 ? parts[0].to(opts, /*non_blocking=*/false, copy).contiguous()
-                             : at::cat(parts, 0).to(opts).contiguous();
-      m->StoreMatrix(w, q8_0_blocks, p);
-    };
-    LEDE_ASSIGN_OR_RETURN(at::Tensor embed, get("model.embed_tokens.weight"));
-    LEDE_ASSIGN_OR_RETURN(at::Tensor norm, get("model.norm.weight"));
-    m->final_norm_ = norm.to(opts, /*non_blocking=*/false, copy);
-    at::Tensor head_blocks = blocks_of(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
-    at::Tensor head = embed;  // the LM head's checkpoint tensor
-    if (!c.tie_word_embeddings) {
-      LEDE_ASSIGN_OR_RETURN(head, get("lm_head.weight"));
-    }
-    const bool head_packed_only = m->PackedOnly(c.dim);
-    if (c.tie_word_embeddings && head_packed_only) {
-      // embed_ stays undefined: Embed reads the packed head's rows.
-    } else if (!c.tie_word_embeddings && m->PackedOnly(c.dim) && !copy &&
-               (embed.scalar_type() == at::kBFloat16 || embed.scalar_type() == at::kHalf)) {
-      m->embed_ = embed.contiguous();  // the file's dtype, in its mapping: rows are read per token
-    } else {
-      m->embed_ = embed.to(opts, /*non_blocking=*/false, copy);
-    }
-    for (int64_t i = 0; i < c.n_layers; ++i) {
-      Layer layer;
-      LEDE_ASSIGN_OR_RETURN(at::Tensor wq, get(LayerName(i, "self_attn.q_proj.weight")));
-      LEDE_ASSIGN_OR_RETURN(at::Tensor wk, get(LayerName(i, "self_attn.k_proj.weight")));
-      LEDE_ASSIGN_OR_RETURN(at::Tensor wv, get(LayerName(i, "self_attn.v_proj.weight")));
-      LEDE_ASSIGN_OR_RETURN(at::Tensor wo, get(LayerName(i, "self_attn.o_proj.weight")));
-      LEDE_ASSIGN_OR_RETURN(at::Tensor w1, get(LayerName(i, "mlp.gate_proj.weight")));
-      LEDE_ASSIGN_OR_RETURN(at::Tensor w3, get(LayerName(i, "mlp.up_proj.weight")));
-      LEDE_ASSIGN_OR_RETURN(at::Tensor w2, get(LayerName(i, "mlp.down_proj.weight")));
-      LEDE_ASSIGN_OR_RETURN(at::Tensor an, get(LayerName(i, "input_layernorm.weight")));
-      LEDE_ASSIGN_OR_RETURN(at::Tensor fn, get(LayerName(i, "post_attention_layernorm.weight")));
-      at::Tensor bq = blocks_of(LayerName(i, "self_attn.q_proj.weight"));
-      at::Tensor bk = blocks_of(LayerName(i, "self_attn.k_proj.weight"));
-      if (adjacent) {
-        wq = PermuteRopeRows(wq, c.n_heads, /*to_rotate_half=*/true);
-        wk = PermuteRopeRows(wk, c.n_kv_heads, /*to_rotate_half=*/true);
-        if (!wq.defined() || !wk.defined()) {
-          return InvalidArgumentError(checkpoint.source + ": layer " + std::to_string(i) +
-                                      " q/k projections cannot be permuted to rotate-half");
-        }
-        if (bq.defined()) bq = PermuteRopeRows(bq, c.n_heads, /*to_rotate_half=*/true);
-        if (bk.defined()) bk = PermuteRopeRows(bk, c.n_kv_heads, /*to_rotate_half=*/true);
-      }
-      layer.attn_norm = an.to(opts, /*non_blocking=*/false, copy);
-      layer.ffn_norm = fn.to(opts, /*non_blocking=*/false, copy);
-      // Each matrix in ggml blocks (kQ4_0 / kQ4_K_M / kGguf, rows a multiple
-      // of 32) or as `matrix` stores it.
-      auto put = [&](const std::vector<at::Tensor>& parts, const std::vector<const char*>& names,
-                     const std::vector<TensorRole>& roles, const std::vector<int64_t>& heads,
-                     const at::Tensor& q8_0_blocks, at::Tensor* w, PackedWeight* p) {
-        if (IsGgmlWeightFormat(m->weights_) && parts[0].size(1) % 32 == 0) {
-          std::vector<std::string> full;
-          for (const char* n : names) full.push_back(LayerName(i, n));
-          store_ggml(ggml_matrix(parts, full, roles, i, heads), w, p);
-        } else {
-          matrix(parts, q8_0_blocks, w, p);
-        }
-      };
-      const int64_t hq = adjacent ? c.n_heads : 0, hk = adjacent ? c.n_kv_heads : 0;
-      put({wq, wk, wv}, {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"},
-          {TensorRole::kAttnQ, TensorRole::kAttnK, TensorRole::kAttnV}, {hq, hk, 0},
-          blocks({bq, bk, blocks_of(LayerName(i, "self_attn.v_proj.weight"))}), &layer.wqkv, &layer.wqkv_packed);
-      put({wo}, {"self_attn.o_proj.weight"}, {TensorRole::kAttnO}, {0},
-          blocks_of(LayerName(i, "self_attn.o_proj.weight")), &layer.wo, &layer.wo_packed);
-      put({w1, w3}, {"mlp.gate_proj.weight", "mlp.up_proj.weight"}, {TensorRole::kFfnGate, TensorRole::kFfnUp},
-          {0, 0}, blocks({blocks_of(LayerName(i, "mlp.gate_proj.weight")), blocks_of(LayerName(i, "mlp.up_proj.weight"))}),
-          &layer.w13, &layer.w13_packed);
-      put({w2}, {"mlp.down_proj.weight"}, {TensorRole::kFfnDown}, {0},
-          blocks_of(LayerName(i, "mlp.down_proj.weight")), &layer.w2, &layer.w2_packed);
-      for (const char* name : {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-                               "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-                               "mlp.down_proj.weight"}) {
-        if (m->PackedOnly(t.at(LayerName(i, name)).size(1))) ReleaseSource(t.at(LayerName(i, name)));
-      }
-      m->layers_.push_back(std::move(layer));
-    }
-    const std::string head_name = c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-    if (IsGgmlWeightFormat(m->weights_) && c.dim % 32 == 0) {
-      // The head in ggml blocks (Q6_K in llama.cpp's mixes); a tied
-      // embedding then reads the same values.
-      store_ggml(ggml_matrix({head}, {head_name}, {TensorRole::kOutput}, c.n_layers, {0}), &m->lm_head_,
-                 &m->lm_head_packed_);
-      if (head_packed_only) {
-        ReleaseSource(head);
-      } else {
-        m->embed_ = m->embed_.contiguous();
-        if (c.tie_word_embeddings) m->embed_ = m->lm_head_;
-      }
-    } else if (head_packed_only) {
-      m->PackParts({head}, head_blocks, &m->lm_head_packed_);
-      ReleaseSource(head);
-    } else {
-      // The fused path reads rows of these directly (no-ops when contiguous).
-      m->embed_ = m->embed_.contiguous();
-      m->lm_head_ = c.tie_word_embeddings ? m->embed_ : head.to(opts, /*non_blocking=*/false, copy).contiguous();
-      m->StoreMatrix(&m->lm_head_, head_blocks, &m->lm_head_packed_);
-      if (c.tie_word_embeddings) m->embed_ = m->lm_head_;  // one matrix: the lookup reads the stored values too
-    }
-    m->final_norm_ = m->final_norm_.contiguous();
-    if (m->fused_) m->PackWeights();
-    return m;
-  });
-}
-
-StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& path,
-                                                       const ModelOptions& options) {
-  // Half-precision files stay in their dtype: FromCheckpoint converts each
-  // matrix once, straight into the model's storage.
-  CheckpointReadOptions read;
-  read.keep_half_precision = true;
-  LEDE_ASSIGN_OR_RETURN(Checkpoint ckpt, LoadCheckpoint(path, read));
-  return FromCheckpoint(ckpt, options);
-}
-
-StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::RandomInit(
-    const checkpoint::ModelConfig& config, uint64_t seed, const ModelOptions& options,
-    double init_std) {
-  LEDE_RETURN_IF_ERROR(config.Validate());
-  return TorchBoundary("RandomInit", [&]() -> StatusOr<std::unique_ptr<LlamaModel>> {
-    at::Generator gen = at::detail::createCPUGenerator(seed);
-    auto cpu = at::TensorOptions().dtype(at::kFloat);
-    auto normal = [&](std::vector<int64_t> shape, double std) {
-      return at::normal(0.0, std, shape, gen, cpu);
-    };
-    const checkpoint::ModelConfig& c = config;
-    const int64_t hd = c.head_dim();
-    const double out_std = init_std / std::sqrt(2.0 * c.n_layers);
-    Checkpoint ckpt;
-    ckpt.config = c;
-    ckpt.config.rope_style = checkpoint::RopeStyle::kRotateHalf;
-    ckpt.source = "random-init";
-    auto& t = ckpt.tensors;
-    t["model.embed_tokens.weight"] = normal({c.vocab_size, c.dim}, init_std);
-    t["model.norm.weight"] = at::ones({c.dim}, cpu);
-    if (!c.tie_word_embeddings) t["lm_head.weight"] = normal({c.vocab_size, c.dim}, init_std);
-    for (int64_t i = 0; i < c.n_layers; ++i) {
-      t[LayerName(i, "self_attn.q_proj.weight")] = normal({c.n_heads * hd, c.dim}, init_std);
-      t[LayerName(i, "self_attn.k_proj.weight")] = normal({c.n_kv_heads * hd, c.dim}, init_std);
-      t[LayerName(i, "self_attn.v_proj.weight")] = normal({c.n_kv_heads * hd, c.dim}, init_std);
-      t[LayerName(i, "self_attn.o_proj.weight")] = normal({c.dim, c.n_heads * hd}, out_std);
-      t[LayerName(i, "mlp.gate_proj.weight")] = normal({c.hidden_dim, c.dim}, init_std);
-      t[LayerName(i, "mlp.up_proj.weight")] = normal({c.hidden_dim, c.dim}, init_std);
-      t[LayerName(i, "mlp.down_proj.weight")] = normal({c.dim, c.hidden_dim}, out_std);
-      t[LayerName(i, "input_layernorm.weight")] = at::ones({c.dim}, cpu);
-      t[LayerName(i, "post_attention_layernorm.weight")] = at::ones({c.dim}, cpu);
-    }
-    return FromCheckpoint(ckpt, options);
-  });
 }
 
 at::Tensor LlamaModel::RmsNorm(const at::Tensor& x, const at::Tensor& weight) const {
@@ -756,9 +306,9 @@ at::Tensor LlamaModel::Embed(const at::Tensor& tokens) const {
   float* dst = out.data_ptr<float>();
   for (int64_t i = 0; i < ids.numel(); ++i) {
     TORCH_CHECK(0 <= id[i] && id[i] < V, "token id ", id[i], " out of range [0, ", V, ")");
-    if (p.format == WeightFormat::kBf16) {
+    if (p.format == loaders::WeightFormat::kBf16) {
       cpu::UnpackRowsBf16(p.bf16.data(), d, id[i], id[i] + 1, dst + i * d);
-    } else if (IsGgmlWeightFormat(p.format)) {
+    } else if (loaders::IsGgmlWeightFormat(p.format)) {
       cpu::UnpackRowsGgml(p.gg, id[i], id[i] + 1, dst + i * d);
     } else {
       cpu::UnpackRowsQ8_0(p.q8.data(), d, id[i], id[i] + 1, dst + i * d);
@@ -1153,22 +703,22 @@ std::map<std::string, at::Tensor> LlamaModel::NamedTensors() const {
   for (int64_t i = 0; i < n_layers(); ++i) {
     const Layer& l = layers_[i];
     const at::Tensor wqkv = Dense(l.wqkv, l.wqkv_packed, false), w13 = Dense(l.w13, l.w13_packed, false);
-    t[LayerName(i, "self_attn.q_proj.weight")] = cpu(wqkv.narrow(0, 0, q));
-    t[LayerName(i, "self_attn.k_proj.weight")] = cpu(wqkv.narrow(0, q, kv));
-    t[LayerName(i, "self_attn.v_proj.weight")] = cpu(wqkv.narrow(0, q + kv, kv));
-    t[LayerName(i, "self_attn.o_proj.weight")] = cpu(Dense(l.wo, l.wo_packed, false));
-    t[LayerName(i, "mlp.gate_proj.weight")] = cpu(w13.narrow(0, 0, F));
-    t[LayerName(i, "mlp.up_proj.weight")] = cpu(w13.narrow(0, F, F));
-    t[LayerName(i, "mlp.down_proj.weight")] = cpu(Dense(l.w2, l.w2_packed, false));
-    t[LayerName(i, "input_layernorm.weight")] = cpu(l.attn_norm);
-    t[LayerName(i, "post_attention_layernorm.weight")] = cpu(l.ffn_norm);
+    t[loaders::LayerTensorName(i, "self_attn.q_proj.weight")] = cpu(wqkv.narrow(0, 0, q));
+    t[loaders::LayerTensorName(i, "self_attn.k_proj.weight")] = cpu(wqkv.narrow(0, q, kv));
+    t[loaders::LayerTensorName(i, "self_attn.v_proj.weight")] = cpu(wqkv.narrow(0, q + kv, kv));
+    t[loaders::LayerTensorName(i, "self_attn.o_proj.weight")] = cpu(Dense(l.wo, l.wo_packed, false));
+    t[loaders::LayerTensorName(i, "mlp.gate_proj.weight")] = cpu(w13.narrow(0, 0, F));
+    t[loaders::LayerTensorName(i, "mlp.up_proj.weight")] = cpu(w13.narrow(0, F, F));
+    t[loaders::LayerTensorName(i, "mlp.down_proj.weight")] = cpu(Dense(l.w2, l.w2_packed, false));
+    t[loaders::LayerTensorName(i, "input_layernorm.weight")] = cpu(l.attn_norm);
+    t[loaders::LayerTensorName(i, "post_attention_layernorm.weight")] = cpu(l.ffn_norm);
   }
   return t;
 }
 
 Status LlamaModel::SaveHf(const std::string& dir) const {
   return TorchBoundary("SaveHf", [&]() -> Status {
-    return WriteHfCheckpoint(dir, config_, NamedTensors());
+    return loaders::WriteHfCheckpoint(dir, config_, NamedTensors());
   });
 }
 

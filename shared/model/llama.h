@@ -58,12 +58,13 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
+#include <c10/core/TensorOptions.h>
 
-#include "shared/model/checkpoint.h"
-#include "shared/model/cpu_ggml_kernels.h"
-#include "shared/model/kv_cache.h"
-#include "shared/model/weight_format.h"
 #include "shared/checkpoint/model_config.h"
+#include "shared/model/cpu/cpu_ggml_kernels.h"
+#include "shared/model/kv_cache.h"
+#include "shared/model/loaders/checkpoint.h"
+#include "shared/model/loaders/weight_format.h"
 #include "shared/status/status.h"
 
 namespace lede::model {
@@ -177,7 +178,7 @@ struct ModelOptions {
   //    every matrix's tensor is rounded at load to the values the format
   //    holds (bf16, or Q8_0 quantized and dequantized), the reference
   //    weights, and the fused path (if on) reads a packed copy beside it.
-  WeightFormat weights = WeightFormat::kAuto;
+  loaders::WeightFormat weights = loaders::WeightFormat::kAuto;
   // Example: ModelOptions{c10::Device("cuda:0"), c10::kBFloat16}
 };
 
@@ -188,9 +189,9 @@ class LlamaModel {
   // Errors: kInvalidArgument if the config is invalid or a tensor is missing
   // or mis-shaped; kInternal on a libtorch failure.
   static StatusOr<std::unique_ptr<LlamaModel>> FromCheckpoint(
-      const Checkpoint& checkpoint, const ModelOptions& options);
+      const loaders::Checkpoint& checkpoint, const ModelOptions& options);
 
-  // LoadCheckpoint(path) + FromCheckpoint. Errors as both.
+  // loaders::LoadCheckpoint(path) + FromCheckpoint. Errors as both.
   static StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& path,
                                                     const ModelOptions& options);
 
@@ -208,7 +209,7 @@ class LlamaModel {
   // kFused, CPU, float32).
   bool fused() const { return fused_; }
   // The matrices' storage (ModelOptions::weights resolved: never kAuto).
-  WeightFormat weight_format() const { return weights_; }
+  loaders::WeightFormat weight_format() const { return weights_; }
   // Bytes of the matrices one full decode step reads on the fused path
   // (every block and the LM head, in their packed formats).
   int64_t packed_weight_bytes() const;
@@ -343,7 +344,7 @@ class LlamaModel {
   // q8 (cpu::PackRowsQ8_0) or gg (ggml blocks: kQ4_0, kQ4_K_M, kGguf;
   // cpu_ggml_kernels.h) holds it.
   struct PackedWeight {
-    WeightFormat format = WeightFormat::kF32;
+    loaders::WeightFormat format = loaders::WeightFormat::kF32;
     std::vector<float> data;
     std::vector<uint16_t> bf16;
     std::vector<uint8_t> q8;
@@ -407,6 +408,24 @@ class LlamaModel {
   // [rows_i, in]) into *p in weights_, in chunks of rows (never a float32
   // copy of the whole matrix); q8_0_blocks as StoreMatrix's.
   void PackParts(const std::vector<at::Tensor>& parts, const at::Tensor& q8_0_blocks, PackedWeight* p) const;
+  // The loading steps of FromCheckpoint (llama_weights.cc), in its order.
+  // opts: the model's device and dtype; copy: options_.writable_weights.
+  // StoreParts: the matrix whose rows are those of `parts` packed only
+  // (PackParts), or as a tensor of opts that StoreMatrix rounds and packs.
+  void StoreParts(const std::vector<at::Tensor>& parts, const at::Tensor& q8_0_blocks,
+                  const at::TensorOptions& opts, bool copy, at::Tensor* w, PackedWeight* p) const;
+  // StoreGgml: the ggml form g of a matrix into *p, and into *w its values
+  // (the eager reference's weights) unless packed only.
+  void StoreGgml(cpu::GgmlMatrix g, const at::TensorOptions& opts, at::Tensor* w, PackedWeight* p) const;
+  // LoadEmbedding: final_norm_ and embed_ from the checkpoint (embed_ stays
+  // undefined when the tied head is packed only).
+  Status LoadEmbedding(const loaders::Checkpoint& checkpoint, const at::TensorOptions& opts, bool copy);
+  // LoadLayer: layer `layer`'s norms and matrices (loaders::ReadLlamaLayer),
+  // each matrix in ggml blocks or as StoreParts stores it, appended to layers_.
+  Status LoadLayer(const loaders::Checkpoint& checkpoint, int64_t layer, const at::TensorOptions& opts,
+                   bool copy);
+  // LoadHead: the LM head (and a tied embedding's final form).
+  Status LoadHead(const loaders::Checkpoint& checkpoint, const at::TensorOptions& opts, bool copy);
   // w, or (w undefined: a packed-only matrix) its values dequantized from
   // p as a float32 [rows, in] tensor, kept in p.dense when keep.
   at::Tensor Dense(const at::Tensor& w, const PackedWeight& p, bool keep = true) const;
@@ -431,7 +450,7 @@ class LlamaModel {
   mutable std::mutex rope_mu_;  // guards building and rope_built_
   mutable std::vector<std::unique_ptr<const RopeTables>> rope_built_;
   bool fused_ = false;    // options_.kernels == kFused on CPU float32
-  WeightFormat weights_ = WeightFormat::kF32;  // options_.weights resolved
+  loaders::WeightFormat weights_ = loaders::WeightFormat::kF32;  // options_.weights resolved
   // Guards the PackedWeight::dense copies.
   mutable std::mutex dense_mu_;
   // The recorded decode graphs (shared/model/internal/step_graphs.h); null

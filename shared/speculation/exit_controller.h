@@ -81,7 +81,7 @@ struct ExitState {
   // The load: how many sessions the server is decoding at once (this one
   // included; >= 1), as the caller knows it (the coordinator's requests in
   // flight, its queued ones included; 1 in-process). Batching changes what a draft and a
-  // verification cost (shared/model/cost_model.h, cost models at a load),
+  // verification cost (shared/model/cost/cost_model.h, cost models at a load),
   // so a policy that sees it can draft less, or not at all, under load
   // (docs/design.md §2).
   int32_t load = 1;

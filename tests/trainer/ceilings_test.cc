@@ -18,7 +18,7 @@ namespace {
 // Drafts at layer l cost (l + 1) / (L + 1) of a step (l blocks and a head of
 // one block), a verification of any width one step: the accelerator model's
 // shape, with numbers easy to follow by hand.
-class LinearCost : public model::CostModel {
+class LinearCost : public model::cost::CostModel {
  public:
   explicit LinearCost(int32_t n_layers) : n_layers_(n_layers) {}
   std::string name() const override { return "linear"; }

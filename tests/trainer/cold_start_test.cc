@@ -14,7 +14,7 @@
 #include "gtest/gtest.h"
 #include "policy/dqn/artifact.h"
 #include "policy/dqn/method_factory.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
@@ -32,7 +32,7 @@ constexpr char kModelDir[] = "models/lede-tiny";
 constexpr int64_t kNewTokens = 40;
 
 // A cost model on which drafting never pays: a draft costs a full step.
-class ExpensiveDrafts : public model::CostModel {
+class ExpensiveDrafts : public model::cost::CostModel {
  public:
   std::string name() const override { return "expensive-drafts"; }
   double DraftToken(int64_t) const override { return 1.0; }
@@ -159,7 +159,7 @@ TEST_F(ColdStartTest, AutoregressiveArtifactNeverDrafts) {
 }
 
 TEST_F(ColdStartTest, ChooserPicksTheBestStaticSetting) {
-  auto cost = model::MakeAcceleratorCostModel(model_->config());
+  auto cost = model::cost::MakeAcceleratorCostModel(model_->config());
   auto choice = ChooseColdStartFromTraces(traces_, 6, *cost);
   ASSERT_TRUE(choice.ok()) << choice.status().message();
   ASSERT_TRUE(choice->speculate) << "lede-tiny is trained with an early-exit loss; some setting pays";
@@ -195,7 +195,7 @@ TEST_F(ColdStartTest, ChooserFallsBackToAutoregressiveWhenNoSettingPays) {
 }
 
 TEST_F(ColdStartTest, SelfCalibrationOnTheEngineMatchesTheTraces) {
-  auto cost = model::MakeAcceleratorCostModel(model_->config());
+  auto cost = model::cost::MakeAcceleratorCostModel(model_->config());
   auto live = ChooseColdStart(*engine_, prompts_, kNewTokens, 6, *cost);
   auto replayed = ChooseColdStartFromTraces(traces_, 6, *cost);
   ASSERT_TRUE(live.ok() && replayed.ok());
@@ -207,7 +207,7 @@ TEST_F(ColdStartTest, SelfCalibrationOnTheEngineMatchesTheTraces) {
 // prompt's trace alone (as the replay of that one trace does); the time
 // check is never asked before a first trace exists.
 TEST_F(ColdStartTest, OutOfTimeStopsAfterTheFirstTrace) {
-  auto cost = model::MakeAcceleratorCostModel(model_->config());
+  auto cost = model::cost::MakeAcceleratorCostModel(model_->config());
   int asked = 0;
   auto quick = ChooseColdStart(*engine_, prompts_, kNewTokens, 6, *cost, [&] {
     ++asked;
@@ -255,7 +255,7 @@ TEST_F(ColdStartTest, SettingsOutsideTheModelAreRefused) {
   c.draft_len = 2;
   EXPECT_THAT(ColdStartArtifact(c, L(), Fingerprint(), "../x", "accelerator").status(),
               StatusIs(StatusCode::kInvalidArgument));
-  EXPECT_THAT(ChooseColdStartFromTraces({}, 6, *model::MakeAcceleratorCostModel(model_->config())).status(),
+  EXPECT_THAT(ChooseColdStartFromTraces({}, 6, *model::cost::MakeAcceleratorCostModel(model_->config())).status(),
               StatusIs(StatusCode::kInvalidArgument));
 }
 
@@ -309,8 +309,8 @@ TEST_F(ColdStartTest, TracingOnlyTheCandidateExitsKeepsTheirProbes) {
 
 TEST_F(ColdStartTest, ChooserTriesOnlyTheCandidateExits) {
   const std::vector<int32_t> exits = {3, 6};
-  auto all = ChooseColdStartFromTraces(traces_, 6, *model::MakeAcceleratorCostModel(model_->config()));
-  auto some = ChooseColdStartFromTraces(traces_, 6, *model::MakeAcceleratorCostModel(model_->config()), exits);
+  auto all = ChooseColdStartFromTraces(traces_, 6, *model::cost::MakeAcceleratorCostModel(model_->config()));
+  auto some = ChooseColdStartFromTraces(traces_, 6, *model::cost::MakeAcceleratorCostModel(model_->config()), exits);
   ASSERT_TRUE(all.ok());
   ASSERT_TRUE(some.ok());
   if (some->speculate) {
@@ -318,7 +318,7 @@ TEST_F(ColdStartTest, ChooserTriesOnlyTheCandidateExits) {
     EXPECT_LE(some->speedup, all->speedup);
   }
   auto on_engine = ChooseColdStart(*engine_, {prompts_[0], prompts_[1]}, kNewTokens, 6,
-                                   *model::MakeAcceleratorCostModel(model_->config()), nullptr, exits);
+                                   *model::cost::MakeAcceleratorCostModel(model_->config()), nullptr, exits);
   ASSERT_TRUE(on_engine.ok()) << on_engine.status().message();
   if (on_engine->speculate) {
     EXPECT_THAT(exits, ::testing::Contains(on_engine->exit_layer));

@@ -18,7 +18,7 @@
 #include "policy/controllers.h"
 #include "policy/dqn/artifact.h"
 #include "policy/dqn/dqn_exit_controller.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
@@ -231,7 +231,7 @@ TEST_F(CounterfactualTest, DinkelbachReturnIsTokensMinusRhoTimesCost) {
   const std::vector<ShadowTrace> traces = Traces();
   // Both cost models: the measured one also prices decisions and a
   // verification that grows with K.
-  model::Calibration cal;
+  model::cost::Calibration cal;
   cal.n_layers = model_->n_layers();
   for (int t = 1; t <= 16; ++t) {
     cal.block_us.push_back(150.0 + 30.0 * t);
@@ -241,15 +241,15 @@ TEST_F(CounterfactualTest, DinkelbachReturnIsTokensMinusRhoTimesCost) {
   cal.decision_us = 15.0;
   // ... and the measured one from a round table timed in context (one line
   // per exit layer, a verification that no longer grows with K).
-  model::Calibration rounds = cal;
+  model::cost::Calibration rounds = cal;
   rounds.ar_step_us = 1800.0;
   for (int64_t e = 1; e < cal.n_layers; ++e) {
     rounds.round_us.emplace_back();
     for (int k = 1; k <= 6; ++k) rounds.round_us.back().push_back(1900.0 + 40.0 * e + (150.0 + 35.0 * e) * k + 20.0 * (k % 2));
   }
   for (const int which : {0, 1, 2}) {
-  auto cost = which == 0 ? model::MakeAcceleratorCostModel(model_->config())
-                         : model::MakeMeasuredCostModel(which == 1 ? cal : rounds);
+  auto cost = which == 0 ? model::cost::MakeAcceleratorCostModel(model_->config())
+                         : model::cost::MakeMeasuredCostModel(which == 1 ? cal : rounds);
   SCOPED_TRACE(cost->name() + (which == 2 ? " (round table)" : ""));
   // Every combination of the probe flags: a decision that probes nothing
   // (phase 1 from history, phase 2 on the token just drafted) must not be
@@ -313,7 +313,7 @@ DinkelbachOptions SmallDinkelbachOptions() {
 TEST_F(CounterfactualTest, DinkelbachAdoptsOnlyImprovingIterates) {
   const std::vector<ShadowTrace> traces = Traces();
   const std::vector<ShadowTrace> train(traces.begin(), traces.begin() + 2), selection(traces.begin() + 2, traces.end());
-  auto cost = model::MakeAcceleratorCostModel(model_->config());
+  auto cost = model::cost::MakeAcceleratorCostModel(model_->config());
   DinkelbachOptions o = SmallDinkelbachOptions();
   o.max_iterations = 4;
   auto result = TrainDinkelbach(train, selection, *cost, o);
@@ -356,7 +356,7 @@ TEST_F(CounterfactualTest, DinkelbachAdoptsOnlyImprovingIterates) {
 TEST_F(CounterfactualTest, DinkelbachStartsFromTheBestStaticAtACandidateLayer) {
   const std::vector<ShadowTrace> traces = Traces();
   const std::vector<ShadowTrace> train(traces.begin(), traces.begin() + 2), selection(traces.begin() + 2, traces.end());
-  auto cost = model::MakeAcceleratorCostModel(model_->config());
+  auto cost = model::cost::MakeAcceleratorCostModel(model_->config());
   DinkelbachOptions o = SmallDinkelbachOptions();
   auto all = BestStatic(train, o.spec.max_draft_len, *cost);
   ASSERT_THAT(all, IsOk());
@@ -389,15 +389,15 @@ TEST_F(CounterfactualTest, DinkelbachStartsFromTheBestStaticAtACandidateLayer) {
 TEST_F(CounterfactualTest, DinkelbachWithLoadsLearnsNotToSpeculateWhereItLoses) {
   const std::vector<ShadowTrace> traces = Traces();
   const std::vector<ShadowTrace> train(traces.begin(), traces.begin() + 2), selection(traces.begin() + 2, traces.end());
-  auto cost = model::MakeAcceleratorCostModel(model_->config());
+  auto cost = model::cost::MakeAcceleratorCostModel(model_->config());
   DinkelbachOptions o = SmallDinkelbachOptions();
   o.max_iterations = 2;
   o.conservative_margin = 0.2;
   o.dqn.epochs = 12;
   o.loads = {1, 256};
   const checkpoint::ModelConfig config = model_->config();
-  o.cost_at_load = [config](int32_t load) -> StatusOr<std::unique_ptr<model::CostModel>> {
-    return model::MakeAcceleratorCostModelAtLoad(config, load, /*ridge_tokens=*/16.0);
+  o.cost_at_load = [config](int32_t load) -> StatusOr<std::unique_ptr<model::cost::CostModel>> {
+    return model::cost::MakeAcceleratorCostModelAtLoad(config, load, /*ridge_tokens=*/16.0);
   };
   auto result = TrainDinkelbach(train, selection, *cost, o);
   ASSERT_THAT(result, IsOk());
@@ -419,7 +419,7 @@ TEST_F(CounterfactualTest, DinkelbachWithLoadsLearnsNotToSpeculateWhereItLoses) 
   };
   std::vector<ShadowTrace> crowded = train;
   for (ShadowTrace& t : crowded) t.load = 256;
-  auto high = model::MakeAcceleratorCostModelAtLoad(config, 256, 16.0);
+  auto high = model::cost::MakeAcceleratorCostModelAtLoad(config, 256, 16.0);
   auto alone = SimulatedSpeedup(train, o.spec, greedy, *cost);
   auto busy = SimulatedSpeedup(crowded, o.spec, greedy, *high);
   ASSERT_THAT(alone, IsOk());
@@ -445,7 +445,7 @@ TEST_F(CounterfactualTest, DinkelbachWarmStartIsPiZeroWhereItWins) {
   // A random network of the shipped policies' width, deciding where they do
   // (candidate layers 1-6, D_max 6); it never sees the load.
   auto warm = std::make_shared<const policy::dqn::QNetwork>(policy::dqn::QNetwork::Random(64, 5));
-  auto cost = model::MakeAcceleratorCostModel(model_->config());
+  auto cost = model::cost::MakeAcceleratorCostModel(model_->config());
   DinkelbachOptions o = SmallDinkelbachOptions();
   o.spec.candidate_layers = {1, 2, 3, 4, 5, 6};
   o.spec.max_draft_len = 6;
@@ -453,8 +453,8 @@ TEST_F(CounterfactualTest, DinkelbachWarmStartIsPiZeroWhereItWins) {
   o.max_iterations = 1;
   o.loads = {1, 256};
   const checkpoint::ModelConfig config = model_->config();
-  o.cost_at_load = [config](int32_t load) -> StatusOr<std::unique_ptr<model::CostModel>> {
-    return model::MakeAcceleratorCostModelAtLoad(config, load, /*ridge_tokens=*/16.0);
+  o.cost_at_load = [config](int32_t load) -> StatusOr<std::unique_ptr<model::cost::CostModel>> {
+    return model::cost::MakeAcceleratorCostModelAtLoad(config, load, /*ridge_tokens=*/16.0);
   };
   o.warm_start = warm;
   const ControllerMaker warm_policy = [warm](int64_t) -> std::unique_ptr<speculation::ExitController> {
@@ -501,7 +501,7 @@ TEST_F(CounterfactualTest, DinkelbachWarmStartIsPiZeroWhereItWins) {
 TEST_F(CounterfactualTest, CalibratedStartBeginsAtTheTunedRuleAndAdoptsOnlyWhatBeatsIt) {
   const std::vector<ShadowTrace> traces = Traces();
   const std::vector<ShadowTrace> train(traces.begin(), traces.begin() + 2), selection(traces.begin() + 2, traces.end());
-  auto cost = model::MakeAcceleratorCostModel(model_->config());
+  auto cost = model::cost::MakeAcceleratorCostModel(model_->config());
   DinkelbachOptions o = SmallDinkelbachOptions();
   auto rule = TuneCalibratedRule(train, o.spec, *cost);
   ASSERT_THAT(rule, IsOk());
@@ -553,7 +553,7 @@ speculation::DecisionSpec HistoryModeSpec() {
 // and lowers the other by as much, on the very same states.
 TEST_F(CounterfactualTest, RolloutTargetsAreCenteredAndPreferPiByTheMargin) {
   const std::vector<ShadowTrace> traces = Traces();
-  auto cost = model::MakeAcceleratorCostModel(model_->config());
+  auto cost = model::cost::MakeAcceleratorCostModel(model_->config());
   const speculation::DecisionSpec spec = HistoryModeSpec();
   ControllerMaker pi = [](int64_t) { return std::make_unique<policy::StaticExitController>(2, 2); };
   std::vector<ControllerMaker> sources = {
@@ -609,7 +609,7 @@ class SkippingStatic : public policy::StaticExitController {
 // policy iteration from the calibrated rule collapsed (1.67x -> 1.49x).
 TEST_F(CounterfactualTest, RolloutTargetsDoNotDependOnWherePiStartsPhaseOne) {
   const std::vector<ShadowTrace> traces = Traces();
-  auto cost = model::MakeAcceleratorCostModel(model_->config());
+  auto cost = model::cost::MakeAcceleratorCostModel(model_->config());
   const speculation::DecisionSpec spec = HistoryModeSpec();
   std::vector<ControllerMaker> sources = {
       [](int64_t) { return std::make_unique<policy::StaticExitController>(3, 1); },
@@ -635,7 +635,7 @@ TEST_F(CounterfactualTest, RolloutTargetsDoNotDependOnWherePiStartsPhaseOne) {
 
 TEST_F(CounterfactualTest, CounterfactualTransitionsCoverEveryBehaviour) {
   const std::vector<ShadowTrace> traces = Traces();
-  auto cost = model::MakeAcceleratorCostModel(model_->config());
+  auto cost = model::cost::MakeAcceleratorCostModel(model_->config());
   speculation::DecisionSpec spec;
   spec.candidate_layers = {2, 4};
   spec.max_draft_len = 4;

@@ -18,7 +18,7 @@
 #include "gtest/gtest.h"
 #include "policy/dqn/artifact.h"
 #include "shared/experience/request_log.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
@@ -128,7 +128,7 @@ class RequestRetrainTest : public ::testing::Test {
                                "accelerator");
     ASSERT_TRUE(a.ok());
     ASSERT_THAT(WriteColdStartPolicy(root_, *a), IsOk());
-    cost_ = model::MakeAcceleratorCostModel(model_->config());
+    cost_ = model::cost::MakeAcceleratorCostModel(model_->config());
   }
 
   void LogRecords(const std::vector<lede::v1::RequestRecord>& records) {
@@ -161,7 +161,7 @@ class RequestRetrainTest : public ::testing::Test {
   ::lede::testing::TempDir tmp_;
   std::shared_ptr<storage::ObjectStore> store_;
   std::string root_;
-  std::unique_ptr<model::CostModel> cost_;
+  std::unique_ptr<model::cost::CostModel> cost_;
   int writers_ = 0;
 };
 
@@ -495,7 +495,7 @@ TEST_F(RequestRetrainTest, AMeasuredServingPolicyGetsTheModelCalibratedOnce) {
   run_once();
   EXPECT_EQ(count("calibrating it once"), 1);
   ASSERT_TRUE(fs::exists(own));
-  auto cal = model::ReadCalibrationFile(own.string());
+  auto cal = model::cost::ReadCalibrationFile(own.string());
   ASSERT_THAT(cal, IsOk());
   EXPECT_EQ(cal->model_fingerprint, model_->config().ArchitectureFingerprint());
   ASSERT_EQ(cal->round_us.size(), static_cast<size_t>(L - 1));
@@ -514,7 +514,7 @@ TEST_F(RequestRetrainTest, AMeasuredServingPolicyGetsTheModelCalibratedOnce) {
   o.calibration = (tmp_.path() / "other.json").string();
   {
     std::ofstream f(o.calibration);
-    f << model::CalibrationToJson(*cal);
+    f << model::cost::CalibrationToJson(*cal);
   }
   LogRecords(std::vector<lede::v1::RequestRecord>(records_.begin(), records_.begin() + 6));
   auto retrainer = Retrainer::Create(o);
@@ -560,7 +560,7 @@ TEST_F(RequestRetrainTest, LoggedMeasuredCostsPriceTheRun) {
   std::vector<lede::v1::RequestRecord> logged(records_.begin(), records_.begin() + 8);
   // Drafts and probes as the accelerator model prices them, verifications dearer: only verifying differs.
   lede::v1::CostProfile profile = CostlyVerificationProfile(L);
-  const double h = model::HeadLayerEquivalents(model_->config());
+  const double h = model::cost::HeadLayerEquivalents(model_->config());
   for (int32_t e = 1; e <= L; ++e) profile.set_draft_step_s(e, 1.2e-3 * (e + h) / L);
   for (lede::v1::RequestRecord& r : logged) *r.mutable_measured_costs() = profile;
   // Two sampled requests (logged like greedy ones, here with greedy tokens): replayed too.

@@ -73,17 +73,17 @@ class ThreadCountGuard {
 Status ReplayEvaluator::LoadModel(const RetrainOptions& o) {
   if (model_ != nullptr) return OkStatus();
   model::ModelOptions f32;
-  f32.weights = model::WeightFormat::kF32;  // trained in float32, whatever the file stores
+  f32.weights = model::loaders::WeightFormat::kF32;  // trained in float32, whatever the file stores
   LEDE_ASSIGN_OR_RETURN(auto loaded, model::LlamaModel::Load(o.model_dir, f32));
   std::shared_ptr<const model::LlamaModel> m = std::move(loaded);
-  cost_models_["accelerator"] = model::MakeAcceleratorCostModel(m->config());
+  cost_models_["accelerator"] = model::cost::MakeAcceleratorCostModel(m->config());
   std::string calibration = o.calibration;
   if (calibration.empty() && fs::exists(fs::path(o.model_dir) / "calibration-cpu.json")) {
     calibration = (fs::path(o.model_dir) / "calibration-cpu.json").string();
   }
   if (!calibration.empty()) {
-    LEDE_ASSIGN_OR_RETURN(model::Calibration cal, model::ReadCalibrationFile(calibration));
-    cost_models_["measured"] = model::MakeMeasuredCostModel(cal);
+    LEDE_ASSIGN_OR_RETURN(model::cost::Calibration cal, model::cost::ReadCalibrationFile(calibration));
+    cost_models_["measured"] = model::cost::MakeMeasuredCostModel(cal);
   }
   model_ = std::move(m);
   return OkStatus();
@@ -116,7 +116,7 @@ Status ReplayEvaluator::LoadServedCosts(const RetrainOptions& o, storage::Object
     return FailedPreconditionError(priced + "model " + o.model_dir + " is not the policy's model " +
                                    smeta.model_fingerprint);
   }
-  StatusOr<std::unique_ptr<model::CostModel>> served = ReadServedCostModel(store, o.requests_prefix, *model_);
+  StatusOr<std::unique_ptr<model::cost::CostModel>> served = ReadServedCostModel(store, o.requests_prefix, *model_);
   if (!served.ok()) {
     if (served.status().code() != StatusCode::kNotFound) return served.status();
     return FailedPreconditionError(priced + "the request log under '" + o.requests_prefix +
@@ -131,7 +131,7 @@ Status ReplayEvaluator::LoadServedCosts(const RetrainOptions& o, storage::Object
 }
 
 Status ReplayEvaluator::RepriceWindow(const policy::dqn::PolicyMetadata& smeta, RetrainRun* run) const {
-  const model::CostModel& to = *cost_models_.at(smeta.reward_cost_model);
+  const model::cost::CostModel& to = *cost_models_.at(smeta.reward_cost_model);
   for (const std::string& name : run->repriceable) {
     std::vector<size_t> at;
     std::vector<experience::Transition> ts;

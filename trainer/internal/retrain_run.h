@@ -23,7 +23,7 @@
 #include "policy/dqn/artifact.h"
 #include "policy/dqn/q_network.h"
 #include "shared/experience/transition.h"
-#include "shared/model/cost_model.h"
+#include "shared/model/cost/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
 #include "shared/speculation/exit_controller.h"
@@ -110,7 +110,7 @@ nlohmann::json RetrainReport(const RetrainRun& run, const RetrainOptions& o, con
 RetrainState NextState(const RetrainState& state, const RetrainRun& run, const RetrainOutcome& out);
 
 // The cost model name of the deployment's logged step costs
-// (shared/model/cost_model.h MakeServedCostModel).
+// (shared/model/cost/cost_model.h MakeServedCostModel).
 inline constexpr char kServedCostModel[] = "served";
 
 // The model and the cost models the td trainer prices with: served pricing
@@ -160,7 +160,7 @@ class ReplayEvaluator {
   std::shared_ptr<const model::LlamaModel> model_;
   std::unique_ptr<model::Engine> engine_;
   std::vector<std::vector<int32_t>> prompts_;
-  std::map<std::string, std::unique_ptr<model::CostModel>> cost_models_;  // by name
+  std::map<std::string, std::unique_ptr<model::cost::CostModel>> cost_models_;  // by name
 };
 
 }  // namespace lede::trainer::internal

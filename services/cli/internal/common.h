@@ -13,7 +13,7 @@
 #include "shared/flags/flags.h"
 #include "shared/flags/model_flags.h"
 #include "shared/model/llama.h"
-#include "shared/model/load_or_exit.h"
+#include "shared/model/loaders/load_or_exit.h"
 #include "shared/status/status.h"
 
 namespace lede::cli::internal {
@@ -39,7 +39,7 @@ struct ModelFlags : flags::ModelLoadFlags {
 int Fail(std::ostream& err, const Status& s, int code);
 
 // Exit code for a model or tokenizer that will not load: always
-// model::kExitLoadFailure (2), whatever the status code (a refused file
+// model::loaders::kExitLoadFailure (2), whatever the status code (a refused file
 // may surface as kInternal from libtorch; load_or_exit.h).
 int LoadFailureCode(const Status& s);
 

@@ -26,7 +26,7 @@
 #include "policy/dqn/dqn_exit_controller.h"
 #include "policy/dqn/q_network.h"
 #include "shared/file/sha256.h"
-#include "shared/model/checkpoint.h"
+#include "shared/model/loaders/checkpoint.h"
 #include "shared/storage/object_store.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -116,7 +116,7 @@ class ArtifactTest : public ::testing::Test {
   // checksum, so that only the tensors' content is wrong.
   static void ReplaceWeights(const std::string& dir, const std::map<std::string, at::Tensor>& tensors) {
     const std::string path = dir + "/" + kWeightsFile;
-    ASSERT_THAT(model::WriteSafetensors(path, tensors), IsOk());
+    ASSERT_THAT(model::loaders::WriteSafetensors(path, tensors), IsOk());
     const std::string sha = file::Sha256Hex(ReadFile(path));
     EditJson(dir, [&sha](Json& j) { j["weights_sha256"] = sha; });
   }

@@ -20,7 +20,7 @@
 
 #include "gtest/gtest.h"
 #include "shared/model/batch.h"
-#include "shared/model/cpu_kernels.h"
+#include "shared/model/cpu/cpu_kernels.h"
 #include "shared/model/decoding.h"
 #include "shared/model/kv_cache.h"
 #include "shared/model/llama.h"

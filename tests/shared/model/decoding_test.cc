@@ -11,7 +11,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "shared/model/checkpoint.h"
+#include "shared/model/loaders/checkpoint.h"
 #include "tests/shared/model/model_fixtures.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -113,7 +113,7 @@ TEST(EngineTest, StaticSpeculationIsLosslessOnBabyLlamaEager) {
 // Lossless at the bf16 and q8_0 weight formats on both paths:
 // speculation against autoregressive decoding at the same precision.
 TEST(EngineTest, StaticSpeculationIsLosslessOnBabyLlamaAtEachWeightFormat) {
-  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kQ8_0}) {
+  for (loaders::WeightFormat f : {loaders::WeightFormat::kBf16, loaders::WeightFormat::kQ8_0}) {
     for (Kernels k : {Kernels::kFused, Kernels::kEager}) {
       ModelOptions o;
       o.kernels = k;
@@ -121,7 +121,7 @@ TEST(EngineTest, StaticSpeculationIsLosslessOnBabyLlamaAtEachWeightFormat) {
       auto m = LlamaModel::Load(lede::testing::BabyLlamaDir() + "/model5000.bin", o);
       ASSERT_TRUE(m.ok()) << m.status();
       ASSERT_EQ((*m)->weight_format(), f);
-      SCOPED_TRACE(std::string(WeightFormatName(f)) + " " + KernelsName(k));
+      SCOPED_TRACE(std::string(loaders::WeightFormatName(f)) + " " + KernelsName(k));
       ExpectLossless(std::shared_ptr<const LlamaModel>(std::move(*m)), testing::kBabyPrompt, 48);
     }
   }
@@ -151,13 +151,13 @@ TEST(EngineTest, StaticSpeculationIsLosslessOnTiedRandomCheckpointAtEachWeightFo
   ASSERT_FALSE(tmp.path().empty());
   const std::string dir = (tmp.path() / "tiny").string();
   ASSERT_NE(testing::WriteAndLoadTinyHf(dir, /*tied=*/true), nullptr);
-  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kQ8_0}) {
+  for (loaders::WeightFormat f : {loaders::WeightFormat::kBf16, loaders::WeightFormat::kQ8_0}) {
     ModelOptions o;
     o.weights = f;
     auto m = LlamaModel::Load(dir, o);
     ASSERT_TRUE(m.ok()) << m.status();
     ASSERT_EQ((*m)->weight_format(), f);
-    SCOPED_TRACE(WeightFormatName(f));
+    SCOPED_TRACE(loaders::WeightFormatName(f));
     ExpectLossless(std::shared_ptr<const LlamaModel>(std::move(*m)), {1, 7, 3, 9}, 40);
   }
 }
@@ -180,7 +180,7 @@ TEST(EngineTest, MaxNewTokensInsideARoundStopsExactly) {
 // An EOS token produced inside a round ends the generation right before it,
 // for autoregressive and speculative decoding alike.
 TEST(EngineTest, EosInsideARoundStopsExactly) {
-  auto ckpt = LoadCheckpoint(lede::testing::Stories260KDir());
+  auto ckpt = loaders::LoadCheckpoint(lede::testing::Stories260KDir());
   ASSERT_THAT(ckpt, IsOk());
   std::shared_ptr<const LlamaModel> plain = std::move(*LlamaModel::FromCheckpoint(*ckpt, {}));
   auto engine = MakeEngine(plain);

@@ -9,7 +9,7 @@
 #include <ATen/ATen.h>
 
 #include "gtest/gtest.h"
-#include "shared/model/cpu_kernels.h"
+#include "shared/model/cpu/cpu_kernels.h"
 
 namespace lede::model {
 namespace {

@@ -17,9 +17,9 @@
 #include <c10/core/InferenceMode.h>
 
 #include "gtest/gtest.h"
-#include "shared/model/cpu_kernels.h"
-#include "shared/model/cpu_quant_kernels.h"
-#include "shared/model/checkpoint.h"
+#include "shared/model/cpu/cpu_kernels.h"
+#include "shared/model/cpu/cpu_quant_kernels.h"
+#include "shared/model/loaders/checkpoint.h"
 #include "shared/model/decoding.h"
 #include "shared/model/kv_cache.h"
 #include "shared/model/internal/step_graphs.h"
@@ -557,7 +557,7 @@ constexpr float kBf16LogitTolerance = 1e-4f;
 constexpr float kQ8LogitTolerance = 0.25f;     // absolute, a random model's logits (|logit| < 5)
 constexpr float kQ8RelativeTolerance = 0.05f;  // of the largest |logit| of each compared pass
 
-std::unique_ptr<LlamaModel> LoadAs(const std::string& path, Kernels kernels, WeightFormat weights) {
+std::unique_ptr<LlamaModel> LoadAs(const std::string& path, Kernels kernels, loaders::WeightFormat weights) {
   ModelOptions o;
   o.kernels = kernels;
   o.weights = weights;
@@ -566,7 +566,7 @@ std::unique_ptr<LlamaModel> LoadAs(const std::string& path, Kernels kernels, Wei
   return m.ok() ? std::move(*m) : nullptr;
 }
 
-void ExpectFormatMatchesEager(const std::string& path, WeightFormat f, const std::vector<int64_t>& prompt,
+void ExpectFormatMatchesEager(const std::string& path, loaders::WeightFormat f, const std::vector<int64_t>& prompt,
                               int64_t n_steps) {
   std::unique_ptr<LlamaModel> fused = LoadAs(path, Kernels::kFused, f);
   std::unique_ptr<LlamaModel> eager = LoadAs(path, Kernels::kEager, f);
@@ -576,22 +576,22 @@ void ExpectFormatMatchesEager(const std::string& path, WeightFormat f, const std
   EXPECT_EQ(fused->weight_format(), f);
   EXPECT_EQ(eager->weight_format(), f);
   float worst = 0.0f;
-  const bool q8 = f == WeightFormat::kQ8_0;
+  const bool q8 = f == loaders::WeightFormat::kQ8_0;
   ExpectMatchesEager(*fused, *eager, prompt, n_steps, q8 ? kQ8RelativeTolerance : kBf16LogitTolerance, &worst, q8);
-  std::printf("[%s] %s: largest |fused - eager| %s %.3g\n", WeightFormatName(f), path.c_str(),
+  std::printf("[%s] %s: largest |fused - eager| %s %.3g\n", loaders::WeightFormatName(f), path.c_str(),
               q8 ? "relative to the largest |logit|" : "logit", worst);
 }
 
 TEST(WeightFormatModelTest, Bf16FusedMatchesDequantizedEagerOnLedeTiny) {
-  ExpectFormatMatchesEager(kLedeTinyDir, WeightFormat::kBf16, {1, 400, 31, 52, 7, 90}, 48);
+  ExpectFormatMatchesEager(kLedeTinyDir, loaders::WeightFormat::kBf16, {1, 400, 31, 52, 7, 90}, 48);
 }
 
 TEST(WeightFormatModelTest, Q8FusedMatchesDequantizedEagerOnLedeTiny) {
-  ExpectFormatMatchesEager(kLedeTinyDir, WeightFormat::kQ8_0, {1, 400, 31, 52, 7, 90}, 48);
+  ExpectFormatMatchesEager(kLedeTinyDir, loaders::WeightFormat::kQ8_0, {1, 400, 31, 52, 7, 90}, 48);
 }
 
 TEST(WeightFormatModelTest, FormatsMatchDequantizedEagerOnBabyLlama) {
-  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kQ8_0}) {
+  for (loaders::WeightFormat f : {loaders::WeightFormat::kBf16, loaders::WeightFormat::kQ8_0}) {
     ExpectFormatMatchesEager(lede::testing::BabyLlamaDir() + "/model5000.bin", f,
                              {1, 3, 34, 9, 22, 4, 3, 18, 20, 7, 9, 3, 5, 3, 6, 10, 16, 4}, 32);
   }
@@ -601,18 +601,18 @@ TEST(WeightFormatModelTest, FormatsMatchDequantizedEagerOnBabyLlama) {
 // (the eager reference's tensors) is a fixed point of the format's rounding
 // and differs from the float32 checkpoint (non-vacuous); packed bytes shrink.
 TEST(WeightFormatModelTest, MatricesHoldTheFormatsValues) {
-  std::unique_ptr<LlamaModel> f32 = LoadAs(kLedeTinyDir, Kernels::kFused, WeightFormat::kAuto);
+  std::unique_ptr<LlamaModel> f32 = LoadAs(kLedeTinyDir, Kernels::kFused, loaders::WeightFormat::kAuto);
   ASSERT_NE(f32, nullptr);
-  EXPECT_EQ(f32->weight_format(), WeightFormat::kF32);  // lede-tiny is F32 on disk
+  EXPECT_EQ(f32->weight_format(), loaders::WeightFormat::kF32);  // lede-tiny is F32 on disk
   const auto reference = f32->NamedTensors();
-  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kQ8_0}) {
+  for (loaders::WeightFormat f : {loaders::WeightFormat::kBf16, loaders::WeightFormat::kQ8_0}) {
     std::unique_ptr<LlamaModel> m = LoadAs(kLedeTinyDir, Kernels::kFused, f);
     ASSERT_NE(m, nullptr);
-    EXPECT_LT(m->packed_weight_bytes(), f32->packed_weight_bytes() * (f == WeightFormat::kBf16 ? 0.51 : 0.27));
+    EXPECT_LT(m->packed_weight_bytes(), f32->packed_weight_bytes() * (f == loaders::WeightFormat::kBf16 ? 0.51 : 0.27));
     for (const auto& [name, t] : m->NamedTensors()) {
       if (t.dim() != 2 || name == "model.embed_tokens.weight") continue;
       at::Tensor again;
-      if (f == WeightFormat::kBf16) {
+      if (f == loaders::WeightFormat::kBf16) {
         again = t.to(at::kBFloat16).to(at::kFloat);
       } else {
         const int64_t rows = t.size(0), in = t.size(1);
@@ -621,22 +621,22 @@ TEST(WeightFormatModelTest, MatricesHoldTheFormatsValues) {
         again = at::empty({rows, in}, at::kFloat);
         cpu::DequantizeRowsQ8_0(b.data(), rows, in, again.data_ptr<float>());
       }
-      EXPECT_TRUE(at::equal(again, t)) << WeightFormatName(f) << " " << name;
-      EXPECT_FALSE(at::equal(reference.at(name), t)) << WeightFormatName(f) << " " << name;
+      EXPECT_TRUE(at::equal(again, t)) << loaders::WeightFormatName(f) << " " << name;
+      EXPECT_FALSE(at::equal(reference.at(name), t)) << loaders::WeightFormatName(f) << " " << name;
       EXPECT_LT(MaxAbsDiff(reference.at(name), t), 0.02f * reference.at(name).abs().max().item<float>());
     }
   }
 }
 
 // Bytes of one matrix [out, in] packed in format f (cpu_quant_kernels.h).
-int64_t PackedBytes(WeightFormat f, int64_t out, int64_t in) {
-  return f == WeightFormat::kBf16 ? cpu::PackedRowsPadded(out) * in * 2
+int64_t PackedBytes(loaders::WeightFormat f, int64_t out, int64_t in) {
+  return f == loaders::WeightFormat::kBf16 ? cpu::PackedRowsPadded(out) * in * 2
                                   : static_cast<int64_t>(cpu::PackedQ8_0Bytes(out, in));
 }
 
 // What a fused bf16 / q8_0 model should hold: the packed matrices, the
 // float32 norms, and an untied embedding table of embed_bytes_per_weight.
-int64_t ExpectedPackedOnlyBytes(const checkpoint::ModelConfig& c, WeightFormat f, int64_t embed_bytes_per_weight) {
+int64_t ExpectedPackedOnlyBytes(const checkpoint::ModelConfig& c, loaders::WeightFormat f, int64_t embed_bytes_per_weight) {
   const int64_t d = c.dim, hd = c.head_dim(), F = c.hidden_dim, V = c.vocab_size;
   int64_t total = PackedBytes(f, V, d) + d * 4;  // LM head, final norm
   if (!c.tie_word_embeddings) total += V * d * embed_bytes_per_weight;
@@ -657,7 +657,7 @@ int64_t ExpectedPackedOnlyBytes(const checkpoint::ModelConfig& c, WeightFormat f
 // the eager path on the fused model itself (a cache-free pass) runs on the
 // same dequantized weights as the reference, and NamedTensors() gives the
 // reference's values without keeping a copy.
-void ExpectPackedOnly(const LlamaModel& fused, const LlamaModel& kept, const LlamaModel& eager, WeightFormat f,
+void ExpectPackedOnly(const LlamaModel& fused, const LlamaModel& kept, const LlamaModel& eager, loaders::WeightFormat f,
                       int64_t embed_bytes_per_weight) {
   ASSERT_TRUE(fused.fused());
   ASSERT_TRUE(kept.fused());
@@ -665,7 +665,7 @@ void ExpectPackedOnly(const LlamaModel& fused, const LlamaModel& kept, const Lla
   ASSERT_EQ(kept.weight_format(), f);
   const checkpoint::ModelConfig& c = fused.config();
   const int64_t expected = ExpectedPackedOnlyBytes(c, f, embed_bytes_per_weight);
-  EXPECT_EQ(fused.resident_weight_bytes(), expected) << WeightFormatName(f);
+  EXPECT_EQ(fused.resident_weight_bytes(), expected) << loaders::WeightFormatName(f);
   const int64_t norms = (2 * c.n_layers + 1) * c.dim * 4;
   const int64_t embed = c.tie_word_embeddings ? 0 : c.vocab_size * c.dim * embed_bytes_per_weight;
   EXPECT_EQ(fused.packed_weight_bytes(), expected - norms - embed);
@@ -689,25 +689,25 @@ void ExpectPackedOnly(const LlamaModel& fused, const LlamaModel& kept, const Lla
     int64_t pos = 0;
     for (int step = 0; step < 8; ++step) {
       at::Tensor a = run(fused, *ca, ids, pos), b = run(kept, *cb, ids, pos), e = run(eager, *ce, ids, pos);
-      EXPECT_TRUE(at::equal(a, b)) << WeightFormatName(f) << " step " << step;
+      EXPECT_TRUE(at::equal(a, b)) << loaders::WeightFormatName(f) << " step " << step;
       pos += static_cast<int64_t>(ids.size());
       ids = {e[0][-1].argmax().item<int64_t>()};
       if (step == 3) ids = {4, 8, 15, 16};  // a verification-shaped pass
     }
   }
-  if (f == WeightFormat::kBf16) {
+  if (f == loaders::WeightFormat::kBf16) {
     ExpectMatchesEager(fused, eager, {1, 5, 9, 3, 17, 2}, 24, kBf16LogitTolerance);
   }
   const auto a = fused.NamedTensors(), b = eager.NamedTensors();
   ASSERT_EQ(a.size(), b.size());
-  for (const auto& [name, t] : b) EXPECT_TRUE(at::equal(a.at(name), t)) << WeightFormatName(f) << " " << name;
+  for (const auto& [name, t] : b) EXPECT_TRUE(at::equal(a.at(name), t)) << loaders::WeightFormatName(f) << " " << name;
   EXPECT_EQ(fused.resident_weight_bytes(), expected) << "NamedTensors() keeps no copy";
   {
     c10::InferenceMode guard;
     at::Tensor ids = Ids({1, 7, 11, 4});
     at::Tensor hf = fused.Forward(fused.Embed(ids), 0, L, 0, nullptr, 0);  // cache-free: the eager blocks
     at::Tensor he = eager.Forward(eager.Embed(ids), 0, L, 0, nullptr, 0);
-    EXPECT_LT(MaxAbsDiff(hf, he), 1e-5) << WeightFormatName(f) << ": cache-free (eager) pass";
+    EXPECT_LT(MaxAbsDiff(hf, he), 1e-5) << loaders::WeightFormatName(f) << ": cache-free (eager) pass";
   }
   EXPECT_GT(fused.resident_weight_bytes(), expected) << "the eager pass materialized float32 matrices";
 }
@@ -716,7 +716,7 @@ void ExpectPackedOnly(const LlamaModel& fused, const LlamaModel& kept, const Lla
 // bf16 Llama-3.2-1B fits in its bf16 bytes): tied and untied heads.
 TEST(WeightFormatModelTest, FusedPackedModelHoldsNoFloat32Matrices) {
   for (bool tied : {true, false}) {
-    for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kQ8_0}) {
+    for (loaders::WeightFormat f : {loaders::WeightFormat::kBf16, loaders::WeightFormat::kQ8_0}) {
       ModelOptions fo, ko, eo;
       fo.weights = ko.weights = eo.weights = f;
       ko.writable_weights = true;
@@ -743,8 +743,8 @@ TEST(WeightFormatModelTest, Bf16CheckpointLoadsPackedOnly) {
   auto random = LlamaModel::RandomInit(testing::TinyConfig(/*tied=*/false), 3, ModelOptions{}, 0.3);
   ASSERT_THAT(random, IsOk());
   ASSERT_THAT((*random)->SaveHf(dir), IsOk());
-  ASSERT_THAT(WriteSafetensors(dir + "/model.safetensors", (*random)->NamedTensors(), "BF16"), IsOk());
-  for (WeightFormat f : {WeightFormat::kAuto, WeightFormat::kQ8_0}) {
+  ASSERT_THAT(loaders::WriteSafetensors(dir + "/model.safetensors", (*random)->NamedTensors(), "BF16"), IsOk());
+  for (loaders::WeightFormat f : {loaders::WeightFormat::kAuto, loaders::WeightFormat::kQ8_0}) {
     ModelOptions fo, ko, eo;
     fo.weights = ko.weights = eo.weights = f;
     ko.writable_weights = true;
@@ -755,7 +755,7 @@ TEST(WeightFormatModelTest, Bf16CheckpointLoadsPackedOnly) {
     ASSERT_THAT(fused, IsOk());
     ASSERT_THAT(kept, IsOk());
     ASSERT_THAT(eager, IsOk());
-    const WeightFormat stored = f == WeightFormat::kAuto ? WeightFormat::kBf16 : f;
+    const loaders::WeightFormat stored = f == loaders::WeightFormat::kAuto ? loaders::WeightFormat::kBf16 : f;
     ExpectPackedOnly(**fused, **kept, **eager, stored, /*embed_bytes_per_weight=*/2);
   }
 }
@@ -764,7 +764,7 @@ TEST(WeightFormatModelTest, Bf16CheckpointLoadsPackedOnly) {
 // bitwise as a fused call of that segment alone (every weight block read
 // once for all rows; rows computed independently).
 TEST(WeightFormatModelTest, RaggedRowsAreBitwiseSoloRows) {
-  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kQ8_0}) {
+  for (loaders::WeightFormat f : {loaders::WeightFormat::kBf16, loaders::WeightFormat::kQ8_0}) {
     checkpoint::ModelConfig c = testing::TinyConfig();  // dim 32, hidden 64: every matrix takes q8_0
     ModelOptions o;
     o.weights = f;
@@ -787,7 +787,7 @@ TEST(WeightFormatModelTest, RaggedRowsAreBitwiseSoloRows) {
     for (const RaggedSegment& s : segments) {
       at::Tensor h = model.Forward(batch.narrow(0, row, s.n_positions).unsqueeze(0), 0, c.n_layers, 0, &*solo,
                                    s.slot);
-      EXPECT_TRUE(at::equal(rows.narrow(0, row, s.n_positions), h.squeeze(0))) << WeightFormatName(f);
+      EXPECT_TRUE(at::equal(rows.narrow(0, row, s.n_positions), h.squeeze(0))) << loaders::WeightFormatName(f);
       EXPECT_TRUE(at::equal(logits.narrow(0, row, s.n_positions), model.ExitLogits(h).squeeze(0)));
       row += s.n_positions;
     }
@@ -801,7 +801,7 @@ TEST(WeightFormatModelTest, ThreadedProductsAreBitwiseOneThread) {
   checkpoint::ModelConfig c = testing::TinyConfig();
   c.dim = 64;
   c.hidden_dim = 128;
-  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kQ8_0}) {
+  for (loaders::WeightFormat f : {loaders::WeightFormat::kBf16, loaders::WeightFormat::kQ8_0}) {
     ModelOptions o;
     o.weights = f;
     auto m = LlamaModel::RandomInit(c, 21, o, 0.3);
@@ -821,7 +821,7 @@ TEST(WeightFormatModelTest, ThreadedProductsAreBitwiseOneThread) {
     const at::Tensor b = (*m)->Forward(x, 0, c.n_layers, 0, &*two, 0);
     SetFusedThreads(1);
     at::set_num_threads(before);
-    EXPECT_TRUE(at::equal(a, b)) << WeightFormatName(f);
+    EXPECT_TRUE(at::equal(a, b)) << loaders::WeightFormatName(f);
   }
 }
 
@@ -830,7 +830,7 @@ TEST(WeightFormatModelTest, ThreadedProductsAreBitwiseOneThread) {
 // model's ids, and speculation stays lossless against autoregressive
 // decoding at the same precision (both kernels).
 TEST(WeightFormatModelTest, EngineGreedyIdsAndLosslessSpeculationAtEachFormat) {
-  for (WeightFormat f : {WeightFormat::kBf16, WeightFormat::kQ8_0}) {
+  for (loaders::WeightFormat f : {loaders::WeightFormat::kBf16, loaders::WeightFormat::kQ8_0}) {
     std::shared_ptr<const LlamaModel> fused = LoadAs(kLedeTinyDir, Kernels::kFused, f);
     std::shared_ptr<const LlamaModel> eager = LoadAs(kLedeTinyDir, Kernels::kEager, f);
     ASSERT_NE(fused, nullptr);
@@ -847,7 +847,7 @@ TEST(WeightFormatModelTest, EngineGreedyIdsAndLosslessSpeculationAtEachFormat) {
     auto ar_e = (*ee)->Generate(prompt, ar);
     ASSERT_THAT(ar_f, IsOk());
     ASSERT_THAT(ar_e, IsOk());
-    EXPECT_EQ(ar_f->tokens, ar_e->tokens) << WeightFormatName(f);
+    EXPECT_EQ(ar_f->tokens, ar_e->tokens) << loaders::WeightFormatName(f);
     for (auto [e, d] : {std::pair<int64_t, int64_t>{3, 4}, {6, 2}, {1, 8}}) {
       GenerateOptions o = ar;
       o.mode = SpeculationMode::kStatic;
@@ -857,8 +857,8 @@ TEST(WeightFormatModelTest, EngineGreedyIdsAndLosslessSpeculationAtEachFormat) {
       auto se = (*ee)->Generate(prompt, o);
       ASSERT_THAT(sf, IsOk());
       ASSERT_THAT(se, IsOk());
-      EXPECT_EQ(sf->tokens, ar_f->tokens) << WeightFormatName(f) << " fused E=" << e << " D=" << d;
-      EXPECT_EQ(se->tokens, ar_e->tokens) << WeightFormatName(f) << " eager E=" << e << " D=" << d;
+      EXPECT_EQ(sf->tokens, ar_f->tokens) << loaders::WeightFormatName(f) << " fused E=" << e << " D=" << d;
+      EXPECT_EQ(se->tokens, ar_e->tokens) << loaders::WeightFormatName(f) << " eager E=" << e << " D=" << d;
       EXPECT_GT(sf->stats.n_accepted, 0);
     }
   }
@@ -872,20 +872,20 @@ TEST(WeightFormatModelTest, AutoKeepsTheCheckpointsStorage) {
   ASSERT_THAT(random, IsOk());
   const std::string dir = (tmp.path() / "bf16").string();
   ASSERT_THAT((*random)->SaveHf(dir), IsOk());
-  ASSERT_THAT(WriteSafetensors(dir + "/model.safetensors", (*random)->NamedTensors(), "BF16"), IsOk());
-  auto ckpt = LoadCheckpoint(dir);
+  ASSERT_THAT(loaders::WriteSafetensors(dir + "/model.safetensors", (*random)->NamedTensors(), "BF16"), IsOk());
+  auto ckpt = loaders::LoadCheckpoint(dir);
   ASSERT_THAT(ckpt, IsOk());
-  EXPECT_EQ(ckpt->storage, WeightFormat::kBf16);
-  std::unique_ptr<LlamaModel> a = LoadAs(dir, Kernels::kFused, WeightFormat::kAuto);
-  std::unique_ptr<LlamaModel> f = LoadAs(dir, Kernels::kFused, WeightFormat::kF32);
+  EXPECT_EQ(ckpt->storage, loaders::WeightFormat::kBf16);
+  std::unique_ptr<LlamaModel> a = LoadAs(dir, Kernels::kFused, loaders::WeightFormat::kAuto);
+  std::unique_ptr<LlamaModel> f = LoadAs(dir, Kernels::kFused, loaders::WeightFormat::kF32);
   ASSERT_NE(a, nullptr);
   ASSERT_NE(f, nullptr);
-  EXPECT_EQ(a->weight_format(), WeightFormat::kBf16);
-  EXPECT_EQ(f->weight_format(), WeightFormat::kF32);
+  EXPECT_EQ(a->weight_format(), loaders::WeightFormat::kBf16);
+  EXPECT_EQ(f->weight_format(), loaders::WeightFormat::kF32);
   EXPECT_LT(a->packed_weight_bytes() * 2, f->packed_weight_bytes() + 64);
-  auto ckpt32 = LoadCheckpoint(lede::testing::Stories260KDir());
+  auto ckpt32 = loaders::LoadCheckpoint(lede::testing::Stories260KDir());
   ASSERT_THAT(ckpt32, IsOk());
-  EXPECT_EQ(ckpt32->storage, WeightFormat::kF32);
+  EXPECT_EQ(ckpt32->storage, loaders::WeightFormat::kF32);
 }
 
 // Q8_0 blocks handed in with a checkpoint (as a GGUF reader does) are used
@@ -897,10 +897,10 @@ TEST(WeightFormatModelTest, HandedInQ8BlocksAreUsedAsTheyAre) {
   checkpoint::ModelConfig c = testing::TinyConfig();
   auto random = LlamaModel::RandomInit(c, 13, ModelOptions{}, 0.3);
   ASSERT_THAT(random, IsOk());
-  Checkpoint ckpt;
+  loaders::Checkpoint ckpt;
   ckpt.config = c;
   ckpt.source = "handed-in";
-  ckpt.storage = WeightFormat::kQ8_0;
+  ckpt.storage = loaders::WeightFormat::kQ8_0;
   for (const auto& [name, t] : (*random)->NamedTensors()) {
     ckpt.tensors[name] = t;
     if (t.dim() != 2 || name == "model.embed_tokens.weight") continue;
@@ -922,13 +922,13 @@ TEST(WeightFormatModelTest, HandedInQ8BlocksAreUsedAsTheyAre) {
   auto eager = LlamaModel::FromCheckpoint(ckpt, eo);
   ASSERT_THAT(fused, IsOk());
   ASSERT_THAT(eager, IsOk());
-  EXPECT_EQ((*fused)->weight_format(), WeightFormat::kQ8_0);
+  EXPECT_EQ((*fused)->weight_format(), loaders::WeightFormat::kQ8_0);
   for (const auto& [name, t] : (*eager)->NamedTensors()) {
     if (ckpt.q8_0_blocks.count(name) == 0) continue;
     EXPECT_TRUE(at::equal(t, ckpt.tensors.at(name))) << name;
   }
   // Without the blocks, the same values are quantized afresh: different.
-  Checkpoint requantized = ckpt;
+  loaders::Checkpoint requantized = ckpt;
   requantized.q8_0_blocks.clear();
   auto other = LlamaModel::FromCheckpoint(requantized, eo);
   ASSERT_THAT(other, IsOk());

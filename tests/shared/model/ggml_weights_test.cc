@@ -11,7 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "shared/checkpoint/gguf.h"
-#include "shared/model/checkpoint.h"
+#include "shared/model/loaders/checkpoint.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
 #include "tests/testing/status_matchers.h"
@@ -48,7 +48,7 @@ std::string WriteRandomHf(const std::string& dir) {
   return dir;
 }
 
-std::shared_ptr<const LlamaModel> Load(const std::string& path, WeightFormat f, Kernels k) {
+std::shared_ptr<const LlamaModel> Load(const std::string& path, loaders::WeightFormat f, Kernels k) {
   ModelOptions o;
   o.weights = f;
   o.kernels = k;
@@ -99,11 +99,11 @@ void ExpectLossless(std::shared_ptr<const LlamaModel> model, const std::vector<i
 TEST(GgmlWeightsTest, QuantizedAtLoadIsLosslessOnBothPaths) {
   lede::testing::TempDir tmp;
   const std::string dir = WriteRandomHf((tmp.path() / "k").string());
-  auto q8 = Load(dir, WeightFormat::kQ8_0, Kernels::kFused);
+  auto q8 = Load(dir, loaders::WeightFormat::kQ8_0, Kernels::kFused);
   ASSERT_NE(q8, nullptr);
-  for (WeightFormat f : {WeightFormat::kQ4_K_M, WeightFormat::kQ4_0}) {
+  for (loaders::WeightFormat f : {loaders::WeightFormat::kQ4_K_M, loaders::WeightFormat::kQ4_0}) {
     for (Kernels k : {Kernels::kFused, Kernels::kEager}) {
-      SCOPED_TRACE(std::string(WeightFormatName(f)) + " " + KernelsName(k));
+      SCOPED_TRACE(std::string(loaders::WeightFormatName(f)) + " " + KernelsName(k));
       auto m = Load(dir, f, k);
       ASSERT_NE(m, nullptr);
       EXPECT_EQ(m->weight_format(), f);
@@ -121,20 +121,20 @@ TEST(GgmlWeightsTest, QuantizedAtLoadIsLosslessOnBothPaths) {
 TEST(GgmlWeightsTest, ExportedLlamaCppMixLoadsAsItIs) {
   lede::testing::TempDir tmp;
   const std::string dir = WriteRandomHf((tmp.path() / "k").string());
-  auto ckpt = LoadCheckpoint(dir);
+  auto ckpt = loaders::LoadCheckpoint(dir);
   ASSERT_THAT(ckpt, IsOk());
   using checkpoint::GgmlType;
-  for (WeightFormat f : {WeightFormat::kQ4_K_M, WeightFormat::kQ4_0}) {
-    SCOPED_TRACE(WeightFormatName(f));
-    const std::string path = (tmp.path() / (std::string(WeightFormatName(f)) + ".gguf")).string();
+  for (loaders::WeightFormat f : {loaders::WeightFormat::kQ4_K_M, loaders::WeightFormat::kQ4_0}) {
+    SCOPED_TRACE(loaders::WeightFormatName(f));
+    const std::string path = (tmp.path() / (std::string(loaders::WeightFormatName(f)) + ".gguf")).string();
     checkpoint::GgufWriter writer;
-    ASSERT_THAT(WriteGgufCheckpoint(path, ckpt->config, ckpt->tensors, f, &writer), IsOk());
+    ASSERT_THAT(loaders::WriteGgufCheckpoint(path, ckpt->config, ckpt->tensors, f, &writer), IsOk());
     auto file = checkpoint::GgufFile::Open(path);
     ASSERT_THAT(file, IsOk());
     auto type = [&](const std::string& name) { return (*file)->FindTensor(name)->type; };
     EXPECT_EQ(type("output.weight"), GgmlType::kQ6_K);
     EXPECT_EQ(type("blk.0.attn_norm.weight"), GgmlType::kF32);
-    if (f == WeightFormat::kQ4_K_M) {
+    if (f == loaders::WeightFormat::kQ4_K_M) {
       EXPECT_EQ(type("token_embd.weight"), GgmlType::kQ4_K);
       EXPECT_EQ(type("blk.1.attn_q.weight"), GgmlType::kQ4_K);
       EXPECT_EQ(type("blk.1.attn_v.weight"), GgmlType::kQ4_K);
@@ -144,9 +144,9 @@ TEST(GgmlWeightsTest, ExportedLlamaCppMixLoadsAsItIs) {
     } else {
       EXPECT_EQ(type("blk.1.ffn_down.weight"), GgmlType::kQ4_0);
     }
-    auto m = Load(path, WeightFormat::kAuto, Kernels::kFused);
+    auto m = Load(path, loaders::WeightFormat::kAuto, Kernels::kFused);
     ASSERT_NE(m, nullptr);
-    EXPECT_EQ(m->weight_format(), WeightFormat::kGguf);
+    EXPECT_EQ(m->weight_format(), loaders::WeightFormat::kGguf);
     ExpectLossless(m, {1, 7, 3, 9, 22}, 32);
     // The same file re-read as its own mix keeps the blocks: same greedy ids.
     auto same = Load(path, f, Kernels::kFused);
@@ -163,7 +163,7 @@ TEST(GgmlWeightsTest, ExportedLlamaCppMixLoadsAsItIs) {
     EXPECT_EQ(a->tokens, b->tokens);
   }
   checkpoint::GgufWriter writer;
-  EXPECT_THAT(WriteGgufCheckpoint((tmp.path() / "x.gguf").string(), ckpt->config, ckpt->tensors, WeightFormat::kBf16,
+  EXPECT_THAT(loaders::WriteGgufCheckpoint((tmp.path() / "x.gguf").string(), ckpt->config, ckpt->tensors, loaders::WeightFormat::kBf16,
                                   &writer),
               StatusIs(StatusCode::kInvalidArgument));
 }
@@ -172,7 +172,7 @@ TEST(GgmlWeightsTest, ExportedLlamaCppMixLoadsAsItIs) {
 // Q5_0 and Q8_0 beside Q4_K / Q6_K for ffn_down's 512) at q4_k_m is
 // lossless on the fused path.
 TEST(GgmlWeightsTest, LedeTinyAtQ4KMIsLossless) {
-  auto m = Load(lede::testing::RepoRoot() + "/models/lede-tiny", WeightFormat::kQ4_K_M, Kernels::kFused);
+  auto m = Load(lede::testing::RepoRoot() + "/models/lede-tiny", loaders::WeightFormat::kQ4_K_M, Kernels::kFused);
   ASSERT_NE(m, nullptr);
   ExpectLossless(m, {1, 400, 31, 52, 7, 90}, 32);
 }

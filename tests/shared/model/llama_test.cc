@@ -7,7 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "shared/model/checkpoint.h"
+#include "shared/model/loaders/checkpoint.h"
 #include "tests/shared/model/model_fixtures.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -142,12 +142,12 @@ TEST(LlamaModelTest, HfAndLlama2cLayoutsGiveIdenticalLogits) {
     const checkpoint::ModelConfig& c = (*m)->config();
     for (int64_t i = 0; i < c.n_layers; ++i) {
       const std::string p = "model.layers." + std::to_string(i) + ".self_attn.";
-      t[p + "q_proj.weight"] = PermuteRopeRows(t[p + "q_proj.weight"], c.n_heads, false);
-      t[p + "k_proj.weight"] = PermuteRopeRows(t[p + "k_proj.weight"], c.n_kv_heads, false);
+      t[p + "q_proj.weight"] = loaders::PermuteRopeRows(t[p + "q_proj.weight"], c.n_heads, false);
+      t[p + "k_proj.weight"] = loaders::PermuteRopeRows(t[p + "k_proj.weight"], c.n_kv_heads, false);
     }
     checkpoint::ModelConfig adjacent = c;
     adjacent.rope_style = checkpoint::RopeStyle::kAdjacentPairs;
-    ASSERT_THAT(WriteLlama2cCheckpoint(dir + "/model.bin", adjacent, t), IsOk());
+    ASSERT_THAT(loaders::WriteLlama2cCheckpoint(dir + "/model.bin", adjacent, t), IsOk());
     auto hf = LoadOrDie(dir + "/hf");
     auto l2c = LoadOrDie(dir + "/model.bin");
     ASSERT_NE(hf, nullptr);
@@ -183,7 +183,7 @@ TEST(LlamaModelTest, Llama3RopeScalingRuns) {
 // With writable_weights the model owns its weights: updating them in place
 // leaves the checkpoint's (memory-mapped, read-only) tensors untouched.
 TEST(LlamaModelTest, WritableWeightsDoNotAliasTheCheckpoint) {
-  auto ckpt = LoadCheckpoint(lede::testing::Stories260KDir());
+  auto ckpt = loaders::LoadCheckpoint(lede::testing::Stories260KDir());
   ASSERT_THAT(ckpt, IsOk());
   ModelOptions writable;
   writable.writable_weights = true;

@@ -1,0 +1,763 @@
+#include "shared/model/cpu/cpu_ggml_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "shared/checkpoint/number_formats.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h>
+#define LEDE_HAVE_X86_GGML_KERNELS 1
+#else
+#define LEDE_HAVE_X86_GGML_KERNELS 0
+#endif
+
+namespace lede::model::cpu {
+
+using checkpoint::GgmlBlockBytes;
+using checkpoint::GgmlBlockValues;
+using checkpoint::GgmlType;
+
+bool GgmlPackable(GgmlType type, int64_t in) {
+  switch (type) {
+    case GgmlType::kQ4_0: case GgmlType::kQ5_0: case GgmlType::kQ8_0:
+    case GgmlType::kQ4_K: case GgmlType::kQ5_K: case GgmlType::kQ6_K:
+      return in > 0 && in % GgmlBlockValues(type) == 0;
+    default:
+      return false;
+  }
+}
+
+GgmlMatrix::Run* GgmlMatrix::Extend(GgmlType type, int64_t rows) {
+  if (!GgmlPackable(type, in_) || rows < 0) return nullptr;
+  const size_t row_bytes = static_cast<size_t>(in_ / GgmlBlockValues(type)) * GgmlBlockBytes(type);
+  if (runs_.empty() || runs_.back().type != type) {
+    Run run;
+    run.row_begin = run.row_end = rows_;
+    run.type = type;
+    run.offset = bytes_.size();
+    run.row_bytes = row_bytes;
+    runs_.push_back(run);
+  }
+  bytes_.resize(bytes_.size() + static_cast<size_t>(rows) * row_bytes);
+  runs_.back().row_end += rows;
+  rows_ += rows;
+  return &runs_.back();
+}
+
+bool GgmlMatrix::AppendBlocks(GgmlType type, const uint8_t* blocks, int64_t rows) {
+  Run* run = Extend(type, rows);
+  if (run == nullptr) return false;
+  const size_t n = static_cast<size_t>(rows) * run->row_bytes;
+  std::memcpy(bytes_.data() + bytes_.size() - n, blocks, n);
+  return true;
+}
+
+bool GgmlMatrix::AppendQuantized(GgmlType type, const float* w, int64_t rows) {
+  Run* run = Extend(type, rows);
+  if (run == nullptr) return false;
+  uint8_t* dst = bytes_.data() + bytes_.size() - static_cast<size_t>(rows) * run->row_bytes;
+  for (int64_t r = 0; r < rows; ++r) checkpoint::QuantizeGgmlRow(type, w + r * in_, in_, dst + r * run->row_bytes);
+  return true;
+}
+
+const uint8_t* GgmlMatrix::row(int64_t r) const {
+  for (const Run& run : runs_) {
+    if (r < run.row_end) return bytes_.data() + run.offset + static_cast<size_t>(r - run.row_begin) * run.row_bytes;
+  }
+  return nullptr;
+}
+
+GgmlType GgmlMatrix::type_of(int64_t r) const {
+  for (const Run& run : runs_) {
+    if (r < run.row_end) return run.type;
+  }
+  return GgmlType::kF32;
+}
+
+void UnpackRowsGgml(const GgmlMatrix& w, int64_t r0, int64_t r1, float* out) {
+  for (int64_t r = r0; r < r1; ++r) {
+    checkpoint::DequantizeGgmlRow(w.type_of(r), w.row(r), w.in(), out + (r - r0) * w.in());
+  }
+}
+
+namespace {
+
+constexpr int64_t kQK = 256;
+
+float LoadHalf(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return checkpoint::HalfToFloat(h);
+}
+
+bool IsKType(GgmlType t) { return GgmlBlockValues(t) == kQK; }
+
+// One decoded K block (Q4_K, Q5_K, Q6_K): value i = d * sc16[i / 16] * q[i]
+// - dmin * mn[i / 16], q unsigned. sc[j] holds the int16 scales of the 32
+// values of chunk j as vpmaddwd reads them (lanes 0-7: values 0-15, lanes
+// 8-15: values 16-31).
+struct KDecoded {
+  alignas(32) uint8_t q[kQK];
+  alignas(32) int16_t sc[8][16];
+  alignas(32) int16_t mn[16];
+  float d, dmin;
+};
+
+// One decoded 32-value block: value i = d * (q[i] - offset) (Q4_0: 8,
+// Q5_0: 16), or d * int8(q[i]) for Q8_0.
+struct Decoded32 {
+  alignas(32) uint8_t q[32];
+  float d;
+};
+
+void SetScales(KDecoded* k, const int* sc16, const int* mn16) {
+  for (int j = 0; j < 8; ++j) {
+    for (int l = 0; l < 16; ++l) k->sc[j][l] = static_cast<int16_t>(sc16[2 * j + l / 8]);
+  }
+  for (int s = 0; s < 16; ++s) k->mn[s] = static_cast<int16_t>(mn16[s]);
+}
+
+void DecodeK45Scales(const uint8_t* b, KDecoded* k) {
+  k->d = LoadHalf(b);
+  k->dmin = LoadHalf(b + 2);
+  int sc16[16], mn16[16];
+  for (int s = 0; s < 8; ++s) {
+    uint8_t sc, m;
+    checkpoint::KScaleMin(b + 4, s, &sc, &m);
+    sc16[2 * s] = sc16[2 * s + 1] = sc;
+    mn16[2 * s] = mn16[2 * s + 1] = m;
+  }
+  SetScales(k, sc16, mn16);
+}
+
+void DecodeQ6Scales(const uint8_t* b, KDecoded* k) {
+  k->d = LoadHalf(b + 208);
+  k->dmin = k->d;
+  const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+  int sc16[16], mn16[16];
+  for (int s = 0; s < 16; ++s) sc16[s] = sc[s], mn16[s] = 32 * sc[s];
+  SetScales(k, sc16, mn16);
+}
+
+// ---- portable decoding and products ----
+
+void DecodeKPortable(GgmlType type, const uint8_t* b, KDecoded* k) {
+  if (type == GgmlType::kQ6_K) {
+    DecodeQ6Scales(b, k);
+    const uint8_t* ql = b;
+    const uint8_t* qh = b + 128;
+    for (int h = 0; h < 2; ++h) {
+      for (int kk = 0; kk < 4; ++kk) {
+        for (int l = 0; l < 32; ++l) {
+          const uint8_t low = ql[64 * h + l + 32 * (kk & 1)];
+          const int lo4 = kk < 2 ? (low & 15) : (low >> 4);
+          const int hi2 = (qh[32 * h + l] >> (2 * kk)) & 3;
+          k->q[128 * h + 32 * kk + l] = static_cast<uint8_t>(lo4 | (hi2 << 4));
+        }
+      }
+    }
+    return;
+  }
+  DecodeK45Scales(b, k);
+  const bool five = type == GgmlType::kQ5_K;
+  const uint8_t* qh = b + 16;
+  const uint8_t* qs = five ? b + 48 : b + 16;
+  for (int c = 0; c < 4; ++c) {
+    for (int l = 0; l < 32; ++l) {
+      int lo = qs[32 * c + l] & 15, hi = qs[32 * c + l] >> 4;
+      if (five) {
+        lo |= ((qh[l] >> (2 * c)) & 1) << 4;
+        hi |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
+      }
+      k->q[64 * c + l] = static_cast<uint8_t>(lo);
+      k->q[64 * c + 32 + l] = static_cast<uint8_t>(hi);
+    }
+  }
+}
+
+// The value offset of the unsigned 32-value types (0: Q8_0, signed).
+int Offset32(GgmlType type) { return type == GgmlType::kQ4_0 ? 8 : type == GgmlType::kQ5_0 ? 16 : 0; }
+
+void Decode32(GgmlType type, const uint8_t* b, Decoded32* o) {
+  o->d = LoadHalf(b);
+  if (type == GgmlType::kQ8_0) {
+    std::memcpy(o->q, b + 2, 32);
+    return;
+  }
+  uint32_t h = 0;
+  const uint8_t* qs = b + 2;
+  if (type == GgmlType::kQ5_0) std::memcpy(&h, b + 2, 4), qs = b + 6;
+  for (int j = 0; j < 16; ++j) {
+    o->q[j] = static_cast<uint8_t>((qs[j] & 15) | (((h >> j) & 1) << 4));
+    o->q[j + 16] = static_cast<uint8_t>((qs[j] >> 4) | (((h >> (j + 16)) & 1) << 4));
+  }
+}
+
+// The quantized X rows of the calling thread: K form (blocks of 256: q,
+// scale, sums of 16) and 32 form (q, scale, sum of 32).
+struct XScratch {
+  std::vector<int8_t> qk, q32;
+  std::vector<float> dk, d32;
+  std::vector<int16_t> bsk;
+  std::vector<int32_t> bs32;
+  std::vector<KDecoded> kd;
+  std::vector<Decoded32> d32w;
+  std::vector<float> c32;  // Q4_0: 8 x sum of q x scale per block of 32 (the -8 offsets' share)
+};
+
+XScratch& Scratch() {
+  thread_local XScratch s;
+  return s;
+}
+
+template <typename T>
+void Grow(std::vector<T>* v, int64_t n) {
+  if (static_cast<int64_t>(v->size()) < n) v->resize(static_cast<size_t>(n));
+}
+
+// Block-wise int8 quantization of x [in]: q = round(x / d), d = amax / 127
+// per `block` values, and the sums of q per `sum_block` values.
+template <typename S>
+void QuantizeX(const float* x, int64_t in, int64_t block, int64_t sum_block, int8_t* q, float* d, S* sums) {
+  for (int64_t b = 0; b < in / block; ++b) {
+    const float* xb = x + b * block;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < block; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float db = amax / 127.0f;
+    const float id = db != 0.0f ? 1.0f / db : 0.0f;
+    d[b] = db;
+    constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds |v| < 2^22 to nearest even
+    for (int64_t i = 0; i < block; ++i) {
+      q[b * block + i] = static_cast<int8_t>(static_cast<int>((xb[i] * id + kRound) - kRound));
+    }
+  }
+  for (int64_t s = 0; s < in / sum_block; ++s) {
+    int32_t t = 0;
+    for (int64_t i = 0; i < sum_block; ++i) t += q[s * sum_block + i];
+    sums[s] = static_cast<S>(t);
+  }
+}
+
+float DotKPortable(const KDecoded* kd, int64_t nb, const int8_t* xq, const float* xd, const int16_t* bs) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const KDecoded& k = kd[b];
+    const int8_t* x = xq + b * kQK;
+    int32_t dot = 0, off = 0;
+    for (int s = 0; s < 16; ++s) {
+      int32_t part = 0;
+      for (int i = 0; i < 16; ++i) part += int32_t{k.q[16 * s + i]} * x[16 * s + i];
+      dot += part * k.sc[s / 2][(s % 2) * 8];
+      off += int32_t{k.mn[s]} * bs[b * 16 + s];
+    }
+    acc += k.d * xd[b] * static_cast<float>(dot) - k.dmin * xd[b] * static_cast<float>(off);
+  }
+  return acc;
+}
+
+float Dot32Portable(const Decoded32* w, int64_t nb, int offset, bool is_signed, const int8_t* xq, const float* xd,
+                    const int32_t* bs) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int8_t* x = xq + b * 32;
+    int32_t dot = 0;
+    for (int i = 0; i < 32; ++i) {
+      const int32_t wi = is_signed ? int32_t{static_cast<int8_t>(w[b].q[i])} : int32_t{w[b].q[i]};
+      dot += wi * x[i];
+    }
+    acc += w[b].d * xd[b] * static_cast<float>(dot - offset * bs[b]);
+  }
+  return acc;
+}
+
+#if LEDE_HAVE_X86_GGML_KERNELS
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+inline float Hsum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+void DecodeKAvx2(GgmlType type, const uint8_t* b, KDecoded* k) {
+  const __m256i m4 = _mm256_set1_epi8(15);
+  if (type == GgmlType::kQ6_K) {
+    DecodeQ6Scales(b, k);
+    const __m256i m2 = _mm256_set1_epi8(3), m2b = _mm256_set1_epi8(12), m2c = _mm256_set1_epi8(48),
+                  m2d = _mm256_set1_epi8(static_cast<char>(192));
+    for (int h = 0; h < 2; ++h) {
+      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h));
+      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32));
+      const __m256i hv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+      const __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hv, m2), 4));
+      const __m256i q1 = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(hv, m2b), 2));
+      const __m256i q2 =
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hv, m2c));
+      const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                         _mm256_srli_epi16(_mm256_and_si256(hv, m2d), 2));
+      uint8_t* dst = k->q + 128 * h;
+      _mm256_store_si256(reinterpret_cast<__m256i*>(dst), q0);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(dst + 32), q1);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(dst + 64), q2);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(dst + 96), q3);
+    }
+    return;
+  }
+  DecodeK45Scales(b, k);
+  const bool five = type == GgmlType::kQ5_K;
+  const uint8_t* qs = five ? b + 48 : b + 16;
+  const __m256i hv = five ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16)) : _mm256_setzero_si256();
+  const __m256i sixteen = _mm256_set1_epi8(16);
+  for (int c = 0; c < 4; ++c) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
+    __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    if (five) {
+      const __m256i blo = _mm256_set1_epi8(static_cast<char>(1 << (2 * c)));
+      const __m256i bhi = _mm256_set1_epi8(static_cast<char>(1 << (2 * c + 1)));
+      lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hv, blo), blo), sixteen));
+      hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hv, bhi), bhi), sixteen));
+    }
+    _mm256_store_si256(reinterpret_cast<__m256i*>(k->q + 64 * c), lo);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(k->q + 64 * c + 32), hi);
+  }
+}
+
+float DotKAvx2(const KDecoded* kd, int64_t nb, const int8_t* xq, const float* xd, const int16_t* bs) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const KDecoded& k = kd[b];
+    const int8_t* x = xq + b * kQK;
+    __m256i ia = _mm256_setzero_si256();
+    #pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(k.q + 32 * j));
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32 * j));
+      const __m256i p = _mm256_maddubs_epi16(w, xv);
+      ia = _mm256_add_epi32(ia, _mm256_madd_epi16(p, _mm256_load_si256(reinterpret_cast<const __m256i*>(k.sc[j]))));
+    }
+    const __m256i off = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + 16 * b)),
+                                          _mm256_load_si256(reinterpret_cast<const __m256i*>(k.mn)));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ia), _mm256_set1_ps(k.d * xd[b]), acc);
+    acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(off), _mm256_set1_ps(k.dmin * xd[b]), acc);
+  }
+  return Hsum(acc);
+}
+
+float Dot32Avx2(const Decoded32* w, int64_t nb, int offset, bool is_signed, const int8_t* xq, const float* xd,
+                const int32_t* bs) {
+  __m256 acc = _mm256_setzero_ps();
+  float corr = 0.0f;
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(w[b].q));
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * b));
+    const __m256i p = is_signed ? _mm256_maddubs_epi16(_mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv))
+                                : _mm256_maddubs_epi16(wv, xv);
+    const float s = w[b].d * xd[b];
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), _mm256_set1_ps(s), acc);
+    corr += s * static_cast<float>(offset * bs[b]);
+  }
+  return Hsum(acc) - corr;
+}
+
+// ---- direct dot products: one weight row straight from its blocks ----
+// (no decoded copy: the nibbles are split in registers; each X row re-splits
+// them from L1, where the row stays while the rows of X pass).
+
+inline float Half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// The 6-bit scales and mins of a Q4_K / Q5_K block (KScaleMin's packing,
+// the 12 bytes at `scales`) as 16 bytes [sc0..sc7, m0..m7], with shuffles
+// and masks rather than scalar code. Reads 16 bytes from `scales` (the 4
+// past the 12 are the block's own qh / qs, ignored).
+inline __m128i KScaleMinBytes(const uint8_t* scales) {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(scales));
+  // [b0..3, b8..11, b4..7, b8..11]: the low bits of sc0-3, sc4-7, m0-3, m4-7.
+  const __m128i a = _mm_shuffle_epi8(raw, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+  const __m128i lo = _mm_or_si128(
+      _mm_and_si128(a, _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0)),
+      _mm_and_si128(_mm_srli_epi16(a, 4), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15)));
+  // The top two bits of b0..3 (for sc4-7) and b4..7 (for m4-7) as bits 4, 5.
+  const __m128i h = _mm_shuffle_epi8(raw, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+  return _mm_or_si128(lo, _mm_and_si128(_mm_srli_epi16(h, 2), _mm_set1_epi8(0x30)));
+}
+
+// Q4_K (five = false) and Q5_K: value = d sc q - dmin m per sub-block of 32.
+// R rows of X (row r at xq + r in, xd + r nb, bs + r in / 16) against one
+// weight row: the nibbles and scales are split once for the R rows. Per
+// block and row, the sums of weight x activation integers and of min x
+// activation sums are paired by one vphaddd and scaled by one FMA into a
+// float32 accumulator ([d, d, -dmin, -dmin] x dx per lane pair), reduced
+// once per row.
+template <bool kFive, int R>
+void DotK45Direct(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const int16_t* bs,
+                  float* out) {
+  const size_t bb = kFive ? 176 : 144;
+  const __m256i m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi8(1);
+  // Byte j of [sc0..7, m0..7] as int16 in every lane (scale of sub-block j).
+  alignas(32) static const int8_t kPick[8][32] = {
+#define LEDE_PICK(j) {j, -1, j, -1, j, -1, j, -1, j, -1, j, -1, j, -1, j, -1, \
+                      j, -1, j, -1, j, -1, j, -1, j, -1, j, -1, j, -1, j, -1}
+      LEDE_PICK(0), LEDE_PICK(1), LEDE_PICK(2), LEDE_PICK(3), LEDE_PICK(4), LEDE_PICK(5), LEDE_PICK(6), LEDE_PICK(7)};
+#undef LEDE_PICK
+  // Each min as int16 for its two sums of 16: m0 m0 m1 m1 .. m3 m3 | m4 m4 .. m7 m7.
+  const __m256i kMinPick = _mm256_setr_epi8(8, -1, 8, -1, 9, -1, 9, -1, 10, -1, 10, -1, 11, -1, 11, -1,
+                                            12, -1, 12, -1, 13, -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1);
+  const __m128 kNegMin = _mm_castsi128_ps(_mm_setr_epi32(0, static_cast<int>(0x80000000u), 0, 0));
+  const __m256i kPairs = _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1);
+  __m256 acc[R];
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + static_cast<size_t>(b) * bb;
+    const __m256i sm = _mm256_broadcastsi128_si256(KScaleMinBytes(blk + 4));
+    const __m256i mins = _mm256_shuffle_epi8(sm, kMinPick);
+    // [d, -dmin, d, -dmin, ...] as float32 lane pairs [d, d, -dmin, -dmin] x 2.
+    int32_t dm;
+    std::memcpy(&dm, blk, 4);
+    const __m256 dd = _mm256_permutevar8x32_ps(
+        _mm256_castps128_ps256(_mm_xor_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dm)), kNegMin)), kPairs);
+    const uint8_t* qs = blk + (kFive ? 48 : 16);
+    __m256i hv = kFive ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)) : _mm256_setzero_si256();
+    __m256i ia[R];
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) ia[r] = _mm256_setzero_si256();
+    #pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
+      __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      if (kFive) {
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(hv, one), 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 1), one), 4));
+        hv = _mm256_srli_epi16(hv, 2);
+      }
+      const __m256i s0 = _mm256_shuffle_epi8(sm, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPick[2 * c])));
+      const __m256i s1 =
+          _mm256_shuffle_epi8(sm, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPick[2 * c + 1])));
+      #pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = xq + r * in + b * kQK + 64 * c;
+        const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+        const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32)));
+        ia[r] = _mm256_add_epi32(ia[r], _mm256_add_epi32(_mm256_madd_epi16(p0, s0), _mm256_madd_epi16(p1, s1)));
+      }
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256i off =
+          _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + r * (in / 16) + 16 * b)), mins);
+      const __m256 f = _mm256_cvtepi32_ps(_mm256_hadd_epi32(ia[r], off));
+      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(f, dd), _mm256_broadcast_ss(xd + r * nb + b), acc[r]);
+    }
+  }
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) out[r] = Hsum(acc[r]);
+}
+
+// Q6_K: value = d sc (q - 32) per sub-block of 16; the -32 leaves through
+// the activation sums (32 sum sc bsum). R rows of X as DotK45Direct's.
+template <int R>
+void DotQ6KDirect(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const int16_t* bs,
+                  float* out) {
+  const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3), m2b = _mm256_set1_epi8(12),
+                m2c = _mm256_set1_epi8(48), m2d = _mm256_set1_epi8(static_cast<char>(192));
+  // Chunk k of a half: int16 element 2k in the low lane, 2k + 1 in the high.
+  alignas(32) static const int8_t kPick[4][32] = {
+#define LEDE_PICK2(a, b) {2 * a, 2 * a + 1, 2 * a, 2 * a + 1, 2 * a, 2 * a + 1, 2 * a, 2 * a + 1, \
+                          2 * a, 2 * a + 1, 2 * a, 2 * a + 1, 2 * a, 2 * a + 1, 2 * a, 2 * a + 1, \
+                          2 * b, 2 * b + 1, 2 * b, 2 * b + 1, 2 * b, 2 * b + 1, 2 * b, 2 * b + 1, \
+                          2 * b, 2 * b + 1, 2 * b, 2 * b + 1, 2 * b, 2 * b + 1, 2 * b, 2 * b + 1}
+      LEDE_PICK2(0, 1), LEDE_PICK2(2, 3), LEDE_PICK2(4, 5), LEDE_PICK2(6, 7)};
+#undef LEDE_PICK2
+  __m256 acc[R];
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + static_cast<size_t>(b) * 210;
+    const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192));
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+    __m256i ia[R];
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) ia[r] = _mm256_setzero_si256();
+    #pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc8, 8 * h)));
+      const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h));
+      const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 64 * h + 32));
+      const __m256i hv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h));
+      const __m256i q[4] = {
+          _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hv, m2), 4)),
+          _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(hv, m2b), 2)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hv, m2c)),
+          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                          _mm256_srli_epi16(_mm256_and_si256(hv, m2d), 2))};
+      #pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        const __m256i s = _mm256_shuffle_epi8(scales, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPick[k])));
+        #pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+          const __m256i p = _mm256_maddubs_epi16(
+              q[k], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * in + b * kQK + 128 * h + 32 * k)));
+          ia[r] = _mm256_add_epi32(ia[r], _mm256_madd_epi16(p, s));
+        }
+      }
+    }
+    const float d = Half(blk + 208);
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256i off =
+          _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + r * (in / 16) + 16 * b)), sc16);
+      const __m256i t = _mm256_sub_epi32(ia[r], _mm256_slli_epi32(off, 5));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(d * xd[r * nb + b]), acc[r]);
+    }
+  }
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) out[r] = Hsum(acc[r]);
+}
+
+// Q4_0: value = d (q - 8) per 32. Two blocks per step: each block's 16
+// bytes in both 128-bit lanes, shifted by 0 and 4 (low and high nibbles),
+// their vpmaddubsw products paired by vphaddw and summed by one vpmaddwd
+// into [b0, b0, b1, b1 | b0, b0, b1, b1] lanes, one FMA by the scales. The
+// -8 leaves through c (8 x sum of x q x x scale per block), dotted with
+// the weight scales.
+float DotQ4_0Direct(const uint8_t* row, int64_t nb, const int8_t* xq, const float* xd, const float* c) {
+  const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  const __m256i kShift = _mm256_setr_epi64x(0, 0, 4, 4);
+  const __m256i kPairs = _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1);
+  auto nibbles = [&](const uint8_t* blk) {
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
+    return _mm256_and_si256(_mm256_srlv_epi64(v, kShift), m4);
+  };
+  __m256 acc = _mm256_setzero_ps();
+  __m128 corr = _mm_setzero_ps();
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    const uint8_t* b0 = row + static_cast<size_t>(b) * 18;
+    const uint8_t* b1 = b0 + 18;
+    const __m256i p0 = _mm256_maddubs_epi16(nibbles(b0), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * b)));
+    const __m256i p1 =
+        _mm256_maddubs_epi16(nibbles(b1), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * b + 32)));
+    const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_hadd_epi16(p0, p1), ones));
+    uint16_t h0, h1;
+    std::memcpy(&h0, b0, 2);
+    std::memcpy(&h1, b1, 2);
+    const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(h0 | (static_cast<uint32_t>(h1) << 16))));
+    const __m128 s = _mm_mul_ps(d, _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(xd + b))));
+    acc = _mm256_fmadd_ps(f, _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), kPairs), acc);
+    corr = _mm_fmadd_ps(d, _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + b))), corr);
+  }
+  float tail = 0.0f;
+  if (b < nb) {  // an odd last block
+    const uint8_t* b0 = row + static_cast<size_t>(b) * 18;
+    const __m256i p = _mm256_madd_epi16(
+        _mm256_maddubs_epi16(nibbles(b0), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * b))), ones);
+    const float d = Half(b0);
+    tail = d * xd[b] * Hsum(_mm256_cvtepi32_ps(p)) - d * c[b];
+  }
+  const __m128 cs = _mm_add_ps(corr, _mm_movehdup_ps(corr));
+  return Hsum(acc) - _mm_cvtss_f32(cs) + tail;
+}
+
+// The direct kernels as types, for RowsDirect.
+template <bool kFive>
+struct K45Kernel {
+  template <int R>
+  static void Dot(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const int16_t* bs,
+                  float* out) {
+    DotK45Direct<kFive, R>(row, nb, in, xq, xd, bs, out);
+  }
+};
+struct Q6KKernel {
+  template <int R>
+  static void Dot(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const int16_t* bs,
+                  float* out) {
+    DotQ6KDirect<R>(row, nb, in, xq, xd, bs, out);
+  }
+};
+
+inline void Store(float v, bool accumulate, float* y) { *y = accumulate ? *y + v : v; }
+
+// Weight rows [0, rows) of one K-type run (row o at blocks + o row_bytes)
+// against rows [0, n) of X (4, 2 then 1 at a time), into y[r ldy + o]. One
+// call per run, so the per-row cost is the kernel's own (no dispatch per
+// weight row).
+template <typename K>
+void RowsDirect(const uint8_t* blocks, size_t row_bytes, int64_t rows, int64_t nb, int64_t in, const int8_t* xq,
+                const float* xd, const int16_t* bs, int64_t n, float* y, int64_t ldy, bool accumulate) {
+  const int64_t bs_stride = in / 16;
+  if (n == 1) {
+    for (int64_t o = 0; o < rows; ++o) {
+      float v;
+      K::template Dot<1>(blocks + static_cast<size_t>(o) * row_bytes, nb, in, xq, xd, bs, &v);
+      Store(v, accumulate, y + o);
+    }
+    return;
+  }
+  for (int64_t o = 0; o < rows; ++o) {
+    const uint8_t* w = blocks + static_cast<size_t>(o) * row_bytes;
+    float v[4];
+    int64_t r = 0;
+    for (; r + 4 <= n; r += 4) {
+      K::template Dot<4>(w, nb, in, xq + r * in, xd + r * nb, bs + r * bs_stride, v);
+      for (int j = 0; j < 4; ++j) Store(v[j], accumulate, y + (r + j) * ldy + o);
+    }
+    for (; r + 2 <= n; r += 2) {
+      K::template Dot<2>(w, nb, in, xq + r * in, xd + r * nb, bs + r * bs_stride, v);
+      for (int j = 0; j < 2; ++j) Store(v[j], accumulate, y + (r + j) * ldy + o);
+    }
+    if (r < n) {
+      K::template Dot<1>(w, nb, in, xq + r * in, xd + r * nb, bs + r * bs_stride, v);
+      Store(v[0], accumulate, y + r * ldy + o);
+    }
+  }
+}
+
+#pragma GCC pop_options
+#endif
+
+// The activation forms the rows [o0, o1) of w need, into s: X quantized per
+// row in 256-value super-blocks (K types) and / or in 32-value blocks with
+// their sums (c32: the Q4_0 offset term).
+void QuantizeActivations(const float* x, int64_t n, int64_t in, const GgmlMatrix& w, int64_t o0, int64_t o1,
+                         XScratch& s) {
+  bool need_k = false, need_32 = false;
+  for (const GgmlMatrix::Run& run : w.runs()) {
+    if (run.row_end <= o0 || run.row_begin >= o1) continue;
+    (IsKType(run.type) ? need_k : need_32) = true;
+  }
+  if (need_k) {
+    Grow(&s.qk, n * in), Grow(&s.dk, n * in / kQK), Grow(&s.bsk, n * in / 16), Grow(&s.kd, in / kQK);
+    for (int64_t r = 0; r < n; ++r) {
+      QuantizeX<int16_t>(x + r * in, in, kQK, 16, s.qk.data() + r * in, s.dk.data() + r * (in / kQK),
+                         s.bsk.data() + r * (in / 16));
+    }
+  }
+  if (need_32) {
+    Grow(&s.q32, n * in), Grow(&s.d32, n * in / 32), Grow(&s.bs32, n * in / 32), Grow(&s.d32w, in / 32);
+    Grow(&s.c32, n * in / 32);
+    for (int64_t r = 0; r < n; ++r) {
+      QuantizeX<int32_t>(x + r * in, in, 32, 32, s.q32.data() + r * in, s.d32.data() + r * (in / 32),
+                         s.bs32.data() + r * (in / 32));
+    }
+    for (int64_t i = 0; i < n * in / 32; ++i) s.c32[i] = 8.0f * static_cast<float>(s.bs32[i]) * s.d32[i];
+  }
+}
+
+#if LEDE_HAVE_X86_GGML_KERNELS
+// Rows [a, e) of run (Q4_K, Q5_K, Q6_K or Q4_0) straight from their blocks
+// (no decoded copy): each weight row against up to 4 rows of X at a time.
+void DirectRunRows(const GgmlMatrix& w, const GgmlMatrix::Run& run, int64_t a, int64_t e, int64_t nb, int64_t in,
+                   const XScratch& s, int64_t n, float* ya, int64_t ldy, bool accumulate) {
+  const uint8_t* blocks = w.data() + run.offset + static_cast<size_t>(a - run.row_begin) * run.row_bytes;
+  if (run.type == GgmlType::kQ4_0) {
+    for (int64_t o = a; o < e; ++o) {
+      const uint8_t* row = blocks + static_cast<size_t>(o - a) * run.row_bytes;
+      for (int64_t r = 0; r < n; ++r) {
+        Store(DotQ4_0Direct(row, nb, s.q32.data() + r * in, s.d32.data() + r * nb, s.c32.data() + r * nb),
+              accumulate, ya + r * ldy + (o - a));
+      }
+    }
+    return;
+  }
+  auto rows = [&](auto kernel) {
+    RowsDirect<decltype(kernel)>(blocks, run.row_bytes, e - a, nb, in, s.qk.data(), s.dk.data(), s.bsk.data(), n,
+                                 ya, ldy, accumulate);
+  };
+  if (run.type == GgmlType::kQ4_K) {
+    rows(K45Kernel<false>());
+  } else if (run.type == GgmlType::kQ5_K) {
+    rows(K45Kernel<true>());
+  } else {
+    rows(Q6KKernel());
+  }
+}
+#endif
+
+// Rows [a, e) of run, each decoded once into s (kd or d32w), then every X
+// row against it; y holds the columns [o0, ...).
+void DecodedRunRows(const GgmlMatrix& w, const GgmlMatrix::Run& run, int64_t a, int64_t e, int64_t in, bool avx2,
+                    XScratch& s, int64_t n, int64_t o0, float* y, int64_t ldy, bool accumulate) {
+  const int64_t bv = GgmlBlockValues(run.type), nb = in / bv;
+  const size_t bb = GgmlBlockBytes(run.type);
+  const bool k_type = bv == kQK;
+  const int offset = Offset32(run.type);
+  const bool is_signed = run.type == GgmlType::kQ8_0;
+  (void)avx2;  // read only where the x86 kernels are built
+  for (int64_t o = a; o < e; ++o) {
+    const uint8_t* blocks = w.data() + run.offset + static_cast<size_t>(o - run.row_begin) * run.row_bytes;
+    // Decode the row once, then every X row against it.
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* blk = blocks + static_cast<size_t>(b) * bb;
+      if (k_type) {
+#if LEDE_HAVE_X86_GGML_KERNELS
+        if (avx2) {
+          DecodeKAvx2(run.type, blk, &s.kd[b]);
+          continue;
+        }
+#endif
+        DecodeKPortable(run.type, blk, &s.kd[b]);
+      } else {
+        Decode32(run.type, blk, &s.d32w[b]);
+      }
+    }
+    for (int64_t r = 0; r < n; ++r) {
+      float v;
+      if (k_type) {
+        const int8_t* xq = s.qk.data() + r * in;
+        const float* xd = s.dk.data() + r * nb;
+        const int16_t* bs = s.bsk.data() + r * (in / 16);
+#if LEDE_HAVE_X86_GGML_KERNELS
+        v = avx2 ? DotKAvx2(s.kd.data(), nb, xq, xd, bs) : DotKPortable(s.kd.data(), nb, xq, xd, bs);
+#else
+        v = DotKPortable(s.kd.data(), nb, xq, xd, bs);
+#endif
+      } else {
+        const int8_t* xq = s.q32.data() + r * in;
+        const float* xd = s.d32.data() + r * nb;
+        const int32_t* bs = s.bs32.data() + r * nb;
+#if LEDE_HAVE_X86_GGML_KERNELS
+        v = avx2 ? Dot32Avx2(s.d32w.data(), nb, offset, is_signed, xq, xd, bs)
+                 : Dot32Portable(s.d32w.data(), nb, offset, is_signed, xq, xd, bs);
+#else
+        v = Dot32Portable(s.d32w.data(), nb, offset, is_signed, xq, xd, bs);
+#endif
+      }
+      float& out = y[r * ldy + (o - o0)];
+      out = accumulate ? out + v : v;
+    }
+  }
+}
+
+}  // namespace
+
+void MatMulRowsGgml(const float* x, int64_t n, int64_t in, const GgmlMatrix& w, int64_t o0, int64_t o1, float* y,
+                    int64_t ldy, bool accumulate, QuantIsa isa) {
+  isa = std::min(isa, BestQuantIsa());
+  const bool avx2 = LEDE_HAVE_X86_GGML_KERNELS && isa != QuantIsa::kPortable;
+  XScratch& s = Scratch();
+  QuantizeActivations(x, n, in, w, o0, o1, s);
+  for (const GgmlMatrix::Run& run : w.runs()) {
+    const int64_t a = std::max(o0, run.row_begin), e = std::min(o1, run.row_end);
+    if (a >= e) continue;
+#if LEDE_HAVE_X86_GGML_KERNELS
+    if (avx2 && (run.type == GgmlType::kQ4_K || run.type == GgmlType::kQ5_K || run.type == GgmlType::kQ6_K ||
+                 run.type == GgmlType::kQ4_0)) {
+      DirectRunRows(w, run, a, e, in / GgmlBlockValues(run.type), in, s, n, y + (a - o0), ldy, accumulate);
+      continue;
+    }
+#endif
+    DecodedRunRows(w, run, a, e, in, avx2, s, n, o0, y, ldy, accumulate);
+  }
+}
+
+}  // namespace lede::model::cpu

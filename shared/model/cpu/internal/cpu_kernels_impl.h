@@ -1,0 +1,337 @@
+// File: shared/model/cpu/internal/cpu_kernels_impl.h
+//
+// The bodies of the vectorized kernels of cpu_kernels.h, included by
+// cpu_kernels.cc once per instruction-set target inside its own namespace
+// (LEDE_KERNEL_NS): the portable baseline, and on x86-64 with GCC an
+// AVX2+FMA copy (#pragma GCC target). No include guard on purpose.
+// Requires <cmath>, <cstdint>, <cstring> and `F8` (8 x float vector type).
+
+namespace LEDE_KERNEL_NS {
+
+inline F8 Load8(const float* p) {
+  F8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline float Sum8(const F8& v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+float Dot(const float* a, const float* b, int64_t n) {
+  F8 acc0 = {}, acc1 = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    acc0 += Load8(a + i) * Load8(b + i);
+    acc1 += Load8(a + i + 8) * Load8(b + i + 8);
+  }
+  for (; i + 8 <= n; i += 8) acc0 += Load8(a + i) * Load8(b + i);
+  float s = Sum8(acc0 + acc1);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Y[n, out] (+)= X[n, in] W[out, in]^T for small n: each block of 4 rows
+// of W is read from memory once and applied to every row of X while it
+// sits in L1 (the weights are the traffic; X is small).
+void MatMulRows(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
+                bool accumulate, int64_t ldy) {
+  int64_t o = 0;
+  for (; o + 4 <= out; o += 4) {
+    const float* w0 = w + o * in;
+    const float* w1 = w0 + in;
+    const float* w2 = w1 + in;
+    const float* w3 = w2 + in;
+    int64_t r = 0;
+    // Two rows of X at a time (8 accumulators in registers): each element
+    // sums the same products in the same order as the one-row loop below,
+    // so results do not depend on n (bitwise). Only without a scalar tail
+    // (in % 8 == 0, every model dimension here): the compiler vectorizes the
+    // tails of the two loops differently, which changes the rounding.
+    const int64_t paired = in % 8 == 0 ? n : 0;
+    for (; r + 2 <= paired; r += 2) {
+      const float* xr = x + r * in;
+      const float* xs = xr + in;
+      float* yr = y + r * ldy;
+      float* ys = yr + ldy;
+      F8 a0 = {}, a1 = {}, a2 = {}, a3 = {}, b0 = {}, b1 = {}, b2 = {}, b3 = {};
+      int64_t i = 0;
+      for (; i + 8 <= in; i += 8) {
+        const F8 xv = Load8(xr + i), xu = Load8(xs + i);
+        const F8 v0 = Load8(w0 + i), v1 = Load8(w1 + i), v2 = Load8(w2 + i), v3 = Load8(w3 + i);
+        a0 += v0 * xv;
+        a1 += v1 * xv;
+        a2 += v2 * xv;
+        a3 += v3 * xv;
+        b0 += v0 * xu;
+        b1 += v1 * xu;
+        b2 += v2 * xu;
+        b3 += v3 * xu;
+      }
+      float s0 = Sum8(a0), s1 = Sum8(a1), s2 = Sum8(a2), s3 = Sum8(a3);
+      float t0 = Sum8(b0), t1 = Sum8(b1), t2 = Sum8(b2), t3 = Sum8(b3);
+      // The tails one row at a time, in the one-row loop's shape.
+      for (int64_t j = i; j < in; ++j) {
+        s0 += w0[j] * xr[j];
+        s1 += w1[j] * xr[j];
+        s2 += w2[j] * xr[j];
+        s3 += w3[j] * xr[j];
+      }
+      for (int64_t j = i; j < in; ++j) {
+        t0 += w0[j] * xs[j];
+        t1 += w1[j] * xs[j];
+        t2 += w2[j] * xs[j];
+        t3 += w3[j] * xs[j];
+      }
+      if (accumulate) {
+        yr[o] += s0, yr[o + 1] += s1, yr[o + 2] += s2, yr[o + 3] += s3;
+        ys[o] += t0, ys[o + 1] += t1, ys[o + 2] += t2, ys[o + 3] += t3;
+      } else {
+        yr[o] = s0, yr[o + 1] = s1, yr[o + 2] = s2, yr[o + 3] = s3;
+        ys[o] = t0, ys[o + 1] = t1, ys[o + 2] = t2, ys[o + 3] = t3;
+      }
+    }
+    for (; r < n; ++r) {
+      const float* xr = x + r * in;
+      float* yr = y + r * ldy;
+      F8 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+      int64_t i = 0;
+      for (; i + 8 <= in; i += 8) {
+        const F8 xv = Load8(xr + i);
+        a0 += Load8(w0 + i) * xv;
+        a1 += Load8(w1 + i) * xv;
+        a2 += Load8(w2 + i) * xv;
+        a3 += Load8(w3 + i) * xv;
+      }
+      float s0 = Sum8(a0), s1 = Sum8(a1), s2 = Sum8(a2), s3 = Sum8(a3);
+      for (; i < in; ++i) {
+        s0 += w0[i] * xr[i];
+        s1 += w1[i] * xr[i];
+        s2 += w2[i] * xr[i];
+        s3 += w3[i] * xr[i];
+      }
+      if (accumulate) {
+        yr[o] += s0, yr[o + 1] += s1, yr[o + 2] += s2, yr[o + 3] += s3;
+      } else {
+        yr[o] = s0, yr[o + 1] = s1, yr[o + 2] = s2, yr[o + 3] = s3;
+      }
+    }
+  }
+  for (; o < out; ++o) {
+    for (int64_t r = 0; r < n; ++r) {
+      const float s = Dot(w + o * in, x + r * in, in);
+      y[r * ldy + o] = accumulate ? y[r * ldy + o] + s : s;
+    }
+  }
+}
+
+// MatMulRows over W in the PackRows layout (cpu_kernels.h; in % 8 == 0):
+// each block of 4 rows is one sequential stream, row k's columns [i, i + 8)
+// at b + 4 i + 8 k. Rows of X three at a time (12 accumulators: enough
+// independent chains to keep both FMA ports busy), then two, then one. Each
+// output element sums the same products in the same order as MatMulRows's
+// one-row loop (lane-wise over i, then Sum8), so the result is bitwise the
+// row-major one and does not depend on n. The three loops are written out:
+// one template over the row count (accumulators acc[R][4], GCC unroll
+// pragmas) computed the same bits but ran the 2- to 9-row products 25-45%
+// slower (lede_engine_bench, n rows x [1024 x 192], A/B twice).
+void MatMulRowsPacked(const float* x, int64_t n, int64_t in, const float* w, int64_t out, float* y,
+                      bool accumulate, int64_t ldy) {
+  auto store = [&](float* yr, int64_t o, const F8* a) {
+    for (int k = 0; k < 4; ++k) yr[o + k] = accumulate ? yr[o + k] + Sum8(a[k]) : Sum8(a[k]);
+  };
+  int64_t o = 0;
+  for (; o + 4 <= out; o += 4) {
+    const float* b = w + o * in;
+    int64_t r = 0;
+    for (; r + 3 <= n; r += 3) {
+      const float* x0 = x + r * in;
+      const float* x1 = x0 + in;
+      const float* x2 = x1 + in;
+      F8 a[4] = {}, c[4] = {}, e[4] = {};
+      for (int64_t i = 0; i < in; i += 8) {
+        const float* chunk = b + 4 * i;
+        __builtin_prefetch(chunk + kPrefetchAhead);
+        __builtin_prefetch(chunk + kPrefetchAhead + 16);
+        const F8 u0 = Load8(x0 + i), u1 = Load8(x1 + i), u2 = Load8(x2 + i);
+        // One W chunk in a register at a time: 12 + 3 + 1 = 16 registers.
+        for (int k = 0; k < 4; ++k) {
+          const F8 v = Load8(chunk + 8 * k);
+          a[k] += v * u0;
+          c[k] += v * u1;
+          e[k] += v * u2;
+        }
+      }
+      store(y + r * ldy, o, a);
+      store(y + (r + 1) * ldy, o, c);
+      store(y + (r + 2) * ldy, o, e);
+    }
+    for (; r + 2 <= n; r += 2) {
+      const float* x0 = x + r * in;
+      const float* x1 = x0 + in;
+      F8 a[4] = {}, c[4] = {};
+      for (int64_t i = 0; i < in; i += 8) {
+        const float* chunk = b + 4 * i;
+        __builtin_prefetch(chunk + kPrefetchAhead);
+        __builtin_prefetch(chunk + kPrefetchAhead + 16);
+        const F8 u0 = Load8(x0 + i), u1 = Load8(x1 + i);
+        for (int k = 0; k < 4; ++k) {
+          const F8 v = Load8(chunk + 8 * k);
+          a[k] += v * u0;
+          c[k] += v * u1;
+        }
+      }
+      store(y + r * ldy, o, a);
+      store(y + (r + 1) * ldy, o, c);
+    }
+    for (; r < n; ++r) {
+      const float* xr = x + r * in;
+      F8 a[4] = {};
+      for (int64_t i = 0; i < in; i += 8) {
+        const float* chunk = b + 4 * i;
+        __builtin_prefetch(chunk + kPrefetchAhead);
+        __builtin_prefetch(chunk + kPrefetchAhead + 16);
+        const F8 xv = Load8(xr + i);
+        a[0] += Load8(chunk) * xv;
+        a[1] += Load8(chunk + 8) * xv;
+        a[2] += Load8(chunk + 16) * xv;
+        a[3] += Load8(chunk + 24) * xv;
+      }
+      store(y + r * ldy, o, a);
+    }
+  }
+  for (; o < out; ++o) {  // the out % 4 tail rows, row-major
+    for (int64_t r = 0; r < n; ++r) {
+      const float s = Dot(w + o * in, x + r * in, in);
+      y[r * ldy + o] = accumulate ? y[r * ldy + o] + s : s;
+    }
+  }
+}
+
+// exp(d) for d in [-87, 0] (clamped below): d = k ln2 + r, |r| <= ln2 / 2,
+// exp(r) by its Taylor-fitted polynomial, 2^k built in the exponent bits.
+inline F8 Exp8(F8 d) {
+  typedef int32_t I8 __attribute__((vector_size(32)));
+  const F8 lo = F8{} - 87.0f;
+  d = d < lo ? lo : d;
+  const F8 magic = F8{} + 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const F8 k = (d * 1.44269504088896341f + magic) - magic;
+  const F8 r = (d - k * 0.693359375f) + k * 2.12194440e-4f;
+  F8 p = F8{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const I8 bits = (__builtin_convertvector(k, I8) + 127) << 23;
+  F8 scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+void ExpSums(const float* x, int64_t n, float shift, double* sum_exp, double* sum_exp_d) {
+  F8 z0 = {}, z1 = {}, zx0 = {}, zx1 = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const F8 d0 = Load8(x + i) - shift, d1 = Load8(x + i + 8) - shift;
+    const F8 e0 = Exp8(d0), e1 = Exp8(d1);
+    z0 += e0;
+    z1 += e1;
+    zx0 += e0 * d0;
+    zx1 += e1 * d1;
+  }
+  double z = Sum8(z0 + z1), zx = Sum8(zx0 + zx1);
+  for (; i < n; ++i) {
+    const float d = x[i] - shift;
+    const float e = std::exp(d);
+    z += e;
+    zx += static_cast<double>(e) * d;
+  }
+  *sum_exp = z;
+  *sum_exp_d = zx;
+}
+
+void RmsNorm(const float* x, const float* weight, int64_t n, int64_t d, float eps, float* y) {
+  for (int64_t r = 0; r < n; ++r) {
+    const float* xr = x + r * d;
+    float* yr = y + r * d;
+    const float scale = 1.0f / std::sqrt(Dot(xr, xr, d) / static_cast<float>(d) + eps);
+    for (int64_t i = 0; i < d; ++i) yr[i] = xr[i] * scale * weight[i];
+  }
+}
+
+// softmax(q K^T) V with the output row in registers: kChunks = hd / 8
+// vectors, so each value row is read once and nothing is stored per key.
+template <int kChunks>
+void WeightedValues(const float* scores, const float* values, int64_t n_keys, float inv, float* out) {
+  constexpr int64_t hd = kChunks * 8;
+  F8 acc[kChunks] = {};
+  for (int64_t j = 0; j < n_keys; ++j) {
+    const F8 p = F8{} + scores[j] * inv;
+    const float* v = values + j * hd;
+#pragma GCC unroll 16
+    for (int c = 0; c < kChunks; ++c) acc[c] += p * Load8(v + 8 * c);
+  }
+  std::memcpy(out, acc, sizeof(acc));
+}
+
+void AttendOne(const float* q, const float* keys, const float* values, int64_t n_keys, int64_t hd,
+               float* scores, float* out) {
+  float m = -INFINITY;
+  for (int64_t j = 0; j < n_keys; ++j) {
+    scores[j] = Dot(q, keys + j * hd, hd);
+    m = scores[j] > m ? scores[j] : m;
+  }
+  // exp(s - m) (<= 0) eight keys at a time (Exp8), the sum in lanes.
+  F8 z8 = {};
+  int64_t j = 0;
+  for (; j + 8 <= n_keys; j += 8) {
+    const F8 e = Exp8(Load8(scores + j) - m);
+    std::memcpy(scores + j, &e, sizeof(e));
+    z8 += e;
+  }
+  float z = Sum8(z8);
+  for (; j < n_keys; ++j) {
+    scores[j] = std::exp(scores[j] - m);
+    z += scores[j];
+  }
+  const float inv = 1.0f / z;
+  switch (hd) {  // the head dimensions of Llama-family models
+    case 32: return WeightedValues<4>(scores, values, n_keys, inv, out);
+    case 64: return WeightedValues<8>(scores, values, n_keys, inv, out);
+    case 128: return WeightedValues<16>(scores, values, n_keys, inv, out);
+    default: break;
+  }
+  for (int64_t i = 0; i < hd; ++i) out[i] = 0.0f;
+  for (int64_t k = 0; k < n_keys; ++k) {
+    const float p = scores[k] * inv;
+    const float* v = values + k * hd;
+    for (int64_t i = 0; i < hd; ++i) out[i] += p * v[i];
+  }
+}
+
+// SwiGLU (cpu_kernels.h SiluMul) eight columns at a time: with
+// e = exp(-|g|) (Exp8, in (0, 1]: no overflow), silu(g) = g / (1 + e) for
+// g >= 0 and g e / (1 + e) for g < 0. Relative error of e below 2e-7 (the
+// scalar loop with std::exp cost 11 us per 2560 columns, ~5% of a q8_0
+// decode step of the 122M shape).
+void SiluMul(const float* h13, int64_t n, int64_t F, float* out) {
+  for (int64_t r = 0; r < n; ++r) {
+    const float* gate = h13 + r * 2 * F;
+    const float* up = gate + F;
+    float* o = out + r * F;
+    int64_t f = 0;
+    for (; f + 8 <= F; f += 8) {
+      const F8 g = Load8(gate + f);
+      const F8 neg_abs = g < 0 ? g : -g;
+      const F8 e = Exp8(neg_abs);
+      const F8 num = g < 0 ? g * e : g;
+      const F8 v = num / (1.0f + e) * Load8(up + f);
+      std::memcpy(o + f, &v, sizeof(v));
+    }
+    for (; f < F; ++f) o[f] = gate[f] / (1.0f + std::exp(-gate[f])) * up[f];
+  }
+}
+
+}  // namespace LEDE_KERNEL_NS
