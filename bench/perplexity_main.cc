@@ -31,9 +31,9 @@
 #include "bench/perplexity.h"
 #include "shared/flags/flags.h"
 #include "shared/model/llama.h"
-#include "shared/model/load_or_exit.h"
-#include "shared/model/model_load_flags.h"
-#include "shared/model/weight_format.h"
+#include "shared/model/loaders/load_or_exit.h"
+#include "shared/model/loaders/model_load_flags.h"
+#include "shared/model/loaders/weight_format.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "trainer/corpus.h"
@@ -41,7 +41,7 @@
 namespace {
 
 int Fail(const lede::Status& s, int code) {
-  std::fprintf(stderr, "lede-perplexity: %s\n", lede::model::OneLineMessage(s).c_str());
+  std::fprintf(stderr, "lede-perplexity: %s\n", lede::model::loaders::OneLineMessage(s).c_str());
   return code;
 }
 
@@ -78,10 +78,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "lede-perplexity: %s\nflags:\n%s", std::string(s.message()).c_str(), f.Usage().c_str());
     return 2;
   }
-  if (auto t = model::ApplyThreadsFlag(threads); !t.ok()) return Fail(t.status(), 2);
-  std::vector<model::WeightFormat> formats;
+  if (auto t = model::loaders::ApplyThreadsFlag(threads); !t.ok()) return Fail(t.status(), 2);
+  std::vector<model::loaders::WeightFormat> formats;
   for (const std::string& w : flags::SplitList(weights_flag)) {
-    auto parsed = model::ParseWeightFormat(w);
+    auto parsed = model::loaders::ParseWeightFormat(w);
     if (!parsed.ok()) return Fail(InvalidArgumentError("--" + std::string(parsed.status().message())), 2);
     formats.push_back(*parsed);
   }
@@ -126,10 +126,10 @@ int main(int argc, char** argv) {
       if (!stream.ok()) return Fail(stream.status(), 2);
       streams.push_back(std::move(*stream));
     }
-    for (model::WeightFormat format : formats) {
+    for (model::loaders::WeightFormat format : formats) {
       model::ModelOptions options;
       options.weights = format;
-      std::shared_ptr<const model::LlamaModel> m = model::LoadModelOrExit("lede-perplexity", model_path, options);
+      std::shared_ptr<const model::LlamaModel> m = model::loaders::LoadModelOrExit("lede-perplexity", model_path, options);
       const auto& c = m->config();
       for (size_t d = 0; d < data.size(); ++d) {
         const auto t0 = std::chrono::steady_clock::now();
@@ -150,8 +150,8 @@ int main(int argc, char** argv) {
         const std::string domain = std::filesystem::path(data[d]).stem().stem().string();
         const double top1 = static_cast<double>(r->top1_correct) / static_cast<double>(r->tokens);
         report["rows"].push_back({{"model", model_path},
-                                  {"weights", model::WeightFormatName(m->weight_format())},
-                                  {"requested_weights", model::WeightFormatName(format)},
+                                  {"weights", model::loaders::WeightFormatName(m->weight_format())},
+                                  {"requested_weights", model::loaders::WeightFormatName(format)},
                                   {"dim", c.dim},
                                   {"n_layers", c.n_layers},
                                   {"context", c.max_seq_len},
@@ -166,7 +166,7 @@ int main(int argc, char** argv) {
                                   {"top1_accuracy", top1},
                                   {"seconds", seconds}});
         std::printf("%-40s %-7s %-22s %7lld %11.4f %8.4f %7.1f\n", model_path.c_str(),
-                    model::WeightFormatName(m->weight_format()), domain.c_str(), static_cast<long long>(r->tokens),
+                    model::loaders::WeightFormatName(m->weight_format()), domain.c_str(), static_cast<long long>(r->tokens),
                     r->perplexity, top1, seconds);
         std::fflush(stdout);
       }

@@ -16,7 +16,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "shared/model/checkpoint.h"
+#include "shared/model/loaders/checkpoint.h"
 #include "shared/model/llama.h"
 #include "tests/testing/status_matchers.h"
 
@@ -46,10 +46,10 @@ checkpoint::ModelConfig SmallConfig() {
 // Random weights (seeded, a large init so the logits are far from uniform),
 // rebuilt from their tensors with `weights` storage; with zero_head the LM
 // head is all zeros (every logit 0).
-std::unique_ptr<model::LlamaModel> MakeModel(model::WeightFormat weights, bool zero_head) {
+std::unique_ptr<model::LlamaModel> MakeModel(model::loaders::WeightFormat weights, bool zero_head) {
   auto random = model::LlamaModel::RandomInit(SmallConfig(), /*seed=*/11, model::ModelOptions{}, 0.3);
   EXPECT_THAT(random, IsOk());
-  model::Checkpoint ckpt;
+  model::loaders::Checkpoint ckpt;
   ckpt.config = SmallConfig();
   for (auto& [name, t] : (*random)->NamedTensors()) ckpt.tensors[name] = t.detach().clone();
   if (zero_head) ckpt.tensors.at("lm_head.weight").zero_();
@@ -96,9 +96,9 @@ double EagerNll(const model::LlamaModel& m, const std::vector<int32_t>& stream, 
 
 TEST(PerplexityTest, UniformLogitsGiveTheVocabularySizeAtEveryWeightFormat) {
   const std::vector<int32_t> stream = RandomStream(150, 40, 1);
-  for (auto format : {model::WeightFormat::kF32, model::WeightFormat::kBf16, model::WeightFormat::kQ8_0,
-                      model::WeightFormat::kQ4_0, model::WeightFormat::kQ4_K_M}) {
-    SCOPED_TRACE(model::WeightFormatName(format));
+  for (auto format : {model::loaders::WeightFormat::kF32, model::loaders::WeightFormat::kBf16, model::loaders::WeightFormat::kQ8_0,
+                      model::loaders::WeightFormat::kQ4_0, model::loaders::WeightFormat::kQ4_K_M}) {
+    SCOPED_TRACE(model::loaders::WeightFormatName(format));
     auto m = MakeModel(format, /*zero_head=*/true);
     ASSERT_NE(m, nullptr);
     PerplexityOptions o;
@@ -113,7 +113,7 @@ TEST(PerplexityTest, UniformLogitsGiveTheVocabularySizeAtEveryWeightFormat) {
 }
 
 TEST(PerplexityTest, CachedChunkedWindowsMatchAnEagerCacheFreePass) {
-  auto m = MakeModel(model::WeightFormat::kF32, /*zero_head=*/false);
+  auto m = MakeModel(model::loaders::WeightFormat::kF32, /*zero_head=*/false);
   ASSERT_NE(m, nullptr);
   ASSERT_TRUE(m->fused());
   const std::vector<int32_t> stream = RandomStream(150, 40, 2);
@@ -140,7 +140,7 @@ TEST(PerplexityTest, CachedChunkedWindowsMatchAnEagerCacheFreePass) {
 }
 
 TEST(PerplexityTest, DefaultWindowIsTheContextAndStrideHalfOfIt) {
-  auto m = MakeModel(model::WeightFormat::kF32, /*zero_head=*/false);
+  auto m = MakeModel(model::loaders::WeightFormat::kF32, /*zero_head=*/false);
   ASSERT_NE(m, nullptr);
   const std::vector<int32_t> stream = RandomStream(150, 40, 3);
   auto r = ComputePerplexity(*m, stream, PerplexityOptions{});
@@ -153,7 +153,7 @@ TEST(PerplexityTest, DefaultWindowIsTheContextAndStrideHalfOfIt) {
 }
 
 TEST(PerplexityTest, MaxTokensScoresAPrefixOfTheStream) {
-  auto m = MakeModel(model::WeightFormat::kF32, /*zero_head=*/false);
+  auto m = MakeModel(model::loaders::WeightFormat::kF32, /*zero_head=*/false);
   ASSERT_NE(m, nullptr);
   const std::vector<int32_t> stream = RandomStream(150, 40, 4);
   PerplexityOptions o;
@@ -172,12 +172,12 @@ TEST(PerplexityTest, QuantizedFormatsStayNearFloat32) {
   // Not a quality claim (random weights): the quantized path computes the
   // same model, so its perplexity is near f32's, never another model's.
   const std::vector<int32_t> stream = RandomStream(150, 40, 5);
-  auto f32 = MakeModel(model::WeightFormat::kF32, false);
+  auto f32 = MakeModel(model::loaders::WeightFormat::kF32, false);
   ASSERT_NE(f32, nullptr);
   auto base = ComputePerplexity(*f32, stream, PerplexityOptions{});
   ASSERT_THAT(base, IsOk());
-  for (auto format : {model::WeightFormat::kBf16, model::WeightFormat::kQ8_0, model::WeightFormat::kQ4_K_M}) {
-    SCOPED_TRACE(model::WeightFormatName(format));
+  for (auto format : {model::loaders::WeightFormat::kBf16, model::loaders::WeightFormat::kQ8_0, model::loaders::WeightFormat::kQ4_K_M}) {
+    SCOPED_TRACE(model::loaders::WeightFormatName(format));
     auto m = MakeModel(format, false);
     ASSERT_NE(m, nullptr);
     auto r = ComputePerplexity(*m, stream, PerplexityOptions{});
@@ -188,7 +188,7 @@ TEST(PerplexityTest, QuantizedFormatsStayNearFloat32) {
 }
 
 TEST(PerplexityTest, BadOptionsAndStreamsAreRefusedNamingTheField) {
-  auto m = MakeModel(model::WeightFormat::kF32, /*zero_head=*/false);
+  auto m = MakeModel(model::loaders::WeightFormat::kF32, /*zero_head=*/false);
   ASSERT_NE(m, nullptr);
   const std::vector<int32_t> stream = RandomStream(100, 40, 6);
   auto refused = [&](PerplexityOptions o, const std::vector<int32_t>& s, const std::string& field) {
