@@ -3,6 +3,7 @@
 // co-located verifier (model_service.h).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <string>
@@ -57,6 +58,19 @@ class TimedExitController final : public speculation::ExitController {
   speculation::ExitController& inner_;
   telemetry::Histogram& latency_;
 };
+
+// DraftRequest.cost: finite and >= 0 (a NaN would reach the policy).
+StatusOr<speculation::CostFeatures> CostFeaturesFromProto(const lede::v1::CostFeatures& c) {
+  const float values[] = {c.probe(), c.layer(), c.verify()};
+  const char* names[] = {"cost.probe", "cost.layer", "cost.verify"};
+  for (int i = 0; i < 3; ++i) {
+    if (!std::isfinite(values[i]) || values[i] < 0) {
+      return InvalidArgumentError(std::string(names[i]) + ": " + std::to_string(values[i]) +
+                                  " is not a finite cost >= 0");
+    }
+  }
+  return speculation::CostFeatures{c.probe(), c.layer(), c.verify()};
+}
 
 }  // namespace
 
@@ -256,6 +270,11 @@ grpc::Status DrafterService::Draft(grpc::ServerContext* server_context, const le
     return ToGrpcStatus(InvalidArgumentError("load: " + std::to_string(req->load()) + " is negative"));
   }
   dr.load = std::max<int32_t>(1, req->load());
+  if (StatusOr<speculation::CostFeatures> cost = CostFeaturesFromProto(req->cost()); cost.ok()) {
+    dr.cost = *cost;
+  } else {
+    return ToGrpcStatus(cost.status());
+  }
   dr.context.assign(req->context().begin(), req->context().end());
   dr.round_index = req->round_index();
   dr.record_trace = req->record_trace();
@@ -303,6 +322,11 @@ grpc::Status DrafterService::Draft(grpc::ServerContext* server_context, const le
     r->set_lookup_match(dec.state.lookup_match);
     r->set_trigram_seen(dec.state.trigram_seen);
     r->set_load(dec.state.load);
+    if (!(dec.state.cost == speculation::CostFeatures{})) {
+      r->mutable_cost()->set_probe(dec.state.cost.probe);
+      r->mutable_cost()->set_layer(dec.state.cost.layer);
+      r->mutable_cost()->set_verify(dec.state.cost.verify);
+    }
     r->set_action(dec.action == speculation::Action::kExit ? lede::v1::EXIT_ACTION_EXIT : lede::v1::EXIT_ACTION_CONTINUE);
     r->set_draft_index(dec.draft_index);
     r->set_wasted_probe(dec.wasted_probe);
