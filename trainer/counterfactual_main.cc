@@ -397,6 +397,10 @@ int Run(const Flags& fl) {
   auto options = MakeOptions(fl, *model, cal);
   if (!options.ok()) return Fail(options.status());
   const lede::trainer::DinkelbachOptions& o = *options;
+  for (const auto& p : o.cost_profiles) {
+    std::fprintf(stderr, "cost profile %s: probe %.3f, layer %.3f, verify %.3f (autoregressive steps)\n",
+                 p.name.c_str(), p.features.probe, p.features.layer, p.features.verify);
+  }
 
   // Requests: tuning splits of the prompt sets, then the extra prompts,
   // traced by --model or by --trace-model (CheckTraceModel).
