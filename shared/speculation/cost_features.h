@@ -37,9 +37,14 @@ struct CostTables {
 //   layer  = L x the least-squares slope of draft[l] on l over the known
 //            entries; with one known entry l, L x (draft[l] - probe) / l;
 //            none, 0;
-//   verify = the least-squares slope of verify[k] on k over the known
-//            entries (>= 2), else 0.
-// Negative slopes (noise in measured tables) are clamped to 0. With the
+//   verify = what each more drafted token adds to a round beyond its
+//            draft's blocks and head: the least-squares slope of
+//            verify[k] on k over the known entries (>= 2), plus the
+//            intercept of the draft line (at l = 0) above the probe. A cost
+//            model may book the verification of a drafted position with
+//            the draft (a measured round table does: it times K drafts and
+//            their verification together), so only their sum is its price.
+// Negative parts (noise in measured tables) are clamped to 0. With the
 // accelerator model of a model with L layers and an LM head of h
 // layer-equivalents: probe = h / L, layer = 1, verify = 0.
 CostFeatures CostFeaturesOfTables(const CostTables& tables);

@@ -39,6 +39,24 @@ TEST(CostFeaturesTest, MeasuredTablesGiveTheirSlopesAndSkipUnknownEntries) {
   EXPECT_FLOAT_EQ(f.probe, 0.1f);
 }
 
+// A cost model that books each position's verification with its draft (a
+// measured round table): the draft line's intercept above the probe is
+// per-token verification, as if booked in the verify table.
+TEST(CostFeaturesTest, VerificationBookedWithTheDraftCountsAsVerification) {
+  CostTables booked;
+  booked.draft = {0, 0.70, 0.85, 1.00, 0};  // L = 4: (0.1 + 0.45) + 0.15 l
+  booked.verify = {1.0, 1.0, 1.0};
+  booked.probe = 0.1;
+  CostTables apart = booked;
+  apart.draft = {0, 0.25, 0.40, 0.55, 0};   // 0.1 + 0.15 l
+  apart.verify = {1.0, 1.45, 1.90};         // 0.45 per position
+  const CostFeatures a = CostFeaturesOfTables(booked), b = CostFeaturesOfTables(apart);
+  EXPECT_NEAR(a.verify, 0.45, 1e-5);
+  EXPECT_NEAR(b.verify, 0.45, 1e-5);
+  EXPECT_NEAR(a.layer, b.layer, 1e-5);
+  EXPECT_NEAR(a.layer, 4 * 0.15, 1e-5);
+}
+
 // One known exit layer: the line through it and the probe (a draft at l is
 // the probe plus l / L of the layer cost).
 TEST(CostFeaturesTest, OneExitLayerIsPricedThroughTheProbe) {
@@ -50,12 +68,14 @@ TEST(CostFeaturesTest, OneExitLayerIsPricedThroughTheProbe) {
   EXPECT_FLOAT_EQ(f.verify, 0.0f);  // no verification known
 }
 
-// Noise that makes a slope negative is not a negative cost: clamped to 0;
+// Noise that makes a slope (or the draft line's excess over the probe)
+// negative is not a negative cost: clamped to 0;
 // empty tables give all 0 (unknown).
 TEST(CostFeaturesTest, NegativeSlopesClampAndEmptyTablesAreUnknown) {
   CostTables t;
-  t.draft = {0, 0.5, 0.4, 0};
+  t.draft = {0, 0.5, 0.4, 0};  // intercept 0.6, below the probe
   t.verify = {1.0, 0.9};
+  t.probe = 0.7;
   const CostFeatures f = CostFeaturesOfTables(t);
   EXPECT_FLOAT_EQ(f.layer, 0.0f);
   EXPECT_FLOAT_EQ(f.verify, 0.0f);
