@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "policy/dqn/method_factory.h"
+#include "shared/model/cost/cost_profiles.h"
 #include "shared/speculation/method.h"
 #include "shared/status/status_macros.h"
 
@@ -153,6 +154,9 @@ Status SetBench::AddLede(const policy::dqn::Artifact& a) {
                         policy::dqn::PlanTrainedPolicy(std::make_shared<const policy::dqn::Artifact>(a), L_));
   GenerateOptions o = adaptive_;
   o.decision_spec = plan.decision_spec;
+  // The policy sees this deployment's costs: the measured model's
+  // (a cost-blind policy ignores them).
+  o.cost_features = model::cost::CostFeaturesOf(*c_.measured, L_, plan.decision_spec.max_draft_len);
   auto dqn = [plan](int64_t) { return plan.MakeController(); };
   const std::string label = "lede " + a.metadata.version;
   jobs_.push_back({label, a.metadata.version + " (" + a.metadata.reward_cost_model + ")", o, dqn});
@@ -164,7 +168,9 @@ Status SetBench::AddLede(const policy::dqn::Artifact& a) {
     m.mode = model::SpeculationMode::kAdaptive;
     m.controller = ctl.get();
     m.spec = o.decision_spec;
-    LEDE_ASSIGN_OR_RETURN(model::GenerationResult r, trainer::Simulate(eval_traces_[p], m));
+    trainer::ShadowTrace t = eval_traces_[p];
+    t.cost = o.cost_features;
+    LEDE_ASSIGN_OR_RETURN(model::GenerationResult r, trainer::Simulate(t, m));
     for (const auto& round : r.stats.rounds) {
       if (round.n_drafted > 0) ++exit_counts[round.exit_layer], drafted += round.n_drafted, ++drafting_rounds;
     }

@@ -308,6 +308,8 @@ StatusOr<speculation::GenerationResult> Simulate(const ShadowTrace& trace, const
   loop.trace_window = method.spec.trace_window;
   const int32_t load = trace.load;
   loop.current_load = [load] { return load; };
+  const speculation::CostFeatures cost = trace.cost;
+  loop.current_cost = [cost] { return cost; };
   return speculation::RunGeneration(backend, trace.prompt, loop, nullptr);
 }
 
@@ -351,6 +353,7 @@ StatusOr<SimulatedRound> SimulateRound(const ShadowTrace& trace, const speculati
   request.trace_nll = c.trace_nll;
   request.accept_ema = c.accept_ema;
   request.load = std::max<int32_t>(1, trace.load);
+  request.cost = trace.cost;
   request.round_index = c.round_index;
   request.record_trace = true;
   // The committed tokens as the generation loop passes them: the last

@@ -80,6 +80,11 @@ struct ShadowTrace {
   // training (trainer/dinkelbach.h DinkelbachOptions::loads). Greedy
   // acceptance does not depend on it, so one trace serves every load.
   int32_t load = 1;
+  // The cost profile the request is replayed under (ExitState::cost): the
+  // policy's cost features, set with the cost model that prices the replay
+  // when training across cost profiles (DinkelbachOptions::cost_profiles);
+  // all 0 otherwise. Acceptance does not depend on it either.
+  speculation::CostFeatures cost;
   // Sampled requests only (empty for greedy ones): the settings the request
   // was served with; accept_prob[l - 1][t] = sum_x min(p_t(x), q_{l,t}(x))
   // in [0, 1], p the full model's and q the exit at layer l's warped

@@ -25,6 +25,7 @@
 #include "shared/flags/flags.h"
 #include "shared/flags/model_flags.h"
 #include "shared/model/cost/cost_model.h"
+#include "shared/model/cost/cost_profiles.h"
 #include "shared/model/decoding.h"
 #include "shared/model/loaders/load_or_exit.h"
 #include "shared/model/loaders/model_load_flags.h"
@@ -57,7 +58,7 @@ struct Flags : lede::flags::ModelLoadFlags {
     o.batch_size = 256;
     return o;
   }()};
-  std::string initial_policy = "static", loads, warm_start, trace_model;
+  std::string initial_policy = "static", loads, warm_start, trace_model, cost_profiles;
   double ridge_tokens = lede::model::cost::kDefaultRidgeTokens;
   bool overwrite = false, probe_candidates = false, lookahead_probe = false, rollout = true;
 };
@@ -94,6 +95,38 @@ StatusOr<std::unique_ptr<lede::model::cost::CostModel>> MakeCostModelAtLoad(cons
   auto cost = lede::model::cost::MakeMeasuredCostModelAtLoad(cal, load);
   if (!cost.ok()) return lede::Status(cost.status().code(), "--loads: " + std::string(cost.status().message()));
   return cost;
+}
+
+// --cost-profiles: one entry per profile (DinkelbachOptions::cost_profiles),
+//   accelerator          the accelerator model of --model's shape
+//   calibration:PATH     the measured model of a `lede calibrate` file
+//   PROBE:LAYER:VERIFY   the profile cost model of those features
+// each with its features (model::cost::CostFeaturesOf) under --max-draft-len.
+StatusOr<std::vector<lede::trainer::DinkelbachOptions::CostProfile>> MakeCostProfiles(
+    const Flags& fl, const lede::model::LlamaModel& model) {
+  std::vector<lede::trainer::DinkelbachOptions::CostProfile> out;
+  const int64_t L = model.config().n_layers;
+  for (const std::string& entry : lede::flags::SplitList(fl.cost_profiles)) {
+    lede::trainer::DinkelbachOptions::CostProfile p;
+    p.name = entry;
+    const std::string kCalibration = "calibration:";
+    if (entry == "accelerator") {
+      p.cost = lede::model::cost::MakeAcceleratorCostModel(model.config());
+    } else if (entry.rfind(kCalibration, 0) == 0) {
+      auto cal = lede::model::cost::ReadCalibrationFile(entry.substr(kCalibration.size()));
+      if (!cal.ok()) return lede::Status(cal.status().code(), "--cost-profiles: " + std::string(cal.status().message()));
+      p.cost = lede::model::cost::MakeMeasuredCostModel(*cal);
+    } else {
+      auto f = lede::model::cost::ParseCostFeatures(entry);
+      if (!f.ok()) return lede::Status(f.status().code(), "--cost-profiles: " + std::string(f.status().message()));
+      LEDE_ASSIGN_OR_RETURN(std::unique_ptr<lede::model::cost::CostModel> made,
+                            lede::model::cost::MakeProfileCostModel(*f, L));
+      p.cost = std::move(made);
+    }
+    p.features = lede::model::cost::CostFeaturesOf(*p.cost, L, fl.max_draft);
+    out.push_back(std::move(p));
+  }
+  return out;
 }
 
 // The training requests: the tuning splits of --prompts, then --extra-prompts
@@ -213,6 +246,7 @@ StatusOr<lede::trainer::DinkelbachOptions> MakeOptions(const Flags& fl, const le
     }
     o.cost_at_load = [&fl, &model, &cal](int32_t load) { return MakeCostModelAtLoad(fl, model, cal, load); };
   }
+  LEDE_ASSIGN_OR_RETURN(o.cost_profiles, MakeCostProfiles(fl, model));
   LEDE_RETURN_IF_ERROR(lede::trainer::ValidateDinkelbachOptions(o));
   return o;
 }
@@ -284,7 +318,7 @@ Status CheckTraceModel(const Flags& fl, const lede::model::LlamaModel& model, co
   return lede::OkStatus();
 }
 
-void PrintIteration(const std::vector<int32_t>& loads, const lede::trainer::DinkelbachIteration& it) {
+void PrintIteration(const lede::trainer::DinkelbachOptions& o, const lede::trainer::DinkelbachIteration& it) {
   std::fprintf(stderr,
                "iteration %d: rho %.4f, %lld transitions -> train %.4fx, selection %.4fx, %s (%.0f s); "
                "agrees with pi on %.1f%% / %.1f%% / %.1f%% of its round-start / exit-layer / draft-length "
@@ -293,7 +327,9 @@ void PrintIteration(const std::vector<int32_t>& loads, const lede::trainer::Dink
                it.selection_speedup, it.adopted ? "adopted" : "rejected (pi and rho kept)", it.seconds,
                100 * it.agreement[0], 100 * it.agreement[1], 100 * it.agreement[2]);
   for (size_t i = 0; i < it.load_rho.size(); ++i) {
-    std::fprintf(stderr, "  load %d: rho %.4f -> train %.4fx, selection %.4fx\n", loads[i], it.load_rho[i],
+    const std::string group = i < o.cost_profiles.size() ? "profile " + o.cost_profiles[i].name
+                                                           : "load " + std::to_string(o.loads.at(i));
+    std::fprintf(stderr, "  %s: rho %.4f -> train %.4fx, selection %.4fx\n", group.c_str(), it.load_rho[i],
                  it.load_train_speedup[i], it.load_selection_speedup[i]);
   }
 }
@@ -307,7 +343,9 @@ lede::policy::dqn::Artifact MakePolicyArtifact(const Flags& fl, const lede::trai
   meta.version = fl.version;
   meta.model_fingerprint = o.model_fingerprint;
   meta.decision = o.spec;
-  meta.reward_cost_model = o.paper_rewards ? "accelerator" : cost.name();
+  // A cost-conditioned policy is priced by whatever deployment serves it:
+  // retraining prices with the deployment's measured (served) costs.
+  meta.reward_cost_model = o.paper_rewards ? "accelerator" : o.cost_profiles.empty() ? cost.name() : "served";
   const lede::trainer::DinkelbachIteration& sel = result.iterations[result.selected_iteration - 1];
   meta.training_options["rho"] = sel.rho;
   meta.training_options["dinkelbach_iterations"] = static_cast<double>(result.iterations.size());
@@ -322,6 +360,12 @@ lede::policy::dqn::Artifact MakePolicyArtifact(const Flags& fl, const lede::trai
     meta.training_options["load_" + std::to_string(o.loads[i])] = sel.load_train_speedup[i];
   }
   if (!o.loads.empty() && fl.cost_model == "accelerator") meta.training_options["ridge_tokens"] = fl.ridge_tokens;
+  for (size_t i = 0; i < o.cost_profiles.size(); ++i) {
+    const lede::speculation::CostFeatures& f = o.cost_profiles[i].features;
+    char name[96];
+    std::snprintf(name, sizeof(name), "profile_%.3f:%.3f:%.3f", f.probe, f.layer, f.verify);
+    meta.training_options[name] = sel.load_train_speedup[i];
+  }
   lede::policy::dqn::Artifact artifact = lede::trainer::MakeArtifact(result.dqn, o.dqn, meta);
   artifact.metadata.offline_metrics["selection_speedup"] = sel.selection_speedup;
   artifact.metadata.offline_metrics["train_speedup"] = sel.train_speedup;
@@ -354,6 +398,10 @@ int Run(const Flags& fl) {
   auto options = MakeOptions(fl, *model, cal);
   if (!options.ok()) return Fail(options.status());
   const lede::trainer::DinkelbachOptions& o = *options;
+  for (const auto& p : o.cost_profiles) {
+    std::fprintf(stderr, "cost profile %s: probe %.3f, layer %.3f, verify %.3f (autoregressive steps)\n",
+                 p.name.c_str(), p.features.probe, p.features.layer, p.features.verify);
+  }
 
   // Requests: tuning splits of the prompt sets, then the extra prompts,
   // traced by --model or by --trace-model (CheckTraceModel).
@@ -381,7 +429,7 @@ int Run(const Flags& fl) {
   std::fprintf(stderr, "best static on the selection requests (for reference): E=%d D=%d %.4fx\n",
                sel_static->exit_layer, sel_static->draft_len, sel_static->speedup);
   auto result = lede::trainer::TrainDinkelbach(
-      train, selection, *cost, o, [&o](const lede::trainer::DinkelbachIteration& it) { PrintIteration(o.loads, it); });
+      train, selection, *cost, o, [&o](const lede::trainer::DinkelbachIteration& it) { PrintIteration(o, it); });
   if (!result.ok()) return Fail(result.status());
 
   const lede::policy::dqn::Artifact artifact =
@@ -436,6 +484,10 @@ int main(int argc, char** argv) {
   f.Add("loads", &fl.loads,
         "train at these loads (sessions decoding at once, comma-separated; the policy sees the load), each priced "
         "by the cost model at that load; default: alone");
+  f.Add("cost-profiles", &fl.cost_profiles,
+        "train one cost-conditioned policy across these cost profiles (comma-separated: accelerator, "
+        "calibration:PATH of `lede calibrate`, or PROBE:LAYER:VERIFY in autoregressive steps; the policy sees "
+        "the profile's features, docs/training.md); default: one cost model, --cost-model");
   f.Add("ridge-tokens", &fl.ridge_tokens, "--loads with the accelerator cost model: its roofline ridge in tokens");
 
   f.Add("trace-model", &fl.trace_model,

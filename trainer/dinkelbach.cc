@@ -267,6 +267,19 @@ Status ValidateDinkelbachOptions(const DinkelbachOptions& o) {
   if (!o.loads.empty() && o.initial_policy != "static") {
     return InvalidArgumentError("loads: only with the static initial policy");
   }
+  for (size_t i = 0; i < o.cost_profiles.size(); ++i) {
+    const DinkelbachOptions::CostProfile& p = o.cost_profiles[i];
+    if (p.cost == nullptr) return InvalidArgumentError("cost_profiles: \"" + p.name + "\" has no cost model");
+    for (size_t j = 0; j < i; ++j) {
+      if (o.cost_profiles[j].features == p.features) {
+        return InvalidArgumentError("cost_profiles: \"" + o.cost_profiles[j].name + "\" and \"" + p.name +
+                                    "\" have the same features (a policy could not tell them apart)");
+      }
+    }
+  }
+  if (!o.cost_profiles.empty() && !o.loads.empty()) {
+    return InvalidArgumentError("cost_profiles: not with loads (train at one or the other)");
+  }
   if (o.warm_start && o.initial_policy != "static") {
     return InvalidArgumentError("warm_start: only with the static initial policy");
   }
@@ -286,28 +299,42 @@ class AutoregressiveController : public speculation::ExitController {
   speculation::Action Decide(const speculation::ExitState&) override { return speculation::Action::kContinue; }
 };
 
-// pi_0 with loads: the static setting (or autoregressive decoding) chosen
-// for the load nearest below the state's (the smallest load for less).
-class PerLoadController : public speculation::ExitController {
+// Which group of the training a state belongs to: its load and cost
+// profile (each group replays every trace at one of them).
+struct GroupKey {
+  int32_t load = 1;
+  speculation::CostFeatures cost;
+  bool operator<(const GroupKey& o) const { return load != o.load ? load < o.load : cost < o.cost; }
+};
+GroupKey KeyOf(const speculation::ExitState& s) { return GroupKey{s.load, s.cost}; }
+
+// pi_0 with several loads or cost profiles: the controller of the state's
+// group (for a load between the trained ones, that of the load nearest
+// below; the smallest for less).
+class PerGroupController : public speculation::ExitController {
  public:
-  explicit PerLoadController(std::map<int32_t, std::unique_ptr<speculation::ExitController>> by_load)
-      : by_load_(std::move(by_load)) {}
-  std::string name() const override { return "static per load"; }
-  speculation::Action Decide(const speculation::ExitState& s) override { return For(s.load).Decide(s); }
-  int32_t FirstProbeLayer(const speculation::ExitState& s) override { return For(s.load).FirstProbeLayer(s); }
+  explicit PerGroupController(std::map<GroupKey, std::unique_ptr<speculation::ExitController>> by_group)
+      : by_group_(std::move(by_group)) {}
+  std::string name() const override { return "per load or cost profile"; }
+  speculation::Action Decide(const speculation::ExitState& s) override { return For(KeyOf(s)).Decide(s); }
+  int32_t FirstProbeLayer(const speculation::ExitState& s) override { return For(KeyOf(s)).FirstProbeLayer(s); }
 
  private:
-  speculation::ExitController& For(int32_t load) {
-    auto it = by_load_.upper_bound(load);
-    if (it != by_load_.begin()) --it;
+  speculation::ExitController& For(const GroupKey& key) {
+    auto it = by_group_.upper_bound(key);
+    if (it != by_group_.begin()) --it;
     return *it->second;
   }
-  std::map<int32_t, std::unique_ptr<speculation::ExitController>> by_load_;
+  std::map<GroupKey, std::unique_ptr<speculation::ExitController>> by_group_;
 };
 
-// One load of the training: its traces, its price and its rho.
+// One load or cost profile of the training: its traces, its price and its
+// rho.
 struct LoadGroup {
   int32_t load = 1;
+  speculation::CostFeatures features;  // ShadowTrace::cost of its traces
+  std::string name;                    // in reports: "B=<load>" or the profile's name
+  GroupKey key() const { return GroupKey{load, features}; }
   const model::cost::CostModel* cost = nullptr;
   std::unique_ptr<model::cost::CostModel> owned;
   std::vector<ShadowTrace> train, selection;
@@ -320,6 +347,12 @@ struct LoadGroup {
 std::vector<ShadowTrace> AtLoad(const std::vector<ShadowTrace>& traces, int32_t load) {
   std::vector<ShadowTrace> out = traces;
   for (ShadowTrace& t : out) t.load = load;
+  return out;
+}
+
+std::vector<ShadowTrace> UnderProfile(const std::vector<ShadowTrace>& traces, const speculation::CostFeatures& f) {
+  std::vector<ShadowTrace> out = traces;
+  for (ShadowTrace& t : out) t.cost = f;
   return out;
 }
 
@@ -340,9 +373,22 @@ StatusOr<std::vector<LoadGroup>> MakeLoadGroups(const std::vector<ShadowTrace>& 
                                                 const std::vector<ShadowTrace>& selection_traces,
                                                 const model::cost::CostModel& cost, const DinkelbachOptions& o) {
   std::vector<LoadGroup> groups;
-  if (o.loads.empty()) {
+  if (!o.cost_profiles.empty()) {
+    for (const DinkelbachOptions::CostProfile& p : o.cost_profiles) {
+      LoadGroup g;
+      g.load = train_traces.front().load;
+      g.features = p.features;
+      g.name = p.name;
+      g.cost = p.cost.get();
+      g.train = UnderProfile(train_traces, p.features);
+      g.selection = UnderProfile(selection_traces, p.features);
+      groups.push_back(std::move(g));
+    }
+  } else if (o.loads.empty()) {
     LoadGroup g;
     g.load = train_traces.front().load;
+    g.features = train_traces.front().cost;
+    g.name = "B=" + std::to_string(g.load);
     g.cost = &cost;
     g.train = train_traces;
     g.selection = selection_traces;
@@ -351,6 +397,7 @@ StatusOr<std::vector<LoadGroup>> MakeLoadGroups(const std::vector<ShadowTrace>& 
     for (int32_t load : o.loads) {
       LoadGroup g;
       g.load = load;
+      g.name = "B=" + std::to_string(load);
       LEDE_ASSIGN_OR_RETURN(g.owned, o.cost_at_load(load));
       g.cost = g.owned.get();
       g.train = AtLoad(train_traces, load);
@@ -375,7 +422,7 @@ StatusOr<std::vector<double>> ChooseStarts(const DinkelbachOptions& o, const std
   for (LoadGroup& g : *groups) {
     LEDE_ASSIGN_OR_RETURN(g.best_static, BestStatic(g.train, o.spec.max_draft_len, *g.cost));
     LEDE_ASSIGN_OR_RETURN(g.start, BestStatic(g.train, o.spec.max_draft_len, *g.cost, expressible));
-    if (!o.loads.empty() && g.start.speedup < 1.0) g.start = StaticChoice{0, 0, 1.0};
+    if (groups->size() > 1 && g.start.speedup < 1.0) g.start = StaticChoice{0, 0, 1.0};
     double start = g.start.speedup;
     if (o.warm_start) {
       LEDE_ASSIGN_OR_RETURN(double s, SimulatedSpeedup(g.train, o.spec, warm_policy, *g.cost));
@@ -387,14 +434,15 @@ StatusOr<std::vector<double>> ChooseStarts(const DinkelbachOptions& o, const std
   return start_speedups;
 }
 
-// pi_0: per load a static setting, autoregressive decoding or the warm
-// start; or (initial_policy "calibrated") the tuned calibrated rule.
+// pi_0: per load (or cost profile) a static setting, autoregressive
+// decoding or the warm start; or (initial_policy "calibrated") the
+// calibrated rule tuned under each group's prices.
 struct InitialPolicy {
-  std::shared_ptr<const CalibratedRule> rule;
-  std::map<int32_t, StaticChoice> start_by_load;
-  std::set<int32_t> warm_loads;
+  std::map<GroupKey, std::shared_ptr<const CalibratedRule>> rules;
+  std::map<GroupKey, StaticChoice> start_by_group;
+  std::set<GroupKey> warm_groups;
   std::string description;
-  std::vector<double> speedups;  // on the training traces, per load (the rule's alone)
+  std::vector<double> speedups;  // on the training traces, per group
   double train_speedup = 0;      // their mean
 };
 
@@ -402,23 +450,26 @@ StatusOr<InitialPolicy> MakeInitialPolicy(const std::vector<LoadGroup>& groups, 
                                           std::vector<double> start_speedups) {
   InitialPolicy initial;
   for (const LoadGroup& g : groups) {
-    initial.start_by_load[g.load] = g.start;
-    if (g.start_warm) initial.warm_loads.insert(g.load);
+    initial.start_by_group[g.key()] = g.start;
+    if (g.start_warm) initial.warm_groups.insert(g.key());
   }
   auto describe_start = [](const LoadGroup& g) { return g.start_warm ? std::string("warm start") : Describe(g.start); };
+  const std::string per_group = o.cost_profiles.empty() ? "per load:" : "per cost profile:";
   initial.description = groups.size() == 1 ? (groups[0].start_warm ? "" : "static ") + describe_start(groups[0])
-                                           : "per load:";
-  if (groups.size() > 1) {
-    for (const LoadGroup& g : groups) initial.description += " B=" + std::to_string(g.load) + " " + describe_start(g);
+                                           : per_group;
+  if (o.initial_policy == "calibrated") {
+    initial.description = groups.size() == 1 ? "" : per_group;
+    start_speedups.clear();
+    for (const LoadGroup& g : groups) {
+      LEDE_ASSIGN_OR_RETURN(CalibratedRule tuned, TuneCalibratedRule(g.train, o.spec, *g.cost));
+      start_speedups.push_back(tuned.speedup);
+      initial.description += (groups.size() == 1 ? "" : " " + g.name + " ") + tuned.Describe();
+      initial.rules[g.key()] = std::make_shared<const CalibratedRule>(std::move(tuned));
+    }
+  } else if (groups.size() > 1) {
+    for (const LoadGroup& g : groups) initial.description += " " + g.name + " " + describe_start(g);
   }
   initial.train_speedup = Mean(start_speedups);
-  if (o.initial_policy == "calibrated") {
-    LEDE_ASSIGN_OR_RETURN(CalibratedRule tuned, TuneCalibratedRule(groups[0].train, o.spec, *groups[0].cost));
-    initial.rule = std::make_shared<const CalibratedRule>(std::move(tuned));
-    initial.train_speedup = initial.rule->speedup;
-    start_speedups = {initial.rule->speedup};
-    initial.description = initial.rule->Describe();
-  }
   initial.speedups = std::move(start_speedups);
   return initial;
 }
@@ -426,22 +477,23 @@ StatusOr<InitialPolicy> MakeInitialPolicy(const std::vector<LoadGroup>& groups, 
 // pi: the last adopted iterate's greedy policy (`current`), or pi_0.
 ControllerMaker CurrentPolicy(std::shared_ptr<const policy::dqn::QNetwork> current, const InitialPolicy& initial,
                               const ControllerMaker& warm_policy, const speculation::DecisionSpec& spec) {
-  return [current, start_by_load = initial.start_by_load, warm_loads = initial.warm_loads, warm_policy,
-          rule = initial.rule, spec](int64_t i) -> std::unique_ptr<speculation::ExitController> {
+  return [current, start_by_group = initial.start_by_group, warm_groups = initial.warm_groups, warm_policy,
+          rules = initial.rules, spec](int64_t i) -> std::unique_ptr<speculation::ExitController> {
     if (current) return std::make_unique<policy::dqn::DqnExitController>(current, "pi");
-    if (rule) return rule->Make(spec);
-    std::map<int32_t, std::unique_ptr<speculation::ExitController>> by_load;
-    for (const auto& [load, c] : start_by_load) {
-      if (warm_loads.count(load) > 0) {
-        by_load[load] = warm_policy(i);
+    std::map<GroupKey, std::unique_ptr<speculation::ExitController>> by_group;
+    for (const auto& [key, rule] : rules) by_group[key] = rule->Make(spec);
+    for (const auto& [key, c] : start_by_group) {
+      if (!rules.empty()) break;
+      if (warm_groups.count(key) > 0) {
+        by_group[key] = warm_policy(i);
       } else if (c.exit_layer == 0) {
-        by_load[load] = std::make_unique<AutoregressiveController>();
+        by_group[key] = std::make_unique<AutoregressiveController>();
       } else {
-        by_load[load] = std::make_unique<StaticExitController>(c.exit_layer, c.draft_len);
+        by_group[key] = std::make_unique<StaticExitController>(c.exit_layer, c.draft_len);
       }
     }
-    if (by_load.size() == 1) return std::move(by_load.begin()->second);
-    return std::make_unique<PerLoadController>(std::move(by_load));
+    if (by_group.size() == 1) return std::move(by_group.begin()->second);
+    return std::make_unique<PerGroupController>(std::move(by_group));
   };
 }
 
@@ -530,7 +582,7 @@ Status MeasureIterate(const std::vector<LoadGroup>& groups, const DinkelbachOpti
   rep->rho = Mean(rhos);
   rep->train_speedup = Mean(*train);
   rep->selection_speedup = Mean(selection);
-  if (!o.loads.empty()) rep->load_rho = rhos, rep->load_train_speedup = *train, rep->load_selection_speedup = selection;
+  if (groups.size() > 1) rep->load_rho = rhos, rep->load_train_speedup = *train, rep->load_selection_speedup = selection;
   return OkStatus();
 }
 
@@ -543,11 +595,11 @@ DinkelbachResult MakeResult(DqnResult best, std::vector<DinkelbachIteration> ite
   out.selected_iteration = selected;
   out.best_static_train_speedup = groups[0].best_static.speedup;
   out.best_static = Describe(groups[0].best_static);
-  if (!o.loads.empty()) {
+  if (groups.size() > 1) {
     for (const LoadGroup& g : groups) {
       char speed[32];
       std::snprintf(speed, sizeof(speed), " %.3fx", g.best_static.speedup);
-      out.load_best_static.push_back("B=" + std::to_string(g.load) + ": " + Describe(g.best_static) + speed);
+      out.load_best_static.push_back(g.name + ": " + Describe(g.best_static) + speed);
     }
   }
   out.initial_policy = initial.description;

@@ -117,6 +117,22 @@ struct DinkelbachOptions {
   // initial policy only.
   std::vector<int32_t> loads;
   std::function<StatusOr<std::unique_ptr<model::cost::CostModel>>(int32_t load)> cost_at_load;
+  // Cost profiles to train at (a cost-conditioned policy: it sees the
+  // deployment's costs, speculation::ExitState::cost; docs/training.md
+  // "What the policy sees of the hardware"). Empty: every trace priced by
+  // the `cost` given to TrainDinkelbach, its cost features as they are.
+  // Otherwise, like loads: every training and selection trace is replayed
+  // once per profile with ShadowTrace::cost = its features, priced by its
+  // cost model, with a rho of its own; pi_0 is per profile (the best static
+  // setting, or the calibrated rule tuned under that profile's prices);
+  // an iterate is adopted and selected by its mean speed-up over the
+  // profiles. Not with loads.
+  struct CostProfile {
+    std::string name;  // in reports ("accelerator", "q8_0-1t", "0.2:1:0.4")
+    std::shared_ptr<const model::cost::CostModel> cost;
+    speculation::CostFeatures features;  // model::cost::CostFeaturesOf(*cost, L, max_draft_len)
+  };
+  std::vector<CostProfile> cost_profiles;
   // A trained policy to start from (null: none). At each load (or the one
   // load without `loads`) pi_0 is the better, on the training traces, of
   // this network's greedy policy and the static choice above, and the
@@ -142,9 +158,10 @@ struct DinkelbachIteration {
   // does so where it fitted an advantage.
   std::array<double, 3> agreement{};
   double seconds = 0;              // wall-clock of the iteration
-  // With DinkelbachOptions::loads, per load in that order: its rho, and the
-  // new policy's speed-up on the training and selection traces at it (the
-  // scalars above are then their means; rho the mean rho).
+  // With DinkelbachOptions::loads (or cost_profiles), per load (profile) in
+  // that order: its rho, and the new policy's speed-up on the training and
+  // selection traces at it (the scalars above are then their means; rho
+  // the mean rho).
   std::vector<double> load_rho, load_train_speedup, load_selection_speedup;
 };
 
@@ -157,7 +174,8 @@ struct DinkelbachResult {
   std::string best_static;               // "E=.. D=.." of it
   std::string initial_policy;            // pi_0: "static E=.. D=.." or "calibrated E=.. rho=.."
   double initial_train_speedup = 0;      // pi_0 on the training traces (the initial rho when initial_rho <= 0)
-  // With loads: the best static setting per load ("B=64: E=2 D=3 1.71x").
+  // With loads or cost profiles: the best static setting per load or
+  // profile ("B=64: E=2 D=3 1.71x", "q8_0-1t: E=2 D=1 1.34x").
   std::vector<std::string> load_best_static;
 };
 
@@ -196,7 +214,8 @@ Status ValidateDinkelbachOptions(const DinkelbachOptions& o);
 
 // Errors: kInvalidArgument for empty trace sets or options out of range
 // (ValidateDinkelbachOptions: loads below 1 or repeated, loads without
-// cost_at_load or with the calibrated initial policy); errors of
+// cost_at_load or with the calibrated initial policy, cost profiles with
+// loads, without a cost model or with repeated features); errors of
 // cost_at_load, of the replay, of the calibrated rule's tuning and of
 // TrainDqn.
 using DinkelbachCallback = std::function<void(const DinkelbachIteration&)>;

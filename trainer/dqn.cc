@@ -53,15 +53,19 @@ Episodes GroupEpisodes(const std::vector<Transition>& ts, const std::vector<size
   return episodes;
 }
 
-// A random network whose weights on the load feature (the last input,
-// speculation::ExitFeatures) start at zero: it begins load-blind and learns a
-// dependence on the load only where the targets differ between loads. With
+// A random network whose weights on the deployment features (the load and
+// the cost profile, the last inputs of speculation::ExitFeatures from index
+// speculation::kLoadFeature) start at zero: it begins blind to them and learns a
+// dependence on them only where the targets differ between loads or cost
+// profiles. With
 // random weights there, transitions that differ only in their load (the
 // same replay priced alike at loads 1 and 16) left the greedy policies far
 // apart: 1.67x at load 1 and 1.33x at load 16 on the training traces.
 QNetwork LoadBlindRandom(int32_t hidden, uint64_t seed) {
   QNetworkWeights w = QNetwork::Random(hidden, seed).weights();
-  for (int32_t r = 0; r < hidden; ++r) w.fc1_weight[static_cast<size_t>(r) * kIn + kIn - 1] = 0.0f;
+  for (int32_t r = 0; r < hidden; ++r) {
+    for (int c = speculation::kLoadFeature; c < kIn; ++c) w.fc1_weight[static_cast<size_t>(r) * kIn + c] = 0.0f;
+  }
   return *QNetwork::Create(std::move(w));
 }
 

@@ -104,11 +104,16 @@ struct ParsedMetadata {
   int64_t stored_features = speculation::kExitFeatureDim;
 };
 
-// The one older feature spec that is read: lede-features-v3 is v4 without
-// the load (the last feature), so a v3 network with a zero weight on it
-// computes the same Q-values from v4 features whatever the load.
-constexpr char kLoadBlindSpec[] = "lede-features-v3";
-constexpr int64_t kLoadBlindDim = speculation::kExitFeatureDim - 1;
+// The older feature specs that are read, each a prefix of the current one:
+// lede-features-v3 is v4 without the load (the 14th feature), v4 is v5
+// without the cost profile (the last three), so a network of an older spec
+// with a zero weight on what it lacks computes the same Q-values from v5
+// features whatever the load and costs.
+struct OlderSpec {
+  const char* name;
+  int64_t dim;
+};
+constexpr OlderSpec kOlderSpecs[] = {{"lede-features-v3", 13}, {"lede-features-v4", 14}};
 
 StatusOr<ParsedMetadata> FromJson(const Json& j, const std::string& where) {
   ParsedMetadata p;
@@ -120,14 +125,18 @@ StatusOr<ParsedMetadata> FromJson(const Json& j, const std::string& where) {
   const Json& features = j.at("features");
   // Artifacts before the spec was versioned were all lede-features-v1 (8 features).
   const std::string spec = features.contains("spec") ? features.at("spec").get<std::string>() : "lede-features-v1";
-  const bool load_blind = spec == kLoadBlindSpec;
-  if (spec != speculation::kExitFeatureSpec && !load_blind) {
+  int64_t want_dim = spec == speculation::kExitFeatureSpec ? speculation::kExitFeatureDim : 0;
+  std::string readable;
+  for (const OlderSpec& older : kOlderSpecs) {
+    if (spec == older.name) want_dim = older.dim;
+    readable += std::string(readable.empty() ? "" : ", ") + "\"" + older.name + "\"";
+  }
+  if (want_dim == 0) {
     return InvalidArgumentError(where + ": feature spec \"" + spec + "\", but this build computes \"" +
-                                speculation::kExitFeatureSpec + "\" (and reads \"" + kLoadBlindSpec +
-                                "\"; retrain the policy on experience of this spec)");
+                                speculation::kExitFeatureSpec + "\" (and reads " + readable +
+                                "; retrain the policy on experience of this spec)");
   }
   const int64_t dim = features.at("dim").get<int64_t>();
-  const int64_t want_dim = load_blind ? kLoadBlindDim : speculation::kExitFeatureDim;
   if (dim != want_dim) {
     return InvalidArgumentError(where + ": wrong feature dim " + std::to_string(dim) + " for spec \"" + spec +
                                 "\", expected " + std::to_string(want_dim));
@@ -326,8 +335,9 @@ const std::vector<std::string>& ExitFeatureNames() {
       "is_draft_phase", "layer_frac",   "draft_pos_frac", "top1_prob",
       "top_k_nll_div4", "entropy_div4", "trace_nll_div4", "margin_div8",
       "draft_conf",     "accept_ema",   "lookup_match",   "trigram_seen",
-      "bias",           "load_log2_div8"};
-  static_assert(speculation::kExitFeatureDim == 14, "update ExitFeatureNames with ExitFeatures");
+      "bias",           "load_log2_div8", "cost_probe",     "cost_layer_div2",
+      "cost_verify"};
+  static_assert(speculation::kExitFeatureDim == 17, "update ExitFeatureNames with ExitFeatures");
   return names;
 }
 

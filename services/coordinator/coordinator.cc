@@ -237,6 +237,7 @@ struct GenerationService::Impl {
   // The drafter's Describe is best effort (its profile comes with drafts too).
   void SeedMeasuredCosts(Replica& replica, const lede::v1::ModelInfo& verifier_info,
                          grpc::CallbackServerContext* server) {
+    measured_costs.SetPrior(PriorCostFeatures(verifier_info));
     if (verifier_info.measured_costs().time_us() > 0) measured_costs.UpdateVerifier(verifier_info.measured_costs());
     if (replica.drafter() == nullptr) return;
     lede::v1::ModelInfo drafter_info;
@@ -627,6 +628,7 @@ speculation::LoopOptions GenerationService::Impl::LoopFor(const GenerateRequest&
   loop.session.sampling.seed = request.seed();
   loop.record_traces = logger != nullptr && loop.mode == speculation::SpeculationMode::kAdaptive;
   loop.current_load = [this] { return load.load(std::memory_order_relaxed); };
+  loop.current_cost = [this] { return measured_costs.Features(); };
   loop.speculation_max_load = options.speculation_max_load;
   return loop;
 }

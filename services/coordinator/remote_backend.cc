@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "shared/experience/served_costs.h"
+#include "shared/speculation/cost_features.h"
 #include "shared/rpc/grpc_status.h"
 #include "shared/rpc/server.h"
 
@@ -95,6 +96,11 @@ StatusOr<speculation::Draft> RemoteBackend::DraftRound(int64_t, const speculatio
   req.set_trace_nll(r.trace_nll);
   req.set_accept_ema(r.accept_ema);
   req.set_load(r.load);
+  if (!(r.cost == speculation::CostFeatures{})) {
+    req.mutable_cost()->set_probe(r.cost.probe);
+    req.mutable_cost()->set_layer(r.cost.layer);
+    req.mutable_cost()->set_verify(r.cost.verify);
+  }
   req.mutable_context()->Add(r.context.begin(), r.context.end());
   req.set_round_index(r.round_index);
   req.set_record_trace(record_trace_ && r.record_trace);
@@ -160,12 +166,42 @@ void MeasuredCosts::UpdateDrafter(const lede::v1::CostProfile& p) {
   absl::MutexLock lock(&mu_);
   drafter_ = p;
   have_ = true;
+  Refresh();
 }
 
 void MeasuredCosts::UpdateVerifier(const lede::v1::CostProfile& p) {
   absl::MutexLock lock(&mu_);
   verifier_ = p;
   have_ = true;
+  Refresh();
+}
+
+void MeasuredCosts::SetPrior(const speculation::CostFeatures& prior) {
+  absl::MutexLock lock(&mu_);
+  prior_ = prior;
+  Refresh();
+}
+
+void MeasuredCosts::Refresh() {
+  features_ = have_ ? experience::ServedCostFeatures(experience::MergeCostProfiles(drafter_, verifier_), prior_)
+                    : prior_;
+}
+
+speculation::CostFeatures MeasuredCosts::Features() const {
+  absl::MutexLock lock(&mu_);
+  return features_;
+}
+
+speculation::CostFeatures PriorCostFeatures(const lede::v1::ModelInfo& info) {
+  const int64_t L = info.n_layers(), D = info.max_draft_length();
+  speculation::CostTables t;
+  t.probe = info.probe_cost();
+  if (L >= 2 && info.draft_cost_size() == L + 1) t.draft.assign(info.draft_cost().begin(), info.draft_cost().end());
+  const int64_t E = L / 2;
+  if (L >= 2 && D >= 1 && info.verify_cost_size() == (L + 1) * (D + 1)) {
+    for (int64_t k = 0; k <= D; ++k) t.verify.push_back(info.verify_cost(static_cast<int>(E * (D + 1) + k)));
+  }
+  return speculation::CostFeaturesOfTables(t);
 }
 
 bool MeasuredCosts::Current(lede::v1::CostProfile* out) const {
@@ -206,6 +242,7 @@ speculation::Draft RemoteBackend::FromDraftResponse(const lede::v1::DraftRespons
     dec.state.lookup_match = rec.lookup_match();
     dec.state.trigram_seen = rec.trigram_seen();
     dec.state.load = std::max<int32_t>(1, rec.load());
+    dec.state.cost = {rec.cost().probe(), rec.cost().layer(), rec.cost().verify()};
     dec.action = rec.action() == lede::v1::EXIT_ACTION_EXIT ? speculation::Action::kExit : speculation::Action::kContinue;
     dec.draft_index = rec.draft_index();
     dec.wasted_probe = rec.wasted_probe();

@@ -44,12 +44,28 @@ class MeasuredCosts {
   void UpdateVerifier(const lede::v1::CostProfile& p) ABSL_LOCKS_EXCLUDED(mu_);
   // The two merged (MergeCostProfiles); false while neither has arrived.
   bool Current(lede::v1::CostProfile* out) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The features of the model service's own cost model (ModelInfo
+  // draft_cost, verify_cost, probe_cost: PriorCostFeatures), which stand in
+  // for what the profiles have not measured yet.
+  void SetPrior(const speculation::CostFeatures& prior) ABSL_LOCKS_EXCLUDED(mu_);
+  // The cost features the exit policy sees (LoopOptions::current_cost):
+  // experience::ServedCostFeatures of the merged profile over the prior,
+  // recomputed on every update (a round reads the cached value).
+  speculation::CostFeatures Features() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  void Refresh() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   mutable absl::Mutex mu_;
   bool have_ ABSL_GUARDED_BY(mu_) = false;
   lede::v1::CostProfile drafter_ ABSL_GUARDED_BY(mu_), verifier_ ABSL_GUARDED_BY(mu_);
+  speculation::CostFeatures prior_ ABSL_GUARDED_BY(mu_), features_ ABSL_GUARDED_BY(mu_);
 };
+
+// The cost features of a model service's own cost model as its ModelInfo
+// describes it (draft_cost[l] for l in [0, L], verify_cost[E * (D + 1) + K],
+// probe_cost; speculation::CostFeaturesOfTables at E = L / 2): the prior
+// of MeasuredCosts. All 0 when the info carries no costs.
+speculation::CostFeatures PriorCostFeatures(const lede::v1::ModelInfo& info);
 
 // The model processes a coordinator talks to; the stubs and the flag are
 // owned by the service and outlive every backend.

@@ -3,6 +3,7 @@
 // co-located verifier (model_service.h).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <string>
@@ -133,8 +134,22 @@ StatusOr<PlannedDraft> PlanDraft(ModelHost& host, const speculation::MethodSpec&
   return planned;
 }
 
+// DraftRequest.cost: finite and >= 0 (a NaN would reach the policy).
+StatusOr<speculation::CostFeatures> CostFeaturesFromProto(const lede::v1::CostFeatures& c) {
+  const float values[] = {c.probe(), c.layer(), c.verify()};
+  const char* names[] = {"cost.probe", "cost.layer", "cost.verify"};
+  for (int i = 0; i < 3; ++i) {
+    if (!std::isfinite(values[i]) || values[i] < 0) {
+      return InvalidArgumentError(std::string(names[i]) + ": " + std::to_string(values[i]) +
+                                  " is not a finite cost >= 0");
+    }
+  }
+  return speculation::CostFeatures{c.probe(), c.layer(), c.verify()};
+}
+
 // The engine's request for the round of `req`. Errors: kInvalidArgument
-// naming load when it is negative.
+// naming load when it is negative, or the cost feature that is not a
+// finite cost >= 0.
 StatusOr<speculation::DraftRequest> DraftRequestFromProto(const lede::v1::DraftRequest& req) {
   speculation::DraftRequest dr;
   dr.pending_token = req.pending_token();
@@ -144,6 +159,7 @@ StatusOr<speculation::DraftRequest> DraftRequestFromProto(const lede::v1::DraftR
   if (req.has_accept_ema()) dr.accept_ema = req.accept_ema();
   if (req.load() < 0) return InvalidArgumentError("load: " + std::to_string(req.load()) + " is negative");
   dr.load = std::max<int32_t>(1, req.load());
+  LEDE_ASSIGN_OR_RETURN(dr.cost, CostFeaturesFromProto(req.cost()));
   dr.context.assign(req.context().begin(), req.context().end());
   dr.round_index = req.round_index();
   dr.record_trace = req.record_trace();
@@ -168,6 +184,11 @@ void AddDecisionRecord(const speculation::Decision& dec, lede::v1::DraftResponse
   r->set_lookup_match(dec.state.lookup_match);
   r->set_trigram_seen(dec.state.trigram_seen);
   r->set_load(dec.state.load);
+  if (!(dec.state.cost == speculation::CostFeatures{})) {
+    r->mutable_cost()->set_probe(dec.state.cost.probe);
+    r->mutable_cost()->set_layer(dec.state.cost.layer);
+    r->mutable_cost()->set_verify(dec.state.cost.verify);
+  }
   r->set_action(dec.action == speculation::Action::kExit ? lede::v1::EXIT_ACTION_EXIT : lede::v1::EXIT_ACTION_CONTINUE);
   r->set_draft_index(dec.draft_index);
   r->set_wasted_probe(dec.wasted_probe);

@@ -318,12 +318,15 @@ void ToProto(const Transition& t, lede::v1::Transition* out) {
 
 StatusOr<Transition> FromProto(const lede::v1::Transition& r) {
   Transition t;
-  // Shards logged before the load feature (lede-features-v3) hold one
-  // feature fewer; the load they lack reads as 1 (its feature, 0).
-  constexpr int kLoadBlindDim = speculation::kExitFeatureDim - 1;
-  if (r.state_size() != speculation::kExitFeatureDim && r.state_size() != kLoadBlindDim) {
+  // Shards logged before the load feature (lede-features-v3, 13 features)
+  // or before the cost profile (v4, 14) hold a prefix of today's; what they
+  // lack reads as 0 (load 1, costs unknown).
+  constexpr int kLoadBlindDim = 13, kCostBlindDim = 14;
+  if (r.state_size() != speculation::kExitFeatureDim && r.state_size() != kLoadBlindDim &&
+      r.state_size() != kCostBlindDim) {
     return InvalidArgumentError("state has " + std::to_string(r.state_size()) +
                                 " features, expected " + std::to_string(speculation::kExitFeatureDim) + " (or " +
+                                std::to_string(kCostBlindDim) + " of lede-features-v4, " +
                                 std::to_string(kLoadBlindDim) + " of lede-features-v3)");
   }
   std::copy(r.state().begin(), r.state().end(), t.state.begin());

@@ -186,10 +186,11 @@ ShardReport DecodeFrames(std::string_view bytes, const std::string& name, std::s
 void ToProto(const Transition& transition, lede::v1::Transition* out);
 
 // Converts a wire record back. An empty next_state reads as zeros.
-// A record of lede-features-v3 (kExitFeatureDim - 1 features, logged
-// before the load feature) reads with the load feature 0 (load 1).
+// A record of lede-features-v3 or v4 (13 or 14 features, logged
+// before the load feature or the cost profile) reads with what it lacks
+// 0 (load 1, costs unknown).
 // Errors: kInvalidArgument if state has neither kExitFeatureDim nor
-// kExitFeatureDim - 1 entries, next_state has neither 0 nor as many as
+// 13 or 14 entries, next_state has neither 0 nor as many as
 // state, or phase or action is not a known value (PHASE_UNSPECIFIED
 // included).
 StatusOr<Transition> FromProto(const lede::v1::Transition& record);

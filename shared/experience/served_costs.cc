@@ -4,6 +4,8 @@
 #include <cmath>
 #include <iterator>
 
+#include "shared/speculation/cost_features.h"
+
 namespace lede::experience {
 
 double Median(std::vector<double> xs) {
@@ -144,6 +146,38 @@ bool CanPrice(const lede::v1::CostProfile& profile) {
   const bool step = (profile.verify_samples_size() > 0 && profile.verify_samples(0) > 0 && profile.verify_s(0) > 0) ||
                     profile.verify_intercept_s() > 0;
   return step && HasAny(profile.draft_step_samples());
+}
+
+speculation::CostFeatures ServedCostFeatures(const lede::v1::CostProfile& p, const speculation::CostFeatures& prior) {
+  auto known = [](double x) { return std::isfinite(x) && x > 0; };
+  double unit = 0;
+  if (p.verify_s_size() > 0 && known(p.verify_s(0))) {
+    unit = p.verify_s(0);
+  } else if (known(p.verify_intercept_s())) {
+    unit = p.verify_intercept_s();
+  }
+  if (unit <= 0) return prior;
+  speculation::CostTables t;
+  t.probe = prior.probe;
+  int n_draft = 0, n_verify = 0;
+  for (int l = 0; l < p.draft_step_s_size(); ++l) {
+    const double x = p.draft_step_s(l);
+    t.draft.push_back(known(x) ? x / unit : 0.0);
+    if (known(x) && l >= 1 && l + 1 < p.draft_step_s_size()) ++n_draft;  // exit layers [1, L)
+  }
+  for (double x : p.verify_s()) {
+    t.verify.push_back(known(x) ? x / unit : 0.0);
+    if (known(x)) ++n_verify;
+  }
+  speculation::CostFeatures f = speculation::CostFeaturesOfTables(t);
+  if (n_draft == 0) f.layer = prior.layer;
+  const bool fitted = p.verify_slope_s() != 0 && std::isfinite(p.verify_slope_s());
+  if (fitted) {
+    f.verify = static_cast<float>(std::max(0.0, p.verify_slope_s() / unit));
+  } else if (n_verify < 2) {
+    f.verify = prior.verify;
+  }
+  return f;
 }
 
 }  // namespace lede::experience

@@ -40,6 +40,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/lede/v1/experience.pb.h"
+#include "shared/speculation/exit_controller.h"
 #include "shared/status/status.h"
 
 namespace lede::experience {
@@ -118,6 +119,20 @@ class ServedCostMeter {
 // and window of the verifier when it has any entry, else the drafter's;
 // the later time. Either may be empty.
 lede::v1::CostProfile MergeCostProfiles(const lede::v1::CostProfile& drafter, const lede::v1::CostProfile& verifier);
+
+// The cost features a cost-conditioned policy sees (speculation::
+// CostFeatures, docs/training.md "What the policy sees of the hardware")
+// from a deployment's measured profile, in units of its autoregressive step
+// (verify_s[0], else the line's intercept): speculation::
+// CostFeaturesOfTables over draft_step_s / unit and verify_s / unit, with
+// the verify feature the fitted line's slope / unit when fitted. What the
+// profile has not measured comes from `prior` (the features of the model
+// service's own cost model, ModelInfo): the probe always (a served draft's
+// time holds its probes), the layer feature until an exit layer was timed,
+// the verify feature until two draft lengths were. No step measured at
+// all: `prior`.
+speculation::CostFeatures ServedCostFeatures(const lede::v1::CostProfile& profile,
+                                             const speculation::CostFeatures& prior);
 
 // Whether a profile holds enough to price rounds: an autoregressive step
 // (verify_s[0], or the fitted line's intercept) and at least one draft

@@ -445,6 +445,8 @@ StatusOr<GenerationResult> Engine::Generate(const std::vector<int32_t>& prompt,
   loop.stop_at_eos = o.stop_at_eos;
   loop.record_traces = o.record_traces;
   loop.trace_window = o.decision_spec.trace_window;
+  const speculation::CostFeatures cost = o.cost_features;
+  loop.current_cost = [cost] { return cost; };
   speculation::TokenSink sink;
   if (on_tokens) {
     sink = [&](const std::vector<int32_t>& tokens) {

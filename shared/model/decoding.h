@@ -139,6 +139,11 @@ struct GenerateOptions {
   speculation::ExitController* controller = nullptr;
   speculation::DecisionSpec decision_spec;
   bool record_traces = false;  // fill GenerationResult::traces (experience)
+  // kAdaptive only: the cost profile the controller sees
+  // (speculation::ExitState::cost): the features of the cost model the run
+  // is priced by (shared/model/cost/cost_profiles.h CostFeaturesOf). All 0:
+  // unknown (a cost-blind policy ignores them).
+  speculation::CostFeatures cost_features;
   // Example: {.max_new_tokens = 64, .mode = SpeculationMode::kStatic,
   //           .exit_layer = 3, .draft_len = 4}
 };

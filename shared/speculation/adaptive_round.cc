@@ -125,6 +125,7 @@ class AdaptiveRound {
     st.trace_nll = static_cast<float>(request_.trace_nll);
     st.accept_ema = static_cast<float>(request_.accept_ema);
     st.load = request_.load;
+    st.cost = request_.cost;
     st.draft_conf = draft_conf_;
     return st;
   }

@@ -48,6 +48,30 @@ struct ExitSignals {
   int32_t top1 = 0;     // argmax_v p(v) (lowest id on ties)
 };
 
+// What a speculation round costs on the hardware that runs it, in units of
+// one autoregressive (full-depth) step: the cost profile a cost-conditioned
+// policy sees (docs/training.md "What the policy sees of the hardware").
+// Three numbers summarize a cost model (shared/model/cost/cost_features.h
+// CostFeaturesOf): what a wasted probe costs, what drafting one token
+// through all L layers costs (drafting at exit layer l costs about
+// probe + layer * l / L), and what each more verified position adds to a
+// verification. The accelerator model of a large model has verify = 0 and
+// layer = 1 (a verification of K + 1 positions costs one step); a CPU at
+// 8-bit weights verifies each more position at 0.2-0.5 of a step, which is
+// why the best static draft length there is 1 or 2. All 0 = unknown (a
+// policy of an older feature spec, or a caller that knows no costs).
+struct CostFeatures {
+  float probe = 0;   // CostModel::ControlledProbe(): an exit head and its signals
+  float layer = 0;   // L x the cost of one more block in a draft step
+  float verify = 0;  // the cost of one more verified position
+  bool operator==(const CostFeatures& o) const { return probe == o.probe && layer == o.layer && verify == o.verify; }
+  bool operator<(const CostFeatures& o) const {
+    if (probe != o.probe) return probe < o.probe;
+    if (layer != o.layer) return layer < o.layer;
+    return verify < o.verify;
+  }
+};
+
 // The state at one decision point (docs/design.md §2 "State at candidate layer l").
 struct ExitState {
   Phase phase = Phase::kExitLayer;
@@ -85,6 +109,10 @@ struct ExitState {
   // so a policy that sees it can draft less, or not at all, under load
   // (docs/design.md §2).
   int32_t load = 1;
+  // The deployment's cost profile (CostFeatures above), as the caller
+  // knows it: the model service's measured step costs when served, the
+  // cost model of the run in-process.
+  CostFeatures cost;
 
   static constexpr float kAcceptEmaPrior = 0.5f;
 };
@@ -141,10 +169,16 @@ inline float UpdateAcceptEma(float ema, int32_t n_drafted, int32_t n_accepted) {
 // Number of features of ExitFeatures(), and the name of this feature spec
 // (policy artifacts record it; one of a spec other than this and v3 is
 // refused).
-// lede-features-v4 is v3 with the load appended (policy artifacts of v3
-// are read as v4 with a zero weight on it, policy/dqn/artifact.h).
-inline constexpr int kExitFeatureDim = 14;
-inline constexpr char kExitFeatureSpec[] = "lede-features-v4";
+// lede-features-v4 is v3 with the load appended, v5 is v4 with the cost
+// profile appended (policy artifacts of v3 and v4 are read as v5 with a
+// zero weight on what they lack, policy/dqn/artifact.h).
+inline constexpr int kExitFeatureDim = 17;
+inline constexpr char kExitFeatureSpec[] = "lede-features-v5";
+// Where ExitFeatures puts the bias, the load and the first of the three
+// cost features (the deployment's features follow the request's).
+inline constexpr int kBiasFeature = 12;
+inline constexpr int kLoadFeature = 13;
+inline constexpr int kCostFeature = 14;
 
 // log2(load) / kLoadFeatureLog2Max, capped at 1: the load feature (0 for one
 // session, 1 for 256 or more: the batch sizes of GPU serving).
@@ -157,7 +191,8 @@ inline float LoadFeature(int32_t load) {
 // The network's input, each roughly in [0, 1] or O(1):
 //   [phase == 2, l / L, draft_pos / max_draft_len, top1_prob, top_k_nll / 4,
 //    entropy / 4, trace_nll / 4, min(margin, 16) / 8, draft_conf, accept_ema,
-//    lookup_match, trigram_seen, 1 (bias feature), LoadFeature(load)]
+//    lookup_match, trigram_seen, 1 (bias feature), LoadFeature(load),
+//    min(cost.probe, 2), min(cost.layer, 4) / 2, min(cost.verify, 2)]
 // (round start is the only state with l / L == 0)
 inline void ExitFeatures(const ExitState& s, float out[kExitFeatureDim]) {
   out[0] = s.phase == Phase::kDraftLength ? 1.0f : 0.0f;
@@ -172,8 +207,11 @@ inline void ExitFeatures(const ExitState& s, float out[kExitFeatureDim]) {
   out[9] = s.accept_ema;
   out[10] = s.lookup_match;
   out[11] = s.trigram_seen;
-  out[12] = 1.0f;
-  out[13] = LoadFeature(s.load);
+  out[kBiasFeature] = 1.0f;
+  out[kLoadFeature] = LoadFeature(s.load);
+  out[kCostFeature] = s.cost.probe < 2.0f ? s.cost.probe : 2.0f;
+  out[kCostFeature + 1] = (s.cost.layer < 4.0f ? s.cost.layer : 4.0f) / 2.0f;
+  out[kCostFeature + 2] = s.cost.verify < 2.0f ? s.cost.verify : 2.0f;
 }
 
 // The state of a probe decision (phase 1 or 2) from its exit signals; the

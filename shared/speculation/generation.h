@@ -90,6 +90,9 @@ struct DraftRequest {
   // Sessions decoding at once, this one included (ExitState::load),
   // >= 1: LoopOptions::current_load when the round starts.
   int32_t load = 1;
+  // The deployment's cost profile (ExitState::cost): LoopOptions::
+  // current_cost when the round starts; all 0 when unknown.
+  CostFeatures cost;
   bool record_trace = false;  // fill Draft::trace (experience)
   // The last kNgramWindow committed tokens (prompt + emitted), ending
   // with pending_token: what the context n-gram signals of the round's
@@ -205,6 +208,12 @@ struct LoopOptions {
   // called once per round from the generation's thread; null, or a value
   // below 1, is 1. The coordinator gives its requests in flight.
   std::function<int32_t()> current_load;
+  // The cost profile each round reports to the exit policy
+  // (DraftRequest::cost): called once per drafting round from the
+  // generation's thread; null is all 0 (unknown). The coordinator gives the
+  // model services' measured costs, an in-process run the cost model it is
+  // priced by.
+  std::function<CostFeatures()> current_cost;
   // The most load at which a round still speculates: a round that starts at
   // a load above it (current_load, as above) runs as an autoregressive step,
   // the load asked once for that round all the same (vLLM's

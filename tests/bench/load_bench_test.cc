@@ -42,7 +42,7 @@ std::string SaveStaticLikePolicy(const std::filesystem::path& dir, const std::st
   policy::dqn::QNetworkWeights w;
   w.hidden = 1;
   w.fc1_weight.assign(speculation::kExitFeatureDim, 0.0f);
-  if (load_aware) w.fc1_weight[speculation::kExitFeatureDim - 1] = 1.0f;  // LoadFeature(load), the last feature
+  if (load_aware) w.fc1_weight[speculation::kLoadFeature] = 1.0f;  // LoadFeature(load)
   w.fc1_bias = {0.0f};
   w.fc2_weight = {1.0f};
   w.fc2_bias = {0.0f};

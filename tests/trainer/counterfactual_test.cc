@@ -19,6 +19,7 @@
 #include "policy/dqn/artifact.h"
 #include "policy/dqn/dqn_exit_controller.h"
 #include "shared/model/cost/cost_model.h"
+#include "shared/model/cost/cost_profiles.h"
 #include "shared/model/decoding.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
@@ -432,6 +433,67 @@ TEST_F(CounterfactualTest, DinkelbachWithLoadsLearnsNotToSpeculateWhereItLoses) 
   o.loads = {4};
   o.cost_at_load = nullptr;
   EXPECT_THAT(TrainDinkelbach(train, selection, *cost, o), StatusIs(StatusCode::kInvalidArgument, HasSubstr("loads")));
+}
+
+// With cost profiles, every trace is replayed under each profile with its
+// features in the state, priced by its cost model, a rho per profile: one
+// policy learns to speculate where verification is free and to decode
+// autoregressively where each verified position costs more than a step
+// (where no static setting beats autoregressive decoding, pi_0 does not
+// speculate). Repeated features and profiles with loads are refused.
+TEST_F(CounterfactualTest, DinkelbachWithCostProfilesLearnsWhereSpeculationPays) {
+  const std::vector<ShadowTrace> traces = Traces();
+  const std::vector<ShadowTrace> train(traces.begin(), traces.begin() + 2), selection(traces.begin() + 2, traces.end());
+  auto cost = model::cost::MakeAcceleratorCostModel(model_->config());
+  const int64_t L = model_->config().n_layers;
+  DinkelbachOptions o = SmallDinkelbachOptions();
+  o.max_iterations = 2;
+  o.conservative_margin = 0.2;
+  o.dqn.epochs = 12;
+  for (const speculation::CostFeatures& f : {speculation::CostFeatures{0.05f, 1.0f, 0.0f},
+                                             speculation::CostFeatures{0.05f, 1.0f, 1.5f}}) {
+    auto made = model::cost::MakeProfileCostModel(f, L);
+    ASSERT_THAT(made, IsOk());
+    o.cost_profiles.push_back({f.verify == 0 ? "free" : "dear", std::shared_ptr<const model::cost::CostModel>(std::move(*made)),
+                               f});
+  }
+  auto result = TrainDinkelbach(train, selection, *cost, o);
+  ASSERT_THAT(result, IsOk());
+  EXPECT_THAT(result->initial_policy, HasSubstr("per cost profile:"));
+  EXPECT_THAT(result->initial_policy, HasSubstr("dear autoregressive"));
+  ASSERT_EQ(result->load_best_static.size(), 2u);
+  EXPECT_THAT(result->load_best_static[0], HasSubstr("free: "));
+  const DinkelbachIteration& first = result->iterations.front();
+  ASSERT_EQ(first.load_rho.size(), 2u);
+  EXPECT_GT(first.load_rho[0], 1.0);        // static pays where verifying is free
+  EXPECT_DOUBLE_EQ(first.load_rho[1], 1.0);  // autoregressive where it is dear
+  // The selected policy, replayed under each profile with its features.
+  auto network = std::make_shared<const policy::dqn::QNetwork>(result->dqn.network);
+  const ControllerMaker greedy = [network](int64_t) -> std::unique_ptr<speculation::ExitController> {
+    return std::make_unique<policy::dqn::DqnExitController>(network, "selected");
+  };
+  std::vector<double> speedups;
+  for (const DinkelbachOptions::CostProfile& p : o.cost_profiles) {
+    std::vector<ShadowTrace> under = train;
+    for (ShadowTrace& t : under) t.cost = p.features;
+    auto s = SimulatedSpeedup(under, o.spec, greedy, *p.cost);
+    ASSERT_THAT(s, IsOk());
+    speedups.push_back(*s);
+  }
+  EXPECT_GT(speedups[0], 1.2);
+  EXPECT_GT(speedups[1], 0.99);
+  // Bad profile sets are refused naming the field.
+  DinkelbachOptions same = o;
+  same.cost_profiles[1].features = same.cost_profiles[0].features;
+  EXPECT_THAT(TrainDinkelbach(train, selection, *cost, same),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("cost_profiles")));
+  DinkelbachOptions both = o;
+  both.loads = {1, 2};
+  both.cost_at_load = [](int32_t) -> StatusOr<std::unique_ptr<model::cost::CostModel>> {
+    return InvalidArgumentError("unused");
+  };
+  EXPECT_THAT(TrainDinkelbach(train, selection, *cost, both),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("cost_profiles")));
 }
 
 // A warm start (a load-blind Q-network) is pi_0 at each load

@@ -190,23 +190,28 @@ TEST(DqnTest, LearnsSyntheticMdp) {
 TEST(DqnTest, TrainingStartsLoadBlind) {
   std::vector<Transition> ts = SyntheticMdp(2000, 11);
   for (Transition& t : ts) {
-    t.state[kIn - 2] = 1.0f;  // the bias feature
-    t.state[kIn - 1] = 0.0f;  // load 1
+    t.state[speculation::kBiasFeature] = 1.0f;
+    t.state[speculation::kLoadFeature] = 0.0f;  // load 1
+    for (int c = speculation::kCostFeature; c < kIn; ++c) t.state[c] = 0.0f;  // costs unknown
   }
   auto r = TrainDqn(ts, FastOptions());
   ASSERT_THAT(r, IsOk());
   const QNetworkWeights& w = r->network.weights();
-  for (int32_t h = 0; h < w.hidden; ++h) EXPECT_EQ(w.fc1_weight[h * kIn + kIn - 1], 0.0f) << "unit " << h;
+  for (int32_t h = 0; h < w.hidden; ++h) {
+    for (int c = speculation::kLoadFeature; c < kIn; ++c) EXPECT_EQ(w.fc1_weight[h * kIn + c], 0.0f) << "unit " << h;
+  }
   std::mt19937_64 rng(5);
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
   for (int i = 0; i < 100; ++i) {
     std::array<float, kIn> f;
-    for (int k = 0; k < kIn - 2; ++k) f[k] = u(rng);
-    f[kIn - 2] = 1.0f;
+    for (int k = 0; k < speculation::kBiasFeature; ++k) f[k] = u(rng);
+    f[speculation::kBiasFeature] = 1.0f;
+    for (int c = speculation::kCostFeature; c < kIn; ++c) f[c] = 0.0f;
     float alone[policy::dqn::kNumActions], busy[policy::dqn::kNumActions];
-    f[kIn - 1] = 0.0f;
+    f[speculation::kLoadFeature] = 0.0f;
     r->network.Forward(f.data(), alone);
-    f[kIn - 1] = speculation::LoadFeature(64);
+    f[speculation::kLoadFeature] = speculation::LoadFeature(64);
+    f[speculation::kCostFeature + 2] = 0.4f;  // nor on the cost profile
     r->network.Forward(f.data(), busy);
     for (int a = 0; a < policy::dqn::kNumActions; ++a) EXPECT_EQ(alone[a], busy[a]);
   }

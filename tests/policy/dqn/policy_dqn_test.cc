@@ -348,43 +348,52 @@ TEST_F(ArtifactTest, WrongFeatureSpecIsInvalidArgument) {
   EXPECT_THAT(LoadArtifact(Dir("v4")), StatusIs(StatusCode::kInvalidArgument));
 }
 
-// A policy of lede-features-v3 (trained before the load feature) is read
-// with a zero weight on the load: its Q-values are what they were, at any
-// load. Another spec is refused, naming it and the spec this build computes.
-TEST_F(ArtifactTest, LoadBlindSpecReadsWithAZeroLoadWeight) {
-  const Artifact a = MakeArtifact("v3");
-  ASSERT_THAT(SaveArtifact(Dir("v3"), a), IsOk());
-  const QNetworkWeights& w = a.network.weights();
-  std::map<std::string, at::Tensor> tensors = Tensors(w);
-  tensors["fc1.weight"] = tensors["fc1.weight"].slice(/*dim=*/1, 0, kIn - 1).contiguous();
-  ReplaceWeights(Dir("v3"), tensors);
-  EditJson(Dir("v3"), [](Json& j) {
-    j["features"]["spec"] = "lede-features-v3";
-    j["features"]["dim"] = kIn - 1;
-    j["features"]["names"].erase(kIn - 1);
-  });
-  auto loaded = LoadArtifact(Dir("v3"));
-  ASSERT_THAT(loaded, IsOk());
-  const QNetworkWeights& got = loaded->network.weights();
-  ASSERT_EQ(got.fc1_weight.size(), w.fc1_weight.size());
-  for (int32_t r = 0; r < w.hidden; ++r) {
-    for (int c = 0; c < kIn - 1; ++c) EXPECT_EQ(got.fc1_weight[r * kIn + c], w.fc1_weight[r * kIn + c]);
-    EXPECT_EQ(got.fc1_weight[r * kIn + kIn - 1], 0.0f) << "row " << r;
+// A policy of lede-features-v3 (trained before the load feature) or v4
+// (before the cost profile) is read with a zero weight on what it lacks:
+// its Q-values are what they were, at any load and cost profile. Another
+// spec is refused, naming it and the spec this build computes.
+TEST_F(ArtifactTest, OlderSpecsReadWithZeroWeightsOnWhatTheyLack) {
+  for (const auto& [spec, dim] : std::vector<std::pair<std::string, int>>{{"lede-features-v3", 13},
+                                                                            {"lede-features-v4", 14}}) {
+    SCOPED_TRACE(spec);
+    const std::string dir = Dir(spec);
+    const Artifact a = MakeArtifact("v3");
+    ASSERT_THAT(SaveArtifact(dir, a), IsOk());
+    const QNetworkWeights& w = a.network.weights();
+    std::map<std::string, at::Tensor> tensors = Tensors(w);
+    tensors["fc1.weight"] = tensors["fc1.weight"].slice(/*dim=*/1, 0, dim).contiguous();
+    ReplaceWeights(dir, tensors);
+    EditJson(dir, [spec = spec, dim = dim](Json& j) {
+      j["features"]["spec"] = spec;
+      j["features"]["dim"] = dim;
+      Json names = Json::array();
+      for (int c = 0; c < dim; ++c) names.push_back(j["features"]["names"][c]);
+      j["features"]["names"] = names;
+    });
+    auto loaded = LoadArtifact(dir);
+    ASSERT_THAT(loaded, IsOk());
+    const QNetworkWeights& got = loaded->network.weights();
+    ASSERT_EQ(got.fc1_weight.size(), w.fc1_weight.size());
+    for (int32_t r = 0; r < w.hidden; ++r) {
+      for (int c = 0; c < dim; ++c) EXPECT_EQ(got.fc1_weight[r * kIn + c], w.fc1_weight[r * kIn + c]);
+      for (int c = dim; c < kIn; ++c) EXPECT_EQ(got.fc1_weight[r * kIn + c], 0.0f) << "row " << r << " col " << c;
+    }
+    speculation::ExitState s;
+    s.phase = speculation::Phase::kDraftLength;
+    s.layer = 2;
+    s.n_layers = 12;
+    s.top1_prob = 0.7f;
+    float f_old[kIn], f_new[kIn], q_old[kNumActions], q_new[kNumActions];
+    s.load = 1;
+    speculation::ExitFeatures(s, f_old);
+    s.cost = {0.2f, 1.1f, 0.4f};
+    if (dim == 13) s.load = 64;  // v3 lacks the load too
+    speculation::ExitFeatures(s, f_new);
+    ASSERT_NE(f_old[kIn - 1], f_new[kIn - 1]);
+    loaded->network.Forward(f_old, q_old);
+    loaded->network.Forward(f_new, q_new);
+    for (int k = 0; k < kNumActions; ++k) EXPECT_EQ(q_old[k], q_new[k]);
   }
-  speculation::ExitState s;
-  s.phase = speculation::Phase::kDraftLength;
-  s.layer = 2;
-  s.n_layers = 12;
-  s.top1_prob = 0.7f;
-  float f1[kIn], f64[kIn], q1[kNumActions], q64[kNumActions];
-  s.load = 1;
-  speculation::ExitFeatures(s, f1);
-  s.load = 64;
-  speculation::ExitFeatures(s, f64);
-  ASSERT_NE(f1[kIn - 1], f64[kIn - 1]);
-  loaded->network.Forward(f1, q1);
-  loaded->network.Forward(f64, q64);
-  for (int k = 0; k < kNumActions; ++k) EXPECT_EQ(q1[k], q64[k]);
 
   ASSERT_THAT(SaveArtifact(Dir("v9"), MakeArtifact("v9")), IsOk());
   EditJson(Dir("v9"), [](Json& j) { j["features"]["spec"] = "lede-features-v9"; });

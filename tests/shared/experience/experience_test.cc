@@ -474,21 +474,28 @@ TEST(ShardRecordTest, FromProtoInvertsToProto) {
   }
 }
 
-// A record logged before the load feature (lede-features-v3: one feature
-// fewer) reads with the load feature 0 (load 1), the rest as written; a
-// next_state of another width than its state is refused.
+// A record logged before the load feature (lede-features-v3, 13
+// features) or before the cost profile (v4, 14) reads with what it lacks
+// 0 (load 1, costs unknown), the rest as written; a next_state of another
+// width than its state is refused.
 TEST(ShardRecordTest, FromProtoReadsLoadBlindRecordsAsLoadOne) {
-  Transition want = MakeTransition(6);  // not done
-  want.state[speculation::kExitFeatureDim - 1] = 0.0f;
-  want.next_state[speculation::kExitFeatureDim - 1] = 0.0f;
+  for (int dim : {13, 14}) {
+    SCOPED_TRACE(dim);
+    Transition want = MakeTransition(6);  // not done
+    for (int c = dim; c < speculation::kExitFeatureDim; ++c) want.state[c] = want.next_state[c] = 0.0f;
+    lede::v1::Transition r;
+    ToProto(want, &r);
+    while (r.state_size() > dim) r.mutable_state()->RemoveLast();
+    while (r.next_state_size() > dim) r.mutable_next_state()->RemoveLast();
+    StatusOr<Transition> t = FromProto(r);
+    ASSERT_THAT(t, IsOk());
+    ExpectSameTransition(*t, want);
+  }
+  Transition want = MakeTransition(6);
   lede::v1::Transition r;
   ToProto(want, &r);
-  r.mutable_state()->RemoveLast();
-  r.mutable_next_state()->RemoveLast();
-  StatusOr<Transition> t = FromProto(r);
-  ASSERT_THAT(t, IsOk());
-  ExpectSameTransition(*t, want);
-  r.mutable_next_state()->RemoveLast();
+  while (r.state_size() > 14) r.mutable_state()->RemoveLast();
+  while (r.next_state_size() > 13) r.mutable_next_state()->RemoveLast();
   EXPECT_THAT(FromProto(r), StatusIs(StatusCode::kInvalidArgument, HasSubstr("next_state")));
 }
 

@@ -168,5 +168,37 @@ TEST(ServedCostsTest, MergeTakesEachProcessPart) {
   EXPECT_TRUE(CanPrice(p));
 }
 
+// The features a policy sees from a deployment's profile: in units of its
+// autoregressive step, the verify feature from the fitted line's slope, the
+// layer feature through the one measured exit layer with the prior's probe.
+TEST(ServedCostsTest, ServedCostFeaturesAreInUnitsOfTheAutoregressiveStep) {
+  ServedCostMeter drafter = MakeMeter();
+  ServedCostMeter verifier = MakeMeter();
+  drafter.RecordDraft(1, 1, 0.003);
+  verifier.RecordVerify(0, 0.010);
+  verifier.RecordVerify(2, 0.014);
+  const lede::v1::CostProfile p = MergeCostProfiles(drafter.Snapshot(), verifier.Snapshot());
+  const speculation::CostFeatures prior{0.1f, 1.0f, 0.0f};
+  const speculation::CostFeatures f = ServedCostFeatures(p, prior);
+  EXPECT_FLOAT_EQ(f.probe, 0.1f);                   // a served draft's time holds its probes: the prior's
+  EXPECT_NEAR(f.layer, 4 * (0.3 - 0.1) / 1, 1e-5);  // L = 4, one exit layer: L (d(1) - probe) / 1
+  EXPECT_NEAR(f.verify, 0.002 / 0.010, 1e-5);       // slope 2 ms per draft over a 10 ms step
+}
+
+// What a profile has not measured comes from the prior; nothing measured
+// at all (no autoregressive step to be the unit) is the prior.
+TEST(ServedCostsTest, ServedCostFeaturesFallBackOnThePrior) {
+  const speculation::CostFeatures prior{0.25f, 1.5f, 0.4f};
+  lede::v1::CostProfile empty;
+  const speculation::CostFeatures none = ServedCostFeatures(empty, prior);
+  EXPECT_TRUE(none == prior);
+  ServedCostMeter verifier = MakeMeter();
+  verifier.RecordVerify(0, 0.010);  // the unit, but no draft and one draft length
+  const speculation::CostFeatures some = ServedCostFeatures(verifier.Snapshot(), prior);
+  EXPECT_FLOAT_EQ(some.probe, 0.25f);
+  EXPECT_FLOAT_EQ(some.layer, 1.5f);
+  EXPECT_FLOAT_EQ(some.verify, 0.4f);
+}
+
 }  // namespace
 }  // namespace lede::experience

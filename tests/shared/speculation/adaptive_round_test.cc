@@ -323,7 +323,7 @@ TEST(AdaptiveRoundTest, EveryStateCarriesTheLoad) {
   for (const ExitState& st : c.states) EXPECT_EQ(st.load, 16);
   float f[kExitFeatureDim];
   ExitFeatures(c.states[0], f);
-  EXPECT_FLOAT_EQ(f[kExitFeatureDim - 1], 0.5f);
+  EXPECT_FLOAT_EQ(f[kLoadFeature], 0.5f);
   EXPECT_FLOAT_EQ(LoadFeature(1), 0.0f);
   EXPECT_FLOAT_EQ(LoadFeature(0), 0.0f);
   EXPECT_FLOAT_EQ(LoadFeature(2), 1.0f / 8.0f);

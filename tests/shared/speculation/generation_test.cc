@@ -363,6 +363,30 @@ TEST(RunGenerationTest, DraftRequestsCarryTheCurrentLoad) {
   EXPECT_EQ(alone.draft_requests[0].load, 1);
 }
 
+// The cost profile each drafting round reports (LoopOptions::current_cost,
+// asked once per round) reaches the drafter; without it the profile is all
+// 0 (unknown).
+TEST(RunGenerationTest, DraftRequestsCarryTheCurrentCostProfile) {
+  ScriptedBackend b;
+  b.rounds = {Round::Speculate(2, {11}, 1, {11, 12}), Round::Speculate(2, {13}, 1, {13, 14})};
+  LoopOptions o = Static(5);
+  o.mode = SpeculationMode::kAdaptive;
+  std::vector<CostFeatures> costs = {{0.1f, 1.0f, 0.0f}, {0.3f, 1.2f, 0.45f}};
+  size_t asked = 0;
+  o.current_cost = [&] { return costs.at(asked++); };
+  ASSERT_THAT(RunGeneration(b, kPrompt, o), IsOk());
+  ASSERT_EQ(b.draft_requests.size(), 2u);
+  EXPECT_TRUE(b.draft_requests[0].cost == costs[0]);
+  EXPECT_TRUE(b.draft_requests[1].cost == costs[1]);
+  ScriptedBackend blind;
+  blind.rounds = {Round::Speculate(2, {11}, 1, {11, 12})};
+  o.current_cost = nullptr;
+  o.max_new_tokens = 3;
+  ASSERT_THAT(RunGeneration(blind, kPrompt, o), IsOk());
+  ASSERT_EQ(blind.draft_requests.size(), 1u);
+  EXPECT_TRUE(blind.draft_requests[0].cost == CostFeatures{});
+}
+
 // A round that starts at a load above speculation_max_load is an
 // autoregressive step (no DraftRound, no drafts verified, marked
 // over_max_load); at or below it the round speculates. The load is asked

@@ -1,0 +1,54 @@
+// File: shared/speculation/cost_features.h
+//
+// The cost profile a cost-conditioned exit policy sees (ExitState::cost,
+// exit_controller.h CostFeatures; docs/training.md "What the policy sees of
+// the hardware"), computed from cost tables in units of one autoregressive
+// step. One function for every source of costs, so that a policy trained
+// on a cost model's features sees the same numbers when served:
+//  - a cost model in-process or in training (shared/model/cost/cost_model.h
+//    CostFeaturesOf fills the tables from CostModel's prices);
+//  - a served deployment's measured step costs (shared/experience/
+//    served_costs.h ServedCostFeatures fills them from lede.v1.CostProfile).
+// Torch-free, allocation-free apart from the caller's tables.
+#ifndef LEDE_SHARED_SPECULATION_COST_FEATURES_H_
+#define LEDE_SHARED_SPECULATION_COST_FEATURES_H_
+
+#include <vector>
+
+#include "shared/speculation/exit_controller.h"
+
+namespace lede::speculation {
+
+// Cost tables in units of one autoregressive step; an entry <= 0 (or not
+// finite) is "not known" and left out of the fits.
+struct CostTables {
+  // [L + 1]: one drafted token at exit layer l, l in [1, L) (the draft step
+  // as a controller-driven round pays it: blocks [0, l), the exit head and
+  // its signals); [0] and [L] unused.
+  std::vector<double> draft;
+  // [D + 1]: a verification of k drafts, k in [0, D] ([0] an
+  // autoregressive step, 1 by definition when known).
+  std::vector<double> verify;
+  double probe = 0;  // a probe that drafted nothing (an exit head and its signals)
+};
+
+// CostFeatures of `tables` (L = draft.size() - 1):
+//   probe  = tables.probe (0 when unknown or not finite);
+//   layer  = L x the least-squares slope of draft[l] on l over the known
+//            entries; with one known entry l, L x (draft[l] - probe) / l;
+//            none, 0;
+//   verify = what each more drafted token adds to a round beyond its
+//            draft's blocks and head: the least-squares slope of
+//            verify[k] on k over the known entries (>= 2), plus the
+//            intercept of the draft line (at l = 0) above the probe. A cost
+//            model may book the verification of a drafted position with
+//            the draft (a measured round table does: it times K drafts and
+//            their verification together), so only their sum is its price.
+// Negative parts (noise in measured tables) are clamped to 0. With the
+// accelerator model of a model with L layers and an LM head of h
+// layer-equivalents: probe = h / L, layer = 1, verify = 0.
+CostFeatures CostFeaturesOfTables(const CostTables& tables);
+
+}  // namespace lede::speculation
+
+#endif  // LEDE_SHARED_SPECULATION_COST_FEATURES_H_

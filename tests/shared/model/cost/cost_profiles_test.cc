@@ -1,0 +1,88 @@
+// Tests of shared/model/cost/cost_profiles.h: the cost features a cost model
+// shows a policy, and the cost model of given features.
+#include "shared/model/cost/cost_profiles.h"
+
+#include <cmath>
+#include <limits>
+#include <memory>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "shared/checkpoint/model_config.h"
+#include "tests/testing/status_matchers.h"
+
+namespace lede::model::cost {
+namespace {
+
+using ::lede::testing::IsOk;
+using ::lede::testing::StatusIs;
+using ::testing::HasSubstr;
+
+checkpoint::ModelConfig Config() {
+  checkpoint::ModelConfig c;
+  c.dim = 64;
+  c.hidden_dim = 128;
+  c.n_layers = 8;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.vocab_size = 256;
+  c.max_seq_len = 128;
+  return c;
+}
+
+// The accelerator model: a probe is h / L, a layer of a draft 1 / L of a
+// step, verification free: features (h / L, 1, 0).
+TEST(CostProfilesTest, AcceleratorFeatures) {
+  const checkpoint::ModelConfig c = Config();
+  auto cost = MakeAcceleratorCostModel(c);
+  const speculation::CostFeatures f = CostFeaturesOf(*cost, c.n_layers, 6);
+  EXPECT_NEAR(f.probe, HeadLayerEquivalents(c) / c.n_layers, 1e-5);
+  EXPECT_NEAR(f.layer, 1.0, 1e-5);
+  EXPECT_NEAR(f.verify, 0.0, 1e-6);
+}
+
+// The profile cost model prices as its features say, and shows exactly
+// those features again (the round trip a cost-conditioned policy relies on:
+// it is trained on the features of the model that prices its rewards).
+TEST(CostProfilesTest, ProfileCostModelRoundTrips) {
+  const speculation::CostFeatures f{0.3f, 1.2f, 0.45f};
+  auto made = MakeProfileCostModel(f, 8);
+  ASSERT_THAT(made, IsOk());
+  const CostModel& cost = **made;
+  EXPECT_EQ(cost.name(), "profile");
+  EXPECT_NEAR(cost.DraftToken(4), 0.3 + 1.2 * 4 / 8, 1e-6);
+  EXPECT_NEAR(cost.Verify(4, 3), 1.0 + 0.45 * 3, 1e-6);
+  EXPECT_NEAR(cost.Probe(), 0.3, 1e-6);
+  const speculation::CostFeatures back = CostFeaturesOf(cost, 8, 6);
+  EXPECT_NEAR(back.probe, f.probe, 1e-5);
+  EXPECT_NEAR(back.layer, f.layer, 1e-5);
+  EXPECT_NEAR(back.verify, f.verify, 1e-5);
+  // Three drafts at layer 2 and their verification: 3 (0.3 + 0.3) + 2.35.
+  speculation::RoundRecord r;
+  r.exit_layer = 2;
+  r.n_drafted = 3;
+  EXPECT_NEAR(cost.RoundCost(r), 3 * (0.3 + 1.2 * 2 / 8) + 1.0 + 0.45 * 3, 1e-6);
+}
+
+TEST(CostProfilesTest, BadProfilesAreRefusedNamingTheFeature) {
+  EXPECT_THAT(MakeProfileCostModel({-0.1f, 1, 0}, 8), StatusIs(StatusCode::kInvalidArgument, HasSubstr("probe")));
+  EXPECT_THAT(MakeProfileCostModel({0, std::numeric_limits<float>::infinity(), 0}, 8),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("layer")));
+  EXPECT_THAT(MakeProfileCostModel({0, 1, std::nanf("")}, 8), StatusIs(StatusCode::kInvalidArgument, HasSubstr("verify")));
+  EXPECT_THAT(MakeProfileCostModel({0, 1, 0}, 1), StatusIs(StatusCode::kInvalidArgument, HasSubstr("n_layers")));
+}
+
+TEST(CostProfilesTest, ParsesProbeLayerVerify) {
+  auto f = ParseCostFeatures("0.2:1:0.45");
+  ASSERT_THAT(f, IsOk());
+  EXPECT_FLOAT_EQ(f->probe, 0.2f);
+  EXPECT_FLOAT_EQ(f->layer, 1.0f);
+  EXPECT_FLOAT_EQ(f->verify, 0.45f);
+  for (const char* bad : {"", "0.2:1", "0.2:1:0.4:9", "a:1:0", "0.2:-1:0", "0.2::0", "0.2:1:0:", "nan:1:0"}) {
+    EXPECT_THAT(ParseCostFeatures(bad), StatusIs(StatusCode::kInvalidArgument, HasSubstr("probe:layer:verify")))
+        << bad;
+  }
+}
+
+}  // namespace
+}  // namespace lede::model::cost
