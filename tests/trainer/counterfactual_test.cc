@@ -482,6 +482,17 @@ TEST_F(CounterfactualTest, DinkelbachWithCostProfilesLearnsWhereSpeculationPays)
   }
   EXPECT_GT(speedups[0], 1.2);
   EXPECT_GT(speedups[1], 0.99);
+  // From the calibrated rule: tuned under each profile's prices, and
+  // autoregressive decoding where even the tuned rule loses.
+  DinkelbachOptions ruled = o;
+  ruled.initial_policy = "calibrated";
+  ruled.max_iterations = 1;
+  auto from_rule = TrainDinkelbach(train, selection, *cost, ruled);
+  ASSERT_THAT(from_rule, IsOk());
+  EXPECT_THAT(from_rule->initial_policy, HasSubstr("free calibrated"));
+  EXPECT_THAT(from_rule->initial_policy, HasSubstr("dear autoregressive"));
+  ASSERT_EQ(from_rule->iterations.front().load_rho.size(), 2u);
+  EXPECT_DOUBLE_EQ(from_rule->iterations.front().load_rho[1], 1.0);
   // Bad profile sets are refused naming the field.
   DinkelbachOptions same = o;
   same.cost_profiles[1].features = same.cost_profiles[0].features;
