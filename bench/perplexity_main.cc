@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,22 +54,142 @@ int64_t Parameters(const lede::checkpoint::ModelConfig& c) {
   return c.n_layers * per_layer + c.vocab_size * c.dim * (c.tie_word_embeddings ? 1 : 2) + c.dim;
 }
 
+// A failure and the exit status it ends the run with (2: the user's input,
+// 1: anything else).
+struct Failure {
+  lede::Status status;
+  int code = 1;
+};
+
+struct Flags {
+  std::string models, data, weights = "f32", json;
+  int64_t window = 0, stride = 0, chunk = 64, max_tokens = 0, threads = 1;
+};
+
+// What the flags name, read and checked before any model loads.
+struct Inputs {
+  std::vector<lede::model::loaders::WeightFormat> formats;
+  std::vector<std::string> models, data;
+  std::vector<std::vector<std::string>> documents;  // per data file
+};
+
+std::optional<Failure> ReadInputs(const Flags& fl, Inputs* in) {
+  using lede::InvalidArgumentError;
+  for (const std::string& w : lede::flags::SplitList(fl.weights)) {
+    auto parsed = lede::model::loaders::ParseWeightFormat(w);
+    if (!parsed.ok()) return Failure{InvalidArgumentError("--" + std::string(parsed.status().message())), 2};
+    in->formats.push_back(*parsed);
+  }
+  if (in->formats.empty()) return Failure{InvalidArgumentError("--weights: empty"), 2};
+  in->models = lede::flags::SplitList(fl.models);
+  in->data = lede::flags::SplitList(fl.data);
+  if (in->models.empty()) return Failure{InvalidArgumentError("--models: empty"), 2};
+  if (in->data.empty()) return Failure{InvalidArgumentError("--data: empty"), 2};
+  for (const std::string& file : in->data) {
+    auto docs = lede::trainer::ReadDocuments(file);
+    if (!docs.ok()) return Failure{InvalidArgumentError("--data: " + std::string(docs.status().message())), 2};
+    if (docs->empty()) return Failure{InvalidArgumentError("--data: " + file + " holds no document"), 2};
+    in->documents.push_back(std::move(*docs));
+  }
+  for (const std::string& model_path : in->models) {
+    if (!std::filesystem::exists(model_path)) {
+      return Failure{InvalidArgumentError("--models: " + model_path + ": no such file or directory"), 2};
+    }
+  }
+  return std::nullopt;
+}
+
+// A bad --window / --stride / --chunk / --max-tokens is the user's flag:
+// named as typed, exit 2; any other scoring error exits 1.
+Failure ScoringFailure(const lede::Status& s) {
+  const std::string msg(s.message());
+  for (const char* field : {"window", "stride", "chunk", "max_tokens"}) {
+    if (msg.rfind(std::string(field) + ":", 0) == 0) {
+      std::string flag = field;
+      if (flag == "max_tokens") flag = "max-tokens";
+      return Failure{lede::InvalidArgumentError("--" + flag + msg.substr(std::string(field).size())), 2};
+    }
+  }
+  return Failure{s, 1};
+}
+
+// One model at one weight format on every data file: a row each, printed
+// and appended to report["rows"].
+std::optional<Failure> ScoreModel(const std::string& model_path, lede::model::loaders::WeightFormat format,
+                                  const Inputs& in, const std::vector<std::vector<int32_t>>& streams,
+                                  const lede::bench::PerplexityOptions& po, nlohmann::json* report) {
+  using namespace lede;
+  model::ModelOptions options;
+  options.weights = format;
+  std::shared_ptr<const model::LlamaModel> m = model::loaders::LoadModelOrExit("lede-perplexity", model_path, options);
+  const auto& c = m->config();
+  const char* weights = model::loaders::WeightFormatName(m->weight_format());
+  for (size_t d = 0; d < in.data.size(); ++d) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = bench::ComputePerplexity(*m, streams[d], po);
+    if (!r.ok()) return ScoringFailure(r.status());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string domain = std::filesystem::path(in.data[d]).stem().stem().string();
+    const double top1 = static_cast<double>(r->top1_correct) / static_cast<double>(r->tokens);
+    (*report)["rows"].push_back({{"model", model_path},
+                                 {"weights", weights},
+                                 {"requested_weights", model::loaders::WeightFormatName(format)},
+                                 {"dim", c.dim},
+                                 {"n_layers", c.n_layers},
+                                 {"context", c.max_seq_len},
+                                 {"parameters", Parameters(c)},
+                                 {"weight_bytes", m->packed_weight_bytes()},
+                                 {"data", domain},
+                                 {"tokens", r->tokens},
+                                 {"windows", r->windows},
+                                 {"positions", r->positions},
+                                 {"nll", r->nll},
+                                 {"perplexity", r->perplexity},
+                                 {"top1_accuracy", top1},
+                                 {"seconds", seconds}});
+    std::printf("%-40s %-7s %-22s %7lld %11.4f %8.4f %7.1f\n", model_path.c_str(), weights, domain.c_str(),
+                static_cast<long long>(r->tokens), r->perplexity, top1, seconds);
+    std::fflush(stdout);
+  }
+  return std::nullopt;
+}
+
+// Every model (its tokenizer's streams of the data) at every format.
+std::optional<Failure> ScoreAll(const Inputs& in, const lede::bench::PerplexityOptions& po, nlohmann::json* report) {
+  using namespace lede;
+  for (const std::string& model_path : in.models) {
+    auto tok_path = tokenizer::FindTokenizerFile(model_path);
+    if (!tok_path.ok()) return Failure{tok_path.status(), 2};
+    auto tok = tokenizer::LoadTokenizer(*tok_path);
+    if (!tok.ok()) return Failure{tok.status(), 2};
+    std::vector<std::vector<int32_t>> streams;
+    for (const auto& docs : in.documents) {
+      auto stream = trainer::EncodeDocuments(**tok, docs);
+      if (!stream.ok()) return Failure{stream.status(), 2};
+      streams.push_back(std::move(*stream));
+    }
+    for (model::loaders::WeightFormat format : in.formats) {
+      if (auto failed = ScoreModel(model_path, format, in, streams, po, report)) return failed;
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace lede;
-  std::string models_flag, data_flag, weights_flag = "f32", json_path;
-  int64_t window = 0, stride = 0, chunk = 64, max_tokens = 0, threads = 1;
+  Flags fl;
   flags::FlagSet f;
-  f.Add("models", &models_flag, "checkpoints (directories or .gguf files), comma-separated", true);
-  f.Add("data", &data_flag, "held-out text files (<|doc|>-separated), comma-separated", true);
-  f.Add("weights", &weights_flag, "weight formats, comma-separated (auto, f32, bf16, q8_0, q4_0, q4_k_m, gguf)");
-  f.Add("window", &window, "positions per window (0: the model's context)");
-  f.Add("stride", &stride, "tokens between window starts (0: window / 2)");
-  f.Add("chunk", &chunk, "rows per forward call within a window");
-  f.Add("max-tokens", &max_tokens, "tokens scored per file (0: all)");
-  f.Add("threads", &threads, "decode threads (0: every CPU the process may use)");
-  f.Add("json", &json_path, "write the JSON report here");
+  f.Add("models", &fl.models, "checkpoints (directories or .gguf files), comma-separated", true);
+  f.Add("data", &fl.data, "held-out text files (<|doc|>-separated), comma-separated", true);
+  f.Add("weights", &fl.weights, "weight formats, comma-separated (auto, f32, bf16, q8_0, q4_0, q4_k_m, gguf)");
+  f.Add("window", &fl.window, "positions per window (0: the model's context)");
+  f.Add("stride", &fl.stride, "tokens between window starts (0: window / 2)");
+  f.Add("chunk", &fl.chunk, "rows per forward call within a window");
+  f.Add("max-tokens", &fl.max_tokens, "tokens scored per file (0: all)");
+  f.Add("threads", &fl.threads, "decode threads (0: every CPU the process may use)");
+  f.Add("json", &fl.json, "write the JSON report here");
   const std::vector<std::string> args(argv + 1, argv + argc);
   if (flags::WantsHelp(args)) {
     std::printf("usage: lede-perplexity --models M[,M2] --data FILE[,FILE2] [flags]\nflags:\n%s", f.Usage().c_str());
@@ -78,104 +199,26 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "lede-perplexity: %s\nflags:\n%s", std::string(s.message()).c_str(), f.Usage().c_str());
     return 2;
   }
-  if (auto t = model::loaders::ApplyThreadsFlag(threads); !t.ok()) return Fail(t.status(), 2);
-  std::vector<model::loaders::WeightFormat> formats;
-  for (const std::string& w : flags::SplitList(weights_flag)) {
-    auto parsed = model::loaders::ParseWeightFormat(w);
-    if (!parsed.ok()) return Fail(InvalidArgumentError("--" + std::string(parsed.status().message())), 2);
-    formats.push_back(*parsed);
-  }
-  if (formats.empty()) return Fail(InvalidArgumentError("--weights: empty"), 2);
-  const std::vector<std::string> models = flags::SplitList(models_flag);
-  const std::vector<std::string> data = flags::SplitList(data_flag);
-  if (models.empty()) return Fail(InvalidArgumentError("--models: empty"), 2);
-  if (data.empty()) return Fail(InvalidArgumentError("--data: empty"), 2);
-  std::vector<std::vector<std::string>> documents;
-  for (const std::string& file : data) {
-    auto docs = trainer::ReadDocuments(file);
-    if (!docs.ok()) return Fail(InvalidArgumentError("--data: " + std::string(docs.status().message())), 2);
-    if (docs->empty()) return Fail(InvalidArgumentError("--data: " + file + " holds no document"), 2);
-    documents.push_back(std::move(*docs));
-  }
-
+  if (auto t = model::loaders::ApplyThreadsFlag(fl.threads); !t.ok()) return Fail(t.status(), 2);
+  Inputs in;
+  if (auto failed = ReadInputs(fl, &in)) return Fail(failed->status, failed->code);
   bench::PerplexityOptions po;
-  po.window = window;
-  po.stride = stride;
-  po.chunk = chunk;
-  po.max_tokens = max_tokens;
-  nlohmann::json report = {{"benchmark", "perplexity"}, {"window", window}, {"stride", stride},
-                           {"threads", threads}, {"rows", nlohmann::json::array()}};
-  for (const std::string& file : data) {
+  po.window = fl.window;
+  po.stride = fl.stride;
+  po.chunk = fl.chunk;
+  po.max_tokens = fl.max_tokens;
+  nlohmann::json report = {{"benchmark", "perplexity"}, {"window", fl.window}, {"stride", fl.stride},
+                           {"threads", fl.threads}, {"rows", nlohmann::json::array()}};
+  for (const std::string& file : in.data) {
     report["data"][std::filesystem::path(file).stem().stem().string()] = file;
   }
   std::printf("%-40s %-7s %-22s %7s %11s %8s %7s\n", "model", "weights", "data", "tokens", "perplexity", "top-1",
               "s");
-  for (const std::string& model_path : models) {
-    if (!std::filesystem::exists(model_path)) {
-      return Fail(InvalidArgumentError("--models: " + model_path + ": no such file or directory"), 2);
-    }
-  }
-  for (const std::string& model_path : models) {
-    auto tok_path = tokenizer::FindTokenizerFile(model_path);
-    if (!tok_path.ok()) return Fail(tok_path.status(), 2);
-    auto tokenizer = tokenizer::LoadTokenizer(*tok_path);
-    if (!tokenizer.ok()) return Fail(tokenizer.status(), 2);
-    std::vector<std::vector<int32_t>> streams;
-    for (const auto& docs : documents) {
-      auto stream = trainer::EncodeDocuments(**tokenizer, docs);
-      if (!stream.ok()) return Fail(stream.status(), 2);
-      streams.push_back(std::move(*stream));
-    }
-    for (model::loaders::WeightFormat format : formats) {
-      model::ModelOptions options;
-      options.weights = format;
-      std::shared_ptr<const model::LlamaModel> m = model::loaders::LoadModelOrExit("lede-perplexity", model_path, options);
-      const auto& c = m->config();
-      for (size_t d = 0; d < data.size(); ++d) {
-        const auto t0 = std::chrono::steady_clock::now();
-        auto r = bench::ComputePerplexity(*m, streams[d], po);
-        if (!r.ok()) {
-          // A bad --window / --stride / --chunk / --max-tokens is the user's flag: name it as typed.
-          const std::string msg(r.status().message());
-          for (const char* field : {"window", "stride", "chunk", "max_tokens"}) {
-            if (msg.rfind(std::string(field) + ":", 0) == 0) {
-              std::string flag = field;
-              if (flag == "max_tokens") flag = "max-tokens";
-              return Fail(InvalidArgumentError("--" + flag + msg.substr(std::string(field).size())), 2);
-            }
-          }
-          return Fail(r.status(), 1);
-        }
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        const std::string domain = std::filesystem::path(data[d]).stem().stem().string();
-        const double top1 = static_cast<double>(r->top1_correct) / static_cast<double>(r->tokens);
-        report["rows"].push_back({{"model", model_path},
-                                  {"weights", model::loaders::WeightFormatName(m->weight_format())},
-                                  {"requested_weights", model::loaders::WeightFormatName(format)},
-                                  {"dim", c.dim},
-                                  {"n_layers", c.n_layers},
-                                  {"context", c.max_seq_len},
-                                  {"parameters", Parameters(c)},
-                                  {"weight_bytes", m->packed_weight_bytes()},
-                                  {"data", domain},
-                                  {"tokens", r->tokens},
-                                  {"windows", r->windows},
-                                  {"positions", r->positions},
-                                  {"nll", r->nll},
-                                  {"perplexity", r->perplexity},
-                                  {"top1_accuracy", top1},
-                                  {"seconds", seconds}});
-        std::printf("%-40s %-7s %-22s %7lld %11.4f %8.4f %7.1f\n", model_path.c_str(),
-                    model::loaders::WeightFormatName(m->weight_format()), domain.c_str(), static_cast<long long>(r->tokens),
-                    r->perplexity, top1, seconds);
-        std::fflush(stdout);
-      }
-    }
-  }
-  if (!json_path.empty()) {
-    std::ofstream out(json_path);
+  if (auto failed = ScoreAll(in, po, &report)) return Fail(failed->status, failed->code);
+  if (!fl.json.empty()) {
+    std::ofstream out(fl.json);
     out << report.dump(1) << "\n";
-    if (!out) return Fail(InvalidArgumentError("--json: cannot write " + json_path), 1);
+    if (!out) return Fail(InvalidArgumentError("--json: cannot write " + fl.json), 1);
   }
   return 0;
 }

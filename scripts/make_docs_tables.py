@@ -13,7 +13,7 @@ models/lede-tiny/README.md:
 
 The marker names the JSON (a path from the repository root), then an optional
 view and key=value options; `command=yes` also prints the command that
-reproduces the JSON (COMMANDS below). The block holds a line naming that file
+reproduces the JSON (COMMANDS, scripts/docs_table_commands.py). The block holds a line naming that file
 and its provenance (the command, commit, date and machine that bench/record.py
 stored in it), then the table. A table renders only from a JSON that exists
 and was recorded at a commit without local changes (no `-dirty`): anything
@@ -22,7 +22,6 @@ bench/results/README.md.
 """
 import glob
 import json
-import math
 import os
 import re
 import sys
@@ -32,119 +31,16 @@ DOC_GLOBS = ("README.md", "docs/*.md", "models/lede-tiny/README.md")
 MARKER = re.compile(r"<!-- table: (?P<spec>[^>]*?) -->\n(?P<body>.*?)<!-- /table -->", re.S)
 PROVENANCE_KEYS = ("command", "commit", "date", "machine")
 
-MODEL = "models/lede-tiny"
-_POLICIES = ",".join(f"{MODEL}/policy/{p}" for p in ("accelerator-v7", "measured-v9", "story-accelerator-v5",
-                                                     "story-measured-v8"))
-_WIDEN5 = "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/w5t --overwrite"
-
-
-def _bench_set(name):
-    return (f"build/bench/lede-bench bench --model {MODEL} --calibration {MODEL}/calibration-cpu.json "
-            f"--prompts {MODEL}/prompts/{name}.jsonl --candidate-layers 1,2,3,4,5,6 --policy {_POLICIES} "
-            f"--max-draft-len 6 --prompts-per-set 48 --new-tokens 64 --threads 1 --json {{json}}")
-
-
-def _llamacpp_w8(threads):
-    return ("scripts/install_node_llama_cpp.sh\n"
-            "build/services/cli/lede widen --model models/lede-tiny --factor 8 --out out/lede-tiny-w8\n"
-            f"node bench/llamacpp_bench.mjs --model out/lede-tiny-w8 --formats q4_k_m,q4_0,q8_0 --threads {threads} \\\n"
-            "    --tokens 32 --repeats 2 --eval-prompts 2 --static \"\" --policy \"\" --lookup \"\" --prefill-tokens 400 \\\n"
-            f"    --out bench/results/llamacpp-w8-quant-{threads}t.json")
-
-
-# Each result a table uses: what kind of JSON it holds, and the command that writes it.
-COMMANDS = {
-    "bench/results/lede-tiny-bench.json":
-        ("lede-bench bench", "bench/record.py bench/results/lede-tiny-bench.json -- \\\n    "
-         + _bench_set("story") + " -- \\\n    " + _bench_set("code")),
-    "bench/results/lede-tiny-eval-exits.json":
-        ("lede-eval-exits", "bench/record.py bench/results/lede-tiny-eval-exits.json -- build/trainer/lede-eval-exits "
-         f"--model {MODEL} --calibration {MODEL}/calibration-cpu.json "
-         "--data out/corpus/stories.val.txt,out/corpus/code.val.txt --exit-layers 1,2,3,4,6 --draft-lens 1,2,3,4,6 "
-         "--prompts 24 --new-tokens 64 --threads 1 --out {json}"),
-    "bench/results/lede-tiny-eval-sources.json":
-        ("eval-sources", "scripts/eval_by_source.sh   # after scripts/train_lede_tiny.sh"),
-    "bench/results/lede-tiny-weight-formats.json":
-        ("weight_formats_quality", "for w in f32 bf16 q8_0; do build/trainer/lede-eval-exits --model models/lede-tiny "
-         "--calibration models/lede-tiny/calibration-cpu.json --data testdata/corpus/tinystories_val_a.txt "
-         "--exit-layers 2 --draft-lens 3 --prompts 4 --new-tokens 32 --eval-tokens 16384 --threads 1 --weights $w "
-         "--out /tmp/evq/$w.json; done   # then the per-layer tables combined into one file"),
-    "bench/results/llamacpp-w5-trained.json":
-        ("llamacpp_bench", "scripts/install_node_llama_cpp.sh\n" + _WIDEN5 + "\n"
-         "node bench/llamacpp_bench.mjs --model out/w5t --policy out/w5t/policy --formats f32,bf16,q8_0 --threads 1 \\\n"
-         "    --tokens 96 --repeats 3 --eval-prompts 8 --tuning-prompts 4 --static 1:3,1:4,2:2,2:3,2:4,3:3,3:4 \\\n"
-         "    --out bench/results/llamacpp-w5-trained.json"),
-    "bench/results/lede-tiny-perplexity.json":
-        ("perplexity", "bench/heldout_text.py   # writes out/heldout-text (checks it against data_manifest.json)\n"
-         "build/services/cli/lede widen --model models/lede-tiny --factor 4 --out out/lede-tiny-w4\n"
-         "build/services/cli/lede export --format gguf --weights q4_k_m --model out/lede-tiny-w4 \\\n"
-         "    --out out/lede-tiny-w4-q4_k_m.gguf\n"
-         "D=out/heldout-text; P=build/bench/lede-perplexity; F=f32,bf16,q8_0,q4_0,q4_k_m\n"
-         "bench/record.py bench/results/lede-tiny-perplexity.json -- $P --models models/lede-tiny \\\n"
-         "    --data $D/stories-tinystories.val.txt,$D/tales.val.txt,$D/drama.val.txt --weights $F --window 256 \\\n"
-         "    --stride 128 --json {json} -- $P --models out/lede-tiny-w4 --data $D/stories-tinystories.val.txt \\\n"
-         "    --weights $F --window 256 --stride 128 --json {json} -- $P --models out/lede-tiny-w4-q4_k_m.gguf \\\n"
-         "    --data $D/stories-tinystories.val.txt --weights auto --window 256 --stride 128 --json {json}"),
-    "bench/results/llamacpp-w8-quant-1t.json": ("llamacpp_bench", _llamacpp_w8(1)),
-    "bench/results/llamacpp-w8-quant-2t.json": ("llamacpp_bench", _llamacpp_w8(2)),
-    "bench/results/serve-widen5-fixes.json":
-        ("serve_bench", _WIDEN5 + "\n"
-         "bench/record.py bench/results/serve-widen5-fixes.json -- /usr/bin/python3 bench/serve_bench.py \\\n"
-         "    --model out/w5t --prompt-file models/lede-tiny/prompts/story.jsonl --deployments split \\\n"
-         "    --methods autoregressive,lede --concurrency 1,16 --max-batch 1,16 --num-prompts 32 --new-tokens 64 \\\n"
-         "    --check-solo 24 --json '{json}'"),
-    "bench/results/engine_bench-memory-w5.json":
-        ("lede_engine_bench isolated", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/w5\n"
-         "bench/record.py bench/results/engine_bench-memory-w5.json -- build/bench/lede_engine_bench \\\n"
-         "    --models out/w5 --kernels fused --weights f32,bf16,q8_0 --isolate --repeats 5 --tokens 64 \\\n"
-         "    --threads 1 --no-gemv --json {json}"),
-    "bench/results/engine_bench-memory-llama32-1b.json":
-        ("lede_engine_bench isolated", "scripts/smoke_llama32_1b.sh   # once: writes build/smoke/llama32-1b\n"
-         "bench/record.py bench/results/engine_bench-memory-llama32-1b.json -- build/bench/lede_engine_bench \\\n"
-         "    --models build/smoke/llama32-1b --kernels fused --weights bf16,q8_0 --isolate --repeats 3 --tokens 32 \\\n"
-         "    --threads 1 --no-gemv --json {json}"),
-    "bench/results/big-model-serving-llama32-1b.json":
-        ("big_model_serving", "bench/record.py bench/results/big-model-serving-llama32-1b.json -- \\\n"
-         "    bench/big_model_serving.py --threads 2 --repeats 1 --prompt-tokens 500 --new-tokens 16 --json {json}"),
-    "bench/results/retrain-acceptance.json":
-        ("retrain acceptance", "bench/retrain_bench.py acceptance"),
-    "bench/results/retrain-widened.json":
-        ("retrain widened", "bench/retrain_bench.py widened --traffic 100 --eval-prompts 6 --rounds 3   "
-         "# the issue's full loop: --traffic 200"),
-    "bench/results/hostile_clients.json":
-        ("hostile_clients", "bench/record.py bench/results/hostile_clients.json -- bench/hostile_clients_bench.py \\\n"
-         "    --slow 200 --trickle-s 2 --hold-s 30 --requests 10 --ports-base 4700 --json {json}"),
-    "bench/results/cancel_storm.json":
-        ("cancel_storm", "bench/record.py bench/results/cancel_storm.json -- bench/cancel_storm_bench.py \\\n"
-         "    --runs 3 --cancels 300 --ports-base 4900 --json {json}"),
-    # The demo model's training report (lede-pretrain writes it with the model) and its policies'
-    # artifacts (policy/*/policy.json: offline metrics of each shipped version).
-    f"{MODEL}/report.json": ("pretrain report", "scripts/train_lede_tiny.sh 1200 1 2100 2"),
-    f"{MODEL}/policy": ("policy artifacts", "scripts/train_policies.sh"),
-}
-
-
-class DocsError(Exception):
-    pass
+# Sibling modules (this script's folder is on sys.path): the reproducing
+# commands, the shared cell formats and the llama.cpp tables.
+from docs_table_commands import COMMANDS  # noqa: E402
+from docs_table_format import num, table, x  # noqa: E402
+from docs_tables_llamacpp import llamacpp_compact, llamacpp_table  # noqa: E402
 
 
 def load(path):
     with open(os.path.join(ROOT, path)) as f:
         return json.load(f)
-
-
-def x(v, digits=2):
-    return f"{v:.{digits}f}x"
-
-
-def num(v, fmt="{:,.0f}"):
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt.format(v)
-
-
-def table(header, rows):
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(out)
 
 
 # --- lede-bench bench -------------------------------------------------------
@@ -442,146 +338,6 @@ def cancel_storm_table(data, opts):
                   "greedy differing from solo"], rows)
 
 
-_LLAMACPP_METHODS = (("llamacpp_ar", "llama.cpp autoregressive"),
-                     ("llamacpp_prompt_lookup", "llama.cpp prompt lookup (InputLookupTokenPredictor)"),
-                     ("lede_ar", "our autoregressive"), ("lede_static", "our best static"),
-                     ("lede_lede", "our LEDE"))
-
-
-def llamacpp_heldout_table(data, opts):
-    """The held-out-prompts run (results with `methods`): one row per method."""
-    rows, checks = [], []
-    # A run without speculation (--static "" --policy "" --lookup ""): the text check goes in a column of the
-    # speed table instead of a table of its own.
-    speculative = any(r["checks"].get(k) is not None for r in data["results"]
-                      for k in ("llamacpp_lookup_lossless", "lede_static_lossless", "lede_lede_lossless"))
-    for r in data["results"]:
-        for key, label in _LLAMACPP_METHODS:
-            m = r["methods"].get(key)
-            if not m:
-                continue
-            if key == "lede_static":
-                label += f" (E={m['exit_layer']} D={m['draft_len']})"
-            if key == "lede_lede":
-                label += f" (`{m['policy']}`)"
-            v = m["vs_llamacpp_ar"]
-            gbs = (f"{m['effective_gb_s']:.1f} ({100 * m['share_of_roofline']:.0f}%)"
-                   if m.get("share_of_roofline") is not None else "-")
-            c, n = r["checks"], r["checks"]["prompts"]
-            frac = lambda k: "-" if c.get(k) is None else f"{c[k]}/{n}"  # noqa: E731
-            rows.append([r["format"], r["threads"], label,
-                         f"{num(m['median_tok_s'])} ({num(m['min_tok_s'])}-{num(m['max_tok_s'])})",
-                         f"{x(v['median'])} ({v['min']:.2f}-{v['max']:.2f})", gbs]
-                        + ([] if speculative else
-                           [f"{frac('same_greedy_text_f32_compute')} / {frac('same_greedy_text_native')}"
-                            if key == "lede_ar" else "-"]))
-        checks.append([r["format"], r["threads"], num(r["bytes"] / 1e6, "{:.1f}"),
-                       f"{frac('same_greedy_text_f32_compute')} / {frac('same_greedy_text_native')}",
-                       f"{frac('llamacpp_lookup_lossless')} / {frac('lede_static_lossless')} / {frac('lede_lede_lossless')}"])
-    s, roof = data["settings"], data.get("roofline") or {}
-    reads = len(roof.get("measurements") or [])
-    roof_text = (f"; read roofline {roof['used_gb_per_s']:.1f} GB/s (one core, `lede_engine_bench --roofline-only`"
-                 + (f", the best of {reads} reads during the run" if reads else "") + ")"
-                 if roof.get("used_gb_per_s") else "")
-    return (f"Greedy, {s['tokens']} tokens on each of {len(s['eval_prompts'])} held-out prompts ({s['prompts']}); "
-            f"tok/s = tokens / decode seconds of a pass over all of them, median (range) of {s['repeats']} "
-            f"interleaved passes; \"vs llama.cpp\" is per pass against llama.cpp autoregressive in the same pass; "
-            + (f"static swept over E:D {s['static_sweep']} on the tuning prompts; " if s.get("static_sweep") else "")
-            + f"GB/s = weight bytes per token x tok/s "
-            f"(autoregressive rows){roof_text}; both engines read the same GGUF file; peer: "
-            f"{data['peer']['package']} {data['peer']['version']}.\n\n"
-            + table(["format", "threads", "method", "tok/s", "vs llama.cpp autoregressive",
-                     "GB/s (share of read roofline)"]
-                    + ([] if speculative else ["same greedy text as llama.cpp (the file's weights in f32 / in its "
-                                               "storage)"]), rows)
-            + ("" if not speculative else "\n\n" + table(["format", "threads", "file MB",
-                     "same greedy text as llama.cpp (ours on the file's weights in f32 / in the file's storage)",
-                     "lossless vs the engine's autoregressive text (llama.cpp lookup / our static / our LEDE)"],
-                    checks)))
-
-
-def llamacpp_prefill_table(data):
-    """The prefill rows of a run with --prefill-tokens: seconds per engine, and ours over llama.cpp's."""
-    rows = []
-    for r in data["results"]:
-        p = r.get("prefill")
-        if not p:
-            continue
-        sec = lambda v: f"{v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})"  # noqa: E731
-        rows.append([r["format"], r["threads"], f"{p['llamacpp_tokens']} / {p['lede_tokens']}", sec(p["llamacpp_s"]),
-                     sec(p["lede_s"]), f"{num(p['llamacpp_tokens'] / p['llamacpp_s']['median'])} / "
-                     f"{num(p['lede_tokens'] / p['lede_s']['median'])}",
-                     f"{x(p['lede_over_llamacpp']['median'])} ({p['lede_over_llamacpp']['min']:.2f}-"
-                     f"{p['lede_over_llamacpp']['max']:.2f})"])
-    if not rows:
-        return ""
-    load = (data.get("machine") or {}).get("load_average_1m") or {}
-    load_text = (f" The machine's 1-minute load average was {load['before']:.1f} before the run and "
-                 f"{load['after']:.1f} after it (2 cores shared with other work)." if load else "")
-    return ("\n\nPrefill of one prompt (the held-out prompts joined, cut at "
-            f"{data['settings']['prefill_tokens']} tokens with BOS), once per pass in the same passes: llama.cpp's "
-            "evaluation of the ids in one call on a fresh context, ours `lede generate`'s prefill seconds (after a "
-            "warm-up generation in the same process); seconds median (range); \"ours / llama.cpp\" is per pass, "
-            f"below 1 when ours is faster.{load_text}\n\n"
-            + table(["format", "threads", "prompt tokens (llama.cpp / ours)", "llama.cpp s", "our s",
-                     "tok/s (llama.cpp / ours)", "ours / llama.cpp"], rows))
-
-
-def llamacpp_compact(data, opts):
-    """A run without speculation, one row per file and thread count: decode tok/s of both engines, the text check
-    and the prefill (--prefill-tokens). With `settings=no` the settings line is left out (a second run of the
-    same settings rendered below the first)."""
-    rows = []
-    for r in data["results"]:
-        ll, ours = r["methods"]["llamacpp_ar"], r["methods"]["lede_ar"]
-        c, n = r["checks"], r["checks"]["prompts"]
-        v = ours["vs_llamacpp_ar"]
-        p = r.get("prefill") or {}
-        q = p.get("lede_over_llamacpp") or {}
-        rows.append([r["format"], r["threads"], num(r["bytes"] / 1e6, "{:.1f}"),
-                     f"{num(ll['median_tok_s'])} ({num(ll['min_tok_s'])}-{num(ll['max_tok_s'])})",
-                     f"{num(ours['median_tok_s'])} ({num(ours['min_tok_s'])}-{num(ours['max_tok_s'])})",
-                     f"{x(v['median'])} ({v['min']:.2f}-{v['max']:.2f})",
-                     f"{c['same_greedy_text_f32_compute']}/{n} / {c['same_greedy_text_native']}/{n}",
-                     (f"{p['llamacpp_s']['median']:.2f} / {p['lede_s']['median']:.2f}" if p else "-"),
-                     (f"{x(q['median'])} ({q['min']:.2f}-{q['max']:.2f})" if q else "-")])
-    s = data["settings"]
-    load = (data.get("machine") or {}).get("load_average_1m") or {}
-    settings = (f"Greedy, {s['tokens']} tokens on each of {len(s['eval_prompts'])} held-out prompts ({s['prompts']}), "
-                f"median (range) of {s['repeats']} interleaved passes, ratios per pass; prefill: one "
-                f"{s.get('prefill_tokens')}-token prompt (the held-out prompts joined) per pass, llama.cpp's one "
-                f"evaluation call on a fresh context against `lede generate`'s prefill seconds after a warm-up; "
-                f"peer: {data['peer']['package']} {data['peer']['version']}.")
-    for row in rows:
-        row.append(f"{load['before']:.1f} / {load['after']:.1f}" if load else "-")
-    return (settings + "\n\n" if opts.get("settings", "yes") != "no" else "") + table(
-        ["format", "threads", "file MB", "llama.cpp tok/s", "our tok/s", "ours / llama.cpp",
-         "same greedy text as llama.cpp (f32 compute / native)", "prefill s (llama.cpp / ours)",
-         "prefill, ours / llama.cpp", "load average (before / after the run)"], rows)
-
-
-def llamacpp_table(data, opts):
-    if data["results"] and "methods" in data["results"][0]:
-        return llamacpp_heldout_table(data, opts) + llamacpp_prefill_table(data)
-    rows = []
-    for r in data["results"]:
-        l = r["lede"]
-        peer = r["llamacpp"]["median_tok_s"]
-        rows.append([r["format"], r["threads"], num(r["bytes"] / 1e6, "{:.1f}"), num(peer),
-                     num(l["ar"]["median_tok_s"]), x(l["ar"]["median_tok_s"] / peer),
-                     f"{num(l['static']['median_tok_s'])} ({l['static'].get('exit_layer_draft_len', '')})",
-                     num(l["lede"]["median_tok_s"]), x(l["lede"]["median_tok_s"] / peer),
-                     ("yes" if r.get("same_greedy_text") else "no")
-                     + (f" / {'yes' if r['same_greedy_text_native'] else 'no'}" if "same_greedy_text_native" in r else "")])
-    s = data["settings"]
-    return (f"Greedy, {s['tokens']} tokens from \"{s['prompt']}\", medians of {s['repeats']} runs (decode only); "
-            f"both engines read the same GGUF file; peer: {data['peer']['package']} {data['peer']['version']}.\n\n"
-            + table(["format", "threads", "file MB", "llama.cpp tok/s", "our autoregressive tok/s",
-                     "autoregressive vs llama.cpp", "our static tok/s (E, D)", "our LEDE tok/s", "LEDE vs llama.cpp",
-                     "same greedy text as llama.cpp (the file's weights in f32 / in the file's storage)"],
-                    rows))
-
-
 def _perplexity_model(row):
     """A row's model label: its name, hidden size and, for a GGUF file, which export wrote it."""
     path = row["model"]
@@ -853,7 +609,7 @@ def render(doc, spec):
     """The body of the block `<!-- table: spec -->` in the file `doc` (both relative to the root)."""
     path, view, opts = parse_spec(spec)
     if path not in COMMANDS:
-        raise DocsError(f"{doc}: table {path}: not a known result (scripts/make_docs_tables.py COMMANDS)")
+        raise DocsError(f"{doc}: table {path}: not a known result (scripts/docs_table_commands.py COMMANDS)")
     kind, command = COMMANDS[path]
     views = RENDERERS[kind]
     view = view or next(iter(views))

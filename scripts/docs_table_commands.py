@@ -1,0 +1,103 @@
+"""The command that reproduces each recorded result, for scripts/make_docs_tables.py.
+
+COMMANDS maps a result JSON under bench/results/ to (kind, command): the kind
+of benchmark (which renderer reads it) and the shell command, run from the
+repository root, that records it again (bench/record.py). A result a table
+uses must be listed here; bench/results/README.md says how results are
+recorded and retired.
+"""
+
+MODEL = "models/lede-tiny"
+_POLICIES = ",".join(f"{MODEL}/policy/{p}" for p in ("accelerator-v7", "measured-v9", "story-accelerator-v5",
+                                                     "story-measured-v8"))
+_WIDEN5 = "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/w5t --overwrite"
+
+
+def _bench_set(name):
+    return (f"build/bench/lede-bench bench --model {MODEL} --calibration {MODEL}/calibration-cpu.json "
+            f"--prompts {MODEL}/prompts/{name}.jsonl --candidate-layers 1,2,3,4,5,6 --policy {_POLICIES} "
+            f"--max-draft-len 6 --prompts-per-set 48 --new-tokens 64 --threads 1 --json {{json}}")
+
+
+def _llamacpp_w8(threads):
+    return ("scripts/install_node_llama_cpp.sh\n"
+            "build/services/cli/lede widen --model models/lede-tiny --factor 8 --out out/lede-tiny-w8\n"
+            f"node bench/llamacpp_bench.mjs --model out/lede-tiny-w8 --formats q4_k_m,q4_0,q8_0 --threads {threads} \\\n"
+            "    --tokens 32 --repeats 2 --eval-prompts 2 --static \"\" --policy \"\" --lookup \"\" --prefill-tokens 400 \\\n"
+            f"    --out bench/results/llamacpp-w8-quant-{threads}t.json")
+
+
+# Each result a table uses: what kind of JSON it holds, and the command that writes it.
+COMMANDS = {
+    "bench/results/lede-tiny-bench.json":
+        ("lede-bench bench", "bench/record.py bench/results/lede-tiny-bench.json -- \\\n    "
+         + _bench_set("story") + " -- \\\n    " + _bench_set("code")),
+    "bench/results/lede-tiny-eval-exits.json":
+        ("lede-eval-exits", "bench/record.py bench/results/lede-tiny-eval-exits.json -- build/trainer/lede-eval-exits "
+         f"--model {MODEL} --calibration {MODEL}/calibration-cpu.json "
+         "--data out/corpus/stories.val.txt,out/corpus/code.val.txt --exit-layers 1,2,3,4,6 --draft-lens 1,2,3,4,6 "
+         "--prompts 24 --new-tokens 64 --threads 1 --out {json}"),
+    "bench/results/lede-tiny-eval-sources.json":
+        ("eval-sources", "scripts/eval_by_source.sh   # after scripts/train_lede_tiny.sh"),
+    "bench/results/lede-tiny-weight-formats.json":
+        ("weight_formats_quality", "for w in f32 bf16 q8_0; do build/trainer/lede-eval-exits --model models/lede-tiny "
+         "--calibration models/lede-tiny/calibration-cpu.json --data testdata/corpus/tinystories_val_a.txt "
+         "--exit-layers 2 --draft-lens 3 --prompts 4 --new-tokens 32 --eval-tokens 16384 --threads 1 --weights $w "
+         "--out /tmp/evq/$w.json; done   # then the per-layer tables combined into one file"),
+    "bench/results/llamacpp-w5-trained.json":
+        ("llamacpp_bench", "scripts/install_node_llama_cpp.sh\n" + _WIDEN5 + "\n"
+         "node bench/llamacpp_bench.mjs --model out/w5t --policy out/w5t/policy --formats f32,bf16,q8_0 --threads 1 \\\n"
+         "    --tokens 96 --repeats 3 --eval-prompts 8 --tuning-prompts 4 --static 1:3,1:4,2:2,2:3,2:4,3:3,3:4 \\\n"
+         "    --out bench/results/llamacpp-w5-trained.json"),
+    "bench/results/lede-tiny-perplexity.json":
+        ("perplexity", "bench/heldout_text.py   # writes out/heldout-text (checks it against data_manifest.json)\n"
+         "build/services/cli/lede widen --model models/lede-tiny --factor 4 --out out/lede-tiny-w4\n"
+         "build/services/cli/lede export --format gguf --weights q4_k_m --model out/lede-tiny-w4 \\\n"
+         "    --out out/lede-tiny-w4-q4_k_m.gguf\n"
+         "D=out/heldout-text; P=build/bench/lede-perplexity; F=f32,bf16,q8_0,q4_0,q4_k_m\n"
+         "bench/record.py bench/results/lede-tiny-perplexity.json -- $P --models models/lede-tiny \\\n"
+         "    --data $D/stories-tinystories.val.txt,$D/tales.val.txt,$D/drama.val.txt --weights $F --window 256 \\\n"
+         "    --stride 128 --json {json} -- $P --models out/lede-tiny-w4 --data $D/stories-tinystories.val.txt \\\n"
+         "    --weights $F --window 256 --stride 128 --json {json} -- $P --models out/lede-tiny-w4-q4_k_m.gguf \\\n"
+         "    --data $D/stories-tinystories.val.txt --weights auto --window 256 --stride 128 --json {json}"),
+    "bench/results/llamacpp-w8-quant-1t.json": ("llamacpp_bench", _llamacpp_w8(1)),
+    "bench/results/llamacpp-w8-quant-2t.json": ("llamacpp_bench", _llamacpp_w8(2)),
+    "bench/results/serve-widen5-fixes.json":
+        ("serve_bench", _WIDEN5 + "\n"
+         "bench/record.py bench/results/serve-widen5-fixes.json -- /usr/bin/python3 bench/serve_bench.py \\\n"
+         "    --model out/w5t --prompt-file models/lede-tiny/prompts/story.jsonl --deployments split \\\n"
+         "    --methods autoregressive,lede --concurrency 1,16 --max-batch 1,16 --num-prompts 32 --new-tokens 64 \\\n"
+         "    --check-solo 24 --json '{json}'"),
+    "bench/results/engine_bench-memory-w5.json":
+        ("lede_engine_bench isolated", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/w5\n"
+         "bench/record.py bench/results/engine_bench-memory-w5.json -- build/bench/lede_engine_bench \\\n"
+         "    --models out/w5 --kernels fused --weights f32,bf16,q8_0 --isolate --repeats 5 --tokens 64 \\\n"
+         "    --threads 1 --no-gemv --json {json}"),
+    "bench/results/engine_bench-memory-llama32-1b.json":
+        ("lede_engine_bench isolated", "scripts/smoke_llama32_1b.sh   # once: writes build/smoke/llama32-1b\n"
+         "bench/record.py bench/results/engine_bench-memory-llama32-1b.json -- build/bench/lede_engine_bench \\\n"
+         "    --models build/smoke/llama32-1b --kernels fused --weights bf16,q8_0 --isolate --repeats 3 --tokens 32 \\\n"
+         "    --threads 1 --no-gemv --json {json}"),
+    "bench/results/big-model-serving-llama32-1b.json":
+        ("big_model_serving", "bench/record.py bench/results/big-model-serving-llama32-1b.json -- \\\n"
+         "    bench/big_model_serving.py --threads 2 --repeats 1 --prompt-tokens 500 --new-tokens 16 --json {json}"),
+    "bench/results/retrain-acceptance.json":
+        ("retrain acceptance", "bench/retrain_bench.py acceptance"),
+    "bench/results/retrain-widened.json":
+        ("retrain widened", "bench/retrain_bench.py widened --traffic 100 --eval-prompts 6 --rounds 3   "
+         "# the issue's full loop: --traffic 200"),
+    "bench/results/hostile_clients.json":
+        ("hostile_clients", "bench/record.py bench/results/hostile_clients.json -- bench/hostile_clients_bench.py \\\n"
+         "    --slow 200 --trickle-s 2 --hold-s 30 --requests 10 --ports-base 4700 --json {json}"),
+    "bench/results/cancel_storm.json":
+        ("cancel_storm", "bench/record.py bench/results/cancel_storm.json -- bench/cancel_storm_bench.py \\\n"
+         "    --runs 3 --cancels 300 --ports-base 4900 --json {json}"),
+    # The demo model's training report (lede-pretrain writes it with the model) and its policies'
+    # artifacts (policy/*/policy.json: offline metrics of each shipped version).
+    f"{MODEL}/report.json": ("pretrain report", "scripts/train_lede_tiny.sh 1200 1 2100 2"),
+    f"{MODEL}/policy": ("policy artifacts", "scripts/train_policies.sh"),
+}
+
+
+class DocsError(Exception):
+    pass

@@ -1,0 +1,142 @@
+"""Tables of the peer benchmark against llama.cpp (bench/llamacpp_bench.mjs), for scripts/make_docs_tables.py."""
+from docs_table_format import num, table, x  # noqa: F401
+
+
+_LLAMACPP_METHODS = (("llamacpp_ar", "llama.cpp autoregressive"),
+                     ("llamacpp_prompt_lookup", "llama.cpp prompt lookup (InputLookupTokenPredictor)"),
+                     ("lede_ar", "our autoregressive"), ("lede_static", "our best static"),
+                     ("lede_lede", "our LEDE"))
+
+
+def llamacpp_heldout_table(data, opts):
+    """The held-out-prompts run (results with `methods`): one row per method."""
+    rows, checks = [], []
+    # A run without speculation (--static "" --policy "" --lookup ""): the text check goes in a column of the
+    # speed table instead of a table of its own.
+    speculative = any(r["checks"].get(k) is not None for r in data["results"]
+                      for k in ("llamacpp_lookup_lossless", "lede_static_lossless", "lede_lede_lossless"))
+    for r in data["results"]:
+        for key, label in _LLAMACPP_METHODS:
+            m = r["methods"].get(key)
+            if not m:
+                continue
+            if key == "lede_static":
+                label += f" (E={m['exit_layer']} D={m['draft_len']})"
+            if key == "lede_lede":
+                label += f" (`{m['policy']}`)"
+            v = m["vs_llamacpp_ar"]
+            gbs = (f"{m['effective_gb_s']:.1f} ({100 * m['share_of_roofline']:.0f}%)"
+                   if m.get("share_of_roofline") is not None else "-")
+            c, n = r["checks"], r["checks"]["prompts"]
+            frac = lambda k: "-" if c.get(k) is None else f"{c[k]}/{n}"  # noqa: E731
+            rows.append([r["format"], r["threads"], label,
+                         f"{num(m['median_tok_s'])} ({num(m['min_tok_s'])}-{num(m['max_tok_s'])})",
+                         f"{x(v['median'])} ({v['min']:.2f}-{v['max']:.2f})", gbs]
+                        + ([] if speculative else
+                           [f"{frac('same_greedy_text_f32_compute')} / {frac('same_greedy_text_native')}"
+                            if key == "lede_ar" else "-"]))
+        checks.append([r["format"], r["threads"], num(r["bytes"] / 1e6, "{:.1f}"),
+                       f"{frac('same_greedy_text_f32_compute')} / {frac('same_greedy_text_native')}",
+                       f"{frac('llamacpp_lookup_lossless')} / {frac('lede_static_lossless')} / {frac('lede_lede_lossless')}"])
+    s, roof = data["settings"], data.get("roofline") or {}
+    reads = len(roof.get("measurements") or [])
+    roof_text = (f"; read roofline {roof['used_gb_per_s']:.1f} GB/s (one core, `lede_engine_bench --roofline-only`"
+                 + (f", the best of {reads} reads during the run" if reads else "") + ")"
+                 if roof.get("used_gb_per_s") else "")
+    return (f"Greedy, {s['tokens']} tokens on each of {len(s['eval_prompts'])} held-out prompts ({s['prompts']}); "
+            f"tok/s = tokens / decode seconds of a pass over all of them, median (range) of {s['repeats']} "
+            f"interleaved passes; \"vs llama.cpp\" is per pass against llama.cpp autoregressive in the same pass; "
+            + (f"static swept over E:D {s['static_sweep']} on the tuning prompts; " if s.get("static_sweep") else "")
+            + f"GB/s = weight bytes per token x tok/s "
+            f"(autoregressive rows){roof_text}; both engines read the same GGUF file; peer: "
+            f"{data['peer']['package']} {data['peer']['version']}.\n\n"
+            + table(["format", "threads", "method", "tok/s", "vs llama.cpp autoregressive",
+                     "GB/s (share of read roofline)"]
+                    + ([] if speculative else ["same greedy text as llama.cpp (the file's weights in f32 / in its "
+                                               "storage)"]), rows)
+            + ("" if not speculative else "\n\n" + table(["format", "threads", "file MB",
+                     "same greedy text as llama.cpp (ours on the file's weights in f32 / in the file's storage)",
+                     "lossless vs the engine's autoregressive text (llama.cpp lookup / our static / our LEDE)"],
+                    checks)))
+
+
+def llamacpp_prefill_table(data):
+    """The prefill rows of a run with --prefill-tokens: seconds per engine, and ours over llama.cpp's."""
+    rows = []
+    for r in data["results"]:
+        p = r.get("prefill")
+        if not p:
+            continue
+        sec = lambda v: f"{v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})"  # noqa: E731
+        rows.append([r["format"], r["threads"], f"{p['llamacpp_tokens']} / {p['lede_tokens']}", sec(p["llamacpp_s"]),
+                     sec(p["lede_s"]), f"{num(p['llamacpp_tokens'] / p['llamacpp_s']['median'])} / "
+                     f"{num(p['lede_tokens'] / p['lede_s']['median'])}",
+                     f"{x(p['lede_over_llamacpp']['median'])} ({p['lede_over_llamacpp']['min']:.2f}-"
+                     f"{p['lede_over_llamacpp']['max']:.2f})"])
+    if not rows:
+        return ""
+    load = (data.get("machine") or {}).get("load_average_1m") or {}
+    load_text = (f" The machine's 1-minute load average was {load['before']:.1f} before the run and "
+                 f"{load['after']:.1f} after it (2 cores shared with other work)." if load else "")
+    return ("\n\nPrefill of one prompt (the held-out prompts joined, cut at "
+            f"{data['settings']['prefill_tokens']} tokens with BOS), once per pass in the same passes: llama.cpp's "
+            "evaluation of the ids in one call on a fresh context, ours `lede generate`'s prefill seconds (after a "
+            "warm-up generation in the same process); seconds median (range); \"ours / llama.cpp\" is per pass, "
+            f"below 1 when ours is faster.{load_text}\n\n"
+            + table(["format", "threads", "prompt tokens (llama.cpp / ours)", "llama.cpp s", "our s",
+                     "tok/s (llama.cpp / ours)", "ours / llama.cpp"], rows))
+
+
+def llamacpp_compact(data, opts):
+    """A run without speculation, one row per file and thread count: decode tok/s of both engines, the text check
+    and the prefill (--prefill-tokens). With `settings=no` the settings line is left out (a second run of the
+    same settings rendered below the first)."""
+    rows = []
+    for r in data["results"]:
+        ll, ours = r["methods"]["llamacpp_ar"], r["methods"]["lede_ar"]
+        c, n = r["checks"], r["checks"]["prompts"]
+        v = ours["vs_llamacpp_ar"]
+        p = r.get("prefill") or {}
+        q = p.get("lede_over_llamacpp") or {}
+        rows.append([r["format"], r["threads"], num(r["bytes"] / 1e6, "{:.1f}"),
+                     f"{num(ll['median_tok_s'])} ({num(ll['min_tok_s'])}-{num(ll['max_tok_s'])})",
+                     f"{num(ours['median_tok_s'])} ({num(ours['min_tok_s'])}-{num(ours['max_tok_s'])})",
+                     f"{x(v['median'])} ({v['min']:.2f}-{v['max']:.2f})",
+                     f"{c['same_greedy_text_f32_compute']}/{n} / {c['same_greedy_text_native']}/{n}",
+                     (f"{p['llamacpp_s']['median']:.2f} / {p['lede_s']['median']:.2f}" if p else "-"),
+                     (f"{x(q['median'])} ({q['min']:.2f}-{q['max']:.2f})" if q else "-")])
+    s = data["settings"]
+    load = (data.get("machine") or {}).get("load_average_1m") or {}
+    settings = (f"Greedy, {s['tokens']} tokens on each of {len(s['eval_prompts'])} held-out prompts ({s['prompts']}), "
+                f"median (range) of {s['repeats']} interleaved passes, ratios per pass; prefill: one "
+                f"{s.get('prefill_tokens')}-token prompt (the held-out prompts joined) per pass, llama.cpp's one "
+                f"evaluation call on a fresh context against `lede generate`'s prefill seconds after a warm-up; "
+                f"peer: {data['peer']['package']} {data['peer']['version']}.")
+    for row in rows:
+        row.append(f"{load['before']:.1f} / {load['after']:.1f}" if load else "-")
+    return (settings + "\n\n" if opts.get("settings", "yes") != "no" else "") + table(
+        ["format", "threads", "file MB", "llama.cpp tok/s", "our tok/s", "ours / llama.cpp",
+         "same greedy text as llama.cpp (f32 compute / native)", "prefill s (llama.cpp / ours)",
+         "prefill, ours / llama.cpp", "load average (before / after the run)"], rows)
+
+
+def llamacpp_table(data, opts):
+    if data["results"] and "methods" in data["results"][0]:
+        return llamacpp_heldout_table(data, opts) + llamacpp_prefill_table(data)
+    rows = []
+    for r in data["results"]:
+        l = r["lede"]
+        peer = r["llamacpp"]["median_tok_s"]
+        rows.append([r["format"], r["threads"], num(r["bytes"] / 1e6, "{:.1f}"), num(peer),
+                     num(l["ar"]["median_tok_s"]), x(l["ar"]["median_tok_s"] / peer),
+                     f"{num(l['static']['median_tok_s'])} ({l['static'].get('exit_layer_draft_len', '')})",
+                     num(l["lede"]["median_tok_s"]), x(l["lede"]["median_tok_s"] / peer),
+                     ("yes" if r.get("same_greedy_text") else "no")
+                     + (f" / {'yes' if r['same_greedy_text_native'] else 'no'}" if "same_greedy_text_native" in r else "")])
+    s = data["settings"]
+    return (f"Greedy, {s['tokens']} tokens from \"{s['prompt']}\", medians of {s['repeats']} runs (decode only); "
+            f"both engines read the same GGUF file; peer: {data['peer']['package']} {data['peer']['version']}.\n\n"
+            + table(["format", "threads", "file MB", "llama.cpp tok/s", "our autoregressive tok/s",
+                     "autoregressive vs llama.cpp", "our static tok/s (E, D)", "our LEDE tok/s", "LEDE vs llama.cpp",
+                     "same greedy text as llama.cpp (the file's weights in f32 / in the file's storage)"],
+                    rows))
