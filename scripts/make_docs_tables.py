@@ -85,6 +85,29 @@ def bench_summary(data, opts):
                   "LEDE", "LEDE / static", "LEDE / rule", "hindsight oracle (predicted)"], out)
 
 
+def cost_profiles_table(data, opts):
+    """The cost-conditioned policy against the shipped one and the baselines in wall-clock, one row per
+    prompt set: static and the calibrated rule tuned on the tuning half under the run's measured costs."""
+    base, cond = opts.get("base", "accelerator-v1"), opts.get("policy", "cost-v1")
+    out = []
+    for name, s in data["sets"].items():
+        rows = s["rows"]
+        key = "measured_speedup"
+        static = next((r for r in rows if r["method"] == "static (best measured)"), None)
+        rule = next((r for r in rows if r["method"] == "calibrated (best measured)"), None)
+        shipped = next((r for r in rows if r["method"] == "lede " + base), None)
+        lede = next((r for r in rows if r["method"] == "lede " + cond), None)
+        ratio = (lambda a, b: x(a[key] / b[key], 3) if a and b else "-")
+        out.append([name, f"{num(s['ar_tokens_per_s'])} tok/s",
+                    f"{x(static[key])} ({static['config']})" if static else "-",
+                    f"{x(rule[key])} ({rule['config']})" if rule else "-",
+                    x(shipped[key]) if shipped else "-",
+                    f"{x(lede[key])} (mean D {lede['mean_draft_len']:.2f})" if lede else "-",
+                    ratio(lede, static), ratio(lede, rule), ratio(lede, shipped)])
+    return table(["set", "autoregressive", "best static", "calibrated rule", base, cond,
+                  f"{cond} / static", f"{cond} / rule", f"{cond} / {base}"], out)
+
+
 def bench_full(data, opts):
     out = []
     for name, s in data["sets"].items():
@@ -549,7 +572,7 @@ def big_model_serving_table(data, opts):
 
 # kind -> {view -> renderer(data, opts)}; the first view is the default.
 RENDERERS = {
-    "lede-bench bench": {"full": bench_full, "summary": bench_summary},
+    "lede-bench bench": {"full": bench_full, "summary": bench_summary, "cost-profiles": cost_profiles_table},
     "lede-bench load": {"table": load_table},
     "lede-eval-exits": {"grid": eval_exits},
     "eval-sources": {"table": eval_sources},
