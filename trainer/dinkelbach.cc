@@ -436,7 +436,8 @@ StatusOr<std::vector<double>> ChooseStarts(const DinkelbachOptions& o, const std
 
 // pi_0: per load (or cost profile) a static setting, autoregressive
 // decoding or the warm start; or (initial_policy "calibrated") the
-// calibrated rule tuned under each group's prices.
+// calibrated rule tuned under each group's prices (with several groups,
+// autoregressive decoding where the rule loses to it).
 struct InitialPolicy {
   std::map<GroupKey, std::shared_ptr<const CalibratedRule>> rules;
   std::map<GroupKey, StaticChoice> start_by_group;
@@ -462,6 +463,12 @@ StatusOr<InitialPolicy> MakeInitialPolicy(const std::vector<LoadGroup>& groups, 
     start_speedups.clear();
     for (const LoadGroup& g : groups) {
       LEDE_ASSIGN_OR_RETURN(CalibratedRule tuned, TuneCalibratedRule(g.train, o.spec, *g.cost));
+      if (groups.size() > 1 && tuned.speedup < 1.0) {  // where the rule loses, decode autoregressively
+        start_speedups.push_back(1.0);
+        initial.description += " " + g.name + " autoregressive";
+        initial.start_by_group[g.key()] = StaticChoice{0, 0, 1.0};
+        continue;
+      }
       start_speedups.push_back(tuned.speedup);
       initial.description += (groups.size() == 1 ? "" : " " + g.name + " ") + tuned.Describe();
       initial.rules[g.key()] = std::make_shared<const CalibratedRule>(std::move(tuned));
@@ -483,7 +490,7 @@ ControllerMaker CurrentPolicy(std::shared_ptr<const policy::dqn::QNetwork> curre
     std::map<GroupKey, std::unique_ptr<speculation::ExitController>> by_group;
     for (const auto& [key, rule] : rules) by_group[key] = rule->Make(spec);
     for (const auto& [key, c] : start_by_group) {
-      if (!rules.empty()) break;
+      if (by_group.count(key) > 0) continue;  // the group's calibrated rule
       if (warm_groups.count(key) > 0) {
         by_group[key] = warm_policy(i);
       } else if (c.exit_layer == 0) {

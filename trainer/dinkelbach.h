@@ -124,7 +124,8 @@ struct DinkelbachOptions {
   // Otherwise, like loads: every training and selection trace is replayed
   // once per profile with ShadowTrace::cost = its features, priced by its
   // cost model, with a rho of its own; pi_0 is per profile (the best static
-  // setting, or the calibrated rule tuned under that profile's prices);
+  // setting, or the calibrated rule tuned under that profile's prices;
+  // autoregressive decoding where either loses to it);
   // an iterate is adopted and selected by its mean speed-up over the
   // profiles. Not with loads.
   struct CostProfile {
