@@ -27,8 +27,22 @@ def _llamacpp_w8(threads):
             f"    --out bench/results/llamacpp-w8-quant-{threads}t.json")
 
 
+def _widen5_cost(weights):
+    """lede-bench on the 5x widening at one weight format, with the shipped and the cost-conditioned policy."""
+    w5 = "out/lede-tiny-w5"
+    return ("build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/lede-tiny-w5 --overwrite\n"
+            "LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 scripts/train_widened_policies.sh 5  # calibrations, cost-v1\n"
+            f"bench/record.py bench/results/widen5-cost-{weights}.json -- \\\n    "
+            f"build/bench/lede-bench bench --model {w5} --weights {weights} --threads 1 "
+            f"--calibration {w5}/calibration-{weights}.json "
+            f"--prompts {MODEL}/prompts/story.jsonl,{MODEL}/prompts/code.jsonl --prompts-per-set 24 --new-tokens 64 "
+            "--repeats 3 --methods ar,static,calibrated,lede --candidate-layers 1,2,3,4,5,6 --max-draft-len 6 "
+            f"--policy {w5}/policy/accelerator-v1,out/widened-policies/w5/cost-v1 --json {{json}}")
+
+
 # Each result a table uses: what kind of JSON it holds, and the command that writes it.
 COMMANDS = {
+    **{f"bench/results/widen5-cost-{w}.json": ("lede-bench bench", _widen5_cost(w)) for w in ("q8_0", "f32", "bf16")},
     "bench/results/lede-tiny-bench.json":
         ("lede-bench bench", "bench/record.py bench/results/lede-tiny-bench.json -- \\\n    "
          + _bench_set("story") + " -- \\\n    " + _bench_set("code")),

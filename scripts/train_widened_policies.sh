@@ -7,6 +7,14 @@
 #                   wide shape (machine-independent: the LM head costs ~0.4
 #                   layer-equivalents at factor 3, ~0.2 at factor 5, 1.0 in
 #                   lede-tiny)
+#   cost-v1         with LEDE_WIDEN_COST=1 only: one cost-conditioned policy
+#                   (lede-features-v5) trained across cost profiles: the
+#                   accelerator model, this machine's measured f32, bf16 and
+#                   q8_0 calibrations of the wide shape (one thread; made
+#                   here when missing) and three profiles around them
+#                   (PROBE:LAYER:VERIFY; docs/training.md "What the policy
+#                   sees of the hardware"); from the calibrated rule per
+#                   profile, autoregressive where even the rule loses
 #   measured-v1     with LEDE_WIDEN_MEASURED=1 only: the same under the wide
 #                   shape's measured cost model (MODEL/calibration-cpu.json of
 #                   `lede widen --calibrate` on this machine; machine-specific,
@@ -24,6 +32,7 @@ cd "$(dirname "$0")/.."
 FACTOR=${1:?usage: scripts/train_widened_policies.sh FACTOR [SERVING]}
 SERVING=${2:-accelerator-v1}
 MEASURED=${LEDE_WIDEN_MEASURED:-0}
+COST=${LEDE_WIDEN_COST:-0}
 SOURCE=models/lede-tiny
 MODEL=${LEDE_MODEL:-out/lede-tiny-w$FACTOR}
 LEDE=build/services/cli/lede
@@ -34,7 +43,7 @@ python3 scripts/make_policy_training_prompts.py out/policy-prompts $((2 * EXTRA)
 [[ -f "$MODEL/config.json" ]] || "$LEDE" widen --model "$SOURCE" --factor "$FACTOR" --out "$MODEL" --overwrite
 [[ $MEASURED == 0 || -f "$MODEL/calibration-cpu.json" ]] ||
   "$LEDE" calibrate --model "$MODEL" --threads 1 --round-passes 8 --round-max-draft-len 6 --out "$MODEL/calibration-cpu.json"
-train() {  # name cost_model
+train() {  # name cost_model [extra flags]
   local name=$1 cost=$2 out="out/widened-policies/w$FACTOR/$1"
   "$TRAIN" --model "$MODEL" --trace-model "$SOURCE" \
     --prompts "$SOURCE/prompts/story.jsonl,$SOURCE/prompts/code.jsonl" --prompts-per-set 48 --new-tokens 128 \
@@ -42,7 +51,7 @@ train() {  # name cost_model
     --exclude-prompts "$SOURCE/prompts/story.jsonl,$SOURCE/prompts/code.jsonl" --iterations 6 --epochs 16 \
     --reward throughput --cost-model "$cost" --calibration "$MODEL/calibration-cpu.json" \
     --candidate-layers 1,2,3,4,5,6 --max-draft-len 6 --threads 1 --seed 1 --conservative-margin 0.2 \
-    --initial-policy calibrated --out "$out" --version "$name" --overwrite 2>&1 |
+    --initial-policy calibrated --out "$out" --version "$name" --overwrite "${@:3}" 2>&1 |
     tr '\r' '\n' | grep -v '^shadow traces' | tee "out/policies/train-w$FACTOR-$name.log"
   cp "out/policies/train-w$FACTOR-$name.log" "$out/training_report.txt"
 }
@@ -52,6 +61,20 @@ FINGERPRINT=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["m
 SHIP="$SOURCE/widened/$FINGERPRINT/policy"
 rm -rf "$SHIP" && mkdir -p "$SHIP"
 cp -r "out/widened-policies/w$FACTOR/accelerator-v1" "$SHIP/"
+if [[ $COST != 0 ]]; then
+  PROFILES=accelerator
+  for w in q8_0 f32 bf16; do
+    [[ -f "$MODEL/calibration-$w.json" ]] ||
+      "$LEDE" calibrate --model "$MODEL" --weights "$w" --threads 1 --repeats 20 --round-passes 3 \
+        --round-max-draft-len 6 --batch-sizes "" --out "$MODEL/calibration-$w.json"
+    PROFILES+=",calibration:$MODEL/calibration-$w.json"
+  done
+  # Seven profiles replay every request seven times per iteration: four iterations over 20 extra
+  # prompts per domain (the later flags win) keep it to minutes.
+  train cost-v1 accelerator --cost-profiles "$PROFILES,0.01:0.8:0.3,0.01:0.8:0.8,0.02:1:0.15" \
+    --iterations 4 --extra-count 20
+  cp -r "out/widened-policies/w$FACTOR/cost-v1" "$SHIP/"
+fi
 if [[ $MEASURED != 0 ]]; then
   train measured-v1 measured
   cp -r "out/widened-policies/w$FACTOR/measured-v1" "$SHIP/"
