@@ -200,14 +200,15 @@ TEST(DqnExitControllerTest, DecidePicksArgmax) {
   EXPECT_EQ(c.Decide(s), speculation::Action::kExit);
 }
 
-// Decide agrees with argmax of Forward on random states of a random network.
+// Decide agrees with argmax of Forward on random states of random networks
+// (several seeds, so that both actions occur whatever one seed draws).
 TEST(DqnExitControllerTest, DecideAgreesWithForwardOnRandomStates) {
-  auto net = std::make_shared<const QNetwork>(QNetwork::Random(64, 7));
-  DqnExitController c(net, "r");
   std::mt19937_64 rng(3);
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
-  int exits = 0;
-  for (int i = 0; i < 500; ++i) {
+  int exits = 0, continues = 0;
+  for (int i = 0; i < 2000; ++i) {
+    auto net = std::make_shared<const QNetwork>(QNetwork::Random(64, 7 + i / 250));
+    DqnExitController c(net, "r");
     speculation::ExitState s;
     s.phase = u(rng) < 0.5f ? speculation::Phase::kExitLayer : speculation::Phase::kDraftLength;
     s.n_layers = 16;
@@ -220,14 +221,18 @@ TEST(DqnExitControllerTest, DecideAgreesWithForwardOnRandomStates) {
     s.trace_nll = 8 * u(rng) - 2;
     s.lookup_match = u(rng) < 0.5f ? 1.0f : 0.0f;
     s.trigram_seen = u(rng) < 0.5f ? 1.0f : 0.0f;
+    s.load = 1 + static_cast<int32_t>(u(rng) * 64);
+    s.cost = {u(rng), 2 * u(rng), u(rng)};
     float f[kIn], q[kNumActions];
     speculation::ExitFeatures(s, f);
     net->Forward(f, q);
     const speculation::Action a = c.Decide(s);
     EXPECT_EQ(a, q[1] > q[0] ? speculation::Action::kExit : speculation::Action::kContinue);
     exits += a == speculation::Action::kExit;
+    continues += a == speculation::Action::kContinue;
   }
   EXPECT_GT(exits, 0);  // the check is not vacuous
+  EXPECT_GT(continues, 0);
 }
 
 // Save then Load gives back the same weights, decisions and metadata.
