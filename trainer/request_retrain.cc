@@ -13,6 +13,7 @@
 #include "policy/dqn/method_factory.h"
 #include "shared/experience/request_log.h"
 #include "shared/experience/served_costs.h"
+#include "shared/model/cost/cost_profiles.h"
 #include "shared/status/status_macros.h"
 #include "trainer/dqn.h"
 #include "trainer/heldout_split.h"
@@ -336,6 +337,15 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
   // 3. Split by request; shadow traces.
   const auto train_start = std::chrono::steady_clock::now();
   LEDE_ASSIGN_OR_RETURN(RequestSplit split, TraceAndSplitRequests(model, usable, options));
+  // The policy sees the deployment's cost profile (ExitState::cost): the
+  // features of the model pricing the replays, as a cost-conditioned policy
+  // is trained (dinkelbach.h cost_profiles) and as the coordinator sends
+  // them when served.
+  const speculation::CostFeatures features =
+      model::cost::CostFeaturesOf(pricing, model.n_layers(), options.dinkelbach.spec.max_draft_len);
+  for (auto* part : {&split.train, &split.selection, &split.heldout}) {
+    for (ShadowTrace& t : *part) t.cost = features;
+  }
   out.n_requests = split.n_requests;
   out.n_train = static_cast<int64_t>(split.train.size() + split.selection.size());
   out.n_heldout = static_cast<int64_t>(split.heldout.size());
