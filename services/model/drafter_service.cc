@@ -3,7 +3,6 @@
 // co-located verifier (model_service.h).
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <map>
 #include <memory>
 #include <string>
@@ -28,6 +27,7 @@
 #include "shared/speculation/generation.h"
 #include "shared/speculation/method.h"
 #include "shared/speculation/method_proto.h"
+#include "shared/speculation/cost_features.h"
 #include "shared/status/status_macros.h"
 #include "shared/telemetry/lede_metrics.h"
 #include "shared/telemetry/metrics.h"
@@ -134,19 +134,6 @@ StatusOr<PlannedDraft> PlanDraft(ModelHost& host, const speculation::MethodSpec&
   return planned;
 }
 
-// DraftRequest.cost: finite and >= 0 (a NaN would reach the policy).
-StatusOr<speculation::CostFeatures> CostFeaturesFromProto(const lede::v1::CostFeatures& c) {
-  const float values[] = {c.probe(), c.layer(), c.verify()};
-  const char* names[] = {"cost.probe", "cost.layer", "cost.verify"};
-  for (int i = 0; i < 3; ++i) {
-    if (!std::isfinite(values[i]) || values[i] < 0) {
-      return InvalidArgumentError(std::string(names[i]) + ": " + std::to_string(values[i]) +
-                                  " is not a finite cost >= 0");
-    }
-  }
-  return speculation::CostFeatures{c.probe(), c.layer(), c.verify()};
-}
-
 // The engine's request for the round of `req`. Errors: kInvalidArgument
 // naming load when it is negative, or the cost feature that is not a
 // finite cost >= 0.
@@ -159,7 +146,8 @@ StatusOr<speculation::DraftRequest> DraftRequestFromProto(const lede::v1::DraftR
   if (req.has_accept_ema()) dr.accept_ema = req.accept_ema();
   if (req.load() < 0) return InvalidArgumentError("load: " + std::to_string(req.load()) + " is negative");
   dr.load = std::max<int32_t>(1, req.load());
-  LEDE_ASSIGN_OR_RETURN(dr.cost, CostFeaturesFromProto(req.cost()));
+  dr.cost = {req.cost().probe(), req.cost().layer(), req.cost().verify()};
+  LEDE_RETURN_IF_ERROR(speculation::CheckCostFeatures(dr.cost, "cost."));
   dr.context.assign(req.context().begin(), req.context().end());
   dr.round_index = req.round_index();
   dr.record_trace = req.record_trace();

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <string>
 
 namespace lede::speculation {
 namespace {
@@ -56,6 +57,18 @@ CostFeatures CostFeaturesOfTables(const CostTables& t) {
   verify = (verify > 0 ? verify : 0.0) + (unexplained > 0 ? unexplained : 0.0);
   f.verify = static_cast<float>(verify);
   return f;
+}
+
+Status CheckCostFeatures(const CostFeatures& f, const std::string& field_prefix) {
+  const float values[] = {f.probe, f.layer, f.verify};
+  const char* names[] = {"probe", "layer", "verify"};
+  for (int i = 0; i < 3; ++i) {
+    if (!std::isfinite(values[i]) || values[i] < 0) {
+      return InvalidArgumentError(field_prefix + names[i] + ": " + std::to_string(values[i]) +
+                                  " is not a finite cost >= 0");
+    }
+  }
+  return OkStatus();
 }
 
 }  // namespace lede::speculation

@@ -13,9 +13,11 @@
 #ifndef LEDE_SHARED_SPECULATION_COST_FEATURES_H_
 #define LEDE_SHARED_SPECULATION_COST_FEATURES_H_
 
+#include <string>
 #include <vector>
 
 #include "shared/speculation/exit_controller.h"
+#include "shared/status/status.h"
 
 namespace lede::speculation {
 
@@ -48,6 +50,12 @@ struct CostTables {
 // accelerator model of a model with L layers and an LM head of h
 // layer-equivalents: probe = h / L, layer = 1, verify = 0.
 CostFeatures CostFeaturesOfTables(const CostTables& tables);
+
+// OK when every feature of `f` is finite and >= 0; otherwise
+// kInvalidArgument naming the first that is not as `field_prefix` +
+// "probe" / "layer" / "verify" (a NaN or a negative cost would reach the
+// policy's input).
+Status CheckCostFeatures(const CostFeatures& f, const std::string& field_prefix);
 
 }  // namespace lede::speculation
 

@@ -45,14 +45,7 @@ speculation::CostFeatures CostFeaturesOf(const CostModel& cost, int64_t n_layers
 
 StatusOr<std::unique_ptr<CostModel>> MakeProfileCostModel(const speculation::CostFeatures& f, int64_t n_layers) {
   if (n_layers < 2) return InvalidArgumentError("n_layers: " + std::to_string(n_layers) + " (want >= 2)");
-  const float values[] = {f.probe, f.layer, f.verify};
-  const char* names[] = {"probe", "layer", "verify"};
-  for (int i = 0; i < 3; ++i) {
-    if (!std::isfinite(values[i]) || values[i] < 0) {
-      return InvalidArgumentError(std::string("cost profile ") + names[i] + ": " + std::to_string(values[i]) +
-                                  " is not a finite cost >= 0");
-    }
-  }
+  if (Status s = speculation::CheckCostFeatures(f, "cost profile "); !s.ok()) return s;
   return std::unique_ptr<CostModel>(std::make_unique<ProfileCostModel>(f, n_layers));
 }
 

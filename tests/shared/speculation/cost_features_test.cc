@@ -3,6 +3,7 @@
 #include "shared/speculation/cost_features.h"
 
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -80,6 +81,20 @@ TEST(CostFeaturesTest, NegativeSlopesClampAndEmptyTablesAreUnknown) {
   EXPECT_FLOAT_EQ(f.layer, 0.0f);
   EXPECT_FLOAT_EQ(f.verify, 0.0f);
   EXPECT_TRUE(CostFeaturesOfTables(CostTables{}) == CostFeatures{});
+}
+
+// A cost that is not finite or is negative is refused naming the feature
+// under the caller's prefix; valid features (zeros included) pass.
+TEST(CostFeaturesTest, CheckCostFeaturesNamesTheBadFeature) {
+  EXPECT_TRUE(CheckCostFeatures({0.1f, 1.0f, 0.4f}, "cost.").ok());
+  EXPECT_TRUE(CheckCostFeatures(CostFeatures{}, "cost.").ok());
+  const Status negative = CheckCostFeatures({0.1f, -1.0f, 0.4f}, "cost.");
+  EXPECT_EQ(negative.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(negative.message()).find("cost.layer: "), std::string::npos) << negative.message();
+  const Status nan = CheckCostFeatures({0.1f, 1.0f, std::numeric_limits<float>::quiet_NaN()}, "profile ");
+  EXPECT_EQ(nan.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(nan.message()).find("profile verify: "), std::string::npos) << nan.message();
+  EXPECT_FALSE(CheckCostFeatures({std::numeric_limits<float>::infinity(), 1.0f, 0.0f}, "").ok());
 }
 
 // The features enter the network input clamped and scaled (ExitFeatures):
