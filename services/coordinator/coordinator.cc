@@ -189,6 +189,7 @@ struct GenerationService::Impl {
     ModelClients c;
     c.rpc_timeout = options.rpc_timeout;
     c.max_queue_wait = options.max_queue_wait;
+    c.prefill_timeout = options.prefill_timeout;
     c.autoregressive_fallback = options.autoregressive_fallback;
     c.measured_costs = &measured_costs;
     return c;

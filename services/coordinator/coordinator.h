@@ -17,7 +17,8 @@
 // before tokenization: request_validation.h ValidateRequestSize);
 // RESOURCE_EXHAUSTED when every KV slot is busy and the verifier's queue of
 // waiting sessions is full (a request that finds the slots busy waits in
-// that queue, up to max_queue_wait); UNAVAILABLE when the
+// that queue, up to max_queue_wait, then gets RESOURCE_EXHAUSTED too);
+// DEADLINE_EXCEEDED when a prefill outlasts prefill_timeout; UNAVAILABLE when the
 // drafter or verifier is down or restarted mid-request (or, with
 // autoregressive_fallback, a drafter outage degrades to full-depth steps);
 // CANCELLED / DEADLINE_EXCEEDED from the client. The KV slot is closed on
@@ -65,8 +66,13 @@ struct CoordinatorOptions {
   // Deadline of each call to a model process when the client set none.
   absl::Duration rpc_timeout = absl::Seconds(30);
   // How long a request may wait in the verifier's queue for a free KV slot
-  // when the client set no earlier deadline (DEADLINE_EXCEEDED after it).
+  // (RESOURCE_EXHAUSTED after it: the verifier enforces it,
+  // OpenSessionRequest.max_queue_wait_ms).
   absl::Duration max_queue_wait = absl::Seconds(300);
+  // How long the prefill of an admitted prompt may take when the client set
+  // no earlier deadline: it runs beside the other sessions' steps, so eight
+  // 2,000-token prompts on a 1B model at 2 threads take minutes each.
+  absl::Duration prefill_timeout = absl::Seconds(1800);
   // Requests in flight (running and queued, the load the exit policy sees)
   // above which a speculative request's rounds run as autoregressive steps
   // (LoopOptions::speculation_max_load; vLLM's

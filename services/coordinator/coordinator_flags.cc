@@ -26,6 +26,7 @@ CoordinatorFlags::CoordinatorFlags() {
   max_new_tokens_limit = options.max_new_tokens_limit;
   rpc_timeout_s = absl::ToDoubleSeconds(options.rpc_timeout);
   queue_wait_s = absl::ToDoubleSeconds(options.max_queue_wait);
+  prefill_timeout_s = absl::ToDoubleSeconds(options.prefill_timeout);
   shard_age_s = absl::ToDoubleSeconds(options.experience_shard_age);
   lease_ttl_s = absl::ToDoubleSeconds(options.lease_ttl);
   speculation_max_load = options.speculation_max_load;
@@ -67,7 +68,9 @@ void AddCoordinatorFlags(flags::FlagSet* flags, CoordinatorFlags* v) {
   flags->Add("max-new-tokens-limit", &v->max_new_tokens_limit, "largest max_new_tokens a request may ask for");
   flags->Add("rpc-timeout-s", &v->rpc_timeout_s, "deadline of each call to a model process");
   flags->Add("max-queue-wait-s", &v->queue_wait_s,
-             "how long a request may wait for a free KV slot when its client set no deadline");
+             "how long a request may wait in the verifier's queue for a free KV slot (then 429 / RESOURCE_EXHAUSTED)");
+  flags->Add("prefill-timeout-s", &v->prefill_timeout_s,
+             "how long a prompt's prefill may take once it has a KV slot, when its client set no deadline");
   flags->Add("speculation-max-load", &v->speculation_max_load,
              "requests in flight (running and queued) above which speculative requests decode "
              "autoregressively, round by round (0 = no limit; vLLM's --speculative-disable-by-batch-size)");
@@ -163,8 +166,13 @@ Status FinishCoordinatorFlags(CoordinatorFlags* v) {
                                 std::to_string(v->speculation_max_load));
   }
   o.speculation_max_load = static_cast<int32_t>(v->speculation_max_load);
+  if (!(v->rpc_timeout_s > 0) || !(v->prefill_timeout_s > 0) || !(v->queue_wait_s >= 0)) {
+    return InvalidArgumentError("--rpc-timeout-s and --prefill-timeout-s must be > 0 and --max-queue-wait-s >= 0, got " +
+                                absl::StrCat(v->rpc_timeout_s, ", ", v->prefill_timeout_s, " and ", v->queue_wait_s));
+  }
   o.rpc_timeout = absl::Seconds(v->rpc_timeout_s);
   o.max_queue_wait = absl::Seconds(v->queue_wait_s);
+  o.prefill_timeout = absl::Seconds(v->prefill_timeout_s);
   o.experience_shard_age = absl::Seconds(v->shard_age_s);
   o.lease_ttl = absl::Seconds(v->lease_ttl_s);
   o.instance_name = v->instance_name == "auto" ? DefaultInstanceName(v->server.listen) : v->instance_name;

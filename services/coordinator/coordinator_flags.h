@@ -38,7 +38,7 @@ struct CoordinatorFlags {
   double replica_refresh_s;
   int64_t replica_verifier_port, replica_drafter_port;
   int64_t max_new_tokens_limit;
-  double rpc_timeout_s, queue_wait_s, shard_age_s, max_age_h = 0, lease_ttl_s;
+  double rpc_timeout_s, queue_wait_s, prefill_timeout_s, shard_age_s, max_age_h = 0, lease_ttl_s;
   int64_t speculation_max_load;
   std::string instance_name = "auto";
   std::string api_key_file;

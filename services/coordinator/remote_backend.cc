@@ -60,13 +60,15 @@ StatusOr<speculation::Prefilled> RemoteBackend::Open(const std::vector<int32_t>&
   req.set_record_nll(options.record_nll);
   req.set_request_id(request_id_);
   req.set_owner_instance(clients_.owner_instance);
+  req.set_max_queue_wait_ms(absl::ToInt64Milliseconds(clients_.max_queue_wait));
   lede::v1::OpenSessionResponse resp;
   // The client's deadline and cancellation, so that a request waiting in the
   // verifier's queue for a KV slot leaves it when its client does; capped at
-  // the queue wait plus one call's timeout. A verifier that allocated the
+  // the queue wait (which the verifier bounds itself) plus the prefill's
+  // timeout. A verifier that allocated the
   // slot before the answer was lost frees it itself when it sees the call
   // cancelled, and CloseOrphan() closes it by request id otherwise.
-  std::unique_ptr<grpc::ClientContext> ctx = ModelCallContext(server_, clients_.max_queue_wait + clients_.rpc_timeout);
+  std::unique_ptr<grpc::ClientContext> ctx = ModelCallContext(server_, clients_.max_queue_wait + clients_.prefill_timeout);
   grpc::Status s = clients_.verifier->OpenSession(ctx.get(), req, &resp);
   if (s.error_code() == grpc::StatusCode::CANCELLED || s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     CloseOrphan();

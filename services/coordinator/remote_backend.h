@@ -76,9 +76,12 @@ struct ModelClients {
   // Cleared (for every request) when the drafter answers UNIMPLEMENTED.
   std::atomic<bool>* fused_rounds = nullptr;
   absl::Duration rpc_timeout = absl::Seconds(30);  // deadline of a call when the client set none
-  // How long OpenSession may wait in the verifier's queue for a KV slot
-  // (on top of rpc_timeout) when the client set no earlier deadline.
+  // How long OpenSession may wait in the verifier's queue for a KV slot (the
+  // verifier refuses with RESOURCE_EXHAUSTED after it), and how long the
+  // prefill may take after admission: OpenSession's deadline is their sum
+  // when the client set no earlier one.
   absl::Duration max_queue_wait = absl::Seconds(300);
+  absl::Duration prefill_timeout = absl::Seconds(1800);
   bool autoregressive_fallback = false;
   // The coordinator instance that owns the sessions it opens
   // (SessionLease::instance_id(); "" = none).

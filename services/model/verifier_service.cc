@@ -379,6 +379,10 @@ grpc::Status VerifierService::OpenSession(grpc::ServerContext* context, const le
   so.sampling = SamplingFromProto(req->sampling());
   if (Status s = ValidateSampling(so.sampling); !s.ok()) return ToGrpcStatus(s);
   so.record_nll = req->record_nll();
+  if (req->max_queue_wait_ms() < 0) {
+    return ToGrpcStatus(InvalidArgumentError("max_queue_wait_ms: must be >= 0 (0 = until the call's deadline), got " +
+                                             std::to_string(req->max_queue_wait_ms())));
+  }
   if (!req->owner_instance().empty()) {
     impl_->FreeOwners(impl_->leases.TakeExpired(), "lease_lapsed");
     if (Status s = impl_->leases.Admit(req->owner_instance()); !s.ok()) return ToGrpcStatus(s);
@@ -398,9 +402,20 @@ grpc::Status VerifierService::OpenSession(grpc::ServerContext* context, const le
       if (allocated.ok()) slot = *allocated;
       return allocated.ok();
     };
+    // The queue wait is bounded by the caller's max_queue_wait_ms as well as
+    // by the call's deadline; the prefill below only by the deadline.
+    absl::Time deadline = absl::FromChrono(context->deadline());
+    const absl::Duration max_wait = absl::Milliseconds(req->max_queue_wait_ms());
+    const bool wait_bounded = max_wait > absl::ZeroDuration() && absl::Now() + max_wait < deadline;
+    if (wait_bounded) deadline = absl::Now() + max_wait;
     absl::Duration queued;
-    Status admitted = impl_->queue.Admit(&impl_->mu, try_admit, absl::FromChrono(context->deadline()),
+    Status admitted = impl_->queue.Admit(&impl_->mu, try_admit, deadline,
                                          [context] { return context->IsCancelled(); }, &queued);
+    if (wait_bounded && admitted.code() == StatusCode::kDeadlineExceeded) {
+      admitted = ResourceExhaustedError("max_queue_wait_ms: no KV slot was freed within " +
+                                        std::to_string(req->max_queue_wait_ms()) + " ms (every one of the " +
+                                        std::to_string(cache->n_slots()) + " slots is in use)");
+    }
     if (!admitted.ok()) return ToGrpcStatus(admitted);
     if (host.metrics) host.metrics->request_queue_time.Observe(absl::ToDoubleSeconds(queued));
     SessionState& session = impl_->sessions[slot];

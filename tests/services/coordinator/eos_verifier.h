@@ -33,9 +33,10 @@ class EosVerifier final : public lede::v1::Verifier::Service {
     info->set_bos_id(1);
     return grpc::Status::OK;
   }
-  grpc::Status OpenSession(grpc::ServerContext*, const lede::v1::OpenSessionRequest*,
+  grpc::Status OpenSession(grpc::ServerContext*, const lede::v1::OpenSessionRequest* request,
                            lede::v1::OpenSessionResponse* response) override {
     opens_.fetch_add(1);
+    last_max_queue_wait_ms_.store(request->max_queue_wait_ms());
     response->set_slot(0);
     response->set_first_token(kEosId);
     return grpc::Status::OK;
@@ -49,10 +50,13 @@ class EosVerifier final : public lede::v1::Verifier::Service {
     return grpc::Status::OK;
   }
   int n_opens() const { return opens_.load(); }
+  // OpenSessionRequest.max_queue_wait_ms of the last open (-1: none yet).
+  int64_t last_max_queue_wait_ms() const { return last_max_queue_wait_ms_.load(); }
 
  private:
   const int32_t vocab_size_;
   std::atomic<int> opens_{0};
+  std::atomic<int64_t> last_max_queue_wait_ms_{-1};
 };
 
 // The process's resident set, bytes: "VmHWM" (peak since the last

@@ -82,6 +82,7 @@ class InputBoundsTest : public ::testing::Test {
     o.tokenizer_path = TokenizerPath();
     o.verifier_target = o.drafter_target = "127.0.0.1:" + std::to_string(model_->port());
     o.rpc_timeout = absl::Seconds(5);
+    o.max_queue_wait = absl::Seconds(7);
     o.max_new_tokens_limit = 16;
     auto service = GenerationService::Create(o, &registry_);
     ASSERT_THAT(service, IsOk());
@@ -171,6 +172,15 @@ TEST_F(InputBoundsTest, MaxTokenBytesBoundsEveryPiece) {
   EXPECT_GE(MaxRequestMessageBytes(bounds_), 2 * bounds_.max_prompt_bytes());
   EXPECT_GE(MaxHttpBodyBytes(bounds_), 6 * bounds_.max_prompt_bytes());
   EXPECT_LT(MaxRequestMessageBytes(bounds_), 1 << 20);  // lede-tiny: far below 64 MiB
+}
+
+// The coordinator's queue-wait bound travels with OpenSession, so that the
+// verifier bounds the wait for a KV slot and the call's deadline is left to
+// the prefill (remote_backend.h ModelClients::prefill_timeout).
+TEST_F(InputBoundsTest, OpenSessionCarriesTheQueueWaitBound) {
+  StartGrpc(MaxRequestMessageBytes(bounds_));
+  ASSERT_TRUE(Generate(Request("Once upon a time")).ok());
+  EXPECT_EQ(verifier_->last_max_queue_wait_ms(), 7000);
 }
 
 // Failure 1 over gRPC: the 20 MiB prompt exceeds the receive limit sized to

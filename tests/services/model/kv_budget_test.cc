@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -184,6 +185,41 @@ TEST_F(KvBudgetHostTest, PoolFollowsTheBudgetAndLongPromptsAreResourceExhausted)
   for (int32_t t : {1, 2, 3, 4}) fits.add_prompt_token_ids(t);
   grpc::Status opened = verifier.OpenSession(&context, &fits, &response);
   EXPECT_TRUE(opened.ok()) << opened.error_message();
+}
+
+// A request that finds every slot busy waits in the queue for at most its
+// max_queue_wait_ms and is then refused with RESOURCE_EXHAUSTED naming the
+// field (the coordinator's 429), not DEADLINE_EXCEEDED; the slots' sessions
+// are untouched, and a negative bound is INVALID_ARGUMENT.
+TEST_F(KvBudgetHostTest, FullPoolRefusesAfterTheQueueWait) {
+  options_.kv_memory = "1MiB";
+  auto host = LoadModelHost(options_, /*create_pool=*/true, nullptr);
+  ASSERT_THAT(host, IsOk());
+  VerifierService verifier(*host);
+  grpc::ServerContext context;
+  lede::v1::OpenSessionRequest open;
+  for (int32_t t : {1, 2, 3, 4}) open.add_prompt_token_ids(t);
+  std::vector<int64_t> slots;
+  for (int i = 0; i < 2; ++i) {
+    lede::v1::OpenSessionResponse response;
+    grpc::Status opened = verifier.OpenSession(&context, &open, &response);
+    ASSERT_TRUE(opened.ok()) << opened.error_message();
+    slots.push_back(response.slot());
+  }
+  EXPECT_EQ((*host)->Pool()->n_in_use(), 2);
+
+  open.set_max_queue_wait_ms(50);
+  lede::v1::OpenSessionResponse response;
+  grpc::Status queued = verifier.OpenSession(&context, &open, &response);
+  EXPECT_EQ(queued.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << queued.error_message();
+  EXPECT_THAT(queued.error_message(), HasSubstr("max_queue_wait_ms"));
+  EXPECT_THAT(queued.error_message(), HasSubstr("50 ms"));
+  EXPECT_EQ((*host)->Pool()->n_in_use(), 2);
+
+  open.set_max_queue_wait_ms(-1);
+  grpc::Status negative = verifier.OpenSession(&context, &open, &response);
+  EXPECT_EQ(negative.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(negative.error_message(), HasSubstr("max_queue_wait_ms"));
 }
 
 // A budget too small for one useful slot refuses the start (the process
