@@ -346,6 +346,7 @@ StatusOr<RequestRetrainOutcome> RetrainOnRequests(storage::ObjectStore& store, c
   for (auto* part : {&split.train, &split.selection, &split.heldout}) {
     for (ShadowTrace& t : *part) t.cost = features;
   }
+  out.cost_features = features;
   out.n_requests = split.n_requests;
   out.n_train = static_cast<int64_t>(split.train.size() + split.selection.size());
   out.n_heldout = static_cast<int64_t>(split.heldout.size());

@@ -52,6 +52,7 @@
 #include "proto/lede/v1/experience.pb.h"
 #include "shared/model/cost/cost_model.h"
 #include "shared/model/llama.h"
+#include "shared/speculation/cost_features.h"
 #include "shared/status/status.h"
 #include "shared/storage/object_store.h"
 #include "trainer/counterfactual.h"
@@ -112,6 +113,10 @@ struct RequestRetrainOutcome {
   // The cost model the run priced with: "served" (the logged measured
   // costs) or the name of the `cost` given.
   std::string cost_model;
+  // The cost profile the replays showed the policy (ExitState::cost): the
+  // features of the model that priced the run (cost_model), as the
+  // coordinator sends a served policy those of its measured costs.
+  speculation::CostFeatures cost_features;
   // The candidate's acceptance on the held-out requests, greedy and sampled
   // apart (trainer/counterfactual.h ReplayAcceptanceOf).
   ReplayAcceptanceByKind heldout_acceptance;

@@ -19,6 +19,7 @@
 #include "policy/dqn/artifact.h"
 #include "shared/experience/request_log.h"
 #include "shared/model/cost/cost_model.h"
+#include "shared/model/cost/cost_profiles.h"
 #include "shared/model/decoding.h"
 #include "shared/tokenizer/model_files.h"
 #include "shared/tokenizer/tokenizer.h"
@@ -586,6 +587,15 @@ TEST_F(RequestRetrainTest, LoggedMeasuredCostsPriceTheRun) {
   ASSERT_THAT(accelerator, IsOk());
   EXPECT_EQ(accelerator->cost_model, "accelerator");
   EXPECT_LT(served->serving_speedup, accelerator->serving_speedup);
+  // The replays show the policy the features of the model that priced them:
+  // the accelerator model's (a verification costs one step whatever its
+  // length: verify 0), and the log's costly verification.
+  const int64_t D = off.dinkelbach.spec.max_draft_len;
+  const speculation::CostFeatures of_accelerator = model::cost::CostFeaturesOf(*cost_, L, D);
+  EXPECT_EQ(accelerator->cost_features, of_accelerator);
+  EXPECT_NEAR(accelerator->cost_features.verify, 0.0f, 1e-6);
+  EXPECT_GT(served->cost_features.verify, 0.1f);
+  EXPECT_FALSE(served->cost_features == of_accelerator);
 }
 
 }  // namespace
