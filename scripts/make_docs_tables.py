@@ -98,14 +98,23 @@ def cost_profiles_table(data, opts):
         shipped = next((r for r in rows if r["method"] == "lede " + base), None)
         lede = next((r for r in rows if r["method"] == "lede " + cond), None)
         ratio = (lambda a, b: x(a[key] / b[key], 3) if a and b else "-")
-        out.append([name, f"{num(s['ar_tokens_per_s'])} tok/s",
+        # How well the run's measured cost model predicts each method, and how far above the best rule any
+        # policy acting on the acceptance beliefs could get (both predicted, trainer/ceilings.h).
+        errors = [abs(r[key] / r["predicted_speedup_measured"] - 1) for r in rows if r["predicted_speedup_measured"] > 0]
+        belief, rule_best = s.get("belief_ceiling_in_sample", {}), s.get("calibrated_ceiling", {})
+        headroom = (x(belief["measured"] / rule_best["measured"], 3)
+                    if belief.get("measured") and rule_best.get("measured") else "-")
+        label = name if not s.get("temperature") else f"{name}, T={s['temperature']:g}, {s.get('seeds', 1)} seeds"
+        out.append([label, f"{num(s['ar_tokens_per_s'])} tok/s",
                     f"{x(static[key])} ({static['config']})" if static else "-",
                     f"{x(rule[key])} ({rule['config']})" if rule else "-",
                     x(shipped[key]) if shipped else "-",
                     f"{x(lede[key])} (mean D {lede['mean_draft_len']:.2f})" if lede else "-",
-                    ratio(lede, static), ratio(lede, rule), ratio(lede, shipped)])
+                    ratio(lede, static), ratio(lede, rule), ratio(lede, shipped), headroom,
+                    f"{100 * max(errors):.1f}%" if errors else "-"])
     return table(["set", "autoregressive", "best static", "calibrated rule", base, cond,
-                  f"{cond} / static", f"{cond} / rule", f"{cond} / {base}"], out)
+                  f"{cond} / static", f"{cond} / rule", f"{cond} / {base}",
+                  "belief ceiling / rule ceiling (predicted)", "largest prediction error"], out)
 
 
 def bench_full(data, opts):
