@@ -42,6 +42,7 @@ StatusOr<Common> Setup(const CommonFlags& cf) {
   }
   c.accelerator = model::cost::MakeAcceleratorCostModel(c.model->config());
   c.measured = model::cost::MakeMeasuredCostModel(cal);
+  c.calibration = cal;
   LEDE_ASSIGN_OR_RETURN(c.spec.candidate_layers, flags::ParseIntList("candidate-layers", cf.candidates));
   c.spec.max_draft_len = static_cast<int32_t>(cf.max_draft);
   for (const std::string& path : SplitList(cf.prompts)) {

@@ -154,9 +154,10 @@ Status SetBench::AddLede(const policy::dqn::Artifact& a) {
                         policy::dqn::PlanTrainedPolicy(std::make_shared<const policy::dqn::Artifact>(a), L_));
   GenerateOptions o = adaptive_;
   o.decision_spec = plan.decision_spec;
-  // The policy sees this deployment's costs: the measured model's
-  // (a cost-blind policy ignores them).
-  o.cost_features = model::cost::CostFeaturesOf(*c_.measured, L_, plan.decision_spec.max_draft_len);
+  // The policy sees this deployment's costs as the services would show
+  // them: the measured calibration's step costs (a cost-blind policy
+  // ignores them).
+  o.cost_features = model::cost::CostFeaturesOfCalibration(c_.calibration, L_, plan.decision_spec.max_draft_len);
   auto dqn = [plan](int64_t) { return plan.MakeController(); };
   const std::string label = "lede " + a.metadata.version;
   jobs_.push_back({label, a.metadata.version + " (" + a.metadata.reward_cost_model + ")", o, dqn});

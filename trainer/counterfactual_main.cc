@@ -101,7 +101,8 @@ StatusOr<std::unique_ptr<lede::model::cost::CostModel>> MakeCostModelAtLoad(cons
 //   accelerator          the accelerator model of --model's shape
 //   calibration:PATH     the measured model of a `lede calibrate` file
 //   PROBE:LAYER:VERIFY   the profile cost model of those features
-// each with its features (model::cost::CostFeaturesOf) under --max-draft-len.
+// each with its features under --max-draft-len (model::cost::CostFeaturesOf;
+// a calibration's from its step timings, CostFeaturesOfCalibration).
 StatusOr<std::vector<lede::trainer::DinkelbachOptions::CostProfile>> MakeCostProfiles(
     const Flags& fl, const lede::model::LlamaModel& model) {
   std::vector<lede::trainer::DinkelbachOptions::CostProfile> out;
@@ -116,6 +117,7 @@ StatusOr<std::vector<lede::trainer::DinkelbachOptions::CostProfile>> MakeCostPro
       auto cal = lede::model::cost::ReadCalibrationFile(entry.substr(kCalibration.size()));
       if (!cal.ok()) return lede::Status(cal.status().code(), "--cost-profiles: " + std::string(cal.status().message()));
       p.cost = lede::model::cost::MakeMeasuredCostModel(*cal);
+      p.features = lede::model::cost::CostFeaturesOfCalibration(*cal, L, fl.max_draft);  // as served
     } else {
       auto f = lede::model::cost::ParseCostFeatures(entry);
       if (!f.ok()) return lede::Status(f.status().code(), "--cost-profiles: " + std::string(f.status().message()));
@@ -123,7 +125,9 @@ StatusOr<std::vector<lede::trainer::DinkelbachOptions::CostProfile>> MakeCostPro
                             lede::model::cost::MakeProfileCostModel(*f, L));
       p.cost = std::move(made);
     }
-    p.features = lede::model::cost::CostFeaturesOf(*p.cost, L, fl.max_draft);
+    if (p.features == lede::speculation::CostFeatures{}) {
+      p.features = lede::model::cost::CostFeaturesOf(*p.cost, L, fl.max_draft);
+    }
     out.push_back(std::move(p));
   }
   return out;

@@ -39,6 +39,7 @@ struct Common {
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
   std::unique_ptr<model::Engine> engine;
   std::unique_ptr<model::cost::CostModel> accelerator, measured;
+  model::cost::Calibration calibration;  // the measured model's (its features: CostFeaturesOfCalibration)
   std::vector<PromptSet> sets;
   speculation::DecisionSpec spec;
 };

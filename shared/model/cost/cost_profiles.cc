@@ -43,6 +43,14 @@ speculation::CostFeatures CostFeaturesOf(const CostModel& cost, int64_t n_layers
   return speculation::CostFeaturesOfTables(t);
 }
 
+speculation::CostFeatures CostFeaturesOfCalibration(const Calibration& calibration, int64_t n_layers,
+                                                    int64_t max_draft_len) {
+  Calibration steps = calibration;
+  steps.round_us.clear();
+  steps.ar_step_us = 0;
+  return CostFeaturesOf(*MakeMeasuredCostModel(steps), n_layers, max_draft_len);
+}
+
 StatusOr<std::unique_ptr<CostModel>> MakeProfileCostModel(const speculation::CostFeatures& f, int64_t n_layers) {
   if (n_layers < 2) return InvalidArgumentError("n_layers: " + std::to_string(n_layers) + " (want >= 2)");
   if (Status s = speculation::CheckCostFeatures(f, "cost profile "); !s.ok()) return s;

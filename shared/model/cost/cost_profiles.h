@@ -29,6 +29,19 @@ namespace lede::model::cost {
 // values give zero layer / verify features).
 speculation::CostFeatures CostFeaturesOf(const CostModel& cost, int64_t n_layers, int64_t max_draft_len);
 
+// The features of a deployment measured by `calibration`, as the model
+// services measure theirs: CostFeaturesOf the measured cost model of its
+// step timings (draft steps by exit layer, verifications of k positions),
+// its round table left out. The services' meter (experience::ServedCostMeter)
+// times single steps, and a round table books the same costs differently
+// (on the 5x widening at q8_0: verify 0.53 from the round table, 0.27 from
+// the steps), so every source that shows a policy a calibration's features
+// (training profiles, lede-bench, `lede generate`) uses this one, and a
+// policy is served the features it was trained on. The pricing itself still
+// uses the round table (MakeMeasuredCostModel).
+speculation::CostFeatures CostFeaturesOfCalibration(const Calibration& calibration, int64_t n_layers,
+                                                    int64_t max_draft_len);
+
 // The cost model whose features are exactly `f` (name "profile"), in units
 // of an autoregressive step of a model with `n_layers` layers:
 //   DraftToken(l) = f.probe + f.layer * l / L,  Probe() = f.probe,

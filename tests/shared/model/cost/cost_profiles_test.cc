@@ -41,6 +41,32 @@ TEST(CostProfilesTest, AcceleratorFeatures) {
   EXPECT_NEAR(f.verify, 0.0, 1e-6);
 }
 
+// A calibration's features come from its step timings, as the model
+// services measure theirs; its round table (which books verification with
+// the drafts) does not change them, though it prices the rounds.
+TEST(CostProfilesTest, CalibrationFeaturesAreThoseOfItsStepTimings) {
+  Calibration steps;
+  steps.n_layers = 4;
+  for (int t = 1; t <= 16; ++t) {
+    steps.block_us.push_back(100.0 + 40.0 * t);  // a verified position costs 40 us per block
+    steps.head_us.push_back(50.0 + 20.0 * t);
+  }
+  steps.step_us = 4 * 140.0 + 70.0;
+  Calibration rounds = steps;
+  rounds.ar_step_us = 630.0;
+  rounds.round_us = {{700.0, 900.0, 1100.0}, {800.0, 1100.0, 1400.0}, {900.0, 1300.0, 1700.0}};
+
+  const speculation::CostFeatures of_steps = CostFeaturesOf(*MakeMeasuredCostModel(steps), 4, 3);
+  EXPECT_GT(of_steps.verify, 0.1f);
+  const speculation::CostFeatures f = CostFeaturesOfCalibration(rounds, 4, 3);
+  EXPECT_NEAR(f.probe, of_steps.probe, 1e-6);
+  EXPECT_NEAR(f.layer, of_steps.layer, 1e-6);
+  EXPECT_NEAR(f.verify, of_steps.verify, 1e-6);
+  EXPECT_EQ(CostFeaturesOfCalibration(steps, 4, 3), of_steps);
+  // The round table's own features differ (it is what the pricing uses).
+  EXPECT_FALSE(CostFeaturesOf(*MakeMeasuredCostModel(rounds), 4, 3) == f);
+}
+
 // The profile cost model prices as its features say, and shows exactly
 // those features again (the round trip a cost-conditioned policy relies on:
 // it is trained on the features of the model that prices its rewards).
