@@ -22,6 +22,8 @@
 #include "services/cli/internal/common.h"
 #include "shared/file/file.h"
 #include "shared/flags/flags.h"
+#include "shared/model/cost/cost_model.h"
+#include "shared/model/cost/cost_profiles.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
 #include "shared/speculation/method.h"
@@ -42,7 +44,7 @@ using internal::LoadFailureCode;
 // The flags of `lede generate`, with their defaults.
 struct GenerateFlags {
   internal::ModelFlags mf;
-  std::string prompt, prompt_file, tokenizer_path, policy_dir, mode = "static";
+  std::string prompt, prompt_file, tokenizer_path, policy_dir, calibration_path, mode = "static";
   int64_t max_new_tokens = 128, exit_layer = 0, draft_len = 4, seed = 0, repeat = 1, samples = 1;
   double temperature = 0.0, top_p = 1.0;
   std::string separator, system, chat_template;
@@ -67,6 +69,9 @@ struct GenerateFlags {
           "ar (autoregressive), static (self-speculative, fixed E and D) or lede (learned exit policy)");
     f.Add("policy", &policy_dir,
           "lede mode: a policy version directory, or a policy root with a SERVING pointer (default: MODEL/policy)");
+    f.Add("calibration", &calibration_path,
+          "lede mode: a measured cost model (lede calibrate) whose costs a deployment-priced policy sees (default: "
+          "a short self-calibration of the loaded model)");
     f.Add("exit-layer", &exit_layer, "draft exit layer E in [1, L] (default: L/4, at least 1)");
     f.Add("draft-len", &draft_len, "draft length D");
     f.Add("temperature", &temperature, "0 = greedy");
@@ -98,12 +103,47 @@ StatusOr<policy::dqn::Artifact> ChoosePolicy(const std::string& policy_dir, cons
   return policy::dqn::LoadServingArtifact(policy_dir, fingerprint);
 }
 
+// Self-calibration repeats: each step kind is timed this many times
+// (medians); on the 5x widening at q8_0 about 2.5 s.
+constexpr int kSelfCalibrationRepeats = 3;
+
+// The cost features a policy priced by the deployment (reward cost model
+// "served", docs/training.md "What the policy sees of the hardware") sees in
+// process: those of the measured cost model at `calibration_path`, else of a
+// short self-calibration of the loaded model at its weight format and
+// thread count (step timings only; the model services measure their served
+// steps instead: experience::ServedCostMeter). One line on `err` says which.
+StatusOr<speculation::CostFeatures> InProcessCostFeatures(const std::string& calibration_path,
+                                                          const model::LlamaModel& llama, int64_t max_draft_len,
+                                                          std::ostream& err) {
+  model::cost::Calibration calibration;
+  std::string source = calibration_path;
+  if (!calibration_path.empty()) {
+    LEDE_ASSIGN_OR_RETURN(calibration, model::cost::ReadCalibrationFile(calibration_path));
+  } else {
+    const auto start = std::chrono::steady_clock::now();
+    LEDE_ASSIGN_OR_RETURN(calibration, model::cost::Calibrate(llama, kSelfCalibrationRepeats, nullptr,
+                                                              /*round_passes=*/0, max_draft_len));
+    std::ostringstream what;
+    what << std::fixed << std::setprecision(1) << "a self-calibration ("
+         << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s)";
+    source = what.str();
+  }
+  const speculation::CostFeatures f =
+      model::cost::CostFeaturesOfCalibration(calibration, llama.n_layers(), max_draft_len);
+  err << std::fixed << std::setprecision(3) << "[lede] policy priced by " << source << ": probe " << f.probe
+      << ", layer " << f.layer << ", verify " << f.verify << " (autoregressive steps)\n";
+  return f;
+}
+
 // --mode lede: the policy version (`policy_dir`, default MODEL/policy) built
-// by the method factory; sets the loop mode and decision spec of `go`.
+// by the method factory; sets the loop mode, decision spec and (for a
+// deployment-priced policy) cost features of `go`.
 StatusOr<std::unique_ptr<speculation::ExitController>> LedeController(const std::string& model_path, std::string policy_dir,
+                                                                const std::string& calibration_path,
                                                                 const c10::Device& device,
                                                                 const model::LlamaModel& llama,
-                                                                model::GenerateOptions* go) {
+                                                                model::GenerateOptions* go, std::ostream& err) {
   if (policy_dir.empty()) {
     std::filesystem::path p(model_path);
     policy_dir = ((std::filesystem::is_directory(p) ? p : p.parent_path()) / "policy").string();
@@ -113,12 +153,17 @@ StatusOr<std::unique_ptr<speculation::ExitController>> LedeController(const std:
   policy::dqn::MethodContext context;
   context.n_layers = static_cast<int32_t>(llama.n_layers());
   context.max_draft_len = std::numeric_limits<int32_t>::max();  // the pool is sized from the spec below
+  const bool priced_by_deployment = artifact.metadata.reward_cost_model == "served";
   context.artifact = std::make_shared<const policy::dqn::Artifact>(std::move(artifact));
   speculation::MethodSpec spec;
   spec.method = speculation::SpeculationMethod::kLede;
   LEDE_ASSIGN_OR_RETURN(policy::dqn::MethodPlan plan, policy::dqn::PlanMethod(spec, context));
   go->mode = plan.mode;
   go->decision_spec = plan.decision_spec;
+  if (priced_by_deployment || !calibration_path.empty()) {
+    LEDE_ASSIGN_OR_RETURN(go->cost_features,
+                          InProcessCostFeatures(calibration_path, llama, plan.decision_spec.max_draft_len, err));
+  }
   return plan.MakeController();
 }
 #endif
@@ -176,6 +221,9 @@ StatusOr<GenerateRequest> CheckGenerateFlags(const GenerateFlags& g) {
     return InvalidArgumentError("--mode: want ar, static or lede, got '" + g.mode + "'");
   }
   request.method = *method;
+  if (!g.calibration_path.empty() && request.method != speculation::SpeculationMethod::kLede) {
+    return InvalidArgumentError("--calibration: only --mode lede uses a cost model, got --mode " + g.mode);
+  }
 #if !LEDE_HAVE_POLICY
   if (request.method == speculation::SpeculationMethod::kLede) {
     return UnimplementedError("--mode lede: this engine-only build has no policy support");
@@ -347,7 +395,7 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   std::unique_ptr<speculation::ExitController> controller;
 #if LEDE_HAVE_POLICY
   if (request->method == speculation::SpeculationMethod::kLede) {
-    auto made = LedeController(g.mf.model, g.policy_dir, options->device, *loaded->llama, &go);
+    auto made = LedeController(g.mf.model, g.policy_dir, g.calibration_path, options->device, *loaded->llama, &go, err);
     if (!made.ok()) return Fail(err, made.status(), kExitUsage);
     controller = std::move(*made);
     go.controller = controller.get();
