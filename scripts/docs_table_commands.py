@@ -23,26 +23,34 @@ def _llamacpp_w8(threads):
     return ("scripts/install_node_llama_cpp.sh\n"
             "build/services/cli/lede widen --model models/lede-tiny --factor 8 --out out/lede-tiny-w8\n"
             f"node bench/llamacpp_bench.mjs --model out/lede-tiny-w8 --formats q4_k_m,q4_0,q8_0 --threads {threads} \\\n"
-            "    --tokens 32 --repeats 2 --eval-prompts 2 --static \"\" --policy \"\" --lookup \"\" --prefill-tokens 400 \\\n"
+            "    --tokens 96 --repeats 3 --eval-prompts 8 --static \"\" --policy \"\" --lookup \"\" --prefill-tokens 400 \\\n"
             f"    --out bench/results/llamacpp-w8-quant-{threads}t.json")
 
 
-def _widen5_cost(weights):
-    """lede-bench on the 5x widening at one weight format, with the shipped and the cost-conditioned policy."""
+def _widen5_cost(weights, sampled=False):
+    """lede-bench on the 5x widening at one weight format, with the shipped and the cost-conditioned policies
+    (installed by `lede widen`); greedy, or sampled at temperature 0.8 with 3 seeds."""
     w5 = "out/lede-tiny-w5"
+    name = f"widen5-cost-{weights}" + ("-t0.8" if sampled else "")
     return ("build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/lede-tiny-w5 --overwrite\n"
-            "LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 scripts/train_widened_policies.sh 5  # calibrations, cost-v1\n"
-            f"bench/record.py bench/results/widen5-cost-{weights}.json -- \\\n    "
+            f"build/services/cli/lede calibrate --model {w5} --weights {weights} --threads 1 --repeats 20 "
+            f"--round-passes 3 --round-max-draft-len 6 --batch-sizes \"\" --out {w5}/calibration-{weights}.json"
+            "  # and the other formats\n"
+            "LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 scripts/train_widened_policies.sh 5"
+            "  # cost-v2\n"
+            f"bench/record.py bench/results/{name}.json -- \\\n    "
             f"build/bench/lede-bench bench --model {w5} --weights {weights} --threads 1 "
             f"--calibration {w5}/calibration-{weights}.json "
             f"--prompts {MODEL}/prompts/story.jsonl,{MODEL}/prompts/code.jsonl --prompts-per-set 24 --new-tokens 64 "
             "--repeats 3 --methods ar,static,calibrated,lede --candidate-layers 1,2,3,4,5,6 --max-draft-len 6 "
-            f"--policy {w5}/policy/accelerator-v1,out/widened-policies/w5/cost-v1 --json {{json}}")
+            + ("--temperature 0.8 --seeds 3 " if sampled else "")
+            + f"--policy {w5}/policy/accelerator-v1,{w5}/policy/cost-v1,{w5}/policy/cost-v2 --json {{json}}")
 
 
 # Each result a table uses: what kind of JSON it holds, and the command that writes it.
 COMMANDS = {
     **{f"bench/results/widen5-cost-{w}.json": ("lede-bench bench", _widen5_cost(w)) for w in ("q8_0", "f32", "bf16")},
+    "bench/results/widen5-cost-q8_0-t0.8.json": ("lede-bench bench", _widen5_cost("q8_0", sampled=True)),
     "bench/results/lede-tiny-bench.json":
         ("lede-bench bench", "bench/record.py bench/results/lede-tiny-bench.json -- \\\n    "
          + _bench_set("story") + " -- \\\n    " + _bench_set("code")),

@@ -7,14 +7,17 @@
 #                   wide shape (machine-independent: the LM head costs ~0.4
 #                   layer-equivalents at factor 3, ~0.2 at factor 5, 1.0 in
 #                   lede-tiny)
-#   cost-v1         with LEDE_WIDEN_COST=1 only: one cost-conditioned policy
+#   cost-v2         with LEDE_WIDEN_COST=1 only: one cost-conditioned policy
 #                   (lede-features-v5) trained across cost profiles: the
 #                   accelerator model, this machine's measured f32, bf16 and
 #                   q8_0 calibrations of the wide shape (one thread; made
 #                   here when missing) and three profiles around them
 #                   (PROBE:LAYER:VERIFY; docs/training.md "What the policy
 #                   sees of the hardware"); from the calibrated rule per
-#                   profile, autoregressive where even the rule loses
+#                   profile, autoregressive where even the rule loses. A
+#                   calibration's features are those of its step timings,
+#                   as the services measure theirs (cost-v1 saw its round
+#                   table's, which the services never show)
 #   measured-v1     with LEDE_WIDEN_MEASURED=1 only: the same under the wide
 #                   shape's measured cost model (MODEL/calibration-cpu.json of
 #                   `lede widen --calibrate` on this machine; machine-specific,
@@ -26,6 +29,8 @@
 # function, so its greedy trajectories and exit signals are lede-tiny's (the
 # trainer checks this on the first trace) and only the cost model is the
 # wide shape's. Training then takes the same few minutes for every factor.
+# With LEDE_WIDEN_ONLY_COST=1 accelerator-v1 is not retrained: cost-v2 joins
+# the policies already shipped for the shape.
 # usage: scripts/train_widened_policies.sh FACTOR [SERVING]   (SERVING: the version to serve; default accelerator-v1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +38,7 @@ FACTOR=${1:?usage: scripts/train_widened_policies.sh FACTOR [SERVING]}
 SERVING=${2:-accelerator-v1}
 MEASURED=${LEDE_WIDEN_MEASURED:-0}
 COST=${LEDE_WIDEN_COST:-0}
+ONLY_COST=${LEDE_WIDEN_ONLY_COST:-0}
 SOURCE=models/lede-tiny
 MODEL=${LEDE_MODEL:-out/lede-tiny-w$FACTOR}
 LEDE=build/services/cli/lede
@@ -55,12 +61,15 @@ train() {  # name cost_model [extra flags]
     tr '\r' '\n' | grep -v '^shadow traces' | tee "out/policies/train-w$FACTOR-$name.log"
   cp "out/policies/train-w$FACTOR-$name.log" "$out/training_report.txt"
 }
-train accelerator-v1 accelerator
-FINGERPRINT=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["model_fingerprint"])' \
-  "out/widened-policies/w$FACTOR/accelerator-v1/policy.json")
-SHIP="$SOURCE/widened/$FINGERPRINT/policy"
-rm -rf "$SHIP" && mkdir -p "$SHIP"
-cp -r "out/widened-policies/w$FACTOR/accelerator-v1" "$SHIP/"
+fingerprint() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["model_fingerprint"])' "$1"; }
+if [[ $ONLY_COST == 0 ]]; then
+  train accelerator-v1 accelerator
+  SHIP="$SOURCE/widened/$(fingerprint "out/widened-policies/w$FACTOR/accelerator-v1/policy.json")/policy"
+  rm -rf "$SHIP" && mkdir -p "$SHIP"
+  cp -r "out/widened-policies/w$FACTOR/accelerator-v1" "$SHIP/"
+else  # the shape's policies, as `lede widen` installed them
+  SHIP="$SOURCE/widened/$(fingerprint "$MODEL/policy/accelerator-v1/policy.json")/policy"
+fi
 if [[ $COST != 0 ]]; then
   PROFILES=accelerator
   for w in q8_0 f32 bf16; do
@@ -71,9 +80,9 @@ if [[ $COST != 0 ]]; then
   done
   # Seven profiles replay every request seven times per iteration: four iterations over 20 extra
   # prompts per domain (the later flags win) keep it to minutes.
-  train cost-v1 accelerator --cost-profiles "$PROFILES,0.01:0.8:0.3,0.01:0.8:0.8,0.02:1:0.15" \
+  train cost-v2 accelerator --cost-profiles "$PROFILES,0.01:0.8:0.3,0.01:0.8:0.8,0.02:1:0.15" \
     --iterations 4 --extra-count 20
-  cp -r "out/widened-policies/w$FACTOR/cost-v1" "$SHIP/"
+  cp -r "out/widened-policies/w$FACTOR/cost-v2" "$SHIP/"
 fi
 if [[ $MEASURED != 0 ]]; then
   train measured-v1 measured
