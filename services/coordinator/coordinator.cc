@@ -475,6 +475,7 @@ StatusOr<std::unique_ptr<GenerationService>> GenerationService::Create(const Coo
                         rpc::MakeChannelCredentials(options.model_tls, "model_tls"));
   if (registry != nullptr) {
     impl.metrics = std::make_unique<telemetry::SpecDecodeMetrics>(*registry);
+    impl.measured_costs.SetMetrics(impl.metrics.get());
     impl.tokenized_bytes =
         &telemetry::UnlabelledCounter(*registry, "lede_prompt_tokenized_bytes_total",
                                       "Prompt text bytes given to the tokenizer (after the size checks)");

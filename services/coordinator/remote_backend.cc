@@ -184,9 +184,15 @@ void MeasuredCosts::SetPrior(const speculation::CostFeatures& prior) {
   Refresh();
 }
 
+void MeasuredCosts::SetMetrics(telemetry::StepCostMetrics* metrics) {
+  absl::MutexLock lock(&mu_);
+  metrics_ = metrics;
+}
+
 void MeasuredCosts::Refresh() {
   features_ = have_ ? experience::ServedCostFeatures(experience::MergeCostProfiles(drafter_, verifier_), prior_)
                     : prior_;
+  if (metrics_ != nullptr) metrics_->SetPolicyCostFeatures(features_.probe, features_.layer, features_.verify);
 }
 
 speculation::CostFeatures MeasuredCosts::Features() const {

@@ -31,6 +31,7 @@
 #include "services/coordinator/replica_set.h"
 #include "shared/speculation/generation.h"
 #include "shared/status/status.h"
+#include "shared/telemetry/lede_metrics.h"
 
 namespace lede::coordinator {
 
@@ -52,10 +53,14 @@ class MeasuredCosts {
   // experience::ServedCostFeatures of the merged profile over the prior,
   // recomputed on every update (a round reads the cached value).
   speculation::CostFeatures Features() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Where every recomputed Features() is exported (lede_policy_cost_feature;
+  // borrowed, may be null). Set before the first update.
+  void SetMetrics(telemetry::StepCostMetrics* metrics) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void Refresh() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   mutable absl::Mutex mu_;
+  telemetry::StepCostMetrics* metrics_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool have_ ABSL_GUARDED_BY(mu_) = false;
   lede::v1::CostProfile drafter_ ABSL_GUARDED_BY(mu_), verifier_ ABSL_GUARDED_BY(mu_);
   speculation::CostFeatures prior_ ABSL_GUARDED_BY(mu_), features_ ABSL_GUARDED_BY(mu_);

@@ -192,7 +192,12 @@ StepCostMetrics::StepCostMetrics(Registry& r)
       batch_step_seconds(GaugeFamily(
           r, "lede_model_batch_step_seconds",
           "Measured seconds of one batched verifier step of `rows` positions: the median of the last timed "
-          "steps of that size.")) {}
+          "steps of that size.")),
+      policy_cost_feature(GaugeFamily(
+          r, "lede_policy_cost_feature",
+          "The cost profile the coordinator shows the exit policy, in autoregressive steps: probe (a wasted "
+          "exit probe), layer (a draft step through all layers) and verify (each more verified position), "
+          "from the model services' measured step costs.")) {}
 
 // Experience shards and the request log.
 ExperienceLogMetrics::ExperienceLogMetrics(Registry& r)
@@ -287,6 +292,12 @@ void StepCostMetrics::SetVerifySeconds(int draft_tokens, double seconds) {
 
 void StepCostMetrics::SetBatchStepSeconds(int rows, double seconds) {
   batch_step_seconds.Add({{"rows", std::to_string(rows)}}).Set(seconds);
+}
+
+void StepCostMetrics::SetPolicyCostFeatures(double probe, double layer, double verify) {
+  policy_cost_feature.Add({{"feature", "probe"}}).Set(probe);
+  policy_cost_feature.Add({{"feature", "layer"}}).Set(layer);
+  policy_cost_feature.Add({{"feature", "verify"}}).Set(verify);
 }
 
 }  // namespace lede::telemetry

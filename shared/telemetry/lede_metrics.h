@@ -240,10 +240,15 @@ struct StepCostMetrics {
   void SetDraftStepSeconds(int exit_layer, double seconds);
   void SetVerifySeconds(int draft_tokens, double seconds);
   void SetBatchStepSeconds(int rows, double seconds);
+  // The coordinator: the cost profile it shows the exit policy
+  // (speculation::CostFeatures, in autoregressive steps), one series per
+  // feature.
+  void SetPolicyCostFeatures(double probe, double layer, double verify);
 
   Family<Gauge>& draft_step_seconds;  // lede_model_draft_step_seconds{exit_layer}
   Family<Gauge>& verify_seconds;      // lede_model_verify_seconds{draft_tokens}
   Family<Gauge>& batch_step_seconds;  // lede_model_batch_step_seconds{rows}
+  Family<Gauge>& policy_cost_feature;  // lede_policy_cost_feature{feature="probe"|"layer"|"verify"}
 };
 
 // Experience logging and the request log (shared/experience/request_log.h).
