@@ -89,6 +89,7 @@ def cost_profiles_table(data, opts):
     """The cost-conditioned policy against the shipped one and the baselines in wall-clock, one row per
     prompt set: static and the calibrated rule tuned on the tuning half under the run's measured costs."""
     base, cond = opts.get("base", "accelerator-v1"), opts.get("policy", "cost-v1")
+    also = [v for v in opts.get("also", "").split(",") if v]  # more policies, one column each
     out = []
     for name, s in data["sets"].items():
         rows = s["rows"]
@@ -109,10 +110,12 @@ def cost_profiles_table(data, opts):
                     f"{x(static[key])} ({static['config']})" if static else "-",
                     f"{x(rule[key])} ({rule['config']})" if rule else "-",
                     x(shipped[key]) if shipped else "-",
+                    *[x(r[key]) if r else "-" for r in
+                      (next((r for r in rows if r["method"] == "lede " + v), None) for v in also)],
                     f"{x(lede[key])} (mean D {lede['mean_draft_len']:.2f})" if lede else "-",
                     ratio(lede, static), ratio(lede, rule), ratio(lede, shipped), headroom,
                     f"{100 * max(errors):.1f}%" if errors else "-"])
-    return table(["set", "autoregressive", "best static", "calibrated rule", base, cond,
+    return table(["set", "autoregressive", "best static", "calibrated rule", base, *also, cond,
                   f"{cond} / static", f"{cond} / rule", f"{cond} / {base}",
                   "belief ceiling / rule ceiling (predicted)", "largest prediction error"], out)
 
