@@ -172,7 +172,8 @@ const nlcVersion = JSON.parse(fs.readFileSync(path.join(modules, "node-llama-cpp
 const prompts = loadPrompts(o);
 // Provenance as the run starts (the tree may change while it runs).
 const commit = sh("git", ["rev-parse", "HEAD"]);
-const dirty = sh("git", ["status", "--porcelain", "--untracked-files=no"]) !== "";
+// Results under bench/results are outputs, not the code measured (bench/record.py).
+const dirty = sh("git", ["status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results"]) !== "";
 
 // This machine's read bandwidth (one core): the engine benchmark's read loop.
 function roofline() {

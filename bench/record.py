@@ -12,7 +12,7 @@ first command's scalars kept. --from records a JSON a script already wrote.
 
 OUT gets the benchmark's own fields plus
   command  this invocation, as typed (what reproduces OUT)
-  commit   `git rev-parse HEAD`, with "-dirty" when tracked files differ from it
+  commit   `git rev-parse HEAD`, with "-dirty" when tracked files outside bench/results differ from it
   date     UTC, ISO 8601
   machine  CPU model, cores, memory, AVX-512, GPUs, OS
 which scripts/make_docs_tables.py prints under every table it renders from OUT.
@@ -42,7 +42,9 @@ def commit():
     head = git("rev-parse", "HEAD")
     if head is None:
         return "unknown"
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    # Results under bench/results are outputs, not the code measured: a run that follows another in the
+    # same session finds the first one's JSON changed and is still at the commit's code.
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)bench/results")
     return head + ("-dirty" if dirty else "")
 
 
