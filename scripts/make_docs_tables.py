@@ -33,7 +33,7 @@ PROVENANCE_KEYS = ("command", "commit", "date", "machine")
 
 # Sibling modules (this script's folder is on sys.path): the reproducing
 # commands, the shared cell formats and the llama.cpp tables.
-from docs_table_commands import COMMANDS  # noqa: E402
+from docs_table_commands import COMMANDS, DocsError  # noqa: E402
 from docs_table_format import num, table, x  # noqa: E402
 from docs_tables_llamacpp import llamacpp_compact, llamacpp_table  # noqa: E402
 
