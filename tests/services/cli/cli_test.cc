@@ -50,6 +50,28 @@ TEST(GenerateTest, SamplesAreTheSingleRunsOfConsecutiveSeeds) {
   EXPECT_NE(parts[0], parts[1]);
 }
 
+// --calibration prices a lede policy: the features it shows are printed with
+// the file they came from, decoding stays lossless; any other mode refuses
+// the flag naming it, before the model loads.
+TEST(GenerateTest, CalibrationPricesTheLedePolicyAndOnlyIt) {
+  const std::vector<std::string> base = {"--model", "models/lede-tiny", "--prompt", "Once upon a time",
+                                         "--max-new-tokens", "16", "--threads", "1"};
+  std::vector<std::string> lede = base, ar = base, refused = base;
+  lede.insert(lede.end(), {"--mode", "lede", "--calibration", "models/lede-tiny/calibration-cpu.json"});
+  ar.insert(ar.end(), {"--mode", "ar"});
+  refused.insert(refused.end(), {"--mode", "static", "--calibration", "models/lede-tiny/calibration-cpu.json"});
+  std::ostringstream lede_out, lede_err, ar_out, ar_err, refused_out, refused_err;
+  ASSERT_EQ(RunGenerate(lede, lede_out, lede_err), 0) << lede_err.str();
+  EXPECT_NE(lede_err.str().find("[lede] policy priced by models/lede-tiny/calibration-cpu.json: probe "),
+            std::string::npos)
+      << lede_err.str();
+  ASSERT_EQ(RunGenerate(ar, ar_out, ar_err), 0) << ar_err.str();
+  EXPECT_EQ(lede_out.str(), ar_out.str());
+  EXPECT_EQ(RunGenerate(refused, refused_out, refused_err), 2);
+  EXPECT_NE(refused_err.str().find("--calibration: only --mode lede"), std::string::npos) << refused_err.str();
+  EXPECT_EQ(refused_out.str(), "");
+}
+
 TEST(GenerateTest, RejectsBadSampleCounts) {
   for (const std::vector<std::string>& extra :
        {std::vector<std::string>{"--samples", "0"}, std::vector<std::string>{"--samples", "2", "--repeat", "2"}}) {
