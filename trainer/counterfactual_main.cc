@@ -113,6 +113,7 @@ StatusOr<std::vector<lede::trainer::DinkelbachOptions::CostProfile>> MakeCostPro
     const std::string kCalibration = "calibration:";
     if (entry == "accelerator") {
       p.cost = lede::model::cost::MakeAcceleratorCostModel(model.config());
+      p.features = lede::model::cost::CostFeaturesOf(*p.cost, L, fl.max_draft);
     } else if (entry.rfind(kCalibration, 0) == 0) {
       auto cal = lede::model::cost::ReadCalibrationFile(entry.substr(kCalibration.size()));
       if (!cal.ok()) return lede::Status(cal.status().code(), "--cost-profiles: " + std::string(cal.status().message()));
@@ -124,8 +125,6 @@ StatusOr<std::vector<lede::trainer::DinkelbachOptions::CostProfile>> MakeCostPro
       LEDE_ASSIGN_OR_RETURN(std::unique_ptr<lede::model::cost::CostModel> made,
                             lede::model::cost::MakeProfileCostModel(*f, L));
       p.cost = std::move(made);
-    }
-    if (p.features == lede::speculation::CostFeatures{}) {
       p.features = lede::model::cost::CostFeaturesOf(*p.cost, L, fl.max_draft);
     }
     out.push_back(std::move(p));
