@@ -9,10 +9,11 @@ written into build/smoke/llama32-1b if missing). Steps, in order:
               start's self-calibration runs), timed from launch to "LEDE is up";
               the cold start's own seconds from its log
   kv          the verifier's kv_pool_planned event (budget, slots, capacity,
-              pool bytes), the shared-memory segment's size, and each
+              block size, blocks, pool bytes), the shared-memory segment's size, and each
               process's peak RSS (VmHWM) at the end
-  over_budget a prompt of twice a slot's tokens: its HTTP status and message, then
-              a short request (the services stay up)
+  over_budget a prompt past what one sequence may hold (halfway to the window):
+              its HTTP status and message, then a short request (the
+              services stay up)
   prefill     a --prefill-tokens prompt, max_tokens 1, through the services
               (client wall) and `lede generate --threads T` (its prefill
               seconds), interleaved --repeats times: the ratio of each pair
@@ -133,9 +134,13 @@ def step_start(args, env, state):
             "cold_start_sizing": sizing.group(1) if sizing else None}
 
 
-def step_over_budget(port, capacity, per_sentence):
-    # Twice a slot: well past it whatever the tokenizer makes of the joins.
-    prompt = prompt_of(2 * capacity, per_sentence)
+def step_over_budget(port, capacity, window, per_sentence):
+    # Past what one sequence may hold (the KV budget) but within the model's
+    # window, well past either bound whatever the tokenizer makes of the
+    # joins: halfway between them, or twice the capacity when the budget
+    # holds the whole window (then only the window can refuse it).
+    n = (capacity + window) // 2 if capacity < window else 2 * capacity
+    prompt = prompt_of(n, per_sentence)
     status, body, wall = complete(port, prompt, 8)
     after, after_body, _ = complete(port, "Once upon a time", 4)
     return {"prompt_tokens_about": int(len(prompt) / len(SENTENCE) * per_sentence), "status": status,
@@ -219,8 +224,9 @@ def main():
         out["kv"]["segment_bytes"] = segment_bytes(os.path.join(state, "pids"))
         log("  kv: %s" % out["kv"])
         if "over_budget" not in skip:
-            log("over_budget: a prompt beyond a slot")
-            out["over_budget"] = step_over_budget(port, int(out["kv"]["capacity_tokens"]), per_sentence)
+            log("over_budget: a prompt beyond what one sequence may hold")
+            out["over_budget"] = step_over_budget(port, int(out["kv"]["capacity_tokens"]),
+                                                  int(out["kv"]["window_tokens"]), per_sentence)
             log("  %s" % out["over_budget"])
         if "prefill" not in skip:
             log("prefill: services vs lede generate --threads %d, interleaved" % args.threads)

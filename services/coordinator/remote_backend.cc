@@ -61,6 +61,7 @@ StatusOr<speculation::Prefilled> RemoteBackend::Open(const std::vector<int32_t>&
   req.set_request_id(request_id_);
   req.set_owner_instance(clients_.owner_instance);
   req.set_max_queue_wait_ms(absl::ToInt64Milliseconds(clients_.max_queue_wait));
+  req.set_max_new_tokens(options.max_new_tokens);
   lede::v1::OpenSessionResponse resp;
   // The client's deadline and cancellation, so that a request waiting in the
   // verifier's queue for a KV slot leaves it when its client does; capped at

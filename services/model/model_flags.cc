@@ -15,9 +15,11 @@ void AddModelFlags(flags::FlagSet* flags, ModelFlags* v) {
   flags->Add("role", &v->role, "verifier | drafter | both (co-located)");
   flags::AddModelLoadFlags(flags, &v->load, flags::kModelPath);
   flags->Add("kv-pool", &o.kv_pool_name, "shared-memory name of the KV pool (split deployments), e.g. /lede-kv");
-  flags->Add("slots", &v->n_slots, "KV slots (concurrent sessions)");
+  flags->Add("slots", &v->n_slots,
+             "KV slots (concurrent sessions); they share the pool's blocks, so more slots cost no KV memory");
   flags->Add("max-waiting", &o.max_waiting,
-             "verifier: sessions that may wait for a free KV slot before OpenSession is refused (0 = no queue)");
+             "verifier: sessions that may wait for a free KV slot or KV blocks before OpenSession is refused "
+             "(0 = no queue)");
   flags->Add("max-batch", &o.max_batch,
              "sessions per batched step (continuous batching: the verifier's rounds and steps, the drafter's "
              "draft steps); 1 = one sequence per pass on each handler thread");
@@ -37,8 +39,8 @@ void AddModelFlags(flags::FlagSet* flags, ModelFlags* v) {
   flags->Add("max-batch-tokens", &o.max_batch_tokens,
              "verifier: rows (tokens) per batched step; a batch takes its first job whatever its size (0 = no limit)");
   flags->Add("capacity", &v->capacity,
-             "tokens per KV slot: the longest request (prompt + new tokens); 0 = what --kv-memory gives each of "
-             "--slots, at most the model's context window");
+             "tokens one sequence may hold: the longest request (prompt + new tokens); 0 = the whole KV pool, at "
+             "most the model's context window");
   flags->Add("kv-memory", &o.kv_memory,
              "verifier: memory budget of the KV pool, e.g. 4GiB, 512MiB or 25% (of MemAvailable at start); the "
              "pool (and its shared-memory segment) never exceeds it");

@@ -110,7 +110,7 @@ Status CheckPromptFits(int64_t prompt_tokens, int64_t capacity, int64_t window) 
   if (prompt_tokens >= window) {
     return InvalidArgumentError(n + " do not fit the model's context window of " + std::to_string(window));
   }
-  return ResourceExhaustedError(n + " need more KV memory than a slot holds (" + std::to_string(capacity) +
+  return ResourceExhaustedError(n + " need more KV memory than one sequence may hold (" + std::to_string(capacity) +
                                 " tokens, sized by the verifier's --kv-memory; the model's window is " +
                                 std::to_string(window) + ")");
 }
@@ -124,8 +124,9 @@ StatusOr<KvPoolPlan> PlanKvPool(const checkpoint::ModelConfig& config, const Mod
     plan.budget_bytes = std::min(plan.budget_bytes, shm_free_bytes);
   }
   if (options.n_slots < 1) return InvalidArgumentError("--slots: must be >= 1, got " + std::to_string(options.n_slots));
-  if (options.capacity < 0 || options.capacity > config.max_seq_len) {
-    return InvalidArgumentError("--capacity: must be in [0, " + std::to_string(config.max_seq_len) +
+  const int64_t window = config.max_seq_len;
+  if (options.capacity < 0 || options.capacity > window) {
+    return InvalidArgumentError("--capacity: must be in [0, " + std::to_string(window) +
                                 "] (the model's context window; 0 = what --kv-memory allows), got " +
                                 std::to_string(options.capacity));
   }
@@ -133,33 +134,35 @@ StatusOr<KvPoolPlan> PlanKvPool(const checkpoint::ModelConfig& config, const Mod
   ko.n_slots = options.n_slots;
   ko.max_draft_len = options.max_draft_len;
   ko.dtype = kv_dtype;
-  const int64_t fits = model::KvCache::CapacityWithin(config, ko, plan.budget_bytes);
+  ko.capacity = options.capacity > 0 ? options.capacity : window;
+  ko.block_tokens = std::min(kKvBlockTokens, ko.capacity);
   const std::string budget = "--kv-memory " + options.kv_memory + " (" + flags::FormatBytes(plan.budget_bytes) + ")";
+  int64_t n_blocks = model::KvCache::BlocksWithin(config, ko, plan.budget_bytes);
+  auto holds = [&] {
+    return budget + " holds " + std::to_string(n_blocks * ko.block_tokens) + " tokens of KV (" +
+           flags::FormatBytes(model::KvCache::BlockBytes(config, ko) / ko.block_tokens) + " per token)";
+  };
   if (options.capacity > 0) {
-    ko.capacity = options.capacity;
-    const int64_t need = model::KvCache::PoolBytes(config, ko);
-    if (need > plan.budget_bytes) {
-      model::KvCacheOptions one = ko;
-      one.n_slots = 1;
-      const int64_t per_slot = model::KvCache::PoolBytes(config, one);
-      return InvalidArgumentError(budget + " cannot hold --slots " + std::to_string(options.n_slots) +
-                                  " x --capacity " + std::to_string(options.capacity) + " tokens (" +
-                                  flags::FormatBytes(need) + "); it holds " +
-                                  std::to_string(std::max<int64_t>(0, plan.budget_bytes / per_slot)) +
-                                  " such slot(s), or --slots " + std::to_string(options.n_slots) + " of " +
-                                  std::to_string(fits) + " tokens: raise --kv-memory or lower --slots or --capacity");
+    if (n_blocks < model::KvCache::BlocksFor(ko.capacity, ko.block_tokens)) {
+      return InvalidArgumentError(holds() + ", under one sequence of --capacity " + std::to_string(ko.capacity) +
+                                  ": raise --kv-memory or lower --capacity");
     }
-    plan.capacity = options.capacity;
   } else {
-    const int64_t least = std::min(config.max_seq_len, kMinSlotTokens);
-    if (fits < least) {
-      return InvalidArgumentError(budget + " gives each of --slots " + std::to_string(options.n_slots) + " only " +
-                                  std::to_string(fits) + " tokens of KV, under the " + std::to_string(least) +
-                                  " a request needs: raise --kv-memory or lower --slots");
+    // One sequence may hold the whole pool, up to the window; a shorter
+    // capacity shrinks the block table, which may leave room for a block more.
+    ko.capacity = std::min(window, n_blocks * ko.block_tokens);
+    const int64_t least = std::min(window, kMinSlotTokens);
+    if (ko.capacity < least) {
+      return InvalidArgumentError(holds() + ", under the " + std::to_string(least) +
+                                  " tokens a request needs: raise --kv-memory");
     }
-    plan.capacity = fits;
+    n_blocks = model::KvCache::BlocksWithin(config, ko, plan.budget_bytes);
+    ko.capacity = std::min(window, n_blocks * ko.block_tokens);
   }
-  ko.capacity = plan.capacity;
+  ko.n_blocks = n_blocks;
+  plan.capacity = ko.capacity;
+  plan.block_tokens = ko.block_tokens;
+  plan.n_blocks = n_blocks;
   plan.pool_bytes = model::KvCache::PoolBytes(config, ko);
   return plan;
 }
@@ -206,11 +209,15 @@ Status OpenHostPool(const ModelServiceOptions& options, bool create_pool, ModelH
     LEDE_ASSIGN_OR_RETURN(KvPoolPlan plan, PlanKvPool(c, options, host->model->options().dtype,
                                                       available.ok() ? *available : 0, shm_free));
     ko.capacity = plan.capacity;
+    ko.block_tokens = plan.block_tokens;
+    ko.n_blocks = plan.n_blocks;
     log::LogEvent("info", "kv_pool_planned",
                       {{"kv_memory", options.kv_memory},
                        {"budget_bytes", std::to_string(plan.budget_bytes)},
                        {"slots", std::to_string(options.n_slots)},
                        {"capacity_tokens", std::to_string(plan.capacity)},
+                       {"block_tokens", std::to_string(plan.block_tokens)},
+                       {"n_blocks", std::to_string(plan.n_blocks)},
                        {"window_tokens", std::to_string(c.max_seq_len)},
                        {"pool_bytes", std::to_string(plan.pool_bytes)}});
   }

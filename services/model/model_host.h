@@ -187,37 +187,44 @@ Status NotThisSession(int64_t slot);
 // already runs at `n_threads`.
 void SetComputeThreads(int n_threads);
 
-// Whether a prompt of `prompt_tokens` fits a slot of `capacity` tokens (it
-// must leave room for one new token) of a model whose window is `window`.
-// Errors: kInvalidArgument when it exceeds the window (no deployment could
-// serve it); kResourceExhausted, with the reason, when the window would hold
-// it but this pool's slots (sized by the KV budget) do not.
+// Whether a prompt of `prompt_tokens` fits a sequence of `capacity` tokens
+// (it must leave room for one new token) of a model whose window is
+// `window`. Errors: kInvalidArgument when it exceeds the window (no
+// deployment could serve it); kResourceExhausted, with the reason, when the
+// window would hold it but this pool (sized by the KV budget) does not.
 Status CheckPromptFits(int64_t prompt_tokens, int64_t capacity, int64_t window);
 
 // How the verifier's KV pool is sized by its memory budget (--kv-memory;
-// docs/serving.md "KV memory").
+// docs/serving.md "KV memory"): blocks of block_tokens tokens that the
+// --slots sequences share (model::KvCache, paged).
 struct KvPoolPlan {
   int64_t budget_bytes = 0;  // the resolved --kv-memory
-  int64_t capacity = 0;      // tokens per slot
-  int64_t pool_bytes = 0;    // model::KvCache::PoolBytes of n_slots x capacity; <= budget_bytes
+  int64_t capacity = 0;      // tokens one sequence may hold (prompt, new tokens, a draft)
+  int64_t block_tokens = 0;  // tokens per KV block
+  int64_t n_blocks = 0;      // blocks in the pool: n_blocks x block_tokens tokens in all
+  int64_t pool_bytes = 0;    // model::KvCache::PoolBytes of the pool; <= budget_bytes
 };
+
+// Tokens per KV block of the verifier's pool (vLLM's --block-size is 16 on
+// GPUs; on the CPU a longer block keeps attention's reads sequential).
+inline constexpr int64_t kKvBlockTokens = 64;
 
 // Resolves --kv-memory (a size, or a percentage of `available_bytes`, the
 // machine's MemAvailable; a shared segment's budget is at most
 // `shm_free_bytes`, the free space of /dev/shm, when given as a percentage)
-// and sizes the pool: --capacity 0 gives each of --slots the tokens the
-// budget allows, at most the model's window; an explicit --capacity must
-// fit --slots times within the budget.
+// and sizes the pool: as many blocks as the budget holds, shared by --slots
+// sequences. --capacity 0 lets one sequence hold the whole pool, at most the
+// model's window; an explicit --capacity must fit the pool once.
 // Errors: kInvalidArgument (a start that must be refused), one line naming
-// --kv-memory, --slots and --capacity with what would fit: a bad size; an
-// explicit capacity whose slots do not fit; an automatic capacity under
-// min(window, kMinSlotTokens) tokens.
+// --kv-memory and --capacity with what would fit: a bad size or slot count;
+// an explicit capacity the budget cannot hold once; an automatic capacity
+// under min(window, kMinSlotTokens) tokens.
 StatusOr<KvPoolPlan> PlanKvPool(const checkpoint::ModelConfig& config, const ModelServiceOptions& options,
                                 c10::ScalarType kv_dtype, int64_t available_bytes, int64_t shm_free_bytes);
 
-// The fewest tokens per slot an automatic capacity may give: a request
+// The fewest tokens an automatic capacity may give a sequence: a request
 // needs room for its prompt, its new tokens and a draft; a budget that
-// leaves each slot less serves no useful request.
+// holds less serves no useful request.
 inline constexpr int64_t kMinSlotTokens = 256;
 
 }  // namespace lede::model_service

@@ -46,17 +46,21 @@ namespace lede::model_service {
 
 struct ModelServiceOptions {
   std::string model_path;        // HF directory or llama2.c .bin
-  int64_t n_slots = 4;           // KV slots = concurrent sessions
+  // KV slots = concurrent sessions. Cheap: they share the pool's blocks
+  // (kv_cache.h paged), so the sum of live sequences, not slots x capacity,
+  // must fit kv_memory.
+  int64_t n_slots = 16;
   // Sessions that may wait for a free slot (FIFO) before OpenSession is
   // refused with RESOURCE_EXHAUSTED (admission_queue.h); 0 = no queue.
   int64_t max_waiting = 256;
-  // Tokens per slot (the longest request: prompt + new tokens); 0 = what
-  // kv_memory gives each of n_slots, at most the model's max_seq_len.
+  // Tokens one sequence may hold (the longest request: prompt + new
+  // tokens); 0 = the whole pool, at most the model's max_seq_len.
   int64_t capacity = 0;
   // Verifier: the KV pool's memory budget (--kv-memory): "4GiB", "512MiB",
   // a byte count, or a percentage of MemAvailable at start ("25%"). The pool
   // (its shared segment, reserved at creation) never exceeds it; a start
-  // whose budget cannot hold --slots x --capacity is refused (PlanKvPool).
+  // whose budget cannot hold one sequence of --capacity is refused
+  // (PlanKvPool).
   // 25%: the weights, the drafter's and the coordinator's memory and the
   // page cache need the rest.
   std::string kv_memory = "25%";

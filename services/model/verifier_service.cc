@@ -212,7 +212,12 @@ struct VerifierService::Impl {
   // After every allocation or free (mu held): the gauges, and the queue's
   // waiters get their chance at a freed slot.
   void SlotsChanged(model::KvCache& cache) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (host->metrics) host->metrics->kv_slots_in_use.Set(static_cast<double>(cache.n_in_use()));
+    if (host->metrics) {
+      host->metrics->kv_slots_in_use.Set(static_cast<double>(cache.n_in_use()));
+      host->metrics->kv_cache_usage.Set(
+          cache.paged() ? 1.0 - static_cast<double>(cache.n_free_blocks()) / static_cast<double>(cache.n_blocks())
+                        : static_cast<double>(cache.n_in_use()) / static_cast<double>(cache.n_slots()));
+    }
     SessionsChanged();
     queue.SlotFreed();
   }
@@ -361,28 +366,43 @@ grpc::Status VerifierService::Describe(grpc::ServerContext* context, const lede:
   return grpc::Status::OK;
 }
 
+namespace {
+
+// OpenSession's own fields, before any work: the prompt (present, ids in
+// the vocabulary, fitting a sequence of `capacity` tokens and the window),
+// and the queue bound and new tokens not negative. Errors name the field.
+Status CheckOpenSession(const lede::v1::OpenSessionRequest& req, const checkpoint::ModelConfig& config,
+                        int64_t capacity) {
+  if (req.prompt_token_ids().empty()) return InvalidArgumentError("prompt_token_ids: empty");
+  LEDE_RETURN_IF_ERROR(CheckTokens(req.prompt_token_ids(), config.vocab_size, "prompt_token_ids"));
+  LEDE_RETURN_IF_ERROR(CheckPromptFits(req.prompt_token_ids_size(), capacity, config.max_seq_len));
+  if (req.max_queue_wait_ms() < 0) {
+    return InvalidArgumentError("max_queue_wait_ms: must be >= 0 (0 = until the call's deadline), got " +
+                                std::to_string(req.max_queue_wait_ms()));
+  }
+  if (req.max_new_tokens() < 0) {
+    return InvalidArgumentError("max_new_tokens: must be >= 0 (0 = the whole capacity), got " +
+                                std::to_string(req.max_new_tokens()));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
 grpc::Status VerifierService::OpenSession(grpc::ServerContext* context, const lede::v1::OpenSessionRequest* req,
                                           lede::v1::OpenSessionResponse* resp) {
   if (grpc::Status auth = impl_->host->options.internal_token.Check(*context); !auth.ok()) return auth;
   ModelHost& host = *impl_->host;
   std::shared_ptr<model::KvCache> cache = host.Pool();
-  const int64_t V = host.model->config().vocab_size;
-  if (req->prompt_token_ids().empty()) {
-    return ToGrpcStatus(InvalidArgumentError("prompt_token_ids: empty"));
-  }
-  if (Status s = CheckTokens(req->prompt_token_ids(), V, "prompt_token_ids"); !s.ok()) return ToGrpcStatus(s);
-  if (Status s = CheckPromptFits(req->prompt_token_ids_size(), cache->capacity(), host.model->config().max_seq_len);
-      !s.ok()) {
-    return ToGrpcStatus(s);
-  }
+  if (Status s = CheckOpenSession(*req, host.model->config(), cache->capacity()); !s.ok()) return ToGrpcStatus(s);
   speculation::SessionOptions so;
   so.sampling = SamplingFromProto(req->sampling());
   if (Status s = ValidateSampling(so.sampling); !s.ok()) return ToGrpcStatus(s);
   so.record_nll = req->record_nll();
-  if (req->max_queue_wait_ms() < 0) {
-    return ToGrpcStatus(InvalidArgumentError("max_queue_wait_ms: must be >= 0 (0 = until the call's deadline), got " +
-                                             std::to_string(req->max_queue_wait_ms())));
-  }
+  // The KV the session reserves (kv_cache.h Allocate): its prompt and new
+  // tokens; the whole capacity when the caller does not say.
+  const int64_t reserve_tokens =
+      req->max_new_tokens() > 0 ? req->prompt_token_ids_size() + req->max_new_tokens() : 0;
   if (!req->owner_instance().empty()) {
     impl_->FreeOwners(impl_->leases.TakeExpired(), "lease_lapsed");
     if (Status s = impl_->leases.Admit(req->owner_instance()); !s.ok()) return ToGrpcStatus(s);
@@ -394,10 +414,10 @@ grpc::Status VerifierService::OpenSession(grpc::ServerContext* context, const le
     // passes or its caller cancels; only a full queue refuses it.
     absl::MutexLock lock(&impl_->mu);
     auto try_admit = [&] {
-      StatusOr<int64_t> allocated = cache->Allocate(session_id);
+      StatusOr<int64_t> allocated = cache->Allocate(session_id, reserve_tokens);
       if (!allocated.ok()) {
         impl_->ReclaimIdle(*cache);
-        allocated = cache->Allocate(session_id);
+        allocated = cache->Allocate(session_id, reserve_tokens);
       }
       if (allocated.ok()) slot = *allocated;
       return allocated.ok();
@@ -412,9 +432,11 @@ grpc::Status VerifierService::OpenSession(grpc::ServerContext* context, const le
     Status admitted = impl_->queue.Admit(&impl_->mu, try_admit, deadline,
                                          [context] { return context->IsCancelled(); }, &queued);
     if (wait_bounded && admitted.code() == StatusCode::kDeadlineExceeded) {
-      admitted = ResourceExhaustedError("max_queue_wait_ms: no KV slot was freed within " +
-                                        std::to_string(req->max_queue_wait_ms()) + " ms (every one of the " +
-                                        std::to_string(cache->n_slots()) + " slots is in use)");
+      admitted = ResourceExhaustedError("max_queue_wait_ms: no KV room was freed within " +
+                                        std::to_string(req->max_queue_wait_ms()) + " ms (" +
+                                        std::to_string(cache->n_in_use()) + " of " + std::to_string(cache->n_slots()) +
+                                        " slots in use, " + std::to_string(cache->n_free_blocks()) + " of " +
+                                        std::to_string(cache->n_blocks()) + " KV blocks free)");
     }
     if (!admitted.ok()) return ToGrpcStatus(admitted);
     if (host.metrics) host.metrics->request_queue_time.Observe(absl::ToDoubleSeconds(queued));

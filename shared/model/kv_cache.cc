@@ -5,8 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <string>
 
@@ -23,7 +25,9 @@ namespace lede::model {
 namespace {
 
 constexpr char kMagic[8] = {'L', 'E', 'D', 'E', 'K', 'V', '0', '1'};
-constexpr uint32_t kLayoutVersion = 3;  // 2: device_index and the CUDA IPC handle; 3: session words, drafter refs
+// 2: device_index and the CUDA IPC handle; 3: session words, drafter refs;
+// 4: KV blocks (block geometry, per-slot block counts, block table, free stack).
+constexpr uint32_t kLayoutVersion = 4;
 constexpr int64_t kAlign = 64;
 
 // The segment's first bytes (docs/design.md §4). Plain data, same layout in
@@ -35,6 +39,7 @@ struct PoolHeader {
   char fingerprint[64];
   int64_t n_layers, n_kv_heads, head_dim, dim;
   int64_t n_slots, capacity, max_draft_len;
+  int64_t block_tokens, n_blocks;
   uint64_t epoch;
   int64_t total_bytes;
   // -1: K/V and the scratch follow in this segment (a CPU pool). >= 0: they
@@ -48,21 +53,40 @@ struct PoolHeader {
 
 int64_t AlignUp(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-// Byte offsets of everything in a pool.
-struct Layout {
-  int64_t lengths, in_use, drafters, k0, layer_bytes, exit_hidden, total;
+// A pool's sizes with the defaults resolved (KvCacheOptions): S slots, C
+// tokens per sequence, P per block, MB = ceil(C / P) blocks per slot, NB
+// blocks, D drafts.
+struct Geometry {
+  int64_t S, C, P, MB, NB, D;
 };
 
-Layout ComputeLayout(const checkpoint::ModelConfig& c, int64_t S, int64_t C, int64_t D, c10::ScalarType dtype) {
+Geometry Resolve(const checkpoint::ModelConfig& config, const KvCacheOptions& o) {
+  Geometry g;
+  g.S = o.n_slots;
+  g.C = o.capacity == 0 ? config.max_seq_len : o.capacity;
+  g.P = o.block_tokens == 0 ? g.C : o.block_tokens;
+  g.MB = g.P > 0 ? KvCache::BlocksFor(g.C, g.P) : 0;
+  g.NB = o.n_blocks == 0 ? g.S * g.MB : o.n_blocks;
+  g.D = o.max_draft_len;
+  return g;
+}
+
+// Byte offsets of everything in a pool: the words (KvCache::BindWords's
+// order: per-slot lengths, session words, drafter counts, block counts, the
+// free stack's top, the block table, the free stack), then K/V and the
+// scratch.
+struct Layout {
+  int64_t words, k0, layer_bytes, exit_hidden, total;
+};
+
+Layout ComputeLayout(const checkpoint::ModelConfig& c, const Geometry& g, c10::ScalarType dtype) {
   const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
   Layout l;
-  l.lengths = AlignUp(sizeof(PoolHeader));
-  l.in_use = l.lengths + S * 8;
-  l.drafters = l.in_use + S * 8;
-  l.k0 = AlignUp(l.drafters + S * 8);
-  l.layer_bytes = AlignUp(S * c.n_kv_heads * C * c.head_dim() * elem);
+  l.words = AlignUp(sizeof(PoolHeader));
+  l.k0 = AlignUp(l.words + (4 * g.S + 1 + g.S * g.MB + g.NB) * 8);
+  l.layer_bytes = AlignUp(g.NB * c.n_kv_heads * g.P * c.head_dim() * elem);
   l.exit_hidden = l.k0 + 2 * c.n_layers * l.layer_bytes;
-  l.total = AlignUp(l.exit_hidden + S * (D + 1) * c.dim * elem);
+  l.total = AlignUp(l.exit_hidden + g.S * (g.D + 1) * c.dim * elem);
   return l;
 }
 
@@ -114,6 +138,8 @@ void WritePoolHeader(const checkpoint::ModelConfig& config, const KvCacheOptions
   h->n_slots = o.n_slots;
   h->capacity = o.capacity;
   h->max_draft_len = o.max_draft_len;
+  h->block_tokens = o.block_tokens;
+  h->n_blocks = o.n_blocks;
   h->epoch = epoch;
   h->total_bytes = total_bytes;
   h->device_index = -1;
@@ -122,20 +148,29 @@ void WritePoolHeader(const checkpoint::ModelConfig& config, const KvCacheOptions
 }  // namespace
 
 int64_t KvCache::PoolBytes(const checkpoint::ModelConfig& config, const KvCacheOptions& options) {
-  const int64_t capacity = options.capacity == 0 ? config.max_seq_len : options.capacity;
-  return ComputeLayout(config, options.n_slots, capacity, options.max_draft_len, options.dtype).total;
+  return ComputeLayout(config, Resolve(config, options), options.dtype).total;
 }
 
-int64_t KvCache::CapacityWithin(const checkpoint::ModelConfig& config, const KvCacheOptions& options, int64_t budget_bytes) {
+int64_t KvCache::BlockBytes(const checkpoint::ModelConfig& config, const KvCacheOptions& options) {
+  const Geometry g = Resolve(config, options);
+  return 2 * config.n_layers * config.n_kv_heads * g.P * config.head_dim() *
+         static_cast<int64_t>(c10::elementSize(options.dtype));
+}
+
+int64_t KvCache::BlocksWithin(const checkpoint::ModelConfig& config, const KvCacheOptions& options, int64_t budget_bytes) {
   KvCacheOptions o = options;
-  // PoolBytes grows with the capacity: binary search the largest that fits.
-  int64_t lo = 0, hi = config.max_seq_len;
+  o.n_blocks = 1;
+  if (o.block_tokens <= 0 || PoolBytes(config, o) > budget_bytes) return 0;
+  // PoolBytes grows with the blocks: binary search the most that fit, at
+  // most what backs every slot in full.
+  const Geometry g = Resolve(config, o);
+  int64_t lo = 1, hi = g.S * g.MB;
   while (lo < hi) {
-    o.capacity = lo + (hi - lo + 1) / 2;
+    o.n_blocks = lo + (hi - lo + 1) / 2;
     if (PoolBytes(config, o) <= budget_bytes) {
-      lo = o.capacity;
+      lo = o.n_blocks;
     } else {
-      hi = o.capacity - 1;
+      hi = o.n_blocks - 1;
     }
   }
   return lo;
@@ -149,7 +184,8 @@ struct KvCache::Storage {
   bool device_owner = false;
   std::string unlink_name;  // the creator removes the name at the end...
   uint64_t epoch = 0;       // ...if it still names this pool, not a newer one
-  std::vector<int64_t> private_state;  // lengths + in_use + drafters of a private pool
+  std::vector<char> private_words;  // Layout's words of a private pool
+  std::mutex blocks_mu;  // giving and taking blocks (the creating process)
   ~Storage() {
 #if LEDE_WITH_CUDA
     if (device_base != nullptr) {
@@ -178,22 +214,61 @@ StatusOr<KvCache> KvCache::Create(const checkpoint::ModelConfig& config,
                                   const KvCacheOptions& options) {
   KvCache cache;
   cache.options_ = options;
-  if (cache.options_.capacity == 0) cache.options_.capacity = config.max_seq_len;
-  const KvCacheOptions& o = cache.options_;
-  if (o.n_slots <= 0) return InvalidArgumentError("KvCacheOptions.n_slots must be > 0");
-  if (o.capacity <= 0 || o.capacity > config.max_seq_len) {
+  if (options.n_slots <= 0) return InvalidArgumentError("KvCacheOptions.n_slots must be > 0");
+  if (options.capacity < 0 || options.capacity > config.max_seq_len) {
     return InvalidArgumentError("KvCacheOptions.capacity must be in [1, max_seq_len=" +
                                 std::to_string(config.max_seq_len) + "], got " +
-                                std::to_string(o.capacity));
+                                std::to_string(options.capacity));
   }
-  if (o.max_draft_len <= 0) {
+  if (options.max_draft_len <= 0) {
     return InvalidArgumentError("KvCacheOptions.max_draft_len must be > 0");
   }
+  const Geometry g = Resolve(config, options);
+  if (g.P <= 0 || g.P > g.C) {
+    return InvalidArgumentError("KvCacheOptions.block_tokens must be in [1, capacity=" + std::to_string(g.C) +
+                                "] (0 = capacity), got " + std::to_string(options.block_tokens));
+  }
+  if (g.NB < g.MB || g.NB > g.S * g.MB) {
+    return InvalidArgumentError("KvCacheOptions.n_blocks must be in [" + std::to_string(g.MB) + ", " +
+                                std::to_string(g.S * g.MB) + "] (one sequence of the capacity .. every slot " +
+                                "backed in full; 0 = the latter), got " + std::to_string(options.n_blocks));
+  }
+  cache.options_.capacity = g.C;
+  cache.options_.block_tokens = g.P;
+  cache.options_.n_blocks = g.NB;
+  cache.blocks_per_slot_ = g.MB;
+  const KvCacheOptions& o = cache.options_;
   std::random_device rd;
   cache.epoch_ = ((static_cast<uint64_t>(rd()) << 32) ^ rd()) | 1;
   cache.storage_ = std::make_shared<Storage>();
   LEDE_RETURN_IF_ERROR(o.shared_memory_name.empty() ? cache.AllocatePrivate(config) : cache.CreateSegment(config));
+  cache.InitBlocks();
   return cache;
+}
+
+void KvCache::InitBlocks() {
+  const int64_t S = n_slots(), MB = blocks_per_slot_, NB = n_blocks();
+  if (!paged()) {
+    for (int64_t s = 0; s < S; ++s) {
+      for (int64_t i = 0; i < MB; ++i) table_[s * MB + i] = s * MB + i;
+      slot_blocks_[s] = MB;
+    }
+    *free_top_ = 0;
+  } else {
+    std::fill(table_, table_ + S * MB, int64_t{-1});
+    std::fill(slot_blocks_, slot_blocks_ + S, int64_t{0});
+    // Popped from the top: blocks 0, 1, 2, ... first.
+    for (int64_t i = 0; i < NB; ++i) free_[i] = NB - 1 - i;
+    *free_top_ = NB;
+  }
+  for (int64_t s = 0; s < S; ++s) SyncTable(s);
+}
+
+void KvCache::SyncTable(int64_t slot) {
+  if (block_table_.device().is_cpu()) return;  // a view of table_
+  const int64_t MB = blocks_per_slot_;
+  at::Tensor row = at::from_blob(table_ + slot * MB, {MB}, at::TensorOptions().dtype(at::kLong));
+  block_table_.select(0, slot).copy_(row);
 }
 
 Status KvCache::AllocatePrivate(const checkpoint::ModelConfig& config) {
@@ -202,18 +277,35 @@ Status KvCache::AllocatePrivate(const checkpoint::ModelConfig& config) {
   Status alloc = TorchBoundary("KV cache allocation failed", [&]() -> Status {
     auto opts = at::TensorOptions().device(o.device).dtype(o.dtype);
     for (int64_t l = 0; l < config.n_layers; ++l) {
-      k_.push_back(at::zeros({o.n_slots, config.n_kv_heads, o.capacity, config.head_dim()}, opts));
-      v_.push_back(at::zeros({o.n_slots, config.n_kv_heads, o.capacity, config.head_dim()}, opts));
+      k_.push_back(at::zeros({o.n_blocks, config.n_kv_heads, o.block_tokens, config.head_dim()}, opts));
+      v_.push_back(at::zeros({o.n_blocks, config.n_kv_heads, o.block_tokens, config.head_dim()}, opts));
     }
     exit_hidden_ = at::zeros({o.n_slots, o.max_draft_len + 1, config.dim}, opts);
+    if (!o.device.is_cpu()) {
+      block_table_ = at::full({o.n_slots, blocks_per_slot_}, -1, at::TensorOptions().device(o.device).dtype(at::kLong));
+    }
     return OkStatus();
   });
   if (!alloc.ok()) return ResourceExhaustedError(alloc.message());
-  storage_->private_state.assign(3 * o.n_slots, 0);
-  length_ = storage_->private_state.data();
-  in_use_ = length_ + o.n_slots;
-  drafters_ = in_use_ + o.n_slots;
+  const Layout layout = ComputeLayout(config, Resolve(config, o), o.dtype);
+  // Only the words: K/V are the tensors above.
+  storage_->private_words.assign(layout.k0 - layout.words, 0);
+  BindWords(storage_->private_words.data());
   return OkStatus();
+}
+
+void KvCache::BindWords(char* words) {
+  const int64_t S = n_slots();
+  length_ = reinterpret_cast<int64_t*>(words);
+  in_use_ = length_ + S;
+  drafters_ = in_use_ + S;
+  slot_blocks_ = drafters_ + S;
+  free_top_ = slot_blocks_ + S;
+  table_ = free_top_ + 1;
+  free_ = table_ + S * blocks_per_slot_;
+  if (!block_table_.defined()) {
+    block_table_ = at::from_blob(table_, {S, blocks_per_slot_}, at::TensorOptions().dtype(at::kLong));
+  }
 }
 
 #if LEDE_WITH_CUDA
@@ -264,7 +356,7 @@ Status KvCache::CreateSegment(const checkpoint::ModelConfig& config) {
         " needs a CUDA build of libtorch (CUDA IPC); this build shares CPU pools only");
   }
 #endif
-  const Layout layout = ComputeLayout(config, o.n_slots, o.capacity, o.max_draft_len, o.dtype);
+  const Layout layout = ComputeLayout(config, Resolve(config, o), o.dtype);
   // A CUDA pool's host segment ends where K/V would start.
   const int64_t host_bytes = on_cuda ? layout.k0 : layout.total;
   const std::string& name = o.shared_memory_name;
@@ -276,10 +368,12 @@ Status KvCache::CreateSegment(const checkpoint::ModelConfig& config) {
   storage_->epoch = epoch_;
   auto* h = static_cast<PoolHeader*>(base);
   WritePoolHeader(config, o, epoch_, layout.total, h);
-  // ftruncate zero-fills: K/V, lengths and in-use flags start at 0.
-  length_ = reinterpret_cast<int64_t*>(static_cast<char*>(base) + layout.lengths);
-  in_use_ = reinterpret_cast<int64_t*>(static_cast<char*>(base) + layout.in_use);
-  drafters_ = reinterpret_cast<int64_t*>(static_cast<char*>(base) + layout.drafters);
+  // ftruncate zero-fills: K/V, lengths and in-use flags start at 0; the
+  // blocks are set by InitBlocks.
+  if (on_cuda) {
+    block_table_ = at::full({o.n_slots, blocks_per_slot_}, -1, at::TensorOptions().device(o.device).dtype(at::kLong));
+  }
+  BindWords(static_cast<char*>(base) + layout.words);
   auto opts = at::TensorOptions().dtype(o.dtype).device(o.device);
   // kv: where K/V and the scratch start, in the segment or (CUDA) in one
   // device allocation laid out as the segment is from k0 on.
@@ -292,13 +386,56 @@ Status KvCache::CreateSegment(const checkpoint::ModelConfig& config) {
   }
 #endif
   for (int64_t l = 0; l < config.n_layers; ++l) {
-    const std::vector<int64_t> shape = {o.n_slots, config.n_kv_heads, o.capacity, config.head_dim()};
+    const std::vector<int64_t> shape = {o.n_blocks, config.n_kv_heads, o.block_tokens, config.head_dim()};
     k_.push_back(at::from_blob(kv + (2 * l) * layout.layer_bytes, shape, opts));
     v_.push_back(at::from_blob(kv + (2 * l + 1) * layout.layer_bytes, shape, opts));
   }
   exit_hidden_ = at::from_blob(kv + (layout.exit_hidden - layout.k0), {o.n_slots, o.max_draft_len + 1, config.dim}, opts);
   return OkStatus();
 }
+
+namespace {
+
+// What Attach checks of a segment's header against the attaching model and
+// options (magic, layout version, fingerprint, dims, dtype, a geometry that
+// Create could have made), and the pool's geometry.
+// Errors: kFailedPrecondition naming the first field that differs.
+StatusOr<Geometry> CheckPoolHeader(const PoolHeader& h, const checkpoint::ModelConfig& config,
+                                   const KvCacheOptions& options) {
+  auto mismatch = [&](const std::string& field, const std::string& got, const std::string& want) {
+    return FailedPreconditionError("KV pool " + options.shared_memory_name + ": " + field + " is " + got +
+                                   ", expected " + want);
+  };
+  if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0) return mismatch("magic", "unknown", "LEDEKV01");
+  if (h.layout_version != kLayoutVersion) {
+    return mismatch("layout version", std::to_string(h.layout_version), std::to_string(kLayoutVersion));
+  }
+  const std::string fp(h.fingerprint, strnlen(h.fingerprint, sizeof(h.fingerprint)));
+  if (fp != config.ArchitectureFingerprint().substr(0, sizeof(h.fingerprint) - 1)) {
+    return mismatch("model fingerprint", fp, config.ArchitectureFingerprint());
+  }
+  if (h.n_layers != config.n_layers || h.n_kv_heads != config.n_kv_heads || h.head_dim != config.head_dim() ||
+      h.dim != config.dim) {
+    return mismatch("dims", "different", "those of the model");
+  }
+  if (h.dtype != static_cast<int32_t>(options.dtype)) {
+    return mismatch("dtype", std::to_string(h.dtype), std::to_string(static_cast<int>(options.dtype)));
+  }
+  KvCacheOptions pooled = options;
+  pooled.n_slots = h.n_slots;
+  pooled.capacity = h.capacity;
+  pooled.block_tokens = h.block_tokens;
+  pooled.n_blocks = h.n_blocks;
+  pooled.max_draft_len = h.max_draft_len;
+  const Geometry g = Resolve(config, pooled);
+  if (g.S <= 0 || g.C <= 0 || g.C > config.max_seq_len || g.P <= 0 || g.P > g.C || g.NB < g.MB ||
+      g.NB > g.S * g.MB || g.D <= 0) {
+    return mismatch("geometry", "out of range", "that of a pool Create makes");
+  }
+  return g;
+}
+
+}  // namespace
 
 StatusOr<KvCache> KvCache::Attach(const checkpoint::ModelConfig& config, const KvCacheOptions& options) {
   const std::string& name = options.shared_memory_name;
@@ -321,22 +458,8 @@ StatusOr<KvCache> KvCache::Attach(const checkpoint::ModelConfig& config, const K
   auto mismatch = [&](const std::string& field, const std::string& got, const std::string& want) {
     return FailedPreconditionError("KV pool " + name + ": " + field + " is " + got + ", expected " + want);
   };
-  if (std::memcmp(h->magic, kMagic, sizeof(kMagic)) != 0) return mismatch("magic", "unknown", "LEDEKV01");
-  if (h->layout_version != kLayoutVersion) {
-    return mismatch("layout version", std::to_string(h->layout_version), std::to_string(kLayoutVersion));
-  }
-  const std::string fp(h->fingerprint, strnlen(h->fingerprint, sizeof(h->fingerprint)));
-  if (fp != config.ArchitectureFingerprint().substr(0, sizeof(h->fingerprint) - 1)) {
-    return mismatch("model fingerprint", fp, config.ArchitectureFingerprint());
-  }
-  if (h->n_layers != config.n_layers || h->n_kv_heads != config.n_kv_heads ||
-      h->head_dim != config.head_dim() || h->dim != config.dim) {
-    return mismatch("dims", "different", "those of the model");
-  }
-  if (h->dtype != static_cast<int32_t>(options.dtype)) {
-    return mismatch("dtype", std::to_string(h->dtype), std::to_string(static_cast<int>(options.dtype)));
-  }
-  const Layout layout = ComputeLayout(config, h->n_slots, h->capacity, h->max_draft_len, options.dtype);
+  LEDE_ASSIGN_OR_RETURN(const Geometry g, CheckPoolHeader(*h, config, options));
+  const Layout layout = ComputeLayout(config, g, options.dtype);
   const bool on_cuda = h->device_index >= 0;
   const int64_t host_bytes = on_cuda ? layout.k0 : layout.total;
   if (layout.total != h->total_bytes || host_bytes > st.st_size) {
@@ -352,13 +475,22 @@ StatusOr<KvCache> KvCache::Attach(const checkpoint::ModelConfig& config, const K
                                   : c10::Device(c10::kCPU);
   cache.options_.n_slots = h->n_slots;
   cache.options_.capacity = h->capacity;
+  cache.options_.block_tokens = h->block_tokens;
+  cache.options_.n_blocks = h->n_blocks;
+  cache.blocks_per_slot_ = g.MB;
   cache.options_.max_draft_len = h->max_draft_len;
   cache.epoch_ = h->epoch;
   cache.storage_ = storage;
   char* p = static_cast<char*>(base);
-  cache.length_ = reinterpret_cast<int64_t*>(p + layout.lengths);
-  cache.in_use_ = reinterpret_cast<int64_t*>(p + layout.in_use);
-  cache.drafters_ = reinterpret_cast<int64_t*>(p + layout.drafters);
+  if (on_cuda) {
+    // A device copy of the table would not see the blocks the creator gives
+    // later: a paged CUDA pool lives in one process.
+    if (g.NB < g.S * g.MB) return mismatch("paging", "paged", "backed in full (a CUDA pool shared across processes)");
+    cache.block_table_ = at::from_blob(p + layout.words + (4 * g.S + 1) * 8, {g.S, g.MB},
+                                       at::TensorOptions().dtype(at::kLong))
+                             .to(cache.options_.device);
+  }
+  cache.BindWords(p + layout.words);
   auto opts = at::TensorOptions().dtype(options.dtype).device(cache.options_.device);
   char* kv = p + layout.k0;
   if (on_cuda) {
@@ -378,9 +510,9 @@ StatusOr<KvCache> KvCache::Attach(const checkpoint::ModelConfig& config, const K
                                    "; attaching it needs a CUDA build of libtorch (CUDA IPC)");
 #endif
   }
-  const int64_t S = h->n_slots, C = h->capacity, D = h->max_draft_len;
+  const int64_t S = g.S, D = g.D;
   for (int64_t l = 0; l < config.n_layers; ++l) {
-    const std::vector<int64_t> shape = {S, config.n_kv_heads, C, config.head_dim()};
+    const std::vector<int64_t> shape = {g.NB, config.n_kv_heads, g.P, config.head_dim()};
     cache.k_.push_back(at::from_blob(kv + (2 * l) * layout.layer_bytes, shape, opts));
     cache.v_.push_back(at::from_blob(kv + (2 * l + 1) * layout.layer_bytes, shape, opts));
   }
@@ -401,8 +533,19 @@ uint64_t KvCache::session(int64_t slot) const {
   return static_cast<uint64_t>(__atomic_load_n(&in_use_[slot], __ATOMIC_SEQ_CST));
 }
 
-StatusOr<int64_t> KvCache::Allocate(uint64_t session_id) {
+StatusOr<int64_t> KvCache::Allocate(uint64_t session_id, int64_t reserve_tokens) {
   if (session_id == kNoSession) return InvalidArgumentError("session: 0 names no session");
+  if (reserve_tokens < 0) {
+    return InvalidArgumentError("reserve_tokens: must be >= 0 (0 = the capacity), got " + std::to_string(reserve_tokens));
+  }
+  std::unique_lock<std::mutex> lock(storage_->blocks_mu, std::defer_lock);
+  int64_t need = 0;
+  if (paged()) {
+    lock.lock();
+    ReclaimBlocks();
+    const int64_t tokens = reserve_tokens == 0 ? capacity() : std::min(capacity(), reserve_tokens + max_draft_len() + 1);
+    need = BlocksFor(tokens, block_tokens());
+  }
   bool drafted_on = false;
   for (int64_t s = 0; s < n_slots(); ++s) {
     if (session(s) != kNoSession) continue;
@@ -413,6 +556,14 @@ StatusOr<int64_t> KvCache::Allocate(uint64_t session_id) {
       drafted_on = true;
       continue;
     }
+    if (paged()) {
+      ReleaseBlocks(s);  // a draft that ended after ReclaimBlocks looked
+      if (!GrowSlot(s, need)) {
+        return ResourceExhaustedError("KV blocks: the sequence needs " + std::to_string(need) + " blocks of " +
+                                      std::to_string(block_tokens()) + " tokens, " + std::to_string(*free_top_) +
+                                      " of the pool's " + std::to_string(n_blocks()) + " are free");
+      }
+    }
     length_[s] = 0;
     __atomic_store_n(&in_use_[s], static_cast<int64_t>(session_id), __ATOMIC_SEQ_CST);
     return s;
@@ -421,12 +572,59 @@ StatusOr<int64_t> KvCache::Allocate(uint64_t session_id) {
                                 (drafted_on ? " (a freed slot still has a draft of its last session running)" : ""));
 }
 
+bool KvCache::GrowSlot(int64_t slot, int64_t n) {
+  int64_t& held = slot_blocks_[slot];
+  if (n <= held) return true;
+  if (n - held > *free_top_) return false;
+  int64_t* row = table_ + slot * blocks_per_slot_;
+  for (; held < n; ++held) row[held] = free_[--*free_top_];
+  SyncTable(slot);
+  return true;
+}
+
+void KvCache::ReleaseBlocks(int64_t slot) {
+  int64_t& held = slot_blocks_[slot];
+  if (held == 0) return;
+  int64_t* row = table_ + slot * blocks_per_slot_;
+  for (; held > 0; --held) {
+    free_[(*free_top_)++] = row[held - 1];
+    row[held - 1] = -1;
+  }
+  SyncTable(slot);
+}
+
+void KvCache::ReclaimBlocks() {
+  for (int64_t s = 0; s < n_slots(); ++s) {
+    if (slot_blocks_[s] > 0 && session(s) == kNoSession && n_drafting(s) == 0) ReleaseBlocks(s);
+  }
+}
+
+int64_t KvCache::n_free_blocks() const { return paged() ? __atomic_load_n(free_top_, __ATOMIC_SEQ_CST) : 0; }
+
+int64_t KvCache::mapped_tokens(int64_t slot) const {
+  return std::min(capacity(), slot_blocks_[slot] * block_tokens());
+}
+
+int64_t KvCache::RowOf(int64_t slot, int64_t position, int64_t kv_head) const {
+  const int64_t P = block_tokens();
+  const int64_t block = table_[slot * blocks_per_slot_ + position / P];
+  TORCH_CHECK(block >= 0, "KV position ", position, " of slot ", slot, " has no block (the sequence outgrew the ",
+              "tokens it reserved)");
+  return (block * k_[0].size(1) + kv_head) * P + position % P;
+}
+
 Status KvCache::Free(int64_t slot) {
   if (slot < 0 || slot >= n_slots() || session(slot) == kNoSession) {
     return InvalidArgumentError("KV slot " + std::to_string(slot) + " is not allocated");
   }
   __atomic_store_n(&in_use_[slot], static_cast<int64_t>(kNoSession), __ATOMIC_SEQ_CST);
   length_[slot] = 0;
+  if (paged()) {
+    // A draft that began before the session word was cleared may still write
+    // into the blocks: they go back when it ends (ReclaimBlocks).
+    std::lock_guard<std::mutex> lock(storage_->blocks_mu);
+    if (n_drafting(slot) == 0) ReleaseBlocks(slot);
+  }
   return OkStatus();
 }
 
@@ -446,6 +644,19 @@ Status KvCache::Commit(int64_t slot, int64_t new_length) {
   if (new_length < length_[slot] || new_length > capacity()) {
     return OutOfRangeError("commit to " + std::to_string(new_length) + " outside [" +
                            std::to_string(length_[slot]) + ", " + std::to_string(capacity()) + "]");
+  }
+  const int64_t want = std::min(capacity(), new_length + max_draft_len() + 1);
+  if (paged() && mapped_tokens(slot) < want) {
+    // The committed positions must have blocks; the room for the next draft
+    // is given as far as blocks are free.
+    std::lock_guard<std::mutex> lock(storage_->blocks_mu);
+    const int64_t P = block_tokens();
+    for (int64_t n = BlocksFor(want, P); n > slot_blocks_[slot] && !GrowSlot(slot, n);) --n;
+    if (mapped_tokens(slot) < new_length) {
+      return ResourceExhaustedError("KV blocks: commit to " + std::to_string(new_length) + " tokens outgrew the " +
+                                    std::to_string(mapped_tokens(slot)) + " the sequence holds, and none of the " +
+                                    "pool's " + std::to_string(n_blocks()) + " blocks is free");
+    }
   }
   length_[slot] = new_length;
   return OkStatus();

@@ -167,6 +167,39 @@ void RaggedMatMul(const float* x, const RaggedSegment* segs, int64_t n_segs, int
   flush();
 }
 
+// TORCH_CHECKs that ragged segments name distinct slots of `cache` and
+// positions within the capacity, the slot's KV blocks and the window; *rows
+// = their positions in all, *max_keys = the longest context.
+void CheckSegments(const RaggedSegment* segs, int64_t n_segs, const KvCache& cache, int64_t max_seq_len,
+                   int64_t* rows, int64_t* max_keys) {
+  for (int64_t s = 0; s < n_segs; ++s) {
+    const RaggedSegment& g = segs[s];
+    const int64_t end = g.start_pos + g.n_positions;
+    TORCH_CHECK(g.n_positions >= 1, "ragged segment without positions");
+    TORCH_CHECK(g.slot >= 0 && g.slot < cache.n_slots(), "ragged segment slot out of range");
+    TORCH_CHECK(g.start_pos >= 0 && end <= cache.capacity(), "positions past KV capacity");
+    TORCH_CHECK(end <= cache.mapped_tokens(g.slot), "positions ", g.start_pos, "..", end, " of slot ", g.slot,
+                " past its KV blocks (", cache.mapped_tokens(g.slot), " tokens: the sequence outgrew what it reserved)");
+    TORCH_CHECK(end <= max_seq_len, "positions past max_seq_len");
+    for (int64_t o = 0; o < s; ++o) TORCH_CHECK(segs[o].slot != g.slot, "ragged segments share a slot");
+    *rows += g.n_positions;
+    *max_keys = std::max(*max_keys, end);
+  }
+}
+
+// Rows of positions [first, first + n) of `slot` in the pool's K/V viewed as
+// [NB * Hkv * P, hd] (KvCache::RowOf): [Hkv, n] int64 on `device`, built
+// from the host's block table.
+at::Tensor KvRows(const KvCache& cache, int64_t slot, int64_t first, int64_t n, const c10::Device& device) {
+  const int64_t Hkv = cache.k(0).size(1);
+  at::Tensor rows = at::empty({Hkv, n}, at::TensorOptions().dtype(at::kLong));
+  int64_t* r = rows.data_ptr<int64_t>();
+  for (int64_t h = 0; h < Hkv; ++h) {
+    for (int64_t t = 0; t < n; ++t) r[h * n + t] = cache.RowOf(slot, first + t, h);
+  }
+  return rows.to(device);
+}
+
 }  // namespace
 
 void SetFusedThreads(int n_threads) { fused_threads = std::max(1, n_threads); }
@@ -341,19 +374,14 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
   const int64_t d = config_.dim, H = config_.n_heads, Hkv = config_.n_kv_heads;
   const int64_t hd = config_.head_dim(), G = H / Hkv, F = config_.hidden_dim;
   const int64_t QKV = (H + 2 * Hkv) * hd, C = cache.capacity();
+  // The paged pool (kv_cache.h): position p of slot s is row p % P of block
+  // table[s * MB + p / P]; a block holds [Hkv, P, hd].
+  const int64_t P = cache.block_tokens(), MB = cache.blocks_per_slot(), block_stride = Hkv * P * hd;
+  const int64_t* table = cache.blocks_of(0);
   const float eps = static_cast<float>(config_.rms_norm_eps);
   const float q_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   int64_t N = 0, max_keys = 0;
-  for (int64_t s = 0; s < n_segs; ++s) {
-    const RaggedSegment& g = segs[s];
-    TORCH_CHECK(g.n_positions >= 1, "ragged segment without positions");
-    TORCH_CHECK(g.slot >= 0 && g.slot < cache.n_slots(), "ragged segment slot out of range");
-    TORCH_CHECK(g.start_pos >= 0 && g.start_pos + g.n_positions <= C, "positions past KV capacity");
-    TORCH_CHECK(g.start_pos + g.n_positions <= config_.max_seq_len, "positions past max_seq_len");
-    for (int64_t o = 0; o < s; ++o) TORCH_CHECK(segs[o].slot != g.slot, "ragged segments share a slot");
-    N += g.n_positions;
-    max_keys = std::max(max_keys, g.start_pos + g.n_positions);
-  }
+  CheckSegments(segs, n_segs, cache, config_.max_seq_len, &N, &max_keys);
   FusedScratch& ws = Scratch();
   float* xn = Grow(ws.xn, N * d);
   float* qkv = Grow(ws.qkv, N * QKV);
@@ -379,7 +407,7 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
   const float* sin_table = rope.sin.data_ptr<float>();
   for (int64_t l = first; l < last; ++l) {
     const Layer& w = layers_[l];
-    float* kc = cache.k(l).data_ptr<float>();  // [S, Hkv, C, hd]
+    float* kc = cache.k(l).data_ptr<float>();  // [NB, Hkv, P, hd]
     float* vc = cache.v(l).data_ptr<float>();
     cpu::RmsNorm(x, w.attn_norm.data_ptr<float>(), N, d, eps, xn);
     RaggedMatMul(xn, segs, n_segs, d, RawOrNull(w.wqkv), PackedOrNull(w.wqkv, w.wqkv_packed),
@@ -392,8 +420,9 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
         float* r = qkv + row * QKV;
         cpu::RopeRotateHalf(r, H + Hkv, hd, cos_table + pos * hd, sin_table + pos * hd);
         for (int64_t j = 0; j < H * hd; ++j) r[j] *= q_scale;
+        const int64_t block = table[segs[s].slot * MB + pos / P];
         for (int64_t kvh = 0; kvh < Hkv; ++kvh) {
-          const int64_t at = ((segs[s].slot * Hkv + kvh) * C + pos) * hd;
+          const int64_t at = ((block * Hkv + kvh) * P + pos % P) * hd;
           std::memcpy(kc + at, r + (H + kvh) * hd, hd * sizeof(float));
           std::memcpy(vc + at, r + (H + Hkv + kvh) * hd, hd * sizeof(float));
         }
@@ -406,9 +435,11 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t n_keys = row_pos[r] + 1;
         const float* q = qkv + r * QKV;
+        const int64_t* blocks = table + row_slot[r] * MB;
         for (int64_t h = 0; h < H; ++h) {
-          const int64_t base = (row_slot[r] * Hkv + h / G) * C * hd;
-          cpu::AttendOne(q + h * hd, kc + base, vc + base, n_keys, hd, sc, attn + r * H * hd + h * hd);
+          const int64_t head = (h / G) * P * hd;
+          cpu::AttendPaged(q + h * hd, kc + head, vc + head, blocks, block_stride, P, n_keys, hd, sc,
+                           attn + r * H * hd + h * hd);
         }
       }
     };
@@ -455,12 +486,16 @@ at::Tensor LlamaModel::EagerBlock(int64_t layer, const at::Tensor& hidden, int64
   if (cache != nullptr) {
     TORCH_CHECK(B == 1, "KV-cache forward takes one slot (B == 1)");
     TORCH_CHECK(start_pos + T <= cache->capacity(), "positions past KV capacity");
-    at::Tensor kc = cache->k(layer).select(0, slot);  // [Hkv, C, hd]
-    at::Tensor vc = cache->v(layer).select(0, slot);
-    kc.narrow(1, start_pos, T).copy_(k.select(0, 0).transpose(0, 1));
-    vc.narrow(1, start_pos, T).copy_(v.select(0, 0).transpose(0, 1));
-    keys = kc.narrow(1, 0, start_pos + T).unsqueeze(0);
-    values = vc.narrow(1, 0, start_pos + T).unsqueeze(0);
+    TORCH_CHECK(start_pos + T <= cache->mapped_tokens(slot), "positions past the slot's KV blocks");
+    // The pool's rows [NB * Hkv * P, hd] (kv_cache.h RowOf): write this
+    // step's positions, then gather the slot's first start_pos + T.
+    const at::Tensor kc = cache->k(layer).view({-1, hd}), vc = cache->v(layer).view({-1, hd});
+    const at::Tensor written = KvRows(*cache, slot, start_pos, T, hidden.device());  // [Hkv, T]
+    kc.index_copy_(0, written.reshape({-1}), k.select(0, 0).transpose(0, 1).reshape({Hkv * T, hd}));
+    vc.index_copy_(0, written.reshape({-1}), v.select(0, 0).transpose(0, 1).reshape({Hkv * T, hd}));
+    const at::Tensor context = KvRows(*cache, slot, 0, start_pos + T, hidden.device()).reshape({-1});
+    keys = kc.index_select(0, context).view({1, Hkv, start_pos + T, hd});
+    values = vc.index_select(0, context).view({1, Hkv, start_pos + T, hd});
   } else {
     keys = k.transpose(1, 2);
     values = v.transpose(1, 2);
@@ -526,7 +561,7 @@ at::Tensor LlamaModel::StaticBlock(int64_t layer, const at::Tensor& hidden, cons
   const at::Tensor w13 = Dense(w.w13, w.w13_packed), w2 = Dense(w.w2, w.w2_packed);
   const int64_t T = hidden.size(1);
   const int64_t H = config_.n_heads, Hkv = config_.n_kv_heads, hd = config_.head_dim();
-  const int64_t G = H / Hkv, C = cache.capacity(), S = cache.n_slots();
+  const int64_t G = H / Hkv, C = cache.capacity();
 
   at::Tensor qkv = Linear(RmsNorm(hidden, w.attn_norm), wqkv);
   at::Tensor qk_in = qkv.narrow(-1, 0, (H + Hkv) * hd).view({1, T, H + Hkv, hd});
@@ -540,16 +575,28 @@ at::Tensor LlamaModel::StaticBlock(int64_t layer, const at::Tensor& hidden, cons
   at::Tensor k = qk.narrow(2, H, Hkv);
   at::Tensor v = qkv.narrow(-1, (H + Hkv) * hd, Hkv * hd).view({1, T, Hkv, hd});
 
-  // Rows of the pool viewed as [S * Hkv * C, hd]: (slot * Hkv + h) * C + pos.
+  // Rows of the pool viewed as [NB * Hkv * P, hd] (kv_cache.h RowOf):
+  // (block * Hkv + h) * P + pos % P, the block from the slot's table row on
+  // the device. Positions past the slot's blocks (-1) are clamped to block
+  // 0: they are read only as context past the query, which the mask hides.
   auto iopts = positions.options();
-  at::Tensor heads = at::arange(Hkv, iopts).unsqueeze(1);                           // [Hkv, 1]
-  at::Tensor rows = ((slot * Hkv + heads) * C + positions.unsqueeze(0)).reshape({-1});  // [Hkv * T]
+  const int64_t P = cache.block_tokens();
+  const at::Tensor table = cache.block_table().index_select(0, slot).reshape({-1});  // [MB]
+  const at::Tensor heads = at::arange(Hkv, iopts).unsqueeze(1);                    // [Hkv, 1]
+  auto rows_of = [&](const at::Tensor& pos) {                                        // [n] -> [Hkv * n]
+    const at::Tensor block = table.index_select(0, at::div(pos, P, "trunc")).clamp_min(0);
+    return ((block.unsqueeze(0) * Hkv + heads) * P + at::remainder(pos, P).unsqueeze(0)).reshape({-1});
+  };
+  const at::Tensor rows = rows_of(positions);  // [Hkv * T]
   at::Tensor kc = cache.k(layer), vc = cache.v(layer);
   TORCH_CHECK(kc.is_contiguous() && vc.is_contiguous(), "graph step: the KV pool must be contiguous");
-  kc.view({S * Hkv * C, hd}).index_copy_(0, rows, k.select(0, 0).transpose(0, 1).reshape({Hkv * T, hd}));
-  vc.view({S * Hkv * C, hd}).index_copy_(0, rows, v.select(0, 0).transpose(0, 1).reshape({Hkv * T, hd}));
-  at::Tensor keys = kc.narrow(2, 0, context).index_select(0, slot);    // [1, Hkv, context, hd]
-  at::Tensor values = vc.narrow(2, 0, context).index_select(0, slot);
+  kc = kc.view({-1, hd});
+  vc = vc.view({-1, hd});
+  kc.index_copy_(0, rows, k.select(0, 0).transpose(0, 1).reshape({Hkv * T, hd}));
+  vc.index_copy_(0, rows, v.select(0, 0).transpose(0, 1).reshape({Hkv * T, hd}));
+  const at::Tensor context_rows = rows_of(at::arange(context, iopts));
+  at::Tensor keys = kc.index_select(0, context_rows).view({1, Hkv, context, hd});  // [1, Hkv, context, hd]
+  at::Tensor values = vc.index_select(0, context_rows).view({1, Hkv, context, hd});
 
   at::Tensor qh = (q * (1.0 / std::sqrt(static_cast<double>(hd))))
                       .view({1, T, Hkv, G, hd})

@@ -273,6 +273,7 @@ StatusOr<GenerationResult> RunGeneration(SpeculationBackend& backend, const std:
   LEDE_RETURN_IF_ERROR(ValidateInputs(backend.limits(), prompt, o));
   SessionOptions session_options = o.session;
   session_options.record_nll = session_options.record_nll || o.mode == SpeculationMode::kAdaptive;
+  session_options.max_new_tokens = o.max_new_tokens;
   const auto t0 = Clock::now();
   LEDE_ASSIGN_OR_RETURN(Prefilled first, backend.Open(prompt, session_options));
   struct SessionGuard {

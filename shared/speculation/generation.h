@@ -68,6 +68,9 @@ struct SessionOptions {
   SamplingParams sampling;
   bool record_nll = false;      // fill Verdict::nll (C_trace of adaptive rounds)
   bool record_margins = false;  // fill Verdict::margins (tests, benchmarks)
+  // The most tokens the session will emit (LoopOptions::max_new_tokens; set
+  // by RunGeneration): a backend may reserve KV for prompt + this. 0 = unknown.
+  int64_t max_new_tokens = 0;
 };
 
 // The first token, chosen from the prefill's last-position logits.

@@ -177,7 +177,10 @@ KvSlotMetrics::KvSlotMetrics(Registry& r)
     : kv_slots_in_use(UnlabelledGauge(r, "lede_kv_slots_in_use",
                                       "KV-cache sequence slots holding a live sequence (slots).")),
       kv_slots_capacity(UnlabelledGauge(r, "lede_kv_slots_capacity",
-                                        "KV-cache sequence slots configured (slots).")) {}
+                                        "KV-cache sequence slots configured (slots).")),
+      kv_cache_usage(UnlabelledGauge(r, "lede_kv_cache_usage_perc",
+                                     "Fraction of the KV pool's blocks held by sequences (0-1; vLLM's "
+                                     "kv_cache_usage_perc).")) {}
 
 // Measured step costs of the model services.
 StepCostMetrics::StepCostMetrics(Registry& r)

@@ -19,7 +19,8 @@
 //   lede_request_success_total{finished_reason}       lede_policy_version{version}
 //   lede_prompt_tokens_total                          lede_policy_version_number
 //   lede_generation_tokens_total                      lede_policy_reloads_total{outcome}
-//   lede_num_requests_running                         lede_kv_slots_in_use, _capacity
+//   lede_num_requests_running                         lede_kv_slots_in_use, _capacity,
+//                                                     lede_kv_cache_usage_perc
 //   lede_num_requests_waiting                         lede_experience_{records_written,
 //   lede_request_queue_time_seconds                     records_dropped,shards_written}_total
 //   lede_iteration_tokens (vllm:iteration_tokens_total) lede_iteration_batch_size
@@ -228,6 +229,9 @@ struct KvSlotMetrics {
   // Capacity is lede_kv_slots_capacity, not lede_kv_slots_total: "_total"
   // is reserved for counters (promtool check metrics rejects it on a gauge).
   Gauge& kv_slots_capacity;       // lede_kv_slots_capacity
+  // Blocks held / blocks in the pool, 0-1 (model::KvCache paged; a pool
+  // backed in full: slots in use / slots).
+  Gauge& kv_cache_usage;          // lede_kv_cache_usage_perc
 };
 
 // The deployment's measured step costs (model services; windowed medians of

@@ -259,7 +259,13 @@ void SiluMul(const float* h13, int64_t n, int64_t F, float* out) {
 
 void AttendOne(const float* q, const float* keys, const float* values, int64_t n_keys, int64_t hd,
                float* scores, float* out) {
-  LEDE_DISPATCH(AttendOne(q, keys, values, n_keys, hd, scores, out));
+  const int64_t one_block = 0;  // every key in block 0
+  AttendPaged(q, keys, values, &one_block, 0, std::max<int64_t>(n_keys, 1), n_keys, hd, scores, out);
+}
+
+void AttendPaged(const float* q, const float* keys, const float* values, const int64_t* blocks,
+                 int64_t block_stride, int64_t block_tokens, int64_t n_keys, int64_t hd, float* scores, float* out) {
+  LEDE_DISPATCH(AttendPaged(q, keys, values, blocks, block_stride, block_tokens, n_keys, hd, scores, out));
 }
 
 }  // namespace lede::model::cpu

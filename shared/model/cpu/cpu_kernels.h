@@ -123,6 +123,14 @@ void SiluMul(const float* h13, int64_t n, int64_t F, float* out);
 void AttendOne(const float* q, const float* keys, const float* values, int64_t n_keys, int64_t hd,
                float* scores, float* out);
 
+// AttendOne over a paged KV cache (kv_cache.h): the keys in blocks of
+// block_tokens rows, key j at keys + blocks[j / block_tokens] * block_stride
+// + (j % block_tokens) * hd, values likewise (block_stride in floats, e.g.
+// Hkv * P * hd for the pool's [NB, Hkv, P, hd] with keys / values already
+// offset to the KV head). Same arithmetic and order as AttendOne.
+void AttendPaged(const float* q, const float* keys, const float* values, const int64_t* blocks,
+                 int64_t block_stride, int64_t block_tokens, int64_t n_keys, int64_t hd, float* scores, float* out);
+
 // sum_i a[i] b[i] (vectorized; for tests and the roofline loop).
 float Dot(const float* a, const float* b, int64_t n);
 

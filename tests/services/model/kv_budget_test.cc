@@ -54,27 +54,38 @@ ModelServiceOptions Options(int64_t slots, int64_t capacity, const std::string& 
   return o;
 }
 
-// The 1B model's window is 8 GiB of float32 KV per slot: with 4 slots and
-// the default 25% of a 24 GiB machine's 23 GiB available, each slot gets
-// what the budget allows (about 23.5k tokens), and the pool stays within it.
-TEST(KvBudgetTest, AutomaticCapacityIsWhatTheBudgetAllows) {
+// The 1B model keeps 64 KiB of float32 K/V per token. With the default 25%
+// of a 24 GiB machine's 23 GiB available, the pool holds what the budget
+// allows (about 94k tokens in blocks of kKvBlockTokens), however many slots
+// share it, and one sequence may hold all of it.
+TEST(KvBudgetTest, PoolHoldsWhatTheBudgetAllows) {
   const int64_t available = 23 * kGiB;
   StatusOr<KvPoolPlan> plan = PlanKvPool(Llama32OneB(), Options(4, 0, "25%"), c10::kFloat, available, 0);
   ASSERT_THAT(plan, IsOk());
   EXPECT_EQ(plan->budget_bytes, available / 4);
   EXPECT_LE(plan->pool_bytes, plan->budget_bytes);
-  EXPECT_GT(plan->capacity, 23000);
-  EXPECT_LE(plan->capacity, 23552);
-  // One more token per slot would not fit.
+  EXPECT_EQ(plan->block_tokens, kKvBlockTokens);
+  EXPECT_GT(plan->n_blocks * plan->block_tokens, 94000);
+  EXPECT_LE(plan->n_blocks * plan->block_tokens, 94208);
+  EXPECT_EQ(plan->capacity, plan->n_blocks * plan->block_tokens);
+  // One more block would not fit.
   model::KvCacheOptions ko;
   ko.n_slots = 4;
   ko.max_draft_len = 16;
-  ko.capacity = plan->capacity + 1;
+  ko.capacity = plan->capacity;
+  ko.block_tokens = plan->block_tokens;
+  ko.n_blocks = plan->n_blocks + 1;
   EXPECT_GT(model::KvCache::PoolBytes(Llama32OneB(), ko), plan->budget_bytes);
-  // A budget larger than the window needs gives each slot the window.
+  // Slots are cheap: 64 share about the same pool (their tables and draft
+  // scratch take a few MiB).
+  StatusOr<KvPoolPlan> many = PlanKvPool(Llama32OneB(), Options(64, 0, "25%"), c10::kFloat, available, 0);
+  ASSERT_THAT(many, IsOk());
+  EXPECT_GT(many->n_blocks, plan->n_blocks * 99 / 100);
+  // A budget larger than the window needs gives one sequence the window.
   StatusOr<KvPoolPlan> roomy = PlanKvPool(Llama32OneB(), Options(1, 0, "64GiB"), c10::kFloat, available, 0);
   ASSERT_THAT(roomy, IsOk());
   EXPECT_EQ(roomy->capacity, 131072);
+  EXPECT_EQ(roomy->n_blocks, 131072 / kKvBlockTokens);
 }
 
 // bfloat16 K/V hold twice the tokens of float32 in the same budget.
@@ -83,7 +94,7 @@ TEST(KvBudgetTest, CapacityFollowsTheKvDtype) {
   StatusOr<KvPoolPlan> bf16 = PlanKvPool(Llama32OneB(), Options(2, 0, "4GiB"), c10::kBFloat16, 0, 0);
   ASSERT_THAT(f32, IsOk());
   ASSERT_THAT(bf16, IsOk());
-  EXPECT_NEAR(static_cast<double>(bf16->capacity) / f32->capacity, 2.0, 0.01);
+  EXPECT_NEAR(static_cast<double>(bf16->n_blocks) / f32->n_blocks, 2.0, 0.01);
 }
 
 // A percentage budget of a shared pool is capped by the free space of
@@ -100,25 +111,28 @@ TEST(KvBudgetTest, PercentageOfASharedPoolIsCappedByDevShm) {
   EXPECT_EQ(given->budget_bytes, 6 * kGiB);
 }
 
-// An explicit --capacity whose --slots do not fit the budget refuses the
-// start with one line naming the flags and what would fit.
+// An explicit --capacity the budget cannot hold once refuses the start with
+// one line naming the flags and what the budget holds; one it holds is
+// served by any number of slots.
 TEST(KvBudgetTest, ExplicitCapacityBeyondTheBudgetIsRefused) {
-  StatusOr<KvPoolPlan> plan = PlanKvPool(Llama32OneB(), Options(4, 131072, "20GiB"), c10::kFloat, 0, 0);
+  StatusOr<KvPoolPlan> plan = PlanKvPool(Llama32OneB(), Options(4, 131072, "6GiB"), c10::kFloat, 0, 0);
   ASSERT_THAT(plan, StatusIs(StatusCode::kInvalidArgument));
   const std::string message(plan.status().message());
-  EXPECT_THAT(message, HasSubstr("--kv-memory 20GiB"));
-  EXPECT_THAT(message, HasSubstr("--slots 4 x --capacity 131072"));
-  EXPECT_THAT(message, HasSubstr("it holds 2 such slot(s)"));
+  EXPECT_THAT(message, HasSubstr("--kv-memory 6GiB"));
+  EXPECT_THAT(message, HasSubstr("--capacity 131072"));
+  EXPECT_THAT(message, HasSubstr("holds 98"));  // 98,xxx tokens of KV
   EXPECT_EQ(message.find('\n'), std::string::npos);
-  EXPECT_THAT(PlanKvPool(Llama32OneB(), Options(1, 131072, "9GiB"), c10::kFloat, 0, 0), IsOk());
+  StatusOr<KvPoolPlan> fits = PlanKvPool(Llama32OneB(), Options(16, 131072, "9GiB"), c10::kFloat, 0, 0);
+  ASSERT_THAT(fits, IsOk());
+  EXPECT_EQ(fits->capacity, 131072);
 }
 
-// A budget that leaves each slot fewer than kMinSlotTokens is refused, as is
-// a malformed size or a capacity beyond the window.
+// A budget that holds fewer than kMinSlotTokens is refused, as is a
+// malformed size or a capacity beyond the window.
 TEST(KvBudgetTest, UselessOrMalformedBudgetsAreRefused) {
-  StatusOr<KvPoolPlan> tiny = PlanKvPool(Llama32OneB(), Options(8, 0, "64MiB"), c10::kFloat, 0, 0);
+  StatusOr<KvPoolPlan> tiny = PlanKvPool(Llama32OneB(), Options(8, 0, "16MiB"), c10::kFloat, 0, 0);
   ASSERT_THAT(tiny, StatusIs(StatusCode::kInvalidArgument));
-  EXPECT_THAT(std::string(tiny.status().message()), HasSubstr("raise --kv-memory or lower --slots"));
+  EXPECT_THAT(std::string(tiny.status().message()), HasSubstr("raise --kv-memory"));
   EXPECT_THAT(PlanKvPool(Llama32OneB(), Options(4, 0, "lots"), c10::kFloat, 0, 0),
               StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(PlanKvPool(Llama32OneB(), Options(4, 200000, "1TiB"), c10::kFloat, 0, 0),
@@ -153,7 +167,7 @@ class KvBudgetHostTest : public ::testing::Test {
 // window, within the budget; a prompt longer than a slot but within the
 // window is refused with RESOURCE_EXHAUSTED and the service keeps serving.
 TEST_F(KvBudgetHostTest, PoolFollowsTheBudgetAndLongPromptsAreResourceExhausted) {
-  options_.kv_memory = "1MiB";
+  options_.kv_memory = "512KiB";
   auto host = LoadModelHost(options_, /*create_pool=*/true, nullptr);
   ASSERT_THAT(host, IsOk());
   std::shared_ptr<model::KvCache> pool = (*host)->Pool();
@@ -165,7 +179,9 @@ TEST_F(KvBudgetHostTest, PoolFollowsTheBudgetAndLongPromptsAreResourceExhausted)
   ko.n_slots = 2;
   ko.max_draft_len = 4;
   ko.capacity = pool->capacity();
-  EXPECT_LE(model::KvCache::PoolBytes((*host)->model->config(), ko), int64_t{1} << 20);
+  ko.block_tokens = pool->block_tokens();
+  ko.n_blocks = pool->n_blocks();
+  EXPECT_LE(model::KvCache::PoolBytes((*host)->model->config(), ko), int64_t{512} << 10);
 
   VerifierService verifier(*host);
   grpc::ServerContext context;
@@ -199,6 +215,7 @@ TEST_F(KvBudgetHostTest, FullPoolRefusesAfterTheQueueWait) {
   grpc::ServerContext context;
   lede::v1::OpenSessionRequest open;
   for (int32_t t : {1, 2, 3, 4}) open.add_prompt_token_ids(t);
+  open.set_max_new_tokens(8);  // a block each: the slots run out first
   std::vector<int64_t> slots;
   for (int i = 0; i < 2; ++i) {
     lede::v1::OpenSessionResponse response;
@@ -220,6 +237,60 @@ TEST_F(KvBudgetHostTest, FullPoolRefusesAfterTheQueueWait) {
   grpc::Status negative = verifier.OpenSession(&context, &open, &response);
   EXPECT_EQ(negative.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(negative.error_message(), HasSubstr("max_queue_wait_ms"));
+}
+
+// Sequences share the pool's blocks: with more slots than the budget holds
+// whole windows, requests are admitted while the sum of their reservations
+// (prompt + max_new_tokens + a draft) fits; one that does not waits in the
+// queue and is refused after its max_queue_wait_ms naming the KV blocks,
+// and is admitted once a session's blocks come back. A negative
+// max_new_tokens is INVALID_ARGUMENT naming the field.
+TEST_F(KvBudgetHostTest, SequencesShareThePoolsBlocks) {
+  options_.kv_memory = "512KiB";
+  options_.n_slots = 16;
+  auto host = LoadModelHost(options_, /*create_pool=*/true, nullptr);
+  ASSERT_THAT(host, IsOk());
+  std::shared_ptr<model::KvCache> pool = (*host)->Pool();
+  const int64_t n_blocks = pool->n_blocks(), block = pool->block_tokens();
+  ASSERT_TRUE(pool->paged());
+  ASSERT_GE(n_blocks, 3);
+  ASSERT_LT(n_blocks, 16);
+  EXPECT_LT(n_blocks * block, 16 * pool->capacity()) << "the slots' windows would not fit the budget";
+  VerifierService verifier(*host);
+  grpc::ServerContext context;
+  // 4 prompt tokens + max_new_tokens + a draft (max_draft_len 4, + 1) fill one block.
+  lede::v1::OpenSessionRequest one_block;
+  for (int32_t t : {1, 2, 3, 4}) one_block.add_prompt_token_ids(t);
+  one_block.set_max_new_tokens(block - 4 - 5);
+  one_block.set_max_queue_wait_ms(50);
+  std::vector<lede::v1::OpenSessionResponse> opened(n_blocks);
+  for (int64_t i = 0; i < n_blocks; ++i) {
+    grpc::Status s = verifier.OpenSession(&context, &one_block, &opened[i]);
+    ASSERT_TRUE(s.ok()) << "session " << i << ": " << s.error_message();
+  }
+  EXPECT_EQ(pool->n_free_blocks(), 0);
+  EXPECT_EQ(pool->n_in_use(), n_blocks);
+  lede::v1::OpenSessionResponse response;
+  grpc::Status queued = verifier.OpenSession(&context, &one_block, &response);
+  EXPECT_EQ(queued.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << queued.error_message();
+  EXPECT_THAT(queued.error_message(), HasSubstr("max_queue_wait_ms"));
+  EXPECT_THAT(queued.error_message(), HasSubstr("0 of " + std::to_string(n_blocks) + " KV blocks free"));
+  EXPECT_EQ(pool->n_in_use(), n_blocks);
+
+  lede::v1::CloseSessionRequest close;
+  close.set_slot(opened[0].slot());
+  close.set_pool_epoch(opened[0].pool_epoch());
+  close.set_session_id(opened[0].session_id());
+  lede::v1::CloseSessionResponse closed;
+  ASSERT_TRUE(verifier.CloseSession(&context, &close, &closed).ok());
+  EXPECT_EQ(pool->n_free_blocks(), 1);
+  grpc::Status admitted = verifier.OpenSession(&context, &one_block, &response);
+  EXPECT_TRUE(admitted.ok()) << admitted.error_message();
+
+  one_block.set_max_new_tokens(-1);
+  grpc::Status negative = verifier.OpenSession(&context, &one_block, &response);
+  EXPECT_EQ(negative.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(negative.error_message(), HasSubstr("max_new_tokens"));
 }
 
 // A budget too small for one useful slot refuses the start (the process

@@ -1,4 +1,4 @@
-// Tests of shared/model/kv_cache.h: layout, slot bookkeeping, rollback.
+// Tests of shared/model/kv_cache.h: layout, slot bookkeeping, paging, rollback.
 #include "shared/model/kv_cache.h"
 
 #include <fcntl.h>
@@ -164,26 +164,202 @@ TEST(KvCacheTest, PoolBytesIsTheSegmentSize) {
   EXPECT_EQ(KvCache::PoolBytes(TinyConfig(), window), KvCache::PoolBytes(TinyConfig(), longer));
 }
 
-// CapacityWithin is the largest capacity whose pool fits the budget, at most
-// the window, and 0 when one token per slot does not fit.
-TEST(KvCacheTest, CapacityWithinIsTheLargestThatFits) {
+// BlocksWithin is the most blocks whose pool fits the budget, at most what
+// backs every slot in full, and 0 when one block does not fit.
+TEST(KvCacheTest, BlocksWithinIsTheMostThatFit) {
   KvCacheOptions o;
-  o.n_slots = 2;
+  o.n_slots = 4;
   o.max_draft_len = 4;
-  o.capacity = 50;
+  o.capacity = 64;
+  o.block_tokens = 8;
+  o.n_blocks = 10;
   const int64_t budget = KvCache::PoolBytes(TinyConfig(), o);
-  const int64_t fits = KvCache::CapacityWithin(TinyConfig(), o, budget);
-  ASSERT_GE(fits, 50);
+  const int64_t fits = KvCache::BlocksWithin(TinyConfig(), o, budget);
+  ASSERT_GE(fits, 10);
   KvCacheOptions at = o;
-  at.capacity = fits;
+  at.n_blocks = fits;
   EXPECT_LE(KvCache::PoolBytes(TinyConfig(), at), budget);
-  at.capacity = fits + 1;
+  at.n_blocks = fits + 1;
   EXPECT_GT(KvCache::PoolBytes(TinyConfig(), at), budget);
-  EXPECT_EQ(KvCache::CapacityWithin(TinyConfig(), o, int64_t{1} << 40), TinyConfig().max_seq_len);
-  EXPECT_EQ(KvCache::CapacityWithin(TinyConfig(), o, 1024), 0);
+  // One block: 4 layers x K,V x 2 heads x 8 positions x 8 dims x 4 bytes.
+  EXPECT_EQ(KvCache::BlockBytes(TinyConfig(), o), 4 * 2 * 2 * 8 * 8 * 4);
+  EXPECT_EQ(KvCache::BlocksWithin(TinyConfig(), o, int64_t{1} << 40), 4 * 8);
+  EXPECT_EQ(KvCache::BlocksWithin(TinyConfig(), o, 1024), 0);
 }
 
-// Session words (issue 39): a slot holds its session's id; a draft begins
+// A paged pool: K/V per layer are [NB, n_kv_heads, P, head_dim]; a slot gets
+// blocks for what it reserves (plus a draft's D_max + 1 positions) when it is
+// allocated, more as Commit grows it, and gives them back when freed; a
+// reservation the free blocks cannot hold is RESOURCE_EXHAUSTED with the
+// pool unchanged (docs/design.md §4).
+TEST(KvCacheTest, PagedSlotsHoldWhatTheyReserve) {
+  KvCacheOptions o;
+  o.n_slots = 4;
+  o.capacity = 64;
+  o.block_tokens = 8;
+  o.n_blocks = 10;
+  o.max_draft_len = 3;
+  auto cache = KvCache::Create(TinyConfig(), o);
+  ASSERT_THAT(cache, IsOk());
+  EXPECT_TRUE(cache->paged());
+  EXPECT_EQ(cache->k(0).sizes(), (std::vector<int64_t>{10, 2, 8, 8}));
+  EXPECT_EQ(cache->block_table().sizes(), (std::vector<int64_t>{4, 8}));
+  EXPECT_EQ(cache->n_free_blocks(), 10);
+
+  // 5 tokens + 4 of draft room: 2 blocks.
+  auto a = cache->Allocate(1, 5);
+  ASSERT_THAT(a, IsOk());
+  EXPECT_EQ(cache->n_slot_blocks(*a), 2);
+  EXPECT_EQ(cache->mapped_tokens(*a), 16);
+  EXPECT_EQ(cache->n_free_blocks(), 8);
+  EXPECT_EQ(cache->blocks_of(*a)[0], 0);
+  EXPECT_EQ(cache->blocks_of(*a)[1], 1);
+  EXPECT_EQ(cache->blocks_of(*a)[2], -1);
+  EXPECT_EQ(cache->RowOf(*a, 9, 1), (1 * 2 + 1) * 8 + 1);
+
+  // 40 tokens + 4: 6 blocks; a third such reservation finds 2 free.
+  auto b = cache->Allocate(2, 40);
+  ASSERT_THAT(b, IsOk());
+  EXPECT_EQ(cache->n_free_blocks(), 2);
+  EXPECT_THAT(cache->Allocate(3, 40), StatusIs(StatusCode::kResourceExhausted, ::testing::HasSubstr("KV blocks")));
+  EXPECT_EQ(cache->n_in_use(), 2);
+  EXPECT_EQ(cache->n_free_blocks(), 2);
+
+  // Committing 14 tokens of `a` wants 14 + 4 = 18 positions: a third block.
+  ASSERT_THAT(cache->Commit(*a, 14), IsOk());
+  EXPECT_EQ(cache->n_slot_blocks(*a), 3);
+  EXPECT_EQ(cache->blocks_of(*a)[2], 8);
+  // 24 committed wants 28 (4 blocks); one is free: granted as far as it goes.
+  ASSERT_THAT(cache->Commit(*a, 24), IsOk());
+  EXPECT_EQ(cache->n_slot_blocks(*a), 4);
+  EXPECT_EQ(cache->n_free_blocks(), 0);
+  // Past its blocks with none free: refused, length unchanged.
+  EXPECT_THAT(cache->Commit(*a, 40), StatusIs(StatusCode::kResourceExhausted));
+  EXPECT_EQ(cache->length(*a), 24);
+
+  // Freeing `b` returns its 6 blocks; a reservation of the whole capacity
+  // (reserve 0) needs 8.
+  ASSERT_THAT(cache->Free(*b), IsOk());
+  EXPECT_EQ(cache->n_free_blocks(), 6);
+  EXPECT_EQ(cache->blocks_of(*b)[0], -1);
+  EXPECT_THAT(cache->Allocate(3), StatusIs(StatusCode::kResourceExhausted));
+  ASSERT_THAT(cache->Free(*a), IsOk());
+  EXPECT_EQ(cache->n_free_blocks(), 10);
+  auto whole = cache->Allocate(3);
+  ASSERT_THAT(whole, IsOk());
+  EXPECT_EQ(cache->mapped_tokens(*whole), 64);
+  EXPECT_THAT(KvCache::Create(TinyConfig(), [&] {
+                KvCacheOptions few = o;
+                few.n_blocks = 7;  // under one sequence of 64 tokens
+                return few;
+              }()),
+              StatusIs(StatusCode::kInvalidArgument, ::testing::HasSubstr("n_blocks")));
+}
+
+// A paged slot freed while a draft of its session still runs keeps its
+// blocks (the draft may still write them) until that draft ends; the next
+// Allocate takes them back. The drafter sees the table through Attach.
+TEST(KvCacheTest, PagedBlocksOfARunningDraftComeBackWhenItEnds) {
+  KvCacheOptions o;
+  o.n_slots = 2;
+  o.capacity = 32;
+  o.block_tokens = 8;
+  o.n_blocks = 4;
+  o.max_draft_len = 3;
+  o.shared_memory_name = "/lede-kv-test-paged-" + std::to_string(::getpid());
+  auto owner = KvCache::Create(TinyConfig(), o);
+  ASSERT_THAT(owner, IsOk());
+  KvCacheOptions attach;
+  attach.shared_memory_name = o.shared_memory_name;
+  auto drafter = KvCache::Attach(TinyConfig(), attach);
+  ASSERT_THAT(drafter, IsOk());
+  EXPECT_TRUE(drafter->paged());
+  EXPECT_EQ(drafter->block_tokens(), 8);
+  EXPECT_EQ(drafter->n_blocks(), 4);
+
+  auto a = owner->Allocate(0xA, 20);  // 24 positions: 3 blocks
+  ASSERT_THAT(a, IsOk());
+  EXPECT_EQ(drafter->n_slot_blocks(*a), 3);
+  EXPECT_EQ(drafter->blocks_of(*a)[2], 2);
+  ASSERT_TRUE(drafter->BeginDrafting(*a, 0xA));
+  ASSERT_THAT(owner->Free(*a), IsOk());
+  EXPECT_EQ(owner->n_slot_blocks(*a), 3) << "the running draft's blocks were given back";
+  EXPECT_EQ(owner->n_free_blocks(), 1);
+  EXPECT_THAT(owner->Allocate(0xB, 20), StatusIs(StatusCode::kResourceExhausted));
+  drafter->EndDrafting(*a);
+  auto b = owner->Allocate(0xB, 20);
+  ASSERT_THAT(b, IsOk());
+  EXPECT_EQ(*b, *a) << "the first free slot is reused";
+  EXPECT_EQ(owner->n_slot_blocks(*b), 3);
+  EXPECT_EQ(owner->n_free_blocks(), 1);
+}
+
+// A sequence whose blocks are scattered through the pool (two sequences
+// growing in turn) computes what a contiguous slot computes: the fused path
+// (paged attention), the eager path (gathered K/V) and the static-shape path
+// (rows from the device block table), prefill and decode.
+TEST(KvCacheTest, PagedPoolComputesWhatAContiguousPoolDoes) {
+  c10::InferenceMode guard;
+  ModelOptions fused_options, eager_options;
+  eager_options.kernels = Kernels::kEager;
+  auto fused = LlamaModel::RandomInit(TinyConfig(), 11, fused_options, 0.3);
+  auto eager = LlamaModel::RandomInit(TinyConfig(), 11, eager_options, 0.3);
+  ASSERT_THAT(fused, IsOk());
+  ASSERT_THAT(eager, IsOk());
+  const int64_t L = (*fused)->n_layers();
+  KvCacheOptions paged_options;
+  paged_options.n_slots = 3;
+  paged_options.block_tokens = 8;
+  paged_options.n_blocks = 30;
+  paged_options.max_draft_len = 3;
+  auto contiguous = KvCache::Create(TinyConfig(), KvCacheOptions{});
+  auto paged = KvCache::Create(TinyConfig(), paged_options);
+  auto paged_eager = KvCache::Create(TinyConfig(), paged_options);
+  auto paged_static = KvCache::Create(TinyConfig(), paged_options);
+  ASSERT_THAT(contiguous, IsOk());
+  ASSERT_THAT(paged, IsOk());
+  ASSERT_THAT(paged_eager, IsOk());
+  ASSERT_THAT(paged_static, IsOk());
+  auto ids = [](std::vector<int64_t> v) { return at::tensor(v, at::kLong).view({1, -1}); };
+  // Slot 1 of each paged pool: slot 0 takes blocks in between as both grow.
+  for (KvCache* c : {&*paged, &*paged_eager, &*paged_static}) {
+    ASSERT_THAT(c->Allocate(1, 1), IsOk());
+    ASSERT_THAT(c->Allocate(2, 10), IsOk());
+  }
+  auto step = [&](const LlamaModel& m, KvCache& c, int64_t slot, const std::vector<int64_t>& tokens, int64_t pos) {
+    return m.ExitLogits(m.Forward(m.Embed(ids(tokens)), 0, L, pos, &c, slot));
+  };
+  auto static_step = [&](KvCache& c, int64_t slot, const std::vector<int64_t>& tokens, int64_t pos) {
+    const auto lopts = at::TensorOptions().dtype(at::kLong);
+    return (*eager)->ExitLogits((*eager)->StaticForward((*eager)->Embed(ids(tokens)), 0, L, at::tensor({pos}, lopts),
+                                                        at::tensor({slot}, lopts), c.capacity(), c));
+  };
+  std::vector<int64_t> tokens = {5, 17, 3, 9, 44, 2, 8, 30, 12, 7};
+  int64_t pos = 0;
+  for (int round = 0; round < 12; ++round) {
+    at::Tensor want = step(**fused, *contiguous, 0, tokens, pos);
+    at::Tensor got = step(**fused, *paged, 1, tokens, pos);
+    at::Tensor got_eager = step(**eager, *paged_eager, 1, tokens, pos);
+    at::Tensor got_static = static_step(*paged_static, 1, tokens, pos);
+    EXPECT_LT((got - want).abs().max().item<float>(), 1e-5) << "fused, round " << round;
+    EXPECT_LT((got_eager - want).abs().max().item<float>(), 1e-4) << "eager, round " << round;
+    EXPECT_LT((got_static - want).abs().max().item<float>(), 1e-4) << "static, round " << round;
+    pos += static_cast<int64_t>(tokens.size());
+    ASSERT_THAT(contiguous->Commit(0, pos), IsOk());
+    for (KvCache* c : {&*paged, &*paged_eager, &*paged_static}) {
+      ASSERT_THAT(c->Commit(1, pos), IsOk());
+      ASSERT_THAT(c->Commit(0, c->length(0) + 3), IsOk());  // the other sequence grows too
+    }
+    tokens = {static_cast<int64_t>(want[0][-1].argmax().item<int64_t>())};
+  }
+  // Slot 1's blocks are not one run: the pool interleaved them.
+  const int64_t* table = paged->blocks_of(1);
+  bool scattered = false;
+  for (int64_t i = 1; i < paged->n_slot_blocks(1); ++i) scattered |= table[i] != table[i - 1] + 1;
+  EXPECT_TRUE(scattered);
+}
+
+// Session words: a slot holds its session's id; a draft begins
 // only under the slot's current session (seen through another mapping of
 // the pool, as the drafter process sees it), and a freed slot whose last
 // session still has a draft running is not handed out again until that

@@ -251,6 +251,7 @@ TEST(TelemetrySpecDecodeMetricsTest, PromtoolAcceptsServedMetrics) {
   m.RecordPolicyReload(true);
   m.kv_slots_capacity.Set(8);
   m.kv_slots_in_use.Set(3);
+  m.kv_cache_usage.Set(0.25);
   m.experience_records_written.Increment(5);
   m.experience_records_dropped.Increment();
   m.experience_shards_written.Increment();
@@ -272,7 +273,8 @@ TEST(TelemetrySpecDecodeMetricsTest, PromtoolAcceptsServedMetrics) {
         "lede_spec_decode_draft_length", "lede_round_latency_seconds",
         "lede_time_to_first_token_seconds", "lede_inter_token_latency_seconds",
         "lede_e2e_request_latency_seconds", "lede_policy_version", "lede_policy_version_number",
-        "lede_kv_slots_in_use", "lede_kv_slots_capacity", "lede_experience_records_written_total",
+        "lede_kv_slots_in_use", "lede_kv_slots_capacity", "lede_kv_cache_usage_perc",
+        "lede_experience_records_written_total",
         "lede_experience_records_dropped_total", "lede_experience_shards_written_total",
         "lede_policy_reloads_total", "lede_request_log_records_written_total",
         "lede_request_log_records_dropped_total"}) {

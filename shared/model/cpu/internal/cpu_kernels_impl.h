@@ -263,25 +263,35 @@ void RmsNorm(const float* x, const float* weight, int64_t n, int64_t d, float ep
 
 // softmax(q K^T) V with the output row in registers: kChunks = hd / 8
 // vectors, so each value row is read once and nothing is stored per key.
+// Values in blocks of P rows (cpu_kernels.h AttendPaged).
 template <int kChunks>
-void WeightedValues(const float* scores, const float* values, int64_t n_keys, float inv, float* out) {
+void WeightedValues(const float* scores, const float* values, const int64_t* blocks, int64_t block_stride, int64_t P,
+                    int64_t n_keys, float inv, float* out) {
   constexpr int64_t hd = kChunks * 8;
   F8 acc[kChunks] = {};
-  for (int64_t j = 0; j < n_keys; ++j) {
-    const F8 p = F8{} + scores[j] * inv;
-    const float* v = values + j * hd;
+  for (int64_t j0 = 0, b = 0; j0 < n_keys; j0 += P, ++b) {
+    const float* block = values + blocks[b] * block_stride;
+    const int64_t n = std::min(P, n_keys - j0);
+    for (int64_t j = 0; j < n; ++j) {
+      const F8 p = F8{} + scores[j0 + j] * inv;
+      const float* v = block + j * hd;
 #pragma GCC unroll 16
-    for (int c = 0; c < kChunks; ++c) acc[c] += p * Load8(v + 8 * c);
+      for (int c = 0; c < kChunks; ++c) acc[c] += p * Load8(v + 8 * c);
+    }
   }
   std::memcpy(out, acc, sizeof(acc));
 }
 
-void AttendOne(const float* q, const float* keys, const float* values, int64_t n_keys, int64_t hd,
-               float* scores, float* out) {
+void AttendPaged(const float* q, const float* keys, const float* values, const int64_t* blocks,
+                 int64_t block_stride, int64_t P, int64_t n_keys, int64_t hd, float* scores, float* out) {
   float m = -INFINITY;
-  for (int64_t j = 0; j < n_keys; ++j) {
-    scores[j] = Dot(q, keys + j * hd, hd);
-    m = scores[j] > m ? scores[j] : m;
+  for (int64_t j0 = 0, b = 0; j0 < n_keys; j0 += P, ++b) {
+    const float* block = keys + blocks[b] * block_stride;
+    const int64_t n = std::min(P, n_keys - j0);
+    for (int64_t j = 0; j < n; ++j) {
+      scores[j0 + j] = Dot(q, block + j * hd, hd);
+      m = scores[j0 + j] > m ? scores[j0 + j] : m;
+    }
   }
   // exp(s - m) (<= 0) eight keys at a time (Exp8), the sum in lanes.
   F8 z8 = {};
@@ -298,15 +308,15 @@ void AttendOne(const float* q, const float* keys, const float* values, int64_t n
   }
   const float inv = 1.0f / z;
   switch (hd) {  // the head dimensions of Llama-family models
-    case 32: return WeightedValues<4>(scores, values, n_keys, inv, out);
-    case 64: return WeightedValues<8>(scores, values, n_keys, inv, out);
-    case 128: return WeightedValues<16>(scores, values, n_keys, inv, out);
+    case 32: return WeightedValues<4>(scores, values, blocks, block_stride, P, n_keys, inv, out);
+    case 64: return WeightedValues<8>(scores, values, blocks, block_stride, P, n_keys, inv, out);
+    case 128: return WeightedValues<16>(scores, values, blocks, block_stride, P, n_keys, inv, out);
     default: break;
   }
   for (int64_t i = 0; i < hd; ++i) out[i] = 0.0f;
   for (int64_t k = 0; k < n_keys; ++k) {
     const float p = scores[k] * inv;
-    const float* v = values + k * hd;
+    const float* v = values + blocks[k / P] * block_stride + (k % P) * hd;
     for (int64_t i = 0; i < hd; ++i) out[i] += p * v[i];
   }
 }
