@@ -93,8 +93,8 @@ Status ValidateInputs(const ModelLimits& limits, const std::vector<int32_t>& pro
   const int64_t P = static_cast<int64_t>(prompt.size());
   if (P + o.max_new_tokens > limits.capacity && P + o.max_new_tokens <= limits.context_window) {
     return ResourceExhaustedError("prompt: " + std::to_string(P) + " tokens + max_new_tokens " +
-                                  std::to_string(o.max_new_tokens) + " need more KV memory than a session's slot "
-                                  "holds (" + std::to_string(limits.capacity) + " tokens, set by the server's KV "
+                                  std::to_string(o.max_new_tokens) + " need more KV memory than one sequence may "
+                                  "hold (" + std::to_string(limits.capacity) + " tokens, set by the server's KV "
                                   "memory budget; the model's context window is " +
                                   std::to_string(limits.context_window) + ")");
   }

@@ -37,6 +37,7 @@ class EosVerifier final : public lede::v1::Verifier::Service {
                            lede::v1::OpenSessionResponse* response) override {
     opens_.fetch_add(1);
     last_max_queue_wait_ms_.store(request->max_queue_wait_ms());
+    last_max_new_tokens_.store(request->max_new_tokens());
     response->set_slot(0);
     response->set_first_token(kEosId);
     return grpc::Status::OK;
@@ -52,11 +53,14 @@ class EosVerifier final : public lede::v1::Verifier::Service {
   int n_opens() const { return opens_.load(); }
   // OpenSessionRequest.max_queue_wait_ms of the last open (-1: none yet).
   int64_t last_max_queue_wait_ms() const { return last_max_queue_wait_ms_.load(); }
+  // OpenSessionRequest.max_new_tokens of the last open (-1: none yet).
+  int64_t last_max_new_tokens() const { return last_max_new_tokens_.load(); }
 
  private:
   const int32_t vocab_size_;
   std::atomic<int> opens_{0};
   std::atomic<int64_t> last_max_queue_wait_ms_{-1};
+  std::atomic<int64_t> last_max_new_tokens_{-1};
 };
 
 // The process's resident set, bytes: "VmHWM" (peak since the last

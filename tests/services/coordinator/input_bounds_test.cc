@@ -176,11 +176,13 @@ TEST_F(InputBoundsTest, MaxTokenBytesBoundsEveryPiece) {
 
 // The coordinator's queue-wait bound travels with OpenSession, so that the
 // verifier bounds the wait for a KV slot and the call's deadline is left to
-// the prefill (remote_backend.h ModelClients::prefill_timeout).
-TEST_F(InputBoundsTest, OpenSessionCarriesTheQueueWaitBound) {
+// the prefill (remote_backend.h ModelClients::prefill_timeout); so does the
+// request's max_new_tokens, which sizes the KV blocks the session reserves.
+TEST_F(InputBoundsTest, OpenSessionCarriesTheQueueWaitBoundAndNewTokens) {
   StartGrpc(MaxRequestMessageBytes(bounds_));
   ASSERT_TRUE(Generate(Request("Once upon a time")).ok());
   EXPECT_EQ(verifier_->last_max_queue_wait_ms(), 7000);
+  EXPECT_EQ(verifier_->last_max_new_tokens(), 4);
 }
 
 // Failure 1 over gRPC: the 20 MiB prompt exceeds the receive limit sized to
