@@ -102,7 +102,7 @@ COMMANDS = {
          "    --threads 1 --no-gemv --json {json}"),
     "bench/results/big-model-serving-llama32-1b.json":
         ("big_model_serving", "bench/record.py bench/results/big-model-serving-llama32-1b.json -- \\\n"
-         "    bench/big_model_serving.py --threads 2 --repeats 1 --json {json}"),
+         "    bench/big_model_serving.py --threads 2 --repeats 2 --json {json}"),
     "bench/results/retrain-acceptance.json":
         ("retrain acceptance", "bench/retrain_bench.py acceptance"),
     "bench/results/retrain-widened.json":

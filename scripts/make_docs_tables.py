@@ -552,6 +552,17 @@ def batching_ceiling_table(data, opts):
     return "\n".join(lines) + t + tail
 
 
+def kv_pool_detail(kv):
+    """The pool's shape: blocks shared by the slots (paged), or slots of a
+    fixed capacity (results written before the pool was paged)."""
+    if "n_blocks" not in kv:
+        return f"{kv.get('slots')} slots of {num(kv.get('capacity_tokens'))} tokens"
+    dtype = f" of {kv['kv_dtype']} K/V" if "kv_dtype" in kv else ""
+    return (f"{num(kv['n_blocks'])} blocks of {kv['block_tokens']} tokens{dtype} "
+            f"({num(kv['n_blocks'] * kv['block_tokens'])} tokens) shared by {kv.get('slots')} slots; "
+            f"one sequence up to {num(kv.get('capacity_tokens'))} tokens")
+
+
 def big_model_serving_table(data, opts):
     st, kv = data["start"], data["kv"]
     gib = lambda v: f"{v / 2**30:.2f} GiB" if isinstance(v, (int, float)) else "?"
@@ -559,14 +570,15 @@ def big_model_serving_table(data, opts):
              f"cold start {st['cold_start_s']:.0f} s, of which loading the model {st['cold_start_load_s']:.0f} s "
              f"({st.get('cold_start_sizing') or '?'})"],
             ["KV budget / pool / segment", f"{gib(kv.get('budget_bytes'))} / {gib(kv.get('pool_bytes'))} / "
-             f"{gib(kv.get('segment_bytes'))}", f"{kv.get('slots')} slots of {num(kv.get('capacity_tokens'))} tokens"]]
+             f"{gib(kv.get('segment_bytes'))}", kv_pool_detail(kv)]]
     rss = data.get("peak_rss_bytes", {})
     if rss:
         rows.append(["peak RSS", ", ".join(f"{k} {gib(v)}" for k, v in sorted(rss.items())),
                      "the verifier's includes the pool segment it maps"])
     ob = data.get("over_budget")
     if ob:
-        rows.append([f"prompt of about {num(ob['prompt_tokens_about'])} tokens (2 slots)", f"HTTP {ob['status']}",
+        what = "past one sequence's capacity" if "n_blocks" in kv else "2 slots"
+        rows.append([f"prompt of about {num(ob['prompt_tokens_about'])} tokens ({what})", f"HTTP {ob['status']}",
                      f"{ob.get('message') or ''}; next request HTTP {ob['next_request_status']}"])
     pf = data.get("prefill")
     if pf:

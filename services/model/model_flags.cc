@@ -41,6 +41,9 @@ void AddModelFlags(flags::FlagSet* flags, ModelFlags* v) {
   flags->Add("capacity", &v->capacity,
              "tokens one sequence may hold: the longest request (prompt + new tokens); 0 = the whole KV pool, at "
              "most the model's context window");
+  flags->Add("kv-dtype", &o.kv_dtype,
+             "verifier: dtype of the KV pool's K and V: bfloat16 (half of float32's memory), float32, or auto (the "
+             "compute dtype)");
   flags->Add("kv-memory", &o.kv_memory,
              "verifier: memory budget of the KV pool, e.g. 4GiB, 512MiB or 25% (of MemAvailable at start); the "
              "pool (and its shared-memory segment) never exceeds it");

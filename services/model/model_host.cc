@@ -115,6 +115,15 @@ Status CheckPromptFits(int64_t prompt_tokens, int64_t capacity, int64_t window) 
                                 std::to_string(window) + ")");
 }
 
+StatusOr<c10::ScalarType> ResolveKvDtype(const std::string& kv_dtype, c10::ScalarType compute) {
+  if (kv_dtype == "auto") return compute;
+  StatusOr<c10::ScalarType> parsed = model::ParseDtype(kv_dtype);
+  if (!parsed.ok() || (*parsed != c10::kFloat && *parsed != c10::kBFloat16)) {
+    return InvalidArgumentError("--kv-dtype: must be bfloat16, float32 or auto, got '" + kv_dtype + "'");
+  }
+  return *parsed;
+}
+
 StatusOr<KvPoolPlan> PlanKvPool(const checkpoint::ModelConfig& config, const ModelServiceOptions& options,
                                 c10::ScalarType kv_dtype, int64_t available_bytes, int64_t shm_free_bytes) {
   KvPoolPlan plan;
@@ -133,7 +142,7 @@ StatusOr<KvPoolPlan> PlanKvPool(const checkpoint::ModelConfig& config, const Mod
   model::KvCacheOptions ko;
   ko.n_slots = options.n_slots;
   ko.max_draft_len = options.max_draft_len;
-  ko.dtype = kv_dtype;
+  ko.kv_dtype = kv_dtype;
   ko.capacity = options.capacity > 0 ? options.capacity : window;
   ko.block_tokens = std::min(kKvBlockTokens, ko.capacity);
   const std::string budget = "--kv-memory " + options.kv_memory + " (" + flags::FormatBytes(plan.budget_bytes) + ")";
@@ -198,6 +207,7 @@ Status OpenHostPool(const ModelServiceOptions& options, bool create_pool, ModelH
   ko.n_slots = options.n_slots;
   ko.capacity = options.capacity;
   if (create_pool) {
+    LEDE_ASSIGN_OR_RETURN(ko.kv_dtype, ResolveKvDtype(options.kv_dtype, host->model->options().dtype));
     // The budget: MemAvailable now (the weights are loaded), and for a
     // shared segment the free space of /dev/shm that backs it.
     StatusOr<int64_t> available = flags::MemAvailableBytes();
@@ -206,8 +216,8 @@ Status OpenHostPool(const ModelServiceOptions& options, bool create_pool, ModelH
     if (!options.kv_pool_name.empty() && statvfs("/dev/shm", &fs) == 0) {
       shm_free = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
     }
-    LEDE_ASSIGN_OR_RETURN(KvPoolPlan plan, PlanKvPool(c, options, host->model->options().dtype,
-                                                      available.ok() ? *available : 0, shm_free));
+    LEDE_ASSIGN_OR_RETURN(KvPoolPlan plan, PlanKvPool(c, options, ko.kv_dtype, available.ok() ? *available : 0,
+                                                      shm_free));
     ko.capacity = plan.capacity;
     ko.block_tokens = plan.block_tokens;
     ko.n_blocks = plan.n_blocks;
@@ -217,6 +227,7 @@ Status OpenHostPool(const ModelServiceOptions& options, bool create_pool, ModelH
                        {"slots", std::to_string(options.n_slots)},
                        {"capacity_tokens", std::to_string(plan.capacity)},
                        {"block_tokens", std::to_string(plan.block_tokens)},
+                       {"kv_dtype", c10::toString(ko.kv_dtype)},
                        {"n_blocks", std::to_string(plan.n_blocks)},
                        {"window_tokens", std::to_string(c.max_seq_len)},
                        {"pool_bytes", std::to_string(plan.pool_bytes)}});

@@ -64,6 +64,10 @@ struct ModelServiceOptions {
   // 25%: the weights, the drafter's and the coordinator's memory and the
   // page cache need the rest.
   std::string kv_memory = "25%";
+  // Verifier: the dtype K and V are stored in (--kv-dtype): "bfloat16"
+  // (half the memory of float32; the fused kernels read it directly),
+  // "float32", or "auto" (the compute dtype). The drafter reads the pool's.
+  std::string kv_dtype = "bfloat16";
   int64_t max_draft_len = 16;    // D_max of the pool's scratch
   // POSIX shared-memory name of the KV pool ("" = private memory; needed
   // for a split deployment).

@@ -35,7 +35,8 @@ constexpr int64_t kAlign = 64;
 struct PoolHeader {
   char magic[8];
   uint32_t layout_version;
-  int32_t dtype;  // c10::ScalarType
+  int32_t dtype;  // c10::ScalarType of the scratch (the compute dtype)
+  int32_t kv_dtype;  // c10::ScalarType of K and V
   char fingerprint[64];
   int64_t n_layers, n_kv_heads, head_dim, dim;
   int64_t n_slots, capacity, max_draft_len;
@@ -58,6 +59,7 @@ int64_t AlignUp(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 // blocks, D drafts.
 struct Geometry {
   int64_t S, C, P, MB, NB, D;
+  c10::ScalarType dtype, kv_dtype;  // the scratch's, K/V's
 };
 
 Geometry Resolve(const checkpoint::ModelConfig& config, const KvCacheOptions& o) {
@@ -68,6 +70,8 @@ Geometry Resolve(const checkpoint::ModelConfig& config, const KvCacheOptions& o)
   g.MB = g.P > 0 ? KvCache::BlocksFor(g.C, g.P) : 0;
   g.NB = o.n_blocks == 0 ? g.S * g.MB : o.n_blocks;
   g.D = o.max_draft_len;
+  g.dtype = o.dtype;
+  g.kv_dtype = o.kv_dtype == c10::ScalarType::Undefined ? o.dtype : o.kv_dtype;
   return g;
 }
 
@@ -79,12 +83,13 @@ struct Layout {
   int64_t words, k0, layer_bytes, exit_hidden, total;
 };
 
-Layout ComputeLayout(const checkpoint::ModelConfig& c, const Geometry& g, c10::ScalarType dtype) {
-  const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
+Layout ComputeLayout(const checkpoint::ModelConfig& c, const Geometry& g) {
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(g.dtype));
+  const int64_t kv_elem = static_cast<int64_t>(c10::elementSize(g.kv_dtype));
   Layout l;
   l.words = AlignUp(sizeof(PoolHeader));
   l.k0 = AlignUp(l.words + (4 * g.S + 1 + g.S * g.MB + g.NB) * 8);
-  l.layer_bytes = AlignUp(g.NB * c.n_kv_heads * g.P * c.head_dim() * elem);
+  l.layer_bytes = AlignUp(g.NB * c.n_kv_heads * g.P * c.head_dim() * kv_elem);
   l.exit_hidden = l.k0 + 2 * c.n_layers * l.layer_bytes;
   l.total = AlignUp(l.exit_hidden + g.S * (g.D + 1) * c.dim * elem);
   return l;
@@ -130,6 +135,7 @@ void WritePoolHeader(const checkpoint::ModelConfig& config, const KvCacheOptions
   std::memcpy(h->magic, kMagic, sizeof(kMagic));
   h->layout_version = kLayoutVersion;
   h->dtype = static_cast<int32_t>(o.dtype);
+  h->kv_dtype = static_cast<int32_t>(o.kv_dtype);
   std::strncpy(h->fingerprint, config.ArchitectureFingerprint().c_str(), sizeof(h->fingerprint) - 1);
   h->n_layers = config.n_layers;
   h->n_kv_heads = config.n_kv_heads;
@@ -148,13 +154,13 @@ void WritePoolHeader(const checkpoint::ModelConfig& config, const KvCacheOptions
 }  // namespace
 
 int64_t KvCache::PoolBytes(const checkpoint::ModelConfig& config, const KvCacheOptions& options) {
-  return ComputeLayout(config, Resolve(config, options), options.dtype).total;
+  return ComputeLayout(config, Resolve(config, options)).total;
 }
 
 int64_t KvCache::BlockBytes(const checkpoint::ModelConfig& config, const KvCacheOptions& options) {
   const Geometry g = Resolve(config, options);
   return 2 * config.n_layers * config.n_kv_heads * g.P * config.head_dim() *
-         static_cast<int64_t>(c10::elementSize(options.dtype));
+         static_cast<int64_t>(c10::elementSize(g.kv_dtype));
 }
 
 int64_t KvCache::BlocksWithin(const checkpoint::ModelConfig& config, const KvCacheOptions& options, int64_t budget_bytes) {
@@ -234,6 +240,7 @@ StatusOr<KvCache> KvCache::Create(const checkpoint::ModelConfig& config,
                                 "backed in full; 0 = the latter), got " + std::to_string(options.n_blocks));
   }
   cache.options_.capacity = g.C;
+  cache.options_.kv_dtype = g.kv_dtype;
   cache.options_.block_tokens = g.P;
   cache.options_.n_blocks = g.NB;
   cache.blocks_per_slot_ = g.MB;
@@ -276,9 +283,10 @@ Status KvCache::AllocatePrivate(const checkpoint::ModelConfig& config) {
   // Everything here is an allocation, so any failure is kResourceExhausted.
   Status alloc = TorchBoundary("KV cache allocation failed", [&]() -> Status {
     auto opts = at::TensorOptions().device(o.device).dtype(o.dtype);
+    auto kv_opts = opts.dtype(o.kv_dtype);
     for (int64_t l = 0; l < config.n_layers; ++l) {
-      k_.push_back(at::zeros({o.n_blocks, config.n_kv_heads, o.block_tokens, config.head_dim()}, opts));
-      v_.push_back(at::zeros({o.n_blocks, config.n_kv_heads, o.block_tokens, config.head_dim()}, opts));
+      k_.push_back(at::zeros({o.n_blocks, config.n_kv_heads, o.block_tokens, config.head_dim()}, kv_opts));
+      v_.push_back(at::zeros({o.n_blocks, config.n_kv_heads, o.block_tokens, config.head_dim()}, kv_opts));
     }
     exit_hidden_ = at::zeros({o.n_slots, o.max_draft_len + 1, config.dim}, opts);
     if (!o.device.is_cpu()) {
@@ -287,7 +295,7 @@ Status KvCache::AllocatePrivate(const checkpoint::ModelConfig& config) {
     return OkStatus();
   });
   if (!alloc.ok()) return ResourceExhaustedError(alloc.message());
-  const Layout layout = ComputeLayout(config, Resolve(config, o), o.dtype);
+  const Layout layout = ComputeLayout(config, Resolve(config, o));
   // Only the words: K/V are the tensors above.
   storage_->private_words.assign(layout.k0 - layout.words, 0);
   BindWords(storage_->private_words.data());
@@ -356,7 +364,7 @@ Status KvCache::CreateSegment(const checkpoint::ModelConfig& config) {
         " needs a CUDA build of libtorch (CUDA IPC); this build shares CPU pools only");
   }
 #endif
-  const Layout layout = ComputeLayout(config, Resolve(config, o), o.dtype);
+  const Layout layout = ComputeLayout(config, Resolve(config, o));
   // A CUDA pool's host segment ends where K/V would start.
   const int64_t host_bytes = on_cuda ? layout.k0 : layout.total;
   const std::string& name = o.shared_memory_name;
@@ -375,6 +383,7 @@ Status KvCache::CreateSegment(const checkpoint::ModelConfig& config) {
   }
   BindWords(static_cast<char*>(base) + layout.words);
   auto opts = at::TensorOptions().dtype(o.dtype).device(o.device);
+  auto kv_opts = opts.dtype(o.kv_dtype);
   // kv: where K/V and the scratch start, in the segment or (CUDA) in one
   // device allocation laid out as the segment is from k0 on.
   char* kv = static_cast<char*>(base) + layout.k0;
@@ -387,8 +396,8 @@ Status KvCache::CreateSegment(const checkpoint::ModelConfig& config) {
 #endif
   for (int64_t l = 0; l < config.n_layers; ++l) {
     const std::vector<int64_t> shape = {o.n_blocks, config.n_kv_heads, o.block_tokens, config.head_dim()};
-    k_.push_back(at::from_blob(kv + (2 * l) * layout.layer_bytes, shape, opts));
-    v_.push_back(at::from_blob(kv + (2 * l + 1) * layout.layer_bytes, shape, opts));
+    k_.push_back(at::from_blob(kv + (2 * l) * layout.layer_bytes, shape, kv_opts));
+    v_.push_back(at::from_blob(kv + (2 * l + 1) * layout.layer_bytes, shape, kv_opts));
   }
   exit_hidden_ = at::from_blob(kv + (layout.exit_hidden - layout.k0), {o.n_slots, o.max_draft_len + 1, config.dim}, opts);
   return OkStatus();
@@ -421,12 +430,22 @@ StatusOr<Geometry> CheckPoolHeader(const PoolHeader& h, const checkpoint::ModelC
   if (h.dtype != static_cast<int32_t>(options.dtype)) {
     return mismatch("dtype", std::to_string(h.dtype), std::to_string(static_cast<int>(options.dtype)));
   }
+  // The K/V dtype is the pool's own (any the kernels read), unless the
+  // caller names one.
+  if (options.kv_dtype != c10::ScalarType::Undefined && h.kv_dtype != static_cast<int32_t>(options.kv_dtype)) {
+    return mismatch("kv_dtype", std::to_string(h.kv_dtype), std::to_string(static_cast<int>(options.kv_dtype)));
+  }
+  if (h.kv_dtype != static_cast<int32_t>(c10::kFloat) && h.kv_dtype != static_cast<int32_t>(c10::kBFloat16) &&
+      h.kv_dtype != h.dtype) {
+    return mismatch("kv_dtype", std::to_string(h.kv_dtype), "float32, bfloat16 or the compute dtype");
+  }
   KvCacheOptions pooled = options;
   pooled.n_slots = h.n_slots;
   pooled.capacity = h.capacity;
   pooled.block_tokens = h.block_tokens;
   pooled.n_blocks = h.n_blocks;
   pooled.max_draft_len = h.max_draft_len;
+  pooled.kv_dtype = static_cast<c10::ScalarType>(h.kv_dtype);
   const Geometry g = Resolve(config, pooled);
   if (g.S <= 0 || g.C <= 0 || g.C > config.max_seq_len || g.P <= 0 || g.P > g.C || g.NB < g.MB ||
       g.NB > g.S * g.MB || g.D <= 0) {
@@ -459,7 +478,7 @@ StatusOr<KvCache> KvCache::Attach(const checkpoint::ModelConfig& config, const K
     return FailedPreconditionError("KV pool " + name + ": " + field + " is " + got + ", expected " + want);
   };
   LEDE_ASSIGN_OR_RETURN(const Geometry g, CheckPoolHeader(*h, config, options));
-  const Layout layout = ComputeLayout(config, g, options.dtype);
+  const Layout layout = ComputeLayout(config, g);
   const bool on_cuda = h->device_index >= 0;
   const int64_t host_bytes = on_cuda ? layout.k0 : layout.total;
   if (layout.total != h->total_bytes || host_bytes > st.st_size) {
@@ -477,6 +496,7 @@ StatusOr<KvCache> KvCache::Attach(const checkpoint::ModelConfig& config, const K
   cache.options_.capacity = h->capacity;
   cache.options_.block_tokens = h->block_tokens;
   cache.options_.n_blocks = h->n_blocks;
+  cache.options_.kv_dtype = g.kv_dtype;
   cache.blocks_per_slot_ = g.MB;
   cache.options_.max_draft_len = h->max_draft_len;
   cache.epoch_ = h->epoch;
@@ -492,6 +512,7 @@ StatusOr<KvCache> KvCache::Attach(const checkpoint::ModelConfig& config, const K
   }
   cache.BindWords(p + layout.words);
   auto opts = at::TensorOptions().dtype(options.dtype).device(cache.options_.device);
+  auto kv_opts = opts.dtype(g.kv_dtype);
   char* kv = p + layout.k0;
   if (on_cuda) {
 #if LEDE_WITH_CUDA
@@ -513,8 +534,8 @@ StatusOr<KvCache> KvCache::Attach(const checkpoint::ModelConfig& config, const K
   const int64_t S = g.S, D = g.D;
   for (int64_t l = 0; l < config.n_layers; ++l) {
     const std::vector<int64_t> shape = {g.NB, config.n_kv_heads, g.P, config.head_dim()};
-    cache.k_.push_back(at::from_blob(kv + (2 * l) * layout.layer_bytes, shape, opts));
-    cache.v_.push_back(at::from_blob(kv + (2 * l + 1) * layout.layer_bytes, shape, opts));
+    cache.k_.push_back(at::from_blob(kv + (2 * l) * layout.layer_bytes, shape, kv_opts));
+    cache.v_.push_back(at::from_blob(kv + (2 * l + 1) * layout.layer_bytes, shape, kv_opts));
   }
   cache.exit_hidden_ = at::from_blob(kv + (layout.exit_hidden - layout.k0), {S, D + 1, config.dim}, opts);
   return cache;

@@ -4,7 +4,7 @@
 // paged as in vLLM's PagedAttention: the K/V live in NB blocks of P tokens,
 // and each of S slots (sequences) maps its positions to blocks through a
 // block table. Per layer l:
-//   k(l), v(l)      [NB, n_kv_heads, P, head_dim]   compute dtype, model device
+//   k(l), v(l)      [NB, n_kv_heads, P, head_dim]   kv_dtype, model device
 //   block_table()   [S, ceil(C / P)]                int64, -1 = no block
 // (position p of slot s lives in block block_table[s][p / P], row p % P), plus
 // the exit-hidden-state scratch (LayerSkip's exit query cache):
@@ -33,7 +33,7 @@
 // On the CPU the pool can live in a named POSIX shared-memory segment that
 // the verifier process creates (Create with shared_memory_name) and the
 // drafter process maps (Attach), docs/design.md §4. The segment starts with a
-// header (magic "LEDEKV01", layout version, model fingerprint, dims, dtype,
+// header (magic "LEDEKV01", layout version, model fingerprint, dims, dtypes,
 // block geometry, epoch) that Attach validates, then the per-slot committed
 // lengths, session words, drafter counts and block counts, the block table,
 // the free-block stack, then K, V of every layer and the scratch, 64-byte
@@ -85,7 +85,12 @@ struct KvCacheOptions {
   int64_t n_blocks = 0;
   int64_t max_draft_len = 16; // D_max: rows of the exit-hidden scratch - 1
   c10::Device device = c10::kCPU;
-  c10::ScalarType dtype = c10::kFloat;
+  c10::ScalarType dtype = c10::kFloat;  // the exit-hidden scratch's (the compute dtype)
+  // K and V's storage; Undefined = dtype. The fused CPU path reads float32
+  // and bfloat16 K/V (cpu::AttendPaged, AttendPagedBf16), converting a
+  // float32 position's K/V to bfloat16 (round to nearest even) as it writes
+  // it; the eager path converts whole tensors. bfloat16 halves the pool.
+  c10::ScalarType kv_dtype = c10::ScalarType::Undefined;
   // CPU only: "" keeps the pool in private memory; a POSIX shared-memory
   // name ("/lede-kv-main") puts it in that segment so another process can
   // Attach() it.

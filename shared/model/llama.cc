@@ -15,6 +15,7 @@
 
 #include "shared/model/cpu/cpu_kernels.h"
 #include "shared/model/cpu/cpu_quant_kernels.h"
+#include "shared/model/internal/paged_kv.h"
 #include "shared/model/internal/step_graphs.h"
 #include "shared/model/loaders/llama_tensors.h"
 #include "shared/model/torch_boundary.h"
@@ -187,18 +188,6 @@ void CheckSegments(const RaggedSegment* segs, int64_t n_segs, const KvCache& cac
   }
 }
 
-// Rows of positions [first, first + n) of `slot` in the pool's K/V viewed as
-// [NB * Hkv * P, hd] (KvCache::RowOf): [Hkv, n] int64 on `device`, built
-// from the host's block table.
-at::Tensor KvRows(const KvCache& cache, int64_t slot, int64_t first, int64_t n, const c10::Device& device) {
-  const int64_t Hkv = cache.k(0).size(1);
-  at::Tensor rows = at::empty({Hkv, n}, at::TensorOptions().dtype(at::kLong));
-  int64_t* r = rows.data_ptr<int64_t>();
-  for (int64_t h = 0; h < Hkv; ++h) {
-    for (int64_t t = 0; t < n; ++t) r[h * n + t] = cache.RowOf(slot, first + t, h);
-  }
-  return rows.to(device);
-}
 
 }  // namespace
 
@@ -353,8 +342,9 @@ at::Tensor LlamaModel::Embed(const at::Tensor& tokens) const {
 bool LlamaModel::UseFused(const at::Tensor& hidden, const KvCache* cache) const {
   if (!fused_ || cache == nullptr) return false;
   if (!hidden.device().is_cpu() || hidden.scalar_type() != at::kFloat) return false;
+  const at::ScalarType kv = cache->k(0).scalar_type();
   if (cache->n_layers() != n_layers() || !cache->k(0).device().is_cpu() ||
-      cache->k(0).scalar_type() != at::kFloat) {
+      (kv != at::kFloat && kv != at::kBFloat16)) {
     return false;
   }
   if (at::GradMode::is_enabled() &&
@@ -374,10 +364,6 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
   const int64_t d = config_.dim, H = config_.n_heads, Hkv = config_.n_kv_heads;
   const int64_t hd = config_.head_dim(), G = H / Hkv, F = config_.hidden_dim;
   const int64_t QKV = (H + 2 * Hkv) * hd, C = cache.capacity();
-  // The paged pool (kv_cache.h): position p of slot s is row p % P of block
-  // table[s * MB + p / P]; a block holds [Hkv, P, hd].
-  const int64_t P = cache.block_tokens(), MB = cache.blocks_per_slot(), block_stride = Hkv * P * hd;
-  const int64_t* table = cache.blocks_of(0);
   const float eps = static_cast<float>(config_.rms_norm_eps);
   const float q_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   int64_t N = 0, max_keys = 0;
@@ -407,8 +393,7 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
   const float* sin_table = rope.sin.data_ptr<float>();
   for (int64_t l = first; l < last; ++l) {
     const Layer& w = layers_[l];
-    float* kc = cache.k(l).data_ptr<float>();  // [NB, Hkv, P, hd]
-    float* vc = cache.v(l).data_ptr<float>();
+    const internal::PagedKv kv(cache, l);
     cpu::RmsNorm(x, w.attn_norm.data_ptr<float>(), N, d, eps, xn);
     RaggedMatMul(xn, segs, n_segs, d, RawOrNull(w.wqkv), PackedOrNull(w.wqkv, w.wqkv_packed),
                  QKV, qkv, /*accumulate=*/false);
@@ -420,12 +405,7 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
         float* r = qkv + row * QKV;
         cpu::RopeRotateHalf(r, H + Hkv, hd, cos_table + pos * hd, sin_table + pos * hd);
         for (int64_t j = 0; j < H * hd; ++j) r[j] *= q_scale;
-        const int64_t block = table[segs[s].slot * MB + pos / P];
-        for (int64_t kvh = 0; kvh < Hkv; ++kvh) {
-          const int64_t at = ((block * Hkv + kvh) * P + pos % P) * hd;
-          std::memcpy(kc + at, r + (H + kvh) * hd, hd * sizeof(float));
-          std::memcpy(vc + at, r + (H + Hkv + kvh) * hd, hd * sizeof(float));
-        }
+        kv.Store(segs[s].slot, pos, r + H * hd, r + (H + Hkv) * hd);
       }
     }
     // Attention: row t of a segment sees its slot's positions [0, start + t]
@@ -435,12 +415,7 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t n_keys = row_pos[r] + 1;
         const float* q = qkv + r * QKV;
-        const int64_t* blocks = table + row_slot[r] * MB;
-        for (int64_t h = 0; h < H; ++h) {
-          const int64_t head = (h / G) * P * hd;
-          cpu::AttendPaged(q + h * hd, kc + head, vc + head, blocks, block_stride, P, n_keys, hd, sc,
-                           attn + r * H * hd + h * hd);
-        }
+        for (int64_t h = 0; h < H; ++h) kv.Attend(q + h * hd, row_slot[r], h / G, n_keys, sc, attn + (r * H + h) * hd);
       }
     };
     if (n_threads > 1) {
@@ -490,12 +465,13 @@ at::Tensor LlamaModel::EagerBlock(int64_t layer, const at::Tensor& hidden, int64
     // The pool's rows [NB * Hkv * P, hd] (kv_cache.h RowOf): write this
     // step's positions, then gather the slot's first start_pos + T.
     const at::Tensor kc = cache->k(layer).view({-1, hd}), vc = cache->v(layer).view({-1, hd});
-    const at::Tensor written = KvRows(*cache, slot, start_pos, T, hidden.device());  // [Hkv, T]
-    kc.index_copy_(0, written.reshape({-1}), k.select(0, 0).transpose(0, 1).reshape({Hkv * T, hd}));
-    vc.index_copy_(0, written.reshape({-1}), v.select(0, 0).transpose(0, 1).reshape({Hkv * T, hd}));
-    const at::Tensor context = KvRows(*cache, slot, 0, start_pos + T, hidden.device()).reshape({-1});
-    keys = kc.index_select(0, context).view({1, Hkv, start_pos + T, hd});
-    values = vc.index_select(0, context).view({1, Hkv, start_pos + T, hd});
+    const at::Tensor written = internal::KvRows(*cache, slot, start_pos, T, hidden.device());  // [Hkv, T]
+    const at::ScalarType kv = kc.scalar_type();  // the pool's K/V dtype
+    kc.index_copy_(0, written.reshape({-1}), k.select(0, 0).transpose(0, 1).reshape({Hkv * T, hd}).to(kv));
+    vc.index_copy_(0, written.reshape({-1}), v.select(0, 0).transpose(0, 1).reshape({Hkv * T, hd}).to(kv));
+    const at::Tensor context = internal::KvRows(*cache, slot, 0, start_pos + T, hidden.device()).reshape({-1});
+    keys = kc.index_select(0, context).view({1, Hkv, start_pos + T, hd}).to(q.scalar_type());
+    values = vc.index_select(0, context).view({1, Hkv, start_pos + T, hd}).to(q.scalar_type());
   } else {
     keys = k.transpose(1, 2);
     values = v.transpose(1, 2);
@@ -592,11 +568,12 @@ at::Tensor LlamaModel::StaticBlock(int64_t layer, const at::Tensor& hidden, cons
   TORCH_CHECK(kc.is_contiguous() && vc.is_contiguous(), "graph step: the KV pool must be contiguous");
   kc = kc.view({-1, hd});
   vc = vc.view({-1, hd});
-  kc.index_copy_(0, rows, k.select(0, 0).transpose(0, 1).reshape({Hkv * T, hd}));
-  vc.index_copy_(0, rows, v.select(0, 0).transpose(0, 1).reshape({Hkv * T, hd}));
+  const at::ScalarType kv = kc.scalar_type();  // the pool's K/V dtype
+  kc.index_copy_(0, rows, k.select(0, 0).transpose(0, 1).reshape({Hkv * T, hd}).to(kv));
+  vc.index_copy_(0, rows, v.select(0, 0).transpose(0, 1).reshape({Hkv * T, hd}).to(kv));
   const at::Tensor context_rows = rows_of(at::arange(context, iopts));
-  at::Tensor keys = kc.index_select(0, context_rows).view({1, Hkv, context, hd});  // [1, Hkv, context, hd]
-  at::Tensor values = vc.index_select(0, context_rows).view({1, Hkv, context, hd});
+  at::Tensor keys = kc.index_select(0, context_rows).view({1, Hkv, context, hd}).to(q.scalar_type());
+  at::Tensor values = vc.index_select(0, context_rows).view({1, Hkv, context, hd}).to(q.scalar_type());
 
   at::Tensor qh = (q * (1.0 / std::sqrt(static_cast<double>(hd))))
                       .view({1, T, Hkv, G, hd})

@@ -66,6 +66,7 @@ def test_input_checks(build):
         ([], {"LEDE_WEIGHTS": "q8_0 --evil"}, r"LEDE_WEIGHTS must be a weight format name"),
         ([], {"LEDE_KV_MEMORY": "lots"}, r"LEDE_KV_MEMORY must be a size"),
         ([], {"LEDE_KV_MEMORY": "4 GiB"}, r"LEDE_KV_MEMORY must be a size"),
+        ([], {"LEDE_KV_DTYPE": "int8"}, r"LEDE_KV_DTYPE must be bfloat16, float32 or auto"),
     ]
     with tempfile.TemporaryDirectory() as state:
         for args, env, want in cases:
@@ -126,12 +127,14 @@ def test_engine_flags(build):
             fail(f"{name} by default: want --threads {nproc} --weights auto, got {cmds[name]}")
     if flag(cmds["verifier"], "--kv-memory") != "25%" or "--kv-memory" in cmds["drafter"]:
         fail(f"default KV budget: want --kv-memory 25% on the verifier only, got {cmds}")
-    env = {"LEDE_THREADS": "3", "LEDE_WEIGHTS": "bf16", "LEDE_KV_MEMORY": "2GiB"}
+    if flag(cmds["verifier"], "--kv-dtype") != "bfloat16" or "--kv-dtype" in cmds["drafter"]:
+        fail(f"default K/V dtype: want --kv-dtype bfloat16 on the verifier only, got {cmds}")
+    env = {"LEDE_THREADS": "3", "LEDE_WEIGHTS": "bf16", "LEDE_KV_MEMORY": "2GiB", "LEDE_KV_DTYPE": "float32"}
     cmds = engine_commands(build, env)
     for name in ("verifier", "drafter"):
         if flag(cmds[name], "--threads") != "3" or flag(cmds[name], "--weights") != "bf16":
             fail(f"{name} under {env}: got {cmds[name]}")
-    if flag(cmds["verifier"], "--kv-memory") != "2GiB":
+    if flag(cmds["verifier"], "--kv-memory") != "2GiB" or flag(cmds["verifier"], "--kv-dtype") != "float32":
         fail(f"verifier under {env}: got {cmds['verifier']}")
     colocated = engine_commands(build, env, colocated=True)["model"]
     if (flag(colocated, "--threads"), flag(colocated, "--weights"), flag(colocated, "--kv-memory")) != \

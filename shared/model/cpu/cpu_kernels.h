@@ -130,6 +130,12 @@ void AttendOne(const float* q, const float* keys, const float* values, int64_t n
 // offset to the KV head). Same arithmetic and order as AttendOne.
 void AttendPaged(const float* q, const float* keys, const float* values, const int64_t* blocks,
                  int64_t block_stride, int64_t block_tokens, int64_t n_keys, int64_t hd, float* scores, float* out);
+// AttendPaged over bfloat16 K/V (the pool's default storage): each key and
+// value widened to float32 (exact) as it is read; the arithmetic is
+// AttendPaged's on the widened values.
+void AttendPagedBf16(const float* q, const uint16_t* keys, const uint16_t* values, const int64_t* blocks,
+                     int64_t block_stride, int64_t block_tokens, int64_t n_keys, int64_t hd, float* scores,
+                     float* out);
 
 // sum_i a[i] b[i] (vectorized; for tests and the roofline loop).
 float Dot(const float* a, const float* b, int64_t n);

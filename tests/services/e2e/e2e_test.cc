@@ -222,8 +222,8 @@ std::vector<std::string> ReadPrompts(const std::string& file, size_t n) {
 
 // --------------------------------------------------- in-process reference
 
-// The in-process engine on the same model, policy and pool geometry: the
-// reference for token equality.
+// The in-process engine on the same model, policy, pool geometry and K/V
+// dtype: the reference for token equality.
 class Reference {
  public:
   static StatusOr<std::unique_ptr<Reference>> Load() {
@@ -241,6 +241,9 @@ class Reference {
     model::KvCacheOptions ko;
     ko.n_slots = 1;
     ko.max_draft_len = kPoolDraftLen;
+    // lede-model's K/V dtype (its --kv-dtype default): sampled and greedy
+    // tokens match where both read the same K/V.
+    ko.kv_dtype = c10::kBFloat16;
     LEDE_ASSIGN_OR_RETURN(r->engine_, model::Engine::Create(r->model_, ko));
     return r;
   }

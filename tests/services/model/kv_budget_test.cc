@@ -167,7 +167,7 @@ class KvBudgetHostTest : public ::testing::Test {
 // window, within the budget; a prompt longer than a slot but within the
 // window is refused with RESOURCE_EXHAUSTED and the service keeps serving.
 TEST_F(KvBudgetHostTest, PoolFollowsTheBudgetAndLongPromptsAreResourceExhausted) {
-  options_.kv_memory = "512KiB";
+  options_.kv_memory = "256KiB";  // bfloat16 K/V (the default): about 380 tokens
   auto host = LoadModelHost(options_, /*create_pool=*/true, nullptr);
   ASSERT_THAT(host, IsOk());
   std::shared_ptr<model::KvCache> pool = (*host)->Pool();
@@ -181,7 +181,9 @@ TEST_F(KvBudgetHostTest, PoolFollowsTheBudgetAndLongPromptsAreResourceExhausted)
   ko.capacity = pool->capacity();
   ko.block_tokens = pool->block_tokens();
   ko.n_blocks = pool->n_blocks();
-  EXPECT_LE(model::KvCache::PoolBytes((*host)->model->config(), ko), int64_t{512} << 10);
+  ko.kv_dtype = pool->k(0).scalar_type();
+  EXPECT_EQ(ko.kv_dtype, c10::kBFloat16);
+  EXPECT_LE(model::KvCache::PoolBytes((*host)->model->config(), ko), int64_t{256} << 10);
 
   VerifierService verifier(*host);
   grpc::ServerContext context;

@@ -147,6 +147,58 @@ TEST(CpuKernelsTest, AttendOneMatchesReference) {
   }
 }
 
+// Paged attention over blocks scattered through a pool (a block table in
+// reverse order, the last block partly used) is bitwise AttendOne over the
+// same keys laid out contiguously; over bfloat16 blocks it is AttendOne over
+// the keys and values rounded to bfloat16 and widened back (to float32
+// rounding: the compiler may contract the scalar tail's multiply-adds
+// differently in the two kernels).
+TEST(CpuKernelsTest, AttendPagedMatchesAttendOneOnTheSameKeys) {
+  std::mt19937 rng(3);
+  for (int64_t hd : {12, 64}) {
+    for (int64_t n_keys : {1, 8, 21, 64}) {
+      const int64_t P = 8, n_blocks = (n_keys + P - 1) / P, stride = 2 * P * hd;  // 2 heads per block
+      std::vector<float> q = RandomVector(hd, rng), k = RandomVector(n_keys * hd, rng);
+      std::vector<float> v = RandomVector(n_keys * hd, rng);
+      std::vector<int64_t> blocks(n_blocks);
+      for (int64_t b = 0; b < n_blocks; ++b) blocks[b] = n_blocks - 1 - b;
+      // Head 1 of each block holds the keys; head 0 is noise.
+      std::vector<float> kp = RandomVector(n_blocks * stride, rng), vp = RandomVector(n_blocks * stride, rng);
+      std::vector<uint16_t> kb(kp.size()), vb(vp.size());
+      std::vector<float> k16(k.size()), v16(v.size());
+      for (int64_t j = 0; j < n_keys; ++j) {
+        for (int64_t i = 0; i < hd; ++i) {
+          const int64_t at = blocks[j / P] * stride + (P + j % P) * hd + i;
+          kp[at] = k[j * hd + i];
+          vp[at] = v[j * hd + i];
+        }
+      }
+      for (size_t i = 0; i < kp.size(); ++i) {
+        kb[i] = cpu::FloatToBf16(kp[i]);
+        vb[i] = cpu::FloatToBf16(vp[i]);
+      }
+      for (int64_t j = 0; j < n_keys; ++j) {
+        for (int64_t i = 0; i < hd; ++i) {
+          const int64_t at = blocks[j / P] * stride + (P + j % P) * hd + i;
+          k16[j * hd + i] = cpu::Bf16ToFloat(kb[at]);
+          v16[j * hd + i] = cpu::Bf16ToFloat(vb[at]);
+        }
+      }
+      std::vector<float> scores(n_keys), want(hd), got(hd), want16(hd), got16(hd);
+      cpu::AttendOne(q.data(), k.data(), v.data(), n_keys, hd, scores.data(), want.data());
+      cpu::AttendPaged(q.data(), kp.data() + P * hd, vp.data() + P * hd, blocks.data(), stride, P, n_keys, hd,
+                       scores.data(), got.data());
+      cpu::AttendOne(q.data(), k16.data(), v16.data(), n_keys, hd, scores.data(), want16.data());
+      cpu::AttendPagedBf16(q.data(), kb.data() + P * hd, vb.data() + P * hd, blocks.data(), stride, P, n_keys, hd,
+                           scores.data(), got16.data());
+      EXPECT_EQ(got, want) << "hd=" << hd << " n_keys=" << n_keys;
+      for (int64_t i = 0; i < hd; ++i) {
+        EXPECT_NEAR(got16[i], want16[i], 1e-6 * (1.0 + std::abs(want16[i]))) << "hd=" << hd << " n_keys=" << n_keys;
+      }
+    }
+  }
+}
+
 // --kernels values parse, and anything else is kInvalidArgument.
 TEST(CpuKernelsTest, ParseKernels) {
   EXPECT_EQ(*ParseKernels("eager"), Kernels::kEager);

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <optional>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -22,6 +23,19 @@ namespace {
 using ::lede::testing::IsOk;
 using ::lede::testing::StatusIs;
 using testing::TinyConfig;
+
+// A shared pool of `o` (shared_memory_name set) in *owner, and a second
+// mapping of it in *view, as the drafter process attaches it.
+void CreateAndAttach(const KvCacheOptions& o, std::optional<KvCache>* owner, std::optional<KvCache>* view) {
+  auto created = KvCache::Create(TinyConfig(), o);
+  ASSERT_THAT(created, IsOk());
+  owner->emplace(std::move(*created));
+  KvCacheOptions attach;
+  attach.shared_memory_name = o.shared_memory_name;
+  auto attached = KvCache::Attach(TinyConfig(), attach);
+  ASSERT_THAT(attached, IsOk());
+  view->emplace(std::move(*attached));
+}
 
 // K/V per layer are [S, n_kv_heads, C, head_dim] and the scratch [S, D_max + 1, d] (docs/design.md §4).
 TEST(KvCacheTest, LayoutFollowsDesign) {
@@ -80,6 +94,71 @@ TEST(KvCacheTest, CommitAndTruncateRanges) {
   EXPECT_EQ(cache->length(*s), 4);
 }
 
+// A bfloat16 pool stores K/V in half the bytes (the scratch stays in the
+// compute dtype); the fused path (rounding each position's K/V as it writes
+// them, reading them in AttendPagedBf16) computes what the eager path
+// computes on the same pool, and both stay near a float32 pool.
+TEST(KvCacheTest, Bfloat16PoolHalvesTheBytesAndComputesAsTheEagerPath) {
+  KvCacheOptions f32;
+  f32.n_slots = 2;
+  f32.block_tokens = 8;
+  f32.n_blocks = 16;
+  f32.max_draft_len = 3;
+  KvCacheOptions bf16 = f32;
+  bf16.kv_dtype = c10::kBFloat16;
+  EXPECT_EQ(KvCache::BlockBytes(TinyConfig(), bf16) * 2, KvCache::BlockBytes(TinyConfig(), f32));
+  EXPECT_LT(KvCache::PoolBytes(TinyConfig(), bf16), KvCache::PoolBytes(TinyConfig(), f32));
+  bf16.shared_memory_name = "/lede-kv-test-bf16-" + std::to_string(::getpid());
+  auto shared = KvCache::Create(TinyConfig(), bf16);
+  ASSERT_THAT(shared, IsOk());
+  EXPECT_EQ(shared->k(0).scalar_type(), at::kBFloat16);
+  EXPECT_EQ(shared->exit_hidden().scalar_type(), at::kFloat);
+  KvCacheOptions attach;
+  attach.shared_memory_name = bf16.shared_memory_name;
+  auto view = KvCache::Attach(TinyConfig(), attach);
+  ASSERT_THAT(view, IsOk());
+  EXPECT_EQ(view->k(3).scalar_type(), at::kBFloat16) << "the drafter reads the pool's K/V dtype";
+  attach.kv_dtype = c10::kFloat;
+  EXPECT_THAT(KvCache::Attach(TinyConfig(), attach), StatusIs(StatusCode::kFailedPrecondition));
+
+  c10::InferenceMode guard;
+  ModelOptions eager_options;
+  eager_options.kernels = Kernels::kEager;
+  auto fused = LlamaModel::RandomInit(TinyConfig(), 5, ModelOptions{}, 0.3);
+  auto eager = LlamaModel::RandomInit(TinyConfig(), 5, eager_options, 0.3);
+  ASSERT_THAT(fused, IsOk());
+  ASSERT_THAT(eager, IsOk());
+  bf16.shared_memory_name.clear();
+  auto cf = KvCache::Create(TinyConfig(), bf16);
+  auto ce = KvCache::Create(TinyConfig(), bf16);
+  auto full = KvCache::Create(TinyConfig(), f32);
+  for (auto* c : {&cf, &ce, &full}) {
+    ASSERT_THAT(*c, IsOk());
+    ASSERT_THAT((*c)->Allocate(1, 30), IsOk());
+  }
+  auto ids = [](std::vector<int64_t> v) { return at::tensor(v, at::kLong).view({1, -1}); };
+  const int64_t L = (*fused)->n_layers();
+  auto step = [&](const LlamaModel& m, KvCache& c, const std::vector<int64_t>& tokens, int64_t pos) {
+    return m.ExitLogits(m.Forward(m.Embed(ids(tokens)), 0, L, pos, &c, 0));
+  };
+  std::vector<int64_t> tokens = {4, 8, 15, 16, 23, 42};
+  int64_t pos = 0;
+  for (int round = 0; round < 8; ++round) {
+    at::Tensor a = step(**fused, *cf, tokens, pos), b = step(**eager, *ce, tokens, pos);
+    at::Tensor reference = step(**fused, *full, tokens, pos);
+    EXPECT_LT((a - b).abs().max().item<float>(), 1e-4) << "round " << round;
+    // bfloat16 keeps 8 bits of mantissa; through this random model's four
+    // layers the logits move by up to 3% of their scale (a wrong block or
+    // position would move them by their whole scale).
+    EXPECT_LT((a - reference).abs().max().item<float>(), 5e-2 * reference.abs().max().item<float>())
+        << "round " << round;
+    pos += static_cast<int64_t>(tokens.size());
+    for (auto* c : {&cf, &ce, &full}) ASSERT_THAT((*c)->Commit(0, pos), IsOk());
+    tokens = {static_cast<int64_t>(reference[0][-1].argmax().item<int64_t>())};
+  }
+  for (int64_t l = 0; l < L; ++l) EXPECT_TRUE(at::equal(cf->k(l), ce->k(l))) << "K of layer " << l;
+}
+
 // Rejected draft positions are invisible to the next pass: after rolling
 // back and overwriting them, logits equal those of a cache that never saw them.
 TEST(KvCacheTest, RollbackDropsRejectedDraftTokens) {
@@ -114,12 +193,8 @@ TEST(KvCacheTest, SharedPoolIsVisibleThroughAttach) {
   o.capacity = 16;
   o.max_draft_len = 3;
   o.shared_memory_name = "/lede-kv-test-" + std::to_string(::getpid());
-  auto owner = KvCache::Create(TinyConfig(), o);
-  ASSERT_THAT(owner, IsOk());
-  KvCacheOptions attach;
-  attach.shared_memory_name = o.shared_memory_name;
-  auto view = KvCache::Attach(TinyConfig(), attach);
-  ASSERT_THAT(view, IsOk());
+  std::optional<KvCache> owner, view;
+  ASSERT_NO_FATAL_FAILURE(CreateAndAttach(o, &owner, &view));
   EXPECT_EQ(view->epoch(), owner->epoch());
   EXPECT_EQ(view->n_slots(), 2);
   EXPECT_EQ(view->capacity(), 16);
@@ -267,12 +342,8 @@ TEST(KvCacheTest, PagedBlocksOfARunningDraftComeBackWhenItEnds) {
   o.n_blocks = 4;
   o.max_draft_len = 3;
   o.shared_memory_name = "/lede-kv-test-paged-" + std::to_string(::getpid());
-  auto owner = KvCache::Create(TinyConfig(), o);
-  ASSERT_THAT(owner, IsOk());
-  KvCacheOptions attach;
-  attach.shared_memory_name = o.shared_memory_name;
-  auto drafter = KvCache::Attach(TinyConfig(), attach);
-  ASSERT_THAT(drafter, IsOk());
+  std::optional<KvCache> owner, drafter;
+  ASSERT_NO_FATAL_FAILURE(CreateAndAttach(o, &owner, &drafter));
   EXPECT_TRUE(drafter->paged());
   EXPECT_EQ(drafter->block_tokens(), 8);
   EXPECT_EQ(drafter->n_blocks(), 4);
@@ -370,12 +441,8 @@ TEST(KvCacheTest, SessionWordsFenceStaleDrafts) {
   o.capacity = 16;
   o.max_draft_len = 3;
   o.shared_memory_name = "/lede-kv-test-session-" + std::to_string(::getpid());
-  auto owner = KvCache::Create(TinyConfig(), o);
-  ASSERT_THAT(owner, IsOk());
-  KvCacheOptions attach;
-  attach.shared_memory_name = o.shared_memory_name;
-  auto drafter = KvCache::Attach(TinyConfig(), attach);
-  ASSERT_THAT(drafter, IsOk());
+  std::optional<KvCache> owner, drafter;
+  ASSERT_NO_FATAL_FAILURE(CreateAndAttach(o, &owner, &drafter));
 
   EXPECT_THAT(owner->Allocate(KvCache::kNoSession), StatusIs(StatusCode::kInvalidArgument));
   auto slot = owner->Allocate(0xA11CEull);

@@ -18,7 +18,30 @@ inline float Sum8(const F8& v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
-float Dot(const float* a, const float* b, int64_t n) {
+// Eight bfloat16 values widened to float32 (exact: the high half of the
+// float's bits), and one.
+inline F8 Load8(const uint16_t* p) {
+  typedef uint16_t U16x8 __attribute__((vector_size(16)));
+  typedef uint32_t U32x8 __attribute__((vector_size(32)));
+  U16x8 h;
+  std::memcpy(&h, p, sizeof(h));
+  const U32x8 u = __builtin_convertvector(h, U32x8) << 16;
+  F8 v;
+  std::memcpy(&v, &u, sizeof(v));
+  return v;
+}
+inline float Widen(float x) { return x; }
+inline float Widen(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// sum_i a[i] b[i] with b float32 (Dot) or bfloat16 (the K/V of a bfloat16
+// pool), in one order of operations.
+template <typename T>
+float DotKv(const float* a, const T* b, int64_t n) {
   F8 acc0 = {}, acc1 = {};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -27,9 +50,11 @@ float Dot(const float* a, const float* b, int64_t n) {
   }
   for (; i + 8 <= n; i += 8) acc0 += Load8(a + i) * Load8(b + i);
   float s = Sum8(acc0 + acc1);
-  for (; i < n; ++i) s += a[i] * b[i];
+  for (; i < n; ++i) s += a[i] * Widen(b[i]);
   return s;
 }
+
+float Dot(const float* a, const float* b, int64_t n) { return DotKv(a, b, n); }
 
 // Y[n, out] (+)= X[n, in] W[out, in]^T for small n: each block of 4 rows
 // of W is read from memory once and applied to every row of X while it
@@ -264,17 +289,17 @@ void RmsNorm(const float* x, const float* weight, int64_t n, int64_t d, float ep
 // softmax(q K^T) V with the output row in registers: kChunks = hd / 8
 // vectors, so each value row is read once and nothing is stored per key.
 // Values in blocks of P rows (cpu_kernels.h AttendPaged).
-template <int kChunks>
-void WeightedValues(const float* scores, const float* values, const int64_t* blocks, int64_t block_stride, int64_t P,
+template <int kChunks, typename T>
+void WeightedValues(const float* scores, const T* values, const int64_t* blocks, int64_t block_stride, int64_t P,
                     int64_t n_keys, float inv, float* out) {
   constexpr int64_t hd = kChunks * 8;
   F8 acc[kChunks] = {};
   for (int64_t j0 = 0, b = 0; j0 < n_keys; j0 += P, ++b) {
-    const float* block = values + blocks[b] * block_stride;
+    const T* block = values + blocks[b] * block_stride;
     const int64_t n = std::min(P, n_keys - j0);
     for (int64_t j = 0; j < n; ++j) {
       const F8 p = F8{} + scores[j0 + j] * inv;
-      const float* v = block + j * hd;
+      const T* v = block + j * hd;
 #pragma GCC unroll 16
       for (int c = 0; c < kChunks; ++c) acc[c] += p * Load8(v + 8 * c);
     }
@@ -282,14 +307,16 @@ void WeightedValues(const float* scores, const float* values, const int64_t* blo
   std::memcpy(out, acc, sizeof(acc));
 }
 
-void AttendPaged(const float* q, const float* keys, const float* values, const int64_t* blocks,
-                 int64_t block_stride, int64_t P, int64_t n_keys, int64_t hd, float* scores, float* out) {
+// cpu_kernels.h AttendPaged (T = float) and AttendPagedBf16 (T = uint16_t).
+template <typename T>
+void AttendPaged(const float* q, const T* keys, const T* values, const int64_t* blocks, int64_t block_stride,
+                 int64_t P, int64_t n_keys, int64_t hd, float* scores, float* out) {
   float m = -INFINITY;
   for (int64_t j0 = 0, b = 0; j0 < n_keys; j0 += P, ++b) {
-    const float* block = keys + blocks[b] * block_stride;
+    const T* block = keys + blocks[b] * block_stride;
     const int64_t n = std::min(P, n_keys - j0);
     for (int64_t j = 0; j < n; ++j) {
-      scores[j0 + j] = Dot(q, block + j * hd, hd);
+      scores[j0 + j] = DotKv(q, block + j * hd, hd);
       m = scores[j0 + j] > m ? scores[j0 + j] : m;
     }
   }
@@ -316,8 +343,8 @@ void AttendPaged(const float* q, const float* keys, const float* values, const i
   for (int64_t i = 0; i < hd; ++i) out[i] = 0.0f;
   for (int64_t k = 0; k < n_keys; ++k) {
     const float p = scores[k] * inv;
-    const float* v = values + blocks[k / P] * block_stride + (k % P) * hd;
-    for (int64_t i = 0; i < hd; ++i) out[i] += p * v[i];
+    const T* v = values + blocks[k / P] * block_stride + (k % P) * hd;
+    for (int64_t i = 0; i < hd; ++i) out[i] += p * Widen(v[i]);
   }
 }
 
