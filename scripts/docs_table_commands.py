@@ -106,8 +106,7 @@ COMMANDS = {
     "bench/results/retrain-acceptance.json":
         ("retrain acceptance", "bench/retrain_bench.py acceptance"),
     "bench/results/retrain-widened.json":
-        ("retrain widened", "bench/retrain_bench.py widened --traffic 100 --eval-prompts 6 --rounds 3   "
-         "# the issue's full loop: --traffic 200"),
+        ("retrain widened", "bench/retrain_bench.py widened --traffic 200 --eval-prompts 12 --rounds 3"),
     "bench/results/hostile_clients.json":
         ("hostile_clients", "bench/record.py bench/results/hostile_clients.json -- bench/hostile_clients_bench.py \\\n"
          "    --slow 200 --trickle-s 2 --hold-s 30 --requests 10 --ports-base 4700 --json {json}"),
