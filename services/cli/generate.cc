@@ -45,6 +45,7 @@ using internal::LoadFailureCode;
 struct GenerateFlags {
   internal::ModelFlags mf;
   std::string prompt, prompt_file, tokenizer_path, policy_dir, calibration_path, mode = "static";
+  std::string kv_dtype = "bfloat16";  // as lede-model's --kv-dtype
   int64_t max_new_tokens = 128, exit_layer = 0, draft_len = 4, seed = 0, repeat = 1, samples = 1;
   double temperature = 0.0, top_p = 1.0;
   std::string separator, system, chat_template;
@@ -72,6 +73,9 @@ struct GenerateFlags {
     f.Add("calibration", &calibration_path,
           "lede mode: a measured cost model (lede calibrate) whose costs a deployment-priced policy sees (default: "
           "a short self-calibration of the loaded model)");
+    f.Add("kv-dtype", &kv_dtype,
+          "dtype of the KV cache's K and V: bfloat16 (as the model service stores them), float32, or auto (the "
+          "compute dtype)");
     f.Add("exit-layer", &exit_layer, "draft exit layer E in [1, L] (default: L/4, at least 1)");
     f.Add("draft-len", &draft_len, "draft length D");
     f.Add("temperature", &temperature, "0 = greedy");
@@ -304,6 +308,7 @@ StatusOr<std::unique_ptr<model::Engine>> MakeEngine(std::shared_ptr<const model:
   model::KvCacheOptions ko;
   ko.n_slots = 1;
   ko.max_draft_len = std::max<int64_t>(16, g.draft_len);
+  LEDE_ASSIGN_OR_RETURN(ko.kv_dtype, model::ParseKvDtype(g.kv_dtype, llama->options().dtype, "--kv-dtype"));
   ko.capacity = std::min<int64_t>(llama->config().max_seq_len,
                                   static_cast<int64_t>(longest) + g.max_new_tokens + ko.max_draft_len + 2);
   return model::Engine::Create(std::move(llama), ko);
@@ -402,7 +407,9 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   }
 #endif
   auto engine = MakeEngine(loaded->llama, g, *prompts);
-  if (!engine.ok()) return Fail(err, engine.status(), kExitFailure);
+  if (!engine.ok()) {
+    return Fail(err, engine.status(), engine.status().code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailure);
+  }
 
   const std::string label = StatsLabel(g, request->method, go, controller.get());
   if (Status s = RunGenerations(**engine, tok, *prompts, go, g, label, out, err); !s.ok()) {

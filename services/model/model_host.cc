@@ -115,15 +115,6 @@ Status CheckPromptFits(int64_t prompt_tokens, int64_t capacity, int64_t window) 
                                 std::to_string(window) + ")");
 }
 
-StatusOr<c10::ScalarType> ResolveKvDtype(const std::string& kv_dtype, c10::ScalarType compute) {
-  if (kv_dtype == "auto") return compute;
-  StatusOr<c10::ScalarType> parsed = model::ParseDtype(kv_dtype);
-  if (!parsed.ok() || (*parsed != c10::kFloat && *parsed != c10::kBFloat16)) {
-    return InvalidArgumentError("--kv-dtype: must be bfloat16, float32 or auto, got '" + kv_dtype + "'");
-  }
-  return *parsed;
-}
-
 StatusOr<KvPoolPlan> PlanKvPool(const checkpoint::ModelConfig& config, const ModelServiceOptions& options,
                                 c10::ScalarType kv_dtype, int64_t available_bytes, int64_t shm_free_bytes) {
   KvPoolPlan plan;
@@ -207,7 +198,8 @@ Status OpenHostPool(const ModelServiceOptions& options, bool create_pool, ModelH
   ko.n_slots = options.n_slots;
   ko.capacity = options.capacity;
   if (create_pool) {
-    LEDE_ASSIGN_OR_RETURN(ko.kv_dtype, ResolveKvDtype(options.kv_dtype, host->model->options().dtype));
+    LEDE_ASSIGN_OR_RETURN(ko.kv_dtype,
+                          model::ParseKvDtype(options.kv_dtype, host->model->options().dtype, "--kv-dtype"));
     // The budget: MemAvailable now (the weights are loaded), and for a
     // shared segment the free space of /dev/shm that backs it.
     StatusOr<int64_t> available = flags::MemAvailableBytes();

@@ -205,10 +205,6 @@ struct KvPoolPlan {
   int64_t pool_bytes = 0;    // model::KvCache::PoolBytes of the pool; <= budget_bytes
 };
 
-// --kv-dtype: "bfloat16" or "float32", or "auto" = `compute` (the model's
-// dtype). Errors: kInvalidArgument naming --kv-dtype.
-StatusOr<c10::ScalarType> ResolveKvDtype(const std::string& kv_dtype, c10::ScalarType compute);
-
 // Tokens per KV block of the verifier's pool (vLLM's --block-size is 16 on
 // GPUs; on the CPU a longer block keeps attention's reads sequential).
 inline constexpr int64_t kKvBlockTokens = 64;

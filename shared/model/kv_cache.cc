@@ -153,6 +153,13 @@ void WritePoolHeader(const checkpoint::ModelConfig& config, const KvCacheOptions
 
 }  // namespace
 
+StatusOr<c10::ScalarType> ParseKvDtype(const std::string& name, c10::ScalarType compute, const std::string& field) {
+  if (name == "auto") return compute;
+  if (name == "bfloat16" || name == "bf16") return c10::kBFloat16;
+  if (name == "float32" || name == "f32") return c10::kFloat;
+  return InvalidArgumentError(field + ": must be bfloat16, float32 or auto, got '" + name + "'");
+}
+
 int64_t KvCache::PoolBytes(const checkpoint::ModelConfig& config, const KvCacheOptions& options) {
   return ComputeLayout(config, Resolve(config, options)).total;
 }

@@ -100,6 +100,13 @@ struct KvCacheOptions {
   // .n_blocks = 256} (16 sequences sharing 16,384 tokens, 2,048 at most each).
 };
 
+// A K/V dtype by name, as --kv-dtype takes it: "bfloat16" (bf16),
+// "float32" (f32), or "auto" = `compute` (the model's dtype). One parser
+// for lede-model and the CLIs. Errors: kInvalidArgument naming `field` (the
+// caller's flag) and the value.
+StatusOr<c10::ScalarType> ParseKvDtype(const std::string& name, c10::ScalarType compute,
+                                       const std::string& field = "kv_dtype");
+
 class KvCache {
  public:
   // Allocates the pool (zero-filled).

@@ -72,6 +72,29 @@ TEST(GenerateTest, CalibrationPricesTheLedePolicyAndOnlyIt) {
   EXPECT_EQ(refused_out.str(), "");
 }
 
+// --kv-dtype: speculation is lossless against autoregressive decoding on the
+// same K/V dtype, bfloat16 (the default, as the model service's) and
+// float32 alike; another value is a usage error naming the flag.
+TEST(GenerateTest, KvDtypeKeepsSpeculationLossless) {
+  const std::vector<std::string> base = {"--model", "models/lede-tiny", "--prompt", "Once upon a time",
+                                         "--max-new-tokens", "24", "--threads", "1"};
+  for (const std::string dtype : {"bfloat16", "float32"}) {
+    std::vector<std::string> spec = base, ar = base;
+    spec.insert(spec.end(), {"--kv-dtype", dtype, "--mode", "static", "--exit-layer", "2", "--draft-len", "3"});
+    ar.insert(ar.end(), {"--kv-dtype", dtype, "--mode", "ar"});
+    std::ostringstream spec_out, spec_err, ar_out, ar_err;
+    ASSERT_EQ(RunGenerate(spec, spec_out, spec_err), 0) << spec_err.str();
+    ASSERT_EQ(RunGenerate(ar, ar_out, ar_err), 0) << ar_err.str();
+    EXPECT_EQ(spec_out.str(), ar_out.str()) << dtype;
+    EXPECT_FALSE(ar_out.str().empty());
+  }
+  std::vector<std::string> bad = base;
+  bad.insert(bad.end(), {"--kv-dtype", "int8"});
+  std::ostringstream out, err;
+  EXPECT_EQ(RunGenerate(bad, out, err), 2);
+  EXPECT_NE(err.str().find("--kv-dtype: must be bfloat16, float32 or auto"), std::string::npos) << err.str();
+}
+
 TEST(GenerateTest, RejectsBadSampleCounts) {
   for (const std::vector<std::string>& extra :
        {std::vector<std::string>{"--samples", "0"}, std::vector<std::string>{"--samples", "2", "--repeat", "2"}}) {

@@ -295,6 +295,21 @@ TEST_F(KvBudgetHostTest, SequencesShareThePoolsBlocks) {
   EXPECT_THAT(negative.error_message(), HasSubstr("max_new_tokens"));
 }
 
+// --kv-dtype picks the pool's K/V dtype; another value refuses the start
+// naming the flag.
+TEST_F(KvBudgetHostTest, KvDtypeSetsThePoolsStorage) {
+  options_.kv_memory = "1MiB";
+  options_.kv_dtype = "float32";
+  auto f32 = LoadModelHost(options_, /*create_pool=*/true, nullptr);
+  ASSERT_THAT(f32, IsOk());
+  EXPECT_EQ((*f32)->Pool()->k(0).scalar_type(), c10::kFloat);
+  f32->reset();
+  options_.kv_dtype = "int8";
+  auto refused = LoadModelHost(options_, /*create_pool=*/true, nullptr);
+  ASSERT_THAT(refused, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("--kv-dtype: must be bfloat16, float32 or auto"));
+}
+
 // A budget too small for one useful slot refuses the start (the process
 // then exits 2 with this line), and creates no segment.
 TEST_F(KvBudgetHostTest, TooSmallBudgetRefusesTheStart) {
