@@ -577,7 +577,12 @@ def big_model_serving_table(data, opts):
                      "the verifier's includes the pool segment it maps"])
     ob = data.get("over_budget")
     if ob:
-        what = "past one sequence's capacity" if "n_blocks" in kv else "2 slots"
+        if "n_blocks" not in kv:
+            what = "2 slots"
+        elif ob["prompt_tokens_about"] > kv.get("window_tokens", 0):
+            what = "past the window, which one sequence may fill"
+        else:
+            what = "past one sequence's capacity"
         rows.append([f"prompt of about {num(ob['prompt_tokens_about'])} tokens ({what})", f"HTTP {ob['status']}",
                      f"{ob.get('message') or ''}; next request HTTP {ob['next_request_status']}"])
     pf = data.get("prefill")
