@@ -24,6 +24,19 @@ using ::lede::testing::IsOk;
 using ::lede::testing::StatusIs;
 using testing::TinyConfig;
 
+// A paged pool: n_slots sequences of at most `capacity` tokens (0: the
+// window) sharing n_blocks blocks of block_tokens tokens.
+KvCacheOptions Paged(int64_t n_slots, int64_t capacity, int64_t block_tokens, int64_t n_blocks,
+                     int64_t max_draft_len) {
+  KvCacheOptions o;
+  o.n_slots = n_slots;
+  o.capacity = capacity;
+  o.block_tokens = block_tokens;
+  o.n_blocks = n_blocks;
+  o.max_draft_len = max_draft_len;
+  return o;
+}
+
 // A shared pool of `o` (shared_memory_name set) in *owner, and a second
 // mapping of it in *view, as the drafter process attaches it.
 void CreateAndAttach(const KvCacheOptions& o, std::optional<KvCache>* owner, std::optional<KvCache>* view) {
@@ -99,11 +112,7 @@ TEST(KvCacheTest, CommitAndTruncateRanges) {
 // them, reading them in AttendPagedBf16) computes what the eager path
 // computes on the same pool, and both stay near a float32 pool.
 TEST(KvCacheTest, Bfloat16PoolHalvesTheBytesAndComputesAsTheEagerPath) {
-  KvCacheOptions f32;
-  f32.n_slots = 2;
-  f32.block_tokens = 8;
-  f32.n_blocks = 16;
-  f32.max_draft_len = 3;
+  const KvCacheOptions f32 = Paged(2, 0, 8, 16, 3);
   KvCacheOptions bf16 = f32;
   bf16.kv_dtype = c10::kBFloat16;
   EXPECT_EQ(KvCache::BlockBytes(TinyConfig(), bf16) * 2, KvCache::BlockBytes(TinyConfig(), f32));
@@ -242,12 +251,7 @@ TEST(KvCacheTest, PoolBytesIsTheSegmentSize) {
 // BlocksWithin is the most blocks whose pool fits the budget, at most what
 // backs every slot in full, and 0 when one block does not fit.
 TEST(KvCacheTest, BlocksWithinIsTheMostThatFit) {
-  KvCacheOptions o;
-  o.n_slots = 4;
-  o.max_draft_len = 4;
-  o.capacity = 64;
-  o.block_tokens = 8;
-  o.n_blocks = 10;
+  const KvCacheOptions o = Paged(4, 64, 8, 10, 4);
   const int64_t budget = KvCache::PoolBytes(TinyConfig(), o);
   const int64_t fits = KvCache::BlocksWithin(TinyConfig(), o, budget);
   ASSERT_GE(fits, 10);
@@ -268,12 +272,7 @@ TEST(KvCacheTest, BlocksWithinIsTheMostThatFit) {
 // reservation the free blocks cannot hold is RESOURCE_EXHAUSTED with the
 // pool unchanged (docs/design.md §4).
 TEST(KvCacheTest, PagedSlotsHoldWhatTheyReserve) {
-  KvCacheOptions o;
-  o.n_slots = 4;
-  o.capacity = 64;
-  o.block_tokens = 8;
-  o.n_blocks = 10;
-  o.max_draft_len = 3;
+  const KvCacheOptions o = Paged(4, 64, 8, 10, 3);
   auto cache = KvCache::Create(TinyConfig(), o);
   ASSERT_THAT(cache, IsOk());
   EXPECT_TRUE(cache->paged());
@@ -335,12 +334,7 @@ TEST(KvCacheTest, PagedSlotsHoldWhatTheyReserve) {
 // blocks (the draft may still write them) until that draft ends; the next
 // Allocate takes them back. The drafter sees the table through Attach.
 TEST(KvCacheTest, PagedBlocksOfARunningDraftComeBackWhenItEnds) {
-  KvCacheOptions o;
-  o.n_slots = 2;
-  o.capacity = 32;
-  o.block_tokens = 8;
-  o.n_blocks = 4;
-  o.max_draft_len = 3;
+  KvCacheOptions o = Paged(2, 32, 8, 4, 3);
   o.shared_memory_name = "/lede-kv-test-paged-" + std::to_string(::getpid());
   std::optional<KvCache> owner, drafter;
   ASSERT_NO_FATAL_FAILURE(CreateAndAttach(o, &owner, &drafter));
@@ -378,11 +372,7 @@ TEST(KvCacheTest, PagedPoolComputesWhatAContiguousPoolDoes) {
   ASSERT_THAT(fused, IsOk());
   ASSERT_THAT(eager, IsOk());
   const int64_t L = (*fused)->n_layers();
-  KvCacheOptions paged_options;
-  paged_options.n_slots = 3;
-  paged_options.block_tokens = 8;
-  paged_options.n_blocks = 30;
-  paged_options.max_draft_len = 3;
+  const KvCacheOptions paged_options = Paged(3, 0, 8, 30, 3);
   auto contiguous = KvCache::Create(TinyConfig(), KvCacheOptions{});
   auto paged = KvCache::Create(TinyConfig(), paged_options);
   auto paged_eager = KvCache::Create(TinyConfig(), paged_options);
