@@ -375,7 +375,7 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
   float* h13 = Grow(ws.h13, N * 2 * F);
   float* ffn = Grow(ws.ffn, N * F);
   const int64_t n_threads = N > 1 ? fused_threads : 1;
-  float* scores = Grow(ws.scores, max_keys * n_threads);  // one score row per thread
+  float* scores = Grow(ws.scores, G * max_keys * n_threads);  // G score rows per thread
   if (static_cast<int64_t>(ws.row_slot.size()) < N) {
     ws.row_slot.resize(N);
     ws.row_pos.resize(N);
@@ -411,11 +411,14 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
     // Attention: row t of a segment sees its slot's positions [0, start + t]
     // (rows split across the SetFusedThreads() threads; each row alone).
     auto attend = [&](int64_t r0, int64_t r1) {
-      float* sc = scores + (n_threads > 1 ? at::get_thread_num() : 0) * max_keys;
+      float* sc = scores + (n_threads > 1 ? at::get_thread_num() : 0) * G * max_keys;
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t n_keys = row_pos[r] + 1;
         const float* q = qkv + r * QKV;
-        for (int64_t h = 0; h < H; ++h) kv.Attend(q + h * hd, row_slot[r], h / G, n_keys, sc, attn + (r * H + h) * hd);
+        // Query heads kvh * G .. kvh * G + G - 1 share kv head kvh (GQA).
+        for (int64_t kvh = 0; kvh < Hkv; ++kvh) {
+          kv.AttendGroup(q + kvh * G * hd, G, row_slot[r], kvh, n_keys, sc, attn + (r * H + kvh * G) * hd);
+        }
       }
     };
     if (n_threads > 1) {

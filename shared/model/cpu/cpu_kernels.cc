@@ -274,4 +274,16 @@ void AttendPagedBf16(const float* q, const uint16_t* keys, const uint16_t* value
   LEDE_DISPATCH(AttendPaged(q, keys, values, blocks, block_stride, block_tokens, n_keys, hd, scores, out));
 }
 
+void AttendPagedGroup(const float* q, int64_t G, const float* keys, const float* values, const int64_t* blocks,
+                      int64_t block_stride, int64_t block_tokens, int64_t n_keys, int64_t hd, float* scores,
+                      float* out) {
+  LEDE_DISPATCH(AttendPagedGroup(q, G, keys, values, blocks, block_stride, block_tokens, n_keys, hd, scores, out));
+}
+
+void AttendPagedGroupBf16(const float* q, int64_t G, const uint16_t* keys, const uint16_t* values,
+                          const int64_t* blocks, int64_t block_stride, int64_t block_tokens, int64_t n_keys,
+                          int64_t hd, float* scores, float* out) {
+  LEDE_DISPATCH(AttendPagedGroup(q, G, keys, values, blocks, block_stride, block_tokens, n_keys, hd, scores, out));
+}
+
 }  // namespace lede::model::cpu

@@ -136,6 +136,17 @@ void AttendPaged(const float* q, const float* keys, const float* values, const i
 void AttendPagedBf16(const float* q, const uint16_t* keys, const uint16_t* values, const int64_t* blocks,
                      int64_t block_stride, int64_t block_tokens, int64_t n_keys, int64_t hd, float* scores,
                      float* out);
+// AttendPaged for the G query heads that share one KV head (grouped-query
+// attention, GQA): q [G, hd], out [G, hd], scores [G, n_keys] scratch. Each
+// key and value row is read, and for bfloat16 widened, once for all G heads
+// instead of once per head; each head's row is AttendPaged's for that head
+// to float32 rounding (the same operations in the same order). hd <= 256.
+void AttendPagedGroup(const float* q, int64_t G, const float* keys, const float* values, const int64_t* blocks,
+                      int64_t block_stride, int64_t block_tokens, int64_t n_keys, int64_t hd, float* scores,
+                      float* out);
+void AttendPagedGroupBf16(const float* q, int64_t G, const uint16_t* keys, const uint16_t* values,
+                          const int64_t* blocks, int64_t block_stride, int64_t block_tokens, int64_t n_keys,
+                          int64_t hd, float* scores, float* out);
 
 // sum_i a[i] b[i] (vectorized; for tests and the roofline loop).
 float Dot(const float* a, const float* b, int64_t n);

@@ -36,9 +36,11 @@ class PagedKv {
   // the slot's block (rounded to bfloat16 for a bfloat16 pool).
   void Store(int64_t slot, int64_t pos, const float* k, const float* v) const;
 
-  // Attention of query q [hd] over the slot's first n_keys positions of kv
-  // head kvh (cpu::AttendPaged); out [hd], scores [n_keys] scratch.
-  void Attend(const float* q, int64_t slot, int64_t kvh, int64_t n_keys, float* scores, float* out) const;
+  // Attention of the G query heads of kv head kvh (q [G, hd]) over the
+  // slot's first n_keys positions (cpu::AttendPagedGroup); out [G, hd],
+  // scores [G, n_keys] scratch.
+  void AttendGroup(const float* q, int64_t G, int64_t slot, int64_t kvh, int64_t n_keys, float* scores,
+                   float* out) const;
 
  private:
   void* k_;

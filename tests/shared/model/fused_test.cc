@@ -199,6 +199,41 @@ TEST(CpuKernelsTest, AttendPagedMatchesAttendOneOnTheSameKeys) {
   }
 }
 
+// Grouped-query attention: AttendPagedGroup over G query heads is
+// AttendPaged for each head, on float32 and bfloat16 blocks, for the head
+// dimensions of the vector path and one that falls back to a head at a time.
+TEST(CpuKernelsTest, AttendPagedGroupIsAttendPagedPerHead) {
+  std::mt19937 rng(4);
+  for (int64_t hd : {12, 32, 64}) {
+    for (int64_t G : {1, 4}) {
+      const int64_t P = 8, n_keys = 21, n_blocks = 3, stride = P * hd;
+      const std::vector<int64_t> blocks = {2, 0, 1};
+      std::vector<float> q = RandomVector(G * hd, rng), k = RandomVector(n_blocks * stride, rng);
+      std::vector<float> v = RandomVector(n_blocks * stride, rng);
+      std::vector<uint16_t> kb(k.size()), vb(v.size());
+      for (size_t i = 0; i < k.size(); ++i) {
+        kb[i] = cpu::FloatToBf16(k[i]);
+        vb[i] = cpu::FloatToBf16(v[i]);
+      }
+      std::vector<float> scores(G * n_keys), got(G * hd), got16(G * hd), want(hd), want16(hd);
+      cpu::AttendPagedGroup(q.data(), G, k.data(), v.data(), blocks.data(), stride, P, n_keys, hd, scores.data(),
+                            got.data());
+      cpu::AttendPagedGroupBf16(q.data(), G, kb.data(), vb.data(), blocks.data(), stride, P, n_keys, hd,
+                                scores.data(), got16.data());
+      for (int64_t g = 0; g < G; ++g) {
+        cpu::AttendPaged(q.data() + g * hd, k.data(), v.data(), blocks.data(), stride, P, n_keys, hd, scores.data(),
+                         want.data());
+        cpu::AttendPagedBf16(q.data() + g * hd, kb.data(), vb.data(), blocks.data(), stride, P, n_keys, hd,
+                             scores.data(), want16.data());
+        for (int64_t i = 0; i < hd; ++i) {
+          EXPECT_NEAR(got[g * hd + i], want[i], 1e-6 * (1.0 + std::abs(want[i]))) << "hd=" << hd << " G=" << G;
+          EXPECT_NEAR(got16[g * hd + i], want16[i], 1e-6 * (1.0 + std::abs(want16[i]))) << "hd=" << hd << " G=" << G;
+        }
+      }
+    }
+  }
+}
+
 // --kernels values parse, and anything else is kInvalidArgument.
 TEST(CpuKernelsTest, ParseKernels) {
   EXPECT_EQ(*ParseKernels("eager"), Kernels::kEager);

@@ -348,6 +348,82 @@ void AttendPaged(const float* q, const T* keys, const T* values, const int64_t* 
   }
 }
 
+// A K/V row as float32: the row itself (float32 storage), or widened into
+// `buf` (bfloat16 storage).
+inline const float* RowAsFloat(const float* row, int64_t, float*) { return row; }
+inline const float* RowAsFloat(const uint16_t* row, int64_t hd, float* buf) {
+  int64_t i = 0;
+  for (; i + 8 <= hd; i += 8) {
+    const F8 v = Load8(row + i);
+    std::memcpy(buf + i, &v, sizeof(v));
+  }
+  for (; i < hd; ++i) buf[i] = Widen(row[i]);
+  return buf;
+}
+
+// cpu_kernels.h AttendPagedGroup: AttendPaged's three passes (scores, exp
+// and sum, weighted values) for G query heads at once, each K/V row read
+// once; the output rows accumulate in `out` in AttendPaged's order.
+template <typename T>
+void AttendPagedGroup(const float* q, int64_t G, const T* keys, const T* values, const int64_t* blocks,
+                      int64_t block_stride, int64_t P, int64_t n_keys, int64_t hd, float* scores, float* out) {
+  constexpr int64_t kMaxHd = 256;
+  alignas(32) float buf[kMaxHd];
+  float m[64];
+  if (G > 64 || hd > kMaxHd || hd % 8 != 0) {  // not a Llama-family group: one head at a time
+    for (int64_t g = 0; g < G; ++g) {
+      AttendPaged(q + g * hd, keys, values, blocks, block_stride, P, n_keys, hd, scores, out + g * hd);
+    }
+    return;
+  }
+  for (int64_t g = 0; g < G; ++g) m[g] = -INFINITY;
+  for (int64_t j0 = 0, b = 0; j0 < n_keys; j0 += P, ++b) {
+    const T* block = keys + blocks[b] * block_stride;
+    const int64_t n = std::min(P, n_keys - j0);
+    for (int64_t j = 0; j < n; ++j) {
+      const float* k = RowAsFloat(block + j * hd, hd, buf);
+      for (int64_t g = 0; g < G; ++g) {
+        const float s = DotKv(q + g * hd, k, hd);
+        scores[g * n_keys + j0 + j] = s;
+        m[g] = s > m[g] ? s : m[g];
+      }
+    }
+  }
+  float inv[64];
+  for (int64_t g = 0; g < G; ++g) {
+    float* sc = scores + g * n_keys;
+    F8 z8 = {};
+    int64_t j = 0;
+    for (; j + 8 <= n_keys; j += 8) {
+      const F8 e = Exp8(Load8(sc + j) - m[g]);
+      std::memcpy(sc + j, &e, sizeof(e));
+      z8 += e;
+    }
+    float z = Sum8(z8);
+    for (; j < n_keys; ++j) {
+      sc[j] = std::exp(sc[j] - m[g]);
+      z += sc[j];
+    }
+    inv[g] = 1.0f / z;
+  }
+  std::memset(out, 0, G * hd * sizeof(float));
+  for (int64_t j0 = 0, b = 0; j0 < n_keys; j0 += P, ++b) {
+    const T* block = values + blocks[b] * block_stride;
+    const int64_t n = std::min(P, n_keys - j0);
+    for (int64_t j = 0; j < n; ++j) {
+      const float* v = RowAsFloat(block + j * hd, hd, buf);
+      for (int64_t g = 0; g < G; ++g) {
+        const F8 p = F8{} + scores[g * n_keys + j0 + j] * inv[g];
+        float* o = out + g * hd;
+        for (int64_t c = 0; c < hd; c += 8) {
+          const F8 acc = Load8(o + c) + p * Load8(v + c);
+          std::memcpy(o + c, &acc, sizeof(acc));
+        }
+      }
+    }
+  }
+}
+
 // SwiGLU (cpu_kernels.h SiluMul) eight columns at a time: with
 // e = exp(-|g|) (Exp8, in (0, 1]: no overflow), silu(g) = g / (1 + e) for
 // g >= 0 and g e / (1 + e) for g < 0. Relative error of e below 2e-7 (the
