@@ -307,6 +307,24 @@ void WeightedValues(const float* scores, const T* values, const int64_t* blocks,
   std::memcpy(out, acc, sizeof(acc));
 }
 
+// scores[j] = exp(scores[j] - m) (<= 1) for j < n, eight at a time (Exp8)
+// with the sum in lanes; returns 1 / the sum (softmax's normalizer).
+inline float ExpAndNormalizer(float* scores, int64_t n, float m) {
+  F8 z8 = {};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const F8 e = Exp8(Load8(scores + j) - m);
+    std::memcpy(scores + j, &e, sizeof(e));
+    z8 += e;
+  }
+  float z = Sum8(z8);
+  for (; j < n; ++j) {
+    scores[j] = std::exp(scores[j] - m);
+    z += scores[j];
+  }
+  return 1.0f / z;
+}
+
 // cpu_kernels.h AttendPaged (T = float) and AttendPagedBf16 (T = uint16_t).
 template <typename T>
 void AttendPaged(const float* q, const T* keys, const T* values, const int64_t* blocks, int64_t block_stride,
@@ -320,20 +338,7 @@ void AttendPaged(const float* q, const T* keys, const T* values, const int64_t* 
       m = scores[j0 + j] > m ? scores[j0 + j] : m;
     }
   }
-  // exp(s - m) (<= 0) eight keys at a time (Exp8), the sum in lanes.
-  F8 z8 = {};
-  int64_t j = 0;
-  for (; j + 8 <= n_keys; j += 8) {
-    const F8 e = Exp8(Load8(scores + j) - m);
-    std::memcpy(scores + j, &e, sizeof(e));
-    z8 += e;
-  }
-  float z = Sum8(z8);
-  for (; j < n_keys; ++j) {
-    scores[j] = std::exp(scores[j] - m);
-    z += scores[j];
-  }
-  const float inv = 1.0f / z;
+  const float inv = ExpAndNormalizer(scores, n_keys, m);
   switch (hd) {  // the head dimensions of Llama-family models
     case 32: return WeightedValues<4>(scores, values, blocks, block_stride, P, n_keys, inv, out);
     case 64: return WeightedValues<8>(scores, values, blocks, block_stride, P, n_keys, inv, out);
@@ -390,22 +395,7 @@ void AttendPagedGroup(const float* q, int64_t G, const T* keys, const T* values,
     }
   }
   float inv[64];
-  for (int64_t g = 0; g < G; ++g) {
-    float* sc = scores + g * n_keys;
-    F8 z8 = {};
-    int64_t j = 0;
-    for (; j + 8 <= n_keys; j += 8) {
-      const F8 e = Exp8(Load8(sc + j) - m[g]);
-      std::memcpy(sc + j, &e, sizeof(e));
-      z8 += e;
-    }
-    float z = Sum8(z8);
-    for (; j < n_keys; ++j) {
-      sc[j] = std::exp(sc[j] - m[g]);
-      z += sc[j];
-    }
-    inv[g] = 1.0f / z;
-  }
+  for (int64_t g = 0; g < G; ++g) inv[g] = ExpAndNormalizer(scores + g * n_keys, n_keys, m[g]);
   std::memset(out, 0, G * hd * sizeof(float));
   for (int64_t j0 = 0, b = 0; j0 < n_keys; j0 += P, ++b) {
     const T* block = values + blocks[b] * block_stride;
