@@ -464,15 +464,16 @@ at::Tensor LlamaModel::EagerBlock(int64_t layer, const at::Tensor& hidden, int64
   if (cache != nullptr) {
     TORCH_CHECK(B == 1, "KV-cache forward takes one slot (B == 1)");
     TORCH_CHECK(start_pos + T <= cache->capacity(), "positions past KV capacity");
-    TORCH_CHECK(start_pos + T <= cache->mapped_tokens(slot), "positions past the slot's KV blocks");
-    // The pool's rows [NB * Hkv * P, hd] (kv_cache.h RowOf): write this
-    // step's positions, then gather the slot's first start_pos + T.
+    // The pool's rows [NB * Hkv * P, hd] of the slot's first start_pos + T
+    // positions (kv_cache.h RowOf, which refuses a position without a
+    // block): write this step's, the last T, then gather them all.
     const at::Tensor kc = cache->k(layer).view({-1, hd}), vc = cache->v(layer).view({-1, hd});
-    const at::Tensor written = internal::KvRows(*cache, slot, start_pos, T, hidden.device());  // [Hkv, T]
+    const at::Tensor rows = internal::KvRows(*cache, slot, 0, start_pos + T, hidden.device());  // [Hkv, start + T]
+    const at::Tensor written = rows.narrow(1, start_pos, T).reshape({-1});
     const at::ScalarType kv = kc.scalar_type();  // the pool's K/V dtype
-    kc.index_copy_(0, written.reshape({-1}), k.select(0, 0).transpose(0, 1).reshape({Hkv * T, hd}).to(kv));
-    vc.index_copy_(0, written.reshape({-1}), v.select(0, 0).transpose(0, 1).reshape({Hkv * T, hd}).to(kv));
-    const at::Tensor context = internal::KvRows(*cache, slot, 0, start_pos + T, hidden.device()).reshape({-1});
+    kc.index_copy_(0, written, k.select(0, 0).transpose(0, 1).reshape({Hkv * T, hd}).to(kv));
+    vc.index_copy_(0, written, v.select(0, 0).transpose(0, 1).reshape({Hkv * T, hd}).to(kv));
+    const at::Tensor context = rows.reshape({-1});
     keys = kc.index_select(0, context).view({1, Hkv, start_pos + T, hd}).to(q.scalar_type());
     values = vc.index_select(0, context).view({1, Hkv, start_pos + T, hd}).to(q.scalar_type());
   } else {

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <string>
 
+#include "shared/model/cpu/cpu_quant_kernels.h"  // Bf16ToFloat
+
 namespace lede::model::cpu {
 namespace {
 

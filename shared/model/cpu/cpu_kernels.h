@@ -132,7 +132,8 @@ void AttendPaged(const float* q, const float* keys, const float* values, const i
                  int64_t block_stride, int64_t block_tokens, int64_t n_keys, int64_t hd, float* scores, float* out);
 // AttendPaged over bfloat16 K/V (the pool's default storage): each key and
 // value widened to float32 (exact) as it is read; the arithmetic is
-// AttendPaged's on the widened values.
+// AttendPaged's on the widened values. The engine attends through
+// AttendPagedGroup(Bf16); these two are its per-head reference (tests).
 void AttendPagedBf16(const float* q, const uint16_t* keys, const uint16_t* values, const int64_t* blocks,
                      int64_t block_stride, int64_t block_tokens, int64_t n_keys, int64_t hd, float* scores,
                      float* out);

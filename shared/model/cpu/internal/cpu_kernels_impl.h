@@ -31,12 +31,7 @@ inline F8 Load8(const uint16_t* p) {
   return v;
 }
 inline float Widen(float x) { return x; }
-inline float Widen(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
+inline float Widen(uint16_t b) { return Bf16ToFloat(b); }  // cpu_quant_kernels.h
 
 // sum_i a[i] b[i] with b float32 (Dot) or bfloat16 (the K/V of a bfloat16
 // pool), in one order of operations.
@@ -286,24 +281,31 @@ void RmsNorm(const float* x, const float* weight, int64_t n, int64_t d, float ep
   }
 }
 
+// Calls row_fn(j, row) for the rows j = 0 .. n_keys - 1 of one KV head of a
+// paged slot (cpu_kernels.h AttendPaged): row j at base + blocks[j / P] *
+// block_stride + (j % P) * hd, in order.
+template <typename T, typename RowFn>
+inline void ForEachRow(const T* base, const int64_t* blocks, int64_t block_stride, int64_t P, int64_t n_keys,
+                       int64_t hd, RowFn&& row_fn) {
+  for (int64_t j0 = 0, b = 0; j0 < n_keys; j0 += P, ++b) {
+    const T* block = base + blocks[b] * block_stride;
+    const int64_t n = std::min(P, n_keys - j0);
+    for (int64_t j = 0; j < n; ++j) row_fn(j0 + j, block + j * hd);
+  }
+}
+
 // softmax(q K^T) V with the output row in registers: kChunks = hd / 8
 // vectors, so each value row is read once and nothing is stored per key.
-// Values in blocks of P rows (cpu_kernels.h AttendPaged).
 template <int kChunks, typename T>
 void WeightedValues(const float* scores, const T* values, const int64_t* blocks, int64_t block_stride, int64_t P,
                     int64_t n_keys, float inv, float* out) {
   constexpr int64_t hd = kChunks * 8;
   F8 acc[kChunks] = {};
-  for (int64_t j0 = 0, b = 0; j0 < n_keys; j0 += P, ++b) {
-    const T* block = values + blocks[b] * block_stride;
-    const int64_t n = std::min(P, n_keys - j0);
-    for (int64_t j = 0; j < n; ++j) {
-      const F8 p = F8{} + scores[j0 + j] * inv;
-      const T* v = block + j * hd;
+  ForEachRow(values, blocks, block_stride, P, n_keys, hd, [&](int64_t j, const T* v) {
+    const F8 p = F8{} + scores[j] * inv;
 #pragma GCC unroll 16
-      for (int c = 0; c < kChunks; ++c) acc[c] += p * Load8(v + 8 * c);
-    }
-  }
+    for (int c = 0; c < kChunks; ++c) acc[c] += p * Load8(v + 8 * c);
+  });
   std::memcpy(out, acc, sizeof(acc));
 }
 
@@ -330,14 +332,10 @@ template <typename T>
 void AttendPaged(const float* q, const T* keys, const T* values, const int64_t* blocks, int64_t block_stride,
                  int64_t P, int64_t n_keys, int64_t hd, float* scores, float* out) {
   float m = -INFINITY;
-  for (int64_t j0 = 0, b = 0; j0 < n_keys; j0 += P, ++b) {
-    const T* block = keys + blocks[b] * block_stride;
-    const int64_t n = std::min(P, n_keys - j0);
-    for (int64_t j = 0; j < n; ++j) {
-      scores[j0 + j] = DotKv(q, block + j * hd, hd);
-      m = scores[j0 + j] > m ? scores[j0 + j] : m;
-    }
-  }
+  ForEachRow(keys, blocks, block_stride, P, n_keys, hd, [&](int64_t j, const T* k) {
+    scores[j] = DotKv(q, k, hd);
+    m = scores[j] > m ? scores[j] : m;
+  });
   const float inv = ExpAndNormalizer(scores, n_keys, m);
   switch (hd) {  // the head dimensions of Llama-family models
     case 32: return WeightedValues<4>(scores, values, blocks, block_stride, P, n_keys, inv, out);
@@ -346,11 +344,10 @@ void AttendPaged(const float* q, const T* keys, const T* values, const int64_t* 
     default: break;
   }
   for (int64_t i = 0; i < hd; ++i) out[i] = 0.0f;
-  for (int64_t k = 0; k < n_keys; ++k) {
-    const float p = scores[k] * inv;
-    const T* v = values + blocks[k / P] * block_stride + (k % P) * hd;
+  ForEachRow(values, blocks, block_stride, P, n_keys, hd, [&](int64_t j, const T* v) {
+    const float p = scores[j] * inv;
     for (int64_t i = 0; i < hd; ++i) out[i] += p * Widen(v[i]);
-  }
+  });
 }
 
 // A K/V row as float32: the row itself (float32 storage), or widened into
@@ -382,36 +379,28 @@ void AttendPagedGroup(const float* q, int64_t G, const T* keys, const T* values,
     return;
   }
   for (int64_t g = 0; g < G; ++g) m[g] = -INFINITY;
-  for (int64_t j0 = 0, b = 0; j0 < n_keys; j0 += P, ++b) {
-    const T* block = keys + blocks[b] * block_stride;
-    const int64_t n = std::min(P, n_keys - j0);
-    for (int64_t j = 0; j < n; ++j) {
-      const float* k = RowAsFloat(block + j * hd, hd, buf);
-      for (int64_t g = 0; g < G; ++g) {
-        const float s = DotKv(q + g * hd, k, hd);
-        scores[g * n_keys + j0 + j] = s;
-        m[g] = s > m[g] ? s : m[g];
-      }
+  ForEachRow(keys, blocks, block_stride, P, n_keys, hd, [&](int64_t j, const T* row) {
+    const float* k = RowAsFloat(row, hd, buf);
+    for (int64_t g = 0; g < G; ++g) {
+      const float s = DotKv(q + g * hd, k, hd);
+      scores[g * n_keys + j] = s;
+      m[g] = s > m[g] ? s : m[g];
     }
-  }
+  });
   float inv[64];
   for (int64_t g = 0; g < G; ++g) inv[g] = ExpAndNormalizer(scores + g * n_keys, n_keys, m[g]);
   std::memset(out, 0, G * hd * sizeof(float));
-  for (int64_t j0 = 0, b = 0; j0 < n_keys; j0 += P, ++b) {
-    const T* block = values + blocks[b] * block_stride;
-    const int64_t n = std::min(P, n_keys - j0);
-    for (int64_t j = 0; j < n; ++j) {
-      const float* v = RowAsFloat(block + j * hd, hd, buf);
-      for (int64_t g = 0; g < G; ++g) {
-        const F8 p = F8{} + scores[g * n_keys + j0 + j] * inv[g];
-        float* o = out + g * hd;
-        for (int64_t c = 0; c < hd; c += 8) {
-          const F8 acc = Load8(o + c) + p * Load8(v + c);
-          std::memcpy(o + c, &acc, sizeof(acc));
-        }
+  ForEachRow(values, blocks, block_stride, P, n_keys, hd, [&](int64_t j, const T* row) {
+    const float* v = RowAsFloat(row, hd, buf);
+    for (int64_t g = 0; g < G; ++g) {
+      const F8 p = F8{} + scores[g * n_keys + j] * inv[g];
+      float* o = out + g * hd;
+      for (int64_t c = 0; c < hd; c += 8) {
+        const F8 acc = Load8(o + c) + p * Load8(v + c);
+        std::memcpy(o + c, &acc, sizeof(acc));
       }
     }
-  }
+  });
 }
 
 // SwiGLU (cpu_kernels.h SiluMul) eight columns at a time: with
