@@ -224,7 +224,7 @@ ExperienceLogMetrics::ExperienceLogMetrics(Registry& r)
           "Temporary shard files of writers that died mid-write, removed at start (files).")),
       request_log_records_written(UnlabelledCounter(
           r, "lede_request_log_records_written_total",
-          "Request-log records (finished greedy requests) written to shards (records).")),
+          "Request-log records (finished requests) written to shards (records).")),
       request_log_records_dropped(UnlabelledCounter(
           r, "lede_request_log_records_dropped_total",
           "Request-log records dropped: queue full or write error (records).")) {}
