@@ -21,10 +21,12 @@ usage: namespace_test.py [SOURCE_ROOT]   check the tree
    only forward-declare another folder's classes are allowed. Tests under
    tests/<path> follow <path> when that source folder exists; test-only
    folders (tests/testing, tests/services/e2e, ...) are not checked.
-2. Reasons, not tracker numbers: no non-test source file (C++, CMake,
-   scripts, Python, proto, deploy files; not tests/, docs/ or Markdown)
-   contains "issue N" - the tracker is not part of the repository, so the
-   comment says the reason itself or points to docs/design.md §n.
+2. Reasons, not tracker numbers: no source or test file (C++, CMake,
+   scripts, Python, proto, deploy files, tests and test data with their
+   notes; not docs/, which tests/docs/docs_test.py checks, nor the models'
+   files) contains "issue N" - the tracker is not part of the repository, so
+   the comment says the reason itself or points to docs/design.md §n. The
+   two checkers' own fixtures are exempt.
 Exit status 0 = pass, 1 = fail (each violation on its own line).
 """
 import os
@@ -44,6 +46,12 @@ ISSUE_RE = re.compile(r"\bissues?\s+#?\d+", re.I)
 NON_SOURCE_TOPS = ("tests", "docs", "testdata", "models")
 NON_SOURCE_EXTS = (".md", ".json", ".jsonl", ".txt", ".csv", ".svg", ".png", ".bin", ".gguf",
                    ".safetensors", ".model")
+# Where "issue N" is looked for: all but prose checked elsewhere, the models'
+# files and recorded results; data files (not comments) are skipped.
+ISSUE_SKIPPED_TOPS = ("docs", "models")
+DATA_EXTS = (".json", ".jsonl", ".csv", ".svg", ".png", ".bin", ".gguf", ".safetensors", ".model")
+# The checkers of this rule, whose fixtures cite issues on purpose.
+ISSUE_CHECKERS = ("tests/build/namespace_test.py", "tests/docs/docs_test.py")
 
 
 def library_names(root):
@@ -132,14 +140,21 @@ def is_text_source(rel):
     return os.path.basename(rel) == "CMakeLists.txt" or not rel.endswith(NON_SOURCE_EXTS)
 
 
+def cites_no_issue(rel):
+    """Whether rel falls under rule 2: source, tests and test data alike."""
+    if rel.split("/")[0] in ISSUE_SKIPPED_TOPS or rel.startswith("bench/results/") or rel in ISSUE_CHECKERS:
+        return False
+    return not rel.endswith(DATA_EXTS) and (rel.split("/")[0] in ("tests", "testdata") or is_text_source(rel))
+
+
 def check_issue_refs(root):
     errors = []
     for top in sorted(os.listdir(root)):
-        if top.startswith(".") or top.startswith("build") or top in NON_SOURCE_TOPS:
+        if top.startswith(".") or top.startswith("build") or top in ISSUE_SKIPPED_TOPS:
             continue
         paths = [top] if os.path.isfile(os.path.join(root, top)) else walk(root, top)
         for rel in paths:
-            if not is_text_source(rel):
+            if not cites_no_issue(rel):
                 continue
             try:
                 with open(os.path.join(root, rel), encoding="utf-8") as f:
@@ -182,8 +197,9 @@ def self_test():
         write("tests/shared/model/llama_test.cc", "namespace lede::model::testing {\n}\n")
         write("tests/services/e2e/e2e_test.cc", "namespace lede {\n}\n")
         write("scripts/run", "# restarts a crashed process (docs/design.md §3)\n")
-        write("tests/policy/policy_test.cc", "// see issue 12\nnamespace lede::policy {\n}\n")
+        write("tests/policy/policy_test.cc", "// the reason\nnamespace lede::policy {\n}\n")
         write("docs/history.md", "fixed in issue 12\n")
+        write("tests/build/namespace_test.py", "write('x', '# see issue 12')\n")
         assert check(root) == [], check(root)
 
         def expect(substring):
@@ -218,7 +234,13 @@ def self_test():
         expect('scripts/run:1: cites "issue 17"')
         expect('shared/model/CMakeLists.txt:1: cites "Issues #3"')
         expect('shared/model/llama.cc:1: cites "issue 5"')
-        for rel in ("scripts/run", "shared/model/CMakeLists.txt", "shared/model/llama.cc"):
+        # ... and in a test and the test data's notes.
+        write("tests/policy/policy_test.cc", "// Issue 49: the lock\n")
+        write("testdata/SOURCES.md", "| x.jsonl | held-out (issue 37) |\n")
+        expect('tests/policy/policy_test.cc:1: cites "Issue 49"')
+        expect('testdata/SOURCES.md:1: cites "issue 37"')
+        for rel in ("scripts/run", "shared/model/CMakeLists.txt", "shared/model/llama.cc", "tests/policy/policy_test.cc",
+                    "testdata/SOURCES.md"):
             write(rel, "# the reason\n")
         assert check(root) == [], check(root)
     print("self-test: ok")

@@ -274,7 +274,7 @@ TEST_F(RequestRetrainTest, ADegradedCandidateIsNotPublishedAtTheNormalMargin) {
   EXPECT_FALSE(fs::exists(fs::path(root_) / "r-few"));
 }
 
-// Issue 49: a request-log shard of another model among good ones does not
+// A request-log shard of another model among good ones does not
 // stop retraining. It is skipped whole (even the records of this model a
 // tampered shard may hold), counted and logged once naming the shard and
 // both fingerprints; the run decides on the good shards' merit.

@@ -263,7 +263,7 @@ TEST_F(RetrainTest, TrainsOnlyWhenNewShardsAppearAndRecordsThem) {
   EXPECT_EQ(state->runs, 2);
 }
 
-// Issue 49: a shard of another model among good ones (td trainer): its
+// A shard of another model among good ones (td trainer): its
 // records are filtered, the shard is counted once and the run decides on
 // the rest.
 TEST_F(RetrainTest, AShardOfAnotherModelIsCountedAndTheRunGoesOn) {
@@ -293,7 +293,7 @@ TEST_F(RetrainTest, AShardOfAnotherModelIsCountedAndTheRunGoesOn) {
               HasSubstr("lede_retrain_shards_skipped_total{reason=\"other_model\"} 1\n"));
 }
 
-// Issue 49: one retraining per policy root. While the root's lock is held
+// One retraining per policy root. While the root's lock is held
 // (here by a PolicyRootLock of this process; lede-train's test holds it from
 // another process), RunOnce fails at once with IsPolicyRootLocked, naming
 // the holder, and reads and writes nothing; once released it runs.

@@ -6,7 +6,7 @@
             with each run (an empty store), and SIGTERM stops it with status 0
   once      `--once --metrics-textfile F` prints the logfmt line and writes the
             text exposition; a bad --metrics address is refused (status 2)
-  locked    (issue 49) while another process holds <policy-root>/retrain.lock,
+  locked    while another process holds <policy-root>/retrain.lock,
             `--once` exits with status 75 and one line naming the holder,
             having written nothing; once the lock is free it runs (status 0)
 
