@@ -13,7 +13,8 @@ figure is the coordinator's own measurement over its RPCs; "client" is the
 wall clock seen by the Python client per request, prefill and stream included.
 Nothing here asserts: it prints numbers (and writes JSON with --json).
 
-usage: bench/services_bench.py [--build build] [--prompts N] [--new-tokens T] [--json FILE]
+usage: bench/services_bench.py [--build build] [--model DIR] [--weights FORMAT] [--deployments split,...]
+                               [--prompts N] [--new-tokens T] [--json FILE]
 """
 import argparse
 import json
@@ -30,6 +31,8 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import lede_client  # noqa: E402  (stub generation)
 
 MODEL = os.path.join(ROOT, "models", "lede-tiny")
+PROMPTS = os.path.join(ROOT, "models", "lede-tiny", "prompts")  # story.jsonl, code.jsonl
+WEIGHTS = []  # ["--weights", FORMAT] for lede-model and lede generate, or none (the checkpoint's own)
 
 
 def started_ports(log_path):
@@ -77,7 +80,7 @@ def deploy(kind, build, tmp, model_args=(), coordinator_args=()):
     model_bin = os.path.join(build, "services", "model", "lede-model")
     coord_bin = os.path.join(build, "services", "coordinator", "lede-coordinator")
     policy_bin = os.path.join(build, "services", "policy", "lede-policy")
-    common = ["--model", MODEL, "--metrics", "127.0.0.1:0", "--listen", "127.0.0.1:0"] + list(model_args)
+    common = ["--model", MODEL, "--metrics", "127.0.0.1:0", "--listen", "127.0.0.1:0"] + WEIGHTS + list(model_args)
     procs = []
     pool = "/lede-kv-bench-%d-%s" % (os.getpid(), kind)
     policy_dir = ["--policy-dir", os.path.join(MODEL, "policy")]
@@ -141,7 +144,7 @@ def run_in_process(build, prompts, method, new_tokens):
     totals = {"tokens": 0, "decode_s": 0.0, "client_s": 0.0}
     for prompt in prompts:
         out = subprocess.run([lede, "generate", "--model", MODEL, "--prompt", prompt, "--mode", mode,
-                              "--max-new-tokens", str(new_tokens), "--threads", "1", "--repeat", "2"],
+                              "--max-new-tokens", str(new_tokens), "--threads", "1", "--repeat", "2"] + WEIGHTS,
                              capture_output=True, text=True, cwd=ROOT, check=True)
         # the second (warm) run, as the services' measured pass below
         last = re.findall(r"\] (\d+) tokens, ([\d.]+) tokens/s.*wall ([\d.]+) s", out.stderr)[-1]
@@ -154,23 +157,30 @@ def run_in_process(build, prompts, method, new_tokens):
 
 
 def main():
+    global MODEL, WEIGHTS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.environ.get("LEDE_BUILD_DIR", os.path.join(ROOT, "build")))
     ap.add_argument("--prompts", type=int, default=12, help="story prompts (and as many code prompts)")
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--model", default=os.path.join(ROOT, "models", "lede-tiny"), help="model directory (its policy/ serves; default lede-tiny)")
+    ap.add_argument("--weights", help="weight format for every engine (f32, bf16, q8_0, ...; default: the file's)")
+    ap.add_argument("--deployments", default="split,co-located,remote")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
+    MODEL = os.path.abspath(a.model)
+    WEIGHTS = ["--weights", a.weights] if a.weights else []
+    kinds = a.deployments.split(",")
     pb, pb_grpc = lede_client.load_stubs()
     prompts = []
     for name in ("story.jsonl", "code.jsonl"):
-        with open(os.path.join(MODEL, "prompts", name)) as f:
+        with open(os.path.join(PROMPTS, name)) as f:
             prompts += [json.loads(line)["prompt"] for line in f][-a.prompts:]  # the evaluation half
     results = {}
     methods = ["lede", "autoregressive"]
     for m in methods:
         results[("in-process", m)] = run_in_process(a.build, prompts, m, a.new_tokens)
     with tempfile.TemporaryDirectory() as tmp:
-        for kind in ("split", "co-located", "remote"):
+        for kind in kinds:
             procs, port = deploy(kind, a.build, tmp)
             try:
                 for m in methods:
@@ -184,10 +194,15 @@ def main():
                         results[(kind, m)]["decide_calls"] = calls / 2
             finally:
                 stop(procs)
-    same = all(results[("split", m)]["outputs"] == results[("co-located", m)]["outputs"] for m in methods)
-    same_remote = results[("remote", "lede")]["outputs"] == results[("split", "lede")]["outputs"]
+    def same_outputs(k1, k2, ms):
+        if any((k1, m) not in results or (k2, m) not in results for m in ms):
+            return None  # a deployment not run
+        return all(results[(k1, m)]["outputs"] == results[(k2, m)]["outputs"] for m in ms)
+    same = same_outputs("split", "co-located", methods)
+    same_remote = same_outputs("remote", "split", ["lede"])
 
-    print("lede-tiny, %d prompts x %d new tokens, greedy, 1 thread per process" % (len(prompts), a.new_tokens))
+    print("%s%s, %d prompts x %d new tokens, greedy, 1 thread per process"
+          % (os.path.basename(MODEL.rstrip("/")), " " + a.weights if a.weights else "", len(prompts), a.new_tokens))
     print("%-12s %-15s %12s %10s %14s %10s" % ("deployment", "method", "decode tok/s", "vs in-proc",
                                                   "client tok/s", "accept"))
     rows = []
@@ -204,15 +219,16 @@ def main():
                      "acceptance_rate": None if acc != acc else acc})
     print("split and co-located emit the same tokens: %s; remote decisions emit the same tokens: %s"
           % (same, same_remote))
-    remote, split = results[("remote", "lede")], results[("split", "lede")]
+    remote, split = results.get(("remote", "lede"), {}), results.get(("split", "lede"), {})
     per_decision_ms = None
-    if remote.get("decide_calls"):
+    if remote.get("decide_calls") and split:
         per_decision_ms = 1e3 * (remote["decode_s"] - split["decode_s"]) / remote["decide_calls"]
         print("remote decisions: %d Decide calls in the measured pass, %.3f ms each over the in-process DQN"
               % (remote["decide_calls"], per_decision_ms))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"rows": rows, "same_tokens_split_colocated": same, "same_tokens_remote": same_remote,
+            json.dump({"model": os.path.basename(MODEL.rstrip("/")), "weights": a.weights,
+                       "rows": rows, "same_tokens_split_colocated": same, "same_tokens_remote": same_remote,
                        "prompts": len(prompts), "new_tokens": a.new_tokens,
                        "remote_decision_overhead_ms": per_decision_ms}, f, indent=1)
     return 0
