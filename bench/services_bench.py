@@ -13,7 +13,7 @@ figure is the coordinator's own measurement over its RPCs; "client" is the
 wall clock seen by the Python client per request, prefill and stream included.
 Nothing here asserts: it prints numbers (and writes JSON with --json).
 
-usage: bench/services_bench.py [--build build] [--model DIR] [--weights FORMAT] [--deployments split,...]
+usage: bench/services_bench.py [--build build] [--model DIR] [--weights FORMAT] [--policy DIR] [--deployments split,...]
                                [--prompts N] [--new-tokens T] [--json FILE]
 """
 import argparse
@@ -33,6 +33,7 @@ import lede_client  # noqa: E402  (stub generation)
 MODEL = os.path.join(ROOT, "models", "lede-tiny")
 PROMPTS = os.path.join(ROOT, "models", "lede-tiny", "prompts")  # story.jsonl, code.jsonl
 WEIGHTS = []  # ["--weights", FORMAT] for lede-model and lede generate, or none (the checkpoint's own)
+POLICY = None  # policy root or version directory; None: MODEL/policy
 
 
 def started_ports(log_path):
@@ -83,9 +84,10 @@ def deploy(kind, build, tmp, model_args=(), coordinator_args=()):
     common = ["--model", MODEL, "--metrics", "127.0.0.1:0", "--listen", "127.0.0.1:0"] + WEIGHTS + list(model_args)
     procs = []
     pool = "/lede-kv-bench-%d-%s" % (os.getpid(), kind)
-    policy_dir = ["--policy-dir", os.path.join(MODEL, "policy")]
+    policy = POLICY or os.path.join(MODEL, "policy")
+    policy_dir = ["--policy-dir", policy]
     if kind == "remote":
-        p, policy_port = start([policy_bin, "--policy-root", os.path.join(MODEL, "policy"),
+        p, policy_port = start([policy_bin, "--policy-root", policy,
                                 "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"],
                                os.path.join(tmp, "policy.log"))
         procs.append(p)
@@ -144,7 +146,8 @@ def run_in_process(build, prompts, method, new_tokens):
     totals = {"tokens": 0, "decode_s": 0.0, "client_s": 0.0}
     for prompt in prompts:
         out = subprocess.run([lede, "generate", "--model", MODEL, "--prompt", prompt, "--mode", mode,
-                              "--max-new-tokens", str(new_tokens), "--threads", "1", "--repeat", "2"] + WEIGHTS,
+                              "--max-new-tokens", str(new_tokens), "--threads", "1", "--repeat", "2"] + WEIGHTS
+                             + (["--policy", POLICY] if POLICY and method == "lede" else []),
                              capture_output=True, text=True, cwd=ROOT, check=True)
         # the second (warm) run, as the services' measured pass below
         last = re.findall(r"\] (\d+) tokens, ([\d.]+) tokens/s.*wall ([\d.]+) s", out.stderr)[-1]
@@ -157,7 +160,7 @@ def run_in_process(build, prompts, method, new_tokens):
 
 
 def main():
-    global MODEL, WEIGHTS
+    global MODEL, WEIGHTS, POLICY
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.environ.get("LEDE_BUILD_DIR", os.path.join(ROOT, "build")))
     ap.add_argument("--prompts", type=int, default=12, help="story prompts (and as many code prompts)")
@@ -165,10 +168,12 @@ def main():
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "lede-tiny"), help="model directory (its policy/ serves; default lede-tiny)")
     ap.add_argument("--weights", help="weight format for every engine (f32, bf16, q8_0, ...; default: the file's)")
     ap.add_argument("--deployments", default="split,co-located,remote")
+    ap.add_argument("--policy", help="policy root or version directory (default: MODEL/policy; remote: a root)")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
     MODEL = os.path.abspath(a.model)
     WEIGHTS = ["--weights", a.weights] if a.weights else []
+    POLICY = os.path.abspath(a.policy) if a.policy else None
     kinds = a.deployments.split(",")
     pb, pb_grpc = lede_client.load_stubs()
     prompts = []
@@ -227,7 +232,7 @@ def main():
               % (remote["decide_calls"], per_decision_ms))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"model": os.path.basename(MODEL.rstrip("/")), "weights": a.weights,
+            json.dump({"model": os.path.basename(MODEL.rstrip("/")), "weights": a.weights, "policy": a.policy,
                        "rows": rows, "same_tokens_split_colocated": same, "same_tokens_remote": same_remote,
                        "prompts": len(prompts), "new_tokens": a.new_tokens,
                        "remote_decision_overhead_ms": per_decision_ms}, f, indent=1)
