@@ -13,7 +13,8 @@ figure is the coordinator's own measurement over its RPCs; "client" is the
 wall clock seen by the Python client per request, prefill and stream included.
 Nothing here asserts: it prints numbers (and writes JSON with --json).
 
-usage: bench/services_bench.py [--build build] [--model DIR] [--weights FORMAT] [--policy DIR] [--deployments split,...]
+usage: bench/services_bench.py [--build build] [--model DIR] [--weights FORMAT] [--threads N] [--policy DIR]
+                               [--deployments split,...]
                                [--prompts N] [--new-tokens T] [--json FILE]
 """
 import argparse
@@ -34,6 +35,7 @@ MODEL = os.path.join(ROOT, "models", "lede-tiny")
 PROMPTS = os.path.join(ROOT, "models", "lede-tiny", "prompts")  # story.jsonl, code.jsonl
 WEIGHTS = []  # ["--weights", FORMAT] for lede-model and lede generate, or none (the checkpoint's own)
 POLICY = None  # policy root or version directory; None: MODEL/policy
+THREADS = 1  # --threads of every engine, in process and in the services
 
 
 def started_ports(log_path):
@@ -81,7 +83,8 @@ def deploy(kind, build, tmp, model_args=(), coordinator_args=()):
     model_bin = os.path.join(build, "services", "model", "lede-model")
     coord_bin = os.path.join(build, "services", "coordinator", "lede-coordinator")
     policy_bin = os.path.join(build, "services", "policy", "lede-policy")
-    common = ["--model", MODEL, "--metrics", "127.0.0.1:0", "--listen", "127.0.0.1:0"] + WEIGHTS + list(model_args)
+    common = (["--model", MODEL, "--metrics", "127.0.0.1:0", "--listen", "127.0.0.1:0", "--threads", str(THREADS)]
+              + WEIGHTS + list(model_args))
     procs = []
     pool = "/lede-kv-bench-%d-%s" % (os.getpid(), kind)
     policy = POLICY or os.path.join(MODEL, "policy")
@@ -146,7 +149,7 @@ def run_in_process(build, prompts, method, new_tokens):
     totals = {"tokens": 0, "decode_s": 0.0, "client_s": 0.0}
     for prompt in prompts:
         out = subprocess.run([lede, "generate", "--model", MODEL, "--prompt", prompt, "--mode", mode,
-                              "--max-new-tokens", str(new_tokens), "--threads", "1", "--repeat", "2"] + WEIGHTS
+                              "--max-new-tokens", str(new_tokens), "--threads", str(THREADS), "--repeat", "2"] + WEIGHTS
                              + (["--policy", POLICY] if POLICY and method == "lede" else []),
                              capture_output=True, text=True, cwd=ROOT, check=True)
         # the second (warm) run, as the services' measured pass below
@@ -160,7 +163,7 @@ def run_in_process(build, prompts, method, new_tokens):
 
 
 def main():
-    global MODEL, WEIGHTS, POLICY
+    global MODEL, WEIGHTS, POLICY, THREADS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default=os.environ.get("LEDE_BUILD_DIR", os.path.join(ROOT, "build")))
     ap.add_argument("--prompts", type=int, default=12, help="story prompts (and as many code prompts)")
@@ -168,12 +171,14 @@ def main():
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "lede-tiny"), help="model directory (its policy/ serves; default lede-tiny)")
     ap.add_argument("--weights", help="weight format for every engine (f32, bf16, q8_0, ...; default: the file's)")
     ap.add_argument("--deployments", default="split,co-located,remote")
+    ap.add_argument("--threads", type=int, default=1, help="--threads of every engine (in process and services)")
     ap.add_argument("--policy", help="policy root or version directory (default: MODEL/policy; remote: a root)")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
     MODEL = os.path.abspath(a.model)
     WEIGHTS = ["--weights", a.weights] if a.weights else []
     POLICY = os.path.abspath(a.policy) if a.policy else None
+    THREADS = a.threads
     kinds = a.deployments.split(",")
     pb, pb_grpc = lede_client.load_stubs()
     prompts = []
@@ -206,8 +211,9 @@ def main():
     same = same_outputs("split", "co-located", methods)
     same_remote = same_outputs("remote", "split", ["lede"])
 
-    print("%s%s, %d prompts x %d new tokens, greedy, 1 thread per process"
-          % (os.path.basename(MODEL.rstrip("/")), " " + a.weights if a.weights else "", len(prompts), a.new_tokens))
+    print("%s%s, %d prompts x %d new tokens, greedy, %d thread(s) per engine"
+          % (os.path.basename(MODEL.rstrip("/")), " " + a.weights if a.weights else "", len(prompts), a.new_tokens,
+             THREADS))
     print("%-12s %-15s %12s %10s %14s %10s" % ("deployment", "method", "decode tok/s", "vs in-proc",
                                                   "client tok/s", "accept"))
     rows = []
@@ -219,7 +225,7 @@ def main():
         acc = t.get("accepted", 0) / t["drafted"] if t.get("drafted") else float("nan")
         print("%-12s %-15s %12.1f %9.1f%% %14.1f %10.3f" % (kind, m, tps, 100 * tps / ref_tps if ref_tps else 0,
                                                            client, acc))
-        rows.append({"deployment": kind, "method": m, "decode_tokens_per_s": tps,
+        rows.append({"deployment": kind, "method": m, "threads": THREADS, "decode_tokens_per_s": tps,
                      "ratio_to_in_process": tps / ref_tps if ref_tps else None, "client_tokens_per_s": client,
                      "acceptance_rate": None if acc != acc else acc})
     print("split and co-located emit the same tokens: %s; remote decisions emit the same tokens: %s"

@@ -100,6 +100,15 @@ COMMANDS = {
          "bench/record.py bench/results/engine_bench-memory-llama32-1b.json -- build/bench/lede_engine_bench \\\n"
          "    --models build/smoke/llama32-1b --kernels fused --weights bf16,q8_0 --isolate --repeats 3 --tokens 32 \\\n"
          "    --threads 1 --no-gemv --json {json}"),
+    "bench/results/services-w5-q8_0.json":
+        ("services_bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/lede-tiny-w5 "
+         "--overwrite\n"
+         "LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 scripts/train_widened_policies.sh 5"
+         "  # cost-v2\n"
+         "bench/record.py bench/results/services-w5-q8_0.json \\\n" + "".join(
+             f"    -- bench/services_bench.py --model out/lede-tiny-w5 --weights q8_0 --threads {t} \\\n"
+             "       --policy out/lede-tiny-w5/policy/cost-v2 --deployments split --prompts 8 --json {json}"
+             + (" \\\n" if t == 1 else "") for t in (1, 2))),
     "bench/results/big-model-serving-llama32-1b.json":
         ("big_model_serving", "bench/record.py bench/results/big-model-serving-llama32-1b.json -- \\\n"
          "    bench/big_model_serving.py --threads 2 --repeats 2 --json {json}"),

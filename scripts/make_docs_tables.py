@@ -280,13 +280,18 @@ def serve_table(data, opts):
 
 
 def services_table(data, opts):
-    body = [[r["deployment"], r["method"], num(r["decode_tokens_per_s"], "{:.1f}"),
+    body = [[r["deployment"], r["method"], str(r.get("threads", 1)), num(r["decode_tokens_per_s"], "{:.1f}"),
              num(r["ratio_to_in_process"], "{:.0%}") if r["ratio_to_in_process"] is not None else "-",
              num(r["client_tokens_per_s"], "{:.1f}"), num(r["acceptance_rate"], "{:.3f}")] for r in data["rows"]]
-    return (f"{data['prompts']} prompts x {data['new_tokens']} new tokens, greedy. Same tokens split and "
-            f"co-located: {'yes' if data['same_tokens_split_colocated'] else 'NO'}; with remote decisions: "
-            f"{'yes' if data['same_tokens_remote'] else 'NO'}.\n\n"
-            + table(["deployment", "method", "decode tok/s", "vs in-process", "client tok/s", "acceptance"], body))
+    def same(key, what):
+        value = data.get(key)
+        return "" if value is None else f" Same tokens {what}: {'yes' if value else 'NO'}."
+    model = f"{data['model']} {data['weights'] or ''}, " if data.get("model") else ""
+    return (f"{model}{data['prompts']} prompts x {data['new_tokens']} new tokens, greedy; 'vs in-process' compares "
+            f"the same method at the same threads.{same('same_tokens_split_colocated', 'split and co-located')}"
+            f"{same('same_tokens_remote', 'with remote decisions')}\n\n"
+            + table(["deployment", "method", "threads", "decode tok/s", "vs in-process", "client tok/s", "acceptance"],
+                    body))
 
 
 def engine_table(data, opts):
