@@ -15,6 +15,7 @@
 
 #include "shared/model/cpu/cpu_kernels.h"
 #include "shared/model/cpu/cpu_quant_kernels.h"
+#include "shared/model/cpu/worker_team.h"
 #include "shared/model/internal/paged_kv.h"
 #include "shared/model/internal/step_graphs.h"
 #include "shared/model/loaders/llama_tensors.h"
@@ -134,7 +135,7 @@ void RowsProduct(const float* x, int64_t n, int64_t in, const float* w, const Pa
     return;
   }
   const int64_t blocks = out / 4;
-  at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) {
+  cpu::ParallelFor(static_cast<int>(T), T, [&](int, int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t o0 = blocks * t / T * 4;
       const int64_t o1 = t + 1 == T ? out : blocks * (t + 1) / T * 4;
@@ -198,12 +199,7 @@ void SetDecodeThreads(int n_threads) {
   SetFusedThreads(n_threads);
 }
 
-int FusedThreadsInUse() {
-  std::atomic<int> parts{0};
-  // RowsProduct's own split: one part per thread that runs.
-  at::parallel_for(0, fused_threads, 1, [&](int64_t t0, int64_t t1) { parts.fetch_add(1); });
-  return std::max(1, parts.load());
-}
+int FusedThreadsInUse() { return cpu::ParallelForThreads(fused_threads); }
 
 StatusOr<Kernels> ParseKernels(const std::string& name) {
   if (name == "eager") return Kernels::kEager;
@@ -410,8 +406,8 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
     }
     // Attention: row t of a segment sees its slot's positions [0, start + t]
     // (rows split across the SetFusedThreads() threads; each row alone).
-    auto attend = [&](int64_t r0, int64_t r1) {
-      float* sc = scores + (n_threads > 1 ? at::get_thread_num() : 0) * G * max_keys;
+    auto attend = [&](int part, int64_t r0, int64_t r1) {
+      float* sc = scores + part * G * max_keys;
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t n_keys = row_pos[r] + 1;
         const float* q = qkv + r * QKV;
@@ -421,11 +417,7 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
         }
       }
     };
-    if (n_threads > 1) {
-      at::parallel_for(0, N, 1, attend);
-    } else {
-      attend(0, N);
-    }
+    cpu::ParallelFor(static_cast<int>(n_threads), N, attend);
     RaggedMatMul(attn, segs, n_segs, H * hd, RawOrNull(w.wo), PackedOrNull(w.wo, w.wo_packed),
                  d, x, /*accumulate=*/true);
     cpu::RmsNorm(x, w.ffn_norm.data_ptr<float>(), N, d, eps, xn);

@@ -113,10 +113,11 @@ StatusOr<c10::Device> ParseDevice(const std::string& name);
 StatusOr<c10::ScalarType> ParseDtype(const std::string& name);
 
 // Threads of the fused kernels in calls from the calling thread (a
-// thread-local setting; default 1, at most at::get_num_threads() of that
-// thread are used): the matrix products split their output columns across
-// them (whole blocks of 4 weight rows, so every element of the row kernel is
-// computed as on one thread) and attention its rows; the sgemm of a segment
+// thread-local setting; default 1): the matrix products split their output
+// columns across them (whole blocks of 4 weight rows, so every element of
+// the row kernel is computed as on one thread) and attention its rows, on
+// the process's one worker team (cpu::ParallelFor: a call while another
+// thread's loop holds the team runs its parts on the calling thread); the sgemm of a segment
 // longer than cpu::kMaxRowsWithoutBlas over a matrix that is not packed
 // (cpu::Packable) follows OpenBLAS's threading (the calling thread's
 // at::set_num_threads), whose rounding may differ by thread count (float32
@@ -125,13 +126,11 @@ StatusOr<c10::ScalarType> ParseDtype(const std::string& name);
 // (--batch-threads, default 1). n_threads < 1 is taken as 1.
 void SetFusedThreads(int n_threads);
 
-// The threads the fused kernels' products actually split across in calls
-// from the calling thread: SetFusedThreads() capped by at::get_num_threads()
-// of this thread, and 1 where at::parallel_for runs serially (a build whose
-// model library is compiled without OpenMP: libtorch's OpenMP backend is a
-// `#pragma omp parallel` inside the inline template). The model service
-// warns at startup when --batch-threads asks for more than this gives.
-// Runs one empty parallel region; thread-safe.
+// The threads the fused kernels' products split across in a call from the
+// calling thread now: SetFusedThreads(), or 1 while another thread's loop
+// holds the worker team (cpu::ParallelForThreads). The model service warns
+// at startup when --threads asks for more than this gives. Runs one empty
+// parallel loop; thread-safe.
 int FusedThreadsInUse();
 
 // The calling thread's intra-op threads for both decode paths: libtorch's
