@@ -53,7 +53,9 @@ def decide_calls(metrics_port):
 
 def start(args, log_path):
     log = open(log_path, "w")
-    p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    # As scripts/run starts the services: libtorch's idle OpenMP threads sleep.
+    env = dict(os.environ, OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"))
+    p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
     deadline = time.time() + 60
     while time.time() < deadline:
         if p.poll() is not None:
