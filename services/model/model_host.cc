@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -86,11 +87,15 @@ void SetComputeThreads(int n_threads) {
   threads_set = n_threads;
   // A flag that silently does nothing is the fault this catches (the model
   // library once built without OpenMP ran every step on one thread).
-  static std::atomic<bool> warned{false};
-  if (const int in_use = model::FusedThreadsInUse(); in_use < n_threads && !warned.exchange(true)) {
-    log::LogEvent("warn", "threads_unavailable",
-                      {{"threads", std::to_string(n_threads)}, {"threads_in_use", std::to_string(in_use)}});
-  }
+  // Checked at the first call only (the load, before any step can hold the
+  // worker team: a held team runs a loop on its caller, which is no fault).
+  static std::once_flag checked;
+  std::call_once(checked, [n_threads] {
+    if (const int in_use = model::FusedThreadsInUse(); in_use < n_threads) {
+      log::LogEvent("warn", "threads_unavailable",
+                    {{"threads", std::to_string(n_threads)}, {"threads_in_use", std::to_string(in_use)}});
+    }
+  });
 }
 
 int StepThreads(int threads, int batch_threads, int other_steps_running) {
