@@ -3,7 +3,6 @@
 #include "services/model/model_host.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -85,8 +84,8 @@ void SetComputeThreads(int n_threads) {
   if (threads_set == n_threads) return;
   model::SetDecodeThreads(n_threads);
   threads_set = n_threads;
-  // A flag that silently does nothing is the fault this catches (the model
-  // library once built without OpenMP ran every step on one thread).
+  // A flag that silently does nothing is the fault this catches (a build
+  // once ran every step on one thread whatever --threads said).
   // Checked at the first call only (the load, before any step can hold the
   // worker team: a held team runs a loop on its caller, which is no fault).
   static std::once_flag checked;

@@ -1,7 +1,6 @@
 #include "shared/model/llama.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
