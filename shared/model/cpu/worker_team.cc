@@ -118,9 +118,9 @@ Team& TheTeam() {
 }  // namespace
 
 void ParallelFor(int parts, int64_t n, Fn fn) {
-  parts = std::min(parts, 0xffff);
+  parts = std::clamp(parts, 1, 0xffff);  // 16 bits of Team's state word
   if (parts > 1 && n > 1 && TheTeam().TryRun(parts, n, fn)) return;
-  for (int p = 0; p < std::max(parts, 1); ++p) RunPart(fn, p, std::max(parts, 1), n);
+  for (int p = 0; p < parts; ++p) RunPart(fn, p, parts, n);
 }
 
 int ParallelForThreads(int parts) {
