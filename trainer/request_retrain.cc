@@ -156,7 +156,7 @@ StatusOr<model::cost::ServedStepCosts> ServedCostsOfLog(const std::vector<lede::
          ++k) {
       if (c.verify_s[k] == 0 && p.verify_samples(k) > 0) c.verify_s[k] = p.verify_s(k);
     }
-    if (!have_line && p.verify_intercept_s() > 0) {
+    if (!have_line && p.verify_intercept_s() > 0 && p.head_layers() > 0) {  // a line across exit layers
       c.verify_intercept_s = p.verify_intercept_s();
       c.verify_slope_s = p.verify_slope_s();
       have_line = true;

@@ -133,7 +133,8 @@ StatusOr<ShadowTrace> TraceLoggedRequest(const model::LlamaModel& model, const l
 // value of the newest record that measured it, among the records of the
 // newest profile's weight format and thread count (a redeployment on other
 // weights makes the older profiles stale); the verification line of the
-// newest record that fitted one. Records without measured_costs (older
+// newest record that fitted one across exit layers (head_layers > 0; an
+// older profile's line is on K alone, its medians are used). Records without measured_costs (older
 // coordinators) are skipped. kNotFound when no record holds a profile that
 // can price rounds (served_costs.h CanPrice); kInvalidArgument when the
 // profiles' draft table is not L + 1 entries (MakeServedCostModel).

@@ -272,6 +272,7 @@ Status SetHostCosts(const ModelServiceOptions& options, int64_t max_draft_len, M
   mo.max_draft_len = static_cast<int32_t>(D);
   mo.weight_format = model::loaders::WeightFormatName(host->model->weight_format());
   mo.threads = at::get_num_threads();
+  mo.head_layers = model::cost::HeadLayerEquivalents(c);
   LEDE_ASSIGN_OR_RETURN(host->served_costs, experience::ServedCostMeter::Create(mo));
   return OkStatus();
 }

@@ -61,9 +61,11 @@ class ModelHost {
     const double median = served_costs->RecordDraft(exit_layer, n_drafts, seconds);
     if (metrics && median > 0) metrics->SetDraftStepSeconds(exit_layer, median);
   }
-  void RecordVerifyStep(int32_t n_drafts, double seconds) {
+  // exit_layer: of the drafts (K >= 1); for K = 0 the layer a full-depth
+  // step resumed at after a probe, 0 for an autoregressive step.
+  void RecordVerifyStep(int32_t exit_layer, int32_t n_drafts, double seconds) {
     if (!served_costs) return;
-    const double median = served_costs->RecordVerify(n_drafts, seconds);
+    const double median = served_costs->RecordVerify(exit_layer, n_drafts, seconds);
     if (metrics && median > 0) metrics->SetVerifySeconds(n_drafts, median);
   }
   void RecordBatchStep(int32_t rows, double seconds) {

@@ -154,7 +154,11 @@ struct VerifierService::Impl {
     }
     if (rows == 0) return;
     host->RecordBatchStep(static_cast<int32_t>(rows), seconds);
-    if (items.size() == 1) host->RecordVerifyStep(static_cast<int32_t>(items[0].draft.tokens.size()), seconds);
+    if (items.size() == 1) {
+      const speculation::Draft& d = items[0].draft;
+      host->RecordVerifyStep(d.tokens.empty() ? d.ready_layer : d.exit_layer, static_cast<int32_t>(d.tokens.size()),
+                             seconds);
+    }
   }
 
   // Runs `job` in the next batched step. Errors: kUnavailable when the
@@ -552,7 +556,7 @@ grpc::Status VerifierService::Verify(grpc::ServerContext* context, const lede::v
     verdict = model::VerifyRound(verifier, cache, req->slot(), req->pending_token(), draft, *probs, so);
     ObserveSoloStep(host, K + 1);
     if (verdict.ok()) {
-      host.RecordVerifyStep(static_cast<int32_t>(K),
+      host.RecordVerifyStep(K == 0 ? draft.ready_layer : draft.exit_layer, static_cast<int32_t>(K),
                             std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
     }
   }

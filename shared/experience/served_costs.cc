@@ -36,18 +36,26 @@ std::pair<double, double> TheilSenLine(const std::vector<double>& x, const std::
 ServedCostMeter::ServedCostMeter(ServedCostMeterOptions options) : options_(std::move(options)) {
   draft_.resize(static_cast<size_t>(std::max(0, options_.n_layers)) + 1);
   verify_.resize(static_cast<size_t>(std::max(0, options_.max_draft_len)) + 1);
+  verify_drafts_.resize(verify_.size());
 }
 
 StatusOr<std::unique_ptr<ServedCostMeter>> ServedCostMeter::Create(ServedCostMeterOptions options) {
   if (options.n_layers < 1) return InvalidArgumentError("n_layers: must be >= 1");
   if (options.max_draft_len < 0) return InvalidArgumentError("max_draft_len: must be >= 0");
   if (options.window < 1) return InvalidArgumentError("window: must be >= 1");
+  if (!(options.head_layers >= 0) || !std::isfinite(options.head_layers)) {
+    return InvalidArgumentError("head_layers: must be finite and >= 0");
+  }
   return std::make_unique<ServedCostMeter>(std::move(options));
 }
 
-double ServedCostMeter::Push(Window& w, double x) {
+void ServedCostMeter::Append(Window& w, double x) const {
   w.push_back(x);
   while (static_cast<int32_t>(w.size()) > options_.window) w.pop_front();
+}
+
+double ServedCostMeter::Push(Window& w, double x) {
+  Append(w, x);
   return Median(std::vector<double>(w.begin(), w.end()));
 }
 
@@ -61,9 +69,19 @@ double ServedCostMeter::RecordDraft(int32_t exit_layer, int32_t n_drafts, double
   return Push(draft_[exit_layer], seconds / n_drafts);
 }
 
-double ServedCostMeter::RecordVerify(int32_t n_drafts, double seconds) {
+double ServedCostMeter::MiddleLayerDrafts(int32_t exit_layer, int32_t n_drafts) const {
+  const double L = options_.n_layers, h = options_.head_layers;
+  const double M = static_cast<double>(options_.n_layers / 2);
+  return n_drafts * (L - exit_layer + h) / (L - M + h);
+}
+
+double ServedCostMeter::RecordVerify(int32_t exit_layer, int32_t n_drafts, double seconds) {
   if (n_drafts < 0 || n_drafts > options_.max_draft_len || !Usable(seconds)) return 0.0;
+  const bool step = n_drafts == 0 && exit_layer == 0;
+  const bool drafted = n_drafts > 0 && exit_layer >= 1 && exit_layer < options_.n_layers;
+  if (!step && !drafted) return 0.0;
   absl::MutexLock lock(&mu_);
+  Append(verify_drafts_[n_drafts], MiddleLayerDrafts(exit_layer, n_drafts));
   return Push(verify_[n_drafts], seconds);
 }
 
@@ -97,11 +115,10 @@ lede::v1::CostProfile ServedCostMeter::Snapshot(absl::Time now) const {
     const Window& w = verify_[k];
     p.add_verify_s(Median(std::vector<double>(w.begin(), w.end())));
     p.add_verify_samples(static_cast<int64_t>(w.size()));
-    for (double y : w) {
-      xs.push_back(static_cast<double>(k));
-      ys.push_back(y);
-    }
+    xs.insert(xs.end(), verify_drafts_[k].begin(), verify_drafts_[k].end());
+    ys.insert(ys.end(), w.begin(), w.end());
   }
+  p.set_head_layers(options_.head_layers);
   const auto [a, b] = TheilSenLine(xs, ys);
   p.set_verify_intercept_s(a);
   p.set_verify_slope_s(b);

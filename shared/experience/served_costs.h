@@ -8,7 +8,8 @@
 // and load it actually runs, and keeps the last `window` timings of each
 // entry. A snapshot (lede.v1.CostProfile, proto/lede/v1/experience.proto)
 // holds per entry the median of its window, and a Theil-Sen line of the
-// verification time on K; the model service exports it as metrics
+// verification time on the drafts verified (at the middle exit layer's
+// depth); the model service exports it as metrics
 // (lede_model_draft_step_seconds{exit_layer}, lede_model_verify_seconds
 // {draft_tokens}, lede_model_batch_step_seconds{rows}) and the coordinator
 // writes it into every request-log record, so that the retrainer prices the
@@ -54,7 +55,12 @@ struct ServedCostMeterOptions {
   int32_t window = 64;
   std::string weight_format;  // recorded with every snapshot ("f32", "q8_0", ...)
   int32_t threads = 0;        // intra-op threads, recorded likewise
-  // Example: ServedCostMeterOptions{.n_layers = 12, .max_draft_len = 8}
+  // h: the LM head in layer-equivalents (shared/model/cost/cost_model.h
+  // HeadLayerEquivalents), with which verifications at different exit
+  // layers go on one line (experience.proto CostProfile); >= 0.
+  double head_layers = 0;
+  // Example: ServedCostMeterOptions{.n_layers = 12, .max_draft_len = 8,
+  //                                 .head_layers = 0.2}
 };
 
 // The median of `xs` (the mean of the middle two for an even count); 0 for
@@ -83,9 +89,19 @@ class ServedCostMeter {
   // outside those ranges, or with seconds not finite or < 0, are ignored
   // (returns 0).
   double RecordDraft(int32_t exit_layer, int32_t n_drafts, double seconds);
-  // A verification of `n_drafts` in [0, D] drafts that ran as a step of
-  // its own, in `seconds`. Returns the entry's new median, 0 if ignored.
-  double RecordVerify(int32_t n_drafts, double seconds);
+  // A verification of `n_drafts` K in [1, D] drafts at `exit_layer` E in
+  // [1, L) that ran as a step of its own, in `seconds`; K = 0 with E = 0
+  // is an autoregressive step. One sample of verify_s[K], and one point
+  // (MiddleLayerDrafts(E, K), seconds) of the verification line. Returns
+  // the entry's new median, 0 if ignored: samples outside those ranges, a
+  // full-depth step resumed at a layer after a probe (K = 0, E > 0: no
+  // verification, and cheaper than a step), seconds not finite or < 0.
+  double RecordVerify(int32_t exit_layer, int32_t n_drafts, double seconds);
+  // K drafts verified at exit layer E in drafts verified at the middle
+  // exit layer M = floor(L / 2): K (L - E + h) / (L - M + h), the blocks
+  // and head each drafted row runs through in the verifier, as a share of
+  // those at M (experience.proto CostProfile verify_slope_s).
+  double MiddleLayerDrafts(int32_t exit_layer, int32_t n_drafts) const;
   // A batched verifier step of `rows` >= 1 rows, in `seconds`. Returns the
   // entry's new median, 0 if ignored. At most kMaxBatchEntries distinct row
   // counts are kept (the largest counts beyond it are dropped: rows above
@@ -104,12 +120,17 @@ class ServedCostMeter {
 
  private:
   using Window = std::deque<double>;
+  // Appends `x`, dropping the oldest beyond the window; Push also returns
+  // the window's new median.
+  void Append(Window& w, double x) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   double Push(Window& w, double x) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ServedCostMeterOptions options_;
   mutable absl::Mutex mu_;
   std::vector<Window> draft_ ABSL_GUARDED_BY(mu_);   // [L + 1]
-  std::vector<Window> verify_ ABSL_GUARDED_BY(mu_);  // [D + 1]
+  std::vector<Window> verify_ ABSL_GUARDED_BY(mu_);  // [D + 1]: seconds
+  // [D + 1]: MiddleLayerDrafts of each sample of verify_, in step with it.
+  std::vector<Window> verify_drafts_ ABSL_GUARDED_BY(mu_);
   std::map<int32_t, Window> batch_ ABSL_GUARDED_BY(mu_);
   absl::Time last_attached_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
@@ -125,7 +146,9 @@ lede::v1::CostProfile MergeCostProfiles(const lede::v1::CostProfile& drafter, co
 // from a deployment's measured profile, in units of its autoregressive step
 // (verify_s[0], else the line's intercept): speculation::
 // CostFeaturesOfTables over draft_step_s / unit and verify_s / unit, with
-// the verify feature the fitted line's slope / unit when fitted. What the
+// the verify feature the fitted line's slope / unit when fitted (a draft
+// verified at the middle exit layer, where cost_profiles.h CostFeaturesOf
+// prices it: the features a policy was trained on). What the
 // profile has not measured comes from `prior` (the features of the model
 // service's own cost model, ModelInfo): the probe always (a served draft's
 // time holds its probes), the layer feature until an exit layer was timed,

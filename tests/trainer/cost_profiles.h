@@ -33,6 +33,7 @@ inline lede::v1::CostProfile CostlyVerificationProfile(int32_t n_layers, const s
   }
   p.set_verify_intercept_s(1.2e-3);
   p.set_verify_slope_s(0.6e-3);
+  p.set_head_layers(0.5);
   return p;
 }
 

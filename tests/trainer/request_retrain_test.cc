@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "policy/dqn/artifact.h"
 #include "shared/experience/request_log.h"
+#include "shared/experience/served_costs.h"
 #include "shared/model/cost/cost_model.h"
 #include "shared/model/cost/cost_profiles.h"
 #include "shared/model/decoding.h"
@@ -550,6 +551,52 @@ TEST(ServedCostsOfLogTest, NewestMeasurementPerEntryOfTheNewestFormat) {
   EXPECT_DOUBLE_EQ(c->verify_s[0], 1.2e-3);
   EXPECT_DOUBLE_EQ(c->verify_slope_s, 0.6e-3);
   EXPECT_THAT(ServedCostsOfLog(records, 6).status(), StatusIs(StatusCode::kInvalidArgument));
+}
+
+// A profile from before the verification line spanned exit layers (head_layers 0) fitted it on K alone, at
+// whatever exit layers were served: its line is not taken, the per-K medians price.
+TEST(ServedCostsOfLogTest, LinesOnKAloneAreLeftOut) {
+  std::vector<lede::v1::RequestRecord> records(1);
+  *records[0].mutable_measured_costs() = CostlyVerificationProfile(4);
+  records[0].mutable_measured_costs()->set_head_layers(0);
+  auto c = ServedCostsOfLog(records, 4);
+  ASSERT_THAT(c, IsOk());
+  EXPECT_EQ(c->verify_intercept_s, 0.0);
+  EXPECT_EQ(c->verify_slope_s, 0.0);
+  EXPECT_DOUBLE_EQ(c->verify_s[2], 1.2e-3 * 2);
+}
+
+// The two sources of a served policy's features agree: what the coordinator shows the policy from the live
+// profile (experience::ServedCostFeatures) and what the retrainer shows its candidates from the same profile
+// logged (CostFeaturesOf the served cost model). A meter fed verifications at shallow exit layers that follow
+// the step model (rows through blocks [E, L) and the head) gives both the price of a draft verified at L / 2,
+// the depth at which the policy's training features price it (not that of the exit layers served).
+TEST_F(RequestRetrainTest, ServedFeaturesAgreeWithTheServedCostModel) {
+  const int32_t L = static_cast<int32_t>(model_->n_layers());
+  const double h = model::cost::HeadLayerEquivalents(model_->config());
+  experience::ServedCostMeterOptions mo;
+  mo.n_layers = L;
+  mo.max_draft_len = 6;
+  mo.head_layers = h;
+  mo.weight_format = "q8_0";
+  experience::ServedCostMeter meter(mo);
+  const double row = 1e-4, step = (L + h) * row;  // one row through one block: 0.1 ms
+  for (int32_t e = 1; e < L; ++e) meter.RecordDraft(e, 2, 2 * (e + h) * row);
+  for (int32_t e = 1; e <= 3; ++e) {  // shallow exit layers, as a policy priced for costly verification picks
+    for (int32_t k = 1; k <= 6; k += 2) meter.RecordVerify(e, k, step + k * (L - e + h) * row);
+  }
+  meter.RecordVerify(0, 0, step);
+  std::vector<lede::v1::RequestRecord> records(1);
+  *records[0].mutable_measured_costs() = meter.Snapshot();
+  const speculation::CostFeatures prior{0.1f, 1.0f, 0.0f};
+  const speculation::CostFeatures served = experience::ServedCostFeatures(records[0].measured_costs(), prior);
+  auto cost = ServedCostModelOfLog(records, *model_);
+  ASSERT_THAT(cost, IsOk());
+  const speculation::CostFeatures logged = model::cost::CostFeaturesOf(**cost, L, 6);
+  const double middle = (L - L / 2 + h) * row / step;  // a draft verified at L / 2, in steps
+  EXPECT_NEAR(served.verify, middle, 1e-4);
+  EXPECT_NEAR(logged.verify, middle, 1e-4);
+  EXPECT_NEAR(served.layer, logged.layer, 1e-4);
 }
 
 // Requests logged with the deployment's measured costs are priced with them: the run says "served", the

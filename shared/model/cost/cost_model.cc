@@ -301,31 +301,33 @@ namespace {
 class ServedCostModel : public CostModel {
  public:
   ServedCostModel(std::vector<double> draft, std::vector<double> verify, double intercept, double slope,
-                  double block, double h, double unit)
+                  double block, double h, double unit, int64_t n_layers)
       : draft_(std::move(draft)), verify_(std::move(verify)), intercept_(intercept), slope_(slope), block_(block),
-        h_(h), unit_(unit) {}
+        h_(h), unit_(unit), n_layers_(n_layers) {}
   std::string name() const override { return "served"; }
   double DraftToken(int64_t l) const override {
     if (l >= 1 && l < static_cast<int64_t>(draft_.size()) && draft_[l] > 0) return draft_[l] / unit_;
     return (static_cast<double>(l) + h_) * block_;
   }
-  double Verify(int64_t, int64_t k) const override {
-    if (k >= 0 && k < static_cast<int64_t>(verify_.size()) && verify_[k] > 0) return verify_[k] / unit_;
-    double floor = 0;
-    for (int64_t j = std::min<int64_t>(k, static_cast<int64_t>(verify_.size())) - 1; j >= 0; --j) {
-      if (verify_[j] > 0) {
-        floor = verify_[j];
-        break;
-      }
+  double Verify(int64_t e, int64_t k) const override {
+    if (k <= 0) return 1.0;
+    if (intercept_ > 0) {  // the line, on drafts verified at the middle exit layer
+      const double L = static_cast<double>(n_layers_), M = static_cast<double>(n_layers_ / 2);
+      const double drafts = static_cast<double>(k) * (L - static_cast<double>(e) + h_) / (L - M + h_);
+      return std::max(unit_, intercept_ + slope_ * drafts) / unit_;
     }
-    const double line = intercept_ + slope_ * static_cast<double>(k);
-    return std::max(floor, line > 0 ? line : unit_) / unit_;
+    if (k < static_cast<int64_t>(verify_.size()) && verify_[k] > 0) return verify_[k] / unit_;
+    for (int64_t j = std::min<int64_t>(k, static_cast<int64_t>(verify_.size())) - 1; j >= 1; --j) {
+      if (verify_[j] > 0) return verify_[j] / unit_;  // at least what fewer drafts cost
+    }
+    return 1.0;
   }
   double Probe() const override { return h_ * block_; }
 
  private:
   std::vector<double> draft_, verify_;
   double intercept_, slope_, block_, h_, unit_;
+  int64_t n_layers_;
 };
 
 }  // namespace
@@ -357,10 +359,11 @@ StatusOr<std::unique_ptr<CostModel>> MakeServedCostModel(const checkpoint::Model
   if (per_block.empty()) return FailedPreconditionError("draft_step_s: no exit layer measured");
   std::vector<double> verify;
   for (double x : costs.verify_s) verify.push_back(x > 0 && std::isfinite(x) ? x : 0.0);
-  const double slope = std::isfinite(costs.verify_slope_s) ? costs.verify_slope_s : 0.0;
-  const double intercept = std::isfinite(costs.verify_intercept_s) ? costs.verify_intercept_s : 0.0;
-  return std::unique_ptr<CostModel>(std::make_unique<ServedCostModel>(std::move(draft), std::move(verify), intercept,
-                                                                      slope, Median(per_block), h, unit));
+  const bool line = std::isfinite(costs.verify_slope_s) && std::isfinite(costs.verify_intercept_s) &&
+                    costs.verify_intercept_s > 0;
+  return std::unique_ptr<CostModel>(std::make_unique<ServedCostModel>(
+      std::move(draft), std::move(verify), line ? costs.verify_intercept_s : 0.0, line ? costs.verify_slope_s : 0.0,
+      Median(per_block), h, unit, L));
 }
 
 StatusOr<std::unique_ptr<CostModel>> MakeMeasuredCostModelAtLoad(const Calibration& c, int64_t load) {

@@ -269,10 +269,14 @@ struct ServedStepCosts {
   // controller decisions spread over its drafts); [0] unused.
   std::vector<double> draft_step_s;
   // [D + 1]: seconds of a verification of K drafts run as a step of its
-  // own; [0] is an autoregressive step.
+  // own, at whichever exit layers were served; [0] is an autoregressive
+  // step.
   std::vector<double> verify_s;
-  // The robust line verify_s(K) ~ verify_intercept_s + verify_slope_s * K
-  // (Theil-Sen over the service's window); 0, 0 when not fitted.
+  // The robust line of a verification's seconds on the drafts it verified,
+  // counted as drafts verified at the middle exit layer M = floor(L / 2):
+  // K drafts at exit layer E count K (L - E + h) / (L - M + h), h the LM
+  // head in layer-equivalents (proto/lede/v1/experience.proto CostProfile;
+  // Theil-Sen over the service's window). 0, 0 when not fitted.
   double verify_intercept_s = 0;
   double verify_slope_s = 0;
   std::string weight_format;  // of the deployment that measured them ("q8_0", ...)
@@ -289,10 +293,14 @@ struct ServedStepCosts {
 //    (E + h) / unit (one block's share, the exit head h blocks:
 //    HeadLayerEquivalents), so that exit layers the policy never chose are
 //    priced from those it did.
-//  - Verify(E, K) = verify_s[K] / unit where measured, else the line at K
-//    (intercept + slope K) / unit, at least verify of the largest measured
-//    K below; the exit layer does not enter (verifications are timed as
-//    served, at the exit layers the policy chose).
+//  - Verify(E, K) = the line at K drafts at E, (intercept + slope K (L - E
+//    + h) / (L - M + h)) / unit, at least 1, when fitted (intercept > 0):
+//    the drafted rows run through the verifier's blocks [E, L) and the
+//    head, so the exit layer enters, and at E = M the verify feature a
+//    policy is shown (experience::ServedCostFeatures: slope / unit) is
+//    the slope of this model's Verify(M, K) (CostFeaturesOf). Without a
+//    line: verify_s[K] / unit where measured, else that of the largest
+//    measured K below, else 1. Verify(E, 0) = 1.
 //  - Probe() = h c; Decision() = Signals() = 0: a served draft's time
 //    already holds the round's decisions and signals.
 // Errors: kInvalidArgument naming draft_step_s when its size is not L + 1;

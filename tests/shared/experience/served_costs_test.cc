@@ -24,6 +24,7 @@ ServedCostMeter MakeMeter(int32_t window = 5) {
   o.window = window;
   o.weight_format = "q8_0";
   o.threads = 2;
+  o.head_layers = 0.5;
   return ServedCostMeter(o);
 }
 
@@ -72,26 +73,53 @@ TEST(ServedCostsTest, DraftEntryIsWindowedMedianPerToken) {
 // Only the last `window` samples count: a change of speed replaces the old median.
 TEST(ServedCostsTest, WindowFollowsAChangeOfSpeed) {
   ServedCostMeter m = MakeMeter(/*window=*/3);
-  for (int i = 0; i < 3; ++i) m.RecordVerify(0, 0.010);
-  for (int i = 0; i < 3; ++i) m.RecordVerify(0, 0.020);
+  for (int i = 0; i < 3; ++i) m.RecordVerify(0, 0, 0.010);
+  for (int i = 0; i < 3; ++i) m.RecordVerify(0, 0, 0.020);
   const lede::v1::CostProfile p = m.Snapshot();
   EXPECT_DOUBLE_EQ(p.verify_s(0), 0.020);
   EXPECT_EQ(p.verify_samples(0), 3);
 }
 
-// The verification line is fitted through every windowed sample across K.
+// The verification line is fitted through every windowed sample across K (here all at the middle exit
+// layer, E = 2 of 4, where a draft counts one).
 TEST(ServedCostsTest, VerifyLineFitsAcrossK) {
   ServedCostMeter m = MakeMeter();
-  for (int k = 0; k <= 3; ++k) {
-    m.RecordVerify(k, 0.010 + 0.002 * k);
-    m.RecordVerify(k, 0.010 + 0.002 * k);
+  m.RecordVerify(0, 0, 0.010);
+  m.RecordVerify(0, 0, 0.010);
+  for (int k = 1; k <= 3; ++k) {
+    m.RecordVerify(2, k, 0.010 + 0.002 * k);
+    m.RecordVerify(2, k, 0.010 + 0.002 * k);
   }
-  m.RecordVerify(1, 0.5);  // an outlier
+  m.RecordVerify(2, 1, 0.5);  // an outlier
   const lede::v1::CostProfile p = m.Snapshot();
   EXPECT_NEAR(p.verify_intercept_s(), 0.010, 1e-9);
   EXPECT_NEAR(p.verify_slope_s(), 0.002, 1e-9);
   ASSERT_EQ(p.verify_s_size(), 4);
   EXPECT_NEAR(p.verify_s(3), 0.016, 1e-12);
+}
+
+// Verifications at other exit layers go on the same line, each draft counted by the blocks and head its row
+// runs through in the verifier against a draft at the middle exit layer M = 2: (L - E + h) / (L - M + h).
+// With 1 ms per row per layer-equivalent, a draft at E = 1 costs 3.5 ms, one at E = 3 1.5 ms, and the line's
+// slope is that of a draft at M, 2.5 ms. A full-depth step resumed after a probe (K = 0 at a layer) is no
+// verification and is left out.
+TEST(ServedCostsTest, VerifyLineCountsDraftsAtTheMiddleExitLayer) {
+  ServedCostMeter m = MakeMeter(/*window=*/8);
+  EXPECT_DOUBLE_EQ(m.MiddleLayerDrafts(1, 2), 2 * 3.5 / 2.5);
+  EXPECT_DOUBLE_EQ(m.MiddleLayerDrafts(2, 3), 3.0);
+  auto verify_ms = [](int e, int k) { return 1e-3 * (10.0 + k * (4 - e + 0.5)); };
+  m.RecordVerify(0, 0, 0.010);
+  for (int e = 1; e <= 3; ++e) {
+    for (int k = 1; k <= 3; ++k) m.RecordVerify(e, k, verify_ms(e, k));
+  }
+  EXPECT_EQ(m.RecordVerify(2, 0, 0.004), 0.0);  // resumed at layer 2 after a probe
+  EXPECT_EQ(m.RecordVerify(4, 1, 0.020), 0.0);  // no exit layer at L
+  const lede::v1::CostProfile p = m.Snapshot();
+  EXPECT_NEAR(p.verify_intercept_s(), 0.010, 1e-9);
+  EXPECT_NEAR(p.verify_slope_s(), 0.0025, 1e-9);
+  EXPECT_DOUBLE_EQ(p.verify_s(0), 0.010);
+  EXPECT_EQ(p.verify_samples(0), 1);
+  EXPECT_DOUBLE_EQ(p.head_layers(), 0.5);
 }
 
 // Samples outside the entries' ranges, negative or not finite are ignored, never a crash.
@@ -101,9 +129,11 @@ TEST(ServedCostsTest, BadSamplesAreIgnored) {
   EXPECT_EQ(m.RecordDraft(5, 1, 0.1), 0.0);
   EXPECT_EQ(m.RecordDraft(1, 0, 0.1), 0.0);
   EXPECT_EQ(m.RecordDraft(1, 1, -1.0), 0.0);
-  EXPECT_EQ(m.RecordVerify(4, 0.1), 0.0);
-  EXPECT_EQ(m.RecordVerify(-1, 0.1), 0.0);
-  EXPECT_EQ(m.RecordVerify(0, std::numeric_limits<double>::quiet_NaN()), 0.0);
+  EXPECT_EQ(m.RecordVerify(2, 4, 0.1), 0.0);
+  EXPECT_EQ(m.RecordVerify(2, -1, 0.1), 0.0);
+  EXPECT_EQ(m.RecordVerify(0, 1, 0.1), 0.0);  // drafts need an exit layer
+  EXPECT_EQ(m.RecordVerify(-1, 0, 0.1), 0.0);
+  EXPECT_EQ(m.RecordVerify(0, 0, std::numeric_limits<double>::quiet_NaN()), 0.0);
   EXPECT_EQ(m.RecordBatch(0, 0.1), 0.0);
   const lede::v1::CostProfile p = m.Snapshot();
   for (int64_t n : p.draft_step_samples()) EXPECT_EQ(n, 0);
@@ -134,6 +164,10 @@ TEST(ServedCostsTest, CreateRejectsBadOptions) {
   o.window = 0;
   EXPECT_THAT(ServedCostMeter::Create(o).status(), StatusIs(absl::StatusCode::kInvalidArgument));
   o.window = 8;
+  o.head_layers = -1;
+  EXPECT_THAT(ServedCostMeter::Create(o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("head_layers")));
+  o.head_layers = 0.2;
   EXPECT_THAT(ServedCostMeter::Create(o).status(), IsOk());
 }
 
@@ -152,8 +186,8 @@ TEST(ServedCostsTest, MergeTakesEachProcessPart) {
   ServedCostMeter drafter = MakeMeter();
   ServedCostMeter verifier = MakeMeter();
   drafter.RecordDraft(1, 1, 0.003);
-  verifier.RecordVerify(0, 0.010);
-  verifier.RecordVerify(2, 0.014);
+  verifier.RecordVerify(0, 0, 0.010);
+  verifier.RecordVerify(2, 2, 0.014);
   verifier.RecordBatch(3, 0.012);
   const lede::v1::CostProfile d = drafter.Snapshot(absl::FromUnixSeconds(5));
   const lede::v1::CostProfile v = verifier.Snapshot(absl::FromUnixSeconds(7));
@@ -175,8 +209,8 @@ TEST(ServedCostsTest, ServedCostFeaturesAreInUnitsOfTheAutoregressiveStep) {
   ServedCostMeter drafter = MakeMeter();
   ServedCostMeter verifier = MakeMeter();
   drafter.RecordDraft(1, 1, 0.003);
-  verifier.RecordVerify(0, 0.010);
-  verifier.RecordVerify(2, 0.014);
+  verifier.RecordVerify(0, 0, 0.010);
+  verifier.RecordVerify(2, 2, 0.014);
   const lede::v1::CostProfile p = MergeCostProfiles(drafter.Snapshot(), verifier.Snapshot());
   const speculation::CostFeatures prior{0.1f, 1.0f, 0.0f};
   const speculation::CostFeatures f = ServedCostFeatures(p, prior);
@@ -193,7 +227,7 @@ TEST(ServedCostsTest, ServedCostFeaturesFallBackOnThePrior) {
   const speculation::CostFeatures none = ServedCostFeatures(empty, prior);
   EXPECT_TRUE(none == prior);
   ServedCostMeter verifier = MakeMeter();
-  verifier.RecordVerify(0, 0.010);  // the unit, but no draft and one draft length
+  verifier.RecordVerify(0, 0, 0.010);  // the unit, but no draft and one draft length
   const speculation::CostFeatures some = ServedCostFeatures(verifier.Snapshot(), prior);
   EXPECT_FLOAT_EQ(some.probe, 0.25f);
   EXPECT_FLOAT_EQ(some.layer, 1.5f);

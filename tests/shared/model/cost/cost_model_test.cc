@@ -356,6 +356,10 @@ TEST(ServedCostModelTest, PricesMeasuredEntriesAndExtrapolatesTheRest) {
   EXPECT_NEAR(cm.Verify(2, 2), 1.5, 1e-12);
   EXPECT_NEAR(cm.Verify(2, 1), 1.25, 1e-12);  // the line
   EXPECT_NEAR(cm.Verify(2, 3), 1.75, 1e-12);  // the line, above the measured K = 2
+  // Drafts at another exit layer run through other blocks of the verifier: (L - E + h) / (L - M + h) drafts
+  // at the middle exit layer M = 2 each.
+  EXPECT_NEAR(cm.Verify(1, 2), 1 + 0.25 * 2 * (3 + h) / (2 + h), 1e-12);
+  EXPECT_NEAR(cm.Verify(3, 2), 1 + 0.25 * 2 * (1 + h) / (2 + h), 1e-12);
   EXPECT_DOUBLE_EQ(cm.Decision(), 0.0);
   EXPECT_DOUBLE_EQ(cm.Signals(), 0.0);
   // A round of 2 drafts at E = 2: two drafts and one verification of 2.
