@@ -94,16 +94,24 @@ float* Grow(std::vector<float>& v, int64_t n) {
 // cpu::MatMulNT does for that segment alone). Either way the weights are
 // read once for all the short segments.
 //
-// MatMulRows over n rows, its output columns split across the
-// SetFusedThreads() threads at multiples of 4 rows of W (each element as the
-// one-thread call computes it; cpu::MatMulRowsStrided): each thread reads
-// its share of W once for all rows (once per kRowTile rows: the tile of X
-// stays in L1/L2 while W streams past it).
+// MatMulRows over n rows, its output columns cut at multiples of 4 rows of
+// W into kChunksPerThread chunks per SetFusedThreads() thread, which the
+// threads claim in turn (cpu::ParallelFor; each element as the one-thread
+// call computes it; cpu::MatMulRowsStrided): each chunk of W is read once
+// for all rows (once per kRowTile rows: the tile of X stays in L1/L2 while
+// W streams past it).
 //
 // packed: W in the cpu::PackRows layout, or bf16 / Q8_0 packed
 // (cpu_quant_kernels.h; the same split points hold), or nullptr to read the
 // row-major w.
 constexpr int64_t kRowTile = 48;
+// Chunks of a product's output rows per thread (cpu::ParallelFor). One: a
+// thread that is late for its chunk still loses it to a thread done with
+// its own. More cost more than they balance, as each chunk quantizes the
+// activations again (8-bit and K-quant weights) and runs shorter kernels:
+// on the 5x widening at q8_0, 2 threads, in process, LEDE ran 286-305
+// tok/s with 1 chunk per thread, 268-284 with 2, 259-272 with 4.
+constexpr int64_t kChunksPerThread = 1;
 
 template <typename Packed>
 void RowsProduct(const float* x, int64_t n, int64_t in, const float* w, const Packed* packed,
@@ -133,14 +141,9 @@ void RowsProduct(const float* x, int64_t n, int64_t in, const float* w, const Pa
     product(0, out);
     return;
   }
-  const int64_t blocks = out / 4;
-  cpu::ParallelFor(static_cast<int>(T), T, [&](int, int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t o0 = blocks * t / T * 4;
-      const int64_t o1 = t + 1 == T ? out : blocks * (t + 1) / T * 4;
-      if (o1 > o0) product(o0, o1);
-    }
-  });
+  const int64_t chunks = kChunksPerThread * T, blocks = (out + 3) / 4;
+  const int64_t grain = 4 * std::max<int64_t>(1, (blocks + chunks - 1) / chunks);
+  cpu::ParallelFor(static_cast<int>(T), out, grain, [&](int, int64_t o0, int64_t o1) { product(o0, o1); });
 }
 
 // packed as RowsProduct's (sgemm, without it, reads the row-major w).
@@ -405,8 +408,8 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
     }
     // Attention: row t of a segment sees its slot's positions [0, start + t]
     // (rows split across the SetFusedThreads() threads; each row alone).
-    auto attend = [&](int part, int64_t r0, int64_t r1) {
-      float* sc = scores + part * G * max_keys;
+    auto attend = [&](int thread, int64_t r0, int64_t r1) {
+      float* sc = scores + thread * G * max_keys;
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t n_keys = row_pos[r] + 1;
         const float* q = qkv + r * QKV;
@@ -416,7 +419,7 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
         }
       }
     };
-    cpu::ParallelFor(static_cast<int>(n_threads), N, attend);
+    cpu::ParallelFor(static_cast<int>(n_threads), N, 1, attend);
     RaggedMatMul(attn, segs, n_segs, H * hd, RawOrNull(w.wo), PackedOrNull(w.wo, w.wo_packed),
                  d, x, /*accumulate=*/true);
     cpu::RmsNorm(x, w.ffn_norm.data_ptr<float>(), N, d, eps, xn);
