@@ -21,6 +21,10 @@ namespace {
 // (a round trip through the coordinator, about 0.3 ms or more).
 constexpr auto kSpin = std::chrono::microseconds(100);
 
+// How long ParallelForThreads waits for the workers to join: long enough
+// for a worker on a loaded machine (a test suite beside it) to be scheduled.
+constexpr auto kJoinWait = std::chrono::seconds(2);
+
 inline void Pause() {
 #if defined(__x86_64__)
   _mm_pause();
@@ -154,7 +158,7 @@ void ParallelFor(int threads, int64_t n, int64_t grain, Fn fn) {
 int ParallelForThreads(int threads) {
   std::mutex mu;
   std::set<std::thread::id> ids;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  const auto deadline = std::chrono::steady_clock::now() + kJoinWait;
   const size_t want = static_cast<size_t>(std::max(1, threads));
   ParallelFor(threads, threads, 1, [&](int, int64_t, int64_t) {
     std::unique_lock<std::mutex> lock(mu);

@@ -59,8 +59,8 @@ void ParallelFor(int threads, int64_t n, int64_t grain,
                  absl::FunctionRef<void(int thread, int64_t begin, int64_t end)> fn);
 
 // Distinct threads that ran the chunks of ParallelFor(threads, threads, 1,
-// ...) from the calling thread just now, each chunk waiting (up to 100 ms
-// in all) until `threads` threads have joined: `threads` when the team was
+// ...) from the calling thread just now, each chunk waiting (up to 2 s in
+// all) until `threads` threads have joined: `threads` when the team was
 // free and the workers could run, 1 when it was held by another loop.
 int ParallelForThreads(int threads);
 
