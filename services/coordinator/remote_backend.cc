@@ -206,7 +206,7 @@ speculation::CostFeatures PriorCostFeatures(const lede::v1::ModelInfo& info) {
   speculation::CostTables t;
   t.probe = info.probe_cost();
   if (L >= 2 && info.draft_cost_size() == L + 1) t.draft.assign(info.draft_cost().begin(), info.draft_cost().end());
-  const int64_t E = L / 2;
+  const int64_t E = speculation::MiddleExitLayer(L);
   if (L >= 2 && D >= 1 && info.verify_cost_size() == (L + 1) * (D + 1)) {
     for (int64_t k = 0; k <= D; ++k) t.verify.push_back(info.verify_cost(static_cast<int>(E * (D + 1) + k)));
   }

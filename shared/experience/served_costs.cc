@@ -70,9 +70,7 @@ double ServedCostMeter::RecordDraft(int32_t exit_layer, int32_t n_drafts, double
 }
 
 double ServedCostMeter::MiddleLayerDrafts(int32_t exit_layer, int32_t n_drafts) const {
-  const double L = options_.n_layers, h = options_.head_layers;
-  const double M = static_cast<double>(options_.n_layers / 2);
-  return n_drafts * (L - exit_layer + h) / (L - M + h);
+  return speculation::MiddleExitLayerDrafts(options_.n_layers, options_.head_layers, exit_layer, n_drafts);
 }
 
 double ServedCostMeter::RecordVerify(int32_t exit_layer, int32_t n_drafts, double seconds) {

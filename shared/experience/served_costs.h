@@ -98,9 +98,7 @@ class ServedCostMeter {
   // verification, and cheaper than a step), seconds not finite or < 0.
   double RecordVerify(int32_t exit_layer, int32_t n_drafts, double seconds);
   // K drafts verified at exit layer E in drafts verified at the middle
-  // exit layer M = floor(L / 2): K (L - E + h) / (L - M + h), the blocks
-  // and head each drafted row runs through in the verifier, as a share of
-  // those at M (experience.proto CostProfile verify_slope_s).
+  // exit layer: speculation::MiddleExitLayerDrafts of this meter's L and h.
   double MiddleLayerDrafts(int32_t exit_layer, int32_t n_drafts) const;
   // A batched verifier step of `rows` >= 1 rows, in `seconds`. Returns the
   // entry's new median, 0 if ignored. At most kMaxBatchEntries distinct row

@@ -129,8 +129,9 @@ void SetFusedThreads(int n_threads);
 // The threads the fused kernels' products split across in a call from the
 // calling thread now: SetFusedThreads(), or 1 while another thread's loop
 // holds the worker team (cpu::ParallelForThreads). The model service warns
-// at startup when --threads asks for more than this gives. Runs one empty
-// parallel loop; thread-safe.
+// at startup when --threads asks for more than this gives. Runs one
+// parallel loop whose parts wait (up to 2 s) for the threads to join;
+// thread-safe.
 int FusedThreadsInUse();
 
 // The calling thread's intra-op threads for both decode paths: libtorch's

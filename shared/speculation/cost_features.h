@@ -13,6 +13,7 @@
 #ifndef LEDE_SHARED_SPECULATION_COST_FEATURES_H_
 #define LEDE_SHARED_SPECULATION_COST_FEATURES_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,23 @@ struct CostTables {
 // accelerator model of a model with L layers and an LM head of h
 // layer-equivalents: probe = h / L, layer = 1, verify = 0.
 CostFeatures CostFeaturesOfTables(const CostTables& tables);
+
+// The exit layer at which the verify feature prices a verification (M =
+// floor(L / 2)): CostFeaturesOf takes Verify(M, K), and a served profile's
+// verification line counts drafts at M (MiddleExitLayerDrafts).
+inline int64_t MiddleExitLayer(int64_t n_layers) { return n_layers / 2; }
+
+// K drafts verified at exit layer E, counted as drafts verified at the
+// middle exit layer M: K (L - E + h) / (L - M + h), the blocks and LM head
+// (h layer-equivalents) each drafted row runs through in the verifier, as a
+// share of those at M (proto/lede/v1/experience.proto CostProfile
+// verify_slope_s). One scale for the served meter (experience::
+// ServedCostMeter) and the cost model priced from it (model::cost::
+// MakeServedCostModel).
+inline double MiddleExitLayerDrafts(int64_t n_layers, double head_layers, int64_t exit_layer, int64_t n_drafts) {
+  const double L = static_cast<double>(n_layers), M = static_cast<double>(MiddleExitLayer(n_layers));
+  return static_cast<double>(n_drafts) * (L - static_cast<double>(exit_layer) + head_layers) / (L - M + head_layers);
+}
 
 // OK when every feature of `f` is finite and >= 0; otherwise
 // kInvalidArgument naming the first that is not as `field_prefix` +

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "shared/model/cost/internal/median.h"
+#include "shared/speculation/cost_features.h"
 #include "shared/status/status_macros.h"
 
 namespace lede::model::cost {
@@ -312,8 +313,7 @@ class ServedCostModel : public CostModel {
   double Verify(int64_t e, int64_t k) const override {
     if (k <= 0) return 1.0;
     if (intercept_ > 0) {  // the line, on drafts verified at the middle exit layer
-      const double L = static_cast<double>(n_layers_), M = static_cast<double>(n_layers_ / 2);
-      const double drafts = static_cast<double>(k) * (L - static_cast<double>(e) + h_) / (L - M + h_);
+      const double drafts = speculation::MiddleExitLayerDrafts(n_layers_, h_, e, k);
       return std::max(unit_, intercept_ + slope_ * drafts) / unit_;
     }
     if (k < static_cast<int64_t>(verify_.size()) && verify_[k] > 0) return verify_[k] / unit_;
