@@ -87,7 +87,7 @@ struct KvCacheOptions {
   c10::Device device = c10::kCPU;
   c10::ScalarType dtype = c10::kFloat;  // the exit-hidden scratch's (the compute dtype)
   // K and V's storage; Undefined = dtype. The fused CPU path reads float32
-  // and bfloat16 K/V (cpu::AttendPagedGroup, AttendPagedGroupBf16), converting a
+  // and bfloat16 K/V (cpu::AttendPagedRows, AttendPagedRowsBf16), converting a
   // float32 position's K/V to bfloat16 (round to nearest even) as it writes
   // it; the eager path converts whole tensors. bfloat16 halves the pool.
   c10::ScalarType kv_dtype = c10::ScalarType::Undefined;

@@ -58,7 +58,7 @@ at::Tensor InverseFrequencies(const checkpoint::ModelConfig& c) {
 // on distinct slots from distinct threads). Each buffer grows to the largest
 // shape seen and is then reused: no allocation per step after warm-up.
 struct FusedScratch {
-  std::vector<float> xn, qkv, attn, h13, ffn, scores;
+  std::vector<float> xn, qkv, attn, h13, ffn;
   std::vector<int64_t> row_slot, row_pos;  // per row of a ragged call: its slot and position
 };
 
@@ -373,7 +373,6 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
   float* h13 = Grow(ws.h13, N * 2 * F);
   float* ffn = Grow(ws.ffn, N * F);
   const int64_t n_threads = N > 1 ? fused_threads : 1;
-  float* scores = Grow(ws.scores, G * max_keys * n_threads);  // G score rows per thread
   if (static_cast<int64_t>(ws.row_slot.size()) < N) {
     ws.row_slot.resize(N);
     ws.row_pos.resize(N);
@@ -406,20 +405,23 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
         kv.Store(segs[s].slot, pos, r + H * hd, r + (H + Hkv) * hd);
       }
     }
-    // Attention: row t of a segment sees its slot's positions [0, start + t]
-    // (rows split across the SetFusedThreads() threads; each row alone).
-    auto attend = [&](int thread, int64_t r0, int64_t r1) {
-      float* sc = scores + thread * G * max_keys;
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t n_keys = row_pos[r] + 1;
-        const float* q = qkv + r * QKV;
+    // Attention: row t of a segment sees its slot's positions [0, start + t].
+    // A thread's rows of one segment attend together (each K/V row read once
+    // for all of them; a row's output does not depend on which rows join it).
+    auto attend = [&](int, int64_t r0, int64_t r1) {
+      for (int64_t a = r0, e; a < r1; a = e) {
+        for (e = a + 1; e < r1 && row_slot[e] == row_slot[a] && row_pos[e] == row_pos[e - 1] + 1;) ++e;
         // Query heads kvh * G .. kvh * G + G - 1 share kv head kvh (GQA).
         for (int64_t kvh = 0; kvh < Hkv; ++kvh) {
-          kv.AttendGroup(q + kvh * G * hd, G, row_slot[r], kvh, n_keys, sc, attn + (r * H + kvh * G) * hd);
+          kv.AttendRows(qkv + a * QKV + kvh * G * hd, QKV, e - a, G, row_slot[a], kvh, row_pos[a] + 1,
+                        attn + (a * H + kvh * G) * hd, H * hd);
         }
       }
     };
-    cpu::ParallelFor(static_cast<int>(n_threads), N, 1, attend);
+    // About two chunks a thread (the team balances them), at most 32 rows
+    // (a chunk's score rows are its scratch: 32 x G x the context).
+    const int64_t attend_grain = std::clamp<int64_t>((N + 2 * n_threads - 1) / (2 * n_threads), 1, 32);
+    cpu::ParallelFor(static_cast<int>(n_threads), N, attend_grain, attend);
     RaggedMatMul(attn, segs, n_segs, H * hd, RawOrNull(w.wo), PackedOrNull(w.wo, w.wo_packed),
                  d, x, /*accumulate=*/true);
     cpu::RmsNorm(x, w.ffn_norm.data_ptr<float>(), N, d, eps, xn);

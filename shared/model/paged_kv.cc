@@ -25,16 +25,17 @@ void PagedKv::Store(int64_t slot, int64_t pos, const float* k, const float* v) c
   }
 }
 
-void PagedKv::AttendGroup(const float* q, int64_t G, int64_t slot, int64_t kvh, int64_t n_keys, float* scores,
-                          float* out) const {
+void PagedKv::AttendRows(const float* q, int64_t q_stride, int64_t R, int64_t G, int64_t slot, int64_t kvh,
+                         int64_t n_keys0, float* out, int64_t out_stride) const {
   const int64_t* blocks = table_ + slot * MB_;
   const int64_t head = kvh * P_ * hd_, stride = Hkv_ * P_ * hd_;
   if (bf16_) {
-    cpu::AttendPagedGroupBf16(q, G, static_cast<const uint16_t*>(k_) + head, static_cast<const uint16_t*>(v_) + head,
-                              blocks, stride, P_, n_keys, hd_, scores, out);
+    cpu::AttendPagedRowsBf16(q, q_stride, R, G, static_cast<const uint16_t*>(k_) + head,
+                             static_cast<const uint16_t*>(v_) + head, blocks, stride, P_, n_keys0, hd_, out,
+                             out_stride);
   } else {
-    cpu::AttendPagedGroup(q, G, static_cast<const float*>(k_) + head, static_cast<const float*>(v_) + head, blocks,
-                          stride, P_, n_keys, hd_, scores, out);
+    cpu::AttendPagedRows(q, q_stride, R, G, static_cast<const float*>(k_) + head, static_cast<const float*>(v_) + head,
+                         blocks, stride, P_, n_keys0, hd_, out, out_stride);
   }
 }
 

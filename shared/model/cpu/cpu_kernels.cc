@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "shared/model/cpu/cpu_quant_kernels.h"  // Bf16ToFloat
 
@@ -276,16 +277,18 @@ void AttendPagedBf16(const float* q, const uint16_t* keys, const uint16_t* value
   LEDE_DISPATCH(AttendPaged(q, keys, values, blocks, block_stride, block_tokens, n_keys, hd, scores, out));
 }
 
-void AttendPagedGroup(const float* q, int64_t G, const float* keys, const float* values, const int64_t* blocks,
-                      int64_t block_stride, int64_t block_tokens, int64_t n_keys, int64_t hd, float* scores,
-                      float* out) {
-  LEDE_DISPATCH(AttendPagedGroup(q, G, keys, values, blocks, block_stride, block_tokens, n_keys, hd, scores, out));
+void AttendPagedRows(const float* q, int64_t q_stride, int64_t R, int64_t G, const float* keys,
+                     const float* values, const int64_t* blocks, int64_t block_stride, int64_t block_tokens,
+                     int64_t n_keys0, int64_t hd, float* out, int64_t out_stride) {
+  LEDE_DISPATCH(AttendPagedRows(q, q_stride, R, G, keys, values, blocks, block_stride, block_tokens, n_keys0, hd,
+                                out, out_stride));
 }
 
-void AttendPagedGroupBf16(const float* q, int64_t G, const uint16_t* keys, const uint16_t* values,
-                          const int64_t* blocks, int64_t block_stride, int64_t block_tokens, int64_t n_keys,
-                          int64_t hd, float* scores, float* out) {
-  LEDE_DISPATCH(AttendPagedGroup(q, G, keys, values, blocks, block_stride, block_tokens, n_keys, hd, scores, out));
+void AttendPagedRowsBf16(const float* q, int64_t q_stride, int64_t R, int64_t G, const uint16_t* keys,
+                         const uint16_t* values, const int64_t* blocks, int64_t block_stride, int64_t block_tokens,
+                         int64_t n_keys0, int64_t hd, float* out, int64_t out_stride) {
+  LEDE_DISPATCH(AttendPagedRows(q, q_stride, R, G, keys, values, blocks, block_stride, block_tokens, n_keys0, hd,
+                                out, out_stride));
 }
 
 }  // namespace lede::model::cpu

@@ -133,21 +133,37 @@ void AttendPaged(const float* q, const float* keys, const float* values, const i
 // AttendPaged over bfloat16 K/V (the pool's default storage): each key and
 // value widened to float32 (exact) as it is read; the arithmetic is
 // AttendPaged's on the widened values. The engine attends through
-// AttendPagedGroup(Bf16); these two are its per-head reference (tests).
+// AttendPagedRows(Bf16); these two are its per-head reference (tests).
 void AttendPagedBf16(const float* q, const uint16_t* keys, const uint16_t* values, const int64_t* blocks,
                      int64_t block_stride, int64_t block_tokens, int64_t n_keys, int64_t hd, float* scores,
                      float* out);
-// AttendPaged for the G query heads that share one KV head (grouped-query
-// attention, GQA): q [G, hd], out [G, hd], scores [G, n_keys] scratch. Each
-// key and value row is read, and for bfloat16 widened, once for all G heads
-// instead of once per head; each head's row is AttendPaged's for that head
-// to float32 rounding (the same operations in the same order). hd <= 256.
-void AttendPagedGroup(const float* q, int64_t G, const float* keys, const float* values, const int64_t* blocks,
-                      int64_t block_stride, int64_t block_tokens, int64_t n_keys, int64_t hd, float* scores,
-                      float* out);
-void AttendPagedGroupBf16(const float* q, int64_t G, const uint16_t* keys, const uint16_t* values,
-                          const int64_t* blocks, int64_t block_stride, int64_t block_tokens, int64_t n_keys,
-                          int64_t hd, float* scores, float* out);
+// AttendPaged for R consecutive query rows of one slot and the G query
+// heads of each that share one KV head (grouped-query attention, GQA): row
+// r (q + r q_stride: [G, hd] float32) sits at position n_keys0 - 1 + r and
+// sees keys [0, n_keys0 + r) (causal); its output goes to out + r
+// out_stride ([G, hd] float32). A decode step is R = 1; a verification or
+// a prefill chunk passes its rows together.
+//
+// The keys are read in tiles of 16 KB of float32 rows (widened once per
+// call from bfloat16), so each K and V row is read once for all R x G
+// heads; the scores are taken eight keys at a time. Every score, exponential
+// and output lane is AttendPaged's, by the same operations in the same
+// order, so each head's output is AttendPaged's for that head to float32
+// rounding (bitwise on float32 blocks where the compiler contracts both
+// alike) and a row's output never depends on R or on the other rows: a
+// verification sees what one-position decoding sees. Requires n_keys0 >= 1.
+// Any hd (a multiple of 8 takes the vector path; others go a head at a
+// time through AttendPaged).
+//
+// Threading: scratch (the tile, R x G score rows) is the calling thread's,
+// grown to the largest call and reused (no allocation per step after
+// warm-up); concurrent calls on different threads are independent.
+void AttendPagedRows(const float* q, int64_t q_stride, int64_t R, int64_t G, const float* keys,
+                     const float* values, const int64_t* blocks, int64_t block_stride, int64_t block_tokens,
+                     int64_t n_keys0, int64_t hd, float* out, int64_t out_stride);
+void AttendPagedRowsBf16(const float* q, int64_t q_stride, int64_t R, int64_t G, const uint16_t* keys,
+                         const uint16_t* values, const int64_t* blocks, int64_t block_stride, int64_t block_tokens,
+                         int64_t n_keys0, int64_t hd, float* out, int64_t out_stride);
 
 // sum_i a[i] b[i] (vectorized; for tests and the roofline loop).
 float Dot(const float* a, const float* b, int64_t n);

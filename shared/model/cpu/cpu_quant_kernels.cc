@@ -282,31 +282,50 @@ void Bf16Rows(const float* x, int64_t n, int64_t in, const uint16_t* packed, int
   }
 }
 
-// One row of X (quantized) against one packed Q8_0 block of 4 rows:
-// |x| (u8) times w with x's sign (s8) by vpmaddubsw (pairs summed to int16,
-// at most 2 * 127 * 127: no saturation), pairs of those by vpmaddwd into 8
-// int32 lanes, scaled into float32 lanes.
-void Q8Block(const int8_t* xq, const float* xd, int64_t nb, const uint8_t* g, float* yr, int64_t o,
-             int64_t valid, bool accumulate) {
-  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+// R rows of X (quantized, R = 1 or 2) against one packed Q8_0 block of 4
+// rows: |x| (u8) times w with x's sign (s8) by vpmaddubsw (pairs summed to
+// int16, at most 2 * 127 * 127: no saturation), pairs of those by vpmaddwd
+// into 8 int32 lanes, scaled into float32 lanes. Two rows share each load
+// of the weights (a prefill or a verification); each row's operations and
+// their order are the one-row kernel's, so a row's output does not depend
+// on R (bitwise).
+template <int R>
+void Q8Block(const int8_t* xq, int64_t in, const float* xd, int64_t nb, const uint8_t* g, float* y, int64_t ldy,
+             int64_t o, int64_t valid, bool accumulate) {
+  __m256 a[R][4];
+  #pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) a[r][k] = _mm256_setzero_ps();
+  }
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t j = 0; j < nb; ++j, g += kQ8PackedGroup) {
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + j * kQ8Block));
-    const __m256i ax = _mm256_abs_epi8(xv);
-    alignas(16) float sc[4];
-    _mm_store_ps(sc, _mm_mul_ps(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(g))),
-                                _mm_set1_ps(xd[j])));
+    __m256i xv[R], ax[R];
+    alignas(16) float sc[R][4];
+    const __m128 dw = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(g)));
     #pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      xv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * in + j * kQ8Block));
+      ax[r] = _mm256_abs_epi8(xv[r]);
+      _mm_store_ps(sc[r], _mm_mul_ps(dw, _mm_set1_ps(xd[r * nb + j])));
+    }
+    #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) {
       const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 8 + kQ8Block * k));
-      const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w, xv)), ones);
-      a[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(sc[k]), a[k]);
+      #pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax[r], _mm256_sign_epi8(w, xv[r])), ones);
+        a[r][k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(sc[r][k]), a[r][k]);
+      }
     }
   }
-  float s[4];
   #pragma GCC unroll 8
-  for (int k = 0; k < 4; ++k) s[k] = Hsum(a[k]);
-  StoreBlock(yr, o, valid, s, accumulate);
+  for (int r = 0; r < R; ++r) {
+    float s[4];
+    #pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) s[k] = Hsum(a[r][k]);
+    StoreBlock(y + r * ldy, o, valid, s, accumulate);
+  }
 }
 
 void Q8Rows(const int8_t* xq, const float* xd, int64_t n, int64_t in, const uint8_t* packed, int64_t out,
@@ -315,7 +334,9 @@ void Q8Rows(const int8_t* xq, const float* xd, int64_t n, int64_t in, const uint
   for (int64_t o = 0; o < out; o += 4) {
     const uint8_t* g = packed + PackedQ8_0Offset(o, in);
     const int64_t valid = std::min<int64_t>(4, out - o);
-    for (int64_t r = 0; r < n; ++r) Q8Block(xq + r * in, xd + r * nb, nb, g, y + r * ldy, o, valid, accumulate);
+    int64_t r = 0;
+    for (; r + 2 <= n; r += 2) Q8Block<2>(xq + r * in, in, xd + r * nb, nb, g, y + r * ldy, ldy, o, valid, accumulate);
+    if (r < n) Q8Block<1>(xq + r * in, in, xd + r * nb, nb, g, y + r * ldy, ldy, o, valid, accumulate);
   }
 }
 

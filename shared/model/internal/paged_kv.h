@@ -36,11 +36,12 @@ class PagedKv {
   // the slot's block (rounded to bfloat16 for a bfloat16 pool).
   void Store(int64_t slot, int64_t pos, const float* k, const float* v) const;
 
-  // Attention of the G query heads of kv head kvh (q [G, hd]) over the
-  // slot's first n_keys positions (cpu::AttendPagedGroup); out [G, hd],
-  // scores [G, n_keys] scratch.
-  void AttendGroup(const float* q, int64_t G, int64_t slot, int64_t kvh, int64_t n_keys, float* scores,
-                   float* out) const;
+  // Attention of R consecutive query rows of the slot (row r at position
+  // n_keys0 - 1 + r, its G query heads of kv head kvh at q + r q_stride,
+  // [G, hd]) over the slot's positions [0, n_keys0 + r)
+  // (cpu::AttendPagedRows); row r's output at out + r out_stride, [G, hd].
+  void AttendRows(const float* q, int64_t q_stride, int64_t R, int64_t G, int64_t slot, int64_t kvh,
+                  int64_t n_keys0, float* out, int64_t out_stride) const;
 
  private:
   void* k_;

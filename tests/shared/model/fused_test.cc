@@ -199,35 +199,52 @@ TEST(CpuKernelsTest, AttendPagedMatchesAttendOneOnTheSameKeys) {
   }
 }
 
-// Grouped-query attention: AttendPagedGroup over G query heads is
-// AttendPaged for each head, on float32 and bfloat16 blocks, for the head
-// dimensions of the vector path and one that falls back to a head at a time.
-TEST(CpuKernelsTest, AttendPagedGroupIsAttendPagedPerHead) {
+// Grouped-query attention over R rows: AttendPagedRows is AttendPaged for
+// each row and head (row r sees n_keys0 + r keys), on float32 and bfloat16
+// blocks, for the head dimensions of the vector path and one that goes a
+// head at a time; and each row's output is bitwise the same as when that
+// row attends alone (R = 1), so a verification sees what decoding sees.
+TEST(CpuKernelsTest, AttendPagedRowsIsAttendPagedPerRowAndHead) {
   std::mt19937 rng(4);
-  for (int64_t hd : {12, 32, 64}) {
+  for (int64_t hd : {12, 32, 64, 128}) {
     for (int64_t G : {1, 4}) {
-      const int64_t P = 8, n_keys = 21, n_blocks = 3, stride = P * hd;
-      const std::vector<int64_t> blocks = {2, 0, 1};
-      std::vector<float> q = RandomVector(G * hd, rng), k = RandomVector(n_blocks * stride, rng);
-      std::vector<float> v = RandomVector(n_blocks * stride, rng);
-      std::vector<uint16_t> kb(k.size()), vb(v.size());
-      for (size_t i = 0; i < k.size(); ++i) {
-        kb[i] = cpu::FloatToBf16(k[i]);
-        vb[i] = cpu::FloatToBf16(v[i]);
-      }
-      std::vector<float> scores(G * n_keys), got(G * hd), got16(G * hd), want(hd), want16(hd);
-      cpu::AttendPagedGroup(q.data(), G, k.data(), v.data(), blocks.data(), stride, P, n_keys, hd, scores.data(),
-                            got.data());
-      cpu::AttendPagedGroupBf16(q.data(), G, kb.data(), vb.data(), blocks.data(), stride, P, n_keys, hd,
-                                scores.data(), got16.data());
-      for (int64_t g = 0; g < G; ++g) {
-        cpu::AttendPaged(q.data() + g * hd, k.data(), v.data(), blocks.data(), stride, P, n_keys, hd, scores.data(),
-                         want.data());
-        cpu::AttendPagedBf16(q.data() + g * hd, kb.data(), vb.data(), blocks.data(), stride, P, n_keys, hd,
-                             scores.data(), want16.data());
-        for (int64_t i = 0; i < hd; ++i) {
-          EXPECT_NEAR(got[g * hd + i], want[i], 1e-6 * (1.0 + std::abs(want[i]))) << "hd=" << hd << " G=" << G;
-          EXPECT_NEAR(got16[g * hd + i], want16[i], 1e-6 * (1.0 + std::abs(want16[i]))) << "hd=" << hd << " G=" << G;
+      for (int64_t n_keys0 : {1, 5, 21}) {
+        const int64_t P = 8, R = 11, n_blocks = 5, stride = P * hd;  // 5 blocks hold n_keys0 + R - 1 <= 31 keys
+        const std::vector<int64_t> blocks = {2, 0, 4, 1, 3};
+        const int64_t q_stride = G * hd + 3, out_stride = G * hd + 5;  // rows padded apart
+        std::vector<float> q = RandomVector(R * q_stride, rng), k = RandomVector(n_blocks * stride, rng);
+        std::vector<float> v = RandomVector(n_blocks * stride, rng);
+        std::vector<uint16_t> kb(k.size()), vb(v.size());
+        for (size_t i = 0; i < k.size(); ++i) {
+          kb[i] = cpu::FloatToBf16(k[i]);
+          vb[i] = cpu::FloatToBf16(v[i]);
+        }
+        std::vector<float> got(R * out_stride), got16(R * out_stride), alone(G * hd), alone16(G * hd);
+        cpu::AttendPagedRows(q.data(), q_stride, R, G, k.data(), v.data(), blocks.data(), stride, P, n_keys0, hd,
+                             got.data(), out_stride);
+        cpu::AttendPagedRowsBf16(q.data(), q_stride, R, G, kb.data(), vb.data(), blocks.data(), stride, P, n_keys0,
+                                 hd, got16.data(), out_stride);
+        std::vector<float> scores(n_keys0 + R), want(hd), want16(hd);
+        for (int64_t r = 0; r < R; ++r) {
+          const int64_t n_keys = n_keys0 + r;
+          cpu::AttendPagedRows(q.data() + r * q_stride, q_stride, 1, G, k.data(), v.data(), blocks.data(), stride, P,
+                               n_keys, hd, alone.data(), G * hd);
+          cpu::AttendPagedRowsBf16(q.data() + r * q_stride, q_stride, 1, G, kb.data(), vb.data(), blocks.data(),
+                                   stride, P, n_keys, hd, alone16.data(), G * hd);
+          for (int64_t g = 0; g < G; ++g) {
+            const float* qg = q.data() + r * q_stride + g * hd;
+            cpu::AttendPaged(qg, k.data(), v.data(), blocks.data(), stride, P, n_keys, hd, scores.data(), want.data());
+            cpu::AttendPagedBf16(qg, kb.data(), vb.data(), blocks.data(), stride, P, n_keys, hd, scores.data(),
+                                 want16.data());
+            for (int64_t i = 0; i < hd; ++i) {
+              const int64_t at = r * out_stride + g * hd + i;
+              SCOPED_TRACE(::testing::Message() << "hd=" << hd << " G=" << G << " n_keys0=" << n_keys0 << " r=" << r);
+              EXPECT_NEAR(got[at], want[i], 1e-6 * (1.0 + std::abs(want[i])));
+              EXPECT_NEAR(got16[at], want16[i], 1e-6 * (1.0 + std::abs(want16[i])));
+              EXPECT_EQ(got[at], alone[g * hd + i]);
+              EXPECT_EQ(got16[at], alone16[g * hd + i]);
+            }
+          }
         }
       }
     }

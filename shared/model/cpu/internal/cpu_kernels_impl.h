@@ -350,57 +350,215 @@ void AttendPaged(const float* q, const T* keys, const T* values, const int64_t* 
   });
 }
 
-// A K/V row as float32: the row itself (float32 storage), or widened into
-// `buf` (bfloat16 storage).
-inline const float* RowAsFloat(const float* row, int64_t, float*) { return row; }
-inline const float* RowAsFloat(const uint16_t* row, int64_t hd, float* buf) {
-  int64_t i = 0;
-  for (; i + 8 <= hd; i += 8) {
-    const F8 v = Load8(row + i);
-    std::memcpy(buf + i, &v, sizeof(v));
+// Lane j of the result is Sum8(v[j]), bitwise: the same additions in the
+// same tree ((v0 + v4) + (v1 + v5)) + ((v2 + v6) + (v3 + v7)), done for
+// eight vectors at once by shuffles (no horizontal sum per vector).
+inline F8 Sum8Each(const F8* v) {
+  F8 a[4], b[2];
+  for (int p = 0; p < 4; ++p) {  // [v_2p[m] + v_2p[m + 4], v_2p+1[m] + v_2p+1[m + 4]], m < 4
+    a[p] = __builtin_shufflevector(v[2 * p], v[2 * p + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+           __builtin_shufflevector(v[2 * p], v[2 * p + 1], 4, 5, 6, 7, 12, 13, 14, 15);
   }
-  for (; i < hd; ++i) buf[i] = Widen(row[i]);
-  return buf;
+  for (int h = 0; h < 2; ++h) {  // per vector: (a0 + a1), (a2 + a3)
+    b[h] = __builtin_shufflevector(a[2 * h], a[2 * h + 1], 0, 2, 4, 6, 8, 10, 12, 14) +
+           __builtin_shufflevector(a[2 * h], a[2 * h + 1], 1, 3, 5, 7, 9, 11, 13, 15);
+  }
+  return __builtin_shufflevector(b[0], b[1], 0, 2, 4, 6, 8, 10, 12, 14) +
+         __builtin_shufflevector(b[0], b[1], 1, 3, 5, 7, 9, 11, 13, 15);
 }
 
-// cpu_kernels.h AttendPagedGroup: AttendPaged's three passes (scores, exp
-// and sum, weighted values) for G query heads at once, each K/V row read
-// once; the output rows accumulate in `out` in AttendPaged's order.
+// q against the eight contiguous float32 rows k [8, hd] (hd % 8 == 0): lane
+// j is bitwise DotKv(q, k + j hd, hd). kHd > 0: hd == kHd at compile time
+// (the loops unrolled, the eight keys' products interleaved).
+template <int kHd>
+inline F8 Dot8Rows(const float* q, const float* k, int64_t hd) {
+  if (kHd > 0) hd = kHd;
+  F8 v[8];
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) {
+    const float* b = k + j * hd;
+    F8 acc0 = {}, acc1 = {};
+    int64_t i = 0;
+#pragma GCC unroll 8
+    for (; i + 16 <= hd; i += 16) {
+      acc0 += Load8(q + i) * Load8(b + i);
+      acc1 += Load8(q + i + 8) * Load8(b + i + 8);
+    }
+    for (; i + 8 <= hd; i += 8) acc0 += Load8(q + i) * Load8(b + i);
+    v[j] = acc0 + acc1;
+  }
+  return Sum8Each(v);
+}
+
+// Rows [j0, j1) of one KV head of a paged slot as float32 rows dst
+// [j1 - j0, hd] (bfloat16 widened: exact), zero rows after them up to a
+// multiple of 8.
 template <typename T>
-void AttendPagedGroup(const float* q, int64_t G, const T* keys, const T* values, const int64_t* blocks,
-                      int64_t block_stride, int64_t P, int64_t n_keys, int64_t hd, float* scores, float* out) {
-  constexpr int64_t kMaxHd = 256;
-  alignas(32) float buf[kMaxHd];
-  float m[64];
-  if (G > 64 || hd > kMaxHd || hd % 8 != 0) {  // not a Llama-family group: one head at a time
-    for (int64_t g = 0; g < G; ++g) {
-      AttendPaged(q + g * hd, keys, values, blocks, block_stride, P, n_keys, hd, scores, out + g * hd);
+void GatherRows(const T* base, const int64_t* blocks, int64_t block_stride, int64_t P, int64_t j0, int64_t j1,
+                int64_t hd, float* dst) {
+  for (int64_t j = j0; j < j1; ++j, dst += hd) {
+    const T* row = base + blocks[j / P] * block_stride + (j % P) * hd;
+    for (int64_t i = 0; i < hd; i += 8) {
+      const F8 v = Load8(row + i);
+      std::memcpy(dst + i, &v, sizeof(v));
+    }
+  }
+  for (int64_t j = j1; (j - j0) % 8 != 0; ++j, dst += hd) std::memset(dst, 0, hd * sizeof(float));
+}
+
+// For each of kHeads output rows h: out[h] += p_hj v_j for j in [j0, j1),
+// p_hj = scores[h][j] inv[h], v_j row j - j0 of tile, each out[h] kChunks =
+// hd / 8 vectors kept in registers across the keys (several heads at once:
+// independent chains of multiply-adds), or kChunks = 0: hd / 8 vectors
+// added in memory (other head dimensions). Each output lane sums its terms
+// in key order, as AttendPaged.
+template <int kChunks, int kHeads>
+void AccumulateValues(const float* const* scores, const float* inv, const float* tile, int64_t j0, int64_t j1,
+                      int64_t hd, bool first, float* const* out) {
+  if (kChunks == 0) {
+    for (int h = 0; h < kHeads; ++h) {
+      if (first) std::memset(out[h], 0, hd * sizeof(float));
+      for (int64_t j = j0; j < j1; ++j) {
+        const F8 p = F8{} + scores[h][j] * inv[h];
+        const float* v = tile + (j - j0) * hd;
+        for (int64_t c = 0; c < hd; c += 8) {
+          const F8 acc = Load8(out[h] + c) + p * Load8(v + c);
+          std::memcpy(out[h] + c, &acc, sizeof(acc));
+        }
+      }
     }
     return;
   }
-  for (int64_t g = 0; g < G; ++g) m[g] = -INFINITY;
-  ForEachRow(keys, blocks, block_stride, P, n_keys, hd, [&](int64_t j, const T* row) {
-    const float* k = RowAsFloat(row, hd, buf);
-    for (int64_t g = 0; g < G; ++g) {
-      const float s = DotKv(q + g * hd, k, hd);
-      scores[g * n_keys + j] = s;
-      m[g] = s > m[g] ? s : m[g];
+  constexpr int kC = kChunks > 0 ? kChunks : 1;
+  F8 acc[kHeads][kC] = {};
+  if (!first) {
+    for (int h = 0; h < kHeads; ++h) std::memcpy(acc[h], out[h], sizeof(acc[h]));
+  }
+  for (int64_t j = j0; j < j1; ++j) {
+    const float* v = tile + (j - j0) * hd;
+#pragma GCC unroll 4
+    for (int h = 0; h < kHeads; ++h) {
+      const F8 p = F8{} + scores[h][j] * inv[h];
+#pragma GCC unroll 16
+      for (int c = 0; c < kC; ++c) acc[h][c] += p * Load8(v + 8 * c);
     }
-  });
-  float inv[64];
-  for (int64_t g = 0; g < G; ++g) inv[g] = ExpAndNormalizer(scores + g * n_keys, n_keys, m[g]);
-  std::memset(out, 0, G * hd * sizeof(float));
-  ForEachRow(values, blocks, block_stride, P, n_keys, hd, [&](int64_t j, const T* row) {
-    const float* v = RowAsFloat(row, hd, buf);
-    for (int64_t g = 0; g < G; ++g) {
-      const F8 p = F8{} + scores[g * n_keys + j] * inv[g];
-      float* o = out + g * hd;
-      for (int64_t c = 0; c < hd; c += 8) {
-        const F8 acc = Load8(o + c) + p * Load8(v + c);
-        std::memcpy(o + c, &acc, sizeof(acc));
+  }
+  for (int h = 0; h < kHeads; ++h) std::memcpy(out[h], acc[h], sizeof(acc[h]));
+}
+
+// The scratch of AttendPagedRows on the calling thread: one tile of K or V
+// rows as float32, the scores of every (row, head) and their softmax
+// normalizers. Grown, then reused.
+struct AttendScratch {
+  std::vector<float> tile, scores, inv;
+};
+
+inline AttendScratch& AttendScratchOfThread() {
+  thread_local AttendScratch scratch;
+  return scratch;
+}
+
+// cpu_kernels.h AttendPagedRows: AttendPaged's three passes (scores, exp
+// and sum, weighted values) for R rows x G query heads, over tiles of the
+// slot's keys (each K and V row read, and widened, once per call); every
+// score, exponential and output lane is computed by AttendPaged's
+// operations in its order, so a row's output does not depend on R.
+template <typename T>
+void AttendPagedRows(const float* q, int64_t q_stride, int64_t R, int64_t G, const T* keys, const T* values,
+                     const int64_t* blocks, int64_t block_stride, int64_t P, int64_t n_keys0, int64_t hd,
+                     float* out, int64_t out_stride) {
+  if (R <= 0 || G <= 0) return;
+  AttendScratch& s = AttendScratchOfThread();
+  const int64_t n_max = n_keys0 + R - 1, n_pad = (n_max + 7) / 8 * 8;
+  if (hd % 8 != 0) {  // not a vector head dimension: each head alone
+    if (static_cast<int64_t>(s.scores.size()) < n_max) s.scores.resize(n_max);
+    for (int64_t r = 0; r < R; ++r) {
+      for (int64_t g = 0; g < G; ++g) {
+        AttendPaged(q + r * q_stride + g * hd, keys, values, blocks, block_stride, P, n_keys0 + r, hd,
+                    s.scores.data(), out + r * out_stride + g * hd);
       }
     }
-  });
+    return;
+  }
+  // Keys per tile: 16 KB of float32 rows (L1), a multiple of 8.
+  const int64_t tile_keys = std::max<int64_t>(8, 4096 / hd / 8 * 8);
+  if (static_cast<int64_t>(s.tile.size()) < tile_keys * hd) s.tile.resize(tile_keys * hd);
+  if (static_cast<int64_t>(s.scores.size()) < R * G * n_pad) s.scores.resize(R * G * n_pad);
+  float* tile = s.tile.data();
+  float* scores = s.scores.data();  // row r, head g: scores + (r G + g) n_pad
+  // Scores, eight keys at a time (lanes past a row's keys are never read).
+  for (int64_t j0 = 0; j0 < n_max; j0 += tile_keys) {
+    const int64_t j1 = std::min(n_max, j0 + tile_keys);
+    GatherRows(keys, blocks, block_stride, P, j0, j1, hd, tile);
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t end = std::min(j1, n_keys0 + r);
+      for (int64_t g = 0; g < G; ++g) {
+        const float* qg = q + r * q_stride + g * hd;
+        float* sc = scores + (r * G + g) * n_pad;
+        for (int64_t j = j0; j < end; j += 8) {
+          F8 v;
+          switch (hd) {
+            case 32: v = Dot8Rows<32>(qg, tile + (j - j0) * hd, hd); break;
+            case 64: v = Dot8Rows<64>(qg, tile + (j - j0) * hd, hd); break;
+            case 128: v = Dot8Rows<128>(qg, tile + (j - j0) * hd, hd); break;
+            default: v = Dot8Rows<0>(qg, tile + (j - j0) * hd, hd); break;
+          }
+          std::memcpy(sc + j, &v, sizeof(v));
+        }
+      }
+    }
+  }
+  // Softmax of each (row, head) over its own keys (the max is exact in any
+  // order).
+  if (static_cast<int64_t>(s.inv.size()) < R * G) s.inv.resize(R * G);
+  float* inv = s.inv.data();
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t n = n_keys0 + r;
+    for (int64_t g = 0; g < G; ++g) {
+      float* sc = scores + (r * G + g) * n_pad;
+      F8 m8 = F8{} - INFINITY;
+      int64_t j = 0;
+      for (; j + 8 <= n; j += 8) {
+        const F8 v = Load8(sc + j);
+        m8 = v > m8 ? v : m8;
+      }
+      float m = -INFINITY;
+      for (int i = 0; i < 8; ++i) m = m8[i] > m ? m8[i] : m;
+      for (; j < n; ++j) m = sc[j] > m ? sc[j] : m;
+      inv[r * G + g] = ExpAndNormalizer(sc, n, m);
+    }
+  }
+  // Weighted values, tile by tile, each output row carried across tiles;
+  // hd 32 takes three heads at a time (four chains of multiply-adds alone
+  // would wait on their latency).
+  for (int64_t j0 = 0; j0 < n_max; j0 += tile_keys) {
+    const int64_t j1 = std::min(n_max, j0 + tile_keys);
+    GatherRows(values, blocks, block_stride, P, j0, j1, hd, tile);
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t end = std::min(j1, n_keys0 + r);
+      if (end <= j0) continue;
+      for (int64_t g = 0; g < G;) {
+        const float* sc[3];
+        float* o[3];
+        const int64_t heads = hd == 32 ? std::min<int64_t>(3, G - g) : 1;
+        for (int64_t h = 0; h < heads; ++h) {
+          sc[h] = scores + (r * G + g + h) * n_pad;
+          o[h] = out + r * out_stride + (g + h) * hd;
+        }
+        const float* iv = inv + r * G + g;
+        const bool first = j0 == 0;
+        switch (hd * 4 + heads) {  // the head dimensions of Llama-family models
+          case 32 * 4 + 3: AccumulateValues<4, 3>(sc, iv, tile, j0, end, hd, first, o); break;
+          case 32 * 4 + 2: AccumulateValues<4, 2>(sc, iv, tile, j0, end, hd, first, o); break;
+          case 32 * 4 + 1: AccumulateValues<4, 1>(sc, iv, tile, j0, end, hd, first, o); break;
+          case 64 * 4 + 1: AccumulateValues<8, 1>(sc, iv, tile, j0, end, hd, first, o); break;
+          case 128 * 4 + 1: AccumulateValues<16, 1>(sc, iv, tile, j0, end, hd, first, o); break;
+          default: AccumulateValues<0, 1>(sc, iv, tile, j0, end, hd, first, o); break;
+        }
+        g += heads;
+      }
+    }
+  }
 }
 
 // SwiGLU (cpu_kernels.h SiluMul) eight columns at a time: with
