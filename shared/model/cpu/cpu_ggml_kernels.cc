@@ -590,10 +590,14 @@ inline void Store(float v, bool accumulate, float* y) { *y = accumulate ? *y + v
 // Weight rows [0, rows) of one K-type run (row o at blocks + o row_bytes)
 // against rows [0, n) of X (4, 2 then 1 at a time), into y[r ldy + o]. One
 // call per run, so the per-row cost is the kernel's own (no dispatch per
-// weight row).
+// weight row). Many rows of X (a prefill chunk) go through kRowTile weight
+// rows at a time, so each group of 4 X rows is read from the cache once
+// per tile rather than once per weight row (X of a 512-token chunk is
+// larger than L2); each product is the same call either way.
 template <typename K>
 void RowsDirect(const uint8_t* blocks, size_t row_bytes, int64_t rows, int64_t nb, int64_t in, const int8_t* xq,
                 const float* xd, const int16_t* bs, int64_t n, float* y, int64_t ldy, bool accumulate) {
+  constexpr int64_t kRowTile = 16;
   const int64_t bs_stride = in / 16;
   if (n == 1) {
     for (int64_t o = 0; o < rows; ++o) {
@@ -603,21 +607,30 @@ void RowsDirect(const uint8_t* blocks, size_t row_bytes, int64_t rows, int64_t n
     }
     return;
   }
-  for (int64_t o = 0; o < rows; ++o) {
-    const uint8_t* w = blocks + static_cast<size_t>(o) * row_bytes;
+  for (int64_t t0 = 0; t0 < rows; t0 += kRowTile) {
+    const int64_t t1 = std::min(rows, t0 + kRowTile);
     float v[4];
     int64_t r = 0;
     for (; r + 4 <= n; r += 4) {
-      K::template Dot<4>(w, nb, in, xq + r * in, xd + r * nb, bs + r * bs_stride, v);
-      for (int j = 0; j < 4; ++j) Store(v[j], accumulate, y + (r + j) * ldy + o);
+      for (int64_t o = t0; o < t1; ++o) {
+        K::template Dot<4>(blocks + static_cast<size_t>(o) * row_bytes, nb, in, xq + r * in, xd + r * nb,
+                           bs + r * bs_stride, v);
+        for (int j = 0; j < 4; ++j) Store(v[j], accumulate, y + (r + j) * ldy + o);
+      }
     }
     for (; r + 2 <= n; r += 2) {
-      K::template Dot<2>(w, nb, in, xq + r * in, xd + r * nb, bs + r * bs_stride, v);
-      for (int j = 0; j < 2; ++j) Store(v[j], accumulate, y + (r + j) * ldy + o);
+      for (int64_t o = t0; o < t1; ++o) {
+        K::template Dot<2>(blocks + static_cast<size_t>(o) * row_bytes, nb, in, xq + r * in, xd + r * nb,
+                           bs + r * bs_stride, v);
+        for (int j = 0; j < 2; ++j) Store(v[j], accumulate, y + (r + j) * ldy + o);
+      }
     }
     if (r < n) {
-      K::template Dot<1>(w, nb, in, xq + r * in, xd + r * nb, bs + r * bs_stride, v);
-      Store(v[0], accumulate, y + r * ldy + o);
+      for (int64_t o = t0; o < t1; ++o) {
+        K::template Dot<1>(blocks + static_cast<size_t>(o) * row_bytes, nb, in, xq + r * in, xd + r * nb,
+                           bs + r * bs_stride, v);
+        Store(v[0], accumulate, y + r * ldy + o);
+      }
     }
   }
 }

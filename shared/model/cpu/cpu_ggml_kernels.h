@@ -29,7 +29,9 @@
 // AVX2 path reads Q4_0, Q4_K, Q5_K and Q6_K rows straight from their blocks
 // (one weight row against up to 4 rows of X per pass, so a step reads each
 // weight block once from memory for all its rows: decode, verification,
-// ragged batches): Q4_K / Q5_K scales and mins split with byte shuffles,
+// ragged batches; a prefill chunk's many X rows go through 16 weight rows
+// at a time, so X is read from the cache once per 16 weight rows): Q4_K /
+// Q5_K scales and mins split with byte shuffles,
 // each block's weight sum and min sum paired by one vphaddd and scaled by
 // one FMA into a float32 accumulator reduced once per row; Q4_0 two blocks
 // per step with the -8 offsets taken out through float sums of X.

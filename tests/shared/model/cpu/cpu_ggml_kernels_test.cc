@@ -1,7 +1,8 @@
 // Tests of shared/model/cpu/cpu_ggml_kernels.h: the fused products over
 // llama.cpp's block types equal the dequantize-then-multiply reference
 // within the activation rounding, for every type, 1, 3 and 8 rows, each
-// instruction set, mixed-type matrices and sub-ranges of the output rows.
+// instruction set, mixed-type matrices and sub-ranges of the output rows;
+// and a row's product does not depend on the rows beside it.
 #include "shared/model/cpu/cpu_ggml_kernels.h"
 
 #include <cmath>
@@ -70,6 +71,31 @@ TEST(GgmlKernelsTest, FusedEqualsDequantizedReferenceForEachType) {
         for (int64_t k = 0; k < n * out; ++k) {
           ASSERT_NEAR(y[k], ref[k], kRelTol * mag[k] + 1e-6)
               << checkpoint::GgmlTypeName(type) << " n=" << n << " " << QuantIsaName(isa) << " at " << k;
+        }
+      }
+    }
+  }
+}
+
+// A row of X gets the same product (bitwise) whatever rows are beside it:
+// 7 rows (4, 2 and 1 at a time through the kernels) over 37 weight rows
+// (more than one tile of weight rows) equal each row alone, so a
+// verification or a prefill chunk computes what decoding computes.
+TEST(GgmlKernelsTest, RowsDoNotDependOnTheRowsBesideThem) {
+  const int64_t in = 512, out = 37, n = 7;
+  for (GgmlType type : kTypes) {
+    std::vector<float> wf = Random(out * in, 17, 0.05f);
+    GgmlMatrix w(in);
+    ASSERT_TRUE(w.AppendQuantized(type, wf.data(), out));
+    std::vector<float> x = Random(n * in, 19, 1.0f);
+    for (QuantIsa isa : {QuantIsa::kPortable, BestQuantIsa()}) {
+      std::vector<float> y(static_cast<size_t>(n * out)), one(static_cast<size_t>(out));
+      MatMulRowsGgml(x.data(), n, in, w, 0, out, y.data(), out, /*accumulate=*/false, isa);
+      for (int64_t r = 0; r < n; ++r) {
+        MatMulRowsGgml(x.data() + r * in, 1, in, w, 0, out, one.data(), out, /*accumulate=*/false, isa);
+        for (int64_t o = 0; o < out; ++o) {
+          ASSERT_EQ(y[r * out + o], one[o])
+              << checkpoint::GgmlTypeName(type) << " " << QuantIsaName(isa) << " row " << r << " weight row " << o;
         }
       }
     }
