@@ -530,7 +530,12 @@ void DotQ6KDirect(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, 
 // into [b0, b0, b1, b1 | b0, b0, b1, b1] lanes, one FMA by the scales. The
 // -8 leaves through c (8 x sum of x q x x scale per block), dotted with
 // the weight scales.
-float DotQ4_0Direct(const uint8_t* row, int64_t nb, const int8_t* xq, const float* xd, const float* c) {
+// R rows of X (row r at xq + r in, xd + r nb, c + r nb) share each
+// block's nibbles and scales; each row's operations are the one-row
+// kernel's, in its order.
+template <int R>
+void DotQ4_0Direct(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const float* c,
+                   float* out) {
   const __m256i m4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
   const __m256i kShift = _mm256_setr_epi64x(0, 0, 4, 4);
   const __m256i kPairs = _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1);
@@ -538,39 +543,55 @@ float DotQ4_0Direct(const uint8_t* row, int64_t nb, const int8_t* xq, const floa
     const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
     return _mm256_and_si256(_mm256_srlv_epi64(v, kShift), m4);
   };
-  __m256 acc = _mm256_setzero_ps();
-  __m128 corr = _mm_setzero_ps();
+  __m256 acc[R];
+  __m128 corr[R];
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), corr[r] = _mm_setzero_ps();
   int64_t b = 0;
   for (; b + 2 <= nb; b += 2) {
     const uint8_t* b0 = row + static_cast<size_t>(b) * 18;
     const uint8_t* b1 = b0 + 18;
-    const __m256i p0 = _mm256_maddubs_epi16(nibbles(b0), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * b)));
-    const __m256i p1 =
-        _mm256_maddubs_epi16(nibbles(b1), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * b + 32)));
-    const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_hadd_epi16(p0, p1), ones));
+    const __m256i n0 = nibbles(b0), n1 = nibbles(b1);
     uint16_t h0, h1;
     std::memcpy(&h0, b0, 2);
     std::memcpy(&h1, b1, 2);
     const __m128 d = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(h0 | (static_cast<uint32_t>(h1) << 16))));
-    const __m128 s = _mm_mul_ps(d, _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(xd + b))));
-    acc = _mm256_fmadd_ps(f, _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), kPairs), acc);
-    corr = _mm_fmadd_ps(d, _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + b))), corr);
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const int8_t* x = xq + r * in + 32 * b;
+      const __m256i p0 = _mm256_maddubs_epi16(n0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+      const __m256i p1 = _mm256_maddubs_epi16(n1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32)));
+      const __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_hadd_epi16(p0, p1), ones));
+      const __m128 s =
+          _mm_mul_ps(d, _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(xd + r * nb + b))));
+      acc[r] = _mm256_fmadd_ps(f, _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), kPairs), acc[r]);
+      corr[r] =
+          _mm_fmadd_ps(d, _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c + r * nb + b))), corr[r]);
+    }
   }
-  float tail = 0.0f;
-  if (b < nb) {  // an odd last block
-    const uint8_t* b0 = row + static_cast<size_t>(b) * 18;
-    const __m256i p = _mm256_madd_epi16(
-        _mm256_maddubs_epi16(nibbles(b0), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * b))), ones);
-    const float d = Half(b0);
-    tail = d * xd[b] * Hsum(_mm256_cvtepi32_ps(p)) - d * c[b];
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    float tail = 0.0f;
+    if (b < nb) {  // an odd last block
+      const uint8_t* b0 = row + static_cast<size_t>(b) * 18;
+      const __m256i p = _mm256_madd_epi16(
+          _mm256_maddubs_epi16(nibbles(b0), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * in + 32 * b))),
+          ones);
+      const float d = Half(b0);
+      tail = d * xd[r * nb + b] * Hsum(_mm256_cvtepi32_ps(p)) - d * c[r * nb + b];
+    }
+    const __m128 cs = _mm_add_ps(corr[r], _mm_movehdup_ps(corr[r]));
+    out[r] = Hsum(acc[r]) - _mm_cvtss_f32(cs) + tail;
   }
-  const __m128 cs = _mm_add_ps(corr, _mm_movehdup_ps(corr));
-  return Hsum(acc) - _mm_cvtss_f32(cs) + tail;
 }
 
-// The direct kernels as types, for RowsDirect.
+// The direct kernels as types, for RowsDirect: Sums is the type of the
+// per-row activation sums a kernel reads (the K types' sums of 16, Q4_0's
+// offset terms c), SumsPerRow their count per row of X.
 template <bool kFive>
 struct K45Kernel {
+  using Sums = int16_t;
+  static int64_t SumsPerRow(int64_t in, int64_t) { return in / 16; }
   template <int R>
   static void Dot(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const int16_t* bs,
                   float* out) {
@@ -578,16 +599,27 @@ struct K45Kernel {
   }
 };
 struct Q6KKernel {
+  using Sums = int16_t;
+  static int64_t SumsPerRow(int64_t in, int64_t) { return in / 16; }
   template <int R>
   static void Dot(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const int16_t* bs,
                   float* out) {
     DotQ6KDirect<R>(row, nb, in, xq, xd, bs, out);
   }
 };
+struct Q40Kernel {
+  using Sums = float;
+  static int64_t SumsPerRow(int64_t, int64_t nb) { return nb; }
+  template <int R>
+  static void Dot(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const float* c,
+                  float* out) {
+    DotQ4_0Direct<R>(row, nb, in, xq, xd, c, out);
+  }
+};
 
 inline void Store(float v, bool accumulate, float* y) { *y = accumulate ? *y + v : v; }
 
-// Weight rows [0, rows) of one K-type run (row o at blocks + o row_bytes)
+// Weight rows [0, rows) of one run (row o at blocks + o row_bytes)
 // against rows [0, n) of X (4, 2 then 1 at a time), into y[r ldy + o]. One
 // call per run, so the per-row cost is the kernel's own (no dispatch per
 // weight row). Many rows of X (a prefill chunk) go through kRowTile weight
@@ -596,9 +628,9 @@ inline void Store(float v, bool accumulate, float* y) { *y = accumulate ? *y + v
 // larger than L2); each product is the same call either way.
 template <typename K>
 void RowsDirect(const uint8_t* blocks, size_t row_bytes, int64_t rows, int64_t nb, int64_t in, const int8_t* xq,
-                const float* xd, const int16_t* bs, int64_t n, float* y, int64_t ldy, bool accumulate) {
+                const float* xd, const typename K::Sums* bs, int64_t n, float* y, int64_t ldy, bool accumulate) {
   constexpr int64_t kRowTile = 16;
-  const int64_t bs_stride = in / 16;
+  const int64_t bs_stride = K::SumsPerRow(in, nb);
   if (n == 1) {
     for (int64_t o = 0; o < rows; ++o) {
       float v;
@@ -672,20 +704,15 @@ void QuantizeActivations(const float* x, int64_t n, int64_t in, const GgmlMatrix
 void DirectRunRows(const GgmlMatrix& w, const GgmlMatrix::Run& run, int64_t a, int64_t e, int64_t nb, int64_t in,
                    const XScratch& s, int64_t n, float* ya, int64_t ldy, bool accumulate) {
   const uint8_t* blocks = w.data() + run.offset + static_cast<size_t>(a - run.row_begin) * run.row_bytes;
-  if (run.type == GgmlType::kQ4_0) {
-    for (int64_t o = a; o < e; ++o) {
-      const uint8_t* row = blocks + static_cast<size_t>(o - a) * run.row_bytes;
-      for (int64_t r = 0; r < n; ++r) {
-        Store(DotQ4_0Direct(row, nb, s.q32.data() + r * in, s.d32.data() + r * nb, s.c32.data() + r * nb),
-              accumulate, ya + r * ldy + (o - a));
-      }
-    }
-    return;
-  }
   auto rows = [&](auto kernel) {
     RowsDirect<decltype(kernel)>(blocks, run.row_bytes, e - a, nb, in, s.qk.data(), s.dk.data(), s.bsk.data(), n,
                                  ya, ldy, accumulate);
   };
+  if (run.type == GgmlType::kQ4_0) {
+    RowsDirect<Q40Kernel>(blocks, run.row_bytes, e - a, nb, in, s.q32.data(), s.d32.data(), s.c32.data(), n, ya,
+                          ldy, accumulate);
+    return;
+  }
   if (run.type == GgmlType::kQ4_K) {
     rows(K45Kernel<false>());
   } else if (run.type == GgmlType::kQ5_K) {
