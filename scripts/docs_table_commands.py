@@ -84,6 +84,12 @@ COMMANDS = {
          "    --data $D/stories-tinystories.val.txt --weights auto --window 256 --stride 128 --json {json}"),
     "bench/results/llamacpp-w8-quant-1t.json": ("llamacpp_bench", _llamacpp_w8(1)),
     "bench/results/llamacpp-w8-quant-2t.json": ("llamacpp_bench", _llamacpp_w8(2)),
+    "bench/results/llamacpp-1b-prefill.json":
+        ("llamacpp_bench", "scripts/install_node_llama_cpp.sh\n"
+         "scripts/smoke_llama32_1b.sh   # once: writes build/smoke/llama32-1b\n"
+         "node bench/llamacpp_bench.mjs --model build/smoke/llama32-1b --formats q4_k_m,q8_0 --threads 2,1 \\\n"
+         "    --tokens 16 --repeats 2 --eval-prompts 2 --static \"\" --policy \"\" --lookup \"\" --prefill-tokens 2000 \\\n"
+         "    --out bench/results/llamacpp-1b-prefill.json"),
     "bench/results/serve-widen5-fixes.json":
         ("serve_bench", _WIDEN5 + "\n"
          "bench/record.py bench/results/serve-widen5-fixes.json -- /usr/bin/python3 bench/serve_bench.py \\\n"

@@ -87,6 +87,11 @@ def llamacpp_prefill_table(data):
                      "tok/s (llama.cpp / ours)", "ours / llama.cpp"], rows))
 
 
+def llamacpp_prefill(data, opts):
+    """Only the prefill rows (a run whose decode rows are a by-product, e.g. random weights)."""
+    return llamacpp_prefill_table(data).lstrip("\n")
+
+
 def llamacpp_compact(data, opts):
     """A run without speculation, one row per file and thread count: decode tok/s of both engines, the text check
     and the prefill (--prefill-tokens). With `settings=no` the settings line is left out (a second run of the

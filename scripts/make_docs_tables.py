@@ -35,7 +35,7 @@ PROVENANCE_KEYS = ("command", "commit", "date", "machine")
 # commands, the shared cell formats and the llama.cpp tables.
 from docs_table_commands import COMMANDS, DocsError  # noqa: E402
 from docs_table_format import num, table, x  # noqa: E402
-from docs_tables_llamacpp import llamacpp_compact, llamacpp_table  # noqa: E402
+from docs_tables_llamacpp import llamacpp_compact, llamacpp_prefill, llamacpp_table  # noqa: E402
 
 
 def load(path):
@@ -621,7 +621,7 @@ RENDERERS = {
     "lede_replica_bench": {"table": replica_table},
     "hostile_clients": {"table": hostile_clients_table},
     "cancel_storm": {"table": cancel_storm_table},
-    "llamacpp_bench": {"table": llamacpp_table, "compact": llamacpp_compact},
+    "llamacpp_bench": {"table": llamacpp_table, "compact": llamacpp_compact, "prefill": llamacpp_prefill},
     "weight_formats_quality": {"table": weight_formats_table},
     "perplexity": {"table": perplexity_table},
     "retrain acceptance": {"table": retrain_acceptance_table},
