@@ -109,7 +109,7 @@ TEST(KvCacheTest, CommitAndTruncateRanges) {
 
 // A bfloat16 pool stores K/V in half the bytes (the scratch stays in the
 // compute dtype); the fused path (rounding each position's K/V as it writes
-// them, reading them in AttendPagedGroupBf16) computes what the eager path
+// them, reading them in AttendPagedRowsBf16) computes what the eager path
 // computes on the same pool, and both stay near a float32 pool.
 TEST(KvCacheTest, Bfloat16PoolHalvesTheBytesAndComputesAsTheEagerPath) {
   const KvCacheOptions f32 = Paged(2, 0, 8, 16, 3);
