@@ -173,9 +173,9 @@ void RaggedMatMul(const float* x, const RaggedSegment* segs, int64_t n_segs, int
 
 // TORCH_CHECKs that ragged segments name distinct slots of `cache` and
 // positions within the capacity, the slot's KV blocks and the window; *rows
-// = their positions in all, *max_keys = the longest context.
+// = their positions in all.
 void CheckSegments(const RaggedSegment* segs, int64_t n_segs, const KvCache& cache, int64_t max_seq_len,
-                   int64_t* rows, int64_t* max_keys) {
+                   int64_t* rows) {
   for (int64_t s = 0; s < n_segs; ++s) {
     const RaggedSegment& g = segs[s];
     const int64_t end = g.start_pos + g.n_positions;
@@ -187,7 +187,6 @@ void CheckSegments(const RaggedSegment* segs, int64_t n_segs, const KvCache& cac
     TORCH_CHECK(end <= max_seq_len, "positions past max_seq_len");
     for (int64_t o = 0; o < s; ++o) TORCH_CHECK(segs[o].slot != g.slot, "ragged segments share a slot");
     *rows += g.n_positions;
-    *max_keys = std::max(*max_keys, end);
   }
 }
 
@@ -364,8 +363,8 @@ void LlamaModel::FusedForward(float* x, int64_t first, int64_t last, const Ragge
   const int64_t QKV = (H + 2 * Hkv) * hd, C = cache.capacity();
   const float eps = static_cast<float>(config_.rms_norm_eps);
   const float q_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-  int64_t N = 0, max_keys = 0;
-  CheckSegments(segs, n_segs, cache, config_.max_seq_len, &N, &max_keys);
+  int64_t N = 0;
+  CheckSegments(segs, n_segs, cache, config_.max_seq_len, &N);
   FusedScratch& ws = Scratch();
   float* xn = Grow(ws.xn, N * d);
   float* qkv = Grow(ws.qkv, N * QKV);

@@ -38,7 +38,8 @@ speculation::CostFeatures CostFeaturesOf(const CostModel& cost, int64_t n_layers
   if (max_draft_len >= 1 && n_layers >= 2) {
     t.verify.assign(static_cast<size_t>(max_draft_len) + 1, 0.0);
     t.verify[0] = cost.Step();
-    for (int64_t k = 1; k <= max_draft_len; ++k) t.verify[static_cast<size_t>(k)] = cost.Verify(speculation::MiddleExitLayer(n_layers), k);
+    const int64_t middle = speculation::MiddleExitLayer(n_layers);
+    for (int64_t k = 1; k <= max_draft_len; ++k) t.verify[static_cast<size_t>(k)] = cost.Verify(middle, k);
   }
   return speculation::CostFeaturesOfTables(t);
 }

@@ -328,6 +328,17 @@ void Q8Block(const int8_t* xq, int64_t in, const float* xd, int64_t nb, const ui
   }
 }
 
+// The packed groups of weight rows [t0, t1) against rows [r, r + R) of X
+// (Q8Rows's inner pass).
+template <int R>
+void Q8Pass(const int8_t* xq, const float* xd, int64_t nb, int64_t in, const uint8_t* packed, int64_t out,
+            int64_t t0, int64_t t1, int64_t r, float* y, int64_t ldy, bool accumulate) {
+  for (int64_t o = t0; o < t1; o += 4) {
+    Q8Block<R>(xq + r * in, in, xd + r * nb, nb, packed + PackedQ8_0Offset(o, in), y + r * ldy, ldy, o,
+               std::min<int64_t>(4, out - o), accumulate);
+  }
+}
+
 void Q8Rows(const int8_t* xq, const float* xd, int64_t n, int64_t in, const uint8_t* packed, int64_t out,
             float* y, int64_t ldy, bool accumulate) {
   // Many rows of X (a prefill chunk) go through 16 weight rows at a time,
@@ -338,18 +349,8 @@ void Q8Rows(const int8_t* xq, const float* xd, int64_t n, int64_t in, const uint
   for (int64_t t0 = 0; t0 < out; t0 += kRowTile) {
     const int64_t t1 = std::min(out, t0 + kRowTile);
     int64_t r = 0;
-    for (; r + 2 <= n; r += 2) {
-      for (int64_t o = t0; o < t1; o += 4) {
-        Q8Block<2>(xq + r * in, in, xd + r * nb, nb, packed + PackedQ8_0Offset(o, in), y + r * ldy, ldy, o,
-                   std::min<int64_t>(4, out - o), accumulate);
-      }
-    }
-    if (r < n) {
-      for (int64_t o = t0; o < t1; o += 4) {
-        Q8Block<1>(xq + r * in, in, xd + r * nb, nb, packed + PackedQ8_0Offset(o, in), y + r * ldy, ldy, o,
-                   std::min<int64_t>(4, out - o), accumulate);
-      }
-    }
+    for (; r + 2 <= n; r += 2) Q8Pass<2>(xq, xd, nb, in, packed, out, t0, t1, r, y, ldy, accumulate);
+    if (r < n) Q8Pass<1>(xq, xd, nb, in, packed, out, t0, t1, r, y, ldy, accumulate);
   }
 }
 
