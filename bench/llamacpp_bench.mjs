@@ -251,7 +251,33 @@ async function llamaCppRun(model, prompt, threads, lookup) {
   const seconds = (performance.now() - t1) / 1000;
   const predictions = lookup ? { ...seq.tokenPredictions } : undefined;
   await ctx.dispose();
-  return { tokens: out.length - 1, seconds, text: model.detokenize(out), predictions };
+  return { tokens: out.length - 1, seconds, text: model.detokenize(out), ids: out, predictions };
+}
+
+// Where our greedy text leaves llama.cpp's: llama.cpp decodes the prompt
+// greedily again, now returning each step's probabilities, until its token
+// differs from ours (`ours`: our text, prompt first, in llama.cpp's
+// tokens). Returns null when none differs in `o.tokens`; else the step and
+// llama.cpp's probabilities of its own token and of ours there, so a
+// difference at a near tie (two tokens of about equal probability, which
+// any change of rounding may order either way) is told from a real one.
+async function divergence(model, prompt, ours, threads) {
+  const ids = [model.tokens.bos, ...model.tokenize(prompt, false)];
+  const oursIds = model.tokenize(ours, false).slice(ids.length - 1);
+  const ctx = await model.createContext({ contextSize: ids.length + o.tokens + 16, threads, batchSize: 512 });
+  let found = null, k = 0;
+  for await (const step of ctx.getSequence().evaluateWithMetadata(ids, { probabilities: true }, { temperature: 0 })) {
+    if (step.token !== oursIds[k]) {
+      found = { token_index: k, llamacpp_token: model.detokenize([step.token]),
+                ours_token: oursIds[k] == null ? null : model.detokenize([oursIds[k]]),
+                llamacpp_p: step.probabilities.get(step.token) ?? 0,
+                ours_p_under_llamacpp: oursIds[k] == null ? 0 : step.probabilities.get(oursIds[k]) ?? 0 };
+      break;
+    }
+    if (++k >= o.tokens) break;
+  }
+  await ctx.dispose();
+  return found;
 }
 
 // The prefill prompt (--prefill-tokens): the held-out prompts joined by
@@ -307,6 +333,7 @@ function ledeTokenCount(file, text) {
 // weights in f32: the text check). The first prompt is generated once more
 // first, as a warm-up that is not counted. Returns one run per prompt.
 const kSeparator = "<|llamacpp-bench-end|>";
+const kFirstTokens = 32;  // the prefix the text check counts apart (docs/benchmarks.md)
 let promptFileSerial = 0;
 function ledeRuns(file, prompts, threads, mode, sd) {
   const extra = [];
@@ -402,6 +429,7 @@ for (const { file, format } of files) {
         const runs = await run(prompts.eval);
         passes[m].push(tokS(runs));
         if (pass === 0) texts[m] = runs.map((r) => r.text);
+        if (pass === 0 && m === "llamacpp_ar") texts.llamacpp_ar_ids = runs.map((r) => r.ids);
         extras[m].push(...runs.map((r) => r.predictions || { acceptance_rate: r.acceptance }));
       }
       if (prefill) {
@@ -419,10 +447,26 @@ for (const { file, format } of files) {
     const peerText = texts.llamacpp_ar;
     const reference = o.lede ? ledeRuns(file, prompts.eval, threads, "reference").map((r) => r.text) : [];
     const count = (pred) => prompts.eval.filter((_, i) => pred(i)).length;
+    // llama.cpp's first kFirstTokens tokens, as text, within ours.
+    const peerFirst = texts.llamacpp_ar_ids.map((ids) => model.detokenize(ids.slice(0, kFirstTokens)));
+    const divergences = [];
+    if (o.lede) {
+      for (const [i, p] of prompts.eval.entries()) {
+        if (texts.lede_ar[i].includes(peerText[i])) continue;
+        const d = await divergence(model, p, texts.lede_ar[i], threads);
+        if (d) divergences.push({ prompt: i, ...d });
+      }
+    }
     const checks = {
       prompts: prompts.eval.length,
       same_greedy_text_f32_compute: o.lede ? count((i) => reference[i].includes(peerText[i])) : null,
       same_greedy_text_native: o.lede ? count((i) => texts.lede_ar[i].includes(peerText[i])) : null,
+      first_tokens: kFirstTokens,
+      same_first_tokens_f32_compute: o.lede ? count((i) => reference[i].includes(peerFirst[i])) : null,
+      same_first_tokens_native: o.lede ? count((i) => texts.lede_ar[i].includes(peerFirst[i])) : null,
+      // Per prompt whose native text differs: llama.cpp's probability of its own token and of ours
+      // at the first step where they differ.
+      divergences: o.lede ? divergences : null,
       llamacpp_lookup_lossless: o.lookup ? count((i) => texts.llamacpp_prompt_lookup[i] === peerText[i]) : null,
       lede_static_lossless: texts.lede_static ? count((i) => texts.lede_static[i] === texts.lede_ar[i]) : null,
       lede_lede_lossless: texts.lede_lede ? count((i) => texts.lede_lede[i] === texts.lede_ar[i]) : null,
@@ -478,9 +522,15 @@ for (const { file, format } of files) {
                   (m === "lede_static" ? ` [E=${r.exit_layer} D=${r.draft_len}]` : ""));
     }
     console.log(`checks (of ${checks.prompts} prompts): same greedy text as llama.cpp: f32 compute ` +
-                `${checks.same_greedy_text_f32_compute}, native ${checks.same_greedy_text_native}; lossless: ` +
+                `${checks.same_greedy_text_f32_compute}, native ${checks.same_greedy_text_native}; first ` +
+                `${kFirstTokens} tokens: f32 compute ${checks.same_first_tokens_f32_compute}, native ` +
+                `${checks.same_first_tokens_native}; lossless: ` +
                 `llama.cpp lookup ${checks.llamacpp_lookup_lossless}, our static ${checks.lede_static_lossless}, ` +
                 `our LEDE ${checks.lede_lede_lossless}`);
+    for (const d of divergences) {
+      console.log(`  prompt ${d.prompt}: token ${d.token_index}: llama.cpp ${JSON.stringify(d.llamacpp_token)} ` +
+                  `p=${d.llamacpp_p.toFixed(4)}, ours ${JSON.stringify(d.ours_token)} p=${d.ours_p_under_llamacpp.toFixed(4)}`);
+    }
   }
   await model.dispose();
 }

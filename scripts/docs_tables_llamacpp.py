@@ -8,6 +8,26 @@ _LLAMACPP_METHODS = (("llamacpp_ar", "llama.cpp autoregressive"),
                      ("lede_lede", "our LEDE"))
 
 
+def _text_check(c, n):
+    """Same greedy text as llama.cpp, ours in f32 / in the file's storage; the first-tokens counts where recorded."""
+    f = lambda k: "-" if c.get(k) is None else f"{c[k]}/{n}"  # noqa: E731
+    first = (f" (first {c['first_tokens']} tokens: {f('same_first_tokens_f32_compute')} / "
+             f"{f('same_first_tokens_native')})" if c.get("first_tokens") else "")
+    return f"{f('same_greedy_text_f32_compute')} / {f('same_greedy_text_native')}{first}"
+
+
+def _divergences(c):
+    """Where our native text leaves llama.cpp's: how many prompts, and the least ratio, at that step, of
+    llama.cpp's probability of our token to that of its own (near 1: a near tie)."""
+    d = c.get("divergences")
+    if d is None:
+        return "-"
+    if not d:
+        return "none"
+    least = min(e["ours_p_under_llamacpp"] / e["llamacpp_p"] for e in d)
+    return f"{len(d)}; >= {least:.3f}"
+
+
 def llamacpp_heldout_table(data, opts):
     """The held-out-prompts run (results with `methods`): one row per method."""
     rows, checks = [], []
@@ -107,7 +127,7 @@ def llamacpp_compact(data, opts):
                      f"{num(ll['median_tok_s'])} ({num(ll['min_tok_s'])}-{num(ll['max_tok_s'])})",
                      f"{num(ours['median_tok_s'])} ({num(ours['min_tok_s'])}-{num(ours['max_tok_s'])})",
                      f"{x(v['median'])} ({v['min']:.2f}-{v['max']:.2f})",
-                     f"{c['same_greedy_text_f32_compute']}/{n} / {c['same_greedy_text_native']}/{n}",
+                     _text_check(c, n), _divergences(c),
                      (f"{p['llamacpp_s']['median']:.2f} / {p['lede_s']['median']:.2f}" if p else "-"),
                      (f"{x(q['median'])} ({q['min']:.2f}-{q['max']:.2f})" if q else "-")])
     s = data["settings"]
@@ -121,7 +141,9 @@ def llamacpp_compact(data, opts):
         row.append(f"{load['before']:.1f} / {load['after']:.1f}" if load else "-")
     return (settings + "\n\n" if opts.get("settings", "yes") != "no" else "") + table(
         ["format", "threads", "file MB", "llama.cpp tok/s", "our tok/s", "ours / llama.cpp",
-         "same greedy text as llama.cpp (f32 compute / native)", "prefill s (llama.cpp / ours)",
+         "same greedy text as llama.cpp (f32 compute / native)",
+         "native text differs: prompts; least p(our token) / p(llama.cpp's) under llama.cpp there",
+         "prefill s (llama.cpp / ours)",
          "prefill, ours / llama.cpp", "load average (before / after the run)"], rows)
 
 
