@@ -21,6 +21,7 @@
 //          [--prompts FILE.jsonl] [--prompts-per-set 48] [--eval-prompts 8]
 //          [--tuning-prompts 4] [--prompt TEXT]
 //          [--static 1:3,1:4,2:2,2:3,2:4,3:3,3:4] [--policy DIR] [--lookup on]
+//          [--ceiling on]
 //          [--lede build/services/cli/lede]
 //          [--roofline build/bench/lede_engine_bench] [--prefill-tokens 0]
 //          [--out bench/results/FILE.json]
@@ -49,6 +50,13 @@
 //   --policy DIR  LEDE with this policy (a version directory or a root with
 //                 SERVING; default: MODEL/policy with --model); "" = off
 //   --lookup on   the llama.cpp prompt-lookup row; "" = off
+//   --ceiling on  also time this engine's speculation rounds on the file
+//                 (`lede calibrate`: K drafts at exit layer E and their
+//                 verification, in the decoding loop, for E in 1..L and K
+//                 in 1..6) and record the ceiling of any speculation, ours
+//                 or a policy's: the best (K + 1) autoregressive steps over
+//                 one round, the speed-up if every draft were accepted;
+//                 "" = off
 //   --lede BIN    this engine's CLI; "" to run llama.cpp alone
 //   --roofline BIN  the engine benchmark whose --roofline-only mode measures
 //                 the read bandwidth; "" = skip
@@ -86,7 +94,7 @@ function parseArgs(argv) {
     prompts: "models/lede-tiny/prompts/story.jsonl", "prompts-per-set": 48, "eval-prompts": 8, "tuning-prompts": 4,
     prompt: "", lede: "build/services/cli/lede", roofline: "build/bench/lede_engine_bench", out: "",
     "prefill-tokens": 0,
-    static: "1:3,1:4,2:2,2:3,2:4,3:3,3:4", policy: null, lookup: "on",
+    static: "1:3,1:4,2:2,2:3,2:4,3:3,3:4", policy: null, lookup: "on", ceiling: "",
   };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
@@ -322,6 +330,28 @@ function ledePrefill(file, text, threads) {
   return seconds[1];
 }
 
+// The ceiling of speculation on `file` at `threads` (--ceiling): `lede
+// calibrate` times rounds of K drafts at exit layer E with their
+// verification in the decoding loop; with every draft accepted a round
+// yields K + 1 tokens, so no method beats (K + 1) x ar_step_us / round_us
+// at its best E and K.
+function speculationCeiling(file, threads) {
+  const out = path.join(workDir, `calibration-${promptFileSerial++}.json`);
+  const r = spawnSync(o.lede, ["calibrate", "--model", file, "--threads", String(threads), "--repeats", "10",
+                               "--round-passes", "2", "--round-max-draft-len", "6", "--batch-sizes", "",
+                               "--out", out], { encoding: "utf8", maxBuffer: 64 << 20 });
+  if (r.status !== 0) throw new Error(`lede calibrate exited ${r.status}: ${(r.stderr || "").trim().split("\n").pop()}`);
+  const cal = JSON.parse(fs.readFileSync(out, "utf8"));
+  fs.rmSync(out, { force: true });
+  let best = null;
+  cal.round_us.forEach((byK, e) => byK.forEach((us, k) => {
+    const speedup = (k + 2) * cal.ar_step_us / us;
+    if (!best || speedup > best.speedup) best = { exit_layer: e + 1, draft_len: k + 1, speedup };
+  }));
+  return { source: "lede calibrate --repeats 10 --round-passes 2 --round-max-draft-len 6", ar_step_us: cal.ar_step_us,
+           verify_over_step: cal.block_us.slice(0, 7).map((us) => us / cal.block_us[0]), best };
+}
+
 // This engine's token count of `text` (BOS included): `lede tokenize`.
 function ledeTokenCount(file, text) {
   const out = execFileSync(o.lede, ["tokenize", "--model", file, text], { encoding: "utf8" }).trim();
@@ -471,6 +501,7 @@ for (const { file, format } of files) {
       lede_static_lossless: texts.lede_static ? count((i) => texts.lede_static[i] === texts.lede_ar[i]) : null,
       lede_lede_lossless: texts.lede_lede ? count((i) => texts.lede_lede[i] === texts.lede_ar[i]) : null,
     };
+    const ceiling = o.ceiling && o.lede ? speculationCeiling(file, threads) : null;
     measureRoofline(`after ${format}, ${threads} thread(s)`);
     const roof = bestRoofline();
     const rows = {};
@@ -504,7 +535,14 @@ for (const { file, format } of files) {
       lede_over_llamacpp: o.lede ? spread(prefill.lede.map((v, p) => v / prefill.llamacpp[p])) : null,
     } : undefined;
     results.push({ format, threads, file: path.basename(file), bytes, bytes_per_token: perToken,
-                   methods: rows, checks, llamacpp_texts: peerText, ...(prefillRow ? { prefill: prefillRow } : {}) });
+                   methods: rows, checks, llamacpp_texts: peerText, ...(prefillRow ? { prefill: prefillRow } : {}),
+                   ...(ceiling ? { speculation_ceiling: ceiling } : {}) });
+    if (ceiling) {
+      const b = ceiling.best;
+      console.log(`${format.padEnd(5)} threads ${threads} speculation ceiling (every draft accepted): ` +
+                  `${f2(b.speedup)}x our autoregressive at E=${b.exit_layer} K=${b.draft_len}; a verification of ` +
+                  `1..7 positions costs ${ceiling.verify_over_step.map(f2).join(", ")} of one`);
+    }
     if (prefillRow) {
       console.log(`${format.padEnd(5)} threads ${threads} prefill of ${prefillRow.llamacpp_tokens} tokens: llama.cpp ` +
                   `${f2(prefillRow.llamacpp_s.median)} s (${f2(prefillRow.llamacpp_s.min)}-${f2(prefillRow.llamacpp_s.max)})` +
@@ -555,6 +593,7 @@ const report = {
               measurements: rooflines, used_gb_per_s: bestRoofline() },
   settings: { tokens: o.tokens, repeats: o.repeats, greedy: true, prompts: prompts.source,
               eval_prompts: prompts.eval, tuning_prompts: prompts.tuning, static_sweep: o.static, policy: o.policy,
+              ceiling: Boolean(o.ceiling),
               prefill_tokens: o["prefill-tokens"],
               timed: "decode only: llama.cpp from the first generated token to the last; ours lede generate's " +
                      "decode tokens/s of the second of two generations per process; tok/s of a pass = its tokens " +

@@ -53,11 +53,21 @@ def llamacpp_heldout_table(data, opts):
                          f"{num(m['median_tok_s'])} ({num(m['min_tok_s'])}-{num(m['max_tok_s'])})",
                          f"{x(v['median'])} ({v['min']:.2f}-{v['max']:.2f})", gbs]
                         + ([] if speculative else
-                           [f"{frac('same_greedy_text_f32_compute')} / {frac('same_greedy_text_native')}"
+                           [_text_check(c, n)
                             if key == "lede_ar" else "-"]))
+        ceiling, ar = r.get("speculation_ceiling"), r["methods"].get("lede_ar")
+        if ceiling and ar:
+            b, v = ceiling["best"], ar["vs_llamacpp_ar"]
+            rows.append([r["format"], r["threads"],
+                         f"ceiling of any speculation: our autoregressive x {b['speedup']:.2f} (every draft "
+                         f"accepted, E={b['exit_layer']} K={b['draft_len']})",
+                         num(ar["median_tok_s"] * b["speedup"]), x(v["median"] * b["speedup"]), "-"]
+                        + ([] if speculative else ["-"]))
         checks.append([r["format"], r["threads"], num(r["bytes"] / 1e6, "{:.1f}"),
-                       f"{frac('same_greedy_text_f32_compute')} / {frac('same_greedy_text_native')}",
-                       f"{frac('llamacpp_lookup_lossless')} / {frac('lede_static_lossless')} / {frac('lede_lede_lossless')}"])
+                       _text_check(c, n),
+                       f"{frac('llamacpp_lookup_lossless')} / {frac('lede_static_lossless')} / {frac('lede_lede_lossless')}"]
+                      + ([" / ".join(f"{c:.2f}" for c in ceiling["verify_over_step"][1::2])] if ceiling else []))
+    ceilings = any(r.get("speculation_ceiling") for r in data["results"])
     s, roof = data["settings"], data.get("roofline") or {}
     reads = len(roof.get("measurements") or [])
     roof_text = (f"; read roofline {roof['used_gb_per_s']:.1f} GB/s (one core, `lede_engine_bench --roofline-only`"
@@ -67,6 +77,10 @@ def llamacpp_heldout_table(data, opts):
             f"tok/s = tokens / decode seconds of a pass over all of them, median (range) of {s['repeats']} "
             f"interleaved passes; \"vs llama.cpp\" is per pass against llama.cpp autoregressive in the same pass; "
             + (f"static swept over E:D {s['static_sweep']} on the tuning prompts; " if s.get("static_sweep") else "")
+            + ("the ceiling row is our autoregressive tok/s times the best (K + 1) autoregressive steps over one "
+               "round of K drafts at exit layer E and their verification, as `lede calibrate` times them on the "
+               "same file and threads: what any speculation, static or learned, would reach if every draft were "
+               "accepted; " if ceilings else "")
             + f"GB/s = weight bytes per token x tok/s "
             f"(autoregressive rows){roof_text}; both engines read the same GGUF file; peer: "
             f"{data['peer']['package']} {data['peer']['version']}.\n\n"
@@ -76,7 +90,8 @@ def llamacpp_heldout_table(data, opts):
                                                "storage)"]), rows)
             + ("" if not speculative else "\n\n" + table(["format", "threads", "file MB",
                      "same greedy text as llama.cpp (ours on the file's weights in f32 / in the file's storage)",
-                     "lossless vs the engine's autoregressive text (llama.cpp lookup / our static / our LEDE)"],
+                     "lossless vs the engine's autoregressive text (llama.cpp lookup / our static / our LEDE)"]
+                    + (["our verification of 2 / 4 / 6 positions, in autoregressive steps"] if ceilings else []),
                     checks)))
 
 
