@@ -84,6 +84,12 @@ COMMANDS = {
          "    --data $D/stories-tinystories.val.txt --weights auto --window 256 --stride 128 --json {json}"),
     "bench/results/llamacpp-w8-quant-1t.json": ("llamacpp_bench", _llamacpp_w8(1)),
     "bench/results/llamacpp-w8-quant-2t.json": ("llamacpp_bench", _llamacpp_w8(2)),
+    "bench/results/llamacpp-w8-q4_k_m-lede.json":
+        ("llamacpp_bench", "scripts/install_node_llama_cpp.sh\n"
+         "build/services/cli/lede widen --model models/lede-tiny --factor 8 --out out/lede-tiny-w8 --overwrite\n"
+         "node bench/llamacpp_bench.mjs --model out/lede-tiny-w8 --formats q4_k_m --threads 1,2 --tokens 96 \\\n"
+         "    --repeats 3 --eval-prompts 8 --static 1:1,1:2,1:3,1:4,2:1,2:2,2:3,2:4,3:1,3:2,3:3,3:4 --lookup \"\" \\\n"
+         "    --ceiling on --out bench/results/llamacpp-w8-q4_k_m-lede.json"),
     "bench/results/llamacpp-1b-prefill.json":
         ("llamacpp_bench", "scripts/install_node_llama_cpp.sh\n"
          "scripts/smoke_llama32_1b.sh   # once: writes build/smoke/llama32-1b\n"

@@ -8,7 +8,10 @@ identical: a wrong Q/K row order, tensor name,
 dimension order, quantization layout or tokenizer key would change
 llama.cpp's text. Every method of the benchmark runs (llama.cpp's prompt
 lookup, our static and LEDE) and gives its engine's autoregressive text.
-Speeds are recorded, never asserted.
+Where our native text parts from llama.cpp's, the step recorded must be one
+where llama.cpp's greedy token is at least as likely as ours; the speculation
+ceiling (--ceiling) names a round the model has. Speeds are recorded, never
+asserted.
 
 usage: llamacpp_peer_test.py LEDE_BIN
 Exit 77 (ctest: skipped) when node or node-llama-cpp is not installed
@@ -31,10 +34,11 @@ with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "result.json")
     subprocess.run(["node", "bench/llamacpp_bench.mjs", "--model", "models/lede-tiny", "--formats", "f32,bf16,q8_0",
                     "--threads", "1", "--tokens", "48", "--repeats", "1", "--prompt",
-                    "Once upon a time, there was a little", "--static", "2:3", "--roofline", "", "--lede", lede,
+                    "Once upon a time, there was a little", "--static", "2:3", "--roofline", "", "--lede", lede, "--ceiling", "on",
                     "--out", out],
                    check=True, timeout=600)
     report = json.load(open(out))
+layers = json.load(open("models/lede-tiny/config.json"))["num_hidden_layers"]
 failures = []
 for row in report["results"]:
     checks, n = row["checks"], row["checks"]["prompts"]
@@ -43,6 +47,19 @@ for row in report["results"]:
     if checks["same_greedy_text_f32_compute"] != n:
         failures.append(f"{row['format']}: llama.cpp's greedy text differs from this engine's on the file's weights "
                         f"in f32: {row['llamacpp_texts']!r}")
+    if checks["same_first_tokens_f32_compute"] != n:
+        failures.append(f"{row['format']}: the first {checks['first_tokens']} tokens differ in f32")
+    for d in checks["divergences"]:
+        if not (0 <= d["token_index"] < 48 and d["llamacpp_p"] >= d["ours_p_under_llamacpp"]):
+            failures.append(f"{row['format']}: a divergence llama.cpp's greedy choice does not explain: {d}")
+    if checks["same_greedy_text_native"] + len(checks["divergences"]) > n:
+        failures.append(f"{row['format']}: {n - checks['same_greedy_text_native']} native texts differ, "
+                        f"{len(checks['divergences'])} divergences recorded")
+    ceiling = row.get("speculation_ceiling") or {}
+    best, verify = ceiling.get("best") or {}, ceiling.get("verify_over_step") or []
+    if not (1 <= best.get("exit_layer", 0) < layers and 1 <= best.get("draft_len", 0) <= 6 and best.get("speedup", 0) > 0
+            and len(verify) == 7 and verify[0] == 1):
+        failures.append(f"{row['format']}: speculation ceiling {ceiling}")
     for key in ("llamacpp_lookup_lossless", "lede_static_lossless", "lede_lede_lossless"):
         if checks[key] != n:
             failures.append(f"{row['format']}: {key}: {checks[key]} of {n}")
