@@ -1,5 +1,5 @@
 // A kernel driver for the fused ggml block products (cpu_ggml_kernels.h)
-// and, for comparison, the packed q8_0 product (cpu_quant_kernels.h): one
+// and, for comparison, the packed q8_0 and bf16 products (cpu_quant_kernels.h): one
 // [out, in] weight matrix against n rows of X, `reps` times.
 //
 // Meant to run under `valgrind --tool=callgrind
@@ -8,7 +8,7 @@
 // where wall-clock is noise; it also prints wall-clock ns per weight.
 //
 // Usage: lede_ggml_kernel_bench TYPE [n=1] [out=4096] [in=1536] [reps=20]
-//   TYPE: q4_0 q5_0 q8_0 q4_k q5_k q6_k (GgmlMatrix), packed_q8_0.
+//   TYPE: q4_0 q5_0 q8_0 q4_k q5_k q6_k (GgmlMatrix), packed_q8_0, packed_bf16.
 // Prints one JSON line: type, n, out, in, reps, ns_per_weight.
 #include <chrono>
 #include <cstdio>
@@ -61,8 +61,12 @@ int main(int argc, char** argv) {
 
   cpu::GgmlMatrix gm(in);
   std::vector<uint8_t> packed;
-  const bool packed_q8 = type_name == "packed_q8_0";
-  if (packed_q8) {
+  std::vector<uint16_t> packed_bf16;
+  const bool packed_q8 = type_name == "packed_q8_0", bf16 = type_name == "packed_bf16";
+  if (bf16) {
+    packed_bf16.resize(static_cast<size_t>(cpu::PackedRowsPadded(out) * in));
+    cpu::PackRowsBf16(w.data(), out, in, packed_bf16.data());
+  } else if (packed_q8) {
     std::vector<cpu::BlockQ8_0> blocks(static_cast<size_t>(out * in / cpu::kQ8Block));
     cpu::QuantizeRowsQ8_0(w.data(), out, in, blocks.data());
     packed.resize(cpu::PackedQ8_0Bytes(out, in));
@@ -77,7 +81,9 @@ int main(int argc, char** argv) {
   }
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < reps; ++i) {
-    if (packed_q8) {
+    if (bf16) {
+      cpu::MatMulRowsPackedBf16(x.data(), n, in, packed_bf16.data(), out, y.data(), out, false);
+    } else if (packed_q8) {
       cpu::MatMulRowsPackedQ8_0(x.data(), n, in, packed.data(), out, y.data(), out, false);
     } else {
       cpu::MatMulRowsGgml(x.data(), n, in, gm, 0, out, y.data(), out, false);

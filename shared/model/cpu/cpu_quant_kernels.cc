@@ -273,6 +273,11 @@ void Bf16Block(const float* x, int64_t in, const uint16_t* b, float* y, int64_t 
   }
 }
 
+// One row of X at a time over each block (the block stays in L1 for the
+// next row). Widening each chunk once for 2 or 4 rows of X (the W rows of a
+// block split between passes to keep the accumulators in registers) took
+// 25-30% longer per row (bench/ggml_kernel_bench.cc packed_bf16): each FMA
+// needs its own load of X, and those loads, not the widening, bound it.
 void Bf16Rows(const float* x, int64_t n, int64_t in, const uint16_t* packed, int64_t out, float* y,
               int64_t ldy, bool accumulate) {
   for (int64_t o = 0; o < out; o += 4) {
