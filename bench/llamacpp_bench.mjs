@@ -81,7 +81,11 @@
 // file's storage: bf16 or q8_0 kernels). Generations stop at EOS in both
 // engines; a pass's tok/s is its tokens over its decode seconds. The text
 // check runs `lede generate --weights f32` (the file's weights, dequantized)
-// once per prompt.
+// once per prompt, and both engines once more with attention in float32
+// (float32 K/V caches, llama.cpp's flash attention off: its defaults round
+// attention through float16, ours K/V through bfloat16, and a rounding can
+// order two near-equal tokens either way); where our native text parts from
+// llama.cpp's, llama.cpp's probabilities of both tokens at that step.
 import { execFileSync, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
@@ -243,10 +247,16 @@ const llama = await getLlama({ gpu: false, build: "never", logLevel: "error" });
 
 // One llama.cpp generation: greedy, `o.tokens` tokens, decode timed from the
 // first generated token to the last; with `lookup`, node-llama-cpp's
-// prompt-lookup predictor (its defaults) drafts from the prompt.
-async function llamaCppRun(model, prompt, threads, lookup) {
+// prompt-lookup predictor (its defaults) drafts from the prompt; with
+// `f32Attention`, attention in float32 throughout: F32 K and V caches and
+// flash attention off (llama.cpp's defaults, F16 caches and its CPU flash
+// attention, compute attention partly in float16).
+async function llamaCppRun(model, prompt, threads, lookup, f32Attention) {
   const ids = [model.tokens.bos, ...model.tokenize(prompt, false)];
-  const ctx = await model.createContext({ contextSize: ids.length + o.tokens + 16, threads, batchSize: 512 });
+  const ctx = await model.createContext({ contextSize: ids.length + o.tokens + 16, threads, batchSize: 512,
+                                          ...(f32Attention ? { experimentalKvCacheKeyType: "F32",
+                                                               experimentalKvCacheValueType: "F32",
+                                                               flashAttention: false } : {}) });
   const seq = lookup ? ctx.getSequence({ tokenPredictor: new InputLookupTokenPredictor() }) : ctx.getSequence();
   if (lookup) seq.tokenPredictor.updateInputTokens(ids.slice());
   const out = [];
@@ -375,6 +385,11 @@ function ledeRuns(file, prompts, threads, mode, sd) {
     warm = false;
     extra.push("--weights", "f32");
   }
+  if (mode === "kv_f32") {
+    mode = "ar";
+    warm = false;
+    extra.push("--kv-dtype", "float32");
+  }
   const list = warm ? [prompts[0], ...prompts] : prompts;
   const promptFile = path.join(workDir, `prompts-${promptFileSerial++}.txt`);
   fs.writeFileSync(promptFile, list.join("\n") + "\n");
@@ -476,6 +491,12 @@ for (const { file, format } of files) {
     // way); each speculative method = its engine's autoregressive text.
     const peerText = texts.llamacpp_ar;
     const reference = o.lede ? ledeRuns(file, prompts.eval, threads, "reference").map((r) => r.text) : [];
+    // Both engines with attention in float32 (ours: float32 K/V, not
+    // bfloat16; llama.cpp: llamaCppRun's f32Attention): what is left of the
+    // differences without the caches' roundings.
+    const oursKvF32 = o.lede ? ledeRuns(file, prompts.eval, threads, "kv_f32").map((r) => r.text) : [];
+    const peerKvF32 = [];
+    for (const p of o.lede ? prompts.eval : []) peerKvF32.push(await llamaCppRun(model, p, threads, false, true));
     const count = (pred) => prompts.eval.filter((_, i) => pred(i)).length;
     // llama.cpp's first kFirstTokens tokens, as text, within ours.
     const peerFirst = texts.llamacpp_ar_ids.map((ids) => model.detokenize(ids.slice(0, kFirstTokens)));
@@ -494,6 +515,9 @@ for (const { file, format } of files) {
       first_tokens: kFirstTokens,
       same_first_tokens_f32_compute: o.lede ? count((i) => reference[i].includes(peerFirst[i])) : null,
       same_first_tokens_native: o.lede ? count((i) => texts.lede_ar[i].includes(peerFirst[i])) : null,
+      same_greedy_text_f32_attention: o.lede ? count((i) => oursKvF32[i].includes(peerKvF32[i].text)) : null,
+      same_first_tokens_f32_attention: o.lede ? count((i) => oursKvF32[i].includes(
+        model.detokenize(peerKvF32[i].ids.slice(0, kFirstTokens)))) : null,
       // Per prompt whose native text differs: llama.cpp's probability of its own token and of ours
       // at the first step where they differ.
       divergences: o.lede ? divergences : null,
@@ -562,7 +586,8 @@ for (const { file, format } of files) {
     console.log(`checks (of ${checks.prompts} prompts): same greedy text as llama.cpp: f32 compute ` +
                 `${checks.same_greedy_text_f32_compute}, native ${checks.same_greedy_text_native}; first ` +
                 `${kFirstTokens} tokens: f32 compute ${checks.same_first_tokens_f32_compute}, native ` +
-                `${checks.same_first_tokens_native}; lossless: ` +
+                `${checks.same_first_tokens_native}; both with float32 attention: ${checks.same_greedy_text_f32_attention} ` +
+                `(first ${kFirstTokens}: ${checks.same_first_tokens_f32_attention}); lossless: ` +
                 `llama.cpp lookup ${checks.llamacpp_lookup_lossless}, our static ${checks.lede_static_lossless}, ` +
                 `our LEDE ${checks.lede_lede_lossless}`);
     for (const d of divergences) {

@@ -9,11 +9,15 @@ _LLAMACPP_METHODS = (("llamacpp_ar", "llama.cpp autoregressive"),
 
 
 def _text_check(c, n):
-    """Same greedy text as llama.cpp, ours in f32 / in the file's storage; the first-tokens counts where recorded."""
+    """Same greedy text as llama.cpp, ours in f32 / in the file's storage; the first-tokens counts and the run of
+    both engines with attention in float32 (llama.cpp's defaults round it through float16, ours K/V through
+    bfloat16) where recorded."""
     f = lambda k: "-" if c.get(k) is None else f"{c[k]}/{n}"  # noqa: E731
     first = (f" (first {c['first_tokens']} tokens: {f('same_first_tokens_f32_compute')} / "
              f"{f('same_first_tokens_native')})" if c.get("first_tokens") else "")
-    return f"{f('same_greedy_text_f32_compute')} / {f('same_greedy_text_native')}{first}"
+    kv = (f"; both with float32 attention: {f('same_greedy_text_f32_attention')} (first {c['first_tokens']}: "
+          f"{f('same_first_tokens_f32_attention')})" if c.get("same_greedy_text_f32_attention") is not None else "")
+    return f"{f('same_greedy_text_f32_compute')} / {f('same_greedy_text_native')}{first}{kv}"
 
 
 def _divergences(c):
@@ -87,9 +91,10 @@ def llamacpp_heldout_table(data, opts):
             + table(["format", "threads", "method", "tok/s", "vs llama.cpp autoregressive",
                      "GB/s (share of read roofline)"]
                     + ([] if speculative else ["same greedy text as llama.cpp (the file's weights in f32 / in its "
-                                               "storage)"]), rows)
+                                               "storage; both with float32 attention)"]), rows)
             + ("" if not speculative else "\n\n" + table(["format", "threads", "file MB",
-                     "same greedy text as llama.cpp (ours on the file's weights in f32 / in the file's storage)",
+                     "same greedy text as llama.cpp (ours on the file's weights in f32 / in the file's storage; both "
+                     "with float32 attention)",
                      "lossless vs the engine's autoregressive text (llama.cpp lookup / our static / our LEDE)"]
                     + (["our verification of 2 / 4 / 6 positions, in autoregressive steps"] if ceilings else []),
                     checks)))
@@ -156,7 +161,7 @@ def llamacpp_compact(data, opts):
         row.append(f"{load['before']:.1f} / {load['after']:.1f}" if load else "-")
     return (settings + "\n\n" if opts.get("settings", "yes") != "no" else "") + table(
         ["format", "threads", "file MB", "llama.cpp tok/s", "our tok/s", "ours / llama.cpp",
-         "same greedy text as llama.cpp (f32 compute / native)",
+         "same greedy text as llama.cpp (ours in f32 / native; both with float32 attention)",
          "native text differs: prompts; least p(our token) / p(llama.cpp's) under llama.cpp there",
          "prefill s (llama.cpp / ours)",
          "prefill, ours / llama.cpp", "load average (before / after the run)"], rows)

@@ -49,6 +49,8 @@ for row in report["results"]:
                         f"in f32: {row['llamacpp_texts']!r}")
     if checks["same_first_tokens_f32_compute"] != n:
         failures.append(f"{row['format']}: the first {checks['first_tokens']} tokens differ in f32")
+    if row["format"] == "f32" and checks["same_greedy_text_f32_attention"] != n:
+        failures.append("f32: the texts differ with every weight and attention operation in float32")
     for d in checks["divergences"]:
         if not (0 <= d["token_index"] < 48 and d["llamacpp_p"] >= d["ours_p_under_llamacpp"]):
             failures.append(f"{row['format']}: a divergence llama.cpp's greedy choice does not explain: {d}")
