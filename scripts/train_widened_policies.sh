@@ -29,6 +29,10 @@
 # function, so its greedy trajectories and exit signals are lede-tiny's (the
 # trainer checks this on the first trace) and only the cost model is the
 # wide shape's. Training then takes the same few minutes for every factor.
+# LEDE_WIDEN_FORMATS lists cost-v2's measured profiles as FORMAT or
+# FORMAT@THREADS (default "q8_0 f32 bf16", one thread each); factor 8's
+# rows are multiples of 256, so it adds the K-quant file users download:
+# "q8_0 f32 bf16 q4_k_m q4_k_m@2".
 # With LEDE_WIDEN_ONLY_COST=1 accelerator-v1 is not retrained: cost-v2 joins
 # the policies already shipped for the shape.
 # usage: scripts/train_widened_policies.sh FACTOR [SERVING]   (SERVING: the version to serve; default accelerator-v1)
@@ -39,6 +43,7 @@ SERVING=${2:-accelerator-v1}
 MEASURED=${LEDE_WIDEN_MEASURED:-0}
 COST=${LEDE_WIDEN_COST:-0}
 ONLY_COST=${LEDE_WIDEN_ONLY_COST:-0}
+FORMATS=${LEDE_WIDEN_FORMATS:-q8_0 f32 bf16}
 SOURCE=models/lede-tiny
 MODEL=${LEDE_MODEL:-out/lede-tiny-w$FACTOR}
 LEDE=build/services/cli/lede
@@ -72,11 +77,15 @@ else  # the shape's policies, as `lede widen` installed them
 fi
 if [[ $COST != 0 ]]; then
   PROFILES=accelerator
-  for w in q8_0 f32 bf16; do
-    [[ -f "$MODEL/calibration-$w.json" ]] ||
-      "$LEDE" calibrate --model "$MODEL" --weights "$w" --threads 1 --repeats 20 --round-passes 3 \
-        --round-max-draft-len 6 --batch-sizes "" --out "$MODEL/calibration-$w.json"
-    PROFILES+=",calibration:$MODEL/calibration-$w.json"
+  for profile in $FORMATS; do  # FORMAT or FORMAT@THREADS
+    w=${profile%@*} t=1
+    [[ $profile == *@* ]] && t=${profile#*@}
+    cal="$MODEL/calibration-$w.json"
+    [[ $t == 1 ]] || cal="$MODEL/calibration-$w-${t}t.json"
+    [[ -f "$cal" ]] ||
+      "$LEDE" calibrate --model "$MODEL" --weights "$w" --threads "$t" --repeats 20 --round-passes 3 \
+        --round-max-draft-len 6 --batch-sizes "" --out "$cal"
+    PROFILES+=",calibration:$cal"
   done
   # Seven profiles replay every request seven times per iteration: four iterations over 20 extra
   # prompts per domain (the later flags win) keep it to minutes.
