@@ -276,7 +276,9 @@ inline __attribute__((always_inline)) void RowsPass(const uint8_t* blocks, size_
 }
 
 // Weight rows [0, rows) of one run (row o at blocks + o row_bytes)
-// against rows [0, n) of X (4, 2 then 1 at a time), into y[r ldy + o]. One
+// against rows [0, n) of X (4 at a time, then the last 3 together, or 2
+// then 1: a verification of 3 positions, a draft length of 2, costs one
+// pass, not two), into y[r ldy + o]. One
 // call per run, so the per-row cost is the kernel's own (no dispatch per
 // weight row). Many rows of X (a prefill chunk) go through kRowTile weight
 // rows at a time, so each group of 4 X rows is read from the cache once
@@ -293,9 +295,14 @@ void RowsDirect(const uint8_t* blocks, size_t row_bytes, int64_t rows, int64_t n
     for (; r + 4 <= n; r += 4) {
       RowsPass<K, 4>(blocks, row_bytes, t0, t1, nb, in, xq, xd, bs, bs_stride, r, y, ldy, accumulate);
     }
-    for (; r + 2 <= n; r += 2) {
-      RowsPass<K, 2>(blocks, row_bytes, t0, t1, nb, in, xq, xd, bs, bs_stride, r, y, ldy, accumulate);
+    if (n - r == 3) {
+      RowsPass<K, 3>(blocks, row_bytes, t0, t1, nb, in, xq, xd, bs, bs_stride, r, y, ldy, accumulate);
+    } else {
+      if (r + 2 <= n) {
+        RowsPass<K, 2>(blocks, row_bytes, t0, t1, nb, in, xq, xd, bs, bs_stride, r, y, ldy, accumulate);
+        r += 2;
+      }
+      if (r < n) RowsPass<K, 1>(blocks, row_bytes, t0, t1, nb, in, xq, xd, bs, bs_stride, r, y, ldy, accumulate);
     }
-    if (r < n) RowsPass<K, 1>(blocks, row_bytes, t0, t1, nb, in, xq, xd, bs, bs_stride, r, y, ldy, accumulate);
   }
 }
