@@ -385,7 +385,7 @@ function ledeRuns(file, prompts, threads, mode, sd) {
     warm = false;
     extra.push("--weights", "f32");
   }
-  if (mode === "kv_f32") {
+  if (mode === "f32_attention") {
     mode = "ar";
     warm = false;
     extra.push("--kv-dtype", "float32");
@@ -468,13 +468,14 @@ for (const { file, format } of files) {
     // Interleaved passes: each method on all held-out prompts, in turn.
     const passes = Object.fromEntries(methods.map(([m]) => [m, []]));
     const texts = {};
+    let peerIds = [];  // llama.cpp's autoregressive token ids, first pass
     const extras = Object.fromEntries(methods.map(([m]) => [m, []]));
     for (let pass = 0; pass < o.repeats; pass++) {
       for (const [m, run] of methods) {
         const runs = await run(prompts.eval);
         passes[m].push(tokS(runs));
         if (pass === 0) texts[m] = runs.map((r) => r.text);
-        if (pass === 0 && m === "llamacpp_ar") texts.llamacpp_ar_ids = runs.map((r) => r.ids);
+        if (pass === 0 && m === "llamacpp_ar") peerIds = runs.map((r) => r.ids);
         extras[m].push(...runs.map((r) => r.predictions || { acceptance_rate: r.acceptance }));
       }
       if (prefill) {
@@ -494,12 +495,12 @@ for (const { file, format } of files) {
     // Both engines with attention in float32 (ours: float32 K/V, not
     // bfloat16; llama.cpp: llamaCppRun's f32Attention): what is left of the
     // differences without the caches' roundings.
-    const oursKvF32 = o.lede ? ledeRuns(file, prompts.eval, threads, "kv_f32").map((r) => r.text) : [];
-    const peerKvF32 = [];
-    for (const p of o.lede ? prompts.eval : []) peerKvF32.push(await llamaCppRun(model, p, threads, false, true));
+    const oursF32Attention = o.lede ? ledeRuns(file, prompts.eval, threads, "f32_attention").map((r) => r.text) : [];
+    const peerF32Attention = [];
+    for (const p of o.lede ? prompts.eval : []) peerF32Attention.push(await llamaCppRun(model, p, threads, false, true));
     const count = (pred) => prompts.eval.filter((_, i) => pred(i)).length;
     // llama.cpp's first kFirstTokens tokens, as text, within ours.
-    const peerFirst = texts.llamacpp_ar_ids.map((ids) => model.detokenize(ids.slice(0, kFirstTokens)));
+    const peerFirst = peerIds.map((ids) => model.detokenize(ids.slice(0, kFirstTokens)));
     const divergences = [];
     if (o.lede) {
       for (const [i, p] of prompts.eval.entries()) {
@@ -515,9 +516,10 @@ for (const { file, format } of files) {
       first_tokens: kFirstTokens,
       same_first_tokens_f32_compute: o.lede ? count((i) => reference[i].includes(peerFirst[i])) : null,
       same_first_tokens_native: o.lede ? count((i) => texts.lede_ar[i].includes(peerFirst[i])) : null,
-      same_greedy_text_f32_attention: o.lede ? count((i) => oursKvF32[i].includes(peerKvF32[i].text)) : null,
-      same_first_tokens_f32_attention: o.lede ? count((i) => oursKvF32[i].includes(
-        model.detokenize(peerKvF32[i].ids.slice(0, kFirstTokens)))) : null,
+      same_greedy_text_f32_attention: o.lede ? count((i) => oursF32Attention[i].includes(peerF32Attention[i].text))
+        : null,
+      same_first_tokens_f32_attention: o.lede ? count((i) => oursF32Attention[i].includes(
+        model.detokenize(peerF32Attention[i].ids.slice(0, kFirstTokens)))) : null,
       // Per prompt whose native text differs: llama.cpp's probability of its own token and of ours
       // at the first step where they differ.
       divergences: o.lede ? divergences : null,

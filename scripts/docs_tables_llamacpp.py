@@ -8,11 +8,18 @@ _LLAMACPP_METHODS = (("llamacpp_ar", "llama.cpp autoregressive"),
                      ("lede_lede", "our LEDE"))
 
 
+def _frac(c, n, key):
+    """A check's count of n prompts ("-" where the run did not make it)."""
+    return "-" if c.get(key) is None else f"{c[key]}/{n}"
+
+
 def _text_check(c, n):
     """Same greedy text as llama.cpp, ours in f32 / in the file's storage; the first-tokens counts and the run of
     both engines with attention in float32 (llama.cpp's defaults round it through float16, ours K/V through
     bfloat16) where recorded."""
-    f = lambda k: "-" if c.get(k) is None else f"{c[k]}/{n}"  # noqa: E731
+    def f(key):
+        return _frac(c, n, key)
+
     first = (f" (first {c['first_tokens']} tokens: {f('same_first_tokens_f32_compute')} / "
              f"{f('same_first_tokens_native')})" if c.get("first_tokens") else "")
     kv = (f"; both with float32 attention: {f('same_greedy_text_f32_attention')} (first {c['first_tokens']}: "
@@ -52,7 +59,7 @@ def llamacpp_heldout_table(data, opts):
             gbs = (f"{m['effective_gb_s']:.1f} ({100 * m['share_of_roofline']:.0f}%)"
                    if m.get("share_of_roofline") is not None else "-")
             c, n = r["checks"], r["checks"]["prompts"]
-            frac = lambda k: "-" if c.get(k) is None else f"{c[k]}/{n}"  # noqa: E731
+            frac = lambda k: _frac(c, n, k)  # noqa: E731
             rows.append([r["format"], r["threads"], label,
                          f"{num(m['median_tok_s'])} ({num(m['min_tok_s'])}-{num(m['max_tok_s'])})",
                          f"{x(v['median'])} ({v['min']:.2f}-{v['max']:.2f})", gbs]
@@ -70,7 +77,7 @@ def llamacpp_heldout_table(data, opts):
         checks.append([r["format"], r["threads"], num(r["bytes"] / 1e6, "{:.1f}"),
                        _text_check(c, n),
                        f"{frac('llamacpp_lookup_lossless')} / {frac('lede_static_lossless')} / {frac('lede_lede_lossless')}"]
-                      + ([" / ".join(f"{c:.2f}" for c in ceiling["verify_over_step"][1::2])] if ceiling else []))
+                      + ([" / ".join(f"{v:.2f}" for v in ceiling["verify_over_step"][1::2])] if ceiling else []))
     ceilings = any(r.get("speculation_ceiling") for r in data["results"])
     s, roof = data["settings"], data.get("roofline") or {}
     reads = len(roof.get("measurements") or [])
