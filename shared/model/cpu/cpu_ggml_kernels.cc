@@ -366,7 +366,25 @@ float Dot32Avx2(const Decoded32* w, int64_t nb, int offset, bool is_signed, cons
 }
 
 #include "shared/model/cpu/internal/cpu_ggml_direct_kernels.h"
+namespace avx2 {
+#include "shared/model/cpu/internal/cpu_ggml_rows_direct.h"
+}  // namespace avx2
 
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")
+// GCC 12's AVX-512 intrinsics that take _mm512_undefined_*() as their
+// masked source (inserti64x4, broadcast_i64x4, sllv / srlv, extracti64x4)
+// warn that it is uninitialized (GCC bug 105593, fixed in GCC 13).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+namespace avx512 {
+#include "shared/model/cpu/internal/cpu_ggml_vnni_kernels.h"
+#include "shared/model/cpu/internal/cpu_ggml_rows_direct.h"
+}  // namespace avx512
+#pragma GCC diagnostic pop
 #pragma GCC pop_options
 #endif
 
@@ -400,25 +418,27 @@ void QuantizeActivations(const float* x, int64_t n, int64_t in, const GgmlMatrix
 
 #if LEDE_HAVE_X86_GGML_KERNELS
 // Rows [a, e) of run (Q4_K, Q5_K, Q6_K or Q4_0) straight from their blocks
-// (no decoded copy): each weight row against up to 4 rows of X at a time.
+// (no decoded copy): each weight row against up to 4 rows of X at a time;
+// Q4_K and Q6_K with AVX-512 VNNI where `isa` allows it.
 void DirectRunRows(const GgmlMatrix& w, const GgmlMatrix::Run& run, int64_t a, int64_t e, int64_t nb, int64_t in,
-                   const XScratch& s, int64_t n, float* ya, int64_t ldy, bool accumulate) {
+                   QuantIsa isa, const XScratch& s, int64_t n, float* ya, int64_t ldy, bool accumulate) {
   const uint8_t* blocks = w.data() + run.offset + static_cast<size_t>(a - run.row_begin) * run.row_bytes;
-  auto rows = [&](auto kernel) {
-    RowsDirect<decltype(kernel)>(blocks, run.row_bytes, e - a, nb, in, s.qk.data(), s.dk.data(), s.bsk.data(), n,
-                                 ya, ldy, accumulate);
+  auto rows = [&](auto rows_direct) {
+    rows_direct(blocks, run.row_bytes, e - a, nb, in, s.qk.data(), s.dk.data(), s.bsk.data(), n, ya, ldy,
+                accumulate);
   };
-  if (run.type == GgmlType::kQ4_0) {
-    RowsDirect<Q40Kernel>(blocks, run.row_bytes, e - a, nb, in, s.q32.data(), s.d32.data(), s.c32.data(), n, ya,
-                          ldy, accumulate);
-    return;
-  }
-  if (run.type == GgmlType::kQ4_K) {
-    rows(K45Kernel<false>());
-  } else if (run.type == GgmlType::kQ5_K) {
-    rows(K45Kernel<true>());
-  } else {
-    rows(Q6KKernel());
+  const bool vnni = isa == QuantIsa::kAvx512;
+  switch (run.type) {
+    case GgmlType::kQ4_0:
+      avx2::RowsDirect<Q40Kernel>(blocks, run.row_bytes, e - a, nb, in, s.q32.data(), s.d32.data(), s.c32.data(), n,
+                                  ya, ldy, accumulate);
+      return;
+    case GgmlType::kQ4_K:
+      return vnni ? rows(avx512::RowsDirect<avx512::Q4KKernel>) : rows(avx2::RowsDirect<K45Kernel<false>>);
+    case GgmlType::kQ5_K:
+      return rows(avx2::RowsDirect<K45Kernel<true>>);
+    default:  // kQ6_K: the caller passes only these four types
+      return vnni ? rows(avx512::RowsDirect<avx512::Q6KKernel>) : rows(avx2::RowsDirect<Q6KKernel>);
   }
 }
 #endif
@@ -492,7 +512,7 @@ void MatMulRowsGgml(const float* x, int64_t n, int64_t in, const GgmlMatrix& w, 
 #if LEDE_HAVE_X86_GGML_KERNELS
     if (avx2 && (run.type == GgmlType::kQ4_K || run.type == GgmlType::kQ5_K || run.type == GgmlType::kQ6_K ||
                  run.type == GgmlType::kQ4_0)) {
-      DirectRunRows(w, run, a, e, in / GgmlBlockValues(run.type), in, s, n, y + (a - o0), ldy, accumulate);
+      DirectRunRows(w, run, a, e, in / GgmlBlockValues(run.type), in, isa, s, n, y + (a - o0), ldy, accumulate);
       continue;
     }
 #endif

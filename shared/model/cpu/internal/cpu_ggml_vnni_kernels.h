@@ -1,0 +1,170 @@
+// File: shared/model/cpu/internal/cpu_ggml_vnni_kernels.h
+//
+// The AVX-512 VNNI direct products of cpu_ggml_kernels.h for Q4_K and
+// Q6_K (the types of a Q4_K_M file): one weight row straight from its
+// llama.cpp blocks against up to 4 rows of X, as the AVX2 kernels of
+// cpu_ggml_direct_kernels.h, with their kernel types for RowsDirect.
+// Included once by cpu_ggml_kernels.cc inside its anonymous namespace, its
+// AVX-512 target region and namespace avx512. No include guard on purpose.
+// Requires <immintrin.h>, <cstring>, `Hsum(__m256)`, `Half`,
+// `KScaleMinBytes` and `kQK`.
+//
+// The integer products (docs/design.md#cpu-kernels): vpdpbusd multiplies
+// 64 unsigned weight values (Q4_K: 0..15, Q6_K: 0..63) by 64 int8
+// activations and sums each 4 into an int32 lane from zero, so a lane holds
+// at most 4 x 63 x 127 = 32,004 and two such vectors pack to int16 without
+// saturation (vpackssdw). Every 128-bit lane of a packed vector holds the
+// partial sums of two sub-blocks, and one vpdpwssd multiplies them by the
+// sub-blocks' scales (int16) into the int32 accumulator. Against the AVX2
+// kernels (vpmaddubsw, vpmaddwd by the scales, vpaddd per 32 values and
+// row of X) this is 2 instructions per 64 values and row of X rather than
+// 6. The float part (the min or -32 terms, the super-block scales, one FMA
+// per block and row) is the AVX2 kernels'; the integer sums are the same,
+// their order into float32 lanes differs, so the ISAs agree to float
+// rounding. Each row of X goes through the same operations in the same
+// order for every R (rows do not depend on the rows beside them).
+
+inline __m256i Fold(__m512i v) {
+  return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+// Q4_K: value = d sc q - dmin m per sub-block of 32. Chunk c (32 bytes of
+// qs) holds sub-block 2c in its low nibbles and 2c + 1 in its high ones;
+// w[c] = [low nibbles | high nibbles] lines up with x[64 c, 64 c + 64).
+template <int R>
+void DotQ4KVnni(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const int16_t* bs,
+                float* out) {
+  // vpshufb indices into [sc0..7, m0..7] (every 128-bit lane) giving the
+  // int16 scales of packs(t_2p, t_2p+1): lanes 0, 1 hold sub-blocks 4p and
+  // 4p + 2, lanes 2, 3 sub-blocks 4p + 1 and 4p + 3, four sums each.
+#define LEDE_Q4(a) a, -1, a, -1, a, -1, a, -1
+#define LEDE_LANE(a, b) LEDE_Q4(a), LEDE_Q4(b)
+  alignas(64) static const int8_t kScalePick[2][64] = {
+      {LEDE_LANE(0, 2), LEDE_LANE(0, 2), LEDE_LANE(1, 3), LEDE_LANE(1, 3)},
+      {LEDE_LANE(4, 6), LEDE_LANE(4, 6), LEDE_LANE(5, 7), LEDE_LANE(5, 7)}};
+#undef LEDE_LANE
+#undef LEDE_Q4
+  const __m512i m4 = _mm512_set1_epi8(15), zero = _mm512_setzero_si512();
+  const __m512i pick0 = _mm512_load_si512(kScalePick[0]), pick1 = _mm512_load_si512(kScalePick[1]);
+  const __m256i kMinPick = _mm256_setr_epi8(8, -1, 8, -1, 9, -1, 9, -1, 10, -1, 10, -1, 11, -1, 11, -1,
+                                            12, -1, 12, -1, 13, -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1);
+  const __m128 kNegMin = _mm_castsi128_ps(_mm_setr_epi32(0, static_cast<int>(0x80000000u), 0, 0));
+  const __m256i kPairs = _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1);
+  __m256 acc[R];
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + static_cast<size_t>(b) * 144;
+    const __m128i smb = KScaleMinBytes(blk + 4);
+    const __m512i sm = _mm512_broadcast_i32x4(smb);
+    const __m512i s01 = _mm512_shuffle_epi8(sm, pick0), s23 = _mm512_shuffle_epi8(sm, pick1);
+    const __m256i mins = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(smb), kMinPick);
+    int32_t dm;
+    std::memcpy(&dm, blk, 4);
+    const __m256 dd = _mm256_permutevar8x32_ps(
+        _mm256_castps128_ps256(_mm_xor_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dm)), kNegMin)), kPairs);
+    __m512i w[4];
+    #pragma GCC unroll 2
+    for (int p = 0; p < 2; ++p) {
+      const __m512i v = _mm512_loadu_si512(blk + 16 + 64 * p);
+      const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+      w[2 * p] = _mm512_shuffle_i64x2(lo, hi, 0x44);      // [lo(2p) | hi(2p)]
+      w[2 * p + 1] = _mm512_shuffle_i64x2(lo, hi, 0xEE);  // [lo(2p + 1) | hi(2p + 1)]
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const int8_t* x = xq + r * in + b * kQK;
+      const __m512i t0 = _mm512_dpbusd_epi32(zero, w[0], _mm512_loadu_si512(x));
+      const __m512i t1 = _mm512_dpbusd_epi32(zero, w[1], _mm512_loadu_si512(x + 64));
+      const __m512i t2 = _mm512_dpbusd_epi32(zero, w[2], _mm512_loadu_si512(x + 128));
+      const __m512i t3 = _mm512_dpbusd_epi32(zero, w[3], _mm512_loadu_si512(x + 192));
+      const __m512i ia = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(zero, _mm512_packs_epi32(t0, t1), s01),
+                                             _mm512_packs_epi32(t2, t3), s23);
+      const __m256i off =
+          _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + r * (in / 16) + 16 * b)), mins);
+      const __m256 f = _mm256_cvtepi32_ps(_mm256_hadd_epi32(Fold(ia), off));
+      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(f, dd), _mm256_broadcast_ss(xd + r * nb + b), acc[r]);
+    }
+  }
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) out[r] = Hsum(acc[r]);
+}
+
+// Q6_K: value = d sc (q - 32) per sub-block of 16; the -32 leaves through
+// the activation sums (32 sum sc bsum), as DotQ6KDirect. Half h of a block
+// is qa = [q0 | q1] (x[128 h, 128 h + 64)) and qb = [q2 | q3] (the next
+// 64), each 128-bit lane one sub-block.
+template <int R>
+void DotQ6KVnni(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const int16_t* bs,
+                float* out) {
+  // vpermw indices into the 16 int16 scales giving the scales of
+  // packs(ta, tb) of half h: lane L holds sub-blocks 8h + L and 8h + 4 + L.
+#define LEDE_W4(a) a, a, a, a
+  alignas(64) static const int16_t kScalePick[2][32] = {
+      {LEDE_W4(0), LEDE_W4(4), LEDE_W4(1), LEDE_W4(5), LEDE_W4(2), LEDE_W4(6), LEDE_W4(3), LEDE_W4(7)},
+      {LEDE_W4(8), LEDE_W4(12), LEDE_W4(9), LEDE_W4(13), LEDE_W4(10), LEDE_W4(14), LEDE_W4(11), LEDE_W4(15)}};
+#undef LEDE_W4
+  const __m512i m4 = _mm512_set1_epi8(15), zero = _mm512_setzero_si512();
+  // The 2 high bits of q0 | q1 (bits 0-1 | 2-3 of qh, to bits 4-5) and of
+  // q2 | q3 (bits 4-5 | 6-7), per 256-bit half of [qh | qh].
+  const __m512i mask_a = _mm512_inserti64x4(_mm512_set1_epi8(3), _mm256_set1_epi8(12), 1);
+  const __m512i mask_b = _mm512_inserti64x4(_mm512_set1_epi8(48), _mm256_set1_epi8(static_cast<char>(192)), 1);
+  const __m512i shift_a = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4), shift_b = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
+  const __m512i pick0 = _mm512_load_si512(kScalePick[0]), pick1 = _mm512_load_si512(kScalePick[1]);
+  __m256 acc[R];
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + static_cast<size_t>(b) * 210;
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+    const __m512i s[2] = {_mm512_permutexvar_epi16(pick0, _mm512_castsi256_si512(sc16)),
+                          _mm512_permutexvar_epi16(pick1, _mm512_castsi256_si512(sc16))};
+    __m512i qa[2], qb[2];
+    #pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m512i l = _mm512_loadu_si512(blk + 64 * h);
+      const __m512i hv = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 128 + 32 * h)));
+      qa[h] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_sllv_epi64(_mm512_and_si512(hv, mask_a), shift_a));
+      qb[h] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                              _mm512_srlv_epi64(_mm512_and_si512(hv, mask_b), shift_b));
+    }
+    const float d = Half(blk + 208);
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const int8_t* x = xq + r * in + b * kQK;
+      __m512i ia = zero;
+      #pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const __m512i ta = _mm512_dpbusd_epi32(zero, qa[h], _mm512_loadu_si512(x + 128 * h));
+        const __m512i tb = _mm512_dpbusd_epi32(zero, qb[h], _mm512_loadu_si512(x + 128 * h + 64));
+        ia = _mm512_dpwssd_epi32(ia, _mm512_packs_epi32(ta, tb), s[h]);
+      }
+      const __m256i off =
+          _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + r * (in / 16) + 16 * b)), sc16);
+      const __m256i t = _mm256_sub_epi32(Fold(ia), _mm256_slli_epi32(off, 5));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_set1_ps(d * xd[r * nb + b]), acc[r]);
+    }
+  }
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) out[r] = Hsum(acc[r]);
+}
+
+// The kernel types for RowsDirect (as cpu_ggml_direct_kernels.h's).
+struct Q4KKernel {
+  using Sums = int16_t;
+  static int64_t SumsPerRow(int64_t in, int64_t) { return in / 16; }
+  template <int R>
+  static void Dot(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const int16_t* bs,
+                  float* out) {
+    DotQ4KVnni<R>(row, nb, in, xq, xd, bs, out);
+  }
+};
+struct Q6KKernel {
+  using Sums = int16_t;
+  static int64_t SumsPerRow(int64_t in, int64_t) { return in / 16; }
+  template <int R>
+  static void Dot(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const int16_t* bs,
+                  float* out) {
+    DotQ6KVnni<R>(row, nb, in, xq, xd, bs, out);
+  }
+};
