@@ -215,6 +215,12 @@ void Q8Rows(const int8_t* xq, const float* xd, int64_t n, int64_t in, const uint
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define LEDE_HAVE_X86_QUANT_KERNELS 1
 
+// How far ahead (bytes) the packed kernels prefetch the weight stream, as
+// the float32 kernel (cpu_kernels.cc kPrefetchAhead): the hardware
+// prefetcher alone falls behind once several rows share each line (and,
+// on one Emerald Rapids core, when one row of X is decoding).
+constexpr int64_t kPrefetchAheadBytes = 8192;
+
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
@@ -245,6 +251,8 @@ void Bf16Block(const float* x, int64_t in, const uint16_t* b, float* y, int64_t 
   int64_t i = 0;
   for (; i + 16 <= in; i += 16) {
     const uint16_t* chunk = b + 4 * i;
+    _mm_prefetch(reinterpret_cast<const char*>(chunk) + kPrefetchAheadBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(chunk) + kPrefetchAheadBytes + 64, _MM_HINT_T0);
     #pragma GCC unroll 8
     for (int k = 0; k < 4; ++k) {
       const __m256 w0 = Bf16x8(chunk + 8 * k), w1 = Bf16x8(chunk + 32 + 8 * k);
@@ -305,6 +313,10 @@ void Q8Block(const int8_t* xq, int64_t in, const float* xd, int64_t nb, const ui
   }
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t j = 0; j < nb; ++j, g += kQ8PackedGroup) {
+    // 136 bytes a group: three lines ahead cover every line of the stream.
+    _mm_prefetch(reinterpret_cast<const char*>(g) + kPrefetchAheadBytes, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(g) + kPrefetchAheadBytes + 64, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(g) + kPrefetchAheadBytes + 128, _MM_HINT_T0);
     __m256i xv[R], ax[R];
     alignas(16) float sc[R][4];
     const __m128 dw = _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(g)));
@@ -370,11 +382,6 @@ void Q8Rows(const int8_t* xq, const float* xd, int64_t n, int64_t in, const uint
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 namespace avx512 {
-
-// How far ahead (bytes) the packed kernels prefetch the weight stream, as
-// the float32 kernel (cpu_kernels.cc kPrefetchAhead): the hardware
-// prefetcher alone falls behind once several rows share each line.
-constexpr int64_t kPrefetchAheadBytes = 8192;
 
 inline float Hsum8(__m256 v) { return avx2::Hsum(v); }
 
