@@ -16,25 +16,28 @@ inline void Store(float v, bool accumulate, float* y) { *y = accumulate ? *y + v
 // from memory once per token, and without the requests the computing and
 // the loads did not overlap (8x widening at Q4_K_M, one Emerald Rapids
 // core: 44 -> 64 tok/s with the VNNI kernels, 38 -> 55 with AVX2; 2, 4, 8
-// and 16 rows ahead measured alike). A prefetch past the matrix
-// does not fault (the address is formed as an integer).
+// and 16 rows ahead measured alike). The last rows of a run ask for none.
+// __builtin_prefetch, not _mm_prefetch: GCC 12 emitted no instruction for
+// _mm_prefetch in this helper (checked with objdump for prefetcht0).
 constexpr int64_t kPrefetchRows = 4;
 
-inline void PrefetchRow(uintptr_t row, size_t row_bytes) {
-  for (size_t line = 0; line < row_bytes; line += 64) _mm_prefetch(reinterpret_cast<const char*>(row + line), _MM_HINT_T0);
+inline void PrefetchRow(const uint8_t* row, size_t row_bytes) {
+  for (size_t line = 0; line < row_bytes; line += 64) {
+    __builtin_prefetch(row + line);
+  }
 }
 
-// Weight rows [t0, t1) of a run against rows [r, r + R) of X, into
+// Weight rows [t0, t1) of a run of `rows` rows against rows [r, r + R) of X, into
 // y[(r + j) ldy + o] (RowsDirect's inner pass; inlined: as a call, the
 // 400-token prefill of the 8x widening at Q4_K_M took 3% longer).
 template <typename K, int R>
-inline __attribute__((always_inline)) void RowsPass(const uint8_t* blocks, size_t row_bytes, int64_t t0, int64_t t1,
-                                                    int64_t nb, int64_t in, const int8_t* xq, const float* xd,
+inline __attribute__((always_inline)) void RowsPass(const uint8_t* blocks, size_t row_bytes, int64_t rows,
+                                                    int64_t t0, int64_t t1, int64_t nb, int64_t in, const int8_t* xq, const float* xd,
                                                     const typename K::Sums* bs, int64_t bs_stride, int64_t r, float* y,
                                                     int64_t ldy, bool accumulate) {
   float v[R];
   for (int64_t o = t0; o < t1; ++o) {
-    PrefetchRow(reinterpret_cast<uintptr_t>(blocks) + static_cast<size_t>(o + kPrefetchRows) * row_bytes, row_bytes);
+    if (o + kPrefetchRows < rows) PrefetchRow(blocks + static_cast<size_t>(o + kPrefetchRows) * row_bytes, row_bytes);
     K::template Dot<R>(blocks + static_cast<size_t>(o) * row_bytes, nb, in, xq + r * in, xd + r * nb,
                        bs + r * bs_stride, v);
     for (int j = 0; j < R; ++j) Store(v[j], accumulate, y + (r + j) * ldy + o);
@@ -59,16 +62,16 @@ void RowsDirect(const uint8_t* blocks, size_t row_bytes, int64_t rows, int64_t n
     const int64_t t1 = std::min(rows, t0 + kRowTile);
     int64_t r = 0;
     for (; r + 4 <= n; r += 4) {
-      RowsPass<K, 4>(blocks, row_bytes, t0, t1, nb, in, xq, xd, bs, bs_stride, r, y, ldy, accumulate);
+      RowsPass<K, 4>(blocks, row_bytes, rows, t0, t1, nb, in, xq, xd, bs, bs_stride, r, y, ldy, accumulate);
     }
     if (n - r == 3) {
-      RowsPass<K, 3>(blocks, row_bytes, t0, t1, nb, in, xq, xd, bs, bs_stride, r, y, ldy, accumulate);
+      RowsPass<K, 3>(blocks, row_bytes, rows, t0, t1, nb, in, xq, xd, bs, bs_stride, r, y, ldy, accumulate);
     } else {
       if (r + 2 <= n) {
-        RowsPass<K, 2>(blocks, row_bytes, t0, t1, nb, in, xq, xd, bs, bs_stride, r, y, ldy, accumulate);
+        RowsPass<K, 2>(blocks, row_bytes, rows, t0, t1, nb, in, xq, xd, bs, bs_stride, r, y, ldy, accumulate);
         r += 2;
       }
-      if (r < n) RowsPass<K, 1>(blocks, row_bytes, t0, t1, nb, in, xq, xd, bs, bs_stride, r, y, ldy, accumulate);
+      if (r < n) RowsPass<K, 1>(blocks, row_bytes, rows, t0, t1, nb, in, xq, xd, bs, bs_stride, r, y, ldy, accumulate);
     }
   }
 }
