@@ -9,7 +9,8 @@
 // Requires <immintrin.h>, <cstring>, `Hsum(__m256)`, `Half`,
 // `KScaleMinBytes` and `kQK`.
 //
-// The integer products (docs/design.md#cpu-kernels): vpdpbusd multiplies
+// The integer products (docs/models.md, K-quant and 4-bit GGUF files):
+// vpdpbusd multiplies
 // 64 unsigned weight values (Q4_K: 0..15, Q6_K: 0..63) by 64 int8
 // activations and sums each 4 into an int32 lane from zero, so a lane holds
 // at most 4 x 63 x 127 = 32,004 and two such vectors pack to int16 without
