@@ -33,6 +33,35 @@ inline __m128i KScaleMinBytes(const uint8_t* scales) {
   return _mm_or_si128(lo, _mm_and_si128(_mm_srli_epi16(h, 2), _mm_set1_epi8(0x30)));
 }
 
+// The per-block float part of Q4_K / Q5_K, shared by the AVX2 and the
+// VNNI kernels: the block's mins as int16 for its 16 activation sums of 16
+// (m0 m0 m1 m1 .. m3 m3 | m4 m4 .. m7 m7) and its d, -dmin as float32 lane
+// pairs [d, d, -dmin, -dmin] x 2.
+struct K45BlockScales {
+  __m256i mins;
+  __m256 dd;
+};
+inline K45BlockScales K45Scales(const uint8_t* blk, __m128i sm) {
+  const __m256i kMinPick = _mm256_setr_epi8(8, -1, 8, -1, 9, -1, 9, -1, 10, -1, 10, -1, 11, -1, 11, -1,
+                                            12, -1, 12, -1, 13, -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1);
+  const __m128 kNegMin = _mm_castsi128_ps(_mm_setr_epi32(0, static_cast<int>(0x80000000u), 0, 0));
+  const __m256i kPairs = _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1);
+  int32_t dm;
+  std::memcpy(&dm, blk, 4);
+  return {_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(sm), kMinPick),
+          _mm256_permutevar8x32_ps(
+              _mm256_castps128_ps256(_mm_xor_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dm)), kNegMin)), kPairs)};
+}
+// acc + one block of one row of X: its scaled integer sums ia (8 int32
+// lanes, all to be multiplied by d) paired with its min x activation sums
+// by one vphaddd, scaled by [d, d, -dmin, -dmin] and by the activation
+// scale *dx in one FMA. bs: the row's 16 activation sums of the block.
+inline __m256 K45Accumulate(__m256i ia, const int16_t* bs, const K45BlockScales& k, const float* dx, __m256 acc) {
+  const __m256i off = _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs)), k.mins);
+  const __m256 f = _mm256_cvtepi32_ps(_mm256_hadd_epi32(ia, off));
+  return _mm256_fmadd_ps(_mm256_mul_ps(f, k.dd), _mm256_broadcast_ss(dx), acc);
+}
+
 // Q4_K (five = false) and Q5_K: value = d sc q - dmin m per sub-block of 32.
 // R rows of X (row r at xq + r in, xd + r nb, bs + r in / 16) against one
 // weight row: the nibbles and scales are split once for the R rows. Per
@@ -51,23 +80,14 @@ void DotK45Direct(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, 
                       j, -1, j, -1, j, -1, j, -1, j, -1, j, -1, j, -1, j, -1}
       LEDE_PICK(0), LEDE_PICK(1), LEDE_PICK(2), LEDE_PICK(3), LEDE_PICK(4), LEDE_PICK(5), LEDE_PICK(6), LEDE_PICK(7)};
 #undef LEDE_PICK
-  // Each min as int16 for its two sums of 16: m0 m0 m1 m1 .. m3 m3 | m4 m4 .. m7 m7.
-  const __m256i kMinPick = _mm256_setr_epi8(8, -1, 8, -1, 9, -1, 9, -1, 10, -1, 10, -1, 11, -1, 11, -1,
-                                            12, -1, 12, -1, 13, -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1);
-  const __m128 kNegMin = _mm_castsi128_ps(_mm_setr_epi32(0, static_cast<int>(0x80000000u), 0, 0));
-  const __m256i kPairs = _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1);
   __m256 acc[R];
   #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = row + static_cast<size_t>(b) * bb;
-    const __m256i sm = _mm256_broadcastsi128_si256(KScaleMinBytes(blk + 4));
-    const __m256i mins = _mm256_shuffle_epi8(sm, kMinPick);
-    // [d, -dmin, d, -dmin, ...] as float32 lane pairs [d, d, -dmin, -dmin] x 2.
-    int32_t dm;
-    std::memcpy(&dm, blk, 4);
-    const __m256 dd = _mm256_permutevar8x32_ps(
-        _mm256_castps128_ps256(_mm_xor_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dm)), kNegMin)), kPairs);
+    const __m128i sm128 = KScaleMinBytes(blk + 4);
+    const __m256i sm = _mm256_broadcastsi128_si256(sm128);
+    const K45BlockScales k = K45Scales(blk, sm128);
     const uint8_t* qs = blk + (kFive ? 48 : 16);
     __m256i hv = kFive ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16)) : _mm256_setzero_si256();
     __m256i ia[R];
@@ -94,12 +114,7 @@ void DotK45Direct(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, 
       }
     }
     #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const __m256i off =
-          _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + r * (in / 16) + 16 * b)), mins);
-      const __m256 f = _mm256_cvtepi32_ps(_mm256_hadd_epi32(ia[r], off));
-      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(f, dd), _mm256_broadcast_ss(xd + r * nb + b), acc[r]);
-    }
+    for (int r = 0; r < R; ++r) acc[r] = K45Accumulate(ia[r], bs + r * (in / 16) + 16 * b, k, xd + r * nb + b, acc[r]);
   }
   #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) out[r] = Hsum(acc[r]);

@@ -7,7 +7,7 @@
 // Included once by cpu_ggml_kernels.cc inside its anonymous namespace, its
 // AVX-512 target region and namespace avx512. No include guard on purpose.
 // Requires <immintrin.h>, <cstring>, `Hsum(__m256)`, `Half`,
-// `KScaleMinBytes` and `kQK`.
+// `KScaleMinBytes`, `K45Scales`, `K45Accumulate` and `kQK`.
 //
 // The integer products (docs/models.md, K-quant and 4-bit GGUF files):
 // vpdpbusd multiplies
@@ -47,10 +47,6 @@ void DotQ4KVnni(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, co
 #undef LEDE_Q4
   const __m512i m4 = _mm512_set1_epi8(15), zero = _mm512_setzero_si512();
   const __m512i pick0 = _mm512_load_si512(kScalePick[0]), pick1 = _mm512_load_si512(kScalePick[1]);
-  const __m256i kMinPick = _mm256_setr_epi8(8, -1, 8, -1, 9, -1, 9, -1, 10, -1, 10, -1, 11, -1, 11, -1,
-                                            12, -1, 12, -1, 13, -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1);
-  const __m128 kNegMin = _mm_castsi128_ps(_mm_setr_epi32(0, static_cast<int>(0x80000000u), 0, 0));
-  const __m256i kPairs = _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1);
   __m256 acc[R];
   #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
@@ -59,11 +55,7 @@ void DotQ4KVnni(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, co
     const __m128i smb = KScaleMinBytes(blk + 4);
     const __m512i sm = _mm512_broadcast_i32x4(smb);
     const __m512i s01 = _mm512_shuffle_epi8(sm, pick0), s23 = _mm512_shuffle_epi8(sm, pick1);
-    const __m256i mins = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(smb), kMinPick);
-    int32_t dm;
-    std::memcpy(&dm, blk, 4);
-    const __m256 dd = _mm256_permutevar8x32_ps(
-        _mm256_castps128_ps256(_mm_xor_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dm)), kNegMin)), kPairs);
+    const K45BlockScales k = K45Scales(blk, smb);
     __m512i w[4];
     #pragma GCC unroll 2
     for (int p = 0; p < 2; ++p) {
@@ -81,10 +73,7 @@ void DotQ4KVnni(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, co
       const __m512i t3 = _mm512_dpbusd_epi32(zero, w[3], _mm512_loadu_si512(x + 192));
       const __m512i ia = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(zero, _mm512_packs_epi32(t0, t1), s01),
                                              _mm512_packs_epi32(t2, t3), s23);
-      const __m256i off =
-          _mm256_madd_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs + r * (in / 16) + 16 * b)), mins);
-      const __m256 f = _mm256_cvtepi32_ps(_mm256_hadd_epi32(Fold(ia), off));
-      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(f, dd), _mm256_broadcast_ss(xd + r * nb + b), acc[r]);
+      acc[r] = K45Accumulate(Fold(ia), bs + r * (in / 16) + 16 * b, k, xd + r * nb + b, acc[r]);
     }
   }
   #pragma GCC unroll 4
