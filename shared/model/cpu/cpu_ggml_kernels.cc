@@ -201,6 +201,7 @@ void Decode32(GgmlType type, const uint8_t* b, Decoded32* o) {
 // scale, sums of 16) and 32 form (q, scale, sum of 32).
 struct XScratch {
   std::vector<int8_t> qk, q32;
+  std::vector<int8_t> qk_nibbles;  // qk in the order of Q4_K's nibbles (NibbleOrder), for the VNNI Q4_K kernel
   std::vector<float> dk, d32;
   std::vector<int16_t> bsk;
   std::vector<int32_t> bs32;
@@ -388,15 +389,33 @@ namespace avx512 {
 #pragma GCC pop_options
 #endif
 
+// q (n x in int8, in a multiple of 128) in the order Q4_K stores its
+// nibbles, into out: each 128 values [0, 32) [64, 96) [32, 64) [96, 128).
+// Two 32-byte chunks of Q4_K quants hold sub-blocks 4p and 4p + 2 in their
+// low nibbles and 4p + 1 and 4p + 3 in their high ones, so with X in this
+// order one 64-byte load of quants, masked, lines up with 64 contiguous
+// bytes of X without shuffling the weights (done once per X row, not once
+// per weight block).
+void NibbleOrder(const int8_t* q, int64_t n, int64_t in, int8_t* out) {
+  for (int64_t h = 0; h < n * in; h += 128) {
+    std::memcpy(out + h, q + h, 32);
+    std::memcpy(out + h + 32, q + h + 64, 32);
+    std::memcpy(out + h + 64, q + h + 32, 32);
+    std::memcpy(out + h + 96, q + h + 96, 32);
+  }
+}
+
 // The activation forms the rows [o0, o1) of w need, into s: X quantized per
-// row in 256-value super-blocks (K types) and / or in 32-value blocks with
-// their sums (c32: the Q4_0 offset term).
+// row in 256-value super-blocks (K types; also in Q4_K's nibble order
+// where the AVX-512 VNNI kernel will read Q4_K rows) and / or in 32-value
+// blocks with their sums (c32: the Q4_0 offset term).
 void QuantizeActivations(const float* x, int64_t n, int64_t in, const GgmlMatrix& w, int64_t o0, int64_t o1,
-                         XScratch& s) {
-  bool need_k = false, need_32 = false;
+                         QuantIsa isa, XScratch& s) {
+  bool need_k = false, need_32 = false, need_nibbles = false;
   for (const GgmlMatrix::Run& run : w.runs()) {
     if (run.row_end <= o0 || run.row_begin >= o1) continue;
     (IsKType(run.type) ? need_k : need_32) = true;
+    need_nibbles = need_nibbles || (run.type == GgmlType::kQ4_K && isa == QuantIsa::kAvx512);
   }
   if (need_k) {
     Grow(&s.qk, n * in), Grow(&s.dk, n * in / kQK), Grow(&s.bsk, n * in / 16), Grow(&s.kd, in / kQK);
@@ -404,6 +423,10 @@ void QuantizeActivations(const float* x, int64_t n, int64_t in, const GgmlMatrix
       QuantizeX<int16_t>(x + r * in, in, kQK, 16, s.qk.data() + r * in, s.dk.data() + r * (in / kQK),
                          s.bsk.data() + r * (in / 16));
     }
+  }
+  if (need_nibbles) {
+    Grow(&s.qk_nibbles, n * in);
+    NibbleOrder(s.qk.data(), n, in, s.qk_nibbles.data());
   }
   if (need_32) {
     Grow(&s.q32, n * in), Grow(&s.d32, n * in / 32), Grow(&s.bs32, n * in / 32), Grow(&s.d32w, in / 32);
@@ -423,9 +446,8 @@ void QuantizeActivations(const float* x, int64_t n, int64_t in, const GgmlMatrix
 void DirectRunRows(const GgmlMatrix& w, const GgmlMatrix::Run& run, int64_t a, int64_t e, int64_t nb, int64_t in,
                    QuantIsa isa, const XScratch& s, int64_t n, float* ya, int64_t ldy, bool accumulate) {
   const uint8_t* blocks = w.data() + run.offset + static_cast<size_t>(a - run.row_begin) * run.row_bytes;
-  auto rows = [&](auto rows_direct) {
-    rows_direct(blocks, run.row_bytes, e - a, nb, in, s.qk.data(), s.dk.data(), s.bsk.data(), n, ya, ldy,
-                accumulate);
+  auto rows = [&](auto rows_direct, const int8_t* xq) {
+    rows_direct(blocks, run.row_bytes, e - a, nb, in, xq, s.dk.data(), s.bsk.data(), n, ya, ldy, accumulate);
   };
   const bool vnni = isa == QuantIsa::kAvx512;
   switch (run.type) {
@@ -433,12 +455,14 @@ void DirectRunRows(const GgmlMatrix& w, const GgmlMatrix::Run& run, int64_t a, i
       avx2::RowsDirect<Q40Kernel>(blocks, run.row_bytes, e - a, nb, in, s.q32.data(), s.d32.data(), s.c32.data(), n,
                                   ya, ldy, accumulate);
       return;
-    case GgmlType::kQ4_K:
-      return vnni ? rows(avx512::RowsDirect<avx512::Q4KKernel>) : rows(avx2::RowsDirect<K45Kernel<false>>);
+    case GgmlType::kQ4_K:  // the VNNI kernel reads X in Q4_K's nibble order (NibbleOrder)
+      return vnni ? rows(avx512::RowsDirect<avx512::Q4KKernel>, s.qk_nibbles.data())
+                  : rows(avx2::RowsDirect<K45Kernel<false>>, s.qk.data());
     case GgmlType::kQ5_K:
-      return rows(avx2::RowsDirect<K45Kernel<true>>);
+      return rows(avx2::RowsDirect<K45Kernel<true>>, s.qk.data());
     default:  // kQ6_K: the caller passes only these four types
-      return vnni ? rows(avx512::RowsDirect<avx512::Q6KKernel>) : rows(avx2::RowsDirect<Q6KKernel>);
+      return vnni ? rows(avx512::RowsDirect<avx512::Q6KKernel>, s.qk.data())
+                  : rows(avx2::RowsDirect<Q6KKernel>, s.qk.data());
   }
 }
 #endif
@@ -505,7 +529,7 @@ void MatMulRowsGgml(const float* x, int64_t n, int64_t in, const GgmlMatrix& w, 
   isa = std::min(isa, BestQuantIsa());
   const bool avx2 = LEDE_HAVE_X86_GGML_KERNELS && isa != QuantIsa::kPortable;
   XScratch& s = Scratch();
-  QuantizeActivations(x, n, in, w, o0, o1, s);
+  QuantizeActivations(x, n, in, w, o0, o1, isa, s);
   for (const GgmlMatrix::Run& run : w.runs()) {
     const int64_t a = std::max(o0, run.row_begin), e = std::min(o1, run.row_end);
     if (a >= e) continue;

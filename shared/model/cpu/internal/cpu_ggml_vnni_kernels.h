@@ -6,8 +6,8 @@
 // cpu_ggml_direct_kernels.h, with their kernel types for RowsDirect.
 // Included once by cpu_ggml_kernels.cc inside its anonymous namespace, its
 // AVX-512 target region and namespace avx512. No include guard on purpose.
-// Requires <immintrin.h>, <cstring>, `Hsum(__m256)`, `Half`,
-// `KScaleMinBytes`, `K45Scales`, `K45Accumulate` and `kQK`.
+// Requires <immintrin.h>, <algorithm>, <cstring>, `Hsum(__m256)`, `Half`,
+// `K45BlockScales`, `K45Accumulate` and `kQK`.
 //
 // The integer products (docs/models.md, K-quant and 4-bit GGUF files):
 // vpdpbusd multiplies
@@ -29,51 +29,101 @@ inline __m256i Fold(__m512i v) {
   return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
 }
 
-// Q4_K: value = d sc q - dmin m per sub-block of 32. Chunk c (32 bytes of
-// qs) holds sub-block 2c in its low nibbles and 2c + 1 in its high ones;
-// w[c] = [low nibbles | high nibbles] lines up with x[64 c, 64 c + 64).
+// The scale bytes of up to 4 Q4_K blocks at once: hdr holds block i's
+// 16-byte header [d, dmin (float16), 12 bytes of 6-bit scales and mins] in
+// its 128-bit lane i; lane i of the result is [sc0..7, m0..7] of block i
+// (KScaleMinBytes of each lane, with the header's 4-byte offset).
+inline __m512i ScaleMinBytes4(__m512i hdr) {
+  // [b0..3, b8..11, b4..7, b8..11] of the scales: the low bits of sc0-3, sc4-7, m0-3, m4-7.
+  const __m512i a = _mm512_shuffle_epi8(
+      hdr, _mm512_broadcast_i32x4(_mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15)));
+  const __m512i lo = _mm512_or_si512(
+      _mm512_and_si512(a, _mm512_broadcast_i32x4(_mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0,
+                                                               0, 0, 0))),
+      _mm512_and_si512(_mm512_srli_epi16(a, 4),
+                       _mm512_broadcast_i32x4(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15))));
+  // The top two bits of b0..3 (for sc4-7) and b4..7 (for m4-7) as bits 4, 5.
+  const __m512i h = _mm512_shuffle_epi8(
+      hdr, _mm512_broadcast_i32x4(_mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11)));
+  return _mm512_or_si512(lo, _mm512_and_si512(_mm512_srli_epi16(h, 2), _mm512_set1_epi8(0x30)));
+}
+
+// Q4_K: value = d sc q - dmin m per sub-block of 32. X arrives in Q4_K's
+// nibble order (cpu_ggml_kernels.cc NibbleOrder): the 64 quant bytes of
+// chunks 2p, 2p + 1, masked to their low nibbles (sub-blocks 4p | 4p + 2)
+// and shifted to their high ones (4p + 1 | 4p + 3), line up with
+// x[128 p, 128 p + 64) and x[128 p + 64, 128 p + 128). The block headers
+// (scales, mins, d, dmin) are unpacked 4 blocks at a time.
 template <int R>
 void DotQ4KVnni(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const int16_t* bs,
                 float* out) {
   // vpshufb indices into [sc0..7, m0..7] (every 128-bit lane) giving the
-  // int16 scales of packs(t_2p, t_2p+1): lanes 0, 1 hold sub-blocks 4p and
-  // 4p + 2, lanes 2, 3 sub-blocks 4p + 1 and 4p + 3, four sums each.
+  // int16 scales of packs(t_lo(p), t_hi(p)): lanes 0, 1 hold sub-blocks 4p
+  // and 4p + 1, lanes 2, 3 sub-blocks 4p + 2 and 4p + 3, four sums each.
 #define LEDE_Q4(a) a, -1, a, -1, a, -1, a, -1
 #define LEDE_LANE(a, b) LEDE_Q4(a), LEDE_Q4(b)
   alignas(64) static const int8_t kScalePick[2][64] = {
-      {LEDE_LANE(0, 2), LEDE_LANE(0, 2), LEDE_LANE(1, 3), LEDE_LANE(1, 3)},
-      {LEDE_LANE(4, 6), LEDE_LANE(4, 6), LEDE_LANE(5, 7), LEDE_LANE(5, 7)}};
+      {LEDE_LANE(0, 1), LEDE_LANE(0, 1), LEDE_LANE(2, 3), LEDE_LANE(2, 3)},
+      {LEDE_LANE(4, 5), LEDE_LANE(4, 5), LEDE_LANE(6, 7), LEDE_LANE(6, 7)}};
 #undef LEDE_LANE
 #undef LEDE_Q4
+  // vpermd indices: 128-bit lane i of a group's scale bytes into every lane;
+  // the group's [d, -dmin] pair i as [d, d, -dmin, -dmin] x 2 (K45Scales).
+  alignas(64) static const int32_t kLane[4][16] = {{0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3},
+                                                   {4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7},
+                                                   {8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11, 8, 9, 10, 11},
+                                                   {12, 13, 14, 15, 12, 13, 14, 15, 12, 13, 14, 15, 12, 13, 14, 15}};
+  alignas(32) static const int32_t kPair[4][8] = {{0, 0, 1, 1, 0, 0, 1, 1},
+                                                  {2, 2, 3, 3, 2, 2, 3, 3},
+                                                  {4, 4, 5, 5, 4, 4, 5, 5},
+                                                  {6, 6, 7, 7, 6, 6, 7, 7}};
+  const __m256i kMinPick = _mm256_setr_epi8(8, -1, 8, -1, 9, -1, 9, -1, 10, -1, 10, -1, 11, -1, 11, -1,
+                                            12, -1, 12, -1, 13, -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1);
+  const __m256 kNegMin = _mm256_castsi256_ps(_mm256_set1_epi64x(static_cast<int64_t>(0x8000000000000000ull)));
+  const __m512i kDm = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
   const __m512i m4 = _mm512_set1_epi8(15), zero = _mm512_setzero_si512();
   const __m512i pick0 = _mm512_load_si512(kScalePick[0]), pick1 = _mm512_load_si512(kScalePick[1]);
   __m256 acc[R];
   #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = row + static_cast<size_t>(b) * 144;
-    const __m128i smb = KScaleMinBytes(blk + 4);
-    const __m512i sm = _mm512_broadcast_i32x4(smb);
-    const __m512i s01 = _mm512_shuffle_epi8(sm, pick0), s23 = _mm512_shuffle_epi8(sm, pick1);
-    const K45BlockScales k = K45Scales(blk, smb);
-    __m512i w[4];
-    #pragma GCC unroll 2
-    for (int p = 0; p < 2; ++p) {
-      const __m512i v = _mm512_loadu_si512(blk + 16 + 64 * p);
-      const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-      w[2 * p] = _mm512_shuffle_i64x2(lo, hi, 0x44);      // [lo(2p) | hi(2p)]
-      w[2 * p + 1] = _mm512_shuffle_i64x2(lo, hi, 0xEE);  // [lo(2p + 1) | hi(2p + 1)]
-    }
-    #pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) {
-      const int8_t* x = xq + r * in + b * kQK;
-      const __m512i t0 = _mm512_dpbusd_epi32(zero, w[0], _mm512_loadu_si512(x));
-      const __m512i t1 = _mm512_dpbusd_epi32(zero, w[1], _mm512_loadu_si512(x + 64));
-      const __m512i t2 = _mm512_dpbusd_epi32(zero, w[2], _mm512_loadu_si512(x + 128));
-      const __m512i t3 = _mm512_dpbusd_epi32(zero, w[3], _mm512_loadu_si512(x + 192));
-      const __m512i ia = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(zero, _mm512_packs_epi32(t0, t1), s01),
-                                             _mm512_packs_epi32(t2, t3), s23);
-      acc[r] = K45Accumulate(Fold(ia), bs + r * (in / 16) + 16 * b, k, xd + r * nb + b, acc[r]);
+  for (int64_t b0 = 0; b0 < nb; b0 += 4) {
+    const int g = static_cast<int>(std::min<int64_t>(4, nb - b0));
+    const uint8_t* grp = row + static_cast<size_t>(b0) * 144;
+    auto header = [grp](int i) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(grp + 144 * i)); };
+    __m512i hdr = _mm512_zextsi128_si512(header(0));
+    if (g > 1) hdr = _mm512_inserti32x4(hdr, header(1), 1);
+    if (g > 2) hdr = _mm512_inserti32x4(hdr, header(2), 2);
+    if (g > 3) hdr = _mm512_inserti32x4(hdr, header(3), 3);
+    const __m512i sm4 = ScaleMinBytes4(hdr);
+    // [d0, dmin0, .., d3, dmin3] as float32, each dmin negated.
+    const __m256 dm4 = _mm256_xor_ps(_mm256_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi32(kDm, hdr))),
+                                     kNegMin);
+    for (int i = 0; i < g; ++i) {
+      const int64_t b = b0 + i;
+      const uint8_t* blk = grp + 144 * i;
+      const __m512i sm = _mm512_permutexvar_epi32(_mm512_load_si512(kLane[i]), sm4);
+      const __m512i s01 = _mm512_shuffle_epi8(sm, pick0), s23 = _mm512_shuffle_epi8(sm, pick1);
+      const K45BlockScales k = {
+          _mm256_shuffle_epi8(_mm512_castsi512_si256(sm), kMinPick),
+          _mm256_permutevar8x32_ps(dm4, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPair[i])))};
+      __m512i lo[2], hi[2];
+      #pragma GCC unroll 2
+      for (int p = 0; p < 2; ++p) {
+        const __m512i v = _mm512_loadu_si512(blk + 16 + 64 * p);
+        lo[p] = _mm512_and_si512(v, m4);
+        hi[p] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+      }
+      #pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = xq + r * in + b * kQK;
+        const __m512i t0 = _mm512_dpbusd_epi32(zero, lo[0], _mm512_loadu_si512(x));
+        const __m512i t1 = _mm512_dpbusd_epi32(zero, hi[0], _mm512_loadu_si512(x + 64));
+        const __m512i t2 = _mm512_dpbusd_epi32(zero, lo[1], _mm512_loadu_si512(x + 128));
+        const __m512i t3 = _mm512_dpbusd_epi32(zero, hi[1], _mm512_loadu_si512(x + 192));
+        const __m512i ia = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(zero, _mm512_packs_epi32(t0, t1), s01),
+                                               _mm512_packs_epi32(t2, t3), s23);
+        acc[r] = K45Accumulate(Fold(ia), bs + r * (in / 16) + 16 * b, k, xd + r * nb + b, acc[r]);
+      }
     }
   }
   #pragma GCC unroll 4

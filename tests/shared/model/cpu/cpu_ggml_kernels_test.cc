@@ -169,6 +169,35 @@ TEST(GgmlKernelsTest, IsasAgree) {
   }
 }
 
+// The K types at 1 to 9 super-blocks a row (the VNNI Q4_K kernel reads the
+// block headers 4 at a time, so full groups, tails of 1 to 3 and rows
+// shorter than a group), every ISA against the portable kernel, with the
+// row counts of a decode, a verification and a prefill tail.
+TEST(GgmlKernelsTest, KTypeBlockCountsAgreeAcrossIsas) {
+  const int64_t out = 6;
+  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
+    for (int64_t nb : {1, 2, 4, 5, 6, 7, 9}) {
+      const int64_t in = nb * 256;
+      std::vector<float> wf = Random(out * in, 61 + static_cast<uint32_t>(nb), 0.05f);
+      GgmlMatrix w(in);
+      ASSERT_TRUE(w.AppendQuantized(type, wf.data(), out));
+      for (int64_t n : {1, 3, 5}) {
+        std::vector<float> x = Random(n * in, 70 + static_cast<uint32_t>(n), 1.0f);
+        std::vector<float> a(static_cast<size_t>(n * out)), b(a.size());
+        MatMulRowsGgml(x.data(), n, in, w, 0, out, a.data(), out, false, QuantIsa::kPortable);
+        for (QuantIsa isa : Isas()) {
+          MatMulRowsGgml(x.data(), n, in, w, 0, out, b.data(), out, false, isa);
+          for (size_t k = 0; k < a.size(); ++k) {
+            ASSERT_NEAR(a[k], b[k], 1e-4 * (std::fabs(a[k]) + 1.0))
+                << checkpoint::GgmlTypeName(type) << " " << QuantIsaName(isa) << " blocks=" << nb << " n=" << n
+                << " at " << k;
+          }
+        }
+      }
+    }
+  }
+}
+
 // A matrix of rows in several types (a fused q/k/v of a Q4_K_M file),
 // multiplied over a sub-range of its rows into a strided Y, accumulating.
 TEST(GgmlKernelsTest, MixedTypesSubRangeAndAccumulate) {
