@@ -201,7 +201,8 @@ void Decode32(GgmlType type, const uint8_t* b, Decoded32* o) {
 // scale, sums of 16) and 32 form (q, scale, sum of 32).
 struct XScratch {
   std::vector<int8_t> qk, q32;
-  std::vector<int8_t> qk_nibbles;  // qk in the order of Q4_K's nibbles (NibbleOrder), for the VNNI Q4_K kernel
+  std::vector<int8_t> qk_nibbles;   // qk in the order of Q4_K's nibbles (Q4KNibbleOrder), for the VNNI Q4_K kernel
+  std::vector<int8_t> q32_nibbles;  // q32 in the order of Q4_0's nibbles (Q40NibbleOrder), for the VNNI Q4_0 kernel
   std::vector<float> dk, d32;
   std::vector<int16_t> bsk;
   std::vector<int32_t> bs32;
@@ -389,14 +390,14 @@ namespace avx512 {
 #pragma GCC pop_options
 #endif
 
-// q (n x in int8, in a multiple of 128) in the order Q4_K stores its
+// q (n x in int8, in a multiple of 256) in the order Q4_K stores its
 // nibbles, into out: each 128 values [0, 32) [64, 96) [32, 64) [96, 128).
 // Two 32-byte chunks of Q4_K quants hold sub-blocks 4p and 4p + 2 in their
 // low nibbles and 4p + 1 and 4p + 3 in their high ones, so with X in this
 // order one 64-byte load of quants, masked, lines up with 64 contiguous
 // bytes of X without shuffling the weights (done once per X row, not once
 // per weight block).
-void NibbleOrder(const int8_t* q, int64_t n, int64_t in, int8_t* out) {
+void Q4KNibbleOrder(const int8_t* q, int64_t n, int64_t in, int8_t* out) {
   for (int64_t h = 0; h < n * in; h += 128) {
     std::memcpy(out + h, q + h, 32);
     std::memcpy(out + h + 32, q + h + 64, 32);
@@ -405,17 +406,37 @@ void NibbleOrder(const int8_t* q, int64_t n, int64_t in, int8_t* out) {
   }
 }
 
+// q (n x in int8, in a multiple of 32) in the order Q4_0 stores its
+// nibbles, into out: per group of 4 blocks of 32 (fewer at a row's end),
+// the first 16 values of each block, then the last 16 of each. A Q4_0
+// byte holds x[j] in its low nibble and x[j + 16] in its high one, so the
+// low nibbles of 4 blocks line up with the group's first 64 bytes.
+void Q40NibbleOrder(const int8_t* q, int64_t n, int64_t in, int8_t* out) {
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t g0 = 0; g0 < in; g0 += 128) {
+      const int64_t g = std::min<int64_t>(4, (in - g0) / 32);
+      const int8_t* src = q + r * in + g0;
+      int8_t* dst = out + r * in + g0;
+      for (int64_t k = 0; k < g; ++k) {
+        std::memcpy(dst + 16 * k, src + 32 * k, 16);
+        std::memcpy(dst + 16 * (g + k), src + 32 * k + 16, 16);
+      }
+    }
+  }
+}
+
 // The activation forms the rows [o0, o1) of w need, into s: X quantized per
-// row in 256-value super-blocks (K types; also in Q4_K's nibble order
-// where the AVX-512 VNNI kernel will read Q4_K rows) and / or in 32-value
-// blocks with their sums (c32: the Q4_0 offset term).
+// row in 256-value super-blocks (K types) and / or in 32-value blocks with
+// their sums (c32: the Q4_0 offset term); each also in the nibble order of
+// Q4_K or Q4_0 where the AVX-512 VNNI kernel will read rows of that type.
 void QuantizeActivations(const float* x, int64_t n, int64_t in, const GgmlMatrix& w, int64_t o0, int64_t o1,
                          QuantIsa isa, XScratch& s) {
-  bool need_k = false, need_32 = false, need_nibbles = false;
+  bool need_k = false, need_32 = false, need_k_nibbles = false, need_32_nibbles = false;
   for (const GgmlMatrix::Run& run : w.runs()) {
     if (run.row_end <= o0 || run.row_begin >= o1) continue;
     (IsKType(run.type) ? need_k : need_32) = true;
-    need_nibbles = need_nibbles || (run.type == GgmlType::kQ4_K && isa == QuantIsa::kAvx512);
+    need_k_nibbles = need_k_nibbles || (run.type == GgmlType::kQ4_K && isa == QuantIsa::kAvx512);
+    need_32_nibbles = need_32_nibbles || (run.type == GgmlType::kQ4_0 && isa == QuantIsa::kAvx512);
   }
   if (need_k) {
     Grow(&s.qk, n * in), Grow(&s.dk, n * in / kQK), Grow(&s.bsk, n * in / 16), Grow(&s.kd, in / kQK);
@@ -424,9 +445,9 @@ void QuantizeActivations(const float* x, int64_t n, int64_t in, const GgmlMatrix
                          s.bsk.data() + r * (in / 16));
     }
   }
-  if (need_nibbles) {
+  if (need_k_nibbles) {
     Grow(&s.qk_nibbles, n * in);
-    NibbleOrder(s.qk.data(), n, in, s.qk_nibbles.data());
+    Q4KNibbleOrder(s.qk.data(), n, in, s.qk_nibbles.data());
   }
   if (need_32) {
     Grow(&s.q32, n * in), Grow(&s.d32, n * in / 32), Grow(&s.bs32, n * in / 32), Grow(&s.d32w, in / 32);
@@ -437,12 +458,16 @@ void QuantizeActivations(const float* x, int64_t n, int64_t in, const GgmlMatrix
     }
     for (int64_t i = 0; i < n * in / 32; ++i) s.c32[i] = 8.0f * static_cast<float>(s.bs32[i]) * s.d32[i];
   }
+  if (need_32_nibbles) {
+    Grow(&s.q32_nibbles, n * in);
+    Q40NibbleOrder(s.q32.data(), n, in, s.q32_nibbles.data());
+  }
 }
 
 #if LEDE_HAVE_X86_GGML_KERNELS
 // Rows [a, e) of run (Q4_K, Q5_K, Q6_K or Q4_0) straight from their blocks
 // (no decoded copy): each weight row against up to 4 rows of X at a time;
-// Q4_K and Q6_K with AVX-512 VNNI where `isa` allows it.
+// Q4_K, Q6_K and Q4_0 with AVX-512 VNNI where `isa` allows it.
 void DirectRunRows(const GgmlMatrix& w, const GgmlMatrix::Run& run, int64_t a, int64_t e, int64_t nb, int64_t in,
                    QuantIsa isa, const XScratch& s, int64_t n, float* ya, int64_t ldy, bool accumulate) {
   const uint8_t* blocks = w.data() + run.offset + static_cast<size_t>(a - run.row_begin) * run.row_bytes;
@@ -451,11 +476,16 @@ void DirectRunRows(const GgmlMatrix& w, const GgmlMatrix::Run& run, int64_t a, i
   };
   const bool vnni = isa == QuantIsa::kAvx512;
   switch (run.type) {
-    case GgmlType::kQ4_0:
-      avx2::RowsDirect<Q40Kernel>(blocks, run.row_bytes, e - a, nb, in, s.q32.data(), s.d32.data(), s.c32.data(), n,
-                                  ya, ldy, accumulate);
+    case GgmlType::kQ4_0:  // the VNNI kernel reads X in Q4_0's nibble order (Q40NibbleOrder)
+      if (vnni) {
+        avx512::RowsDirect<avx512::Q40Kernel>(blocks, run.row_bytes, e - a, nb, in, s.q32_nibbles.data(),
+                                              s.d32.data(), s.c32.data(), n, ya, ldy, accumulate);
+      } else {
+        avx2::RowsDirect<Q40Kernel>(blocks, run.row_bytes, e - a, nb, in, s.q32.data(), s.d32.data(), s.c32.data(),
+                                    n, ya, ldy, accumulate);
+      }
       return;
-    case GgmlType::kQ4_K:  // the VNNI kernel reads X in Q4_K's nibble order (NibbleOrder)
+    case GgmlType::kQ4_K:  // the VNNI kernel reads X in Q4_K's nibble order (Q4KNibbleOrder)
       return vnni ? rows(avx512::RowsDirect<avx512::Q4KKernel>, s.qk_nibbles.data())
                   : rows(avx2::RowsDirect<K45Kernel<false>>, s.qk.data());
     case GgmlType::kQ5_K:

@@ -1,8 +1,8 @@
 // File: shared/model/cpu/internal/cpu_ggml_vnni_kernels.h
 //
 // The AVX-512 VNNI direct products of cpu_ggml_kernels.h for Q4_K and
-// Q6_K (the types of a Q4_K_M file): one weight row straight from its
-// llama.cpp blocks against up to 4 rows of X, as the AVX2 kernels of
+// Q6_K (the types of a Q4_K_M file) and Q4_0: one weight row straight from
+// its llama.cpp blocks against up to 4 rows of X, as the AVX2 kernels of
 // cpu_ggml_direct_kernels.h, with their kernel types for RowsDirect.
 // Included once by cpu_ggml_kernels.cc inside its anonymous namespace, its
 // AVX-512 target region and namespace avx512. No include guard on purpose.
@@ -20,10 +20,11 @@
 // kernels (vpmaddubsw, vpmaddwd by the scales, vpaddd per 32 values and
 // row of X) this is 2 instructions per 64 values and row of X rather than
 // 6. The float part (the min or -32 terms, the super-block scales, one FMA
-// per block and row) is the AVX2 kernels'; the integer sums are the same,
-// their order into float32 lanes differs, so the ISAs agree to float
-// rounding. Each row of X goes through the same operations in the same
-// order for every R (rows do not depend on the rows beside them).
+// per block and row) is the AVX2 kernels' for Q4_K and Q6_K; Q4_0 (last)
+// scales four blocks per FMA. The integer sums are the same, their order
+// into float32 lanes differs, so the ISAs agree to float rounding. Each row
+// of X goes through the same operations in the same order for every R
+// (rows do not depend on the rows beside them).
 
 inline __m256i Fold(__m512i v) {
   return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
@@ -189,6 +190,63 @@ void DotQ6KVnni(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, co
   for (int r = 0; r < R; ++r) out[r] = Hsum(acc[r]);
 }
 
+// Q4_0: value = d (q - 8) per block of 32, q = the low nibble of byte j
+// for x[j] and the high nibble for x[j + 16]; the -8 leaves through the
+// activation sums (c: 8 x sum q x dx per block, as DotQ4_0Direct). Four
+// blocks go through one 512-bit vector, block k in 128-bit lane k: X
+// arrives in Q4_0's nibble order (cpu_ggml_kernels.cc Q40NibbleOrder: per
+// 4 blocks the 4 first halves, then the 4 second halves), so the 4 blocks'
+// low nibbles line up with 64 contiguous bytes of X and their high nibbles
+// with the next 64. Two vpdpbusd give each block's integer sum in its lane,
+// and one FMA by [d dx] per lane scales all four: per 128 weights and row of
+// X, 2 integer and 3 float instructions, where the AVX2 kernel spends about
+// 11 per 64. A last group of 1-3 blocks reads X with a mask.
+template <int R>
+void DotQ40Vnni(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const float* c,
+                float* out) {
+  alignas(64) static const int32_t kQuad[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
+  const __m512i m4 = _mm512_set1_epi8(15), zero = _mm512_setzero_si512();
+  const __m512i quad = _mm512_load_si512(kQuad);
+  __m512 acc[R];
+  __m128 corr[R];
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps(), corr[r] = _mm_setzero_ps();
+  for (int64_t b0 = 0; b0 < nb; b0 += 4) {
+    const int g = static_cast<int>(std::min<int64_t>(4, nb - b0));
+    const uint8_t* grp = row + static_cast<size_t>(b0) * 18;
+    auto quants = [grp](int k) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(grp + 18 * k + 2)); };
+    uint64_t halves = 0;  // the blocks' d (float16), block k in bits [16 k, 16 k + 16)
+    for (int k = 0; k < g; ++k) {
+      uint16_t h;
+      std::memcpy(&h, grp + 18 * k, 2);
+      halves |= static_cast<uint64_t>(h) << (16 * k);
+    }
+    __m512i v = _mm512_zextsi128_si512(quants(0));  // lanes past the group's last block stay zero
+    if (g > 1) v = _mm512_inserti32x4(v, quants(1), 1);
+    if (g > 2) v = _mm512_inserti32x4(v, quants(2), 2);
+    if (g > 3) v = _mm512_inserti32x4(v, quants(3), 3);
+    const __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    const __m128 d = _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(halves)));
+    const __mmask8 in_group = static_cast<__mmask8>((1u << g) - 1);
+    const __mmask64 x_mask = (1ull << (16 * g)) - 1;  // a last group of g < 4 blocks
+    #pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const int8_t* x = xq + r * in + 32 * b0;
+      const __m512i xl = g == 4 ? _mm512_loadu_si512(x) : _mm512_maskz_loadu_epi8(x_mask, x);
+      const __m512i xh = g == 4 ? _mm512_loadu_si512(x + 64) : _mm512_maskz_loadu_epi8(x_mask, x + 16 * g);
+      const __m512i ia = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, lo, xl), hi, xh);
+      const __m128 s = _mm_mul_ps(d, _mm_maskz_loadu_ps(in_group, xd + r * nb + b0));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia), _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(s)), acc[r]);
+      corr[r] = _mm_fmadd_ps(d, _mm_maskz_loadu_ps(in_group, c + r * nb + b0), corr[r]);
+    }
+  }
+  #pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    const __m128 h = _mm_add_ps(corr[r], _mm_movehl_ps(corr[r], corr[r]));
+    out[r] = _mm512_reduce_add_ps(acc[r]) - _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+  }
+}
+
 // The kernel types for RowsDirect (as cpu_ggml_direct_kernels.h's).
 struct Q4KKernel {
   using Sums = int16_t;
@@ -206,5 +264,14 @@ struct Q6KKernel {
   static void Dot(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const int16_t* bs,
                   float* out) {
     DotQ6KVnni<R>(row, nb, in, xq, xd, bs, out);
+  }
+};
+struct Q40Kernel {
+  using Sums = float;
+  static int64_t SumsPerRow(int64_t, int64_t nb) { return nb; }
+  template <int R>
+  static void Dot(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const float* c,
+                  float* out) {
+    DotQ40Vnni<R>(row, nb, in, xq, xd, c, out);
   }
 };

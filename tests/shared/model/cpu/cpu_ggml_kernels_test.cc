@@ -115,15 +115,16 @@ TEST(GgmlKernelsTest, RowsDoNotDependOnTheRowsBesideThem) {
   }
 }
 
-// The 32-value types on rows of an odd number of blocks (the AVX2 Q4_0
-// kernel takes blocks two at a time; its last block alone), and of one:
-// equal to the portable kernel's integer sums to float summation order,
-// and to the reference within the activation rounding (looser than
-// kRelTol: over 32 to 160 values the rounding errors average out less).
+// The 32-value types on rows of 1 to 7 blocks (the AVX2 Q4_0 kernel takes
+// blocks two at a time, its last block alone; the VNNI one four at a
+// time, a last group of 1-3 with masked loads): equal to the portable
+// kernel's integer sums to float summation order, and to the reference
+// within the activation rounding (looser than kRelTol: over 32 to 224
+// values the rounding errors average out less).
 TEST(GgmlKernelsTest, OddBlockCountsMatchReference) {
   const int64_t out = 5;
   for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ5_0, GgmlType::kQ8_0}) {
-    for (int64_t in : {32, 96, 160}) {
+    for (int64_t in : {32, 64, 96, 160, 224}) {
       std::vector<float> wf = Random(out * in, 41 + static_cast<uint32_t>(in), 0.05f);
       GgmlMatrix w(in);
       ASSERT_TRUE(w.AppendQuantized(type, wf.data(), out));
