@@ -7,7 +7,8 @@
 // Included once by cpu_ggml_kernels.cc inside its anonymous namespace, its
 // AVX-512 target region and namespace avx512. No include guard on purpose.
 // Requires <immintrin.h>, <algorithm>, <cstring>, `Hsum(__m256)`, `Half`,
-// `K45BlockScales`, `K45Accumulate` and `kQK`.
+// `K45BlockScales`, `K45Accumulate`, `kQK` and the AVX2 kernel types
+// (cpu_ggml_direct_kernels.h).
 //
 // The integer products (docs/models.md, K-quant and 4-bit GGUF files):
 // vpdpbusd multiplies
@@ -247,28 +248,24 @@ void DotQ40Vnni(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, co
   }
 }
 
-// The kernel types for RowsDirect (as cpu_ggml_direct_kernels.h's).
-struct Q4KKernel {
-  using Sums = int16_t;
-  static int64_t SumsPerRow(int64_t in, int64_t) { return in / 16; }
+// The kernel types for RowsDirect: the AVX2 kernel types of
+// cpu_ggml_direct_kernels.h (the activation sums they read, and how many a
+// row) with the VNNI Dot in place of theirs.
+struct Q4KKernel : ::lede::model::cpu::K45Kernel<false> {
   template <int R>
   static void Dot(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const int16_t* bs,
                   float* out) {
     DotQ4KVnni<R>(row, nb, in, xq, xd, bs, out);
   }
 };
-struct Q6KKernel {
-  using Sums = int16_t;
-  static int64_t SumsPerRow(int64_t in, int64_t) { return in / 16; }
+struct Q6KKernel : ::lede::model::cpu::Q6KKernel {
   template <int R>
   static void Dot(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const int16_t* bs,
                   float* out) {
     DotQ6KVnni<R>(row, nb, in, xq, xd, bs, out);
   }
 };
-struct Q40Kernel {
-  using Sums = float;
-  static int64_t SumsPerRow(int64_t, int64_t nb) { return nb; }
+struct Q40Kernel : ::lede::model::cpu::Q40Kernel {
   template <int R>
   static void Dot(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const float* c,
                   float* out) {

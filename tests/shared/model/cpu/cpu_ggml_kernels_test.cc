@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "shared/checkpoint/ggml_quants.h"
 #include "shared/checkpoint/gguf.h"
 #include "shared/model/loaders/weight_format.h"
 
@@ -150,35 +151,15 @@ TEST(GgmlKernelsTest, OddBlockCountsMatchReference) {
 }
 
 // The ISAs compute the same integer sums: their results agree to float
-// summation order (far tighter than the reference tolerance).
-TEST(GgmlKernelsTest, IsasAgree) {
-  const int64_t in = 768, out = 9, n = 3;
-  for (GgmlType type : kTypes) {
-    std::vector<float> wf = Random(out * in, 21, 0.05f);
-    GgmlMatrix w(in);
-    ASSERT_TRUE(w.AppendQuantized(type, wf.data(), out));
-    std::vector<float> x = Random(n * in, 22, 1.0f);
-    std::vector<float> a(static_cast<size_t>(n * out)), b(a.size());
-    MatMulRowsGgml(x.data(), n, in, w, 0, out, a.data(), out, false, QuantIsa::kPortable);
-    for (QuantIsa isa : Isas()) {
-      MatMulRowsGgml(x.data(), n, in, w, 0, out, b.data(), out, false, isa);
-      for (size_t k = 0; k < a.size(); ++k) {
-        ASSERT_NEAR(a[k], b[k], 1e-4 * (std::fabs(a[k]) + 1.0))
-            << checkpoint::GgmlTypeName(type) << " " << QuantIsaName(isa) << " " << k;
-      }
-    }
-  }
-}
-
-// The K types at 1 to 9 super-blocks a row (the VNNI Q4_K kernel reads the
-// block headers 4 at a time, so full groups, tails of 1 to 3 and rows
-// shorter than a group), every ISA against the portable kernel, with the
-// row counts of a decode, a verification and a prefill tail.
-TEST(GgmlKernelsTest, KTypeBlockCountsAgreeAcrossIsas) {
+// summation order (far tighter than the reference tolerance), for every
+// type at 1 to 24 blocks a row (the VNNI Q4_K and Q4_0 kernels read 4
+// blocks at a time: full groups, tails of 1 to 3 and rows shorter than a
+// group) and the row counts of a decode, a verification and a prefill tail.
+TEST(GgmlKernelsTest, IsasAgreeAtEveryBlockCount) {
   const int64_t out = 6;
-  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K}) {
-    for (int64_t nb : {1, 2, 4, 5, 6, 7, 9}) {
-      const int64_t in = nb * 256;
+  for (GgmlType type : kTypes) {
+    for (int64_t nb : {1, 2, 3, 4, 5, 6, 7, 9, 24}) {
+      const int64_t in = nb * checkpoint::GgmlBlockValues(type);
       std::vector<float> wf = Random(out * in, 61 + static_cast<uint32_t>(nb), 0.05f);
       GgmlMatrix w(in);
       ASSERT_TRUE(w.AppendQuantized(type, wf.data(), out));
