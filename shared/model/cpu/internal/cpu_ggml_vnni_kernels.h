@@ -51,7 +51,7 @@ inline __m512i ScaleMinBytes4(__m512i hdr) {
 }
 
 // Q4_K: value = d sc q - dmin m per sub-block of 32. X arrives in Q4_K's
-// nibble order (cpu_ggml_kernels.cc NibbleOrder): the 64 quant bytes of
+// nibble order (cpu_ggml_kernels.cc Q4KNibbleOrder): the 64 quant bytes of
 // chunks 2p, 2p + 1, masked to their low nibbles (sub-blocks 4p | 4p + 2)
 // and shifted to their high ones (4p + 1 | 4p + 3), line up with
 // x[128 p, 128 p + 64) and x[128 p + 64, 128 p + 128). The block headers
@@ -200,8 +200,9 @@ void DotQ6KVnni(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, co
 // low nibbles line up with 64 contiguous bytes of X and their high nibbles
 // with the next 64. Two vpdpbusd give each block's integer sum in its lane,
 // and one FMA by [d dx] per lane scales all four: per 128 weights and row of
-// X, 2 integer and 3 float instructions, where the AVX2 kernel spends about
-// 11 per 64. A last group of 1-3 blocks reads X with a mask.
+// X, 2 integer and 5 float instructions (the scales, the -8 term), where the
+// AVX2 kernel spends about 11 per 64. A last group of 1-3 blocks reads X
+// with a mask.
 template <int R>
 void DotQ40Vnni(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, const float* xd, const float* c,
                 float* out) {
