@@ -36,19 +36,25 @@ inline __m128i KScaleMinBytes(const uint8_t* scales) {
 // The per-block float part of Q4_K / Q5_K, shared by the AVX2 and the
 // VNNI kernels: the block's mins as int16 for its 16 activation sums of 16
 // (m0 m0 m1 m1 .. m3 m3 | m4 m4 .. m7 m7) and its d, -dmin as float32 lane
-// pairs [d, d, -dmin, -dmin] x 2.
+// pairs [d, d, -dmin, -dmin] x 2. K45Scales builds both from one block
+// (the AVX2 kernels); the VNNI Q4_K kernel unpacks 4 blocks' headers at
+// once and takes only K45Mins from here.
 struct K45BlockScales {
   __m256i mins;
   __m256 dd;
 };
-inline K45BlockScales K45Scales(const uint8_t* blk, __m128i sm) {
+// sm: the block's [sc0..7, m0..7] (KScaleMinBytes) in both 128-bit lanes.
+inline __m256i K45Mins(__m256i sm) {
   const __m256i kMinPick = _mm256_setr_epi8(8, -1, 8, -1, 9, -1, 9, -1, 10, -1, 10, -1, 11, -1, 11, -1,
                                             12, -1, 12, -1, 13, -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1);
+  return _mm256_shuffle_epi8(sm, kMinPick);
+}
+inline K45BlockScales K45Scales(const uint8_t* blk, __m128i sm) {
   const __m128 kNegMin = _mm_castsi128_ps(_mm_setr_epi32(0, static_cast<int>(0x80000000u), 0, 0));
   const __m256i kPairs = _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1);
   int32_t dm;
   std::memcpy(&dm, blk, 4);
-  return {_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(sm), kMinPick),
+  return {K45Mins(_mm256_broadcastsi128_si256(sm)),
           _mm256_permutevar8x32_ps(
               _mm256_castps128_ps256(_mm_xor_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dm)), kNegMin)), kPairs)};
 }

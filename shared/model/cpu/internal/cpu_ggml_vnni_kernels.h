@@ -7,7 +7,7 @@
 // Included once by cpu_ggml_kernels.cc inside its anonymous namespace, its
 // AVX-512 target region and namespace avx512. No include guard on purpose.
 // Requires <immintrin.h>, <algorithm>, <cstring>, `Hsum(__m256)`, `Half`,
-// `K45BlockScales`, `K45Accumulate`, `kQK` and the AVX2 kernel types
+// `K45BlockScales`, `K45Mins`, `K45Accumulate`, `kQK` and the AVX2 kernel types
 // (cpu_ggml_direct_kernels.h).
 //
 // The integer products (docs/models.md, K-quant and 4-bit GGUF files):
@@ -79,8 +79,6 @@ void DotQ4KVnni(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, co
                                                   {2, 2, 3, 3, 2, 2, 3, 3},
                                                   {4, 4, 5, 5, 4, 4, 5, 5},
                                                   {6, 6, 7, 7, 6, 6, 7, 7}};
-  const __m256i kMinPick = _mm256_setr_epi8(8, -1, 8, -1, 9, -1, 9, -1, 10, -1, 10, -1, 11, -1, 11, -1,
-                                            12, -1, 12, -1, 13, -1, 13, -1, 14, -1, 14, -1, 15, -1, 15, -1);
   const __m256 kNegMin = _mm256_castsi256_ps(_mm256_set1_epi64x(static_cast<int64_t>(0x8000000000000000ull)));
   const __m512i kDm = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
   const __m512i m4 = _mm512_set1_epi8(15), zero = _mm512_setzero_si512();
@@ -106,7 +104,7 @@ void DotQ4KVnni(const uint8_t* row, int64_t nb, int64_t in, const int8_t* xq, co
       const __m512i sm = _mm512_permutexvar_epi32(_mm512_load_si512(kLane[i]), sm4);
       const __m512i s01 = _mm512_shuffle_epi8(sm, pick0), s23 = _mm512_shuffle_epi8(sm, pick1);
       const K45BlockScales k = {
-          _mm256_shuffle_epi8(_mm512_castsi512_si256(sm), kMinPick),
+          K45Mins(_mm512_castsi512_si256(sm)),
           _mm256_permutevar8x32_ps(dm4, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPair[i])))};
       __m512i lo[2], hi[2];
       #pragma GCC unroll 2
