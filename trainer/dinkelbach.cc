@@ -344,6 +344,12 @@ struct LoadGroup {
   double rho = 0;
 };
 
+// Whether the options name their groups (loads or cost profiles): then pi_0,
+// the reports and the per-group speed-ups are per group, however many there
+// are (one profile is a group too: DinkelbachIteration::load_rho has one
+// entry).
+bool Grouped(const DinkelbachOptions& o) { return !o.loads.empty() || !o.cost_profiles.empty(); }
+
 std::vector<ShadowTrace> AtLoad(const std::vector<ShadowTrace>& traces, int32_t load) {
   std::vector<ShadowTrace> out = traces;
   for (ShadowTrace& t : out) t.load = load;
@@ -422,7 +428,7 @@ StatusOr<std::vector<double>> ChooseStarts(const DinkelbachOptions& o, const std
   for (LoadGroup& g : *groups) {
     LEDE_ASSIGN_OR_RETURN(g.best_static, BestStatic(g.train, o.spec.max_draft_len, *g.cost));
     LEDE_ASSIGN_OR_RETURN(g.start, BestStatic(g.train, o.spec.max_draft_len, *g.cost, expressible));
-    if (groups->size() > 1 && g.start.speedup < 1.0) g.start = StaticChoice{0, 0, 1.0};
+    if (Grouped(o) && g.start.speedup < 1.0) g.start = StaticChoice{0, 0, 1.0};
     double start = g.start.speedup;
     if (o.warm_start) {
       LEDE_ASSIGN_OR_RETURN(double s, SimulatedSpeedup(g.train, o.spec, warm_policy, *g.cost));
@@ -456,24 +462,24 @@ StatusOr<InitialPolicy> MakeInitialPolicy(const std::vector<LoadGroup>& groups, 
   }
   auto describe_start = [](const LoadGroup& g) { return g.start_warm ? std::string("warm start") : Describe(g.start); };
   const std::string per_group = o.cost_profiles.empty() ? "per load:" : "per cost profile:";
-  initial.description = groups.size() == 1 ? (groups[0].start_warm ? "" : "static ") + describe_start(groups[0])
-                                           : per_group;
+  const bool grouped = Grouped(o);
+  initial.description = !grouped ? (groups[0].start_warm ? "" : "static ") + describe_start(groups[0]) : per_group;
   if (o.initial_policy == "calibrated") {
-    initial.description = groups.size() == 1 ? "" : per_group;
+    initial.description = grouped ? per_group : "";
     start_speedups.clear();
     for (const LoadGroup& g : groups) {
       LEDE_ASSIGN_OR_RETURN(CalibratedRule tuned, TuneCalibratedRule(g.train, o.spec, *g.cost));
-      if (groups.size() > 1 && tuned.speedup < 1.0) {  // where the rule loses, decode autoregressively
+      if (grouped && tuned.speedup < 1.0) {  // where the rule loses, decode autoregressively
         start_speedups.push_back(1.0);
         initial.description += " " + g.name + " autoregressive";
         initial.start_by_group[g.key()] = StaticChoice{0, 0, 1.0};
         continue;
       }
       start_speedups.push_back(tuned.speedup);
-      initial.description += (groups.size() == 1 ? "" : " " + g.name + " ") + tuned.Describe();
+      initial.description += (grouped ? " " + g.name + " " : "") + tuned.Describe();
       initial.rules[g.key()] = std::make_shared<const CalibratedRule>(std::move(tuned));
     }
-  } else if (groups.size() > 1) {
+  } else if (grouped) {
     for (const LoadGroup& g : groups) initial.description += " " + g.name + " " + describe_start(g);
   }
   initial.train_speedup = Mean(start_speedups);
@@ -589,7 +595,7 @@ Status MeasureIterate(const std::vector<LoadGroup>& groups, const DinkelbachOpti
   rep->rho = Mean(rhos);
   rep->train_speedup = Mean(*train);
   rep->selection_speedup = Mean(selection);
-  if (groups.size() > 1) rep->load_rho = rhos, rep->load_train_speedup = *train, rep->load_selection_speedup = selection;
+  if (Grouped(o)) rep->load_rho = rhos, rep->load_train_speedup = *train, rep->load_selection_speedup = selection;
   return OkStatus();
 }
 
@@ -602,7 +608,7 @@ DinkelbachResult MakeResult(DqnResult best, std::vector<DinkelbachIteration> ite
   out.selected_iteration = selected;
   out.best_static_train_speedup = groups[0].best_static.speedup;
   out.best_static = Describe(groups[0].best_static);
-  if (groups.size() > 1) {
+  if (Grouped(o)) {
     for (const LoadGroup& g : groups) {
       char speed[32];
       std::snprintf(speed, sizeof(speed), " %.3fx", g.best_static.speedup);

@@ -493,6 +493,23 @@ TEST_F(CounterfactualTest, DinkelbachWithCostProfilesLearnsWhereSpeculationPays)
   EXPECT_THAT(from_rule->initial_policy, HasSubstr("dear autoregressive"));
   ASSERT_EQ(from_rule->iterations.front().load_rho.size(), 2u);
   EXPECT_DOUBLE_EQ(from_rule->iterations.front().load_rho[1], 1.0);
+  // One profile is a group too: pi_0, the reports and the per-profile
+  // speed-ups are its own (lede-train-counterfactual --cost-profiles with
+  // one entry indexed them and crashed when they were left empty).
+  DinkelbachOptions one = ruled;
+  one.cost_profiles.erase(one.cost_profiles.begin());
+  auto alone = TrainDinkelbach(train, selection, *cost, one);
+  ASSERT_THAT(alone, IsOk());
+  EXPECT_EQ(alone->initial_policy, "per cost profile: dear autoregressive");
+  ASSERT_EQ(alone->load_best_static.size(), 1u);
+  EXPECT_THAT(alone->load_best_static[0], HasSubstr("dear: "));
+  for (const DinkelbachIteration& it : alone->iterations) {
+    ASSERT_EQ(it.load_rho.size(), 1u);
+    ASSERT_EQ(it.load_train_speedup.size(), 1u);
+    ASSERT_EQ(it.load_selection_speedup.size(), 1u);
+    EXPECT_DOUBLE_EQ(it.load_rho[0], 1.0);
+    EXPECT_DOUBLE_EQ(it.train_speedup, it.load_train_speedup[0]);
+  }
   // Bad profile sets are refused naming the field.
   DinkelbachOptions same = o;
   same.cost_profiles[1].features = same.cost_profiles[0].features;
