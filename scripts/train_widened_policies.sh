@@ -29,6 +29,10 @@
 # function, so its greedy trajectories and exit signals are lede-tiny's (the
 # trainer checks this on the first trace) and only the cost model is the
 # wide shape's. Training then takes the same few minutes for every factor.
+# The prompt sets train with --prompts-per-set 24, their first 12 prompts:
+# the tuning split of the widened benchmarks (lede-bench --prompts-per-set
+# 24), whose evaluation prompts 12..23 no policy may see (the policies up to
+# cost-v2 read 48, so they trained on those).
 # LEDE_WIDEN_FORMATS lists cost-v2's measured profiles as FORMAT or
 # FORMAT@THREADS (default "q8_0 f32 bf16", one thread each); factor 8's
 # rows are multiples of 256, so it adds the K-quant file users download:
@@ -57,7 +61,7 @@ python3 scripts/make_policy_training_prompts.py out/policy-prompts $((2 * EXTRA)
 train() {  # name cost_model [extra flags]
   local name=$1 cost=$2 out="out/widened-policies/w$FACTOR/$1"
   "$TRAIN" --model "$MODEL" --trace-model "$SOURCE" \
-    --prompts "$SOURCE/prompts/story.jsonl,$SOURCE/prompts/code.jsonl" --prompts-per-set 48 --new-tokens 128 \
+    --prompts "$SOURCE/prompts/story.jsonl,$SOURCE/prompts/code.jsonl" --prompts-per-set 24 --new-tokens 128 \
     --extra-prompts out/policy-prompts/train-story.jsonl,out/policy-prompts/train-code.jsonl --extra-count "$EXTRA" \
     --exclude-prompts "$SOURCE/prompts/story.jsonl,$SOURCE/prompts/code.jsonl" --iterations 6 --epochs 16 \
     --reward throughput --cost-model "$cost" --calibration "$MODEL/calibration-cpu.json" \

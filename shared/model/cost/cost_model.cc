@@ -70,16 +70,14 @@ bool SolveLinear(std::vector<std::vector<double>> a, std::vector<double> b, std:
   return true;
 }
 
-}  // namespace
-
-std::vector<std::vector<double>> SmoothRoundTable(const std::vector<std::vector<double>>& round_us) {
-  const size_t n_e = round_us.size(), n_k = n_e == 0 ? 0 : round_us[0].size();
-  if (n_e < kMinSmoothedExitLayers || n_k == 0) return round_us;
-  for (const auto& row : round_us) {
-    if (row.size() != n_k) return round_us;
-  }
-  // Unknowns: a_1..a_K, g, d. Cell (E, K): a_K + g E + d E K.
-  const size_t n = n_k + 2;
+// The least-absolute-deviations fit of rows [lo, hi) of a round table to
+// a_K + g E + d E K (SmoothRoundTable): the coefficients (a_1..a_K, g, d),
+// or empty when the system is singular. Iteratively reweighted least
+// squares with a fixed number of iterations, so the prices are identical
+// run to run: a cell a noisy pass made 20% slow pulls the fit far less
+// than in plain least squares.
+std::vector<double> FitRoundRows(const std::vector<std::vector<double>>& round_us, size_t lo, size_t hi) {
+  const size_t n_k = round_us[0].size(), n = n_k + 2;
   auto features = [&](size_t e, size_t k) {
     std::vector<double> x(n, 0.0);
     x[k] = 1.0;
@@ -88,28 +86,18 @@ std::vector<std::vector<double>> SmoothRoundTable(const std::vector<std::vector<
     return x;
   };
   std::vector<double> cells;
-  for (const auto& row : round_us) cells.insert(cells.end(), row.begin(), row.end());
+  for (size_t e = lo; e < hi; ++e) cells.insert(cells.end(), round_us[e].begin(), round_us[e].end());
   std::vector<double> sorted = cells;
   std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
   const double floor = 1e-3 * std::max(1e-9, sorted[sorted.size() / 2]);
-  // Least absolute deviations by iteratively reweighted least squares: a
-  // cell a noisy pass made 20% slow pulls the fit far less than in plain
-  // least squares. A fixed number of iterations keeps the prices identical
-  // run to run.
   std::vector<double> w(cells.size(), 1.0), beta;
-  auto fitted = [&](size_t e, size_t k) {
-    const std::vector<double> x = features(e, k);
-    double fit = 0;
-    for (size_t p = 0; p < n; ++p) fit += x[p] * beta[p];
-    return fit;
-  };
   for (int it = 0; it < 50; ++it) {
     std::vector<std::vector<double>> a(n, std::vector<double>(n, 0.0));
     std::vector<double> b(n, 0.0);
-    for (size_t e = 0; e < n_e; ++e) {
+    for (size_t e = lo; e < hi; ++e) {
       for (size_t k = 0; k < n_k; ++k) {
         const std::vector<double> x = features(e, k);
-        const double wi = w[e * n_k + k], y = cells[e * n_k + k];
+        const double wi = w[(e - lo) * n_k + k], y = cells[(e - lo) * n_k + k];
         for (size_t p = 0; p < n; ++p) {
           if (x[p] == 0.0) continue;
           b[p] += wi * x[p] * y;
@@ -117,17 +105,42 @@ std::vector<std::vector<double>> SmoothRoundTable(const std::vector<std::vector<
         }
       }
     }
-    if (!SolveLinear(a, b, &beta)) return round_us;
-    for (size_t e = 0; e < n_e; ++e) {
+    if (!SolveLinear(a, b, &beta)) return {};
+    for (size_t e = lo; e < hi; ++e) {
       for (size_t k = 0; k < n_k; ++k) {
-        w[e * n_k + k] = 1.0 / std::max(std::abs(cells[e * n_k + k] - fitted(e, k)), floor);
+        const double fit = beta[k] + beta[n_k] * static_cast<double>(e + 1) +
+                           beta[n_k + 1] * static_cast<double>((e + 1) * (k + 1));
+        w[(e - lo) * n_k + k] = 1.0 / std::max(std::abs(cells[(e - lo) * n_k + k] - fit), floor);
       }
     }
   }
+  return beta;
+}
+
+}  // namespace
+
+std::vector<std::vector<double>> SmoothRoundTable(const std::vector<std::vector<double>>& round_us) {
+  const size_t n_e = round_us.size(), n_k = n_e == 0 ? 0 : round_us[0].size();
+  if (n_e < kMinSmoothedExitLayers || n_k == 0) return round_us;
+  for (const auto& row : round_us) {
+    if (row.size() != n_k) return round_us;
+  }
+  // Each row from the fit of the kSmoothingWindowRows rows around it (the
+  // window shifted inward at the ends; one fit for a table that short).
+  const size_t window = std::min(n_e, kSmoothingWindowRows);
   std::vector<std::vector<double>> out(n_e, std::vector<double>(n_k));
+  std::vector<double> beta;
+  size_t fitted_lo = n_e;  // the window `beta` belongs to
   for (size_t e = 0; e < n_e; ++e) {
+    const size_t lo = std::min(e > window / 2 ? e - window / 2 : 0, n_e - window);
+    if (lo != fitted_lo) {
+      beta = FitRoundRows(round_us, lo, lo + window);
+      if (beta.empty()) return round_us;
+      fitted_lo = lo;
+    }
     for (size_t k = 0; k < n_k; ++k) {
-      const double fit = fitted(e, k);
+      const double fit = beta[k] + beta[n_k] * static_cast<double>(e + 1) +
+                         beta[n_k + 1] * static_cast<double>((e + 1) * (k + 1));
       out[e][k] = fit > 0 ? fit : round_us[e][k];
     }
   }

@@ -186,22 +186,31 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text);
 // CalibrationFromJson of a file. Errors: kNotFound if unreadable; as above.
 StatusOr<Calibration> ReadCalibrationFile(const std::string& path);
 
-// The round table with the noise of single cells taken out: the fit of
-// round_us[E-1][K-1] ~ a_K + (g + d K) E (per draft length K an intercept
+// The round table with the noise of single cells taken out: each row E
+// priced by the fit of round_us[E'-1][K-1] ~ a_K + (g + d K) E' over the
+// kSmoothingWindowRows rows E' around it (per draft length K an intercept
 // a_K; the cost grows linearly in the exit layer, by g for the split of the
 // verification at E and by d per draft token and layer), by least absolute
-// deviations over all cells. Physically: K drafts through E layers cost
-// K E blocks, the verification the rest; a_K holds what does not depend on
-// E (verifying K + 1 positions, K exit heads). With 3 passes on the 5x
-// widened lede-tiny on a quiet VM, single cells were 20-40% off their
-// neighbours (E = 2, K = 2 timed 28.4 ms between 20.0 and 28.1), which
-// priced a static E = 2, D = 2 19% under its wall-clock and E = 4, D = 5
-// 25% over; with the fit, every method's predicted speed-up on the
-// factor-3 and factor-5 tables is within -5% to +7% of its wall-clock
-// (docs/benchmarks.md, "Cost-model predictions").
+// deviations. Physically: K drafts through E layers cost K E blocks, the
+// verification the rest; a_K holds what does not depend on E (verifying
+// K + 1 positions, K exit heads). With 3 passes on the 5x widened
+// lede-tiny on a quiet VM, single cells were 20-40% off their neighbours
+// (E = 2, K = 2 timed 28.4 ms between 20.0 and 28.1), which priced a
+// static E = 2, D = 2 19% under its wall-clock and E = 4, D = 5 25% over;
+// with the fit, every method's predicted speed-up on the factor-3 and
+// factor-5 tables is within -5% to +7% of its wall-clock
+// (docs/benchmarks.md, "Cost-model predictions"). The fit is local because
+// the line does not hold over all L - 1 exit layers: on the Emerald Rapids
+// VM a q8_0 calibration of the 5x widening timed its three deepest exit
+// layers at 1.3-1.9 steps for K = 1 (the shallow ones at 1.05-1.15), and
+// one fit over all eleven rows priced the rows of E = 2 5-11% under their
+// timed cells and a static E = 2, D = 3 11% under its wall-clock; another
+// calibration there put E = 1, K = 1 at 0.89 steps, timed 1.04. The local
+// fits keep the rows of E = 1 to 6 within 5% of their timed cells.
 // Tables of fewer than kMinSmoothedExitLayers rows are returned unchanged.
 // Deterministic (a fixed number of reweighting iterations).
 inline constexpr size_t kMinSmoothedExitLayers = 3;
+inline constexpr size_t kSmoothingWindowRows = 5;  // E - 2 .. E + 2
 std::vector<std::vector<double>> SmoothRoundTable(const std::vector<std::vector<double>>& round_us);
 
 // The measured model from a calibration (T above 16 extrapolates linearly).

@@ -117,6 +117,31 @@ TEST(MeasuredCostModelTest, RoundTableNoiseInOneCellIsSmoothedAway) {
   EXPECT_EQ(SmoothRoundTable(two), two);
 }
 
+// Rows far from an exit layer do not price it: three deep exit layers
+// timed 1.7x (as a VM timed them, with the line over all rows then pricing
+// E = 1 28% under its cells) leave the shallow rows as timed.
+TEST(MeasuredCostModelTest, RoundTableRowsFarAwayDoNotPriceAnExitLayer) {
+  const std::vector<double> a = {900.0, 1000.0, 1150.0, 1250.0, 1500.0, 1700.0};
+  const double g = 40.0, d = 25.0;
+  std::vector<std::vector<double>> table;
+  for (int e = 1; e <= 11; ++e) {
+    table.emplace_back();
+    for (int k = 1; k <= 6; ++k) table.back().push_back(a[k - 1] + (g + d * k) * e);
+  }
+  const std::vector<std::vector<double>> exact = table;
+  for (int e = 9; e <= 11; ++e) {
+    for (double& cell : table[e - 1]) cell *= 1.7;
+  }
+  const std::vector<std::vector<double>> fit = SmoothRoundTable(table);
+  ASSERT_EQ(fit.size(), table.size());
+  for (size_t e = 0; e < 6; ++e) {  // E = 1..6: windows without a slow row
+    for (size_t k = 0; k < exact[e].size(); ++k) {
+      EXPECT_NEAR(fit[e][k], exact[e][k], 1e-3 * exact[e][k]) << "E=" << e + 1 << " K=" << k + 1;
+    }
+  }
+  for (size_t k = 0; k < exact[10].size(); ++k) EXPECT_GT(fit[10][k], 1.3 * exact[10][k]);  // timed slow
+}
+
 // A round with a controller's decisions pays the signals of each draft and
 // of each wasted probe; a static round (no decision) pays none.
 TEST(MeasuredCostModelTest, ControlledRoundsPayTheSignalsOfTheirDraftsAndProbes) {
