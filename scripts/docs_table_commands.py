@@ -29,22 +29,26 @@ def _llamacpp_w8(threads):
 
 def _widen5_cost(weights, sampled=False):
     """lede-bench on the 5x widening at one weight format, with the shipped and the cost-conditioned policies
-    (installed by `lede widen`); greedy, or sampled at temperature 0.8 with 3 seeds."""
+    (installed by `lede widen`); greedy, or sampled at temperature 0.8 with 3 seeds. The calibration times its
+    rounds in generations of the tuning prompts, as scripts/train_widened_policies.sh does."""
     w5 = "out/lede-tiny-w5"
     name = f"widen5-cost-{weights}" + ("-t0.8" if sampled else "")
+    tuning = "out/widened-policies/tuning-prompts.jsonl"
     return ("build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/lede-tiny-w5 --overwrite\n"
+            f"mkdir -p out/widened-policies && {{ head -n 12 {MODEL}/prompts/story.jsonl; "
+            f"head -n 12 {MODEL}/prompts/code.jsonl; }} > {tuning}\n"
             f"build/services/cli/lede calibrate --model {w5} --weights {weights} --threads 1 --repeats 20 "
-            f"--round-passes 3 --round-max-draft-len 6 --batch-sizes \"\" --out {w5}/calibration-{weights}.json"
-            "  # and the other formats\n"
+            f"--round-passes 3 --round-max-draft-len 6 --batch-sizes \"\" --prompts {tuning} --new-tokens 64 "
+            f"--out {w5}/calibration-{weights}.json  # and the other formats\n"
             "LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 scripts/train_widened_policies.sh 5"
-            "  # cost-v2\n"
+            " cost-v3  # cost-v3\n"
             f"bench/record.py bench/results/{name}.json -- \\\n    "
             f"build/bench/lede-bench bench --model {w5} --weights {weights} --threads 1 "
             f"--calibration {w5}/calibration-{weights}.json "
             f"--prompts {MODEL}/prompts/story.jsonl,{MODEL}/prompts/code.jsonl --prompts-per-set 24 --new-tokens 64 "
             "--repeats 3 --methods ar,static,calibrated,lede --candidate-layers 1,2,3,4,5,6 --max-draft-len 6 "
             + ("--temperature 0.8 --seeds 3 " if sampled else "")
-            + f"--policy {w5}/policy/accelerator-v1,{w5}/policy/cost-v1,{w5}/policy/cost-v2 --json {{json}}")
+            + f"--policy {w5}/policy/accelerator-v1,{w5}/policy/cost-v2,{w5}/policy/cost-v3 --json {{json}}")
 
 
 # Each result a table uses: what kind of JSON it holds, and the command that writes it.

@@ -7,7 +7,9 @@
 #                   wide shape (machine-independent: the LM head costs ~0.4
 #                   layer-equivalents at factor 3, ~0.2 at factor 5, 1.0 in
 #                   lede-tiny)
-#   cost-v2         with LEDE_WIDEN_COST=1 only: one cost-conditioned policy
+#   cost-v3         with LEDE_WIDEN_COST=1 only (LEDE_WIDEN_COST_VERSION names
+#                   it; cost-v2 was the same recipe on 48 prompts per set,
+#                   under the single-fit round table): one cost-conditioned policy
 #                   (lede-features-v5) trained across cost profiles: the
 #                   accelerator model, this machine's measured f32, bf16 and
 #                   q8_0 calibrations of the wide shape (one thread; made
@@ -33,11 +35,11 @@
 # the tuning split of the widened benchmarks (lede-bench --prompts-per-set
 # 24), whose evaluation prompts 12..23 no policy may see (the policies up to
 # cost-v2 read 48, so they trained on those).
-# LEDE_WIDEN_FORMATS lists cost-v2's measured profiles as FORMAT or
+# LEDE_WIDEN_FORMATS lists the cost-conditioned policy's measured profiles as FORMAT or
 # FORMAT@THREADS (default "q8_0 f32 bf16", one thread each); factor 8's
 # rows are multiples of 256, so it adds the K-quant file users download:
 # "q8_0 f32 bf16 q4_k_m q4_k_m@2".
-# With LEDE_WIDEN_ONLY_COST=1 accelerator-v1 is not retrained: cost-v2 joins
+# With LEDE_WIDEN_ONLY_COST=1 accelerator-v1 is not retrained: the cost-conditioned policy joins
 # the policies already shipped for the shape.
 # usage: scripts/train_widened_policies.sh FACTOR [SERVING]   (SERVING: the version to serve; default accelerator-v1)
 set -euo pipefail
@@ -46,6 +48,7 @@ FACTOR=${1:?usage: scripts/train_widened_policies.sh FACTOR [SERVING]}
 SERVING=${2:-accelerator-v1}
 MEASURED=${LEDE_WIDEN_MEASURED:-0}
 COST=${LEDE_WIDEN_COST:-0}
+COST_VERSION=${LEDE_WIDEN_COST_VERSION:-cost-v3}
 ONLY_COST=${LEDE_WIDEN_ONLY_COST:-0}
 FORMATS=${LEDE_WIDEN_FORMATS:-q8_0 f32 bf16}
 SOURCE=models/lede-tiny
@@ -80,6 +83,12 @@ else  # the shape's policies, as `lede widen` installed them
   SHIP="$SOURCE/widened/$(fingerprint "$MODEL/policy/accelerator-v1/policy.json")/policy"
 fi
 if [[ $COST != 0 ]]; then
+  # The calibrations time their rounds in whole generations of the tuning prompts (the first 12
+  # of each set, as the benchmarks split them): rounds in context, the first ones after the
+  # prefill included, as a deployment's own served steps are. On one synthetic prompt with the
+  # warm rounds only, the rounds at E >= 5 timed 10-30% under what they cost in generations.
+  TUNING=out/widened-policies/tuning-prompts.jsonl
+  { head -n 12 "$SOURCE/prompts/story.jsonl"; head -n 12 "$SOURCE/prompts/code.jsonl"; } > "$TUNING"
   PROFILES=accelerator
   for profile in $FORMATS; do  # FORMAT or FORMAT@THREADS
     w=${profile%@*} t=1
@@ -88,14 +97,24 @@ if [[ $COST != 0 ]]; then
     [[ $t == 1 ]] || cal="$MODEL/calibration-$w-${t}t.json"
     [[ -f "$cal" ]] ||
       "$LEDE" calibrate --model "$MODEL" --weights "$w" --threads "$t" --repeats 20 --round-passes 3 \
-        --round-max-draft-len 6 --batch-sizes "" --out "$cal"
+        --round-max-draft-len 6 --batch-sizes "" --prompts "$TUNING" --new-tokens 64 --out "$cal"
     PROFILES+=",calibration:$cal"
   done
   # Seven profiles replay every request seven times per iteration: four iterations over 20 extra
   # prompts per domain (the later flags win) keep it to minutes.
-  train cost-v2 accelerator --cost-profiles "$PROFILES,0.01:0.8:0.3,0.01:0.8:0.8,0.02:1:0.15" \
+  train "$COST_VERSION" accelerator --cost-profiles "$PROFILES,0.01:0.8:0.3,0.01:0.8:0.8,0.02:1:0.15" \
     --iterations 4 --extra-count 20
-  cp -r "out/widened-policies/w$FACTOR/cost-v2" "$SHIP/"
+  cp -r "out/widened-policies/w$FACTOR/$COST_VERSION" "$SHIP/"
+  # LEDE_WIDEN_DEPLOYMENT=1: per format, a policy trained under that calibration alone
+  # (deployment-FORMAT), what a deployment's retraining on its own traffic converges to; a
+  # record of this machine's timings, so kept under out/widened-policies, not shipped.
+  if [[ ${LEDE_WIDEN_DEPLOYMENT:-0} != 0 ]]; then
+    for cal in ${PROFILES//,/ }; do
+      [[ $cal == calibration:* ]] || continue
+      name=${cal##*/calibration-}
+      train "deployment-${name%.json}" accelerator --cost-profiles "$cal" --iterations 4 --extra-count 20
+    done
+  fi
 fi
 if [[ $MEASURED != 0 ]]; then
   train measured-v1 measured
