@@ -70,6 +70,12 @@ bool SolveLinear(std::vector<std::vector<double>> a, std::vector<double> b, std:
   return true;
 }
 
+// a_K + g E + d E K at cell (E, K) = (e + 1, k + 1) for the coefficients
+// beta = (a_1..a_K, g, d) of FitRoundRows.
+double FittedRound(const std::vector<double>& beta, size_t n_k, size_t e, size_t k) {
+  return beta[k] + beta[n_k] * static_cast<double>(e + 1) + beta[n_k + 1] * static_cast<double>((e + 1) * (k + 1));
+}
+
 // The least-absolute-deviations fit of rows [lo, hi) of a round table to
 // a_K + g E + d E K (SmoothRoundTable): the coefficients (a_1..a_K, g, d),
 // or empty when the system is singular. Iteratively reweighted least
@@ -108,8 +114,7 @@ std::vector<double> FitRoundRows(const std::vector<std::vector<double>>& round_u
     if (!SolveLinear(a, b, &beta)) return {};
     for (size_t e = lo; e < hi; ++e) {
       for (size_t k = 0; k < n_k; ++k) {
-        const double fit = beta[k] + beta[n_k] * static_cast<double>(e + 1) +
-                           beta[n_k + 1] * static_cast<double>((e + 1) * (k + 1));
+        const double fit = FittedRound(beta, n_k, e, k);
         w[(e - lo) * n_k + k] = 1.0 / std::max(std::abs(cells[(e - lo) * n_k + k] - fit), floor);
       }
     }
@@ -139,8 +144,7 @@ std::vector<std::vector<double>> SmoothRoundTable(const std::vector<std::vector<
       fitted_lo = lo;
     }
     for (size_t k = 0; k < n_k; ++k) {
-      const double fit = beta[k] + beta[n_k] * static_cast<double>(e + 1) +
-                         beta[n_k + 1] * static_cast<double>((e + 1) * (k + 1));
+      const double fit = FittedRound(beta, n_k, e, k);
       out[e][k] = fit > 0 ? fit : round_us[e][k];
     }
   }
