@@ -120,9 +120,7 @@ COMMANDS = {
          "    --threads 1 --no-gemv --json {json}"),
     "bench/results/services-w5-q8_0.json":
         ("services_bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/lede-tiny-w5 "
-         "--overwrite\n"
-         "LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 scripts/train_widened_policies.sh 5"
-         "  # cost-v2\n"
+         "--overwrite  # installs the shipped cost-v2\n"
          "bench/record.py bench/results/services-w5-q8_0.json \\\n" + "".join(
              f"    -- bench/services_bench.py --model out/lede-tiny-w5 --weights q8_0 --threads {t} \\\n"
              "       --policy out/lede-tiny-w5/policy/cost-v2 --deployments split --prompts 8 --json {json}"
