@@ -70,10 +70,23 @@ bool SolveLinear(std::vector<std::vector<double>> a, std::vector<double> b, std:
   return true;
 }
 
-// a_K + g E + d E K at cell (E, K) = (e + 1, k + 1) for the coefficients
+// The terms of a_K + g E + d E K at cell (E, K) = (e + 1, k + 1) of a table
+// with n_k draft lengths, in the order of the coefficients
 // beta = (a_1..a_K, g, d) of FitRoundRows.
+std::vector<double> RoundFeatures(size_t n_k, size_t e, size_t k) {
+  std::vector<double> x(n_k + 2, 0.0);
+  x[k] = 1.0;
+  x[n_k] = static_cast<double>(e + 1);
+  x[n_k + 1] = static_cast<double>((e + 1) * (k + 1));
+  return x;
+}
+
+// The fitted cost of cell (e + 1, k + 1) under beta.
 double FittedRound(const std::vector<double>& beta, size_t n_k, size_t e, size_t k) {
-  return beta[k] + beta[n_k] * static_cast<double>(e + 1) + beta[n_k + 1] * static_cast<double>((e + 1) * (k + 1));
+  const std::vector<double> x = RoundFeatures(n_k, e, k);
+  double fit = 0;
+  for (size_t p = 0; p < x.size(); ++p) fit += x[p] * beta[p];
+  return fit;
 }
 
 // The least-absolute-deviations fit of rows [lo, hi) of a round table to
@@ -84,13 +97,6 @@ double FittedRound(const std::vector<double>& beta, size_t n_k, size_t e, size_t
 // than in plain least squares.
 std::vector<double> FitRoundRows(const std::vector<std::vector<double>>& round_us, size_t lo, size_t hi) {
   const size_t n_k = round_us[0].size(), n = n_k + 2;
-  auto features = [&](size_t e, size_t k) {
-    std::vector<double> x(n, 0.0);
-    x[k] = 1.0;
-    x[n_k] = static_cast<double>(e + 1);
-    x[n_k + 1] = static_cast<double>((e + 1) * (k + 1));
-    return x;
-  };
   std::vector<double> cells;
   for (size_t e = lo; e < hi; ++e) cells.insert(cells.end(), round_us[e].begin(), round_us[e].end());
   std::vector<double> sorted = cells;
@@ -102,7 +108,7 @@ std::vector<double> FitRoundRows(const std::vector<std::vector<double>>& round_u
     std::vector<double> b(n, 0.0);
     for (size_t e = lo; e < hi; ++e) {
       for (size_t k = 0; k < n_k; ++k) {
-        const std::vector<double> x = features(e, k);
+        const std::vector<double> x = RoundFeatures(n_k, e, k);
         const double wi = w[(e - lo) * n_k + k], y = cells[(e - lo) * n_k + k];
         for (size_t p = 0; p < n; ++p) {
           if (x[p] == 0.0) continue;
