@@ -8,31 +8,6 @@
 
 namespace lede::experience {
 
-double Median(std::vector<double> xs) {
-  if (xs.empty()) return 0.0;
-  const size_t mid = xs.size() / 2;
-  std::nth_element(xs.begin(), xs.begin() + mid, xs.end());
-  const double hi = xs[mid];
-  if (xs.size() % 2 == 1) return hi;
-  const double lo = *std::max_element(xs.begin(), xs.begin() + mid);
-  return 0.5 * (lo + hi);
-}
-
-std::pair<double, double> TheilSenLine(const std::vector<double>& x, const std::vector<double>& y) {
-  const size_t n = std::min(x.size(), y.size());
-  std::vector<double> slopes;
-  for (size_t i = 0; i < n; ++i) {
-    for (size_t j = i + 1; j < n; ++j) {
-      if (x[i] != x[j]) slopes.push_back((y[j] - y[i]) / (x[j] - x[i]));
-    }
-  }
-  if (slopes.empty()) return {0.0, 0.0};
-  const double slope = Median(std::move(slopes));
-  std::vector<double> intercepts(n);
-  for (size_t i = 0; i < n; ++i) intercepts[i] = y[i] - slope * x[i];
-  return {Median(std::move(intercepts)), slope};
-}
-
 ServedCostMeter::ServedCostMeter(ServedCostMeterOptions options) : options_(std::move(options)) {
   draft_.resize(static_cast<size_t>(std::max(0, options_.n_layers)) + 1);
   verify_.resize(static_cast<size_t>(std::max(0, options_.max_draft_len)) + 1);
@@ -164,35 +139,9 @@ bool CanPrice(const lede::v1::CostProfile& profile) {
 }
 
 speculation::CostFeatures ServedCostFeatures(const lede::v1::CostProfile& p, const speculation::CostFeatures& prior) {
-  auto known = [](double x) { return std::isfinite(x) && x > 0; };
-  double unit = 0;
-  if (p.verify_s_size() > 0 && known(p.verify_s(0))) {
-    unit = p.verify_s(0);
-  } else if (known(p.verify_intercept_s())) {
-    unit = p.verify_intercept_s();
-  }
-  if (unit <= 0) return prior;
-  speculation::CostTables t;
-  t.probe = prior.probe;
-  int n_draft = 0, n_verify = 0;
-  for (int l = 0; l < p.draft_step_s_size(); ++l) {
-    const double x = p.draft_step_s(l);
-    t.draft.push_back(known(x) ? x / unit : 0.0);
-    if (known(x) && l >= 1 && l + 1 < p.draft_step_s_size()) ++n_draft;  // exit layers [1, L)
-  }
-  for (double x : p.verify_s()) {
-    t.verify.push_back(known(x) ? x / unit : 0.0);
-    if (known(x)) ++n_verify;
-  }
-  speculation::CostFeatures f = speculation::CostFeaturesOfTables(t);
-  if (n_draft == 0) f.layer = prior.layer;
-  const bool fitted = p.verify_slope_s() != 0 && std::isfinite(p.verify_slope_s());
-  if (fitted) {
-    f.verify = static_cast<float>(std::max(0.0, p.verify_slope_s() / unit));
-  } else if (n_verify < 2) {
-    f.verify = prior.verify;
-  }
-  return f;
+  return speculation::MeasuredStepFeatures({p.draft_step_s().begin(), p.draft_step_s().end()},
+                                           {p.verify_s().begin(), p.verify_s().end()}, p.verify_intercept_s(),
+                                           p.verify_slope_s(), prior);
 }
 
 }  // namespace lede::experience

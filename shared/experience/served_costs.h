@@ -41,6 +41,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/lede/v1/experience.pb.h"
+#include "shared/speculation/cost_features.h"
 #include "shared/speculation/exit_controller.h"
 #include "shared/status/status.h"
 
@@ -63,16 +64,10 @@ struct ServedCostMeterOptions {
   //                                 .head_layers = 0.2}
 };
 
-// The median of `xs` (the mean of the middle two for an even count); 0 for
-// none.
-double Median(std::vector<double> xs);
-
-// Theil-Sen line through (x[i], y[i]): slope = the median of the slopes of
-// every pair with different x, intercept = the median of y - slope x.
-// Returns {intercept, slope}; {0, 0} when fewer than two different x.
-// Sen 1968; the breakdown point is 29%: up to that share of outliers
-// leaves the line near the bulk's.
-std::pair<double, double> TheilSenLine(const std::vector<double>& x, const std::vector<double>& y);
+// The meter's median and verification line (shared/speculation/
+// cost_features.h), which `lede calibrate` also fits to its in-context steps.
+using speculation::Median;
+using speculation::TheilSenLine;
 
 class ServedCostMeter {
  public:
@@ -141,17 +136,19 @@ lede::v1::CostProfile MergeCostProfiles(const lede::v1::CostProfile& drafter, co
 
 // The cost features a cost-conditioned policy sees (speculation::
 // CostFeatures, docs/training.md "What the policy sees of the hardware")
-// from a deployment's measured profile, in units of its autoregressive step
-// (verify_s[0], else the line's intercept): speculation::
-// CostFeaturesOfTables over draft_step_s / unit and verify_s / unit, with
-// the verify feature the fitted line's slope / unit when fitted (a draft
-// verified at the middle exit layer, where cost_profiles.h CostFeaturesOf
-// prices it: the features a policy was trained on). What the
-// profile has not measured comes from `prior` (the features of the model
-// service's own cost model, ModelInfo): the probe always (a served draft's
-// time holds its probes), the layer feature until an exit layer was timed,
-// the verify feature until two draft lengths were. No step measured at
-// all: `prior`.
+// from a deployment's measured profile: speculation::MeasuredStepFeatures
+// of its entries (in units of its autoregressive step, verify_s[0], else
+// the line's intercept; the verify feature the fitted line's slope / unit,
+// a draft verified at the middle exit layer, where cost_profiles.h
+// CostFeaturesOf prices it). What the profile has not measured comes from
+// `prior` (the features of the model service's own cost model, ModelInfo):
+// the probe always (a served draft's time holds its probes), the layer
+// feature until an exit layer was timed, the verify feature until two
+// draft lengths were. No step measured at all: `prior`. A calibration
+// timed in context (`lede calibrate --prompts`) shows a policy the same
+// function of its own in-context steps (cost_profiles.h
+// CostFeaturesOfCalibration), so a policy trained on it is served the
+// features it was trained on.
 speculation::CostFeatures ServedCostFeatures(const lede::v1::CostProfile& profile,
                                              const speculation::CostFeatures& prior);
 

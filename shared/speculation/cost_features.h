@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shared/speculation/exit_controller.h"
@@ -68,6 +69,42 @@ inline double MiddleExitLayerDrafts(int64_t n_layers, double head_layers, int64_
   const double L = static_cast<double>(n_layers), M = static_cast<double>(MiddleExitLayer(n_layers));
   return static_cast<double>(n_drafts) * (L - static_cast<double>(exit_layer) + head_layers) / (L - M + head_layers);
 }
+
+// The median of `xs` (the mean of the middle two for an even count); 0 for
+// none.
+double Median(std::vector<double> xs);
+
+// Theil-Sen line through (x[i], y[i]): slope = the median of the slopes of
+// every pair with different x, intercept = the median of y - slope x.
+// Returns {intercept, slope}; {0, 0} when fewer than two different x.
+// Sen 1968; the breakdown point is 29%: up to that share of outliers
+// leaves the line near the bulk's. The verification line of a deployment's
+// measured step costs (shared/experience/served_costs.h), whether a model
+// service or `lede calibrate` timed them.
+std::pair<double, double> TheilSenLine(const std::vector<double>& x, const std::vector<double>& y);
+
+// The cost features of step costs measured as a model service measures its
+// served steps (seconds; entries <= 0 or not finite are not measured), in
+// units of the autoregressive step: verify_s[0] when measured, else
+// `verify_intercept_s`:
+//   draft_step_s[E], E in [0, L]: seconds per drafted token at exit layer E
+//   verify_s[K], K in [0, D]: seconds of a verification of K drafts
+//   verify_intercept_s, verify_slope_s: the verification line in drafts
+//     verified at the middle exit layer (0, 0 when not fitted)
+// CostFeaturesOfTables over draft_step_s[E] / unit for the exit layers E
+// in [1, M] (M = MiddleExitLayer(L): the shallow half, where
+// self-speculative policies draft; deeper entries are left out, so that a
+// calibration that timed every exit layer and a deployment that served a
+// few shallow ones fit the same line) and verify_s / unit, with the verify
+// feature slope / unit when the line is fitted. What is not measured comes
+// from `prior`: the probe always (a drafted token's time holds its
+// probes), the layer feature until an exit layer in [1, M] was timed, the verify feature until a line or two draft lengths were. No
+// unit: `prior`. One function for the served profile (experience::
+// ServedCostFeatures) and a calibration's in-context steps
+// (model::cost::CostFeaturesOfCalibration), so that a policy trained on a
+// calibration's features is served the same numbers.
+CostFeatures MeasuredStepFeatures(const std::vector<double>& draft_step_s, const std::vector<double>& verify_s,
+                                  double verify_intercept_s, double verify_slope_s, const CostFeatures& prior);
 
 // OK when every feature of `f` is finite and >= 0; otherwise
 // kInvalidArgument naming the first that is not as `field_prefix` +

@@ -186,6 +186,7 @@ class Loop {
     const int64_t room = limits_.capacity - position - 1;
     const int64_t budget = std::min(remaining - 1, room);
     Draft draft;
+    double draft_s = 0;
     const bool may_draft = o_.mode != SpeculationMode::kAutoregressive && budget > 0;
     const int32_t load = may_draft && o_.current_load ? std::max<int32_t>(1, o_.current_load()) : 1;
     const bool over_max_load = may_draft && o_.speculation_max_load > 0 && load > o_.speculation_max_load;
@@ -204,9 +205,13 @@ class Loop {
         const int64_t n = std::min<int64_t>(static_cast<int64_t>(context_.size()), kNgramWindow);
         request.context.assign(context_.end() - n, context_.end());
       }
+      const auto draft_t0 = Clock::now();
       LEDE_ASSIGN_OR_RETURN(draft, backend_.DraftRound(session_, request));
+      draft_s = SecondsSince(draft_t0);
     }
+    const auto verify_t0 = Clock::now();
     LEDE_ASSIGN_OR_RETURN(Verdict verdict, backend_.VerifyRound(session_, pending, draft));
+    const double verify_s = SecondsSince(verify_t0);
     const int32_t K = static_cast<int32_t>(draft.tokens.size());
     if (verdict.n_accepted < 0 || verdict.n_accepted > K ||
         verdict.tokens.size() != static_cast<size_t>(verdict.n_accepted) + 1) {
@@ -220,6 +225,8 @@ class Loop {
     round.n_probes = draft.n_probes;
     round.n_decisions = draft.n_decisions;
     round.over_max_load = over_max_load;
+    round.draft_s = draft_s;
+    round.verify_s = verify_s;
     accept_ema_ = UpdateAcceptEma(accept_ema_, K, verdict.n_accepted);
     result_.stats.n_drafted += K;
     result_.stats.n_accepted += verdict.n_accepted;

@@ -167,6 +167,13 @@ struct RoundRecord {
   int32_t n_probes = 0;    // exit-head evaluations that drafted nothing
   int32_t n_decisions = 0; // exit-controller decisions (each with its probe signals)
   double latency_s = 0;    // wall time of the round, seconds
+  // The round's two steps as a model service times them (shared/experience/
+  // served_costs.h): the draft (the backend's DraftRound: probes, decisions
+  // and K drafts; 0 when it did not draft) and the verification (its
+  // VerifyRound: K + 1 positions, or one autoregressive step), seconds,
+  // each within latency_s.
+  double draft_s = 0;
+  double verify_s = 0;
   bool over_max_load = false;  // an autoregressive step because the load was above speculation_max_load
 };
 

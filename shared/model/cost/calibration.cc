@@ -2,6 +2,8 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <map>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -16,6 +18,7 @@
 #include "shared/model/cost/internal/median.h"
 #include "shared/model/exit_signals.h"
 #include "shared/model/torch_boundary.h"
+#include "shared/speculation/cost_features.h"
 #include "shared/status/status_macros.h"
 
 // Calibrate, CalibrateBatches and the calibration file (cost_model.h): the
@@ -237,6 +240,46 @@ double Mean(const std::vector<double>& v) {
   return v.empty() ? 0.0 : s / static_cast<double>(v.size());
 }
 
+// The steps of the round table's generations as a model service records
+// its served steps (shared/experience/served_costs.h): per drafted token at
+// each exit layer, and each verification by the exit layer and drafts it
+// verified (E = K = 0: an autoregressive step).
+class ContextStepSamples {
+ public:
+  explicit ContextStepSamples(int64_t n_layers) : draft_(static_cast<size_t>(n_layers) + 1) {}
+  void Add(const RoundRecord& r) {
+    if (r.n_drafted > 0 && r.exit_layer >= 1 && r.exit_layer < static_cast<int32_t>(draft_.size()) - 1) {
+      draft_[static_cast<size_t>(r.exit_layer)].push_back(r.draft_s / r.n_drafted);
+    }
+    const int32_t e = r.n_drafted > 0 ? r.exit_layer : 0;
+    if (r.verify_s > 0) verify_[{e, r.n_drafted}].push_back(r.verify_s);
+  }
+  // Calibration::context_steps: the medians, and the Theil-Sen line through
+  // the median of every (E, K) at its drafts verified at the middle exit
+  // layer (head of `head_layers` layer-equivalents).
+  ServedStepCosts Costs(double head_layers) const {
+    ServedStepCosts c;
+    const int64_t L = static_cast<int64_t>(draft_.size()) - 1;
+    for (const std::vector<double>& d : draft_) c.draft_step_s.push_back(speculation::Median(d));
+    std::vector<std::vector<double>> by_k;
+    std::vector<double> x, y;
+    for (const auto& [ek, seconds] : verify_) {
+      const auto [e, k] = ek;
+      if (static_cast<size_t>(k) >= by_k.size()) by_k.resize(static_cast<size_t>(k) + 1);
+      by_k[static_cast<size_t>(k)].insert(by_k[static_cast<size_t>(k)].end(), seconds.begin(), seconds.end());
+      x.push_back(k == 0 ? 0.0 : speculation::MiddleExitLayerDrafts(L, head_layers, e, k));
+      y.push_back(speculation::Median(seconds));
+    }
+    for (const std::vector<double>& v : by_k) c.verify_s.push_back(speculation::Median(v));
+    std::tie(c.verify_intercept_s, c.verify_slope_s) = speculation::TheilSenLine(x, y);
+    return c;
+  }
+
+ private:
+  std::vector<std::vector<double>> draft_;                          // [L + 1]
+  std::map<std::pair<int32_t, int32_t>, std::vector<double>> verify_;  // (E, K) -> seconds
+};
+
 // The round table from whole generations of the workload's own prompts (see
 // the header): each (E, K) of a pass on the next prompt, against an
 // autoregressive generation of the same length on the same prompt, every
@@ -271,6 +314,7 @@ Status CalibrateRoundsOnPrompts(const LlamaModel& model, int passes, int64_t max
   LEDE_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(shared, ko));
   std::vector<std::vector<std::vector<double>>> ratios(L - 1, std::vector<std::vector<double>>(max_k));
   std::vector<double> ar_all;
+  ContextStepSamples steps(L);
   size_t next = 0;
   for (int pass = 0; pass < passes; ++pass) {
     for (int64_t e = 1; e < L; ++e) {
@@ -281,7 +325,10 @@ Status CalibrateRoundsOnPrompts(const LlamaModel& model, int passes, int64_t max
         ar.max_new_tokens = new_tokens;
         LEDE_ASSIGN_OR_RETURN(GenerationResult a, engine->Generate(prompt, ar));
         std::vector<double> ar_us;
-        for (const RoundRecord& rr : a.stats.rounds) ar_us.push_back(rr.latency_s * 1e6);
+        for (const RoundRecord& rr : a.stats.rounds) {
+          ar_us.push_back(rr.latency_s * 1e6);
+          steps.Add(rr);
+        }
         const double step = Mean(ar_us);
         if (!(step > 0)) return InternalError("calibrate: no autoregressive round was timed");
         ar_all.insert(ar_all.end(), ar_us.begin(), ar_us.end());
@@ -293,11 +340,13 @@ Status CalibrateRoundsOnPrompts(const LlamaModel& model, int passes, int64_t max
         std::vector<double> us;
         for (const RoundRecord& rr : r.stats.rounds) {
           if (rr.exit_layer == e && rr.n_drafted == k) us.push_back(rr.latency_s * 1e6);
+          steps.Add(rr);
         }
         if (!us.empty()) ratios[e - 1][k - 1].push_back(Mean(us) / step);
       }
     }
   }
+  cal->context_steps = steps.Costs(HeadLayerEquivalents(c));
   return FillRoundTable(ratios, Mean(ar_all), cal);
 }
 
@@ -418,6 +467,13 @@ std::string CalibrationToJson(const Calibration& c) {
     j["round_us"] = c.round_us;
     j["ar_step_us"] = c.ar_step_us;
   }
+  if (!c.context_steps.draft_step_s.empty()) {
+    const ServedStepCosts& st = c.context_steps;
+    j["context_steps"] = {{"draft_step_s", st.draft_step_s},
+                          {"verify_s", st.verify_s},
+                          {"verify_intercept_s", st.verify_intercept_s},
+                          {"verify_slope_s", st.verify_slope_s}};
+  }
   if (!c.batch_sizes.empty()) {
     j["batch_sizes"] = c.batch_sizes;
     j["batch_exit_layer"] = c.batch_exit_layer;
@@ -427,7 +483,8 @@ std::string CalibrationToJson(const Calibration& c) {
     j["batch_draft_us"] = c.batch_draft_us;
   }
   j["units"] = "microseconds; block_us[i] and head_us[i] are for i+1 positions; round_us[E-1][K-1] is a round "
-               "of K drafts at exit layer E, ar_step_us an autoregressive round, both timed in the decoding loop";
+               "of K drafts at exit layer E, ar_step_us an autoregressive round, both timed in the decoding loop; "
+               "context_steps in seconds, the steps of those rounds as a model service times its served steps";
   return j.dump(2) + "\n";
 }
 
@@ -458,6 +515,24 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text) {
             std::any_of(row.begin(), row.end(), [](double v) { return !(v > 0); })) {
           return InvalidArgumentError("calibration: round_us rows must be equally long and positive");
         }
+      }
+    }
+    if (j.contains("context_steps")) {
+      const nlohmann::json& st = j.at("context_steps");
+      ServedStepCosts& cs = c.context_steps;
+      cs.draft_step_s = st.at("draft_step_s").get<std::vector<double>>();
+      cs.verify_s = st.at("verify_s").get<std::vector<double>>();
+      cs.verify_intercept_s = st.at("verify_intercept_s").get<double>();
+      cs.verify_slope_s = st.at("verify_slope_s").get<double>();
+      auto finite_non_negative = [](const std::vector<double>& v) {
+        return std::all_of(v.begin(), v.end(), [](double x) { return std::isfinite(x) && x >= 0; });
+      };
+      if (static_cast<int64_t>(cs.draft_step_s.size()) != c.n_layers + 1 || !finite_non_negative(cs.draft_step_s) ||
+          !finite_non_negative(cs.verify_s) || !std::isfinite(cs.verify_intercept_s) ||
+          !std::isfinite(cs.verify_slope_s)) {
+        return InvalidArgumentError(
+            "calibration: context_steps.draft_step_s must hold n_layers + 1 entries, and its seconds be finite "
+            "and >= 0");
       }
     }
     if (j.contains("batch_sizes")) {

@@ -75,6 +75,32 @@ std::unique_ptr<CostModel> MakeAcceleratorCostModel(const checkpoint::ModelConfi
 // h = V*d / (weights of one block): the LM head in layer-equivalents.
 double HeadLayerEquivalents(const checkpoint::ModelConfig& config);
 
+// Step costs a deployment measured on its own served steps, in seconds
+// (lede.v1.CostProfile, filled by the model service's ServedCostMeter:
+// shared/experience/served_costs.h; unpacked here so that the engine needs
+// no proto). Entries not measured are 0.
+struct ServedStepCosts {
+  // [L + 1]: seconds per drafted token at exit layer E as served (blocks
+  // [0, E) and the exit head, with the round's probes, probe signals and
+  // controller decisions spread over its drafts); [0] unused.
+  std::vector<double> draft_step_s;
+  // [D + 1]: seconds of a verification of K drafts run as a step of its
+  // own, at whichever exit layers were served; [0] is an autoregressive
+  // step.
+  std::vector<double> verify_s;
+  // The robust line of a verification's seconds on the drafts it verified,
+  // counted as drafts verified at the middle exit layer M = floor(L / 2):
+  // K drafts at exit layer E count K (L - E + h) / (L - M + h), h the LM
+  // head in layer-equivalents (proto/lede/v1/experience.proto CostProfile;
+  // Theil-Sen over the service's window). 0, 0 when not fitted.
+  double verify_intercept_s = 0;
+  double verify_slope_s = 0;
+  std::string weight_format;  // of the deployment that measured them ("q8_0", ...)
+  int32_t threads = 0;
+  // Example: ServedStepCosts{.draft_step_s = {0, 1.1e-3, 1.9e-3},
+  //                          .verify_s = {8e-3, 9e-3, 1e-2}}
+};
+
 // Wall-clock costs measured on one machine (microseconds, medians).
 //
 // Why rounds are timed in context: a block timed in isolation (all L blocks
@@ -101,6 +127,19 @@ struct Calibration {
   // Median wall time of an autoregressive round of the same loop (the unit
   // of the cost model when round_us is present; 0 otherwise).
   double ar_step_us = 0;
+  // The steps of the round table's generations when it was timed on the
+  // workload's prompts (Calibrate round_prompts), as a model service
+  // times its served steps (RoundRecord::draft_s / verify_s; in seconds,
+  // like a served profile): draft_step_s[E] the median per drafted token
+  // at exit layer E, verify_s[K] the median verification of K drafts (K = 0
+  // an autoregressive step), and the Theil-Sen line of the verifications
+  // on the drafts they verified at the middle exit layer, through the
+  // per-(E, K) medians. The features a policy sees of this calibration
+  // come from these when present (cost_profiles.h
+  // CostFeaturesOfCalibration): steps timed in context cost what they cost
+  // in serving, where steps timed apart (block_us, head_us) read their
+  // weights from warmer caches. Empty otherwise (and in older files).
+  ServedStepCosts context_steps;
   // The controller's decide function given to Calibrate, timed after a
   // full step (0 without one). Files from before signals_us was measured
   // hold both here.
@@ -268,31 +307,6 @@ std::unique_ptr<CostModel> MakeAcceleratorCostModelAtLoad(const checkpoint::Mode
 // [1, the largest timed size].
 StatusOr<std::unique_ptr<CostModel>> MakeMeasuredCostModelAtLoad(const Calibration& calibration, int64_t load);
 
-// Step costs a deployment measured on its own served steps, in seconds
-// (lede.v1.CostProfile, filled by the model service's ServedCostMeter:
-// shared/experience/served_costs.h; unpacked here so that the engine needs
-// no proto). Entries not measured are 0.
-struct ServedStepCosts {
-  // [L + 1]: seconds per drafted token at exit layer E as served (blocks
-  // [0, E) and the exit head, with the round's probes, probe signals and
-  // controller decisions spread over its drafts); [0] unused.
-  std::vector<double> draft_step_s;
-  // [D + 1]: seconds of a verification of K drafts run as a step of its
-  // own, at whichever exit layers were served; [0] is an autoregressive
-  // step.
-  std::vector<double> verify_s;
-  // The robust line of a verification's seconds on the drafts it verified,
-  // counted as drafts verified at the middle exit layer M = floor(L / 2):
-  // K drafts at exit layer E count K (L - E + h) / (L - M + h), h the LM
-  // head in layer-equivalents (proto/lede/v1/experience.proto CostProfile;
-  // Theil-Sen over the service's window). 0, 0 when not fitted.
-  double verify_intercept_s = 0;
-  double verify_slope_s = 0;
-  std::string weight_format;  // of the deployment that measured them ("q8_0", ...)
-  int32_t threads = 0;
-  // Example: ServedStepCosts{.draft_step_s = {0, 1.1e-3, 1.9e-3},
-  //                          .verify_s = {8e-3, 9e-3, 1e-2}}
-};
 
 // The cost model of a deployment's measured step costs (name "served"),
 // in units of its autoregressive step: verify_s[0] when measured, else the

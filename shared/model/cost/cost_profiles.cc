@@ -49,7 +49,10 @@ speculation::CostFeatures CostFeaturesOfCalibration(const Calibration& calibrati
   Calibration steps = calibration;
   steps.round_us.clear();
   steps.ar_step_us = 0;
-  return CostFeaturesOf(*MakeMeasuredCostModel(steps), n_layers, max_draft_len);
+  const speculation::CostFeatures apart = CostFeaturesOf(*MakeMeasuredCostModel(steps), n_layers, max_draft_len);
+  const ServedStepCosts& in_context = calibration.context_steps;
+  return speculation::MeasuredStepFeatures(in_context.draft_step_s, in_context.verify_s,
+                                           in_context.verify_intercept_s, in_context.verify_slope_s, apart);
 }
 
 StatusOr<std::unique_ptr<CostModel>> MakeProfileCostModel(const speculation::CostFeatures& f, int64_t n_layers) {

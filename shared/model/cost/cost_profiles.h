@@ -30,15 +30,22 @@ namespace lede::model::cost {
 speculation::CostFeatures CostFeaturesOf(const CostModel& cost, int64_t n_layers, int64_t max_draft_len);
 
 // The features of a deployment measured by `calibration`, as the model
-// services measure theirs: CostFeaturesOf the measured cost model of its
-// step timings (draft steps by exit layer, verifications of k positions),
-// its round table left out. The services' meter (experience::ServedCostMeter)
-// times single steps, and a round table books the same costs differently
-// (on the 5x widening at q8_0: verify 0.53 from the round table, 0.27 from
-// the steps), so every source that shows a policy a calibration's features
-// (training profiles, lede-bench, `lede generate`) uses this one, and a
-// policy is served the features it was trained on. The pricing itself still
-// uses the round table (MakeMeasuredCostModel).
+// services measure theirs: speculation::MeasuredStepFeatures of its steps
+// timed in context (Calibration::context_steps, `lede calibrate
+// --prompts`: the steps of whole generations, timed as a model service
+// times its served steps, so the same function of the same kind of
+// timings), with what those leave unmeasured (the probe always, any
+// feature when absent: older files, a calibration on the synthetic prompt)
+// from CostFeaturesOf the measured cost model of its step timings apart
+// (block and head tables; its round table left out). The round table
+// books the same costs differently (on the 5x widening at q8_0: verify
+// 0.53 from the round table, 0.27 from the steps), and steps timed apart
+// read their weights from warmer caches than in context (docs/training.md
+// "What the policy sees of the hardware"), so every source that shows a
+// policy a calibration's features (training profiles, lede-bench, `lede
+// generate`) uses this one, and a policy is served the features it was
+// trained on. The pricing itself still uses the round table
+// (MakeMeasuredCostModel).
 speculation::CostFeatures CostFeaturesOfCalibration(const Calibration& calibration, int64_t n_layers,
                                                     int64_t max_draft_len);
 

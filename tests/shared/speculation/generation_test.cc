@@ -98,6 +98,16 @@ TEST(RunGenerationTest, EmitsRoundsInOrderAndAccountsForThem) {
   EXPECT_DOUBLE_EQ(s.tokens_per_round(), 5.0 / 3.0);
   EXPECT_DOUBLE_EQ(s.mean_exit_layer(), 2.5);
   EXPECT_DOUBLE_EQ(s.mean_draft_len(), 2.0);
+  // Each round's draft and verification are timed apart, within the round
+  // (experience/served_costs.h times a service's steps the same way); the
+  // step drafted nothing.
+  for (const RoundRecord& round : s.rounds) {
+    EXPECT_GE(round.draft_s, 0.0);
+    EXPECT_GT(round.verify_s, 0.0);
+    EXPECT_LE(round.draft_s + round.verify_s, round.latency_s);
+  }
+  EXPECT_GT(s.rounds[0].draft_s, 0.0);
+  EXPECT_EQ(s.rounds[2].draft_s, 0.0);
 }
 
 // Autoregressive decoding never asks the drafter: one full-depth step per

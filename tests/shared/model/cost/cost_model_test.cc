@@ -182,6 +182,20 @@ TEST(CalibrationJsonTest, RoundTripKeepsTheRoundTable) {
   EXPECT_TRUE(legacy->round_us.empty());
 }
 
+TEST(CalibrationJsonTest, MalformedContextStepsAreRefusedNamingThem) {
+  Calibration c = TableCalibration(3);
+  c.context_steps.draft_step_s = {0, 1e-3, 2e-3};  // n_layers + 1 = 4 wanted
+  c.context_steps.verify_s = {5e-3, 6e-3};
+  EXPECT_THAT(CalibrationFromJson(CalibrationToJson(c)),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("context_steps")));
+  c.context_steps.draft_step_s = {0, 1e-3, 2e-3, 0};
+  c.context_steps.verify_s = {5e-3, -6e-3};
+  EXPECT_THAT(CalibrationFromJson(CalibrationToJson(c)),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("context_steps")));
+  c.context_steps.verify_s = {5e-3, 6e-3};
+  EXPECT_THAT(CalibrationFromJson(CalibrationToJson(c)), IsOk());
+}
+
 TEST(CalibrationJsonTest, MalformedRoundTableIsRefusedNamingIt) {
   Calibration c = TableCalibration(3);
   c.ar_step_us = 1000.0;
@@ -230,6 +244,24 @@ TEST(CalibrateTest, TimesARoundOfEveryExitLayerAndDraftLength) {
     for (double us : row) EXPECT_GT(us, 0.0);
   }
   EXPECT_GT(on_prompts->ar_step_us, 0.0);
+  // Its generations' steps, timed as a model service times its served
+  // ones: a draft time per exit layer, verifications of 0..4 drafts and a
+  // line through them; they load back.
+  const ServedStepCosts& steps = on_prompts->context_steps;
+  ASSERT_EQ(steps.draft_step_s.size(), 5u);  // [L + 1]
+  EXPECT_EQ(steps.draft_step_s[0], 0.0);
+  EXPECT_EQ(steps.draft_step_s[4], 0.0);
+  for (int e = 1; e <= 3; ++e) EXPECT_GT(steps.draft_step_s[e], 0.0) << e;
+  ASSERT_EQ(steps.verify_s.size(), 5u);
+  for (double s : steps.verify_s) EXPECT_GT(s, 0.0);
+  EXPECT_GT(steps.verify_intercept_s, 0.0);
+  auto reloaded = CalibrationFromJson(CalibrationToJson(*on_prompts));
+  ASSERT_THAT(reloaded, IsOk());
+  EXPECT_EQ(reloaded->context_steps.draft_step_s, steps.draft_step_s);
+  EXPECT_EQ(reloaded->context_steps.verify_s, steps.verify_s);
+  EXPECT_DOUBLE_EQ(reloaded->context_steps.verify_slope_s, steps.verify_slope_s);
+  // The synthetic prompt's calibration has none.
+  EXPECT_TRUE(cal->context_steps.draft_step_s.empty());
   // Prompts that cannot hold the generation are refused, naming the field.
   std::vector<std::vector<int32_t>> too_long = {std::vector<int32_t>(95, 1)};
   EXPECT_THAT(Calibrate(**model, 2, nullptr, 1, 4, too_long, 24),

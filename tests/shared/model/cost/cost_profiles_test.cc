@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "shared/checkpoint/model_config.h"
+#include "shared/speculation/cost_features.h"
 #include "tests/testing/status_matchers.h"
 
 namespace lede::model::cost {
@@ -65,6 +66,42 @@ TEST(CostProfilesTest, CalibrationFeaturesAreThoseOfItsStepTimings) {
   EXPECT_EQ(CostFeaturesOfCalibration(steps, 4, 3), of_steps);
   // The round table's own features differ (it is what the pricing uses).
   EXPECT_FALSE(CostFeaturesOf(*MakeMeasuredCostModel(rounds), 4, 3) == f);
+}
+
+// A calibration timed on the workload's prompts shows the features of its
+// steps in context, the same function of the same timings a model service
+// shows of its served steps; the probe comes from the step timings apart.
+TEST(CostProfilesTest, CalibrationFeaturesAreThoseOfItsStepsInContext) {
+  Calibration c;
+  c.n_layers = 4;
+  for (int t = 1; t <= 16; ++t) {
+    c.block_us.push_back(100.0 + 40.0 * t);
+    c.head_us.push_back(50.0 + 20.0 * t);
+  }
+  c.step_us = 4 * 140.0 + 70.0;
+  const speculation::CostFeatures apart = CostFeaturesOfCalibration(c, 4, 3);
+  // Unit: the autoregressive step, 1 ms. A draft token costs 0.2 + 0.3 l / 4
+  // of it at exit layer l <= M = 2 (so layer = 0.3 with draft intercept
+  // 0.2), and the line adds 0.25 per draft verified at M. The deep exit
+  // layer 3, timed at twice its share (its weights no longer in cache), is
+  // left out of the line, as a deployment serving shallow exits never sees it.
+  c.context_steps.draft_step_s = {0, 0.275e-3, 0.35e-3, 0.85e-3, 0};
+  c.context_steps.verify_s = {1e-3, 1.25e-3, 1.5e-3, 1.75e-3};
+  c.context_steps.verify_intercept_s = 1e-3;
+  c.context_steps.verify_slope_s = 0.25e-3;
+  const speculation::CostFeatures f = CostFeaturesOfCalibration(c, 4, 3);
+  EXPECT_NEAR(f.probe, apart.probe, 1e-6);
+  EXPECT_NEAR(f.layer, 0.3, 1e-5);
+  EXPECT_NEAR(f.verify, 0.25, 1e-5);  // the line's slope / unit (the draft intercept is not added)
+  const speculation::CostFeatures served = speculation::MeasuredStepFeatures(
+      c.context_steps.draft_step_s, c.context_steps.verify_s, c.context_steps.verify_intercept_s,
+      c.context_steps.verify_slope_s, apart);
+  EXPECT_EQ(f, served);
+  // Without its line, the verify feature is the slope of the medians plus
+  // the part of a draft its layers do not explain (0.2 - probe).
+  c.context_steps.verify_intercept_s = c.context_steps.verify_slope_s = 0;
+  const speculation::CostFeatures no_line = CostFeaturesOfCalibration(c, 4, 3);
+  EXPECT_NEAR(no_line.verify, 0.25 + 0.2 - apart.probe, 1e-5);
 }
 
 // The profile cost model prices as its features say, and shows exactly
