@@ -42,7 +42,7 @@ def _widen5_cost(weights, sampled=False):
             f"--out {w5}/calibration-{weights}.json  # and the other formats\n"
             "LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_DEPLOYMENT=1 "
             f"LEDE_WIDEN_FORMATS=\"q8_0 bf16{' f32' if weights == 'f32' else ''}\" "
-            "LEDE_WIDEN_COST_VERSION=cost-v4 scripts/train_widened_policies.sh 5 cost-v2  # cost-v4, deployment-*\n"
+            "scripts/train_widened_policies.sh 5 cost-v4  # cost-v4 (SERVING), deployment-*\n"
             f"bench/record.py bench/results/{name}.json -- \\\n    "
             f"build/bench/lede-bench bench --model {w5} --weights {weights} --threads 1 "
             f"--calibration {w5}/calibration-{weights}.json "
@@ -120,7 +120,7 @@ COMMANDS = {
          "    --threads 1 --no-gemv --json {json}"),
     "bench/results/services-w5-q8_0.json":
         ("services_bench", "build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/lede-tiny-w5 "
-         "--overwrite  # installs the shipped cost-v2\n"
+         "--overwrite  # installs the shipped policies\n"
          "bench/record.py bench/results/services-w5-q8_0.json \\\n" + "".join(
              f"    -- bench/services_bench.py --model out/lede-tiny-w5 --weights q8_0 --threads {t} \\\n"
              "       --policy out/lede-tiny-w5/policy/cost-v2 --deployments split --prompts 8 --json {json}"

@@ -7,9 +7,10 @@
 #                   wide shape (machine-independent: the LM head costs ~0.4
 #                   layer-equivalents at factor 3, ~0.2 at factor 5, 1.0 in
 #                   lede-tiny)
-#   cost-v3         with LEDE_WIDEN_COST=1 only (LEDE_WIDEN_COST_VERSION names
+#   cost-v4         with LEDE_WIDEN_COST=1 only (LEDE_WIDEN_COST_VERSION names
 #                   it; cost-v2 was the same recipe on 48 prompts per set,
-#                   under the single-fit round table): one cost-conditioned policy
+#                   under the single-fit round table, cost-v3 on calibrations
+#                   from before they timed their steps in context): one cost-conditioned policy
 #                   (lede-features-v5) trained across cost profiles: the
 #                   accelerator model, this machine's measured f32, bf16 and
 #                   q8_0 calibrations of the wide shape (one thread; made
@@ -17,9 +18,10 @@
 #                   (PROBE:LAYER:VERIFY; docs/training.md "What the policy
 #                   sees of the hardware"); from the calibrated rule per
 #                   profile, autoregressive where even the rule loses. A
-#                   calibration's features are those of its step timings,
-#                   as the services measure theirs (cost-v1 saw its round
-#                   table's, which the services never show)
+#                   calibration's features are those of its steps timed in
+#                   the tuning prompts' generations, as the services time
+#                   their served steps (cost-v1 saw its round table's, which
+#                   the services never show)
 #   measured-v1     with LEDE_WIDEN_MEASURED=1 only: the same under the wide
 #                   shape's measured cost model (MODEL/calibration-cpu.json of
 #                   `lede widen --calibrate` on this machine; machine-specific,
@@ -48,7 +50,7 @@ FACTOR=${1:?usage: scripts/train_widened_policies.sh FACTOR [SERVING]}
 SERVING=${2:-accelerator-v1}
 MEASURED=${LEDE_WIDEN_MEASURED:-0}
 COST=${LEDE_WIDEN_COST:-0}
-COST_VERSION=${LEDE_WIDEN_COST_VERSION:-cost-v3}
+COST_VERSION=${LEDE_WIDEN_COST_VERSION:-cost-v4}
 ONLY_COST=${LEDE_WIDEN_ONLY_COST:-0}
 FORMATS=${LEDE_WIDEN_FORMATS:-q8_0 f32 bf16}
 SOURCE=models/lede-tiny

@@ -26,6 +26,7 @@
 #include "shared/model/cost/cost_profiles.h"
 #include "shared/model/decoding.h"
 #include "shared/model/llama.h"
+#include "shared/speculation/cost_features.h"
 #include "shared/speculation/method.h"
 #include "shared/status/status_macros.h"
 #include "shared/tokenizer/model_files.h"
@@ -110,13 +111,17 @@ StatusOr<policy::dqn::Artifact> ChoosePolicy(const std::string& policy_dir, cons
 // Self-calibration repeats: each step kind is timed this many times
 // (medians); on the 5x widening at q8_0 about 2.5 s.
 constexpr int kSelfCalibrationRepeats = 3;
+// Tokens of each generation whose steps the self-calibration times in
+// context (model::cost::TimeStepsInContext).
+constexpr int64_t kSelfCalibrationTokens = 24;
 
 // The cost features a policy priced by the deployment (reward cost model
 // "served", docs/training.md "What the policy sees of the hardware") sees in
-// process: those of the measured cost model at `calibration_path`, else of a
-// short self-calibration of the loaded model at its weight format and
-// thread count (step timings only; the model services measure their served
-// steps instead: experience::ServedCostMeter). One line on `err` says which.
+// process: those of the calibration at `calibration_path`, else of a short
+// self-calibration of the loaded model at its weight format and thread
+// count: kernel timings for the probe, and the steps of a few short
+// generations timed in context as the model services time their served
+// steps (experience::ServedCostMeter). One line on `err` says which.
 StatusOr<speculation::CostFeatures> InProcessCostFeatures(const std::string& calibration_path,
                                                           const model::LlamaModel& llama, int64_t max_draft_len,
                                                           std::ostream& err) {
@@ -128,6 +133,18 @@ StatusOr<speculation::CostFeatures> InProcessCostFeatures(const std::string& cal
     const auto start = std::chrono::steady_clock::now();
     LEDE_ASSIGN_OR_RETURN(calibration, model::cost::Calibrate(llama, kSelfCalibrationRepeats, nullptr,
                                                               /*round_passes=*/0, max_draft_len));
+    // The features come from steps timed in generations, as served
+    // (cost_profiles.h CostFeaturesOfCalibration); the probe from the
+    // kernel timings above. Two exit layers of the shallow half give the
+    // draft line.
+    const int64_t middle = speculation::MiddleExitLayer(llama.n_layers());
+    const int64_t shallow = std::min<int64_t>(2, middle - 1);
+    if (shallow >= 1) {
+      LEDE_ASSIGN_OR_RETURN(calibration.context_steps,
+                            model::cost::TimeStepsInContext(llama, {shallow, middle},
+                                                            std::min<int64_t>(3, std::max<int64_t>(1, max_draft_len)),
+                                                            kSelfCalibrationTokens));
+    }
     std::ostringstream what;
     what << std::fixed << std::setprecision(1) << "a self-calibration ("
          << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s)";

@@ -149,6 +149,15 @@ Status FillRoundTable(const std::vector<std::vector<std::vector<double>>>& ratio
   return OkStatus();
 }
 
+// A fixed prompt of 97 tokens (BOS and 96 spread over the vocabulary), or
+// half of a smaller context `capacity`.
+std::vector<int32_t> SyntheticPrompt(const checkpoint::ModelConfig& c, int64_t capacity) {
+  std::vector<int32_t> prompt = {static_cast<int32_t>(c.bos_id)};
+  const int64_t n_prompt = std::min<int64_t>(96, capacity / 2 - 1);
+  for (int64_t i = 0; i < n_prompt; ++i) prompt.push_back(static_cast<int32_t>((7 + 131 * i) % c.vocab_size));
+  return prompt;
+}
+
 // The round table of Calibrate (see the header): interleaved passes over
 // every (E, K), each timed against the autoregressive steps just before it.
 Status CalibrateRounds(const LlamaModel& model, int passes, int64_t max_k,
@@ -171,9 +180,7 @@ Status CalibrateRounds(const LlamaModel& model, int passes, int64_t max_k,
   // does (attention over the context is a larger share of a many-position
   // verification than of a step): with a 25-token prompt the rounds were
   // priced 12% below what they cost on the benchmark's 32-192-token prompts.
-  std::vector<int32_t> prompt = {static_cast<int32_t>(c.bos_id)};
-  const int64_t n_prompt = std::min<int64_t>(96, ko.capacity / 2 - 1);
-  for (int64_t i = 0; i < n_prompt; ++i) prompt.push_back(static_cast<int32_t>((7 + 131 * i) % c.vocab_size));
+  const std::vector<int32_t> prompt = SyntheticPrompt(c, ko.capacity);
   const int64_t rounds_per_config = 6;
   // The first rounds after a prefill are slower than the rest (measured on
   // lede-tiny: autoregressive steps of 795, 765, 675, 648 us after a
@@ -450,6 +457,54 @@ StatusOr<Calibration> Calibrate(const LlamaModel& model, int repeats, const std:
         CalibrateRounds(model, round_passes, round_max_draft_len, round_prompts, round_new_tokens, &cal));
   }
   return cal;
+}
+
+StatusOr<ServedStepCosts> TimeStepsInContext(const LlamaModel& model, const std::vector<int64_t>& exit_layers,
+                                             int64_t draft_len, int64_t new_tokens, int passes) {
+  const checkpoint::ModelConfig& c = model.config();
+  const int64_t L = c.n_layers;
+  if (exit_layers.empty()) return InvalidArgumentError("exit_layers: want at least one");
+  for (int64_t e : exit_layers) {
+    if (e < 1 || e >= L) {
+      return InvalidArgumentError("exit_layers: " + std::to_string(e) + " is outside [1, " + std::to_string(L) + ")");
+    }
+  }
+  if (draft_len < 1 || draft_len > 16) return InvalidArgumentError("draft_len: must be in [1, 16]");
+  if (passes < 1) return InvalidArgumentError("passes: must be >= 1");
+  KvCacheOptions ko;
+  ko.n_slots = 1;
+  ko.capacity = std::min<int64_t>(c.max_seq_len, 256);
+  ko.max_draft_len = draft_len;
+  ko.device = model.options().device;
+  ko.dtype = model.options().dtype;
+  const std::vector<int32_t> prompt = SyntheticPrompt(c, ko.capacity);
+  if (new_tokens < 2 || static_cast<int64_t>(prompt.size()) + new_tokens + draft_len + 1 > ko.capacity) {
+    return InvalidArgumentError("new_tokens: " + std::to_string(new_tokens) + " must be >= 2 and fit the context of " +
+                                std::to_string(ko.capacity) + " after a " + std::to_string(prompt.size()) +
+                                "-token prompt");
+  }
+  return TorchBoundary("time steps in context", [&]() -> StatusOr<ServedStepCosts> {
+    c10::InferenceMode guard;
+    std::shared_ptr<const LlamaModel> shared(&model, [](const LlamaModel*) {});
+    LEDE_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(shared, ko));
+    ContextStepSamples steps(L);
+    GenerateOptions ar;
+    ar.stop_at_eos = false;
+    ar.max_new_tokens = new_tokens;
+    for (int pass = 0; pass < passes; ++pass) {
+      LEDE_ASSIGN_OR_RETURN(GenerationResult a, engine->Generate(prompt, ar));
+      for (const RoundRecord& rr : a.stats.rounds) steps.Add(rr);
+      for (int64_t e : exit_layers) {
+        GenerateOptions o = ar;
+        o.mode = speculation::SpeculationMode::kStatic;
+        o.exit_layer = static_cast<int32_t>(e);
+        o.draft_len = static_cast<int32_t>(draft_len);
+        LEDE_ASSIGN_OR_RETURN(GenerationResult r, engine->Generate(prompt, o));
+        for (const RoundRecord& rr : r.stats.rounds) steps.Add(rr);
+      }
+    }
+    return steps.Costs(HeadLayerEquivalents(c));
+  });
 }
 
 std::string CalibrationToJson(const Calibration& c) {

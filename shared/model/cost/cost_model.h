@@ -204,6 +204,22 @@ StatusOr<Calibration> Calibrate(const LlamaModel& model, int repeats = 50,
                                 const std::vector<std::vector<int32_t>>& round_prompts = {},
                                 int64_t round_new_tokens = 64);
 
+// Calibration::context_steps in a few seconds, without the workload's
+// prompts: `passes` interleaved runs of an autoregressive generation and a
+// static one at each of `exit_layers` (each in [1, L)) with `draft_len`
+// drafts per round, `new_tokens` tokens each, on a fixed synthetic prompt
+// of 97 tokens (an engine of its own, one KV slot); every round's draft
+// and verification timed as a model service times its served steps. What
+// `lede generate` shows a policy priced by the deployment when no
+// calibration file is given (on the 5x widening at q8_0, exit layers 2 and
+// 6, 3 drafts, 24 tokens, 2 passes: about 3 s). The draft line of the
+// features needs two exit layers in [1, L / 2].
+// Errors: kInvalidArgument naming exit_layers, draft_len (outside [1, 16]),
+// passes (< 1) or new_tokens (< 2, or the generation does not fit the
+// context after the prompt); kInternal on a libtorch failure.
+StatusOr<ServedStepCosts> TimeStepsInContext(const LlamaModel& model, const std::vector<int64_t>& exit_layers,
+                                             int64_t draft_len, int64_t new_tokens, int passes = 2);
+
 // The batch tables of Calibration (batch_*): for every B of `batch_sizes`
 // (ascending, the first 1, at most 64), B sessions of `context` committed
 // tokens (a KV pool of its own) run one batched autoregressive step, one

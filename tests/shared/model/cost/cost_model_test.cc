@@ -182,6 +182,36 @@ TEST(CalibrationJsonTest, RoundTripKeepsTheRoundTable) {
   EXPECT_TRUE(legacy->round_us.empty());
 }
 
+// The steps of a few short generations, timed as a model service times
+// its served ones: draft entries at the exit layers asked for only,
+// verifications of 0 and K drafts, and a verification line.
+TEST(CalibrateTest, TimesStepsInContextAtTheExitLayersAskedFor) {
+  auto model = LlamaModel::RandomInit(testing::TinyConfig(), /*seed=*/3, ModelOptions{}, 0.3);
+  ASSERT_THAT(model, IsOk());
+  auto steps = TimeStepsInContext(**model, {1, 2}, /*draft_len=*/2, /*new_tokens=*/12, /*passes=*/1);
+  ASSERT_THAT(steps, IsOk());
+  ASSERT_EQ(steps->draft_step_s.size(), 5u);  // [L + 1], L = 4
+  EXPECT_GT(steps->draft_step_s[1], 0.0);
+  EXPECT_GT(steps->draft_step_s[2], 0.0);
+  EXPECT_EQ(steps->draft_step_s[3], 0.0);
+  ASSERT_GE(steps->verify_s.size(), 3u);
+  EXPECT_GT(steps->verify_s[0], 0.0);
+  EXPECT_GT(steps->verify_s[2], 0.0);
+  EXPECT_GT(steps->verify_intercept_s, 0.0);
+  EXPECT_THAT(TimeStepsInContext(**model, {4}, 2, 12),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("exit_layers")));
+  EXPECT_THAT(TimeStepsInContext(**model, {}, 2, 12),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("exit_layers")));
+  EXPECT_THAT(TimeStepsInContext(**model, {1}, 0, 12),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("draft_len")));
+  EXPECT_THAT(TimeStepsInContext(**model, {1}, 2, 1),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("new_tokens")));
+  EXPECT_THAT(TimeStepsInContext(**model, {1}, 2, 100),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("new_tokens")));
+  EXPECT_THAT(TimeStepsInContext(**model, {1}, 2, 12, 0),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("passes")));
+}
+
 TEST(CalibrationJsonTest, MalformedContextStepsAreRefusedNamingThem) {
   Calibration c = TableCalibration(3);
   c.context_steps.draft_step_s = {0, 1e-3, 2e-3};  // n_layers + 1 = 4 wanted
