@@ -211,8 +211,8 @@ StatusOr<Calibration> Calibrate(const LlamaModel& model, int repeats = 50,
 // of 97 tokens (an engine of its own, one KV slot); every round's draft
 // and verification timed as a model service times its served steps. What
 // `lede generate` shows a policy priced by the deployment when no
-// calibration file is given (on the 5x widening at q8_0, exit layers 2 and
-// 6, 3 drafts, 24 tokens, 2 passes: about 3 s). The draft line of the
+// calibration file is given (on the 5x widening at q8_0, exit layers 1-6,
+// 3 drafts, 16 tokens, 2 passes: about 5 s). The draft line of the
 // features needs two exit layers in [1, L / 2].
 // Errors: kInvalidArgument naming exit_layers, draft_len (outside [1, 16]),
 // passes (< 1) or new_tokens (< 2, or the generation does not fit the
