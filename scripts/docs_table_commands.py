@@ -29,8 +29,10 @@ def _llamacpp_w8(threads):
 
 def _widen5_cost(weights, sampled=False):
     """lede-bench on the 5x widening at one weight format, with the shipped and the cost-conditioned policies
-    (installed by `lede widen`); greedy, or sampled at temperature 0.8 with 3 seeds. The calibration times its
-    rounds in generations of the tuning prompts, as scripts/train_widened_policies.sh does."""
+    (installed by `lede widen`) and the policy trained under that format's calibration alone (none for f32, a
+    format the cost-conditioned policies were not trained on); greedy, or sampled at temperature 0.8 with 3
+    seeds. The calibration times its rounds in generations of the tuning prompts, as
+    scripts/train_widened_policies.sh does."""
     w5 = "out/lede-tiny-w5"
     name = f"widen5-cost-{weights}" + ("-t0.8" if sampled else "")
     tuning = "out/widened-policies/tuning-prompts.jsonl"
@@ -41,7 +43,7 @@ def _widen5_cost(weights, sampled=False):
             f"--round-passes 3 --round-max-draft-len 6 --batch-sizes \"\" --prompts {tuning} --new-tokens 64 "
             f"--out {w5}/calibration-{weights}.json  # and the other formats\n"
             "LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_DEPLOYMENT=1 "
-            f"LEDE_WIDEN_FORMATS=\"q8_0 bf16{' f32' if weights == 'f32' else ''}\" "
+            "LEDE_WIDEN_FORMATS=\"q8_0 bf16\" "
             "scripts/train_widened_policies.sh 5 cost-v4  # cost-v4 (SERVING), deployment-*\n"
             f"bench/record.py bench/results/{name}.json -- \\\n    "
             f"build/bench/lede-bench bench --model {w5} --weights {weights} --threads 1 "
@@ -49,8 +51,9 @@ def _widen5_cost(weights, sampled=False):
             f"--prompts {MODEL}/prompts/story.jsonl,{MODEL}/prompts/code.jsonl --prompts-per-set 24 --new-tokens 64 "
             "--repeats 3 --methods ar,static,calibrated,lede --candidate-layers 1,2,3,4,5,6 --max-draft-len 6 "
             + ("--temperature 0.8 --seeds 3 " if sampled else "")
-            + f"--policy {w5}/policy/accelerator-v1,{w5}/policy/cost-v2,{w5}/policy/cost-v3,{w5}/policy/cost-v4,"
-            f"out/widened-policies/w5/deployment-{weights} --json {{json}}")
+            + f"--policy {w5}/policy/accelerator-v1,{w5}/policy/cost-v2,{w5}/policy/cost-v3,{w5}/policy/cost-v4"
+            + ("" if weights == "f32" else f",out/widened-policies/w5/deployment-{weights}")  # f32: held out
+            + " --json {json}")
 
 
 # Each result a table uses: what kind of JSON it holds, and the command that writes it.
