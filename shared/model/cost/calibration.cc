@@ -36,6 +36,18 @@ bool AscendingFromOne(const std::vector<int64_t>& sizes) {
          std::adjacent_find(sizes.begin(), sizes.end()) == sizes.end();
 }
 
+// The KV pool of a calibration's own engine or steps: `n_slots` slots of
+// `capacity` positions on the model's device and dtype.
+KvCacheOptions ScratchKvOptions(const LlamaModel& model, int64_t n_slots, int64_t capacity, int64_t max_draft_len) {
+  KvCacheOptions ko;
+  ko.n_slots = n_slots;
+  ko.capacity = capacity;
+  ko.max_draft_len = max_draft_len;
+  ko.device = model.options().device;
+  ko.dtype = model.options().dtype;
+  return ko;
+}
+
 // Times several measurements interleaved: each repetition runs every one of
 // them once, in order, so that a change of load on the machine (other
 // processes, frequency) during calibration shifts all of them alike instead
@@ -65,10 +77,8 @@ StatusOr<Calibration> CalibrateKernels(const LlamaModel& model, int repeats, con
   return TorchBoundary("calibrate", [&]() -> StatusOr<Calibration> {
     c10::InferenceMode guard;
     const checkpoint::ModelConfig& c = model.config();
-    KvCacheOptions ko;
-    ko.capacity = std::min<int64_t>(c.max_seq_len, 256);
-    ko.device = model.options().device;
-    ko.dtype = model.options().dtype;
+    const KvCacheOptions ko = ScratchKvOptions(model, KvCacheOptions{}.n_slots, std::min<int64_t>(c.max_seq_len, 256),
+                                               KvCacheOptions{}.max_draft_len);
     LEDE_ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(c, ko));
     const int64_t start = std::min<int64_t>(64, ko.capacity - kMaxCalibratedPositions - 1);
     auto opts = at::TensorOptions().device(ko.device).dtype(ko.dtype);
@@ -166,12 +176,7 @@ Status CalibrateRounds(const LlamaModel& model, int passes, int64_t max_k,
   const int64_t L = c.n_layers;
   if (L < 2 || max_k < 1) return OkStatus();
   if (!prompts.empty()) return CalibrateRoundsOnPrompts(model, passes, max_k, prompts, new_tokens, cal);
-  KvCacheOptions ko;
-  ko.n_slots = 1;
-  ko.capacity = std::min<int64_t>(c.max_seq_len, 256);
-  ko.max_draft_len = max_k;
-  ko.device = model.options().device;
-  ko.dtype = model.options().dtype;
+  const KvCacheOptions ko = ScratchKvOptions(model, 1, std::min<int64_t>(c.max_seq_len, 256), max_k);
   // The engine shares the caller's model for this call only.
   std::shared_ptr<const LlamaModel> shared(&model, [](const LlamaModel*) {});
   LEDE_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(shared, ko));
@@ -297,12 +302,7 @@ Status CalibrateRoundsOnPrompts(const LlamaModel& model, int passes, int64_t max
   const checkpoint::ModelConfig& c = model.config();
   const int64_t L = c.n_layers;
   if (new_tokens < 2) return InvalidArgumentError("calibrate: round_new_tokens must be >= 2");
-  KvCacheOptions ko;
-  ko.n_slots = 1;
-  ko.capacity = c.max_seq_len;
-  ko.max_draft_len = max_k;
-  ko.device = model.options().device;
-  ko.dtype = model.options().dtype;
+  const KvCacheOptions ko = ScratchKvOptions(model, 1, c.max_seq_len, max_k);
   // Prompts that leave no room for the generation and one round of drafts
   // are not used; none usable is an error naming the flag's field.
   std::vector<std::vector<int32_t>> usable;
@@ -378,12 +378,8 @@ Status CalibrateBatches(const LlamaModel& model, int repeats, const std::vector<
   return TorchBoundary("calibrate batches", [&]() -> Status {
     c10::InferenceMode guard;
     const int64_t max_b = batch_sizes.back();
-    KvCacheOptions ko;
-    ko.n_slots = max_b;
-    ko.capacity = std::min<int64_t>(c.max_seq_len, context + max_draft_len + 2);
-    ko.max_draft_len = max_draft_len;
-    ko.device = model.options().device;
-    ko.dtype = model.options().dtype;
+    const KvCacheOptions ko =
+        ScratchKvOptions(model, max_b, std::min<int64_t>(c.max_seq_len, context + max_draft_len + 2), max_draft_len);
     LEDE_ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(c, ko));
     Verifier verifier(model, cache);
     Drafter drafter(model, cache);
@@ -471,12 +467,7 @@ StatusOr<ServedStepCosts> TimeStepsInContext(const LlamaModel& model, const std:
   }
   if (draft_len < 1 || draft_len > 16) return InvalidArgumentError("draft_len: must be in [1, 16]");
   if (passes < 1) return InvalidArgumentError("passes: must be >= 1");
-  KvCacheOptions ko;
-  ko.n_slots = 1;
-  ko.capacity = std::min<int64_t>(c.max_seq_len, 256);
-  ko.max_draft_len = draft_len;
-  ko.device = model.options().device;
-  ko.dtype = model.options().dtype;
+  const KvCacheOptions ko = ScratchKvOptions(model, 1, std::min<int64_t>(c.max_seq_len, 256), draft_len);
   const std::vector<int32_t> prompt = SyntheticPrompt(c, ko.capacity);
   if (new_tokens < 2 || static_cast<int64_t>(prompt.size()) + new_tokens + draft_len + 1 > ko.capacity) {
     return InvalidArgumentError("new_tokens: " + std::to_string(new_tokens) + " must be >= 2 and fit the context of " +
