@@ -77,8 +77,9 @@ StatusOr<Calibration> CalibrateKernels(const LlamaModel& model, int repeats, con
   return TorchBoundary("calibrate", [&]() -> StatusOr<Calibration> {
     c10::InferenceMode guard;
     const checkpoint::ModelConfig& c = model.config();
-    const KvCacheOptions ko = ScratchKvOptions(model, KvCacheOptions{}.n_slots, std::min<int64_t>(c.max_seq_len, 256),
-                                               KvCacheOptions{}.max_draft_len);
+    // One slot; the block and head tables time up to kMaxCalibratedPositions rows at once.
+    const KvCacheOptions ko =
+        ScratchKvOptions(model, 1, std::min<int64_t>(c.max_seq_len, 256), kMaxCalibratedPositions);
     LEDE_ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(c, ko));
     const int64_t start = std::min<int64_t>(64, ko.capacity - kMaxCalibratedPositions - 1);
     auto opts = at::TensorOptions().device(ko.device).dtype(ko.dtype);
@@ -577,8 +578,8 @@ StatusOr<Calibration> CalibrationFromJson(const std::string& text) {
           !finite_non_negative(cs.verify_s) || !std::isfinite(cs.verify_intercept_s) ||
           !std::isfinite(cs.verify_slope_s)) {
         return InvalidArgumentError(
-            "calibration: context_steps.draft_step_s must hold n_layers + 1 entries, and its seconds be finite "
-            "and >= 0");
+            "calibration: context_steps needs n_layers + 1 entries in draft_step_s, and finite seconds >= 0 in "
+            "draft_step_s and verify_s (a finite verify line)");
       }
     }
     if (j.contains("batch_sizes")) {
