@@ -44,14 +44,14 @@ def _widen5_cost(weights, sampled=False):
             f"--out {w5}/calibration-{weights}.json  # and the other formats\n"
             "LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_DEPLOYMENT=1 "
             "LEDE_WIDEN_FORMATS=\"q8_0 bf16\" "
-            "scripts/train_widened_policies.sh 5 cost-v4  # cost-v4 (SERVING), deployment-*\n"
+            "scripts/train_widened_policies.sh 5 cost-v5  # cost-v5 (SERVING), deployment-*\n"
             f"bench/record.py bench/results/{name}.json -- \\\n    "
             f"build/bench/lede-bench bench --model {w5} --weights {weights} --threads 1 "
             f"--calibration {w5}/calibration-{weights}.json "
             f"--prompts {MODEL}/prompts/story.jsonl,{MODEL}/prompts/code.jsonl --prompts-per-set 24 --new-tokens 64 "
             "--repeats 3 --methods ar,static,calibrated,lede --candidate-layers 1,2,3,4,5,6 --max-draft-len 6 "
             + ("--temperature 0.8 --seeds 3 " if sampled else "")
-            + f"--policy {w5}/policy/accelerator-v1,{w5}/policy/cost-v2,{w5}/policy/cost-v3,{w5}/policy/cost-v4"
+            + f"--policy {w5}/policy/accelerator-v1,{w5}/policy/cost-v4,{w5}/policy/cost-v5"
             + ("" if weights == "f32" else f",out/widened-policies/w5/deployment-{weights}")  # f32: held out
             + " --json {json}")
 

@@ -7,21 +7,31 @@
 #                   wide shape (machine-independent: the LM head costs ~0.4
 #                   layer-equivalents at factor 3, ~0.2 at factor 5, 1.0 in
 #                   lede-tiny)
-#   cost-v4         with LEDE_WIDEN_COST=1 only (LEDE_WIDEN_COST_VERSION names
+#   cost-v5         with LEDE_WIDEN_COST=1 only (LEDE_WIDEN_COST_VERSION names
 #                   it; cost-v2 was the same recipe on 48 prompts per set,
 #                   under the single-fit round table, cost-v3 on calibrations
-#                   from before they timed their steps in context): one cost-conditioned policy
+#                   from before they timed their steps in context, cost-v4
+#                   without the lookahead probe and with three profiles
+#                   around the AMD VM's costs): one cost-conditioned policy
 #                   (lede-features-v5) trained across cost profiles: the
 #                   accelerator model, this machine's measured f32, bf16 and
 #                   q8_0 calibrations of the wide shape (one thread; made
-#                   here when missing) and three profiles around them
-#                   (PROBE:LAYER:VERIFY; docs/training.md "What the policy
+#                   here when missing) and the profiles of
+#                   LEDE_WIDEN_AROUND around them (PROBE:LAYER:VERIFY;
+#                   default: layer 0.45, 0.75 and 1.4 at the probe and
+#                   verify of this machine's formats, whose layer is 0.60 at
+#                   q8_0 and 1.17 at bf16, so that each measured profile has
+#                   neighbours on both sides; a costly verification, 0.3; and
+#                   one where no speculation pays, 0.8; docs/training.md "What the policy
 #                   sees of the hardware"); from the calibrated rule per
 #                   profile, autoregressive where even the rule loses. A
 #                   calibration's features are those of its steps timed in
 #                   the tuning prompts' generations, as the services time
 #                   their served steps (cost-v1 saw its round table's, which
-#                   the services never show)
+#                   the services never show). With --lookahead-probe: a draft-
+#                   length decision sees the next token's own exit
+#                   distribution, as the calibrated rule the benchmarks tune
+#                   does; a stop wastes that head, 0.015 of a step here
 #   measured-v1     with LEDE_WIDEN_MEASURED=1 only: the same under the wide
 #                   shape's measured cost model (MODEL/calibration-cpu.json of
 #                   `lede widen --calibrate` on this machine; machine-specific,
@@ -50,9 +60,10 @@ FACTOR=${1:?usage: scripts/train_widened_policies.sh FACTOR [SERVING]}
 SERVING=${2:-accelerator-v1}
 MEASURED=${LEDE_WIDEN_MEASURED:-0}
 COST=${LEDE_WIDEN_COST:-0}
-COST_VERSION=${LEDE_WIDEN_COST_VERSION:-cost-v4}
+COST_VERSION=${LEDE_WIDEN_COST_VERSION:-cost-v5}
 ONLY_COST=${LEDE_WIDEN_ONLY_COST:-0}
 FORMATS=${LEDE_WIDEN_FORMATS:-q8_0 f32 bf16}
+AROUND=${LEDE_WIDEN_AROUND:-0.015:0.45:0.05 0.015:0.75:0.05 0.015:1.4:0.03 0.01:0.8:0.3 0.01:0.8:0.8}
 SOURCE=models/lede-tiny
 MODEL=${LEDE_MODEL:-out/lede-tiny-w$FACTOR}
 LEDE=build/services/cli/lede
@@ -102,10 +113,11 @@ if [[ $COST != 0 ]]; then
         --round-max-draft-len 6 --batch-sizes "" --prompts "$TUNING" --new-tokens 64 --out "$cal"
     PROFILES+=",calibration:$cal"
   done
-  # Seven profiles replay every request seven times per iteration: four iterations over 20 extra
+  # Eight profiles replay every request eight times per iteration: four iterations over 20 extra
   # prompts per domain (the later flags win) keep it to minutes.
-  train "$COST_VERSION" accelerator --cost-profiles "$PROFILES,0.01:0.8:0.3,0.01:0.8:0.8,0.02:1:0.15" \
-    --iterations 4 --extra-count 20
+  for profile in $AROUND; do PROFILES+=",$profile"; done
+  train "$COST_VERSION" accelerator --cost-profiles "$PROFILES" \
+    --iterations 4 --extra-count 20 --lookahead-probe
   cp -r "out/widened-policies/w$FACTOR/$COST_VERSION" "$SHIP/"
   # LEDE_WIDEN_DEPLOYMENT=1: per format, a policy trained under that calibration alone
   # (deployment-FORMAT), what a deployment's retraining on its own traffic converges to; a
@@ -114,7 +126,8 @@ if [[ $COST != 0 ]]; then
     for cal in ${PROFILES//,/ }; do
       [[ $cal == calibration:* ]] || continue
       name=${cal##*/calibration-}
-      train "deployment-${name%.json}" accelerator --cost-profiles "$cal" --iterations 4 --extra-count 20
+      train "deployment-${name%.json}" accelerator --cost-profiles "$cal" --iterations 4 --extra-count 20 \
+        --lookahead-probe
     done
   fi
 fi
