@@ -44,7 +44,7 @@ def _widen5_cost(weights, sampled=False):
             f"--out {w5}/calibration-{weights}.json  # and the other formats\n"
             "LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_DEPLOYMENT=1 "
             "LEDE_WIDEN_FORMATS=\"q8_0 bf16\" "
-            "scripts/train_widened_policies.sh 5 cost-v5  # cost-v5 (SERVING), deployment-*\n"
+            "scripts/train_widened_policies.sh 5 cost-v4  # cost-v5, deployment-*; SERVING stays cost-v4\n"
             f"bench/record.py bench/results/{name}.json -- \\\n    "
             f"build/bench/lede-bench bench --model {w5} --weights {weights} --threads 1 "
             f"--calibration {w5}/calibration-{weights}.json "
