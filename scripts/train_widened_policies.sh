@@ -31,7 +31,10 @@
 #                   the services never show). With --lookahead-probe: a draft-
 #                   length decision sees the next token's own exit
 #                   distribution, as the calibrated rule the benchmarks tune
-#                   does; a stop wastes that head, 0.015 of a step here
+#                   does; a stop wastes that head, 0.015 of a step here.
+#                   cost-v5 ran 0.4-4.6% below cost-v4 on the held-out
+#                   prompts at q8_0 and bf16 (docs/training.md), so SERVING
+#                   stays cost-v4 (this script at commit aaff638 trains it)
 #   measured-v1     with LEDE_WIDEN_MEASURED=1 only: the same under the wide
 #                   shape's measured cost model (MODEL/calibration-cpu.json of
 #                   `lede widen --calibrate` on this machine; machine-specific,
