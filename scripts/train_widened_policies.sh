@@ -116,8 +116,8 @@ if [[ $COST != 0 ]]; then
         --round-max-draft-len 6 --batch-sizes "" --prompts "$TUNING" --new-tokens 64 --out "$cal"
     PROFILES+=",calibration:$cal"
   done
-  # Eight profiles replay every request eight times per iteration: four iterations over 20 extra
-  # prompts per domain (the later flags win) keep it to minutes.
+  # Every request is replayed once per profile and iteration (eight profiles with two formats):
+  # four iterations over 20 extra prompts per domain (the later flags win) keep it to minutes.
   for profile in $AROUND; do PROFILES+=",$profile"; done
   train "$COST_VERSION" accelerator --cost-profiles "$PROFILES" \
     --iterations 4 --extra-count 20 --lookahead-probe
