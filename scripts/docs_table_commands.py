@@ -27,27 +27,31 @@ def _llamacpp_w8(threads):
             f"    --out bench/results/llamacpp-w8-quant-{threads}t.json")
 
 
-def _widen5_cost(weights, sampled=False):
-    """lede-bench on the 5x widening at one weight format, with the shipped and the cost-conditioned policies
-    (installed by `lede widen`) and the policy trained under that format's calibration alone (none for f32, a
-    format the cost-conditioned policies were not trained on); greedy, or sampled at temperature 0.8 with 3
-    seeds. The calibration times its rounds in generations of the tuning prompts, as
-    scripts/train_widened_policies.sh does."""
+def _widen5_cost(weights, sampled=False, threads=1):
+    """lede-bench on the 5x widening at one weight format and thread count, with the shipped and the
+    cost-conditioned policies (installed by `lede widen`) and the policy trained under that format's one-thread
+    calibration alone (none for f32, a format the cost-conditioned policies were not trained on); greedy, or
+    sampled at temperature 0.8 with 3 seeds. The calibration times its rounds in generations of the tuning
+    prompts, as scripts/train_widened_policies.sh does, at the benchmark's thread count (no policy was trained
+    on a two-thread profile)."""
     w5 = "out/lede-tiny-w5"
-    name = f"widen5-cost-{weights}" + ("-t0.8" if sampled else "")
+    suffix = "" if threads == 1 else f"-{threads}t"
+    name = f"widen5-cost-{weights}{suffix}" + ("-t0.8" if sampled else "")
+    calibration = f"{w5}/calibration-{weights}{suffix}.json"
+    others = "  # and the other formats" if threads == 1 else ""
     tuning = "out/widened-policies/tuning-prompts.jsonl"
     return ("build/services/cli/lede widen --model models/lede-tiny --factor 5 --out out/lede-tiny-w5 --overwrite\n"
             f"mkdir -p out/widened-policies && {{ head -n 12 {MODEL}/prompts/story.jsonl; "
             f"head -n 12 {MODEL}/prompts/code.jsonl; }} > {tuning}\n"
-            f"build/services/cli/lede calibrate --model {w5} --weights {weights} --threads 1 --repeats 20 "
+            f"build/services/cli/lede calibrate --model {w5} --weights {weights} --threads {threads} --repeats 20 "
             f"--round-passes 3 --round-max-draft-len 6 --batch-sizes \"\" --prompts {tuning} --new-tokens 64 "
-            f"--out {w5}/calibration-{weights}.json  # and the other formats\n"
+            f"--out {calibration}{others}\n"
             "LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_DEPLOYMENT=1 "
             "LEDE_WIDEN_FORMATS=\"q8_0 bf16\" "
             "scripts/train_widened_policies.sh 5 cost-v4  # cost-v5, deployment-*; SERVING stays cost-v4\n"
             f"bench/record.py bench/results/{name}.json -- \\\n    "
-            f"build/bench/lede-bench bench --model {w5} --weights {weights} --threads 1 "
-            f"--calibration {w5}/calibration-{weights}.json "
+            f"build/bench/lede-bench bench --model {w5} --weights {weights} --threads {threads} "
+            f"--calibration {calibration} "
             f"--prompts {MODEL}/prompts/story.jsonl,{MODEL}/prompts/code.jsonl --prompts-per-set 24 --new-tokens 64 "
             "--repeats 3 --methods ar,static,calibrated,lede --candidate-layers 1,2,3,4,5,6 --max-draft-len 6 "
             + ("--temperature 0.8 --seeds 3 " if sampled else "")
@@ -60,6 +64,7 @@ def _widen5_cost(weights, sampled=False):
 COMMANDS = {
     **{f"bench/results/widen5-cost-{w}.json": ("lede-bench bench", _widen5_cost(w)) for w in ("q8_0", "f32", "bf16")},
     "bench/results/widen5-cost-q8_0-t0.8.json": ("lede-bench bench", _widen5_cost("q8_0", sampled=True)),
+    "bench/results/widen5-cost-q8_0-2t.json": ("lede-bench bench", _widen5_cost("q8_0", threads=2)),
     "bench/results/lede-tiny-bench.json":
         ("lede-bench bench", "bench/record.py bench/results/lede-tiny-bench.json -- \\\n    "
          + _bench_set("story") + " -- \\\n    " + _bench_set("code")),

@@ -49,7 +49,7 @@ struct Flags : lede::flags::ModelLoadFlags {
               version, report;
   int64_t per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 128, extra_count = 0,
           max_draft = 4, iterations = 6;
-  double selection_fraction = 0.25, epsilon = 0.2, conservative_margin = 0.0;
+  double selection_fraction = 0.25, epsilon = 0.2, conservative_margin = 0.0, max_profile_slowdown = 0.01;
   // --seed --epochs --hidden --batch-size --lr --threads (trainer/dqn_flags.h);
   // 16 epochs of 256-transition minibatches per Dinkelbach iteration.
   lede::trainer::DqnFlags dqn{[] {
@@ -195,6 +195,7 @@ nlohmann::json TrainingReport(const lede::model::cost::CostModel& cost, const le
                                     {"train_speedup", it.train_speedup},
                                     {"selection_speedup", it.selection_speedup},
                                     {"adopted", it.adopted},
+                                    {"group_slowed", it.group_slowed},
                                     {"seconds", it.seconds}});
   }
   report["requests"] = {{"train", n_train}, {"selection", n_selection}};
@@ -226,6 +227,7 @@ StatusOr<lede::trainer::DinkelbachOptions> MakeOptions(const Flags& fl, const le
   o.max_iterations = static_cast<int32_t>(fl.iterations);
   o.behaviour_epsilon = fl.epsilon;
   o.conservative_margin = fl.conservative_margin;
+  o.max_group_slowdown = fl.max_profile_slowdown;
   o.initial_policy = fl.initial_policy;
   if (!fl.warm_start.empty()) {
     auto warm = lede::policy::dqn::LoadArtifact(fl.warm_start, model.config().ArchitectureFingerprint());
@@ -327,7 +329,9 @@ void PrintIteration(const lede::trainer::DinkelbachOptions& o, const lede::train
                "agrees with pi on %.1f%% / %.1f%% / %.1f%% of its round-start / exit-layer / draft-length "
                "decisions\n",
                it.iteration, it.rho, static_cast<long long>(it.transitions), it.train_speedup,
-               it.selection_speedup, it.adopted ? "adopted" : "rejected (pi and rho kept)", it.seconds,
+               it.selection_speedup, it.adopted        ? "adopted"
+               : it.group_slowed ? "rejected: a load or profile slowed down (pi and rho kept)"
+                                 : "rejected (pi and rho kept)", it.seconds,
                100 * it.agreement[0], 100 * it.agreement[1], 100 * it.agreement[2]);
   for (size_t i = 0; i < it.load_rho.size(); ++i) {
     const std::string group = i < o.cost_profiles.size() ? "profile " + o.cost_profiles[i].name
@@ -357,6 +361,7 @@ lede::policy::dqn::Artifact MakePolicyArtifact(const Flags& fl, const lede::trai
   meta.training_options["behaviour_epsilon"] = fl.epsilon;
   meta.training_options["rollout_targets"] = fl.rollout ? 1.0 : 0.0;
   meta.training_options["conservative_margin"] = fl.conservative_margin;
+  meta.training_options["max_profile_slowdown"] = fl.max_profile_slowdown;
   meta.training_options["initial_policy_calibrated"] = fl.initial_policy == "calibrated" ? 1.0 : 0.0;
   meta.training_data.n_requests = static_cast<int64_t>(n_requests);
   for (size_t i = 0; i < o.loads.size(); ++i) {
@@ -491,6 +496,9 @@ int main(int argc, char** argv) {
         "train one cost-conditioned policy across these cost profiles (comma-separated: accelerator, "
         "calibration:PATH of `lede calibrate`, or PROBE:LAYER:VERIFY in autoregressive steps; the policy sees "
         "the profile's features, docs/training.md); default: one cost model, --cost-model");
+  f.Add("max-profile-slowdown", &fl.max_profile_slowdown,
+        "with --loads or --cost-profiles: adopt an iterate only if no load or profile runs slower than (1 - this) "
+        "times the current policy there, in [0, 1)");
   f.Add("ridge-tokens", &fl.ridge_tokens, "--loads with the accelerator cost model: its roofline ridge in tokens");
 
   f.Add("trace-model", &fl.trace_model,

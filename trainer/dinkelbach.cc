@@ -252,6 +252,9 @@ Status ValidateDinkelbachOptions(const DinkelbachOptions& o) {
   if (!(o.conservative_margin >= 0 && o.conservative_margin < 1e3)) {
     return InvalidArgumentError("conservative_margin: must be in [0, 1000) tokens per round");
   }
+  if (!(o.max_group_slowdown >= 0 && o.max_group_slowdown < 1)) {
+    return InvalidArgumentError("max_group_slowdown: outside [0, 1)");
+  }
   if (o.initial_policy != "static" && o.initial_policy != "calibrated") {
     return InvalidArgumentError("initial_policy: \"" + o.initial_policy + "\" is not static or calibrated");
   }
@@ -622,6 +625,15 @@ DinkelbachResult MakeResult(DqnResult best, std::vector<DinkelbachIteration> ite
 
 }  // namespace
 
+bool AdoptsIterate(const std::vector<double>& iterate, const std::vector<double>& current,
+                   double max_group_slowdown) {
+  if (iterate.size() != current.size() || iterate.empty() || !(Mean(iterate) > Mean(current))) return false;
+  for (size_t i = 0; i < iterate.size(); ++i) {
+    if (iterate[i] < (1.0 - max_group_slowdown) * current[i]) return false;
+  }
+  return true;
+}
+
 StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train_traces,
                                            const std::vector<ShadowTrace>& selection_traces,
                                            const model::cost::CostModel& cost, const DinkelbachOptions& o,
@@ -642,7 +654,7 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
   };
   LEDE_ASSIGN_OR_RETURN(std::vector<double> start_speedups, ChooseStarts(o, expressible, warm_policy, &groups));
   LEDE_ASSIGN_OR_RETURN(const InitialPolicy initial, MakeInitialPolicy(groups, o, std::move(start_speedups)));
-  double current_train = initial.train_speedup;
+  std::vector<double> current_train = initial.speedups;  // pi's, per load (profile)
   for (size_t i = 0; i < groups.size(); ++i) groups[i].rho = o.initial_rho > 0 ? o.initial_rho : initial.speedups[i];
 
   std::shared_ptr<const policy::dqn::QNetwork> current;
@@ -670,7 +682,8 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
     std::vector<double> train;  // per load
     LEDE_RETURN_IF_ERROR(MeasureIterate(groups, o, greedy, &rep, &train));
     rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    rep.adopted = rep.train_speedup > current_train;
+    rep.adopted = AdoptsIterate(train, current_train, o.max_group_slowdown);
+    rep.group_slowed = !rep.adopted && rep.train_speedup > Mean(current_train);
     iterations.push_back(rep);
     if (on_iteration) on_iteration(rep);
     // Adopted iterates compete on the selection traces; a rejected one only
@@ -684,7 +697,7 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
     }
     if (!rep.adopted) continue;  // pi and rho stay; the next iteration explores with new seeds
     current = network;
-    current_train = rep.train_speedup;
+    current_train = train;
     // rho settles before the policy does in the first iterations of policy
     // iteration (it starts from static), so at least three run.
     bool converged = it >= 3;

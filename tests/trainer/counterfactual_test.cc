@@ -524,6 +524,63 @@ TEST_F(CounterfactualTest, DinkelbachWithCostProfilesLearnsWhereSpeculationPays)
               StatusIs(StatusCode::kInvalidArgument, HasSubstr("cost_profiles")));
 }
 
+// With cost profiles an iterate is adopted only where its mean beats the
+// current policy's and no profile slows down by more than
+// max_group_slowdown (0 here: none may slow down), so that one deployment
+// does not pay for the others; an iterate that raised the mean but slowed
+// a profile is reported as such. Tolerances outside [0, 1) are refused.
+TEST_F(CounterfactualTest, DinkelbachAdoptsNoIterateThatSlowsAProfile) {
+  const std::vector<ShadowTrace> traces = Traces();
+  const std::vector<ShadowTrace> train(traces.begin(), traces.begin() + 2), selection(traces.begin() + 2, traces.end());
+  auto cost = model::cost::MakeAcceleratorCostModel(model_->config());
+  const int64_t L = model_->config().n_layers;
+  DinkelbachOptions o = SmallDinkelbachOptions();
+  o.max_iterations = 3;
+  o.rho_tolerance = 0;
+  o.conservative_margin = 0.2;
+  o.dqn.epochs = 12;
+  o.max_group_slowdown = 0;
+  for (const speculation::CostFeatures& f : {speculation::CostFeatures{0.05f, 1.0f, 0.0f},
+                                             speculation::CostFeatures{0.02f, 0.5f, 0.1f},
+                                             speculation::CostFeatures{0.05f, 1.5f, 0.3f}}) {
+    auto made = model::cost::MakeProfileCostModel(f, L);
+    ASSERT_THAT(made, IsOk());
+    o.cost_profiles.push_back({std::to_string(o.cost_profiles.size()),
+                               std::shared_ptr<const model::cost::CostModel>(std::move(*made)), f});
+  }
+  auto result = TrainDinkelbach(train, selection, *cost, o);
+  ASSERT_THAT(result, IsOk());
+  ASSERT_FALSE(result->iterations.empty());
+  // pi_0's per-profile speed-ups: the rho of every profile in iteration 1.
+  std::vector<double> current = result->iterations.front().load_rho;
+  double current_mean = result->initial_train_speedup;
+  ASSERT_EQ(current.size(), 3u);
+  for (const DinkelbachIteration& it : result->iterations) {
+    ASSERT_EQ(it.load_train_speedup.size(), 3u);
+    bool slowed = false;
+    for (size_t i = 0; i < current.size(); ++i) slowed = slowed || it.load_train_speedup[i] < current[i];
+    const bool faster = it.train_speedup > current_mean;
+    EXPECT_EQ(it.group_slowed, faster && slowed) << "iteration " << it.iteration;
+    EXPECT_EQ(it.adopted, faster && !slowed) << "iteration " << it.iteration;
+    if (!it.adopted) continue;
+    current = it.load_train_speedup;
+    current_mean = it.train_speedup;
+  }
+  // The rule itself: a higher mean is necessary, and not sufficient.
+  EXPECT_TRUE(AdoptsIterate({1.20, 1.50}, {1.10, 1.50}, 0));
+  EXPECT_FALSE(AdoptsIterate({1.10, 1.50}, {1.10, 1.50}, 0));        // level
+  EXPECT_FALSE(AdoptsIterate({1.30, 1.46}, {1.10, 1.50}, 0.01));     // mean +0.08, the second -2.7%
+  EXPECT_TRUE(AdoptsIterate({1.30, 1.46}, {1.10, 1.50}, 0.03));      // within 3%
+  EXPECT_TRUE(AdoptsIterate({1.30}, {1.10}, 0));                     // one group: the mean alone
+  EXPECT_FALSE(AdoptsIterate({1.30, 1.50}, {1.10}, 0.5));            // mismatched
+  EXPECT_FALSE(AdoptsIterate({}, {}, 0.5));
+  for (double bad : {-0.01, 1.0}) {
+    o.max_group_slowdown = bad;
+    EXPECT_THAT(TrainDinkelbach(train, selection, *cost, o),
+                StatusIs(StatusCode::kInvalidArgument, HasSubstr("max_group_slowdown")));
+  }
+}
+
 // A warm start (a load-blind Q-network) is pi_0 at each load
 // where it beats the static choice on the training traces, the static or
 // autoregressive choice elsewhere: pi_0 is described so per load, and the
