@@ -130,19 +130,8 @@ Status SetBench::TraceBothSplits() {
       const std::vector<int32_t>& prompt = (*prompts)[run.prompt];
       const std::string id = set_.name + ":" + std::to_string(run.prompt) +
                              (sampling_.sampled() ? "#" + std::to_string(run.seed) : "");
-      if (!sampling_.sampled()) {
-        LEDE_ASSIGN_OR_RETURN(trainer::ShadowTrace t,
-                              trainer::TraceGreedyRequest(*c_.engine, prompt, cf_.new_tokens, c_.spec.top_k, id));
-        traces->push_back(std::move(t));
-        continue;
-      }
-      GenerateOptions o = ar_;
-      o.sampling = SamplingOf(run.seed);
-      LEDE_ASSIGN_OR_RETURN(model::GenerationResult r, c_.engine->Generate(prompt, o));
-      LEDE_ASSIGN_OR_RETURN(trainer::ShadowTrace t,
-                            trainer::ComputeShadowTrace(*c_.model, prompt, r.tokens,
-                                                        r.finish == model::FinishReason::kEos, cf_.new_tokens,
-                                                        c_.spec.top_k, id, o.sampling));
+      LEDE_ASSIGN_OR_RETURN(trainer::ShadowTrace t, trainer::TraceRequest(*c_.engine, prompt, cf_.new_tokens,
+                                                                          c_.spec.top_k, id, SamplingOf(run.seed)));
       traces->push_back(std::move(t));
     }
   }

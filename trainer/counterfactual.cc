@@ -181,6 +181,21 @@ StatusOr<ShadowTrace> TraceGreedyRequest(model::Engine& engine, const std::vecto
                             max_new_tokens, top_k, std::move(id), {}, probe_layers);
 }
 
+StatusOr<ShadowTrace> TraceRequest(model::Engine& engine, const std::vector<int32_t>& prompt,
+                                   int64_t max_new_tokens, int32_t top_k, std::string id,
+                                   const speculation::SamplingParams& sampling) {
+  if (!std::isfinite(sampling.temperature) || sampling.temperature < 0) {
+    return InvalidArgumentError("sampling.temperature: must be >= 0 and finite");
+  }
+  if (sampling.greedy()) return TraceGreedyRequest(engine, prompt, max_new_tokens, top_k, std::move(id));
+  model::GenerateOptions o;
+  o.max_new_tokens = max_new_tokens;
+  o.sampling = sampling;
+  LEDE_ASSIGN_OR_RETURN(model::GenerationResult r, engine.Generate(prompt, o));
+  return ComputeShadowTrace(engine.model(), prompt, r.tokens, r.finish == model::FinishReason::kEos,
+                            max_new_tokens, top_k, std::move(id), sampling);
+}
+
 namespace {
 
 // The speculation backend of a simulated request (see the header).

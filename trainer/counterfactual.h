@@ -158,6 +158,16 @@ StatusOr<ShadowTrace> TraceGreedyRequest(model::Engine& engine, const std::vecto
                                          int64_t max_new_tokens, int32_t top_k, std::string id = "",
                                          const std::vector<int32_t>& probe_layers = {});
 
+// As TraceGreedyRequest under `sampling`: with a temperature > 0 the
+// output is the engine's autoregressive draw under `sampling` (its seed),
+// and the trace a sampled one (ComputeShadowTrace); greedy otherwise.
+// Errors: kInvalidArgument for a negative or non-finite temperature (which
+// SamplingParams::greedy() would take for greedy); those of
+// Engine::Generate and ComputeShadowTrace.
+StatusOr<ShadowTrace> TraceRequest(model::Engine& engine, const std::vector<int32_t>& prompt,
+                                   int64_t max_new_tokens, int32_t top_k, std::string id,
+                                   const speculation::SamplingParams& sampling);
+
 // A decoding method to replay: static (exit_layer, draft_len) or adaptive
 // (controller, borrowed, one per request, with its decision spec) or
 // autoregressive.

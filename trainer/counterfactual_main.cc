@@ -8,6 +8,7 @@
 // selects the iterate. Writes a policy artifact (policy/dqn/artifact.h) and
 // a report.json beside it.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -50,6 +51,10 @@ struct Flags : lede::flags::ModelLoadFlags {
   int64_t per_set = 48, prompt_tokens = 32, max_prompt_tokens = 192, new_tokens = 128, extra_count = 0,
           max_draft = 4, iterations = 6;
   double selection_fraction = 0.25, epsilon = 0.2, conservative_margin = 0.0, max_profile_slowdown = 0.01;
+  // Sampled training requests (--temperature > 0): each prompt's output is
+  // drawn --seeds times (seeds 1..N), as lede-bench bench --temperature does.
+  double temperature = 0.0, top_p = 1.0;
+  int64_t seeds = 1;
   // --seed --epochs --hidden --batch-size --lr --threads (trainer/dqn_flags.h);
   // 16 epochs of 256-transition minibatches per Dinkelbach iteration.
   lede::trainer::DqnFlags dqn{[] {
@@ -257,19 +262,35 @@ StatusOr<lede::trainer::DinkelbachOptions> MakeOptions(const Flags& fl, const le
 }
 
 // The shadow traces of the training requests (CollectPrompts): about
-// --selection-fraction of them (every k-th request) select the iterate.
+// --selection-fraction of the prompts (every k-th) select the iterate. With
+// --temperature > 0 every prompt gives --seeds sampled traces, all on the
+// prompt's side of the split.
 Status TraceRequests(const Flags& fl, const lede::tokenizer::Tokenizer& tok, lede::model::Engine& engine,
                      int32_t top_k, std::vector<lede::trainer::ShadowTrace>* train,
                      std::vector<lede::trainer::ShadowTrace>* selection) {
+  if (!std::isfinite(fl.temperature) || fl.temperature < 0) {
+    return lede::InvalidArgumentError("--temperature: must be >= 0");
+  }
+  if (!(fl.top_p > 0 && fl.top_p <= 1)) return lede::InvalidArgumentError("--top-p: must be in (0, 1]");
+  if (fl.seeds < 1 || (fl.temperature == 0 && fl.seeds != 1)) {
+    return lede::InvalidArgumentError("--seeds: must be >= 1, and 1 when greedy (--temperature 0)");
+  }
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> ids;
   LEDE_RETURN_IF_ERROR(CollectPrompts(fl, tok, &prompts, &ids));
   if (prompts.size() < 4) return lede::InvalidArgumentError("--prompts: fewer than 4 training requests");
   const size_t every = std::max<size_t>(2, static_cast<size_t>(std::lround(1.0 / std::max(0.05, fl.selection_fraction))));
   for (size_t i = 0; i < prompts.size(); ++i) {
-    LEDE_ASSIGN_OR_RETURN(lede::trainer::ShadowTrace t,
-                          lede::trainer::TraceGreedyRequest(engine, prompts[i], fl.new_tokens, top_k, ids[i]));
-    (i % every == every - 1 ? *selection : *train).push_back(std::move(t));
+    for (int64_t seed = 1; seed <= fl.seeds; ++seed) {
+      lede::speculation::SamplingParams sampling;
+      sampling.temperature = fl.temperature;
+      sampling.top_p = fl.top_p;
+      sampling.seed = static_cast<uint64_t>(seed);
+      const std::string id = sampling.greedy() ? ids[i] : ids[i] + "#" + std::to_string(seed);
+      LEDE_ASSIGN_OR_RETURN(lede::trainer::ShadowTrace t,
+                            lede::trainer::TraceRequest(engine, prompts[i], fl.new_tokens, top_k, id, sampling));
+      (i % every == every - 1 ? *selection : *train).push_back(std::move(t));
+    }
     std::fprintf(stderr, "\rshadow traces %zu/%zu", i + 1, prompts.size());
   }
   return lede::OkStatus();
@@ -362,6 +383,11 @@ lede::policy::dqn::Artifact MakePolicyArtifact(const Flags& fl, const lede::trai
   meta.training_options["rollout_targets"] = fl.rollout ? 1.0 : 0.0;
   meta.training_options["conservative_margin"] = fl.conservative_margin;
   meta.training_options["max_profile_slowdown"] = fl.max_profile_slowdown;
+  if (fl.temperature > 0) {
+    meta.training_options["temperature"] = fl.temperature;
+    meta.training_options["top_p"] = fl.top_p;
+    meta.training_options["seeds"] = static_cast<double>(fl.seeds);
+  }
   meta.training_options["initial_policy_calibrated"] = fl.initial_policy == "calibrated" ? 1.0 : 0.0;
   meta.training_data.n_requests = static_cast<int64_t>(n_requests);
   for (size_t i = 0; i < o.loads.size(); ++i) {
@@ -496,6 +522,11 @@ int main(int argc, char** argv) {
         "train one cost-conditioned policy across these cost profiles (comma-separated: accelerator, "
         "calibration:PATH of `lede calibrate`, or PROBE:LAYER:VERIFY in autoregressive steps; the policy sees "
         "the profile's features, docs/training.md); default: one cost model, --cost-model");
+  f.Add("temperature", &fl.temperature,
+        "train on sampled requests at this temperature (>= 0; 0: greedy), replayed by their speculative-sampling "
+        "acceptance probability (docs/training.md \"Sampled traffic\")");
+  f.Add("top-p", &fl.top_p, "nucleus mass of the sampled requests, in (0, 1]");
+  f.Add("seeds", &fl.seeds, "sampled requests per prompt, seeds 1..N (1 when greedy)");
   f.Add("max-profile-slowdown", &fl.max_profile_slowdown,
         "with --loads or --cost-profiles: adopt an iterate only if no load or profile runs slower than (1 - this) "
         "times the current policy there, in [0, 1)");

@@ -569,17 +569,19 @@ policy::dqn::Artifact MakeArtifact(const DqnResult& result, const DqnOptions& o,
   m.gamma = o.gamma;
   m.n_step = o.n_step;
   m.seed = o.seed;
-  m.training_options = {{"hidden", o.hidden},
-                        {"epochs", static_cast<double>(o.epochs)},
-                        {"batch_size", static_cast<double>(o.batch_size)},
-                        {"lr", o.lr},
-                        {"huber_delta", o.huber_delta},
-                        {"max_grad_norm", o.max_grad_norm},
-                        {"target_update_polyak", o.target_update == TargetUpdate::kPolyak ? 1.0 : 0.0},
-                        {"target_update_every", static_cast<double>(o.target_update_every)},
-                        {"polyak_tau", o.polyak_tau},
-                        {"heldout_fraction", o.heldout_fraction},
-                        {"warm_start", o.initial_network != nullptr ? 1.0 : 0.0}};
+  // Added beside the caller's own (a Dinkelbach trainer's rho, margins,
+  // sampling): an assignment here dropped those from every policy.json.
+  m.training_options.insert({{"hidden", o.hidden},
+                             {"epochs", static_cast<double>(o.epochs)},
+                             {"batch_size", static_cast<double>(o.batch_size)},
+                             {"lr", o.lr},
+                             {"huber_delta", o.huber_delta},
+                             {"max_grad_norm", o.max_grad_norm},
+                             {"target_update_polyak", o.target_update == TargetUpdate::kPolyak ? 1.0 : 0.0},
+                             {"target_update_every", static_cast<double>(o.target_update_every)},
+                             {"polyak_tau", o.polyak_tau},
+                             {"heldout_fraction", o.heldout_fraction},
+                             {"warm_start", o.initial_network != nullptr ? 1.0 : 0.0}});
   policy::dqn::TrainingDataInfo& d = m.training_data;
   d.n_transitions = result.n_transitions;
   d.n_episodes = result.n_episodes;

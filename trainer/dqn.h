@@ -199,8 +199,10 @@ StatusOr<DqnResult> TrainDqn(const std::vector<experience::Transition>& transiti
 
 // The artifact of a training run: `metadata` supplies what training does not
 // know (version, model_fingerprint, decision spec, reward cost model, shard
-// range and counts); gamma, n_step, seed, training options, transition and
-// episode counts, behaviour versions and offline metrics are filled in here.
+// range and counts, the caller's own training options); gamma, n_step,
+// seed, the DQN's training options (added to the caller's; the caller's
+// win on a shared name), transition and episode counts, behaviour versions
+// and offline metrics are filled in here.
 policy::dqn::Artifact MakeArtifact(const DqnResult& result, const DqnOptions& options,
                                    policy::dqn::PolicyMetadata metadata);
 

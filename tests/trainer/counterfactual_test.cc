@@ -870,6 +870,39 @@ TEST(ExpectedAcceptanceTest, ReducesToGreedyMatchAsTemperatureVanishes) {
   EXPECT_EQ(ExpectedAcceptanceOfLogits(target, differ, s), 0.0);
 }
 
+// TraceRequest: greedy, the trace of TraceGreedyRequest; sampled, the
+// trace of the engine's draw under that seed (the same draw again for the
+// same seed), scored by acceptance probability.
+TEST_F(CounterfactualTest, TraceRequestTracesGreedyOrSampledOutputs) {
+  const std::vector<int32_t>& prompt = (*prompts_)[1];
+  auto greedy = TraceRequest(*engine_, prompt, kNewTokens, 4, "g", speculation::SamplingParams{});
+  auto reference = TraceGreedyRequest(*engine_, prompt, kNewTokens, 4, "g");
+  ASSERT_THAT(greedy, IsOk());
+  ASSERT_THAT(reference, IsOk());
+  EXPECT_FALSE(greedy->sampled());
+  EXPECT_EQ(greedy->target, reference->target);
+  speculation::SamplingParams sampling;
+  sampling.temperature = 0.8;
+  sampling.seed = 5;
+  model::GenerateOptions o;
+  o.max_new_tokens = kNewTokens;
+  o.sampling = sampling;
+  auto draw = engine_->Generate(prompt, o);
+  ASSERT_THAT(draw, IsOk());
+  auto sampled = TraceRequest(*engine_, prompt, kNewTokens, 4, "s", sampling);
+  auto again = TraceRequest(*engine_, prompt, kNewTokens, 4, "s", sampling);
+  ASSERT_THAT(sampled, IsOk());
+  ASSERT_THAT(again, IsOk());
+  EXPECT_TRUE(sampled->sampled());
+  EXPECT_EQ(sampled->id, "s");
+  ASSERT_GE(sampled->target.size(), draw->tokens.size());
+  EXPECT_TRUE(std::equal(draw->tokens.begin(), draw->tokens.end(), sampled->target.begin()));
+  EXPECT_EQ(sampled->target, again->target);
+  sampling.temperature = -1;
+  EXPECT_THAT(TraceRequest(*engine_, prompt, kNewTokens, 4, "bad", sampling),
+              StatusIs(StatusCode::kInvalidArgument, HasSubstr("temperature")));
+}
+
 // A sampled trace (a sampled request's emitted tokens at temperature 0.8):
 // acceptance probabilities in [0, 1], 1 at the last layer, shallow exits
 // below 1 somewhere; a replay emits the logged tokens, and its expected

@@ -329,6 +329,7 @@ TEST(DqnTest, MakeArtifactRecordsTrainingAndLoadsBack) {
   meta.model_fingerprint = "feedfacefeedface";
   meta.decision.candidate_layers = {2, 4};
   meta.training_data.first_shard = "s0.lexp";
+  meta.training_options["rho"] = 1.5;  // the caller's options are kept beside the DQN's
   const policy::dqn::Artifact a = MakeArtifact(*r, o, meta);
   ASSERT_THAT(policy::dqn::SaveArtifact(dir, a), IsOk());
   auto b = policy::dqn::LoadArtifact(dir, "feedfacefeedface");
@@ -337,6 +338,8 @@ TEST(DqnTest, MakeArtifactRecordsTrainingAndLoadsBack) {
   EXPECT_EQ(b->metadata.n_step, o.n_step);
   EXPECT_EQ(b->metadata.seed, o.seed);
   EXPECT_EQ(b->metadata.training_data.first_shard, "s0.lexp");
+  EXPECT_DOUBLE_EQ(b->metadata.training_options.at("rho"), 1.5);
+  EXPECT_DOUBLE_EQ(b->metadata.training_options.at("epochs"), 2.0);
   EXPECT_EQ(b->metadata.training_data.n_transitions, 500);
   EXPECT_DOUBLE_EQ(b->metadata.offline_metrics.at("td_loss"), r->epochs.back().td_loss);
   EXPECT_TRUE(SameBytes(b->network.weights().fc2_weight, r->network.weights().fc2_weight));
