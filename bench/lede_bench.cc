@@ -19,7 +19,6 @@ namespace lede::bench {
 
 using flags::SplitList;
 using internal::BenchSampling;
-using internal::CheckSampling;
 using internal::CommandOutput;
 using internal::Common;
 using internal::CommonFlags;
@@ -43,9 +42,7 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   f.Add("static-configs", &fixed_static,
         "extra static rows E:D[,E:D...], not tuned (e.g. the settings tuned on another prompt set)");
   BenchSampling sampling;
-  f.Add("temperature", &sampling.temperature, "sampling temperature, >= 0 (0 = greedy)");
-  f.Add("top-p", &sampling.top_p, "nucleus mass in (0, 1] when sampling");
-  f.Add("seeds", &sampling.n_seeds, "sampled runs per prompt, seeds 1..N (every method the same seeds)");
+  flags::AddSamplingFlags(&f, &sampling);
   if (flags::WantsHelp(args)) {
     out << "usage: lede-bench bench --model DIR --prompts FILE[,FILE...] [flags]\nflags:\n" << f.Usage();
     return 0;
@@ -54,7 +51,7 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
     err << "lede-bench bench: " << s.message() << " (see lede-bench bench --help)\n";
     return 2;
   }
-  if (Status s = CheckSampling(sampling); !s.ok()) {
+  if (Status s = flags::CheckSamplingFlags(sampling); !s.ok()) {
     err << "lede-bench bench: " << s.message() << "\n";
     return 2;
   }

@@ -46,14 +46,6 @@ class AblatedController : public ExitController {
 using trainer::FitAcceptanceModels;
 using trainer::RunPrompts;
 
-// --temperature, --top-p, --seeds: kInvalidArgument naming the flag.
-Status CheckSampling(const BenchSampling& s) {
-  if (!std::isfinite(s.temperature) || s.temperature < 0) return InvalidArgumentError("--temperature: must be >= 0");
-  if (!(s.top_p > 0 && s.top_p <= 1)) return InvalidArgumentError("--top-p: must be in (0, 1]");
-  if (s.n_seeds < 1) return InvalidArgumentError("--seeds: must be >= 1");
-  return OkStatus();
-}
-
 SetBench::SetBench(Common& c, const CommonFlags& cf, const PromptSet& set, std::vector<std::string> methods,
                    const BenchSampling& sampling, std::ostream& out, std::ostream& err)
     : c_(c), cf_(cf), set_(set), methods_(std::move(methods)), sampling_(sampling), out_(out), err_(err) {
@@ -95,7 +87,7 @@ std::vector<SetBench::SplitRun> SetBench::Runs(size_t n) const {
   std::vector<SplitRun> runs;
   for (size_t p = 0; p < n; ++p) {
     if (!sampling_.sampled()) runs.push_back({p, 0});
-    for (int64_t s = 1; sampling_.sampled() && s <= sampling_.n_seeds; ++s) runs.push_back({p, static_cast<uint64_t>(s)});
+    for (int64_t s = 1; sampling_.sampled() && s <= sampling_.seeds; ++s) runs.push_back({p, static_cast<uint64_t>(s)});
   }
   return runs;
 }

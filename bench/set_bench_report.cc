@@ -84,7 +84,7 @@ nlohmann::json SetBench::Report(const std::vector<Totals>& totals) const {
           {"ar_tokens_per_s", ar_tps},
           {"temperature", sampling_.temperature},
           {"top_p", sampling_.top_p},
-          {"seeds", sampling_.sampled() ? sampling_.n_seeds : 0},
+          {"seeds", sampling_.sampled() ? sampling_.seeds : 0},
           {"eval_runs", Runs(set_.eval.size()).size()},  // evaluation prompts x seeds (greedy: x 1)
           {"interleaved_passes", cf_.repeats},
           {"tuning_prompts", set_.tuning.size()},
@@ -98,7 +98,7 @@ void SetBench::PrintTable(const nlohmann::json& rows, const nlohmann::json& ceil
        << " tokens/s; baselines tuned by replay on the " << set_.tuning.size() << " tuning prompts)\n";
   if (sampling_.sampled()) {
     out_ << "sampled: temperature " << sampling_.temperature << ", top_p " << sampling_.top_p << ", seeds 1.."
-         << sampling_.n_seeds << " per prompt (exact: share equal to the autoregressive draw of the same seed;"
+         << sampling_.seeds << " per prompt (exact: share equal to the autoregressive draw of the same seed;"
          << " speculative sampling is lossless in distribution, not draw for draw)\n";
   }
   std::snprintf(line, sizeof(line), "%-34s %-26s %7s %8s %10s %11s %7s %7s %6s %6s %6s\n", "method", "config",

@@ -25,6 +25,7 @@
 #include "policy/dqn/artifact.h"
 #include "shared/flags/flags.h"
 #include "shared/flags/model_flags.h"
+#include "shared/flags/sampling_flags.h"
 #include "shared/model/cost/cost_model.h"
 #include "shared/model/cost/cost_profiles.h"
 #include "shared/model/decoding.h"
@@ -53,8 +54,7 @@ struct Flags : lede::flags::ModelLoadFlags {
   double selection_fraction = 0.25, epsilon = 0.2, conservative_margin = 0.0, max_profile_slowdown = 0.01;
   // Sampled training requests (--temperature > 0): each prompt's output is
   // drawn --seeds times (seeds 1..N), as lede-bench bench --temperature does.
-  double temperature = 0.0, top_p = 1.0;
-  int64_t seeds = 1;
+  lede::flags::SamplingFlags sampling;
   // --seed --epochs --hidden --batch-size --lr --threads (trainer/dqn_flags.h);
   // 16 epochs of 256-transition minibatches per Dinkelbach iteration.
   lede::trainer::DqnFlags dqn{[] {
@@ -268,23 +268,16 @@ StatusOr<lede::trainer::DinkelbachOptions> MakeOptions(const Flags& fl, const le
 Status TraceRequests(const Flags& fl, const lede::tokenizer::Tokenizer& tok, lede::model::Engine& engine,
                      int32_t top_k, std::vector<lede::trainer::ShadowTrace>* train,
                      std::vector<lede::trainer::ShadowTrace>* selection) {
-  if (!std::isfinite(fl.temperature) || fl.temperature < 0) {
-    return lede::InvalidArgumentError("--temperature: must be >= 0");
-  }
-  if (!(fl.top_p > 0 && fl.top_p <= 1)) return lede::InvalidArgumentError("--top-p: must be in (0, 1]");
-  if (fl.seeds < 1 || (fl.temperature == 0 && fl.seeds != 1)) {
-    return lede::InvalidArgumentError("--seeds: must be >= 1, and 1 when greedy (--temperature 0)");
-  }
   std::vector<std::vector<int32_t>> prompts;
   std::vector<std::string> ids;
   LEDE_RETURN_IF_ERROR(CollectPrompts(fl, tok, &prompts, &ids));
   if (prompts.size() < 4) return lede::InvalidArgumentError("--prompts: fewer than 4 training requests");
   const size_t every = std::max<size_t>(2, static_cast<size_t>(std::lround(1.0 / std::max(0.05, fl.selection_fraction))));
   for (size_t i = 0; i < prompts.size(); ++i) {
-    for (int64_t seed = 1; seed <= fl.seeds; ++seed) {
+    for (int64_t seed = 1; seed <= fl.sampling.seeds; ++seed) {
       lede::speculation::SamplingParams sampling;
-      sampling.temperature = fl.temperature;
-      sampling.top_p = fl.top_p;
+      sampling.temperature = fl.sampling.temperature;
+      sampling.top_p = fl.sampling.top_p;
       sampling.seed = static_cast<uint64_t>(seed);
       const std::string id = sampling.greedy() ? ids[i] : ids[i] + "#" + std::to_string(seed);
       LEDE_ASSIGN_OR_RETURN(lede::trainer::ShadowTrace t,
@@ -383,10 +376,10 @@ lede::policy::dqn::Artifact MakePolicyArtifact(const Flags& fl, const lede::trai
   meta.training_options["rollout_targets"] = fl.rollout ? 1.0 : 0.0;
   meta.training_options["conservative_margin"] = fl.conservative_margin;
   meta.training_options["max_profile_slowdown"] = fl.max_profile_slowdown;
-  if (fl.temperature > 0) {
-    meta.training_options["temperature"] = fl.temperature;
-    meta.training_options["top_p"] = fl.top_p;
-    meta.training_options["seeds"] = static_cast<double>(fl.seeds);
+  if (fl.sampling.sampled()) {
+    meta.training_options["temperature"] = fl.sampling.temperature;
+    meta.training_options["top_p"] = fl.sampling.top_p;
+    meta.training_options["seeds"] = static_cast<double>(fl.sampling.seeds);
   }
   meta.training_options["initial_policy_calibrated"] = fl.initial_policy == "calibrated" ? 1.0 : 0.0;
   meta.training_data.n_requests = static_cast<int64_t>(n_requests);
@@ -522,11 +515,7 @@ int main(int argc, char** argv) {
         "train one cost-conditioned policy across these cost profiles (comma-separated: accelerator, "
         "calibration:PATH of `lede calibrate`, or PROBE:LAYER:VERIFY in autoregressive steps; the policy sees "
         "the profile's features, docs/training.md); default: one cost model, --cost-model");
-  f.Add("temperature", &fl.temperature,
-        "train on sampled requests at this temperature (>= 0; 0: greedy), replayed by their speculative-sampling "
-        "acceptance probability (docs/training.md \"Sampled traffic\")");
-  f.Add("top-p", &fl.top_p, "nucleus mass of the sampled requests, in (0, 1]");
-  f.Add("seeds", &fl.seeds, "sampled requests per prompt, seeds 1..N (1 when greedy)");
+  lede::flags::AddSamplingFlags(&f, &fl.sampling);  // sampled training requests: docs/training.md "Sampled traffic"
   f.Add("max-profile-slowdown", &fl.max_profile_slowdown,
         "with --loads or --cost-profiles: adopt an iterate only if no load or profile runs slower than (1 - this) "
         "times the current policy there, in [0, 1)");
@@ -551,5 +540,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "lede-train-counterfactual: %s (see --help)\n", std::string(s.message()).c_str());
     return 2;
   }
+  if (Status s = lede::flags::CheckSamplingFlags(fl.sampling); !s.ok()) return Fail(s);
   return Run(fl);
 }

@@ -21,6 +21,7 @@
 
 #include "bench/internal/lede_bench_setup.h"
 #include "policy/dqn/artifact.h"
+#include "shared/flags/sampling_flags.h"
 #include "shared/model/cost/cost_model.h"
 #include "shared/model/decoding.h"
 #include "shared/status/status.h"
@@ -37,16 +38,9 @@ using Totals = trainer::PromptTotals;
 
 // The decoding every method of `lede-bench bench` runs: greedy (temperature
 // 0, one run per prompt) or sampled (temperature > 0, top_p, one run per
-// prompt and seed, seeds 1..n_seeds, the same seeds for every method).
-struct BenchSampling {
-  double temperature = 0;
-  double top_p = 1;
-  int64_t n_seeds = 1;
-  bool sampled() const { return temperature > 0; }
-};
-
-// --temperature, --top-p, --seeds: kInvalidArgument naming the flag.
-Status CheckSampling(const BenchSampling& s);
+// prompt and seed, seeds 1..seeds, the same seeds for every method;
+// shared/flags/sampling_flags.h).
+using BenchSampling = flags::SamplingFlags;
 
 // The benchmark of one prompt set: every method of the table is a job,
 // baselines tuned by exact replay on the tuning split (per cost model), LEDE
@@ -85,7 +79,7 @@ class SetBench {
     uint64_t seed = 0;
   };
   // The runs of a split of n prompts: each prompt once (greedy) or once per
-  // seed 1..n_seeds (sampled).
+  // seed 1..seeds (sampled).
   std::vector<SplitRun> Runs(size_t n) const;
   // The sampling of a run with `seed` (greedy: the defaults).
   model::SamplingOptions SamplingOf(uint64_t seed) const;

@@ -29,10 +29,11 @@ std::vector<std::string> Flags(const std::string& json, std::vector<std::string>
   return f;
 }
 
-// Bad sampling flags exit 2 naming the flag, before any model is loaded.
+// Bad sampling flags exit 2 naming the flag, before any model is loaded
+// (several seeds of a greedy run would be one run repeated).
 TEST(LedeBenchTest, BadSamplingFlagsAreRefusedNamingTheFlag) {
   for (auto [flag, value] : std::vector<std::pair<std::string, std::string>>{
-           {"--temperature", "-0.5"}, {"--top-p", "0"}, {"--top-p", "1.5"}, {"--seeds", "0"}}) {
+           {"--temperature", "-0.5"}, {"--top-p", "0"}, {"--top-p", "1.5"}, {"--seeds", "0"}, {"--seeds", "2"}}) {
     std::ostringstream out, err;
     EXPECT_EQ(RunBench(Flags("/dev/null", {flag, value}), out, err), 2) << flag << " " << value;
     EXPECT_NE(err.str().find(flag), std::string::npos) << err.str();
