@@ -92,8 +92,10 @@ struct DinkelbachOptions {
   // throughput an iterate must beat to be adopted): "static" (the best
   // static setting) or "calibrated" (the calibrated stopping rule,
   // trainer/calibrated_rule.h, fitted and tuned on the training traces
-  // under `spec`): policy iteration from the strongest rule-based baseline,
-  // so that an adopted iterate beats it on the training traces. With
+  // under `spec`; the best static setting where that beats the tuned rule
+  // on the training traces, as on sampled traces it can): policy iteration
+  // from the strongest rule-based baseline, so that an adopted iterate
+  // beats it on the training traces. With
   // rollout targets only. The rule starts phase 1 at its exit layer
   // (ExitController::FirstProbeLayer) while the Q-network is asked at every
   // candidate; the rollouts replay each behaviour's round from its own
@@ -125,8 +127,8 @@ struct DinkelbachOptions {
   // Otherwise, like loads: every training and selection trace is replayed
   // once per profile with ShadowTrace::cost = its features, priced by its
   // cost model, with a rho of its own; pi_0 is per profile (the best static
-  // setting, or the calibrated rule tuned under that profile's prices;
-  // autoregressive decoding where either loses to it);
+  // setting, or the calibrated rule tuned under that profile's prices where
+  // it beats that setting; autoregressive decoding where both lose to it);
   // an iterate is adopted and selected by its mean speed-up over the
   // profiles (adopted only where no profile slows down: max_group_slowdown).
   // Not with loads.
