@@ -10,6 +10,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -292,6 +293,18 @@ TEST_F(CounterfactualTest, DinkelbachReturnIsTokensMinusRhoTimesCost) {
   }
 }
 
+// Appends one cost profile per (name, features) to `o`, each priced by
+// the profile cost model of those features (model::cost::MakeProfileCostModel)
+// at `n_layers`.
+void AddCostProfiles(DinkelbachOptions* o, int64_t n_layers,
+                     const std::vector<std::pair<std::string, speculation::CostFeatures>>& profiles) {
+  for (const auto& [name, f] : profiles) {
+    auto made = model::cost::MakeProfileCostModel(f, n_layers);
+    ASSERT_THAT(made, IsOk()) << name;
+    o->cost_profiles.push_back({name, std::shared_ptr<const model::cost::CostModel>(std::move(*made)), f});
+  }
+}
+
 // The policy-iteration tests' decision spec (3 candidate layers, D_max 4,
 // no probes) and a small DQN; every iteration runs (no rho tolerance).
 DinkelbachOptions SmallDinkelbachOptions() {
@@ -450,13 +463,7 @@ TEST_F(CounterfactualTest, DinkelbachWithCostProfilesLearnsWhereSpeculationPays)
   o.max_iterations = 2;
   o.conservative_margin = 0.2;
   o.dqn.epochs = 12;
-  for (const speculation::CostFeatures& f : {speculation::CostFeatures{0.05f, 1.0f, 0.0f},
-                                             speculation::CostFeatures{0.05f, 1.0f, 1.5f}}) {
-    auto made = model::cost::MakeProfileCostModel(f, L);
-    ASSERT_THAT(made, IsOk());
-    o.cost_profiles.push_back({f.verify == 0 ? "free" : "dear", std::shared_ptr<const model::cost::CostModel>(std::move(*made)),
-                               f});
-  }
+  ASSERT_NO_FATAL_FAILURE(AddCostProfiles(&o, L, {{"free", {0.05f, 1.0f, 0.0f}}, {"dear", {0.05f, 1.0f, 1.5f}}}));
   auto result = TrainDinkelbach(train, selection, *cost, o);
   ASSERT_THAT(result, IsOk());
   EXPECT_THAT(result->initial_policy, HasSubstr("per cost profile:"));
@@ -540,14 +547,8 @@ TEST_F(CounterfactualTest, DinkelbachAdoptsNoIterateThatSlowsAProfile) {
   o.conservative_margin = 0.2;
   o.dqn.epochs = 12;
   o.max_group_slowdown = 0;
-  for (const speculation::CostFeatures& f : {speculation::CostFeatures{0.05f, 1.0f, 0.0f},
-                                             speculation::CostFeatures{0.02f, 0.5f, 0.1f},
-                                             speculation::CostFeatures{0.05f, 1.5f, 0.3f}}) {
-    auto made = model::cost::MakeProfileCostModel(f, L);
-    ASSERT_THAT(made, IsOk());
-    o.cost_profiles.push_back({std::to_string(o.cost_profiles.size()),
-                               std::shared_ptr<const model::cost::CostModel>(std::move(*made)), f});
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      AddCostProfiles(&o, L, {{"0", {0.05f, 1.0f, 0.0f}}, {"1", {0.02f, 0.5f, 0.1f}}, {"2", {0.05f, 1.5f, 0.3f}}}));
   auto result = TrainDinkelbach(train, selection, *cost, o);
   ASSERT_THAT(result, IsOk());
   ASSERT_FALSE(result->iterations.empty());
