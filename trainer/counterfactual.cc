@@ -325,6 +325,7 @@ StatusOr<speculation::GenerationResult> Simulate(const ShadowTrace& trace, const
   loop.current_load = [load] { return load; };
   const speculation::CostFeatures cost = trace.cost;
   loop.current_cost = [cost] { return cost; };
+  loop.session.sampling = trace.sampling;  // the policy's temperature feature (the replay itself draws nothing)
   return speculation::RunGeneration(backend, trace.prompt, loop, nullptr);
 }
 
@@ -369,6 +370,7 @@ StatusOr<SimulatedRound> SimulateRound(const ShadowTrace& trace, const speculati
   request.accept_ema = c.accept_ema;
   request.load = std::max<int32_t>(1, trace.load);
   request.cost = trace.cost;
+  request.temperature = static_cast<float>(trace.sampling.temperature);
   request.round_index = c.round_index;
   request.record_trace = true;
   // The committed tokens as the generation loop passes them: the last

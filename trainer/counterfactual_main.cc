@@ -66,6 +66,9 @@ struct Flags : lede::flags::ModelLoadFlags {
   std::string initial_policy = "static", loads, warm_start, trace_model, cost_profiles;
   double ridge_tokens = lede::model::cost::kDefaultRidgeTokens;
   bool overwrite = false, probe_candidates = false, lookahead_probe = false, rollout = true;
+  // With --temperature > 0: each prompt's greedy trace too, so that one
+  // policy learns both kinds of traffic (the temperature is in its state).
+  bool also_greedy = false;
 };
 
 int Fail(const Status& s) {
@@ -263,8 +266,9 @@ StatusOr<lede::trainer::DinkelbachOptions> MakeOptions(const Flags& fl, const le
 
 // The shadow traces of the training requests (CollectPrompts): about
 // --selection-fraction of the prompts (every k-th) select the iterate. With
-// --temperature > 0 every prompt gives --seeds sampled traces, all on the
-// prompt's side of the split.
+// --temperature > 0 every prompt gives --seeds sampled traces (and with
+// --also-greedy its greedy trace first), all on the prompt's side of the
+// split.
 Status TraceRequests(const Flags& fl, const lede::tokenizer::Tokenizer& tok, lede::model::Engine& engine,
                      int32_t top_k, std::vector<lede::trainer::ShadowTrace>* train,
                      std::vector<lede::trainer::ShadowTrace>* selection) {
@@ -273,12 +277,15 @@ Status TraceRequests(const Flags& fl, const lede::tokenizer::Tokenizer& tok, led
   LEDE_RETURN_IF_ERROR(CollectPrompts(fl, tok, &prompts, &ids));
   if (prompts.size() < 4) return lede::InvalidArgumentError("--prompts: fewer than 4 training requests");
   const size_t every = std::max<size_t>(2, static_cast<size_t>(std::lround(1.0 / std::max(0.05, fl.selection_fraction))));
+  const int64_t first_seed = fl.also_greedy ? 0 : 1;  // "seed 0": the greedy trace
   for (size_t i = 0; i < prompts.size(); ++i) {
-    for (int64_t seed = 1; seed <= fl.sampling.seeds; ++seed) {
+    for (int64_t seed = first_seed; seed <= fl.sampling.seeds; ++seed) {
       lede::speculation::SamplingParams sampling;
-      sampling.temperature = fl.sampling.temperature;
-      sampling.top_p = fl.sampling.top_p;
-      sampling.seed = static_cast<uint64_t>(seed);
+      if (seed > 0) {
+        sampling.temperature = fl.sampling.temperature;
+        sampling.top_p = fl.sampling.top_p;
+        sampling.seed = static_cast<uint64_t>(seed);
+      }
       const std::string id = sampling.greedy() ? ids[i] : ids[i] + "#" + std::to_string(seed);
       LEDE_ASSIGN_OR_RETURN(lede::trainer::ShadowTrace t,
                             lede::trainer::TraceRequest(engine, prompts[i], fl.new_tokens, top_k, id, sampling));
@@ -380,6 +387,7 @@ lede::policy::dqn::Artifact MakePolicyArtifact(const Flags& fl, const lede::trai
     meta.training_options["temperature"] = fl.sampling.temperature;
     meta.training_options["top_p"] = fl.sampling.top_p;
     meta.training_options["seeds"] = static_cast<double>(fl.sampling.seeds);
+    meta.training_options["also_greedy"] = fl.also_greedy ? 1.0 : 0.0;
   }
   meta.training_options["initial_policy_calibrated"] = fl.initial_policy == "calibrated" ? 1.0 : 0.0;
   meta.training_data.n_requests = static_cast<int64_t>(n_requests);
@@ -516,6 +524,9 @@ int main(int argc, char** argv) {
         "calibration:PATH of `lede calibrate`, or PROBE:LAYER:VERIFY in autoregressive steps; the policy sees "
         "the profile's features, docs/training.md); default: one cost model, --cost-model");
   lede::flags::AddSamplingFlags(&f, &fl.sampling);  // sampled training requests: docs/training.md "Sampled traffic"
+  f.Add("also-greedy", &fl.also_greedy,
+        "with --temperature > 0: each prompt's greedy trace too, beside its sampled ones (one policy for both; "
+        "the temperature is in its state)");
   f.Add("max-profile-slowdown", &fl.max_profile_slowdown,
         "with --loads or --cost-profiles: adopt an iterate only if no load or profile runs slower than (1 - this) "
         "times the current policy there, in [0, 1)");
@@ -541,5 +552,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (Status s = lede::flags::CheckSamplingFlags(fl.sampling); !s.ok()) return Fail(s);
+  if (fl.also_greedy && !fl.sampling.sampled()) {
+    return Fail(lede::InvalidArgumentError("--also-greedy: needs --temperature > 0 (a greedy run traces greedily)"));
+  }
   return Run(fl);
 }

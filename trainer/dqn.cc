@@ -53,11 +53,11 @@ Episodes GroupEpisodes(const std::vector<Transition>& ts, const std::vector<size
   return episodes;
 }
 
-// A random network whose weights on the deployment features (the load and
-// the cost profile, the last inputs of speculation::ExitFeatures from index
-// speculation::kLoadFeature) start at zero: it begins blind to them and learns a
-// dependence on them only where the targets differ between loads or cost
-// profiles. With
+// A random network whose weights on the deployment and request features
+// (the load, the cost profile and the temperature, the last inputs of
+// speculation::ExitFeatures from index speculation::kLoadFeature) start at
+// zero: it begins blind to them and learns a dependence on them only where
+// the targets differ between loads, cost profiles or temperatures. With
 // random weights there, transitions that differ only in their load (the
 // same replay priced alike at loads 1 and 16) left the greedy policies far
 // apart: 1.67x at load 1 and 1.33x at load 16 on the training traces.

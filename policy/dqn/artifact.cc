@@ -106,14 +106,15 @@ struct ParsedMetadata {
 
 // The older feature specs that are read, each a prefix of the current one:
 // lede-features-v3 is v4 without the load (the 14th feature), v4 is v5
-// without the cost profile (the last three), so a network of an older spec
-// with a zero weight on what it lacks computes the same Q-values from v5
-// features whatever the load and costs.
+// without the cost profile (the next three), v5 is v6 without the
+// temperature (the last), so a network of an older spec with a zero weight
+// on what it lacks computes the same Q-values from v6 features whatever the
+// load, costs and temperature.
 struct OlderSpec {
   const char* name;
   int64_t dim;
 };
-constexpr OlderSpec kOlderSpecs[] = {{"lede-features-v3", 13}, {"lede-features-v4", 14}};
+constexpr OlderSpec kOlderSpecs[] = {{"lede-features-v3", 13}, {"lede-features-v4", 14}, {"lede-features-v5", 17}};
 
 StatusOr<ParsedMetadata> FromJson(const Json& j, const std::string& where) {
   ParsedMetadata p;
@@ -336,8 +337,8 @@ const std::vector<std::string>& ExitFeatureNames() {
       "top_k_nll_div4", "entropy_div4", "trace_nll_div4", "margin_div8",
       "draft_conf",     "accept_ema",   "lookup_match",   "trigram_seen",
       "bias",           "load_log2_div8", "cost_probe",     "cost_layer_div2",
-      "cost_verify"};
-  static_assert(speculation::kExitFeatureDim == 17, "update ExitFeatureNames with ExitFeatures");
+      "cost_verify",    "temperature_div2"};
+  static_assert(speculation::kExitFeatureDim == 18, "update ExitFeatureNames with ExitFeatures");
   return names;
 }
 

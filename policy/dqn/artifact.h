@@ -54,11 +54,11 @@ inline constexpr char kServingFile[] = "SERVING";
 // is_draft_phase, layer_frac, draft_pos_frac, top1_prob, top_k_nll_div4,
 // entropy_div4, trace_nll_div4, margin_div8, draft_conf, accept_ema,
 // lookup_match, trigram_seen, bias, load_log2_div8, cost_probe,
-// cost_layer_div2, cost_verify. An artifact whose feature names differ was
-// trained on other inputs and is refused; one of spec lede-features-v3
-// (the first 13, no load) or v4 (the first 14, no cost profile) is read
-// with a zero weight on what it lacks, which leaves its Q-values exactly
-// as they were.
+// cost_layer_div2, cost_verify, temperature_div2. An artifact whose feature
+// names differ was trained on other inputs and is refused; one of spec
+// lede-features-v3 (the first 13, no load), v4 (the first 14, no cost
+// profile) or v5 (the first 17, no temperature) is read with a zero weight
+// on what it lacks, which leaves its Q-values exactly as they were.
 const std::vector<std::string>& ExitFeatureNames();
 
 // Where the training data came from and how it was split.

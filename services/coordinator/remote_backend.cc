@@ -252,6 +252,7 @@ speculation::Draft RemoteBackend::FromDraftResponse(const lede::v1::DraftRespons
     dec.state.trigram_seen = rec.trigram_seen();
     dec.state.load = std::max<int32_t>(1, rec.load());
     dec.state.cost = {rec.cost().probe(), rec.cost().layer(), rec.cost().verify()};
+    dec.state.temperature = rec.temperature();
     dec.action = rec.action() == lede::v1::EXIT_ACTION_EXIT ? speculation::Action::kExit : speculation::Action::kContinue;
     dec.draft_index = rec.draft_index();
     dec.wasted_probe = rec.wasted_probe();

@@ -148,6 +148,7 @@ StatusOr<speculation::DraftRequest> DraftRequestFromProto(const lede::v1::DraftR
   dr.load = std::max<int32_t>(1, req.load());
   dr.cost = {req.cost().probe(), req.cost().layer(), req.cost().verify()};
   LEDE_RETURN_IF_ERROR(speculation::CheckCostFeatures(dr.cost, "cost."));
+  dr.temperature = static_cast<float>(req.sampling().temperature());  // checked by CheckDraftRequest
   dr.context.assign(req.context().begin(), req.context().end());
   dr.round_index = req.round_index();
   dr.record_trace = req.record_trace();
@@ -177,6 +178,7 @@ void AddDecisionRecord(const speculation::Decision& dec, lede::v1::DraftResponse
     r->mutable_cost()->set_layer(dec.state.cost.layer);
     r->mutable_cost()->set_verify(dec.state.cost.verify);
   }
+  r->set_temperature(dec.state.temperature);
   r->set_action(dec.action == speculation::Action::kExit ? lede::v1::EXIT_ACTION_EXIT : lede::v1::EXIT_ACTION_CONTINUE);
   r->set_draft_index(dec.draft_index);
   r->set_wasted_probe(dec.wasted_probe);

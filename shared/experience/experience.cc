@@ -318,14 +318,16 @@ void ToProto(const Transition& t, lede::v1::Transition* out) {
 
 StatusOr<Transition> FromProto(const lede::v1::Transition& r) {
   Transition t;
-  // Shards logged before the load feature (lede-features-v3, 13 features)
-  // or before the cost profile (v4, 14) hold a prefix of today's; what they
-  // lack reads as 0 (load 1, costs unknown).
-  constexpr int kLoadBlindDim = 13, kCostBlindDim = 14;
+  // Shards logged before the load feature (lede-features-v3, 13 features),
+  // before the cost profile (v4, 14) or before the temperature (v5, 17)
+  // hold a prefix of today's; what they lack reads as 0 (load 1, costs
+  // unknown, greedy: a v5 shard does not say which requests were sampled).
+  constexpr int kLoadBlindDim = 13, kCostBlindDim = 14, kTemperatureBlindDim = 17;
   if (r.state_size() != speculation::kExitFeatureDim && r.state_size() != kLoadBlindDim &&
-      r.state_size() != kCostBlindDim) {
+      r.state_size() != kCostBlindDim && r.state_size() != kTemperatureBlindDim) {
     return InvalidArgumentError("state has " + std::to_string(r.state_size()) +
                                 " features, expected " + std::to_string(speculation::kExitFeatureDim) + " (or " +
+                                std::to_string(kTemperatureBlindDim) + " of lede-features-v5, " +
                                 std::to_string(kCostBlindDim) + " of lede-features-v4, " +
                                 std::to_string(kLoadBlindDim) + " of lede-features-v3)");
   }

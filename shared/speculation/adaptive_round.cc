@@ -126,6 +126,7 @@ class AdaptiveRound {
     st.accept_ema = static_cast<float>(request_.accept_ema);
     st.load = request_.load;
     st.cost = request_.cost;
+    st.temperature = request_.temperature;
     st.draft_conf = draft_conf_;
     return st;
   }

@@ -113,6 +113,13 @@ struct ExitState {
   // knows it: the model service's measured step costs when served, the
   // cost model of the run in-process.
   CostFeatures cost;
+  // The request's sampling temperature (0: greedy). Speculative sampling
+  // accepts a draft with probability sum_v min(p_L(v), q_l(v)) of the
+  // temperature-warped distributions, not when the argmaxes agree, so the
+  // same exit signals predict less acceptance at a higher temperature
+  // (docs/training.md "Sampled traffic"). Set by the backend that holds the
+  // session, from its sampling (DraftRequest::temperature).
+  float temperature = 0;
 
   static constexpr float kAcceptEmaPrior = 0.5f;
 };
@@ -170,15 +177,27 @@ inline float UpdateAcceptEma(float ema, int32_t n_drafted, int32_t n_accepted) {
 // (policy artifacts record it; one of a spec other than this and v3 is
 // refused).
 // lede-features-v4 is v3 with the load appended, v5 is v4 with the cost
-// profile appended (policy artifacts of v3 and v4 are read as v5 with a
-// zero weight on what they lack, policy/dqn/artifact.h).
-inline constexpr int kExitFeatureDim = 17;
-inline constexpr char kExitFeatureSpec[] = "lede-features-v5";
-// Where ExitFeatures puts the bias, the load and the first of the three
-// cost features (the deployment's features follow the request's).
+// profile appended, v6 is v5 with the temperature appended (policy
+// artifacts of v3, v4 and v5 are read as v6 with a zero weight on what they
+// lack, policy/dqn/artifact.h).
+inline constexpr int kExitFeatureDim = 18;
+inline constexpr char kExitFeatureSpec[] = "lede-features-v6";
+// Where ExitFeatures puts the bias, the load, the first of the three cost
+// features (the deployment's features follow the request's) and the
+// temperature.
 inline constexpr int kBiasFeature = 12;
 inline constexpr int kLoadFeature = 13;
 inline constexpr int kCostFeature = 14;
+inline constexpr int kTemperatureFeature = 17;
+
+// min(temperature, kTemperatureFeatureMax) / kTemperatureFeatureMax: the
+// temperature feature (0 greedy, 0.4 at the OpenAI API's 0.8, 1 from 2 on,
+// where the API's range ends; a NaN reads as 0, greedy).
+inline constexpr float kTemperatureFeatureMax = 2.0f;
+inline float TemperatureFeature(float temperature) {
+  if (!(temperature > 0)) return 0.0f;
+  return (temperature < kTemperatureFeatureMax ? temperature : kTemperatureFeatureMax) / kTemperatureFeatureMax;
+}
 
 // log2(load) / kLoadFeatureLog2Max, capped at 1: the load feature (0 for one
 // session, 1 for 256 or more: the batch sizes of GPU serving).
@@ -192,7 +211,8 @@ inline float LoadFeature(int32_t load) {
 //   [phase == 2, l / L, draft_pos / max_draft_len, top1_prob, top_k_nll / 4,
 //    entropy / 4, trace_nll / 4, min(margin, 16) / 8, draft_conf, accept_ema,
 //    lookup_match, trigram_seen, 1 (bias feature), LoadFeature(load),
-//    min(cost.probe, 2), min(cost.layer, 4) / 2, min(cost.verify, 2)]
+//    min(cost.probe, 2), min(cost.layer, 4) / 2, min(cost.verify, 2),
+//    TemperatureFeature(temperature)]
 // (round start is the only state with l / L == 0)
 inline void ExitFeatures(const ExitState& s, float out[kExitFeatureDim]) {
   out[0] = s.phase == Phase::kDraftLength ? 1.0f : 0.0f;
@@ -212,6 +232,7 @@ inline void ExitFeatures(const ExitState& s, float out[kExitFeatureDim]) {
   out[kCostFeature] = s.cost.probe < 2.0f ? s.cost.probe : 2.0f;
   out[kCostFeature + 1] = (s.cost.layer < 4.0f ? s.cost.layer : 4.0f) / 2.0f;
   out[kCostFeature + 2] = s.cost.verify < 2.0f ? s.cost.verify : 2.0f;
+  out[kTemperatureFeature] = TemperatureFeature(s.temperature);
 }
 
 // The state of a probe decision (phase 1 or 2) from its exit signals; the

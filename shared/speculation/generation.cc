@@ -199,6 +199,7 @@ class Loop {
       request.accept_ema = accept_ema_;
       request.load = load;
       if (o_.current_cost) request.cost = o_.current_cost();
+      request.temperature = static_cast<float>(session_options_.sampling.temperature);
       request.round_index = static_cast<int64_t>(result_.stats.rounds.size());
       request.record_trace = o_.record_traces;
       if (!context_.empty()) {

@@ -96,6 +96,10 @@ struct DraftRequest {
   // The deployment's cost profile (ExitState::cost): LoopOptions::
   // current_cost when the round starts; all 0 when unknown.
   CostFeatures cost;
+  // The session's sampling temperature (ExitState::temperature; 0 greedy):
+  // SessionOptions::sampling of the session the round drafts for (a remote
+  // drafter reads it from the wire's DraftRequest.sampling).
+  float temperature = 0;
   bool record_trace = false;  // fill Draft::trace (experience)
   // The last kNgramWindow committed tokens (prompt + emitted), ending
   // with pending_token: what the context n-gram signals of the round's

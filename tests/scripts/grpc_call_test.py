@@ -84,7 +84,7 @@ def main():
               "describe message", "rc=%d out=%r err=%r" % (rc, out, err))
 
         rc, out, err = run(addr, ["call", "lede.v1.Policy/Decide",
-                                  '{"states":[{"features":[0,0.25,0,0.9,0.1,0.1,0.2,0.5,0.9,0.6,0,1,1,0,0.02,0.5,0.3]}]}'])
+                                  '{"states":[{"features":[0,0.25,0,0.9,0.1,0.1,0.2,0.5,0.9,0.6,0,1,1,0,0.02,0.5,0.3,0.4]}]}'])
         lines = out.splitlines()
         resp = json.loads(lines[0]) if rc == 0 and len(lines) == 1 else {}
         check(isinstance(resp.get("actions"), list) and len(resp["actions"]) == 1 and resp.get("version"),

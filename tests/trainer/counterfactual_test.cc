@@ -992,6 +992,47 @@ TEST_F(CounterfactualTest, SampledTraceScoresDraftsByAcceptanceProbability) {
   EXPECT_LE(expected, static_cast<double>(sim->stats.n_drafted));
 }
 
+// The policy's temperature feature: every decision of a sampled request
+// sees the request's temperature, in the engine and in the replay of its
+// trace; a greedy request's decisions see 0.
+TEST_F(CounterfactualTest, DecisionsSeeTheRequestsTemperature) {
+  speculation::DecisionSpec spec;
+  spec.candidate_layers = {1, 2, 4};
+  spec.max_draft_len = 4;
+  policy::ThresholdExitController a(0.5f, 0.5f), b(0.5f, 0.5f);
+  model::GenerateOptions o;
+  o.max_new_tokens = kNewTokens;
+  o.mode = model::SpeculationMode::kAdaptive;
+  o.controller = &a;
+  o.decision_spec = spec;
+  o.record_traces = true;
+  o.sampling.temperature = 0.8;
+  o.sampling.seed = 13;
+  auto real = engine_->Generate((*prompts_)[0], o);
+  ASSERT_THAT(real, IsOk());
+  auto t = TraceRequest(*engine_, (*prompts_)[0], kNewTokens, 4, "t", o.sampling);
+  ASSERT_THAT(t, IsOk());
+  SimulatedMethod m;
+  m.mode = speculation::SpeculationMode::kAdaptive;
+  m.controller = &b;
+  m.spec = spec;
+  auto sim = Simulate(*t, m, /*record_traces=*/true);
+  ASSERT_THAT(sim, IsOk());
+  auto greedy = Simulate(Traces()[0], m, /*record_traces=*/true);
+  ASSERT_THAT(greedy, IsOk());
+  using Want = std::pair<const speculation::GenerationResult*, float>;
+  for (const auto& [result, want] : std::vector<Want>{{&*real, 0.8f}, {&*sim, 0.8f}, {&*greedy, 0.0f}}) {
+    int64_t decisions = 0;
+    for (const speculation::RoundTrace& rt : result->traces) {
+      for (const speculation::Decision& d : rt.decisions) {
+        EXPECT_FLOAT_EQ(d.state.temperature, want);
+        ++decisions;
+      }
+    }
+    EXPECT_GT(decisions, 0);
+  }
+}
+
 // A sampled trace at a vanishing temperature over the greedy trajectory
 // scores like the greedy trace: the acceptance probability is the exact
 // match wherever neither distribution is a numerical near-tie.

@@ -6,6 +6,7 @@
 // except ReplayEvaluation, which replays two prompts through models/lede-tiny.
 #include "trainer/retrain.h"
 
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -24,6 +25,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "policy/dqn/artifact.h"
+#include "policy/dqn/q_network.h"
 #include "shared/experience/transition.h"
 #include "shared/storage/object_store.h"
 #include "tests/testing/s3rver.h"
@@ -57,23 +59,63 @@ std::string ReadText(const fs::path& p) {
   return ss.str();
 }
 
+// The feature SignalPolicy() decides on (top1_prob's place).
+constexpr int kSignal = 3;
+
+// A serving policy that exits exactly when features[kSignal] > 0.5, by a
+// margin of 8 in Q at the values Round() gives on-policy states (0.1 and
+// 0.9): training a warm-started candidate for a few steps keeps its
+// actions there.
+policy::dqn::QNetwork SignalPolicy() {
+  constexpr int32_t kHidden = 16;
+  policy::dqn::QNetworkWeights w;
+  w.hidden = kHidden;
+  w.fc1_weight.assign(kHidden * kIn, 0.0f);
+  w.fc1_bias.assign(kHidden, 0.0f);
+  w.fc2_weight.assign(kHidden * kHidden, 0.0f);
+  w.fc2_bias.assign(kHidden, 0.0f);
+  w.fc3_weight.assign(2 * kHidden, 0.0f);
+  w.fc3_bias.assign(2, 0.0f);
+  w.fc1_weight[0 * kIn + kSignal] = 10.0f;  // h0 = relu(10 s - 5): exit evidence
+  w.fc1_bias[0] = -5.0f;
+  w.fc1_weight[1 * kIn + kSignal] = -10.0f;  // h1 = relu(5 - 10 s): continue evidence
+  w.fc1_bias[1] = 5.0f;
+  w.fc2_weight[0 * kHidden + 0] = 1.0f;
+  w.fc2_weight[1 * kHidden + 1] = 1.0f;
+  constexpr int kContinueRow = static_cast<int>(speculation::Action::kContinue);
+  constexpr int kExitRow = static_cast<int>(speculation::Action::kExit);
+  w.fc3_weight[kExitRow * kHidden + 0] = 1.0f;
+  w.fc3_weight[kExitRow * kHidden + 1] = -1.0f;
+  w.fc3_weight[kContinueRow * kHidden + 0] = -1.0f;
+  w.fc3_weight[kContinueRow * kHidden + 1] = 1.0f;
+  return *policy::dqn::QNetwork::Create(std::move(w));
+}
+
 // One speculation round: phase-1 probes at layers 2 and 4 (continue, then
 // exit, or continue = no draft when drafts == 0), then `drafts` phase-2
-// decisions; the last decision is terminal. Features are
-// random; rewards are those of a throughput-like reward.
+// decisions; the last decision is terminal. Features are random, except
+// that an on-policy round's features[kSignal] is 0.9 where it exits and 0.1
+// where it continues (SignalPolicy()'s actions); rewards are those of a
+// throughput-like reward.
 std::vector<Transition> Round(const std::string& request, int64_t round, int drafts, const std::string& version,
                               std::mt19937_64& rng, const std::string& fingerprint = kFingerprint,
-                              const std::string& cost_model = kCostModel) {
+                              const std::string& cost_model = kCostModel, bool on_policy = false) {
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
-  auto features = [&] {
+  const int n = 2 + drafts;
+  // Probe at 2, then exit at 4 (or decline: drafts == 0), then draft
+  // until the last decision stops to verify.
+  auto action = [n](int i) {
+    return i == 0 || i == n - 1 ? speculation::Action::kContinue : speculation::Action::kExit;
+  };
+  auto features = [&](int i) {
     std::array<float, kIn> f{};
-    for (int i = 0; i < kIn - 1; ++i) f[i] = u(rng);
+    for (int c = 0; c < kIn - 1; ++c) f[c] = u(rng);
     f[kIn - 1] = 1.0f;
+    if (on_policy) f[kSignal] = action(i) == speculation::Action::kExit ? 0.9f : 0.1f;
     return f;
   };
   std::vector<Transition> out;
-  const int n = 2 + drafts;
-  std::array<float, kIn> s = features();
+  std::array<float, kIn> s = features(0);
   for (int i = 0; i < n; ++i) {
     Transition t;
     t.state = s;
@@ -81,13 +123,11 @@ std::vector<Transition> Round(const std::string& request, int64_t round, int dra
     t.layer = i < 2 ? 2 + 2 * i : 4;
     t.n_layers = 8;
     t.draft_pos = i < 2 ? 0 : i - 1;
-    // Probe at 2, then exit at 4 (or decline: drafts == 0), then draft
-    // until the last decision stops to verify.
-    t.action = i == 0 || i == n - 1 ? speculation::Action::kContinue : speculation::Action::kExit;
+    t.action = action(i);
     t.reward = i == 0 ? -0.02f : (u(rng) < 0.7f ? 0.6f : -0.4f);
     t.done = i == n - 1;
     if (!t.done) {
-      s = features();
+      s = features(i + 1);
       t.next_state = s;
     }
     t.request_id = request;
@@ -108,22 +148,23 @@ class RetrainTest : public ::testing::Test {
     store_ = tmp_.path() / "store";
     root_ = tmp_.path() / "policy";
     fs::create_directories(store_);
-    // The serving policy v1: a random network over a fixed decision spec
-    // (seed 1: its greedy actions reproduce some held-out synthetic episodes
-    // entirely, which the finite-margin comparisons need).
+    // The serving policy v1 over a fixed decision spec: SignalPolicy(), whose
+    // greedy actions reproduce the on-policy synthetic episodes entirely
+    // (WriteShard), which the finite-margin comparisons need.
     policy::dqn::PolicyMetadata meta;
     meta.version = "v1";
     meta.model_fingerprint = kFingerprint;
     meta.reward_cost_model = kCostModel;
     meta.decision.candidate_layers = {2, 4, 6};
     meta.decision.max_draft_len = 6;
-    const policy::dqn::Artifact a{meta, policy::dqn::QNetwork::Random(16, 1)};
+    const policy::dqn::Artifact a{meta, SignalPolicy()};
     ASSERT_THAT(policy::dqn::SaveArtifact(policy::dqn::VersionDir(root_.string(), "v1"), a), IsOk());
     ASSERT_THAT(policy::dqn::PublishServingVersion(root_.string(), "v1"), IsOk());
   }
 
   // Writes a shard of `requests` requests x 3 rounds under key
-  // exp/2025-01-01/<name>.lexp; returns the key.
+  // exp/2025-01-01/<name>.lexp, the even-numbered requests on-policy for
+  // v1 (Round); returns the key.
   std::string WriteShard(const std::string& name, int requests, const std::string& version = "v1",
                          const std::string& fingerprint = kFingerprint, const std::string& cost = kCostModel) {
     const std::string key = "exp/2025-01-01/" + name + ".lexp";
@@ -135,7 +176,7 @@ class RetrainTest : public ::testing::Test {
     for (int r = 0; r < requests; ++r) {
       for (int k = 0; k < 3; ++k) {
         for (const Transition& t : Round(name + "-req" + std::to_string(r), k, (r + k) % 4, version, rng,
-                                         fingerprint, cost)) {
+                                         fingerprint, cost, /*on_policy=*/r % 2 == 0)) {
           EXPECT_THAT((*w)->Append(t), IsOk());
         }
       }

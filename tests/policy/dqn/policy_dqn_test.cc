@@ -353,13 +353,15 @@ TEST_F(ArtifactTest, WrongFeatureSpecIsInvalidArgument) {
   EXPECT_THAT(LoadArtifact(Dir("v4")), StatusIs(StatusCode::kInvalidArgument));
 }
 
-// A policy of lede-features-v3 (trained before the load feature) or v4
-// (before the cost profile) is read with a zero weight on what it lacks:
-// its Q-values are what they were, at any load and cost profile. Another
-// spec is refused, naming it and the spec this build computes.
+// A policy of lede-features-v3 (trained before the load feature), v4
+// (before the cost profile) or v5 (before the temperature) is read with a
+// zero weight on what it lacks: its Q-values are what they were, at any
+// load, cost profile and temperature. Another spec is refused, naming it
+// and the spec this build computes.
 TEST_F(ArtifactTest, OlderSpecsReadWithZeroWeightsOnWhatTheyLack) {
   for (const auto& [spec, dim] : std::vector<std::pair<std::string, int>>{{"lede-features-v3", 13},
-                                                                            {"lede-features-v4", 14}}) {
+                                                                            {"lede-features-v4", 14},
+                                                                            {"lede-features-v5", 17}}) {
     SCOPED_TRACE(spec);
     const std::string dir = Dir(spec);
     const Artifact a = MakeArtifact("v3");
@@ -391,8 +393,9 @@ TEST_F(ArtifactTest, OlderSpecsReadWithZeroWeightsOnWhatTheyLack) {
     float f_old[kIn], f_new[kIn], q_old[kNumActions], q_new[kNumActions];
     s.load = 1;
     speculation::ExitFeatures(s, f_old);
-    s.cost = {0.2f, 1.1f, 0.4f};
-    if (dim == 13) s.load = 64;  // v3 lacks the load too
+    s.temperature = 0.8f;
+    if (dim <= 14) s.cost = {0.2f, 1.1f, 0.4f};  // v3 and v4 lack the cost profile too
+    if (dim == 13) s.load = 64;                   // v3 lacks the load too
     speculation::ExitFeatures(s, f_new);
     ASSERT_NE(f_old[kIn - 1], f_new[kIn - 1]);
     loaded->network.Forward(f_old, q_old);

@@ -1179,7 +1179,10 @@ TEST_F(E2eSingleSlotTest, DraftContextIsBoundedAndFeedsTheNgramSignals) {
   }
   check_records(std::vector<int32_t>(req.context().begin(), req.context().end()));
   ASSERT_GE(resp.draft_tokens_size(), 1);
-  for (const lede::v1::DecisionRecord& r : resp.decisions()) EXPECT_EQ(r.load(), 12);
+  for (const lede::v1::DecisionRecord& r : resp.decisions()) {
+    EXPECT_EQ(r.load(), 12);
+    EXPECT_EQ(r.temperature(), 0.0f);  // greedy
+  }
   // The same round again (nothing was committed; the exit layer is chosen
   // before any probe, so the first draft is the same) with a context in
   // which (9, pending) was once followed by that draft: its record matches.
@@ -1194,6 +1197,17 @@ TEST_F(E2eSingleSlotTest, DraftContextIsBoundedAndFeedsTheNgramSignals) {
   ASSERT_GE(resp.draft_tokens_size(), 1);
   EXPECT_EQ(resp.draft_tokens(0), first_draft);
   EXPECT_GT(check_records(crafted), 0) << "the crafted context's lookup and trigram did not reach the records";
+  // A sampled round's records carry the request's temperature
+  // (ExitState::temperature), read from its sampling settings.
+  req.mutable_sampling()->set_temperature(0.8f);
+  req.mutable_sampling()->set_top_p(1.0f);
+  req.mutable_sampling()->set_seed(5);
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(drafter->Draft(&ctx, req, &resp).ok());
+  }
+  ASSERT_GT(resp.decisions_size(), 0);
+  for (const lede::v1::DecisionRecord& r : resp.decisions()) EXPECT_FLOAT_EQ(r.temperature(), 0.8f);
   lede::v1::CloseSessionRequest close;
   close.set_slot(opened.slot());
   close.set_pool_epoch(opened.pool_epoch());

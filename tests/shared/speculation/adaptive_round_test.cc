@@ -5,6 +5,7 @@
 // counts, trace).
 #include "shared/speculation/adaptive_round.h"
 
+#include <cmath>
 #include <cstdint>
 #include <deque>
 #include <string>
@@ -330,6 +331,29 @@ TEST(AdaptiveRoundTest, EveryStateCarriesTheLoad) {
   EXPECT_FLOAT_EQ(LoadFeature(64), 0.75f);
   EXPECT_FLOAT_EQ(LoadFeature(256), 1.0f);
   EXPECT_FLOAT_EQ(LoadFeature(1000), 1.0f);
+}
+
+// Every state of a round carries the request's temperature, and the
+// temperature feature is min(T, 2) / 2 (0 greedy; a NaN reads as greedy).
+TEST(AdaptiveRoundTest, EveryStateCarriesTheTemperature) {
+  ScriptedController c({Action::kExit, Action::kExit, Action::kExit, Action::kContinue});
+  TokenProbes p({1, 4, 9});
+  DraftRequest r = Request();
+  r.temperature = 0.8f;
+  Draft d;
+  ASSERT_THAT(RunAdaptiveRound(c, Spec({2}), kLayers, r, 3, p, d), IsOk());
+  ASSERT_GE(c.states.size(), 3u);
+  for (const ExitState& st : c.states) EXPECT_FLOAT_EQ(st.temperature, 0.8f);
+  float f[kExitFeatureDim];
+  ExitFeatures(c.states[0], f);
+  EXPECT_FLOAT_EQ(f[kTemperatureFeature], 0.4f);
+  EXPECT_EQ(kTemperatureFeature, kExitFeatureDim - 1);
+  EXPECT_FLOAT_EQ(TemperatureFeature(0.0f), 0.0f);
+  EXPECT_FLOAT_EQ(TemperatureFeature(1.0f), 0.5f);
+  EXPECT_FLOAT_EQ(TemperatureFeature(2.0f), 1.0f);
+  EXPECT_FLOAT_EQ(TemperatureFeature(7.0f), 1.0f);
+  EXPECT_FLOAT_EQ(TemperatureFeature(-1.0f), 0.0f);
+  EXPECT_FLOAT_EQ(TemperatureFeature(std::nanf("")), 0.0f);
 }
 
 }  // namespace

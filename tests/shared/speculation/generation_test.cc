@@ -397,6 +397,27 @@ TEST(RunGenerationTest, DraftRequestsCarryTheCurrentCostProfile) {
   EXPECT_TRUE(blind.draft_requests[0].cost == CostFeatures{});
 }
 
+// Each drafting round reports the session's sampling temperature
+// (ExitState::temperature); a greedy session reports 0.
+TEST(RunGenerationTest, DraftRequestsCarryTheSessionTemperature) {
+  ScriptedBackend b;
+  b.rounds = {Round::Speculate(2, {11}, 1, {11, 12}), Round::Speculate(2, {13}, 1, {13, 14})};
+  LoopOptions o = Static(5);
+  o.mode = SpeculationMode::kAdaptive;
+  o.session.sampling.temperature = 0.8;
+  o.session.sampling.seed = 7;
+  ASSERT_THAT(RunGeneration(b, kPrompt, o), IsOk());
+  ASSERT_EQ(b.draft_requests.size(), 2u);
+  for (const DraftRequest& r : b.draft_requests) EXPECT_FLOAT_EQ(r.temperature, 0.8f);
+  ScriptedBackend greedy;
+  greedy.rounds = {Round::Speculate(2, {11}, 1, {11, 12})};
+  o.session.sampling = SamplingParams{};
+  o.max_new_tokens = 3;
+  ASSERT_THAT(RunGeneration(greedy, kPrompt, o), IsOk());
+  ASSERT_EQ(greedy.draft_requests.size(), 1u);
+  EXPECT_FLOAT_EQ(greedy.draft_requests[0].temperature, 0.0f);
+}
+
 // A round that starts at a load above speculation_max_load is an
 // autoregressive step (no DraftRound, no drafts verified, marked
 // over_max_load); at or below it the round speculates. The load is asked
