@@ -2,12 +2,13 @@
 """lede-train-counterfactual's sampled training requests as a user runs them
 (trainer/counterfactual_main.cc --temperature, --top-p, --seeds).
 
-  bad      a negative --temperature, --top-p outside (0, 1], or --seeds other
-           than 1 when greedy is refused with status 2 and a message naming
-           the flag, having written no policy
+  bad      a negative --temperature, --top-p outside (0, 1], --seeds other
+           than 1 when greedy, or --also-greedy when greedy is refused with
+           status 2 and a message naming the flag, having written no policy
   sampled  --temperature 0.8 --seeds 2 on lede-tiny traces every prompt
            twice (both seeds on the prompt's side of the training/selection
-           split), and the policy records the sampling it was trained under
+           split), and the policy records the sampling it was trained under;
+           with --also-greedy, three times (its greedy trace too)
 
 usage: counterfactual_cli_test.py bad|sampled BUILD_DIR
 Exit status 0 = pass, 1 = fail.
@@ -39,7 +40,8 @@ def train(build, out, *extra):
 
 def case_bad(build, tmp):
     for flags, name in ((["--temperature", "-1"], "--temperature"), (["--temperature", "0.8", "--top-p", "0"], "--top-p"),
-                        (["--seeds", "2"], "--seeds"), (["--temperature", "0.8", "--seeds", "0"], "--seeds")):
+                        (["--seeds", "2"], "--seeds"), (["--temperature", "0.8", "--seeds", "0"], "--seeds"),
+                        (["--also-greedy"], "--also-greedy")):
         out = os.path.join(tmp, "policy-" + name.strip("-"))
         p = train(build, out, *flags)
         if p.returncode != 2:
@@ -51,21 +53,26 @@ def case_bad(build, tmp):
 
 
 def case_sampled(build, tmp):
-    out = os.path.join(tmp, "policy")
-    p = train(build, out, "--temperature", "0.8", "--seeds", "2")
-    if p.returncode != 0:
-        fail(f"status {p.returncode}\n{p.stderr[-2000:]}")
-    with open(os.path.join(out, "training_report.json")) as f:
-        report = json.load(f)
-    requests = report["requests"]
-    # 4 tuning prompts, every 4th selects: 3 train and 1 selects, 2 seeds each.
-    if requests != {"train": 6, "selection": 2}:
-        fail(f"requests {requests}, want 6 training and 2 selection traces (4 prompts x 2 seeds)")
-    with open(os.path.join(out, "policy.json")) as f:
-        meta = json.load(f)
-    options = meta["training_options"]
-    if options.get("temperature") != 0.8 or options.get("seeds") != 2 or options.get("top_p") != 1:
-        fail(f"training_options do not record the sampling: {options}")
+    # 4 tuning prompts, every 4th selects: 3 train and 1 selects, 2 seeds each (and the greedy trace).
+    for extra, traces, also_greedy in (([], 2, 0), (["--also-greedy"], 3, 1)):
+        out = os.path.join(tmp, "policy" + "".join(extra))
+        p = train(build, out, "--temperature", "0.8", "--seeds", "2", *extra)
+        if p.returncode != 0:
+            fail(f"{extra}: status {p.returncode}\n{p.stderr[-2000:]}")
+        with open(os.path.join(out, "training_report.json")) as f:
+            report = json.load(f)
+        requests = report["requests"]
+        if requests != {"train": 3 * traces, "selection": traces}:
+            fail(f"{extra}: requests {requests}, want {3 * traces} training and {traces} selection traces "
+                 f"(4 prompts x {traces})")
+        with open(os.path.join(out, "policy.json")) as f:
+            meta = json.load(f)
+        options = meta["training_options"]
+        if (options.get("temperature") != 0.8 or options.get("seeds") != 2 or options.get("top_p") != 1
+                or options.get("also_greedy") != also_greedy):
+            fail(f"{extra}: training_options do not record the sampling: {options}")
+        if meta["features"]["spec"] != "lede-features-v6" or meta["features"]["names"][-1] != "temperature_div2":
+            fail(f"{extra}: the policy's features lack the temperature: {meta['features']}")
 
 
 def main():
