@@ -311,43 +311,33 @@ TEST(AdaptiveRoundTest, ProbeStatesCarryTheContextNgramSignalsOfTheirToken) {
   for (const ExitState& st : c.states) EXPECT_FLOAT_EQ(st.lookup_match + st.trigram_seen, 0.0f);
 }
 
-// Every state of a round carries the request's load, and the load feature
-// is log2(load) / 8, capped at 256 sessions.
-TEST(AdaptiveRoundTest, EveryStateCarriesTheLoad) {
+// Every state of a round carries the request's load and temperature. The
+// load feature is log2(load) / 8, capped at 256 sessions; the temperature
+// feature is min(T, 2) / 2 (0 greedy; a NaN reads as greedy).
+TEST(AdaptiveRoundTest, EveryStateCarriesTheLoadAndTemperature) {
   ScriptedController c({Action::kExit, Action::kExit, Action::kExit, Action::kContinue});
   TokenProbes p({1, 4, 9});
   DraftRequest r = Request();
   r.load = 16;
+  r.temperature = 0.8f;
   Draft d;
   ASSERT_THAT(RunAdaptiveRound(c, Spec({2}), kLayers, r, 3, p, d), IsOk());
   ASSERT_GE(c.states.size(), 3u);
-  for (const ExitState& st : c.states) EXPECT_EQ(st.load, 16);
+  for (const ExitState& st : c.states) {
+    EXPECT_EQ(st.load, 16);
+    EXPECT_FLOAT_EQ(st.temperature, 0.8f);
+  }
   float f[kExitFeatureDim];
   ExitFeatures(c.states[0], f);
   EXPECT_FLOAT_EQ(f[kLoadFeature], 0.5f);
+  EXPECT_FLOAT_EQ(f[kTemperatureFeature], 0.4f);
+  EXPECT_EQ(kTemperatureFeature, kExitFeatureDim - 1);
   EXPECT_FLOAT_EQ(LoadFeature(1), 0.0f);
   EXPECT_FLOAT_EQ(LoadFeature(0), 0.0f);
   EXPECT_FLOAT_EQ(LoadFeature(2), 1.0f / 8.0f);
   EXPECT_FLOAT_EQ(LoadFeature(64), 0.75f);
   EXPECT_FLOAT_EQ(LoadFeature(256), 1.0f);
   EXPECT_FLOAT_EQ(LoadFeature(1000), 1.0f);
-}
-
-// Every state of a round carries the request's temperature, and the
-// temperature feature is min(T, 2) / 2 (0 greedy; a NaN reads as greedy).
-TEST(AdaptiveRoundTest, EveryStateCarriesTheTemperature) {
-  ScriptedController c({Action::kExit, Action::kExit, Action::kExit, Action::kContinue});
-  TokenProbes p({1, 4, 9});
-  DraftRequest r = Request();
-  r.temperature = 0.8f;
-  Draft d;
-  ASSERT_THAT(RunAdaptiveRound(c, Spec({2}), kLayers, r, 3, p, d), IsOk());
-  ASSERT_GE(c.states.size(), 3u);
-  for (const ExitState& st : c.states) EXPECT_FLOAT_EQ(st.temperature, 0.8f);
-  float f[kExitFeatureDim];
-  ExitFeatures(c.states[0], f);
-  EXPECT_FLOAT_EQ(f[kTemperatureFeature], 0.4f);
-  EXPECT_EQ(kTemperatureFeature, kExitFeatureDim - 1);
   EXPECT_FLOAT_EQ(TemperatureFeature(0.0f), 0.0f);
   EXPECT_FLOAT_EQ(TemperatureFeature(1.0f), 0.5f);
   EXPECT_FLOAT_EQ(TemperatureFeature(2.0f), 1.0f);
