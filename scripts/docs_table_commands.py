@@ -31,7 +31,8 @@ def _widen5_cost(weights, sampled=False, threads=1):
     """lede-bench on the 5x widening at one weight format and thread count, with the shipped and the
     cost-conditioned policies (installed by `lede widen`) and the policy trained under that format's one-thread
     calibration alone (none for f32, a format the cost-conditioned policies were not trained on); greedy, or
-    sampled at temperature 0.8 with 3 seeds. The calibration times its rounds in generations of the tuning
+    sampled at temperature 0.8 with 3 seeds, where the third policy is cost-v6 (trained on sampled requests too,
+    its state carrying the temperature) in place of cost-v5 and the per-format one. The calibration times its rounds in generations of the tuning
     prompts, as scripts/train_widened_policies.sh does, at the benchmark's thread count (no policy was trained
     on a two-thread profile)."""
     w5 = "out/lede-tiny-w5"
@@ -49,14 +50,19 @@ def _widen5_cost(weights, sampled=False, threads=1):
             "LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_DEPLOYMENT=1 "
             "LEDE_WIDEN_FORMATS=\"q8_0 bf16\" "
             "scripts/train_widened_policies.sh 5 cost-v4  # cost-v5, deployment-*; SERVING stays cost-v4\n"
-            f"bench/record.py bench/results/{name}.json -- \\\n    "
+            + ("LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_FORMATS=\"q8_0 bf16 "
+               "q8_0@2\" LEDE_WIDEN_AROUND=\"0.01:0.8:0.3 0.01:0.8:0.8\" LEDE_WIDEN_COST_VERSION=cost-v6 "
+               "LEDE_WIDEN_COST_FLAGS=\"--temperature 0.8 --seeds 1 --also-greedy\" "
+               "scripts/train_widened_policies.sh 5 cost-v4  # cost-v6\n" if sampled else "")
+            + f"bench/record.py bench/results/{name}.json -- \\\n    "
             f"build/bench/lede-bench bench --model {w5} --weights {weights} --threads {threads} "
             f"--calibration {calibration} "
             f"--prompts {MODEL}/prompts/story.jsonl,{MODEL}/prompts/code.jsonl --prompts-per-set 24 --new-tokens 64 "
             "--repeats 3 --methods ar,static,calibrated,lede --candidate-layers 1,2,3,4,5,6 --max-draft-len 6 "
             + ("--temperature 0.8 --seeds 3 " if sampled else "")
-            + f"--policy {w5}/policy/accelerator-v1,{w5}/policy/cost-v4,{w5}/policy/cost-v5"
-            + ("" if weights == "f32" else f",out/widened-policies/w5/deployment-{weights}")  # f32: held out
+            + f"--policy {w5}/policy/accelerator-v1,{w5}/policy/cost-v4"
+            + (f",{w5}/policy/cost-v6" if sampled else f",{w5}/policy/cost-v5")
+            + ("" if weights == "f32" or sampled else f",out/widened-policies/w5/deployment-{weights}")  # f32: held out
             + " --json {json}")
 
 

@@ -56,6 +56,12 @@
 # "q8_0 f32 bf16 q4_k_m q4_k_m@2".
 # With LEDE_WIDEN_ONLY_COST=1 accelerator-v1 is not retrained: the cost-conditioned policy joins
 # the policies already shipped for the shape.
+# LEDE_WIDEN_COST_FLAGS (default --lookahead-probe): the cost-conditioned policy's own
+# lede-train-counterfactual flags. cost-v6 is the recipe of cost-v4 (no lookahead probe; the
+# two synthetic profiles 0.01:0.8:0.3 and 0.01:0.8:0.8) with the two-thread q8_0 profile
+# (LEDE_WIDEN_FORMATS="q8_0 bf16 q8_0@2") and sampled requests beside the greedy ones, which
+# its state tells apart by the temperature (lede-features-v6):
+# LEDE_WIDEN_COST_FLAGS="--temperature 0.8 --seeds 1 --also-greedy".
 # usage: scripts/train_widened_policies.sh FACTOR [SERVING]   (SERVING: the version to serve; default accelerator-v1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -119,8 +125,9 @@ if [[ $COST != 0 ]]; then
   # Every request is replayed once per profile and iteration (eight profiles with two formats):
   # four iterations over 20 extra prompts per domain (the later flags win) keep it to minutes.
   for profile in $AROUND; do PROFILES+=",$profile"; done
+  # shellcheck disable=SC2086  # LEDE_WIDEN_COST_FLAGS is a list of flags
   train "$COST_VERSION" accelerator --cost-profiles "$PROFILES" \
-    --iterations 4 --extra-count 20 --lookahead-probe
+    --iterations 4 --extra-count 20 ${LEDE_WIDEN_COST_FLAGS---lookahead-probe}
   cp -r "out/widened-policies/w$FACTOR/$COST_VERSION" "$SHIP/"
   # LEDE_WIDEN_DEPLOYMENT=1: per format, a policy trained under that calibration alone
   # (deployment-FORMAT), what a deployment's retraining on its own traffic converges to; a
