@@ -75,6 +75,19 @@ class CounterfactualTest : public ::testing::Test {
     return traces;
   }
 
+  // The engine's options for an adaptive generation under `controller`,
+  // recording its decisions.
+  static model::GenerateOptions AdaptiveOptions(speculation::ExitController& controller,
+                                                const speculation::DecisionSpec& spec) {
+    model::GenerateOptions o;
+    o.max_new_tokens = kNewTokens;
+    o.mode = model::SpeculationMode::kAdaptive;
+    o.controller = &controller;
+    o.decision_spec = spec;
+    o.record_traces = true;
+    return o;
+  }
+
   static void ExpectSameRounds(const std::vector<model::RoundRecord>& a, const std::vector<model::RoundRecord>& b) {
     ASSERT_EQ(a.size(), b.size());
     for (size_t i = 0; i < a.size(); ++i) {
@@ -147,13 +160,7 @@ TEST_F(CounterfactualTest, AdaptiveReplayMakesTheEnginesDecisions) {
   for (size_t i = 0; i < traces.size(); ++i) {
     for (auto [lambda, tau] : std::vector<std::pair<float, float>>{{0.5f, 0.5f}, {0.8f, 0.3f}}) {
       policy::ThresholdExitController a(lambda, tau), b(lambda, tau);
-      model::GenerateOptions o;
-      o.max_new_tokens = kNewTokens;
-      o.mode = model::SpeculationMode::kAdaptive;
-      o.controller = &a;
-      o.decision_spec = spec;
-      o.record_traces = true;
-      auto real = engine_->Generate((*prompts_)[i], o);
+      auto real = engine_->Generate((*prompts_)[i], AdaptiveOptions(a, spec));
       ASSERT_TRUE(real.ok());
       SimulatedMethod m;
       m.mode = speculation::SpeculationMode::kAdaptive;
@@ -1000,12 +1007,7 @@ TEST_F(CounterfactualTest, DecisionsSeeTheRequestsTemperature) {
   spec.candidate_layers = {1, 2, 4};
   spec.max_draft_len = 4;
   policy::ThresholdExitController a(0.5f, 0.5f), b(0.5f, 0.5f);
-  model::GenerateOptions o;
-  o.max_new_tokens = kNewTokens;
-  o.mode = model::SpeculationMode::kAdaptive;
-  o.controller = &a;
-  o.decision_spec = spec;
-  o.record_traces = true;
+  model::GenerateOptions o = AdaptiveOptions(a, spec);
   o.sampling.temperature = 0.8;
   o.sampling.seed = 13;
   auto real = engine_->Generate((*prompts_)[0], o);
