@@ -104,17 +104,12 @@ struct ParsedMetadata {
   int64_t stored_features = speculation::kExitFeatureDim;
 };
 
-// The older feature specs that are read, each a prefix of the current one:
-// lede-features-v3 is v4 without the load (the 14th feature), v4 is v5
-// without the cost profile (the next three), v5 is v6 without the
-// temperature (the last), so a network of an older spec with a zero weight
-// on what it lacks computes the same Q-values from v6 features whatever the
-// load, costs and temperature.
-struct OlderSpec {
-  const char* name;
-  int64_t dim;
-};
-constexpr OlderSpec kOlderSpecs[] = {{"lede-features-v3", 13}, {"lede-features-v4", 14}, {"lede-features-v5", 17}};
+// The older feature specs (speculation::kOlderExitFeatureSpecs) are each a
+// prefix of the current one: lede-features-v3 is v4 without the load (the
+// 14th feature), v4 is v5 without the cost profile (the next three), v5 is
+// v6 without the temperature (the last), so a network of an older spec with
+// a zero weight on what it lacks computes the same Q-values from v6
+// features whatever the load, costs and temperature.
 
 StatusOr<ParsedMetadata> FromJson(const Json& j, const std::string& where) {
   ParsedMetadata p;
@@ -128,7 +123,7 @@ StatusOr<ParsedMetadata> FromJson(const Json& j, const std::string& where) {
   const std::string spec = features.contains("spec") ? features.at("spec").get<std::string>() : "lede-features-v1";
   int64_t want_dim = spec == speculation::kExitFeatureSpec ? speculation::kExitFeatureDim : 0;
   std::string readable;
-  for (const OlderSpec& older : kOlderSpecs) {
+  for (const speculation::OlderFeatureSpec& older : speculation::kOlderExitFeatureSpecs) {
     if (spec == older.name) want_dim = older.dim;
     readable += std::string(readable.empty() ? "" : ", ") + "\"" + older.name + "\"";
   }

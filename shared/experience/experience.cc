@@ -320,16 +320,18 @@ StatusOr<Transition> FromProto(const lede::v1::Transition& r) {
   Transition t;
   // Shards logged before the load feature (lede-features-v3, 13 features),
   // before the cost profile (v4, 14) or before the temperature (v5, 17)
-  // hold a prefix of today's; what they lack reads as 0 (load 1, costs
-  // unknown, greedy: a v5 shard does not say which requests were sampled).
-  constexpr int kLoadBlindDim = 13, kCostBlindDim = 14, kTemperatureBlindDim = 17;
-  if (r.state_size() != speculation::kExitFeatureDim && r.state_size() != kLoadBlindDim &&
-      r.state_size() != kCostBlindDim && r.state_size() != kTemperatureBlindDim) {
-    return InvalidArgumentError("state has " + std::to_string(r.state_size()) +
-                                " features, expected " + std::to_string(speculation::kExitFeatureDim) + " (or " +
-                                std::to_string(kTemperatureBlindDim) + " of lede-features-v5, " +
-                                std::to_string(kCostBlindDim) + " of lede-features-v4, " +
-                                std::to_string(kLoadBlindDim) + " of lede-features-v3)");
+  // hold a prefix of today's (speculation::kOlderExitFeatureSpecs); what
+  // they lack reads as 0 (load 1, costs unknown, greedy: a v5 shard does not
+  // say which requests were sampled).
+  bool readable = r.state_size() == speculation::kExitFeatureDim;
+  std::string older;  // newest first
+  for (const speculation::OlderFeatureSpec& spec : speculation::kOlderExitFeatureSpecs) {
+    readable = readable || r.state_size() == spec.dim;
+    older = std::to_string(spec.dim) + " of " + spec.name + (older.empty() ? "" : ", ") + older;
+  }
+  if (!readable) {
+    return InvalidArgumentError("state has " + std::to_string(r.state_size()) + " features, expected " +
+                                std::to_string(speculation::kExitFeatureDim) + " (or " + older + ")");
   }
   std::copy(r.state().begin(), r.state().end(), t.state.begin());
   if (r.next_state_size() != 0 && r.next_state_size() != r.state_size()) {

@@ -182,6 +182,16 @@ inline float UpdateAcceptEma(float ema, int32_t n_drafted, int32_t n_accepted) {
 // lack, policy/dqn/artifact.h).
 inline constexpr int kExitFeatureDim = 18;
 inline constexpr char kExitFeatureSpec[] = "lede-features-v6";
+// The older feature specs that are still read, each a prefix of this one
+// (its first `dim` features): policy artifacts (policy/dqn/artifact.h) and
+// experience shards (shared/experience/experience.h) of these specs read
+// with what they lack at 0.
+struct OlderFeatureSpec {
+  const char* name;
+  int dim;
+};
+inline constexpr OlderFeatureSpec kOlderExitFeatureSpecs[] = {
+    {"lede-features-v3", 13}, {"lede-features-v4", 14}, {"lede-features-v5", 17}};
 // Where ExitFeatures puts the bias, the load, the first of the three cost
 // features (the deployment's features follow the request's) and the
 // temperature.
