@@ -55,6 +55,7 @@ SetBench::SetBench(Common& c, const CommonFlags& cf, const PromptSet& set, std::
   // D_max, so that neither baseline nor ceiling is held back by it.
   static_max_draft_ = std::max<int32_t>(D_, 8);
   for (int32_t l = 1; l < L_; ++l) all_layers_.push_back(l);
+  run_steps_ = model::cost::RoundStepTimings(L_);
   ar_.max_new_tokens = cf.new_tokens;
   adaptive_ = ar_;
   adaptive_.mode = model::SpeculationMode::kAdaptive;
@@ -193,6 +194,7 @@ StatusOr<std::vector<Totals>> SetBench::Evaluate() {
         Totals& t = totals[j];
         t.tokens += r->stats.n_generated - 1;
         t.decode_s += r->stats.decode_s;
+        for (const auto& round : r->stats.rounds) run_steps_.Add(round);
         if (rep == 0) {  // seeded: every pass makes the same rounds
           t.drafted += r->stats.n_drafted;
           t.accepted += r->stats.n_accepted;

@@ -59,6 +59,12 @@ nlohmann::json SetBench::Report(const std::vector<Totals>& totals) const {
     if (jobs_[j].method == "ar") ar_tps = totals[j].tokens_per_s();
   }
   if (ar_tps <= 0) ar_tps = ar_eval_.tokens_per_s();
+  // The cost model of the steps this run timed of itself (what a model
+  // service serving these requests would meter), beside the calibration's.
+  const model::cost::ServedStepCosts run_costs =
+      run_steps_.Costs(model::cost::HeadLayerEquivalents(c_.model->config()));
+  const StatusOr<std::unique_ptr<model::cost::CostModel>> served =
+      model::cost::MakeServedCostModel(c_.model->config(), run_costs);
   nlohmann::json rows = nlohmann::json::array();
   for (size_t j = 0; j < jobs_.size(); ++j) {
     const Totals& t = totals[j];
@@ -68,6 +74,7 @@ nlohmann::json SetBench::Report(const std::vector<Totals>& totals) const {
                     {"measured_speedup", t.tokens_per_s() / ar_tps},
                     {"predicted_speedup_accelerator", c_.accelerator->PredictedSpeedup(t.rounds)},
                     {"predicted_speedup_measured", c_.measured->PredictedSpeedup(t.rounds)},
+                    {"predicted_speedup_served", served.ok() ? (*served)->PredictedSpeedup(t.rounds) : 0.0},
                     {"acceptance_rate", t.acceptance()},
                     {"tokens_per_round", t.tokens_per_round()},
                     {"mean_exit_layer", t.mean_exit()},
@@ -82,6 +89,11 @@ nlohmann::json SetBench::Report(const std::vector<Totals>& totals) const {
           {"belief_ceiling_in_sample", ceilings["belief_in_sample"]},
           {"belief_ceiling_tuning_fit", ceilings["belief_tuning_fit"]},
           {"ar_tokens_per_s", ar_tps},
+          {"run_step_costs",
+           {{"draft_step_s", run_costs.draft_step_s},
+            {"verify_s", run_costs.verify_s},
+            {"verify_intercept_s", run_costs.verify_intercept_s},
+            {"verify_slope_s", run_costs.verify_slope_s}}},
           {"temperature", sampling_.temperature},
           {"top_p", sampling_.top_p},
           {"seeds", sampling_.sampled() ? sampling_.seeds : 0},
@@ -101,14 +113,16 @@ void SetBench::PrintTable(const nlohmann::json& rows, const nlohmann::json& ceil
          << sampling_.seeds << " per prompt (exact: share equal to the autoregressive draw of the same seed;"
          << " speculative sampling is lossless in distribution, not draw for draw)\n";
   }
-  std::snprintf(line, sizeof(line), "%-34s %-26s %7s %8s %10s %11s %7s %7s %6s %6s %6s\n", "method", "config",
-                "tok/s", "measured", "pred.accel", "pred.measrd", "accept", "tok/rnd", "mean E", "mean D", "exact");
+  std::snprintf(line, sizeof(line), "%-34s %-26s %7s %8s %10s %11s %11s %7s %7s %6s %6s %6s\n", "method", "config",
+                "tok/s", "measured", "pred.accel", "pred.measrd", "pred.served", "accept", "tok/rnd", "mean E",
+                "mean D", "exact");
   out_ << line;
   for (const auto& r : rows) {
-    std::snprintf(line, sizeof(line), "%-34s %-26s %7.0f %7.2fx %9.2fx %10.2fx %7.3f %7.2f %6.2f %6.2f %6.2f\n",
+    std::snprintf(line, sizeof(line), "%-34s %-26s %7.0f %7.2fx %9.2fx %10.2fx %10.2fx %7.3f %7.2f %6.2f %6.2f %6.2f\n",
                   r["method"].get<std::string>().c_str(), r["config"].get<std::string>().c_str(),
                   r["tokens_per_s"].get<double>(), r["measured_speedup"].get<double>(),
                   r["predicted_speedup_accelerator"].get<double>(), r["predicted_speedup_measured"].get<double>(),
+                  r["predicted_speedup_served"].get<double>(),
                   r["acceptance_rate"].get<double>(), r["tokens_per_round"].get<double>(),
                   r["mean_exit_layer"].get<double>(), r["mean_draft_len"].get<double>(),
                   r["exact_match_rate"].get<double>());

@@ -61,7 +61,7 @@ def _widen5_cost(weights, sampled=False, threads=1):
             "--repeats 3 --methods ar,static,calibrated,lede --candidate-layers 1,2,3,4,5,6 --max-draft-len 6 "
             + ("--temperature 0.8 --seeds 3 " if sampled else "")
             + f"--policy {w5}/policy/accelerator-v1,{w5}/policy/cost-v4"
-            + (f",{w5}/policy/cost-v6" if sampled else f",{w5}/policy/cost-v5")
+            + (f",{w5}/policy/cost-v6" if sampled else f",{w5}/policy/cost-v5,{w5}/policy/cost-v6")
             + ("" if weights == "f32" or sampled else f",out/widened-policies/w5/deployment-{weights}")  # f32: held out
             + " --json {json}")
 

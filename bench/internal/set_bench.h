@@ -158,6 +158,10 @@ class SetBench {
   std::vector<const model::cost::CostModel*> cost_models_;
   std::vector<trainer::ShadowTrace> tune_traces_, eval_traces_;
   Totals ar_eval_;  // autoregressive on the evaluation split (outputs: the reference)
+  // Every timed round of the evaluation runs, every method and pass: the
+  // step costs this run measured of itself, as a model service meters its
+  // served steps; Report predicts each method with them ("served").
+  model::cost::RoundStepTimings run_steps_{1};
   AcceptanceModels calibration_;
   std::vector<Job> jobs_;
 };

@@ -253,45 +253,6 @@ double Mean(const std::vector<double>& v) {
   return v.empty() ? 0.0 : s / static_cast<double>(v.size());
 }
 
-// The steps of the round table's generations as a model service records
-// its served steps (shared/experience/served_costs.h): per drafted token at
-// each exit layer, and each verification by the exit layer and drafts it
-// verified (E = K = 0: an autoregressive step).
-class ContextStepSamples {
- public:
-  explicit ContextStepSamples(int64_t n_layers) : draft_(static_cast<size_t>(n_layers) + 1) {}
-  void Add(const RoundRecord& r) {
-    if (r.n_drafted > 0 && r.exit_layer >= 1 && r.exit_layer < static_cast<int32_t>(draft_.size()) - 1) {
-      draft_[static_cast<size_t>(r.exit_layer)].push_back(r.draft_s / r.n_drafted);
-    }
-    const int32_t e = r.n_drafted > 0 ? r.exit_layer : 0;
-    if (r.verify_s > 0) verify_[{e, r.n_drafted}].push_back(r.verify_s);
-  }
-  // Calibration::context_steps: the medians, and the Theil-Sen line through
-  // the median of every (E, K) at its drafts verified at the middle exit
-  // layer (head of `head_layers` layer-equivalents).
-  ServedStepCosts Costs(double head_layers) const {
-    ServedStepCosts c;
-    const int64_t L = static_cast<int64_t>(draft_.size()) - 1;
-    for (const std::vector<double>& d : draft_) c.draft_step_s.push_back(speculation::Median(d));
-    std::vector<std::vector<double>> by_k;
-    std::vector<double> x, y;
-    for (const auto& [ek, seconds] : verify_) {
-      const auto [e, k] = ek;
-      if (static_cast<size_t>(k) >= by_k.size()) by_k.resize(static_cast<size_t>(k) + 1);
-      by_k[static_cast<size_t>(k)].insert(by_k[static_cast<size_t>(k)].end(), seconds.begin(), seconds.end());
-      x.push_back(k == 0 ? 0.0 : speculation::MiddleExitLayerDrafts(L, head_layers, e, k));
-      y.push_back(speculation::Median(seconds));
-    }
-    for (const std::vector<double>& v : by_k) c.verify_s.push_back(speculation::Median(v));
-    std::tie(c.verify_intercept_s, c.verify_slope_s) = speculation::TheilSenLine(x, y);
-    return c;
-  }
-
- private:
-  std::vector<std::vector<double>> draft_;                          // [L + 1]
-  std::map<std::pair<int32_t, int32_t>, std::vector<double>> verify_;  // (E, K) -> seconds
-};
 
 // The round table from whole generations of the workload's own prompts (see
 // the header): each (E, K) of a pass on the next prompt, against an
@@ -322,7 +283,7 @@ Status CalibrateRoundsOnPrompts(const LlamaModel& model, int passes, int64_t max
   LEDE_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(shared, ko));
   std::vector<std::vector<std::vector<double>>> ratios(L - 1, std::vector<std::vector<double>>(max_k));
   std::vector<double> ar_all;
-  ContextStepSamples steps(L);
+  RoundStepTimings steps(L);
   size_t next = 0;
   for (int pass = 0; pass < passes; ++pass) {
     for (int64_t e = 1; e < L; ++e) {
@@ -479,7 +440,7 @@ StatusOr<ServedStepCosts> TimeStepsInContext(const LlamaModel& model, const std:
     c10::InferenceMode guard;
     std::shared_ptr<const LlamaModel> shared(&model, [](const LlamaModel*) {});
     LEDE_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(shared, ko));
-    ContextStepSamples steps(L);
+    RoundStepTimings steps(L);
     GenerateOptions ar;
     ar.stop_at_eos = false;
     ar.max_new_tokens = new_tokens;

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -409,6 +411,35 @@ StatusOr<std::unique_ptr<CostModel>> MakeMeasuredCostModelAtLoad(const Calibrati
   }
   return std::unique_ptr<CostModel>(
       std::make_unique<LoadedCostModel>(MakeMeasuredCostModel(c), std::move(f.verify), f.draft, f.session));
+}
+
+RoundStepTimings::RoundStepTimings(int64_t n_layers) : draft_(static_cast<size_t>(std::max<int64_t>(n_layers, 1)) + 1) {}
+
+void RoundStepTimings::Add(const RoundRecord& r) {
+  if (r.n_drafted > 0 && r.exit_layer >= 1 && r.exit_layer < static_cast<int32_t>(draft_.size()) - 1 && r.draft_s > 0) {
+    draft_[static_cast<size_t>(r.exit_layer)].push_back(r.draft_s / r.n_drafted);
+  }
+  if (r.n_drafted == 0 && r.n_probes > 0) return;  // a resumed step, not a verification
+  const int32_t e = r.n_drafted > 0 ? r.exit_layer : 0;
+  if (r.verify_s > 0) verify_[{e, r.n_drafted}].push_back(r.verify_s);
+}
+
+ServedStepCosts RoundStepTimings::Costs(double head_layers) const {
+  ServedStepCosts c;
+  const int64_t L = static_cast<int64_t>(draft_.size()) - 1;
+  for (const std::vector<double>& d : draft_) c.draft_step_s.push_back(speculation::Median(d));
+  std::vector<std::vector<double>> by_k;
+  std::vector<double> x, y;
+  for (const auto& [ek, seconds] : verify_) {
+    const auto [e, k] = ek;
+    if (static_cast<size_t>(k) >= by_k.size()) by_k.resize(static_cast<size_t>(k) + 1);
+    by_k[static_cast<size_t>(k)].insert(by_k[static_cast<size_t>(k)].end(), seconds.begin(), seconds.end());
+    x.push_back(k == 0 ? 0.0 : speculation::MiddleExitLayerDrafts(L, head_layers, e, k));
+    y.push_back(speculation::Median(seconds));
+  }
+  for (const std::vector<double>& v : by_k) c.verify_s.push_back(speculation::Median(v));
+  std::tie(c.verify_intercept_s, c.verify_slope_s) = speculation::TheilSenLine(x, y);
+  return c;
 }
 
 }  // namespace lede::model::cost

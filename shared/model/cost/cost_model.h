@@ -24,8 +24,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shared/model/decoding.h"
@@ -99,6 +101,35 @@ struct ServedStepCosts {
   int32_t threads = 0;
   // Example: ServedStepCosts{.draft_step_s = {0, 1.1e-3, 1.9e-3},
   //                          .verify_s = {8e-3, 9e-3, 1e-2}}
+};
+
+// The step costs of rounds as a model service meters its served steps
+// (shared/experience/served_costs.h ServedCostMeter, whose windows this
+// keeps whole): per drafted token at each exit layer (RoundRecord::draft_s
+// / n_drafted, the round's probes and decisions included), and each
+// verification by the exit layer and drafts it verified (E = K = 0: an
+// autoregressive step). A round that probed and drafted nothing is left
+// out of the verifications, as the meter leaves it: its step resumed after
+// the probe's blocks, cheaper than a full one. Fed the rounds of a
+// calibration's generations (Calibration::context_steps,
+// TimeStepsInContext) or of a benchmark's own timed runs (lede-bench's
+// prediction from the run's own steps, docs/training.md).
+// Thread-compatible.
+class RoundStepTimings {
+ public:
+  explicit RoundStepTimings(int64_t n_layers);
+  // Adds one round's draft and verification; rounds with a drafted exit
+  // layer outside [1, L), or with no timing (0 s), add only what they have.
+  void Add(const RoundRecord& round);
+  // The medians (seconds; 0 where nothing was timed) and the Theil-Sen line
+  // of the verifications through the median of every (E, K), at the drafts
+  // they verified counted at the middle exit layer (speculation::
+  // MiddleExitLayerDrafts, the LM head `head_layers` layer-equivalents).
+  ServedStepCosts Costs(double head_layers) const;
+
+ private:
+  std::vector<std::vector<double>> draft_;                          // [L + 1]: seconds per drafted token
+  std::map<std::pair<int32_t, int32_t>, std::vector<double>> verify_;  // (E, K) -> seconds
 };
 
 // Wall-clock costs measured on one machine (microseconds, medians).

@@ -484,3 +484,46 @@ TEST(ServedCostModelTest, RefusesProfilesThatCannotPrice) {
 
 }  // namespace
 }  // namespace lede::model::cost
+
+namespace lede::model::cost {
+namespace {
+
+RoundRecord TimedRound(int32_t exit_layer, int32_t n_drafted, double draft_s, double verify_s, int32_t n_probes = 0) {
+  RoundRecord r;
+  r.exit_layer = exit_layer;
+  r.n_drafted = n_drafted;
+  r.n_probes = n_probes;
+  r.draft_s = draft_s;
+  r.verify_s = verify_s;
+  return r;
+}
+
+// Rounds timed as a model service meters them: a draft entry per drafted token at its exit layer, medians
+// per draft length, the verification line through the per-(E, K) medians; a round that probed and drafted
+// nothing is not a verification (its step resumed after the probe), and an untimed draft adds nothing.
+TEST(RoundStepTimingsTest, MediansAndLineAsTheServedMeter) {
+  const int64_t L = 4;
+  const double h = 0.5;
+  RoundStepTimings t(L);
+  for (double ar : {9e-3, 10e-3, 30e-3}) t.Add(TimedRound(0, 0, 0, ar));  // a stall among three steps
+  t.Add(TimedRound(0, 0, 1e-3, 2e-3, /*n_probes=*/1));                      // probed, drafted nothing
+  // At the middle exit layer M = 2 a draft counts 1: verify = 10 ms + 2 ms per draft.
+  t.Add(TimedRound(2, 2, 2 * 3e-3, 14e-3));
+  t.Add(TimedRound(2, 2, 2 * 5e-3, 14e-3));
+  t.Add(TimedRound(2, 4, 4 * 4e-3, 18e-3));
+  t.Add(TimedRound(1, 1, 0, 0));  // untimed
+  const ServedStepCosts c = t.Costs(h);
+  ASSERT_EQ(c.draft_step_s.size(), static_cast<size_t>(L + 1));
+  EXPECT_DOUBLE_EQ(c.draft_step_s[1], 0.0);
+  EXPECT_NEAR(c.draft_step_s[2], 4e-3, 1e-12);  // median of 3, 5 and 4 ms per token
+  ASSERT_EQ(c.verify_s.size(), 5u);
+  EXPECT_NEAR(c.verify_s[0], 10e-3, 1e-12);  // the probe's resumed step (2 ms) left out
+  EXPECT_NEAR(c.verify_s[2], 14e-3, 1e-12);
+  EXPECT_NEAR(c.verify_s[4], 18e-3, 1e-12);
+  EXPECT_DOUBLE_EQ(c.verify_s[1], 0.0);
+  EXPECT_NEAR(c.verify_intercept_s, 10e-3, 1e-9);
+  EXPECT_NEAR(c.verify_slope_s, 2e-3, 1e-9);
+}
+
+}  // namespace
+}  // namespace lede::model::cost
