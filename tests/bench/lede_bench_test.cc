@@ -1,7 +1,8 @@
 // Tests of `lede-bench bench` (bench/lede_bench.h RunBench) on
 // models/lede-tiny in sampled mode: the flags it refuses, and that a sampled
 // run reports its settings and one row per method over every prompt and
-// seed. It asserts what the table means, never a speed.
+// seed, with predictions from the step costs it timed of itself. It
+// asserts what the table means, never a speed.
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -66,13 +67,24 @@ TEST(LedeBenchTest, SampledRunReportsEverySeedOfEveryPrompt) {
       saw_ar = true;
       EXPECT_DOUBLE_EQ(row["measured_speedup"].get<double>(), 1.0);
       EXPECT_EQ(row["acceptance_rate"].get<double>(), 0.0);
+      // Priced by the run's own steps, an autoregressive step is the unit.
+      EXPECT_DOUBLE_EQ(row["predicted_speedup_served"].get<double>(), 1.0);
     }
     if (method.rfind("static", 0) == 0) {
       saw_static = true;
       EXPECT_GE(row["acceptance_rate"].get<double>(), 0.0);
       EXPECT_LE(row["acceptance_rate"].get<double>(), 1.0);
+      EXPECT_GT(row["predicted_speedup_served"].get<double>(), 0.0) << "the run timed its own drafts";
     }
   }
+  // The step costs the run measured of itself: an autoregressive step, and
+  // the drafts of the static row at its exit layer.
+  const nlohmann::json& steps = set["run_step_costs"];
+  ASSERT_FALSE(steps["verify_s"].empty());
+  EXPECT_GT(steps["verify_s"][0].get<double>(), 0.0);
+  double drafted = 0;
+  for (const nlohmann::json& d : steps["draft_step_s"]) drafted += d.get<double>();
+  EXPECT_GT(drafted, 0.0);
   EXPECT_TRUE(saw_ar);
   EXPECT_TRUE(saw_static);
   EXPECT_NE(out.str().find("sampled: temperature 0.8"), std::string::npos) << out.str();
