@@ -41,6 +41,11 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   std::string fixed_static;
   f.Add("static-configs", &fixed_static,
         "extra static rows E:D[,E:D...], not tuned (e.g. the settings tuned on another prompt set)");
+  std::string policy_costs_flag = "served";
+  f.Add("policy-costs", &policy_costs_flag,
+        "what the LEDE policies see of the hardware, comma-separated: served (the step costs this run meters of "
+        "itself, as a model service shows them; the calibration's until measured), calibration (the "
+        "calibration's); the first gives each policy's rows, the others one more row per policy");
   BenchSampling sampling;
   flags::AddSamplingFlags(&f, &sampling);
   if (flags::WantsHelp(args)) {
@@ -53,6 +58,20 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   }
   if (Status s = flags::CheckSamplingFlags(sampling); !s.ok()) {
     err << "lede-bench bench: " << s.message() << "\n";
+    return 2;
+  }
+  const std::vector<std::string> policy_costs = SplitList(policy_costs_flag);
+  for (size_t i = 0; i < policy_costs.size(); ++i) {
+    const std::string& p = policy_costs[i];
+    if (std::find(std::begin(SetBench::kPolicyCosts), std::end(SetBench::kPolicyCosts), p) ==
+            std::end(SetBench::kPolicyCosts) ||
+        std::find(policy_costs.begin(), policy_costs.begin() + i, p) != policy_costs.begin() + i) {
+      err << "lede-bench bench: --policy-costs: \"" << p << "\" is not served or calibration, or is repeated\n";
+      return 2;
+    }
+  }
+  if (policy_costs.empty()) {
+    err << "lede-bench bench: --policy-costs: want served, calibration or both\n";
     return 2;
   }
   auto common = Setup(cf);
@@ -80,9 +99,10 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   report["candidate_layers"] = c.spec.candidate_layers;
   report["max_draft_len"] = c.spec.max_draft_len;
   report["new_tokens"] = cf.new_tokens;
+  report["policy_costs"] = policy_costs;
   const std::string started = CommandOutput("date -u +%Y-%m-%dT%H:%M:%SZ");
   for (const PromptSet& set : c.sets) {
-    SetBench bench(c, cf, set, methods, sampling, out, err);
+    SetBench bench(c, cf, set, methods, sampling, policy_costs, out, err);
     StatusOr<nlohmann::json> set_report = bench.Run(artifacts, fixed_static);
     if (!set_report.ok()) {
       err << "lede-bench bench: " << set_report.status().message() << "\n";

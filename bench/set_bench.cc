@@ -47,8 +47,16 @@ using trainer::FitAcceptanceModels;
 using trainer::RunPrompts;
 
 SetBench::SetBench(Common& c, const CommonFlags& cf, const PromptSet& set, std::vector<std::string> methods,
-                   const BenchSampling& sampling, std::ostream& out, std::ostream& err)
-    : c_(c), cf_(cf), set_(set), methods_(std::move(methods)), sampling_(sampling), out_(out), err_(err) {
+                   const BenchSampling& sampling, std::vector<std::string> policy_costs, std::ostream& out,
+                   std::ostream& err)
+    : c_(c),
+      cf_(cf),
+      set_(set),
+      methods_(std::move(methods)),
+      sampling_(sampling),
+      out_(out),
+      err_(err),
+      policy_costs_(std::move(policy_costs)) {
   L_ = static_cast<int32_t>(c.model->n_layers());
   D_ = c.spec.max_draft_len;
   // Static and the oracle range over longer drafts than the policies'
@@ -56,6 +64,12 @@ SetBench::SetBench(Common& c, const CommonFlags& cf, const PromptSet& set, std::
   static_max_draft_ = std::max<int32_t>(D_, 8);
   for (int32_t l = 1; l < L_; ++l) all_layers_.push_back(l);
   run_steps_ = model::cost::RoundStepTimings(L_);
+  experience::ServedCostMeterOptions mo;  // as the model service's (services/model/model_host.cc)
+  mo.n_layers = L_;
+  mo.max_draft_len = static_max_draft_;
+  mo.threads = static_cast<int32_t>(cf.threads);
+  mo.head_layers = model::cost::HeadLayerEquivalents(c.model->config());
+  meter_ = std::make_unique<experience::ServedCostMeter>(mo);
   ar_.max_new_tokens = cf.new_tokens;
   adaptive_ = ar_;
   adaptive_.mode = model::SpeculationMode::kAdaptive;
@@ -69,7 +83,7 @@ StatusOr<nlohmann::json> SetBench::Run(const std::vector<policy::dqn::Artifact>&
        << " evaluation prompts\n";
   LEDE_RETURN_IF_ERROR(TraceBothSplits());
   LEDE_ASSIGN_OR_RETURN(ar_eval_, RunAr());
-  if (Has("ar")) jobs_.push_back({"ar", "", ar_, nullptr});
+  if (Has("ar")) jobs_.push_back({"ar", "", ar_, nullptr, ""});
   if (Has("calibrated") || Has("del")) {
     LEDE_ASSIGN_OR_RETURN(calibration_, FitAcceptanceModels(tune_traces_, c_.spec.trace_window));
   }
@@ -137,12 +151,14 @@ Status SetBench::AddLede(const policy::dqn::Artifact& a) {
   GenerateOptions o = adaptive_;
   o.decision_spec = plan.decision_spec;
   // The policy sees this deployment's costs as the services would show
-  // them: the measured calibration's step costs (a cost-blind policy
-  // ignores them).
+  // them: the step costs the run meters of itself (Evaluate), from the
+  // measured calibration's until it can price, and in the replays below (a
+  // cost-blind policy ignores them).
   o.cost_features = model::cost::CostFeaturesOfCalibration(c_.calibration, L_, plan.decision_spec.max_draft_len);
   auto dqn = [plan](int64_t) { return plan.MakeController(); };
   const std::string label = "lede " + a.metadata.version;
-  jobs_.push_back({label, a.metadata.version + " (" + a.metadata.reward_cost_model + ")", o, dqn});
+  const std::string config = a.metadata.version + " (" + a.metadata.reward_cost_model + ")";
+  jobs_.push_back({label, config, o, dqn, policy_costs_.front()});
   std::map<int32_t, int64_t> exit_counts;
   double drafted = 0, drafting_rounds = 0;
   for (size_t p = 0; p < eval_traces_.size(); ++p) {
@@ -171,10 +187,27 @@ Status SetBench::AddLede(const policy::dqn::Artifact& a) {
     auto fixed_len = [dqn, mean_d](int64_t i) -> std::unique_ptr<ExitController> {
       return std::make_unique<AblatedController>(dqn(i), 0, mean_d);
     };
-    jobs_.push_back({label + " fixed exit", "l*=" + std::to_string(top_exit), o, fixed_exit});
-    jobs_.push_back({label + " fixed length", "D=" + std::to_string(mean_d), o, fixed_len});
+    jobs_.push_back({label + " fixed exit", "l*=" + std::to_string(top_exit), o, fixed_exit, policy_costs_.front()});
+    jobs_.push_back({label + " fixed length", "D=" + std::to_string(mean_d), o, fixed_len, policy_costs_.front()});
+  }
+  for (size_t i = 1; i < policy_costs_.size(); ++i) {
+    jobs_.push_back({label + " (" + policy_costs_[i] + " costs)", config, o, dqn, policy_costs_[i]});
   }
   return OkStatus();
+}
+
+void SetBench::Meter(const model::RoundRecord& round) {
+  run_steps_.Add(round);
+  if (round.n_drafted > 0) meter_->RecordDraft(round.exit_layer, round.n_drafted, round.draft_s);
+  // A round that probed and drafted nothing resumed its step after the
+  // probe's blocks: not a verification (the verifier meters it at the
+  // probe's layer, which the meter ignores).
+  if (round.n_drafted > 0 || round.n_probes == 0) meter_->RecordVerify(round.exit_layer, round.n_drafted, round.verify_s);
+}
+
+speculation::CostFeatures SetBench::RunCostFeatures(const speculation::CostFeatures& prior) const {
+  const lede::v1::CostProfile profile = meter_->Snapshot();
+  return experience::CanPrice(profile) ? experience::ServedCostFeatures(profile, prior) : prior;
 }
 
 StatusOr<std::vector<Totals>> SetBench::Evaluate() {
@@ -187,6 +220,7 @@ StatusOr<std::vector<Totals>> SetBench::Evaluate() {
         const size_t j = (k + p + static_cast<size_t>(rep)) % jobs_.size();  // rotating order
         GenerateOptions o = jobs_[j].options;
         o.sampling = SamplingOf(runs[p].seed);
+        if (jobs_[j].costs == "served") o.cost_features = RunCostFeatures(o.cost_features);
         std::unique_ptr<ExitController> ctl;
         if (jobs_[j].factory) ctl = jobs_[j].factory(static_cast<int64_t>(p)), o.controller = ctl.get();
         auto r = c_.engine->Generate(set_.eval[runs[p].prompt], o);
@@ -194,7 +228,7 @@ StatusOr<std::vector<Totals>> SetBench::Evaluate() {
         Totals& t = totals[j];
         t.tokens += r->stats.n_generated - 1;
         t.decode_s += r->stats.decode_s;
-        for (const auto& round : r->stats.rounds) run_steps_.Add(round);
+        for (const auto& round : r->stats.rounds) Meter(round);
         if (rep == 0) {  // seeded: every pass makes the same rounds
           t.drafted += r->stats.n_drafted;
           t.accepted += r->stats.n_accepted;

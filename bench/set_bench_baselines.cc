@@ -40,7 +40,7 @@ Status SetBench::Tune(const std::string& method, const ConfigsFor& configs_for) 
     const Config& b = configs[best];
     ControllerFactory factory;
     if (b.make) factory = [make = b.make](int64_t i) { return make(i); };
-    jobs_.push_back({method + " (best " + cm->name() + ")", b.label, b.options, factory});
+    jobs_.push_back({method + " (best " + cm->name() + ")", b.label, b.options, factory, ""});
     PrintProgress(err_, method + " tuned (" + std::to_string(configs.size()) + " configs)", 1, 1);
     err_ << "\n";
   }
@@ -158,7 +158,7 @@ Status SetBench::AddGivenStatic(const std::string& fixed_static) {
     o.mode = model::SpeculationMode::kStatic;
     o.exit_layer = e;
     o.draft_len = d;
-    jobs_.push_back({"static (given)", "E=" + std::to_string(e) + " D=" + std::to_string(d), o, nullptr});
+    jobs_.push_back({"static (given)", "E=" + std::to_string(e) + " D=" + std::to_string(d), o, nullptr, ""});
   }
   return OkStatus();
 }

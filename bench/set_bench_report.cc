@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "shared/model/cost/cost_profiles.h"
 #include "trainer/ceilings.h"
 
 namespace lede::bench::internal {
@@ -89,6 +90,16 @@ nlohmann::json SetBench::Report(const std::vector<Totals>& totals) const {
           {"belief_ceiling_in_sample", ceilings["belief_in_sample"]},
           {"belief_ceiling_tuning_fit", ceilings["belief_tuning_fit"]},
           {"ar_tokens_per_s", ar_tps},
+          {"policy_cost_features",  // what a policy is shown by each source, at the end of the run
+           [&] {
+             const speculation::CostFeatures cal =
+                 model::cost::CostFeaturesOfCalibration(c_.calibration, L_, c_.spec.max_draft_len);
+             nlohmann::json j;
+             for (const auto& [source, f] : {std::pair{"calibration", cal}, std::pair{"served", RunCostFeatures(cal)}}) {
+               j[source] = {{"probe", f.probe}, {"layer", f.layer}, {"verify", f.verify}};
+             }
+             return j;
+           }()},
           {"run_step_costs",
            {{"draft_step_s", run_costs.draft_step_s},
             {"verify_s", run_costs.verify_s},

@@ -31,11 +31,13 @@ def _widen5_cost(weights, sampled=False, threads=1):
     """lede-bench on the 5x widening at one weight format and thread count, with the shipped and the
     cost-conditioned policies (installed by `lede widen`) and the policy trained under that format's one-thread
     calibration alone (none for f32, a format the cost-conditioned policies were not trained on); greedy, or
-    sampled at temperature 0.8 with 3 seeds, where the third policy is cost-v6 (trained on sampled requests too,
-    its state carrying the temperature) in place of cost-v5 and the per-format one. The calibration times its rounds in generations of the tuning
-    prompts, as scripts/train_widened_policies.sh does, at the benchmark's thread count (no policy was trained
-    on a two-thread profile)."""
+    sampled at temperature 0.8 with 3 seeds. On the q8_0 one-thread rows (greedy and sampled) the third policy is
+    cost-v6 (trained on sampled requests too, its state carrying the temperature) in place of cost-v5, and every
+    policy runs twice, shown the step costs the run meters of itself and the calibration's (--policy-costs); the
+    sampled row has no per-format policy. The calibration times its rounds in generations of the tuning
+    prompts, as scripts/train_widened_policies.sh does, at the benchmark's thread count."""
     w5 = "out/lede-tiny-w5"
+    served = weights == "q8_0" and threads == 1
     suffix = "" if threads == 1 else f"-{threads}t"
     name = f"widen5-cost-{weights}{suffix}" + ("-t0.8" if sampled else "")
     calibration = f"{w5}/calibration-{weights}{suffix}.json"
@@ -60,8 +62,10 @@ def _widen5_cost(weights, sampled=False, threads=1):
             f"--prompts {MODEL}/prompts/story.jsonl,{MODEL}/prompts/code.jsonl --prompts-per-set 24 --new-tokens 64 "
             "--repeats 3 --methods ar,static,calibrated,lede --candidate-layers 1,2,3,4,5,6 --max-draft-len 6 "
             + ("--temperature 0.8 --seeds 3 " if sampled else "")
+            # The q8_0 one-thread rows: the policies shown the run's own step costs, and again the calibration's.
+            + ("--policy-costs served,calibration " if served else "--policy-costs calibration ")
             + f"--policy {w5}/policy/accelerator-v1,{w5}/policy/cost-v4"
-            + (f",{w5}/policy/cost-v6" if sampled else f",{w5}/policy/cost-v5,{w5}/policy/cost-v6")
+            + (f",{w5}/policy/cost-v6" if served else f",{w5}/policy/cost-v5")
             + ("" if weights == "f32" or sampled else f",out/widened-policies/w5/deployment-{weights}")  # f32: held out
             + " --json {json}")
 

@@ -89,7 +89,11 @@ def cost_profiles_table(data, opts):
     """The cost-conditioned policy against the shipped one and the baselines in wall-clock, one row per
     prompt set: static and the calibrated rule tuned on the tuning half under the run's measured costs."""
     base, cond = opts.get("base", "accelerator-v1"), opts.get("policy", "cost-v1")
-    also = [v for v in opts.get("also", "").split(",") if v]  # more policies, one column each
+    # More policies, one column each; "V@calibration" is policy V shown the calibration's costs instead of the
+    # run's own (lede-bench --policy-costs served,calibration: its row "lede V (calibration costs)").
+    also = [v for v in opts.get("also", "").split(",") if v]
+    row_name = (lambda v: "lede " + (f"{v.split('@')[0]} ({v.split('@')[1]} costs)" if "@" in v else v))
+    header = (lambda v: f"{v.split('@')[0]}, {v.split('@')[1]} costs" if "@" in v else v)
     out = []
     for name, s in data["sets"].items():
         rows = s["rows"]
@@ -114,11 +118,11 @@ def cost_profiles_table(data, opts):
                     f"{x(rule[key])} ({rule['config']})" if rule else "-",
                     x(shipped[key]) if shipped else "-",
                     *[x(r[key]) if r else "-" for r in
-                      (next((r for r in rows if r["method"] == "lede " + v), None) for v in also)],
+                      (next((r for r in rows if r["method"] == row_name(v)), None) for v in also)],
                     f"{x(lede[key])} (mean D {lede['mean_draft_len']:.2f})" if lede else "-",
                     ratio(lede, static), ratio(lede, rule), ratio(lede, shipped), headroom,
                     f"{largest_error('predicted_speedup_measured')} / {largest_error('predicted_speedup_served')}"])
-    return table(["set", "autoregressive", "best static", "calibrated rule", base, *also, cond,
+    return table(["set", "autoregressive", "best static", "calibrated rule", base, *map(header, also), cond,
                   f"{cond} / static", f"{cond} / rule", f"{cond} / {base}",
                   "belief ceiling / rule ceiling (predicted)",
                   "largest prediction error: calibration / the run's own steps"], out)

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -21,6 +22,7 @@
 
 #include "bench/internal/lede_bench_setup.h"
 #include "policy/dqn/artifact.h"
+#include "shared/experience/served_costs.h"
 #include "shared/flags/sampling_flags.h"
 #include "shared/model/cost/cost_model.h"
 #include "shared/model/decoding.h"
@@ -49,8 +51,17 @@ using BenchSampling = flags::SamplingFlags;
 // flags (--static-configs), otherwise the failing step's status.
 class SetBench {
  public:
+  // policy_costs: what the LEDE policies are shown of the hardware, one or
+  // more of kPolicyCosts: "served", the features of the step costs this
+  // run meters of itself as a model service would (a ServedCostMeter fed
+  // every timed round, shared/experience/served_costs.h), the
+  // calibration's until it can price; "calibration", the calibration's
+  // throughout. The first gives each policy's row and its ablations, every
+  // other one more row per policy ("lede V (calibration costs)").
   SetBench(Common& c, const CommonFlags& cf, const PromptSet& set, std::vector<std::string> methods,
-           const BenchSampling& sampling, std::ostream& out, std::ostream& err);
+           const BenchSampling& sampling, std::vector<std::string> policy_costs, std::ostream& out,
+           std::ostream& err);
+  static constexpr const char* kPolicyCosts[] = {"served", "calibration"};
 
   // Runs the set's benchmark (progress on `err`, the table on `out`) and
   // returns its JSON report. Call once.
@@ -62,6 +73,10 @@ class SetBench {
     std::string method, config;
     GenerateOptions options;
     ControllerFactory factory;
+    // A LEDE policy's costs (kPolicyCosts): "served", shown the run's own
+    // step costs (its options' cost_features are the prior), or
+    // "calibration"; empty for the other methods.
+    std::string costs;
   };
   // One configuration of a baseline family.
   struct Config {
@@ -102,6 +117,11 @@ class SetBench {
   // rotating order, `repeats` times, so that the machine's drift over the
   // run affects every method alike and the wall-clock ratios survive it.
   StatusOr<std::vector<Totals>> Evaluate();
+  // Adds a timed round to the run's step costs and meter.
+  void Meter(const model::RoundRecord& round);
+  // The cost features of the meter's profile (experience::
+  // ServedCostFeatures), `prior` where it has not measured enough.
+  speculation::CostFeatures RunCostFeatures(const speculation::CostFeatures& prior) const;
 
   // set_bench_baselines.cc: the baseline families, tuned by replay.
 
@@ -162,6 +182,10 @@ class SetBench {
   // step costs this run measured of itself, as a model service meters its
   // served steps; Report predicts each method with them ("served").
   model::cost::RoundStepTimings run_steps_{1};
+  // The same rounds in a model service's meter (its window), whose features
+  // the "served" policy jobs see.
+  std::unique_ptr<experience::ServedCostMeter> meter_;
+  const std::vector<std::string> policy_costs_;  // at least one of kPolicyCosts
   AcceptanceModels calibration_;
   std::vector<Job> jobs_;
 };

@@ -30,11 +30,17 @@ std::vector<std::string> Flags(const std::string& json, std::vector<std::string>
   return f;
 }
 
-// Bad sampling flags exit 2 naming the flag, before any model is loaded
-// (several seeds of a greedy run would be one run repeated).
-TEST(LedeBenchTest, BadSamplingFlagsAreRefusedNamingTheFlag) {
-  for (auto [flag, value] : std::vector<std::pair<std::string, std::string>>{
-           {"--temperature", "-0.5"}, {"--top-p", "0"}, {"--top-p", "1.5"}, {"--seeds", "0"}, {"--seeds", "2"}}) {
+// Bad sampling flags, and policy costs other than served or calibration,
+// exit 2 naming the flag before any model is loaded (several seeds of a
+// greedy run would be one run repeated).
+TEST(LedeBenchTest, BadFlagsAreRefusedNamingTheFlag) {
+  for (auto [flag, value] : std::vector<std::pair<std::string, std::string>>{{"--temperature", "-0.5"},
+                                                                             {"--top-p", "0"},
+                                                                             {"--top-p", "1.5"},
+                                                                             {"--seeds", "0"},
+                                                                             {"--seeds", "2"},
+                                                                             {"--policy-costs", "accelerator"},
+                                                                             {"--policy-costs", "served,served"}}) {
     std::ostringstream out, err;
     EXPECT_EQ(RunBench(Flags("/dev/null", {flag, value}), out, err), 2) << flag << " " << value;
     EXPECT_NE(err.str().find(flag), std::string::npos) << err.str();
@@ -79,6 +85,8 @@ TEST(LedeBenchTest, SampledRunReportsEverySeedOfEveryPrompt) {
   }
   // The step costs the run measured of itself: an autoregressive step, and
   // the drafts of the static row at its exit layer.
+  EXPECT_EQ(report["policy_costs"], nlohmann::json::array({"served"}));
+  EXPECT_TRUE(set["policy_cost_features"].contains("served"));
   const nlohmann::json& steps = set["run_step_costs"];
   ASSERT_FALSE(steps["verify_s"].empty());
   EXPECT_GT(steps["verify_s"][0].get<double>(), 0.0);
