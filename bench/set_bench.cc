@@ -64,12 +64,10 @@ SetBench::SetBench(Common& c, const CommonFlags& cf, const PromptSet& set, std::
   static_max_draft_ = std::max<int32_t>(D_, 8);
   for (int32_t l = 1; l < L_; ++l) all_layers_.push_back(l);
   run_steps_ = model::cost::RoundStepTimings(L_);
-  experience::ServedCostMeterOptions mo;  // as the model service's (services/model/model_host.cc)
-  mo.n_layers = L_;
-  mo.max_draft_len = static_max_draft_;
-  mo.threads = static_cast<int32_t>(cf.threads);
-  mo.head_layers = model::cost::HeadLayerEquivalents(c.model->config());
-  meter_ = std::make_unique<experience::ServedCostMeter>(mo);
+  meter_options_.n_layers = L_;  // as the model service's (services/model/model_host.cc)
+  meter_options_.max_draft_len = static_max_draft_;
+  meter_options_.threads = static_cast<int32_t>(cf.threads);
+  meter_options_.head_layers = model::cost::HeadLayerEquivalents(c.model->config());
   ar_.max_new_tokens = cf.new_tokens;
   adaptive_ = ar_;
   adaptive_.mode = model::SpeculationMode::kAdaptive;
@@ -196,22 +194,26 @@ Status SetBench::AddLede(const policy::dqn::Artifact& a) {
   return OkStatus();
 }
 
-void SetBench::Meter(const model::RoundRecord& round) {
+void SetBench::Meter(size_t j, const model::RoundRecord& round) {
   run_steps_.Add(round);
-  if (round.n_drafted > 0) meter_->RecordDraft(round.exit_layer, round.n_drafted, round.draft_s);
+  experience::ServedCostMeter& meter = *meters_[j];
+  if (round.n_drafted > 0) meter.RecordDraft(round.exit_layer, round.n_drafted, round.draft_s);
   // A round that probed and drafted nothing resumed its step after the
   // probe's blocks: not a verification (the verifier meters it at the
   // probe's layer, which the meter ignores).
-  if (round.n_drafted > 0 || round.n_probes == 0) meter_->RecordVerify(round.exit_layer, round.n_drafted, round.verify_s);
+  if (round.n_drafted > 0 || round.n_probes == 0) meter.RecordVerify(round.exit_layer, round.n_drafted, round.verify_s);
 }
 
-speculation::CostFeatures SetBench::RunCostFeatures(const speculation::CostFeatures& prior) const {
-  const lede::v1::CostProfile profile = meter_->Snapshot();
+speculation::CostFeatures SetBench::JobCostFeatures(size_t j, const speculation::CostFeatures& prior) const {
+  if (j >= meters_.size()) return prior;
+  const lede::v1::CostProfile profile = meters_[j]->Snapshot();
   return experience::CanPrice(profile) ? experience::ServedCostFeatures(profile, prior) : prior;
 }
 
 StatusOr<std::vector<Totals>> SetBench::Evaluate() {
   std::vector<Totals> totals(jobs_.size());
+  meters_.clear();
+  for (size_t j = 0; j < jobs_.size(); ++j) meters_.push_back(std::make_unique<experience::ServedCostMeter>(meter_options_));
   const std::vector<SplitRun> runs = Runs(set_.eval.size());
   for (int64_t rep = 0; rep < cf_.repeats; ++rep) {
     for (size_t p = 0; p < runs.size(); ++p) {
@@ -220,7 +222,7 @@ StatusOr<std::vector<Totals>> SetBench::Evaluate() {
         const size_t j = (k + p + static_cast<size_t>(rep)) % jobs_.size();  // rotating order
         GenerateOptions o = jobs_[j].options;
         o.sampling = SamplingOf(runs[p].seed);
-        if (jobs_[j].costs == "served") o.cost_features = RunCostFeatures(o.cost_features);
+        if (jobs_[j].costs == "served") o.cost_features = JobCostFeatures(j, o.cost_features);
         std::unique_ptr<ExitController> ctl;
         if (jobs_[j].factory) ctl = jobs_[j].factory(static_cast<int64_t>(p)), o.controller = ctl.get();
         auto r = c_.engine->Generate(set_.eval[runs[p].prompt], o);
@@ -228,7 +230,7 @@ StatusOr<std::vector<Totals>> SetBench::Evaluate() {
         Totals& t = totals[j];
         t.tokens += r->stats.n_generated - 1;
         t.decode_s += r->stats.decode_s;
-        for (const auto& round : r->stats.rounds) Meter(round);
+        for (const auto& round : r->stats.rounds) Meter(j, round);
         if (rep == 0) {  // seeded: every pass makes the same rounds
           t.drafted += r->stats.n_drafted;
           t.accepted += r->stats.n_accepted;

@@ -90,13 +90,17 @@ nlohmann::json SetBench::Report(const std::vector<Totals>& totals) const {
           {"belief_ceiling_in_sample", ceilings["belief_in_sample"]},
           {"belief_ceiling_tuning_fit", ceilings["belief_tuning_fit"]},
           {"ar_tokens_per_s", ar_tps},
-          {"policy_cost_features",  // what a policy is shown by each source, at the end of the run
+          {"policy_cost_features",  // what each policy row was shown at the end of the run
            [&] {
-             const speculation::CostFeatures cal =
-                 model::cost::CostFeaturesOfCalibration(c_.calibration, L_, c_.spec.max_draft_len);
-             nlohmann::json j;
-             for (const auto& [source, f] : {std::pair{"calibration", cal}, std::pair{"served", RunCostFeatures(cal)}}) {
-               j[source] = {{"probe", f.probe}, {"layer", f.layer}, {"verify", f.verify}};
+             auto json_of = [](const speculation::CostFeatures& f) {
+               return nlohmann::json{{"probe", f.probe}, {"layer", f.layer}, {"verify", f.verify}};
+             };
+             nlohmann::json j = {{"calibration", json_of(model::cost::CostFeaturesOfCalibration(
+                                                     c_.calibration, L_, c_.spec.max_draft_len))}};
+             for (size_t k = 0; k < jobs_.size(); ++k) {
+               if (jobs_[k].costs == "served") {
+                 j["served"][jobs_[k].method] = json_of(JobCostFeatures(k, jobs_[k].options.cost_features));
+               }
              }
              return j;
            }()},

@@ -52,10 +52,10 @@ using BenchSampling = flags::SamplingFlags;
 class SetBench {
  public:
   // policy_costs: what the LEDE policies are shown of the hardware, one or
-  // more of kPolicyCosts: "served", the features of the step costs this
-  // run meters of itself as a model service would (a ServedCostMeter fed
-  // every timed round, shared/experience/served_costs.h), the
-  // calibration's until it can price; "calibration", the calibration's
+  // more of kPolicyCosts: "served", the features of the steps the policy's
+  // own rounds took, metered as a model service serving it alone would
+  // (a ServedCostMeter per policy row, shared/experience/served_costs.h),
+  // the calibration's until it can price; "calibration", the calibration's
   // throughout. The first gives each policy's row and its ablations, every
   // other one more row per policy ("lede V (calibration costs)").
   SetBench(Common& c, const CommonFlags& cf, const PromptSet& set, std::vector<std::string> methods,
@@ -117,11 +117,11 @@ class SetBench {
   // rotating order, `repeats` times, so that the machine's drift over the
   // run affects every method alike and the wall-clock ratios survive it.
   StatusOr<std::vector<Totals>> Evaluate();
-  // Adds a timed round to the run's step costs and meter.
-  void Meter(const model::RoundRecord& round);
-  // The cost features of the meter's profile (experience::
-  // ServedCostFeatures), `prior` where it has not measured enough.
-  speculation::CostFeatures RunCostFeatures(const speculation::CostFeatures& prior) const;
+  // Adds a timed round of job `j` to the run's step costs and the job's meter.
+  void Meter(size_t j, const model::RoundRecord& round);
+  // The cost features of job j's meter (experience::ServedCostFeatures),
+  // `prior` until it can price.
+  speculation::CostFeatures JobCostFeatures(size_t j, const speculation::CostFeatures& prior) const;
 
   // set_bench_baselines.cc: the baseline families, tuned by replay.
 
@@ -182,9 +182,10 @@ class SetBench {
   // step costs this run measured of itself, as a model service meters its
   // served steps; Report predicts each method with them ("served").
   model::cost::RoundStepTimings run_steps_{1};
-  // The same rounds in a model service's meter (its window), whose features
-  // the "served" policy jobs see.
-  std::unique_ptr<experience::ServedCostMeter> meter_;
+  // Per job, its own rounds in a model service's meter (its window), whose
+  // features a "served" policy job sees.
+  experience::ServedCostMeterOptions meter_options_;
+  std::vector<std::unique_ptr<experience::ServedCostMeter>> meters_;
   const std::vector<std::string> policy_costs_;  // at least one of kPolicyCosts
   AcceptanceModels calibration_;
   std::vector<Job> jobs_;

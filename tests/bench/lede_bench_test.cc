@@ -86,7 +86,7 @@ TEST(LedeBenchTest, SampledRunReportsEverySeedOfEveryPrompt) {
   // The step costs the run measured of itself: an autoregressive step, and
   // the drafts of the static row at its exit layer.
   EXPECT_EQ(report["policy_costs"], nlohmann::json::array({"served"}));
-  EXPECT_TRUE(set["policy_cost_features"].contains("served"));
+  EXPECT_TRUE(set["policy_cost_features"].contains("calibration"));
   const nlohmann::json& steps = set["run_step_costs"];
   ASSERT_FALSE(steps["verify_s"].empty());
   EXPECT_GT(steps["verify_s"][0].get<double>(), 0.0);
