@@ -34,7 +34,9 @@
 #                   does; a stop wastes that head, 0.015 of a step here.
 #                   cost-v5 ran 0.4-4.6% below cost-v4 on the held-out
 #                   prompts at q8_0 and bf16 (docs/training.md), so SERVING
-#                   stays cost-v4 (this script at commit aaff638 trains it)
+#                   stayed cost-v4 (this script at commit aaff638 trains it)
+#                   until cost-v6 (below), SERVING since it was measured
+#                   with the costs a deployment meters
 #   measured-v1     with LEDE_WIDEN_MEASURED=1 only: the same under the wide
 #                   shape's measured cost model (MODEL/calibration-cpu.json of
 #                   `lede widen --calibrate` on this machine; machine-specific,
@@ -61,7 +63,7 @@
 # two synthetic profiles 0.01:0.8:0.3 and 0.01:0.8:0.8) with the two-thread q8_0 profile
 # (LEDE_WIDEN_FORMATS="q8_0 bf16 q8_0@2") and sampled requests beside the greedy ones, which
 # its state tells apart by the temperature (lede-features-v6):
-# LEDE_WIDEN_COST_FLAGS="--temperature 0.8 --seeds 1 --also-greedy".
+# LEDE_WIDEN_COST_FLAGS="--temperature 0.8 --seeds 1 --also-greedy"; it is SERVING (FACTOR 5, SERVING cost-v6).
 # usage: scripts/train_widened_policies.sh FACTOR [SERVING]   (SERVING: the version to serve; default accelerator-v1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
