@@ -489,12 +489,9 @@ namespace lede::model::cost {
 namespace {
 
 RoundRecord TimedRound(int32_t exit_layer, int32_t n_drafted, double draft_s, double verify_s, int32_t n_probes = 0) {
-  RoundRecord r;
-  r.exit_layer = exit_layer;
-  r.n_drafted = n_drafted;
+  RoundRecord r = Round(exit_layer, n_drafted);
   r.n_probes = n_probes;
-  r.draft_s = draft_s;
-  r.verify_s = verify_s;
+  r.draft_s = draft_s, r.verify_s = verify_s;
   return r;
 }
 
