@@ -198,10 +198,7 @@ void SetBench::Meter(size_t j, const model::RoundRecord& round) {
   run_steps_.Add(round);
   experience::ServedCostMeter& meter = *meters_[j];
   if (round.n_drafted > 0) meter.RecordDraft(round.exit_layer, round.n_drafted, round.draft_s);
-  // A round that probed and drafted nothing resumed its step after the
-  // probe's blocks: not a verification (the verifier meters it at the
-  // probe's layer, which the meter ignores).
-  if (round.n_drafted > 0 || round.n_probes == 0) meter.RecordVerify(round.exit_layer, round.n_drafted, round.verify_s);
+  if (model::cost::TimesAVerification(round)) meter.RecordVerify(round.exit_layer, round.n_drafted, round.verify_s);
 }
 
 speculation::CostFeatures SetBench::JobCostFeatures(size_t j, const speculation::CostFeatures& prior) const {

@@ -419,7 +419,7 @@ void RoundStepTimings::Add(const RoundRecord& r) {
   if (r.n_drafted > 0 && r.exit_layer >= 1 && r.exit_layer < static_cast<int32_t>(draft_.size()) - 1 && r.draft_s > 0) {
     draft_[static_cast<size_t>(r.exit_layer)].push_back(r.draft_s / r.n_drafted);
   }
-  if (r.n_drafted == 0 && r.n_probes > 0) return;  // a resumed step, not a verification
+  if (!TimesAVerification(r)) return;
   const int32_t e = r.n_drafted > 0 ? r.exit_layer : 0;
   if (r.verify_s > 0) verify_[{e, r.n_drafted}].push_back(r.verify_s);
 }

@@ -103,6 +103,13 @@ struct ServedStepCosts {
   //                          .verify_s = {8e-3, 9e-3, 1e-2}}
 };
 
+// Whether a round's verify_s times a verification of its drafts or an
+// autoregressive step: not for a round that probed and drafted nothing,
+// whose step resumed after the probe's blocks (cheaper than a full one;
+// the verifier meters it at the probe's layer, which ServedCostMeter
+// ignores).
+inline bool TimesAVerification(const RoundRecord& round) { return round.n_drafted > 0 || round.n_probes == 0; }
+
 // The step costs of rounds as a model service meters its served steps
 // (shared/experience/served_costs.h ServedCostMeter, whose windows this
 // keeps whole): per drafted token at each exit layer (RoundRecord::draft_s
