@@ -46,6 +46,10 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
         "what the LEDE policies see of the hardware, comma-separated: served (the step costs this run meters of "
         "itself, as a model service shows them; the calibration's until measured), calibration (the "
         "calibration's); the first gives each policy's rows, the others one more row per policy");
+  std::string rounds_path;
+  f.Add("rounds-out", &rounds_path,
+        "write every timed round of the evaluation here, a JSON object per line (set, method, pass, run and the "
+        "round's exit layer, drafts, acceptance and step seconds), for fits of cost models");
   BenchSampling sampling;
   flags::AddSamplingFlags(&f, &sampling);
   if (flags::WantsHelp(args)) {
@@ -73,6 +77,14 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   if (policy_costs.empty()) {
     err << "lede-bench bench: --policy-costs: want served, calibration or both\n";
     return 2;
+  }
+  std::ofstream rounds_out;
+  if (!rounds_path.empty()) {
+    rounds_out.open(rounds_path);
+    if (!rounds_out) {
+      err << "lede-bench bench: --rounds-out: cannot write " << rounds_path << "\n";
+      return 2;
+    }
   }
   auto common = Setup(cf);
   if (!common.ok()) {
@@ -103,6 +115,7 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   const std::string started = CommandOutput("date -u +%Y-%m-%dT%H:%M:%SZ");
   for (const PromptSet& set : c.sets) {
     SetBench bench(c, cf, set, methods, sampling, policy_costs, out, err);
+    if (rounds_out.is_open()) bench.WriteRoundsTo(&rounds_out);
     StatusOr<nlohmann::json> set_report = bench.Run(artifacts, fixed_static);
     if (!set_report.ok()) {
       err << "lede-bench bench: " << set_report.status().message() << "\n";

@@ -196,9 +196,29 @@ Status SetBench::AddLede(const policy::dqn::Artifact& a) {
 
 void SetBench::Meter(size_t j, const model::RoundRecord& round) {
   run_steps_.Add(round);
+  StepSeconds& seconds = step_seconds_[j];
+  ++seconds.rounds;
+  seconds.round_s += round.latency_s;
+  seconds.draft_s += round.draft_s;
+  seconds.verify_s += round.verify_s;
   experience::ServedCostMeter& meter = *meters_[j];
   if (round.n_drafted > 0) meter.RecordDraft(round.exit_layer, round.n_drafted, round.draft_s);
   if (model::cost::TimesAVerification(round)) meter.RecordVerify(round.exit_layer, round.n_drafted, round.verify_s);
+}
+
+void SetBench::WriteRounds(const std::string& method, int64_t pass, size_t run,
+                           const std::vector<model::RoundRecord>& rounds) const {
+  for (const model::RoundRecord& r : rounds) {
+    *rounds_out_ << nlohmann::json{{"set", set_.name},         {"method", method},
+                                   {"pass", pass},             {"run", run},
+                                   {"exit_layer", r.exit_layer}, {"n_drafted", r.n_drafted},
+                                   {"n_accepted", r.n_accepted}, {"n_emitted", r.n_emitted},
+                                   {"n_probes", r.n_probes},   {"n_decisions", r.n_decisions},
+                                   {"latency_s", r.latency_s}, {"draft_s", r.draft_s},
+                                   {"verify_s", r.verify_s}}
+                        .dump()
+                 << "\n";
+  }
 }
 
 speculation::CostFeatures SetBench::JobCostFeatures(size_t j, const speculation::CostFeatures& prior) const {
@@ -211,6 +231,7 @@ StatusOr<std::vector<Totals>> SetBench::Evaluate() {
   std::vector<Totals> totals(jobs_.size());
   meters_.clear();
   for (size_t j = 0; j < jobs_.size(); ++j) meters_.push_back(std::make_unique<experience::ServedCostMeter>(meter_options_));
+  step_seconds_.assign(jobs_.size(), StepSeconds{});
   const std::vector<SplitRun> runs = Runs(set_.eval.size());
   for (int64_t rep = 0; rep < cf_.repeats; ++rep) {
     for (size_t p = 0; p < runs.size(); ++p) {
@@ -228,6 +249,7 @@ StatusOr<std::vector<Totals>> SetBench::Evaluate() {
         t.tokens += r->stats.n_generated - 1;
         t.decode_s += r->stats.decode_s;
         for (const auto& round : r->stats.rounds) Meter(j, round);
+        if (rounds_out_ != nullptr) WriteRounds(jobs_[j].method, rep, p, r->stats.rounds);
         if (rep == 0) {  // seeded: every pass makes the same rounds
           t.drafted += r->stats.n_drafted;
           t.accepted += r->stats.n_accepted;

@@ -63,6 +63,13 @@ class SetBench {
            std::ostream& err);
   static constexpr const char* kPolicyCosts[] = {"served", "calibration"};
 
+  // Writes every timed round of the evaluation to `rounds` (not owned; null:
+  // none), a JSON object per line: set, method, pass, run, and the round's
+  // RoundRecord fields (exit_layer, n_drafted, n_accepted, n_emitted,
+  // n_probes, n_decisions, latency_s, draft_s, verify_s; seconds), for fits
+  // of cost models to the rounds a run timed (docs/training.md).
+  void WriteRoundsTo(std::ostream* rounds) { rounds_out_ = rounds; }
+
   // Runs the set's benchmark (progress on `err`, the table on `out`) and
   // returns its JSON report. Call once.
   StatusOr<nlohmann::json> Run(const std::vector<policy::dqn::Artifact>& artifacts, const std::string& fixed_static);
@@ -117,8 +124,12 @@ class SetBench {
   // rotating order, `repeats` times, so that the machine's drift over the
   // run affects every method alike and the wall-clock ratios survive it.
   StatusOr<std::vector<Totals>> Evaluate();
-  // Adds a timed round of job `j` to the run's step costs and the job's meter.
+  // Adds a timed round of job `j` to the run's step costs, the job's meter
+  // and its step seconds.
   void Meter(size_t j, const model::RoundRecord& round);
+  // Writes the rounds of one evaluation run to rounds_out_ (WriteRoundsTo).
+  void WriteRounds(const std::string& method, int64_t pass, size_t run,
+                   const std::vector<model::RoundRecord>& rounds) const;
   // The cost features of job j's meter (experience::ServedCostFeatures),
   // `prior` until it can price.
   speculation::CostFeatures JobCostFeatures(size_t j, const speculation::CostFeatures& prior) const;
@@ -158,8 +169,10 @@ class SetBench {
   //    fitted on the evaluation traces (in-sample) or on the tuning traces
   //    (what a policy could know when it runs): the most any policy can buy
   //    with these probe signals;
-  //  - the hindsight oracle.
-  nlohmann::json Ceilings() const;
+  //  - the hindsight oracle;
+  // each priced by the accelerator model, the calibration and, when given,
+  // `served` (the run's own steps).
+  nlohmann::json Ceilings(const model::cost::CostModel* served) const;
   // The rows, the ceilings, the printed table and the set's JSON report.
   nlohmann::json Report(const std::vector<Totals>& totals) const;
   // Prints the set's table of rows and ceilings on `out_`.
@@ -186,6 +199,16 @@ class SetBench {
   // features a "served" policy job sees.
   experience::ServedCostMeterOptions meter_options_;
   std::vector<std::unique_ptr<experience::ServedCostMeter>> meters_;
+  // Per job, where its timed rounds' wall time went, summed over every pass
+  // (seconds): the rounds (RoundRecord::latency_s), their drafts (draft_s)
+  // and verifications (verify_s); the rest of a round is the loop's own
+  // work (acceptance, sampling, the KV cache's bookkeeping).
+  struct StepSeconds {
+    int64_t rounds = 0;
+    double round_s = 0, draft_s = 0, verify_s = 0;
+  };
+  std::vector<StepSeconds> step_seconds_;
+  std::ostream* rounds_out_ = nullptr;
   const std::vector<std::string> policy_costs_;  // at least one of kPolicyCosts
   AcceptanceModels calibration_;
   std::vector<Job> jobs_;

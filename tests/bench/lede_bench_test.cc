@@ -5,6 +5,7 @@
 // asserts what the table means, never a speed.
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -30,8 +31,9 @@ std::vector<std::string> Flags(const std::string& json, std::vector<std::string>
   return f;
 }
 
-// Bad sampling flags, and policy costs other than served or calibration,
-// exit 2 naming the flag before any model is loaded (several seeds of a
+// Bad sampling flags, policy costs other than served or calibration, and a
+// rounds file that cannot be written exit 2 naming the flag before any model
+// is loaded (several seeds of a
 // greedy run would be one run repeated).
 TEST(LedeBenchTest, BadFlagsAreRefusedNamingTheFlag) {
   for (auto [flag, value] : std::vector<std::pair<std::string, std::string>>{{"--temperature", "-0.5"},
@@ -40,7 +42,8 @@ TEST(LedeBenchTest, BadFlagsAreRefusedNamingTheFlag) {
                                                                              {"--seeds", "0"},
                                                                              {"--seeds", "2"},
                                                                              {"--policy-costs", "accelerator"},
-                                                                             {"--policy-costs", "served,served"}}) {
+                                                                             {"--policy-costs", "served,served"},
+                                                                             {"--rounds-out", "/nonexistent/rounds"}}) {
     std::ostringstream out, err;
     EXPECT_EQ(RunBench(Flags("/dev/null", {flag, value}), out, err), 2) << flag << " " << value;
     EXPECT_NE(err.str().find(flag), std::string::npos) << err.str();
@@ -49,14 +52,27 @@ TEST(LedeBenchTest, BadFlagsAreRefusedNamingTheFlag) {
 
 // A sampled run (temperature 0.8, 2 seeds) reports its settings, the
 // autoregressive row at 1x, and the tuned static row, each over every
-// evaluation prompt and seed.
+// evaluation prompt and seed, with where each row's time went and every
+// timed round in the rounds file.
 TEST(LedeBenchTest, SampledRunReportsEverySeedOfEveryPrompt) {
   ::lede::testing::TempDir dir;
   ASSERT_FALSE(dir.path().empty());
   const std::string json = (dir.path() / "bench.json").string();
+  const std::string rounds_path = (dir.path() / "rounds.jsonl").string();
   std::ostringstream out, err;
-  ASSERT_EQ(RunBench(Flags(json, {"--temperature", "0.8", "--top-p", "0.95", "--seeds", "2"}), out, err), 0)
+  ASSERT_EQ(RunBench(Flags(json, {"--temperature", "0.8", "--top-p", "0.95", "--seeds", "2", "--rounds-out",
+                                  rounds_path}),
+                     out, err),
+            0)
       << err.str();
+  std::map<std::string, int64_t> rounds_of;  // method -> lines of the rounds file
+  std::ifstream rounds_in(rounds_path);
+  for (std::string line; std::getline(rounds_in, line);) {
+    const nlohmann::json r = nlohmann::json::parse(line);
+    ++rounds_of[r["method"].get<std::string>()];
+    EXPECT_LE(r["draft_s"].get<double>() + r["verify_s"].get<double>(), r["latency_s"].get<double>() + 1e-9) << line;
+    EXPECT_GE(r["n_emitted"].get<int64_t>(), 1) << line;
+  }
   std::ifstream in(json);
   const nlohmann::json report = nlohmann::json::parse(in);
   ASSERT_EQ(report["sets"].size(), 1u);
@@ -69,6 +85,13 @@ TEST(LedeBenchTest, SampledRunReportsEverySeedOfEveryPrompt) {
   for (const nlohmann::json& row : set["rows"]) {
     const std::string method = row["method"].get<std::string>();
     EXPECT_GT(row["tokens_per_s"].get<double>(), 0.0) << method;
+    // Its rounds, each within the decode time, their steps within them.
+    const nlohmann::json& seconds = row["step_seconds"];
+    EXPECT_EQ(seconds["rounds"].get<int64_t>(), rounds_of[method]) << method;
+    EXPECT_GT(seconds["rounds"].get<int64_t>(), 0) << method;
+    EXPECT_LE(seconds["round"].get<double>(), seconds["decode"].get<double>()) << method;
+    EXPECT_LE(seconds["draft"].get<double>() + seconds["verify"].get<double>(), seconds["round"].get<double>() + 1e-9)
+        << method;
     if (method == "ar") {
       saw_ar = true;
       EXPECT_DOUBLE_EQ(row["measured_speedup"].get<double>(), 1.0);
@@ -93,6 +116,11 @@ TEST(LedeBenchTest, SampledRunReportsEverySeedOfEveryPrompt) {
   double drafted = 0;
   for (const nlohmann::json& d : steps["draft_step_s"]) drafted += d.get<double>();
   EXPECT_GT(drafted, 0.0);
+  // The ceilings priced by those steps too.
+  for (const char* ceiling : {"hindsight_oracle", "belief_ceiling_in_sample", "calibrated_ceiling"}) {
+    EXPECT_TRUE(set[ceiling].contains("served")) << ceiling;
+  }
+  EXPECT_GT(set["hindsight_oracle"]["served"].get<double>(), 1.0) << "the oracle drafts what is accepted";
   EXPECT_TRUE(saw_ar);
   EXPECT_TRUE(saw_static);
   EXPECT_NE(out.str().find("sampled: temperature 0.8"), std::string::npos) << out.str();
