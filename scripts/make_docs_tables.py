@@ -117,9 +117,14 @@ def cost_profiles_table(data, opts):
         def largest_error(pred):
             errors = [abs(r[key] / r[pred] - 1) for r in rows if r.get(pred, 0) > 0]
             return f"{100 * max(errors):.1f}%" if errors else "-"
+        # Priced by the run's own steps where the run recorded them (the better prediction), else by the
+        # calibration: the belief-optimal ceiling over the best static row and over the rule's own ceiling.
         belief, rule_best = s.get("belief_ceiling_in_sample", {}), s.get("calibrated_ceiling", {})
-        headroom = (x(belief["measured"] / rule_best["measured"], 3)
-                    if belief.get("measured") and rule_best.get("measured") else "-")
+        pricing = "served" if belief.get("served") and rule_best.get("served") else "measured"
+        pred = "predicted_speedup_" + pricing
+        headroom = (f"{x(belief[pricing] / static[pred], 3)} / {x(belief[pricing] / rule_best[pricing], 3)}"
+                    if belief.get(pricing) and rule_best.get(pricing) and static and static.get(pred) else "-")
+        headroom += ("" if headroom == "-" else " (calibration)" if pricing == "measured" else " (own steps)")
         label = name if not s.get("temperature") else f"{name}, T={s['temperature']:g}, {s.get('seeds', 1)} seeds"
         out.append([label, f"{num(s['ar_tokens_per_s'])} tok/s",
                     f"{x(static[key])} ({static['config']})" if static else "-",
@@ -132,7 +137,7 @@ def cost_profiles_table(data, opts):
                     f"{largest_error('predicted_speedup_measured')} / {largest_error('predicted_speedup_served')}"])
     return table(["set", "autoregressive", "best static", "calibrated rule", base, *map(header, also), cond,
                   f"{cond} / static", f"{cond} / rule", f"{cond} / {base}",
-                  "belief ceiling / rule ceiling (predicted)",
+                  "belief ceiling / best static, / rule ceiling (predicted)",
                   "largest prediction error: calibration / the run's own steps"], out)
 
 
