@@ -27,15 +27,24 @@ def _llamacpp_w8(threads):
             f"    --out bench/results/llamacpp-w8-quant-{threads}t.json")
 
 
+# cost-v7's synthetic profiles (PROBE:LAYER:VERIFY, autoregressive steps): the Intel Xeon VM's measured
+# one-thread q8_0 and bf16 and two-thread q8_0 profiles (cost-v6's training report), neighbours of the AMD
+# EPYC VM's one-thread q8_0 profile (probe 0.018, layer 0.94, verify 0.28; its calibration is the measured
+# profile) and one where no speculation pays.
+COST_V7_AROUND = ("0.014:0.706:0.048 0.015:1.167:0.034 0.015:0.700:0.124 0.018:0.7:0.28 0.018:1.2:0.28 "
+                  "0.018:0.94:0.45 0.01:0.8:0.8")
+
+
 def _widen5_cost(weights, sampled=False, threads=1):
     """lede-bench on the 5x widening at one weight format and thread count, with the shipped and the
     cost-conditioned policies (installed by `lede widen`) and the policy trained under that format's one-thread
     calibration alone (none for f32, a format the cost-conditioned policies were not trained on); greedy, or
-    sampled at temperature 0.8 with 3 seeds. On the q8_0 one-thread rows (greedy and sampled) the third policy is
-    cost-v6 (trained on sampled requests too, its state carrying the temperature) in place of cost-v5, and every
-    policy runs twice, shown the step costs the run meters of itself and the calibration's (--policy-costs); the
-    sampled row has no per-format policy. The calibration times its rounds in generations of the tuning
-    prompts, as scripts/train_widened_policies.sh does, at the benchmark's thread count."""
+    sampled at temperature 0.8 with 3 seeds. On the q8_0 one-thread rows (greedy and sampled) the policies are
+    the shipped one, cost-v6 (trained on sampled requests too, its state carrying the temperature) and cost-v7
+    (cost-v6's recipe across the profiles of both VM types this project has run on), each run twice, shown the
+    step costs the run meters of itself and the calibration's (--policy-costs), and every timed round is kept
+    (--rounds-out). The calibration times its rounds in generations of the tuning prompts, as
+    scripts/train_widened_policies.sh does, at the benchmark's thread count."""
     w5 = "out/lede-tiny-w5"
     served = weights == "q8_0" and threads == 1
     suffix = "" if threads == 1 else f"-{threads}t"
@@ -49,13 +58,17 @@ def _widen5_cost(weights, sampled=False, threads=1):
             f"build/services/cli/lede calibrate --model {w5} --weights {weights} --threads {threads} --repeats 20 "
             f"--round-passes 3 --round-max-draft-len 6 --batch-sizes \"\" --prompts {tuning} --new-tokens 64 "
             f"--out {calibration}{others}\n"
-            "LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_DEPLOYMENT=1 "
-            "LEDE_WIDEN_FORMATS=\"q8_0 bf16\" "
-            "scripts/train_widened_policies.sh 5 cost-v4  # cost-v5, deployment-*\n"
+            + ("" if served else "LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 "
+               "LEDE_WIDEN_DEPLOYMENT=1 LEDE_WIDEN_FORMATS=\"q8_0 bf16\" "
+               "scripts/train_widened_policies.sh 5 cost-v4  # cost-v5, deployment-*\n")
             + ("LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_FORMATS=\"q8_0 bf16 "
                "q8_0@2\" LEDE_WIDEN_AROUND=\"0.01:0.8:0.3 0.01:0.8:0.8\" LEDE_WIDEN_COST_VERSION=cost-v6 "
                "LEDE_WIDEN_COST_FLAGS=\"--temperature 0.8 --seeds 1 --also-greedy\" "
-               "scripts/train_widened_policies.sh 5 cost-v6  # cost-v6, SERVING\n" if served else "")
+               "scripts/train_widened_policies.sh 5 cost-v6  # cost-v6, SERVING\n"
+               f"LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_FORMATS=q8_0 "
+               f"LEDE_WIDEN_AROUND=\"{COST_V7_AROUND}\" LEDE_WIDEN_COST_VERSION=cost-v7 "
+               "LEDE_WIDEN_COST_FLAGS=\"--temperature 0.8 --seeds 1 --also-greedy\" "
+               "scripts/train_widened_policies.sh 5 cost-v6  # cost-v7\n" if served else "")
             + f"bench/record.py bench/results/{name}.json -- \\\n    "
             f"build/bench/lede-bench bench --model {w5} --weights {weights} --threads {threads} "
             f"--calibration {calibration} "
@@ -64,9 +77,10 @@ def _widen5_cost(weights, sampled=False, threads=1):
             + ("--temperature 0.8 --seeds 3 " if sampled else "")
             # The q8_0 one-thread rows: the policies shown the run's own step costs, and again the calibration's.
             + ("--policy-costs served,calibration " if served else "--policy-costs calibration ")
-            + f"--policy {w5}/policy/accelerator-v1,{w5}/policy/cost-v4"
-            + (f",{w5}/policy/cost-v6" if served else f",{w5}/policy/cost-v5")
-            + ("" if weights == "f32" or sampled else f",out/widened-policies/w5/deployment-{weights}")  # f32: held out
+            + (f"--policy {w5}/policy/accelerator-v1,{w5}/policy/cost-v6,{w5}/policy/cost-v7 "
+               f"--rounds-out out/widened-policies/rounds-{name}.jsonl" if served else
+               f"--policy {w5}/policy/accelerator-v1,{w5}/policy/cost-v4,{w5}/policy/cost-v5"
+               + ("" if weights == "f32" else f",out/widened-policies/w5/deployment-{weights}"))  # f32: held out
             + " --json {json}")
 
 

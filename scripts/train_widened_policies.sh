@@ -64,6 +64,10 @@
 # (LEDE_WIDEN_FORMATS="q8_0 bf16 q8_0@2") and sampled requests beside the greedy ones, which
 # its state tells apart by the temperature (lede-features-v6):
 # LEDE_WIDEN_COST_FLAGS="--temperature 0.8 --seeds 1 --also-greedy"; it is SERVING (FACTOR 5, SERVING cost-v6).
+# cost-v7 is cost-v6's recipe across both VM types the project has run on: the AMD EPYC VM's one-thread
+# q8_0 calibration (LEDE_WIDEN_FORMATS=q8_0, a verified position 0.28 of a step) with neighbours of it, and
+# the Intel Xeon VM's three measured profiles as synthetic ones (LEDE_WIDEN_AROUND in
+# scripts/docs_table_commands.py COST_V7_AROUND).
 # usage: scripts/train_widened_policies.sh FACTOR [SERVING]   (SERVING: the version to serve; default accelerator-v1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
