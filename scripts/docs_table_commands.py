@@ -40,10 +40,10 @@ def _widen5_cost(weights, sampled=False, threads=1):
     cost-conditioned policies (installed by `lede widen`) and the policy trained under that format's one-thread
     calibration alone (none for f32, a format the cost-conditioned policies were not trained on); greedy, or
     sampled at temperature 0.8 with 3 seeds. On the q8_0 one-thread rows (greedy and sampled) the policies are
-    the shipped one, cost-v6 (trained on sampled requests too, its state carrying the temperature) and cost-v7
-    (cost-v6's recipe across the profiles of both VM types this project has run on), each run twice, shown the
-    step costs the run meters of itself and the calibration's (--policy-costs), and every timed round is kept
-    (--rounds-out). The calibration times its rounds in generations of the tuning prompts, as
+    the shipped one, cost-v6 (trained on sampled requests too, its state carrying the temperature), cost-v7
+    (cost-v6's recipe across the profiles of both VM types this project has run on) and cost-v8 (cost-v7's with
+    the lookahead probe), each shown the step costs the run meters of itself (--policy-costs served), and every
+    timed round is kept (--rounds-out). The calibration times its rounds in generations of the tuning prompts, as
     scripts/train_widened_policies.sh does, at the benchmark's thread count."""
     w5 = "out/lede-tiny-w5"
     served = weights == "q8_0" and threads == 1
@@ -68,7 +68,11 @@ def _widen5_cost(weights, sampled=False, threads=1):
                f"LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_FORMATS=q8_0 "
                f"LEDE_WIDEN_AROUND=\"{COST_V7_AROUND}\" LEDE_WIDEN_COST_VERSION=cost-v7 "
                "LEDE_WIDEN_COST_FLAGS=\"--temperature 0.8 --seeds 1 --also-greedy\" "
-               "scripts/train_widened_policies.sh 5 cost-v6  # cost-v7\n" if served else "")
+               "scripts/train_widened_policies.sh 5 cost-v6  # cost-v7\n"
+               f"LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_FORMATS=q8_0 "
+               f"LEDE_WIDEN_AROUND=\"{COST_V7_AROUND}\" LEDE_WIDEN_COST_VERSION=cost-v8 "
+               "LEDE_WIDEN_COST_FLAGS=\"--temperature 0.8 --seeds 1 --also-greedy --lookahead-probe\" "
+               "scripts/train_widened_policies.sh 5 cost-v6  # cost-v8\n" if served else "")
             + f"bench/record.py bench/results/{name}.json -- \\\n    "
             f"build/bench/lede-bench bench --model {w5} --weights {weights} --threads {threads} "
             f"--calibration {calibration} "
@@ -76,8 +80,8 @@ def _widen5_cost(weights, sampled=False, threads=1):
             "--repeats 3 --methods ar,static,calibrated,lede --candidate-layers 1,2,3,4,5,6 --max-draft-len 6 "
             + ("--temperature 0.8 --seeds 3 " if sampled else "")
             # The q8_0 one-thread rows: the policies shown the run's own step costs, and again the calibration's.
-            + ("--policy-costs served,calibration " if served else "--policy-costs calibration ")
-            + (f"--policy {w5}/policy/accelerator-v1,{w5}/policy/cost-v6,{w5}/policy/cost-v7 "
+            + ("--policy-costs served " if served else "--policy-costs calibration ")
+            + (f"--policy {w5}/policy/accelerator-v1,{w5}/policy/cost-v6,{w5}/policy/cost-v7,{w5}/policy/cost-v8 "
                f"--rounds-out out/widened-policies/rounds-{name}.jsonl" if served else
                f"--policy {w5}/policy/accelerator-v1,{w5}/policy/cost-v4,{w5}/policy/cost-v5"
                + ("" if weights == "f32" else f",out/widened-policies/w5/deployment-{weights}"))  # f32: held out

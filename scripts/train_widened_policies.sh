@@ -67,7 +67,8 @@
 # cost-v7 is cost-v6's recipe across both VM types the project has run on: the AMD EPYC VM's one-thread
 # q8_0 calibration (LEDE_WIDEN_FORMATS=q8_0, a verified position 0.28 of a step) with neighbours of it, and
 # the Intel Xeon VM's three measured profiles as synthetic ones (LEDE_WIDEN_AROUND in
-# scripts/docs_table_commands.py COST_V7_AROUND).
+# scripts/docs_table_commands.py COST_V7_AROUND). cost-v8 is cost-v7's with the lookahead probe
+# (LEDE_WIDEN_COST_FLAGS="--temperature 0.8 --seeds 1 --also-greedy --lookahead-probe").
 # usage: scripts/train_widened_policies.sh FACTOR [SERVING]   (SERVING: the version to serve; default accelerator-v1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
