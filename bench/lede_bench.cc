@@ -30,6 +30,25 @@ using internal::SetBench;
 using internal::Setup;
 using model::GenerateOptions;
 
+namespace {
+
+// --policy-costs: one or more of SetBench::kPolicyCosts, none repeated.
+StatusOr<std::vector<std::string>> ParsePolicyCosts(const std::string& flag) {
+  const std::vector<std::string> costs = SplitList(flag);
+  for (size_t i = 0; i < costs.size(); ++i) {
+    const std::string& p = costs[i];
+    if (std::find(std::begin(SetBench::kPolicyCosts), std::end(SetBench::kPolicyCosts), p) ==
+            std::end(SetBench::kPolicyCosts) ||
+        std::find(costs.begin(), costs.begin() + i, p) != costs.begin() + i) {
+      return InvalidArgumentError("--policy-costs: \"" + p + "\" is not served or calibration, or is repeated");
+    }
+  }
+  if (costs.empty()) return InvalidArgumentError("--policy-costs: want served, calibration or both");
+  return costs;
+}
+
+}  // namespace
+
 int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   CommonFlags cf;
   std::string methods_flag = "ar,static,threshold,calibrated,del,adaedl,lede", policies, json_path;
@@ -64,18 +83,9 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
     err << "lede-bench bench: " << s.message() << "\n";
     return 2;
   }
-  const std::vector<std::string> policy_costs = SplitList(policy_costs_flag);
-  for (size_t i = 0; i < policy_costs.size(); ++i) {
-    const std::string& p = policy_costs[i];
-    if (std::find(std::begin(SetBench::kPolicyCosts), std::end(SetBench::kPolicyCosts), p) ==
-            std::end(SetBench::kPolicyCosts) ||
-        std::find(policy_costs.begin(), policy_costs.begin() + i, p) != policy_costs.begin() + i) {
-      err << "lede-bench bench: --policy-costs: \"" << p << "\" is not served or calibration, or is repeated\n";
-      return 2;
-    }
-  }
-  if (policy_costs.empty()) {
-    err << "lede-bench bench: --policy-costs: want served, calibration or both\n";
+  const StatusOr<std::vector<std::string>> policy_costs = ParsePolicyCosts(policy_costs_flag);
+  if (!policy_costs.ok()) {
+    err << "lede-bench bench: " << policy_costs.status().message() << "\n";
     return 2;
   }
   std::ofstream rounds_out;
@@ -111,10 +121,10 @@ int RunBench(const std::vector<std::string>& args, std::ostream& out, std::ostre
   report["candidate_layers"] = c.spec.candidate_layers;
   report["max_draft_len"] = c.spec.max_draft_len;
   report["new_tokens"] = cf.new_tokens;
-  report["policy_costs"] = policy_costs;
+  report["policy_costs"] = *policy_costs;
   const std::string started = CommandOutput("date -u +%Y-%m-%dT%H:%M:%SZ");
   for (const PromptSet& set : c.sets) {
-    SetBench bench(c, cf, set, methods, sampling, policy_costs, out, err);
+    SetBench bench(c, cf, set, methods, sampling, *policy_costs, out, err);
     if (rounds_out.is_open()) bench.WriteRoundsTo(&rounds_out);
     StatusOr<nlohmann::json> set_report = bench.Run(artifacts, fixed_static);
     if (!set_report.ok()) {
