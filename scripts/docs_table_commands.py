@@ -64,7 +64,7 @@ def _widen5_cost(weights, sampled=False, threads=1):
             + ("LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_FORMATS=\"q8_0 bf16 "
                "q8_0@2\" LEDE_WIDEN_AROUND=\"0.01:0.8:0.3 0.01:0.8:0.8\" LEDE_WIDEN_COST_VERSION=cost-v6 "
                "LEDE_WIDEN_COST_FLAGS=\"--temperature 0.8 --seeds 1 --also-greedy\" "
-               "scripts/train_widened_policies.sh 5 cost-v6  # cost-v6, SERVING\n"
+               "scripts/train_widened_policies.sh 5 cost-v6  # cost-v6\n"
                f"LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_FORMATS=q8_0 "
                f"LEDE_WIDEN_AROUND=\"{COST_V7_AROUND}\" LEDE_WIDEN_COST_VERSION=cost-v7 "
                "LEDE_WIDEN_COST_FLAGS=\"--temperature 0.8 --seeds 1 --also-greedy\" "
@@ -72,7 +72,7 @@ def _widen5_cost(weights, sampled=False, threads=1):
                f"LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_FORMATS=q8_0 "
                f"LEDE_WIDEN_AROUND=\"{COST_V7_AROUND}\" LEDE_WIDEN_COST_VERSION=cost-v8 "
                "LEDE_WIDEN_COST_FLAGS=\"--temperature 0.8 --seeds 1 --also-greedy --lookahead-probe\" "
-               "scripts/train_widened_policies.sh 5 cost-v6  # cost-v8\n" if served else "")
+               "scripts/train_widened_policies.sh 5 cost-v8  # cost-v8, SERVING\n" if served else "")
             + f"bench/record.py bench/results/{name}.json -- \\\n    "
             f"build/bench/lede-bench bench --model {w5} --weights {weights} --threads {threads} "
             f"--calibration {calibration} "

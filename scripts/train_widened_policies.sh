@@ -35,7 +35,7 @@
 #                   cost-v5 ran 0.4-4.6% below cost-v4 on the held-out
 #                   prompts at q8_0 and bf16 (docs/training.md), so SERVING
 #                   stayed cost-v4 (this script at commit aaff638 trains it)
-#                   until cost-v6 (below), SERVING since it was measured
+#                   until cost-v6 (below), SERVING after it was measured
 #                   with the costs a deployment meters
 #   measured-v1     with LEDE_WIDEN_MEASURED=1 only: the same under the wide
 #                   shape's measured cost model (MODEL/calibration-cpu.json of
@@ -63,12 +63,13 @@
 # two synthetic profiles 0.01:0.8:0.3 and 0.01:0.8:0.8) with the two-thread q8_0 profile
 # (LEDE_WIDEN_FORMATS="q8_0 bf16 q8_0@2") and sampled requests beside the greedy ones, which
 # its state tells apart by the temperature (lede-features-v6):
-# LEDE_WIDEN_COST_FLAGS="--temperature 0.8 --seeds 1 --also-greedy"; it is SERVING (FACTOR 5, SERVING cost-v6).
+# LEDE_WIDEN_COST_FLAGS="--temperature 0.8 --seeds 1 --also-greedy"; it was SERVING until cost-v8.
 # cost-v7 is cost-v6's recipe across both VM types the project has run on: the AMD EPYC VM's one-thread
 # q8_0 calibration (LEDE_WIDEN_FORMATS=q8_0, a verified position 0.28 of a step) with neighbours of it, and
 # the Intel Xeon VM's three measured profiles as synthetic ones (LEDE_WIDEN_AROUND in
 # scripts/docs_table_commands.py COST_V7_AROUND). cost-v8 is cost-v7's with the lookahead probe
-# (LEDE_WIDEN_COST_FLAGS="--temperature 0.8 --seeds 1 --also-greedy --lookahead-probe").
+# (LEDE_WIDEN_COST_FLAGS="--temperature 0.8 --seeds 1 --also-greedy --lookahead-probe"), SERVING
+# (FACTOR 5, SERVING cost-v8; docs/training.md).
 # usage: scripts/train_widened_policies.sh FACTOR [SERVING]   (SERVING: the version to serve; default accelerator-v1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
