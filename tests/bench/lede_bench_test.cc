@@ -33,8 +33,7 @@ std::vector<std::string> Flags(const std::string& json, std::vector<std::string>
 
 // Bad sampling flags, policy costs other than served or calibration, and a
 // rounds file that cannot be written exit 2 naming the flag before any model
-// is loaded (several seeds of a
-// greedy run would be one run repeated).
+// is loaded (several seeds of a greedy run would be one run repeated).
 TEST(LedeBenchTest, BadFlagsAreRefusedNamingTheFlag) {
   for (auto [flag, value] : std::vector<std::pair<std::string, std::string>>{{"--temperature", "-0.5"},
                                                                              {"--top-p", "0"},
