@@ -85,11 +85,6 @@ def bench_summary(data, opts):
                   "LEDE", "LEDE / static", "LEDE / rule", "hindsight oracle (predicted)"], out)
 
 
-def best_row(rows, prefix):
-    """The row of the highest measured speed-up among those whose method starts with `prefix` (None: none)."""
-    return max((r for r in rows if r["method"].startswith(prefix)), key=lambda r: r["measured_speedup"], default=None)
-
-
 def cost_profiles_table(data, opts):
     """The cost-conditioned policy against the shipped one and the baselines in wall-clock, one row per
     prompt set: static and the calibrated rule tuned on the tuning half, the faster of their tunings under the
@@ -106,8 +101,8 @@ def cost_profiles_table(data, opts):
         key = "measured_speedup"
         # The faster of each baseline's tunings (under the calibration and under the accelerator model): a
         # calibration timed apart from the run can misprice it, and the baselines get their whole space.
-        static = best_row(rows, "static (best ")
-        rule = best_row(rows, "calibrated (best ")
+        static = _best(_tuned(rows, "static"), key)
+        rule = _best(_tuned(rows, "calibrated"), key)
         shipped = next((r for r in rows if r["method"] == "lede " + base), None)
         lede = next((r for r in rows if r["method"] == "lede " + cond), None)
         ratio = (lambda a, b: x(a[key] / b[key], 3) if a and b else "-")
