@@ -36,17 +36,16 @@ COST_V7_AROUND = ("0.014:0.706:0.048 0.015:1.167:0.034 0.015:0.700:0.124 0.018:0
 
 
 def _widen5_cost(weights, sampled=False, threads=1):
-    """lede-bench on the 5x widening at one weight format and thread count, with the shipped and the
-    cost-conditioned policies (installed by `lede widen`) and the policy trained under that format's one-thread
-    calibration alone (none for f32, a format the cost-conditioned policies were not trained on); greedy, or
-    sampled at temperature 0.8 with 3 seeds. On the q8_0 one-thread rows (greedy and sampled) the policies are
-    the shipped one, cost-v6 (trained on sampled requests too, its state carrying the temperature), cost-v7
-    (cost-v6's recipe across the profiles of both VM types this project has run on) and cost-v8 (cost-v7's with
-    the lookahead probe), each shown the step costs the run meters of itself (--policy-costs served), and every
-    timed round is kept (--rounds-out). The calibration times its rounds in generations of the tuning prompts, as
-    scripts/train_widened_policies.sh does, at the benchmark's thread count."""
+    """lede-bench on the 5x widening at one weight format and thread count, greedy or sampled at temperature 0.8
+    with 3 seeds. Every row runs the same policies, the ones `lede widen` installs: the shipped accelerator-v1,
+    cost-v6 (trained on sampled requests too, its state carrying the temperature), cost-v7 (cost-v6's recipe
+    across the profiles of both VM types this project has run on) and cost-v8 (cost-v7's with the lookahead
+    probe, SERVING), each shown the step costs the run meters of itself (--policy-costs served); every timed
+    round is kept (--rounds-out). The calibration times its rounds in generations of the tuning prompts, as
+    scripts/train_widened_policies.sh does, at the benchmark's thread count. The q8_0 one-thread row also lists
+    how the cost-conditioned policies were trained (on that row's calibration and synthetic profiles)."""
     w5 = "out/lede-tiny-w5"
-    served = weights == "q8_0" and threads == 1
+    trained_on = weights == "q8_0" and threads == 1
     suffix = "" if threads == 1 else f"-{threads}t"
     name = f"widen5-cost-{weights}{suffix}" + ("-t0.8" if sampled else "")
     calibration = f"{w5}/calibration-{weights}{suffix}.json"
@@ -58,9 +57,6 @@ def _widen5_cost(weights, sampled=False, threads=1):
             f"build/services/cli/lede calibrate --model {w5} --weights {weights} --threads {threads} --repeats 20 "
             f"--round-passes 3 --round-max-draft-len 6 --batch-sizes \"\" --prompts {tuning} --new-tokens 64 "
             f"--out {calibration}{others}\n"
-            + ("" if served else "LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 "
-               "LEDE_WIDEN_DEPLOYMENT=1 LEDE_WIDEN_FORMATS=\"q8_0 bf16\" "
-               "scripts/train_widened_policies.sh 5 cost-v4  # cost-v5, deployment-*\n")
             + ("LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_FORMATS=\"q8_0 bf16 "
                "q8_0@2\" LEDE_WIDEN_AROUND=\"0.01:0.8:0.3 0.01:0.8:0.8\" LEDE_WIDEN_COST_VERSION=cost-v6 "
                "LEDE_WIDEN_COST_FLAGS=\"--temperature 0.8 --seeds 1 --also-greedy\" "
@@ -72,19 +68,16 @@ def _widen5_cost(weights, sampled=False, threads=1):
                f"LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_FORMATS=q8_0 "
                f"LEDE_WIDEN_AROUND=\"{COST_V7_AROUND}\" LEDE_WIDEN_COST_VERSION=cost-v8 "
                "LEDE_WIDEN_COST_FLAGS=\"--temperature 0.8 --seeds 1 --also-greedy --lookahead-probe\" "
-               "scripts/train_widened_policies.sh 5 cost-v8  # cost-v8, SERVING\n" if served else "")
+               "scripts/train_widened_policies.sh 5 cost-v8  # cost-v8, SERVING\n" if trained_on else "")
             + f"bench/record.py bench/results/{name}.json -- \\\n    "
             f"build/bench/lede-bench bench --model {w5} --weights {weights} --threads {threads} "
             f"--calibration {calibration} "
             f"--prompts {MODEL}/prompts/story.jsonl,{MODEL}/prompts/code.jsonl --prompts-per-set 24 --new-tokens 64 "
             "--repeats 3 --methods ar,static,calibrated,lede --candidate-layers 1,2,3,4,5,6 --max-draft-len 6 "
             + ("--temperature 0.8 --seeds 3 " if sampled else "")
-            # The q8_0 one-thread rows: the policies shown the run's own step costs, and again the calibration's.
-            + ("--policy-costs served " if served else "--policy-costs calibration ")
-            + (f"--policy {w5}/policy/accelerator-v1,{w5}/policy/cost-v6,{w5}/policy/cost-v7,{w5}/policy/cost-v8 "
-               f"--rounds-out out/widened-policies/rounds-{name}.jsonl" if served else
-               f"--policy {w5}/policy/accelerator-v1,{w5}/policy/cost-v4,{w5}/policy/cost-v5"
-               + ("" if weights == "f32" else f",out/widened-policies/w5/deployment-{weights}"))  # f32: held out
+            + "--policy-costs served "
+            + f"--policy {w5}/policy/accelerator-v1,{w5}/policy/cost-v6,{w5}/policy/cost-v7,{w5}/policy/cost-v8 "
+            + f"--rounds-out out/widened-policies/rounds-{name}.jsonl"
             + " --json {json}")
 
 
