@@ -69,6 +69,7 @@ struct Flags : lede::flags::ModelLoadFlags {
   // With --temperature > 0: each prompt's greedy trace too, so that one
   // policy learns both kinds of traffic (the temperature is in its state).
   bool also_greedy = false;
+  bool rho_per_sampling = false;  // DinkelbachOptions::rho_per_sampling
 };
 
 int Fail(const Status& s) {
@@ -236,6 +237,7 @@ StatusOr<lede::trainer::DinkelbachOptions> MakeOptions(const Flags& fl, const le
   o.behaviour_epsilon = fl.epsilon;
   o.conservative_margin = fl.conservative_margin;
   o.max_group_slowdown = fl.max_profile_slowdown;
+  o.rho_per_sampling = fl.rho_per_sampling;
   o.initial_policy = fl.initial_policy;
   if (!fl.warm_start.empty()) {
     auto warm = lede::policy::dqn::LoadArtifact(fl.warm_start, model.config().ArchitectureFingerprint());
@@ -355,8 +357,7 @@ void PrintIteration(const lede::trainer::DinkelbachOptions& o, const lede::train
                                  : "rejected (pi and rho kept)", it.seconds,
                100 * it.agreement[0], 100 * it.agreement[1], 100 * it.agreement[2]);
   for (size_t i = 0; i < it.load_rho.size(); ++i) {
-    const std::string group = i < o.cost_profiles.size() ? "profile " + o.cost_profiles[i].name
-                                                           : "load " + std::to_string(o.loads.at(i));
+    const std::string group = o.cost_profiles.empty() ? it.group_names.at(i) : "profile " + it.group_names.at(i);
     std::fprintf(stderr, "  %s: rho %.4f -> train %.4fx, selection %.4fx\n", group.c_str(), it.load_rho[i],
                  it.load_train_speedup[i], it.load_selection_speedup[i]);
   }
@@ -391,11 +392,18 @@ lede::policy::dqn::Artifact MakePolicyArtifact(const Flags& fl, const lede::trai
   }
   meta.training_options["initial_policy_calibrated"] = fl.initial_policy == "calibrated" ? 1.0 : 0.0;
   meta.training_data.n_requests = static_cast<int64_t>(n_requests);
-  for (size_t i = 0; i < o.loads.size(); ++i) {
+  if (o.rho_per_sampling) {
+    // Groups are no longer one per load or profile: each by its name.
+    meta.training_options["rho_per_sampling"] = 1.0;
+    for (size_t i = 0; i < sel.group_names.size(); ++i) {
+      meta.training_options["group " + sel.group_names[i]] = sel.load_train_speedup[i];
+    }
+  }
+  for (size_t i = 0; i < o.loads.size() && !o.rho_per_sampling; ++i) {
     meta.training_options["load_" + std::to_string(o.loads[i])] = sel.load_train_speedup[i];
   }
   if (!o.loads.empty() && fl.cost_model == "accelerator") meta.training_options["ridge_tokens"] = fl.ridge_tokens;
-  for (size_t i = 0; i < o.cost_profiles.size(); ++i) {
+  for (size_t i = 0; i < o.cost_profiles.size() && !o.rho_per_sampling; ++i) {
     const lede::speculation::CostFeatures& f = o.cost_profiles[i].features;
     char name[96];
     std::snprintf(name, sizeof(name), "profile_%.3f:%.3f:%.3f", f.probe, f.layer, f.verify);
@@ -530,6 +538,9 @@ int main(int argc, char** argv) {
   f.Add("max-profile-slowdown", &fl.max_profile_slowdown,
         "with --loads or --cost-profiles: adopt an iterate only if no load or profile runs slower than (1 - this) "
         "times the current policy there, in [0, 1)");
+  f.Add("rho-per-sampling", &fl.rho_per_sampling,
+        "with --also-greedy: the greedy and the sampled requests of each load or profile are groups of their own, "
+        "each with its own rho and pi_0, and no group may slow down (--max-profile-slowdown)");
   f.Add("ridge-tokens", &fl.ridge_tokens, "--loads with the accelerator cost model: its roofline ridge in tokens");
 
   f.Add("trace-model", &fl.trace_model,

@@ -303,32 +303,42 @@ class AutoregressiveController : public speculation::ExitController {
 };
 
 // Which group of the training a state belongs to: its load and cost
-// profile (each group replays every trace at one of them).
+// profile (each group replays every trace at one of them) and, under
+// DinkelbachOptions::rho_per_sampling, whether its request is sampled
+// (always false otherwise).
 struct GroupKey {
   int32_t load = 1;
   speculation::CostFeatures cost;
-  bool operator<(const GroupKey& o) const { return load != o.load ? load < o.load : cost < o.cost; }
+  bool sampled = false;
+  bool operator<(const GroupKey& o) const {
+    if (load != o.load) return load < o.load;
+    if (!(cost == o.cost)) return cost < o.cost;
+    return sampled < o.sampled;
+  }
 };
-GroupKey KeyOf(const speculation::ExitState& s) { return GroupKey{s.load, s.cost}; }
+GroupKey KeyOf(const speculation::ExitState& s, bool per_sampling) {
+  return GroupKey{s.load, s.cost, per_sampling && s.temperature > 0};
+}
 
 // pi_0 with several loads or cost profiles: the controller of the state's
 // group (for a load between the trained ones, that of the load nearest
 // below; the smallest for less).
 class PerGroupController : public speculation::ExitController {
  public:
-  explicit PerGroupController(std::map<GroupKey, std::unique_ptr<speculation::ExitController>> by_group)
-      : by_group_(std::move(by_group)) {}
+  PerGroupController(std::map<GroupKey, std::unique_ptr<speculation::ExitController>> by_group, bool per_sampling)
+      : by_group_(std::move(by_group)), per_sampling_(per_sampling) {}
   std::string name() const override { return "per load or cost profile"; }
-  speculation::Action Decide(const speculation::ExitState& s) override { return For(KeyOf(s)).Decide(s); }
-  int32_t FirstProbeLayer(const speculation::ExitState& s) override { return For(KeyOf(s)).FirstProbeLayer(s); }
+  speculation::Action Decide(const speculation::ExitState& s) override { return For(s).Decide(s); }
+  int32_t FirstProbeLayer(const speculation::ExitState& s) override { return For(s).FirstProbeLayer(s); }
 
  private:
-  speculation::ExitController& For(const GroupKey& key) {
-    auto it = by_group_.upper_bound(key);
+  speculation::ExitController& For(const speculation::ExitState& s) {
+    auto it = by_group_.upper_bound(KeyOf(s, per_sampling_));
     if (it != by_group_.begin()) --it;
     return *it->second;
   }
   std::map<GroupKey, std::unique_ptr<speculation::ExitController>> by_group_;
+  bool per_sampling_;
 };
 
 // One load or cost profile of the training: its traces, its price and its
@@ -336,8 +346,9 @@ class PerGroupController : public speculation::ExitController {
 struct LoadGroup {
   int32_t load = 1;
   speculation::CostFeatures features;  // ShadowTrace::cost of its traces
-  std::string name;                    // in reports: "B=<load>" or the profile's name
-  GroupKey key() const { return GroupKey{load, features}; }
+  bool sampled = false;                // its traces are the sampled ones (DinkelbachOptions::rho_per_sampling)
+  std::string name;                    // in reports: "B=<load>" or the profile's name (+ " greedy"/" sampled")
+  GroupKey key() const { return GroupKey{load, features, sampled}; }
   const model::cost::CostModel* cost = nullptr;
   std::unique_ptr<model::cost::CostModel> owned;
   std::vector<ShadowTrace> train, selection;
@@ -351,7 +362,9 @@ struct LoadGroup {
 // the reports and the per-group speed-ups are per group, however many there
 // are (one profile is a group too: DinkelbachIteration::load_rho has one
 // entry).
-bool Grouped(const DinkelbachOptions& o) { return !o.loads.empty() || !o.cost_profiles.empty(); }
+bool Grouped(const DinkelbachOptions& o) {
+  return !o.loads.empty() || !o.cost_profiles.empty() || o.rho_per_sampling;
+}
 
 std::vector<ShadowTrace> AtLoad(const std::vector<ShadowTrace>& traces, int32_t load) {
   std::vector<ShadowTrace> out = traces;
@@ -374,6 +387,45 @@ double Mean(const std::vector<double>& v) {
 std::string Describe(const StaticChoice& c) {
   if (c.exit_layer == 0) return "autoregressive";
   return "E=" + std::to_string(c.exit_layer) + " D=" + std::to_string(c.draft_len);
+}
+
+// The traces of `traces` that are sampled (or greedy).
+std::vector<ShadowTrace> OfKind(const std::vector<ShadowTrace>& traces, bool sampled) {
+  std::vector<ShadowTrace> out;
+  for (const ShadowTrace& t : traces) {
+    if (t.sampled() == sampled) out.push_back(t);
+  }
+  return out;
+}
+
+// DinkelbachOptions::rho_per_sampling: each group whose training and
+// selection traces hold both kinds becomes a greedy and a sampled group;
+// the others stay whole (GroupKey::sampled false: a state finds them by
+// PerGroupController's nearest key below).
+std::vector<LoadGroup> BySampling(std::vector<LoadGroup> groups) {
+  std::vector<LoadGroup> out;
+  for (LoadGroup& g : groups) {
+    std::vector<ShadowTrace> greedy_train = OfKind(g.train, false), sampled_train = OfKind(g.train, true);
+    std::vector<ShadowTrace> greedy_sel = OfKind(g.selection, false), sampled_sel = OfKind(g.selection, true);
+    if (greedy_train.empty() || sampled_train.empty() || greedy_sel.empty() || sampled_sel.empty()) {
+      out.push_back(std::move(g));
+      continue;
+    }
+    for (bool sampled : {false, true}) {
+      LoadGroup k;
+      k.load = g.load;
+      k.features = g.features;
+      k.sampled = sampled;
+      k.name = g.name + (sampled ? " sampled" : " greedy");
+      k.cost = g.cost;
+      k.train = std::move(sampled ? sampled_train : greedy_train);
+      k.selection = std::move(sampled ? sampled_sel : greedy_sel);
+      out.push_back(std::move(k));
+    }
+    // A load's cost model is owned by its group: the split groups share it.
+    if (g.owned) out.back().owned = std::move(g.owned);
+  }
+  return out;
 }
 
 // The loads and their prices: one group at the traces' own load without
@@ -414,7 +466,7 @@ StatusOr<std::vector<LoadGroup>> MakeLoadGroups(const std::vector<ShadowTrace>& 
       groups.push_back(std::move(g));
     }
   }
-  return groups;
+  return o.rho_per_sampling ? BySampling(std::move(groups)) : std::move(groups);
 }
 
 // The best static setting over every exit layer (reported), and pi_0:
@@ -497,9 +549,10 @@ StatusOr<InitialPolicy> MakeInitialPolicy(const std::vector<LoadGroup>& groups, 
 
 // pi: the last adopted iterate's greedy policy (`current`), or pi_0.
 ControllerMaker CurrentPolicy(std::shared_ptr<const policy::dqn::QNetwork> current, const InitialPolicy& initial,
-                              const ControllerMaker& warm_policy, const speculation::DecisionSpec& spec) {
+                              const ControllerMaker& warm_policy, const speculation::DecisionSpec& spec,
+                              bool per_sampling) {
   return [current, start_by_group = initial.start_by_group, warm_groups = initial.warm_groups, warm_policy,
-          rules = initial.rules, spec](int64_t i) -> std::unique_ptr<speculation::ExitController> {
+          rules = initial.rules, spec, per_sampling](int64_t i) -> std::unique_ptr<speculation::ExitController> {
     if (current) return std::make_unique<policy::dqn::DqnExitController>(current, "pi");
     std::map<GroupKey, std::unique_ptr<speculation::ExitController>> by_group;
     for (const auto& [key, rule] : rules) by_group[key] = rule->Make(spec);
@@ -514,7 +567,7 @@ ControllerMaker CurrentPolicy(std::shared_ptr<const policy::dqn::QNetwork> curre
       }
     }
     if (by_group.size() == 1) return std::move(by_group.begin()->second);
-    return std::make_unique<PerGroupController>(std::move(by_group));
+    return std::make_unique<PerGroupController>(std::move(by_group), per_sampling);
   };
 }
 
@@ -604,6 +657,9 @@ Status MeasureIterate(const std::vector<LoadGroup>& groups, const DinkelbachOpti
   rep->train_speedup = Mean(*train);
   rep->selection_speedup = Mean(selection);
   if (Grouped(o)) rep->load_rho = rhos, rep->load_train_speedup = *train, rep->load_selection_speedup = selection;
+  if (Grouped(o)) {
+    for (const LoadGroup& g : groups) rep->group_names.push_back(g.name);
+  }
   return OkStatus();
 }
 
@@ -670,7 +726,7 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
   int32_t selected = 0;
   for (int32_t it = 1; it <= o.max_iterations; ++it) {
     const auto t0 = std::chrono::steady_clock::now();
-    const ControllerMaker pi = CurrentPolicy(current, initial, warm_policy, o.spec);
+    const ControllerMaker pi = CurrentPolicy(current, initial, warm_policy, o.spec, o.rho_per_sampling);
     const std::vector<ControllerMaker> sources = TransitionSources(o, L, pi, current, it);
     LEDE_ASSIGN_OR_RETURN(std::vector<experience::Transition> transitions, CollectTransitions(groups, o, L, pi, sources));
     DqnOptions dqn = o.dqn;

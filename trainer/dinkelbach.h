@@ -147,6 +147,17 @@ struct DinkelbachOptions {
   // iterate was adopted on a 1.8% higher mean while its q8_0 profile fell
   // 2.9%, and it ran 3-4% below the policy before it at q8_0 in wall-clock.
   double max_group_slowdown = 0.01;
+  // Split every load or cost profile (or the one group without them) into
+  // its greedy and its sampled traces (ShadowTrace::sampled()), each with a
+  // rho and a pi_0 of its own, where both kinds are among its training and
+  // its selection traces. Greedy and sampled requests run at different
+  // throughputs (the acceptance of a sampled draft is a probability), and
+  // one rho for both maximizes their pooled tokens per cost, which lets one
+  // kind pay for the other as one profile could (max_group_slowdown): with a
+  // rho of its own each kind maximizes its own speed-up, and an iterate is
+  // adopted only where neither slows down. The policy tells the kinds apart
+  // by its temperature feature (speculation::ExitState::temperature).
+  bool rho_per_sampling = false;
   // A trained policy to start from (null: none). At each load (or the one
   // load without `loads`) pi_0 is the better, on the training traces, of
   // this network's greedy policy and the static choice above, and the
@@ -181,6 +192,9 @@ struct DinkelbachIteration {
   // selection traces at it (the scalars above are then their means; rho
   // the mean rho).
   std::vector<double> load_rho, load_train_speedup, load_selection_speedup;
+  // Their names, in that order ("B=64", a profile's name, with " greedy" or
+  // " sampled" appended under DinkelbachOptions::rho_per_sampling).
+  std::vector<std::string> group_names;
 };
 
 struct DinkelbachResult {

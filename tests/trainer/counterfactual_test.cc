@@ -32,6 +32,7 @@ namespace {
 
 using ::lede::testing::IsOk;
 using ::lede::testing::StatusIs;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 constexpr char kModelDir[] = "models/lede-tiny";
@@ -587,6 +588,69 @@ TEST_F(CounterfactualTest, DinkelbachAdoptsNoIterateThatSlowsAProfile) {
     EXPECT_THAT(TrainDinkelbach(train, selection, *cost, o),
                 StatusIs(StatusCode::kInvalidArgument, HasSubstr("max_group_slowdown")));
   }
+}
+
+// rho_per_sampling: each cost profile's greedy and sampled traces are
+// groups of their own, each starting from the best static setting on its
+// own traces with that setting's speed-up as its rho; an iterate is adopted
+// only where no group slows down. A profile whose traces are of one kind
+// stays whole.
+TEST_F(CounterfactualTest, DinkelbachRhoPerSamplingSplitsGreedyFromSampled) {
+  const std::vector<ShadowTrace> greedy = Traces();
+  std::vector<ShadowTrace> sampled;
+  for (size_t i = 0; i < prompts_->size(); ++i) {
+    speculation::SamplingParams s;
+    s.temperature = 0.8;
+    s.seed = 7 + i;
+    auto t = TraceRequest(*engine_, (*prompts_)[i], kNewTokens, 4, "s" + std::to_string(i), s);
+    ASSERT_THAT(t, IsOk());
+    sampled.push_back(*std::move(t));
+  }
+  ASSERT_GE(greedy.size(), 3u);
+  std::vector<ShadowTrace> train(greedy.begin(), greedy.begin() + 2), selection(greedy.begin() + 2, greedy.end());
+  train.insert(train.end(), sampled.begin(), sampled.begin() + 2);
+  selection.insert(selection.end(), sampled.begin() + 2, sampled.end());
+  auto cost = model::cost::MakeAcceleratorCostModel(model_->config());
+  const int64_t L = model_->config().n_layers;
+  DinkelbachOptions o = SmallDinkelbachOptions();
+  o.max_iterations = 2;
+  o.rho_per_sampling = true;
+  const speculation::CostFeatures free_f{0.05f, 1.0f, 0.0f}, cheap_f{0.02f, 0.5f, 0.1f};
+  ASSERT_NO_FATAL_FAILURE(AddCostProfiles(&o, L, {{"free", free_f}, {"cheap", cheap_f}}));
+  auto result = TrainDinkelbach(train, selection, *cost, o);
+  ASSERT_THAT(result, IsOk());
+  const DinkelbachIteration& first = result->iterations.front();
+  EXPECT_THAT(first.group_names, ElementsAre("free greedy", "free sampled", "cheap greedy", "cheap sampled"));
+  ASSERT_EQ(first.load_rho.size(), 4u);
+  ASSERT_EQ(first.load_train_speedup.size(), 4u);
+  ASSERT_EQ(result->load_best_static.size(), 4u);
+  // Iteration 1's rho of each group: pi_0's speed-up on that group's own
+  // training traces, the best static setting at a candidate layer.
+  for (size_t i = 0; i < 4; ++i) {
+    const DinkelbachOptions::CostProfile& p = o.cost_profiles[i / 2];
+    std::vector<ShadowTrace> kind(train.begin() + (i % 2 == 0 ? 0 : 2), train.begin() + (i % 2 == 0 ? 2 : 4));
+    for (ShadowTrace& t : kind) t.cost = p.features;
+    auto best = BestStatic(kind, o.spec.max_draft_len, *p.cost, o.spec.candidate_layers);
+    ASSERT_THAT(best, IsOk());
+    EXPECT_NEAR(first.load_rho[i], std::max(1.0, best->speedup), 1e-9) << first.group_names[i];
+  }
+  // The kinds' rhos are their own, where one rho would have priced both.
+  EXPECT_NE(first.load_rho[0], first.load_rho[1]);
+  // No adopted iterate slowed a group.
+  std::vector<double> current = first.load_rho;
+  for (const DinkelbachIteration& it : result->iterations) {
+    if (!it.adopted) continue;
+    for (size_t i = 0; i < current.size(); ++i) EXPECT_GE(it.load_train_speedup[i], current[i]) << it.iteration;
+    current = it.load_train_speedup;
+  }
+  // Greedy traces alone: the profiles stay whole.
+  DinkelbachOptions whole = o;
+  whole.max_iterations = 1;
+  std::vector<ShadowTrace> greedy_train(greedy.begin(), greedy.begin() + 2),
+      greedy_selection(greedy.begin() + 2, greedy.end());
+  auto unsplit = TrainDinkelbach(greedy_train, greedy_selection, *cost, whole);
+  ASSERT_THAT(unsplit, IsOk());
+  EXPECT_THAT(unsplit->iterations.front().group_names, ElementsAre("free", "cheap"));
 }
 
 // A warm start (a load-blind Q-network) is pi_0 at each load
