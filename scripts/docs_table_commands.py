@@ -38,9 +38,10 @@ COST_V7_AROUND = ("0.014:0.706:0.048 0.015:1.167:0.034 0.015:0.700:0.124 0.018:0
 def _widen5_cost(weights, sampled=False, threads=1):
     """lede-bench on the 5x widening at one weight format and thread count, greedy or sampled at temperature 0.8
     with 3 seeds. Every row runs the same policies, the ones `lede widen` installs: the shipped accelerator-v1,
-    cost-v6 (trained on sampled requests too, its state carrying the temperature), cost-v7 (cost-v6's recipe
-    across the profiles of both VM types this project has run on) and cost-v8 (cost-v7's with the lookahead
-    probe, SERVING), each shown the step costs the run meters of itself (--policy-costs served); every timed
+    cost-v8 (trained on greedy and sampled requests across the profiles of both VM types this project has run
+    on, with the lookahead probe), cost-v10 (cost-v8's recipe with the exit layer chosen on probes,
+    --probe-candidates) and cost-v11 (cost-v10's with a rho per kind of request, --rho-per-sampling), each shown
+    the step costs the run meters of itself (--policy-costs served); every timed
     round is kept (--rounds-out). The calibration times its rounds in generations of the tuning prompts, as
     scripts/train_widened_policies.sh does, at the benchmark's thread count. The q8_0 one-thread row also lists
     how the cost-conditioned policies were trained (on that row's calibration and synthetic profiles)."""
@@ -68,7 +69,13 @@ def _widen5_cost(weights, sampled=False, threads=1):
                f"LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_FORMATS=q8_0 "
                f"LEDE_WIDEN_AROUND=\"{COST_V7_AROUND}\" LEDE_WIDEN_COST_VERSION=cost-v8 "
                "LEDE_WIDEN_COST_FLAGS=\"--temperature 0.8 --seeds 1 --also-greedy --lookahead-probe\" "
-               "scripts/train_widened_policies.sh 5 cost-v8  # cost-v8, SERVING\n" if trained_on else "")
+               "scripts/train_widened_policies.sh 5 cost-v8  # cost-v8, SERVING\n"
+               + "".join(f"LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_FORMATS=q8_0 "
+                         f"LEDE_WIDEN_AROUND=\"{COST_V7_AROUND}\" LEDE_WIDEN_COST_VERSION={v} "
+                         "LEDE_WIDEN_COST_FLAGS=\"--temperature 0.8 --seeds 1 --also-greedy --lookahead-probe "
+                         f"--probe-candidates{extra}\" scripts/train_widened_policies.sh 5 cost-v8  # {v}\n"
+                         for v, extra in (("cost-v10", ""), ("cost-v11", " --rho-per-sampling")))
+               if trained_on else "")
             + f"bench/record.py bench/results/{name}.json -- \\\n    "
             f"build/bench/lede-bench bench --model {w5} --weights {weights} --threads {threads} "
             f"--calibration {calibration} "
@@ -76,7 +83,7 @@ def _widen5_cost(weights, sampled=False, threads=1):
             "--repeats 3 --methods ar,static,calibrated,lede --candidate-layers 1,2,3,4,5,6 --max-draft-len 6 "
             + ("--temperature 0.8 --seeds 3 " if sampled else "")
             + "--policy-costs served "
-            + f"--policy {w5}/policy/accelerator-v1,{w5}/policy/cost-v6,{w5}/policy/cost-v7,{w5}/policy/cost-v8 "
+            + f"--policy {w5}/policy/accelerator-v1,{w5}/policy/cost-v8,{w5}/policy/cost-v10,{w5}/policy/cost-v11 "
             + f"--rounds-out out/widened-policies/rounds-{name}.jsonl"
             + " --json {json}")
 
