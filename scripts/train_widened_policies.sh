@@ -69,7 +69,10 @@
 # the Intel Xeon VM's three measured profiles as synthetic ones (LEDE_WIDEN_AROUND in
 # scripts/docs_table_commands.py COST_V7_AROUND). cost-v8 is cost-v7's with the lookahead probe
 # (LEDE_WIDEN_COST_FLAGS="--temperature 0.8 --seeds 1 --also-greedy --lookahead-probe"), SERVING
-# (FACTOR 5, SERVING cost-v8; docs/training.md).
+# (FACTOR 5, SERVING cost-v8; docs/training.md). cost-v10 is cost-v8's with the exit layer chosen on
+# the candidate layers' probes (--probe-candidates: a round's first draft is seen before it is
+# drafted, so the policy can decline it, as the calibrated rule does), and cost-v11 is cost-v10's
+# with a rho and a pi_0 per kind of request (--rho-per-sampling).
 # usage: scripts/train_widened_policies.sh FACTOR [SERVING]   (SERVING: the version to serve; default accelerator-v1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
