@@ -27,10 +27,10 @@ def _llamacpp_w8(threads):
             f"    --out bench/results/llamacpp-w8-quant-{threads}t.json")
 
 
-# cost-v7's synthetic profiles (PROBE:LAYER:VERIFY, autoregressive steps): the Intel Xeon VM's measured
-# one-thread q8_0 and bf16 and two-thread q8_0 profiles (cost-v6's training report), neighbours of the AMD
-# EPYC VM's one-thread q8_0 profile (probe 0.018, layer 0.94, verify 0.28; its calibration is the measured
-# profile) and one where no speculation pays.
+# The synthetic profiles of cost-v7 and of the policies trained after it (PROBE:LAYER:VERIFY, autoregressive
+# steps): the Intel Xeon VM's measured one-thread q8_0 and bf16 and two-thread q8_0 profiles (cost-v6's training
+# report), neighbours of the AMD EPYC VM's one-thread q8_0 profile (probe 0.018, layer 0.94, verify 0.28; its
+# calibration is the measured profile) and one where no speculation pays.
 COST_V7_AROUND = ("0.014:0.706:0.048 0.015:1.167:0.034 0.015:0.700:0.124 0.018:0.7:0.28 0.018:1.2:0.28 "
                   "0.018:0.94:0.45 0.01:0.8:0.8")
 
@@ -44,7 +44,7 @@ def _widen5_cost(weights, sampled=False, threads=1):
     the step costs the run meters of itself (--policy-costs served); every timed
     round is kept (--rounds-out). The calibration times its rounds in generations of the tuning prompts, as
     scripts/train_widened_policies.sh does, at the benchmark's thread count. The q8_0 one-thread row also lists
-    how the cost-conditioned policies were trained (on that row's calibration and synthetic profiles)."""
+    how cost-v8, cost-v10 and cost-v11 were trained (on that row's calibration and synthetic profiles)."""
     w5 = "out/lede-tiny-w5"
     trained_on = weights == "q8_0" and threads == 1
     suffix = "" if threads == 1 else f"-{threads}t"
@@ -58,15 +58,7 @@ def _widen5_cost(weights, sampled=False, threads=1):
             f"build/services/cli/lede calibrate --model {w5} --weights {weights} --threads {threads} --repeats 20 "
             f"--round-passes 3 --round-max-draft-len 6 --batch-sizes \"\" --prompts {tuning} --new-tokens 64 "
             f"--out {calibration}{others}\n"
-            + ("LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_FORMATS=\"q8_0 bf16 "
-               "q8_0@2\" LEDE_WIDEN_AROUND=\"0.01:0.8:0.3 0.01:0.8:0.8\" LEDE_WIDEN_COST_VERSION=cost-v6 "
-               "LEDE_WIDEN_COST_FLAGS=\"--temperature 0.8 --seeds 1 --also-greedy\" "
-               "scripts/train_widened_policies.sh 5 cost-v6  # cost-v6\n"
-               f"LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_FORMATS=q8_0 "
-               f"LEDE_WIDEN_AROUND=\"{COST_V7_AROUND}\" LEDE_WIDEN_COST_VERSION=cost-v7 "
-               "LEDE_WIDEN_COST_FLAGS=\"--temperature 0.8 --seeds 1 --also-greedy\" "
-               "scripts/train_widened_policies.sh 5 cost-v6  # cost-v7\n"
-               f"LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_FORMATS=q8_0 "
+            + (f"LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_FORMATS=q8_0 "
                f"LEDE_WIDEN_AROUND=\"{COST_V7_AROUND}\" LEDE_WIDEN_COST_VERSION=cost-v8 "
                "LEDE_WIDEN_COST_FLAGS=\"--temperature 0.8 --seeds 1 --also-greedy --lookahead-probe\" "
                "scripts/train_widened_policies.sh 5 cost-v8  # cost-v8, SERVING\n"
