@@ -71,7 +71,21 @@ class CounterfactualTest : public ::testing::Test {
     for (size_t i = 0; i < prompts_->size(); ++i) {
       auto t = TraceGreedyRequest(*engine_, (*prompts_)[i], kNewTokens, 4, "p" + std::to_string(i));
       EXPECT_TRUE(t.ok()) << t.status().message();
-      traces.push_back(std::move(*t));
+      if (t.ok()) traces.push_back(std::move(*t));
+    }
+    return traces;
+  }
+
+  // Each prompt's sampled trace at temperature 0.8 (seed 7 + its index).
+  static std::vector<ShadowTrace> SampledTraces() {
+    std::vector<ShadowTrace> traces;
+    for (size_t i = 0; i < prompts_->size(); ++i) {
+      speculation::SamplingParams s;
+      s.temperature = 0.8;
+      s.seed = 7 + i;
+      auto t = TraceRequest(*engine_, (*prompts_)[i], kNewTokens, 4, "s" + std::to_string(i), s);
+      EXPECT_TRUE(t.ok()) << t.status().message();
+      if (t.ok()) traces.push_back(std::move(*t));
     }
     return traces;
   }
@@ -596,16 +610,7 @@ TEST_F(CounterfactualTest, DinkelbachAdoptsNoIterateThatSlowsAProfile) {
 // only where no group slows down. A profile whose traces are of one kind
 // stays whole.
 TEST_F(CounterfactualTest, DinkelbachRhoPerSamplingSplitsGreedyFromSampled) {
-  const std::vector<ShadowTrace> greedy = Traces();
-  std::vector<ShadowTrace> sampled;
-  for (size_t i = 0; i < prompts_->size(); ++i) {
-    speculation::SamplingParams s;
-    s.temperature = 0.8;
-    s.seed = 7 + i;
-    auto t = TraceRequest(*engine_, (*prompts_)[i], kNewTokens, 4, "s" + std::to_string(i), s);
-    ASSERT_THAT(t, IsOk());
-    sampled.push_back(*std::move(t));
-  }
+  const std::vector<ShadowTrace> greedy = Traces(), sampled = SampledTraces();
   ASSERT_GE(greedy.size(), 3u);
   std::vector<ShadowTrace> train(greedy.begin(), greedy.begin() + 2), selection(greedy.begin() + 2, greedy.end());
   train.insert(train.end(), sampled.begin(), sampled.begin() + 2);
@@ -761,15 +766,7 @@ TEST_F(CounterfactualTest, CalibratedStartBeginsAtTheTunedRuleAndAdoptsOnlyWhatB
 // greedy and on sampled traces (on sampled traces static can win: measured
 // 1.678x against the rule's 1.643x on the 5x widening at q8_0).
 TEST_F(CounterfactualTest, CalibratedStartIsTheBetterOfTheRuleAndStatic) {
-  std::vector<ShadowTrace> greedy = Traces(), sampled;
-  for (size_t i = 0; i < prompts_->size(); ++i) {
-    speculation::SamplingParams s;
-    s.temperature = 0.8;
-    s.seed = 7 + i;
-    auto t = TraceRequest(*engine_, (*prompts_)[i], kNewTokens, 4, "s" + std::to_string(i), s);
-    ASSERT_THAT(t, IsOk());
-    sampled.push_back(std::move(*t));
-  }
+  std::vector<ShadowTrace> greedy = Traces(), sampled = SampledTraces();
   auto cost = model::cost::MakeAcceleratorCostModel(model_->config());
   DinkelbachOptions o = SmallDinkelbachOptions();
   o.initial_policy = "calibrated";
