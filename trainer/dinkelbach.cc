@@ -656,8 +656,8 @@ Status MeasureIterate(const std::vector<LoadGroup>& groups, const DinkelbachOpti
   rep->rho = Mean(rhos);
   rep->train_speedup = Mean(*train);
   rep->selection_speedup = Mean(selection);
-  if (Grouped(o)) rep->load_rho = rhos, rep->load_train_speedup = *train, rep->load_selection_speedup = selection;
   if (Grouped(o)) {
+    rep->load_rho = rhos, rep->load_train_speedup = *train, rep->load_selection_speedup = selection;
     for (const LoadGroup& g : groups) rep->group_names.push_back(g.name);
   }
   return OkStatus();
