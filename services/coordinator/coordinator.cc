@@ -418,9 +418,9 @@ grpc::ChannelArguments ModelChannelArgs(const CoordinatorOptions& options) {
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
   rpc::ApplyServerName(options.model_tls, &args);
-  // Reconnect within about a second of a model process coming back (issue
-  // 17, failure 4: gRPC's default backoff grows to 120 s; requests failed
-  // for ~19 s after a restart). Loopback or in-cluster peers: retrying a
+  // Reconnect within about a second of a model process coming back
+  // (gRPC's default backoff grows to 120 s; requests failed for ~19 s after
+  // a restart). Loopback or in-cluster peers: retrying a
   // refused connection every second costs nothing.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);

@@ -42,6 +42,9 @@ CXX_EXTS = (".h", ".cc")
 NS_OPEN_RE = re.compile(r"^[ \t]*namespace[ \t]+(lede(?:::\w+)*)[ \t]*\{", re.M)
 FWD_DECL_RE = re.compile(r"(class|struct)\s+\w+\s*;")
 ISSUE_RE = re.compile(r"\bissues?\s+#?\d+", re.I)
+# ... and wrapped: "issue" ending a line, its number opening the next line after a comment leader.
+WRAPPED_ISSUE_RE = re.compile(r"\b(issues?)\s*$", re.I)
+WRAPPED_NUMBER_RE = re.compile(r"^\s*(?:#+|//+|\*|--)?\s*(#?\d+)")
 # Not source: tests, prose, data, generated or recorded results.
 NON_SOURCE_TOPS = ("tests", "docs", "testdata", "models")
 NON_SOURCE_EXTS = (".md", ".json", ".jsonl", ".txt", ".csv", ".svg", ".png", ".bin", ".gguf",
@@ -162,11 +165,20 @@ def check_issue_refs(root):
             except (UnicodeDecodeError, OSError):
                 continue  # binary
             for i, line in enumerate(lines, 1):
-                m = ISSUE_RE.search(line)
-                if m:
+                cited = issue_cited(line, lines[i] if i < len(lines) else "")
+                if cited:
                     errors.append('%s:%d: cites "%s" of a tracker outside the repository; state the reason '
-                                  "or point to docs/design.md §n" % (rel, i, m.group(0)))
+                                  "or point to docs/design.md §n" % (rel, i, cited))
     return errors
+
+
+def issue_cited(line, next_line):
+    """The "issue N" that `line` cites, on it or wrapped onto `next_line`; None if none."""
+    m = ISSUE_RE.search(line)
+    if m:
+        return m.group(0)
+    word, number = WRAPPED_ISSUE_RE.search(line), WRAPPED_NUMBER_RE.match(next_line)
+    return "%s %s" % (word.group(1), number.group(1)) if word and number else None
 
 
 def check(root):
@@ -231,6 +243,11 @@ def self_test():
         write("scripts/run", "# see issue 17\n")
         write("shared/model/CMakeLists.txt", "# kernels (Issues #3)\n")
         write("shared/model/llama.cc", "// issue 5: RoPE\n")
+        # ... wrapped onto the next comment line.
+        write("services/coordinator/coordinator.cc", "  // within a second (issue\n  // 17, failure 4)\n")
+        write("tests/bench/CMakeLists.txt", "# greedy text (issue\n# 35). Skipped\n")
+        expect('services/coordinator/coordinator.cc:1: cites "issue 17"')
+        expect('tests/bench/CMakeLists.txt:1: cites "issue 35"')
         expect('scripts/run:1: cites "issue 17"')
         expect('shared/model/CMakeLists.txt:1: cites "Issues #3"')
         expect('shared/model/llama.cc:1: cites "issue 5"')
@@ -240,7 +257,7 @@ def self_test():
         expect('tests/policy/policy_test.cc:1: cites "Issue 49"')
         expect('testdata/SOURCES.md:1: cites "issue 37"')
         for rel in ("scripts/run", "shared/model/CMakeLists.txt", "shared/model/llama.cc", "tests/policy/policy_test.cc",
-                    "testdata/SOURCES.md"):
+                    "testdata/SOURCES.md", "services/coordinator/coordinator.cc", "tests/bench/CMakeLists.txt"):
             write(rel, "# the reason\n")
         assert check(root) == [], check(root)
     print("self-test: ok")
