@@ -58,15 +58,12 @@ def _widen5_cost(weights, sampled=False, threads=1):
             f"build/services/cli/lede calibrate --model {w5} --weights {weights} --threads {threads} --repeats 20 "
             f"--round-passes 3 --round-max-draft-len 6 --batch-sizes \"\" --prompts {tuning} --new-tokens 64 "
             f"--out {calibration}{others}\n"
-            + (f"LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_FORMATS=q8_0 "
-               f"LEDE_WIDEN_AROUND=\"{COST_V7_AROUND}\" LEDE_WIDEN_COST_VERSION=cost-v8 "
-               "LEDE_WIDEN_COST_FLAGS=\"--temperature 0.8 --seeds 1 --also-greedy --lookahead-probe\" "
-               "scripts/train_widened_policies.sh 5 cost-v8  # cost-v8, SERVING\n"
-               + "".join(f"LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_FORMATS=q8_0 "
-                         f"LEDE_WIDEN_AROUND=\"{COST_V7_AROUND}\" LEDE_WIDEN_COST_VERSION={v} "
-                         "LEDE_WIDEN_COST_FLAGS=\"--temperature 0.8 --seeds 1 --also-greedy --lookahead-probe "
-                         f"--probe-candidates{extra}\" scripts/train_widened_policies.sh 5 cost-v8  # {v}\n"
-                         for v, extra in (("cost-v10", ""), ("cost-v11", " --rho-per-sampling")))
+            + ("".join(f"LEDE_MODEL=out/lede-tiny-w5 LEDE_WIDEN_COST=1 LEDE_WIDEN_ONLY_COST=1 LEDE_WIDEN_FORMATS=q8_0 "
+                       f"LEDE_WIDEN_AROUND=\"{COST_V7_AROUND}\" LEDE_WIDEN_COST_VERSION={v} "
+                       f"LEDE_WIDEN_COST_FLAGS=\"--temperature 0.8 --seeds 1 --also-greedy --lookahead-probe{extra}\" "
+                       f"scripts/train_widened_policies.sh 5 cost-v8  # {v}{note}\n"
+                       for v, extra, note in (("cost-v8", "", ", SERVING"), ("cost-v10", " --probe-candidates", ""),
+                                              ("cost-v11", " --probe-candidates --rho-per-sampling", "")))
                if trained_on else "")
             + f"bench/record.py bench/results/{name}.json -- \\\n    "
             f"build/bench/lede-bench bench --model {w5} --weights {weights} --threads {threads} "

@@ -303,9 +303,10 @@ class AutoregressiveController : public speculation::ExitController {
 };
 
 // Which group of the training a state belongs to: its load and cost
-// profile (each group replays every trace at one of them) and, under
-// DinkelbachOptions::rho_per_sampling, whether its request is sampled
-// (always false otherwise).
+// profile (each group replays every trace at one of them) and whether its
+// request is sampled. Groups are keyed sampled only where
+// DinkelbachOptions::rho_per_sampling split them; a sampled state of a
+// group left whole finds it as the nearest key below its own.
 struct GroupKey {
   int32_t load = 1;
   speculation::CostFeatures cost;
@@ -316,29 +317,26 @@ struct GroupKey {
     return sampled < o.sampled;
   }
 };
-GroupKey KeyOf(const speculation::ExitState& s, bool per_sampling) {
-  return GroupKey{s.load, s.cost, per_sampling && s.temperature > 0};
-}
+GroupKey KeyOf(const speculation::ExitState& s) { return GroupKey{s.load, s.cost, s.temperature > 0}; }
 
 // pi_0 with several loads or cost profiles: the controller of the state's
 // group (for a load between the trained ones, that of the load nearest
 // below; the smallest for less).
 class PerGroupController : public speculation::ExitController {
  public:
-  PerGroupController(std::map<GroupKey, std::unique_ptr<speculation::ExitController>> by_group, bool per_sampling)
-      : by_group_(std::move(by_group)), per_sampling_(per_sampling) {}
+  explicit PerGroupController(std::map<GroupKey, std::unique_ptr<speculation::ExitController>> by_group)
+      : by_group_(std::move(by_group)) {}
   std::string name() const override { return "per load or cost profile"; }
   speculation::Action Decide(const speculation::ExitState& s) override { return For(s).Decide(s); }
   int32_t FirstProbeLayer(const speculation::ExitState& s) override { return For(s).FirstProbeLayer(s); }
 
  private:
   speculation::ExitController& For(const speculation::ExitState& s) {
-    auto it = by_group_.upper_bound(KeyOf(s, per_sampling_));
+    auto it = by_group_.upper_bound(KeyOf(s));
     if (it != by_group_.begin()) --it;
     return *it->second;
   }
   std::map<GroupKey, std::unique_ptr<speculation::ExitController>> by_group_;
-  bool per_sampling_;
 };
 
 // One load or cost profile of the training: its traces, its price and its
@@ -389,12 +387,16 @@ std::string Describe(const StaticChoice& c) {
   return "E=" + std::to_string(c.exit_layer) + " D=" + std::to_string(c.draft_len);
 }
 
-// The traces of `traces` that are sampled (or greedy).
-std::vector<ShadowTrace> OfKind(const std::vector<ShadowTrace>& traces, bool sampled) {
-  std::vector<ShadowTrace> out;
-  for (const ShadowTrace& t : traces) {
-    if (t.sampled() == sampled) out.push_back(t);
-  }
+// Whether `traces` hold greedy and sampled ones.
+bool HasBothKinds(const std::vector<ShadowTrace>& traces) {
+  const auto sampled = [](const ShadowTrace& t) { return t.sampled(); };
+  return std::any_of(traces.begin(), traces.end(), sampled) && !std::all_of(traces.begin(), traces.end(), sampled);
+}
+
+// Moves `traces` into their greedy ([0]) and sampled ([1]) ones, in order.
+std::array<std::vector<ShadowTrace>, 2> ByKind(std::vector<ShadowTrace>&& traces) {
+  std::array<std::vector<ShadowTrace>, 2> out;
+  for (ShadowTrace& t : traces) out[t.sampled() ? 1 : 0].push_back(std::move(t));
   return out;
 }
 
@@ -405,12 +407,12 @@ std::vector<ShadowTrace> OfKind(const std::vector<ShadowTrace>& traces, bool sam
 std::vector<LoadGroup> BySampling(std::vector<LoadGroup> groups) {
   std::vector<LoadGroup> out;
   for (LoadGroup& g : groups) {
-    std::vector<ShadowTrace> greedy_train = OfKind(g.train, false), sampled_train = OfKind(g.train, true);
-    std::vector<ShadowTrace> greedy_sel = OfKind(g.selection, false), sampled_sel = OfKind(g.selection, true);
-    if (greedy_train.empty() || sampled_train.empty() || greedy_sel.empty() || sampled_sel.empty()) {
+    if (!HasBothKinds(g.train) || !HasBothKinds(g.selection)) {
       out.push_back(std::move(g));
       continue;
     }
+    std::array<std::vector<ShadowTrace>, 2> train = ByKind(std::move(g.train));
+    std::array<std::vector<ShadowTrace>, 2> selection = ByKind(std::move(g.selection));
     for (bool sampled : {false, true}) {
       LoadGroup k;
       k.load = g.load;
@@ -418,8 +420,8 @@ std::vector<LoadGroup> BySampling(std::vector<LoadGroup> groups) {
       k.sampled = sampled;
       k.name = g.name + (sampled ? " sampled" : " greedy");
       k.cost = g.cost;
-      k.train = std::move(sampled ? sampled_train : greedy_train);
-      k.selection = std::move(sampled ? sampled_sel : greedy_sel);
+      k.train = std::move(train[sampled]);
+      k.selection = std::move(selection[sampled]);
       out.push_back(std::move(k));
     }
     // A load's cost model is owned by its group: the split groups share it.
@@ -549,10 +551,9 @@ StatusOr<InitialPolicy> MakeInitialPolicy(const std::vector<LoadGroup>& groups, 
 
 // pi: the last adopted iterate's greedy policy (`current`), or pi_0.
 ControllerMaker CurrentPolicy(std::shared_ptr<const policy::dqn::QNetwork> current, const InitialPolicy& initial,
-                              const ControllerMaker& warm_policy, const speculation::DecisionSpec& spec,
-                              bool per_sampling) {
+                              const ControllerMaker& warm_policy, const speculation::DecisionSpec& spec) {
   return [current, start_by_group = initial.start_by_group, warm_groups = initial.warm_groups, warm_policy,
-          rules = initial.rules, spec, per_sampling](int64_t i) -> std::unique_ptr<speculation::ExitController> {
+          rules = initial.rules, spec](int64_t i) -> std::unique_ptr<speculation::ExitController> {
     if (current) return std::make_unique<policy::dqn::DqnExitController>(current, "pi");
     std::map<GroupKey, std::unique_ptr<speculation::ExitController>> by_group;
     for (const auto& [key, rule] : rules) by_group[key] = rule->Make(spec);
@@ -567,7 +568,7 @@ ControllerMaker CurrentPolicy(std::shared_ptr<const policy::dqn::QNetwork> curre
       }
     }
     if (by_group.size() == 1) return std::move(by_group.begin()->second);
-    return std::make_unique<PerGroupController>(std::move(by_group), per_sampling);
+    return std::make_unique<PerGroupController>(std::move(by_group));
   };
 }
 
@@ -726,7 +727,7 @@ StatusOr<DinkelbachResult> TrainDinkelbach(const std::vector<ShadowTrace>& train
   int32_t selected = 0;
   for (int32_t it = 1; it <= o.max_iterations; ++it) {
     const auto t0 = std::chrono::steady_clock::now();
-    const ControllerMaker pi = CurrentPolicy(current, initial, warm_policy, o.spec, o.rho_per_sampling);
+    const ControllerMaker pi = CurrentPolicy(current, initial, warm_policy, o.spec);
     const std::vector<ControllerMaker> sources = TransitionSources(o, L, pi, current, it);
     LEDE_ASSIGN_OR_RETURN(std::vector<experience::Transition> transitions, CollectTransitions(groups, o, L, pi, sources));
     DqnOptions dqn = o.dqn;
