@@ -392,22 +392,23 @@ lede::policy::dqn::Artifact MakePolicyArtifact(const Flags& fl, const lede::trai
   }
   meta.training_options["initial_policy_calibrated"] = fl.initial_policy == "calibrated" ? 1.0 : 0.0;
   meta.training_data.n_requests = static_cast<int64_t>(n_requests);
+  if (!o.loads.empty() && fl.cost_model == "accelerator") meta.training_options["ridge_tokens"] = fl.ridge_tokens;
   if (o.rho_per_sampling) {
     // Groups are no longer one per load or profile: each by its name.
     meta.training_options["rho_per_sampling"] = 1.0;
     for (size_t i = 0; i < sel.group_names.size(); ++i) {
       meta.training_options["group " + sel.group_names[i]] = sel.load_train_speedup[i];
     }
-  }
-  for (size_t i = 0; i < o.loads.size() && !o.rho_per_sampling; ++i) {
-    meta.training_options["load_" + std::to_string(o.loads[i])] = sel.load_train_speedup[i];
-  }
-  if (!o.loads.empty() && fl.cost_model == "accelerator") meta.training_options["ridge_tokens"] = fl.ridge_tokens;
-  for (size_t i = 0; i < o.cost_profiles.size() && !o.rho_per_sampling; ++i) {
-    const lede::speculation::CostFeatures& f = o.cost_profiles[i].features;
-    char name[96];
-    std::snprintf(name, sizeof(name), "profile_%.3f:%.3f:%.3f", f.probe, f.layer, f.verify);
-    meta.training_options[name] = sel.load_train_speedup[i];
+  } else {
+    for (size_t i = 0; i < o.loads.size(); ++i) {
+      meta.training_options["load_" + std::to_string(o.loads[i])] = sel.load_train_speedup[i];
+    }
+    for (size_t i = 0; i < o.cost_profiles.size(); ++i) {
+      const lede::speculation::CostFeatures& f = o.cost_profiles[i].features;
+      char name[96];
+      std::snprintf(name, sizeof(name), "profile_%.3f:%.3f:%.3f", f.probe, f.layer, f.verify);
+      meta.training_options[name] = sel.load_train_speedup[i];
+    }
   }
   lede::policy::dqn::Artifact artifact = lede::trainer::MakeArtifact(result.dqn, o.dqn, meta);
   artifact.metadata.offline_metrics["selection_speedup"] = sel.selection_speedup;

@@ -612,6 +612,7 @@ TEST_F(CounterfactualTest, DinkelbachAdoptsNoIterateThatSlowsAProfile) {
 TEST_F(CounterfactualTest, DinkelbachRhoPerSamplingSplitsGreedyFromSampled) {
   const std::vector<ShadowTrace> greedy = Traces(), sampled = SampledTraces();
   ASSERT_GE(greedy.size(), 3u);
+  ASSERT_GE(sampled.size(), 3u);
   std::vector<ShadowTrace> train(greedy.begin(), greedy.begin() + 2), selection(greedy.begin() + 2, greedy.end());
   train.insert(train.end(), sampled.begin(), sampled.begin() + 2);
   selection.insert(selection.end(), sampled.begin() + 2, sampled.end());
